@@ -1,0 +1,40 @@
+# Sluice — composable Watermill middlewares for reliable consumers.
+# `make help` lists the targets.
+
+GO            ?= go
+GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
+TEST_TIMEOUT  ?= 12m
+
+.DEFAULT_GOAL := help
+.PHONY: help run services test test-race bench lint fmt tidy cover
+
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+run: ## run the bundled example on the embedded default (no servers needed)
+	$(GO) run ./examples/orders
+
+services: ## make PostgreSQL, RabbitMQ and Redis reachable on 127.0.0.1 (install/start as needed)
+	@bash scripts/services.sh
+
+test: services ## run every test against the real services, race detector on
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+test-race: test ## the same as test: the race detector is always on
+
+bench: services ## print the benchmark comparison tables (see docs/benchmarks.md)
+	$(GO) run ./cmd/sluice-bench
+
+lint: ## go vet and golangci-lint (.golangci.yml)
+	$(GO) vet ./...
+	$(GOLANGCI_LINT) run ./...
+
+fmt: ## format the code
+	gofmt -w $$(git ls-files '*.go')
+
+tidy: ## tidy go.mod and go.sum
+	$(GO) mod tidy
+
+cover: services ## test with a coverage report in cover.html
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -coverprofile=cover.out ./...
+	$(GO) tool cover -html=cover.out -o cover.html

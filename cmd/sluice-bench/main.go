@@ -1,0 +1,67 @@
+// Command sluice-bench prints Sluice's comparison benchmarks: each suite runs
+// its variants interleaved in one process and prints medians and ratios.
+//
+//	go run ./cmd/sluice-bench                # every suite
+//	go run ./cmd/sluice-bench -suite inbox   # one suite
+//
+// The numbers for this repository's machines are in docs/benchmarks.md.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+
+	_ "github.com/lib/pq" // the PostgreSQL driver
+
+	"github.com/sluicemq/sluice/internal/bench"
+)
+
+func main() { os.Exit(run()) }
+
+// run returns the exit code: 0 done, 1 a suite failed, 2 usage.
+func run() int {
+	o := bench.Options{Out: os.Stdout}
+	suites := flag.String("suite", "all", "suites to run, comma-separated: inbox, or all")
+	flag.StringVar(&o.PostgresURL, "postgres-url", envOr("SLUICE_BENCH_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL URL")
+	flag.IntVar(&o.Messages, "messages", 500, "messages per variant per round")
+	flag.IntVar(&o.Rounds, "rounds", 12, "rounds; medians are reported")
+	flag.Parse()
+	if o.Messages < 1 || o.Rounds < 1 {
+		fmt.Fprintln(os.Stderr, "sluice-bench: -messages and -rounds must be at least 1")
+		return 2
+	}
+
+	all := map[string]func(context.Context, bench.Options) error{"inbox": bench.Inbox}
+	order := []string{"inbox"}
+	want := order
+	if *suites != "all" {
+		want = strings.Split(*suites, ",")
+	}
+	for _, name := range want {
+		if _, ok := all[name]; !ok {
+			fmt.Fprintf(os.Stderr, "sluice-bench: unknown suite %q (want %s or all)\n", name, strings.Join(order, ", "))
+			return 2
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	for _, name := range want {
+		if err := all[name](ctx, o); err != nil {
+			fmt.Fprintf(os.Stderr, "sluice-bench: %s: %v\n", name, err)
+			return 1
+		}
+		fmt.Println()
+	}
+	return 0
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}

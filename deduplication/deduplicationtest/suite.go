@@ -1,0 +1,256 @@
+// Package deduplicationtest is the conformance suite of deduplication.Store.
+// Every store in Sluice runs it, and so should a store written elsewhere:
+//
+//	func TestMyStore(t *testing.T) {
+//		deduplicationtest.Run(t, func(t *testing.T) deduplication.Store {
+//			return newIsolatedStore(t) // a fresh table, prefix or database
+//		})
+//	}
+package deduplicationtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/deduplication"
+)
+
+// NewStore returns a store that no other call shares records with, cleaned
+// up by t.Cleanup.
+type NewStore func(t *testing.T) deduplication.Store
+
+// Run runs the conformance suite against the stores newStore returns. Each
+// subtest gets its own store and runs in parallel with the others.
+func Run(t *testing.T, newStore NewStore) {
+	t.Helper()
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, s deduplication.Store)
+	}{
+		{"ClaimCommitThenDuplicate", testClaimCommitThenDuplicate},
+		{"RollbackReleases", testRollbackReleases},
+		{"ConsumersAreIndependent", testConsumersAreIndependent},
+		{"KeysAreExact", testKeysAreExact},
+		{"EndingTwice", testEndingTwice},
+		{"ConcurrentClaimThenCommit", func(t *testing.T, s deduplication.Store) { testConcurrentClaim(t, s, true) }},
+		{"ConcurrentClaimThenRollback", func(t *testing.T, s deduplication.Store) { testConcurrentClaim(t, s, false) }},
+		{"ManyClaimersOneWinner", testManyClaimersOneWinner},
+		{"DeleteBefore", testDeleteBefore},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			tt.fn(t, newStore(t))
+		})
+	}
+}
+
+// claim begins a unit of work and claims (consumer, key) in it.
+func claim(t *testing.T, s deduplication.Store, consumer, key string) (deduplication.Tx, bool) {
+	t.Helper()
+	tx, err := s.Begin(t.Context())
+	require.NoError(t, err)
+	ok, err := tx.Claim(t.Context(), consumer, key)
+	require.NoError(t, err)
+	return tx, ok
+}
+
+// claimCommit claims and commits, and reports whether the claim was new.
+func claimCommit(t *testing.T, s deduplication.Store, consumer, key string) bool {
+	t.Helper()
+	tx, ok := claim(t, s, consumer, key)
+	require.NoError(t, tx.Commit(t.Context()))
+	return ok
+}
+
+func testClaimCommitThenDuplicate(t *testing.T, s deduplication.Store) {
+	require.True(t, claimCommit(t, s, "c", "k1"), "first claim")
+	require.False(t, claimCommit(t, s, "c", "k1"), "claim after commit is a duplicate")
+	require.True(t, claimCommit(t, s, "c", "k2"), "other key")
+}
+
+func testRollbackReleases(t *testing.T, s deduplication.Store) {
+	tx, ok := claim(t, s, "c", "k")
+	require.True(t, ok)
+	require.NoError(t, tx.Rollback(t.Context()))
+	require.True(t, claimCommit(t, s, "c", "k"), "claim after rollback is new")
+}
+
+func testConsumersAreIndependent(t *testing.T, s deduplication.Store) {
+	require.True(t, claimCommit(t, s, "billing", "evt-1"))
+	require.True(t, claimCommit(t, s, "shipping", "evt-1"), "same key, other consumer")
+	require.False(t, claimCommit(t, s, "billing", "evt-1"))
+	require.False(t, claimCommit(t, s, "shipping", "evt-1"))
+}
+
+func testKeysAreExact(t *testing.T, s deduplication.Store) {
+	pairs := [][2]string{
+		{"a:b", "c"}, {"a", "b:c"}, // no ambiguity from separators
+		{"c", "Key"}, {"c", "key"}, // case matters
+		{"c", "ключ-🔑"}, {"c", "ключ-🔑 "},
+		{"c", strings.Repeat("x", deduplication.KeyMaxLengthDefault)},
+		{"c", "'; DROP TABLE x; --"},
+	}
+	for _, p := range pairs {
+		require.True(t, claimCommit(t, s, p[0], p[1]), "first claim of %q/%q", p[0], p[1])
+	}
+	for _, p := range pairs {
+		require.False(t, claimCommit(t, s, p[0], p[1]), "second claim of %q/%q", p[0], p[1])
+	}
+}
+
+func testEndingTwice(t *testing.T, s deduplication.Store) {
+	tx, ok := claim(t, s, "c", "k")
+	require.True(t, ok)
+	require.NoError(t, tx.Commit(t.Context()))
+	require.NoError(t, tx.Rollback(t.Context()), "Rollback after Commit is a no-op")
+
+	tx, err := s.Begin(t.Context())
+	require.NoError(t, err)
+	require.NoError(t, tx.Rollback(t.Context()), "Rollback without a claim")
+	require.NoError(t, tx.Rollback(t.Context()), "Rollback twice")
+}
+
+// testConcurrentClaim: while A holds a pair, B's claim of it must wait or
+// report ErrClaimInProgress; once A ends, B sees A's outcome.
+func testConcurrentClaim(t *testing.T, s deduplication.Store, commit bool) {
+	a, ok := claim(t, s, "c", "k")
+	require.True(t, ok)
+
+	type result struct {
+		tx  deduplication.Tx
+		ok  bool
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		tx, err := s.Begin(context.Background())
+		if err != nil {
+			res <- result{err: err}
+			return
+		}
+		ok, err := tx.Claim(context.Background(), "c", "k")
+		res <- result{tx, ok, err}
+	}()
+
+	var early *result
+	select {
+	case r := <-res:
+		early = &r
+	case <-time.After(300 * time.Millisecond):
+	}
+	if early != nil {
+		require.ErrorIs(t, early.err, deduplication.ErrClaimInProgress,
+			"a claim of a held pair must wait or fail with ErrClaimInProgress, got ok=%v err=%v", early.ok, early.err)
+		require.NoError(t, early.tx.Rollback(t.Context()))
+	}
+
+	if commit {
+		require.NoError(t, a.Commit(t.Context()))
+	} else {
+		require.NoError(t, a.Rollback(t.Context()))
+	}
+
+	var b result
+	if early == nil {
+		select {
+		case b = <-res:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the waiting claim did not return within 10s after the holder ended")
+		}
+		require.NoError(t, b.err)
+	} else {
+		b.tx, b.ok = claim(t, s, "c", "k")
+	}
+	require.Equal(t, !commit, b.ok, "after the holder's commit the key is a duplicate; after its rollback it is free")
+	require.NoError(t, b.tx.Commit(t.Context()))
+}
+
+// testManyClaimersOneWinner: 8 workers race for each of 50 keys, retrying on
+// ErrClaimInProgress; each key is won exactly once.
+func testManyClaimersOneWinner(t *testing.T, s deduplication.Store) {
+	const workers, keys = 8, 50
+	var mu sync.Mutex
+	wins := make(map[string]int)
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for k := range keys {
+				key := fmt.Sprintf("key-%d", (k+w*7)%keys)
+				won, err := claimRetrying(s, key)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if won {
+					mu.Lock()
+					wins[key]++
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Len(t, wins, keys)
+	for k, n := range wins {
+		require.Equal(t, 1, n, "key %s won %d times", k, n)
+	}
+}
+
+func claimRetrying(s deduplication.Store, key string) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		tx, err := s.Begin(ctx)
+		if err != nil {
+			return false, err
+		}
+		ok, err := tx.Claim(ctx, "c", key)
+		if errors.Is(err, deduplication.ErrClaimInProgress) {
+			_ = tx.Rollback(ctx)
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		if err != nil {
+			_ = tx.Rollback(ctx)
+			return false, err
+		}
+		return ok, tx.Commit(ctx)
+	}
+}
+
+func testDeleteBefore(t *testing.T, s deduplication.Store) {
+	d, ok := s.(deduplication.BatchDeleter)
+	if !ok {
+		t.Skip("store does not implement BatchDeleter")
+	}
+	for i := range 25 {
+		require.True(t, claimCommit(t, s, "c", fmt.Sprint("k", i)))
+	}
+	n, err := d.DeleteBefore(t.Context(), time.Now().Add(-time.Hour), 100)
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing is older than an hour")
+
+	future := time.Now().Add(time.Hour)
+	var total int64
+	for _, want := range []int64{10, 10, 5} {
+		n, err := d.DeleteBefore(t.Context(), future, 10)
+		require.NoError(t, err)
+		require.Equal(t, want, n, "batches are bounded by limit")
+		total += n
+	}
+	require.Equal(t, int64(25), total)
+	require.True(t, claimCommit(t, s, "c", "k3"), "a pruned key is new again")
+}

@@ -1,0 +1,185 @@
+package deduplication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/sluicemq/sluice/internal/telemetry"
+	"github.com/sluicemq/sluice/middleware"
+)
+
+// KeyMaxLengthDefault is the default longest key, in bytes. Longer keys are
+// poison: an id that long is a bug, and B-tree indexes limit entry size.
+const KeyMaxLengthDefault = 512
+
+// MetricDuplicates counts deliveries acked without running the handler
+// because their key was already processed, by handler.
+const MetricDuplicates = "sluice.inbox.duplicates"
+
+// Config configures a Deduplicator.
+type Config struct {
+	// Store records processed keys. Required.
+	Store Store
+	// Consumer names the consumer whose effects are deduplicated; the same
+	// key is processed once per consumer. Keep it stable: renaming it makes
+	// every retained key new again. Required.
+	Consumer string
+	// Key takes the key from a message. Default
+	// KeyFromMetadata(middleware.EventIDKey).
+	Key KeyFunc
+	// Classifier decides whether a handler error is a rejection, whose
+	// writes are committed. Give the Classify stage the same value. Default
+	// middleware.DefaultClassifier().
+	Classifier *middleware.Classifier
+	// KeyMaxLength is the longest key accepted, in bytes. Default
+	// KeyMaxLengthDefault.
+	KeyMaxLength int
+	// MeterProvider receives the duplicates counter. Default the global
+	// OpenTelemetry provider.
+	MeterProvider metric.MeterProvider
+}
+
+func (c Config) withDefaults() Config {
+	if c.Key == nil {
+		c.Key = KeyFromMetadata(middleware.EventIDKey)
+	}
+	if c.Classifier == nil {
+		c.Classifier = middleware.DefaultClassifier()
+	}
+	if c.KeyMaxLength == 0 {
+		c.KeyMaxLength = KeyMaxLengthDefault
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Store == nil:
+		return errors.New("deduplication: Config.Store is required")
+	case strings.TrimSpace(c.Consumer) == "":
+		return errors.New("deduplication: Config.Consumer is required")
+	case c.KeyMaxLength < 0:
+		return fmt.Errorf("deduplication: Config.KeyMaxLength must be positive, got %d", c.KeyMaxLength)
+	}
+	return nil
+}
+
+// Deduplicator is the inbox stage: it runs a handler at most once per
+// (consumer, key), with the inbox record and the handler's writes in one
+// unit of work. It is safe for concurrent use.
+type Deduplicator struct {
+	cfg        Config
+	duplicates metric.Int64Counter
+}
+
+// New validates cfg and returns a Deduplicator.
+func New(cfg Config) (*Deduplicator, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	dup, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(MetricDuplicates,
+		metric.WithDescription("Deliveries skipped because their key was already processed."))
+	if err != nil {
+		return nil, fmt.Errorf("deduplication: creating %s counter: %w", MetricDuplicates, err)
+	}
+	return &Deduplicator{cfg: cfg, duplicates: dup}, nil
+}
+
+// Middleware wraps h. For each message it takes the key (none: a Poison
+// failure, h not run), opens a unit of work, claims (Consumer, key) and:
+//   - key already processed: rolls back, skips h, returns nil (ack);
+//   - claimed: runs h with the unit of work in the message context (see
+//     TxFromContext); commits when h succeeds or returns a rejection, rolls
+//     back otherwise and returns h's error. A failed commit is a Transient
+//     failure, so the message is not acked before its commit.
+//
+// It sets middleware.EventIDKey in the metadata to the key when it is
+// missing, so copies published by outer stages carry it.
+func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) (_ []*message.Message, err error) {
+		key, err := d.key(msg)
+		if err != nil {
+			return nil, middleware.Poison(err)
+		}
+		if msg.Metadata.Get(middleware.EventIDKey) == "" {
+			msg.Metadata.Set(middleware.EventIDKey, key)
+		}
+
+		ctx := msg.Context()
+		tx, err := d.cfg.Store.Begin(ctx)
+		if err != nil {
+			return nil, middleware.Transient(fmt.Errorf("deduplication: begin: %w", err))
+		}
+		committed := false
+		defer func() {
+			if committed {
+				return
+			}
+			// Also on a panic in h: release the claim, then let it unwind.
+			if rbErr := tx.Rollback(context.WithoutCancel(ctx)); rbErr != nil && err != nil {
+				err = errors.Join(err, fmt.Errorf("deduplication: rollback: %w", rbErr))
+			}
+		}()
+
+		claimed, err := tx.Claim(ctx, d.cfg.Consumer, key)
+		if err != nil {
+			return nil, middleware.Transient(fmt.Errorf("deduplication: claim %q: %w", key, err))
+		}
+		if !claimed {
+			d.duplicates.Add(ctx, 1, telemetry.HandlerAttr(msg))
+			return nil, nil
+		}
+
+		msg.SetContext(context.WithValue(ctx, txKey{}, tx))
+		produced, err := h(msg)
+		msg.SetContext(ctx)
+		if err != nil && d.cfg.Classifier.Classify(err) != middleware.ClassRejected {
+			return produced, err
+		}
+		committed = true
+		if cErr := tx.Commit(ctx); cErr != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			return nil, middleware.Transient(errors.Join(err, fmt.Errorf("deduplication: commit: %w", cErr)))
+		}
+		return produced, err
+	}
+}
+
+func (d *Deduplicator) key(msg *message.Message) (string, error) {
+	key, err := d.cfg.Key(msg)
+	switch {
+	case err != nil:
+		return "", err
+	case key == "":
+		return "", &KeyError{Source: "key function", Reason: "empty"}
+	case len(key) > d.cfg.KeyMaxLength:
+		return "", &KeyError{Source: "key function", Reason: fmt.Sprintf("%d bytes long, more than %d", len(key), d.cfg.KeyMaxLength)}
+	case !utf8.ValidString(key) || strings.IndexByte(key, 0) >= 0:
+		return "", &KeyError{Source: "key function", Reason: "not valid UTF-8 text"}
+	}
+	return key, nil
+}
+
+type txKey struct{}
+
+// sqlxTxer is implemented by the units of work of the SQL store.
+type sqlxTxer interface{ SQLTx() *sqlx.Tx }
+
+// TxFromContext returns the SQL transaction of the delivery being handled,
+// in which the inbox record was claimed: the handler's business writes go
+// into it so that they commit or roll back with the record. It returns nil
+// outside a Deduplicator with an SQLStore.
+func TxFromContext(ctx context.Context) *sqlx.Tx {
+	if t, ok := ctx.Value(txKey{}).(sqlxTxer); ok {
+		return t.SQLTx()
+	}
+	return nil
+}

@@ -1,0 +1,41 @@
+// Package deduplication is Sluice's inbox: it makes a consumer's effects
+// happen once per business event although the broker delivers at least once.
+//
+// For each delivery the Deduplicator takes a key from the message — a
+// business event id, never the broker's message id (KeyFromMetadata,
+// KeyFromJSON, KeyPrefix, KeyJoin) — opens a transaction, claims
+// (consumer, key) in the inbox table with INSERT ... ON CONFLICT DO NOTHING,
+// and runs the handler inside the same transaction (TxFromContext). The
+// transaction commits when the handler succeeds or rejects the message, and
+// rolls back otherwise; the router acks only after the commit. A redelivery
+// of a committed key is acked without running the handler. A concurrent
+// delivery of the same key waits on the inbox's primary key until the first
+// transaction ends, then skips (commit) or proceeds (rollback).
+//
+// What each outcome does:
+//
+//	handler result        inbox + business writes   message
+//	nil                   committed                 acked
+//	Reject(err)           committed                 acked (by middleware.Classify)
+//	any other error       rolled back               nacked or retried by outer stages
+//	panic                 rolled back               (Recoverer turns it into an error)
+//	commit fails          rolled back               Transient failure: not acked
+//	no usable key         nothing opened            Poison failure, handler not run
+//	key already committed nothing written           acked, counted as a duplicate
+//
+// Stores: SQLStore on PostgreSQL (lib/pq or pgx) or SQLite (OpenSQLite,
+// pure Go, the embedded default); MemoryStore for tests; RedisStore, which
+// cannot join the business transaction and so guarantees less (see its
+// documentation). Any Store must pass deduplicationtest.Run. A Pruner deletes
+// old records in bounded batches.
+//
+// The inbox table (PostgreSQL; SchemaSQL prints it for a given table name):
+//
+//	CREATE TABLE IF NOT EXISTS "sluice_inbox" (
+//		consumer     TEXT        NOT NULL,
+//		event_key    TEXT        NOT NULL,
+//		processed_at TIMESTAMPTZ NOT NULL,
+//		PRIMARY KEY (consumer, event_key)
+//	);
+//	CREATE INDEX IF NOT EXISTS "sluice_inbox_processed_at" ON "sluice_inbox" (processed_at);
+package deduplication

@@ -1,0 +1,133 @@
+package deduplication
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// MemoryStore is an in-process Store for tests and examples: it keeps every
+// record in a map and forgets them when the process ends. A concurrent claim
+// of a held pair waits until the holder ends, like the SQL store. It joins no
+// business transaction. It is safe for concurrent use.
+type MemoryStore struct {
+	mu   sync.Mutex
+	recs map[memKey]*memRecord
+}
+
+type memKey struct{ consumer, key string }
+
+type memRecord struct {
+	done  bool
+	at    time.Time
+	ended chan struct{} // closed when the holding unit of work ends
+}
+
+var (
+	_ Store        = (*MemoryStore)(nil)
+	_ BatchDeleter = (*MemoryStore)(nil)
+)
+
+// NewMemoryStore returns an empty MemoryStore.
+func NewMemoryStore() *MemoryStore {
+	return &MemoryStore{recs: make(map[memKey]*memRecord)}
+}
+
+// Begin starts a unit of work.
+func (s *MemoryStore) Begin(context.Context) (Tx, error) { return &memTx{s: s}, nil }
+
+// Len returns how many pairs are recorded as processed.
+func (s *MemoryStore) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, r := range s.recs {
+		if r.done {
+			n++
+		}
+	}
+	return n
+}
+
+// DeleteBefore deletes at most limit records processed before t.
+func (s *MemoryStore) DeleteBefore(_ context.Context, t time.Time, limit int) (int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var n int64
+	for k, r := range s.recs {
+		if n >= int64(limit) {
+			break
+		}
+		if r.done && r.at.Before(t) {
+			delete(s.recs, k)
+			n++
+		}
+	}
+	return n, nil
+}
+
+var errMemTxDone = errors.New("deduplication: memory unit of work already ended")
+
+type memTx struct {
+	s     *MemoryStore
+	held  *memRecord
+	key   memKey
+	ended bool
+}
+
+func (t *memTx) Claim(ctx context.Context, consumer, key string) (bool, error) {
+	if t.ended || t.held != nil {
+		return false, errors.New("deduplication: Claim called twice or after the unit of work ended")
+	}
+	k := memKey{consumer, key}
+	for {
+		t.s.mu.Lock()
+		r, ok := t.s.recs[k]
+		switch {
+		case !ok:
+			t.held = &memRecord{ended: make(chan struct{})}
+			t.key = k
+			t.s.recs[k] = t.held
+			t.s.mu.Unlock()
+			return true, nil
+		case r.done:
+			t.s.mu.Unlock()
+			return false, nil
+		}
+		t.s.mu.Unlock()
+		select {
+		case <-r.ended:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	}
+}
+
+func (t *memTx) Commit(context.Context) error {
+	if t.ended {
+		return errMemTxDone
+	}
+	t.ended = true
+	if t.held != nil {
+		t.s.mu.Lock()
+		t.held.done, t.held.at = true, time.Now()
+		t.s.mu.Unlock()
+		close(t.held.ended)
+	}
+	return nil
+}
+
+func (t *memTx) Rollback(context.Context) error {
+	if t.ended {
+		return nil
+	}
+	t.ended = true
+	if t.held != nil {
+		t.s.mu.Lock()
+		delete(t.s.recs, t.key)
+		t.s.mu.Unlock()
+		close(t.held.ended)
+	}
+	return nil
+}

@@ -1,0 +1,169 @@
+package deduplication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/sluicemq/sluice/internal/telemetry"
+)
+
+// Pruner defaults.
+const (
+	PrunerRetentionDefault = 7 * 24 * time.Hour
+	PrunerIntervalDefault  = 10 * time.Minute
+	PrunerBatchSizeDefault = 1000
+	PrunerPauseDefault     = 50 * time.Millisecond
+)
+
+// MetricPruned counts inbox records deleted by a Pruner.
+const MetricPruned = "sluice.inbox.pruned"
+
+// PrunerConfig configures a Pruner.
+type PrunerConfig struct {
+	// Store is the store to prune, such as an *SQLStore. Required.
+	Store BatchDeleter
+	// Retention is how long a processed key is kept. A redelivery after its
+	// key is pruned runs the handler again, so it must cover the retry
+	// ladder plus the replay window. Default PrunerRetentionDefault.
+	Retention time.Duration
+	// RetryDelays are the delays of the retry tiers: a duplicate copy parked
+	// in the tiers comes back after at most their sum.
+	RetryDelays []time.Duration
+	// ReplayWindow is how long after processing a message may still be
+	// replayed from the poison queue or republished by an operator.
+	ReplayWindow time.Duration
+	// Interval is the time between two pruning runs. Default PrunerIntervalDefault.
+	Interval time.Duration
+	// BatchSize bounds the records one DELETE removes, so a run never holds
+	// long locks. Default PrunerBatchSizeDefault.
+	BatchSize int
+	// Pause is the time between two batches of a run. Default PrunerPauseDefault.
+	Pause time.Duration
+	// Logger reports failed runs. Default watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+	// MeterProvider receives the pruned counter. Default the global provider.
+	MeterProvider metric.MeterProvider
+}
+
+// Pruner deletes inbox records older than a retention, in bounded batches,
+// on an interval, from Start until Close.
+type Pruner struct {
+	cfg    PrunerConfig
+	pruned metric.Int64Counter
+
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// NewPruner validates cfg and returns a Pruner that is not yet running.
+func NewPruner(cfg PrunerConfig) (*Pruner, error) {
+	cfg.Retention = orDuration(cfg.Retention, PrunerRetentionDefault)
+	cfg.Interval = orDuration(cfg.Interval, PrunerIntervalDefault)
+	cfg.Pause = orDuration(cfg.Pause, PrunerPauseDefault)
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = PrunerBatchSizeDefault
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
+	}
+	var ladder time.Duration
+	for i, d := range cfg.RetryDelays {
+		if d <= 0 {
+			return nil, fmt.Errorf("deduplication: PrunerConfig.RetryDelays[%d] must be positive, got %s", i, d)
+		}
+		ladder += d
+	}
+	switch {
+	case cfg.Store == nil:
+		return nil, errors.New("deduplication: PrunerConfig.Store is required")
+	case cfg.Retention < 0, cfg.Interval < 0, cfg.Pause < 0, cfg.ReplayWindow < 0, cfg.BatchSize < 0:
+		return nil, errors.New("deduplication: PrunerConfig durations and BatchSize must not be negative")
+	case cfg.Retention < ladder+cfg.ReplayWindow:
+		return nil, fmt.Errorf("deduplication: PrunerConfig.Retention (%s) must cover the retry ladder (RetryDelays, %s) plus PrunerConfig.ReplayWindow (%s): a copy redelivered after its key is pruned would be processed twice",
+			cfg.Retention, ladder, cfg.ReplayWindow)
+	}
+	pruned, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(MetricPruned,
+		metric.WithDescription("Inbox records deleted after their retention."))
+	if err != nil {
+		return nil, fmt.Errorf("deduplication: creating %s counter: %w", MetricPruned, err)
+	}
+	return &Pruner{cfg: cfg, pruned: pruned}, nil
+}
+
+func orDuration(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+// Prune deletes the records older than the retention now, batch by batch,
+// until a batch comes back short or ctx ends, and returns how many it deleted.
+func (p *Pruner) Prune(ctx context.Context) (int64, error) {
+	cutoff := time.Now().Add(-p.cfg.Retention)
+	var total int64
+	for {
+		n, err := p.cfg.Store.DeleteBefore(ctx, cutoff, p.cfg.BatchSize)
+		total += n
+		p.pruned.Add(ctx, n)
+		if err != nil || n < int64(p.cfg.BatchSize) {
+			return total, err
+		}
+		select {
+		case <-ctx.Done():
+			return total, ctx.Err()
+		case <-time.After(p.cfg.Pause):
+		}
+	}
+}
+
+// Start runs Prune now and then every Interval in a goroutine, until ctx
+// ends or Close is called. It fails if the Pruner is already running.
+func (p *Pruner) Start(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done != nil {
+		return errors.New("deduplication: Pruner already started")
+	}
+	ctx, p.cancel = context.WithCancel(ctx)
+	p.done = make(chan struct{})
+	go p.run(ctx, p.done)
+	return nil
+}
+
+func (p *Pruner) run(ctx context.Context, done chan<- struct{}) {
+	defer close(done)
+	t := time.NewTicker(p.cfg.Interval)
+	defer t.Stop()
+	for {
+		if n, err := p.Prune(ctx); err != nil && ctx.Err() == nil {
+			p.cfg.Logger.Error("Pruning the inbox failed", err, watermill.LogFields{"deleted": n})
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Close stops the pruning goroutine and waits for it. It is idempotent and
+// safe to call on a Pruner that was never started.
+func (p *Pruner) Close() error {
+	p.mu.Lock()
+	cancel, done := p.cancel, p.done
+	p.mu.Unlock()
+	if cancel == nil {
+		return nil
+	}
+	cancel()
+	<-done
+	return nil
+}

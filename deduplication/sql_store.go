@@ -1,0 +1,200 @@
+package deduplication
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// TableDefault is the default inbox table name.
+const TableDefault = "sluice_inbox"
+
+// identifier is what a table name part may be: an unquoted SQL identifier.
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// SQLConfig configures an SQLStore.
+type SQLConfig struct {
+	// DB is the database of the business writes. Its driver picks the
+	// dialect: "postgres" or "pgx" for PostgreSQL, "sqlite" (modernc.org/sqlite)
+	// or "sqlite3" for SQLite. Required.
+	DB *sqlx.DB
+	// Table is the inbox table: a name, or schema.name on PostgreSQL, each
+	// part an SQL identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes). It is
+	// quoted, so case matters. Default TableDefault.
+	Table string
+	// TxOptions are used for each delivery's transaction. Default nil: the
+	// driver's default (READ COMMITTED on PostgreSQL).
+	TxOptions *sql.TxOptions
+}
+
+// SQLStore is the inbox on PostgreSQL or SQLite. Its units of work are SQL
+// transactions (TxFromContext): a claim is an INSERT ... ON CONFLICT DO
+// NOTHING into the inbox table, so a concurrent claim of the same key waits
+// on the primary key until the first transaction ends. It is safe for
+// concurrent use.
+type SQLStore struct {
+	db      *sqlx.DB
+	dialect dialect
+	table   string // quoted, possibly schema-qualified
+	name    string // unquoted last part, for index names
+	opts    *sql.TxOptions
+	claim   string
+	prune   string
+}
+
+var (
+	_ Store        = (*SQLStore)(nil)
+	_ BatchDeleter = (*SQLStore)(nil)
+)
+
+// NewSQLStore validates cfg and returns an SQLStore. It does not touch the
+// database; call CreateTable or apply SchemaSQL first.
+func NewSQLStore(cfg SQLConfig) (*SQLStore, error) {
+	if cfg.DB == nil {
+		return nil, errors.New("deduplication: SQLConfig.DB is required")
+	}
+	d, ok := dialects[cfg.DB.DriverName()]
+	if !ok {
+		return nil, fmt.Errorf("deduplication: SQLConfig.DB: driver %q is not supported (want postgres, pgx, sqlite or sqlite3)", cfg.DB.DriverName())
+	}
+	table := cfg.Table
+	if table == "" {
+		table = TableDefault
+	}
+	parts := strings.Split(table, ".")
+	if len(parts) > 2 || len(parts) == 2 && !d.schemas {
+		return nil, fmt.Errorf("deduplication: SQLConfig.Table %q: want name or schema.name (schema.name on PostgreSQL only)", table)
+	}
+	for i, p := range parts {
+		if !identifier.MatchString(p) {
+			return nil, fmt.Errorf("deduplication: SQLConfig.Table %q: %q is not an SQL identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes)", table, p)
+		}
+		parts[i] = `"` + p + `"`
+	}
+	s := &SQLStore{
+		db:      cfg.DB,
+		dialect: d,
+		table:   strings.Join(parts, "."),
+		name:    parts[len(parts)-1][1 : len(parts[len(parts)-1])-1],
+		opts:    cfg.TxOptions,
+	}
+	s.claim = fmt.Sprintf(d.claim, s.table)
+	s.prune = fmt.Sprintf(d.prune, s.table)
+	return s, nil
+}
+
+// SchemaSQL returns the statements that create the inbox table and its
+// index, as CreateTable runs them.
+func (s *SQLStore) SchemaSQL() string {
+	return strings.Join(s.schema(), ";\n") + ";\n"
+}
+
+func (s *SQLStore) schema() []string {
+	index := `"` + s.name + `_processed_at"`
+	return []string{
+		fmt.Sprintf(s.dialect.table, s.table),
+		fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)", index, s.table),
+	}
+}
+
+// CreateTable creates the inbox table and its index if they do not exist.
+func (s *SQLStore) CreateTable(ctx context.Context) error {
+	for _, stmt := range s.schema() {
+		if _, err := s.db.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("deduplication: creating inbox table %s: %w", s.table, err)
+		}
+	}
+	return nil
+}
+
+// Begin starts the delivery's SQL transaction.
+func (s *SQLStore) Begin(ctx context.Context) (Tx, error) {
+	tx, err := s.db.BeginTxx(ctx, s.opts)
+	if err != nil {
+		return nil, err
+	}
+	return &sqlTx{tx: tx, s: s}, nil
+}
+
+// DeleteBefore deletes at most limit inbox rows processed before t.
+func (s *SQLStore) DeleteBefore(ctx context.Context, t time.Time, limit int) (int64, error) {
+	res, err := s.db.ExecContext(ctx, s.prune, s.dialect.timeArg(t), limit)
+	if err != nil {
+		return 0, fmt.Errorf("deduplication: pruning %s: %w", s.table, err)
+	}
+	return res.RowsAffected()
+}
+
+type sqlTx struct {
+	tx *sqlx.Tx
+	s  *SQLStore
+}
+
+func (t *sqlTx) SQLTx() *sqlx.Tx { return t.tx }
+
+func (t *sqlTx) Claim(ctx context.Context, consumer, key string) (bool, error) {
+	res, err := t.tx.ExecContext(ctx, t.s.claim, consumer, key)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n == 1, err
+}
+
+func (t *sqlTx) Commit(context.Context) error { return t.tx.Commit() }
+
+func (t *sqlTx) Rollback(context.Context) error {
+	if err := t.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+		return err
+	}
+	return nil
+}
+
+// dialect holds the SQL that differs between databases. %s is the table.
+type dialect struct {
+	table   string
+	claim   string
+	prune   string
+	schemas bool
+	timeArg func(time.Time) any
+}
+
+var postgres = dialect{
+	table: `CREATE TABLE IF NOT EXISTS %s (
+	consumer     TEXT        NOT NULL,
+	event_key    TEXT        NOT NULL,
+	processed_at TIMESTAMPTZ NOT NULL,
+	PRIMARY KEY (consumer, event_key)
+)`,
+	claim:   `INSERT INTO %s (consumer, event_key, processed_at) VALUES ($1, $2, now()) ON CONFLICT DO NOTHING`,
+	prune:   `DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %[1]s WHERE processed_at < $1 LIMIT $2))`,
+	schemas: true,
+	timeArg: func(t time.Time) any { return t },
+}
+
+// sqlite stores processed_at as Unix microseconds: the driver's text format
+// for time.Time does not compare in time order.
+var sqlite = dialect{
+	table: `CREATE TABLE IF NOT EXISTS %s (
+	consumer     TEXT    NOT NULL,
+	event_key    TEXT    NOT NULL,
+	processed_at INTEGER NOT NULL,
+	PRIMARY KEY (consumer, event_key)
+)`,
+	claim:   `INSERT INTO %s (consumer, event_key, processed_at) VALUES (?, ?, CAST(unixepoch('subsec') * 1000000 AS INTEGER)) ON CONFLICT DO NOTHING`,
+	prune:   `DELETE FROM %[1]s WHERE rowid IN (SELECT rowid FROM %[1]s WHERE processed_at < ? LIMIT ?)`,
+	timeArg: func(t time.Time) any { return t.UnixMicro() },
+}
+
+var dialects = map[string]dialect{
+	"postgres": postgres,
+	"pgx":      postgres,
+	"sqlite":   sqlite,
+	"sqlite3":  sqlite,
+}

@@ -1,0 +1,38 @@
+package deduplication
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	_ "modernc.org/sqlite" // registers the pure-Go "sqlite" driver
+)
+
+// SQLiteBusyTimeoutDefault is how long OpenSQLite's connections wait for
+// another transaction's write lock.
+const SQLiteBusyTimeoutDefault = 30 * time.Second
+
+// OpenSQLite opens (creating if needed) the SQLite database file at path
+// with the pure-Go driver, set up for an inbox shared by concurrent
+// handlers: write-ahead logging, a busy timeout of SQLiteBusyTimeoutDefault,
+// and transactions that take the write lock when they begin (BEGIN
+// IMMEDIATE), so two deliveries never deadlock upgrading a read lock.
+func OpenSQLite(ctx context.Context, path string) (*sqlx.DB, error) {
+	q := url.Values{}
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", SQLiteBusyTimeoutDefault.Milliseconds()))
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(NORMAL)")
+	q.Add("_pragma", "foreign_keys(ON)")
+	q.Set("_txlock", "immediate")
+	db, err := sqlx.Open("sqlite", "file:"+path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("deduplication: opening SQLite %s: %w", path, err)
+	}
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("deduplication: opening SQLite %s: %w", path, err)
+	}
+	return db, nil
+}

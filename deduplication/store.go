@@ -1,0 +1,44 @@
+package deduplication
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ErrClaimInProgress is returned (wrapped) by a Tx.Claim of a store that
+// cannot wait for a concurrent claim of the same (consumer, key) to end, such
+// as the Redis store. The delivery is retried later.
+var ErrClaimInProgress = errors.New("deduplication: key is being processed by another delivery")
+
+// Store records which (consumer, key) pairs have been processed. An
+// implementation must pass deduplicationtest.Run.
+type Store interface {
+	// Begin opens the unit of work of one delivery.
+	Begin(ctx context.Context) (Tx, error)
+}
+
+// Tx is the unit of work of one delivery: at most one Claim, then Commit or
+// Rollback. It is used by one goroutine at a time.
+type Tx interface {
+	// Claim records (consumer, key) and reports true, or reports false when a
+	// committed unit of work recorded it before. While another open unit of
+	// work holds the same pair, Claim either waits until that one ends (and
+	// then reports false after its Commit, true after its Rollback) or
+	// returns an error wrapping ErrClaimInProgress; it never reports true
+	// while the other holds the pair.
+	Claim(ctx context.Context, consumer, key string) (bool, error)
+	// Commit makes the claim permanent, together with whatever else the
+	// unit of work wrote.
+	Commit(ctx context.Context) error
+	// Rollback releases the claim. After Commit it does nothing and returns
+	// nil, so it can be deferred.
+	Rollback(ctx context.Context) error
+}
+
+// BatchDeleter is implemented by stores whose records the Pruner deletes.
+type BatchDeleter interface {
+	// DeleteBefore deletes at most limit records processed before t and
+	// returns how many it deleted.
+	DeleteBefore(ctx context.Context, t time.Time, limit int) (int64, error)
+}

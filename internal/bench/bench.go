@@ -1,0 +1,116 @@
+// Package bench holds the comparison benchmarks printed by cmd/sluice-bench.
+// Each suite runs its variants interleaved, round after round, in one process,
+// and reports medians and ratios: absolute numbers vary between machines and
+// runs, ratios measured side by side much less.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+)
+
+// Options are shared by the suites.
+type Options struct {
+	PostgresURL string
+	AMQPURL     string
+	// Messages per variant per round and concurrency level.
+	Messages int
+	// Rounds of every variant; the median is reported.
+	Rounds int
+	Out    io.Writer
+}
+
+// Op processes message i of a run.
+type Op func(ctx context.Context, i int) error
+
+// Throughput runs n ops on conc goroutines and returns ops per second.
+func Throughput(ctx context.Context, conc, n int, op Op) (float64, error) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var firstErr error
+	var once sync.Once
+	start := time.Now()
+	for range conc {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				if err := op(ctx, i); err != nil {
+					once.Do(func() { firstErr = fmt.Errorf("message %d: %w", i, err) })
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return float64(n) / time.Since(start).Seconds(), firstErr
+}
+
+// Interleave runs o.Rounds rounds; each round runs every variant once with
+// o.Messages messages on conc goroutines, rotating their order, after reset.
+// It returns the rates of each variant, one per round.
+func Interleave(ctx context.Context, o Options, conc, variants int, op func(round, variant int) Op, reset func(context.Context) error) ([][]float64, error) {
+	rates := make([][]float64, variants)
+	for v := range rates {
+		rates[v] = make([]float64, o.Rounds)
+	}
+	for round := range o.Rounds {
+		for k := range variants {
+			v := (k + round) % variants
+			if reset != nil {
+				if err := reset(ctx); err != nil {
+					return nil, err
+				}
+			}
+			r, err := Throughput(ctx, conc, o.Messages, op(round, v))
+			if err != nil {
+				return nil, fmt.Errorf("variant %d: %w", v, err)
+			}
+			rates[v][round] = r
+		}
+	}
+	return rates, nil
+}
+
+// MedianRatio returns the median of num[i]/den[i]: ratios of runs made next
+// to each other cancel out the machine's drift.
+func MedianRatio(num, den []float64) float64 {
+	r := make([]float64, len(num))
+	for i := range num {
+		r[i] = num[i] / den[i]
+	}
+	return Median(r)
+}
+
+// Median returns the median of xs.
+func Median(xs []float64) float64 {
+	xs = slices.Clone(xs)
+	slices.Sort(xs)
+	if len(xs) == 0 {
+		return 0
+	}
+	if len(xs)%2 == 1 {
+		return xs[len(xs)/2]
+	}
+	return (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
+}
+
+// Table writes rows as aligned columns.
+func Table(w io.Writer, header []string, rows [][]string) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	line := func(cells []string) {
+		for _, c := range cells {
+			fmt.Fprint(tw, c, "\t")
+		}
+		fmt.Fprintln(tw)
+	}
+	line(header)
+	for _, r := range rows {
+		line(r)
+	}
+	_ = tw.Flush()
+}

@@ -1,0 +1,157 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	"go.opentelemetry.io/otel/metric/noop"
+
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/middleware"
+)
+
+// Inbox compares, on PostgreSQL, a handler doing one business INSERT:
+//
+//	(a) in a transaction of its own, no inbox;
+//	(b) with the inbox written by hand: claim INSERT ... ON CONFLICT DO NOTHING
+//	    and the business INSERT in one transaction, plain database/sql;
+//	(c) behind Sluice's deduplication middleware (SQLStore).
+//
+// at concurrency 1 and 8, and reports c/b (the library's cost over the same
+// SQL by hand) and c/a (the cost of the extra statement).
+func Inbox(ctx context.Context, o Options) error {
+	db, err := sqlx.ConnectContext(ctx, "postgres", o.PostgresURL)
+	if err != nil {
+		return fmt.Errorf("connecting to PostgreSQL: %w", err)
+	}
+	defer func() { _ = db.Close() }()
+	db.SetMaxOpenConns(16)
+	db.SetMaxIdleConns(16)
+
+	schema := fmt.Sprintf("sluice_bench_%d", rand.Uint32())
+	if _, err := db.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
+		return err
+	}
+	defer db.ExecContext(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck // best-effort cleanup
+
+	v, err := newInboxVariants(ctx, db, schema)
+	if err != nil {
+		return err
+	}
+	names := []string{"a: plain tx", "b: inbox by hand", "c: sluice inbox"}
+	ops := []func(run string) Op{v.plain, v.byHand, v.sluice}
+
+	fmt.Fprintf(o.Out, "Inbox on PostgreSQL: %d rounds of %d messages per variant, variants interleaved; rates are medians, ratios medians of per-round ratios\n\n", o.Rounds, o.Messages)
+	var rows [][]string
+	for _, conc := range []int{1, 8} {
+		rates, err := Interleave(ctx, o, conc, len(ops), func(round, i int) Op {
+			return ops[i](fmt.Sprintf("c%d-r%d-v%d-", conc, round, i))
+		}, v.truncate)
+		if err != nil {
+			return err
+		}
+		rows = append(rows, []string{strconv.Itoa(conc),
+			f0(Median(rates[0])), f0(Median(rates[1])), f0(Median(rates[2])),
+			f2(MedianRatio(rates[2], rates[1])), f2(MedianRatio(rates[2], rates[0]))})
+	}
+	Table(o.Out, []string{"concurrency", names[0] + " msg/s", names[1] + " msg/s", names[2] + " msg/s", "c÷b", "c÷a"}, rows)
+	fmt.Fprintln(o.Out, "\ntargets: c÷b ≥ 0.95; c÷a ≈ 0.7–0.8 expected (one more statement per message)")
+	return nil
+}
+
+type inboxVariants struct {
+	db                  *sqlx.DB
+	schema              string
+	insertBiz, claimSQL string
+	mw                  message.HandlerFunc
+}
+
+func newInboxVariants(ctx context.Context, db *sqlx.DB, schema string) (*inboxVariants, error) {
+	v := &inboxVariants{db: db, schema: schema}
+	for _, stmt := range []string{
+		"CREATE TABLE " + schema + ".reservations (event_key TEXT NOT NULL, note TEXT NOT NULL)",
+		"CREATE TABLE " + schema + ".inbox_by_hand (consumer TEXT NOT NULL, event_key TEXT NOT NULL, processed_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (consumer, event_key))",
+		"CREATE INDEX ON " + schema + ".inbox_by_hand (processed_at)",
+	} {
+		if _, err := db.ExecContext(ctx, stmt); err != nil {
+			return nil, err
+		}
+	}
+	store, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db, Table: schema + ".inbox"})
+	if err != nil {
+		return nil, err
+	}
+	if err := store.CreateTable(ctx); err != nil {
+		return nil, err
+	}
+	d, err := deduplication.New(deduplication.Config{Store: store, Consumer: "inventory", MeterProvider: noop.NewMeterProvider()})
+	if err != nil {
+		return nil, err
+	}
+	v.insertBiz = "INSERT INTO " + schema + ".reservations (event_key, note) VALUES ($1, 'reserved')"
+	v.claimSQL = "INSERT INTO " + schema + ".inbox_by_hand (consumer, event_key, processed_at) VALUES ($1, $2, now()) ON CONFLICT DO NOTHING"
+	v.mw = d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		tx := deduplication.TxFromContext(msg.Context())
+		_, err := tx.ExecContext(msg.Context(), v.insertBiz, msg.Metadata.Get(middleware.EventIDKey))
+		return nil, err
+	})
+	return v, nil
+}
+
+func (v *inboxVariants) truncate(ctx context.Context) error {
+	_, err := v.db.ExecContext(ctx, "TRUNCATE "+v.schema+".reservations, "+v.schema+".inbox_by_hand, "+v.schema+".inbox")
+	return err
+}
+
+func (v *inboxVariants) plain(run string) Op {
+	return func(ctx context.Context, i int) error {
+		tx, err := v.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, v.insertBiz, run+strconv.Itoa(i)); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		return tx.Commit()
+	}
+}
+
+func (v *inboxVariants) byHand(run string) Op {
+	return func(ctx context.Context, i int) error {
+		key := run + strconv.Itoa(i)
+		tx, err := v.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
+		res, err := tx.ExecContext(ctx, v.claimSQL, "inventory", key)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return err // a duplicate: nothing to do
+		}
+		if _, err := tx.ExecContext(ctx, v.insertBiz, key); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}
+}
+
+func (v *inboxVariants) sluice(run string) Op {
+	return func(ctx context.Context, i int) error {
+		msg := message.NewMessage(strconv.Itoa(i), nil)
+		msg.Metadata.Set(middleware.EventIDKey, run+strconv.Itoa(i))
+		msg.SetContext(ctx)
+		_, err := v.mw(msg)
+		return err
+	}
+}
+
+func f0(x float64) string { return strconv.FormatFloat(x, 'f', 0, 64) }
+func f2(x float64) string { return strconv.FormatFloat(x, 'f', 2, 64) }

@@ -1,0 +1,105 @@
+// Package testenv connects tests to the real services on 127.0.0.1 and
+// isolates each test: its own PostgreSQL schema, its own Redis key prefix,
+// its own names, all removed when the test ends.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	_ "github.com/lib/pq" // the PostgreSQL driver
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+// Service addresses, overridable by environment variables.
+var (
+	PostgresURL = env("SLUICE_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	RedisAddr   = env("SLUICE_TEST_REDIS_ADDR", "127.0.0.1:6379")
+	AMQPURL     = env("SLUICE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+)
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// Name returns prefix followed by a random suffix: a unique lower-case SQL
+// identifier, queue name or key prefix.
+func Name(prefix string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return prefix + "_" + hex.EncodeToString(b[:])
+}
+
+// Postgres opens the test database; the pool is closed when t ends. A test
+// fails, not skips, when PostgreSQL is not reachable: `make services`
+// provides it.
+func Postgres(t testing.TB) *sqlx.DB {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	db, err := sqlx.ConnectContext(ctx, "postgres", PostgresURL)
+	require.NoError(t, err, "PostgreSQL at %s (run `make services`)", redact(PostgresURL))
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// Schema creates a schema of its own for t in db and drops it, with
+// everything in it, when t ends.
+func Schema(t testing.TB, db *sqlx.DB) string {
+	t.Helper()
+	name := Name("t")
+	_, err := db.ExecContext(context.Background(), "CREATE SCHEMA "+name)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := db.ExecContext(context.Background(), "DROP SCHEMA "+name+" CASCADE")
+		if err != nil {
+			t.Errorf("dropping schema %s: %v", name, err)
+		}
+	})
+	return name
+}
+
+// Redis returns a client and a key prefix of t's own; the keys under the
+// prefix are deleted and the client closed when t ends.
+func Redis(t testing.TB) (*redis.Client, string) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: RedisAddr})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, c.Ping(ctx).Err(), "Redis at %s (run `make services`)", RedisAddr)
+	prefix := Name("sluicetest") + ":"
+	t.Cleanup(func() {
+		ctx := context.Background()
+		iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			_ = c.Del(ctx, iter.Val()).Err()
+		}
+		_ = c.Close()
+	})
+	return c, prefix
+}
+
+// redact hides the password of a URL for messages.
+func redact(u string) string {
+	at := strings.LastIndex(u, "@")
+	scheme := strings.Index(u, "://")
+	if at < 0 || scheme < 0 {
+		return u
+	}
+	userinfo := u[scheme+3 : at]
+	if user, _, ok := strings.Cut(userinfo, ":"); ok {
+		return fmt.Sprintf("%s%s:xxxxx%s", u[:scheme+3], user, u[at:])
+	}
+	return u
+}

@@ -1,0 +1,150 @@
+package middleware
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"syscall"
+)
+
+// DefaultClassDefault is the class of an error no rule recognises: Transient,
+// so an unknown error is retried and bounded by the retry budget rather than
+// dropped or poisoned at once.
+const DefaultClassDefault = ClassTransient
+
+// Rule classifies the errors it recognises and reports false for the others.
+// Rules must return a valid class; an invalid one is skipped.
+type Rule func(err error) (Class, bool)
+
+// RuleIs classifies errors for which errors.Is(err, target) holds.
+func RuleIs(target error, c Class) Rule {
+	return func(err error) (Class, bool) { return c, errors.Is(err, target) }
+}
+
+// RuleAs classifies errors with an E in their chain (errors.AsType).
+func RuleAs[E error](c Class) Rule {
+	return func(err error) (Class, bool) {
+		_, ok := errors.AsType[E](err)
+		return c, ok
+	}
+}
+
+// ClassifierConfig configures a Classifier. The zero value is the default
+// classifier.
+type ClassifierConfig struct {
+	// Rules are tried in order after explicit Failure wrappers and before the
+	// default rules; the first that recognises the error wins.
+	Rules []Rule
+	// Default is the class of errors that no rule recognises. Must be
+	// ClassTransient, ClassPoison or ClassInvariant. Default DefaultClassDefault.
+	Default Class
+}
+
+// Classifier decides the Class of a handler error: an explicit Failure in the
+// chain wins, then the configured rules, then the default rules, then Default.
+// It is immutable and safe for concurrent use.
+type Classifier struct {
+	rules []Rule
+	def   Class
+}
+
+// NewClassifier validates cfg and returns a Classifier.
+func NewClassifier(cfg ClassifierConfig) (*Classifier, error) {
+	def := cfg.Default
+	if def == Unclassified {
+		def = DefaultClassDefault
+	}
+	switch def {
+	case ClassTransient, ClassPoison, ClassInvariant:
+	default:
+		return nil, fmt.Errorf("middleware: ClassifierConfig.Default must be transient, poison or invariant, got %s", def)
+	}
+	for i, r := range cfg.Rules {
+		if r == nil {
+			return nil, fmt.Errorf("middleware: ClassifierConfig.Rules[%d] is nil", i)
+		}
+	}
+	return &Classifier{rules: append([]Rule(nil), cfg.Rules...), def: def}, nil
+}
+
+// DefaultClassifier returns the classifier of the zero ClassifierConfig.
+func DefaultClassifier() *Classifier { return &Classifier{def: DefaultClassDefault} }
+
+// Classify returns the class of err; Unclassified for nil.
+func (c *Classifier) Classify(err error) Class {
+	if err == nil {
+		return Unclassified
+	}
+	if cl := ClassOf(err); cl.Valid() {
+		return cl
+	}
+	for _, r := range c.rules {
+		if cl, ok := r(err); ok && cl.Valid() {
+			return cl
+		}
+	}
+	if cl, ok := defaultClass(err); ok {
+		return cl
+	}
+	return c.def
+}
+
+// sqlStater is implemented by lib/pq's *pq.Error and pgx's *pgconn.PgError.
+type sqlStater interface {
+	error
+	SQLState() string
+}
+
+// defaultClass holds the default rules documented on Classifier.
+func defaultClass(err error) (Class, bool) {
+	if isTransient(err) {
+		return ClassTransient, true
+	}
+	if _, ok := errors.AsType[*json.SyntaxError](err); ok {
+		return ClassPoison, true
+	}
+	if _, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
+		return ClassPoison, true
+	}
+	if _, ok := errors.AsType[*PanicError](err); ok {
+		return ClassInvariant, true
+	}
+	return Unclassified, false
+}
+
+func isTransient(err error) bool {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EPIPE),
+		errors.Is(err, driver.ErrBadConn), errors.Is(err, sql.ErrConnDone):
+		return true
+	}
+	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+		return true
+	}
+	if s, ok := errors.AsType[sqlStater](err); ok {
+		return transientSQLState(s.SQLState())
+	}
+	return false
+}
+
+// transientSQLState reports the SQLSTATEs worth retrying: connection
+// exceptions (08), insufficient resources (53), serialization failure
+// (40001), deadlock (40P01) and server shutdown or start-up (57P01-57P03).
+func transientSQLState(state string) bool {
+	switch {
+	case strings.HasPrefix(state, "08"), strings.HasPrefix(state, "53"):
+		return true
+	}
+	switch state {
+	case "40001", "40P01", "57P01", "57P02", "57P03":
+		return true
+	}
+	return false
+}

@@ -1,0 +1,59 @@
+package middleware
+
+import (
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/sluicemq/sluice/internal/telemetry"
+)
+
+// MetricRejected counts deliveries acked because the handler rejected them
+// (ClassRejected), by handler.
+const MetricRejected = "sluice.rejected"
+
+// ClassifyConfig configures the Classify middleware.
+type ClassifyConfig struct {
+	// Classifier decides each error's class. Default DefaultClassifier().
+	// Give the deduplication stage the same value, so that "commit on
+	// Rejected" and "ack on Rejected" always agree.
+	Classifier *Classifier
+	// MeterProvider receives the rejected counter. Default the global
+	// OpenTelemetry provider.
+	MeterProvider metric.MeterProvider
+}
+
+// Classify returns a middleware that turns every handler error into a
+// *Failure with a class, so the stages outside it (retrytiers, poison) can act
+// on the class. A ClassRejected failure becomes nil: the message is acked and
+// the messages the handler produced are published; it is counted in
+// MetricRejected. The middleware is stateless and safe for concurrent use.
+func Classify(cfg ClassifyConfig) (message.HandlerMiddleware, error) {
+	c := cfg.Classifier
+	if c == nil {
+		c = DefaultClassifier()
+	}
+	rejected, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(MetricRejected,
+		metric.WithDescription("Deliveries acked as expected business rejections."))
+	if err != nil {
+		return nil, fmt.Errorf("middleware: creating %s counter: %w", MetricRejected, err)
+	}
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			produced, err := h(msg)
+			if err == nil {
+				return produced, nil
+			}
+			class := c.Classify(err)
+			if class == ClassRejected {
+				rejected.Add(msg.Context(), 1, telemetry.HandlerAttr(msg))
+				return produced, nil
+			}
+			if f, ok := err.(*Failure); ok && f.Class == class { //nolint:errorlint // only a top-level Failure can be returned as is
+				return produced, err
+			}
+			return produced, &Failure{Class: class, Err: err}
+		}
+	}, nil
+}

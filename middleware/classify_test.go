@@ -1,0 +1,107 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/sluicemq/sluice/middleware"
+)
+
+func newMsg() *message.Message {
+	return message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+}
+
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	reader := sdkmetric.NewManualReader()
+	mw, err := middleware.Classify(middleware.ClassifyConfig{
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+	})
+	require.NoError(t, err)
+
+	out := message.NewMessage("rejection-event", nil)
+	run := func(herr error) ([]*message.Message, error) {
+		return mw(func(*message.Message) ([]*message.Message, error) {
+			return []*message.Message{out}, herr
+		})(newMsg())
+	}
+
+	produced, err := run(nil)
+	require.NoError(t, err)
+	require.Len(t, produced, 1)
+
+	produced, err = run(middleware.Reject(errBusiness))
+	require.NoError(t, err, "a rejection is acked")
+	require.Equal(t, []*message.Message{out}, produced, "a rejection's produced messages are published")
+
+	_, err = run(context.DeadlineExceeded)
+	f, ok := errors.AsType[*middleware.Failure](err)
+	require.True(t, ok, "every error becomes a *Failure: %v", err)
+	require.Equal(t, middleware.ClassTransient, f.Class)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+
+	explicit := middleware.Poison(errBusiness)
+	_, err = run(explicit)
+	require.Same(t, explicit, err, "a top-level Failure is returned as is")
+
+	_, err = run(jsonSyntaxErr())
+	require.Equal(t, middleware.ClassPoison, middleware.ClassOf(err))
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	require.Equal(t, int64(1), counterValue(t, rm, middleware.MetricRejected))
+}
+
+func counterValue(t *testing.T, rm metricdata.ResourceMetrics, name string) int64 {
+	t.Helper()
+	var total int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != name {
+				continue
+			}
+			sum, ok := m.Data.(metricdata.Sum[int64])
+			require.True(t, ok, "%s is not an int64 sum", name)
+			for _, dp := range sum.DataPoints {
+				total += dp.Value
+			}
+		}
+	}
+	return total
+}
+
+func TestRecoverer(t *testing.T) {
+	t.Parallel()
+	mw, err := middleware.Recoverer(middleware.RecovererConfig{})
+	require.NoError(t, err)
+
+	_, err = mw(func(*message.Message) ([]*message.Message, error) { panic("nil map") })(newMsg())
+	require.Equal(t, middleware.ClassInvariant, middleware.ClassOf(err))
+	p, ok := errors.AsType[*middleware.PanicError](err)
+	require.True(t, ok)
+	require.Equal(t, "nil map", p.Value)
+	require.Contains(t, string(p.Stack), "classify_test.go", "the stack points at the panic")
+	require.Equal(t, "invariant: panic: nil map", err.Error())
+
+	_, err = mw(func(*message.Message) ([]*message.Message, error) { panic(errBusiness) })(newMsg())
+	require.ErrorIs(t, err, errBusiness, "a panic(err) unwraps to err")
+
+	produced, err := mw(func(m *message.Message) ([]*message.Message, error) { return []*message.Message{m}, nil })(newMsg())
+	require.NoError(t, err)
+	require.Len(t, produced, 1)
+
+	mw, err = middleware.Recoverer(middleware.RecovererConfig{Class: middleware.ClassTransient})
+	require.NoError(t, err)
+	_, err = mw(func(*message.Message) ([]*message.Message, error) { panic("flaky") })(newMsg())
+	require.Equal(t, middleware.ClassTransient, middleware.ClassOf(err))
+
+	_, err = middleware.Recoverer(middleware.RecovererConfig{Class: middleware.ClassRejected})
+	require.ErrorContains(t, err, "RecovererConfig.Class")
+}

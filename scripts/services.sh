@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Makes PostgreSQL, RabbitMQ and Redis reachable on 127.0.0.1 for the tests:
+# installs them from Debian's packages when missing, starts them when stopped,
+# sets PostgreSQL to trust 127.0.0.1 and creates the database "test", then
+# waits until each one answers. Idempotent; needs root for installs and starts.
+set -euo pipefail
+
+log() { printf 'services: %s\n' "$*" >&2; }
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_for() { # name seconds command...
+  local name=$1 secs=$2; shift 2
+  local deadline=$((SECONDS + secs))
+  until "$@" >/dev/null 2>&1; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      log "$name did not answer within ${secs}s"; return 1
+    fi
+    sleep 1
+  done
+}
+
+apt_updated=""
+install() {
+  if [ -z "$apt_updated" ]; then
+    log "apt-get update"; as_root apt-get update -qq; apt_updated=1
+  fi
+  log "installing $*"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+postgres() {
+  command -v pg_ctlcluster >/dev/null && [ -n "$(ls /etc/postgresql 2>/dev/null)" ] || install postgresql
+  local version; version=$(ls /etc/postgresql | sort -V | tail -n1)
+  local hba="/etc/postgresql/$version/main/pg_hba.conf"
+  if ! grep -Eq '^host[[:space:]]+all[[:space:]]+all[[:space:]]+127\.0\.0\.1/32[[:space:]]+trust' "$hba"; then
+    log "PostgreSQL: trusting 127.0.0.1 and ::1 in $hba"
+    as_root sed -ri 's/^(host[[:space:]]+all[[:space:]]+all[[:space:]]+(127\.0\.0\.1\/32|::1\/128)[[:space:]]+)[a-z0-9-]+/\1trust/' "$hba"
+    grep -Eq '^host[[:space:]]+all[[:space:]]+all[[:space:]]+127\.0\.0\.1/32[[:space:]]+trust' "$hba" ||
+      printf 'host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\n' | as_root tee -a "$hba" >/dev/null
+    pg_isready -q -h 127.0.0.1 -p 5432 && as_root pg_ctlcluster --skip-systemctl-redirect "$version" main reload
+  fi
+  if ! pg_isready -q -h 127.0.0.1 -p 5432; then
+    log "starting PostgreSQL $version"
+    as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+  fi
+  wait_for PostgreSQL 60 pg_isready -h 127.0.0.1 -p 5432
+  if [ "$(psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'test'")" != 1 ]; then
+    log "PostgreSQL: creating database test"
+    psql -h 127.0.0.1 -U postgres -d postgres -qc 'CREATE DATABASE test'
+  fi
+}
+
+rabbitmq() {
+  command -v rabbitmq-server >/dev/null || install rabbitmq-server
+  if ! port_open 5672; then
+    log "starting RabbitMQ"
+    as_root rabbitmq-server -detached || true
+    as_root timeout 120 rabbitmqctl await_startup >/dev/null 2>&1 || true
+  fi
+  wait_for RabbitMQ 120 port_open 5672
+}
+
+redis() {
+  command -v redis-server >/dev/null || install redis-server
+  if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+    log "starting Redis"
+    as_root redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no >/dev/null
+  fi
+  wait_for Redis 30 redis-cli -h 127.0.0.1 -p 6379 ping
+}
+
+command -v psql >/dev/null || install postgresql-client
+postgres
+rabbitmq
+redis
+log "PostgreSQL 127.0.0.1:5432 (db test), RabbitMQ 127.0.0.1:5672, Redis 127.0.0.1:6379: ready"
