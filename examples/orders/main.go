@@ -86,7 +86,7 @@ func run(ctx context.Context, dbPath string) (*summary, error) {
 	}
 
 	logger := watermill.NopLogger{}
-	pubSub := gochannel.NewGoChannel(gochannel.Config{}, logger)
+	pubSub := gochannel.NewGoChannel(gochannel.Config{BlockPublishUntilSubscriberAck: true}, logger)
 	defer func() { _ = pubSub.Close() }()
 	router, err := message.NewRouter(message.RouterConfig{}, logger)
 	if err != nil {
@@ -102,6 +102,8 @@ func run(ctx context.Context, dbPath string) (*summary, error) {
 	go func() { routerDone <- router.Run(ctx) }()
 	<-router.Running()
 
+	// Publish returns once the delivery is acked (BlockPublishUntilSubscriberAck),
+	// so the script plays in order, redeliveries of a nacked message included.
 	for _, d := range script {
 		msg := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"orderId":%q,"sku":%q,"qty":%d}`, d.orderID, d.sku, d.qty))
 		msg.Metadata.Set(middleware.EventIDKey, d.eventID)
