@@ -1,9 +1,32 @@
 package middleware
 
-// EventIDKey is the metadata key of a message's business event id — the id
-// the producer gives the event, stable across redeliveries and republishing,
-// unlike the broker's or Watermill's message id. On AMQP it becomes the
-// header "sluice_event_id". The deduplication stage reads it by default and
-// sets it from its key function when it is missing, so retry copies and
-// poison diagnoses carry it.
-const EventIDKey = "sluice_event_id"
+// Metadata keys shared by the stages. On AMQP each becomes the header of the
+// same name.
+const (
+	// EventIDKey is the business event id a producer gives an event, stable
+	// across redeliveries and republishing, unlike the broker's or
+	// Watermill's message id. The deduplication stage reads it by default and
+	// sets it from its key function when it is missing, so retry copies and
+	// poison diagnoses carry it.
+	EventIDKey = "sluice_event_id"
+	// EventTypeKey is the event's type (e.g. "order.created"), when the
+	// producer sets it; the poison diagnosis and the operator CLI group by it.
+	EventTypeKey = "sluice_event_type"
+	// AttemptKey is the attempt number of this delivery: absent or "1" on the
+	// first, set on each retry copy by retrytiers.
+	AttemptKey = "sluice_attempt"
+	// FirstFailedAtKey is when the first attempt failed (RFC 3339, UTC).
+	FirstFailedAtKey = "sluice_first_failed_at"
+	// LastErrorKey is the bounded, redacted summary of the last failure.
+	LastErrorKey = "sluice_last_error"
+	// RetryTierKey names the retry tier the copy went through last.
+	RetryTierKey = "sluice_retry_tier"
+	// TraceparentKey is the W3C trace context of the producer.
+	TraceparentKey = "traceparent"
+
+	// SourceExchangeKey and SourceRoutingKeyKey are where the delivery was
+	// published to; set for each delivery by the rabbitmq Marshaler, and
+	// never republished by it.
+	SourceExchangeKey   = "sluice_amqp_exchange"
+	SourceRoutingKeyKey = "sluice_amqp_routing_key"
+)

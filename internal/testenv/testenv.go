@@ -7,9 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +15,8 @@ import (
 	_ "github.com/lib/pq" // the PostgreSQL driver
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/internal/diag"
 )
 
 // Service addresses, overridable by environment variables.
@@ -91,15 +91,4 @@ func Redis(t testing.TB) (*redis.Client, string) {
 }
 
 // redact hides the password of a URL for messages.
-func redact(u string) string {
-	at := strings.LastIndex(u, "@")
-	scheme := strings.Index(u, "://")
-	if at < 0 || scheme < 0 {
-		return u
-	}
-	userinfo := u[scheme+3 : at]
-	if user, _, ok := strings.Cut(userinfo, ":"); ok {
-		return fmt.Sprintf("%s%s:xxxxx%s", u[:scheme+3], user, u[at:])
-	}
-	return u
-}
+func redact(u string) string { return diag.RedactURL(u) }

@@ -1,0 +1,10 @@
+// Package poison is the stage that isolates a message that must not be
+// retried — a Poison, Invariant or Exhausted failure — in a poison queue,
+// with a diagnosis in its metadata (see the Key constants), and acks the
+// original only after the copy is stored. If the poison queue cannot be
+// reached, the original is nacked: a message is never dropped silently.
+//
+// On RabbitMQ, give it the rabbitmq.Publisher: it waits for the publisher
+// confirm and treats a basic.return (the poison queue does not exist) as a
+// failure, which a confirm alone would hide.
+package poison

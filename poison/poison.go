@@ -1,0 +1,174 @@
+package poison
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/sluicemq/sluice/internal/clock"
+	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/telemetry"
+	"github.com/sluicemq/sluice/middleware"
+)
+
+// Defaults.
+const (
+	PublishBackoffDefault = time.Second
+	ErrorMaxLengthDefault = 1024
+)
+
+// MetricPoisoned counts messages isolated in the poison queue, by class.
+const MetricPoisoned = "sluice.poisoned"
+
+// ClassesDefault are the classes isolated when Config.Classes is empty.
+var ClassesDefault = []middleware.Class{middleware.ClassPoison, middleware.ClassInvariant, middleware.ClassExhausted}
+
+// Config configures the poison stage.
+type Config struct {
+	// Publisher publishes to the poison queue; it must return only once the
+	// message is stored and routed (a confirmed, mandatory publisher on
+	// RabbitMQ). Required.
+	Publisher message.Publisher
+	// Topic is the poison queue. Required.
+	Topic string
+	// Queue is the consumer's queue, recorded in QueueKey for replays.
+	// Default: the delivery's routing key.
+	Queue string
+	// Classes are the failure classes isolated. Default ClassesDefault.
+	// ClassTransient and ClassRejected are refused.
+	Classes []middleware.Class
+	// Classifier classifies errors that carry no class. Default
+	// middleware.DefaultClassifier().
+	Classifier *middleware.Classifier
+	// ErrorMaxLength bounds ReasonKey, in bytes. Default ErrorMaxLengthDefault.
+	ErrorMaxLength int
+	// PublishBackoff is waited, bounded by the message context, before
+	// returning a failed publish, so an unreachable poison queue is not a
+	// hot redelivery loop. Default PublishBackoffDefault.
+	PublishBackoff time.Duration
+	// MeterProvider receives MetricPoisoned. Default the global provider.
+	MeterProvider metric.MeterProvider
+}
+
+// New returns the poison stage. When the handler fails with one of Classes
+// it publishes a copy — the original payload and metadata plus the diagnosis
+// keys (ClassKey, ReasonKey, ...) — to Topic, and returns nil only once
+// Publish returned nil, so the original is acked only after the copy is
+// stored. When the publish fails it waits PublishBackoff and returns the
+// handler's error joined with the publish error: the original is nacked and
+// nothing is lost. Other errors pass through untouched.
+func New(cfg Config) (message.HandlerMiddleware, error) {
+	if cfg.Publisher == nil {
+		return nil, errors.New("poison: Config.Publisher is required")
+	}
+	if strings.TrimSpace(cfg.Topic) == "" {
+		return nil, errors.New("poison: Config.Topic is required")
+	}
+	if len(cfg.Classes) == 0 {
+		cfg.Classes = ClassesDefault
+	}
+	for i, c := range cfg.Classes {
+		if !c.Valid() || c == middleware.ClassTransient || c == middleware.ClassRejected {
+			return nil, fmt.Errorf("poison: Config.Classes[%d] is %s: want poison, invariant or exhausted", i, c)
+		}
+	}
+	if cfg.Classifier == nil {
+		cfg.Classifier = middleware.DefaultClassifier()
+	}
+	if cfg.ErrorMaxLength == 0 {
+		cfg.ErrorMaxLength = ErrorMaxLengthDefault
+	}
+	if cfg.PublishBackoff == 0 {
+		cfg.PublishBackoff = PublishBackoffDefault
+	}
+	if cfg.ErrorMaxLength < 16 || cfg.PublishBackoff < 0 {
+		return nil, errors.New("poison: Config.ErrorMaxLength must be at least 16 and PublishBackoff not negative")
+	}
+	poisoned, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(MetricPoisoned,
+		metric.WithDescription("Messages isolated in the poison queue."))
+	if err != nil {
+		return nil, err
+	}
+	s := &stage{cfg: cfg, poisoned: poisoned}
+	return s.middleware, nil
+}
+
+type stage struct {
+	cfg      Config
+	poisoned metric.Int64Counter
+}
+
+func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		produced, err := h(msg)
+		if err == nil {
+			return produced, nil
+		}
+		class := s.cfg.Classifier.Classify(err)
+		if !slices.Contains(s.cfg.Classes, class) {
+			return produced, err
+		}
+		ctx := msg.Context()
+		if pErr := s.cfg.Publisher.Publish(s.cfg.Topic, s.diagnose(msg, class, err)); pErr != nil {
+			clock.Sleep(ctx, s.cfg.PublishBackoff)
+			return nil, errors.Join(err, fmt.Errorf("poison: cannot publish to the poison queue %s: %w", s.cfg.Topic, pErr))
+		}
+		s.poisoned.Add(ctx, 1, metric.WithAttributes(
+			telemetry.HandlerKey.String(message.HandlerNameFromCtx(ctx)), attribute.String("sluice.class", class.String())))
+		return nil, nil
+	}
+}
+
+// diagnose returns the copy published to the poison queue.
+func (s *stage) diagnose(msg *message.Message, class middleware.Class, err error) *message.Message {
+	c := message.NewMessage(watermill.NewUUID(), msg.Payload)
+	c.Metadata = make(message.Metadata, len(msg.Metadata)+10)
+	for k, v := range msg.Metadata {
+		c.Metadata[k] = v
+	}
+	md := msg.Metadata
+	now := clock.Now()
+	queue := s.cfg.Queue
+	if queue == "" {
+		queue = md.Get(middleware.SourceRoutingKeyKey)
+	}
+	attempts := md.Get(middleware.AttemptKey)
+	if attempts == "" {
+		attempts = "1"
+	}
+	firstFailed := md.Get(middleware.FirstFailedAtKey)
+	if firstFailed == "" {
+		firstFailed = now
+	}
+	c.Metadata[ClassKey] = class.String()
+	c.Metadata[ReasonKey] = diag.Summary(err, s.cfg.ErrorMaxLength)
+	c.Metadata[ConsumerKey] = message.HandlerNameFromCtx(msg.Context())
+	c.Metadata[QueueKey] = queue
+	c.Metadata[ExchangeKey] = md.Get(middleware.SourceExchangeKey)
+	c.Metadata[RoutingKeyKey] = md.Get(middleware.SourceRoutingKeyKey)
+	c.Metadata[AttemptsKey] = attempts
+	c.Metadata[FirstFailedAtKey] = firstFailed
+	c.Metadata[PoisonedAtKey] = now
+	if id := traceID(md.Get(middleware.TraceparentKey)); id != "" {
+		c.Metadata[TraceIDKey] = id
+	}
+	c.SetContext(msg.Context())
+	return c
+}
+
+// traceID returns the trace id of a W3C traceparent
+// ("00-<32 hex>-<16 hex>-<2 hex>"), or "".
+func traceID(tp string) string {
+	parts := strings.Split(tp, "-")
+	if len(parts) < 4 || len(parts[1]) != 32 || strings.Trim(parts[1], "0123456789abcdef") != "" || strings.Trim(parts[1], "0") == "" {
+		return ""
+	}
+	return parts[1]
+}

@@ -1,0 +1,238 @@
+package rabbitmq
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluicemq/sluice/internal/diag"
+)
+
+// Publisher defaults.
+const (
+	ConfirmTimeoutDefault = 30 * time.Second
+	DialTimeoutDefault    = 10 * time.Second
+)
+
+// PublishIDHeader is the AMQP header carrying the id by which the Publisher
+// matches a basic.return to the message it publishes. Consumers can ignore it.
+const PublishIDHeader = "sluice_publish_id"
+
+var (
+	// ErrPublisherClosed is returned by Publish after Close.
+	ErrPublisherClosed = errors.New("rabbitmq: publisher closed")
+	// ErrNacked is matched by a publish the broker refused (basic.nack).
+	ErrNacked = errors.New("rabbitmq: broker nacked the message")
+	// ErrChannelClosed is matched by a publish whose channel closed before the
+	// broker confirmed it: it may or may not have been stored.
+	ErrChannelClosed = errors.New("rabbitmq: channel closed before the confirm")
+)
+
+// UnroutableError is a mandatory publish the broker returned (basic.return):
+// no queue is bound for its routing key, although the broker then confirms it.
+type UnroutableError struct {
+	Exchange, RoutingKey string
+	ReplyCode            uint16
+	ReplyText            string
+}
+
+func (e *UnroutableError) Error() string {
+	ex := e.Exchange
+	if ex == "" {
+		ex = "(default exchange)"
+	}
+	return fmt.Sprintf("rabbitmq: message returned as unroutable: exchange %s, routing key %q: %d %s", ex, e.RoutingKey, e.ReplyCode, e.ReplyText)
+}
+
+// PublisherConfig configures a Publisher.
+type PublisherConfig struct {
+	// URL of the broker, amqp:// or amqps://. Required. Its password never
+	// appears in errors or logs.
+	URL string
+	// Exchange every message is published to, with the topic as routing key.
+	// Default "": the default exchange, where the topic is a queue name.
+	Exchange string
+	// Marshaler turns messages into publishings. Default Marshaler{}
+	// (persistent, metadata as headers, compatible with watermill-amqp).
+	Marshaler wamqp.Marshaler
+	// ConfirmTimeout bounds the wait for a confirm when the message context
+	// has no earlier deadline. Default ConfirmTimeoutDefault.
+	ConfirmTimeout time.Duration
+	// DialTimeout bounds connecting. Default DialTimeoutDefault.
+	DialTimeout time.Duration
+	// Logger reports reconnects. Default watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+}
+
+// Publisher is a message.Publisher with publisher confirms and mandatory
+// routing. Publish returns nil only for messages the broker confirmed (ack)
+// and did not return as unroutable. Messages of one call and of concurrent
+// calls are pipelined on one channel: many confirms are in flight at once.
+// After a broker restart or a closed channel it reconnects on the next
+// Publish. It is safe for concurrent use.
+type Publisher struct {
+	cfg PublisherConfig
+
+	mu     sync.Mutex
+	conn   *amqp.Connection
+	ch     *confirmChannel
+	closed bool
+}
+
+var _ message.Publisher = (*Publisher)(nil)
+
+// NewPublisher validates cfg and returns a Publisher; it connects on the
+// first Publish.
+func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
+	if cfg.URL == "" {
+		return nil, errors.New("rabbitmq: PublisherConfig.URL is required")
+	}
+	if _, err := amqp.ParseURI(cfg.URL); err != nil {
+		return nil, fmt.Errorf("rabbitmq: PublisherConfig.URL %s: %w", diag.RedactURL(cfg.URL), err)
+	}
+	if cfg.Marshaler == nil {
+		cfg.Marshaler = Marshaler{}
+	}
+	if cfg.ConfirmTimeout == 0 {
+		cfg.ConfirmTimeout = ConfirmTimeoutDefault
+	}
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = DialTimeoutDefault
+	}
+	if cfg.ConfirmTimeout < 0 || cfg.DialTimeout < 0 {
+		return nil, errors.New("rabbitmq: PublisherConfig.ConfirmTimeout and DialTimeout must not be negative")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
+	}
+	return &Publisher{cfg: cfg}, nil
+}
+
+// Publish publishes msgs to the topic (the routing key) and waits for each
+// one's confirm, bounded by its context and ConfirmTimeout. It returns an
+// error naming every message that was not confirmed, nacked, returned as
+// unroutable, or whose channel closed first.
+func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	ch, err := p.channel()
+	if err != nil {
+		return err
+	}
+	type inflight struct {
+		msg *message.Message
+		id  string
+		dc  *amqp.DeferredConfirmation
+	}
+	pending := make([]inflight, 0, len(msgs))
+	var errs []error
+	for _, msg := range msgs {
+		if err := msg.Context().Err(); err != nil {
+			errs = append(errs, fmt.Errorf("rabbitmq: message %s not published: %w", msg.UUID, err))
+			continue
+		}
+		pub, err := p.cfg.Marshaler.Marshal(msg)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("rabbitmq: marshaling message %s: %w", msg.UUID, err))
+			continue
+		}
+		id := newID()
+		if pub.Headers == nil {
+			pub.Headers = amqp.Table{}
+		}
+		pub.Headers[PublishIDHeader] = id
+		dc, err := ch.publish(id, p.cfg.Exchange, topic, pub)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("rabbitmq: publishing message %s to %q: %w", msg.UUID, topic, err))
+			continue
+		}
+		pending = append(pending, inflight{msg, id, dc})
+	}
+	for _, f := range pending {
+		if err := p.await(ch, f.msg, f.id, f.dc); err != nil {
+			errs = append(errs, fmt.Errorf("rabbitmq: message %s to %q: %w", f.msg.UUID, topic, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (p *Publisher) await(ch *confirmChannel, msg *message.Message, id string, dc *amqp.DeferredConfirmation) error {
+	ctx, cancel := context.WithTimeout(msg.Context(), p.cfg.ConfirmTimeout)
+	defer cancel()
+	acked, err := dc.WaitContext(ctx)
+	ret := ch.settle(id, err == nil)
+	switch {
+	case err != nil:
+		return fmt.Errorf("waiting for the confirm: %w", err)
+	case !acked && ch.isClosed():
+		return ErrChannelClosed
+	case !acked:
+		return ErrNacked
+	case ret != nil:
+		return ret
+	}
+	return nil
+}
+
+// channel returns the live confirm channel, connecting when needed.
+func (p *Publisher) channel() (*confirmChannel, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, ErrPublisherClosed
+	}
+	if p.ch != nil && !p.ch.isClosed() {
+		return p.ch, nil
+	}
+	if p.ch != nil {
+		p.cfg.Logger.Info("Reconnecting the confirmed publisher", watermill.LogFields{"url": diag.RedactURL(p.cfg.URL)})
+		p.ch.close()
+		p.ch = nil
+	}
+	if p.conn == nil || p.conn.IsClosed() {
+		conn, err := amqp.DialConfig(p.cfg.URL, amqp.Config{Dial: amqp.DefaultDial(p.cfg.DialTimeout), Properties: amqp.Table{"connection_name": "sluice publisher"}})
+		if err != nil {
+			return nil, fmt.Errorf("rabbitmq: connecting to %s: %s", diag.RedactURL(p.cfg.URL), diag.Redact(err.Error()))
+		}
+		p.conn = conn
+	}
+	ch, err := newConfirmChannel(p.conn)
+	if err != nil {
+		_ = p.conn.Close()
+		p.conn = nil
+		return nil, err
+	}
+	p.ch = ch
+	return ch, nil
+}
+
+// Close closes the channel and the connection. It is idempotent; Publish
+// fails with ErrPublisherClosed afterwards.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	if p.ch != nil {
+		p.ch.close()
+	}
+	if p.conn != nil && !p.conn.IsClosed() {
+		return p.conn.Close()
+	}
+	return nil
+}
+
+func newID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,222 @@
+package rabbitmq
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluicemq/sluice/retrytiers"
+)
+
+// TopologyConfig describes the queues of one consumer queue.
+type TopologyConfig struct {
+	// Queue is the consumer's queue. Required: at most 200 bytes, not
+	// starting with "amq.".
+	Queue string
+	// TierDelays are the retry tiers' TTLs, in order, at most 24 days each.
+	// Default retrytiers.DelaysDefault. Each tier is the queue
+	// "<Queue>.retry.<delay>" (retrytiers.Ladder).
+	TierDelays []time.Duration
+	// PoisonQueue receives what the poison stage isolates and, for a quorum
+	// Queue, what the broker dead-letters. Default "<Queue>.poison".
+	PoisonQueue string
+	// Quorum declares every queue as a quorum queue instead of a classic one.
+	Quorum bool
+	// DeliveryLimit (quorum only) dead-letters a message to PoisonQueue after
+	// this many failed deliveries: the backstop for a message that kills the
+	// process before any middleware can act. 0: no limit (RabbitMQ 3.x).
+	DeliveryLimit int
+	// Exchange, when set, is declared (durable, ExchangeType) and Queue is
+	// bound to it with BindingKey. The tier queues are never bound to it.
+	Exchange string
+	// ExchangeType of Exchange. Default "topic".
+	ExchangeType string
+	// BindingKey binds Queue to Exchange. Default Queue.
+	BindingKey string
+}
+
+// Topology is the validated set of queues of one consumer queue.
+type Topology struct {
+	cfg   TopologyConfig
+	tiers []retrytiers.Tier
+}
+
+// maxTTL keeps x-message-ttl within what RabbitMQ accepts comfortably.
+const maxTTL = 24 * 24 * time.Hour
+
+var queueName = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,200}$`)
+
+// NewTopology validates cfg.
+func NewTopology(cfg TopologyConfig) (*Topology, error) {
+	if !queueName.MatchString(cfg.Queue) || strings.HasPrefix(cfg.Queue, "amq.") {
+		return nil, fmt.Errorf("rabbitmq: TopologyConfig.Queue %q: want 1-200 of [A-Za-z0-9_.:-], not starting with amq.", cfg.Queue)
+	}
+	if cfg.PoisonQueue == "" {
+		cfg.PoisonQueue = cfg.Queue + ".poison"
+	}
+	if !queueName.MatchString(cfg.PoisonQueue) || strings.HasPrefix(cfg.PoisonQueue, "amq.") || cfg.PoisonQueue == cfg.Queue {
+		return nil, fmt.Errorf("rabbitmq: TopologyConfig.PoisonQueue %q: want a queue name other than Queue", cfg.PoisonQueue)
+	}
+	if cfg.DeliveryLimit < 0 || cfg.DeliveryLimit > 0 && !cfg.Quorum {
+		return nil, fmt.Errorf("rabbitmq: TopologyConfig.DeliveryLimit %d: want 0, or a positive limit on a quorum queue", cfg.DeliveryLimit)
+	}
+	if cfg.ExchangeType == "" {
+		cfg.ExchangeType = amqp.ExchangeTopic
+	}
+	if cfg.BindingKey == "" {
+		cfg.BindingKey = cfg.Queue
+	}
+	for i, d := range cfg.TierDelays {
+		if d > maxTTL {
+			return nil, fmt.Errorf("rabbitmq: TopologyConfig.TierDelays[%d] = %s: want at most %s", i, d, maxTTL)
+		}
+	}
+	tiers, err := retrytiers.Ladder(cfg.Queue, cfg.TierDelays...)
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: TopologyConfig.TierDelays: %w", err)
+	}
+	return &Topology{cfg: cfg, tiers: tiers}, nil
+}
+
+// Queue returns the consumer's queue.
+func (t *Topology) Queue() string { return t.cfg.Queue }
+
+// PoisonQueue returns the poison queue.
+func (t *Topology) PoisonQueue() string { return t.cfg.PoisonQueue }
+
+// Tiers returns the retry tiers in order; each Topic is its queue. Give
+// them to retrytiers.Config.
+func (t *Topology) Tiers() []retrytiers.Tier { return append([]retrytiers.Tier(nil), t.tiers...) }
+
+// queueSpec is one queue and its arguments.
+type queueSpec struct {
+	name string
+	args amqp.Table
+}
+
+func (t *Topology) specs() []queueSpec {
+	typed := func(args amqp.Table) amqp.Table {
+		if t.cfg.Quorum {
+			args["x-queue-type"] = amqp.QueueTypeQuorum
+		}
+		return args
+	}
+	main := amqp.Table{}
+	if t.cfg.Quorum {
+		main = amqp.Table{
+			"x-dead-letter-exchange":    "",
+			"x-dead-letter-routing-key": t.cfg.PoisonQueue,
+			"x-dead-letter-strategy":    "at-least-once",
+			"x-overflow":                "reject-publish",
+		}
+		if t.cfg.DeliveryLimit > 0 {
+			main["x-delivery-limit"] = int64(t.cfg.DeliveryLimit)
+		}
+	}
+	specs := []queueSpec{{t.cfg.Queue, typed(main)}}
+	for _, tier := range t.tiers {
+		args := amqp.Table{
+			"x-message-ttl":             tier.Delay.Milliseconds(),
+			"x-dead-letter-exchange":    "",
+			"x-dead-letter-routing-key": t.cfg.Queue,
+		}
+		if t.cfg.Quorum {
+			args["x-dead-letter-strategy"] = "at-least-once"
+			args["x-overflow"] = "reject-publish"
+		}
+		specs = append(specs, queueSpec{tier.Topic, typed(args)})
+	}
+	return append(specs, queueSpec{t.cfg.PoisonQueue, typed(amqp.Table{})})
+}
+
+// ConflictError is a queue or exchange that exists with other arguments
+// than the topology declares (RabbitMQ's PRECONDITION_FAILED).
+type ConflictError struct {
+	Kind, Name string // "queue" or "exchange", and its name
+	Argument   string // the argument RabbitMQ named, e.g. "x-message-ttl"
+	Detail     string // RabbitMQ's reply text
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("rabbitmq: %s %q exists with a different %s than this topology declares (%s); "+
+		"delete the %s and let it be declared again, or move it with a policy (Topology.Policies) — RabbitMQ cannot change a declared argument",
+		e.Kind, e.Name, e.Argument, e.Detail, e.Kind)
+}
+
+var inequivalentArg = regexp.MustCompile(`inequivalent arg '([^']+)'`)
+
+// Declare declares the exchange and binding (when configured), Queue, the
+// tier queues and the poison queue, all durable. It is idempotent; a queue
+// that exists with other arguments gives a *ConflictError naming the
+// argument. It uses a channel of its own on conn.
+func (t *Topology) Declare(ctx context.Context, conn *amqp.Connection) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("rabbitmq: opening a channel: %w", err)
+	}
+	defer func() { _ = ch.Close() }()
+	if t.cfg.Exchange != "" {
+		if err := ch.ExchangeDeclare(t.cfg.Exchange, t.cfg.ExchangeType, true, false, false, false, nil); err != nil {
+			return conflict("exchange", t.cfg.Exchange, err)
+		}
+	}
+	for _, q := range t.specs() {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if _, err := ch.QueueDeclare(q.name, true, false, false, false, q.args); err != nil {
+			return conflict("queue", q.name, err)
+		}
+	}
+	if t.cfg.Exchange != "" {
+		if err := ch.QueueBind(t.cfg.Queue, t.cfg.BindingKey, t.cfg.Exchange, false, nil); err != nil {
+			return fmt.Errorf("rabbitmq: binding %q to %q: %w", t.cfg.Queue, t.cfg.Exchange, err)
+		}
+	}
+	return nil
+}
+
+func conflict(kind, name string, err error) error {
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+		arg := "argument"
+		if m := inequivalentArg.FindStringSubmatch(ae.Reason); m != nil {
+			arg = m[1]
+		}
+		return &ConflictError{Kind: kind, Name: name, Argument: arg, Detail: ae.Reason}
+	}
+	return fmt.Errorf("rabbitmq: declaring %s %q: %w", kind, name, err)
+}
+
+// Policies returns the topology as rabbitmqctl lines, for operators who set
+// queue arguments by policy instead of declaring them: a policy can be
+// changed later, a declared argument cannot. The queue type cannot be set by
+// a policy, so for a quorum topology the queues must still be declared with
+// x-queue-type=quorum (a comment line says so).
+func (t *Topology) Policies() []string {
+	var lines []string
+	if t.cfg.Quorum {
+		lines = append(lines, fmt.Sprintf("# declare %s, its tiers and %s with x-queue-type=quorum: a policy cannot set the queue type", t.cfg.Queue, t.cfg.PoisonQueue))
+	}
+	for _, q := range t.specs() {
+		def := map[string]any{}
+		for k, v := range q.args {
+			if k != "x-queue-type" {
+				def[strings.TrimPrefix(k, "x-")] = v
+			}
+		}
+		if len(def) == 0 {
+			continue
+		}
+		b, _ := json.Marshal(def) // map keys are sorted
+		lines = append(lines, fmt.Sprintf("rabbitmqctl set_policy --apply-to queues --priority 10 %s '^%s$' '%s'",
+			"sluice-"+strings.NewReplacer(".", "-", ":", "-").Replace(q.name), regexp.QuoteMeta(q.name), b))
+	}
+	return lines
+}

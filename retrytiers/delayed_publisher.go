@@ -1,0 +1,154 @@
+package retrytiers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Route sends what is published to From on to To after Delay.
+type Route struct {
+	From  string
+	Delay time.Duration
+	To    string
+}
+
+// Routes returns the routes of tiers back to the consumer's queue (topic).
+func Routes(queue string, tiers []Tier) []Route {
+	rs := make([]Route, len(tiers))
+	for i, t := range tiers {
+		rs[i] = Route{From: t.Topic, Delay: t.Delay, To: queue}
+	}
+	return rs
+}
+
+// DelayedPublisherConfig configures a DelayedPublisher.
+type DelayedPublisherConfig struct {
+	// Target receives the messages when their delay is over. Required.
+	Target message.Publisher
+	// Routes maps each tier topic to its delay and destination. Required.
+	Routes []Route
+	// Logger reports deliveries to Target that failed. Default watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+}
+
+// ErrDelayedPublisherClosed is returned by Publish after Close.
+var ErrDelayedPublisherClosed = errors.New("retrytiers: delayed publisher closed")
+
+// DelayedPublisher is an in-process message.Publisher for the retry tiers of
+// the embedded default and of tests: a message published to a route's From
+// topic is published to its To topic on Target after the route's Delay.
+//
+// It is NOT durable: messages waiting for their delay live in memory and are
+// lost if the process stops — Close drops them and reports how many. Use
+// RabbitMQ's TTL queues in production. Publishing to a topic without a route
+// is an error. It is safe for concurrent use.
+type DelayedPublisher struct {
+	cfg    DelayedPublisherConfig
+	routes map[string]Route
+
+	mu      sync.Mutex
+	closed  bool
+	pending map[*time.Timer]struct{}
+	wg      sync.WaitGroup
+	ctx     context.Context
+	cancel  context.CancelFunc
+}
+
+var _ message.Publisher = (*DelayedPublisher)(nil)
+
+// NewDelayedPublisher validates cfg and returns a DelayedPublisher.
+func NewDelayedPublisher(cfg DelayedPublisherConfig) (*DelayedPublisher, error) {
+	if cfg.Target == nil {
+		return nil, errors.New("retrytiers: DelayedPublisherConfig.Target is required")
+	}
+	if len(cfg.Routes) == 0 {
+		return nil, errors.New("retrytiers: DelayedPublisherConfig.Routes is required (see Routes)")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
+	}
+	routes := make(map[string]Route, len(cfg.Routes))
+	for i, r := range cfg.Routes {
+		if r.From == "" || r.To == "" || r.Delay < 0 {
+			return nil, fmt.Errorf("retrytiers: DelayedPublisherConfig.Routes[%d] needs From, To and a delay that is not negative", i)
+		}
+		routes[r.From] = r
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &DelayedPublisher{cfg: cfg, routes: routes, pending: map[*time.Timer]struct{}{}, ctx: ctx, cancel: cancel}, nil
+}
+
+// Publish schedules msgs for their route's destination and returns at once.
+func (p *DelayedPublisher) Publish(topic string, msgs ...*message.Message) error {
+	r, ok := p.routes[topic]
+	if !ok {
+		return fmt.Errorf("retrytiers: no delayed route from topic %q", topic)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrDelayedPublisherClosed
+	}
+	for _, msg := range msgs {
+		c := msg.Copy() // the caller may reuse msg; the context is not kept
+		// The callback takes p.mu first, so it sees t and its pending entry
+		// even with a zero delay: Publish holds p.mu until both are set.
+		var t *time.Timer
+		p.wg.Add(1)
+		t = time.AfterFunc(r.Delay, func() {
+			defer p.wg.Done()
+			p.mu.Lock()
+			_, live := p.pending[t]
+			delete(p.pending, t)
+			p.mu.Unlock()
+			if !live {
+				return
+			}
+			c.SetContext(p.ctx)
+			if err := p.cfg.Target.Publish(r.To, c); err != nil {
+				p.cfg.Logger.Error("Delivering a delayed retry copy failed; it is lost", err,
+					watermill.LogFields{"from": r.From, "to": r.To, "message_uuid": c.UUID})
+			}
+		})
+		p.pending[t] = struct{}{}
+	}
+	return nil
+}
+
+// Pending returns how many messages wait for their delay.
+func (p *DelayedPublisher) Pending() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.pending)
+}
+
+// Close stops the timers, waits for deliveries in progress and returns an
+// error counting the messages it dropped. It is idempotent.
+func (p *DelayedPublisher) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	dropped := len(p.pending)
+	for t := range p.pending {
+		if t.Stop() {
+			p.wg.Done() // its callback will not run
+		} // else it runs, finds itself gone, and returns
+		delete(p.pending, t)
+	}
+	p.mu.Unlock()
+	p.cancel()
+	p.wg.Wait()
+	if dropped > 0 {
+		return fmt.Errorf("retrytiers: delayed publisher closed with %d messages still waiting; they are dropped (not durable)", dropped)
+	}
+	return nil
+}

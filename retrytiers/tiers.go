@@ -1,0 +1,206 @@
+package retrytiers
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/sluicemq/sluice/internal/clock"
+	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/telemetry"
+	"github.com/sluicemq/sluice/middleware"
+)
+
+// Defaults.
+const (
+	PublishBackoffDefault = time.Second
+	ErrorMaxLengthDefault = 1024
+)
+
+// DelaysDefault are the tiers' delays when none are given: 30s → 5m → 30m.
+var DelaysDefault = []time.Duration{30 * time.Second, 5 * time.Minute, 30 * time.Minute}
+
+// Metric names.
+const (
+	MetricRetries   = "sluice.retries"   // copies published to a tier, by tier
+	MetricExhausted = "sluice.exhausted" // transient failures whose budget was spent
+)
+
+// Tier is one retry tier: a copy published to Topic comes back to the
+// consumer after Delay.
+type Tier struct {
+	Name  string
+	Delay time.Duration
+	Topic string
+}
+
+// TierName is the name of the tier of delay d: "30s", "5m", "1h30m".
+func TierName(d time.Duration) string {
+	return strings.NewReplacer("h0m0s", "h", "m0s", "m").Replace(d.String())
+}
+
+// Ladder returns the tiers of the consumer queue: one per delay (default
+// DelaysDefault), named TierName(delay), with the topic
+// "<queue>.retry.<name>" — the names the rabbitmq topology declares.
+func Ladder(queue string, delays ...time.Duration) ([]Tier, error) {
+	if queue == "" {
+		return nil, errors.New("retrytiers: Ladder needs the consumer's queue")
+	}
+	if len(delays) == 0 {
+		delays = DelaysDefault
+	}
+	tiers := make([]Tier, 0, len(delays))
+	seen := map[string]bool{}
+	for i, d := range delays {
+		if d < time.Millisecond {
+			return nil, fmt.Errorf("retrytiers: delay %d is %s: want at least 1ms", i, d)
+		}
+		name := TierName(d)
+		if seen[name] {
+			return nil, fmt.Errorf("retrytiers: delay %d is %s: two tiers with one delay", i, d)
+		}
+		seen[name] = true
+		tiers = append(tiers, Tier{Name: name, Delay: d, Topic: queue + ".retry." + name})
+	}
+	return tiers, nil
+}
+
+// Config configures the retry-tier middleware.
+type Config struct {
+	// Publisher publishes the copies; it must return only once the copy is
+	// stored (a confirmed publisher on RabbitMQ). Required.
+	Publisher message.Publisher
+	// Tiers in order; a delivery's attempt N goes to Tiers[N-1]. Required:
+	// use Ladder.
+	Tiers []Tier
+	// Classifier classifies errors that carry no class (the stage used
+	// without middleware.Classify inside it). Default middleware.DefaultClassifier().
+	Classifier *middleware.Classifier
+	// PublishBackoff is waited, bounded by the message context, before
+	// returning a failed publish, so an unreachable tier is not a hot
+	// redelivery loop. Default PublishBackoffDefault.
+	PublishBackoff time.Duration
+	// ErrorMaxLength bounds the LastErrorKey summary, in bytes. Default
+	// ErrorMaxLengthDefault.
+	ErrorMaxLength int
+	// MeterProvider receives the metrics. Default the global provider.
+	MeterProvider metric.MeterProvider
+}
+
+// ErrInvalidAttempt is matched by a delivery whose AttemptKey is not a
+// positive integer: it is poison.
+var ErrInvalidAttempt = errors.New("retrytiers: invalid attempt metadata")
+
+// Attempt returns the delivery's attempt number: 1 when AttemptKey is absent.
+func Attempt(msg *message.Message) (int, error) {
+	v := msg.Metadata.Get(middleware.AttemptKey)
+	if v == "" {
+		return 1, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("%w: %s=%q", ErrInvalidAttempt, middleware.AttemptKey, diag.Bound(v, 64))
+	}
+	return n, nil
+}
+
+// New returns the retry-tier middleware. On a Transient failure of attempt
+// N with a tier left, it publishes a copy — same payload and metadata, a new
+// message UUID, AttemptKey N+1, LastErrorKey, FirstFailedAtKey (kept from the
+// first failure), RetryTierKey — to Tiers[N-1], waits until Publish returns,
+// and returns nil, so the original is acked only once its copy is stored.
+// When the publish fails it waits PublishBackoff and returns the handler's
+// error joined with the publish error (nack: nothing lost). With no tier
+// left it returns a ClassExhausted failure wrapping the error. Other classes
+// and successes pass through untouched.
+func New(cfg Config) (message.HandlerMiddleware, error) {
+	if cfg.Publisher == nil {
+		return nil, errors.New("retrytiers: Config.Publisher is required")
+	}
+	if len(cfg.Tiers) == 0 {
+		return nil, errors.New("retrytiers: Config.Tiers is required (see Ladder)")
+	}
+	for i, t := range cfg.Tiers {
+		if t.Name == "" || t.Topic == "" {
+			return nil, fmt.Errorf("retrytiers: Config.Tiers[%d] needs a Name and a Topic", i)
+		}
+	}
+	if cfg.Classifier == nil {
+		cfg.Classifier = middleware.DefaultClassifier()
+	}
+	if cfg.PublishBackoff == 0 {
+		cfg.PublishBackoff = PublishBackoffDefault
+	}
+	if cfg.ErrorMaxLength == 0 {
+		cfg.ErrorMaxLength = ErrorMaxLengthDefault
+	}
+	if cfg.PublishBackoff < 0 || cfg.ErrorMaxLength < 16 {
+		return nil, errors.New("retrytiers: Config.PublishBackoff must not be negative and ErrorMaxLength must be at least 16")
+	}
+	meter := telemetry.Meter(cfg.MeterProvider)
+	retries, err := meter.Int64Counter(MetricRetries, metric.WithDescription("Copies published to a retry tier."))
+	if err != nil {
+		return nil, err
+	}
+	exhausted, err := meter.Int64Counter(MetricExhausted, metric.WithDescription("Transient failures whose retry budget was spent."))
+	if err != nil {
+		return nil, err
+	}
+	s := &stage{cfg: cfg, retries: retries, exhausted: exhausted}
+	return s.middleware, nil
+}
+
+type stage struct {
+	cfg                Config
+	retries, exhausted metric.Int64Counter
+}
+
+func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		produced, err := h(msg)
+		if err == nil || s.cfg.Classifier.Classify(err) != middleware.ClassTransient {
+			return produced, err
+		}
+		attempt, aErr := Attempt(msg)
+		if aErr != nil {
+			return nil, middleware.Poison(errors.Join(aErr, err))
+		}
+		ctx := msg.Context()
+		if attempt > len(s.cfg.Tiers) {
+			s.exhausted.Add(ctx, 1, telemetry.HandlerAttr(msg))
+			return nil, middleware.NewFailure(middleware.ClassExhausted,
+				fmt.Errorf("retry budget spent after %d attempts: %w", attempt, err))
+		}
+		tier := s.cfg.Tiers[attempt-1]
+		if pErr := s.cfg.Publisher.Publish(tier.Topic, s.copy(msg, attempt, tier, err)); pErr != nil {
+			clock.Sleep(ctx, s.cfg.PublishBackoff)
+			return nil, errors.Join(err, fmt.Errorf("retrytiers: publishing the retry copy to tier %s (%s): %w", tier.Name, tier.Topic, pErr))
+		}
+		s.retries.Add(ctx, 1, metric.WithAttributes(
+			telemetry.HandlerKey.String(message.HandlerNameFromCtx(ctx)), attribute.String("sluice.tier", tier.Name)))
+		return nil, nil
+	}
+}
+
+func (s *stage) copy(msg *message.Message, attempt int, tier Tier, err error) *message.Message {
+	c := message.NewMessage(watermill.NewUUID(), msg.Payload)
+	c.Metadata = make(message.Metadata, len(msg.Metadata)+4)
+	for k, v := range msg.Metadata {
+		c.Metadata[k] = v
+	}
+	c.Metadata[middleware.AttemptKey] = strconv.Itoa(attempt + 1)
+	c.Metadata[middleware.LastErrorKey] = diag.Summary(err, s.cfg.ErrorMaxLength)
+	c.Metadata[middleware.RetryTierKey] = tier.Name
+	if c.Metadata[middleware.FirstFailedAtKey] == "" {
+		c.Metadata[middleware.FirstFailedAtKey] = clock.Now()
+	}
+	c.SetContext(msg.Context())
+	return c
+}
