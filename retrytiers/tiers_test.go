@@ -1,0 +1,187 @@
+package retrytiers_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/retrytiers"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// recorder is a publisher that records what it is given, and fails while
+// fail is set: the fault a real broker outage would cause.
+type recorder struct {
+	mu   sync.Mutex
+	got  map[string][]*message.Message
+	fail error
+}
+
+func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.fail != nil {
+		return r.fail
+	}
+	if r.got == nil {
+		r.got = map[string][]*message.Message{}
+	}
+	r.got[topic] = append(r.got[topic], msgs...)
+	return nil
+}
+
+func (r *recorder) Close() error { return nil }
+
+func tiers(t *testing.T) []retrytiers.Tier {
+	t.Helper()
+	ts, err := retrytiers.Ladder("orders", 30*time.Second, 5*time.Minute, 90*time.Minute)
+	require.NoError(t, err)
+	return ts
+}
+
+func TestLadder(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, []retrytiers.Tier{
+		{Name: "30s", Delay: 30 * time.Second, Topic: "orders.retry.30s"},
+		{Name: "5m", Delay: 5 * time.Minute, Topic: "orders.retry.5m"},
+		{Name: "1h30m", Delay: 90 * time.Minute, Topic: "orders.retry.1h30m"},
+	}, tiers(t))
+	def, err := retrytiers.Ladder("q")
+	require.NoError(t, err)
+	require.Len(t, def, 3)
+	require.Equal(t, "q.retry.30m", def[2].Topic)
+	_, err = retrytiers.Ladder("")
+	require.Error(t, err)
+	_, err = retrytiers.Ladder("q", time.Second, time.Second)
+	require.ErrorContains(t, err, "two tiers")
+}
+
+func TestNewValidates(t *testing.T) {
+	t.Parallel()
+	_, err := retrytiers.New(retrytiers.Config{Tiers: tiers(t)})
+	require.ErrorContains(t, err, "Config.Publisher is required")
+	_, err = retrytiers.New(retrytiers.Config{Publisher: &recorder{}})
+	require.ErrorContains(t, err, "Config.Tiers is required")
+	_, err = retrytiers.New(retrytiers.Config{Publisher: &recorder{}, Tiers: []retrytiers.Tier{{Name: "x"}}})
+	require.ErrorContains(t, err, "Config.Tiers[0]")
+}
+
+func run(mw message.HandlerMiddleware, msg *message.Message, herr error) ([]*message.Message, error) {
+	return mw(func(*message.Message) ([]*message.Message, error) { return nil, herr })(msg)
+}
+
+func TestRetryCopyAndBudget(t *testing.T) {
+	t.Parallel()
+	pub := &recorder{}
+	mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: tiers(t), ErrorMaxLength: 32})
+	require.NoError(t, err)
+
+	orig := message.NewMessage("uuid-1", []byte("payload"))
+	orig.Metadata.Set(middleware.EventIDKey, "evt-1")
+	_, err = run(mw, orig, errors.New("dial tcp: connection refused by postgres://u:secret@db/x, and more text"))
+	require.NoError(t, err, "the original is acked once its copy is published")
+	c := pub.got["orders.retry.30s"][0]
+	require.NotEqual(t, orig.UUID, c.UUID)
+	require.Equal(t, "payload", string(c.Payload))
+	require.Equal(t, "evt-1", c.Metadata.Get(middleware.EventIDKey))
+	require.Equal(t, "2", c.Metadata.Get(middleware.AttemptKey))
+	require.Equal(t, "30s", c.Metadata.Get(middleware.RetryTierKey))
+	require.LessOrEqual(t, len(c.Metadata.Get(middleware.LastErrorKey)), 32)
+	require.NotContains(t, c.Metadata.Get(middleware.LastErrorKey), "secret")
+	first := c.Metadata.Get(middleware.FirstFailedAtKey)
+	require.NotEmpty(t, first)
+	require.Empty(t, orig.Metadata.Get(middleware.AttemptKey), "the original is not modified")
+
+	// Attempt 3 goes to the third tier and keeps the first failure time.
+	_, err = run(mw, c, middleware.Transient(errors.New("again")))
+	require.NoError(t, err)
+	c3 := pub.got["orders.retry.5m"][0]
+	c3.Metadata.Set(middleware.AttemptKey, "3")
+	_, err = run(mw, c3, context.DeadlineExceeded)
+	require.NoError(t, err)
+	c4 := pub.got["orders.retry.1h30m"][0]
+	require.Equal(t, "4", c4.Metadata.Get(middleware.AttemptKey))
+	require.Equal(t, first, c4.Metadata.Get(middleware.FirstFailedAtKey))
+
+	// Attempt 4 has no tier left.
+	_, err = run(mw, c4, context.DeadlineExceeded)
+	require.Equal(t, middleware.ClassExhausted, middleware.ClassOf(err))
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "retry budget spent after 4 attempts")
+}
+
+func TestOtherClassesPassThrough(t *testing.T) {
+	t.Parallel()
+	pub := &recorder{}
+	mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: tiers(t)})
+	require.NoError(t, err)
+	for _, herr := range []error{nil, middleware.Poison(errors.New("bad")), middleware.Invariant(errors.New("gone")), middleware.Reject(errors.New("no"))} {
+		_, err := run(mw, message.NewMessage("u", nil), herr)
+		require.Equal(t, herr, err)
+	}
+	require.Empty(t, pub.got)
+}
+
+func TestPublishFailureNacksAfterBackoff(t *testing.T) {
+	t.Parallel()
+	errDown := errors.New("tier queue unreachable")
+	pub := &recorder{fail: errDown}
+	mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: tiers(t), PublishBackoff: 50 * time.Millisecond})
+	require.NoError(t, err)
+
+	start := time.Now()
+	_, err = run(mw, message.NewMessage("u", nil), middleware.Transient(errors.New("timeout")))
+	require.ErrorIs(t, err, errDown)
+	require.Equal(t, middleware.ClassTransient, middleware.ClassOf(err), "the original is nacked, not poisoned")
+	require.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond, "the backoff is waited before the nack")
+
+	// The backoff ends with the message context.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	m := message.NewMessage("u", nil)
+	m.SetContext(ctx)
+	mw, err = retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: tiers(t), PublishBackoff: time.Hour})
+	require.NoError(t, err)
+	_, err = run(mw, m, middleware.Transient(errors.New("timeout")))
+	require.ErrorIs(t, err, errDown)
+}
+
+func TestDelayedPublisher(t *testing.T) {
+	t.Parallel()
+	target := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 10}, watermill.NopLogger{})
+	defer func() { _ = target.Close() }()
+	out, err := target.Subscribe(context.Background(), "orders")
+	require.NoError(t, err)
+
+	ts, err := retrytiers.Ladder("orders", 50*time.Millisecond, time.Hour)
+	require.NoError(t, err)
+	p, err := retrytiers.NewDelayedPublisher(retrytiers.DelayedPublisherConfig{Target: target, Routes: retrytiers.Routes("orders", ts)})
+	require.NoError(t, err)
+
+	start := time.Now()
+	require.NoError(t, p.Publish(ts[0].Topic, message.NewMessage("u1", []byte("a"))))
+	require.NoError(t, p.Publish(ts[1].Topic, message.NewMessage("u2", []byte("b"))))
+	require.ErrorContains(t, p.Publish("nowhere", message.NewMessage("u3", nil)), `no delayed route from topic "nowhere"`)
+	select {
+	case m := <-out:
+		require.Equal(t, "u1", m.UUID)
+		require.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond)
+		m.Ack()
+	case <-time.After(5 * time.Second):
+		t.Fatal("the delayed message did not arrive")
+	}
+	require.Equal(t, 1, p.Pending())
+	require.ErrorContains(t, p.Close(), "1 messages still waiting", "Close says what it drops: not durable")
+	require.NoError(t, p.Close())
+	require.ErrorIs(t, p.Publish(ts[0].Topic, message.NewMessage("u4", nil)), retrytiers.ErrDelayedPublisherClosed)
+}
