@@ -20,7 +20,7 @@ services: ## make PostgreSQL, RabbitMQ and Redis reachable on 127.0.0.1 (install
 test: services ## run every test against the real services, race detector on
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	@# Broker-restart tests restart RabbitMQ: alone, after everything else.
-	$(GO) test -race -count=1 -timeout 5m -tags restart -run Restart -p 1 ./...
+	$(GO) test -race -count=1 -timeout 5m -tags restart -run Restart ./rabbitmq/
 
 test-race: test ## the same as test: the race detector is always on
 

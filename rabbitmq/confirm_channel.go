@@ -1,29 +1,45 @@
 package rabbitmq
 
 import (
+	"context"
 	"fmt"
+	"strconv"
 	"sync"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// confirmChannel is a channel in confirm mode whose basic.returns are matched
-// to publishes by PublishIDHeader.
-//
-// RabbitMQ sends a mandatory message's basic.return before its basic.ack on
-// the same channel, and amqp091's reader hands the return to listen over an
-// unbuffered channel before it reads the ack. So once a publish is confirmed,
-// a round trip through listen (sync) guarantees its return, if any, has been
-// recorded.
-type confirmChannel struct {
-	ch      *amqp.Channel
-	returns chan amqp.Return
-	closes  chan *amqp.Error
-	barrier chan chan struct{}
-	done    chan struct{} // closed when listen ends: the channel is closed
+// confirmBuffer is how many confirms amqp091 may hand over before listen
+// takes them.
+const confirmBuffer = 4096
 
-	mu       sync.Mutex
-	returned map[string]*UnroutableError // by publish id; nil value: in flight
+// confirmChannel is a channel in confirm mode whose confirms and
+// basic.returns are matched to publishes by delivery tag.
+//
+// Each publish carries its delivery tag in PublishIDHeader. RabbitMQ sends a
+// mandatory message's basic.return before its basic.ack, and amqp091's reader
+// hands the return over an unbuffered channel before it reads the ack. One
+// goroutine (listen) takes both, so it always records a message's return
+// before it sees that message's confirm: no further synchronisation needed.
+type confirmChannel struct {
+	ch       *amqp.Channel
+	returns  chan amqp.Return
+	confirms chan amqp.Confirmation
+	done     chan struct{} // closed when listen ends: the channel is closed
+
+	pubMu sync.Mutex // serialises tag assignment and publishing
+
+	mu      sync.Mutex
+	pending map[uint64]*inflight
+}
+
+// inflight is one publish awaiting its confirm.
+type inflight struct {
+	done     chan struct{}
+	acked    bool
+	closed   bool // the channel closed before the confirm
+	returned *UnroutableError
 }
 
 func newConfirmChannel(conn *amqp.Connection) (*confirmChannel, error) {
@@ -38,10 +54,9 @@ func newConfirmChannel(conn *amqp.Connection) (*confirmChannel, error) {
 	c := &confirmChannel{
 		ch:       ch,
 		returns:  ch.NotifyReturn(make(chan amqp.Return)),
-		closes:   ch.NotifyClose(make(chan *amqp.Error, 1)),
-		barrier:  make(chan chan struct{}),
+		confirms: ch.NotifyPublish(make(chan amqp.Confirmation, confirmBuffer)),
 		done:     make(chan struct{}),
-		returned: make(map[string]*UnroutableError),
+		pending:  make(map[uint64]*inflight),
 	}
 	go c.listen()
 	return c, nil
@@ -57,52 +72,80 @@ func (c *confirmChannel) listen() {
 				returns = nil
 				continue
 			}
-			id, _ := r.Headers[PublishIDHeader].(string)
+			tag, _ := strconv.ParseUint(fmt.Sprint(r.Headers[PublishIDHeader]), 10, 64)
 			c.mu.Lock()
-			if _, inflight := c.returned[id]; inflight {
-				c.returned[id] = &UnroutableError{Exchange: r.Exchange, RoutingKey: r.RoutingKey, ReplyCode: r.ReplyCode, ReplyText: r.ReplyText}
+			if f := c.pending[tag]; f != nil {
+				f.returned = &UnroutableError{Exchange: r.Exchange, RoutingKey: r.RoutingKey, ReplyCode: r.ReplyCode, ReplyText: r.ReplyText}
 			}
 			c.mu.Unlock()
-		case reply := <-c.barrier:
-			close(reply)
-		case <-c.closes:
-			// amqp091 closes the return channels on shutdown, after every
-			// return that arrived was handed over.
-			return
+		case cf, ok := <-c.confirms:
+			c.mu.Lock()
+			if !ok { // the channel closed: no confirm will come
+				for tag, f := range c.pending {
+					f.closed = true
+					close(f.done)
+					delete(c.pending, tag)
+				}
+				c.mu.Unlock()
+				return
+			}
+			if f := c.pending[cf.DeliveryTag]; f != nil {
+				f.acked = cf.Ack
+				close(f.done)
+				delete(c.pending, cf.DeliveryTag)
+			}
+			c.mu.Unlock()
 		}
 	}
 }
 
-func (c *confirmChannel) publish(id, exchange, key string, pub amqp.Publishing) (*amqp.DeferredConfirmation, error) {
+// publish publishes pub (mandatory) and returns what to wait on.
+func (c *confirmChannel) publish(exchange, key string, pub amqp.Publishing) (*inflight, error) {
+	f := &inflight{done: make(chan struct{})}
+	c.pubMu.Lock()
+	defer c.pubMu.Unlock()
+	tag := c.ch.GetNextPublishSeqNo()
+	pub.Headers[PublishIDHeader] = strconv.FormatUint(tag, 10)
 	c.mu.Lock()
-	c.returned[id] = nil
+	c.pending[tag] = f
 	c.mu.Unlock()
-	dc, err := c.ch.PublishWithDeferredConfirm(exchange, key, true, false, pub)
-	if err != nil {
+	if err := c.ch.Publish(exchange, key, true, false, pub); err != nil {
 		c.mu.Lock()
-		delete(c.returned, id)
+		delete(c.pending, tag)
 		c.mu.Unlock()
+		return nil, err
 	}
-	return dc, err
+	return f, nil
 }
 
-// settle forgets publish id and returns its basic.return, if one came. With
-// confirmed set, it first waits until every return that preceded the
-// confirm has been recorded.
-func (c *confirmChannel) settle(id string, confirmed bool) *UnroutableError {
-	if confirmed {
-		reply := make(chan struct{})
-		select {
-		case c.barrier <- reply:
-			<-reply
-		case <-c.done:
-		}
+// errConfirmTimeout is a wait that outlasted PublisherConfig.ConfirmTimeout.
+var errConfirmTimeout = fmt.Errorf("rabbitmq: no confirm within the confirm timeout: %w", context.DeadlineExceeded)
+
+// alreadyExpired is a closed channel: the call's confirm timeout has passed.
+var alreadyExpired = func() <-chan time.Time {
+	c := make(chan time.Time)
+	close(c)
+	return c
+}()
+
+// wait waits for f's confirm until ctx ends or expired delivers.
+func (f *inflight) wait(ctx context.Context, expired <-chan time.Time) error {
+	select {
+	case <-f.done:
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for the confirm: %w", ctx.Err())
+	case <-expired:
+		return errConfirmTimeout
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ret := c.returned[id]
-	delete(c.returned, id)
-	return ret
+	switch {
+	case f.closed:
+		return ErrChannelClosed
+	case !f.acked:
+		return ErrNacked
+	case f.returned != nil:
+		return f.returned
+	}
+	return nil
 }
 
 func (c *confirmChannel) isClosed() bool {

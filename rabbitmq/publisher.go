@@ -1,9 +1,6 @@
 package rabbitmq
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -23,8 +20,9 @@ const (
 	DialTimeoutDefault    = 10 * time.Second
 )
 
-// PublishIDHeader is the AMQP header carrying the id by which the Publisher
-// matches a basic.return to the message it publishes. Consumers can ignore it.
+// PublishIDHeader is the AMQP header carrying the delivery tag by which the
+// Publisher matches a basic.return to the message it publishes. The
+// Marshaler drops it; consumers can ignore it.
 const PublishIDHeader = "sluice_publish_id"
 
 var (
@@ -126,12 +124,11 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if err != nil {
 		return err
 	}
-	type inflight struct {
+	type published struct {
 		msg *message.Message
-		id  string
-		dc  *amqp.DeferredConfirmation
+		f   *inflight
 	}
-	pending := make([]inflight, 0, len(msgs))
+	pending := make([]published, 0, len(msgs))
 	var errs []error
 	for _, msg := range msgs {
 		if err := msg.Context().Err(); err != nil {
@@ -143,42 +140,30 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 			errs = append(errs, fmt.Errorf("rabbitmq: marshaling message %s: %w", msg.UUID, err))
 			continue
 		}
-		id := newID()
 		if pub.Headers == nil {
 			pub.Headers = amqp.Table{}
 		}
-		pub.Headers[PublishIDHeader] = id
-		dc, err := ch.publish(id, p.cfg.Exchange, topic, pub)
+		f, err := ch.publish(p.cfg.Exchange, topic, pub)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("rabbitmq: publishing message %s to %q: %w", msg.UUID, topic, err))
 			continue
 		}
-		pending = append(pending, inflight{msg, id, dc})
+		pending = append(pending, published{msg, f})
 	}
-	for _, f := range pending {
-		if err := p.await(ch, f.msg, f.id, f.dc); err != nil {
-			errs = append(errs, fmt.Errorf("rabbitmq: message %s to %q: %w", f.msg.UUID, topic, err))
+	// One timer bounds the whole call; each message's context bounds its own wait.
+	timer := time.NewTimer(p.cfg.ConfirmTimeout)
+	defer timer.Stop()
+	expired := timer.C
+	for _, pm := range pending {
+		err := pm.f.wait(pm.msg.Context(), expired)
+		if errors.Is(err, errConfirmTimeout) {
+			expired = alreadyExpired
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("rabbitmq: message %s to %q: %w", pm.msg.UUID, topic, err))
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func (p *Publisher) await(ch *confirmChannel, msg *message.Message, id string, dc *amqp.DeferredConfirmation) error {
-	ctx, cancel := context.WithTimeout(msg.Context(), p.cfg.ConfirmTimeout)
-	defer cancel()
-	acked, err := dc.WaitContext(ctx)
-	ret := ch.settle(id, err == nil)
-	switch {
-	case err != nil:
-		return fmt.Errorf("waiting for the confirm: %w", err)
-	case !acked && ch.isClosed():
-		return ErrChannelClosed
-	case !acked:
-		return ErrNacked
-	case ret != nil:
-		return ret
-	}
-	return nil
 }
 
 // channel returns the live confirm channel, connecting when needed.
@@ -229,10 +214,4 @@ func (p *Publisher) Close() error {
 		return p.conn.Close()
 	}
 	return nil
-}
-
-func newID() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
 }

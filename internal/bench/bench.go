@@ -19,6 +19,8 @@ import (
 type Options struct {
 	PostgresURL string
 	AMQPURL     string
+	// PublishBatch is the size of one batch in the publisher suite.
+	PublishBatch int
 	// Messages per variant per round and concurrency level.
 	Messages int
 	// Rounds of every variant; the median is reported.

@@ -1,0 +1,171 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/retrytiers"
+)
+
+// Consumer measures head-of-line blocking: a consumer on RabbitMQ behind
+// poison → retrytiers → classify, with a queue preloaded with o.Messages*4
+// messages, where 10% fail transiently on their first attempt (and are
+// parked in the first default tier, 30s: they come back after the run, so
+// what is measured is what parking them costs the healthy messages), against
+// a run where all are healthy, with 1 and 8
+// subscriptions (watermill-amqp handles one delivery at a time per
+// subscription). It reports the rate at which the healthy messages are
+// handled in both.
+func Consumer(ctx context.Context, o Options) error {
+	conn, err := amqp.Dial(o.AMQPURL)
+	if err != nil {
+		return fmt.Errorf("connecting to RabbitMQ: %w", err)
+	}
+	defer func() { _ = conn.Close() }()
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: o.AMQPURL})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = pub.Close() }()
+
+	n := o.Messages * 4
+	rounds := max(o.Rounds/4, 3)
+	var rows [][]string
+	for _, work := range []time.Duration{0, time.Millisecond} {
+		for _, subs := range []int{1, 8} {
+			var rates [2][]float64 // all healthy, 10% failing
+			for round := range rounds {
+				for k := range 2 {
+					failing := (k+round)%2 == 1
+					r, err := consumerRun(ctx, conn, pub, o.AMQPURL, consumerCase{n: n, subs: subs, work: work, failing: failing})
+					if err != nil {
+						return err
+					}
+					rates[btoi(failing)] = append(rates[btoi(failing)], r)
+				}
+			}
+			rows = append(rows, []string{work.String(), strconv.Itoa(subs), f0(Median(rates[0])), f0(Median(rates[1])), f2(MedianRatio(rates[1], rates[0]))})
+		}
+	}
+	fmt.Fprintf(o.Out, "Consumer on RabbitMQ behind poison → retrytiers → classify, %d messages preloaded, %d rounds interleaved\n\n", n, rounds)
+	Table(o.Out, []string{"handler work", "subscriptions", "all healthy msg/s", "10% transient msg/s (healthy ones)", "ratio"}, rows)
+	fmt.Fprintln(o.Out, "target: ≥ 0.9 (a failing message does not hold up the healthy ones)")
+	return nil
+}
+
+// consumerRun declares a fresh topology, preloads n messages and consumes
+// them; it returns the healthy messages' rate.
+// consumerCase is one run of the consumer suite.
+type consumerCase struct {
+	n, subs int
+	work    time.Duration // simulated I/O per healthy message (time.Sleep)
+	failing bool
+}
+
+func consumerRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, url string, cc consumerCase) (float64, error) {
+	n, subs, failing := cc.n, cc.subs, cc.failing
+	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{
+		Queue: fmt.Sprintf("sluice_bench_consume_%d", time.Now().UnixNano()), TierDelays: retrytiers.DelaysDefault,
+	})
+	if err != nil {
+		return 0, err
+	}
+	if err := topo.Declare(ctx, conn); err != nil {
+		return 0, err
+	}
+	defer deleteTopology(conn, topo)
+
+	healthy := n
+	batch := make([]*message.Message, n)
+	for i := range batch {
+		batch[i] = message.NewMessage(watermill.NewUUID(), make([]byte, 256))
+		batch[i].Metadata.Set(middleware.EventIDKey, strconv.Itoa(i))
+		if failing && i%10 == 0 {
+			batch[i].Metadata.Set("fail", "once")
+			healthy--
+		}
+	}
+	if err := pub.Publish(topo.Queue(), batch...); err != nil {
+		return 0, err
+	}
+
+	var handled atomic.Int64
+	done := make(chan struct{})
+	errTransient := errors.New("downstream timeout")
+	handler := func(msg *message.Message) error {
+		if msg.Metadata.Get("fail") == "once" && msg.Metadata.Get(middleware.AttemptKey) == "" {
+			return middleware.Transient(errTransient)
+		}
+		time.Sleep(cc.work)
+		if msg.Metadata.Get("fail") == "" && handled.Add(1) == int64(healthy) {
+			close(done)
+		}
+		return nil
+	}
+	p, err := poison.New(poison.Config{Publisher: pub, Topic: topo.PoisonQueue()})
+	if err != nil {
+		return 0, err
+	}
+	r, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: topo.Tiers()})
+	if err != nil {
+		return 0, err
+	}
+	c, err := middleware.Classify(middleware.ClassifyConfig{})
+	if err != nil {
+		return 0, err
+	}
+	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: url})
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = sub.Close() }()
+	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	if err != nil {
+		return 0, err
+	}
+	for i := range subs {
+		router.AddConsumerHandler("bench-"+strconv.Itoa(i), topo.Queue(), sub, handler).AddMiddleware(p, r, c)
+	}
+
+	start := time.Now()
+	go func() { _ = router.Run(ctx) }()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Minute):
+		_ = router.Close()
+		return 0, errors.New("consumer run did not finish in 2 minutes")
+	}
+	rate := float64(healthy) / time.Since(start).Seconds()
+	return rate, router.Close()
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func deleteTopology(conn *amqp.Connection, topo *rabbitmq.Topology) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return
+	}
+	defer func() { _ = ch.Close() }()
+	_, _ = ch.QueueDelete(topo.Queue(), false, false, false)
+	_, _ = ch.QueueDelete(topo.PoisonQueue(), false, false, false)
+	for _, t := range topo.Tiers() {
+		_, _ = ch.QueueDelete(t.Topic, false, false, false)
+	}
+}
