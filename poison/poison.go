@@ -7,13 +7,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicemq/sluice/internal/clock"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/republish"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/middleware"
 )
@@ -116,8 +116,7 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 			return produced, err
 		}
 		ctx := msg.Context()
-		if pErr := s.cfg.Publisher.Publish(s.cfg.Topic, s.diagnose(msg, class, err)); pErr != nil {
-			clock.Sleep(ctx, s.cfg.PublishBackoff)
+		if pErr := republish.Publish(s.cfg.Publisher, s.cfg.Topic, s.diagnose(msg, class, err), s.cfg.PublishBackoff); pErr != nil {
 			return nil, errors.Join(err, fmt.Errorf("poison: cannot publish to the poison queue %s: %w", s.cfg.Topic, pErr))
 		}
 		s.poisoned.Add(ctx, 1, metric.WithAttributes(
@@ -128,11 +127,7 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 
 // diagnose returns the copy published to the poison queue.
 func (s *stage) diagnose(msg *message.Message, class middleware.Class, err error) *message.Message {
-	c := message.NewMessage(watermill.NewUUID(), msg.Payload)
-	c.Metadata = make(message.Metadata, len(msg.Metadata)+10)
-	for k, v := range msg.Metadata {
-		c.Metadata[k] = v
-	}
+	c := republish.Copy(msg, 10)
 	md := msg.Metadata
 	now := clock.Now()
 	queue := s.cfg.Queue
@@ -159,7 +154,6 @@ func (s *stage) diagnose(msg *message.Message, class middleware.Class, err error
 	if id := traceID(md.Get(middleware.TraceparentKey)); id != "" {
 		c.Metadata[TraceIDKey] = id
 	}
-	c.SetContext(msg.Context())
 	return c
 }
 

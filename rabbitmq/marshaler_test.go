@@ -77,7 +77,7 @@ func TestMarshalerUnmarshalsBrokerHeaders(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "evt-1", pub.Headers["sluice_event_id"])
 	require.Equal(t, "uuid-1", pub.Headers["_watermill_message_uuid"])
-	require.Equal(t, uint8(amqp.Persistent), pub.DeliveryMode)
+	require.Equal(t, amqp.Persistent, pub.DeliveryMode)
 	for k := range pub.Headers {
 		require.NotContains(t, k, rabbitmq.DeliveryPrefix, "delivery-scoped keys are not republished")
 	}

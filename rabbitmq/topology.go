@@ -55,7 +55,7 @@ var queueName = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,200}$`)
 // NewTopology validates cfg.
 func NewTopology(cfg TopologyConfig) (*Topology, error) {
 	if !queueName.MatchString(cfg.Queue) || strings.HasPrefix(cfg.Queue, "amq.") {
-		return nil, fmt.Errorf("rabbitmq: TopologyConfig.Queue %q: want 1-200 of [A-Za-z0-9_.:-], not starting with amq.", cfg.Queue)
+		return nil, fmt.Errorf("rabbitmq: TopologyConfig.Queue %q: want 1-200 of [A-Za-z0-9_.:-], not starting with \"amq.\"", cfg.Queue)
 	}
 	if cfg.PoisonQueue == "" {
 		cfg.PoisonQueue = cfg.Queue + ".poison"

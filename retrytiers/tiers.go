@@ -7,13 +7,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicemq/sluice/internal/clock"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/republish"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/middleware"
 )
@@ -179,8 +179,7 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 				fmt.Errorf("retry budget spent after %d attempts: %w", attempt, err))
 		}
 		tier := s.cfg.Tiers[attempt-1]
-		if pErr := s.cfg.Publisher.Publish(tier.Topic, s.copy(msg, attempt, tier, err)); pErr != nil {
-			clock.Sleep(ctx, s.cfg.PublishBackoff)
+		if pErr := republish.Publish(s.cfg.Publisher, tier.Topic, s.copy(msg, attempt, tier, err), s.cfg.PublishBackoff); pErr != nil {
 			return nil, errors.Join(err, fmt.Errorf("retrytiers: publishing the retry copy to tier %s (%s): %w", tier.Name, tier.Topic, pErr))
 		}
 		s.retries.Add(ctx, 1, metric.WithAttributes(
@@ -190,17 +189,12 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 }
 
 func (s *stage) copy(msg *message.Message, attempt int, tier Tier, err error) *message.Message {
-	c := message.NewMessage(watermill.NewUUID(), msg.Payload)
-	c.Metadata = make(message.Metadata, len(msg.Metadata)+4)
-	for k, v := range msg.Metadata {
-		c.Metadata[k] = v
-	}
+	c := republish.Copy(msg, 4)
 	c.Metadata[middleware.AttemptKey] = strconv.Itoa(attempt + 1)
 	c.Metadata[middleware.LastErrorKey] = diag.Summary(err, s.cfg.ErrorMaxLength)
 	c.Metadata[middleware.RetryTierKey] = tier.Name
 	if c.Metadata[middleware.FirstFailedAtKey] == "" {
 		c.Metadata[middleware.FirstFailedAtKey] = clock.Now()
 	}
-	c.SetContext(msg.Context())
 	return c
 }

@@ -1,0 +1,36 @@
+// Package republish holds what the retry-tier and poison stages do alike:
+// copy a delivery into a new message and publish it, or back off before the
+// original is nacked.
+package republish
+
+import (
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluicemq/sluice/internal/clock"
+)
+
+// Copy returns a new message — a new UUID, msg's payload, a copy of its
+// metadata with room for extra more keys — in msg's context.
+func Copy(msg *message.Message, extra int) *message.Message {
+	c := message.NewMessage(watermill.NewUUID(), msg.Payload)
+	c.Metadata = make(message.Metadata, len(msg.Metadata)+extra)
+	for k, v := range msg.Metadata {
+		c.Metadata[k] = v
+	}
+	c.SetContext(msg.Context())
+	return c
+}
+
+// Publish publishes c to topic. When that fails it waits backoff, bounded by
+// c's context, so that the caller's nack is not a hot redelivery loop, and
+// returns the error.
+func Publish(pub message.Publisher, topic string, c *message.Message, backoff time.Duration) error {
+	err := pub.Publish(topic, c)
+	if err != nil {
+		clock.Sleep(c.Context(), backoff)
+	}
+	return err
+}
