@@ -135,6 +135,7 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		if !claimed {
 			d.duplicates.Add(ctx, 1, telemetry.HandlerAttr(msg))
+			middleware.Record(ctx, func(r *middleware.Report) { r.Outcome = middleware.OutcomeDuplicate })
 			return nil, nil
 		}
 

@@ -48,6 +48,7 @@ func Classify(cfg ClassifyConfig) (message.HandlerMiddleware, error) {
 			class := c.Classify(err)
 			if class == ClassRejected {
 				rejected.Add(msg.Context(), 1, telemetry.HandlerAttr(msg))
+				Record(msg.Context(), func(r *Report) { r.Outcome, r.Class = OutcomeRejected, ClassRejected })
 				return produced, nil
 			}
 			if f, ok := err.(*Failure); ok && f.Class == class { //nolint:errorlint // only a top-level Failure can be returned as is

@@ -23,6 +23,10 @@ const (
 	RetryTierKey = "sluice_retry_tier"
 	// TraceparentKey is the W3C trace context of the producer.
 	TraceparentKey = "traceparent"
+	// PreviousTraceparentKey is, on a retry or poison copy, the W3C trace
+	// context of the delivery that failed: the next delivery's span links to
+	// it, so a trace shows the whole path through the tiers.
+	PreviousTraceparentKey = "sluice_previous_traceparent"
 
 	// SourceExchangeKey and SourceRoutingKeyKey are where the delivery was
 	// published to; set for each delivery by the rabbitmq Marshaler, and

@@ -62,6 +62,7 @@ func Recoverer(cfg RecovererConfig) (message.HandlerMiddleware, error) {
 				}
 				produced = nil
 				err = &Failure{Class: class, Err: &PanicError{Value: r, Stack: debug.Stack()}}
+				Record(msg.Context(), func(r *Report) { r.Panic = true })
 			}()
 			produced, err = h(msg)
 			returned = true

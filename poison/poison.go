@@ -1,6 +1,7 @@
 package poison
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -41,6 +42,8 @@ type Config struct {
 	// Queue is the consumer's queue, recorded in QueueKey for replays.
 	// Default: the delivery's routing key.
 	Queue string
+	// Consumer is recorded in ConsumerKey. Default: the Watermill handler's name.
+	Consumer string
 	// Classes are the failure classes isolated. Default ClassesDefault.
 	// ClassTransient and ClassRejected are refused.
 	Classes []middleware.Class
@@ -116,11 +119,15 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 			return produced, err
 		}
 		ctx := msg.Context()
-		if pErr := republish.Publish(s.cfg.Publisher, s.cfg.Topic, s.diagnose(msg, class, err), s.cfg.PublishBackoff); pErr != nil {
+		diagnosed := s.diagnose(msg, class, err)
+		if pErr := republish.Publish(s.cfg.Publisher, s.cfg.Topic, diagnosed, s.cfg.PublishBackoff); pErr != nil {
 			return nil, errors.Join(err, fmt.Errorf("poison: cannot publish to the poison queue %s: %w", s.cfg.Topic, pErr))
 		}
 		s.poisoned.Add(ctx, 1, metric.WithAttributes(
 			telemetry.HandlerKey.String(message.HandlerNameFromCtx(ctx)), attribute.String("sluice.class", class.String())))
+		middleware.Record(ctx, func(r *middleware.Report) {
+			r.Outcome, r.Class, r.Reason = middleware.OutcomePoisoned, class, diagnosed.Metadata.Get(ReasonKey)
+		})
 		return nil, nil
 	}
 }
@@ -144,7 +151,7 @@ func (s *stage) diagnose(msg *message.Message, class middleware.Class, err error
 	}
 	c.Metadata[ClassKey] = class.String()
 	c.Metadata[ReasonKey] = diag.Summary(err, s.cfg.ErrorMaxLength)
-	c.Metadata[ConsumerKey] = message.HandlerNameFromCtx(msg.Context())
+	c.Metadata[ConsumerKey] = cmp.Or(s.cfg.Consumer, message.HandlerNameFromCtx(msg.Context()))
 	c.Metadata[QueueKey] = queue
 	c.Metadata[ExchangeKey] = md.Get(middleware.SourceExchangeKey)
 	c.Metadata[RoutingKeyKey] = md.Get(middleware.SourceRoutingKeyKey)

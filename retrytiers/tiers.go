@@ -184,6 +184,9 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		s.retries.Add(ctx, 1, metric.WithAttributes(
 			telemetry.HandlerKey.String(message.HandlerNameFromCtx(ctx)), attribute.String("sluice.tier", tier.Name)))
+		middleware.Record(ctx, func(r *middleware.Report) {
+			r.Outcome, r.Class, r.Tier, r.Attempt = middleware.OutcomeRetried, middleware.ClassTransient, tier.Name, attempt+1
+		})
 		return nil, nil
 	}
 }

@@ -9,16 +9,24 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/sluicemq/sluice/internal/clock"
+	"github.com/sluicemq/sluice/middleware"
 )
 
 // Copy returns a new message — a new UUID, msg's payload, a copy of its
-// metadata with room for extra more keys — in msg's context.
+// metadata with room for extra more keys — in msg's context. When msg's
+// context holds a span (the Trace stage's), the copy carries it as
+// middleware.PreviousTraceparentKey; the producer's traceparent stays as is.
 func Copy(msg *message.Message, extra int) *message.Message {
 	c := message.NewMessage(watermill.NewUUID(), msg.Payload)
-	c.Metadata = make(message.Metadata, len(msg.Metadata)+extra)
+	c.Metadata = make(message.Metadata, len(msg.Metadata)+extra+1)
 	for k, v := range msg.Metadata {
 		c.Metadata[k] = v
+	}
+	if sc := trace.SpanContextFromContext(msg.Context()); sc.IsValid() {
+		c.Metadata[middleware.PreviousTraceparentKey] = "00-" + sc.TraceID().String() + "-" + sc.SpanID().String() + "-" + sc.TraceFlags().String()
 	}
 	c.SetContext(msg.Context())
 	return c

@@ -1,0 +1,50 @@
+package middleware
+
+import "context"
+
+// Outcome is what became of a delivery.
+type Outcome string
+
+// The outcomes, as the stages record them and the Trace stage reports them
+// (span attribute and metric attribute "sluice.outcome").
+const (
+	OutcomeProcessed Outcome = "processed" // the handler succeeded: committed and acked
+	OutcomeDuplicate Outcome = "duplicate" // the inbox had the key: acked, handler not run
+	OutcomeRejected  Outcome = "rejected"  // an expected business rejection: committed and acked
+	OutcomeRetried   Outcome = "retried"   // a copy was parked in a retry tier: acked
+	OutcomePoisoned  Outcome = "poisoned"  // isolated in the poison queue: acked
+	OutcomeFailed    Outcome = "failed"    // an error reached the router: nacked
+)
+
+// Report is what the stages record about one delivery, for the Trace stage.
+// The zero Outcome means no stage recorded one.
+type Report struct {
+	Outcome Outcome
+	Class   Class  // the failure class, if any
+	Tier    string // the retry tier a copy went to
+	Attempt int    // with OutcomeRetried, the attempt number of the copy
+	Reason  string // the bounded error summary, when poisoned
+	Panic   bool   // the handler panicked
+}
+
+type reportKey struct{}
+
+// WithReport returns ctx carrying a new Report, and the Report.
+func WithReport(ctx context.Context) (context.Context, *Report) {
+	r := &Report{}
+	return context.WithValue(ctx, reportKey{}, r), r
+}
+
+// ReportFromContext returns the delivery's Report, or nil outside a Trace
+// stage. Stages record into it with Record.
+func ReportFromContext(ctx context.Context) *Report {
+	r, _ := ctx.Value(reportKey{}).(*Report)
+	return r
+}
+
+// Record applies fn to the delivery's Report, if there is one.
+func Record(ctx context.Context, fn func(*Report)) {
+	if r := ReportFromContext(ctx); r != nil {
+		fn(r)
+	}
+}

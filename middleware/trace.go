@@ -1,0 +1,223 @@
+package middleware
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/telemetry"
+)
+
+// Metric names of the Trace stage.
+const (
+	// MetricDeliveries counts deliveries by handler, outcome and class.
+	MetricDeliveries = "sluice.deliveries"
+	// MetricHandlerDuration is the time from the Trace stage to the router,
+	// in seconds, by handler and outcome.
+	MetricHandlerDuration = "sluice.handler.duration"
+)
+
+// Span attribute keys Sluice adds to the messaging semantic conventions.
+const (
+	AttrOutcome = attribute.Key("sluice.outcome")
+	AttrClass   = attribute.Key("sluice.class")
+	AttrTier    = attribute.Key("sluice.tier")
+	AttrAttempt = attribute.Key("sluice.attempt")      // the delivery's attempt number
+	AttrNext    = attribute.Key("sluice.next_attempt") // a retry copy's attempt number
+	AttrEventID = attribute.Key("sluice.event_id")
+	AttrReason  = attribute.Key("sluice.reason")
+)
+
+// TraceConfig configures the Trace stage and TracingPublisher.
+type TraceConfig struct {
+	// TracerProvider. Default the global provider.
+	TracerProvider trace.TracerProvider
+	// MeterProvider. Default the global provider.
+	MeterProvider metric.MeterProvider
+	// Propagator reads (and, in TracingPublisher, writes) the trace context
+	// in message metadata. Default W3C trace context and baggage; pass
+	// otel.GetTextMapPropagator() to use the global one.
+	Propagator propagation.TextMapPropagator
+	// System is messaging.system, e.g. "rabbitmq". Default: left out.
+	System string
+}
+
+func (c TraceConfig) withDefaults() TraceConfig {
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
+	if c.Propagator == nil {
+		c.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	}
+	return c
+}
+
+// Trace returns the outermost stage: one consumer span per delivery,
+// parented by the producer's context from the metadata and linked to the
+// failed delivery a retry copy came from (PreviousTraceparentKey), with the
+// messaging semantic-convention attributes and the delivery's outcome (see
+// Report) as attributes and an event. The span's status is Error only when a
+// failure reached the router (OutcomeFailed); a retried or poisoned delivery
+// was handled. It also counts MetricDeliveries and records
+// MetricHandlerDuration. Safe for concurrent use.
+func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
+	cfg = cfg.withDefaults()
+	tracer := cfg.TracerProvider.Tracer(telemetry.ScopeName)
+	meter := telemetry.Meter(cfg.MeterProvider)
+	deliveries, err := meter.Int64Counter(MetricDeliveries, metric.WithDescription("Deliveries by outcome and failure class."))
+	if err != nil {
+		return nil, fmt.Errorf("middleware: creating %s: %w", MetricDeliveries, err)
+	}
+	duration, err := meter.Float64Histogram(MetricHandlerDuration, metric.WithUnit("s"),
+		metric.WithDescription("Time to handle a delivery through the Sluice stack."))
+	if err != nil {
+		return nil, fmt.Errorf("middleware: creating %s: %w", MetricHandlerDuration, err)
+	}
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			orig := msg.Context()
+			handler := message.HandlerNameFromCtx(orig)
+			dest := message.SubscribeTopicFromCtx(orig)
+			parent := cfg.Propagator.Extract(orig, propagation.MapCarrier(msg.Metadata))
+			attrs := []attribute.KeyValue{
+				semconv.MessagingOperationTypeProcess,
+				semconv.MessagingOperationName("process"),
+				semconv.MessagingDestinationName(dest),
+				semconv.MessagingMessageID(msg.UUID),
+				semconv.MessagingConsumerGroupName(handler),
+				attemptAttr(msg),
+			}
+			if cfg.System != "" {
+				attrs = append(attrs, semconv.MessagingSystemKey.String(cfg.System))
+			}
+			if id := msg.Metadata.Get(EventIDKey); id != "" {
+				attrs = append(attrs, AttrEventID.String(id))
+			}
+			opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...)}
+			if prev := previousSpan(msg); prev.IsValid() {
+				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: prev, Attributes: []attribute.KeyValue{
+					attribute.String("sluice.link", "previous attempt")}}))
+			}
+			ctx, span := tracer.Start(parent, "process "+dest, opts...)
+			defer span.End()
+			ctx, report := WithReport(ctx)
+			msg.SetContext(ctx)
+			start := time.Now()
+
+			produced, err := h(msg)
+
+			msg.SetContext(orig)
+			if err != nil {
+				report.Outcome = OutcomeFailed
+				report.Class = ClassOf(err)
+				span.RecordError(err)
+				span.SetStatus(codes.Error, diag.Summary(err, 256))
+			} else if report.Outcome == "" {
+				report.Outcome = OutcomeProcessed
+			}
+			annotate(span, report)
+			class := ""
+			if report.Class.Valid() {
+				class = report.Class.String()
+			}
+			hattr := telemetry.HandlerKey.String(handler)
+			deliveries.Add(ctx, 1, metric.WithAttributes(hattr, AttrOutcome.String(string(report.Outcome)), AttrClass.String(class)))
+			duration.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(hattr, AttrOutcome.String(string(report.Outcome))))
+			return produced, err
+		}
+	}, nil
+}
+
+func annotate(span trace.Span, r *Report) {
+	attrs := []attribute.KeyValue{AttrOutcome.String(string(r.Outcome))}
+	if r.Class.Valid() {
+		attrs = append(attrs, AttrClass.String(r.Class.String()))
+	}
+	if r.Tier != "" {
+		attrs = append(attrs, AttrTier.String(r.Tier))
+	}
+	if r.Outcome == OutcomeRetried && r.Attempt > 0 {
+		attrs = append(attrs, AttrNext.Int(r.Attempt))
+	}
+	if r.Reason != "" {
+		attrs = append(attrs, AttrReason.String(r.Reason))
+	}
+	span.SetAttributes(attrs...)
+	if r.Panic {
+		span.AddEvent("panic")
+	}
+	if r.Outcome != OutcomeProcessed && r.Outcome != OutcomeFailed {
+		span.AddEvent(string(r.Outcome), trace.WithAttributes(attrs...))
+	}
+}
+
+// previousSpan parses PreviousTraceparentKey.
+func previousSpan(msg *message.Message) trace.SpanContext {
+	tp := msg.Metadata.Get(PreviousTraceparentKey)
+	if tp == "" {
+		return trace.SpanContext{}
+	}
+	ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": tp})
+	return trace.SpanContextFromContext(ctx)
+}
+
+// TracingPublisher wraps pub: each message gets a producer span, parented by
+// its context, whose trace context is written into its metadata before it is
+// published, so the consumer's Trace stage continues the trace.
+func TracingPublisher(pub message.Publisher, cfg TraceConfig) message.Publisher {
+	cfg = cfg.withDefaults()
+	return &tracingPublisher{pub: pub, cfg: cfg, tracer: cfg.TracerProvider.Tracer(telemetry.ScopeName)}
+}
+
+type tracingPublisher struct {
+	pub    message.Publisher
+	cfg    TraceConfig
+	tracer trace.Tracer
+}
+
+func (p *tracingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	spans := make([]trace.Span, len(msgs))
+	for i, msg := range msgs {
+		attrs := []attribute.KeyValue{
+			semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("send"),
+			semconv.MessagingDestinationName(topic), semconv.MessagingMessageID(msg.UUID),
+		}
+		if p.cfg.System != "" {
+			attrs = append(attrs, semconv.MessagingSystemKey.String(p.cfg.System))
+		}
+		if id := msg.Metadata.Get(EventIDKey); id != "" {
+			attrs = append(attrs, AttrEventID.String(id))
+		}
+		ctx, span := p.tracer.Start(msg.Context(), "send "+topic, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
+		p.cfg.Propagator.Inject(ctx, propagation.MapCarrier(msg.Metadata))
+		spans[i] = span
+	}
+	err := p.pub.Publish(topic, msgs...)
+	for _, span := range spans {
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, diag.Summary(err, 256))
+		}
+		span.End()
+	}
+	return err
+}
+
+func (p *tracingPublisher) Close() error { return p.pub.Close() }
+
+// attemptAttr is the delivery's attempt number (1 without AttemptKey).
+func attemptAttr(msg *message.Message) attribute.KeyValue {
+	n, _ := strconv.Atoi(msg.Metadata.Get(AttemptKey))
+	return AttrAttempt.Int(max(n, 1))
+}

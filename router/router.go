@@ -1,0 +1,83 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// HandlerConfig is one reliable handler.
+type HandlerConfig struct {
+	// Name of the Watermill handler; with Consumers > 1, "<Name>-<i>".
+	// Required.
+	Name string
+	// Topic to subscribe to (on RabbitMQ: the queue). Required.
+	Topic string
+	// Subscriber. Required.
+	Subscriber message.Subscriber
+	// Handler for a handler that publishes nothing. Exactly one of Handler
+	// and PublishingHandler is required.
+	Handler message.NoPublishHandlerFunc
+	// PublishingHandler returns messages that the router publishes to
+	// PublishTopic on Publisher after the stages returned nil — for a
+	// transactional outbox, give a Publisher that writes into the inbox
+	// transaction.
+	PublishingHandler message.HandlerFunc
+	PublishTopic      string
+	Publisher         message.Publisher
+	// Consumers is how many copies of the handler consume Topic at once
+	// (competing consumers: use 1 on a broker that fans out to every
+	// subscriber, such as GoChannel). Default 1.
+	Consumers int
+	// Stages around the handler.
+	Stages Stages
+}
+
+// Add adds the handler with its stages to r: one call for a reliable
+// handler on an existing router. The handlers it added are returned.
+func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
+	switch {
+	case r == nil:
+		return nil, errors.New("router: Add needs a router")
+	case cfg.Name == "":
+		return nil, errors.New("router: HandlerConfig.Name is required")
+	case cfg.Topic == "":
+		return nil, errors.New("router: HandlerConfig.Topic is required")
+	case cfg.Subscriber == nil:
+		return nil, errors.New("router: HandlerConfig.Subscriber is required")
+	case (cfg.Handler == nil) == (cfg.PublishingHandler == nil):
+		return nil, errors.New("router: exactly one of HandlerConfig.Handler and HandlerConfig.PublishingHandler is required")
+	case cfg.PublishingHandler != nil && (cfg.Publisher == nil || cfg.PublishTopic == ""):
+		return nil, errors.New("router: HandlerConfig.PublishingHandler needs Publisher and PublishTopic")
+	case cfg.Consumers < 0:
+		return nil, fmt.Errorf("router: HandlerConfig.Consumers must be positive, got %d", cfg.Consumers)
+	}
+	n := max(cfg.Consumers, 1)
+	var out []*message.Handler
+	if cfg.Stages.Poison != nil && cfg.Stages.Poison.Consumer == "" {
+		p := *cfg.Stages.Poison
+		p.Consumer = cfg.Name
+		cfg.Stages.Poison = &p
+	}
+	for i := range n {
+		mws, err := Middlewares(cfg.Stages)
+		if err != nil {
+			return nil, err
+		}
+		name := cfg.Name
+		if n > 1 {
+			name += "-" + strconv.Itoa(i)
+		}
+		var h *message.Handler
+		if cfg.Handler != nil {
+			h = r.AddConsumerHandler(name, cfg.Topic, cfg.Subscriber, cfg.Handler)
+		} else {
+			h = r.AddHandler(name, cfg.Topic, cfg.Subscriber, cfg.PublishTopic, cfg.Publisher, cfg.PublishingHandler)
+		}
+		h.AddMiddleware(mws...)
+		out = append(out, h)
+	}
+	return out, nil
+}

@@ -1,0 +1,97 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/retrytiers"
+)
+
+// Stages selects the stages around a handler; a nil field leaves its stage
+// out. Whatever is chosen runs in the one order:
+//
+//	Trace → Poison → Retry → Classify → Inbox → Recoverer → handler
+type Stages struct {
+	Trace     *middleware.TraceConfig
+	Poison    *poison.Config
+	Retry     *retrytiers.Config
+	Classify  *middleware.ClassifyConfig
+	Inbox     *deduplication.Config
+	Recoverer *middleware.RecovererConfig
+	// Classifier is given to every stage that classifies (Poison, Retry,
+	// Classify, Inbox) whose own Classifier is nil, so "commit on Rejected"
+	// and "ack on Rejected" always agree. Default middleware.DefaultClassifier().
+	Classifier *middleware.Classifier
+}
+
+// Middlewares builds the chosen stages, outermost first, for
+// message.Handler.AddMiddleware (or message.Router.AddMiddleware). A
+// configuration error names the stage and the field.
+func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
+	c := s.Classifier
+	if c == nil {
+		c = middleware.DefaultClassifier()
+	}
+	var mws []message.HandlerMiddleware
+	add := func(stage string, mw message.HandlerMiddleware, err error) error {
+		if err != nil {
+			return fmt.Errorf("router: %s stage: %w", stage, err)
+		}
+		mws = append(mws, mw)
+		return nil
+	}
+	var errs []error
+	if s.Trace != nil {
+		mw, err := middleware.Trace(*s.Trace)
+		errs = append(errs, add("trace", mw, err))
+	}
+	if s.Poison != nil {
+		cfg := *s.Poison
+		if cfg.Classifier == nil {
+			cfg.Classifier = c
+		}
+		mw, err := poison.New(cfg)
+		errs = append(errs, add("poison", mw, err))
+	}
+	if s.Retry != nil {
+		cfg := *s.Retry
+		if cfg.Classifier == nil {
+			cfg.Classifier = c
+		}
+		mw, err := retrytiers.New(cfg)
+		errs = append(errs, add("retry", mw, err))
+	}
+	if s.Classify != nil {
+		cfg := *s.Classify
+		if cfg.Classifier == nil {
+			cfg.Classifier = c
+		}
+		mw, err := middleware.Classify(cfg)
+		errs = append(errs, add("classify", mw, err))
+	}
+	if s.Inbox != nil {
+		cfg := *s.Inbox
+		if cfg.Classifier == nil {
+			cfg.Classifier = c
+		}
+		d, err := deduplication.New(cfg)
+		var mw message.HandlerMiddleware
+		if d != nil {
+			mw = d.Middleware
+		}
+		errs = append(errs, add("inbox", mw, err))
+	}
+	if s.Recoverer != nil {
+		mw, err := middleware.Recoverer(*s.Recoverer)
+		errs = append(errs, add("recoverer", mw, err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return mws, nil
+}
