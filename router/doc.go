@@ -1,7 +1,7 @@
 // Package router assembles Sluice's stages in their one order around a
 // Watermill handler:
 //
-//	Trace → Poison → Retry → Classify → Inbox → Recoverer → handler
+//	ShutdownGrace → Trace → Poison → Retry → Classify → Inbox → Recoverer → handler
 //
 // Middlewares builds the chosen stages (any may be left out) for wiring by
 // hand; Add adds a reliable handler to an existing *message.Router in one
@@ -15,5 +15,7 @@
 // is a poison outcome; the inbox claim and the business writes share one
 // transaction, so the handler runs inside the Inbox and the router acks only
 // after its commit; the Recoverer sits inside the Inbox so that a panic rolls
-// back; Trace is outermost to see every outcome.
+// back; Trace is outermost of the stages that act, to see every outcome;
+// ShutdownGrace wraps them all, so a handler in flight when the router closes
+// gets time to commit before its context is cancelled.
 package router

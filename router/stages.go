@@ -1,8 +1,10 @@
 package router
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -15,8 +17,12 @@ import (
 // Stages selects the stages around a handler; a nil field leaves its stage
 // out. Whatever is chosen runs in the one order:
 //
-//	Trace → Poison → Retry → Classify → Inbox → Recoverer → handler
+//	ShutdownGrace → Trace → Poison → Retry → Classify → Inbox → Recoverer → handler
 type Stages struct {
+	// ShutdownGrace lets a handler in flight finish its commit for this long
+	// after the router begins to close (middleware.ShutdownGrace). Default
+	// middleware.ShutdownGraceDefault; negative leaves the stage out.
+	ShutdownGrace time.Duration
 	Trace     *middleware.TraceConfig
 	Poison    *poison.Config
 	Retry     *retrytiers.Config
@@ -46,6 +52,10 @@ func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
 		return nil
 	}
 	var errs []error
+	if s.ShutdownGrace >= 0 {
+		mw, err := middleware.ShutdownGrace(cmp.Or(s.ShutdownGrace, middleware.ShutdownGraceDefault))
+		errs = append(errs, add("shutdown grace", mw, err))
+	}
 	if s.Trace != nil {
 		mw, err := middleware.Trace(*s.Trace)
 		errs = append(errs, add("trace", mw, err))

@@ -1,0 +1,176 @@
+package router_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/router"
+)
+
+// TestRabbitMQStackWithPostgresInbox runs the whole stack on the real
+// services: 4 competing consumers, the PostgreSQL inbox, 200 events each
+// published twice, a tenth failing once. Every event's effect exists once.
+func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
+	t.Parallel()
+	db := testenv.Postgres(t)
+	schema := testenv.Schema(t, db)
+	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.reservations (event_key TEXT NOT NULL)`, schema))
+	require.NoError(t, err)
+	store, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db, Table: schema + ".inbox"})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateTable(t.Context()))
+
+	queue := testenv.Name("orders")
+	q, err := router.NewRabbitMQ(t.Context(), router.RabbitMQConfig{
+		URL:      testenv.AMQPURL,
+		Topology: rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{100 * time.Millisecond}},
+	})
+	require.NoError(t, err)
+	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", queue+".retry.100ms")
+
+	var failedOnce atomic.Int64
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	handlers, err := q.Add(r, router.HandlerConfig{
+		Name: "inventory",
+		Handler: func(msg *message.Message) error {
+			id := msg.Metadata.Get(middleware.EventIDKey)
+			if msg.Metadata.Get("flaky") == "1" && msg.Metadata.Get(middleware.AttemptKey) == "" {
+				failedOnce.Add(1)
+				return fmt.Errorf("stock service: %w", context.DeadlineExceeded)
+			}
+			_, err := deduplication.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+				fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ($1)`, schema), id)
+			return err
+		},
+		Stages: router.Stages{
+			Poison:    &poison.Config{},
+			Retry:     &retrytiers.Config{},
+			Classify:  &middleware.ClassifyConfig{},
+			Inbox:     &deduplication.Config{Store: store, Consumer: "inventory"},
+			Recoverer: &middleware.RecovererConfig{},
+		},
+	})
+	require.NoError(t, err)
+	require.Len(t, handlers, router.ConsumersDefault)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	<-r.Running()
+
+	const events = 200
+	for i := range events {
+		for range 2 {
+			m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+			m.Metadata.Set(middleware.EventIDKey, fmt.Sprint("evt-", i))
+			if i%10 == 0 {
+				m.Metadata.Set("flaky", "1")
+			}
+			require.NoError(t, q.Publisher().Publish(queue, m))
+		}
+	}
+	count := func() int {
+		var n int
+		require.NoError(t, db.Get(&n, fmt.Sprintf(`SELECT count(*) FROM %s.reservations`, schema)))
+		return n
+	}
+	require.Eventually(t, func() bool { return count() == events }, 30*time.Second, 20*time.Millisecond)
+	conn := testenv.AMQP(t)
+	require.Eventually(t, func() bool {
+		return testenv.QueueDepth(t, conn, queue) == 0 && testenv.QueueDepth(t, conn, queue+".retry.100ms") == 0
+	}, 10*time.Second, 20*time.Millisecond)
+	require.NoError(t, r.Close())
+	require.NoError(t, <-done)
+	require.NoError(t, q.Close())
+
+	var distinct int
+	require.NoError(t, db.Get(&distinct, fmt.Sprintf(`SELECT count(DISTINCT event_key) FROM %s.reservations`, schema)))
+	require.Equal(t, events, distinct)
+	require.Equal(t, events, count(), "each event's effect exists once")
+	require.Positive(t, failedOnce.Load())
+	require.Zero(t, testenv.QueueDepth(t, conn, queue+".poison"))
+}
+
+// TestShutdownMidHandlerEffectOnce closes the router while a handler is in
+// its transaction. ShutdownGrace lets it commit; Watermill closes the
+// subscriber at once, so watermill-amqp nacks the delivery and the broker
+// redelivers it; a restarted consumer finds its key in the inbox and acks it
+// without running the handler. The effect exists once, nothing is lost.
+func TestShutdownMidHandlerEffectOnce(t *testing.T) {
+	t.Parallel()
+	db := testenv.Postgres(t)
+	schema := testenv.Schema(t, db)
+	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.reservations (event_key TEXT NOT NULL)`, schema))
+	require.NoError(t, err)
+	store, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db, Table: schema + ".inbox"})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateTable(t.Context()))
+	queue := testenv.Name("shutdown")
+	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", queue+".retry.30s", queue+".retry.5m", queue+".retry.30m")
+	count := func() int {
+		var n int
+		require.NoError(t, db.Get(&n, fmt.Sprintf(`SELECT count(*) FROM %s.reservations`, schema)))
+		return n
+	}
+
+	var calls atomic.Int64
+	inHandler := make(chan struct{}, 1)
+	consume := func() (stop func()) {
+		q, err := router.NewRabbitMQ(t.Context(), router.RabbitMQConfig{URL: testenv.AMQPURL, Topology: rabbitmq.TopologyConfig{Queue: queue}})
+		require.NoError(t, err)
+		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+		require.NoError(t, err)
+		_, err = q.Add(r, router.HandlerConfig{
+			Name: "inventory", Consumers: 1,
+			Handler: func(msg *message.Message) error {
+				calls.Add(1)
+				inHandler <- struct{}{}
+				time.Sleep(300 * time.Millisecond) // the work in flight when Close is called
+				_, err := deduplication.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+					fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ('evt-1')`, schema))
+				return err
+			},
+			Stages: router.Stages{Classify: &middleware.ClassifyConfig{}, Inbox: &deduplication.Config{Store: store, Consumer: "inventory"}},
+		})
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() { done <- r.Run(context.Background()) }()
+		<-r.Running()
+		return func() {
+			require.NoError(t, r.Close())
+			require.NoError(t, <-done)
+			require.NoError(t, q.Close())
+		}
+	}
+
+	stop := consume()
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: testenv.AMQPURL})
+	require.NoError(t, err)
+	defer func() { _ = pub.Close() }()
+	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+	m.Metadata.Set(middleware.EventIDKey, "evt-1")
+	require.NoError(t, pub.Publish(queue, m))
+	<-inHandler
+	stop() // mid-handler
+	require.Equal(t, 1, count(), "the handler in flight committed within the shutdown grace")
+
+	stop = consume()
+	defer stop()
+	conn := testenv.AMQP(t)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == 0 }, 10*time.Second, 20*time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // a redelivery in flight would show in calls
+	require.Equal(t, 1, count(), "the effect exists once")
+	require.Equal(t, int64(1), calls.Load(), "the redelivery was a duplicate: the handler did not run again")
+}
