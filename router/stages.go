@@ -23,12 +23,12 @@ type Stages struct {
 	// after the router begins to close (middleware.ShutdownGrace). Default
 	// middleware.ShutdownGraceDefault; negative leaves the stage out.
 	ShutdownGrace time.Duration
-	Trace     *middleware.TraceConfig
-	Poison    *poison.Config
-	Retry     *retrytiers.Config
-	Classify  *middleware.ClassifyConfig
-	Inbox     *deduplication.Config
-	Recoverer *middleware.RecovererConfig
+	Trace         *middleware.TraceConfig
+	Poison        *poison.Config
+	Retry         *retrytiers.Config
+	Classify      *middleware.ClassifyConfig
+	Inbox         *deduplication.Config
+	Recoverer     *middleware.RecovererConfig
 	// Classifier is given to every stage that classifies (Poison, Retry,
 	// Classify, Inbox) whose own Classifier is nil, so "commit on Rejected"
 	// and "ack on Rejected" always agree. Default middleware.DefaultClassifier().
