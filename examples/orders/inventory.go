@@ -5,153 +5,111 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"sync"
-	"text/tabwriter"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/retrytiers"
 )
+
+const rejectedTopic = "inventory.reservation-rejected"
 
 var errOutOfStock = errors.New("out of stock")
 
-// inventory reserves stock; every write goes into the inbox transaction.
+// inventory reserves stock for order.created events. Every write goes into
+// the inbox transaction; so does the rejection event when an outbox is given.
 type inventory struct {
-	db      *sqlx.DB
-	metrics *sdkmetric.ManualReader
-
-	mu       sync.Mutex
-	timedOut map[string]bool // orders whose first stock check timed out
+	tables tables
+	// outbox, when set, returns a publisher writing into the transaction
+	// (the transactional outbox); otherwise the rejection event is returned
+	// for the router to publish after the commit.
+	outbox func(tx *sqlx.Tx) (message.Publisher, error)
 }
 
-func newInventory(ctx context.Context, db *sqlx.DB) (*inventory, error) {
-	for _, stmt := range []string{
-		`CREATE TABLE IF NOT EXISTS stock (sku TEXT PRIMARY KEY, available INTEGER NOT NULL)`,
-		`CREATE TABLE IF NOT EXISTS reservations (order_id TEXT NOT NULL, sku TEXT NOT NULL, qty INTEGER NOT NULL)`,
-		`CREATE TABLE IF NOT EXISTS rejections (order_id TEXT NOT NULL, reason TEXT NOT NULL)`,
-		`INSERT INTO stock (sku, available) VALUES ('book', 10), ('lamp', 5), ('piano', 0) ON CONFLICT DO NOTHING`,
-	} {
-		if _, err := db.ExecContext(ctx, stmt); err != nil {
-			return nil, err
-		}
+// tables qualifies table names (a PostgreSQL schema, or none on SQLite).
+type tables string
+
+func (t tables) of(name string) string {
+	if t == "" {
+		return name
 	}
-	return &inventory{db: db, metrics: sdkmetric.NewManualReader(), timedOut: map[string]bool{}}, nil
+	return string(t) + "." + name
 }
 
-// middlewares returns the stages, outermost first: classify → inbox → recoverer.
-func (svc *inventory) middlewares() ([]message.HandlerMiddleware, error) {
-	meter := sdkmetric.NewMeterProvider(sdkmetric.WithReader(svc.metrics))
-	classifier := middleware.DefaultClassifier()
-	classify, err := middleware.Classify(middleware.ClassifyConfig{Classifier: classifier, MeterProvider: meter})
-	if err != nil {
-		return nil, err
+func (t tables) schema() []string {
+	return []string{
+		`CREATE TABLE ` + t.of("orders") + ` (order_id TEXT PRIMARY KEY)`,
+		`CREATE TABLE ` + t.of("stock") + ` (sku TEXT PRIMARY KEY, available INTEGER NOT NULL)`,
+		`CREATE TABLE ` + t.of("reservations") + ` (order_id TEXT NOT NULL, sku TEXT NOT NULL, qty INTEGER NOT NULL)`,
+		`CREATE TABLE ` + t.of("rejections") + ` (order_id TEXT NOT NULL, reason TEXT NOT NULL)`,
+		`INSERT INTO ` + t.of("orders") + ` (order_id) VALUES ('o-1'), ('o-2'), ('o-3'), ('o-4'), ('o-5'), ('o-6')`,
+		`INSERT INTO ` + t.of("stock") + ` (sku, available) VALUES ('book', 10), ('lamp', 5), ('piano', 0)`,
 	}
-	store, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: svc.db})
-	if err != nil {
-		return nil, err
-	}
-	if err := store.CreateTable(context.Background()); err != nil {
-		return nil, err
-	}
-	inbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "inventory", Classifier: classifier, MeterProvider: meter})
-	if err != nil {
-		return nil, err
-	}
-	recoverer, err := middleware.Recoverer(middleware.RecovererConfig{})
-	if err != nil {
-		return nil, err
-	}
-	return []message.HandlerMiddleware{classify, inbox.Middleware, recoverer}, nil
 }
 
 type orderCreated struct {
-	OrderID string `json:"orderId"`
-	SKU     string `json:"sku"`
-	Qty     int    `json:"qty"`
+	EventID   string `json:"eventId"`
+	OrderID   string `json:"orderId"`
+	SKU       string `json:"sku"`
+	Qty       int    `json:"qty"`
+	FailTimes int    `json:"failTimes"` // the scenario: the stock service times out on the first attempts
 }
 
-func (svc *inventory) reserve(msg *message.Message) error {
+func (inv *inventory) reserve(msg *message.Message) ([]*message.Message, error) {
 	var o orderCreated
 	if err := json.Unmarshal(msg.Payload, &o); err != nil {
-		return err // a syntax error is classified Poison
+		return nil, err // a JSON error is classified Poison
 	}
 	ctx := msg.Context()
 	tx := deduplication.TxFromContext(ctx)
-	if o.OrderID == "o-3" && svc.firstTry(o.OrderID) {
-		return fmt.Errorf("stock service: %w", context.DeadlineExceeded) // Transient: redelivered
+	if attempt, _ := retrytiers.Attempt(msg); attempt <= o.FailTimes {
+		return nil, fmt.Errorf("stock service: %w", context.DeadlineExceeded) // Transient: parked in a tier
+	}
+	var exists int
+	if err := tx.GetContext(ctx, &exists, tx.Rebind(`SELECT count(*) FROM `+inv.tables.of("orders")+` WHERE order_id = ?`), o.OrderID); err != nil {
+		return nil, err
+	}
+	if exists == 0 {
+		return nil, middleware.Invariant(fmt.Errorf("order %s must exist before its reservation", o.OrderID))
 	}
 	var available int
-	if err := tx.GetContext(ctx, &available, `SELECT available FROM stock WHERE sku = ?`, o.SKU); err != nil {
-		return err
+	if err := tx.GetContext(ctx, &available, tx.Rebind(`SELECT available FROM `+inv.tables.of("stock")+` WHERE sku = ?`), o.SKU); err != nil {
+		return nil, err
 	}
 	if available < o.Qty {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO rejections (order_id, reason) VALUES (?, ?)`, o.OrderID, errOutOfStock.Error()); err != nil {
-			return err
-		}
-		return middleware.Reject(fmt.Errorf("order %s: %w", o.OrderID, errOutOfStock))
+		return inv.rejectOrder(msg, tx, o)
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE stock SET available = available - ? WHERE sku = ?`, o.Qty, o.SKU); err != nil {
-		return err
-	}
-	_, err := tx.ExecContext(ctx, `INSERT INTO reservations (order_id, sku, qty) VALUES (?, ?, ?)`, o.OrderID, o.SKU, o.Qty)
-	return err
-}
-
-func (svc *inventory) firstTry(orderID string) bool {
-	svc.mu.Lock()
-	defer svc.mu.Unlock()
-	first := !svc.timedOut[orderID]
-	svc.timedOut[orderID] = true
-	return first
-}
-
-// summary is what the database and Sluice's metrics recorded.
-type summary struct {
-	Reserved   []string // order ids with a reservation, once each if all is well
-	Rejected   []string
-	InboxRows  int
-	Duplicates int64
-	Published  int
-}
-
-func (svc *inventory) summarize(ctx context.Context) (*summary, error) {
-	s := &summary{Published: len(script)}
-	if err := svc.db.SelectContext(ctx, &s.Reserved, `SELECT order_id FROM reservations ORDER BY order_id`); err != nil {
+	if _, err := tx.ExecContext(ctx, tx.Rebind(`UPDATE `+inv.tables.of("stock")+` SET available = available - ? WHERE sku = ?`), o.Qty, o.SKU); err != nil {
 		return nil, err
 	}
-	if err := svc.db.SelectContext(ctx, &s.Rejected, `SELECT order_id FROM rejections ORDER BY order_id`); err != nil {
-		return nil, err
-	}
-	if err := svc.db.GetContext(ctx, &s.InboxRows, `SELECT count(*) FROM sluice_inbox`); err != nil {
-		return nil, err
-	}
-	var rm metricdata.ResourceMetrics
-	if err := svc.metrics.Collect(ctx, &rm); err != nil {
-		return nil, err
-	}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == deduplication.MetricDuplicates {
-				for _, dp := range sum.DataPoints {
-					s.Duplicates += dp.Value
-				}
-			}
-		}
-	}
-	return s, nil
+	_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO `+inv.tables.of("reservations")+` (order_id, sku, qty) VALUES (?, ?, ?)`), o.OrderID, o.SKU, o.Qty)
+	return nil, err
 }
 
-func (s *summary) print(w io.Writer) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "deliveries published\t%d\n", s.Published)
-	fmt.Fprintf(tw, "events in the inbox\t%d\n", s.InboxRows)
-	fmt.Fprintf(tw, "reserved (reservations table)\t%d\t%v\n", len(s.Reserved), s.Reserved)
-	fmt.Fprintf(tw, "rejected, committed and acked\t%d\t%v\n", len(s.Rejected), s.Rejected)
-	fmt.Fprintf(tw, "duplicates skipped (sluice.inbox.duplicates)\t%d\n", s.Duplicates)
-	_ = tw.Flush()
+// rejectOrder records the rejection and its event in the transaction, and
+// returns a rejection: committed and acked.
+func (inv *inventory) rejectOrder(msg *message.Message, tx *sqlx.Tx, o orderCreated) ([]*message.Message, error) {
+	ctx := msg.Context()
+	if _, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO `+inv.tables.of("rejections")+` (order_id, reason) VALUES (?, ?)`), o.OrderID, errOutOfStock.Error()); err != nil {
+		return nil, err
+	}
+	evt := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"orderId":%q,"reason":%q}`, o.OrderID, errOutOfStock))
+	evt.Metadata.Set(middleware.EventIDKey, "rejected:"+o.EventID)
+	evt.Metadata.Set(middleware.EventTypeKey, rejectedTopic)
+	evt.SetContext(ctx)
+	rejection := middleware.Reject(fmt.Errorf("order %s: %w", o.OrderID, errOutOfStock))
+	if inv.outbox == nil {
+		return []*message.Message{evt}, rejection
+	}
+	pub, err := inv.outbox(tx)
+	if err != nil {
+		return nil, err
+	}
+	if err := pub.Publish(rejectedTopic, evt); err != nil {
+		return nil, err
+	}
+	return nil, rejection
 }

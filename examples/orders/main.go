@@ -1,151 +1,212 @@
 // Command orders is Sluice's bundled example: an inventory service that
-// reserves stock for order.created events, on the embedded default (Watermill's
-// GoChannel and SQLite, no servers):
+// reserves stock for order.created events behind the whole Sluice stack.
 //
-//	make run          # or: go run ./examples/orders
+//	make run                      # the embedded default: GoChannel + SQLite, no servers
+//	go run ./examples/orders --amqp-url amqp://guest:guest@127.0.0.1:5672/ \
+//	    --postgres-url 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
 //
-// A producer publishes a scripted mix — new orders, duplicate deliveries of the
-// same eventId, a stock service that times out once, an order for a product
-// out of stock — and the example prints what the database recorded.
+// A producer publishes a scripted mix — new orders, duplicate deliveries of
+// the same eventId, a stock service that times out once or twice, an order
+// for a product out of stock, a malformed payload, an order that must exist
+// but does not — and the example prints what the stores and queues hold at
+// the end. --metrics-addr serves Prometheus metrics; --trace-stdout prints
+// the spans.
 package main
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/router"
 )
 
-const topic = "order.created"
+// config is what the flags choose.
+type config struct {
+	AMQPURL, PostgresURL string
+	DBPath               string // SQLite file in the embedded mode
+	Name                 string // schema and queue prefix in the servers mode
+	MetricsAddr          string
+	TraceOut             io.Writer
+}
 
 func main() {
-	dbPath := flag.String("db", "", "SQLite file (default: a new file in a temporary directory)")
+	var cfg config
+	var traceStdout bool
+	flag.StringVar(&cfg.AMQPURL, "amqp-url", os.Getenv("SLUICE_AMQP_URL"), "RabbitMQ URL: run on RabbitMQ + PostgreSQL (env SLUICE_AMQP_URL)")
+	flag.StringVar(&cfg.PostgresURL, "postgres-url", os.Getenv("SLUICE_POSTGRES_URL"), "PostgreSQL URL (env SLUICE_POSTGRES_URL)")
+	flag.StringVar(&cfg.DBPath, "db", "", "SQLite file in the embedded mode (default: a new file in a temporary directory)")
+	flag.StringVar(&cfg.Name, "name", "sluice_example", "schema and queue prefix in the servers mode; emptied at start")
+	flag.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9464) until interrupted")
+	flag.BoolVar(&traceStdout, "trace-stdout", false, "print the spans to stdout")
 	flag.Parse()
-	if err := runAndPrint(*dbPath); err != nil {
+	if traceStdout {
+		cfg.TraceOut = os.Stdout
+	}
+	if err := runAndPrint(cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "orders:", err)
 		os.Exit(1)
 	}
 }
 
-func runAndPrint(dbPath string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+func runAndPrint(cfg config) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s, err := run(ctx, dbPath)
+	s, err := run(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	s.print(os.Stdout)
-	return nil
+	if cfg.MetricsAddr == "" {
+		return nil
+	}
+	fmt.Printf("\nserving Prometheus metrics on http://%s/metrics — Ctrl-C to stop\n", cfg.MetricsAddr)
+	srv := &http.Server{Addr: cfg.MetricsAddr, Handler: s.metrics, ReadHeaderTimeout: 5 * time.Second}
+	return srv.ListenAndServe()
 }
 
-// delivery is one publish of the script.
-type delivery struct {
-	eventID, orderID, sku string
-	qty                   int
-	note                  string
-}
-
-// script: 5 orders, 2 of them delivered again (same eventId), one that meets
-// a stock-service timeout first, one for a product out of stock.
-var script = []delivery{
-	{"evt-1", "o-1", "book", 1, "new order"},
-	{"evt-2", "o-2", "book", 2, "new order"},
-	{"evt-1", "o-1", "book", 1, "duplicate delivery of evt-1"},
-	{"evt-3", "o-3", "lamp", 1, "stock service times out on the first try"},
-	{"evt-4", "o-4", "piano", 1, "out of stock: rejected"},
-	{"evt-2", "o-2", "book", 2, "duplicate delivery of evt-2"},
-	{"evt-5", "o-5", "lamp", 2, "new order"},
-}
-
-func run(ctx context.Context, dbPath string) (*summary, error) {
-	if dbPath == "" {
-		dir, err := os.MkdirTemp("", "sluice-orders")
+func run(ctx context.Context, cfg config) (*summary, error) {
+	metrics := sdkmetric.NewManualReader()
+	meterOpts := []sdkmetric.Option{sdkmetric.WithReader(metrics)}
+	var registry *prometheus.Registry
+	if cfg.MetricsAddr != "" {
+		registry = prometheus.NewRegistry()
+		exporter, err := otelprom.New(otelprom.WithRegisterer(registry))
 		if err != nil {
 			return nil, err
 		}
-		defer os.RemoveAll(dir)
-		dbPath = filepath.Join(dir, "orders.db")
+		meterOpts = append(meterOpts, sdkmetric.WithReader(exporter))
 	}
-	db, err := deduplication.OpenSQLite(ctx, dbPath)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = db.Close() }()
-	svc, err := newInventory(ctx, db)
-	if err != nil {
-		return nil, err
-	}
-
-	logger := watermill.NopLogger{}
-	pubSub := gochannel.NewGoChannel(gochannel.Config{BlockPublishUntilSubscriberAck: true}, logger)
-	defer func() { _ = pubSub.Close() }()
-	router, err := message.NewRouter(message.RouterConfig{}, logger)
-	if err != nil {
-		return nil, err
-	}
-	stack, err := svc.middlewares()
-	if err != nil {
-		return nil, err
-	}
-	router.AddConsumerHandler("inventory", topic, pubSub, svc.reserve).AddMiddleware(stack...)
-
-	routerDone := make(chan error, 1)
-	go func() { routerDone <- router.Run(ctx) }()
-	<-router.Running()
-
-	// Publish returns once the delivery is acked (BlockPublishUntilSubscriberAck),
-	// so the script plays in order, redeliveries of a nacked message included.
-	for _, d := range script {
-		msg := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"orderId":%q,"sku":%q,"qty":%d}`, d.orderID, d.sku, d.qty))
-		msg.Metadata.Set(middleware.EventIDKey, d.eventID)
-		if err := pubSub.Publish(topic, msg); err != nil {
+	meter := sdkmetric.NewMeterProvider(meterOpts...)
+	var traceOpts []sdktrace.TracerProviderOption
+	if cfg.TraceOut != nil {
+		exporter, err := stdouttrace.New(stdouttrace.WithWriter(cfg.TraceOut), stdouttrace.WithPrettyPrint())
+		if err != nil {
 			return nil, err
 		}
+		traceOpts = append(traceOpts, sdktrace.WithSyncer(exporter))
 	}
-	// Wait until every distinct event is in the inbox, then stop the router:
-	// Close waits for the handlers in flight.
-	if err := svc.waitProcessed(ctx, distinctEvents()); err != nil {
+	tracer := sdktrace.NewTracerProvider(traceOpts...)
+	defer func() { _ = tracer.Shutdown(context.WithoutCancel(ctx)) }()
+
+	var e env
+	var err error
+	if cfg.AMQPURL != "" || cfg.PostgresURL != "" {
+		e, err = newServersEnv(ctx, cfg.AMQPURL, cfg.PostgresURL, cmp.Or(cfg.Name, "sluice_example"))
+	} else {
+		e, err = newEmbeddedEnv(ctx, cfg.DBPath)
+	}
+	if err != nil {
+		if e != nil {
+			_ = e.close()
+		}
 		return nil, err
 	}
-	if err := router.Close(); err != nil {
+	defer func() { _ = e.close() }()
+
+	store, err := newInboxStore(ctx, e.db(), e.tables())
+	if err != nil {
 		return nil, err
 	}
-	if err := <-routerDone; err != nil {
+	trace := middleware.TraceConfig{TracerProvider: tracer, MeterProvider: meter}
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, watermill.NopLogger{})
+	if err != nil {
 		return nil, err
 	}
-	return svc.summarize(ctx)
+	err = e.add(r, router.HandlerConfig{
+		Name:              "inventory",
+		PublishingHandler: e.inventory().reserve,
+		Stages: router.Stages{
+			Trace:     &trace,
+			Poison:    &poison.Config{MeterProvider: meter},
+			Retry:     &retrytiers.Config{MeterProvider: meter},
+			Classify:  &middleware.ClassifyConfig{MeterProvider: meter},
+			Inbox:     &deduplication.Config{Store: store, Consumer: "inventory", Key: deduplication.KeyFromJSON("eventId"), MeterProvider: meter},
+			Recoverer: &middleware.RecovererConfig{},
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := e.start(ctx); err != nil {
+		return nil, err
+	}
+	routerDone := make(chan error, 1)
+	go func() { routerDone <- r.Run(context.WithoutCancel(ctx)) }()
+	<-r.Running()
+
+	producer := middleware.TracingPublisher(publisherFunc(e.publish), trace)
+	if err := producer.Publish("order.created", scriptMessages()...); err != nil {
+		return nil, err
+	}
+	waitErr := waitSettled(ctx, e)
+	err = errors.Join(waitErr, r.Close(), <-routerDone)
+	if err != nil {
+		return nil, err
+	}
+	s, err := summarize(ctx, e, metrics)
+	if err != nil {
+		return nil, err
+	}
+	if registry != nil {
+		s.metrics = promhttp.HandlerFor(registry, promhttp.HandlerOpts{})
+	}
+	return s, nil
 }
 
-func distinctEvents() int {
-	seen := map[string]bool{}
-	for _, d := range script {
-		seen[d.eventID] = true
-	}
-	return len(seen)
-}
-
-func (svc *inventory) waitProcessed(ctx context.Context, n int) error {
+// waitSettled waits until the stores and queues show the scenario's end.
+func waitSettled(ctx context.Context, e env) error {
 	for {
-		var got int
-		if err := svc.db.GetContext(ctx, &got, `SELECT count(*) FROM sluice_inbox`); err != nil {
+		var committed int
+		err := e.db().GetContext(ctx, &committed, `SELECT count(*) FROM `+e.tables().of("sluice_inbox"))
+		if err != nil {
 			return err
 		}
-		if got >= n {
+		poisoned, err := e.poisoned(ctx)
+		if err != nil {
+			return err
+		}
+		events, err := e.rejectionEvents(ctx)
+		if err != nil {
+			return err
+		}
+		pending, err := e.pendingRetries(ctx)
+		if err != nil {
+			return err
+		}
+		if committed >= expected.committed && len(poisoned) >= expected.poisoned && events >= expected.rejected && pending == 0 {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("waiting for %d events in the inbox, %d so far: %w", n, got, ctx.Err())
-		case <-time.After(20 * time.Millisecond):
+			return fmt.Errorf("the scenario did not settle: %d of %d events committed, %d of %d poisoned, %d of %d rejection events, %d copies in the tiers: %w",
+				committed, expected.committed, len(poisoned), expected.poisoned, events, expected.rejected, pending, ctx.Err())
+		case <-time.After(25 * time.Millisecond):
 		}
 	}
 }
+
+// publisherFunc adapts a publish function to message.Publisher.
+type publisherFunc func(msgs ...*message.Message) error
+
+func (f publisherFunc) Publish(_ string, msgs ...*message.Message) error { return f(msgs...) }
+func (f publisherFunc) Close() error                                     { return nil }

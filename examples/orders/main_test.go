@@ -3,28 +3,83 @@ package main
 import (
 	"bytes"
 	"context"
+	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/sluicemq/sluice/internal/testenv"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func TestExampleEmbedded(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s, err := run(ctx, filepath.Join(t.TempDir(), "orders.db"))
-	require.NoError(t, err)
+// check compares the summary — read from the stores, the queues and
+// Sluice's metrics — with what the script must end in.
+func check(t *testing.T, s *summary) {
+	t.Helper()
+	require.Equal(t, 11, s.Published)
+	require.Equal(t, []string{"o-1", "o-2", "o-3", "o-5", "o-6"}, s.Reserved, "each accepted order reserved exactly once")
+	require.Equal(t, []string{"o-4: out of stock"}, s.Rejected)
+	require.Equal(t, 1, s.RejectionEvents, "the rejection event was published once")
+	require.Equal(t, 6, s.InboxRecords, "5 reserved + 1 rejected; the poisoned ones rolled back")
+	require.Equal(t, int64(3), s.Duplicates)
+	require.Equal(t, map[string]int64{"100ms": 2, "300ms": 1}, s.RetriedByTier, "evt-3 once through tier 1; evt-5 through tiers 1 and 2")
+	require.Len(t, s.Poisoned, 2)
+	require.Equal(t, poisonedRow{"invariant", "evt-7", "invariant: order o-404 must exist before its reservation"}, s.Poisoned[0])
+	require.Equal(t, "poison", s.Poisoned[1].Class)
+	require.Contains(t, s.Poisoned[1].Reason, `JSON field "eventId": payload is not a JSON object`)
+}
 
-	require.Equal(t, []string{"o-1", "o-2", "o-3", "o-5"}, s.Reserved, "each accepted order reserved exactly once, o-3 after its timeout")
-	require.Equal(t, []string{"o-4"}, s.Rejected)
-	require.Equal(t, 5, s.InboxRows)
-	require.Equal(t, int64(2), s.Duplicates)
+func TestExampleEmbedded(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var spans bytes.Buffer
+	s, err := run(ctx, config{DBPath: filepath.Join(t.TempDir(), "orders.db"), MetricsAddr: "unused", TraceOut: &spans})
+	require.NoError(t, err)
+	check(t, s)
 
 	var out bytes.Buffer
 	s.print(&out)
-	require.Contains(t, out.String(), "duplicates skipped (sluice.inbox.duplicates)  2")
+	require.Contains(t, out.String(), "duplicates skipped (sluice.inbox.duplicates)  3")
+
+	rec := httptest.NewRecorder()
+	s.metrics.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body := rec.Body.String()
+	require.Contains(t, body, `sluice_inbox_duplicates_total{`)
+	require.Contains(t, body, `sluice_deliveries_total{`)
+	require.Contains(t, body, `sluice_outcome="poisoned"`)
+	require.Contains(t, body, `sluice_handler_duration_seconds_bucket{`)
+
+	require.Contains(t, spans.String(), `"Name": "process order.created"`, "spans printed with --trace-stdout")
+	require.Contains(t, spans.String(), `"Name": "send order.created"`)
+}
+
+func TestExampleServers(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	name := testenv.Name("example")
+	db := testenv.Postgres(t)
+	t.Cleanup(func() { _, _ = db.Exec("DROP SCHEMA IF EXISTS " + name + " CASCADE") })
+	queue := name + ".inventory"
+	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", queue+".retry.100ms", queue+".retry.300ms", name+"."+rejectedTopic)
+
+	s, err := run(ctx, config{AMQPURL: testenv.AMQPURL, PostgresURL: testenv.PostgresURL, Name: name})
+	require.NoError(t, err)
+	check(t, s)
+
+	// The rejection event went through the outbox table in the inbox transaction.
+	var outboxed int
+	require.NoError(t, db.Get(&outboxed, `SELECT count(*) FROM `+name+`."watermill_outbox"`))
+	require.Equal(t, 1, outboxed)
+	// Running again starts from empty queues and tables.
+	s, err = run(ctx, config{AMQPURL: testenv.AMQPURL, PostgresURL: testenv.PostgresURL, Name: name})
+	require.NoError(t, err)
+	check(t, s)
+	require.False(t, strings.Contains(name, "-"))
 }

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/router"
+)
+
+const topic = "order.created"
+
+// embeddedEnv: GoChannel, SQLite, in-process tiers. No servers.
+type embeddedEnv struct {
+	sqlite   *sqlx.DB
+	dir      string
+	embedded *router.Embedded
+
+	mu       sync.Mutex
+	rejected int
+	stop     context.CancelFunc
+	done     chan struct{}
+}
+
+func newEmbeddedEnv(ctx context.Context, dbPath string) (*embeddedEnv, error) {
+	e := &embeddedEnv{}
+	if dbPath == "" {
+		dir, err := os.MkdirTemp("", "sluice-orders")
+		if err != nil {
+			return nil, err
+		}
+		e.dir, dbPath = dir, filepath.Join(dir, "orders.db")
+	}
+	db, err := deduplication.OpenSQLite(ctx, dbPath)
+	if err != nil {
+		return nil, err
+	}
+	e.sqlite = db
+	for _, stmt := range tables("").schema() {
+		if _, err := db.ExecContext(ctx, stmt); err != nil {
+			return nil, err
+		}
+	}
+	e.embedded, err = router.NewEmbedded(router.EmbeddedConfig{Topic: topic, TierDelays: tierDelays})
+	return e, err
+}
+
+func (e *embeddedEnv) db() *sqlx.DB          { return e.sqlite }
+func (e *embeddedEnv) tables() tables        { return "" }
+func (e *embeddedEnv) inventory() *inventory { return &inventory{} }
+
+func (e *embeddedEnv) add(r *message.Router, h router.HandlerConfig) error {
+	h.PublishTopic, h.Publisher = rejectedTopic, e.embedded.PubSub
+	_, err := e.embedded.Add(r, h)
+	return err
+}
+
+// start counts the rejection events delivered on their topic.
+func (e *embeddedEnv) start(context.Context) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	out, err := e.embedded.PubSub.Subscribe(ctx, rejectedTopic)
+	if err != nil {
+		cancel()
+		return err
+	}
+	e.stop, e.done = cancel, make(chan struct{})
+	go func() {
+		defer close(e.done)
+		for m := range out {
+			e.mu.Lock()
+			e.rejected++
+			e.mu.Unlock()
+			m.Ack()
+		}
+	}()
+	return nil
+}
+
+func (e *embeddedEnv) publish(msgs ...*message.Message) error {
+	return e.embedded.PubSub.Publish(topic, msgs...)
+}
+
+func (e *embeddedEnv) poisoned(context.Context) ([]*message.Message, error) {
+	return e.embedded.Poisoned(), nil
+}
+
+func (e *embeddedEnv) rejectionEvents(context.Context) (int, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.rejected, nil
+}
+
+func (e *embeddedEnv) pendingRetries(context.Context) (int, error) {
+	return e.embedded.PendingRetries(), nil
+}
+
+func (e *embeddedEnv) close() error {
+	if e.stop != nil {
+		e.stop()
+		<-e.done
+	}
+	err := e.embedded.Close()
+	if e.sqlite != nil {
+		_ = e.sqlite.Close()
+	}
+	if e.dir != "" {
+		_ = os.RemoveAll(e.dir)
+	}
+	return err
+}
