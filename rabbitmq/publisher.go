@@ -11,7 +11,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
 // Publisher defaults.
@@ -69,7 +73,15 @@ type PublisherConfig struct {
 	DialTimeout time.Duration
 	// Logger reports reconnects. Default watermill.NopLogger.
 	Logger watermill.LoggerAdapter
+	// MeterProvider receives MetricConfirmDuration. Default the global provider.
+	MeterProvider metric.MeterProvider
 }
+
+// MetricConfirmDuration is the time from publishing a message to its
+// confirm (or return, nack, closed channel, timeout), in seconds, by
+// messaging.destination.name and sluice.confirm ("acked", "returned",
+// "nacked", "closed", "timeout").
+const MetricConfirmDuration = "sluice.publish.confirm.duration"
 
 // Publisher is a message.Publisher with publisher confirms and mandatory
 // routing. Publish returns nil only for messages the broker confirmed (ack)
@@ -78,7 +90,8 @@ type PublisherConfig struct {
 // After a broker restart or a closed channel it reconnects on the next
 // Publish. It is safe for concurrent use.
 type Publisher struct {
-	cfg PublisherConfig
+	cfg     PublisherConfig
+	confirm metric.Float64Histogram
 
 	mu     sync.Mutex
 	conn   *amqp.Connection
@@ -112,7 +125,12 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}
 	}
-	return &Publisher{cfg: cfg}, nil
+	h, err := telemetry.Meter(cfg.MeterProvider).Float64Histogram(MetricConfirmDuration, metric.WithUnit("s"),
+		metric.WithDescription("Time from publishing a message to its publisher confirm."))
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: creating %s: %w", MetricConfirmDuration, err)
+	}
+	return &Publisher{cfg: cfg, confirm: h}, nil
 }
 
 // Publish publishes msgs to the topic (the routing key) and waits for each
@@ -129,6 +147,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		f   *inflight
 	}
 	pending := make([]published, 0, len(msgs))
+	start := time.Now()
 	var errs []error
 	for _, msg := range msgs {
 		if err := msg.Context().Err(); err != nil {
@@ -154,11 +173,13 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	timer := time.NewTimer(p.cfg.ConfirmTimeout)
 	defer timer.Stop()
 	expired := timer.C
+	dest := attribute.String("messaging.destination.name", topic)
 	for _, pm := range pending {
 		err := pm.f.wait(pm.msg.Context(), expired)
 		if errors.Is(err, errConfirmTimeout) {
 			expired = alreadyExpired
 		}
+		p.confirm.Record(pm.msg.Context(), time.Since(start).Seconds(), metric.WithAttributes(dest, attribute.String("sluice.confirm", confirmOutcome(err))))
 		if err != nil {
 			errs = append(errs, fmt.Errorf("rabbitmq: message %s to %q: %w", pm.msg.UUID, topic, err))
 		}
@@ -214,4 +235,20 @@ func (p *Publisher) Close() error {
 		return p.conn.Close()
 	}
 	return nil
+}
+
+func confirmOutcome(err error) string {
+	var ue *UnroutableError
+	switch {
+	case err == nil:
+		return "acked"
+	case errors.As(err, &ue):
+		return "returned"
+	case errors.Is(err, ErrNacked):
+		return "nacked"
+	case errors.Is(err, ErrChannelClosed):
+		return "closed"
+	default:
+		return "timeout"
+	}
 }

@@ -10,6 +10,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -146,4 +148,30 @@ func TestNewPublisherValidates(t *testing.T) {
 	err = p.Publish("q", msgs(1)...)
 	require.ErrorContains(t, err, "amqp://guest:xxxxx@127.0.0.1:1/")
 	require.NotContains(t, err.Error(), "secret")
+}
+
+func TestPublisherConfirmMetric(t *testing.T) {
+	t.Parallel()
+	reader := sdkmetric.NewManualReader()
+	p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: testenv.AMQPURL, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	q := declareQueue(t, "pub_metric")
+	require.NoError(t, p.Publish(q, msgs(3)...))
+	require.Error(t, p.Publish(testenv.Name("missing"), msgs(1)...))
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(t.Context(), &rm))
+	counts := map[string]uint64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == rabbitmq.MetricConfirmDuration {
+				for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
+					o, _ := dp.Attributes.Value("sluice.confirm")
+					counts[o.AsString()] += dp.Count
+				}
+			}
+		}
+	}
+	require.Equal(t, map[string]uint64{"acked": 3, "returned": 1}, counts)
 }

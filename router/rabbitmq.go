@@ -11,6 +11,7 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -29,6 +30,8 @@ type RabbitMQConfig struct {
 	Prefetch int
 	// Logger. Default watermill.NopLogger.
 	Logger watermill.LoggerAdapter
+	// MeterProvider of the publisher's confirm latency. Default the global provider.
+	MeterProvider metric.MeterProvider
 }
 
 // RabbitMQ is one consumer queue on RabbitMQ: its topology declared (main
@@ -58,7 +61,7 @@ func NewRabbitMQ(ctx context.Context, cfg RabbitMQConfig) (*RabbitMQ, error) {
 	if err := topo.Declare(ctx, conn); err != nil {
 		return nil, err
 	}
-	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: cfg.URL, Logger: cfg.Logger})
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: cfg.URL, Logger: cfg.Logger, MeterProvider: cfg.MeterProvider})
 	if err != nil {
 		return nil, err
 	}

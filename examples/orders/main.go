@@ -111,7 +111,7 @@ func run(ctx context.Context, cfg config) (*summary, error) {
 	var e env
 	var err error
 	if cfg.AMQPURL != "" || cfg.PostgresURL != "" {
-		e, err = newServersEnv(ctx, cfg.AMQPURL, cfg.PostgresURL, cmp.Or(cfg.Name, "sluice_example"))
+		e, err = newServersEnv(ctx, cfg.AMQPURL, cfg.PostgresURL, cmp.Or(cfg.Name, "sluice_example"), meter)
 	} else {
 		e, err = newEmbeddedEnv(ctx, cfg.DBPath)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq" // the PostgreSQL driver
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -39,7 +40,7 @@ type serversEnv struct {
 	fwdDone       chan error
 }
 
-func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string) (*serversEnv, error) {
+func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string, meter metric.MeterProvider) (*serversEnv, error) {
 	if postgresURL == "" || amqpURL == "" {
 		return nil, errors.New("the servers mode needs both --amqp-url and --postgres-url")
 	}
@@ -63,8 +64,9 @@ func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string) (*ser
 		return nil, fmt.Errorf("connecting to %s: %s", diag.RedactURL(amqpURL), diag.Redact(err.Error()))
 	}
 	e.rabbit, err = router.NewRabbitMQ(ctx, router.RabbitMQConfig{
-		URL:      amqpURL,
-		Topology: rabbitmq.TopologyConfig{Queue: e.queue, TierDelays: tierDelays},
+		URL:           amqpURL,
+		Topology:      rabbitmq.TopologyConfig{Queue: e.queue, TierDelays: tierDelays},
+		MeterProvider: meter,
 	})
 	if err != nil {
 		return nil, err

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"context"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
+)
+
+type ruleFile struct {
+	Groups []struct {
+		Name  string `yaml:"name"`
+		Rules []struct {
+			Alert       string            `yaml:"alert"`
+			Expr        string            `yaml:"expr"`
+			For         string            `yaml:"for"`
+			Labels      map[string]string `yaml:"labels"`
+			Annotations map[string]string `yaml:"annotations"`
+		} `yaml:"rules"`
+	} `yaml:"groups"`
+}
+
+// TestAlertRules checks docs/alerts.yml: every rule is complete, links to a
+// section of the runbook that exists, and every Sluice metric it uses is one
+// the example actually exposes to Prometheus.
+func TestAlertRules(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "alerts.yml"))
+	require.NoError(t, err)
+	var rf ruleFile
+	require.NoError(t, yaml.Unmarshal(b, &rf))
+	runbook, err := os.ReadFile(filepath.Join("..", "..", "docs", "operations.md"))
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := run(ctx, config{DBPath: filepath.Join(t.TempDir(), "orders.db"), MetricsAddr: "unused"})
+	require.NoError(t, err)
+	rec := httptest.NewRecorder()
+	s.metrics.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	exposed := rec.Body.String()
+
+	metric := regexp.MustCompile(`\bsluice_[a-z_]+`)
+	label := regexp.MustCompile(`\bsluice_(handler|outcome|class|tier|confirm)\b`)
+	rules := 0
+	for _, g := range rf.Groups {
+		for _, r := range g.Rules {
+			rules++
+			require.NotEmpty(t, r.Alert)
+			require.NotEmpty(t, r.Expr, r.Alert)
+			require.NotEmpty(t, r.For, r.Alert)
+			require.Contains(t, []string{"warning", "critical"}, r.Labels["severity"], r.Alert)
+			require.NotEmpty(t, r.Annotations["summary"], r.Alert)
+			link := r.Annotations["runbook"]
+			require.True(t, strings.HasPrefix(link, "docs/operations.md#"), r.Alert)
+			heading := strings.ReplaceAll(strings.TrimPrefix(link, "docs/operations.md#"), "-", " ")
+			require.Regexp(t, `(?im)^## `+regexp.QuoteMeta(heading)+`$`, string(runbook), "%s links to a runbook section that does not exist", r.Alert)
+			for _, m := range metric.FindAllString(label.ReplaceAllString(r.Expr, ""), -1) {
+				require.Contains(t, exposed, "\n"+m, "%s uses %s, which Sluice does not expose", r.Alert, m)
+			}
+		}
+	}
+	require.Equal(t, 6, rules)
+}

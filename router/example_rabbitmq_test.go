@@ -1,0 +1,53 @@
+package router_test
+
+import (
+	"context"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/router"
+)
+
+// addReliableInventory is the README's second quick start: the whole stack
+// around a handler on RabbitMQ and PostgreSQL, in one call.
+func addReliableInventory(ctx context.Context, r *message.Router, amqpURL string, db *sqlx.DB) (*router.RabbitMQ, error) {
+	store, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db})
+	if err != nil {
+		return nil, err
+	}
+	if err := store.CreateTable(ctx); err != nil {
+		return nil, err
+	}
+	q, err := router.NewRabbitMQ(ctx, router.RabbitMQConfig{
+		URL:      amqpURL,
+		Topology: rabbitmq.TopologyConfig{Queue: "inventory", Quorum: true, DeliveryLimit: 20},
+	}) // declares inventory, inventory.retry.{30s,5m,30m}, inventory.poison
+	if err != nil {
+		return nil, err
+	}
+	_, err = q.Add(r, router.HandlerConfig{
+		Name: "inventory",
+		Handler: func(msg *message.Message) error {
+			tx := deduplication.TxFromContext(msg.Context())
+			_, err := tx.ExecContext(msg.Context(), `INSERT INTO reservations (order_id) VALUES ('o-1')`)
+			return err
+		},
+		Stages: router.Stages{
+			Trace:     &middleware.TraceConfig{},
+			Poison:    &poison.Config{},
+			Retry:     &retrytiers.Config{},
+			Classify:  &middleware.ClassifyConfig{},
+			Inbox:     &deduplication.Config{Store: store, Consumer: "inventory", Key: deduplication.KeyFromJSON("eventId")},
+			Recoverer: &middleware.RecovererConfig{},
+		},
+	})
+	return q, err
+}
+
+var _ = addReliableInventory
