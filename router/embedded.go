@@ -105,27 +105,10 @@ func (e *Embedded) Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler
 		return nil, errors.New("router: HandlerConfig.Consumers must be 1 on the embedded default (GoChannel fans out to every subscriber)")
 	}
 	cfg.Topic, cfg.Subscriber = e.cfg.Topic, e.PubSub
-	s := &cfg.Stages
-	if s.Poison != nil {
-		p := *s.Poison
-		p.Publisher = cmp.Or[message.Publisher](p.Publisher, e.PubSub)
-		p.Topic = cmp.Or(p.Topic, e.cfg.PoisonTopic)
-		p.Queue = cmp.Or(p.Queue, e.cfg.Topic)
-		s.Poison = &p
-	}
-	if s.Retry != nil {
-		rt := *s.Retry
-		rt.Publisher = cmp.Or[message.Publisher](rt.Publisher, e.delayed)
-		if rt.Tiers == nil {
-			rt.Tiers = e.tiers
-		}
-		s.Retry = &rt
-	}
-	if s.Trace != nil && s.Trace.System == "" {
-		t := *s.Trace
-		t.System = "gochannel"
-		s.Trace = &t
-	}
+	cfg.Stages = cfg.Stages.withBroker(broker{
+		copies: e.PubSub, retryCopies: e.delayed, poisonTopic: e.cfg.PoisonTopic,
+		queue: e.cfg.Topic, tiers: e.tiers, system: "gochannel",
+	})
 	return Add(r, cfg)
 }
 

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -91,27 +90,10 @@ func (q *RabbitMQ) Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler
 	if cfg.Consumers == 0 {
 		cfg.Consumers = ConsumersDefault
 	}
-	s := &cfg.Stages
-	if s.Poison != nil {
-		p := *s.Poison
-		p.Publisher = cmp.Or[message.Publisher](p.Publisher, q.pub)
-		p.Topic = cmp.Or(p.Topic, q.topo.PoisonQueue())
-		p.Queue = cmp.Or(p.Queue, q.topo.Queue())
-		s.Poison = &p
-	}
-	if s.Retry != nil {
-		rt := *s.Retry
-		rt.Publisher = cmp.Or[message.Publisher](rt.Publisher, q.pub)
-		if rt.Tiers == nil {
-			rt.Tiers = q.topo.Tiers()
-		}
-		s.Retry = &rt
-	}
-	if s.Trace != nil && s.Trace.System == "" {
-		t := *s.Trace
-		t.System = "rabbitmq"
-		s.Trace = &t
-	}
+	cfg.Stages = cfg.Stages.withBroker(broker{
+		copies: q.pub, retryCopies: q.pub, poisonTopic: q.topo.PoisonQueue(),
+		queue: q.topo.Queue(), tiers: q.topo.Tiers(), system: "rabbitmq",
+	})
 	return Add(r, cfg)
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice/deduplication"
@@ -20,11 +21,10 @@ import (
 	"github.com/sluicemq/sluice/router"
 )
 
-// TestRabbitMQStackWithPostgresInbox runs the whole stack on the real
-// services: 4 competing consumers, the PostgreSQL inbox, 200 events each
-// published twice, a tenth failing once. Every event's effect exists once.
-func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
-	t.Parallel()
+// inbox returns a PostgreSQL inbox and a reservations table in a schema of
+// t's own.
+func inbox(t *testing.T) (*sqlx.DB, string, *deduplication.SQLStore) {
+	t.Helper()
 	db := testenv.Postgres(t)
 	schema := testenv.Schema(t, db)
 	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.reservations (event_key TEXT NOT NULL)`, schema))
@@ -32,6 +32,15 @@ func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
 	store, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db, Table: schema + ".inbox"})
 	require.NoError(t, err)
 	require.NoError(t, store.CreateTable(t.Context()))
+	return db, schema, store
+}
+
+// TestRabbitMQStackWithPostgresInbox runs the whole stack on the real
+// services: 4 competing consumers, the PostgreSQL inbox, 200 events each
+// published twice, a tenth failing once. Every event's effect exists once.
+func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
+	t.Parallel()
+	db, schema, store := inbox(t)
 
 	queue := testenv.Name("orders")
 	q, err := router.NewRabbitMQ(t.Context(), router.RabbitMQConfig{
@@ -110,13 +119,7 @@ func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
 // without running the handler. The effect exists once, nothing is lost.
 func TestShutdownMidHandlerEffectOnce(t *testing.T) {
 	t.Parallel()
-	db := testenv.Postgres(t)
-	schema := testenv.Schema(t, db)
-	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.reservations (event_key TEXT NOT NULL)`, schema))
-	require.NoError(t, err)
-	store, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db, Table: schema + ".inbox"})
-	require.NoError(t, err)
-	require.NoError(t, store.CreateTable(t.Context()))
+	db, schema, store := inbox(t)
 	queue := testenv.Name("shutdown")
 	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", queue+".retry.30s", queue+".retry.5m", queue+".retry.30m")
 	count := func() int {

@@ -77,7 +77,7 @@ func (tr *traced) consumerSpans(n int) func() bool {
 func attr(s sdktrace.ReadOnlySpan, key string) string {
 	for _, a := range s.Attributes() {
 		if string(a.Key) == key {
-			return a.Value.Emit()
+			return a.Value.String()
 		}
 	}
 	return ""
@@ -159,8 +159,7 @@ func TestTraceErrorStatusOnlyWhenNacked(t *testing.T) {
 	t.Parallel()
 	errDown := errors.New("poison queue down")
 	failing := &failingPublisher{err: errDown}
-	var tr *traced
-	tr = runTraced(t, func(msg *message.Message) error {
+	tr := runTraced(t, func(msg *message.Message) error {
 		if msg.Metadata.Get(middleware.EventIDKey) == "panics" {
 			panic("boom")
 		}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -21,7 +22,7 @@ type latencyProxy struct {
 }
 
 func newLatencyProxy(upstream string, delay time.Duration) (*latencyProxy, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
@@ -40,7 +41,7 @@ func (p *latencyProxy) accept() {
 		if err != nil {
 			return
 		}
-		up, err := net.Dial("tcp", p.upstream)
+		up, err := (&net.Dialer{Timeout: 10 * time.Second}).DialContext(context.Background(), "tcp", p.upstream)
 		if err != nil {
 			_ = down.Close()
 			continue
