@@ -135,6 +135,23 @@ func (t *Topology) specs() []queueSpec {
 	return append(specs, queueSpec{t.cfg.PoisonQueue, typed(amqp.Table{})})
 }
 
+// Declaration is one queue of the topology and its arguments.
+type Declaration struct {
+	Name      string
+	Arguments string // JSON, keys sorted
+}
+
+// Declarations returns the queues Declare declares, in order, with their
+// arguments.
+func (t *Topology) Declarations() []Declaration {
+	var out []Declaration
+	for _, q := range t.specs() {
+		b, _ := json.Marshal(q.args)
+		out = append(out, Declaration{Name: q.name, Arguments: string(b)})
+	}
+	return out
+}
+
 // ConflictError is a queue or exchange that exists with other arguments
 // than the topology declares (RabbitMQ's PRECONDITION_FAILED).
 type ConflictError struct {

@@ -1,0 +1,441 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jedib0t/go-pretty/v6/progress"
+	"github.com/jedib0t/go-pretty/v6/table"
+	"github.com/mattn/go-isatty"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/spf13/cobra"
+
+	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/dlq"
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/rabbitmq"
+)
+
+// filterFlags are the selection flags of inspect, replay and archive.
+type filterFlags struct {
+	queue, errorMatch, since, until string
+	classes, eventTypes             []string
+	limit                           int
+}
+
+func (f *filterFlags) register(cmd *cobra.Command, limitHelp string) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.queue, "queue", "", "the poison queue (required)")
+	fl.StringSliceVar(&f.classes, "class", nil, "only these classes: poison, invariant, exhausted")
+	fl.StringVar(&f.errorMatch, "error-match", "", "only messages whose sluice_poison_reason matches this regular expression")
+	fl.StringSliceVar(&f.eventTypes, "event-type", nil, "only these sluice_event_type values")
+	fl.StringVar(&f.since, "since", "", "only messages poisoned at or after this time (RFC 3339, or a duration back from now: 24h)")
+	fl.StringVar(&f.until, "until", "", "only messages poisoned before this time (RFC 3339, or a duration back from now)")
+	fl.IntVar(&f.limit, "limit", 0, limitHelp)
+}
+
+func (f *filterFlags) filter() (dlq.Filter, error) {
+	var out dlq.Filter
+	if f.queue == "" {
+		return out, usageError{fmt.Errorf("--queue is required")}
+	}
+	if f.limit < 0 {
+		return out, usageError{fmt.Errorf("--limit must not be negative")}
+	}
+	for _, c := range f.classes {
+		cl, err := middleware.ParseClass(c)
+		if err != nil || cl == middleware.ClassTransient || cl == middleware.ClassRejected {
+			return out, usageError{fmt.Errorf("--class %q: want poison, invariant or exhausted", c)}
+		}
+		out.Classes = append(out.Classes, cl.String())
+	}
+	if f.errorMatch != "" {
+		re, err := regexp.Compile(f.errorMatch)
+		if err != nil {
+			return out, usageError{fmt.Errorf("--error-match: %w", err)}
+		}
+		out.ErrorMatch = re
+	}
+	out.EventTypes = f.eventTypes
+	var err error
+	if out.Since, err = parseTime("--since", f.since); err != nil {
+		return out, err
+	}
+	if out.Until, err = parseTime("--until", f.until); err != nil {
+		return out, err
+	}
+	return out, nil
+}
+
+func parseTime(flag, v string) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if d, err := time.ParseDuration(v); err == nil {
+		return time.Now().Add(-d), nil
+	}
+	t, err := time.Parse(time.RFC3339, v)
+	if err != nil {
+		return time.Time{}, usageError{fmt.Errorf("%s %q: want RFC 3339 (2026-11-30T09:00:00Z) or a duration (24h)", flag, v)}
+	}
+	return t, nil
+}
+
+func connect(g *globals) (*amqp.Connection, error) {
+	conn, err := amqp.DialConfig(g.url(), amqp.Config{Dial: amqp.DefaultDial(10 * time.Second), Properties: amqp.Table{"connection_name": "sluice cli"}})
+	if err != nil {
+		return nil, fmt.Errorf("connecting to %s: %s", diag.RedactURL(g.url()), diag.Redact(err.Error()))
+	}
+	return conn, nil
+}
+
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt)
+}
+
+func newDLQ(g *globals, out io.Writer) *cobra.Command {
+	cmd := &cobra.Command{Use: "dlq", Short: "Inspect, replay and archive a poison queue"}
+	cmd.AddCommand(newStats(g, out), newInspect(g, out), newReplay(g, out), newArchive(g, out))
+	return cmd
+}
+
+func newStats(g *globals, out io.Writer) *cobra.Command {
+	var ff filterFlags
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "stats",
+		Short: "Count a poison queue's messages by class, error fingerprint and event type",
+		Long: "Reads every message of the queue and returns all of them: they stay in the queue,\n" +
+			"in order (marked redelivered). The error fingerprint is the reason with ids and numbers normalised.",
+		Args: noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			f, err := ff.filter()
+			if err != nil {
+				return err
+			}
+			conn, err := connect(g)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = conn.Close() }()
+			ctx, cancel := signalContext()
+			defer cancel()
+			s, err := dlq.ReadStats(ctx, conn, ff.queue, f)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(out).Encode(s)
+			}
+			fmt.Fprintf(out, "%s: %d messages", ff.queue, s.Total)
+			if !s.Oldest.IsZero() {
+				fmt.Fprintf(out, ", poisoned from %s to %s", s.Oldest.Format(time.RFC3339), s.Newest.Format(time.RFC3339))
+			}
+			fmt.Fprintln(out)
+			for _, grp := range []struct {
+				title  string
+				counts map[string]int
+			}{{"class", s.ByClass}, {"error fingerprint", s.ByFingerprint}, {"event type", s.ByEventType}} {
+				fmt.Fprintln(out)
+				countTable(out, grp.title, grp.counts)
+			}
+			return nil
+		},
+	}
+	ff.register(cmd, "unused")
+	_ = cmd.Flags().MarkHidden("limit")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func countTable(out io.Writer, title string, counts map[string]int) {
+	keys := make([]string, 0, len(counts))
+	for k := range counts {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		if counts[keys[i]] != counts[keys[j]] {
+			return counts[keys[i]] > counts[keys[j]]
+		}
+		return keys[i] < keys[j]
+	})
+	t := table.NewWriter()
+	t.SetOutputMirror(out)
+	t.SetStyle(table.StyleLight)
+	t.AppendHeader(table.Row{title, "messages"})
+	for _, k := range keys {
+		t.AppendRow(table.Row{k, counts[k]})
+	}
+	t.Render()
+}
+
+func newInspect(g *globals, out io.Writer) *cobra.Command {
+	var ff filterFlags
+	var asJSON bool
+	var preview int
+	cmd := &cobra.Command{
+		Use:   "inspect",
+		Short: "Show messages of a poison queue with their diagnosis and a payload preview",
+		Long: "Takes each message without acknowledging it and returns all of them when it ends\n" +
+			"(the broker does so too if the tool is killed): nothing is removed, the order is kept,\n" +
+			"and the messages are marked redelivered.",
+		Args: noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			f, err := ff.filter()
+			if err != nil {
+				return err
+			}
+			conn, err := connect(g)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = conn.Close() }()
+			ctx, cancel := signalContext()
+			defer cancel()
+			ms, err := dlq.Inspect(ctx, conn, ff.queue, f, ff.limit)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				var recs []map[string]any
+				for _, m := range ms {
+					recs = append(recs, map[string]any{"uuid": m.Msg.UUID, "metadata": m.Msg.Metadata, "payload": string(m.Msg.Payload)})
+				}
+				return json.NewEncoder(out).Encode(recs)
+			}
+			for i, m := range ms {
+				t := table.NewWriter()
+				t.SetOutputMirror(out)
+				t.SetStyle(table.StyleLight)
+				t.SetTitle(fmt.Sprintf("%d. %s (event %s)", i+1, m.Class, orDash(m.EventID)))
+				for _, row := range [][2]string{
+					{"reason", m.Reason}, {"event type", m.EventType}, {"consumer", m.Consumer}, {"queue", m.Queue},
+					{"attempts", m.Attempts}, {"poisoned at", formatTime(m.PoisonedAt)}, {"trace id", m.TraceID},
+					{"payload", diag.Bound(string(m.Msg.Payload), preview)},
+				} {
+					t.AppendRow(table.Row{row[0], orDash(row[1])})
+				}
+				t.Render()
+			}
+			fmt.Fprintf(out, "%d messages shown; all are back in %s\n", len(ms), ff.queue)
+			return nil
+		},
+	}
+	ff.register(cmd, "show at most this many messages (0: all)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().IntVar(&preview, "preview", 200, "payload bytes shown")
+	return cmd
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func formatTime(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.Format(time.RFC3339)
+}
+
+func newReplay(g *globals, out io.Writer) *cobra.Command {
+	var ff filterFlags
+	var rateFlag, to string
+	var batch int
+	var dryRun bool
+	cmd := &cobra.Command{
+		Use:   "replay",
+		Short: "Republish selected messages to their queue, then remove them from the poison queue",
+		Long: "Each selected message is published (confirmed, mandatory) to the queue in its\n" +
+			"sluice_poison_queue header, with the attempt count reset and replay provenance headers,\n" +
+			"and acked in the poison queue only after the confirm. Messages not selected stay, in order.\n" +
+			"A publish that fails stops the run with the message still in the poison queue; so does\n" +
+			"a kill at any moment (a message may then be in both places: the inbox drops the duplicate).",
+		Args: noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			f, err := ff.filter()
+			if err != nil {
+				return err
+			}
+			r, err := parseRate(rateFlag)
+			if err != nil {
+				return err
+			}
+			if batch < 1 {
+				return usageError{fmt.Errorf("--batch must be at least 1")}
+			}
+			conn, err := connect(g)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = conn.Close() }()
+			pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: g.url()})
+			if err != nil {
+				return err
+			}
+			defer func() { _ = pub.Close() }()
+			ctx, cancel := signalContext()
+			defer cancel()
+
+			prog := newProgress(out, ff.queue)
+			cfg := dlq.ReplayConfig{
+				Queue: ff.queue, Filter: f, Limit: ff.limit, Rate: r, Batch: batch, DryRun: dryRun,
+				To: to, Operator: g.operator, Publisher: pub, Progress: prog.update,
+			}
+			res, runErr := dlq.Replay(ctx, conn, cfg)
+			prog.done()
+			summary(out, "replay", ff.queue, res, dryRun)
+			opts := map[string]string{"rate": rateFlag, "batch": strconv.Itoa(batch), "limit": strconv.Itoa(ff.limit), "to": to}
+			return errorsJoin(runErr, audit(g, "dlq replay", ff.queue, f, opts, res, dryRun, runErr))
+		},
+	}
+	ff.register(cmd, "replay at most this many messages (0: all selected)")
+	fl := cmd.Flags()
+	fl.StringVar(&rateFlag, "rate", "", "at most this many messages per second, e.g. 20 or 20/s (default: no limit)")
+	fl.IntVar(&batch, "batch", 10, "messages published, confirmed and acked together")
+	fl.BoolVar(&dryRun, "dry-run", false, "select and count; publish and remove nothing")
+	fl.StringVar(&to, "to", "", "replay every message to this queue instead of its sluice_poison_queue")
+	return cmd
+}
+
+func parseRate(v string) (float64, error) {
+	if v == "" {
+		return 0, nil
+	}
+	r, err := strconv.ParseFloat(strings.TrimSuffix(v, "/s"), 64)
+	if err != nil || r <= 0 {
+		return 0, usageError{fmt.Errorf("--rate %q: want a positive number of messages per second, e.g. 20/s", v)}
+	}
+	return r, nil
+}
+
+func newArchive(g *globals, out io.Writer) *cobra.Command {
+	var ff filterFlags
+	var file string
+	cmd := &cobra.Command{
+		Use:   "archive",
+		Short: "Write selected messages to a JSON-lines file, then remove them from the poison queue",
+		Long: "Each selected message (payload, metadata, diagnosis) is appended to the file and synced\n" +
+			"to disk before it is acked. Messages not selected stay, in order.",
+		Args: noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			f, err := ff.filter()
+			if err != nil {
+				return err
+			}
+			if file == "" {
+				return usageError{fmt.Errorf("--to is required")}
+			}
+			conn, err := connect(g)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = conn.Close() }()
+			ctx, cancel := signalContext()
+			defer cancel()
+			res, runErr := dlq.Archive(ctx, conn, dlq.ArchiveConfig{Queue: ff.queue, Filter: f, Limit: ff.limit, File: file, Operator: g.operator})
+			summary(out, "archive", ff.queue, res, false)
+			return errorsJoin(runErr, audit(g, "dlq archive", ff.queue, f, map[string]string{"to": file, "limit": strconv.Itoa(ff.limit)}, res, false, runErr))
+		},
+	}
+	ff.register(cmd, "archive at most this many messages (0: all selected)")
+	cmd.Flags().StringVar(&file, "to", "", "the archive file, JSON lines, appended to (required)")
+	return cmd
+}
+
+func summary(out io.Writer, what, queue string, res dlq.ReplayResult, dryRun bool) {
+	title := what + " from " + queue
+	if dryRun {
+		title += " (dry run: nothing changed)"
+	}
+	fmt.Fprintln(out, title)
+	t := table.NewWriter()
+	t.SetOutputMirror(out)
+	t.SetStyle(table.StyleLight)
+	t.AppendRows([]table.Row{{"scanned", res.Scanned}, {"selected", res.Selected}, {"done", res.Replayed}})
+	targets := make([]string, 0, len(res.ByTarget))
+	for k := range res.ByTarget {
+		targets = append(targets, k)
+	}
+	sort.Strings(targets)
+	for _, k := range targets {
+		t.AppendRow(table.Row{"  to " + k, res.ByTarget[k]})
+	}
+	t.Render()
+}
+
+func audit(g *globals, command, queue string, f dlq.Filter, opts map[string]string, res dlq.ReplayResult, dryRun bool, runErr error) error {
+	rec := dlq.AuditRecord{
+		Time: time.Now().UTC(), Operator: g.operator, Command: command, Queue: queue,
+		Filters: f.Describe(), Options: opts, Result: res, Outcome: "ok",
+	}
+	if dryRun {
+		rec.Outcome = "dry-run"
+	}
+	if runErr != nil {
+		rec.Outcome, rec.Error = "error", diag.Redact(runErr.Error())
+	}
+	return dlq.AppendAudit(g.audit, rec)
+}
+
+func errorsJoin(a, b error) error {
+	switch {
+	case a == nil:
+		return b
+	case b == nil:
+		return a
+	}
+	return fmt.Errorf("%w; and writing the audit log: %w", a, b)
+}
+
+// progressView shows a progress bar on a terminal, plain lines otherwise.
+type progressView struct {
+	out     io.Writer
+	pw      progress.Writer
+	tracker *progress.Tracker
+	last    int
+}
+
+func newProgress(out io.Writer, queue string) *progressView {
+	v := &progressView{out: out}
+	if f, ok := out.(*os.File); ok && isatty.IsTerminal(f.Fd()) {
+		v.pw = progress.NewWriter()
+		v.pw.SetOutputWriter(out)
+		v.pw.SetUpdateFrequency(100 * time.Millisecond)
+		v.tracker = &progress.Tracker{Message: "replaying from " + queue, Total: 0, Units: progress.UnitsDefault}
+		v.pw.AppendTracker(v.tracker)
+		go v.pw.Render()
+	}
+	return v
+}
+
+func (v *progressView) update(done int) {
+	if v.tracker != nil {
+		v.tracker.SetValue(int64(done))
+		return
+	}
+	if done-v.last >= 100 || v.last == 0 {
+		fmt.Fprintf(v.out, "replayed %d\n", done)
+		v.last = done
+	}
+}
+
+func (v *progressView) done() {
+	if v.pw != nil {
+		v.tracker.MarkAsDone()
+		time.Sleep(150 * time.Millisecond) // the last render
+		v.pw.Stop()
+	}
+}

@@ -1,0 +1,96 @@
+// Command sluice is the operator's tool for Sluice's queues on RabbitMQ:
+// inspect, replay and archive a poison queue, and plan or apply a consumer
+// queue's topology. See docs/cli.md.
+//
+//	sluice dlq stats   --queue orders.poison
+//	sluice dlq inspect --queue orders.poison --class invariant --limit 5
+//	sluice dlq replay  --queue orders.poison --class exhausted --rate 20 --dry-run
+//	sluice dlq archive --queue orders.poison --class poison --to poison-2026-11-30.jsonl
+//	sluice topology plan --queue orders --tiers 30s,5m,30m --quorum --delivery-limit 20
+//
+// Exit codes: 0 done, 1 error, 2 usage.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluicemq/sluice/internal/diag"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// usageError is a mistake in the command line: exit code 2.
+type usageError struct{ error }
+
+// run executes the command line and returns the exit code.
+func run(args []string, stdout, stderr io.Writer) int {
+	root := newRoot(stdout)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.Execute()
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(stderr, "sluice:", diag.Redact(err.Error()))
+	var ue usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintln(stderr, "Run 'sluice --help' for usage.")
+		return 2
+	}
+	return 1
+}
+
+// globals are the flags every command shares.
+type globals struct {
+	amqpURL  string
+	operator string
+	audit    string
+}
+
+func newRoot(stdout io.Writer) *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:           "sluice",
+		Short:         "Inspect, replay and archive Sluice poison queues; plan and apply topology",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.amqpURL, "amqp-url", "", "RabbitMQ URL; default: env SLUICE_AMQP_URL, else the local broker with RabbitMQ's guest account. Its password is never printed")
+	pf.StringVar(&g.operator, "operator", envOr("SLUICE_OPERATOR", envOr("USER", "unknown")), "who runs this, recorded in replay headers and the audit log")
+	pf.StringVar(&g.audit, "audit", envOr("SLUICE_AUDIT_FILE", "sluice-audit.jsonl"), `audit log of replay and archive runs (JSON lines); "-" for stdout`)
+	root.AddCommand(newDLQ(g, stdout), newTopology(g, stdout))
+	return root
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// url returns the broker URL: the flag, the environment, or the local broker.
+func (g *globals) url() string {
+	if g.amqpURL != "" {
+		return g.amqpURL
+	}
+	return envOr("SLUICE_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+}
+
+// noArgs rejects positional arguments as a usage error.
+func noArgs(_ *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageError{fmt.Errorf("unexpected argument %q", args[0])}
+	}
+	return nil
+}

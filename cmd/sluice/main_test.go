@@ -1,0 +1,368 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/internal/dlq"
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/router"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// bed is a consumer queue with its topology, and a poison queue filled by the
+// real poison stage.
+type bed struct {
+	topo  *rabbitmq.Topology
+	audit string
+	pub   *rabbitmq.Publisher
+}
+
+func newBed(t *testing.T) *bed {
+	t.Helper()
+	q := testenv.Name("cli")
+	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: q, TierDelays: []time.Duration{time.Minute}})
+	require.NoError(t, err)
+	require.NoError(t, topo.Declare(t.Context(), testenv.AMQP(t)))
+	testenv.DeleteQueuesAtEnd(t, q, q+".poison", q+".retry.1m")
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: testenv.AMQPURL})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	return &bed{topo: topo, audit: filepath.Join(t.TempDir(), "audit.jsonl"), pub: pub}
+}
+
+// poisoned isolates one event through the poison stage.
+func (b *bed) poisoned(t *testing.T, id, eventType string, err error) {
+	t.Helper()
+	mw, e := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue()})
+	require.NoError(t, e)
+	m := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"eventId":%q}`, id))
+	m.Metadata.Set(middleware.EventIDKey, id)
+	m.Metadata.Set(middleware.EventTypeKey, eventType)
+	m.Metadata.Set(middleware.AttemptKey, "4")
+	_, e = mw(func(*message.Message) ([]*message.Message, error) { return nil, err })(m)
+	require.NoError(t, e)
+}
+
+// fill poisons e1..e6: poison, exhausted, invariant, exhausted, poison, exhausted.
+func (b *bed) fill(t *testing.T) {
+	t.Helper()
+	for i, c := range []error{
+		middleware.Poison(errors.New(`missing field "sku"`)),
+		middleware.NewFailure(middleware.ClassExhausted, errors.New("timeout after 4 attempts")),
+		middleware.Invariant(errors.New("order o-17 must exist")),
+		middleware.NewFailure(middleware.ClassExhausted, errors.New("timeout after 4 attempts")),
+		middleware.Poison(errors.New(`missing field "qty"`)),
+		middleware.NewFailure(middleware.ClassExhausted, errors.New("connection refused")),
+	} {
+		et := "order.created"
+		if i == 4 {
+			et = "order.cancelled"
+		}
+		b.poisoned(t, fmt.Sprint("e", i+1), et, c)
+	}
+}
+
+func (b *bed) cli(t *testing.T, args ...string) (int, string, string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code := run(append([]string{"--amqp-url", testenv.AMQPURL, "--audit", b.audit, "--operator", "tester"}, args...), &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// ids drains a queue and returns its event ids in order.
+func ids(t *testing.T, queue string) []string {
+	t.Helper()
+	var out []string
+	for _, d := range testenv.Drain(t, testenv.AMQP(t), queue) {
+		out = append(out, fmt.Sprint(d.Headers[middleware.EventIDKey]))
+	}
+	return out
+}
+
+// peekIDs reads a queue's event ids without removing anything.
+func peekIDs(t *testing.T, queue string) []string {
+	t.Helper()
+	ms, err := dlq.Inspect(t.Context(), testenv.AMQP(t), queue, dlq.Filter{}, 0)
+	require.NoError(t, err)
+	var out []string
+	for _, m := range ms {
+		out = append(out, m.EventID)
+	}
+	return out
+}
+
+func (b *bed) auditLines(t *testing.T) []dlq.AuditRecord {
+	t.Helper()
+	f, err := os.Open(b.audit)
+	require.NoError(t, err)
+	defer func() { _ = f.Close() }()
+	var recs []dlq.AuditRecord
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var r dlq.AuditRecord
+		require.NoError(t, json.Unmarshal(sc.Bytes(), &r))
+		recs = append(recs, r)
+	}
+	return recs
+}
+
+func TestReplayByFilterMovesExactlyTheSelected(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	b.fill(t)
+
+	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--class", "exhausted", "--batch", "2")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "selected")
+	require.Equal(t, []string{"e1", "e3", "e5"}, peekIDs(t, b.topo.PoisonQueue()), "the rest stays, in order")
+
+	replayed := testenv.Drain(t, testenv.AMQP(t), b.topo.Queue())
+	require.Len(t, replayed, 3)
+	for i, d := range replayed {
+		require.Equal(t, []string{"e2", "e4", "e6"}[i], d.Headers[middleware.EventIDKey])
+		require.Nil(t, d.Headers[middleware.AttemptKey], "the attempt count is reset")
+		require.Nil(t, d.Headers[poison.ClassKey], "the failure history is not replayed")
+		require.Equal(t, "tester", d.Headers[dlq.ReplayedByKey])
+		require.Equal(t, b.topo.PoisonQueue(), d.Headers[dlq.ReplayedFromKey])
+		require.Equal(t, "exhausted", d.Headers[dlq.ReplayedClassKey])
+		require.Equal(t, "1", d.Headers[dlq.ReplayCountKey])
+		require.NotEmpty(t, d.Headers[dlq.ReplayedAtKey])
+	}
+
+	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--error-match", `"sku"`)
+	require.Equal(t, 0, code, errOut)
+	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--event-type", "order.cancelled")
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, []string{"e1", "e5"}, ids(t, b.topo.Queue()))
+	require.Equal(t, []string{"e3"}, peekIDs(t, b.topo.PoisonQueue()))
+
+	recs := b.auditLines(t)
+	require.Len(t, recs, 3)
+	require.Equal(t, "dlq replay", recs[0].Command)
+	require.Equal(t, "tester", recs[0].Operator)
+	require.Equal(t, map[string]string{"class": "exhausted"}, recs[0].Filters)
+	require.Equal(t, 3, recs[0].Result.Replayed)
+	require.Equal(t, "ok", recs[0].Outcome)
+}
+
+func TestReplayDryRunChangesNothing(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	b.fill(t)
+	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--dry-run")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "dry run: nothing changed")
+	require.Equal(t, []string{"e1", "e2", "e3", "e4", "e5", "e6"}, peekIDs(t, b.topo.PoisonQueue()))
+	require.Zero(t, testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()))
+	recs := b.auditLines(t)
+	require.Equal(t, "dry-run", recs[0].Outcome)
+	require.Equal(t, 6, recs[0].Result.Selected)
+	require.Zero(t, recs[0].Result.Replayed)
+}
+
+func TestReplayRate(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	for i := range 12 {
+		b.poisoned(t, fmt.Sprint("r", i), "order.created", middleware.Poison(errors.New("bad")))
+	}
+	start := time.Now()
+	code, _, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--rate", "20/s", "--batch", "1")
+	require.Equal(t, 0, code, errOut)
+	// 12 messages at 20/s with a burst of 1: at least 11/20 s.
+	require.GreaterOrEqual(t, time.Since(start), 550*time.Millisecond, "--rate is honoured")
+	require.Equal(t, 12, testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()))
+}
+
+func TestReplayPublishFailureStopsWithTheMessageKept(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	b.fill(t)
+	code, _, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--to", testenv.Name("no_such_queue"), "--batch", "1")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "unroutable")
+	require.Equal(t, []string{"e1", "e2", "e3", "e4", "e5", "e6"}, peekIDs(t, b.topo.PoisonQueue()), "nothing removed")
+	require.Equal(t, "error", b.auditLines(t)[0].Outcome)
+
+	// Mid-run: the target disappears after two messages.
+	other := testenv.Name("target")
+	ch := testenv.Channel(t, testenv.AMQP(t))
+	_, err := ch.QueueDeclare(other, true, false, false, false, nil)
+	require.NoError(t, err)
+	testenv.DeleteQueuesAtEnd(t, other)
+	code, _, _ = b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--to", other, "--limit", "2", "--batch", "1")
+	require.Equal(t, 0, code)
+	_, err = ch.QueueDelete(other, false, false, false)
+	require.NoError(t, err)
+	code, _, _ = b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--to", other, "--batch", "1")
+	require.Equal(t, 1, code)
+	require.Equal(t, []string{"e3", "e4", "e5", "e6"}, peekIDs(t, b.topo.PoisonQueue()), "the failed message and the rest stay")
+}
+
+func TestArchive(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	b.fill(t)
+	file := filepath.Join(t.TempDir(), "archive.jsonl")
+
+	// An archive that cannot be written removes nothing.
+	code, _, errOut := b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--to", filepath.Join(t.TempDir(), "missing", "a.jsonl"))
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "opening the archive")
+	require.Len(t, peekIDs(t, b.topo.PoisonQueue()), 6)
+
+	code, _, errOut = b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--class", "poison", "--to", file)
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, []string{"e2", "e3", "e4", "e6"}, peekIDs(t, b.topo.PoisonQueue()))
+	data, err := os.ReadFile(file)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	require.Len(t, lines, 2)
+	var rec dlq.ArchiveRecord
+	require.NoError(t, json.Unmarshal([]byte(lines[0]), &rec))
+	require.Equal(t, "e1", rec.EventID)
+	require.Equal(t, "poison", rec.Class)
+	require.JSONEq(t, `{"eventId":"e1"}`, rec.Payload)
+	require.Equal(t, "tester", rec.ArchivedBy)
+	require.Equal(t, "dlq archive", b.auditLines(t)[1].Command)
+}
+
+func TestStatsAndInspectRemoveNothing(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	b.fill(t)
+	code, out, errOut := b.cli(t, "dlq", "stats", "--queue", b.topo.PoisonQueue())
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "6 messages")
+	require.Contains(t, out, "timeout after # attempts")
+	require.Contains(t, out, "order o-# must exist")
+
+	code, out, errOut = b.cli(t, "dlq", "stats", "--queue", b.topo.PoisonQueue(), "--json")
+	require.Equal(t, 0, code, errOut)
+	var s dlq.Stats
+	require.NoError(t, json.Unmarshal([]byte(out), &s))
+	require.Equal(t, map[string]int{"poison": 2, "exhausted": 3, "invariant": 1}, s.ByClass)
+	require.Equal(t, 2, s.ByFingerprint["exhausted: timeout after # attempts"])
+	require.Equal(t, map[string]int{"order.created": 5, "order.cancelled": 1}, s.ByEventType)
+	require.False(t, s.Oldest.IsZero())
+
+	code, out, errOut = b.cli(t, "dlq", "inspect", "--queue", b.topo.PoisonQueue(), "--class", "invariant")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "order o-17 must exist")
+	require.Contains(t, out, `{"eventId":"e3"}`)
+	require.Contains(t, out, "1 messages shown")
+	require.Equal(t, []string{"e1", "e2", "e3", "e4", "e5", "e6"}, peekIDs(t, b.topo.PoisonQueue()), "nothing removed, the order kept")
+}
+
+// Replayed messages reach a consumer running the Sluice stack, whose inbox
+// drops the ones already processed.
+func TestReplayIntoTheStackInboxDropsProcessed(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	store := deduplication.NewMemoryStore()
+	var mu sync.Mutex
+	handled := map[string]int{}
+	q, err := router.NewRabbitMQ(t.Context(), router.RabbitMQConfig{URL: testenv.AMQPURL, Topology: rabbitmq.TopologyConfig{Queue: b.topo.Queue(), TierDelays: []time.Duration{time.Minute}}})
+	require.NoError(t, err)
+	r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	require.NoError(t, err)
+	_, err = q.Add(r, router.HandlerConfig{
+		Name: "inventory", Consumers: 1,
+		Handler: func(msg *message.Message) error {
+			mu.Lock()
+			handled[msg.Metadata.Get(middleware.EventIDKey)]++
+			mu.Unlock()
+			return nil
+		},
+		Stages: router.Stages{Classify: &middleware.ClassifyConfig{}, Inbox: &deduplication.Config{Store: store, Consumer: "inventory"}},
+	})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	<-r.Running()
+	t.Cleanup(func() { _ = r.Close(); _ = <-done; _ = q.Close() })
+
+	// e1 was processed before; a duplicate of it was poisoned anyway (e.g. a
+	// crash between a tier's confirm and the ack). e2 was not.
+	m := message.NewMessage(watermill.NewUUID(), nil)
+	m.Metadata.Set(middleware.EventIDKey, "e1")
+	require.NoError(t, b.pub.Publish(b.topo.Queue(), m))
+	require.Eventually(t, func() bool { return store.Len() == 1 }, 10*time.Second, 10*time.Millisecond)
+	b.poisoned(t, "e1", "order.created", middleware.NewFailure(middleware.ClassExhausted, errors.New("timeout")))
+	b.poisoned(t, "e2", "order.created", middleware.NewFailure(middleware.ClassExhausted, errors.New("timeout")))
+
+	code, _, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue())
+	require.Equal(t, 0, code, errOut)
+	require.Eventually(t, func() bool { return store.Len() == 2 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()) == 0 }, 10*time.Second, 10*time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, map[string]int{"e1": 1, "e2": 1}, handled, "the replayed e1 was dropped by the inbox")
+}
+
+func TestUsageAndErrors(t *testing.T) {
+	t.Parallel()
+	run := func(args ...string) (int, string) {
+		var out, errOut bytes.Buffer
+		code := run(args, &out, &errOut)
+		return code, out.String() + errOut.String()
+	}
+	for _, args := range [][]string{
+		{"dlq", "replay"},
+		{"dlq", "replay", "--queue", "q", "--class", "transient"},
+		{"dlq", "replay", "--queue", "q", "--rate", "fast"},
+		{"dlq", "inspect", "--queue", "q", "--since", "yesterday"},
+		{"dlq", "stats", "--nope"},
+		{"dlq", "archive", "--queue", "q"},
+		{"topology", "plan", "--queue", "amq.bad"},
+		{"topology", "plan"},
+	} {
+		code, out := run(args...)
+		require.Equal(t, 2, code, "%v: %s", args, out)
+	}
+	code, out := run("--amqp-url", "amqp://admin:s3cret@127.0.0.1:1/", "dlq", "stats", "--queue", "q")
+	require.Equal(t, 1, code)
+	require.Contains(t, out, "amqp://admin:xxxxx@127.0.0.1:1/")
+	require.NotContains(t, out, "s3cret")
+
+	code, out = run("--amqp-url", testenv.AMQPURL, "dlq", "stats", "--queue", testenv.Name("missing"))
+	require.Equal(t, 1, code)
+	require.Contains(t, out, "queue does not exist")
+}
+
+func TestTopologyPlanAndApply(t *testing.T) {
+	t.Parallel()
+	var out, errOut bytes.Buffer
+	q := testenv.Name("topo")
+	require.Equal(t, 0, run([]string{"topology", "plan", "--queue", q, "--tiers", "1s,2s", "--quorum", "--delivery-limit", "5"}, &out, &errOut), errOut.String())
+	require.Contains(t, out.String(), q+`.retry.1s {"x-dead-letter-exchange":"","x-dead-letter-routing-key":"`+q+`"`)
+	require.Contains(t, out.String(), `"x-delivery-limit":5`)
+	require.Contains(t, out.String(), "rabbitmqctl set_policy")
+
+	testenv.DeleteQueuesAtEnd(t, q, q+".poison", q+".retry.1s", q+".retry.2s")
+	out.Reset()
+	require.Equal(t, 0, run([]string{"--amqp-url", testenv.AMQPURL, "topology", "apply", "--queue", q, "--tiers", "1s,2s"}, &out, &errOut), errOut.String())
+	require.Contains(t, out.String(), "declared "+q+".poison")
+	require.Zero(t, testenv.QueueDepth(t, testenv.AMQP(t), q+".retry.2s"))
+}

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluicemq/sluice/rabbitmq"
+)
+
+func newTopology(g *globals, out io.Writer) *cobra.Command {
+	var queue, tiers, poisonQueue string
+	var quorum bool
+	var limit int
+	build := func() (*rabbitmq.Topology, error) {
+		if queue == "" {
+			return nil, usageError{fmt.Errorf("--queue is required")}
+		}
+		var delays []time.Duration
+		for _, s := range strings.Split(tiers, ",") {
+			if s = strings.TrimSpace(s); s == "" {
+				continue
+			}
+			d, err := time.ParseDuration(s)
+			if err != nil {
+				return nil, usageError{fmt.Errorf("--tiers %q: %w", tiers, err)}
+			}
+			delays = append(delays, d)
+		}
+		topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: queue, TierDelays: delays, PoisonQueue: poisonQueue, Quorum: quorum, DeliveryLimit: limit})
+		if err != nil {
+			return nil, usageError{err}
+		}
+		return topo, nil
+	}
+	cmd := &cobra.Command{Use: "topology", Short: "Plan or apply the queues of a consumer queue: main, retry tiers, poison"}
+	pf := cmd.PersistentFlags()
+	pf.StringVar(&queue, "queue", "", "the consumer's queue (required)")
+	pf.StringVar(&tiers, "tiers", "30s,5m,30m", "retry tier delays, in order")
+	pf.StringVar(&poisonQueue, "poison-queue", "", "the poison queue (default <queue>.poison)")
+	pf.BoolVar(&quorum, "quorum", false, "quorum queues instead of classic ones")
+	pf.IntVar(&limit, "delivery-limit", 0, "quorum x-delivery-limit: dead-letter to the poison queue after this many failed deliveries")
+
+	plan := &cobra.Command{
+		Use:   "plan",
+		Short: "Print the queues with their arguments, and the same as rabbitmqctl set_policy lines",
+		Args:  noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			topo, err := build()
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "# queues (declared durable by `sluice topology apply`)\n")
+			for _, q := range topo.Declarations() {
+				fmt.Fprintf(out, "%s %s\n", q.Name, q.Arguments)
+			}
+			fmt.Fprintf(out, "\n# or, arguments by policy:\n")
+			for _, l := range topo.Policies() {
+				fmt.Fprintln(out, l)
+			}
+			return nil
+		},
+	}
+	apply := &cobra.Command{
+		Use:   "apply",
+		Short: "Declare the queues (idempotent; a queue with other arguments is an error naming the argument)",
+		Args:  noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			topo, err := build()
+			if err != nil {
+				return err
+			}
+			conn, err := connect(g)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = conn.Close() }()
+			if err := topo.Declare(context.Background(), conn); err != nil {
+				return err
+			}
+			for _, q := range topo.Declarations() {
+				fmt.Fprintf(out, "declared %s\n", q.Name)
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(plan, apply)
+	return cmd
+}

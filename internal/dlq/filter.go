@@ -1,0 +1,81 @@
+package dlq
+
+import (
+	"regexp"
+	"slices"
+	"time"
+)
+
+// Filter selects messages by their diagnosis; the zero Filter selects all.
+type Filter struct {
+	Classes    []string       // sluice_poison_class is one of these
+	ErrorMatch *regexp.Regexp // matches sluice_poison_reason
+	EventTypes []string       // sluice_event_type is one of these
+	Since      time.Time      // poisoned at or after
+	Until      time.Time      // poisoned before
+}
+
+// Match reports whether the filter selects m. A message without a valid
+// poisoned-at time is not selected by a time bound.
+func (f Filter) Match(m *Message) bool {
+	switch {
+	case len(f.Classes) > 0 && !slices.Contains(f.Classes, m.Class):
+		return false
+	case f.ErrorMatch != nil && !f.ErrorMatch.MatchString(m.Reason):
+		return false
+	case len(f.EventTypes) > 0 && !slices.Contains(f.EventTypes, m.EventType):
+		return false
+	case !f.Since.IsZero() && (m.PoisonedAt.IsZero() || m.PoisonedAt.Before(f.Since)):
+		return false
+	case !f.Until.IsZero() && (m.PoisonedAt.IsZero() || !m.PoisonedAt.Before(f.Until)):
+		return false
+	}
+	return true
+}
+
+// Describe returns the filter's settings, for the audit record.
+func (f Filter) Describe() map[string]string {
+	d := map[string]string{}
+	if len(f.Classes) > 0 {
+		d["class"] = joinComma(f.Classes)
+	}
+	if f.ErrorMatch != nil {
+		d["error_match"] = f.ErrorMatch.String()
+	}
+	if len(f.EventTypes) > 0 {
+		d["event_type"] = joinComma(f.EventTypes)
+	}
+	if !f.Since.IsZero() {
+		d["since"] = f.Since.UTC().Format(time.RFC3339)
+	}
+	if !f.Until.IsZero() {
+		d["until"] = f.Until.UTC().Format(time.RFC3339)
+	}
+	return d
+}
+
+func joinComma(s []string) string {
+	out := ""
+	for i, v := range s {
+		if i > 0 {
+			out += ","
+		}
+		out += v
+	}
+	return out
+}
+
+var (
+	uuidRe   = regexp.MustCompile(`(?i)\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b`)
+	longHex  = regexp.MustCompile(`(?i)\b[0-9a-f]{16,}\b`)
+	numberRe = regexp.MustCompile(`\d+`)
+)
+
+// Fingerprint is an error summary with its ids and numbers replaced, so
+// that messages failing the same way group together: "order o-404 must
+// exist" and "order o-17 must exist" both give "order o-# must exist".
+func Fingerprint(reason string) string {
+	s := uuidRe.ReplaceAllString(reason, "<uuid>")
+	s = longHex.ReplaceAllString(s, "<hex>")
+	return numberRe.ReplaceAllString(s, "#")
+}

@@ -1,0 +1,336 @@
+package dlq
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"golang.org/x/time/rate"
+
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/poison"
+)
+
+// Replay provenance: the metadata keys a replayed message carries.
+const (
+	ReplayedByKey    = "sluice_replayed_by"
+	ReplayedAtKey    = "sluice_replayed_at"
+	ReplayedFromKey  = "sluice_replayed_from"
+	ReplayCountKey   = "sluice_replay_count"
+	ReplayedClassKey = "sluice_replayed_class"
+)
+
+// Stats is what stats reports about a poison queue.
+type Stats struct {
+	Total         int            `json:"total"`
+	ByClass       map[string]int `json:"by_class"`
+	ByFingerprint map[string]int `json:"by_fingerprint"`
+	ByEventType   map[string]int `json:"by_event_type"`
+	Oldest        time.Time      `json:"oldest_poisoned_at"`
+	Newest        time.Time      `json:"newest_poisoned_at"`
+}
+
+// ReadStats reads the whole queue (returning every message) and groups it.
+func ReadStats(ctx context.Context, conn *amqp.Connection, queue string, f Filter) (Stats, error) {
+	s := Stats{ByClass: map[string]int{}, ByFingerprint: map[string]int{}, ByEventType: map[string]int{}}
+	_, err := Scan(ctx, conn, queue, func(m *Message) (bool, error) {
+		if !f.Match(m) {
+			return false, nil
+		}
+		s.Total++
+		s.ByClass[orNone(m.Class)]++
+		s.ByFingerprint[orNone(Fingerprint(m.Reason))]++
+		s.ByEventType[orNone(m.EventType)]++
+		if !m.PoisonedAt.IsZero() {
+			if s.Oldest.IsZero() || m.PoisonedAt.Before(s.Oldest) {
+				s.Oldest = m.PoisonedAt
+			}
+			if m.PoisonedAt.After(s.Newest) {
+				s.Newest = m.PoisonedAt
+			}
+		}
+		return false, nil
+	}, nil)
+	return s, err
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
+}
+
+// Inspect returns at most limit selected messages (0: all), returning every
+// message to the queue.
+func Inspect(ctx context.Context, conn *amqp.Connection, queue string, f Filter, limit int) ([]*Message, error) {
+	var out []*Message
+	_, err := Scan(ctx, conn, queue, func(m *Message) (bool, error) {
+		if f.Match(m) {
+			out = append(out, m)
+		}
+		return limit > 0 && len(out) >= limit, nil
+	}, nil)
+	return out, err
+}
+
+// Publisher is what replay publishes with: it must return nil only for
+// messages the broker stored and routed (rabbitmq.Publisher).
+type Publisher interface {
+	Publish(topic string, msgs ...*message.Message) error
+}
+
+// ReplayConfig configures Replay.
+type ReplayConfig struct {
+	Queue     string // the poison queue
+	Filter    Filter
+	Limit     int     // at most this many messages replayed (0: no limit)
+	Rate      float64 // messages per second (0: no limit)
+	Batch     int     // messages published, confirmed and acked together; default 10
+	DryRun    bool    // select and count, change nothing
+	To        string  // replay every message to this queue instead of its sluice_poison_queue
+	Operator  string
+	Publisher Publisher
+	// Progress is called after each batch with the counts so far.
+	Progress func(done int)
+}
+
+// ReplayResult counts what a replay did.
+type ReplayResult struct {
+	Scanned  int            `json:"scanned"`
+	Selected int            `json:"selected"`
+	Replayed int            `json:"replayed"`
+	ByTarget map[string]int `json:"by_target"`
+}
+
+// ErrNoTarget is returned for a selected message that has no sluice_poison_queue.
+var ErrNoTarget = errors.New("dlq: message has no sluice_poison_queue to replay to (use --to)")
+
+// Replay republishes the selected messages to the queue they were consumed
+// from, with the attempt count reset and replay provenance
+// (ReplayedByKey, ...), and acks each in the poison queue only after its
+// publish was confirmed. Messages not selected stay where they are, in order.
+// A publish that fails stops the run: the messages of the failed batch stay
+// in the poison queue (those of it already published are then delivered
+// twice; the inbox absorbs that).
+func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (ReplayResult, error) {
+	res := ReplayResult{ByTarget: map[string]int{}}
+	if cfg.Batch <= 0 {
+		cfg.Batch = 10
+	}
+	var limiter *rate.Limiter
+	if cfg.Rate > 0 {
+		limiter = rate.NewLimiter(rate.Limit(cfg.Rate), max(1, min(cfg.Batch, int(cfg.Rate))))
+	}
+	var batch []*Message
+	flush := func() error {
+		if len(batch) == 0 || cfg.DryRun {
+			batch = batch[:0]
+			return nil
+		}
+		// Group by target, publish each group with confirms, then ack it.
+		groups := map[string][]*Message{}
+		var order []string
+		for _, m := range batch {
+			t := cfg.To
+			if t == "" {
+				t = m.Queue
+			}
+			if t == "" {
+				return fmt.Errorf("%w: event %s", ErrNoTarget, m.EventID)
+			}
+			if _, ok := groups[t]; !ok {
+				order = append(order, t)
+			}
+			groups[t] = append(groups[t], m)
+		}
+		for _, target := range order {
+			ms := groups[target]
+			copies := make([]*message.Message, len(ms))
+			for i, m := range ms {
+				copies[i] = replayCopy(m, cfg)
+			}
+			if limiter != nil {
+				for range ms {
+					if err := limiter.Wait(ctx); err != nil {
+						return err
+					}
+				}
+			}
+			if err := cfg.Publisher.Publish(target, copies...); err != nil {
+				return fmt.Errorf("dlq: replaying to %s: %w", target, err)
+			}
+			for _, m := range ms {
+				if err := m.Ack(); err != nil {
+					return fmt.Errorf("dlq: acking event %s in %s after its replay: %w", m.EventID, cfg.Queue, err)
+				}
+			}
+			res.Replayed += len(ms)
+			res.ByTarget[target] += len(ms)
+		}
+		batch = batch[:0]
+		if cfg.Progress != nil {
+			cfg.Progress(res.Replayed)
+		}
+		return nil
+	}
+	n, err := Scan(ctx, conn, cfg.Queue, func(m *Message) (bool, error) {
+		if cfg.Limit > 0 && res.Selected >= cfg.Limit {
+			return true, nil
+		}
+		if !cfg.Filter.Match(m) {
+			return false, nil
+		}
+		res.Selected++
+		batch = append(batch, m)
+		if len(batch) >= cfg.Batch {
+			return false, flush()
+		}
+		return false, nil
+	}, flush)
+	res.Scanned = n
+	return res, err
+}
+
+// replayCopy is m as it is replayed: the original payload and event
+// metadata, without the failure history, with the replay provenance.
+func replayCopy(m *Message, cfg ReplayConfig) *message.Message {
+	c := message.NewMessage(watermill.NewUUID(), m.Msg.Payload)
+	for k, v := range m.Msg.Metadata {
+		switch {
+		case strings.HasPrefix(k, "sluice_poison"), k == poison.PoisonedAtKey,
+			k == middleware.AttemptKey, k == middleware.FirstFailedAtKey, k == middleware.LastErrorKey,
+			k == middleware.RetryTierKey, k == middleware.PreviousTraceparentKey:
+			continue
+		}
+		c.Metadata[k] = v
+	}
+	count, _ := strconv.Atoi(m.Msg.Metadata.Get(ReplayCountKey))
+	c.Metadata[ReplayCountKey] = strconv.Itoa(count + 1)
+	c.Metadata[ReplayedByKey] = cfg.Operator
+	c.Metadata[ReplayedAtKey] = time.Now().UTC().Format(time.RFC3339Nano)
+	c.Metadata[ReplayedFromKey] = cfg.Queue
+	c.Metadata[ReplayedClassKey] = m.Class
+	return c
+}
+
+// ArchiveConfig configures Archive.
+type ArchiveConfig struct {
+	Queue    string
+	Filter   Filter
+	Limit    int
+	File     string // JSON lines, appended to
+	Operator string
+}
+
+// ArchiveRecord is one line of an archive file.
+type ArchiveRecord struct {
+	ArchivedAt    time.Time         `json:"archived_at"`
+	ArchivedBy    string            `json:"archived_by"`
+	Queue         string            `json:"queue"`
+	UUID          string            `json:"uuid"`
+	Class         string            `json:"class"`
+	Reason        string            `json:"reason"`
+	EventID       string            `json:"event_id"`
+	EventType     string            `json:"event_type"`
+	Metadata      map[string]string `json:"metadata"`
+	Payload       string            `json:"payload,omitempty"`
+	PayloadBase64 string            `json:"payload_base64,omitempty"`
+}
+
+// Archive writes each selected message to the file and syncs it to disk
+// before acking it in the queue; the others stay, in order. A crash between
+// the sync and the ack leaves the message in both: archive again to see it
+// twice in the file, never lost.
+func Archive(ctx context.Context, conn *amqp.Connection, cfg ArchiveConfig) (ReplayResult, error) {
+	res := ReplayResult{ByTarget: map[string]int{}}
+	f, err := os.OpenFile(cfg.File, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return res, fmt.Errorf("dlq: opening the archive: %w", err)
+	}
+	defer func() { _ = f.Close() }()
+	enc := json.NewEncoder(f)
+	n, err := Scan(ctx, conn, cfg.Queue, func(m *Message) (bool, error) {
+		if cfg.Limit > 0 && res.Selected >= cfg.Limit {
+			return true, nil
+		}
+		if !cfg.Filter.Match(m) {
+			return false, nil
+		}
+		res.Selected++
+		rec := ArchiveRecord{
+			ArchivedAt: time.Now().UTC(), ArchivedBy: cfg.Operator, Queue: cfg.Queue, UUID: m.Msg.UUID,
+			Class: m.Class, Reason: m.Reason, EventID: m.EventID, EventType: m.EventType, Metadata: m.Msg.Metadata,
+		}
+		if utf8.Valid(m.Msg.Payload) {
+			rec.Payload = string(m.Msg.Payload)
+		} else {
+			rec.PayloadBase64 = base64.StdEncoding.EncodeToString(m.Msg.Payload)
+		}
+		if err := enc.Encode(rec); err != nil {
+			return true, fmt.Errorf("dlq: writing the archive: %w", err)
+		}
+		if err := f.Sync(); err != nil {
+			return true, fmt.Errorf("dlq: syncing the archive: %w", err)
+		}
+		if err := m.Ack(); err != nil {
+			return true, err
+		}
+		res.Replayed++
+		res.ByTarget[cfg.File]++
+		return false, nil
+	}, nil)
+	res.Scanned = n
+	return res, err
+}
+
+// AuditRecord is one line of the audit log: who ran what, on what, and how
+// it ended.
+type AuditRecord struct {
+	Time     time.Time         `json:"time"`
+	Operator string            `json:"operator"`
+	Command  string            `json:"command"`
+	Queue    string            `json:"queue"`
+	Filters  map[string]string `json:"filters"`
+	Options  map[string]string `json:"options,omitempty"`
+	Result   ReplayResult      `json:"result"`
+	Outcome  string            `json:"outcome"` // "ok", "dry-run" or "error"
+	Error    string            `json:"error,omitempty"`
+}
+
+// AppendAudit appends rec as a JSON line to path (synced to disk), or
+// writes it to stdout when path is "-".
+func AppendAudit(path string, rec AuditRecord) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	b = append(b, '\n')
+	if path == "-" {
+		_, err := os.Stdout.Write(b)
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("dlq: opening the audit log: %w", err)
+	}
+	if _, err := f.Write(b); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}
