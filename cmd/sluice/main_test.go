@@ -301,7 +301,7 @@ func TestReplayIntoTheStackInboxDropsProcessed(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
 	<-r.Running()
-	t.Cleanup(func() { _ = r.Close(); _ = <-done; _ = q.Close() })
+	t.Cleanup(func() { require.NoError(t, r.Close()); require.NoError(t, <-done); require.NoError(t, q.Close()) })
 
 	// e1 was processed before; a duplicate of it was poisoned anyway (e.g. a
 	// crash between a tier's confirm and the ack). e2 was not.
