@@ -4,9 +4,11 @@
 GO            ?= go
 GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 TEST_TIMEOUT  ?= 12m
+FUZZTIME      ?= 5s
+FUZZ_TARGETS  := FuzzMarshalerUnmarshal:./rabbitmq FuzzClassifier:./middleware FuzzSummary:./internal/diag FuzzKeyFromJSON:./deduplication
 
 .DEFAULT_GOAL := help
-.PHONY: help run services test test-race bench lint fmt tidy cover
+.PHONY: help run services test test-race fuzz bench lint fmt tidy cover
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -21,6 +23,13 @@ test: services ## run every test against the real services, race detector on
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	@# Broker-restart tests restart RabbitMQ: alone, after everything else.
 	$(GO) test -race -count=1 -timeout 5m -tags restart -run Restart ./rabbitmq/
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME)
+
+fuzz: ## run every fuzz target for FUZZTIME each (default 5s; e.g. make fuzz FUZZTIME=5m)
+	@for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t%%:*} ($(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$${t%%:*}$$" -fuzztime $(FUZZTIME) $${t##*:} || exit 1; \
+	done
 
 test-race: test ## the same as test: the race detector is always on
 
