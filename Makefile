@@ -8,7 +8,7 @@ FUZZTIME      ?= 5s
 FUZZ_TARGETS  := FuzzMarshalerUnmarshal:./rabbitmq FuzzClassifier:./middleware FuzzSummary:./internal/diag FuzzKeyFromJSON:./deduplication
 
 .DEFAULT_GOAL := help
-.PHONY: help run services test test-race fuzz bench lint fmt tidy cover
+.PHONY: help run services test test-race fuzz chaos bench lint fmt tidy cover
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -24,6 +24,8 @@ test: services ## run every test against the real services, race detector on
 	@# Broker-restart tests restart RabbitMQ: alone, after everything else.
 	$(GO) test -race -count=1 -timeout 5m -tags restart -run Restart ./rabbitmq/
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME)
+	@# The short reliability run: it restarts RabbitMQ and stops PostgreSQL, so it goes last.
+	$(GO) run ./cmd/sluice-chaos run
 
 fuzz: ## run every fuzz target for FUZZTIME each (default 5s; e.g. make fuzz FUZZTIME=5m)
 	@for t in $(FUZZ_TARGETS); do \
@@ -32,6 +34,9 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 5s; e.g. make fuzz FUZ
 	done
 
 test-race: test ## the same as test: the race detector is always on
+
+chaos: services ## the long reliability run: 20,000 events a scenario, 100 kills (docs/reliability.md)
+	$(GO) run ./cmd/sluice-chaos run -events 20000 -kills 100 -crash-prob 0.002 -same-ids 1000 -postgres-down 10s -rabbitmq-down 5s -timeout 20m
 
 bench: services ## print the benchmark comparison tables (see docs/benchmarks.md)
 	$(GO) run ./cmd/sluice-bench

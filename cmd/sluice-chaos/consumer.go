@@ -1,0 +1,169 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	_ "github.com/lib/pq" // the PostgreSQL driver
+
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/router"
+)
+
+// event is the payload the producer publishes.
+type event struct {
+	EventID   string `json:"eventId"`
+	FailTimes int    `json:"failTimes"` // transient failures before it succeeds
+	Invariant bool   `json:"invariant"` // the handler finds a broken invariant
+}
+
+// consumerMain runs one consumer process: the whole Sluice stack around a
+// handler that writes one business row per event, crashing itself (SIGKILL)
+// with probability crashProb at the chosen crash points.
+func consumerMain(args []string) error {
+	fs := flag.NewFlagSet("consumer", flag.ContinueOnError)
+	amqpURL := fs.String("amqp-url", "", "")
+	pgURL := fs.String("postgres-url", "", "")
+	queue := fs.String("queue", "", "")
+	schema := fs.String("schema", "", "")
+	tiers := fs.String("tiers", "", "")
+	consumers := fs.Int("consumers", 4, "")
+	crashProb := fs.Float64("crash-prob", 0, "")
+	crashPoints := fs.String("crash-points", "", "before-commit,after-commit,after-tier-publish")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	points := map[string]bool{}
+	for _, p := range strings.Split(*crashPoints, ",") {
+		points[p] = true
+	}
+	crash := func(point string) {
+		if points[point] && rand.Float64() < *crashProb {
+			fmt.Fprintln(os.Stderr, "crash", point)
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			time.Sleep(time.Second)
+		}
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	db, err := sqlx.Open("postgres", *pgURL)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = db.Close() }()
+	db.SetMaxOpenConns(*consumers + 2)
+	store, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db, Table: *schema + ".inbox"})
+	if err != nil {
+		return err
+	}
+	delays, err := parseDelays(*tiers)
+	if err != nil {
+		return err
+	}
+	var q *router.RabbitMQ
+	for { // the broker may be restarting when a consumer starts
+		q, err = router.NewRabbitMQ(ctx, router.RabbitMQConfig{URL: *amqpURL, Topology: rabbitmq.TopologyConfig{Queue: *queue, TierDelays: delays}})
+		if err == nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	defer func() { _ = q.Close() }()
+
+	insert := `INSERT INTO ` + *schema + `.effects (event_id) VALUES ($1)`
+	handler := func(msg *message.Message) error {
+		var e event
+		if err := json.Unmarshal(msg.Payload, &e); err != nil {
+			return err
+		}
+		if attempt, _ := retrytiers.Attempt(msg); attempt <= e.FailTimes {
+			return fmt.Errorf("downstream: %w", context.DeadlineExceeded)
+		}
+		if e.Invariant {
+			return middleware.Invariant(fmt.Errorf("event %s: the order must exist", e.EventID))
+		}
+		tx := deduplication.TxFromContext(msg.Context())
+		if _, err := tx.ExecContext(msg.Context(), insert, e.EventID); err != nil {
+			return err
+		}
+		crash("before-commit") // claimed and written, not committed
+		return nil
+	}
+	afterCommit := func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			if err == nil {
+				crash("after-commit") // committed, not acked
+			}
+			return out, err
+		}
+	}
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		return err
+	}
+	// Added first, so outermost: it sees the result after the inbox committed.
+	r.AddMiddleware(afterCommit)
+	_, err = q.Add(r, router.HandlerConfig{
+		Name: "effects", Consumers: *consumers, Handler: handler,
+		Stages: router.Stages{
+			Poison:    &poison.Config{PublishBackoff: 200 * time.Millisecond},
+			Retry:     &retrytiers.Config{Publisher: crashingPublisher{q.Publisher(), crash}, PublishBackoff: 200 * time.Millisecond},
+			Classify:  &middleware.ClassifyConfig{},
+			Inbox:     &deduplication.Config{Store: store, Consumer: "effects", Key: deduplication.KeyFromJSON("eventId")},
+			Recoverer: &middleware.RecovererConfig{},
+		},
+	})
+	if err != nil {
+		return err
+	}
+	return r.Run(ctx)
+}
+
+// crashingPublisher crashes after a retry copy is confirmed, before the
+// original is acked.
+type crashingPublisher struct {
+	message.Publisher
+	crash func(string)
+}
+
+func (p crashingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	err := p.Publisher.Publish(topic, msgs...)
+	if err == nil {
+		p.crash("after-tier-publish")
+	}
+	return err
+}
+
+func parseDelays(s string) ([]time.Duration, error) {
+	var out []time.Duration
+	for _, p := range strings.Split(s, ",") {
+		d, err := time.ParseDuration(strings.TrimSpace(p))
+		if err != nil {
+			return nil, errors.New("bad --tiers " + s)
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}

@@ -1,0 +1,613 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/internal/dlq"
+	"github.com/sluicemq/sluice/rabbitmq"
+)
+
+// chaosIDKey identifies a publish's event even when its payload is malformed.
+const chaosIDKey = "chaos_id"
+
+type options struct {
+	amqpURL, pgURL  string
+	events, sameIDs int
+	kills, procs    int
+	consumers       int
+	crashProb       float64
+	pgDown, mqDown  time.Duration
+	timeout         time.Duration
+	tiers           string
+	seed            uint64
+	scenarios       []string
+}
+
+var allScenarios = []string{"kill", "rabbitmq-restart", "postgres-stop", "poison-unroutable", "same-id-8"}
+
+func harnessMain(args []string) error {
+	var o options
+	var scenarios string
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.StringVar(&o.amqpURL, "amqp-url", envOr("SLUICE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
+	fs.StringVar(&o.pgURL, "postgres-url", envOr("SLUICE_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL URL")
+	fs.IntVar(&o.events, "events", 500, "distinct events per scenario")
+	fs.IntVar(&o.sameIDs, "same-ids", 200, "ids delivered 8 times at once in same-id-8")
+	fs.IntVar(&o.kills, "kills", 5, "SIGKILLs from outside in the kill scenario (the consumers also crash themselves)")
+	fs.IntVar(&o.procs, "procs", 3, "consumer processes")
+	fs.IntVar(&o.consumers, "consumers", 4, "competing consumers per process")
+	fs.Float64Var(&o.crashProb, "crash-prob", 0.02, "probability of a self-crash at each crash point in the kill scenario")
+	fs.DurationVar(&o.pgDown, "postgres-down", 5*time.Second, "how long PostgreSQL is stopped")
+	fs.DurationVar(&o.mqDown, "rabbitmq-down", 3*time.Second, "how long RabbitMQ is stopped")
+	fs.DurationVar(&o.timeout, "timeout", 4*time.Minute, "per scenario")
+	fs.StringVar(&o.tiers, "tiers", "1s,2s,5s,10s,20s", "retry tiers; their sum must outlast the outages")
+	fs.Uint64Var(&o.seed, "seed", uint64(time.Now().UnixNano()), "random seed (printed, for reruns)")
+	fs.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "scenarios to run")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	o.scenarios = strings.Split(scenarios, ",")
+	fmt.Printf("sluice-chaos: seed %d, %d events, %d processes × %d consumers, tiers %s\n", o.seed, o.events, o.procs, o.consumers, o.tiers)
+	passed, failed := 0, 0
+	for _, s := range o.scenarios {
+		line, err := runScenario(o, s)
+		if err != nil {
+			failed++
+			fmt.Printf("FAIL %-18s %s: %v\n", s, line, err)
+			continue
+		}
+		passed++
+		fmt.Printf("PASS %-18s %s\n", s, line)
+	}
+	fmt.Printf("chaos: %d passed, %d failed\n", passed, failed)
+	if failed > 0 {
+		return fmt.Errorf("%d scenarios failed", failed)
+	}
+	return nil
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// publish is one message the producer sends.
+type publish struct {
+	id      string
+	payload string
+	bad     bool // malformed or invariant-violating: must end in the poison queue
+}
+
+// plan is the scenario's event set: ~10% published twice, ~5% failing
+// transiently once or twice, ~1% malformed, ~0.5% violating an invariant.
+type plan struct {
+	publishes         []publish
+	valid, bad        map[string]bool
+	duplicates, flaky int
+}
+
+func makePlan(rng *rand.Rand, n, copies int) plan {
+	p := plan{valid: map[string]bool{}, bad: map[string]bool{}}
+	for i := range n {
+		id := fmt.Sprintf("e%06d", i)
+		pub := publish{id: id}
+		switch r := rng.Float64(); {
+		case copies > 1:
+			pub.payload = fmt.Sprintf(`{"eventId":%q}`, id)
+		case r < 0.01:
+			pub.payload, pub.bad = fmt.Sprintf(`{"eventId":%q,"failTimes":`, id), true
+		case r < 0.015:
+			pub.payload, pub.bad = fmt.Sprintf(`{"eventId":%q,"invariant":true}`, id), true
+		case r < 0.065:
+			pub.payload = fmt.Sprintf(`{"eventId":%q,"failTimes":%d}`, id, 1+rng.IntN(2))
+			p.flaky++
+		default:
+			pub.payload = fmt.Sprintf(`{"eventId":%q}`, id)
+		}
+		if pub.bad {
+			p.bad[id] = true
+		} else {
+			p.valid[id] = true
+		}
+		for range copies {
+			p.publishes = append(p.publishes, pub)
+		}
+		if copies == 1 && rng.Float64() < 0.10 {
+			p.publishes = append(p.publishes, pub)
+		}
+	}
+	if copies == 1 {
+		rng.Shuffle(len(p.publishes), func(i, j int) { p.publishes[i], p.publishes[j] = p.publishes[j], p.publishes[i] })
+	}
+	return p
+}
+
+// world is one scenario's queue, schema and processes.
+type world struct {
+	o      options
+	name   string
+	db     *sqlx.DB
+	topo   *rabbitmq.Topology
+	pub    *rabbitmq.Publisher
+	procs  []*slot
+	killed int // SIGKILLs sent by the harness
+	// at is how many effects existed when the disruption began.
+	at, total int
+}
+
+func runScenario(o options, scenario string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+	defer cancel()
+	rng := rand.New(rand.NewPCG(o.seed, uint64(len(scenario))))
+	w := &world{o: o, name: fmt.Sprintf("chaos_%s_%d", strings.ReplaceAll(scenario, "-", "_"), rng.Uint32())}
+	if err := w.setup(ctx); err != nil {
+		return "setup", err
+	}
+	defer w.teardown()
+
+	copies, procs, crashProb := 1, o.procs, 0.0
+	n := o.events
+	if scenario == "kill" {
+		crashProb = o.crashProb
+	}
+	if scenario == "same-id-8" {
+		copies, n, procs = 8, o.sameIDs, max(2, 8/o.consumers)
+	}
+	p := makePlan(rng, n, copies)
+	start := time.Now()
+	if err := w.produce(ctx, p); err != nil {
+		return "produce", err
+	}
+	for range procs {
+		w.procs = append(w.procs, w.startSlot(crashProb))
+	}
+
+	var disrupt error
+	done := make(chan struct{})
+	w.total = len(p.valid)
+	go func() {
+		defer close(done)
+		disrupt = w.disrupt(ctx, rng, scenario)
+	}()
+	settleErr := w.settle(ctx, p)
+	<-done
+	for _, s := range w.procs {
+		s.stop()
+	}
+	res, verifyErr := w.verify(p)
+	restarts, crashes := 0, map[string]int{}
+	for _, s := range w.procs {
+		restarts += s.restarts
+		for k, v := range s.crashes {
+			crashes[k] += v
+		}
+	}
+	line := fmt.Sprintf("%d events (%d publishes: %d duplicate, %d transient, %d bad); %s; %s in %s",
+		n, len(p.publishes), len(p.publishes)-n, p.flaky, len(p.bad),
+		describeDisruption(scenario, w.killed, crashes, restarts, w.at, w.total), res, time.Since(start).Round(100*time.Millisecond))
+	return line, errors.Join(disrupt, settleErr, verifyErr)
+}
+
+func describeDisruption(scenario string, killed int, crashes map[string]int, restarts, at, total int) string {
+	switch scenario {
+	case "kill":
+		var parts []string
+		for _, k := range []string{"before-commit", "after-commit", "after-tier-publish"} {
+			parts = append(parts, fmt.Sprintf("%s %d", k, crashes[k]))
+		}
+		return fmt.Sprintf("%d SIGKILLs from %d/%d effects on + self-crashes %s; %d restarts", killed, at, total, strings.Join(parts, ", "), restarts)
+	case "same-id-8":
+		return "each id published 8 times in a row to 8 competing consumers"
+	}
+	return fmt.Sprintf("%s at %d/%d effects", scenario, at, total)
+}
+
+func (w *world) setup(ctx context.Context) error {
+	db, err := sqlx.ConnectContext(ctx, "postgres", w.o.pgURL)
+	if err != nil {
+		return err
+	}
+	w.db = db
+	for _, stmt := range []string{
+		"CREATE SCHEMA " + w.name,
+		// No unique constraint: a double effect shows as a second row.
+		"CREATE TABLE " + w.name + ".effects (event_id TEXT NOT NULL)",
+	} {
+		if _, err := db.ExecContext(ctx, stmt); err != nil {
+			return err
+		}
+	}
+	store, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db, Table: w.name + ".inbox"})
+	if err != nil {
+		return err
+	}
+	if err := store.CreateTable(ctx); err != nil {
+		return err
+	}
+	delays, err := parseDelays(w.o.tiers)
+	if err != nil {
+		return err
+	}
+	w.topo, err = rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: w.name, TierDelays: delays})
+	if err != nil {
+		return err
+	}
+	if err := w.withConn(func(c *amqp.Connection) error { return w.topo.Declare(ctx, c) }); err != nil {
+		return err
+	}
+	w.pub, err = rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: w.o.amqpURL})
+	return err
+}
+
+func (w *world) teardown() {
+	if w.pub != nil {
+		_ = w.pub.Close()
+	}
+	_ = w.withConn(func(c *amqp.Connection) error {
+		ch, err := c.Channel()
+		if err != nil {
+			return err
+		}
+		defer func() { _ = ch.Close() }()
+		for _, q := range w.queues(true) {
+			_, _ = ch.QueueDelete(q, false, false, false)
+		}
+		return nil
+	})
+	if w.db != nil {
+		_, _ = w.db.Exec("DROP SCHEMA IF EXISTS " + w.name + " CASCADE")
+		_ = w.db.Close()
+	}
+}
+
+// queues returns the main and tier queues, and with all the poison and hold queues.
+func (w *world) queues(all bool) []string {
+	qs := []string{w.topo.Queue()}
+	for _, t := range w.topo.Tiers() {
+		qs = append(qs, t.Topic)
+	}
+	if all {
+		qs = append(qs, w.topo.PoisonQueue(), w.topo.PoisonQueue()+".hold")
+	}
+	return qs
+}
+
+// withConn runs fn on a fresh connection: the broker may have restarted.
+func (w *world) withConn(fn func(*amqp.Connection) error) error {
+	c, err := amqp.Dial(w.o.amqpURL)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = c.Close() }()
+	return fn(c)
+}
+
+func (w *world) produce(ctx context.Context, p plan) error {
+	for i := 0; i < len(p.publishes); i += 100 {
+		var batch []*message.Message
+		for _, pub := range p.publishes[i:min(i+100, len(p.publishes))] {
+			m := message.NewMessage(watermill.NewUUID(), []byte(pub.payload))
+			m.Metadata.Set(chaosIDKey, pub.id)
+			m.SetContext(ctx)
+			batch = append(batch, m)
+		}
+		if err := w.pub.Publish(w.topo.Queue(), batch...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// slot keeps one consumer process running, restarting it when it dies.
+type slot struct {
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	stopping bool
+	restarts int
+	crashes  map[string]int
+	done     chan struct{}
+}
+
+func (w *world) startSlot(crashProb float64) *slot {
+	s := &slot{crashes: map[string]int{}, done: make(chan struct{})}
+	args := []string{"consumer", "--amqp-url", w.o.amqpURL, "--postgres-url", w.o.pgURL, "--queue", w.topo.Queue(),
+		"--schema", w.name, "--tiers", w.o.tiers, "--consumers", fmt.Sprint(w.o.consumers),
+		"--crash-prob", fmt.Sprint(crashProb), "--crash-points", "before-commit,after-commit,after-tier-publish"}
+	go func() {
+		defer close(s.done)
+		for first := true; ; first = false {
+			s.mu.Lock()
+			if s.stopping {
+				s.mu.Unlock()
+				return
+			}
+			if !first {
+				s.restarts++
+			}
+			cmd := exec.Command(os.Args[0], args...)
+			stderr, _ := cmd.StderrPipe()
+			if err := cmd.Start(); err != nil {
+				s.mu.Unlock()
+				time.Sleep(200 * time.Millisecond)
+				continue
+			}
+			s.cmd = cmd
+			s.mu.Unlock()
+			sc := bufio.NewScanner(stderr)
+			for sc.Scan() {
+				if point, ok := strings.CutPrefix(sc.Text(), "crash "); ok {
+					s.mu.Lock()
+					s.crashes[point]++
+					s.mu.Unlock()
+				}
+			}
+			_ = cmd.Wait()
+		}
+	}()
+	return s
+}
+
+func (s *slot) kill() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil || s.cmd.Process == nil {
+		return false
+	}
+	return s.cmd.Process.Signal(syscall.SIGKILL) == nil
+}
+
+func (s *slot) stop() {
+	s.mu.Lock()
+	s.stopping = true
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	s.mu.Unlock()
+	select {
+	case <-s.done:
+	case <-time.After(20 * time.Second):
+		s.kill()
+		<-s.done
+	}
+}
+
+func (w *world) disrupt(ctx context.Context, rng *rand.Rand, scenario string) error {
+	sleep := func(d time.Duration) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(d):
+		}
+	}
+	// Disrupt mid-run: once a tenth of the effects exist.
+	for {
+		var n int
+		if err := w.db.GetContext(ctx, &n, "SELECT count(DISTINCT event_id) FROM "+w.name+".effects"); err != nil {
+			return err
+		}
+		if n >= w.total/10 {
+			w.at = n
+			break
+		}
+		sleep(20 * time.Millisecond)
+	}
+	switch scenario {
+	case "kill":
+		for range w.o.kills {
+			sleep(time.Duration(100+rng.IntN(400)) * time.Millisecond)
+			if w.procs[rng.IntN(len(w.procs))].kill() {
+				w.killed++
+			}
+		}
+	case "rabbitmq-restart":
+		if err := run("rabbitmqctl", "stop_app"); err != nil {
+			return err
+		}
+		sleep(w.o.mqDown)
+		if err := run("rabbitmqctl", "start_app"); err != nil {
+			return err
+		}
+		return run("rabbitmqctl", "await_startup")
+	case "postgres-stop":
+		version, err := pgVersion()
+		if err != nil {
+			return err
+		}
+		if err := run("pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "stop", "-m", "fast"); err != nil {
+			return err
+		}
+		sleep(w.o.pgDown)
+		return run("pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start")
+	case "poison-unroutable":
+		if err := w.deletePoisonQueue(ctx); err != nil {
+			return err
+		}
+		sleep(3 * time.Second)
+		return w.withConn(func(c *amqp.Connection) error { return w.topo.Declare(ctx, c) })
+	}
+	return nil
+}
+
+func run(name string, args ...string) error {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+func pgVersion() (string, error) {
+	entries, err := os.ReadDir("/etc/postgresql")
+	if err != nil || len(entries) == 0 {
+		return "", fmt.Errorf("no PostgreSQL cluster in /etc/postgresql: %w", err)
+	}
+	return entries[len(entries)-1].Name(), nil
+}
+
+// deletePoisonQueue makes the poison queue unroutable without losing what
+// it holds: its messages move to a hold queue first, and the delete only
+// succeeds on an empty queue.
+func (w *world) deletePoisonQueue(ctx context.Context) error {
+	hold := w.topo.PoisonQueue() + ".hold"
+	return w.withConn(func(c *amqp.Connection) error {
+		ch, err := c.Channel()
+		if err != nil {
+			return err
+		}
+		if _, err := ch.QueueDeclare(hold, true, false, false, false, nil); err != nil {
+			return err
+		}
+		_ = ch.Close()
+		for {
+			_, err := dlq.Replay(ctx, c, dlq.ReplayConfig{Queue: w.topo.PoisonQueue(), To: hold, Publisher: w.pub, Batch: 50, Operator: "chaos"})
+			if err != nil {
+				return err
+			}
+			ch, err := c.Channel()
+			if err != nil {
+				return err
+			}
+			_, err = ch.QueueDelete(w.topo.PoisonQueue(), false, true, false) // if empty
+			_ = ch.Close()
+			if err == nil {
+				return nil
+			}
+		}
+	})
+}
+
+// settle waits until every valid event has its effect, every bad one is in
+// a poison queue, and the main and tier queues are empty.
+func (w *world) settle(ctx context.Context, p plan) error {
+	var last string
+	for {
+		effects, poisoned, depth, err := w.observe(ctx)
+		if err == nil {
+			last = fmt.Sprintf("%d/%d effects, %d/%d poisoned, %d in the main and tier queues", len(effects), len(p.valid), len(poisoned), len(p.bad), depth)
+			if len(effects) >= len(p.valid) && len(poisoned) >= len(p.bad) && depth == 0 {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("did not settle: %s (last error: %v)", last, err)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// observe reads the effects (event id → rows), the poisoned event ids
+// (→ copies) and the depth of the main and tier queues.
+func (w *world) observe(ctx context.Context) (map[string]int, map[string]int, int, error) {
+	effects := map[string]int{}
+	rows, err := w.db.QueryContext(ctx, "SELECT event_id, count(*) FROM "+w.name+".effects GROUP BY event_id")
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			_ = rows.Close()
+			return nil, nil, 0, err
+		}
+		effects[id] = n
+	}
+	_ = rows.Close()
+	poisoned := map[string]int{}
+	depth := 0
+	err = w.withConn(func(c *amqp.Connection) error {
+		for _, q := range []string{w.topo.PoisonQueue(), w.topo.PoisonQueue() + ".hold"} {
+			ms, err := dlq.Inspect(ctx, c, q, dlq.Filter{}, 0)
+			if err != nil && !errors.Is(err, dlq.ErrNoQueue) {
+				return err
+			}
+			for _, m := range ms {
+				poisoned[m.Msg.Metadata.Get(chaosIDKey)]++
+			}
+		}
+		ch, err := c.Channel()
+		if err != nil {
+			return err
+		}
+		defer func() { _ = ch.Close() }()
+		for _, q := range w.queues(false) {
+			info, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+			if err != nil {
+				return err
+			}
+			depth += info.Messages
+		}
+		return nil
+	})
+	return effects, poisoned, depth, err
+}
+
+// verify compares the final state with the plan, exactly.
+func (w *world) verify(p plan) (string, error) {
+	effects, poisoned, depth, err := w.observe(context.Background())
+	if err != nil {
+		return "observe", err
+	}
+	var problems []string
+	twice, copies := 0, 0
+	for id, n := range effects {
+		if n > 1 {
+			twice++
+		}
+		if !p.valid[id] {
+			problems = append(problems, "unexpected effect "+id)
+		}
+	}
+	for id := range p.valid {
+		if effects[id] == 0 {
+			problems = append(problems, "missing effect "+id)
+		}
+	}
+	for id, n := range poisoned {
+		copies += n
+		if !p.bad[id] {
+			problems = append(problems, "valid event poisoned "+id)
+		}
+	}
+	for id := range p.bad {
+		if poisoned[id] == 0 {
+			problems = append(problems, "bad event not in the poison queue "+id)
+		}
+	}
+	if twice > 0 {
+		problems = append(problems, fmt.Sprintf("%d events with a double effect", twice))
+	}
+	if depth > 0 {
+		problems = append(problems, fmt.Sprintf("%d messages left in the main and tier queues", depth))
+	}
+	res := fmt.Sprintf("effects %d == %d valid, %d twice; poison %d == %d bad (%d copies); queues empty: %v",
+		len(effects), len(p.valid), twice, len(poisoned), len(p.bad), copies, depth == 0)
+	if len(problems) > 0 {
+		sort.Strings(problems)
+		if len(problems) > 10 {
+			problems = append(problems[:10], fmt.Sprintf("… %d more", len(problems)-10))
+		}
+		return res, errors.New(strings.Join(problems, "; "))
+	}
+	return res, nil
+}
