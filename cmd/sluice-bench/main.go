@@ -25,10 +25,11 @@ func main() { os.Exit(run()) }
 // run returns the exit code: 0 done, 1 a suite failed, 2 usage.
 func run() int {
 	o := bench.Options{Out: os.Stdout}
-	suites := flag.String("suite", "all", "suites to run, comma-separated: inbox, publisher, consumer, or all")
+	suites := flag.String("suite", "all", "suites to run, comma-separated: inbox, e2e, publisher, consumer, overhead, inbox-scale, or all")
 	flag.StringVar(&o.PostgresURL, "postgres-url", envOr("SLUICE_BENCH_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL URL")
 	flag.StringVar(&o.AMQPURL, "amqp-url", envOr("SLUICE_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
 	flag.IntVar(&o.PublishBatch, "batch", 10000, "messages per batch in the publisher suite")
+	flag.IntVar(&o.ScaleRows, "scale-rows", 10_000_000, "rows loaded into the inbox in the inbox-scale suite")
 	flag.IntVar(&o.Messages, "messages", 500, "messages per variant per round")
 	flag.IntVar(&o.Rounds, "rounds", 12, "rounds; medians are reported")
 	flag.Parse()
@@ -37,8 +38,11 @@ func run() int {
 		return 2
 	}
 
-	all := map[string]func(context.Context, bench.Options) error{"inbox": bench.Inbox, "publisher": bench.Publisher, "consumer": bench.Consumer}
-	order := []string{"inbox", "publisher", "consumer"}
+	all := map[string]func(context.Context, bench.Options) error{
+		"inbox": bench.Inbox, "e2e": bench.EndToEnd, "publisher": bench.Publisher, "consumer": bench.Consumer,
+		"overhead": bench.Overhead, "inbox-scale": bench.InboxScale,
+	}
+	order := []string{"inbox", "e2e", "publisher", "consumer", "overhead", "inbox-scale"}
 	want := order
 	if *suites != "all" {
 		want = strings.Split(*suites, ",")

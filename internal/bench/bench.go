@@ -21,6 +21,8 @@ type Options struct {
 	AMQPURL     string
 	// PublishBatch is the size of one batch in the publisher suite.
 	PublishBatch int
+	// ScaleRows is how many rows the inbox-scale suite loads.
+	ScaleRows int
 	// Messages per variant per round and concurrency level.
 	Messages int
 	// Rounds of every variant; the median is reported.

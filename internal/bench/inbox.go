@@ -67,6 +67,7 @@ type inboxVariants struct {
 	db                  *sqlx.DB
 	schema              string
 	insertBiz, claimSQL string
+	store               *deduplication.SQLStore
 	mw                  message.HandlerFunc
 }
 
@@ -88,6 +89,7 @@ func newInboxVariants(ctx context.Context, db *sqlx.DB, schema string) (*inboxVa
 	if err := store.CreateTable(ctx); err != nil {
 		return nil, err
 	}
+	v.store = store
 	d, err := deduplication.New(deduplication.Config{Store: store, Consumer: "inventory", MeterProvider: noop.NewMeterProvider()})
 	if err != nil {
 		return nil, err
@@ -108,39 +110,45 @@ func (v *inboxVariants) truncate(ctx context.Context) error {
 }
 
 func (v *inboxVariants) plain(run string) Op {
-	return func(ctx context.Context, i int) error {
-		tx, err := v.db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, v.insertBiz, run+strconv.Itoa(i)); err != nil {
-			_ = tx.Rollback()
-			return err
-		}
-		return tx.Commit()
-	}
+	return func(ctx context.Context, i int) error { return v.plainKey(ctx, run+strconv.Itoa(i)) }
 }
 
 func (v *inboxVariants) byHand(run string) Op {
-	return func(ctx context.Context, i int) error {
-		key := run + strconv.Itoa(i)
-		tx, err := v.db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
-		res, err := tx.ExecContext(ctx, v.claimSQL, "inventory", key)
-		if err != nil {
-			return err
-		}
-		if n, err := res.RowsAffected(); err != nil || n == 0 {
-			return err // a duplicate: nothing to do
-		}
-		if _, err := tx.ExecContext(ctx, v.insertBiz, key); err != nil {
-			return err
-		}
-		return tx.Commit()
+	return func(ctx context.Context, i int) error { return v.byHandKey(ctx, run+strconv.Itoa(i)) }
+}
+
+// plainKey is the business INSERT in a transaction of its own.
+func (v *inboxVariants) plainKey(ctx context.Context, key string) error {
+	tx, err := v.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
 	}
+	if _, err := tx.ExecContext(ctx, v.insertBiz, key); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// byHandKey is the inbox written by hand: claim and business INSERT in one
+// transaction, the business INSERT skipped for a duplicate.
+func (v *inboxVariants) byHandKey(ctx context.Context, key string) error {
+	tx, err := v.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
+	res, err := tx.ExecContext(ctx, v.claimSQL, "inventory", key)
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return err // a duplicate: nothing to do
+	}
+	if _, err := tx.ExecContext(ctx, v.insertBiz, key); err != nil {
+		return err
+	}
+	return tx.Commit()
 }
 
 func (v *inboxVariants) sluice(run string) Op {

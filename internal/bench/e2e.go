@@ -1,0 +1,188 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/router"
+)
+
+// EndToEnd prints P1 and P2: a queue preloaded with messages, consumed on
+// RabbitMQ with 1, 4 and 8 competing consumers, each message one business
+// INSERT in PostgreSQL:
+//
+//	no inbox:      a bare watermill-amqp consumer, the INSERT in its own transaction;
+//	inbox by hand: the same consumer doing what a careful engineer writes
+//	               without Sluice: claim INSERT ... ON CONFLICT + business
+//	               INSERT in one transaction, ack after commit;
+//	sluice:        the full stack (Trace, Poison, Retry, Classify, Inbox,
+//	               Recoverer) around the business INSERT;
+//	PG ceiling:    the inbox-by-hand transaction in a loop, no broker.
+func EndToEnd(ctx context.Context, o Options) error {
+	db, err := sqlx.ConnectContext(ctx, "postgres", o.PostgresURL)
+	if err != nil {
+		return fmt.Errorf("connecting to PostgreSQL: %w", err)
+	}
+	defer func() { _ = db.Close() }()
+	db.SetMaxOpenConns(24)
+	db.SetMaxIdleConns(24)
+	schema := fmt.Sprintf("sluice_bench_e2e_%d", time.Now().UnixNano())
+	if _, err := db.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
+		return err
+	}
+	defer db.ExecContext(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck // cleanup
+	v, err := newInboxVariants(ctx, db, schema)
+	if err != nil {
+		return err
+	}
+	conn, err := amqp.Dial(o.AMQPURL)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: o.AMQPURL})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = pub.Close() }()
+
+	n := o.Messages * 4
+	rounds := max(o.Rounds/4, 3)
+	names := []string{"no inbox", "inbox by hand", "sluice"}
+	var rows [][]string
+	for _, conc := range []int{1, 4, 8} {
+		rates := make([][]float64, len(names)+1)
+		for round := range rounds {
+			for k := range names {
+				i := (k + round) % len(names)
+				if err := v.truncate(ctx); err != nil {
+					return err
+				}
+				r, err := consumeRun(ctx, conn, pub, o.AMQPURL, v, i, conc, n, fmt.Sprintf("c%d-r%d-", conc, round))
+				if err != nil {
+					return fmt.Errorf("%s: %w", names[i], err)
+				}
+				rates[i] = append(rates[i], r)
+			}
+			if err := v.truncate(ctx); err != nil {
+				return err
+			}
+			r, err := Throughput(ctx, conc, n, v.byHand(fmt.Sprintf("ceiling-c%d-r%d-", conc, round)))
+			if err != nil {
+				return err
+			}
+			rates[3] = append(rates[3], r)
+		}
+		rows = append(rows, []string{strconv.Itoa(conc), f0(Median(rates[0])), f0(Median(rates[1])), f0(Median(rates[2])), f0(Median(rates[3])),
+			f2(MedianRatio(rates[2], rates[1])), f2(MedianRatio(rates[2], rates[3]))})
+	}
+	fmt.Fprintf(o.Out, "P1/P2: end to end on RabbitMQ + PostgreSQL, %d messages preloaded per run, %d rounds interleaved\n\n", n, rounds)
+	Table(o.Out, []string{"consumers", "no inbox msg/s", "inbox by hand msg/s", "sluice msg/s", "PG ceiling msg/s", "sluice ÷ by hand", "sluice ÷ ceiling"}, rows)
+	fmt.Fprintln(o.Out, "targets: sluice ÷ by hand ≥ 0.9 (P1); sluice ÷ PostgreSQL ceiling ≥ 0.7 (P2)")
+	return nil
+}
+
+// consumeRun preloads n messages into a fresh queue and returns the rate at
+// which conc consumers of variant drain it.
+func consumeRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, url string, v *inboxVariants, variant, conc, n int, run string) (float64, error) {
+	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: fmt.Sprintf("sluice_bench_e2e_%d", time.Now().UnixNano())})
+	if err != nil {
+		return 0, err
+	}
+	if err := topo.Declare(ctx, conn); err != nil {
+		return 0, err
+	}
+	defer deleteTopology(conn, topo)
+	for i := 0; i < n; i += 500 {
+		batch := make([]*message.Message, 0, 500)
+		for j := i; j < min(i+500, n); j++ {
+			m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+			m.Metadata.Set(middleware.EventIDKey, run+strconv.Itoa(j))
+			batch = append(batch, m)
+		}
+		if err := pub.Publish(topo.Queue(), batch...); err != nil {
+			return 0, err
+		}
+	}
+
+	var done atomic.Int64
+	finished := make(chan struct{})
+	count := func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			if err == nil && done.Add(1) == int64(n) {
+				close(finished)
+			}
+			return out, err
+		}
+	}
+	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: url})
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = sub.Close() }()
+	r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	if err != nil {
+		return 0, err
+	}
+	r.AddMiddleware(count)
+	key := func(msg *message.Message) string { return msg.Metadata.Get(middleware.EventIDKey) }
+	switch variant {
+	case 0, 1:
+		handle := map[int]func(context.Context, string) error{0: v.plainKey, 1: v.byHandKey}[variant]
+		for i := range conc {
+			r.AddConsumerHandler("bench-"+strconv.Itoa(i), topo.Queue(), sub, func(msg *message.Message) error {
+				return handle(msg.Context(), key(msg))
+			})
+		}
+	case 2:
+		_, err := router.Add(r, router.HandlerConfig{
+			Name: "bench", Topic: topo.Queue(), Subscriber: sub, Consumers: conc,
+			Handler: func(msg *message.Message) error {
+				_, err := deduplication.TxFromContext(msg.Context()).ExecContext(msg.Context(), v.insertBiz, key(msg))
+				return err
+			},
+			Stages: router.Stages{
+				Trace:     &middleware.TraceConfig{},
+				Poison:    &poison.Config{Publisher: pub, Topic: topo.PoisonQueue()},
+				Retry:     &retrytiers.Config{Publisher: pub, Tiers: topo.Tiers()},
+				Classify:  &middleware.ClassifyConfig{},
+				Inbox:     &deduplication.Config{Store: v.store, Consumer: "inventory"},
+				Recoverer: &middleware.RecovererConfig{},
+			},
+		})
+		if err != nil {
+			return 0, err
+		}
+	}
+	start := time.Now()
+	runErr := make(chan error, 1)
+	go func() { runErr <- r.Run(context.WithoutCancel(ctx)) }()
+	select {
+	case <-finished:
+	case err := <-runErr:
+		return 0, fmt.Errorf("router stopped: %w", err)
+	case <-time.After(5 * time.Minute):
+		_ = r.Close()
+		return 0, errors.New("run did not finish in 5 minutes")
+	}
+	rate := float64(n) / time.Since(start).Seconds()
+	if err := r.Close(); err != nil {
+		return 0, err
+	}
+	return rate, <-runErr
+}
