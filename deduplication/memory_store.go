@@ -21,7 +21,7 @@ type memKey struct{ consumer, key string }
 type memRecord struct {
 	done  bool
 	at    time.Time
-	ended chan struct{} // closed when the holding unit of work ends
+	ended chan struct{} // made by the first waiter; closed when the holder ends
 }
 
 var (
@@ -86,7 +86,7 @@ func (t *memTx) Claim(ctx context.Context, consumer, key string) (bool, error) {
 		r, ok := t.s.recs[k]
 		switch {
 		case !ok:
-			t.held = &memRecord{ended: make(chan struct{})}
+			t.held = &memRecord{}
 			t.key = k
 			t.s.recs[k] = t.held
 			t.s.mu.Unlock()
@@ -95,9 +95,13 @@ func (t *memTx) Claim(ctx context.Context, consumer, key string) (bool, error) {
 			t.s.mu.Unlock()
 			return false, nil
 		}
+		if r.ended == nil {
+			r.ended = make(chan struct{})
+		}
+		ended := r.ended
 		t.s.mu.Unlock()
 		select {
-		case <-r.ended:
+		case <-ended:
 		case <-ctx.Done():
 			return false, ctx.Err()
 		}
@@ -112,10 +116,18 @@ func (t *memTx) Commit(context.Context) error {
 	if t.held != nil {
 		t.s.mu.Lock()
 		t.held.done, t.held.at = true, time.Now()
+		t.held.wake()
 		t.s.mu.Unlock()
-		close(t.held.ended)
 	}
 	return nil
+}
+
+// wake releases the waiters, if any; called with the store's lock held.
+func (r *memRecord) wake() {
+	if r.ended != nil {
+		close(r.ended)
+		r.ended = nil
+	}
 }
 
 func (t *memTx) Rollback(context.Context) error {
@@ -126,8 +138,8 @@ func (t *memTx) Rollback(context.Context) error {
 	if t.held != nil {
 		t.s.mu.Lock()
 		delete(t.s.recs, t.key)
+		t.held.wake()
 		t.s.mu.Unlock()
-		close(t.held.ended)
 	}
 	return nil
 }

@@ -33,37 +33,54 @@ func ShutdownGrace(grace time.Duration) (message.HandlerMiddleware, error) {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			orig := msg.Context()
+			if orig.Done() == nil { // cannot be cancelled: nothing to shield the handler from
+				return h(msg)
+			}
+			g := &graceState{grace: grace}
 			ctx, cancel := context.WithCancelCause(context.WithoutCancel(orig))
+			g.cancel = cancel
 			if dl, ok := orig.Deadline(); ok {
 				var cancelDL context.CancelFunc
 				ctx, cancelDL = context.WithDeadline(ctx, dl)
 				defer cancelDL()
 			}
-			var (
-				mu       sync.Mutex
-				timer    *time.Timer
-				returned bool
-			)
-			stop := context.AfterFunc(orig, func() {
-				mu.Lock()
-				defer mu.Unlock()
-				if !returned {
-					timer = time.AfterFunc(grace, func() { cancel(ErrShutdownGraceExpired) })
-				}
-			})
+			stop := context.AfterFunc(orig, g.start)
 			defer func() {
 				stop()
-				mu.Lock()
-				returned = true
-				if timer != nil {
-					timer.Stop()
-				}
-				mu.Unlock()
-				cancel(nil)
+				g.end()
 			}()
 			msg.SetContext(ctx)
 			defer msg.SetContext(orig)
 			return h(msg)
 		}
 	}, nil
+}
+
+// graceState is one delivery's grace period.
+type graceState struct {
+	grace    time.Duration
+	cancel   context.CancelCauseFunc
+	mu       sync.Mutex
+	timer    *time.Timer
+	returned bool
+}
+
+// start runs when the router's context ends: the grace period begins.
+func (g *graceState) start() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.returned {
+		g.timer = time.AfterFunc(g.grace, func() { g.cancel(ErrShutdownGraceExpired) })
+	}
+}
+
+// end runs when the handler returned.
+func (g *graceState) end() {
+	g.mu.Lock()
+	g.returned = true
+	if g.timer != nil {
+		g.timer.Stop()
+	}
+	g.mu.Unlock()
+	g.cancel(nil)
 }

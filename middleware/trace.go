@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -84,33 +85,54 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 	if err != nil {
 		return nil, fmt.Errorf("middleware: creating %s: %w", MetricHandlerDuration, err)
 	}
+	fields := cfg.Propagator.Fields()
+	var attrSets sync.Map // metricKey → metric.MeasurementOption, built once per combination
+	measure := func(k metricKey) metric.MeasurementOption {
+		if o, ok := attrSets.Load(k); ok {
+			return o.(metric.MeasurementOption)
+		}
+		attrs := []attribute.KeyValue{telemetry.HandlerKey.String(k.handler), AttrOutcome.String(string(k.outcome))}
+		if k.class != "" {
+			attrs = append(attrs, AttrClass.String(k.class))
+		}
+		o, _ := attrSets.LoadOrStore(k, metric.WithAttributeSet(attribute.NewSet(attrs...)))
+		return o.(metric.MeasurementOption)
+	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			orig := msg.Context()
 			handler := message.HandlerNameFromCtx(orig)
 			dest := message.SubscribeTopicFromCtx(orig)
-			parent := cfg.Propagator.Extract(orig, propagation.MapCarrier(msg.Metadata))
-			attrs := []attribute.KeyValue{
-				semconv.MessagingOperationTypeProcess,
-				semconv.MessagingOperationName("process"),
-				semconv.MessagingDestinationName(dest),
-				semconv.MessagingMessageID(msg.UUID),
-				semconv.MessagingConsumerGroupName(handler),
-				attemptAttr(msg),
+			parent := orig
+			for _, f := range fields { // no trace context in the metadata: nothing to extract
+				if _, ok := msg.Metadata[f]; ok {
+					parent = cfg.Propagator.Extract(orig, propagation.MapCarrier(msg.Metadata))
+					break
+				}
 			}
-			if cfg.System != "" {
-				attrs = append(attrs, semconv.MessagingSystemKey.String(cfg.System))
-			}
-			if id := msg.Metadata.Get(EventIDKey); id != "" {
-				attrs = append(attrs, AttrEventID.String(id))
-			}
-			opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...)}
+			opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
 			if prev := previousSpan(msg); prev.IsValid() {
 				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: prev, Attributes: []attribute.KeyValue{
 					attribute.String("sluice.link", "previous attempt")}}))
 			}
 			ctx, span := tracer.Start(parent, "process "+dest, opts...)
 			defer span.End()
+			if span.IsRecording() { // attributes cost allocations: only for spans kept
+				span.SetAttributes(
+					semconv.MessagingOperationTypeProcess,
+					semconv.MessagingOperationName("process"),
+					semconv.MessagingDestinationName(dest),
+					semconv.MessagingMessageID(msg.UUID),
+					semconv.MessagingConsumerGroupName(handler),
+					attemptAttr(msg),
+				)
+				if cfg.System != "" {
+					span.SetAttributes(semconv.MessagingSystemKey.String(cfg.System))
+				}
+				if id := msg.Metadata.Get(EventIDKey); id != "" {
+					span.SetAttributes(AttrEventID.String(id))
+				}
+			}
 			ctx, report := WithReport(ctx)
 			msg.SetContext(ctx)
 			start := time.Now()
@@ -126,17 +148,29 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 			} else if report.Outcome == "" {
 				report.Outcome = OutcomeProcessed
 			}
-			annotate(span, report)
+			if span.IsRecording() {
+				annotate(span, report)
+			}
 			class := ""
 			if report.Class.Valid() {
 				class = report.Class.String()
 			}
-			hattr := telemetry.HandlerKey.String(handler)
-			deliveries.Add(ctx, 1, metric.WithAttributes(hattr, AttrOutcome.String(string(report.Outcome)), AttrClass.String(class)))
-			duration.Record(ctx, time.Since(start).Seconds(), metric.WithAttributes(hattr, AttrOutcome.String(string(report.Outcome))))
+			if deliveries.Enabled(ctx) {
+				deliveries.Add(ctx, 1, measure(metricKey{handler, report.Outcome, class}))
+			}
+			if duration.Enabled(ctx) {
+				duration.Record(ctx, time.Since(start).Seconds(), measure(metricKey{handler: handler, outcome: report.Outcome}))
+			}
 			return produced, err
 		}
 	}, nil
+}
+
+// metricKey selects a cached attribute set of the Trace stage's metrics.
+type metricKey struct {
+	handler string
+	outcome Outcome
+	class   string
 }
 
 func annotate(span trace.Span, r *Report) {

@@ -5,10 +5,10 @@ import "testing"
 // go test -bench Overhead -benchmem ./internal/bench/
 func BenchmarkOverhead(b *testing.B) {
 	for _, bare := range []bool{true, false} {
-		h, err := StackHandler(bare)
+		h, store, err := StackHandler(bare)
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.Run(map[bool]string{true: "bare", false: "stack"}[bare], func(b *testing.B) { BenchmarkDelivery(b, h) })
+		b.Run(map[bool]string{true: "bare", false: "stack"}[bare], func(b *testing.B) { BenchmarkDelivery(b, h, store) })
 	}
 }
