@@ -18,7 +18,7 @@ func FuzzClassifier(f *testing.F) {
 	f.Add(`{"a":`, uint8(3), uint8(1))
 	f.Add("order o-1 must exist", uint8(7), uint8(2))
 	f.Fuzz(func(t *testing.T, text string, shape, wrap uint8) {
-		var err error = errors.New(text)
+		err := errors.New(text)
 		switch shape % 6 {
 		case 1:
 			err = fmt.Errorf("handler: %w", context.DeadlineExceeded)

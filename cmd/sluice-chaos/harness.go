@@ -101,9 +101,9 @@ type publish struct {
 // plan is the scenario's event set: ~10% published twice, ~5% failing
 // transiently once or twice, ~1% malformed, ~0.5% violating an invariant.
 type plan struct {
-	publishes         []publish
-	valid, bad        map[string]bool
-	duplicates, flaky int
+	publishes  []publish
+	valid, bad map[string]bool
+	flaky      int // events that fail transiently before they succeed
 }
 
 func makePlan(rng *rand.Rand, n, copies int) plan {
@@ -344,7 +344,7 @@ func (w *world) startSlot(crashProb float64) *slot {
 			if !first {
 				s.restarts++
 			}
-			cmd := exec.Command(os.Args[0], args...)
+			cmd := exec.CommandContext(context.Background(), os.Args[0], args...) // stopped by stop(), not by a context
 			stderr, _ := cmd.StderrPipe()
 			if err := cmd.Start(); err != nil {
 				s.mu.Unlock()
@@ -448,7 +448,7 @@ func (w *world) disrupt(ctx context.Context, rng *rand.Rand, scenario string) er
 }
 
 func run(name string, args ...string) error {
-	out, err := exec.Command(name, args...).CombinedOutput()
+	out, err := exec.CommandContext(context.Background(), name, args...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, out)
 	}
@@ -509,7 +509,7 @@ func (w *world) settle(ctx context.Context, p plan) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("did not settle: %s (last error: %v)", last, err)
+			return fmt.Errorf("did not settle: %s (last error: %w)", last, errors.Join(err, ctx.Err()))
 		case <-time.After(500 * time.Millisecond):
 		}
 	}

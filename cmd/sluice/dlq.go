@@ -76,6 +76,21 @@ func (f *filterFlags) filter() (dlq.Filter, error) {
 	return out, nil
 }
 
+// open parses the filter, connects and returns a context that ends on
+// Ctrl-C; done closes what it opened.
+func (f *filterFlags) open(g *globals) (dlq.Filter, *amqp.Connection, context.Context, func(), error) {
+	filter, err := f.filter()
+	if err != nil {
+		return filter, nil, nil, nil, err
+	}
+	conn, err := connect(g)
+	if err != nil {
+		return filter, nil, nil, nil, err
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
+	return filter, conn, ctx, func() { cancel(); _ = conn.Close() }, nil
+}
+
 func parseTime(flag, v string) (time.Time, error) {
 	if v == "" {
 		return time.Time{}, nil
@@ -98,10 +113,6 @@ func connect(g *globals) (*amqp.Connection, error) {
 	return conn, nil
 }
 
-func signalContext() (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(context.Background(), os.Interrupt)
-}
-
 func newDLQ(g *globals, out io.Writer) *cobra.Command {
 	cmd := &cobra.Command{Use: "dlq", Short: "Inspect, replay and archive a poison queue"}
 	cmd.AddCommand(newStats(g, out), newInspect(g, out), newReplay(g, out), newArchive(g, out))
@@ -118,17 +129,11 @@ func newStats(g *globals, out io.Writer) *cobra.Command {
 			"in order (marked redelivered). The error fingerprint is the reason with ids and numbers normalised.",
 		Args: noArgs,
 		RunE: func(*cobra.Command, []string) error {
-			f, err := ff.filter()
+			f, conn, ctx, done, err := ff.open(g)
 			if err != nil {
 				return err
 			}
-			conn, err := connect(g)
-			if err != nil {
-				return err
-			}
-			defer func() { _ = conn.Close() }()
-			ctx, cancel := signalContext()
-			defer cancel()
+			defer done()
 			s, err := dlq.ReadStats(ctx, conn, ff.queue, f)
 			if err != nil {
 				return err
@@ -190,17 +195,11 @@ func newInspect(g *globals, out io.Writer) *cobra.Command {
 			"and the messages are marked redelivered.",
 		Args: noArgs,
 		RunE: func(*cobra.Command, []string) error {
-			f, err := ff.filter()
+			f, conn, ctx, done, err := ff.open(g)
 			if err != nil {
 				return err
 			}
-			conn, err := connect(g)
-			if err != nil {
-				return err
-			}
-			defer func() { _ = conn.Close() }()
-			ctx, cancel := signalContext()
-			defer cancel()
+			defer done()
 			ms, err := dlq.Inspect(ctx, conn, ff.queue, f, ff.limit)
 			if err != nil {
 				return err
@@ -265,10 +264,6 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 			"a kill at any moment (a message may then be in both places: the inbox drops the duplicate).",
 		Args: noArgs,
 		RunE: func(*cobra.Command, []string) error {
-			f, err := ff.filter()
-			if err != nil {
-				return err
-			}
 			r, err := parseRate(rateFlag)
 			if err != nil {
 				return err
@@ -276,18 +271,16 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 			if batch < 1 {
 				return usageError{fmt.Errorf("--batch must be at least 1")}
 			}
-			conn, err := connect(g)
+			f, conn, ctx, done, err := ff.open(g)
 			if err != nil {
 				return err
 			}
-			defer func() { _ = conn.Close() }()
+			defer done()
 			pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: g.url()})
 			if err != nil {
 				return err
 			}
 			defer func() { _ = pub.Close() }()
-			ctx, cancel := signalContext()
-			defer cancel()
 
 			prog := newProgress(out, ff.queue)
 			cfg := dlq.ReplayConfig{
@@ -331,20 +324,14 @@ func newArchive(g *globals, out io.Writer) *cobra.Command {
 			"to disk before it is acked. Messages not selected stay, in order.",
 		Args: noArgs,
 		RunE: func(*cobra.Command, []string) error {
-			f, err := ff.filter()
-			if err != nil {
-				return err
-			}
 			if file == "" {
 				return usageError{fmt.Errorf("--to is required")}
 			}
-			conn, err := connect(g)
+			f, conn, ctx, done, err := ff.open(g)
 			if err != nil {
 				return err
 			}
-			defer func() { _ = conn.Close() }()
-			ctx, cancel := signalContext()
-			defer cancel()
+			defer done()
 			res, runErr := dlq.Archive(ctx, conn, dlq.ArchiveConfig{Queue: ff.queue, Filter: f, Limit: ff.limit, File: file, Operator: g.operator})
 			summary(out, "archive", ff.queue, res, false)
 			return errorsJoin(runErr, audit(g, "dlq archive", ff.queue, f, map[string]string{"to": file, "limit": strconv.Itoa(ff.limit)}, res, false, runErr))
