@@ -36,6 +36,8 @@ type confirmChannel struct {
 
 // inflight is one publish awaiting its confirm.
 type inflight struct {
+	c        *confirmChannel
+	tag      uint64
 	done     chan struct{}
 	acked    bool
 	closed   bool // the channel closed before the confirm
@@ -101,10 +103,10 @@ func (c *confirmChannel) listen() {
 
 // publish publishes pub (mandatory) and returns what to wait on.
 func (c *confirmChannel) publish(exchange, key string, pub amqp.Publishing) (*inflight, error) {
-	f := &inflight{done: make(chan struct{})}
 	c.pubMu.Lock()
 	defer c.pubMu.Unlock()
 	tag := c.ch.GetNextPublishSeqNo()
+	f := &inflight{c: c, tag: tag, done: make(chan struct{})}
 	pub.Headers[PublishIDHeader] = strconv.FormatUint(tag, 10)
 	c.mu.Lock()
 	c.pending[tag] = f
@@ -133,8 +135,10 @@ func (f *inflight) wait(ctx context.Context, expired <-chan time.Time) error {
 	select {
 	case <-f.done:
 	case <-ctx.Done():
+		f.forget()
 		return fmt.Errorf("waiting for the confirm: %w", ctx.Err())
 	case <-expired:
+		f.forget()
 		return errConfirmTimeout
 	}
 	switch {
@@ -146,6 +150,14 @@ func (f *inflight) wait(ctx context.Context, expired <-chan time.Time) error {
 		return f.returned
 	}
 	return nil
+}
+
+// forget drops a publish nobody waits for any more; a confirm that still
+// comes for it is ignored.
+func (f *inflight) forget() {
+	f.c.mu.Lock()
+	delete(f.c.pending, f.tag)
+	f.c.mu.Unlock()
 }
 
 func (c *confirmChannel) isClosed() bool {

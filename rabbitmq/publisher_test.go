@@ -175,3 +175,4 @@ func TestPublisherConfirmMetric(t *testing.T) {
 	}
 	require.Equal(t, map[string]uint64{"acked": 3, "returned": 1}, counts)
 }
+
