@@ -175,4 +175,3 @@ func TestPublisherConfirmMetric(t *testing.T) {
 	}
 	require.Equal(t, map[string]uint64{"acked": 3, "returned": 1}, counts)
 }
-
