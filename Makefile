@@ -19,7 +19,7 @@ run: ## run the bundled example on the embedded default (no servers needed)
 services: ## make PostgreSQL, RabbitMQ and Redis reachable on 127.0.0.1 (install/start as needed)
 	@bash scripts/services.sh
 
-test: services ## run every test against the real services, race detector on
+test: services ## every test on the real services (race on), short fuzzing, the short chaos run (restarts RabbitMQ and PostgreSQL)
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 	@# Broker-restart tests restart RabbitMQ: alone, after everything else.
 	$(GO) test -race -count=1 -timeout 5m -tags restart -run Restart ./rabbitmq/
