@@ -1,0 +1,51 @@
+package router_test
+
+import (
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/router"
+)
+
+func TestAddValidates(t *testing.T) {
+	t.Parallel()
+	r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	require.NoError(t, err)
+	sub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = sub.Close() })
+	h := func(*message.Message) error { return nil }
+	for _, tt := range []struct {
+		cfg  router.HandlerConfig
+		want string
+	}{
+		{router.HandlerConfig{Topic: "t", Subscriber: sub, Handler: h}, "HandlerConfig.Name is required"},
+		{router.HandlerConfig{Name: "n", Subscriber: sub, Handler: h}, "HandlerConfig.Topic is required"},
+		{router.HandlerConfig{Name: "n", Topic: "t", Handler: h}, "HandlerConfig.Subscriber is required"},
+		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub}, "exactly one of HandlerConfig.Handler and HandlerConfig.PublishingHandler"},
+		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, PublishingHandler: func(*message.Message) ([]*message.Message, error) { return nil, nil }}, "needs Publisher and PublishTopic"},
+		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Consumers: -1}, "HandlerConfig.Consumers"},
+		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Stages: router.Stages{Inbox: &deduplication.Config{}}}, "router: inbox stage: deduplication: Config.Store is required"},
+		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Stages: router.Stages{Poison: &poison.Config{}}}, "router: poison stage: poison: Config.Publisher is required"},
+		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Stages: router.Stages{Recoverer: &middleware.RecovererConfig{Class: middleware.ClassRejected}}}, "router: recoverer stage"},
+	} {
+		_, err := router.Add(r, tt.cfg)
+		require.ErrorContains(t, err, tt.want)
+	}
+
+	e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "orders"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Close() })
+	_, err = e.Add(r, router.HandlerConfig{Name: "n", Handler: h, Consumers: 2})
+	require.ErrorContains(t, err, "Consumers must be 1 on the embedded default")
+	_, err = router.NewEmbedded(router.EmbeddedConfig{})
+	require.ErrorContains(t, err, "EmbeddedConfig.Topic is required")
+	_, err = router.NewRabbitMQ(t.Context(), router.RabbitMQConfig{})
+	require.ErrorContains(t, err, "RabbitMQConfig.URL is required")
+}
