@@ -214,6 +214,13 @@ func TracingPublisher(pub message.Publisher, cfg TraceConfig) message.Publisher 
 	return &tracingPublisher{pub: pub, cfg: cfg, tracer: cfg.TracerProvider.Tracer(telemetry.ScopeName)}
 }
 
+// TracingPublisherDecorator is TracingPublisher as a Watermill
+// message.PublisherDecorator, for message.Router.AddPublisherDecorators: the
+// messages handlers produce then carry the trace context too.
+func TracingPublisherDecorator(cfg TraceConfig) message.PublisherDecorator {
+	return func(pub message.Publisher) (message.Publisher, error) { return TracingPublisher(pub, cfg), nil }
+}
+
 type tracingPublisher struct {
 	pub    message.Publisher
 	cfg    TraceConfig

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/codes"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -217,3 +218,21 @@ func (f *failingPublisher) Publish(string, ...*message.Message) error {
 }
 
 func (f *failingPublisher) Close() error { return nil }
+
+func TestTracingPublisherDecorator(t *testing.T) {
+	t.Parallel()
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	pubSub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	t.Cleanup(func() { _ = pubSub.Close() })
+	pub, err := middleware.TracingPublisherDecorator(middleware.TraceConfig{TracerProvider: tp})(pubSub)
+	require.NoError(t, err)
+	require.NoError(t, pub.Publish("t", message.NewMessage(watermill.NewUUID(), nil)))
+	out, err := pubSub.Subscribe(t.Context(), "t")
+	require.NoError(t, err)
+	m := <-out
+	m.Ack()
+	require.Len(t, spans.Ended(), 1)
+	require.Equal(t, "send t", spans.Ended()[0].Name())
+	require.Contains(t, m.Metadata.Get(middleware.TraceparentKey), spans.Ended()[0].SpanContext().TraceID().String(), "the trace context is in the metadata")
+}
