@@ -1,7 +1,6 @@
 package middleware
 
 import (
-	"context"
 	"fmt"
 	"strconv"
 	"sync"
@@ -198,12 +197,7 @@ func annotate(span trace.Span, r *Report) {
 
 // previousSpan parses PreviousTraceparentKey.
 func previousSpan(msg *message.Message) trace.SpanContext {
-	tp := msg.Metadata.Get(PreviousTraceparentKey)
-	if tp == "" {
-		return trace.SpanContext{}
-	}
-	ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": tp})
-	return trace.SpanContextFromContext(ctx)
+	return telemetry.ParseTraceparent(msg.Metadata.Get(PreviousTraceparentKey))
 }
 
 // TracingPublisher wraps pub: each message gets a producer span, parented by

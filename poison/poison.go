@@ -158,18 +158,8 @@ func (s *stage) diagnose(msg *message.Message, class middleware.Class, err error
 	c.Metadata[AttemptsKey] = attempts
 	c.Metadata[FirstFailedAtKey] = firstFailed
 	c.Metadata[PoisonedAtKey] = now
-	if id := traceID(md.Get(middleware.TraceparentKey)); id != "" {
-		c.Metadata[TraceIDKey] = id
+	if sc := telemetry.ParseTraceparent(md.Get(middleware.TraceparentKey)); sc.IsValid() {
+		c.Metadata[TraceIDKey] = sc.TraceID().String()
 	}
 	return c
-}
-
-// traceID returns the trace id of a W3C traceparent
-// ("00-<32 hex>-<16 hex>-<2 hex>"), or "".
-func traceID(tp string) string {
-	parts := strings.Split(tp, "-")
-	if len(parts) < 4 || len(parts[1]) != 32 || strings.Trim(parts[1], "0123456789abcdef") != "" || strings.Trim(parts[1], "0") == "" {
-		return ""
-	}
-	return parts[1]
 }

@@ -9,9 +9,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/sluicemq/sluice/internal/clock"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/middleware"
 )
 
@@ -25,8 +24,8 @@ func Copy(msg *message.Message, extra int) *message.Message {
 	for k, v := range msg.Metadata {
 		c.Metadata[k] = v
 	}
-	if sc := trace.SpanContextFromContext(msg.Context()); sc.IsValid() {
-		c.Metadata[middleware.PreviousTraceparentKey] = "00-" + sc.TraceID().String() + "-" + sc.SpanID().String() + "-" + sc.TraceFlags().String()
+	if tp := telemetry.Traceparent(msg.Context()); tp != "" {
+		c.Metadata[middleware.PreviousTraceparentKey] = tp
 	}
 	c.SetContext(msg.Context())
 	return c

@@ -3,10 +3,14 @@
 package telemetry
 
 import (
+	"context"
+
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // ScopeName is the instrumentation scope of every Sluice meter and tracer.
@@ -28,4 +32,22 @@ func Meter(mp metric.MeterProvider) metric.Meter {
 // option ("" when the message is not handled by a Watermill router).
 func HandlerAttr(msg *message.Message) metric.MeasurementOption {
 	return metric.WithAttributes(HandlerKey.String(message.HandlerNameFromCtx(msg.Context())))
+}
+
+// Traceparent returns the W3C traceparent of the span in ctx, or "" when
+// ctx holds no valid span.
+func Traceparent(ctx context.Context) string {
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, carrier)
+	return carrier.Get("traceparent")
+}
+
+// ParseTraceparent returns the span context of a W3C traceparent; it is
+// invalid (IsValid false) for "" or a malformed value.
+func ParseTraceparent(tp string) trace.SpanContext {
+	if tp == "" {
+		return trace.SpanContext{}
+	}
+	ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": tp})
+	return trace.SpanContextFromContext(ctx)
 }
