@@ -84,6 +84,24 @@ func Inspect(ctx context.Context, conn *amqp.Connection, queue string, f Filter,
 	return out, err
 }
 
+// scanSelected scans queue and calls fn with each message f selects, at most
+// limit (0: all) of them, counting Scanned and Selected into res; done runs
+// as in Scan.
+func scanSelected(ctx context.Context, conn *amqp.Connection, queue string, f Filter, limit int, res *ReplayResult, fn func(*Message) error, done func() error) error {
+	n, err := Scan(ctx, conn, queue, func(m *Message) (bool, error) {
+		if limit > 0 && res.Selected >= limit {
+			return true, nil
+		}
+		if !f.Match(m) {
+			return false, nil
+		}
+		res.Selected++
+		return false, fn(m)
+	}, done)
+	res.Scanned = n
+	return err
+}
+
 // Publisher is what replay publishes with: it must return nil only for
 // messages the broker stored and routed (rabbitmq.Publisher).
 type Publisher interface {
@@ -184,21 +202,13 @@ func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Repla
 		}
 		return nil
 	}
-	n, err := Scan(ctx, conn, cfg.Queue, func(m *Message) (bool, error) {
-		if cfg.Limit > 0 && res.Selected >= cfg.Limit {
-			return true, nil
-		}
-		if !cfg.Filter.Match(m) {
-			return false, nil
-		}
-		res.Selected++
+	err := scanSelected(ctx, conn, cfg.Queue, cfg.Filter, cfg.Limit, &res, func(m *Message) error {
 		batch = append(batch, m)
 		if len(batch) >= cfg.Batch {
-			return false, flush()
+			return flush()
 		}
-		return false, nil
+		return nil
 	}, flush)
-	res.Scanned = n
 	return res, err
 }
 
@@ -260,14 +270,7 @@ func Archive(ctx context.Context, conn *amqp.Connection, cfg ArchiveConfig) (Rep
 	}
 	defer func() { _ = f.Close() }()
 	enc := json.NewEncoder(f)
-	n, err := Scan(ctx, conn, cfg.Queue, func(m *Message) (bool, error) {
-		if cfg.Limit > 0 && res.Selected >= cfg.Limit {
-			return true, nil
-		}
-		if !cfg.Filter.Match(m) {
-			return false, nil
-		}
-		res.Selected++
+	err = scanSelected(ctx, conn, cfg.Queue, cfg.Filter, cfg.Limit, &res, func(m *Message) error {
 		rec := ArchiveRecord{
 			ArchivedAt: time.Now().UTC(), ArchivedBy: cfg.Operator, Queue: cfg.Queue, UUID: m.Msg.UUID,
 			Class: m.Class, Reason: m.Reason, EventID: m.EventID, EventType: m.EventType, Metadata: m.Msg.Metadata,
@@ -278,19 +281,18 @@ func Archive(ctx context.Context, conn *amqp.Connection, cfg ArchiveConfig) (Rep
 			rec.PayloadBase64 = base64.StdEncoding.EncodeToString(m.Msg.Payload)
 		}
 		if err := enc.Encode(rec); err != nil {
-			return true, fmt.Errorf("dlq: writing the archive: %w", err)
+			return fmt.Errorf("dlq: writing the archive: %w", err)
 		}
 		if err := f.Sync(); err != nil {
-			return true, fmt.Errorf("dlq: syncing the archive: %w", err)
+			return fmt.Errorf("dlq: syncing the archive: %w", err)
 		}
 		if err := m.Ack(); err != nil {
-			return true, err
+			return err
 		}
 		res.Replayed++
 		res.ByTarget[cfg.File]++
-		return false, nil
+		return nil
 	}, nil)
-	res.Scanned = n
 	return res, err
 }
 
