@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
+
+	"github.com/jmoiron/sqlx"
 )
 
 // Options are shared by the suites.
@@ -88,6 +90,26 @@ func MedianRatio(num, den []float64) float64 {
 		r[i] = num[i] / den[i]
 	}
 	return Median(r)
+}
+
+// pgSchema connects to PostgreSQL with at most conns open connections and
+// creates a schema named prefix plus a random suffix; cleanup drops the
+// schema and closes the pool.
+func pgSchema(ctx context.Context, url, prefix string, conns int) (*sqlx.DB, string, func(), error) {
+	db, err := sqlx.ConnectContext(ctx, "postgres", url)
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("connecting to PostgreSQL: %w", err)
+	}
+	db.SetMaxOpenConns(conns)
+	schema := fmt.Sprintf("%s_%d", prefix, time.Now().UnixNano())
+	if _, err := db.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
+		_ = db.Close()
+		return nil, "", nil, err
+	}
+	return db, schema, func() {
+		_, _ = db.ExecContext(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE")
+		_ = db.Close()
+	}, nil
 }
 
 // Median returns the median of xs.

@@ -170,10 +170,8 @@ func deleteTopology(conn *amqp.Connection, topo *rabbitmq.Topology) {
 		return
 	}
 	defer func() { _ = ch.Close() }()
-	_, _ = ch.QueueDelete(topo.Queue(), false, false, false)
-	_, _ = ch.QueueDelete(topo.PoisonQueue(), false, false, false)
-	for _, t := range topo.Tiers() {
-		_, _ = ch.QueueDelete(t.Topic, false, false, false)
+	for _, q := range topo.Declarations() {
+		_, _ = ch.QueueDelete(q.Name, false, false, false)
 	}
 }
 

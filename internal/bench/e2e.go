@@ -10,7 +10,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jmoiron/sqlx"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice/deduplication"
@@ -33,18 +32,12 @@ import (
 //	               Recoverer) around the business INSERT;
 //	PG ceiling:    the inbox-by-hand transaction in a loop, no broker.
 func EndToEnd(ctx context.Context, o Options) error {
-	db, err := sqlx.ConnectContext(ctx, "postgres", o.PostgresURL)
+	db, schema, cleanup, err := pgSchema(ctx, o.PostgresURL, "sluice_bench_e2e", 24)
 	if err != nil {
-		return fmt.Errorf("connecting to PostgreSQL: %w", err)
-	}
-	defer func() { _ = db.Close() }()
-	db.SetMaxOpenConns(24)
-	db.SetMaxIdleConns(24)
-	schema := fmt.Sprintf("sluice_bench_e2e_%d", time.Now().UnixNano())
-	if _, err := db.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
 		return err
 	}
-	defer db.ExecContext(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck // cleanup
+	defer cleanup()
+	db.SetMaxIdleConns(24)
 	v, err := newInboxVariants(ctx, db, schema)
 	if err != nil {
 		return err

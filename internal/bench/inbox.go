@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -24,19 +23,12 @@ import (
 // at concurrency 1 and 8, and reports c/b (the library's cost over the same
 // SQL by hand) and c/a (the cost of the extra statement).
 func Inbox(ctx context.Context, o Options) error {
-	db, err := sqlx.ConnectContext(ctx, "postgres", o.PostgresURL)
+	db, schema, cleanup, err := pgSchema(ctx, o.PostgresURL, "sluice_bench", 16)
 	if err != nil {
-		return fmt.Errorf("connecting to PostgreSQL: %w", err)
-	}
-	defer func() { _ = db.Close() }()
-	db.SetMaxOpenConns(16)
-	db.SetMaxIdleConns(16)
-
-	schema := fmt.Sprintf("sluice_bench_%d", rand.Uint32())
-	if _, err := db.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
 		return err
 	}
-	defer db.ExecContext(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck // best-effort cleanup
+	defer cleanup()
+	db.SetMaxIdleConns(16)
 
 	v, err := newInboxVariants(ctx, db, schema)
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jmoiron/sqlx"
 
 	"github.com/sluicemq/sluice/deduplication"
 )
@@ -19,17 +18,11 @@ import (
 // inbox, and the p99 claim latency while the pruner deletes a tenth of those
 // rows (old ones) against the same table without pruning.
 func InboxScale(ctx context.Context, o Options) error {
-	db, err := sqlx.ConnectContext(ctx, "postgres", o.PostgresURL)
+	db, schema, cleanup, err := pgSchema(ctx, o.PostgresURL, "sluice_bench_scale", 16)
 	if err != nil {
-		return fmt.Errorf("connecting to PostgreSQL: %w", err)
-	}
-	defer func() { _ = db.Close() }()
-	db.SetMaxOpenConns(16)
-	schema := fmt.Sprintf("sluice_bench_scale_%d", time.Now().UnixNano())
-	if _, err := db.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
 		return err
 	}
-	defer db.ExecContext(context.WithoutCancel(ctx), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck // cleanup
+	defer cleanup()
 	empty, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db, Table: schema + ".empty"})
 	if err != nil {
 		return err
