@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-
 	"github.com/sluicemq/sluice/deduplication"
 )
 
