@@ -18,6 +18,7 @@ import (
 	_ "github.com/lib/pq" // the PostgreSQL driver
 
 	"github.com/sluicemq/sluice/internal/bench"
+	"github.com/sluicemq/sluice/internal/localenv"
 )
 
 func main() { os.Exit(run()) }
@@ -26,8 +27,8 @@ func main() { os.Exit(run()) }
 func run() int {
 	o := bench.Options{Out: os.Stdout}
 	suites := flag.String("suite", "all", "suites to run, comma-separated: inbox, e2e, publisher, consumer, overhead, inbox-scale, or all")
-	flag.StringVar(&o.PostgresURL, "postgres-url", envOr("SLUICE_BENCH_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL URL")
-	flag.StringVar(&o.AMQPURL, "amqp-url", envOr("SLUICE_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
+	flag.StringVar(&o.PostgresURL, "postgres-url", localenv.Get("SLUICE_BENCH_POSTGRES_URL", localenv.PostgresURL), "PostgreSQL URL")
+	flag.StringVar(&o.AMQPURL, "amqp-url", localenv.Get("SLUICE_BENCH_AMQP_URL", localenv.AMQPURL), "RabbitMQ URL")
 	flag.IntVar(&o.PublishBatch, "batch", 10000, "messages per batch in the publisher suite")
 	flag.IntVar(&o.ScaleRows, "scale-rows", 10_000_000, "rows loaded into the inbox in the inbox-scale suite")
 	flag.IntVar(&o.Messages, "messages", 500, "messages per variant per round")
@@ -63,11 +64,4 @@ func run() int {
 		fmt.Println()
 	}
 	return 0
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/dlq"
+	"github.com/sluicemq/sluice/internal/localenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
@@ -47,8 +48,8 @@ func harnessMain(args []string) error {
 	var o options
 	var scenarios string
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.StringVar(&o.amqpURL, "amqp-url", envOr("SLUICE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
-	fs.StringVar(&o.pgURL, "postgres-url", envOr("SLUICE_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL URL")
+	fs.StringVar(&o.amqpURL, "amqp-url", localenv.Get("SLUICE_TEST_AMQP_URL", localenv.AMQPURL), "RabbitMQ URL")
+	fs.StringVar(&o.pgURL, "postgres-url", localenv.Get("SLUICE_TEST_POSTGRES_URL", localenv.PostgresURL), "PostgreSQL URL")
 	fs.IntVar(&o.events, "events", 500, "distinct events per scenario")
 	fs.IntVar(&o.sameIDs, "same-ids", 200, "ids delivered 8 times at once in same-id-8")
 	fs.IntVar(&o.kills, "kills", 5, "SIGKILLs from outside in the kill scenario (the consumers also crash themselves)")
@@ -82,13 +83,6 @@ func harnessMain(args []string) error {
 		return fmt.Errorf("%d scenarios failed", failed)
 	}
 	return nil
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }
 
 // publish is one message the producer sends.

@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/localenv"
 )
 
 func main() {
@@ -66,17 +67,10 @@ func newRoot(stdout io.Writer) *cobra.Command {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.amqpURL, "amqp-url", "", "RabbitMQ URL; default: env SLUICE_AMQP_URL, else the local broker with RabbitMQ's guest account. Its password is never printed")
-	pf.StringVar(&g.operator, "operator", envOr("SLUICE_OPERATOR", envOr("USER", "unknown")), "who runs this, recorded in replay headers and the audit log")
-	pf.StringVar(&g.audit, "audit", envOr("SLUICE_AUDIT_FILE", "sluice-audit.jsonl"), `audit log of replay and archive runs (JSON lines); "-" for stdout`)
+	pf.StringVar(&g.operator, "operator", localenv.Get("SLUICE_OPERATOR", localenv.Get("USER", "unknown")), "who runs this, recorded in replay headers and the audit log")
+	pf.StringVar(&g.audit, "audit", localenv.Get("SLUICE_AUDIT_FILE", "sluice-audit.jsonl"), `audit log of replay and archive runs (JSON lines); "-" for stdout`)
 	root.AddCommand(newDLQ(g, stdout), newTopology(g, stdout))
 	return root
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }
 
 // url returns the broker URL: the flag, the environment, or the local broker.
@@ -84,7 +78,7 @@ func (g *globals) url() string {
 	if g.amqpURL != "" {
 		return g.amqpURL
 	}
-	return envOr("SLUICE_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	return localenv.Get("SLUICE_AMQP_URL", localenv.AMQPURL)
 }
 
 // noArgs rejects positional arguments as a usage error.

@@ -7,7 +7,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"os"
 	"testing"
 	"time"
 
@@ -17,21 +16,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/localenv"
 )
 
 // Service addresses, overridable by environment variables.
 var (
-	PostgresURL = env("SLUICE_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
-	RedisAddr   = env("SLUICE_TEST_REDIS_ADDR", "127.0.0.1:6379")
-	AMQPURL     = env("SLUICE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+	PostgresURL = localenv.Get("SLUICE_TEST_POSTGRES_URL", localenv.PostgresURL)
+	RedisAddr   = localenv.Get("SLUICE_TEST_REDIS_ADDR", localenv.RedisAddr)
+	AMQPURL     = localenv.Get("SLUICE_TEST_AMQP_URL", localenv.AMQPURL)
 )
-
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
 
 // Name returns prefix followed by a random suffix: a unique lower-case SQL
 // identifier, queue name or key prefix.
