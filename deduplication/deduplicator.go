@@ -145,11 +145,10 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		if err != nil && d.cfg.Classifier.Classify(err) != middleware.ClassRejected {
 			return produced, err
 		}
-		committed = true
-		if cErr := tx.Commit(ctx); cErr != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+		if cErr := tx.Commit(ctx); cErr != nil { // the deferred rollback releases what is left
 			return nil, middleware.Transient(errors.Join(err, fmt.Errorf("deduplication: commit: %w", cErr)))
 		}
+		committed = true
 		return produced, err
 	}
 }

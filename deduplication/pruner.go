@@ -1,6 +1,7 @@
 package deduplication
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -64,12 +65,10 @@ type Pruner struct {
 
 // NewPruner validates cfg and returns a Pruner that is not yet running.
 func NewPruner(cfg PrunerConfig) (*Pruner, error) {
-	cfg.Retention = orDuration(cfg.Retention, PrunerRetentionDefault)
-	cfg.Interval = orDuration(cfg.Interval, PrunerIntervalDefault)
-	cfg.Pause = orDuration(cfg.Pause, PrunerPauseDefault)
-	if cfg.BatchSize == 0 {
-		cfg.BatchSize = PrunerBatchSizeDefault
-	}
+	cfg.Retention = cmp.Or(cfg.Retention, PrunerRetentionDefault)
+	cfg.Interval = cmp.Or(cfg.Interval, PrunerIntervalDefault)
+	cfg.Pause = cmp.Or(cfg.Pause, PrunerPauseDefault)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, PrunerBatchSizeDefault)
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}
 	}
@@ -95,13 +94,6 @@ func NewPruner(cfg PrunerConfig) (*Pruner, error) {
 		return nil, fmt.Errorf("deduplication: creating %s counter: %w", MetricPruned, err)
 	}
 	return &Pruner{cfg: cfg, pruned: pruned}, nil
-}
-
-func orDuration(d, def time.Duration) time.Duration {
-	if d == 0 {
-		return def
-	}
-	return d
 }
 
 // Prune deletes the records older than the retention now, batch by batch,

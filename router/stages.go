@@ -62,33 +62,25 @@ func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
 	}
 	if s.Poison != nil {
 		cfg := *s.Poison
-		if cfg.Classifier == nil {
-			cfg.Classifier = c
-		}
+		cfg.Classifier = cmp.Or(cfg.Classifier, c)
 		mw, err := poison.New(cfg)
 		errs = append(errs, add("poison", mw, err))
 	}
 	if s.Retry != nil {
 		cfg := *s.Retry
-		if cfg.Classifier == nil {
-			cfg.Classifier = c
-		}
+		cfg.Classifier = cmp.Or(cfg.Classifier, c)
 		mw, err := retrytiers.New(cfg)
 		errs = append(errs, add("retry", mw, err))
 	}
 	if s.Classify != nil {
 		cfg := *s.Classify
-		if cfg.Classifier == nil {
-			cfg.Classifier = c
-		}
+		cfg.Classifier = cmp.Or(cfg.Classifier, c)
 		mw, err := middleware.Classify(cfg)
 		errs = append(errs, add("classify", mw, err))
 	}
 	if s.Inbox != nil {
 		cfg := *s.Inbox
-		if cfg.Classifier == nil {
-			cfg.Classifier = c
-		}
+		cfg.Classifier = cmp.Or(cfg.Classifier, c)
 		d, err := deduplication.New(cfg)
 		var mw message.HandlerMiddleware
 		if d != nil {

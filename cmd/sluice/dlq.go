@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -377,14 +378,12 @@ func audit(g *globals, command, queue string, f dlq.Filter, opts map[string]stri
 	return dlq.AppendAudit(g.audit, rec)
 }
 
-func errorsJoin(a, b error) error {
-	switch {
-	case a == nil:
-		return b
-	case b == nil:
-		return a
+// errorsJoin joins the run's error and the audit log's.
+func errorsJoin(runErr, auditErr error) error {
+	if auditErr != nil {
+		auditErr = fmt.Errorf("writing the audit log: %w", auditErr)
 	}
-	return fmt.Errorf("%w; and writing the audit log: %w", a, b)
+	return errors.Join(runErr, auditErr)
 }
 
 // progressView shows a progress bar on a terminal, plain lines otherwise.
