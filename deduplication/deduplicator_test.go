@@ -1,7 +1,6 @@
 package deduplication_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -15,7 +14,6 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
@@ -90,20 +88,7 @@ func (b *bundle) rows(t *testing.T) (business, inbox int) {
 
 func (b *bundle) duplicates(t *testing.T) int64 {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, b.reader.Collect(context.Background(), &rm))
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name == deduplication.MetricDuplicates {
-				var n int64
-				for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-					n += dp.Value
-				}
-				return n
-			}
-		}
-	}
-	return 0
+	return testenv.CounterSum(t, b.reader, deduplication.MetricDuplicates)
 }
 
 // event is a fresh delivery (its own Watermill UUID) of the event with id key.

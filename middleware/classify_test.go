@@ -9,8 +9,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 )
 
@@ -54,27 +54,7 @@ func TestClassify(t *testing.T) {
 	_, err = run(jsonSyntaxErr())
 	require.Equal(t, middleware.ClassPoison, middleware.ClassOf(err))
 
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(context.Background(), &rm))
-	require.Equal(t, int64(1), counterValue(t, rm, middleware.MetricRejected))
-}
-
-func counterValue(t *testing.T, rm metricdata.ResourceMetrics, name string) int64 {
-	t.Helper()
-	var total int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != name {
-				continue
-			}
-			sum, ok := m.Data.(metricdata.Sum[int64])
-			require.True(t, ok, "%s is not an int64 sum", name)
-			for _, dp := range sum.DataPoints {
-				total += dp.Value
-			}
-		}
-	}
-	return total
+	require.Equal(t, int64(1), testenv.CounterSum(t, reader, middleware.MetricRejected))
 }
 
 func TestRecoverer(t *testing.T) {
