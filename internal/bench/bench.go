@@ -92,11 +92,12 @@ func MedianRatio(num, den []float64) float64 {
 	return Median(r)
 }
 
-// pgSchema connects to PostgreSQL with at most conns open connections and
-// creates a schema named prefix plus a random suffix; cleanup drops the
-// schema and closes the pool.
-func pgSchema(ctx context.Context, url, prefix string, conns int) (*sqlx.DB, string, func(), error) {
-	db, err := sqlx.ConnectContext(ctx, "postgres", url)
+// pgSchema connects to PostgreSQL with at most conns open connections
+// (counting the writes to the server into writes, when set) and creates a
+// schema named prefix plus a random suffix; cleanup drops the schema and
+// closes the pool.
+func pgSchema(ctx context.Context, url, prefix string, conns int, writes *atomic.Int64) (*sqlx.DB, string, func(), error) {
+	db, err := openPG(ctx, url, writes)
 	if err != nil {
 		return nil, "", nil, fmt.Errorf("connecting to PostgreSQL: %w", err)
 	}

@@ -32,7 +32,7 @@ import (
 //	               Recoverer) around the business INSERT;
 //	PG ceiling:    the inbox-by-hand transaction in a loop, no broker.
 func EndToEnd(ctx context.Context, o Options) error {
-	db, schema, cleanup, err := pgSchema(ctx, o.PostgresURL, "sluice_bench_e2e", 24)
+	db, schema, cleanup, err := pgSchema(ctx, o.PostgresURL, "sluice_bench_e2e", 24, nil)
 	if err != nil {
 		return err
 	}

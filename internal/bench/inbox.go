@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
+	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
@@ -23,7 +25,8 @@ import (
 // at concurrency 1 and 8, and reports c/b (the library's cost over the same
 // SQL by hand) and c/a (the cost of the extra statement).
 func Inbox(ctx context.Context, o Options) error {
-	db, schema, cleanup, err := pgSchema(ctx, o.PostgresURL, "sluice_bench", 16)
+	var writes atomic.Int64
+	db, schema, cleanup, err := pgSchema(ctx, o.PostgresURL, "sluice_bench", 16, &writes)
 	if err != nil {
 		return err
 	}
@@ -52,6 +55,17 @@ func Inbox(ctx context.Context, o Options) error {
 	}
 	Table(o.Out, []string{"concurrency", names[0] + " msg/s", names[1] + " msg/s", names[2] + " msg/s", "c÷b", "c÷a"}, rows)
 	fmt.Fprintln(o.Out, "\ntargets: c÷b ≥ 0.95; c÷a ≈ 0.7–0.8 expected (one more statement per message)")
+
+	// What each variant sends: writes to the server per message, one at a time.
+	var wire []string
+	for i, op := range ops {
+		w, err := writesPerMessage(ctx, &writes, 200, op("wire-"))
+		if err != nil {
+			return err
+		}
+		wire = append(wire, fmt.Sprintf("%s %.1f", names[i][:1], w))
+	}
+	fmt.Fprintf(o.Out, "writes to PostgreSQL per message (200 in a row): %s\n", strings.Join(wire, ", "))
 	return nil
 }
 

@@ -17,7 +17,7 @@ import (
 // inbox, and the p99 claim latency while the pruner deletes a tenth of those
 // rows (old ones) against the same table without pruning.
 func InboxScale(ctx context.Context, o Options) error {
-	db, schema, cleanup, err := pgSchema(ctx, o.PostgresURL, "sluice_bench_scale", 16)
+	db, schema, cleanup, err := pgSchema(ctx, o.PostgresURL, "sluice_bench_scale", 16, nil)
 	if err != nil {
 		return err
 	}
