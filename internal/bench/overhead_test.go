@@ -1,6 +1,16 @@
 package bench
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/metric/noop"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/router"
+)
 
 // go test -bench Overhead -benchmem ./internal/bench/
 func BenchmarkOverhead(b *testing.B) {
@@ -10,5 +20,34 @@ func BenchmarkOverhead(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Run(map[bool]string{true: "bare", false: "stack"}[bare], func(b *testing.B) { BenchmarkDelivery(b, h, store) })
+	}
+}
+
+// BenchmarkOverheadByStage measures stages alone, for the breakdown in
+// docs/benchmarks.md: go test -run '^$' -bench OverheadByStage -benchmem ./internal/bench/
+func BenchmarkOverheadByStage(b *testing.B) {
+	meter := noop.NewMeterProvider()
+	for _, c := range []struct {
+		name   string
+		stages func(*deduplication.MemoryStore) router.Stages
+	}{
+		{"shutdown-grace", func(*deduplication.MemoryStore) router.Stages { return router.Stages{} }},
+		{"shutdown-grace+trace", func(*deduplication.MemoryStore) router.Stages {
+			return router.Stages{Trace: &middleware.TraceConfig{TracerProvider: tracenoop.NewTracerProvider(), MeterProvider: meter}}
+		}},
+		{"inbox", func(st *deduplication.MemoryStore) router.Stages {
+			return router.Stages{ShutdownGrace: -1, Inbox: &deduplication.Config{Store: st, Consumer: "c", MeterProvider: meter}}
+		}},
+	} {
+		store := deduplication.NewMemoryStore()
+		mws, err := router.Middlewares(c.stages(store))
+		if err != nil {
+			b.Fatal(err)
+		}
+		h := message.HandlerFunc(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+		for i := len(mws) - 1; i >= 0; i-- {
+			h = mws[i](h)
+		}
+		b.Run(c.name, func(b *testing.B) { BenchmarkDelivery(b, h, store) })
 	}
 }
