@@ -33,4 +33,26 @@ const (
 	// never republished by it.
 	SourceExchangeKey   = "sluice_amqp_exchange"
 	SourceRoutingKeyKey = "sluice_amqp_routing_key"
+
+	// OriginExchangeKey and OriginRoutingKeyKey are where the message was
+	// first published to, recorded once by the retry-tier stage at the first
+	// failure (from SourceExchangeKey and SourceRoutingKeyKey) and kept on
+	// every later copy: after a retry tier the delivery's own exchange and
+	// routing key name the dead-letter hop, not the producer's. The poison
+	// diagnosis reports these when present.
+	OriginExchangeKey   = "sluice_origin_exchange"
+	OriginRoutingKeyKey = "sluice_origin_routing_key"
 )
+
+// Origin returns where msg was first published to: OriginExchangeKey and
+// OriginRoutingKeyKey when a retry copy recorded them, else the delivery's own
+// SourceExchangeKey and SourceRoutingKeyKey. ok is false when neither is known.
+func Origin(md map[string]string) (exchange, routingKey string, ok bool) {
+	if rk, found := md[OriginRoutingKeyKey]; found {
+		return md[OriginExchangeKey], rk, true
+	}
+	if rk, found := md[SourceRoutingKeyKey]; found {
+		return md[SourceExchangeKey], rk, true
+	}
+	return "", "", false
+}

@@ -22,6 +22,7 @@ import (
 // Defaults.
 const (
 	PublishBackoffDefault = time.Second
+	PublishTimeoutDefault = 30 * time.Second
 	ErrorMaxLengthDefault = 1024
 )
 
@@ -40,7 +41,9 @@ type Config struct {
 	// Topic is the poison queue. Required.
 	Topic string
 	// Queue is the consumer's queue, recorded in QueueKey for replays.
-	// Default: the delivery's routing key.
+	// Default: the topic the Watermill handler subscribed to (on RabbitMQ,
+	// the queue), even when the message came through an exchange with
+	// another routing key.
 	Queue string
 	// Consumer is recorded in ConsumerKey. Default: the Watermill handler's name.
 	Consumer string
@@ -52,10 +55,13 @@ type Config struct {
 	Classifier *middleware.Classifier
 	// ErrorMaxLength bounds ReasonKey, in bytes. Default ErrorMaxLengthDefault.
 	ErrorMaxLength int
-	// PublishBackoff is waited, bounded by the message context, before
-	// returning a failed publish, so an unreachable poison queue is not a
-	// hot redelivery loop. Default PublishBackoffDefault.
+	// PublishBackoff is waited before returning a failed publish, so an
+	// unreachable poison queue is not a hot redelivery loop. Default
+	// PublishBackoffDefault.
 	PublishBackoff time.Duration
+	// PublishTimeout bounds publishing one copy, on a context detached from
+	// the handler's deadline. Default PublishTimeoutDefault.
+	PublishTimeout time.Duration
 	// MeterProvider receives MetricPoisoned. Default the global provider.
 	MeterProvider metric.MeterProvider
 }
@@ -91,8 +97,16 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	if cfg.PublishBackoff == 0 {
 		cfg.PublishBackoff = PublishBackoffDefault
 	}
-	if cfg.ErrorMaxLength < 16 || cfg.PublishBackoff < 0 {
-		return nil, errors.New("poison: Config.ErrorMaxLength must be at least 16 and PublishBackoff not negative")
+	if cfg.PublishTimeout == 0 {
+		cfg.PublishTimeout = PublishTimeoutDefault
+	}
+	switch {
+	case cfg.ErrorMaxLength < 16:
+		return nil, fmt.Errorf("poison: Config.ErrorMaxLength must be at least 16, got %d", cfg.ErrorMaxLength)
+	case cfg.PublishBackoff < 0:
+		return nil, fmt.Errorf("poison: Config.PublishBackoff must not be negative, got %s", cfg.PublishBackoff)
+	case cfg.PublishTimeout < 0:
+		return nil, fmt.Errorf("poison: Config.PublishTimeout must not be negative, got %s", cfg.PublishTimeout)
 	}
 	poisoned, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(MetricPoisoned,
 		metric.WithDescription("Messages isolated in the poison queue."))
@@ -120,7 +134,7 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		ctx := msg.Context()
 		diagnosed := s.diagnose(msg, class, err)
-		if pErr := republish.Publish(s.cfg.Publisher, s.cfg.Topic, diagnosed, s.cfg.PublishBackoff); pErr != nil {
+		if pErr := republish.Publish(s.cfg.Publisher, s.cfg.Topic, diagnosed, s.cfg.PublishTimeout, s.cfg.PublishBackoff); pErr != nil {
 			return nil, errors.Join(err, fmt.Errorf("poison: cannot publish to the poison queue %s: %w", s.cfg.Topic, pErr))
 		}
 		s.poisoned.Add(ctx, 1, metric.WithAttributes(
@@ -137,10 +151,8 @@ func (s *stage) diagnose(msg *message.Message, class middleware.Class, err error
 	c := republish.Copy(msg, 10)
 	md := msg.Metadata
 	now := clock.Now()
-	queue := s.cfg.Queue
-	if queue == "" {
-		queue = md.Get(middleware.SourceRoutingKeyKey)
-	}
+	queue := cmp.Or(s.cfg.Queue, message.SubscribeTopicFromCtx(msg.Context()), md.Get(middleware.SourceRoutingKeyKey))
+	exchange, routingKey, _ := middleware.Origin(md)
 	attempts := md.Get(middleware.AttemptKey)
 	if attempts == "" {
 		attempts = "1"
@@ -153,8 +165,8 @@ func (s *stage) diagnose(msg *message.Message, class middleware.Class, err error
 	c.Metadata[ReasonKey] = diag.Summary(err, s.cfg.ErrorMaxLength)
 	c.Metadata[ConsumerKey] = cmp.Or(s.cfg.Consumer, message.HandlerNameFromCtx(msg.Context()))
 	c.Metadata[QueueKey] = queue
-	c.Metadata[ExchangeKey] = md.Get(middleware.SourceExchangeKey)
-	c.Metadata[RoutingKeyKey] = md.Get(middleware.SourceRoutingKeyKey)
+	c.Metadata[ExchangeKey] = exchange
+	c.Metadata[RoutingKeyKey] = routingKey
 	c.Metadata[AttemptsKey] = attempts
 	c.Metadata[FirstFailedAtKey] = firstFailed
 	c.Metadata[PoisonedAtKey] = now

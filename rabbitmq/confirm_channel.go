@@ -26,7 +26,9 @@ type confirmChannel struct {
 	ch       *amqp.Channel
 	returns  chan amqp.Return
 	confirms chan amqp.Confirmation
+	closes   chan *amqp.Error
 	done     chan struct{} // closed when listen ends: the channel is closed
+	closeErr error         // why the channel closed (the broker's reply), set before done closes
 
 	pubMu sync.Mutex // serialises tag assignment and publishing
 
@@ -40,7 +42,7 @@ type inflight struct {
 	tag      uint64
 	done     chan struct{}
 	acked    bool
-	closed   bool // the channel closed before the confirm
+	closed   error // why the channel closed before the confirm, or nil
 	returned *UnroutableError
 }
 
@@ -57,6 +59,7 @@ func newConfirmChannel(conn *amqp.Connection) (*confirmChannel, error) {
 		ch:       ch,
 		returns:  ch.NotifyReturn(make(chan amqp.Return)),
 		confirms: ch.NotifyPublish(make(chan amqp.Confirmation, confirmBuffer)),
+		closes:   ch.NotifyClose(make(chan *amqp.Error, 1)),
 		done:     make(chan struct{}),
 		pending:  make(map[uint64]*inflight),
 	}
@@ -83,8 +86,19 @@ func (c *confirmChannel) listen() {
 		case cf, ok := <-c.confirms:
 			c.mu.Lock()
 			if !ok { // the channel closed: no confirm will come
+				// amqp091 sends the close reason before it closes the
+				// confirms, so a broker's reply (404 NOT_FOUND for a missing
+				// exchange, 406 ...) is in c.closes by now.
+				c.closeErr = ErrChannelClosed
+				select {
+				case e, ok := <-c.closes:
+					if ok && e != nil {
+						c.closeErr = fmt.Errorf("%w: %w", ErrChannelClosed, e)
+					}
+				default:
+				}
 				for tag, f := range c.pending {
-					f.closed = true
+					f.closed = c.closeErr
 					close(f.done)
 					delete(c.pending, tag)
 				}
@@ -142,8 +156,8 @@ func (f *inflight) wait(ctx context.Context, expired <-chan time.Time) error {
 		return errConfirmTimeout
 	}
 	switch {
-	case f.closed:
-		return ErrChannelClosed
+	case f.closed != nil:
+		return f.closed
 	case !f.acked:
 		return ErrNacked
 	case f.returned != nil:

@@ -1,16 +1,21 @@
 package rabbitmq
 
 import (
+	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
 
+	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluicemq/sluice/internal/diag"
 )
 
 // Marshaler is a watermill-amqp Marshaler that reads any delivery.
@@ -27,34 +32,138 @@ import (
 //   - turns other producers' non-string headers into text: integers and
 //     floats in decimal, booleans as true/false, timestamps in RFC 3339,
 //     byte arrays as text when they are UTF-8, tables and arrays as JSON. A
-//     copy republished from such a message carries them as strings.
+//     copy republished from such a message carries them as strings;
+//   - exposes the AMQP properties (content type and encoding, correlation
+//     and message id, type, app id, timestamp, priority, reply-to, user id)
+//     as the property keys (ContentTypeKey, ...), which Marshal restores as
+//     properties;
+//   - refuses a delivery without an acknowledger (ErrNoDelivery): amqp091
+//     hands out zero deliveries once the server cancels a consumer, and
+//     those are never messages.
 //
-// Marshal is DefaultMarshaler's (persistent, metadata as headers, the UUID in
-// _watermill_message_uuid) without the delivery-scoped keys.
+// Marshal publishes persistently, the metadata as headers and the UUID in
+// _watermill_message_uuid (as DefaultMarshaler), without the
+// delivery-scoped keys, with the property keys as properties. A name that
+// AMQP cannot carry (a header name or a short-string property over 255
+// bytes) is an error, never cut short.
 type Marshaler struct {
 	wamqp.DefaultMarshaler
 }
 
 var _ wamqp.Marshaler = Marshaler{}
 
-// Marshal returns the publishing of msg.
-func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
-	pub, err := m.DefaultMarshaler.Marshal(msg)
-	for k := range pub.Headers {
-		if isDeliveryScoped(k) || k == PublishIDHeader {
-			delete(pub.Headers, k)
-		}
+// ShortStringMaxLength is the longest AMQP short string, in bytes: the limit
+// of queue, exchange and header names, routing keys and most properties.
+const ShortStringMaxLength = 255
+
+var (
+	// ErrNoDelivery is returned by Unmarshal for a delivery without an
+	// acknowledger: the zero delivery amqp091 hands out on a closed
+	// deliveries channel.
+	ErrNoDelivery = errors.New("rabbitmq: not a delivery (no acknowledger): the consumer was cancelled or its channel closed")
+	// ErrNameTooLong is matched by a name or property longer than
+	// ShortStringMaxLength bytes.
+	ErrNameTooLong = errors.New("rabbitmq: longer than AMQP's 255-byte short string")
+)
+
+// CheckName returns an error matching ErrNameTooLong when name is longer than
+// AMQP allows; what names the name in the error.
+func CheckName(what, name string) error {
+	if len(name) > ShortStringMaxLength {
+		return fmt.Errorf("%w: %s %q is %d bytes", ErrNameTooLong, what, diag.Bound(name, 64), len(name))
 	}
-	return pub, err
+	return nil
 }
 
-// Unmarshal returns the message of d; it fails on no header.
-func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
-	uuidKey := m.MessageUUIDHeaderKey
-	if uuidKey == "" {
-		uuidKey = wamqp.DefaultMessageUUIDHeaderKey
+// Marshal returns the publishing of msg.
+func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
+	pub := amqp.Publishing{Body: msg.Payload, Headers: make(amqp.Table, len(msg.Metadata)+2)}
+	if !m.NotPersistentDeliveryMode {
+		pub.DeliveryMode = amqp.Persistent
 	}
+	for k, v := range msg.Metadata {
+		switch {
+		case isDeliveryScoped(k), k == PublishIDHeader:
+			continue
+		case strings.HasPrefix(k, PropertyPrefix) && k != UserIDKey:
+			if err := setProperty(&pub, k, v); err != nil {
+				return amqp.Publishing{}, err
+			}
+			continue
+		}
+		if err := CheckName("header name", k); err != nil {
+			return amqp.Publishing{}, err
+		}
+		pub.Headers[k] = v
+	}
+	pub.Headers[m.uuidKey()] = msg.UUID
+	if m.PostprocessPublishing != nil {
+		pub = m.PostprocessPublishing(pub)
+	}
+	return pub, nil
+}
+
+// setProperty sets the AMQP property of property key k to v.
+func setProperty(pub *amqp.Publishing, k, v string) error {
+	short := func(dst *string) error {
+		if err := CheckName("property "+k, v); err != nil {
+			return err
+		}
+		*dst = v
+		return nil
+	}
+	switch k {
+	case ContentTypeKey:
+		return short(&pub.ContentType)
+	case ContentEncodingKey:
+		return short(&pub.ContentEncoding)
+	case CorrelationIDKey:
+		return short(&pub.CorrelationId)
+	case MessageIDKey:
+		return short(&pub.MessageId)
+	case TypeKey:
+		return short(&pub.Type)
+	case AppIDKey:
+		return short(&pub.AppId)
+	case ReplyToKey:
+		return short(&pub.ReplyTo)
+	case TimestampKey:
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			return fmt.Errorf("rabbitmq: metadata %s: want an RFC 3339 time: %w", k, err)
+		}
+		pub.Timestamp = t
+	case PriorityKey:
+		p, err := strconv.ParseUint(v, 10, 8)
+		if err != nil {
+			return fmt.Errorf("rabbitmq: metadata %s: want 0-255: %w", k, err)
+		}
+		pub.Priority = uint8(p)
+	default: // an unknown property key travels as a header
+		pub.Headers[k] = v
+	}
+	return nil
+}
+
+func (m Marshaler) uuidKey() string {
+	if m.MessageUUIDHeaderKey == "" {
+		return wamqp.DefaultMessageUUIDHeaderKey
+	}
+	return m.MessageUUIDHeaderKey
+}
+
+// Unmarshal returns the message of d. A delivery without an acknowledger
+// gives ErrNoDelivery. The UUID is the _watermill_message_uuid header, else
+// the message_id property, else a new one.
+func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
+	if d.Acknowledger == nil {
+		return nil, ErrNoDelivery
+	}
+	uuidKey := m.uuidKey()
 	uuid, _ := d.Headers[uuidKey].(string)
+	if uuid == "" {
+		uuid = cmp.Or(d.MessageId, watermill.NewUUID())
+	}
 	msg := message.NewMessage(uuid, d.Body)
 	msg.Metadata = make(message.Metadata, len(d.Headers)+4)
 	for k, v := range d.Headers {
@@ -66,10 +175,30 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 			msg.Metadata[k] = headerText(v)
 		}
 	}
+	properties(msg.Metadata, d)
 	msg.Metadata[ExchangeKey] = d.Exchange
 	msg.Metadata[RoutingKeyKey] = d.RoutingKey
 	msg.Metadata[RedeliveredKey] = strconv.FormatBool(d.Redelivered)
 	return msg, nil
+}
+
+// properties sets the property keys of d's properties that are set.
+func properties(md message.Metadata, d amqp.Delivery) {
+	for _, p := range [...]struct{ k, v string }{
+		{ContentTypeKey, d.ContentType}, {ContentEncodingKey, d.ContentEncoding},
+		{CorrelationIDKey, d.CorrelationId}, {MessageIDKey, d.MessageId}, {TypeKey, d.Type},
+		{AppIDKey, d.AppId}, {ReplyToKey, d.ReplyTo}, {UserIDKey, d.UserId},
+	} {
+		if p.v != "" {
+			md[p.k] = p.v
+		}
+	}
+	if !d.Timestamp.IsZero() {
+		md[TimestampKey] = d.Timestamp.UTC().Format(time.RFC3339)
+	}
+	if d.Priority != 0 {
+		md[PriorityKey] = strconv.Itoa(int(d.Priority))
+	}
 }
 
 // brokerHeader sets the delivery-scoped keys RabbitMQ's header k holds.

@@ -39,7 +39,8 @@ var brokerHeaders = amqp.Table{
 func TestMarshalerUnmarshalsBrokerHeaders(t *testing.T) {
 	t.Parallel()
 	msg, err := rabbitmq.Marshaler{}.Unmarshal(amqp.Delivery{
-		Headers: brokerHeaders, Body: []byte("{}"), Exchange: "orders", RoutingKey: "orders.created", Redelivered: true,
+		Acknowledger: nopAcker{},
+		Headers:      brokerHeaders, Body: []byte("{}"), Exchange: "orders", RoutingKey: "orders.created", Redelivered: true,
 	})
 	require.NoError(t, err)
 	require.Equal(t, "uuid-1", msg.UUID)
@@ -113,4 +114,19 @@ func TestSubscriberHandlesTypedHeaders(t *testing.T) {
 	require.Equal(t, "false", got.Metadata.Get(rabbitmq.RedeliveredKey), "delivered once, not nacked and redelivered")
 	got.Ack()
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q) == 0 }, 5*time.Second, 20*time.Millisecond)
+}
+
+// nopAcker is the acknowledger of deliveries built by tests.
+type nopAcker struct{}
+
+func (nopAcker) Ack(uint64, bool) error        { return nil }
+func (nopAcker) Nack(uint64, bool, bool) error { return nil }
+func (nopAcker) Reject(uint64, bool) error     { return nil }
+
+// A zero delivery — what amqp091 hands out on a closed deliveries channel
+// after the server cancelled the consumer — is never a message.
+func TestMarshalerRefusesAZeroDelivery(t *testing.T) {
+	t.Parallel()
+	_, err := rabbitmq.Marshaler{}.Unmarshal(amqp.Delivery{})
+	require.ErrorIs(t, err, rabbitmq.ErrNoDelivery)
 }

@@ -39,3 +39,31 @@ const (
 )
 
 func isDeliveryScoped(key string) bool { return strings.HasPrefix(key, DeliveryPrefix) }
+
+// Metadata keys of a message's AMQP properties. Unlike the delivery-scoped
+// keys they belong to the message: the Marshaler sets them from each
+// delivery's properties (a foreign producer's content type, correlation id,
+// ...) so the handler can read them, and Marshal restores them as properties
+// — not headers — on every copy Sluice publishes (retry tiers, poison queue)
+// and on replays. Expiration is never carried: the retry tiers own TTL.
+const (
+	// PropertyPrefix starts every property key.
+	PropertyPrefix = "sluice_property_"
+
+	ContentTypeKey     = PropertyPrefix + "content_type"
+	ContentEncodingKey = PropertyPrefix + "content_encoding"
+	CorrelationIDKey   = PropertyPrefix + "correlation_id"
+	MessageIDKey       = PropertyPrefix + "message_id"
+	TypeKey            = PropertyPrefix + "type"
+	AppIDKey           = PropertyPrefix + "app_id"
+	ReplyToKey         = PropertyPrefix + "reply_to"
+	// TimestampKey is the timestamp property in RFC 3339 (UTC, seconds).
+	TimestampKey = PropertyPrefix + "timestamp"
+	// PriorityKey is the priority property, 0-255 in decimal.
+	PriorityKey = PropertyPrefix + "priority"
+	// UserIDKey is the user_id property the broker validated for the
+	// producer. It is readable by the handler and kept as a header on
+	// copies, but never restored as the property: RabbitMQ refuses a
+	// publish whose user_id is not the publishing connection's user.
+	UserIDKey = PropertyPrefix + "user_id"
+)

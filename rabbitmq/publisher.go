@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -18,11 +19,8 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
-// Publisher defaults.
-const (
-	ConfirmTimeoutDefault = 30 * time.Second
-	DialTimeoutDefault    = 10 * time.Second
-)
+// ConfirmTimeoutDefault bounds the wait for a publisher confirm.
+const ConfirmTimeoutDefault = 30 * time.Second
 
 // PublishIDHeader is the AMQP header carrying the delivery tag by which the
 // Publisher matches a basic.return to the message it publishes. The
@@ -37,6 +35,10 @@ var (
 	// ErrChannelClosed is matched by a publish whose channel closed before the
 	// broker confirmed it: it may or may not have been stored.
 	ErrChannelClosed = errors.New("rabbitmq: channel closed before the confirm")
+	// ErrBlocked is matched by a publish refused because the broker blocked
+	// the connection (a memory or disk alarm) for longer than the publish
+	// could wait.
+	ErrBlocked = errors.New("rabbitmq: connection blocked by the broker")
 )
 
 // UnroutableError is a mandatory publish the broker returned (basic.return):
@@ -71,6 +73,9 @@ type PublisherConfig struct {
 	ConfirmTimeout time.Duration
 	// DialTimeout bounds connecting. Default DialTimeoutDefault.
 	DialTimeout time.Duration
+	// WriteTimeout bounds each write to the socket, so a broker that stops
+	// reading cannot hold a publish past it. Default WriteTimeoutDefault.
+	WriteTimeout time.Duration
 	// Logger reports reconnects. Default watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 	// MeterProvider receives MetricConfirmDuration. Default the global provider.
@@ -93,10 +98,11 @@ type Publisher struct {
 	cfg     PublisherConfig
 	confirm metric.Float64Histogram
 
-	mu     sync.Mutex
-	conn   *amqp.Connection
-	ch     *confirmChannel
-	closed bool
+	mu      sync.Mutex
+	conn    *amqp.Connection
+	ch      *confirmChannel
+	closed  bool
+	blocked atomic.Pointer[amqp.Blocking] // non-nil while the broker blocks conn
 }
 
 var _ message.Publisher = (*Publisher)(nil)
@@ -107,8 +113,11 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if cfg.URL == "" {
 		return nil, errors.New("rabbitmq: PublisherConfig.URL is required")
 	}
-	if _, err := amqp.ParseURI(cfg.URL); err != nil {
-		return nil, fmt.Errorf("rabbitmq: PublisherConfig.URL %s: %w", diag.RedactURL(cfg.URL), err)
+	if err := CheckURL(cfg.URL); err != nil {
+		return nil, fmt.Errorf("rabbitmq: PublisherConfig.URL: %w", err)
+	}
+	if err := CheckName("PublisherConfig.Exchange", cfg.Exchange); err != nil {
+		return nil, err
 	}
 	if cfg.Marshaler == nil {
 		cfg.Marshaler = Marshaler{}
@@ -119,8 +128,16 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = DialTimeoutDefault
 	}
-	if cfg.ConfirmTimeout < 0 || cfg.DialTimeout < 0 {
-		return nil, errors.New("rabbitmq: PublisherConfig.ConfirmTimeout and DialTimeout must not be negative")
+	if cfg.WriteTimeout == 0 {
+		cfg.WriteTimeout = WriteTimeoutDefault
+	}
+	switch {
+	case cfg.ConfirmTimeout < 0:
+		return nil, fmt.Errorf("rabbitmq: PublisherConfig.ConfirmTimeout must not be negative, got %s", cfg.ConfirmTimeout)
+	case cfg.DialTimeout < 0:
+		return nil, fmt.Errorf("rabbitmq: PublisherConfig.DialTimeout must not be negative, got %s", cfg.DialTimeout)
+	case cfg.WriteTimeout < 0:
+		return nil, fmt.Errorf("rabbitmq: PublisherConfig.WriteTimeout must not be negative, got %s", cfg.WriteTimeout)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}
@@ -138,6 +155,12 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 // error naming every message that was not confirmed, nacked, returned as
 // unroutable, or whose channel closed first.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	if err := CheckName("routing key", topic); err != nil {
+		return err
+	}
+	if b := p.blocked.Load(); b != nil {
+		return fmt.Errorf("%w (%s): %d messages to %q not published", ErrBlocked, b.Reason, len(msgs), topic)
+	}
 	ch, err := p.channel()
 	if err != nil {
 		return err
@@ -203,11 +226,23 @@ func (p *Publisher) channel() (*confirmChannel, error) {
 		p.ch = nil
 	}
 	if p.conn == nil || p.conn.IsClosed() {
-		conn, err := amqp.DialConfig(p.cfg.URL, amqp.Config{Dial: amqp.DefaultDial(p.cfg.DialTimeout), Properties: amqp.Table{"connection_name": "sluice publisher"}})
+		conn, err := Dial(p.cfg.URL, DialConfig{Name: "sluice publisher", DialTimeout: p.cfg.DialTimeout, WriteTimeout: p.cfg.WriteTimeout})
 		if err != nil {
-			return nil, fmt.Errorf("rabbitmq: connecting to %s: %s", diag.RedactURL(p.cfg.URL), diag.Redact(err.Error()))
+			return nil, err
 		}
 		p.conn = conn
+		p.blocked.Store(nil)
+		blocks := conn.NotifyBlocked(make(chan amqp.Blocking, 1))
+		go func() { // ends when conn closes: amqp091 closes blocks then
+			for b := range blocks {
+				if b.Active {
+					p.blocked.Store(&b)
+					p.cfg.Logger.Info("The broker blocked the publisher's connection", watermill.LogFields{"reason": b.Reason})
+				} else {
+					p.blocked.Store(nil)
+				}
+			}
+		}()
 	}
 	ch, err := newConfirmChannel(p.conn)
 	if err != nil {
@@ -248,6 +283,8 @@ func confirmOutcome(err error) string {
 		return "nacked"
 	case errors.Is(err, ErrChannelClosed):
 		return "closed"
+	case errors.Is(err, ErrBlocked):
+		return "blocked"
 	default:
 		return "timeout"
 	}

@@ -35,6 +35,14 @@ type stack struct {
 
 func newStack(t *testing.T, cfg rabbitmq.TopologyConfig, handler func(s *stack, msg *message.Message) error) *stack {
 	t.Helper()
+	return newStackBehind(t, cfg, nil, handler)
+}
+
+// newStackBehind is newStack on a router that has the router-level
+// middlewares outer (Watermill's Timeout, Retry, ...) added before the
+// handler, as an existing router has them: they run outside the stages.
+func newStackBehind(t *testing.T, cfg rabbitmq.TopologyConfig, outer []message.HandlerMiddleware, handler func(s *stack, msg *message.Message) error) *stack {
+	t.Helper()
 	if cfg.TierDelays == nil {
 		cfg.TierDelays = shortTiers
 	}
@@ -51,6 +59,7 @@ func newStack(t *testing.T, cfg rabbitmq.TopologyConfig, handler func(s *stack, 
 	require.NoError(t, err)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
+	router.AddMiddleware(outer...)
 	router.AddConsumerHandler("inventory", s.topo.Queue(), sub, func(msg *message.Message) error {
 		s.mu.Lock()
 		id := msg.Metadata.Get(middleware.EventIDKey)

@@ -36,8 +36,8 @@ func NewSubscriber(cfg SubscriberConfig) (*wamqp.Subscriber, error) {
 	if cfg.URL == "" {
 		return nil, errors.New("rabbitmq: SubscriberConfig.URL is required")
 	}
-	if _, err := amqp.ParseURI(cfg.URL); err != nil {
-		return nil, fmt.Errorf("rabbitmq: SubscriberConfig.URL %s: %w", diag.RedactURL(cfg.URL), err)
+	if err := CheckURL(cfg.URL); err != nil {
+		return nil, fmt.Errorf("rabbitmq: SubscriberConfig.URL: %w", err)
 	}
 	if cfg.Prefetch == 0 {
 		cfg.Prefetch = PrefetchDefault
@@ -54,7 +54,7 @@ func NewSubscriber(cfg SubscriberConfig) (*wamqp.Subscriber, error) {
 	c.TopologyBuilder = declaredElsewhere{}
 	sub, err := wamqp.NewSubscriber(c, cfg.Logger)
 	if err != nil {
-		return nil, fmt.Errorf("rabbitmq: connecting the subscriber to %s: %s", diag.RedactURL(cfg.URL), diag.Redact(err.Error()))
+		return nil, fmt.Errorf("rabbitmq: connecting the subscriber to %s: %w", diag.RedactURL(cfg.URL), diag.RedactError(err))
 	}
 	return sub, nil
 }

@@ -11,13 +11,17 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/retrytiers"
 )
 
 // TopologyConfig describes the queues of one consumer queue.
 type TopologyConfig struct {
-	// Queue is the consumer's queue. Required: at most 200 bytes, not
-	// starting with "amq.".
+	// Queue is the consumer's queue. Required: [A-Za-z0-9_.:-], not
+	// starting with "amq.", and short enough that every derived name fits
+	// AMQP's 255 bytes: at most 255 minus the longest suffix, which is
+	// ".retry.<delay>" (10 bytes with the default tiers: 245) or ".poison"
+	// (7) when PoisonQueue is left to its default. MaxQueueLength computes it.
 	Queue string
 	// TierDelays are the retry tiers' TTLs, in order, at most 24 days each.
 	// Default retrytiers.DelaysDefault. Each tier is the queue
@@ -50,18 +54,63 @@ type Topology struct {
 // maxTTL keeps x-message-ttl within what RabbitMQ accepts comfortably.
 const maxTTL = 24 * 24 * time.Hour
 
-var queueName = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,200}$`)
+var queueName = regexp.MustCompile(`^[A-Za-z0-9_.:-]+$`)
 
-// NewTopology validates cfg.
+// PoisonSuffix is appended to the queue name for the default poison queue.
+const PoisonSuffix = ".poison"
+
+// MaxQueueLength returns the longest consumer queue name, in bytes, whose
+// derived names (the tier queues of delays, default
+// retrytiers.DelaysDefault, and with defaultPoison the poison queue) all fit
+// in AMQP's ShortStringMaxLength.
+func MaxQueueLength(delays []time.Duration, defaultPoison bool) int {
+	if len(delays) == 0 {
+		delays = retrytiers.DelaysDefault
+	}
+	longest := 0
+	if defaultPoison {
+		longest = len(PoisonSuffix)
+	}
+	for _, d := range delays {
+		longest = max(longest, len(".retry.")+len(retrytiers.TierName(d)))
+	}
+	return ShortStringMaxLength - longest
+}
+
+func checkQueueName(field, name string) error {
+	if err := CheckName("TopologyConfig."+field, name); err != nil {
+		return err
+	}
+	if !queueName.MatchString(name) || strings.HasPrefix(name, "amq.") {
+		return fmt.Errorf("rabbitmq: TopologyConfig.%s %q: want [A-Za-z0-9_.:-], not starting with \"amq.\"", field, diag.Bound(name, 64))
+	}
+	return nil
+}
+
+// NewTopology validates cfg. Every name it derives is checked against AMQP's
+// 255-byte limit and refused, never cut short.
 func NewTopology(cfg TopologyConfig) (*Topology, error) {
-	if !queueName.MatchString(cfg.Queue) || strings.HasPrefix(cfg.Queue, "amq.") {
-		return nil, fmt.Errorf("rabbitmq: TopologyConfig.Queue %q: want 1-200 of [A-Za-z0-9_.:-], not starting with \"amq.\"", cfg.Queue)
+	if cfg.Queue == "" {
+		return nil, errors.New("rabbitmq: TopologyConfig.Queue is required")
+	}
+	if err := checkQueueName("Queue", cfg.Queue); err != nil {
+		return nil, err
+	}
+	if limit := MaxQueueLength(cfg.TierDelays, cfg.PoisonQueue == ""); len(cfg.Queue) > limit {
+		return nil, fmt.Errorf("%w: TopologyConfig.Queue is %d bytes; with these tiers it may be at most %d, so that its tier and poison queue names fit",
+			ErrNameTooLong, len(cfg.Queue), limit)
 	}
 	if cfg.PoisonQueue == "" {
-		cfg.PoisonQueue = cfg.Queue + ".poison"
+		cfg.PoisonQueue = cfg.Queue + PoisonSuffix
 	}
-	if !queueName.MatchString(cfg.PoisonQueue) || strings.HasPrefix(cfg.PoisonQueue, "amq.") || cfg.PoisonQueue == cfg.Queue {
-		return nil, fmt.Errorf("rabbitmq: TopologyConfig.PoisonQueue %q: want a queue name other than Queue", cfg.PoisonQueue)
+	if err := checkQueueName("PoisonQueue", cfg.PoisonQueue); err != nil {
+		return nil, err
+	}
+	if cfg.PoisonQueue == cfg.Queue {
+		return nil, fmt.Errorf("rabbitmq: TopologyConfig.PoisonQueue %q: want a queue other than Queue", diag.Bound(cfg.PoisonQueue, 64))
+	}
+	if err := errors.Join(CheckName("TopologyConfig.Exchange", cfg.Exchange), CheckName("TopologyConfig.BindingKey", cfg.BindingKey)); err != nil {
+		return nil, err
 	}
 	if cfg.DeliveryLimit < 0 || cfg.DeliveryLimit > 0 && !cfg.Quorum {
 		return nil, fmt.Errorf("rabbitmq: TopologyConfig.DeliveryLimit %d: want 0, or a positive limit on a quorum queue", cfg.DeliveryLimit)

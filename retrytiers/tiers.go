@@ -21,7 +21,11 @@ import (
 // Defaults.
 const (
 	PublishBackoffDefault = time.Second
+	PublishTimeoutDefault = 30 * time.Second
 	ErrorMaxLengthDefault = 1024
+	// TopicMaxLength is the longest tier topic Ladder builds, in bytes:
+	// AMQP's limit for queue names and routing keys (a short string).
+	TopicMaxLength = 255
 )
 
 // DelaysDefault are the tiers' delays when none are given: 30s → 5m → 30m.
@@ -67,10 +71,19 @@ func Ladder(queue string, delays ...time.Duration) ([]Tier, error) {
 			return nil, fmt.Errorf("retrytiers: delay %d is %s: two tiers with one delay", i, d)
 		}
 		seen[name] = true
-		tiers = append(tiers, Tier{Name: name, Delay: d, Topic: queue + ".retry." + name})
+		topic := queue + ".retry." + name
+		if len(topic) > TopicMaxLength {
+			return nil, fmt.Errorf("%w: tier topic %q is %d bytes, more than %d (the queue name may be at most %d bytes with this tier)",
+				ErrNameTooLong, diag.Bound(topic, 64), len(topic), TopicMaxLength, TopicMaxLength-len(topic)+len(queue))
+		}
+		tiers = append(tiers, Tier{Name: name, Delay: d, Topic: topic})
 	}
 	return tiers, nil
 }
+
+// ErrNameTooLong is matched by a Ladder whose tier topics would exceed
+// TopicMaxLength: it is refused, never cut short.
+var ErrNameTooLong = errors.New("retrytiers: name too long")
 
 // Config configures the retry-tier middleware.
 type Config struct {
@@ -83,10 +96,15 @@ type Config struct {
 	// Classifier classifies errors that carry no class (the stage used
 	// without middleware.Classify inside it). Default middleware.DefaultClassifier().
 	Classifier *middleware.Classifier
-	// PublishBackoff is waited, bounded by the message context, before
-	// returning a failed publish, so an unreachable tier is not a hot
-	// redelivery loop. Default PublishBackoffDefault.
+	// PublishBackoff is waited before returning a failed publish, so an
+	// unreachable tier is not a hot redelivery loop. Default
+	// PublishBackoffDefault.
 	PublishBackoff time.Duration
+	// PublishTimeout bounds publishing one copy. The copy is published on a
+	// context detached from the handler's, so a handler that timed out (its
+	// message context expired) still reaches its tier. Default
+	// PublishTimeoutDefault.
+	PublishTimeout time.Duration
 	// ErrorMaxLength bounds the LastErrorKey summary, in bytes. Default
 	// ErrorMaxLengthDefault.
 	ErrorMaxLength int
@@ -138,11 +156,19 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	if cfg.PublishBackoff == 0 {
 		cfg.PublishBackoff = PublishBackoffDefault
 	}
+	if cfg.PublishTimeout == 0 {
+		cfg.PublishTimeout = PublishTimeoutDefault
+	}
 	if cfg.ErrorMaxLength == 0 {
 		cfg.ErrorMaxLength = ErrorMaxLengthDefault
 	}
-	if cfg.PublishBackoff < 0 || cfg.ErrorMaxLength < 16 {
-		return nil, errors.New("retrytiers: Config.PublishBackoff must not be negative and ErrorMaxLength must be at least 16")
+	switch {
+	case cfg.PublishBackoff < 0:
+		return nil, fmt.Errorf("retrytiers: Config.PublishBackoff must not be negative, got %s", cfg.PublishBackoff)
+	case cfg.PublishTimeout < 0:
+		return nil, fmt.Errorf("retrytiers: Config.PublishTimeout must not be negative, got %s", cfg.PublishTimeout)
+	case cfg.ErrorMaxLength < 16:
+		return nil, fmt.Errorf("retrytiers: Config.ErrorMaxLength must be at least 16, got %d", cfg.ErrorMaxLength)
 	}
 	meter := telemetry.Meter(cfg.MeterProvider)
 	retries, err := meter.Int64Counter(MetricRetries, metric.WithDescription("Copies published to a retry tier."))
@@ -179,7 +205,7 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 				fmt.Errorf("retry budget spent after %d attempts: %w", attempt, err))
 		}
 		tier := s.cfg.Tiers[attempt-1]
-		if pErr := republish.Publish(s.cfg.Publisher, tier.Topic, s.copy(msg, attempt, tier, err), s.cfg.PublishBackoff); pErr != nil {
+		if pErr := republish.Publish(s.cfg.Publisher, tier.Topic, s.copy(msg, attempt, tier, err), s.cfg.PublishTimeout, s.cfg.PublishBackoff); pErr != nil {
 			return nil, errors.Join(err, fmt.Errorf("retrytiers: publishing the retry copy to tier %s (%s): %w", tier.Name, tier.Topic, pErr))
 		}
 		s.retries.Add(ctx, 1, metric.WithAttributes(

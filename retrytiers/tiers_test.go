@@ -22,9 +22,11 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // recorder is a publisher that records what it is given, and fails while
 // fail is set: the fault a real broker outage would cause.
 type recorder struct {
-	mu   sync.Mutex
-	got  map[string][]*message.Message
-	fail error
+	mu     sync.Mutex
+	got    map[string][]*message.Message
+	fail   error
+	ctxErr []error             // each published message's context error at Publish
+	ctxVal []func(key any) any // each published message's context values
 }
 
 func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
@@ -37,6 +39,10 @@ func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
 		r.got = map[string][]*message.Message{}
 	}
 	r.got[topic] = append(r.got[topic], msgs...)
+	for _, m := range msgs {
+		r.ctxErr = append(r.ctxErr, m.Context().Err())
+		r.ctxVal = append(r.ctxVal, m.Context().Value)
+	}
 	return nil
 }
 
@@ -145,15 +151,38 @@ func TestPublishFailureNacksAfterBackoff(t *testing.T) {
 	require.Equal(t, middleware.ClassTransient, middleware.ClassOf(err), "the original is nacked, not poisoned")
 	require.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond, "the backoff is waited before the nack")
 
-	// The backoff ends with the message context.
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
+	// The backoff does not end with the message context: a handler that
+	// timed out (Watermill's Timeout) must not turn a failed publish into a
+	// hot redelivery loop.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	<-ctx.Done()
 	m := message.NewMessage("u", nil)
 	m.SetContext(ctx)
-	mw, err = retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: tiers(t), PublishBackoff: time.Hour})
-	require.NoError(t, err)
-	_, err = run(mw, m, middleware.Transient(errors.New("timeout")))
+	start = time.Now()
+	_, err = run(mw, m, middleware.Transient(context.DeadlineExceeded))
 	require.ErrorIs(t, err, errDown)
+	require.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond, "the backoff is waited although the message context expired")
+}
+
+// A copy is published on a context detached from the handler's deadline:
+// the publisher sees a live context, with the message context's values.
+func TestCopyPublishedAfterTheHandlerDeadline(t *testing.T) {
+	t.Parallel()
+	pub := &recorder{}
+	mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: tiers(t)})
+	require.NoError(t, err)
+	type key struct{}
+	ctx, cancel := context.WithTimeout(context.WithValue(context.Background(), key{}, "kept"), time.Millisecond)
+	defer cancel()
+	<-ctx.Done()
+	m := message.NewMessage("u", nil)
+	m.SetContext(ctx)
+	_, err = run(mw, m, context.DeadlineExceeded)
+	require.NoError(t, err, "a timed-out handler goes to its tier")
+	require.Len(t, pub.got["orders.retry.30s"], 1)
+	require.NoError(t, pub.ctxErr[0], "the copy's context is live when published")
+	require.Equal(t, "kept", pub.ctxVal[0](key{}))
 }
 
 func TestDelayedPublisher(t *testing.T) {

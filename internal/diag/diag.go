@@ -4,6 +4,7 @@
 package diag
 
 import (
+	"errors"
 	"net/url"
 	"regexp"
 	"strings"
@@ -14,25 +15,83 @@ import (
 const Mask = "xxxxx"
 
 var (
-	// scheme://user:password@host — the password part.
-	urlPassword = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://[^:@/\s"']*:)([^@\s"']*)@`)
-	// password=secret, pwd: secret, "password":"secret" in DSNs and JSON.
-	kvPassword = regexp.MustCompile(`(?i)("?\b(?:password|passwd|pwd|secret|token|api[_-]?key)"?\s*[=:]\s*"?)([^\s"'&;,}]+)`)
+	// scheme://user:password@host — the password part, up to the last @ of
+	// the URL (a password may hold an unescaped @).
+	urlPassword = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://[^:@/\s"']*:)([^\s"']*)@`)
+	// password=secret, PGPASSWORD=secret, pwd: secret, "password":"secret",
+	// password='quoted secret' in DSNs, environments and JSON.
+	kvPassword = regexp.MustCompile(`(?i)("?\b(?:\w*pass(?:word|wd)|pwd|secret|token|api[_-]?key|access[_-]?key)"?\s*[=:]\s*)('(?:[^'\\]|\\.)*'?|"(?:[^"\\]|\\.)*"?|[^\s"'&;,}]+)`)
+	// Authorization: Bearer token, Basic credentials, or a bare scheme.
+	authorization = regexp.MustCompile(`(?i)(\b(?:authorization|proxy-authorization)"?\s*[=:]\s*"?(?:(?:bearer|basic|token|digest|negotiate)\s+)?)([^\s"',;}]+)`)
+	bearer        = regexp.MustCompile(`(?i)(\bbearer\s+)([A-Za-z0-9._~+/=-]+)`)
 )
 
-// Redact replaces the passwords of URLs (scheme://user:pass@host) and of
-// key=value or "key":"value" pairs (password, passwd, pwd, secret, token,
-// api_key) with Mask.
+// Redact replaces the passwords of URLs (scheme://user:pass@host), of
+// key=value, key='quoted value' or "key":"value" pairs (password, any
+// *PASSWORD such as PGPASSWORD, passwd, pwd, secret, token, api_key,
+// access_key) and the credentials of Authorization headers and bearer
+// tokens with Mask.
 func Redact(s string) string {
 	s = urlPassword.ReplaceAllString(s, "${1}"+Mask+"@")
-	return kvPassword.ReplaceAllString(s, "${1}"+Mask)
+	s = kvPassword.ReplaceAllStringFunc(s, func(m string) string {
+		sub := kvPassword.FindStringSubmatch(m)
+		v := sub[2]
+		switch {
+		case strings.HasPrefix(v, "'"):
+			return sub[1] + "'" + Mask + "'"
+		case strings.HasPrefix(v, `"`):
+			return sub[1] + `"` + Mask + `"`
+		}
+		return sub[1] + Mask
+	})
+	s = authorization.ReplaceAllString(s, "${1}"+Mask)
+	return bearer.ReplaceAllString(s, "${1}"+Mask)
 }
+
+// Error is an error whose text is redacted (Redact) and which unwraps to the
+// original, so errors.Is and errors.As still reach the cause (amqp091's
+// *amqp.Error, amqp.ErrCredentials, ...). Only the text is redacted: code
+// that prints an unwrapped cause prints it as it is.
+type Error struct {
+	text string
+	err  error
+}
+
+// RedactError returns err with its text redacted, unwrapping to err; nil
+// stays nil. A *url.Error (which repeats the whole URL, and for a bad escape
+// a fragment of it) is described without the URL.
+func RedactError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if ue, ok := errors.AsType[*url.Error](err); ok {
+		what := "not a valid URL"
+		if _, isEscape := errors.AsType[url.EscapeError](ue.Err); isEscape {
+			what = "not a valid URL: an invalid %-escape"
+		} else if _, isHost := errors.AsType[url.InvalidHostError](ue.Err); isHost {
+			what = "not a valid URL: an invalid character in the host"
+		}
+		return &Error{text: what + " (the URL is not shown: it may hold a password)", err: err}
+	}
+	return &Error{text: Redact(err.Error()), err: err}
+}
+
+func (e *Error) Error() string { return e.text }
+
+// Unwrap returns the original error.
+func (e *Error) Unwrap() error { return e.err }
 
 // RedactURL returns u with its password replaced by Mask; a string that does
 // not parse as a URL is redacted as text.
 func RedactURL(u string) string {
 	p, err := url.Parse(u)
-	if err != nil || p.User == nil {
+	if err != nil {
+		if strings.Contains(u, "@") {
+			return "(an invalid URL with credentials, not shown)"
+		}
+		return Redact(u)
+	}
+	if p.User == nil {
 		return Redact(u)
 	}
 	if _, ok := p.User.Password(); ok {

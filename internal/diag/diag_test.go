@@ -2,6 +2,8 @@ package diag_test
 
 import (
 	"errors"
+	"fmt"
+	"net/url"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -44,4 +46,39 @@ func TestSummary(t *testing.T) {
 	require.NotContains(t, s, "\x00")
 	require.Equal(t, "abc", diag.Bound("abc", 3))
 	require.Equal(t, "a…", diag.Bound("abcdef", 4))
+}
+
+func TestRedactMoreForms(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"host=db password='hunter 2' dbname=x":               "host=db password='xxxxx' dbname=x",
+		`host=db password='it\'s secret' user=app`:           `host=db password='xxxxx' user=app`,
+		"PGPASSWORD=hunter2 psql -h db":                      "PGPASSWORD=xxxxx psql -h db",
+		"env DB_PASSWORD: hunter2":                           "env DB_PASSWORD: xxxxx",
+		"Authorization: Bearer eyJhbGciOi.abc-def_ghi":       "Authorization: Bearer xxxxx",
+		"authorization=Basic dXNlcjpwYXNz":                   "authorization=Basic xxxxx",
+		"sent with bearer abc.DEF-123 to /api":               "sent with bearer xxxxx to /api",
+		"amqp://user:p@ss@host:5672/ refused":                "amqp://user:xxxxx@host:5672/ refused",
+		`{"Authorization":"Bearer tok123"}`:                  `{"Authorization":"Bearer xxxxx"}`,
+		"no secrets: a password policy says nothing at all": "no secrets: a password policy says nothing at all",
+	} {
+		require.Equal(t, want, diag.Redact(in), in)
+	}
+}
+
+func TestRedactErrorKeepsTheCause(t *testing.T) {
+	t.Parallel()
+	cause := errors.New("dial amqp://guest:secret@h/: refused")
+	err := diag.RedactError(fmt.Errorf("connecting: %w", cause))
+	require.NotContains(t, err.Error(), "secret")
+	require.ErrorIs(t, err, cause)
+
+	_, parseErr := url.Parse("amqp://user:pa%sQzK@host/")
+	err = diag.RedactError(parseErr)
+	require.NotContains(t, err.Error(), "%ss")
+	require.NotContains(t, err.Error(), "QzK")
+	var ue *url.Error
+	require.ErrorAs(t, err, &ue)
+	require.Nil(t, diag.RedactError(nil))
+	require.NotContains(t, diag.RedactURL("amqp://user:pa%sQzK@host/"), "QzK")
 }

@@ -1,9 +1,10 @@
 // Package republish holds what the retry-tier and poison stages do alike:
-// copy a delivery into a new message and publish it, or back off before the
-// original is nacked.
+// copy a delivery into a new message and publish it on a context detached
+// from the handler's deadline, or back off before the original is nacked.
 package republish
 
 import (
+	"context"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -18,11 +19,22 @@ import (
 // metadata with room for extra more keys — in msg's context. When msg's
 // context holds a span (the Trace stage's), the copy carries it as
 // middleware.PreviousTraceparentKey; the producer's traceparent stays as is.
+//
+// It records the origin (middleware.OriginExchangeKey and
+// OriginRoutingKeyKey) from the delivery's source keys when the message
+// carries none yet, so every later copy names the producer's exchange and
+// routing key rather than the last dead-letter hop.
 func Copy(msg *message.Message, extra int) *message.Message {
 	c := message.NewMessage(watermill.NewUUID(), msg.Payload)
-	c.Metadata = make(message.Metadata, len(msg.Metadata)+extra+1)
+	c.Metadata = make(message.Metadata, len(msg.Metadata)+extra+3)
 	for k, v := range msg.Metadata {
 		c.Metadata[k] = v
+	}
+	if _, ok := c.Metadata[middleware.OriginRoutingKeyKey]; !ok {
+		if rk, ok := msg.Metadata[middleware.SourceRoutingKeyKey]; ok {
+			c.Metadata[middleware.OriginExchangeKey] = msg.Metadata[middleware.SourceExchangeKey]
+			c.Metadata[middleware.OriginRoutingKeyKey] = rk
+		}
 	}
 	if tp := telemetry.Traceparent(msg.Context()); tp != "" {
 		c.Metadata[middleware.PreviousTraceparentKey] = tp
@@ -31,13 +43,21 @@ func Copy(msg *message.Message, extra int) *message.Message {
 	return c
 }
 
-// Publish publishes c to topic. When that fails it waits backoff, bounded by
-// c's context, so that the caller's nack is not a hot redelivery loop, and
-// returns the error.
-func Publish(pub message.Publisher, topic string, c *message.Message, backoff time.Duration) error {
+// Publish publishes c to topic on a context detached from c's (its values
+// kept, its deadline and cancellation dropped) and bounded by timeout: a copy
+// must not fail because the handler's deadline (Watermill's Timeout
+// middleware, a router closing) has passed. When the publish fails it waits
+// backoff, likewise detached, so that the caller's nack is not a hot
+// redelivery loop, and returns the error.
+func Publish(pub message.Publisher, topic string, c *message.Message, timeout, backoff time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Context()), timeout)
+	defer cancel()
+	orig := c.Context()
+	c.SetContext(ctx)
 	err := pub.Publish(topic, c)
+	c.SetContext(orig)
 	if err != nil {
-		clock.Sleep(c.Context(), backoff)
+		clock.Sleep(context.Background(), backoff)
 	}
 	return err
 }

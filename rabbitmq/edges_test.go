@@ -1,0 +1,273 @@
+package rabbitmq_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/retrytiers"
+)
+
+// Behind Watermill's Timeout a handler that runs out of time fails with
+// context.DeadlineExceeded and an expired message context. Its copy must
+// still reach the tier (published on a detached context), so the message
+// runs the ladder once and ends in exactly one poison copy — not a hot
+// redelivery loop.
+func TestStackTimeoutReachesTheTiers(t *testing.T) {
+	t.Parallel()
+	outer := []message.HandlerMiddleware{wmiddleware.Timeout(100 * time.Millisecond)}
+	s := newStackBehind(t, rabbitmq.TopologyConfig{}, outer, func(_ *stack, msg *message.Message) error {
+		<-msg.Context().Done()
+		return msg.Context().Err()
+	})
+	s.publish(t, "evt-slow")
+	s.handled(t, "evt-slow", 4)
+	got := s.settled(t, 1)
+	require.Equal(t, "exhausted", got[0].Headers[poison.ClassKey])
+	require.Contains(t, got[0].Headers[poison.ReasonKey], "deadline exceeded")
+	attempts := []string{}
+	for _, d := range s.deliveries("evt-slow") {
+		attempts = append(attempts, d.Metadata.Get(middleware.AttemptKey))
+	}
+	require.Equal(t, []string{"", "2", "3", "4"}, attempts, "one delivery per attempt, no redelivery loop")
+}
+
+// foreignPublishing is what a Spring AMQP or .NET producer sends: every AMQP
+// property set, its own typed headers, no Watermill UUID.
+func foreignPublishing() amqp.Publishing {
+	return amqp.Publishing{
+		ContentType:     "application/json",
+		ContentEncoding: "gzip",
+		CorrelationId:   "corr-42",
+		MessageId:       "spring-msg-1",
+		Type:            "com.example.OrderCreated",
+		AppId:           "orders-service",
+		UserId:          "guest",
+		ReplyTo:         "orders.replies",
+		Timestamp:       time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC),
+		Priority:        7,
+		DeliveryMode:    amqp.Persistent,
+		Headers: amqp.Table{
+			"__TypeId__":      "com.example.OrderCreated",
+			"sluice_event_id": "evt-foreign",
+			"retries":         int32(0),
+		},
+		Body: []byte("\x1f\x8b\x08\x00binary gzip body"),
+	}
+}
+
+// requireSameProperties checks that d carries p's properties byte for byte,
+// expiration and user id aside (the tiers own TTL; a copy is published by
+// Sluice's own user).
+func requireSameProperties(t *testing.T, p amqp.Publishing, d amqp.Delivery, what string) {
+	t.Helper()
+	require.Equal(t, p.ContentType, d.ContentType, what)
+	require.Equal(t, p.ContentEncoding, d.ContentEncoding, what)
+	require.Equal(t, p.CorrelationId, d.CorrelationId, what)
+	require.Equal(t, p.MessageId, d.MessageId, what)
+	require.Equal(t, p.Type, d.Type, what)
+	require.Equal(t, p.AppId, d.AppId, what)
+	require.Equal(t, p.ReplyTo, d.ReplyTo, what)
+	require.True(t, p.Timestamp.Equal(d.Timestamp), "%s: timestamp %s, want %s", what, d.Timestamp, p.Timestamp)
+	require.Equal(t, p.Priority, d.Priority, what)
+	require.Equal(t, p.Body, d.Body, what)
+	require.Empty(t, d.Expiration, what)
+}
+
+// A foreign producer publishes to an exchange with a routing key other than
+// the queue's name. The handler reads the properties; the retry copy and the
+// poison copy carry them as properties; the diagnosis names the producer's
+// exchange and routing key (not the dead-letter hop) and the consumer's
+// queue as the replay target.
+func TestStackForeignProducerPropertiesAndOrigin(t *testing.T) {
+	t.Parallel()
+	exchange := testenv.Name("x")
+	s := newStack(t, rabbitmq.TopologyConfig{Exchange: exchange, BindingKey: "orders.#"}, func(s *stack, msg *message.Message) error {
+		if len(s.deliveries("evt-foreign")) == 1 {
+			return middleware.Transient(errStockTimeout)
+		}
+		return middleware.Poison(errors.New("unknown version"))
+	})
+	pub := foreignPublishing()
+	ch := testenv.Channel(t, s.conn)
+	require.NoError(t, ch.PublishWithContext(context.Background(), exchange, "orders.created.eu", true, false, pub))
+
+	s.handled(t, "evt-foreign", 2)
+	got := s.settled(t, 1)
+	for i, d := range s.deliveries("evt-foreign") {
+		md := d.Metadata
+		require.Equal(t, "application/json", md.Get(rabbitmq.ContentTypeKey), "delivery %d", i)
+		require.Equal(t, "gzip", md.Get(rabbitmq.ContentEncodingKey))
+		require.Equal(t, "corr-42", md.Get(rabbitmq.CorrelationIDKey))
+		require.Equal(t, "spring-msg-1", md.Get(rabbitmq.MessageIDKey))
+		require.Equal(t, "com.example.OrderCreated", md.Get(rabbitmq.TypeKey))
+		require.Equal(t, "orders-service", md.Get(rabbitmq.AppIDKey))
+		require.Equal(t, "guest", md.Get(rabbitmq.UserIDKey))
+		require.Equal(t, "orders.replies", md.Get(rabbitmq.ReplyToKey))
+		require.Equal(t, "2026-11-30T12:00:00Z", md.Get(rabbitmq.TimestampKey))
+		require.Equal(t, "7", md.Get(rabbitmq.PriorityKey))
+		require.Equal(t, "com.example.OrderCreated", md.Get("__TypeId__"))
+		require.Equal(t, "0", md.Get("retries"))
+	}
+	second := s.deliveries("evt-foreign")[1]
+	require.Equal(t, "2", second.Metadata.Get(middleware.AttemptKey), "the second delivery is the tier's copy")
+	require.Equal(t, "", second.Metadata.Get(rabbitmq.ExchangeKey), "the copy came back through the dead-letter hop")
+
+	p := got[0]
+	requireSameProperties(t, pub, p, "poison copy")
+	require.Equal(t, "poison", p.Headers[poison.ClassKey])
+	require.Equal(t, exchange, p.Headers[poison.ExchangeKey], "the producer's exchange, not the dead-letter hop")
+	require.Equal(t, "orders.created.eu", p.Headers[poison.RoutingKeyKey])
+	require.Equal(t, s.topo.Queue(), p.Headers[poison.QueueKey], "replays go to the consumer's queue")
+	require.Equal(t, "guest", p.Headers[rabbitmq.UserIDKey], "the user id travels as a header")
+	for k := range p.Headers {
+		require.False(t, strings.HasPrefix(k, rabbitmq.PropertyPrefix) && k != rabbitmq.UserIDKey,
+			"property %s is restored as a property, not a header", k)
+	}
+}
+
+// The retry copy itself carries the properties: read straight from a tier
+// queue that dead-letters nowhere the consumer reads.
+func TestRetryCopyCarriesTheProperties(t *testing.T) {
+	t.Parallel()
+	topo := newTopology(t, rabbitmq.TopologyConfig{TierDelays: []time.Duration{time.Hour}})
+	conn := testenv.AMQP(t)
+	ch := testenv.Channel(t, conn)
+	pub := foreignPublishing()
+	pub.UserId = ""
+	require.NoError(t, ch.PublishWithContext(context.Background(), "", topo.Queue(), false, false, pub))
+	d, ok, err := ch.Get(topo.Queue(), false)
+	require.NoError(t, err)
+	require.True(t, ok)
+	msg, err := rabbitmq.Marshaler{}.Unmarshal(d)
+	require.NoError(t, err)
+	require.Equal(t, "spring-msg-1", msg.UUID, "a foreign message without a Watermill UUID is named by its message id")
+
+	mw, err := retrytiers.New(retrytiers.Config{Publisher: newPublisher(t, ""), Tiers: topo.Tiers()})
+	require.NoError(t, err)
+	_, err = mw(func(*message.Message) ([]*message.Message, error) { return nil, errStockTimeout })(msg)
+	require.NoError(t, err)
+	require.NoError(t, d.Ack(false))
+
+	tierCopy, ok, err := ch.Get(topo.Tiers()[0].Topic, true)
+	require.NoError(t, err)
+	require.True(t, ok)
+	requireSameProperties(t, pub, tierCopy, "tier copy")
+	require.Equal(t, "", tierCopy.Headers[middleware.OriginExchangeKey])
+	require.Equal(t, topo.Queue(), tierCopy.Headers[middleware.OriginRoutingKeyKey])
+}
+
+// Names at AMQP's 255-byte limit: what fits is used, what does not is
+// refused with an error naming the limit — never cut short onto another
+// queue.
+func TestNamesAtTheLimit(t *testing.T) {
+	t.Parallel()
+	base := testenv.Name("q")
+	name := func(n int) string { return base + strings.Repeat("n", n-len(base)) }
+
+	require.Equal(t, 245, rabbitmq.MaxQueueLength(nil, true))
+	// The longest queue the default ladder allows is declared and used.
+	topo := newTopology(t, rabbitmq.TopologyConfig{Queue: name(245)})
+	require.Len(t, topo.Tiers()[2].Topic, 255)
+	pub := newPublisher(t, "")
+	require.NoError(t, pub.Publish(topo.Tiers()[2].Topic, msgs(1)...), "a 255-byte tier queue takes messages")
+
+	// 194-200 bytes: allowed, as the docs always said.
+	_, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: name(200)})
+	require.NoError(t, err)
+
+	_, err = rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: name(246)})
+	require.ErrorIs(t, err, rabbitmq.ErrNameTooLong)
+	require.ErrorContains(t, err, "at most 245")
+	_, err = rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: name(250), PoisonQueue: name(251)})
+	require.ErrorIs(t, err, rabbitmq.ErrNameTooLong)
+	_, err = retrytiers.Ladder(name(250))
+	require.ErrorIs(t, err, retrytiers.ErrNameTooLong)
+	_, err = rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: testenv.AMQPURL, Exchange: name(256)})
+	require.ErrorIs(t, err, rabbitmq.ErrNameTooLong)
+
+	// A 276-byte routing key would reach the wire as its first 20 bytes
+	// (276 mod 256): a queue of that name must receive nothing.
+	long := name(276)
+	victim := long[:20]
+	conn := testenv.AMQP(t)
+	_, err = testenv.Channel(t, conn).QueueDeclare(victim, false, true, false, false, nil)
+	require.NoError(t, err)
+	testenv.DeleteQueuesAtEnd(t, victim)
+	err = pub.Publish(long, msgs(1)...)
+	require.ErrorIs(t, err, rabbitmq.ErrNameTooLong)
+	require.ErrorContains(t, err, "276 bytes")
+	require.Equal(t, 0, testenv.QueueDepth(t, conn, victim))
+
+	// A header name AMQP cannot carry.
+	m := message.NewMessage(watermill.NewUUID(), nil)
+	m.Metadata.Set(strings.Repeat("h", 256), "v")
+	require.ErrorIs(t, pub.Publish(topo.Queue(), m), rabbitmq.ErrNameTooLong)
+	m = message.NewMessage(watermill.NewUUID(), nil)
+	m.Metadata.Set(rabbitmq.CorrelationIDKey, strings.Repeat("c", 256))
+	require.ErrorIs(t, pub.Publish(topo.Queue(), m), rabbitmq.ErrNameTooLong)
+}
+
+// A publish to an exchange that does not exist keeps the broker's reason.
+func TestPublisherMissingExchangeKeepsTheReason(t *testing.T) {
+	t.Parallel()
+	pub := newPublisher(t, testenv.Name("missing"))
+	err := pub.Publish("anything", msgs(1)...)
+	require.ErrorIs(t, err, rabbitmq.ErrChannelClosed)
+	var ae *amqp.Error
+	require.ErrorAs(t, err, &ae)
+	require.Equal(t, amqp.NotFound, ae.Code)
+	require.ErrorContains(t, err, "NOT_FOUND")
+}
+
+// When the server cancels the consumer (its queue deleted), amqp091 closes
+// the deliveries channel; the zero deliveries read from it never become
+// messages: the handler is not called and nothing reaches the poison queue.
+func TestQueueDeletedMakesNoPhantomMessages(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, rabbitmq.TopologyConfig{}, func(*stack, *message.Message) error { return nil })
+	s.publish(t, "evt-1")
+	s.handled(t, "evt-1", 1)
+	ch := testenv.Channel(t, s.conn)
+	_, err := ch.QueueDelete(s.topo.Queue(), false, false, false)
+	require.NoError(t, err)
+	time.Sleep(time.Second) // the window in which phantom messages used to appear
+	s.mu.Lock()
+	calls := 0
+	for _, c := range s.calls {
+		calls += len(c)
+	}
+	s.mu.Unlock()
+	require.Equal(t, 1, calls, "only the real delivery reached the handler")
+	require.Equal(t, 0, testenv.QueueDepth(t, s.conn, s.topo.PoisonQueue()))
+}
+
+// Errors about a malformed URL never hold its password, nor a fragment of it.
+func TestURLErrorsHideThePassword(t *testing.T) {
+	t.Parallel()
+	for _, u := range []string{"amqp://user:Sec%zzRet@host/", "amqp://user:SecRet@ho st/", "amqpx://user:SecRet@host/"} {
+		_, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: u})
+		require.Error(t, err)
+		require.NotContains(t, err.Error(), "Sec", u)
+		require.NotContains(t, err.Error(), "Ret", u)
+		_, err = rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: u})
+		require.Error(t, err)
+		require.NotContains(t, err.Error(), "Sec", u)
+	}
+	_, err := rabbitmq.Dial("amqp://guest:WrongPassword1@127.0.0.1:5672/", rabbitmq.DialConfig{})
+	require.Error(t, err)
+	require.NotContains(t, err.Error(), "WrongPassword1")
+	require.ErrorIs(t, err, amqp.ErrCredentials, "the cause survives the redaction")
+}
