@@ -142,10 +142,25 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		msg.SetContext(context.WithValue(ctx, txKey{}, tx))
 		produced, err := h(msg)
 		msg.SetContext(ctx)
-		if err != nil && d.cfg.Classifier.Classify(err) != middleware.ClassRejected {
+		rejected := err != nil
+		if rejected && d.cfg.Classifier.Classify(err) != middleware.ClassRejected {
 			return produced, err
 		}
 		if cErr := tx.Commit(ctx); cErr != nil { // the deferred rollback releases what is left
+			if rejected {
+				// A rejection often follows a statement that aborted the
+				// transaction (a unique violation on PostgreSQL), whose
+				// commit then fails. The rejection is still final: record
+				// the claim alone in a unit of work of its own, so the
+				// message is acked and a redelivery is a duplicate. The
+				// handler's writes are rolled back with the aborted one.
+				rErr := d.claimAlone(ctx, tx, key)
+				if rErr == nil {
+					committed = true
+					return produced, err
+				}
+				cErr = errors.Join(cErr, rErr)
+			}
 			return nil, middleware.Transient(errors.Join(err, fmt.Errorf("deduplication: commit: %w", cErr)))
 		}
 		committed = true
@@ -153,19 +168,61 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
+// claimAlone rolls back the aborted unit of work and claims key in a new one.
+// Claim reporting false means the first commit did land after all (its
+// outcome was unknown): the key is recorded either way.
+func (d *Deduplicator) claimAlone(ctx context.Context, aborted Tx, key string) error {
+	if err := aborted.Rollback(context.WithoutCancel(ctx)); err != nil {
+		return fmt.Errorf("deduplication: rolling back the aborted unit of work: %w", err)
+	}
+	tx, err := d.cfg.Store.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("deduplication: begin, to record the rejection: %w", err)
+	}
+	if _, err := tx.Claim(ctx, d.cfg.Consumer, key); err != nil {
+		return errors.Join(fmt.Errorf("deduplication: claim %q, to record the rejection: %w", key, err), tx.Rollback(context.WithoutCancel(ctx)))
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return errors.Join(fmt.Errorf("deduplication: commit, to record the rejection: %w", err), tx.Rollback(context.WithoutCancel(ctx)))
+	}
+	return nil
+}
+
 func (d *Deduplicator) key(msg *message.Message) (string, error) {
 	key, err := d.cfg.Key(msg)
-	switch {
-	case err != nil:
+	if err != nil {
 		return "", err
-	case key == "":
-		return "", &KeyError{Source: "key function", Reason: "empty"}
-	case len(key) > d.cfg.KeyMaxLength:
-		return "", &KeyError{Source: "key function", Reason: fmt.Sprintf("%d bytes long, more than %d", len(key), d.cfg.KeyMaxLength)}
-	case !utf8.ValidString(key) || strings.IndexByte(key, 0) >= 0:
-		return "", &KeyError{Source: "key function", Reason: "not valid UTF-8 text"}
 	}
-	return key, nil
+	var reason string
+	switch {
+	case key == "":
+		reason = "empty"
+	case len(key) > d.cfg.KeyMaxLength:
+		reason = fmt.Sprintf("%d bytes long, more than %d", len(key), d.cfg.KeyMaxLength)
+	case strings.IndexByte(key, 0) >= 0:
+		reason = "contains a NUL byte"
+	case !utf8.ValidString(key):
+		reason = "not valid UTF-8"
+	default:
+		return key, nil
+	}
+	return "", &KeyError{Source: d.keySource(msg), Reason: reason}
+}
+
+// keySource names where the key function took msg's key from, as the key
+// functions of this package describe themselves (`JSON field "eventId"`),
+// or "key function" for others. It runs the key function again, on the
+// error path only.
+func (d *Deduplicator) keySource(msg *message.Message) string {
+	orig := msg.Context()
+	var src sources
+	msg.SetContext(context.WithValue(orig, sourcesKey{}, &src))
+	_, _ = d.cfg.Key(msg)
+	msg.SetContext(orig)
+	if len(src) == 0 {
+		return "key function"
+	}
+	return strings.Join(src, " + ")
 }
 
 type txKey struct{}

@@ -293,8 +293,12 @@ func TestInboxBadKeyIsPoison(t *testing.T) {
 		{"no metadata", nil, message.NewMessage(watermill.NewUUID(), nil), `metadata "sluice_event_id": missing`},
 		{"malformed JSON", deduplication.KeyFromJSON("eventId"), message.NewMessage("1", []byte(`{"eventId":`)), `JSON field "eventId": payload is not a JSON object`},
 		{"field missing", deduplication.KeyFromJSON("eventId"), message.NewMessage("1", []byte(`{"id":"x"}`)), `JSON field "eventId": missing`},
-		{"too long", deduplication.KeyFromJSON("eventId"), message.NewMessage("1", fmt.Appendf(nil, `{"eventId":"%0600d"}`, 1)), "600 bytes long"},
-		{"NUL", deduplication.KeyFromJSON("eventId"), message.NewMessage("1", []byte(`{"eventId":"a\u0000b"}`)), "not valid UTF-8 text"},
+		{"too long", deduplication.KeyFromJSON("eventId"), message.NewMessage("1", fmt.Appendf(nil, `{"eventId":"%0600d"}`, 1)), `JSON field "eventId": 600 bytes long, more than 512`},
+		{"NUL", deduplication.KeyFromJSON("eventId"), message.NewMessage("1", []byte(`{"eventId":"a\u0000b"}`)), `JSON field "eventId": contains a NUL byte`},
+		{"prefixed NUL", deduplication.KeyPrefix("p:", deduplication.KeyFromMetadata("id")), withMetadata("id", "a\x00b"), `metadata "id": contains a NUL byte`},
+		{"joined too long", deduplication.KeyJoin(":", deduplication.KeyFromMetadata("type"), deduplication.KeyFromJSON("orderId")),
+			withPayload(fmt.Appendf(nil, `{"orderId":"%0600d"}`, 1), "type", "t"), `metadata "type" + JSON field "orderId": 602 bytes long`},
+		{"custom func", func(*message.Message) (string, error) { return "\xff\xfe", nil }, message.NewMessage("1", nil), "key function: not valid UTF-8"},
 	}
 	for _, tt := range tests {
 		d, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c", Key: tt.key})
@@ -340,4 +344,14 @@ func TestNewValidates(t *testing.T) {
 		_, err := deduplication.New(tt.cfg)
 		require.ErrorContains(t, err, tt.want)
 	}
+}
+
+func withMetadata(kv ...string) *message.Message { return withPayload(nil, kv...) }
+
+func withPayload(payload []byte, kv ...string) *message.Message {
+	m := message.NewMessage(watermill.NewUUID(), payload)
+	for i := 0; i+1 < len(kv); i += 2 {
+		m.Metadata.Set(kv[i], kv[i+1])
+	}
+	return m
 }

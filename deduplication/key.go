@@ -45,10 +45,25 @@ func (e *KeyError) Is(target error) bool { return target == ErrInvalidKey }
 // *KeyError.
 type KeyFunc func(msg *message.Message) (string, error)
 
+// sources collects, on the Deduplicator's error path, the descriptions of the
+// key functions of this package that ran (see Deduplicator.keySource).
+type (
+	sources    []string
+	sourcesKey struct{}
+)
+
+// noteSource records source when the Deduplicator asks which key functions ran.
+func noteSource(msg *message.Message, source string) {
+	if s, ok := msg.Context().Value(sourcesKey{}).(*sources); ok {
+		*s = append(*s, source)
+	}
+}
+
 // KeyFromMetadata takes the key from the metadata field name.
 func KeyFromMetadata(name string) KeyFunc {
 	source := fmt.Sprintf("metadata %q", name)
 	return func(msg *message.Message) (string, error) {
+		noteSource(msg, source)
 		v, ok := msg.Metadata[name]
 		if !ok {
 			return "", &KeyError{Source: source, Reason: "missing"}
@@ -68,6 +83,7 @@ func KeyFromMetadata(name string) KeyFunc {
 func KeyFromJSON(path ...string) KeyFunc {
 	source := fmt.Sprintf("JSON field %q", strings.Join(path, "."))
 	return func(msg *message.Message) (string, error) {
+		noteSource(msg, source)
 		if len(path) == 0 {
 			return "", &KeyError{Source: source, Reason: "no field named"}
 		}

@@ -105,6 +105,9 @@ func defaultClass(err error) (Class, bool) {
 	if isTransient(err) {
 		return ClassTransient, true
 	}
+	if integrityViolation(err) {
+		return ClassPoison, true
+	}
 	if _, ok := errors.AsType[*json.SyntaxError](err); ok {
 		return ClassPoison, true
 	}
@@ -134,16 +137,25 @@ func isTransient(err error) bool {
 	return false
 }
 
+// integrityViolation reports SQLSTATE class 23, integrity constraint
+// violations (23505 unique, 23503 foreign key, 23502 not null, 23514 check,
+// 23P01 exclusion): the same statement fails the same way on every retry.
+func integrityViolation(err error) bool {
+	s, ok := errors.AsType[sqlStater](err)
+	return ok && strings.HasPrefix(s.SQLState(), "23")
+}
+
 // transientSQLState reports the SQLSTATEs worth retrying: connection
 // exceptions (08), insufficient resources (53), serialization failure
-// (40001), deadlock (40P01) and server shutdown or start-up (57P01-57P03).
+// (40001), deadlock (40P01), lock not available (55P03, a lock_timeout such
+// as the inbox's claim wait) and server shutdown or start-up (57P01-57P03).
 func transientSQLState(state string) bool {
 	switch {
 	case strings.HasPrefix(state, "08"), strings.HasPrefix(state, "53"):
 		return true
 	}
 	switch state {
-	case "40001", "40P01", "57P01", "57P02", "57P03":
+	case "40001", "40P01", "55P03", "57P01", "57P02", "57P03":
 		return true
 	}
 	return false

@@ -51,15 +51,15 @@ func TestSummary(t *testing.T) {
 func TestRedactMoreForms(t *testing.T) {
 	t.Parallel()
 	for in, want := range map[string]string{
-		"host=db password='hunter 2' dbname=x":               "host=db password='xxxxx' dbname=x",
-		`host=db password='it\'s secret' user=app`:           `host=db password='xxxxx' user=app`,
-		"PGPASSWORD=hunter2 psql -h db":                      "PGPASSWORD=xxxxx psql -h db",
-		"env DB_PASSWORD: hunter2":                           "env DB_PASSWORD: xxxxx",
-		"Authorization: Bearer eyJhbGciOi.abc-def_ghi":       "Authorization: Bearer xxxxx",
-		"authorization=Basic dXNlcjpwYXNz":                   "authorization=Basic xxxxx",
-		"sent with bearer abc.DEF-123 to /api":               "sent with bearer xxxxx to /api",
-		"amqp://user:p@ss@host:5672/ refused":                "amqp://user:xxxxx@host:5672/ refused",
-		`{"Authorization":"Bearer tok123"}`:                  `{"Authorization":"Bearer xxxxx"}`,
+		"host=db password='hunter 2' dbname=x":              "host=db password='xxxxx' dbname=x",
+		`host=db password='it\'s secret' user=app`:          `host=db password='xxxxx' user=app`,
+		"PGPASSWORD=hunter2 psql -h db":                     "PGPASSWORD=xxxxx psql -h db",
+		"env DB_PASSWORD: hunter2":                          "env DB_PASSWORD: xxxxx",
+		"Authorization: Bearer eyJhbGciOi.abc-def_ghi":      "Authorization: Bearer xxxxx",
+		"authorization=Basic dXNlcjpwYXNz":                  "authorization=Basic xxxxx",
+		"sent with bearer abc.DEF-123 to /api":              "sent with bearer xxxxx to /api",
+		"amqp://user:p@ss@host:5672/ refused":               "amqp://user:xxxxx@host:5672/ refused",
+		`{"Authorization":"Bearer tok123"}`:                 `{"Authorization":"Bearer xxxxx"}`,
 		"no secrets: a password policy says nothing at all": "no secrets: a password policy says nothing at all",
 	} {
 		require.Equal(t, want, diag.Redact(in), in)

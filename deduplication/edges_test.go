@@ -1,0 +1,183 @@
+package deduplication_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/lib/pq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/middleware"
+)
+
+// integrityError makes PostgreSQL raise the integrity-constraint violation
+// of SQLSTATE state and returns it.
+func integrityError(t *testing.T, b *bundle, state string) error {
+	t.Helper()
+	s := b.schema
+	_, err := b.db.Exec(fmt.Sprintf(`
+		CREATE TABLE IF NOT EXISTS %[1]s.parent (id INT PRIMARY KEY);
+		CREATE TABLE IF NOT EXISTS %[1]s.child (
+			id INT PRIMARY KEY,
+			parent INT REFERENCES %[1]s.parent (id),
+			name TEXT NOT NULL,
+			qty INT CHECK (qty > 0));
+		INSERT INTO %[1]s.child VALUES (1, NULL, 'a', 1) ON CONFLICT DO NOTHING`, s))
+	require.NoError(t, err)
+	stmt := map[string]string{
+		"23505": `INSERT INTO %s.child VALUES (1, NULL, 'b', 1)`,
+		"23503": `INSERT INTO %s.child VALUES (2, 99, 'b', 1)`,
+		"23502": `INSERT INTO %s.child VALUES (3, NULL, NULL, 1)`,
+		"23514": `INSERT INTO %s.child VALUES (4, NULL, 'b', 0)`,
+	}[state]
+	_, err = b.db.Exec(fmt.Sprintf(stmt, s))
+	var pqErr *pq.Error
+	require.ErrorAs(t, err, &pqErr)
+	require.Equal(t, state, string(pqErr.Code))
+	return err
+}
+
+// Integrity-constraint violations fail the same way on every retry: by
+// default they are Poison (isolated with a diagnosis at once), never
+// Transient (four runs over 35 minutes, then "exhausted").
+func TestIntegrityViolationsArePoisonByDefault(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	c := middleware.DefaultClassifier()
+	for _, state := range []string{"23505", "23503", "23502", "23514"} {
+		err := integrityError(t, b, state)
+		require.Equal(t, middleware.ClassPoison, c.Classify(err), state)
+		require.Equal(t, middleware.ClassPoison, c.Classify(fmt.Errorf("reserving: %w", err)), state)
+	}
+}
+
+// The documented remedy for an expected duplicate — a rule 23505 → Rejected
+// — works although the failed statement aborted the PostgreSQL transaction:
+// the claim is recorded (a redelivery is a duplicate), the message is acked
+// with a rejection, the handler's writes are rolled back.
+func TestInboxRejectedAfterAnAbortedTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.db.Exec(fmt.Sprintf(`CREATE UNIQUE INDEX ON %s.reservations (note)`, b.schema))
+	require.NoError(t, err)
+	_, err = b.db.Exec(fmt.Sprintf(`INSERT INTO %s.reservations VALUES ('other-event', 'order o-1')`, b.schema))
+	require.NoError(t, err)
+
+	uniqueViolation := func(err error) (middleware.Class, bool) {
+		var pqErr *pq.Error
+		return middleware.ClassRejected, errors.As(err, &pqErr) && pqErr.Code == "23505"
+	}
+	classifier, err := middleware.NewClassifier(middleware.ClassifierConfig{Rules: []middleware.Rule{uniqueViolation}})
+	require.NoError(t, err)
+	d, err := deduplication.New(deduplication.Config{Store: b.store, Consumer: "inventory", Classifier: classifier, MeterProvider: b.meter})
+	require.NoError(t, err)
+	classify, err := middleware.Classify(middleware.ClassifyConfig{Classifier: classifier, MeterProvider: b.meter})
+	require.NoError(t, err)
+
+	handler := classify(d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		b.handled.Add(1)
+		tx := deduplication.TxFromContext(msg.Context())
+		// A first write, then the statement that violates the constraint.
+		if _, err := tx.Exec(fmt.Sprintf(`INSERT INTO %s.reservations VALUES ($1, 'audit')`, b.schema), "evt-1"); err != nil {
+			return nil, err
+		}
+		_, err := tx.Exec(fmt.Sprintf(`INSERT INTO %s.reservations VALUES ($1, 'order o-1')`, b.schema), "evt-1")
+		return nil, err
+	}))
+	_, err = handler(event("evt-1"))
+	require.NoError(t, err, "a rejection is acked")
+	require.Equal(t, int64(1), testenv.CounterSum(t, b.reader, middleware.MetricRejected), "and counted")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM %s.inbox WHERE event_key = 'evt-1'`), "the claim is recorded")
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM %s.reservations WHERE event_key = 'evt-1'`), "the aborted writes are rolled back")
+
+	_, err = handler(event("evt-1"))
+	require.NoError(t, err)
+	require.Equal(t, int64(1), b.handled.Load(), "a redelivery is a duplicate: the handler does not run again")
+	require.Equal(t, int64(1), b.duplicates(t))
+}
+
+// A slow delivery holds its claim; duplicates of its event must not stall
+// the other consumers. With a short LockTimeout each duplicate gives its
+// consumer back (Transient, SQLSTATE 55P03) and the 200 other events are
+// processed while the slow one still runs.
+func TestInboxSlowMessageDoesNotStallTheConsumers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	store, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: b.db, Table: b.schema + ".inbox", LockTimeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+	d, err := deduplication.New(deduplication.Config{Store: store, Consumer: "inventory"})
+	require.NoError(t, err)
+
+	release := make(chan struct{})
+	handler := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+		if msg.Metadata.Get(middleware.EventIDKey) == "evt-slow" {
+			<-release
+		}
+		return b.reserve(nil)(msg)
+	})
+
+	queue := make(chan *message.Message, 300)
+	queue <- event("evt-slow")
+	for range 3 {
+		queue <- event("evt-slow")
+	}
+	for i := range 200 {
+		queue <- event(fmt.Sprintf("evt-%d", i))
+	}
+	close(queue)
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		failed []error
+	)
+	for range 4 { // four competing consumers
+		wg.Go(func() {
+			for msg := range queue {
+				if _, err := handler(msg); err != nil {
+					mu.Lock()
+					failed = append(failed, err)
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM %s.reservations WHERE event_key <> 'evt-slow'`) == 200
+	}, 20*time.Second, 20*time.Millisecond, "the other events move while the slow one holds its claim")
+	close(release)
+	wg.Wait()
+
+	require.Len(t, failed, 3, "each duplicate gave its consumer back")
+	for _, err := range failed {
+		require.Equal(t, middleware.ClassTransient, middleware.DefaultClassifier().Classify(err), err.Error())
+		var pqErr *pq.Error
+		require.ErrorAs(t, err, &pqErr)
+		require.Equal(t, "55P03", string(pqErr.Code), "lock_not_available")
+	}
+	require.Equal(t, 201, b.count(t, `SELECT count(*) FROM %s.reservations`))
+}
+
+// A 63-byte table name (PostgreSQL's longest identifier) still gets its
+// processed_at index: the index name is made to fit, not truncated onto the
+// table's own name.
+func TestSQLStoreLongestTableNameGetsItsIndex(t *testing.T) {
+	t.Parallel()
+	db := testenv.Postgres(t)
+	schema := testenv.Schema(t, db)
+	table := "inbox_" + strings.Repeat("x", 63-len("inbox_"))
+	s, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db, Table: schema + "." + table})
+	require.NoError(t, err)
+	require.NoError(t, s.CreateTable(t.Context()))
+	require.NoError(t, s.CreateTable(t.Context()), "idempotent")
+	var defs []string
+	require.NoError(t, db.Select(&defs, `SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND tablename = $2`, schema, table))
+	require.Len(t, defs, 2, "the primary key and the processed_at index")
+	require.True(t, strings.Contains(defs[0], "(processed_at)") || strings.Contains(defs[1], "(processed_at)"), "%v", defs)
+}
