@@ -65,8 +65,10 @@ func TestClassifierDefaults(t *testing.T) {
 		{"sqlstate 40P01", wrap(stateErr("40P01")), middleware.ClassTransient},
 		{"sqlstate 57P01", stateErr("57P01"), middleware.ClassTransient},
 		{"pq serialization", wrap(&pq.Error{Code: "40001"}), middleware.ClassTransient},
-		{"pq unique violation", &pq.Error{Code: "23505"}, middleware.ClassTransient}, // unknown → default
-		{"sqlstate 23505 unknown", stateErr("23505"), middleware.ClassTransient},
+		{"pq unique violation", &pq.Error{Code: "23505"}, middleware.ClassPoison}, // integrity: same failure on every retry
+		{"sqlstate 23505", stateErr("23505"), middleware.ClassPoison},
+		{"sqlstate 23P01 exclusion", stateErr("23P01"), middleware.ClassPoison},
+		{"sqlstate 55P03 lock timeout", stateErr("55P03"), middleware.ClassTransient},
 		{"json syntax", wrap(jsonSyntaxErr()), middleware.ClassPoison},
 		{"json type", jsonTypeErr(), middleware.ClassPoison},
 		{"panic", &middleware.PanicError{Value: "boom"}, middleware.ClassInvariant},
