@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
+	"time"
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -18,6 +20,9 @@ import (
 // KeyMaxLengthDefault is the default longest key, in bytes. Longer keys are
 // poison: an id that long is a bug, and B-tree indexes limit entry size.
 const KeyMaxLengthDefault = 512
+
+// ClaimTimeoutDefault is Config.ClaimTimeout's default.
+const ClaimTimeoutDefault = 5 * time.Second
 
 // MetricDuplicates counts deliveries acked without running the handler
 // because their key was already processed, by handler.
@@ -41,6 +46,18 @@ type Config struct {
 	// KeyMaxLength is the longest key accepted, in bytes. Default
 	// KeyMaxLengthDefault.
 	KeyMaxLength int
+	// ClaimTimeout bounds the claim: how long a delivery waits for a
+	// concurrent delivery of the same key that holds it (a slow handler).
+	// A claim that waits longer gives its consumer back with a Transient
+	// failure matching ErrClaimInProgress (the duplicate goes to a retry
+	// tier), so duplicates of one slow event cannot stall every consumer.
+	// It is a deadline on the claim's context: it costs nothing while
+	// there is no contention (no statement, no round trip), applies to
+	// every store, and leaves the handler's own statements unbounded by it.
+	// On PostgreSQL with lib/pq the timed-out statement is cancelled and its
+	// connection closed (the pool opens another). Default
+	// ClaimTimeoutDefault; negative: no bound but the message context's.
+	ClaimTimeout time.Duration
 	// MeterProvider receives the duplicates counter. Default the global
 	// OpenTelemetry provider.
 	MeterProvider metric.MeterProvider
@@ -55,6 +72,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.KeyMaxLength == 0 {
 		c.KeyMaxLength = KeyMaxLengthDefault
+	}
+	if c.ClaimTimeout == 0 {
+		c.ClaimTimeout = ClaimTimeoutDefault
 	}
 	return c
 }
@@ -129,9 +149,9 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			}
 		}()
 
-		claimed, err := tx.Claim(ctx, d.cfg.Consumer, key)
+		claimed, err := d.claim(ctx, tx, key)
 		if err != nil {
-			return nil, middleware.Transient(fmt.Errorf("deduplication: claim %q: %w", key, err))
+			return nil, middleware.Transient(err)
 		}
 		if !claimed {
 			d.duplicates.Add(ctx, 1, telemetry.HandlerAttr(msg))
@@ -139,7 +159,7 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, nil
 		}
 
-		msg.SetContext(context.WithValue(ctx, txKey{}, tx))
+		msg.SetContext(context.WithValue(ctx, txKey{}, &unit{tx: tx}))
 		produced, err := h(msg)
 		msg.SetContext(ctx)
 		rejected := err != nil
@@ -166,6 +186,27 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		committed = true
 		return produced, err
 	}
+}
+
+// claim claims key within ClaimTimeout.
+func (d *Deduplicator) claim(ctx context.Context, tx Tx, key string) (bool, error) {
+	if d.cfg.ClaimTimeout < 0 {
+		claimed, err := tx.Claim(ctx, d.cfg.Consumer, key)
+		if err != nil {
+			return false, fmt.Errorf("deduplication: claim %q: %w", key, err)
+		}
+		return claimed, nil
+	}
+	claimCtx, cancel := context.WithTimeout(ctx, d.cfg.ClaimTimeout)
+	defer cancel()
+	claimed, err := tx.Claim(claimCtx, d.cfg.Consumer, key)
+	switch {
+	case err == nil:
+		return claimed, nil
+	case claimCtx.Err() != nil && ctx.Err() == nil:
+		return false, fmt.Errorf("%w: claim %q waited longer than the claim timeout (%s): %w", ErrClaimInProgress, key, d.cfg.ClaimTimeout, err)
+	}
+	return false, fmt.Errorf("deduplication: claim %q: %w", key, err)
 }
 
 // claimAlone rolls back the aborted unit of work and claims key in a new one.
@@ -227,6 +268,13 @@ func (d *Deduplicator) keySource(msg *message.Message) string {
 
 type txKey struct{}
 
+// unit is the delivery's unit of work as the handler's context holds it.
+type unit struct {
+	tx       Tx
+	calls    atomic.Int32
+	firstErr error // the first run's error, set by Reentry before a second run can read it
+}
+
 // sqlxTxer is implemented by the units of work of the SQL store.
 type sqlxTxer interface{ SQLTx() *sqlx.Tx }
 
@@ -235,8 +283,44 @@ type sqlxTxer interface{ SQLTx() *sqlx.Tx }
 // into it so that they commit or roll back with the record. It returns nil
 // outside a Deduplicator with an SQLStore.
 func TxFromContext(ctx context.Context) *sqlx.Tx {
-	if t, ok := ctx.Value(txKey{}).(sqlxTxer); ok {
-		return t.SQLTx()
+	if u, ok := ctx.Value(txKey{}).(*unit); ok {
+		if t, ok := u.tx.(sqlxTxer); ok {
+			return t.SQLTx()
+		}
 	}
 	return nil
+}
+
+// ErrHandlerReentered is matched by the error Reentry returns when the
+// handler is run a second time inside one inbox unit of work.
+var ErrHandlerReentered = errors.New("deduplication: the handler ran again inside one inbox unit of work " +
+	"(an in-process retry, such as Watermill's middleware.Retry, sits inside the inbox: add it before Sluice's stages, or leave it out)")
+
+// Reentry guards h against running twice in one inbox unit of work. An
+// in-process retry middleware placed inside the inbox (Watermill's Retry
+// added to the router after Sluice's stages) would run the handler again in
+// the same transaction, on top of the failed run's writes: a handler that
+// wrote its row and failed once would commit two rows for one event.
+// Reentry runs h once per unit of work; a second run returns, without
+// running h, an error matching ErrHandlerReentered that wraps the first
+// run's error, so the delivery is classified as that error and ends as if
+// the retry middleware were not there. router.Add applies it to every
+// handler; wrap your handler with it when you compose the stages yourself.
+// Outside an inbox it only calls h.
+func Reentry(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		u, ok := msg.Context().Value(txKey{}).(*unit)
+		if !ok {
+			return h(msg)
+		}
+		if u.calls.Add(1) > 1 {
+			if u.firstErr == nil {
+				return nil, ErrHandlerReentered
+			}
+			return nil, fmt.Errorf("%w; its first run failed: %w", ErrHandlerReentered, u.firstErr)
+		}
+		produced, err := h(msg)
+		u.firstErr = err
+		return produced, err
+	}
 }

@@ -1,14 +1,12 @@
 package deduplication
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
@@ -34,22 +32,7 @@ type SQLConfig struct {
 	// TxOptions are used for each delivery's transaction. Default nil: the
 	// driver's default (READ COMMITTED on PostgreSQL).
 	TxOptions *sql.TxOptions
-	// LockTimeout (PostgreSQL) bounds every lock wait in a delivery's
-	// transaction: first of all the claim's wait for a concurrent delivery
-	// of the same key that holds it (a slow handler), so that duplicates of
-	// one slow event cannot stall every consumer. A claim that waits longer
-	// fails with SQLSTATE 55P03, a Transient failure: the duplicate goes to
-	// a retry tier and its consumer takes the next message. The claim
-	// statement sets it (set_config(..., true)), so it costs no round trip;
-	// it stays in force for the handler's statements in the same
-	// transaction (a handler may SET LOCAL lock_timeout to change it).
-	// Default LockTimeoutDefault; negative leaves the server's setting. On
-	// SQLite the driver's busy timeout bounds the wait instead.
-	LockTimeout time.Duration
 }
-
-// LockTimeoutDefault is SQLConfig.LockTimeout's default.
-const LockTimeoutDefault = 5 * time.Second
 
 // SQLStore is the inbox on PostgreSQL or SQLite. Its units of work are SQL
 // transactions (TxFromContext): a claim is an INSERT ... ON CONFLICT DO
@@ -63,7 +46,6 @@ type SQLStore struct {
 	name    string // unquoted last part, for index names
 	opts    *sql.TxOptions
 	claim   string
-	lockArg []any // the claim's extra arguments: the lock timeout, if set
 	prune   string
 }
 
@@ -104,11 +86,6 @@ func NewSQLStore(cfg SQLConfig) (*SQLStore, error) {
 		opts:    cfg.TxOptions,
 	}
 	s.claim = fmt.Sprintf(d.claim, s.table)
-	lockTimeout := cmp.Or(cfg.LockTimeout, LockTimeoutDefault)
-	if d.claimLocked != "" && lockTimeout > 0 {
-		s.claim = fmt.Sprintf(d.claimLocked, s.table)
-		s.lockArg = []any{strconv.FormatInt(max(lockTimeout.Milliseconds(), 1), 10) + "ms"}
-	}
 	s.prune = fmt.Sprintf(d.prune, s.table)
 	return s, nil
 }
@@ -178,8 +155,7 @@ type sqlTx struct {
 func (t *sqlTx) SQLTx() *sqlx.Tx { return t.tx }
 
 func (t *sqlTx) Claim(ctx context.Context, consumer, key string) (bool, error) {
-	args := append([]any{consumer, key}, t.s.lockArg...)
-	res, err := t.tx.ExecContext(ctx, t.s.claim, args...)
+	res, err := t.tx.ExecContext(ctx, t.s.claim, consumer, key)
 	if err != nil {
 		return false, err
 	}
@@ -198,14 +174,11 @@ func (t *sqlTx) Rollback(context.Context) error {
 
 // dialect holds the SQL that differs between databases. %s is the table.
 type dialect struct {
-	table string
-	claim string
-	// claimLocked is claim with a lock timeout ($3) set by the statement
-	// itself, before its insert can wait; "" where the database has none.
-	claimLocked string
-	prune       string
-	schemas     bool
-	timeArg     func(time.Time) any
+	table   string
+	claim   string
+	prune   string
+	schemas bool
+	timeArg func(time.Time) any
 }
 
 var postgres = dialect{
@@ -215,13 +188,10 @@ var postgres = dialect{
 	processed_at TIMESTAMPTZ NOT NULL,
 	PRIMARY KEY (consumer, event_key)
 )`,
-	claim: `INSERT INTO %s (consumer, event_key, processed_at) VALUES ($1, $2, now()) ON CONFLICT DO NOTHING`,
-	// The WHERE clause runs before the row is inserted, so the lock timeout
-	// is in force when the insert waits for a concurrent claim of the key.
-	claimLocked: `INSERT INTO %s (consumer, event_key, processed_at) SELECT $1, $2, now() WHERE set_config('lock_timeout', $3, true) IS NOT NULL ON CONFLICT DO NOTHING`,
-	prune:       `DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %[1]s WHERE processed_at < $1 LIMIT $2))`,
-	schemas:     true,
-	timeArg:     func(t time.Time) any { return t },
+	claim:   `INSERT INTO %s (consumer, event_key, processed_at) VALUES ($1, $2, now()) ON CONFLICT DO NOTHING`,
+	prune:   `DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %[1]s WHERE processed_at < $1 LIMIT $2))`,
+	schemas: true,
+	timeArg: func(t time.Time) any { return t },
 }
 
 // sqlite stores processed_at as Unix microseconds: the driver's text format

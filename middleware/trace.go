@@ -142,7 +142,7 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 			if err != nil {
 				report.Outcome = OutcomeFailed
 				report.Class = ClassOf(err)
-				span.RecordError(err)
+				telemetry.RecordError(span, err) // exception.message redacted, as the status
 				span.SetStatus(codes.Error, diag.Summary(err, 256))
 			} else if report.Outcome == "" {
 				report.Outcome = OutcomeProcessed
@@ -241,7 +241,7 @@ func (p *tracingPublisher) Publish(topic string, msgs ...*message.Message) error
 	err := p.pub.Publish(topic, msgs...)
 	for _, span := range spans {
 		if err != nil {
-			span.RecordError(err)
+			telemetry.RecordError(span, err)
 			span.SetStatus(codes.Error, diag.Summary(err, 256))
 		}
 		span.End()

@@ -6,7 +6,18 @@ import (
 	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluicemq/sluice/deduplication"
 )
+
+// guardNoPublish is deduplication.Reentry for a handler that publishes nothing.
+func guardNoPublish(h message.NoPublishHandlerFunc) message.NoPublishHandlerFunc {
+	guarded := deduplication.Reentry(func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) })
+	return func(msg *message.Message) error {
+		_, err := guarded(msg)
+		return err
+	}
+}
 
 // HandlerConfig is one reliable handler.
 type HandlerConfig struct {
@@ -35,8 +46,19 @@ type HandlerConfig struct {
 	Stages Stages
 }
 
+// ErrDuplicateHandler is matched by Add's error for a handler name already on
+// the router, or a topic another handler of the router consumes.
+var ErrDuplicateHandler = errors.New("router: duplicate handler")
+
 // Add adds the handler with its stages to r: one call for a reliable
 // handler on an existing router. The handlers it added are returned.
+//
+// It refuses a name already on r (Watermill would panic) and a topic that
+// another handler added by Add consumes on r (two handlers on one queue
+// silently split its messages). It wraps the handler with
+// deduplication.Reentry, so an in-process retry middleware added to the
+// router later — and so run inside the inbox — cannot run the handler twice
+// in one inbox transaction.
 func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 	switch {
 	case r == nil:
@@ -55,6 +77,19 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		return nil, fmt.Errorf("router: HandlerConfig.Consumers must be positive, got %d", cfg.Consumers)
 	}
 	n := max(cfg.Consumers, 1)
+	names := make([]string, n)
+	for i := range n {
+		names[i] = cfg.Name
+		if n > 1 {
+			names[i] += "-" + strconv.Itoa(i)
+		}
+		if _, taken := r.Handlers()[names[i]]; taken {
+			return nil, fmt.Errorf("router: a handler named %q is already on this router: %w", names[i], ErrDuplicateHandler)
+		}
+	}
+	if err := claimTopic(r, cfg.Topic, cfg.Name); err != nil {
+		return nil, err
+	}
 	var out []*message.Handler
 	if cfg.Stages.Poison != nil && cfg.Stages.Poison.Consumer == "" {
 		p := *cfg.Stages.Poison
@@ -66,15 +101,12 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		if err != nil {
 			return nil, err
 		}
-		name := cfg.Name
-		if n > 1 {
-			name += "-" + strconv.Itoa(i)
-		}
+		name := names[i]
 		var h *message.Handler
 		if cfg.Handler != nil {
-			h = r.AddConsumerHandler(name, cfg.Topic, cfg.Subscriber, cfg.Handler)
+			h = r.AddConsumerHandler(name, cfg.Topic, cfg.Subscriber, guardNoPublish(cfg.Handler))
 		} else {
-			h = r.AddHandler(name, cfg.Topic, cfg.Subscriber, cfg.PublishTopic, cfg.Publisher, cfg.PublishingHandler)
+			h = r.AddHandler(name, cfg.Topic, cfg.Subscriber, cfg.PublishTopic, cfg.Publisher, deduplication.Reentry(cfg.PublishingHandler))
 		}
 		h.AddMiddleware(mws...)
 		out = append(out, h)

@@ -158,7 +158,7 @@ func TestTraceParentLinkAndStatus(t *testing.T) {
 
 func TestTraceErrorStatusOnlyWhenNacked(t *testing.T) {
 	t.Parallel()
-	errDown := errors.New("poison queue down")
+	errDown := errors.New("poison queue down: dial amqp://guest:TopSecret1@127.0.0.1:5672/")
 	failing := &failingPublisher{err: errDown}
 	tr := runTraced(t, func(msg *message.Message) error {
 		if msg.Metadata.Get(middleware.EventIDKey) == "panics" {
@@ -186,6 +186,17 @@ func TestTraceErrorStatusOnlyWhenNacked(t *testing.T) {
 	require.Equal(t, "failed", attr(s, "sluice.outcome"))
 	require.Equal(t, codes.Error, s.Status().Code, "a failure that reached the router (nack) is an error")
 	require.Contains(t, s.Status().Description, "poison queue down")
+	require.NotContains(t, s.Status().Description, "TopSecret1")
+	var exceptions int
+	for _, e := range s.Events() {
+		for _, a := range e.Attributes {
+			require.NotContains(t, a.Value.Emit(), "TopSecret1", "event %s attribute %s", e.Name, a.Key)
+		}
+		if e.Name == "exception" {
+			exceptions++
+		}
+	}
+	require.Equal(t, 1, exceptions, "the error is recorded, redacted")
 
 	p := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 	p.Metadata.Set(middleware.EventIDKey, "panics")

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
@@ -20,10 +21,13 @@ import (
 //	(a) in a transaction of its own, no inbox;
 //	(b) with the inbox written by hand: claim INSERT ... ON CONFLICT DO NOTHING
 //	    and the business INSERT in one transaction, plain database/sql;
-//	(c) behind Sluice's deduplication middleware (SQLStore).
+//	(c) behind Sluice's deduplication middleware (SQLStore, the default
+//	    ClaimTimeout: a deadline on the claim's context);
+//	(d) the same with ClaimTimeout < 0 (no deadline of its own).
 //
 // at concurrency 1 and 8, and reports c/b (the library's cost over the same
-// SQL by hand) and c/a (the cost of the extra statement).
+// SQL by hand), d/b (the same without the lock timeout) and c/a (the cost of
+// the extra statement).
 func Inbox(ctx context.Context, o Options) error {
 	var writes atomic.Int64
 	db, schema, cleanup, err := pgSchema(ctx, o.PostgresURL, "sluice_bench", 16, &writes)
@@ -37,8 +41,8 @@ func Inbox(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	names := []string{"a: plain tx", "b: inbox by hand", "c: sluice inbox"}
-	ops := []func(run string) Op{v.plain, v.byHand, v.sluice}
+	names := []string{"a: plain tx", "b: inbox by hand", "c: sluice inbox", "d: sluice, no claim timeout"}
+	ops := []func(run string) Op{v.plain, v.byHand, v.sluice(v.mw), v.sluice(v.mwNoLock)}
 
 	fmt.Fprintf(o.Out, "Inbox on PostgreSQL: %d rounds of %d messages per variant, variants interleaved; rates are medians, ratios medians of per-round ratios\n\n", o.Rounds, o.Messages)
 	var rows [][]string
@@ -50,10 +54,10 @@ func Inbox(ctx context.Context, o Options) error {
 			return err
 		}
 		rows = append(rows, []string{strconv.Itoa(conc),
-			f0(Median(rates[0])), f0(Median(rates[1])), f0(Median(rates[2])),
-			f2(MedianRatio(rates[2], rates[1])), f2(MedianRatio(rates[2], rates[0]))})
+			f0(Median(rates[0])), f0(Median(rates[1])), f0(Median(rates[2])), f0(Median(rates[3])),
+			f2(MedianRatio(rates[2], rates[1])), f2(MedianRatio(rates[3], rates[1])), f2(MedianRatio(rates[2], rates[0]))})
 	}
-	Table(o.Out, []string{"concurrency", names[0] + " msg/s", names[1] + " msg/s", names[2] + " msg/s", "c÷b", "c÷a"}, rows)
+	Table(o.Out, []string{"concurrency", names[0] + " msg/s", names[1] + " msg/s", names[2] + " msg/s", names[3] + " msg/s", "c÷b", "d÷b", "c÷a"}, rows)
 	fmt.Fprintln(o.Out, "\ntargets: c÷b ≥ 0.95; c÷a ≈ 0.7–0.8 expected (one more statement per message)")
 
 	// What each variant sends: writes to the server per message, one at a time.
@@ -73,8 +77,8 @@ type inboxVariants struct {
 	db                  *sqlx.DB
 	schema              string
 	insertBiz, claimSQL string
-	store               *deduplication.SQLStore
-	mw                  message.HandlerFunc
+	store               *deduplication.SQLStore // c's
+	mw, mwNoLock        message.HandlerFunc
 }
 
 func newInboxVariants(ctx context.Context, db *sqlx.DB, schema string) (*inboxVariants, error) {
@@ -88,30 +92,39 @@ func newInboxVariants(ctx context.Context, db *sqlx.DB, schema string) (*inboxVa
 			return nil, err
 		}
 	}
-	store, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db, Table: schema + ".inbox"})
-	if err != nil {
-		return nil, err
-	}
-	if err := store.CreateTable(ctx); err != nil {
-		return nil, err
-	}
-	v.store = store
-	d, err := deduplication.New(deduplication.Config{Store: store, Consumer: "inventory", MeterProvider: noop.NewMeterProvider()})
-	if err != nil {
-		return nil, err
-	}
 	v.insertBiz = "INSERT INTO " + schema + ".reservations (event_key, note) VALUES ($1, 'reserved')"
 	v.claimSQL = "INSERT INTO " + schema + ".inbox_by_hand (consumer, event_key, processed_at) VALUES ($1, $2, now()) ON CONFLICT DO NOTHING"
-	v.mw = d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+	handler := func(msg *message.Message) ([]*message.Message, error) {
 		tx := deduplication.TxFromContext(msg.Context())
 		_, err := tx.ExecContext(msg.Context(), v.insertBiz, msg.Metadata.Get(middleware.EventIDKey))
 		return nil, err
-	})
+	}
+	for _, c := range []struct {
+		table        string
+		claimTimeout time.Duration
+		mw           *message.HandlerFunc
+	}{{"inbox", 0, &v.mw}, {"inbox_no_lock", -1, &v.mwNoLock}} {
+		store, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db, Table: schema + "." + c.table})
+		if err != nil {
+			return nil, err
+		}
+		if err := store.CreateTable(ctx); err != nil {
+			return nil, err
+		}
+		d, err := deduplication.New(deduplication.Config{Store: store, Consumer: "inventory", ClaimTimeout: c.claimTimeout, MeterProvider: noop.NewMeterProvider()})
+		if err != nil {
+			return nil, err
+		}
+		*c.mw = d.Middleware(handler)
+		if c.claimTimeout == 0 {
+			v.store = store
+		}
+	}
 	return v, nil
 }
 
 func (v *inboxVariants) truncate(ctx context.Context) error {
-	_, err := v.db.ExecContext(ctx, "TRUNCATE "+v.schema+".reservations, "+v.schema+".inbox_by_hand, "+v.schema+".inbox")
+	_, err := v.db.ExecContext(ctx, "TRUNCATE "+v.schema+".reservations, "+v.schema+".inbox_by_hand, "+v.schema+".inbox, "+v.schema+".inbox_no_lock")
 	return err
 }
 
@@ -157,13 +170,15 @@ func (v *inboxVariants) byHandKey(ctx context.Context, key string) error {
 	return tx.Commit()
 }
 
-func (v *inboxVariants) sluice(run string) Op {
-	return func(ctx context.Context, i int) error {
-		msg := message.NewMessage(strconv.Itoa(i), nil)
-		msg.Metadata.Set(middleware.EventIDKey, run+strconv.Itoa(i))
-		msg.SetContext(ctx)
-		_, err := v.mw(msg)
-		return err
+func (v *inboxVariants) sluice(mw message.HandlerFunc) func(run string) Op {
+	return func(run string) Op {
+		return func(ctx context.Context, i int) error {
+			msg := message.NewMessage(strconv.Itoa(i), nil)
+			msg.Metadata.Set(middleware.EventIDKey, run+strconv.Itoa(i))
+			msg.SetContext(ctx)
+			_, err := mw(msg)
+			return err
+		}
 	}
 }
 

@@ -4,13 +4,17 @@ package telemetry
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluicemq/sluice/internal/diag"
 )
 
 // ScopeName is the instrumentation scope of every Sluice meter and tracer.
@@ -50,4 +54,17 @@ func ParseTraceparent(tp string) trace.SpanContext {
 	}
 	ctx := propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier{"traceparent": tp})
 	return trace.SpanContextFromContext(ctx)
+}
+
+// RecordError adds the exception event of err to span as span.RecordError
+// does — exception.type the error's Go type — with exception.message
+// redacted (diag.Redact): no password of a URL or DSN reaches a span.
+func RecordError(span trace.Span, err error) {
+	if err == nil || !span.IsRecording() {
+		return
+	}
+	span.AddEvent(semconv.ExceptionEventName, trace.WithAttributes(
+		semconv.ExceptionType(fmt.Sprintf("%T", err)),
+		semconv.ExceptionMessage(diag.Redact(err.Error())),
+	))
 }
