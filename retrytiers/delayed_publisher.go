@@ -35,7 +35,20 @@ type DelayedPublisherConfig struct {
 	Routes []Route
 	// Logger reports deliveries to Target that failed. Default watermill.NopLogger.
 	Logger watermill.LoggerAdapter
+	// MaxPending bounds the messages waiting for their delay (each holds its
+	// payload and metadata in memory). Publish beyond it fails with
+	// ErrDelayedPublisherFull, so the retry stage nacks the original after
+	// its backoff: back-pressure instead of unbounded memory. Default
+	// MaxPendingDefault.
+	MaxPending int
 }
+
+// MaxPendingDefault is DelayedPublisherConfig.MaxPending's default.
+const MaxPendingDefault = 10_000
+
+// ErrDelayedPublisherFull is returned by Publish when MaxPending messages
+// already wait.
+var ErrDelayedPublisherFull = errors.New("retrytiers: delayed publisher full")
 
 // ErrDelayedPublisherClosed is returned by Publish after Close.
 var ErrDelayedPublisherClosed = errors.New("retrytiers: delayed publisher closed")
@@ -54,6 +67,7 @@ type DelayedPublisher struct {
 
 	mu      sync.Mutex
 	closed  bool
+	failed  int // deliveries Target refused: dropped
 	pending map[*time.Timer]struct{}
 	wg      sync.WaitGroup
 	ctx     context.Context
@@ -72,6 +86,12 @@ func NewDelayedPublisher(cfg DelayedPublisherConfig) (*DelayedPublisher, error) 
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}
+	}
+	if cfg.MaxPending == 0 {
+		cfg.MaxPending = MaxPendingDefault
+	}
+	if cfg.MaxPending < 0 {
+		return nil, fmt.Errorf("retrytiers: DelayedPublisherConfig.MaxPending must be positive, got %d", cfg.MaxPending)
 	}
 	routes := make(map[string]Route, len(cfg.Routes))
 	for i, r := range cfg.Routes {
@@ -95,6 +115,9 @@ func (p *DelayedPublisher) Publish(topic string, msgs ...*message.Message) error
 	if p.closed {
 		return ErrDelayedPublisherClosed
 	}
+	if len(p.pending)+len(msgs) > p.cfg.MaxPending {
+		return fmt.Errorf("%w: %d messages wait (MaxPending %d)", ErrDelayedPublisherFull, len(p.pending), p.cfg.MaxPending)
+	}
 	for _, msg := range msgs {
 		c := msg.Copy() // the caller may reuse msg; the context is not kept
 		// The callback takes p.mu first, so it sees t and its pending entry
@@ -112,7 +135,10 @@ func (p *DelayedPublisher) Publish(topic string, msgs ...*message.Message) error
 			}
 			c.SetContext(p.ctx)
 			if err := p.cfg.Target.Publish(r.To, c); err != nil {
-				p.cfg.Logger.Error("Delivering a delayed retry copy failed; it is lost", err,
+				p.mu.Lock()
+				p.failed++
+				p.mu.Unlock()
+				p.cfg.Logger.Error("Delivering a delayed retry copy failed; it is dropped (not durable)", err,
 					watermill.LogFields{"from": r.From, "to": r.To, "message_uuid": c.UUID})
 			}
 		})
@@ -129,7 +155,8 @@ func (p *DelayedPublisher) Pending() int {
 }
 
 // Close stops the timers, waits for deliveries in progress and returns an
-// error counting the messages it dropped. It is idempotent.
+// error counting the messages it dropped: those still waiting, and those
+// whose delivery to Target failed. It is idempotent.
 func (p *DelayedPublisher) Close() error {
 	p.mu.Lock()
 	if p.closed {
@@ -147,8 +174,12 @@ func (p *DelayedPublisher) Close() error {
 	p.mu.Unlock()
 	p.cancel()
 	p.wg.Wait()
-	if dropped > 0 {
-		return fmt.Errorf("retrytiers: delayed publisher closed with %d messages still waiting; they are dropped (not durable)", dropped)
+	p.mu.Lock()
+	failed := p.failed
+	p.mu.Unlock()
+	if dropped+failed > 0 {
+		return fmt.Errorf("retrytiers: delayed publisher dropped %d messages (not durable): %d still waiting at Close, %d refused by the target",
+			dropped+failed, dropped, failed)
 	}
 	return nil
 }

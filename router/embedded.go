@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -24,20 +25,29 @@ type EmbeddedConfig struct {
 	PoisonTopic string
 	// Logger. Default watermill.NopLogger.
 	Logger watermill.LoggerAdapter
+	// MaxPendingRetries bounds the copies waiting in the in-process tiers
+	// (retrytiers.DelayedPublisherConfig.MaxPending); beyond it the retry
+	// stage nacks. Default retrytiers.MaxPendingDefault.
+	MaxPendingRetries int
 }
 
 // Embedded is the embedded default: Watermill's GoChannel as the broker,
-// in-process retry tiers (retrytiers.DelayedPublisher — not durable) and an
-// in-memory poison topic that can be read back (Poisoned). For development,
-// examples and tests; RabbitMQ is the durable counterpart.
+// in-process retry tiers (retrytiers.DelayedPublisher — bounded, not
+// durable) and an in-memory poison topic that can be read back (Poisoned).
+// For development, examples and tests; RabbitMQ is the durable counterpart.
+//
+// A copy whose delay ends while no handler consumes the topic (after the
+// router closed) is not published into the GoChannel, which would drop it
+// silently: it counts as dropped, and Close reports it.
 type Embedded struct {
 	cfg     EmbeddedConfig
 	PubSub  *gochannel.GoChannel
 	delayed *retrytiers.DelayedPublisher
 	tiers   []retrytiers.Tier
 
-	mu       sync.Mutex
-	poisoned []*message.Message
+	mu          sync.Mutex
+	poisoned    []*message.Message
+	subscribers int // live subscriptions to Topic
 	cancel   context.CancelFunc
 	done     chan struct{}
 }
@@ -57,19 +67,22 @@ func NewEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 		return nil, err
 	}
 	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 256}, cfg.Logger)
+	e := &Embedded{cfg: cfg, PubSub: ps, tiers: tiers, done: make(chan struct{})}
 	delayed, err := retrytiers.NewDelayedPublisher(retrytiers.DelayedPublisherConfig{
-		Target: ps, Routes: retrytiers.Routes(cfg.Topic, tiers), Logger: cfg.Logger,
+		Target: consumedTopic{e}, Routes: retrytiers.Routes(cfg.Topic, tiers), Logger: cfg.Logger,
+		MaxPending: cfg.MaxPendingRetries,
 	})
 	if err != nil {
 		return nil, err
 	}
+	e.delayed = delayed
 	ctx, cancel := context.WithCancel(context.Background())
+	e.cancel = cancel
 	out, err := ps.Subscribe(ctx, cfg.PoisonTopic)
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	e := &Embedded{cfg: cfg, PubSub: ps, delayed: delayed, tiers: tiers, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(e.done)
 		for m := range out {
@@ -104,7 +117,7 @@ func (e *Embedded) Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler
 	if cfg.Consumers > 1 {
 		return nil, errors.New("router: HandlerConfig.Consumers must be 1 on the embedded default (GoChannel fans out to every subscriber)")
 	}
-	cfg.Topic, cfg.Subscriber = e.cfg.Topic, e.PubSub
+	cfg.Topic, cfg.Subscriber = e.cfg.Topic, countingSubscriber{e}
 	cfg.Stages = cfg.Stages.withBroker(broker{
 		copies: e.PubSub, retryCopies: e.delayed, poisonTopic: e.cfg.PoisonTopic,
 		queue: e.cfg.Topic, tiers: e.tiers, system: "gochannel",
@@ -120,3 +133,46 @@ func (e *Embedded) Close() error {
 	<-e.done
 	return errors.Join(err, e.PubSub.Close())
 }
+
+// ErrNoConsumer is matched by a retry copy whose delay ended while no
+// handler consumed the embedded topic.
+var ErrNoConsumer = errors.New("router: no handler consumes the embedded topic (the router closed)")
+
+// countingSubscriber is the GoChannel as the handlers' subscriber, counting
+// the live subscriptions to the topic.
+type countingSubscriber struct{ e *Embedded }
+
+func (s countingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	out, err := s.e.PubSub.Subscribe(ctx, topic)
+	if err != nil || topic != s.e.cfg.Topic {
+		return out, err
+	}
+	s.e.mu.Lock()
+	s.e.subscribers++
+	s.e.mu.Unlock()
+	go func() { // ends with the subscription: the router cancels ctx at Close
+		<-ctx.Done()
+		s.e.mu.Lock()
+		s.e.subscribers--
+		s.e.mu.Unlock()
+	}()
+	return out, nil
+}
+
+func (s countingSubscriber) Close() error { return nil } // Embedded.Close closes the GoChannel
+
+// consumedTopic publishes the tiers' copies into the GoChannel only while a
+// handler consumes the topic.
+type consumedTopic struct{ e *Embedded }
+
+func (t consumedTopic) Publish(topic string, msgs ...*message.Message) error {
+	t.e.mu.Lock()
+	live := t.e.subscribers > 0
+	t.e.mu.Unlock()
+	if !live {
+		return fmt.Errorf("%w: %d retry copies for %q", ErrNoConsumer, len(msgs), topic)
+	}
+	return t.e.PubSub.Publish(topic, msgs...)
+}
+
+func (consumedTopic) Close() error { return nil }

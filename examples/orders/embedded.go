@@ -27,8 +27,13 @@ type embeddedEnv struct {
 	done     chan struct{}
 }
 
-func newEmbeddedEnv(ctx context.Context, dbPath string) (*embeddedEnv, error) {
+func newEmbeddedEnv(ctx context.Context, dbPath string) (_ *embeddedEnv, err error) {
 	e := &embeddedEnv{}
+	defer func() { // a failed start closes what it opened
+		if err != nil {
+			_ = e.close()
+		}
+	}()
 	if dbPath == "" {
 		dir, err := os.MkdirTemp("", "sluice-orders")
 		if err != nil {
@@ -104,7 +109,10 @@ func (e *embeddedEnv) close() error {
 		e.stop()
 		<-e.done
 	}
-	err := e.embedded.Close()
+	var err error
+	if e.embedded != nil {
+		err = e.embedded.Close()
+	}
 	if e.sqlite != nil {
 		_ = e.sqlite.Close()
 	}

@@ -84,6 +84,28 @@ func runAndPrint(cfg config) error {
 	return srv.ListenAndServe()
 }
 
+// embeddedNote is what make run says of the embedded default.
+const embeddedNote = "embedded default (GoChannel + SQLite): the retry tiers live in this process's memory, bounded\n" +
+	"and NOT durable — a copy waiting in a tier is lost if the process stops (Close reports how many).\n" +
+	"Run on RabbitMQ + PostgreSQL for durable tiers: go run ./examples/orders --amqp-url … --postgres-url …"
+
+// newEnv starts the servers mode or the embedded default. It returns a nil
+// interface (never a nil pointer in one) with its error.
+func newEnv(ctx context.Context, cfg config, meter *sdkmetric.MeterProvider) (env, error) {
+	if cfg.AMQPURL != "" || cfg.PostgresURL != "" {
+		e, err := newServersEnv(ctx, cfg.AMQPURL, cfg.PostgresURL, cmp.Or(cfg.Name, "sluice_example"), meter)
+		if err != nil {
+			return nil, err
+		}
+		return e, nil
+	}
+	e, err := newEmbeddedEnv(ctx, cfg.DBPath)
+	if err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
 func run(ctx context.Context, cfg config) (*summary, error) {
 	metrics := sdkmetric.NewManualReader()
 	meterOpts := []sdkmetric.Option{sdkmetric.WithReader(metrics)}
@@ -108,17 +130,8 @@ func run(ctx context.Context, cfg config) (*summary, error) {
 	tracer := sdktrace.NewTracerProvider(traceOpts...)
 	defer func() { _ = tracer.Shutdown(context.WithoutCancel(ctx)) }()
 
-	var e env
-	var err error
-	if cfg.AMQPURL != "" || cfg.PostgresURL != "" {
-		e, err = newServersEnv(ctx, cfg.AMQPURL, cfg.PostgresURL, cmp.Or(cfg.Name, "sluice_example"), meter)
-	} else {
-		e, err = newEmbeddedEnv(ctx, cfg.DBPath)
-	}
-	if err != nil {
-		if e != nil {
-			_ = e.close()
-		}
+	e, err := newEnv(ctx, cfg, meter)
+	if err != nil { // a failed start has closed what it opened
 		return nil, err
 	}
 	defer func() { _ = e.close() }()
@@ -169,6 +182,9 @@ func run(ctx context.Context, cfg config) (*summary, error) {
 	}
 	if registry != nil {
 		s.metrics = promhttp.HandlerFor(registry, promhttp.HandlerOpts{})
+	}
+	if _, embedded := e.(*embeddedEnv); embedded {
+		s.Note = embeddedNote
 	}
 	return s, nil
 }

@@ -46,6 +46,7 @@ func TestExampleEmbedded(t *testing.T) {
 	var out bytes.Buffer
 	s.print(&out)
 	require.Contains(t, out.String(), "duplicates skipped (sluice.inbox.duplicates)  3")
+	require.Contains(t, out.String(), "NOT durable", "make run says the embedded tiers are not durable")
 
 	rec := httptest.NewRecorder()
 	s.metrics.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
@@ -82,4 +83,23 @@ func TestExampleServers(t *testing.T) {
 	require.NoError(t, err)
 	check(t, s)
 	require.False(t, strings.Contains(name, "-"))
+}
+
+// A server that cannot be reached is an error, printed — never a panic, and
+// never the password.
+func TestExampleConnectionErrors(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, cfg := range []config{
+		{AMQPURL: "amqp://guest:Hidden1@127.0.0.1:1/", PostgresURL: testenv.PostgresURL, Name: testenv.Name("example")},
+		{AMQPURL: testenv.AMQPURL, PostgresURL: "postgres://u:Hidden1@127.0.0.1:1/x?sslmode=disable&connect_timeout=2"},
+		{AMQPURL: "amqp://guest:Hid%zzden1@127.0.0.1/", PostgresURL: testenv.PostgresURL, Name: testenv.Name("example")},
+		{AMQPURL: testenv.AMQPURL},
+	} {
+		_, err := run(ctx, cfg)
+		require.Error(t, err)
+		require.NotContains(t, err.Error(), "Hidden1")
+		require.NotContains(t, err.Error(), "Hid")
+	}
 }

@@ -40,14 +40,22 @@ type serversEnv struct {
 	fwdDone       chan error
 }
 
-func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string, meter metric.MeterProvider) (*serversEnv, error) {
+func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string, meter metric.MeterProvider) (_ *serversEnv, err error) {
 	if postgresURL == "" || amqpURL == "" {
 		return nil, errors.New("the servers mode needs both --amqp-url and --postgres-url")
 	}
 	e := &serversEnv{schema: name, amqpURL: amqpURL, queue: name + ".inventory"}
+	defer func() { // a failed start closes what it opened
+		if err != nil {
+			_ = e.close()
+		}
+	}()
 	db, err := sqlx.ConnectContext(ctx, "postgres", postgresURL)
 	if err != nil {
-		return nil, fmt.Errorf("connecting to %s: %s", diag.RedactURL(postgresURL), diag.Redact(err.Error()))
+		if db != nil { // sqlx returns the pool open when the ping fails
+			_ = db.Close()
+		}
+		return nil, fmt.Errorf("connecting to %s: %w", diag.RedactURL(postgresURL), diag.RedactError(err))
 	}
 	e.pg = db
 	for _, stmt := range append([]string{`DROP SCHEMA IF EXISTS ` + name + ` CASCADE`, `CREATE SCHEMA ` + name}, tables(name).schema()...) {
@@ -59,9 +67,9 @@ func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string, meter
 		GenerateMessagesTableName: func(topic string) string { return fmt.Sprintf(`%s."watermill_%s"`, name, topic) },
 	}
 
-	e.conn, err = amqp.Dial(amqpURL)
+	e.conn, err = rabbitmq.Dial(amqpURL, rabbitmq.DialConfig{Name: "sluice example"})
 	if err != nil {
-		return nil, fmt.Errorf("connecting to %s: %s", diag.RedactURL(amqpURL), diag.Redact(err.Error()))
+		return nil, err
 	}
 	e.rabbit, err = router.NewRabbitMQ(ctx, router.RabbitMQConfig{
 		URL:           amqpURL,

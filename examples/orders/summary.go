@@ -27,6 +27,7 @@ type summary struct {
 	Duplicates      int64    // sluice.inbox.duplicates
 	RetriedByTier   map[string]int64
 	Poisoned        []poisonedRow // read back from the poison queue
+	Note            string        // what the mode does not promise
 
 	metrics http.Handler // Prometheus, with --metrics-addr
 }
@@ -105,4 +106,7 @@ func (s *summary) print(w io.Writer) {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\n", p.Class, p.EventID, p.Reason)
 	}
 	_ = tw.Flush()
+	if s.Note != "" {
+		fmt.Fprintf(w, "\n%s\n", s.Note)
+	}
 }
