@@ -48,8 +48,8 @@ type Embedded struct {
 	mu          sync.Mutex
 	poisoned    []*message.Message
 	subscribers int // live subscriptions to Topic
-	cancel   context.CancelFunc
-	done     chan struct{}
+	cancel      context.CancelFunc
+	done        chan struct{}
 }
 
 // NewEmbedded starts the GoChannel, the in-process tiers and the reader of
