@@ -102,7 +102,7 @@ type Publisher struct {
 	conn    *amqp.Connection
 	ch      *confirmChannel
 	closed  bool
-	blocked atomic.Pointer[amqp.Blocking] // non-nil while the broker blocks conn
+	blocked *atomic.Pointer[amqp.Blocking] // conn's: non-nil while the broker blocks it
 }
 
 var _ message.Publisher = (*Publisher)(nil)
@@ -158,12 +158,12 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if err := CheckName("routing key", topic); err != nil {
 		return err
 	}
-	if b := p.blocked.Load(); b != nil {
-		return fmt.Errorf("%w (%s): %d messages to %q not published", ErrBlocked, b.Reason, len(msgs), topic)
-	}
-	ch, err := p.channel()
+	ch, blocked, err := p.channel()
 	if err != nil {
 		return err
+	}
+	if b := blocked.Load(); b != nil {
+		return fmt.Errorf("%w (%s): %d messages to %q not published", ErrBlocked, b.Reason, len(msgs), topic)
 	}
 	type published struct {
 		msg *message.Message
@@ -210,15 +210,16 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	return errors.Join(errs...)
 }
 
-// channel returns the live confirm channel, connecting when needed.
-func (p *Publisher) channel() (*confirmChannel, error) {
+// channel returns the live confirm channel and its connection's blocked
+// state, connecting when needed.
+func (p *Publisher) channel() (*confirmChannel, *atomic.Pointer[amqp.Blocking], error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return nil, ErrPublisherClosed
+		return nil, nil, ErrPublisherClosed
 	}
 	if p.ch != nil && !p.ch.isClosed() {
-		return p.ch, nil
+		return p.ch, p.blocked, nil
 	}
 	if p.ch != nil {
 		p.cfg.Logger.Info("Reconnecting the confirmed publisher", watermill.LogFields{"url": diag.RedactURL(p.cfg.URL)})
@@ -228,18 +229,19 @@ func (p *Publisher) channel() (*confirmChannel, error) {
 	if p.conn == nil || p.conn.IsClosed() {
 		conn, err := Dial(p.cfg.URL, DialConfig{Name: "sluice publisher", DialTimeout: p.cfg.DialTimeout, WriteTimeout: p.cfg.WriteTimeout})
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		p.conn = conn
-		p.blocked.Store(nil)
+		blocked := new(atomic.Pointer[amqp.Blocking])
+		p.blocked = blocked
 		blocks := conn.NotifyBlocked(make(chan amqp.Blocking, 1))
 		go func() { // ends when conn closes: amqp091 closes blocks then
 			for b := range blocks {
 				if b.Active {
-					p.blocked.Store(&b)
+					blocked.Store(&b)
 					p.cfg.Logger.Info("The broker blocked the publisher's connection", watermill.LogFields{"reason": b.Reason})
 				} else {
-					p.blocked.Store(nil)
+					blocked.Store(nil)
 				}
 			}
 		}()
@@ -248,10 +250,10 @@ func (p *Publisher) channel() (*confirmChannel, error) {
 	if err != nil {
 		_ = p.conn.Close()
 		p.conn = nil
-		return nil, err
+		return nil, nil, err
 	}
 	p.ch = ch
-	return ch, nil
+	return ch, p.blocked, nil
 }
 
 // Close closes the channel and the connection. It is idempotent; Publish

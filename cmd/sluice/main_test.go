@@ -16,6 +16,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -365,4 +366,48 @@ func TestTopologyPlanAndApply(t *testing.T) {
 	require.Equal(t, 0, run([]string{"--amqp-url", testenv.AMQPURL, "topology", "apply", "--queue", q, "--tiers", "1s,2s"}, &out, &errOut), errOut.String())
 	require.Contains(t, out.String(), "declared "+q+".poison")
 	require.Zero(t, testenv.QueueDepth(t, testenv.AMQP(t), q+".retry.2s"))
+}
+
+// A foreign producer's gzip payload, poisoned and replayed: the replay
+// carries every AMQP property, content_encoding first of all, byte for byte.
+func TestReplayKeepsTheProducersProperties(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	conn := testenv.AMQP(t)
+	ch := testenv.Channel(t, conn)
+	pub := amqp.Publishing{
+		ContentType: "application/json", ContentEncoding: "gzip", CorrelationId: "corr-9", MessageId: "m-9",
+		Type: "OrderCreated", AppId: "spring-orders", ReplyTo: "orders.replies", Priority: 3,
+		Timestamp: time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC),
+		Headers:   amqp.Table{middleware.EventIDKey: "g-1", "__TypeId__": "com.example.OrderCreated"},
+		Body:      []byte("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xffgzip-bytes"),
+	}
+	require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Queue(), false, false, pub))
+	d, ok, err := ch.Get(b.topo.Queue(), false)
+	require.NoError(t, err)
+	require.True(t, ok)
+	msg, err := rabbitmq.Marshaler{}.Unmarshal(d)
+	require.NoError(t, err)
+	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue()})
+	require.NoError(t, err)
+	_, err = mw(func(*message.Message) ([]*message.Message, error) { return nil, middleware.Poison(errors.New("bad")) })(msg)
+	require.NoError(t, err)
+	require.NoError(t, d.Ack(false))
+
+	code, _, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue())
+	require.Equal(t, 0, code, errOut)
+	replayed := testenv.Drain(t, conn, b.topo.Queue())
+	require.Len(t, replayed, 1)
+	r := replayed[0]
+	require.Equal(t, pub.Body, r.Body)
+	require.Equal(t, pub.ContentEncoding, r.ContentEncoding)
+	require.Equal(t, pub.ContentType, r.ContentType)
+	require.Equal(t, pub.CorrelationId, r.CorrelationId)
+	require.Equal(t, pub.MessageId, r.MessageId)
+	require.Equal(t, pub.Type, r.Type)
+	require.Equal(t, pub.AppId, r.AppId)
+	require.Equal(t, pub.ReplyTo, r.ReplyTo)
+	require.Equal(t, pub.Priority, r.Priority)
+	require.True(t, pub.Timestamp.Equal(r.Timestamp))
+	require.Equal(t, "com.example.OrderCreated", r.Headers["__TypeId__"])
 }

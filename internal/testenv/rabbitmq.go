@@ -1,6 +1,12 @@
 package testenv
 
 import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -80,4 +86,66 @@ func Drain(t testing.TB, conn *amqp.Connection, queue string) []amqp.Delivery {
 		}
 		out = append(out, d)
 	}
+}
+
+// PrivateRabbitMQ is a RabbitMQ node of a test's own, for tests that stop,
+// fill or alarm a broker: the shared one is never disturbed.
+type PrivateRabbitMQ struct {
+	URL  string
+	node string
+}
+
+// StartPrivateRabbitMQ starts a RabbitMQ node of t's own on a free port
+// (name, ports, data and config of its own; no plugins) and stops it, with
+// its files removed, when t ends. It needs rabbitmq-server on the machine
+// and root (the node runs as the rabbitmq user).
+func StartPrivateRabbitMQ(t testing.TB) *PrivateRabbitMQ {
+	t.Helper()
+	port, distPort := freePort(t), freePort(t)
+	dir, err := os.MkdirTemp("", "sluice-rabbitmq-")
+	require.NoError(t, err)
+	name := Name("sluice") + "@localhost"
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), fmt.Appendf(nil, "listeners.tcp.local = 127.0.0.1:%d\n", port), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("[].\n"), 0o644))
+	require.NoError(t, exec.Command("chown", "-R", "rabbitmq:rabbitmq", dir).Run(), "the node runs as the rabbitmq user")
+	r := &PrivateRabbitMQ{URL: fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port), node: name}
+	cmd := exec.Command("rabbitmq-server", "-detached")
+	cmd.Env = append(os.Environ(),
+		"RABBITMQ_NODENAME="+name, "RABBITMQ_NODE_PORT="+strconv.Itoa(port), "RABBITMQ_DIST_PORT="+strconv.Itoa(distPort),
+		"RABBITMQ_CONFIG_FILE="+filepath.Join(dir, "rabbitmq.conf"), "RABBITMQ_MNESIA_BASE="+filepath.Join(dir, "mnesia"),
+		"RABBITMQ_LOG_BASE="+filepath.Join(dir, "log"), "RABBITMQ_ENABLED_PLUGINS_FILE="+filepath.Join(dir, "enabled_plugins"))
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "starting a private RabbitMQ node: %s", out)
+	t.Cleanup(func() {
+		_ = exec.Command("rabbitmqctl", "-n", name, "stop").Run()
+		_ = os.RemoveAll(dir)
+	})
+	// await_startup fails at once until the node has registered with epmd.
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		out, err := exec.Command("rabbitmqctl", "-n", name, "await_startup", "--timeout", "60").CombinedOutput()
+		if err == nil {
+			return r
+		}
+		if time.Now().After(deadline) {
+			logs, _ := exec.Command("sh", "-c", "tail -n 20 "+filepath.Join(dir, "log")+"/*.log").CombinedOutput()
+			t.Fatalf("private RabbitMQ node %s did not start: %s\n%s", name, out, logs)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// Ctl runs rabbitmqctl against the private node.
+func (r *PrivateRabbitMQ) Ctl(t testing.TB, args ...string) {
+	t.Helper()
+	out, err := exec.Command("rabbitmqctl", append([]string{"-n", r.node}, args...)...).CombinedOutput()
+	require.NoError(t, err, "rabbitmqctl %v: %s", args, out)
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer func() { _ = l.Close() }()
+	return l.Addr().(*net.TCPAddr).Port
 }
