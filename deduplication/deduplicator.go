@@ -305,8 +305,9 @@ var ErrHandlerReentered = errors.New("deduplication: the handler ran again insid
 // running h, an error matching ErrHandlerReentered that wraps the first
 // run's error, so the delivery is classified as that error and ends as if
 // the retry middleware were not there. router.Add applies it to every
-// handler; wrap your handler with it when you compose the stages yourself.
-// Outside an inbox it only calls h.
+// handler; wrap your handler with it (or ReentryNoPublish) when you compose
+// the stages yourself: it must wrap the handler itself, inside every
+// middleware. Outside an inbox it only calls h.
 func Reentry(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		u, ok := msg.Context().Value(txKey{}).(*unit)
@@ -322,5 +323,15 @@ func Reentry(h message.HandlerFunc) message.HandlerFunc {
 		produced, err := h(msg)
 		u.firstErr = err
 		return produced, err
+	}
+}
+
+// ReentryNoPublish is Reentry for a handler that publishes nothing, as
+// message.Router.AddConsumerHandler takes it.
+func ReentryNoPublish(h message.NoPublishHandlerFunc) message.NoPublishHandlerFunc {
+	guarded := Reentry(func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) })
+	return func(msg *message.Message) error {
+		_, err := guarded(msg)
+		return err
 	}
 }

@@ -43,11 +43,13 @@ func addInventory(ctx context.Context, router *message.Router, sub message.Subsc
 	if err != nil {
 		return err
 	}
-	router.AddConsumerHandler("inventory", "order.created", sub, func(msg *message.Message) error {
+	handler := deduplication.ReentryNoPublish(func(msg *message.Message) error {
 		tx := deduplication.TxFromContext(msg.Context()) // the inbox transaction
 		_, err := tx.ExecContext(msg.Context(), `INSERT INTO reservations (order_id) VALUES ('o-1')`)
 		return err // nil: committed, then acked; an error: rolled back
-	}).AddMiddleware(classify, inbox.Middleware, recoverer)
+	}) // runs once per inbox transaction, whatever retry middleware the router adds later
+	router.AddConsumerHandler("inventory", "order.created", sub, handler).
+		AddMiddleware(classify, inbox.Middleware, recoverer)
 	return nil
 }
 

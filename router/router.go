@@ -10,15 +10,6 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 )
 
-// guardNoPublish is deduplication.Reentry for a handler that publishes nothing.
-func guardNoPublish(h message.NoPublishHandlerFunc) message.NoPublishHandlerFunc {
-	guarded := deduplication.Reentry(func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) })
-	return func(msg *message.Message) error {
-		_, err := guarded(msg)
-		return err
-	}
-}
-
 // HandlerConfig is one reliable handler.
 type HandlerConfig struct {
 	// Name of the Watermill handler; with Consumers > 1, "<Name>-<i>".
@@ -104,7 +95,7 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		name := names[i]
 		var h *message.Handler
 		if cfg.Handler != nil {
-			h = r.AddConsumerHandler(name, cfg.Topic, cfg.Subscriber, guardNoPublish(cfg.Handler))
+			h = r.AddConsumerHandler(name, cfg.Topic, cfg.Subscriber, deduplication.ReentryNoPublish(cfg.Handler))
 		} else {
 			h = r.AddHandler(name, cfg.Topic, cfg.Subscriber, cfg.PublishTopic, cfg.Publisher, deduplication.Reentry(cfg.PublishingHandler))
 		}
