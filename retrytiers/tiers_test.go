@@ -210,7 +210,7 @@ func TestDelayedPublisher(t *testing.T) {
 		t.Fatal("the delayed message did not arrive")
 	}
 	require.Equal(t, 1, p.Pending())
-	require.ErrorContains(t, p.Close(), "1 messages still waiting", "Close says what it drops: not durable")
+	require.ErrorContains(t, p.Close(), "1 still waiting at Close", "Close says what it drops: not durable")
 	require.NoError(t, p.Close())
 	require.ErrorIs(t, p.Publish(ts[0].Topic, message.NewMessage("u4", nil)), retrytiers.ErrDelayedPublisherClosed)
 }
