@@ -13,8 +13,8 @@ import (
 	"github.com/jmoiron/sqlx"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/telemetry"
-	"github.com/sluicemq/sluice/middleware"
 )
 
 // KeyMaxLengthDefault is the default longest key, in bytes. Longer keys are
@@ -37,12 +37,12 @@ type Config struct {
 	// every retained key new again. Required.
 	Consumer string
 	// Key takes the key from a message. Default
-	// KeyFromMetadata(middleware.EventIDKey).
+	// KeyFromMetadata(sluice.EventIDKey).
 	Key KeyFunc
 	// Classifier decides whether a handler error is a rejection, whose
 	// writes are committed. Give the Classify stage the same value. Default
-	// middleware.DefaultClassifier().
-	Classifier *middleware.Classifier
+	// sluice.DefaultClassifier().
+	Classifier *sluice.Classifier
 	// KeyMaxLength is the longest key accepted, in bytes. Default
 	// KeyMaxLengthDefault.
 	KeyMaxLength int
@@ -65,10 +65,10 @@ type Config struct {
 
 func (c Config) withDefaults() Config {
 	if c.Key == nil {
-		c.Key = KeyFromMetadata(middleware.EventIDKey)
+		c.Key = KeyFromMetadata(sluice.EventIDKey)
 	}
 	if c.Classifier == nil {
-		c.Classifier = middleware.DefaultClassifier()
+		c.Classifier = sluice.DefaultClassifier()
 	}
 	if c.KeyMaxLength == 0 {
 		c.KeyMaxLength = KeyMaxLengthDefault
@@ -121,22 +121,22 @@ func New(cfg Config) (*Deduplicator, error) {
 //     back otherwise and returns h's error. A failed commit is a Transient
 //     failure, so the message is not acked before its commit.
 //
-// It sets middleware.EventIDKey in the metadata to the key when it is
+// It sets sluice.EventIDKey in the metadata to the key when it is
 // missing, so copies published by outer stages carry it.
 func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) (_ []*message.Message, err error) {
 		key, err := d.key(msg)
 		if err != nil {
-			return nil, middleware.Poison(err)
+			return nil, sluice.Poison(err)
 		}
-		if msg.Metadata.Get(middleware.EventIDKey) == "" {
-			msg.Metadata.Set(middleware.EventIDKey, key)
+		if msg.Metadata.Get(sluice.EventIDKey) == "" {
+			msg.Metadata.Set(sluice.EventIDKey, key)
 		}
 
 		ctx := msg.Context()
 		tx, err := d.cfg.Store.Begin(ctx)
 		if err != nil {
-			return nil, middleware.Transient(fmt.Errorf("deduplication: begin: %w", err))
+			return nil, sluice.Transient(fmt.Errorf("deduplication: begin: %w", err))
 		}
 		committed := false
 		defer func() {
@@ -151,11 +151,11 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 
 		claimed, err := d.claim(ctx, tx, key)
 		if err != nil {
-			return nil, middleware.Transient(err)
+			return nil, sluice.Transient(err)
 		}
 		if !claimed {
 			d.duplicates.Add(ctx, 1, telemetry.HandlerAttr(msg))
-			middleware.Record(ctx, func(r *middleware.Report) { r.Outcome = middleware.OutcomeDuplicate })
+			sluice.Record(ctx, func(r *sluice.Report) { r.Outcome = sluice.OutcomeDuplicate })
 			return nil, nil
 		}
 
@@ -163,7 +163,7 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		produced, err := h(msg)
 		msg.SetContext(ctx)
 		rejected := err != nil
-		if rejected && d.cfg.Classifier.Classify(err) != middleware.ClassRejected {
+		if rejected && d.cfg.Classifier.Classify(err) != sluice.ClassRejected {
 			return produced, err
 		}
 		if cErr := tx.Commit(ctx); cErr != nil { // the deferred rollback releases what is left
@@ -181,7 +181,7 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 				}
 				cErr = errors.Join(cErr, rErr)
 			}
-			return nil, middleware.Transient(errors.Join(err, fmt.Errorf("deduplication: commit: %w", cErr)))
+			return nil, sluice.Transient(errors.Join(err, fmt.Errorf("deduplication: commit: %w", cErr)))
 		}
 		committed = true
 		return produced, err

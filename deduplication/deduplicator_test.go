@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
@@ -66,7 +67,7 @@ func (b *bundle) reserve(ret error) message.HandlerFunc {
 		}
 		_, err := tx.ExecContext(msg.Context(),
 			fmt.Sprintf(`INSERT INTO %s.reservations (event_key, note) VALUES ($1, 'reserved')`, b.schema),
-			msg.Metadata.Get(middleware.EventIDKey))
+			msg.Metadata.Get(sluice.EventIDKey))
 		if err != nil {
 			return nil, err
 		}
@@ -94,7 +95,7 @@ func (b *bundle) duplicates(t *testing.T) int64 {
 // event is a fresh delivery (its own Watermill UUID) of the event with id key.
 func event(key string) *message.Message {
 	msg := message.NewMessage(watermill.NewUUID(), []byte(`{"orderId":"o-1"}`))
-	msg.Metadata.Set(middleware.EventIDKey, key)
+	msg.Metadata.Set(sluice.EventIDKey, key)
 	return msg
 }
 
@@ -150,7 +151,7 @@ func TestInboxRollbackLetsWaitingDeliveryProceed(t *testing.T) {
 			return nil, err
 		}
 		<-release
-		return nil, middleware.Transient(errors.New("stock service timed out"))
+		return nil, sluice.Transient(errors.New("stock service timed out"))
 	})
 	firstErr := make(chan error, 1)
 	go func() { _, err := first(event("evt-1")); firstErr <- err }()
@@ -165,7 +166,7 @@ func TestInboxRollbackLetsWaitingDeliveryProceed(t *testing.T) {
 	require.Equal(t, int64(1), b.handled.Load(), "the second handler must not run while the first holds the key")
 
 	close(release)
-	require.Equal(t, middleware.ClassTransient, middleware.ClassOf(<-firstErr))
+	require.Equal(t, sluice.ClassTransient, sluice.ClassOf(<-firstErr))
 	require.NoError(t, <-secondErr)
 	require.Equal(t, int64(2), b.handled.Load(), "after the rollback the second delivery runs the handler")
 	business, inbox := b.rows(t)
@@ -195,7 +196,7 @@ func TestInboxRejectedCommits(t *testing.T) {
 	b := setup(t)
 	classify, err := middleware.Classify(middleware.ClassifyConfig{})
 	require.NoError(t, err)
-	h := classify(b.dedup(t, "inventory").Middleware(b.reserve(middleware.Reject(errors.New("out of stock")))))
+	h := classify(b.dedup(t, "inventory").Middleware(b.reserve(sluice.Reject(errors.New("out of stock")))))
 
 	_, err = h(event("evt-1"))
 	require.NoError(t, err, "a rejection is acked")
@@ -258,7 +259,7 @@ func TestInboxCommitFailureIsTransient(t *testing.T) {
 	}
 
 	_, err = b.dedup(t, "inventory").Middleware(twice)(event("evt-1"))
-	require.Equal(t, middleware.ClassTransient, middleware.ClassOf(err), "a failed commit is transient: %v", err)
+	require.Equal(t, sluice.ClassTransient, sluice.ClassOf(err), "a failed commit is transient: %v", err)
 	require.ErrorContains(t, err, "deduplication: commit")
 	business, inbox := b.rows(t)
 	require.Zero(t, business)
@@ -304,7 +305,7 @@ func TestInboxBadKeyIsPoison(t *testing.T) {
 		d, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c", Key: tt.key})
 		require.NoError(t, err)
 		_, err = d.Middleware(handler)(tt.msg)
-		require.Equal(t, middleware.ClassPoison, middleware.ClassOf(err), tt.name)
+		require.Equal(t, sluice.ClassPoison, sluice.ClassOf(err), tt.name)
 		require.ErrorIs(t, err, deduplication.ErrInvalidKey, tt.name)
 		require.ErrorContains(t, err, tt.wantErr, tt.name)
 	}
@@ -326,7 +327,7 @@ func TestInboxSetsEventID(t *testing.T) {
 		return nil, nil
 	})(msg)
 	require.NoError(t, err)
-	require.Equal(t, "OrderPlaced:42", msg.Metadata.Get(middleware.EventIDKey))
+	require.Equal(t, "OrderPlaced:42", msg.Metadata.Get(sluice.EventIDKey))
 }
 
 func TestNewValidates(t *testing.T) {

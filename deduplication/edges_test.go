@@ -12,6 +12,7 @@ import (
 	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
@@ -50,11 +51,11 @@ func integrityError(t *testing.T, b *bundle, state string) error {
 func TestIntegrityViolationsArePoisonByDefault(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	c := middleware.DefaultClassifier()
+	c := sluice.DefaultClassifier()
 	for _, state := range []string{"23505", "23503", "23502", "23514"} {
 		err := integrityError(t, b, state)
-		require.Equal(t, middleware.ClassPoison, c.Classify(err), state)
-		require.Equal(t, middleware.ClassPoison, c.Classify(fmt.Errorf("reserving: %w", err)), state)
+		require.Equal(t, sluice.ClassPoison, c.Classify(err), state)
+		require.Equal(t, sluice.ClassPoison, c.Classify(fmt.Errorf("reserving: %w", err)), state)
 	}
 }
 
@@ -70,11 +71,11 @@ func TestInboxRejectedAfterAnAbortedTransaction(t *testing.T) {
 	_, err = b.db.Exec(fmt.Sprintf(`INSERT INTO %s.reservations VALUES ('other-event', 'order o-1')`, b.schema))
 	require.NoError(t, err)
 
-	uniqueViolation := func(err error) (middleware.Class, bool) {
+	uniqueViolation := func(err error) (sluice.Class, bool) {
 		var pqErr *pq.Error
-		return middleware.ClassRejected, errors.As(err, &pqErr) && pqErr.Code == "23505"
+		return sluice.ClassRejected, errors.As(err, &pqErr) && pqErr.Code == "23505"
 	}
-	classifier, err := middleware.NewClassifier(middleware.ClassifierConfig{Rules: []middleware.Rule{uniqueViolation}})
+	classifier, err := sluice.NewClassifier(sluice.ClassifierConfig{Rules: []sluice.Rule{uniqueViolation}})
 	require.NoError(t, err)
 	d, err := deduplication.New(deduplication.Config{Store: b.store, Consumer: "inventory", Classifier: classifier, MeterProvider: b.meter})
 	require.NoError(t, err)
@@ -115,7 +116,7 @@ func TestInboxSlowMessageDoesNotStallTheConsumers(t *testing.T) {
 
 	release := make(chan struct{})
 	handler := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		if msg.Metadata.Get(middleware.EventIDKey) == "evt-slow" {
+		if msg.Metadata.Get(sluice.EventIDKey) == "evt-slow" {
 			<-release
 		}
 		return b.reserve(nil)(msg)
@@ -154,7 +155,7 @@ func TestInboxSlowMessageDoesNotStallTheConsumers(t *testing.T) {
 
 	require.Len(t, failed, 3, "each duplicate gave its consumer back")
 	for _, err := range failed {
-		require.Equal(t, middleware.ClassTransient, middleware.ClassOf(err), err.Error())
+		require.Equal(t, sluice.ClassTransient, sluice.ClassOf(err), err.Error())
 		require.ErrorIs(t, err, deduplication.ErrClaimInProgress)
 	}
 	require.Equal(t, 201, b.count(t, `SELECT count(*) FROM %s.reservations`))

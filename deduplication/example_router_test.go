@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
 )
@@ -25,7 +26,7 @@ func addInventory(ctx context.Context, router *message.Router, sub message.Subsc
 	if err := store.CreateTable(ctx); err != nil {
 		return err
 	}
-	classifier := middleware.DefaultClassifier()
+	classifier := sluice.DefaultClassifier()
 	classify, err := middleware.Classify(middleware.ClassifyConfig{Classifier: classifier})
 	if err != nil {
 		return err

@@ -11,8 +11,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/middleware"
 )
 
 // The inbox on the embedded SQLite default: the business write and the inbox
@@ -62,7 +62,7 @@ func ExampleDeduplicator() {
 	fmt.Println("reservations:", n)
 
 	_, err = reserve(message.NewMessage(watermill.NewUUID(), []byte(`{"orderId":"o-2"}`)))
-	fmt.Println("class:", middleware.ClassOf(err))
+	fmt.Println("class:", sluice.ClassOf(err))
 	fmt.Println(err)
 	// Output:
 	// reservations: 1

@@ -7,32 +7,34 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicemq/sluice/internal/telemetry"
+
+	"github.com/sluicemq/sluice"
 )
 
 // MetricRejected counts deliveries acked because the handler rejected them
-// (ClassRejected), by handler.
+// (sluice.ClassRejected), by handler.
 const MetricRejected = "sluice.rejected"
 
 // ClassifyConfig configures the Classify middleware.
 type ClassifyConfig struct {
-	// Classifier decides each error's class. Default DefaultClassifier().
+	// sluice.Classifier decides each error's class. Default sluice.DefaultClassifier().
 	// Give the deduplication stage the same value, so that "commit on
 	// Rejected" and "ack on Rejected" always agree.
-	Classifier *Classifier
+	Classifier *sluice.Classifier
 	// MeterProvider receives the rejected counter. Default the global
 	// OpenTelemetry provider.
 	MeterProvider metric.MeterProvider
 }
 
 // Classify returns a middleware that turns every handler error into a
-// *Failure with a class, so the stages outside it (retrytiers, poison) can act
-// on the class. A ClassRejected failure becomes nil: the message is acked and
+// *sluice.Failure with a class, so the stages outside it (retrytiers, poison) can act
+// on the class. A sluice.ClassRejected failure becomes nil: the message is acked and
 // the messages the handler produced are published; it is counted in
 // MetricRejected. The middleware is stateless and safe for concurrent use.
 func Classify(cfg ClassifyConfig) (message.HandlerMiddleware, error) {
 	c := cfg.Classifier
 	if c == nil {
-		c = DefaultClassifier()
+		c = sluice.DefaultClassifier()
 	}
 	rejected, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(MetricRejected,
 		metric.WithDescription("Deliveries acked as expected business rejections."))
@@ -46,15 +48,15 @@ func Classify(cfg ClassifyConfig) (message.HandlerMiddleware, error) {
 				return produced, nil
 			}
 			class := c.Classify(err)
-			if class == ClassRejected {
+			if class == sluice.ClassRejected {
 				rejected.Add(msg.Context(), 1, telemetry.HandlerAttr(msg))
-				Record(msg.Context(), func(r *Report) { r.Outcome, r.Class = OutcomeRejected, ClassRejected })
+				sluice.Record(msg.Context(), func(r *sluice.Report) { r.Outcome, r.Class = sluice.OutcomeRejected, sluice.ClassRejected })
 				return produced, nil
 			}
-			if f, ok := err.(*Failure); ok && f.Class == class { //nolint:errorlint // only a top-level Failure can be returned as is
+			if f, ok := err.(*sluice.Failure); ok && f.Class == class { //nolint:errorlint // only a top-level sluice.Failure can be returned as is
 				return produced, err
 			}
-			return produced, &Failure{Class: class, Err: err}
+			return produced, &sluice.Failure{Class: class, Err: err}
 		}
 	}, nil
 }

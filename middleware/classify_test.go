@@ -2,6 +2,7 @@ package middleware_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"testing"
 
@@ -10,12 +11,20 @@ import (
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 )
 
 func newMsg() *message.Message {
 	return message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+}
+
+var errBusiness = errors.New("order already shipped")
+
+func jsonSyntaxErr() error {
+	var v any
+	return json.Unmarshal([]byte("{"), &v)
 }
 
 func TestClassify(t *testing.T) {
@@ -37,22 +46,22 @@ func TestClassify(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, produced, 1)
 
-	produced, err = run(middleware.Reject(errBusiness))
+	produced, err = run(sluice.Reject(errBusiness))
 	require.NoError(t, err, "a rejection is acked")
 	require.Equal(t, []*message.Message{out}, produced, "a rejection's produced messages are published")
 
 	_, err = run(context.DeadlineExceeded)
-	f, ok := errors.AsType[*middleware.Failure](err)
+	f, ok := errors.AsType[*sluice.Failure](err)
 	require.True(t, ok, "every error becomes a *Failure: %v", err)
-	require.Equal(t, middleware.ClassTransient, f.Class)
+	require.Equal(t, sluice.ClassTransient, f.Class)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 
-	explicit := middleware.Poison(errBusiness)
+	explicit := sluice.Poison(errBusiness)
 	_, err = run(explicit)
 	require.Same(t, explicit, err, "a top-level Failure is returned as is")
 
 	_, err = run(jsonSyntaxErr())
-	require.Equal(t, middleware.ClassPoison, middleware.ClassOf(err))
+	require.Equal(t, sluice.ClassPoison, sluice.ClassOf(err))
 
 	require.Equal(t, int64(1), testenv.CounterSum(t, reader, middleware.MetricRejected))
 }
@@ -63,8 +72,8 @@ func TestRecoverer(t *testing.T) {
 	require.NoError(t, err)
 
 	_, err = mw(func(*message.Message) ([]*message.Message, error) { panic("nil map") })(newMsg())
-	require.Equal(t, middleware.ClassInvariant, middleware.ClassOf(err))
-	p, ok := errors.AsType[*middleware.PanicError](err)
+	require.Equal(t, sluice.ClassInvariant, sluice.ClassOf(err))
+	p, ok := errors.AsType[*sluice.PanicError](err)
 	require.True(t, ok)
 	require.Equal(t, "nil map", p.Value)
 	require.Contains(t, string(p.Stack), "classify_test.go", "the stack points at the panic")
@@ -77,11 +86,11 @@ func TestRecoverer(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, produced, 1)
 
-	mw, err = middleware.Recoverer(middleware.RecovererConfig{Class: middleware.ClassTransient})
+	mw, err = middleware.Recoverer(middleware.RecovererConfig{Class: sluice.ClassTransient})
 	require.NoError(t, err)
 	_, err = mw(func(*message.Message) ([]*message.Message, error) { panic("flaky") })(newMsg())
-	require.Equal(t, middleware.ClassTransient, middleware.ClassOf(err))
+	require.Equal(t, sluice.ClassTransient, sluice.ClassOf(err))
 
-	_, err = middleware.Recoverer(middleware.RecovererConfig{Class: middleware.ClassRejected})
+	_, err = middleware.Recoverer(middleware.RecovererConfig{Class: sluice.ClassRejected})
 	require.ErrorContains(t, err, "RecovererConfig.Class")
 }

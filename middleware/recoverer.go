@@ -5,48 +5,30 @@ import (
 	"runtime/debug"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluicemq/sluice"
 )
 
 // RecovererClassDefault is the class given to a recovered panic.
-const RecovererClassDefault = ClassInvariant
-
-// PanicError is a panic recovered from a handler. Error() gives the panic
-// value only; Stack holds the goroutine's stack at the panic, for logs and
-// the poison diagnosis.
-type PanicError struct {
-	Value any
-	Stack []byte
-}
-
-// Error returns "panic: <value>".
-func (p *PanicError) Error() string { return fmt.Sprintf("panic: %v", p.Value) }
-
-// Unwrap returns the panic value when it was an error, so errors.Is/As can
-// match a panic(err).
-func (p *PanicError) Unwrap() error {
-	if err, ok := p.Value.(error); ok {
-		return err
-	}
-	return nil
-}
+const RecovererClassDefault = sluice.ClassInvariant
 
 // RecovererConfig configures the Recoverer middleware.
 type RecovererConfig struct {
-	// Class is given to the recovered panic. Must be valid and not
-	// ClassRejected. Default RecovererClassDefault (Invariant).
-	Class Class
+	// sluice.Class is given to the recovered panic. Must be valid and not
+	// sluice.ClassRejected. Default RecovererClassDefault (sluice.Invariant).
+	Class sluice.Class
 }
 
 // Recoverer returns a middleware that turns a handler panic (or a
-// runtime.Goexit) into a *Failure of the configured class wrapping a
-// *PanicError that carries the stack. Messages produced before the panic are
+// runtime.Goexit) into a *sluice.Failure of the configured class wrapping a
+// *sluice.PanicError that carries the stack. Messages produced before the panic are
 // dropped. Safe for concurrent use.
 func Recoverer(cfg RecovererConfig) (message.HandlerMiddleware, error) {
 	class := cfg.Class
-	if class == Unclassified {
+	if class == sluice.Unclassified {
 		class = RecovererClassDefault
 	}
-	if !class.Valid() || class == ClassRejected {
+	if !class.Valid() || class == sluice.ClassRejected {
 		return nil, fmt.Errorf("middleware: RecovererConfig.Class must be transient, poison, invariant or exhausted, got %s", class)
 	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
@@ -61,8 +43,8 @@ func Recoverer(cfg RecovererConfig) (message.HandlerMiddleware, error) {
 					r = "handler exited without returning (runtime.Goexit)"
 				}
 				produced = nil
-				err = &Failure{Class: class, Err: &PanicError{Value: r, Stack: debug.Stack()}}
-				Record(msg.Context(), func(r *Report) { r.Panic = true })
+				err = &sluice.Failure{Class: class, Err: &sluice.PanicError{Value: r, Stack: debug.Stack()}}
+				sluice.Record(msg.Context(), func(r *sluice.Report) { r.Panic = true })
 			}()
 			produced, err = h(msg)
 			returned = true

@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
@@ -17,6 +16,8 @@ import (
 
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/telemetry"
+
+	"github.com/sluicemq/sluice"
 )
 
 // Metric names of the Trace stage.
@@ -65,10 +66,10 @@ func (c TraceConfig) withDefaults() TraceConfig {
 
 // Trace returns the outermost stage: one consumer span per delivery,
 // parented by the producer's context from the metadata and linked to the
-// failed delivery a retry copy came from (PreviousTraceparentKey), with the
+// failed delivery a retry copy came from (sluice.PreviousTraceparentKey), with the
 // messaging semantic-convention attributes and the delivery's outcome (see
-// Report) as attributes and an event. The span's status is Error only when a
-// failure reached the router (OutcomeFailed); a retried or poisoned delivery
+// sluice.Report) as attributes and an event. The span's status is Error only when a
+// failure reached the router (sluice.OutcomeFailed); a retried or poisoned delivery
 // was handled. It also counts MetricDeliveries and records
 // MetricHandlerDuration. Safe for concurrent use.
 func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
@@ -123,16 +124,18 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 					semconv.MessagingDestinationName(dest),
 					semconv.MessagingMessageID(msg.UUID),
 					semconv.MessagingConsumerGroupName(handler),
-					attemptAttr(msg),
 				)
+				if n, err := sluice.Attempt(msg); err == nil { // a forged attempt is not reported
+					span.SetAttributes(AttrAttempt.Int(n))
+				}
 				if cfg.System != "" {
 					span.SetAttributes(semconv.MessagingSystemKey.String(cfg.System))
 				}
-				if id := msg.Metadata.Get(EventIDKey); id != "" {
+				if id := msg.Metadata.Get(sluice.EventIDKey); id != "" {
 					span.SetAttributes(AttrEventID.String(id))
 				}
 			}
-			ctx, report := WithReport(ctx)
+			ctx, report := sluice.WithReport(ctx)
 			msg.SetContext(ctx)
 			start := time.Now()
 
@@ -140,12 +143,12 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 
 			msg.SetContext(orig)
 			if err != nil {
-				report.Outcome = OutcomeFailed
-				report.Class = ClassOf(err)
+				report.Outcome = sluice.OutcomeFailed
+				report.Class = sluice.ClassOf(err)
 				telemetry.RecordError(span, err) // exception.message redacted, as the status
 				span.SetStatus(codes.Error, diag.Summary(err, 256))
 			} else if report.Outcome == "" {
-				report.Outcome = OutcomeProcessed
+				report.Outcome = sluice.OutcomeProcessed
 			}
 			if span.IsRecording() {
 				annotate(span, report)
@@ -168,11 +171,11 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 // metricKey selects a cached attribute set of the Trace stage's metrics.
 type metricKey struct {
 	handler string
-	outcome Outcome
+	outcome sluice.Outcome
 	class   string
 }
 
-func annotate(span trace.Span, r *Report) {
+func annotate(span trace.Span, r *sluice.Report) {
 	attrs := []attribute.KeyValue{AttrOutcome.String(string(r.Outcome))}
 	if r.Class.Valid() {
 		attrs = append(attrs, AttrClass.String(r.Class.String()))
@@ -180,7 +183,7 @@ func annotate(span trace.Span, r *Report) {
 	if r.Tier != "" {
 		attrs = append(attrs, AttrTier.String(r.Tier))
 	}
-	if r.Outcome == OutcomeRetried && r.Attempt > 0 {
+	if r.Outcome == sluice.OutcomeRetried && r.Attempt > 0 {
 		attrs = append(attrs, AttrNext.Int(r.Attempt))
 	}
 	if r.Reason != "" {
@@ -190,14 +193,14 @@ func annotate(span trace.Span, r *Report) {
 	if r.Panic {
 		span.AddEvent("panic")
 	}
-	if r.Outcome != OutcomeProcessed && r.Outcome != OutcomeFailed {
+	if r.Outcome != sluice.OutcomeProcessed && r.Outcome != sluice.OutcomeFailed {
 		span.AddEvent(string(r.Outcome), trace.WithAttributes(attrs...))
 	}
 }
 
-// previousSpan parses PreviousTraceparentKey.
+// previousSpan parses sluice.PreviousTraceparentKey.
 func previousSpan(msg *message.Message) trace.SpanContext {
-	return telemetry.ParseTraceparent(msg.Metadata.Get(PreviousTraceparentKey))
+	return telemetry.ParseTraceparent(msg.Metadata.Get(sluice.PreviousTraceparentKey))
 }
 
 // TracingPublisher wraps pub: each message gets a producer span, parented by
@@ -231,7 +234,7 @@ func (p *tracingPublisher) Publish(topic string, msgs ...*message.Message) error
 		if p.cfg.System != "" {
 			attrs = append(attrs, semconv.MessagingSystemKey.String(p.cfg.System))
 		}
-		if id := msg.Metadata.Get(EventIDKey); id != "" {
+		if id := msg.Metadata.Get(sluice.EventIDKey); id != "" {
 			attrs = append(attrs, AttrEventID.String(id))
 		}
 		ctx, span := p.tracer.Start(msg.Context(), "send "+topic, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
@@ -250,9 +253,3 @@ func (p *tracingPublisher) Publish(topic string, msgs ...*message.Message) error
 }
 
 func (p *tracingPublisher) Close() error { return p.pub.Close() }
-
-// attemptAttr is the delivery's attempt number (1 without AttemptKey).
-func attemptAttr(msg *message.Message) attribute.KeyValue {
-	n, _ := strconv.Atoi(msg.Metadata.Get(AttemptKey))
-	return AttrAttempt.Int(max(n, 1))
-}

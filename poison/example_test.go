@@ -9,7 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
-	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/poison"
 )
 
@@ -23,11 +23,11 @@ func Example() {
 		panic(err)
 	}
 	handler := isolate(func(msg *message.Message) ([]*message.Message, error) {
-		return nil, middleware.Poison(errors.New(`order.created: missing field "sku"`))
+		return nil, sluice.Poison(errors.New(`order.created: missing field "sku"`))
 	})
 
 	msg := message.NewMessage(watermill.NewUUID(), []byte(`{"orderId":"o-1"}`))
-	msg.Metadata.Set(middleware.EventIDKey, "evt-7")
+	msg.Metadata.Set(sluice.EventIDKey, "evt-7")
 	_, err = handler(msg)
 	fmt.Println("handler error (nil: ack):", err)
 
@@ -35,7 +35,7 @@ func Example() {
 	p := <-out
 	p.Ack()
 	fmt.Println(string(p.Payload))
-	for _, k := range []string{middleware.EventIDKey, poison.ClassKey, poison.ReasonKey, poison.QueueKey, poison.AttemptsKey} {
+	for _, k := range []string{sluice.EventIDKey, poison.ClassKey, poison.ReasonKey, poison.QueueKey, sluice.AttemptKey} {
 		fmt.Printf("%s: %s\n", k, p.Metadata.Get(k))
 	}
 	// Output:
@@ -45,5 +45,5 @@ func Example() {
 	// sluice_poison_class: poison
 	// sluice_poison_reason: poison: order.created: missing field "sku"
 	// sluice_poison_queue: orders
-	// sluice_poison_attempts: 1
+	// sluice_attempt: 1
 }

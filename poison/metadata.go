@@ -2,9 +2,10 @@ package poison
 
 // Diagnosis metadata keys the poison stage adds to the copy it publishes. On
 // AMQP each becomes the header of the same name. The copy also keeps every
-// key of the original message, among them middleware.EventIDKey,
-// middleware.EventTypeKey, middleware.AttemptKey, middleware.FirstFailedAtKey
-// and middleware.LastErrorKey.
+// key of the original message, among them sluice.EventIDKey,
+// sluice.EventTypeKey and sluice.LastErrorKey, and states the attempts made
+// in sluice.AttemptKey and the first failure in sluice.FirstFailedAtKey (set
+// when the message had none): one key per fact.
 const (
 	// ClassKey is the failure class: "poison", "invariant" or "exhausted".
 	ClassKey = "sluice_poison_class"
@@ -19,12 +20,8 @@ const (
 	// ExchangeKey and RoutingKeyKey are where the original was published to.
 	ExchangeKey   = "sluice_poison_exchange"
 	RoutingKeyKey = "sluice_poison_routing_key"
-	// AttemptsKey is how many attempts were made (1 without retries).
-	AttemptsKey = "sluice_poison_attempts"
-	// FirstFailedAtKey is when the first attempt failed, PoisonedAtKey when
-	// the message was isolated (RFC 3339, UTC).
-	FirstFailedAtKey = "sluice_poison_first_failed_at"
-	PoisonedAtKey    = "sluice_poisoned_at"
+	// PoisonedAtKey is when the message was isolated (RFC 3339, UTC).
+	PoisonedAtKey = "sluice_poisoned_at"
 	// TraceIDKey is the trace id of the failed delivery, from its
 	// traceparent, when it had one.
 	TraceIDKey = "sluice_poison_trace_id"

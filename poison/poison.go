@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -12,11 +13,11 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/clock"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/republish"
 	"github.com/sluicemq/sluice/internal/telemetry"
-	"github.com/sluicemq/sluice/middleware"
 )
 
 // Defaults.
@@ -30,7 +31,7 @@ const (
 const MetricPoisoned = "sluice.poisoned"
 
 // ClassesDefault are the classes isolated when Config.Classes is empty.
-var ClassesDefault = []middleware.Class{middleware.ClassPoison, middleware.ClassInvariant, middleware.ClassExhausted}
+var ClassesDefault = []sluice.Class{sluice.ClassPoison, sluice.ClassInvariant, sluice.ClassExhausted}
 
 // Config configures the poison stage.
 type Config struct {
@@ -49,10 +50,10 @@ type Config struct {
 	Consumer string
 	// Classes are the failure classes isolated. Default ClassesDefault.
 	// ClassTransient and ClassRejected are refused.
-	Classes []middleware.Class
+	Classes []sluice.Class
 	// Classifier classifies errors that carry no class. Default
-	// middleware.DefaultClassifier().
-	Classifier *middleware.Classifier
+	// sluice.DefaultClassifier().
+	Classifier *sluice.Classifier
 	// ErrorMaxLength bounds ReasonKey, in bytes. Default ErrorMaxLengthDefault.
 	ErrorMaxLength int
 	// PublishBackoff is waited before returning a failed publish, so an
@@ -84,12 +85,12 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 		cfg.Classes = ClassesDefault
 	}
 	for i, c := range cfg.Classes {
-		if !c.Valid() || c == middleware.ClassTransient || c == middleware.ClassRejected {
+		if !c.Valid() || c == sluice.ClassTransient || c == sluice.ClassRejected {
 			return nil, fmt.Errorf("poison: Config.Classes[%d] is %s: want poison, invariant or exhausted", i, c)
 		}
 	}
 	if cfg.Classifier == nil {
-		cfg.Classifier = middleware.DefaultClassifier()
+		cfg.Classifier = sluice.DefaultClassifier()
 	}
 	if cfg.ErrorMaxLength == 0 {
 		cfg.ErrorMaxLength = ErrorMaxLengthDefault
@@ -139,27 +140,29 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		s.poisoned.Add(ctx, 1, metric.WithAttributes(
 			telemetry.HandlerKey.String(message.HandlerNameFromCtx(ctx)), attribute.String("sluice.class", class.String())))
-		middleware.Record(ctx, func(r *middleware.Report) {
-			r.Outcome, r.Class, r.Reason = middleware.OutcomePoisoned, class, diagnosed.Metadata.Get(ReasonKey)
+		sluice.Record(ctx, func(r *sluice.Report) {
+			r.Outcome, r.Class, r.Reason = sluice.OutcomePoisoned, class, diagnosed.Metadata.Get(ReasonKey)
 		})
 		return nil, nil
 	}
 }
 
 // diagnose returns the copy published to the poison queue.
-func (s *stage) diagnose(msg *message.Message, class middleware.Class, err error) *message.Message {
+func (s *stage) diagnose(msg *message.Message, class sluice.Class, err error) *message.Message {
 	c := republish.Copy(msg, 10)
 	md := msg.Metadata
 	now := clock.Now()
-	queue := cmp.Or(s.cfg.Queue, message.SubscribeTopicFromCtx(msg.Context()), md.Get(middleware.SourceRoutingKeyKey))
-	exchange, routingKey, _ := middleware.Origin(md)
-	attempts := md.Get(middleware.AttemptKey)
-	if attempts == "" {
-		attempts = "1"
+	queue := cmp.Or(s.cfg.Queue, message.SubscribeTopicFromCtx(msg.Context()), md.Get(sluice.SourceRoutingKeyKey))
+	exchange, routingKey, _ := sluice.Origin(md)
+	// One key per fact: the attempts made and the first failure are the
+	// shared keys, checked (a forged attempt is not copied) and completed.
+	if attempt, aErr := sluice.Attempt(msg); aErr == nil {
+		c.Metadata[sluice.AttemptKey] = strconv.Itoa(attempt)
+	} else {
+		delete(c.Metadata, sluice.AttemptKey) // the reason names the bad value
 	}
-	firstFailed := md.Get(middleware.FirstFailedAtKey)
-	if firstFailed == "" {
-		firstFailed = now
+	if c.Metadata[sluice.FirstFailedAtKey] == "" {
+		c.Metadata[sluice.FirstFailedAtKey] = now
 	}
 	c.Metadata[ClassKey] = class.String()
 	c.Metadata[ReasonKey] = diag.Summary(err, s.cfg.ErrorMaxLength)
@@ -167,10 +170,8 @@ func (s *stage) diagnose(msg *message.Message, class middleware.Class, err error
 	c.Metadata[QueueKey] = queue
 	c.Metadata[ExchangeKey] = exchange
 	c.Metadata[RoutingKeyKey] = routingKey
-	c.Metadata[AttemptsKey] = attempts
-	c.Metadata[FirstFailedAtKey] = firstFailed
 	c.Metadata[PoisonedAtKey] = now
-	if sc := telemetry.ParseTraceparent(md.Get(middleware.TraceparentKey)); sc.IsValid() {
+	if sc := telemetry.ParseTraceparent(md.Get(sluice.TraceparentKey)); sc.IsValid() {
 		c.Metadata[TraceIDKey] = sc.TraceID().String()
 	}
 	return c

@@ -10,7 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/poison"
 )
 
@@ -42,7 +42,7 @@ func TestNewValidates(t *testing.T) {
 	require.ErrorContains(t, err, "Config.Publisher is required")
 	_, err = poison.New(poison.Config{Publisher: &recorder{}})
 	require.ErrorContains(t, err, "Config.Topic is required")
-	_, err = poison.New(poison.Config{Publisher: &recorder{}, Topic: "p", Classes: []middleware.Class{middleware.ClassTransient}})
+	_, err = poison.New(poison.Config{Publisher: &recorder{}, Topic: "p", Classes: []sluice.Class{sluice.ClassTransient}})
 	require.ErrorContains(t, err, "Config.Classes[0]")
 }
 
@@ -53,23 +53,23 @@ func TestDiagnosis(t *testing.T) {
 	require.NoError(t, err)
 
 	m := message.NewMessage("u", []byte("{bad json"))
-	m.Metadata.Set(middleware.EventIDKey, "evt-9")
-	m.Metadata.Set(middleware.TraceparentKey, "00-00000000000000000000000000000000-00f067aa0ba902b7-01") // invalid: all zero
-	require.NoError(t, run(mw, m, middleware.Poison(errors.New("token=abc "+strings.Repeat("é", 100)))))
+	m.Metadata.Set(sluice.EventIDKey, "evt-9")
+	m.Metadata.Set(sluice.TraceparentKey, "00-00000000000000000000000000000000-00f067aa0ba902b7-01") // invalid: all zero
+	require.NoError(t, run(mw, m, sluice.Poison(errors.New("token=abc "+strings.Repeat("é", 100)))))
 	require.Len(t, pub.got, 1)
 	md := pub.got[0].Metadata
 	require.Equal(t, "{bad json", string(pub.got[0].Payload))
 	require.Equal(t, "poison", md.Get(poison.ClassKey))
 	require.Equal(t, "orders", md.Get(poison.QueueKey))
-	require.Equal(t, "1", md.Get(poison.AttemptsKey))
-	require.Equal(t, "evt-9", md.Get(middleware.EventIDKey))
+	require.Equal(t, "1", md.Get(sluice.AttemptKey))
+	require.Equal(t, "evt-9", md.Get(sluice.EventIDKey))
 	require.LessOrEqual(t, len(md.Get(poison.ReasonKey)), 64)
 	require.Contains(t, md.Get(poison.ReasonKey), "token=xxxxx")
 	require.Empty(t, md.Get(poison.TraceIDKey), "an invalid traceparent gives no trace id")
-	require.Equal(t, md.Get(poison.FirstFailedAtKey), md.Get(poison.PoisonedAtKey), "no earlier failure: first failure is now")
+	require.Equal(t, md.Get(sluice.FirstFailedAtKey), md.Get(poison.PoisonedAtKey), "no earlier failure: first failure is now")
 
 	// Unclassified errors are classified; classes not configured pass through.
-	require.NoError(t, run(mw, message.NewMessage("u", nil), &middleware.PanicError{Value: "boom"}))
+	require.NoError(t, run(mw, message.NewMessage("u", nil), &sluice.PanicError{Value: "boom"}))
 	require.Equal(t, "invariant", pub.got[1].Metadata.Get(poison.ClassKey))
 	herr := context.DeadlineExceeded
 	require.Equal(t, herr, run(mw, message.NewMessage("u", nil), herr))
@@ -82,7 +82,7 @@ func TestPublishFailureNacks(t *testing.T) {
 	mw, err := poison.New(poison.Config{Publisher: &recorder{fail: errDown}, Topic: "p", PublishBackoff: 30 * time.Millisecond})
 	require.NoError(t, err)
 	start := time.Now()
-	err = run(mw, message.NewMessage("u", nil), middleware.Poison(errors.New("bad")))
+	err = run(mw, message.NewMessage("u", nil), sluice.Poison(errors.New("bad")))
 	require.ErrorIs(t, err, errDown, "the original is nacked: nothing is lost")
 	require.ErrorContains(t, err, "cannot publish to the poison queue p")
 	require.GreaterOrEqual(t, time.Since(start), 30*time.Millisecond)

@@ -13,8 +13,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -39,7 +39,7 @@ func TestStackTimeoutReachesTheTiers(t *testing.T) {
 	require.Contains(t, got[0].Headers[poison.ReasonKey], "deadline exceeded")
 	attempts := []string{}
 	for _, d := range s.deliveries("evt-slow") {
-		attempts = append(attempts, d.Metadata.Get(middleware.AttemptKey))
+		attempts = append(attempts, d.Metadata.Get(sluice.AttemptKey))
 	}
 	require.Equal(t, []string{"", "2", "3", "4"}, attempts, "one delivery per attempt, no redelivery loop")
 }
@@ -96,9 +96,9 @@ func TestStackForeignProducerPropertiesAndOrigin(t *testing.T) {
 	exchange := testenv.Name("x")
 	s := newStack(t, rabbitmq.TopologyConfig{Exchange: exchange, BindingKey: "orders.#"}, func(s *stack, msg *message.Message) error {
 		if len(s.deliveries("evt-foreign")) == 1 {
-			return middleware.Transient(errStockTimeout)
+			return sluice.Transient(errStockTimeout)
 		}
-		return middleware.Poison(errors.New("unknown version"))
+		return sluice.Poison(errors.New("unknown version"))
 	})
 	pub := foreignPublishing()
 	ch := testenv.Channel(t, s.conn)
@@ -122,7 +122,7 @@ func TestStackForeignProducerPropertiesAndOrigin(t *testing.T) {
 		require.Equal(t, "0", md.Get("retries"))
 	}
 	second := s.deliveries("evt-foreign")[1]
-	require.Equal(t, "2", second.Metadata.Get(middleware.AttemptKey), "the second delivery is the tier's copy")
+	require.Equal(t, "2", second.Metadata.Get(sluice.AttemptKey), "the second delivery is the tier's copy")
 	require.Equal(t, "", second.Metadata.Get(rabbitmq.ExchangeKey), "the copy came back through the dead-letter hop")
 
 	p := got[0]
@@ -165,8 +165,8 @@ func TestRetryCopyCarriesTheProperties(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	requireSameProperties(t, pub, tierCopy, "tier copy")
-	require.Equal(t, "", tierCopy.Headers[middleware.OriginExchangeKey])
-	require.Equal(t, topo.Queue(), tierCopy.Headers[middleware.OriginRoutingKeyKey])
+	require.Equal(t, "", tierCopy.Headers[sluice.OriginExchangeKey])
+	require.Equal(t, topo.Queue(), tierCopy.Headers[sluice.OriginRoutingKeyKey])
 }
 
 // Names at AMQP's 255-byte limit: what fits is used, what does not is

@@ -3,7 +3,7 @@ package rabbitmq
 import (
 	"strings"
 
-	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice"
 )
 
 // Metadata keys the Marshaler sets from each delivery. They describe one
@@ -16,9 +16,9 @@ const (
 
 	// ExchangeKey is the exchange the message was published to ("" for the
 	// default exchange).
-	ExchangeKey = middleware.SourceExchangeKey
+	ExchangeKey = sluice.SourceExchangeKey
 	// RoutingKeyKey is the routing key the message was published with.
-	RoutingKeyKey = middleware.SourceRoutingKeyKey
+	RoutingKeyKey = sluice.SourceRoutingKeyKey
 	// RedeliveredKey is "true" when the broker delivered the message before.
 	RedeliveredKey = DeliveryPrefix + "redelivered"
 	// DeliveryCountKey is x-delivery-count (quorum queues): earlier

@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -62,7 +63,7 @@ func newStackBehind(t *testing.T, cfg rabbitmq.TopologyConfig, outer []message.H
 	router.AddMiddleware(outer...)
 	router.AddConsumerHandler("inventory", s.topo.Queue(), sub, func(msg *message.Message) error {
 		s.mu.Lock()
-		id := msg.Metadata.Get(middleware.EventIDKey)
+		id := msg.Metadata.Get(sluice.EventIDKey)
 		s.calls[id] = append(s.calls[id], msg.Copy())
 		s.mu.Unlock()
 		return handler(s, msg)
@@ -88,7 +89,7 @@ func (s *stack) deliveries(id string) []*message.Message {
 func (s *stack) publish(t *testing.T, id string, md ...string) {
 	t.Helper()
 	m := message.NewMessage(watermill.NewUUID(), []byte(`{"orderId":"o-1"}`))
-	m.Metadata.Set(middleware.EventIDKey, id)
+	m.Metadata.Set(sluice.EventIDKey, id)
 	for i := 0; i+1 < len(md); i += 2 {
 		m.Metadata.Set(md[i], md[i+1])
 	}
@@ -146,7 +147,7 @@ func TestStackTransientTwiceThenSuccess(t *testing.T) {
 	bothQueueTypes(t, func(t *testing.T, quorum bool) {
 		s := newStack(t, rabbitmq.TopologyConfig{Quorum: quorum}, func(s *stack, msg *message.Message) error {
 			if len(s.deliveries("evt-1")) <= 2 {
-				return middleware.Transient(errStockTimeout)
+				return sluice.Transient(errStockTimeout)
 			}
 			return nil
 		})
@@ -157,11 +158,11 @@ func TestStackTransientTwiceThenSuccess(t *testing.T) {
 		got := s.deliveries("evt-1")
 		require.Len(t, got, 3, "handled on attempts 1, 2 and 3")
 		last := got[2].Metadata
-		require.Equal(t, "3", last.Get(middleware.AttemptKey))
-		require.Equal(t, "500ms", last.Get(middleware.RetryTierKey), "the second copy went through tier 2")
-		require.Equal(t, "200ms", got[1].Metadata.Get(middleware.RetryTierKey), "the first through tier 1")
-		require.Contains(t, last.Get(middleware.LastErrorKey), "stock service: timeout")
-		require.NotEmpty(t, last.Get(middleware.FirstFailedAtKey))
+		require.Equal(t, "3", last.Get(sluice.AttemptKey))
+		require.Equal(t, "500ms", last.Get(sluice.RetryTierKey), "the second copy went through tier 2")
+		require.Equal(t, "200ms", got[1].Metadata.Get(sluice.RetryTierKey), "the first through tier 1")
+		require.Contains(t, last.Get(sluice.LastErrorKey), "stock service: timeout")
+		require.NotEmpty(t, last.Get(sluice.FirstFailedAtKey))
 		// Each copy is a new publish without the broker's x-death: the attempt
 		// count lives in Sluice's header, the death count is this copy's own.
 		require.Equal(t, "1", last.Get(rabbitmq.DeathCountKey))
@@ -177,7 +178,7 @@ func TestStackAlwaysTransientEndsInPoison(t *testing.T) {
 			return fmt.Errorf("calling postgres://app:hunter2@db/orders: %w", context.DeadlineExceeded)
 		})
 		const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
-		s.publish(t, "evt-2", middleware.EventTypeKey, "order.created", middleware.TraceparentKey, "00-"+traceID+"-00f067aa0ba902b7-01")
+		s.publish(t, "evt-2", sluice.EventTypeKey, "order.created", sluice.TraceparentKey, "00-"+traceID+"-00f067aa0ba902b7-01")
 		s.handled(t, "evt-2", 4)
 		got := s.settled(t, 1)
 		require.Len(t, s.deliveries("evt-2"), 4, "the first attempt and one per tier")
@@ -187,17 +188,16 @@ func TestStackAlwaysTransientEndsInPoison(t *testing.T) {
 		require.NoError(t, err)
 		require.JSONEq(t, `{"orderId":"o-1"}`, string(md.Payload), "the original payload")
 		for k, want := range map[string]string{
-			poison.ClassKey:         "exhausted",
-			poison.ConsumerKey:      "inventory",
-			poison.QueueKey:         s.topo.Queue(),
-			poison.ExchangeKey:      "",
-			poison.RoutingKeyKey:    s.topo.Queue(),
-			poison.AttemptsKey:      "4",
-			poison.TraceIDKey:       traceID,
-			middleware.EventIDKey:   "evt-2",
-			middleware.EventTypeKey: "order.created",
-			middleware.RetryTierKey: "1s",
-			middleware.AttemptKey:   "4",
+			poison.ClassKey:      "exhausted",
+			poison.ConsumerKey:   "inventory",
+			poison.QueueKey:      s.topo.Queue(),
+			poison.ExchangeKey:   "",
+			poison.RoutingKeyKey: s.topo.Queue(),
+			poison.TraceIDKey:    traceID,
+			sluice.EventIDKey:    "evt-2",
+			sluice.EventTypeKey:  "order.created",
+			sluice.RetryTierKey:  "1s",
+			sluice.AttemptKey:    "4",
 		} {
 			require.Equal(t, want, md.Metadata.Get(k), k)
 		}
@@ -205,7 +205,7 @@ func TestStackAlwaysTransientEndsInPoison(t *testing.T) {
 		require.Contains(t, reason, "retry budget spent after 4 attempts")
 		require.Contains(t, reason, "postgres://app:xxxxx@db/orders", "the password is redacted")
 		require.NotContains(t, reason, "hunter2")
-		first, err := time.Parse(time.RFC3339Nano, md.Metadata.Get(poison.FirstFailedAtKey))
+		first, err := time.Parse(time.RFC3339Nano, md.Metadata.Get(sluice.FirstFailedAtKey))
 		require.NoError(t, err)
 		poisoned, err := time.Parse(time.RFC3339Nano, md.Metadata.Get(poison.PoisonedAtKey))
 		require.NoError(t, err)
@@ -219,22 +219,22 @@ func TestStackAlwaysTransientEndsInPoison(t *testing.T) {
 func TestStackPoisonAndRejected(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, rabbitmq.TopologyConfig{}, func(_ *stack, msg *message.Message) error {
-		switch msg.Metadata.Get(middleware.EventIDKey) {
+		switch msg.Metadata.Get(sluice.EventIDKey) {
 		case "bad":
-			return middleware.Poison(errors.New(`payload: missing field "sku"`))
+			return sluice.Poison(errors.New(`payload: missing field "sku"`))
 		case "rejected":
-			return middleware.Reject(errors.New("out of stock"))
+			return sluice.Reject(errors.New("out of stock"))
 		case "invariant":
-			return middleware.Invariant(errors.New("order o-1 must exist"))
+			return sluice.Invariant(errors.New("order o-1 must exist"))
 		case "forged":
-			return middleware.Transient(errStockTimeout)
+			return sluice.Transient(errStockTimeout)
 		}
 		return nil
 	})
 	s.publish(t, "bad")
 	s.publish(t, "rejected")
 	s.publish(t, "invariant")
-	s.publish(t, "forged", middleware.AttemptKey, "abc")
+	s.publish(t, "forged", sluice.AttemptKey, "abc")
 	for _, id := range []string{"bad", "rejected", "invariant", "forged"} {
 		s.handled(t, id, 1)
 	}
@@ -246,19 +246,19 @@ func TestStackPoisonAndRejected(t *testing.T) {
 	for _, d := range got {
 		md, err := rabbitmq.Marshaler{}.Unmarshal(d)
 		require.NoError(t, err)
-		classes[md.Metadata.Get(middleware.EventIDKey)] = md.Metadata.Get(poison.ClassKey) + ": " + md.Metadata.Get(poison.ReasonKey)
+		classes[md.Metadata.Get(sluice.EventIDKey)] = md.Metadata.Get(poison.ClassKey) + ": " + md.Metadata.Get(poison.ReasonKey)
 	}
 	require.Equal(t, map[string]string{
 		"bad":       `poison: poison: payload: missing field "sku"`,
 		"invariant": "invariant: invariant: order o-1 must exist",
-		"forged":    "poison: poison: retrytiers: invalid attempt metadata: sluice_attempt=\"abc\"\ntransient: stock service: timeout",
+		"forged":    "poison: poison: sluice: invalid attempt metadata: sluice_attempt=\"abc\"\ntransient: stock service: timeout",
 	}, classes)
 }
 
 func TestStackPoisonQueueUnroutableLosesNothing(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, rabbitmq.TopologyConfig{}, func(*stack, *message.Message) error {
-		return middleware.Poison(errors.New("malformed"))
+		return sluice.Poison(errors.New("malformed"))
 	})
 	ch := testenv.Channel(t, s.conn)
 	_, err := ch.QueueDelete(s.topo.PoisonQueue(), false, false, false)
@@ -273,7 +273,7 @@ func TestStackPoisonQueueUnroutableLosesNothing(t *testing.T) {
 	got := s.settled(t, 1)
 	md, err := rabbitmq.Marshaler{}.Unmarshal(got[0])
 	require.NoError(t, err)
-	require.Equal(t, "evt-3", md.Metadata.Get(middleware.EventIDKey))
+	require.Equal(t, "evt-3", md.Metadata.Get(sluice.EventIDKey))
 }
 
 func TestStackRetryCopiesSkipOtherQueuesOfTheExchange(t *testing.T) {
@@ -281,7 +281,7 @@ func TestStackRetryCopiesSkipOtherQueuesOfTheExchange(t *testing.T) {
 	ex := testenv.Name("ex")
 	s := newStack(t, rabbitmq.TopologyConfig{Exchange: ex, BindingKey: "order.created"}, func(s *stack, msg *message.Message) error {
 		if len(s.deliveries("evt-4")) <= 2 {
-			return middleware.Transient(errStockTimeout)
+			return sluice.Transient(errStockTimeout)
 		}
 		return nil
 	})
@@ -289,7 +289,7 @@ func TestStackRetryCopiesSkipOtherQueuesOfTheExchange(t *testing.T) {
 	require.NoError(t, testenv.Channel(t, s.conn).QueueBind(other, "order.created", ex, false, nil))
 
 	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-	m.Metadata.Set(middleware.EventIDKey, "evt-4")
+	m.Metadata.Set(sluice.EventIDKey, "evt-4")
 	require.NoError(t, newPublisher(t, ex).Publish("order.created", m))
 	s.handled(t, "evt-4", 3)
 	s.settled(t, 0)

@@ -3,7 +3,7 @@
 //
 // Tiers are delays like 30s → 5m → 30m. Attempt N of a delivery that fails
 // with a Transient failure is copied to tier N (same payload and metadata,
-// middleware.AttemptKey N+1, the last error, the first failure time) and the
+// sluice.AttemptKey N+1, the last error, the first failure time) and the
 // original is acked only after the copy's publish returned; after the last
 // tier the failure becomes ClassExhausted, which the poison stage isolates.
 // The attempt count lives in Sluice's own metadata, not in RabbitMQ's x-death

@@ -10,7 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
-	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/retrytiers"
 )
 
@@ -37,10 +37,10 @@ func Example() {
 
 	done := make(chan struct{})
 	handler := retry(func(msg *message.Message) ([]*message.Message, error) {
-		attempt, _ := retrytiers.Attempt(msg)
-		fmt.Printf("attempt %d (tier %q)\n", attempt, msg.Metadata.Get(middleware.RetryTierKey))
+		attempt, _ := sluice.Attempt(msg)
+		fmt.Printf("attempt %d (tier %q)\n", attempt, msg.Metadata.Get(sluice.RetryTierKey))
 		if attempt < 3 {
-			return nil, middleware.Transient(errors.New("stock service timed out"))
+			return nil, sluice.Transient(errors.New("stock service timed out"))
 		}
 		close(done)
 		return nil, nil

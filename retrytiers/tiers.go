@@ -11,11 +11,11 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/clock"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/republish"
 	"github.com/sluicemq/sluice/internal/telemetry"
-	"github.com/sluicemq/sluice/middleware"
 )
 
 // Defaults.
@@ -94,8 +94,8 @@ type Config struct {
 	// use Ladder.
 	Tiers []Tier
 	// Classifier classifies errors that carry no class (the stage used
-	// without middleware.Classify inside it). Default middleware.DefaultClassifier().
-	Classifier *middleware.Classifier
+	// without middleware.Classify inside it). Default sluice.DefaultClassifier().
+	Classifier *sluice.Classifier
 	// PublishBackoff is waited before returning a failed publish, so an
 	// unreachable tier is not a hot redelivery loop. Default
 	// PublishBackoffDefault.
@@ -110,23 +110,6 @@ type Config struct {
 	ErrorMaxLength int
 	// MeterProvider receives the metrics. Default the global provider.
 	MeterProvider metric.MeterProvider
-}
-
-// ErrInvalidAttempt is matched by a delivery whose AttemptKey is not a
-// positive integer: it is poison.
-var ErrInvalidAttempt = errors.New("retrytiers: invalid attempt metadata")
-
-// Attempt returns the delivery's attempt number: 1 when AttemptKey is absent.
-func Attempt(msg *message.Message) (int, error) {
-	v := msg.Metadata.Get(middleware.AttemptKey)
-	if v == "" {
-		return 1, nil
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		return 0, fmt.Errorf("%w: %s=%q", ErrInvalidAttempt, middleware.AttemptKey, diag.Bound(v, 64))
-	}
-	return n, nil
 }
 
 // New returns the retry-tier middleware. On a Transient failure of attempt
@@ -151,7 +134,7 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 		}
 	}
 	if cfg.Classifier == nil {
-		cfg.Classifier = middleware.DefaultClassifier()
+		cfg.Classifier = sluice.DefaultClassifier()
 	}
 	if cfg.PublishBackoff == 0 {
 		cfg.PublishBackoff = PublishBackoffDefault
@@ -191,17 +174,17 @@ type stage struct {
 func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		produced, err := h(msg)
-		if err == nil || s.cfg.Classifier.Classify(err) != middleware.ClassTransient {
+		if err == nil || s.cfg.Classifier.Classify(err) != sluice.ClassTransient {
 			return produced, err
 		}
-		attempt, aErr := Attempt(msg)
+		attempt, aErr := sluice.Attempt(msg)
 		if aErr != nil {
-			return nil, middleware.Poison(errors.Join(aErr, err))
+			return nil, sluice.Poison(errors.Join(aErr, err))
 		}
 		ctx := msg.Context()
 		if attempt > len(s.cfg.Tiers) {
 			s.exhausted.Add(ctx, 1, telemetry.HandlerAttr(msg))
-			return nil, middleware.NewFailure(middleware.ClassExhausted,
+			return nil, sluice.NewFailure(sluice.ClassExhausted,
 				fmt.Errorf("retry budget spent after %d attempts: %w", attempt, err))
 		}
 		tier := s.cfg.Tiers[attempt-1]
@@ -210,8 +193,8 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		s.retries.Add(ctx, 1, metric.WithAttributes(
 			telemetry.HandlerKey.String(message.HandlerNameFromCtx(ctx)), attribute.String("sluice.tier", tier.Name)))
-		middleware.Record(ctx, func(r *middleware.Report) {
-			r.Outcome, r.Class, r.Tier, r.Attempt = middleware.OutcomeRetried, middleware.ClassTransient, tier.Name, attempt+1
+		sluice.Record(ctx, func(r *sluice.Report) {
+			r.Outcome, r.Class, r.Tier, r.Attempt = sluice.OutcomeRetried, sluice.ClassTransient, tier.Name, attempt+1
 		})
 		return nil, nil
 	}
@@ -219,11 +202,11 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 
 func (s *stage) copy(msg *message.Message, attempt int, tier Tier, err error) *message.Message {
 	c := republish.Copy(msg, 4)
-	c.Metadata[middleware.AttemptKey] = strconv.Itoa(attempt + 1)
-	c.Metadata[middleware.LastErrorKey] = diag.Summary(err, s.cfg.ErrorMaxLength)
-	c.Metadata[middleware.RetryTierKey] = tier.Name
-	if c.Metadata[middleware.FirstFailedAtKey] == "" {
-		c.Metadata[middleware.FirstFailedAtKey] = clock.Now()
+	c.Metadata[sluice.AttemptKey] = strconv.Itoa(attempt + 1)
+	c.Metadata[sluice.LastErrorKey] = diag.Summary(err, s.cfg.ErrorMaxLength)
+	c.Metadata[sluice.RetryTierKey] = tier.Name
+	if c.Metadata[sluice.FirstFailedAtKey] == "" {
+		c.Metadata[sluice.FirstFailedAtKey] = clock.Now()
 	}
 	return c
 }

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/retrytiers"
 )
 
@@ -93,35 +93,35 @@ func TestRetryCopyAndBudget(t *testing.T) {
 	require.NoError(t, err)
 
 	orig := message.NewMessage("uuid-1", []byte("payload"))
-	orig.Metadata.Set(middleware.EventIDKey, "evt-1")
+	orig.Metadata.Set(sluice.EventIDKey, "evt-1")
 	_, err = run(mw, orig, errors.New("dial tcp: connection refused by postgres://u:secret@db/x, and more text"))
 	require.NoError(t, err, "the original is acked once its copy is published")
 	c := pub.got["orders.retry.30s"][0]
 	require.NotEqual(t, orig.UUID, c.UUID)
 	require.Equal(t, "payload", string(c.Payload))
-	require.Equal(t, "evt-1", c.Metadata.Get(middleware.EventIDKey))
-	require.Equal(t, "2", c.Metadata.Get(middleware.AttemptKey))
-	require.Equal(t, "30s", c.Metadata.Get(middleware.RetryTierKey))
-	require.LessOrEqual(t, len(c.Metadata.Get(middleware.LastErrorKey)), 32)
-	require.NotContains(t, c.Metadata.Get(middleware.LastErrorKey), "secret")
-	first := c.Metadata.Get(middleware.FirstFailedAtKey)
+	require.Equal(t, "evt-1", c.Metadata.Get(sluice.EventIDKey))
+	require.Equal(t, "2", c.Metadata.Get(sluice.AttemptKey))
+	require.Equal(t, "30s", c.Metadata.Get(sluice.RetryTierKey))
+	require.LessOrEqual(t, len(c.Metadata.Get(sluice.LastErrorKey)), 32)
+	require.NotContains(t, c.Metadata.Get(sluice.LastErrorKey), "secret")
+	first := c.Metadata.Get(sluice.FirstFailedAtKey)
 	require.NotEmpty(t, first)
-	require.Empty(t, orig.Metadata.Get(middleware.AttemptKey), "the original is not modified")
+	require.Empty(t, orig.Metadata.Get(sluice.AttemptKey), "the original is not modified")
 
 	// Attempt 3 goes to the third tier and keeps the first failure time.
-	_, err = run(mw, c, middleware.Transient(errors.New("again")))
+	_, err = run(mw, c, sluice.Transient(errors.New("again")))
 	require.NoError(t, err)
 	c3 := pub.got["orders.retry.5m"][0]
-	c3.Metadata.Set(middleware.AttemptKey, "3")
+	c3.Metadata.Set(sluice.AttemptKey, "3")
 	_, err = run(mw, c3, context.DeadlineExceeded)
 	require.NoError(t, err)
 	c4 := pub.got["orders.retry.1h30m"][0]
-	require.Equal(t, "4", c4.Metadata.Get(middleware.AttemptKey))
-	require.Equal(t, first, c4.Metadata.Get(middleware.FirstFailedAtKey))
+	require.Equal(t, "4", c4.Metadata.Get(sluice.AttemptKey))
+	require.Equal(t, first, c4.Metadata.Get(sluice.FirstFailedAtKey))
 
 	// Attempt 4 has no tier left.
 	_, err = run(mw, c4, context.DeadlineExceeded)
-	require.Equal(t, middleware.ClassExhausted, middleware.ClassOf(err))
+	require.Equal(t, sluice.ClassExhausted, sluice.ClassOf(err))
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.ErrorContains(t, err, "retry budget spent after 4 attempts")
 }
@@ -131,7 +131,7 @@ func TestOtherClassesPassThrough(t *testing.T) {
 	pub := &recorder{}
 	mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: tiers(t)})
 	require.NoError(t, err)
-	for _, herr := range []error{nil, middleware.Poison(errors.New("bad")), middleware.Invariant(errors.New("gone")), middleware.Reject(errors.New("no"))} {
+	for _, herr := range []error{nil, sluice.Poison(errors.New("bad")), sluice.Invariant(errors.New("gone")), sluice.Reject(errors.New("no"))} {
 		_, err := run(mw, message.NewMessage("u", nil), herr)
 		require.Equal(t, herr, err)
 	}
@@ -146,9 +146,9 @@ func TestPublishFailureNacksAfterBackoff(t *testing.T) {
 	require.NoError(t, err)
 
 	start := time.Now()
-	_, err = run(mw, message.NewMessage("u", nil), middleware.Transient(errors.New("timeout")))
+	_, err = run(mw, message.NewMessage("u", nil), sluice.Transient(errors.New("timeout")))
 	require.ErrorIs(t, err, errDown)
-	require.Equal(t, middleware.ClassTransient, middleware.ClassOf(err), "the original is nacked, not poisoned")
+	require.Equal(t, sluice.ClassTransient, sluice.ClassOf(err), "the original is nacked, not poisoned")
 	require.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond, "the backoff is waited before the nack")
 
 	// The backoff does not end with the message context: a handler that
@@ -160,7 +160,7 @@ func TestPublishFailureNacksAfterBackoff(t *testing.T) {
 	m := message.NewMessage("u", nil)
 	m.SetContext(ctx)
 	start = time.Now()
-	_, err = run(mw, m, middleware.Transient(context.DeadlineExceeded))
+	_, err = run(mw, m, sluice.Transient(context.DeadlineExceeded))
 	require.ErrorIs(t, err, errDown)
 	require.GreaterOrEqual(t, time.Since(start), 50*time.Millisecond, "the backoff is waited although the message context expired")
 }

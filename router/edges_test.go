@@ -13,6 +13,7 @@ import (
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
@@ -79,12 +80,12 @@ func TestRetryInsideTheInboxRunsTheHandlerOncePerTransaction(t *testing.T) {
 		Name: "inventory", Consumers: 1,
 		Handler: func(msg *message.Message) error {
 			_, err := deduplication.TxFromContext(msg.Context()).ExecContext(msg.Context(),
-				fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ($1)`, schema), msg.Metadata.Get(middleware.EventIDKey))
+				fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ($1)`, schema), msg.Metadata.Get(sluice.EventIDKey))
 			if err != nil {
 				return err
 			}
 			if runs.Add(1) == 1 {
-				return middleware.Transient(errors.New("stock service: timeout"))
+				return sluice.Transient(errors.New("stock service: timeout"))
 			}
 			return nil
 		},
@@ -101,7 +102,7 @@ func TestRetryInsideTheInboxRunsTheHandlerOncePerTransaction(t *testing.T) {
 	<-r.Running()
 
 	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-	m.Metadata.Set(middleware.EventIDKey, "evt-1")
+	m.Metadata.Set(sluice.EventIDKey, "evt-1")
 	require.NoError(t, q.Publisher().Publish(queue, m))
 	count := func() int {
 		var n int
@@ -129,13 +130,13 @@ func TestReentryKeepsTheFirstRunsClass(t *testing.T) {
 	var runs int
 	inner := deduplication.Reentry(func(*message.Message) ([]*message.Message, error) {
 		runs++
-		return nil, middleware.Poison(errors.New("unknown version"))
+		return nil, sluice.Poison(errors.New("unknown version"))
 	})
 	retry := wmiddleware.Retry{MaxRetries: 2}.Middleware
 	m := message.NewMessage(watermill.NewUUID(), nil)
-	m.Metadata.Set(middleware.EventIDKey, "evt-1")
+	m.Metadata.Set(sluice.EventIDKey, "evt-1")
 	_, err = d.Middleware(retry(inner))(m)
 	require.Equal(t, 1, runs)
 	require.ErrorIs(t, err, deduplication.ErrHandlerReentered)
-	require.Equal(t, middleware.ClassPoison, middleware.ClassOf(err))
+	require.Equal(t, sluice.ClassPoison, sluice.ClassOf(err))
 }

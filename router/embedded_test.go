@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -49,7 +50,7 @@ func publishN(t *testing.T, e *router.Embedded, n int) {
 	t.Helper()
 	for i := range n {
 		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-		m.Metadata.Set(middleware.EventIDKey, fmt.Sprint("evt-", i))
+		m.Metadata.Set(sluice.EventIDKey, fmt.Sprint("evt-", i))
 		require.NoError(t, e.PubSub.Publish("orders", m))
 	}
 }
@@ -61,7 +62,7 @@ func TestEmbeddedCloseReportsCopiesDroppedAfterTheRouterClosed(t *testing.T) {
 	t.Parallel()
 	var handled atomic.Int64
 	e, stop := runEmbedded(t, router.EmbeddedConfig{Topic: "orders", TierDelays: []time.Duration{300 * time.Millisecond}},
-		func(*message.Message) error { handled.Add(1); return middleware.Transient(errors.New("down")) })
+		func(*message.Message) error { handled.Add(1); return sluice.Transient(errors.New("down")) })
 	publishN(t, e, 100)
 	require.Eventually(t, func() bool { return e.PendingRetries() == 100 }, 5*time.Second, 5*time.Millisecond)
 	stop()
@@ -78,7 +79,7 @@ func TestEmbeddedTiersAreBounded(t *testing.T) {
 	t.Parallel()
 	var handled atomic.Int64
 	e, stop := runEmbedded(t, router.EmbeddedConfig{Topic: "orders", TierDelays: []time.Duration{time.Hour}, MaxPendingRetries: 10},
-		func(*message.Message) error { handled.Add(1); return middleware.Transient(errors.New("down")) })
+		func(*message.Message) error { handled.Add(1); return sluice.Transient(errors.New("down")) })
 	publishN(t, e, 20)
 	require.Eventually(t, func() bool { return handled.Load() >= 40 }, 5*time.Second, time.Millisecond,
 		"the ten over the bound are nacked and redelivered")

@@ -13,6 +13,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -43,24 +44,24 @@ func Example_chain() {
 	_, err = embedded.Add(r, router.HandlerConfig{
 		Name: "inventory",
 		Handler: func(msg *message.Message) error {
-			id := msg.Metadata.Get(middleware.EventIDKey)
+			id := msg.Metadata.Get(sluice.EventIDKey)
 			mu.Lock()
 			attempts[id]++
 			n := attempts[id]
 			mu.Unlock()
 			switch id {
 			case "out-of-stock": // Classify acks it; the Inbox inside commits it
-				return middleware.Reject(errors.New("out of stock"))
+				return sluice.Reject(errors.New("out of stock"))
 			case "flaky": // Retry parks it once; it succeeds on attempt 2
 				if n == 1 {
-					return middleware.Transient(errors.New("timeout"))
+					return sluice.Transient(errors.New("timeout"))
 				}
 			case "down": // Retry's budget is spent; Poison outside isolates it
-				return middleware.Transient(errors.New("timeout"))
+				return sluice.Transient(errors.New("timeout"))
 			case "bug": // the Recoverer turns it into an error the Inbox rolls back on
 				panic("nil map")
 			case "malformed":
-				return middleware.Poison(errors.New("missing sku"))
+				return sluice.Poison(errors.New("missing sku"))
 			}
 			return nil
 		},
@@ -81,7 +82,7 @@ func Example_chain() {
 
 	for _, id := range []string{"ok", "ok", "out-of-stock", "flaky", "down", "bug", "malformed"} {
 		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-		m.Metadata.Set(middleware.EventIDKey, id)
+		m.Metadata.Set(sluice.EventIDKey, id)
 		_ = embedded.PubSub.Publish("orders", m)
 	}
 	for len(embedded.Poisoned()) < 3 || seen("flaky") < 2 {

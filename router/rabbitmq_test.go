@@ -12,6 +12,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
@@ -56,8 +57,8 @@ func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
 	handlers, err := q.Add(r, router.HandlerConfig{
 		Name: "inventory",
 		Handler: func(msg *message.Message) error {
-			id := msg.Metadata.Get(middleware.EventIDKey)
-			if msg.Metadata.Get("flaky") == "1" && msg.Metadata.Get(middleware.AttemptKey) == "" {
+			id := msg.Metadata.Get(sluice.EventIDKey)
+			if msg.Metadata.Get("flaky") == "1" && msg.Metadata.Get(sluice.AttemptKey) == "" {
 				failedOnce.Add(1)
 				return fmt.Errorf("stock service: %w", context.DeadlineExceeded)
 			}
@@ -83,7 +84,7 @@ func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
 	for i := range events {
 		for range 2 {
 			m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-			m.Metadata.Set(middleware.EventIDKey, fmt.Sprint("evt-", i))
+			m.Metadata.Set(sluice.EventIDKey, fmt.Sprint("evt-", i))
 			if i%10 == 0 {
 				m.Metadata.Set("flaky", "1")
 			}
@@ -163,7 +164,7 @@ func TestShutdownMidHandlerEffectOnce(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = pub.Close() }()
 	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-	m.Metadata.Set(middleware.EventIDKey, "evt-1")
+	m.Metadata.Set(sluice.EventIDKey, "evt-1")
 	require.NoError(t, pub.Publish(queue, m))
 	<-inHandler
 	stop() // mid-handler

@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -33,7 +34,7 @@ func TestAddValidates(t *testing.T) {
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Consumers: -1}, "HandlerConfig.Consumers"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Stages: router.Stages{Inbox: &deduplication.Config{}}}, "router: inbox stage: deduplication: Config.Store is required"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Stages: router.Stages{Poison: &poison.Config{}}}, "router: poison stage: poison: Config.Publisher is required"},
-		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Stages: router.Stages{Recoverer: &middleware.RecovererConfig{Class: middleware.ClassRejected}}}, "router: recoverer stage"},
+		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Stages: router.Stages{Recoverer: &middleware.RecovererConfig{Class: sluice.ClassRejected}}}, "router: recoverer stage"},
 	} {
 		_, err := router.Add(r, tt.cfg)
 		require.ErrorContains(t, err, tt.want)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -31,8 +32,8 @@ type Stages struct {
 	Recoverer     *middleware.RecovererConfig
 	// Classifier is given to every stage that classifies (Poison, Retry,
 	// Classify, Inbox) whose own Classifier is nil, so "commit on Rejected"
-	// and "ack on Rejected" always agree. Default middleware.DefaultClassifier().
-	Classifier *middleware.Classifier
+	// and "ack on Rejected" always agree. Default sluice.DefaultClassifier().
+	Classifier *sluice.Classifier
 }
 
 // Middlewares builds the chosen stages, outermost first, for
@@ -41,7 +42,7 @@ type Stages struct {
 func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
 	c := s.Classifier
 	if c == nil {
-		c = middleware.DefaultClassifier()
+		c = sluice.DefaultClassifier()
 	}
 	var mws []message.HandlerMiddleware
 	add := func(stage string, mw message.HandlerMiddleware, err error) error {

@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -89,7 +90,7 @@ func TestTraceParentLinkAndStatus(t *testing.T) {
 	var n atomic.Int64
 	tr := runTraced(t, func(*message.Message) error {
 		if n.Add(1) == 1 {
-			return middleware.Transient(errors.New("timeout"))
+			return sluice.Transient(errors.New("timeout"))
 		}
 		return nil
 	}, nil)
@@ -97,7 +98,7 @@ func TestTraceParentLinkAndStatus(t *testing.T) {
 	// A producer span in a trace of the test's own.
 	ctx, root := tr.tp.Tracer("test").Start(context.Background(), "place order")
 	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-	m.Metadata.Set(middleware.EventIDKey, "evt-1")
+	m.Metadata.Set(sluice.EventIDKey, "evt-1")
 	m.SetContext(ctx)
 	require.NoError(t, tr.producer.Publish("orders", m))
 	root.End()
@@ -161,16 +162,16 @@ func TestTraceErrorStatusOnlyWhenNacked(t *testing.T) {
 	errDown := errors.New("poison queue down: dial amqp://guest:TopSecret1@127.0.0.1:5672/")
 	failing := &failingPublisher{err: errDown}
 	tr := runTraced(t, func(msg *message.Message) error {
-		if msg.Metadata.Get(middleware.EventIDKey) == "panics" {
+		if msg.Metadata.Get(sluice.EventIDKey) == "panics" {
 			panic("boom")
 		}
-		return middleware.Poison(errors.New("malformed"))
+		return sluice.Poison(errors.New("malformed"))
 	}, func(tr *traced) router.Stages {
 		cfg := middleware.TraceConfig{TracerProvider: tr.tp}
 		return router.Stages{Trace: &cfg, Poison: &poison.Config{Publisher: failing, Topic: "p", PublishBackoff: time.Millisecond}, Classify: &middleware.ClassifyConfig{}, Recoverer: &middleware.RecovererConfig{}}
 	})
 	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-	m.Metadata.Set(middleware.EventIDKey, "malformed")
+	m.Metadata.Set(sluice.EventIDKey, "malformed")
 	require.NoError(t, tr.embedded.PubSub.Publish("orders", m))
 	require.Eventually(t, tr.consumerSpans(1), 5*time.Second, 5*time.Millisecond)
 	failing.set(nil) // the poison queue is back: the redelivery is isolated
@@ -199,7 +200,7 @@ func TestTraceErrorStatusOnlyWhenNacked(t *testing.T) {
 	require.Equal(t, 1, exceptions, "the error is recorded, redacted")
 
 	p := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-	p.Metadata.Set(middleware.EventIDKey, "panics")
+	p.Metadata.Set(sluice.EventIDKey, "panics")
 	require.NoError(t, tr.embedded.PubSub.Publish("orders", p))
 	require.Eventually(t, func() bool {
 		for _, s := range tr.spans.Ended() {
@@ -245,5 +246,5 @@ func TestTracingPublisherDecorator(t *testing.T) {
 	m.Ack()
 	require.Len(t, spans.Ended(), 1)
 	require.Equal(t, "send t", spans.Ended()[0].Name())
-	require.Contains(t, m.Metadata.Get(middleware.TraceparentKey), spans.Ended()[0].SpanContext().TraceID().String(), "the trace context is in the metadata")
+	require.Contains(t, m.Metadata.Get(sluice.TraceparentKey), spans.Ended()[0].SpanContext().TraceID().String(), "the trace context is in the metadata")
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq" // the PostgreSQL driver
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -97,11 +98,11 @@ func consumerMain(args []string) error {
 		if err := json.Unmarshal(msg.Payload, &e); err != nil {
 			return err
 		}
-		if attempt, _ := retrytiers.Attempt(msg); attempt <= e.FailTimes {
+		if attempt, _ := sluice.Attempt(msg); attempt <= e.FailTimes {
 			return fmt.Errorf("downstream: %w", context.DeadlineExceeded)
 		}
 		if e.Invariant {
-			return middleware.Invariant(fmt.Errorf("event %s: the order must exist", e.EventID))
+			return sluice.Invariant(fmt.Errorf("event %s: the order must exist", e.EventID))
 		}
 		tx := deduplication.TxFromContext(msg.Context())
 		if _, err := tx.ExecContext(msg.Context(), insert, e.EventID); err != nil {

@@ -20,9 +20,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/dlq"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
@@ -53,8 +53,8 @@ func (f *filterFlags) filter() (dlq.Filter, error) {
 		return out, usageError{fmt.Errorf("--limit must not be negative")}
 	}
 	for _, c := range f.classes {
-		cl, err := middleware.ParseClass(c)
-		if err != nil || cl == middleware.ClassTransient || cl == middleware.ClassRejected {
+		cl, err := sluice.ParseClass(c)
+		if err != nil || cl == sluice.ClassTransient || cl == sluice.ClassRejected {
 			return out, usageError{fmt.Errorf("--class %q: want poison, invariant or exhausted", c)}
 		}
 		out.Classes = append(out.Classes, cl.String())

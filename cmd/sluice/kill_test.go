@@ -10,8 +10,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 )
 
 // TestKillMidReplayLosesNothing kills the real binary (SIGKILL) in the middle
@@ -27,7 +27,7 @@ func TestKillMidReplayLosesNothing(t *testing.T) {
 	b := newBed(t)
 	const n = 30
 	for i := range n {
-		b.poisoned(t, fmt.Sprint("k", i), "order.created", middleware.Poison(errors.New("bad")))
+		b.poisoned(t, fmt.Sprint("k", i), "order.created", sluice.Poison(errors.New("bad")))
 	}
 	cmd := exec.Command(bin, "--amqp-url", testenv.AMQPURL, "--audit", b.audit,
 		"dlq", "replay", "--queue", b.topo.PoisonQueue(), "--rate", "40/s", "--batch", "2")

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/dlq"
 	"github.com/sluicemq/sluice/internal/testenv"
@@ -58,9 +59,9 @@ func (b *bed) poisoned(t *testing.T, id, eventType string, err error) {
 	mw, e := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue()})
 	require.NoError(t, e)
 	m := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"eventId":%q}`, id))
-	m.Metadata.Set(middleware.EventIDKey, id)
-	m.Metadata.Set(middleware.EventTypeKey, eventType)
-	m.Metadata.Set(middleware.AttemptKey, "4")
+	m.Metadata.Set(sluice.EventIDKey, id)
+	m.Metadata.Set(sluice.EventTypeKey, eventType)
+	m.Metadata.Set(sluice.AttemptKey, "4")
 	_, e = mw(func(*message.Message) ([]*message.Message, error) { return nil, err })(m)
 	require.NoError(t, e)
 }
@@ -69,12 +70,12 @@ func (b *bed) poisoned(t *testing.T, id, eventType string, err error) {
 func (b *bed) fill(t *testing.T) {
 	t.Helper()
 	for i, c := range []error{
-		middleware.Poison(errors.New(`missing field "sku"`)),
-		middleware.NewFailure(middleware.ClassExhausted, errors.New("timeout after 4 attempts")),
-		middleware.Invariant(errors.New("order o-17 must exist")),
-		middleware.NewFailure(middleware.ClassExhausted, errors.New("timeout after 4 attempts")),
-		middleware.Poison(errors.New(`missing field "qty"`)),
-		middleware.NewFailure(middleware.ClassExhausted, errors.New("connection refused")),
+		sluice.Poison(errors.New(`missing field "sku"`)),
+		sluice.NewFailure(sluice.ClassExhausted, errors.New("timeout after 4 attempts")),
+		sluice.Invariant(errors.New("order o-17 must exist")),
+		sluice.NewFailure(sluice.ClassExhausted, errors.New("timeout after 4 attempts")),
+		sluice.Poison(errors.New(`missing field "qty"`)),
+		sluice.NewFailure(sluice.ClassExhausted, errors.New("connection refused")),
 	} {
 		et := "order.created"
 		if i == 4 {
@@ -96,7 +97,7 @@ func ids(t *testing.T, queue string) []string {
 	t.Helper()
 	var out []string
 	for _, d := range testenv.Drain(t, testenv.AMQP(t), queue) {
-		out = append(out, fmt.Sprint(d.Headers[middleware.EventIDKey]))
+		out = append(out, fmt.Sprint(d.Headers[sluice.EventIDKey]))
 	}
 	return out
 }
@@ -141,8 +142,8 @@ func TestReplayByFilterMovesExactlyTheSelected(t *testing.T) {
 	replayed := testenv.Drain(t, testenv.AMQP(t), b.topo.Queue())
 	require.Len(t, replayed, 3)
 	for i, d := range replayed {
-		require.Equal(t, []string{"e2", "e4", "e6"}[i], d.Headers[middleware.EventIDKey])
-		require.Nil(t, d.Headers[middleware.AttemptKey], "the attempt count is reset")
+		require.Equal(t, []string{"e2", "e4", "e6"}[i], d.Headers[sluice.EventIDKey])
+		require.Nil(t, d.Headers[sluice.AttemptKey], "the attempt count is reset")
 		require.Nil(t, d.Headers[poison.ClassKey], "the failure history is not replayed")
 		require.Equal(t, "tester", d.Headers[dlq.ReplayedByKey])
 		require.Equal(t, b.topo.PoisonQueue(), d.Headers[dlq.ReplayedFromKey])
@@ -186,7 +187,7 @@ func TestReplayRate(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
 	for i := range 12 {
-		b.poisoned(t, fmt.Sprint("r", i), "order.created", middleware.Poison(errors.New("bad")))
+		b.poisoned(t, fmt.Sprint("r", i), "order.created", sluice.Poison(errors.New("bad")))
 	}
 	start := time.Now()
 	code, _, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--rate", "20/s", "--batch", "1")
@@ -292,7 +293,7 @@ func TestReplayIntoTheStackInboxDropsProcessed(t *testing.T) {
 		Name: "inventory", Consumers: 1,
 		Handler: func(msg *message.Message) error {
 			mu.Lock()
-			handled[msg.Metadata.Get(middleware.EventIDKey)]++
+			handled[msg.Metadata.Get(sluice.EventIDKey)]++
 			mu.Unlock()
 			return nil
 		},
@@ -307,11 +308,11 @@ func TestReplayIntoTheStackInboxDropsProcessed(t *testing.T) {
 	// e1 was processed before; a duplicate of it was poisoned anyway (e.g. a
 	// crash between a tier's confirm and the ack). e2 was not.
 	m := message.NewMessage(watermill.NewUUID(), nil)
-	m.Metadata.Set(middleware.EventIDKey, "e1")
+	m.Metadata.Set(sluice.EventIDKey, "e1")
 	require.NoError(t, b.pub.Publish(b.topo.Queue(), m))
 	require.Eventually(t, func() bool { return store.Len() == 1 }, 10*time.Second, 10*time.Millisecond)
-	b.poisoned(t, "e1", "order.created", middleware.NewFailure(middleware.ClassExhausted, errors.New("timeout")))
-	b.poisoned(t, "e2", "order.created", middleware.NewFailure(middleware.ClassExhausted, errors.New("timeout")))
+	b.poisoned(t, "e1", "order.created", sluice.NewFailure(sluice.ClassExhausted, errors.New("timeout")))
+	b.poisoned(t, "e2", "order.created", sluice.NewFailure(sluice.ClassExhausted, errors.New("timeout")))
 
 	code, _, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue())
 	require.Equal(t, 0, code, errOut)
@@ -379,7 +380,7 @@ func TestReplayKeepsTheProducersProperties(t *testing.T) {
 		ContentType: "application/json", ContentEncoding: "gzip", CorrelationId: "corr-9", MessageId: "m-9",
 		Type: "OrderCreated", AppId: "spring-orders", ReplyTo: "orders.replies", Priority: 3,
 		Timestamp: time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC),
-		Headers:   amqp.Table{middleware.EventIDKey: "g-1", "__TypeId__": "com.example.OrderCreated"},
+		Headers:   amqp.Table{sluice.EventIDKey: "g-1", "__TypeId__": "com.example.OrderCreated"},
 		Body:      []byte("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xffgzip-bytes"),
 	}
 	require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Queue(), false, false, pub))
@@ -390,7 +391,7 @@ func TestReplayKeepsTheProducersProperties(t *testing.T) {
 	require.NoError(t, err)
 	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue()})
 	require.NoError(t, err)
-	_, err = mw(func(*message.Message) ([]*message.Message, error) { return nil, middleware.Poison(errors.New("bad")) })(msg)
+	_, err = mw(func(*message.Message) ([]*message.Message, error) { return nil, sluice.Poison(errors.New("bad")) })(msg)
 	require.NoError(t, err)
 	require.NoError(t, d.Ack(false))
 

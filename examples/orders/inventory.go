@@ -10,9 +10,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/middleware"
-	"github.com/sluicemq/sluice/retrytiers"
 )
 
 const rejectedTopic = "inventory.reservation-rejected"
@@ -65,7 +64,7 @@ func (inv *inventory) reserve(msg *message.Message) ([]*message.Message, error) 
 	}
 	ctx := msg.Context()
 	tx := deduplication.TxFromContext(ctx)
-	if attempt, _ := retrytiers.Attempt(msg); attempt <= o.FailTimes {
+	if attempt, _ := sluice.Attempt(msg); attempt <= o.FailTimes {
 		return nil, fmt.Errorf("stock service: %w", context.DeadlineExceeded) // Transient: parked in a tier
 	}
 	var exists int
@@ -73,7 +72,7 @@ func (inv *inventory) reserve(msg *message.Message) ([]*message.Message, error) 
 		return nil, err
 	}
 	if exists == 0 {
-		return nil, middleware.Invariant(fmt.Errorf("order %s must exist before its reservation", o.OrderID))
+		return nil, sluice.Invariant(fmt.Errorf("order %s must exist before its reservation", o.OrderID))
 	}
 	var available int
 	if err := tx.GetContext(ctx, &available, tx.Rebind(`SELECT available FROM `+inv.tables.of("stock")+` WHERE sku = ?`), o.SKU); err != nil {
@@ -97,10 +96,10 @@ func (inv *inventory) rejectOrder(msg *message.Message, tx *sqlx.Tx, o orderCrea
 		return nil, err
 	}
 	evt := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"orderId":%q,"reason":%q}`, o.OrderID, errOutOfStock))
-	evt.Metadata.Set(middleware.EventIDKey, "rejected:"+o.EventID)
-	evt.Metadata.Set(middleware.EventTypeKey, rejectedTopic)
+	evt.Metadata.Set(sluice.EventIDKey, "rejected:"+o.EventID)
+	evt.Metadata.Set(sluice.EventTypeKey, rejectedTopic)
 	evt.SetContext(ctx)
-	rejection := middleware.Reject(fmt.Errorf("order %s: %w", o.OrderID, errOutOfStock))
+	rejection := sluice.Reject(fmt.Errorf("order %s: %w", o.OrderID, errOutOfStock))
 	if inv.outbox == nil {
 		return []*message.Message{evt}, rejection
 	}

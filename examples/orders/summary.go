@@ -11,8 +11,8 @@ import (
 
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
 )
@@ -58,7 +58,7 @@ func summarize(ctx context.Context, e env, metrics interface {
 		return nil, err
 	}
 	for _, m := range poisoned {
-		s.Poisoned = append(s.Poisoned, poisonedRow{m.Metadata.Get(poison.ClassKey), m.Metadata.Get(middleware.EventIDKey), m.Metadata.Get(poison.ReasonKey)})
+		s.Poisoned = append(s.Poisoned, poisonedRow{m.Metadata.Get(poison.ClassKey), m.Metadata.Get(sluice.EventIDKey), m.Metadata.Get(poison.ReasonKey)})
 	}
 	sort.Slice(s.Poisoned, func(i, j int) bool { return s.Poisoned[i].Class < s.Poisoned[j].Class })
 

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -97,7 +98,7 @@ func consumerRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publi
 	batch := make([]*message.Message, n)
 	for i := range batch {
 		batch[i] = message.NewMessage(watermill.NewUUID(), make([]byte, 256))
-		batch[i].Metadata.Set(middleware.EventIDKey, strconv.Itoa(i))
+		batch[i].Metadata.Set(sluice.EventIDKey, strconv.Itoa(i))
 		if failing && i%10 == 0 {
 			batch[i].Metadata.Set("fail", "once")
 			healthy--
@@ -111,8 +112,8 @@ func consumerRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publi
 	done := make(chan struct{})
 	errTransient := errors.New("downstream timeout")
 	handler := func(msg *message.Message) error {
-		if msg.Metadata.Get("fail") == "once" && msg.Metadata.Get(middleware.AttemptKey) == "" {
-			return middleware.Transient(errTransient)
+		if msg.Metadata.Get("fail") == "once" && msg.Metadata.Get(sluice.AttemptKey) == "" {
+			return sluice.Transient(errTransient)
 		}
 		time.Sleep(cc.work)
 		if msg.Metadata.Get("fail") == "" && handled.Add(1) == int64(healthy) {

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -104,7 +105,7 @@ func consumeRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publis
 		batch := make([]*message.Message, 0, 500)
 		for j := i; j < min(i+500, n); j++ {
 			m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-			m.Metadata.Set(middleware.EventIDKey, run+strconv.Itoa(j))
+			m.Metadata.Set(sluice.EventIDKey, run+strconv.Itoa(j))
 			batch = append(batch, m)
 		}
 		if err := pub.Publish(topo.Queue(), batch...); err != nil {
@@ -133,7 +134,7 @@ func consumeRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publis
 		return 0, err
 	}
 	r.AddMiddleware(count)
-	key := func(msg *message.Message) string { return msg.Metadata.Get(middleware.EventIDKey) }
+	key := func(msg *message.Message) string { return msg.Metadata.Get(sluice.EventIDKey) }
 	switch variant {
 	case 0, 1:
 		handle := map[int]func(context.Context, string) error{0: v.plainKey, 1: v.byHandKey}[variant]

@@ -12,8 +12,8 @@ import (
 	"github.com/jmoiron/sqlx"
 	"go.opentelemetry.io/otel/metric/noop"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/middleware"
 )
 
 // Inbox compares, on PostgreSQL, a handler doing one business INSERT:
@@ -96,7 +96,7 @@ func newInboxVariants(ctx context.Context, db *sqlx.DB, schema string) (*inboxVa
 	v.claimSQL = "INSERT INTO " + schema + ".inbox_by_hand (consumer, event_key, processed_at) VALUES ($1, $2, now()) ON CONFLICT DO NOTHING"
 	handler := func(msg *message.Message) ([]*message.Message, error) {
 		tx := deduplication.TxFromContext(msg.Context())
-		_, err := tx.ExecContext(msg.Context(), v.insertBiz, msg.Metadata.Get(middleware.EventIDKey))
+		_, err := tx.ExecContext(msg.Context(), v.insertBiz, msg.Metadata.Get(sluice.EventIDKey))
 		return nil, err
 	}
 	for _, c := range []struct {
@@ -174,7 +174,7 @@ func (v *inboxVariants) sluice(mw message.HandlerFunc) func(run string) Op {
 	return func(run string) Op {
 		return func(ctx context.Context, i int) error {
 			msg := message.NewMessage(strconv.Itoa(i), nil)
-			msg.Metadata.Set(middleware.EventIDKey, run+strconv.Itoa(i))
+			msg.Metadata.Set(sluice.EventIDKey, run+strconv.Itoa(i))
 			msg.SetContext(ctx)
 			_, err := mw(msg)
 			return err

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/metric/noop"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -74,7 +75,7 @@ func BenchmarkDelivery(b *testing.B, h message.HandlerFunc, store *deduplication
 		}
 		ctx, cancel := context.WithCancel(base)
 		msg := message.NewMessage("uuid", nil)
-		msg.Metadata.Set(middleware.EventIDKey, strconv.Itoa(i))
+		msg.Metadata.Set(sluice.EventIDKey, strconv.Itoa(i))
 		msg.SetContext(ctx)
 		if _, err := h(msg); err != nil {
 			b.Fatal(err)

@@ -17,7 +17,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/time/rate"
 
-	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/poison"
 )
 
@@ -219,8 +219,8 @@ func replayCopy(m *Message, cfg ReplayConfig) *message.Message {
 	for k, v := range m.Msg.Metadata {
 		switch {
 		case strings.HasPrefix(k, "sluice_poison"), k == poison.PoisonedAtKey,
-			k == middleware.AttemptKey, k == middleware.FirstFailedAtKey, k == middleware.LastErrorKey,
-			k == middleware.RetryTierKey, k == middleware.PreviousTraceparentKey:
+			k == sluice.AttemptKey, k == sluice.FirstFailedAtKey, k == sluice.LastErrorKey,
+			k == sluice.RetryTierKey, k == sluice.PreviousTraceparentKey:
 			continue
 		}
 		c.Metadata[k] = v

@@ -13,7 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
@@ -43,9 +43,9 @@ func newMessage(d amqp.Delivery) (*Message, error) {
 	return &Message{
 		Delivery: d, Msg: m,
 		Class: md.Get(poison.ClassKey), Reason: md.Get(poison.ReasonKey),
-		EventID: md.Get(middleware.EventIDKey), EventType: md.Get(middleware.EventTypeKey),
+		EventID: md.Get(sluice.EventIDKey), EventType: md.Get(sluice.EventTypeKey),
 		Queue: md.Get(poison.QueueKey), Consumer: md.Get(poison.ConsumerKey),
-		Attempts: md.Get(poison.AttemptsKey), PoisonedAt: at, TraceID: md.Get(poison.TraceIDKey),
+		Attempts: md.Get(sluice.AttemptKey), PoisonedAt: at, TraceID: md.Get(poison.TraceIDKey),
 	}, nil
 }
 

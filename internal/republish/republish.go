@@ -10,17 +10,17 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/clock"
 	"github.com/sluicemq/sluice/internal/telemetry"
-	"github.com/sluicemq/sluice/middleware"
 )
 
 // Copy returns a new message — a new UUID, msg's payload, a copy of its
 // metadata with room for extra more keys — in msg's context. When msg's
 // context holds a span (the Trace stage's), the copy carries it as
-// middleware.PreviousTraceparentKey; the producer's traceparent stays as is.
+// sluice.PreviousTraceparentKey; the producer's traceparent stays as is.
 //
-// It records the origin (middleware.OriginExchangeKey and
+// It records the origin (sluice.OriginExchangeKey and
 // OriginRoutingKeyKey) from the delivery's source keys when the message
 // carries none yet, so every later copy names the producer's exchange and
 // routing key rather than the last dead-letter hop.
@@ -30,14 +30,14 @@ func Copy(msg *message.Message, extra int) *message.Message {
 	for k, v := range msg.Metadata {
 		c.Metadata[k] = v
 	}
-	if _, ok := c.Metadata[middleware.OriginRoutingKeyKey]; !ok {
-		if rk, ok := msg.Metadata[middleware.SourceRoutingKeyKey]; ok {
-			c.Metadata[middleware.OriginExchangeKey] = msg.Metadata[middleware.SourceExchangeKey]
-			c.Metadata[middleware.OriginRoutingKeyKey] = rk
+	if _, ok := c.Metadata[sluice.OriginRoutingKeyKey]; !ok {
+		if rk, ok := msg.Metadata[sluice.SourceRoutingKeyKey]; ok {
+			c.Metadata[sluice.OriginExchangeKey] = msg.Metadata[sluice.SourceExchangeKey]
+			c.Metadata[sluice.OriginRoutingKeyKey] = rk
 		}
 	}
 	if tp := telemetry.Traceparent(msg.Context()); tp != "" {
-		c.Metadata[middleware.PreviousTraceparentKey] = tp
+		c.Metadata[sluice.PreviousTraceparentKey] = tp
 	}
 	c.SetContext(msg.Context())
 	return c

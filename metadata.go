@@ -1,4 +1,4 @@
-package middleware
+package sluice
 
 // Metadata keys shared by the stages. On AMQP each becomes the header of the
 // same name.

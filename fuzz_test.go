@@ -1,4 +1,4 @@
-package middleware_test
+package sluice_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice"
 )
 
 // FuzzClassifier builds errors of arbitrary text, wrapping and joining from
@@ -30,24 +30,24 @@ func FuzzClassifier(f *testing.F) {
 		case 3:
 			err = errors.Join(err, context.Canceled)
 		case 4:
-			err = &middleware.PanicError{Value: text}
+			err = &sluice.PanicError{Value: text}
 		}
-		want := middleware.Unclassified
-		if w := middleware.Class(wrap % 7); w.Valid() {
-			err = middleware.NewFailure(w, err)
+		want := sluice.Unclassified
+		if w := sluice.Class(wrap % 7); w.Valid() {
+			err = sluice.NewFailure(w, err)
 			want = w
 		}
 		for range shape / 6 % 4 {
 			err = fmt.Errorf("layer: %w", err)
 		}
-		got := middleware.DefaultClassifier().Classify(err)
+		got := sluice.DefaultClassifier().Classify(err)
 		if !got.Valid() {
 			t.Fatalf("Classify(%v) = %v, not a class", err, got)
 		}
-		if want != middleware.Unclassified && got != want {
+		if want != sluice.Unclassified && got != want {
 			t.Fatalf("explicit %v lost: got %v", want, got)
 		}
-		if c := middleware.ClassOf(err); c.Valid() && c != got {
+		if c := sluice.ClassOf(err); c.Valid() && c != got {
 			t.Fatalf("ClassOf %v but Classify %v", c, got)
 		}
 	})

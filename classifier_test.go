@@ -1,0 +1,148 @@
+package sluice_test
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+
+	"github.com/lib/pq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice"
+)
+
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "i/o timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
+
+type stateErr string
+
+func (e stateErr) Error() string    { return "sql error " + string(e) }
+func (e stateErr) SQLState() string { return string(e) }
+
+func jsonSyntaxErr() error {
+	var v map[string]any
+	return json.Unmarshal([]byte(`{"a":`), &v)
+}
+
+func jsonTypeErr() error {
+	var v struct{ N int }
+	return json.Unmarshal([]byte(`{"N":"x"}`), &v)
+}
+
+var errBusiness = errors.New("order already shipped")
+
+func TestClassifierDefaults(t *testing.T) {
+	t.Parallel()
+	wrap := func(err error) error { return fmt.Errorf("reserving stock: %w", err) }
+	tests := []struct {
+		name string
+		err  error
+		want sluice.Class
+	}{
+		{"nil", nil, sluice.Unclassified},
+		{"deadline", context.DeadlineExceeded, sluice.ClassTransient},
+		{"canceled wrapped", wrap(context.Canceled), sluice.ClassTransient},
+		{"net timeout", &net.OpError{Op: "read", Err: timeoutErr{}}, sluice.ClassTransient},
+		{"os deadline", wrap(os.ErrDeadlineExceeded), sluice.ClassTransient},
+		{"conn refused", &net.OpError{Op: "dial", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}, sluice.ClassTransient},
+		{"conn reset", wrap(syscall.ECONNRESET), sluice.ClassTransient},
+		{"broken pipe", wrap(syscall.EPIPE), sluice.ClassTransient},
+		{"bad conn", wrap(driver.ErrBadConn), sluice.ClassTransient},
+		{"conn done", sql.ErrConnDone, sluice.ClassTransient},
+		{"sqlstate 08006", wrap(stateErr("08006")), sluice.ClassTransient},
+		{"sqlstate 53300", stateErr("53300"), sluice.ClassTransient},
+		{"sqlstate 40001", stateErr("40001"), sluice.ClassTransient},
+		{"sqlstate 40P01", wrap(stateErr("40P01")), sluice.ClassTransient},
+		{"sqlstate 57P01", stateErr("57P01"), sluice.ClassTransient},
+		{"pq serialization", wrap(&pq.Error{Code: "40001"}), sluice.ClassTransient},
+		{"pq unique violation", &pq.Error{Code: "23505"}, sluice.ClassPoison}, // integrity: same failure on every retry
+		{"sqlstate 23505", stateErr("23505"), sluice.ClassPoison},
+		{"sqlstate 23P01 exclusion", stateErr("23P01"), sluice.ClassPoison},
+		{"sqlstate 55P03 lock timeout", stateErr("55P03"), sluice.ClassTransient},
+		{"json syntax", wrap(jsonSyntaxErr()), sluice.ClassPoison},
+		{"json type", jsonTypeErr(), sluice.ClassPoison},
+		{"panic", &sluice.PanicError{Value: "boom"}, sluice.ClassInvariant},
+		{"unknown", errBusiness, sluice.ClassTransient},
+		{"explicit reject", sluice.Reject(errBusiness), sluice.ClassRejected},
+		{"explicit reject wrapped", wrap(sluice.Reject(errBusiness)), sluice.ClassRejected},
+		{"explicit poison beats transient rule", sluice.Poison(context.DeadlineExceeded), sluice.ClassPoison},
+		{"explicit transient beats json rule", sluice.Transient(jsonSyntaxErr()), sluice.ClassTransient},
+		{"outermost failure wins", sluice.Invariant(sluice.Transient(errBusiness)), sluice.ClassInvariant},
+		{"joined", errors.Join(errBusiness, sluice.Poison(errBusiness)), sluice.ClassPoison},
+	}
+	c := sluice.DefaultClassifier()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			require.Equal(t, tt.want, c.Classify(tt.err), "error: %v", tt.err)
+		})
+	}
+}
+
+func TestClassifierRules(t *testing.T) {
+	t.Parallel()
+	errNotFound := errors.New("order not found")
+	c, err := sluice.NewClassifier(sluice.ClassifierConfig{
+		Rules: []sluice.Rule{
+			sluice.RuleIs(errNotFound, sluice.ClassInvariant),
+			sluice.RuleAs[stateErr](sluice.ClassRejected),
+			func(error) (sluice.Class, bool) { return sluice.Class(99), true }, // invalid: skipped
+		},
+		Default: sluice.ClassPoison,
+	})
+	require.NoError(t, err)
+
+	require.Equal(t, sluice.ClassInvariant, c.Classify(fmt.Errorf("load: %w", errNotFound)))
+	require.Equal(t, sluice.ClassRejected, c.Classify(stateErr("40001")), "user rules run before default rules")
+	require.Equal(t, sluice.ClassTransient, c.Classify(sluice.Transient(errNotFound)), "explicit wrappers run before user rules")
+	require.Equal(t, sluice.ClassTransient, c.Classify(context.DeadlineExceeded), "default rules still apply")
+	require.Equal(t, sluice.ClassPoison, c.Classify(errBusiness), "configured default")
+}
+
+func TestNewClassifierValidates(t *testing.T) {
+	t.Parallel()
+	for _, def := range []sluice.Class{sluice.ClassRejected, sluice.ClassExhausted, sluice.Class(42)} {
+		_, err := sluice.NewClassifier(sluice.ClassifierConfig{Default: def})
+		require.ErrorContains(t, err, "ClassifierConfig.Default")
+	}
+	_, err := sluice.NewClassifier(sluice.ClassifierConfig{Rules: []sluice.Rule{nil}})
+	require.ErrorContains(t, err, "ClassifierConfig.Rules[0]")
+}
+
+func TestFailureWrappers(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, sluice.Transient(nil))
+	require.NoError(t, sluice.Reject(nil))
+	require.NoError(t, sluice.Poison(nil))
+	require.NoError(t, sluice.Invariant(nil))
+
+	err := sluice.Reject(errBusiness)
+	require.ErrorIs(t, err, errBusiness)
+	require.Equal(t, "rejected: order already shipped", err.Error())
+	f, ok := errors.AsType[*sluice.Failure](err)
+	require.True(t, ok)
+	require.Equal(t, sluice.ClassRejected, f.Class)
+	require.Equal(t, sluice.Unclassified, sluice.ClassOf(errBusiness))
+}
+
+func TestParseClass(t *testing.T) {
+	t.Parallel()
+	for c := sluice.ClassTransient; c <= sluice.ClassExhausted; c++ {
+		got, err := sluice.ParseClass(c.String())
+		require.NoError(t, err)
+		require.Equal(t, c, got)
+	}
+	_, err := sluice.ParseClass("fatal")
+	require.ErrorIs(t, err, sluice.ErrUnknownClass)
+	require.Equal(t, "class(42)", sluice.Class(42).String())
+}
