@@ -16,7 +16,7 @@ help: ## list the targets
 run: ## run the bundled example on the embedded default (no servers needed)
 	$(GO) run ./examples/orders
 
-services: ## make PostgreSQL, RabbitMQ and Redis reachable on 127.0.0.1 (install/start as needed)
+services: ## make PostgreSQL, RabbitMQ, Redis and MariaDB reachable on 127.0.0.1 (install/start as needed)
 	@bash scripts/services.sh
 
 test: services ## every test on the real services (race on), short fuzzing, the short chaos run (restarts RabbitMQ and PostgreSQL)

@@ -10,7 +10,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jmoiron/sqlx"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicemq/sluice"
@@ -117,7 +116,8 @@ func New(cfg Config) (*Deduplicator, error) {
 // failure, h not run), opens a unit of work, claims (Consumer, key) and:
 //   - key already processed: rolls back, skips h, returns nil (ack);
 //   - claimed: runs h with the unit of work in the message context (see
-//     TxFromContext); commits when h succeeds or returns a rejection, rolls
+//     TxFromContext, and a store's own accessor such as
+//     sqlstore.TxFromContext); commits when h succeeds or returns a rejection, rolls
 //     back otherwise and returns h's error. A failed commit is a Transient
 //     failure, so the message is not acked before its commit.
 //
@@ -275,18 +275,15 @@ type unit struct {
 	firstErr error // the first run's error, set by Reentry before a second run can read it
 }
 
-// sqlxTxer is implemented by the units of work of the SQL store.
-type sqlxTxer interface{ SQLTx() *sqlx.Tx }
-
-// TxFromContext returns the SQL transaction of the delivery being handled,
-// in which the inbox record was claimed: the handler's business writes go
-// into it so that they commit or roll back with the record. It returns nil
-// outside a Deduplicator with an SQLStore.
-func TxFromContext(ctx context.Context) *sqlx.Tx {
+// TxFromContext returns the unit of work of the delivery being handled —
+// the Tx its Store's Begin returned, in which the key was claimed — or nil
+// outside a Deduplicator. It is the store-agnostic accessor: a store gives
+// its handlers the concrete unit of work (an SQL transaction, ...) with an
+// accessor of its own that type-asserts this one's result to its Tx type,
+// as sqlstore.TxFromContext does. A third-party store does the same.
+func TxFromContext(ctx context.Context) Tx {
 	if u, ok := ctx.Value(txKey{}).(*unit); ok {
-		if t, ok := u.tx.(sqlxTxer); ok {
-			return t.SQLTx()
-		}
+		return u.tx
 	}
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 )
@@ -27,7 +28,7 @@ import (
 type bundle struct {
 	db      *sqlx.DB
 	schema  string
-	store   *deduplication.SQLStore
+	store   *sqlstore.Store
 	reader  *sdkmetric.ManualReader
 	meter   *sdkmetric.MeterProvider
 	handled atomic.Int64
@@ -61,7 +62,7 @@ func (b *bundle) dedup(t *testing.T, consumer string) *deduplication.Deduplicato
 func (b *bundle) reserve(ret error) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		b.handled.Add(1)
-		tx := deduplication.TxFromContext(msg.Context())
+		tx := sqlstore.TxFromContext(msg.Context())
 		if tx == nil {
 			return nil, errors.New("no inbox transaction in the context")
 		}
@@ -323,7 +324,7 @@ func TestInboxSetsEventID(t *testing.T) {
 	require.NoError(t, err)
 	msg := message.NewMessage(watermill.NewUUID(), []byte(`{"orderId":42}`))
 	_, err = d.Middleware(func(m *message.Message) ([]*message.Message, error) {
-		require.Nil(t, deduplication.TxFromContext(m.Context()), "the memory store has no SQL transaction")
+		require.Nil(t, sqlstore.TxFromContext(m.Context()), "the memory store has no SQL transaction")
 		return nil, nil
 	})(msg)
 	require.NoError(t, err)

@@ -4,8 +4,9 @@
 // For each delivery the Deduplicator takes a key from the message — a
 // business event id, never the broker's message id (KeyFromMetadata,
 // KeyFromJSON, KeyPrefix, KeyJoin) — opens a transaction, claims
-// (consumer, key) in the inbox table with INSERT ... ON CONFLICT DO NOTHING,
-// and runs the handler inside the same transaction (TxFromContext). The
+// (consumer, key) in its Store (the SQL store: INSERT ... ON CONFLICT DO
+// NOTHING into the inbox table), and runs the handler inside the same unit
+// of work (TxFromContext; sqlstore.TxFromContext for the SQL transaction). The
 // transaction commits when the handler succeeds or rejects the message, and
 // rolls back otherwise; the router acks only after the commit. A redelivery
 // of a committed key is acked without running the handler. A concurrent
@@ -16,18 +17,21 @@
 //
 //	handler result        inbox + business writes   message
 //	nil                   committed                 acked
-//	Reject(err)           committed                 acked (by middleware.Classify)
+//	sluice.Reject(err)    committed                 acked (by middleware.Classify)
 //	any other error       rolled back               nacked or retried by outer stages
 //	panic                 rolled back               (Recoverer turns it into an error)
 //	commit fails          rolled back               Transient failure: not acked
 //	no usable key         nothing opened            Poison failure, handler not run
 //	key already committed nothing written           acked, counted as a duplicate
 //
-// Stores: SQLStore on PostgreSQL (lib/pq or pgx) or SQLite (OpenSQLite,
-// pure Go, the embedded default); MemoryStore for tests; RedisStore, which
-// cannot join the business transaction and so guarantees less (see its
-// documentation). Any Store must pass deduplicationtest.Run. A Pruner deletes
-// old records in bounded batches.
+// Stores live at the edges, so that importing this package links no
+// database driver: sqlstore on PostgreSQL (lib/pq or pgx) or SQLite
+// (sqlstore/sqlite, pure Go, the embedded default); redisstore, which cannot
+// join the business transaction and so guarantees less (see its
+// documentation); MemoryStore here, for tests. Any Store must pass
+// deduplicationtest.Run; a store of your own gives its handlers its unit of
+// work by type-asserting TxFromContext's result (see
+// examples/mariadbstore). A Pruner deletes old records in bounded batches.
 //
 // The inbox table (PostgreSQL; SchemaSQL prints it for a given table name):
 //

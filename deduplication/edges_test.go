@@ -3,7 +3,6 @@ package deduplication_test
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 )
@@ -84,7 +84,7 @@ func TestInboxRejectedAfterAnAbortedTransaction(t *testing.T) {
 
 	handler := classify(d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
 		b.handled.Add(1)
-		tx := deduplication.TxFromContext(msg.Context())
+		tx := sqlstore.TxFromContext(msg.Context())
 		// A first write, then the statement that violates the constraint.
 		if _, err := tx.Exec(fmt.Sprintf(`INSERT INTO %s.reservations VALUES ($1, 'audit')`, b.schema), "evt-1"); err != nil {
 			return nil, err
@@ -159,22 +159,4 @@ func TestInboxSlowMessageDoesNotStallTheConsumers(t *testing.T) {
 		require.ErrorIs(t, err, deduplication.ErrClaimInProgress)
 	}
 	require.Equal(t, 201, b.count(t, `SELECT count(*) FROM %s.reservations`))
-}
-
-// A 63-byte table name (PostgreSQL's longest identifier) still gets its
-// processed_at index: the index name is made to fit, not truncated onto the
-// table's own name.
-func TestSQLStoreLongestTableNameGetsItsIndex(t *testing.T) {
-	t.Parallel()
-	db := testenv.Postgres(t)
-	schema := testenv.Schema(t, db)
-	table := "inbox_" + strings.Repeat("x", 63-len("inbox_"))
-	s, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db, Table: schema + "." + table})
-	require.NoError(t, err)
-	require.NoError(t, s.CreateTable(t.Context()))
-	require.NoError(t, s.CreateTable(t.Context()), "idempotent")
-	var defs []string
-	require.NoError(t, db.Select(&defs, `SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND tablename = $2`, schema, table))
-	require.Len(t, defs, 2, "the primary key and the processed_at index")
-	require.True(t, strings.Contains(defs[0], "(processed_at)") || strings.Contains(defs[1], "(processed_at)"), "%v", defs)
 }

@@ -13,13 +13,15 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
 	"github.com/sluicemq/sluice/middleware"
 )
 
 // addInventory is the README's quick start: the inbox added to an existing
 // Watermill router.
 func addInventory(ctx context.Context, router *message.Router, sub message.Subscriber, db *sqlx.DB) error {
-	store, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db}) // PostgreSQL or SQLite
+	store, err := sqlstore.New(sqlstore.Config{DB: db}) // PostgreSQL or SQLite
 	if err != nil {
 		return err
 	}
@@ -45,7 +47,7 @@ func addInventory(ctx context.Context, router *message.Router, sub message.Subsc
 		return err
 	}
 	handler := deduplication.ReentryNoPublish(func(msg *message.Message) error {
-		tx := deduplication.TxFromContext(msg.Context()) // the inbox transaction
+		tx := sqlstore.TxFromContext(msg.Context()) // the inbox transaction
 		_, err := tx.ExecContext(msg.Context(), `INSERT INTO reservations (order_id) VALUES ('o-1')`)
 		return err // nil: committed, then acked; an error: rolled back
 	}) // runs once per inbox transaction, whatever retry middleware the router adds later
@@ -61,7 +63,7 @@ func Example_router() {
 	defer cancel()
 	dir, _ := os.MkdirTemp("", "sluice-example")
 	defer os.RemoveAll(dir)
-	db, err := deduplication.OpenSQLite(ctx, filepath.Join(dir, "app.db"))
+	db, err := sqlite.Open(ctx, filepath.Join(dir, "app.db"))
 	if err != nil {
 		panic(err)
 	}

@@ -13,6 +13,8 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
 )
 
 // The inbox on the embedded SQLite default: the business write and the inbox
@@ -22,14 +24,14 @@ func ExampleDeduplicator() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "sluice-example")
 	defer os.RemoveAll(dir)
-	db, err := deduplication.OpenSQLite(ctx, filepath.Join(dir, "app.db"))
+	db, err := sqlite.Open(ctx, filepath.Join(dir, "app.db"))
 	if err != nil {
 		panic(err)
 	}
 	defer func() { _ = db.Close() }()
 	db.MustExec(`CREATE TABLE reservations (order_id TEXT NOT NULL)`)
 
-	store, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db})
+	store, err := sqlstore.New(sqlstore.Config{DB: db})
 	if err != nil {
 		panic(err)
 	}
@@ -46,7 +48,7 @@ func ExampleDeduplicator() {
 	}
 
 	reserve := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
-		tx := deduplication.TxFromContext(msg.Context())
+		tx := sqlstore.TxFromContext(msg.Context())
 		_, err := tx.ExecContext(msg.Context(), `INSERT INTO reservations (order_id) VALUES ('o-1')`)
 		return nil, err
 	})
@@ -83,7 +85,7 @@ func ExampleKeyPrefix() {
 // database).
 func ExampleNewPruner() {
 	var db *sqlx.DB // sqlx.Connect("postgres", dsn)
-	store, err := deduplication.NewSQLStore(deduplication.SQLConfig{
+	store, err := sqlstore.New(sqlstore.Config{
 		DB:    db,                // *sqlx.DB; its driver picks the dialect
 		Table: "inventory.inbox", // default "sluice_inbox"; schema.name on PostgreSQL
 	})

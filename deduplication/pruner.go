@@ -27,7 +27,7 @@ const MetricPruned = "sluice.inbox.pruned"
 
 // PrunerConfig configures a Pruner.
 type PrunerConfig struct {
-	// Store is the store to prune, such as an *SQLStore. Required.
+	// Store is the store to prune, such as a *sqlstore.Store. Required.
 	Store BatchDeleter
 	// Retention is how long a processed key is kept. A redelivery after its
 	// key is pruned runs the handler again, so it must cover the retry

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 )
 
@@ -71,7 +72,7 @@ func TestPrunerStartClose(t *testing.T) {
 
 // withOldRows returns an inbox in a schema of its own holding n rows
 // processed two days ago.
-func withOldRows(t *testing.T, n int) (*sqlx.DB, string, *deduplication.SQLStore) {
+func withOldRows(t *testing.T, n int) (*sqlx.DB, string, *sqlstore.Store) {
 	t.Helper()
 	db := testenv.Postgres(t)
 	schema := testenv.Schema(t, db)

@@ -9,7 +9,8 @@ import (
 
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/deduplicationtest"
-	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
 )
 
 func TestMemoryStoreConformance(t *testing.T) {
@@ -17,34 +18,9 @@ func TestMemoryStoreConformance(t *testing.T) {
 	deduplicationtest.Run(t, func(*testing.T) deduplication.Store { return deduplication.NewMemoryStore() })
 }
 
-func TestPostgresStoreConformance(t *testing.T) {
-	t.Parallel()
-	db := testenv.Postgres(t)
-	deduplicationtest.Run(t, func(t *testing.T) deduplication.Store {
-		return newSQLStore(t, db, testenv.Schema(t, db)+".inbox")
-	})
-}
-
-func TestSQLiteStoreConformance(t *testing.T) {
-	t.Parallel()
-	deduplicationtest.Run(t, func(t *testing.T) deduplication.Store {
-		return newSQLStore(t, openSQLite(t), "")
-	})
-}
-
-func TestRedisStoreConformance(t *testing.T) {
-	t.Parallel()
-	deduplicationtest.Run(t, func(t *testing.T) deduplication.Store {
-		client, prefix := testenv.Redis(t)
-		s, err := deduplication.NewRedisStore(deduplication.RedisConfig{Client: client, Prefix: prefix})
-		require.NoError(t, err)
-		return s
-	})
-}
-
-func newSQLStore(t testing.TB, db *sqlx.DB, table string) *deduplication.SQLStore {
+func newSQLStore(t testing.TB, db *sqlx.DB, table string) *sqlstore.Store {
 	t.Helper()
-	s, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db, Table: table})
+	s, err := sqlstore.New(sqlstore.Config{DB: db, Table: table})
 	require.NoError(t, err)
 	require.NoError(t, s.CreateTable(t.Context()))
 	require.NoError(t, s.CreateTable(t.Context()), "CreateTable is idempotent")
@@ -53,7 +29,7 @@ func newSQLStore(t testing.TB, db *sqlx.DB, table string) *deduplication.SQLStor
 
 func openSQLite(t testing.TB) *sqlx.DB {
 	t.Helper()
-	db, err := deduplication.OpenSQLite(t.Context(), filepath.Join(t.TempDir(), "inbox.db"))
+	db, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "inbox.db"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	return db

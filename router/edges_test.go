@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -79,7 +80,7 @@ func TestRetryInsideTheInboxRunsTheHandlerOncePerTransaction(t *testing.T) {
 	_, err = q.Add(r, router.HandlerConfig{
 		Name: "inventory", Consumers: 1,
 		Handler: func(msg *message.Message) error {
-			_, err := deduplication.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+			_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 				fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ($1)`, schema), msg.Metadata.Get(sluice.EventIDKey))
 			if err != nil {
 				return err

@@ -7,6 +7,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -17,7 +18,7 @@ import (
 // addReliableInventory is the README's second quick start: the whole stack
 // around a handler on RabbitMQ and PostgreSQL, in one call.
 func addReliableInventory(ctx context.Context, r *message.Router, amqpURL string, db *sqlx.DB) (*router.RabbitMQ, error) {
-	store, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db})
+	store, err := sqlstore.New(sqlstore.Config{DB: db})
 	if err != nil {
 		return nil, err
 	}
@@ -34,7 +35,7 @@ func addReliableInventory(ctx context.Context, r *message.Router, amqpURL string
 	_, err = q.Add(r, router.HandlerConfig{
 		Name: "inventory",
 		Handler: func(msg *message.Message) error {
-			tx := deduplication.TxFromContext(msg.Context())
+			tx := sqlstore.TxFromContext(msg.Context())
 			_, err := tx.ExecContext(msg.Context(), `INSERT INTO reservations (order_id) VALUES ('o-1')`)
 			return err
 		},

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -24,13 +25,13 @@ import (
 
 // inbox returns a PostgreSQL inbox and a reservations table in a schema of
 // t's own.
-func inbox(t *testing.T) (*sqlx.DB, string, *deduplication.SQLStore) {
+func inbox(t *testing.T) (*sqlx.DB, string, *sqlstore.Store) {
 	t.Helper()
 	db := testenv.Postgres(t)
 	schema := testenv.Schema(t, db)
 	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.reservations (event_key TEXT NOT NULL)`, schema))
 	require.NoError(t, err)
-	store, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db, Table: schema + ".inbox"})
+	store, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".inbox"})
 	require.NoError(t, err)
 	require.NoError(t, store.CreateTable(t.Context()))
 	return db, schema, store
@@ -62,7 +63,7 @@ func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
 				failedOnce.Add(1)
 				return fmt.Errorf("stock service: %w", context.DeadlineExceeded)
 			}
-			_, err := deduplication.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+			_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 				fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ($1)`, schema), id)
 			return err
 		},
@@ -142,7 +143,7 @@ func TestShutdownMidHandlerEffectOnce(t *testing.T) {
 				calls.Add(1)
 				inHandler <- struct{}{}
 				time.Sleep(300 * time.Millisecond) // the work in flight when Close is called
-				_, err := deduplication.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+				_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 					fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ('evt-1')`, schema))
 				return err
 			},

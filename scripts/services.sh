@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Makes PostgreSQL, RabbitMQ and Redis reachable on 127.0.0.1 for the tests:
+# Makes PostgreSQL, RabbitMQ, Redis and MariaDB reachable on 127.0.0.1 for the tests:
 # installs them from Debian's packages when missing, starts them when stopped,
 # sets PostgreSQL to trust 127.0.0.1 and creates the database "test", then
 # waits until each one answers. Idempotent; needs root for installs and starts.
@@ -70,8 +70,21 @@ redis() {
   wait_for Redis 30 redis-cli -h 127.0.0.1 -p 6379 ping
 }
 
+mariadb() { # the third-party store example (examples/mariadbstore)
+  command -v mariadbd >/dev/null || command -v mysqld >/dev/null || install mariadb-server
+  if ! port_open 3306; then
+    log "starting MariaDB"
+    as_root mkdir -p /run/mysqld && as_root chown mysql:mysql /run/mysqld 2>/dev/null || true
+    (as_root service mariadb start >/dev/null 2>&1 || (as_root mysqld_safe --bind-address=127.0.0.1 >/dev/null 2>&1 &)) || true
+  fi
+  wait_for MariaDB 60 port_open 3306
+  wait_for MariaDB 60 mysql -uroot -h127.0.0.1 -e 'SELECT 1'
+  mysql -uroot -h127.0.0.1 -e 'CREATE DATABASE IF NOT EXISTS test'
+}
+
 command -v psql >/dev/null || install postgresql-client
 postgres
 rabbitmq
 redis
-log "PostgreSQL 127.0.0.1:5432 (db test), RabbitMQ 127.0.0.1:5672, Redis 127.0.0.1:6379: ready"
+mariadb
+log "PostgreSQL 127.0.0.1:5432 (db test), RabbitMQ 127.0.0.1:5672, Redis 127.0.0.1:6379, MariaDB 127.0.0.1:3306 (db test): ready"

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -70,7 +71,7 @@ func consumerMain(args []string) error {
 	}
 	defer func() { _ = db.Close() }()
 	db.SetMaxOpenConns(*consumers + 2)
-	store, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db, Table: *schema + ".inbox"})
+	store, err := sqlstore.New(sqlstore.Config{DB: db, Table: *schema + ".inbox"})
 	if err != nil {
 		return err
 	}
@@ -104,7 +105,7 @@ func consumerMain(args []string) error {
 		if e.Invariant {
 			return sluice.Invariant(fmt.Errorf("event %s: the order must exist", e.EventID))
 		}
-		tx := deduplication.TxFromContext(msg.Context())
+		tx := sqlstore.TxFromContext(msg.Context())
 		if _, err := tx.ExecContext(msg.Context(), insert, e.EventID); err != nil {
 			return err
 		}

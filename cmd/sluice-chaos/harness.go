@@ -20,7 +20,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/dlq"
 	"github.com/sluicemq/sluice/internal/localenv"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -231,7 +231,7 @@ func (w *world) setup(ctx context.Context) error {
 			return err
 		}
 	}
-	store, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db, Table: w.name + ".inbox"})
+	store, err := sqlstore.New(sqlstore.Config{DB: db, Table: w.name + ".inbox"})
 	if err != nil {
 		return err
 	}

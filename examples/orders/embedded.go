@@ -9,7 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
-	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
 	"github.com/sluicemq/sluice/router"
 )
 
@@ -41,7 +41,7 @@ func newEmbeddedEnv(ctx context.Context, dbPath string) (_ *embeddedEnv, err err
 		}
 		e.dir, dbPath = dir, filepath.Join(dir, "orders.db")
 	}
-	db, err := deduplication.OpenSQLite(ctx, dbPath)
+	db, err := sqlite.Open(ctx, dbPath)
 	if err != nil {
 		return nil, err
 	}

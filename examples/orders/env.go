@@ -7,7 +7,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
-	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/router"
 )
 
@@ -36,8 +36,8 @@ type env interface {
 var tierDelays = []time.Duration{100 * time.Millisecond, 300 * time.Millisecond}
 
 // newInboxStore creates the inbox table in the env's database.
-func newInboxStore(ctx context.Context, db *sqlx.DB, t tables) (*deduplication.SQLStore, error) {
-	store, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db, Table: t.of("sluice_inbox")})
+func newInboxStore(ctx context.Context, db *sqlx.DB, t tables) (*sqlstore.Store, error) {
+	store, err := sqlstore.New(sqlstore.Config{DB: db, Table: t.of("sluice_inbox")})
 	if err != nil {
 		return nil, err
 	}

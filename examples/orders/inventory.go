@@ -11,7 +11,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
 )
 
 const rejectedTopic = "inventory.reservation-rejected"
@@ -63,7 +63,7 @@ func (inv *inventory) reserve(msg *message.Message) ([]*message.Message, error) 
 		return nil, err // a JSON error is classified Poison
 	}
 	ctx := msg.Context()
-	tx := deduplication.TxFromContext(ctx)
+	tx := sqlstore.TxFromContext(ctx)
 	if attempt, _ := sluice.Attempt(msg); attempt <= o.FailTimes {
 		return nil, fmt.Errorf("stock service: %w", context.DeadlineExceeded) // Transient: parked in a tier
 	}

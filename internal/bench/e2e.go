@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -147,7 +148,7 @@ func consumeRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publis
 		_, err := router.Add(r, router.HandlerConfig{
 			Name: "bench", Topic: topo.Queue(), Subscriber: sub, Consumers: conc,
 			Handler: func(msg *message.Message) error {
-				_, err := deduplication.TxFromContext(msg.Context()).ExecContext(msg.Context(), v.insertBiz, key(msg))
+				_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(), v.insertBiz, key(msg))
 				return err
 			},
 			Stages: router.Stages{

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
 )
 
 // Inbox compares, on PostgreSQL, a handler doing one business INSERT:
@@ -77,7 +78,7 @@ type inboxVariants struct {
 	db                  *sqlx.DB
 	schema              string
 	insertBiz, claimSQL string
-	store               *deduplication.SQLStore // c's
+	store               *sqlstore.Store // c's
 	mw, mwNoLock        message.HandlerFunc
 }
 
@@ -95,7 +96,7 @@ func newInboxVariants(ctx context.Context, db *sqlx.DB, schema string) (*inboxVa
 	v.insertBiz = "INSERT INTO " + schema + ".reservations (event_key, note) VALUES ($1, 'reserved')"
 	v.claimSQL = "INSERT INTO " + schema + ".inbox_by_hand (consumer, event_key, processed_at) VALUES ($1, $2, now()) ON CONFLICT DO NOTHING"
 	handler := func(msg *message.Message) ([]*message.Message, error) {
-		tx := deduplication.TxFromContext(msg.Context())
+		tx := sqlstore.TxFromContext(msg.Context())
 		_, err := tx.ExecContext(msg.Context(), v.insertBiz, msg.Metadata.Get(sluice.EventIDKey))
 		return nil, err
 	}
@@ -104,7 +105,7 @@ func newInboxVariants(ctx context.Context, db *sqlx.DB, schema string) (*inboxVa
 		claimTimeout time.Duration
 		mw           *message.HandlerFunc
 	}{{"inbox", 0, &v.mw}, {"inbox_no_lock", -1, &v.mwNoLock}} {
-		store, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db, Table: schema + "." + c.table})
+		store, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + "." + c.table})
 		if err != nil {
 			return nil, err
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
 )
 
 // InboxScale prints P6 on PostgreSQL: the claim rate (begin, claim a new
@@ -22,15 +23,15 @@ func InboxScale(ctx context.Context, o Options) error {
 		return err
 	}
 	defer cleanup()
-	empty, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db, Table: schema + ".empty"})
+	empty, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".empty"})
 	if err != nil {
 		return err
 	}
-	big, err := deduplication.NewSQLStore(deduplication.SQLConfig{DB: db, Table: schema + ".big"})
+	big, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".big"})
 	if err != nil {
 		return err
 	}
-	for _, s := range []*deduplication.SQLStore{empty, big} {
+	for _, s := range []*sqlstore.Store{empty, big} {
 		if err := s.CreateTable(ctx); err != nil {
 			return err
 		}
@@ -51,7 +52,7 @@ func InboxScale(ctx context.Context, o Options) error {
 
 	const conc = 8
 	n := o.Messages * 4
-	claim := func(s *deduplication.SQLStore, run string) Op {
+	claim := func(s *sqlstore.Store, run string) Op {
 		return func(ctx context.Context, i int) error {
 			tx, err := s.Begin(ctx)
 			if err != nil {
@@ -65,7 +66,7 @@ func InboxScale(ctx context.Context, o Options) error {
 		}
 	}
 	rates, err := Interleave(ctx, Options{Rounds: max(o.Rounds/2, 3), Messages: n}, conc, 2, func(round, v int) Op {
-		return claim([]*deduplication.SQLStore{empty, big}[v], fmt.Sprintf("r%d-", round))
+		return claim([]*sqlstore.Store{empty, big}[v], fmt.Sprintf("r%d-", round))
 	}, nil)
 	if err != nil {
 		return err

@@ -10,6 +10,7 @@ const (
 	PostgresURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
 	AMQPURL     = "amqp://guest:guest@127.0.0.1:5672/"
 	RedisAddr   = "127.0.0.1:6379"
+	MariaDBDSN  = "root@tcp(127.0.0.1:3306)/test"
 )
 
 // Get returns the environment variable name, or def when it is unset or empty.

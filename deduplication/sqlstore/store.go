@@ -1,4 +1,10 @@
-package deduplication
+// Package sqlstore is the inbox's store on PostgreSQL (lib/pq or pgx) and
+// SQLite: each delivery's unit of work is an SQL transaction that the
+// handler writes its business rows into (TxFromContext), so the inbox record
+// and the effects commit or roll back together. It imports no database
+// driver: register one yourself (lib/pq, pgx's stdlib, or the pure-Go SQLite
+// of package sqlstore/sqlite).
+package sqlstore
 
 import (
 	"context"
@@ -11,6 +17,8 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/sluicemq/sluice/deduplication"
 )
 
 // TableDefault is the default inbox table name.
@@ -19,8 +27,8 @@ const TableDefault = "sluice_inbox"
 // identifier is what a table name part may be: an unquoted SQL identifier.
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
-// SQLConfig configures an SQLStore.
-type SQLConfig struct {
+// Config configures a Store.
+type Config struct {
 	// DB is the database of the business writes. Its driver picks the
 	// dialect: "postgres" or "pgx" for PostgreSQL, "sqlite" (modernc.org/sqlite)
 	// or "sqlite3" for SQLite. Required.
@@ -34,12 +42,12 @@ type SQLConfig struct {
 	TxOptions *sql.TxOptions
 }
 
-// SQLStore is the inbox on PostgreSQL or SQLite. Its units of work are SQL
+// Store is the inbox on PostgreSQL or SQLite. Its units of work are SQL
 // transactions (TxFromContext): a claim is an INSERT ... ON CONFLICT DO
 // NOTHING into the inbox table, so a concurrent claim of the same key waits
 // on the primary key until the first transaction ends. It is safe for
 // concurrent use.
-type SQLStore struct {
+type Store struct {
 	db      *sqlx.DB
 	dialect dialect
 	table   string // quoted, possibly schema-qualified
@@ -50,19 +58,19 @@ type SQLStore struct {
 }
 
 var (
-	_ Store        = (*SQLStore)(nil)
-	_ BatchDeleter = (*SQLStore)(nil)
+	_ deduplication.Store        = (*Store)(nil)
+	_ deduplication.BatchDeleter = (*Store)(nil)
 )
 
-// NewSQLStore validates cfg and returns an SQLStore. It does not touch the
-// database; call CreateTable or apply SchemaSQL first.
-func NewSQLStore(cfg SQLConfig) (*SQLStore, error) {
+// New validates cfg and returns a Store. It does not touch the database;
+// call CreateTable or apply SchemaSQL first.
+func New(cfg Config) (*Store, error) {
 	if cfg.DB == nil {
-		return nil, errors.New("deduplication: SQLConfig.DB is required")
+		return nil, errors.New("sqlstore: Config.DB is required")
 	}
 	d, ok := dialects[cfg.DB.DriverName()]
 	if !ok {
-		return nil, fmt.Errorf("deduplication: SQLConfig.DB: driver %q is not supported (want postgres, pgx, sqlite or sqlite3)", cfg.DB.DriverName())
+		return nil, fmt.Errorf("sqlstore: Config.DB: driver %q is not supported (want postgres, pgx, sqlite or sqlite3)", cfg.DB.DriverName())
 	}
 	table := cfg.Table
 	if table == "" {
@@ -70,15 +78,15 @@ func NewSQLStore(cfg SQLConfig) (*SQLStore, error) {
 	}
 	parts := strings.Split(table, ".")
 	if len(parts) > 2 || len(parts) == 2 && !d.schemas {
-		return nil, fmt.Errorf("deduplication: SQLConfig.Table %q: want name or schema.name (schema.name on PostgreSQL only)", table)
+		return nil, fmt.Errorf("sqlstore: Config.Table %q: want name or schema.name (schema.name on PostgreSQL only)", table)
 	}
 	for i, p := range parts {
 		if !identifier.MatchString(p) {
-			return nil, fmt.Errorf("deduplication: SQLConfig.Table %q: %q is not an SQL identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes)", table, p)
+			return nil, fmt.Errorf("sqlstore: Config.Table %q: %q is not an SQL identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes)", table, p)
 		}
 		parts[i] = `"` + p + `"`
 	}
-	s := &SQLStore{
+	s := &Store{
 		db:      cfg.DB,
 		dialect: d,
 		table:   strings.Join(parts, "."),
@@ -92,7 +100,7 @@ func NewSQLStore(cfg SQLConfig) (*SQLStore, error) {
 
 // SchemaSQL returns the statements that create the inbox table and its
 // index, as CreateTable runs them.
-func (s *SQLStore) SchemaSQL() string {
+func (s *Store) SchemaSQL() string {
 	return strings.Join(s.schema(), ";\n") + ";\n"
 }
 
@@ -111,7 +119,7 @@ func indexName(table string) string {
 	return table[:63-len(tail)] + tail
 }
 
-func (s *SQLStore) schema() []string {
+func (s *Store) schema() []string {
 	index := `"` + indexName(s.name) + `"`
 	return []string{
 		fmt.Sprintf(s.dialect.table, s.table),
@@ -120,17 +128,17 @@ func (s *SQLStore) schema() []string {
 }
 
 // CreateTable creates the inbox table and its index if they do not exist.
-func (s *SQLStore) CreateTable(ctx context.Context) error {
+func (s *Store) CreateTable(ctx context.Context) error {
 	for _, stmt := range s.schema() {
 		if _, err := s.db.ExecContext(ctx, stmt); err != nil {
-			return fmt.Errorf("deduplication: creating inbox table %s: %w", s.table, err)
+			return fmt.Errorf("sqlstore: creating inbox table %s: %w", s.table, err)
 		}
 	}
 	return nil
 }
 
 // Begin starts the delivery's SQL transaction.
-func (s *SQLStore) Begin(ctx context.Context) (Tx, error) {
+func (s *Store) Begin(ctx context.Context) (deduplication.Tx, error) {
 	tx, err := s.db.BeginTxx(ctx, s.opts)
 	if err != nil {
 		return nil, err
@@ -139,20 +147,30 @@ func (s *SQLStore) Begin(ctx context.Context) (Tx, error) {
 }
 
 // DeleteBefore deletes at most limit inbox rows processed before t.
-func (s *SQLStore) DeleteBefore(ctx context.Context, t time.Time, limit int) (int64, error) {
+func (s *Store) DeleteBefore(ctx context.Context, t time.Time, limit int) (int64, error) {
 	res, err := s.db.ExecContext(ctx, s.prune, s.dialect.timeArg(t), limit)
 	if err != nil {
-		return 0, fmt.Errorf("deduplication: pruning %s: %w", s.table, err)
+		return 0, fmt.Errorf("sqlstore: pruning %s: %w", s.table, err)
 	}
 	return res.RowsAffected()
 }
 
 type sqlTx struct {
 	tx *sqlx.Tx
-	s  *SQLStore
+	s  *Store
 }
 
-func (t *sqlTx) SQLTx() *sqlx.Tx { return t.tx }
+// TxFromContext returns the SQL transaction of the delivery being handled,
+// in which the inbox record was claimed: the handler's business writes go
+// into it so that they commit or roll back with the record. It returns nil
+// outside a Deduplicator with a Store of this package. It is
+// deduplication.TxFromContext with the unit of work's type made concrete.
+func TxFromContext(ctx context.Context) *sqlx.Tx {
+	if t, ok := deduplication.TxFromContext(ctx).(*sqlTx); ok {
+		return t.tx
+	}
+	return nil
+}
 
 func (t *sqlTx) Claim(ctx context.Context, consumer, key string) (bool, error) {
 	res, err := t.tx.ExecContext(ctx, t.s.claim, consumer, key)

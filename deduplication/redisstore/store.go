@@ -1,4 +1,6 @@
-package deduplication
+// Package redisstore is the inbox's store on Redis. It cannot join the
+// business transaction, so it guarantees less than the SQL store: see Store.
+package redisstore
 
 import (
 	"context"
@@ -10,35 +12,37 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicemq/sluice/deduplication"
 )
 
 // Redis store defaults.
 const (
-	RedisPrefixDefault    = "sluice:inbox:"
-	RedisLeaseDefault     = time.Minute
-	RedisRetentionDefault = 7 * 24 * time.Hour
+	PrefixDefault    = "sluice:inbox:"
+	LeaseDefault     = time.Minute
+	RetentionDefault = 7 * 24 * time.Hour
 )
 
-// RedisConfig configures a RedisStore.
-type RedisConfig struct {
+// Config configures a Store.
+type Config struct {
 	// Client is the Redis client. Required.
 	Client redis.UniversalClient
-	// Prefix starts every key the store writes. Default RedisPrefixDefault.
+	// Prefix starts every key the store writes. Default PrefixDefault.
 	Prefix string
 	// Lease is how long a claim holds a key while its handler runs. A
 	// handler that runs longer loses the key to the next delivery, and runs
-	// twice. Default RedisLeaseDefault.
+	// twice. Default LeaseDefault.
 	Lease time.Duration
 	// Retention is how long a processed key is remembered (its TTL); it
 	// must cover the retry ladder and the replay window. Default
-	// RedisRetentionDefault.
+	// RetentionDefault.
 	Retention time.Duration
 }
 
-// RedisStore is a Store on Redis: a claim is a SET NX of a pending marker
+// Store is a deduplication.Store on Redis: a claim is a SET NX of a pending marker
 // with a TTL of Lease, a commit overwrites it with a done marker kept for
 // Retention, a rollback deletes it. A concurrent claim of a pending key fails
-// with ErrClaimInProgress instead of waiting, and the delivery is retried.
+// with deduplication.ErrClaimInProgress instead of waiting, and the delivery is retried.
 //
 // It cannot join the business transaction, so its guarantee is weaker than
 // the SQL store's:
@@ -52,49 +56,49 @@ type RedisConfig struct {
 // Use it where effects are idempotent themselves or live outside a SQL
 // database, and the SQL store wherever the effects are SQL writes. It is
 // safe for concurrent use.
-type RedisStore struct {
+type Store struct {
 	client    redis.UniversalClient
 	prefix    string
 	lease     time.Duration
 	retention time.Duration
 }
 
-var _ Store = (*RedisStore)(nil)
+var _ deduplication.Store = (*Store)(nil)
 
-// NewRedisStore validates cfg and returns a RedisStore.
-func NewRedisStore(cfg RedisConfig) (*RedisStore, error) {
-	s := &RedisStore{
+// New validates cfg and returns a Store.
+func New(cfg Config) (*Store, error) {
+	s := &Store{
 		client:    cfg.Client,
 		prefix:    cfg.Prefix,
 		lease:     cfg.Lease,
 		retention: cfg.Retention,
 	}
 	if s.prefix == "" {
-		s.prefix = RedisPrefixDefault
+		s.prefix = PrefixDefault
 	}
 	if s.lease == 0 {
-		s.lease = RedisLeaseDefault
+		s.lease = LeaseDefault
 	}
 	if s.retention == 0 {
-		s.retention = RedisRetentionDefault
+		s.retention = RetentionDefault
 	}
 	switch {
 	case s.client == nil:
-		return nil, errors.New("deduplication: RedisConfig.Client is required")
+		return nil, errors.New("redisstore: Config.Client is required")
 	case s.lease < time.Millisecond:
-		return nil, fmt.Errorf("deduplication: RedisConfig.Lease must be at least 1ms, got %s", s.lease)
+		return nil, fmt.Errorf("redisstore: Config.Lease must be at least 1ms, got %s", s.lease)
 	case s.retention < s.lease:
-		return nil, fmt.Errorf("deduplication: RedisConfig.Retention (%s) must be at least RedisConfig.Lease (%s)", s.retention, s.lease)
+		return nil, fmt.Errorf("redisstore: Config.Retention (%s) must be at least Config.Lease (%s)", s.retention, s.lease)
 	}
 	return s, nil
 }
 
 // Begin starts a unit of work; it does not talk to Redis.
-func (s *RedisStore) Begin(context.Context) (Tx, error) { return &redisTx{s: s}, nil }
+func (s *Store) Begin(context.Context) (deduplication.Tx, error) { return &redisTx{s: s}, nil }
 
 // redisKey length-prefixes the consumer so that ("a:b","c") and ("a","b:c")
 // never share a key.
-func (s *RedisStore) redisKey(consumer, key string) string {
+func (s *Store) redisKey(consumer, key string) string {
 	return s.prefix + strconv.Itoa(len(consumer)) + ":" + consumer + ":" + key
 }
 
@@ -112,7 +116,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0`)
 
 type redisTx struct {
-	s     *RedisStore
+	s     *Store
 	key   string
 	token string
 	ended bool
@@ -120,7 +124,7 @@ type redisTx struct {
 
 func (t *redisTx) Claim(ctx context.Context, consumer, key string) (bool, error) {
 	if t.ended || t.key != "" {
-		return false, errors.New("deduplication: Claim called twice or after the unit of work ended")
+		return false, errors.New("redisstore: Claim called twice or after the unit of work ended")
 	}
 	var b [16]byte
 	_, _ = rand.Read(b[:])
@@ -137,7 +141,7 @@ func (t *redisTx) Claim(ctx context.Context, consumer, key string) (bool, error)
 	case 0:
 		return false, nil
 	default:
-		return false, ErrClaimInProgress
+		return false, deduplication.ErrClaimInProgress
 	}
 }
 
@@ -145,7 +149,7 @@ func (t *redisTx) Claim(ctx context.Context, consumer, key string) (bool, error)
 // the handler's effects have happened.
 func (t *redisTx) Commit(ctx context.Context) error {
 	if t.ended {
-		return errors.New("deduplication: redis unit of work already ended")
+		return errors.New("redisstore: redis unit of work already ended")
 	}
 	t.ended = true
 	if t.key == "" {

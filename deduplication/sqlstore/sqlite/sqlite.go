@@ -1,0 +1,42 @@
+// Package sqlite opens the pure-Go SQLite database (modernc.org/sqlite) the
+// embedded default keeps its inbox and business tables in. Importing it
+// registers the "sqlite" database/sql driver: import it only where you use
+// SQLite (a second driver registering "sqlite" would panic).
+package sqlite
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	_ "modernc.org/sqlite" // registers the pure-Go "sqlite" driver
+)
+
+// BusyTimeoutDefault is how long Open's connections wait for
+// another transaction's write lock.
+const BusyTimeoutDefault = 30 * time.Second
+
+// Open opens (creating if needed) the SQLite database file at path
+// with the pure-Go driver, set up for an inbox shared by concurrent
+// handlers: write-ahead logging, a busy timeout of BusyTimeoutDefault,
+// and transactions that take the write lock when they begin (BEGIN
+// IMMEDIATE), so two deliveries never deadlock upgrading a read lock.
+func Open(ctx context.Context, path string) (*sqlx.DB, error) {
+	q := url.Values{}
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", BusyTimeoutDefault.Milliseconds()))
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(NORMAL)")
+	q.Add("_pragma", "foreign_keys(ON)")
+	q.Set("_txlock", "immediate")
+	db, err := sqlx.Open("sqlite", "file:"+path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: opening %s: %w", path, err)
+	}
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("sqlite: opening %s: %w", path, err)
+	}
+	return db, nil
+}

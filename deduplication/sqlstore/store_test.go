@@ -1,0 +1,108 @@
+package sqlstore_test
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/deduplicationtest"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
+	"github.com/sluicemq/sluice/internal/testenv"
+)
+
+func TestNewValidates(t *testing.T) {
+	t.Parallel()
+	pg := sqlx.NewDb(nil, "postgres")
+	lite := sqlx.NewDb(nil, "sqlite")
+	for _, tt := range []struct {
+		cfg  sqlstore.Config
+		want string
+	}{
+		{sqlstore.Config{}, "Config.DB is required"},
+		{sqlstore.Config{DB: sqlx.NewDb(nil, "mysql")}, `driver "mysql" is not supported`},
+		{sqlstore.Config{DB: pg, Table: "inbox; DROP TABLE users"}, "is not an SQL identifier"},
+		{sqlstore.Config{DB: pg, Table: `in"box`}, "is not an SQL identifier"},
+		{sqlstore.Config{DB: pg, Table: "1inbox"}, "is not an SQL identifier"},
+		{sqlstore.Config{DB: pg, Table: "a.b.c"}, "want name or schema.name"},
+		{sqlstore.Config{DB: pg, Table: strings.Repeat("x", 64)}, "at most 63 bytes"},
+		{sqlstore.Config{DB: lite, Table: "main.inbox"}, "schema.name on PostgreSQL only"},
+	} {
+		_, err := sqlstore.New(tt.cfg)
+		require.ErrorContains(t, err, tt.want)
+		require.ErrorContains(t, err, "Config.")
+	}
+}
+
+func TestSchema(t *testing.T) {
+	t.Parallel()
+	db := testenv.Postgres(t)
+	schema := testenv.Schema(t, db)
+	s, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".Inbox"})
+	require.NoError(t, err)
+	sql := s.SchemaSQL()
+	require.Contains(t, sql, `CREATE TABLE IF NOT EXISTS "`+schema+`"."Inbox"`)
+	require.Contains(t, sql, `PRIMARY KEY (consumer, event_key)`)
+
+	// SchemaSQL is what CreateTable runs: applying it by hand works too.
+	_, err = db.Exec(sql)
+	require.NoError(t, err)
+	require.NoError(t, s.CreateTable(t.Context()))
+	var n int
+	require.NoError(t, db.Get(&n, `SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND tablename = 'Inbox'`, schema))
+	require.Equal(t, 2, n, "the primary key and the processed_at index")
+}
+
+func TestPostgresStoreConformance(t *testing.T) {
+	t.Parallel()
+	db := testenv.Postgres(t)
+	deduplicationtest.Run(t, func(t *testing.T) deduplication.Store {
+		return newStore(t, db, testenv.Schema(t, db)+".inbox")
+	})
+}
+
+func TestSQLiteStoreConformance(t *testing.T) {
+	t.Parallel()
+	deduplicationtest.Run(t, func(t *testing.T) deduplication.Store {
+		return newStore(t, openSQLite(t), "")
+	})
+}
+
+func newStore(t testing.TB, db *sqlx.DB, table string) *sqlstore.Store {
+	t.Helper()
+	s, err := sqlstore.New(sqlstore.Config{DB: db, Table: table})
+	require.NoError(t, err)
+	require.NoError(t, s.CreateTable(t.Context()))
+	require.NoError(t, s.CreateTable(t.Context()), "CreateTable is idempotent")
+	return s
+}
+
+func openSQLite(t testing.TB) *sqlx.DB {
+	t.Helper()
+	db, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "inbox.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// A 63-byte table name (PostgreSQL's longest identifier) still gets its
+// processed_at index: the index name is made to fit, not truncated onto the
+// table's own name.
+func TestLongestTableNameGetsItsIndex(t *testing.T) {
+	t.Parallel()
+	db := testenv.Postgres(t)
+	schema := testenv.Schema(t, db)
+	table := "inbox_" + strings.Repeat("x", 63-len("inbox_"))
+	s, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + "." + table})
+	require.NoError(t, err)
+	require.NoError(t, s.CreateTable(t.Context()))
+	require.NoError(t, s.CreateTable(t.Context()), "idempotent")
+	var defs []string
+	require.NoError(t, db.Select(&defs, `SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND tablename = $2`, schema, table))
+	require.Len(t, defs, 2, "the primary key and the processed_at index")
+	require.True(t, strings.Contains(defs[0], "(processed_at)") || strings.Contains(defs[1], "(processed_at)"), "%v", defs)
+}
