@@ -17,7 +17,7 @@ import (
 
 	_ "github.com/lib/pq" // the PostgreSQL driver
 
-	"github.com/sluicemq/sluice/internal/bench"
+	"github.com/sluicemq/sluice/cmd/internal/bench"
 	"github.com/sluicemq/sluice/internal/localenv"
 )
 
