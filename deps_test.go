@@ -36,6 +36,7 @@ func TestDependencyGraph(t *testing.T) {
 		{module + "/retrytiers", append(append([]string{module + "/deduplication", module + "/poison", module + "/router"}, brokers...), drivers...)},
 		{module + "/poison", append(append([]string{module + "/deduplication", module + "/retrytiers", module + "/router"}, brokers...), drivers...)},
 		{module + "/deduplication/sqlstore", append([]string{"modernc.org/sqlite", "github.com/redis/go-redis"}, brokers...)},
+		{module + "/router", append(append([]string{module + "/rabbitmq"}, brokers...), drivers...)},
 		{module + "/deduplication/redisstore", append([]string{"modernc.org/sqlite", "github.com/lib/pq"}, brokers...)},
 	} {
 		for _, d := range deps(t, tt.pkg) {
@@ -47,5 +48,18 @@ func TestDependencyGraph(t *testing.T) {
 					"%s must not depend on %s (it does on %s)", tt.pkg, f, d)
 			}
 		}
+	}
+}
+
+// A broker package owns its naming and reaches the stages' types through
+// router only: rabbitmq imports router, never retrytiers directly.
+func TestBrokerPackagesImportRouterNotTheStages(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-f", `{{join .Imports "\n"}}`, module+"/rabbitmq").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	imports := strings.Fields(string(out))
+	require.Contains(t, imports, module+"/router")
+	for _, stage := range []string{"/retrytiers", "/poison", "/deduplication", "/middleware"} {
+		require.NotContains(t, imports, module+stage)
 	}
 }

@@ -12,7 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/router"
 )
 
 // TopologyConfig describes the queues of one consumer queue.
@@ -23,9 +23,10 @@ type TopologyConfig struct {
 	// ".retry.<delay>" (10 bytes with the default tiers: 245) or ".poison"
 	// (7) when PoisonQueue is left to its default. MaxQueueLength computes it.
 	Queue string
-	// TierDelays are the retry tiers' TTLs, in order, at most 24 days each.
-	// Default retrytiers.DelaysDefault. Each tier is the queue
-	// "<Queue>.retry.<delay>" (retrytiers.Ladder).
+	// TierDelays are the retry tiers' TTLs, in order, each at least 1ms and
+	// at most 24 days, no two with one name. Default
+	// router.TierDelaysDefault (30s, 5m, 30m). Each tier is the queue
+	// TierQueue(Queue, delay): "<Queue>.retry.<delay>".
 	TierDelays []time.Duration
 	// PoisonQueue receives what the poison stage isolates and, for a quorum
 	// Queue, what the broker dead-letters. Default "<Queue>.poison".
@@ -48,8 +49,13 @@ type TopologyConfig struct {
 // Topology is the validated set of queues of one consumer queue.
 type Topology struct {
 	cfg   TopologyConfig
-	tiers []retrytiers.Tier
+	tiers []router.Tier
 }
+
+// TierQueue is the name of the retry tier queue of queue for delay d:
+// "<queue>.retry.<delay>", e.g. "orders.retry.30s". Sluice's RabbitMQ queue
+// naming lives here, in the broker package.
+func TierQueue(queue string, d time.Duration) string { return queue + ".retry." + router.TierName(d) }
 
 // maxTTL keeps x-message-ttl within what RabbitMQ accepts comfortably.
 const maxTTL = 24 * 24 * time.Hour
@@ -65,14 +71,14 @@ const PoisonSuffix = ".poison"
 // in AMQP's ShortStringMaxLength.
 func MaxQueueLength(delays []time.Duration, defaultPoison bool) int {
 	if len(delays) == 0 {
-		delays = retrytiers.DelaysDefault
+		delays = router.TierDelaysDefault
 	}
 	longest := 0
 	if defaultPoison {
 		longest = len(PoisonSuffix)
 	}
 	for _, d := range delays {
-		longest = max(longest, len(".retry.")+len(retrytiers.TierName(d)))
+		longest = max(longest, len(TierQueue("", d)))
 	}
 	return ShortStringMaxLength - longest
 }
@@ -121,14 +127,22 @@ func NewTopology(cfg TopologyConfig) (*Topology, error) {
 	if cfg.BindingKey == "" {
 		cfg.BindingKey = cfg.Queue
 	}
-	for i, d := range cfg.TierDelays {
-		if d > maxTTL {
-			return nil, fmt.Errorf("rabbitmq: TopologyConfig.TierDelays[%d] = %s: want at most %s", i, d, maxTTL)
-		}
+	delays := cfg.TierDelays
+	if len(delays) == 0 {
+		delays = router.TierDelaysDefault
 	}
-	tiers, err := retrytiers.Ladder(cfg.Queue, cfg.TierDelays...)
-	if err != nil {
-		return nil, fmt.Errorf("rabbitmq: TopologyConfig.TierDelays: %w", err)
+	tiers := make([]router.Tier, 0, len(delays))
+	seen := map[string]bool{}
+	for i, d := range delays {
+		name := router.TierName(d)
+		switch {
+		case d < time.Millisecond || d > maxTTL:
+			return nil, fmt.Errorf("rabbitmq: TopologyConfig.TierDelays[%d] is %s: want 1ms to %s", i, d, maxTTL)
+		case seen[name]:
+			return nil, fmt.Errorf("rabbitmq: TopologyConfig.TierDelays[%d] is %s: two tiers with one delay", i, d)
+		}
+		seen[name] = true
+		tiers = append(tiers, router.Tier{Name: name, Delay: d, Topic: TierQueue(cfg.Queue, d)})
 	}
 	return &Topology{cfg: cfg, tiers: tiers}, nil
 }
@@ -141,7 +155,7 @@ func (t *Topology) PoisonQueue() string { return t.cfg.PoisonQueue }
 
 // Tiers returns the retry tiers in order; each Topic is its queue. Give
 // them to retrytiers.Config.
-func (t *Topology) Tiers() []retrytiers.Tier { return append([]retrytiers.Tier(nil), t.tiers...) }
+func (t *Topology) Tiers() []router.Tier { return append([]router.Tier(nil), t.tiers...) }
 
 // queueSpec is one queue and its arguments.
 type queueSpec struct {

@@ -24,9 +24,9 @@ import (
 	"github.com/sluicemq/sluice/router"
 )
 
-func newRabbitMQ(t *testing.T, queue string, delays ...time.Duration) *router.RabbitMQ {
+func newRabbitMQ(t *testing.T, queue string, delays ...time.Duration) *rabbitmq.Broker {
 	t.Helper()
-	q, err := router.NewRabbitMQ(t.Context(), router.RabbitMQConfig{
+	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
 		URL:      testenv.AMQPURL,
 		Topology: rabbitmq.TopologyConfig{Queue: queue, TierDelays: delays},
 	})
@@ -50,17 +50,17 @@ func TestAddRefusesASecondHandlerOnAQueueAndADuplicateName(t *testing.T) {
 	require.NoError(t, err)
 	noop := func(*message.Message) error { return nil }
 
-	_, err = first.Add(r, router.HandlerConfig{Name: "inventory", Handler: noop})
+	_, err = router.Add(r, router.HandlerConfig{Broker: first, Name: "inventory", Handler: noop})
 	require.NoError(t, err)
-	_, err = second.Add(r, router.HandlerConfig{Name: "billing", Handler: noop})
+	_, err = router.Add(r, router.HandlerConfig{Broker: second, Name: "billing", Handler: noop})
 	require.ErrorIs(t, err, router.ErrDuplicateHandler)
 	require.ErrorContains(t, err, `already consumed by handler "inventory"`)
 
 	other := newRabbitMQ(t, testenv.Name("other"))
-	_, err = other.Add(r, router.HandlerConfig{Name: "inventory", Handler: noop})
+	_, err = router.Add(r, router.HandlerConfig{Broker: other, Name: "inventory", Handler: noop})
 	require.ErrorIs(t, err, router.ErrDuplicateHandler)
 	require.ErrorContains(t, err, `a handler named "inventory-0" is already on this router`)
-	require.Len(t, r.Handlers(), router.ConsumersDefault, "the refused Adds added nothing")
+	require.Len(t, r.Handlers(), rabbitmq.ConsumersDefault, "the refused Adds added nothing")
 }
 
 // Watermill's Retry added to the router after Sluice's stages runs inside
@@ -77,7 +77,7 @@ func TestRetryInsideTheInboxRunsTheHandlerOncePerTransaction(t *testing.T) {
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
 	var runs atomic.Int64
-	_, err = q.Add(r, router.HandlerConfig{
+	_, err = router.Add(r, router.HandlerConfig{Broker: q,
 		Name: "inventory", Consumers: 1,
 		Handler: func(msg *message.Message) error {
 			_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),

@@ -108,21 +108,19 @@ func (e *Embedded) Poisoned() []*message.Message {
 	return append([]*message.Message(nil), e.poisoned...)
 }
 
-// Add adds a reliable handler consuming the topic: Topic and Subscriber are
-// the GoChannel's; the Poison and Retry stages, when chosen, get the poison
-// topic, the in-process tiers and the publishers where theirs are unset;
-// Trace gets System "gochannel". Consumers must be 1: GoChannel gives every
-// subscriber every message.
-func (e *Embedded) Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
-	if cfg.Consumers > 1 {
-		return nil, errors.New("router: HandlerConfig.Consumers must be 1 on the embedded default (GoChannel fans out to every subscriber)")
+var _ Broker = (*Embedded)(nil)
+
+// Endpoints are the embedded topic's: the GoChannel as subscriber and poison
+// publisher, the in-process tiers as retry publisher, System "gochannel",
+// and one consumer at most — GoChannel gives every subscriber every
+// message.
+func (e *Embedded) Endpoints() Endpoints {
+	return Endpoints{
+		System: "gochannel", Topic: e.cfg.Topic, Subscriber: countingSubscriber{e},
+		Tiers: e.Tiers(), RetryPublisher: e.delayed,
+		PoisonTopic: e.cfg.PoisonTopic, PoisonPublisher: e.PubSub,
+		Consumers: 1, MaxConsumers: 1,
 	}
-	cfg.Topic, cfg.Subscriber = e.cfg.Topic, countingSubscriber{e}
-	cfg.Stages = cfg.Stages.withBroker(broker{
-		copies: e.PubSub, retryCopies: e.delayed, poisonTopic: e.cfg.PoisonTopic,
-		queue: e.cfg.Topic, tiers: e.tiers, system: "gochannel",
-	})
-	return Add(r, cfg)
 }
 
 // Close stops the tiers (dropping the copies still waiting, and saying how

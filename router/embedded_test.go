@@ -27,7 +27,7 @@ func runEmbedded(t *testing.T, cfg router.EmbeddedConfig, handler message.NoPubl
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
-	_, err = e.Add(r, router.HandlerConfig{Name: "inventory", Handler: handler, Stages: router.Stages{
+	_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "inventory", Handler: handler, Stages: router.Stages{
 		Poison: &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: time.Millisecond}, Classify: &middleware.ClassifyConfig{},
 	}})
 	require.NoError(t, err)

@@ -17,7 +17,7 @@ import (
 
 // addReliableInventory is the README's second quick start: the whole stack
 // around a handler on RabbitMQ and PostgreSQL, in one call.
-func addReliableInventory(ctx context.Context, r *message.Router, amqpURL string, db *sqlx.DB) (*router.RabbitMQ, error) {
+func addReliableInventory(ctx context.Context, r *message.Router, amqpURL string, db *sqlx.DB) (*rabbitmq.Broker, error) {
 	store, err := sqlstore.New(sqlstore.Config{DB: db})
 	if err != nil {
 		return nil, err
@@ -25,14 +25,14 @@ func addReliableInventory(ctx context.Context, r *message.Router, amqpURL string
 	if err := store.CreateTable(ctx); err != nil {
 		return nil, err
 	}
-	q, err := router.NewRabbitMQ(ctx, router.RabbitMQConfig{
+	q, err := rabbitmq.NewBroker(ctx, rabbitmq.BrokerConfig{
 		URL:      amqpURL,
 		Topology: rabbitmq.TopologyConfig{Queue: "inventory", Quorum: true, DeliveryLimit: 20},
 	}) // declares inventory, inventory.retry.{30s,5m,30m}, inventory.poison
 	if err != nil {
 		return nil, err
 	}
-	_, err = q.Add(r, router.HandlerConfig{
+	_, err = router.Add(r, router.HandlerConfig{Broker: q,
 		Name: "inventory",
 		Handler: func(msg *message.Message) error {
 			tx := sqlstore.TxFromContext(msg.Context())

@@ -41,7 +41,7 @@ func Example_chain() {
 	var mu sync.Mutex
 	attempts := map[string]int{}
 	seen := func(id string) int { mu.Lock(); defer mu.Unlock(); return attempts[id] }
-	_, err = embedded.Add(r, router.HandlerConfig{
+	_, err = router.Add(r, router.HandlerConfig{Broker: embedded,
 		Name: "inventory",
 		Handler: func(msg *message.Message) error {
 			id := msg.Metadata.Get(sluice.EventIDKey)

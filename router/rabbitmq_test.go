@@ -45,7 +45,7 @@ func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
 	db, schema, store := inbox(t)
 
 	queue := testenv.Name("orders")
-	q, err := router.NewRabbitMQ(t.Context(), router.RabbitMQConfig{
+	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
 		URL:      testenv.AMQPURL,
 		Topology: rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{100 * time.Millisecond}},
 	})
@@ -55,7 +55,7 @@ func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
 	var failedOnce atomic.Int64
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
-	handlers, err := q.Add(r, router.HandlerConfig{
+	handlers, err := router.Add(r, router.HandlerConfig{Broker: q,
 		Name: "inventory",
 		Handler: func(msg *message.Message) error {
 			id := msg.Metadata.Get(sluice.EventIDKey)
@@ -76,7 +76,7 @@ func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
 		},
 	})
 	require.NoError(t, err)
-	require.Len(t, handlers, router.ConsumersDefault)
+	require.Len(t, handlers, rabbitmq.ConsumersDefault)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
 	<-r.Running()
@@ -133,11 +133,11 @@ func TestShutdownMidHandlerEffectOnce(t *testing.T) {
 	var calls atomic.Int64
 	inHandler := make(chan struct{}, 1)
 	consume := func() (stop func()) {
-		q, err := router.NewRabbitMQ(t.Context(), router.RabbitMQConfig{URL: testenv.AMQPURL, Topology: rabbitmq.TopologyConfig{Queue: queue}})
+		q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{URL: testenv.AMQPURL, Topology: rabbitmq.TopologyConfig{Queue: queue}})
 		require.NoError(t, err)
 		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 		require.NoError(t, err)
-		_, err = q.Add(r, router.HandlerConfig{
+		_, err = router.Add(r, router.HandlerConfig{Broker: q,
 			Name: "inventory", Consumers: 1,
 			Handler: func(msg *message.Message) error {
 				calls.Add(1)

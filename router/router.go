@@ -15,9 +15,15 @@ type HandlerConfig struct {
 	// Name of the Watermill handler; with Consumers > 1, "<Name>-<i>".
 	// Required.
 	Name string
-	// Topic to subscribe to (on RabbitMQ: the queue). Required.
+	// Broker gives the handler its queue, subscriber, retry tiers, poison
+	// queue and the publishers of the copies (rabbitmq.NewBroker, or the
+	// embedded default, NewEmbedded). With a Broker, Topic and Subscriber
+	// are the broker's, and the Poison and Retry stages get its endpoints
+	// where theirs are unset.
+	Broker Broker
+	// Topic to subscribe to. Required without a Broker.
 	Topic string
-	// Subscriber. Required.
+	// Subscriber. Required without a Broker.
 	Subscriber message.Subscriber
 	// Handler for a handler that publishes nothing. Exactly one of Handler
 	// and PublishingHandler is required.
@@ -30,8 +36,9 @@ type HandlerConfig struct {
 	PublishTopic      string
 	Publisher         message.Publisher
 	// Consumers is how many copies of the handler consume Topic at once
-	// (competing consumers: use 1 on a broker that fans out to every
-	// subscriber, such as GoChannel). Default 1.
+	// (competing consumers). Default: the Broker's (4 on RabbitMQ, whose
+	// watermill-amqp subscriber handles one delivery at a time per
+	// consumer; 1 on the embedded GoChannel, which fans out), else 1.
 	Consumers int
 	// Stages around the handler.
 	Stages Stages
@@ -51,6 +58,17 @@ var ErrDuplicateHandler = errors.New("router: duplicate handler")
 // router later — and so run inside the inbox — cannot run the handler twice
 // in one inbox transaction.
 func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
+	if cfg.Broker != nil {
+		e := cfg.Broker.Endpoints()
+		cfg.Topic, cfg.Subscriber = e.Topic, e.Subscriber
+		if cfg.Consumers == 0 {
+			cfg.Consumers = e.Consumers
+		}
+		if e.MaxConsumers > 0 && cfg.Consumers > e.MaxConsumers {
+			return nil, fmt.Errorf("router: HandlerConfig.Consumers is %d; the %s broker allows at most %d", cfg.Consumers, e.System, e.MaxConsumers)
+		}
+		cfg.Stages = cfg.Stages.withEndpoints(e)
+	}
 	switch {
 	case r == nil:
 		return nil, errors.New("router: Add needs a router")

@@ -12,6 +12,7 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/router"
 )
 
@@ -43,10 +44,10 @@ func TestAddValidates(t *testing.T) {
 	e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "orders"})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Close() })
-	_, err = e.Add(r, router.HandlerConfig{Name: "n", Handler: h, Consumers: 2})
-	require.ErrorContains(t, err, "Consumers must be 1 on the embedded default")
+	_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "n", Handler: h, Consumers: 2})
+	require.ErrorContains(t, err, "the gochannel broker allows at most 1")
 	_, err = router.NewEmbedded(router.EmbeddedConfig{})
 	require.ErrorContains(t, err, "EmbeddedConfig.Topic is required")
-	_, err = router.NewRabbitMQ(t.Context(), router.RabbitMQConfig{})
-	require.ErrorContains(t, err, "RabbitMQConfig.URL is required")
+	_, err = rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{})
+	require.ErrorContains(t, err, "BrokerConfig.URL is required")
 }

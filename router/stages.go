@@ -98,39 +98,3 @@ func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
 	}
 	return mws, nil
 }
-
-// broker is what RabbitMQ and Embedded fill into the stages.
-type broker struct {
-	copies      message.Publisher // publishes poison copies
-	retryCopies message.Publisher // publishes retry copies
-	poisonTopic string
-	queue       string
-	tiers       []retrytiers.Tier
-	system      string
-}
-
-// withBroker returns s with the broker's publishers, topics, tiers and
-// messaging system filled in where the chosen stages leave them unset.
-func (s Stages) withBroker(b broker) Stages {
-	if s.Poison != nil {
-		p := *s.Poison
-		p.Publisher = cmp.Or(p.Publisher, b.copies)
-		p.Topic = cmp.Or(p.Topic, b.poisonTopic)
-		p.Queue = cmp.Or(p.Queue, b.queue)
-		s.Poison = &p
-	}
-	if s.Retry != nil {
-		rt := *s.Retry
-		rt.Publisher = cmp.Or(rt.Publisher, b.retryCopies)
-		if rt.Tiers == nil {
-			rt.Tiers = b.tiers
-		}
-		s.Retry = &rt
-	}
-	if s.Trace != nil && s.Trace.System == "" {
-		t := *s.Trace
-		t.System = b.system
-		s.Trace = &t
-	}
-	return s
-}

@@ -51,7 +51,7 @@ func runTraced(t *testing.T, handler message.NoPublishHandlerFunc, stages func(*
 	if stages != nil {
 		s = stages(tr)
 	}
-	_, err = tr.embedded.Add(r, router.HandlerConfig{Name: "inventory", Handler: handler, Stages: s})
+	_, err = router.Add(r, router.HandlerConfig{Broker: tr.embedded, Name: "inventory", Handler: handler, Stages: s})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()

@@ -79,9 +79,9 @@ func consumerMain(args []string) error {
 	if err != nil {
 		return err
 	}
-	var q *router.RabbitMQ
+	var q *rabbitmq.Broker
 	for { // the broker may be restarting when a consumer starts
-		q, err = router.NewRabbitMQ(ctx, router.RabbitMQConfig{URL: *amqpURL, Topology: rabbitmq.TopologyConfig{Queue: *queue, TierDelays: delays}})
+		q, err = rabbitmq.NewBroker(ctx, rabbitmq.BrokerConfig{URL: *amqpURL, Topology: rabbitmq.TopologyConfig{Queue: *queue, TierDelays: delays}})
 		if err == nil {
 			break
 		}
@@ -127,7 +127,7 @@ func consumerMain(args []string) error {
 	}
 	// Added first, so outermost: it sees the result after the inbox committed.
 	r.AddMiddleware(afterCommit)
-	_, err = q.Add(r, router.HandlerConfig{
+	_, err = router.Add(r, router.HandlerConfig{Broker: q,
 		Name: "effects", Consumers: *consumers, Handler: handler,
 		Stages: router.Stages{
 			Poison:    &poison.Config{PublishBackoff: 200 * time.Millisecond},

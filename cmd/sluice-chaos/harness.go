@@ -20,8 +20,8 @@ import (
 	"github.com/jmoiron/sqlx"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/cmd/internal/dlq"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/localenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )

@@ -21,8 +21,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/cmd/internal/dlq"
+	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 

@@ -21,8 +21,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/cmd/internal/dlq"
+	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -285,11 +285,11 @@ func TestReplayIntoTheStackInboxDropsProcessed(t *testing.T) {
 	store := deduplication.NewMemoryStore()
 	var mu sync.Mutex
 	handled := map[string]int{}
-	q, err := router.NewRabbitMQ(t.Context(), router.RabbitMQConfig{URL: testenv.AMQPURL, Topology: rabbitmq.TopologyConfig{Queue: b.topo.Queue(), TierDelays: []time.Duration{time.Minute}}})
+	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{URL: testenv.AMQPURL, Topology: rabbitmq.TopologyConfig{Queue: b.topo.Queue(), TierDelays: []time.Duration{time.Minute}}})
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	require.NoError(t, err)
-	_, err = q.Add(r, router.HandlerConfig{
+	_, err = router.Add(r, router.HandlerConfig{Broker: q,
 		Name: "inventory", Consumers: 1,
 		Handler: func(msg *message.Message) error {
 			mu.Lock()

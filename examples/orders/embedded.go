@@ -61,7 +61,8 @@ func (e *embeddedEnv) inventory() *inventory { return &inventory{} }
 
 func (e *embeddedEnv) add(r *message.Router, h router.HandlerConfig) error {
 	h.PublishTopic, h.Publisher = rejectedTopic, e.embedded.PubSub
-	_, err := e.embedded.Add(r, h)
+	h.Broker = e.embedded
+	_, err := router.Add(r, h)
 	return err
 }
 

@@ -33,7 +33,7 @@ type serversEnv struct {
 	amqpURL string
 	queue   string
 	conn    *amqp.Connection
-	rabbit  *router.RabbitMQ
+	rabbit  *rabbitmq.Broker
 
 	schemaAdapter wsql.DefaultPostgreSQLSchema
 	fwd           *forwarder.Forwarder
@@ -71,7 +71,7 @@ func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string, meter
 	if err != nil {
 		return nil, err
 	}
-	e.rabbit, err = router.NewRabbitMQ(ctx, router.RabbitMQConfig{
+	e.rabbit, err = rabbitmq.NewBroker(ctx, rabbitmq.BrokerConfig{
 		URL:           amqpURL,
 		Topology:      rabbitmq.TopologyConfig{Queue: e.queue, TierDelays: tierDelays},
 		MeterProvider: meter,
@@ -122,7 +122,8 @@ func (e *serversEnv) add(r *message.Router, h router.HandlerConfig) error {
 	// With the outbox the handler returns no messages; the router's own
 	// publishing is not used.
 	h.PublishTopic, h.Publisher = rejectedQueue(e.schema), e.rabbit.Publisher()
-	_, err := e.rabbit.Add(r, h)
+	h.Broker = e.rabbit
+	_, err := router.Add(r, h)
 	return err
 }
 

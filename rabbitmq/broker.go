@@ -1,0 +1,97 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/sluicemq/sluice/router"
+)
+
+// ConsumersDefault is how many competing consumers router.Add starts on a
+// Broker: watermill-amqp's subscriber handles one delivery at a time per
+// consumer.
+const ConsumersDefault = 4
+
+// BrokerConfig configures NewBroker.
+type BrokerConfig struct {
+	// URL of the broker. Required; its password never appears in errors.
+	URL string
+	// Topology of the queue: Queue is required.
+	Topology TopologyConfig
+	// Prefetch of each consumer. Default PrefetchDefault.
+	Prefetch int
+	// Logger. Default watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+	// MeterProvider of the publisher's confirm latency. Default the global provider.
+	MeterProvider metric.MeterProvider
+}
+
+// Broker is one consumer queue on RabbitMQ, as router.Add takes it: its
+// topology declared (the queue, its retry tiers, its poison queue), the
+// confirmed publisher for the copies, and a subscriber with the Marshaler.
+type Broker struct {
+	topo *Topology
+	pub  *Publisher
+	sub  *wamqp.Subscriber
+}
+
+var _ router.Broker = (*Broker)(nil)
+
+// NewBroker declares the topology and connects the publisher and the
+// subscriber. Close it after the router.
+func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
+	if cfg.URL == "" {
+		return nil, errors.New("rabbitmq: BrokerConfig.URL is required")
+	}
+	topo, err := NewTopology(cfg.Topology)
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: BrokerConfig.Topology: %w", err)
+	}
+	conn, err := Dial(cfg.URL, DialConfig{Name: "sluice topology"})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = conn.Close() }()
+	if err := topo.Declare(ctx, conn); err != nil {
+		return nil, err
+	}
+	pub, err := NewPublisher(PublisherConfig{URL: cfg.URL, Logger: cfg.Logger, MeterProvider: cfg.MeterProvider})
+	if err != nil {
+		return nil, err
+	}
+	sub, err := NewSubscriber(SubscriberConfig{URL: cfg.URL, Prefetch: cfg.Prefetch, Logger: cfg.Logger})
+	if err != nil {
+		_ = pub.Close()
+		return nil, err
+	}
+	return &Broker{topo: topo, pub: pub, sub: sub}, nil
+}
+
+// Endpoints are the queue's: its subscriber, its tiers and poison queue,
+// the confirmed publisher for both kinds of copies, System "rabbitmq", and
+// ConsumersDefault competing consumers.
+func (b *Broker) Endpoints() router.Endpoints {
+	return router.Endpoints{
+		System: "rabbitmq", Topic: b.topo.Queue(), Subscriber: b.sub,
+		Tiers: b.topo.Tiers(), RetryPublisher: b.pub,
+		PoisonTopic: b.topo.PoisonQueue(), PoisonPublisher: b.pub,
+		Consumers: ConsumersDefault,
+	}
+}
+
+// Topology returns the declared topology.
+func (b *Broker) Topology() *Topology { return b.topo }
+
+// Publisher returns the confirmed publisher (also usable for the handler's
+// own messages).
+func (b *Broker) Publisher() *Publisher { return b.pub }
+
+// Close closes the subscriber and the publisher; close the router first.
+func (b *Broker) Close() error {
+	return errors.Join(b.sub.Close(), b.pub.Close())
+}

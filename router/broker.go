@@ -1,0 +1,84 @@
+package router
+
+import (
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluicemq/sluice/retrytiers"
+)
+
+// Tier is one retry tier a broker provides: a copy published to Topic comes
+// back to the queue after Delay. It is retrytiers.Tier, named here so that a
+// broker package needs only this one.
+type Tier = retrytiers.Tier
+
+// Broker is what a broker gives the stages of one consumer queue. A broker
+// package (rabbitmq; the embedded default in this package) implements it;
+// router imports no broker client, and a new broker is a new package.
+type Broker interface {
+	// Endpoints returns the queue's endpoints. Add calls it once per call.
+	Endpoints() Endpoints
+}
+
+// Endpoints are what Add gives the stages of a handler consuming one queue,
+// where the stage's own configuration leaves them unset.
+type Endpoints struct {
+	// System is messaging.system on spans ("rabbitmq", "gochannel").
+	System string
+	// Topic is the queue the handler consumes, and Subscriber its subscriber.
+	Topic      string
+	Subscriber message.Subscriber
+	// Tiers are the retry tiers in order, and RetryPublisher publishes the
+	// copies into them; it returns only once a copy is stored.
+	Tiers          []Tier
+	RetryPublisher message.Publisher
+	// PoisonTopic is the poison queue, and PoisonPublisher publishes into it;
+	// it returns only once a copy is stored and routed.
+	PoisonTopic     string
+	PoisonPublisher message.Publisher
+	// Consumers is how many competing consumers Add starts by default, and
+	// MaxConsumers the most the broker allows (0: no limit).
+	Consumers, MaxConsumers int
+}
+
+// withEndpoints returns s with the broker's publishers, topics, tiers and
+// messaging system filled in where the chosen stages leave them unset.
+func (s Stages) withEndpoints(e Endpoints) Stages {
+	if s.Poison != nil {
+		p := *s.Poison
+		if p.Publisher == nil {
+			p.Publisher = e.PoisonPublisher
+		}
+		if p.Topic == "" {
+			p.Topic = e.PoisonTopic
+		}
+		if p.Queue == "" {
+			p.Queue = e.Topic
+		}
+		s.Poison = &p
+	}
+	if s.Retry != nil {
+		rt := *s.Retry
+		if rt.Publisher == nil {
+			rt.Publisher = e.RetryPublisher
+		}
+		if rt.Tiers == nil {
+			rt.Tiers = e.Tiers
+		}
+		s.Retry = &rt
+	}
+	if s.Trace != nil && s.Trace.System == "" {
+		t := *s.Trace
+		t.System = e.System
+		s.Trace = &t
+	}
+	return s
+}
+
+// TierDelaysDefault are the retry tiers' delays when a broker is given none:
+// 30s → 5m → 30m (retrytiers.DelaysDefault).
+var TierDelaysDefault = retrytiers.DelaysDefault
+
+// TierName is the name of the tier of delay d: "30s", "5m", "1h30m".
+func TierName(d time.Duration) string { return retrytiers.TierName(d) }
