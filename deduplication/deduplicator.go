@@ -27,7 +27,7 @@ const ClaimTimeoutDefault = 5 * time.Second
 // because their key was already processed, by handler.
 const MetricDuplicates = "sluice.inbox.duplicates"
 
-// Config configures a Deduplicator.
+// Config configures the inbox stage (New).
 type Config struct {
 	// Store records processed keys. Required.
 	Store Store
@@ -90,16 +90,28 @@ func (c Config) validate() error {
 	return nil
 }
 
-// Deduplicator is the inbox stage: it runs a handler at most once per
-// (consumer, key), with the inbox record and the handler's writes in one
-// unit of work. It is safe for concurrent use.
-type Deduplicator struct {
+// deduplicator is the inbox stage.
+type deduplicator struct {
 	cfg        Config
 	duplicates metric.Int64Counter
 }
 
-// New validates cfg and returns a Deduplicator.
-func New(cfg Config) (*Deduplicator, error) {
+// New validates cfg and returns the inbox stage: it runs a handler at most
+// once per (Consumer, key), with the inbox record and the handler's writes
+// in one unit of work. It is safe for concurrent use.
+//
+// For each message it takes the key (none: a Poison failure, the handler not
+// run), opens a unit of work, claims (Consumer, key) and:
+//   - key already processed: rolls back, skips the handler, returns nil (ack);
+//   - claimed: runs the handler with the unit of work in the message context
+//     (TxFromContext, and a store's own accessor such as
+//     sqlstore.TxFromContext); commits when it succeeds or returns a
+//     rejection, rolls back otherwise and returns its error. A failed commit
+//     is a Transient failure, so the message is not acked before its commit.
+//
+// It sets sluice.EventIDKey in the metadata to the key when it is missing,
+// so copies published by outer stages carry it.
+func New(cfg Config) (message.HandlerMiddleware, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -109,21 +121,11 @@ func New(cfg Config) (*Deduplicator, error) {
 	if err != nil {
 		return nil, fmt.Errorf("deduplication: creating %s counter: %w", MetricDuplicates, err)
 	}
-	return &Deduplicator{cfg: cfg, duplicates: dup}, nil
+	d := &deduplicator{cfg: cfg, duplicates: dup}
+	return d.middleware, nil
 }
 
-// Middleware wraps h. For each message it takes the key (none: a Poison
-// failure, h not run), opens a unit of work, claims (Consumer, key) and:
-//   - key already processed: rolls back, skips h, returns nil (ack);
-//   - claimed: runs h with the unit of work in the message context (see
-//     TxFromContext, and a store's own accessor such as
-//     sqlstore.TxFromContext); commits when h succeeds or returns a rejection, rolls
-//     back otherwise and returns h's error. A failed commit is a Transient
-//     failure, so the message is not acked before its commit.
-//
-// It sets sluice.EventIDKey in the metadata to the key when it is
-// missing, so copies published by outer stages carry it.
-func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
+func (d *deduplicator) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) (_ []*message.Message, err error) {
 		key, err := d.key(msg)
 		if err != nil {
@@ -189,7 +191,7 @@ func (d *Deduplicator) Middleware(h message.HandlerFunc) message.HandlerFunc {
 }
 
 // claim claims key within ClaimTimeout.
-func (d *Deduplicator) claim(ctx context.Context, tx Tx, key string) (bool, error) {
+func (d *deduplicator) claim(ctx context.Context, tx Tx, key string) (bool, error) {
 	if d.cfg.ClaimTimeout < 0 {
 		claimed, err := tx.Claim(ctx, d.cfg.Consumer, key)
 		if err != nil {
@@ -212,7 +214,7 @@ func (d *Deduplicator) claim(ctx context.Context, tx Tx, key string) (bool, erro
 // claimAlone rolls back the aborted unit of work and claims key in a new one.
 // Claim reporting false means the first commit did land after all (its
 // outcome was unknown): the key is recorded either way.
-func (d *Deduplicator) claimAlone(ctx context.Context, aborted Tx, key string) error {
+func (d *deduplicator) claimAlone(ctx context.Context, aborted Tx, key string) error {
 	if err := aborted.Rollback(context.WithoutCancel(ctx)); err != nil {
 		return fmt.Errorf("deduplication: rolling back the aborted unit of work: %w", err)
 	}
@@ -229,7 +231,7 @@ func (d *Deduplicator) claimAlone(ctx context.Context, aborted Tx, key string) e
 	return nil
 }
 
-func (d *Deduplicator) key(msg *message.Message) (string, error) {
+func (d *deduplicator) key(msg *message.Message) (string, error) {
 	key, err := d.cfg.Key(msg)
 	if err != nil {
 		return "", err
@@ -254,7 +256,7 @@ func (d *Deduplicator) key(msg *message.Message) (string, error) {
 // functions of this package describe themselves (`JSON field "eventId"`),
 // or "key function" for others. It runs the key function again, on the
 // error path only.
-func (d *Deduplicator) keySource(msg *message.Message) string {
+func (d *deduplicator) keySource(msg *message.Message) string {
 	orig := msg.Context()
 	var src sources
 	msg.SetContext(context.WithValue(orig, sourcesKey{}, &src))
@@ -277,7 +279,7 @@ type unit struct {
 
 // TxFromContext returns the unit of work of the delivery being handled —
 // the Tx its Store's Begin returned, in which the key was claimed — or nil
-// outside a Deduplicator. It is the store-agnostic accessor: a store gives
+// outside the inbox stage. It is the store-agnostic accessor: a store gives
 // its handlers the concrete unit of work (an SQL transaction, ...) with an
 // accessor of its own that type-asserts this one's result to its Tx type,
 // as sqlstore.TxFromContext does. A third-party store does the same.

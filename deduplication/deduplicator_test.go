@@ -50,7 +50,7 @@ func setup(t *testing.T) *bundle {
 	}
 }
 
-func (b *bundle) dedup(t *testing.T, consumer string) *deduplication.Deduplicator {
+func (b *bundle) dedup(t *testing.T, consumer string) message.HandlerMiddleware {
 	t.Helper()
 	d, err := deduplication.New(deduplication.Config{Store: b.store, Consumer: consumer, MeterProvider: b.meter})
 	require.NoError(t, err)
@@ -103,7 +103,7 @@ func event(key string) *message.Message {
 func TestInboxConcurrentDeliveries(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	h := b.dedup(t, "inventory").Middleware(b.reserve(nil))
+	h := b.dedup(t, "inventory")(b.reserve(nil))
 
 	const keys, copies, workers = 1000, 8, 16
 	deliveries := make([]string, 0, keys*copies)
@@ -147,7 +147,7 @@ func TestInboxRollbackLetsWaitingDeliveryProceed(t *testing.T) {
 	d := b.dedup(t, "inventory")
 
 	release := make(chan struct{})
-	first := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+	first := d(func(msg *message.Message) ([]*message.Message, error) {
 		if _, err := b.reserve(nil)(msg); err != nil {
 			return nil, err
 		}
@@ -159,7 +159,7 @@ func TestInboxRollbackLetsWaitingDeliveryProceed(t *testing.T) {
 	require.Eventually(t, func() bool { return b.handled.Load() == 1 }, 10*time.Second, 5*time.Millisecond)
 
 	secondErr := make(chan error, 1)
-	go func() { _, err := d.Middleware(b.reserve(nil))(event("evt-1")); secondErr <- err }()
+	go func() { _, err := d(b.reserve(nil))(event("evt-1")); secondErr <- err }()
 	// The second delivery waits on the inbox's primary key, held by the first.
 	require.Eventually(t, func() bool {
 		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO "%s"."inbox"%%'`) == 1
@@ -178,7 +178,7 @@ func TestInboxRollbackLetsWaitingDeliveryProceed(t *testing.T) {
 func TestInboxRedeliveryAfterCommitSkipsHandler(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	h := b.dedup(t, "inventory").Middleware(b.reserve(nil))
+	h := b.dedup(t, "inventory")(b.reserve(nil))
 
 	_, err := h(event("evt-1"))
 	require.NoError(t, err)
@@ -197,7 +197,7 @@ func TestInboxRejectedCommits(t *testing.T) {
 	b := setup(t)
 	classify, err := middleware.Classify(middleware.ClassifyConfig{})
 	require.NoError(t, err)
-	h := classify(b.dedup(t, "inventory").Middleware(b.reserve(sluice.Reject(errors.New("out of stock")))))
+	h := classify(b.dedup(t, "inventory")(b.reserve(sluice.Reject(errors.New("out of stock")))))
 
 	_, err = h(event("evt-1"))
 	require.NoError(t, err, "a rejection is acked")
@@ -215,13 +215,13 @@ func TestInboxTransientRollsBack(t *testing.T) {
 	b := setup(t)
 	d := b.dedup(t, "inventory")
 
-	_, err := d.Middleware(b.reserve(errors.New("payment API: 503")))(event("evt-1"))
+	_, err := d(b.reserve(errors.New("payment API: 503")))(event("evt-1"))
 	require.Error(t, err)
 	business, inbox := b.rows(t)
 	require.Zero(t, business, "the business write is rolled back")
 	require.Zero(t, inbox, "the inbox claim is rolled back")
 
-	_, err = d.Middleware(b.reserve(nil))(event("evt-1"))
+	_, err = d(b.reserve(nil))(event("evt-1"))
 	require.NoError(t, err)
 	require.Equal(t, int64(2), b.handled.Load(), "the redelivery runs the handler again")
 	business, inbox = b.rows(t)
@@ -232,8 +232,8 @@ func TestInboxTransientRollsBack(t *testing.T) {
 func TestInboxSameEventTwoConsumers(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	inventory := b.dedup(t, "inventory").Middleware(b.reserve(nil))
-	billing := b.dedup(t, "billing").Middleware(b.reserve(nil))
+	inventory := b.dedup(t, "inventory")(b.reserve(nil))
+	billing := b.dedup(t, "billing")(b.reserve(nil))
 
 	for range 3 {
 		for _, h := range []message.HandlerFunc{inventory, billing} {
@@ -259,7 +259,7 @@ func TestInboxCommitFailureIsTransient(t *testing.T) {
 		return b.reserve(nil)(msg)
 	}
 
-	_, err = b.dedup(t, "inventory").Middleware(twice)(event("evt-1"))
+	_, err = b.dedup(t, "inventory")(twice)(event("evt-1"))
 	require.Equal(t, sluice.ClassTransient, sluice.ClassOf(err), "a failed commit is transient: %v", err)
 	require.ErrorContains(t, err, "deduplication: commit")
 	business, inbox := b.rows(t)
@@ -270,7 +270,7 @@ func TestInboxCommitFailureIsTransient(t *testing.T) {
 func TestInboxPanicRollsBack(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	h := b.dedup(t, "inventory").Middleware(func(msg *message.Message) ([]*message.Message, error) {
+	h := b.dedup(t, "inventory")(func(msg *message.Message) ([]*message.Message, error) {
 		_, _ = b.reserve(nil)(msg)
 		panic("bug")
 	})
@@ -305,7 +305,7 @@ func TestInboxBadKeyIsPoison(t *testing.T) {
 	for _, tt := range tests {
 		d, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c", Key: tt.key})
 		require.NoError(t, err)
-		_, err = d.Middleware(handler)(tt.msg)
+		_, err = d(handler)(tt.msg)
 		require.Equal(t, sluice.ClassPoison, sluice.ClassOf(err), tt.name)
 		require.ErrorIs(t, err, deduplication.ErrInvalidKey, tt.name)
 		require.ErrorContains(t, err, tt.wantErr, tt.name)
@@ -323,7 +323,7 @@ func TestInboxSetsEventID(t *testing.T) {
 	})
 	require.NoError(t, err)
 	msg := message.NewMessage(watermill.NewUUID(), []byte(`{"orderId":42}`))
-	_, err = d.Middleware(func(m *message.Message) ([]*message.Message, error) {
+	_, err = d(func(m *message.Message) ([]*message.Message, error) {
 		require.Nil(t, sqlstore.TxFromContext(m.Context()), "the memory store has no SQL transaction")
 		return nil, nil
 	})(msg)

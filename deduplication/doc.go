@@ -1,7 +1,7 @@
 // Package deduplication is Sluice's inbox: it makes a consumer's effects
 // happen once per business event although the broker delivers at least once.
 //
-// For each delivery the Deduplicator takes a key from the message — a
+// For each delivery the inbox stage (New) takes a key from the message — a
 // business event id, never the broker's message id (KeyFromMetadata,
 // KeyFromJSON, KeyPrefix, KeyJoin) — opens a transaction, claims
 // (consumer, key) in its Store (the SQL store: INSERT ... ON CONFLICT DO

@@ -82,7 +82,7 @@ func TestInboxRejectedAfterAnAbortedTransaction(t *testing.T) {
 	classify, err := middleware.Classify(middleware.ClassifyConfig{Classifier: classifier, MeterProvider: b.meter})
 	require.NoError(t, err)
 
-	handler := classify(d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+	handler := classify(d(func(msg *message.Message) ([]*message.Message, error) {
 		b.handled.Add(1)
 		tx := sqlstore.TxFromContext(msg.Context())
 		// A first write, then the statement that violates the constraint.
@@ -115,7 +115,7 @@ func TestInboxSlowMessageDoesNotStallTheConsumers(t *testing.T) {
 	require.NoError(t, err)
 
 	release := make(chan struct{})
-	handler := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+	handler := d(func(msg *message.Message) ([]*message.Message, error) {
 		if msg.Metadata.Get(sluice.EventIDKey) == "evt-slow" {
 			<-release
 		}

@@ -52,7 +52,7 @@ func addInventory(ctx context.Context, router *message.Router, sub message.Subsc
 		return err // nil: committed, then acked; an error: rolled back
 	}) // runs once per inbox transaction, whatever retry middleware the router adds later
 	router.AddConsumerHandler("inventory", "order.created", sub, handler).
-		AddMiddleware(classify, inbox.Middleware, recoverer)
+		AddMiddleware(classify, inbox, recoverer)
 	return nil
 }
 

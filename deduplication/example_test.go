@@ -20,7 +20,7 @@ import (
 // The inbox on the embedded SQLite default: the business write and the inbox
 // record share one transaction, and a redelivery of the same event id does not
 // run the handler again.
-func ExampleDeduplicator() {
+func ExampleNew() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "sluice-example")
 	defer os.RemoveAll(dir)
@@ -47,7 +47,7 @@ func ExampleDeduplicator() {
 		panic(err)
 	}
 
-	reserve := inbox.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+	reserve := inbox(func(msg *message.Message) ([]*message.Message, error) {
 		tx := sqlstore.TxFromContext(msg.Context())
 		_, err := tx.ExecContext(msg.Context(), `INSERT INTO reservations (order_id) VALUES ('o-1')`)
 		return nil, err

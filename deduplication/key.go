@@ -45,14 +45,14 @@ func (e *KeyError) Is(target error) bool { return target == ErrInvalidKey }
 // *KeyError.
 type KeyFunc func(msg *message.Message) (string, error)
 
-// sources collects, on the Deduplicator's error path, the descriptions of the
-// key functions of this package that ran (see Deduplicator.keySource).
+// sources collects, on the inbox stage's error path, the descriptions of the
+// key functions of this package that ran (see deduplicator.keySource).
 type (
 	sources    []string
 	sourcesKey struct{}
 )
 
-// noteSource records source when the Deduplicator asks which key functions ran.
+// noteSource records source when the inbox stage asks which key functions ran.
 func noteSource(msg *message.Message, source string) {
 	if s, ok := msg.Context().Value(sourcesKey{}).(*sources); ok {
 		*s = append(*s, source)

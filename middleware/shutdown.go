@@ -18,17 +18,28 @@ const ShutdownGraceDefault = 10 * time.Second
 // because the shutdown grace ran out.
 var ErrShutdownGraceExpired = errors.New("middleware: shutdown grace period expired")
 
+// ShutdownGraceConfig configures the ShutdownGrace stage.
+type ShutdownGraceConfig struct {
+	// Grace is how long a handler in flight may go on after the router
+	// begins to close. Keep it under the router's CloseTimeout. Default
+	// ShutdownGraceDefault.
+	Grace time.Duration
+}
+
 // ShutdownGrace returns a stage that lets a handler in flight finish when
 // the router closes. Watermill cancels every message's context as soon as
 // Close is called, so a handler in the middle of its transaction fails and
 // its work is thrown away (safely: it is rolled back and nacked). Behind this
 // stage the handler's context is cancelled only grace after the message's
 // own context is — time to commit, so the message is acked rather than
-// redelivered. Keep grace under the router's CloseTimeout. Values and
-// deadlines other than the cancellation are kept.
-func ShutdownGrace(grace time.Duration) (message.HandlerMiddleware, error) {
-	if grace <= 0 {
-		return nil, fmt.Errorf("middleware: shutdown grace must be positive, got %s", grace)
+// redelivered. Values and deadlines other than the cancellation are kept.
+func ShutdownGrace(cfg ShutdownGraceConfig) (message.HandlerMiddleware, error) {
+	grace := cfg.Grace
+	if grace == 0 {
+		grace = ShutdownGraceDefault
+	}
+	if grace < 0 {
+		return nil, fmt.Errorf("middleware: ShutdownGraceConfig.Grace must be positive, got %s", grace)
 	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {

@@ -15,9 +15,9 @@ type ctxKey struct{}
 
 func TestShutdownGrace(t *testing.T) {
 	t.Parallel()
-	mw, err := middleware.ShutdownGrace(100 * time.Millisecond)
+	mw, err := middleware.ShutdownGrace(middleware.ShutdownGraceConfig{Grace: 100 * time.Millisecond})
 	require.NoError(t, err)
-	_, err = middleware.ShutdownGrace(0)
+	_, err = middleware.ShutdownGrace(middleware.ShutdownGraceConfig{Grace: -time.Second})
 	require.Error(t, err)
 
 	orig, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "v"))

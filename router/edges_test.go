@@ -136,7 +136,7 @@ func TestReentryKeepsTheFirstRunsClass(t *testing.T) {
 	retry := wmiddleware.Retry{MaxRetries: 2}.Middleware
 	m := message.NewMessage(watermill.NewUUID(), nil)
 	m.Metadata.Set(sluice.EventIDKey, "evt-1")
-	_, err = d.Middleware(retry(inner))(m)
+	_, err = d(retry(inner))(m)
 	require.Equal(t, 1, runs)
 	require.ErrorIs(t, err, deduplication.ErrHandlerReentered)
 	require.Equal(t, sluice.ClassPoison, sluice.ClassOf(err))

@@ -1,15 +1,20 @@
 package router_test
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -50,4 +55,37 @@ func TestAddValidates(t *testing.T) {
 	require.ErrorContains(t, err, "EmbeddedConfig.Topic is required")
 	_, err = rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{})
 	require.ErrorContains(t, err, "BrokerConfig.URL is required")
+}
+
+// One MeterProvider and one TracerProvider on the stage set reach every
+// stage whose own is unset.
+func TestStagesShareTheProviders(t *testing.T) {
+	t.Parallel()
+	reader := sdkmetric.NewManualReader()
+	spans := tracetest.NewSpanRecorder()
+	mws, err := router.Middlewares(router.Stages{
+		MeterProvider:  sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
+		Trace:          &middleware.TraceConfig{},
+		Classify:       &middleware.ClassifyConfig{},
+		Inbox:          &deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "c"},
+	})
+	require.NoError(t, err)
+	h := message.HandlerFunc(func(*message.Message) ([]*message.Message, error) {
+		return nil, sluice.Reject(errors.New("out of stock"))
+	})
+	for i := len(mws) - 1; i >= 0; i-- {
+		h = mws[i](h)
+	}
+	for range 2 { // a rejection, then its duplicate
+		m := message.NewMessage(watermill.NewUUID(), nil)
+		m.Metadata.Set(sluice.EventIDKey, "evt-1")
+		m.SetContext(t.Context())
+		_, err = h(m)
+		require.NoError(t, err)
+	}
+	require.Len(t, spans.Ended(), 2, "the Trace stage used the shared TracerProvider")
+	require.Equal(t, int64(1), testenv.CounterSum(t, reader, middleware.MetricRejected), "Classify used the shared MeterProvider")
+	require.Equal(t, int64(1), testenv.CounterSum(t, reader, deduplication.MetricDuplicates), "so did the inbox")
+	require.Equal(t, int64(2), testenv.CounterSum(t, reader, middleware.MetricDeliveries), "and Trace")
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
@@ -34,6 +36,12 @@ type Stages struct {
 	// Classify, Inbox) whose own Classifier is nil, so "commit on Rejected"
 	// and "ack on Rejected" always agree. Default sluice.DefaultClassifier().
 	Classifier *sluice.Classifier
+	// MeterProvider is given to every stage whose own is nil. Default the
+	// global OpenTelemetry provider.
+	MeterProvider metric.MeterProvider
+	// TracerProvider is given to the Trace stage when its own is nil.
+	// Default the global OpenTelemetry provider.
+	TracerProvider trace.TracerProvider
 }
 
 // Middlewares builds the chosen stages, outermost first, for
@@ -54,39 +62,42 @@ func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
 	}
 	var errs []error
 	if s.ShutdownGrace >= 0 {
-		mw, err := middleware.ShutdownGrace(cmp.Or(s.ShutdownGrace, middleware.ShutdownGraceDefault))
+		mw, err := middleware.ShutdownGrace(middleware.ShutdownGraceConfig{Grace: s.ShutdownGrace})
 		errs = append(errs, add("shutdown grace", mw, err))
 	}
 	if s.Trace != nil {
-		mw, err := middleware.Trace(*s.Trace)
+		cfg := *s.Trace
+		cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
+		cfg.TracerProvider = cmp.Or(cfg.TracerProvider, s.TracerProvider)
+		mw, err := middleware.Trace(cfg)
 		errs = append(errs, add("trace", mw, err))
 	}
 	if s.Poison != nil {
 		cfg := *s.Poison
 		cfg.Classifier = cmp.Or(cfg.Classifier, c)
+		cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
 		mw, err := poison.New(cfg)
 		errs = append(errs, add("poison", mw, err))
 	}
 	if s.Retry != nil {
 		cfg := *s.Retry
 		cfg.Classifier = cmp.Or(cfg.Classifier, c)
+		cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
 		mw, err := retrytiers.New(cfg)
 		errs = append(errs, add("retry", mw, err))
 	}
 	if s.Classify != nil {
 		cfg := *s.Classify
 		cfg.Classifier = cmp.Or(cfg.Classifier, c)
+		cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
 		mw, err := middleware.Classify(cfg)
 		errs = append(errs, add("classify", mw, err))
 	}
 	if s.Inbox != nil {
 		cfg := *s.Inbox
 		cfg.Classifier = cmp.Or(cfg.Classifier, c)
-		d, err := deduplication.New(cfg)
-		var mw message.HandlerMiddleware
-		if d != nil {
-			mw = d.Middleware
-		}
+		cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
+		mw, err := deduplication.New(cfg)
 		errs = append(errs, add("inbox", mw, err))
 	}
 	if s.Recoverer != nil {

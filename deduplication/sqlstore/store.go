@@ -163,7 +163,7 @@ type sqlTx struct {
 // TxFromContext returns the SQL transaction of the delivery being handled,
 // in which the inbox record was claimed: the handler's business writes go
 // into it so that they commit or roll back with the record. It returns nil
-// outside a Deduplicator with a Store of this package. It is
+// outside the inbox stage with a Store of this package. It is
 // deduplication.TxFromContext with the unit of work's type made concrete.
 func TxFromContext(ctx context.Context) *sqlx.Tx {
 	if t, ok := deduplication.TxFromContext(ctx).(*sqlTx); ok {

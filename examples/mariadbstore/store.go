@@ -93,7 +93,7 @@ func (u *unit) Rollback(context.Context) error {
 }
 
 // TxFromContext returns the transaction of the delivery being handled, or
-// nil outside a Deduplicator with a Store of this package.
+// nil outside the inbox stage with a Store of this package.
 func TxFromContext(ctx context.Context) *sql.Tx {
 	if u, ok := deduplication.TxFromContext(ctx).(*unit); ok {
 		return u.tx

@@ -62,7 +62,7 @@ func TestHandlerWritesThroughTheStoresTransaction(t *testing.T) {
 	d, err := deduplication.New(deduplication.Config{Store: s, Consumer: "inventory"})
 	require.NoError(t, err)
 	fail := true
-	handler := d.Middleware(func(msg *message.Message) ([]*message.Message, error) {
+	handler := d(func(msg *message.Message) ([]*message.Message, error) {
 		tx := mariadbstore.TxFromContext(msg.Context())
 		if tx == nil {
 			return nil, fmt.Errorf("no transaction in the context")

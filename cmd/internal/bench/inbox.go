@@ -116,7 +116,7 @@ func newInboxVariants(ctx context.Context, db *sqlx.DB, schema string) (*inboxVa
 		if err != nil {
 			return nil, err
 		}
-		*c.mw = d.Middleware(handler)
+		*c.mw = d(handler)
 		if c.claimTimeout == 0 {
 			v.store = store
 		}
