@@ -29,10 +29,23 @@ type Report struct {
 
 type reportKey struct{}
 
+// reportCtx is a context carrying a Report, in one allocation.
+type reportCtx struct {
+	context.Context
+	r Report
+}
+
+func (c *reportCtx) Value(key any) any {
+	if _, ok := key.(reportKey); ok {
+		return &c.r
+	}
+	return c.Context.Value(key)
+}
+
 // WithReport returns ctx carrying a new Report, and the Report.
 func WithReport(ctx context.Context) (context.Context, *Report) {
-	r := &Report{}
-	return context.WithValue(ctx, reportKey{}, r), r
+	c := &reportCtx{Context: ctx}
+	return c, &c.r
 }
 
 // ReportFromContext returns the delivery's Report, or nil outside a Trace

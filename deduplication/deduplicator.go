@@ -161,7 +161,7 @@ func (d *deduplicator) middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, nil
 		}
 
-		msg.SetContext(context.WithValue(ctx, txKey{}, &unit{tx: tx}))
+		msg.SetContext(&unit{Context: ctx, tx: tx})
 		produced, err := h(msg)
 		msg.SetContext(ctx)
 		rejected := err != nil
@@ -199,13 +199,14 @@ func (d *deduplicator) claim(ctx context.Context, tx Tx, key string) (bool, erro
 		}
 		return claimed, nil
 	}
-	claimCtx, cancel := context.WithTimeout(ctx, d.cfg.ClaimTimeout)
-	defer cancel()
+	claimCtx := newClaimContext(ctx, d.cfg.ClaimTimeout)
 	claimed, err := tx.Claim(claimCtx, d.cfg.Consumer, key)
+	timedOut := err != nil && claimCtx.Err() != nil && ctx.Err() == nil
+	claimCtx.release()
 	switch {
 	case err == nil:
 		return claimed, nil
-	case claimCtx.Err() != nil && ctx.Err() == nil:
+	case timedOut:
 		return false, fmt.Errorf("%w: claim %q waited longer than the claim timeout (%s): %w", ErrClaimInProgress, key, d.cfg.ClaimTimeout, err)
 	}
 	return false, fmt.Errorf("deduplication: claim %q: %w", key, err)
@@ -270,11 +271,21 @@ func (d *deduplicator) keySource(msg *message.Message) string {
 
 type txKey struct{}
 
-// unit is the delivery's unit of work as the handler's context holds it.
+// unit is the delivery's unit of work, and the handler's context that holds
+// it: the message context with one value more, in one allocation.
 type unit struct {
+	context.Context
 	tx       Tx
 	calls    atomic.Int32
 	firstErr error // the first run's error, set by Reentry before a second run can read it
+}
+
+// Value returns the unit itself for txKey, and the message context's values.
+func (u *unit) Value(key any) any {
+	if _, ok := key.(txKey); ok {
+		return u
+	}
+	return u.Context.Value(key)
 }
 
 // TxFromContext returns the unit of work of the delivery being handled —

@@ -71,7 +71,8 @@ var errMemTxDone = errors.New("deduplication: memory unit of work already ended"
 
 type memTx struct {
 	s     *MemoryStore
-	held  *memRecord
+	rec   memRecord  // the record a claim holds: one allocation with the unit of work
+	held  *memRecord // &rec once claimed
 	key   memKey
 	ended bool
 }
@@ -86,7 +87,7 @@ func (t *memTx) Claim(ctx context.Context, consumer, key string) (bool, error) {
 		r, ok := t.s.recs[k]
 		switch {
 		case !ok:
-			t.held = &memRecord{}
+			t.held = &t.rec
 			t.key = k
 			t.s.recs[k] = t.held
 			t.s.mu.Unlock()

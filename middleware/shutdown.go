@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -44,54 +45,105 @@ func ShutdownGrace(cfg ShutdownGraceConfig) (message.HandlerMiddleware, error) {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			orig := msg.Context()
-			if orig.Done() == nil { // cannot be cancelled: nothing to shield the handler from
-				return h(msg)
-			}
-			g := &graceState{grace: grace}
-			ctx, cancel := context.WithCancelCause(context.WithoutCancel(orig))
-			g.cancel = cancel
-			if dl, ok := orig.Deadline(); ok {
-				var cancelDL context.CancelFunc
-				ctx, cancelDL = context.WithDeadline(ctx, dl)
-				defer cancelDL()
-			}
-			stop := context.AfterFunc(orig, g.start)
-			defer func() {
-				stop()
-				g.end()
-			}()
-			msg.SetContext(ctx)
+			g := &graceCtx{orig: orig, grace: grace}
+			msg.SetContext(g)
 			defer msg.SetContext(orig)
+			defer g.end()
 			return h(msg)
 		}
 	}, nil
 }
 
-// graceState is one delivery's grace period.
-type graceState struct {
-	grace    time.Duration
-	cancel   context.CancelCauseFunc
+// graceCtx is the handler's context behind ShutdownGrace: orig's values and
+// deadline, cancelled only grace after orig is. It arms itself — a cancel
+// context of its own and a watch on orig — the first time the handler (or
+// its database driver) looks at Done or Err: a handler that never does pays
+// one small allocation and no registration with orig. The grace period
+// begins when orig is cancelled, or, for a handler that first looks after
+// that, when it first looks.
+type graceCtx struct {
+	orig  context.Context
+	grace time.Duration
+
+	armed atomic.Pointer[context.Context] // inner, once armed: read without the lock
+
 	mu       sync.Mutex
+	inner    context.Context // set once armed
+	cancel   context.CancelCauseFunc
+	stopOrig func() bool
 	timer    *time.Timer
 	returned bool
 }
 
-// start runs when the router's context ends: the grace period begins.
-func (g *graceState) start() {
+func (g *graceCtx) Deadline() (time.Time, bool) { return g.orig.Deadline() }
+func (g *graceCtx) Done() <-chan struct{}       { return g.arm().Done() }
+func (g *graceCtx) Err() error                  { return g.arm().Err() }
+
+// arm returns the armed inner context, arming it on the first call.
+func (g *graceCtx) arm() context.Context {
+	if inner := g.armed.Load(); inner != nil {
+		return *inner
+	}
+	return g.armLocked()
+}
+
+// Value is orig's value. The context package finds a context's own
+// cancellation (context.Cause) through Value with an unexported *int key:
+// such a lookup arms the context, so that it finds this one's, not orig's.
+func (g *graceCtx) Value(key any) any {
+	if inner := g.armed.Load(); inner != nil {
+		return (*inner).Value(key)
+	}
+	if _, ok := key.(*int); !ok {
+		return g.orig.Value(key)
+	}
+	return g.arm().Value(key)
+}
+
+// armLocked creates the cancel context and the watch on orig, once.
+func (g *graceCtx) armLocked() context.Context {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !g.returned {
+	if g.inner != nil {
+		return g.inner
+	}
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(g.orig))
+	g.cancel = cancel
+	if dl, ok := g.orig.Deadline(); ok {
+		var cancelDL context.CancelFunc
+		ctx, cancelDL = context.WithDeadline(ctx, dl)
+		g.cancel = func(cause error) { cancel(cause); cancelDL() }
+	}
+	g.inner = ctx
+	g.armed.Store(&ctx)
+	if g.returned {
+		g.cancel(nil)
+		return ctx
+	}
+	g.stopOrig = context.AfterFunc(g.orig, g.start)
+	return ctx
+}
+
+// start runs when orig ends: the grace period begins.
+func (g *graceCtx) start() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.returned && g.timer == nil {
 		g.timer = time.AfterFunc(g.grace, func() { g.cancel(ErrShutdownGraceExpired) })
 	}
 }
 
 // end runs when the handler returned.
-func (g *graceState) end() {
+func (g *graceCtx) end() {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	g.returned = true
+	if g.inner == nil {
+		return
+	}
+	g.stopOrig()
 	if g.timer != nil {
 		g.timer.Stop()
 	}
-	g.mu.Unlock()
 	g.cancel(nil)
 }

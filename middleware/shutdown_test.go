@@ -41,3 +41,53 @@ func TestShutdownGrace(t *testing.T) {
 	require.ErrorIs(t, cause, middleware.ErrShutdownGraceExpired)
 	require.Equal(t, orig, msg.Context(), "the message's own context is restored")
 }
+
+// A deadline on the message context (Watermill's Timeout) is kept: the
+// handler's context ends at the deadline, not a grace period later.
+func TestShutdownGraceKeepsTheDeadline(t *testing.T) {
+	t.Parallel()
+	mw, err := middleware.ShutdownGrace(middleware.ShutdownGraceConfig{Grace: time.Hour})
+	require.NoError(t, err)
+	orig, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	msg := newMsg()
+	msg.SetContext(orig)
+	_, err = mw(func(m *message.Message) ([]*message.Message, error) {
+		select {
+		case <-m.Context().Done():
+		case <-time.After(5 * time.Second):
+			t.Error("the deadline did not end the handler's context")
+		}
+		return nil, m.Context().Err()
+	})(msg)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+// A context that can never be cancelled shields nothing and ends nothing;
+// a handler that looks at its context only after the router closed still
+// gets its grace, and context.Cause sees the grace's cause.
+func TestShutdownGraceLateObserver(t *testing.T) {
+	t.Parallel()
+	mw, err := middleware.ShutdownGrace(middleware.ShutdownGraceConfig{Grace: 30 * time.Millisecond})
+	require.NoError(t, err)
+	msg := newMsg()
+	msg.SetContext(context.Background())
+	_, err = mw(func(m *message.Message) ([]*message.Message, error) { return nil, m.Context().Err() })(msg)
+	require.NoError(t, err)
+
+	orig, cancel := context.WithCancel(context.Background())
+	msg = newMsg()
+	msg.SetContext(orig)
+	var cause, early error
+	_, err = mw(func(m *message.Message) ([]*message.Message, error) {
+		cancel() // the router closes before the handler ever looks
+		time.Sleep(50 * time.Millisecond)
+		early = m.Context().Err() // first look: the grace begins now
+		<-m.Context().Done()
+		cause = context.Cause(m.Context())
+		return nil, nil
+	})(msg)
+	require.NoError(t, err)
+	require.NoError(t, early)
+	require.ErrorIs(t, cause, middleware.ErrShutdownGraceExpired)
+}

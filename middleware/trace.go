@@ -110,10 +110,10 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 					break
 				}
 			}
-			opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
+			opts := consumerKind // shared: no allocation for a first delivery
 			if prev := previousSpan(msg); prev.IsValid() {
-				opts = append(opts, trace.WithLinks(trace.Link{SpanContext: prev, Attributes: []attribute.KeyValue{
-					attribute.String("sluice.link", "previous attempt")}}))
+				opts = []trace.SpanStartOption{consumerKind[0], trace.WithLinks(trace.Link{SpanContext: prev, Attributes: []attribute.KeyValue{
+					attribute.String("sluice.link", "previous attempt")}})}
 			}
 			ctx, span := tracer.Start(parent, "process "+dest, opts...)
 			defer span.End()
@@ -167,6 +167,9 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 		}
 	}, nil
 }
+
+// consumerKind is the start option of every consumer span.
+var consumerKind = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindConsumer)}
 
 // metricKey selects a cached attribute set of the Trace stage's metrics.
 type metricKey struct {
