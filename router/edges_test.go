@@ -77,8 +77,9 @@ func TestRetryInsideTheInboxRunsTheHandlerOncePerTransaction(t *testing.T) {
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
 	var runs atomic.Int64
-	_, err = router.Add(r, router.HandlerConfig{Broker: q,
-		Name: "inventory", Consumers: 1,
+	_, err = router.Add(r, router.HandlerConfig{
+		Broker: q,
+		Name:   "inventory", Consumers: 1,
 		Handler: func(msg *message.Message) error {
 			_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 				fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ($1)`, schema), msg.Metadata.Get(sluice.EventIDKey))

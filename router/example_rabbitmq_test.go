@@ -32,8 +32,9 @@ func addReliableInventory(ctx context.Context, r *message.Router, amqpURL string
 	if err != nil {
 		return nil, err
 	}
-	_, err = router.Add(r, router.HandlerConfig{Broker: q,
-		Name: "inventory",
+	_, err = router.Add(r, router.HandlerConfig{
+		Broker: q,
+		Name:   "inventory",
 		Handler: func(msg *message.Message) error {
 			tx := sqlstore.TxFromContext(msg.Context())
 			_, err := tx.ExecContext(msg.Context(), `INSERT INTO reservations (order_id) VALUES ('o-1')`)

@@ -41,8 +41,9 @@ func Example_chain() {
 	var mu sync.Mutex
 	attempts := map[string]int{}
 	seen := func(id string) int { mu.Lock(); defer mu.Unlock(); return attempts[id] }
-	_, err = router.Add(r, router.HandlerConfig{Broker: embedded,
-		Name: "inventory",
+	_, err = router.Add(r, router.HandlerConfig{
+		Broker: embedded,
+		Name:   "inventory",
 		Handler: func(msg *message.Message) error {
 			id := msg.Metadata.Get(sluice.EventIDKey)
 			mu.Lock()

@@ -55,8 +55,9 @@ func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
 	var failedOnce atomic.Int64
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
-	handlers, err := router.Add(r, router.HandlerConfig{Broker: q,
-		Name: "inventory",
+	handlers, err := router.Add(r, router.HandlerConfig{
+		Broker: q,
+		Name:   "inventory",
 		Handler: func(msg *message.Message) error {
 			id := msg.Metadata.Get(sluice.EventIDKey)
 			if msg.Metadata.Get("flaky") == "1" && msg.Metadata.Get(sluice.AttemptKey) == "" {
@@ -137,8 +138,9 @@ func TestShutdownMidHandlerEffectOnce(t *testing.T) {
 		require.NoError(t, err)
 		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 		require.NoError(t, err)
-		_, err = router.Add(r, router.HandlerConfig{Broker: q,
-			Name: "inventory", Consumers: 1,
+		_, err = router.Add(r, router.HandlerConfig{
+			Broker: q,
+			Name:   "inventory", Consumers: 1,
 			Handler: func(msg *message.Message) error {
 				calls.Add(1)
 				inHandler <- struct{}{}

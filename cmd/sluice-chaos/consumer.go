@@ -127,8 +127,9 @@ func consumerMain(args []string) error {
 	}
 	// Added first, so outermost: it sees the result after the inbox committed.
 	r.AddMiddleware(afterCommit)
-	_, err = router.Add(r, router.HandlerConfig{Broker: q,
-		Name: "effects", Consumers: *consumers, Handler: handler,
+	_, err = router.Add(r, router.HandlerConfig{
+		Broker: q,
+		Name:   "effects", Consumers: *consumers, Handler: handler,
 		Stages: router.Stages{
 			Poison:    &poison.Config{PublishBackoff: 200 * time.Millisecond},
 			Retry:     &retrytiers.Config{Publisher: crashingPublisher{q.Publisher(), crash}, PublishBackoff: 200 * time.Millisecond},

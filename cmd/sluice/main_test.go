@@ -289,8 +289,9 @@ func TestReplayIntoTheStackInboxDropsProcessed(t *testing.T) {
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	require.NoError(t, err)
-	_, err = router.Add(r, router.HandlerConfig{Broker: q,
-		Name: "inventory", Consumers: 1,
+	_, err = router.Add(r, router.HandlerConfig{
+		Broker: q,
+		Name:   "inventory", Consumers: 1,
 		Handler: func(msg *message.Message) error {
 			mu.Lock()
 			handled[msg.Metadata.Get(sluice.EventIDKey)]++
