@@ -44,7 +44,7 @@ func setup(t *testing.T) *bundle {
 	return &bundle{
 		db:     db,
 		schema: schema,
-		store:  newSQLStore(t, db, schema+".inbox"),
+		store:  testenv.SQLStore(t, db, schema+".inbox"),
 		reader: reader,
 		meter:  sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
 	}

@@ -76,7 +76,7 @@ func withOldRows(t *testing.T, n int) (*sqlx.DB, string, *sqlstore.Store) {
 	t.Helper()
 	db := testenv.Postgres(t)
 	schema := testenv.Schema(t, db)
-	store := newSQLStore(t, db, schema+".inbox")
+	store := testenv.SQLStore(t, db, schema+".inbox")
 	_, err := db.Exec(fmt.Sprintf(`INSERT INTO %s.inbox SELECT 'c', 'old-' || g, now() - interval '2 days' FROM generate_series(1, $1) g`, schema), n)
 	require.NoError(t, err)
 	return db, schema, store

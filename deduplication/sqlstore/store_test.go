@@ -1,7 +1,6 @@
 package sqlstore_test
 
 import (
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -11,7 +10,6 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/deduplicationtest"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
-	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
 	"github.com/sluicemq/sluice/internal/testenv"
 )
 
@@ -61,32 +59,15 @@ func TestPostgresStoreConformance(t *testing.T) {
 	t.Parallel()
 	db := testenv.Postgres(t)
 	deduplicationtest.Run(t, func(t *testing.T) deduplication.Store {
-		return newStore(t, db, testenv.Schema(t, db)+".inbox")
+		return testenv.SQLStore(t, db, testenv.Schema(t, db)+".inbox")
 	})
 }
 
 func TestSQLiteStoreConformance(t *testing.T) {
 	t.Parallel()
 	deduplicationtest.Run(t, func(t *testing.T) deduplication.Store {
-		return newStore(t, openSQLite(t), "")
+		return testenv.SQLStore(t, testenv.SQLite(t), "")
 	})
-}
-
-func newStore(t testing.TB, db *sqlx.DB, table string) *sqlstore.Store {
-	t.Helper()
-	s, err := sqlstore.New(sqlstore.Config{DB: db, Table: table})
-	require.NoError(t, err)
-	require.NoError(t, s.CreateTable(t.Context()))
-	require.NoError(t, s.CreateTable(t.Context()), "CreateTable is idempotent")
-	return s
-}
-
-func openSQLite(t testing.TB) *sqlx.DB {
-	t.Helper()
-	db, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "inbox.db"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	return db
 }
 
 // A 63-byte table name (PostgreSQL's longest identifier) still gets its

@@ -1,0 +1,32 @@
+package testenv
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
+)
+
+// SQLStore returns an SQL inbox store on db with its table created (twice:
+// CreateTable is idempotent).
+func SQLStore(t testing.TB, db *sqlx.DB, table string) *sqlstore.Store {
+	t.Helper()
+	s, err := sqlstore.New(sqlstore.Config{DB: db, Table: table})
+	require.NoError(t, err)
+	require.NoError(t, s.CreateTable(t.Context()))
+	require.NoError(t, s.CreateTable(t.Context()), "CreateTable is idempotent")
+	return s
+}
+
+// SQLite opens a SQLite database file of t's own, closed when t ends.
+func SQLite(t testing.TB) *sqlx.DB {
+	t.Helper()
+	db, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "inbox.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
