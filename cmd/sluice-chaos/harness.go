@@ -288,7 +288,7 @@ func (w *world) queues(all bool) []string {
 
 // withConn runs fn on a fresh connection: the broker may have restarted.
 func (w *world) withConn(fn func(*amqp.Connection) error) error {
-	c, err := amqp.Dial(w.o.amqpURL)
+	c, err := rabbitmq.Dial(w.o.amqpURL, rabbitmq.DialConfig{Name: "sluice chaos"})
 	if err != nil {
 		return err
 	}

@@ -107,11 +107,7 @@ func parseTime(flag, v string) (time.Time, error) {
 }
 
 func connect(g *globals) (*amqp.Connection, error) {
-	conn, err := amqp.DialConfig(g.url(), amqp.Config{Dial: amqp.DefaultDial(10 * time.Second), Properties: amqp.Table{"connection_name": "sluice cli"}})
-	if err != nil {
-		return nil, fmt.Errorf("connecting to %s: %s", diag.RedactURL(g.url()), diag.Redact(err.Error()))
-	}
-	return conn, nil
+	return rabbitmq.Dial(g.url(), rabbitmq.DialConfig{Name: "sluice cli"})
 }
 
 func newDLQ(g *globals, out io.Writer) *cobra.Command {

@@ -29,7 +29,7 @@ import (
 // subscription). It reports the rate at which the healthy messages are
 // handled in both.
 func Consumer(ctx context.Context, o Options) error {
-	conn, err := amqp.Dial(o.AMQPURL)
+	conn, err := rabbitmq.Dial(o.AMQPURL, rabbitmq.DialConfig{Name: "sluice bench"})
 	if err != nil {
 		return fmt.Errorf("connecting to RabbitMQ: %w", err)
 	}

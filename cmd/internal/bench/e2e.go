@@ -44,7 +44,7 @@ func EndToEnd(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	conn, err := amqp.Dial(o.AMQPURL)
+	conn, err := rabbitmq.Dial(o.AMQPURL, rabbitmq.DialConfig{Name: "sluice bench"})
 	if err != nil {
 		return err
 	}

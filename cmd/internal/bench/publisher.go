@@ -49,7 +49,7 @@ func Publisher(ctx context.Context, o Options) error {
 }
 
 func publisherSuite(ctx context.Context, o Options, amqpURL, label string, concurrent bool) error {
-	conn, err := amqp.Dial(amqpURL)
+	conn, err := rabbitmq.Dial(amqpURL, rabbitmq.DialConfig{Name: "sluice bench"})
 	if err != nil {
 		return fmt.Errorf("connecting to RabbitMQ: %w", err)
 	}
