@@ -25,6 +25,7 @@ type Report struct {
 	Attempt int    // with OutcomeRetried, the attempt number of the copy
 	Reason  string // the bounded error summary, when poisoned
 	Panic   bool   // the handler panicked
+	Stack   string // with Panic, the goroutine's stack at the panic
 }
 
 type reportKey struct{}

@@ -9,10 +9,12 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
@@ -60,6 +62,9 @@ type Config struct {
 	// MeterProvider receives the duplicates counter. Default the global
 	// OpenTelemetry provider.
 	MeterProvider metric.MeterProvider
+	// Logger receives one debug line per duplicate. Default
+	// watermill.NopLogger; router.Add gives the router's.
+	Logger watermill.LoggerAdapter
 }
 
 func (c Config) withDefaults() Config {
@@ -74,6 +79,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ClaimTimeout == 0 {
 		c.ClaimTimeout = ClaimTimeoutDefault
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
 	}
 	return c
 }
@@ -157,6 +165,7 @@ func (d *deduplicator) middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		if !claimed {
 			d.duplicates.Add(ctx, 1, telemetry.HandlerAttr(msg))
+			d.cfg.Logger.Debug("Duplicate delivery skipped: the key was processed before", telemetry.LogFields(msg, watermill.LogFields{"key": diag.Bound(key, 128)}))
 			sluice.Record(ctx, func(r *sluice.Report) { r.Outcome = sluice.OutcomeDuplicate })
 			return nil, nil
 		}

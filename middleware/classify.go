@@ -3,9 +3,11 @@ package middleware
 import (
 	"fmt"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/telemetry"
 
 	"github.com/sluicemq/sluice"
@@ -24,6 +26,9 @@ type ClassifyConfig struct {
 	// MeterProvider receives the rejected counter. Default the global
 	// OpenTelemetry provider.
 	MeterProvider metric.MeterProvider
+	// Logger receives one info line per rejection. Default
+	// watermill.NopLogger; router.Add gives the router's.
+	Logger watermill.LoggerAdapter
 }
 
 // Classify returns a middleware that turns every handler error into a
@@ -41,6 +46,10 @@ func Classify(cfg ClassifyConfig) (message.HandlerMiddleware, error) {
 	if err != nil {
 		return nil, fmt.Errorf("middleware: creating %s counter: %w", MetricRejected, err)
 	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = watermill.NopLogger{}
+	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			produced, err := h(msg)
@@ -50,6 +59,8 @@ func Classify(cfg ClassifyConfig) (message.HandlerMiddleware, error) {
 			class := c.Classify(err)
 			if class == sluice.ClassRejected {
 				rejected.Add(msg.Context(), 1, telemetry.HandlerAttr(msg))
+				logger.Info("Delivery rejected: committed and acked", telemetry.LogFields(msg, watermill.LogFields{
+					"class": sluice.ClassRejected.String(), "reason": diag.Summary(err, 1024)}))
 				sluice.Record(msg.Context(), func(r *sluice.Report) { r.Outcome, r.Class = sluice.OutcomeRejected, sluice.ClassRejected })
 				return produced, nil
 			}

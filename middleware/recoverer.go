@@ -43,8 +43,9 @@ func Recoverer(cfg RecovererConfig) (message.HandlerMiddleware, error) {
 					r = "handler exited without returning (runtime.Goexit)"
 				}
 				produced = nil
-				err = &sluice.Failure{Class: class, Err: &sluice.PanicError{Value: r, Stack: debug.Stack()}}
-				sluice.Record(msg.Context(), func(r *sluice.Report) { r.Panic = true })
+				stack := debug.Stack()
+				err = &sluice.Failure{Class: class, Err: &sluice.PanicError{Value: r, Stack: stack}}
+				sluice.Record(msg.Context(), func(r *sluice.Report) { r.Panic, r.Stack = true, string(stack) })
 			}()
 			produced, err = h(msg)
 			returned = true

@@ -68,20 +68,26 @@ func (c TraceConfig) withDefaults() TraceConfig {
 // parented by the producer's context from the metadata and linked to the
 // failed delivery a retry copy came from (sluice.PreviousTraceparentKey), with the
 // messaging semantic-convention attributes and the delivery's outcome (see
-// sluice.Report) as attributes and an event. The span's status is Error only when a
-// failure reached the router (sluice.OutcomeFailed); a retried or poisoned delivery
-// was handled. It also counts MetricDeliveries and records
-// MetricHandlerDuration. Safe for concurrent use.
+// sluice.Report) as attributes and an event. The span's status is Error when
+// a failure reached the router (sluice.OutcomeFailed) and when the delivery
+// was poisoned (poison, invariant, exhausted): acked, but a failure all the
+// same; a retried, rejected or duplicate delivery is not an error. Every
+// failed delivery has error.type, its failure class. A panic's stack is on
+// the span as an exception event's exception.stacktrace. It also counts
+// MetricDeliveries and records MetricHandlerDuration, by handler — the name
+// given to router.Add, shared by its competing consumers. Safe for
+// concurrent use.
 func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 	cfg = cfg.withDefaults()
-	tracer := cfg.TracerProvider.Tracer(telemetry.ScopeName)
+	tracer := telemetry.Tracer(cfg.TracerProvider)
 	meter := telemetry.Meter(cfg.MeterProvider)
 	deliveries, err := meter.Int64Counter(MetricDeliveries, metric.WithDescription("Deliveries by outcome and failure class."))
 	if err != nil {
 		return nil, fmt.Errorf("middleware: creating %s: %w", MetricDeliveries, err)
 	}
 	duration, err := meter.Float64Histogram(MetricHandlerDuration, metric.WithUnit("s"),
-		metric.WithDescription("Time to handle a delivery through the Sluice stack."))
+		metric.WithDescription("Time to handle a delivery through the Sluice stack."),
+		metric.WithExplicitBucketBoundaries(telemetry.DurationBuckets...))
 	if err != nil {
 		return nil, fmt.Errorf("middleware: creating %s: %w", MetricHandlerDuration, err)
 	}
@@ -101,7 +107,7 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			orig := msg.Context()
-			handler := message.HandlerNameFromCtx(orig)
+			handler := telemetry.Handler(orig)
 			dest := message.SubscribeTopicFromCtx(orig)
 			parent := orig
 			for _, f := range fields { // no trace context in the metadata: nothing to extract
@@ -124,7 +130,11 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 					semconv.MessagingDestinationName(dest),
 					semconv.MessagingMessageID(msg.UUID),
 					semconv.MessagingConsumerGroupName(handler),
+					telemetry.InstanceKey.String(message.HandlerNameFromCtx(orig)),
 				)
+				if rk, ok := msg.Metadata[sluice.SourceRoutingKeyKey]; ok && cfg.System == "rabbitmq" {
+					span.SetAttributes(semconv.MessagingRabbitMQDestinationRoutingKey(rk))
+				}
 				if n, err := sluice.Attempt(msg); err == nil { // a forged attempt is not reported
 					span.SetAttributes(AttrAttempt.Int(n))
 				}
@@ -142,12 +152,15 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 			produced, err := h(msg)
 
 			msg.SetContext(orig)
-			if err != nil {
+			switch {
+			case err != nil:
 				report.Outcome = sluice.OutcomeFailed
 				report.Class = sluice.ClassOf(err)
 				telemetry.RecordError(span, err) // exception.message redacted, as the status
 				span.SetStatus(codes.Error, diag.Summary(err, 256))
-			} else if report.Outcome == "" {
+			case report.Outcome == sluice.OutcomePoisoned:
+				span.SetStatus(codes.Error, report.Class.String()+": "+report.Reason)
+			case report.Outcome == "":
 				report.Outcome = sluice.OutcomeProcessed
 			}
 			if span.IsRecording() {
@@ -182,6 +195,9 @@ func annotate(span trace.Span, r *sluice.Report) {
 	attrs := []attribute.KeyValue{AttrOutcome.String(string(r.Outcome))}
 	if r.Class.Valid() {
 		attrs = append(attrs, AttrClass.String(r.Class.String()))
+		if r.Outcome == sluice.OutcomeFailed || r.Outcome == sluice.OutcomePoisoned {
+			attrs = append(attrs, semconv.ErrorTypeKey.String(r.Class.String()))
+		}
 	}
 	if r.Tier != "" {
 		attrs = append(attrs, AttrTier.String(r.Tier))
@@ -195,6 +211,8 @@ func annotate(span trace.Span, r *sluice.Report) {
 	span.SetAttributes(attrs...)
 	if r.Panic {
 		span.AddEvent("panic")
+		span.AddEvent(semconv.ExceptionEventName, trace.WithAttributes(
+			semconv.ExceptionType("panic"), semconv.ExceptionStacktrace(r.Stack)))
 	}
 	if r.Outcome != sluice.OutcomeProcessed && r.Outcome != sluice.OutcomeFailed {
 		span.AddEvent(string(r.Outcome), trace.WithAttributes(attrs...))
@@ -211,7 +229,7 @@ func previousSpan(msg *message.Message) trace.SpanContext {
 // published, so the consumer's Trace stage continues the trace.
 func TracingPublisher(pub message.Publisher, cfg TraceConfig) message.Publisher {
 	cfg = cfg.withDefaults()
-	return &tracingPublisher{pub: pub, cfg: cfg, tracer: cfg.TracerProvider.Tracer(telemetry.ScopeName)}
+	return &tracingPublisher{pub: pub, cfg: cfg, tracer: telemetry.Tracer(cfg.TracerProvider)}
 }
 
 // TracingPublisherDecorator is TracingPublisher as a Watermill

@@ -22,6 +22,9 @@ const (
 	RoutingKeyKey = "sluice_poison_routing_key"
 	// PoisonedAtKey is when the message was isolated (RFC 3339, UTC).
 	PoisonedAtKey = "sluice_poisoned_at"
+	// StackKey is, for a panic, the goroutine's stack at the panic, cut to
+	// StackMaxLength bytes (the whole stack is in the log line).
+	StackKey = "sluice_poison_stack"
 	// TraceIDKey is the trace id of the failed delivery, from its
 	// traceparent, when it had one.
 	TraceIDKey = "sluice_poison_trace_id"

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -65,7 +66,14 @@ type Config struct {
 	PublishTimeout time.Duration
 	// MeterProvider receives MetricPoisoned. Default the global provider.
 	MeterProvider metric.MeterProvider
+	// Logger receives one line per message isolated (error level: the
+	// class, the reason, a panic's whole stack) and per failed publish.
+	// Default watermill.NopLogger; router.Add gives the router's.
+	Logger watermill.LoggerAdapter
 }
+
+// StackMaxLength bounds StackKey, in bytes.
+const StackMaxLength = 8 << 10
 
 // New returns the poison stage. When the handler fails with one of Classes
 // it publishes a copy — the original payload and metadata plus the diagnosis
@@ -100,6 +108,9 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	}
 	if cfg.PublishTimeout == 0 {
 		cfg.PublishTimeout = PublishTimeoutDefault
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
 	}
 	switch {
 	case cfg.ErrorMaxLength < 16:
@@ -136,10 +147,18 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 		ctx := msg.Context()
 		diagnosed := s.diagnose(msg, class, err)
 		if pErr := republish.Publish(s.cfg.Publisher, s.cfg.Topic, diagnosed, s.cfg.PublishTimeout, s.cfg.PublishBackoff); pErr != nil {
+			s.cfg.Logger.Error("Publishing to the poison queue failed; the delivery is nacked after the backoff", diag.RedactError(pErr),
+				telemetry.LogFields(msg, watermill.LogFields{"class": class.String(), "poison_queue": s.cfg.Topic, "backoff": s.cfg.PublishBackoff.String()}))
 			return nil, errors.Join(err, fmt.Errorf("poison: cannot publish to the poison queue %s: %w", s.cfg.Topic, pErr))
 		}
+		fields := watermill.LogFields{"class": class.String(), "reason": diagnosed.Metadata.Get(ReasonKey),
+			"attempt": diagnosed.Metadata.Get(sluice.AttemptKey), "poison_queue": s.cfg.Topic}
+		if p, ok := errors.AsType[*sluice.PanicError](err); ok {
+			fields["stack"] = string(p.Stack)
+		}
+		s.cfg.Logger.Error("Delivery isolated in the poison queue", diag.RedactError(err), telemetry.LogFields(msg, fields))
 		s.poisoned.Add(ctx, 1, metric.WithAttributes(
-			telemetry.HandlerKey.String(message.HandlerNameFromCtx(ctx)), attribute.String("sluice.class", class.String())))
+			telemetry.HandlerKey.String(telemetry.Handler(ctx)), attribute.String("sluice.class", class.String())))
 		sluice.Record(ctx, func(r *sluice.Report) {
 			r.Outcome, r.Class, r.Reason = sluice.OutcomePoisoned, class, diagnosed.Metadata.Get(ReasonKey)
 		})
@@ -166,7 +185,10 @@ func (s *stage) diagnose(msg *message.Message, class sluice.Class, err error) *m
 	}
 	c.Metadata[ClassKey] = class.String()
 	c.Metadata[ReasonKey] = diag.Summary(err, s.cfg.ErrorMaxLength)
-	c.Metadata[ConsumerKey] = cmp.Or(s.cfg.Consumer, message.HandlerNameFromCtx(msg.Context()))
+	if p, ok := errors.AsType[*sluice.PanicError](err); ok {
+		c.Metadata[StackKey] = diag.Bound(string(p.Stack), StackMaxLength)
+	}
+	c.Metadata[ConsumerKey] = cmp.Or(s.cfg.Consumer, telemetry.Handler(msg.Context()))
 	c.Metadata[QueueKey] = queue
 	c.Metadata[ExchangeKey] = exchange
 	c.Metadata[RoutingKeyKey] = routingKey

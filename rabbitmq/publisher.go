@@ -143,7 +143,8 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		cfg.Logger = watermill.NopLogger{}
 	}
 	h, err := telemetry.Meter(cfg.MeterProvider).Float64Histogram(MetricConfirmDuration, metric.WithUnit("s"),
-		metric.WithDescription("Time from publishing a message to its publisher confirm."))
+		metric.WithDescription("Time from publishing a message to its publisher confirm."),
+		metric.WithExplicitBucketBoundaries(telemetry.DurationBuckets...))
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: creating %s: %w", MetricConfirmDuration, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -110,6 +111,10 @@ type Config struct {
 	ErrorMaxLength int
 	// MeterProvider receives the metrics. Default the global provider.
 	MeterProvider metric.MeterProvider
+	// Logger receives one line per copy parked (info), per budget spent
+	// and per failed publish (error). Default watermill.NopLogger;
+	// router.Add gives the router's.
+	Logger watermill.LoggerAdapter
 }
 
 // New returns the retry-tier middleware. On a Transient failure of attempt
@@ -141,6 +146,9 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	}
 	if cfg.PublishTimeout == 0 {
 		cfg.PublishTimeout = PublishTimeoutDefault
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
 	}
 	if cfg.ErrorMaxLength == 0 {
 		cfg.ErrorMaxLength = ErrorMaxLengthDefault
@@ -182,17 +190,24 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, sluice.Poison(errors.Join(aErr, err))
 		}
 		ctx := msg.Context()
+		reason := diag.Summary(err, s.cfg.ErrorMaxLength)
 		if attempt > len(s.cfg.Tiers) {
 			s.exhausted.Add(ctx, 1, telemetry.HandlerAttr(msg))
+			s.cfg.Logger.Error("Retry budget spent: the delivery is exhausted", diag.RedactError(err), telemetry.LogFields(msg,
+				watermill.LogFields{"class": sluice.ClassExhausted.String(), "attempt": attempt, "reason": reason}))
 			return nil, sluice.NewFailure(sluice.ClassExhausted,
 				fmt.Errorf("retry budget spent after %d attempts: %w", attempt, err))
 		}
 		tier := s.cfg.Tiers[attempt-1]
-		if pErr := republish.Publish(s.cfg.Publisher, tier.Topic, s.copy(msg, attempt, tier, err), s.cfg.PublishTimeout, s.cfg.PublishBackoff); pErr != nil {
+		if pErr := republish.Publish(s.cfg.Publisher, tier.Topic, s.copy(msg, attempt, tier, reason), s.cfg.PublishTimeout, s.cfg.PublishBackoff); pErr != nil {
+			s.cfg.Logger.Error("Publishing the retry copy failed; the delivery is nacked after the backoff", diag.RedactError(pErr), telemetry.LogFields(msg,
+				watermill.LogFields{"class": sluice.ClassTransient.String(), "tier": tier.Name, "attempt": attempt, "backoff": s.cfg.PublishBackoff.String()}))
 			return nil, errors.Join(err, fmt.Errorf("retrytiers: publishing the retry copy to tier %s (%s): %w", tier.Name, tier.Topic, pErr))
 		}
+		s.cfg.Logger.Info("Delivery parked in a retry tier", telemetry.LogFields(msg, watermill.LogFields{
+			"class": sluice.ClassTransient.String(), "tier": tier.Name, "attempt": attempt, "next_attempt": attempt + 1, "reason": reason}))
 		s.retries.Add(ctx, 1, metric.WithAttributes(
-			telemetry.HandlerKey.String(message.HandlerNameFromCtx(ctx)), attribute.String("sluice.tier", tier.Name)))
+			telemetry.HandlerKey.String(telemetry.Handler(ctx)), attribute.String("sluice.tier", tier.Name)))
 		sluice.Record(ctx, func(r *sluice.Report) {
 			r.Outcome, r.Class, r.Tier, r.Attempt = sluice.OutcomeRetried, sluice.ClassTransient, tier.Name, attempt+1
 		})
@@ -200,10 +215,10 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 	}
 }
 
-func (s *stage) copy(msg *message.Message, attempt int, tier Tier, err error) *message.Message {
+func (s *stage) copy(msg *message.Message, attempt int, tier Tier, reason string) *message.Message {
 	c := republish.Copy(msg, 4)
 	c.Metadata[sluice.AttemptKey] = strconv.Itoa(attempt + 1)
-	c.Metadata[sluice.LastErrorKey] = diag.Summary(err, s.cfg.ErrorMaxLength)
+	c.Metadata[sluice.LastErrorKey] = reason
 	c.Metadata[sluice.RetryTierKey] = tier.Name
 	if c.Metadata[sluice.FirstFailedAtKey] == "" {
 		c.Metadata[sluice.FirstFailedAtKey] = clock.Now()

@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
 // HandlerConfig is one reliable handler.
@@ -99,6 +100,9 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 	if err := claimTopic(r, cfg.Topic, cfg.Name); err != nil {
 		return nil, err
 	}
+	if cfg.Stages.Logger == nil {
+		cfg.Stages.Logger = r.Logger()
+	}
 	var out []*message.Handler
 	if cfg.Stages.Poison != nil && cfg.Stages.Poison.Consumer == "" {
 		p := *cfg.Stages.Poison
@@ -111,6 +115,7 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 			return nil, err
 		}
 		name := names[i]
+		telemetry.RegisterHandler(name, cfg.Name) // metrics and logs name the handler, not the instance
 		var h *message.Handler
 		if cfg.Handler != nil {
 			h = r.AddConsumerHandler(name, cfg.Topic, cfg.Subscriber, deduplication.ReentryNoPublish(cfg.Handler))

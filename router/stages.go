@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -42,6 +43,10 @@ type Stages struct {
 	// TracerProvider is given to the Trace stage when its own is nil.
 	// Default the global OpenTelemetry provider.
 	TracerProvider trace.TracerProvider
+	// Logger is given to every stage that logs a delivery's fate (Poison,
+	// Retry, Classify, Inbox) whose own Logger is nil. Default: Add gives
+	// the router's logger; Middlewares alone, none.
+	Logger watermill.LoggerAdapter
 }
 
 // Middlewares builds the chosen stages, outermost first, for
@@ -76,6 +81,7 @@ func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
 		cfg := *s.Poison
 		cfg.Classifier = cmp.Or(cfg.Classifier, c)
 		cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
+		cfg.Logger = cmp.Or(cfg.Logger, s.Logger)
 		mw, err := poison.New(cfg)
 		errs = append(errs, add("poison", mw, err))
 	}
@@ -83,6 +89,7 @@ func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
 		cfg := *s.Retry
 		cfg.Classifier = cmp.Or(cfg.Classifier, c)
 		cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
+		cfg.Logger = cmp.Or(cfg.Logger, s.Logger)
 		mw, err := retrytiers.New(cfg)
 		errs = append(errs, add("retry", mw, err))
 	}
@@ -90,6 +97,7 @@ func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
 		cfg := *s.Classify
 		cfg.Classifier = cmp.Or(cfg.Classifier, c)
 		cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
+		cfg.Logger = cmp.Or(cfg.Logger, s.Logger)
 		mw, err := middleware.Classify(cfg)
 		errs = append(errs, add("classify", mw, err))
 	}
@@ -97,6 +105,7 @@ func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
 		cfg := *s.Inbox
 		cfg.Classifier = cmp.Or(cfg.Classifier, c)
 		cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
+		cfg.Logger = cmp.Or(cfg.Logger, s.Logger)
 		mw, err := deduplication.New(cfg)
 		errs = append(errs, add("inbox", mw, err))
 	}

@@ -55,6 +55,14 @@ func TestExampleEmbedded(t *testing.T) {
 	require.Contains(t, body, `sluice_deliveries_total{`)
 	require.Contains(t, body, `sluice_outcome="poisoned"`)
 	require.Contains(t, body, `sluice_handler_duration_seconds_bucket{`)
+	// Second-based buckets (OpenTelemetry's defaults are milliseconds), the
+	// handler label the handler's name.
+	for _, le := range []string{"0.005", "0.1", "1", "10"} {
+		require.Contains(t, body, `le="`+le+`"`)
+	}
+	require.NotContains(t, body, `le="5000"`)
+	require.Contains(t, body, `sluice_handler="inventory"`)
+	require.Contains(t, body, `otel_scope_version="0.3.0"`)
 
 	require.Contains(t, spans.String(), `"Name": "process order.created"`, "spans printed with --trace-stdout")
 	require.Contains(t, spans.String(), `"Name": "send order.created"`)

@@ -5,7 +5,9 @@ package telemetry
 import (
 	"context"
 	"fmt"
+	"sync"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -20,8 +22,40 @@ import (
 // ScopeName is the instrumentation scope of every Sluice meter and tracer.
 const ScopeName = "github.com/sluicemq/sluice"
 
-// HandlerKey is the attribute naming the Watermill handler of a delivery.
+// Version is the instrumentation scope's version.
+const Version = "0.3.0"
+
+// HandlerKey is the attribute naming the handler of a delivery: the name
+// given to router.Add, shared by its competing consumers.
 const HandlerKey = attribute.Key("sluice.handler")
+
+// InstanceKey is the span attribute naming the Watermill handler, one per
+// competing consumer ("inventory-0"); metrics leave it out.
+const InstanceKey = attribute.Key("sluice.handler.instance")
+
+// DurationBuckets are the explicit boundaries, in seconds, of every
+// duration histogram: those the OpenTelemetry messaging semantic
+// conventions recommend. OpenTelemetry's defaults are in milliseconds, and
+// every observation in seconds would fall into the first bucket.
+var DurationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
+
+// handlers maps the Watermill handler names router.Add gives competing
+// consumers ("inventory-0") to the name given to Add ("inventory").
+var handlers sync.Map
+
+// RegisterHandler records that the Watermill handler instance belongs to
+// the handler name.
+func RegisterHandler(instance, name string) { handlers.Store(instance, name) }
+
+// Handler returns the handler name of a delivery: the name given to
+// router.Add, or the Watermill handler's name for handlers added otherwise.
+func Handler(ctx context.Context) string {
+	instance := message.HandlerNameFromCtx(ctx)
+	if name, ok := handlers.Load(instance); ok {
+		return name.(string)
+	}
+	return instance
+}
 
 // Meter returns Sluice's meter from mp, or from the global provider when mp
 // is nil.
@@ -29,13 +63,34 @@ func Meter(mp metric.MeterProvider) metric.Meter {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	return mp.Meter(ScopeName)
+	return mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version))
+}
+
+// Tracer returns Sluice's tracer from tp.
+func Tracer(tp trace.TracerProvider) trace.Tracer {
+	return tp.Tracer(ScopeName, trace.WithInstrumentationVersion(Version))
+}
+
+// LogFields are the fields every log line about a delivery carries: the
+// handler, the event id, the message UUID and the topic — never the
+// payload, and only the metadata named here.
+func LogFields(msg *message.Message, more watermill.LogFields) watermill.LogFields {
+	f := watermill.LogFields{
+		"handler":      Handler(msg.Context()),
+		"event_id":     msg.Metadata.Get("sluice_event_id"),
+		"message_uuid": msg.UUID,
+		"topic":        message.SubscribeTopicFromCtx(msg.Context()),
+	}
+	for k, v := range more {
+		f[k] = v
+	}
+	return f
 }
 
 // HandlerAttr returns the handler attribute of a delivery as a measurement
 // option ("" when the message is not handled by a Watermill router).
 func HandlerAttr(msg *message.Message) metric.MeasurementOption {
-	return metric.WithAttributes(HandlerKey.String(message.HandlerNameFromCtx(msg.Context())))
+	return metric.WithAttributes(HandlerKey.String(Handler(msg.Context())))
 }
 
 // Traceparent returns the W3C traceparent of the span in ctx, or "" when

@@ -2,9 +2,11 @@ package testenv
 
 import (
 	"context"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
@@ -29,4 +31,33 @@ func CounterSum(t testing.TB, reader *sdkmetric.ManualReader, name string) int64
 		}
 	}
 	return total
+}
+
+// AttributeValues collects reader and returns the sorted distinct values of
+// the attribute key on the int64 counter name's data points.
+func AttributeValues(t testing.TB, reader *sdkmetric.ManualReader, name, key string) []string {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	seen := map[string]bool{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != name {
+				continue
+			}
+			sum, ok := m.Data.(metricdata.Sum[int64])
+			require.True(t, ok, "%s is not an int64 sum", name)
+			for _, dp := range sum.DataPoints {
+				if v, ok := dp.Attributes.Value(attribute.Key(key)); ok {
+					seen[v.Emit()] = true
+				}
+			}
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for v := range seen {
+		out = append(out, v)
+	}
+	slices.Sort(out)
+	return out
 }
