@@ -58,7 +58,7 @@ func TestAlertRules(t *testing.T) {
 			require.NotEmpty(t, r.For, r.Alert)
 			require.Contains(t, []string{"warning", "critical"}, r.Labels["severity"], r.Alert)
 			require.NotEmpty(t, r.Annotations["summary"], r.Alert)
-			link := r.Annotations["runbook"]
+			link := r.Annotations["runbook_url"]
 			require.True(t, strings.HasPrefix(link, "docs/operations.md#"), r.Alert)
 			heading := strings.ReplaceAll(strings.TrimPrefix(link, "docs/operations.md#"), "-", " ")
 			require.Regexp(t, `(?im)^## `+regexp.QuoteMeta(heading)+`$`, string(runbook), "%s links to a runbook section that does not exist", r.Alert)
