@@ -45,6 +45,7 @@ type config struct {
 	AMQPURL, PostgresURL string
 	DBPath               string // SQLite file in the embedded mode
 	Name                 string // schema and queue prefix in the servers mode
+	Reset                bool   // drop the schema and purge the queues of Name first
 	MetricsAddr          string
 	TraceOut             io.Writer
 }
@@ -55,7 +56,8 @@ func main() {
 	flag.StringVar(&cfg.AMQPURL, "amqp-url", os.Getenv("SLUICE_AMQP_URL"), "RabbitMQ URL: run on RabbitMQ + PostgreSQL (env SLUICE_AMQP_URL)")
 	flag.StringVar(&cfg.PostgresURL, "postgres-url", os.Getenv("SLUICE_POSTGRES_URL"), "PostgreSQL URL (env SLUICE_POSTGRES_URL)")
 	flag.StringVar(&cfg.DBPath, "db", "", "SQLite file in the embedded mode (default: a new file in a temporary directory)")
-	flag.StringVar(&cfg.Name, "name", "sluice_example", "schema and queue prefix in the servers mode; emptied at start")
+	flag.StringVar(&cfg.Name, "name", "sluice_example", "schema and queue prefix in the servers mode")
+	flag.BoolVar(&cfg.Reset, "reset", false, "servers mode: drop the schema --name and purge its queues first (needed when they exist: never dropped unasked)")
 	flag.StringVar(&cfg.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (e.g. 127.0.0.1:9464) until interrupted")
 	flag.BoolVar(&traceStdout, "trace-stdout", false, "print the spans to stdout")
 	flag.Parse()
@@ -93,7 +95,7 @@ const embeddedNote = "embedded default (GoChannel + SQLite): the retry tiers liv
 // interface (never a nil pointer in one) with its error.
 func newEnv(ctx context.Context, cfg config, meter *sdkmetric.MeterProvider) (env, error) {
 	if cfg.AMQPURL != "" || cfg.PostgresURL != "" {
-		e, err := newServersEnv(ctx, cfg.AMQPURL, cfg.PostgresURL, cmp.Or(cfg.Name, "sluice_example"), meter)
+		e, err := newServersEnv(ctx, cfg.AMQPURL, cfg.PostgresURL, cmp.Or(cfg.Name, "sluice_example"), cfg.Reset, meter)
 		if err != nil {
 			return nil, err
 		}

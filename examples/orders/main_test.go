@@ -86,8 +86,12 @@ func TestExampleServers(t *testing.T) {
 	var outboxed int
 	require.NoError(t, db.Get(&outboxed, `SELECT count(*) FROM `+name+`."watermill_outbox"`))
 	require.Equal(t, 1, outboxed)
-	// Running again starts from empty queues and tables.
-	s, err = run(ctx, config{AMQPURL: testenv.AMQPURL, PostgresURL: testenv.PostgresURL, Name: name})
+	// Running again drops nothing unasked; with Reset it starts from empty
+	// queues and tables.
+	_, err = run(ctx, config{AMQPURL: testenv.AMQPURL, PostgresURL: testenv.PostgresURL, Name: name})
+	require.ErrorIs(t, err, ErrExists)
+	require.NoError(t, db.Get(&outboxed, `SELECT count(*) FROM `+name+`."watermill_outbox"`), "the schema is still there")
+	s, err = run(ctx, config{AMQPURL: testenv.AMQPURL, PostgresURL: testenv.PostgresURL, Name: name, Reset: true})
 	require.NoError(t, err)
 	check(t, s)
 	require.False(t, strings.Contains(name, "-"))

@@ -40,7 +40,11 @@ type serversEnv struct {
 	fwdDone       chan error
 }
 
-func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string, meter metric.MeterProvider) (_ *serversEnv, err error) {
+// ErrExists is returned when the schema the servers mode would use exists
+// and --reset was not given: the example never drops what it was not asked to.
+var ErrExists = errors.New("exists: pass --reset to drop it and purge its queues, or choose another --name")
+
+func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string, reset bool, meter metric.MeterProvider) (_ *serversEnv, err error) {
 	if postgresURL == "" || amqpURL == "" {
 		return nil, errors.New("the servers mode needs both --amqp-url and --postgres-url")
 	}
@@ -58,6 +62,13 @@ func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string, meter
 		return nil, fmt.Errorf("connecting to %s: %w", diag.RedactURL(postgresURL), diag.RedactError(err))
 	}
 	e.pg = db
+	var exists bool
+	if err := db.GetContext(ctx, &exists, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, name); err != nil {
+		return nil, err
+	}
+	if exists && !reset {
+		return nil, fmt.Errorf("schema %s %w", name, ErrExists)
+	}
 	for _, stmt := range append([]string{`DROP SCHEMA IF EXISTS ` + name + ` CASCADE`, `CREATE SCHEMA ` + name}, tables(name).schema()...) {
 		if _, err := db.ExecContext(ctx, stmt); err != nil {
 			return nil, err
