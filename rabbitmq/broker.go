@@ -2,6 +2,7 @@ package rabbitmq
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 
@@ -29,6 +30,8 @@ type BrokerConfig struct {
 	Logger watermill.LoggerAdapter
 	// MeterProvider of the publisher's confirm latency. Default the global provider.
 	MeterProvider metric.MeterProvider
+	// TLS configures an amqps:// URL's TLS, for every connection.
+	TLS *tls.Config
 }
 
 // Broker is one consumer queue on RabbitMQ, as router.Add takes it: its
@@ -52,7 +55,7 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: BrokerConfig.Topology: %w", err)
 	}
-	conn, err := Dial(cfg.URL, DialConfig{Name: "sluice topology"})
+	conn, err := Dial(cfg.URL, DialConfig{Name: "sluice topology", TLS: cfg.TLS})
 	if err != nil {
 		return nil, err
 	}
@@ -60,11 +63,11 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 	if err := topo.Declare(ctx, conn); err != nil {
 		return nil, err
 	}
-	pub, err := NewPublisher(PublisherConfig{URL: cfg.URL, Logger: cfg.Logger, MeterProvider: cfg.MeterProvider})
+	pub, err := NewPublisher(PublisherConfig{URL: cfg.URL, Logger: cfg.Logger, MeterProvider: cfg.MeterProvider, TLS: cfg.TLS})
 	if err != nil {
 		return nil, err
 	}
-	sub, err := NewSubscriber(SubscriberConfig{URL: cfg.URL, Prefetch: cfg.Prefetch, Logger: cfg.Logger})
+	sub, err := NewSubscriber(SubscriberConfig{URL: cfg.URL, Prefetch: cfg.Prefetch, Logger: cfg.Logger, TLS: cfg.TLS})
 	if err != nil {
 		_ = pub.Close()
 		return nil, err

@@ -2,9 +2,11 @@ package rabbitmq
 
 import (
 	"cmp"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -30,6 +32,10 @@ type DialConfig struct {
 	DialTimeout time.Duration
 	// WriteTimeout bounds each socket write. Default WriteTimeoutDefault.
 	WriteTimeout time.Duration
+	// TLS configures the TLS of an amqps:// URL (root CAs, client
+	// certificate, server name). Default: the system's roots. Refused with
+	// an amqp:// URL, which would not use it.
+	TLS *tls.Config
 }
 
 // Dial connects to url (amqp:// or amqps://). Its errors never hold the
@@ -38,6 +44,9 @@ type DialConfig struct {
 func Dial(url string, cfg DialConfig) (*amqp.Connection, error) {
 	if err := CheckURL(url); err != nil {
 		return nil, err
+	}
+	if cfg.TLS != nil && !strings.HasPrefix(url, "amqps://") {
+		return nil, errors.New("rabbitmq: a TLS configuration needs an amqps:// URL")
 	}
 	dialTimeout := cmp.Or(cfg.DialTimeout, DialTimeoutDefault)
 	writeTimeout := cmp.Or(cfg.WriteTimeout, WriteTimeoutDefault)
@@ -50,7 +59,8 @@ func Dial(url string, cfg DialConfig) (*amqp.Connection, error) {
 			}
 			return &deadlineConn{Conn: c, timeout: writeTimeout}, nil
 		},
-		Properties: amqp.Table{"connection_name": cmp.Or(cfg.Name, "sluice")},
+		Properties:      amqp.Table{"connection_name": cmp.Or(cfg.Name, "sluice")},
+		TLSClientConfig: cfg.TLS,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: connecting to %s: %w", diag.RedactURL(url), diag.RedactError(err))

@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"sync"
@@ -76,6 +77,8 @@ type PublisherConfig struct {
 	// WriteTimeout bounds each write to the socket, so a broker that stops
 	// reading cannot hold a publish past it. Default WriteTimeoutDefault.
 	WriteTimeout time.Duration
+	// TLS configures an amqps:// URL's TLS (DialConfig.TLS).
+	TLS *tls.Config
 	// Logger reports reconnects. Default watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 	// MeterProvider receives MetricConfirmDuration. Default the global provider.
@@ -228,7 +231,7 @@ func (p *Publisher) channel() (*confirmChannel, *atomic.Pointer[amqp.Blocking], 
 		p.ch = nil
 	}
 	if p.conn == nil || p.conn.IsClosed() {
-		conn, err := Dial(p.cfg.URL, DialConfig{Name: "sluice publisher", DialTimeout: p.cfg.DialTimeout, WriteTimeout: p.cfg.WriteTimeout})
+		conn, err := Dial(p.cfg.URL, DialConfig{Name: "sluice publisher", DialTimeout: p.cfg.DialTimeout, WriteTimeout: p.cfg.WriteTimeout, TLS: p.cfg.TLS})
 		if err != nil {
 			return nil, nil, err
 		}

@@ -1,8 +1,10 @@
 package rabbitmq
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
@@ -23,6 +25,8 @@ type SubscriberConfig struct {
 	Prefetch int
 	// Logger. Default watermill.NopLogger.
 	Logger watermill.LoggerAdapter
+	// TLS configures an amqps:// URL's TLS.
+	TLS *tls.Config
 }
 
 // NewSubscriber returns a watermill-amqp subscriber that consumes the queue
@@ -48,7 +52,11 @@ func NewSubscriber(cfg SubscriberConfig) (*wamqp.Subscriber, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}
 	}
+	if cfg.TLS != nil && !strings.HasPrefix(cfg.URL, "amqps://") {
+		return nil, errors.New("rabbitmq: SubscriberConfig.TLS needs an amqps:// URL")
+	}
 	c := wamqp.NewDurableQueueConfig(cfg.URL)
+	c.Connection.TLSConfig = cfg.TLS
 	c.Marshaler = Marshaler{}
 	c.Consume.Qos.PrefetchCount = cfg.Prefetch
 	c.TopologyBuilder = declaredElsewhere{}

@@ -107,7 +107,11 @@ func parseTime(flag, v string) (time.Time, error) {
 }
 
 func connect(g *globals) (*amqp.Connection, error) {
-	return rabbitmq.Dial(g.url(), rabbitmq.DialConfig{Name: "sluice cli"})
+	tlsCfg, err := g.tls()
+	if err != nil {
+		return nil, err
+	}
+	return rabbitmq.Dial(g.url(), rabbitmq.DialConfig{Name: "sluice cli", TLS: tlsCfg})
 }
 
 func newDLQ(g *globals, out io.Writer) *cobra.Command {
@@ -273,7 +277,11 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 				return err
 			}
 			defer done()
-			pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: g.url()})
+			tlsCfg, err := g.tls()
+			if err != nil {
+				return err
+			}
+			pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: g.url(), TLS: tlsCfg})
 			if err != nil {
 				return err
 			}

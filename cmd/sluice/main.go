@@ -12,6 +12,8 @@
 package main
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -54,6 +56,39 @@ type globals struct {
 	amqpURL  string
 	operator string
 	audit    string
+	tlsCA    string
+	tlsCert  string
+	tlsKey   string
+}
+
+// tls returns the TLS configuration of the flags, or nil when none is set
+// (an amqps:// URL then uses the system's roots).
+func (g *globals) tls() (*tls.Config, error) {
+	if g.tlsCA == "" && g.tlsCert == "" && g.tlsKey == "" {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if g.tlsCA != "" {
+		pem, err := os.ReadFile(g.tlsCA)
+		if err != nil {
+			return nil, usageError{fmt.Errorf("--tls-ca: %w", err)}
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, usageError{fmt.Errorf("--tls-ca %s: no PEM certificate in it", g.tlsCA)}
+		}
+	}
+	if (g.tlsCert == "") != (g.tlsKey == "") {
+		return nil, usageError{errors.New("--tls-cert and --tls-key go together")}
+	}
+	if g.tlsCert != "" {
+		pair, err := tls.LoadX509KeyPair(g.tlsCert, g.tlsKey)
+		if err != nil {
+			return nil, usageError{fmt.Errorf("--tls-cert/--tls-key: %w", err)}
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
 }
 
 func newRoot(stdout io.Writer) *cobra.Command {
@@ -68,6 +103,9 @@ func newRoot(stdout io.Writer) *cobra.Command {
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.amqpURL, "amqp-url", "", "RabbitMQ URL; default: env SLUICE_AMQP_URL, else the local broker with RabbitMQ's guest account. Its password is never printed")
 	pf.StringVar(&g.operator, "operator", localenv.Get("SLUICE_OPERATOR", localenv.Get("USER", "unknown")), "who runs this, recorded in replay headers and the audit log")
+	pf.StringVar(&g.tlsCA, "tls-ca", "", "PEM file of the CA that signed the broker's certificate (amqps:// URLs); default: the system's roots")
+	pf.StringVar(&g.tlsCert, "tls-cert", "", "PEM client certificate for amqps:// URLs (with --tls-key)")
+	pf.StringVar(&g.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	pf.StringVar(&g.audit, "audit", localenv.Get("SLUICE_AUDIT_FILE", "sluice-audit.jsonl"), `audit log of replay and archive runs (JSON lines); "-" for stdout`)
 	root.AddCommand(newDLQ(g, stdout), newTopology(g, stdout))
 	return root

@@ -413,3 +413,38 @@ func TestReplayKeepsTheProducersProperties(t *testing.T) {
 	require.True(t, pub.Timestamp.Equal(r.Timestamp))
 	require.Equal(t, "com.example.OrderCreated", r.Headers["__TypeId__"])
 }
+
+// The CLI reaches a broker behind TLS with --tls-ca, and says what is wrong
+// with a bad TLS flag.
+func TestCLIOverTLS(t *testing.T) {
+	t.Parallel()
+	files, _ := testenv.TestCA(t)
+	node := testenv.StartPrivateRabbitMQWith(t, testenv.PrivateRabbitMQOptions{TLS: &files})
+	conn, err := rabbitmq.Dial(node.URL, rabbitmq.DialConfig{})
+	require.NoError(t, err)
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare("orders.poison", true, false, false, false, nil)
+	require.NoError(t, err)
+
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	require.NoError(t, os.WriteFile(ca, files.CA, 0o600))
+	run := func(args ...string) (int, string, string) {
+		var out, errOut bytes.Buffer
+		code := run(append([]string{"--amqp-url", node.TLSURL, "--audit", "-"}, args...), &out, &errOut)
+		return code, out.String(), errOut.String()
+	}
+	code, out, errOut := run("--tls-ca", ca, "dlq", "stats", "--queue", "orders.poison")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "0")
+	code, _, errOut = run("dlq", "stats", "--queue", "orders.poison")
+	require.Equal(t, 1, code, "without the CA the broker's certificate is refused")
+	require.Contains(t, errOut, "certificate")
+	code, _, errOut = run("--tls-ca", filepath.Join(t.TempDir(), "missing.pem"), "dlq", "stats", "--queue", "orders.poison")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--tls-ca")
+	code, _, errOut = run("--tls-cert", ca, "dlq", "stats", "--queue", "orders.poison")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--tls-cert and --tls-key go together")
+}

@@ -91,9 +91,21 @@ func Drain(t testing.TB, conn *amqp.Connection, queue string) []amqp.Delivery {
 // PrivateRabbitMQ is a RabbitMQ node of a test's own, for tests that stop,
 // fill or alarm a broker: the shared one is never disturbed.
 type PrivateRabbitMQ struct {
-	URL  string
-	node string
+	URL    string
+	TLSURL string // amqps://, with PrivateRabbitMQOptions.TLS
+	node   string
 }
+
+// PrivateRabbitMQOptions configure StartPrivateRabbitMQ.
+type PrivateRabbitMQOptions struct {
+	// TLS, when set, adds a TLS listener with these PEM files (read by the
+	// node, which runs as the rabbitmq user: they are copied into its
+	// directory).
+	TLS *TLSFiles
+}
+
+// TLSFiles are PEM files of a TLS listener.
+type TLSFiles struct{ CA, Cert, Key []byte }
 
 // StartPrivateRabbitMQ starts a RabbitMQ node of t's own on a free port
 // (name, ports, data and config of its own; no plugins) and stops it, with
@@ -101,14 +113,33 @@ type PrivateRabbitMQ struct {
 // and root (the node runs as the rabbitmq user).
 func StartPrivateRabbitMQ(t testing.TB) *PrivateRabbitMQ {
 	t.Helper()
+	return StartPrivateRabbitMQWith(t, PrivateRabbitMQOptions{})
+}
+
+// StartPrivateRabbitMQWith is StartPrivateRabbitMQ with options.
+func StartPrivateRabbitMQWith(t testing.TB, o PrivateRabbitMQOptions) *PrivateRabbitMQ {
+	t.Helper()
 	port, distPort := freePort(t), freePort(t)
 	dir, err := os.MkdirTemp("", "sluice-rabbitmq-")
 	require.NoError(t, err)
 	name := Name("sluice") + "@localhost"
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), fmt.Appendf(nil, "listeners.tcp.local = 127.0.0.1:%d\n", port), 0o644))
+	conf := fmt.Sprintf("listeners.tcp.local = 127.0.0.1:%d\n", port)
+	tlsPort := 0
+	if o.TLS != nil {
+		tlsPort = freePort(t)
+		for file, pem := range map[string][]byte{"ca.pem": o.TLS.CA, "cert.pem": o.TLS.Cert, "key.pem": o.TLS.Key} {
+			require.NoError(t, os.WriteFile(filepath.Join(dir, file), pem, 0o600))
+		}
+		conf += fmt.Sprintf("listeners.ssl.local = 127.0.0.1:%d\nssl_options.cacertfile = %s\nssl_options.certfile = %s\nssl_options.keyfile = %s\nssl_options.verify = verify_none\nssl_options.fail_if_no_peer_cert = false\n",
+			tlsPort, filepath.Join(dir, "ca.pem"), filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem"))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte(conf), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("[].\n"), 0o644))
 	require.NoError(t, exec.Command("chown", "-R", "rabbitmq:rabbitmq", dir).Run(), "the node runs as the rabbitmq user")
 	r := &PrivateRabbitMQ{URL: fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port), node: name}
+	if tlsPort != 0 {
+		r.TLSURL = fmt.Sprintf("amqps://guest:guest@127.0.0.1:%d/", tlsPort)
+	}
 	cmd := exec.Command("rabbitmq-server", "-detached")
 	cmd.Env = append(os.Environ(),
 		"RABBITMQ_NODENAME="+name, "RABBITMQ_NODE_PORT="+strconv.Itoa(port), "RABBITMQ_DIST_PORT="+strconv.Itoa(distPort),
