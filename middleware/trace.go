@@ -97,7 +97,11 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 		if o, ok := attrSets.Load(k); ok {
 			return o.(metric.MeasurementOption)
 		}
-		attrs := []attribute.KeyValue{telemetry.HandlerKey.String(k.handler), AttrOutcome.String(string(k.outcome))}
+		attrs := []attribute.KeyValue{telemetry.HandlerKey.String(k.handler), AttrOutcome.String(string(k.outcome)),
+			semconv.MessagingDestinationName(k.dest)}
+		if cfg.System != "" {
+			attrs = append(attrs, semconv.MessagingSystemKey.String(cfg.System))
+		}
 		if k.class != "" {
 			attrs = append(attrs, AttrClass.String(k.class))
 		}
@@ -171,10 +175,10 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 				class = report.Class.String()
 			}
 			if deliveries.Enabled(ctx) {
-				deliveries.Add(ctx, 1, measure(metricKey{handler, report.Outcome, class}))
+				deliveries.Add(ctx, 1, measure(metricKey{handler, dest, report.Outcome, class}))
 			}
 			if duration.Enabled(ctx) {
-				duration.Record(ctx, time.Since(start).Seconds(), measure(metricKey{handler: handler, outcome: report.Outcome}))
+				duration.Record(ctx, time.Since(start).Seconds(), measure(metricKey{handler: handler, dest: dest, outcome: report.Outcome}))
 			}
 			return produced, err
 		}
@@ -187,6 +191,7 @@ var consumerKind = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindCons
 // metricKey selects a cached attribute set of the Trace stage's metrics.
 type metricKey struct {
 	handler string
+	dest    string
 	outcome sluice.Outcome
 	class   string
 }

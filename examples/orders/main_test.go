@@ -62,6 +62,7 @@ func TestExampleEmbedded(t *testing.T) {
 	}
 	require.NotContains(t, body, `le="5000"`)
 	require.Contains(t, body, `sluice_handler="inventory"`)
+	require.Regexp(t, `sluice_deliveries_total\{[^}]*messaging_destination_name="order.created"[^}]*messaging_system="gochannel"`, body)
 	require.Contains(t, body, `otel_scope_version="0.3.0"`)
 
 	require.Contains(t, spans.String(), `"Name": "process order.created"`, "spans printed with --trace-stdout")
