@@ -10,6 +10,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
@@ -93,4 +95,33 @@ func TestRecoverer(t *testing.T) {
 
 	_, err = middleware.Recoverer(middleware.RecovererConfig{Class: sluice.ClassRejected})
 	require.ErrorContains(t, err, "RecovererConfig.Class")
+}
+
+// On RabbitMQ the consumer span names the routing key the delivery came
+// with (the Marshaler's sluice_amqp_routing_key), and the instrumentation
+// scope has a version.
+func TestTraceRoutingKeyAndScope(t *testing.T) {
+	t.Parallel()
+	spans := tracetest.NewSpanRecorder()
+	trace, err := middleware.Trace(middleware.TraceConfig{
+		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
+		MeterProvider:  sdkmetric.NewMeterProvider(), System: "rabbitmq",
+	})
+	require.NoError(t, err)
+	msg := message.NewMessage("1", nil)
+	msg.Metadata.Set(sluice.SourceRoutingKeyKey, "orders.created.eu")
+	msg.SetContext(t.Context())
+	_, err = trace(func(*message.Message) ([]*message.Message, error) { return nil, nil })(msg)
+	require.NoError(t, err)
+	require.Len(t, spans.Ended(), 1)
+	s := spans.Ended()[0]
+	var rk string
+	for _, a := range s.Attributes() {
+		if a.Key == "messaging.rabbitmq.destination.routing_key" {
+			rk = a.Value.AsString()
+		}
+	}
+	require.Equal(t, "orders.created.eu", rk)
+	require.Equal(t, "github.com/sluicemq/sluice", s.InstrumentationScope().Name)
+	require.NotEmpty(t, s.InstrumentationScope().Version)
 }
