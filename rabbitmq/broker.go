@@ -5,17 +5,19 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicemq/sluice/router"
 )
 
 // ConsumersDefault is how many competing consumers router.Add starts on a
-// Broker: watermill-amqp's subscriber handles one delivery at a time per
-// consumer.
+// Broker with WatermillSubscriber: watermill-amqp's subscriber handles one
+// delivery at a time per consumer. Sluice's Consumer keeps Prefetch
+// deliveries in flight in one, the default.
 const ConsumersDefault = 4
 
 // BrokerConfig configures NewBroker.
@@ -32,15 +34,23 @@ type BrokerConfig struct {
 	MeterProvider metric.MeterProvider
 	// TLS configures an amqps:// URL's TLS, for every connection.
 	TLS *tls.Config
+	// DrainTimeout bounds how long closing waits for the deliveries in
+	// flight (ConsumerConfig.DrainTimeout). Default DrainTimeoutDefault.
+	DrainTimeout time.Duration
+	// WatermillSubscriber consumes with watermill-amqp's subscriber (one
+	// delivery at a time per consumer, ConsumersDefault consumers; closing
+	// nacks the deliveries in flight) instead of Sluice's Consumer.
+	WatermillSubscriber bool
 }
 
 // Broker is one consumer queue on RabbitMQ, as router.Add takes it: its
 // topology declared (the queue, its retry tiers, its poison queue), the
 // confirmed publisher for the copies, and a subscriber with the Marshaler.
 type Broker struct {
-	topo *Topology
-	pub  *Publisher
-	sub  *wamqp.Subscriber
+	topo      *Topology
+	pub       *Publisher
+	sub       message.Subscriber
+	consumers int
 }
 
 var _ router.Broker = (*Broker)(nil)
@@ -67,23 +77,30 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	sub, err := NewSubscriber(SubscriberConfig{URL: cfg.URL, Prefetch: cfg.Prefetch, Logger: cfg.Logger, TLS: cfg.TLS})
+	b := &Broker{topo: topo, pub: pub, consumers: 1}
+	if cfg.WatermillSubscriber {
+		b.sub, err = NewSubscriber(SubscriberConfig{URL: cfg.URL, Prefetch: cfg.Prefetch, Logger: cfg.Logger, TLS: cfg.TLS})
+		b.consumers = ConsumersDefault
+	} else {
+		b.sub, err = NewConsumer(ConsumerConfig{URL: cfg.URL, Prefetch: cfg.Prefetch, Logger: cfg.Logger, TLS: cfg.TLS, DrainTimeout: cfg.DrainTimeout})
+	}
 	if err != nil {
 		_ = pub.Close()
 		return nil, err
 	}
-	return &Broker{topo: topo, pub: pub, sub: sub}, nil
+	return b, nil
 }
 
 // Endpoints are the queue's: its subscriber, its tiers and poison queue,
 // the confirmed publisher for both kinds of copies, System "rabbitmq", and
-// ConsumersDefault competing consumers.
+// one consumer (Prefetch deliveries in flight), or ConsumersDefault with
+// WatermillSubscriber.
 func (b *Broker) Endpoints() router.Endpoints {
 	return router.Endpoints{
 		System: "rabbitmq", Topic: b.topo.Queue(), Subscriber: b.sub,
 		Tiers: b.topo.Tiers(), RetryPublisher: b.pub,
 		PoisonTopic: b.topo.PoisonQueue(), PoisonPublisher: b.pub,
-		Consumers: ConsumersDefault,
+		Consumers: b.consumers,
 	}
 }
 

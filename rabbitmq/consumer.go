@@ -1,0 +1,249 @@
+package rabbitmq
+
+import (
+	"cmp"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluicemq/sluice/internal/diag"
+)
+
+// Consumer defaults.
+const (
+	DrainTimeoutDefault     = 30 * time.Second
+	ReconnectBackoffDefault = time.Second
+	reconnectBackoffMax     = 30 * time.Second
+)
+
+// ErrConsumerClosed is returned by Subscribe after Close.
+var ErrConsumerClosed = errors.New("rabbitmq: consumer closed")
+
+// ConsumerConfig configures NewConsumer.
+type ConsumerConfig struct {
+	// URL of the broker. Required; its password never appears in errors.
+	URL string
+	// TLS configures an amqps:// URL's TLS.
+	TLS *tls.Config
+	// Prefetch is how many deliveries a subscription has in flight at once,
+	// each handled by its own router goroutine and acked by its own
+	// delivery tag, in any order. Default PrefetchDefault.
+	Prefetch int
+	// DrainTimeout bounds Close's wait for the deliveries in flight to be
+	// acked or nacked. Default DrainTimeoutDefault.
+	DrainTimeout time.Duration
+	// ReconnectBackoff is the first wait before reconnecting after the
+	// connection or channel closed; it doubles up to 30 s. Default
+	// ReconnectBackoffDefault.
+	ReconnectBackoff time.Duration
+	// Marshaler reads deliveries. Default Marshaler{}.
+	Marshaler wamqp.Marshaler
+	// Logger reports reconnects and deliveries it cannot read. Default
+	// watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+}
+
+// Consumer is Sluice's RabbitMQ message.Subscriber. Unlike watermill-amqp's,
+// which waits for each delivery's ack before it reads the next, a
+// subscription keeps up to Prefetch deliveries in flight: the router handles
+// each in its own goroutine and the Consumer acks or nacks (with requeue) each
+// by its delivery tag as its handler finishes, in any order. A slow retry
+// publish no longer holds the next messages back.
+//
+// Close drains: it cancels the consumers (basic.cancel: no new deliveries),
+// waits up to DrainTimeout for the deliveries in flight to be acked or
+// nacked, then closes the channels — deliveries prefetched but never handed
+// to a handler go back to the queue unprocessed, never handled twice. The
+// router calls Close when it closes, so a deploy no longer turns the work
+// in flight into redeliveries. A subscription reconnects, with backoff,
+// after a broker restart or a closed channel. Safe for concurrent use.
+type Consumer struct {
+	cfg ConsumerConfig
+
+	mu      sync.Mutex
+	closed  bool
+	closing chan struct{}
+	subs    sync.WaitGroup
+}
+
+var _ message.Subscriber = (*Consumer)(nil)
+
+// NewConsumer validates cfg and returns a Consumer; it connects on Subscribe.
+func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
+	if err := CheckURL(cfg.URL); err != nil {
+		return nil, fmt.Errorf("rabbitmq: ConsumerConfig.URL: %w", err)
+	}
+	cfg.Prefetch = cmp.Or(cfg.Prefetch, PrefetchDefault)
+	cfg.DrainTimeout = cmp.Or(cfg.DrainTimeout, DrainTimeoutDefault)
+	cfg.ReconnectBackoff = cmp.Or(cfg.ReconnectBackoff, ReconnectBackoffDefault)
+	switch {
+	case cfg.Prefetch < 0:
+		return nil, fmt.Errorf("rabbitmq: ConsumerConfig.Prefetch must be positive, got %d", cfg.Prefetch)
+	case cfg.DrainTimeout < 0:
+		return nil, fmt.Errorf("rabbitmq: ConsumerConfig.DrainTimeout must be positive, got %s", cfg.DrainTimeout)
+	case cfg.ReconnectBackoff < 0:
+		return nil, fmt.Errorf("rabbitmq: ConsumerConfig.ReconnectBackoff must be positive, got %s", cfg.ReconnectBackoff)
+	}
+	if cfg.Marshaler == nil {
+		cfg.Marshaler = Marshaler{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
+	}
+	return &Consumer{cfg: cfg, closing: make(chan struct{})}, nil
+}
+
+// Subscribe consumes the queue named topic (declared beforehand: Topology).
+// The channel closes once the subscription has drained, after ctx ends or
+// Close.
+func (c *Consumer) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if err := CheckName("queue", topic); err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, ErrConsumerClosed
+	}
+	out := make(chan *message.Message)
+	s := &subscription{c: c, queue: topic, out: out}
+	c.subs.Add(1)
+	go func() {
+		defer c.subs.Done()
+		s.run(ctx)
+	}()
+	return out, nil
+}
+
+// Close stops every subscription, draining the deliveries in flight (see
+// Consumer), and waits for them. It is idempotent.
+func (c *Consumer) Close() error {
+	c.mu.Lock()
+	if !c.closed {
+		c.closed = true
+		close(c.closing)
+	}
+	c.mu.Unlock()
+	c.subs.Wait()
+	return nil
+}
+
+// subscription is one Subscribe: a connection and channel of its own.
+type subscription struct {
+	c     *Consumer
+	queue string
+	out   chan *message.Message
+}
+
+func (s *subscription) run(ctx context.Context) {
+	defer close(s.out)
+	stop := make(chan struct{})
+	go func() { // ctx or Close: either ends the subscription
+		select {
+		case <-ctx.Done():
+		case <-s.c.closing:
+		}
+		close(stop)
+	}()
+	backoff := s.c.cfg.ReconnectBackoff
+	for {
+		err := s.consume(ctx, stop)
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		s.c.cfg.Logger.Error("Consuming stopped; reconnecting after a backoff", err,
+			watermill.LogFields{"queue": s.queue, "backoff": backoff.String()})
+		select {
+		case <-stop:
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, reconnectBackoffMax)
+	}
+}
+
+// consume runs one connection until it fails (the error) or stop closes (nil,
+// after draining).
+func (s *subscription) consume(ctx context.Context, stop <-chan struct{}) error {
+	conn, err := Dial(s.c.cfg.URL, DialConfig{Name: "sluice consumer " + s.queue, TLS: s.c.cfg.TLS})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("rabbitmq: opening a channel: %w", err)
+	}
+	if err := ch.Qos(s.c.cfg.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("rabbitmq: setting the prefetch: %w", err)
+	}
+	tag := "sluice-" + watermill.NewShortUUID()
+	deliveries, err := ch.Consume(s.queue, tag, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("rabbitmq: consuming %q: %w", s.queue, err)
+	}
+	var inflight sync.WaitGroup
+	for {
+		select {
+		case <-stop:
+			return s.drain(ch, tag, &inflight)
+		case d, ok := <-deliveries:
+			if !ok {
+				inflight.Wait() // their acks fail on the closed channel: redelivered
+				return errors.New("rabbitmq: the deliveries channel closed (consumer cancelled or channel closed)")
+			}
+			msg, err := s.c.cfg.Marshaler.Unmarshal(d)
+			if err != nil {
+				s.c.cfg.Logger.Error("Delivery not readable; requeued", diag.RedactError(err), watermill.LogFields{"queue": s.queue})
+				_ = d.Nack(false, true)
+				continue
+			}
+			msgCtx, cancel := context.WithCancel(ctx)
+			msg.SetContext(msgCtx)
+			select {
+			case s.out <- msg:
+			case <-stop: // never handed to a handler: back to the queue, unprocessed
+				cancel()
+				_ = d.Nack(false, true)
+				return s.drain(ch, tag, &inflight)
+			}
+			inflight.Add(1)
+			go func() {
+				defer inflight.Done()
+				defer cancel()
+				select {
+				case <-msg.Acked():
+					_ = d.Ack(false)
+				case <-msg.Nacked():
+					_ = d.Nack(false, true)
+				}
+			}()
+		}
+	}
+}
+
+// drain stops new deliveries and waits, up to DrainTimeout, for those in
+// flight to be acked or nacked; closing the channel afterwards returns the
+// prefetched rest to the queue.
+func (s *subscription) drain(ch *amqp.Channel, tag string, inflight *sync.WaitGroup) error {
+	_ = ch.Cancel(tag, false)
+	done := make(chan struct{})
+	go func() { inflight.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(s.c.cfg.DrainTimeout):
+		s.c.cfg.Logger.Error("Deliveries still in flight after the drain timeout; their channel closes and the broker redelivers them", nil,
+			watermill.LogFields{"queue": s.queue, "drain_timeout": s.c.cfg.DrainTimeout.String()})
+	}
+	return ch.Close()
+}

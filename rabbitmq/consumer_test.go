@@ -1,0 +1,132 @@
+package rabbitmq_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/rabbitmq"
+)
+
+// runConsumer runs handler on queue through a Consumer behind a Watermill
+// router (one handler) and returns a function that closes both.
+func runConsumer(t *testing.T, queue string, prefetch int, handler message.NoPublishHandlerFunc) (stop func()) {
+	t.Helper()
+	c, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{URL: testenv.AMQPURL, Prefetch: prefetch, DrainTimeout: 10 * time.Second})
+	require.NoError(t, err)
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	r.AddConsumerHandler("h", queue, c, handler)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	<-r.Running()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			require.NoError(t, r.Close())
+			require.NoError(t, <-done)
+			require.NoError(t, c.Close())
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func publishIDs(t *testing.T, queue string, n int) {
+	t.Helper()
+	pub := newPublisher(t, "")
+	var ms []*message.Message
+	for i := range n {
+		m := message.NewMessage(watermill.NewUUID(), nil)
+		m.Metadata.Set(sluice.EventIDKey, fmt.Sprint("evt-", i))
+		ms = append(ms, m)
+	}
+	require.NoError(t, pub.Publish(queue, ms...))
+}
+
+// One subscription, 16 deliveries in flight, handlers taking 0–20 ms: acks
+// go out in any order, each by its own delivery tag. Every message is
+// handled once and the queue ends empty — a tag acked twice would close the
+// channel and redeliver.
+func TestConsumerOutOfOrderAcks(t *testing.T) {
+	t.Parallel()
+	queue := declareQueue(t, "ooo")
+	const n = 300
+	var (
+		mu               sync.Mutex
+		seen             = map[string]int{}
+		running, maxSeen atomic.Int64
+	)
+	runConsumer(t, queue, 16, func(msg *message.Message) error {
+		now := running.Add(1)
+		defer running.Add(-1)
+		for old := maxSeen.Load(); now > old && !maxSeen.CompareAndSwap(old, now); old = maxSeen.Load() {
+		}
+		time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond)
+		mu.Lock()
+		seen[msg.Metadata.Get(sluice.EventIDKey)]++
+		mu.Unlock()
+		return nil
+	})
+	publishIDs(t, queue, n)
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == n }, 30*time.Second, 10*time.Millisecond)
+	conn := testenv.AMQP(t)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == 0 }, 10*time.Second, 10*time.Millisecond)
+	time.Sleep(200 * time.Millisecond) // a redelivery would show
+	mu.Lock()
+	defer mu.Unlock()
+	for id, k := range seen {
+		require.Equal(t, 1, k, "%s handled %d times", id, k)
+	}
+	require.Greater(t, maxSeen.Load(), int64(4), "deliveries were handled concurrently")
+}
+
+// Closing the router while 16 handlers are in flight: they finish and are
+// acked before the channel closes; what was prefetched but not started goes
+// back unprocessed. A second consumer handles the rest: every message
+// exactly once, none twice — no inbox would have anything to absorb.
+func TestConsumerDrainingClose(t *testing.T) {
+	t.Parallel()
+	queue := declareQueue(t, "drain")
+	const n = 200
+	var (
+		mu      sync.Mutex
+		seen    = map[string]int{}
+		started atomic.Int64
+	)
+	handler := func(msg *message.Message) error {
+		started.Add(1)
+		time.Sleep(50 * time.Millisecond)
+		mu.Lock()
+		seen[msg.Metadata.Get(sluice.EventIDKey)]++
+		mu.Unlock()
+		return nil
+	}
+	stop := runConsumer(t, queue, 16, handler)
+	publishIDs(t, queue, n)
+	require.Eventually(t, func() bool { return started.Load() >= 40 }, 10*time.Second, time.Millisecond)
+	stop() // mid-load: 16 in flight
+	mu.Lock()
+	handledFirst := len(seen)
+	mu.Unlock()
+	require.Less(t, handledFirst, n, "closed mid-load")
+
+	runConsumer(t, queue, 16, handler)
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == n }, 30*time.Second, 10*time.Millisecond)
+	time.Sleep(200 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	for id, k := range seen {
+		require.Equal(t, 1, k, "%s handled %d times: the close redelivered work in flight", id, k)
+	}
+}
