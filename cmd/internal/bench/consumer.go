@@ -24,10 +24,10 @@ import (
 // messages, where 10% fail transiently on their first attempt (and are
 // parked in the first default tier, 30s: they come back after the run, so
 // what is measured is what parking them costs the healthy messages), against
-// a run where all are healthy, with 1 and 8
-// subscriptions (watermill-amqp handles one delivery at a time per
-// subscription). It reports the rate at which the healthy messages are
-// handled in both.
+// a run where all are healthy, with 1 and 8 subscriptions of watermill-amqp's
+// subscriber (one delivery at a time per subscription) and, side by side,
+// 1 subscription of Sluice's Consumer (16 deliveries in flight). It reports
+// the rate at which the healthy messages are handled in both.
 func Consumer(ctx context.Context, o Options) error {
 	conn, err := rabbitmq.Dial(o.AMQPURL, rabbitmq.DialConfig{Name: "sluice bench"})
 	if err != nil {
@@ -44,29 +44,37 @@ func Consumer(ctx context.Context, o Options) error {
 	rounds := max(o.Rounds/4, 3)
 	var rows [][]string
 	cases := []struct {
-		work time.Duration
-		subs int
-	}{{0, 1}, {0, 8}, {time.Millisecond, 1}, {time.Millisecond, 8}, {3 * time.Millisecond, 8}}
+		work   time.Duration
+		subs   int
+		sluice bool
+	}{
+		{0, 1, false}, {0, 8, false}, {time.Millisecond, 1, false}, {time.Millisecond, 8, false}, {3 * time.Millisecond, 8, false},
+		{0, 1, true}, {time.Millisecond, 1, true}, {3 * time.Millisecond, 1, true},
+	}
 	for _, cs := range cases {
 		var rates [2][]float64 // all healthy, 10% failing
 		for round := range rounds {
 			for k := range 2 {
 				failing := (k+round)%2 == 1
-				r, err := consumerRun(ctx, conn, pub, o.AMQPURL, consumerCase{n: n, subs: cs.subs, work: cs.work, failing: failing})
+				r, err := consumerRun(ctx, conn, pub, o.AMQPURL, consumerCase{n: n, subs: cs.subs, work: cs.work, failing: failing, sluice: cs.sluice})
 				if err != nil {
 					return err
 				}
 				rates[btoi(failing)] = append(rates[btoi(failing)], r)
 			}
 		}
-		rows = append(rows, []string{cs.work.String(), strconv.Itoa(cs.subs), f0(Median(rates[0])), f0(Median(rates[1])), f2(MedianRatio(rates[1], rates[0]))})
+		kind := "watermill-amqp"
+		if cs.sluice {
+			kind = "sluice Consumer"
+		}
+		rows = append(rows, []string{kind, cs.work.String(), strconv.Itoa(cs.subs), f0(Median(rates[0])), f0(Median(rates[1])), f2(MedianRatio(rates[1], rates[0]))})
 	}
 	latency, err := confirmLatency(ctx, conn, pub)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(o.Out, "Consumer on RabbitMQ behind poison → retrytiers → classify, %d messages preloaded, %d rounds interleaved\n\n", n, rounds)
-	Table(o.Out, []string{"handler work", "subscriptions", "all healthy msg/s", "10% transient msg/s (healthy ones)", "ratio"}, rows)
+	Table(o.Out, []string{"subscriber", "handler work", "subscriptions", "all healthy msg/s", "10% transient msg/s (healthy ones)", "ratio"}, rows)
 	fmt.Fprintf(o.Out, "confirm latency of one persistent message, nothing else in flight: median %s\n", latency.Round(10*time.Microsecond))
 	fmt.Fprintln(o.Out, "target: ≥ 0.9 (a failing message does not hold up the healthy ones); reached once a healthy message costs the handler more than parking a failure costs (a confirmed publish under load)")
 	return nil
@@ -79,6 +87,7 @@ type consumerCase struct {
 	n, subs int
 	work    time.Duration // simulated I/O per healthy message (time.Sleep)
 	failing bool
+	sluice  bool // Sluice's Consumer instead of watermill-amqp's subscriber
 }
 
 func consumerRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, url string, cc consumerCase) (float64, error) {
@@ -133,7 +142,12 @@ func consumerRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publi
 	if err != nil {
 		return 0, err
 	}
-	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: url})
+	var sub message.Subscriber
+	if cc.sluice {
+		sub, err = rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{URL: url})
+	} else {
+		sub, err = rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: url})
+	}
 	if err != nil {
 		return 0, err
 	}
