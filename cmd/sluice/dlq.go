@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jedib0t/go-pretty/v6/progress"
 	"github.com/jedib0t/go-pretty/v6/table"
@@ -178,8 +180,8 @@ func countTable(out io.Writer, title string, counts map[string]int) {
 	t.SetOutputMirror(out)
 	t.SetStyle(table.StyleLight)
 	t.AppendHeader(table.Row{title, "messages"})
-	for _, k := range keys {
-		t.AppendRow(table.Row{k, counts[k]})
+	for _, k := range keys { // message contents: escaped and bounded
+		t.AppendRow(table.Row{diag.Printable(k, cellMax), counts[k]})
 	}
 	t.Render()
 }
@@ -208,7 +210,13 @@ func newInspect(g *globals, out io.Writer) *cobra.Command {
 			if asJSON {
 				var recs []map[string]any
 				for _, m := range ms {
-					recs = append(recs, map[string]any{"uuid": m.Msg.UUID, "metadata": m.Msg.Metadata, "payload": string(m.Msg.Payload)})
+					rec := map[string]any{"uuid": m.Msg.UUID, "metadata": m.Msg.Metadata}
+					if utf8.Valid(m.Msg.Payload) {
+						rec["payload"] = string(m.Msg.Payload)
+					} else { // bytes kept losslessly, and said so
+						rec["payload_base64"] = base64.StdEncoding.EncodeToString(m.Msg.Payload)
+					}
+					recs = append(recs, rec)
 				}
 				return json.NewEncoder(out).Encode(recs)
 			}
@@ -216,11 +224,12 @@ func newInspect(g *globals, out io.Writer) *cobra.Command {
 				t := table.NewWriter()
 				t.SetOutputMirror(out)
 				t.SetStyle(table.StyleLight)
-				t.SetTitle(fmt.Sprintf("%d. %s (event %s)", i+1, m.Class, orDash(m.EventID)))
+				t.SetTitle(fmt.Sprintf("%d. %s (event %s)", i+1, diag.Printable(m.Class, 32), orDash(diag.Printable(m.EventID, cellMax))))
 				for _, row := range [][2]string{
-					{"reason", m.Reason}, {"event type", m.EventType}, {"consumer", m.Consumer}, {"queue", m.Queue},
-					{"attempts", m.Attempts}, {"poisoned at", formatTime(m.PoisonedAt)}, {"trace id", m.TraceID},
-					{"payload", diag.Bound(string(m.Msg.Payload), preview)},
+					{"reason", diag.Printable(m.Reason, cellMax)}, {"event type", diag.Printable(m.EventType, cellMax)},
+					{"consumer", diag.Printable(m.Consumer, cellMax)}, {"queue", diag.Printable(m.Queue, cellMax)},
+					{"attempts", diag.Printable(m.Attempts, 32)}, {"poisoned at", formatTime(m.PoisonedAt)}, {"trace id", diag.Printable(m.TraceID, 64)},
+					{"payload", diag.Printable(string(m.Msg.Payload), preview)},
 				} {
 					t.AppendRow(table.Row{row[0], orDash(row[1])})
 				}
@@ -235,6 +244,9 @@ func newInspect(g *globals, out io.Writer) *cobra.Command {
 	cmd.Flags().IntVar(&preview, "preview", 200, "payload bytes shown")
 	return cmd
 }
+
+// cellMax bounds what a table cell shows of a message's contents, in bytes.
+const cellMax = 200
 
 func orDash(s string) string {
 	if s == "" {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -447,4 +448,42 @@ func TestCLIOverTLS(t *testing.T) {
 	code, _, errOut = run("--tls-cert", ca, "dlq", "stats", "--queue", "orders.poison")
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "--tls-cert and --tls-key go together")
+}
+
+// Message contents are hostile: escape sequences (window title, clear
+// screen, a C1 CSI, a bidi override), a 100 KB header, a binary body. What
+// stats and inspect print has no control byte but newlines, bounded cells,
+// and inspect --json keeps a binary body losslessly.
+func TestHostileContentsAreEscapedAndBounded(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue()})
+	require.NoError(t, err)
+	body := []byte("\x1b[2J\xff\xfe binary \x00")
+	m := message.NewMessage(watermill.NewUUID(), body)
+	m.Metadata.Set(sluice.EventIDKey, "evt-\x1b]0;pwned\x07")
+	m.Metadata.Set(sluice.EventTypeKey, "type-\u202eevil"+strings.Repeat("x", 100_000))
+	_, err = mw(func(*message.Message) ([]*message.Message, error) {
+		return nil, sluice.Poison(errors.New("bad \x1b[31mred\x1b[0m \x9b2J"))
+	})(m)
+	require.NoError(t, err)
+
+	for _, args := range [][]string{{"dlq", "stats", "--queue", b.topo.PoisonQueue()}, {"dlq", "inspect", "--queue", b.topo.PoisonQueue()}} {
+		code, out, errOut := b.cli(t, args...)
+		require.Equal(t, 0, code, errOut)
+		for _, r := range out {
+			require.False(t, r < 0x20 && r != '\n' || r == 0x7f || r >= 0x80 && r <= 0x9f || r >= 0x202a && r <= 0x202e,
+				"%v printed the control character %U", args, r)
+		}
+		require.Contains(t, out, `\x1b`, "escaped, not dropped")
+		require.Less(t, len(out), 8_000, "%v: bounded, not 100 KB", args)
+	}
+	code, out, errOut := b.cli(t, "dlq", "inspect", "--queue", b.topo.PoisonQueue(), "--json")
+	require.Equal(t, 0, code, errOut)
+	var recs []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &recs))
+	require.Len(t, recs, 1)
+	raw, err := base64.StdEncoding.DecodeString(recs[0]["payload_base64"].(string))
+	require.NoError(t, err)
+	require.Equal(t, body, raw, "the binary body, byte for byte")
 }

@@ -5,6 +5,7 @@ package diag
 
 import (
 	"errors"
+	"fmt"
 	"net/url"
 	"regexp"
 	"strings"
@@ -127,4 +128,28 @@ func Bound(s string, max int) string {
 		cut--
 	}
 	return s[:cut] + ellipsis
+}
+
+// Printable returns s made safe for a terminal and bounded: invalid UTF-8
+// becomes U+FFFD, and every control character — C0 (ESC, BEL, CR, LF, TAB
+// included), DEL, C1, and the Unicode bidirectional overrides — is written
+// as a Go escape (\x1b, \u202e), so a message's contents can never move the
+// cursor, set a window title or clear the screen. The result is cut to at
+// most max bytes, ending in "…" when cut.
+func Printable(s string, max int) string {
+	var b strings.Builder
+	for _, r := range strings.ToValidUTF8(s, "\uFFFD") {
+		switch {
+		case r < 0x20, r == 0x7f, r >= 0x80 && r <= 0x9f:
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069, r == 0x200e, r == 0x200f:
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			b.WriteRune(r)
+		}
+		if b.Len() > max+8 { // enough to cut on a rune boundary below
+			break
+		}
+	}
+	return Bound(b.String(), max)
 }

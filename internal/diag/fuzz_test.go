@@ -78,3 +78,23 @@ var (
 	secretChars = regexp.MustCompile(`^[A-Za-z0-9._~+/=!#$%^*()-]+$`)
 	tokenChars  = regexp.MustCompile(`^[A-Za-z0-9._~+/=-]+$`)
 )
+
+// FuzzPrintable: whatever a message holds, what the CLI prints of it has no
+// control byte and stays within its bound.
+func FuzzPrintable(f *testing.F) {
+	f.Add("\x1b]0;pwned\x07\x1b[2J title", 64)
+	f.Add("ok \u202eevil\u202c \x9b31m", 8)
+	f.Add("\xff\xfe\x00", 3)
+	f.Fuzz(func(t *testing.T, s string, max int) {
+		max = int(uint(max) % 4097)
+		p := diag.Printable(s, max)
+		if len(p) > max {
+			t.Fatalf("%d bytes, max %d", len(p), max)
+		}
+		for _, r := range p {
+			if r < 0x20 || r == 0x7f || (r >= 0x80 && r <= 0x9f) || (r >= 0x202a && r <= 0x202e) || (r >= 0x2066 && r <= 0x2069) {
+				t.Fatalf("control character %U in %q", r, p)
+			}
+		}
+	})
+}
