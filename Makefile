@@ -5,7 +5,7 @@ GO            ?= go
 GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 TEST_TIMEOUT  ?= 12m
 FUZZTIME      ?= 5s
-FUZZ_TARGETS  := FuzzMarshalerUnmarshal:./rabbitmq FuzzClassifier:./middleware FuzzSummary:./internal/diag FuzzRedactSecret:./internal/diag FuzzPrintable:./internal/diag FuzzKeyFromJSON:./deduplication
+FUZZ_TARGETS  := FuzzMarshalerUnmarshal:./rabbitmq FuzzClassifier:. FuzzSummary:./internal/diag FuzzRedactSecret:./internal/diag FuzzPrintable:./internal/diag FuzzKeyFromJSON:./deduplication
 
 .DEFAULT_GOAL := help
 .PHONY: help run services test test-race fuzz chaos bench lint fmt tidy cover
