@@ -117,7 +117,14 @@ func connect(g *globals) (*amqp.Connection, error) {
 }
 
 func newDLQ(g *globals, out io.Writer) *cobra.Command {
-	cmd := &cobra.Command{Use: "dlq", Short: "Inspect, replay and archive a poison queue"}
+	cmd := &cobra.Command{
+		Use: "dlq", Short: "Inspect, replay and archive a poison queue",
+		// A mistyped subcommand's flags are not this command's: let cobra
+		// name the subcommand and suggest the right one instead.
+		FParseErrWhitelist: cobra.FParseErrWhitelist{UnknownFlags: true},
+		Args:               unknownSubcommand,
+		RunE:               func(c *cobra.Command, _ []string) error { return c.Help() },
+	}
 	cmd.AddCommand(newStats(g, out), newInspect(g, out), newReplay(g, out), newArchive(g, out))
 	return cmd
 }
@@ -440,4 +447,20 @@ func (v *progressView) done() {
 		time.Sleep(150 * time.Millisecond) // the last render
 		v.pw.Stop()
 	}
+}
+
+// unknownSubcommand refuses arguments to a command that only has
+// subcommands, with cobra's suggestions ("did you mean replay?").
+func unknownSubcommand(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+	if cmd.SuggestionsMinimumDistance <= 0 {
+		cmd.SuggestionsMinimumDistance = 2
+	}
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		msg += "\n\nDid you mean this?\n\t" + strings.Join(s, "\n\t")
+	}
+	return usageError{errors.New(msg)}
 }

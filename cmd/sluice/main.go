@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 
 	"github.com/spf13/cobra"
 
@@ -94,6 +95,7 @@ func (g *globals) tls() (*tls.Config, error) {
 func newRoot(stdout io.Writer) *cobra.Command {
 	g := &globals{}
 	root := &cobra.Command{
+		Version:       version(),
 		Use:           "sluice",
 		Short:         "Inspect, replay and archive Sluice poison queues; plan and apply topology",
 		SilenceUsage:  true,
@@ -125,4 +127,20 @@ func noArgs(_ *cobra.Command, args []string) error {
 		return usageError{fmt.Errorf("unexpected argument %q", args[0])}
 	}
 	return nil
+}
+
+// version is the module version the binary was built from (go install
+// …@v0.3.0), or "(devel)" with the VCS revision for a local build.
+func version() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "(unknown)"
+	}
+	v := info.Main.Version
+	for _, s := range info.Settings {
+		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+			v += " " + s.Value[:12]
+		}
+	}
+	return v
 }

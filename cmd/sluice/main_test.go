@@ -353,6 +353,16 @@ func TestUsageAndErrors(t *testing.T) {
 	code, out = run("--amqp-url", testenv.AMQPURL, "dlq", "stats", "--queue", testenv.Name("missing"))
 	require.Equal(t, 1, code)
 	require.Contains(t, out, "queue does not exist")
+
+	// A mistyped subcommand is named, with a suggestion, not hidden behind
+	// "unknown flag: --queue".
+	code, out = run("dlq", "replya", "--queue", "q")
+	require.Equal(t, 2, code)
+	require.Contains(t, out, `unknown command "replya" for "sluice dlq"`)
+	require.Contains(t, out, "Did you mean this?\n\treplay")
+	code, out = run("--version")
+	require.Equal(t, 0, code)
+	require.Contains(t, out, "sluice version ")
 }
 
 func TestTopologyPlanAndApply(t *testing.T) {
