@@ -291,6 +291,9 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 			if batch < 1 {
 				return usageError{fmt.Errorf("--batch must be at least 1")}
 			}
+			if err := dlq.CheckAudit(g.audit); err != nil { // before anything moves
+				return err
+			}
 			f, conn, ctx, done, err := ff.open(g)
 			if err != nil {
 				return err
@@ -350,6 +353,9 @@ func newArchive(g *globals, out io.Writer) *cobra.Command {
 		RunE: func(*cobra.Command, []string) error {
 			if file == "" {
 				return usageError{fmt.Errorf("--to is required")}
+			}
+			if err := dlq.CheckAudit(g.audit); err != nil { // before anything moves
+				return err
 			}
 			f, conn, ctx, done, err := ff.open(g)
 			if err != nil {

@@ -497,3 +497,21 @@ func TestHostileContentsAreEscapedAndBounded(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, body, raw, "the binary body, byte for byte")
 }
+
+// An audit log that cannot be written is found before anything moves:
+// archive and replay fail and the poison queue keeps every message.
+func TestUnwritableAuditLogMovesNothing(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	b.fill(t)
+	b.audit = filepath.Join(t.TempDir(), "missing-dir", "audit.jsonl")
+	for _, args := range [][]string{
+		{"dlq", "archive", "--queue", b.topo.PoisonQueue(), "--to", filepath.Join(t.TempDir(), "archive.jsonl")},
+		{"dlq", "replay", "--queue", b.topo.PoisonQueue()},
+	} {
+		code, _, errOut := b.cli(t, args...)
+		require.Equal(t, 1, code, "%v", args)
+		require.Contains(t, errOut, "the audit log cannot be written, nothing was moved")
+		require.Equal(t, 6, testenv.QueueDepth(t, testenv.AMQP(t), b.topo.PoisonQueue()), "%v moved nothing", args)
+	}
+}
