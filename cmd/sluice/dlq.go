@@ -388,9 +388,19 @@ func summary(out io.Writer, what, queue string, res dlq.ReplayResult, dryRun boo
 	}
 	sort.Strings(targets)
 	for _, k := range targets {
-		t.AppendRow(table.Row{"  to " + k, res.ByTarget[k]})
+		t.AppendRow(table.Row{"  to " + diag.Printable(k, cellMax), res.ByTarget[k]})
 	}
 	t.Render()
+	if dryRun && len(res.Plan) > 0 {
+		p := table.NewWriter()
+		p.SetOutputMirror(out)
+		p.SetStyle(table.StyleLight)
+		p.AppendHeader(table.Row{"would replay", "to"})
+		for _, m := range res.Plan {
+			p.AppendRow(table.Row{m.Message, diag.Printable(m.Target, cellMax)})
+		}
+		p.Render()
+	}
 }
 
 func audit(g *globals, command, queue string, f dlq.Filter, opts map[string]string, res dlq.ReplayResult, dryRun bool, runErr error) error {

@@ -182,6 +182,23 @@ func TestReplayDryRunChangesNothing(t *testing.T) {
 	require.Equal(t, "dry-run", recs[0].Outcome)
 	require.Equal(t, 6, recs[0].Result.Selected)
 	require.Zero(t, recs[0].Result.Replayed)
+	require.Len(t, recs[0].Result.Plan, 6, "each selected message with its target")
+	require.Equal(t, dlq.Planned{Message: "event e1", Target: b.topo.Queue()}, recs[0].Result.Plan[0])
+	require.Contains(t, out, "event e6")
+
+	// The dry run checks each target and names the message that has none,
+	// or whose target does not exist: the real run would fail on it.
+	m := message.NewMessage("no-headers-uuid", []byte("{}"))
+	require.NoError(t, b.pub.Publish(b.topo.PoisonQueue(), m))
+	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--dry-run")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "message no-headers-uuid")
+	require.Contains(t, errOut, "no sluice_poison_queue")
+	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--dry-run", "--to", testenv.Name("missing"))
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "event e1: target queue")
+	require.Contains(t, errOut, "does not exist")
+	require.Equal(t, 7, testenv.QueueDepth(t, testenv.AMQP(t), b.topo.PoisonQueue()), "nothing moved")
 }
 
 func TestReplayRate(t *testing.T) {

@@ -1,6 +1,7 @@
 package dlq
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -18,6 +19,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/poison"
 )
 
@@ -129,6 +131,22 @@ type ReplayResult struct {
 	Selected int            `json:"selected"`
 	Replayed int            `json:"replayed"`
 	ByTarget map[string]int `json:"by_target"`
+	// Plan is, for a dry run, each selected message and its target.
+	Plan []Planned `json:"plan,omitempty"`
+}
+
+// Planned is one message a dry run would replay.
+type Planned struct {
+	Message string `json:"message"` // "event <id>", or "message <uuid>" without an event id
+	Target  string `json:"target"`
+}
+
+// name is how errors and plans name m: its event id, else its UUID.
+func (m *Message) name() string {
+	if m.EventID != "" {
+		return "event " + diag.Printable(m.EventID, 128)
+	}
+	return "message " + diag.Printable(m.Msg.UUID, 64)
 }
 
 // ErrNoTarget is returned for a selected message that has no sluice_poison_queue.
@@ -151,9 +169,30 @@ func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Repla
 		limiter = rate.NewLimiter(rate.Limit(cfg.Rate), max(1, min(cfg.Batch, int(cfg.Rate))))
 	}
 	var batch []*Message
+	exists := map[string]error{}
+	plan := func() error { // a dry run checks every target, changes nothing
+		for _, m := range batch {
+			t := cmp.Or(cfg.To, m.Queue)
+			if t == "" {
+				return fmt.Errorf("%w: %s", ErrNoTarget, m.name())
+			}
+			if _, checked := exists[t]; !checked {
+				exists[t] = queueExists(conn, t)
+			}
+			if err := exists[t]; err != nil {
+				return fmt.Errorf("dlq: %s: target %w", m.name(), err)
+			}
+			res.ByTarget[t]++
+			res.Plan = append(res.Plan, Planned{Message: m.name(), Target: t})
+		}
+		batch = batch[:0]
+		return nil
+	}
 	flush := func() error {
-		if len(batch) == 0 || cfg.DryRun {
-			batch = batch[:0]
+		if cfg.DryRun {
+			return plan()
+		}
+		if len(batch) == 0 {
 			return nil
 		}
 		// Group by target, publish each group with confirms, then ack it.
@@ -165,7 +204,7 @@ func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Repla
 				t = m.Queue
 			}
 			if t == "" {
-				return fmt.Errorf("%w: event %s", ErrNoTarget, m.EventID)
+				return fmt.Errorf("%w: %s", ErrNoTarget, m.name())
 			}
 			if _, ok := groups[t]; !ok {
 				order = append(order, t)
@@ -210,6 +249,20 @@ func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Repla
 		return nil
 	}, flush)
 	return res, err
+}
+
+// queueExists reports whether queue exists, on a channel of its own (a
+// passive declare of a missing queue closes its channel).
+func queueExists(conn *amqp.Connection, queue string) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = ch.Close() }()
+	if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("queue %q does not exist or cannot be reached: %w", diag.Printable(queue, 255), err)
+	}
+	return nil
 }
 
 // replayCopy is m as it is replayed: the original payload and event
