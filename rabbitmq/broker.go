@@ -15,9 +15,9 @@ import (
 )
 
 // ConsumersDefault is how many competing consumers router.Add starts on a
-// Broker with WatermillSubscriber: watermill-amqp's subscriber handles one
-// delivery at a time per consumer. Sluice's Consumer keeps Prefetch
-// deliveries in flight in one, the default.
+// Broker: watermill-amqp's subscriber handles one delivery at a time per
+// consumer. With SluiceConsumer, one consumer keeps Prefetch deliveries in
+// flight.
 const ConsumersDefault = 4
 
 // BrokerConfig configures NewBroker.
@@ -37,10 +37,13 @@ type BrokerConfig struct {
 	// DrainTimeout bounds how long closing waits for the deliveries in
 	// flight (ConsumerConfig.DrainTimeout). Default DrainTimeoutDefault.
 	DrainTimeout time.Duration
-	// WatermillSubscriber consumes with watermill-amqp's subscriber (one
-	// delivery at a time per consumer, ConsumersDefault consumers; closing
-	// nacks the deliveries in flight) instead of Sluice's Consumer.
-	WatermillSubscriber bool
+	// SluiceConsumer consumes with Sluice's Consumer (Prefetch deliveries in
+	// flight in one consumer, a draining close) instead of watermill-amqp's
+	// subscriber (one delivery at a time per consumer, ConsumersDefault
+	// consumers; closing nacks the deliveries in flight). Opt-in until the
+	// chaos run's unroutable-poison-queue scenario is settled for it (see
+	// docs/rabbitmq.md).
+	SluiceConsumer bool
 }
 
 // Broker is one consumer queue on RabbitMQ, as router.Add takes it: its
@@ -77,12 +80,12 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Broker{topo: topo, pub: pub, consumers: 1}
-	if cfg.WatermillSubscriber {
-		b.sub, err = NewSubscriber(SubscriberConfig{URL: cfg.URL, Prefetch: cfg.Prefetch, Logger: cfg.Logger, TLS: cfg.TLS})
-		b.consumers = ConsumersDefault
-	} else {
+	b := &Broker{topo: topo, pub: pub, consumers: ConsumersDefault}
+	if cfg.SluiceConsumer {
 		b.sub, err = NewConsumer(ConsumerConfig{URL: cfg.URL, Prefetch: cfg.Prefetch, Logger: cfg.Logger, TLS: cfg.TLS, DrainTimeout: cfg.DrainTimeout})
+		b.consumers = 1
+	} else {
+		b.sub, err = NewSubscriber(SubscriberConfig{URL: cfg.URL, Prefetch: cfg.Prefetch, Logger: cfg.Logger, TLS: cfg.TLS})
 	}
 	if err != nil {
 		_ = pub.Close()
@@ -93,8 +96,7 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 
 // Endpoints are the queue's: its subscriber, its tiers and poison queue,
 // the confirmed publisher for both kinds of copies, System "rabbitmq", and
-// one consumer (Prefetch deliveries in flight), or ConsumersDefault with
-// WatermillSubscriber.
+// ConsumersDefault competing consumers, or one with SluiceConsumer.
 func (b *Broker) Endpoints() router.Endpoints {
 	return router.Endpoints{
 		System: "rabbitmq", Topic: b.topo.Queue(), Subscriber: b.sub,

@@ -38,7 +38,7 @@ func inbox(t *testing.T) (*sqlx.DB, string, *sqlstore.Store) {
 }
 
 // TestRabbitMQStackWithPostgresInbox runs the whole stack on the real
-// services: one consumer with 16 deliveries in flight, the PostgreSQL inbox, 200 events each
+// services: 4 competing consumers, the PostgreSQL inbox, 200 events each
 // published twice, a tenth failing once. Every event's effect exists once.
 func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
 	t.Parallel()
@@ -77,7 +77,7 @@ func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
 		},
 	})
 	require.NoError(t, err)
-	require.Len(t, handlers, 1, "one consumer: Sluice's Consumer keeps the prefetch in flight")
+	require.Len(t, handlers, rabbitmq.ConsumersDefault)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
 	<-r.Running()
