@@ -201,21 +201,18 @@ func (d *deduplicator) middleware(h message.HandlerFunc) message.HandlerFunc {
 
 // claim claims key within ClaimTimeout.
 func (d *deduplicator) claim(ctx context.Context, tx Tx, key string) (bool, error) {
-	if d.cfg.ClaimTimeout < 0 {
-		claimed, err := tx.Claim(ctx, d.cfg.Consumer, key)
-		if err != nil {
-			return false, fmt.Errorf("deduplication: claim %q: %w", key, err)
-		}
-		return claimed, nil
+	claimCtx := ctx
+	var deadline *claimContext
+	if d.cfg.ClaimTimeout > 0 {
+		deadline = newClaimContext(ctx, d.cfg.ClaimTimeout)
+		defer deadline.release()
+		claimCtx = deadline
 	}
-	claimCtx := newClaimContext(ctx, d.cfg.ClaimTimeout)
 	claimed, err := tx.Claim(claimCtx, d.cfg.Consumer, key)
-	timedOut := err != nil && claimCtx.Err() != nil && ctx.Err() == nil
-	claimCtx.release()
 	switch {
 	case err == nil:
 		return claimed, nil
-	case timedOut:
+	case deadline != nil && deadline.Err() != nil && ctx.Err() == nil:
 		return false, fmt.Errorf("%w: claim %q waited longer than the claim timeout (%s): %w", ErrClaimInProgress, key, d.cfg.ClaimTimeout, err)
 	}
 	return false, fmt.Errorf("deduplication: claim %q: %w", key, err)
@@ -232,8 +229,8 @@ func (d *deduplicator) claimAlone(ctx context.Context, aborted Tx, key string) e
 	if err != nil {
 		return fmt.Errorf("deduplication: begin, to record the rejection: %w", err)
 	}
-	if _, err := tx.Claim(ctx, d.cfg.Consumer, key); err != nil {
-		return errors.Join(fmt.Errorf("deduplication: claim %q, to record the rejection: %w", key, err), tx.Rollback(context.WithoutCancel(ctx)))
+	if _, err := d.claim(ctx, tx, key); err != nil {
+		return errors.Join(fmt.Errorf("deduplication: recording the rejection: %w", err), tx.Rollback(context.WithoutCancel(ctx)))
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return errors.Join(fmt.Errorf("deduplication: commit, to record the rejection: %w", err), tx.Rollback(context.WithoutCancel(ctx)))

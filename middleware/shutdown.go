@@ -65,10 +65,9 @@ type graceCtx struct {
 	orig  context.Context
 	grace time.Duration
 
-	armed atomic.Pointer[context.Context] // inner, once armed: read without the lock
+	armed atomic.Pointer[context.Context] // the inner context, once armed; set under mu
 
 	mu       sync.Mutex
-	inner    context.Context // set once armed
 	cancel   context.CancelCauseFunc
 	stopOrig func() bool
 	timer    *time.Timer
@@ -104,8 +103,8 @@ func (g *graceCtx) Value(key any) any {
 func (g *graceCtx) armLocked() context.Context {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.inner != nil {
-		return g.inner
+	if inner := g.armed.Load(); inner != nil {
+		return *inner
 	}
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(g.orig))
 	g.cancel = cancel
@@ -114,7 +113,6 @@ func (g *graceCtx) armLocked() context.Context {
 		ctx, cancelDL = context.WithDeadline(ctx, dl)
 		g.cancel = func(cause error) { cancel(cause); cancelDL() }
 	}
-	g.inner = ctx
 	g.armed.Store(&ctx)
 	if g.returned {
 		g.cancel(nil)
@@ -138,7 +136,7 @@ func (g *graceCtx) end() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.returned = true
-	if g.inner == nil {
+	if g.armed.Load() == nil {
 		return
 	}
 	g.stopOrig()

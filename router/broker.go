@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -47,22 +48,14 @@ type Endpoints struct {
 func (s Stages) withEndpoints(e Endpoints) Stages {
 	if s.Poison != nil {
 		p := *s.Poison
-		if p.Publisher == nil {
-			p.Publisher = e.PoisonPublisher
-		}
-		if p.Topic == "" {
-			p.Topic = e.PoisonTopic
-		}
-		if p.Queue == "" {
-			p.Queue = e.Topic
-		}
+		p.Publisher = cmp.Or(p.Publisher, e.PoisonPublisher)
+		p.Topic = cmp.Or(p.Topic, e.PoisonTopic)
+		p.Queue = cmp.Or(p.Queue, e.Topic)
 		s.Poison = &p
 	}
 	if s.Retry != nil {
 		rt := *s.Retry
-		if rt.Publisher == nil {
-			rt.Publisher = e.RetryPublisher
-		}
+		rt.Publisher = cmp.Or(rt.Publisher, e.RetryPublisher)
 		if rt.Tiers == nil {
 			rt.Tiers = e.Tiers
 		}

@@ -16,6 +16,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
 )
 
@@ -77,7 +78,7 @@ func Tracer(tp trace.TracerProvider) trace.Tracer {
 func LogFields(msg *message.Message, more watermill.LogFields) watermill.LogFields {
 	f := watermill.LogFields{
 		"handler":      Handler(msg.Context()),
-		"event_id":     msg.Metadata.Get("sluice_event_id"),
+		"event_id":     msg.Metadata.Get(sluice.EventIDKey),
 		"message_uuid": msg.UUID,
 		"topic":        message.SubscribeTopicFromCtx(msg.Context()),
 	}

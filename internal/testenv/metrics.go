@@ -11,13 +11,13 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
-// CounterSum collects reader and returns the sum of the int64 counter name
-// over all its attribute sets (0 when it was never added to).
-func CounterSum(t testing.TB, reader *sdkmetric.ManualReader, name string) int64 {
+// counterPoints collects reader and returns the data points of the int64
+// counter name (none when it was never added to).
+func counterPoints(t testing.TB, reader *sdkmetric.ManualReader, name string) []metricdata.DataPoint[int64] {
 	t.Helper()
 	var rm metricdata.ResourceMetrics
 	require.NoError(t, reader.Collect(context.Background(), &rm))
-	var total int64
+	var points []metricdata.DataPoint[int64]
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
 			if m.Name != name {
@@ -25,10 +25,19 @@ func CounterSum(t testing.TB, reader *sdkmetric.ManualReader, name string) int64
 			}
 			sum, ok := m.Data.(metricdata.Sum[int64])
 			require.True(t, ok, "%s is not an int64 sum", name)
-			for _, dp := range sum.DataPoints {
-				total += dp.Value
-			}
+			points = append(points, sum.DataPoints...)
 		}
+	}
+	return points
+}
+
+// CounterSum collects reader and returns the sum of the int64 counter name
+// over all its attribute sets (0 when it was never added to).
+func CounterSum(t testing.TB, reader *sdkmetric.ManualReader, name string) int64 {
+	t.Helper()
+	var total int64
+	for _, dp := range counterPoints(t, reader, name) {
+		total += dp.Value
 	}
 	return total
 }
@@ -37,26 +46,11 @@ func CounterSum(t testing.TB, reader *sdkmetric.ManualReader, name string) int64
 // the attribute key on the int64 counter name's data points.
 func AttributeValues(t testing.TB, reader *sdkmetric.ManualReader, name, key string) []string {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(context.Background(), &rm))
-	seen := map[string]bool{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != name {
-				continue
-			}
-			sum, ok := m.Data.(metricdata.Sum[int64])
-			require.True(t, ok, "%s is not an int64 sum", name)
-			for _, dp := range sum.DataPoints {
-				if v, ok := dp.Attributes.Value(attribute.Key(key)); ok {
-					seen[v.Emit()] = true
-				}
-			}
+	var out []string
+	for _, dp := range counterPoints(t, reader, name) {
+		if v, ok := dp.Attributes.Value(attribute.Key(key)); ok && !slices.Contains(out, v.Emit()) {
+			out = append(out, v.Emit())
 		}
-	}
-	out := make([]string, 0, len(seen))
-	for v := range seen {
-		out = append(out, v)
 	}
 	slices.Sort(out)
 	return out
