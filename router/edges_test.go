@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
@@ -141,4 +142,82 @@ func TestReentryKeepsTheFirstRunsClass(t *testing.T) {
 	require.Equal(t, 1, runs)
 	require.ErrorIs(t, err, deduplication.ErrHandlerReentered)
 	require.Equal(t, sluice.ClassPoison, sluice.ClassOf(err))
+}
+
+// The composition users build: Watermill's Timeout on the router, the whole
+// stack on RabbitMQ with the PostgreSQL inbox, a foreign producer's 10 MiB
+// payload with its AMQP properties, a handler that writes its row and then
+// runs out of time. Every attempt's transaction is rolled back with the
+// deadline, the copies go through every tier, and exactly one poison copy
+// holds the payload and the properties byte for byte.
+func TestTimeoutBehindTheRouterWithTheInboxAndALargeForeignMessage(t *testing.T) {
+	t.Parallel()
+	db, schema, store := inbox(t)
+	queue := testenv.Name("orders")
+	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
+		URL: testenv.AMQPURL, SluiceConsumer: true,
+		Topology: rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond}},
+	})
+	require.NoError(t, err)
+	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", queue+".retry.50ms", queue+".retry.100ms")
+	t.Cleanup(func() { _ = q.Close() })
+
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	r.AddMiddleware(wmiddleware.Timeout(300 * time.Millisecond)) // before the stages: outside them
+	var runs atomic.Int64
+	_, err = router.Add(r, router.HandlerConfig{
+		Broker: q, Name: "inventory", Consumers: 1,
+		Handler: func(msg *message.Message) error {
+			runs.Add(1)
+			if _, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+				fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ($1)`, schema), msg.Metadata.Get(sluice.EventIDKey)); err != nil {
+				return err
+			}
+			<-msg.Context().Done() // the stock service never answers
+			return msg.Context().Err()
+		},
+		Stages: router.Stages{
+			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
+			Inbox: &deduplication.Config{Store: store, Consumer: "inventory"}, Recoverer: &middleware.RecovererConfig{},
+		},
+	})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	<-r.Running()
+
+	body := make([]byte, 10<<20)
+	for i := range body {
+		body[i] = byte(i)
+	}
+	conn := testenv.AMQP(t)
+	ch := testenv.Channel(t, conn)
+	require.NoError(t, ch.PublishWithContext(t.Context(), "", queue, false, false, amqp.Publishing{
+		ContentType: "application/octet-stream", ContentEncoding: "identity", CorrelationId: "corr-1", MessageId: "m-1",
+		Headers: amqp.Table{sluice.EventIDKey: "evt-slow", "__TypeId__": "com.example.Reserve"}, Body: body,
+	}))
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue+".poison") == 1 }, 30*time.Second, 20*time.Millisecond)
+	require.NoError(t, r.Close()) // the Consumer drains: the poisoned original is acked, not requeued
+	require.NoError(t, <-done)
+
+	require.Equal(t, int64(3), runs.Load(), "one run per attempt: the first and one per tier")
+	var rows, claims int
+	require.NoError(t, db.Get(&rows, fmt.Sprintf(`SELECT count(*) FROM %s.reservations`, schema)))
+	require.NoError(t, db.Get(&claims, fmt.Sprintf(`SELECT count(*) FROM %s.inbox`, schema)))
+	require.Zero(t, rows, "each attempt's writes rolled back with its deadline")
+	require.Zero(t, claims)
+	got := testenv.Drain(t, conn, queue+".poison")
+	require.Len(t, got, 1)
+	p := got[0]
+	require.Equal(t, "exhausted", p.Headers[poison.ClassKey])
+	require.Equal(t, body, p.Body)
+	require.Equal(t, "application/octet-stream", p.ContentType)
+	require.Equal(t, "identity", p.ContentEncoding)
+	require.Equal(t, "corr-1", p.CorrelationId)
+	require.Equal(t, "m-1", p.MessageId)
+	require.Equal(t, "com.example.Reserve", p.Headers["__TypeId__"])
+	for _, tier := range []string{".retry.50ms", ".retry.100ms", ""} {
+		require.Zero(t, testenv.QueueDepth(t, conn, queue+tier), "queue %q", queue+tier)
+	}
 }
