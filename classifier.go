@@ -75,9 +75,10 @@ func NewClassifier(cfg ClassifierConfig) (*Classifier, error) {
 // DefaultClassifier returns the classifier of the zero ClassifierConfig.
 func DefaultClassifier() *Classifier { return &Classifier{def: DefaultClassDefault} }
 
-// Classify returns the class of err; Unclassified for nil.
+// Classify returns the class of err; Unclassified for nil and for a
+// delivery held back by the brake (ErrHeld), which no stage acts on.
 func (c *Classifier) Classify(err error) Class {
-	if err == nil {
+	if err == nil || errors.Is(err, ErrHeld) {
 		return Unclassified
 	}
 	if cl := ClassOf(err); cl.Valid() {

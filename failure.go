@@ -108,6 +108,13 @@ func Poison(err error) error { return NewFailure(ClassPoison, err) }
 // person investigates. Nil stays nil.
 func Invariant(err error) error { return NewFailure(ClassInvariant, err) }
 
+// ErrHeld marks a delivery given back to its queue unprocessed, without
+// spending an attempt or a retry tier: the brake returns it (wrapped) while
+// it is engaged. The Classifier gives it no class, so every stage passes it
+// through untouched; the router nacks the delivery and the subscriber
+// requeues it.
+var ErrHeld = errors.New("sluice: delivery held back by the brake")
+
 // ClassOf returns the class of the outermost Failure in err's chain, or
 // Unclassified when there is none. It does not apply any Classifier rules.
 func ClassOf(err error) Class {

@@ -14,6 +14,7 @@ const (
 	OutcomeRetried   Outcome = "retried"   // a copy was parked in a retry tier: acked
 	OutcomePoisoned  Outcome = "poisoned"  // isolated in the poison queue: acked
 	OutcomeFailed    Outcome = "failed"    // an error reached the router: nacked
+	OutcomeHeld      Outcome = "held"      // the brake gave it back unprocessed (ErrHeld): nacked, no attempt spent
 )
 
 // Report is what the stages record about one delivery, for the Trace stage.

@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -157,6 +158,8 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 
 			msg.SetContext(orig)
 			switch {
+			case errors.Is(err, sluice.ErrHeld):
+				report.Outcome = sluice.OutcomeHeld
 			case err != nil:
 				report.Outcome = sluice.OutcomeFailed
 				report.Class = sluice.ClassOf(err)

@@ -15,9 +15,9 @@ import (
 )
 
 // ConsumersDefault is how many competing consumers router.Add starts on a
-// Broker: watermill-amqp's subscriber handles one delivery at a time per
-// consumer. With SluiceConsumer, one consumer keeps Prefetch deliveries in
-// flight.
+// Broker with WatermillSubscriber: watermill-amqp's subscriber handles one
+// delivery at a time per consumer. Sluice's Consumer, the default, needs one:
+// it keeps Prefetch deliveries in flight.
 const ConsumersDefault = 4
 
 // BrokerConfig configures NewBroker.
@@ -37,13 +37,12 @@ type BrokerConfig struct {
 	// DrainTimeout bounds how long closing waits for the deliveries in
 	// flight (ConsumerConfig.DrainTimeout). Default DrainTimeoutDefault.
 	DrainTimeout time.Duration
-	// SluiceConsumer consumes with Sluice's Consumer (Prefetch deliveries in
-	// flight in one consumer, a draining close) instead of watermill-amqp's
-	// subscriber (one delivery at a time per consumer, ConsumersDefault
-	// consumers; closing nacks the deliveries in flight). Opt-in until the
-	// chaos run's unroutable-poison-queue scenario is settled for it (see
-	// docs/rabbitmq.md).
-	SluiceConsumer bool
+	// WatermillSubscriber consumes with watermill-amqp's subscriber (one
+	// delivery at a time per consumer, ConsumersDefault consumers; closing
+	// nacks the deliveries in flight; no brake) instead of Sluice's Consumer
+	// (Prefetch deliveries in flight in one consumer, a draining close, the
+	// brake's pause).
+	WatermillSubscriber bool
 }
 
 // Broker is one consumer queue on RabbitMQ, as router.Add takes it: its
@@ -80,12 +79,12 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Broker{topo: topo, pub: pub, consumers: ConsumersDefault}
-	if cfg.SluiceConsumer {
-		b.sub, err = NewConsumer(ConsumerConfig{URL: cfg.URL, Prefetch: cfg.Prefetch, Logger: cfg.Logger, TLS: cfg.TLS, DrainTimeout: cfg.DrainTimeout})
-		b.consumers = 1
-	} else {
+	b := &Broker{topo: topo, pub: pub, consumers: 1}
+	if cfg.WatermillSubscriber {
 		b.sub, err = NewSubscriber(SubscriberConfig{URL: cfg.URL, Prefetch: cfg.Prefetch, Logger: cfg.Logger, TLS: cfg.TLS})
+		b.consumers = ConsumersDefault
+	} else {
+		b.sub, err = NewConsumer(ConsumerConfig{URL: cfg.URL, Prefetch: cfg.Prefetch, Logger: cfg.Logger, TLS: cfg.TLS, DrainTimeout: cfg.DrainTimeout})
 	}
 	if err != nil {
 		_ = pub.Close()
@@ -96,7 +95,7 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 
 // Endpoints are the queue's: its subscriber, its tiers and poison queue,
 // the confirmed publisher for both kinds of copies, System "rabbitmq", and
-// ConsumersDefault competing consumers, or one with SluiceConsumer.
+// one consumer (ConsumersDefault with WatermillSubscriber).
 func (b *Broker) Endpoints() router.Endpoints {
 	return router.Endpoints{
 		System: "rabbitmq", Topic: b.topo.Queue(), Subscriber: b.sub,

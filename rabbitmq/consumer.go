@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/router"
 )
 
 // Consumer defaults.
@@ -74,7 +75,7 @@ type Consumer struct {
 	subs    sync.WaitGroup
 }
 
-var _ message.Subscriber = (*Consumer)(nil)
+var _ router.GatedSubscriber = (*Consumer)(nil)
 
 // NewConsumer validates cfg and returns a Consumer; it connects on Subscribe.
 func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
@@ -105,6 +106,30 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 // The channel closes once the subscription has drained, after ctx ends or
 // Close.
 func (c *Consumer) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	return c.subscribe(ctx, topic, nil)
+}
+
+// WithGate returns a view of c whose subscriptions stop consuming while g is
+// engaged (the brake): they cancel their consumer, drain the deliveries in
+// flight (held back, so nacked), close their connection — the broker then
+// shows no consumer — and consume again when g is released or probing.
+// Closing the view closes c. router.Add calls it with the handler's brake.
+func (c *Consumer) WithGate(g router.Gate) message.Subscriber {
+	return gatedConsumer{c, g}
+}
+
+type gatedConsumer struct {
+	c *Consumer
+	g router.Gate
+}
+
+func (v gatedConsumer) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	return v.c.subscribe(ctx, topic, v.g)
+}
+
+func (v gatedConsumer) Close() error { return v.c.Close() }
+
+func (c *Consumer) subscribe(ctx context.Context, topic string, gate router.Gate) (<-chan *message.Message, error) {
 	if err := CheckName("queue", topic); err != nil {
 		return nil, err
 	}
@@ -114,7 +139,7 @@ func (c *Consumer) Subscribe(ctx context.Context, topic string) (<-chan *message
 		return nil, ErrConsumerClosed
 	}
 	out := make(chan *message.Message)
-	s := &subscription{c: c, queue: topic, out: out}
+	s := &subscription{c: c, queue: topic, out: out, gate: gate}
 	c.subs.Add(1)
 	go func() {
 		defer c.subs.Done()
@@ -141,6 +166,18 @@ type subscription struct {
 	c     *Consumer
 	queue string
 	out   chan *message.Message
+	gate  router.Gate // nil: never stops consuming
+}
+
+// errBraked ends a consume loop whose gate engaged, after draining.
+var errBraked = errors.New("rabbitmq: the brake is engaged")
+
+// engaged reads the gate; a nil changed channel never fires.
+func (s *subscription) engaged() (bool, <-chan struct{}) {
+	if s.gate == nil {
+		return false, nil
+	}
+	return s.gate.Engaged()
 }
 
 func (s *subscription) run(ctx context.Context) {
@@ -155,11 +192,24 @@ func (s *subscription) run(ctx context.Context) {
 	}()
 	backoff := s.c.cfg.ReconnectBackoff
 	for {
+		if engaged, changed := s.engaged(); engaged {
+			select {
+			case <-stop:
+				return
+			case <-changed:
+				continue
+			}
+		}
 		err := s.consume(ctx, stop)
 		select {
 		case <-stop:
 			return
 		default:
+		}
+		if errors.Is(err, errBraked) {
+			s.c.cfg.Logger.Info("Consuming stopped by the brake", watermill.LogFields{"queue": s.queue})
+			backoff = s.c.cfg.ReconnectBackoff
+			continue
 		}
 		s.c.cfg.Logger.Error("Consuming stopped; reconnecting after a backoff", err,
 			watermill.LogFields{"queue": s.queue, "backoff": backoff.String()})
@@ -193,10 +243,16 @@ func (s *subscription) consume(ctx context.Context, stop <-chan struct{}) error 
 		return fmt.Errorf("rabbitmq: consuming %q: %w", s.queue, err)
 	}
 	var inflight sync.WaitGroup
+	_, changed := s.engaged()
 	for {
 		select {
 		case <-stop:
 			return s.drain(ch, tag, &inflight)
+		case <-changed:
+			var engaged bool
+			if engaged, changed = s.engaged(); engaged {
+				return errors.Join(errBraked, s.drain(ch, tag, &inflight))
+			}
 		case d, ok := <-deliveries:
 			if !ok {
 				inflight.Wait() // their acks fail on the closed channel: redelivered

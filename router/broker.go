@@ -43,6 +43,22 @@ type Endpoints struct {
 	Consumers, MaxConsumers int
 }
 
+// Gate tells a subscriber when to stop consuming: Engaged reports whether to
+// stop now and returns a channel closed at the next change. The brake
+// (*brake.Brake) is one.
+type Gate interface {
+	Engaged() (engaged bool, changed <-chan struct{})
+}
+
+// GatedSubscriber is a subscriber that can stop consuming while a gate is
+// engaged (rabbitmq.Consumer). Add gives it the handler's brake:
+// WithGate returns the subscriber the handler consumes from, and closing it
+// closes the subscriber.
+type GatedSubscriber interface {
+	message.Subscriber
+	WithGate(g Gate) message.Subscriber
+}
+
 // withEndpoints returns s with the broker's publishers, topics, tiers and
 // messaging system filled in where the chosen stages leave them unset.
 func (s Stages) withEndpoints(e Endpoints) Stages {

@@ -60,8 +60,8 @@ func TestAddRefusesASecondHandlerOnAQueueAndADuplicateName(t *testing.T) {
 	other := newRabbitMQ(t, testenv.Name("other"))
 	_, err = router.Add(r, router.HandlerConfig{Broker: other, Name: "inventory", Handler: noop})
 	require.ErrorIs(t, err, router.ErrDuplicateHandler)
-	require.ErrorContains(t, err, `a handler named "inventory-0" is already on this router`)
-	require.Len(t, r.Handlers(), rabbitmq.ConsumersDefault, "the refused Adds added nothing")
+	require.ErrorContains(t, err, `a handler named "inventory" is already on this router`)
+	require.Len(t, r.Handlers(), 1, "the refused Adds added nothing")
 }
 
 // Watermill's Retry added to the router after Sluice's stages runs inside
@@ -155,7 +155,7 @@ func TestTimeoutBehindTheRouterWithTheInboxAndALargeForeignMessage(t *testing.T)
 	db, schema, store := inbox(t)
 	queue := testenv.Name("orders")
 	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
-		URL: testenv.AMQPURL, SluiceConsumer: true,
+		URL:      testenv.AMQPURL,
 		Topology: rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond}},
 	})
 	require.NoError(t, err)

@@ -77,7 +77,7 @@ func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
 		},
 	})
 	require.NoError(t, err)
-	require.Len(t, handlers, rabbitmq.ConsumersDefault)
+	require.Len(t, handlers, 1, "Sluice's Consumer: one subscription, Prefetch deliveries in flight")
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
 	<-r.Running()

@@ -1,12 +1,14 @@
 package router
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
@@ -103,6 +105,18 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 	if cfg.Stages.Logger == nil {
 		cfg.Stages.Logger = r.Logger()
 	}
+	subscriber := cfg.Subscriber
+	if cfg.Stages.Brake != nil {
+		gated, pausing := subscriber.(GatedSubscriber)
+		b, err := cfg.Stages.newBrake(cfg.Name, pausing, cmp.Or(cfg.Stages.Classifier, sluice.DefaultClassifier()))
+		if err != nil {
+			return nil, err
+		}
+		cfg.Stages.brake = b
+		if pausing {
+			subscriber = gated.WithGate(b)
+		}
+	}
 	var out []*message.Handler
 	if cfg.Stages.Poison != nil && cfg.Stages.Poison.Consumer == "" {
 		p := *cfg.Stages.Poison
@@ -118,9 +132,9 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		telemetry.RegisterHandler(name, cfg.Name) // metrics and logs name the handler, not the instance
 		var h *message.Handler
 		if cfg.Handler != nil {
-			h = r.AddConsumerHandler(name, cfg.Topic, cfg.Subscriber, deduplication.ReentryNoPublish(cfg.Handler))
+			h = r.AddConsumerHandler(name, cfg.Topic, subscriber, deduplication.ReentryNoPublish(cfg.Handler))
 		} else {
-			h = r.AddHandler(name, cfg.Topic, cfg.Subscriber, cfg.PublishTopic, cfg.Publisher, deduplication.Reentry(cfg.PublishingHandler))
+			h = r.AddHandler(name, cfg.Topic, subscriber, cfg.PublishTopic, cfg.Publisher, deduplication.Reentry(cfg.PublishingHandler))
 		}
 		h.AddMiddleware(mws...)
 		out = append(out, h)

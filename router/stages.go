@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -21,7 +22,7 @@ import (
 // Stages selects the stages around a handler; a nil field leaves its stage
 // out. Whatever is chosen runs in the one order:
 //
-//	ShutdownGrace → Trace → Poison → Retry → Classify → Inbox → Recoverer → handler
+//	ShutdownGrace → Trace → Poison → Retry → Brake → Classify → Inbox → Recoverer → handler
 type Stages struct {
 	// ShutdownGrace lets a handler in flight finish its commit for this long
 	// after the router begins to close (middleware.ShutdownGrace). Default
@@ -30,7 +31,13 @@ type Stages struct {
 	Trace         *middleware.TraceConfig
 	Poison        *poison.Config
 	Retry         *retrytiers.Config
-	Classify      *middleware.ClassifyConfig
+	// Brake stops consuming while Transient failures (of the kind its Match
+	// accepts) dominate, holding deliveries back unprocessed instead of
+	// spending their retry tiers (package brake). Add builds one brake per
+	// handler, shared by its consumers, and gives it to a subscriber that
+	// can stop consuming (GatedSubscriber).
+	Brake    *brake.Config
+	Classify *middleware.ClassifyConfig
 	Inbox         *deduplication.Config
 	Recoverer     *middleware.RecovererConfig
 	// Classifier is given to every stage that classifies (Poison, Retry,
@@ -47,6 +54,9 @@ type Stages struct {
 	// Retry, Classify, Inbox) whose own Logger is nil. Default: Add gives
 	// the router's logger; Middlewares alone, none.
 	Logger watermill.LoggerAdapter
+
+	// brake is the handler's brake, built once by Add.
+	brake *brake.Brake
 }
 
 // Middlewares builds the chosen stages, outermost first, for
@@ -93,6 +103,16 @@ func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
 		mw, err := retrytiers.New(cfg)
 		errs = append(errs, add("retry", mw, err))
 	}
+	if s.brake == nil && s.Brake != nil {
+		b, err := s.newBrake("", false, c)
+		if err != nil {
+			return nil, err
+		}
+		s.brake = b
+	}
+	if s.brake != nil {
+		mws = append(mws, s.brake.Middleware)
+	}
 	if s.Classify != nil {
 		cfg := *s.Classify
 		cfg.Classifier = cmp.Or(cfg.Classifier, c)
@@ -117,4 +137,20 @@ func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
 		return nil, err
 	}
 	return mws, nil
+}
+
+// newBrake builds the brake of Stages.Brake for the handler named name.
+func (s Stages) newBrake(name string, pausing bool, c *sluice.Classifier) (*brake.Brake, error) {
+	cfg := *s.Brake
+	cfg.Name = cmp.Or(cfg.Name, name)
+	cfg.Pausing = cfg.Pausing || pausing
+	cfg.Classifier = cmp.Or(cfg.Classifier, c)
+	cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
+	cfg.TracerProvider = cmp.Or(cfg.TracerProvider, s.TracerProvider)
+	cfg.Logger = cmp.Or(cfg.Logger, s.Logger)
+	b, err := brake.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("router: brake stage: %w", err)
+	}
+	return b, nil
 }

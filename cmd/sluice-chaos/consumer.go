@@ -45,7 +45,8 @@ func consumerMain(args []string) error {
 	queue := fs.String("queue", "", "")
 	schema := fs.String("schema", "", "")
 	tiers := fs.String("tiers", "", "")
-	consumers := fs.Int("consumers", 4, "")
+	consumers := fs.Int("consumers", 0, "")
+	subscriber := fs.String("subscriber", "sluice", "")
 	crashProb := fs.Float64("crash-prob", 0, "")
 	crashPoints := fs.String("crash-points", "", "before-commit,after-commit,after-tier-publish")
 	if err := fs.Parse(args); err != nil {
@@ -70,7 +71,7 @@ func consumerMain(args []string) error {
 		return err
 	}
 	defer func() { _ = db.Close() }()
-	db.SetMaxOpenConns(*consumers + 2)
+	db.SetMaxOpenConns(rabbitmq.PrefetchDefault + 2)
 	store, err := sqlstore.New(sqlstore.Config{DB: db, Table: *schema + ".inbox"})
 	if err != nil {
 		return err
@@ -81,7 +82,8 @@ func consumerMain(args []string) error {
 	}
 	var q *rabbitmq.Broker
 	for { // the broker may be restarting when a consumer starts
-		q, err = rabbitmq.NewBroker(ctx, rabbitmq.BrokerConfig{URL: *amqpURL, Topology: rabbitmq.TopologyConfig{Queue: *queue, TierDelays: delays}})
+		q, err = rabbitmq.NewBroker(ctx, rabbitmq.BrokerConfig{URL: *amqpURL, Topology: rabbitmq.TopologyConfig{Queue: *queue, TierDelays: delays},
+			WatermillSubscriber: *subscriber == "watermill"})
 		if err == nil {
 			break
 		}

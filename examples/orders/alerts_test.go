@@ -67,5 +67,5 @@ func TestAlertRules(t *testing.T) {
 			}
 		}
 	}
-	require.Equal(t, 6, rules)
+	require.Equal(t, 7, rules)
 }

@@ -33,6 +33,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -151,9 +152,12 @@ func run(ctx context.Context, cfg config) (*summary, error) {
 		Name:              "inventory",
 		PublishingHandler: e.inventory().reserve,
 		Stages: router.Stages{
-			Trace:     &trace,
-			Poison:    &poison.Config{MeterProvider: meter},
-			Retry:     &retrytiers.Config{MeterProvider: meter},
+			Trace:  &trace,
+			Poison: &poison.Config{MeterProvider: meter},
+			Retry:  &retrytiers.Config{MeterProvider: meter},
+			// Stop consuming while the database cannot be reached, instead
+			// of spending every message's ladder.
+			Brake:     &brake.Config{Match: brake.MatchUnreachable, MeterProvider: meter},
 			Classify:  &middleware.ClassifyConfig{MeterProvider: meter},
 			Inbox:     &deduplication.Config{Store: store, Consumer: "inventory", Key: deduplication.KeyFromJSON("eventId"), MeterProvider: meter},
 			Recoverer: &middleware.RecovererConfig{},

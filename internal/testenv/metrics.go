@@ -55,3 +55,16 @@ func AttributeValues(t testing.TB, reader *sdkmetric.ManualReader, name, key str
 	slices.Sort(out)
 	return out
 }
+
+// CounterWhere collects reader and returns the sum of the int64 counter
+// name over the data points whose attribute key is value.
+func CounterWhere(t testing.TB, reader *sdkmetric.ManualReader, name, key, value string) int64 {
+	t.Helper()
+	var total int64
+	for _, dp := range counterPoints(t, reader, name) {
+		if v, ok := dp.Attributes.Value(attribute.Key(key)); ok && v.Emit() == value {
+			total += dp.Value
+		}
+	}
+	return total
+}

@@ -1,0 +1,343 @@
+package brake
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/telemetry"
+)
+
+// Defaults.
+const (
+	WindowDefault       = 50
+	FailureRatioDefault = 0.5
+	CoolDownDefault     = 5 * time.Second
+	MaxCoolDownDefault  = time.Minute
+)
+
+// Metrics, labelled by sluice.handler.
+const (
+	// MetricState is a gauge of the brake's State: 0 released, 1 engaged,
+	// 2 probing.
+	MetricState = "sluice.brake.state"
+	// MetricTransitions counts changes of state, by the state entered
+	// (sluice.brake.state attribute).
+	MetricTransitions = "sluice.brake.transitions"
+	// MetricHeld counts deliveries given back unprocessed.
+	MetricHeld = "sluice.brake.held"
+)
+
+// AttrState is the state attribute of MetricTransitions and of the spans.
+const AttrState = attribute.Key("sluice.brake.state")
+
+// State is the brake's state.
+type State uint8
+
+// The states.
+const (
+	Released State = iota // consuming
+	Engaged               // not consuming; deliveries held
+	Probing               // one probe delivery let through
+)
+
+func (s State) String() string {
+	switch s {
+	case Released:
+		return "released"
+	case Engaged:
+		return "engaged"
+	case Probing:
+		return "probing"
+	}
+	return fmt.Sprintf("state(%d)", uint8(s))
+}
+
+// Config configures New.
+type Config struct {
+	// Name labels the logs, metrics and spans: the handler's name. router.Add
+	// sets it.
+	Name string
+	// Classifier decides which failures are Transient. Default
+	// sluice.DefaultClassifier(); router.Add gives Stages.Classifier.
+	Classifier *sluice.Classifier
+	// Match narrows the Transient failures that count, e.g.
+	// MatchUnreachable or MatchSQLState("08"). Default: every Transient
+	// failure. Failures of any other class never count.
+	Match func(error) bool
+	// Window is how many of the latest outcomes are weighed. Default
+	// WindowDefault.
+	Window int
+	// FailureRatio is the share of the Window that counted failures must
+	// reach to engage the brake, in (0, 1]. Default FailureRatioDefault:
+	// 25 of the last 50.
+	FailureRatio float64
+	// CoolDown is how long the brake stays engaged before a probe; it
+	// doubles after each failed probe, up to MaxCoolDown, and starts again
+	// from CoolDown once released. Defaults CoolDownDefault and
+	// MaxCoolDownDefault.
+	CoolDown, MaxCoolDown time.Duration
+	// Pausing says the subscriber stops consuming while the brake is engaged
+	// (it reads Engaged; rabbitmq.Consumer does, and router.Add sets this
+	// when the broker's subscriber can): held deliveries are then nacked
+	// back at once. Without it they wait in the stage until the probe.
+	Pausing bool
+	// Logger receives one line per change of state. Default
+	// watermill.NopLogger; router.Add gives the router's.
+	Logger watermill.LoggerAdapter
+	// MeterProvider and TracerProvider. Default the global providers.
+	MeterProvider  metric.MeterProvider
+	TracerProvider trace.TracerProvider
+}
+
+// Brake is the stage's state, shared by every consumer of one handler and
+// read by its subscriber. Safe for concurrent use.
+type Brake struct {
+	cfg       Config
+	threshold int
+	counts    func(error) bool
+	attrs     metric.MeasurementOption
+
+	mu       sync.Mutex
+	state    State
+	changed  chan struct{} // closed at each change of state
+	probing  bool          // the probe delivery is in flight
+	coolDown time.Duration
+	ring     []bool // the latest outcomes: true for a counted failure
+	next     int
+	seen     int
+	failures int
+
+	stateGauge          metric.Int64Gauge
+	transitions, heldCt metric.Int64Counter
+	tracer              trace.Tracer
+}
+
+// New validates cfg and returns a released Brake. Put its Middleware in
+// the stack (router.Stages.Brake does both) and give it to the subscriber.
+func New(cfg Config) (*Brake, error) {
+	cfg.Window = cmp.Or(cfg.Window, WindowDefault)
+	cfg.FailureRatio = cmp.Or(cfg.FailureRatio, FailureRatioDefault)
+	cfg.CoolDown = cmp.Or(cfg.CoolDown, CoolDownDefault)
+	cfg.MaxCoolDown = cmp.Or(cfg.MaxCoolDown, max(MaxCoolDownDefault, cfg.CoolDown))
+	switch {
+	case cfg.Window < 1:
+		return nil, fmt.Errorf("brake: Config.Window must be positive, got %d", cfg.Window)
+	case cfg.FailureRatio <= 0 || cfg.FailureRatio > 1 || math.IsNaN(cfg.FailureRatio):
+		return nil, fmt.Errorf("brake: Config.FailureRatio must be in (0, 1], got %v", cfg.FailureRatio)
+	case cfg.CoolDown < 0:
+		return nil, fmt.Errorf("brake: Config.CoolDown must be positive, got %s", cfg.CoolDown)
+	case cfg.MaxCoolDown < cfg.CoolDown:
+		return nil, fmt.Errorf("brake: Config.MaxCoolDown (%s) must be at least CoolDown (%s)", cfg.MaxCoolDown, cfg.CoolDown)
+	}
+	if cfg.Classifier == nil {
+		cfg.Classifier = sluice.DefaultClassifier()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
+	}
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = otel.GetTracerProvider()
+	}
+	b := &Brake{
+		cfg:       cfg,
+		threshold: max(1, int(math.Ceil(cfg.FailureRatio*float64(cfg.Window)-1e-9))),
+		attrs:     metric.WithAttributes(telemetry.HandlerKey.String(cfg.Name)),
+		changed:   make(chan struct{}),
+		coolDown:  cfg.CoolDown,
+		ring:      make([]bool, cfg.Window),
+		tracer:    telemetry.Tracer(cfg.TracerProvider),
+	}
+	b.counts = func(err error) bool {
+		return cfg.Classifier.Classify(err) == sluice.ClassTransient && (cfg.Match == nil || cfg.Match(err))
+	}
+	meter := telemetry.Meter(cfg.MeterProvider)
+	var err error
+	if b.stateGauge, err = meter.Int64Gauge(MetricState, metric.WithDescription("The brake's state: 0 released, 1 engaged, 2 probing.")); err != nil {
+		return nil, err
+	}
+	if b.transitions, err = meter.Int64Counter(MetricTransitions, metric.WithDescription("Changes of the brake's state, by the state entered.")); err != nil {
+		return nil, err
+	}
+	if b.heldCt, err = meter.Int64Counter(MetricHeld, metric.WithDescription("Deliveries the brake gave back unprocessed.")); err != nil {
+		return nil, err
+	}
+	b.stateGauge.Record(context.Background(), int64(Released), b.attrs)
+	return b, nil
+}
+
+// State returns the current state.
+func (b *Brake) State() State {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.state
+}
+
+// Engaged reports whether consuming should stop now, and returns a channel
+// closed at the next change of state. A subscriber that can stop consuming
+// reads it (router.Gate).
+func (b *Brake) Engaged() (engaged bool, changed <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.state == Engaged, b.changed
+}
+
+// Middleware is the stage; one Brake may serve many consumers of a handler.
+func (b *Brake) Middleware(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		ctx := msg.Context()
+		probe, err := b.admit(ctx)
+		if err != nil {
+			b.heldCt.Add(ctx, 1, b.attrs)
+			return nil, err
+		}
+		produced, err := h(msg)
+		if b.record(err, probe) {
+			b.heldCt.Add(ctx, 1, b.attrs)
+			b.cfg.Logger.Debug("Delivery held back by the brake", telemetry.LogFields(msg, nil))
+			return nil, fmt.Errorf("%w: %w", sluice.ErrHeld, err)
+		}
+		return produced, err
+	}
+}
+
+// errEngaged is what a delivery gets while the brake is engaged and the
+// subscriber stops consuming: nacked back at once.
+var errEngaged = fmt.Errorf("%w: the brake is engaged", sluice.ErrHeld)
+
+// admit decides whether a delivery may run: yes when released; as the probe
+// when probing and no probe is in flight; otherwise it is held — at once
+// when the subscriber pauses, else after waiting for the next state.
+func (b *Brake) admit(ctx context.Context) (probe bool, err error) {
+	for {
+		b.mu.Lock()
+		switch {
+		case b.state == Released:
+			b.mu.Unlock()
+			return false, nil
+		case b.state == Probing && !b.probing:
+			b.probing = true
+			b.mu.Unlock()
+			return true, nil
+		case b.state == Engaged && b.cfg.Pausing:
+			b.mu.Unlock()
+			return false, errEngaged
+		}
+		changed := b.changed
+		b.mu.Unlock()
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return false, fmt.Errorf("%w: waiting for the brake: %w", sluice.ErrHeld, context.Cause(ctx))
+		}
+	}
+}
+
+// record weighs a delivery's outcome and reports whether its failure is to
+// be held back rather than passed to the retry stage.
+func (b *Brake) record(err error, probe bool) (hold bool) {
+	counted := err != nil && b.counts(err)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if probe {
+		b.probing = false
+		switch {
+		case counted:
+			b.coolDown = min(2*b.coolDown, b.cfg.MaxCoolDown)
+			b.transition(Engaged, err)
+			return true
+		case err == nil || b.cfg.Classifier.Classify(err) == sluice.ClassRejected:
+			b.clear()
+			b.coolDown = b.cfg.CoolDown
+			b.transition(Released, nil)
+		default: // says nothing about the dependency: the next delivery probes
+			b.broadcast()
+		}
+		return false
+	}
+	if b.state != Released {
+		return counted // in flight when the brake engaged
+	}
+	if b.seen == len(b.ring) {
+		if b.ring[b.next] {
+			b.failures--
+		}
+	} else {
+		b.seen++
+	}
+	b.ring[b.next] = counted
+	b.next = (b.next + 1) % len(b.ring)
+	if !counted {
+		return false
+	}
+	b.failures++
+	if b.failures < b.threshold {
+		return false
+	}
+	b.transition(Engaged, err)
+	return true
+}
+
+func (b *Brake) clear() {
+	clear(b.ring)
+	b.next, b.seen, b.failures = 0, 0, 0
+}
+
+func (b *Brake) broadcast() {
+	close(b.changed)
+	b.changed = make(chan struct{})
+}
+
+// transition enters state to (b.mu held): wakes the waiters and the
+// subscriber, arms the cool-down when engaging, and logs, counts and spans
+// the change once.
+func (b *Brake) transition(to State, cause error) {
+	from := b.state
+	b.state = to
+	b.broadcast()
+	ctx := context.Background()
+	b.stateGauge.Record(ctx, int64(to), b.attrs)
+	b.transitions.Add(ctx, 1, metric.WithAttributes(telemetry.HandlerKey.String(b.cfg.Name), AttrState.String(to.String())))
+	fields := watermill.LogFields{"handler": b.cfg.Name, "from": from.String(), "to": to.String()}
+	_, span := b.tracer.Start(ctx, "sluice.brake "+to.String(), trace.WithAttributes(
+		telemetry.HandlerKey.String(b.cfg.Name), AttrState.String(to.String()), attribute.String("sluice.brake.from", from.String())))
+	defer span.End()
+	switch to {
+	case Engaged:
+		fields["failures"] = fmt.Sprintf("%d of the last %d deliveries", b.failures, b.seen)
+		fields["cool_down"] = b.coolDown.String()
+		if from == Probing {
+			fields["failures"] = "the probe failed"
+		}
+		time.AfterFunc(b.coolDown, b.probe)
+		telemetry.RecordError(span, cause)
+		span.SetStatus(codes.Error, "consuming stopped")
+		b.cfg.Logger.Error("Brake engaged: consuming stops; deliveries go back to the queue unprocessed until a probe succeeds", diag.RedactError(cause), fields)
+	case Probing:
+		b.cfg.Logger.Info("Brake probing: one delivery is let through", fields)
+	case Released:
+		b.cfg.Logger.Info("Brake released: consuming resumes", fields)
+	}
+}
+
+// probe ends a cool-down.
+func (b *Brake) probe() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.state == Engaged {
+		b.transition(Probing, nil)
+	}
+}

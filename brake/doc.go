@@ -1,0 +1,31 @@
+// Package brake is the stage that stops consuming while a dependency is
+// down, so an outage longer than the retry ladder does not spend every
+// message's ladder and fill the poison queue.
+//
+// The stage weighs the outcomes of the last Window deliveries. When at least
+// FailureRatio of them are Transient failures that Match accepts (by default
+// every Transient failure; MatchUnreachable narrows it to "the database or
+// service cannot be reached"), the brake engages:
+//
+//   - the failure that tripped it, and every counted failure after it, is
+//     given back to its queue unprocessed (sluice.ErrHeld): no attempt and no
+//     retry tier spent;
+//   - a subscriber that can stop consuming (rabbitmq.Consumer, through
+//     router.Add) cancels its consumers — the broker shows no consumer —
+//     and the deliveries it still has in flight are nacked back;
+//   - with a subscriber that cannot (the embedded GoChannel, watermill-amqp's
+//     subscriber), each delivery waits in the stage instead; those
+//     subscribers hand a busy handler nothing new.
+//
+// After CoolDown the brake lets one probe delivery through. Success releases
+// it; a counted failure engages it again with the cool-down doubled (up to
+// MaxCoolDown); any other outcome (a poison message, say) lets the next probe
+// through. Poison, Invariant, Rejected and Exhausted failures never count.
+//
+// Every change of state is logged once, counted (MetricTransitions),
+// recorded in the MetricState gauge (0 released, 1 engaged, 2 probing) and
+// spanned. It sits inside the retry stage, so what it holds never reaches a
+// tier:
+//
+//	ShutdownGrace → Trace → Poison → Retry → Brake → Classify → Inbox → handler
+package brake

@@ -1,0 +1,86 @@
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// PrivatePostgres is a PostgreSQL server of one test's own, which the test
+// may stop and start; the shared one is never touched.
+type PrivatePostgres struct {
+	// URL of database postgres, trust authentication.
+	URL  string
+	dir  string
+	port int
+	ctl  func(t testing.TB, args ...string)
+}
+
+// StartPrivatePostgres initialises a cluster in a temporary directory
+// (initdb), starts it on a free port of 127.0.0.1 (pg_ctl) and stops it,
+// with its files removed, when t ends. It needs PostgreSQL's server
+// binaries; as root the cluster runs as the postgres user.
+func StartPrivatePostgres(t testing.TB) *PrivatePostgres {
+	t.Helper()
+	bin := postgresBin(t)
+	dir, err := os.MkdirTemp("", "sluice-postgres-")
+	require.NoError(t, err)
+	require.NoError(t, os.Chmod(dir, 0o755))
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	p := &PrivatePostgres{dir: filepath.Join(dir, "data"), port: freePort(t)}
+	p.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", p.port)
+	if os.Geteuid() == 0 {
+		require.NoError(t, exec.Command("chown", "postgres:postgres", dir).Run())
+	}
+	p.run(t, filepath.Join(bin, "initdb"), "-D", p.dir, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8")
+	opts := "-c listen_addresses=127.0.0.1 -c port=" + strconv.Itoa(p.port) +
+		" -c unix_socket_directories=" + dir + " -c fsync=off -c max_connections=100"
+	p.ctl = func(t testing.TB, args ...string) {
+		t.Helper()
+		p.run(t, filepath.Join(bin, "pg_ctl"), append([]string{"-D", p.dir, "-o", opts, "-w", "-t", "60", "-l", filepath.Join(dir, "log")}, args...)...)
+	}
+	p.Start(t)
+	t.Cleanup(func() { _ = p.command(filepath.Join(bin, "pg_ctl"), "-D", p.dir, "-m", "immediate", "stop").Run() })
+	return p
+}
+
+// Stop stops the server at once (pg_ctl stop -m immediate): connections
+// are cut, new ones refused.
+func (p *PrivatePostgres) Stop(t testing.TB) {
+	t.Helper()
+	p.ctl(t, "-m", "immediate", "stop")
+}
+
+// Start starts the server and waits until it accepts connections.
+func (p *PrivatePostgres) Start(t testing.TB) {
+	t.Helper()
+	p.ctl(t, "start")
+}
+
+func (p *PrivatePostgres) command(name string, args ...string) *exec.Cmd {
+	if os.Geteuid() == 0 {
+		return exec.Command("runuser", append([]string{"-u", "postgres", "--", name}, args...)...)
+	}
+	return exec.Command(name, args...)
+}
+
+func (p *PrivatePostgres) run(t testing.TB, name string, args ...string) {
+	t.Helper()
+	out, err := p.command(name, args...).CombinedOutput()
+	require.NoError(t, err, "%s %v: %s", filepath.Base(name), args, out)
+}
+
+// postgresBin finds the newest PostgreSQL server binaries.
+func postgresBin(t testing.TB) string {
+	t.Helper()
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	if len(matches) == 0 {
+		t.Fatal("no PostgreSQL server binaries in /usr/lib/postgresql/*/bin (apt-get install postgresql)")
+	}
+	return filepath.Dir(matches[len(matches)-1])
+}

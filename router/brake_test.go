@@ -1,0 +1,223 @@
+package router_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	_ "github.com/lib/pq" // the private PostgreSQL's driver
+	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/brake"
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/router"
+)
+
+// The outage the ladder cannot outlast: 5,000 events; the PostgreSQL the
+// handler and the inbox use (a private server) stops for twice the whole
+// ladder. The brake engages, the broker sees no consumer, no event spends
+// its ladder; after PostgreSQL returns, every event has its row and its
+// inbox row, and the poison queue is empty.
+func TestBrakeOutageLongerThanTheLadder(t *testing.T) {
+	t.Parallel()
+	const events, window = 5000, 20
+	pg := testenv.StartPrivatePostgres(t)
+	db, err := sqlx.Open("postgres", pg.URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	db.SetMaxOpenConns(rabbitmq.PrefetchDefault + 4)
+	_, err = db.Exec(`CREATE TABLE effects (event_id TEXT PRIMARY KEY)`)
+	require.NoError(t, err)
+	store, err := sqlstore.New(sqlstore.Config{DB: db, Table: "inbox"})
+	require.NoError(t, err)
+	require.NoError(t, store.CreateTable(t.Context()))
+
+	delays := []time.Duration{time.Second, 2 * time.Second}
+	queue := testenv.Name("outage")
+	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
+		URL: testenv.AMQPURL, Topology: rabbitmq.TopologyConfig{Queue: queue, TierDelays: delays},
+	})
+	require.NoError(t, err)
+	tiers := q.Topology().Tiers()
+	testenv.DeleteQueuesAtEnd(t, queue, q.Topology().PoisonQueue(), tiers[0].Topic, tiers[1].Topic)
+	t.Cleanup(func() { _ = q.Close() })
+
+	reader := sdkmetric.NewManualReader()
+	rows := func() int {
+		var n int
+		if err := db.Get(&n, `SELECT count(*) FROM effects`); err != nil {
+			return -1 // down or starting
+		}
+		return n
+	}
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	_, err = router.Add(r, router.HandlerConfig{
+		Broker: q, Name: "effects",
+		Handler: func(msg *message.Message) error {
+			_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+				`INSERT INTO effects (event_id) VALUES ($1)`, msg.Metadata.Get(sluice.EventIDKey))
+			return err
+		},
+		Stages: router.Stages{
+			Poison:        &poison.Config{PublishBackoff: 50 * time.Millisecond},
+			Retry:         &retrytiers.Config{PublishBackoff: 50 * time.Millisecond},
+			Brake:         &brake.Config{Window: window, CoolDown: 250 * time.Millisecond, MaxCoolDown: time.Second, Match: brake.MatchUnreachable},
+			Classify:      &middleware.ClassifyConfig{},
+			Inbox:         &deduplication.Config{Store: store, Consumer: "effects"},
+			Recoverer:     &middleware.RecovererConfig{},
+			MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		},
+	})
+	require.NoError(t, err)
+
+	for i := range events {
+		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+		m.Metadata.Set(sluice.EventIDKey, fmt.Sprintf("evt-%05d", i))
+		require.NoError(t, q.Publisher().Publish(queue, m))
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	<-r.Running()
+	t.Cleanup(func() { require.NoError(t, r.Close()); require.NoError(t, <-done) })
+
+	require.Eventually(t, func() bool { return rows() >= 1000 }, time.Minute, 10*time.Millisecond)
+	conn := testenv.AMQP(t)
+	var mu sync.Mutex
+	minConsumers, maxTierDepth := 1<<30, 0
+	watch, stopWatch := context.WithCancel(t.Context())
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		ch := testenv.Channel(t, conn)
+		for watch.Err() == nil {
+			info, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+			if err != nil {
+				return
+			}
+			depth := 0
+			for _, tier := range tiers {
+				depth += testenv.QueueDepth(t, conn, tier.Topic)
+			}
+			mu.Lock()
+			minConsumers, maxTierDepth = min(minConsumers, info.Consumers), max(maxTierDepth, depth)
+			mu.Unlock()
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+
+	pg.Stop(t)
+	time.Sleep(2 * (delays[0] + delays[1])) // twice the ladder
+	pg.Start(t)
+	require.Eventually(t, func() bool { return rows() == events }, 2*time.Minute, 50*time.Millisecond,
+		"every event processed after the outage")
+	stopWatch()
+	<-watched
+
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("outage %s: %d copies parked in a tier, %d deliveries held, %d brake engagements, tier depth at most %d, consumers at least %d",
+		2*(delays[0]+delays[1]), testenv.CounterSum(t, reader, retrytiers.MetricRetries), testenv.CounterSum(t, reader, brake.MetricHeld),
+		testenv.CounterWhere(t, reader, brake.MetricTransitions, string(brake.AttrState), "engaged"), maxTierDepth, minConsumers)
+	require.Zero(t, minConsumers, "while braked the broker sees no consumer")
+	require.Less(t, maxTierDepth, window/2, "at most the failures before the brake engaged reach a tier")
+	require.Less(t, testenv.CounterSum(t, reader, retrytiers.MetricRetries), int64(window/2))
+	require.Zero(t, testenv.CounterSum(t, reader, retrytiers.MetricExhausted))
+	require.Zero(t, testenv.CounterSum(t, reader, poison.MetricPoisoned))
+	require.Zero(t, testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()))
+	require.GreaterOrEqual(t, testenv.CounterWhere(t, reader, brake.MetricTransitions, string(brake.AttrState), "engaged"), int64(1))
+	require.Equal(t, testenv.CounterWhere(t, reader, brake.MetricTransitions, string(brake.AttrState), "released"), int64(1))
+	var claims int
+	require.NoError(t, db.Get(&claims, `SELECT count(*) FROM inbox`))
+	require.Equal(t, events, claims)
+}
+
+// Control: Poison failures, however many, never engage the brake; every
+// message reaches the poison queue.
+func TestBrakeIgnoresPoison(t *testing.T) {
+	t.Parallel()
+	const events = 200
+	queue := testenv.Name("allbad")
+	q := newRabbitMQ(t, queue, 100*time.Millisecond)
+	reader := sdkmetric.NewManualReader()
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	_, err = router.Add(r, router.HandlerConfig{
+		Broker: q, Name: "allbad",
+		Handler: func(*message.Message) error { return sluice.Poison(errors.New("unknown version")) },
+		Stages: router.Stages{
+			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
+			Brake:         &brake.Config{Window: 10},
+			MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		},
+	})
+	require.NoError(t, err)
+	for range events {
+		require.NoError(t, q.Publisher().Publish(queue, message.NewMessage(watermill.NewUUID(), []byte(`{}`))))
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	<-r.Running()
+	conn := testenv.AMQP(t)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()) == events },
+		30*time.Second, 20*time.Millisecond)
+	require.NoError(t, r.Close())
+	require.NoError(t, <-done)
+	require.Zero(t, testenv.CounterSum(t, reader, brake.MetricTransitions))
+	require.Zero(t, testenv.CounterSum(t, reader, brake.MetricHeld))
+}
+
+// On the embedded default (GoChannel, which cannot stop consuming) held
+// deliveries wait in the stage: an outage ten times the ladder spends no
+// message's ladder, and the in-process tiers stay nearly empty.
+func TestBrakeOnTheEmbeddedDefault(t *testing.T) {
+	t.Parallel()
+	const events = 300
+	var down atomic.Bool
+	var handled atomic.Int64
+	e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "orders", TierDelays: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond}})
+	require.NoError(t, err)
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "inventory", Stages: router.Stages{
+		Poison: &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: time.Millisecond}, Classify: &middleware.ClassifyConfig{},
+		Brake: &brake.Config{Window: 10, CoolDown: 50 * time.Millisecond, MaxCoolDown: 200 * time.Millisecond},
+	}, Handler: func(*message.Message) error {
+		if down.Load() {
+			return fmt.Errorf("inventory service: %w", syscall.ECONNREFUSED)
+		}
+		handled.Add(1)
+		return nil
+	}})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	<-r.Running()
+	t.Cleanup(func() { require.NoError(t, e.Close()) })
+
+	down.Store(true)
+	publishN(t, e, events)
+	time.Sleep(1500 * time.Millisecond) // ten times the ladder
+	require.LessOrEqual(t, e.PendingRetries(), 5, "at most the failures before the brake engaged wait in a tier")
+	down.Store(false)
+	require.Eventually(t, func() bool { return handled.Load() == events }, 10*time.Second, 5*time.Millisecond)
+	require.Empty(t, e.Poisoned())
+	require.NoError(t, r.Close())
+	require.NoError(t, <-done)
+}
