@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -44,7 +45,7 @@ type options struct {
 	scenarios       []string
 }
 
-var allScenarios = []string{"kill", "rabbitmq-restart", "postgres-stop", "poison-unroutable", "same-id-8"}
+var allScenarios = []string{"kill", "rabbitmq-restart", "postgres-stop", "poison-full", "same-id-8"}
 
 func harnessMain(args []string) error {
 	var o options
@@ -150,12 +151,12 @@ type world struct {
 	topo  *rabbitmq.Topology
 	pub   *rabbitmq.Publisher
 	procs []*slot
-	// queueMu keeps observe's scan of the poison queue (its messages are
-	// unacked while it reads them) apart from the poison-unroutable fault's
-	// delete-if-empty, which does not count unacked messages: together they
-	// would delete what the scan holds.
+	// queueMu keeps observe's scan of the poison queue apart from the
+	// poison-full fault's removal of its fillers: each holds the queue's
+	// messages unacked while it reads them.
 	queueMu sync.Mutex
 	killed  int // SIGKILLs sent by the harness
+	fillers int // messages that filled the poison queue in poison-full
 	// at is how many effects existed when the disruption began.
 	at, total int
 }
@@ -214,11 +215,11 @@ func runScenario(o options, scenario string) (string, error) {
 	}
 	line := fmt.Sprintf("%d events (%d publishes: %d duplicate, %d transient, %d bad); %s; %s in %s",
 		n, len(p.publishes), len(p.publishes)-n, p.flaky, len(p.bad),
-		describeDisruption(scenario, w.killed, crashes, restarts, w.at, w.total), res, time.Since(start).Round(100*time.Millisecond))
+		describeDisruption(scenario, w.killed, w.fillers, crashes, restarts, w.at, w.total), res, time.Since(start).Round(100*time.Millisecond))
 	return line, errors.Join(disrupt, settleErr, verifyErr)
 }
 
-func describeDisruption(scenario string, killed int, crashes map[string]int, restarts, at, total int) string {
+func describeDisruption(scenario string, killed, fillers int, crashes map[string]int, restarts, at, total int) string {
 	switch scenario {
 	case "kill":
 		var parts []string
@@ -226,6 +227,8 @@ func describeDisruption(scenario string, killed int, crashes map[string]int, res
 			parts = append(parts, fmt.Sprintf("%s %d", k, crashes[k]))
 		}
 		return fmt.Sprintf("%d SIGKILLs from %d/%d effects on + self-crashes %s; %d restarts", killed, at, total, strings.Join(parts, ", "), restarts)
+	case "poison-full":
+		return fmt.Sprintf("poison queue full (reject-publish, %d fillers) for 3 s from %d/%d effects on", fillers, at, total)
 	case "same-id-8":
 		return "each id published 8 times in a row, handled by at least 8 handlers at once"
 	}
@@ -290,14 +293,14 @@ func (w *world) teardown() {
 	}
 }
 
-// queues returns the main and tier queues, and with all the poison and hold queues.
+// queues returns the main and tier queues, and with all the poison queue.
 func (w *world) queues(all bool) []string {
 	qs := []string{w.topo.Queue()}
 	for _, t := range w.topo.Tiers() {
 		qs = append(qs, t.Topic)
 	}
 	if all {
-		qs = append(qs, w.topo.PoisonQueue(), w.topo.PoisonQueue()+".hold")
+		qs = append(qs, w.topo.PoisonQueue())
 	}
 	return qs
 }
@@ -447,12 +450,8 @@ func (w *world) disrupt(ctx context.Context, rng *rand.Rand, scenario string) er
 		}
 		sleep(w.o.pgDown)
 		return run("pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start")
-	case "poison-unroutable":
-		if err := w.deletePoisonQueue(ctx); err != nil {
-			return err
-		}
-		sleep(3 * time.Second)
-		return w.withConn(func(c *amqp.Connection) error { return w.topo.Declare(ctx, c) })
+	case "poison-full":
+		return w.fillPoisonQueue(ctx, 3*time.Second)
 	}
 	return nil
 }
@@ -473,38 +472,89 @@ func pgVersion() (string, error) {
 	return entries[len(entries)-1].Name(), nil
 }
 
-// deletePoisonQueue makes the poison queue unroutable without losing what
-// it holds: its messages move to a hold queue first, and the delete only
-// succeeds on an empty queue.
-func (w *world) deletePoisonQueue(ctx context.Context) error {
-	hold := w.topo.PoisonQueue() + ".hold"
-	w.queueMu.Lock()
-	defer w.queueMu.Unlock()
+// fillerKey marks the harness's own filler messages in a full poison queue.
+const fillerKey = "chaos_filler"
+
+// fillPoisonQueue makes the poison queue refuse new messages for d, losing
+// nothing: a reject-publish length limit well above its depth (a limit
+// below the depth would drop messages), then filler messages up to the
+// limit, so the broker nacks every further publish; after d, the fillers
+// are taken out and the limit removed.
+//
+// Deleting the queue instead, as this scenario first did, loses copies:
+// RabbitMQ confirms a message routed to a queue that is deleted before it
+// enqueues the message, so a copy published in that instant is acked and
+// dropped. An operator must never delete a poison queue in use.
+func (w *world) fillPoisonQueue(ctx context.Context, d time.Duration) error {
+	q := w.topo.PoisonQueue()
+	policy := "chaos-full-" + w.name
 	return w.withConn(func(c *amqp.Connection) error {
 		ch, err := c.Channel()
 		if err != nil {
 			return err
 		}
-		if _, err := ch.QueueDeclare(hold, true, false, false, false, nil); err != nil {
+		defer func() { _ = ch.Close() }()
+		info, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+		if err != nil {
 			return err
 		}
-		_ = ch.Close()
-		for {
-			_, err := dlq.Replay(ctx, c, dlq.ReplayConfig{Queue: w.topo.PoisonQueue(), To: hold, Publisher: w.pub, Batch: 50, Operator: "chaos"})
-			if err != nil {
-				return err
-			}
-			ch, err := c.Channel()
-			if err != nil {
-				return err
-			}
-			_, err = ch.QueueDelete(w.topo.PoisonQueue(), false, true, false) // if empty
-			_ = ch.Close()
-			if err == nil {
-				return nil
-			}
+		limit := info.Messages + 500
+		if err := run("rabbitmqctl", "set_policy", "--apply-to", "queues", "--priority", "100", policy,
+			"^"+regexp.QuoteMeta(q)+"$", fmt.Sprintf(`{"max-length":%d,"overflow":"reject-publish"}`, limit)); err != nil {
+			return err
 		}
+		defer func() { _ = run("rabbitmqctl", "clear_policy", policy) }()
+		if err := ch.Confirm(false); err != nil {
+			return err
+		}
+		confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1))
+		for full := false; !full; {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if err := ch.PublishWithContext(ctx, "", q, false, false, amqp.Publishing{
+				Headers: amqp.Table{fillerKey: "1"}, Body: []byte("filler"), DeliveryMode: amqp.Persistent,
+			}); err != nil {
+				return err
+			}
+			full = !(<-confirms).Ack // nacked: the limit is reached
+			w.fillers++
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(d):
+		}
+		return w.removeFillers(ctx, ch, q)
 	})
+}
+
+// removeFillers takes the filler messages out of q and puts the others back.
+func (w *world) removeFillers(ctx context.Context, ch *amqp.Channel, q string) error {
+	w.queueMu.Lock() // observe must not count the queue while its messages are out
+	defer w.queueMu.Unlock()
+	var keep []uint64
+	for ctx.Err() == nil {
+		d, ok, err := ch.Get(q, false)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			break
+		}
+		if d.Headers[fillerKey] != nil {
+			if err := d.Ack(false); err != nil {
+				return err
+			}
+			continue
+		}
+		keep = append(keep, d.DeliveryTag)
+	}
+	for _, tag := range keep {
+		if err := ch.Nack(tag, false, true); err != nil {
+			return err
+		}
+	}
+	return ctx.Err()
 }
 
 // settle waits until every valid event has its effect, every bad one is in
@@ -550,12 +600,12 @@ func (w *world) observe(ctx context.Context) (map[string]int, map[string]int, in
 	w.queueMu.Lock()
 	defer w.queueMu.Unlock()
 	err = w.withConn(func(c *amqp.Connection) error {
-		for _, q := range []string{w.topo.PoisonQueue(), w.topo.PoisonQueue() + ".hold"} {
-			ms, err := dlq.Inspect(ctx, c, q, dlq.Filter{}, 0)
-			if err != nil && !errors.Is(err, dlq.ErrNoQueue) {
-				return err
-			}
-			for _, m := range ms {
+		ms, err := dlq.Inspect(ctx, c, w.topo.PoisonQueue(), dlq.Filter{}, 0)
+		if err != nil {
+			return err
+		}
+		for _, m := range ms {
+			if m.Msg.Metadata.Get(fillerKey) == "" {
 				poisoned[m.Msg.Metadata.Get(chaosIDKey)]++
 			}
 		}

@@ -1,0 +1,178 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/retrytiers"
+)
+
+// stuckCount is how many messages cannot be isolated in the stuck suite.
+const stuckCount = 20
+
+// Stuck measures whether messages that cannot reach their target starve the
+// good ones: the poison queue is full (x-max-length 0, reject-publish) or a
+// tier queue is deleted, and 20 messages that must go there are preloaded
+// ahead of the good ones. The stage waits its publish backoff (1 s) and
+// nacks them; the broker requeues them at the head. It reports the good
+// messages' rate with the 20 stuck messages ÷ without, for Sluice's
+// Consumer (16 deliveries in flight) and watermill-amqp's subscriber (4
+// subscriptions of one delivery each).
+func Stuck(ctx context.Context, o Options) error {
+	conn, err := rabbitmq.Dial(o.AMQPURL, rabbitmq.DialConfig{Name: "sluice bench"})
+	if err != nil {
+		return fmt.Errorf("connecting to RabbitMQ: %w", err)
+	}
+	defer func() { _ = conn.Close() }()
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: o.AMQPURL})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = pub.Close() }()
+
+	good := o.Messages * 4
+	rounds := max(o.Rounds/4, 3)
+	var rows [][]string
+	for _, target := range []string{"poison queue full", "tier queue deleted"} {
+		for _, sluiceConsumer := range []bool{true, false} {
+			var rates [2][]float64 // without, with the stuck messages
+			for round := range rounds {
+				for k := range 2 {
+					stuck := (k+round)%2 == 1
+					r, err := stuckRun(ctx, conn, pub, o.AMQPURL, good, target, stuck, sluiceConsumer)
+					if err != nil {
+						return err
+					}
+					rates[btoi(stuck)] = append(rates[btoi(stuck)], r)
+				}
+			}
+			kind := "watermill-amqp, 4 subscriptions"
+			if sluiceConsumer {
+				kind = "sluice Consumer, prefetch 16"
+			}
+			rows = append(rows, []string{target, kind, f0(Median(rates[0])), f0(Median(rates[1])), f2(MedianRatio(rates[1], rates[0]))})
+		}
+	}
+	fmt.Fprintf(o.Out, "Good messages while %d cannot reach their target, %d good preloaded behind them, 1 ms of handler work, %d rounds interleaved\n\n", stuckCount, good, rounds)
+	Table(o.Out, []string{"target", "subscriber", "good msg/s alone", fmt.Sprintf("good msg/s with %d stuck", stuckCount), "ratio"}, rows)
+	fmt.Fprintln(o.Out, "target: ≥ 0.5 (a bad target does not starve the good messages)")
+	return nil
+}
+
+// stuckRun preloads the stuck messages (if any) and good ones, consumes for
+// as long as the good ones take (at most 20 s) and returns the good rate.
+func stuckRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, url string, good int, target string, stuck, sluiceConsumer bool) (float64, error) {
+	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{
+		Queue: fmt.Sprintf("sluice_bench_stuck_%d", time.Now().UnixNano()), TierDelays: []time.Duration{time.Minute},
+	})
+	if err != nil {
+		return 0, err
+	}
+	if err := topo.Declare(ctx, conn); err != nil {
+		return 0, err
+	}
+	defer deleteTopology(conn, topo)
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = ch.Close() }()
+	if target == "poison queue full" {
+		// Declared again as full: delete, then declare with a zero length limit.
+		if _, err := ch.QueueDelete(topo.PoisonQueue(), false, false, false); err != nil {
+			return 0, err
+		}
+		if _, err := ch.QueueDeclare(topo.PoisonQueue(), true, false, false, false,
+			amqp.Table{"x-max-length": int32(0), "x-overflow": "reject-publish"}); err != nil {
+			return 0, err
+		}
+	} else if _, err := ch.QueueDelete(topo.Tiers()[0].Topic, false, false, false); err != nil {
+		return 0, err
+	}
+
+	var batch []*message.Message
+	if stuck {
+		for i := range stuckCount {
+			m := message.NewMessage(watermill.NewUUID(), make([]byte, 256))
+			m.Metadata.Set(sluice.EventIDKey, "stuck-"+strconv.Itoa(i))
+			m.Metadata.Set("stuck", "yes")
+			batch = append(batch, m)
+		}
+	}
+	for i := range good {
+		m := message.NewMessage(watermill.NewUUID(), make([]byte, 256))
+		m.Metadata.Set(sluice.EventIDKey, strconv.Itoa(i))
+		batch = append(batch, m)
+	}
+	if err := pub.Publish(topo.Queue(), batch...); err != nil {
+		return 0, err
+	}
+
+	var handled atomic.Int64
+	done := make(chan struct{})
+	stuckErr := sluice.Poison(errors.New("unknown version"))
+	if target == "tier queue deleted" {
+		stuckErr = sluice.Transient(errors.New("downstream timeout"))
+	}
+	handler := func(msg *message.Message) error {
+		if msg.Metadata.Get("stuck") != "" {
+			return stuckErr
+		}
+		time.Sleep(time.Millisecond)
+		if handled.Add(1) == int64(good) {
+			close(done)
+		}
+		return nil
+	}
+	p, err := poison.New(poison.Config{Publisher: pub, Topic: topo.PoisonQueue()})
+	if err != nil {
+		return 0, err
+	}
+	r, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: topo.Tiers()})
+	if err != nil {
+		return 0, err
+	}
+	c, err := middleware.Classify(middleware.ClassifyConfig{})
+	if err != nil {
+		return 0, err
+	}
+	var sub message.Subscriber
+	subs := 1
+	if sluiceConsumer {
+		sub, err = rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{URL: url})
+	} else {
+		sub, err = rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: url})
+		subs = rabbitmq.ConsumersDefault
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = sub.Close() }()
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
+	if err != nil {
+		return 0, err
+	}
+	for i := range subs {
+		router.AddConsumerHandler("bench-"+strconv.Itoa(i), topo.Queue(), sub, handler).AddMiddleware(p, r, c)
+	}
+	start := time.Now()
+	go func() { _ = router.Run(ctx) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+	}
+	rate := float64(handled.Load()) / time.Since(start).Seconds()
+	return rate, router.Close()
+}
