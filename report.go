@@ -13,6 +13,7 @@ const (
 	OutcomeRejected  Outcome = "rejected"  // an expected business rejection: committed and acked
 	OutcomeRetried   Outcome = "retried"   // a copy was parked in a retry tier: acked
 	OutcomePoisoned  Outcome = "poisoned"  // isolated in the poison queue: acked
+	OutcomeParked    Outcome = "parked"    // the poison queue refused its copy, which waits in a delay queue: acked
 	OutcomeFailed    Outcome = "failed"    // an error reached the router: nacked
 	OutcomeHeld      Outcome = "held"      // the brake gave it back unprocessed (ErrHeld): nacked, no attempt spent
 )

@@ -28,4 +28,9 @@ const (
 	// TraceIDKey is the trace id of the failed delivery, from its
 	// traceparent, when it had one.
 	TraceIDKey = "sluice_poison_trace_id"
+	// ParkedKey marks a diagnosed copy that the poison queue refused and
+	// that waits in Config.ParkTopic; its value is the poison queue's error.
+	// When it comes back, the stage publishes it to the poison queue without
+	// running the handler. Never on a copy in the poison queue.
+	ParkedKey = "sluice_poison_parked"
 )

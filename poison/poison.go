@@ -31,6 +31,10 @@ const (
 // MetricPoisoned counts messages isolated in the poison queue, by class.
 const MetricPoisoned = "sluice.poisoned"
 
+// MetricParked counts diagnosed copies the poison queue refused and that
+// were parked to be isolated when they come back (Config.ParkTopic).
+const MetricParked = "sluice.poison.parked"
+
 // ClassesDefault are the classes isolated when Config.Classes is empty.
 var ClassesDefault = []sluice.Class{sluice.ClassPoison, sluice.ClassInvariant, sluice.ClassExhausted}
 
@@ -61,6 +65,21 @@ type Config struct {
 	// unreachable poison queue is not a hot redelivery loop. Default
 	// PublishBackoffDefault.
 	PublishBackoff time.Duration
+	// ParkTopic is where a diagnosed copy waits when the poison queue
+	// refuses it (full, deleted, unreachable): a delay queue that returns
+	// its messages to the consumer's queue. router.Add gives the first
+	// retry tier, and ParkPublisher its publisher (default Publisher). The
+	// delivery is then acked at once, instead of keeping its place for
+	// PublishBackoff and coming back at the head of the queue, ahead of
+	// every other message, to be refused again; the copy comes back marked
+	// ParkedKey and goes to the poison queue without running the handler.
+	// Without ParkTopic, or when parking fails too, the delivery is nacked
+	// after PublishBackoff.
+	ParkTopic     string
+	ParkPublisher message.Publisher
+	// DisablePark keeps router.Add from giving a ParkTopic: a refused copy's
+	// delivery is always nacked after PublishBackoff.
+	DisablePark bool
 	// PublishTimeout bounds publishing one copy, on a context detached from
 	// the handler's deadline. Default PublishTimeoutDefault.
 	PublishTimeout time.Duration
@@ -112,7 +131,12 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}
 	}
+	if cfg.ParkPublisher == nil {
+		cfg.ParkPublisher = cfg.Publisher
+	}
 	switch {
+	case cfg.ParkTopic == cfg.Topic:
+		return nil, fmt.Errorf("poison: Config.ParkTopic must not be the poison queue %q", cfg.Topic)
 	case cfg.ErrorMaxLength < 16:
 		return nil, fmt.Errorf("poison: Config.ErrorMaxLength must be at least 16, got %d", cfg.ErrorMaxLength)
 	case cfg.PublishBackoff < 0:
@@ -125,17 +149,27 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &stage{cfg: cfg, poisoned: poisoned}
+	parkedCt, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(MetricParked,
+		metric.WithDescription("Poison copies the poison queue refused, parked to be isolated later."))
+	if err != nil {
+		return nil, err
+	}
+	s := &stage{cfg: cfg, poisoned: poisoned, parkedCt: parkedCt}
 	return s.middleware, nil
 }
 
 type stage struct {
-	cfg      Config
-	poisoned metric.Int64Counter
+	cfg                Config
+	poisoned, parkedCt metric.Int64Counter
 }
 
 func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
+		if class, ok := parked(msg); ok { // diagnosed before, the poison queue refused it
+			c := republish.Copy(msg, 0)
+			delete(c.Metadata, ParkedKey)
+			return s.isolate(msg, c, class, errors.New(msg.Metadata.Get(ReasonKey)))
+		}
 		produced, err := h(msg)
 		if err == nil {
 			return produced, nil
@@ -144,26 +178,55 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 		if !slices.Contains(s.cfg.Classes, class) {
 			return produced, err
 		}
-		ctx := msg.Context()
-		diagnosed := s.diagnose(msg, class, err)
-		if pErr := republish.Publish(s.cfg.Publisher, s.cfg.Topic, diagnosed, s.cfg.PublishTimeout, s.cfg.PublishBackoff); pErr != nil {
-			s.cfg.Logger.Error("Publishing to the poison queue failed; the delivery is nacked after the backoff", diag.RedactError(pErr),
-				telemetry.LogFields(msg, watermill.LogFields{"class": class.String(), "poison_queue": s.cfg.Topic, "backoff": s.cfg.PublishBackoff.String()}))
-			return nil, errors.Join(err, fmt.Errorf("poison: cannot publish to the poison queue %s: %w", s.cfg.Topic, pErr))
-		}
-		fields := watermill.LogFields{"class": class.String(), "reason": diagnosed.Metadata.Get(ReasonKey),
-			"attempt": diagnosed.Metadata.Get(sluice.AttemptKey), "poison_queue": s.cfg.Topic}
-		if p, ok := errors.AsType[*sluice.PanicError](err); ok {
-			fields["stack"] = string(p.Stack)
-		}
-		s.cfg.Logger.Error("Delivery isolated in the poison queue", diag.RedactError(err), telemetry.LogFields(msg, fields))
-		s.poisoned.Add(ctx, 1, metric.WithAttributes(
-			telemetry.HandlerKey.String(telemetry.Handler(ctx)), attribute.String("sluice.class", class.String())))
-		sluice.Record(ctx, func(r *sluice.Report) {
-			r.Outcome, r.Class, r.Reason = sluice.OutcomePoisoned, class, diagnosed.Metadata.Get(ReasonKey)
-		})
-		return nil, nil
+		return s.isolate(msg, s.diagnose(msg, class, err), class, err)
 	}
+}
+
+// parked reports whether msg is a diagnosed copy back from the park topic,
+// and its class.
+func parked(msg *message.Message) (sluice.Class, bool) {
+	if msg.Metadata.Get(ParkedKey) == "" {
+		return sluice.Unclassified, false
+	}
+	class, err := sluice.ParseClass(msg.Metadata.Get(ClassKey))
+	return class, err == nil && class != sluice.ClassTransient && class != sluice.ClassRejected
+}
+
+// isolate publishes the diagnosed copy to the poison queue, or parks it, or
+// nacks the delivery after the backoff.
+func (s *stage) isolate(msg, diagnosed *message.Message, class sluice.Class, err error) ([]*message.Message, error) {
+	ctx := msg.Context()
+	pErr := republish.Try(s.cfg.Publisher, s.cfg.Topic, diagnosed, s.cfg.PublishTimeout)
+	if pErr != nil && s.cfg.ParkTopic != "" && !s.cfg.DisablePark {
+		diagnosed.Metadata[ParkedKey] = diag.Summary(pErr, 256)
+		parkErr := republish.Try(s.cfg.ParkPublisher, s.cfg.ParkTopic, diagnosed, s.cfg.PublishTimeout)
+		if parkErr == nil {
+			s.cfg.Logger.Error("The poison queue refused the copy; it waits in the park topic and is isolated when it comes back", diag.RedactError(pErr),
+				telemetry.LogFields(msg, watermill.LogFields{"class": class.String(), "poison_queue": s.cfg.Topic, "park_topic": s.cfg.ParkTopic}))
+			s.parkedCt.Add(ctx, 1, telemetry.HandlerAttr(msg))
+			sluice.Record(ctx, func(r *sluice.Report) { r.Outcome, r.Class = sluice.OutcomeParked, class })
+			return nil, nil
+		}
+		pErr = errors.Join(pErr, fmt.Errorf("parking the copy in %s: %w", s.cfg.ParkTopic, parkErr))
+	}
+	if pErr != nil {
+		republish.Backoff(s.cfg.PublishBackoff)
+		s.cfg.Logger.Error("Publishing to the poison queue failed; the delivery is nacked after the backoff", diag.RedactError(pErr),
+			telemetry.LogFields(msg, watermill.LogFields{"class": class.String(), "poison_queue": s.cfg.Topic, "backoff": s.cfg.PublishBackoff.String()}))
+		return nil, errors.Join(err, fmt.Errorf("poison: cannot publish to the poison queue %s: %w", s.cfg.Topic, pErr))
+	}
+	fields := watermill.LogFields{"class": class.String(), "reason": diagnosed.Metadata.Get(ReasonKey),
+		"attempt": diagnosed.Metadata.Get(sluice.AttemptKey), "poison_queue": s.cfg.Topic}
+	if p, ok := errors.AsType[*sluice.PanicError](err); ok {
+		fields["stack"] = string(p.Stack)
+	}
+	s.cfg.Logger.Error("Delivery isolated in the poison queue", diag.RedactError(err), telemetry.LogFields(msg, fields))
+	s.poisoned.Add(ctx, 1, metric.WithAttributes(
+		telemetry.HandlerKey.String(telemetry.Handler(ctx)), attribute.String("sluice.class", class.String())))
+	sluice.Record(ctx, func(r *sluice.Report) {
+		r.Outcome, r.Class, r.Reason = sluice.OutcomePoisoned, class, diagnosed.Metadata.Get(ReasonKey)
+	})
+	return nil, nil
 }
 
 // diagnose returns the copy published to the poison queue.

@@ -198,8 +198,9 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, sluice.NewFailure(sluice.ClassExhausted,
 				fmt.Errorf("retry budget spent after %d attempts: %w", attempt, err))
 		}
-		tier := s.cfg.Tiers[attempt-1]
-		if pErr := republish.Publish(s.cfg.Publisher, tier.Topic, s.copy(msg, attempt, tier, reason), s.cfg.PublishTimeout, s.cfg.PublishBackoff); pErr != nil {
+		tier, pErr := s.park(msg, attempt, reason)
+		if pErr != nil {
+			republish.Backoff(s.cfg.PublishBackoff)
 			s.cfg.Logger.Error("Publishing the retry copy failed; the delivery is nacked after the backoff", diag.RedactError(pErr), telemetry.LogFields(msg,
 				watermill.LogFields{"class": sluice.ClassTransient.String(), "tier": tier.Name, "attempt": attempt, "backoff": s.cfg.PublishBackoff.String()}))
 			return nil, errors.Join(err, fmt.Errorf("retrytiers: publishing the retry copy to tier %s (%s): %w", tier.Name, tier.Topic, pErr))
@@ -213,6 +214,37 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 		})
 		return nil, nil
 	}
+}
+
+// park publishes the copy of attempt to its tier. When that tier refuses it
+// (deleted, full, unreachable) it tries the later tiers, then the earlier
+// ones: a copy waiting longer or shorter than planned keeps the delivery's
+// place free, where a nack after the backoff would bring it back at the
+// head of the queue, ahead of every other message, to fail again. It
+// returns the tier used, or the planned one and every error.
+func (s *stage) park(msg *message.Message, attempt int, reason string) (Tier, error) {
+	planned := attempt - 1
+	order := []int{planned}
+	for i := planned + 1; i < len(s.cfg.Tiers); i++ {
+		order = append(order, i)
+	}
+	for i := planned - 1; i >= 0; i-- {
+		order = append(order, i)
+	}
+	var errs []error
+	for _, i := range order {
+		tier := s.cfg.Tiers[i]
+		err := republish.Try(s.cfg.Publisher, tier.Topic, s.copy(msg, attempt, tier, reason), s.cfg.PublishTimeout)
+		if err == nil {
+			if i != planned {
+				s.cfg.Logger.Error("Retry tier refused the copy; it waits in another tier", diag.RedactError(errors.Join(errs...)), telemetry.LogFields(msg,
+					watermill.LogFields{"tier": s.cfg.Tiers[planned].Name, "instead": tier.Name, "attempt": attempt}))
+			}
+			return tier, nil
+		}
+		errs = append(errs, fmt.Errorf("tier %s: %w", tier.Name, err))
+	}
+	return s.cfg.Tiers[planned], errors.Join(errs...)
 }
 
 func (s *stage) copy(msg *message.Message, attempt int, tier Tier, reason string) *message.Message {

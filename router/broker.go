@@ -67,6 +67,9 @@ func (s Stages) withEndpoints(e Endpoints) Stages {
 		p.Publisher = cmp.Or(p.Publisher, e.PoisonPublisher)
 		p.Topic = cmp.Or(p.Topic, e.PoisonTopic)
 		p.Queue = cmp.Or(p.Queue, e.Topic)
+		if p.ParkTopic == "" && !p.DisablePark && len(e.Tiers) > 0 {
+			p.ParkTopic, p.ParkPublisher = e.Tiers[0].Topic, cmp.Or(p.ParkPublisher, e.RetryPublisher)
+		}
 		s.Poison = &p
 	}
 	if s.Retry != nil {

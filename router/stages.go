@@ -16,30 +16,34 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/retrytiers"
 )
 
 // Stages selects the stages around a handler; a nil field leaves its stage
 // out. Whatever is chosen runs in the one order:
 //
-//	ShutdownGrace → Trace → Poison → Retry → Brake → Classify → Inbox → Recoverer → handler
+//	ShutdownGrace → Trace → Replay → Poison → Retry → Brake → Classify → Inbox → Recoverer → handler
 type Stages struct {
 	// ShutdownGrace lets a handler in flight finish its commit for this long
 	// after the router begins to close (middleware.ShutdownGrace). Default
 	// middleware.ShutdownGraceDefault; negative leaves the stage out.
 	ShutdownGrace time.Duration
 	Trace         *middleware.TraceConfig
-	Poison        *poison.Config
-	Retry         *retrytiers.Config
+	// Replay records what became of a message replayed from a poison
+	// queue (package replay), for sluice dlq replay and report.
+	Replay *replay.Config
+	Poison *poison.Config
+	Retry  *retrytiers.Config
 	// Brake stops consuming while Transient failures (of the kind its Match
 	// accepts) dominate, holding deliveries back unprocessed instead of
 	// spending their retry tiers (package brake). Add builds one brake per
 	// handler, shared by its consumers, and gives it to a subscriber that
 	// can stop consuming (GatedSubscriber).
-	Brake    *brake.Config
-	Classify *middleware.ClassifyConfig
-	Inbox         *deduplication.Config
-	Recoverer     *middleware.RecovererConfig
+	Brake     *brake.Config
+	Classify  *middleware.ClassifyConfig
+	Inbox     *deduplication.Config
+	Recoverer *middleware.RecovererConfig
 	// Classifier is given to every stage that classifies (Poison, Retry,
 	// Classify, Inbox) whose own Classifier is nil, so "commit on Rejected"
 	// and "ack on Rejected" always agree. Default sluice.DefaultClassifier().
@@ -86,6 +90,12 @@ func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
 		cfg.TracerProvider = cmp.Or(cfg.TracerProvider, s.TracerProvider)
 		mw, err := middleware.Trace(cfg)
 		errs = append(errs, add("trace", mw, err))
+	}
+	if s.Replay != nil {
+		cfg := *s.Replay
+		cfg.Logger = cmp.Or(cfg.Logger, s.Logger)
+		mw, err := replay.New(cfg)
+		errs = append(errs, add("replay", mw, err))
 	}
 	if s.Poison != nil {
 		cfg := *s.Poison

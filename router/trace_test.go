@@ -168,7 +168,7 @@ func TestTraceErrorStatusOnlyWhenNacked(t *testing.T) {
 		return sluice.Poison(errors.New("malformed"))
 	}, func(tr *traced) router.Stages {
 		cfg := middleware.TraceConfig{TracerProvider: tr.tp}
-		return router.Stages{Trace: &cfg, Poison: &poison.Config{Publisher: failing, Topic: "p", PublishBackoff: time.Millisecond}, Classify: &middleware.ClassifyConfig{}, Recoverer: &middleware.RecovererConfig{}}
+		return router.Stages{Trace: &cfg, Poison: &poison.Config{Publisher: failing, Topic: "p", PublishBackoff: time.Millisecond, DisablePark: true}, Classify: &middleware.ClassifyConfig{}, Recoverer: &middleware.RecovererConfig{}}
 	})
 	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 	m.Metadata.Set(sluice.EventIDKey, "malformed")

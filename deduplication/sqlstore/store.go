@@ -12,20 +12,17 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/internal/sqlname"
 )
 
 // TableDefault is the default inbox table name.
 const TableDefault = "sluice_inbox"
-
-// identifier is what a table name part may be: an unquoted SQL identifier.
-var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
 // Config configures a Store.
 type Config struct {
@@ -76,21 +73,15 @@ func New(cfg Config) (*Store, error) {
 	if table == "" {
 		table = TableDefault
 	}
-	parts := strings.Split(table, ".")
-	if len(parts) > 2 || len(parts) == 2 && !d.schemas {
-		return nil, fmt.Errorf("sqlstore: Config.Table %q: want name or schema.name (schema.name on PostgreSQL only)", table)
-	}
-	for i, p := range parts {
-		if !identifier.MatchString(p) {
-			return nil, fmt.Errorf("sqlstore: Config.Table %q: %q is not an SQL identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes)", table, p)
-		}
-		parts[i] = `"` + p + `"`
+	quoted, name, err := sqlname.Quote(table, d.schemas)
+	if err != nil {
+		return nil, fmt.Errorf("sqlstore: Config.Table: %w", err)
 	}
 	s := &Store{
 		db:      cfg.DB,
 		dialect: d,
-		table:   strings.Join(parts, "."),
-		name:    parts[len(parts)-1][1 : len(parts[len(parts)-1])-1],
+		table:   quoted,
+		name:    name,
 		opts:    cfg.TxOptions,
 	}
 	s.claim = fmt.Sprintf(d.claim, s.table)

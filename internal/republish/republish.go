@@ -50,14 +50,24 @@ func Copy(msg *message.Message, extra int) *message.Message {
 // backoff, likewise detached, so that the caller's nack is not a hot
 // redelivery loop, and returns the error.
 func Publish(pub message.Publisher, topic string, c *message.Message, timeout, backoff time.Duration) error {
+	err := Try(pub, topic, c, timeout)
+	if err != nil {
+		Backoff(backoff)
+	}
+	return err
+}
+
+// Try publishes c to topic as Publish does, without the backoff: for a
+// caller with somewhere else to try.
+func Try(pub message.Publisher, topic string, c *message.Message, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Context()), timeout)
 	defer cancel()
 	orig := c.Context()
 	c.SetContext(ctx)
 	err := pub.Publish(topic, c)
 	c.SetContext(orig)
-	if err != nil {
-		clock.Sleep(context.Background(), backoff)
-	}
 	return err
 }
+
+// Backoff waits d (detached from any handler's context) before a nack.
+func Backoff(d time.Duration) { clock.Sleep(context.Background(), d) }

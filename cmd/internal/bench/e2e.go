@@ -31,7 +31,12 @@ import (
 //	               without Sluice: claim INSERT ... ON CONFLICT + business
 //	               INSERT in one transaction, ack after commit;
 //	sluice:        the full stack (Trace, Poison, Retry, Classify, Inbox,
-//	               Recoverer) around the business INSERT;
+//	               Recoverer) around the business INSERT, on watermill-amqp's
+//	               subscriber (one delivery at a time per consumer);
+//	sluice, Consumer: the same stack on Sluice's Consumer, the consumers
+//	               being subscriptions of 16 deliveries in flight each;
+//	no-op, Consumer: Sluice's Consumer with a handler that does nothing:
+//	               where the broker (and the machine) is the ceiling;
 //	PG ceiling:    the inbox-by-hand transaction in a loop, no broker.
 func EndToEnd(ctx context.Context, o Options) error {
 	db, schema, cleanup, err := pgSchema(ctx, o.PostgresURL, "sluice_bench_e2e", 24, nil)
@@ -57,7 +62,7 @@ func EndToEnd(ctx context.Context, o Options) error {
 
 	n := o.Messages * 4
 	rounds := max(o.Rounds/4, 3)
-	names := []string{"no inbox", "inbox by hand", "sluice"}
+	names := []string{"no inbox", "inbox by hand", "sluice", "sluice, Consumer", "no-op, Consumer"}
 	var rows [][]string
 	for _, conc := range []int{1, 4, 8} {
 		rates := make([][]float64, len(names)+1)
@@ -80,14 +85,20 @@ func EndToEnd(ctx context.Context, o Options) error {
 			if err != nil {
 				return err
 			}
-			rates[3] = append(rates[3], r)
+			rates[len(names)] = append(rates[len(names)], r)
 		}
-		rows = append(rows, []string{strconv.Itoa(conc), f0(Median(rates[0])), f0(Median(rates[1])), f0(Median(rates[2])), f0(Median(rates[3])),
-			f2(MedianRatio(rates[2], rates[1])), f2(MedianRatio(rates[2], rates[3]))})
+		ceiling := rates[len(names)]
+		row := []string{strconv.Itoa(conc)}
+		for i := range names {
+			row = append(row, f0(Median(rates[i])))
+		}
+		rows = append(rows, append(row, f0(Median(ceiling)),
+			f2(MedianRatio(rates[2], rates[1])), f2(MedianRatio(rates[2], ceiling)), f2(MedianRatio(rates[3], rates[2])), f2(MedianRatio(rates[3], ceiling))))
 	}
 	fmt.Fprintf(o.Out, "P1/P2: end to end on RabbitMQ + PostgreSQL, %d messages preloaded per run, %d rounds interleaved\n\n", n, rounds)
-	Table(o.Out, []string{"consumers", "no inbox msg/s", "inbox by hand msg/s", "sluice msg/s", "PG ceiling msg/s", "sluice ÷ by hand", "sluice ÷ ceiling"}, rows)
-	fmt.Fprintln(o.Out, "targets: sluice ÷ by hand ≥ 0.9 (P1); sluice ÷ PostgreSQL ceiling ≥ 0.7 (P2)")
+	Table(o.Out, []string{"consumers", "no inbox msg/s", "inbox by hand msg/s", "sluice msg/s", "sluice, Consumer msg/s", "no-op, Consumer msg/s", "PG ceiling msg/s",
+		"sluice ÷ by hand", "sluice ÷ ceiling", "Consumer ÷ watermill-amqp", "sluice, Consumer ÷ ceiling"}, rows)
+	fmt.Fprintln(o.Out, "targets: sluice ÷ by hand ≥ 0.9 (P1); sluice ÷ PostgreSQL ceiling ≥ 0.7 (P2); no-op, Consumer is the broker's ceiling on this machine")
 	return nil
 }
 
@@ -125,7 +136,12 @@ func consumeRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publis
 			return out, err
 		}
 	}
-	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: url})
+	var sub message.Subscriber
+	if variant >= 3 {
+		sub, err = rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{URL: url})
+	} else {
+		sub, err = rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: url})
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -144,7 +160,11 @@ func consumeRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publis
 				return handle(msg.Context(), key(msg))
 			})
 		}
-	case 2:
+	case 4:
+		for i := range conc {
+			r.AddConsumerHandler("bench-"+strconv.Itoa(i), topo.Queue(), sub, func(*message.Message) error { return nil })
+		}
+	case 2, 3:
 		_, err := router.Add(r, router.HandlerConfig{
 			Name: "bench", Topic: topo.Queue(), Subscriber: sub, Consumers: conc,
 			Handler: func(msg *message.Message) error {

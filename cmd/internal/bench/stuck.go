@@ -23,13 +23,15 @@ import (
 const stuckCount = 20
 
 // Stuck measures whether messages that cannot reach their target starve the
-// good ones: the poison queue is full (x-max-length 0, reject-publish) or a
-// tier queue is deleted, and 20 messages that must go there are preloaded
-// ahead of the good ones. The stage waits its publish backoff (1 s) and
-// nacks them; the broker requeues them at the head. It reports the good
-// messages' rate with the 20 stuck messages ÷ without, for Sluice's
-// Consumer (16 deliveries in flight) and watermill-amqp's subscriber (4
-// subscriptions of one delivery each).
+// good ones: the poison queue is full (x-max-length 0, reject-publish) or
+// the first of two tier queues is deleted, and 20 messages that must go
+// there are preloaded ahead of the good ones. Before, the stage waited its
+// publish backoff (1 s) holding the delivery and nacked it, and the broker
+// requeued it at the head: 16 slots full of stuck messages. Now a refused
+// poison copy is parked in the first tier and a refused retry copy waits in
+// another tier. It reports the good messages' rate with the 20 stuck
+// messages ÷ without, for Sluice's Consumer (16 deliveries in flight) and
+// watermill-amqp's subscriber (4 subscriptions of one delivery each).
 func Stuck(ctx context.Context, o Options) error {
 	conn, err := rabbitmq.Dial(o.AMQPURL, rabbitmq.DialConfig{Name: "sluice bench"})
 	if err != nil {
@@ -65,7 +67,7 @@ func Stuck(ctx context.Context, o Options) error {
 			rows = append(rows, []string{target, kind, f0(Median(rates[0])), f0(Median(rates[1])), f2(MedianRatio(rates[1], rates[0]))})
 		}
 	}
-	fmt.Fprintf(o.Out, "Good messages while %d cannot reach their target, %d good preloaded behind them, 1 ms of handler work, %d rounds interleaved\n\n", stuckCount, good, rounds)
+	fmt.Fprintf(o.Out, "Good messages while %d cannot reach their target (the poison queue full; the first of two tiers deleted), %d good preloaded behind them, 1 ms of handler work, %d rounds interleaved\n\n", stuckCount, good, rounds)
 	Table(o.Out, []string{"target", "subscriber", "good msg/s alone", fmt.Sprintf("good msg/s with %d stuck", stuckCount), "ratio"}, rows)
 	fmt.Fprintln(o.Out, "target: ≥ 0.5 (a bad target does not starve the good messages)")
 	return nil
@@ -75,7 +77,7 @@ func Stuck(ctx context.Context, o Options) error {
 // as long as the good ones take (at most 20 s) and returns the good rate.
 func stuckRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, url string, good int, target string, stuck, sluiceConsumer bool) (float64, error) {
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{
-		Queue: fmt.Sprintf("sluice_bench_stuck_%d", time.Now().UnixNano()), TierDelays: []time.Duration{time.Minute},
+		Queue: fmt.Sprintf("sluice_bench_stuck_%d", time.Now().UnixNano()), TierDelays: []time.Duration{time.Minute, 2 * time.Minute},
 	})
 	if err != nil {
 		return 0, err
@@ -136,7 +138,8 @@ func stuckRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publishe
 		}
 		return nil
 	}
-	p, err := poison.New(poison.Config{Publisher: pub, Topic: topo.PoisonQueue()})
+	// As router.Add configures it: a refused copy waits in the first tier.
+	p, err := poison.New(poison.Config{Publisher: pub, Topic: topo.PoisonQueue(), ParkTopic: topo.Tiers()[0].Topic})
 	if err != nil {
 		return 0, err
 	}

@@ -2,6 +2,8 @@ package dlq
 
 import (
 	"regexp"
+
+	"github.com/sluicemq/sluice/replay"
 	"slices"
 	"time"
 )
@@ -13,6 +15,10 @@ type Filter struct {
 	EventTypes []string       // sluice_event_type is one of these
 	Since      time.Time      // poisoned at or after
 	Until      time.Time      // poisoned before
+	// NotRun leaves out the messages a replay run already replayed (they
+	// carry its replay.RunKey): a copy poisoned again is not replayed twice
+	// by the same run.
+	NotRun string
 }
 
 // Match reports whether the filter selects m. A message without a valid
@@ -28,6 +34,8 @@ func (f Filter) Match(m *Message) bool {
 	case !f.Since.IsZero() && (m.PoisonedAt.IsZero() || m.PoisonedAt.Before(f.Since)):
 		return false
 	case !f.Until.IsZero() && (m.PoisonedAt.IsZero() || !m.PoisonedAt.Before(f.Until)):
+		return false
+	case f.NotRun != "" && m.Msg.Metadata.Get(replay.RunKey) == f.NotRun:
 		return false
 	}
 	return true

@@ -21,6 +21,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/replay"
 )
 
 // Replay provenance: the metadata keys a replayed message carries.
@@ -123,6 +124,12 @@ type ReplayConfig struct {
 	Publisher Publisher
 	// Progress is called after each batch with the counts so far.
 	Progress func(done int)
+	// Run, when set, is the replay run: each copy carries replay.RunKey and
+	// replay.ItemKey (Message.Item), and Sent is called with each group
+	// before it is published, so the run's items are known even if the
+	// process dies right after the publish.
+	Run  string
+	Sent func([]*Message) error
 }
 
 // ReplayResult counts what a replay did.
@@ -217,6 +224,11 @@ func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Repla
 			for i, m := range ms {
 				copies[i] = replayCopy(m, cfg)
 			}
+			if cfg.Sent != nil {
+				if err := cfg.Sent(ms); err != nil {
+					return fmt.Errorf("dlq: recording the replayed items: %w", err)
+				}
+			}
 			if limiter != nil {
 				for range ms {
 					if err := limiter.Wait(ctx); err != nil {
@@ -284,7 +296,19 @@ func replayCopy(m *Message, cfg ReplayConfig) *message.Message {
 	c.Metadata[ReplayedAtKey] = time.Now().UTC().Format(time.RFC3339Nano)
 	c.Metadata[ReplayedFromKey] = cfg.Queue
 	c.Metadata[ReplayedClassKey] = m.Class
+	if cfg.Run != "" {
+		c.Metadata[replay.RunKey] = cfg.Run
+		c.Metadata[replay.ItemKey] = m.Item()
+	} else {
+		delete(c.Metadata, replay.RunKey)
+		delete(c.Metadata, replay.ItemKey)
+	}
 	return c
+}
+
+// Item is m's item in a replay run: its event id, else its message id.
+func (m *Message) Item() string {
+	return cmp.Or(m.EventID, m.Msg.UUID)
 }
 
 // ArchiveConfig configures Archive.

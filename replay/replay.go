@@ -1,0 +1,154 @@
+// Package replay closes the loop of a recovery: a message replayed from a
+// poison queue (sluice dlq replay) carries its replay run and item
+// (RunKey, ItemKey); the stage records what became of it — processed,
+// duplicate, rejected, retried into a tier, poisoned again with the new
+// reason, parked, held, failed — in a Store the operator's CLI reads back
+// (sluice dlq replay --canary/--ramp waits on it, sluice dlq report prints
+// it).
+//
+// The stage sits inside Trace and outside Poison, so it sees the delivery's
+// final fate for this attempt:
+//
+//	ShutdownGrace → Trace → Replay → Poison → Retry → Brake → Classify → Inbox → handler
+//
+// It records after the stages inside returned, outside the inbox's
+// transaction, at least once: a crash between the inbox's commit and the
+// record leaves the item without an outcome until its redelivery, which the
+// inbox turns into "duplicate" — recorded then. "processed" is never
+// overwritten by "duplicate". A record that fails is logged; the delivery's
+// own fate does not change.
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/telemetry"
+)
+
+// Metadata keys the CLI sets on a replayed message (AMQP headers of the
+// same names).
+const (
+	// RunKey is the replay run's id.
+	RunKey = "sluice_replay_run"
+	// ItemKey identifies the message within the run: the event id, else the
+	// poison copy's message id.
+	ItemKey = "sluice_replay_item"
+)
+
+// OutcomeReplayed is the outcome the CLI records when it replays an item:
+// sent, nothing heard back yet.
+const OutcomeReplayed sluice.Outcome = "replayed"
+
+// Final reports whether an outcome ends an item's replay: processed,
+// duplicate, rejected or poisoned. Retried, parked, held, failed and
+// replayed are on the way.
+func Final(o sluice.Outcome) bool {
+	switch o {
+	case sluice.OutcomeProcessed, sluice.OutcomeDuplicate, sluice.OutcomeRejected, sluice.OutcomePoisoned:
+		return true
+	}
+	return false
+}
+
+// Record is what became of one replayed item.
+type Record struct {
+	Run     string         `json:"run" db:"run"`
+	Item    string         `json:"item" db:"item"`
+	EventID string         `json:"event_id" db:"event_id"`
+	Outcome sluice.Outcome `json:"outcome" db:"outcome"`
+	Class   string         `json:"class,omitempty" db:"class"`
+	Reason  string         `json:"reason,omitempty" db:"reason"`
+	Handler string         `json:"handler,omitempty" db:"handler"`
+	At      time.Time      `json:"at" db:"updated_at"`
+}
+
+// Store keeps the records. SQLStore is one.
+type Store interface {
+	// Record upserts r by (Run, Item); "duplicate" does not replace
+	// "processed" or "rejected".
+	Record(ctx context.Context, r Record) error
+}
+
+// Defaults.
+const (
+	RecordTimeoutDefault = 5 * time.Second
+	ReasonMaxLength      = 1024
+)
+
+// Config configures New.
+type Config struct {
+	// Store receives the records. Required.
+	Store Store
+	// RecordTimeout bounds one record, on a context detached from the
+	// handler's. Default RecordTimeoutDefault.
+	RecordTimeout time.Duration
+	// Logger receives a line per record that failed. Default
+	// watermill.NopLogger; router.Add gives the router's.
+	Logger watermill.LoggerAdapter
+}
+
+// New returns the stage. Deliveries without RunKey pass through untouched.
+func New(cfg Config) (message.HandlerMiddleware, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("replay: Config.Store is required")
+	}
+	if cfg.RecordTimeout == 0 {
+		cfg.RecordTimeout = RecordTimeoutDefault
+	}
+	if cfg.RecordTimeout < 0 {
+		return nil, fmt.Errorf("replay: Config.RecordTimeout must be positive, got %s", cfg.RecordTimeout)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
+	}
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			run, item := msg.Metadata.Get(RunKey), msg.Metadata.Get(ItemKey)
+			if run == "" || item == "" {
+				return h(msg)
+			}
+			ctx := msg.Context()
+			report := sluice.ReportFromContext(ctx)
+			if report == nil {
+				var rctx context.Context
+				rctx, report = sluice.WithReport(ctx)
+				msg.SetContext(rctx)
+				defer msg.SetContext(ctx)
+			}
+			produced, err := h(msg)
+			r := Record{Run: diag.Bound(run, 128), Item: diag.Bound(item, 256), EventID: diag.Bound(msg.Metadata.Get(sluice.EventIDKey), 256),
+				Outcome: report.Outcome, Handler: telemetry.Handler(ctx), At: time.Now().UTC()}
+			if report.Class.Valid() {
+				r.Class = report.Class.String()
+			}
+			switch {
+			case errors.Is(err, sluice.ErrHeld):
+				r.Outcome = sluice.OutcomeHeld
+			case err != nil:
+				r.Outcome, r.Reason = sluice.OutcomeFailed, diag.Summary(err, ReasonMaxLength)
+				if c := sluice.ClassOf(err); c.Valid() {
+					r.Class = c.String()
+				}
+			case r.Outcome == "":
+				r.Outcome = sluice.OutcomeProcessed
+			case r.Outcome == sluice.OutcomePoisoned:
+				r.Reason = diag.Bound(report.Reason, ReasonMaxLength)
+			}
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.RecordTimeout)
+			defer cancel()
+			if rErr := cfg.Store.Record(rctx, r); rErr != nil {
+				cfg.Logger.Error("Recording the replay outcome failed; the item stays without it until redelivered", diag.RedactError(rErr),
+					telemetry.LogFields(msg, watermill.LogFields{"run": r.Run, "item": r.Item, "outcome": string(r.Outcome)}))
+			}
+			return produced, err
+		}
+	}, nil
+}

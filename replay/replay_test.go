@@ -1,0 +1,134 @@
+package replay_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/router"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func pgStore(t *testing.T) *replay.SQLStore {
+	t.Helper()
+	db := testenv.Postgres(t)
+	s, err := replay.NewSQLStore(db, testenv.Schema(t, db)+".sluice_replay")
+	require.NoError(t, err)
+	require.NoError(t, s.CreateTable(t.Context()))
+	return s
+}
+
+// The stage records each replayed delivery's fate as the stages inside
+// decided it: processed, a duplicate the inbox skipped (which does not
+// replace processed), poisoned again with the new reason, retried into a
+// tier; deliveries of no replay run are not recorded.
+func TestOutcomesOfAReplayRun(t *testing.T) {
+	t.Parallel()
+	store := pgStore(t)
+	e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "orders", TierDelays: []time.Duration{time.Hour}})
+	require.NoError(t, err)
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	handled := make(chan string, 10)
+	_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "orders", Handler: func(msg *message.Message) error {
+		defer func() { handled <- msg.Metadata.Get(replay.ItemKey) }()
+		switch msg.Metadata.Get(sluice.EventIDKey) {
+		case "still-bad":
+			return sluice.Poison(errors.New("unknown version 9"))
+		case "flaky":
+			return sluice.Transient(errors.New("stock service timeout"))
+		}
+		return nil
+	}, Stages: router.Stages{
+		Replay: &replay.Config{Store: store},
+		Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
+		Inbox: &deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "orders"},
+	}})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	<-r.Running()
+	t.Cleanup(func() { require.NoError(t, r.Close()); require.NoError(t, <-done); _ = e.Close() })
+
+	publish := func(run, id string) {
+		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+		m.Metadata.Set(sluice.EventIDKey, id)
+		if run != "" {
+			m.Metadata.Set(replay.RunKey, run)
+			m.Metadata.Set(replay.ItemKey, id)
+		}
+		require.NoError(t, e.PubSub.Publish("orders", m))
+		<-handled
+	}
+	publish("run-1", "ok")
+	publish("run-1", "still-bad")
+	publish("run-1", "flaky")
+	publish("", "unrelated")
+	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`)) // "ok" again: the inbox skips the handler
+	m.Metadata.Set(sluice.EventIDKey, "ok")
+	m.Metadata.Set(replay.RunKey, "run-1")
+	m.Metadata.Set(replay.ItemKey, "ok")
+	require.NoError(t, e.PubSub.Publish("orders", m))
+	publish("run-1", "last") // handled in order: after the duplicate
+
+	var got map[string]replay.Record
+	require.Eventually(t, func() bool {
+		rs, err := store.Outcomes(t.Context(), "run-1")
+		require.NoError(t, err)
+		got = map[string]replay.Record{}
+		for _, r := range rs {
+			got[r.Item] = r
+		}
+		return len(got) == 4
+	}, 5*time.Second, 10*time.Millisecond)
+	require.Equal(t, sluice.OutcomeProcessed, got["ok"].Outcome, "the duplicate did not replace processed")
+	require.Equal(t, sluice.OutcomePoisoned, got["still-bad"].Outcome)
+	require.Equal(t, "poison", got["still-bad"].Class)
+	require.Contains(t, got["still-bad"].Reason, "unknown version 9")
+	require.Equal(t, sluice.OutcomeRetried, got["flaky"].Outcome)
+	require.False(t, replay.Final(got["flaky"].Outcome))
+	require.Equal(t, "orders", got["ok"].Handler)
+	all, err := store.Outcomes(t.Context(), "")
+	require.NoError(t, err)
+	require.Len(t, all, 4, "a delivery of no replay run is not recorded")
+}
+
+// Replayed marks items sent; it never replaces an outcome already there.
+func TestReplayedKeepsAnOutcome(t *testing.T) {
+	t.Parallel()
+	store := pgStore(t)
+	now := time.Now()
+	require.NoError(t, store.Record(t.Context(), replay.Record{Run: "r", Item: "a", Outcome: sluice.OutcomeProcessed, At: now}))
+	require.NoError(t, store.Replayed(t.Context(), []replay.Record{{Run: "r", Item: "a", At: now}, {Run: "r", Item: "b", EventID: "evt-b", At: now}}))
+	rs, err := store.Outcomes(t.Context(), "r")
+	require.NoError(t, err)
+	require.Len(t, rs, 2)
+	require.Equal(t, sluice.OutcomeProcessed, rs[0].Outcome)
+	require.Equal(t, replay.OutcomeReplayed, rs[1].Outcome)
+	require.Equal(t, "evt-b", rs[1].EventID)
+	final, poisoned := replay.Count(rs, map[string]bool{"a": true, "b": true})
+	require.Equal(t, 1, final)
+	require.Zero(t, poisoned)
+}
+
+func TestConfigAndTableErrors(t *testing.T) {
+	t.Parallel()
+	_, err := replay.New(replay.Config{})
+	require.ErrorContains(t, err, "Config.Store is required")
+	_, err = replay.NewSQLStore(testenv.SQLite(t), "replay; DROP TABLE x")
+	require.ErrorContains(t, err, "is not an SQL identifier")
+}
