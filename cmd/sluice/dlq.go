@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -16,6 +17,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jedib0t/go-pretty/v6/progress"
 	"github.com/jedib0t/go-pretty/v6/table"
 	"github.com/mattn/go-isatty"
@@ -25,7 +27,9 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/cmd/internal/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/localenv"
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/replay"
 )
 
 // filterFlags are the selection flags of inspect, replay and archive.
@@ -125,7 +129,7 @@ func newDLQ(g *globals, out io.Writer) *cobra.Command {
 		Args:               unknownSubcommand,
 		RunE:               func(c *cobra.Command, _ []string) error { return c.Help() },
 	}
-	cmd.AddCommand(newStats(g, out), newInspect(g, out), newReplay(g, out), newArchive(g, out))
+	cmd.AddCommand(newStats(g, out), newInspect(g, out), newReplay(g, out), newArchive(g, out), newDiscard(g, out), newRestore(g, out), newReport(out))
 	return cmd
 }
 
@@ -271,6 +275,7 @@ func formatTime(t time.Time) string {
 
 func newReplay(g *globals, out io.Writer) *cobra.Command {
 	var ff filterFlags
+	var lf loopFlags
 	var rateFlag, to string
 	var batch int
 	var dryRun bool
@@ -281,7 +286,12 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 			"sluice_poison_queue header, with the attempt count reset and replay provenance headers,\n" +
 			"and acked in the poison queue only after the confirm. Messages not selected stay, in order.\n" +
 			"A publish that fails stops the run with the message still in the poison queue; so does\n" +
-			"a kill at any moment (a message may then be in both places: the inbox drops the duplicate).",
+			"a kill at any moment (a message may then be in both places: the inbox drops the duplicate).\n\n" +
+			"Closed loop (--canary, --ramp, with --outcomes): the messages carry a replay run id; the\n" +
+			"consumers' replay stage (router.Stages.Replay) records each one's outcome in the outcome\n" +
+			"table. The canary batch must come back all processed (or duplicate); each ramp batch may be\n" +
+			"poisoned again at most --max-repoison; after the ramp the last size repeats until nothing\n" +
+			"selected is left. A stop prints the events that did not end well and exits 1.",
 		Args: noArgs,
 		RunE: func(*cobra.Command, []string) error {
 			r, err := parseRate(rateFlag)
@@ -290,6 +300,16 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 			}
 			if batch < 1 {
 				return usageError{fmt.Errorf("--batch must be at least 1")}
+			}
+			var sizes []int
+			var maxRepoison float64
+			if lf.active() {
+				if sizes, maxRepoison, err = lf.sizes(); err != nil {
+					return err
+				}
+				if dryRun {
+					return usageError{errors.New("--dry-run lists what a replay would move; run it without --canary and --ramp")}
+				}
 			}
 			if err := dlq.CheckAudit(g.audit); err != nil { // before anything moves
 				return err
@@ -314,10 +334,24 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 				Queue: ff.queue, Filter: f, Limit: ff.limit, Rate: r, Batch: batch, DryRun: dryRun,
 				To: to, Operator: g.operator, Publisher: pub, Progress: prog.update,
 			}
-			res, runErr := dlq.Replay(ctx, conn, cfg)
+			var res dlq.ReplayResult
+			var runErr error
+			if lf.active() {
+				store, closeStore, err := openOutcomes(lf.outcomes, lf.table)
+				if err != nil {
+					return err
+				}
+				defer closeStore()
+				cfg.Run = "run-" + time.Now().UTC().Format("20060102T150405Z") + "-" + watermill.NewShortUUID()[:8]
+				cfg.Progress = nil
+				res, runErr = closedLoop(ctx, conn, cfg, loop{sizes: sizes, canary: lf.canary > 0, maxRepoison: maxRepoison, store: store, wait: lf.wait}, out)
+			} else {
+				res, runErr = dlq.Replay(ctx, conn, cfg)
+			}
 			prog.done()
 			summary(out, "replay", ff.queue, res, dryRun)
-			opts := map[string]string{"rate": rateFlag, "batch": strconv.Itoa(batch), "limit": strconv.Itoa(ff.limit), "to": to}
+			opts := map[string]string{"rate": rateFlag, "batch": strconv.Itoa(batch), "limit": strconv.Itoa(ff.limit), "to": to,
+				"run": cfg.Run, "canary": strconv.Itoa(lf.canary), "ramp": lf.ramp, "max_repoison": lf.maxRepoison}
 			return errorsJoin(runErr, audit(g, "dlq replay", ff.queue, f, opts, res, dryRun, runErr))
 		},
 	}
@@ -327,7 +361,93 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 	fl.IntVar(&batch, "batch", 10, "messages published, confirmed and acked together")
 	fl.BoolVar(&dryRun, "dry-run", false, "select and count; publish and remove nothing")
 	fl.StringVar(&to, "to", "", "replay every message to this queue instead of its sluice_poison_queue")
+	fl.StringVar(&lf.outcomes, "outcomes", localenv.Get("SLUICE_OUTCOMES_URL", ""), "PostgreSQL URL of the outcome table the consumers' replay stage writes (env SLUICE_OUTCOMES_URL)")
+	fl.StringVar(&lf.table, "outcomes-table", replay.TableDefault, "the outcome table (name or schema.name)")
+	fl.IntVar(&lf.canary, "canary", 0, "replay this many first and stop unless all were processed")
+	fl.StringVar(&lf.ramp, "ramp", "", "then batches of these sizes, e.g. 5,20,100; the last size repeats")
+	fl.StringVar(&lf.maxRepoison, "max-repoison", "10%", "stop when more than this share of a batch is poisoned again")
+	fl.DurationVar(&lf.wait, "wait", 2*time.Minute, "how long to wait for a batch's outcomes")
 	return cmd
+}
+
+func newReport(out io.Writer) *cobra.Command {
+	var url, table, run string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "report",
+		Short: "Each replayed event's outcome, per replay run; exit 1 while any has none yet",
+		Long: "Reads the outcome table the consumers' replay stage writes. For each run: counts by outcome,\n" +
+			"then every event that did not end processed or duplicate (poisoned again with its new reason,\n" +
+			"rejected, still retrying, or sent with no outcome yet). Exit 1 while any event of the\n" +
+			"selected runs has no final outcome: the runbook's confirm step.",
+		Args: noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if url == "" {
+				return usageError{errors.New("--outcomes is required (or env SLUICE_OUTCOMES_URL)")}
+			}
+			store, closeStore, err := openOutcomes(url, table)
+			if err != nil {
+				return err
+			}
+			defer closeStore()
+			rs, err := store.Outcomes(context.Background(), run)
+			if err != nil {
+				return fmt.Errorf("reading the outcomes: %w", diag.RedactError(err))
+			}
+			pending := report(out, rs, asJSON)
+			if pending > 0 {
+				return fmt.Errorf("%d replayed events have no final outcome yet", pending)
+			}
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&url, "outcomes", localenv.Get("SLUICE_OUTCOMES_URL", ""), "PostgreSQL URL of the outcome table (env SLUICE_OUTCOMES_URL)")
+	fl.StringVar(&table, "outcomes-table", replay.TableDefault, "the outcome table (name or schema.name)")
+	fl.StringVar(&run, "run", "", "one replay run (default: every run)")
+	fl.BoolVar(&asJSON, "json", false, "one JSON object per event")
+	return cmd
+}
+
+// report prints the records and returns how many have no final outcome.
+func report(out io.Writer, rs []replay.Record, asJSON bool) int {
+	pending := 0
+	enc := json.NewEncoder(out)
+	byRun := map[string]map[sluice.Outcome]int{}
+	var runs []string
+	for _, r := range rs {
+		if !replay.Final(r.Outcome) {
+			pending++
+		}
+		if asJSON {
+			_ = enc.Encode(r)
+			continue
+		}
+		if byRun[r.Run] == nil {
+			byRun[r.Run] = map[sluice.Outcome]int{}
+			runs = append(runs, r.Run)
+		}
+		byRun[r.Run][r.Outcome]++
+	}
+	if asJSON {
+		return pending
+	}
+	for _, run := range runs {
+		var parts []string
+		for _, o := range []sluice.Outcome{sluice.OutcomeProcessed, sluice.OutcomeDuplicate, sluice.OutcomeRejected, sluice.OutcomePoisoned,
+			sluice.OutcomeRetried, sluice.OutcomeParked, sluice.OutcomeHeld, sluice.OutcomeFailed, replay.OutcomeReplayed} {
+			if n := byRun[run][o]; n > 0 {
+				parts = append(parts, fmt.Sprintf("%d %s", n, o))
+			}
+		}
+		fmt.Fprintf(out, "run %s: %s\n", diag.Printable(run, 128), strings.Join(parts, ", "))
+		for _, r := range rs {
+			if r.Run == run && r.Outcome != sluice.OutcomeProcessed && r.Outcome != sluice.OutcomeDuplicate {
+				fmt.Fprintf(out, "  %s\t%s\t%s\t%s\n", diag.Printable(cmp.Or(r.EventID, r.Item), 128), r.Outcome, r.Class, diag.Printable(r.Reason, 200))
+			}
+		}
+	}
+	return pending
 }
 
 func parseRate(v string) (float64, error) {
@@ -372,6 +492,81 @@ func newArchive(g *globals, out io.Writer) *cobra.Command {
 	return cmd
 }
 
+func newDiscard(g *globals, out io.Writer) *cobra.Command {
+	var ff filterFlags
+	var reason string
+	var dryRun bool
+	cmd := &cobra.Command{
+		Use:   "discard",
+		Short: "Remove selected messages for good, with a reason, recorded in the audit log",
+		Long: "For messages that must not be processed and need not be kept (archive them instead to\n" +
+			"keep them). The audit line names the operator, the reason, the selection and every\n" +
+			"discarded event id. Messages not selected stay, in order.",
+		Args: noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if strings.TrimSpace(reason) == "" {
+				return usageError{errors.New("--reason is required: say why these messages are discarded")}
+			}
+			if err := dlq.CheckAudit(g.audit); err != nil { // before anything moves
+				return err
+			}
+			f, conn, ctx, done, err := ff.open(g)
+			if err != nil {
+				return err
+			}
+			defer done()
+			res, items, runErr := dlq.Discard(ctx, conn, ff.queue, f, ff.limit, dryRun)
+			summary(out, "discard", ff.queue, res, dryRun)
+			rec := auditRecord(g, "dlq discard", ff.queue, f, map[string]string{"limit": strconv.Itoa(ff.limit)}, res, dryRun, runErr)
+			rec.Reason, rec.Items = reason, items
+			return errorsJoin(runErr, dlq.AppendAudit(g.audit, rec))
+		},
+	}
+	ff.register(cmd, "discard at most this many messages (0: all selected)")
+	cmd.Flags().StringVar(&reason, "reason", "", "why (required), recorded in the audit log")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "select and count; remove nothing")
+	return cmd
+}
+
+func newRestore(g *globals, out io.Writer) *cobra.Command {
+	var from, to string
+	var dryRun bool
+	cmd := &cobra.Command{
+		Use:   "restore",
+		Short: "Publish the messages of an archive file back to their poison queue (or --to)",
+		Long: "Each record of a file written by 'dlq archive' is published, confirmed, with its payload,\n" +
+			"headers and the producer's properties as they were, to the queue it was archived from.\n" +
+			"Running it twice publishes twice; the audit log records each run.",
+		Args: noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if from == "" {
+				return usageError{errors.New("--from is required")}
+			}
+			if err := dlq.CheckAudit(g.audit); err != nil {
+				return err
+			}
+			tlsCfg, err := g.tls()
+			if err != nil {
+				return err
+			}
+			pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: g.url(), TLS: tlsCfg})
+			if err != nil {
+				return err
+			}
+			defer func() { _ = pub.Close() }()
+			ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
+			defer cancel()
+			res, runErr := dlq.Restore(ctx, dlq.RestoreConfig{File: from, To: to, Publisher: pub, DryRun: dryRun})
+			summary(out, "restore", from, res, dryRun)
+			return errorsJoin(runErr, audit(g, "dlq restore", to, dlq.Filter{}, map[string]string{"from": from, "to": to}, res, dryRun, runErr))
+		},
+	}
+	cmd.Flags().StringVar(&from, "from", "", "the archive file (required)")
+	cmd.Flags().StringVar(&to, "to", "", "publish every record to this queue instead of the one it was archived from")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "read and count; publish nothing")
+	return cmd
+}
+
 func summary(out io.Writer, what, queue string, res dlq.ReplayResult, dryRun bool) {
 	title := what + " from " + queue
 	if dryRun {
@@ -404,6 +599,10 @@ func summary(out io.Writer, what, queue string, res dlq.ReplayResult, dryRun boo
 }
 
 func audit(g *globals, command, queue string, f dlq.Filter, opts map[string]string, res dlq.ReplayResult, dryRun bool, runErr error) error {
+	return dlq.AppendAudit(g.audit, auditRecord(g, command, queue, f, opts, res, dryRun, runErr))
+}
+
+func auditRecord(g *globals, command, queue string, f dlq.Filter, opts map[string]string, res dlq.ReplayResult, dryRun bool, runErr error) dlq.AuditRecord {
 	rec := dlq.AuditRecord{
 		Time: time.Now().UTC(), Operator: g.operator, Command: command, Queue: queue,
 		Filters: f.Describe(), Options: opts, Result: res, Outcome: "ok",
@@ -414,7 +613,7 @@ func audit(g *globals, command, queue string, f dlq.Filter, opts map[string]stri
 	if runErr != nil {
 		rec.Outcome, rec.Error = "error", diag.Redact(runErr.Error())
 	}
-	return dlq.AppendAudit(g.audit, rec)
+	return rec
 }
 
 // errorsJoin joins the run's error and the audit log's.

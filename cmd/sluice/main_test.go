@@ -17,7 +17,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -404,25 +403,7 @@ func TestReplayKeepsTheProducersProperties(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
 	conn := testenv.AMQP(t)
-	ch := testenv.Channel(t, conn)
-	pub := amqp.Publishing{
-		ContentType: "application/json", ContentEncoding: "gzip", CorrelationId: "corr-9", MessageId: "m-9",
-		Type: "OrderCreated", AppId: "spring-orders", ReplyTo: "orders.replies", Priority: 3,
-		Timestamp: time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC),
-		Headers:   amqp.Table{sluice.EventIDKey: "g-1", "__TypeId__": "com.example.OrderCreated"},
-		Body:      []byte("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xffgzip-bytes"),
-	}
-	require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Queue(), false, false, pub))
-	d, ok, err := ch.Get(b.topo.Queue(), false)
-	require.NoError(t, err)
-	require.True(t, ok)
-	msg, err := rabbitmq.Marshaler{}.Unmarshal(d)
-	require.NoError(t, err)
-	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue()})
-	require.NoError(t, err)
-	_, err = mw(func(*message.Message) ([]*message.Message, error) { return nil, sluice.Poison(errors.New("bad")) })(msg)
-	require.NoError(t, err)
-	require.NoError(t, d.Ack(false))
+	pub := foreignPoisoned(t, b, "g-1")
 
 	code, _, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue())
 	require.Equal(t, 0, code, errOut)

@@ -1,12 +1,14 @@
 package dlq
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -125,11 +127,12 @@ type ReplayConfig struct {
 	// Progress is called after each batch with the counts so far.
 	Progress func(done int)
 	// Run, when set, is the replay run: each copy carries replay.RunKey and
-	// replay.ItemKey (Message.Item), and Sent is called with each group
-	// before it is published, so the run's items are known even if the
-	// process dies right after the publish.
-	Run  string
-	Sent func([]*Message) error
+	// replay.ItemKey (Message.Item). Published is called with each group
+	// once its publish is confirmed, before the originals are acked: an
+	// item is recorded only if it was sent (and if the process dies before
+	// the record, the consumer's own record of its outcome creates it).
+	Run       string
+	Published func([]*Message) error
 }
 
 // ReplayResult counts what a replay did.
@@ -224,11 +227,7 @@ func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Repla
 			for i, m := range ms {
 				copies[i] = replayCopy(m, cfg)
 			}
-			if cfg.Sent != nil {
-				if err := cfg.Sent(ms); err != nil {
-					return fmt.Errorf("dlq: recording the replayed items: %w", err)
-				}
-			}
+
 			if limiter != nil {
 				for range ms {
 					if err := limiter.Wait(ctx); err != nil {
@@ -238,6 +237,11 @@ func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Repla
 			}
 			if err := cfg.Publisher.Publish(target, copies...); err != nil {
 				return fmt.Errorf("dlq: replaying to %s: %w", target, err)
+			}
+			if cfg.Published != nil {
+				if err := cfg.Published(ms); err != nil {
+					return fmt.Errorf("dlq: recording the replayed items (published, still in %s): %w", cfg.Queue, err)
+				}
 			}
 			for _, m := range ms {
 				if err := m.Ack(); err != nil {
@@ -385,6 +389,10 @@ type AuditRecord struct {
 	Result   ReplayResult      `json:"result"`
 	Outcome  string            `json:"outcome"` // "ok", "dry-run" or "error"
 	Error    string            `json:"error,omitempty"`
+	// Reason is why the operator did it (discard requires one).
+	Reason string `json:"reason,omitempty"`
+	// Items are the messages a discard removed (event id, else message id).
+	Items []string `json:"items,omitempty"`
 }
 
 // CheckAudit opens the audit log for appending (creating it) and closes it:
@@ -425,4 +433,85 @@ func AppendAudit(path string, rec AuditRecord) error {
 		return err
 	}
 	return f.Close()
+}
+
+// RestoreConfig configures Restore.
+type RestoreConfig struct {
+	File      string // an archive written by Archive
+	To        string // publish every record here instead of the queue it was archived from
+	Publisher Publisher
+	DryRun    bool
+}
+
+// Restore publishes every record of an archive file back — to the queue it
+// was archived from, or To — with its payload, metadata (headers) and the
+// producer's properties as they were, each confirmed. A record that cannot
+// be read stops the run and names its line; those before it were restored.
+func Restore(ctx context.Context, cfg RestoreConfig) (ReplayResult, error) {
+	res := ReplayResult{ByTarget: map[string]int{}}
+	f, err := os.Open(cfg.File)
+	if err != nil {
+		return res, fmt.Errorf("dlq: opening the archive: %w", err)
+	}
+	defer func() { _ = f.Close() }()
+	dec := json.NewDecoder(bufio.NewReader(f))
+	for line := 1; ; line++ {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		var rec ArchiveRecord
+		if err := dec.Decode(&rec); err == io.EOF {
+			return res, nil
+		} else if err != nil {
+			return res, fmt.Errorf("dlq: %s record %d: %w", cfg.File, line, err)
+		}
+		res.Scanned++
+		payload := []byte(rec.Payload)
+		if rec.PayloadBase64 != "" {
+			if payload, err = base64.StdEncoding.DecodeString(rec.PayloadBase64); err != nil {
+				return res, fmt.Errorf("dlq: %s record %d: payload_base64: %w", cfg.File, line, err)
+			}
+		}
+		target := cmp.Or(cfg.To, rec.Queue)
+		if target == "" {
+			return res, fmt.Errorf("dlq: %s record %d has no queue (use --to)", cfg.File, line)
+		}
+		res.Selected++
+		if cfg.DryRun {
+			res.ByTarget[target]++
+			continue
+		}
+		m := message.NewMessage(cmp.Or(rec.UUID, watermill.NewUUID()), payload)
+		for k, v := range rec.Metadata {
+			if !strings.HasPrefix(k, "sluice_amqp_") { // the archived delivery's, not the message's
+				m.Metadata[k] = v
+			}
+		}
+		if err := cfg.Publisher.Publish(target, m); err != nil {
+			return res, fmt.Errorf("dlq: restoring %s record %d to %s: %w", cfg.File, line, target, err)
+		}
+		res.Replayed++
+		res.ByTarget[target]++
+	}
+}
+
+// Discard removes the selected messages for good; the caller records them
+// (event ids and the reason) in the audit log first-hand: Discarded lists
+// them.
+func Discard(ctx context.Context, conn *amqp.Connection, queue string, f Filter, limit int, dryRun bool) (ReplayResult, []string, error) {
+	res := ReplayResult{ByTarget: map[string]int{}}
+	var discarded []string
+	err := scanSelected(ctx, conn, queue, f, limit, &res, func(m *Message) error {
+		if dryRun {
+			discarded = append(discarded, m.Item())
+			return nil
+		}
+		if err := m.Ack(); err != nil {
+			return err
+		}
+		discarded = append(discarded, m.Item())
+		res.Replayed++
+		return nil
+	}, nil)
+	return res, discarded, err
 }

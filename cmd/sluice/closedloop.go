@@ -1,0 +1,207 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	_ "github.com/lib/pq" // the outcome table's PostgreSQL driver
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/cmd/internal/dlq"
+	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/replay"
+)
+
+// listMax bounds the events a stop lists; the report lists them all.
+const listMax = 50
+
+// errStopped ends a closed-loop replay that stopped on its own rule.
+var errStopped = errors.New("replay stopped")
+
+// loopFlags are the closed-loop flags of replay.
+type loopFlags struct {
+	outcomes    string
+	table       string
+	canary      int
+	ramp        string
+	maxRepoison string
+	wait        time.Duration
+}
+
+func (l *loopFlags) active() bool { return l.canary > 0 || l.ramp != "" }
+
+// sizes returns the batch sizes: the canary, then the ramp.
+func (l *loopFlags) sizes() ([]int, float64, error) {
+	var sizes []int
+	if l.canary < 0 {
+		return nil, 0, usageError{fmt.Errorf("--canary must be positive, got %d", l.canary)}
+	}
+	if l.canary > 0 {
+		sizes = append(sizes, l.canary)
+	}
+	if l.ramp != "" {
+		for _, p := range strings.Split(l.ramp, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(p))
+			if err != nil || n < 1 {
+				return nil, 0, usageError{fmt.Errorf("--ramp %q: want batch sizes such as 5,20,100", l.ramp)}
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	maxRepoison := 0.1
+	if l.maxRepoison != "" {
+		v, err := strconv.ParseFloat(strings.TrimSuffix(l.maxRepoison, "%"), 64)
+		if err != nil || v < 0 || v > 100 {
+			return nil, 0, usageError{fmt.Errorf("--max-repoison %q: want a percentage such as 10%%", l.maxRepoison)}
+		}
+		maxRepoison = v / 100
+	}
+	if l.outcomes == "" {
+		return nil, 0, usageError{errors.New("--canary and --ramp need --outcomes (the database the consumers' replay stage records into)")}
+	}
+	if l.wait <= 0 {
+		return nil, 0, usageError{fmt.Errorf("--wait must be positive, got %s", l.wait)}
+	}
+	return sizes, maxRepoison, nil
+}
+
+// openOutcomes connects to the outcome table.
+func openOutcomes(url, table string) (*replay.SQLStore, func(), error) {
+	db, err := sqlx.Open("postgres", url)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--outcomes: %w", diag.RedactError(err))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		return nil, nil, fmt.Errorf("--outcomes: %w", diag.RedactError(err))
+	}
+	s, err := replay.NewSQLStore(db, table)
+	if err == nil {
+		err = s.CreateTable(ctx)
+	}
+	if err != nil {
+		_ = db.Close()
+		return nil, nil, fmt.Errorf("--outcomes: %w", err)
+	}
+	return s, func() { _ = db.Close() }, nil
+}
+
+// loop is a closed-loop replay's plan.
+type loop struct {
+	sizes       []int // the canary's, then the ramp's
+	canary      bool  // sizes[0] is a canary
+	maxRepoison float64
+	store       *replay.SQLStore
+	wait        time.Duration
+}
+
+// closedLoop replays in batches — the canary, then the ramp, then the last
+// size again until nothing selected is left — and after each batch waits
+// for the consumers' outcomes. The canary must come back all processed or
+// duplicate; a ramp batch may be poisoned again at most max. A stop prints
+// every item of the batch that did not end well and returns errStopped.
+func closedLoop(ctx context.Context, conn *amqp.Connection, cfg dlq.ReplayConfig, l loop, out io.Writer) (dlq.ReplayResult, error) {
+	total := dlq.ReplayResult{ByTarget: map[string]int{}}
+	cfg.Filter.NotRun = cfg.Run
+	limit := cfg.Limit
+	fmt.Fprintf(out, "replay run %s\n", cfg.Run)
+	for step := 0; ; step++ {
+		size := l.sizes[min(step, len(l.sizes)-1)]
+		if limit > 0 {
+			size = min(size, limit-total.Replayed)
+			if size <= 0 {
+				return total, nil
+			}
+		}
+		items := map[string]bool{}
+		c := cfg
+		c.Limit = size
+		c.Published = func(ms []*dlq.Message) error {
+			rs := make([]replay.Record, len(ms))
+			for i, m := range ms {
+				items[m.Item()] = true
+				rs[i] = replay.Record{Run: cfg.Run, Item: m.Item(), EventID: m.EventID, At: time.Now()}
+			}
+			return l.store.Replayed(ctx, rs)
+		}
+		res, err := dlq.Replay(ctx, conn, c)
+		total.Scanned += res.Scanned // messages read, over every batch
+		total.Selected += res.Selected
+		total.Replayed += res.Replayed
+		for k, v := range res.ByTarget {
+			total.ByTarget[k] += v
+		}
+		if err != nil || res.Replayed == 0 {
+			return total, err
+		}
+		stage := "ramp"
+		if step == 0 && l.canary {
+			stage = "canary"
+		}
+		rs, err := awaitOutcomes(ctx, l.store, cfg.Run, items, l.wait)
+		if err != nil {
+			return total, err
+		}
+		final, poisoned := replay.Count(rs, items)
+		fmt.Fprintf(out, "batch %d (%s, %d): %d replayed, %d with a final outcome, %d poisoned again\n",
+			step+1, stage, size, res.Replayed, final, poisoned)
+		var bad []replay.Record
+		for _, r := range rs {
+			if items[r.Item] && r.Outcome != sluice.OutcomeProcessed && r.Outcome != sluice.OutcomeDuplicate {
+				bad = append(bad, r)
+			}
+		}
+		rate := float64(poisoned) / float64(res.Replayed)
+		var why string
+		switch {
+		case stage == "canary" && len(bad) > 0:
+			why = fmt.Sprintf("%d of the %d canary messages were not processed", len(bad), res.Replayed)
+		case final < res.Replayed:
+			why = fmt.Sprintf("%d of %d messages had no final outcome within --wait %s", res.Replayed-final, res.Replayed, l.wait)
+		case rate > l.maxRepoison:
+			why = fmt.Sprintf("%.0f%% poisoned again, more than --max-repoison %.0f%%", 100*rate, 100*l.maxRepoison)
+		}
+		if why != "" {
+			fmt.Fprintf(out, "stopped: %s\n", why)
+			for i, r := range bad {
+				if i == listMax {
+					fmt.Fprintf(out, "  … and %d more\n", len(bad)-listMax)
+					break
+				}
+				fmt.Fprintf(out, "  %s\t%s\t%s\t%s\n", diag.Printable(cmp.Or(r.EventID, r.Item), 128), r.Outcome, r.Class, diag.Printable(r.Reason, 200))
+			}
+			fmt.Fprintf(out, "see: sluice dlq report --outcomes ... --run %s\n", cfg.Run)
+			return total, fmt.Errorf("%w: %s (run %s)", errStopped, why, cfg.Run)
+		}
+	}
+}
+
+// awaitOutcomes polls the store until every item has a final outcome, or
+// wait passes; it returns the run's records.
+func awaitOutcomes(ctx context.Context, store *replay.SQLStore, run string, items map[string]bool, wait time.Duration) ([]replay.Record, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		rs, err := store.Outcomes(ctx, run)
+		if err != nil {
+			return nil, fmt.Errorf("reading the outcomes: %w", diag.RedactError(err))
+		}
+		if final, _ := replay.Count(rs, items); final == len(items) || time.Now().After(deadline) {
+			return rs, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}

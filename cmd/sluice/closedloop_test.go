@@ -1,0 +1,276 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/router"
+)
+
+// recovering is a consumer of the bed's queue with the whole stack, the
+// PostgreSQL inbox and the replay stage, whose handler still fails the
+// events stillBad says.
+type recovering struct {
+	db            string // schema
+	outcomesTable string
+	mu            sync.Mutex
+	handled       map[string]int
+}
+
+func newRecovering(t *testing.T, b *bed, stillBad func(id string) bool) *recovering {
+	t.Helper()
+	db := testenv.Postgres(t)
+	schema := testenv.Schema(t, db)
+	_, err := db.Exec(`CREATE TABLE ` + schema + `.stock (event_id TEXT NOT NULL)`)
+	require.NoError(t, err)
+	inbox, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".inbox"})
+	require.NoError(t, err)
+	require.NoError(t, inbox.CreateTable(t.Context()))
+	outcomes, err := replay.NewSQLStore(db, schema+".sluice_replay")
+	require.NoError(t, err)
+	require.NoError(t, outcomes.CreateTable(t.Context()))
+	rc := &recovering{db: schema, outcomesTable: schema + ".sluice_replay", handled: map[string]int{}}
+
+	sub, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{URL: testenv.AMQPURL})
+	require.NoError(t, err)
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	_, err = router.Add(r, router.HandlerConfig{
+		Name: "stock", Topic: b.topo.Queue(), Subscriber: sub,
+		Handler: func(msg *message.Message) error {
+			id := msg.Metadata.Get(sluice.EventIDKey)
+			rc.mu.Lock()
+			rc.handled[id]++
+			rc.mu.Unlock()
+			if stillBad(id) {
+				return sluice.Poison(fmt.Errorf("event %s: unknown schema version 3", id))
+			}
+			_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(), `INSERT INTO `+schema+`.stock (event_id) VALUES ($1)`, id)
+			return err
+		},
+		Stages: router.Stages{
+			Replay:   &replay.Config{Store: outcomes},
+			Poison:   &poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue()},
+			Retry:    &retrytiers.Config{Publisher: b.pub, Tiers: b.topo.Tiers()},
+			Classify: &middleware.ClassifyConfig{},
+			Inbox:    &deduplication.Config{Store: inbox, Consumer: "stock"},
+		},
+	})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	<-r.Running()
+	t.Cleanup(func() { require.NoError(t, r.Close()); require.NoError(t, <-done) })
+	return rc
+}
+
+// The runbook's recover and confirm steps: 200 events were exhausted while
+// the stock service was down (fixed now), 30 more are still bad. A canary of
+// 5, then batches of 20 and 105, stops as soon as a batch is poisoned again
+// beyond 10%; the report lists exactly the 30 with their new reason; every
+// good event has one business row and one inbox row.
+func TestClosedLoopReplayStopsOnRepoisonAndReports(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	for i := range 200 {
+		b.poisoned(t, fmt.Sprintf("good-%03d", i), "stock.reserved", sluice.NewFailure(sluice.ClassExhausted, errors.New("stock service: timeout")))
+	}
+	for i := range 30 {
+		b.poisoned(t, fmt.Sprintf("bad-%02d", i), "stock.reserved", sluice.Poison(errors.New("unknown schema version 3")))
+	}
+	rc := newRecovering(t, b, func(id string) bool { return strings.HasPrefix(id, "bad-") })
+
+	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--canary", "5", "--ramp", "20,105",
+		"--max-repoison", "10%", "--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "30s")
+	require.Equal(t, 1, code, "a stop exits 1: %s\n%s", out, errOut)
+	t.Logf("sluice dlq replay --canary 5 --ramp 20,105 --max-repoison 10%%:\n%s%s", out, errOut)
+	require.Contains(t, out, "batch 1 (canary, 5): 5 replayed, 5 with a final outcome, 0 poisoned again")
+	require.Contains(t, out, "batch 2 (ramp, 20): 20 replayed, 20 with a final outcome, 0 poisoned again")
+	require.Contains(t, out, "batch 3 (ramp, 105): 105 replayed, 105 with a final outcome, 0 poisoned again")
+	require.Contains(t, out, "batch 4 (ramp, 105): 100 replayed, 100 with a final outcome, 30 poisoned again")
+	require.Contains(t, out, "stopped: 30% poisoned again, more than --max-repoison 10%")
+	require.Contains(t, errOut, "replay stopped")
+	run := regexp.MustCompile(`replay run (run-\S+)`).FindStringSubmatch(out)
+	require.Len(t, run, 2, out)
+
+	code, report, errOut := b.cli(t, "dlq", "report", "--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--run", run[1])
+	require.Equal(t, 0, code, "every replayed event has its outcome: %s", errOut)
+	t.Logf("sluice dlq report:\n%s", report)
+	require.Contains(t, report, "run "+run[1]+": 200 processed, 30 poisoned")
+	var listed []string
+	for _, line := range strings.Split(report, "\n") {
+		if strings.HasPrefix(line, "  ") {
+			require.Contains(t, line, "poisoned\tpoison\tpoison: event ")
+			require.Contains(t, line, "unknown schema version 3")
+			listed = append(listed, strings.Fields(line)[0])
+		}
+	}
+	require.Len(t, listed, 30)
+	for _, id := range listed {
+		require.True(t, strings.HasPrefix(id, "bad-"), id)
+	}
+
+	db := testenv.Postgres(t)
+	var rows, distinct, claims int
+	require.NoError(t, db.Get(&rows, `SELECT count(*) FROM `+rc.db+`.stock`))
+	require.NoError(t, db.Get(&distinct, `SELECT count(DISTINCT event_id) FROM `+rc.db+`.stock`))
+	require.NoError(t, db.Get(&claims, `SELECT count(*) FROM `+rc.db+`.inbox`))
+	require.Equal(t, 200, rows)
+	require.Equal(t, 200, distinct)
+	require.Equal(t, 200, claims)
+	rc.mu.Lock()
+	for id, n := range rc.handled {
+		require.Equal(t, 1, n, "%s handled once", id)
+	}
+	rc.mu.Unlock()
+	require.Len(t, peekIDs(t, b.topo.PoisonQueue()), 30, "the 30 are back in the poison queue with their new diagnosis")
+
+	// A report of a run with events sent and no outcome yet exits 1.
+	outcomes, err := replay.NewSQLStore(db, rc.outcomesTable)
+	require.NoError(t, err)
+	require.NoError(t, outcomes.Replayed(t.Context(), []replay.Record{{Run: "run-pending", Item: "evt-x", EventID: "evt-x", At: time.Now()}}))
+	code, report, errOut = b.cli(t, "dlq", "report", "--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--run", "run-pending")
+	require.Equal(t, 1, code, report)
+	require.Contains(t, report, "evt-x\treplayed")
+	require.Contains(t, errOut, "1 replayed events have no final outcome yet")
+}
+
+// A canary that does not all come back processed stops the run before
+// anything more moves.
+func TestCanaryStopsTheRun(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	b.poisoned(t, "bad-1", "stock.reserved", sluice.Poison(errors.New("unknown schema version 3")))
+	for i := range 10 {
+		b.poisoned(t, fmt.Sprintf("good-%d", i), "stock.reserved", sluice.NewFailure(sluice.ClassExhausted, errors.New("timeout")))
+	}
+	rc := newRecovering(t, b, func(id string) bool { return strings.HasPrefix(id, "bad-") })
+	code, out, _ := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--canary", "2", "--ramp", "5",
+		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "30s")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "stopped: 1 of the 2 canary messages were not processed")
+	require.Contains(t, out, "bad-1\tpoisoned\tpoison")
+	require.Len(t, peekIDs(t, b.topo.PoisonQueue()), 10, "9 good left unreplayed, bad-1 back")
+
+	code, _, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--canary", "2", "--dry-run", "--outcomes", testenv.PostgresURL)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--dry-run lists what a replay would move")
+	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--ramp", "5,x", "--outcomes", testenv.PostgresURL)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, `--ramp "5,x": want batch sizes such as 5,20,100`)
+	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--canary", "2")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--canary and --ramp need --outcomes")
+}
+
+// foreignPoisoned isolates, through the real poison stage, a message a
+// Spring producer sent with its properties and a binary (gzip) body.
+func foreignPoisoned(t *testing.T, b *bed, id string) amqp.Publishing {
+	t.Helper()
+	ch := testenv.Channel(t, testenv.AMQP(t))
+	pub := amqp.Publishing{
+		ContentType: "application/json", ContentEncoding: "gzip", CorrelationId: "corr-" + id, MessageId: "m-" + id,
+		Type: "OrderCreated", AppId: "spring-orders", ReplyTo: "orders.replies", Priority: 3,
+		Timestamp: time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC),
+		Headers:   amqp.Table{sluice.EventIDKey: id, "__TypeId__": "com.example.OrderCreated"},
+		Body:      []byte("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xffgzip-bytes-" + id),
+	}
+	require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Queue(), false, false, pub))
+	d, ok, err := ch.Get(b.topo.Queue(), false)
+	require.NoError(t, err)
+	require.True(t, ok)
+	msg, err := rabbitmq.Marshaler{}.Unmarshal(d)
+	require.NoError(t, err)
+	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue()})
+	require.NoError(t, err)
+	_, err = mw(func(*message.Message) ([]*message.Message, error) { return nil, sluice.Poison(errors.New("bad")) })(msg)
+	require.NoError(t, err)
+	require.NoError(t, d.Ack(false))
+	return pub
+}
+
+// archive → restore keeps every message byte for byte (body, headers, the
+// producer's properties); discard needs a reason and records every event it
+// removed, with the operator, in the audit log.
+func TestArchiveRestoreDiscard(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	conn := testenv.AMQP(t)
+	sent := map[string]amqp.Publishing{}
+	for _, id := range []string{"f-1", "f-2"} {
+		sent[id] = foreignPoisoned(t, b, id)
+	}
+	before := testenv.Drain(t, conn, b.topo.PoisonQueue())
+	require.Len(t, before, 2)
+	ch := testenv.Channel(t, conn)
+	for _, d := range before { // put them back as they were
+		require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.PoisonQueue(), false, false, amqp.Publishing{
+			Headers: d.Headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, DeliveryMode: d.DeliveryMode,
+			Priority: d.Priority, CorrelationId: d.CorrelationId, ReplyTo: d.ReplyTo, MessageId: d.MessageId,
+			Timestamp: d.Timestamp, Type: d.Type, AppId: d.AppId, Body: d.Body,
+		}))
+	}
+
+	file := filepath.Join(t.TempDir(), "poison.jsonl")
+	code, _, errOut := b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--to", file)
+	require.Equal(t, 0, code, errOut)
+	require.Zero(t, testenv.QueueDepth(t, conn, b.topo.PoisonQueue()))
+	code, out, errOut := b.cli(t, "dlq", "restore", "--from", file)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "restore from "+file)
+	after := testenv.Drain(t, conn, b.topo.PoisonQueue())
+	require.Len(t, after, 2)
+	for i, d := range after {
+		w := before[i]
+		require.Equal(t, w.Body, d.Body)
+		require.Equal(t, []any{w.ContentType, w.ContentEncoding, w.CorrelationId, w.MessageId, w.Type, w.AppId, w.ReplyTo, w.Priority},
+			[]any{d.ContentType, d.ContentEncoding, d.CorrelationId, d.MessageId, d.Type, d.AppId, d.ReplyTo, d.Priority})
+		require.True(t, w.Timestamp.Equal(d.Timestamp))
+		for k, v := range w.Headers {
+			if strings.HasPrefix(k, "sluice_publish_id") {
+				continue // the publisher's own confirm tag
+			}
+			require.Equal(t, fmt.Sprint(v), fmt.Sprint(d.Headers[k]), "header %s", k)
+		}
+	}
+	require.Equal(t, sent["f-1"].Body, after[0].Body)
+
+	for _, d := range after { // back into the poison queue for the discard
+		require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.PoisonQueue(), false, false, amqp.Publishing{Headers: d.Headers, Body: d.Body}))
+	}
+	code, _, errOut = b.cli(t, "dlq", "discard", "--queue", b.topo.PoisonQueue())
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--reason is required")
+	require.Equal(t, 2, testenv.QueueDepth(t, conn, b.topo.PoisonQueue()))
+	code, _, errOut = b.cli(t, "dlq", "discard", "--queue", b.topo.PoisonQueue(), "--reason", "test orders from the load test, INC-42")
+	require.Equal(t, 0, code, errOut)
+	require.Zero(t, testenv.QueueDepth(t, conn, b.topo.PoisonQueue()))
+	recs := b.auditLines(t)
+	last := recs[len(recs)-1]
+	require.Equal(t, "dlq discard", last.Command)
+	require.Equal(t, "tester", last.Operator)
+	require.Equal(t, "test orders from the load test, INC-42", last.Reason)
+	require.ElementsMatch(t, []string{"f-1", "f-2"}, last.Items)
+	require.Equal(t, "restore", strings.TrimPrefix(recs[len(recs)-2].Command, "dlq "))
+}
