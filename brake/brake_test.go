@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -12,7 +13,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/codes"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.uber.org/goleak"
 
 	"github.com/sluicemq/sluice"
@@ -181,4 +185,56 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		_, err := brake.New(tt.cfg)
 		require.ErrorContains(t, err, tt.want)
 	}
+}
+
+// logs captures the brake's log lines.
+type logs struct {
+	watermill.NopLogger
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logs) add(level, msg string, err error, f watermill.LogFields) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = append(l.lines, fmt.Sprintf("%s %s err=%v %v", level, msg, err, f))
+}
+func (l *logs) Error(msg string, err error, f watermill.LogFields) { l.add("error", msg, err, f) }
+func (l *logs) Info(msg string, f watermill.LogFields)             { l.add("info", msg, nil, f) }
+
+// Each change of state is logged once (engaged at error level with the
+// error that tripped it, redacted), and spanned.
+func TestStateChangesAreLoggedAndSpanned(t *testing.T) {
+	t.Parallel()
+	spans := tracetest.NewSpanRecorder()
+	l := &logs{}
+	b, err := brake.New(brake.Config{Name: "orders", Window: 2, FailureRatio: 1, CoolDown: 10 * time.Millisecond, Pausing: true,
+		Logger: l, TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))})
+	require.NoError(t, err)
+	secret := fmt.Errorf("dial postgres://app:TopSecret1@db:5432/orders: %w", syscall.ECONNREFUSED)
+	run(b, sluice.Transient(secret))
+	run(b, sluice.Transient(secret))
+	awaitState(t, b, brake.Probing)
+	require.NoError(t, run(b, nil))
+
+	l.mu.Lock()
+	require.Len(t, l.lines, 3, "%v", l.lines)
+	require.Contains(t, l.lines[0], "error Brake engaged")
+	require.Contains(t, l.lines[0], "connection refused")
+	require.Contains(t, l.lines[0], "failures:2 of the last 2 deliveries")
+	require.NotContains(t, l.lines[0], "TopSecret1")
+	require.Contains(t, l.lines[1], "info Brake probing")
+	require.Contains(t, l.lines[2], "info Brake released")
+	l.mu.Unlock()
+	var names []string
+	for _, s := range spans.Ended() {
+		names = append(names, s.Name())
+		for _, e := range s.Events() {
+			for _, a := range e.Attributes {
+				require.NotContains(t, a.Value.Emit(), "TopSecret1")
+			}
+		}
+	}
+	require.Equal(t, []string{"sluice.brake engaged", "sluice.brake probing", "sluice.brake released"}, names)
+	require.Equal(t, codes.Error, spans.Ended()[0].Status().Code)
 }

@@ -155,7 +155,11 @@ func newStats(g *globals, out io.Writer) *cobra.Command {
 			if asJSON {
 				return json.NewEncoder(out).Encode(s)
 			}
-			fmt.Fprintf(out, "%s: %d messages", ff.queue, s.Total)
+			if s.Skipped > 0 {
+				fmt.Fprintf(out, "%s: %d of %d messages match the filter (%d skipped)", ff.queue, s.Total, s.Scanned, s.Skipped)
+			} else {
+				fmt.Fprintf(out, "%s: %d messages", ff.queue, s.Total)
+			}
 			if !s.Oldest.IsZero() {
 				fmt.Fprintf(out, ", poisoned from %s to %s", s.Oldest.Format(time.RFC3339), s.Newest.Format(time.RFC3339))
 			}
@@ -329,7 +333,7 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 			}
 			defer func() { _ = pub.Close() }()
 
-			prog := newProgress(out, ff.queue)
+			prog := newProgress(out, ff.queue, queueDepth(conn, ff.queue))
 			cfg := dlq.ReplayConfig{
 				Queue: ff.queue, Filter: f, Limit: ff.limit, Rate: r, Batch: batch, DryRun: dryRun,
 				To: to, Operator: g.operator, Publisher: pub, Progress: prog.update,
@@ -630,15 +634,32 @@ type progressView struct {
 	pw      progress.Writer
 	tracker *progress.Tracker
 	last    int
+	total   int
 }
 
-func newProgress(out io.Writer, queue string) *progressView {
-	v := &progressView{out: out}
+// queueDepth is queue's ready messages now, or 0 when it cannot be read.
+func queueDepth(conn *amqp.Connection, queue string) int {
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0
+	}
+	defer func() { _ = ch.Close() }()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		return 0
+	}
+	return q.Messages
+}
+
+// newProgress shows a replay's progress; total is the queue's depth at the
+// start (0: unknown), the most that can be replayed.
+func newProgress(out io.Writer, queue string, total int) *progressView {
+	v := &progressView{out: out, total: total}
 	if f, ok := out.(*os.File); ok && isatty.IsTerminal(f.Fd()) {
 		v.pw = progress.NewWriter()
 		v.pw.SetOutputWriter(out)
 		v.pw.SetUpdateFrequency(100 * time.Millisecond)
-		v.tracker = &progress.Tracker{Message: "replaying from " + queue, Total: 0, Units: progress.UnitsDefault}
+		v.tracker = &progress.Tracker{Message: "replaying from " + diag.Printable(queue, 255), Total: int64(total), Units: progress.UnitsDefault}
 		v.pw.AppendTracker(v.tracker)
 		go v.pw.Render()
 	}
@@ -651,7 +672,11 @@ func (v *progressView) update(done int) {
 		return
 	}
 	if done-v.last >= 100 || v.last == 0 {
-		fmt.Fprintf(v.out, "replayed %d\n", done)
+		if v.total > 0 {
+			fmt.Fprintf(v.out, "replayed %d (the queue held %d at the start)\n", done, v.total)
+		} else {
+			fmt.Fprintf(v.out, "replayed %d\n", done)
+		}
 		v.last = done
 	}
 }

@@ -137,6 +137,7 @@ func TestReplayByFilterMovesExactlyTheSelected(t *testing.T) {
 	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--class", "exhausted", "--batch", "2")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "selected")
+	require.Contains(t, out, "replayed 2 (the queue held 6 at the start)", "the progress knows its total")
 	require.Equal(t, []string{"e1", "e3", "e5"}, peekIDs(t, b.topo.PoisonQueue()), "the rest stays, in order")
 
 	replayed := testenv.Drain(t, testenv.AMQP(t), b.topo.Queue())
@@ -276,6 +277,13 @@ func TestStatsAndInspectRemoveNothing(t *testing.T) {
 	require.Contains(t, out, "6 messages")
 	require.Contains(t, out, "timeout after # attempts")
 	require.Contains(t, out, "order o-# must exist")
+
+	code, out, errOut = b.cli(t, "dlq", "stats", "--queue", b.topo.PoisonQueue(), "--class", "exhausted")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "3 of 6 messages match the filter (3 skipped)", "a filter says what it left out")
+	code, out, errOut = b.cli(t, "dlq", "stats", "--queue", b.topo.PoisonQueue(), "--since", "1s", "--until", "1s")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "0 of 6 messages match the filter (6 skipped)", "not \"0 messages\" for a full queue")
 
 	code, out, errOut = b.cli(t, "dlq", "stats", "--queue", b.topo.PoisonQueue(), "--json")
 	require.Equal(t, 0, code, errOut)

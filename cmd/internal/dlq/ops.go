@@ -37,7 +37,9 @@ const (
 
 // Stats is what stats reports about a poison queue.
 type Stats struct {
-	Total         int            `json:"total"`
+	Total         int            `json:"total"`   // messages the filter selects
+	Scanned       int            `json:"scanned"` // messages read
+	Skipped       int            `json:"skipped"` // read and not selected by the filter
 	ByClass       map[string]int `json:"by_class"`
 	ByFingerprint map[string]int `json:"by_fingerprint"`
 	ByEventType   map[string]int `json:"by_event_type"`
@@ -48,7 +50,7 @@ type Stats struct {
 // ReadStats reads the whole queue (returning every message) and groups it.
 func ReadStats(ctx context.Context, conn *amqp.Connection, queue string, f Filter) (Stats, error) {
 	s := Stats{ByClass: map[string]int{}, ByFingerprint: map[string]int{}, ByEventType: map[string]int{}}
-	_, err := Scan(ctx, conn, queue, func(m *Message) (bool, error) {
+	n, err := Scan(ctx, conn, queue, func(m *Message) (bool, error) {
 		if !f.Match(m) {
 			return false, nil
 		}
@@ -66,6 +68,7 @@ func ReadStats(ctx context.Context, conn *amqp.Connection, queue string, f Filte
 		}
 		return false, nil
 	}, nil)
+	s.Scanned, s.Skipped = n, n-s.Total
 	return s, err
 }
 
