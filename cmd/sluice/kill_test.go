@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -49,4 +50,53 @@ func TestKillMidReplayLosesNothing(t *testing.T) {
 	}
 	require.Less(t, replayed-n, 3, "at most the batch in flight is in both places")
 	t.Logf("killed mid-run: %d events, %d copies in all", n, replayed)
+}
+
+// TestKillMidRampThenRerun kills the real binary (SIGKILL) in the middle of
+// a closed-loop replay, then runs it again: every event ends processed
+// exactly once (one business row, one inbox row), none is left in the
+// poison queue, and the report of both runs is complete.
+func TestKillMidRampThenRerun(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "sluice")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+
+	b := newBed(t)
+	const n = 120
+	for i := range n {
+		b.poisoned(t, fmt.Sprintf("r%03d", i), "order.created", sluice.NewFailure(sluice.ClassExhausted, errors.New("timeout")))
+	}
+	rc := newRecovering(t, b, func(string) bool { return false })
+	args := []string{"--amqp-url", testenv.AMQPURL, "--audit", b.audit, "dlq", "replay", "--queue", b.topo.PoisonQueue(),
+		"--canary", "5", "--ramp", "20,50", "--rate", "60/s", "--batch", "2",
+		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "30s"}
+	db := testenv.Postgres(t)
+	rows := func() int {
+		var c int
+		require.NoError(t, db.Get(&c, `SELECT count(*) FROM `+rc.db+`.stock`))
+		return c
+	}
+	cmd := exec.Command(bin, args...)
+	require.NoError(t, cmd.Start())
+	require.Eventually(t, func() bool { return rows() >= 30 }, 30*time.Second, 5*time.Millisecond, "mid-ramp")
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	killedAt := rows()
+
+	out, err = exec.Command(bin, args...).CombinedOutput()
+	require.NoError(t, err, "the rerun replays the rest: %s", out)
+	require.Eventually(t, func() bool { return rows() == n }, 30*time.Second, 10*time.Millisecond)
+	var distinct, claims int
+	require.NoError(t, db.Get(&distinct, `SELECT count(DISTINCT event_id) FROM `+rc.db+`.stock`))
+	require.NoError(t, db.Get(&claims, `SELECT count(*) FROM `+rc.db+`.inbox`))
+	require.Equal(t, n, distinct)
+	require.Equal(t, n, claims)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()) == 0 }, 10*time.Second, 10*time.Millisecond)
+	require.Empty(t, peekIDs(t, b.topo.PoisonQueue()), "nothing left in the poison queue")
+
+	code, report, errOut := b.cli(t, "dlq", "report", "--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable)
+	require.Equal(t, 0, code, "both runs' reports are complete: %s %s", report, errOut)
+	require.Equal(t, 2, strings.Count(report, "run run-"), report)
+	t.Logf("killed with %d of %d processed; report:\n%s", killedAt, n, report)
 }
