@@ -218,39 +218,27 @@ func newInspect(g *globals, out io.Writer) *cobra.Command {
 				return err
 			}
 			defer done()
-			ms, err := dlq.Inspect(ctx, conn, ff.queue, f, ff.limit)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				var recs []map[string]any
-				for _, m := range ms {
+			// Streamed: one message in memory at a time, whatever the queue holds.
+			enc := json.NewEncoder(out)
+			shown := 0
+			n, err := dlq.Each(ctx, conn, ff.queue, f, ff.limit, func(m *dlq.Message) error {
+				if asJSON {
 					rec := map[string]any{"uuid": m.Msg.UUID, "metadata": m.Msg.Metadata}
 					if utf8.Valid(m.Msg.Payload) {
 						rec["payload"] = string(m.Msg.Payload)
 					} else { // bytes kept losslessly, and said so
 						rec["payload_base64"] = base64.StdEncoding.EncodeToString(m.Msg.Payload)
 					}
-					recs = append(recs, rec)
+					return enc.Encode(rec)
 				}
-				return json.NewEncoder(out).Encode(recs)
+				shown++
+				inspectTable(out, shown, m, preview)
+				return nil
+			})
+			if err != nil || asJSON {
+				return err
 			}
-			for i, m := range ms {
-				t := table.NewWriter()
-				t.SetOutputMirror(out)
-				t.SetStyle(table.StyleLight)
-				t.SetTitle(fmt.Sprintf("%d. %s (event %s)", i+1, diag.Printable(m.Class, 32), orDash(diag.Printable(m.EventID, cellMax))))
-				for _, row := range [][2]string{
-					{"reason", diag.Printable(m.Reason, cellMax)}, {"event type", diag.Printable(m.EventType, cellMax)},
-					{"consumer", diag.Printable(m.Consumer, cellMax)}, {"queue", diag.Printable(m.Queue, cellMax)},
-					{"attempts", diag.Printable(m.Attempts, 32)}, {"poisoned at", formatTime(m.PoisonedAt)}, {"trace id", diag.Printable(m.TraceID, 64)},
-					{"payload", diag.Printable(string(m.Msg.Payload), preview)},
-				} {
-					t.AppendRow(table.Row{row[0], orDash(row[1])})
-				}
-				t.Render()
-			}
-			fmt.Fprintf(out, "%d messages shown; all are back in %s\n", len(ms), ff.queue)
+			fmt.Fprintf(out, "%d messages shown; all are back in %s\n", n, ff.queue)
 			return nil
 		},
 	}
@@ -258,6 +246,24 @@ func newInspect(g *globals, out io.Writer) *cobra.Command {
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().IntVar(&preview, "preview", 200, "payload bytes shown")
 	return cmd
+}
+
+// inspectTable prints one message's diagnosis and payload preview, escaped
+// and bounded.
+func inspectTable(out io.Writer, i int, m *dlq.Message, preview int) {
+	t := table.NewWriter()
+	t.SetOutputMirror(out)
+	t.SetStyle(table.StyleLight)
+	t.SetTitle(fmt.Sprintf("%d. %s (event %s)", i, diag.Printable(m.Class, 32), orDash(diag.Printable(m.EventID, cellMax))))
+	for _, row := range [][2]string{
+		{"reason", diag.Printable(m.Reason, cellMax)}, {"event type", diag.Printable(m.EventType, cellMax)},
+		{"consumer", diag.Printable(m.Consumer, cellMax)}, {"queue", diag.Printable(m.Queue, cellMax)},
+		{"attempts", diag.Printable(m.Attempts, 32)}, {"poisoned at", formatTime(m.PoisonedAt)}, {"trace id", diag.Printable(m.TraceID, 64)},
+		{"payload", diag.Printable(string(m.Msg.Payload), preview)},
+	} {
+		t.AppendRow(table.Row{row[0], orDash(row[1])})
+	}
+	t.Render()
 }
 
 // cellMax bounds what a table cell shows of a message's contents, in bytes.

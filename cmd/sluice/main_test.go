@@ -496,8 +496,12 @@ func TestHostileContentsAreEscapedAndBounded(t *testing.T) {
 	}
 	code, out, errOut := b.cli(t, "dlq", "inspect", "--queue", b.topo.PoisonQueue(), "--json")
 	require.Equal(t, 0, code, errOut)
-	var recs []map[string]any
-	require.NoError(t, json.Unmarshal([]byte(out), &recs))
+	var recs []map[string]any // JSON lines, streamed
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &rec))
+		recs = append(recs, rec)
+	}
 	require.Len(t, recs, 1)
 	raw, err := base64.StdEncoding.DecodeString(recs[0]["payload_base64"].(string))
 	require.NoError(t, err)
