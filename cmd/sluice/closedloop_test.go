@@ -274,3 +274,26 @@ func TestArchiveRestoreDiscard(t *testing.T) {
 	require.ElementsMatch(t, []string{"f-1", "f-2"}, last.Items)
 	require.Equal(t, "restore", strings.TrimPrefix(recs[len(recs)-2].Command, "dlq "))
 }
+
+// sluice queues shows each family: main, tiers, poison, with depth,
+// consumers and the oldest isolation; a missing queue is said missing.
+func TestQueues(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	b.fill(t)
+	code, out, errOut := b.cli(t, "queues", "--queue", b.topo.Queue(), "--tiers", "1m", "--queue", "no_such_queue_"+b.topo.Queue())
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, regexp.QuoteMeta(b.topo.Queue())+`\s+│ main\s+│ 0\s+│ 0\s+│ -`, out)
+	require.Regexp(t, regexp.QuoteMeta(b.topo.Queue()+".retry.1m")+`\s+│ tier 1m\s+│ 0`, out)
+	require.Regexp(t, regexp.QuoteMeta(b.topo.PoisonQueue())+`\s+│ poison\s+│ 6\s+│ 0\s+│ \d+s ago`, out)
+	require.Regexp(t, `no_such_queue_\S+\s+│ main\s+│ missing`, out)
+	require.Equal(t, 6, testenv.QueueDepth(t, testenv.AMQP(t), b.topo.PoisonQueue()), "reading the head removed nothing")
+
+	code, out, _ = b.cli(t, "queues", "--queue", b.topo.Queue(), "--tiers", "1m", "--json")
+	require.Equal(t, 0, code)
+	require.Equal(t, 3, strings.Count(out, "\n"))
+	require.Contains(t, out, `"role":"poison","ready":6`)
+	code, _, errOut = b.cli(t, "queues")
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--queue is required")
+}

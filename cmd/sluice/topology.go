@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -20,16 +18,9 @@ func newTopology(g *globals, out io.Writer) *cobra.Command {
 		if queue == "" {
 			return nil, usageError{fmt.Errorf("--queue is required")}
 		}
-		var delays []time.Duration
-		for _, s := range strings.Split(tiers, ",") {
-			if s = strings.TrimSpace(s); s == "" {
-				continue
-			}
-			d, err := time.ParseDuration(s)
-			if err != nil {
-				return nil, usageError{fmt.Errorf("--tiers %q: %w", tiers, err)}
-			}
-			delays = append(delays, d)
+		delays, err := parseTiers(tiers)
+		if err != nil {
+			return nil, err
 		}
 		topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: queue, TierDelays: delays, PoisonQueue: poisonQueue, Quorum: quorum, DeliveryLimit: limit})
 		if err != nil {
