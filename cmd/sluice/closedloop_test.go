@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -296,4 +297,32 @@ func TestQueues(t *testing.T) {
 	code, _, errOut = b.cli(t, "queues")
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "--queue is required")
+}
+
+// archive --to-table keeps each record in a table (the JSON line a file
+// would hold, and the columns to find it by); its records restore as a
+// file's do.
+func TestArchiveToATable(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	b.fill(t)
+	db := testenv.Postgres(t)
+	table := testenv.Schema(t, db) + ".sluice_archive"
+	code, _, errOut := b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--to-table", table)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--to-table needs --db")
+	code, _, errOut = b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--class", "exhausted", "--to-table", table, "--db", testenv.PostgresURL)
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, []string{"e1", "e3", "e5"}, peekIDs(t, b.topo.PoisonQueue()))
+	var records []string
+	require.NoError(t, db.Select(&records, `SELECT record FROM `+table+` WHERE class = 'exhausted' AND archived_by = 'tester' ORDER BY event_id`))
+	require.Len(t, records, 3)
+	file := filepath.Join(t.TempDir(), "from-table.jsonl")
+	require.NoError(t, os.WriteFile(file, []byte(strings.Join(records, "\n")+"\n"), 0o600))
+	code, _, errOut = b.cli(t, "dlq", "restore", "--from", file)
+	require.Equal(t, 0, code, errOut)
+	require.ElementsMatch(t, []string{"e1", "e2", "e3", "e4", "e5", "e6"}, peekIDs(t, b.topo.PoisonQueue()))
+	code, _, errOut = b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--to", file, "--to-table", table)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "exactly one of --to FILE and --to-table TABLE")
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jedib0t/go-pretty/v6/progress"
 	"github.com/jedib0t/go-pretty/v6/table"
+	"github.com/jmoiron/sqlx"
 	"github.com/mattn/go-isatty"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
@@ -473,16 +474,20 @@ func parseRate(v string) (float64, error) {
 
 func newArchive(g *globals, out io.Writer) *cobra.Command {
 	var ff filterFlags
-	var file string
+	var file, tableName, dbURL string
 	cmd := &cobra.Command{
 		Use:   "archive",
-		Short: "Write selected messages to a JSON-lines file, then remove them from the poison queue",
+		Short: "Write selected messages to a JSON-lines file or a database table, then remove them from the poison queue",
 		Long: "Each selected message (payload, metadata, diagnosis) is appended to the file and synced\n" +
-			"to disk before it is acked. Messages not selected stay, in order.",
+			"to disk (--to), or inserted into the table (--to-table, with --db), before it is acked.\n" +
+			"Messages not selected stay, in order. The file or table is opened before anything moves.",
 		Args: noArgs,
 		RunE: func(*cobra.Command, []string) error {
-			if file == "" {
-				return usageError{fmt.Errorf("--to is required")}
+			if (file == "") == (tableName == "") {
+				return usageError{fmt.Errorf("exactly one of --to FILE and --to-table TABLE is required")}
+			}
+			if tableName != "" && dbURL == "" {
+				return usageError{fmt.Errorf("--to-table needs --db (a PostgreSQL URL; env SLUICE_ARCHIVE_DB_URL)")}
 			}
 			if err := dlq.CheckAudit(g.audit); err != nil { // before anything moves
 				return err
@@ -492,14 +497,43 @@ func newArchive(g *globals, out io.Writer) *cobra.Command {
 				return err
 			}
 			defer done()
-			res, runErr := dlq.Archive(ctx, conn, dlq.ArchiveConfig{Queue: ff.queue, Filter: f, Limit: ff.limit, File: file, Operator: g.operator})
+			opts := map[string]string{"to": file, "to_table": tableName, "limit": strconv.Itoa(ff.limit)}
+			sink, closeSink, err := openSink(ctx, file, tableName, dbURL)
+			if err != nil { // nothing moved; the attempt is audited
+				return errorsJoin(err, audit(g, "dlq archive", ff.queue, f, opts, dlq.ReplayResult{}, false, err))
+			}
+			defer closeSink()
+			res, runErr := dlq.Archive(ctx, conn, dlq.ArchiveConfig{Queue: ff.queue, Filter: f, Limit: ff.limit, Sink: sink, Operator: g.operator})
 			summary(out, "archive", ff.queue, res, false)
-			return errorsJoin(runErr, audit(g, "dlq archive", ff.queue, f, map[string]string{"to": file, "limit": strconv.Itoa(ff.limit)}, res, false, runErr))
+			return errorsJoin(runErr, audit(g, "dlq archive", ff.queue, f, opts, res, false, runErr))
 		},
 	}
 	ff.register(cmd, "archive at most this many messages (0: all selected)")
-	cmd.Flags().StringVar(&file, "to", "", "the archive file, JSON lines, appended to (required)")
+	cmd.Flags().StringVar(&file, "to", "", "the archive file, JSON lines, appended to")
+	cmd.Flags().StringVar(&tableName, "to-table", "", "the archive table (name or schema.name; created if missing), instead of a file")
+	cmd.Flags().StringVar(&dbURL, "db", localenv.Get("SLUICE_ARCHIVE_DB_URL", ""), "PostgreSQL URL of --to-table (env SLUICE_ARCHIVE_DB_URL)")
 	return cmd
+}
+
+// openSink opens the archive's file, or its table on the database at dbURL.
+func openSink(ctx context.Context, file, tableName, dbURL string) (dlq.ArchiveSink, func(), error) {
+	if file != "" {
+		fs, err := dlq.OpenFileSink(file)
+		if err != nil {
+			return nil, nil, err
+		}
+		return fs, func() { _ = fs.Close() }, nil
+	}
+	db, err := sqlx.Open("postgres", dbURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--db: %w", diag.RedactError(err))
+	}
+	sink, err := dlq.NewTableSink(ctx, db, tableName)
+	if err != nil {
+		_ = db.Close()
+		return nil, nil, diag.RedactError(err)
+	}
+	return sink, func() { _ = db.Close() }, nil
 }
 
 func newDiscard(g *globals, out io.Writer) *cobra.Command {

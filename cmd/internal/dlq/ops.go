@@ -17,11 +17,13 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/time/rate"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/sqlname"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/replay"
 )
@@ -340,9 +342,89 @@ type ArchiveConfig struct {
 	Queue    string
 	Filter   Filter
 	Limit    int
-	File     string // JSON lines, appended to
+	Sink     ArchiveSink // where the records go: a FileSink or a TableSink
 	Operator string
 }
+
+// ArchiveSink stores archive records durably: Archive acks a message only
+// after Write returned nil.
+type ArchiveSink interface {
+	Write(ctx context.Context, rec ArchiveRecord) error
+	// Name is the sink as counts and the audit log name it.
+	Name() string
+}
+
+// FileSink appends records as JSON lines to a file, each synced to disk.
+type FileSink struct {
+	f   *os.File
+	enc *json.Encoder
+}
+
+// OpenFileSink opens (creating) path for appending.
+func OpenFileSink(path string) (*FileSink, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: opening the archive: %w", err)
+	}
+	return &FileSink{f: f, enc: json.NewEncoder(f)}, nil
+}
+
+func (s *FileSink) Write(_ context.Context, rec ArchiveRecord) error {
+	if err := s.enc.Encode(rec); err != nil {
+		return fmt.Errorf("dlq: writing the archive: %w", err)
+	}
+	if err := s.f.Sync(); err != nil {
+		return fmt.Errorf("dlq: syncing the archive: %w", err)
+	}
+	return nil
+}
+
+func (s *FileSink) Name() string { return s.f.Name() }
+
+// Close closes the file.
+func (s *FileSink) Close() error { return s.f.Close() }
+
+// TableSink inserts records into a table (PostgreSQL or SQLite): the
+// columns to find them by, and the whole record as the JSON an archive file
+// holds, so that `dlq restore` can read it back from a query's output.
+type TableSink struct {
+	db     *sqlx.DB
+	table  string
+	insert string
+}
+
+// NewTableSink creates the table if it does not exist.
+func NewTableSink(ctx context.Context, db *sqlx.DB, table string) (*TableSink, error) {
+	quoted, _, err := sqlname.Quote(table, true)
+	if err != nil {
+		return nil, fmt.Errorf("dlq: archive %w", err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+quoted+` (
+	archived_at TIMESTAMP NOT NULL,
+	archived_by TEXT NOT NULL,
+	queue TEXT NOT NULL,
+	uuid TEXT NOT NULL,
+	event_id TEXT NOT NULL,
+	class TEXT NOT NULL,
+	record TEXT NOT NULL)`); err != nil {
+		return nil, fmt.Errorf("dlq: creating the archive table: %w", err)
+	}
+	return &TableSink{db: db, table: table, insert: db.Rebind(`INSERT INTO ` + quoted +
+		` (archived_at, archived_by, queue, uuid, event_id, class, record) VALUES (?, ?, ?, ?, ?, ?, ?)`)}, nil
+}
+
+func (s *TableSink) Write(ctx context.Context, rec ArchiveRecord) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	if _, err := s.db.ExecContext(ctx, s.insert, rec.ArchivedAt, rec.ArchivedBy, rec.Queue, rec.UUID, rec.EventID, rec.Class, string(b)); err != nil {
+		return fmt.Errorf("dlq: writing the archive table: %w", err)
+	}
+	return nil
+}
+
+func (s *TableSink) Name() string { return "table " + s.table }
 
 // ArchiveRecord is one line of an archive file.
 type ArchiveRecord struct {
@@ -359,19 +441,13 @@ type ArchiveRecord struct {
 	PayloadBase64 string            `json:"payload_base64,omitempty"`
 }
 
-// Archive writes each selected message to the file and syncs it to disk
-// before acking it in the queue; the others stay, in order. A crash between
-// the sync and the ack leaves the message in both: archive again to see it
-// twice in the file, never lost.
+// Archive writes each selected message to the sink (a file synced to disk,
+// or a table) before acking it in the queue; the others stay, in order. A
+// crash between the write and the ack leaves the message in both: archive
+// again to see it twice in the archive, never lost.
 func Archive(ctx context.Context, conn *amqp.Connection, cfg ArchiveConfig) (ReplayResult, error) {
 	res := ReplayResult{ByTarget: map[string]int{}}
-	f, err := os.OpenFile(cfg.File, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
-	if err != nil {
-		return res, fmt.Errorf("dlq: opening the archive: %w", err)
-	}
-	defer func() { _ = f.Close() }()
-	enc := json.NewEncoder(f)
-	err = scanSelected(ctx, conn, cfg.Queue, cfg.Filter, cfg.Limit, &res, func(m *Message) error {
+	err := scanSelected(ctx, conn, cfg.Queue, cfg.Filter, cfg.Limit, &res, func(m *Message) error {
 		rec := ArchiveRecord{
 			ArchivedAt: time.Now().UTC(), ArchivedBy: cfg.Operator, Queue: cfg.Queue, UUID: m.Msg.UUID,
 			Class: m.Class, Reason: m.Reason, EventID: m.EventID, EventType: m.EventType, Metadata: m.Msg.Metadata,
@@ -381,17 +457,14 @@ func Archive(ctx context.Context, conn *amqp.Connection, cfg ArchiveConfig) (Rep
 		} else {
 			rec.PayloadBase64 = base64.StdEncoding.EncodeToString(m.Msg.Payload)
 		}
-		if err := enc.Encode(rec); err != nil {
-			return fmt.Errorf("dlq: writing the archive: %w", err)
-		}
-		if err := f.Sync(); err != nil {
-			return fmt.Errorf("dlq: syncing the archive: %w", err)
+		if err := cfg.Sink.Write(ctx, rec); err != nil {
+			return err
 		}
 		if err := m.Ack(); err != nil {
 			return err
 		}
 		res.Replayed++
-		res.ByTarget[cfg.File]++
+		res.ByTarget[cfg.Sink.Name()]++
 		return nil
 	}, nil)
 	return res, err
