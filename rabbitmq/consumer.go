@@ -243,13 +243,15 @@ func (s *subscription) consume(ctx context.Context, stop <-chan struct{}) error 
 		return fmt.Errorf("rabbitmq: consuming %q: %w", s.queue, err)
 	}
 	var inflight sync.WaitGroup
-	_, changed := s.engaged()
+	engaged, changed := s.engaged()
+	if engaged { // engaged while this connection was being set up
+		return errors.Join(errBraked, s.drain(ch, tag, &inflight))
+	}
 	for {
 		select {
 		case <-stop:
 			return s.drain(ch, tag, &inflight)
 		case <-changed:
-			var engaged bool
 			if engaged, changed = s.engaged(); engaged {
 				return errors.Join(errBraked, s.drain(ch, tag, &inflight))
 			}
