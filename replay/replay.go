@@ -43,16 +43,25 @@ const (
 	ItemKey = "sluice_replay_item"
 )
 
-// OutcomeReplayed is the outcome the CLI records when it replays an item:
-// sent, nothing heard back yet.
-const OutcomeReplayed sluice.Outcome = "replayed"
+// The outcomes the operator's CLI records, besides the consumers'.
+const (
+	// OutcomeReplayed: sent by dlq replay, nothing heard back yet.
+	OutcomeReplayed sluice.Outcome = "replayed"
+	// OutcomeArchived: moved out of the poison queue by dlq archive.
+	OutcomeArchived sluice.Outcome = "archived"
+	// OutcomeDiscarded: removed for good by dlq discard, with a reason.
+	OutcomeDiscarded sluice.Outcome = "discarded"
+	// OutcomeCompensated: repaired by hand, as dlq resolve records it.
+	OutcomeCompensated sluice.Outcome = "compensated"
+)
 
-// Final reports whether an outcome ends an item's replay: processed,
-// duplicate, rejected or poisoned. Retried, parked, held, failed and
-// replayed are on the way.
+// Final reports whether an outcome ends a dead letter's story: processed,
+// duplicate, rejected, poisoned (again), archived, discarded or
+// compensated. Retried, parked, held, failed and replayed are on the way.
 func Final(o sluice.Outcome) bool {
 	switch o {
-	case sluice.OutcomeProcessed, sluice.OutcomeDuplicate, sluice.OutcomeRejected, sluice.OutcomePoisoned:
+	case sluice.OutcomeProcessed, sluice.OutcomeDuplicate, sluice.OutcomeRejected, sluice.OutcomePoisoned,
+		OutcomeArchived, OutcomeDiscarded, OutcomeCompensated:
 		return true
 	}
 	return false
@@ -66,8 +75,10 @@ type Record struct {
 	Outcome sluice.Outcome `json:"outcome" db:"outcome"`
 	Class   string         `json:"class,omitempty" db:"class"`
 	Reason  string         `json:"reason,omitempty" db:"reason"`
-	Handler string         `json:"handler,omitempty" db:"handler"`
-	At      time.Time      `json:"at" db:"updated_at"`
+	// Handler is the consumer that recorded it; for the CLI's records,
+	// "operator <name>".
+	Handler string    `json:"handler,omitempty" db:"handler"`
+	At      time.Time `json:"at" db:"updated_at"`
 }
 
 // Store keeps the records. SQLStore is one.

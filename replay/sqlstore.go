@@ -94,6 +94,21 @@ func (s *SQLStore) Outcomes(ctx context.Context, run string) ([]Record, error) {
 	return out, err
 }
 
+// Records inserts or replaces rs: the operator's records (archived,
+// discarded, compensated), which replace whatever was there.
+func (s *SQLStore) Records(ctx context.Context, rs []Record) error {
+	q := s.db.Rebind(`INSERT INTO ` + s.table + ` (run, item, event_id, outcome, class, reason, handler, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (run, item) DO UPDATE SET outcome = excluded.outcome, reason = excluded.reason,
+	handler = excluded.handler, updated_at = excluded.updated_at`)
+	for _, r := range rs {
+		if _, err := s.db.ExecContext(ctx, q, r.Run, r.Item, r.EventID, string(r.Outcome), r.Class, r.Reason, r.Handler, r.At.UTC()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Count returns how many of items (of run) have a final outcome, and how
 // many of those were poisoned again.
 func Count(rs []Record, items map[string]bool) (final, poisoned int) {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq" // the outcome table's PostgreSQL driver
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -184,6 +185,49 @@ func closedLoop(ctx context.Context, conn *amqp.Connection, cfg dlq.ReplayConfig
 			return total, fmt.Errorf("%w: %s (run %s)", errStopped, why, cfg.Run)
 		}
 	}
+}
+
+// operatorRecords records, when --outcomes was given, what an operator's
+// command did to each item, under a run of its own ("archive-…",
+// "discard-…", "resolve-…").
+type operatorRecords struct {
+	url, table string
+	g          *globals
+	rs         []replay.Record
+}
+
+func (o *operatorRecords) add(outcome sluice.Outcome, item, eventID, class, reason string) {
+	if o.url == "" {
+		return
+	}
+	o.rs = append(o.rs, replay.Record{Item: item, EventID: eventID, Outcome: outcome, Class: class,
+		Reason: diag.Bound(reason, replay.ReasonMaxLength), Handler: "operator " + o.g.operator, At: time.Now().UTC()})
+}
+
+// flush writes the records under run and returns the run, or "" when there
+// was nothing to write.
+func (o *operatorRecords) flush(ctx context.Context, kind string) (string, error) {
+	if o.url == "" || len(o.rs) == 0 {
+		return "", nil
+	}
+	store, closeStore, err := openOutcomes(o.url, o.table)
+	if err != nil {
+		return "", err
+	}
+	defer closeStore()
+	run := newRun(kind)
+	for i := range o.rs {
+		o.rs[i].Run = run
+	}
+	if err := store.Records(ctx, o.rs); err != nil {
+		return "", fmt.Errorf("recording the outcomes (the audit log has them): %w", diag.RedactError(err))
+	}
+	return run, nil
+}
+
+// newRun returns a new run id: kind, the time, and a random tail.
+func newRun(kind string) string {
+	return kind + "-" + time.Now().UTC().Format("20060102T150405Z") + "-" + watermill.NewShortUUID()[:8]
 }
 
 // awaitOutcomes polls the store until every item has a final outcome, or

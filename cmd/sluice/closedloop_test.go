@@ -147,6 +147,26 @@ func TestClosedLoopReplayStopsOnRepoisonAndReports(t *testing.T) {
 	rc.mu.Unlock()
 	require.Len(t, peekIDs(t, b.topo.PoisonQueue()), 30, "the 30 are back in the poison queue with their new diagnosis")
 
+	// Confirm: two of the 30 were repaired by hand; the other 28 are
+	// archived. The report then accounts for every dead letter.
+	code, out, errOut = b.cli(t, "dlq", "resolve", "--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable,
+		"--run", run[1], "--event", "bad-00,bad-01", "--reason", "re-sent as version 2 by the order team, INC-77")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "2 events of run "+run[1]+" recorded compensated")
+	archive := filepath.Join(t.TempDir(), "bad.jsonl")
+	code, out, errOut = b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--error-match", "version 3", "--to", archive,
+		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "outcomes recorded as run archive-")
+	code, report, errOut = b.cli(t, "dlq", "report", "--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, report, "run "+run[1]+": 200 processed, 28 poisoned, 2 compensated")
+	require.Regexp(t, `run archive-\S+: 30 archived`, report)
+	require.Contains(t, report, "bad-00\tcompensated\tpoison\tre-sent as version 2 by the order team, INC-77")
+	last := b.auditLines(t)
+	require.Equal(t, "dlq resolve", last[len(last)-2].Command)
+	require.Equal(t, []string{"bad-00", "bad-01"}, last[len(last)-2].Items)
+
 	// A report of a run with events sent and no outcome yet exits 1.
 	outcomes, err := replay.NewSQLStore(db, rc.outcomesTable)
 	require.NoError(t, err)
@@ -264,8 +284,18 @@ func TestArchiveRestoreDiscard(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "--reason is required")
 	require.Equal(t, 2, testenv.QueueDepth(t, conn, b.topo.PoisonQueue()))
-	code, _, errOut = b.cli(t, "dlq", "discard", "--queue", b.topo.PoisonQueue(), "--reason", "test orders from the load test, INC-42")
+	db := testenv.Postgres(t)
+	outcomes := testenv.Schema(t, db) + ".sluice_replay"
+	code, out, errOut = b.cli(t, "dlq", "discard", "--queue", b.topo.PoisonQueue(), "--reason", "test orders from the load test, INC-42",
+		"--outcomes", testenv.PostgresURL, "--outcomes-table", outcomes)
 	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "outcomes recorded as run discard-")
+	var discarded []string
+	require.NoError(t, db.Select(&discarded, `SELECT item || ' ' || outcome || ' ' || reason || ' ' || handler FROM `+outcomes+` ORDER BY item`))
+	require.Equal(t, []string{
+		"f-1 discarded test orders from the load test, INC-42 operator tester",
+		"f-2 discarded test orders from the load test, INC-42 operator tester",
+	}, discarded)
 	require.Zero(t, testenv.QueueDepth(t, conn, b.topo.PoisonQueue()))
 	recs := b.auditLines(t)
 	last := recs[len(recs)-1]

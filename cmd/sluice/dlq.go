@@ -17,7 +17,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jedib0t/go-pretty/v6/progress"
 	"github.com/jedib0t/go-pretty/v6/table"
 	"github.com/jmoiron/sqlx"
@@ -130,7 +129,7 @@ func newDLQ(g *globals, out io.Writer) *cobra.Command {
 		Args:               unknownSubcommand,
 		RunE:               func(c *cobra.Command, _ []string) error { return c.Help() },
 	}
-	cmd.AddCommand(newStats(g, out), newInspect(g, out), newReplay(g, out), newArchive(g, out), newDiscard(g, out), newRestore(g, out), newReport(out))
+	cmd.AddCommand(newStats(g, out), newInspect(g, out), newReplay(g, out), newArchive(g, out), newDiscard(g, out), newRestore(g, out), newReport(out), newResolve(g, out))
 	return cmd
 }
 
@@ -353,7 +352,7 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 					return err
 				}
 				defer closeStore()
-				cfg.Run = "run-" + time.Now().UTC().Format("20060102T150405Z") + "-" + watermill.NewShortUUID()[:8]
+				cfg.Run = newRun("run")
 				cfg.Progress = nil
 				res, runErr = closedLoop(ctx, conn, cfg, loop{sizes: sizes, canary: lf.canary > 0, maxRepoison: maxRepoison, store: store, wait: lf.wait}, out)
 			} else {
@@ -446,6 +445,7 @@ func report(out io.Writer, rs []replay.Record, asJSON bool) int {
 	for _, run := range runs {
 		var parts []string
 		for _, o := range []sluice.Outcome{sluice.OutcomeProcessed, sluice.OutcomeDuplicate, sluice.OutcomeRejected, sluice.OutcomePoisoned,
+			replay.OutcomeCompensated, replay.OutcomeArchived, replay.OutcomeDiscarded,
 			sluice.OutcomeRetried, sluice.OutcomeParked, sluice.OutcomeHeld, sluice.OutcomeFailed, replay.OutcomeReplayed} {
 			if n := byRun[run][o]; n > 0 {
 				parts = append(parts, fmt.Sprintf("%d %s", n, o))
@@ -475,6 +475,7 @@ func parseRate(v string) (float64, error) {
 func newArchive(g *globals, out io.Writer) *cobra.Command {
 	var ff filterFlags
 	var file, tableName, dbURL string
+	recs := &operatorRecords{g: g}
 	cmd := &cobra.Command{
 		Use:   "archive",
 		Short: "Write selected messages to a JSON-lines file or a database table, then remove them from the poison queue",
@@ -503,15 +504,22 @@ func newArchive(g *globals, out io.Writer) *cobra.Command {
 				return errorsJoin(err, audit(g, "dlq archive", ff.queue, f, opts, dlq.ReplayResult{}, false, err))
 			}
 			defer closeSink()
-			res, runErr := dlq.Archive(ctx, conn, dlq.ArchiveConfig{Queue: ff.queue, Filter: f, Limit: ff.limit, Sink: sink, Operator: g.operator})
+			res, runErr := dlq.Archive(ctx, conn, dlq.ArchiveConfig{Queue: ff.queue, Filter: f, Limit: ff.limit, Sink: sink, Operator: g.operator,
+				Archived: func(m *dlq.Message) {
+					recs.add(replay.OutcomeArchived, m.Item(), m.EventID, m.Class, "archived to "+sink.Name())
+				}})
 			summary(out, "archive", ff.queue, res, false)
-			return errorsJoin(runErr, audit(g, "dlq archive", ff.queue, f, opts, res, false, runErr))
+			run, recErr := recs.flush(context.Background(), "archive")
+			printRun(out, run)
+			opts["run"] = run
+			return errorsJoin(errors.Join(runErr, recErr), audit(g, "dlq archive", ff.queue, f, opts, res, false, errors.Join(runErr, recErr)))
 		},
 	}
 	ff.register(cmd, "archive at most this many messages (0: all selected)")
 	cmd.Flags().StringVar(&file, "to", "", "the archive file, JSON lines, appended to")
 	cmd.Flags().StringVar(&tableName, "to-table", "", "the archive table (name or schema.name; created if missing), instead of a file")
 	cmd.Flags().StringVar(&dbURL, "db", localenv.Get("SLUICE_ARCHIVE_DB_URL", ""), "PostgreSQL URL of --to-table (env SLUICE_ARCHIVE_DB_URL)")
+	recs.register(cmd, "record each archived event as \"archived\" in the outcome table")
 	return cmd
 }
 
@@ -540,6 +548,7 @@ func newDiscard(g *globals, out io.Writer) *cobra.Command {
 	var ff filterFlags
 	var reason string
 	var dryRun bool
+	recs := &operatorRecords{g: g}
 	cmd := &cobra.Command{
 		Use:   "discard",
 		Short: "Remove selected messages for good, with a reason, recorded in the audit log",
@@ -561,7 +570,17 @@ func newDiscard(g *globals, out io.Writer) *cobra.Command {
 			defer done()
 			res, items, runErr := dlq.Discard(ctx, conn, ff.queue, f, ff.limit, dryRun)
 			summary(out, "discard", ff.queue, res, dryRun)
-			rec := auditRecord(g, "dlq discard", ff.queue, f, map[string]string{"limit": strconv.Itoa(ff.limit)}, res, dryRun, runErr)
+			var run string
+			if !dryRun {
+				for _, it := range items {
+					recs.add(replay.OutcomeDiscarded, it, it, "", reason)
+				}
+				var recErr error
+				run, recErr = recs.flush(context.Background(), "discard")
+				runErr = errors.Join(runErr, recErr)
+				printRun(out, run)
+			}
+			rec := auditRecord(g, "dlq discard", ff.queue, f, map[string]string{"limit": strconv.Itoa(ff.limit), "run": run}, res, dryRun, runErr)
 			rec.Reason, rec.Items = reason, items
 			return errorsJoin(runErr, dlq.AppendAudit(g.audit, rec))
 		},
@@ -569,7 +588,71 @@ func newDiscard(g *globals, out io.Writer) *cobra.Command {
 	ff.register(cmd, "discard at most this many messages (0: all selected)")
 	cmd.Flags().StringVar(&reason, "reason", "", "why (required), recorded in the audit log")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "select and count; remove nothing")
+	recs.register(cmd, "record each discarded event as \"discarded\", with the reason, in the outcome table")
 	return cmd
+}
+
+func newResolve(g *globals, out io.Writer) *cobra.Command {
+	var run, reason string
+	var events []string
+	recs := &operatorRecords{g: g}
+	cmd := &cobra.Command{
+		Use:   "resolve",
+		Short: "Record that replayed events were repaired by hand (\"compensated\"), with a reason",
+		Long: "For events a replay could not process (poisoned again, rejected) that were then put right\n" +
+			"another way: their outcome in the run becomes \"compensated\", with the operator and the\n" +
+			"reason, and the audit log records it. The report then shows them as ended.",
+		Args: noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			switch {
+			case recs.url == "":
+				return usageError{errors.New("--outcomes is required (or env SLUICE_OUTCOMES_URL)")}
+			case run == "" || len(events) == 0:
+				return usageError{errors.New("--run and --event are required")}
+			case strings.TrimSpace(reason) == "":
+				return usageError{errors.New("--reason is required: say how the events were repaired")}
+			}
+			if err := dlq.CheckAudit(g.audit); err != nil {
+				return err
+			}
+			store, closeStore, err := openOutcomes(recs.url, recs.table)
+			if err != nil {
+				return err
+			}
+			defer closeStore()
+			rs := make([]replay.Record, len(events))
+			for i, e := range events {
+				rs[i] = replay.Record{Run: run, Item: e, EventID: e, Outcome: replay.OutcomeCompensated,
+					Reason: diag.Bound(reason, replay.ReasonMaxLength), Handler: "operator " + g.operator, At: time.Now().UTC()}
+			}
+			runErr := store.Records(context.Background(), rs)
+			if runErr == nil {
+				fmt.Fprintf(out, "%d events of run %s recorded compensated\n", len(events), diag.Printable(run, 128))
+			}
+			rec := auditRecord(g, "dlq resolve", "", dlq.Filter{}, map[string]string{"run": run}, dlq.ReplayResult{Replayed: len(events)}, false, runErr)
+			rec.Reason, rec.Items = reason, events
+			return errorsJoin(runErr, dlq.AppendAudit(g.audit, rec))
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&run, "run", "", "the replay run (required)")
+	fl.StringSliceVar(&events, "event", nil, "event ids (repeatable or comma-separated; required)")
+	fl.StringVar(&reason, "reason", "", "how they were repaired (required)")
+	recs.register(cmd, "the outcome table (required)")
+	return cmd
+}
+
+// register adds --outcomes and --outcomes-table.
+func (o *operatorRecords) register(cmd *cobra.Command, help string) {
+	cmd.Flags().StringVar(&o.url, "outcomes", localenv.Get("SLUICE_OUTCOMES_URL", ""), "PostgreSQL URL of the outcome table: "+help+" (env SLUICE_OUTCOMES_URL)")
+	cmd.Flags().StringVar(&o.table, "outcomes-table", replay.TableDefault, "the outcome table (name or schema.name)")
+}
+
+// printRun names the run an operator's records went under.
+func printRun(out io.Writer, run string) {
+	if run != "" {
+		fmt.Fprintf(out, "outcomes recorded as run %s\n", run)
+	}
 }
 
 func newRestore(g *globals, out io.Writer) *cobra.Command {

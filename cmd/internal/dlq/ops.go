@@ -344,6 +344,9 @@ type ArchiveConfig struct {
 	Limit    int
 	Sink     ArchiveSink // where the records go: a FileSink or a TableSink
 	Operator string
+	// Archived, when set, is called with each message once it is written
+	// and acked.
+	Archived func(*Message)
 }
 
 // ArchiveSink stores archive records durably: Archive acks a message only
@@ -465,6 +468,9 @@ func Archive(ctx context.Context, conn *amqp.Connection, cfg ArchiveConfig) (Rep
 		}
 		res.Replayed++
 		res.ByTarget[cfg.Sink.Name()]++
+		if cfg.Archived != nil {
+			cfg.Archived(m)
+		}
 		return nil
 	}, nil)
 	return res, err
