@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -326,7 +327,61 @@ func TestQueues(t *testing.T) {
 	require.Contains(t, out, `"role":"poison","ready":6`)
 	code, _, errOut = b.cli(t, "queues")
 	require.Equal(t, 2, code)
-	require.Contains(t, errOut, "--queue is required")
+	require.Contains(t, errOut, "--queue or --management-url is required")
+}
+
+// With the management API, sluice queues lists every family the broker has
+// — without being told their names — and nothing else.
+func TestQueuesDiscoversTheFamilies(t *testing.T) {
+	t.Parallel()
+	node := testenv.StartPrivateRabbitMQWith(t, testenv.PrivateRabbitMQOptions{Management: true})
+	conn, err := rabbitmq.Dial(node.URL, rabbitmq.DialConfig{Name: "test"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	for _, cfg := range []rabbitmq.TopologyConfig{
+		{Queue: "orders", TierDelays: []time.Duration{5 * time.Minute, 30 * time.Second}},
+		{Queue: "billing", TierDelays: []time.Duration{time.Minute}},
+	} {
+		topo, err := rabbitmq.NewTopology(cfg)
+		require.NoError(t, err)
+		require.NoError(t, topo.Declare(t.Context(), conn))
+	}
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare("unrelated", true, false, false, false, nil)
+	require.NoError(t, err)
+	require.NoError(t, ch.Close())
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: node.URL})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	mw, err := poison.New(poison.Config{Publisher: pub, Topic: "orders.poison", Queue: "orders"})
+	require.NoError(t, err)
+	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+	m.Metadata.Set(sluice.EventIDKey, "o-1")
+	_, err = mw(func(*message.Message) ([]*message.Message, error) { return nil, sluice.Poison(errors.New("bad")) })(m)
+	require.NoError(t, err)
+
+	var out, errOut strings.Builder
+	code := run([]string{"--amqp-url", node.URL, "queues", "--management-url", node.ManagementURL, "--json"}, &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	var got []string
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var r queueRow
+		require.NoError(t, json.Unmarshal([]byte(line), &r))
+		got = append(got, fmt.Sprintf("%s %s %s %d", r.Family, r.Queue, r.Role, r.Ready))
+		if r.Role == "poison" && r.Ready > 0 {
+			require.WithinDuration(t, time.Now(), r.OldestPoisonedAt, time.Minute)
+		}
+	}
+	require.Equal(t, []string{
+		"billing billing main 0", "billing billing.retry.1m tier 1m 0", "billing billing.poison poison 0",
+		"orders orders main 0", "orders orders.retry.30s tier 30s 0", "orders orders.retry.5m tier 5m 0", "orders orders.poison poison 1",
+	}, got)
+
+	code = run([]string{"--amqp-url", "amqp://guest:Secret9@127.0.0.1:1/", "queues", "--management-url", node.ManagementURL}, &out, &errOut)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut.String(), "management API answered 401")
+	require.NotContains(t, errOut.String(), "Secret9")
 }
 
 // archive --to-table keeps each record in a table (the JSON line a file

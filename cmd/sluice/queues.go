@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/url"
+	"sort"
 	"strings"
 	"time"
 
@@ -15,6 +18,7 @@ import (
 
 	"github.com/sluicemq/sluice/cmd/internal/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/localenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
@@ -33,7 +37,7 @@ type queueRow struct {
 
 func newQueues(g *globals, out io.Writer) *cobra.Command {
 	var queues []string
-	var tiers, poisonQueue string
+	var tiers, poisonQueue, mgmtURL string
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "queues",
@@ -42,16 +46,23 @@ func newQueues(g *globals, out io.Writer) *cobra.Command {
 			"and its poison queue, with the messages ready and the consumers the broker reports, and\n" +
 			"for the poison queue the age of its oldest isolation (read from its head message, which\n" +
 			"stays, marked redelivered). A queue that does not exist is reported missing. The main\n" +
-			"and tier queues are not read. AMQP cannot list queues: name them (the management API's\n" +
-			"listing is not used, so no plugin is needed).",
+			"and tier queues are not read. AMQP cannot list queues: name them with --queue, or give\n" +
+			"--management-url (RabbitMQ's management API; the credentials and vhost are the AMQP\n" +
+			"URL's) to list every family the broker has: a queue Q with Q.poison or Q.retry.* beside it.",
 		Args: noArgs,
 		RunE: func(*cobra.Command, []string) error {
-			if len(queues) == 0 {
-				return usageError{errors.New("--queue is required (repeat it for several consumer queues)")}
+			if len(queues) == 0 && mgmtURL == "" {
+				return usageError{errors.New("--queue or --management-url is required")}
 			}
 			delays, err := parseTiers(tiers)
 			if err != nil {
 				return err
+			}
+			var fams []family
+			if len(queues) == 0 {
+				if fams, err = discover(mgmtURL, g.url()); err != nil {
+					return err
+				}
 			}
 			conn, err := connect(g)
 			if err != nil {
@@ -59,6 +70,16 @@ func newQueues(g *globals, out io.Writer) *cobra.Command {
 			}
 			defer func() { _ = conn.Close() }()
 			var rows []queueRow
+			if len(queues) == 0 {
+				for _, f := range fams {
+					for _, q := range f.queues {
+						rows = append(rows, row(conn, f.name, q.name, q.role))
+					}
+					if p := &rows[len(rows)-1]; p.Role == "poison" && !p.Missing && p.Ready > 0 {
+						p.OldestPoisonedAt = oldestPoisoning(conn, p.Queue)
+					}
+				}
+			}
 			for _, q := range queues {
 				topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: q, TierDelays: delays, PoisonQueue: poisonQueue})
 				if err != nil {
@@ -106,7 +127,93 @@ func newQueues(g *globals, out io.Writer) *cobra.Command {
 	fl.StringVar(&tiers, "tiers", "30s,5m,30m", "the retry tier delays the topology was declared with")
 	fl.StringVar(&poisonQueue, "poison-queue", "", "the poison queue (default <queue>.poison)")
 	fl.BoolVar(&asJSON, "json", false, "one JSON object per queue")
+	fl.StringVar(&mgmtURL, "management-url", localenv.Get("SLUICE_MANAGEMENT_URL", ""), "RabbitMQ's management API, e.g. http://broker:15672, to list every queue family (env SLUICE_MANAGEMENT_URL)")
 	return cmd
+}
+
+// family is a consumer queue with its tiers and poison queue, as the
+// broker's queue names show them.
+type family struct {
+	name   string
+	queues []struct{ name, role string }
+}
+
+// discover lists the broker's queues through the management API and groups
+// them into families: a queue Q with Q.poison or Q.retry.<delay> beside it
+// (the main queue first, the tiers by delay, the poison queue last).
+func discover(mgmtURL, amqpURL string) ([]family, error) {
+	u, err := url.Parse(amqpURL)
+	if err != nil {
+		return nil, errors.New("the AMQP URL does not parse (not shown: it may hold a password)")
+	}
+	vhost := "/"
+	if p := strings.TrimPrefix(u.Path, "/"); p != "" {
+		vhost, _ = url.PathUnescape(p)
+	}
+	api := strings.TrimSuffix(mgmtURL, "/") + "/api/queues/" + url.PathEscape(vhost) + "?columns=name"
+	req, err := http.NewRequest(http.MethodGet, api, nil)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("--management-url: %w", diag.RedactError(err))}
+	}
+	if u.User != nil {
+		pw, _ := u.User.Password()
+		req.SetBasicAuth(u.User.Username(), pw)
+	}
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("listing the queues: %w", diag.RedactError(err))
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("listing the queues: the management API answered %s", resp.Status)
+	}
+	var listed []struct {
+		Name string `json:"name"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&listed); err != nil {
+		return nil, fmt.Errorf("listing the queues: %w", err)
+	}
+	names := map[string]bool{}
+	for _, q := range listed {
+		names[q.Name] = true
+	}
+	tiers := map[string][]string{}
+	for n := range names {
+		if i := strings.LastIndex(n, ".retry."); i > 0 && names[n[:i]] {
+			tiers[n[:i]] = append(tiers[n[:i]], n)
+		}
+	}
+	var heads []string
+	for n := range names {
+		if names[n+".poison"] || len(tiers[n]) > 0 {
+			heads = append(heads, n)
+		}
+	}
+	sort.Strings(heads)
+	var out []family
+	for _, h := range heads {
+		f := family{name: h}
+		f.queues = append(f.queues, struct{ name, role string }{h, "main"})
+		ts := tiers[h]
+		sort.Slice(ts, func(i, j int) bool { return tierDelay(h, ts[i]) < tierDelay(h, ts[j]) })
+		for _, tq := range ts {
+			f.queues = append(f.queues, struct{ name, role string }{tq, "tier " + strings.TrimPrefix(tq, h+".retry.")})
+		}
+		if names[h+".poison"] {
+			f.queues = append(f.queues, struct{ name, role string }{h + ".poison", "poison"})
+		}
+		out = append(out, f)
+	}
+	return out, nil
+}
+
+// tierDelay is the delay a tier queue's name gives, for ordering.
+func tierDelay(head, tier string) time.Duration {
+	d, err := time.ParseDuration(strings.TrimPrefix(tier, head+".retry."))
+	if err != nil {
+		return 1<<63 - 1
+	}
+	return d
 }
 
 // row reads one queue's counts with a passive declare, on a channel of its

@@ -93,7 +93,9 @@ func Drain(t testing.TB, conn *amqp.Connection, queue string) []amqp.Delivery {
 type PrivateRabbitMQ struct {
 	URL    string
 	TLSURL string // amqps://, with PrivateRabbitMQOptions.TLS
-	node   string
+	// ManagementURL is the HTTP API, with PrivateRabbitMQOptions.Management.
+	ManagementURL string
+	node          string
 }
 
 // PrivateRabbitMQOptions configure StartPrivateRabbitMQ.
@@ -102,6 +104,9 @@ type PrivateRabbitMQOptions struct {
 	// node, which runs as the rabbitmq user: they are copied into its
 	// directory).
 	TLS *TLSFiles
+	// Management enables the management plugin (its HTTP API) on a port
+	// of its own.
+	Management bool
 }
 
 // TLSFiles are PEM files of a TLS listener.
@@ -133,12 +138,22 @@ func StartPrivateRabbitMQWith(t testing.TB, o PrivateRabbitMQOptions) *PrivateRa
 		conf += fmt.Sprintf("listeners.ssl.local = 127.0.0.1:%d\nssl_options.cacertfile = %s\nssl_options.certfile = %s\nssl_options.keyfile = %s\nssl_options.verify = verify_none\nssl_options.fail_if_no_peer_cert = false\n",
 			tlsPort, filepath.Join(dir, "ca.pem"), filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem"))
 	}
+	plugins := "[].\n"
+	mgmtPort := 0
+	if o.Management {
+		mgmtPort = freePort(t)
+		plugins = "[rabbitmq_management].\n"
+		conf += fmt.Sprintf("management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = %d\n", mgmtPort)
+	}
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte(conf), 0o644))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("[].\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte(plugins), 0o644))
 	require.NoError(t, exec.Command("chown", "-R", "rabbitmq:rabbitmq", dir).Run(), "the node runs as the rabbitmq user")
 	r := &PrivateRabbitMQ{URL: fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port), node: name}
 	if tlsPort != 0 {
 		r.TLSURL = fmt.Sprintf("amqps://guest:guest@127.0.0.1:%d/", tlsPort)
+	}
+	if mgmtPort != 0 {
+		r.ManagementURL = fmt.Sprintf("http://127.0.0.1:%d", mgmtPort)
 	}
 	cmd := exec.Command("rabbitmq-server", "-detached")
 	cmd.Env = append(os.Environ(),
