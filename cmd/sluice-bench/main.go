@@ -33,6 +33,7 @@ func run() int {
 	flag.IntVar(&o.ScaleRows, "scale-rows", 10_000_000, "rows loaded into the inbox in the inbox-scale suite")
 	flag.IntVar(&o.Messages, "messages", 500, "messages per variant per round")
 	flag.IntVar(&o.Rounds, "rounds", 12, "rounds; medians are reported")
+	flag.IntVar(&o.Prefetch, "prefetch", 0, "prefetch of Sluice's Consumer in the consumer suite (0: its default, 16)")
 	flag.Parse()
 	if o.Messages < 1 || o.Rounds < 1 {
 		fmt.Fprintln(os.Stderr, "sluice-bench: -messages and -rounds must be at least 1")

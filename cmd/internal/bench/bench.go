@@ -29,7 +29,9 @@ type Options struct {
 	Messages int
 	// Rounds of every variant; the median is reported.
 	Rounds int
-	Out    io.Writer
+	// Prefetch of Sluice's Consumer in the consumer suite (0: its default).
+	Prefetch int
+	Out      io.Writer
 }
 
 // Op processes message i of a run.

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -56,7 +57,7 @@ func Consumer(ctx context.Context, o Options) error {
 		for round := range rounds {
 			for k := range 2 {
 				failing := (k+round)%2 == 1
-				r, err := consumerRun(ctx, conn, pub, o.AMQPURL, consumerCase{n: n, subs: cs.subs, work: cs.work, failing: failing, sluice: cs.sluice})
+				r, err := consumerRun(ctx, conn, pub, o.AMQPURL, consumerCase{n: n, subs: cs.subs, work: cs.work, failing: failing, sluice: cs.sluice, prefetch: o.Prefetch})
 				if err != nil {
 					return err
 				}
@@ -65,7 +66,7 @@ func Consumer(ctx context.Context, o Options) error {
 		}
 		kind := "watermill-amqp"
 		if cs.sluice {
-			kind = "sluice Consumer"
+			kind = fmt.Sprintf("sluice Consumer (prefetch %d)", cmp.Or(o.Prefetch, rabbitmq.PrefetchDefault))
 		}
 		rows = append(rows, []string{kind, cs.work.String(), strconv.Itoa(cs.subs), f0(Median(rates[0])), f0(Median(rates[1])), f2(MedianRatio(rates[1], rates[0]))})
 	}
@@ -88,6 +89,8 @@ type consumerCase struct {
 	work    time.Duration // simulated I/O per healthy message (time.Sleep)
 	failing bool
 	sluice  bool // Sluice's Consumer instead of watermill-amqp's subscriber
+	// prefetch of Sluice's Consumer (0: its default)
+	prefetch int
 }
 
 func consumerRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, url string, cc consumerCase) (float64, error) {
@@ -144,7 +147,7 @@ func consumerRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publi
 	}
 	var sub message.Subscriber
 	if cc.sluice {
-		sub, err = rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{URL: url})
+		sub, err = rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{URL: url, Prefetch: cc.prefetch})
 	} else {
 		sub, err = rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: url})
 	}
