@@ -153,22 +153,29 @@ func closedLoop(ctx context.Context, conn *amqp.Connection, cfg dlq.ReplayConfig
 		if err != nil {
 			return total, err
 		}
+		// Counted by item: two copies of one event (a poisoning redelivered)
+		// are one item with one outcome.
+		n := len(items)
 		final, poisoned := replay.Count(rs, items)
-		fmt.Fprintf(out, "batch %d (%s, %d): %d replayed, %d with a final outcome, %d poisoned again\n",
-			step+1, stage, size, res.Replayed, final, poisoned)
+		copies := ""
+		if n != res.Replayed {
+			copies = fmt.Sprintf(" (%d events)", n)
+		}
+		fmt.Fprintf(out, "batch %d (%s, %d): %d replayed%s, %d with a final outcome, %d poisoned again\n",
+			step+1, stage, size, res.Replayed, copies, final, poisoned)
 		var bad []replay.Record
 		for _, r := range rs {
 			if items[r.Item] && r.Outcome != sluice.OutcomeProcessed && r.Outcome != sluice.OutcomeDuplicate {
 				bad = append(bad, r)
 			}
 		}
-		rate := float64(poisoned) / float64(res.Replayed)
+		rate := float64(poisoned) / float64(n)
 		var why string
 		switch {
 		case stage == "canary" && len(bad) > 0:
-			why = fmt.Sprintf("%d of the %d canary messages were not processed", len(bad), res.Replayed)
-		case final < res.Replayed:
-			why = fmt.Sprintf("%d of %d messages had no final outcome within --wait %s", res.Replayed-final, res.Replayed, l.wait)
+			why = fmt.Sprintf("%d of the %d canary events were not processed", len(bad), n)
+		case final < n:
+			why = fmt.Sprintf("%d of %d events had no final outcome within --wait %s", n-final, n, l.wait)
 		case rate > l.maxRepoison:
 			why = fmt.Sprintf("%.0f%% poisoned again, more than --max-repoison %.0f%%", 100*rate, 100*l.maxRepoison)
 		}

@@ -178,6 +178,24 @@ func TestClosedLoopReplayStopsOnRepoisonAndReports(t *testing.T) {
 	require.Contains(t, errOut, "1 replayed events have no final outcome yet")
 }
 
+// Two copies of one event in the poison queue (a poisoning redelivered
+// after a crash) are one item: the batch is judged by events, and the
+// run does not wait for a second outcome that cannot come.
+func TestDuplicateCopiesAreOneItem(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	for range 2 {
+		b.poisoned(t, "twice-1", "stock.reserved", sluice.NewFailure(sluice.ClassExhausted, errors.New("timeout")))
+	}
+	b.poisoned(t, "once-1", "stock.reserved", sluice.NewFailure(sluice.ClassExhausted, errors.New("timeout")))
+	rc := newRecovering(t, b, func(string) bool { return false })
+	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--canary", "3",
+		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "20s")
+	require.Equal(t, 0, code, "%s\n%s", out, errOut)
+	require.Contains(t, out, "batch 1 (canary, 3): 3 replayed (2 events), 2 with a final outcome, 0 poisoned again")
+	require.NotContains(t, out, "stopped")
+}
+
 // A canary that does not all come back processed stops the run before
 // anything more moves.
 func TestCanaryStopsTheRun(t *testing.T) {
@@ -191,7 +209,7 @@ func TestCanaryStopsTheRun(t *testing.T) {
 	code, out, _ := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--canary", "2", "--ramp", "5",
 		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "30s")
 	require.Equal(t, 1, code, out)
-	require.Contains(t, out, "stopped: 1 of the 2 canary messages were not processed")
+	require.Contains(t, out, "stopped: 1 of the 2 canary events were not processed")
 	require.Contains(t, out, "bad-1\tpoisoned\tpoison")
 	require.Len(t, peekIDs(t, b.topo.PoisonQueue()), 10, "9 good left unreplayed, bad-1 back")
 
