@@ -13,6 +13,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
@@ -84,7 +85,13 @@ func TestRefusedPoisonCopyIsParked(t *testing.T) {
 		m.Metadata.Set(sluice.EventIDKey, id)
 		require.NoError(t, q.Publisher().Publish(queue, m))
 	}
-	publish("bad")
+	// The bad one comes from a foreign (Spring) producer: a gzip body and
+	// AMQP properties, which must survive the parking and the return.
+	body := []byte("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xffversion-7")
+	require.NoError(t, testenv.Channel(t, testenv.AMQP(t)).PublishWithContext(t.Context(), "", queue, false, false, amqp.Publishing{
+		ContentType: "application/json", ContentEncoding: "gzip", CorrelationId: "corr-7", MessageId: "m-7", Type: "OrderCreated",
+		AppId: "spring-orders", Headers: amqp.Table{sluice.EventIDKey: "bad", "__TypeId__": "com.example.OrderCreated"}, Body: body,
+	}))
 	for i := range good {
 		publish(fmt.Sprint("good-", i))
 	}
@@ -103,6 +110,11 @@ func TestRefusedPoisonCopyIsParked(t *testing.T) {
 	c, err := rabbitmq.Marshaler{}.Unmarshal(copies[0])
 	require.NoError(t, err)
 	require.Equal(t, "bad", c.Metadata.Get(sluice.EventIDKey))
+	d := copies[0]
+	require.Equal(t, body, d.Body, "the body, byte for byte")
+	require.Equal(t, []string{"application/json", "gzip", "corr-7", "m-7", "OrderCreated", "spring-orders", "com.example.OrderCreated"},
+		[]string{d.ContentType, d.ContentEncoding, d.CorrelationId, d.MessageId, d.Type, d.AppId, fmt.Sprint(d.Headers["__TypeId__"])},
+		"the producer's properties survived the parking")
 	require.Equal(t, "poison", c.Metadata.Get(poison.ClassKey))
 	require.Contains(t, c.Metadata.Get(poison.ReasonKey), "unknown version 7")
 	require.Empty(t, c.Metadata.Get(poison.ParkedKey), "the copy in the poison queue is not marked parked")
