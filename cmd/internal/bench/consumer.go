@@ -18,6 +18,7 @@ import (
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/router"
 )
 
 // Consumer measures head-of-line blocking: a consumer on RabbitMQ behind
@@ -133,15 +134,10 @@ func consumerRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publi
 		}
 		return nil
 	}
-	p, err := poison.New(poison.Config{Publisher: pub, Topic: topo.PoisonQueue()})
-	if err != nil {
-		return 0, err
-	}
-	r, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: topo.Tiers()})
-	if err != nil {
-		return 0, err
-	}
-	c, err := middleware.Classify(middleware.ClassifyConfig{})
+	mws, err := router.Middlewares(router.Stages{ // poison → retrytiers → classify, as router.Add assembles them
+		ShutdownGrace: -1, Poison: &poison.Config{Publisher: pub, Topic: topo.PoisonQueue()},
+		Retry: &retrytiers.Config{Publisher: pub, Tiers: topo.Tiers()}, Classify: &middleware.ClassifyConfig{},
+	})
 	if err != nil {
 		return 0, err
 	}
@@ -155,24 +151,24 @@ func consumerRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publi
 		return 0, err
 	}
 	defer func() { _ = sub.Close() }()
-	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	rt, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	if err != nil {
 		return 0, err
 	}
 	for i := range subs {
-		router.AddConsumerHandler("bench-"+strconv.Itoa(i), topo.Queue(), sub, handler).AddMiddleware(p, r, c)
+		rt.AddConsumerHandler("bench-"+strconv.Itoa(i), topo.Queue(), sub, handler).AddMiddleware(mws...)
 	}
 
 	start := time.Now()
-	go func() { _ = router.Run(ctx) }()
+	go func() { _ = rt.Run(ctx) }()
 	select {
 	case <-done:
 	case <-time.After(2 * time.Minute):
-		_ = router.Close()
+		_ = rt.Close()
 		return 0, errors.New("consumer run did not finish in 2 minutes")
 	}
 	rate := float64(healthy) / time.Since(start).Seconds()
-	return rate, router.Close()
+	return rate, rt.Close()
 }
 
 func btoi(b bool) int {

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/router"
 )
 
 // stuckCount is how many messages cannot be isolated in the stuck suite.
@@ -139,15 +140,10 @@ func stuckRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publishe
 		return nil
 	}
 	// As router.Add configures it: a refused copy waits in the first tier.
-	p, err := poison.New(poison.Config{Publisher: pub, Topic: topo.PoisonQueue(), ParkTopic: topo.Tiers()[0].Topic})
-	if err != nil {
-		return 0, err
-	}
-	r, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: topo.Tiers()})
-	if err != nil {
-		return 0, err
-	}
-	c, err := middleware.Classify(middleware.ClassifyConfig{})
+	mws, err := router.Middlewares(router.Stages{ // poison → retrytiers → classify, as router.Add assembles them
+		ShutdownGrace: -1, Poison: &poison.Config{Publisher: pub, Topic: topo.PoisonQueue(), ParkTopic: topo.Tiers()[0].Topic},
+		Retry: &retrytiers.Config{Publisher: pub, Tiers: topo.Tiers()}, Classify: &middleware.ClassifyConfig{},
+	})
 	if err != nil {
 		return 0, err
 	}
@@ -163,19 +159,19 @@ func stuckRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publishe
 		return 0, err
 	}
 	defer func() { _ = sub.Close() }()
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
+	rt, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
 	if err != nil {
 		return 0, err
 	}
 	for i := range subs {
-		router.AddConsumerHandler("bench-"+strconv.Itoa(i), topo.Queue(), sub, handler).AddMiddleware(p, r, c)
+		rt.AddConsumerHandler("bench-"+strconv.Itoa(i), topo.Queue(), sub, handler).AddMiddleware(mws...)
 	}
 	start := time.Now()
-	go func() { _ = router.Run(ctx) }()
+	go func() { _ = rt.Run(ctx) }()
 	select {
 	case <-done:
 	case <-time.After(20 * time.Second):
 	}
 	rate := float64(handled.Load()) / time.Since(start).Seconds()
-	return rate, router.Close()
+	return rate, rt.Close()
 }
