@@ -27,6 +27,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
@@ -104,12 +105,21 @@ type Config struct {
 	// Logger receives a line per record that failed. Default
 	// watermill.NopLogger; router.Add gives the router's.
 	Logger watermill.LoggerAdapter
+	// Tx, when the outcome table lives in the inbox's database, returns the
+	// inbox's transaction: give sqlstore.TxFromContext, and a *SQLStore as
+	// Store. "processed" is then written in that transaction, with the
+	// claim and the business writes (InTx, which router.Middlewares puts
+	// inside the inbox): it exists exactly when they do.
+	Tx func(context.Context) *sqlx.Tx
 }
 
 // New returns the stage. Deliveries without RunKey pass through untouched.
 func New(cfg Config) (message.HandlerMiddleware, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("replay: Config.Store is required")
+	}
+	if _, ok := cfg.Store.(*SQLStore); cfg.Tx != nil && !ok {
+		return nil, errors.New("replay: Config.Tx needs a *SQLStore as Config.Store (the outcome table in the inbox's database)")
 	}
 	if cfg.RecordTimeout == 0 {
 		cfg.RecordTimeout = RecordTimeoutDefault
@@ -160,6 +170,42 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 					telemetry.LogFields(msg, watermill.LogFields{"run": r.Run, "item": r.Item, "outcome": string(r.Outcome)}))
 			}
 			return produced, err
+		}
+	}, nil
+}
+
+// InTx returns the inner half of the stage for Config.Tx: placed inside the
+// inbox (router.Middlewares does), it writes "processed" for a replayed
+// delivery whose handler succeeded, in the inbox's transaction, so the
+// outcome commits with the claim and the business writes or not at all. A
+// write that fails fails the delivery as Transient (the transaction rolls
+// back). Without Config.Tx it returns nil.
+func InTx(cfg Config) (message.HandlerMiddleware, error) {
+	if cfg.Tx == nil {
+		return nil, nil
+	}
+	store, ok := cfg.Store.(*SQLStore)
+	if !ok {
+		return nil, errors.New("replay: Config.Tx needs a *SQLStore as Config.Store (the outcome table in the inbox's database)")
+	}
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			produced, err := h(msg)
+			run, item := msg.Metadata.Get(RunKey), msg.Metadata.Get(ItemKey)
+			if err != nil || run == "" || item == "" {
+				return produced, err
+			}
+			ctx := msg.Context()
+			tx := cfg.Tx(ctx)
+			if tx == nil {
+				return produced, nil
+			}
+			r := Record{Run: diag.Bound(run, 128), Item: diag.Bound(item, 256), EventID: diag.Bound(msg.Metadata.Get(sluice.EventIDKey), 256),
+				Outcome: sluice.OutcomeProcessed, Handler: telemetry.Handler(ctx), At: time.Now().UTC()}
+			if rErr := store.RecordTx(ctx, tx, r); rErr != nil {
+				return nil, sluice.Transient(fmt.Errorf("replay: recording the outcome in the inbox's transaction: %w", rErr))
+			}
+			return produced, nil
 		}
 	}, nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -132,3 +133,66 @@ func TestConfigAndTableErrors(t *testing.T) {
 	_, err = replay.NewSQLStore(testenv.SQLite(t), "replay; DROP TABLE x")
 	require.ErrorContains(t, err, "is not an SQL identifier")
 }
+
+// With Config.Tx the "processed" outcome is written in the inbox's
+// transaction: it exists whenever the business row does, even when the
+// outer record fails (here: a record timeout of 1 ns). Without it, the
+// same failure leaves the item without its outcome.
+func TestProcessedInTheInboxTransaction(t *testing.T) {
+	t.Parallel()
+	for _, inTx := range []bool{true, false} {
+		db := testenv.Postgres(t)
+		schema := testenv.Schema(t, db)
+		_, err := db.Exec(`CREATE TABLE ` + schema + `.stock (event_id TEXT NOT NULL)`)
+		require.NoError(t, err)
+		inbox, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".inbox"})
+		require.NoError(t, err)
+		require.NoError(t, inbox.CreateTable(t.Context()))
+		outcomes, err := replay.NewSQLStore(db, schema+".sluice_replay")
+		require.NoError(t, err)
+		require.NoError(t, outcomes.CreateTable(t.Context()))
+		cfg := &replay.Config{Store: outcomes, RecordTimeout: time.Nanosecond}
+		if inTx {
+			cfg.Tx = sqlstore.TxFromContext
+		}
+		e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "stock", TierDelays: []time.Duration{time.Hour}})
+		require.NoError(t, err)
+		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
+		require.NoError(t, err)
+		_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "stock", Handler: func(msg *message.Message) error {
+			_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(), `INSERT INTO `+schema+`.stock (event_id) VALUES ($1)`, msg.Metadata.Get(sluice.EventIDKey))
+			return err
+		}, Stages: router.Stages{Replay: cfg, Classify: &middleware.ClassifyConfig{}, Inbox: &deduplication.Config{Store: inbox, Consumer: "stock"}}})
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() { done <- r.Run(context.Background()) }()
+		<-r.Running()
+		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+		m.Metadata.Set(sluice.EventIDKey, "evt-1")
+		m.Metadata.Set(replay.RunKey, "run-1")
+		m.Metadata.Set(replay.ItemKey, "evt-1")
+		require.NoError(t, e.PubSub.Publish("stock", m))
+		require.Eventually(t, func() bool {
+			var n int
+			require.NoError(t, db.Get(&n, `SELECT count(*) FROM `+schema+`.stock`))
+			return n == 1
+		}, 5*time.Second, 5*time.Millisecond)
+		require.NoError(t, r.Close())
+		require.NoError(t, <-done)
+		require.NoError(t, e.Close())
+		rs, err := outcomes.Outcomes(t.Context(), "run-1")
+		require.NoError(t, err)
+		if inTx {
+			require.Len(t, rs, 1, "written with the business row")
+			require.Equal(t, sluice.OutcomeProcessed, rs[0].Outcome)
+		} else {
+			require.Empty(t, rs, "the control: the outer record timed out")
+		}
+	}
+	_, err := replay.New(replay.Config{Store: failing{}, Tx: sqlstore.TxFromContext})
+	require.ErrorContains(t, err, "Config.Tx needs a *SQLStore")
+}
+
+type failing struct{}
+
+func (failing) Record(context.Context, replay.Record) error { return errors.New("down") }

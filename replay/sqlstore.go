@@ -57,13 +57,22 @@ func (s *SQLStore) CreateTable(ctx context.Context) error {
 
 // Record upserts r; "duplicate" does not replace "processed" or "rejected".
 func (s *SQLStore) Record(ctx context.Context, r Record) error {
-	q := s.db.Rebind(`INSERT INTO ` + s.table + ` AS t (run, item, event_id, outcome, class, reason, handler, updated_at)
+	return s.record(ctx, s.db, r)
+}
+
+// RecordTx is Record in tx (the inbox's transaction).
+func (s *SQLStore) RecordTx(ctx context.Context, tx *sqlx.Tx, r Record) error {
+	return s.record(ctx, tx, r)
+}
+
+func (s *SQLStore) record(ctx context.Context, db sqlx.ExtContext, r Record) error {
+	q := db.Rebind(`INSERT INTO ` + s.table + ` AS t (run, item, event_id, outcome, class, reason, handler, updated_at)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (run, item) DO UPDATE SET outcome = excluded.outcome, class = excluded.class, reason = excluded.reason,
 	handler = excluded.handler, updated_at = excluded.updated_at,
 	event_id = CASE WHEN excluded.event_id = '' THEN t.event_id ELSE excluded.event_id END
 WHERE NOT (excluded.outcome = 'duplicate' AND t.outcome IN ('processed', 'rejected'))`)
-	_, err := s.db.ExecContext(ctx, q, r.Run, r.Item, r.EventID, string(r.Outcome), r.Class, r.Reason, r.Handler, r.At.UTC())
+	_, err := db.ExecContext(ctx, q, r.Run, r.Item, r.EventID, string(r.Outcome), r.Class, r.Reason, r.Handler, r.At.UTC())
 	return err
 }
 

@@ -138,6 +138,10 @@ func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
 		cfg.Logger = cmp.Or(cfg.Logger, s.Logger)
 		mw, err := deduplication.New(cfg)
 		errs = append(errs, add("inbox", mw, err))
+		if s.Replay != nil && s.Replay.Tx != nil { // "processed" in the inbox's transaction
+			mw, err := replay.InTx(*s.Replay)
+			errs = append(errs, add("replay (in the inbox's transaction)", mw, err))
+		}
 	}
 	if s.Recoverer != nil {
 		mw, err := middleware.Recoverer(*s.Recoverer)

@@ -72,7 +72,7 @@ func newRecovering(t *testing.T, b *bed, stillBad func(id string) bool) *recover
 			return err
 		},
 		Stages: router.Stages{
-			Replay:   &replay.Config{Store: outcomes},
+			Replay:   &replay.Config{Store: outcomes, Tx: sqlstore.TxFromContext},
 			Poison:   &poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue()},
 			Retry:    &retrytiers.Config{Publisher: b.pub, Tiers: b.topo.Tiers()},
 			Classify: &middleware.ClassifyConfig{},
