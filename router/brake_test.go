@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq" // the private PostgreSQL's driver
 	"github.com/stretchr/testify/require"
@@ -220,4 +221,58 @@ func TestBrakeOnTheEmbeddedDefault(t *testing.T) {
 	require.Empty(t, e.Poisoned())
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
+}
+
+// The brake behind Watermill's own Retry and Timeout, as users stack them on
+// the router: held deliveries that Retry tries again are held again, never
+// parked or poisoned; once the dependency answers, every event is handled
+// once.
+func TestBrakeBehindWatermillRetryAndTimeout(t *testing.T) {
+	t.Parallel()
+	const events = 300
+	queue := testenv.Name("composed")
+	q := newRabbitMQ(t, queue, 200*time.Millisecond, 400*time.Millisecond)
+	var down atomic.Bool
+	down.Store(true)
+	var mu sync.Mutex
+	handled := map[string]int{}
+	reader := sdkmetric.NewManualReader()
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	r.AddMiddleware(
+		wmiddleware.Retry{MaxRetries: 2, InitialInterval: 10 * time.Millisecond, Logger: watermill.NopLogger{}}.Middleware,
+		wmiddleware.Timeout(time.Second),
+	)
+	_, err = router.Add(r, router.HandlerConfig{Broker: q, Name: "composed", Handler: func(msg *message.Message) error {
+		if down.Load() {
+			return fmt.Errorf("stock service: %w", syscall.ECONNREFUSED)
+		}
+		mu.Lock()
+		handled[msg.Metadata.Get(sluice.EventIDKey)]++
+		mu.Unlock()
+		return nil
+	}, Stages: router.Stages{
+		Poison: &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: 10 * time.Millisecond}, Classify: &middleware.ClassifyConfig{},
+		Brake:         &brake.Config{Window: 10, CoolDown: 100 * time.Millisecond, MaxCoolDown: 400 * time.Millisecond, Match: brake.MatchUnreachable},
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+	}})
+	require.NoError(t, err)
+	for i := range events {
+		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+		m.Metadata.Set(sluice.EventIDKey, fmt.Sprintf("evt-%03d", i))
+		require.NoError(t, q.Publisher().Publish(queue, m))
+	}
+	runRouter(t, r)
+	time.Sleep(3 * 600 * time.Millisecond) // three times the ladder
+	down.Store(false)
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(handled) == events }, 30*time.Second, 10*time.Millisecond)
+	mu.Lock()
+	for id, n := range handled {
+		require.Equal(t, 1, n, id)
+	}
+	mu.Unlock()
+	require.Zero(t, testenv.CounterSum(t, reader, retrytiers.MetricExhausted))
+	require.Zero(t, testenv.CounterSum(t, reader, poison.MetricPoisoned))
+	require.Zero(t, testenv.QueueDepth(t, testenv.AMQP(t), q.Topology().PoisonQueue()))
+	require.Positive(t, testenv.CounterSum(t, reader, brake.MetricHeld))
 }
