@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
@@ -65,7 +66,7 @@ func TestGrafanaDashboard(t *testing.T) {
 	// Sluice's counters, as the Prometheus exporter names them.
 	var defined []string
 	for _, c := range []string{retrytiers.MetricExhausted, retrytiers.MetricRetries, poison.MetricPoisoned,
-		middleware.MetricRejected, middleware.MetricDeliveries, deduplication.MetricDuplicates} {
+		middleware.MetricRejected, middleware.MetricDeliveries, deduplication.MetricDuplicates, brake.MetricHeld, poison.MetricParked} {
 		defined = append(defined, strings.ReplaceAll(c, ".", "_")+"_total")
 	}
 	queries := 0
