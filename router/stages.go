@@ -39,7 +39,9 @@ type Stages struct {
 	// accepts) dominate, holding deliveries back unprocessed instead of
 	// spending their retry tiers (package brake). Add builds one brake per
 	// handler, shared by its consumers, and gives it to a subscriber that
-	// can stop consuming (GatedSubscriber).
+	// can stop consuming (GatedSubscriber). Middlewares alone builds a brake
+	// per call that waits instead (Pausing false unless set); for a
+	// subscriber of your own, build it with brake.New and wire both.
 	Brake     *brake.Config
 	Classify  *middleware.ClassifyConfig
 	Inbox     *deduplication.Config
