@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
@@ -116,10 +117,11 @@ func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
 }
 
 // TestShutdownMidHandlerEffectOnce closes the router while a handler is in
-// its transaction. ShutdownGrace lets it commit; Watermill closes the
-// subscriber at once, so watermill-amqp nacks the delivery and the broker
-// redelivers it; a restarted consumer finds its key in the inbox and acks it
-// without running the handler. The effect exists once, nothing is lost.
+// its transaction. ShutdownGrace lets it commit; Sluice's Consumer (the
+// default) waits for the delivery's ack before it closes its channel (with
+// watermill-amqp's subscriber the delivery would be nacked, redelivered, and
+// found in the inbox by the restarted consumer). Either way the effect exists
+// once and the handler ran once.
 func TestShutdownMidHandlerEffectOnce(t *testing.T) {
 	t.Parallel()
 	db, schema, store := inbox(t)
@@ -180,4 +182,77 @@ func TestShutdownMidHandlerEffectOnce(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // a redelivery in flight would show in calls
 	require.Equal(t, 1, count(), "the effect exists once")
 	require.Equal(t, int64(1), calls.Load(), "the redelivery was a duplicate: the handler did not run again")
+}
+
+// The draining close under load, on the whole stack: the router closes with
+// 16 handlers in flight on Sluice's Consumer; a second router consumes the
+// rest. The inbox never sees a duplicate (sluice.inbox.duplicates stays 0
+// across the restart) and every event has its row once.
+func TestDrainingCloseUnderLoadNoDuplicates(t *testing.T) {
+	t.Parallel()
+	const n = 200
+	db, schema, store := inbox(t)
+	queue := testenv.Name("drain")
+	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", queue+".retry.30s", queue+".retry.5m", queue+".retry.30m")
+	reader := sdkmetric.NewManualReader()
+	var started atomic.Int64
+	consume := func() (stop func()) {
+		q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{URL: testenv.AMQPURL, Topology: rabbitmq.TopologyConfig{Queue: queue}})
+		require.NoError(t, err)
+		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+		require.NoError(t, err)
+		_, err = router.Add(r, router.HandlerConfig{
+			Broker: q, Name: "inventory",
+			Handler: func(msg *message.Message) error {
+				started.Add(1)
+				time.Sleep(50 * time.Millisecond)
+				_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+					fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ($1)`, schema), msg.Metadata.Get(sluice.EventIDKey))
+				return err
+			},
+			Stages: router.Stages{
+				Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
+				Inbox:         &deduplication.Config{Store: store, Consumer: "inventory"},
+				MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+			},
+		})
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() { done <- r.Run(context.Background()) }()
+		<-r.Running()
+		return func() {
+			require.NoError(t, r.Close())
+			require.NoError(t, <-done)
+			require.NoError(t, q.Close())
+		}
+	}
+	rows := func() (all, distinct int) {
+		require.NoError(t, db.QueryRow(fmt.Sprintf(`SELECT count(*), count(DISTINCT event_key) FROM %s.reservations`, schema)).Scan(&all, &distinct))
+		return all, distinct
+	}
+
+	stop := consume()
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: testenv.AMQPURL})
+	require.NoError(t, err)
+	defer func() { _ = pub.Close() }()
+	for i := range n {
+		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+		m.Metadata.Set(sluice.EventIDKey, fmt.Sprint("evt-", i))
+		require.NoError(t, pub.Publish(queue, m))
+	}
+	require.Eventually(t, func() bool { return started.Load() >= 40 }, 10*time.Second, time.Millisecond)
+	stop() // 16 in flight
+	first, _ := rows()
+	require.Less(t, first, n, "closed mid-load")
+
+	stop = consume()
+	defer stop()
+	require.Eventually(t, func() bool { _, d := rows(); return d == n }, 30*time.Second, 10*time.Millisecond)
+	time.Sleep(200 * time.Millisecond)
+	all, distinct := rows()
+	require.Equal(t, n, all)
+	require.Equal(t, n, distinct)
+	require.Zero(t, testenv.CounterSum(t, reader, deduplication.MetricDuplicates), "no redelivery reached the inbox")
+	require.Equal(t, int64(n), started.Load(), "each handler ran once")
+	t.Logf("closed with %d of %d committed", first, n)
 }
