@@ -14,7 +14,11 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluicemq/sluice/rabbitmq"
 )
 
 // Options are shared by the suites.
@@ -142,4 +146,28 @@ func Table(w io.Writer, header []string, rows [][]string) {
 		line(r)
 	}
 	_ = tw.Flush()
+}
+
+// dialBroker opens the suite's connection (declarations, reads) and the
+// confirmed publisher; close closes both.
+func dialBroker(o Options) (conn *amqp.Connection, pub *rabbitmq.Publisher, close func(), err error) {
+	conn, err = rabbitmq.Dial(o.AMQPURL, rabbitmq.DialConfig{Name: "sluice bench"})
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("connecting to RabbitMQ: %w", err)
+	}
+	pub, err = rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: o.AMQPURL})
+	if err != nil {
+		_ = conn.Close()
+		return nil, nil, nil, err
+	}
+	return conn, pub, func() { _ = pub.Close(); _ = conn.Close() }, nil
+}
+
+// newSubscriber is Sluice's Consumer (prefetch 0: its default) or
+// watermill-amqp's subscriber, as the variant says.
+func newSubscriber(url string, sluiceConsumer bool, prefetch int) (message.Subscriber, error) {
+	if sluiceConsumer {
+		return rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{URL: url, Prefetch: prefetch})
+	}
+	return rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: url})
 }

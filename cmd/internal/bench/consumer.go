@@ -31,16 +31,11 @@ import (
 // 1 subscription of Sluice's Consumer (16 deliveries in flight). It reports
 // the rate at which the healthy messages are handled in both.
 func Consumer(ctx context.Context, o Options) error {
-	conn, err := rabbitmq.Dial(o.AMQPURL, rabbitmq.DialConfig{Name: "sluice bench"})
-	if err != nil {
-		return fmt.Errorf("connecting to RabbitMQ: %w", err)
-	}
-	defer func() { _ = conn.Close() }()
-	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: o.AMQPURL})
+	conn, pub, closeBroker, err := dialBroker(o)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = pub.Close() }()
+	defer closeBroker()
 
 	n := o.Messages * 4
 	rounds := max(o.Rounds/4, 3)
@@ -141,12 +136,7 @@ func consumerRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publi
 	if err != nil {
 		return 0, err
 	}
-	var sub message.Subscriber
-	if cc.sluice {
-		sub, err = rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{URL: url, Prefetch: cc.prefetch})
-	} else {
-		sub, err = rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: url})
-	}
+	sub, err := newSubscriber(url, cc.sluice, cc.prefetch)
 	if err != nil {
 		return 0, err
 	}

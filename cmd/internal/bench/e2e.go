@@ -49,16 +49,11 @@ func EndToEnd(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	conn, err := rabbitmq.Dial(o.AMQPURL, rabbitmq.DialConfig{Name: "sluice bench"})
+	conn, pub, closeBroker, err := dialBroker(o)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = conn.Close() }()
-	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: o.AMQPURL})
-	if err != nil {
-		return err
-	}
-	defer func() { _ = pub.Close() }()
+	defer closeBroker()
 
 	n := o.Messages * 4
 	rounds := max(o.Rounds/4, 3)
@@ -136,12 +131,7 @@ func consumeRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publis
 			return out, err
 		}
 	}
-	var sub message.Subscriber
-	if variant >= 3 {
-		sub, err = rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{URL: url})
-	} else {
-		sub, err = rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: url})
-	}
+	sub, err := newSubscriber(url, variant >= 3, 0)
 	if err != nil {
 		return 0, err
 	}

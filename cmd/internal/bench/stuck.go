@@ -34,16 +34,11 @@ const stuckCount = 20
 // messages ÷ without, for Sluice's Consumer (16 deliveries in flight) and
 // watermill-amqp's subscriber (4 subscriptions of one delivery each).
 func Stuck(ctx context.Context, o Options) error {
-	conn, err := rabbitmq.Dial(o.AMQPURL, rabbitmq.DialConfig{Name: "sluice bench"})
-	if err != nil {
-		return fmt.Errorf("connecting to RabbitMQ: %w", err)
-	}
-	defer func() { _ = conn.Close() }()
-	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: o.AMQPURL})
+	conn, pub, closeBroker, err := dialBroker(o)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = pub.Close() }()
+	defer closeBroker()
 
 	good := o.Messages * 4
 	rounds := max(o.Rounds/4, 3)
@@ -147,14 +142,11 @@ func stuckRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publishe
 	if err != nil {
 		return 0, err
 	}
-	var sub message.Subscriber
 	subs := 1
-	if sluiceConsumer {
-		sub, err = rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{URL: url})
-	} else {
-		sub, err = rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: url})
+	if !sluiceConsumer {
 		subs = rabbitmq.ConsumersDefault
 	}
+	sub, err := newSubscriber(url, sluiceConsumer, 0)
 	if err != nil {
 		return 0, err
 	}
