@@ -145,8 +145,7 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 				defer msg.SetContext(ctx)
 			}
 			produced, err := h(msg)
-			r := Record{Run: diag.Bound(run, 128), Item: diag.Bound(item, 256), EventID: diag.Bound(msg.Metadata.Get(sluice.EventIDKey), 256),
-				Outcome: report.Outcome, Handler: telemetry.Handler(ctx), At: time.Now().UTC()}
+			r := recordOf(msg, run, item, report.Outcome)
 			if report.Class.Valid() {
 				r.Class = report.Class.String()
 			}
@@ -200,12 +199,16 @@ func InTx(cfg Config) (message.HandlerMiddleware, error) {
 			if tx == nil {
 				return produced, nil
 			}
-			r := Record{Run: diag.Bound(run, 128), Item: diag.Bound(item, 256), EventID: diag.Bound(msg.Metadata.Get(sluice.EventIDKey), 256),
-				Outcome: sluice.OutcomeProcessed, Handler: telemetry.Handler(ctx), At: time.Now().UTC()}
-			if rErr := store.RecordTx(ctx, tx, r); rErr != nil {
+			if rErr := store.RecordTx(ctx, tx, recordOf(msg, run, item, sluice.OutcomeProcessed)); rErr != nil {
 				return nil, sluice.Transient(fmt.Errorf("replay: recording the outcome in the inbox's transaction: %w", rErr))
 			}
 			return produced, nil
 		}
 	}, nil
+}
+
+// recordOf is msg's record of run and item: bounded, named by its handler.
+func recordOf(msg *message.Message, run, item string, o sluice.Outcome) Record {
+	return Record{Run: diag.Bound(run, 128), Item: diag.Bound(item, 256), EventID: diag.Bound(msg.Metadata.Get(sluice.EventIDKey), 256),
+		Outcome: o, Handler: telemetry.Handler(msg.Context()), At: time.Now().UTC()}
 }

@@ -231,10 +231,12 @@ func (s *stage) park(msg *message.Message, attempt int, reason string) (Tier, er
 	for i := planned - 1; i >= 0; i-- {
 		order = append(order, i)
 	}
+	c := s.copy(msg, attempt, s.cfg.Tiers[planned], reason)
 	var errs []error
 	for _, i := range order {
 		tier := s.cfg.Tiers[i]
-		err := republish.Try(s.cfg.Publisher, tier.Topic, s.copy(msg, attempt, tier, reason), s.cfg.PublishTimeout)
+		c.Metadata[sluice.RetryTierKey] = tier.Name
+		err := republish.Try(s.cfg.Publisher, tier.Topic, c, s.cfg.PublishTimeout)
 		if err == nil {
 			if i != planned {
 				s.cfg.Logger.Error("Retry tier refused the copy; it waits in another tier", diag.RedactError(errors.Join(errs...)), telemetry.LogFields(msg,

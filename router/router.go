@@ -1,14 +1,12 @@
 package router
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"strconv"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
@@ -108,7 +106,7 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 	subscriber := cfg.Subscriber
 	if cfg.Stages.Brake != nil {
 		gated, pausing := subscriber.(GatedSubscriber)
-		b, err := cfg.Stages.newBrake(cfg.Name, pausing, cmp.Or(cfg.Stages.Classifier, sluice.DefaultClassifier()))
+		b, err := cfg.Stages.newBrake(cfg.Name, pausing)
 		if err != nil {
 			return nil, err
 		}

@@ -116,7 +116,7 @@ func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
 		errs = append(errs, add("retry", mw, err))
 	}
 	if s.brake == nil && s.Brake != nil {
-		b, err := s.newBrake("", false, c)
+		b, err := s.newBrake("", false)
 		if err != nil {
 			return nil, err
 		}
@@ -155,12 +155,13 @@ func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
 	return mws, nil
 }
 
-// newBrake builds the brake of Stages.Brake for the handler named name.
-func (s Stages) newBrake(name string, pausing bool, c *sluice.Classifier) (*brake.Brake, error) {
+// newBrake builds the brake of Stages.Brake for the handler named name; its
+// Classifier defaults to Stages.Classifier, then to brake.New's default.
+func (s Stages) newBrake(name string, pausing bool) (*brake.Brake, error) {
 	cfg := *s.Brake
 	cfg.Name = cmp.Or(cfg.Name, name)
 	cfg.Pausing = cfg.Pausing || pausing
-	cfg.Classifier = cmp.Or(cfg.Classifier, c)
+	cfg.Classifier = cmp.Or(cfg.Classifier, s.Classifier)
 	cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
 	cfg.TracerProvider = cmp.Or(cfg.TracerProvider, s.TracerProvider)
 	cfg.Logger = cmp.Or(cfg.Logger, s.Logger)

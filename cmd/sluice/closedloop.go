@@ -211,9 +211,9 @@ func (o *operatorRecords) add(outcome sluice.Outcome, item, eventID, class, reas
 		Reason: diag.Bound(reason, replay.ReasonMaxLength), Handler: "operator " + o.g.operator, At: time.Now().UTC()})
 }
 
-// flush writes the records under run and returns the run, or "" when there
-// was nothing to write.
-func (o *operatorRecords) flush(ctx context.Context, kind string) (string, error) {
+// flush writes the records under run and returns it, or "" when there was
+// nothing to write.
+func (o *operatorRecords) flush(ctx context.Context, run string) (string, error) {
 	if o.url == "" || len(o.rs) == 0 {
 		return "", nil
 	}
@@ -222,7 +222,6 @@ func (o *operatorRecords) flush(ctx context.Context, kind string) (string, error
 		return "", err
 	}
 	defer closeStore()
-	run := newRun(kind)
 	for i := range o.rs {
 		o.rs[i].Run = run
 	}

@@ -509,7 +509,7 @@ func newArchive(g *globals, out io.Writer) *cobra.Command {
 					recs.add(replay.OutcomeArchived, m.Item(), m.EventID, m.Class, "archived to "+sink.Name())
 				}})
 			summary(out, "archive", ff.queue, res, false)
-			run, recErr := recs.flush(context.Background(), "archive")
+			run, recErr := recs.flush(context.Background(), newRun("archive"))
 			printRun(out, run)
 			opts["run"] = run
 			return errorsJoin(errors.Join(runErr, recErr), audit(g, "dlq archive", ff.queue, f, opts, res, false, errors.Join(runErr, recErr)))
@@ -576,7 +576,7 @@ func newDiscard(g *globals, out io.Writer) *cobra.Command {
 					recs.add(replay.OutcomeDiscarded, it, it, "", reason)
 				}
 				var recErr error
-				run, recErr = recs.flush(context.Background(), "discard")
+				run, recErr = recs.flush(context.Background(), newRun("discard"))
 				runErr = errors.Join(runErr, recErr)
 				printRun(out, run)
 			}
@@ -615,17 +615,10 @@ func newResolve(g *globals, out io.Writer) *cobra.Command {
 			if err := dlq.CheckAudit(g.audit); err != nil {
 				return err
 			}
-			store, closeStore, err := openOutcomes(recs.url, recs.table)
-			if err != nil {
-				return err
+			for _, e := range events {
+				recs.add(replay.OutcomeCompensated, e, e, "", reason)
 			}
-			defer closeStore()
-			rs := make([]replay.Record, len(events))
-			for i, e := range events {
-				rs[i] = replay.Record{Run: run, Item: e, EventID: e, Outcome: replay.OutcomeCompensated,
-					Reason: diag.Bound(reason, replay.ReasonMaxLength), Handler: "operator " + g.operator, At: time.Now().UTC()}
-			}
-			runErr := store.Records(context.Background(), rs)
+			_, runErr := recs.flush(context.Background(), run)
 			if runErr == nil {
 				fmt.Fprintf(out, "%d events of run %s recorded compensated\n", len(events), diag.Printable(run, 128))
 			}

@@ -58,26 +58,10 @@ func newQueues(g *globals, out io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var fams []family
+			var fams []family // named, or listed by the management API
 			if len(queues) == 0 {
 				if fams, err = discover(mgmtURL, g.url()); err != nil {
 					return err
-				}
-			}
-			conn, err := connect(g)
-			if err != nil {
-				return err
-			}
-			defer func() { _ = conn.Close() }()
-			var rows []queueRow
-			if len(queues) == 0 {
-				for _, f := range fams {
-					for _, q := range f.queues {
-						rows = append(rows, row(conn, f.name, q.name, q.role))
-					}
-					if p := &rows[len(rows)-1]; p.Role == "poison" && !p.Missing && p.Ready > 0 {
-						p.OldestPoisonedAt = oldestPoisoning(conn, p.Queue)
-					}
 				}
 			}
 			for _, q := range queues {
@@ -85,15 +69,27 @@ func newQueues(g *globals, out io.Writer) *cobra.Command {
 				if err != nil {
 					return usageError{err}
 				}
-				rows = append(rows, row(conn, q, topo.Queue(), "main"))
+				f := family{name: q, queues: []member{{topo.Queue(), "main"}}}
 				for _, t := range topo.Tiers() {
-					rows = append(rows, row(conn, q, t.Topic, "tier "+t.Name))
+					f.queues = append(f.queues, member{t.Topic, "tier " + t.Name})
 				}
-				p := row(conn, q, topo.PoisonQueue(), "poison")
-				if !p.Missing && p.Ready > 0 {
-					p.OldestPoisonedAt = oldestPoisoning(conn, topo.PoisonQueue())
+				f.queues = append(f.queues, member{topo.PoisonQueue(), "poison"})
+				fams = append(fams, f)
+			}
+			conn, err := connect(g)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = conn.Close() }()
+			var rows []queueRow
+			for _, f := range fams {
+				for _, m := range f.queues {
+					r := row(conn, f.name, m.name, m.role)
+					if r.Role == "poison" && !r.Missing && r.Ready > 0 {
+						r.OldestPoisonedAt = oldestPoisoning(conn, r.Queue)
+					}
+					rows = append(rows, r)
 				}
-				rows = append(rows, p)
 			}
 			if asJSON {
 				enc := json.NewEncoder(out)
@@ -135,8 +131,11 @@ func newQueues(g *globals, out io.Writer) *cobra.Command {
 // broker's queue names show them.
 type family struct {
 	name   string
-	queues []struct{ name, role string }
+	queues []member // the main queue, the tiers by delay, the poison queue
 }
+
+// member is one queue of a family and its role: main, tier <delay>, poison.
+type member struct{ name, role string }
 
 // discover lists the broker's queues through the management API and groups
 // them into families: a queue Q with Q.poison or Q.retry.<delay> beside it
@@ -193,14 +192,14 @@ func discover(mgmtURL, amqpURL string) ([]family, error) {
 	var out []family
 	for _, h := range heads {
 		f := family{name: h}
-		f.queues = append(f.queues, struct{ name, role string }{h, "main"})
+		f.queues = append(f.queues, member{h, "main"})
 		ts := tiers[h]
 		sort.Slice(ts, func(i, j int) bool { return tierDelay(h, ts[i]) < tierDelay(h, ts[j]) })
 		for _, tq := range ts {
-			f.queues = append(f.queues, struct{ name, role string }{tq, "tier " + strings.TrimPrefix(tq, h+".retry.")})
+			f.queues = append(f.queues, member{tq, "tier " + strings.TrimPrefix(tq, h+".retry.")})
 		}
 		if names[h+".poison"] {
-			f.queues = append(f.queues, struct{ name, role string }{h + ".poison", "poison"})
+			f.queues = append(f.queues, member{h + ".poison", "poison"})
 		}
 		out = append(out, f)
 	}

@@ -601,15 +601,13 @@ func Discard(ctx context.Context, conn *amqp.Connection, queue string, f Filter,
 	res := ReplayResult{ByTarget: map[string]int{}}
 	var discarded []string
 	err := scanSelected(ctx, conn, queue, f, limit, &res, func(m *Message) error {
-		if dryRun {
-			discarded = append(discarded, m.Item())
-			return nil
-		}
-		if err := m.Ack(); err != nil {
-			return err
+		if !dryRun {
+			if err := m.Ack(); err != nil {
+				return err
+			}
+			res.Replayed++
 		}
 		discarded = append(discarded, m.Item())
-		res.Replayed++
 		return nil
 	}, nil)
 	return res, discarded, err
