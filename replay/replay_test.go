@@ -27,10 +27,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func pgStore(t *testing.T) *replay.SQLStore {
 	t.Helper()
 	db := testenv.Postgres(t)
-	s, err := replay.NewSQLStore(db, testenv.Schema(t, db)+".sluice_replay")
-	require.NoError(t, err)
-	require.NoError(t, s.CreateTable(t.Context()))
-	return s
+	return testenv.OutcomeStore(t, db, testenv.Schema(t, db)+".sluice_replay")
 }
 
 // The stage records each replayed delivery's fate as the stages inside
@@ -145,12 +142,8 @@ func TestProcessedInTheInboxTransaction(t *testing.T) {
 		schema := testenv.Schema(t, db)
 		_, err := db.Exec(`CREATE TABLE ` + schema + `.stock (event_id TEXT NOT NULL)`)
 		require.NoError(t, err)
-		inbox, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".inbox"})
-		require.NoError(t, err)
-		require.NoError(t, inbox.CreateTable(t.Context()))
-		outcomes, err := replay.NewSQLStore(db, schema+".sluice_replay")
-		require.NoError(t, err)
-		require.NoError(t, outcomes.CreateTable(t.Context()))
+		inbox := testenv.SQLStore(t, db, schema+".inbox")
+		outcomes := testenv.OutcomeStore(t, db, schema+".sluice_replay")
 		cfg := &replay.Config{Store: outcomes, RecordTimeout: time.Nanosecond}
 		if inTx {
 			cfg.Tx = sqlstore.TxFromContext

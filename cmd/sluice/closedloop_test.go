@@ -46,12 +46,8 @@ func newRecovering(t *testing.T, b *bed, stillBad func(id string) bool) *recover
 	schema := testenv.Schema(t, db)
 	_, err := db.Exec(`CREATE TABLE ` + schema + `.stock (event_id TEXT NOT NULL)`)
 	require.NoError(t, err)
-	inbox, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".inbox"})
-	require.NoError(t, err)
-	require.NoError(t, inbox.CreateTable(t.Context()))
-	outcomes, err := replay.NewSQLStore(db, schema+".sluice_replay")
-	require.NoError(t, err)
-	require.NoError(t, outcomes.CreateTable(t.Context()))
+	inbox := testenv.SQLStore(t, db, schema+".inbox")
+	outcomes := testenv.OutcomeStore(t, db, schema+".sluice_replay")
 	rc := &recovering{db: schema, outcomesTable: schema + ".sluice_replay", handled: map[string]int{}}
 
 	sub, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{URL: testenv.AMQPURL})

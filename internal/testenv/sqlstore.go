@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
+	"github.com/sluicemq/sluice/replay"
 )
 
 // SQLStore returns an SQL inbox store on db with its table created (twice:
@@ -29,4 +30,13 @@ func SQLite(t testing.TB) *sqlx.DB {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	return db
+}
+
+// OutcomeStore returns a replay outcome store on db with its table created.
+func OutcomeStore(t testing.TB, db *sqlx.DB, table string) *replay.SQLStore {
+	t.Helper()
+	s, err := replay.NewSQLStore(db, table)
+	require.NoError(t, err)
+	require.NoError(t, s.CreateTable(t.Context()))
+	return s
 }
