@@ -40,9 +40,20 @@ const (
 	// RunKey is the replay run's id.
 	RunKey = "sluice_replay_run"
 	// ItemKey identifies the message within the run: the event id, else the
-	// poison copy's message id.
+	// poison copy's message id, cut to ItemMaxLength (Item).
 	ItemKey = "sluice_replay_item"
 )
+
+// Bounds of the run and item ids in the records.
+const (
+	RunMaxLength  = 128
+	ItemMaxLength = 256
+)
+
+// Item is id as an item: cut to ItemMaxLength bytes on a character
+// boundary. The CLI's header and record and the stage's record all use it,
+// so a long event id names one item, not two.
+func Item(id string) string { return diag.Bound(id, ItemMaxLength) }
 
 // The outcomes the operator's CLI records, besides the consumers'.
 const (
@@ -209,6 +220,6 @@ func InTx(cfg Config) (message.HandlerMiddleware, error) {
 
 // recordOf is msg's record of run and item: bounded, named by its handler.
 func recordOf(msg *message.Message, run, item string, o sluice.Outcome) Record {
-	return Record{Run: diag.Bound(run, 128), Item: diag.Bound(item, 256), EventID: diag.Bound(msg.Metadata.Get(sluice.EventIDKey), 256),
+	return Record{Run: diag.Bound(run, RunMaxLength), Item: Item(item), EventID: diag.Bound(msg.Metadata.Get(sluice.EventIDKey), ItemMaxLength),
 		Outcome: o, Handler: telemetry.Handler(msg.Context()), At: time.Now().UTC()}
 }

@@ -425,3 +425,21 @@ func TestArchiveToATable(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "exactly one of --to FILE and --to-table TABLE")
 }
+
+// An event id longer than the outcome table keeps (400 bytes; the inbox
+// takes up to 512) is one item for the CLI and the consumer alike: the
+// canary comes back processed instead of waiting out --wait.
+func TestLongEventIDIsOneItem(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	long := "evt-" + strings.Repeat("é", 198) // 400 bytes, cut on a character boundary
+	b.poisoned(t, long, "stock.reserved", sluice.NewFailure(sluice.ClassExhausted, errors.New("timeout")))
+	rc := newRecovering(t, b, func(string) bool { return false })
+	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--canary", "1",
+		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "10s")
+	require.Equal(t, 0, code, "%s\n%s", out, errOut)
+	require.Contains(t, out, "batch 1 (canary, 1): 1 replayed, 1 with a final outcome, 0 poisoned again")
+	code, report, errOut := b.cli(t, "dlq", "report", "--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, report, ": 1 processed\n")
+}

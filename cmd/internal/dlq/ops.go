@@ -332,9 +332,10 @@ func replayCopy(m *Message, cfg ReplayConfig) *message.Message {
 	return c
 }
 
-// Item is m's item in a replay run: its event id, else its message id.
+// Item is m's item in a replay run: its event id, else its message id, as
+// replay.Item bounds it.
 func (m *Message) Item() string {
-	return cmp.Or(m.EventID, m.Msg.UUID)
+	return replay.Item(cmp.Or(m.EventID, m.Msg.UUID))
 }
 
 // ArchiveConfig configures Archive.
