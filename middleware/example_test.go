@@ -71,7 +71,7 @@ func ExampleTrace() {
 		fmt.Println(s.Name(), s.SpanKind())
 		for _, a := range s.Attributes() {
 			if a.Key == "sluice.outcome" || a.Key == "sluice.event_id" || a.Key == "messaging.system" {
-				fmt.Printf("  %s=%s\n", a.Key, a.Value.Emit())
+				fmt.Printf("  %s=%s\n", a.Key, a.Value.String())
 			}
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
@@ -329,9 +329,9 @@ func TestQueues(t *testing.T) {
 	b.fill(t)
 	code, out, errOut := b.cli(t, "queues", "--queue", b.topo.Queue(), "--tiers", "1m", "--queue", "no_such_queue_"+b.topo.Queue())
 	require.Equal(t, 0, code, errOut)
-	require.Regexp(t, regexp.QuoteMeta(b.topo.Queue())+`\s+│ main\s+│ 0\s+│ 0\s+│ -`, out)
+	require.Regexp(t, regexp.QuoteMeta(b.topo.Queue())+`\s+│ main\s+│ 0\s+│ -\s+│ 0\s+│ -`, out)
 	require.Regexp(t, regexp.QuoteMeta(b.topo.Queue()+".retry.1m")+`\s+│ tier 1m\s+│ 0`, out)
-	require.Regexp(t, regexp.QuoteMeta(b.topo.PoisonQueue())+`\s+│ poison\s+│ 6\s+│ 0\s+│ \d+s ago`, out)
+	require.Regexp(t, regexp.QuoteMeta(b.topo.PoisonQueue())+`\s+│ poison\s+│ 6\s+│ -\s+│ 0\s+│ \d+s \(poisoned\)`, out)
 	require.Regexp(t, `no_such_queue_\S+\s+│ main\s+│ missing`, out)
 	require.Equal(t, 6, testenv.QueueDepth(t, testenv.AMQP(t), b.topo.PoisonQueue()), "reading the head removed nothing")
 
@@ -375,22 +375,53 @@ func TestQueuesDiscoversTheFamilies(t *testing.T) {
 	_, err = mw(func(*message.Message) ([]*message.Message, error) { return nil, sluice.Poison(errors.New("bad")) })(m)
 	require.NoError(t, err)
 
+	// orders: a message a producer stamped 90 s ago waits in the main
+	// queue; billing: a consumer holds one delivery unacked.
+	ch, err = conn.Channel()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ch.Close() })
+	stamped := time.Now().Add(-90 * time.Second).Truncate(time.Second)
+	require.NoError(t, ch.PublishWithContext(t.Context(), "", "orders", false, false, amqp.Publishing{Timestamp: stamped, Body: []byte(`{}`)}))
+	require.NoError(t, ch.PublishWithContext(t.Context(), "", "billing", false, false, amqp.Publishing{Body: []byte(`{}`)}))
+	held, err := ch.Consume("billing", "", false, false, false, false, nil)
+	require.NoError(t, err)
+	<-held
+
 	var out, errOut strings.Builder
-	code := run([]string{"--amqp-url", node.URL, "queues", "--management-url", node.ManagementURL, "--json"}, &out, &errOut)
-	require.Equal(t, 0, code, errOut.String())
 	var got []string
-	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
-		var r queueRow
-		require.NoError(t, json.Unmarshal([]byte(line), &r))
-		got = append(got, fmt.Sprintf("%s %s %s %d", r.Family, r.Queue, r.Role, r.Ready))
-		if r.Role == "poison" && r.Ready > 0 {
-			require.WithinDuration(t, time.Now(), r.OldestPoisonedAt, time.Minute)
+	rows := map[string]queueRow{}
+	require.EventuallyWithT(t, func(c *assert.CollectT) { // the management API's statistics lag a second
+		out.Reset()
+		errOut.Reset()
+		code := run([]string{"--amqp-url", node.URL, "queues", "--management-url", node.ManagementURL, "--json"}, &out, &errOut)
+		require.Equal(c, 0, code, errOut.String())
+		got = nil
+		for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+			var r queueRow
+			require.NoError(c, json.Unmarshal([]byte(line), &r))
+			got = append(got, fmt.Sprintf("%s %s %s %d", r.Family, r.Queue, r.Role, r.Ready))
+			rows[r.Queue] = r
 		}
-	}
+		require.NotNil(c, rows["billing"].Unacked)
+		require.Equal(c, 1, *rows["billing"].Unacked)
+		require.False(c, rows["orders"].HeadPublishedAt.IsZero())
+	}, 30*time.Second, 200*time.Millisecond)
 	require.Equal(t, []string{
 		"billing billing main 0", "billing billing.retry.1m tier 1m 0", "billing billing.poison poison 0",
-		"orders orders main 0", "orders orders.retry.30s tier 30s 0", "orders orders.retry.5m tier 5m 0", "orders orders.poison poison 1",
+		"orders orders main 1", "orders orders.retry.30s tier 30s 0", "orders orders.retry.5m tier 5m 0", "orders orders.poison poison 1",
 	}, got)
+	require.Equal(t, 1, rows["billing"].Consumers)
+	require.Equal(t, stamped, rows["orders"].HeadPublishedAt.Local(), "the head message's AMQP timestamp")
+	require.WithinDuration(t, time.Now(), rows["orders.poison"].OldestPoisonedAt, time.Minute)
+	require.Zero(t, *rows["orders.poison"].Unacked)
+	require.True(t, rows["orders.retry.30s"].HeadPublishedAt.IsZero(), "an empty queue has no head")
+
+	out.Reset()
+	code := run([]string{"--amqp-url", node.URL, "queues", "--management-url", node.ManagementURL}, &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	require.Regexp(t, `orders\s+│ main\s+│ 1\s+│ 0\s+│ 0\s+│ 1m3\ds \(published\)`, out.String())
+	require.Regexp(t, `orders.poison\s+│ poison\s+│ 1\s+│ 0\s+│ 0\s+│ \d+s \(poisoned\)`, out.String())
+	t.Log("\n" + out.String())
 
 	code = run([]string{"--amqp-url", "amqp://guest:Secret9@127.0.0.1:1/", "queues", "--management-url", node.ManagementURL}, &out, &errOut)
 	require.Equal(t, 1, code)
@@ -398,10 +429,11 @@ func TestQueuesDiscoversTheFamilies(t *testing.T) {
 	require.NotContains(t, errOut.String(), "Secret9")
 }
 
-// archive --to-table keeps each record in a table (the JSON line a file
-// would hold, and the columns to find it by); its records restore as a
-// file's do.
-func TestArchiveToATable(t *testing.T) {
+// archive --to-table keeps each record in a table; restore --from-table
+// publishes the rows back (a dry run changes nothing; --event-id selects),
+// marks each restored once its publish is confirmed, and a rerun restores
+// nothing twice.
+func TestArchiveToATableAndRestore(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
 	b.fill(t)
@@ -416,14 +448,84 @@ func TestArchiveToATable(t *testing.T) {
 	var records []string
 	require.NoError(t, db.Select(&records, `SELECT record FROM `+table+` WHERE class = 'exhausted' AND archived_by = 'tester' ORDER BY event_id`))
 	require.Len(t, records, 3)
-	file := filepath.Join(t.TempDir(), "from-table.jsonl")
-	require.NoError(t, os.WriteFile(file, []byte(strings.Join(records, "\n")+"\n"), 0o600))
-	code, _, errOut = b.cli(t, "dlq", "restore", "--from", file)
+
+	code, out, errOut := b.cli(t, "dlq", "restore", "--from-table", table, "--db", testenv.PostgresURL, "--dry-run")
 	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "WOULD RESTORE")
+	for _, e := range []string{"event e2", "event e4", "event e6"} {
+		require.Contains(t, out, e)
+	}
+	require.Equal(t, []string{"e1", "e3", "e5"}, peekIDs(t, b.topo.PoisonQueue()), "a dry run publishes nothing")
+
+	code, _, errOut = b.cli(t, "dlq", "restore", "--from-table", table, "--db", testenv.PostgresURL, "--event-id", "e4")
+	require.Equal(t, 0, code, errOut)
+	require.ElementsMatch(t, []string{"e1", "e3", "e5", "e4"}, peekIDs(t, b.topo.PoisonQueue()))
+	code, out, errOut = b.cli(t, "dlq", "restore", "--from-table", table, "--db", testenv.PostgresURL)
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `done\s+│\s+2`, out)
 	require.ElementsMatch(t, []string{"e1", "e2", "e3", "e4", "e5", "e6"}, peekIDs(t, b.topo.PoisonQueue()))
-	code, _, errOut = b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--to", file, "--to-table", table)
+	var restored []struct {
+		EventID    string `db:"event_id"`
+		RestoredBy string `db:"restored_by"`
+	}
+	require.NoError(t, db.Select(&restored, `SELECT event_id, restored_by FROM `+table+` WHERE restored_at IS NOT NULL ORDER BY event_id`))
+	require.Len(t, restored, 3)
+	require.Equal(t, "tester", restored[0].RestoredBy)
+
+	code, out, errOut = b.cli(t, "dlq", "restore", "--from-table", table, "--db", testenv.PostgresURL)
+	require.Equal(t, 0, code, errOut)
+	require.Regexp(t, `done\s+│\s+0`, out, "a rerun restores nothing twice")
+	require.Len(t, peekIDs(t, b.topo.PoisonQueue()), 6)
+	last := b.auditLines(t)
+	require.Equal(t, "dlq restore", last[len(last)-1].Command)
+	require.Equal(t, table, last[len(last)-1].Options["from_table"])
+
+	code, _, errOut = b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--to", filepath.Join(t.TempDir(), "a.jsonl"), "--to-table", table)
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "exactly one of --to FILE and --to-table TABLE")
+	code, _, errOut = b.cli(t, "dlq", "restore", "--from-table", testenv.Schema(t, db)+".missing", "--db", testenv.PostgresURL)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "reading the archive table")
+	code, _, errOut = b.cli(t, "dlq", "restore", "--from-table", table)
+	require.Equal(t, 2, code)
+	require.Contains(t, errOut, "--from-table needs --db")
+}
+
+// Two restores of one table at once take different rows: every archived
+// message is published back exactly once.
+func TestConcurrentRestoresFromATable(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	const n = 80
+	for i := range n {
+		b.poisoned(t, fmt.Sprintf("c%03d", i), "order.created", sluice.Poison(errors.New("bad")))
+	}
+	db := testenv.Postgres(t)
+	table := testenv.Schema(t, db) + ".sluice_archive"
+	code, _, errOut := b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--to-table", table, "--db", testenv.PostgresURL)
+	require.Equal(t, 0, code, errOut)
+	require.Empty(t, peekIDs(t, b.topo.PoisonQueue()))
+
+	var wg sync.WaitGroup
+	codes := make([]int, 2)
+	outs := make([]string, 2)
+	for i := range codes {
+		wg.Go(func() {
+			codes[i], outs[i], _ = b.cli(t, "dlq", "restore", "--from-table", table, "--db", testenv.PostgresURL)
+		})
+	}
+	wg.Wait()
+	require.Equal(t, []int{0, 0}, codes, "%s\n%s", outs[0], outs[1])
+	got := ids(t, b.topo.PoisonQueue())
+	require.Len(t, got, n, "each row published once")
+	seen := map[string]bool{}
+	for _, id := range got {
+		require.False(t, seen[id], "event %s restored twice", id)
+		seen[id] = true
+	}
+	var left int
+	require.NoError(t, db.Get(&left, `SELECT count(*) FROM `+table+` WHERE restored_at IS NULL`))
+	require.Zero(t, left)
 }
 
 // An event id longer than the outcome table keeps (400 bytes; the inbox

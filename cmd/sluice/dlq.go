@@ -499,7 +499,8 @@ func newArchive(g *globals, out io.Writer) *cobra.Command {
 			}
 			defer done()
 			opts := map[string]string{"to": file, "to_table": tableName, "limit": strconv.Itoa(ff.limit)}
-			sink, closeSink, err := openSink(ctx, file, tableName, dbURL)
+			sink, closeSink, err := openArchive(file, func(path string) (dlq.ArchiveSink, error) { return dlq.OpenFileSink(path) },
+				dbURL, func(db *sqlx.DB) (dlq.ArchiveSink, error) { return dlq.NewTableSink(ctx, db, tableName) })
 			if err != nil { // nothing moved; the attempt is audited
 				return errorsJoin(err, audit(g, "dlq archive", ff.queue, f, opts, dlq.ReplayResult{}, false, err))
 			}
@@ -523,25 +524,27 @@ func newArchive(g *globals, out io.Writer) *cobra.Command {
 	return cmd
 }
 
-// openSink opens the archive's file, or its table on the database at dbURL.
-func openSink(ctx context.Context, file, tableName, dbURL string) (dlq.ArchiveSink, func(), error) {
+// openArchive opens an archive's file with openFile, or its table on the
+// PostgreSQL database at dbURL with openTable; done closes what it opened.
+func openArchive[T io.Closer](file string, openFile func(string) (T, error), dbURL string, openTable func(*sqlx.DB) (T, error)) (_ T, done func(), _ error) {
+	var none T
 	if file != "" {
-		fs, err := dlq.OpenFileSink(file)
+		f, err := openFile(file)
 		if err != nil {
-			return nil, nil, err
+			return none, nil, err
 		}
-		return fs, func() { _ = fs.Close() }, nil
+		return f, func() { _ = f.Close() }, nil
 	}
 	db, err := sqlx.Open("postgres", dbURL)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--db: %w", diag.RedactError(err))
+		return none, nil, fmt.Errorf("--db: %w", diag.RedactError(err))
 	}
-	sink, err := dlq.NewTableSink(ctx, db, tableName)
+	t, err := openTable(db)
 	if err != nil {
 		_ = db.Close()
-		return nil, nil, diag.RedactError(err)
+		return none, nil, diag.RedactError(err)
 	}
-	return sink, func() { _ = db.Close() }, nil
+	return t, func() { _ = t.Close(); _ = db.Close() }, nil
 }
 
 func newDiscard(g *globals, out io.Writer) *cobra.Command {
@@ -649,22 +652,42 @@ func printRun(out io.Writer, run string) {
 }
 
 func newRestore(g *globals, out io.Writer) *cobra.Command {
-	var from, to string
+	var from, fromTable, dbURL, to string
+	var eventIDs []string
+	var limit int
 	var dryRun bool
 	cmd := &cobra.Command{
 		Use:   "restore",
-		Short: "Publish the messages of an archive file back to their poison queue (or --to)",
-		Long: "Each record of a file written by 'dlq archive' is published, confirmed, with its payload,\n" +
-			"headers and the producer's properties as they were, to the queue it was archived from.\n" +
-			"Running it twice publishes twice; the audit log records each run.",
+		Short: "Publish archived messages back to their poison queue (or --to), from a file or a table",
+		Long: "Each record written by 'dlq archive' is published, confirmed, with its payload, headers\n" +
+			"and the producer's properties as they were, to the queue it was archived from.\n" +
+			"From a file (--from), running it twice publishes twice. From a table (--from-table, with\n" +
+			"--db), each row restored is marked (restored_at, restored_by) after its publish is\n" +
+			"confirmed, and a rerun takes only the rows not yet restored. The audit log records each run.",
 		Args: noArgs,
 		RunE: func(*cobra.Command, []string) error {
-			if from == "" {
-				return usageError{errors.New("--from is required")}
+			if (from == "") == (fromTable == "") {
+				return usageError{errors.New("exactly one of --from FILE and --from-table TABLE is required")}
+			}
+			if fromTable != "" && dbURL == "" {
+				return usageError{errors.New("--from-table needs --db (a PostgreSQL URL; env SLUICE_ARCHIVE_DB_URL)")}
+			}
+			if limit < 0 {
+				return usageError{fmt.Errorf("--limit %d: want 0 (all) or more", limit)}
 			}
 			if err := dlq.CheckAudit(g.audit); err != nil {
 				return err
 			}
+			ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
+			defer cancel()
+			src, closeSrc, err := openArchive(from, func(path string) (dlq.RestoreSource, error) { return dlq.OpenFileSource(path) },
+				dbURL, func(db *sqlx.DB) (dlq.RestoreSource, error) {
+					return dlq.OpenTableSource(ctx, db, fromTable, g.operator, eventIDs)
+				})
+			if err != nil {
+				return err
+			}
+			defer closeSrc()
 			tlsCfg, err := g.tls()
 			if err != nil {
 				return err
@@ -674,16 +697,19 @@ func newRestore(g *globals, out io.Writer) *cobra.Command {
 				return err
 			}
 			defer func() { _ = pub.Close() }()
-			ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
-			defer cancel()
-			res, runErr := dlq.Restore(ctx, dlq.RestoreConfig{File: from, To: to, Publisher: pub, DryRun: dryRun})
-			summary(out, "restore", from, res, dryRun)
-			return errorsJoin(runErr, audit(g, "dlq restore", to, dlq.Filter{}, map[string]string{"from": from, "to": to}, res, dryRun, runErr))
+			res, runErr := dlq.Restore(ctx, dlq.RestoreConfig{Source: src, To: to, EventIDs: eventIDs, Limit: limit, Publisher: pub, DryRun: dryRun})
+			summary(out, "restore", src.Name(), res, dryRun)
+			opts := map[string]string{"from": from, "from_table": fromTable, "to": to, "limit": strconv.Itoa(limit), "event_ids": strings.Join(eventIDs, ",")}
+			return errorsJoin(runErr, audit(g, "dlq restore", to, dlq.Filter{}, opts, res, dryRun, runErr))
 		},
 	}
-	cmd.Flags().StringVar(&from, "from", "", "the archive file (required)")
+	cmd.Flags().StringVar(&from, "from", "", "the archive file")
+	cmd.Flags().StringVar(&fromTable, "from-table", "", "the archive table (written by archive --to-table), instead of a file")
+	cmd.Flags().StringVar(&dbURL, "db", localenv.Get("SLUICE_ARCHIVE_DB_URL", ""), "PostgreSQL URL of --from-table (env SLUICE_ARCHIVE_DB_URL)")
+	cmd.Flags().StringSliceVar(&eventIDs, "event-id", nil, "only the records of these events (repeatable, or comma-separated)")
+	cmd.Flags().IntVar(&limit, "limit", 0, "restore at most this many records (0: all selected)")
 	cmd.Flags().StringVar(&to, "to", "", "publish every record to this queue instead of the one it was archived from")
-	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "read and count; publish nothing")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "read, count and list each record's target; publish nothing, mark nothing")
 	return cmd
 }
 
@@ -710,7 +736,7 @@ func summary(out io.Writer, what, queue string, res dlq.ReplayResult, dryRun boo
 		p := table.NewWriter()
 		p.SetOutputMirror(out)
 		p.SetStyle(table.StyleLight)
-		p.AppendHeader(table.Row{"would replay", "to"})
+		p.AppendHeader(table.Row{"would " + what, "to"})
 		for _, m := range res.Plan {
 			p.AppendRow(table.Row{m.Message, diag.Printable(m.Target, cellMax)})
 		}

@@ -24,15 +24,35 @@ import (
 
 // queueRow is one queue of a family in `sluice queues`.
 type queueRow struct {
-	Family    string `json:"family"`
-	Queue     string `json:"queue"`
-	Role      string `json:"role"` // main, tier <delay>, poison
-	Ready     int    `json:"ready"`
-	Consumers int    `json:"consumers"`
-	Missing   bool   `json:"missing,omitempty"`
+	Family string `json:"family"`
+	Queue  string `json:"queue"`
+	Role   string `json:"role"` // main, tier <delay>, poison
+	Ready  int    `json:"ready"`
+	// Unacked is the messages delivered and not yet acked, from the
+	// management API (absent without --management-url).
+	Unacked   *int `json:"unacked,omitempty"`
+	Consumers int  `json:"consumers"`
+	Missing   bool `json:"missing,omitempty"`
 	// OldestPoisonedAt is, for a poison queue, its head message's
 	// sluice_poisoned_at: the oldest isolation (the queue is FIFO).
 	OldestPoisonedAt time.Time `json:"oldest_poisoned_at,omitzero"`
+	// HeadPublishedAt is the AMQP timestamp of the queue's head message as
+	// the management API reports it (head_message_timestamp): there when
+	// the producer set the property, the queue is a classic one, and its
+	// head is ready.
+	HeadPublishedAt time.Time `json:"head_published_at,omitzero"`
+}
+
+// age is the table's "oldest" cell: the oldest poisoning of a poison queue,
+// else the age of the head message's AMQP timestamp, else "-".
+func (r queueRow) age(now time.Time) string {
+	switch {
+	case !r.OldestPoisonedAt.IsZero():
+		return now.Sub(r.OldestPoisonedAt).Round(time.Second).String() + " (poisoned)"
+	case !r.HeadPublishedAt.IsZero():
+		return now.Sub(r.HeadPublishedAt).Round(time.Second).String() + " (published)"
+	}
+	return "-"
 }
 
 func newQueues(g *globals, out io.Writer) *cobra.Command {
@@ -41,14 +61,17 @@ func newQueues(g *globals, out io.Writer) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "queues",
-		Short: "The queue family of each consumer queue: main, retry tiers, poison; depth, consumers, oldest poisoning",
+		Short: "The queue family of each consumer queue: main, retry tiers, poison; depth, consumers, oldest message",
 		Long: "For each --queue: the main queue, its retry tiers (--tiers, as the topology was declared)\n" +
 			"and its poison queue, with the messages ready and the consumers the broker reports, and\n" +
 			"for the poison queue the age of its oldest isolation (read from its head message, which\n" +
 			"stays, marked redelivered). A queue that does not exist is reported missing. The main\n" +
 			"and tier queues are not read. AMQP cannot list queues: name them with --queue, or give\n" +
 			"--management-url (RabbitMQ's management API; the credentials and vhost are the AMQP\n" +
-			"URL's) to list every family the broker has: a queue Q with Q.poison or Q.retry.* beside it.",
+			"URL's) to list every family the broker has: a queue Q with Q.poison or Q.retry.* beside it.\n" +
+			"With the management API each queue also shows its unacked messages and, where the\n" +
+			"broker reports it (classic queues whose producers set the AMQP timestamp), the age of\n" +
+			"its head message.",
 		Args: noArgs,
 		RunE: func(*cobra.Command, []string) error {
 			if len(queues) == 0 && mgmtURL == "" {
@@ -59,10 +82,14 @@ func newQueues(g *globals, out io.Writer) *cobra.Command {
 				return err
 			}
 			var fams []family // named, or listed by the management API
-			if len(queues) == 0 {
-				if fams, err = discover(mgmtURL, g.url()); err != nil {
+			var listed map[string]mgmtQueue
+			if mgmtURL != "" {
+				if listed, err = listQueues(mgmtURL, g.url()); err != nil {
 					return err
 				}
+			}
+			if len(queues) == 0 {
+				fams = discover(listed)
 			}
 			for _, q := range queues {
 				topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: q, TierDelays: delays, PoisonQueue: poisonQueue})
@@ -88,6 +115,12 @@ func newQueues(g *globals, out io.Writer) *cobra.Command {
 					if r.Role == "poison" && !r.Missing && r.Ready > 0 {
 						r.OldestPoisonedAt = oldestPoisoning(conn, r.Queue)
 					}
+					if q, ok := listed[m.name]; ok && !r.Missing {
+						r.Unacked = &q.Unacked
+						if q.HeadTimestamp > 0 && r.Ready > 0 {
+							r.HeadPublishedAt = time.Unix(int64(q.HeadTimestamp), 0)
+						}
+					}
 					rows = append(rows, r)
 				}
 			}
@@ -103,16 +136,17 @@ func newQueues(g *globals, out io.Writer) *cobra.Command {
 			t := table.NewWriter()
 			t.SetOutputMirror(out)
 			t.SetStyle(table.StyleLight)
-			t.AppendHeader(table.Row{"queue", "role", "ready", "consumers", "oldest poisoning"})
+			t.AppendHeader(table.Row{"queue", "role", "ready", "unacked", "consumers", "oldest"})
+			now := time.Now()
 			for _, r := range rows {
-				ready, consumers, oldest := fmt.Sprint(r.Ready), fmt.Sprint(r.Consumers), "-"
+				ready, unacked, consumers := fmt.Sprint(r.Ready), "-", fmt.Sprint(r.Consumers)
+				if r.Unacked != nil {
+					unacked = fmt.Sprint(*r.Unacked)
+				}
 				if r.Missing {
 					ready, consumers = "missing", "-"
 				}
-				if !r.OldestPoisonedAt.IsZero() {
-					oldest = time.Since(r.OldestPoisonedAt).Round(time.Second).String() + " ago"
-				}
-				t.AppendRow(table.Row{diag.Printable(r.Queue, 255), r.Role, ready, consumers, oldest})
+				t.AppendRow(table.Row{diag.Printable(r.Queue, 255), r.Role, ready, unacked, consumers, r.age(now)})
 			}
 			t.Render()
 			return nil
@@ -137,10 +171,33 @@ type family struct {
 // member is one queue of a family and its role: main, tier <delay>, poison.
 type member struct{ name, role string }
 
-// discover lists the broker's queues through the management API and groups
-// them into families: a queue Q with Q.poison or Q.retry.<delay> beside it
-// (the main queue first, the tiers by delay, the poison queue last).
-func discover(mgmtURL, amqpURL string) ([]family, error) {
+// mgmtQueue is what the management API reports of a queue.
+type mgmtQueue struct {
+	Name    string `json:"name"`
+	Unacked int    `json:"messages_unacknowledged"`
+	// HeadTimestamp is the head message's AMQP timestamp in Unix seconds
+	// (0: none, or not a classic queue).
+	HeadTimestamp unixSeconds `json:"head_message_timestamp"`
+}
+
+// unixSeconds is a time in Unix seconds; what is not a number (null, "",
+// as brokers report a head without a timestamp) is 0.
+type unixSeconds int64
+
+func (u *unixSeconds) UnmarshalJSON(b []byte) error {
+	var v any
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*u = 0
+	if f, ok := v.(float64); ok && f > 0 && f < 1<<40 {
+		*u = unixSeconds(f)
+	}
+	return nil
+}
+
+// listQueues reads the AMQP URL's vhost's queues from the management API.
+func listQueues(mgmtURL, amqpURL string) (map[string]mgmtQueue, error) {
 	u, err := url.Parse(amqpURL)
 	if err != nil {
 		return nil, errors.New("the AMQP URL does not parse (not shown: it may hold a password)")
@@ -149,8 +206,9 @@ func discover(mgmtURL, amqpURL string) ([]family, error) {
 	if p := strings.TrimPrefix(u.Path, "/"); p != "" {
 		vhost, _ = url.PathUnescape(p)
 	}
-	api := strings.TrimSuffix(mgmtURL, "/") + "/api/queues/" + url.PathEscape(vhost) + "?columns=name"
-	req, err := http.NewRequest(http.MethodGet, api, nil)
+	api := strings.TrimSuffix(mgmtURL, "/") + "/api/queues/" + url.PathEscape(vhost) +
+		"?columns=name,messages_unacknowledged,head_message_timestamp"
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, api, nil)
 	if err != nil {
 		return nil, usageError{fmt.Errorf("--management-url: %w", diag.RedactError(err))}
 	}
@@ -166,15 +224,24 @@ func discover(mgmtURL, amqpURL string) ([]family, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("listing the queues: the management API answered %s", resp.Status)
 	}
-	var listed []struct {
-		Name string `json:"name"`
-	}
+	var listed []mgmtQueue
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&listed); err != nil {
 		return nil, fmt.Errorf("listing the queues: %w", err)
 	}
-	names := map[string]bool{}
+	out := make(map[string]mgmtQueue, len(listed))
 	for _, q := range listed {
-		names[q.Name] = true
+		out[q.Name] = q
+	}
+	return out, nil
+}
+
+// discover groups the listed queues into families: a queue Q with Q.poison
+// or Q.retry.<delay> beside it (the main queue first, the tiers by delay,
+// the poison queue last).
+func discover(listed map[string]mgmtQueue) []family {
+	names := map[string]bool{}
+	for n := range listed {
+		names[n] = true
 	}
 	tiers := map[string][]string{}
 	for n := range names {
@@ -203,7 +270,7 @@ func discover(mgmtURL, amqpURL string) ([]family, error) {
 		}
 		out = append(out, f)
 	}
-	return out, nil
+	return out
 }
 
 // tierDelay is the delay a tier queue's name gives, for ordering.

@@ -73,7 +73,7 @@ func TestRedactErrorKeepsTheCause(t *testing.T) {
 	require.NotContains(t, err.Error(), "secret")
 	require.ErrorIs(t, err, cause)
 
-	_, parseErr := url.Parse("amqp://user:pa%sQzK@host/")
+	_, parseErr := url.Parse("amqp://user:pa%sQzK@host/") //nolint:staticcheck // SA1007: the bad escape is the point
 	err = diag.RedactError(parseErr)
 	require.NotContains(t, err.Error(), "%ss")
 	require.NotContains(t, err.Error(), "QzK")

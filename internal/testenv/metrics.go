@@ -48,8 +48,8 @@ func AttributeValues(t testing.TB, reader *sdkmetric.ManualReader, name, key str
 	t.Helper()
 	var out []string
 	for _, dp := range counterPoints(t, reader, name) {
-		if v, ok := dp.Attributes.Value(attribute.Key(key)); ok && !slices.Contains(out, v.Emit()) {
-			out = append(out, v.Emit())
+		if v, ok := dp.Attributes.Value(attribute.Key(key)); ok && !slices.Contains(out, v.String()) {
+			out = append(out, v.String())
 		}
 	}
 	slices.Sort(out)
@@ -62,7 +62,7 @@ func CounterWhere(t testing.TB, reader *sdkmetric.ManualReader, name, key, value
 	t.Helper()
 	var total int64
 	for _, dp := range counterPoints(t, reader, name) {
-		if v, ok := dp.Attributes.Value(attribute.Key(key)); ok && v.Emit() == value {
+		if v, ok := dp.Attributes.Value(attribute.Key(key)); ok && v.String() == value {
 			total += dp.Value
 		}
 	}

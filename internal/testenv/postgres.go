@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -35,7 +36,7 @@ func StartPrivatePostgres(t testing.TB) *PrivatePostgres {
 	p := &PrivatePostgres{dir: filepath.Join(dir, "data"), port: freePort(t)}
 	p.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", p.port)
 	if os.Geteuid() == 0 {
-		require.NoError(t, exec.Command("chown", "postgres:postgres", dir).Run())
+		require.NoError(t, exec.CommandContext(context.Background(), "chown", "postgres:postgres", dir).Run())
 	}
 	p.run(t, filepath.Join(bin, "initdb"), "-D", p.dir, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8")
 	opts := "-c listen_addresses=127.0.0.1 -c port=" + strconv.Itoa(p.port) +
@@ -64,9 +65,9 @@ func (p *PrivatePostgres) Start(t testing.TB) {
 
 func (p *PrivatePostgres) command(name string, args ...string) *exec.Cmd {
 	if os.Geteuid() == 0 {
-		return exec.Command("runuser", append([]string{"-u", "postgres", "--", name}, args...)...)
+		return exec.CommandContext(context.Background(), "runuser", append([]string{"-u", "postgres", "--", name}, args...)...)
 	}
-	return exec.Command(name, args...)
+	return exec.CommandContext(context.Background(), name, args...)
 }
 
 func (p *PrivatePostgres) run(t testing.TB, name string, args ...string) {

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -143,11 +144,12 @@ func StartPrivateRabbitMQWith(t testing.TB, o PrivateRabbitMQOptions) *PrivateRa
 	if o.Management {
 		mgmtPort = freePort(t)
 		plugins = "[rabbitmq_management].\n"
-		conf += fmt.Sprintf("management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = %d\n", mgmtPort)
+		// Statistics every second (5 s by default): tests wait less for them.
+		conf += fmt.Sprintf("management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = %d\ncollect_statistics_interval = 1000\n", mgmtPort)
 	}
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte(conf), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte(plugins), 0o644))
-	require.NoError(t, exec.Command("chown", "-R", "rabbitmq:rabbitmq", dir).Run(), "the node runs as the rabbitmq user")
+	require.NoError(t, exec.CommandContext(context.Background(), "chown", "-R", "rabbitmq:rabbitmq", dir).Run(), "the node runs as the rabbitmq user")
 	r := &PrivateRabbitMQ{URL: fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port), node: name}
 	if tlsPort != 0 {
 		r.TLSURL = fmt.Sprintf("amqps://guest:guest@127.0.0.1:%d/", tlsPort)
@@ -155,7 +157,7 @@ func StartPrivateRabbitMQWith(t testing.TB, o PrivateRabbitMQOptions) *PrivateRa
 	if mgmtPort != 0 {
 		r.ManagementURL = fmt.Sprintf("http://127.0.0.1:%d", mgmtPort)
 	}
-	cmd := exec.Command("rabbitmq-server", "-detached")
+	cmd := exec.CommandContext(context.Background(), "rabbitmq-server", "-detached")
 	cmd.Env = append(os.Environ(),
 		"RABBITMQ_NODENAME="+name, "RABBITMQ_NODE_PORT="+strconv.Itoa(port), "RABBITMQ_DIST_PORT="+strconv.Itoa(distPort),
 		"RABBITMQ_CONFIG_FILE="+filepath.Join(dir, "rabbitmq.conf"), "RABBITMQ_MNESIA_BASE="+filepath.Join(dir, "mnesia"),
@@ -163,18 +165,18 @@ func StartPrivateRabbitMQWith(t testing.TB, o PrivateRabbitMQOptions) *PrivateRa
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "starting a private RabbitMQ node: %s", out)
 	t.Cleanup(func() {
-		_ = exec.Command("rabbitmqctl", "-n", name, "stop").Run()
+		_ = exec.CommandContext(context.Background(), "rabbitmqctl", "-n", name, "stop").Run()
 		_ = os.RemoveAll(dir)
 	})
 	// await_startup fails at once until the node has registered with epmd.
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		out, err := exec.Command("rabbitmqctl", "-n", name, "await_startup", "--timeout", "60").CombinedOutput()
+		out, err := exec.CommandContext(context.Background(), "rabbitmqctl", "-n", name, "await_startup", "--timeout", "60").CombinedOutput()
 		if err == nil {
 			return r
 		}
 		if time.Now().After(deadline) {
-			logs, _ := exec.Command("sh", "-c", "tail -n 20 "+filepath.Join(dir, "log")+"/*.log").CombinedOutput()
+			logs, _ := exec.CommandContext(context.Background(), "sh", "-c", "tail -n 20 "+filepath.Join(dir, "log")+"/*.log").CombinedOutput()
 			t.Fatalf("private RabbitMQ node %s did not start: %s\n%s", name, out, logs)
 		}
 		time.Sleep(500 * time.Millisecond)
@@ -184,13 +186,13 @@ func StartPrivateRabbitMQWith(t testing.TB, o PrivateRabbitMQOptions) *PrivateRa
 // Ctl runs rabbitmqctl against the private node.
 func (r *PrivateRabbitMQ) Ctl(t testing.TB, args ...string) {
 	t.Helper()
-	out, err := exec.Command("rabbitmqctl", append([]string{"-n", r.node}, args...)...).CombinedOutput()
+	out, err := exec.CommandContext(context.Background(), "rabbitmqctl", append([]string{"-n", r.node}, args...)...).CombinedOutput()
 	require.NoError(t, err, "rabbitmqctl %v: %s", args, out)
 }
 
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer func() { _ = l.Close() }()
 	return l.Addr().(*net.TCPAddr).Port

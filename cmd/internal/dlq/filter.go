@@ -2,10 +2,10 @@ package dlq
 
 import (
 	"regexp"
-
-	"github.com/sluicemq/sluice/replay"
 	"slices"
 	"time"
+
+	"github.com/sluicemq/sluice/replay"
 )
 
 // Filter selects messages by their diagnosis; the zero Filter selects all.
