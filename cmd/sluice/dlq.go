@@ -85,10 +85,18 @@ func (f *filterFlags) filter() (dlq.Filter, error) {
 
 // open parses the filter, connects and returns a context that ends on
 // Ctrl-C; done closes what it opened.
-func (f *filterFlags) open(g *globals) (dlq.Filter, *amqp.Connection, context.Context, func(), error) {
+// open checks the flags and connects. A command that moves messages
+// (moves) checks first that the audit log can be written: after the flags,
+// so that a usage error leaves no file behind, and before anything moves.
+func (f *filterFlags) open(g *globals, moves bool) (dlq.Filter, *amqp.Connection, context.Context, func(), error) {
 	filter, err := f.filter()
 	if err != nil {
 		return filter, nil, nil, nil, err
+	}
+	if moves {
+		if err := dlq.CheckAudit(g.audit); err != nil {
+			return filter, nil, nil, nil, err
+		}
 	}
 	conn, err := connect(g)
 	if err != nil {
@@ -143,7 +151,7 @@ func newStats(g *globals, out io.Writer) *cobra.Command {
 			"in order (marked redelivered). The error fingerprint is the reason with ids and numbers normalised.",
 		Args: noArgs,
 		RunE: func(*cobra.Command, []string) error {
-			f, conn, ctx, done, err := ff.open(g)
+			f, conn, ctx, done, err := ff.open(g, false)
 			if err != nil {
 				return err
 			}
@@ -213,7 +221,7 @@ func newInspect(g *globals, out io.Writer) *cobra.Command {
 			"and the messages are marked redelivered.",
 		Args: noArgs,
 		RunE: func(*cobra.Command, []string) error {
-			f, conn, ctx, done, err := ff.open(g)
+			f, conn, ctx, done, err := ff.open(g, false)
 			if err != nil {
 				return err
 			}
@@ -321,10 +329,7 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 					return usageError{errors.New("--dry-run lists what a replay would move; run it without --canary and --ramp")}
 				}
 			}
-			if err := dlq.CheckAudit(g.audit); err != nil { // before anything moves
-				return err
-			}
-			f, conn, ctx, done, err := ff.open(g)
+			f, conn, ctx, done, err := ff.open(g, true)
 			if err != nil {
 				return err
 			}
@@ -490,10 +495,7 @@ func newArchive(g *globals, out io.Writer) *cobra.Command {
 			if tableName != "" && dbURL == "" {
 				return usageError{fmt.Errorf("--to-table needs --db (a PostgreSQL URL; env SLUICE_ARCHIVE_DB_URL)")}
 			}
-			if err := dlq.CheckAudit(g.audit); err != nil { // before anything moves
-				return err
-			}
-			f, conn, ctx, done, err := ff.open(g)
+			f, conn, ctx, done, err := ff.open(g, true)
 			if err != nil {
 				return err
 			}
@@ -563,10 +565,7 @@ func newDiscard(g *globals, out io.Writer) *cobra.Command {
 			if strings.TrimSpace(reason) == "" {
 				return usageError{errors.New("--reason is required: say why these messages are discarded")}
 			}
-			if err := dlq.CheckAudit(g.audit); err != nil { // before anything moves
-				return err
-			}
-			f, conn, ctx, done, err := ff.open(g)
+			f, conn, ctx, done, err := ff.open(g, true)
 			if err != nil {
 				return err
 			}

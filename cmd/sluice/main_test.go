@@ -351,6 +351,7 @@ func TestReplayIntoTheStackInboxDropsProcessed(t *testing.T) {
 
 func TestUsageAndErrors(t *testing.T) {
 	t.Parallel()
+	auditFile := filepath.Join(t.TempDir(), "audit.jsonl")
 	run := func(args ...string) (int, string) {
 		var out, errOut bytes.Buffer
 		code := run(args, &out, &errOut)
@@ -366,9 +367,10 @@ func TestUsageAndErrors(t *testing.T) {
 		{"topology", "plan", "--queue", "amq.bad"},
 		{"topology", "plan"},
 	} {
-		code, out := run(args...)
+		code, out := run(append([]string{"--audit", auditFile}, args...)...)
 		require.Equal(t, 2, code, "%v: %s", args, out)
 	}
+	require.NoFileExists(t, auditFile, "a usage error touches nothing, not even the audit log")
 	code, out := run("--amqp-url", "amqp://admin:s3cret@127.0.0.1:1/", "dlq", "stats", "--queue", "q")
 	require.Equal(t, 1, code)
 	require.Contains(t, out, "amqp://admin:xxxxx@127.0.0.1:1/")
