@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -99,4 +101,93 @@ func TestKillMidRampThenRerun(t *testing.T) {
 	require.Equal(t, 0, code, "both runs' reports are complete: %s %s", report, errOut)
 	require.Equal(t, 2, strings.Count(report, "run run-"), report)
 	t.Logf("killed with %d of %d processed; report:\n%s", killedAt, n, report)
+}
+
+// TestKillAtAnyPointOfTheClosedLoop kills the real binary (SIGKILL) at four
+// points of a closed-loop replay of 100 events, 10 of them still bad — in the
+// canary, in the middle of a batch, between a publish's confirm and its ack
+// (the event is then in both queues: the rerun records it "duplicate"), and
+// while it waits for a batch's outcomes — then runs it again (without the
+// canary). Each time every event ends in exactly one
+// place: the 90 good ones processed once (one business row, one inbox row),
+// the 10 bad ones back in the poison queue; and the report of both runs is
+// complete.
+func TestKillAtAnyPointOfTheClosedLoop(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "sluice")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+
+	const n = 100
+	bad := func(id string) bool { return strings.HasSuffix(id, "9") } // k009, k019, …: 2 in each batch of 20
+	const slow = "k024"                                                 // the last event of the first batch of 20
+	for _, point := range []string{"canary", "mid-batch", "between-confirm-and-ack", "awaiting-outcomes"} {
+		t.Run(point, func(t *testing.T) {
+			t.Parallel()
+			b := newBed(t)
+			var want []string
+			for i := range n {
+				id := fmt.Sprintf("k%03d", i)
+				b.poisoned(t, id, "order.created", sluice.NewFailure(sluice.ClassExhausted, errors.New("timeout")))
+				if bad(id) {
+					want = append(want, id)
+				}
+			}
+			var slowStarted atomic.Bool
+			rc := newRecovering(t, b, func(id string) bool {
+				if id == slow && (point == "awaiting-outcomes" || point == "between-confirm-and-ack") && !slowStarted.Swap(true) {
+					time.Sleep(2 * time.Second) // the batch's outcomes are late: the CLI waits for them
+				}
+				return bad(id)
+			})
+			db := testenv.Postgres(t)
+			rows := func() int {
+				var c int
+				require.NoError(t, db.Get(&c, `SELECT count(*) FROM `+rc.db+`.stock`))
+				return c
+			}
+			args := []string{"--amqp-url", testenv.AMQPURL, "--audit", b.audit, "dlq", "replay", "--queue", b.topo.PoisonQueue(),
+				"--canary", "5", "--ramp", "20,100", "--max-repoison", "25%", "--rate", "100/s", "--batch", "2",
+				"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "30s"}
+			cmd := exec.Command(bin, args...)
+			require.NoError(t, cmd.Start())
+			switch point {
+			case "canary":
+				require.Eventually(t, func() bool { return rows() >= 1 }, 30*time.Second, time.Millisecond)
+			case "mid-batch":
+				require.Eventually(t, func() bool { return rows() >= 12 }, 30*time.Second, time.Millisecond)
+			case "between-confirm-and-ack": // k024 is consumed as soon as its publish is confirmed, before the CLI records and acks it
+				require.Eventually(t, slowStarted.Load, 30*time.Second, time.Millisecond)
+			case "awaiting-outcomes": // the first 25 acked, k009 and k019 poisoned again, k024 still in its handler
+				require.Eventually(t, func() bool {
+					return slowStarted.Load() && testenv.QueueDepth(t, testenv.AMQP(t), b.topo.PoisonQueue()) == n-25+2
+				}, 30*time.Second, time.Millisecond)
+			}
+			require.NoError(t, cmd.Process.Kill())
+			_ = cmd.Wait()
+			killedAt := rows()
+
+			// The rerun resumes without a canary: the first run's verified the fix,
+			// and the queue's head may now be a bad event the first run put back.
+			rerun := slices.DeleteFunc(slices.Clone(args), func(a string) bool { return a == "--canary" || a == "5" })
+			out, _ := exec.Command(bin, rerun...).CombinedOutput()
+			require.Eventually(t, func() bool { return rows() == n-len(want) }, 30*time.Second, 10*time.Millisecond, "%s", out)
+			require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()) == 0 }, 10*time.Second, 10*time.Millisecond)
+			var distinct, claims int
+			require.NoError(t, db.Get(&distinct, `SELECT count(DISTINCT event_id) FROM `+rc.db+`.stock`))
+			require.NoError(t, db.Get(&claims, `SELECT count(*) FROM `+rc.db+`.inbox`))
+			require.Equal(t, n-len(want), distinct, "every good event processed")
+			require.Equal(t, n-len(want), claims, "and claimed once")
+			left := peekIDs(t, b.topo.PoisonQueue())
+			slices.Sort(left)
+			left = slices.Compact(left)
+			require.Equal(t, want, left, "exactly the bad events are back in the poison queue:\n%s", out)
+
+			code, report, errOut := b.cli(t, "dlq", "report", "--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable)
+			require.Equal(t, 0, code, "both runs' reports are complete: %s %s", report, errOut)
+			var dups []string
+			require.NoError(t, db.Select(&dups, `SELECT item FROM `+rc.outcomesTable+` WHERE outcome = 'duplicate' ORDER BY item`))
+			t.Logf("killed %s with %d of %d processed (duplicates on the rerun: %v); rerun:\n%s\nreport:\n%s", point, killedAt, n-len(want), dups, out, report)
+		})
+	}
 }
