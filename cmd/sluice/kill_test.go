@@ -120,7 +120,7 @@ func TestKillAtAnyPointOfTheClosedLoop(t *testing.T) {
 
 	const n = 100
 	bad := func(id string) bool { return strings.HasSuffix(id, "9") } // k009, k019, …: 2 in each batch of 20
-	const slow = "k024"                                                 // the last event of the first batch of 20
+	const slow = "k024"                                               // the last event of the first batch of 20
 	for _, point := range []string{"canary", "mid-batch", "between-confirm-and-ack", "awaiting-outcomes"} {
 		t.Run(point, func(t *testing.T) {
 			t.Parallel()
