@@ -40,6 +40,7 @@ func TestDependencyGraph(t *testing.T) {
 		{module + "/deduplication/sqlstore", append([]string{"modernc.org/sqlite", "github.com/redis/go-redis"}, brokers...)},
 		{module + "/router", append(append([]string{module + "/rabbitmq"}, brokers...), drivers...)},
 		{module + "/deduplication/redisstore", append([]string{"modernc.org/sqlite", "github.com/lib/pq"}, brokers...)},
+		{module + "/replay/redisstore", append([]string{"modernc.org/sqlite", "github.com/lib/pq", module + "/deduplication", module + "/retrytiers", module + "/poison", module + "/router"}, brokers...)},
 	} {
 		for _, d := range deps(t, tt.pkg) {
 			for _, f := range tt.forbidden {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"time"
 
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
@@ -30,4 +32,17 @@ func ExampleTopology_Policies() {
 	// inventory.poison
 	// rabbitmqctl set_policy --apply-to queues --priority 10 sluice-inventory-retry-30s '^inventory\.retry\.30s$' '{"dead-letter-exchange":"","dead-letter-routing-key":"inventory","message-ttl":30000}'
 	// rabbitmqctl set_policy --apply-to queues --priority 10 sluice-inventory-retry-5m '^inventory\.retry\.5m$' '{"dead-letter-exchange":"","dead-letter-routing-key":"inventory","message-ttl":300000}'
+}
+
+// A publisher whose messages carry the time of their publish as the AMQP
+// timestamp (unless the producer set one), so that RabbitMQ reports how long
+// each classic queue's head has waited.
+func ExampleStampTimestamp() {
+	url := "amqp://guest:guest@127.0.0.1:5672/"
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: url,
+		Marshaler: rabbitmq.Marshaler{DefaultMarshaler: wamqp.DefaultMarshaler{PostprocessPublishing: rabbitmq.StampTimestamp}}})
+	if err != nil {
+		panic(err)
+	}
+	defer func() { _ = pub.Close() }()
 }

@@ -103,6 +103,24 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 	return pub, nil
 }
 
+// StampTimestamp sets a publishing's AMQP timestamp to the time of the
+// publish when it has none (its message carried no TimestampKey). Set it as
+// the Marshaler's PostprocessPublishing, and RabbitMQ reports how long a
+// classic queue's head message has waited (head_message_timestamp, shown by
+// `sluice queues --management-url`):
+//
+//	rabbitmq.Marshaler{DefaultMarshaler: wamqp.DefaultMarshaler{PostprocessPublishing: rabbitmq.StampTimestamp}}
+//
+// A timestamp the producer set is kept; copies of such a message (retry
+// tiers, poison queue, replays) keep it too, so a head's age is the time
+// since the event was first published.
+func StampTimestamp(p amqp.Publishing) amqp.Publishing {
+	if p.Timestamp.IsZero() {
+		p.Timestamp = time.Now().UTC().Truncate(time.Second)
+	}
+	return p
+}
+
 // setProperty sets the AMQP property of property key k to v.
 func setProperty(pub *amqp.Publishing, k, v string) error {
 	short := func(dst *string) error {

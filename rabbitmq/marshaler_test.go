@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
@@ -129,4 +130,39 @@ func TestMarshalerRefusesAZeroDelivery(t *testing.T) {
 	t.Parallel()
 	_, err := rabbitmq.Marshaler{}.Unmarshal(amqp.Delivery{})
 	require.ErrorIs(t, err, rabbitmq.ErrNoDelivery)
+}
+
+// StampTimestamp as the Marshaler's PostprocessPublishing: a message without
+// a timestamp gets the time of its publish, one with TimestampKey keeps its
+// own, and a copy republished from a consumed delivery keeps the first.
+func TestStampTimestamp(t *testing.T) {
+	t.Parallel()
+	conn := testenv.AMQP(t)
+	q := testenv.Name("stamp")
+	_, err := testenv.Channel(t, conn).QueueDeclare(q, true, false, false, false, nil)
+	require.NoError(t, err)
+	testenv.DeleteQueuesAtEnd(t, q)
+	stamping := rabbitmq.Marshaler{DefaultMarshaler: wamqp.DefaultMarshaler{PostprocessPublishing: rabbitmq.StampTimestamp}}
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: testenv.AMQPURL, Marshaler: stamping})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+
+	before := time.Now().Truncate(time.Second)
+	fresh := message.NewMessage("fresh", []byte(`{}`))
+	own := message.NewMessage("own", []byte(`{}`))
+	own.Metadata.Set(rabbitmq.TimestampKey, "2026-01-02T03:04:05Z")
+	require.NoError(t, pub.Publish(q, fresh, own))
+	got := testenv.Drain(t, conn, q)
+	require.Len(t, got, 2)
+	require.False(t, got[0].Timestamp.Before(before), "stamped at the publish: %s", got[0].Timestamp)
+	require.False(t, got[0].Timestamp.After(time.Now()))
+	require.Equal(t, time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), got[1].Timestamp.UTC(), "the producer's own is kept")
+
+	copied, err := stamping.Unmarshal(got[0])
+	require.NoError(t, err)
+	time.Sleep(1100 * time.Millisecond) // a later copy, a second later
+	require.NoError(t, pub.Publish(q, copied))
+	again := testenv.Drain(t, conn, q)
+	require.Len(t, again, 1)
+	require.Equal(t, got[0].Timestamp.UTC(), again[0].Timestamp.UTC(), "a copy keeps the first publish's time")
 }

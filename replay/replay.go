@@ -93,11 +93,27 @@ type Record struct {
 	At      time.Time `json:"at" db:"updated_at"`
 }
 
-// Store keeps the records. SQLStore is one.
+// Store keeps the records. SQLStore is one; replay/redisstore's is another.
 type Store interface {
 	// Record upserts r by (Run, Item); "duplicate" does not replace
 	// "processed" or "rejected".
 	Record(ctx context.Context, r Record) error
+}
+
+// Ledger is a Store the operator's CLI can read back and write to: the
+// closed loop's record of what it sent, the outcomes, and the operator's own
+// records. SQLStore and replay/redisstore's Store are Ledgers.
+type Ledger interface {
+	Store
+	// Replayed records that the CLI sent items of a run (outcome
+	// "replayed"), unless an outcome for them is already there.
+	Replayed(ctx context.Context, rs []Record) error
+	// Records inserts or replaces rs: the operator's records (archived,
+	// discarded, compensated), which replace whatever was there.
+	Records(ctx context.Context, rs []Record) error
+	// Outcomes returns the records of run, or of every run when run is
+	// empty, ordered by run and item.
+	Outcomes(ctx context.Context, run string) ([]Record, error)
 }
 
 // Defaults.

@@ -22,7 +22,7 @@ type SQLStore struct {
 	table string
 }
 
-var _ Store = (*SQLStore)(nil)
+var _ Ledger = (*SQLStore)(nil)
 
 // NewSQLStore returns a store on table (name, or schema.name on PostgreSQL;
 // default TableDefault). Create the table with CreateTable.

@@ -14,11 +14,13 @@ import (
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq" // the outcome table's PostgreSQL driver
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/cmd/internal/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/replay/redisstore"
 )
 
 // listMax bounds the events a stop lists; the report lists them all.
@@ -74,14 +76,33 @@ func (l *loopFlags) sizes() ([]int, float64, error) {
 	return sizes, maxRepoison, nil
 }
 
-// openOutcomes connects to the outcome table.
-func openOutcomes(url, table string) (*replay.SQLStore, func(), error) {
+// openOutcomes connects to the outcome records: a PostgreSQL table
+// (postgres://…, table its name), or Redis (redis://, rediss://…, table the
+// key prefix without its colon: replay/redisstore).
+func openOutcomes(url, table string) (replay.Ledger, func(), error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if strings.HasPrefix(url, "redis://") || strings.HasPrefix(url, "rediss://") {
+		opts, err := redis.ParseURL(url)
+		if err != nil {
+			return nil, nil, usageError{fmt.Errorf("--outcomes: %w", diag.RedactError(err))}
+		}
+		client := redis.NewClient(opts)
+		if err := client.Ping(ctx).Err(); err != nil {
+			_ = client.Close()
+			return nil, nil, fmt.Errorf("--outcomes: %w", diag.RedactError(err))
+		}
+		s, err := redisstore.New(redisstore.Config{Client: client, Prefix: table + ":"})
+		if err != nil {
+			_ = client.Close()
+			return nil, nil, fmt.Errorf("--outcomes: %w", err)
+		}
+		return s, func() { _ = client.Close() }, nil
+	}
 	db, err := sqlx.Open("postgres", url)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--outcomes: %w", diag.RedactError(err))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	if err := db.PingContext(ctx); err != nil {
 		_ = db.Close()
 		return nil, nil, fmt.Errorf("--outcomes: %w", diag.RedactError(err))
@@ -102,7 +123,7 @@ type loop struct {
 	sizes       []int // the canary's, then the ramp's
 	canary      bool  // sizes[0] is a canary
 	maxRepoison float64
-	store       *replay.SQLStore
+	store       replay.Ledger
 	wait        time.Duration
 }
 
@@ -238,7 +259,7 @@ func newRun(kind string) string {
 
 // awaitOutcomes polls the store until every item has a final outcome, or
 // wait passes; it returns the run's records.
-func awaitOutcomes(ctx context.Context, store *replay.SQLStore, run string, items map[string]bool, wait time.Duration) ([]replay.Record, error) {
+func awaitOutcomes(ctx context.Context, store replay.Ledger, run string, items map[string]bool, wait time.Duration) ([]replay.Record, error) {
 	deadline := time.Now().Add(wait)
 	for {
 		rs, err := store.Outcomes(ctx, run)

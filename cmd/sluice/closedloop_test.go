@@ -20,12 +20,14 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	dedupredis "github.com/sluicemq/sluice/deduplication/redisstore"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/replay"
+	replayredis "github.com/sluicemq/sluice/replay/redisstore"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 )
@@ -50,25 +52,44 @@ func newRecovering(t *testing.T, b *bed, stillBad func(id string) bool) *recover
 	outcomes := testenv.OutcomeStore(t, db, schema+".sluice_replay")
 	rc := &recovering{db: schema, outcomesTable: schema + ".sluice_replay", handled: map[string]int{}}
 
+	consume(t, b, func(msg *message.Message) error {
+		id := msg.Metadata.Get(sluice.EventIDKey)
+		rc.mu.Lock()
+		rc.handled[id]++
+		rc.mu.Unlock()
+		if stillBad(id) {
+			return sluice.Poison(fmt.Errorf("event %s: unknown schema version 3", id))
+		}
+		_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(), `INSERT INTO `+schema+`.stock (event_id) VALUES ($1)`, id)
+		return err
+	}, &replay.Config{Store: outcomes, Tx: sqlstore.TxFromContext}, inbox)
+	return rc
+}
+
+// goodAndBad poisons good events good-000… (exhausted while the stock
+// service was down: fixed since) and bad ones bad-00… (still bad).
+func (b *bed) goodAndBad(t *testing.T, good, bad int) {
+	t.Helper()
+	for i := range good {
+		b.poisoned(t, fmt.Sprintf("good-%03d", i), "stock.reserved", sluice.NewFailure(sluice.ClassExhausted, errors.New("stock service: timeout")))
+	}
+	for i := range bad {
+		b.poisoned(t, fmt.Sprintf("bad-%02d", i), "stock.reserved", sluice.Poison(errors.New("unknown schema version 3")))
+	}
+}
+
+// consume runs a consumer "stock" of the bed's queue until t ends: the
+// handler behind the whole stack, with the replay stage and the inbox given.
+func consume(t *testing.T, b *bed, handler message.NoPublishHandlerFunc, rp *replay.Config, inbox deduplication.Store) {
+	t.Helper()
 	sub, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{URL: testenv.AMQPURL})
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
 	_, err = router.Add(r, router.HandlerConfig{
-		Name: "stock", Topic: b.topo.Queue(), Subscriber: sub,
-		Handler: func(msg *message.Message) error {
-			id := msg.Metadata.Get(sluice.EventIDKey)
-			rc.mu.Lock()
-			rc.handled[id]++
-			rc.mu.Unlock()
-			if stillBad(id) {
-				return sluice.Poison(fmt.Errorf("event %s: unknown schema version 3", id))
-			}
-			_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(), `INSERT INTO `+schema+`.stock (event_id) VALUES ($1)`, id)
-			return err
-		},
+		Name: "stock", Topic: b.topo.Queue(), Subscriber: sub, Handler: handler,
 		Stages: router.Stages{
-			Replay:   &replay.Config{Store: outcomes, Tx: sqlstore.TxFromContext},
+			Replay:   rp,
 			Poison:   &poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue()},
 			Retry:    &retrytiers.Config{Publisher: b.pub, Tiers: b.topo.Tiers()},
 			Classify: &middleware.ClassifyConfig{},
@@ -80,7 +101,6 @@ func newRecovering(t *testing.T, b *bed, stillBad func(id string) bool) *recover
 	go func() { done <- r.Run(context.Background()) }()
 	<-r.Running()
 	t.Cleanup(func() { require.NoError(t, r.Close()); require.NoError(t, <-done) })
-	return rc
 }
 
 // The runbook's recover and confirm steps: 200 events were exhausted while
@@ -91,12 +111,7 @@ func newRecovering(t *testing.T, b *bed, stillBad func(id string) bool) *recover
 func TestClosedLoopReplayStopsOnRepoisonAndReports(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
-	for i := range 200 {
-		b.poisoned(t, fmt.Sprintf("good-%03d", i), "stock.reserved", sluice.NewFailure(sluice.ClassExhausted, errors.New("stock service: timeout")))
-	}
-	for i := range 30 {
-		b.poisoned(t, fmt.Sprintf("bad-%02d", i), "stock.reserved", sluice.Poison(errors.New("unknown schema version 3")))
-	}
+	b.goodAndBad(t, 200, 30)
 	rc := newRecovering(t, b, func(id string) bool { return strings.HasPrefix(id, "bad-") })
 
 	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--canary", "5", "--ramp", "20,105",
@@ -544,4 +559,56 @@ func TestLongEventIDIsOneItem(t *testing.T) {
 	code, report, errOut := b.cli(t, "dlq", "report", "--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, report, ": 1 processed\n")
+}
+
+// The closed loop for a service with no SQL database: its inbox and its
+// outcome records on Redis (deduplication/redisstore, replay/redisstore),
+// its effect a Redis set. `--outcomes redis://…` replays a canary and a
+// ramp, stops when a batch is poisoned again beyond the limit, and reports
+// exactly the still-bad events; `resolve` records one as compensated.
+func TestClosedLoopOnRedis(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	b.goodAndBad(t, 40, 6)
+	client, prefix := testenv.Redis(t)
+	inbox, err := dedupredis.New(dedupredis.Config{Client: client, Prefix: prefix + "inbox:"})
+	require.NoError(t, err)
+	outcomesPrefix := strings.TrimSuffix(prefix, ":") + "_replay"
+	outcomes, err := replayredis.New(replayredis.Config{Client: client, Prefix: outcomesPrefix + ":"})
+	require.NoError(t, err)
+	stock := prefix + "stock"
+
+	consume(t, b, func(msg *message.Message) error {
+		id := msg.Metadata.Get(sluice.EventIDKey)
+		if strings.HasPrefix(id, "bad-") {
+			return sluice.Poison(fmt.Errorf("event %s: unknown schema version 3", id))
+		}
+		return client.SAdd(msg.Context(), stock, id).Err()
+	}, &replay.Config{Store: outcomes}, inbox)
+
+	redisURL := "redis://" + testenv.RedisAddr + "/0"
+	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--canary", "5", "--ramp", "20,100",
+		"--max-repoison", "10%", "--outcomes", redisURL, "--outcomes-table", outcomesPrefix, "--wait", "30s")
+	require.Equal(t, 1, code, "a stop exits 1: %s\n%s", out, errOut)
+	t.Logf("sluice dlq replay --outcomes redis://…:\n%s", out)
+	require.Contains(t, out, "batch 1 (canary, 5): 5 replayed, 5 with a final outcome, 0 poisoned again")
+	require.Contains(t, out, "batch 2 (ramp, 20): 20 replayed, 20 with a final outcome, 0 poisoned again")
+	require.Contains(t, out, "batch 3 (ramp, 100): 21 replayed, 21 with a final outcome, 6 poisoned again")
+	run := regexp.MustCompile(`replay run (run-\S+)`).FindStringSubmatch(out)
+	require.Len(t, run, 2, out)
+
+	code, report, errOut := b.cli(t, "dlq", "report", "--outcomes", redisURL, "--outcomes-table", outcomesPrefix)
+	require.Equal(t, 0, code, "every replayed event has its outcome: %s", errOut)
+	require.Contains(t, report, "run "+run[1]+": 40 processed, 6 poisoned")
+	require.Equal(t, 6, strings.Count(report, "unknown schema version 3"), report)
+	members, err := client.SMembers(t.Context(), stock).Result()
+	require.NoError(t, err)
+	require.Len(t, members, 40, "each good event's effect, once")
+
+	code, _, errOut = b.cli(t, "dlq", "resolve", "--outcomes", redisURL, "--outcomes-table", outcomesPrefix,
+		"--run", run[1], "--event", "bad-00", "--reason", "re-sent as version 2 by hand")
+	require.Equal(t, 0, code, errOut)
+	_, report, _ = b.cli(t, "dlq", "report", "--outcomes", redisURL, "--outcomes-table", outcomesPrefix, "--run", run[1])
+	require.Contains(t, report, "40 processed, 5 poisoned, 1 compensated")
+	t.Logf("sluice dlq report --outcomes redis://…:\n%s", report)
 }

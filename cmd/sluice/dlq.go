@@ -23,6 +23,7 @@ import (
 	"github.com/mattn/go-isatty"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/cmd/internal/dlq"
@@ -376,8 +377,7 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 	fl.IntVar(&batch, "batch", 10, "messages published, confirmed and acked together")
 	fl.BoolVar(&dryRun, "dry-run", false, "select and count; publish and remove nothing")
 	fl.StringVar(&to, "to", "", "replay every message to this queue instead of its sluice_poison_queue")
-	fl.StringVar(&lf.outcomes, "outcomes", localenv.Get("SLUICE_OUTCOMES_URL", ""), "PostgreSQL URL of the outcome table the consumers' replay stage writes (env SLUICE_OUTCOMES_URL)")
-	fl.StringVar(&lf.table, "outcomes-table", replay.TableDefault, "the outcome table (name or schema.name)")
+	outcomeFlags(fl, &lf.outcomes, &lf.table, "the consumers' replay stage writes")
 	fl.IntVar(&lf.canary, "canary", 0, "replay this many first and stop unless all were processed")
 	fl.StringVar(&lf.ramp, "ramp", "", "then batches of these sizes, e.g. 5,20,100; the last size repeats")
 	fl.StringVar(&lf.maxRepoison, "max-repoison", "10%", "stop when more than this share of a batch is poisoned again")
@@ -417,8 +417,7 @@ func newReport(out io.Writer) *cobra.Command {
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&url, "outcomes", localenv.Get("SLUICE_OUTCOMES_URL", ""), "PostgreSQL URL of the outcome table (env SLUICE_OUTCOMES_URL)")
-	fl.StringVar(&table, "outcomes-table", replay.TableDefault, "the outcome table (name or schema.name)")
+	outcomeFlags(fl, &url, &table, "to report")
 	fl.StringVar(&run, "run", "", "one replay run (default: every run)")
 	fl.BoolVar(&asJSON, "json", false, "one JSON object per event")
 	return cmd
@@ -639,8 +638,15 @@ func newResolve(g *globals, out io.Writer) *cobra.Command {
 
 // register adds --outcomes and --outcomes-table.
 func (o *operatorRecords) register(cmd *cobra.Command, help string) {
-	cmd.Flags().StringVar(&o.url, "outcomes", localenv.Get("SLUICE_OUTCOMES_URL", ""), "PostgreSQL URL of the outcome table: "+help+" (env SLUICE_OUTCOMES_URL)")
-	cmd.Flags().StringVar(&o.table, "outcomes-table", replay.TableDefault, "the outcome table (name or schema.name)")
+	outcomeFlags(cmd.Flags(), &o.url, &o.table, help)
+}
+
+// outcomeFlags registers --outcomes and --outcomes-table; what says what
+// the records are for.
+func outcomeFlags(fl *pflag.FlagSet, url, table *string, what string) {
+	fl.StringVar(url, "outcomes", localenv.Get("SLUICE_OUTCOMES_URL", ""),
+		"the outcome records "+what+": a PostgreSQL URL (the outcome table), or a redis:// URL (replay/redisstore) (env SLUICE_OUTCOMES_URL)")
+	fl.StringVar(table, "outcomes-table", replay.TableDefault, "the outcome table (name or schema.name); on Redis the key prefix, without its colon")
 }
 
 // printRun names the run an operator's records went under.
