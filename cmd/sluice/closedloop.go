@@ -87,6 +87,8 @@ func openOutcomes(url, table string) (replay.Ledger, func(), error) {
 		if err != nil {
 			return nil, nil, usageError{fmt.Errorf("--outcomes: %w", diag.RedactError(err))}
 		}
+		redis.SetLogger(quietRedis{}) // its pool's retries would print lines of their own; the error says it
+		opts.MaxRetries = 1
 		client := redis.NewClient(opts)
 		if err := client.Ping(ctx).Err(); err != nil {
 			_ = client.Close()
@@ -117,6 +119,11 @@ func openOutcomes(url, table string) (replay.Ledger, func(), error) {
 	}
 	return s, func() { _ = db.Close() }, nil
 }
+
+// quietRedis drops go-redis's own log lines.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
 
 // loop is a closed-loop replay's plan.
 type loop struct {

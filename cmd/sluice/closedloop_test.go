@@ -611,4 +611,12 @@ func TestClosedLoopOnRedis(t *testing.T) {
 	_, report, _ = b.cli(t, "dlq", "report", "--outcomes", redisURL, "--outcomes-table", outcomesPrefix, "--run", run[1])
 	require.Contains(t, report, "40 processed, 5 poisoned, 1 compensated")
 	t.Logf("sluice dlq report --outcomes redis://…:\n%s", report)
+
+	code, _, errOut = b.cli(t, "dlq", "report", "--outcomes", redisURL, "--outcomes-table", outcomesPrefix, "--run", run[1]+"x")
+	require.Equal(t, 1, code, "a mistyped run id does not pass the confirm step")
+	require.Contains(t, errOut, "no outcome records of run")
+	code, _, errOut = b.cli(t, "dlq", "report", "--outcomes", "redis://:Secret9@127.0.0.1:1/0")
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "connection refused")
+	require.NotContains(t, errOut, "Secret9")
 }

@@ -409,6 +409,13 @@ func newReport(out io.Writer) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("reading the outcomes: %w", diag.RedactError(err))
 			}
+			if len(rs) == 0 {
+				if run != "" { // a mistyped run id must not pass the confirm step
+					return fmt.Errorf("no outcome records of run %q in %s (check --run, --outcomes and --outcomes-table)", diag.Printable(run, 128), diag.Printable(table, 128))
+				}
+				fmt.Fprintf(out, "no replay runs recorded in %s\n", diag.Printable(table, 128))
+				return nil
+			}
 			pending := report(out, rs, asJSON)
 			if pending > 0 {
 				return fmt.Errorf("%d replayed events have no final outcome yet", pending)
