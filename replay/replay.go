@@ -114,7 +114,14 @@ type Ledger interface {
 	// Outcomes returns the records of run, or of every run when run is
 	// empty, ordered by run and item.
 	Outcomes(ctx context.Context, run string) ([]Record, error)
+	// Items returns the records of run's items given, those there are, in
+	// any order: what the closed loop polls for a batch, without reading
+	// the whole run each time.
+	Items(ctx context.Context, run string, items []string) ([]Record, error)
 }
+
+// ItemsChunk bounds the items one query of Items names.
+const ItemsChunk = 500
 
 // Defaults.
 const (

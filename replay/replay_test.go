@@ -3,6 +3,7 @@ package replay_test
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -14,10 +15,12 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/replay/replaytest"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 )
@@ -189,3 +192,25 @@ func TestProcessedInTheInboxTransaction(t *testing.T) {
 type failing struct{}
 
 func (failing) Record(context.Context, replay.Record) error { return errors.New("down") }
+
+// The SQL store passes the ledger conformance suite on PostgreSQL and
+// SQLite.
+func TestSQLStoreConformance(t *testing.T) {
+	t.Parallel()
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		replaytest.Run(t, func(t *testing.T) replay.Ledger { return pgStore(t) })
+	})
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		replaytest.Run(t, func(t *testing.T) replay.Ledger {
+			db, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "outcomes.db"))
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = db.Close() })
+			s, err := replay.NewSQLStore(db, "")
+			require.NoError(t, err)
+			require.NoError(t, s.CreateTable(t.Context()))
+			return s
+		})
+	})
+}

@@ -8,6 +8,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/chunks"
 	"github.com/sluicemq/sluice/internal/sqlname"
 )
 
@@ -100,6 +101,25 @@ func (s *SQLStore) Outcomes(ctx context.Context, run string) ([]Record, error) {
 	}
 	var out []Record
 	err := s.db.SelectContext(ctx, &out, s.db.Rebind(q+` ORDER BY run, item`), args...)
+	return out, err
+}
+
+// Items returns the records of run's items given, those there are.
+func (s *SQLStore) Items(ctx context.Context, run string, items []string) ([]Record, error) {
+	var out []Record
+	err := chunks.Each(items, ItemsChunk, func(chunk []string) error {
+		q, args, err := sqlx.In(`SELECT run, item, event_id, outcome, class, reason, handler, updated_at FROM `+s.table+
+			` WHERE run = ? AND item IN (?)`, run, chunk)
+		if err != nil {
+			return err
+		}
+		var rs []Record
+		if err := s.db.SelectContext(ctx, &rs, s.db.Rebind(q), args...); err != nil {
+			return err
+		}
+		out = append(out, rs...)
+		return nil
+	})
 	return out, err
 }
 

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -268,8 +270,9 @@ func newRun(kind string) string {
 // wait passes; it returns the run's records.
 func awaitOutcomes(ctx context.Context, store replay.Ledger, run string, items map[string]bool, wait time.Duration) ([]replay.Record, error) {
 	deadline := time.Now().Add(wait)
+	keys := slices.Collect(maps.Keys(items))
 	for {
-		rs, err := store.Outcomes(ctx, run)
+		rs, err := store.Items(ctx, run, keys)
 		if err != nil {
 			return nil, fmt.Errorf("reading the outcomes: %w", diag.RedactError(err))
 		}

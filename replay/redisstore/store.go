@@ -17,6 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicemq/sluice/internal/chunks"
 	"github.com/sluicemq/sluice/replay"
 )
 
@@ -119,6 +120,30 @@ func (s *Store) Records(ctx context.Context, rs []replay.Record) error {
 		}
 	}
 	return nil
+}
+
+// Items returns the records of run's items given, those there are.
+func (s *Store) Items(ctx context.Context, run string, items []string) ([]replay.Record, error) {
+	var out []replay.Record
+	err := chunks.Each(items, replay.ItemsChunk, func(chunk []string) error {
+		vals, err := s.client.HMGet(ctx, s.runKey(run), chunk...).Result()
+		if err != nil {
+			return err
+		}
+		for i, v := range vals {
+			str, ok := v.(string)
+			if !ok { // no record of that item yet
+				continue
+			}
+			var rec replay.Record
+			if err := json.Unmarshal([]byte(str), &rec); err != nil {
+				return fmt.Errorf("replay/redisstore: run %q item %q: %w", run, chunk[i], err)
+			}
+			out = append(out, rec)
+		}
+		return nil
+	})
+	return out, err
 }
 
 // Outcomes returns the records of run, or of every run when run is empty,

@@ -2,8 +2,6 @@ package redisstore_test
 
 import (
 	"errors"
-	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/redisstore"
+	"github.com/sluicemq/sluice/replay/replaytest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -27,74 +26,13 @@ func newStore(t *testing.T, retention time.Duration) (*redisstore.Store, string)
 	return s, prefix
 }
 
-func rec(run, item string, o sluice.Outcome) replay.Record {
-	return replay.Record{Run: run, Item: item, EventID: item, Outcome: o, At: time.Now().UTC().Truncate(time.Millisecond)}
-}
-
-// The store keeps the SQL store's rules: the CLI's "replayed" only where
-// nothing is yet; a consumer's outcome replaces it; "duplicate" never
-// replaces "processed" or "rejected"; an empty event id keeps the one
-// there; the operator's records replace any outcome, keeping event id and
-// class; Outcomes orders by run and item.
-func TestRules(t *testing.T) {
+// The Redis store passes the ledger conformance suite.
+func TestConformance(t *testing.T) {
 	t.Parallel()
-	s, _ := newStore(t, 0)
-	ctx := t.Context()
-	require.NoError(t, s.Replayed(ctx, []replay.Record{rec("r1", "b", ""), rec("r1", "a", ""), rec("r1", "c", "")}))
-	require.NoError(t, s.Record(ctx, rec("r1", "a", sluice.OutcomeProcessed)))
-	require.NoError(t, s.Replayed(ctx, []replay.Record{rec("r1", "a", "")}), "a replayed record after the outcome")
-	require.NoError(t, s.Record(ctx, rec("r1", "a", sluice.OutcomeDuplicate)), "a second delivery")
-	poisoned := rec("r1", "b", sluice.OutcomePoisoned)
-	poisoned.Class, poisoned.Reason = "poison", "unknown schema version 3"
-	require.NoError(t, s.Record(ctx, poisoned))
-	noID := rec("r1", "c", sluice.OutcomeRejected)
-	noID.EventID = ""
-	require.NoError(t, s.Record(ctx, noID))
-	require.NoError(t, s.Record(ctx, rec("r1", "c", sluice.OutcomeDuplicate)))
-	compensated := rec("r1", "b", replay.OutcomeCompensated)
-	compensated.EventID, compensated.Class, compensated.Reason, compensated.Handler = "", "", "refunded by hand", "operator alice"
-	require.NoError(t, s.Records(ctx, []replay.Record{compensated}))
-	require.NoError(t, s.Record(ctx, rec("r0", "z", sluice.OutcomeProcessed)))
-
-	got, err := s.Outcomes(ctx, "")
-	require.NoError(t, err)
-	var lines []string
-	for _, r := range got {
-		lines = append(lines, fmt.Sprintf("%s %s %s %s %s %q %s", r.Run, r.Item, r.EventID, r.Outcome, r.Class, r.Reason, r.Handler))
-	}
-	require.Equal(t, []string{
-		`r0 z z processed  "" `,
-		`r1 a a processed  "" `,
-		`r1 b b compensated poison "refunded by hand" operator alice`,
-		`r1 c c rejected  "" `,
-	}, lines)
-	one, err := s.Outcomes(ctx, "r0")
-	require.NoError(t, err)
-	require.Len(t, one, 1)
-	require.Equal(t, got[0].At, one[0].At.UTC(), "the time survives the round trip")
-}
-
-// Many consumers record one item at once — processed by one, duplicate by
-// the others, in any order: it ends processed, every time.
-func TestConcurrentRecordsOfOneItem(t *testing.T) {
-	t.Parallel()
-	s, _ := newStore(t, 0)
-	for i := range 50 {
-		run := fmt.Sprint("run", i)
-		var wg sync.WaitGroup
-		for j := range 8 {
-			o := sluice.OutcomeDuplicate
-			if j == 3 {
-				o = sluice.OutcomeProcessed
-			}
-			wg.Go(func() { require.NoError(t, s.Record(t.Context(), rec(run, "e", o))) })
-		}
-		wg.Wait()
-		got, err := s.Outcomes(t.Context(), run)
-		require.NoError(t, err)
-		require.Len(t, got, 1)
-		require.Equal(t, sluice.OutcomeProcessed, got[0].Outcome, "run %d", i)
-	}
+	replaytest.Run(t, func(t *testing.T) replay.Ledger {
+		s, _ := newStore(t, 0)
+		return s
+	})
 }
 
 // With Retention, a run's records expire, and Outcomes forgets the run.
@@ -103,7 +41,7 @@ func TestRetention(t *testing.T) {
 	client, prefix := testenv.Redis(t)
 	s, err := redisstore.New(redisstore.Config{Client: client, Prefix: prefix, Retention: time.Hour})
 	require.NoError(t, err)
-	require.NoError(t, s.Record(t.Context(), rec("r1", "a", sluice.OutcomeProcessed)))
+	require.NoError(t, s.Record(t.Context(), replay.Record{Run: "r1", Item: "a", Outcome: sluice.OutcomeProcessed, At: time.Now()}))
 	ttl, err := client.PTTL(t.Context(), prefix+"run:r1").Result()
 	require.NoError(t, err)
 	require.InDelta(t, time.Hour.Seconds(), ttl.Seconds(), 60)

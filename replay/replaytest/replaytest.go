@@ -1,0 +1,142 @@
+// Package replaytest is the conformance suite of replay.Ledger: the rules
+// the closed loop relies on, whatever keeps the records. The SQL store
+// (PostgreSQL, SQLite) and the Redis store run it, and so should a store
+// written elsewhere:
+//
+//	func TestMyLedger(t *testing.T) {
+//		replaytest.Run(t, func(t *testing.T) replay.Ledger {
+//			return newIsolatedLedger(t) // a fresh table, prefix or database
+//		})
+//	}
+package replaytest
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/replay"
+)
+
+// NewLedger returns a ledger that no other call shares records with,
+// cleaned up by t.Cleanup.
+type NewLedger func(t *testing.T) replay.Ledger
+
+// Run runs the conformance suite against the ledgers newLedger returns.
+// Each subtest gets its own ledger and runs in parallel with the others.
+func Run(t *testing.T, newLedger NewLedger) {
+	t.Helper()
+	for name, fn := range map[string]func(*testing.T, replay.Ledger){
+		"Rules":                      testRules,
+		"Items":                      testItems,
+		"ConcurrentRecordsOfOneItem": testConcurrentRecordsOfOneItem,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, newLedger(t))
+		})
+	}
+}
+
+func rec(run, item string, o sluice.Outcome) replay.Record {
+	return replay.Record{Run: run, Item: item, EventID: item, Outcome: o, At: time.Now().UTC().Truncate(time.Millisecond)}
+}
+
+// testRules: the CLI's "replayed" only where nothing is yet; a consumer's
+// outcome replaces it; "duplicate" never replaces "processed" or
+// "rejected"; an empty event id keeps the one there; the operator's records
+// replace any outcome, keeping event id and class; Outcomes orders by run
+// and item, and keeps the time.
+func testRules(t *testing.T, s replay.Ledger) {
+	ctx := t.Context()
+	require.NoError(t, s.Replayed(ctx, []replay.Record{rec("r1", "b", ""), rec("r1", "a", ""), rec("r1", "c", "")}))
+	require.NoError(t, s.Record(ctx, rec("r1", "a", sluice.OutcomeProcessed)))
+	require.NoError(t, s.Replayed(ctx, []replay.Record{rec("r1", "a", "")}), "a replayed record after the outcome")
+	require.NoError(t, s.Record(ctx, rec("r1", "a", sluice.OutcomeDuplicate)), "a second delivery")
+	poisoned := rec("r1", "b", sluice.OutcomePoisoned)
+	poisoned.Class, poisoned.Reason = "poison", "unknown schema version 3"
+	require.NoError(t, s.Record(ctx, poisoned))
+	noID := rec("r1", "c", sluice.OutcomeRejected)
+	noID.EventID = ""
+	require.NoError(t, s.Record(ctx, noID))
+	require.NoError(t, s.Record(ctx, rec("r1", "c", sluice.OutcomeDuplicate)))
+	compensated := rec("r1", "b", replay.OutcomeCompensated)
+	compensated.EventID, compensated.Class, compensated.Reason, compensated.Handler = "", "", "refunded by hand", "operator alice"
+	require.NoError(t, s.Records(ctx, []replay.Record{compensated}))
+	first := rec("r0", "z", sluice.OutcomeProcessed)
+	require.NoError(t, s.Record(ctx, first))
+
+	got, err := s.Outcomes(ctx, "")
+	require.NoError(t, err)
+	var lines []string
+	for _, r := range got {
+		lines = append(lines, fmt.Sprintf("%s %s %s %s %s %q %s", r.Run, r.Item, r.EventID, r.Outcome, r.Class, r.Reason, r.Handler))
+	}
+	require.Equal(t, []string{
+		`r0 z z processed  "" `,
+		`r1 a a processed  "" `,
+		`r1 b b compensated poison "refunded by hand" operator alice`,
+		`r1 c c rejected  "" `,
+	}, lines)
+	one, err := s.Outcomes(ctx, "r0")
+	require.NoError(t, err)
+	require.Len(t, one, 1)
+	require.True(t, first.At.Equal(one[0].At), "the time survives: %s, %s", first.At, one[0].At)
+}
+
+// testItems: 2,100 items of run r sent, one of another run; Items of every
+// other one up to 2,000 (1,001, past the 500 one query names), one
+// processed, and 5 unknown, gives those 1,001 and nothing of the other run.
+func testItems(t *testing.T, s replay.Ledger) {
+	var sent []replay.Record
+	for i := range 2100 {
+		sent = append(sent, rec("r", fmt.Sprintf("i%04d", i), ""))
+	}
+	require.NoError(t, s.Replayed(t.Context(), append(sent, rec("other", "i0000", ""))))
+	require.NoError(t, s.Record(t.Context(), rec("r", "i0007", sluice.OutcomeProcessed)))
+	var ask []string
+	for i := 0; i <= 2000; i += 2 {
+		ask = append(ask, fmt.Sprintf("i%04d", i))
+	}
+	ask = append(ask, "i0007", "none-1", "none-2", "none-3", "none-4", "none-5")
+	rs, err := s.Items(t.Context(), "r", ask)
+	require.NoError(t, err)
+	require.Len(t, rs, 1001+1)
+	items := map[string]bool{}
+	for _, r := range rs {
+		require.Equal(t, "r", r.Run)
+		items[r.Item] = true
+	}
+	require.True(t, items["i0000"] && items["i2000"] && items["i0007"], "the first, the last, the odd one")
+	final, _ := replay.Count(rs, items)
+	require.Equal(t, 1, final, "i0007 processed, the rest replayed")
+	none, err := s.Items(t.Context(), "r", nil)
+	require.NoError(t, err)
+	require.Empty(t, none)
+}
+
+// testConcurrentRecordsOfOneItem: consumers record one item at once —
+// processed by one, duplicate by seven, in any order: it ends processed,
+// every time.
+func testConcurrentRecordsOfOneItem(t *testing.T, s replay.Ledger) {
+	for i := range 30 {
+		run := fmt.Sprint("run", i)
+		var wg sync.WaitGroup
+		for j := range 8 {
+			o := sluice.OutcomeDuplicate
+			if j == 3 {
+				o = sluice.OutcomeProcessed
+			}
+			wg.Go(func() { require.NoError(t, s.Record(t.Context(), rec(run, "e", o))) })
+		}
+		wg.Wait()
+		got, err := s.Outcomes(t.Context(), run)
+		require.NoError(t, err)
+		require.Len(t, got, 1)
+		require.Equal(t, sluice.OutcomeProcessed, got[0].Outcome, "run %d", i)
+	}
+}
