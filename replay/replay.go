@@ -28,6 +28,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
@@ -43,6 +45,21 @@ const (
 	// poison copy's message id, cut to ItemMaxLength (Item).
 	ItemKey = "sluice_replay_item"
 )
+
+// Metrics of the stage, by handler (sluice.handler).
+const (
+	// MetricOutcomes counts the outcomes the stage recorded, by
+	// sluice.outcome: a rise of "poisoned" while a replay runs is the
+	// closed loop's stop signal, seen from the consumers.
+	MetricOutcomes = "sluice.replay.outcomes"
+	// MetricRecordFailures counts the records the Store refused or did not
+	// take within RecordTimeout: their items stay without an outcome (and
+	// `sluice dlq replay` waits out --wait) until redelivered.
+	MetricRecordFailures = "sluice.replay.record_failures"
+)
+
+// AttrOutcome is the outcome attribute of MetricOutcomes.
+const AttrOutcome = attribute.Key("sluice.outcome")
 
 // Bounds of the run and item ids in the records.
 const (
@@ -139,6 +156,9 @@ type Config struct {
 	// Logger receives a line per record that failed. Default
 	// watermill.NopLogger; router.Add gives the router's.
 	Logger watermill.LoggerAdapter
+	// MeterProvider receives MetricOutcomes and MetricRecordFailures.
+	// Default the global provider; router.Add gives the stages' one.
+	MeterProvider metric.MeterProvider
 	// Tx, when the outcome table lives in the inbox's database, returns the
 	// inbox's transaction: give sqlstore.TxFromContext, and a *SQLStore as
 	// Store. "processed" is then written in that transaction, with the
@@ -163,6 +183,15 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}
+	}
+	meter := telemetry.Meter(cfg.MeterProvider)
+	outcomes, err := meter.Int64Counter(MetricOutcomes, metric.WithDescription("Outcomes of replayed deliveries the replay stage recorded, by outcome."))
+	if err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	failures, err := meter.Int64Counter(MetricRecordFailures, metric.WithDescription("Outcome records of replayed deliveries that could not be written."))
+	if err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
 	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -199,8 +228,11 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.RecordTimeout)
 			defer cancel()
 			if rErr := cfg.Store.Record(rctx, r); rErr != nil {
+				failures.Add(rctx, 1, telemetry.HandlerAttr(msg))
 				cfg.Logger.Error("Recording the replay outcome failed; the item stays without it until redelivered", diag.RedactError(rErr),
 					telemetry.LogFields(msg, watermill.LogFields{"run": r.Run, "item": r.Item, "outcome": string(r.Outcome)}))
+			} else {
+				outcomes.Add(rctx, 1, metric.WithAttributes(telemetry.HandlerKey.String(telemetry.Handler(ctx)), AttrOutcome.String(string(r.Outcome))))
 			}
 			return produced, err
 		}

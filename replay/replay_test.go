@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.uber.org/goleak"
 
 	"github.com/sluicemq/sluice"
@@ -45,6 +46,7 @@ func TestOutcomesOfAReplayRun(t *testing.T) {
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
 	handled := make(chan string, 10)
+	reader := sdkmetric.NewManualReader()
 	_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "orders", Handler: func(msg *message.Message) error {
 		defer func() { handled <- msg.Metadata.Get(replay.ItemKey) }()
 		switch msg.Metadata.Get(sluice.EventIDKey) {
@@ -55,8 +57,9 @@ func TestOutcomesOfAReplayRun(t *testing.T) {
 		}
 		return nil
 	}, Stages: router.Stages{
-		Replay: &replay.Config{Store: store},
-		Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		Replay:        &replay.Config{Store: store},
+		Poison:        &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
 		Inbox: &deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "orders"},
 	}})
 	require.NoError(t, err)
@@ -106,6 +109,13 @@ func TestOutcomesOfAReplayRun(t *testing.T) {
 	all, err := store.Outcomes(t.Context(), "")
 	require.NoError(t, err)
 	require.Len(t, all, 4, "a delivery of no replay run is not recorded")
+	for outcome, n := range map[string]int64{"processed": 2, "duplicate": 1, "poisoned": 1, "retried": 1} {
+		require.Eventually(t, func() bool { // counted just after the record is written
+			return testenv.CounterWhere(t, reader, replay.MetricOutcomes, string(replay.AttrOutcome), outcome) == n
+		}, 5*time.Second, 5*time.Millisecond, outcome)
+	}
+	require.Equal(t, []string{"orders"}, testenv.AttributeValues(t, reader, replay.MetricOutcomes, "sluice.handler"))
+	require.Zero(t, testenv.CounterSum(t, reader, replay.MetricRecordFailures))
 }
 
 // Replayed marks items sent; it never replaces an outcome already there.
@@ -147,7 +157,8 @@ func TestProcessedInTheInboxTransaction(t *testing.T) {
 		require.NoError(t, err)
 		inbox := testenv.SQLStore(t, db, schema+".inbox")
 		outcomes := testenv.OutcomeStore(t, db, schema+".sluice_replay")
-		cfg := &replay.Config{Store: outcomes, RecordTimeout: time.Nanosecond}
+		reader := sdkmetric.NewManualReader()
+		cfg := &replay.Config{Store: outcomes, RecordTimeout: time.Nanosecond, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}
 		if inTx {
 			cfg.Tx = sqlstore.TxFromContext
 		}
@@ -178,6 +189,7 @@ func TestProcessedInTheInboxTransaction(t *testing.T) {
 		require.NoError(t, e.Close())
 		rs, err := outcomes.Outcomes(t.Context(), "run-1")
 		require.NoError(t, err)
+		require.Equal(t, int64(1), testenv.CounterSum(t, reader, replay.MetricRecordFailures), "the outer record timed out, counted")
 		if inTx {
 			require.Len(t, rs, 1, "written with the business row")
 			require.Equal(t, sluice.OutcomeProcessed, rs[0].Outcome)

@@ -96,6 +96,7 @@ func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
 	if s.Replay != nil {
 		cfg := *s.Replay
 		cfg.Logger = cmp.Or(cfg.Logger, s.Logger)
+		cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
 		mw, err := replay.New(cfg)
 		errs = append(errs, add("replay", mw, err))
 	}
