@@ -134,9 +134,13 @@ func TestKillAtAnyPointOfTheClosedLoop(t *testing.T) {
 				}
 			}
 			var slowStarted atomic.Bool
+			release := make(chan struct{}) // closed once the CLI is killed
 			rc := newRecovering(t, b, func(id string) bool {
 				if id == slow && (point == "awaiting-outcomes" || point == "between-confirm-and-ack") && !slowStarted.Swap(true) {
-					time.Sleep(2 * time.Second) // the batch's outcomes are late: the CLI waits for them
+					select { // the batch's last outcome is late: the CLI waits for it until killed
+					case <-release:
+					case <-time.After(time.Minute):
+					}
 				}
 				return bad(id)
 			})
@@ -165,6 +169,7 @@ func TestKillAtAnyPointOfTheClosedLoop(t *testing.T) {
 			}
 			require.NoError(t, cmd.Process.Kill())
 			_ = cmd.Wait()
+			close(release)
 			killedAt := rows()
 
 			// The rerun resumes without a canary: the first run's verified the fix,
