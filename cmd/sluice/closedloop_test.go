@@ -261,9 +261,10 @@ func foreignPoisoned(t *testing.T, b *bed, id string) amqp.Publishing {
 	return pub
 }
 
-// archive → restore keeps every message byte for byte (body, headers, the
-// producer's properties); discard needs a reason and records every event it
-// removed, with the operator, in the audit log.
+// archive → restore, through a file and through a table, keeps every
+// message byte for byte (body, headers, the producer's properties); discard
+// needs a reason and records every event it removed, with the operator, in
+// the audit log.
 func TestArchiveRestoreDiscard(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
@@ -275,13 +276,33 @@ func TestArchiveRestoreDiscard(t *testing.T) {
 	before := testenv.Drain(t, conn, b.topo.PoisonQueue())
 	require.Len(t, before, 2)
 	ch := testenv.Channel(t, conn)
-	for _, d := range before { // put them back as they were
-		require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.PoisonQueue(), false, false, amqp.Publishing{
-			Headers: d.Headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, DeliveryMode: d.DeliveryMode,
-			Priority: d.Priority, CorrelationId: d.CorrelationId, ReplyTo: d.ReplyTo, MessageId: d.MessageId,
-			Timestamp: d.Timestamp, Type: d.Type, AppId: d.AppId, Body: d.Body,
-		}))
+	putBack := func(ds []amqp.Delivery) { // as they were
+		for _, d := range ds {
+			require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.PoisonQueue(), false, false, amqp.Publishing{
+				Headers: d.Headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, DeliveryMode: d.DeliveryMode,
+				Priority: d.Priority, CorrelationId: d.CorrelationId, ReplyTo: d.ReplyTo, MessageId: d.MessageId,
+				Timestamp: d.Timestamp, Type: d.Type, AppId: d.AppId, Body: d.Body,
+			}))
+		}
 	}
+	same := func(after []amqp.Delivery) { // body, properties and headers as before
+		require.Len(t, after, 2)
+		for i, d := range after {
+			w := before[i]
+			require.Equal(t, w.Body, d.Body)
+			require.Equal(t, []any{w.ContentType, w.ContentEncoding, w.CorrelationId, w.MessageId, w.Type, w.AppId, w.ReplyTo, w.Priority},
+				[]any{d.ContentType, d.ContentEncoding, d.CorrelationId, d.MessageId, d.Type, d.AppId, d.ReplyTo, d.Priority})
+			require.True(t, w.Timestamp.Equal(d.Timestamp))
+			for k, v := range w.Headers {
+				if strings.HasPrefix(k, "sluice_publish_id") {
+					continue // the publisher's own confirm tag
+				}
+				require.Equal(t, fmt.Sprint(v), fmt.Sprint(d.Headers[k]), "header %s", k)
+			}
+		}
+		require.Equal(t, sent["f-1"].Body, after[0].Body)
+	}
+	putBack(before)
 
 	file := filepath.Join(t.TempDir(), "poison.jsonl")
 	code, _, errOut := b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--to", file)
@@ -291,21 +312,19 @@ func TestArchiveRestoreDiscard(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "restore from "+file)
 	after := testenv.Drain(t, conn, b.topo.PoisonQueue())
-	require.Len(t, after, 2)
-	for i, d := range after {
-		w := before[i]
-		require.Equal(t, w.Body, d.Body)
-		require.Equal(t, []any{w.ContentType, w.ContentEncoding, w.CorrelationId, w.MessageId, w.Type, w.AppId, w.ReplyTo, w.Priority},
-			[]any{d.ContentType, d.ContentEncoding, d.CorrelationId, d.MessageId, d.Type, d.AppId, d.ReplyTo, d.Priority})
-		require.True(t, w.Timestamp.Equal(d.Timestamp))
-		for k, v := range w.Headers {
-			if strings.HasPrefix(k, "sluice_publish_id") {
-				continue // the publisher's own confirm tag
-			}
-			require.Equal(t, fmt.Sprint(v), fmt.Sprint(d.Headers[k]), "header %s", k)
-		}
-	}
-	require.Equal(t, sent["f-1"].Body, after[0].Body)
+	same(after)
+
+	// The same round trip through a table.
+	db := testenv.Postgres(t)
+	putBack(after)
+	table := testenv.Schema(t, db) + ".sluice_archive"
+	code, _, errOut = b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--to-table", table, "--db", testenv.PostgresURL)
+	require.Equal(t, 0, code, errOut)
+	require.Zero(t, testenv.QueueDepth(t, conn, b.topo.PoisonQueue()))
+	code, _, errOut = b.cli(t, "dlq", "restore", "--from-table", table, "--db", testenv.PostgresURL)
+	require.Equal(t, 0, code, errOut)
+	after = testenv.Drain(t, conn, b.topo.PoisonQueue())
+	same(after)
 
 	for _, d := range after { // back into the poison queue for the discard
 		require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.PoisonQueue(), false, false, amqp.Publishing{Headers: d.Headers, Body: d.Body}))
@@ -314,7 +333,6 @@ func TestArchiveRestoreDiscard(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "--reason is required")
 	require.Equal(t, 2, testenv.QueueDepth(t, conn, b.topo.PoisonQueue()))
-	db := testenv.Postgres(t)
 	outcomes := testenv.Schema(t, db) + ".sluice_replay"
 	code, out, errOut = b.cli(t, "dlq", "discard", "--queue", b.topo.PoisonQueue(), "--reason", "test orders from the load test, INC-42",
 		"--outcomes", testenv.PostgresURL, "--outcomes-table", outcomes)
