@@ -18,6 +18,8 @@ import (
 	"github.com/sluicemq/sluice/examples/mariadbstore"
 	"github.com/sluicemq/sluice/internal/localenv"
 	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/replay/replaytest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -87,4 +89,22 @@ func TestHandlerWritesThroughTheStoresTransaction(t *testing.T) {
 	require.NoError(t, db.QueryRow("SELECT count(*) FROM "+table).Scan(&claims))
 	require.Equal(t, 1, rows, "the failed run was rolled back, the later duplicates skipped")
 	require.Equal(t, 1, claims)
+}
+
+// The ledger passes the replay ledger conformance suite: what
+// `sluice dlq replay` needs of the outcome records, kept beside the inbox on
+// MariaDB.
+func TestLedgerConformance(t *testing.T) {
+	t.Parallel()
+	db, _ := mariaDB(t)
+	replaytest.Run(t, func(t *testing.T) replay.Ledger {
+		table := testenv.Name("replay")
+		t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table) })
+		l, err := mariadbstore.NewLedger(db, table)
+		require.NoError(t, err)
+		require.NoError(t, l.CreateTable(t.Context()))
+		return l
+	})
+	_, err := mariadbstore.NewLedger(db, "no such; table")
+	require.ErrorContains(t, err, "not an identifier")
 }
