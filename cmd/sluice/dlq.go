@@ -121,6 +121,15 @@ func parseTime(flag, v string) (time.Time, error) {
 	return t, nil
 }
 
+// newPublisher is the confirmed publisher replay and restore publish with.
+func newPublisher(g *globals) (*rabbitmq.Publisher, error) {
+	tlsCfg, err := g.tls()
+	if err != nil {
+		return nil, err
+	}
+	return rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: g.url(), TLS: tlsCfg})
+}
+
 func connect(g *globals) (*amqp.Connection, error) {
 	tlsCfg, err := g.tls()
 	if err != nil {
@@ -335,11 +344,7 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 				return err
 			}
 			defer done()
-			tlsCfg, err := g.tls()
-			if err != nil {
-				return err
-			}
-			pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: g.url(), TLS: tlsCfg})
+			pub, err := newPublisher(g)
 			if err != nil {
 				return err
 			}
@@ -700,11 +705,7 @@ func newRestore(g *globals, out io.Writer) *cobra.Command {
 				return err
 			}
 			defer closeSrc()
-			tlsCfg, err := g.tls()
-			if err != nil {
-				return err
-			}
-			pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: g.url(), TLS: tlsCfg})
+			pub, err := newPublisher(g)
 			if err != nil {
 				return err
 			}
