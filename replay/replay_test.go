@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.uber.org/goleak"
@@ -225,4 +226,52 @@ func TestSQLStoreConformance(t *testing.T) {
 			return s
 		})
 	})
+}
+
+// Behind Watermill's Timeout on the router, a replayed delivery whose first
+// attempt outlasts the deadline is parked in a tier ("retried": not final),
+// keeps its run and item through the tier, and is recorded "processed" when
+// it comes back: the closed loop sees its final outcome.
+func TestRetriedBehindWatermillTimeoutEndsProcessed(t *testing.T) {
+	t.Parallel()
+	store := pgStore(t)
+	e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "orders", TierDelays: []time.Duration{100 * time.Millisecond}})
+	require.NoError(t, err)
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	r.AddMiddleware(wmiddleware.Timeout(100 * time.Millisecond)) // outside the stages
+	attempts := make(chan string, 10)
+	_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "orders", Handler: func(msg *message.Message) error {
+		attempts <- msg.Metadata.Get(replay.RunKey)
+		if msg.Metadata.Get(sluice.AttemptKey) == "" { // the first attempt is slow
+			select {
+			case <-msg.Context().Done():
+				return msg.Context().Err()
+			case <-time.After(5 * time.Second):
+			}
+		}
+		return nil
+	}, Stages: router.Stages{
+		Replay: &replay.Config{Store: store},
+		Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
+		Inbox: &deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "orders"},
+	}})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	<-r.Running()
+	t.Cleanup(func() { require.NoError(t, r.Close()); require.NoError(t, <-done); _ = e.Close() })
+
+	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+	m.Metadata.Set(sluice.EventIDKey, "slow-1")
+	m.Metadata.Set(replay.RunKey, "run-1")
+	m.Metadata.Set(replay.ItemKey, "slow-1")
+	require.NoError(t, e.PubSub.Publish("orders", m))
+	require.Equal(t, "run-1", <-attempts)
+	require.Equal(t, "run-1", <-attempts, "the tier copy keeps the run")
+	require.Eventually(t, func() bool {
+		rs, err := store.Outcomes(t.Context(), "run-1")
+		require.NoError(t, err)
+		return len(rs) == 1 && rs[0].Outcome == sluice.OutcomeProcessed
+	}, 5*time.Second, 10*time.Millisecond, "processed after the tier, replacing retried")
 }
