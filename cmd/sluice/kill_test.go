@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -195,4 +196,51 @@ func TestKillAtAnyPointOfTheClosedLoop(t *testing.T) {
 			t.Logf("killed %s with %d of %d processed (duplicates on the rerun: %v); rerun:\n%s\nreport:\n%s", point, killedAt, n-len(want), dups, out, report)
 		})
 	}
+}
+
+// An operator's Ctrl-C (SIGINT) in the middle of a closed-loop replay: the
+// binary stops, exits 1, writes the audit line with the run and the error,
+// and loses nothing — the rest waits in the poison queue for a rerun.
+func TestInterruptMidRamp(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "sluice")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+
+	b := newBed(t)
+	const n = 60
+	for i := range n {
+		b.poisoned(t, fmt.Sprintf("s%03d", i), "order.created", sluice.NewFailure(sluice.ClassExhausted, errors.New("timeout")))
+	}
+	rc := newRecovering(t, b, func(string) bool { return false })
+	db := testenv.Postgres(t)
+	rows := func() int {
+		var c int
+		require.NoError(t, db.Get(&c, `SELECT count(*) FROM `+rc.db+`.stock`))
+		return c
+	}
+	cmd := exec.Command(bin, "--amqp-url", testenv.AMQPURL, "--audit", b.audit, "dlq", "replay", "--queue", b.topo.PoisonQueue(),
+		"--canary", "5", "--ramp", "20", "--rate", "40/s", "--batch", "2",
+		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "30s")
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	require.NoError(t, cmd.Start())
+	require.Eventually(t, func() bool { return rows() >= 10 }, 30*time.Second, time.Millisecond)
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	err = cmd.Wait()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	require.Equal(t, 1, exit.ExitCode(), "stderr: %s", stderr.String())
+	require.Contains(t, stderr.String(), "interrupted: what was done before is in the audit log")
+
+	recs := b.auditLines(t)
+	require.Len(t, recs, 1)
+	require.Equal(t, "error", recs[0].Outcome)
+	require.Contains(t, recs[0].Options["run"], "run-")
+	require.Positive(t, recs[0].Result.Replayed)
+
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()) == 0 }, 10*time.Second, 10*time.Millisecond)
+	left := len(peekIDs(t, b.topo.PoisonQueue()))
+	require.Equal(t, n, rows()+left, "every event processed or still in the poison queue")
+	t.Logf("interrupted with %d of %d processed, %d left in the poison queue; stderr: %s", rows(), n, left, stderr.String())
 }

@@ -12,6 +12,7 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -42,6 +43,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	err := root.Execute()
 	if err == nil {
 		return 0
+	}
+	if errors.Is(err, context.Canceled) {
+		fmt.Fprintln(stderr, "sluice: interrupted: what was done before is in the audit log (and, with --outcomes, the outcome records); run the command again to go on")
+		return 1
 	}
 	fmt.Fprintln(stderr, "sluice:", diag.Redact(err.Error()))
 	var ue usageError
