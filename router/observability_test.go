@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -60,6 +61,13 @@ func (c *capture) With(f watermill.LogFields) watermill.LoggerAdapter {
 		r = c
 	}
 	return &capture{with: c.with.Add(f), root: r}
+}
+
+// all returns every line so far (a router goroutine may still write).
+func (c *capture) all() []logLine {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.lines)
 }
 
 // about returns the lines that name the event id.
@@ -179,7 +187,7 @@ func TestEveryFateIsLoggedOnce(t *testing.T) {
 	require.Len(t, dup, 1, "the duplicate, at debug")
 	require.Equal(t, "debug", dup[0].level)
 
-	for _, l := range logs.lines {
+	for _, l := range logs.all() {
 		text := fmt.Sprint(l.msg, l.err, l.fields)
 		require.NotContains(t, text, "SECRET-PAYLOAD", "no payload in a log line")
 		require.NotContains(t, text, "TopSecret1", "no password in a log line")

