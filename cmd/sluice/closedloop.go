@@ -157,18 +157,13 @@ func closedLoop(ctx context.Context, conn *amqp.Connection, cfg dlq.ReplayConfig
 		items := map[string]bool{}
 		c := cfg
 		c.Limit = size
-		c.Published = func(ms []*dlq.Message) error {
+		c.Published = func(ctx context.Context, ms []*dlq.Message) error {
 			rs := make([]replay.Record, len(ms))
 			for i, m := range ms {
 				items[m.Item()] = true
 				rs[i] = replay.Record{Run: cfg.Run, Item: m.Item(), EventID: m.EventID, At: time.Now()}
 			}
-			// Published and confirmed: recorded and then acked even when the
-			// operator interrupts now, so that a Ctrl-C leaves no event both
-			// replayed and in the poison queue.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			defer cancel()
-			return l.store.Replayed(rctx, rs)
+			return l.store.Replayed(ctx, rs)
 		}
 		res, err := dlq.Replay(ctx, conn, c)
 		total.Scanned += res.Scanned // messages read, over every batch

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/cmd/internal/dlq"
 	"github.com/sluicemq/sluice/deduplication"
 	dedupredis "github.com/sluicemq/sluice/deduplication/redisstore"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
@@ -638,4 +639,46 @@ func TestClosedLoopOnRedis(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "connection refused")
 	require.NotContains(t, errOut, "Secret9")
+}
+
+// cancelAfterPublish publishes through the real publisher, then cancels:
+// an operator's Ctrl-C landing just after a confirm, which no timing of a
+// real signal hits reliably.
+type cancelAfterPublish struct {
+	pub    dlq.Publisher
+	cancel context.CancelFunc
+}
+
+func (c cancelAfterPublish) Publish(topic string, msgs ...*message.Message) error {
+	err := c.pub.Publish(topic, msgs...)
+	c.cancel()
+	return err
+}
+
+// An interrupt right after a row's publish is confirmed still marks the row
+// restored: the rerun restores the others, and no event is published twice.
+func TestRestoreInterruptedAfterAConfirm(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	b.fill(t)
+	db := testenv.Postgres(t)
+	table := testenv.Schema(t, db) + ".sluice_archive"
+	code, _, errOut := b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--class", "exhausted", "--to-table", table, "--db", testenv.PostgresURL)
+	require.Equal(t, 0, code, errOut)
+	require.Len(t, ids(t, b.topo.PoisonQueue()), 3, "the others, drained")
+
+	ctx, cancel := context.WithCancel(t.Context())
+	src, err := dlq.OpenTableSource(ctx, db, table, "tester", nil)
+	require.NoError(t, err)
+	res, err := dlq.Restore(ctx, dlq.RestoreConfig{Source: src, Publisher: cancelAfterPublish{b.pub, cancel}})
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, 1, res.Replayed)
+	require.NoError(t, src.Close())
+	var marked int
+	require.NoError(t, db.Get(&marked, `SELECT count(*) FROM `+table+` WHERE restored_at IS NOT NULL`))
+	require.Equal(t, 1, marked, "the row published before the interrupt is marked")
+
+	code, _, errOut = b.cli(t, "dlq", "restore", "--from-table", table, "--db", testenv.PostgresURL)
+	require.Equal(t, 0, code, errOut)
+	require.ElementsMatch(t, []string{"e2", "e4", "e6"}, ids(t, b.topo.PoisonQueue()), "each once")
 }

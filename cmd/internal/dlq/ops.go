@@ -154,9 +154,21 @@ type ReplayConfig struct {
 	// replay.ItemKey (Message.Item). Published is called with each group
 	// once its publish is confirmed, before the originals are acked: an
 	// item is recorded only if it was sent (and if the process dies before
-	// the record, the consumer's own record of its outcome creates it).
+	// the record, the consumer's own record of its outcome creates it). Its
+	// context is not cancelled by an interrupt (afterConfirm).
 	Run       string
-	Published func([]*Message) error
+	Published func(context.Context, []*Message) error
+}
+
+// afterConfirmTimeout bounds what follows a confirmed publish.
+const afterConfirmTimeout = 10 * time.Second
+
+// afterConfirm is the context of what follows a confirmed publish — the
+// record of what was sent, a restored row's mark: an interrupt (Ctrl-C)
+// cancels ctx, and work left undone then would leave a message both
+// published and where it came from. It is bounded instead.
+func afterConfirm(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), afterConfirmTimeout)
 }
 
 // ReplayResult counts what a replay did.
@@ -263,7 +275,10 @@ func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Repla
 				return fmt.Errorf("dlq: replaying to %s: %w", target, err)
 			}
 			if cfg.Published != nil {
-				if err := cfg.Published(ms); err != nil {
+				actx, cancel := afterConfirm(ctx)
+				err := cfg.Published(actx, ms)
+				cancel()
+				if err != nil {
 					return fmt.Errorf("dlq: recording the replayed items (published, still in %s): %w", cfg.Queue, err)
 				}
 			}
@@ -629,7 +644,10 @@ func Restore(ctx context.Context, cfg RestoreConfig) (ReplayResult, error) {
 		if err := cfg.Publisher.Publish(target, m); err != nil {
 			return res, fmt.Errorf("dlq: restoring %s to %s: %w", where, target, err)
 		}
-		if err := cfg.Source.Restored(ctx); err != nil {
+		actx, cancel := afterConfirm(ctx)
+		err = cfg.Source.Restored(actx)
+		cancel()
+		if err != nil {
 			return res, fmt.Errorf("dlq: %s was restored to %s but not recorded as restored (a rerun publishes it again): %w", where, target, err)
 		}
 		res.Replayed++
@@ -713,7 +731,10 @@ func (s *TableSource) Next(ctx context.Context) (ArchiveRecord, string, error) {
 	if err := s.release(); err != nil {
 		return rec, "", err
 	}
-	tx, err := s.db.BeginTxx(ctx, nil)
+	// Not on ctx: database/sql rolls a transaction back when its context
+	// ends, and an interrupt after the row's publish must still mark it
+	// (Restored) — Close lets go of a row never published.
+	tx, err := s.db.BeginTxx(context.WithoutCancel(ctx), nil)
 	if err != nil {
 		return rec, "", fmt.Errorf("dlq: reading the archive table: %w", err)
 	}
