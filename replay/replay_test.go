@@ -35,6 +35,28 @@ func pgStore(t *testing.T) *replay.SQLStore {
 	return testenv.OutcomeStore(t, db, testenv.Schema(t, db)+".sluice_replay")
 }
 
+// serveOrders runs handler as "orders" on an embedded broker with one tier
+// of delay until t ends: behind the stages given (Replay, MeterProvider),
+// poison, retry, classify and a memory inbox, with outer as router
+// middlewares outside them.
+func serveOrders(t *testing.T, delay time.Duration, stages router.Stages, handler message.NoPublishHandlerFunc, outer ...message.HandlerMiddleware) *router.Embedded {
+	t.Helper()
+	e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "orders", TierDelays: []time.Duration{delay}})
+	require.NoError(t, err)
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	r.AddMiddleware(outer...)
+	stages.Poison, stages.Retry, stages.Classify = &poison.Config{}, &retrytiers.Config{}, &middleware.ClassifyConfig{}
+	stages.Inbox = &deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "orders"}
+	_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "orders", Handler: handler, Stages: stages})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	<-r.Running()
+	t.Cleanup(func() { require.NoError(t, r.Close()); require.NoError(t, <-done); _ = e.Close() })
+	return e
+}
+
 // The stage records each replayed delivery's fate as the stages inside
 // decided it: processed, a duplicate the inbox skipped (which does not
 // replace processed), poisoned again with the new reason, retried into a
@@ -42,13 +64,12 @@ func pgStore(t *testing.T) *replay.SQLStore {
 func TestOutcomesOfAReplayRun(t *testing.T) {
 	t.Parallel()
 	store := pgStore(t)
-	e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "orders", TierDelays: []time.Duration{time.Hour}})
-	require.NoError(t, err)
-	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
-	require.NoError(t, err)
 	handled := make(chan string, 10)
 	reader := sdkmetric.NewManualReader()
-	_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "orders", Handler: func(msg *message.Message) error {
+	e := serveOrders(t, time.Hour, router.Stages{
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		Replay:        &replay.Config{Store: store},
+	}, func(msg *message.Message) error {
 		defer func() { handled <- msg.Metadata.Get(replay.ItemKey) }()
 		switch msg.Metadata.Get(sluice.EventIDKey) {
 		case "still-bad":
@@ -57,17 +78,7 @@ func TestOutcomesOfAReplayRun(t *testing.T) {
 			return sluice.Transient(errors.New("stock service timeout"))
 		}
 		return nil
-	}, Stages: router.Stages{
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
-		Replay:        &replay.Config{Store: store},
-		Poison:        &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
-		Inbox: &deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "orders"},
-	}})
-	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
-	t.Cleanup(func() { require.NoError(t, r.Close()); require.NoError(t, <-done); _ = e.Close() })
+	})
 
 	publish := func(run, id string) {
 		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
@@ -235,13 +246,8 @@ func TestSQLStoreConformance(t *testing.T) {
 func TestRetriedBehindWatermillTimeoutEndsProcessed(t *testing.T) {
 	t.Parallel()
 	store := pgStore(t)
-	e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "orders", TierDelays: []time.Duration{100 * time.Millisecond}})
-	require.NoError(t, err)
-	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
-	require.NoError(t, err)
-	r.AddMiddleware(wmiddleware.Timeout(100 * time.Millisecond)) // outside the stages
 	attempts := make(chan string, 10)
-	_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "orders", Handler: func(msg *message.Message) error {
+	e := serveOrders(t, 100*time.Millisecond, router.Stages{Replay: &replay.Config{Store: store}}, func(msg *message.Message) error {
 		attempts <- msg.Metadata.Get(replay.RunKey)
 		if msg.Metadata.Get(sluice.AttemptKey) == "" { // the first attempt is slow
 			select {
@@ -251,16 +257,7 @@ func TestRetriedBehindWatermillTimeoutEndsProcessed(t *testing.T) {
 			}
 		}
 		return nil
-	}, Stages: router.Stages{
-		Replay: &replay.Config{Store: store},
-		Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
-		Inbox: &deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "orders"},
-	}})
-	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
-	t.Cleanup(func() { require.NoError(t, r.Close()); require.NoError(t, <-done); _ = e.Close() })
+	}, wmiddleware.Timeout(100*time.Millisecond))
 
 	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 	m.Metadata.Set(sluice.EventIDKey, "slow-1")

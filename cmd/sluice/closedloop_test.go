@@ -14,6 +14,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -38,6 +39,7 @@ import (
 // events stillBad says.
 type recovering struct {
 	db            string // schema
+	pg            *sqlx.DB
 	outcomesTable string
 	mu            sync.Mutex
 	handled       map[string]int
@@ -51,7 +53,7 @@ func newRecovering(t *testing.T, b *bed, stillBad func(id string) bool) *recover
 	require.NoError(t, err)
 	inbox := testenv.SQLStore(t, db, schema+".inbox")
 	outcomes := testenv.OutcomeStore(t, db, schema+".sluice_replay")
-	rc := &recovering{db: schema, outcomesTable: schema + ".sluice_replay", handled: map[string]int{}}
+	rc := &recovering{db: schema, pg: db, outcomesTable: schema + ".sluice_replay", handled: map[string]int{}}
 
 	consume(t, b, func(msg *message.Message) error {
 		id := msg.Metadata.Get(sluice.EventIDKey)
@@ -65,6 +67,22 @@ func newRecovering(t *testing.T, b *bed, stillBad func(id string) bool) *recover
 		return err
 	}, &replay.Config{Store: outcomes, Tx: sqlstore.TxFromContext}, inbox)
 	return rc
+}
+
+// rows is how many business rows the consumer wrote.
+func (rc *recovering) rows(t *testing.T) int {
+	t.Helper()
+	var c int
+	require.NoError(t, rc.pg.Get(&c, `SELECT count(*) FROM `+rc.db+`.stock`))
+	return c
+}
+
+// exhausted poisons n events, prefix000…, whose retries were exhausted.
+func (b *bed) exhausted(t *testing.T, prefix string, n int) {
+	t.Helper()
+	for i := range n {
+		b.poisoned(t, fmt.Sprintf("%s%03d", prefix, i), "order.created", sluice.NewFailure(sluice.ClassExhausted, errors.New("timeout")))
+	}
 }
 
 // goodAndBad poisons good events good-000… (exhausted while the stock

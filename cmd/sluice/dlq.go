@@ -500,11 +500,8 @@ func newArchive(g *globals, out io.Writer) *cobra.Command {
 			"Messages not selected stay, in order. The file or table is opened before anything moves.",
 		Args: noArgs,
 		RunE: func(*cobra.Command, []string) error {
-			if (file == "") == (tableName == "") {
-				return usageError{fmt.Errorf("exactly one of --to FILE and --to-table TABLE is required")}
-			}
-			if tableName != "" && dbURL == "" {
-				return usageError{fmt.Errorf("--to-table needs --db (a PostgreSQL URL; env SLUICE_ARCHIVE_DB_URL)")}
+			if err := fileOrTable("--to", file, "--to-table", tableName, dbURL); err != nil {
+				return err
 			}
 			f, conn, ctx, done, err := ff.open(g, true)
 			if err != nil {
@@ -535,6 +532,18 @@ func newArchive(g *globals, out io.Writer) *cobra.Command {
 	cmd.Flags().StringVar(&dbURL, "db", localenv.Get("SLUICE_ARCHIVE_DB_URL", ""), "PostgreSQL URL of --to-table (env SLUICE_ARCHIVE_DB_URL)")
 	recs.register(cmd, "record each archived event as \"archived\" in the outcome table")
 	return cmd
+}
+
+// fileOrTable checks an archive's flags: exactly one of a file and a table,
+// and the table with its database.
+func fileOrTable(fileFlag, file, tableFlag, table, dbURL string) error {
+	if (file == "") == (table == "") {
+		return usageError{fmt.Errorf("exactly one of %s FILE and %s TABLE is required", fileFlag, tableFlag)}
+	}
+	if table != "" && dbURL == "" {
+		return usageError{fmt.Errorf("%s needs --db (a PostgreSQL URL; env SLUICE_ARCHIVE_DB_URL)", tableFlag)}
+	}
+	return nil
 }
 
 // openArchive opens an archive's file with openFile, or its table on the
@@ -683,11 +692,8 @@ func newRestore(g *globals, out io.Writer) *cobra.Command {
 			"confirmed, and a rerun takes only the rows not yet restored. The audit log records each run.",
 		Args: noArgs,
 		RunE: func(*cobra.Command, []string) error {
-			if (from == "") == (fromTable == "") {
-				return usageError{errors.New("exactly one of --from FILE and --from-table TABLE is required")}
-			}
-			if fromTable != "" && dbURL == "" {
-				return usageError{errors.New("--from-table needs --db (a PostgreSQL URL; env SLUICE_ARCHIVE_DB_URL)")}
+			if err := fileOrTable("--from", from, "--from-table", fromTable, dbURL); err != nil {
+				return err
 			}
 			if limit < 0 {
 				return usageError{fmt.Errorf("--limit %d: want 0 (all) or more", limit)}

@@ -18,15 +18,21 @@ import (
 	"github.com/sluicemq/sluice/internal/testenv"
 )
 
+// buildCLI builds the real binary for a test to run, signal and kill.
+func buildCLI(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "sluice")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return bin
+}
+
 // TestKillMidReplayLosesNothing kills the real binary (SIGKILL) in the middle
 // of a rate-limited replay: every event is then in the poison queue, in the
 // target queue, or in both — never in neither.
 func TestKillMidReplayLosesNothing(t *testing.T) {
 	t.Parallel()
-	bin := filepath.Join(t.TempDir(), "sluice")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	out, err := build.CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	bin := buildCLI(t)
 
 	b := newBed(t)
 	const n = 30
@@ -61,25 +67,16 @@ func TestKillMidReplayLosesNothing(t *testing.T) {
 // poison queue, and the report of both runs is complete.
 func TestKillMidRampThenRerun(t *testing.T) {
 	t.Parallel()
-	bin := filepath.Join(t.TempDir(), "sluice")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	bin := buildCLI(t)
 
 	b := newBed(t)
 	const n = 120
-	for i := range n {
-		b.poisoned(t, fmt.Sprintf("r%03d", i), "order.created", sluice.NewFailure(sluice.ClassExhausted, errors.New("timeout")))
-	}
+	b.exhausted(t, "r", n)
 	rc := newRecovering(t, b, func(string) bool { return false })
 	args := []string{"--amqp-url", testenv.AMQPURL, "--audit", b.audit, "dlq", "replay", "--queue", b.topo.PoisonQueue(),
 		"--canary", "5", "--ramp", "20,50", "--rate", "60/s", "--batch", "2",
 		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "30s"}
-	db := testenv.Postgres(t)
-	rows := func() int {
-		var c int
-		require.NoError(t, db.Get(&c, `SELECT count(*) FROM `+rc.db+`.stock`))
-		return c
-	}
+	db, rows := rc.pg, func() int { return rc.rows(t) }
 	cmd := exec.Command(bin, args...)
 	require.NoError(t, cmd.Start())
 	require.Eventually(t, func() bool { return rows() >= 30 }, 30*time.Second, 5*time.Millisecond, "mid-ramp")
@@ -87,7 +84,7 @@ func TestKillMidRampThenRerun(t *testing.T) {
 	_ = cmd.Wait()
 	killedAt := rows()
 
-	out, err = exec.Command(bin, args...).CombinedOutput()
+	out, err := exec.Command(bin, args...).CombinedOutput()
 	require.NoError(t, err, "the rerun replays the rest: %s", out)
 	require.Eventually(t, func() bool { return rows() == n }, 30*time.Second, 10*time.Millisecond)
 	var distinct, claims int
@@ -115,9 +112,7 @@ func TestKillMidRampThenRerun(t *testing.T) {
 // complete.
 func TestKillAtAnyPointOfTheClosedLoop(t *testing.T) {
 	t.Parallel()
-	bin := filepath.Join(t.TempDir(), "sluice")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	bin := buildCLI(t)
 
 	const n = 100
 	bad := func(id string) bool { return strings.HasSuffix(id, "9") } // k009, k019, …: 2 in each batch of 20
@@ -145,12 +140,7 @@ func TestKillAtAnyPointOfTheClosedLoop(t *testing.T) {
 				}
 				return bad(id)
 			})
-			db := testenv.Postgres(t)
-			rows := func() int {
-				var c int
-				require.NoError(t, db.Get(&c, `SELECT count(*) FROM `+rc.db+`.stock`))
-				return c
-			}
+			db, rows := rc.pg, func() int { return rc.rows(t) }
 			args := []string{"--amqp-url", testenv.AMQPURL, "--audit", b.audit, "dlq", "replay", "--queue", b.topo.PoisonQueue(),
 				"--canary", "5", "--ramp", "20,100", "--max-repoison", "25%", "--rate", "100/s", "--batch", "2",
 				"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "30s"}
@@ -203,22 +193,13 @@ func TestKillAtAnyPointOfTheClosedLoop(t *testing.T) {
 // and loses nothing — the rest waits in the poison queue for a rerun.
 func TestInterruptMidRamp(t *testing.T) {
 	t.Parallel()
-	bin := filepath.Join(t.TempDir(), "sluice")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "%s", out)
+	bin := buildCLI(t)
 
 	b := newBed(t)
 	const n = 60
-	for i := range n {
-		b.poisoned(t, fmt.Sprintf("s%03d", i), "order.created", sluice.NewFailure(sluice.ClassExhausted, errors.New("timeout")))
-	}
+	b.exhausted(t, "s", n)
 	rc := newRecovering(t, b, func(string) bool { return false })
-	db := testenv.Postgres(t)
-	rows := func() int {
-		var c int
-		require.NoError(t, db.Get(&c, `SELECT count(*) FROM `+rc.db+`.stock`))
-		return c
-	}
+	rows := func() int { return rc.rows(t) }
 	cmd := exec.Command(bin, "--amqp-url", testenv.AMQPURL, "--audit", b.audit, "dlq", "replay", "--queue", b.topo.PoisonQueue(),
 		"--canary", "5", "--ramp", "20", "--rate", "40/s", "--batch", "2",
 		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "30s")
@@ -227,7 +208,7 @@ func TestInterruptMidRamp(t *testing.T) {
 	require.NoError(t, cmd.Start())
 	require.Eventually(t, func() bool { return rows() >= 10 }, 30*time.Second, time.Millisecond)
 	require.NoError(t, cmd.Process.Signal(os.Interrupt))
-	err = cmd.Wait()
+	err := cmd.Wait()
 	var exit *exec.ExitError
 	require.ErrorAs(t, err, &exit, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
 	require.Equal(t, 1, exit.ExitCode(), "stderr: %s", stderr.String())
