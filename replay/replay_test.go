@@ -36,9 +36,9 @@ func pgStore(t *testing.T) *replay.SQLStore {
 }
 
 // serveOrders runs handler as "orders" on an embedded broker with one tier
-// of delay until t ends: behind the stages given (Replay, MeterProvider),
-// poison, retry, classify and a memory inbox, with outer as router
-// middlewares outside them.
+// of delay until t ends: behind the stages given (Replay, MeterProvider, an
+// inbox), poison, retry, classify and, unless given, a memory inbox, with
+// outer as router middlewares outside them.
 func serveOrders(t *testing.T, delay time.Duration, stages router.Stages, handler message.NoPublishHandlerFunc, outer ...message.HandlerMiddleware) *router.Embedded {
 	t.Helper()
 	e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "orders", TierDelays: []time.Duration{delay}})
@@ -47,7 +47,9 @@ func serveOrders(t *testing.T, delay time.Duration, stages router.Stages, handle
 	require.NoError(t, err)
 	r.AddMiddleware(outer...)
 	stages.Poison, stages.Retry, stages.Classify = &poison.Config{}, &retrytiers.Config{}, &middleware.ClassifyConfig{}
-	stages.Inbox = &deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "orders"}
+	if stages.Inbox == nil {
+		stages.Inbox = &deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "orders"}
+	}
 	_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "orders", Handler: handler, Stages: stages})
 	require.NoError(t, err)
 	done := make(chan error, 1)
@@ -271,4 +273,47 @@ func TestRetriedBehindWatermillTimeoutEndsProcessed(t *testing.T) {
 		require.NoError(t, err)
 		return len(rs) == 1 && rs[0].Outcome == sluice.OutcomeProcessed
 	}, 5*time.Second, 10*time.Millisecond, "processed after the tier, replacing retried")
+}
+
+// A replayed delivery whose handler aborts the inbox's transaction (a unique
+// violation, SQLSTATE 23505: Poison) is recorded "poisoned" with the
+// database's reason, and no "processed" is written in the transaction that
+// rolled back.
+func TestAbortedTransactionIsRecordedPoisoned(t *testing.T) {
+	t.Parallel()
+	db := testenv.Postgres(t)
+	schema := testenv.Schema(t, db)
+	_, err := db.Exec(`CREATE TABLE ` + schema + `.stock (event_id TEXT PRIMARY KEY)`)
+	require.NoError(t, err)
+	outcomes := testenv.OutcomeStore(t, db, schema+".sluice_replay")
+	e := serveOrders(t, time.Hour, router.Stages{
+		Replay: &replay.Config{Store: outcomes, Tx: sqlstore.TxFromContext},
+		Inbox:  &deduplication.Config{Store: testenv.SQLStore(t, db, schema+".inbox"), Consumer: "orders"},
+	}, func(msg *message.Message) error {
+		tx := sqlstore.TxFromContext(msg.Context())
+		for range 2 { // the second insert violates the key and aborts the transaction
+			if _, err := tx.ExecContext(msg.Context(), `INSERT INTO `+schema+`.stock (event_id) VALUES ('x')`); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+	m.Metadata.Set(sluice.EventIDKey, "evt-dup")
+	m.Metadata.Set(replay.RunKey, "run-1")
+	m.Metadata.Set(replay.ItemKey, "evt-dup")
+	require.NoError(t, e.PubSub.Publish("orders", m))
+	var got []replay.Record
+	require.Eventually(t, func() bool {
+		got, err = outcomes.Outcomes(t.Context(), "run-1")
+		require.NoError(t, err)
+		return len(got) == 1
+	}, 5*time.Second, 10*time.Millisecond)
+	require.Equal(t, sluice.OutcomePoisoned, got[0].Outcome)
+	require.Equal(t, "poison", got[0].Class)
+	require.Contains(t, got[0].Reason, "23505")
+	var rows int
+	require.NoError(t, db.Get(&rows, `SELECT count(*) FROM `+schema+`.stock`))
+	require.Zero(t, rows, "the first insert rolled back with the transaction")
+	require.Len(t, e.Poisoned(), 1)
 }
