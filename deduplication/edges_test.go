@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/lib/pq"
 	"github.com/stretchr/testify/require"
@@ -159,4 +160,45 @@ func TestInboxSlowMessageDoesNotStallTheConsumers(t *testing.T) {
 		require.ErrorIs(t, err, deduplication.ErrClaimInProgress)
 	}
 	require.Equal(t, 201, b.count(t, `SELECT count(*) FROM %s.reservations`))
+}
+
+// TestCollidingIDsAreNeverOneKey: ids that a JSON decoder would make one
+// string — invalid UTF-8 and lone surrogates both become U+FFFD, a number
+// and a string have one text — never share an inbox key on PostgreSQL. Each
+// event is processed under exactly its own key or refused as Poison with
+// the reason; none is acked as the other's duplicate. (Before the strict
+// decoder the second of each pair was acked as a duplicate, never run.)
+func TestCollidingIDsAreNeverOneKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	d, err := deduplication.New(deduplication.Config{Store: b.store, Consumer: "inventory", Key: deduplication.KeyFromJSON("eventId"), MeterProvider: b.meter})
+	require.NoError(t, err)
+	h := d(b.reserve(nil))
+	pairs := [][2]string{
+		{"{\"eventId\":\"inv\xffx\"}", "{\"eventId\":\"inv\xfex\"}"},
+		{`{"eventId":"\ud800"}`, `{"eventId":"\udbff"}`},
+		{`{"eventId":"\ud83d\ude00"}`, "{\"eventId\":\"\xf0\x9f\x98\x80x\"}"},
+		{`{"eventId":1234567}`, `{"eventId":"1234567"}`},
+	}
+	processed, poisoned := 0, 0
+	for _, pair := range pairs {
+		for _, payload := range pair {
+			_, err := h(message.NewMessage(watermill.NewUUID(), []byte(payload)))
+			switch {
+			case err == nil:
+				processed++
+			case sluice.ClassOf(err) == sluice.ClassPoison:
+				require.ErrorIs(t, err, deduplication.ErrInvalidKey, "%s", payload)
+				poisoned++
+			default:
+				t.Fatalf("%q: %v", payload, err)
+			}
+		}
+	}
+	require.Zero(t, b.duplicates(t), "no event acked as another's duplicate")
+	business, inbox := b.rows(t)
+	require.Equal(t, processed, business, "each processed event ran its handler once")
+	require.Equal(t, processed, inbox, "under a key of its own")
+	require.Equal(t, 8, processed+poisoned)
+	require.Equal(t, 3, processed, "the surrogate pair, the raw emoji and the string id")
 }

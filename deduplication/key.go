@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 )
@@ -75,12 +77,33 @@ func KeyFromMetadata(name string) KeyFunc {
 	}
 }
 
-// KeyFromJSON takes the key from a field of the JSON object in the payload.
-// Several names descend into nested objects: KeyFromJSON("order", "id")
-// reads {"order":{"id":"..."}}. A string value is used as is, a number by its
-// literal text; null, a missing field, another type, an empty string or a
-// payload that is not a JSON object is a *KeyError.
+// KeyFromJSON takes the key from a string field of the JSON object in the
+// payload. Several names descend into nested objects: KeyFromJSON("order",
+// "id") reads {"order":{"id":"..."}}. The key is exactly the string the
+// producer wrote: invalid UTF-8 or an escaped lone surrogate (\ud800), which
+// a JSON decoder silently turns into U+FFFD — so that two different ids
+// would become one key and the second event be acked as a duplicate — is a
+// *KeyError, as are null, a missing field, an empty string, a payload that
+// is not a JSON object, and any other type.
+//
+// A number is a *KeyError too: it has many spellings of one value (1000,
+// 1e3, 1000.0) and many producers round it past 2^53, so it is no identity;
+// and a number 1234567 must never share a key with the string "1234567".
+// For integer ids use KeyFromJSONInteger.
 func KeyFromJSON(path ...string) KeyFunc {
+	return keyFromJSON(path, "not a string (a number id: use KeyFromJSONInteger)", jsonString)
+}
+
+// KeyFromJSONInteger takes the key from an integer field of the JSON object
+// in the payload, as KeyFromJSON does from a string field: the key is the
+// integer's decimal text. Only the one canonical spelling is taken (an
+// optional minus and digits without leading zeros, so 42, not 042, 42.0 or
+// 4.2e1) and a string is refused, so one id never has two keys.
+func KeyFromJSONInteger(path ...string) KeyFunc {
+	return keyFromJSON(path, "not an integer", jsonInteger)
+}
+
+func keyFromJSON(path []string, wrongType string, scalar func(raw json.RawMessage) (string, string)) KeyFunc {
 	source := fmt.Sprintf("JSON field %q", strings.Join(path, "."))
 	return func(msg *message.Message) (string, error) {
 		noteSource(msg, source)
@@ -102,26 +125,100 @@ func KeyFromJSON(path ...string) KeyFunc {
 				return "", &KeyError{Source: source, Reason: "missing"}
 			}
 		}
-		return jsonScalar(source, raw)
+		key, reason := scalar(raw)
+		switch {
+		case reason == "wrong type":
+			return "", &KeyError{Source: source, Reason: wrongType}
+		case reason != "":
+			return "", &KeyError{Source: source, Reason: reason}
+		case key == "":
+			return "", &KeyError{Source: source, Reason: "empty"}
+		}
+		return key, nil
 	}
 }
 
-func jsonScalar(source string, raw json.RawMessage) (string, error) {
+// jsonInteger returns the text of a canonical JSON integer, or a reason.
+func jsonInteger(raw json.RawMessage) (string, string) {
+	s := string(raw)
+	digits := strings.TrimPrefix(s, "-")
 	switch {
-	case len(raw) > 0 && raw[0] == '"':
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return "", &KeyError{Source: source, Reason: "invalid string", Err: err}
-		}
-		if s == "" {
-			return "", &KeyError{Source: source, Reason: "empty"}
-		}
-		return s, nil
-	case len(raw) > 0 && (raw[0] == '-' || raw[0] >= '0' && raw[0] <= '9'):
-		return string(raw), nil
-	default:
-		return "", &KeyError{Source: source, Reason: "not a string or number"}
+	case len(s) == 0 || (s[0] != '-' && (s[0] < '0' || s[0] > '9')):
+		return "", "wrong type"
+	case digits == "" || strings.Trim(digits, "0123456789") != "":
+		return "", "not an integer (a fraction or an exponent)"
+	case len(digits) > 1 && digits[0] == '0', s == "-0":
+		return "", "not a canonical integer (a leading zero or -0)"
 	}
+	return s, ""
+}
+
+// jsonString decodes a JSON string exactly, or returns a reason: the raw
+// bytes must be valid UTF-8 and every \u escape a character or a whole
+// surrogate pair, where encoding/json would substitute U+FFFD.
+func jsonString(raw json.RawMessage) (string, string) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return "", "wrong type"
+	}
+	in := raw[1 : len(raw)-1]
+	if !utf8.Valid(in) {
+		return "", "not valid UTF-8 (the producer's bytes would be changed)"
+	}
+	out := make([]byte, 0, len(in))
+	for i := 0; i < len(in); i++ {
+		c := in[i]
+		if c != '\\' {
+			out = append(out, c)
+			continue
+		}
+		i++ // json.Unmarshal of the object has checked the escapes' syntax
+		switch in[i] {
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		case 'u':
+			r := hex4(in[i+1 : i+5])
+			i += 4
+			if utf16.IsSurrogate(r) {
+				if r >= 0xDC00 || i+6 >= len(in) || in[i+1] != '\\' || in[i+2] != 'u' {
+					return "", "an unpaired UTF-16 surrogate escape (the producer's character would be changed)"
+				}
+				lo := hex4(in[i+3 : i+7])
+				if r = utf16.DecodeRune(r, lo); r == utf8.RuneError {
+					return "", "an unpaired UTF-16 surrogate escape (the producer's character would be changed)"
+				}
+				i += 6
+			}
+			out = utf8.AppendRune(out, r)
+		default: // '"', '\\', '/'
+			out = append(out, in[i])
+		}
+	}
+	return string(out), ""
+}
+
+// hex4 decodes four hex digits that json.Unmarshal has validated.
+func hex4(b []byte) rune {
+	var r rune
+	for _, c := range b {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c -= 'a' - 10
+		default:
+			c -= 'A' - 10
+		}
+		r = r<<4 | rune(c)
+	}
+	return r
 }
 
 // KeyPrefix returns prefix followed by the key of k:
