@@ -16,28 +16,44 @@ import (
 const Mask = "xxxxx"
 
 var (
-	// scheme://user:password@host — the password part, up to the last @ of
-	// the URL (a password may hold an unescaped @).
-	urlPassword = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://[^:@/\s"']*:)([^\s"']*)@`)
-	// password=secret, PGPASSWORD=secret, pwd: secret, "password":"secret",
-	// password='quoted secret' in DSNs, environments and JSON.
-	kvPassword = regexp.MustCompile(`(?i)("?\b(?:\w*pass(?:word|wd)|pwd|secret|token|api[_-]?key|access[_-]?key)"?\s*[=:]\s*)('(?:[^'\\]|\\.)*'?|"(?:[^"\\]|\\.)*"?|[^\s"'&;,}]+)`)
+	// scheme://user:password@host — the password part: everything after the
+	// user's colon up to the last @ before a space, so a password may hold
+	// unescaped @, :, /, quotes and any other character. (A later @ in the
+	// same run of text, as in a path, takes the host with it: the safe side.)
+	urlPassword = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://[^:@/?#\s"']*:)(\S*)@`)
+	// A key that names a secret: a secret word anywhere in it — as a whole
+	// word or after a prefix (PGPASSWORD, MYSQL_PWD, GITHUB_TOKEN,
+	// access_token, client_secret, aws_secret_access_key, x-api-key,
+	// spring.datasource.password) — with any further _, - or . separated
+	// words (secret_access_key). A word that merely starts the same
+	// ("tokens", "passwords", "compass") is not a key.
+	secretKey = `\b(?:\w*(?:pass(?:word|wd|phrase)|pwd|secret|token|api[_-]?key|access[_-]?key|private[_-]?key|credentials?|signature)|(?:\w*_)?pass)(?:[_.-]\w+)*`
+	// key=value, key: value, "key":"value" (JSON, also escaped inside a
+	// string: \"key\":\"value\"), key='quoted value' in DSNs,
+	// environments, YAML and JSON. An unquoted value runs to a space or
+	// one of "&;,}.
+	kvPassword = regexp.MustCompile(`(?i)((?:\\?")?` + secretKey + `(?:\\?")?\s*[=:]\s*)(\\"(?:[^"\\]|\\[^"])*(?:\\")?|'(?:[^'\\]|\\.)*'?|"(?:[^"\\]|\\.)*"?|[^\s"&;,}]+)`)
 	// Authorization: Bearer token, Basic credentials, or a bare scheme.
 	authorization = regexp.MustCompile(`(?i)(\b(?:authorization|proxy-authorization)"?\s*[=:]\s*"?(?:(?:bearer|basic|token|digest|negotiate)\s+)?)([^\s"',;}]+)`)
 	bearer        = regexp.MustCompile(`(?i)(\bbearer\s+)([A-Za-z0-9._~+/=-]+)`)
 )
 
-// Redact replaces the passwords of URLs (scheme://user:pass@host), of
-// key=value, key='quoted value' or "key":"value" pairs (password, any
-// *PASSWORD such as PGPASSWORD, passwd, pwd, secret, token, api_key,
-// access_key) and the credentials of Authorization headers and bearer
-// tokens with Mask.
+// Redact replaces with Mask the passwords of URLs (scheme://user:pass@host,
+// up to the last @ before a space); the values of key=value, key: value,
+// key='quoted value' and "key":"value" pairs whose key names a secret
+// (password, passwd, pwd, passphrase, pass, secret, token, api_key,
+// access_key, private_key, credential, signature — alone or within a longer
+// key: PGPASSWORD, MYSQL_PWD, GITHUB_TOKEN, access_token, client_secret,
+// aws_secret_access_key, session_token); and the credentials of
+// Authorization headers and bearer tokens.
 func Redact(s string) string {
 	s = urlPassword.ReplaceAllString(s, "${1}"+Mask+"@")
 	s = kvPassword.ReplaceAllStringFunc(s, func(m string) string {
 		sub := kvPassword.FindStringSubmatch(m)
 		v := sub[2]
 		switch {
+		case strings.HasPrefix(v, `\"`):
+			return sub[1] + `\"` + Mask + `\"`
 		case strings.HasPrefix(v, "'"):
 			return sub[1] + "'" + Mask + "'"
 		case strings.HasPrefix(v, `"`):

@@ -66,6 +66,46 @@ func TestRedactMoreForms(t *testing.T) {
 	}
 }
 
+// TestRedactSecretKeys: the key forms real errors carry — a secret word
+// inside a longer key (access_token, client_secret, GITHUB_TOKEN,
+// aws_secret_access_key), JSON, YAML and env-var forms — and URL userinfo
+// with a quote in the password (issue 18, item 10).
+func TestRedactSecretKeys(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"POST /oauth?access_token=ya29.AbC&x=1 failed":        "POST /oauth?access_token=xxxxx&x=1 failed",
+		"client_secret=GOCSPX-abc123 rejected":                "client_secret=xxxxx rejected",
+		"aws_secret_access_key=wJalrXUtnFEMI/K7MDENG/bPxRfi":  "aws_secret_access_key=xxxxx",
+		"AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI":                 "AWS_SECRET_ACCESS_KEY=xxxxx",
+		"env GITHUB_TOKEN=ghp_16C7e42F292c6912E7710c8 set":    "env GITHUB_TOKEN=xxxxx set",
+		"MYSQL_PWD=hunter2 mysql -h db":                       "MYSQL_PWD=xxxxx mysql -h db",
+		`response {"refresh_token":"1//0gLm-xyz","ok":false}`: `response {"refresh_token":"xxxxx","ok":false}`,
+		`{"token_type":"bearer", "id_token" : "eyJ.x.y"}`:     `{"token_type":"xxxxx", "id_token" : "xxxxx"}`,
+		"ssh: passphrase=correct-horse battery":               "ssh: passphrase=xxxxx battery",
+		"session_token=FwoGZXIvYXdzE":                         "session_token=xxxxx",
+		"private_key=MIIEvQIBADANBg":                          "private_key=xxxxx",
+		"PRIVATE-KEY: MIIEvQIBADANBg":                         "PRIVATE-KEY: xxxxx",
+		"x-api-key: abc123 denied":                            "x-api-key: xxxxx denied",
+		"apikey=abc123":                                       "apikey=xxxxx",
+		"spring.datasource.password=hunter2":                  "spring.datasource.password=xxxxx",
+		"db_credentials: s3cr3t":                              "db_credentials: xxxxx",
+		"user=app pass=hunter2 host=db":                       "user=app pass=xxxxx host=db",
+		"X-Amz-Signature=abcdef0123&X-Amz-Date=1":             "X-Amz-Signature=xxxxx&X-Amz-Date=1",
+		"password=s3'cret8 next":                              "password=xxxxx next",
+		`body: {"refresh_token":"1//0gLm"}`:                   `body: {"refresh_token":"xxxxx"}`,
+		"dial amqp://u:s3'cret8@h:5672/: refused":             "dial amqp://u:xxxxx@h:5672/: refused",
+		`dial "amqp://u:s3"cr'et@h/" refused`:                 `dial "amqp://u:xxxxx@h/" refused`,
+		"amqp://u:p@ss@h1:5672/ and more":                     "amqp://u:xxxxx@h1:5672/ and more",
+		"amqp://u:ab/cd+e=f@h/ refused":                       "amqp://u:xxxxx@h/ refused",
+		"amqp://u:a:b@h/":                                     "amqp://u:xxxxx@h/",
+		// Words in prose are not keys.
+		"no secrets: a password policy says nothing at all": "no secrets: a password policy says nothing at all",
+		"tokens: 5 used, compass: north, bypass: on":        "tokens: 5 used, compass: north, bypass: on",
+	} {
+		require.Equal(t, want, diag.Redact(in), in)
+	}
+}
+
 func TestRedactErrorKeepsTheCause(t *testing.T) {
 	t.Parallel()
 	cause := errors.New("dial amqp://guest:secret@h/: refused")

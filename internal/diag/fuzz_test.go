@@ -11,7 +11,8 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 )
 
-var leftPassword = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.-]*://[^:@/\s"']*:([^@\s"']*)@`)
+// leftPassword finds a URL's password: after the user's colon, up to an @.
+var leftPassword = regexp.MustCompile(`[A-Za-z][A-Za-z0-9+.-]*://[^:@/?#\s"']*:([^@\s]*)@`)
 
 // FuzzSummary: a summary is bounded, valid UTF-8 without NUL bytes, and
 // leaves no URL password but the mask.
@@ -22,6 +23,8 @@ func FuzzSummary(f *testing.F) {
 	f.Add("a://b:c@d://e:f@g", 3)
 	f.Add("host=db password='hunter 2' dbname=x", 200)
 	f.Add("PGPASSWORD=hunter2 Authorization: Bearer tok.en", 200)
+	f.Add("dial amqp://u:s3'cret8@h/ GITHUB_TOKEN=ghp_x", 200)
+	f.Add(`{"refresh_token":"1//0g"} amqp://a:b/c@d@e/f`, 64)
 	f.Fuzz(func(t *testing.T, text string, max int) {
 		max = int(uint(max) % 4097)
 		s := diag.Summary(errors.New(text), max)
@@ -45,6 +48,9 @@ func FuzzRedactSecret(f *testing.F) {
 	f.Add("connect failed: ", "Hunter2Secret", " (retrying)", uint8(0))
 	f.Add("", "s3cr3t", "", uint8(3))
 	f.Add("x\n", "tok.EN-123_/+=", "}", uint8(5))
+	f.Add("POST /token", "ya29.a0AfH6SM", "&x=1", uint8(8))
+	f.Add("env", "wJalrXUtnFEMI/K7MDENG", "", uint8(10))
+	f.Add("got", "1//0gLm-xyz", `,"ok":false}`, uint8(13))
 	forms := []string{
 		"amqp://user:%s@host:5672/",
 		"password=%s",
@@ -54,6 +60,23 @@ func FuzzRedactSecret(f *testing.F) {
 		"Authorization: Bearer %s",
 		"authorization=Basic %s",
 		"api_key=%s&x=1",
+		// Issue 18, item 10: a secret word inside a longer key, env-var
+		// and JSON forms, YAML, a quote in a URL's password.
+		"access_token=%s",
+		"client_secret=%s",
+		"aws_secret_access_key=%s",
+		"GITHUB_TOKEN=%s",
+		"MYSQL_PWD=%s",
+		`{"refresh_token":"%s"}`,
+		"passphrase=%s",
+		"session_token=%s",
+		"private_key=%s",
+		"amqp://u:s3'%s@h",
+		"amqp://u:%s'\"x@h:5672/vhost",
+		"db_password: %s",
+		`{\"client_secret\": \"%s\"}`,
+		"X-Api-Key: %s",
+		"spring.datasource.password = %s;",
 	}
 	f.Fuzz(func(t *testing.T, before, secret, after string, form uint8) {
 		// A secret is a run of password characters that none of the forms
@@ -62,7 +85,7 @@ func FuzzRedactSecret(f *testing.F) {
 			t.Skip()
 		}
 		tmpl := forms[int(form)%len(forms)]
-		if strings.Contains(tmpl, "Bearer") || strings.Contains(tmpl, "Basic") || strings.Contains(tmpl, "://") {
+		if strings.Contains(tmpl, "Bearer") || strings.Contains(tmpl, "Basic") {
 			if !tokenChars.MatchString(secret) {
 				t.Skip()
 			}
