@@ -132,8 +132,8 @@ func isTransient(err error) bool {
 	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
 		return true
 	}
-	if s, ok := errors.AsType[sqlStater](err); ok {
-		return transientSQLState(s.SQLState())
+	if state, ok := SQLState(err); ok {
+		return transientSQLState(state)
 	}
 	return false
 }
@@ -141,10 +141,7 @@ func isTransient(err error) bool {
 // integrityViolation reports SQLSTATE class 23, integrity constraint
 // violations (23505 unique, 23503 foreign key, 23502 not null, 23514 check,
 // 23P01 exclusion): the same statement fails the same way on every retry.
-func integrityViolation(err error) bool {
-	s, ok := errors.AsType[sqlStater](err)
-	return ok && strings.HasPrefix(s.SQLState(), "23")
-}
+func integrityViolation(err error) bool { return sqlStateIn(err, "23") }
 
 // transientSQLState reports the SQLSTATEs worth retrying: connection
 // exceptions (08), insufficient resources (53), serialization failure

@@ -146,7 +146,7 @@ func (d *deduplicator) middleware(h message.HandlerFunc) message.HandlerFunc {
 		ctx := msg.Context()
 		tx, err := d.cfg.Store.Begin(ctx)
 		if err != nil {
-			return nil, sluice.Transient(fmt.Errorf("deduplication: begin: %w", err))
+			return nil, sluice.Transient(dependency(ctx, "begin", err))
 		}
 		committed := false
 		defer func() {
@@ -178,13 +178,16 @@ func (d *deduplicator) middleware(h message.HandlerFunc) message.HandlerFunc {
 			return produced, err
 		}
 		if cErr := tx.Commit(ctx); cErr != nil { // the deferred rollback releases what is left
-			if rejected {
+			if rejected && errors.Is(cErr, ErrAborted) {
 				// A rejection often follows a statement that aborted the
 				// transaction (a unique violation on PostgreSQL), whose
 				// commit then fails. The rejection is still final: record
 				// the claim alone in a unit of work of its own, so the
 				// message is acked and a redelivery is a duplicate. The
 				// handler's writes are rolled back with the aborted one.
+				// Any other failed commit (a lost connection, 40001) may
+				// succeed next time: the delivery is retried, so the
+				// rejection's writes commit with its claim or not at all.
 				rErr := d.claimAlone(ctx, tx, key)
 				if rErr == nil {
 					committed = true
@@ -215,7 +218,18 @@ func (d *deduplicator) claim(ctx context.Context, tx Tx, key string) (bool, erro
 	case deadline != nil && deadline.Err() != nil && ctx.Err() == nil:
 		return false, fmt.Errorf("%w: claim %q waited longer than the claim timeout (%s): %w", ErrClaimInProgress, key, d.cfg.ClaimTimeout, err)
 	}
-	return false, fmt.Errorf("deduplication: claim %q: %w", key, err)
+	return false, dependency(ctx, fmt.Sprintf("claim %q", diag.Bound(key, 128)), err)
+}
+
+// dependency wraps a failure of the store's own call op: a
+// *sluice.DependencyError (the brake's MatchUnreachable counts it), unless
+// the message context ended first — the handler's deadline or a shutdown is
+// not the store's failure.
+func dependency(ctx context.Context, op string, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("deduplication: %s: %w", op, err)
+	}
+	return &sluice.DependencyError{Op: "deduplication: " + op, Err: err}
 }
 
 // claimAlone rolls back the aborted unit of work and claims key in a new one.

@@ -319,7 +319,7 @@ func TestInboxSetsEventID(t *testing.T) {
 	d, err := deduplication.New(deduplication.Config{
 		Store:    deduplication.NewMemoryStore(),
 		Consumer: "c",
-		Key:      deduplication.KeyPrefix("OrderPlaced:", deduplication.KeyFromJSON("orderId")),
+		Key:      deduplication.KeyPrefix("OrderPlaced:", deduplication.KeyFromJSONInteger("orderId")),
 	})
 	require.NoError(t, err)
 	msg := message.NewMessage(watermill.NewUUID(), []byte(`{"orderId":42}`))

@@ -202,3 +202,46 @@ func TestCollidingIDsAreNeverOneKey(t *testing.T) {
 	require.Equal(t, 8, processed+poisoned)
 	require.Equal(t, 3, processed, "the surrogate pair, the raw emoji and the string id")
 }
+
+// TestInboxRejectedCommitLostIsRetried: a rejection whose COMMIT fails for a
+// reason other than an aborted transaction — here its backend is terminated
+// before the commit — is retried, not acked: the rejection's writes commit
+// with its claim or not at all. (Before: class rejected, the claim recorded
+// alone, the rejection's row lost.)
+func TestInboxRejectedCommitLostIsRetried(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	classify, err := middleware.Classify(middleware.ClassifyConfig{MeterProvider: b.meter})
+	require.NoError(t, err)
+	terminate := true
+	handler := classify(b.dedup(t, "inventory")(func(msg *message.Message) ([]*message.Message, error) {
+		b.handled.Add(1)
+		tx := sqlstore.TxFromContext(msg.Context())
+		if _, err := tx.Exec(fmt.Sprintf(`INSERT INTO %s.reservations VALUES ($1, 'rejected: out of stock')`, b.schema), "evt-1"); err != nil {
+			return nil, err
+		}
+		if terminate {
+			var pid int
+			require.NoError(t, tx.Get(&pid, `SELECT pg_backend_pid()`))
+			_, err := b.db.Exec(`SELECT pg_terminate_backend($1)`, pid)
+			require.NoError(t, err)
+			require.Eventually(t, func() bool {
+				return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND '%s' <> ''`, pid) == 0
+			}, 10*time.Second, 5*time.Millisecond, "backend %d still there", pid)
+		}
+		return nil, sluice.Reject(errors.New("out of stock"))
+	}))
+
+	_, err = handler(event("evt-1"))
+	require.Equal(t, sluice.ClassTransient, sluice.ClassOf(err), "a lost commit is retried: %v", err)
+	business, inbox := b.rows(t)
+	require.Zero(t, business)
+	require.Zero(t, inbox, "no claim without the rejection's writes")
+
+	terminate = false
+	_, err = handler(event("evt-1"))
+	require.NoError(t, err, "the retry rejects and commits")
+	business, inbox = b.rows(t)
+	require.Equal(t, 1, business, "the rejection's row")
+	require.Equal(t, 1, inbox)
+}

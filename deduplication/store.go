@@ -29,12 +29,22 @@ type Tx interface {
 	// while the other holds the pair.
 	Claim(ctx context.Context, consumer, key string) (bool, error)
 	// Commit makes the claim permanent, together with whatever else the
-	// unit of work wrote.
+	// unit of work wrote. When it fails because a statement before it
+	// aborted the unit of work (nothing is committed, and no retry of the
+	// commit can change that: a PostgreSQL transaction in the failed state,
+	// a deferred constraint violated), the error matches ErrAborted; any
+	// other failure (a lost connection, a serialization failure) must not.
 	Commit(ctx context.Context) error
 	// Rollback releases the claim. After Commit it does nothing and returns
 	// nil, so it can be deferred.
 	Rollback(ctx context.Context) error
 }
+
+// ErrAborted is matched by a Tx's Commit error when an earlier statement
+// aborted the unit of work: nothing was committed, and committing again
+// cannot help. After a rejection the inbox then records the claim alone; any
+// other commit failure retries the delivery.
+var ErrAborted = errors.New("deduplication: the unit of work was aborted by an earlier statement")
 
 // BatchDeleter is implemented by stores whose records the Pruner deletes.
 type BatchDeleter interface {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/sqlname"
 )
@@ -172,7 +173,26 @@ func (t *sqlTx) Claim(ctx context.Context, consumer, key string) (bool, error) {
 	return n == 1, err
 }
 
-func (t *sqlTx) Commit(context.Context) error { return t.tx.Commit() }
+func (t *sqlTx) Commit(context.Context) error {
+	err := t.tx.Commit()
+	if err != nil && aborted(err) {
+		return fmt.Errorf("%w: %w", deduplication.ErrAborted, err)
+	}
+	return err
+}
+
+// aborted reports a commit refused because the transaction had failed
+// before it: lib/pq's ErrInFailedTransaction, pgx's ErrTxCommitRollback
+// (matched by their text: this package imports no driver), SQLSTATE 25P02,
+// or a deferred constraint violated at commit (class 23). A lost connection
+// or a serialization failure at commit is not one.
+func aborted(err error) bool {
+	if state, ok := sluice.SQLState(err); ok {
+		return state == "25P02" || strings.HasPrefix(state, "23")
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "in a failed transaction") || strings.Contains(msg, "commit unexpectedly resulted in rollback")
+}
 
 func (t *sqlTx) Rollback(context.Context) error {
 	if err := t.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
