@@ -25,6 +25,9 @@ const KeyMaxLengthDefault = 512
 // ClaimTimeoutDefault is Config.ClaimTimeout's default.
 const ClaimTimeoutDefault = 5 * time.Second
 
+// CommitTimeoutDefault is Config.CommitTimeout's default.
+const CommitTimeoutDefault = 10 * time.Second
+
 // MetricDuplicates counts deliveries acked without running the handler
 // because their key was already processed, by handler.
 const MetricDuplicates = "sluice.inbox.duplicates"
@@ -59,6 +62,14 @@ type Config struct {
 	// connection closed (the pool opens another). Default
 	// ClaimTimeoutDefault; negative: no bound but the message context's.
 	ClaimTimeout time.Duration
+	// CommitTimeout bounds the commit and the rollback that end a unit of
+	// work. They run on a context detached from the message's: a handler
+	// that succeeded just as its deadline ended (Watermill's Timeout, the
+	// shutdown grace running out) is committed, not failed after its
+	// effects — on a store whose handler effects live outside the unit of
+	// work (Redis) a failed commit would run them again. Default
+	// CommitTimeoutDefault.
+	CommitTimeout time.Duration
 	// MeterProvider receives the duplicates counter. Default the global
 	// OpenTelemetry provider.
 	MeterProvider metric.MeterProvider
@@ -80,6 +91,9 @@ func (c Config) withDefaults() Config {
 	if c.ClaimTimeout == 0 {
 		c.ClaimTimeout = ClaimTimeoutDefault
 	}
+	if c.CommitTimeout == 0 {
+		c.CommitTimeout = CommitTimeoutDefault
+	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}
@@ -94,6 +108,8 @@ func (c Config) validate() error {
 		return errors.New("deduplication: Config.Consumer is required")
 	case c.KeyMaxLength < 0:
 		return fmt.Errorf("deduplication: Config.KeyMaxLength must be positive, got %d", c.KeyMaxLength)
+	case c.CommitTimeout < 0:
+		return fmt.Errorf("deduplication: Config.CommitTimeout must be positive, got %s", c.CommitTimeout)
 	}
 	return nil
 }
@@ -154,7 +170,9 @@ func (d *deduplicator) middleware(h message.HandlerFunc) message.HandlerFunc {
 				return
 			}
 			// Also on a panic in h: release the claim, then let it unwind.
-			if rbErr := tx.Rollback(context.WithoutCancel(ctx)); rbErr != nil && err != nil {
+			endCtx, cancel := d.endContext(ctx)
+			defer cancel()
+			if rbErr := tx.Rollback(endCtx); rbErr != nil && err != nil {
 				err = errors.Join(err, fmt.Errorf("deduplication: rollback: %w", rbErr))
 			}
 		}()
@@ -177,7 +195,9 @@ func (d *deduplicator) middleware(h message.HandlerFunc) message.HandlerFunc {
 		if rejected && d.cfg.Classifier.Classify(err) != sluice.ClassRejected {
 			return produced, err
 		}
-		if cErr := tx.Commit(ctx); cErr != nil { // the deferred rollback releases what is left
+		endCtx, cancel := d.endContext(ctx)
+		defer cancel()
+		if cErr := tx.Commit(endCtx); cErr != nil { // the deferred rollback releases what is left
 			if rejected && errors.Is(cErr, ErrAborted) {
 				// A rejection often follows a statement that aborted the
 				// transaction (a unique violation on PostgreSQL), whose
@@ -188,7 +208,7 @@ func (d *deduplicator) middleware(h message.HandlerFunc) message.HandlerFunc {
 				// Any other failed commit (a lost connection, 40001) may
 				// succeed next time: the delivery is retried, so the
 				// rejection's writes commit with its claim or not at all.
-				rErr := d.claimAlone(ctx, tx, key)
+				rErr := d.claimAlone(endCtx, tx, key)
 				if rErr == nil {
 					committed = true
 					return produced, err
@@ -200,6 +220,12 @@ func (d *deduplicator) middleware(h message.HandlerFunc) message.HandlerFunc {
 		committed = true
 		return produced, err
 	}
+}
+
+// endContext is the context that ends a unit of work: ctx's values, not its
+// deadline or cancellation, bounded by CommitTimeout.
+func (d *deduplicator) endContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), d.cfg.CommitTimeout)
 }
 
 // claim claims key within ClaimTimeout.
@@ -232,11 +258,12 @@ func dependency(ctx context.Context, op string, err error) error {
 	return &sluice.DependencyError{Op: "deduplication: " + op, Err: err}
 }
 
-// claimAlone rolls back the aborted unit of work and claims key in a new one.
+// claimAlone rolls back the aborted unit of work and claims key in a new one,
+// on ctx, the detached context that ends the delivery's unit of work.
 // Claim reporting false means the first commit did land after all (its
 // outcome was unknown): the key is recorded either way.
 func (d *deduplicator) claimAlone(ctx context.Context, aborted Tx, key string) error {
-	if err := aborted.Rollback(context.WithoutCancel(ctx)); err != nil {
+	if err := aborted.Rollback(ctx); err != nil {
 		return fmt.Errorf("deduplication: rolling back the aborted unit of work: %w", err)
 	}
 	tx, err := d.cfg.Store.Begin(ctx)
@@ -244,10 +271,10 @@ func (d *deduplicator) claimAlone(ctx context.Context, aborted Tx, key string) e
 		return fmt.Errorf("deduplication: begin, to record the rejection: %w", err)
 	}
 	if _, err := d.claim(ctx, tx, key); err != nil {
-		return errors.Join(fmt.Errorf("deduplication: recording the rejection: %w", err), tx.Rollback(context.WithoutCancel(ctx)))
+		return errors.Join(fmt.Errorf("deduplication: recording the rejection: %w", err), tx.Rollback(ctx))
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return errors.Join(fmt.Errorf("deduplication: commit, to record the rejection: %w", err), tx.Rollback(context.WithoutCancel(ctx)))
+		return errors.Join(fmt.Errorf("deduplication: commit, to record the rejection: %w", err), tx.Rollback(ctx))
 	}
 	return nil
 }
