@@ -40,9 +40,13 @@ const (
 	// every later copy: after a retry tier the delivery's own exchange and
 	// routing key name the dead-letter hop, not the producer's. The poison
 	// diagnosis reports these when present.
-	OriginExchangeKey   = "sluice_origin_exchange"
-	OriginRoutingKeyKey = "sluice_origin_routing_key"
+	OriginExchangeKey   = OriginPrefix + "exchange"
+	OriginRoutingKeyKey = OriginPrefix + "routing_key"
 )
+
+// OriginPrefix starts every key that records where a message came from
+// (OriginExchangeKey, ...): facts about its first publish, kept on every copy.
+const OriginPrefix = "sluice_origin_"
 
 // Origin returns where msg was first published to: OriginExchangeKey and
 // OriginRoutingKeyKey when a retry copy recorded them, else the delivery's own

@@ -33,4 +33,10 @@ const (
 	// When it comes back, the stage publishes it to the poison queue without
 	// running the handler. Never on a copy in the poison queue.
 	ParkedKey = "sluice_poison_parked"
+	// DroppedKey lists, comma-separated, the metadata keys the copy left
+	// out because the publisher could not carry them (sluice.
+	// ErrUnpublishable: a property value AMQP cannot hold, a header name
+	// over 255 bytes); "*" when only the diagnosis, the event's keys and the
+	// failure history were kept. Absent on a copy that kept everything.
+	DroppedKey = "sluice_poison_dropped"
 )

@@ -100,7 +100,10 @@ const StackMaxLength = 8 << 10
 // Publish returned nil, so the original is acked only after the copy is
 // stored. When the publish fails it waits PublishBackoff and returns the
 // handler's error joined with the publish error: the original is nacked and
-// nothing is lost. Other errors pass through untouched.
+// nothing is lost. A copy the publisher cannot build
+// (sluice.ErrUnpublishable) is never nacked: the stage leaves out the key
+// the error names, or keeps only the diagnosis, and says so in DroppedKey.
+// Other errors pass through untouched.
 func New(cfg Config) (message.HandlerMiddleware, error) {
 	if cfg.Publisher == nil {
 		return nil, errors.New("poison: Config.Publisher is required")
@@ -197,6 +200,18 @@ func parked(msg *message.Message) (sluice.Class, bool) {
 func (s *stage) isolate(msg, diagnosed *message.Message, class sluice.Class, err error) ([]*message.Message, error) {
 	ctx := msg.Context()
 	pErr := republish.Try(s.cfg.Publisher, s.cfg.Topic, diagnosed, s.cfg.PublishTimeout)
+	for left := leaveOutMax; errors.Is(pErr, sluice.ErrUnpublishable) && left > 0; left-- {
+		// The publisher cannot build the copy (a metadata value the
+		// broker cannot carry): a nack would bring the delivery back to
+		// fail alike. Leave out what it names, or keep only the diagnosis.
+		var ok bool
+		if diagnosed, ok = s.leaveOut(diagnosed, pErr); !ok {
+			break
+		}
+		s.cfg.Logger.Error("The poison copy cannot be published as it is; it leaves out metadata", diag.RedactError(pErr),
+			telemetry.LogFields(msg, watermill.LogFields{"class": class.String(), "dropped": diagnosed.Metadata.Get(DroppedKey)}))
+		pErr = republish.Try(s.cfg.Publisher, s.cfg.Topic, diagnosed, s.cfg.PublishTimeout)
+	}
 	if pErr != nil && s.cfg.ParkTopic != "" && !s.cfg.DisablePark {
 		diagnosed.Metadata[ParkedKey] = diag.Summary(pErr, 256)
 		parkErr := republish.Try(s.cfg.ParkPublisher, s.cfg.ParkTopic, diagnosed, s.cfg.PublishTimeout)
@@ -260,4 +275,51 @@ func (s *stage) diagnose(msg *message.Message, class sluice.Class, err error) *m
 		c.Metadata[TraceIDKey] = sc.TraceID().String()
 	}
 	return c
+}
+
+// leaveOutMax bounds the keys the poison stage leaves out one by one before
+// it keeps only the diagnosis.
+const leaveOutMax = 8
+
+// leaveOut returns c without what pErr says the publisher cannot carry: the
+// key it names, else (or when that is not in c) every key but the
+// diagnosis, the event's and the failure history. DroppedKey lists what was
+// left out ("*" for the rest). ok is false when there is nothing left to
+// leave out.
+func (s *stage) leaveOut(c *message.Message, pErr error) (*message.Message, bool) {
+	dropped := c.Metadata.Get(DroppedKey)
+	if dropped == "*" {
+		return c, false
+	}
+	add := func(k string) {
+		k = diag.Printable(k, 64)
+		if dropped != "" {
+			k = dropped + "," + k
+		}
+		dropped = diag.Bound(k, s.cfg.ErrorMaxLength)
+	}
+	if ue, ok := errors.AsType[*sluice.UnpublishableError](pErr); ok && ue.Key != "" && ue.Key != DroppedKey {
+		if _, present := c.Metadata[ue.Key]; present {
+			delete(c.Metadata, ue.Key)
+			add(ue.Key)
+			c.Metadata[DroppedKey] = dropped
+			return c, true
+		}
+	}
+	for k := range c.Metadata {
+		if !kept(k) {
+			delete(c.Metadata, k)
+		}
+	}
+	c.Metadata[DroppedKey] = "*"
+	return c, true
+}
+
+// kept reports whether k stays on a copy cut down to its diagnosis.
+func kept(k string) bool {
+	switch k {
+	case sluice.EventIDKey, sluice.EventTypeKey, sluice.AttemptKey, sluice.FirstFailedAtKey, sluice.TraceparentKey:
+		return true
+	}
+	return strings.HasPrefix(k, "sluice_poison") || strings.HasPrefix(k, sluice.OriginPrefix)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
 )
 
@@ -36,16 +37,22 @@ import (
 //   - exposes the AMQP properties (content type and encoding, correlation
 //     and message id, type, app id, timestamp, priority, reply-to, user id)
 //     as the property keys (ContentTypeKey, ...), which Marshal restores as
-//     properties;
+//     properties. Only the properties set them: a header named like a
+//     property key (sluice_property_*) is a producer's forgery and is
+//     dropped, so it can neither pose as a property nor make every copy
+//     unpublishable;
 //   - refuses a delivery without an acknowledger (ErrNoDelivery): amqp091
 //     hands out zero deliveries once the server cancels a consumer, and
 //     those are never messages.
 //
 // Marshal publishes persistently, the metadata as headers and the UUID in
 // _watermill_message_uuid (as DefaultMarshaler), without the
-// delivery-scoped keys, with the property keys as properties. A name that
-// AMQP cannot carry (a header name or a short-string property over 255
-// bytes) is an error, never cut short.
+// delivery-scoped keys, with the property keys as properties (UserIDKey as
+// the header OriginUserIDKey: RabbitMQ refuses a foreign user_id). What AMQP
+// cannot carry — a header name or a short-string property over 255 bytes, a
+// priority or timestamp that does not parse, a property key it has no
+// property for — is a *sluice.UnpublishableError naming the key (matching
+// sluice.ErrUnpublishable), never cut short.
 type Marshaler struct {
 	wamqp.DefaultMarshaler
 }
@@ -85,14 +92,23 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 		switch {
 		case isDeliveryScoped(k), k == PublishIDHeader:
 			continue
-		case strings.HasPrefix(k, PropertyPrefix) && k != UserIDKey:
+		case k == UserIDKey:
+			// RabbitMQ refuses a publish whose user_id is not the publishing
+			// connection's user: the producer's travels in OriginUserIDKey,
+			// recorded once, at the first copy.
+			if _, ok := msg.Metadata[OriginUserIDKey]; !ok && v != "" {
+				pub.Headers[OriginUserIDKey] = v
+			}
+			continue
+		case strings.HasPrefix(k, PropertyPrefix):
 			if err := setProperty(&pub, k, v); err != nil {
-				return amqp.Publishing{}, err
+				return amqp.Publishing{}, &sluice.UnpublishableError{Key: k, Err: err}
 			}
 			continue
 		}
-		if err := CheckName("header name", k); err != nil {
-			return amqp.Publishing{}, err
+		if len(k) > ShortStringMaxLength {
+			return amqp.Publishing{}, &sluice.UnpublishableError{Key: k,
+				Err: fmt.Errorf("%w: a header name of %d bytes", ErrNameTooLong, len(k))}
 		}
 		pub.Headers[k] = v
 	}
@@ -121,11 +137,12 @@ func StampTimestamp(p amqp.Publishing) amqp.Publishing {
 	return p
 }
 
-// setProperty sets the AMQP property of property key k to v.
+// setProperty sets the AMQP property of property key k to v. Its error
+// states the rule v breaks, never v: it ends up in diagnoses.
 func setProperty(pub *amqp.Publishing, k, v string) error {
 	short := func(dst *string) error {
-		if err := CheckName("property "+k, v); err != nil {
-			return err
+		if len(v) > ShortStringMaxLength {
+			return fmt.Errorf("%w: a value of %d bytes", ErrNameTooLong, len(v))
 		}
 		*dst = v
 		return nil
@@ -148,17 +165,17 @@ func setProperty(pub *amqp.Publishing, k, v string) error {
 	case TimestampKey:
 		t, err := time.Parse(time.RFC3339Nano, v)
 		if err != nil {
-			return fmt.Errorf("rabbitmq: metadata %s: want an RFC 3339 time: %w", k, err)
+			return errors.New("want an RFC 3339 time")
 		}
 		pub.Timestamp = t
 	case PriorityKey:
 		p, err := strconv.ParseUint(v, 10, 8)
 		if err != nil {
-			return fmt.Errorf("rabbitmq: metadata %s: want 0-255: %w", k, err)
+			return errors.New("want 0-255 in decimal")
 		}
 		pub.Priority = uint8(p)
-	default: // an unknown property key travels as a header
-		pub.Headers[k] = v
+	default:
+		return errors.New("not an AMQP property Sluice carries")
 	}
 	return nil
 }
@@ -187,6 +204,12 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	for k, v := range d.Headers {
 		switch {
 		case k == uuidKey, k == PublishIDHeader, isDeliveryScoped(k):
+		case strings.HasPrefix(k, PropertyPrefix):
+			// Only Sluice writes its property keys, from the delivery's
+			// own properties (below): a header of that name is a
+			// producer's, and a copy Sluice wrote carries its properties
+			// as properties. Dropped, so it can neither pose as a property
+			// nor make every copy of the message unpublishable.
 		case strings.HasPrefix(k, "x-"):
 			brokerHeader(msg.Metadata, k, v)
 		default:

@@ -43,7 +43,8 @@ func isDeliveryScoped(key string) bool { return strings.HasPrefix(key, DeliveryP
 // Metadata keys of a message's AMQP properties. Unlike the delivery-scoped
 // keys they belong to the message: the Marshaler sets them from each
 // delivery's properties (a foreign producer's content type, correlation id,
-// ...) so the handler can read them, and Marshal restores them as properties
+// ...), and only from them — a header of such a name is dropped — so the
+// handler can read them, and Marshal restores them as properties
 // — not headers — on every copy Sluice publishes (retry tiers, poison queue)
 // and on replays. Expiration is never carried: the retry tiers own TTL.
 const (
@@ -62,8 +63,14 @@ const (
 	// PriorityKey is the priority property, 0-255 in decimal.
 	PriorityKey = PropertyPrefix + "priority"
 	// UserIDKey is the user_id property the broker validated for the
-	// producer. It is readable by the handler and kept as a header on
-	// copies, but never restored as the property: RabbitMQ refuses a
-	// publish whose user_id is not the publishing connection's user.
+	// publisher of this delivery. It is never restored as the property:
+	// RabbitMQ refuses a publish whose user_id is not the publishing
+	// connection's user. A copy carries it as OriginUserIDKey instead.
 	UserIDKey = PropertyPrefix + "user_id"
 )
+
+// OriginUserIDKey is, on a copy Sluice published (retry tier, poison queue,
+// replay), the user_id the broker validated for the message's first
+// publisher: Marshal records it once from UserIDKey, and keeps it on every
+// later copy.
+const OriginUserIDKey = sluice.OriginPrefix + "user_id"

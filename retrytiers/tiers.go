@@ -123,7 +123,10 @@ type Config struct {
 // first failure), RetryTierKey — to Tiers[N-1], waits until Publish returns,
 // and returns nil, so the original is acked only once its copy is stored.
 // When the publish fails it waits PublishBackoff and returns the handler's
-// error joined with the publish error (nack: nothing lost). With no tier
+// error joined with the publish error (nack: nothing lost) — unless the
+// publisher cannot build the copy at all (sluice.ErrUnpublishable: a
+// metadata value the broker cannot carry), which no retry mends: that is a
+// Poison failure naming the key, for the poison stage. With no tier
 // left it returns a ClassExhausted failure wrapping the error. Other classes
 // and successes pass through untouched.
 func New(cfg Config) (message.HandlerMiddleware, error) {
@@ -199,6 +202,11 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 				fmt.Errorf("retry budget spent after %d attempts: %w", attempt, err))
 		}
 		tier, pErr := s.park(msg, attempt, reason)
+		if errors.Is(pErr, sluice.ErrUnpublishable) { // no tier can take it, now or later: never a nack loop
+			s.cfg.Logger.Error("The retry copy cannot be built; the delivery is poison", diag.RedactError(pErr), telemetry.LogFields(msg,
+				watermill.LogFields{"class": sluice.ClassPoison.String(), "tier": tier.Name, "attempt": attempt}))
+			return nil, sluice.Poison(errors.Join(fmt.Errorf("retrytiers: the retry copy cannot be published: %w", pErr), err))
+		}
 		if pErr != nil {
 			republish.Backoff(s.cfg.PublishBackoff)
 			s.cfg.Logger.Error("Publishing the retry copy failed; the delivery is nacked after the backoff", diag.RedactError(pErr), telemetry.LogFields(msg,
@@ -221,7 +229,8 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 // ones: a copy waiting longer or shorter than planned keeps the delivery's
 // place free, where a nack after the backoff would bring it back at the
 // head of the queue, ahead of every other message, to fail again. It
-// returns the tier used, or the planned one and every error.
+// returns the tier used, or the planned one and every error. A copy the
+// publisher cannot build (sluice.ErrUnpublishable) is tried once.
 func (s *stage) park(msg *message.Message, attempt int, reason string) (Tier, error) {
 	planned := attempt - 1
 	order := []int{planned}
@@ -245,6 +254,9 @@ func (s *stage) park(msg *message.Message, attempt int, reason string) (Tier, er
 			return tier, nil
 		}
 		errs = append(errs, fmt.Errorf("tier %s: %w", tier.Name, err))
+		if errors.Is(err, sluice.ErrUnpublishable) { // every tier would refuse it alike
+			break
+		}
 	}
 	return s.cfg.Tiers[planned], errors.Join(errs...)
 }
