@@ -34,6 +34,8 @@ type ShutdownGraceConfig struct {
 // stage the handler's context is cancelled only grace after the message's
 // own context is — time to commit, so the message is acked rather than
 // redelivered. Values and deadlines other than the cancellation are kept.
+// Once the handler has returned nothing cancels its context but orig's
+// deadline: the messages it produced carry it to Watermill's publish.
 func ShutdownGrace(cfg ShutdownGraceConfig) (message.HandlerMiddleware, error) {
 	grace := cfg.Grace
 	if grace == 0 {
@@ -114,8 +116,7 @@ func (g *graceCtx) armLocked() context.Context {
 		g.cancel = func(cause error) { cancel(cause); cancelDL() }
 	}
 	g.armed.Store(&ctx)
-	if g.returned {
-		g.cancel(nil)
+	if g.returned { // first looked at after the handler returned: nothing ends it now
 		return ctx
 	}
 	g.stopOrig = context.AfterFunc(g.orig, g.start)
@@ -131,7 +132,13 @@ func (g *graceCtx) start() {
 	}
 }
 
-// end runs when the handler returned.
+// end runs when the handler returned. It stops the watch on orig and the
+// grace timer but does not cancel the context: the messages the handler
+// produced may carry it (evt.SetContext(ctx)), and Watermill publishes them
+// after the whole stack returned — a context cancelled here made every such
+// publish fail ("context canceled"), the delivery nacked and its redelivery a
+// duplicate whose produced messages were never published. A deadline of
+// orig's still ends it; nothing else is left running.
 func (g *graceCtx) end() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -143,5 +150,4 @@ func (g *graceCtx) end() {
 	if g.timer != nil {
 		g.timer.Stop()
 	}
-	g.cancel(nil)
 }

@@ -91,3 +91,38 @@ func TestShutdownGraceLateObserver(t *testing.T) {
 	require.NoError(t, early)
 	require.ErrorIs(t, cause, middleware.ErrShutdownGraceExpired)
 }
+
+// Once the handler has returned, its context is not cancelled: the messages
+// it produced carry it to Watermill's publish, after the stack returned. A
+// deadline still ends it.
+func TestShutdownGraceContextOutlivesTheHandlerForItsProducedMessages(t *testing.T) {
+	t.Parallel()
+	mw, err := middleware.ShutdownGrace(middleware.ShutdownGraceConfig{Grace: time.Hour})
+	require.NoError(t, err)
+	for _, looked := range []bool{true, false} {
+		msg := newMsg()
+		produced, err := mw(func(m *message.Message) ([]*message.Message, error) {
+			if looked {
+				require.NoError(t, m.Context().Err()) // arms the context, as a driver does
+			}
+			evt := newMsg()
+			evt.SetContext(m.Context())
+			return []*message.Message{evt}, nil
+		})(msg)
+		require.NoError(t, err)
+		require.NoError(t, produced[0].Context().Err(), "looked before returning: %v", looked)
+	}
+
+	orig, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	msg := newMsg()
+	msg.SetContext(orig)
+	produced, err := mw(func(m *message.Message) ([]*message.Message, error) {
+		evt := newMsg()
+		evt.SetContext(m.Context())
+		return []*message.Message{evt}, nil
+	})(msg)
+	require.NoError(t, err)
+	<-produced[0].Context().Done()
+	require.ErrorIs(t, produced[0].Context().Err(), context.DeadlineExceeded)
+}
