@@ -56,7 +56,11 @@ func (s *SQLStore) CreateTable(ctx context.Context) error {
 	return err
 }
 
-// Record upserts r; "duplicate" does not replace "processed" or "rejected".
+// Record upserts r by the stage's rule: a committed outcome is final —
+// nothing replaces "processed" or "rejected", and only those replace
+// "duplicate" (the event was processed before) — so a later delivery of a
+// processed item (its ack lost, then failing before its claim) cannot record
+// it retried, held or poisoned.
 func (s *SQLStore) Record(ctx context.Context, r Record) error {
 	return s.record(ctx, s.db, r)
 }
@@ -72,7 +76,8 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (run, item) DO UPDATE SET outcome = excluded.outcome, class = excluded.class, reason = excluded.reason,
 	handler = excluded.handler, updated_at = excluded.updated_at,
 	event_id = CASE WHEN excluded.event_id = '' THEN t.event_id ELSE excluded.event_id END
-WHERE NOT (excluded.outcome = 'duplicate' AND t.outcome IN ('processed', 'rejected'))`)
+WHERE NOT (t.outcome IN ('processed', 'rejected')
+	OR (t.outcome = 'duplicate' AND excluded.outcome NOT IN ('processed', 'rejected')))`)
 	_, err := db.ExecContext(ctx, q, r.Run, r.Item, r.EventID, string(r.Outcome), r.Class, r.Reason, r.Handler, r.At.UTC())
 	return err
 }

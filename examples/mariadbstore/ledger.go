@@ -53,14 +53,15 @@ func (l *Ledger) CreateTable(ctx context.Context) error {
 }
 
 // keep is true, in ON DUPLICATE KEY UPDATE, when the row there must stay:
-// a duplicate does not replace processed or rejected. MariaDB assigns left
+// a committed outcome is final — nothing replaces processed or rejected, and
+// only those replace duplicate (replaytest's CommittedIsFinal). MariaDB assigns left
 // to right, a later assignment seeing the earlier ones: outcome, which keep
 // reads, is assigned last, so every keep reads the row as it was. (VALUES()
 // is MariaDB's; MySQL 8.0.20+ still takes it, deprecated.)
-const keep = `(VALUES(outcome) = 'duplicate' AND outcome IN ('processed', 'rejected'))`
+const keep = `(outcome IN ('processed', 'rejected') OR (outcome = 'duplicate' AND VALUES(outcome) NOT IN ('processed', 'rejected')))`
 
-// Record upserts r; "duplicate" does not replace "processed" or "rejected",
-// and an empty event id keeps the one there.
+// Record upserts r; nothing replaces "processed" or "rejected", only those
+// replace "duplicate", and an empty event id keeps the one there.
 func (l *Ledger) Record(ctx context.Context, r replay.Record) error {
 	_, err := l.db.ExecContext(ctx, `INSERT INTO `+l.table+` (run, item, event_id, outcome, class, reason, handler, updated_us)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON DUPLICATE KEY UPDATE

@@ -2,7 +2,8 @@
 -- ARGV[1] item, ARGV[2] the record (JSON), ARGV[3] mode, ARGV[4] run,
 -- ARGV[5] retention in milliseconds (0: none).
 -- Modes, as replay.SQLStore's statements:
---   upsert  (Record)   a duplicate does not replace processed or rejected; an
+--   upsert  (Record)   nothing replaces processed or rejected, and only those
+--                      replace duplicate (a committed outcome is final); an
 --                      empty event id keeps the one there;
 --   insert  (Replayed) only where nothing is yet;
 --   replace (Records)  the operator's record, keeping the event id and class.
@@ -16,7 +17,10 @@ if cur then
   local old = cjson.decode(cur)
   local new = cjson.decode(rec)
   if mode == 'upsert' then
-    if new.outcome == 'duplicate' and (old.outcome == 'processed' or old.outcome == 'rejected') then
+    if old.outcome == 'processed' or old.outcome == 'rejected' then
+      return 0
+    end
+    if old.outcome == 'duplicate' and new.outcome ~= 'processed' and new.outcome ~= 'rejected' then
       return 0
     end
     if new.event_id == nil or new.event_id == '' then

@@ -94,7 +94,8 @@ func (s *Store) write(ctx context.Context, mode string, r replay.Record) error {
 		r.Item, b, mode, r.Run, s.retention.Milliseconds()).Err()
 }
 
-// Record upserts r; "duplicate" does not replace "processed" or "rejected".
+// Record upserts r by the stage's rule, as replay.SQLStore's: nothing
+// replaces "processed" or "rejected", and only those replace "duplicate".
 func (s *Store) Record(ctx context.Context, r replay.Record) error {
 	return s.write(ctx, "upsert", r)
 }

@@ -34,6 +34,7 @@ func Run(t *testing.T, newLedger NewLedger) {
 		"Rules":                      testRules,
 		"Items":                      testItems,
 		"ConcurrentRecordsOfOneItem": testConcurrentRecordsOfOneItem,
+		"CommittedIsFinal":           testCommittedIsFinal,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -86,6 +87,45 @@ func testRules(t *testing.T, s replay.Ledger) {
 	require.NoError(t, err)
 	require.Len(t, one, 1)
 	require.True(t, first.At.Equal(one[0].At), "the time survives: %s, %s", first.At, one[0].At)
+}
+
+// testCommittedIsFinal: once an item is processed or rejected, no later
+// record of the stage replaces it — a redelivery of the processed event
+// (its ack lost) that fails before its claim and is retried, held, parked,
+// failed or poisoned is not what became of the item — and a duplicate is
+// replaced only by processed or rejected. The operator's records still
+// replace any outcome.
+func testCommittedIsFinal(t *testing.T, s replay.Ledger) {
+	ctx := t.Context()
+	later := []sluice.Outcome{sluice.OutcomeRetried, sluice.OutcomeHeld, sluice.OutcomeParked, sluice.OutcomeFailed,
+		sluice.OutcomePoisoned, sluice.OutcomeDuplicate}
+	for _, first := range []sluice.Outcome{sluice.OutcomeProcessed, sluice.OutcomeRejected, sluice.OutcomeDuplicate} {
+		item := string(first)
+		require.NoError(t, s.Record(ctx, rec("r", item, first)))
+		for _, o := range later {
+			r := rec("r", item, o)
+			r.Class, r.Reason = "exhausted", "deduplication: begin: connection refused"
+			require.NoError(t, s.Record(ctx, r))
+		}
+	}
+	require.NoError(t, s.Record(ctx, rec("r", "duplicate", sluice.OutcomeProcessed)), "a duplicate first, then the delivery that processed it")
+	discarded := rec("r", "rejected", replay.OutcomeDiscarded)
+	require.NoError(t, s.Records(ctx, []replay.Record{discarded}))
+
+	got, err := s.Outcomes(ctx, "r")
+	require.NoError(t, err)
+	outcomes := map[string]sluice.Outcome{}
+	for _, r := range got {
+		outcomes[r.Item] = r.Outcome
+		if r.Item == "processed" {
+			require.Empty(t, r.Reason, "the later failure's reason is not kept")
+		}
+	}
+	require.Equal(t, map[string]sluice.Outcome{
+		"processed": sluice.OutcomeProcessed,
+		"rejected":  replay.OutcomeDiscarded,
+		"duplicate": sluice.OutcomeProcessed,
+	}, outcomes)
 }
 
 // testItems: 2,100 items of run r sent, one of another run; Items of every
