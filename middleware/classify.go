@@ -59,8 +59,8 @@ func Classify(cfg ClassifyConfig) (message.HandlerMiddleware, error) {
 			class := c.Classify(err)
 			if class == sluice.ClassRejected {
 				rejected.Add(msg.Context(), 1, telemetry.HandlerAttr(msg))
-				logger.Info("Delivery rejected: committed and acked", telemetry.LogFields(msg, watermill.LogFields{
-					"class": sluice.ClassRejected.String(), "reason": diag.Summary(err, 1024)}))
+				logger.Info("Delivery rejected: committed and acked", diag.LogFields(telemetry.LogFields(msg, watermill.LogFields{
+					"class": sluice.ClassRejected.String(), "reason": diag.Summary(err, 1024)})))
 				sluice.Record(msg.Context(), func(r *sluice.Report) { r.Outcome, r.Class = sluice.OutcomeRejected, sluice.ClassRejected })
 				return produced, nil
 			}

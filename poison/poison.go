@@ -209,7 +209,7 @@ func (s *stage) isolate(msg, diagnosed *message.Message, class sluice.Class, err
 			break
 		}
 		s.cfg.Logger.Error("The poison copy cannot be published as it is; it leaves out metadata", diag.RedactError(pErr),
-			telemetry.LogFields(msg, watermill.LogFields{"class": class.String(), "dropped": diagnosed.Metadata.Get(DroppedKey)}))
+			diag.LogFields(telemetry.LogFields(msg, watermill.LogFields{"class": class.String(), "dropped": diagnosed.Metadata.Get(DroppedKey)})))
 		pErr = republish.Try(s.cfg.Publisher, s.cfg.Topic, diagnosed, s.cfg.PublishTimeout)
 	}
 	if pErr != nil && s.cfg.ParkTopic != "" && !s.cfg.DisablePark {
@@ -217,7 +217,7 @@ func (s *stage) isolate(msg, diagnosed *message.Message, class sluice.Class, err
 		parkErr := republish.Try(s.cfg.ParkPublisher, s.cfg.ParkTopic, diagnosed, s.cfg.PublishTimeout)
 		if parkErr == nil {
 			s.cfg.Logger.Error("The poison queue refused the copy; it waits in the park topic and is isolated when it comes back", diag.RedactError(pErr),
-				telemetry.LogFields(msg, watermill.LogFields{"class": class.String(), "poison_queue": s.cfg.Topic, "park_topic": s.cfg.ParkTopic}))
+				diag.LogFields(telemetry.LogFields(msg, watermill.LogFields{"class": class.String(), "poison_queue": s.cfg.Topic, "park_topic": s.cfg.ParkTopic})))
 			s.parkedCt.Add(ctx, 1, telemetry.HandlerAttr(msg))
 			sluice.Record(ctx, func(r *sluice.Report) { r.Outcome, r.Class = sluice.OutcomeParked, class })
 			return nil, nil
@@ -227,7 +227,7 @@ func (s *stage) isolate(msg, diagnosed *message.Message, class sluice.Class, err
 	if pErr != nil {
 		republish.Backoff(s.cfg.PublishBackoff)
 		s.cfg.Logger.Error("Publishing to the poison queue failed; the delivery is nacked after the backoff", diag.RedactError(pErr),
-			telemetry.LogFields(msg, watermill.LogFields{"class": class.String(), "poison_queue": s.cfg.Topic, "backoff": s.cfg.PublishBackoff.String()}))
+			diag.LogFields(telemetry.LogFields(msg, watermill.LogFields{"class": class.String(), "poison_queue": s.cfg.Topic, "backoff": s.cfg.PublishBackoff.String()})))
 		return nil, errors.Join(err, fmt.Errorf("poison: cannot publish to the poison queue %s: %w", s.cfg.Topic, pErr))
 	}
 	fields := watermill.LogFields{"class": class.String(), "reason": diagnosed.Metadata.Get(ReasonKey),
@@ -235,7 +235,7 @@ func (s *stage) isolate(msg, diagnosed *message.Message, class sluice.Class, err
 	if p, ok := errors.AsType[*sluice.PanicError](err); ok {
 		fields["stack"] = string(p.Stack)
 	}
-	s.cfg.Logger.Error("Delivery isolated in the poison queue", diag.RedactError(err), telemetry.LogFields(msg, fields))
+	s.cfg.Logger.Error("Delivery isolated in the poison queue", diag.RedactError(err), diag.LogFields(telemetry.LogFields(msg, fields)))
 	s.poisoned.Add(ctx, 1, metric.WithAttributes(
 		telemetry.HandlerKey.String(telemetry.Handler(ctx)), attribute.String("sluice.class", class.String())))
 	sluice.Record(ctx, func(r *sluice.Report) {

@@ -196,25 +196,25 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 		reason := diag.Summary(err, s.cfg.ErrorMaxLength)
 		if attempt > len(s.cfg.Tiers) {
 			s.exhausted.Add(ctx, 1, telemetry.HandlerAttr(msg))
-			s.cfg.Logger.Error("Retry budget spent: the delivery is exhausted", diag.RedactError(err), telemetry.LogFields(msg,
-				watermill.LogFields{"class": sluice.ClassExhausted.String(), "attempt": attempt, "reason": reason}))
+			s.cfg.Logger.Error("Retry budget spent: the delivery is exhausted", diag.RedactError(err), diag.LogFields(telemetry.LogFields(msg,
+				watermill.LogFields{"class": sluice.ClassExhausted.String(), "attempt": attempt, "reason": reason})))
 			return nil, sluice.NewFailure(sluice.ClassExhausted,
 				fmt.Errorf("retry budget spent after %d attempts: %w", attempt, err))
 		}
 		tier, pErr := s.park(msg, attempt, reason)
 		if errors.Is(pErr, sluice.ErrUnpublishable) { // no tier can take it, now or later: never a nack loop
-			s.cfg.Logger.Error("The retry copy cannot be built; the delivery is poison", diag.RedactError(pErr), telemetry.LogFields(msg,
-				watermill.LogFields{"class": sluice.ClassPoison.String(), "tier": tier.Name, "attempt": attempt}))
+			s.cfg.Logger.Error("The retry copy cannot be built; the delivery is poison", diag.RedactError(pErr), diag.LogFields(telemetry.LogFields(msg,
+				watermill.LogFields{"class": sluice.ClassPoison.String(), "tier": tier.Name, "attempt": attempt})))
 			return nil, sluice.Poison(errors.Join(fmt.Errorf("retrytiers: the retry copy cannot be published: %w", pErr), err))
 		}
 		if pErr != nil {
 			republish.Backoff(s.cfg.PublishBackoff)
-			s.cfg.Logger.Error("Publishing the retry copy failed; the delivery is nacked after the backoff", diag.RedactError(pErr), telemetry.LogFields(msg,
-				watermill.LogFields{"class": sluice.ClassTransient.String(), "tier": tier.Name, "attempt": attempt, "backoff": s.cfg.PublishBackoff.String()}))
+			s.cfg.Logger.Error("Publishing the retry copy failed; the delivery is nacked after the backoff", diag.RedactError(pErr), diag.LogFields(telemetry.LogFields(msg,
+				watermill.LogFields{"class": sluice.ClassTransient.String(), "tier": tier.Name, "attempt": attempt, "backoff": s.cfg.PublishBackoff.String()})))
 			return nil, errors.Join(err, fmt.Errorf("retrytiers: publishing the retry copy to tier %s (%s): %w", tier.Name, tier.Topic, pErr))
 		}
-		s.cfg.Logger.Info("Delivery parked in a retry tier", telemetry.LogFields(msg, watermill.LogFields{
-			"class": sluice.ClassTransient.String(), "tier": tier.Name, "attempt": attempt, "next_attempt": attempt + 1, "reason": reason}))
+		s.cfg.Logger.Info("Delivery parked in a retry tier", diag.LogFields(telemetry.LogFields(msg, watermill.LogFields{
+			"class": sluice.ClassTransient.String(), "tier": tier.Name, "attempt": attempt, "next_attempt": attempt + 1, "reason": reason})))
 		s.retries.Add(ctx, 1, metric.WithAttributes(
 			telemetry.HandlerKey.String(telemetry.Handler(ctx)), attribute.String("sluice.tier", tier.Name)))
 		sluice.Record(ctx, func(r *sluice.Report) {
@@ -248,8 +248,8 @@ func (s *stage) park(msg *message.Message, attempt int, reason string) (Tier, er
 		err := republish.Try(s.cfg.Publisher, tier.Topic, c, s.cfg.PublishTimeout)
 		if err == nil {
 			if i != planned {
-				s.cfg.Logger.Error("Retry tier refused the copy; it waits in another tier", diag.RedactError(errors.Join(errs...)), telemetry.LogFields(msg,
-					watermill.LogFields{"tier": s.cfg.Tiers[planned].Name, "instead": tier.Name, "attempt": attempt}))
+				s.cfg.Logger.Error("Retry tier refused the copy; it waits in another tier", diag.RedactError(errors.Join(errs...)), diag.LogFields(telemetry.LogFields(msg,
+					watermill.LogFields{"tier": s.cfg.Tiers[planned].Name, "instead": tier.Name, "attempt": attempt})))
 			}
 			return tier, nil
 		}

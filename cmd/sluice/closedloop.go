@@ -216,7 +216,7 @@ func closedLoop(ctx context.Context, conn *amqp.Connection, cfg dlq.ReplayConfig
 					fmt.Fprintf(out, "  … and %d more\n", len(bad)-listMax)
 					break
 				}
-				fmt.Fprintf(out, "  %s\t%s\t%s\t%s\n", diag.Printable(cmp.Or(r.EventID, r.Item), 128), r.Outcome, r.Class, diag.Printable(r.Reason, 200))
+				fmt.Fprintf(out, "  %s\t%s\t%s\t%s\n", diag.Printable(cmp.Or(r.EventID, r.Item), 128), diag.Printable(string(r.Outcome), 32), diag.Printable(r.Class, 32), diag.Printable(r.Reason, 200))
 			}
 			fmt.Fprintf(out, "see: sluice dlq report --outcomes ... --run %s\n", cfg.Run)
 			return total, fmt.Errorf("%w: %s (run %s)", errStopped, why, cfg.Run)

@@ -171,12 +171,13 @@ func newStats(g *globals, out io.Writer) *cobra.Command {
 				return err
 			}
 			if asJSON {
-				return json.NewEncoder(out).Encode(s)
+				return writeJSON(out, s)
 			}
+			queue := diag.Printable(ff.queue, 255)
 			if s.Skipped > 0 {
-				fmt.Fprintf(out, "%s: %d of %d messages match the filter (%d skipped)", ff.queue, s.Total, s.Scanned, s.Skipped)
+				fmt.Fprintf(out, "%s: %d of %d messages match the filter (%d skipped)", queue, s.Total, s.Scanned, s.Skipped)
 			} else {
-				fmt.Fprintf(out, "%s: %d messages", ff.queue, s.Total)
+				fmt.Fprintf(out, "%s: %d messages", queue, s.Total)
 			}
 			if !s.Oldest.IsZero() {
 				fmt.Fprintf(out, ", poisoned from %s to %s", s.Oldest.Format(time.RFC3339), s.Newest.Format(time.RFC3339))
@@ -237,7 +238,6 @@ func newInspect(g *globals, out io.Writer) *cobra.Command {
 			}
 			defer done()
 			// Streamed: one message in memory at a time, whatever the queue holds.
-			enc := json.NewEncoder(out)
 			shown := 0
 			n, err := dlq.Each(ctx, conn, ff.queue, f, ff.limit, func(m *dlq.Message) error {
 				if asJSON {
@@ -247,7 +247,7 @@ func newInspect(g *globals, out io.Writer) *cobra.Command {
 					} else { // bytes kept losslessly, and said so
 						rec["payload_base64"] = base64.StdEncoding.EncodeToString(m.Msg.Payload)
 					}
-					return enc.Encode(rec)
+					return writeJSON(out, rec)
 				}
 				shown++
 				inspectTable(out, shown, m, preview)
@@ -256,7 +256,7 @@ func newInspect(g *globals, out io.Writer) *cobra.Command {
 			if err != nil || asJSON {
 				return err
 			}
-			fmt.Fprintf(out, "%d messages shown; all are back in %s\n", n, ff.queue)
+			fmt.Fprintf(out, "%d messages shown; all are back in %s\n", n, diag.Printable(ff.queue, 255))
 			return nil
 		},
 	}
@@ -438,7 +438,6 @@ func newReport(out io.Writer) *cobra.Command {
 // report prints the records and returns how many have no final outcome.
 func report(out io.Writer, rs []replay.Record, asJSON bool) int {
 	pending := 0
-	enc := json.NewEncoder(out)
 	byRun := map[string]map[sluice.Outcome]int{}
 	var runs []string
 	for _, r := range rs {
@@ -446,7 +445,7 @@ func report(out io.Writer, rs []replay.Record, asJSON bool) int {
 			pending++
 		}
 		if asJSON {
-			_ = enc.Encode(r)
+			_ = writeJSON(out, r)
 			continue
 		}
 		if byRun[r.Run] == nil {
@@ -470,7 +469,7 @@ func report(out io.Writer, rs []replay.Record, asJSON bool) int {
 		fmt.Fprintf(out, "run %s: %s\n", diag.Printable(run, 128), strings.Join(parts, ", "))
 		for _, r := range rs {
 			if r.Run == run && r.Outcome != sluice.OutcomeProcessed && r.Outcome != sluice.OutcomeDuplicate {
-				fmt.Fprintf(out, "  %s\t%s\t%s\t%s\n", diag.Printable(cmp.Or(r.EventID, r.Item), 128), r.Outcome, r.Class, diag.Printable(r.Reason, 200))
+				fmt.Fprintf(out, "  %s\t%s\t%s\t%s\n", diag.Printable(cmp.Or(r.EventID, r.Item), 128), diag.Printable(string(r.Outcome), 32), diag.Printable(r.Class, 32), diag.Printable(r.Reason, 200))
 			}
 		}
 	}
@@ -733,7 +732,7 @@ func newRestore(g *globals, out io.Writer) *cobra.Command {
 }
 
 func summary(out io.Writer, what, queue string, res dlq.ReplayResult, dryRun bool) {
-	title := what + " from " + queue
+	title := what + " from " + diag.Printable(queue, 255)
 	if dryRun {
 		title += " (dry run: nothing changed)"
 	}
@@ -781,6 +780,18 @@ func auditRecord(g *globals, command, queue string, f dlq.Filter, opts map[strin
 	return rec
 }
 
+// writeJSON writes v as one line of JSON with every control character of
+// message contents escaped: encoding/json leaves the C1 controls and the
+// bidirectional overrides raw (diag.EscapeJSON).
+func writeJSON(out io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = out.Write(append(diag.EscapeJSON(b), '\n'))
+	return err
+}
+
 // errorsJoin joins the run's error and the audit log's.
 func errorsJoin(runErr, auditErr error) error {
 	if auditErr != nil {
@@ -816,9 +827,13 @@ func queueDepth(conn *amqp.Connection, queue string) int {
 // start (0: unknown), the most that can be replayed.
 func newProgress(out io.Writer, queue string, total int) *progressView {
 	v := &progressView{out: out, total: total}
-	if f, ok := out.(*os.File); ok && isatty.IsTerminal(f.Fd()) {
+	raw := out // the bar draws with escape sequences of its own
+	if t, ok := out.(interface{ Unwrap() io.Writer }); ok {
+		raw = t.Unwrap()
+	}
+	if f, ok := raw.(*os.File); ok && isatty.IsTerminal(f.Fd()) {
 		v.pw = progress.NewWriter()
-		v.pw.SetOutputWriter(out)
+		v.pw.SetOutputWriter(raw)
 		v.pw.SetUpdateFrequency(100 * time.Millisecond)
 		v.tracker = &progress.Tracker{Message: "replaying from " + diag.Printable(queue, 255), Total: int64(total), Units: progress.UnitsDefault}
 		v.pw.AppendTracker(v.tracker)

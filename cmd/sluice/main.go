@@ -34,8 +34,18 @@ func main() {
 // usageError is a mistake in the command line: exit code 2.
 type usageError struct{ error }
 
-// run executes the command line and returns the exit code.
+// run executes the command line and returns the exit code. Everything it
+// prints passes a diag.Terminal: message contents (a queue named in a
+// header, a tampered archive's target, a reason) are escaped where they are
+// printed, and what reaches the terminal has no control character but
+// newlines and tabs even where that was forgotten.
 func run(args []string, stdout, stderr io.Writer) int {
+	out, errOut := diag.NewTerminal(stdout), diag.NewTerminal(stderr)
+	defer func() { _, _ = out.Flush(), errOut.Flush() }()
+	return execute(args, out, errOut)
+}
+
+func execute(args []string, stdout, stderr io.Writer) int {
 	root := newRoot(stdout)
 	root.SetArgs(args)
 	root.SetOut(stdout)

@@ -125,9 +125,8 @@ func newQueues(g *globals, out io.Writer) *cobra.Command {
 				}
 			}
 			if asJSON {
-				enc := json.NewEncoder(out)
 				for _, r := range rows {
-					if err := enc.Encode(r); err != nil {
+					if err := writeJSON(out, r); err != nil {
 						return err
 					}
 				}

@@ -5,7 +5,6 @@ package diag
 
 import (
 	"errors"
-	"fmt"
 	"net/url"
 	"regexp"
 	"strings"
@@ -65,16 +64,18 @@ func Redact(s string) string {
 	return bearer.ReplaceAllString(s, "${1}"+Mask)
 }
 
-// Error is an error whose text is redacted (Redact) and which unwraps to the
-// original, so errors.Is and errors.As still reach the cause (amqp091's
-// *amqp.Error, amqp.ErrCredentials, ...). Only the text is redacted: code
-// that prints an unwrapped cause prints it as it is.
+// Error is an error whose text is redacted (Redact) and escaped (Escape),
+// and which unwraps to the original, so errors.Is and errors.As still reach
+// the cause (amqp091's *amqp.Error, amqp.ErrCredentials, ...). Only the text
+// is changed: code that prints an unwrapped cause prints it as it is.
 type Error struct {
 	text string
 	err  error
 }
 
-// RedactError returns err with its text redacted, unwrapping to err; nil
+// RedactError returns err with its text redacted and escaped (Escape: no
+// control character, so a log line or an error message quoting a message's
+// contents cannot drive a terminal or forge a line), unwrapping to err; nil
 // stays nil. A *url.Error (which repeats the whole URL, and for a bad escape
 // a fragment of it) is described without the URL.
 func RedactError(err error) error {
@@ -90,7 +91,7 @@ func RedactError(err error) error {
 		}
 		return &Error{text: what + " (the URL is not shown: it may hold a password)", err: err}
 	}
-	return &Error{text: Redact(err.Error()), err: err}
+	return &Error{text: Escape(Redact(err.Error())), err: err}
 }
 
 func (e *Error) Error() string { return e.text }
@@ -146,26 +147,11 @@ func Bound(s string, max int) string {
 	return s[:cut] + ellipsis
 }
 
-// Printable returns s made safe for a terminal and bounded: invalid UTF-8
-// becomes U+FFFD, and every control character — C0 (ESC, BEL, CR, LF, TAB
-// included), DEL, C1, and the Unicode bidirectional overrides — is written
-// as a Go escape (\x1b, \u202e), so a message's contents can never move the
-// cursor, set a window title or clear the screen. The result is cut to at
-// most max bytes, ending in "…" when cut.
+// Printable returns s made safe for a terminal (Escape) and bounded: cut
+// to at most max bytes, ending in "…" when cut.
 func Printable(s string, max int) string {
-	var b strings.Builder
-	for _, r := range strings.ToValidUTF8(s, "\uFFFD") {
-		switch {
-		case r < 0x20, r == 0x7f, r >= 0x80 && r <= 0x9f:
-			fmt.Fprintf(&b, `\x%02x`, r)
-		case r >= 0x202a && r <= 0x202e, r >= 0x2066 && r <= 0x2069, r == 0x200e, r == 0x200f:
-			fmt.Fprintf(&b, `\u%04x`, r)
-		default:
-			b.WriteRune(r)
-		}
-		if b.Len() > max+8 { // enough to cut on a rune boundary below
-			break
-		}
+	if len(s) > 4*max+16 { // no need to escape what the cut drops
+		s = s[:4*max+16]
 	}
-	return Bound(b.String(), max)
+	return Bound(Escape(s), max)
 }

@@ -272,19 +272,19 @@ func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Repla
 				}
 			}
 			if err := cfg.Publisher.Publish(target, copies...); err != nil {
-				return fmt.Errorf("dlq: replaying to %s: %w", target, err)
+				return fmt.Errorf("dlq: replaying to %s: %w", diag.Printable(target, 255), err)
 			}
 			if cfg.Published != nil {
 				actx, cancel := afterConfirm(ctx)
 				err := cfg.Published(actx, ms)
 				cancel()
 				if err != nil {
-					return fmt.Errorf("dlq: recording the replayed items (published, still in %s): %w", cfg.Queue, err)
+					return fmt.Errorf("dlq: recording the replayed items (published, still in %s): %w", diag.Printable(cfg.Queue, 255), err)
 				}
 			}
 			for _, m := range ms {
 				if err := m.Ack(); err != nil {
-					return fmt.Errorf("dlq: acking event %s in %s after its replay: %w", m.EventID, cfg.Queue, err)
+					return fmt.Errorf("dlq: acking %s in %s after its replay: %w", m.name(), diag.Printable(cfg.Queue, 255), err)
 				}
 			}
 			res.Replayed += len(ms)
@@ -378,8 +378,7 @@ type ArchiveSink interface {
 
 // FileSink appends records as JSON lines to a file, each synced to disk.
 type FileSink struct {
-	f   *os.File
-	enc *json.Encoder
+	f *os.File
 }
 
 // OpenFileSink opens (creating) path for appending.
@@ -388,11 +387,15 @@ func OpenFileSink(path string) (*FileSink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dlq: opening the archive: %w", err)
 	}
-	return &FileSink{f: f, enc: json.NewEncoder(f)}, nil
+	return &FileSink{f: f}, nil
 }
 
 func (s *FileSink) Write(_ context.Context, rec ArchiveRecord) error {
-	if err := s.enc.Encode(rec); err != nil {
+	b, err := archiveJSON(rec)
+	if err != nil {
+		return fmt.Errorf("dlq: writing the archive: %w", err)
+	}
+	if _, err := s.f.Write(append(b, '\n')); err != nil {
 		return fmt.Errorf("dlq: writing the archive: %w", err)
 	}
 	if err := s.f.Sync(); err != nil {
@@ -440,7 +443,7 @@ func NewTableSink(ctx context.Context, db *sqlx.DB, table string) (*TableSink, e
 }
 
 func (s *TableSink) Write(ctx context.Context, rec ArchiveRecord) error {
-	b, err := json.Marshal(rec)
+	b, err := archiveJSON(rec)
 	if err != nil {
 		return err
 	}
@@ -455,6 +458,14 @@ func (s *TableSink) Name() string { return "table " + s.table }
 
 // Close does nothing: the database is the caller's.
 func (s *TableSink) Close() error { return nil }
+
+// archiveJSON is rec as an archive holds it: JSON whose C1 and bidirectional
+// controls are escaped too (diag.EscapeJSON), so that printing an archive
+// (cat, psql) runs nothing; it decodes to the same record.
+func archiveJSON(rec ArchiveRecord) ([]byte, error) {
+	b, err := json.Marshal(rec)
+	return diag.EscapeJSON(b), err
+}
 
 // name is how plans name rec: its event id, else its UUID.
 func (rec ArchiveRecord) name() string {
@@ -549,7 +560,7 @@ func AppendAudit(path string, rec AuditRecord) error {
 	if err != nil {
 		return err
 	}
-	b = append(b, '\n')
+	b = append(diag.EscapeJSON(b), '\n') // event ids and errors are message contents
 	if path == "-" {
 		_, err := os.Stdout.Write(b)
 		return err
@@ -642,13 +653,13 @@ func Restore(ctx context.Context, cfg RestoreConfig) (ReplayResult, error) {
 			}
 		}
 		if err := cfg.Publisher.Publish(target, m); err != nil {
-			return res, fmt.Errorf("dlq: restoring %s to %s: %w", where, target, err)
+			return res, fmt.Errorf("dlq: restoring %s to %s: %w", where, diag.Printable(target, 255), err)
 		}
 		actx, cancel := afterConfirm(ctx)
 		err = cfg.Source.Restored(actx)
 		cancel()
 		if err != nil {
-			return res, fmt.Errorf("dlq: %s was restored to %s but not recorded as restored (a rerun publishes it again): %w", where, target, err)
+			return res, fmt.Errorf("dlq: %s was restored to %s but not recorded as restored (a rerun publishes it again): %w", where, diag.Printable(target, 255), err)
 		}
 		res.Replayed++
 		res.ByTarget[target]++
@@ -675,7 +686,7 @@ func OpenFileSource(path string) (*FileSource, error) {
 // Next decodes the next line.
 func (s *FileSource) Next(context.Context) (ArchiveRecord, string, error) {
 	s.line++
-	where := fmt.Sprintf("%s record %d", s.f.Name(), s.line)
+	where := fmt.Sprintf("%s record %d", diag.Printable(s.f.Name(), 255), s.line)
 	var rec ArchiveRecord
 	if err := s.dec.Decode(&rec); errors.Is(err, io.EOF) {
 		return rec, where, io.EOF

@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
@@ -69,9 +70,9 @@ func Scan(ctx context.Context, conn *amqp.Connection, queue string, fn func(*Mes
 	if err != nil {
 		var ae *amqp.Error
 		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
-			return 0, fmt.Errorf("%w: %s", ErrNoQueue, queue)
+			return 0, fmt.Errorf("%w: %s", ErrNoQueue, diag.Printable(queue, 255))
 		}
-		return 0, fmt.Errorf("dlq: %s: %w", queue, err)
+		return 0, fmt.Errorf("dlq: %s: %w", diag.Printable(queue, 255), err)
 	}
 	n, err := scan(ctx, ch, queue, q.Messages, fn)
 	if err == nil && done != nil {
@@ -88,7 +89,7 @@ func scan(ctx context.Context, ch *amqp.Channel, queue string, depth int, fn fun
 		}
 		d, ok, err := ch.Get(queue, false)
 		if err != nil {
-			return n, fmt.Errorf("dlq: reading %s: %w", queue, err)
+			return n, fmt.Errorf("dlq: reading %s: %w", diag.Printable(queue, 255), err)
 		}
 		if !ok {
 			break
