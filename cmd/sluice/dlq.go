@@ -154,19 +154,25 @@ func newDLQ(g *globals, out io.Writer) *cobra.Command {
 func newStats(g *globals, out io.Writer) *cobra.Command {
 	var ff filterFlags
 	var asJSON bool
+	var top int
 	cmd := &cobra.Command{
 		Use:   "stats",
 		Short: "Count a poison queue's messages by class, error fingerprint and event type",
 		Long: "Reads every message of the queue and returns all of them: they stay in the queue,\n" +
-			"in order (marked redelivered). The error fingerprint is the reason with ids and numbers normalised.",
+			"in order (marked redelivered). The error fingerprint is the reason with ids and numbers normalised.\n" +
+			"Each group shows its --top most frequent values and counts the rest as (other), in memory\n" +
+			"bounded whatever the queue holds.",
 		Args: noArgs,
 		RunE: func(*cobra.Command, []string) error {
+			if top < 1 || top > dlq.TopMax {
+				return usageError{fmt.Errorf("--top %d: want 1 to %d", top, dlq.TopMax)}
+			}
 			f, conn, ctx, done, err := ff.open(g, false)
 			if err != nil {
 				return err
 			}
 			defer done()
-			s, err := dlq.ReadStats(ctx, conn, ff.queue, f)
+			s, err := dlq.ReadStats(ctx, conn, ff.queue, f, top)
 			if err != nil {
 				return err
 			}
@@ -186,9 +192,14 @@ func newStats(g *globals, out io.Writer) *cobra.Command {
 			for _, grp := range []struct {
 				title  string
 				counts map[string]int
-			}{{"class", s.ByClass}, {"error fingerprint", s.ByFingerprint}, {"event type", s.ByEventType}} {
+				other  int
+			}{{"class", s.ByClass, s.Other.Class}, {"error fingerprint", s.ByFingerprint, s.Other.Fingerprint}, {"event type", s.ByEventType, s.Other.EventType}} {
 				fmt.Fprintln(out)
-				countTable(out, grp.title, grp.counts)
+				countTable(out, grp.title, grp.counts, grp.other)
+			}
+			if len(s.Approximate) > 0 {
+				fmt.Fprintf(out, "\nmore than %d different values of %s: their counts are lower bounds, the rest is in (other)\n",
+					dlq.Capacity(s.Top), strings.Join(s.Approximate, ", "))
 			}
 			return nil
 		},
@@ -196,10 +207,13 @@ func newStats(g *globals, out io.Writer) *cobra.Command {
 	ff.register(cmd, "unused")
 	_ = cmd.Flags().MarkHidden("limit")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().IntVar(&top, "top", dlq.TopDefault, fmt.Sprintf("show the N most frequent values of each group, the rest as one (other) row (at most %d)", dlq.TopMax))
 	return cmd
 }
 
-func countTable(out io.Writer, title string, counts map[string]int) {
+// countTable prints a group's counts, the most frequent first, and other:
+// the messages under no value shown.
+func countTable(out io.Writer, title string, counts map[string]int, other int) {
 	keys := make([]string, 0, len(counts))
 	for k := range counts {
 		keys = append(keys, k)
@@ -216,6 +230,9 @@ func countTable(out io.Writer, title string, counts map[string]int) {
 	t.AppendHeader(table.Row{title, "messages"})
 	for _, k := range keys { // message contents: escaped and bounded
 		t.AppendRow(table.Row{diag.Printable(k, cellMax), counts[k]})
+	}
+	if other > 0 {
+		t.AppendRow(table.Row{"(other)", other})
 	}
 	t.Render()
 }

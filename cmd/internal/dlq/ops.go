@@ -39,50 +39,6 @@ const (
 	ReplayedClassKey = "sluice_replayed_class"
 )
 
-// Stats is what stats reports about a poison queue.
-type Stats struct {
-	Total         int            `json:"total"`   // messages the filter selects
-	Scanned       int            `json:"scanned"` // messages read
-	Skipped       int            `json:"skipped"` // read and not selected by the filter
-	ByClass       map[string]int `json:"by_class"`
-	ByFingerprint map[string]int `json:"by_fingerprint"`
-	ByEventType   map[string]int `json:"by_event_type"`
-	Oldest        time.Time      `json:"oldest_poisoned_at"`
-	Newest        time.Time      `json:"newest_poisoned_at"`
-}
-
-// ReadStats reads the whole queue (returning every message) and groups it.
-func ReadStats(ctx context.Context, conn *amqp.Connection, queue string, f Filter) (Stats, error) {
-	s := Stats{ByClass: map[string]int{}, ByFingerprint: map[string]int{}, ByEventType: map[string]int{}}
-	n, err := Scan(ctx, conn, queue, func(m *Message) (bool, error) {
-		if !f.Match(m) {
-			return false, nil
-		}
-		s.Total++
-		s.ByClass[orNone(m.Class)]++
-		s.ByFingerprint[orNone(Fingerprint(m.Reason))]++
-		s.ByEventType[orNone(m.EventType)]++
-		if !m.PoisonedAt.IsZero() {
-			if s.Oldest.IsZero() || m.PoisonedAt.Before(s.Oldest) {
-				s.Oldest = m.PoisonedAt
-			}
-			if m.PoisonedAt.After(s.Newest) {
-				s.Newest = m.PoisonedAt
-			}
-		}
-		return false, nil
-	}, nil)
-	s.Scanned, s.Skipped = n, n-s.Total
-	return s, err
-}
-
-func orNone(s string) string {
-	if s == "" {
-		return "(none)"
-	}
-	return s
-}
-
 // Inspect returns at most limit selected messages (0: all), returning every
 // message to the queue.
 func Inspect(ctx context.Context, conn *amqp.Connection, queue string, f Filter, limit int) ([]*Message, error) {

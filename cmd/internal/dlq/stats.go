@@ -1,0 +1,205 @@
+package dlq
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluicemq/sluice/internal/diag"
+)
+
+// Stats' bounds: whatever a poison queue holds — 200,000 messages with as
+// many different reasons — stats keeps a bounded number of values.
+const (
+	// TopDefault is how many values of each group (class, error
+	// fingerprint, event type) Stats shows by default; the messages of the
+	// others are counted in Other.
+	TopDefault = 20
+	// TopMax is the most values of a group Stats shows.
+	TopMax = 1000
+	// ValueMaxLength bounds, in bytes, a fingerprint, class or event type
+	// as it is counted (the reason is cut before it is fingerprinted).
+	ValueMaxLength = 1024
+)
+
+// Capacity is how many distinct values of each group a StatsCounter tracks
+// to show top of them: 50 × top, at least 1000. While a group has no more
+// distinct values than that, its counts are exact.
+func Capacity(top int) int { return max(1000, 50*top) }
+
+// Stats is what stats reports about a poison queue.
+type Stats struct {
+	Total   int `json:"total"`   // messages the filter selects
+	Scanned int `json:"scanned"` // messages read
+	Skipped int `json:"skipped"` // read and not selected by the filter
+	// ByClass, ByFingerprint and ByEventType are each group's Top most
+	// frequent values with their counts.
+	ByClass       map[string]int `json:"by_class"`
+	ByFingerprint map[string]int `json:"by_fingerprint"`
+	ByEventType   map[string]int `json:"by_event_type"`
+	// Other is, per group, how many of the Total messages are not counted
+	// under a value shown.
+	Other OtherCounts `json:"other"`
+	// Top is how many values of each group are shown at most.
+	Top int `json:"top"`
+	// Approximate names the groups that had more distinct values than
+	// Capacity(Top): their counts are then lower bounds (each short by at
+	// most Total ÷ (Capacity+1), counted in Other instead), and a value more
+	// frequent than that is never missed.
+	Approximate []string  `json:"approximate,omitempty"`
+	Oldest      time.Time `json:"oldest_poisoned_at"`
+	Newest      time.Time `json:"newest_poisoned_at"`
+}
+
+// OtherCounts are the messages of each group under no value shown.
+type OtherCounts struct {
+	Class       int `json:"class"`
+	Fingerprint int `json:"fingerprint"`
+	EventType   int `json:"event_type"`
+}
+
+// ReadStats reads the whole queue (returning every message) and groups it,
+// showing the top most frequent values of each group (TopDefault when 0,
+// at most TopMax). Its memory is bounded by Capacity(top) values a group,
+// whatever the queue holds.
+func ReadStats(ctx context.Context, conn *amqp.Connection, queue string, f Filter, top int) (Stats, error) {
+	c := NewStatsCounter(f, top)
+	_, err := Scan(ctx, conn, queue, func(m *Message) (bool, error) {
+		c.Add(m)
+		return false, nil
+	}, nil)
+	return c.Stats(), err
+}
+
+// StatsCounter groups messages as they are read, in bounded memory: each
+// group keeps at most Capacity(top) counters (the Misra–Gries summary: a
+// new value when all are taken lowers every counter by one and drops those
+// at zero), so that a queue of many distinct reasons costs no more than one
+// of few. Not safe for concurrent use.
+type StatsCounter struct {
+	f                    Filter
+	s                    Stats
+	class, fp, eventType *counters
+}
+
+// NewStatsCounter counts the messages f selects; top as in ReadStats.
+func NewStatsCounter(f Filter, top int) *StatsCounter {
+	if top <= 0 {
+		top = TopDefault
+	}
+	top = min(top, TopMax)
+	n := Capacity(top)
+	return &StatsCounter{f: f, s: Stats{Top: top}, class: newCounters(n), fp: newCounters(n), eventType: newCounters(n)}
+}
+
+// Add counts m: read, and when the filter selects it, under its class,
+// fingerprint and event type.
+func (c *StatsCounter) Add(m *Message) {
+	c.s.Scanned++
+	if !c.f.Match(m) {
+		c.s.Skipped++
+		return
+	}
+	c.s.Total++
+	c.class.add(orNone(diag.Bound(m.Class, ValueMaxLength)))
+	c.fp.add(orNone(diag.Bound(Fingerprint(diag.Bound(m.Reason, ValueMaxLength)), ValueMaxLength)))
+	c.eventType.add(orNone(diag.Bound(m.EventType, ValueMaxLength)))
+	if !m.PoisonedAt.IsZero() {
+		if c.s.Oldest.IsZero() || m.PoisonedAt.Before(c.s.Oldest) {
+			c.s.Oldest = m.PoisonedAt
+		}
+		if m.PoisonedAt.After(c.s.Newest) {
+			c.s.Newest = m.PoisonedAt
+		}
+	}
+}
+
+// Tracked is how many values the counter holds now, all groups together:
+// at most 3 × Capacity(top).
+func (c *StatsCounter) Tracked() int {
+	return len(c.class.n) + len(c.fp.n) + len(c.eventType.n)
+}
+
+// Stats returns the counts so far.
+func (c *StatsCounter) Stats() Stats {
+	s := c.s
+	s.Approximate = nil
+	var shown int
+	s.ByClass, shown = c.class.top(s.Top)
+	s.Other.Class = s.Total - shown
+	s.ByFingerprint, shown = c.fp.top(s.Top)
+	s.Other.Fingerprint = s.Total - shown
+	s.ByEventType, shown = c.eventType.top(s.Top)
+	s.Other.EventType = s.Total - shown
+	for _, g := range []struct {
+		name string
+		c    *counters
+	}{{"class", c.class}, {"fingerprint", c.fp}, {"event_type", c.eventType}} {
+		if g.c.approx {
+			s.Approximate = append(s.Approximate, g.name)
+		}
+	}
+	return s
+}
+
+// counters is a Misra–Gries summary of at most cap values.
+type counters struct {
+	cap    int
+	n      map[string]int
+	approx bool // a value was dropped: the counts are lower bounds
+}
+
+func newCounters(capacity int) *counters {
+	return &counters{cap: capacity, n: make(map[string]int)}
+}
+
+// add counts one occurrence of v. When v is new and every counter is
+// taken, every count goes down by one (v's own included) and those at zero
+// are dropped. Each such round takes cap+1 from the total counted, so over
+// n values there are at most n/(cap+1) of them, of cap steps each: O(n).
+func (c *counters) add(v string) {
+	if _, ok := c.n[v]; ok || len(c.n) < c.cap {
+		c.n[strings.Clone(v)]++ // not a slice of a larger string the map would keep alive
+		return
+	}
+	c.approx = true
+	for k, n := range c.n {
+		if n <= 1 {
+			delete(c.n, k)
+		} else {
+			c.n[k] = n - 1
+		}
+	}
+}
+
+// top returns the n most frequent values (ties by value) and the sum of
+// their counts.
+func (c *counters) top(n int) (map[string]int, int) {
+	keys := make([]string, 0, len(c.n))
+	for k := range c.n {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b string) int {
+		if c.n[a] != c.n[b] {
+			return c.n[b] - c.n[a]
+		}
+		return strings.Compare(a, b)
+	})
+	out := make(map[string]int, min(n, len(keys)))
+	sum := 0
+	for _, k := range keys[:min(n, len(keys))] {
+		out[k] = c.n[k]
+		sum += c.n[k]
+	}
+	return out, sum
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
+}
