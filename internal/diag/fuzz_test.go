@@ -1,8 +1,10 @@
 package diag_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -118,6 +120,66 @@ func FuzzPrintable(f *testing.F) {
 			if r < 0x20 || r == 0x7f || (r >= 0x80 && r <= 0x9f) || (r >= 0x202a && r <= 0x202e) || (r >= 0x2066 && r <= 0x2069) {
 				t.Fatalf("control character %U in %q", r, p)
 			}
+		}
+	})
+}
+
+// FuzzEscapeJSON: any string, encoded by encoding/json and escaped, decodes
+// to the same string and holds no control character raw.
+func FuzzEscapeJSON(f *testing.F) {
+	f.Add("\x1b]0;pwned\x07 \u009b2J \u202eevil\u202c \u2066x\u2069 \x7f")
+	f.Add("plain")
+	f.Add("\xff\xfe\u2028")
+	f.Fuzz(func(t *testing.T, s string) {
+		raw, err := json.Marshal(map[string]string{s: s})
+		if err != nil {
+			t.Skip()
+		}
+		esc := diag.EscapeJSON(raw)
+		for _, r := range string(esc) {
+			if diag.Control(r) {
+				t.Fatalf("control character %U in %q", r, esc)
+			}
+		}
+		var want, got map[string]string
+		if err := json.Unmarshal(raw, &want); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(esc, &got); err != nil {
+			t.Fatalf("%q no longer decodes: %v", esc, err)
+		}
+		if !reflect.DeepEqual(want, got) {
+			t.Fatalf("decodes to %q, want %q", got, want)
+		}
+	})
+}
+
+// FuzzTerminal: whatever is written, in whatever pieces, what reaches the
+// writer beneath has no control character but newlines and tabs, and the
+// same lines.
+func FuzzTerminal(f *testing.F) {
+	f.Add("ok\tcell\n\x1b[2J\u009b\u202e\n", uint8(1))
+	f.Add("é日\u2066", uint8(2))
+	f.Fuzz(func(t *testing.T, s string, piece uint8) {
+		var buf strings.Builder
+		term := diag.NewTerminal(&buf)
+		step := int(piece%7) + 1
+		for i := 0; i < len(s); i += step {
+			if _, err := term.Write([]byte(s[i:min(i+step, len(s))])); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := term.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		out := buf.String()
+		for _, r := range out {
+			if r != '\n' && r != '\t' && diag.Control(r) {
+				t.Fatalf("control character %U in %q", r, out)
+			}
+		}
+		if strings.Count(out, "\n") != strings.Count(s, "\n") {
+			t.Fatalf("%d lines from %d", strings.Count(out, "\n"), strings.Count(s, "\n"))
 		}
 	})
 }
