@@ -83,6 +83,15 @@ type Config struct {
 	// PublishTimeout bounds publishing one copy, on a context detached from
 	// the handler's deadline. Default PublishTimeoutDefault.
 	PublishTimeout time.Duration
+	// Signer signs every copy (poison queue, park topic) and verifies, on
+	// the way in, the diagnosis a delivery carries (sluice_poison_*, the
+	// parked mark among them): believed only when it verifies. Give the
+	// retry and replay stages the same one (router.Stages.Signer does).
+	// Default nil: the diagnosis is
+	// believed only on a copy back from ParkTopic (sluice.
+	// DeadLetterQueueKey, reason expired); on any other delivery it is
+	// removed, and the handler runs.
+	Signer *sluice.Signer
 	// MeterProvider receives MetricPoisoned. Default the global provider.
 	MeterProvider metric.MeterProvider
 	// Logger receives one line per message isolated (error level: the
@@ -158,19 +167,33 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 		return nil, err
 	}
 	s := &stage{cfg: cfg, poisoned: poisoned, parkedCt: parkedCt}
+	if cfg.ParkTopic != "" {
+		s.parks = []string{cfg.ParkTopic}
+	}
 	return s.middleware, nil
 }
 
 type stage struct {
 	cfg                Config
+	parks              []string // where a parked copy comes back from
 	poisoned, parkedCt metric.Int64Counter
 }
 
+func isDiagnosisKey(k string) bool { return strings.HasPrefix(k, sluice.PoisonPrefix) }
+
 func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
+		if removed := s.cfg.Signer.Believe(msg, isDiagnosisKey, s.parks...); removed != nil {
+			s.cfg.Logger.Info("Poison diagnosis not written by Sluice: not believed, the handler runs",
+				telemetry.LogFields(msg, watermill.LogFields{"removed": strings.Join(removed, ",")}))
+		}
 		if class, ok := parked(msg); ok { // diagnosed before, the poison queue refused it
 			c := republish.Copy(msg, 0)
 			delete(c.Metadata, ParkedKey)
+			// Where a replay sends it back is this consumer's queue,
+			// whatever the copy says.
+			c.Metadata[QueueKey] = s.queue(msg)
+			c.Metadata[ConsumerKey] = cmp.Or(s.cfg.Consumer, telemetry.Handler(msg.Context()))
 			return s.isolate(msg, c, class, errors.New(msg.Metadata.Get(ReasonKey)))
 		}
 		produced, err := h(msg)
@@ -199,6 +222,7 @@ func parked(msg *message.Message) (sluice.Class, bool) {
 // nacks the delivery after the backoff.
 func (s *stage) isolate(msg, diagnosed *message.Message, class sluice.Class, err error) ([]*message.Message, error) {
 	ctx := msg.Context()
+	s.cfg.Signer.Sign(diagnosed)
 	pErr := republish.Try(s.cfg.Publisher, s.cfg.Topic, diagnosed, s.cfg.PublishTimeout)
 	for left := leaveOutMax; errors.Is(pErr, sluice.ErrUnpublishable) && left > 0; left-- {
 		// The publisher cannot build the copy (a metadata value the
@@ -210,10 +234,12 @@ func (s *stage) isolate(msg, diagnosed *message.Message, class sluice.Class, err
 		}
 		s.cfg.Logger.Error("The poison copy cannot be published as it is; it leaves out metadata", diag.RedactError(pErr),
 			diag.LogFields(telemetry.LogFields(msg, watermill.LogFields{"class": class.String(), "dropped": diagnosed.Metadata.Get(DroppedKey)})))
+		s.cfg.Signer.Sign(diagnosed)
 		pErr = republish.Try(s.cfg.Publisher, s.cfg.Topic, diagnosed, s.cfg.PublishTimeout)
 	}
 	if pErr != nil && s.cfg.ParkTopic != "" && !s.cfg.DisablePark {
 		diagnosed.Metadata[ParkedKey] = diag.Summary(pErr, 256)
+		s.cfg.Signer.Sign(diagnosed)
 		parkErr := republish.Try(s.cfg.ParkPublisher, s.cfg.ParkTopic, diagnosed, s.cfg.PublishTimeout)
 		if parkErr == nil {
 			s.cfg.Logger.Error("The poison queue refused the copy; it waits in the park topic and is isolated when it comes back", diag.RedactError(pErr),
@@ -249,7 +275,7 @@ func (s *stage) diagnose(msg *message.Message, class sluice.Class, err error) *m
 	c := republish.Copy(msg, 10)
 	md := msg.Metadata
 	now := clock.Now()
-	queue := cmp.Or(s.cfg.Queue, message.SubscribeTopicFromCtx(msg.Context()), md.Get(sluice.SourceRoutingKeyKey))
+	queue := s.queue(msg)
 	exchange, routingKey, _ := sluice.Origin(md)
 	// One key per fact: the attempts made and the first failure are the
 	// shared keys, checked (a forged attempt is not copied) and completed.
@@ -322,4 +348,10 @@ func kept(k string) bool {
 		return true
 	}
 	return strings.HasPrefix(k, "sluice_poison") || strings.HasPrefix(k, sluice.OriginPrefix)
+}
+
+// queue is where a replay of msg goes: Config.Queue, else the queue the
+// handler consumes.
+func (s *stage) queue(msg *message.Message) string {
+	return cmp.Or(s.cfg.Queue, message.SubscribeTopicFromCtx(msg.Context()), msg.Metadata.Get(sluice.SourceRoutingKeyKey))
 }

@@ -2,6 +2,7 @@ package rabbitmq_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,9 +69,15 @@ func newBrokerStack(t *testing.T, handler func(msg *message.Message) error, opts
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
 	<-r.Running()
+	var once sync.Once
+	s.stop = func() {
+		once.Do(func() {
+			require.NoError(t, r.Close())
+			require.NoError(t, <-done)
+		})
+	}
 	t.Cleanup(func() {
-		require.NoError(t, r.Close())
-		require.NoError(t, <-done)
+		s.stop()
 		require.NoError(t, b.Close())
 	})
 	return s

@@ -94,8 +94,9 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 			continue
 		case k == UserIDKey:
 			// RabbitMQ refuses a publish whose user_id is not the publishing
-			// connection's user: the producer's travels in OriginUserIDKey,
-			// recorded once, at the first copy.
+			// connection's user: the producer's travels in OriginUserIDKey
+			// (which Unmarshal sets beside UserIDKey; recorded here for a
+			// message built by hand).
 			if _, ok := msg.Metadata[OriginUserIDKey]; !ok && v != "" {
 				pub.Headers[OriginUserIDKey] = v
 			}
@@ -217,6 +218,9 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 		}
 	}
 	properties(msg.Metadata, d)
+	if d.UserId != "" { // the producer's own publish: its validated user, whatever a header says
+		msg.Metadata[OriginUserIDKey] = d.UserId
+	}
 	msg.Metadata[ExchangeKey] = d.Exchange
 	msg.Metadata[RoutingKeyKey] = d.RoutingKey
 	msg.Metadata[RedeliveredKey] = strconv.FormatBool(d.Redelivered)

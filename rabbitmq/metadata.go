@@ -34,8 +34,10 @@ const (
 	FirstDeathExchangeKey = DeliveryPrefix + "first_death_exchange"
 	// LastDeathQueueKey and LastDeathReasonKey are the queue and reason of
 	// the most recent x-death entry.
-	LastDeathQueueKey  = DeliveryPrefix + "last_death_queue"
-	LastDeathReasonKey = DeliveryPrefix + "last_death_reason"
+	// They are sluice.DeadLetterQueueKey and DeadLetterReasonKey: the
+	// stages' keyless proof that a copy came back from its own tier.
+	LastDeathQueueKey  = sluice.DeadLetterQueueKey
+	LastDeathReasonKey = sluice.DeadLetterReasonKey
 )
 
 func isDeliveryScoped(key string) bool { return strings.HasPrefix(key, DeliveryPrefix) }
@@ -69,8 +71,9 @@ const (
 	UserIDKey = PropertyPrefix + "user_id"
 )
 
-// OriginUserIDKey is, on a copy Sluice published (retry tier, poison queue,
-// replay), the user_id the broker validated for the message's first
-// publisher: Marshal records it once from UserIDKey, and keeps it on every
-// later copy.
+// OriginUserIDKey is the user_id the broker validated for the message's
+// first publisher. Unmarshal sets it from a delivery's user_id property; a
+// delivery without one (a copy Sluice published: RabbitMQ refuses a foreign
+// user_id) keeps the header, a control header the stages believe only on a
+// copy Sluice wrote (sluice.IsControlKey).
 const OriginUserIDKey = sluice.OriginPrefix + "user_id"

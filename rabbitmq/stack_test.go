@@ -32,6 +32,10 @@ type stack struct {
 
 	mu    sync.Mutex
 	calls map[string][]*message.Message // by event id: every delivery seen
+
+	// stop closes the router, once every handler in flight returned
+	// (newBrokerStack's).
+	stop func()
 }
 
 func newStack(t *testing.T, cfg rabbitmq.TopologyConfig, handler func(s *stack, msg *message.Message) error) *stack {
@@ -251,7 +255,8 @@ func TestStackPoisonAndRejected(t *testing.T) {
 	require.Equal(t, map[string]string{
 		"bad":       `poison: poison: payload: missing field "sku"`,
 		"invariant": "invariant: invariant: order o-1 must exist",
-		"forged":    "poison: poison: sluice: invalid attempt metadata: sluice_attempt=\"abc\"\ntransient: stock service: timeout",
+		// A producer's sluice_attempt is not believed: a first attempt, the whole ladder.
+		"forged": "exhausted: exhausted: retry budget spent after 4 attempts: transient: stock service: timeout",
 	}, classes)
 }
 

@@ -23,6 +23,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -165,7 +166,19 @@ type Config struct {
 	// claim and the business writes (InTx, which router.Middlewares puts
 	// inside the inbox): it exists exactly when they do.
 	Tx func(context.Context) *sqlx.Tx
+	// Signer, when set, verifies the replay run and item (and the CLI's
+	// provenance, sluice_replay*): believed only when the CLI signed them
+	// with the same key (sluice dlq replay --signing-key-file), else
+	// removed — the delivery is processed, its outcome not recorded. Give
+	// the poison and retry stages the same one (router.Stages.Signer does).
+	// Default nil: a deployment
+	// without a key believes the run and item of any delivery, so its
+	// outcome records are only as trustworthy as what may publish into the
+	// queue (docs/architecture.md, "Trust boundary").
+	Signer *sluice.Signer
 }
+
+func isReplayKey(k string) bool { return strings.HasPrefix(k, sluice.ReplayPrefix) }
 
 // New returns the stage. Deliveries without RunKey pass through untouched.
 func New(cfg Config) (message.HandlerMiddleware, error) {
@@ -195,6 +208,12 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
+			if cfg.Signer != nil {
+				if removed := cfg.Signer.Believe(msg, isReplayKey); removed != nil {
+					cfg.Logger.Info("Replay run not signed by the operator's CLI: not believed, no outcome recorded",
+						telemetry.LogFields(msg, watermill.LogFields{"removed": strings.Join(removed, ",")}))
+				}
+			}
 			run, item := msg.Metadata.Get(RunKey), msg.Metadata.Get(ItemKey)
 			if run == "" || item == "" {
 				return h(msg)

@@ -9,6 +9,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluicemq/sluice"
 )
 
 // Route sends what is published to From on to To after Delay.
@@ -57,7 +59,9 @@ var ErrDelayedPublisherClosed = errors.New("retrytiers: delayed publisher closed
 // the embedded default and of tests: a message published to a route's From
 // topic is published to its To topic on Target after the route's Delay.
 //
-// It is NOT durable: messages waiting for their delay live in memory and are
+// A message delivered to To carries sluice.DeadLetterQueueKey (its From
+// topic) and DeadLetterReasonKey ("expired"), as a copy back from a RabbitMQ
+// TTL tier carries them from x-death. It is NOT durable: messages waiting for their delay live in memory and are
 // lost if the process stops — Close drops them and reports how many. Use
 // RabbitMQ's TTL queues in production. Publishing to a topic without a route
 // is an error. It is safe for concurrent use.
@@ -120,6 +124,10 @@ func (p *DelayedPublisher) Publish(topic string, msgs ...*message.Message) error
 	}
 	for _, msg := range msgs {
 		c := msg.Copy() // the caller may reuse msg; the context is not kept
+		// What x-death says of a copy back from a RabbitMQ tier: the
+		// stages' keyless proof that Sluice wrote its retry history.
+		c.Metadata[sluice.DeadLetterQueueKey] = r.From
+		c.Metadata[sluice.DeadLetterReasonKey] = sluice.DeadLetterExpired
 		// The callback takes p.mu first, so it sees t and its pending entry
 		// even with a zero delay: Publish holds p.mu until both are set.
 		var t *time.Timer

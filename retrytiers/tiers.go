@@ -109,6 +109,15 @@ type Config struct {
 	// ErrorMaxLength bounds the LastErrorKey summary, in bytes. Default
 	// ErrorMaxLengthDefault.
 	ErrorMaxLength int
+	// Signer signs every copy and verifies, on the way in, the retry
+	// history a delivery carries (the attempt, the failures, the tier, the
+	// origin: sluice.IsRetryKey): believed only when it verifies. Give the
+	// poison and replay stages the same one (router.Stages.Signer does).
+	// Default nil: the history is
+	// believed only on a copy back from one of Tiers (sluice.
+	// DeadLetterQueueKey, reason expired); on any other delivery it is
+	// removed — a producer's sluice_attempt never skips the ladder.
+	Signer *sluice.Signer
 	// MeterProvider receives the metrics. Default the global provider.
 	MeterProvider metric.MeterProvider
 	// Logger receives one line per copy parked (info), per budget spent
@@ -174,16 +183,24 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 		return nil, err
 	}
 	s := &stage{cfg: cfg, retries: retries, exhausted: exhausted}
+	for _, t := range cfg.Tiers {
+		s.topics = append(s.topics, t.Topic)
+	}
 	return s.middleware, nil
 }
 
 type stage struct {
 	cfg                Config
+	topics             []string // the tiers' topics: where a copy Sluice wrote comes back from
 	retries, exhausted metric.Int64Counter
 }
 
 func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
+		if removed := s.cfg.Signer.Believe(msg, sluice.IsRetryKey, s.topics...); removed != nil {
+			s.cfg.Logger.Info("Retry history not written by Sluice: not believed, the delivery is a first attempt",
+				telemetry.LogFields(msg, watermill.LogFields{"removed": strings.Join(removed, ",")}))
+		}
 		produced, err := h(msg)
 		if err == nil || s.cfg.Classifier.Classify(err) != sluice.ClassTransient {
 			return produced, err
@@ -245,6 +262,7 @@ func (s *stage) park(msg *message.Message, attempt int, reason string) (Tier, er
 	for _, i := range order {
 		tier := s.cfg.Tiers[i]
 		c.Metadata[sluice.RetryTierKey] = tier.Name
+		s.cfg.Signer.Sign(c)
 		err := republish.Try(s.cfg.Publisher, tier.Topic, c, s.cfg.PublishTimeout)
 		if err == nil {
 			if i != planned {

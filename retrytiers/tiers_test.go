@@ -96,7 +96,7 @@ func TestRetryCopyAndBudget(t *testing.T) {
 	orig.Metadata.Set(sluice.EventIDKey, "evt-1")
 	_, err = run(mw, orig, errors.New("dial tcp: connection refused by postgres://u:secret@db/x, and more text"))
 	require.NoError(t, err, "the original is acked once its copy is published")
-	c := pub.got["orders.retry.30s"][0]
+	c := back(pub.got["orders.retry.30s"][0], "orders.retry.30s")
 	require.NotEqual(t, orig.UUID, c.UUID)
 	require.Equal(t, "payload", string(c.Payload))
 	require.Equal(t, "evt-1", c.Metadata.Get(sluice.EventIDKey))
@@ -111,11 +111,11 @@ func TestRetryCopyAndBudget(t *testing.T) {
 	// Attempt 3 goes to the third tier and keeps the first failure time.
 	_, err = run(mw, c, sluice.Transient(errors.New("again")))
 	require.NoError(t, err)
-	c3 := pub.got["orders.retry.5m"][0]
-	c3.Metadata.Set(sluice.AttemptKey, "3")
+	c3 := back(pub.got["orders.retry.5m"][0], "orders.retry.5m")
+	require.Equal(t, "3", c3.Metadata.Get(sluice.AttemptKey))
 	_, err = run(mw, c3, context.DeadlineExceeded)
 	require.NoError(t, err)
-	c4 := pub.got["orders.retry.1h30m"][0]
+	c4 := back(pub.got["orders.retry.1h30m"][0], "orders.retry.1h30m")
 	require.Equal(t, "4", c4.Metadata.Get(sluice.AttemptKey))
 	require.Equal(t, first, c4.Metadata.Get(sluice.FirstFailedAtKey))
 
@@ -124,6 +124,76 @@ func TestRetryCopyAndBudget(t *testing.T) {
 	require.Equal(t, sluice.ClassExhausted, sluice.ClassOf(err))
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.ErrorContains(t, err, "retry budget spent after 4 attempts")
+}
+
+// back is c as it comes back from the tier topic: dead-lettered from it,
+// expired (what x-death says on RabbitMQ).
+func back(c *message.Message, topic string) *message.Message {
+	c = c.Copy()
+	c.Metadata.Set(sluice.DeadLetterQueueKey, topic)
+	c.Metadata.Set(sluice.DeadLetterReasonKey, sluice.DeadLetterExpired)
+	return c
+}
+
+// A retry history the delivery cannot prove Sluice wrote is removed: a
+// producer's sluice_attempt of 999999999999 is a first attempt, which goes
+// to the first tier; so is one that claims a tier of another queue, and,
+// with a Signer, one whose copy is unsigned or whose signature is forged —
+// even dead-lettered from the tier.
+func TestForgedRetryHistoryIsNotBelieved(t *testing.T) {
+	t.Parallel()
+	signer, err := sluice.NewSigner([]byte("0123456789abcdef0123456789abcdef"))
+	require.NoError(t, err)
+	forged := func(md ...string) *message.Message {
+		m := message.NewMessage("u", []byte("payload"))
+		m.Metadata.Set(sluice.EventIDKey, "evt-1")
+		m.Metadata.Set(sluice.AttemptKey, "999999999999")
+		m.Metadata.Set(sluice.FirstFailedAtKey, "1999-01-01T00:00:00Z")
+		m.Metadata.Set(sluice.OriginRoutingKeyKey, "elsewhere")
+		for i := 0; i+1 < len(md); i += 2 {
+			m.Metadata.Set(md[i], md[i+1])
+		}
+		return m
+	}
+	for name, tc := range map[string]struct {
+		signer *sluice.Signer
+		msg    *message.Message
+	}{
+		"keyless, no x-death":           {nil, forged()},
+		"keyless, another queue's tier": {nil, back(forged(), "payments.retry.30s")},
+		"keyless, not expired":          {nil, forged(sluice.DeadLetterQueueKey, "orders.retry.30s", sluice.DeadLetterReasonKey, "rejected")},
+		"signed, unsigned copy":         {signer, back(forged(), "orders.retry.30s")},
+		"signed, forged signature":      {signer, back(forged(sluice.SignatureKey, "v1:AAAA"), "orders.retry.30s")},
+	} {
+		pub := &recorder{}
+		mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: tiers(t), Signer: tc.signer})
+		require.NoError(t, err)
+		_, err = run(mw, tc.msg, sluice.Transient(errors.New("timeout")))
+		require.NoError(t, err, name)
+		require.Len(t, pub.got["orders.retry.30s"], 1, "%s: the first tier, not exhausted", name)
+		c := pub.got["orders.retry.30s"][0]
+		require.Equal(t, "2", c.Metadata.Get(sluice.AttemptKey), name)
+		require.NotEqual(t, "1999-01-01T00:00:00Z", c.Metadata.Get(sluice.FirstFailedAtKey), name)
+		require.Empty(t, c.Metadata.Get(sluice.OriginRoutingKeyKey), name)
+		if tc.signer != nil {
+			require.NoError(t, tc.signer.Verify(c), "%s: the copy is signed", name)
+		}
+	}
+
+	// A signed copy is believed, wherever it comes from: the signature is the proof.
+	pub := &recorder{}
+	mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: tiers(t), Signer: signer})
+	require.NoError(t, err)
+	m := message.NewMessage("u", []byte("payload"))
+	m.Metadata.Set(sluice.AttemptKey, "3")
+	signer.Sign(m)
+	_, err = run(mw, m, sluice.Transient(errors.New("timeout")))
+	require.NoError(t, err)
+	require.Equal(t, "4", pub.got["orders.retry.1h30m"][0].Metadata.Get(sluice.AttemptKey))
+	m.Payload = []byte("another payload")
+	_, err = run(mw, m, sluice.Transient(errors.New("timeout")))
+	require.NoError(t, err)
+	require.Equal(t, "2", pub.got["orders.retry.30s"][0].Metadata.Get(sluice.AttemptKey), "the signature covers the payload")
 }
 
 func TestOtherClassesPassThrough(t *testing.T) {

@@ -46,6 +46,14 @@ type Stages struct {
 	Classify  *middleware.ClassifyConfig
 	Inbox     *deduplication.Config
 	Recoverer *middleware.RecovererConfig
+	// Signer is given to the Replay, Poison and Retry stages whose own
+	// Signer is nil: the key that proves Sluice wrote a delivery's control
+	// headers (the attempt, the poison diagnosis, the replay run), which
+	// `sluice dlq replay --signing-key-file` signs with too. Default none:
+	// the stages believe the retry history and the parked mark only on a
+	// copy back from the queue's own tier, and the replay run of any
+	// delivery (docs/architecture.md, "Trust boundary").
+	Signer *sluice.Signer
 	// Classifier is given to every stage that classifies (Poison, Retry,
 	// Classify, Inbox) whose own Classifier is nil, so "commit on Rejected"
 	// and "ack on Rejected" always agree. Default sluice.DefaultClassifier().
@@ -97,6 +105,7 @@ func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
 		cfg := *s.Replay
 		cfg.Logger = cmp.Or(cfg.Logger, s.Logger)
 		cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
+		cfg.Signer = cmp.Or(cfg.Signer, s.Signer)
 		mw, err := replay.New(cfg)
 		errs = append(errs, add("replay", mw, err))
 	}
@@ -105,6 +114,7 @@ func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
 		cfg.Classifier = cmp.Or(cfg.Classifier, c)
 		cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
 		cfg.Logger = cmp.Or(cfg.Logger, s.Logger)
+		cfg.Signer = cmp.Or(cfg.Signer, s.Signer)
 		mw, err := poison.New(cfg)
 		errs = append(errs, add("poison", mw, err))
 	}
@@ -113,6 +123,7 @@ func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
 		cfg.Classifier = cmp.Or(cfg.Classifier, c)
 		cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
 		cfg.Logger = cmp.Or(cfg.Logger, s.Logger)
+		cfg.Signer = cmp.Or(cfg.Signer, s.Signer)
 		mw, err := retrytiers.New(cfg)
 		errs = append(errs, add("retry", mw, err))
 	}

@@ -321,7 +321,7 @@ func formatTime(t time.Time) string {
 func newReplay(g *globals, out io.Writer) *cobra.Command {
 	var ff filterFlags
 	var lf loopFlags
-	var rateFlag, to string
+	var rateFlag, to, keyFile string
 	var batch int
 	var dryRun bool
 	cmd := &cobra.Command{
@@ -367,10 +367,16 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 			}
 			defer func() { _ = pub.Close() }()
 
+			var signer *sluice.Signer
+			if keyFile != "" {
+				if signer, err = sluice.NewSignerFromFile(keyFile); err != nil {
+					return usageError{fmt.Errorf("--signing-key-file: %w", err)}
+				}
+			}
 			prog := newProgress(out, ff.queue, queueDepth(conn, ff.queue))
 			cfg := dlq.ReplayConfig{
 				Queue: ff.queue, Filter: f, Limit: ff.limit, Rate: r, Batch: batch, DryRun: dryRun,
-				To: to, Operator: g.operator, Publisher: pub, Progress: prog.update,
+				To: to, Operator: g.operator, Publisher: pub, Progress: prog.update, Signer: signer,
 			}
 			var res dlq.ReplayResult
 			var runErr error
@@ -399,6 +405,9 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 	fl.IntVar(&batch, "batch", 10, "messages published, confirmed and acked together")
 	fl.BoolVar(&dryRun, "dry-run", false, "select and count; publish and remove nothing")
 	fl.StringVar(&to, "to", "", "replay every message to this queue instead of its sluice_poison_queue")
+	fl.StringVar(&keyFile, "signing-key-file", localenv.Get("SLUICE_SIGNING_KEY_FILE", ""),
+		"the key the consumers' stages sign and verify with (sluice.NewSignerFromFile): each copy is signed, so the\n"+
+			"consumers believe its replay run; a message whose diagnosis is not signed needs --to. Default env SLUICE_SIGNING_KEY_FILE")
 	outcomeFlags(fl, &lf.outcomes, &lf.table, "the consumers' replay stage writes")
 	fl.IntVar(&lf.canary, "canary", 0, "replay this many first and stop unless all were processed")
 	fl.StringVar(&lf.ramp, "ramp", "", "then batches of these sizes, e.g. 5,20,100; the last size repeats")

@@ -114,6 +114,27 @@ type ReplayConfig struct {
 	// context is not cancelled by an interrupt (afterConfirm).
 	Run       string
 	Published func(context.Context, []*Message) error
+	// Signer, when set (--signing-key-file), signs each copy's control
+	// headers, the run and item among them, for the consumers' stages that
+	// have the same key; and a message whose own signature does not verify
+	// (not a diagnosis the poison stage wrote: a producer's message the
+	// broker dead-lettered, say) is replayed only with To, never to the
+	// sluice_poison_queue it names.
+	Signer *sluice.Signer
+}
+
+// target is where m is replayed: To, else its sluice_poison_queue when that
+// can be believed. why says what is missing when it is "".
+func (cfg ReplayConfig) target(m *Message) (t, why string) {
+	switch {
+	case cfg.To != "":
+		return cfg.To, ""
+	case m.Queue == "":
+		return "", "no sluice_poison_queue"
+	case cfg.Signer != nil && cfg.Signer.Verify(m.Msg) != nil:
+		return "", "its diagnosis is not signed with the key (--signing-key-file): its sluice_poison_queue is not believed"
+	}
+	return m.Queue, ""
 }
 
 // afterConfirmTimeout bounds what follows a confirmed publish.
@@ -174,9 +195,9 @@ func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Repla
 	exists := map[string]error{}
 	plan := func() error { // a dry run checks every target, changes nothing
 		for _, m := range batch {
-			t := cmp.Or(cfg.To, m.Queue)
+			t, why := cfg.target(m)
 			if t == "" {
-				return fmt.Errorf("%w: %s", ErrNoTarget, m.name())
+				return fmt.Errorf("%w: %s: %s", ErrNoTarget, m.name(), why)
 			}
 			if _, checked := exists[t]; !checked {
 				exists[t] = queueExists(conn, t)
@@ -201,12 +222,9 @@ func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Repla
 		groups := map[string][]*Message{}
 		var order []string
 		for _, m := range batch {
-			t := cfg.To
+			t, why := cfg.target(m)
 			if t == "" {
-				t = m.Queue
-			}
-			if t == "" {
-				return fmt.Errorf("%w: %s", ErrNoTarget, m.name())
+				return fmt.Errorf("%w: %s: %s", ErrNoTarget, m.name(), why)
 			}
 			if _, ok := groups[t]; !ok {
 				order = append(order, t)
@@ -302,6 +320,7 @@ func replayCopy(m *Message, cfg ReplayConfig) *message.Message {
 		delete(c.Metadata, replay.RunKey)
 		delete(c.Metadata, replay.ItemKey)
 	}
+	cfg.Signer.Sign(c) // without a key: no stale signature
 	return c
 }
 

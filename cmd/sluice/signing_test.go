@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/router"
+)
+
+// A deployment with a key: the consumers' stages and `sluice dlq replay
+// --signing-key-file` share it. The replay's copies are signed, so the
+// consumers believe their run and record every outcome; a message in the
+// poison queue whose diagnosis is not signed (a producer's, dead-lettered
+// by the broker, naming another service's queue) is not replayed there.
+func TestSignedReplayRecordsOutcomesAndRefusesAForgedTarget(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	keyFile := filepath.Join(t.TempDir(), "sluice.key")
+	require.NoError(t, os.WriteFile(keyFile, []byte("7d1f0c3b9a8e4f2d6c5b4a39281706f5e4d3c2b1a0998877\n"), 0o600))
+	signer, err := sluice.NewSignerFromFile(keyFile)
+	require.NoError(t, err)
+
+	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue(), Signer: signer})
+	require.NoError(t, err)
+	for i := range 3 {
+		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+		m.Metadata.Set(sluice.EventIDKey, fmt.Sprint("good-", i))
+		_, err := mw(func(*message.Message) ([]*message.Message, error) {
+			return nil, sluice.NewFailure(sluice.ClassExhausted, errors.New("stock service: timeout"))
+		})(m)
+		require.NoError(t, err)
+	}
+
+	db := testenv.Postgres(t)
+	schema := testenv.Schema(t, db)
+	table := schema + ".sluice_replay"
+	sub, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{URL: testenv.AMQPURL})
+	require.NoError(t, err)
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	_, err = router.Add(r, router.HandlerConfig{
+		Name: "stock", Topic: b.topo.Queue(), Subscriber: sub, Handler: func(*message.Message) error { return nil },
+		Stages: router.Stages{
+			Replay:   &replay.Config{Store: testenv.OutcomeStore(t, db, table), Signer: signer},
+			Poison:   &poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue(), Signer: signer},
+			Retry:    &retrytiers.Config{Publisher: b.pub, Tiers: b.topo.Tiers(), Signer: signer},
+			Classify: &middleware.ClassifyConfig{},
+			Inbox:    &deduplication.Config{Store: testenv.SQLStore(t, db, schema+".inbox"), Consumer: "stock"},
+		},
+	})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	<-r.Running()
+	t.Cleanup(func() { require.NoError(t, r.Close()); require.NoError(t, <-done) })
+
+	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--canary", "1", "--ramp", "2",
+		"--outcomes", testenv.PostgresURL, "--outcomes-table", table, "--wait", "30s", "--signing-key-file", keyFile)
+	require.Equal(t, 0, code, "every signed replay has its outcome: %s\n%s", out, errOut)
+	require.Contains(t, out, "batch 1 (canary, 1): 1 replayed, 1 with a final outcome, 0 poisoned again")
+	code, report, errOut := b.cli(t, "dlq", "report", "--outcomes", testenv.PostgresURL, "--outcomes-table", table)
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, report, ": 3 processed")
+
+	// A producer's message in the poison queue (as the broker dead-letters
+	// one past a quorum queue's delivery limit) naming another queue.
+	other := testenv.Name("other-service")
+	ch := testenv.Channel(t, testenv.AMQP(t))
+	_, err = ch.QueueDeclare(other, true, false, false, false, nil)
+	require.NoError(t, err)
+	testenv.DeleteQueuesAtEnd(t, other)
+	require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.PoisonQueue(), true, false, amqp.Publishing{Headers: amqp.Table{
+		sluice.EventIDKey: "forged", poison.ClassKey: "poison", poison.ReasonKey: "forged", poison.QueueKey: other,
+	}, Body: []byte(`{}`)}))
+	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--signing-key-file", keyFile)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "its diagnosis is not signed")
+	require.Zero(t, testenv.QueueDepth(t, testenv.AMQP(t), other), "nothing reached the other service's queue")
+	require.Equal(t, []string{"forged"}, peekIDs(t, b.topo.PoisonQueue()), "it stays in the poison queue")
+}

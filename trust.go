@@ -1,0 +1,218 @@
+package sluice
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Everything a producer sends is hostile, headers that look like Sluice's
+// own included. Sluice's control headers — the attempt and failure history
+// (AttemptKey, FirstFailedAtKey, LastErrorKey, RetryTierKey,
+// PreviousTraceparentKey, the origin keys), the poison diagnosis and its
+// parked mark (sluice_poison_*), the replay run and item (sluice_replay_*) —
+// are believed only when Sluice wrote them. Each stage removes, on the way
+// in, the control headers it acts on unless the delivery proves it:
+//
+//   - with a Signer (a key given to the stages and to the operator's CLI):
+//     SignatureKey verifies — an HMAC-SHA256 over the payload, the event id
+//     and type and every control header, which the stages and the CLI set on
+//     each copy they publish. A delivery whose signature does not verify
+//     keeps none of its control headers.
+//   - without one: the delivery came back dead-lettered from one of the
+//     consumer's own tier queues (DeadLetterQueueKey, reason expired) —
+//     what x-death shows for a copy that waited in a tier. This stops a
+//     producer that writes Sluice's headers into its message; one that can
+//     also write x-death (RabbitMQ 3.x keeps a publisher's) or publish into
+//     a tier queue is stopped only by a key.
+//
+// See docs/architecture.md, "Trust boundary".
+
+// SignatureKey is the header of the signature a Signer sets: "v1:" and the
+// HMAC-SHA256, unpadded base64url.
+const SignatureKey = "sluice_sig"
+
+// DeadLetterQueueKey and DeadLetterReasonKey are the queue a delivery was
+// last dead-lettered from and why ("expired" for a tier's TTL): set for
+// each delivery by the broker package (the rabbitmq Marshaler from x-death,
+// which drops any header of these names a producer sends; the embedded
+// tiers when they deliver a copy), never republished.
+const (
+	DeadLetterQueueKey  = "sluice_amqp_last_death_queue"
+	DeadLetterReasonKey = "sluice_amqp_last_death_reason"
+	// DeadLetterExpired is DeadLetterReasonKey for a tier's TTL.
+	DeadLetterExpired = "expired"
+)
+
+// Prefixes of the poison stage's and the replay stage's control keys.
+const (
+	PoisonPrefix = "sluice_poison" // sluice_poison_*, sluice_poisoned_at
+	ReplayPrefix = "sluice_replay" // sluice_replay_run, _item, _count, sluice_replayed_*
+)
+
+// IsControlKey reports whether k is one of Sluice's control keys: the ones a
+// Signer signs, and a stage believes only when Sluice wrote them.
+func IsControlKey(k string) bool {
+	switch k {
+	case AttemptKey, FirstFailedAtKey, LastErrorKey, RetryTierKey, PreviousTraceparentKey, SignatureKey:
+		return true
+	}
+	return strings.HasPrefix(k, OriginPrefix) || strings.HasPrefix(k, PoisonPrefix) || strings.HasPrefix(k, ReplayPrefix)
+}
+
+// IsRetryKey reports whether k is a control key of the retry history — the
+// attempt, the failures, the tier, the origin — which the retry-tier stage
+// believes only on a copy Sluice wrote.
+func IsRetryKey(k string) bool {
+	switch k {
+	case AttemptKey, FirstFailedAtKey, LastErrorKey, RetryTierKey, PreviousTraceparentKey:
+		return true
+	}
+	return strings.HasPrefix(k, OriginPrefix)
+}
+
+// SignerKeyMinLength is the shortest key NewSigner takes, in bytes.
+const SignerKeyMinLength = 32
+
+// Signer signs the control headers of the copies Sluice publishes and
+// verifies them on the way in. Give the same Signer (the same key) to the
+// retry-tier, poison and replay stages of every consumer of a queue family,
+// and the key to `sluice dlq replay` (--signing-key-file). It is safe for
+// concurrent use.
+type Signer struct {
+	keys [][]byte
+}
+
+// NewSigner returns a Signer that signs with key and verifies with key and
+// each of previous (for a rotation: sign with the new key, keep the old one
+// for the copies still waiting in tiers). Each key must be at least
+// SignerKeyMinLength bytes (random bytes; e.g. `openssl rand 32`).
+func NewSigner(key []byte, previous ...[]byte) (*Signer, error) {
+	keys := append([][]byte{key}, previous...)
+	for i, k := range keys {
+		if len(k) < SignerKeyMinLength {
+			return nil, fmt.Errorf("sluice: signing key %d is %d bytes: want at least %d", i, len(k), SignerKeyMinLength)
+		}
+		keys[i] = slices.Clone(k)
+	}
+	return &Signer{keys: keys}, nil
+}
+
+// NewSignerFromFile returns the Signer of the key in the file at path: its
+// contents with surrounding whitespace trimmed (e.g. written by
+// `openssl rand -hex 32 > sluice.key`). The stages' services and
+// `sluice dlq replay --signing-key-file` read the same file this way.
+func NewSignerFromFile(path string) (*Signer, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("sluice: reading the signing key: %w", err)
+	}
+	return NewSigner(bytes.TrimSpace(b))
+}
+
+// ErrBadSignature is matched by Verify's error for a delivery whose control
+// headers are not signed by one of the Signer's keys.
+var ErrBadSignature = errors.New("sluice: control headers not signed by Sluice")
+
+// Sign sets msg's SignatureKey over its payload, event id and type and
+// control headers, as they are now: call it last, once the copy is built.
+// A nil Signer removes SignatureKey instead (a copy never carries a stale
+// signature).
+func (s *Signer) Sign(msg *message.Message) {
+	delete(msg.Metadata, SignatureKey)
+	if s == nil {
+		return
+	}
+	msg.Metadata[SignatureKey] = "v1:" + base64.RawURLEncoding.EncodeToString(mac(s.keys[0], msg))
+}
+
+// Verify returns nil when msg's SignatureKey is a signature of one of the
+// Signer's keys over msg as it is, else an error matching ErrBadSignature.
+func (s *Signer) Verify(msg *message.Message) error {
+	v := msg.Metadata.Get(SignatureKey)
+	if v == "" {
+		return fmt.Errorf("%w: no %s", ErrBadSignature, SignatureKey)
+	}
+	sum, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(v, "v1:"))
+	if !strings.HasPrefix(v, "v1:") || err != nil {
+		return fmt.Errorf("%w: %s is not a v1 signature", ErrBadSignature, SignatureKey)
+	}
+	for _, k := range s.keys {
+		if hmac.Equal(sum, mac(k, msg)) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: the signature does not match", ErrBadSignature)
+}
+
+// mac is the HMAC-SHA256 under key of msg's signed fields, each length-
+// prefixed, the keys sorted: the control headers but SignatureKey, the
+// event id and type, and the payload.
+func mac(key []byte, msg *message.Message) []byte {
+	h := hmac.New(sha256.New, key)
+	h.Write([]byte("sluice-sig-v1"))
+	keys := make([]string, 0, 8)
+	for k := range msg.Metadata {
+		if k != SignatureKey && (IsControlKey(k) || k == EventIDKey || k == EventTypeKey) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		field(h, k)
+		field(h, msg.Metadata[k])
+	}
+	h.Write([]byte{0})
+	field(h, string(msg.Payload))
+	return h.Sum(nil)
+}
+
+func field(h hash.Hash, s string) {
+	var n [binary.MaxVarintLen64]byte
+	h.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
+	h.Write([]byte(s))
+}
+
+// Written reports whether msg's control headers are Sluice's: with a
+// Signer, its signature verifies; without one (s nil), it was dead-lettered
+// (expired) from one of queues — the consumer's own tier queues.
+func (s *Signer) Written(msg *message.Message, queues ...string) bool {
+	if s != nil {
+		return s.Verify(msg) == nil
+	}
+	from := msg.Metadata.Get(DeadLetterQueueKey)
+	return from != "" && msg.Metadata.Get(DeadLetterReasonKey) == DeadLetterExpired && slices.Contains(queues, from)
+}
+
+// Believe removes from msg the control headers owned says the caller acts
+// on, unless Written(msg, queues...) holds, and returns the keys removed
+// (none when msg carries none of them; the signature is only checked then).
+// Each stage calls it on the way in for its own keys, so that a signature
+// stays checkable by the stages inside it: one that does not verify keeps
+// every stage's keys out.
+func (s *Signer) Believe(msg *message.Message, owned func(string) bool, queues ...string) []string {
+	var keys []string
+	for k := range msg.Metadata {
+		if owned(k) {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) == 0 || s.Written(msg, queues...) {
+		return nil
+	}
+	for _, k := range keys {
+		delete(msg.Metadata, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
