@@ -27,6 +27,7 @@ const (
 	FailureRatioDefault = 0.5
 	CoolDownDefault     = 5 * time.Second
 	MaxCoolDownDefault  = time.Minute
+	ProbeTimeoutDefault = 5 * time.Second
 )
 
 // Metrics, labelled by sluice.handler.
@@ -39,10 +40,24 @@ const (
 	MetricTransitions = "sluice.brake.transitions"
 	// MetricHeld counts deliveries given back unprocessed.
 	MetricHeld = "sluice.brake.held"
+	// MetricProbes counts probes, by AttrProbe (what probed) and
+	// AttrProbeResult.
+	MetricProbes = "sluice.brake.probes"
 )
 
 // AttrState is the state attribute of MetricTransitions and of the spans.
 const AttrState = attribute.Key("sluice.brake.state")
+
+// The attributes of MetricProbes.
+const (
+	// AttrProbe is "dependency" (Config.Probe, no message touched) or
+	// "delivery" (one delivery let through).
+	AttrProbe = attribute.Key("sluice.brake.probe")
+	// AttrProbeResult is "passed", "failed" or, for a delivery whose
+	// outcome says nothing about the dependency (a poison message),
+	// "inconclusive".
+	AttrProbeResult = attribute.Key("sluice.brake.probe.result")
+)
 
 // State is the brake's state.
 type State uint8
@@ -90,6 +105,21 @@ type Config struct {
 	// from CoolDown once released. Defaults CoolDownDefault and
 	// MaxCoolDownDefault.
 	CoolDown, MaxCoolDown time.Duration
+	// Probe, when set, tests the dependency without touching a message
+	// (db.PingContext, say): at the end of each cool-down the brake calls it
+	// while consuming stays stopped. An error keeps the brake engaged for
+	// another, doubled cool-down — no delivery is taken, so however long the
+	// outage lasts no retry attempt is spent and no return counts toward a
+	// quorum queue's x-delivery-limit. Nil lets one delivery probe, as
+	// without a Probe: a dependency that answers a ping but fails the
+	// handler is still caught, at the cost of that one delivery. Without a
+	// Probe every probe is a delivery, and each failed one is a return of it
+	// (docs/retry-tiers.md says what that costs). router.Add defaults it to
+	// the inbox store's Ping when the store has one. Default: none.
+	Probe func(ctx context.Context) error
+	// ProbeTimeout bounds each call of Probe; a probe that outlasts it
+	// failed. Default ProbeTimeoutDefault.
+	ProbeTimeout time.Duration
 	// Pausing says the subscriber stops consuming while the brake is engaged
 	// (it reads Engaged; rabbitmq.Consumer does, and router.Add sets this
 	// when the broker's subscriber can): held deliveries are then nacked
@@ -104,7 +134,8 @@ type Config struct {
 }
 
 // Brake is the stage's state, shared by every consumer of one handler and
-// read by its subscriber. Safe for concurrent use.
+// read by its subscriber. Safe for concurrent use. Close stops its probes;
+// router.Add closes it with the handler's subscriber.
 type Brake struct {
 	cfg       Config
 	threshold int
@@ -121,9 +152,17 @@ type Brake struct {
 	seen     int
 	failures int
 
-	stateGauge          metric.Int64Gauge
-	transitions, heldCt metric.Int64Counter
-	tracer              trace.Tracer
+	// The cool-down and the dependency probe (probe.go).
+	timer        *time.Timer // the cool-down running, if any
+	closed       bool
+	probeCtx     context.Context // cancelled by Close
+	cancelProbes context.CancelFunc
+	running      sync.WaitGroup // a Probe call in progress
+	failedProbes int            // dependency probes failed since engaging
+
+	stateGauge                   metric.Int64Gauge
+	transitions, heldCt, probeCt metric.Int64Counter
+	tracer                       trace.Tracer
 }
 
 // New validates cfg and returns a released Brake. Put its Middleware in
@@ -133,6 +172,7 @@ func New(cfg Config) (*Brake, error) {
 	cfg.FailureRatio = cmp.Or(cfg.FailureRatio, FailureRatioDefault)
 	cfg.CoolDown = cmp.Or(cfg.CoolDown, CoolDownDefault)
 	cfg.MaxCoolDown = cmp.Or(cfg.MaxCoolDown, max(MaxCoolDownDefault, cfg.CoolDown))
+	cfg.ProbeTimeout = cmp.Or(cfg.ProbeTimeout, ProbeTimeoutDefault)
 	switch {
 	case cfg.Window < 1:
 		return nil, fmt.Errorf("brake: Config.Window must be positive, got %d", cfg.Window)
@@ -142,6 +182,8 @@ func New(cfg Config) (*Brake, error) {
 		return nil, fmt.Errorf("brake: Config.CoolDown must be positive, got %s", cfg.CoolDown)
 	case cfg.MaxCoolDown < cfg.CoolDown:
 		return nil, fmt.Errorf("brake: Config.MaxCoolDown (%s) must be at least CoolDown (%s)", cfg.MaxCoolDown, cfg.CoolDown)
+	case cfg.ProbeTimeout < 0:
+		return nil, fmt.Errorf("brake: Config.ProbeTimeout must be positive, got %s", cfg.ProbeTimeout)
 	}
 	if cfg.Classifier == nil {
 		cfg.Classifier = sluice.DefaultClassifier()
@@ -161,6 +203,7 @@ func New(cfg Config) (*Brake, error) {
 		ring:      make([]bool, cfg.Window),
 		tracer:    telemetry.Tracer(cfg.TracerProvider),
 	}
+	b.probeCtx, b.cancelProbes = context.WithCancel(context.Background())
 	b.counts = func(err error) bool {
 		return cfg.Classifier.Classify(err) == sluice.ClassTransient && (cfg.Match == nil || cfg.Match(err))
 	}
@@ -173,6 +216,9 @@ func New(cfg Config) (*Brake, error) {
 		return nil, err
 	}
 	if b.heldCt, err = meter.Int64Counter(MetricHeld, metric.WithDescription("Deliveries the brake gave back unprocessed.")); err != nil {
+		return nil, err
+	}
+	if b.probeCt, err = meter.Int64Counter(MetricProbes, metric.WithDescription("The brake's probes, by what probed and the result.")); err != nil {
 		return nil, err
 	}
 	b.stateGauge.Record(context.Background(), int64(Released), b.attrs)
@@ -193,6 +239,16 @@ func (b *Brake) Engaged() (engaged bool, changed <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.state == Engaged, b.changed
+}
+
+// Probing reports whether the brake lets one delivery through as a probe
+// now. A subscriber that reads it (router.ProbingGate; rabbitmq.Consumer
+// does) takes one delivery at a time while it holds, so a failed probe
+// returns one delivery, not a prefetch's worth.
+func (b *Brake) Probing() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.state == Probing
 }
 
 // Middleware is the stage; one Brake may serve many consumers of a handler.
@@ -256,14 +312,17 @@ func (b *Brake) record(err error, probe bool) (hold bool) {
 		b.probing = false
 		switch {
 		case counted:
+			b.countProbe(probeDelivery, resultFailed)
 			b.coolDown = min(2*b.coolDown, b.cfg.MaxCoolDown)
 			b.transition(Engaged, err)
 			return true
 		case err == nil || b.cfg.Classifier.Classify(err) == sluice.ClassRejected:
+			b.countProbe(probeDelivery, resultPassed)
 			b.clear()
 			b.coolDown = b.cfg.CoolDown
 			b.transition(Released, nil)
 		default: // says nothing about the dependency: the next delivery probes
+			b.countProbe(probeDelivery, resultInconclusive)
 			b.broadcast()
 		}
 		return false
@@ -322,22 +381,17 @@ func (b *Brake) transition(to State, cause error) {
 		if from == Probing {
 			fields["failures"] = "the probe failed"
 		}
-		time.AfterFunc(b.coolDown, b.probe)
+		b.failedProbes = 0
+		b.startCoolDown()
 		telemetry.RecordError(span, cause)
 		span.SetStatus(codes.Error, "consuming stopped")
 		b.cfg.Logger.Error("Brake engaged: consuming stops; deliveries go back to the queue unprocessed until a probe succeeds", diag.RedactError(cause), fields)
 	case Probing:
+		if b.cfg.Probe != nil {
+			fields["probe"] = fmt.Sprintf("the dependency answered after %d failed probes", b.failedProbes)
+		}
 		b.cfg.Logger.Info("Brake probing: one delivery is let through", fields)
 	case Released:
 		b.cfg.Logger.Info("Brake released: consuming resumes", fields)
-	}
-}
-
-// probe ends a cool-down.
-func (b *Brake) probe() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.state == Engaged {
-		b.transition(Probing, nil)
 	}
 }

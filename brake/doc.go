@@ -17,10 +17,18 @@
 //     subscriber), each delivery waits in the stage instead; those
 //     subscribers hand a busy handler nothing new.
 //
-// After CoolDown the brake lets one probe delivery through. Success releases
-// it; a counted failure engages it again with the cool-down doubled (up to
-// MaxCoolDown); any other outcome (a poison message, say) lets the next probe
-// through. Poison, Invariant, Rejected and Exhausted failures never count.
+// After CoolDown the brake probes. With Config.Probe (db.PingContext, say)
+// it first tests the dependency without touching a message, still engaged:
+// a failed Probe starts another, doubled cool-down, and no delivery is
+// taken, so an outage of any length spends no attempt and, on a quorum
+// queue, no x-delivery-limit. Once Probe passes (at once without one) it
+// lets one probe delivery through, and a subscriber that reads Probing
+// (rabbitmq.Consumer) takes one delivery at a time meanwhile. Success
+// releases it; a counted failure engages it again with the cool-down doubled
+// (up to MaxCoolDown); any other outcome (a poison message, say) lets the
+// next probe through. Poison, Invariant, Rejected and Exhausted failures
+// never count. Close stops the cool-downs and probes (router.Add closes the
+// brake with the handler's subscriber).
 //
 // Every change of state is logged once, counted (MetricTransitions),
 // recorded in the MetricState gauge (0 released, 1 engaged, 2 probing) and

@@ -172,12 +172,28 @@ type subscription struct {
 // errBraked ends a consume loop whose gate engaged, after draining.
 var errBraked = errors.New("rabbitmq: the brake is engaged")
 
-// engaged reads the gate; a nil changed channel never fires.
-func (s *subscription) engaged() (bool, <-chan struct{}) {
+// gateState reads the gate: engaged, probing (a router.ProbingGate letting
+// one delivery through), and a channel closed at the next change (nil, which
+// never fires, without a gate).
+func (s *subscription) gateState() (engaged, probing bool, changed <-chan struct{}) {
 	if s.gate == nil {
-		return false, nil
+		return false, false, nil
 	}
-	return s.gate.Engaged()
+	engaged, changed = s.gate.Engaged()
+	if pg, ok := s.gate.(router.ProbingGate); ok {
+		probing = pg.Probing()
+	}
+	return engaged, probing, changed
+}
+
+// prefetch is how many deliveries to take at once: one while the gate
+// probes, so a failed probe returns one delivery and not every delivery
+// prefetched beside it.
+func (s *subscription) prefetch(probing bool) int {
+	if probing {
+		return 1
+	}
+	return s.c.cfg.Prefetch
 }
 
 func (s *subscription) run(ctx context.Context) {
@@ -192,7 +208,7 @@ func (s *subscription) run(ctx context.Context) {
 	}()
 	backoff := s.c.cfg.ReconnectBackoff
 	for {
-		if engaged, changed := s.engaged(); engaged {
+		if engaged, _, changed := s.gateState(); engaged {
 			select {
 			case <-stop:
 				return
@@ -234,67 +250,148 @@ func (s *subscription) consume(ctx context.Context, stop <-chan struct{}) error 
 	if err != nil {
 		return fmt.Errorf("rabbitmq: opening a channel: %w", err)
 	}
-	if err := ch.Qos(s.c.cfg.Prefetch, 0, false); err != nil {
-		return fmt.Errorf("rabbitmq: setting the prefetch: %w", err)
+	engaged, probing, changed := s.gateState()
+	if engaged { // engaged while this connection was being set up: take nothing
+		return errors.Join(errBraked, ch.Close())
 	}
-	tag := "sluice-" + watermill.NewShortUUID()
-	deliveries, err := ch.Consume(s.queue, tag, false, false, false, false, nil)
+	cur, err := s.startConsuming(ch, s.prefetch(probing))
 	if err != nil {
-		return fmt.Errorf("rabbitmq: consuming %q: %w", s.queue, err)
+		return err
 	}
+	defer func() { cur.stopped() }()
 	var inflight sync.WaitGroup
-	engaged, changed := s.engaged()
-	if engaged { // engaged while this connection was being set up
-		return errors.Join(errBraked, s.drain(ch, tag, &inflight))
+	failed := func(err error) error { // the channel is gone: nothing to drain
+		cur.stopped()
+		inflight.Wait() // their acks fail on the closed channel: redelivered
+		return err
 	}
+	widening := false // the probe's consumer is cancelled; a full prefetch follows
 	for {
 		select {
 		case <-stop:
-			return s.drain(ch, tag, &inflight)
+			return s.drain(ch, cur, &inflight)
 		case <-changed:
-			if engaged, changed = s.engaged(); engaged {
-				return errors.Join(errBraked, s.drain(ch, tag, &inflight))
-			}
-		case d, ok := <-deliveries:
-			if !ok {
-				inflight.Wait() // their acks fail on the closed channel: redelivered
-				return errors.New("rabbitmq: the deliveries channel closed (consumer cancelled or channel closed)")
-			}
-			msg, err := s.c.cfg.Marshaler.Unmarshal(d)
-			if err != nil {
-				s.c.cfg.Logger.Error("Delivery not readable; requeued", diag.RedactError(err), watermill.LogFields{"queue": s.queue})
-				_ = d.Nack(false, true)
-				continue
-			}
-			msgCtx, cancel := context.WithCancel(ctx)
-			msg.SetContext(msgCtx)
-			select {
-			case s.out <- msg:
-			case <-stop: // never handed to a handler: back to the queue, unprocessed
-				cancel()
-				_ = d.Nack(false, true)
-				return s.drain(ch, tag, &inflight)
-			}
-			inflight.Add(1)
-			go func() {
-				defer inflight.Done()
-				defer cancel()
-				select {
-				case <-msg.Acked():
-					_ = d.Ack(false)
-				case <-msg.Nacked():
-					_ = d.Nack(false, true)
+			engaged, probing, changed = s.gateState()
+			switch {
+			case engaged:
+				return errors.Join(errBraked, s.drain(ch, cur, &inflight))
+			case !widening && s.prefetch(probing) > cur.prefetch:
+				// Released after a probe. A consumer's prefetch cannot
+				// change: cancel it (the deliveries it still holds arrive
+				// below and are handled) and consume anew, on this channel,
+				// once its deliveries end.
+				err := ch.Cancel(cur.tag, false)
+				if err != nil {
+					return failed(fmt.Errorf("rabbitmq: cancelling the probe's consumer: %w", err))
 				}
-			}()
+				cur.stopped()
+				widening = true
+			}
+		case d, ok := <-cur.deliveries:
+			switch {
+			case !ok && widening:
+				widening = false
+				next, err := s.startConsuming(ch, s.prefetch(probing))
+				if err != nil {
+					return failed(err)
+				}
+				cur = next
+			case !ok:
+				return failed(errors.New("rabbitmq: the deliveries channel closed (consumer cancelled or channel closed)"))
+			case !s.handOut(ctx, d, cur, stop, &inflight):
+				return s.drain(ch, cur, &inflight)
+			}
 		}
 	}
 }
 
-// drain stops new deliveries and waits, up to DrainTimeout, for those in
-// flight to be acked or nacked; closing the channel afterwards returns the
-// prefetched rest to the queue.
-func (s *subscription) drain(ch *amqp.Channel, tag string, inflight *sync.WaitGroup) error {
-	_ = ch.Cancel(tag, false)
+// consumer is one basic.consume of a subscription's channel.
+type consumer struct {
+	tag        string
+	prefetch   int
+	deliveries <-chan amqp.Delivery
+	done       chan struct{} // closed once the consumer is cancelled
+	once       sync.Once
+}
+
+// stopped records that the consumer takes no more deliveries.
+func (c *consumer) stopped() { c.once.Do(func() { close(c.done) }) }
+
+// startConsuming sets the prefetch and consumes the queue under a new tag.
+func (s *subscription) startConsuming(ch *amqp.Channel, prefetch int) (*consumer, error) {
+	if err := ch.Qos(prefetch, 0, false); err != nil {
+		return nil, fmt.Errorf("rabbitmq: setting the prefetch: %w", err)
+	}
+	c := &consumer{tag: "sluice-" + watermill.NewShortUUID(), prefetch: prefetch, done: make(chan struct{})}
+	deliveries, err := ch.Consume(s.queue, c.tag, false, false, false, false, nil)
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: consuming %q: %w", s.queue, err)
+	}
+	c.deliveries = deliveries
+	return c, nil
+}
+
+// handOut gives d to the router and acks or nacks it by its tag when its
+// handler ends; false when stop closed before a handler took it (d is then
+// back in the queue, unprocessed).
+//
+// Two settlements wait for c to be cancelled, because a consumer with
+// credit would be handed a delivery it cannot keep — the broker returns
+// it, and on a quorum queue each return counts toward x-delivery-limit: a
+// delivery nacked while the gate is engaged (held by the brake: nacked
+// before the cancel it would come straight back, to be returned again),
+// and the ack of a probe consumer's delivery once the gate released (its
+// ack would give the consumer about to be cancelled credit for one more).
+func (s *subscription) handOut(ctx context.Context, d amqp.Delivery, c *consumer, stop <-chan struct{}, inflight *sync.WaitGroup) bool {
+	msg, err := s.c.cfg.Marshaler.Unmarshal(d)
+	if err != nil {
+		s.c.cfg.Logger.Error("Delivery not readable; requeued", diag.RedactError(err), watermill.LogFields{"queue": s.queue})
+		_ = d.Nack(false, true)
+		return true
+	}
+	msgCtx, cancel := context.WithCancel(ctx)
+	msg.SetContext(msgCtx)
+	select {
+	case s.out <- msg:
+	case <-stop: // never handed to a handler: back to the queue, unprocessed
+		cancel()
+		_ = d.Nack(false, true)
+		return false
+	}
+	inflight.Add(1)
+	go func() {
+		defer inflight.Done()
+		defer cancel()
+		select {
+		case <-msg.Acked():
+			if engaged, probing, _ := s.gateState(); !engaged && !probing && c.prefetch < s.c.cfg.Prefetch {
+				<-c.done
+			}
+			_ = d.Ack(false)
+		case <-msg.Nacked():
+			if engaged, _, _ := s.gateState(); engaged {
+				<-c.done
+			}
+			_ = d.Nack(false, true)
+		}
+	}()
+	return true
+}
+
+// drain cancels c (no new deliveries; the held ones may now be nacked),
+// returns those the broker sent before the cancel took effect and no
+// handler has — nacked one by one: on RabbitMQ 4.3 and later a basic.nack
+// with requeue does not count toward a quorum queue's delivery limit, while
+// a channel close's return does — waits up to DrainTimeout for those in
+// flight to be acked or nacked, and closes the channel.
+func (s *subscription) drain(ch *amqp.Channel, c *consumer, inflight *sync.WaitGroup) error {
+	err := ch.Cancel(c.tag, false)
+	c.stopped()
+	if err == nil {
+		for d := range c.deliveries { // closed once the client has flushed them
+			_ = d.Nack(false, true)
+		}
+	}
 	done := make(chan struct{})
 	go func() { inflight.Wait(); close(done) }()
 	select {

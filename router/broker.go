@@ -50,6 +50,17 @@ type Gate interface {
 	Engaged() (engaged bool, changed <-chan struct{})
 }
 
+// ProbingGate is a Gate that also says when it lets one delivery through as
+// a probe (*brake.Brake is one). A subscriber that reads it takes one
+// delivery at a time while Probing holds (rabbitmq.Consumer consumes with
+// prefetch 1), so a failed probe gives back one delivery rather than every
+// delivery prefetched beside it, and takes its full prefetch again once the
+// gate releases.
+type ProbingGate interface {
+	Gate
+	Probing() bool
+}
+
 // GatedSubscriber is a subscriber that can stop consuming while a gate is
 // engaged (rabbitmq.Consumer). Add gives it the handler's brake:
 // WithGate returns the subscriber the handler consumes from, and closing it

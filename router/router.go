@@ -114,6 +114,7 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		if pausing {
 			subscriber = gated.WithGate(b)
 		}
+		subscriber = closingSubscriber{subscriber, b}
 	}
 	var out []*message.Handler
 	if cfg.Stages.Poison != nil && cfg.Stages.Poison.Consumer == "" {
@@ -138,4 +139,15 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		out = append(out, h)
 	}
 	return out, nil
+}
+
+// closingSubscriber closes the handler's brake (its cool-down and probes)
+// after the subscriber: the router closes its subscribers when it closes.
+type closingSubscriber struct {
+	message.Subscriber
+	also interface{ Close() error }
+}
+
+func (s closingSubscriber) Close() error {
+	return errors.Join(s.Subscriber.Close(), s.also.Close())
 }

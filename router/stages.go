@@ -2,6 +2,7 @@ package router
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -39,9 +40,12 @@ type Stages struct {
 	// accepts) dominate, holding deliveries back unprocessed instead of
 	// spending their retry tiers (package brake). Add builds one brake per
 	// handler, shared by its consumers, and gives it to a subscriber that
-	// can stop consuming (GatedSubscriber). Middlewares alone builds a brake
-	// per call that waits instead (Pausing false unless set); for a
-	// subscriber of your own, build it with brake.New and wire both.
+	// can stop consuming (GatedSubscriber), and closes it when that
+	// subscriber closes. Its Probe defaults to the inbox store's Ping when
+	// the store is a Pinger. Middlewares alone builds a brake per call that
+	// waits instead (Pausing false unless set) and that nothing closes; for
+	// a subscriber of your own, build it with brake.New, wire both and
+	// Close it.
 	Brake     *brake.Config
 	Classify  *middleware.ClassifyConfig
 	Inbox     *deduplication.Config
@@ -167,11 +171,22 @@ func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
 	return mws, nil
 }
 
+// Pinger is a dependency that can say whether it answers without being
+// given a message. An inbox Store that is one (a Ping(ctx) error method)
+// becomes the brake's Probe when Stages.Brake has none.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
 // newBrake builds the brake of Stages.Brake for the handler named name; its
-// Classifier defaults to Stages.Classifier, then to brake.New's default.
+// Classifier defaults to Stages.Classifier, then to brake.New's default;
+// its Probe to the inbox store's Ping.
 func (s Stages) newBrake(name string, pausing bool) (*brake.Brake, error) {
 	cfg := *s.Brake
 	cfg.Name = cmp.Or(cfg.Name, name)
+	if p, ok := s.inboxStore().(Pinger); ok && cfg.Probe == nil {
+		cfg.Probe = p.Ping
+	}
 	cfg.Pausing = cfg.Pausing || pausing
 	cfg.Classifier = cmp.Or(cfg.Classifier, s.Classifier)
 	cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
@@ -182,4 +197,11 @@ func (s Stages) newBrake(name string, pausing bool) (*brake.Brake, error) {
 		return nil, fmt.Errorf("router: brake stage: %w", err)
 	}
 	return b, nil
+}
+
+func (s Stages) inboxStore() deduplication.Store {
+	if s.Inbox == nil {
+		return nil
+	}
+	return s.Inbox.Store
 }

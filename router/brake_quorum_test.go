@@ -1,0 +1,284 @@
+package router_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/brake"
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/router"
+)
+
+// quorumLimit is the x-delivery-limit of the quorum queues below: a
+// message returned more often is dead-lettered by the broker itself.
+const quorumLimit = 5
+
+// newQuorumRabbitMQ declares queue (and its tiers) as quorum queues with
+// x-delivery-limit quorumLimit, all deleted when t ends.
+func newQuorumRabbitMQ(t *testing.T, queue string, delays ...time.Duration) *rabbitmq.Broker {
+	t.Helper()
+	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
+		URL:      testenv.AMQPURL,
+		Topology: rabbitmq.TopologyConfig{Queue: queue, TierDelays: delays, Quorum: true, DeliveryLimit: quorumLimit},
+	})
+	require.NoError(t, err)
+	names := []string{queue, q.Topology().PoisonQueue()}
+	for _, tier := range q.Topology().Tiers() {
+		names = append(names, tier.Topic)
+	}
+	testenv.DeleteQueuesAtEnd(t, names...)
+	t.Cleanup(func() { _ = q.Close() })
+	return q
+}
+
+// deliveries observes every delivery the handler's stages see: the most
+// returns one had (x-delivery-count), and each event's successful runs.
+type deliveries struct {
+	mu         sync.Mutex
+	maxReturns int
+	handled    map[string]int
+}
+
+func (d *deliveries) observe(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		n, _ := strconv.Atoi(msg.Metadata.Get(rabbitmq.DeliveryCountKey))
+		d.mu.Lock()
+		d.maxReturns = max(d.maxReturns, n)
+		d.mu.Unlock()
+		return h(msg)
+	}
+}
+
+func (d *deliveries) processed(id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.handled[id]++
+}
+
+func (d *deliveries) count() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.handled)
+}
+
+// pingingStore is an inbox store that can ping its database: router.Add
+// gives its Ping to the brake as the Probe.
+type pingingStore struct {
+	*sqlstore.Store
+	db    *sqlx.DB
+	pings atomic.Int64 // failed pings
+}
+
+func (s *pingingStore) Ping(ctx context.Context) error {
+	err := s.db.PingContext(ctx)
+	if err != nil {
+		s.pings.Add(1)
+	}
+	return err
+}
+
+// runBraked runs a router with handler on q behind the whole stack (inbox
+// when given) and a brake of short cool-downs that watches unreachable
+// dependencies; seen observes every delivery. It returns the stages' metrics.
+func runBraked(t *testing.T, q *rabbitmq.Broker, seen *deliveries, handler message.NoPublishHandlerFunc, inbox *deduplication.Config) *sdkmetric.ManualReader {
+	t.Helper()
+	reader := sdkmetric.NewManualReader()
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	r.AddMiddleware(seen.observe)
+	_, err = router.Add(r, router.HandlerConfig{
+		Broker: q, Name: "braked", Handler: handler,
+		Stages: router.Stages{
+			Poison:        &poison.Config{PublishBackoff: 50 * time.Millisecond},
+			Retry:         &retrytiers.Config{PublishBackoff: 50 * time.Millisecond},
+			Brake:         &brake.Config{Window: 20, CoolDown: 10 * time.Millisecond, MaxCoolDown: 20 * time.Millisecond, Match: brake.MatchUnreachable},
+			Classify:      &middleware.ClassifyConfig{},
+			Inbox:         inbox,
+			Recoverer:     &middleware.RecovererConfig{},
+			MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		},
+	})
+	require.NoError(t, err)
+	runRouter(t, r)
+	return reader
+}
+
+func publishEvents(t *testing.T, q *rabbitmq.Broker, queue string, n int) {
+	t.Helper()
+	for i := range n {
+		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+		m.Metadata.Set(sluice.EventIDKey, fmt.Sprintf("evt-%03d", i))
+		require.NoError(t, q.Publisher().Publish(queue, m))
+	}
+}
+
+// A long outage on a quorum queue spends no delivery limit: 100 events on a
+// quorum queue with x-delivery-limit 5, the PostgreSQL of the inbox and the
+// handler (a private server) refusing connections for 100 failed probes.
+// The brake probes the database (the inbox store's Ping), not a delivery,
+// so no probe returns a message; the deliveries in flight when it engaged
+// go back once. Then PostgreSQL returns: none was dead-lettered by the
+// broker, each is processed once.
+//
+// Before the dependency probe, every failed probe returned the probe and
+// the 15 deliveries prefetched beside it, the same head messages on every
+// cycle: all 100 ended in the poison queue (x-delivery-limit), none
+// processed.
+func TestBrakeLongOutageOnAQuorumQueueSpendsNoDeliveryLimit(t *testing.T) {
+	t.Parallel()
+	const events, probes = 100, 100
+	pg := testenv.StartPrivatePostgres(t)
+	db, err := sqlx.Open("postgres", pg.URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	db.SetMaxOpenConns(rabbitmq.PrefetchDefault + 4)
+	_, err = db.Exec(`CREATE TABLE effects (event_id TEXT PRIMARY KEY)`)
+	require.NoError(t, err)
+	inbox, err := sqlstore.New(sqlstore.Config{DB: db, Table: "inbox"})
+	require.NoError(t, err)
+	require.NoError(t, inbox.CreateTable(t.Context()))
+	store := &pingingStore{Store: inbox, db: db}
+
+	queue := testenv.Name("quorum_outage")
+	q := newQuorumRabbitMQ(t, queue, 500*time.Millisecond, time.Second)
+	publishEvents(t, q, queue, events)
+	pg.Stop(t) // down before the first delivery
+
+	seen := &deliveries{handled: map[string]int{}}
+	reader := runBraked(t, q, seen, func(msg *message.Message) error {
+		id := msg.Metadata.Get(sluice.EventIDKey)
+		if _, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+			`INSERT INTO effects (event_id) VALUES ($1)`, id); err != nil {
+			return err
+		}
+		seen.processed(id)
+		return nil
+	}, &deduplication.Config{Store: store, Consumer: "effects"})
+
+	conn := testenv.AMQP(t)
+	deadLettered := func() int { return testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()) }
+	// A failed probe is a failed ping, or a probe delivery that failed (the
+	// brake engaged again after its first engagement). Without the ping,
+	// the broker dead-letters every message before the 100th probe, and
+	// nothing is left to probe with: the wait ends there too.
+	failedProbes := func() int64 {
+		return store.pings.Load() + max(0, testenv.CounterWhere(t, reader, brake.MetricTransitions, string(brake.AttrState), "engaged")-1)
+	}
+	require.Eventually(t, func() bool { return failedProbes() >= probes || deadLettered() == events },
+		time.Minute, 5*time.Millisecond, "the outage lasts %d failed probes", probes)
+	poisonedDuringOutage := deadLettered()
+	pg.Start(t)
+
+	require.Eventually(t, func() bool { return seen.count()+deadLettered() == events }, 2*time.Minute, 20*time.Millisecond,
+		"every event processed or dead-lettered after the outage")
+	seen.mu.Lock()
+	defer seen.mu.Unlock()
+	t.Logf("%d failed probes (%d pings); %d of %d dead-lettered by the broker (%d during the outage); %d processed; the most returns of a delivery %d (x-delivery-limit %d); %d copies in a tier, %d engagements",
+		failedProbes(), store.pings.Load(), deadLettered(), events, poisonedDuringOutage, len(seen.handled), seen.maxReturns, quorumLimit,
+		testenv.CounterSum(t, reader, retrytiers.MetricRetries), testenv.CounterWhere(t, reader, brake.MetricTransitions, string(brake.AttrState), "engaged"))
+	require.GreaterOrEqual(t, failedProbes(), int64(probes))
+	require.Zero(t, deadLettered(), "no message dead-lettered by the broker")
+	require.Zero(t, testenv.CounterSum(t, reader, poison.MetricPoisoned))
+	require.Len(t, seen.handled, events)
+	for id, n := range seen.handled {
+		require.Equal(t, 1, n, "%s processed once", id)
+	}
+	engagements := testenv.CounterWhere(t, reader, brake.MetricTransitions, string(brake.AttrState), "engaged")
+	require.LessOrEqual(t, int64(seen.maxReturns), engagements, "a delivery goes back at most once per engagement, never per probe")
+	var effects, claims int
+	require.NoError(t, db.Get(&effects, `SELECT count(*) FROM effects`))
+	require.NoError(t, db.Get(&claims, `SELECT count(*) FROM inbox`))
+	require.Equal(t, events, effects)
+	require.Equal(t, events, claims)
+}
+
+// Without a Probe every probe is a delivery, and the brake consumes one
+// delivery at a time while probing: a failed probe returns that one, not
+// the 15 prefetched beside it. On a quorum queue with x-delivery-limit 5
+// and a dependency refusing connections for 30 failed probes, the returns
+// are the engagement's (at most a prefetch) plus one a probe, so at most
+// (16 + 30) / 6 + 1 messages are dead-lettered by the broker; the others
+// are processed once. (Before, each failed probe returned 16: about 80 of
+// 100 were dead-lettered after 30 probes.)
+func TestBrakeDeliveryProbesReturnOneDeliveryEach(t *testing.T) {
+	t.Parallel()
+	const events, probes = 100, 30
+	dependency := freeAddr(t) // nothing listens: a real ECONNREFUSED
+	queue := testenv.Name("quorum_probes")
+	q := newQuorumRabbitMQ(t, queue, 500*time.Millisecond, time.Second)
+	publishEvents(t, q, queue, events)
+
+	seen := &deliveries{handled: map[string]int{}}
+	reader := runBraked(t, q, seen, func(msg *message.Message) error {
+		c, err := (&net.Dialer{Timeout: time.Second}).DialContext(msg.Context(), "tcp", dependency)
+		if err != nil {
+			return fmt.Errorf("stock service: %w", err)
+		}
+		_ = c.Close()
+		seen.processed(msg.Metadata.Get(sluice.EventIDKey))
+		return nil
+	}, nil)
+
+	conn := testenv.AMQP(t)
+	deadLettered := func() int { return testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()) }
+	engaged := func() int64 {
+		return testenv.CounterWhere(t, reader, brake.MetricTransitions, string(brake.AttrState), "engaged")
+	}
+	require.Eventually(t, func() bool { return engaged()-1 >= probes || deadLettered() == events },
+		time.Minute, 5*time.Millisecond, "the outage lasts %d failed probes", probes)
+	l, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", dependency) // the dependency answers again
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+
+	require.Eventually(t, func() bool { return seen.count()+deadLettered() == events }, 2*time.Minute, 20*time.Millisecond,
+		"every event processed or dead-lettered after the outage")
+	failed := engaged() - 1
+	bound := int((rabbitmq.PrefetchDefault+failed)/(quorumLimit+1)) + 1
+	seen.mu.Lock()
+	defer seen.mu.Unlock()
+	t.Logf("%d failed probe deliveries; %d of %d dead-lettered by the broker (bound %d); %d processed; the most returns of a delivery %d",
+		failed, deadLettered(), events, bound, len(seen.handled), seen.maxReturns)
+	require.GreaterOrEqual(t, failed, int64(probes))
+	require.LessOrEqual(t, deadLettered(), bound, "one return a failed probe, a prefetch's at the engagement")
+	for id, n := range seen.handled {
+		require.Equal(t, 1, n, "%s processed once", id)
+	}
+}
+
+// freeAddr returns an address of 127.0.0.1 nothing listens on.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
+}
