@@ -25,8 +25,8 @@ const KeyMaxLengthDefault = 512
 // ClaimTimeoutDefault is Config.ClaimTimeout's default.
 const ClaimTimeoutDefault = 5 * time.Second
 
-// CommitTimeoutDefault is Config.CommitTimeout's default.
-const CommitTimeoutDefault = 10 * time.Second
+// StoreTimeoutDefault is Config.StoreTimeout's default.
+const StoreTimeoutDefault = 10 * time.Second
 
 // MetricDuplicates counts deliveries acked without running the handler
 // because their key was already processed, by handler.
@@ -62,14 +62,23 @@ type Config struct {
 	// connection closed (the pool opens another). Default
 	// ClaimTimeoutDefault; negative: no bound but the message context's.
 	ClaimTimeout time.Duration
-	// CommitTimeout bounds the commit and the rollback that end a unit of
-	// work. They run on a context detached from the message's: a handler
-	// that succeeded just as its deadline ended (Watermill's Timeout, the
-	// shutdown grace running out) is committed, not failed after its
-	// effects — on a store whose handler effects live outside the unit of
-	// work (Redis) a failed commit would run them again. Default
-	// CommitTimeoutDefault.
-	CommitTimeout time.Duration
+	// StoreTimeout bounds every call of the stage to its store: Begin, the
+	// Commit and the Rollback that end the unit of work, and the Claim (for
+	// ClaimTimeout plus StoreTimeout). A call that outlives it is given up —
+	// it goes on in the background and its unit of work is rolled back when
+	// it returns — and the delivery fails at once as Transient with
+	// ErrStoreTimeout in a *sluice.DependencyError, which
+	// brake.MatchUnreachable counts: a black-holed database, whose driver
+	// honours no context (lib/pq while it connects without connect_timeout,
+	// or while its cancel request cannot get through), no longer freezes
+	// every handler. The commit and the rollback run on a context detached
+	// from the message's: a handler that succeeded as its deadline ended
+	// (Watermill's Timeout, the shutdown grace running out) is committed, not
+	// failed after its effects — on a store whose handler effects live
+	// outside the unit of work (Redis) a failed commit would run them again.
+	// Default StoreTimeoutDefault; negative: no bound but the message
+	// context's (and commits and rollbacks unbounded).
+	StoreTimeout time.Duration
 	// MeterProvider receives the duplicates counter. Default the global
 	// OpenTelemetry provider.
 	MeterProvider metric.MeterProvider
@@ -91,8 +100,8 @@ func (c Config) withDefaults() Config {
 	if c.ClaimTimeout == 0 {
 		c.ClaimTimeout = ClaimTimeoutDefault
 	}
-	if c.CommitTimeout == 0 {
-		c.CommitTimeout = CommitTimeoutDefault
+	if c.StoreTimeout == 0 {
+		c.StoreTimeout = StoreTimeoutDefault
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
@@ -108,8 +117,6 @@ func (c Config) validate() error {
 		return errors.New("deduplication: Config.Consumer is required")
 	case c.KeyMaxLength < 0:
 		return fmt.Errorf("deduplication: Config.KeyMaxLength must be positive, got %d", c.KeyMaxLength)
-	case c.CommitTimeout < 0:
-		return fmt.Errorf("deduplication: Config.CommitTimeout must be positive, got %s", c.CommitTimeout)
 	}
 	return nil
 }
@@ -118,6 +125,10 @@ func (c Config) validate() error {
 type deduplicator struct {
 	cfg        Config
 	duplicates metric.Int64Counter
+	abandoned  atomic.Int64 // store calls given up that have not returned yet
+	// storeBound is StoreTimeout, or -1 for a store bounded by its
+	// contexts (ContextBounded), whose calls run directly.
+	storeBound time.Duration
 }
 
 // New validates cfg and returns the inbox stage: it runs a handler at most
@@ -145,7 +156,10 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	if err != nil {
 		return nil, fmt.Errorf("deduplication: creating %s counter: %w", MetricDuplicates, err)
 	}
-	d := &deduplicator{cfg: cfg, duplicates: dup}
+	d := &deduplicator{cfg: cfg, duplicates: dup, storeBound: cfg.StoreTimeout}
+	if cb, ok := cfg.Store.(ContextBounded); ok && cb.BoundedByContext() {
+		d.storeBound = -1
+	}
 	return d.middleware, nil
 }
 
@@ -160,25 +174,25 @@ func (d *deduplicator) middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 
 		ctx := msg.Context()
-		tx, err := d.cfg.Store.Begin(ctx)
+		tx, err := d.begin(ctx)
 		if err != nil {
-			return nil, sluice.Transient(dependency(ctx, "begin", err))
+			return nil, sluice.Transient(err)
 		}
-		committed := false
+		ended := false // committed, rolled back, or handed to a call given up that ends it
 		defer func() {
-			if committed {
+			if ended {
 				return
 			}
 			// Also on a panic in h: release the claim, then let it unwind.
-			endCtx, cancel := d.endContext(ctx)
-			defer cancel()
-			if rbErr := tx.Rollback(endCtx); rbErr != nil && err != nil {
+			endCtx := endContext(ctx)
+			if rbErr := d.rollback(endCtx, tx); rbErr != nil && err != nil {
 				err = errors.Join(err, fmt.Errorf("deduplication: rollback: %w", rbErr))
 			}
 		}()
 
-		claimed, err := d.claim(ctx, tx, key)
+		claimed, gaveUp, err := d.claim(ctx, tx, key)
 		if err != nil {
+			ended = gaveUp // the claim still holds tx: its late return rolls it back
 			return nil, sluice.Transient(err)
 		}
 		if !claimed {
@@ -195,9 +209,13 @@ func (d *deduplicator) middleware(h message.HandlerFunc) message.HandlerFunc {
 		if rejected && d.cfg.Classifier.Classify(err) != sluice.ClassRejected {
 			return produced, err
 		}
-		endCtx, cancel := d.endContext(ctx)
-		defer cancel()
-		if cErr := tx.Commit(endCtx); cErr != nil { // the deferred rollback releases what is left
+		endCtx := endContext(ctx)
+		gaveUp, cErr := d.commit(endCtx, tx)
+		if gaveUp {
+			ended = true // the commit's outcome is unknown: a redelivery finds it or not
+			return nil, sluice.Transient(errors.Join(err, cErr))
+		}
+		if cErr != nil { // the deferred rollback releases what is left
 			if rejected && errors.Is(cErr, ErrAborted) {
 				// A rejection often follows a statement that aborted the
 				// transaction (a unique violation on PostgreSQL), whose
@@ -210,26 +228,84 @@ func (d *deduplicator) middleware(h message.HandlerFunc) message.HandlerFunc {
 				// rejection's writes commit with its claim or not at all.
 				rErr := d.claimAlone(endCtx, tx, key)
 				if rErr == nil {
-					committed = true
+					ended = true
 					return produced, err
 				}
 				cErr = errors.Join(cErr, rErr)
 			}
 			return nil, sluice.Transient(errors.Join(err, fmt.Errorf("deduplication: commit: %w", cErr)))
 		}
-		committed = true
+		ended = true
 		return produced, err
 	}
 }
 
 // endContext is the context that ends a unit of work: ctx's values, not its
-// deadline or cancellation, bounded by CommitTimeout.
-func (d *deduplicator) endContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), d.cfg.CommitTimeout)
+// deadline or cancellation (StoreTimeout bounds each call on it).
+func endContext(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
+
+// begin opens a unit of work within StoreTimeout.
+func (d *deduplicator) begin(ctx context.Context) (Tx, error) {
+	if d.storeBound <= 0 {
+		tx, err := d.cfg.Store.Begin(ctx)
+		if err != nil {
+			return nil, dependency(ctx, "begin", err)
+		}
+		return tx, nil
+	}
+	tx, gaveUp, err := bounded(&d.abandoned, ctx, d.storeBound, true, d.cfg.Store.Begin, func(tx Tx, err error) {
+		if err == nil { // opened after all, for nobody
+			d.lateRollback(ctx, tx)
+		}
+	})
+	if err != nil && !gaveUp {
+		return nil, dependency(ctx, "begin", err)
+	}
+	if gaveUp {
+		return nil, &sluice.DependencyError{Op: "deduplication: begin", Err: err}
+	}
+	return tx, nil
 }
 
-// claim claims key within ClaimTimeout.
-func (d *deduplicator) claim(ctx context.Context, tx Tx, key string) (bool, error) {
+// lateRollback rolls back tx, which a call given up returned or held.
+func (d *deduplicator) lateRollback(ctx context.Context, tx Tx) {
+	_ = d.rollback(endContext(ctx), tx)
+}
+
+// rollback rolls back tx within StoreTimeout (ctx is the end context).
+func (d *deduplicator) rollback(ctx context.Context, tx Tx) error {
+	if d.storeBound <= 0 {
+		return tx.Rollback(ctx)
+	}
+	_, _, err := bounded(&d.abandoned, ctx, d.storeBound, false, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, tx.Rollback(ctx)
+	}, nil)
+	return err
+}
+
+// commit commits tx within StoreTimeout (ctx is the end context); gaveUp
+// reports a commit given up, whose outcome is unknown.
+func (d *deduplicator) commit(ctx context.Context, tx Tx) (gaveUp bool, err error) {
+	if d.storeBound <= 0 {
+		return false, tx.Commit(ctx)
+	}
+	_, gaveUp, err = bounded(&d.abandoned, ctx, d.storeBound, false, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, tx.Commit(ctx)
+	}, func(_ struct{}, err error) {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx)) // after a failed commit; a no-op after Commit
+		}
+	})
+	if gaveUp {
+		return true, &sluice.DependencyError{Op: "deduplication: commit", Err: err}
+	}
+	return false, err
+}
+
+// claim claims key within ClaimTimeout, and gives the store StoreTimeout
+// more to answer; gaveUp reports a claim given up, which still holds tx
+// (its late return rolls tx back).
+func (d *deduplicator) claim(ctx context.Context, tx Tx, key string) (claimed, gaveUp bool, err error) {
 	claimCtx := ctx
 	var deadline *claimContext
 	if d.cfg.ClaimTimeout > 0 {
@@ -237,14 +313,26 @@ func (d *deduplicator) claim(ctx context.Context, tx Tx, key string) (bool, erro
 		defer deadline.release()
 		claimCtx = deadline
 	}
-	claimed, err := tx.Claim(claimCtx, d.cfg.Consumer, key)
+	bound := time.Duration(-1)
+	if d.cfg.ClaimTimeout > 0 && d.storeBound > 0 {
+		bound = d.cfg.ClaimTimeout + d.storeBound
+	}
+	if bound <= 0 {
+		claimed, err = tx.Claim(claimCtx, d.cfg.Consumer, key)
+	} else {
+		claimed, gaveUp, err = bounded(&d.abandoned, claimCtx, bound, false, func(ctx context.Context) (bool, error) {
+			return tx.Claim(ctx, d.cfg.Consumer, key)
+		}, func(bool, error) { d.lateRollback(ctx, tx) })
+	}
 	switch {
 	case err == nil:
-		return claimed, nil
+		return claimed, false, nil
+	case gaveUp:
+		return false, true, &sluice.DependencyError{Op: fmt.Sprintf("deduplication: claim %q", diag.Bound(key, 128)), Err: err}
 	case deadline != nil && deadline.Err() != nil && ctx.Err() == nil:
-		return false, fmt.Errorf("%w: claim %q waited longer than the claim timeout (%s): %w", ErrClaimInProgress, key, d.cfg.ClaimTimeout, err)
+		return false, false, fmt.Errorf("%w: claim %q waited longer than the claim timeout (%s): %w", ErrClaimInProgress, key, d.cfg.ClaimTimeout, err)
 	}
-	return false, dependency(ctx, fmt.Sprintf("claim %q", diag.Bound(key, 128)), err)
+	return false, false, dependency(ctx, fmt.Sprintf("claim %q", diag.Bound(key, 128)), err)
 }
 
 // dependency wraps a failure of the store's own call op: a
@@ -266,15 +354,21 @@ func (d *deduplicator) claimAlone(ctx context.Context, aborted Tx, key string) e
 	if err := aborted.Rollback(ctx); err != nil {
 		return fmt.Errorf("deduplication: rolling back the aborted unit of work: %w", err)
 	}
-	tx, err := d.cfg.Store.Begin(ctx)
+	tx, err := d.begin(ctx)
 	if err != nil {
 		return fmt.Errorf("deduplication: begin, to record the rejection: %w", err)
 	}
-	if _, err := d.claim(ctx, tx, key); err != nil {
-		return errors.Join(fmt.Errorf("deduplication: recording the rejection: %w", err), tx.Rollback(ctx))
+	if _, gaveUp, err := d.claim(ctx, tx, key); err != nil {
+		if gaveUp {
+			return fmt.Errorf("deduplication: recording the rejection: %w", err)
+		}
+		return errors.Join(fmt.Errorf("deduplication: recording the rejection: %w", err), d.rollback(ctx, tx))
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return errors.Join(fmt.Errorf("deduplication: commit, to record the rejection: %w", err), tx.Rollback(ctx))
+	if gaveUp, err := d.commit(ctx, tx); err != nil {
+		if gaveUp {
+			return fmt.Errorf("deduplication: commit, to record the rejection: %w", err)
+		}
+		return errors.Join(fmt.Errorf("deduplication: commit, to record the rejection: %w", err), d.rollback(ctx, tx))
 	}
 	return nil
 }

@@ -37,6 +37,10 @@ func NewMemoryStore() *MemoryStore {
 // Begin starts a unit of work.
 func (s *MemoryStore) Begin(context.Context) (Tx, error) { return &memTx{s: s}, nil }
 
+// BoundedByContext reports true: the memory store waits on nothing but a
+// concurrent claim, and that only until its context ends (ContextBounded).
+func (s *MemoryStore) BoundedByContext() bool { return true }
+
 // Len returns how many pairs are recorded as processed.
 func (s *MemoryStore) Len() int {
 	s.mu.Lock()

@@ -40,6 +40,17 @@ type Tx interface {
 	Rollback(ctx context.Context) error
 }
 
+// ContextBounded is implemented by a Store whose every call returns once its
+// context ends, with nothing to wait on beyond it (MemoryStore). The inbox
+// stage then calls it directly; any other store's calls it runs on a
+// goroutine of their own, to give up on one that outlives
+// Config.StoreTimeout: database drivers do not all honour their contexts
+// (lib/pq while it connects without connect_timeout, or while its cancel
+// request cannot reach a black-holed server).
+type ContextBounded interface {
+	BoundedByContext() bool
+}
+
 // ErrAborted is matched by a Tx's Commit error when an earlier statement
 // aborted the unit of work: nothing was committed, and committing again
 // cannot help. After a rejection the inbox then records the claim alone; any

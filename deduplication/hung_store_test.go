@@ -1,0 +1,108 @@
+package deduplication_test
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/brake"
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/middleware"
+)
+
+// TestBlackHoledDatabaseFreezesNoHandler: PostgreSQL behind a proxy that
+// black-holes every connection — established ones and new ones — with the
+// default DSN (no connect_timeout: lib/pq's start-up then waits forever, and
+// its cancel request cannot get through). Every one of 16 concurrent
+// deliveries comes back as a Transient ErrStoreTimeout, the brake
+// (MatchUnreachable) engages, and once the network heals deliveries are
+// processed again. (Before: all 16 froze in Store.Begin until the fault
+// cleared.)
+func TestBlackHoledDatabaseFreezesNoHandler(t *testing.T) {
+	t.Parallel()
+	admin := testenv.Postgres(t)
+	schema := testenv.Schema(t, admin)
+	testenv.SQLStore(t, admin, schema+".inbox")
+
+	u, err := url.Parse(testenv.PostgresURL)
+	require.NoError(t, err)
+	proxy := testenv.StartProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	db, err := sqlx.Open("postgres", u.String()) // no connect_timeout, no keepalive settings
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	store, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".inbox"})
+	require.NoError(t, err)
+
+	b, err := brake.New(brake.Config{Name: "inventory", Match: brake.MatchUnreachable, Window: 10, FailureRatio: 0.5,
+		CoolDown: time.Hour, Pausing: true})
+	require.NoError(t, err)
+	classify, err := middleware.Classify(middleware.ClassifyConfig{})
+	require.NoError(t, err)
+	inbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "inventory", StoreTimeout: 300 * time.Millisecond})
+	require.NoError(t, err)
+	var mu sync.Mutex
+	handled := 0
+	h := classify(inbox(func(*message.Message) ([]*message.Message, error) {
+		mu.Lock()
+		handled++
+		mu.Unlock()
+		return nil, nil
+	}))
+	deliver := func(stack message.HandlerFunc, id string) error {
+		msg := message.NewMessage(watermill.NewUUID(), nil)
+		msg.Metadata.Set(sluice.EventIDKey, id)
+		_, err := stack(msg)
+		return err
+	}
+	const inFlight = 16
+	// Warm the pool: connections that the black hole will catch mid-life.
+	var wg sync.WaitGroup
+	for i := range inFlight {
+		wg.Go(func() { require.NoError(t, deliver(h, fmt.Sprint("warm-", i))) })
+	}
+	wg.Wait()
+
+	proxy.BlackHole()
+	errs := make(chan error, inFlight)
+	for i := range inFlight {
+		go func() { errs <- deliver(b.Middleware(h), fmt.Sprint("held-", i)) }()
+	}
+	deadline := time.After(30 * time.Second) // a liveness bound, not a measurement: each returns after ~0.4 s
+	timeouts := 0
+	for range inFlight {
+		select {
+		case err := <-errs:
+			require.Error(t, err)
+			require.ErrorIs(t, err, deduplication.ErrStoreTimeout)
+			require.ErrorIs(t, err, sluice.ErrDependency)
+			timeouts++
+			if !errors.Is(err, sluice.ErrHeld) { // the failure that tripped the brake is held
+				require.Equal(t, sluice.ClassTransient, sluice.ClassOf(err))
+			}
+		case <-deadline:
+			proxy.Heal()
+			t.Fatalf("handlers frozen on the black-holed database: %d of %d returned", timeouts, inFlight)
+		}
+	}
+	require.Equal(t, brake.Engaged, b.State(), "the store's timeouts engage the brake")
+	require.ErrorIs(t, deliver(b.Middleware(h), "next"), sluice.ErrHeld, "engaged: the next delivery goes back unprocessed")
+
+	proxy.Heal()
+	require.Eventually(t, func() bool { return deliver(h, "after") == nil }, 30*time.Second, 50*time.Millisecond,
+		"processed again once the network heals")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, inFlight+1, handled, "no handler ran while the database was unreachable")
+}

@@ -1,0 +1,148 @@
+package testenv
+
+import (
+	"context"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Proxy forwards TCP connections from 127.0.0.1 to an upstream service, and
+// can black-hole them: a dependency that accepts connections and never
+// answers, as a dead route or a frozen host does. It is closed when the
+// test ends.
+type Proxy struct {
+	ln       net.Listener
+	upstream string
+	wg       sync.WaitGroup
+
+	mu      sync.Mutex
+	holed   bool
+	conns   []net.Conn
+	closing bool
+}
+
+// StartProxy listens on a free loopback port and forwards to upstream
+// (host:port).
+func StartProxy(t testing.TB, upstream string) *Proxy {
+	t.Helper()
+	ln, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &Proxy{ln: ln, upstream: upstream}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.close)
+	return p
+}
+
+// Addr is the proxy's host:port.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// BlackHole stops forwarding: the bytes already sent on open connections
+// are swallowed, nothing comes back, and new connections are accepted but
+// never reach the upstream.
+func (p *Proxy) BlackHole() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.holed = true
+}
+
+// Heal ends the black hole: every connection opened so far is reset (the
+// conversations it swallowed cannot resume), and new ones are forwarded.
+func (p *Proxy) Heal() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.holed = false
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = nil
+}
+
+func (p *Proxy) track(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closing {
+		_ = c.Close()
+		return false
+	}
+	p.conns = append(p.conns, c)
+	return true
+}
+
+// hole returns whether the proxy is black-holed.
+func (p *Proxy) hole() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.holed
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		down, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		if !p.track(down) {
+			continue
+		}
+		p.wg.Add(1)
+		go p.serve(down)
+	}
+}
+
+// serve connects down to the upstream once the proxy is not black-holed,
+// then pipes both ways.
+func (p *Proxy) serve(down net.Conn) {
+	defer p.wg.Done()
+	if p.hole() {
+		_, _ = io.Copy(io.Discard, down) // swallowed, until Heal closes it with the others
+		return
+	}
+	up, err := (&net.Dialer{Timeout: 10 * time.Second}).DialContext(context.Background(), "tcp", p.upstream)
+	if err != nil {
+		_ = down.Close()
+		return
+	}
+	if !p.track(up) {
+		_ = down.Close()
+		return
+	}
+	p.wg.Add(2)
+	go p.pipe(up, down)
+	p.pipe(down, up)
+}
+
+// pipe copies src to dst, swallowing what arrives while black-holed.
+func (p *Proxy) pipe(src, dst net.Conn) {
+	defer p.wg.Done()
+	defer func() { _ = dst.Close() }()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if !p.hole() {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *Proxy) close() {
+	p.mu.Lock()
+	p.closing = true
+	p.mu.Unlock()
+	_ = p.ln.Close()
+	p.Heal()
+	p.wg.Wait()
+}
