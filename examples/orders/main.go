@@ -156,8 +156,9 @@ func run(ctx context.Context, cfg config) (*summary, error) {
 			Poison: &poison.Config{MeterProvider: meter},
 			Retry:  &retrytiers.Config{MeterProvider: meter},
 			// Stop consuming while the database cannot be reached, instead
-			// of spending every message's ladder.
-			Brake:     &brake.Config{Match: brake.MatchUnreachable, MeterProvider: meter},
+			// of spending every message's ladder; probe it with a ping, not
+			// a message, so no outage spends the quorum delivery limit.
+			Brake:     &brake.Config{Match: brake.MatchUnreachable, Probe: e.db().PingContext, MeterProvider: meter},
 			Classify:  &middleware.ClassifyConfig{MeterProvider: meter},
 			Inbox:     &deduplication.Config{Store: store, Consumer: "inventory", Key: deduplication.KeyFromJSON("eventId"), MeterProvider: meter},
 			Recoverer: &middleware.RecovererConfig{},
