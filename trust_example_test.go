@@ -1,0 +1,32 @@
+package sluice_test
+
+import (
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluicemq/sluice"
+)
+
+// A Signer shared by the stages (router.Stages.Signer) and `sluice dlq
+// replay --signing-key-file`: a copy it signed is believed; the same
+// headers written by a producer are not.
+func ExampleSigner() {
+	signer, err := sluice.NewSigner([]byte("a key of at least 32 random bytes!"))
+	if err != nil {
+		panic(err)
+	}
+	isAttempt := func(k string) bool { return k == sluice.AttemptKey }
+
+	tierCopy := message.NewMessage("copy", []byte(`{"orderId":"o-1"}`))
+	tierCopy.Metadata.Set(sluice.AttemptKey, "2")
+	signer.Sign(tierCopy)
+	fmt.Println("removed from Sluice's copy:", signer.Believe(tierCopy, isAttempt))
+
+	forged := message.NewMessage("forged", []byte(`{"orderId":"o-1"}`))
+	forged.Metadata.Set(sluice.AttemptKey, "999999999999")
+	fmt.Println("removed from a producer's message:", signer.Believe(forged, isAttempt))
+	// Output:
+	// removed from Sluice's copy: []
+	// removed from a producer's message: [sluice_attempt]
+}
