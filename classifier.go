@@ -75,10 +75,11 @@ func NewClassifier(cfg ClassifierConfig) (*Classifier, error) {
 // DefaultClassifier returns the classifier of the zero ClassifierConfig.
 func DefaultClassifier() *Classifier { return &Classifier{def: DefaultClassDefault} }
 
-// Classify returns the class of err; Unclassified for nil and for a
-// delivery held back by the brake (ErrHeld), which no stage acts on.
+// Classify returns the class of err; Unclassified for nil, for a delivery
+// held back by the brake (ErrHeld) and for one given back by a shutdown
+// (ErrShutdown), on which no stage acts.
 func (c *Classifier) Classify(err error) Class {
-	if err == nil || errors.Is(err, ErrHeld) {
+	if err == nil || errors.Is(err, ErrHeld) || errors.Is(err, ErrShutdown) {
 		return Unclassified
 	}
 	if cl := ClassOf(err); cl.Valid() {

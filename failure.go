@@ -115,6 +115,14 @@ func Invariant(err error) error { return NewFailure(ClassInvariant, err) }
 // requeues it.
 var ErrHeld = errors.New("sluice: delivery held back by the brake")
 
+// ErrShutdown marks a delivery given back to its queue unprocessed because
+// the consumer is shutting down: the shutdown grace ran out while its
+// handler was still at work (middleware.ShutdownGrace, on by default in
+// router.Add). A shutdown is not a failure of the message: like ErrHeld,
+// the Classifier gives it no class, so no attempt, tier or poison queue is
+// spent on it; the router nacks it and the broker redelivers it.
+var ErrShutdown = errors.New("sluice: the consumer shut down before the delivery was handled")
+
 // ClassOf returns the class of the outermost Failure in err's chain, or
 // Unclassified when there is none. It does not apply any Classifier rules.
 func ClassOf(err error) Class {

@@ -16,6 +16,7 @@ const (
 	OutcomeParked    Outcome = "parked"    // the poison queue refused its copy, which waits in a delay queue: acked
 	OutcomeFailed    Outcome = "failed"    // an error reached the router: nacked
 	OutcomeHeld      Outcome = "held"      // the brake gave it back unprocessed (ErrHeld): nacked, no attempt spent
+	OutcomeRequeued  Outcome = "requeued"  // a shutdown gave it back unprocessed (ErrShutdown): nacked, no attempt spent
 )
 
 // Report is what the stages record about one delivery, for the Trace stage.

@@ -1,6 +1,8 @@
 package middleware
 
 import (
+	"context"
+	"errors"
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -35,7 +37,12 @@ type ClassifyConfig struct {
 // *sluice.Failure with a class, so the stages outside it (retrytiers, poison) can act
 // on the class. A sluice.ClassRejected failure becomes nil: the message is acked and
 // the messages the handler produced are published; it is counted in
-// MetricRejected. The middleware is stateless and safe for concurrent use.
+// MetricRejected. A Transient failure of a handler whose shutdown grace ran
+// out (ShutdownGrace cancelled its context with ErrShutdownGraceExpired) is
+// not the message's: it becomes an unclassified error matching
+// sluice.ErrShutdown, which the retry and poison stages pass through, so the
+// delivery is nacked back to its queue with no attempt spent. The middleware
+// is stateless and safe for concurrent use.
 func Classify(cfg ClassifyConfig) (message.HandlerMiddleware, error) {
 	c := cfg.Classifier
 	if c == nil {
@@ -57,6 +64,11 @@ func Classify(cfg ClassifyConfig) (message.HandlerMiddleware, error) {
 				return produced, nil
 			}
 			class := c.Classify(err)
+			if class == sluice.ClassTransient && errors.Is(context.Cause(msg.Context()), ErrShutdownGraceExpired) {
+				// The shutdown grace ran out mid-handler: not the message's
+				// failure. It goes back unprocessed, spending no attempt.
+				return produced, fmt.Errorf("%w: %w", sluice.ErrShutdown, err)
+			}
 			if class == sluice.ClassRejected {
 				rejected.Add(msg.Context(), 1, telemetry.HandlerAttr(msg))
 				logger.Info("Delivery rejected: committed and acked", diag.LogFields(telemetry.LogFields(msg, watermill.LogFields{

@@ -160,6 +160,8 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 			switch {
 			case errors.Is(err, sluice.ErrHeld):
 				report.Outcome = sluice.OutcomeHeld
+			case errors.Is(err, sluice.ErrShutdown):
+				report.Outcome = sluice.OutcomeRequeued
 			case err != nil:
 				report.Outcome = sluice.OutcomeFailed
 				report.Class = sluice.ClassOf(err)

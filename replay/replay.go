@@ -87,7 +87,7 @@ const (
 
 // Final reports whether an outcome ends a dead letter's story: processed,
 // duplicate, rejected, poisoned (again), archived, discarded or
-// compensated. Retried, parked, held, failed and replayed are on the way.
+// compensated. Retried, parked, held, requeued, failed and replayed are on the way.
 func Final(o sluice.Outcome) bool {
 	switch o {
 	case sluice.OutcomeProcessed, sluice.OutcomeDuplicate, sluice.OutcomeRejected, sluice.OutcomePoisoned,
@@ -234,6 +234,8 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 			switch {
 			case errors.Is(err, sluice.ErrHeld):
 				r.Outcome = sluice.OutcomeHeld
+			case errors.Is(err, sluice.ErrShutdown):
+				r.Outcome = sluice.OutcomeRequeued
 			case err != nil:
 				r.Outcome, r.Reason = sluice.OutcomeFailed, diag.Summary(err, ReasonMaxLength)
 				if c := sluice.ClassOf(err); c.Valid() {
