@@ -8,7 +8,7 @@ TEST_TIMEOUT  ?= 12m
 # (golang/go#75804, unfixed in 1.26) and fails a busy run with "context
 # deadline exceeded" and no crasher.
 FUZZTIME      ?= 20000x
-FUZZ_TARGETS  := FuzzMarshalerUnmarshal:./rabbitmq FuzzClassifier:. FuzzSummary:./internal/diag FuzzRedactSecret:./internal/diag FuzzPrintable:./internal/diag FuzzKeyFromJSON:./deduplication
+FUZZ_TARGETS  := FuzzMarshalerUnmarshal:./rabbitmq FuzzClassifier:. FuzzSummary:./internal/diag FuzzRedactSecret:./internal/diag FuzzPrintable:./internal/diag FuzzEscapeJSON:./internal/diag FuzzTerminal:./internal/diag FuzzKeyFromJSON:./deduplication
 
 .DEFAULT_GOAL := help
 .PHONY: help run services test test-race fuzz chaos bench lint fmt tidy cover

@@ -85,7 +85,7 @@ func LogFields(msg *message.Message, more watermill.LogFields) watermill.LogFiel
 	for k, v := range more {
 		f[k] = v
 	}
-	return f
+	return diag.LogFields(f) // the event id, the topic and what more holds come from messages
 }
 
 // HandlerAttr returns the handler attribute of a delivery as a measurement
