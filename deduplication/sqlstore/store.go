@@ -138,6 +138,31 @@ func (s *Store) Begin(ctx context.Context) (deduplication.Tx, error) {
 	return &sqlTx{tx: tx, s: s}, nil
 }
 
+// Ping reports whether the inbox answers: a statement that reads its table
+// (so a dropped table fails it as a lost connection does), returning within
+// ctx even where the driver would not — lib/pq connecting to a server that
+// never answers. router.Add gives it to the brake as its Probe, so an outage
+// is probed without touching a message.
+func (s *Store) Ping(ctx context.Context) error {
+	done := make(chan error, 1)
+	go func() {
+		rows, err := s.db.QueryContext(ctx, `SELECT 1 FROM `+s.table+` LIMIT 0`)
+		if err == nil {
+			err = errors.Join(rows.Err(), rows.Close())
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("sqlstore: ping %s: %w", s.table, err)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("sqlstore: ping %s: %w", s.table, ctx.Err())
+	}
+}
+
 // DeleteBefore deletes at most limit inbox rows processed before t.
 func (s *Store) DeleteBefore(ctx context.Context, t time.Time, limit int) (int64, error) {
 	res, err := s.db.ExecContext(ctx, s.prune, s.dialect.timeArg(t), limit)

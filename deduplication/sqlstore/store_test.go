@@ -1,8 +1,11 @@
 package sqlstore_test
 
 import (
+	"context"
+	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
@@ -86,4 +89,33 @@ func TestLongestTableNameGetsItsIndex(t *testing.T) {
 	require.NoError(t, db.Select(&defs, `SELECT indexdef FROM pg_indexes WHERE schemaname = $1 AND tablename = $2`, schema, table))
 	require.Len(t, defs, 2, "the primary key and the processed_at index")
 	require.True(t, strings.Contains(defs[0], "(processed_at)") || strings.Contains(defs[1], "(processed_at)"), "%v", defs)
+}
+
+// Ping reads the inbox table: it fails once the table is gone (a bad
+// migration), as the brake's probe must, and returns within its context on a
+// black-holed server, where lib/pq's start-up would wait forever.
+func TestStorePing(t *testing.T) {
+	t.Parallel()
+	db := testenv.Postgres(t)
+	schema := testenv.Schema(t, db)
+	store := testenv.SQLStore(t, db, schema+".inbox")
+	require.NoError(t, store.Ping(t.Context()))
+	_, err := db.Exec(`DROP TABLE ` + schema + `.inbox`)
+	require.NoError(t, err)
+	require.Error(t, store.Ping(t.Context()), "the table is gone")
+
+	u, err := url.Parse(testenv.PostgresURL)
+	require.NoError(t, err)
+	proxy := testenv.StartProxy(t, u.Host)
+	proxy.BlackHole()
+	u.Host = proxy.Addr()
+	holed, err := sqlx.Open("postgres", u.String())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holed.Close() })
+	s, err := sqlstore.New(sqlstore.Config{DB: holed})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, s.Ping(ctx), context.DeadlineExceeded)
+	proxy.Heal() // the abandoned start-up ends with the reset connection
 }
