@@ -3,6 +3,7 @@ package router_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -135,10 +136,12 @@ func TestShutdownMidHandlerEffectOnce(t *testing.T) {
 
 	var calls atomic.Int64
 	inHandler := make(chan struct{}, 1)
-	consume := func() (stop func()) {
+	release := make(chan struct{})
+	consume := func() (closing <-chan struct{}, stop func()) {
 		q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{URL: testenv.AMQPURL, Topology: rabbitmq.TopologyConfig{Queue: queue}})
 		require.NoError(t, err)
-		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+		logger := newClosingLogger()
+		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
 		require.NoError(t, err)
 		_, err = router.Add(r, router.HandlerConfig{
 			Broker: q,
@@ -146,7 +149,7 @@ func TestShutdownMidHandlerEffectOnce(t *testing.T) {
 			Handler: func(msg *message.Message) error {
 				calls.Add(1)
 				inHandler <- struct{}{}
-				time.Sleep(300 * time.Millisecond) // the work in flight when Close is called
+				<-release // the work in flight when Close is called
 				_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 					fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ('evt-1')`, schema))
 				return err
@@ -157,14 +160,14 @@ func TestShutdownMidHandlerEffectOnce(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- r.Run(context.Background()) }()
 		<-r.Running()
-		return func() {
+		return logger.closing, func() {
 			require.NoError(t, r.Close())
 			require.NoError(t, <-done)
 			require.NoError(t, q.Close())
 		}
 	}
 
-	stop := consume()
+	closing, stop := consume()
 	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: testenv.AMQPURL})
 	require.NoError(t, err)
 	defer func() { _ = pub.Close() }()
@@ -172,17 +175,41 @@ func TestShutdownMidHandlerEffectOnce(t *testing.T) {
 	m.Metadata.Set(sluice.EventIDKey, "evt-1")
 	require.NoError(t, pub.Publish(queue, m))
 	<-inHandler
-	stop() // mid-handler
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); stop() }()
+	<-closing      // Close has begun, the handler still at work
+	close(release) // it commits within the shutdown grace
+	<-stopped
 	require.Equal(t, 1, count(), "the handler in flight committed within the shutdown grace")
 
-	stop = consume()
-	defer stop()
+	_, stop = consume()
 	conn := testenv.AMQP(t)
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == 0 }, 10*time.Second, 20*time.Millisecond)
-	time.Sleep(200 * time.Millisecond) // a redelivery in flight would show in calls
+	stop() // drains: a redelivery in flight has run by now
 	require.Equal(t, 1, count(), "the effect exists once")
 	require.Equal(t, int64(1), calls.Load(), "the redelivery was a duplicate: the handler did not run again")
 }
+
+// closingLogger closes closing when the router logs that it is closing: the
+// moment Close has begun, which Router.IsClosed cannot tell (it waits for
+// Close to end).
+type closingLogger struct {
+	watermill.LoggerAdapter
+	once    *sync.Once
+	closing chan struct{}
+}
+
+func newClosingLogger() closingLogger {
+	return closingLogger{LoggerAdapter: watermill.NopLogger{}, once: &sync.Once{}, closing: make(chan struct{})}
+}
+
+func (l closingLogger) Info(msg string, fields watermill.LogFields) {
+	if msg == "Closing router" {
+		l.once.Do(func() { close(l.closing) })
+	}
+}
+
+func (l closingLogger) With(watermill.LogFields) watermill.LoggerAdapter { return l }
 
 // The draining close under load, on the whole stack: the router closes with
 // 16 handlers in flight on Sluice's Consumer; a second router consumes the
@@ -196,16 +223,20 @@ func TestDrainingCloseUnderLoadNoDuplicates(t *testing.T) {
 	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", queue+".retry.30s", queue+".retry.5m", queue+".retry.30m")
 	reader := sdkmetric.NewManualReader()
 	var started atomic.Int64
-	consume := func() (stop func()) {
+	const before = 40              // handled before the close
+	release := make(chan struct{}) // holds the first router's handlers after those
+	consume := func(hold bool) (closing <-chan struct{}, stop func()) {
 		q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{URL: testenv.AMQPURL, Topology: rabbitmq.TopologyConfig{Queue: queue}})
 		require.NoError(t, err)
-		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+		logger := newClosingLogger()
+		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
 		require.NoError(t, err)
 		_, err = router.Add(r, router.HandlerConfig{
 			Broker: q, Name: "inventory",
 			Handler: func(msg *message.Message) error {
-				started.Add(1)
-				time.Sleep(50 * time.Millisecond)
+				if started.Add(1) > before && hold {
+					<-release // in flight when Close is called
+				}
 				_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 					fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ($1)`, schema), msg.Metadata.Get(sluice.EventIDKey))
 				return err
@@ -220,7 +251,7 @@ func TestDrainingCloseUnderLoadNoDuplicates(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- r.Run(context.Background()) }()
 		<-r.Running()
-		return func() {
+		return logger.closing, func() {
 			require.NoError(t, r.Close())
 			require.NoError(t, <-done)
 			require.NoError(t, q.Close())
@@ -231,7 +262,7 @@ func TestDrainingCloseUnderLoadNoDuplicates(t *testing.T) {
 		return all, distinct
 	}
 
-	stop := consume()
+	closing, stop := consume(true)
 	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: testenv.AMQPURL})
 	require.NoError(t, err)
 	defer func() { _ = pub.Close() }()
@@ -240,15 +271,20 @@ func TestDrainingCloseUnderLoadNoDuplicates(t *testing.T) {
 		m.Metadata.Set(sluice.EventIDKey, fmt.Sprint("evt-", i))
 		require.NoError(t, pub.Publish(queue, m))
 	}
-	require.Eventually(t, func() bool { return started.Load() >= 40 }, 10*time.Second, time.Millisecond)
-	stop() // 16 in flight
+	const prefetch = 16 // the Consumer's deliveries in flight
+	require.Eventually(t, func() bool { return started.Load() == before+prefetch }, 10*time.Second, time.Millisecond,
+		"%d handlers held", started.Load()-before)
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); stop() }()
+	<-closing      // Close has begun with 16 handlers in flight
+	close(release) // they commit within the grace; the Consumer drains them
+	<-stopped
 	first, _ := rows()
-	require.Less(t, first, n, "closed mid-load")
+	require.Equal(t, before+prefetch, first, "closed mid-load: what was in flight committed, nothing after")
 
-	stop = consume()
-	defer stop()
+	_, stop = consume(false)
 	require.Eventually(t, func() bool { _, d := rows(); return d == n }, 30*time.Second, 10*time.Millisecond)
-	time.Sleep(200 * time.Millisecond)
+	stop() // drains: a redelivery in flight has run by now
 	all, distinct := rows()
 	require.Equal(t, n, all)
 	require.Equal(t, n, distinct)
