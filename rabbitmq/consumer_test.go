@@ -22,9 +22,18 @@ import (
 // router (one handler) and returns a function that closes both.
 func runConsumer(t *testing.T, queue string, prefetch int, handler message.NoPublishHandlerFunc) (stop func()) {
 	t.Helper()
+	_, stop = runConsumerLogged(t, queue, prefetch, handler)
+	return stop
+}
+
+// runConsumerLogged is runConsumer, also returning a channel closed when
+// the router begins to close.
+func runConsumerLogged(t *testing.T, queue string, prefetch int, handler message.NoPublishHandlerFunc) (closing <-chan struct{}, stop func()) {
+	t.Helper()
 	c, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{URL: testenv.AMQPURL, Prefetch: prefetch, DrainTimeout: 10 * time.Second})
 	require.NoError(t, err)
-	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, watermill.NopLogger{})
+	logger := testenv.NewClosingLogger()
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, logger)
 	require.NoError(t, err)
 	r.AddConsumerHandler("h", queue, c, handler)
 	done := make(chan error, 1)
@@ -39,7 +48,7 @@ func runConsumer(t *testing.T, queue string, prefetch int, handler message.NoPub
 		})
 	}
 	t.Cleanup(stop)
-	return stop
+	return logger.Closing, stop
 }
 
 func publishIDs(t *testing.T, queue string, n int) {
@@ -67,7 +76,7 @@ func TestConsumerOutOfOrderAcks(t *testing.T) {
 		seen             = map[string]int{}
 		running, maxSeen atomic.Int64
 	)
-	runConsumer(t, queue, 16, func(msg *message.Message) error {
+	stop := runConsumer(t, queue, 16, func(msg *message.Message) error {
 		now := running.Add(1)
 		defer running.Add(-1)
 		for old := maxSeen.Load(); now > old && !maxSeen.CompareAndSwap(old, now); old = maxSeen.Load() {
@@ -82,7 +91,7 @@ func TestConsumerOutOfOrderAcks(t *testing.T) {
 	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == n }, 30*time.Second, 10*time.Millisecond)
 	conn := testenv.AMQP(t)
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == 0 }, 10*time.Second, 10*time.Millisecond)
-	time.Sleep(200 * time.Millisecond) // a redelivery would show
+	stop() // drains: a redelivery in flight has been handled by now, and none comes after
 	mu.Lock()
 	defer mu.Unlock()
 	for id, k := range seen {
@@ -104,26 +113,38 @@ func TestConsumerDrainingClose(t *testing.T) {
 		seen    = map[string]int{}
 		started atomic.Int64
 	)
-	handler := func(msg *message.Message) error {
-		started.Add(1)
-		time.Sleep(50 * time.Millisecond)
-		mu.Lock()
-		seen[msg.Metadata.Get(sluice.EventIDKey)]++
-		mu.Unlock()
-		return nil
+	const before, prefetch = 40, 16
+	release := make(chan struct{}) // holds the first consumer's handlers after the first 40
+	handler := func(hold bool) message.NoPublishHandlerFunc {
+		return func(msg *message.Message) error {
+			if started.Add(1) > before && hold {
+				<-release
+			}
+			mu.Lock()
+			seen[msg.Metadata.Get(sluice.EventIDKey)]++
+			mu.Unlock()
+			return nil
+		}
 	}
-	stop := runConsumer(t, queue, 16, handler)
+	closing, stop := runConsumerLogged(t, queue, prefetch, handler(true))
 	publishIDs(t, queue, n)
-	require.Eventually(t, func() bool { return started.Load() >= 40 }, 10*time.Second, time.Millisecond)
-	stop() // mid-load: 16 in flight
+	require.Eventually(t, func() bool { return started.Load() == before+prefetch }, 10*time.Second, time.Millisecond)
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); stop() }()
+	<-closing // Close has begun with 16 handlers in flight
+	conn := testenv.AMQP(t)
+	require.Eventually(t, func() bool { return testenv.QueueConsumers(t, conn, queue) == 0 }, 10*time.Second, time.Millisecond,
+		"the draining Consumer cancels: the broker sends it nothing more")
+	close(release) // the 16 finish and are acked before the channel closes
+	<-stopped
 	mu.Lock()
 	handledFirst := len(seen)
 	mu.Unlock()
-	require.Less(t, handledFirst, n, "closed mid-load")
+	require.Equal(t, before+prefetch, handledFirst, "closed mid-load: what was in flight was handled, nothing after")
 
-	runConsumer(t, queue, 16, handler)
+	stop = runConsumer(t, queue, prefetch, handler(false))
 	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == n }, 30*time.Second, 10*time.Millisecond)
-	time.Sleep(200 * time.Millisecond)
+	stop() // drains: a redelivery in flight has been handled by now
 	mu.Lock()
 	defer mu.Unlock()
 	for id, k := range seen {

@@ -3,7 +3,6 @@ package router_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -140,7 +139,7 @@ func TestShutdownMidHandlerEffectOnce(t *testing.T) {
 	consume := func() (closing <-chan struct{}, stop func()) {
 		q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{URL: testenv.AMQPURL, Topology: rabbitmq.TopologyConfig{Queue: queue}})
 		require.NoError(t, err)
-		logger := newClosingLogger()
+		logger := testenv.NewClosingLogger()
 		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
 		require.NoError(t, err)
 		_, err = router.Add(r, router.HandlerConfig{
@@ -160,7 +159,7 @@ func TestShutdownMidHandlerEffectOnce(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- r.Run(context.Background()) }()
 		<-r.Running()
-		return logger.closing, func() {
+		return logger.Closing, func() {
 			require.NoError(t, r.Close())
 			require.NoError(t, <-done)
 			require.NoError(t, q.Close())
@@ -190,27 +189,6 @@ func TestShutdownMidHandlerEffectOnce(t *testing.T) {
 	require.Equal(t, int64(1), calls.Load(), "the redelivery was a duplicate: the handler did not run again")
 }
 
-// closingLogger closes closing when the router logs that it is closing: the
-// moment Close has begun, which Router.IsClosed cannot tell (it waits for
-// Close to end).
-type closingLogger struct {
-	watermill.LoggerAdapter
-	once    *sync.Once
-	closing chan struct{}
-}
-
-func newClosingLogger() closingLogger {
-	return closingLogger{LoggerAdapter: watermill.NopLogger{}, once: &sync.Once{}, closing: make(chan struct{})}
-}
-
-func (l closingLogger) Info(msg string, fields watermill.LogFields) {
-	if msg == "Closing router" {
-		l.once.Do(func() { close(l.closing) })
-	}
-}
-
-func (l closingLogger) With(watermill.LogFields) watermill.LoggerAdapter { return l }
-
 // The draining close under load, on the whole stack: the router closes with
 // 16 handlers in flight on Sluice's Consumer; a second router consumes the
 // rest. The inbox never sees a duplicate (sluice.inbox.duplicates stays 0
@@ -228,7 +206,7 @@ func TestDrainingCloseUnderLoadNoDuplicates(t *testing.T) {
 	consume := func(hold bool) (closing <-chan struct{}, stop func()) {
 		q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{URL: testenv.AMQPURL, Topology: rabbitmq.TopologyConfig{Queue: queue}})
 		require.NoError(t, err)
-		logger := newClosingLogger()
+		logger := testenv.NewClosingLogger()
 		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
 		require.NoError(t, err)
 		_, err = router.Add(r, router.HandlerConfig{
@@ -251,7 +229,7 @@ func TestDrainingCloseUnderLoadNoDuplicates(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- r.Run(context.Background()) }()
 		<-r.Running()
-		return logger.closing, func() {
+		return logger.Closing, func() {
 			require.NoError(t, r.Close())
 			require.NoError(t, <-done)
 			require.NoError(t, q.Close())
@@ -276,8 +254,11 @@ func TestDrainingCloseUnderLoadNoDuplicates(t *testing.T) {
 		"%d handlers held", started.Load()-before)
 	stopped := make(chan struct{})
 	go func() { defer close(stopped); stop() }()
-	<-closing      // Close has begun with 16 handlers in flight
-	close(release) // they commit within the grace; the Consumer drains them
+	<-closing // Close has begun with 16 handlers in flight
+	conn := testenv.AMQP(t)
+	require.Eventually(t, func() bool { return testenv.QueueConsumers(t, conn, queue) == 0 }, 10*time.Second, time.Millisecond,
+		"the draining Consumer cancels: the broker sends it nothing more")
+	close(release) // the 16 finish and are acked before the channel closes
 	<-stopped
 	first, _ := rows()
 	require.Equal(t, before+prefetch, first, "closed mid-load: what was in flight committed, nothing after")

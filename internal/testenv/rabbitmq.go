@@ -64,12 +64,24 @@ func DeleteQueuesAtEnd(t testing.TB, names ...string) {
 // QueueDepth returns the number of ready messages in queue.
 func QueueDepth(t testing.TB, conn *amqp.Connection, queue string) int {
 	t.Helper()
+	return inspectQueue(t, conn, queue).Messages
+}
+
+// QueueConsumers returns the number of consumers of queue: 0 once a
+// draining consumer has cancelled, so the broker sends it nothing more.
+func QueueConsumers(t testing.TB, conn *amqp.Connection, queue string) int {
+	t.Helper()
+	return inspectQueue(t, conn, queue).Consumers
+}
+
+func inspectQueue(t testing.TB, conn *amqp.Connection, queue string) amqp.Queue {
+	t.Helper()
 	ch, err := conn.Channel()
 	require.NoError(t, err)
 	defer func() { _ = ch.Close() }()
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	require.NoError(t, err, "queue %s", queue)
-	return q.Messages
+	return q
 }
 
 // Drain takes every ready message from queue (acking them) and returns them.
