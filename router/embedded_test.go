@@ -66,7 +66,8 @@ func TestEmbeddedCloseReportsCopiesDroppedAfterTheRouterClosed(t *testing.T) {
 	publishN(t, e, 100)
 	require.Eventually(t, func() bool { return e.PendingRetries() == 100 }, 5*time.Second, 5*time.Millisecond)
 	stop()
-	time.Sleep(400 * time.Millisecond) // the delays end with no handler running
+	require.Eventually(t, func() bool { return e.PendingRetries() == 0 }, 10*time.Second, 5*time.Millisecond,
+		"the delays end with no handler running")
 	err := e.Close()
 	require.ErrorContains(t, err, "dropped 100 messages")
 	require.ErrorContains(t, err, "100 refused by the target")
