@@ -260,8 +260,18 @@ func (s *subscription) consume(ctx context.Context, stop <-chan struct{}) error 
 	}
 	defer func() { cur.stopped() }()
 	var inflight sync.WaitGroup
+	// flight is the deliveries' context: it ends when this connection's work
+	// does — the channel gone, or the drain over (in time or not) — so a
+	// handler still at work on a delivery the broker will redeliver
+	// elsewhere is cancelled instead of going on beside its redelivery.
+	flight, cancelFlight := context.WithCancel(ctx)
+	over := make(chan struct{}) // closed with flight: no ack can be sent any more
+	var overOnce sync.Once
+	endFlight := func() { overOnce.Do(func() { close(over); cancelFlight() }) }
+	defer endFlight()
 	failed := func(err error) error { // the channel is gone: nothing to drain
 		cur.stopped()
+		endFlight()
 		inflight.Wait() // their acks fail on the closed channel: redelivered
 		return err
 	}
@@ -298,7 +308,7 @@ func (s *subscription) consume(ctx context.Context, stop <-chan struct{}) error 
 				cur = next
 			case !ok:
 				return failed(errors.New("rabbitmq: the deliveries channel closed (consumer cancelled or channel closed)"))
-			case !s.handOut(ctx, d, cur, stop, &inflight):
+			case !s.handOut(flight, over, d, cur, stop, &inflight):
 				return s.drain(ch, cur, &inflight)
 			}
 		}
@@ -342,7 +352,7 @@ func (s *subscription) startConsuming(ch *amqp.Channel, prefetch int) (*consumer
 // before the cancel it would come straight back, to be returned again),
 // and the ack of a probe consumer's delivery once the gate released (its
 // ack would give the consumer about to be cancelled credit for one more).
-func (s *subscription) handOut(ctx context.Context, d amqp.Delivery, c *consumer, stop <-chan struct{}, inflight *sync.WaitGroup) bool {
+func (s *subscription) handOut(ctx context.Context, over <-chan struct{}, d amqp.Delivery, c *consumer, stop <-chan struct{}, inflight *sync.WaitGroup) bool {
 	msg, err := s.c.cfg.Marshaler.Unmarshal(d)
 	if err != nil {
 		s.c.cfg.Logger.Error("Delivery not readable; requeued", diag.RedactError(err), watermill.LogFields{"queue": s.queue})
@@ -373,6 +383,7 @@ func (s *subscription) handOut(ctx context.Context, d amqp.Delivery, c *consumer
 				<-c.done
 			}
 			_ = d.Nack(false, true)
+		case <-over: // the channel is gone or drained past its timeout: the broker redelivers it
 		}
 	}()
 	return true

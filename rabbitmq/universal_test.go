@@ -1,0 +1,80 @@
+package rabbitmq_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/rabbitmq"
+)
+
+// declaringConsumer is Sluice's Consumer with the queue of each topic
+// declared before it is used (SubscribeInitialize, as the universal suite
+// asks of a Pub/Sub whose topics must exist first): Sluice's topology
+// declares queues, the Consumer only consumes them.
+type declaringConsumer struct {
+	*rabbitmq.Consumer
+	t        *testing.T
+	mu       sync.Mutex
+	declared map[string]bool
+}
+
+func (c *declaringConsumer) SubscribeInitialize(topic string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.declared[topic] {
+		return nil
+	}
+	ch := testenv.Channel(c.t, testenv.AMQP(c.t))
+	if _, err := ch.QueueDeclare(topic, true, false, false, false, nil); err != nil {
+		return err
+	}
+	testenv.DeleteQueuesAtEnd(c.t, topic)
+	c.declared[topic] = true
+	return nil
+}
+
+var _ message.SubscribeInitializer = (*declaringConsumer)(nil)
+
+// universalPubSub builds Sluice's confirmed Publisher and its Consumer, with
+// a drain timeout short enough for the suite's 15 s waits.
+func universalPubSub(t *testing.T) (message.Publisher, message.Subscriber) {
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: testenv.AMQPURL, ConfirmTimeout: 10 * time.Second})
+	require.NoError(t, err)
+	c, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{URL: testenv.AMQPURL, DrainTimeout: 2 * time.Second})
+	require.NoError(t, err)
+	return pub, &declaringConsumer{Consumer: c, t: t, declared: map[string]bool{}}
+}
+
+// TestUniversalPubSub runs Watermill's universal Pub/Sub suite — the tests
+// every Watermill Pub/Sub passes — on Sluice's Publisher and Consumer.
+// TestMessageCtx closes the subscriber with a delivery never acked: once the
+// drain timeout ends, that delivery's context is cancelled (before, it lived
+// on, its handler still inside its inbox transaction while the broker
+// redelivered it elsewhere).
+func TestUniversalPubSub(t *testing.T) {
+	t.Parallel()
+	features := tests.Features{
+		ConsumerGroups:      false, // a queue is the group: competing consumers share it
+		ExactlyOnceDelivery: false,
+		GuaranteedOrder:     false, // 16 deliveries in flight, acked in any order
+		Persistent:          true,
+		// A topic is a queue on the default exchange; the suite's names fit AMQP's limit.
+	}
+	tests.TestPubSub(t, features, universalPubSub, nil)
+}
+
+// TestUniversalPubSubStress runs the suite's stress variant (each test ten
+// times at once).
+func TestUniversalPubSubStress(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("the stress variant runs without -short")
+	}
+	tests.TestPubSubStressTest(t, tests.Features{Persistent: true}, universalPubSub, nil)
+}
