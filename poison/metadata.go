@@ -36,7 +36,8 @@ const (
 	// DroppedKey lists, comma-separated, the metadata keys the copy left
 	// out because the publisher could not carry them (sluice.
 	// ErrUnpublishable: a property value AMQP cannot hold, a header name
-	// over 255 bytes); "*" when only the diagnosis, the event's keys and the
+	// over 255 bytes, a copy over the broker's frame — cut down to fit, the
+	// largest first); "*" when only the diagnosis, the event's keys and the
 	// failure history were kept. Absent on a copy that kept everything.
 	DroppedKey = "sluice_poison_dropped"
 )

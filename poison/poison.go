@@ -111,7 +111,9 @@ const StackMaxLength = 8 << 10
 // handler's error joined with the publish error: the original is nacked and
 // nothing is lost. A copy the publisher cannot build
 // (sluice.ErrUnpublishable) is never nacked: the stage leaves out the key
-// the error names, or keeps only the diagnosis, and says so in DroppedKey.
+// the error names, or keeps only the diagnosis, and says so in DroppedKey;
+// a copy too large for the broker (a header near the AMQP frame size) is
+// cut down to fit, its own reason first (see fit).
 // Other errors pass through untouched.
 func New(cfg Config) (message.HandlerMiddleware, error) {
 	if cfg.Publisher == nil {
@@ -307,12 +309,15 @@ func (s *stage) diagnose(msg *message.Message, class sluice.Class, err error) *m
 // it keeps only the diagnosis.
 const leaveOutMax = 8
 
-// leaveOut returns c without what pErr says the publisher cannot carry: the
-// key it names, else (or when that is not in c) every key but the
-// diagnosis, the event's and the failure history. DroppedKey lists what was
-// left out ("*" for the rest). ok is false when there is nothing left to
-// leave out.
+// leaveOut returns c without what pErr says the publisher cannot carry: cut
+// down to fit when it is too large (fit), else the key it names, else (or
+// when that is not in c) every key but the diagnosis, the event's and the
+// failure history. DroppedKey lists what was left out ("*" for the rest).
+// ok is false when there is nothing left to leave out.
 func (s *stage) leaveOut(c *message.Message, pErr error) (*message.Message, bool) {
+	if o, ok := errors.AsType[oversize](pErr); ok { // too large: cut it down to fit
+		return c, s.fit(c, o.Excess())
+	}
 	dropped := c.Metadata.Get(DroppedKey)
 	if dropped == "*" {
 		return c, false

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluicemq/sluice"
 )
 
 // confirmBuffer is how many confirms amqp091 may hand over before listen
@@ -29,6 +31,7 @@ type confirmChannel struct {
 	closes   chan *amqp.Error
 	done     chan struct{} // closed when listen ends: the channel is closed
 	closeErr error         // why the channel closed (the broker's reply), set before done closes
+	frameMax int           // the connection's negotiated frame_max (0: unlimited)
 
 	pubMu sync.Mutex // serialises tag assignment and publishing
 
@@ -62,6 +65,7 @@ func newConfirmChannel(conn *amqp.Connection) (*confirmChannel, error) {
 		closes:   ch.NotifyClose(make(chan *amqp.Error, 1)),
 		done:     make(chan struct{}),
 		pending:  make(map[uint64]*inflight),
+		frameMax: conn.Config.FrameSize,
 	}
 	go c.listen()
 	return c, nil
@@ -115,13 +119,20 @@ func (c *confirmChannel) listen() {
 	}
 }
 
-// publish publishes pub (mandatory) and returns what to wait on.
+// publish publishes pub (mandatory) and returns what to wait on. A
+// publishing whose content header does not fit in one frame, or that
+// amqp091 cannot encode, is a *sluice.UnpublishableError and is not sent:
+// the broker would close the connection, failing every publish in flight on
+// it.
 func (c *confirmChannel) publish(exchange, key string, pub amqp.Publishing) (*inflight, error) {
 	c.pubMu.Lock()
 	defer c.pubMu.Unlock()
 	tag := c.ch.GetNextPublishSeqNo()
 	f := &inflight{c: c, tag: tag, done: make(chan struct{})}
 	pub.Headers[PublishIDHeader] = strconv.FormatUint(tag, 10)
+	if err := checkFrame(pub, c.frameMax); err != nil {
+		return nil, &sluice.UnpublishableError{Err: err}
+	}
 	c.mu.Lock()
 	c.pending[tag] = f
 	c.mu.Unlock()

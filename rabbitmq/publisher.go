@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -81,7 +82,8 @@ type PublisherConfig struct {
 	TLS *tls.Config
 	// Logger reports reconnects. Default watermill.NopLogger.
 	Logger watermill.LoggerAdapter
-	// MeterProvider receives MetricConfirmDuration. Default the global provider.
+	// MeterProvider receives MetricConfirmDuration and MetricReconnects.
+	// Default the global provider.
 	MeterProvider metric.MeterProvider
 }
 
@@ -91,6 +93,14 @@ type PublisherConfig struct {
 // "nacked", "closed", "timeout").
 const MetricConfirmDuration = "sluice.publish.confirm.duration"
 
+// MetricReconnects counts the publisher reopening its channel after it
+// closed, by sluice.reconnect: "channel" (the broker closed the channel, as
+// for a missing exchange) or "connection" (the connection closed with it: a
+// broker restart, a network fault, or a frame the broker refused). A
+// message the Publisher cannot carry never closes either: it is refused
+// before it is sent (sluice.ErrUnpublishable).
+const MetricReconnects = "sluice.publish.reconnects"
+
 // Publisher is a message.Publisher with publisher confirms and mandatory
 // routing. Publish returns nil only for messages the broker confirmed (ack)
 // and did not return as unroutable. Messages of one call and of concurrent
@@ -98,8 +108,9 @@ const MetricConfirmDuration = "sluice.publish.confirm.duration"
 // After a broker restart or a closed channel it reconnects on the next
 // Publish. It is safe for concurrent use.
 type Publisher struct {
-	cfg     PublisherConfig
-	confirm metric.Float64Histogram
+	cfg        PublisherConfig
+	confirm    metric.Float64Histogram
+	reconnects metric.Int64Counter
 
 	mu      sync.Mutex
 	conn    *amqp.Connection
@@ -151,7 +162,12 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: creating %s: %w", MetricConfirmDuration, err)
 	}
-	return &Publisher{cfg: cfg, confirm: h}, nil
+	rc, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(MetricReconnects,
+		metric.WithDescription("The confirmed publisher reopening its channel or connection after it closed."))
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: creating %s: %w", MetricReconnects, err)
+	}
+	return &Publisher{cfg: cfg, confirm: h, reconnects: rc}, nil
 }
 
 // Publish publishes msgs to the topic (the routing key) and waits for each
@@ -226,7 +242,12 @@ func (p *Publisher) channel() (*confirmChannel, *atomic.Pointer[amqp.Blocking], 
 		return p.ch, p.blocked, nil
 	}
 	if p.ch != nil {
-		p.cfg.Logger.Info("Reconnecting the confirmed publisher", watermill.LogFields{"url": diag.RedactURL(p.cfg.URL)})
+		scope := "channel"
+		if p.conn == nil || p.conn.IsClosed() {
+			scope = "connection"
+		}
+		p.reconnects.Add(context.Background(), 1, metric.WithAttributes(attribute.String("sluice.reconnect", scope)))
+		p.cfg.Logger.Info("Reconnecting the confirmed publisher", watermill.LogFields{"url": diag.RedactURL(p.cfg.URL), "closed": scope})
 		p.ch.close()
 		p.ch = nil
 	}
