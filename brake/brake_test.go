@@ -124,25 +124,28 @@ func TestWithoutPausingDeliveriesWaitForTheProbe(t *testing.T) {
 	t.Parallel()
 	b, _ := newBrake(t, brake.Config{Window: 1, FailureRatio: 1, CoolDown: 500 * time.Millisecond})
 	require.ErrorIs(t, run(b, sluice.Transient(errDown)), sluice.ErrHeld)
-	ran := make(chan struct{}, 3)
+	ran := make(chan brake.State, 3) // the brake's state as each handler runs
 	results := make(chan error, 3)
 	for range 3 {
 		go func() {
 			msg := message.NewMessage(watermill.NewUUID(), nil)
 			_, err := b.Middleware(func(*message.Message) ([]*message.Message, error) {
-				ran <- struct{}{}
-				time.Sleep(20 * time.Millisecond)
+				ran <- b.State()
 				return nil, nil
 			})(msg)
 			results <- err
 		}()
 	}
-	time.Sleep(50 * time.Millisecond)
-	require.Empty(t, ran, "nothing runs while engaged")
 	for range 3 {
 		require.NoError(t, <-results)
 	}
-	require.Len(t, ran, 3)
+	close(ran)
+	var states []brake.State
+	for s := range ran {
+		states = append(states, s)
+	}
+	require.ElementsMatch(t, []brake.State{brake.Probing, brake.Released, brake.Released}, states,
+		"nothing runs while engaged: one probe, then the others once released")
 	require.Equal(t, brake.Released, b.State())
 
 	// A waiting delivery whose context ends is held, not run.
