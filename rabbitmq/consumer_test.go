@@ -129,14 +129,7 @@ func TestConsumerDrainingClose(t *testing.T) {
 	closing, stop := runConsumerLogged(t, queue, prefetch, handler(true))
 	publishIDs(t, queue, n)
 	require.Eventually(t, func() bool { return started.Load() == before+prefetch }, 10*time.Second, time.Millisecond)
-	stopped := make(chan struct{})
-	go func() { defer close(stopped); stop() }()
-	<-closing // Close has begun with 16 handlers in flight
-	conn := testenv.AMQP(t)
-	require.Eventually(t, func() bool { return testenv.QueueConsumers(t, conn, queue) == 0 }, 10*time.Second, time.Millisecond,
-		"the draining Consumer cancels: the broker sends it nothing more")
-	close(release) // the 16 finish and are acked before the channel closes
-	<-stopped
+	testenv.CloseMidHandler(t, closing, queue, release, stop) // the 16 in flight finish and are acked before the channel closes
 	mu.Lock()
 	handledFirst := len(seen)
 	mu.Unlock()

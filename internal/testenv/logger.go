@@ -2,8 +2,11 @@ package testenv
 
 import (
 	"sync"
+	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/stretchr/testify/require"
 )
 
 // ClosingLogger is a Watermill logger that logs nothing and closes Closing
@@ -31,3 +34,20 @@ func (l ClosingLogger) Info(msg string, _ watermill.LogFields) {
 
 // With returns l: the fields are not kept.
 func (l ClosingLogger) With(watermill.LogFields) watermill.LoggerAdapter { return l }
+
+// CloseMidHandler closes a router whose handlers are held on release, with
+// them in flight: it calls stop (which closes the router and its consumer)
+// in the background, waits until the router is closing and the draining
+// consumer has cancelled on queue (the broker shows no consumer: it sends
+// nothing more), releases the handlers, and returns once stop has.
+func CloseMidHandler(t testing.TB, closing <-chan struct{}, queue string, release chan struct{}, stop func()) {
+	t.Helper()
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); stop() }()
+	<-closing
+	conn := AMQP(t)
+	require.Eventually(t, func() bool { return QueueConsumers(t, conn, queue) == 0 }, 10*time.Second, time.Millisecond,
+		"the draining consumer cancels: the broker sends it nothing more")
+	close(release)
+	<-stopped
+}
