@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"strings"
 	"time"
@@ -29,13 +30,19 @@ type TopologyConfig struct {
 	// TierQueue(Queue, delay): "<Queue>.retry.<delay>".
 	TierDelays []time.Duration
 	// PoisonQueue receives what the poison stage isolates and, for a quorum
-	// Queue, what the broker dead-letters. Default "<Queue>.poison".
+	// Queue, what the broker dead-letters. Default "<Queue>.poison". A
+	// quorum PoisonQueue is declared with x-delivery-limit
+	// PoisonDeliveryLimit, so that reading it (sluice dlq inspect, stats)
+	// neither drops nor reorders it.
 	PoisonQueue string
 	// Quorum declares every queue as a quorum queue instead of a classic one.
 	Quorum bool
 	// DeliveryLimit (quorum only) dead-letters a message to PoisonQueue after
 	// this many failed deliveries: the backstop for a message that kills the
-	// process before any middleware can act. 0: no limit (RabbitMQ 3.x).
+	// process before any middleware can act. 0 declares no x-delivery-limit
+	// on Queue, which means the broker's default: none on RabbitMQ 3.x, 20 on
+	// 4.x (since 4.0 every quorum queue has a limit). Set it: 20 is what the
+	// examples use.
 	DeliveryLimit int
 	// Exchange, when set, is declared (durable, ExchangeType) and Queue is
 	// bound to it with BindingKey. The tier queues are never bound to it.
@@ -56,6 +63,18 @@ type Topology struct {
 // "<queue>.retry.<delay>", e.g. "orders.retry.30s". Sluice's RabbitMQ queue
 // naming lives here, in the broker package.
 func TierQueue(queue string, d time.Duration) string { return queue + ".retry." + router.TierName(d) }
+
+// PoisonDeliveryLimit is the x-delivery-limit of a quorum poison queue:
+// large enough that no reading of it ever reaches it (each look at a
+// message counts one delivery on RabbitMQ 3.x to 4.2), and a limit all the
+// same, because a quorum queue without one — RabbitMQ 3.x's default, or
+// -1 ("unlimited") on 4.x — puts a message returned by basic.nack at the
+// tail of the queue (rabbit_fifo turns the return into a requeue), so that
+// reading its head and putting it back would move it behind the others,
+// while a queue with a limit keeps returned messages at its head, in order.
+// On 4.x, a quorum queue declared with no limit would get 20, and the
+// poison queue has no dead-letter target: 20 looks would drop a message.
+const PoisonDeliveryLimit = math.MaxInt32
 
 // maxTTL keeps x-message-ttl within what RabbitMQ accepts comfortably.
 const maxTTL = 24 * 24 * time.Hour
@@ -195,7 +214,11 @@ func (t *Topology) specs() []queueSpec {
 		}
 		specs = append(specs, queueSpec{tier.Topic, typed(args)})
 	}
-	return append(specs, queueSpec{t.cfg.PoisonQueue, typed(amqp.Table{})})
+	poisonArgs := amqp.Table{}
+	if t.cfg.Quorum {
+		poisonArgs["x-delivery-limit"] = int64(PoisonDeliveryLimit)
+	}
+	return append(specs, queueSpec{t.cfg.PoisonQueue, typed(poisonArgs)})
 }
 
 // Declaration is one queue of the topology and its arguments.
@@ -234,32 +257,68 @@ var inequivalentArg = regexp.MustCompile(`inequivalent arg '([^']+)'`)
 // Declare declares the exchange and binding (when configured), Queue, the
 // tier queues and the poison queue, all durable. It is idempotent; a queue
 // that exists with other arguments gives a *ConflictError naming the
-// argument. It uses a channel of its own on conn.
+// argument — except a quorum poison queue declared without
+// x-delivery-limit (by Sluice before it declared one), which is kept as it
+// is: Apply says what to do about it. It uses a channel of its own on conn.
 func (t *Topology) Declare(ctx context.Context, conn *amqp.Connection) error {
+	_, err := t.Apply(ctx, conn)
+	return err
+}
+
+// Apply declares the topology as Declare does and returns what is left
+// for an operator to do, one line each: for a quorum poison queue that
+// exists without x-delivery-limit, the rabbitmqctl set_policy line that
+// gives it PoisonDeliveryLimit (a declared argument cannot change; a
+// policy applies to an existing queue at once).
+func (t *Topology) Apply(ctx context.Context, conn *amqp.Connection) ([]string, error) {
 	ch, err := conn.Channel()
 	if err != nil {
-		return fmt.Errorf("rabbitmq: opening a channel: %w", err)
+		return nil, fmt.Errorf("rabbitmq: opening a channel: %w", err)
 	}
 	defer func() { _ = ch.Close() }()
 	if t.cfg.Exchange != "" {
 		if err := ch.ExchangeDeclare(t.cfg.Exchange, t.cfg.ExchangeType, true, false, false, false, nil); err != nil {
-			return conflict("exchange", t.cfg.Exchange, err)
+			return nil, conflict("exchange", t.cfg.Exchange, err)
 		}
 	}
+	var todo []string
 	for _, q := range t.specs() {
 		if err := ctx.Err(); err != nil {
-			return err
+			return todo, err
 		}
-		if _, err := ch.QueueDeclare(q.name, true, false, false, false, q.args); err != nil {
-			return conflict("queue", q.name, err)
+		_, err := ch.QueueDeclare(q.name, true, false, false, false, q.args)
+		if err == nil {
+			continue
+		}
+		var ce *ConflictError
+		if err = conflict("queue", q.name, err); errors.As(err, &ce) && q.name == t.cfg.PoisonQueue && t.cfg.Quorum && ce.Argument == "x-delivery-limit" {
+			// The conflict closed the channel: go on with a new one.
+			if ch, err = conn.Channel(); err != nil {
+				return todo, fmt.Errorf("rabbitmq: opening a channel: %w", err)
+			}
+			if _, err = ch.QueueDeclarePassive(q.name, true, false, false, false, nil); err != nil {
+				return todo, fmt.Errorf("rabbitmq: declaring queue %q: %w", q.name, err)
+			}
+			todo = append(todo, t.poisonPolicy())
+		}
+		if err != nil {
+			return todo, err
 		}
 	}
 	if t.cfg.Exchange != "" {
 		if err := ch.QueueBind(t.cfg.Queue, t.cfg.BindingKey, t.cfg.Exchange, false, nil); err != nil {
-			return fmt.Errorf("rabbitmq: binding %q to %q: %w", t.cfg.Queue, t.cfg.Exchange, err)
+			return todo, fmt.Errorf("rabbitmq: binding %q to %q: %w", t.cfg.Queue, t.cfg.Exchange, err)
 		}
 	}
-	return nil
+	return todo, nil
+}
+
+// poisonPolicy is the policy line that gives an existing quorum poison
+// queue its delivery limit.
+func (t *Topology) poisonPolicy() string {
+	return fmt.Sprintf("%s exists without x-delivery-limit (declared before Sluice declared one): reading it may reorder it, and on RabbitMQ 4.x "+
+		"its default limit of 20 may drop messages; unless a policy gives it a limit already, give it this one: %s",
+		t.cfg.PoisonQueue, policyLine(t.cfg.PoisonQueue, map[string]any{"delivery-limit": PoisonDeliveryLimit}))
 }
 
 func conflict(kind, name string, err error) error {
@@ -294,9 +353,14 @@ func (t *Topology) Policies() []string {
 		if len(def) == 0 {
 			continue
 		}
-		b, _ := json.Marshal(def) // map keys are sorted
-		lines = append(lines, fmt.Sprintf("rabbitmqctl set_policy --apply-to queues --priority 10 %s '^%s$' '%s'",
-			"sluice-"+strings.NewReplacer(".", "-", ":", "-").Replace(q.name), regexp.QuoteMeta(q.name), b))
+		lines = append(lines, policyLine(q.name, def))
 	}
 	return lines
+}
+
+// policyLine is the rabbitmqctl set_policy line that gives queue def.
+func policyLine(queue string, def map[string]any) string {
+	b, _ := json.Marshal(def) // map keys are sorted
+	return fmt.Sprintf("rabbitmqctl set_policy --apply-to queues --priority 10 %s '^%s$' '%s'",
+		"sluice-"+strings.NewReplacer(".", "-", ":", "-").Replace(queue), regexp.QuoteMeta(queue), b)
 }

@@ -127,7 +127,8 @@ func TestTopologyPolicies(t *testing.T) {
 rabbitmqctl set_policy --apply-to queues --priority 10 sluice-orders '^orders$' '{"dead-letter-exchange":"","dead-letter-routing-key":"orders.poison","dead-letter-strategy":"at-least-once","delivery-limit":20,"overflow":"reject-publish"}'
 rabbitmqctl set_policy --apply-to queues --priority 10 sluice-orders-retry-30s '^orders\.retry\.30s$' '{"dead-letter-exchange":"","dead-letter-routing-key":"orders","dead-letter-strategy":"at-least-once","message-ttl":30000,"overflow":"reject-publish"}'
 rabbitmqctl set_policy --apply-to queues --priority 10 sluice-orders-retry-5m '^orders\.retry\.5m$' '{"dead-letter-exchange":"","dead-letter-routing-key":"orders","dead-letter-strategy":"at-least-once","message-ttl":300000,"overflow":"reject-publish"}'
-rabbitmqctl set_policy --apply-to queues --priority 10 sluice-orders-retry-30m '^orders\.retry\.30m$' '{"dead-letter-exchange":"","dead-letter-routing-key":"orders","dead-letter-strategy":"at-least-once","message-ttl":1800000,"overflow":"reject-publish"}'`, got)
+rabbitmqctl set_policy --apply-to queues --priority 10 sluice-orders-retry-30m '^orders\.retry\.30m$' '{"dead-letter-exchange":"","dead-letter-routing-key":"orders","dead-letter-strategy":"at-least-once","message-ttl":1800000,"overflow":"reject-publish"}'
+rabbitmqctl set_policy --apply-to queues --priority 10 sluice-orders-poison '^orders\.poison$' '{"delivery-limit":2147483647}'`, got)
 }
 
 func TestNewTopologyValidates(t *testing.T) {

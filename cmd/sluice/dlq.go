@@ -159,7 +159,8 @@ func newStats(g *globals, out io.Writer) *cobra.Command {
 		Use:   "stats",
 		Short: "Count a poison queue's messages by class, error fingerprint and event type",
 		Long: "Reads every message of the queue and returns all of them: they stay in the queue,\n" +
-			"in order (marked redelivered). The error fingerprint is the reason with ids and numbers normalised.\n" +
+			"in order (marked redelivered; on a quorum queue each look counts one delivery, see inspect).\n" +
+			"The error fingerprint is the reason with ids and numbers normalised.\n" +
 			"Each group shows its --top most frequent values and counts the rest as (other), in memory\n" +
 			"bounded whatever the queue holds.",
 		Args: noArgs,
@@ -244,9 +245,13 @@ func newInspect(g *globals, out io.Writer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "inspect",
 		Short: "Show messages of a poison queue with their diagnosis and a payload preview",
-		Long: "Takes each message without acknowledging it and returns all of them when it ends\n" +
-			"(the broker does so too if the tool is killed): nothing is removed, the order is kept,\n" +
-			"and the messages are marked redelivered.",
+		Long: "Takes each message without acknowledging it and returns all of them when it ends, one\n" +
+			"basic.nack each in the order read (the broker returns them too if the tool is killed):\n" +
+			"nothing is removed, the order is kept, and the messages are marked redelivered. On a quorum\n" +
+			"queue the messages returned before wait at its head: a run that stops among them reads on\n" +
+			"to the first one never returned, to keep the order, and each message read counts one\n" +
+			"delivery in its x-delivery-count (RabbitMQ 3.x-4.2). The poison queue `sluice topology`\n" +
+			"declares has a delivery limit no reading reaches.",
 		Args: noArgs,
 		RunE: func(*cobra.Command, []string) error {
 			f, conn, ctx, done, err := ff.open(g, false)

@@ -34,7 +34,7 @@ func newTopology(g *globals, out io.Writer) *cobra.Command {
 	pf.StringVar(&tiers, "tiers", "30s,5m,30m", "retry tier delays, in order")
 	pf.StringVar(&poisonQueue, "poison-queue", "", "the poison queue (default <queue>.poison)")
 	pf.BoolVar(&quorum, "quorum", false, "quorum queues instead of classic ones")
-	pf.IntVar(&limit, "delivery-limit", 0, "quorum x-delivery-limit: dead-letter to the poison queue after this many failed deliveries")
+	pf.IntVar(&limit, "delivery-limit", 0, "quorum x-delivery-limit of the queue: dead-letter to the poison queue after this many failed deliveries (0: none declared, the broker's default: none on RabbitMQ 3.x, 20 on 4.x)")
 
 	plan := &cobra.Command{
 		Use:   "plan",
@@ -70,11 +70,15 @@ func newTopology(g *globals, out io.Writer) *cobra.Command {
 				return err
 			}
 			defer func() { _ = conn.Close() }()
-			if err := topo.Declare(context.Background(), conn); err != nil {
+			todo, err := topo.Apply(context.Background(), conn)
+			if err != nil {
 				return err
 			}
 			for _, q := range topo.Declarations() {
 				fmt.Fprintf(out, "declared %s\n", q.Name)
+			}
+			for _, l := range todo { // an existing queue a declaration cannot change
+				fmt.Fprintf(out, "\nto do: %s\n", l)
 			}
 			return nil
 		},

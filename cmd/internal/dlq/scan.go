@@ -32,6 +32,7 @@ type Message struct {
 	Attempts   string
 	PoisonedAt time.Time // zero when the header is missing or invalid
 	TraceID    string
+	scan       *scanner // the scan that read it, told of its ack
 }
 
 func newMessage(d amqp.Delivery) (*Message, error) {
@@ -55,17 +56,33 @@ var ErrNoQueue = errors.New("dlq: queue does not exist")
 
 // Scan reads the queue's messages, at most as many as it held when the scan
 // began, and calls fn with each; fn acks the ones to remove (Message.Ack).
-// It never acks by itself: every message fn leaves is returned to the queue
-// when Scan ends — and by the broker if the process dies — in its original
-// position, marked redelivered. fn returning stop ends the scan early. done,
-// when not nil, runs after the last message, while fn's messages can still
-// be acked. It returns how many messages it read.
+// It never acks by itself: when Scan ends it returns every message fn left
+// with a basic.nack (requeue) of its own, one at a time in the order read —
+// never by a basic.reject, never by leaving them to the channel's close —
+// and closes the channel only then, so the next reader of the queue finds
+// them back in their order (the broker returns them too if the process
+// dies). fn returning stop ends the scan early. done, when not nil, runs
+// after the last message, while fn's messages can still be acked. It
+// returns how many messages it read for fn.
+//
+// On a quorum queue the messages returned wait at the queue's head, ahead
+// of the others, in the order they came back (RabbitMQ's rabbit_fifo keeps
+// them in a "returns" queue it serves first, when the queue has a delivery
+// limit — rabbitmq.Topology declares one on the poison queue). A scan that
+// stopped among such returned messages reads on, without fn, to the first
+// message that was never returned, so that putting them back keeps the
+// order: reading the first two of four just returned, and putting back only
+// those, would leave 3 4 1 2. Each read of a quorum queue's message counts
+// one delivery in its x-delivery-count on RabbitMQ 3.x to 4.2 (4.3 counts a
+// basic.nack as no failed delivery); a classic queue keeps no count and
+// puts a returned message back in its place.
 func Scan(ctx context.Context, conn *amqp.Connection, queue string, fn func(*Message) (stop bool, err error), done func() error) (int, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return 0, fmt.Errorf("dlq: opening a channel: %w", err)
 	}
-	defer func() { _ = ch.Close() }() // returns the unacked messages to the queue
+	sc := &scanner{ch: ch, acked: map[uint64]bool{}}
+	defer sc.putBack() // returns the unacked messages to the queue, in order
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	if err != nil {
 		var ae *amqp.Error
@@ -74,20 +91,21 @@ func Scan(ctx context.Context, conn *amqp.Connection, queue string, fn func(*Mes
 		}
 		return 0, fmt.Errorf("dlq: %s: %w", diag.Printable(queue, 255), err)
 	}
-	n, err := scan(ctx, ch, queue, q.Messages, fn)
+	n, err := scan(ctx, sc, queue, q.Messages, fn)
 	if err == nil && done != nil {
 		err = done()
 	}
+	sc.readThrough(queue, q.Messages-n)
 	return n, err
 }
 
-func scan(ctx context.Context, ch *amqp.Channel, queue string, depth int, fn func(*Message) (bool, error)) (int, error) {
+func scan(ctx context.Context, sc *scanner, queue string, depth int, fn func(*Message) (bool, error)) (int, error) {
 	n := 0
 	for n < depth {
 		if err := ctx.Err(); err != nil {
 			return n, err
 		}
-		d, ok, err := ch.Get(queue, false)
+		d, ok, err := sc.get(queue)
 		if err != nil {
 			return n, fmt.Errorf("dlq: reading %s: %w", diag.Printable(queue, 255), err)
 		}
@@ -99,6 +117,7 @@ func scan(ctx context.Context, ch *amqp.Channel, queue string, depth int, fn fun
 		if err != nil {
 			return n, err
 		}
+		m.scan = sc
 		stop, err := fn(m)
 		if err != nil || stop {
 			return n, err
@@ -108,4 +127,77 @@ func scan(ctx context.Context, ch *amqp.Channel, queue string, depth int, fn fun
 }
 
 // Ack removes the message from the queue.
-func (m *Message) Ack() error { return m.Delivery.Ack(false) }
+func (m *Message) Ack() error {
+	if err := m.Delivery.Ack(false); err != nil {
+		return err
+	}
+	if m.scan != nil {
+		m.scan.acked[m.Delivery.DeliveryTag] = true
+	}
+	return nil
+}
+
+// scanner holds what a scan read: the delivery tags in the order read
+// (a few bytes each, not the messages) and those acked.
+type scanner struct {
+	ch    *amqp.Channel
+	held  []uint64
+	acked map[uint64]bool
+	// returned: the last message read was one a quorum queue had returned
+	// before (redelivered, with its delivery count header).
+	returned bool
+}
+
+func (s *scanner) get(queue string) (amqp.Delivery, bool, error) {
+	d, ok, err := s.ch.Get(queue, false)
+	if err == nil && ok {
+		s.held = append(s.held, d.DeliveryTag)
+		s.returned = quorumReturned(d)
+	}
+	return d, ok, err
+}
+
+// quorumReturned reports whether d is a message a quorum queue had
+// returned before: redelivered, and with the count a quorum queue adds
+// (x-delivery-count on 3.x, x-acquired-count on 4.x), which a classic
+// queue never sets — a classic queue puts a returned message back in its
+// place, so there is nothing to read through.
+func quorumReturned(d amqp.Delivery) bool {
+	if !d.Redelivered {
+		return false
+	}
+	_, dc := d.Headers["x-delivery-count"]
+	_, ac := d.Headers["x-acquired-count"]
+	return dc || ac
+}
+
+// readThrough reads on, at most left messages and without fn, while the
+// last message read is one a quorum queue had returned before: they all
+// wait ahead of the others, and putting back only the first of them would
+// move those behind the rest (Scan). It holds what it reads, to put back.
+func (s *scanner) readThrough(queue string, left int) {
+	for ; left > 0 && s.returned; left-- {
+		if _, ok, err := s.get(queue); err != nil || !ok {
+			return
+		}
+	}
+}
+
+// putBack returns each message read and not acked with a basic.nack
+// (requeue) of its own, in the order read, then closes the channel. A
+// nack of many at once would be returned in no set order (RabbitMQ 3.x
+// folds over a map), and a channel's close returns them only once the
+// queue handles the channel's death, after a reader that came next may
+// have taken the messages behind them; a nack sent before the close is
+// handled before anything sent after it.
+func (s *scanner) putBack() {
+	for _, tag := range s.held {
+		if s.acked[tag] {
+			continue
+		}
+		if err := s.ch.Nack(tag, false, true); err != nil {
+			break // the channel is gone: the broker returns the rest
+		}
+	}
+	_ = s.ch.Close()
+}
