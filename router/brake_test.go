@@ -124,7 +124,20 @@ func TestBrakeOutageLongerThanTheLadder(t *testing.T) {
 	}()
 
 	pg.Stop(t)
-	time.Sleep(2 * (delays[0] + delays[1])) // twice the ladder
+	// The outage outlasts the ladder, by events, not a sleep a slow machine
+	// could cut short: every copy parked before the brake engaged has come
+	// back from its tier (the tier queues are empty) to meet the engaged
+	// brake.
+	stopped := time.Now()
+	outlastTheLadder(t, reader, delays[0]+delays[1], func() bool {
+		for _, tier := range tiers {
+			if testenv.QueueDepth(t, conn, tier.Topic) != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	outage := time.Since(stopped)
 	pg.Start(t)
 	require.Eventually(t, func() bool { return rows() == events }, 2*time.Minute, 50*time.Millisecond,
 		"every event processed after the outage")
@@ -135,7 +148,7 @@ func TestBrakeOutageLongerThanTheLadder(t *testing.T) {
 	defer mu.Unlock()
 	released := testenv.CounterWhere(t, reader, brake.MetricTransitions, string(brake.AttrState), "released")
 	t.Logf("outage %s: %d copies parked in a tier, %d deliveries held, %d brake engagements, %d releases, tier depth at most %d, consumers at least %d",
-		2*(delays[0]+delays[1]), testenv.CounterSum(t, reader, retrytiers.MetricRetries), testenv.CounterSum(t, reader, brake.MetricHeld),
+		outage.Round(time.Millisecond), testenv.CounterSum(t, reader, retrytiers.MetricRetries), testenv.CounterSum(t, reader, brake.MetricHeld),
 		testenv.CounterWhere(t, reader, brake.MetricTransitions, string(brake.AttrState), "engaged"), released, maxTierDepth, minConsumers)
 	require.Zero(t, minConsumers, "while braked the broker sees no consumer")
 	// From each release (and from the start) at most the failures before the
@@ -155,6 +168,19 @@ func TestBrakeOutageLongerThanTheLadder(t *testing.T) {
 	var claims int
 	require.NoError(t, db.Get(&claims, `SELECT count(*) FROM inbox`))
 	require.Equal(t, events, claims)
+}
+
+// outlastTheLadder returns once an outage that began now has outlasted the
+// retry ladder, by events rather than a sleep a slow machine could cut
+// short: the ladder's whole time has passed, the brake has failed probes
+// since it engaged, and more() holds.
+func outlastTheLadder(t *testing.T, reader *sdkmetric.ManualReader, ladder time.Duration, more func() bool) {
+	t.Helper()
+	start := time.Now()
+	require.Eventually(t, func() bool {
+		return time.Since(start) >= ladder &&
+			testenv.CounterWhere(t, reader, brake.MetricProbes, string(brake.AttrProbeResult), "failed") >= 2 && more()
+	}, 2*time.Minute, 20*time.Millisecond, "the outage outlasts the ladder")
 }
 
 // Control: Poison failures, however many, never engage the brake; every
@@ -204,9 +230,11 @@ func TestBrakeOnTheEmbeddedDefault(t *testing.T) {
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
+	reader := sdkmetric.NewManualReader()
 	_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "inventory", Stages: router.Stages{
 		Poison: &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: time.Millisecond}, Classify: &middleware.ClassifyConfig{},
-		Brake: &brake.Config{Window: 10, CoolDown: 50 * time.Millisecond, MaxCoolDown: 200 * time.Millisecond},
+		Brake:         &brake.Config{Window: 10, CoolDown: 50 * time.Millisecond, MaxCoolDown: 200 * time.Millisecond},
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
 	}, Handler: func(*message.Message) error {
 		if down.Load() {
 			return fmt.Errorf("inventory service: %w", syscall.ECONNREFUSED)
@@ -222,7 +250,7 @@ func TestBrakeOnTheEmbeddedDefault(t *testing.T) {
 
 	down.Store(true)
 	publishN(t, e, events)
-	time.Sleep(1500 * time.Millisecond) // ten times the ladder
+	outlastTheLadder(t, reader, 10*150*time.Millisecond, func() bool { return true }) // ten times the ladder
 	require.LessOrEqual(t, e.PendingRetries(), 5, "at most the failures before the brake engaged wait in a tier")
 	down.Store(false)
 	require.Eventually(t, func() bool { return handled.Load() == events }, 10*time.Second, 5*time.Millisecond)
@@ -271,7 +299,7 @@ func TestBrakeBehindWatermillRetryAndTimeout(t *testing.T) {
 		require.NoError(t, q.Publisher().Publish(queue, m))
 	}
 	runRouter(t, r)
-	time.Sleep(3 * 600 * time.Millisecond) // three times the ladder
+	outlastTheLadder(t, reader, 3*600*time.Millisecond, func() bool { return true }) // three times the ladder
 	down.Store(false)
 	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(handled) == events }, 30*time.Second, 10*time.Millisecond)
 	mu.Lock()
