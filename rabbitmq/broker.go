@@ -84,7 +84,8 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 		b.sub, err = NewSubscriber(SubscriberConfig{URL: cfg.URL, Prefetch: cfg.Prefetch, Logger: cfg.Logger, TLS: cfg.TLS})
 		b.consumers = ConsumersDefault
 	} else {
-		b.sub, err = NewConsumer(ConsumerConfig{URL: cfg.URL, Prefetch: cfg.Prefetch, Logger: cfg.Logger, TLS: cfg.TLS, DrainTimeout: cfg.DrainTimeout})
+		b.sub, err = NewConsumer(ConsumerConfig{URL: cfg.URL, Prefetch: cfg.Prefetch, Logger: cfg.Logger, TLS: cfg.TLS, DrainTimeout: cfg.DrainTimeout,
+			PoisonQueue: topo.PoisonQueue(), PoisonPublisher: pub})
 	}
 	if err != nil {
 		_ = pub.Close()

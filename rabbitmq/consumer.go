@@ -50,6 +50,15 @@ type ConsumerConfig struct {
 	// Logger reports reconnects and deliveries it cannot read. Default
 	// watermill.NopLogger.
 	Logger watermill.LoggerAdapter
+	// PoisonQueue and PoisonPublisher (a confirmed publisher), set
+	// together, isolate a delivery whose headers the AMQP client refuses to
+	// parse (HeadersErrorKey): a copy of its body and properties with the
+	// poison diagnosis — class poison, the reason naming the header and
+	// the limit — is published to PoisonQueue and the delivery acked; no
+	// handler runs. NewBroker sets both. Without them such a delivery is
+	// handed to the handler, its headers dropped and HeadersErrorKey set.
+	PoisonQueue     string
+	PoisonPublisher message.Publisher
 }
 
 // Consumer is Sluice's RabbitMQ message.Subscriber. Unlike watermill-amqp's,
@@ -92,6 +101,11 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		return nil, fmt.Errorf("rabbitmq: ConsumerConfig.DrainTimeout must be positive, got %s", cfg.DrainTimeout)
 	case cfg.ReconnectBackoff < 0:
 		return nil, fmt.Errorf("rabbitmq: ConsumerConfig.ReconnectBackoff must be positive, got %s", cfg.ReconnectBackoff)
+	case (cfg.PoisonQueue == "") != (cfg.PoisonPublisher == nil):
+		return nil, errNoPoisonQueue
+	}
+	if err := CheckName("ConsumerConfig.PoisonQueue", cfg.PoisonQueue); err != nil {
+		return nil, err
 	}
 	if cfg.Marshaler == nil {
 		cfg.Marshaler = Marshaler{}
@@ -357,6 +371,11 @@ func (s *subscription) handOut(ctx context.Context, over <-chan struct{}, d amqp
 	if err != nil {
 		s.c.cfg.Logger.Error("Delivery not readable; requeued", diag.RedactError(err), watermill.LogFields{"queue": s.queue})
 		_ = d.Nack(false, true)
+		return true
+	}
+	if msg.Metadata.Get(HeadersErrorKey) != "" && s.c.cfg.PoisonQueue != "" {
+		inflight.Add(1)
+		go func() { defer inflight.Done(); s.isolate(ctx, d, msg) }()
 		return true
 	}
 	msgCtx, cancel := context.WithCancel(ctx)

@@ -41,6 +41,8 @@ import (
 //     property key (sluice_property_*) is a producer's forgery and is
 //     dropped, so it can neither pose as a property nor make every copy
 //     unpublishable;
+//   - sets HeadersErrorKey, with no header, on a delivery whose headers
+//     the AMQP client refused to parse (the Consumer isolates it);
 //   - refuses a delivery without an acknowledger (ErrNoDelivery): amqp091
 //     hands out zero deliveries once the server cancels a consumer, and
 //     those are never messages.
@@ -216,6 +218,9 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 		default:
 			msg.Metadata[k] = headerText(v)
 		}
+	}
+	if d.HeadersError != nil { // the patched client dropped them: HeadersErrorKey
+		msg.Metadata[HeadersErrorKey] = headersReason(d.HeadersError)
 	}
 	properties(msg.Metadata, d)
 	if d.UserId != "" { // the producer's own publish: its validated user, whatever a header says

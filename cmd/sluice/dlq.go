@@ -38,6 +38,7 @@ type filterFlags struct {
 	queue, errorMatch, since, until string
 	classes, eventTypes             []string
 	limit                           int
+	unreadable                      bool
 }
 
 func (f *filterFlags) register(cmd *cobra.Command, limitHelp string) {
@@ -49,6 +50,7 @@ func (f *filterFlags) register(cmd *cobra.Command, limitHelp string) {
 	fl.StringVar(&f.since, "since", "", "only messages poisoned at or after this time (RFC 3339, or a duration back from now: 24h)")
 	fl.StringVar(&f.until, "until", "", "only messages poisoned before this time (RFC 3339, or a duration back from now)")
 	fl.IntVar(&f.limit, "limit", 0, limitHelp)
+	fl.BoolVar(&f.unreadable, "unreadable", false, "only messages whose headers the AMQP client could not parse (no diagnosis, no event id: named by position and message id)")
 }
 
 func (f *filterFlags) filter() (dlq.Filter, error) {
@@ -74,6 +76,7 @@ func (f *filterFlags) filter() (dlq.Filter, error) {
 		out.ErrorMatch = re
 	}
 	out.EventTypes = f.eventTypes
+	out.Unreadable = f.unreadable
 	var err error
 	if out.Since, err = parseTime("--since", f.since); err != nil {
 		return out, err
@@ -198,6 +201,10 @@ func newStats(g *globals, out io.Writer) *cobra.Command {
 				fmt.Fprintln(out)
 				countTable(out, grp.title, grp.counts, grp.other)
 			}
+			if s.Unreadable > 0 {
+				fmt.Fprintln(out)
+				unreadableTable(out, s)
+			}
 			if len(s.Approximate) > 0 {
 				fmt.Fprintf(out, "\nmore than %d different values of %s: their counts are lower bounds, the rest is in (other)\n",
 					dlq.Capacity(s.Top), strings.Join(s.Approximate, ", "))
@@ -238,6 +245,22 @@ func countTable(out io.Writer, title string, counts map[string]int, other int) {
 	t.Render()
 }
 
+// unreadableTable names the messages whose headers could not be read.
+func unreadableTable(out io.Writer, s dlq.Stats) {
+	fmt.Fprintf(out, "%d messages whose headers could not be parsed (remove them with `sluice dlq discard --unreadable`):\n", s.Unreadable)
+	t := table.NewWriter()
+	t.SetOutputMirror(out)
+	t.SetStyle(table.StyleLight)
+	t.AppendHeader(table.Row{"position", "message id", "body bytes", "reason"})
+	for _, u := range s.UnreadableFirst {
+		t.AppendRow(table.Row{u.Position, orDash(diag.Printable(u.MessageID, 64)), u.BodyBytes, diag.Printable(u.Reason, cellMax)})
+	}
+	if n := s.Unreadable - len(s.UnreadableFirst); n > 0 {
+		t.AppendRow(table.Row{"", fmt.Sprintf("(%d more)", n), "", ""})
+	}
+	t.Render()
+}
+
 func newInspect(g *globals, out io.Writer) *cobra.Command {
 	var ff filterFlags
 	var asJSON bool
@@ -263,7 +286,7 @@ func newInspect(g *globals, out io.Writer) *cobra.Command {
 			shown := 0
 			n, err := dlq.Each(ctx, conn, ff.queue, f, ff.limit, func(m *dlq.Message) error {
 				if asJSON {
-					rec := map[string]any{"uuid": m.Msg.UUID, "metadata": m.Msg.Metadata}
+					rec := map[string]any{"uuid": m.Msg.UUID, "position": m.Position, "metadata": m.Msg.Metadata}
 					if utf8.Valid(m.Msg.Payload) {
 						rec["payload"] = string(m.Msg.Payload)
 					} else { // bytes kept losslessly, and said so
@@ -301,6 +324,12 @@ func inspectTable(out io.Writer, i int, m *dlq.Message, preview int) {
 		{"attempts", diag.Printable(m.Attempts, 32)}, {"poisoned at", formatTime(m.PoisonedAt)}, {"trace id", diag.Printable(m.TraceID, 64)},
 		{"payload", diag.Printable(string(m.Msg.Payload), preview)},
 	} {
+		if row[0] == "payload" && m.HeadersError != "" { // nothing above was readable: name it
+			t.AppendRow(table.Row{"headers", "not parsed: " + diag.Printable(m.HeadersError, cellMax)})
+			t.AppendRow(table.Row{"position", m.Position})
+			t.AppendRow(table.Row{"message id", orDash(diag.Printable(m.Delivery.MessageId, 64))})
+			t.AppendRow(table.Row{"body bytes", len(m.Msg.Payload)})
+		}
 		t.AppendRow(table.Row{row[0], orDash(row[1])})
 	}
 	t.Render()

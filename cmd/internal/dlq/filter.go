@@ -19,6 +19,9 @@ type Filter struct {
 	// carry its replay.RunKey): a copy poisoned again is not replayed twice
 	// by the same run.
 	NotRun string
+	// Unreadable selects only the messages whose headers the AMQP client
+	// could not parse (Message.HeadersError).
+	Unreadable bool
 }
 
 // Match reports whether the filter selects m. A message without a valid
@@ -36,6 +39,8 @@ func (f Filter) Match(m *Message) bool {
 	case !f.Until.IsZero() && (m.PoisonedAt.IsZero() || !m.PoisonedAt.Before(f.Until)):
 		return false
 	case f.NotRun != "" && m.Msg.Metadata.Get(replay.RunKey) == f.NotRun:
+		return false
+	case f.Unreadable && m.HeadersError == "":
 		return false
 	}
 	return true
@@ -58,6 +63,9 @@ func (f Filter) Describe() map[string]string {
 	}
 	if !f.Until.IsZero() {
 		d["until"] = f.Until.UTC().Format(time.RFC3339)
+	}
+	if f.Unreadable {
+		d["unreadable"] = "true"
 	}
 	return d
 }

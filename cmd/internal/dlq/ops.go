@@ -123,18 +123,28 @@ type ReplayConfig struct {
 	Signer *sluice.Signer
 }
 
+// ErrUnreadable is returned for a selected message whose headers the AMQP
+// client could not parse: a replay would drop them.
+var ErrUnreadable = errors.New("dlq: message's headers could not be read, so it is not replayed (a replay would drop them): inspect it, then archive or discard it (--unreadable)")
+
 // target is where m is replayed: To, else its sluice_poison_queue when that
-// can be believed. why says what is missing when it is "".
-func (cfg ReplayConfig) target(m *Message) (t, why string) {
+// can be believed; an error matching ErrNoTarget or ErrUnreadable says why
+// there is none.
+func (cfg ReplayConfig) target(m *Message) (string, error) {
+	why := ""
 	switch {
+	case m.HeadersError != "":
+		return "", fmt.Errorf("%w: %s: %s", ErrUnreadable, m.name(), diag.Printable(m.HeadersError, 200))
 	case cfg.To != "":
-		return cfg.To, ""
+		return cfg.To, nil
 	case m.Queue == "":
-		return "", "no sluice_poison_queue"
+		why = "no sluice_poison_queue"
 	case cfg.Signer != nil && cfg.Signer.Verify(m.Msg) != nil:
-		return "", "its diagnosis is not signed with the key (--signing-key-file): its sluice_poison_queue is not believed"
+		why = "its diagnosis is not signed with the key (--signing-key-file): its sluice_poison_queue is not believed"
+	default:
+		return m.Queue, nil
 	}
-	return m.Queue, ""
+	return "", fmt.Errorf("%w: %s: %s", ErrNoTarget, m.name(), why)
 }
 
 // afterConfirmTimeout bounds what follows a confirmed publish.
@@ -166,6 +176,9 @@ type Planned struct {
 
 // name is how errors and plans name m: its event id, else its UUID.
 func (m *Message) name() string {
+	if m.HeadersError != "" && m.Delivery.MessageId == "" {
+		return fmt.Sprintf("unreadable message at position %d (%d bytes)", m.Position, len(m.Msg.Payload))
+	}
 	if m.EventID != "" {
 		return "event " + diag.Printable(m.EventID, 128)
 	}
@@ -195,9 +208,9 @@ func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Repla
 	exists := map[string]error{}
 	plan := func() error { // a dry run checks every target, changes nothing
 		for _, m := range batch {
-			t, why := cfg.target(m)
-			if t == "" {
-				return fmt.Errorf("%w: %s: %s", ErrNoTarget, m.name(), why)
+			t, err := cfg.target(m)
+			if err != nil {
+				return err
 			}
 			if _, checked := exists[t]; !checked {
 				exists[t] = queueExists(conn, t)
@@ -222,9 +235,9 @@ func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Repla
 		groups := map[string][]*Message{}
 		var order []string
 		for _, m := range batch {
-			t, why := cfg.target(m)
-			if t == "" {
-				return fmt.Errorf("%w: %s: %s", ErrNoTarget, m.name(), why)
+			t, err := cfg.target(m)
+			if err != nil {
+				return err
 			}
 			if _, ok := groups[t]; !ok {
 				order = append(order, t)
@@ -326,7 +339,14 @@ func replayCopy(m *Message, cfg ReplayConfig) *message.Message {
 
 // Item is m's item in a replay run: its event id, else its message id, as
 // replay.Item bounds it.
+//
+// A message whose headers could not be read and that has no message id
+// has no stable name but its place: "unreadable message at position 3
+// (120 bytes)".
 func (m *Message) Item() string {
+	if m.HeadersError != "" && m.Delivery.MessageId == "" {
+		return replay.Item(m.name())
+	}
 	return replay.Item(cmp.Or(m.EventID, m.Msg.UUID))
 }
 

@@ -5,6 +5,7 @@
 package dlq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -33,6 +34,14 @@ type Message struct {
 	PoisonedAt time.Time // zero when the header is missing or invalid
 	TraceID    string
 	scan       *scanner // the scan that read it, told of its ack
+	// Position is the message's place in the queue when the scan read it,
+	// from 1: with its message id and size, how the tools name a message
+	// that has no readable event id.
+	Position int
+	// HeadersError is why its headers could not be read, when the AMQP
+	// client refused to parse them (rabbitmq.HeadersErrorKey): every field
+	// read from a header is then empty, and Reason is this.
+	HeadersError string
 }
 
 func newMessage(d amqp.Delivery) (*Message, error) {
@@ -42,9 +51,10 @@ func newMessage(d amqp.Delivery) (*Message, error) {
 	}
 	md := m.Metadata
 	at, _ := time.Parse(time.RFC3339Nano, md.Get(poison.PoisonedAtKey))
+	he := md.Get(rabbitmq.HeadersErrorKey)
 	return &Message{
-		Delivery: d, Msg: m,
-		Class: md.Get(poison.ClassKey), Reason: md.Get(poison.ReasonKey),
+		Delivery: d, Msg: m, HeadersError: he,
+		Class: md.Get(poison.ClassKey), Reason: cmp.Or(md.Get(poison.ReasonKey), he),
 		EventID: md.Get(sluice.EventIDKey), EventType: md.Get(sluice.EventTypeKey),
 		Queue: md.Get(poison.QueueKey), Consumer: md.Get(poison.ConsumerKey),
 		Attempts: md.Get(sluice.AttemptKey), PoisonedAt: at, TraceID: md.Get(poison.TraceIDKey),
@@ -118,6 +128,7 @@ func scan(ctx context.Context, sc *scanner, queue string, depth int, fn func(*Me
 			return n, err
 		}
 		m.scan = sc
+		m.Position = n
 		stop, err := fn(m)
 		if err != nil || stop {
 			return n, err

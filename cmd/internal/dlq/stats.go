@@ -52,6 +52,24 @@ type Stats struct {
 	Approximate []string  `json:"approximate,omitempty"`
 	Oldest      time.Time `json:"oldest_poisoned_at"`
 	Newest      time.Time `json:"newest_poisoned_at"`
+	// Unreadable counts the selected messages whose headers the AMQP client
+	// could not parse, and UnreadableFirst names the first
+	// UnreadableMax of them: they have no readable diagnosis or event id.
+	Unreadable      int              `json:"unreadable"`
+	UnreadableFirst []UnreadableItem `json:"unreadable_first,omitempty"`
+}
+
+// UnreadableMax is how many unreadable messages Stats names.
+const UnreadableMax = 20
+
+// UnreadableItem names a message whose headers could not be read: its
+// place in the queue, its message id (a property, readable), its size, and
+// why (bounded).
+type UnreadableItem struct {
+	Position  int    `json:"position"`
+	MessageID string `json:"message_id,omitempty"`
+	BodyBytes int    `json:"body_bytes"`
+	Reason    string `json:"reason"`
 }
 
 // OtherCounts are the messages of each group under no value shown.
@@ -107,6 +125,13 @@ func (c *StatsCounter) Add(m *Message) {
 	c.class.add(orNone(diag.Bound(m.Class, ValueMaxLength)))
 	c.fp.add(orNone(diag.Bound(Fingerprint(diag.Bound(m.Reason, ValueMaxLength)), ValueMaxLength)))
 	c.eventType.add(orNone(diag.Bound(m.EventType, ValueMaxLength)))
+	if m.HeadersError != "" {
+		c.s.Unreadable++
+		if len(c.s.UnreadableFirst) < UnreadableMax {
+			c.s.UnreadableFirst = append(c.s.UnreadableFirst, UnreadableItem{Position: m.Position,
+				MessageID: diag.Bound(m.Delivery.MessageId, 255), BodyBytes: len(m.Msg.Payload), Reason: diag.Bound(m.HeadersError, ValueMaxLength)})
+		}
+	}
 	if !m.PoisonedAt.IsZero() {
 		if c.s.Oldest.IsZero() || m.PoisonedAt.Before(c.s.Oldest) {
 			c.s.Oldest = m.PoisonedAt
