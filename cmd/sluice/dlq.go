@@ -44,7 +44,7 @@ type filterFlags struct {
 func (f *filterFlags) register(cmd *cobra.Command, limitHelp string) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.queue, "queue", "", "the poison queue (required)")
-	fl.StringSliceVar(&f.classes, "class", nil, "only these classes: poison, invariant, exhausted")
+	fl.StringSliceVar(&f.classes, "class", nil, "only these classes: poison, invariant, exhausted, or broker:<reason> for what RabbitMQ dead-lettered with no Sluice diagnosis (broker:delivery_limit)")
 	fl.StringVar(&f.errorMatch, "error-match", "", "only messages whose sluice_poison_reason matches this regular expression")
 	fl.StringSliceVar(&f.eventTypes, "event-type", nil, "only these sluice_event_type values")
 	fl.StringVar(&f.since, "since", "", "only messages poisoned at or after this time (RFC 3339, or a duration back from now: 24h)")
@@ -62,9 +62,13 @@ func (f *filterFlags) filter() (dlq.Filter, error) {
 		return out, usageError{fmt.Errorf("--limit must not be negative")}
 	}
 	for _, c := range f.classes {
+		if reason, ok := strings.CutPrefix(c, dlq.BrokerClassPrefix); ok && reason != "" {
+			out.Classes = append(out.Classes, c) // the broker's diagnosis, as stats shows it
+			continue
+		}
 		cl, err := sluice.ParseClass(c)
 		if err != nil || cl == sluice.ClassTransient || cl == sluice.ClassRejected {
-			return out, usageError{fmt.Errorf("--class %q: want poison, invariant or exhausted", c)}
+			return out, usageError{fmt.Errorf("--class %q: want poison, invariant, exhausted or broker:<reason> (broker:delivery_limit)", c)}
 		}
 		out.Classes = append(out.Classes, cl.String())
 	}
@@ -320,7 +324,7 @@ func inspectTable(out io.Writer, i int, m *dlq.Message, preview int) {
 	t.SetTitle(fmt.Sprintf("%d. %s (event %s)", i, diag.Printable(m.Class, 32), orDash(diag.Printable(m.EventID, cellMax))))
 	for _, row := range [][2]string{
 		{"reason", diag.Printable(m.Reason, cellMax)}, {"event type", diag.Printable(m.EventType, cellMax)},
-		{"consumer", diag.Printable(m.Consumer, cellMax)}, {"queue", diag.Printable(m.Queue, cellMax)},
+		{"consumer", diag.Printable(m.Consumer, cellMax)}, {"queue", diag.Printable(cmp.Or(m.Queue, m.DeadLetterQueue), cellMax)},
 		{"attempts", diag.Printable(m.Attempts, 32)}, {"poisoned at", formatTime(m.PoisonedAt)}, {"trace id", diag.Printable(m.TraceID, 64)},
 		{"payload", diag.Printable(string(m.Msg.Payload), preview)},
 	} {

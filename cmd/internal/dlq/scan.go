@@ -33,7 +33,16 @@ type Message struct {
 	Attempts   string
 	PoisonedAt time.Time // zero when the header is missing or invalid
 	TraceID    string
-	scan       *scanner // the scan that read it, told of its ack
+	// DeadLetterReason, DeadLetterQueue and DeadLetterCount are RabbitMQ's
+	// own diagnosis, from x-death, of a message the broker dead-lettered
+	// (its latest death: "delivery_limit", the queue it died in, how often
+	// it died): a quorum queue's delivery limit moves a message that kills
+	// its consumer to the poison queue with no Sluice diagnosis. When the
+	// message has none, Class is BrokerClassPrefix+DeadLetterReason and
+	// Reason says what the broker did.
+	DeadLetterReason, DeadLetterQueue, DeadLetterCount string
+
+	scan *scanner // the scan that read it, told of its ack
 	// Position is the message's place in the queue when the scan read it,
 	// from 1: with its message id and size, how the tools name a message
 	// that has no readable event id.
@@ -52,13 +61,39 @@ func newMessage(d amqp.Delivery) (*Message, error) {
 	md := m.Metadata
 	at, _ := time.Parse(time.RFC3339Nano, md.Get(poison.PoisonedAtKey))
 	he := md.Get(rabbitmq.HeadersErrorKey)
-	return &Message{
+	msg := &Message{
 		Delivery: d, Msg: m, HeadersError: he,
 		Class: md.Get(poison.ClassKey), Reason: cmp.Or(md.Get(poison.ReasonKey), he),
 		EventID: md.Get(sluice.EventIDKey), EventType: md.Get(sluice.EventTypeKey),
 		Queue: md.Get(poison.QueueKey), Consumer: md.Get(poison.ConsumerKey),
 		Attempts: md.Get(sluice.AttemptKey), PoisonedAt: at, TraceID: md.Get(poison.TraceIDKey),
-	}, nil
+	}
+	brokerDiagnosis(msg, md)
+	return msg, nil
+}
+
+// BrokerClassPrefix starts the class of a message RabbitMQ dead-lettered
+// that has no Sluice diagnosis: "broker:delivery_limit" (a quorum queue's
+// delivery limit: a consumer that crashed on it, or returned it, each
+// time), "broker:rejected", "broker:expired", "broker:maxlen".
+const BrokerClassPrefix = "broker:"
+
+// brokerDiagnosis fills m's broker fields from x-death (its latest entry,
+// which RabbitMQ itself puts first when it dead-letters a message; the
+// x-first-death-* headers are set only when absent, so a producer's copy
+// of them would stand) and, when Sluice's diagnosis is missing, its class
+// and reason from them.
+func brokerDiagnosis(m *Message, md message.Metadata) {
+	m.DeadLetterReason, m.DeadLetterQueue = md.Get(rabbitmq.LastDeathReasonKey), md.Get(rabbitmq.LastDeathQueueKey)
+	m.DeadLetterCount = md.Get(rabbitmq.DeathCountKey)
+	if m.DeadLetterReason == "" || m.Class != "" {
+		return
+	}
+	m.Class = BrokerClassPrefix + m.DeadLetterReason
+	if m.Reason == "" {
+		m.Reason = fmt.Sprintf("%s: dead-lettered by RabbitMQ from queue %s (x-death count %s), no Sluice diagnosis",
+			m.DeadLetterReason, cmp.Or(m.DeadLetterQueue, "?"), cmp.Or(m.DeadLetterCount, "?"))
+	}
 }
 
 // ErrNoQueue is returned for a queue that does not exist.
