@@ -27,7 +27,8 @@ type TopologyConfig struct {
 	// TierDelays are the retry tiers' TTLs, in order, each at least 1ms and
 	// at most 24 days, no two with one name. Default
 	// router.TierDelaysDefault (30s, 5m, 30m). Each tier is the queue
-	// TierQueue(Queue, delay): "<Queue>.retry.<delay>".
+	// TierQueue(Queue, delay): "<Queue>.retry.<delay>". A tier's copy
+	// survives a broker crash on its way back to Queue only with Quorum.
 	TierDelays []time.Duration
 	// PoisonQueue receives what the poison stage isolates and, for a quorum
 	// Queue, what the broker dead-letters. Default "<Queue>.poison". A
@@ -36,6 +37,16 @@ type TopologyConfig struct {
 	// neither drops nor reorders it.
 	PoisonQueue string
 	// Quorum declares every queue as a quorum queue instead of a classic one.
+	// Quorum is the choice for durability: a quorum tier dead-letters its
+	// expired copies back to Queue at least once (declared with
+	// x-dead-letter-strategy=at-least-once and x-overflow=reject-publish,
+	// as is Queue toward PoisonQueue: the broker keeps the copy until Queue
+	// has confirmed it). A classic tier dead-letters at most once: a broker
+	// crash or a node lost while an expired copy is on its way back to Queue
+	// loses the copy, and the retry stage acked the original when the copy
+	// was confirmed into the tier — the event is gone. Classic queues also
+	// live on one node. Default false (classic, what watermill-amqp
+	// declares).
 	Quorum bool
 	// DeliveryLimit (quorum only) dead-letters a message to PoisonQueue after
 	// this many failed deliveries: the backstop for a message that kills the
