@@ -15,6 +15,20 @@ import (
 // Poison, and the poison stage leaves out what cannot be carried.
 var ErrUnpublishable = errors.New("sluice: the message cannot be published as it is")
 
+// ErrPublishUncertain is matched by a publisher's error when it cannot say
+// whether the broker stored the message: the confirm did not come within
+// its timeout, the message context ended while waiting for it, or the
+// channel or connection closed after the message was sent and before its
+// confirm. The copy may be stored. A certain refusal — the broker nacked
+// it, returned it as unroutable (a queue missing), or it was never sent —
+// does not match it: the copy is not stored.
+//
+// The retry-tier and poison stages branch on it: after an uncertain
+// publish they try no other tier and park no second copy (either could
+// make two copies of one delivery); the delivery is nacked after the
+// backoff, and the broker delivers it again (at least once).
+var ErrPublishUncertain = errors.New("sluice: the publish is uncertain: the message may be stored")
+
 // UnpublishableError is a message a publisher cannot build, naming the
 // metadata key at fault when one is. Its text names the key (at most 64
 // bytes of it) and the rule it breaks, never the offending value: it is

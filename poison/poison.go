@@ -74,7 +74,10 @@ type Config struct {
 	// every other message, to be refused again; the copy comes back marked
 	// ParkedKey and goes to the poison queue without running the handler.
 	// Without ParkTopic, or when parking fails too, the delivery is nacked
-	// after PublishBackoff.
+	// after PublishBackoff. A publish whose outcome is uncertain
+	// (sluice.ErrPublishUncertain: no confirm, the channel closed first)
+	// is never parked — the copy may already be in the poison queue — and
+	// its delivery is nacked after PublishBackoff.
 	ParkTopic     string
 	ParkPublisher message.Publisher
 	// DisablePark keeps router.Add from giving a ParkTopic: a refused copy's
@@ -239,7 +242,9 @@ func (s *stage) isolate(msg, diagnosed *message.Message, class sluice.Class, err
 		s.cfg.Signer.Sign(diagnosed)
 		pErr = republish.Try(s.cfg.Publisher, s.cfg.Topic, diagnosed, s.cfg.PublishTimeout)
 	}
-	if pErr != nil && s.cfg.ParkTopic != "" && !s.cfg.DisablePark {
+	// After an uncertain publish the copy may be in the poison queue: a
+	// parked one would be a second entry. Only a certain refusal parks.
+	if pErr != nil && s.cfg.ParkTopic != "" && !s.cfg.DisablePark && !errors.Is(pErr, sluice.ErrPublishUncertain) {
 		diagnosed.Metadata[ParkedKey] = diag.Summary(pErr, 256)
 		s.cfg.Signer.Sign(diagnosed)
 		parkErr := republish.Try(s.cfg.ParkPublisher, s.cfg.ParkTopic, diagnosed, s.cfg.PublishTimeout)

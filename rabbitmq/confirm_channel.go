@@ -155,20 +155,23 @@ var alreadyExpired = func() <-chan time.Time {
 	return c
 }()
 
-// wait waits for f's confirm until ctx ends or expired delivers.
+// wait waits for f's confirm until ctx ends or expired delivers. A wait
+// that ends without the broker's answer — ctx done, the timeout, the
+// channel closed — matches sluice.ErrPublishUncertain: the message was sent
+// and may be stored. A nack or a return is certain: it is not.
 func (f *inflight) wait(ctx context.Context, expired <-chan time.Time) error {
 	select {
 	case <-f.done:
 	case <-ctx.Done():
 		f.forget()
-		return fmt.Errorf("waiting for the confirm: %w", ctx.Err())
+		return fmt.Errorf("%w: waiting for the confirm: %w", sluice.ErrPublishUncertain, ctx.Err())
 	case <-expired:
 		f.forget()
-		return errConfirmTimeout
+		return fmt.Errorf("%w: %w", sluice.ErrPublishUncertain, errConfirmTimeout)
 	}
 	switch {
 	case f.closed != nil:
-		return f.closed
+		return fmt.Errorf("%w: %w", sluice.ErrPublishUncertain, f.closed)
 	case !f.acked:
 		return ErrNacked
 	case f.returned != nil:

@@ -35,7 +35,8 @@ var (
 	// ErrNacked is matched by a publish the broker refused (basic.nack).
 	ErrNacked = errors.New("rabbitmq: broker nacked the message")
 	// ErrChannelClosed is matched by a publish whose channel closed before the
-	// broker confirmed it: it may or may not have been stored.
+	// broker confirmed it: it may or may not have been stored (the error
+	// matches sluice.ErrPublishUncertain too).
 	ErrChannelClosed = errors.New("rabbitmq: channel closed before the confirm")
 	// ErrBlocked is matched by a publish refused because the broker blocked
 	// the connection (a memory or disk alarm) for longer than the publish
@@ -173,7 +174,11 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 // Publish publishes msgs to the topic (the routing key) and waits for each
 // one's confirm, bounded by its context and ConfirmTimeout. It returns an
 // error naming every message that was not confirmed, nacked, returned as
-// unroutable, or whose channel closed first.
+// unroutable, or whose channel closed first. A message sent whose confirm
+// did not come — the confirm timeout, its context ended, the channel or
+// connection closed first — may be stored: its error matches
+// sluice.ErrPublishUncertain. A nack, a return, or a message never sent
+// (blocked, unpublishable, a closed channel at send) is certain: not stored.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if err := CheckName("routing key", topic); err != nil {
 		return err

@@ -131,8 +131,11 @@ type Config struct {
 // message UUID, AttemptKey N+1, LastErrorKey, FirstFailedAtKey (kept from the
 // first failure), RetryTierKey — to Tiers[N-1], waits until Publish returns,
 // and returns nil, so the original is acked only once its copy is stored.
-// When the publish fails it waits PublishBackoff and returns the handler's
-// error joined with the publish error (nack: nothing lost) — unless the
+// A tier that refuses the copy for certain is replaced by another (see
+// park); after an uncertain publish (sluice.ErrPublishUncertain: the copy
+// may be stored) no other tier is tried. When the publish fails it waits
+// PublishBackoff and returns the handler's error joined with the publish
+// error (nack: nothing lost; the broker delivers it again) — unless the
 // publisher cannot build the copy at all (sluice.ErrUnpublishable: a
 // metadata value the broker cannot carry), which no retry mends: that is a
 // Poison failure naming the key, for the poison stage. With no tier
@@ -227,7 +230,8 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 		if pErr != nil {
 			republish.Backoff(s.cfg.PublishBackoff)
 			s.cfg.Logger.Error("Publishing the retry copy failed; the delivery is nacked after the backoff", diag.RedactError(pErr), diag.LogFields(telemetry.LogFields(msg,
-				watermill.LogFields{"class": sluice.ClassTransient.String(), "tier": tier.Name, "attempt": attempt, "backoff": s.cfg.PublishBackoff.String()})))
+				watermill.LogFields{"class": sluice.ClassTransient.String(), "tier": tier.Name, "attempt": attempt, "backoff": s.cfg.PublishBackoff.String(),
+					"uncertain": errors.Is(pErr, sluice.ErrPublishUncertain)})))
 			return nil, errors.Join(err, fmt.Errorf("retrytiers: publishing the retry copy to tier %s (%s): %w", tier.Name, tier.Topic, pErr))
 		}
 		s.cfg.Logger.Info("Delivery parked in a retry tier", diag.LogFields(telemetry.LogFields(msg, watermill.LogFields{
@@ -247,7 +251,10 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 // place free, where a nack after the backoff would bring it back at the
 // head of the queue, ahead of every other message, to fail again. It
 // returns the tier used, or the planned one and every error. A copy the
-// publisher cannot build (sluice.ErrUnpublishable) is tried once.
+// publisher cannot build (sluice.ErrUnpublishable) is tried once. Only a
+// certain refusal moves on: after an uncertain publish
+// (sluice.ErrPublishUncertain: no confirm, a channel closed before it) the
+// copy may be stored in that tier, so no other tier is tried.
 func (s *stage) park(msg *message.Message, attempt int, reason string) (Tier, error) {
 	planned := attempt - 1
 	order := []int{planned}
@@ -273,6 +280,12 @@ func (s *stage) park(msg *message.Message, attempt int, reason string) (Tier, er
 		}
 		errs = append(errs, fmt.Errorf("tier %s: %w", tier.Name, err))
 		if errors.Is(err, sluice.ErrUnpublishable) { // every tier would refuse it alike
+			break
+		}
+		if errors.Is(err, sluice.ErrPublishUncertain) {
+			// The copy may be stored in this tier: one in another tier
+			// would start a second retry chain. The delivery is nacked
+			// after the backoff and comes back (at least once).
 			break
 		}
 	}

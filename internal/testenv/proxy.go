@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +23,7 @@ type Proxy struct {
 
 	mu      sync.Mutex
 	holed   bool
+	muted   bool // the upstream's replies are swallowed
 	conns   []net.Conn
 	closing bool
 }
@@ -39,6 +41,17 @@ func StartProxy(t testing.TB, upstream string) *Proxy {
 	return p
 }
 
+// ProxyAMQP starts a Proxy in front of the test broker (AMQPURL) and
+// returns it with the URL that connects through it.
+func ProxyAMQP(t testing.TB) (*Proxy, string) {
+	t.Helper()
+	u, err := url.Parse(AMQPURL)
+	require.NoError(t, err)
+	p := StartProxy(t, u.Host)
+	u.Host = p.Addr()
+	return p, u.String()
+}
+
 // Addr is the proxy's host:port.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
@@ -51,12 +64,23 @@ func (p *Proxy) BlackHole() {
 	p.holed = true
 }
 
-// Heal ends the black hole: every connection opened so far is reset (the
-// conversations it swallowed cannot resume), and new ones are forwarded.
+// DropReplies keeps forwarding what the client sends and swallows what the
+// upstream answers: a broker that stores a publish whose confirm never
+// reaches the publisher, as a network fault after the publish does.
+func (p *Proxy) DropReplies() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.muted = true
+}
+
+// Heal ends the black hole and DropReplies: every connection opened so far
+// is reset (the conversations it swallowed cannot resume), and new ones are
+// forwarded.
 func (p *Proxy) Heal() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.holed = false
+	p.muted = false
 	for _, c := range p.conns {
 		_ = c.Close()
 	}
@@ -79,6 +103,14 @@ func (p *Proxy) hole() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.holed
+}
+
+// swallow returns whether bytes copied toward the upstream (toUpstream) or
+// back from it are swallowed now.
+func (p *Proxy) swallow(toUpstream bool) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.holed || (!toUpstream && p.muted)
 }
 
 func (p *Proxy) accept() {
@@ -114,19 +146,21 @@ func (p *Proxy) serve(down net.Conn) {
 		return
 	}
 	p.wg.Add(2)
-	go p.pipe(up, down)
-	p.pipe(down, up)
+	go p.pipe(up, down, false)
+	p.pipe(down, up, true)
 }
 
-// pipe copies src to dst, swallowing what arrives while black-holed.
-func (p *Proxy) pipe(src, dst net.Conn) {
+// pipe copies src to dst, swallowing what arrives while black-holed (or,
+// coming back from the upstream, while its replies are dropped); toUpstream
+// says which way it copies.
+func (p *Proxy) pipe(src, dst net.Conn, toUpstream bool) {
 	defer p.wg.Done()
 	defer func() { _ = dst.Close() }()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			if !p.hole() {
+			if !p.swallow(toUpstream) {
 				if _, werr := dst.Write(buf[:n]); werr != nil {
 					return
 				}

@@ -1,0 +1,49 @@
+package poison_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/poison"
+)
+
+// A poison queue that refuses the copy for certain (full, unroutable) has
+// it parked; a publish whose outcome is uncertain (no confirm, the channel
+// closed first) does not: the copy may already be in the poison queue, and
+// a parked one would come back as a second entry. The delivery is nacked
+// after the backoff.
+func TestUncertainPublishIsNotParked(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		err    error
+		parked bool
+	}{
+		{"certain refusal", errors.New("rabbitmq: broker nacked the message"), true},
+		{"uncertain", fmt.Errorf("%w: no confirm within the confirm timeout", sluice.ErrPublishUncertain), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			park := &recorder{}
+			mw, err := poison.New(poison.Config{Publisher: &recorder{fail: tc.err}, Topic: "orders.poison",
+				ParkTopic: "orders.retry.30s", ParkPublisher: park, PublishBackoff: 30 * time.Millisecond})
+			require.NoError(t, err)
+			start := time.Now()
+			err = run(mw, message.NewMessage("u", nil), sluice.Poison(errors.New("unknown version 7")))
+			if tc.parked {
+				require.NoError(t, err, "parked: the original is acked")
+				require.Len(t, park.got, 1)
+				return
+			}
+			require.ErrorIs(t, err, sluice.ErrPublishUncertain, "nacked: the broker delivers it again")
+			require.GreaterOrEqual(t, time.Since(start), 30*time.Millisecond, "after the backoff")
+			require.Empty(t, park.got, "no second copy parked")
+		})
+	}
+}
