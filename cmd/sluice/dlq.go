@@ -553,17 +553,23 @@ func parseRate(v string) (float64, error) {
 
 func newArchive(g *globals, out io.Writer) *cobra.Command {
 	var ff filterFlags
-	var file, tableName, dbURL string
+	var file, tableName, dbURL, keyFile string
 	recs := &operatorRecords{g: g}
 	cmd := &cobra.Command{
 		Use:   "archive",
 		Short: "Write selected messages to a JSON-lines file or a database table, then remove them from the poison queue",
 		Long: "Each selected message (payload, metadata, diagnosis) is appended to the file and synced\n" +
 			"to disk (--to), or inserted into the table (--to-table, with --db), before it is acked.\n" +
+			"Each record carries the poison queue it came from and a SHA-256 digest of its contents,\n" +
+			"and with --signing-key-file an HMAC under that key, which restore checks.\n" +
 			"Messages not selected stay, in order. The file or table is opened before anything moves.",
 		Args: noArgs,
 		RunE: func(*cobra.Command, []string) error {
 			if err := fileOrTable("--to", file, "--to-table", tableName, dbURL); err != nil {
+				return err
+			}
+			signer, err := signerFlag(keyFile)
+			if err != nil {
 				return err
 			}
 			f, conn, ctx, done, err := ff.open(g, true)
@@ -578,7 +584,7 @@ func newArchive(g *globals, out io.Writer) *cobra.Command {
 				return errorsJoin(err, audit(g, "dlq archive", ff.queue, f, opts, dlq.ReplayResult{}, false, err))
 			}
 			defer closeSink()
-			res, runErr := dlq.Archive(ctx, conn, dlq.ArchiveConfig{Queue: ff.queue, Filter: f, Limit: ff.limit, Sink: sink, Operator: g.operator,
+			res, runErr := dlq.Archive(ctx, conn, dlq.ArchiveConfig{Queue: ff.queue, Filter: f, Limit: ff.limit, Sink: sink, Operator: g.operator, Signer: signer,
 				Archived: func(m *dlq.Message) {
 					recs.add(replay.OutcomeArchived, m.Item(), m.EventID, m.Class, "archived to "+sink.Name())
 				}})
@@ -594,7 +600,21 @@ func newArchive(g *globals, out io.Writer) *cobra.Command {
 	cmd.Flags().StringVar(&tableName, "to-table", "", "the archive table (name or schema.name; created if missing), instead of a file")
 	cmd.Flags().StringVar(&dbURL, "db", localenv.Get("SLUICE_ARCHIVE_DB_URL", ""), "PostgreSQL URL of --to-table (env SLUICE_ARCHIVE_DB_URL)")
 	recs.register(cmd, "record each archived event as \"archived\" in the outcome table")
+	cmd.Flags().StringVar(&keyFile, "signing-key-file", localenv.Get("SLUICE_SIGNING_KEY_FILE", ""),
+		"sign each record with this key (sluice.NewSignerFromFile), for restore --signing-key-file to check. Default env SLUICE_SIGNING_KEY_FILE")
 	return cmd
+}
+
+// signerFlag is the Signer of a --signing-key-file, nil without one.
+func signerFlag(keyFile string) (*sluice.Signer, error) {
+	if keyFile == "" {
+		return nil, nil
+	}
+	signer, err := sluice.NewSignerFromFile(keyFile)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("--signing-key-file: %w", err)}
+	}
+	return signer, nil
 }
 
 // fileOrTable checks an archive's flags: exactly one of a file and a table,
@@ -741,15 +761,18 @@ func printRun(out io.Writer, run string) {
 }
 
 func newRestore(g *globals, out io.Writer) *cobra.Command {
-	var from, fromTable, dbURL, to string
+	var from, fromTable, dbURL, to, keyFile string
 	var eventIDs []string
 	var limit int
-	var dryRun bool
+	var dryRun, undigested bool
 	cmd := &cobra.Command{
 		Use:   "restore",
 		Short: "Publish archived messages back to their poison queue (or --to), from a file or a table",
 		Long: "Each record written by 'dlq archive' is published, confirmed, with its payload, headers\n" +
-			"and the producer's properties as they were, to the queue it was archived from.\n" +
+			"and the producer's properties as they were, to the poison queue it was archived from\n" +
+			"(only a poison queue of the record's own family; --to names any other). Every record is\n" +
+			"checked first — it reads, its digest matches, with --signing-key-file its signature\n" +
+			"verifies, its queue is its family's — and one that fails publishes nothing.\n" +
 			"From a file (--from), running it twice publishes twice. From a table (--from-table, with\n" +
 			"--db), each row restored is marked (restored_at, restored_by) after its publish is\n" +
 			"confirmed, and a rerun takes only the rows not yet restored. The audit log records each run.",
@@ -760,6 +783,10 @@ func newRestore(g *globals, out io.Writer) *cobra.Command {
 			}
 			if limit < 0 {
 				return usageError{fmt.Errorf("--limit %d: want 0 (all) or more", limit)}
+			}
+			signer, err := signerFlag(keyFile)
+			if err != nil {
+				return err
 			}
 			if err := dlq.CheckAudit(g.audit); err != nil {
 				return err
@@ -779,7 +806,8 @@ func newRestore(g *globals, out io.Writer) *cobra.Command {
 				return err
 			}
 			defer func() { _ = pub.Close() }()
-			res, runErr := dlq.Restore(ctx, dlq.RestoreConfig{Source: src, To: to, EventIDs: eventIDs, Limit: limit, Publisher: pub, DryRun: dryRun})
+			res, runErr := dlq.Restore(ctx, dlq.RestoreConfig{Source: src, To: to, EventIDs: eventIDs, Limit: limit, Publisher: pub, DryRun: dryRun,
+				Signer: signer, AcceptUndigested: undigested})
 			summary(out, "restore", src.Name(), res, dryRun)
 			opts := map[string]string{"from": from, "from_table": fromTable, "to": to, "limit": strconv.Itoa(limit), "event_ids": strings.Join(eventIDs, ",")}
 			return errorsJoin(runErr, audit(g, "dlq restore", to, dlq.Filter{}, opts, res, dryRun, runErr))
@@ -792,6 +820,9 @@ func newRestore(g *globals, out io.Writer) *cobra.Command {
 	cmd.Flags().IntVar(&limit, "limit", 0, "restore at most this many records (0: all selected)")
 	cmd.Flags().StringVar(&to, "to", "", "publish every record to this queue instead of the one it was archived from")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "read, count and list each record's target; publish nothing, mark nothing")
+	cmd.Flags().StringVar(&keyFile, "signing-key-file", localenv.Get("SLUICE_SIGNING_KEY_FILE", ""),
+		"refuse a record not signed with this key (archive --signing-key-file). Default env SLUICE_SIGNING_KEY_FILE")
+	cmd.Flags().BoolVar(&undigested, "accept-undigested", false, "restore records without a digest (archives written before records had one)")
 	return cmd
 }
 

@@ -105,30 +105,36 @@ func TestHostileTextNeverReachesTheOperator(t *testing.T) {
 	require.Contains(t, errOut, `dlq: replaying to orders\x1b]0;OWNED\x07\x1b[2J`)
 	require.Equal(t, 1, testenv.QueueDepth(t, testenv.AMQP(t), q), "the message stays")
 
-	// A tampered archive: its record names the hostile target.
+	// A tampered archive: its record names the hostile target, and is
+	// refused (its digest); restored --to the hostile target, the dry run
+	// and the failed publish name it, escaped.
 	archive := filepath.Join(t.TempDir(), "archive.jsonl")
 	code, _, errOut = check("dlq", "archive", "--queue", q, "--to", archive)
 	require.Equal(t, 0, code, errOut)
-	raw, err := os.ReadFile(archive)
+	orig, err := os.ReadFile(archive)
 	require.NoError(t, err)
-	requireNoRawControl(t, "the archive file", string(raw))
+	requireNoRawControl(t, "the archive file", string(orig))
 	var line map[string]any
-	require.NoError(t, json.Unmarshal(raw, &line))
+	require.NoError(t, json.Unmarshal(orig, &line))
 	line["queue"] = target
-	raw, err = json.Marshal(line)
+	raw, err := json.Marshal(line)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(archive, append(raw, '\n'), 0o600))
-	code, out, errOut = check("dlq", "restore", "--from", archive, "--dry-run")
+	code, _, errOut = check("dlq", "restore", "--from", archive)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, "line 1: the record's digest does not match its contents")
+	require.NoError(t, os.WriteFile(archive, orig, 0o600))
+	code, out, errOut = check("dlq", "restore", "--from", archive, "--to", target, "--dry-run")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, `orders\x1b]0;OWNED`)
-	code, _, errOut = check("dlq", "restore", "--from", archive)
+	code, _, errOut = check("dlq", "restore", "--from", archive, "--to", target)
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, `to orders\x1b]0;OWNED\x07\x1b[2J`)
 
 	auditLog, err := os.ReadFile(b.audit)
 	require.NoError(t, err)
 	requireNoRawControl(t, "the audit log", string(auditLog))
-	require.Len(t, b.auditLines(t), 5, "replay (dry run, run), archive, restore (dry run, run)")
+	require.Len(t, b.auditLines(t), 6, "replay (dry run, run), archive, restore (refused, dry run, run)")
 }
 
 // The stack's own log lines — poisoned, parked in a tier, exhausted,

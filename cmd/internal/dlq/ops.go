@@ -1,15 +1,12 @@
 package dlq
 
 import (
-	"bufio"
 	"cmp"
 	"context"
-	"database/sql"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -19,7 +16,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/time/rate"
 
@@ -357,6 +353,10 @@ type ArchiveConfig struct {
 	Limit    int
 	Sink     ArchiveSink // where the records go: a FileSink or a TableSink
 	Operator string
+	// Signer, when set, signs each record (ArchiveRecord.Signature) beside
+	// its digest: restore with the same key proves the record was written
+	// by someone holding it.
+	Signer *sluice.Signer
 	// Archived, when set, is called with each message once it is written
 	// and acked.
 	Archived func(*Message)
@@ -470,7 +470,9 @@ func (rec ArchiveRecord) name() string {
 	return "message " + diag.Printable(rec.UUID, 64)
 }
 
-// ArchiveRecord is one line of an archive file.
+// ArchiveRecord is one line of an archive file: the message, where it was
+// archived from (Queue, the poison queue: where restore publishes it back),
+// and its digest and signature.
 type ArchiveRecord struct {
 	ArchivedAt    time.Time         `json:"archived_at"`
 	ArchivedBy    string            `json:"archived_by"`
@@ -483,6 +485,15 @@ type ArchiveRecord struct {
 	Metadata      map[string]string `json:"metadata"`
 	Payload       string            `json:"payload,omitempty"`
 	PayloadBase64 string            `json:"payload_base64,omitempty"`
+	// Digest is "sha256:" and the hex SHA-256 of the other fields
+	// (canonical): a record damaged, cut short or edited without
+	// recomputing it is refused. It proves nothing against someone who
+	// recomputes it: that is the Signature's part.
+	Digest string `json:"digest,omitempty"`
+	// Signature is the HMAC-SHA256 of the same fields under the signing
+	// key (sluice.Signer, as the stages' copies carry it), when archive was
+	// given one.
+	Signature string `json:"signature,omitempty"`
 }
 
 // Archive writes each selected message to the sink (a file synced to disk,
@@ -501,6 +512,7 @@ func Archive(ctx context.Context, conn *amqp.Connection, cfg ArchiveConfig) (Rep
 		} else {
 			rec.PayloadBase64 = base64.StdEncoding.EncodeToString(m.Msg.Payload)
 		}
+		rec.seal(cfg.Signer)
 		if err := cfg.Sink.Write(ctx, rec); err != nil {
 			return err
 		}
@@ -574,235 +586,6 @@ func AppendAudit(path string, rec AuditRecord) error {
 	}
 	return f.Close()
 }
-
-// RestoreConfig configures Restore.
-type RestoreConfig struct {
-	Source    RestoreSource // an archive file (OpenFileSource) or table (OpenTableSource)
-	To        string        // publish every record here instead of the queue it was archived from
-	EventIDs  []string      // only these events (none: every record)
-	Limit     int           // restore at most this many (0: all)
-	Publisher Publisher
-	DryRun    bool
-}
-
-// A RestoreSource yields the records of an archive one at a time.
-type RestoreSource interface {
-	// Next returns the next record and where it is ("FILE record 3",
-	// "table T row 7"); io.EOF when there are no more.
-	Next(ctx context.Context) (ArchiveRecord, string, error)
-	// Restored is called once the record Next returned last was published
-	// (confirmed): a table marks its row restored so that a rerun skips it.
-	Restored(ctx context.Context) error
-	// Name names the source in summaries and the audit log.
-	Name() string
-	Close() error
-}
-
-// Restore publishes every record of an archive back — to the queue it was
-// archived from, or To — with its payload, metadata (headers) and the
-// producer's properties as they were, each confirmed before the source
-// records it restored. A record that cannot be read or published stops the
-// run and names where it is; those before it were restored. A crash between
-// the publish and the source's record publishes that record again on the
-// next run (at least once: the consumer's inbox sees a duplicate).
-func Restore(ctx context.Context, cfg RestoreConfig) (ReplayResult, error) {
-	res := ReplayResult{ByTarget: map[string]int{}}
-	want := map[string]bool{}
-	for _, id := range cfg.EventIDs {
-		want[id] = true
-	}
-	for cfg.Limit <= 0 || res.Selected < cfg.Limit {
-		if err := ctx.Err(); err != nil {
-			return res, err
-		}
-		rec, where, err := cfg.Source.Next(ctx)
-		if errors.Is(err, io.EOF) {
-			return res, nil
-		} else if err != nil {
-			return res, err
-		}
-		res.Scanned++
-		if len(want) > 0 && !want[rec.EventID] {
-			continue
-		}
-		payload := []byte(rec.Payload)
-		if rec.PayloadBase64 != "" {
-			if payload, err = base64.StdEncoding.DecodeString(rec.PayloadBase64); err != nil {
-				return res, fmt.Errorf("dlq: %s: payload_base64: %w", where, err)
-			}
-		}
-		target := cmp.Or(cfg.To, rec.Queue)
-		if target == "" {
-			return res, fmt.Errorf("dlq: %s has no queue (use --to)", where)
-		}
-		res.Selected++
-		if cfg.DryRun {
-			res.ByTarget[target]++
-			res.Plan = append(res.Plan, Planned{Message: rec.name(), Target: target})
-			continue
-		}
-		m := message.NewMessage(cmp.Or(rec.UUID, watermill.NewUUID()), payload)
-		for k, v := range rec.Metadata {
-			if !strings.HasPrefix(k, "sluice_amqp_") { // the archived delivery's, not the message's
-				m.Metadata[k] = v
-			}
-		}
-		if err := cfg.Publisher.Publish(target, m); err != nil {
-			return res, fmt.Errorf("dlq: restoring %s to %s: %w", where, diag.Printable(target, 255), err)
-		}
-		actx, cancel := afterConfirm(ctx)
-		err = cfg.Source.Restored(actx)
-		cancel()
-		if err != nil {
-			return res, fmt.Errorf("dlq: %s was restored to %s but not recorded as restored (a rerun publishes it again): %w", where, diag.Printable(target, 255), err)
-		}
-		res.Replayed++
-		res.ByTarget[target]++
-	}
-	return res, nil
-}
-
-// FileSource reads an archive file written by Archive (JSON lines).
-type FileSource struct {
-	f    *os.File
-	dec  *json.Decoder
-	line int
-}
-
-// OpenFileSource opens an archive file.
-func OpenFileSource(path string) (*FileSource, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("dlq: opening the archive: %w", err)
-	}
-	return &FileSource{f: f, dec: json.NewDecoder(bufio.NewReader(f))}, nil
-}
-
-// Next decodes the next line.
-func (s *FileSource) Next(context.Context) (ArchiveRecord, string, error) {
-	s.line++
-	where := fmt.Sprintf("%s record %d", diag.Printable(s.f.Name(), 255), s.line)
-	var rec ArchiveRecord
-	if err := s.dec.Decode(&rec); errors.Is(err, io.EOF) {
-		return rec, where, io.EOF
-	} else if err != nil {
-		return rec, where, fmt.Errorf("dlq: %s: %w", where, err)
-	}
-	return rec, where, nil
-}
-
-// Restored does nothing: a file is not written to (restoring it again
-// publishes again).
-func (s *FileSource) Restored(context.Context) error { return nil }
-
-// Name is the file's path.
-func (s *FileSource) Name() string { return s.f.Name() }
-
-// Close closes the file.
-func (s *FileSource) Close() error { return s.f.Close() }
-
-// TableSource reads the rows of an archive table (TableSink) not yet
-// restored, in the order they were archived. Each row is read in a
-// transaction of its own that locks it (FOR UPDATE SKIP LOCKED: two
-// restores at once take different rows) until Restored marks it restored
-// (restored_at, restored_by) and commits.
-type TableSource struct {
-	db       *sqlx.DB
-	table    string
-	operator string
-	eventIDs []string
-	tx       *sqlx.Tx
-	row      int64 // the row Next returned last
-}
-
-// OpenTableSource reads table on db (PostgreSQL); eventIDs, when given,
-// select the rows of those events only. operator is recorded on the rows
-// restored.
-func OpenTableSource(ctx context.Context, db *sqlx.DB, table, operator string, eventIDs []string) (*TableSource, error) {
-	quoted, _, err := sqlname.Quote(table, true)
-	if err != nil {
-		return nil, fmt.Errorf("dlq: archive %w", err)
-	}
-	// A missing table, or one not written by a TableSink, is an error now.
-	if _, err := db.ExecContext(ctx, `SELECT id, record, restored_at, restored_by FROM `+quoted+` LIMIT 0`); err != nil {
-		return nil, fmt.Errorf("dlq: reading the archive table: %w", err)
-	}
-	return &TableSource{db: db, table: quoted, operator: operator, eventIDs: eventIDs}, nil
-}
-
-// Next locks and reads the next row not yet restored, letting go of the
-// row it returned before if that one was not restored.
-func (s *TableSource) Next(ctx context.Context) (ArchiveRecord, string, error) {
-	var rec ArchiveRecord
-	if err := s.release(); err != nil {
-		return rec, "", err
-	}
-	// Not on ctx: database/sql rolls a transaction back when its context
-	// ends, and an interrupt after the row's publish must still mark it
-	// (Restored) — Close lets go of a row never published.
-	tx, err := s.db.BeginTxx(context.WithoutCancel(ctx), nil)
-	if err != nil {
-		return rec, "", fmt.Errorf("dlq: reading the archive table: %w", err)
-	}
-	q := `SELECT id, record FROM ` + s.table + ` WHERE restored_at IS NULL AND id > $1`
-	args := []any{s.row}
-	if len(s.eventIDs) > 0 {
-		q += ` AND event_id = ANY($2)`
-		args = append(args, pq.Array(s.eventIDs))
-	}
-	var row struct {
-		ID     int64  `db:"id"`
-		Record string `db:"record"`
-	}
-	err = tx.GetContext(ctx, &row, q+` ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED`, args...)
-	if errors.Is(err, sql.ErrNoRows) {
-		_ = tx.Rollback()
-		return rec, "", io.EOF
-	} else if err != nil {
-		_ = tx.Rollback()
-		return rec, "", fmt.Errorf("dlq: reading the archive table: %w", err)
-	}
-	s.tx, s.row = tx, row.ID
-	where := fmt.Sprintf("table %s row %d", s.table, row.ID)
-	if err := json.Unmarshal([]byte(row.Record), &rec); err != nil {
-		return rec, where, fmt.Errorf("dlq: %s: %w", where, err)
-	}
-	return rec, where, nil
-}
-
-// Restored marks the row Next returned last restored and commits.
-func (s *TableSource) Restored(ctx context.Context) error {
-	if s.tx == nil {
-		return errors.New("dlq: no row to mark restored")
-	}
-	tx := s.tx
-	s.tx = nil
-	if _, err := tx.ExecContext(ctx, `UPDATE `+s.table+` SET restored_at = now(), restored_by = $1 WHERE id = $2`, s.operator, s.row); err != nil {
-		_ = tx.Rollback()
-		return err
-	}
-	return tx.Commit()
-}
-
-// release lets go of the row Next returned last when it was not restored
-// (a dry run, a record not selected): it stays as it was.
-func (s *TableSource) release() error {
-	if s.tx == nil {
-		return nil
-	}
-	tx := s.tx
-	s.tx = nil
-	if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
-		return fmt.Errorf("dlq: reading the archive table: %w", err)
-	}
-	return nil
-}
-
-// Name is "table T".
-func (s *TableSource) Name() string { return "table " + s.table }
-
-// Close releases the row taken last, if any; the database is the caller's.
-func (s *TableSource) Close() error { return s.release() }
 
 // Discard removes the selected messages for good; the caller records them
 // (event ids and the reason) in the audit log first-hand: Discarded lists
