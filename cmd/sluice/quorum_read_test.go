@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
@@ -113,4 +115,36 @@ func TestTopologyApplyShowsThePoisonQueueLimit(t *testing.T) {
 	require.Contains(t, out, "declared "+q+".poison")
 	require.Contains(t, out, "to do: "+q+".poison exists without x-delivery-limit")
 	require.Contains(t, out, `'{"delivery-limit":2147483647}'`)
+}
+
+// A quorum poison queue declared before Sluice gave it a delivery limit
+// (RabbitMQ 3.x: none) requeues what a look puts back at its tail: a look
+// that stops early reads on to the end, so that the order stays. Before
+// (with the nacks alone): the second `--limit 2` showed e3 e4.
+func TestInspectingAnOldQuorumPoisonQueueKeepsItsOrder(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	pq := testenv.Name("oldq") + ".poison"
+	testenv.DeleteQueuesAtEnd(t, pq)
+	_, err := testenv.Channel(t, testenv.AMQP(t)).QueueDeclare(pq, true, false, false, false, map[string]any{"x-queue-type": "quorum"})
+	require.NoError(t, err)
+	var want []string
+	for i := 1; i <= 6; i++ {
+		id := fmt.Sprint("e", i)
+		want = append(want, id)
+		m := message.NewMessage(watermill.NewUUID(), nil)
+		m.Metadata.Set(sluice.EventIDKey, id)
+		require.NoError(t, b.pub.Publish(pq, m))
+	}
+	for _, limit := range []string{"2", "2", "1", "4"} {
+		code, out, errOut := b.cli(t, "dlq", "inspect", "--queue", pq, "--limit", limit)
+		require.Equal(t, 0, code, errOut)
+		var shown []string
+		for _, m := range shownEvent.FindAllStringSubmatch(out, -1) {
+			shown = append(shown, m[1])
+		}
+		n := map[string]int{"1": 1, "2": 2, "4": 4}[limit]
+		require.Equal(t, want[:n], shown, "inspect --limit %s", limit)
+	}
+	require.Equal(t, want, ids(t, pq))
 }

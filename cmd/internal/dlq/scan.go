@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -127,7 +128,7 @@ func Scan(ctx context.Context, conn *amqp.Connection, queue string, fn func(*Mes
 		return 0, fmt.Errorf("dlq: opening a channel: %w", err)
 	}
 	sc := &scanner{ch: ch, acked: map[uint64]bool{}}
-	defer sc.putBack() // returns the unacked messages to the queue, in order
+	defer sc.putBack(queue) // returns the unacked messages to the queue, in order
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	if err != nil {
 		var ae *amqp.Error
@@ -140,8 +141,31 @@ func Scan(ctx context.Context, conn *amqp.Connection, queue string, fn func(*Mes
 	if err == nil && done != nil {
 		err = done()
 	}
-	sc.readThrough(queue, q.Messages-n)
+	left := q.Messages - n
+	if left > 0 && sc.quorum && rabbitMQ3(conn) && !limited(conn, queue) {
+		sc.toEnd = true // a 3.x quorum queue with no limit of Sluice's: read to the end
+	}
+	sc.readThrough(queue, left)
 	return n, err
+}
+
+// limited reports whether queue is a quorum queue declared with
+// rabbitmq.PoisonDeliveryLimit, as rabbitmq.Topology declares a quorum
+// poison queue: a declaration with exactly those arguments succeeds only
+// then (it changes nothing). A quorum queue without a delivery limit
+// requeues a message returned by basic.nack at its tail, so that putting
+// back a head read early moves it behind the rest, while a full read put
+// back in order keeps the order; a policy may give the queue a limit too,
+// which no AMQP method shows, so a failed check only costs a longer read.
+func limited(conn *amqp.Connection, queue string) bool {
+	ch, err := conn.Channel()
+	if err != nil {
+		return false
+	}
+	defer func() { _ = ch.Close() }() // a refused declaration closes it already
+	_, err = ch.QueueDeclare(queue, true, false, false, false,
+		amqp.Table{"x-queue-type": amqp.QueueTypeQuorum, "x-delivery-limit": int64(rabbitmq.PoisonDeliveryLimit)})
+	return err == nil
 }
 
 func scan(ctx context.Context, sc *scanner, queue string, depth int, fn func(*Message) (bool, error)) (int, error) {
@@ -192,6 +216,18 @@ type scanner struct {
 	// returned: the last message read was one a quorum queue had returned
 	// before (redelivered, with its delivery count header).
 	returned bool
+	// quorum: a message read carried a quorum queue's delivery count
+	// (RabbitMQ 3.x gives every delivery of a quorum queue one).
+	quorum bool
+	// toEnd: read through to the end (a quorum queue that may have no
+	// delivery limit).
+	toEnd bool
+}
+
+// rabbitMQ3 reports whether conn's broker is RabbitMQ 3.x.
+func rabbitMQ3(conn *amqp.Connection) bool {
+	v, _ := conn.Properties["version"].(string)
+	return strings.HasPrefix(v, "3.")
 }
 
 func (s *scanner) get(queue string) (amqp.Delivery, bool, error) {
@@ -199,6 +235,9 @@ func (s *scanner) get(queue string) (amqp.Delivery, bool, error) {
 	if err == nil && ok {
 		s.held = append(s.held, d.DeliveryTag)
 		s.returned = quorumReturned(d)
+		if _, ok := d.Headers["x-delivery-count"]; ok {
+			s.quorum = true
+		}
 	}
 	return d, ok, err
 }
@@ -218,11 +257,12 @@ func quorumReturned(d amqp.Delivery) bool {
 }
 
 // readThrough reads on, at most left messages and without fn, while the
-// last message read is one a quorum queue had returned before: they all
+// last message read is one a quorum queue had returned before — they all
 // wait ahead of the others, and putting back only the first of them would
-// move those behind the rest (Scan). It holds what it reads, to put back.
+// move those behind the rest (Scan) — or to the end with toEnd. It holds
+// what it reads, to put back.
 func (s *scanner) readThrough(queue string, left int) {
-	for ; left > 0 && s.returned; left-- {
+	for ; left > 0 && (s.toEnd || s.returned); left-- {
 		if _, ok, err := s.get(queue); err != nil || !ok {
 			return
 		}
@@ -230,20 +270,54 @@ func (s *scanner) readThrough(queue string, left int) {
 }
 
 // putBack returns each message read and not acked with a basic.nack
-// (requeue) of its own, in the order read, then closes the channel. A
-// nack of many at once would be returned in no set order (RabbitMQ 3.x
-// folds over a map), and a channel's close returns them only once the
-// queue handles the channel's death, after a reader that came next may
-// have taken the messages behind them; a nack sent before the close is
-// handled before anything sent after it.
-func (s *scanner) putBack() {
+// (requeue) of its own, in the order read, waits until the queue counts
+// them ready again, then closes the channel. A nack of many at once would
+// be returned in no set order (RabbitMQ 3.x folds over a map), a channel's
+// close returns them only once the queue handles the channel's death, and
+// a quorum queue applies a nack after it answered it: without the wait,
+// the next reader — the next command run at once — can take the messages
+// behind them first, or count the queue short.
+func (s *scanner) putBack(queue string) {
+	defer func() { _ = s.ch.Close() }()
+	held := 0
+	for _, tag := range s.held {
+		if !s.acked[tag] {
+			held++
+		}
+	}
+	if held == 0 {
+		return
+	}
+	q, err := s.ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		return // the channel is gone: the broker returns them
+	}
 	for _, tag := range s.held {
 		if s.acked[tag] {
 			continue
 		}
 		if err := s.ch.Nack(tag, false, true); err != nil {
-			break // the channel is gone: the broker returns the rest
+			return // the channel is gone: the broker returns the rest
 		}
 	}
-	_ = s.ch.Close()
+	s.waitReady(queue, q.Messages+held)
+}
+
+// PutBackTimeout bounds how long a scan waits, after its nacks, for the
+// queue to count the messages it returned (it goes on when a consumer
+// takes some meanwhile; there should be none on a poison queue).
+const PutBackTimeout = 10 * time.Second
+
+// waitReady polls the queue's ready count until it is at least want.
+func (s *scanner) waitReady(queue string, want int) {
+	deadline := time.Now().Add(PutBackTimeout)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for time.Now().Before(deadline) {
+		q, err := s.ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		if err != nil || q.Messages >= want {
+			return
+		}
+		<-tick.C
+	}
 }
