@@ -7,8 +7,9 @@
 // hand; Add adds a reliable handler to an existing *message.Router in one
 // call. RabbitMQ declares one consumer queue's topology and supplies the
 // confirmed publisher, the subscriber and competing consumers; Embedded is
-// the no-server default on GoChannel with in-process tiers and a poison
-// topic that can be read back.
+// the no-server default: an in-process broker (EmbeddedPubSub) that tracks
+// every delivery until acked and names at Close what it did not finish,
+// in-process tiers, and a poison topic that can be read back.
 //
 // Why this order: errors travel outward, so Classify sits inside the stages
 // that act on a class; Poison sits outside Retry because a spent retry budget

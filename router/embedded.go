@@ -2,7 +2,6 @@ package router
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -10,9 +9,18 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/sluicemq/sluice/retrytiers"
+)
+
+// Defaults of EmbeddedConfig.
+const (
+	// EmbeddedMaxQueuedDefault is EmbeddedConfig.MaxQueued's default.
+	EmbeddedMaxQueuedDefault = 10_000
+	// EmbeddedMaxInFlightDefault is EmbeddedConfig.MaxInFlight's default.
+	EmbeddedMaxInFlightDefault = 64
+	// EmbeddedDrainTimeoutDefault is EmbeddedConfig.DrainTimeout's default.
+	EmbeddedDrainTimeoutDefault = 30 * time.Second
 )
 
 // EmbeddedConfig configures the embedded default of one consumer topic.
@@ -29,69 +37,94 @@ type EmbeddedConfig struct {
 	// (retrytiers.DelayedPublisherConfig.MaxPending); beyond it the retry
 	// stage nacks. Default retrytiers.MaxPendingDefault.
 	MaxPendingRetries int
+	// MaxQueued bounds the deliveries one topic holds, queued or in a
+	// handler; a Publish beyond it fails with ErrEmbeddedFull (the copies
+	// back from the tiers and the nacked deliveries are never refused:
+	// MaxPendingRetries bounds the first, the second were counted
+	// already). Default EmbeddedMaxQueuedDefault.
+	MaxQueued int
+	// MaxInFlight is how many deliveries one subscription hands out before
+	// the first is acked or nacked (a prefetch). Default
+	// EmbeddedMaxInFlightDefault.
+	MaxInFlight int
+	// DrainTimeout bounds a closing subscription's wait for its deliveries
+	// in flight to be acked or nacked; what is still in a handler then is
+	// reported by Close. Keep it above the handlers' ShutdownGrace. Default
+	// EmbeddedDrainTimeoutDefault.
+	DrainTimeout time.Duration
 }
 
-// Embedded is the embedded default: Watermill's GoChannel as the broker,
+func (c EmbeddedConfig) withDefaults() EmbeddedConfig {
+	c.PoisonTopic = cmp.Or(c.PoisonTopic, c.Topic+".poison")
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+	c.MaxQueued = cmp.Or(c.MaxQueued, EmbeddedMaxQueuedDefault)
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, EmbeddedMaxInFlightDefault)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, EmbeddedDrainTimeoutDefault)
+	return c
+}
+
+func (c EmbeddedConfig) validate() error {
+	switch {
+	case c.Topic == "":
+		return errors.New("router: EmbeddedConfig.Topic is required")
+	case c.MaxQueued < 0:
+		return fmt.Errorf("router: EmbeddedConfig.MaxQueued must be positive, got %d", c.MaxQueued)
+	case c.MaxInFlight < 0:
+		return fmt.Errorf("router: EmbeddedConfig.MaxInFlight must be positive, got %d", c.MaxInFlight)
+	case c.DrainTimeout < 0:
+		return fmt.Errorf("router: EmbeddedConfig.DrainTimeout must be positive, got %s", c.DrainTimeout)
+	case c.PoisonTopic == c.Topic:
+		return errors.New("router: EmbeddedConfig.PoisonTopic must differ from Topic")
+	}
+	return nil
+}
+
+// Embedded is the embedded default: an in-process broker of Sluice's own
+// (EmbeddedPubSub: bounded queues, every delivery tracked until acked),
 // in-process retry tiers (retrytiers.DelayedPublisher — bounded, not
 // durable) and an in-memory poison topic that can be read back (Poisoned).
 // For development, examples and tests; RabbitMQ is the durable counterpart.
 //
-// A copy whose delay ends while no handler consumes the topic (after the
-// router closed) is not published into the GoChannel, which would drop it
-// silently: it counts as dropped, and Close reports it.
+// Nothing it holds is dropped silently. A message published with no
+// handler running waits in its topic; a copy whose delay ends after the
+// router closed waits there too. Close the router first: its Close drains
+// the handler's subscription (no handler runs after it returns, unless the
+// drain timed out), and Embedded.Close then reports every delivery not
+// acked in an *UnfinishedError, with the copies still waiting in a tier.
 type Embedded struct {
 	cfg     EmbeddedConfig
-	PubSub  *gochannel.GoChannel
+	PubSub  *EmbeddedPubSub
 	delayed *retrytiers.DelayedPublisher
 	tiers   []retrytiers.Tier
 
-	mu          sync.Mutex
-	poisoned    []*message.Message
-	subscribers int // live subscriptions to Topic
-	cancel      context.CancelFunc
-	done        chan struct{}
+	mu       sync.Mutex
+	poisoned []*message.Message
 }
 
-// NewEmbedded starts the GoChannel, the in-process tiers and the reader of
-// the poison topic.
+// NewEmbedded starts the in-process broker and tiers.
 func NewEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
-	if cfg.Topic == "" {
-		return nil, errors.New("router: EmbeddedConfig.Topic is required")
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
-	cfg.PoisonTopic = cmp.Or(cfg.PoisonTopic, cfg.Topic+".poison")
-	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil { // the default poison topic against Topic
+		return nil, err
 	}
 	tiers, err := retrytiers.Ladder(cfg.Topic, cfg.TierDelays...)
 	if err != nil {
 		return nil, err
 	}
-	ps := gochannel.NewGoChannel(gochannel.Config{OutputChannelBuffer: 256}, cfg.Logger)
-	e := &Embedded{cfg: cfg, PubSub: ps, tiers: tiers, done: make(chan struct{})}
-	delayed, err := retrytiers.NewDelayedPublisher(retrytiers.DelayedPublisherConfig{
-		Target: consumedTopic{e}, Routes: retrytiers.Routes(cfg.Topic, tiers), Logger: cfg.Logger,
+	e := &Embedded{cfg: cfg, PubSub: newEmbeddedPubSub(cfg), tiers: tiers}
+	e.PubSub.sinks[cfg.PoisonTopic] = e.storePoisoned
+	e.delayed, err = retrytiers.NewDelayedPublisher(retrytiers.DelayedPublisherConfig{
+		Target: backFromTier{e.PubSub}, Routes: retrytiers.Routes(cfg.Topic, tiers), Logger: cfg.Logger,
 		MaxPending: cfg.MaxPendingRetries,
 	})
 	if err != nil {
 		return nil, err
 	}
-	e.delayed = delayed
-	ctx, cancel := context.WithCancel(context.Background())
-	e.cancel = cancel
-	out, err := ps.Subscribe(ctx, cfg.PoisonTopic)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	go func() {
-		defer close(e.done)
-		for m := range out {
-			e.mu.Lock()
-			e.poisoned = append(e.poisoned, m)
-			e.mu.Unlock()
-			m.Ack()
-		}
-	}()
 	return e, nil
 }
 
@@ -108,15 +141,27 @@ func (e *Embedded) Poisoned() []*message.Message {
 	return append([]*message.Message(nil), e.poisoned...)
 }
 
+// storePoisoned is the poison topic: a publish to it returns once the
+// copies are stored here, as Endpoints.PoisonPublisher promises.
+func (e *Embedded) storePoisoned(msgs ...*message.Message) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, m := range msgs {
+		e.poisoned = append(e.poisoned, m.Copy())
+	}
+}
+
 var _ Broker = (*Embedded)(nil)
 
-// Endpoints are the embedded topic's: the GoChannel as subscriber and poison
-// publisher, the in-process tiers as retry publisher, System "gochannel",
-// and one consumer at most — GoChannel gives every subscriber every
-// message.
+// Endpoints are the embedded topic's: a subscriber of PubSub whose Close
+// drains the handler's subscriptions, PubSub as poison publisher (stored
+// before Publish returns), the in-process tiers as retry publisher, System
+// "gochannel" (the label it had on Watermill's GoChannel, kept so that
+// dashboards and alerts on messaging.system keep matching) and one
+// consumer at most.
 func (e *Embedded) Endpoints() Endpoints {
 	return Endpoints{
-		System: "gochannel", Topic: e.cfg.Topic, Subscriber: countingSubscriber{e},
+		System: "gochannel", Topic: e.cfg.Topic, Subscriber: e.PubSub.subscriber(),
 		Tiers: e.Tiers(), RetryPublisher: e.delayed,
 		PoisonTopic: e.cfg.PoisonTopic, PoisonPublisher: e.PubSub,
 		Consumers: 1, MaxConsumers: 1,
@@ -124,53 +169,21 @@ func (e *Embedded) Endpoints() Endpoints {
 }
 
 // Close stops the tiers (dropping the copies still waiting, and saying how
-// many), the poison reader and the GoChannel; close the router first.
+// many), then the broker, draining what is still subscribed; close the
+// router first. Its error joins the tiers' count with an *UnfinishedError
+// (errors.As) naming every delivery not acked — queued, nacked back, or
+// still in a handler. Idempotent.
 func (e *Embedded) Close() error {
-	err := e.delayed.Close()
-	e.cancel()
-	<-e.done
-	return errors.Join(err, e.PubSub.Close())
+	return errors.Join(e.delayed.Close(), e.PubSub.Close())
 }
 
-// ErrNoConsumer is matched by a retry copy whose delay ended while no
-// handler consumed the embedded topic.
-var ErrNoConsumer = errors.New("router: no handler consumes the embedded topic (the router closed)")
+// backFromTier delivers the tiers' copies to the topic, beyond MaxQueued:
+// MaxPendingRetries bounds them already. After the router closed they wait
+// in the topic like any other delivery, and Close reports them.
+type backFromTier struct{ p *EmbeddedPubSub }
 
-// countingSubscriber is the GoChannel as the handlers' subscriber, counting
-// the live subscriptions to the topic.
-type countingSubscriber struct{ e *Embedded }
-
-func (s countingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	out, err := s.e.PubSub.Subscribe(ctx, topic)
-	if err != nil || topic != s.e.cfg.Topic {
-		return out, err
-	}
-	s.e.mu.Lock()
-	s.e.subscribers++
-	s.e.mu.Unlock()
-	go func() { // ends with the subscription: the router cancels ctx at Close
-		<-ctx.Done()
-		s.e.mu.Lock()
-		s.e.subscribers--
-		s.e.mu.Unlock()
-	}()
-	return out, nil
+func (t backFromTier) Publish(topic string, msgs ...*message.Message) error {
+	return t.p.publish(topic, true, msgs...)
 }
 
-func (s countingSubscriber) Close() error { return nil } // Embedded.Close closes the GoChannel
-
-// consumedTopic publishes the tiers' copies into the GoChannel only while a
-// handler consumes the topic.
-type consumedTopic struct{ e *Embedded }
-
-func (t consumedTopic) Publish(topic string, msgs ...*message.Message) error {
-	t.e.mu.Lock()
-	live := t.e.subscribers > 0
-	t.e.mu.Unlock()
-	if !live {
-		return fmt.Errorf("%w: %d retry copies for %q", ErrNoConsumer, len(msgs), topic)
-	}
-	return t.e.PubSub.Publish(topic, msgs...)
-}
-
-func (consumedTopic) Close() error { return nil }
+func (backFromTier) Close() error { return nil }

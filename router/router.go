@@ -39,7 +39,7 @@ type HandlerConfig struct {
 	// Consumers is how many copies of the handler consume Topic at once
 	// (competing consumers). Default: the Broker's (4 on RabbitMQ, whose
 	// watermill-amqp subscriber handles one delivery at a time per
-	// consumer; 1 on the embedded GoChannel, which fans out), else 1.
+	// consumer; 1 on the embedded default), else 1.
 	Consumers int
 	// Stages around the handler.
 	Stages Stages

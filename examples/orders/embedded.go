@@ -15,7 +15,8 @@ import (
 
 const topic = "order.created"
 
-// embeddedEnv: GoChannel, SQLite, in-process tiers. No servers.
+// embeddedEnv: Sluice's in-process broker (router.EmbeddedPubSub), SQLite,
+// in-process tiers. No servers.
 type embeddedEnv struct {
 	sqlite   *sqlx.DB
 	dir      string
@@ -60,7 +61,9 @@ func (e *embeddedEnv) tables() tables        { return "" }
 func (e *embeddedEnv) inventory() *inventory { return &inventory{} }
 
 func (e *embeddedEnv) add(r *message.Router, h router.HandlerConfig) error {
-	h.PublishTopic, h.Publisher = rejectedTopic, e.embedded.PubSub
+	// The router closes a handler's publisher when the handler stops: a
+	// view of the broker that leaves closing it to Embedded.Close.
+	h.PublishTopic, h.Publisher = rejectedTopic, e.embedded.PubSub.Publisher()
 	h.Broker = e.embedded
 	_, err := router.Add(r, h)
 	return err

@@ -1,7 +1,7 @@
 // Command orders is Sluice's bundled example: an inventory service that
 // reserves stock for order.created events behind the whole Sluice stack.
 //
-//	make run                      # the embedded default: GoChannel + SQLite, no servers
+//	make run                      # the embedded default: in-process broker + SQLite, no servers
 //	go run ./examples/orders --amqp-url amqp://guest:guest@127.0.0.1:5672/ \
 //	    --postgres-url 'postgres://postgres@127.0.0.1:5432/test?sslmode=disable'
 //
@@ -88,8 +88,8 @@ func runAndPrint(cfg config) error {
 }
 
 // embeddedNote is what make run says of the embedded default.
-const embeddedNote = "embedded default (GoChannel + SQLite): the retry tiers live in this process's memory, bounded\n" +
-	"and NOT durable — a copy waiting in a tier is lost if the process stops (Close reports how many).\n" +
+const embeddedNote = "embedded default (in-process broker + SQLite): the queue and the retry tiers live in this process's\n" +
+	"memory, bounded and NOT durable — what waits there is lost if the process stops (Close names it).\n" +
 	"Run on RabbitMQ + PostgreSQL for durable tiers: go run ./examples/orders --amqp-url … --postgres-url …"
 
 // newEnv starts the servers mode or the embedded default. It returns a nil
@@ -109,7 +109,7 @@ func newEnv(ctx context.Context, cfg config, meter *sdkmetric.MeterProvider) (en
 	return e, nil
 }
 
-func run(ctx context.Context, cfg config) (*summary, error) {
+func run(ctx context.Context, cfg config) (_ *summary, err error) {
 	metrics := sdkmetric.NewManualReader()
 	meterOpts := []sdkmetric.Option{sdkmetric.WithReader(metrics)}
 	var registry *prometheus.Registry
@@ -137,7 +137,11 @@ func run(ctx context.Context, cfg config) (*summary, error) {
 	if err != nil { // a failed start has closed what it opened
 		return nil, err
 	}
-	defer func() { _ = e.close() }()
+	defer func() { // what the broker did not finish fails the run: the summary would not show it
+		if cerr := e.close(); cerr != nil && err == nil {
+			err = fmt.Errorf("closing: %w", cerr)
+		}
+	}()
 
 	store, err := newInboxStore(ctx, e.db(), e.tables())
 	if err != nil {

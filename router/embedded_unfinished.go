@@ -1,0 +1,54 @@
+package router
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/diag"
+)
+
+// ErrUnfinished is matched by the error of Embedded.Close (and
+// EmbeddedPubSub.Close) when deliveries were not acked: an *UnfinishedError.
+var ErrUnfinished = errors.New("router: embedded deliveries not finished at Close")
+
+// UnfinishedError counts and names the deliveries the embedded broker did
+// not see acked by the time it closed. It holds the stored copies (payload
+// and metadata), so a caller can keep them — publish them again on the
+// next run — instead of losing them with the process.
+type UnfinishedError struct {
+	// Queued were never handed out, or were nacked back (a shutdown, a
+	// delivery held by the brake, a retry tier full): unprocessed.
+	Queued []*message.Message
+	// InFlight were still in a handler when the drain timed out: neither
+	// acked nor nacked, and possibly finished afterwards.
+	InFlight []*message.Message
+}
+
+// unfinishedNamed is how many deliveries the error's text names.
+const unfinishedNamed = 10
+
+func (e *UnfinishedError) Error() string {
+	all := e.Messages()
+	names := make([]string, 0, min(len(all), unfinishedNamed))
+	for _, m := range all[:min(len(all), unfinishedNamed)] {
+		names = append(names, diag.Escape(cmp.Or(m.Metadata.Get(sluice.EventIDKey), m.UUID)))
+	}
+	more := ""
+	if len(all) > unfinishedNamed {
+		more = fmt.Sprintf(" and %d more", len(all)-unfinishedNamed)
+	}
+	return fmt.Sprintf("%s: %d deliveries not acked (not durable: lost unless kept from this error): %d queued or nacked back, %d still in a handler: %s%s",
+		ErrUnfinished, len(all), len(e.Queued), len(e.InFlight), strings.Join(names, ", "), more)
+}
+
+func (e *UnfinishedError) Unwrap() error { return ErrUnfinished }
+
+// Messages returns every delivery not acked, the queued first.
+func (e *UnfinishedError) Messages() []*message.Message {
+	return append(append([]*message.Message(nil), e.Queued...), e.InFlight...)
+}
