@@ -237,3 +237,40 @@ func TestEmbeddedCloseRightAfterPublishing(t *testing.T) {
 	require.Zero(t, late.Load())
 	require.Equal(t, int64(events), processed.Load()+int64(reported), "processed + reported not finished")
 }
+
+// A handler that outlasts the drain (it ignores its context) is reported
+// by Close as still in a handler, not counted as finished.
+func TestEmbeddedCloseReportsAHandlerOutlastingTheDrain(t *testing.T) {
+	t.Parallel()
+	e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "orders", DrainTimeout: 50 * time.Millisecond})
+	require.NoError(t, err)
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 100 * time.Millisecond}, watermill.NopLogger{})
+	require.NoError(t, err)
+	held, release := make(chan struct{}), make(chan struct{})
+	returned := make(chan struct{})
+	_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "inventory", Stages: router.Stages{ShutdownGrace: -1},
+		Handler: func(*message.Message) error {
+			defer close(returned)
+			close(held)
+			<-release // deaf to its context
+			return nil
+		}})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	<-r.Running()
+	publishN(t, e, 1)
+	<-held
+	require.ErrorContains(t, r.Close(), "router close timeout", "the handler is still running")
+	require.NoError(t, <-done)
+
+	err = e.Close()
+	var unfinished *router.UnfinishedError
+	require.ErrorAs(t, err, &unfinished)
+	require.Len(t, unfinished.InFlight, 1)
+	require.Empty(t, unfinished.Queued)
+	require.ErrorContains(t, err, "1 still in a handler: evt-0")
+	close(release)
+	<-returned
+	require.ErrorIs(t, e.Close(), router.ErrUnfinished, "a second Close returns the same report")
+}
