@@ -13,7 +13,7 @@
 //   - a subscriber that can stop consuming (rabbitmq.Consumer, through
 //     router.Add) cancels its consumers — the broker shows no consumer —
 //     and the deliveries it still has in flight are nacked back;
-//   - with a subscriber that cannot (the embedded GoChannel, watermill-amqp's
+//   - with a subscriber that cannot (the embedded default's, watermill-amqp's
 //     subscriber), each delivery waits in the stage instead; those
 //     subscribers hand a busy handler nothing new.
 //
