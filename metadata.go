@@ -21,6 +21,15 @@ const (
 	LastErrorKey = "sluice_last_error"
 	// RetryTierKey names the retry tier the copy went through last.
 	RetryTierKey = "sluice_retry_tier"
+	// CopyIDKey is, on a copy Sluice publishes (retry tier, poison queue,
+	// park topic), the copy's identity — also its message UUID (on AMQP
+	// the _watermill_message_uuid header): derived from the delivery
+	// (its event id, else its message id, the attempt, the kind of copy),
+	// not drawn at random, so that a copy made twice after an uncertain
+	// publish (ErrPublishUncertain) carries the same id both times and is
+	// counted once (`sluice dlq stats` items, replay items). An identity,
+	// not a control fact: no stage acts on it, and it is not signed.
+	CopyIDKey = "sluice_copy_id"
 	// TraceparentKey is the W3C trace context of the producer.
 	TraceparentKey = "traceparent"
 	// PreviousTraceparentKey is, on a retry or poison copy, the W3C trace

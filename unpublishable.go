@@ -26,7 +26,8 @@ var ErrUnpublishable = errors.New("sluice: the message cannot be published as it
 // The retry-tier and poison stages branch on it: after an uncertain
 // publish they try no other tier and park no second copy (either could
 // make two copies of one delivery); the delivery is nacked after the
-// backoff, and the broker delivers it again (at least once).
+// backoff, and the broker delivers it again (at least once). A copy made
+// twice this way carries the same identity (CopyIDKey) both times.
 var ErrPublishUncertain = errors.New("sluice: the publish is uncertain: the message may be stored")
 
 // UnpublishableError is a message a publisher cannot build, naming the

@@ -108,7 +108,9 @@ const StackMaxLength = 8 << 10
 
 // New returns the poison stage. When the handler fails with one of Classes
 // it publishes a copy — the original payload and metadata plus the diagnosis
-// keys (ClassKey, ReasonKey, ...) — to Topic, and returns nil only once
+// keys (ClassKey, ReasonKey, ...), its identity as message UUID and
+// sluice.CopyIDKey (the same for every delivery of the message, parked or
+// not: a copy made twice is one item) — to Topic, and returns nil only once
 // Publish returned nil, so the original is acked only after the copy is
 // stored. When the publish fails it waits PublishBackoff and returns the
 // handler's error joined with the publish error: the original is nacked and
@@ -195,6 +197,9 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 		if class, ok := parked(msg); ok { // diagnosed before, the poison queue refused it
 			c := republish.Copy(msg, 0)
 			delete(c.Metadata, ParkedKey)
+			// The same diagnosed copy, moved on: it keeps its identity.
+			c.UUID = msg.UUID
+			c.Metadata[sluice.CopyIDKey] = msg.UUID
 			// Where a replay sends it back is this consumer's queue,
 			// whatever the copy says.
 			c.Metadata[QueueKey] = s.queue(msg)
@@ -279,7 +284,8 @@ func (s *stage) isolate(msg, diagnosed *message.Message, class sluice.Class, err
 
 // diagnose returns the copy published to the poison queue.
 func (s *stage) diagnose(msg *message.Message, class sluice.Class, err error) *message.Message {
-	c := republish.Copy(msg, 10)
+	c := republish.Copy(msg, 11)
+	republish.Identify(c, msg, republish.KindPoison) // the same for every delivery of the message
 	md := msg.Metadata
 	now := clock.Now()
 	queue := s.queue(msg)

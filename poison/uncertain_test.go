@@ -47,3 +47,40 @@ func TestUncertainPublishIsNotParked(t *testing.T) {
 		})
 	}
 }
+
+// Two deliveries of one message make poison copies with one identity
+// (message UUID and sluice.CopyIDKey): counted as one item. A parked copy
+// keeps it when it comes back and goes to the poison queue.
+func TestPoisonCopiesOfOneDeliveryShareAnIdentity(t *testing.T) {
+	t.Parallel()
+	pub := &recorder{}
+	mw, err := poison.New(poison.Config{Publisher: pub, Topic: "orders.poison", PublishBackoff: time.Millisecond})
+	require.NoError(t, err)
+	for range 2 {
+		m := message.NewMessage("u1", []byte("payload"))
+		require.NoError(t, run(mw, m, sluice.Poison(errors.New("unknown version 7"))))
+	}
+	require.Len(t, pub.got, 2)
+	require.NotEqual(t, "u1", pub.got[0].UUID)
+	require.Equal(t, pub.got[0].UUID, pub.got[1].UUID)
+	require.Equal(t, pub.got[0].UUID, pub.got[1].Metadata.Get(sluice.CopyIDKey))
+
+	park := &recorder{}
+	refusing := &recorder{fail: errors.New("rabbitmq: broker nacked the message")}
+	mw, err = poison.New(poison.Config{Publisher: refusing, Topic: "orders.poison",
+		ParkTopic: "orders.retry.30s", ParkPublisher: park, PublishBackoff: time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, run(mw, message.NewMessage("u1", []byte("payload")), sluice.Poison(errors.New("unknown version 7"))))
+	require.Len(t, park.got, 1)
+	parked := park.got[0]
+	require.Equal(t, pub.got[0].UUID, parked.UUID, "parked or not, one identity")
+
+	back := parked.Copy()
+	back.Metadata.Set(sluice.DeadLetterQueueKey, "orders.retry.30s")
+	back.Metadata.Set(sluice.DeadLetterReasonKey, sluice.DeadLetterExpired)
+	refusing.fail = nil
+	require.NoError(t, run(mw, back, errors.New("the handler does not run")))
+	require.Len(t, refusing.got, 1)
+	require.Equal(t, parked.UUID, refusing.got[0].UUID, "the parked copy keeps its identity in the poison queue")
+	require.Equal(t, parked.UUID, refusing.got[0].Metadata.Get(sluice.CopyIDKey))
+}

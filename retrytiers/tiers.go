@@ -127,9 +127,11 @@ type Config struct {
 }
 
 // New returns the retry-tier middleware. On a Transient failure of attempt
-// N with a tier left, it publishes a copy — same payload and metadata, a new
-// message UUID, AttemptKey N+1, LastErrorKey, FirstFailedAtKey (kept from the
-// first failure), RetryTierKey — to Tiers[N-1], waits until Publish returns,
+// N with a tier left, it publishes a copy — same payload and metadata, its
+// identity as message UUID and sluice.CopyIDKey (the same for every
+// delivery of the message: a copy made twice is recognised), AttemptKey
+// N+1, LastErrorKey, FirstFailedAtKey (kept from the first failure),
+// RetryTierKey — to Tiers[N-1], waits until Publish returns,
 // and returns nil, so the original is acked only once its copy is stored.
 // A tier that refuses the copy for certain is replaced by another (see
 // park); after an uncertain publish (sluice.ErrPublishUncertain: the copy
@@ -293,7 +295,8 @@ func (s *stage) park(msg *message.Message, attempt int, reason string) (Tier, er
 }
 
 func (s *stage) copy(msg *message.Message, attempt int, tier Tier, reason string) *message.Message {
-	c := republish.Copy(msg, 4)
+	c := republish.Copy(msg, 5)
+	republish.Identify(c, msg, republish.KindRetry) // one identity, whichever tier takes it
 	c.Metadata[sluice.AttemptKey] = strconv.Itoa(attempt + 1)
 	c.Metadata[sluice.LastErrorKey] = reason
 	c.Metadata[sluice.RetryTierKey] = tier.Name

@@ -80,3 +80,42 @@ func TestUncertainPublishTriesNoOtherTier(t *testing.T) {
 		require.Empty(t, pub.tried[ts[2].Topic])
 	})
 }
+
+// Two deliveries of one message — the original and its redelivery after
+// an uncertain publish — make copies with one identity (message UUID and
+// sluice.CopyIDKey), whichever tier takes them, signed as before; the next
+// attempt's copy is another.
+func TestCopiesOfOneDeliveryShareAnIdentity(t *testing.T) {
+	t.Parallel()
+	ts := tiers(t)
+	signer, err := sluice.NewSigner([]byte("0123456789abcdef0123456789abcdef"))
+	require.NoError(t, err)
+	pub := &byTopic{fail: map[string]error{ts[0].Topic: errors.New("returned as unroutable: NO_ROUTE")}}
+	mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: ts, PublishBackoff: time.Millisecond, Signer: signer})
+	require.NoError(t, err)
+	delivery := func(uuid string) *message.Message {
+		m := message.NewMessage(uuid, []byte("payload"))
+		m.Metadata.Set(sluice.EventIDKey, "evt-1")
+		return m
+	}
+	_, err = run(mw, delivery("u1"), sluice.Transient(errors.New("timeout")))
+	require.NoError(t, err)
+	_, err = run(mw, delivery("u1"), sluice.Transient(errors.New("timeout")))
+	require.NoError(t, err)
+
+	refused, stored := pub.tried[ts[0].Topic], pub.tried[ts[1].Topic]
+	require.Len(t, stored, 2)
+	id := stored[0].UUID
+	require.NotEqual(t, "u1", id)
+	for _, c := range append(refused, stored...) {
+		require.Equal(t, id, c.UUID, "one identity for every copy of the delivery, in any tier")
+		require.Equal(t, id, c.Metadata.Get(sluice.CopyIDKey))
+	}
+	require.NoError(t, signer.Verify(stored[1]), "the signature holds")
+
+	_, err = run(mw, back(stored[0], ts[1].Topic), sluice.Transient(errors.New("again")))
+	require.NoError(t, err)
+	next := pub.tried[ts[1].Topic][2]
+	require.Equal(t, "3", next.Metadata.Get(sluice.AttemptKey))
+	require.NotEqual(t, id, next.UUID, "the next attempt's copy is another")
+}

@@ -24,9 +24,9 @@ import (
 
 // seen is one delivery as it reached the router, and what became of it.
 type seen struct {
-	uuid, attempt, redelivered, from string
-	outcome                          sluice.Outcome
-	err                              error
+	uuid, copyID, attempt, redelivered, from string
+	outcome                                  sluice.Outcome
+	err                                      error
 }
 
 // observe records every delivery the router hands to a handler — the ones
@@ -34,7 +34,7 @@ type seen struct {
 func observe(out chan<- seen) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			s := seen{uuid: msg.UUID, attempt: msg.Metadata.Get(sluice.AttemptKey),
+			s := seen{uuid: msg.UUID, copyID: msg.Metadata.Get(sluice.CopyIDKey), attempt: msg.Metadata.Get(sluice.AttemptKey),
 				redelivered: msg.Metadata.Get(rabbitmq.RedeliveredKey), from: msg.Metadata.Get(sluice.DeadLetterQueueKey)}
 			ctx, rep := sluice.WithReport(msg.Context())
 			msg.SetContext(ctx)
@@ -46,11 +46,93 @@ func observe(out chan<- seen) message.HandlerMiddleware {
 	}
 }
 
+// lostConfirm is a handler on a queue of its own (router.Add +
+// rabbitmq.NewBroker) whose stages publish their copies through a proxy the
+// test controls.
+type lostConfirm struct {
+	q          *rabbitmq.Broker
+	pub        *rabbitmq.Publisher
+	proxy      *testenv.Proxy
+	deliveries chan seen
+	event      *message.Message
+}
+
+// startLostConfirm adds handle (given the delivery's number, from 1) with
+// the stages stages gives for the copies' publisher, publishes one event,
+// and once the handler holds the first delivery drops the proxy's replies:
+// the copy that delivery makes reaches the broker, its confirm does not
+// come back.
+func startLostConfirm(t *testing.T, name string, stages func(pub message.Publisher) router.Stages,
+	handle func(n int64, msg *message.Message) error, delays ...time.Duration) *lostConfirm {
+	t.Helper()
+	b := &lostConfirm{q: newRabbitMQ(t, testenv.Name(name), delays...), deliveries: make(chan seen, 16)}
+	b.proxy, b.pub = copiesPublisher(t)
+	first, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int64
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	r.AddMiddleware(observe(b.deliveries))
+	_, err = router.Add(r, router.HandlerConfig{
+		Broker: b.q, Name: name,
+		Handler: func(msg *message.Message) error {
+			n := calls.Add(1)
+			if n == 1 {
+				close(first)
+				<-release
+			}
+			return handle(n, msg)
+		},
+		Stages: stages(b.pub),
+	})
+	require.NoError(t, err)
+	runRouter(t, r)
+
+	b.event = message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+	b.event.Metadata.Set(sluice.EventIDKey, "evt-"+name)
+	require.NoError(t, b.q.Publisher().Publish(b.q.Topology().Queue(), b.event))
+	await(t, first, "the delivery never reached the handler")
+	b.proxy.DropReplies()
+	close(release)
+	return b
+}
+
+// copiesPublisher is a confirmed publisher for the stages' copies that
+// reaches the broker through a proxy; it is connected (a first publish
+// answered) before it returns.
+func copiesPublisher(t *testing.T) (*testenv.Proxy, *rabbitmq.Publisher) {
+	t.Helper()
+	proxy, url := testenv.ProxyAMQP(t)
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: url, ConfirmTimeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Heal(); _ = pub.Close() })
+	requireUnroutable(t, pub)
+	return proxy, pub
+}
+
+// requireUnroutable publishes to a queue that does not exist and requires
+// the broker's answer: a mandatory return.
+func requireUnroutable(t *testing.T, pub *rabbitmq.Publisher) {
+	t.Helper()
+	var ue *rabbitmq.UnroutableError
+	require.ErrorAs(t, pub.Publish(testenv.Name("nowhere"), message.NewMessage(watermill.NewUUID(), nil)), &ue)
+}
+
+// heal ends the proxy's fault and waits until the publisher is answered
+// through it again (its connection was reset; it reconnects on a publish).
+func (b *lostConfirm) heal(t *testing.T) {
+	t.Helper()
+	b.proxy.Heal()
+	require.Eventually(t, func() bool {
+		var ue *rabbitmq.UnroutableError
+		return errors.As(b.pub.Publish(testenv.Name("nowhere"), message.NewMessage(watermill.NewUUID(), nil)), &ue)
+	}, 15*time.Second, 10*time.Millisecond, "the publisher reconnected")
+}
+
 // next returns the next delivery seen, within 15 s.
-func next(t *testing.T, ch <-chan seen) seen {
+func (b *lostConfirm) next(t *testing.T) seen {
 	t.Helper()
 	select {
-	case s := <-ch:
+	case s := <-b.deliveries:
 		return s
 	case <-time.After(15 * time.Second):
 		require.FailNow(t, "no delivery within 15s")
@@ -58,19 +140,52 @@ func next(t *testing.T, ch <-chan seen) seen {
 	}
 }
 
-// copiesPublisher is a confirmed publisher for the stages' copies that
-// reaches the broker through a proxy the test controls; it is connected
-// (a first message confirmed) before it returns.
-func copiesPublisher(t *testing.T) (*rabbitmq.Publisher, *testenv.Proxy) {
+// split takes n deliveries, in whatever order they end, and parts the
+// original's (redelivered) from the copies back from a tier.
+func (b *lostConfirm) split(t *testing.T, n int) (original, copies []seen) {
 	t.Helper()
-	proxy, url := testenv.ProxyAMQP(t)
-	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: url, ConfirmTimeout: 200 * time.Millisecond})
-	require.NoError(t, err)
-	t.Cleanup(func() { proxy.Heal(); _ = pub.Close() })
-	var ue *rabbitmq.UnroutableError
-	require.ErrorAs(t, pub.Publish(testenv.Name("nowhere"), message.NewMessage(watermill.NewUUID(), nil)), &ue, "connected")
-	return pub, proxy
+	for range n {
+		if d := b.next(t); d.from == "" {
+			original = append(original, d)
+		} else {
+			copies = append(copies, d)
+		}
+	}
+	return original, copies
 }
+
+// await waits for ch to close, within 15 s.
+func await(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(15 * time.Second):
+		require.FailNow(t, what)
+	}
+}
+
+// retryStages are the stages of a retrying handler with the PostgreSQL
+// inbox, its copies published by pub.
+func retryStages(store deduplication.Store, consumer string) func(pub message.Publisher) router.Stages {
+	return func(pub message.Publisher) router.Stages {
+		return router.Stages{
+			Poison:    &poison.Config{Publisher: pub, ParkPublisher: pub, PublishBackoff: 10 * time.Millisecond},
+			Retry:     &retrytiers.Config{Publisher: pub, PublishBackoff: 10 * time.Millisecond},
+			Classify:  &middleware.ClassifyConfig{},
+			Inbox:     &deduplication.Config{Store: store, Consumer: consumer},
+			Recoverer: &middleware.RecovererConfig{},
+		}
+	}
+}
+
+// reserve is the handler's effect: one row for the event.
+func reserve(schema string, msg *message.Message) error {
+	_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+		fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ($1)`, schema), msg.Metadata.Get(sluice.EventIDKey))
+	return err
+}
+
+var errRefused = sluice.Transient(errors.New("stock service: connection refused"))
 
 // A failing delivery whose retry copy reached its tier but whose confirm was
 // lost (a proxy in front of the broker drops the publisher's replies) makes
@@ -81,161 +196,139 @@ func copiesPublisher(t *testing.T) (*rabbitmq.Publisher, *testenv.Proxy) {
 func TestLostConfirmMakesOneRetryChain(t *testing.T) {
 	t.Parallel()
 	db, schema, store := inbox(t)
-	queue := testenv.Name("lost_confirm")
-	q := newRabbitMQ(t, queue, 2*time.Second, time.Minute)
-	tier1, tier2 := q.Topology().Tiers()[0].Topic, q.Topology().Tiers()[1].Topic
-	pub, proxy := copiesPublisher(t)
+	b := startLostConfirm(t, "lost_confirm", retryStages(store, "lost_confirm"), func(n int64, msg *message.Message) error {
+		if n == 1 {
+			return errRefused
+		}
+		return reserve(schema, msg)
+	}, 2*time.Second, time.Minute)
+	tier1, tier2 := b.q.Topology().Tiers()[0].Topic, b.q.Topology().Tiers()[1].Topic
 
-	deliveries := make(chan seen, 16)
-	first, failFirst := make(chan struct{}), make(chan struct{})
-	var calls atomic.Int64
-	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
-	require.NoError(t, err)
-	r.AddMiddleware(observe(deliveries))
-	_, err = router.Add(r, router.HandlerConfig{
-		Broker: q, Name: "lost_confirm",
-		Handler: func(msg *message.Message) error {
-			if calls.Add(1) == 1 {
-				close(first)
-				<-failFirst
-				return sluice.Transient(errors.New("stock service: connection refused"))
-			}
-			_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
-				fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ($1)`, schema), msg.Metadata.Get(sluice.EventIDKey))
-			return err
-		},
-		Stages: router.Stages{
-			Poison:    &poison.Config{Publisher: pub, ParkPublisher: pub, PublishBackoff: 10 * time.Millisecond},
-			Retry:     &retrytiers.Config{Publisher: pub, PublishBackoff: 10 * time.Millisecond},
-			Classify:  &middleware.ClassifyConfig{},
-			Inbox:     &deduplication.Config{Store: store, Consumer: "lost_confirm"},
-			Recoverer: &middleware.RecovererConfig{},
-		},
-	})
-	require.NoError(t, err)
-	runRouter(t, r)
-
-	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-	m.Metadata.Set(sluice.EventIDKey, "evt-lost-confirm")
-	require.NoError(t, q.Publisher().Publish(queue, m))
-	select {
-	case <-first:
-	case <-time.After(15 * time.Second):
-		require.FailNow(t, "the delivery never reached the handler")
-	}
-	proxy.DropReplies() // the retry copy will reach its tier; its confirm will not come back
-	close(failFirst)
-
-	d := next(t, deliveries)
-	require.Equal(t, m.UUID, d.uuid)
+	d := b.next(t)
+	require.Equal(t, b.event.UUID, d.uuid)
 	require.ErrorIs(t, d.err, sluice.ErrPublishUncertain, "nacked after the uncertain publish")
 	require.Equal(t, sluice.Outcome(""), d.outcome, "not recorded as retried")
 
 	// The redelivered original and the copy stored in the first tier come
-	// back, in either order: one runs the handler, the inbox skips the other.
-	var original, copies []seen
-	for len(original) == 0 || len(copies) == 0 {
-		d := next(t, deliveries)
-		require.NoError(t, d.err)
-		if d.from == "" {
-			original = append(original, d)
-		} else {
-			copies = append(copies, d)
-		}
-	}
+	// back: one runs the handler, the inbox skips the other.
+	original, copies := b.split(t, 2)
+	require.Len(t, original, 1)
 	require.Equal(t, "true", original[0].redelivered, "the original was nacked and redelivered")
-	require.Equal(t, m.UUID, original[0].uuid)
+	require.Equal(t, b.event.UUID, original[0].uuid)
+	require.Len(t, copies, 1)
 	require.Equal(t, tier1, copies[0].from, "the one copy waited in the first tier")
 	require.Equal(t, "2", copies[0].attempt)
+	require.NotEmpty(t, copies[0].copyID)
+	require.Equal(t, copies[0].copyID, copies[0].uuid, "the copy carries its identity as its message id")
 	require.ElementsMatch(t, []sluice.Outcome{"", sluice.OutcomeDuplicate}, // "": processed (no Trace stage records it)
 		[]sluice.Outcome{original[0].outcome, copies[0].outcome}, "one ran the handler, the inbox skipped the other")
 
 	conn := testenv.AMQP(t)
 	require.Zero(t, testenv.QueueDepth(t, conn, tier2), "no copy in a second tier: one retry chain")
 	require.Zero(t, testenv.QueueDepth(t, conn, tier1))
-	require.Zero(t, testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()))
+	require.Zero(t, testenv.QueueDepth(t, conn, b.q.Topology().PoisonQueue()))
 	var effects int
 	require.NoError(t, db.Get(&effects, fmt.Sprintf(`SELECT count(*) FROM %s.reservations`, schema)))
 	require.Equal(t, 1, effects, "one effect")
 	select {
-	case d := <-deliveries:
+	case d := <-b.deliveries:
 		require.FailNow(t, "a delivery more", "%+v", d)
 	default:
 	}
+}
+
+// When the redelivery after a lost confirm fails too, its copy goes to the
+// same tier as the one that may be stored there, with the same identity:
+// the first tier holds two copies of one delivery, recognised as one — the
+// inbox runs the handler for one, the other is a duplicate — and the
+// second tier holds none.
+func TestSecondCopyAfterALostConfirmHasTheSameIdentity(t *testing.T) {
+	t.Parallel()
+	db, schema, store := inbox(t)
+	healed := make(chan struct{})
+	b := startLostConfirm(t, "second_copy", retryStages(store, "second_copy"), func(n int64, msg *message.Message) error {
+		switch n {
+		case 1:
+			return errRefused
+		case 2:
+			<-healed
+			return errRefused
+		}
+		return reserve(schema, msg)
+	}, time.Second, time.Minute)
+	tier1, tier2 := b.q.Topology().Tiers()[0].Topic, b.q.Topology().Tiers()[1].Topic
+
+	require.ErrorIs(t, b.next(t).err, sluice.ErrPublishUncertain)
+	b.heal(t)
+	close(healed)
+	// The redelivery (its copy confirmed) and the two copies in the first
+	// tier.
+	original, copies := b.split(t, 3)
+	require.Len(t, original, 1)
+	require.Equal(t, "true", original[0].redelivered)
+	require.Equal(t, sluice.OutcomeRetried, original[0].outcome, "the redelivery's copy is confirmed")
+	require.Len(t, copies, 2)
+	for _, c := range copies {
+		require.NoError(t, c.err)
+		require.Equal(t, tier1, c.from)
+		require.Equal(t, "2", c.attempt)
+		require.NotEmpty(t, c.copyID)
+		require.Equal(t, c.copyID, c.uuid)
+	}
+	require.Equal(t, copies[0].copyID, copies[1].copyID, "two copies of one delivery, one identity")
+	require.ElementsMatch(t, []sluice.Outcome{"", sluice.OutcomeDuplicate}, []sluice.Outcome{copies[0].outcome, copies[1].outcome})
+
+	conn := testenv.AMQP(t)
+	require.Zero(t, testenv.QueueDepth(t, conn, tier2), "no copy in a second tier")
+	var effects int
+	require.NoError(t, db.Get(&effects, fmt.Sprintf(`SELECT count(*) FROM %s.reservations`, schema)))
+	require.Equal(t, 1, effects, "one effect")
 }
 
 // A poison delivery whose poison copy reached the poison queue but whose
 // confirm was lost is not parked as well: the original is nacked and
 // redelivered, and no copy waits in the park topic (the first tier) to come
 // back as another poison entry. Before ErrPublishUncertain the stage took
-// the lost confirm for a refusal and parked a second diagnosed copy.
+// the lost confirm for a refusal and parked a second diagnosed copy. The
+// redelivery's entry and the one whose confirm was lost carry one identity.
 func TestLostPoisonConfirmIsNotParked(t *testing.T) {
 	t.Parallel()
-	queue := testenv.Name("lost_poison_confirm")
-	q := newRabbitMQ(t, queue, time.Minute)
-	pub, proxy := copiesPublisher(t)
-
-	deliveries := make(chan seen, 16)
-	first, failFirst, healed := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	var calls atomic.Int64
-	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
-	require.NoError(t, err)
-	r.AddMiddleware(observe(deliveries))
-	_, err = router.Add(r, router.HandlerConfig{
-		Broker: q, Name: "lost_poison_confirm",
-		Handler: func(msg *message.Message) error {
-			switch calls.Add(1) {
-			case 1:
-				close(first)
-				<-failFirst
-			case 2:
-				<-healed
-			}
-			return sluice.Poison(errors.New("unknown version 7"))
-		},
-		Stages: router.Stages{
+	healed := make(chan struct{})
+	b := startLostConfirm(t, "lost_poison_confirm", func(pub message.Publisher) router.Stages {
+		return router.Stages{
 			Poison:   &poison.Config{Publisher: pub, ParkPublisher: pub, PublishBackoff: 10 * time.Millisecond},
 			Retry:    &retrytiers.Config{Publisher: pub, PublishBackoff: 10 * time.Millisecond},
 			Classify: &middleware.ClassifyConfig{},
-		},
-	})
-	require.NoError(t, err)
-	runRouter(t, r)
+		}
+	}, func(n int64, _ *message.Message) error {
+		if n == 2 {
+			<-healed
+		}
+		return sluice.Poison(errors.New("unknown version 7"))
+	}, time.Minute)
+	park := b.q.Topology().Tiers()[0].Topic
 
-	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-	m.Metadata.Set(sluice.EventIDKey, "evt-lost-poison-confirm")
-	require.NoError(t, q.Publisher().Publish(queue, m))
-	select {
-	case <-first:
-	case <-time.After(15 * time.Second):
-		require.FailNow(t, "the delivery never reached the handler")
-	}
-	proxy.DropReplies() // the poison copy will reach the poison queue; its confirm will not come back
-	close(failFirst)
-
-	d := next(t, deliveries)
+	d := b.next(t)
 	require.ErrorIs(t, d.err, sluice.ErrPublishUncertain, "nacked after the uncertain publish")
 	require.NotEqual(t, sluice.OutcomeParked, d.outcome)
 	conn := testenv.AMQP(t)
-	require.Zero(t, testenv.QueueDepth(t, conn, q.Topology().Tiers()[0].Topic), "no second copy parked")
+	require.Zero(t, testenv.QueueDepth(t, conn, park), "no second copy parked")
 
-	// Heal the publisher's route (its connection is reset; it reconnects on
-	// a publish) and let the redelivery be isolated.
-	proxy.Heal()
-	require.Eventually(t, func() bool {
-		var ue *rabbitmq.UnroutableError
-		return errors.As(pub.Publish(testenv.Name("nowhere"), message.NewMessage(watermill.NewUUID(), nil)), &ue)
-	}, 15*time.Second, 10*time.Millisecond, "the publisher reconnected")
+	b.heal(t)
 	close(healed)
-	d = next(t, deliveries)
+	d = b.next(t)
 	require.NoError(t, d.err)
 	require.Equal(t, "true", d.redelivered, "the original was nacked and redelivered")
 	require.Equal(t, sluice.OutcomePoisoned, d.outcome)
 
-	require.Zero(t, testenv.QueueDepth(t, conn, q.Topology().Tiers()[0].Topic), "nothing parked")
-	entries := testenv.Drain(t, conn, q.Topology().PoisonQueue())
+	require.Zero(t, testenv.QueueDepth(t, conn, park), "nothing parked")
+	entries := testenv.Drain(t, conn, b.q.Topology().PoisonQueue())
 	require.Len(t, entries, 2, "the copy whose confirm was lost, and the redelivery's")
+	ids := map[any]bool{}
 	for _, e := range entries {
-		require.Equal(t, "evt-lost-poison-confirm", e.Headers[sluice.EventIDKey])
+		require.Equal(t, "evt-lost_poison_confirm", e.Headers[sluice.EventIDKey])
+		require.Equal(t, e.Headers[sluice.CopyIDKey], e.Headers["_watermill_message_uuid"])
+		ids[e.Headers[sluice.CopyIDKey]] = true
 	}
+	require.Len(t, ids, 1, "two entries, one identity: one item for `sluice dlq stats` and a replay")
 }

@@ -193,6 +193,9 @@ func newStats(g *globals, out io.Writer) *cobra.Command {
 			} else {
 				fmt.Fprintf(out, "%s: %d messages", queue, s.Total)
 			}
+			if s.Items < s.Total { // copies of one delivery made twice (an uncertain publish)
+				fmt.Fprintf(out, " (%d items: copies with one identity count once)", s.Items)
+			}
 			if !s.Oldest.IsZero() {
 				fmt.Fprintf(out, ", poisoned from %s to %s", s.Oldest.Format(time.RFC3339), s.Newest.Format(time.RFC3339))
 			}

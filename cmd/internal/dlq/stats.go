@@ -1,13 +1,16 @@
 package dlq
 
 import (
+	"cmp"
 	"context"
+	"hash/maphash"
 	"slices"
 	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
 )
 
@@ -35,6 +38,14 @@ type Stats struct {
 	Total   int `json:"total"`   // messages the filter selects
 	Scanned int `json:"scanned"` // messages read
 	Skipped int `json:"skipped"` // read and not selected by the filter
+	// Items is how many distinct copies the Total messages are: two
+	// entries with one copy identity (sluice.CopyIDKey, else the message
+	// UUID) — one delivery's copy made twice after an uncertain publish —
+	// count once. Exact up to ItemsTrackedMax identities; beyond, each new
+	// one is counted without being kept, and ItemsApproximate says Items is
+	// an upper bound.
+	Items            int  `json:"items"`
+	ItemsApproximate bool `json:"items_approximate,omitempty"`
 	// ByClass, ByFingerprint and ByEventType are each group's Top most
 	// frequent values with their counts.
 	ByClass       map[string]int `json:"by_class"`
@@ -58,6 +69,10 @@ type Stats struct {
 	Unreadable      int              `json:"unreadable"`
 	UnreadableFirst []UnreadableItem `json:"unreadable_first,omitempty"`
 }
+
+// ItemsTrackedMax bounds the copy identities Stats keeps to count Items:
+// a 64-bit hash each, some 20 MiB at the most.
+const ItemsTrackedMax = 1 << 20
 
 // UnreadableMax is how many unreadable messages Stats names.
 const UnreadableMax = 20
@@ -101,6 +116,8 @@ type StatsCounter struct {
 	f                    Filter
 	s                    Stats
 	class, fp, eventType *counters
+	items                map[uint64]struct{} // hashes of the copy identities counted
+	seed                 maphash.Seed
 }
 
 // NewStatsCounter counts the messages f selects; top as in ReadStats.
@@ -110,7 +127,8 @@ func NewStatsCounter(f Filter, top int) *StatsCounter {
 	}
 	top = min(top, TopMax)
 	n := Capacity(top)
-	return &StatsCounter{f: f, s: Stats{Top: top}, class: newCounters(n), fp: newCounters(n), eventType: newCounters(n)}
+	return &StatsCounter{f: f, s: Stats{Top: top}, class: newCounters(n), fp: newCounters(n), eventType: newCounters(n),
+		items: make(map[uint64]struct{}), seed: maphash.MakeSeed()}
 }
 
 // Add counts m: read, and when the filter selects it, under its class,
@@ -122,6 +140,7 @@ func (c *StatsCounter) Add(m *Message) {
 		return
 	}
 	c.s.Total++
+	c.countItem(cmp.Or(m.Msg.Metadata.Get(sluice.CopyIDKey), m.Msg.UUID))
 	c.class.add(orNone(diag.Bound(m.Class, ValueMaxLength)))
 	c.fp.add(orNone(diag.Bound(Fingerprint(diag.Bound(m.Reason, ValueMaxLength)), ValueMaxLength)))
 	c.eventType.add(orNone(diag.Bound(m.EventType, ValueMaxLength)))
@@ -139,6 +158,20 @@ func (c *StatsCounter) Add(m *Message) {
 		if m.PoisonedAt.After(c.s.Newest) {
 			c.s.Newest = m.PoisonedAt
 		}
+	}
+}
+
+// countItem counts the copy identity id once.
+func (c *StatsCounter) countItem(id string) {
+	k := maphash.String(c.seed, id)
+	if _, ok := c.items[k]; ok {
+		return
+	}
+	c.s.Items++
+	if len(c.items) < ItemsTrackedMax {
+		c.items[k] = struct{}{}
+	} else {
+		c.s.ItemsApproximate = true
 	}
 }
 
