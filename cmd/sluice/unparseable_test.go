@@ -76,7 +76,7 @@ func TestUnparseableHeadersInThePoisonQueue(t *testing.T) {
 	require.Contains(t, errOut, "hostile-array")
 	require.Contains(t, errOut, "headers could not be read")
 
-	code, out, errOut = b.cli(t, "dlq", "discard", "--queue", q, "--unreadable", "--reason", "hostile headers")
+	code, _, errOut = b.cli(t, "dlq", "discard", "--queue", q, "--unreadable", "--reason", "hostile headers")
 	require.Equal(t, 0, code, errOut)
 	require.Equal(t, []string{"e1", "e2", "e3"}, peekIDs(t, q), "exactly the unreadable ones removed, the rest in order")
 	recs := b.auditLines(t)

@@ -75,7 +75,7 @@ func needsEscape(s string, lines bool) bool {
 	for i := 0; i < len(s); {
 		c := s[i]
 		if c < utf8.RuneSelf {
-			if (c < 0x20 || c == 0x7f) && !(lines && (c == '\n' || c == '\t')) {
+			if (c < 0x20 || c == 0x7f) && (!lines || c != '\n' && c != '\t') {
 				return true
 			}
 			i++
@@ -155,7 +155,7 @@ func NewTerminal(w io.Writer) *Terminal { return &Terminal{w: w} }
 func (t *Terminal) Write(p []byte) (int, error) {
 	b := p
 	if len(t.pending) > 0 {
-		b = append(t.pending, p...)
+		b = append(t.pending, p...) //nolint:gocritic // pending's bytes, then p's, into a buffer pending no longer owns
 		t.pending = nil
 	}
 	cut := len(b)
