@@ -184,7 +184,7 @@ func TestBrakeLongOutageOnAQuorumQueueSpendsNoDeliveryLimit(t *testing.T) {
 		return store.pings.Load() + max(0, testenv.CounterWhere(t, reader, brake.MetricTransitions, string(brake.AttrState), "engaged")-1)
 	}
 	require.Eventually(t, func() bool { return failedProbes() >= probes || deadLettered() == events },
-		time.Minute, 5*time.Millisecond, "the outage lasts %d failed probes", probes)
+		3*time.Minute, 5*time.Millisecond, "the outage lasts %d failed probes", probes) // a liveness bound: each probe is AMQP round trips, slow on a loaded machine
 	poisonedDuringOutage := deadLettered()
 	pg.Start(t)
 
@@ -244,7 +244,7 @@ func TestBrakeDeliveryProbesReturnOneDeliveryEach(t *testing.T) {
 		return testenv.CounterWhere(t, reader, brake.MetricTransitions, string(brake.AttrState), "engaged")
 	}
 	require.Eventually(t, func() bool { return engaged()-1 >= probes || deadLettered() == events },
-		time.Minute, 5*time.Millisecond, "the outage lasts %d failed probes", probes)
+		3*time.Minute, 5*time.Millisecond, "the outage lasts %d failed probes", probes) // a liveness bound: each probe is AMQP round trips, slow on a loaded machine
 	l, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", dependency) // the dependency answers again
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = l.Close() })
