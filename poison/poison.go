@@ -333,18 +333,10 @@ func (s *stage) leaveOut(c *message.Message, pErr error) (*message.Message, bool
 	if dropped == "*" {
 		return c, false
 	}
-	add := func(k string) {
-		k = diag.Printable(k, 64)
-		if dropped != "" {
-			k = dropped + "," + k
-		}
-		dropped = diag.Bound(k, s.cfg.ErrorMaxLength)
-	}
 	if ue, ok := errors.AsType[*sluice.UnpublishableError](pErr); ok && ue.Key != "" && ue.Key != DroppedKey {
 		if _, present := c.Metadata[ue.Key]; present {
 			delete(c.Metadata, ue.Key)
-			add(ue.Key)
-			c.Metadata[DroppedKey] = dropped
+			c.Metadata[DroppedKey] = s.addDropped(dropped, ue.Key)
 			return c, true
 		}
 	}
