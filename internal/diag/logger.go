@@ -2,6 +2,7 @@ package diag
 
 import (
 	"fmt"
+	"maps"
 
 	"github.com/ThreeDotsLabs/watermill"
 )
@@ -37,10 +38,7 @@ func LogFields(fields watermill.LogFields) watermill.LogFields {
 			continue
 		}
 		if out == nil {
-			out = make(watermill.LogFields, len(fields))
-			for k2, v2 := range fields {
-				out[k2] = v2
-			}
+			out = maps.Clone(fields)
 		}
 		if ek != k {
 			delete(out, k)
