@@ -183,10 +183,10 @@ func field(h hash.Hash, s string) {
 	h.Write([]byte(s))
 }
 
-// Written reports whether msg's control headers are Sluice's: with a
+// written reports whether msg's control headers are Sluice's: with a
 // Signer, its signature verifies; without one (s nil), it was dead-lettered
 // (expired) from one of queues — the consumer's own tier queues.
-func (s *Signer) Written(msg *message.Message, queues ...string) bool {
+func (s *Signer) written(msg *message.Message, queues ...string) bool {
 	if s != nil {
 		return s.Verify(msg) == nil
 	}
@@ -195,7 +195,7 @@ func (s *Signer) Written(msg *message.Message, queues ...string) bool {
 }
 
 // Believe removes from msg the control headers owned says the caller acts
-// on, unless Written(msg, queues...) holds, and returns the keys removed
+// on, unless written(msg, queues...) holds, and returns the keys removed
 // (none when msg carries none of them; the signature is only checked then).
 // Each stage calls it on the way in for its own keys, so that a signature
 // stays checkable by the stages inside it: one that does not verify keeps
@@ -207,7 +207,7 @@ func (s *Signer) Believe(msg *message.Message, owned func(string) bool, queues .
 			keys = append(keys, k)
 		}
 	}
-	if len(keys) == 0 || s.Written(msg, queues...) {
+	if len(keys) == 0 || s.written(msg, queues...) {
 		return nil
 	}
 	for _, k := range keys {
