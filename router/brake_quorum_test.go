@@ -146,16 +146,7 @@ func publishEvents(t *testing.T, q *rabbitmq.Broker, queue string, n int) {
 func TestBrakeLongOutageOnAQuorumQueueSpendsNoDeliveryLimit(t *testing.T) {
 	t.Parallel()
 	const events, probes = 100, 100
-	pg := testenv.StartPrivatePostgres(t)
-	db, err := sqlx.Open("postgres", pg.URL)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	db.SetMaxOpenConns(rabbitmq.PrefetchDefault + 4)
-	_, err = db.Exec(`CREATE TABLE effects (event_id TEXT PRIMARY KEY)`)
-	require.NoError(t, err)
-	inbox, err := sqlstore.New(sqlstore.Config{DB: db, Table: "inbox"})
-	require.NoError(t, err)
-	require.NoError(t, inbox.CreateTable(t.Context()))
+	pg, db, inbox := newPrivateEffectsDB(t)
 	store := &pingingStore{Store: inbox, db: db}
 
 	queue := testenv.Name("quorum_outage")

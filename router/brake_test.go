@@ -30,6 +30,24 @@ import (
 	"github.com/sluicemq/sluice/router"
 )
 
+// newPrivateEffectsDB starts a private PostgreSQL (one the test may stop)
+// holding an effects table and an inbox table, and returns it, a pool on it
+// closed when t ends, and the inbox store.
+func newPrivateEffectsDB(t *testing.T) (*testenv.PrivatePostgres, *sqlx.DB, *sqlstore.Store) {
+	t.Helper()
+	pg := testenv.StartPrivatePostgres(t)
+	db, err := sqlx.Open("postgres", pg.URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	db.SetMaxOpenConns(rabbitmq.PrefetchDefault + 4)
+	_, err = db.Exec(`CREATE TABLE effects (event_id TEXT PRIMARY KEY)`)
+	require.NoError(t, err)
+	inbox, err := sqlstore.New(sqlstore.Config{DB: db, Table: "inbox"})
+	require.NoError(t, err)
+	require.NoError(t, inbox.CreateTable(t.Context()))
+	return pg, db, inbox
+}
+
 // The outage the ladder cannot outlast: 5,000 events; the PostgreSQL the
 // handler and the inbox use (a private server) stops for twice the whole
 // ladder. The brake engages, the broker sees no consumer, no event spends
@@ -38,16 +56,7 @@ import (
 func TestBrakeOutageLongerThanTheLadder(t *testing.T) {
 	t.Parallel()
 	const events, window = 5000, 20
-	pg := testenv.StartPrivatePostgres(t)
-	db, err := sqlx.Open("postgres", pg.URL)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	db.SetMaxOpenConns(rabbitmq.PrefetchDefault + 4)
-	_, err = db.Exec(`CREATE TABLE effects (event_id TEXT PRIMARY KEY)`)
-	require.NoError(t, err)
-	store, err := sqlstore.New(sqlstore.Config{DB: db, Table: "inbox"})
-	require.NoError(t, err)
-	require.NoError(t, store.CreateTable(t.Context()))
+	pg, db, store := newPrivateEffectsDB(t)
 
 	delays := []time.Duration{time.Second, 2 * time.Second}
 	queue := testenv.Name("outage")
