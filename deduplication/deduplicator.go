@@ -293,7 +293,7 @@ func (d *deduplicator) commit(ctx context.Context, tx Tx) (gaveUp bool, err erro
 		return struct{}{}, tx.Commit(ctx)
 	}, func(_ struct{}, err error) {
 		if err != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx)) // after a failed commit; a no-op after Commit
+			_ = tx.Rollback(ctx) // ctx is detached already; after a failed commit (a no-op after Commit)
 		}
 	})
 	if gaveUp {
