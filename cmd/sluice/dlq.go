@@ -408,11 +408,9 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 			}
 			defer func() { _ = pub.Close() }()
 
-			var signer *sluice.Signer
-			if keyFile != "" {
-				if signer, err = sluice.NewSignerFromFile(keyFile); err != nil {
-					return usageError{fmt.Errorf("--signing-key-file: %w", err)}
-				}
+			signer, err := signerFlag(keyFile)
+			if err != nil {
+				return err
 			}
 			prog := newProgress(out, ff.queue, queueDepth(conn, ff.queue))
 			cfg := dlq.ReplayConfig{
