@@ -153,8 +153,7 @@ type Brake struct {
 	failures int
 
 	// The cool-down and the dependency probe (probe.go).
-	timer        *time.Timer // the cool-down running, if any
-	closed       bool
+	timer        *time.Timer     // the cool-down running, if any
 	probeCtx     context.Context // cancelled by Close
 	cancelProbes context.CancelFunc
 	running      sync.WaitGroup // a Probe call in progress

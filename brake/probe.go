@@ -24,7 +24,7 @@ const (
 // startCoolDown arms the cool-down (b.mu held): when it ends, endCoolDown
 // probes. A closed brake arms nothing.
 func (b *Brake) startCoolDown() {
-	if b.closed {
+	if b.closed() {
 		return
 	}
 	b.timer = time.AfterFunc(b.coolDown, b.endCoolDown)
@@ -36,7 +36,7 @@ func (b *Brake) startCoolDown() {
 // Probe passes; a failed Probe starts another, doubled cool-down.
 func (b *Brake) endCoolDown() {
 	b.mu.Lock()
-	if b.closed || b.state != Engaged {
+	if b.closed() || b.state != Engaged {
 		b.mu.Unlock()
 		return
 	}
@@ -53,7 +53,7 @@ func (b *Brake) endCoolDown() {
 
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.closed || b.state != Engaged {
+	if b.closed() || b.state != Engaged {
 		return
 	}
 	if err != nil {
@@ -84,6 +84,9 @@ func (b *Brake) callProbe() (err error) {
 	return b.cfg.Probe(ctx)
 }
 
+// closed reports whether Close has been called: it cancels probeCtx.
+func (b *Brake) closed() bool { return b.probeCtx.Err() != nil }
+
 func (b *Brake) countProbe(probe, result string) {
 	b.probeCt.Add(context.Background(), 1, metric.WithAttributes(
 		telemetry.HandlerKey.String(b.cfg.Name), AttrProbe.String(probe), AttrProbeResult.String(result)))
@@ -95,13 +98,10 @@ func (b *Brake) countProbe(probe, result string) {
 // Idempotent; router.Add calls it when the handler's subscriber closes.
 func (b *Brake) Close() error {
 	b.mu.Lock()
-	if !b.closed {
-		b.closed = true
-		if b.timer != nil {
-			b.timer.Stop()
-		}
-		b.cancelProbes()
+	if b.timer != nil {
+		b.timer.Stop()
 	}
+	b.cancelProbes()
 	b.mu.Unlock()
 	b.running.Wait()
 	return nil
