@@ -119,7 +119,7 @@ func NewEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	e := &Embedded{cfg: cfg, PubSub: newEmbeddedPubSub(cfg), tiers: tiers}
 	e.PubSub.sinks[cfg.PoisonTopic] = e.storePoisoned
 	e.delayed, err = retrytiers.NewDelayedPublisher(retrytiers.DelayedPublisherConfig{
-		Target: backFromTier{e.PubSub}, Routes: retrytiers.Routes(cfg.Topic, tiers), Logger: cfg.Logger,
+		Target: embeddedPublisher{e.PubSub, true}, Routes: retrytiers.Routes(cfg.Topic, tiers), Logger: cfg.Logger,
 		MaxPending: cfg.MaxPendingRetries,
 	})
 	if err != nil {
@@ -176,14 +176,3 @@ func (e *Embedded) Endpoints() Endpoints {
 func (e *Embedded) Close() error {
 	return errors.Join(e.delayed.Close(), e.PubSub.Close())
 }
-
-// backFromTier delivers the tiers' copies to the topic, beyond MaxQueued:
-// MaxPendingRetries bounds them already. After the router closed they wait
-// in the topic like any other delivery, and Close reports them.
-type backFromTier struct{ p *EmbeddedPubSub }
-
-func (t backFromTier) Publish(topic string, msgs ...*message.Message) error {
-	return t.p.publish(topic, true, msgs...)
-}
-
-func (backFromTier) Close() error { return nil }

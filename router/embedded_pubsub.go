@@ -317,12 +317,19 @@ func (p *EmbeddedPubSub) Close() error {
 // as a handler's Publisher (Watermill's router closes a handler's
 // publisher when the handler stops, which must not close the broker the
 // other handlers, the tiers and Embedded.Close still use).
-func (p *EmbeddedPubSub) Publisher() message.Publisher { return embeddedPublisher{p} }
+func (p *EmbeddedPubSub) Publisher() message.Publisher { return embeddedPublisher{p, false} }
 
-type embeddedPublisher struct{ p *EmbeddedPubSub }
+// embeddedPublisher publishes into p. With unbounded set it is the tiers'
+// target: their copies go back to the topic beyond MaxQueued, as
+// MaxPendingRetries bounds them already; after the router closed they wait
+// in the topic like any other delivery, and Close reports them.
+type embeddedPublisher struct {
+	p         *EmbeddedPubSub
+	unbounded bool
+}
 
 func (e embeddedPublisher) Publish(topic string, msgs ...*message.Message) error {
-	return e.p.Publish(topic, msgs...)
+	return e.p.publish(topic, e.unbounded, msgs...)
 }
 
 func (embeddedPublisher) Close() error { return nil }
