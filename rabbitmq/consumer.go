@@ -393,8 +393,11 @@ func (s *subscription) handOut(ctx context.Context, over <-chan struct{}, d amqp
 		defer cancel()
 		select {
 		case <-msg.Acked():
-			if engaged, probing, _ := s.gateState(); !engaged && !probing && c.prefetch < s.c.cfg.Prefetch {
-				<-c.done
+			// Only a probe consumer's ack waits: the gate is read for no other.
+			if c.prefetch < s.c.cfg.Prefetch {
+				if engaged, probing, _ := s.gateState(); !engaged && !probing {
+					<-c.done
+				}
 			}
 			_ = d.Ack(false)
 		case <-msg.Nacked():
