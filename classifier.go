@@ -142,7 +142,10 @@ func isTransient(err error) bool {
 // integrityViolation reports SQLSTATE class 23, integrity constraint
 // violations (23505 unique, 23503 foreign key, 23502 not null, 23514 check,
 // 23P01 exclusion): the same statement fails the same way on every retry.
-func integrityViolation(err error) bool { return sqlStateIn(err, "23") }
+func integrityViolation(err error) bool {
+	state, ok := SQLState(err)
+	return ok && strings.HasPrefix(state, "23")
+}
 
 // transientSQLState reports the SQLSTATEs worth retrying: connection
 // exceptions (08), insufficient resources (53), serialization failure

@@ -1,9 +1,6 @@
 package sluice
 
-import (
-	"errors"
-	"strings"
-)
+import "errors"
 
 // ErrDependency is matched (errors.Is) by every *DependencyError: a failure
 // of a stage's own call to a dependency — the inbox store's begin or claim —
@@ -39,19 +36,4 @@ func SQLState(err error) (string, bool) {
 		return "", false
 	}
 	return s.SQLState(), true
-}
-
-// sqlStateIn reports whether err carries a SQLSTATE starting with one of
-// prefixes.
-func sqlStateIn(err error, prefixes ...string) bool {
-	state, ok := SQLState(err)
-	if !ok {
-		return false
-	}
-	for _, p := range prefixes {
-		if strings.HasPrefix(state, p) {
-			return true
-		}
-	}
-	return false
 }
