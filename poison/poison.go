@@ -232,8 +232,7 @@ func parked(msg *message.Message) (sluice.Class, bool) {
 // nacks the delivery after the backoff.
 func (s *stage) isolate(msg, diagnosed *message.Message, class sluice.Class, err error) ([]*message.Message, error) {
 	ctx := msg.Context()
-	s.cfg.Signer.Sign(diagnosed)
-	pErr := republish.Try(s.cfg.Publisher, s.cfg.Topic, diagnosed, s.cfg.PublishTimeout)
+	pErr := s.try(s.cfg.Publisher, s.cfg.Topic, diagnosed)
 	for left := leaveOutMax; errors.Is(pErr, sluice.ErrUnpublishable) && left > 0; left-- {
 		// The publisher cannot build the copy (a metadata value the
 		// broker cannot carry): a nack would bring the delivery back to
@@ -244,15 +243,13 @@ func (s *stage) isolate(msg, diagnosed *message.Message, class sluice.Class, err
 		}
 		s.cfg.Logger.Error("The poison copy cannot be published as it is; it leaves out metadata", diag.RedactError(pErr),
 			diag.LogFields(telemetry.LogFields(msg, watermill.LogFields{"class": class.String(), "dropped": diagnosed.Metadata.Get(DroppedKey)})))
-		s.cfg.Signer.Sign(diagnosed)
-		pErr = republish.Try(s.cfg.Publisher, s.cfg.Topic, diagnosed, s.cfg.PublishTimeout)
+		pErr = s.try(s.cfg.Publisher, s.cfg.Topic, diagnosed)
 	}
 	// After an uncertain publish the copy may be in the poison queue: a
 	// parked one would be a second entry. Only a certain refusal parks.
 	if pErr != nil && s.cfg.ParkTopic != "" && !s.cfg.DisablePark && !errors.Is(pErr, sluice.ErrPublishUncertain) {
 		diagnosed.Metadata[ParkedKey] = diag.Summary(pErr, 256)
-		s.cfg.Signer.Sign(diagnosed)
-		parkErr := republish.Try(s.cfg.ParkPublisher, s.cfg.ParkTopic, diagnosed, s.cfg.PublishTimeout)
+		parkErr := s.try(s.cfg.ParkPublisher, s.cfg.ParkTopic, diagnosed)
 		if parkErr == nil {
 			s.cfg.Logger.Error("The poison queue refused the copy; it waits in the park topic and is isolated when it comes back", diag.RedactError(pErr),
 				diag.LogFields(telemetry.LogFields(msg, watermill.LogFields{"class": class.String(), "poison_queue": s.cfg.Topic, "park_topic": s.cfg.ParkTopic})))
@@ -280,6 +277,13 @@ func (s *stage) isolate(msg, diagnosed *message.Message, class sluice.Class, err
 		r.Outcome, r.Class, r.Reason = sluice.OutcomePoisoned, class, diagnosed.Metadata.Get(ReasonKey)
 	})
 	return nil, nil
+}
+
+// try signs c as it now is and publishes it to topic, bounded by
+// PublishTimeout.
+func (s *stage) try(p message.Publisher, topic string, c *message.Message) error {
+	s.cfg.Signer.Sign(c)
+	return republish.Try(p, topic, c, s.cfg.PublishTimeout)
 }
 
 // diagnose returns the copy published to the poison queue.
