@@ -49,24 +49,25 @@ func Escape(s string) string {
 		case '\t':
 			b.WriteString(`\t`)
 		default:
+			var hex [8]byte
 			if r < 0x100 {
 				b.WriteString(`\x`)
-				writeHex(&b, uint32(r), 2)
+				b.Write(appendHex(hex[:0], r, 2))
 			} else {
 				b.WriteString(`\u`)
-				writeHex(&b, uint32(r), 4)
+				b.Write(appendHex(hex[:0], r, 4))
 			}
 		}
 	}
 	return b.String()
 }
 
-func writeHex(b *strings.Builder, v uint32, digits int) {
-	h := strconv.FormatUint(uint64(v), 16)
-	for i := len(h); i < digits; i++ {
-		b.WriteByte('0')
+// appendHex appends r in lower-case hex, padded with zeros to digits.
+func appendHex(dst []byte, r rune, digits int) []byte {
+	for w := rune(1) << (4 * (digits - 1)); w > 1 && r < w; w >>= 4 {
+		dst = append(dst, '0')
 	}
-	b.WriteString(h)
+	return strconv.AppendUint(dst, uint64(r), 16)
 }
 
 // needsEscape reports whether s holds invalid UTF-8 or a Control character
@@ -111,8 +112,8 @@ func EscapeJSON(b []byte) []byte {
 		}
 		r, n := utf8.DecodeRune(b[i:])
 		if Control(r) {
-			out = append(append(out, b[last:i]...), `\u`...)
-			out = strconv.AppendUint(append(out, zeros(r)...), uint64(r), 16)
+			out = append(out, b[last:i]...)
+			out = appendHex(append(out, `\u`...), r, 4)
 			last = i + n
 		}
 		i += n
@@ -121,19 +122,6 @@ func EscapeJSON(b []byte) []byte {
 		return b
 	}
 	return append(out, b[last:]...)
-}
-
-// zeros pads a \u escape of r to four hex digits.
-func zeros(r rune) string {
-	switch {
-	case r < 0x10:
-		return "000"
-	case r < 0x100:
-		return "00"
-	case r < 0x1000:
-		return "0"
-	}
-	return ""
 }
 
 // Terminal is an io.Writer for what a command prints: it escapes (Escape)
