@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -288,10 +290,7 @@ func (p *EmbeddedPubSub) Close() error {
 		return p.closeErr
 	}
 	p.closed = true
-	subs := make([]*embeddedSubscription, 0, len(p.subs))
-	for s := range p.subs {
-		subs = append(subs, s)
-	}
+	subs := slices.Collect(maps.Keys(p.subs))
 	p.mu.Unlock()
 	p.closeSubscriptions(subs)
 	p.mu.Lock()
@@ -388,10 +387,7 @@ func (s *embeddedSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 // left to start.
 func (s *embeddedSubscriber) Close() error {
 	s.mu.Lock()
-	subs := make([]*embeddedSubscription, 0, len(s.subs))
-	for sub := range s.subs {
-		subs = append(subs, sub)
-	}
+	subs := slices.Collect(maps.Keys(s.subs))
 	clear(s.subs)
 	s.mu.Unlock()
 	s.p.closeSubscriptions(subs)
