@@ -98,13 +98,6 @@ func (p *Proxy) track(c net.Conn) bool {
 	return true
 }
 
-// hole returns whether the proxy is black-holed.
-func (p *Proxy) hole() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.holed
-}
-
 // swallow returns whether bytes copied toward the upstream (toUpstream) or
 // back from it are swallowed now.
 func (p *Proxy) swallow(toUpstream bool) bool {
@@ -132,7 +125,7 @@ func (p *Proxy) accept() {
 // then pipes both ways.
 func (p *Proxy) serve(down net.Conn) {
 	defer p.wg.Done()
-	if p.hole() {
+	if p.swallow(true) { // black-holed
 		_, _ = io.Copy(io.Discard, down) // swallowed, until Heal closes it with the others
 		return
 	}
