@@ -42,8 +42,14 @@ type bed struct {
 
 func newBed(t *testing.T) *bed {
 	t.Helper()
-	q := testenv.Name("cli")
-	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: q, TierDelays: []time.Duration{time.Minute}})
+	return newBedOn(t, rabbitmq.TopologyConfig{Queue: testenv.Name("cli"), TierDelays: []time.Duration{time.Minute}})
+}
+
+// newBedOn is a bed on the topology of cfg (its one tier of a minute).
+func newBedOn(t *testing.T, cfg rabbitmq.TopologyConfig) *bed {
+	t.Helper()
+	q := cfg.Queue
+	topo, err := rabbitmq.NewTopology(cfg)
 	require.NoError(t, err)
 	require.NoError(t, topo.Declare(t.Context(), testenv.AMQP(t)))
 	testenv.DeleteQueuesAtEnd(t, q, q+".poison", q+".retry.1m")

@@ -19,14 +19,7 @@ import (
 // newQuorumBed is newBed on a quorum topology.
 func newQuorumBed(t *testing.T, deliveryLimit int) *bed {
 	t.Helper()
-	q := testenv.Name("cliq")
-	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: q, TierDelays: []time.Duration{time.Minute}, Quorum: true, DeliveryLimit: deliveryLimit})
-	require.NoError(t, err)
-	testenv.DeleteQueuesAtEnd(t, q, q+".poison", q+".retry.1m")
-	require.NoError(t, topo.Declare(t.Context(), testenv.AMQP(t)))
-	b := newBed(t)
-	b.topo = topo
-	return b
+	return newBedOn(t, rabbitmq.TopologyConfig{Queue: testenv.Name("cliq"), TierDelays: []time.Duration{time.Minute}, Quorum: true, DeliveryLimit: deliveryLimit})
 }
 
 var shownEvent = regexp.MustCompile(`\(event (e\d+)\)`)
