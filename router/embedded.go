@@ -105,11 +105,8 @@ type Embedded struct {
 
 // NewEmbedded starts the in-process broker and tiers.
 func NewEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
-	if err := cfg.validate(); err != nil {
-		return nil, err
-	}
 	cfg = cfg.withDefaults()
-	if err := cfg.validate(); err != nil { // the default poison topic against Topic
+	if err := cfg.validate(); err != nil { // the default poison topic too, against Topic
 		return nil, err
 	}
 	tiers, err := retrytiers.Ladder(cfg.Topic, cfg.TierDelays...)
