@@ -63,11 +63,7 @@ const (
 // IsControlKey reports whether k is one of Sluice's control keys: the ones a
 // Signer signs, and a stage believes only when Sluice wrote them.
 func IsControlKey(k string) bool {
-	switch k {
-	case AttemptKey, FirstFailedAtKey, LastErrorKey, RetryTierKey, PreviousTraceparentKey, SignatureKey:
-		return true
-	}
-	return strings.HasPrefix(k, OriginPrefix) || strings.HasPrefix(k, PoisonPrefix) || strings.HasPrefix(k, ReplayPrefix)
+	return IsRetryKey(k) || k == SignatureKey || strings.HasPrefix(k, PoisonPrefix) || strings.HasPrefix(k, ReplayPrefix)
 }
 
 // IsRetryKey reports whether k is a control key of the retry history — the
