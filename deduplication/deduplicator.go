@@ -246,16 +246,23 @@ func endContext(ctx context.Context) context.Context { return context.WithoutCan
 
 // begin opens a unit of work within StoreTimeout.
 func (d *deduplicator) begin(ctx context.Context) (Tx, error) {
+	if d.storeBound <= 0 {
+		tx, err := d.cfg.Store.Begin(ctx)
+		if err != nil {
+			return nil, dependency(ctx, "begin", err)
+		}
+		return tx, nil
+	}
 	tx, gaveUp, err := bounded(&d.abandoned, ctx, d.storeBound, true, d.cfg.Store.Begin, func(tx Tx, err error) {
 		if err == nil { // opened after all, for nobody
 			d.lateRollback(ctx, tx)
 		}
 	})
-	switch {
-	case gaveUp:
-		return nil, &sluice.DependencyError{Op: "deduplication: begin", Err: err}
-	case err != nil:
+	if err != nil && !gaveUp {
 		return nil, dependency(ctx, "begin", err)
+	}
+	if gaveUp {
+		return nil, &sluice.DependencyError{Op: "deduplication: begin", Err: err}
 	}
 	return tx, nil
 }
@@ -267,6 +274,9 @@ func (d *deduplicator) lateRollback(ctx context.Context, tx Tx) {
 
 // rollback rolls back tx within StoreTimeout (ctx is the end context).
 func (d *deduplicator) rollback(ctx context.Context, tx Tx) error {
+	if d.storeBound <= 0 {
+		return tx.Rollback(ctx)
+	}
 	_, _, err := bounded(&d.abandoned, ctx, d.storeBound, false, func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, tx.Rollback(ctx)
 	}, nil)
@@ -276,6 +286,9 @@ func (d *deduplicator) rollback(ctx context.Context, tx Tx) error {
 // commit commits tx within StoreTimeout (ctx is the end context); gaveUp
 // reports a commit given up, whose outcome is unknown.
 func (d *deduplicator) commit(ctx context.Context, tx Tx) (gaveUp bool, err error) {
+	if d.storeBound <= 0 {
+		return false, tx.Commit(ctx)
+	}
 	_, gaveUp, err = bounded(&d.abandoned, ctx, d.storeBound, false, func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, tx.Commit(ctx)
 	}, func(_ struct{}, err error) {
@@ -304,9 +317,13 @@ func (d *deduplicator) claim(ctx context.Context, tx Tx, key string) (claimed, g
 	if d.cfg.ClaimTimeout > 0 && d.storeBound > 0 {
 		bound = d.cfg.ClaimTimeout + d.storeBound
 	}
-	claimed, gaveUp, err = bounded(&d.abandoned, claimCtx, bound, false, func(ctx context.Context) (bool, error) {
-		return tx.Claim(ctx, d.cfg.Consumer, key)
-	}, func(bool, error) { d.lateRollback(ctx, tx) })
+	if bound <= 0 {
+		claimed, err = tx.Claim(claimCtx, d.cfg.Consumer, key)
+	} else {
+		claimed, gaveUp, err = bounded(&d.abandoned, claimCtx, bound, false, func(ctx context.Context) (bool, error) {
+			return tx.Claim(ctx, d.cfg.Consumer, key)
+		}, func(bool, error) { d.lateRollback(ctx, tx) })
+	}
 	switch {
 	case err == nil:
 		return claimed, false, nil
