@@ -82,6 +82,14 @@ func (cfg RestoreConfig) check(rec ArchiveRecord, where string) (string, []byte,
 	return target, payload, nil
 }
 
+// name is how plans name rec: its event id, else its UUID.
+func (rec ArchiveRecord) name() string {
+	if rec.EventID != "" {
+		return "event " + diag.Printable(rec.EventID, 128)
+	}
+	return "message " + diag.Printable(rec.UUID, 64)
+}
+
 // Restore publishes every record of an archive back — to the poison queue
 // it was archived from, or To — with its payload, metadata (headers) and
 // the producer's properties as they were, each confirmed before the source

@@ -1,0 +1,235 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"golang.org/x/time/rate"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/replay"
+)
+
+// Replay provenance: the metadata keys a replayed message carries.
+const (
+	ReplayedByKey    = "sluice_replayed_by"
+	ReplayedAtKey    = "sluice_replayed_at"
+	ReplayedFromKey  = "sluice_replayed_from"
+	ReplayCountKey   = "sluice_replay_count"
+	ReplayedClassKey = "sluice_replayed_class"
+)
+
+// ReplayConfig configures Replay.
+type ReplayConfig struct {
+	Queue     string // the poison queue
+	Filter    Filter
+	Limit     int     // at most this many messages replayed (0: no limit)
+	Rate      float64 // messages per second (0: no limit)
+	Batch     int     // messages published, confirmed and acked together; default 10
+	DryRun    bool    // select and count, change nothing
+	To        string  // replay every message to this queue instead of its sluice_poison_queue
+	Operator  string
+	Publisher Publisher
+	// Progress is called after each batch with the counts so far.
+	Progress func(done int)
+	// Run, when set, is the replay run: each copy carries replay.RunKey and
+	// replay.ItemKey (Message.Item). Published is called with each group
+	// once its publish is confirmed, before the originals are acked: an
+	// item is recorded only if it was sent (and if the process dies before
+	// the record, the consumer's own record of its outcome creates it). Its
+	// context is not cancelled by an interrupt (afterConfirm).
+	Run       string
+	Published func(context.Context, []*Message) error
+	// Signer, when set (--signing-key-file), signs each copy's control
+	// headers, the run and item among them, for the consumers' stages that
+	// have the same key; and a message whose own signature does not verify
+	// (not a diagnosis the poison stage wrote: a producer's message the
+	// broker dead-lettered, say) is replayed only with To, never to the
+	// sluice_poison_queue it names.
+	Signer *sluice.Signer
+}
+
+// ErrUnreadable is returned for a selected message whose headers the AMQP
+// client could not parse: a replay would drop them.
+var ErrUnreadable = errors.New("dlq: message's headers could not be read, so it is not replayed (a replay would drop them): inspect it, then archive or discard it (--unreadable)")
+
+// target is where m is replayed: To, else its sluice_poison_queue when that
+// can be believed; an error matching ErrNoTarget or ErrUnreadable says why
+// there is none.
+func (cfg ReplayConfig) target(m *Message) (string, error) {
+	why := ""
+	switch {
+	case m.HeadersError != "":
+		return "", fmt.Errorf("%w: %s: %s", ErrUnreadable, m.name(), diag.Printable(m.HeadersError, 200))
+	case cfg.To != "":
+		return cfg.To, nil
+	case m.Queue == "":
+		why = "no sluice_poison_queue"
+	case cfg.Signer != nil && cfg.Signer.Verify(m.Msg) != nil:
+		why = "its diagnosis is not signed with the key (--signing-key-file): its sluice_poison_queue is not believed"
+	default:
+		return m.Queue, nil
+	}
+	return "", fmt.Errorf("%w: %s: %s", ErrNoTarget, m.name(), why)
+}
+
+// ErrNoTarget is returned for a selected message that has no sluice_poison_queue.
+var ErrNoTarget = errors.New("dlq: message has no sluice_poison_queue to replay to (use --to)")
+
+// Replay republishes the selected messages to the queue they were consumed
+// from, with the attempt count reset and replay provenance
+// (ReplayedByKey, ...), and acks each in the poison queue only after its
+// publish was confirmed. Messages not selected stay where they are, in order.
+// A publish that fails stops the run: the messages of the failed batch stay
+// in the poison queue (those of it already published are then delivered
+// twice; the inbox absorbs that).
+func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (ReplayResult, error) {
+	res := ReplayResult{ByTarget: map[string]int{}}
+	if cfg.Batch <= 0 {
+		cfg.Batch = 10
+	}
+	var limiter *rate.Limiter
+	if cfg.Rate > 0 {
+		limiter = rate.NewLimiter(rate.Limit(cfg.Rate), max(1, min(cfg.Batch, int(cfg.Rate))))
+	}
+	var batch []*Message
+	exists := map[string]error{}
+	plan := func() error { // a dry run checks every target, changes nothing
+		for _, m := range batch {
+			t, err := cfg.target(m)
+			if err != nil {
+				return err
+			}
+			if _, checked := exists[t]; !checked {
+				exists[t] = queueExists(conn, t)
+			}
+			if err := exists[t]; err != nil {
+				return fmt.Errorf("dlq: %s: target %w", m.name(), err)
+			}
+			res.ByTarget[t]++
+			res.Plan = append(res.Plan, Planned{Message: m.name(), Target: t})
+		}
+		batch = batch[:0]
+		return nil
+	}
+	flush := func() error {
+		if cfg.DryRun {
+			return plan()
+		}
+		if len(batch) == 0 {
+			return nil
+		}
+		// Group by target, publish each group with confirms, then ack it.
+		groups := map[string][]*Message{}
+		var order []string
+		for _, m := range batch {
+			t, err := cfg.target(m)
+			if err != nil {
+				return err
+			}
+			if _, ok := groups[t]; !ok {
+				order = append(order, t)
+			}
+			groups[t] = append(groups[t], m)
+		}
+		for _, target := range order {
+			ms := groups[target]
+			copies := make([]*message.Message, len(ms))
+			for i, m := range ms {
+				copies[i] = replayCopy(m, cfg)
+			}
+
+			if limiter != nil {
+				for range ms {
+					if err := limiter.Wait(ctx); err != nil {
+						return err
+					}
+				}
+			}
+			if err := cfg.Publisher.Publish(target, copies...); err != nil {
+				return fmt.Errorf("dlq: replaying to %s: %w", diag.Printable(target, 255), err)
+			}
+			if cfg.Published != nil {
+				actx, cancel := afterConfirm(ctx)
+				err := cfg.Published(actx, ms)
+				cancel()
+				if err != nil {
+					return fmt.Errorf("dlq: recording the replayed items (published, still in %s): %w", diag.Printable(cfg.Queue, 255), err)
+				}
+			}
+			for _, m := range ms {
+				if err := m.Ack(); err != nil {
+					return fmt.Errorf("dlq: acking %s in %s after its replay: %w", m.name(), diag.Printable(cfg.Queue, 255), err)
+				}
+			}
+			res.Replayed += len(ms)
+			res.ByTarget[target] += len(ms)
+		}
+		batch = batch[:0]
+		if cfg.Progress != nil {
+			cfg.Progress(res.Replayed)
+		}
+		return nil
+	}
+	err := scanSelected(ctx, conn, cfg.Queue, cfg.Filter, cfg.Limit, &res, func(m *Message) error {
+		batch = append(batch, m)
+		if len(batch) >= cfg.Batch {
+			return flush()
+		}
+		return nil
+	}, flush)
+	return res, err
+}
+
+// queueExists reports whether queue exists, on a channel of its own (a
+// passive declare of a missing queue closes its channel).
+func queueExists(conn *amqp.Connection, queue string) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = ch.Close() }()
+	if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("queue %q does not exist or cannot be reached: %w", diag.Printable(queue, 255), err)
+	}
+	return nil
+}
+
+// replayCopy is m as it is replayed: the original payload and event
+// metadata, without the failure history, with the replay provenance.
+func replayCopy(m *Message, cfg ReplayConfig) *message.Message {
+	c := message.NewMessage(watermill.NewUUID(), m.Msg.Payload)
+	for k, v := range m.Msg.Metadata {
+		switch {
+		case strings.HasPrefix(k, "sluice_poison"), k == poison.PoisonedAtKey,
+			k == sluice.AttemptKey, k == sluice.FirstFailedAtKey, k == sluice.LastErrorKey,
+			k == sluice.RetryTierKey, k == sluice.PreviousTraceparentKey:
+			continue
+		}
+		c.Metadata[k] = v
+	}
+	count, _ := strconv.Atoi(m.Msg.Metadata.Get(ReplayCountKey))
+	c.Metadata[ReplayCountKey] = strconv.Itoa(count + 1)
+	c.Metadata[ReplayedByKey] = cfg.Operator
+	c.Metadata[ReplayedAtKey] = time.Now().UTC().Format(time.RFC3339Nano)
+	c.Metadata[ReplayedFromKey] = cfg.Queue
+	c.Metadata[ReplayedClassKey] = m.Class
+	if cfg.Run != "" {
+		c.Metadata[replay.RunKey] = cfg.Run
+		c.Metadata[replay.ItemKey] = m.Item()
+	} else {
+		delete(c.Metadata, replay.RunKey)
+		delete(c.Metadata, replay.ItemKey)
+	}
+	cfg.Signer.Sign(c) // without a key: no stale signature
+	return c
+}

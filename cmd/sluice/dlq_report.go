@@ -1,0 +1,102 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/replay"
+)
+
+func newReport(out io.Writer) *cobra.Command {
+	var url, table, run string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "report",
+		Short: "Each replayed event's outcome, per replay run; exit 1 while any has none yet",
+		Long: "Reads the outcome table the consumers' replay stage writes. For each run: counts by outcome,\n" +
+			"then every event that did not end processed or duplicate (poisoned again with its new reason,\n" +
+			"rejected, still retrying, or sent with no outcome yet). Exit 1 while any event of the\n" +
+			"selected runs has no final outcome: the runbook's confirm step.",
+		Args: noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if url == "" {
+				return usageError{errors.New("--outcomes is required (or env SLUICE_OUTCOMES_URL)")}
+			}
+			store, closeStore, err := openOutcomes(url, table)
+			if err != nil {
+				return err
+			}
+			defer closeStore()
+			rs, err := store.Outcomes(context.Background(), run)
+			if err != nil {
+				return fmt.Errorf("reading the outcomes: %w", diag.RedactError(err))
+			}
+			if len(rs) == 0 {
+				if run != "" { // a mistyped run id must not pass the confirm step
+					return fmt.Errorf("no outcome records of run %q in %s (check --run, --outcomes and --outcomes-table)", diag.Printable(run, 128), diag.Printable(table, 128))
+				}
+				fmt.Fprintf(out, "no replay runs recorded in %s\n", diag.Printable(table, 128))
+				return nil
+			}
+			pending := report(out, rs, asJSON)
+			if pending > 0 {
+				return fmt.Errorf("%d replayed events have no final outcome yet", pending)
+			}
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	outcomeFlags(fl, &url, &table, "to report")
+	fl.StringVar(&run, "run", "", "one replay run (default: every run)")
+	fl.BoolVar(&asJSON, "json", false, "one JSON object per event")
+	return cmd
+}
+
+// report prints the records and returns how many have no final outcome.
+func report(out io.Writer, rs []replay.Record, asJSON bool) int {
+	pending := 0
+	byRun := map[string]map[sluice.Outcome]int{}
+	var runs []string
+	for _, r := range rs {
+		if !replay.Final(r.Outcome) {
+			pending++
+		}
+		if asJSON {
+			_ = writeJSON(out, r)
+			continue
+		}
+		if byRun[r.Run] == nil {
+			byRun[r.Run] = map[sluice.Outcome]int{}
+			runs = append(runs, r.Run)
+		}
+		byRun[r.Run][r.Outcome]++
+	}
+	if asJSON {
+		return pending
+	}
+	for _, run := range runs {
+		var parts []string
+		for _, o := range []sluice.Outcome{sluice.OutcomeProcessed, sluice.OutcomeDuplicate, sluice.OutcomeRejected, sluice.OutcomePoisoned,
+			replay.OutcomeCompensated, replay.OutcomeArchived, replay.OutcomeDiscarded,
+			sluice.OutcomeRetried, sluice.OutcomeParked, sluice.OutcomeHeld, sluice.OutcomeFailed, replay.OutcomeReplayed} {
+			if n := byRun[run][o]; n > 0 {
+				parts = append(parts, fmt.Sprintf("%d %s", n, o))
+			}
+		}
+		fmt.Fprintf(out, "run %s: %s\n", diag.Printable(run, 128), strings.Join(parts, ", "))
+		for _, r := range rs {
+			if r.Run == run && r.Outcome != sluice.OutcomeProcessed && r.Outcome != sluice.OutcomeDuplicate {
+				fmt.Fprintf(out, "  %s\t%s\t%s\t%s\n", diag.Printable(cmp.Or(r.EventID, r.Item), 128), diag.Printable(string(r.Outcome), 32), diag.Printable(r.Class, 32), diag.Printable(r.Reason, 200))
+			}
+		}
+	}
+	return pending
+}
