@@ -38,7 +38,8 @@ func TestDependencyGraph(t *testing.T) {
 		{module + "/replay", append(append([]string{module + "/deduplication", module + "/retrytiers", module + "/poison", module + "/middleware", module + "/router", module + "/brake"}, brokers...), drivers...)},
 		{module + "/poison", append(append([]string{module + "/deduplication", module + "/retrytiers", module + "/router"}, brokers...), drivers...)},
 		{module + "/deduplication/sqlstore", append([]string{"modernc.org/sqlite", "github.com/redis/go-redis"}, brokers...)},
-		{module + "/router", append(append([]string{module + "/rabbitmq"}, brokers...), drivers...)},
+		{module + "/router", append(append([]string{module + "/rabbitmq", module + "/embedded"}, brokers...), drivers...)},
+		{module + "/embedded", append(brokers, drivers...)},
 		{module + "/deduplication/redisstore", append([]string{"modernc.org/sqlite", "github.com/lib/pq"}, brokers...)},
 		{module + "/replay/redisstore", append([]string{"modernc.org/sqlite", "github.com/lib/pq", module + "/deduplication", module + "/retrytiers", module + "/poison", module + "/router"}, brokers...)},
 	} {
@@ -54,15 +55,26 @@ func TestDependencyGraph(t *testing.T) {
 	}
 }
 
-// A broker package owns its naming and reaches the stages' types through
-// router only: rabbitmq imports router, never retrytiers directly.
-func TestBrokerPackagesImportRouterNotTheStages(t *testing.T) {
+// The broker contract imports the root package only (and internal
+// plumbing); a broker package imports the contract and no stage, no store
+// and not router, so a new broker is a new package at the edge.
+func TestBrokersDependOnTheContractOnly(t *testing.T) {
 	t.Parallel()
-	out, err := exec.Command("go", "list", "-f", `{{join .Imports "\n"}}`, module+"/rabbitmq").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	imports := strings.Fields(string(out))
-	require.Contains(t, imports, module+"/router")
-	for _, stage := range []string{"/retrytiers", "/poison", "/deduplication", "/middleware", "/brake", "/replay"} {
-		require.NotContains(t, imports, module+stage)
+	for _, d := range deps(t, module+"/broker") {
+		if strings.HasPrefix(d, module) {
+			require.True(t, d == module || d == module+"/broker" || strings.HasPrefix(d, module+"/internal/"),
+				"the broker contract must import only the root and internal plumbing (it imports %s)", d)
+		}
+	}
+	stages := []string{"/router", "/retrytiers", "/poison", "/deduplication", "/middleware", "/brake", "/replay"}
+	for _, pkg := range []string{module + "/rabbitmq", module + "/embedded"} {
+		imports := deps(t, pkg)
+		require.Contains(t, imports, module+"/broker", "%s implements the contract", pkg)
+		for _, d := range imports {
+			for _, stage := range stages {
+				require.False(t, d == module+stage || strings.HasPrefix(d, module+stage+"/"), "%s must not depend on %s (it does on %s)", pkg, module+stage, d)
+			}
+			require.False(t, strings.HasPrefix(d, "github.com/jmoiron/sqlx"), "%s must not link sqlx", pkg)
+		}
 	}
 }

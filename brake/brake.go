@@ -233,7 +233,7 @@ func (b *Brake) State() State {
 
 // Engaged reports whether consuming should stop now, and returns a channel
 // closed at the next change of state. A subscriber that can stop consuming
-// reads it (router.Gate).
+// reads it (broker.Gate).
 func (b *Brake) Engaged() (engaged bool, changed <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -241,7 +241,7 @@ func (b *Brake) Engaged() (engaged bool, changed <-chan struct{}) {
 }
 
 // Probing reports whether the brake lets one delivery through as a probe
-// now. A subscriber that reads it (router.ProbingGate; rabbitmq.Consumer
+// now. A subscriber that reads it (broker.ProbingGate; rabbitmq.Consumer
 // does) takes one delivery at a time while it holds, so a failed probe
 // returns one delivery, not a prefetch's worth.
 func (b *Brake) Probing() bool {

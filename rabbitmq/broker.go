@@ -11,7 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/broker"
 )
 
 // ConsumersDefault is how many competing consumers router.Add starts on a
@@ -55,7 +55,7 @@ type Broker struct {
 	consumers int
 }
 
-var _ router.Broker = (*Broker)(nil)
+var _ broker.Broker = (*Broker)(nil)
 
 // NewBroker declares the topology and connects the publisher and the
 // subscriber. Close it after the router.
@@ -97,8 +97,8 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 // Endpoints are the queue's: its subscriber, its tiers and poison queue,
 // the confirmed publisher for both kinds of copies, System "rabbitmq", and
 // one consumer (ConsumersDefault with WatermillSubscriber).
-func (b *Broker) Endpoints() router.Endpoints {
-	return router.Endpoints{
+func (b *Broker) Endpoints() broker.Endpoints {
+	return broker.Endpoints{
 		System: "rabbitmq", Topic: b.topo.Queue(), Subscriber: b.sub,
 		Tiers: b.topo.Tiers(), RetryPublisher: b.pub,
 		PoisonTopic: b.topo.PoisonQueue(), PoisonPublisher: b.pub,

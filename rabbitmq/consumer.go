@@ -14,8 +14,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/router"
 )
 
 // Consumer defaults.
@@ -84,11 +84,11 @@ type Consumer struct {
 	subs    sync.WaitGroup
 }
 
-var _ router.GatedSubscriber = (*Consumer)(nil)
+var _ broker.GatedSubscriber = (*Consumer)(nil)
 
 // NewConsumer validates cfg and returns a Consumer; it connects on Subscribe.
 func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
-	if err := CheckURL(cfg.URL); err != nil {
+	if err := checkURL(cfg.URL); err != nil {
 		return nil, fmt.Errorf("rabbitmq: ConsumerConfig.URL: %w", err)
 	}
 	cfg.Prefetch = cmp.Or(cfg.Prefetch, PrefetchDefault)
@@ -104,7 +104,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	case (cfg.PoisonQueue == "") != (cfg.PoisonPublisher == nil):
 		return nil, errNoPoisonQueue
 	}
-	if err := CheckName("ConsumerConfig.PoisonQueue", cfg.PoisonQueue); err != nil {
+	if err := broker.CheckName("ConsumerConfig.PoisonQueue", cfg.PoisonQueue); err != nil {
 		return nil, err
 	}
 	if cfg.Marshaler == nil {
@@ -128,13 +128,13 @@ func (c *Consumer) Subscribe(ctx context.Context, topic string) (<-chan *message
 // flight (held back, so nacked), close their connection — the broker then
 // shows no consumer — and consume again when g is released or probing.
 // Closing the view closes c. router.Add calls it with the handler's brake.
-func (c *Consumer) WithGate(g router.Gate) message.Subscriber {
+func (c *Consumer) WithGate(g broker.Gate) message.Subscriber {
 	return gatedConsumer{c, g}
 }
 
 type gatedConsumer struct {
 	c *Consumer
-	g router.Gate
+	g broker.Gate
 }
 
 func (v gatedConsumer) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
@@ -143,8 +143,8 @@ func (v gatedConsumer) Subscribe(ctx context.Context, topic string) (<-chan *mes
 
 func (v gatedConsumer) Close() error { return v.c.Close() }
 
-func (c *Consumer) subscribe(ctx context.Context, topic string, gate router.Gate) (<-chan *message.Message, error) {
-	if err := CheckName("queue", topic); err != nil {
+func (c *Consumer) subscribe(ctx context.Context, topic string, gate broker.Gate) (<-chan *message.Message, error) {
+	if err := broker.CheckName("queue", topic); err != nil {
 		return nil, err
 	}
 	c.mu.Lock()
@@ -180,13 +180,13 @@ type subscription struct {
 	c     *Consumer
 	queue string
 	out   chan *message.Message
-	gate  router.Gate // nil: never stops consuming
+	gate  broker.Gate // nil: never stops consuming
 }
 
 // errBraked ends a consume loop whose gate engaged, after draining.
 var errBraked = errors.New("rabbitmq: the brake is engaged")
 
-// gateState reads the gate: engaged, probing (a router.ProbingGate letting
+// gateState reads the gate: engaged, probing (a broker.ProbingGate letting
 // one delivery through), and a channel closed at the next change (nil, which
 // never fires, without a gate).
 func (s *subscription) gateState() (engaged, probing bool, changed <-chan struct{}) {
@@ -194,7 +194,7 @@ func (s *subscription) gateState() (engaged, probing bool, changed <-chan struct
 		return false, false, nil
 	}
 	engaged, changed = s.gate.Engaged()
-	if pg, ok := s.gate.(router.ProbingGate); ok {
+	if pg, ok := s.gate.(broker.ProbingGate); ok {
 		probing = pg.Probing()
 	}
 	return engaged, probing, changed

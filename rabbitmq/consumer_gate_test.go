@@ -11,19 +11,19 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
-	"github.com/sluicemq/sluice/router"
 )
 
-// gate is a router.ProbingGate the test sets.
+// gate is a broker.ProbingGate the test sets.
 type gate struct {
 	mu               sync.Mutex
 	engaged, probing bool
 	changed          chan struct{}
 }
 
-var _ router.ProbingGate = (*gate)(nil)
+var _ broker.ProbingGate = (*gate)(nil)
 
 func newGate(engaged, probing bool) *gate {
 	return &gate{engaged: engaged, probing: probing, changed: make(chan struct{})}

@@ -42,7 +42,7 @@ type DialConfig struct {
 // URL's password, and unwrap to amqp091's (errors.Is(err,
 // amqp.ErrCredentials) holds for bad credentials).
 func Dial(url string, cfg DialConfig) (*amqp.Connection, error) {
-	if err := CheckURL(url); err != nil {
+	if err := checkURL(url); err != nil {
 		return nil, err
 	}
 	if cfg.TLS != nil && !strings.HasPrefix(url, "amqps://") {
@@ -68,9 +68,9 @@ func Dial(url string, cfg DialConfig) (*amqp.Connection, error) {
 	return conn, nil
 }
 
-// CheckURL reports whether url is an AMQP URI, in an error that never holds
+// checkURL reports whether url is an AMQP URI, in an error that never holds
 // the password.
-func CheckURL(url string) error {
+func checkURL(url string) error {
 	if url == "" {
 		return errors.New("rabbitmq: the broker URL is required")
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -193,14 +194,14 @@ func TestNamesAtTheLimit(t *testing.T) {
 	require.NoError(t, err)
 
 	_, err = rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: name(246)})
-	require.ErrorIs(t, err, rabbitmq.ErrNameTooLong)
+	require.ErrorIs(t, err, broker.ErrNameTooLong)
 	require.ErrorContains(t, err, "at most 245")
 	_, err = rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: name(250), PoisonQueue: name(251)})
-	require.ErrorIs(t, err, rabbitmq.ErrNameTooLong)
-	_, err = retrytiers.Ladder(name(250))
-	require.ErrorIs(t, err, retrytiers.ErrNameTooLong)
+	require.ErrorIs(t, err, broker.ErrNameTooLong)
+	_, err = broker.Ladder(name(250))
+	require.ErrorIs(t, err, broker.ErrNameTooLong)
 	_, err = rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: testenv.AMQPURL, Exchange: name(256)})
-	require.ErrorIs(t, err, rabbitmq.ErrNameTooLong)
+	require.ErrorIs(t, err, broker.ErrNameTooLong)
 
 	// A 276-byte routing key would reach the wire as its first 20 bytes
 	// (276 mod 256): a queue of that name must receive nothing.
@@ -211,17 +212,17 @@ func TestNamesAtTheLimit(t *testing.T) {
 	require.NoError(t, err)
 	testenv.DeleteQueuesAtEnd(t, victim)
 	err = pub.Publish(long, msgs(1)...)
-	require.ErrorIs(t, err, rabbitmq.ErrNameTooLong)
+	require.ErrorIs(t, err, broker.ErrNameTooLong)
 	require.ErrorContains(t, err, "276 bytes")
 	require.Equal(t, 0, testenv.QueueDepth(t, conn, victim))
 
 	// A header name AMQP cannot carry.
 	m := message.NewMessage(watermill.NewUUID(), nil)
 	m.Metadata.Set(strings.Repeat("h", 256), "v")
-	require.ErrorIs(t, pub.Publish(topo.Queue(), m), rabbitmq.ErrNameTooLong)
+	require.ErrorIs(t, pub.Publish(topo.Queue(), m), broker.ErrNameTooLong)
 	m = message.NewMessage(watermill.NewUUID(), nil)
 	m.Metadata.Set(rabbitmq.CorrelationIDKey, strings.Repeat("c", 256))
-	require.ErrorIs(t, pub.Publish(topo.Queue(), m), rabbitmq.ErrNameTooLong)
+	require.ErrorIs(t, pub.Publish(topo.Queue(), m), broker.ErrNameTooLong)
 }
 
 // A publish to an exchange that does not exist keeps the broker's reason.

@@ -87,7 +87,7 @@ func contentHeaderSize(pub amqp.Publishing) (int, error) {
 		if s == "" {
 			continue
 		}
-		if len(s) > ShortStringMaxLength {
+		if len(s) > shortStringMaxLength {
 			return 0, fmt.Errorf("%w: a property of %d bytes", errHeaderEncoding, len(s))
 		}
 		size += 1 + len(s)
@@ -115,7 +115,7 @@ func contentHeaderSize(pub amqp.Publishing) (int, error) {
 func tableSize(t amqp.Table) (int, error) {
 	size := 4
 	for k, v := range t {
-		if len(k) > ShortStringMaxLength {
+		if len(k) > shortStringMaxLength {
 			return 0, fmt.Errorf("%w: a table key of %d bytes", errHeaderEncoding, len(k))
 		}
 		n, err := fieldSize(v)

@@ -16,7 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/broker"
 )
 
 // Marshaler is a watermill-amqp Marshaler that reads any delivery.
@@ -61,28 +61,17 @@ type Marshaler struct {
 
 var _ wamqp.Marshaler = Marshaler{}
 
-// ShortStringMaxLength is the longest AMQP short string, in bytes: the limit
-// of queue, exchange and header names, routing keys and most properties.
-const ShortStringMaxLength = 255
+// shortStringMaxLength is the longest AMQP short string, in bytes: the limit
+// of queue, exchange and header names, routing keys and most properties —
+// broker.NameMaxLength, the limit Sluice holds every name to.
+const shortStringMaxLength = broker.NameMaxLength
 
 var (
 	// ErrNoDelivery is returned by Unmarshal for a delivery without an
 	// acknowledger: the zero delivery amqp091 hands out on a closed
 	// deliveries channel.
 	ErrNoDelivery = errors.New("rabbitmq: not a delivery (no acknowledger): the consumer was cancelled or its channel closed")
-	// ErrNameTooLong is matched by a name or property longer than
-	// ShortStringMaxLength bytes.
-	ErrNameTooLong = errors.New("rabbitmq: longer than AMQP's 255-byte short string")
 )
-
-// CheckName returns an error matching ErrNameTooLong when name is longer than
-// AMQP allows; what names the name in the error.
-func CheckName(what, name string) error {
-	if len(name) > ShortStringMaxLength {
-		return fmt.Errorf("%w: %s %q is %d bytes", ErrNameTooLong, what, diag.Bound(name, 64), len(name))
-	}
-	return nil
-}
 
 // Marshal returns the publishing of msg.
 func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
@@ -109,9 +98,9 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 			}
 			continue
 		}
-		if len(k) > ShortStringMaxLength {
+		if len(k) > shortStringMaxLength {
 			return amqp.Publishing{}, &sluice.UnpublishableError{Key: k,
-				Err: fmt.Errorf("%w: a header name of %d bytes", ErrNameTooLong, len(k))}
+				Err: fmt.Errorf("%w: a header name of %d bytes", broker.ErrNameTooLong, len(k))}
 		}
 		pub.Headers[k] = v
 	}
@@ -144,8 +133,8 @@ func StampTimestamp(p amqp.Publishing) amqp.Publishing {
 // states the rule v breaks, never v: it ends up in diagnoses.
 func setProperty(pub *amqp.Publishing, k, v string) error {
 	short := func(dst *string) error {
-		if len(v) > ShortStringMaxLength {
-			return fmt.Errorf("%w: a value of %d bytes", ErrNameTooLong, len(v))
+		if len(v) > shortStringMaxLength {
+			return fmt.Errorf("%w: a value of %d bytes", broker.ErrNameTooLong, len(v))
 		}
 		*dst = v
 		return nil

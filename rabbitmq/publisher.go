@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
@@ -128,10 +129,10 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if cfg.URL == "" {
 		return nil, errors.New("rabbitmq: PublisherConfig.URL is required")
 	}
-	if err := CheckURL(cfg.URL); err != nil {
+	if err := checkURL(cfg.URL); err != nil {
 		return nil, fmt.Errorf("rabbitmq: PublisherConfig.URL: %w", err)
 	}
-	if err := CheckName("PublisherConfig.Exchange", cfg.Exchange); err != nil {
+	if err := broker.CheckName("PublisherConfig.Exchange", cfg.Exchange); err != nil {
 		return nil, err
 	}
 	if cfg.Marshaler == nil {
@@ -180,7 +181,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 // sluice.ErrPublishUncertain. A nack, a return, or a message never sent
 // (blocked, unpublishable, a closed channel at send) is certain: not stored.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
-	if err := CheckName("routing key", topic); err != nil {
+	if err := broker.CheckName("routing key", topic); err != nil {
 		return err
 	}
 	ch, blocked, err := p.channel()

@@ -40,7 +40,7 @@ func NewSubscriber(cfg SubscriberConfig) (*wamqp.Subscriber, error) {
 	if cfg.URL == "" {
 		return nil, errors.New("rabbitmq: SubscriberConfig.URL is required")
 	}
-	if err := CheckURL(cfg.URL); err != nil {
+	if err := checkURL(cfg.URL); err != nil {
 		return nil, fmt.Errorf("rabbitmq: SubscriberConfig.URL: %w", err)
 	}
 	if cfg.Prefetch == 0 {

@@ -12,8 +12,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/router"
 )
 
 // TopologyConfig describes the queues of one consumer queue.
@@ -26,8 +26,8 @@ type TopologyConfig struct {
 	Queue string
 	// TierDelays are the retry tiers' TTLs, in order, each at least 1ms and
 	// at most 24 days, no two with one name. Default
-	// router.TierDelaysDefault (30s, 5m, 30m). Each tier is the queue
-	// TierQueue(Queue, delay): "<Queue>.retry.<delay>". A tier's copy
+	// broker.DelaysDefault (30s, 5m, 30m). Each tier is the queue
+	// broker.TierTopic(Queue, delay): "<Queue>.retry.<delay>". A tier's copy
 	// survives a broker crash on its way back to Queue only with Quorum.
 	TierDelays []time.Duration
 	// PoisonQueue receives what the poison stage isolates and, for a quorum
@@ -67,13 +67,8 @@ type TopologyConfig struct {
 // Topology is the validated set of queues of one consumer queue.
 type Topology struct {
 	cfg   TopologyConfig
-	tiers []router.Tier
+	tiers []broker.Tier
 }
-
-// TierQueue is the name of the retry tier queue of queue for delay d:
-// "<queue>.retry.<delay>", e.g. "orders.retry.30s". Sluice's RabbitMQ queue
-// naming lives here, in the broker package.
-func TierQueue(queue string, d time.Duration) string { return queue + ".retry." + router.TierName(d) }
 
 // PoisonDeliveryLimit is the x-delivery-limit of a quorum poison queue:
 // large enough that no reading of it ever reaches it (each look at a
@@ -96,25 +91,25 @@ var queueName = regexp.MustCompile(`^[A-Za-z0-9_.:-]+$`)
 const PoisonSuffix = ".poison"
 
 // MaxQueueLength returns the longest consumer queue name, in bytes, whose
-// derived names (the tier queues of delays, default
-// retrytiers.DelaysDefault, and with defaultPoison the poison queue) all fit
-// in AMQP's ShortStringMaxLength.
+// derived names (the tier queues of delays, default broker.DelaysDefault,
+// and with defaultPoison the poison queue) all fit in broker.NameMaxLength,
+// AMQP's short string.
 func MaxQueueLength(delays []time.Duration, defaultPoison bool) int {
 	if len(delays) == 0 {
-		delays = router.TierDelaysDefault
+		delays = broker.DelaysDefault
 	}
 	longest := 0
 	if defaultPoison {
 		longest = len(PoisonSuffix)
 	}
 	for _, d := range delays {
-		longest = max(longest, len(TierQueue("", d)))
+		longest = max(longest, len(broker.TierSuffix(d)))
 	}
-	return ShortStringMaxLength - longest
+	return broker.NameMaxLength - longest
 }
 
 func checkQueueName(field, name string) error {
-	if err := CheckName("TopologyConfig."+field, name); err != nil {
+	if err := broker.CheckName("TopologyConfig."+field, name); err != nil {
 		return err
 	}
 	if !queueName.MatchString(name) || strings.HasPrefix(name, "amq.") {
@@ -134,7 +129,7 @@ func NewTopology(cfg TopologyConfig) (*Topology, error) {
 	}
 	if limit := MaxQueueLength(cfg.TierDelays, cfg.PoisonQueue == ""); len(cfg.Queue) > limit {
 		return nil, fmt.Errorf("%w: TopologyConfig.Queue is %d bytes; with these tiers it may be at most %d, so that its tier and poison queue names fit",
-			ErrNameTooLong, len(cfg.Queue), limit)
+			broker.ErrNameTooLong, len(cfg.Queue), limit)
 	}
 	if cfg.PoisonQueue == "" {
 		cfg.PoisonQueue = cfg.Queue + PoisonSuffix
@@ -145,7 +140,7 @@ func NewTopology(cfg TopologyConfig) (*Topology, error) {
 	if cfg.PoisonQueue == cfg.Queue {
 		return nil, fmt.Errorf("rabbitmq: TopologyConfig.PoisonQueue %q: want a queue other than Queue", diag.Bound(cfg.PoisonQueue, 64))
 	}
-	if err := errors.Join(CheckName("TopologyConfig.Exchange", cfg.Exchange), CheckName("TopologyConfig.BindingKey", cfg.BindingKey)); err != nil {
+	if err := errors.Join(broker.CheckName("TopologyConfig.Exchange", cfg.Exchange), broker.CheckName("TopologyConfig.BindingKey", cfg.BindingKey)); err != nil {
 		return nil, err
 	}
 	if cfg.DeliveryLimit < 0 || cfg.DeliveryLimit > 0 && !cfg.Quorum {
@@ -157,22 +152,14 @@ func NewTopology(cfg TopologyConfig) (*Topology, error) {
 	if cfg.BindingKey == "" {
 		cfg.BindingKey = cfg.Queue
 	}
-	delays := cfg.TierDelays
-	if len(delays) == 0 {
-		delays = router.TierDelaysDefault
-	}
-	tiers := make([]router.Tier, 0, len(delays))
-	seen := map[string]bool{}
-	for i, d := range delays {
-		name := router.TierName(d)
-		switch {
-		case d < time.Millisecond || d > maxTTL:
+	for i, d := range cfg.TierDelays {
+		if d > maxTTL {
 			return nil, fmt.Errorf("rabbitmq: TopologyConfig.TierDelays[%d] is %s: want 1ms to %s", i, d, maxTTL)
-		case seen[name]:
-			return nil, fmt.Errorf("rabbitmq: TopologyConfig.TierDelays[%d] is %s: two tiers with one delay", i, d)
 		}
-		seen[name] = true
-		tiers = append(tiers, router.Tier{Name: name, Delay: d, Topic: TierQueue(cfg.Queue, d)})
+	}
+	tiers, err := broker.Ladder(cfg.Queue, cfg.TierDelays...)
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: TopologyConfig.TierDelays: %w", err)
 	}
 	return &Topology{cfg: cfg, tiers: tiers}, nil
 }
@@ -185,7 +172,7 @@ func (t *Topology) PoisonQueue() string { return t.cfg.PoisonQueue }
 
 // Tiers returns the retry tiers in order; each Topic is its queue. Give
 // them to retrytiers.Config.
-func (t *Topology) Tiers() []router.Tier { return append([]router.Tier(nil), t.tiers...) }
+func (t *Topology) Tiers() []broker.Tier { return append([]broker.Tier(nil), t.tiers...) }
 
 // queueSpec is one queue and its arguments.
 type queueSpec struct {

@@ -18,6 +18,7 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
+	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -39,9 +40,9 @@ func pgStore(t *testing.T) *replay.SQLStore {
 // of delay until t ends: behind the stages given (Replay, MeterProvider, an
 // inbox), poison, retry, classify and, unless given, a memory inbox, with
 // outer as router middlewares outside them.
-func serveOrders(t *testing.T, delay time.Duration, stages router.Stages, handler message.NoPublishHandlerFunc, outer ...message.HandlerMiddleware) *router.Embedded {
+func serveOrders(t *testing.T, delay time.Duration, stages router.Stages, handler message.NoPublishHandlerFunc, outer ...message.HandlerMiddleware) *embedded.Broker {
 	t.Helper()
-	e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "orders", TierDelays: []time.Duration{delay}})
+	e, err := embedded.New(embedded.Config{Topic: "orders", TierDelays: []time.Duration{delay}})
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
@@ -89,7 +90,7 @@ func TestOutcomesOfAReplayRun(t *testing.T) {
 			m.Metadata.Set(replay.RunKey, run)
 			m.Metadata.Set(replay.ItemKey, id)
 		}
-		require.NoError(t, e.PubSub.Publish("orders", m))
+		require.NoError(t, e.PubSub().Publish("orders", m))
 		<-handled
 	}
 	publish("run-1", "ok")
@@ -100,7 +101,7 @@ func TestOutcomesOfAReplayRun(t *testing.T) {
 	m.Metadata.Set(sluice.EventIDKey, "ok")
 	m.Metadata.Set(replay.RunKey, "run-1")
 	m.Metadata.Set(replay.ItemKey, "ok")
-	require.NoError(t, e.PubSub.Publish("orders", m))
+	require.NoError(t, e.PubSub().Publish("orders", m))
 	publish("run-1", "last") // handled in order: after the duplicate
 
 	var got map[string]replay.Record
@@ -176,7 +177,7 @@ func TestProcessedInTheInboxTransaction(t *testing.T) {
 		if inTx {
 			cfg.Tx = sqlstore.TxFromContext
 		}
-		e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "stock", TierDelays: []time.Duration{time.Hour}})
+		e, err := embedded.New(embedded.Config{Topic: "stock", TierDelays: []time.Duration{time.Hour}})
 		require.NoError(t, err)
 		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
 		require.NoError(t, err)
@@ -192,7 +193,7 @@ func TestProcessedInTheInboxTransaction(t *testing.T) {
 		m.Metadata.Set(sluice.EventIDKey, "evt-1")
 		m.Metadata.Set(replay.RunKey, "run-1")
 		m.Metadata.Set(replay.ItemKey, "evt-1")
-		require.NoError(t, e.PubSub.Publish("stock", m))
+		require.NoError(t, e.PubSub().Publish("stock", m))
 		require.Eventually(t, func() bool {
 			var n int
 			require.NoError(t, db.Get(&n, `SELECT count(*) FROM `+schema+`.stock`))
@@ -265,7 +266,7 @@ func TestRetriedBehindWatermillTimeoutEndsProcessed(t *testing.T) {
 	m.Metadata.Set(sluice.EventIDKey, "slow-1")
 	m.Metadata.Set(replay.RunKey, "run-1")
 	m.Metadata.Set(replay.ItemKey, "slow-1")
-	require.NoError(t, e.PubSub.Publish("orders", m))
+	require.NoError(t, e.PubSub().Publish("orders", m))
 	require.Equal(t, "run-1", <-attempts)
 	require.Equal(t, "run-1", <-attempts, "the tier copy keeps the run")
 	require.Eventually(t, func() bool {
@@ -302,7 +303,7 @@ func TestAbortedTransactionIsRecordedPoisoned(t *testing.T) {
 	m.Metadata.Set(sluice.EventIDKey, "evt-dup")
 	m.Metadata.Set(replay.RunKey, "run-1")
 	m.Metadata.Set(replay.ItemKey, "evt-dup")
-	require.NoError(t, e.PubSub.Publish("orders", m))
+	require.NoError(t, e.PubSub().Publish("orders", m))
 	var got []replay.Record
 	require.Eventually(t, func() bool {
 		got, err = outcomes.Outcomes(t.Context(), "run-1")

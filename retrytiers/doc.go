@@ -11,6 +11,6 @@
 //
 // On RabbitMQ each tier is a queue with a per-queue TTL that dead-letters back
 // to the consumer's queue (see package rabbitmq); one queue per tier, because
-// RabbitMQ expires messages only at the head of a queue. DelayedPublisher is
-// the in-process equivalent for the embedded default and tests: not durable.
+// RabbitMQ expires messages only at the head of a queue. The embedded
+// default (package embedded) has the in-process equivalent: not durable.
 package retrytiers

@@ -11,6 +11,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/broker"
+	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/retrytiers"
 )
 
@@ -19,12 +21,12 @@ import (
 func Example() {
 	pubSub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	defer func() { _ = pubSub.Close() }()
-	tiers, err := retrytiers.Ladder("orders", 50*time.Millisecond, 100*time.Millisecond)
+	tiers, err := broker.Ladder("orders", 50*time.Millisecond, 100*time.Millisecond)
 	if err != nil {
 		panic(err)
 	}
-	delayed, err := retrytiers.NewDelayedPublisher(retrytiers.DelayedPublisherConfig{
-		Target: pubSub, Routes: retrytiers.Routes("orders", tiers), // in-process, not durable
+	delayed, err := embedded.NewDelayedPublisher(embedded.DelayedPublisherConfig{
+		Target: pubSub, Routes: embedded.Routes("orders", tiers), // in-process, not durable
 	})
 	if err != nil {
 		panic(err)

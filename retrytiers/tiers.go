@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/internal/clock"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/republish"
@@ -24,13 +25,7 @@ const (
 	PublishBackoffDefault = time.Second
 	PublishTimeoutDefault = 30 * time.Second
 	ErrorMaxLengthDefault = 1024
-	// TopicMaxLength is the longest tier topic Ladder builds, in bytes:
-	// AMQP's limit for queue names and routing keys (a short string).
-	TopicMaxLength = 255
 )
-
-// DelaysDefault are the tiers' delays when none are given: 30s → 5m → 30m.
-var DelaysDefault = []time.Duration{30 * time.Second, 5 * time.Minute, 30 * time.Minute}
 
 // Metric names.
 const (
@@ -38,62 +33,14 @@ const (
 	MetricExhausted = "sluice.exhausted" // transient failures whose budget was spent
 )
 
-// Tier is one retry tier: a copy published to Topic comes back to the
-// consumer after Delay.
-type Tier struct {
-	Name  string
-	Delay time.Duration
-	Topic string
-}
-
-// TierName is the name of the tier of delay d: "30s", "5m", "1h30m".
-func TierName(d time.Duration) string {
-	return strings.NewReplacer("h0m0s", "h", "m0s", "m").Replace(d.String())
-}
-
-// Ladder returns the tiers of the consumer queue: one per delay (default
-// DelaysDefault), named TierName(delay), with the topic
-// "<queue>.retry.<name>" — the names the rabbitmq topology declares.
-func Ladder(queue string, delays ...time.Duration) ([]Tier, error) {
-	if queue == "" {
-		return nil, errors.New("retrytiers: Ladder needs the consumer's queue")
-	}
-	if len(delays) == 0 {
-		delays = DelaysDefault
-	}
-	tiers := make([]Tier, 0, len(delays))
-	seen := map[string]bool{}
-	for i, d := range delays {
-		if d < time.Millisecond {
-			return nil, fmt.Errorf("retrytiers: delay %d is %s: want at least 1ms", i, d)
-		}
-		name := TierName(d)
-		if seen[name] {
-			return nil, fmt.Errorf("retrytiers: delay %d is %s: two tiers with one delay", i, d)
-		}
-		seen[name] = true
-		topic := queue + ".retry." + name
-		if len(topic) > TopicMaxLength {
-			return nil, fmt.Errorf("%w: tier topic %q is %d bytes, more than %d (the queue name may be at most %d bytes with this tier)",
-				ErrNameTooLong, diag.Bound(topic, 64), len(topic), TopicMaxLength, TopicMaxLength-len(topic)+len(queue))
-		}
-		tiers = append(tiers, Tier{Name: name, Delay: d, Topic: topic})
-	}
-	return tiers, nil
-}
-
-// ErrNameTooLong is matched by a Ladder whose tier topics would exceed
-// TopicMaxLength: it is refused, never cut short.
-var ErrNameTooLong = errors.New("retrytiers: name too long")
-
 // Config configures the retry-tier middleware.
 type Config struct {
 	// Publisher publishes the copies; it must return only once the copy is
 	// stored (a confirmed publisher on RabbitMQ). Required.
 	Publisher message.Publisher
 	// Tiers in order; a delivery's attempt N goes to Tiers[N-1]. Required:
-	// use Ladder.
-	Tiers []Tier
+	// use broker.Ladder, or the broker's tiers (router.Add gives them).
+	Tiers []broker.Tier
 	// Classifier classifies errors that carry no class (the stage used
 	// without middleware.Classify inside it). Default sluice.DefaultClassifier().
 	Classifier *sluice.Classifier
@@ -148,7 +95,7 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 		return nil, errors.New("retrytiers: Config.Publisher is required")
 	}
 	if len(cfg.Tiers) == 0 {
-		return nil, errors.New("retrytiers: Config.Tiers is required (see Ladder)")
+		return nil, errors.New("retrytiers: Config.Tiers is required (see broker.Ladder)")
 	}
 	for i, t := range cfg.Tiers {
 		if t.Name == "" || t.Topic == "" {
@@ -257,7 +204,7 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 // certain refusal moves on: after an uncertain publish
 // (sluice.ErrPublishUncertain: no confirm, a channel closed before it) the
 // copy may be stored in that tier, so no other tier is tried.
-func (s *stage) park(msg *message.Message, attempt int, reason string) (Tier, error) {
+func (s *stage) park(msg *message.Message, attempt int, reason string) (broker.Tier, error) {
 	planned := attempt - 1
 	order := []int{planned}
 	for i := planned + 1; i < len(s.cfg.Tiers); i++ {
@@ -294,7 +241,7 @@ func (s *stage) park(msg *message.Message, attempt int, reason string) (Tier, er
 	return s.cfg.Tiers[planned], errors.Join(errs...)
 }
 
-func (s *stage) copy(msg *message.Message, attempt int, tier Tier, reason string) *message.Message {
+func (s *stage) copy(msg *message.Message, attempt int, tier broker.Tier, reason string) *message.Message {
 	c := republish.Copy(msg, 5)
 	republish.Identify(c, msg, republish.KindRetry) // one identity, whichever tier takes it
 	c.Metadata[sluice.AttemptKey] = strconv.Itoa(attempt + 1)

@@ -14,6 +14,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/broker"
+	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/retrytiers"
 )
 
@@ -48,27 +50,27 @@ func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
 
 func (r *recorder) Close() error { return nil }
 
-func tiers(t *testing.T) []retrytiers.Tier {
+func tiers(t *testing.T) []broker.Tier {
 	t.Helper()
-	ts, err := retrytiers.Ladder("orders", 30*time.Second, 5*time.Minute, 90*time.Minute)
+	ts, err := broker.Ladder("orders", 30*time.Second, 5*time.Minute, 90*time.Minute)
 	require.NoError(t, err)
 	return ts
 }
 
 func TestLadder(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, []retrytiers.Tier{
+	require.Equal(t, []broker.Tier{
 		{Name: "30s", Delay: 30 * time.Second, Topic: "orders.retry.30s"},
 		{Name: "5m", Delay: 5 * time.Minute, Topic: "orders.retry.5m"},
 		{Name: "1h30m", Delay: 90 * time.Minute, Topic: "orders.retry.1h30m"},
 	}, tiers(t))
-	def, err := retrytiers.Ladder("q")
+	def, err := broker.Ladder("q")
 	require.NoError(t, err)
 	require.Len(t, def, 3)
 	require.Equal(t, "q.retry.30m", def[2].Topic)
-	_, err = retrytiers.Ladder("")
+	_, err = broker.Ladder("")
 	require.Error(t, err)
-	_, err = retrytiers.Ladder("q", time.Second, time.Second)
+	_, err = broker.Ladder("q", time.Second, time.Second)
 	require.ErrorContains(t, err, "two tiers")
 }
 
@@ -78,7 +80,7 @@ func TestNewValidates(t *testing.T) {
 	require.ErrorContains(t, err, "Config.Publisher is required")
 	_, err = retrytiers.New(retrytiers.Config{Publisher: &recorder{}})
 	require.ErrorContains(t, err, "Config.Tiers is required")
-	_, err = retrytiers.New(retrytiers.Config{Publisher: &recorder{}, Tiers: []retrytiers.Tier{{Name: "x"}}})
+	_, err = retrytiers.New(retrytiers.Config{Publisher: &recorder{}, Tiers: []broker.Tier{{Name: "x"}}})
 	require.ErrorContains(t, err, "Config.Tiers[0]")
 }
 
@@ -262,9 +264,9 @@ func TestDelayedPublisher(t *testing.T) {
 	out, err := target.Subscribe(context.Background(), "orders")
 	require.NoError(t, err)
 
-	ts, err := retrytiers.Ladder("orders", 50*time.Millisecond, time.Hour)
+	ts, err := broker.Ladder("orders", 50*time.Millisecond, time.Hour)
 	require.NoError(t, err)
-	p, err := retrytiers.NewDelayedPublisher(retrytiers.DelayedPublisherConfig{Target: target, Routes: retrytiers.Routes("orders", ts)})
+	p, err := embedded.NewDelayedPublisher(embedded.DelayedPublisherConfig{Target: target, Routes: embedded.Routes("orders", ts)})
 	require.NoError(t, err)
 
 	start := time.Now()
@@ -282,5 +284,5 @@ func TestDelayedPublisher(t *testing.T) {
 	require.Equal(t, 1, p.Pending())
 	require.ErrorContains(t, p.Close(), "1 still waiting at Close", "Close says what it drops: not durable")
 	require.NoError(t, p.Close())
-	require.ErrorIs(t, p.Publish(ts[0].Topic, message.NewMessage("u4", nil)), retrytiers.ErrDelayedPublisherClosed)
+	require.ErrorIs(t, p.Publish(ts[0].Topic, message.NewMessage("u4", nil)), embedded.ErrDelayedPublisherClosed)
 }

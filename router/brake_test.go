@@ -22,6 +22,7 @@ import (
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -235,7 +236,7 @@ func TestBrakeOnTheEmbeddedDefault(t *testing.T) {
 	const events = 300
 	var down atomic.Bool
 	var handled atomic.Int64
-	e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "orders", TierDelays: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond}})
+	e, err := embedded.New(embedded.Config{Topic: "orders", TierDelays: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond}})
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
@@ -258,7 +259,7 @@ func TestBrakeOnTheEmbeddedDefault(t *testing.T) {
 	t.Cleanup(func() { require.NoError(t, e.Close()) })
 
 	down.Store(true)
-	publishN(t, e, events)
+	testenv.PublishEvents(t, e.PubSub(), "orders", events)
 	outlastTheLadder(t, reader, 10*150*time.Millisecond, func() bool { return true }) // ten times the ladder
 	require.LessOrEqual(t, e.PendingRetries(), 5, "at most the failures before the brake engaged wait in a tier")
 	down.Store(false)

@@ -13,6 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/embedded"
+	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -21,9 +23,9 @@ import (
 
 // runEmbedded runs a handler on the embedded default and returns it with a
 // function that closes the router.
-func runEmbedded(t *testing.T, cfg router.EmbeddedConfig, handler message.NoPublishHandlerFunc) (*router.Embedded, func()) {
+func runEmbedded(t *testing.T, cfg embedded.Config, handler message.NoPublishHandlerFunc) (*embedded.Broker, func()) {
 	t.Helper()
-	e, err := router.NewEmbedded(cfg)
+	e, err := embedded.New(cfg)
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
@@ -46,15 +48,6 @@ func runEmbedded(t *testing.T, cfg router.EmbeddedConfig, handler message.NoPubl
 	return e, stop
 }
 
-func publishN(t *testing.T, e *router.Embedded, n int) {
-	t.Helper()
-	for i := range n {
-		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-		m.Metadata.Set(sluice.EventIDKey, fmt.Sprint("evt-", i))
-		require.NoError(t, e.PubSub.Publish("orders", m))
-	}
-}
-
 // Copies whose delay ends after the router closed reach no handler: they
 // wait in the topic, and Close names them (no retry copy is lost silently).
 // A copy back before the router closed fails again and is poisoned
@@ -62,18 +55,18 @@ func publishN(t *testing.T, e *router.Embedded, n int) {
 func TestEmbeddedCloseReportsCopiesBackAfterTheRouterClosed(t *testing.T) {
 	t.Parallel()
 	var handled atomic.Int64
-	e, stop := runEmbedded(t, router.EmbeddedConfig{Topic: "orders", TierDelays: []time.Duration{500 * time.Millisecond}},
+	e, stop := runEmbedded(t, embedded.Config{Topic: "orders", TierDelays: []time.Duration{500 * time.Millisecond}},
 		func(*message.Message) error { handled.Add(1); return sluice.Transient(errors.New("down")) })
-	publishN(t, e, 100)
+	testenv.PublishEvents(t, e.PubSub(), "orders", 100)
 	require.Eventually(t, func() bool { return handled.Load() >= 100 }, 5*time.Second, time.Millisecond)
 	stop() // the last copy parked just now: it comes back after the router closed
 	atClose := handled.Load()
 	require.Eventually(t, func() bool { return e.PendingRetries() == 0 }, 10*time.Second, 5*time.Millisecond,
 		"the delays end with no handler running")
 	err := e.Close()
-	var unfinished *router.UnfinishedError
+	var unfinished *embedded.UnfinishedError
 	require.ErrorAs(t, err, &unfinished)
-	require.ErrorIs(t, err, router.ErrUnfinished)
+	require.ErrorIs(t, err, embedded.ErrUnfinished)
 	require.NotEmpty(t, unfinished.Queued)
 	require.Empty(t, unfinished.InFlight)
 	require.Equal(t, 100, len(unfinished.Queued)+len(e.Poisoned()), "every event is reported or poisoned")
@@ -86,9 +79,9 @@ func TestEmbeddedCloseReportsCopiesBackAfterTheRouterClosed(t *testing.T) {
 func TestEmbeddedTiersAreBounded(t *testing.T) {
 	t.Parallel()
 	var handled atomic.Int64
-	e, stop := runEmbedded(t, router.EmbeddedConfig{Topic: "orders", TierDelays: []time.Duration{time.Hour}, MaxPendingRetries: 10},
+	e, stop := runEmbedded(t, embedded.Config{Topic: "orders", TierDelays: []time.Duration{time.Hour}, MaxPendingRetries: 10},
 		func(*message.Message) error { handled.Add(1); return sluice.Transient(errors.New("down")) })
-	publishN(t, e, 20)
+	testenv.PublishEvents(t, e.PubSub(), "orders", 20)
 	require.Eventually(t, func() bool { return handled.Load() >= 40 }, 5*time.Second, time.Millisecond,
 		"the ten over the bound are nacked and redelivered")
 	require.Equal(t, 10, e.PendingRetries())

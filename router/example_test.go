@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -28,7 +29,7 @@ import (
 func Example_chain() {
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
-	embedded, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "orders", TierDelays: []time.Duration{20 * time.Millisecond}})
+	embedded, err := embedded.New(embedded.Config{Topic: "orders", TierDelays: []time.Duration{20 * time.Millisecond}})
 	if err != nil {
 		panic(err)
 	}
@@ -84,7 +85,7 @@ func Example_chain() {
 	for _, id := range []string{"ok", "ok", "out-of-stock", "flaky", "down", "bug", "malformed"} {
 		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 		m.Metadata.Set(sluice.EventIDKey, id)
-		_ = embedded.PubSub.Publish("orders", m)
+		_ = embedded.PubSub().Publish("orders", m)
 	}
 	for len(embedded.Poisoned()) < 3 || seen("flaky") < 2 {
 		time.Sleep(5 * time.Millisecond)

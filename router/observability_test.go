@@ -20,6 +20,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -91,7 +92,7 @@ func TestEveryFateIsLoggedOnce(t *testing.T) {
 	t.Parallel()
 	logs := &capture{}
 	spans := tracetest.NewSpanRecorder()
-	e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "orders", TierDelays: []time.Duration{20 * time.Millisecond, 40 * time.Millisecond}})
+	e, err := embedded.New(embedded.Config{Topic: "orders", TierDelays: []time.Duration{20 * time.Millisecond, 40 * time.Millisecond}})
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, logs)
 	require.NoError(t, err)
@@ -138,7 +139,7 @@ func TestEveryFateIsLoggedOnce(t *testing.T) {
 	for _, id := range []string{"evt-retry", "evt-exhausted", "evt-panic", "evt-rejected", "evt-ok", "evt-ok"} {
 		m := message.NewMessage(watermill.NewUUID(), []byte(`{"card":"SECRET-PAYLOAD"}`))
 		m.Metadata.Set(sluice.EventIDKey, id)
-		require.NoError(t, e.PubSub.Publish("orders", m))
+		require.NoError(t, e.PubSub().Publish("orders", m))
 	}
 	require.Eventually(t, func() bool { return len(e.Poisoned()) == 2 && len(logs.about("evt-retry")) >= 1 },
 		10*time.Second, 10*time.Millisecond)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
@@ -18,10 +19,10 @@ type HandlerConfig struct {
 	Name string
 	// Broker gives the handler its queue, subscriber, retry tiers, poison
 	// queue and the publishers of the copies (rabbitmq.NewBroker, or the
-	// embedded default, NewEmbedded). With a Broker, Topic and Subscriber
+	// embedded default, embedded.New). With a Broker, Topic and Subscriber
 	// are the broker's, and the Poison and Retry stages get its endpoints
 	// where theirs are unset.
-	Broker Broker
+	Broker broker.Broker
 	// Topic to subscribe to. Required without a Broker.
 	Topic string
 	// Subscriber. Required without a Broker.
@@ -105,7 +106,7 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 	}
 	subscriber := cfg.Subscriber
 	if cfg.Stages.Brake != nil {
-		gated, pausing := subscriber.(GatedSubscriber)
+		gated, pausing := subscriber.(broker.GatedSubscriber)
 		b, err := cfg.Stages.newBrake(cfg.Name, pausing)
 		if err != nil {
 			return nil, err

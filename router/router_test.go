@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -46,13 +47,13 @@ func TestAddValidates(t *testing.T) {
 		require.ErrorContains(t, err, tt.want)
 	}
 
-	e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "orders"})
+	e, err := embedded.New(embedded.Config{Topic: "orders"})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Close() })
 	_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "n", Handler: h, Consumers: 2})
 	require.ErrorContains(t, err, "the gochannel broker allows at most 1")
-	_, err = router.NewEmbedded(router.EmbeddedConfig{})
-	require.ErrorContains(t, err, "EmbeddedConfig.Topic is required")
+	_, err = embedded.New(embedded.Config{})
+	require.ErrorContains(t, err, "embedded: Config.Topic is required")
 	_, err = rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{})
 	require.ErrorContains(t, err, "BrokerConfig.URL is required")
 }

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -30,7 +31,7 @@ type traced struct {
 	spans    *tracetest.SpanRecorder
 	tp       *sdktrace.TracerProvider
 	metrics  *sdkmetric.ManualReader
-	embedded *router.Embedded
+	embedded *embedded.Broker
 	producer message.Publisher
 }
 
@@ -41,10 +42,10 @@ func runTraced(t *testing.T, handler message.NoPublishHandlerFunc, stages func(*
 	tr := &traced{spans: tracetest.NewSpanRecorder(), metrics: sdkmetric.NewManualReader()}
 	tr.tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(tr.spans))
 	var err error
-	tr.embedded, err = router.NewEmbedded(router.EmbeddedConfig{Topic: "orders", TierDelays: []time.Duration{10 * time.Millisecond}})
+	tr.embedded, err = embedded.New(embedded.Config{Topic: "orders", TierDelays: []time.Duration{10 * time.Millisecond}})
 	require.NoError(t, err)
 	cfg := middleware.TraceConfig{TracerProvider: tr.tp, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(tr.metrics))}
-	tr.producer = middleware.TracingPublisher(tr.embedded.PubSub, cfg)
+	tr.producer = middleware.TracingPublisher(tr.embedded.PubSub(), cfg)
 	r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	require.NoError(t, err)
 	s := router.Stages{Trace: &cfg, Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{}}
@@ -172,7 +173,7 @@ func TestTraceErrorStatusOnlyWhenNacked(t *testing.T) {
 	})
 	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 	m.Metadata.Set(sluice.EventIDKey, "malformed")
-	require.NoError(t, tr.embedded.PubSub.Publish("orders", m))
+	require.NoError(t, tr.embedded.PubSub().Publish("orders", m))
 	require.Eventually(t, tr.consumerSpans(1), 5*time.Second, 5*time.Millisecond)
 	failing.set(nil) // the poison queue is back: the redelivery is isolated
 	require.Eventually(t, func() bool {
@@ -201,7 +202,7 @@ func TestTraceErrorStatusOnlyWhenNacked(t *testing.T) {
 
 	p := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 	p.Metadata.Set(sluice.EventIDKey, "panics")
-	require.NoError(t, tr.embedded.PubSub.Publish("orders", p))
+	require.NoError(t, tr.embedded.PubSub().Publish("orders", p))
 	require.Eventually(t, func() bool {
 		for _, s := range tr.spans.Ended() {
 			for _, e := range s.Events() {

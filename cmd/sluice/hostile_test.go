@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/cmd/internal/dlq"
+	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -145,7 +146,7 @@ func TestStackLogsEscapeMessageContents(t *testing.T) {
 	t.Parallel()
 	var buf syncBuffer
 	logger := watermill.NewStdLoggerWithOut(&buf, false, false)
-	e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "orders", TierDelays: []time.Duration{time.Millisecond}})
+	e, err := embedded.New(embedded.Config{Topic: "orders", TierDelays: []time.Duration{time.Millisecond}})
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, logger)
 	require.NoError(t, err)
@@ -182,7 +183,7 @@ func TestStackLogsEscapeMessageContents(t *testing.T) {
 	for _, id := range []string{"poison", "reject", "retry", "exhaust"} {
 		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 		m.Metadata.Set(sluice.EventIDKey, id+hostile)
-		require.NoError(t, e.PubSub.Publish("orders", m))
+		require.NoError(t, e.PubSub().Publish("orders", m))
 	}
 	require.Eventually(t, func() bool {
 		mu.Lock()

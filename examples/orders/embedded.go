@@ -10,17 +10,18 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
+	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/router"
 )
 
 const topic = "order.created"
 
-// embeddedEnv: Sluice's in-process broker (router.EmbeddedPubSub), SQLite,
+// embeddedEnv: Sluice's in-process broker (embedded.PubSub), SQLite,
 // in-process tiers. No servers.
 type embeddedEnv struct {
 	sqlite   *sqlx.DB
 	dir      string
-	embedded *router.Embedded
+	embedded *embedded.Broker
 
 	mu       sync.Mutex
 	rejected int
@@ -52,7 +53,7 @@ func newEmbeddedEnv(ctx context.Context, dbPath string) (_ *embeddedEnv, err err
 			return nil, err
 		}
 	}
-	e.embedded, err = router.NewEmbedded(router.EmbeddedConfig{Topic: topic, TierDelays: tierDelays})
+	e.embedded, err = embedded.New(embedded.Config{Topic: topic, TierDelays: tierDelays})
 	return e, err
 }
 
@@ -63,7 +64,7 @@ func (e *embeddedEnv) inventory() *inventory { return &inventory{} }
 func (e *embeddedEnv) add(r *message.Router, h router.HandlerConfig) error {
 	// The router closes a handler's publisher when the handler stops: a
 	// view of the broker that leaves closing it to Embedded.Close.
-	h.PublishTopic, h.Publisher = rejectedTopic, e.embedded.PubSub.Publisher()
+	h.PublishTopic, h.Publisher = rejectedTopic, e.embedded.PubSub().Publisher()
 	h.Broker = e.embedded
 	_, err := router.Add(r, h)
 	return err
@@ -72,7 +73,7 @@ func (e *embeddedEnv) add(r *message.Router, h router.HandlerConfig) error {
 // start counts the rejection events delivered on their topic.
 func (e *embeddedEnv) start(context.Context) error {
 	ctx, cancel := context.WithCancel(context.Background())
-	out, err := e.embedded.PubSub.Subscribe(ctx, rejectedTopic)
+	out, err := e.embedded.PubSub().Subscribe(ctx, rejectedTopic)
 	if err != nil {
 		cancel()
 		return err
@@ -91,7 +92,7 @@ func (e *embeddedEnv) start(context.Context) error {
 }
 
 func (e *embeddedEnv) publish(msgs ...*message.Message) error {
-	return e.embedded.PubSub.Publish(topic, msgs...)
+	return e.embedded.PubSub().Publish(topic, msgs...)
 }
 
 func (e *embeddedEnv) poisoned(context.Context) ([]*message.Message, error) {

@@ -14,6 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -92,7 +93,7 @@ type consumerCase struct {
 func consumerRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, url string, cc consumerCase) (float64, error) {
 	n, subs, failing := cc.n, cc.subs, cc.failing
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{
-		Queue: fmt.Sprintf("sluice_bench_consume_%d", time.Now().UnixNano()), TierDelays: retrytiers.DelaysDefault,
+		Queue: fmt.Sprintf("sluice_bench_consume_%d", time.Now().UnixNano()), TierDelays: broker.DelaysDefault,
 	})
 	if err != nil {
 		return 0, err

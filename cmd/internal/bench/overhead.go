@@ -12,6 +12,7 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -36,7 +37,7 @@ func StackHandler(bare bool) (message.HandlerFunc, *deduplication.MemoryStore, e
 	}
 	store := deduplication.NewMemoryStore()
 	meter := noop.NewMeterProvider()
-	tiers, err := retrytiers.Ladder("q")
+	tiers, err := broker.Ladder("q")
 	if err != nil {
 		return nil, nil, err
 	}

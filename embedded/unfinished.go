@@ -1,4 +1,4 @@
-package router
+package embedded
 
 import (
 	"cmp"
@@ -12,9 +12,9 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 )
 
-// ErrUnfinished is matched by the error of Embedded.Close (and
-// EmbeddedPubSub.Close) when deliveries were not acked: an *UnfinishedError.
-var ErrUnfinished = errors.New("router: embedded deliveries not finished at Close")
+// ErrUnfinished is matched by the error of Broker.Close (and
+// PubSub.Close) when deliveries were not acked: an *UnfinishedError.
+var ErrUnfinished = errors.New("embedded: embedded deliveries not finished at Close")
 
 // UnfinishedError counts and names the deliveries the embedded broker did
 // not see acked by the time it closed. It holds the stored copies (payload

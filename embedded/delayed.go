@@ -1,4 +1,4 @@
-package retrytiers
+package embedded
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/broker"
 )
 
 // Route sends what is published to From on to To after Delay.
@@ -21,7 +22,7 @@ type Route struct {
 }
 
 // Routes returns the routes of tiers back to the consumer's queue (topic).
-func Routes(queue string, tiers []Tier) []Route {
+func Routes(queue string, tiers []broker.Tier) []Route {
 	rs := make([]Route, len(tiers))
 	for i, t := range tiers {
 		rs[i] = Route{From: t.Topic, Delay: t.Delay, To: queue}
@@ -50,10 +51,10 @@ const MaxPendingDefault = 10_000
 
 // ErrDelayedPublisherFull is returned by Publish when MaxPending messages
 // already wait.
-var ErrDelayedPublisherFull = errors.New("retrytiers: delayed publisher full")
+var ErrDelayedPublisherFull = errors.New("embedded: delayed publisher full")
 
 // ErrDelayedPublisherClosed is returned by Publish after Close.
-var ErrDelayedPublisherClosed = errors.New("retrytiers: delayed publisher closed")
+var ErrDelayedPublisherClosed = errors.New("embedded: delayed publisher closed")
 
 // DelayedPublisher is an in-process message.Publisher for the retry tiers of
 // the embedded default and of tests: a message published to a route's From
@@ -83,10 +84,10 @@ var _ message.Publisher = (*DelayedPublisher)(nil)
 // NewDelayedPublisher validates cfg and returns a DelayedPublisher.
 func NewDelayedPublisher(cfg DelayedPublisherConfig) (*DelayedPublisher, error) {
 	if cfg.Target == nil {
-		return nil, errors.New("retrytiers: DelayedPublisherConfig.Target is required")
+		return nil, errors.New("embedded: DelayedPublisherConfig.Target is required")
 	}
 	if len(cfg.Routes) == 0 {
-		return nil, errors.New("retrytiers: DelayedPublisherConfig.Routes is required (see Routes)")
+		return nil, errors.New("embedded: DelayedPublisherConfig.Routes is required (see Routes)")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}
@@ -95,12 +96,12 @@ func NewDelayedPublisher(cfg DelayedPublisherConfig) (*DelayedPublisher, error) 
 		cfg.MaxPending = MaxPendingDefault
 	}
 	if cfg.MaxPending < 0 {
-		return nil, fmt.Errorf("retrytiers: DelayedPublisherConfig.MaxPending must be positive, got %d", cfg.MaxPending)
+		return nil, fmt.Errorf("embedded: DelayedPublisherConfig.MaxPending must be positive, got %d", cfg.MaxPending)
 	}
 	routes := make(map[string]Route, len(cfg.Routes))
 	for i, r := range cfg.Routes {
 		if r.From == "" || r.To == "" || r.Delay < 0 {
-			return nil, fmt.Errorf("retrytiers: DelayedPublisherConfig.Routes[%d] needs From, To and a delay that is not negative", i)
+			return nil, fmt.Errorf("embedded: DelayedPublisherConfig.Routes[%d] needs From, To and a delay that is not negative", i)
 		}
 		routes[r.From] = r
 	}
@@ -112,7 +113,7 @@ func NewDelayedPublisher(cfg DelayedPublisherConfig) (*DelayedPublisher, error) 
 func (p *DelayedPublisher) Publish(topic string, msgs ...*message.Message) error {
 	r, ok := p.routes[topic]
 	if !ok {
-		return fmt.Errorf("retrytiers: no delayed route from topic %q", topic)
+		return fmt.Errorf("embedded: no delayed route from topic %q", topic)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -186,7 +187,7 @@ func (p *DelayedPublisher) Close() error {
 	failed := p.failed
 	p.mu.Unlock()
 	if dropped+failed > 0 {
-		return fmt.Errorf("retrytiers: delayed publisher dropped %d messages (not durable): %d still waiting at Close, %d refused by the target",
+		return fmt.Errorf("embedded: delayed publisher dropped %d messages (not durable): %d still waiting at Close, %d refused by the target",
 			dropped+failed, dropped, failed)
 	}
 	return nil

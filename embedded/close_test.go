@@ -1,4 +1,4 @@
-package router_test
+package embedded_test
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/brake"
+	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -27,7 +28,7 @@ import (
 
 // embeddedRouter runs cfg's handler on e and returns the router with the
 // channel its Run returns on.
-func embeddedRouter(t *testing.T, e *router.Embedded, stages router.Stages, handler message.NoPublishHandlerFunc) (*message.Router, <-chan error, testenv.ClosingLogger) {
+func embeddedRouter(t *testing.T, e *embedded.Broker, stages router.Stages, handler message.NoPublishHandlerFunc) (*message.Router, <-chan error, testenv.ClosingLogger) {
 	t.Helper()
 	logger := testenv.NewClosingLogger()
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
@@ -47,7 +48,7 @@ func embeddedRouter(t *testing.T, e *router.Embedded, stages router.Stages, hand
 func TestEmbeddedCloseMidLoadAccountsForEveryDelivery(t *testing.T) {
 	t.Parallel()
 	const events, passing, inFlight = 1000, 200, 16
-	e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "orders", TierDelays: []time.Duration{time.Hour}, MaxInFlight: inFlight})
+	e, err := embedded.New(embedded.Config{Topic: "orders", TierDelays: []time.Duration{time.Hour}, MaxInFlight: inFlight})
 	require.NoError(t, err)
 
 	var (
@@ -80,7 +81,7 @@ func TestEmbeddedCloseMidLoadAccountsForEveryDelivery(t *testing.T) {
 		processed[m.Metadata.Get(sluice.EventIDKey)]++
 		return nil
 	})
-	publishN(t, e, events)
+	testenv.PublishEvents(t, e.PubSub(), "orders", events)
 	for range inFlight { // passing processed, inFlight held in their handlers
 		<-held
 	}
@@ -94,13 +95,13 @@ func TestEmbeddedCloseMidLoadAccountsForEveryDelivery(t *testing.T) {
 	require.NoError(t, <-done)
 
 	require.Zero(t, running.Load(), "no handler runs after the router's Close returned")
-	require.Zero(t, router.EmbeddedSubscriptions(e), "the handler's subscription closed its channel: nothing more can start")
+	require.Zero(t, embedded.Subscriptions(e), "the handler's subscription closed its channel: nothing more can start")
 	mu.Lock()
 	atClose := len(processed)
 	mu.Unlock()
 
 	err = e.Close()
-	var unfinished *router.UnfinishedError
+	var unfinished *embedded.UnfinishedError
 	require.ErrorAs(t, err, &unfinished)
 	require.Empty(t, unfinished.InFlight, "the drain saw every handler out")
 	mu.Lock()
@@ -125,7 +126,7 @@ func TestEmbeddedCloseMidLoadAccountsForEveryDelivery(t *testing.T) {
 func TestEmbeddedCloseReportsDeliveriesNackedWhileTheRouterCloses(t *testing.T) {
 	t.Parallel()
 	const events = 10
-	e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "orders", TierDelays: []time.Duration{time.Hour}})
+	e, err := embedded.New(embedded.Config{Topic: "orders", TierDelays: []time.Duration{time.Hour}})
 	require.NoError(t, err)
 	reader := sdkmetric.NewManualReader()
 	var handled atomic.Int64
@@ -137,7 +138,7 @@ func TestEmbeddedCloseReportsDeliveriesNackedWhileTheRouterCloses(t *testing.T) 
 		handled.Add(1)
 		return fmt.Errorf("inventory service: %w", syscall.ECONNREFUSED)
 	})
-	publishN(t, e, events)
+	testenv.PublishEvents(t, e.PubSub(), "orders", events)
 	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, brake.MetricTransitions) >= 1 }, 5*time.Second, time.Millisecond,
 		"the brake engaged: the deliveries after it wait in the stage")
 	require.NoError(t, r.Close())
@@ -145,7 +146,7 @@ func TestEmbeddedCloseReportsDeliveriesNackedWhileTheRouterCloses(t *testing.T) 
 
 	parked := e.PendingRetries() // the failures before the brake engaged
 	err = e.Close()
-	var unfinished *router.UnfinishedError
+	var unfinished *embedded.UnfinishedError
 	require.ErrorAs(t, err, &unfinished)
 	require.Empty(t, e.Poisoned())
 	require.Equal(t, events, parked+len(unfinished.Queued), "every delivery is in a tier or reported")
@@ -159,7 +160,7 @@ func TestEmbeddedCloseReportsDeliveriesNackedWhileTheRouterCloses(t *testing.T) 
 // Endpoints.PoisonPublisher promises: Poisoned shows it at once.
 func TestEmbeddedPoisonPublishReturnsOnceStored(t *testing.T) {
 	t.Parallel()
-	e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "orders"})
+	e, err := embedded.New(embedded.Config{Topic: "orders"})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, e.Close()) })
 	ep := e.Endpoints()
@@ -177,9 +178,9 @@ func TestEmbeddedPoisonPublishReturnsOnceStored(t *testing.T) {
 // embedded broker drops nothing for want of a subscriber.
 func TestEmbeddedKeepsDeliveriesPublishedBeforeTheHandler(t *testing.T) {
 	t.Parallel()
-	e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "orders"})
+	e, err := embedded.New(embedded.Config{Topic: "orders"})
 	require.NoError(t, err)
-	publishN(t, e, 20)
+	testenv.PublishEvents(t, e.PubSub(), "orders", 20)
 	var handled atomic.Int64
 	r, done, _ := embeddedRouter(t, e, router.Stages{Classify: &middleware.ClassifyConfig{}}, func(*message.Message) error {
 		handled.Add(1)
@@ -198,7 +199,7 @@ func TestEmbeddedKeepsDeliveriesPublishedBeforeTheHandler(t *testing.T) {
 func TestEmbeddedCloseRightAfterPublishing(t *testing.T) {
 	t.Parallel()
 	const events = 1000
-	e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "orders", TierDelays: []time.Duration{time.Hour}})
+	e, err := embedded.New(embedded.Config{Topic: "orders", TierDelays: []time.Duration{time.Hour}})
 	require.NoError(t, err)
 	var processed, running, late atomic.Int64
 	var closed atomic.Bool
@@ -216,17 +217,17 @@ func TestEmbeddedCloseRightAfterPublishing(t *testing.T) {
 		processed.Add(1)
 		return nil
 	})
-	publishN(t, e, events)
+	testenv.PublishEvents(t, e.PubSub(), "orders", events)
 	require.NoError(t, r.Close())
 	closed.Store(true)
 	require.NoError(t, <-done)
 	require.Zero(t, running.Load(), "no handler runs after the router's Close returned")
-	require.Zero(t, router.EmbeddedSubscriptions(e), "nothing more can start")
+	require.Zero(t, embedded.Subscriptions(e), "nothing more can start")
 	atClose := processed.Load()
 
 	err = e.Close()
 	reported := 0
-	var unfinished *router.UnfinishedError
+	var unfinished *embedded.UnfinishedError
 	if errors.As(err, &unfinished) {
 		require.Empty(t, unfinished.InFlight)
 		reported = len(unfinished.Queued)
@@ -242,7 +243,7 @@ func TestEmbeddedCloseRightAfterPublishing(t *testing.T) {
 // by Close as still in a handler, not counted as finished.
 func TestEmbeddedCloseReportsAHandlerOutlastingTheDrain(t *testing.T) {
 	t.Parallel()
-	e, err := router.NewEmbedded(router.EmbeddedConfig{Topic: "orders", DrainTimeout: 50 * time.Millisecond})
+	e, err := embedded.New(embedded.Config{Topic: "orders", DrainTimeout: 50 * time.Millisecond})
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 100 * time.Millisecond}, watermill.NopLogger{})
 	require.NoError(t, err)
@@ -259,18 +260,18 @@ func TestEmbeddedCloseReportsAHandlerOutlastingTheDrain(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
 	<-r.Running()
-	publishN(t, e, 1)
+	testenv.PublishEvents(t, e.PubSub(), "orders", 1)
 	<-held
 	require.ErrorContains(t, r.Close(), "router close timeout", "the handler is still running")
 	require.NoError(t, <-done)
 
 	err = e.Close()
-	var unfinished *router.UnfinishedError
+	var unfinished *embedded.UnfinishedError
 	require.ErrorAs(t, err, &unfinished)
 	require.Len(t, unfinished.InFlight, 1)
 	require.Empty(t, unfinished.Queued)
 	require.ErrorContains(t, err, "1 still in a handler: evt-0")
 	close(release)
 	<-returned
-	require.ErrorIs(t, e.Close(), router.ErrUnfinished, "a second Close returns the same report")
+	require.ErrorIs(t, e.Close(), embedded.ErrUnfinished, "a second Close returns the same report")
 }

@@ -1,4 +1,4 @@
-package router
+package embedded
 
 import (
 	"container/list"
@@ -14,15 +14,15 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// ErrEmbeddedFull is matched by EmbeddedPubSub.Publish's error when the
-// topic already holds EmbeddedConfig.MaxQueued deliveries.
-var ErrEmbeddedFull = errors.New("router: embedded topic full")
+// ErrFull is matched by PubSub.Publish's error when the
+// topic already holds Config.MaxQueued deliveries.
+var ErrFull = errors.New("embedded: embedded topic full")
 
-// ErrEmbeddedClosed is matched by EmbeddedPubSub's Publish and Subscribe
+// ErrClosed is matched by PubSub's Publish and Subscribe
 // errors after Close.
-var ErrEmbeddedClosed = errors.New("router: embedded broker closed")
+var ErrClosed = errors.New("embedded: embedded broker closed")
 
-// EmbeddedPubSub is the embedded default's in-process broker: one bounded
+// PubSub is the embedded default's in-process broker: one bounded
 // queue per topic, read by competing subscriptions, at least once. A
 // published message waits in its topic until a subscription takes it — with
 // or without a subscriber, never dropped — and stays tracked until its
@@ -38,7 +38,7 @@ var ErrEmbeddedClosed = errors.New("router: embedded broker closed")
 // acked or nacked, and only then closes its channel. Close returns an
 // *UnfinishedError naming every delivery not acked. Not durable: it all
 // lives in this process's memory. Safe for concurrent use.
-type EmbeddedPubSub struct {
+type PubSub struct {
 	maxQueued, maxInFlight int
 	drainTimeout           time.Duration
 	logger                 watermill.LoggerAdapter
@@ -55,8 +55,8 @@ type EmbeddedPubSub struct {
 }
 
 var (
-	_ message.Publisher  = (*EmbeddedPubSub)(nil)
-	_ message.Subscriber = (*EmbeddedPubSub)(nil)
+	_ message.Publisher  = (*PubSub)(nil)
+	_ message.Subscriber = (*PubSub)(nil)
 )
 
 type embeddedTopic struct {
@@ -78,13 +78,13 @@ type embeddedSubscription struct {
 	stop     chan struct{} // closed to begin the drain
 	stopOnce sync.Once
 	done     chan struct{} // closed once out is
-	inflight int           // under EmbeddedPubSub.mu
+	inflight int           // under PubSub.mu
 }
 
 func (s *embeddedSubscription) halt() { s.stopOnce.Do(func() { close(s.stop) }) }
 
-func newEmbeddedPubSub(cfg EmbeddedConfig) *EmbeddedPubSub {
-	return &EmbeddedPubSub{
+func newPubSub(cfg Config) *PubSub {
+	return &PubSub{
 		maxQueued: cfg.MaxQueued, maxInFlight: cfg.MaxInFlight, drainTimeout: cfg.DrainTimeout, logger: cfg.Logger,
 		sinks:   map[string]func(...*message.Message){},
 		changed: make(chan struct{}), topics: map[string]*embeddedTopic{},
@@ -93,12 +93,12 @@ func newEmbeddedPubSub(cfg EmbeddedConfig) *EmbeddedPubSub {
 }
 
 // broadcast wakes every waiter (p.mu held).
-func (p *EmbeddedPubSub) broadcast() {
+func (p *PubSub) broadcast() {
 	close(p.changed)
 	p.changed = make(chan struct{})
 }
 
-func (p *EmbeddedPubSub) topic(name string) *embeddedTopic {
+func (p *PubSub) topic(name string) *embeddedTopic {
 	t, ok := p.topics[name]
 	if !ok {
 		t = &embeddedTopic{ready: list.New(), inflight: map[*embeddedDelivery]struct{}{}}
@@ -109,18 +109,18 @@ func (p *EmbeddedPubSub) topic(name string) *embeddedTopic {
 
 // Publish stores a copy of each message in topic and returns; it fails,
 // storing none, when the topic would hold more than MaxQueued deliveries
-// (ErrEmbeddedFull) or after Close (ErrEmbeddedClosed).
-func (p *EmbeddedPubSub) Publish(topic string, msgs ...*message.Message) error {
+// (ErrFull) or after Close (ErrClosed).
+func (p *PubSub) Publish(topic string, msgs ...*message.Message) error {
 	return p.publish(topic, false, msgs...)
 }
 
 // publish with unbounded set stores beyond MaxQueued: the copies back from
 // the in-process tiers, bounded by MaxPendingRetries already.
-func (p *EmbeddedPubSub) publish(topic string, unbounded bool, msgs ...*message.Message) error {
+func (p *PubSub) publish(topic string, unbounded bool, msgs ...*message.Message) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return fmt.Errorf("%w: publishing %d messages to %q", ErrEmbeddedClosed, len(msgs), topic)
+		return fmt.Errorf("%w: publishing %d messages to %q", ErrClosed, len(msgs), topic)
 	}
 	if sink, ok := p.sinks[topic]; ok {
 		sink(msgs...)
@@ -128,7 +128,7 @@ func (p *EmbeddedPubSub) publish(topic string, unbounded bool, msgs ...*message.
 	}
 	t := p.topic(topic)
 	if held := t.ready.Len() + len(t.inflight); !unbounded && held+len(msgs) > p.maxQueued {
-		return fmt.Errorf("%w: %q holds %d deliveries (MaxQueued %d)", ErrEmbeddedFull, topic, held, p.maxQueued)
+		return fmt.Errorf("%w: %q holds %d deliveries (MaxQueued %d)", ErrFull, topic, held, p.maxQueued)
 	}
 	for _, m := range msgs {
 		t.ready.PushBack(m.Copy()) // the caller may reuse m; its context is not kept
@@ -140,7 +140,7 @@ func (p *EmbeddedPubSub) publish(topic string, unbounded bool, msgs ...*message.
 // Subscribe returns a channel of topic's deliveries, shared with the other
 // subscriptions to it. The channel closes once the subscription has
 // drained, after ctx ends or Close.
-func (p *EmbeddedPubSub) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+func (p *PubSub) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	s, err := p.subscribe(ctx, topic)
 	if err != nil {
 		return nil, err
@@ -148,14 +148,14 @@ func (p *EmbeddedPubSub) Subscribe(ctx context.Context, topic string) (<-chan *m
 	return s.out, nil
 }
 
-func (p *EmbeddedPubSub) subscribe(ctx context.Context, topic string) (*embeddedSubscription, error) {
+func (p *PubSub) subscribe(ctx context.Context, topic string) (*embeddedSubscription, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return nil, fmt.Errorf("%w: subscribing to %q", ErrEmbeddedClosed, topic)
+		return nil, fmt.Errorf("%w: subscribing to %q", ErrClosed, topic)
 	}
 	if _, ok := p.sinks[topic]; ok {
-		return nil, fmt.Errorf("router: the embedded topic %q is not consumed by subscribing (read it with Embedded.Poisoned)", topic)
+		return nil, fmt.Errorf("embedded: the embedded topic %q is not consumed by subscribing (read it with Broker.Poisoned)", topic)
 	}
 	p.topic(topic)
 	sctx, cancel := context.WithCancel(ctx)
@@ -174,7 +174,7 @@ func (p *EmbeddedPubSub) subscribe(ctx context.Context, topic string) (*embedded
 }
 
 // deliver hands out s's deliveries until it stops, then drains it.
-func (p *EmbeddedPubSub) deliver(s *embeddedSubscription) {
+func (p *PubSub) deliver(s *embeddedSubscription) {
 	defer close(s.done)
 	defer close(s.out)
 	for p.handOut(s) {
@@ -183,7 +183,7 @@ func (p *EmbeddedPubSub) deliver(s *embeddedSubscription) {
 }
 
 // handOut hands out one delivery; false once s stops.
-func (p *EmbeddedPubSub) handOut(s *embeddedSubscription) bool {
+func (p *PubSub) handOut(s *embeddedSubscription) bool {
 	d, ok := p.next(s)
 	if !ok {
 		return false
@@ -199,7 +199,7 @@ func (p *EmbeddedPubSub) handOut(s *embeddedSubscription) bool {
 }
 
 // next waits for a delivery s may take, and takes it; false once s stops.
-func (p *EmbeddedPubSub) next(s *embeddedSubscription) (*embeddedDelivery, bool) {
+func (p *PubSub) next(s *embeddedSubscription) (*embeddedDelivery, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for {
@@ -230,7 +230,7 @@ func (p *EmbeddedPubSub) next(s *embeddedSubscription) (*embeddedDelivery, bool)
 
 // settle waits for d's ack or nack. After Close it stops waiting: d stays
 // in flight, and Close has reported it.
-func (p *EmbeddedPubSub) settle(s *embeddedSubscription, d *embeddedDelivery) {
+func (p *PubSub) settle(s *embeddedSubscription, d *embeddedDelivery) {
 	select {
 	case <-d.msg.Acked():
 		p.settled(s, d, false)
@@ -240,7 +240,7 @@ func (p *EmbeddedPubSub) settle(s *embeddedSubscription, d *embeddedDelivery) {
 	}
 }
 
-func (p *EmbeddedPubSub) settled(s *embeddedSubscription, d *embeddedDelivery, requeue bool) {
+func (p *PubSub) settled(s *embeddedSubscription, d *embeddedDelivery, requeue bool) {
 	d.cancel()
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -255,7 +255,7 @@ func (p *EmbeddedPubSub) settled(s *embeddedSubscription, d *embeddedDelivery, r
 
 // drain cancels the contexts of s's deliveries in flight and waits up to
 // the drain timeout for them to be settled.
-func (p *EmbeddedPubSub) drain(s *embeddedSubscription) {
+func (p *PubSub) drain(s *embeddedSubscription) {
 	s.cancel()
 	timeout := time.NewTimer(p.drainTimeout)
 	defer timeout.Stop()
@@ -270,19 +270,19 @@ func (p *EmbeddedPubSub) drain(s *embeddedSubscription) {
 			p.mu.Lock()
 		case <-timeout.C:
 			p.mu.Lock()
-			p.logger.Error("Embedded deliveries still in a handler after the drain timeout; Close reports them", nil,
+			p.logger.Error("embedded deliveries still in a handler after the drain timeout; Close reports them", nil,
 				watermill.LogFields{"topic": s.topic, "in_flight": s.inflight, "drain_timeout": p.drainTimeout.String()})
 			return
 		}
 	}
 }
 
-// Close stops every subscription, draining each (see EmbeddedPubSub), and
+// Close stops every subscription, draining each (see PubSub), and
 // returns an *UnfinishedError naming the deliveries not acked: those still
 // in a topic — never delivered, or nacked back — and those still in a
 // handler after the drain. Publish and Subscribe fail from its start.
 // Idempotent: every call returns the first one's report, once it has it.
-func (p *EmbeddedPubSub) Close() error {
+func (p *PubSub) Close() error {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -315,15 +315,15 @@ func (p *EmbeddedPubSub) Close() error {
 // Publisher returns a publisher into p whose Close does nothing: give it
 // as a handler's Publisher (Watermill's router closes a handler's
 // publisher when the handler stops, which must not close the broker the
-// other handlers, the tiers and Embedded.Close still use).
-func (p *EmbeddedPubSub) Publisher() message.Publisher { return embeddedPublisher{p, false} }
+// other handlers, the tiers and Broker.Close still use).
+func (p *PubSub) Publisher() message.Publisher { return embeddedPublisher{p, false} }
 
 // embeddedPublisher publishes into p. With unbounded set it is the tiers'
 // target: their copies go back to the topic beyond MaxQueued, as
 // MaxPendingRetries bounds them already; after the router closed they wait
 // in the topic like any other delivery, and Close reports them.
 type embeddedPublisher struct {
-	p         *EmbeddedPubSub
+	p         *PubSub
 	unbounded bool
 }
 
@@ -334,7 +334,7 @@ func (e embeddedPublisher) Publish(topic string, msgs ...*message.Message) error
 func (embeddedPublisher) Close() error { return nil }
 
 // closeSubscriptions stops subs and waits until each has drained.
-func (p *EmbeddedPubSub) closeSubscriptions(subs []*embeddedSubscription) {
+func (p *PubSub) closeSubscriptions(subs []*embeddedSubscription) {
 	for _, s := range subs {
 		s.halt()
 	}
@@ -345,13 +345,13 @@ func (p *EmbeddedPubSub) closeSubscriptions(subs []*embeddedSubscription) {
 
 // subscriber returns a subscriber of p whose Close drains only the
 // subscriptions made through it: what the router closes with a handler.
-func (p *EmbeddedPubSub) subscriber() *embeddedSubscriber {
+func (p *PubSub) subscriber() *embeddedSubscriber {
 	return &embeddedSubscriber{p: p, subs: map[*embeddedSubscription]struct{}{}}
 }
 
 // subscriptions returns how many of p's subscriptions have not closed their
 // channel yet.
-func (p *EmbeddedPubSub) subscriptions() int {
+func (p *PubSub) subscriptions() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := 0
@@ -366,7 +366,7 @@ func (p *EmbeddedPubSub) subscriptions() int {
 }
 
 type embeddedSubscriber struct {
-	p    *EmbeddedPubSub
+	p    *PubSub
 	mu   sync.Mutex
 	subs map[*embeddedSubscription]struct{}
 }

@@ -1,0 +1,71 @@
+// Package broker is the contract between Sluice's stages and a broker: what
+// the stages and router.Add need from one consumer queue (its subscriber,
+// its retry tiers and poison queue, the confirmed publishers of the copies,
+// a gate to stop consuming), and the retry ladder — the tiers' names,
+// topics and delays — that every broker names the same way.
+//
+// It imports only the root package and Watermill's message package. A
+// broker (package rabbitmq, package embedded) implements Broker and imports
+// this package, never router or a stage; the stages import it for Tier.
+// A new broker is a new package beside them.
+package broker
+
+import (
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Broker is what a broker gives the stages of one consumer queue
+// (rabbitmq.Broker, embedded.Broker).
+type Broker interface {
+	// Endpoints returns the queue's endpoints. router.Add calls it once per
+	// call.
+	Endpoints() Endpoints
+}
+
+// Endpoints are what router.Add gives the stages of a handler consuming one
+// queue, where the stage's own configuration leaves them unset.
+type Endpoints struct {
+	// System is messaging.system on spans ("rabbitmq", "gochannel").
+	System string
+	// Topic is the queue the handler consumes, and Subscriber its subscriber.
+	Topic      string
+	Subscriber message.Subscriber
+	// Tiers are the retry tiers in order, and RetryPublisher publishes the
+	// copies into them; it returns only once a copy is stored.
+	Tiers          []Tier
+	RetryPublisher message.Publisher
+	// PoisonTopic is the poison queue, and PoisonPublisher publishes into it;
+	// it returns only once a copy is stored and routed.
+	PoisonTopic     string
+	PoisonPublisher message.Publisher
+	// Consumers is how many competing consumers router.Add starts by
+	// default, and MaxConsumers the most the broker allows (0: no limit).
+	Consumers, MaxConsumers int
+}
+
+// Gate tells a subscriber when to stop consuming: Engaged reports whether to
+// stop now and returns a channel closed at the next change. The brake
+// (*brake.Brake) is one.
+type Gate interface {
+	Engaged() (engaged bool, changed <-chan struct{})
+}
+
+// ProbingGate is a Gate that also says when it lets one delivery through as
+// a probe (*brake.Brake is one). A subscriber that reads it takes one
+// delivery at a time while Probing holds (rabbitmq.Consumer consumes with
+// prefetch 1), so a failed probe gives back one delivery rather than every
+// delivery prefetched beside it, and takes its full prefetch again once the
+// gate releases.
+type ProbingGate interface {
+	Gate
+	Probing() bool
+}
+
+// GatedSubscriber is a subscriber that can stop consuming while a gate is
+// engaged (rabbitmq.Consumer). router.Add gives it the handler's brake:
+// WithGate returns the subscriber the handler consumes from, and closing it
+// closes the subscriber.
+type GatedSubscriber interface {
+	message.Subscriber
+	WithGate(g Gate) message.Subscriber
+}
