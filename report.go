@@ -1,6 +1,9 @@
 package sluice
 
-import "context"
+import (
+	"context"
+	"errors"
+)
 
 // Outcome is what became of a delivery.
 type Outcome string
@@ -64,4 +67,27 @@ func Record(ctx context.Context, fn func(*Report)) {
 	if r := ReportFromContext(ctx); r != nil {
 		fn(r)
 	}
+}
+
+// Settle records the delivery's fate once the stack around the handler
+// returned err, and returns it: the one place that turns what the stages
+// recorded and what reached the router into one outcome, read by the Trace
+// stage (span and metrics), the replay stage (the outcome record) and the
+// logs. A held delivery (ErrHeld) is OutcomeHeld, a shutdown's
+// (ErrShutdown) OutcomeRequeued, any other error OutcomeFailed with its
+// class; without an error, what a stage recorded stands (duplicate,
+// rejected, retried, parked, poisoned), else OutcomeProcessed. Calling it
+// again with the same err changes nothing.
+func (r *Report) Settle(err error) Outcome {
+	switch {
+	case errors.Is(err, ErrHeld):
+		r.Outcome = OutcomeHeld
+	case errors.Is(err, ErrShutdown):
+		r.Outcome = OutcomeRequeued
+	case err != nil:
+		r.Outcome, r.Class = OutcomeFailed, ClassOf(err)
+	case r.Outcome == "":
+		r.Outcome = OutcomeProcessed
+	}
+	return r.Outcome
 }

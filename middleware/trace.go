@@ -1,7 +1,6 @@
 package middleware
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -157,20 +156,12 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 			produced, err := h(msg)
 
 			msg.SetContext(orig)
-			switch {
-			case errors.Is(err, sluice.ErrHeld):
-				report.Outcome = sluice.OutcomeHeld
-			case errors.Is(err, sluice.ErrShutdown):
-				report.Outcome = sluice.OutcomeRequeued
-			case err != nil:
-				report.Outcome = sluice.OutcomeFailed
-				report.Class = sluice.ClassOf(err)
+			switch report.Settle(err) {
+			case sluice.OutcomeFailed:
 				telemetry.RecordError(span, err) // exception.message redacted, as the status
 				span.SetStatus(codes.Error, diag.Summary(err, 256))
-			case report.Outcome == sluice.OutcomePoisoned:
+			case sluice.OutcomePoisoned:
 				span.SetStatus(codes.Error, report.Class.String()+": "+report.Reason)
-			case report.Outcome == "":
-				report.Outcome = sluice.OutcomeProcessed
 			}
 			if span.IsRecording() {
 				annotate(span, report)

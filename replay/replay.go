@@ -227,23 +227,14 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 				defer msg.SetContext(ctx)
 			}
 			produced, err := h(msg)
-			r := recordOf(msg, run, item, report.Outcome)
+			r := recordOf(msg, run, item, report.Settle(err))
 			if report.Class.Valid() {
 				r.Class = report.Class.String()
 			}
-			switch {
-			case errors.Is(err, sluice.ErrHeld):
-				r.Outcome = sluice.OutcomeHeld
-			case errors.Is(err, sluice.ErrShutdown):
-				r.Outcome = sluice.OutcomeRequeued
-			case err != nil:
-				r.Outcome, r.Reason = sluice.OutcomeFailed, diag.Summary(err, ReasonMaxLength)
-				if c := sluice.ClassOf(err); c.Valid() {
-					r.Class = c.String()
-				}
-			case r.Outcome == "":
-				r.Outcome = sluice.OutcomeProcessed
-			case r.Outcome == sluice.OutcomePoisoned:
+			switch r.Outcome {
+			case sluice.OutcomeFailed:
+				r.Reason = diag.Summary(err, ReasonMaxLength)
+			case sluice.OutcomePoisoned:
 				r.Reason = diag.Bound(report.Reason, ReasonMaxLength)
 			}
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.RecordTimeout)
