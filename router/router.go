@@ -129,14 +129,13 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 			return nil, err
 		}
 		name := names[i]
-		telemetry.RegisterHandler(name, cfg.Name) // metrics and logs name the handler, not the instance
 		var h *message.Handler
 		if cfg.Handler != nil {
 			h = r.AddConsumerHandler(name, cfg.Topic, subscriber, deduplication.ReentryNoPublish(cfg.Handler))
 		} else {
 			h = r.AddHandler(name, cfg.Topic, subscriber, cfg.PublishTopic, cfg.Publisher, deduplication.Reentry(cfg.PublishingHandler))
 		}
-		h.AddMiddleware(mws...)
+		h.AddMiddleware(append([]message.HandlerMiddleware{nameHandler(cfg.Name)}, mws...)...)
 		out = append(out, h)
 	}
 	return out, nil
@@ -151,4 +150,17 @@ type closingSubscriber struct {
 
 func (s closingSubscriber) Close() error {
 	return errors.Join(s.Subscriber.Close(), s.also.Close())
+}
+
+// nameHandler puts the handler's name on each delivery, so that metrics and
+// logs name the handler given to Add, not its competing consumer's instance.
+func nameHandler(name string) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			ctx := msg.Context()
+			msg.SetContext(telemetry.WithHandler(ctx, name))
+			defer msg.SetContext(ctx)
+			return h(msg)
+		}
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 )
 
@@ -63,7 +64,8 @@ func TestExampleEmbedded(t *testing.T) {
 	require.NotContains(t, body, `le="5000"`)
 	require.Contains(t, body, `sluice_handler="inventory"`)
 	require.Regexp(t, `sluice_deliveries_total\{[^}]*messaging_destination_name="order.created"[^}]*messaging_system="gochannel"`, body)
-	require.Contains(t, body, `otel_scope_version="0.3.0"`)
+	require.NotEmpty(t, telemetry.Version())
+	require.Contains(t, body, `otel_scope_version="`+telemetry.Version()+`"`, "the scope version is the module's, from the build information")
 
 	require.Contains(t, spans.String(), `"Name": "process order.created"`, "spans printed with --trace-stdout")
 	require.Contains(t, spans.String(), `"Name": "send order.created"`)

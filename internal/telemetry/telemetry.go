@@ -5,6 +5,7 @@ package telemetry
 import (
 	"context"
 	"fmt"
+	"runtime/debug"
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -23,8 +24,25 @@ import (
 // ScopeName is the instrumentation scope of every Sluice meter and tracer.
 const ScopeName = "github.com/sluicemq/sluice"
 
-// Version is the instrumentation scope's version.
-const Version = "0.3.0"
+// Version is the instrumentation scope's version: the version of Sluice's
+// module the running binary was built with, from its build information
+// ("v0.4.0" for a service that requires it, "(devel)" when Sluice itself is
+// the main module), never a string to keep in step by hand.
+var Version = sync.OnceValue(func() string {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "(unknown)"
+	}
+	if info.Main.Path == ScopeName {
+		return info.Main.Version
+	}
+	for _, d := range info.Deps {
+		if d.Path == ScopeName {
+			return d.Version
+		}
+	}
+	return "(unknown)"
+})
 
 // HandlerKey is the attribute naming the handler of a delivery: the name
 // given to router.Add, shared by its competing consumers.
@@ -40,22 +58,26 @@ const InstanceKey = attribute.Key("sluice.handler.instance")
 // every observation in seconds would fall into the first bucket.
 var DurationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
 
-// handlers maps the Watermill handler names router.Add gives competing
-// consumers ("inventory-0") to the name given to Add ("inventory").
-var handlers sync.Map
+// handlerKey is the context key of the handler name router.Add gives a
+// delivery.
+type handlerKey struct{}
 
-// RegisterHandler records that the Watermill handler instance belongs to
-// the handler name.
-func RegisterHandler(instance, name string) { handlers.Store(instance, name) }
+// WithHandler returns ctx naming the delivery's handler: router.Add puts
+// the name it was given ("inventory") on each delivery of its competing
+// consumers' Watermill handlers ("inventory-0", "inventory-1"). Per
+// delivery, not per process: two routers with the same handler names do not
+// meet.
+func WithHandler(ctx context.Context, name string) context.Context {
+	return context.WithValue(ctx, handlerKey{}, name)
+}
 
 // Handler returns the handler name of a delivery: the name given to
 // router.Add, or the Watermill handler's name for handlers added otherwise.
 func Handler(ctx context.Context) string {
-	instance := message.HandlerNameFromCtx(ctx)
-	if name, ok := handlers.Load(instance); ok {
-		return name.(string)
+	if name, ok := ctx.Value(handlerKey{}).(string); ok {
+		return name
 	}
-	return instance
+	return message.HandlerNameFromCtx(ctx)
 }
 
 // Meter returns Sluice's meter from mp, or from the global provider when mp
@@ -64,12 +86,12 @@ func Meter(mp metric.MeterProvider) metric.Meter {
 	if mp == nil {
 		mp = otel.GetMeterProvider()
 	}
-	return mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version))
+	return mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version()))
 }
 
 // Tracer returns Sluice's tracer from tp.
 func Tracer(tp trace.TracerProvider) trace.Tracer {
-	return tp.Tracer(ScopeName, trace.WithInstrumentationVersion(Version))
+	return tp.Tracer(ScopeName, trace.WithInstrumentationVersion(Version()))
 }
 
 // LogFields are the fields every log line about a delivery carries: the
