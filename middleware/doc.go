@@ -9,9 +9,9 @@
 //
 // The stages are ordered, outermost first:
 //
-//	ShutdownGrace → Trace → poison → retrytiers → Classify → deduplication → Recoverer → handler
+//	ShutdownGrace → Trace → Replay → Poison → Retry → Brake → Classify → Inbox → Recoverer → handler
 //
 // so that Classify sits inside the stages that act on a class, and a panic is
 // an error before the inbox decides whether to commit. Package router
-// assembles this order; every stage also works alone.
+// assembles this order (router.Order); every stage also works alone.
 package middleware

@@ -38,12 +38,28 @@ type HandlerConfig struct {
 	PublishTopic      string
 	Publisher         message.Publisher
 	// Consumers is how many copies of the handler consume Topic at once
-	// (competing consumers). Default: the Broker's (4 on RabbitMQ, whose
-	// watermill-amqp subscriber handles one delivery at a time per
-	// consumer; 1 on the embedded default), else 1.
+	// (competing consumers). Default: the Broker's (1 on RabbitMQ, whose
+	// Consumer keeps its prefetch in flight; rabbitmq.ConsumersDefault with
+	// BrokerConfig.WatermillSubscriber, which handles one delivery at a
+	// time per consumer; 1, the most, on the embedded default), else 1.
 	Consumers int
 	// Stages around the handler.
 	Stages Stages
+}
+
+// ErrUnsafeStages is matched by Add's error for a choice of stages that
+// cannot give every delivery one recorded outcome: Retry without Poison (a
+// spent budget, Exhausted, would reach the router, be nacked and come back
+// at once, forever).
+var ErrUnsafeStages = errors.New("router: unsafe stages")
+
+// unsafe returns an error matching ErrUnsafeStages, naming the stage to
+// add, when the chosen stages cannot keep the promise together.
+func (s Stages) unsafe() error {
+	if s.Retry != nil && s.Poison == nil {
+		return fmt.Errorf("%w: Stages.Retry needs Stages.Poison: a delivery whose retry budget is spent (Exhausted) would otherwise be nacked back to the head of its queue, forever", ErrUnsafeStages)
+	}
+	return nil
 }
 
 // ErrDuplicateHandler is matched by Add's error for a handler name already on
@@ -53,9 +69,11 @@ var ErrDuplicateHandler = errors.New("router: duplicate handler")
 // Add adds the handler with its stages to r: one call for a reliable
 // handler on an existing router. The handlers it added are returned.
 //
-// It refuses a name already on r (Watermill would panic) and a topic that
+// It refuses a name already on r (Watermill would panic), a topic that
 // another handler added by Add consumes on r (two handlers on one queue
-// silently split its messages). It wraps the handler with
+// silently split its messages), and stages that cannot keep the promise
+// together (ErrUnsafeStages). It names the consumer of the Inbox and Poison
+// stages after the handler where they leave it unset. It wraps the handler with
 // deduplication.Reentry, so an in-process retry middleware added to the
 // router later — and so run inside the inbox — cannot run the handler twice
 // in one inbox transaction.
@@ -86,6 +104,9 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		return nil, errors.New("router: HandlerConfig.PublishingHandler needs Publisher and PublishTopic")
 	case cfg.Consumers < 0:
 		return nil, fmt.Errorf("router: HandlerConfig.Consumers must be positive, got %d", cfg.Consumers)
+	}
+	if err := cfg.Stages.unsafe(); err != nil {
+		return nil, err
 	}
 	n := max(cfg.Consumers, 1)
 	names := make([]string, n)
@@ -122,6 +143,11 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		p := *cfg.Stages.Poison
 		p.Consumer = cfg.Name
 		cfg.Stages.Poison = &p
+	}
+	if cfg.Stages.Inbox != nil && cfg.Stages.Inbox.Consumer == "" {
+		in := *cfg.Stages.Inbox
+		in.Consumer = cfg.Name
+		cfg.Stages.Inbox = &in
 	}
 	for i := range n {
 		mws, err := Middlewares(cfg.Stages)

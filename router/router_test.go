@@ -1,8 +1,10 @@
 package router_test
 
 import (
+	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -19,6 +21,7 @@ import (
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 )
 
@@ -42,9 +45,13 @@ func TestAddValidates(t *testing.T) {
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Stages: router.Stages{Inbox: &deduplication.Config{}}}, "router: inbox stage: deduplication: Config.Store is required"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Stages: router.Stages{Poison: &poison.Config{}}}, "router: poison stage: poison: Config.Publisher is required"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Stages: router.Stages{Recoverer: &middleware.RecovererConfig{Class: sluice.ClassRejected}}}, "router: recoverer stage"},
+		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Stages: router.Stages{Retry: &retrytiers.Config{}}}, "Stages.Retry needs Stages.Poison"},
 	} {
 		_, err := router.Add(r, tt.cfg)
 		require.ErrorContains(t, err, tt.want)
+		if tt.cfg.Stages.Retry != nil {
+			require.ErrorIs(t, err, router.ErrUnsafeStages)
+		}
 	}
 
 	e, err := embedded.New(embedded.Config{Topic: "orders"})
@@ -89,4 +96,37 @@ func TestStagesShareTheProviders(t *testing.T) {
 	require.Equal(t, int64(1), testenv.CounterSum(t, reader, middleware.MetricRejected), "Classify used the shared MeterProvider")
 	require.Equal(t, int64(1), testenv.CounterSum(t, reader, deduplication.MetricDuplicates), "so did the inbox")
 	require.Equal(t, int64(2), testenv.CounterSum(t, reader, middleware.MetricDeliveries), "and Trace")
+}
+
+// Add names the inbox's consumer after the handler when Inbox.Consumer is
+// unset, as it does the poison stage's: two handlers sharing one store
+// each process the same event once (before, Add refused the Inbox without
+// a Consumer).
+func TestAddNamesTheInboxConsumerAfterTheHandler(t *testing.T) {
+	t.Parallel()
+	store := deduplication.NewMemoryStore()
+	pubsub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	ran := make(chan string, 8)
+	for _, name := range []string{"billing", "shipping"} {
+		_, err := router.Add(r, router.HandlerConfig{Name: name, Topic: name, Subscriber: pubsub,
+			Handler: func(*message.Message) error { ran <- name; return nil },
+			Stages:  router.Stages{Inbox: &deduplication.Config{Store: store}}})
+		require.NoError(t, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	<-r.Running()
+	t.Cleanup(func() {
+		require.NoError(t, r.Close())
+		require.NoError(t, <-done)
+		require.NoError(t, pubsub.Close())
+	})
+	var got []string
+	for _, topic := range []string{"billing", "shipping"} {
+		testenv.PublishEvents(t, pubsub, topic, 1) // evt-0 on both
+		got = append(got, <-ran)
+	}
+	require.Equal(t, []string{"billing", "shipping"}, got, "one event id, two consumers: each handler ran once")
 }

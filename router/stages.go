@@ -22,7 +22,7 @@ import (
 )
 
 // Stages selects the stages around a handler; a nil field leaves its stage
-// out. Whatever is chosen runs in the one order:
+// out. Whatever is chosen runs in the one order (Order):
 //
 //	ShutdownGrace → Trace → Replay → Poison → Retry → Brake → Classify → Inbox → Recoverer → handler
 type Stages struct {
@@ -78,97 +78,174 @@ type Stages struct {
 }
 
 // Middlewares builds the chosen stages, outermost first, for
-// message.Handler.AddMiddleware (or message.Router.AddMiddleware). A
-// configuration error names the stage and the field.
+// message.Handler.AddMiddleware (or message.Router.AddMiddleware), in the
+// one order Order names. A configuration error names the stage and the
+// field.
 func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
-	c := s.Classifier
-	if c == nil {
-		c = sluice.DefaultClassifier()
+	if s.Classifier == nil {
+		s.Classifier = sluice.DefaultClassifier()
 	}
 	var mws []message.HandlerMiddleware
-	add := func(stage string, mw message.HandlerMiddleware, err error) error {
-		if err != nil {
-			return fmt.Errorf("router: %s stage: %w", stage, err)
-		}
-		mws = append(mws, mw)
-		return nil
-	}
 	var errs []error
-	if s.ShutdownGrace >= 0 {
-		mw, err := middleware.ShutdownGrace(middleware.ShutdownGraceConfig{Grace: s.ShutdownGrace})
-		errs = append(errs, add("shutdown grace", mw, err))
-	}
-	if s.Trace != nil {
-		cfg := *s.Trace
-		cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
-		cfg.TracerProvider = cmp.Or(cfg.TracerProvider, s.TracerProvider)
-		mw, err := middleware.Trace(cfg)
-		errs = append(errs, add("trace", mw, err))
-	}
-	if s.Replay != nil {
-		cfg := *s.Replay
-		cfg.Logger = cmp.Or(cfg.Logger, s.Logger)
-		cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
-		cfg.Signer = cmp.Or(cfg.Signer, s.Signer)
-		mw, err := replay.New(cfg)
-		errs = append(errs, add("replay", mw, err))
-	}
-	if s.Poison != nil {
-		cfg := *s.Poison
-		cfg.Classifier = cmp.Or(cfg.Classifier, c)
-		cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
-		cfg.Logger = cmp.Or(cfg.Logger, s.Logger)
-		cfg.Signer = cmp.Or(cfg.Signer, s.Signer)
-		mw, err := poison.New(cfg)
-		errs = append(errs, add("poison", mw, err))
-	}
-	if s.Retry != nil {
-		cfg := *s.Retry
-		cfg.Classifier = cmp.Or(cfg.Classifier, c)
-		cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
-		cfg.Logger = cmp.Or(cfg.Logger, s.Logger)
-		cfg.Signer = cmp.Or(cfg.Signer, s.Signer)
-		mw, err := retrytiers.New(cfg)
-		errs = append(errs, add("retry", mw, err))
-	}
-	if s.brake == nil && s.Brake != nil {
-		b, err := s.newBrake("", false)
+	for _, st := range order {
+		built, err := st.build(&s)
 		if err != nil {
-			return nil, err
+			errs = append(errs, fmt.Errorf("router: %s stage: %w", st.doc, err))
+			continue
 		}
-		s.brake = b
-	}
-	if s.brake != nil {
-		mws = append(mws, s.brake.Middleware)
-	}
-	if s.Classify != nil {
-		cfg := *s.Classify
-		cfg.Classifier = cmp.Or(cfg.Classifier, c)
-		cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
-		cfg.Logger = cmp.Or(cfg.Logger, s.Logger)
-		mw, err := middleware.Classify(cfg)
-		errs = append(errs, add("classify", mw, err))
-	}
-	if s.Inbox != nil {
-		cfg := *s.Inbox
-		cfg.Classifier = cmp.Or(cfg.Classifier, c)
-		cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
-		cfg.Logger = cmp.Or(cfg.Logger, s.Logger)
-		mw, err := deduplication.New(cfg)
-		errs = append(errs, add("inbox", mw, err))
-		if s.Replay != nil && s.Replay.Tx != nil { // "processed" in the inbox's transaction
-			mw, err := replay.InTx(*s.Replay)
-			errs = append(errs, add("replay (in the inbox's transaction)", mw, err))
+		for _, mw := range built {
+			if mw != nil {
+				mws = append(mws, mw)
+			}
 		}
-	}
-	if s.Recoverer != nil {
-		mw, err := middleware.Recoverer(*s.Recoverer)
-		errs = append(errs, add("recoverer", mw, err))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	return mws, nil
+}
+
+// stage is one entry of the one order: its name in Order, its name in
+// errors, and how it is built from Stages (nothing when it is left out).
+type stage struct {
+	name, doc string
+	build     func(s *Stages) ([]message.HandlerMiddleware, error)
+}
+
+// order is the stages outermost first: the one place the order is written.
+// Order returns their names; the doc comments and docs that draw the flow
+// are checked against it (TestTheStageOrderIsWrittenOnce).
+var order = []stage{
+	{"ShutdownGrace", "shutdown grace", func(s *Stages) ([]message.HandlerMiddleware, error) {
+		if s.ShutdownGrace < 0 {
+			return nil, nil
+		}
+		return one(middleware.ShutdownGrace(middleware.ShutdownGraceConfig{Grace: s.ShutdownGrace}))
+	}},
+	{"Trace", "trace", func(s *Stages) ([]message.HandlerMiddleware, error) {
+		if s.Trace == nil {
+			return nil, nil
+		}
+		cfg := *s.Trace
+		s.share(shared{meter: &cfg.MeterProvider, tracer: &cfg.TracerProvider})
+		return one(middleware.Trace(cfg))
+	}},
+	{"Replay", "replay", func(s *Stages) ([]message.HandlerMiddleware, error) {
+		if s.Replay == nil {
+			return nil, nil
+		}
+		cfg := *s.Replay
+		s.share(shared{meter: &cfg.MeterProvider, logger: &cfg.Logger, signer: &cfg.Signer})
+		return one(replay.New(cfg))
+	}},
+	{"Poison", "poison", func(s *Stages) ([]message.HandlerMiddleware, error) {
+		if s.Poison == nil {
+			return nil, nil
+		}
+		cfg := *s.Poison
+		s.share(shared{classifier: &cfg.Classifier, meter: &cfg.MeterProvider, logger: &cfg.Logger, signer: &cfg.Signer})
+		return one(poison.New(cfg))
+	}},
+	{"Retry", "retry", func(s *Stages) ([]message.HandlerMiddleware, error) {
+		if s.Retry == nil {
+			return nil, nil
+		}
+		cfg := *s.Retry
+		s.share(shared{classifier: &cfg.Classifier, meter: &cfg.MeterProvider, logger: &cfg.Logger, signer: &cfg.Signer})
+		return one(retrytiers.New(cfg))
+	}},
+	{"Brake", "brake", func(s *Stages) ([]message.HandlerMiddleware, error) {
+		if s.brake == nil && s.Brake != nil {
+			b, err := s.newBrake("", false)
+			if err != nil {
+				return nil, err
+			}
+			s.brake = b
+		}
+		if s.brake == nil {
+			return nil, nil
+		}
+		return []message.HandlerMiddleware{s.brake.Middleware}, nil
+	}},
+	{"Classify", "classify", func(s *Stages) ([]message.HandlerMiddleware, error) {
+		if s.Classify == nil {
+			return nil, nil
+		}
+		cfg := *s.Classify
+		s.share(shared{classifier: &cfg.Classifier, meter: &cfg.MeterProvider, logger: &cfg.Logger})
+		return one(middleware.Classify(cfg))
+	}},
+	{"Inbox", "inbox", func(s *Stages) ([]message.HandlerMiddleware, error) {
+		if s.Inbox == nil {
+			return nil, nil
+		}
+		cfg := *s.Inbox
+		s.share(shared{classifier: &cfg.Classifier, meter: &cfg.MeterProvider, logger: &cfg.Logger})
+		inbox, err := deduplication.New(cfg)
+		if err != nil || s.Replay == nil {
+			return []message.HandlerMiddleware{inbox}, err
+		}
+		// The replay stage's inner half, when it records "processed" in the
+		// inbox's unit of work: inside the inbox, outside the recoverer.
+		inner, err := replay.InTx(*s.Replay)
+		if err != nil {
+			return nil, fmt.Errorf("the replay stage in the inbox's unit of work: %w", err)
+		}
+		return []message.HandlerMiddleware{inbox, inner}, nil
+	}},
+	{"Recoverer", "recoverer", func(s *Stages) ([]message.HandlerMiddleware, error) {
+		if s.Recoverer == nil {
+			return nil, nil
+		}
+		return one(middleware.Recoverer(*s.Recoverer))
+	}},
+}
+
+// Order returns the names of the stages (the fields of Stages), outermost
+// first: the one order Middlewares and Add build them in, whichever are
+// chosen.
+func Order() []string {
+	names := make([]string, len(order))
+	for i, st := range order {
+		names[i] = st.name
+	}
+	return names
+}
+
+func one(mw message.HandlerMiddleware, err error) ([]message.HandlerMiddleware, error) {
+	if err != nil {
+		return nil, err
+	}
+	return []message.HandlerMiddleware{mw}, nil
+}
+
+// shared points at the fields of a stage's configuration that Stages
+// gives every stage: share fills those the stage leaves unset (nil) — the
+// one way Stages' shared settings reach the stages.
+type shared struct {
+	classifier **sluice.Classifier
+	meter      *metric.MeterProvider
+	tracer     *trace.TracerProvider
+	logger     *watermill.LoggerAdapter
+	signer     **sluice.Signer
+}
+
+func (s *Stages) share(f shared) {
+	if f.classifier != nil {
+		*f.classifier = cmp.Or(*f.classifier, s.Classifier)
+	}
+	if f.meter != nil {
+		*f.meter = cmp.Or(*f.meter, s.MeterProvider)
+	}
+	if f.tracer != nil {
+		*f.tracer = cmp.Or(*f.tracer, s.TracerProvider)
+	}
+	if f.logger != nil {
+		*f.logger = cmp.Or(*f.logger, s.Logger)
+	}
+	if f.signer != nil {
+		*f.signer = cmp.Or(*f.signer, s.Signer)
+	}
 }
 
 // Pinger is a dependency that can say whether it answers without being
@@ -181,17 +258,14 @@ type Pinger interface {
 // newBrake builds the brake of Stages.Brake for the handler named name; its
 // Classifier defaults to Stages.Classifier, then to brake.New's default;
 // its Probe to the inbox store's Ping.
-func (s Stages) newBrake(name string, pausing bool) (*brake.Brake, error) {
+func (s *Stages) newBrake(name string, pausing bool) (*brake.Brake, error) {
 	cfg := *s.Brake
 	cfg.Name = cmp.Or(cfg.Name, name)
 	if p, ok := s.inboxStore().(Pinger); ok && cfg.Probe == nil {
 		cfg.Probe = p.Ping
 	}
 	cfg.Pausing = cfg.Pausing || pausing
-	cfg.Classifier = cmp.Or(cfg.Classifier, s.Classifier)
-	cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
-	cfg.TracerProvider = cmp.Or(cfg.TracerProvider, s.TracerProvider)
-	cfg.Logger = cmp.Or(cfg.Logger, s.Logger)
+	s.share(shared{classifier: &cfg.Classifier, meter: &cfg.MeterProvider, tracer: &cfg.TracerProvider, logger: &cfg.Logger})
 	b, err := brake.New(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("router: brake stage: %w", err)
