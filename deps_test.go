@@ -35,7 +35,7 @@ func TestDependencyGraph(t *testing.T) {
 		{module + "/deduplication", append(append([]string{module + "/middleware", module + "/retrytiers", module + "/poison"}, brokers...), drivers...)},
 		{module + "/retrytiers", append(append([]string{module + "/deduplication", module + "/poison", module + "/router"}, brokers...), drivers...)},
 		{module + "/brake", append(append([]string{module + "/deduplication", module + "/retrytiers", module + "/poison", module + "/middleware", module + "/router"}, brokers...), drivers...)},
-		{module + "/replay", append(append([]string{module + "/deduplication", module + "/retrytiers", module + "/poison", module + "/middleware", module + "/router", module + "/brake"}, brokers...), drivers...)},
+		{module + "/replay", append(append([]string{"github.com/jmoiron/sqlx", module + "/deduplication", module + "/retrytiers", module + "/poison", module + "/middleware", module + "/router", module + "/brake"}, brokers...), drivers...)},
 		{module + "/poison", append(append([]string{module + "/deduplication", module + "/retrytiers", module + "/router"}, brokers...), drivers...)},
 		{module + "/deduplication/sqlstore", append([]string{"modernc.org/sqlite", "github.com/redis/go-redis"}, brokers...)},
 		{module + "/router", append(append([]string{module + "/rabbitmq", module + "/embedded"}, brokers...), drivers...)},

@@ -12,6 +12,8 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
 	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/replay/ledger"
+	"github.com/sluicemq/sluice/replay/sqlstore"
 )
 
 // A message replayed by `sluice dlq replay` carries its run and item; the
@@ -25,7 +27,7 @@ func Example() {
 		panic(err)
 	}
 	defer func() { _ = db.Close() }()
-	store, err := replay.NewSQLStore(db, "")
+	store, err := sqlstore.New(sqlstore.Config{DB: db})
 	if err != nil {
 		panic(err)
 	}
@@ -50,7 +52,7 @@ func Example() {
 	}
 	rs, _ := store.Outcomes(context.Background(), "run-1")
 	for _, r := range rs {
-		fmt.Println(r.Run, r.Item, r.Outcome, r.Class, r.Reason, replay.Final(r.Outcome))
+		fmt.Println(r.Run, r.Item, r.Outcome, r.Class, r.Reason, ledger.Final(r.Outcome))
 	}
 	// Output:
 	// run-1 o-1005 poisoned poison unknown schema version 3 true

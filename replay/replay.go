@@ -28,7 +28,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jmoiron/sqlx"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
@@ -43,7 +42,7 @@ const (
 	// RunKey is the replay run's id.
 	RunKey = "sluice_replay_run"
 	// ItemKey identifies the message within the run: the event id, else the
-	// poison copy's message id, cut to ItemMaxLength (Item).
+	// poison copy's message id, cut to ItemMaxLength (replay/ledger.Item).
 	ItemKey = "sluice_replay_item"
 )
 
@@ -68,35 +67,6 @@ const (
 	ItemMaxLength = 256
 )
 
-// Item is id as an item: cut to ItemMaxLength bytes on a character
-// boundary. The CLI's header and record and the stage's record all use it,
-// so a long event id names one item, not two.
-func Item(id string) string { return diag.Bound(id, ItemMaxLength) }
-
-// The outcomes the operator's CLI records, besides the consumers'.
-const (
-	// OutcomeReplayed: sent by dlq replay, nothing heard back yet.
-	OutcomeReplayed sluice.Outcome = "replayed"
-	// OutcomeArchived: moved out of the poison queue by dlq archive.
-	OutcomeArchived sluice.Outcome = "archived"
-	// OutcomeDiscarded: removed for good by dlq discard, with a reason.
-	OutcomeDiscarded sluice.Outcome = "discarded"
-	// OutcomeCompensated: repaired by hand, as dlq resolve records it.
-	OutcomeCompensated sluice.Outcome = "compensated"
-)
-
-// Final reports whether an outcome ends a dead letter's story: processed,
-// duplicate, rejected, poisoned (again), archived, discarded or
-// compensated. Retried, parked, held, requeued, failed and replayed are on the way.
-func Final(o sluice.Outcome) bool {
-	switch o {
-	case sluice.OutcomeProcessed, sluice.OutcomeDuplicate, sluice.OutcomeRejected, sluice.OutcomePoisoned,
-		OutcomeArchived, OutcomeDiscarded, OutcomeCompensated:
-		return true
-	}
-	return false
-}
-
 // Record is what became of one replayed item.
 type Record struct {
 	Run     string         `json:"run" db:"run"`
@@ -111,35 +81,31 @@ type Record struct {
 	At      time.Time `json:"at" db:"updated_at"`
 }
 
-// Store keeps the records. SQLStore is one; replay/redisstore's is another.
+// Store keeps the records. replay/sqlstore's and replay/redisstore's are
+// two; the operator's CLI reads them back as a replay/ledger.Ledger.
 type Store interface {
 	// Record upserts r by (Run, Item); "duplicate" does not replace
 	// "processed" or "rejected".
 	Record(ctx context.Context, r Record) error
 }
 
-// Ledger is a Store the operator's CLI can read back and write to: the
-// closed loop's record of what it sent, the outcomes, and the operator's own
-// records. SQLStore and replay/redisstore's Store are Ledgers.
-type Ledger interface {
+// UnitOfWorkRecorder is a Store that can also write a record in the inbox's
+// unit of work, the one the context of a delivery inside the inbox carries
+// (replay/sqlstore's, in the inbox's SQL transaction, when its table is in
+// the inbox's database). Config.InUnitOfWork needs one.
+type UnitOfWorkRecorder interface {
 	Store
-	// Replayed records that the CLI sent items of a run (outcome
-	// "replayed"), unless an outcome for them is already there.
-	Replayed(ctx context.Context, rs []Record) error
-	// Records inserts or replaces rs: the operator's records (archived,
-	// discarded, compensated), which replace whatever was there.
-	Records(ctx context.Context, rs []Record) error
-	// Outcomes returns the records of run, or of every run when run is
-	// empty, ordered by run and item.
-	Outcomes(ctx context.Context, run string) ([]Record, error)
-	// Items returns the records of run's items given, those there are, in
-	// any order: what the closed loop polls for a batch, without reading
-	// the whole run each time.
-	Items(ctx context.Context, run string, items []string) ([]Record, error)
+	// RecordInUnitOfWork writes r, as Record does, in the unit of work ctx
+	// carries, so that it commits or rolls back with it. It returns
+	// ErrNoUnitOfWork, having written nothing, when ctx carries none it can
+	// join (no inbox, or an inbox on another store).
+	RecordInUnitOfWork(ctx context.Context, r Record) error
 }
 
-// ItemsChunk bounds the items one query of Items names.
-const ItemsChunk = 500
+// ErrNoUnitOfWork is what RecordInUnitOfWork returns when the context
+// carries no unit of work the store can write in: InTx then leaves the
+// record to the stage, after the stack returns.
+var ErrNoUnitOfWork = errors.New("replay: no unit of work to record in")
 
 // Defaults.
 const (
@@ -160,12 +126,13 @@ type Config struct {
 	// MeterProvider receives MetricOutcomes and MetricRecordFailures.
 	// Default the global provider; router.Add gives the stages' one.
 	MeterProvider metric.MeterProvider
-	// Tx, when the outcome table lives in the inbox's database, returns the
-	// inbox's transaction: give sqlstore.TxFromContext, and a *SQLStore as
-	// Store. "processed" is then written in that transaction, with the
-	// claim and the business writes (InTx, which router.Middlewares puts
-	// inside the inbox): it exists exactly when they do.
-	Tx func(context.Context) *sqlx.Tx
+	// InUnitOfWork, when the records live with the inbox (replay/sqlstore on
+	// the inbox's database), writes "processed" in the inbox's unit of work,
+	// with the claim and the business writes (InTx, which router.Middlewares
+	// puts inside the inbox): it exists exactly when they do. Store must be
+	// a UnitOfWorkRecorder. Default false: every outcome is recorded after
+	// the stack returns.
+	InUnitOfWork bool
 	// Signer, when set, verifies the replay run and item (and the CLI's
 	// provenance, sluice_replay*): believed only when the CLI signed them
 	// with the same key (sluice dlq replay --signing-key-file), else
@@ -185,8 +152,8 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("replay: Config.Store is required")
 	}
-	if _, ok := cfg.Store.(*SQLStore); cfg.Tx != nil && !ok {
-		return nil, errors.New("replay: Config.Tx needs a *SQLStore as Config.Store (the outcome table in the inbox's database)")
+	if _, err := unitOfWork(cfg); err != nil {
+		return nil, err
 	}
 	if cfg.RecordTimeout == 0 {
 		cfg.RecordTimeout = RecordTimeoutDefault
@@ -251,19 +218,18 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	}, nil
 }
 
-// InTx returns the inner half of the stage for Config.Tx: placed inside the
-// inbox (router.Middlewares does), it writes "processed" for a replayed
-// delivery whose handler succeeded, in the inbox's transaction, so the
-// outcome commits with the claim and the business writes or not at all. A
-// write that fails fails the delivery as Transient (the transaction rolls
-// back). Without Config.Tx it returns nil.
+// InTx returns the inner half of the stage for Config.InUnitOfWork: placed
+// inside the inbox (router.Middlewares does), it writes "processed" for a
+// replayed delivery whose handler succeeded, in the inbox's unit of work, so
+// the outcome commits with the claim and the business writes or not at all.
+// A write that fails fails the delivery as Transient (the transaction rolls
+// back); where the store finds no unit of work (ErrNoUnitOfWork) the stage
+// records after the stack returns, as without it. Without
+// Config.InUnitOfWork it returns nil, nil.
 func InTx(cfg Config) (message.HandlerMiddleware, error) {
-	if cfg.Tx == nil {
-		return nil, nil
-	}
-	store, ok := cfg.Store.(*SQLStore)
-	if !ok {
-		return nil, errors.New("replay: Config.Tx needs a *SQLStore as Config.Store (the outcome table in the inbox's database)")
+	store, err := unitOfWork(cfg)
+	if store == nil || err != nil {
+		return nil, err
 	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -272,21 +238,30 @@ func InTx(cfg Config) (message.HandlerMiddleware, error) {
 			if err != nil || run == "" || item == "" {
 				return produced, err
 			}
-			ctx := msg.Context()
-			tx := cfg.Tx(ctx)
-			if tx == nil {
-				return produced, nil
-			}
-			if rErr := store.RecordTx(ctx, tx, recordOf(msg, run, item, sluice.OutcomeProcessed)); rErr != nil {
-				return nil, sluice.Transient(fmt.Errorf("replay: recording the outcome in the inbox's transaction: %w", rErr))
+			rErr := store.RecordInUnitOfWork(msg.Context(), recordOf(msg, run, item, sluice.OutcomeProcessed))
+			if rErr != nil && !errors.Is(rErr, ErrNoUnitOfWork) {
+				return nil, sluice.Transient(fmt.Errorf("replay: recording the outcome in the inbox's unit of work: %w", rErr))
 			}
 			return produced, nil
 		}
 	}, nil
 }
 
+// unitOfWork is cfg.Store as a UnitOfWorkRecorder when cfg.InUnitOfWork
+// asks for one, nil when it does not, an error when the store is none.
+func unitOfWork(cfg Config) (UnitOfWorkRecorder, error) {
+	if !cfg.InUnitOfWork {
+		return nil, nil
+	}
+	store, ok := cfg.Store.(UnitOfWorkRecorder)
+	if !ok {
+		return nil, fmt.Errorf("replay: Config.InUnitOfWork needs a Config.Store that can record in the inbox's unit of work (a replay.UnitOfWorkRecorder such as replay/sqlstore's), got %T", cfg.Store)
+	}
+	return store, nil
+}
+
 // recordOf is msg's record of run and item: bounded, named by its handler.
 func recordOf(msg *message.Message, run, item string, o sluice.Outcome) Record {
-	return Record{Run: diag.Bound(run, RunMaxLength), Item: Item(item), EventID: diag.Bound(msg.Metadata.Get(sluice.EventIDKey), ItemMaxLength),
+	return Record{Run: diag.Bound(run, RunMaxLength), Item: diag.Bound(item, ItemMaxLength), EventID: diag.Bound(msg.Metadata.Get(sluice.EventIDKey), ItemMaxLength),
 		Outcome: o, Handler: telemetry.Handler(msg.Context()), At: time.Now().UTC()}
 }

@@ -3,7 +3,6 @@ package replay_test
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -17,20 +16,20 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
-	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
 	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/replay"
-	"github.com/sluicemq/sluice/replay/replaytest"
+	"github.com/sluicemq/sluice/replay/ledger"
+	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func pgStore(t *testing.T) *replay.SQLStore {
+func pgStore(t *testing.T) *replaysql.Store {
 	t.Helper()
 	db := testenv.Postgres(t)
 	return testenv.OutcomeStore(t, db, testenv.Schema(t, db)+".sluice_replay")
@@ -119,7 +118,7 @@ func TestOutcomesOfAReplayRun(t *testing.T) {
 	require.Equal(t, "poison", got["still-bad"].Class)
 	require.Contains(t, got["still-bad"].Reason, "unknown version 9")
 	require.Equal(t, sluice.OutcomeRetried, got["flaky"].Outcome)
-	require.False(t, replay.Final(got["flaky"].Outcome))
+	require.False(t, ledger.Final(got["flaky"].Outcome))
 	require.Equal(t, "orders", got["ok"].Handler)
 	all, err := store.Outcomes(t.Context(), "")
 	require.NoError(t, err)
@@ -144,9 +143,9 @@ func TestReplayedKeepsAnOutcome(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, rs, 2)
 	require.Equal(t, sluice.OutcomeProcessed, rs[0].Outcome)
-	require.Equal(t, replay.OutcomeReplayed, rs[1].Outcome)
+	require.Equal(t, ledger.OutcomeReplayed, rs[1].Outcome)
 	require.Equal(t, "evt-b", rs[1].EventID)
-	final, poisoned := replay.Count(rs, map[string]bool{"a": true, "b": true})
+	final, poisoned := ledger.Count(rs, map[string]bool{"a": true, "b": true})
 	require.Equal(t, 1, final)
 	require.Zero(t, poisoned)
 }
@@ -155,11 +154,9 @@ func TestConfigAndTableErrors(t *testing.T) {
 	t.Parallel()
 	_, err := replay.New(replay.Config{})
 	require.ErrorContains(t, err, "Config.Store is required")
-	_, err = replay.NewSQLStore(testenv.SQLite(t), "replay; DROP TABLE x")
-	require.ErrorContains(t, err, "is not an SQL identifier")
 }
 
-// With Config.Tx the "processed" outcome is written in the inbox's
+// With Config.InUnitOfWork the "processed" outcome is written in the inbox's
 // transaction: it exists whenever the business row does, even when the
 // outer record fails (here: a record timeout of 1 ns). Without it, the
 // same failure leaves the item without its outcome.
@@ -175,7 +172,7 @@ func TestProcessedInTheInboxTransaction(t *testing.T) {
 		reader := sdkmetric.NewManualReader()
 		cfg := &replay.Config{Store: outcomes, RecordTimeout: time.Nanosecond, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}
 		if inTx {
-			cfg.Tx = sqlstore.TxFromContext
+			cfg.InUnitOfWork = true
 		}
 		e, err := embedded.New(embedded.Config{Topic: "stock", TierDelays: []time.Duration{time.Hour}})
 		require.NoError(t, err)
@@ -212,35 +209,16 @@ func TestProcessedInTheInboxTransaction(t *testing.T) {
 			require.Empty(t, rs, "the control: the outer record timed out")
 		}
 	}
-	_, err := replay.New(replay.Config{Store: failing{}, Tx: sqlstore.TxFromContext})
-	require.ErrorContains(t, err, "Config.Tx needs a *SQLStore")
+	_, err := replay.New(replay.Config{Store: failing{}, InUnitOfWork: true})
+	require.ErrorContains(t, err, "Config.InUnitOfWork needs a Config.Store that can record in the inbox's unit of work")
+	mw, err := replay.InTx(replay.Config{Store: failing{}})
+	require.NoError(t, err)
+	require.Nil(t, mw, "no InTx without Config.InUnitOfWork")
 }
 
 type failing struct{}
 
 func (failing) Record(context.Context, replay.Record) error { return errors.New("down") }
-
-// The SQL store passes the ledger conformance suite on PostgreSQL and
-// SQLite.
-func TestSQLStoreConformance(t *testing.T) {
-	t.Parallel()
-	t.Run("postgres", func(t *testing.T) {
-		t.Parallel()
-		replaytest.Run(t, func(t *testing.T) replay.Ledger { return pgStore(t) })
-	})
-	t.Run("sqlite", func(t *testing.T) {
-		t.Parallel()
-		replaytest.Run(t, func(t *testing.T) replay.Ledger {
-			db, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "outcomes.db"))
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = db.Close() })
-			s, err := replay.NewSQLStore(db, "")
-			require.NoError(t, err)
-			require.NoError(t, s.CreateTable(t.Context()))
-			return s
-		})
-	})
-}
 
 // Behind Watermill's Timeout on the router, a replayed delivery whose first
 // attempt outlasts the deadline is parked in a tier ("retried": not final),
@@ -288,7 +266,7 @@ func TestAbortedTransactionIsRecordedPoisoned(t *testing.T) {
 	require.NoError(t, err)
 	outcomes := testenv.OutcomeStore(t, db, schema+".sluice_replay")
 	e := serveOrders(t, time.Hour, router.Stages{
-		Replay: &replay.Config{Store: outcomes, Tx: sqlstore.TxFromContext},
+		Replay: &replay.Config{Store: outcomes, InUnitOfWork: true},
 		Inbox:  &deduplication.Config{Store: testenv.SQLStore(t, db, schema+".inbox"), Consumer: "orders"},
 	}, func(msg *message.Message) error {
 		tx := sqlstore.TxFromContext(msg.Context())

@@ -22,7 +22,9 @@ import (
 	"github.com/sluicemq/sluice/cmd/internal/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/replay/ledger"
 	"github.com/sluicemq/sluice/replay/redisstore"
+	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
 )
 
 // listMax bounds the events a stop lists; the report lists them all.
@@ -81,7 +83,7 @@ func (l *loopFlags) sizes() ([]int, float64, error) {
 // openOutcomes connects to the outcome records: a PostgreSQL table
 // (postgres://…, table its name), or Redis (redis://, rediss://…, table the
 // key prefix without its colon: replay/redisstore).
-func openOutcomes(url, table string) (replay.Ledger, func(), error) {
+func openOutcomes(url, table string) (ledger.Ledger, func(), error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if strings.HasPrefix(url, "redis://") || strings.HasPrefix(url, "rediss://") {
@@ -111,7 +113,7 @@ func openOutcomes(url, table string) (replay.Ledger, func(), error) {
 		_ = db.Close()
 		return nil, nil, fmt.Errorf("--outcomes: %w", diag.RedactError(err))
 	}
-	s, err := replay.NewSQLStore(db, table)
+	s, err := replaysql.New(replaysql.Config{DB: db, Table: table})
 	if err == nil {
 		err = s.CreateTable(ctx)
 	}
@@ -132,7 +134,7 @@ type loop struct {
 	sizes       []int // the canary's, then the ramp's
 	canary      bool  // sizes[0] is a canary
 	maxRepoison float64
-	store       replay.Ledger
+	store       ledger.Ledger
 	wait        time.Duration
 }
 
@@ -186,7 +188,7 @@ func closedLoop(ctx context.Context, conn *amqp.Connection, cfg dlq.ReplayConfig
 		// Counted by item: two copies of one event (a poisoning redelivered)
 		// are one item with one outcome.
 		n := len(items)
-		final, poisoned := replay.Count(rs, items)
+		final, poisoned := ledger.Count(rs, items)
 		copies := ""
 		if n != res.Replayed {
 			copies = fmt.Sprintf(" (%d events)", n)
@@ -268,7 +270,7 @@ func newRun(kind string) string {
 
 // awaitOutcomes polls the store until every item has a final outcome, or
 // wait passes; it returns the run's records.
-func awaitOutcomes(ctx context.Context, store replay.Ledger, run string, items map[string]bool, wait time.Duration) ([]replay.Record, error) {
+func awaitOutcomes(ctx context.Context, store ledger.Ledger, run string, items map[string]bool, wait time.Duration) ([]replay.Record, error) {
 	deadline := time.Now().Add(wait)
 	keys := slices.Collect(maps.Keys(items))
 	for {
@@ -276,7 +278,7 @@ func awaitOutcomes(ctx context.Context, store replay.Ledger, run string, items m
 		if err != nil {
 			return nil, fmt.Errorf("reading the outcomes: %w", diag.RedactError(err))
 		}
-		if final, _ := replay.Count(rs, items); final == len(items) || time.Now().After(deadline) {
+		if final, _ := ledger.Count(rs, items); final == len(items) || time.Now().After(deadline) {
 			return rs, nil
 		}
 		select {

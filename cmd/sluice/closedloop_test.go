@@ -31,6 +31,7 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/replay"
 	replayredis "github.com/sluicemq/sluice/replay/redisstore"
+	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 )
@@ -66,7 +67,7 @@ func newRecovering(t *testing.T, b *bed, stillBad func(id string) bool) *recover
 		}
 		_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(), `INSERT INTO `+schema+`.stock (event_id) VALUES ($1)`, id)
 		return err
-	}, &replay.Config{Store: outcomes, Tx: sqlstore.TxFromContext}, inbox)
+	}, &replay.Config{Store: outcomes, InUnitOfWork: true}, inbox)
 	return rc
 }
 
@@ -200,7 +201,7 @@ func TestClosedLoopReplayStopsOnRepoisonAndReports(t *testing.T) {
 	require.Equal(t, []string{"bad-00", "bad-01"}, last[len(last)-2].Items)
 
 	// A report of a run with events sent and no outcome yet exits 1.
-	outcomes, err := replay.NewSQLStore(db, rc.outcomesTable)
+	outcomes, err := replaysql.New(replaysql.Config{DB: db, Table: rc.outcomesTable})
 	require.NoError(t, err)
 	require.NoError(t, outcomes.Replayed(t.Context(), []replay.Record{{Run: "run-pending", Item: "evt-x", EventID: "evt-x", At: time.Now()}}))
 	code, report, errOut = b.cli(t, "dlq", "report", "--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--run", "run-pending")

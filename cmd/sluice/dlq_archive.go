@@ -11,7 +11,7 @@ import (
 
 	"github.com/sluicemq/sluice/cmd/internal/dlq"
 	"github.com/sluicemq/sluice/internal/localenv"
-	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/replay/ledger"
 )
 
 func newArchive(g *globals, out io.Writer) *cobra.Command {
@@ -49,7 +49,7 @@ func newArchive(g *globals, out io.Writer) *cobra.Command {
 			defer closeSink()
 			res, runErr := dlq.Archive(ctx, conn, dlq.ArchiveConfig{Queue: ff.queue, Filter: f, Limit: ff.limit, Sink: sink, Operator: g.operator, Signer: signer,
 				Archived: func(m *dlq.Message) {
-					recs.add(replay.OutcomeArchived, m.Item(), m.EventID, m.Class, "archived to "+sink.Name())
+					recs.add(ledger.OutcomeArchived, m.Item(), m.EventID, m.Class, "archived to "+sink.Name())
 				}})
 			summary(out, "archive", ff.queue, res, false)
 			run, recErr := recs.flush(context.Background(), newRun("archive"))

@@ -10,7 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluicemq/sluice/cmd/internal/dlq"
-	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/replay/ledger"
 )
 
 func newDiscard(g *globals, out io.Writer) *cobra.Command {
@@ -39,7 +39,7 @@ func newDiscard(g *globals, out io.Writer) *cobra.Command {
 			var run string
 			if !dryRun {
 				for _, it := range items {
-					recs.add(replay.OutcomeDiscarded, it, it, "", reason)
+					recs.add(ledger.OutcomeDiscarded, it, it, "", reason)
 				}
 				var recErr error
 				run, recErr = recs.flush(context.Background(), newRun("discard"))

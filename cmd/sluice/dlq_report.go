@@ -13,6 +13,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/replay/ledger"
 )
 
 func newReport(out io.Writer) *cobra.Command {
@@ -66,7 +67,7 @@ func report(out io.Writer, rs []replay.Record, asJSON bool) int {
 	byRun := map[string]map[sluice.Outcome]int{}
 	var runs []string
 	for _, r := range rs {
-		if !replay.Final(r.Outcome) {
+		if !ledger.Final(r.Outcome) {
 			pending++
 		}
 		if asJSON {
@@ -85,8 +86,8 @@ func report(out io.Writer, rs []replay.Record, asJSON bool) int {
 	for _, run := range runs {
 		var parts []string
 		for _, o := range []sluice.Outcome{sluice.OutcomeProcessed, sluice.OutcomeDuplicate, sluice.OutcomeRejected, sluice.OutcomePoisoned,
-			replay.OutcomeCompensated, replay.OutcomeArchived, replay.OutcomeDiscarded,
-			sluice.OutcomeRetried, sluice.OutcomeParked, sluice.OutcomeHeld, sluice.OutcomeFailed, replay.OutcomeReplayed} {
+			ledger.OutcomeCompensated, ledger.OutcomeArchived, ledger.OutcomeDiscarded,
+			sluice.OutcomeRetried, sluice.OutcomeParked, sluice.OutcomeHeld, sluice.OutcomeFailed, ledger.OutcomeReplayed} {
 			if n := byRun[run][o]; n > 0 {
 				parts = append(parts, fmt.Sprintf("%d %s", n, o))
 			}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/sluicemq/sluice/cmd/internal/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/replay/ledger"
 )
 
 func newResolve(g *globals, out io.Writer) *cobra.Command {
@@ -38,7 +38,7 @@ func newResolve(g *globals, out io.Writer) *cobra.Command {
 				return err
 			}
 			for _, e := range events {
-				recs.add(replay.OutcomeCompensated, e, e, "", reason)
+				recs.add(ledger.OutcomeCompensated, e, e, "", reason)
 			}
 			_, runErr := recs.flush(context.Background(), run)
 			if runErr == nil {

@@ -10,20 +10,21 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/replay/ledger"
 )
 
 // Ledger keeps the replay stage's outcome records in a MariaDB/MySQL table
-// beside the inbox, for `sluice dlq replay`'s closed loop: a replay.Ledger
+// beside the inbox, for `sluice dlq replay`'s closed loop: a ledger.Ledger
 // written, like Store, on Sluice's public API only. It passes
-// replaytest.Run. Unlike replay.SQLStore it does not write "processed" in
-// the inbox's transaction (replay.Config.Tx needs the SQL store): outcomes
+// replaytest.Run. Unlike replay/sqlstore's it does not write "processed" in
+// the inbox's transaction (it is no replay.UnitOfWorkRecorder): outcomes
 // are recorded after the stack returns, at least once.
 type Ledger struct {
 	db    *sql.DB
 	table string
 }
 
-var _ replay.Ledger = (*Ledger)(nil)
+var _ ledger.Ledger = (*Ledger)(nil)
 
 // NewLedger returns a ledger on table (default "sluice_replay") of db.
 func NewLedger(db *sql.DB, table string) (*Ledger, error) {
@@ -31,7 +32,7 @@ func NewLedger(db *sql.DB, table string) (*Ledger, error) {
 		return nil, errors.New("mariadbstore: NewLedger needs a database")
 	}
 	if table == "" {
-		table = replay.TableDefault
+		table = ledger.TableDefault
 	}
 	if !identifier.MatchString(table) {
 		return nil, fmt.Errorf("mariadbstore: ledger table %q is not an identifier", table)
@@ -78,7 +79,7 @@ func (l *Ledger) Record(ctx context.Context, r replay.Record) error {
 func (l *Ledger) Replayed(ctx context.Context, rs []replay.Record) error {
 	for _, r := range rs {
 		if _, err := l.db.ExecContext(ctx, `INSERT IGNORE INTO `+l.table+` (run, item, event_id, outcome, reason, updated_us)
-			VALUES (?, ?, ?, ?, '', ?)`, r.Run, r.Item, r.EventID, string(replay.OutcomeReplayed), r.At.UnixMicro()); err != nil {
+			VALUES (?, ?, ?, ?, '', ?)`, r.Run, r.Item, r.EventID, string(ledger.OutcomeReplayed), r.At.UnixMicro()); err != nil {
 			return err
 		}
 	}

@@ -18,7 +18,7 @@ import (
 	"github.com/sluicemq/sluice/examples/mariadbstore"
 	"github.com/sluicemq/sluice/internal/localenv"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/replay/ledger"
 	"github.com/sluicemq/sluice/replay/replaytest"
 )
 
@@ -97,7 +97,7 @@ func TestHandlerWritesThroughTheStoresTransaction(t *testing.T) {
 func TestLedgerConformance(t *testing.T) {
 	t.Parallel()
 	db, _ := mariaDB(t)
-	replaytest.Run(t, func(t *testing.T) replay.Ledger {
+	replaytest.Run(t, func(t *testing.T) ledger.Ledger {
 		table := testenv.Name("replay")
 		t.Cleanup(func() { _, _ = db.ExecContext(context.Background(), "DROP TABLE IF EXISTS "+table) })
 		l, err := mariadbstore.NewLedger(db, table)

@@ -9,7 +9,7 @@ import (
 
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
-	"github.com/sluicemq/sluice/replay"
+	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
 )
 
 // SQLStore returns an SQL inbox store on db with its table created (twice:
@@ -33,9 +33,9 @@ func SQLite(t testing.TB) *sqlx.DB {
 }
 
 // OutcomeStore returns a replay outcome store on db with its table created.
-func OutcomeStore(t testing.TB, db *sqlx.DB, table string) *replay.SQLStore {
+func OutcomeStore(t testing.TB, db *sqlx.DB, table string) *replaysql.Store {
 	t.Helper()
-	s, err := replay.NewSQLStore(db, table)
+	s, err := replaysql.New(replaysql.Config{DB: db, Table: table})
 	require.NoError(t, err)
 	require.NoError(t, s.CreateTable(t.Context()))
 	return s

@@ -19,12 +19,13 @@ import (
 
 	"github.com/sluicemq/sluice/internal/chunks"
 	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/replay/ledger"
 )
 
 // PrefixDefault starts every key the store writes: the outcome table's
 // default name and a colon, as `sluice dlq --outcomes redis://…` reads it
 // by default (its --outcomes-table is the prefix without the colon).
-const PrefixDefault = replay.TableDefault + ":"
+const PrefixDefault = ledger.TableDefault + ":"
 
 // Config configures a Store.
 type Config struct {
@@ -44,7 +45,7 @@ type Config struct {
 // Store is a replay.Store on Redis: a hash per run, one field per item
 // holding the record as JSON. A record is written by a script, so that
 // "duplicate" never replaces "processed" or "rejected" even when two
-// consumers record one item at once. Unlike replay.SQLStore it cannot write
+// consumers record one item at once. Unlike replay/sqlstore's it cannot write
 // "processed" in the inbox's transaction (Redis has none to join): outcomes
 // are recorded after the stack returns, at least once. Safe for concurrent
 // use.
@@ -54,7 +55,7 @@ type Store struct {
 	retention time.Duration
 }
 
-var _ replay.Ledger = (*Store)(nil)
+var _ ledger.Ledger = (*Store)(nil)
 
 // New validates cfg and returns a Store.
 func New(cfg Config) (*Store, error) {
@@ -94,7 +95,7 @@ func (s *Store) write(ctx context.Context, mode string, r replay.Record) error {
 		r.Item, b, mode, r.Run, s.retention.Milliseconds()).Err()
 }
 
-// Record upserts r by the stage's rule, as replay.SQLStore's: nothing
+// Record upserts r by the stage's rule, as replay/sqlstore's: nothing
 // replaces "processed" or "rejected", and only those replace "duplicate".
 func (s *Store) Record(ctx context.Context, r replay.Record) error {
 	return s.write(ctx, "upsert", r)
@@ -104,7 +105,7 @@ func (s *Store) Record(ctx context.Context, r replay.Record) error {
 // them is already there.
 func (s *Store) Replayed(ctx context.Context, rs []replay.Record) error {
 	for _, r := range rs {
-		r.Outcome = replay.OutcomeReplayed
+		r.Outcome = ledger.OutcomeReplayed
 		if err := s.write(ctx, "insert", r); err != nil {
 			return err
 		}
@@ -126,7 +127,7 @@ func (s *Store) Records(ctx context.Context, rs []replay.Record) error {
 // Items returns the records of run's items given, those there are.
 func (s *Store) Items(ctx context.Context, run string, items []string) ([]replay.Record, error) {
 	var out []replay.Record
-	err := chunks.Each(items, replay.ItemsChunk, func(chunk []string) error {
+	err := chunks.Each(items, ledger.ItemsChunk, func(chunk []string) error {
 		vals, err := s.client.HMGet(ctx, s.runKey(run), chunk...).Result()
 		if err != nil {
 			return err

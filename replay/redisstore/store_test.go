@@ -12,6 +12,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/replay/ledger"
 	"github.com/sluicemq/sluice/replay/redisstore"
 	"github.com/sluicemq/sluice/replay/replaytest"
 )
@@ -29,7 +30,7 @@ func newStore(t *testing.T, retention time.Duration) (*redisstore.Store, string)
 // The Redis store passes the ledger conformance suite.
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	replaytest.Run(t, func(t *testing.T) replay.Ledger {
+	replaytest.Run(t, func(t *testing.T) ledger.Ledger {
 		s, _ := newStore(t, 0)
 		return s
 	})

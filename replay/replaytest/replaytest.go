@@ -1,10 +1,10 @@
-// Package replaytest is the conformance suite of replay.Ledger: the rules
+// Package replaytest is the conformance suite of ledger.Ledger: the rules
 // the closed loop relies on, whatever keeps the records. The SQL store
 // (PostgreSQL, SQLite) and the Redis store run it, and so should a store
 // written elsewhere:
 //
 //	func TestMyLedger(t *testing.T) {
-//		replaytest.Run(t, func(t *testing.T) replay.Ledger {
+//		replaytest.Run(t, func(t *testing.T) ledger.Ledger {
 //			return newIsolatedLedger(t) // a fresh table, prefix or database
 //		})
 //	}
@@ -20,17 +20,18 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/replay/ledger"
 )
 
 // NewLedger returns a ledger that no other call shares records with,
 // cleaned up by t.Cleanup.
-type NewLedger func(t *testing.T) replay.Ledger
+type NewLedger func(t *testing.T) ledger.Ledger
 
 // Run runs the conformance suite against the ledgers newLedger returns.
 // Each subtest gets its own ledger and runs in parallel with the others.
 func Run(t *testing.T, newLedger NewLedger) {
 	t.Helper()
-	for name, fn := range map[string]func(*testing.T, replay.Ledger){
+	for name, fn := range map[string]func(*testing.T, ledger.Ledger){
 		"Rules":                      testRules,
 		"Items":                      testItems,
 		"ConcurrentRecordsOfOneItem": testConcurrentRecordsOfOneItem,
@@ -52,7 +53,7 @@ func rec(run, item string, o sluice.Outcome) replay.Record {
 // "rejected"; an empty event id keeps the one there; the operator's records
 // replace any outcome, keeping event id and class; Outcomes orders by run
 // and item, and keeps the time.
-func testRules(t *testing.T, s replay.Ledger) {
+func testRules(t *testing.T, s ledger.Ledger) {
 	ctx := t.Context()
 	require.NoError(t, s.Replayed(ctx, []replay.Record{rec("r1", "b", ""), rec("r1", "a", ""), rec("r1", "c", "")}))
 	require.NoError(t, s.Record(ctx, rec("r1", "a", sluice.OutcomeProcessed)))
@@ -65,7 +66,7 @@ func testRules(t *testing.T, s replay.Ledger) {
 	noID.EventID = ""
 	require.NoError(t, s.Record(ctx, noID))
 	require.NoError(t, s.Record(ctx, rec("r1", "c", sluice.OutcomeDuplicate)))
-	compensated := rec("r1", "b", replay.OutcomeCompensated)
+	compensated := rec("r1", "b", ledger.OutcomeCompensated)
 	compensated.EventID, compensated.Class, compensated.Reason, compensated.Handler = "", "", "refunded by hand", "operator alice"
 	require.NoError(t, s.Records(ctx, []replay.Record{compensated}))
 	first := rec("r0", "z", sluice.OutcomeProcessed)
@@ -95,7 +96,7 @@ func testRules(t *testing.T, s replay.Ledger) {
 // failed or poisoned is not what became of the item — and a duplicate is
 // replaced only by processed or rejected. The operator's records still
 // replace any outcome.
-func testCommittedIsFinal(t *testing.T, s replay.Ledger) {
+func testCommittedIsFinal(t *testing.T, s ledger.Ledger) {
 	ctx := t.Context()
 	later := []sluice.Outcome{sluice.OutcomeRetried, sluice.OutcomeHeld, sluice.OutcomeParked, sluice.OutcomeFailed,
 		sluice.OutcomePoisoned, sluice.OutcomeDuplicate}
@@ -109,7 +110,7 @@ func testCommittedIsFinal(t *testing.T, s replay.Ledger) {
 		}
 	}
 	require.NoError(t, s.Record(ctx, rec("r", "duplicate", sluice.OutcomeProcessed)), "a duplicate first, then the delivery that processed it")
-	discarded := rec("r", "rejected", replay.OutcomeDiscarded)
+	discarded := rec("r", "rejected", ledger.OutcomeDiscarded)
 	require.NoError(t, s.Records(ctx, []replay.Record{discarded}))
 
 	got, err := s.Outcomes(ctx, "r")
@@ -123,7 +124,7 @@ func testCommittedIsFinal(t *testing.T, s replay.Ledger) {
 	}
 	require.Equal(t, map[string]sluice.Outcome{
 		"processed": sluice.OutcomeProcessed,
-		"rejected":  replay.OutcomeDiscarded,
+		"rejected":  ledger.OutcomeDiscarded,
 		"duplicate": sluice.OutcomeProcessed,
 	}, outcomes)
 }
@@ -131,7 +132,7 @@ func testCommittedIsFinal(t *testing.T, s replay.Ledger) {
 // testItems: 2,100 items of run r sent, one of another run; Items of every
 // other one up to 2,000 (1,001, past the 500 one query names), one
 // processed, and 5 unknown, gives those 1,001 and nothing of the other run.
-func testItems(t *testing.T, s replay.Ledger) {
+func testItems(t *testing.T, s ledger.Ledger) {
 	var sent []replay.Record
 	for i := range 2100 {
 		sent = append(sent, rec("r", fmt.Sprintf("i%04d", i), ""))
@@ -152,7 +153,7 @@ func testItems(t *testing.T, s replay.Ledger) {
 		items[r.Item] = true
 	}
 	require.True(t, items["i0000"] && items["i2000"] && items["i0007"], "the first, the last, the odd one")
-	final, _ := replay.Count(rs, items)
+	final, _ := ledger.Count(rs, items)
 	require.Equal(t, 1, final, "i0007 processed, the rest replayed")
 	none, err := s.Items(t.Context(), "r", nil)
 	require.NoError(t, err)
@@ -162,7 +163,7 @@ func testItems(t *testing.T, s replay.Ledger) {
 // testConcurrentRecordsOfOneItem: consumers record one item at once —
 // processed by one, duplicate by seven, in any order: it ends processed,
 // every time.
-func testConcurrentRecordsOfOneItem(t *testing.T, s replay.Ledger) {
+func testConcurrentRecordsOfOneItem(t *testing.T, s ledger.Ledger) {
 	for i := range 30 {
 		run := fmt.Sprint("run", i)
 		var wg sync.WaitGroup

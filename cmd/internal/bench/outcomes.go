@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicemq/sluice/replay"
+	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
 )
 
 // outcomeRuns is how many records the outcomes suite's run holds: a
@@ -13,7 +14,7 @@ import (
 const outcomeRuns = 100_000
 
 // Outcomes prints what one poll of a closed-loop batch costs the inbox's
-// database: reading the batch's 100 records (replay.Ledger.Items, what
+// database: reading the batch's 100 records (ledger.Ledger.Items, what
 // `sluice dlq replay` does) against reading the whole run of 100,000
 // (Outcomes, what it did before), on PostgreSQL.
 func Outcomes(ctx context.Context, o Options) error {
@@ -22,7 +23,7 @@ func Outcomes(ctx context.Context, o Options) error {
 		return err
 	}
 	defer cleanup()
-	store, err := replay.NewSQLStore(db, schema+".sluice_replay")
+	store, err := replaysql.New(replaysql.Config{DB: db, Table: schema + ".sluice_replay"})
 	if err != nil {
 		return err
 	}

@@ -10,7 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/replay/ledger"
 )
 
 // scanSelected scans queue and calls fn with each message f selects, at most
@@ -76,16 +76,16 @@ func (m *Message) name() string {
 }
 
 // Item is m's item in a replay run: its event id, else its message id, as
-// replay.Item bounds it.
+// ledger.Item bounds it.
 //
 // A message whose headers could not be read and that has no message id
 // has no stable name but its place: "unreadable message at position 3
 // (120 bytes)".
 func (m *Message) Item() string {
 	if m.HeadersError != "" && m.Delivery.MessageId == "" {
-		return replay.Item(m.name())
+		return ledger.Item(m.name())
 	}
-	return replay.Item(cmp.Or(m.EventID, m.Msg.UUID))
+	return ledger.Item(cmp.Or(m.EventID, m.Msg.UUID))
 }
 
 // ArchiveRecord is one line of an archive file: the message, where it was

@@ -1,48 +1,67 @@
-package replay
+// Package sqlstore keeps the replay stage's outcome records in a table of
+// the inbox's database (PostgreSQL or SQLite; it registers no driver), one
+// row per run and item, for `sluice dlq replay`'s closed loop and `sluice dlq
+// report`. On the inbox's database it records "processed" in the inbox's
+// transaction (replay.Config.InUnitOfWork). Its Redis twin is
+// replay/redisstore.
+package sqlstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 
 	"github.com/jmoiron/sqlx"
 
-	"github.com/sluicemq/sluice"
+	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/chunks"
 	"github.com/sluicemq/sluice/internal/sqlname"
+	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/replay/ledger"
 )
 
 // TableDefault is the outcome table's default name.
-const TableDefault = "sluice_replay"
+const TableDefault = ledger.TableDefault
 
-// SQLStore keeps the records in a table of the inbox's database
-// (PostgreSQL or SQLite; it registers no driver), one row per run and item.
-// Safe for concurrent use.
-type SQLStore struct {
+// Config configures a Store.
+type Config struct {
+	// DB is the database of the outcome table: the inbox's, for
+	// replay.Config.InUnitOfWork. PostgreSQL or SQLite. Required.
+	DB *sqlx.DB
+	// Table is the outcome table: a name, or schema.name on PostgreSQL,
+	// each part an SQL identifier. It is quoted, so case matters. Default
+	// TableDefault.
+	Table string
+}
+
+// Store keeps the records in a table, one row per run and item. Safe for
+// concurrent use.
+type Store struct {
 	db    *sqlx.DB
 	table string
 }
 
-var _ Ledger = (*SQLStore)(nil)
+var (
+	_ ledger.Ledger             = (*Store)(nil)
+	_ replay.UnitOfWorkRecorder = (*Store)(nil)
+)
 
-// NewSQLStore returns a store on table (name, or schema.name on PostgreSQL;
-// default TableDefault). Create the table with CreateTable.
-func NewSQLStore(db *sqlx.DB, table string) (*SQLStore, error) {
-	if db == nil {
-		return nil, errors.New("replay: NewSQLStore needs a database")
+// New validates cfg and returns a Store. It does not touch the database;
+// create the table with CreateTable.
+func New(cfg Config) (*Store, error) {
+	if cfg.DB == nil {
+		return nil, errors.New("sqlstore: Config.DB is required")
 	}
-	if table == "" {
-		table = TableDefault
-	}
-	quoted, _, err := sqlname.Quote(table, true)
+	quoted, _, err := sqlname.Quote(cmp.Or(cfg.Table, TableDefault), true)
 	if err != nil {
-		return nil, fmt.Errorf("replay: %w", err)
+		return nil, fmt.Errorf("sqlstore: Config.Table: %w", err)
 	}
-	return &SQLStore{db: db, table: quoted}, nil
+	return &Store{db: cfg.DB, table: quoted}, nil
 }
 
 // CreateTable creates the table if it does not exist.
-func (s *SQLStore) CreateTable(ctx context.Context) error {
+func (s *Store) CreateTable(ctx context.Context) error {
 	_, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+s.table+` (
 	run TEXT NOT NULL,
 	item TEXT NOT NULL,
@@ -61,16 +80,28 @@ func (s *SQLStore) CreateTable(ctx context.Context) error {
 // "duplicate" (the event was processed before) — so a later delivery of a
 // processed item (its ack lost, then failing before its claim) cannot record
 // it retried, held or poisoned.
-func (s *SQLStore) Record(ctx context.Context, r Record) error {
+func (s *Store) Record(ctx context.Context, r replay.Record) error {
 	return s.record(ctx, s.db, r)
 }
 
 // RecordTx is Record in tx (the inbox's transaction).
-func (s *SQLStore) RecordTx(ctx context.Context, tx *sqlx.Tx, r Record) error {
+func (s *Store) RecordTx(ctx context.Context, tx *sqlx.Tx, r replay.Record) error {
 	return s.record(ctx, tx, r)
 }
 
-func (s *SQLStore) record(ctx context.Context, db sqlx.ExtContext, r Record) error {
+// RecordInUnitOfWork is Record in the inbox's transaction that ctx carries
+// (deduplication/sqlstore.TxFromContext), for replay.InTx: the table must
+// be in the inbox's database. Outside an SQL inbox's transaction it returns
+// replay.ErrNoUnitOfWork and writes nothing.
+func (s *Store) RecordInUnitOfWork(ctx context.Context, r replay.Record) error {
+	tx := inbox.TxFromContext(ctx)
+	if tx == nil {
+		return replay.ErrNoUnitOfWork
+	}
+	return s.record(ctx, tx, r)
+}
+
+func (s *Store) record(ctx context.Context, db sqlx.ExtContext, r replay.Record) error {
 	q := db.Rebind(`INSERT INTO ` + s.table + ` AS t (run, item, event_id, outcome, class, reason, handler, updated_at)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (run, item) DO UPDATE SET outcome = excluded.outcome, class = excluded.class, reason = excluded.reason,
@@ -84,11 +115,11 @@ WHERE NOT (t.outcome IN ('processed', 'rejected')
 
 // Replayed records that the CLI sent items of run, unless an outcome for
 // them is already there.
-func (s *SQLStore) Replayed(ctx context.Context, rs []Record) error {
+func (s *Store) Replayed(ctx context.Context, rs []replay.Record) error {
 	q := s.db.Rebind(`INSERT INTO ` + s.table + ` (run, item, event_id, outcome, updated_at) VALUES (?, ?, ?, ?, ?)
 ON CONFLICT (run, item) DO NOTHING`)
 	for _, r := range rs {
-		if _, err := s.db.ExecContext(ctx, q, r.Run, r.Item, r.EventID, string(OutcomeReplayed), r.At.UTC()); err != nil {
+		if _, err := s.db.ExecContext(ctx, q, r.Run, r.Item, r.EventID, string(ledger.OutcomeReplayed), r.At.UTC()); err != nil {
 			return err
 		}
 	}
@@ -97,28 +128,28 @@ ON CONFLICT (run, item) DO NOTHING`)
 
 // Outcomes returns the records of run, or of every run when run is empty,
 // ordered by run and item.
-func (s *SQLStore) Outcomes(ctx context.Context, run string) ([]Record, error) {
+func (s *Store) Outcomes(ctx context.Context, run string) ([]replay.Record, error) {
 	q := `SELECT run, item, event_id, outcome, class, reason, handler, updated_at FROM ` + s.table
 	var args []any
 	if run != "" {
 		q += ` WHERE run = ?`
 		args = append(args, run)
 	}
-	var out []Record
+	var out []replay.Record
 	err := s.db.SelectContext(ctx, &out, s.db.Rebind(q+` ORDER BY run, item`), args...)
 	return out, err
 }
 
 // Items returns the records of run's items given, those there are.
-func (s *SQLStore) Items(ctx context.Context, run string, items []string) ([]Record, error) {
-	var out []Record
-	err := chunks.Each(items, ItemsChunk, func(chunk []string) error {
+func (s *Store) Items(ctx context.Context, run string, items []string) ([]replay.Record, error) {
+	var out []replay.Record
+	err := chunks.Each(items, ledger.ItemsChunk, func(chunk []string) error {
 		q, args, err := sqlx.In(`SELECT run, item, event_id, outcome, class, reason, handler, updated_at FROM `+s.table+
 			` WHERE run = ? AND item IN (?)`, run, chunk)
 		if err != nil {
 			return err
 		}
-		var rs []Record
+		var rs []replay.Record
 		if err := s.db.SelectContext(ctx, &rs, s.db.Rebind(q), args...); err != nil {
 			return err
 		}
@@ -130,7 +161,7 @@ func (s *SQLStore) Items(ctx context.Context, run string, items []string) ([]Rec
 
 // Records inserts or replaces rs: the operator's records (archived,
 // discarded, compensated), which replace whatever was there.
-func (s *SQLStore) Records(ctx context.Context, rs []Record) error {
+func (s *Store) Records(ctx context.Context, rs []replay.Record) error {
 	q := s.db.Rebind(`INSERT INTO ` + s.table + ` (run, item, event_id, outcome, class, reason, handler, updated_at)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (run, item) DO UPDATE SET outcome = excluded.outcome, reason = excluded.reason,
@@ -141,18 +172,4 @@ ON CONFLICT (run, item) DO UPDATE SET outcome = excluded.outcome, reason = exclu
 		}
 	}
 	return nil
-}
-
-// Count returns how many of items (of run) have a final outcome, and how
-// many of those were poisoned again.
-func Count(rs []Record, items map[string]bool) (final, poisoned int) {
-	for _, r := range rs {
-		if items[r.Item] && Final(r.Outcome) {
-			final++
-			if r.Outcome == sluice.OutcomePoisoned {
-				poisoned++
-			}
-		}
-	}
-	return final, poisoned
 }
