@@ -2,14 +2,11 @@ package sluice
 
 import (
 	"context"
-	"database/sql"
-	"database/sql/driver"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"strings"
-	"syscall"
 )
 
 // DefaultClassDefault is the class of an error no rule recognises: Transient,
@@ -124,10 +121,7 @@ func defaultClass(err error) (Class, bool) {
 
 func isTransient(err error) bool {
 	switch {
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled),
-		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
-		errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EPIPE),
-		errors.Is(err, driver.ErrBadConn), errors.Is(err, sql.ErrConnDone):
+	case Unreachable(err), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return true
 	}
 	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
@@ -147,18 +141,14 @@ func integrityViolation(err error) bool {
 	return ok && strings.HasPrefix(state, "23")
 }
 
-// transientSQLState reports the SQLSTATEs worth retrying: connection
-// exceptions (08), insufficient resources (53), serialization failure
-// (40001), deadlock (40P01), lock not available (55P03, a lock_timeout such
-// as the inbox's claim wait) and server shutdown or start-up (57P01-57P03).
+// transientSQLState reports the SQLSTATEs worth retrying: those of an
+// unreachable database (UnreachableSQLState), serialization failure
+// (40001), deadlock (40P01) and lock not available (55P03, a lock_timeout
+// such as the inbox's claim wait).
 func transientSQLState(state string) bool {
-	switch {
-	case strings.HasPrefix(state, "08"), strings.HasPrefix(state, "53"):
-		return true
-	}
 	switch state {
-	case "40001", "40P01", "55P03", "57P01", "57P02", "57P03":
+	case "40001", "40P01", "55P03":
 		return true
 	}
-	return false
+	return UnreachableSQLState(state)
 }

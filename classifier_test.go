@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"syscall"
@@ -145,4 +146,26 @@ func TestParseClass(t *testing.T) {
 	_, err := sluice.ParseClass("fatal")
 	require.ErrorIs(t, err, sluice.ErrUnknownClass)
 	require.Equal(t, "class(42)", sluice.Class(42).String())
+}
+
+// What the brake counts as an unreachable dependency the Classifier classes
+// Transient by rule, not by falling through to the default: one list
+// (sluice.Unreachable). Before, a host unreachable or a connection closed
+// mid-conversation (io.EOF) engaged the brake yet was classed by Default —
+// Poison, with Default Poison — so the brake never saw it as Transient.
+func TestUnreachableErrorsAreTransientByRule(t *testing.T) {
+	t.Parallel()
+	c, err := sluice.NewClassifier(sluice.ClassifierConfig{Default: sluice.ClassPoison})
+	require.NoError(t, err)
+	for _, e := range []error{
+		syscall.EHOSTUNREACH, syscall.ENETUNREACH, io.EOF, io.ErrUnexpectedEOF, syscall.ECONNREFUSED,
+		&net.OpError{Op: "dial", Net: "tcp", Err: errors.New("no route")},
+		fmt.Errorf("claim: %w", stateErr("53300")), fmt.Errorf("begin: %w", stateErr("57P01")), stateErr("08006"),
+	} {
+		require.True(t, sluice.Unreachable(e), "%v is unreachable", e)
+		require.Equal(t, sluice.ClassTransient, c.Classify(e), "%v", e)
+	}
+	for _, e := range []error{stateErr("23505"), stateErr("40001"), errors.New("boom")} {
+		require.False(t, sluice.Unreachable(e), "%v is not an unreachable dependency", e)
+	}
 }

@@ -1,6 +1,14 @@
 package sluice
 
-import "errors"
+import (
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+)
 
 // ErrDependency is matched (errors.Is) by every *DependencyError: a failure
 // of a stage's own call to a dependency — the inbox store's begin or claim —
@@ -36,4 +44,39 @@ func SQLState(err error) (string, bool) {
 		return "", false
 	}
 	return s.SQLState(), true
+}
+
+// Unreachable reports whether err is the error of a dependency that cannot
+// be reached, whoever asks: a refused, reset or aborted connection, a host
+// or network unreachable, a connection the peer closed mid-conversation
+// (io.EOF, io.ErrUnexpectedEOF), a dial that failed or a network timeout, a
+// connection the database/sql pool found bad or closed, or a SQLSTATE of
+// UnreachableSQLState. The one list of them: the Classifier's defaults
+// class them Transient and the brake's MatchUnreachable counts them.
+func Unreachable(err error) bool {
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.ECONNABORTED), errors.Is(err, syscall.EPIPE),
+		errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH),
+		errors.Is(err, driver.ErrBadConn), errors.Is(err, sql.ErrConnDone),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return true
+	}
+	if op, ok := errors.AsType[*net.OpError](err); ok && (op.Op == "dial" || op.Timeout()) {
+		return true
+	}
+	state, ok := SQLState(err)
+	return ok && UnreachableSQLState(state)
+}
+
+// UnreachableSQLState reports the SQLSTATEs of a database that cannot serve
+// anyone right now: a connection exception (class 08), insufficient
+// resources (class 53: too many connections, disk full, out of memory), a
+// server shutting down or starting up (57P01-57P03).
+func UnreachableSQLState(state string) bool {
+	switch state {
+	case "57P01", "57P02", "57P03":
+		return true
+	}
+	return strings.HasPrefix(state, "08") || strings.HasPrefix(state, "53")
 }
