@@ -9,7 +9,7 @@
 // The stage sits inside Trace and outside Poison, so it sees the delivery's
 // final fate for this attempt:
 //
-//	ShutdownGrace → Trace → Replay → Poison → Retry → Brake → Classify → Inbox → handler
+//	ShutdownGrace → Trace → Replay → Poison → Retry → Brake → Classify → Inbox → Recoverer → handler
 //
 // It records after the stages inside returned, outside the inbox's
 // transaction, at least once: a crash between the inbox's commit and the
