@@ -22,7 +22,7 @@ import (
 func TestPublisherBlockedConnectionIsBounded(t *testing.T) {
 	t.Parallel()
 	node := testenv.StartPrivateRabbitMQ(t)
-	conn, err := rabbitmq.Dial(node.URL, rabbitmq.DialConfig{})
+	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: node.URL}})
 	require.NoError(t, err)
 	defer func() { _ = conn.Close() }()
 	ch, err := conn.Channel()
@@ -30,7 +30,7 @@ func TestPublisherBlockedConnectionIsBounded(t *testing.T) {
 	_, err = ch.QueueDeclare("orders", true, false, false, false, nil)
 	require.NoError(t, err)
 
-	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: node.URL, ConfirmTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second})
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: node.URL, WriteTimeout: 2 * time.Second}, ConfirmTimeout: 2 * time.Second})
 	require.NoError(t, err)
 	defer func() { _ = pub.Close() }()
 	require.NoError(t, pub.Publish("orders", msgs(1)...), "healthy before the alarm")

@@ -2,14 +2,11 @@ package rabbitmq
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicemq/sluice/broker"
 )
@@ -22,18 +19,13 @@ const ConsumersDefault = 4
 
 // BrokerConfig configures NewBroker.
 type BrokerConfig struct {
-	// URL of the broker. Required; its password never appears in errors.
-	URL string
+	// Connection is the broker's URL and the connection's options, handed
+	// whole to the topology's connection, the publisher and the subscriber.
+	Connection
 	// Topology of the queue: Queue is required.
 	Topology TopologyConfig
 	// Prefetch of each consumer. Default PrefetchDefault.
 	Prefetch int
-	// Logger. Default watermill.NopLogger.
-	Logger watermill.LoggerAdapter
-	// MeterProvider of the publisher's confirm latency. Default the global provider.
-	MeterProvider metric.MeterProvider
-	// TLS configures an amqps:// URL's TLS, for every connection.
-	TLS *tls.Config
 	// DrainTimeout bounds how long closing waits for the deliveries in
 	// flight (ConsumerConfig.DrainTimeout). Default DrainTimeoutDefault.
 	DrainTimeout time.Duration
@@ -43,6 +35,18 @@ type BrokerConfig struct {
 	// (Prefetch deliveries in flight in one consumer, a draining close, the
 	// brake's pause).
 	WatermillSubscriber bool
+}
+
+// withDefaults validates cfg's Connection and returns a copy with its
+// defaults filled; Prefetch and DrainTimeout are the consumer's, validated
+// and defaulted by NewConsumer (NewSubscriber).
+func (cfg BrokerConfig) withDefaults() (BrokerConfig, error) {
+	conn, err := cfg.Connection.withDefaults("BrokerConfig")
+	if err != nil {
+		return cfg, err
+	}
+	cfg.Connection = conn
+	return cfg, nil
 }
 
 // Broker is one consumer queue on RabbitMQ, as router.Add takes it: its
@@ -60,14 +64,15 @@ var _ broker.Broker = (*Broker)(nil)
 // NewBroker declares the topology and connects the publisher and the
 // subscriber. Close it after the router.
 func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
-	if cfg.URL == "" {
-		return nil, errors.New("rabbitmq: BrokerConfig.URL is required")
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	topo, err := NewTopology(cfg.Topology)
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: BrokerConfig.Topology: %w", err)
 	}
-	conn, err := Dial(cfg.URL, DialConfig{Name: "sluice topology", TLS: cfg.TLS})
+	conn, err := cfg.dial("sluice topology")
 	if err != nil {
 		return nil, err
 	}
@@ -75,16 +80,16 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 	if err := topo.Declare(ctx, conn); err != nil {
 		return nil, err
 	}
-	pub, err := NewPublisher(PublisherConfig{URL: cfg.URL, Logger: cfg.Logger, MeterProvider: cfg.MeterProvider, TLS: cfg.TLS})
+	pub, err := NewPublisher(PublisherConfig{Connection: cfg.Connection})
 	if err != nil {
 		return nil, err
 	}
 	b := &Broker{topo: topo, pub: pub, consumers: 1}
 	if cfg.WatermillSubscriber {
-		b.sub, err = NewSubscriber(SubscriberConfig{URL: cfg.URL, Prefetch: cfg.Prefetch, Logger: cfg.Logger, TLS: cfg.TLS})
+		b.sub, err = NewSubscriber(SubscriberConfig{Connection: cfg.Connection, Prefetch: cfg.Prefetch})
 		b.consumers = ConsumersDefault
 	} else {
-		b.sub, err = NewConsumer(ConsumerConfig{URL: cfg.URL, Prefetch: cfg.Prefetch, Logger: cfg.Logger, TLS: cfg.TLS, DrainTimeout: cfg.DrainTimeout,
+		b.sub, err = NewConsumer(ConsumerConfig{Connection: cfg.Connection, Prefetch: cfg.Prefetch, DrainTimeout: cfg.DrainTimeout,
 			PoisonQueue: topo.PoisonQueue(), PoisonPublisher: pub})
 	}
 	if err != nil {

@@ -33,7 +33,7 @@ func newBrokerStack(t *testing.T, handler func(msg *message.Message) error, opts
 	t.Helper()
 	queue := testenv.Name("trust")
 	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
-		URL: testenv.AMQPURL, Topology: rabbitmq.TopologyConfig{Queue: queue, TierDelays: brokerTiers},
+		Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Topology: rabbitmq.TopologyConfig{Queue: queue, TierDelays: brokerTiers},
 	})
 	require.NoError(t, err)
 	names := []string{queue, b.Topology().PoisonQueue()}

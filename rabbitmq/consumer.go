@@ -3,7 +3,6 @@ package rabbitmq
 import (
 	"cmp"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"sync"
@@ -30,10 +29,9 @@ var ErrConsumerClosed = errors.New("rabbitmq: consumer closed")
 
 // ConsumerConfig configures NewConsumer.
 type ConsumerConfig struct {
-	// URL of the broker. Required; its password never appears in errors.
-	URL string
-	// TLS configures an amqps:// URL's TLS.
-	TLS *tls.Config
+	// Connection is the broker's URL and the connection's options; the
+	// Consumer records no metrics of its own (Connection.MeterProvider).
+	Connection
 	// Prefetch is how many deliveries a subscription has in flight at once,
 	// each handled by its own router goroutine and acked by its own
 	// delivery tag, in any order. Default PrefetchDefault.
@@ -47,9 +45,6 @@ type ConsumerConfig struct {
 	ReconnectBackoff time.Duration
 	// Marshaler reads deliveries. Default Marshaler{}.
 	Marshaler wamqp.Marshaler
-	// Logger reports reconnects and deliveries it cannot read. Default
-	// watermill.NopLogger.
-	Logger watermill.LoggerAdapter
 	// PoisonQueue and PoisonPublisher (a confirmed publisher), set
 	// together, isolate a delivery whose headers the AMQP client refuses to
 	// parse (HeadersErrorKey): a copy of its body and properties with the
@@ -59,6 +54,36 @@ type ConsumerConfig struct {
 	// handed to the handler, its headers dropped and HeadersErrorKey set.
 	PoisonQueue     string
 	PoisonPublisher message.Publisher
+}
+
+// withDefaults validates cfg and returns a copy with its defaults filled.
+func (cfg ConsumerConfig) withDefaults() (ConsumerConfig, error) {
+	conn, err := cfg.Connection.withDefaults("ConsumerConfig")
+	if err != nil {
+		return cfg, err
+	}
+	switch {
+	case cfg.Prefetch < 0:
+		return cfg, fmt.Errorf("rabbitmq: ConsumerConfig.Prefetch must be positive, got %d", cfg.Prefetch)
+	case cfg.DrainTimeout < 0:
+		return cfg, fmt.Errorf("rabbitmq: ConsumerConfig.DrainTimeout must be positive, got %s", cfg.DrainTimeout)
+	case cfg.ReconnectBackoff < 0:
+		return cfg, fmt.Errorf("rabbitmq: ConsumerConfig.ReconnectBackoff must be positive, got %s", cfg.ReconnectBackoff)
+	case (cfg.PoisonQueue == "") != (cfg.PoisonPublisher == nil):
+		return cfg, errNoPoisonQueue
+	}
+	if err := broker.CheckName("ConsumerConfig.PoisonQueue", cfg.PoisonQueue); err != nil {
+		return cfg, err
+	}
+	return ConsumerConfig{
+		Connection:       conn,
+		Prefetch:         cmp.Or(cfg.Prefetch, PrefetchDefault),
+		DrainTimeout:     cmp.Or(cfg.DrainTimeout, DrainTimeoutDefault),
+		ReconnectBackoff: cmp.Or(cfg.ReconnectBackoff, ReconnectBackoffDefault),
+		Marshaler:        cmp.Or[wamqp.Marshaler](cfg.Marshaler, Marshaler{}),
+		PoisonQueue:      cfg.PoisonQueue,
+		PoisonPublisher:  cfg.PoisonPublisher,
+	}, nil
 }
 
 // Consumer is Sluice's RabbitMQ message.Subscriber. Unlike watermill-amqp's,
@@ -88,30 +113,9 @@ var _ broker.GatedSubscriber = (*Consumer)(nil)
 
 // NewConsumer validates cfg and returns a Consumer; it connects on Subscribe.
 func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
-	if err := checkURL(cfg.URL); err != nil {
-		return nil, fmt.Errorf("rabbitmq: ConsumerConfig.URL: %w", err)
-	}
-	cfg.Prefetch = cmp.Or(cfg.Prefetch, PrefetchDefault)
-	cfg.DrainTimeout = cmp.Or(cfg.DrainTimeout, DrainTimeoutDefault)
-	cfg.ReconnectBackoff = cmp.Or(cfg.ReconnectBackoff, ReconnectBackoffDefault)
-	switch {
-	case cfg.Prefetch < 0:
-		return nil, fmt.Errorf("rabbitmq: ConsumerConfig.Prefetch must be positive, got %d", cfg.Prefetch)
-	case cfg.DrainTimeout < 0:
-		return nil, fmt.Errorf("rabbitmq: ConsumerConfig.DrainTimeout must be positive, got %s", cfg.DrainTimeout)
-	case cfg.ReconnectBackoff < 0:
-		return nil, fmt.Errorf("rabbitmq: ConsumerConfig.ReconnectBackoff must be positive, got %s", cfg.ReconnectBackoff)
-	case (cfg.PoisonQueue == "") != (cfg.PoisonPublisher == nil):
-		return nil, errNoPoisonQueue
-	}
-	if err := broker.CheckName("ConsumerConfig.PoisonQueue", cfg.PoisonQueue); err != nil {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
 		return nil, err
-	}
-	if cfg.Marshaler == nil {
-		cfg.Marshaler = Marshaler{}
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
 	}
 	return &Consumer{cfg: cfg, closing: make(chan struct{})}, nil
 }
@@ -255,7 +259,7 @@ func (s *subscription) run(ctx context.Context) {
 // consume runs one connection until it fails (the error) or stop closes (nil,
 // after draining).
 func (s *subscription) consume(ctx context.Context, stop <-chan struct{}) error {
-	conn, err := Dial(s.c.cfg.URL, DialConfig{Name: "sluice consumer " + s.queue, TLS: s.c.cfg.TLS})
+	conn, err := s.c.cfg.dial("sluice consumer " + s.queue)
 	if err != nil {
 		return err
 	}

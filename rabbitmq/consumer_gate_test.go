@@ -59,7 +59,7 @@ func TestConsumerTakesOneDeliveryWhileProbing(t *testing.T) {
 	queue := declareQueue(t, "probing")
 	publishIDs(t, queue, n)
 	g := newGate(false, true)
-	c, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{URL: testenv.AMQPURL, Prefetch: prefetch, DrainTimeout: 10 * time.Second})
+	c, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Prefetch: prefetch, DrainTimeout: 10 * time.Second})
 	require.NoError(t, err)
 	started := make(chan string, n)
 	release := make(chan struct{})

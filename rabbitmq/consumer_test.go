@@ -30,7 +30,7 @@ func runConsumer(t *testing.T, queue string, prefetch int, handler message.NoPub
 // the router begins to close.
 func runConsumerLogged(t *testing.T, queue string, prefetch int, handler message.NoPublishHandlerFunc) (closing <-chan struct{}, stop func()) {
 	t.Helper()
-	c, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{URL: testenv.AMQPURL, Prefetch: prefetch, DrainTimeout: 10 * time.Second})
+	c, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Prefetch: prefetch, DrainTimeout: 10 * time.Second})
 	require.NoError(t, err)
 	logger := testenv.NewClosingLogger()
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, logger)

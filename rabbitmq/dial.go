@@ -2,11 +2,8 @@ package rabbitmq
 
 import (
 	"cmp"
-	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
-	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -14,70 +11,44 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 )
 
-// Connection defaults.
-const (
-	DialTimeoutDefault = 10 * time.Second
-	// WriteTimeoutDefault bounds each write to the broker's socket. A broker
-	// that stops reading (a connection blocked by a memory or disk alarm)
-	// then fails the write instead of holding every publisher.
-	WriteTimeoutDefault = 10 * time.Second
-)
-
 // DialConfig configures Dial.
 type DialConfig struct {
+	// Connection is the broker's URL and the connection's options; Dial
+	// uses its URL, TLS, DialTimeout and WriteTimeout.
+	Connection
 	// Name is the connection_name the broker shows. Default "sluice".
 	Name string
-	// DialTimeout bounds connecting and the AMQP handshake. Default
-	// DialTimeoutDefault.
-	DialTimeout time.Duration
-	// WriteTimeout bounds each socket write. Default WriteTimeoutDefault.
-	WriteTimeout time.Duration
-	// TLS configures the TLS of an amqps:// URL (root CAs, client
-	// certificate, server name). Default: the system's roots. Refused with
-	// an amqp:// URL, which would not use it.
-	TLS *tls.Config
 }
 
-// Dial connects to url (amqp:// or amqps://). Its errors never hold the
+// Dial connects to cfg.URL (amqp:// or amqps://). Its errors never hold the
 // URL's password, and unwrap to amqp091's (errors.Is(err,
 // amqp.ErrCredentials) holds for bad credentials).
-func Dial(url string, cfg DialConfig) (*amqp.Connection, error) {
-	if err := checkURL(url); err != nil {
+func Dial(cfg DialConfig) (*amqp.Connection, error) {
+	c, err := cfg.Connection.withDefaults("DialConfig")
+	if err != nil {
 		return nil, err
 	}
-	if cfg.TLS != nil && !strings.HasPrefix(url, "amqps://") {
-		return nil, errors.New("rabbitmq: a TLS configuration needs an amqps:// URL")
-	}
-	dialTimeout := cmp.Or(cfg.DialTimeout, DialTimeoutDefault)
-	writeTimeout := cmp.Or(cfg.WriteTimeout, WriteTimeoutDefault)
-	dial := amqp.DefaultDial(dialTimeout)
-	conn, err := amqp.DialConfig(url, amqp.Config{
+	return c.dial(cfg.Name)
+}
+
+// dial connects with c, whose defaults are filled, as connection_name name.
+func (c Connection) dial(name string) (*amqp.Connection, error) {
+	dial := amqp.DefaultDial(c.DialTimeout)
+	conn, err := amqp.DialConfig(c.URL, amqp.Config{
 		Dial: func(network, addr string) (net.Conn, error) {
-			c, err := dial(network, addr)
+			nc, err := dial(network, addr)
 			if err != nil {
 				return nil, err
 			}
-			return &deadlineConn{Conn: c, timeout: writeTimeout}, nil
+			return &deadlineConn{Conn: nc, timeout: c.WriteTimeout}, nil
 		},
-		Properties:      amqp.Table{"connection_name": cmp.Or(cfg.Name, "sluice")},
-		TLSClientConfig: cfg.TLS,
+		Properties:      amqp.Table{"connection_name": cmp.Or(name, "sluice")},
+		TLSClientConfig: c.TLS,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("rabbitmq: connecting to %s: %w", diag.RedactURL(url), diag.RedactError(err))
+		return nil, fmt.Errorf("rabbitmq: connecting to %s: %w", diag.RedactURL(c.URL), diag.RedactError(err))
 	}
 	return conn, nil
-}
-
-// checkURL reports whether url is an AMQP URI, in an error that never holds
-// the password.
-func checkURL(url string) error {
-	if url == "" {
-		return errors.New("rabbitmq: the broker URL is required")
-	}
-	if _, err := amqp.ParseURI(url); err != nil {
-		return fmt.Errorf("rabbitmq: the broker URL %s is not an AMQP URI: %w", diag.RedactURL(url), diag.RedactError(err))
-	}
-	return nil
 }
 
 // deadlineConn sets a write deadline before each write.

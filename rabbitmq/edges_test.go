@@ -200,7 +200,7 @@ func TestNamesAtTheLimit(t *testing.T) {
 	require.ErrorIs(t, err, broker.ErrNameTooLong)
 	_, err = broker.Ladder(name(250))
 	require.ErrorIs(t, err, broker.ErrNameTooLong)
-	_, err = rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: testenv.AMQPURL, Exchange: name(256)})
+	_, err = rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Exchange: name(256)})
 	require.ErrorIs(t, err, broker.ErrNameTooLong)
 
 	// A 276-byte routing key would reach the wire as its first 20 bytes
@@ -263,15 +263,15 @@ func TestQueueDeletedMakesNoPhantomMessages(t *testing.T) {
 func TestURLErrorsHideThePassword(t *testing.T) {
 	t.Parallel()
 	for _, u := range []string{"amqp://user:Sec%zzRet@host/", "amqp://user:SecRet@ho st/", "amqpx://user:SecRet@host/"} {
-		_, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: u})
+		_, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: u}})
 		require.Error(t, err)
 		require.NotContains(t, err.Error(), "Sec", u)
 		require.NotContains(t, err.Error(), "Ret", u)
-		_, err = rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: u})
+		_, err = rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{Connection: rabbitmq.Connection{URL: u}})
 		require.Error(t, err)
 		require.NotContains(t, err.Error(), "Sec", u)
 	}
-	_, err := rabbitmq.Dial("amqp://guest:WrongPassword1@127.0.0.1:5672/", rabbitmq.DialConfig{})
+	_, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: "amqp://guest:WrongPassword1@127.0.0.1:5672/"}})
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), "WrongPassword1")
 	require.ErrorIs(t, err, amqp.ErrCredentials, "the cause survives the redaction")

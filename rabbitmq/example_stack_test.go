@@ -29,11 +29,11 @@ func addReliableHandler(ctx context.Context, router *message.Router, url string,
 	if err := topo.Declare(ctx, conn); err != nil {
 		return err // a *rabbitmq.ConflictError names the argument that differs
 	}
-	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: url}) // confirms + mandatory
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: url}}) // confirms + mandatory
 	if err != nil {
 		return err
 	}
-	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: url})
+	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{Connection: rabbitmq.Connection{URL: url}})
 	if err != nil {
 		return err
 	}

@@ -39,7 +39,7 @@ func ExampleTopology_Policies() {
 // each classic queue's head has waited.
 func ExampleStampTimestamp() {
 	url := "amqp://guest:guest@127.0.0.1:5672/"
-	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: url,
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: url},
 		Marshaler: rabbitmq.Marshaler{DefaultMarshaler: wamqp.DefaultMarshaler{PostprocessPublishing: rabbitmq.StampTimestamp}}})
 	if err != nil {
 		panic(err)

@@ -34,7 +34,7 @@ func TestPublisherRefusesAContentHeaderOverTheFrameToTheByte(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	ts := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{
-		URL: testenv.AMQPURL, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		Connection: rabbitmq.Connection{URL: testenv.AMQPURL, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 		Marshaler: rabbitmq.Marshaler{DefaultMarshaler: wamqp.DefaultMarshaler{PostprocessPublishing: func(p amqp.Publishing) amqp.Publishing {
 			p.Headers["i64"], p.Headers["bool"], p.Headers["f64"], p.Headers["dec"] = int64(-7), true, 1.5, amqp.Decimal{Scale: 2, Value: 1234}
 			p.Headers["time"], p.Headers["bytes"], p.Headers["nil"] = ts, []byte{0, 1, 2}, nil
@@ -118,7 +118,7 @@ func TestPublisherRefusesAHeaderAMQPCannotEncode(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	bad := true
 	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{
-		URL: testenv.AMQPURL, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		Connection: rabbitmq.Connection{URL: testenv.AMQPURL, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 		Marshaler: rabbitmq.Marshaler{DefaultMarshaler: wamqp.DefaultMarshaler{PostprocessPublishing: func(p amqp.Publishing) amqp.Publishing {
 			if bad {
 				p.Headers["nested"] = amqp.Table{strings.Repeat("k", 300): "v"}

@@ -96,7 +96,7 @@ func TestSubscriberHandlesTypedHeaders(t *testing.T) {
 		Headers: brokerHeaders, Body: []byte(`{"ok":true}`), DeliveryMode: amqp.Persistent,
 	}))
 
-	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: testenv.AMQPURL})
+	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
@@ -143,7 +143,7 @@ func TestStampTimestamp(t *testing.T) {
 	require.NoError(t, err)
 	testenv.DeleteQueuesAtEnd(t, q)
 	stamping := rabbitmq.Marshaler{DefaultMarshaler: wamqp.DefaultMarshaler{PostprocessPublishing: rabbitmq.StampTimestamp}}
-	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: testenv.AMQPURL, Marshaler: stamping})
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Marshaler: stamping})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 

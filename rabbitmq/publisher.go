@@ -1,8 +1,8 @@
 package rabbitmq
 
 import (
+	"cmp"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"sync"
@@ -63,9 +63,10 @@ func (e *UnroutableError) Error() string {
 
 // PublisherConfig configures a Publisher.
 type PublisherConfig struct {
-	// URL of the broker, amqp:// or amqps://. Required. Its password never
-	// appears in errors or logs.
-	URL string
+	// Connection is the broker's URL and the connection's options
+	// (Connection.MeterProvider receives MetricConfirmDuration and
+	// MetricReconnects).
+	Connection
 	// Exchange every message is published to, with the topic as routing key.
 	// Default "": the default exchange, where the topic is a queue name.
 	Exchange string
@@ -75,18 +76,26 @@ type PublisherConfig struct {
 	// ConfirmTimeout bounds the wait for a confirm when the message context
 	// has no earlier deadline. Default ConfirmTimeoutDefault.
 	ConfirmTimeout time.Duration
-	// DialTimeout bounds connecting. Default DialTimeoutDefault.
-	DialTimeout time.Duration
-	// WriteTimeout bounds each write to the socket, so a broker that stops
-	// reading cannot hold a publish past it. Default WriteTimeoutDefault.
-	WriteTimeout time.Duration
-	// TLS configures an amqps:// URL's TLS (DialConfig.TLS).
-	TLS *tls.Config
-	// Logger reports reconnects. Default watermill.NopLogger.
-	Logger watermill.LoggerAdapter
-	// MeterProvider receives MetricConfirmDuration and MetricReconnects.
-	// Default the global provider.
-	MeterProvider metric.MeterProvider
+}
+
+// withDefaults validates cfg and returns a copy with its defaults filled.
+func (cfg PublisherConfig) withDefaults() (PublisherConfig, error) {
+	conn, err := cfg.Connection.withDefaults("PublisherConfig")
+	if err != nil {
+		return cfg, err
+	}
+	if err := broker.CheckName("PublisherConfig.Exchange", cfg.Exchange); err != nil {
+		return cfg, err
+	}
+	if cfg.ConfirmTimeout < 0 {
+		return cfg, fmt.Errorf("rabbitmq: PublisherConfig.ConfirmTimeout must not be negative, got %s", cfg.ConfirmTimeout)
+	}
+	return PublisherConfig{
+		Connection:     conn,
+		Exchange:       cfg.Exchange,
+		Marshaler:      cmp.Or[wamqp.Marshaler](cfg.Marshaler, Marshaler{}),
+		ConfirmTimeout: cmp.Or(cfg.ConfirmTimeout, ConfirmTimeoutDefault),
+	}, nil
 }
 
 // MetricConfirmDuration is the time from publishing a message to its
@@ -126,37 +135,9 @@ var _ message.Publisher = (*Publisher)(nil)
 // NewPublisher validates cfg and returns a Publisher; it connects on the
 // first Publish.
 func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
-	if cfg.URL == "" {
-		return nil, errors.New("rabbitmq: PublisherConfig.URL is required")
-	}
-	if err := checkURL(cfg.URL); err != nil {
-		return nil, fmt.Errorf("rabbitmq: PublisherConfig.URL: %w", err)
-	}
-	if err := broker.CheckName("PublisherConfig.Exchange", cfg.Exchange); err != nil {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
 		return nil, err
-	}
-	if cfg.Marshaler == nil {
-		cfg.Marshaler = Marshaler{}
-	}
-	if cfg.ConfirmTimeout == 0 {
-		cfg.ConfirmTimeout = ConfirmTimeoutDefault
-	}
-	if cfg.DialTimeout == 0 {
-		cfg.DialTimeout = DialTimeoutDefault
-	}
-	if cfg.WriteTimeout == 0 {
-		cfg.WriteTimeout = WriteTimeoutDefault
-	}
-	switch {
-	case cfg.ConfirmTimeout < 0:
-		return nil, fmt.Errorf("rabbitmq: PublisherConfig.ConfirmTimeout must not be negative, got %s", cfg.ConfirmTimeout)
-	case cfg.DialTimeout < 0:
-		return nil, fmt.Errorf("rabbitmq: PublisherConfig.DialTimeout must not be negative, got %s", cfg.DialTimeout)
-	case cfg.WriteTimeout < 0:
-		return nil, fmt.Errorf("rabbitmq: PublisherConfig.WriteTimeout must not be negative, got %s", cfg.WriteTimeout)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
 	}
 	h, err := telemetry.Meter(cfg.MeterProvider).Float64Histogram(MetricConfirmDuration, metric.WithUnit("s"),
 		metric.WithDescription("Time from publishing a message to its publisher confirm."),
@@ -258,7 +239,7 @@ func (p *Publisher) channel() (*confirmChannel, *atomic.Pointer[amqp.Blocking], 
 		p.ch = nil
 	}
 	if p.conn == nil || p.conn.IsClosed() {
-		conn, err := Dial(p.cfg.URL, DialConfig{Name: "sluice publisher", DialTimeout: p.cfg.DialTimeout, WriteTimeout: p.cfg.WriteTimeout, TLS: p.cfg.TLS})
+		conn, err := p.cfg.dial("sluice publisher")
 		if err != nil {
 			return nil, nil, err
 		}

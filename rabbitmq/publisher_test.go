@@ -19,7 +19,7 @@ import (
 
 func newPublisher(t *testing.T, exchange string) *rabbitmq.Publisher {
 	t.Helper()
-	p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: testenv.AMQPURL, Exchange: exchange, ConfirmTimeout: 10 * time.Second})
+	p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Exchange: exchange, ConfirmTimeout: 10 * time.Second})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.Close() })
 	return p
@@ -139,11 +139,11 @@ func TestNewPublisherValidates(t *testing.T) {
 	t.Parallel()
 	_, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{})
 	require.ErrorContains(t, err, "PublisherConfig.URL is required")
-	_, err = rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: "http://guest:secret@host/"})
+	_, err = rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: "http://guest:secret@host/"}})
 	require.ErrorContains(t, err, "PublisherConfig.URL")
 	require.NotContains(t, err.Error(), "secret", "no password in errors")
 
-	p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: "amqp://guest:secret@127.0.0.1:1/", DialTimeout: time.Second})
+	p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: "amqp://guest:secret@127.0.0.1:1/", DialTimeout: time.Second}})
 	require.NoError(t, err)
 	err = p.Publish("q", msgs(1)...)
 	require.ErrorContains(t, err, "amqp://guest:xxxxx@127.0.0.1:1/")
@@ -153,7 +153,7 @@ func TestNewPublisherValidates(t *testing.T) {
 func TestPublisherConfirmMetric(t *testing.T) {
 	t.Parallel()
 	reader := sdkmetric.NewManualReader()
-	p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: testenv.AMQPURL, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+	p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.Close() })
 	q := declareQueue(t, "pub_metric")

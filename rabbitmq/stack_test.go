@@ -60,7 +60,7 @@ func newStackBehind(t *testing.T, cfg rabbitmq.TopologyConfig, outer []message.H
 	c, err := middleware.Classify(middleware.ClassifyConfig{})
 	require.NoError(t, err)
 
-	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: testenv.AMQPURL})
+	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})
 	require.NoError(t, err)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)

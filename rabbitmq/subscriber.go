@@ -1,10 +1,8 @@
 package rabbitmq
 
 import (
-	"crypto/tls"
-	"errors"
+	"cmp"
 	"fmt"
-	"strings"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
@@ -18,15 +16,25 @@ const PrefetchDefault = 16
 
 // SubscriberConfig configures NewSubscriber.
 type SubscriberConfig struct {
-	// URL of the broker. Required.
-	URL string
+	// Connection is the broker's URL and the connection's options.
+	// watermill-amqp dials with its own timeouts (not DialTimeout nor
+	// WriteTimeout), and the subscriber records no metrics.
+	Connection
 	// Prefetch is how many unacked deliveries the broker sends ahead.
 	// Default PrefetchDefault.
 	Prefetch int
-	// Logger. Default watermill.NopLogger.
-	Logger watermill.LoggerAdapter
-	// TLS configures an amqps:// URL's TLS.
-	TLS *tls.Config
+}
+
+// withDefaults validates cfg and returns a copy with its defaults filled.
+func (cfg SubscriberConfig) withDefaults() (SubscriberConfig, error) {
+	conn, err := cfg.Connection.withDefaults("SubscriberConfig")
+	if err != nil {
+		return cfg, err
+	}
+	if cfg.Prefetch < 0 {
+		return cfg, fmt.Errorf("rabbitmq: SubscriberConfig.Prefetch must be positive, got %d", cfg.Prefetch)
+	}
+	return SubscriberConfig{Connection: conn, Prefetch: cmp.Or(cfg.Prefetch, PrefetchDefault)}, nil
 }
 
 // NewSubscriber returns a watermill-amqp subscriber that consumes the queue
@@ -37,23 +45,9 @@ type SubscriberConfig struct {
 // One subscription handles one delivery at a time; subscribe several times
 // (or add several router handlers) for concurrency.
 func NewSubscriber(cfg SubscriberConfig) (*wamqp.Subscriber, error) {
-	if cfg.URL == "" {
-		return nil, errors.New("rabbitmq: SubscriberConfig.URL is required")
-	}
-	if err := checkURL(cfg.URL); err != nil {
-		return nil, fmt.Errorf("rabbitmq: SubscriberConfig.URL: %w", err)
-	}
-	if cfg.Prefetch == 0 {
-		cfg.Prefetch = PrefetchDefault
-	}
-	if cfg.Prefetch < 0 {
-		return nil, fmt.Errorf("rabbitmq: SubscriberConfig.Prefetch must be positive, got %d", cfg.Prefetch)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
-	}
-	if cfg.TLS != nil && !strings.HasPrefix(cfg.URL, "amqps://") {
-		return nil, errors.New("rabbitmq: SubscriberConfig.TLS needs an amqps:// URL")
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	c := wamqp.NewDurableQueueConfig(cfg.URL)
 	c.Connection.TLSConfig = cfg.TLS

@@ -24,12 +24,12 @@ func TestTLS(t *testing.T) {
 	node := testenv.StartPrivateRabbitMQWith(t, testenv.PrivateRabbitMQOptions{TLS: &files})
 	cfg := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 
-	_, err := rabbitmq.Dial(node.TLSURL, rabbitmq.DialConfig{DialTimeout: 5 * time.Second})
+	_, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: node.TLSURL, DialTimeout: 5 * time.Second}})
 	require.Error(t, err, "the test CA is not a system root")
-	_, err = rabbitmq.Dial(node.URL, rabbitmq.DialConfig{TLS: cfg})
+	_, err = rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: node.URL, TLS: cfg}})
 	require.ErrorContains(t, err, "needs an amqps:// URL")
 
-	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{URL: node.TLSURL, TLS: cfg, Topology: rabbitmq.TopologyConfig{Queue: "orders"}})
+	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: node.TLSURL, TLS: cfg}, Topology: rabbitmq.TopologyConfig{Queue: "orders"}})
 	require.NoError(t, err)
 	defer func() { _ = b.Close() }()
 	m := message.NewMessage(watermill.NewUUID(), []byte("over TLS"))

@@ -18,7 +18,7 @@ import (
 func proxiedPublisher(t *testing.T, queue string, confirmTimeout time.Duration) (*rabbitmq.Publisher, *testenv.Proxy) {
 	t.Helper()
 	proxy, url := testenv.ProxyAMQP(t)
-	p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: url, ConfirmTimeout: confirmTimeout})
+	p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: url}, ConfirmTimeout: confirmTimeout})
 	require.NoError(t, err)
 	t.Cleanup(func() { proxy.Heal(); _ = p.Close() })
 	require.NoError(t, p.Publish(queue, message.NewMessage(watermill.NewUUID(), []byte("warm-up"))))

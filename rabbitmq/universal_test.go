@@ -44,9 +44,9 @@ var _ message.SubscribeInitializer = (*declaringConsumer)(nil)
 // universalPubSub builds Sluice's confirmed Publisher and its Consumer, with
 // a drain timeout short enough for the suite's 15 s waits.
 func universalPubSub(t *testing.T) (message.Publisher, message.Subscriber) {
-	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: testenv.AMQPURL, ConfirmTimeout: 10 * time.Second})
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, ConfirmTimeout: 10 * time.Second})
 	require.NoError(t, err)
-	c, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{URL: testenv.AMQPURL, DrainTimeout: 2 * time.Second})
+	c, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, DrainTimeout: 2 * time.Second})
 	require.NoError(t, err)
 	return pub, &declaringConsumer{Consumer: c, t: t, declared: map[string]bool{}}
 }

@@ -104,7 +104,7 @@ func TestUnparseableHeadersAreIsolatedNotLooped(t *testing.T) {
 	t.Parallel()
 	queue := testenv.Name("unparseable")
 	logger := newRecordingLogger()
-	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{URL: testenv.AMQPURL, Logger: logger,
+	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL, Logger: logger},
 		Topology: rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{100 * time.Millisecond}}})
 	require.NoError(t, err)
 	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", queue+".retry.100ms")

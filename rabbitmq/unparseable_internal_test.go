@@ -42,6 +42,6 @@ func TestUnmarshalUnparseableHeaders(t *testing.T) {
 
 func TestConsumerPoisonQueueNeedsItsPublisher(t *testing.T) {
 	t.Parallel()
-	_, err := NewConsumer(ConsumerConfig{URL: "amqp://localhost", PoisonQueue: "q.poison"})
+	_, err := NewConsumer(ConsumerConfig{Connection: Connection{URL: "amqp://localhost"}, PoisonQueue: "q.poison"})
 	require.ErrorIs(t, err, errNoPoisonQueue)
 }

@@ -37,8 +37,8 @@ const quorumLimit = 5
 func newQuorumRabbitMQ(t *testing.T, queue string, delays ...time.Duration) *rabbitmq.Broker {
 	t.Helper()
 	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
-		URL:      testenv.AMQPURL,
-		Topology: rabbitmq.TopologyConfig{Queue: queue, TierDelays: delays, Quorum: true, DeliveryLimit: quorumLimit},
+		Connection: rabbitmq.Connection{URL: testenv.AMQPURL},
+		Topology:   rabbitmq.TopologyConfig{Queue: queue, TierDelays: delays, Quorum: true, DeliveryLimit: quorumLimit},
 	})
 	require.NoError(t, err)
 	names := []string{queue, q.Topology().PoisonQueue()}

@@ -62,7 +62,7 @@ func TestBrakeOutageLongerThanTheLadder(t *testing.T) {
 	delays := []time.Duration{time.Second, 2 * time.Second}
 	queue := testenv.Name("outage")
 	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
-		URL: testenv.AMQPURL, Topology: rabbitmq.TopologyConfig{Queue: queue, TierDelays: delays},
+		Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Topology: rabbitmq.TopologyConfig{Queue: queue, TierDelays: delays},
 	})
 	require.NoError(t, err)
 	tiers := q.Topology().Tiers()

@@ -28,8 +28,8 @@ import (
 func newRabbitMQ(t *testing.T, queue string, delays ...time.Duration) *rabbitmq.Broker {
 	t.Helper()
 	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
-		URL:      testenv.AMQPURL,
-		Topology: rabbitmq.TopologyConfig{Queue: queue, TierDelays: delays},
+		Connection: rabbitmq.Connection{URL: testenv.AMQPURL},
+		Topology:   rabbitmq.TopologyConfig{Queue: queue, TierDelays: delays},
 	})
 	require.NoError(t, err)
 	names := []string{queue, q.Topology().PoisonQueue()}
@@ -155,8 +155,8 @@ func TestTimeoutBehindTheRouterWithTheInboxAndALargeForeignMessage(t *testing.T)
 	db, schema, store := inbox(t)
 	queue := testenv.Name("orders")
 	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
-		URL:      testenv.AMQPURL,
-		Topology: rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond}},
+		Connection: rabbitmq.Connection{URL: testenv.AMQPURL},
+		Topology:   rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond}},
 	})
 	require.NoError(t, err)
 	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", queue+".retry.50ms", queue+".retry.100ms")

@@ -26,8 +26,8 @@ func addReliableInventory(ctx context.Context, r *message.Router, amqpURL string
 		return nil, err
 	}
 	q, err := rabbitmq.NewBroker(ctx, rabbitmq.BrokerConfig{
-		URL:      amqpURL,
-		Topology: rabbitmq.TopologyConfig{Queue: "inventory", Quorum: true, DeliveryLimit: 20},
+		Connection: rabbitmq.Connection{URL: amqpURL},
+		Topology:   rabbitmq.TopologyConfig{Queue: "inventory", Quorum: true, DeliveryLimit: 20},
 	}) // declares inventory, inventory.retry.{30s,5m,30m}, inventory.poison
 	if err != nil {
 		return nil, err

@@ -40,9 +40,8 @@ func TestCopyOverTheFrameIsIsolatedAndThePublisherStaysUp(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
-		URL:           testenv.AMQPURL,
-		Topology:      rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{200 * time.Millisecond}},
-		MeterProvider: mp,
+		Connection: rabbitmq.Connection{URL: testenv.AMQPURL, MeterProvider: mp},
+		Topology:   rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{200 * time.Millisecond}},
 	})
 	require.NoError(t, err)
 	testenv.DeleteQueuesAtEnd(t, queue, q.Topology().PoisonQueue(), q.Topology().Tiers()[0].Topic)

@@ -36,7 +36,7 @@ func TestProducedMessageCarryingTheHandlersContextIsPublished(t *testing.T) {
 	_, err := testenv.Channel(t, conn).QueueDeclare(out, true, false, false, false, nil)
 	require.NoError(t, err)
 
-	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{URL: testenv.AMQPURL, Topology: rabbitmq.TopologyConfig{Queue: queue}})
+	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Topology: rabbitmq.TopologyConfig{Queue: queue}})
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)

@@ -47,8 +47,8 @@ func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
 
 	queue := testenv.Name("orders")
 	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
-		URL:      testenv.AMQPURL,
-		Topology: rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{100 * time.Millisecond}},
+		Connection: rabbitmq.Connection{URL: testenv.AMQPURL},
+		Topology:   rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{100 * time.Millisecond}},
 	})
 	require.NoError(t, err)
 	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", queue+".retry.100ms")
@@ -137,7 +137,7 @@ func TestShutdownMidHandlerEffectOnce(t *testing.T) {
 	inHandler := make(chan struct{}, 1)
 	release := make(chan struct{})
 	consume := func() (closing <-chan struct{}, stop func()) {
-		q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{URL: testenv.AMQPURL, Topology: rabbitmq.TopologyConfig{Queue: queue}})
+		q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Topology: rabbitmq.TopologyConfig{Queue: queue}})
 		require.NoError(t, err)
 		logger := testenv.NewClosingLogger()
 		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
@@ -167,7 +167,7 @@ func TestShutdownMidHandlerEffectOnce(t *testing.T) {
 	}
 
 	closing, stop := consume()
-	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: testenv.AMQPURL})
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})
 	require.NoError(t, err)
 	defer func() { _ = pub.Close() }()
 	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
@@ -204,7 +204,7 @@ func TestDrainingCloseUnderLoadNoDuplicates(t *testing.T) {
 	const before = 40              // handled before the close
 	release := make(chan struct{}) // holds the first router's handlers after those
 	consume := func(hold bool) (closing <-chan struct{}, stop func()) {
-		q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{URL: testenv.AMQPURL, Topology: rabbitmq.TopologyConfig{Queue: queue}})
+		q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Topology: rabbitmq.TopologyConfig{Queue: queue}})
 		require.NoError(t, err)
 		logger := testenv.NewClosingLogger()
 		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
@@ -241,7 +241,7 @@ func TestDrainingCloseUnderLoadNoDuplicates(t *testing.T) {
 	}
 
 	closing, stop := consume(true)
-	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: testenv.AMQPURL})
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})
 	require.NoError(t, err)
 	defer func() { _ = pub.Close() }()
 	for i := range n {

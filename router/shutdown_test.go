@@ -32,7 +32,7 @@ func TestShutdownOutlastingTheGraceSpendsNoAttempt(t *testing.T) {
 	queue := testenv.Name("deploy")
 	tier := queue + ".retry.30s"
 	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", tier)
-	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{URL: testenv.AMQPURL,
+	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL},
 		Topology: rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{30 * time.Second}}})
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})

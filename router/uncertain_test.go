@@ -102,7 +102,7 @@ func startLostConfirm(t *testing.T, name string, stages func(pub message.Publish
 func copiesPublisher(t *testing.T) (*testenv.Proxy, *rabbitmq.Publisher) {
 	t.Helper()
 	proxy, url := testenv.ProxyAMQP(t)
-	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: url, ConfirmTimeout: 200 * time.Millisecond})
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: url}, ConfirmTimeout: 200 * time.Millisecond})
 	require.NoError(t, err)
 	t.Cleanup(func() { proxy.Heal(); _ = pub.Close() })
 	requireUnroutable(t, pub)

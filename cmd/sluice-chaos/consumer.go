@@ -82,7 +82,7 @@ func consumerMain(args []string) error {
 	}
 	var q *rabbitmq.Broker
 	for { // the broker may be restarting when a consumer starts
-		q, err = rabbitmq.NewBroker(ctx, rabbitmq.BrokerConfig{URL: *amqpURL, Topology: rabbitmq.TopologyConfig{Queue: *queue, TierDelays: delays},
+		q, err = rabbitmq.NewBroker(ctx, rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: *amqpURL}, Topology: rabbitmq.TopologyConfig{Queue: *queue, TierDelays: delays},
 			WatermillSubscriber: *subscriber == "watermill"})
 		if err == nil {
 			break

@@ -268,7 +268,7 @@ func (w *world) setup(ctx context.Context) error {
 	if err := w.withConn(func(c *amqp.Connection) error { return w.topo.Declare(ctx, c) }); err != nil {
 		return err
 	}
-	w.pub, err = rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: w.o.amqpURL})
+	w.pub, err = rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: w.o.amqpURL}})
 	return err
 }
 
@@ -307,7 +307,7 @@ func (w *world) queues(all bool) []string {
 
 // withConn runs fn on a fresh connection: the broker may have restarted.
 func (w *world) withConn(fn func(*amqp.Connection) error) error {
-	c, err := rabbitmq.Dial(w.o.amqpURL, rabbitmq.DialConfig{Name: "sluice chaos"})
+	c, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: w.o.amqpURL}, Name: "sluice chaos"})
 	if err != nil {
 		return err
 	}

@@ -103,7 +103,7 @@ func (b *bed) goodAndBad(t *testing.T, good, bad int) {
 // handler behind the whole stack, with the replay stage and the inbox given.
 func consume(t *testing.T, b *bed, handler message.NoPublishHandlerFunc, rp *replay.Config, inbox deduplication.Store) {
 	t.Helper()
-	sub, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{URL: testenv.AMQPURL})
+	sub, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
@@ -403,7 +403,7 @@ func TestQueues(t *testing.T) {
 func TestQueuesDiscoversTheFamilies(t *testing.T) {
 	t.Parallel()
 	node := testenv.StartPrivateRabbitMQWith(t, testenv.PrivateRabbitMQOptions{Management: true})
-	conn, err := rabbitmq.Dial(node.URL, rabbitmq.DialConfig{Name: "test"})
+	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: node.URL}, Name: "test"})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	for _, cfg := range []rabbitmq.TopologyConfig{
@@ -419,7 +419,7 @@ func TestQueuesDiscoversTheFamilies(t *testing.T) {
 	_, err = ch.QueueDeclare("unrelated", true, false, false, false, nil)
 	require.NoError(t, err)
 	require.NoError(t, ch.Close())
-	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: node.URL})
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: node.URL}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	mw, err := poison.New(poison.Config{Publisher: pub, Topic: "orders.poison", Queue: "orders"})

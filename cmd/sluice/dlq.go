@@ -128,7 +128,7 @@ func newPublisher(g *globals) (*rabbitmq.Publisher, error) {
 	if err != nil {
 		return nil, err
 	}
-	return rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: g.url(), TLS: tlsCfg})
+	return rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: g.url(), TLS: tlsCfg}})
 }
 
 func connect(g *globals) (*amqp.Connection, error) {
@@ -136,7 +136,7 @@ func connect(g *globals) (*amqp.Connection, error) {
 	if err != nil {
 		return nil, err
 	}
-	return rabbitmq.Dial(g.url(), rabbitmq.DialConfig{Name: "sluice cli", TLS: tlsCfg})
+	return rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: g.url(), TLS: tlsCfg}, Name: "sluice cli"})
 }
 
 func newDLQ(g *globals, out io.Writer) *cobra.Command {

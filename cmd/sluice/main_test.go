@@ -53,7 +53,7 @@ func newBedOn(t *testing.T, cfg rabbitmq.TopologyConfig) *bed {
 	require.NoError(t, err)
 	require.NoError(t, topo.Declare(t.Context(), testenv.AMQP(t)))
 	testenv.DeleteQueuesAtEnd(t, q, q+".poison", q+".retry.1m")
-	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: testenv.AMQPURL})
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	return &bed{topo: topo, audit: filepath.Join(t.TempDir(), "audit.jsonl"), pub: pub}
@@ -316,7 +316,7 @@ func TestReplayIntoTheStackInboxDropsProcessed(t *testing.T) {
 	store := deduplication.NewMemoryStore()
 	var mu sync.Mutex
 	handled := map[string]int{}
-	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{URL: testenv.AMQPURL, Topology: rabbitmq.TopologyConfig{Queue: b.topo.Queue(), TierDelays: []time.Duration{time.Minute}}})
+	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Topology: rabbitmq.TopologyConfig{Queue: b.topo.Queue(), TierDelays: []time.Duration{time.Minute}}})
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	require.NoError(t, err)
@@ -445,7 +445,7 @@ func TestCLIOverTLS(t *testing.T) {
 	t.Parallel()
 	files, _ := testenv.TestCA(t)
 	node := testenv.StartPrivateRabbitMQWith(t, testenv.PrivateRabbitMQOptions{TLS: &files})
-	conn, err := rabbitmq.Dial(node.URL, rabbitmq.DialConfig{})
+	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: node.URL}})
 	require.NoError(t, err)
 	defer func() { _ = conn.Close() }()
 	ch, err := conn.Channel()

@@ -52,7 +52,7 @@ func TestSignedReplayRecordsOutcomesAndRefusesAForgedTarget(t *testing.T) {
 	db := testenv.Postgres(t)
 	schema := testenv.Schema(t, db)
 	table := schema + ".sluice_replay"
-	sub, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{URL: testenv.AMQPURL})
+	sub, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)

@@ -78,14 +78,13 @@ func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string, reset
 		GenerateMessagesTableName: func(topic string) string { return fmt.Sprintf(`%s."watermill_%s"`, name, topic) },
 	}
 
-	e.conn, err = rabbitmq.Dial(amqpURL, rabbitmq.DialConfig{Name: "sluice example"})
+	e.conn, err = rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: amqpURL}, Name: "sluice example"})
 	if err != nil {
 		return nil, err
 	}
 	e.rabbit, err = rabbitmq.NewBroker(ctx, rabbitmq.BrokerConfig{
-		URL:           amqpURL,
-		Topology:      rabbitmq.TopologyConfig{Queue: e.queue, TierDelays: tierDelays},
-		MeterProvider: meter,
+		Connection: rabbitmq.Connection{URL: amqpURL, MeterProvider: meter},
+		Topology:   rabbitmq.TopologyConfig{Queue: e.queue, TierDelays: tierDelays},
 	})
 	if err != nil {
 		return nil, err

@@ -151,11 +151,11 @@ func Table(w io.Writer, header []string, rows [][]string) {
 // dialBroker opens the suite's connection (declarations, reads) and the
 // confirmed publisher; close closes both.
 func dialBroker(o Options) (conn *amqp.Connection, pub *rabbitmq.Publisher, close func(), err error) {
-	conn, err = rabbitmq.Dial(o.AMQPURL, rabbitmq.DialConfig{Name: "sluice bench"})
+	conn, err = rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: o.AMQPURL}, Name: "sluice bench"})
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("connecting to RabbitMQ: %w", err)
 	}
-	pub, err = rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: o.AMQPURL})
+	pub, err = rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: o.AMQPURL}})
 	if err != nil {
 		_ = conn.Close()
 		return nil, nil, nil, err
@@ -167,7 +167,7 @@ func dialBroker(o Options) (conn *amqp.Connection, pub *rabbitmq.Publisher, clos
 // watermill-amqp's subscriber, as the variant says.
 func newSubscriber(url string, sluiceConsumer bool, prefetch int) (message.Subscriber, error) {
 	if sluiceConsumer {
-		return rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{URL: url, Prefetch: prefetch})
+		return rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{Connection: rabbitmq.Connection{URL: url}, Prefetch: prefetch})
 	}
-	return rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{URL: url})
+	return rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{Connection: rabbitmq.Connection{URL: url}})
 }

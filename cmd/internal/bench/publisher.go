@@ -49,7 +49,7 @@ func Publisher(ctx context.Context, o Options) error {
 }
 
 func publisherSuite(ctx context.Context, o Options, amqpURL, label string, concurrent bool) error {
-	conn, err := rabbitmq.Dial(amqpURL, rabbitmq.DialConfig{Name: "sluice bench"})
+	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: amqpURL}, Name: "sluice bench"})
 	if err != nil {
 		return fmt.Errorf("connecting to RabbitMQ: %w", err)
 	}
@@ -66,7 +66,7 @@ func publisherSuite(ctx context.Context, o Options, amqpURL, label string, concu
 	defer func() { _, _ = ch.QueueDelete(q, false, false, false) }()
 	purge := func(context.Context) error { _, err := ch.QueuePurge(q, false); return err }
 
-	sluicePub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{URL: amqpURL})
+	sluicePub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: amqpURL}})
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,92 @@
+package rabbitmq_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/rabbitmq"
+)
+
+// newConnectionBroker is a Broker on a queue of t's own with conn, its
+// queues deleted when t ends.
+func newConnectionBroker(t *testing.T, conn rabbitmq.Connection) *rabbitmq.Broker {
+	t.Helper()
+	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: conn,
+		Topology: rabbitmq.TopologyConfig{Queue: testenv.Name("connection"), TierDelays: brokerTiers}})
+	require.NoError(t, err)
+	names := []string{b.Topology().Queue(), b.Topology().PoisonQueue()}
+	for _, tier := range b.Topology().Tiers() {
+		names = append(names, tier.Topic)
+	}
+	testenv.DeleteQueuesAtEnd(t, names...)
+	return b
+}
+
+// The Connection given to NewBroker reaches every connection it makes: a
+// DialTimeout bounds the publisher's and the consumer's dial to a broker
+// that accepts and never answers (before, BrokerConfig could not carry it
+// and both waited DialTimeoutDefault), the consumer reports its failed dial
+// to the Logger, and the publisher's confirms reach the MeterProvider.
+func TestBrokerConnectionReachesEveryConnection(t *testing.T) {
+	t.Parallel()
+
+	t.Run("dial timeout and logger", func(t *testing.T) {
+		t.Parallel()
+		proxy, url := testenv.ProxyAMQP(t)
+		logger := watermill.NewCaptureLogger()
+		const dialTimeout = 300 * time.Millisecond
+		b := newConnectionBroker(t, rabbitmq.Connection{URL: url, DialTimeout: dialTimeout, Logger: logger})
+		defer func() { _ = b.Close() }()
+		proxy.BlackHole()
+
+		start := time.Now()
+		err := b.Publisher().Publish(b.Topology().Queue(), message.NewMessage(watermill.NewUUID(), []byte("black hole")))
+		require.Error(t, err)
+		require.Less(t, time.Since(start), rabbitmq.DialTimeoutDefault/2, "the publisher dialed with BrokerConfig's DialTimeout")
+
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		start = time.Now()
+		_, err = b.Endpoints().Subscriber.Subscribe(ctx, b.Topology().Queue())
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			for _, m := range logger.Captured()[watermill.ErrorLogLevel] {
+				if m.Msg == "Consuming stopped; reconnecting after a backoff" {
+					return true
+				}
+			}
+			return false
+		}, rabbitmq.DialTimeoutDefault/2, 20*time.Millisecond, "the consumer's failed dial reached BrokerConfig's Logger")
+		require.Less(t, time.Since(start), rabbitmq.DialTimeoutDefault/2)
+	})
+
+	t.Run("meter provider", func(t *testing.T) {
+		t.Parallel()
+		reader := sdkmetric.NewManualReader()
+		b := newConnectionBroker(t, rabbitmq.Connection{URL: testenv.AMQPURL, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+		defer func() { _ = b.Close() }()
+		require.NoError(t, b.Publisher().Publish(b.Topology().Queue(), message.NewMessage(watermill.NewUUID(), []byte("measured"))))
+
+		var rm metricdata.ResourceMetrics
+		require.NoError(t, reader.Collect(t.Context(), &rm))
+		var confirms uint64
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if h, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == rabbitmq.MetricConfirmDuration {
+					for _, dp := range h.DataPoints {
+						confirms += dp.Count
+					}
+				}
+			}
+		}
+		require.Equal(t, uint64(1), confirms, "the publisher's confirm reached BrokerConfig's MeterProvider")
+	})
+}

@@ -1,0 +1,81 @@
+package rabbitmq
+
+import (
+	"cmp"
+	"crypto/tls"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/sluicemq/sluice/internal/diag"
+)
+
+// Connection defaults.
+const (
+	DialTimeoutDefault = 10 * time.Second
+	// WriteTimeoutDefault bounds each write to the broker's socket. A broker
+	// that stops reading (a connection blocked by a memory or disk alarm)
+	// then fails the write instead of holding every publisher.
+	WriteTimeoutDefault = 10 * time.Second
+)
+
+// Connection is how to reach the broker, the options every connection
+// shares. PublisherConfig, ConsumerConfig, SubscriberConfig, BrokerConfig
+// and DialConfig embed it; NewBroker hands its own to the topology's
+// connection, the publisher and the subscriber it makes.
+type Connection struct {
+	// URL of the broker, amqp:// or amqps://. Required; its password never
+	// appears in errors or logs.
+	URL string
+	// TLS configures the TLS of an amqps:// URL (root CAs, client
+	// certificate, server name). Default: the system's roots. Refused with
+	// an amqp:// URL, which would not use it.
+	TLS *tls.Config
+	// DialTimeout bounds connecting and the AMQP handshake. Default
+	// DialTimeoutDefault. NewSubscriber's connections (watermill-amqp's)
+	// keep watermill-amqp's.
+	DialTimeout time.Duration
+	// WriteTimeout bounds each write to the socket, so a broker that stops
+	// reading cannot hold a publish past it. Default WriteTimeoutDefault.
+	// NewSubscriber's connections (watermill-amqp's) have none.
+	WriteTimeout time.Duration
+	// Logger reports reconnects and deliveries that cannot be read. Default
+	// watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+	// MeterProvider receives the Publisher's MetricConfirmDuration and
+	// MetricReconnects. The Consumer and the Subscriber record nothing of
+	// their own: the Consumer's isolation publishes through its
+	// PoisonPublisher, which records with its own. Default the global
+	// provider.
+	MeterProvider metric.MeterProvider
+}
+
+// withDefaults validates c and returns a copy with its defaults filled; its
+// errors name the field as config.<Field>.
+func (c Connection) withDefaults(config string) (Connection, error) {
+	switch {
+	case c.URL == "":
+		return c, fmt.Errorf("rabbitmq: %s.URL is required", config)
+	case c.TLS != nil && !strings.HasPrefix(c.URL, "amqps://"):
+		return c, fmt.Errorf("rabbitmq: %s.TLS needs an amqps:// URL", config)
+	case c.DialTimeout < 0:
+		return c, fmt.Errorf("rabbitmq: %s.DialTimeout must not be negative, got %s", config, c.DialTimeout)
+	case c.WriteTimeout < 0:
+		return c, fmt.Errorf("rabbitmq: %s.WriteTimeout must not be negative, got %s", config, c.WriteTimeout)
+	}
+	if _, err := amqp.ParseURI(c.URL); err != nil {
+		return c, fmt.Errorf("rabbitmq: %s.URL %s is not an AMQP URI: %w", config, diag.RedactURL(c.URL), diag.RedactError(err))
+	}
+	return Connection{
+		URL:           c.URL,
+		TLS:           c.TLS,
+		DialTimeout:   cmp.Or(c.DialTimeout, DialTimeoutDefault),
+		WriteTimeout:  cmp.Or(c.WriteTimeout, WriteTimeoutDefault),
+		Logger:        cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{}),
+		MeterProvider: c.MeterProvider,
+	}, nil
+}
