@@ -67,5 +67,3 @@ require (
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 )
-
-replace github.com/rabbitmq/amqp091-go => ./third_party/amqp091-go

@@ -7,9 +7,8 @@ import (
 	"sync"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/sluicemq/sluice"
+	amqp "github.com/sluicemq/sluice/internal/amqp091"
 )
 
 // confirmBuffer is how many confirms amqp091 may hand over before listen

@@ -11,9 +11,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice/broker"
+	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
 )
 
@@ -371,7 +371,7 @@ func (s *subscription) startConsuming(ch *amqp.Channel, prefetch int) (*consumer
 // and the ack of a probe consumer's delivery once the gate released (its
 // ack would give the consumer about to be cancelled credit for one more).
 func (s *subscription) handOut(ctx context.Context, over <-chan struct{}, d amqp.Delivery, c *consumer, stop <-chan struct{}, inflight *sync.WaitGroup) bool {
-	msg, err := s.c.cfg.Marshaler.Unmarshal(d)
+	msg, err := readDelivery(s.c.cfg.Marshaler, d)
 	if err != nil {
 		s.c.cfg.Logger.Error("Delivery not readable; requeued", diag.RedactError(err), watermill.LogFields{"queue": s.queue})
 		_ = d.Nack(false, true)

@@ -6,8 +6,7 @@ import (
 	"net"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
+	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
 )
 

@@ -10,11 +10,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
+	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -156,7 +156,7 @@ func TestRetryCopyCarriesTheProperties(t *testing.T) {
 	d, ok, err := ch.Get(topo.Queue(), false)
 	require.NoError(t, err)
 	require.True(t, ok)
-	msg, err := rabbitmq.Marshaler{}.Unmarshal(d)
+	msg, err := rabbitmq.Marshaler{}.UnmarshalDelivery(d)
 	require.NoError(t, err)
 	require.Equal(t, "spring-msg-1", msg.UUID, "a foreign message without a Watermill UUID is named by its message id")
 

@@ -208,9 +208,6 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 			msg.Metadata[k] = headerText(v)
 		}
 	}
-	if d.HeadersError != nil { // the patched client dropped them: HeadersErrorKey
-		msg.Metadata[HeadersErrorKey] = headersReason(d.HeadersError)
-	}
 	properties(msg.Metadata, d)
 	if d.UserId != "" { // the producer's own publish: its validated user, whatever a header says
 		msg.Metadata[OriginUserIDKey] = d.UserId

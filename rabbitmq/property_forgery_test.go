@@ -6,10 +6,10 @@ import (
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
@@ -18,7 +18,7 @@ import (
 // are the real ones.
 func TestMarshalerDropsPropertyHeaders(t *testing.T) {
 	t.Parallel()
-	msg, err := rabbitmq.Marshaler{}.Unmarshal(amqp.Delivery{
+	msg, err := rabbitmq.Marshaler{}.UnmarshalDelivery(amqp.Delivery{
 		Acknowledger: nopAcker{},
 		Headers: amqp.Table{
 			rabbitmq.PriorityKey:                "high",

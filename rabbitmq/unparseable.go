@@ -7,16 +7,17 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
-	amqp "github.com/rabbitmq/amqp091-go"
 
+	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/republish"
 )
 
 // HeadersErrorKey is set on a delivery whose headers table the AMQP client
 // refused to parse (amqp.Delivery.HeadersError, carried by the patched
-// client in third_party/amqp091-go: deeper than 32 levels, a table or array
+// client in internal/amqp091: deeper than 32 levels, a table or array
 // of more than 8,192 entries, an unknown field type). The delivery's
 // headers are then dropped — none of them reaches the metadata — and its
 // value is the reason, naming the top-level header and the limit:
@@ -75,4 +76,26 @@ func (s *subscription) isolate(ctx context.Context, d amqp.Delivery, msg *messag
 	}
 	s.c.cfg.Logger.Error("Delivery's headers unparseable; isolated in the poison queue without running the handler", nil, fields)
 	_ = d.Ack(false)
+}
+
+// UnmarshalDelivery returns the message of a delivery read from a channel
+// of Dial's connection: Unmarshal, and HeadersErrorKey when Sluice's AMQP
+// client could not parse the delivery's headers (and dropped them).
+func (m Marshaler) UnmarshalDelivery(d amqp.Delivery) (*message.Message, error) {
+	return readDelivery(m, d)
+}
+
+// readDelivery returns the message of d read by m, with HeadersErrorKey set
+// when Sluice's AMQP client could not parse d's headers (and dropped them):
+// a watermill-amqp Marshaler reads upstream amqp091-go's Delivery, which has
+// no HeadersError.
+func readDelivery(m wamqp.Marshaler, d amqp.Delivery) (*message.Message, error) {
+	msg, err := m.Unmarshal(d.Upstream())
+	if err != nil {
+		return nil, err
+	}
+	if d.HeadersError != nil {
+		msg.Metadata[HeadersErrorKey] = headersReason(d.HeadersError)
+	}
+	return msg, nil
 }

@@ -10,10 +10,10 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -96,7 +96,7 @@ func (l recordingLogger) count(prefix string) int {
 // 10,000 headers: amqp091-go v1.16.0 refused the frame and closed the
 // consumer's connection (501), the broker handed the same head message to
 // the next connection, and 0 of the 300 good messages behind them were
-// processed. With the patched client (third_party/amqp091-go) each is
+// processed. With the patched client (internal/amqp091) each is
 // isolated in the poison queue with its reason, the handler never sees it,
 // the connection stays up, and all 300 are processed. (Fails on the code
 // before: no good message is processed within the deadline.)

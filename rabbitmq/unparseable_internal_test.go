@@ -4,9 +4,9 @@ import (
 	"errors"
 	"testing"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/poison"
 )
 
@@ -29,13 +29,13 @@ type nopAck struct{ amqp.Acknowledger }
 // reason in HeadersErrorKey and no header; a producer cannot set that key.
 func TestUnmarshalUnparseableHeaders(t *testing.T) {
 	t.Parallel()
-	m, err := Marshaler{}.Unmarshal(amqp.Delivery{Acknowledger: nopAck{}, MessageId: "m-1",
+	m, err := Marshaler{}.UnmarshalDelivery(amqp.Delivery{Acknowledger: nopAck{}, MessageId: "m-1",
 		HeadersError: errors.New(`headers not parsed: header "tags": an array of more than 8192 items (the client's limit)`)})
 	require.NoError(t, err)
 	require.Equal(t, `headers unparseable: header "tags": an array of more than 8192 items (the client's limit)`, m.Metadata.Get(HeadersErrorKey))
 	require.Equal(t, "m-1", m.UUID)
 
-	m, err = Marshaler{}.Unmarshal(amqp.Delivery{Acknowledger: nopAck{}, Headers: amqp.Table{HeadersErrorKey: "forged"}})
+	m, err = Marshaler{}.UnmarshalDelivery(amqp.Delivery{Acknowledger: nopAck{}, Headers: amqp.Table{HeadersErrorKey: "forged"}})
 	require.NoError(t, err)
 	require.Empty(t, m.Metadata.Get(HeadersErrorKey))
 }

@@ -11,11 +11,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/sluicemq/sluice"
+	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -113,7 +113,7 @@ func TestCopyOverTheFrameIsIsolatedAndThePublisherStaysUp(t *testing.T) {
 
 	copies := testenv.Drain(t, conn, q.Topology().PoisonQueue())
 	require.Len(t, copies, 1)
-	c, err := rabbitmq.Marshaler{}.Unmarshal(copies[0])
+	c, err := rabbitmq.Marshaler{}.UnmarshalDelivery(copies[0])
 	require.NoError(t, err)
 	md := c.Metadata
 	require.Equal(t, "big", md.Get(sluice.EventIDKey))

@@ -13,11 +13,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/sluicemq/sluice"
+	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -107,7 +107,7 @@ func TestRefusedPoisonCopyIsParked(t *testing.T) {
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()) == 1 }, 10*time.Second, 10*time.Millisecond)
 	copies := testenv.Drain(t, conn, q.Topology().PoisonQueue())
 	require.Len(t, copies, 1)
-	c, err := rabbitmq.Marshaler{}.Unmarshal(copies[0])
+	c, err := rabbitmq.Marshaler{}.UnmarshalDelivery(copies[0])
 	require.NoError(t, err)
 	require.Equal(t, "bad", c.Metadata.Get(sluice.EventIDKey))
 	d := copies[0]

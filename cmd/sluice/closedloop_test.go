@@ -16,7 +16,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -25,6 +24,7 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	dedupredis "github.com/sluicemq/sluice/deduplication/redisstore"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -272,7 +272,7 @@ func foreignPoisoned(t *testing.T, b *bed, id string) amqp.Publishing {
 	d, ok, err := ch.Get(b.topo.Queue(), false)
 	require.NoError(t, err)
 	require.True(t, ok)
-	msg, err := rabbitmq.Marshaler{}.Unmarshal(d)
+	msg, err := rabbitmq.Marshaler{}.UnmarshalDelivery(d)
 	require.NoError(t, err)
 	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue()})
 	require.NoError(t, err)

@@ -12,9 +12,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq" // the PostgreSQL driver
-	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/metric"
 
+	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/router"
@@ -220,7 +220,7 @@ func (e *serversEnv) peek(_ context.Context, queue string) ([]*message.Message, 
 		if err != nil || !ok {
 			return out, err
 		}
-		m, err := rabbitmq.Marshaler{}.Unmarshal(d)
+		m, err := rabbitmq.Marshaler{}.UnmarshalDelivery(d)
 		if err != nil {
 			return nil, err
 		}

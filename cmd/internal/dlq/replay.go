@@ -10,10 +10,10 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/time/rate"
 
 	"github.com/sluicemq/sluice"
+	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/replay"

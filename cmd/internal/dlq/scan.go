@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice"
+	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -55,7 +55,7 @@ type Message struct {
 }
 
 func newMessage(d amqp.Delivery) (*Message, error) {
-	m, err := rabbitmq.Marshaler{}.Unmarshal(d)
+	m, err := rabbitmq.Marshaler{}.UnmarshalDelivery(d)
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@
 package amqp091
 
 import (
+	upstream "github.com/rabbitmq/amqp091-go"
 	"fmt"
 	"io"
 	"sync/atomic"
@@ -235,48 +236,12 @@ type Queue struct {
 	Consumers int    // number of consumers receiving deliveries
 }
 
-// Publishing captures the client message sent to the server.  The fields
-// outside of the Headers table included in this struct mirror the underlying
-// fields in the content frame.  They use native types for convenience and
-// efficiency.
-type Publishing struct {
-	// Application or exchange specific fields,
-	// the headers exchange will inspect this field.
-	Headers Table
+// Publishing is upstream amqp091-go's, so that what watermill-amqp's
+// Marshaler builds is published by this client as it is.
+type Publishing = upstream.Publishing
 
-	// Properties
-	ContentType     string // MIME content type
-	ContentEncoding string // MIME content encoding
-	DeliveryMode    uint8  // Transient (0 or 1) or Persistent (2)
-	Priority        uint8  // 0 to 9
-	CorrelationId   string // correlation identifier
-	ReplyTo         string // address to reply to (ex: RPC)
-	// Expiration represents the message TTL in milliseconds. A value of "0"
-	// indicates that the message will immediately expire if the message arrives
-	// at its destination and the message is not directly handled by a consumer
-	// that currently has the capacity to do so. If you wish the message to
-	// not expire on its own, set this value to any ttl value, empty string or
-	// use the corresponding constants NeverExpire and ImmediatelyExpire. This
-	// does not influence queue configured TTL values.
-	Expiration string
-	MessageId  string    // message identifier
-	Timestamp  time.Time // message timestamp
-	Type       string    // message type name
-	UserId     string    // creating user id - ex: "guest"
-	AppId      string    // creating application id
-
-	// The application specific payload of the message
-	Body []byte
-}
-
-// Blocking notifies the server's TCP flow control of the Connection.  When a
-// server hits a memory or disk alarm it will block all connections until the
-// resources are reclaimed.  Use NotifyBlock on the Connection to receive these
-// events.
-type Blocking struct {
-	Active bool   // TCP pushback active/inactive on server
-	Reason string // Server reason for activation
-}
+// Blocking is upstream amqp091-go's.
+type Blocking = upstream.Blocking
 
 // DeferredConfirmation represents a future publisher confirm for a message. It
 // allows users to directly correlate a publishing to a confirmation. These are
@@ -296,12 +261,9 @@ type Confirmation struct {
 	Ack         bool   // True when the server successfully received the publishing
 }
 
-// Decimal matches the AMQP decimal type.  Scale is the number of decimal
-// digits Scale == 2, Value == 12345, Decimal == 123.45
-type Decimal struct {
-	Scale uint8
-	Value int32
-}
+// Decimal is upstream amqp091-go's, so that a table read here holds the
+// values upstream's code (watermill-amqp's marshaler) expects.
+type Decimal = upstream.Decimal
 
 // Most common queue argument keys in queue declaration. For a comprehensive list
 // of queue arguments, visit [RabbitMQ Queue docs].
@@ -415,7 +377,7 @@ const (
 // Use a type assertion when reading values from a table for type conversion.
 //
 // RabbitMQ expects int32 for integer values.
-type Table map[string]any
+type Table = upstream.Table
 
 func validateField(f any) error {
 	switch fv := f.(type) {
@@ -440,19 +402,6 @@ func validateField(f any) error {
 	}
 
 	return fmt.Errorf("value %T not supported", f)
-}
-
-// Validate returns and error if any Go types in the table are incompatible with AMQP types.
-func (t Table) Validate() error {
-	return validateField(t)
-}
-
-// Sets the connection name property. This property can be used in
-// amqp.Config to set a custom connection name during amqp.DialConfig(). This
-// can be helpful to identify specific connections in RabbitMQ, for debugging or
-// tracing purposes.
-func (t Table) SetClientConnectionName(connName string) {
-	t["connection_name"] = connName
 }
 
 type message interface {

@@ -8,6 +8,8 @@ package amqp091
 import (
 	"errors"
 	"time"
+
+	upstream "github.com/rabbitmq/amqp091-go"
 )
 
 var ErrDeliveryNotInitialized = errors.New("delivery not initialized. Channel is probably closed")
@@ -183,4 +185,18 @@ func (d Delivery) Nack(multiple, requeue bool) error {
 		return ErrDeliveryNotInitialized
 	}
 	return d.Acknowledger.Nack(d.DeliveryTag, multiple, requeue)
+}
+
+// Upstream returns d as upstream amqp091-go's Delivery, what a
+// watermill-amqp Marshaler reads: every field but HeadersError, which
+// upstream has not (read it from d).
+func (d Delivery) Upstream() upstream.Delivery {
+	return upstream.Delivery{
+		Acknowledger: d.Acknowledger, Headers: d.Headers,
+		ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, DeliveryMode: d.DeliveryMode, Priority: d.Priority,
+		CorrelationId: d.CorrelationId, ReplyTo: d.ReplyTo, Expiration: d.Expiration, MessageId: d.MessageId,
+		Timestamp: d.Timestamp, Type: d.Type, UserId: d.UserId, AppId: d.AppId,
+		ConsumerTag: d.ConsumerTag, MessageCount: d.MessageCount, DeliveryTag: d.DeliveryTag, Redelivered: d.Redelivered,
+		Exchange: d.Exchange, RoutingKey: d.RoutingKey, Body: d.Body,
+	}
 }

@@ -1,0 +1,64 @@
+package sluice_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A service that requires Sluice builds every library package with the
+// module's own go.mod alone: replace directives in Sluice's go.mod do not
+// bind it. Before, the rabbitmq package compiled only against the patched
+// AMQP client a replace pointed at: "d.HeadersError undefined (type
+// amqp091.Delivery has no field or method HeadersError)".
+func TestALibraryUserBuildsTheRabbitMQPackage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a module")
+	}
+	t.Parallel()
+	root, err := filepath.Abs(".")
+	require.NoError(t, err)
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "go.mod"), []byte(`module example.com/service
+
+go 1.26.0
+
+require github.com/sluicemq/sluice v0.0.0
+
+replace github.com/sluicemq/sluice => `+root+"\n"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), []byte(`package main
+
+import (
+	"fmt"
+
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/router"
+)
+
+func main() { fmt.Println(rabbitmq.PoisonSuffix, router.Order(), sqlstore.TableDefault) }
+`), 0o600))
+	run := func(args ...string) string {
+		cmd := exec.Command("go", args...)
+		cmd.Dir = dir
+		// Offline, from the module cache this module's own build filled; the
+		// service's go.sum written from it.
+		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod", "GOPROXY=off", "GOSUMDB=off")
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "go %s:\n%s", strings.Join(args, " "), out)
+		return string(out)
+	}
+	run("build", "-o", os.DevNull, ".")
+	linked := map[string]bool{}
+	for _, m := range strings.Fields(run("list", "-deps", "-f", "{{with .Module}}{{.Path}}{{end}}", ".")) {
+		linked[m] = true
+	}
+	for _, tool := range []string{"github.com/spf13/cobra", "github.com/jedib0t/go-pretty/v6", "github.com/go-sql-driver/mysql", "modernc.org/sqlite", "github.com/redis/go-redis/v9"} {
+		require.False(t, linked[tool], "the service links %s, which none of the packages it imports needs", tool)
+	}
+	t.Logf("the service links %d modules", len(linked))
+}
