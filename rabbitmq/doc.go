@@ -1,7 +1,10 @@
-// Package rabbitmq is Sluice's RabbitMQ adapter: what watermill-amqp v3 lacks
-// and the stages need, kept in one package so that every stage stays
-// broker-agnostic (they only use message.Publisher).
+// Package rabbitmq is Sluice's RabbitMQ broker: what watermill-amqp v3 lacks
+// and the stages need, kept in one package that imports the broker contract
+// (package broker) and no stage, so that every stage stays broker-agnostic.
 //
+//   - NewBroker: one consumer queue as router.Add takes it (a broker.Broker):
+//     its topology declared, the confirmed publisher of the copies, and the
+//     Consumer. Connection holds the options every config here embeds.
 //   - Publisher: a message.Publisher with publisher confirms pipelined on one
 //     channel, mandatory routing with each basic.return matched to its message
 //     (RabbitMQ confirms an unroutable message, so a confirm alone proves
@@ -14,6 +17,10 @@
 //     x-message-ttl, dead-lettered back to Q only) and its poison queue,
 //     classic or quorum, declared idempotently or printed as
 //     rabbitmqctl set_policy lines.
+//   - Consumer: the subscriber NewBroker uses — up to Prefetch deliveries in
+//     flight in one consumer, acked by tag in any order; a draining close;
+//     the brake's pause (broker.GatedSubscriber); a delivery whose headers
+//     the AMQP client cannot parse isolated in the poison queue.
 //   - NewSubscriber: watermill-amqp's subscriber with the Marshaler, consuming
-//     queues the Topology declared.
+//     queues the Topology declared (BrokerConfig.WatermillSubscriber).
 package rabbitmq

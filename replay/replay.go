@@ -11,12 +11,15 @@
 //
 //	ShutdownGrace → Trace → Replay → Poison → Retry → Brake → Classify → Inbox → Recoverer → handler
 //
-// It records after the stages inside returned, outside the inbox's
-// transaction, at least once: a crash between the inbox's commit and the
-// record leaves the item without an outcome until its redelivery, which the
-// inbox turns into "duplicate" — recorded then. "processed" is never
-// overwritten by "duplicate". A record that fails is logged; the delivery's
-// own fate does not change.
+// It records after the stages inside returned, at least once: a crash
+// between the inbox's commit and the record leaves the item without an
+// outcome until its redelivery, which the inbox turns into "duplicate" —
+// recorded then. "processed" is never overwritten by "duplicate". A record
+// that fails is logged; the delivery's own fate does not change. With
+// Config.InUnitOfWork and a store that is a UnitOfWorkRecorder, "processed"
+// is written inside the inbox's transaction instead (InTx, which
+// router.Middlewares places inside the inbox): it exists exactly when the
+// claim and the business writes do.
 package replay
 
 import (
