@@ -164,34 +164,43 @@ type Brake struct {
 	tracer                       trace.Tracer
 }
 
+// withDefaults returns a copy of c with its defaults filled: MaxCoolDown
+// defaults to at least CoolDown.
+func (c Config) withDefaults() Config {
+	c.Window = cmp.Or(c.Window, WindowDefault)
+	c.FailureRatio = cmp.Or(c.FailureRatio, FailureRatioDefault)
+	c.CoolDown = cmp.Or(c.CoolDown, CoolDownDefault)
+	c.MaxCoolDown = cmp.Or(c.MaxCoolDown, max(MaxCoolDownDefault, c.CoolDown))
+	c.ProbeTimeout = cmp.Or(c.ProbeTimeout, ProbeTimeoutDefault)
+	c.Classifier = cmp.Or(c.Classifier, sluice.DefaultClassifier())
+	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
+	c.TracerProvider = cmp.Or(c.TracerProvider, otel.GetTracerProvider())
+	return c
+}
+
+// validate checks a Config with its defaults filled.
+func (c Config) validate() error {
+	switch {
+	case c.Window < 1:
+		return fmt.Errorf("brake: Config.Window must be positive, got %d", c.Window)
+	case c.FailureRatio <= 0 || c.FailureRatio > 1 || math.IsNaN(c.FailureRatio):
+		return fmt.Errorf("brake: Config.FailureRatio must be in (0, 1], got %v", c.FailureRatio)
+	case c.CoolDown < 0:
+		return fmt.Errorf("brake: Config.CoolDown must be positive, got %s", c.CoolDown)
+	case c.MaxCoolDown < c.CoolDown:
+		return fmt.Errorf("brake: Config.MaxCoolDown (%s) must be at least CoolDown (%s)", c.MaxCoolDown, c.CoolDown)
+	case c.ProbeTimeout < 0:
+		return fmt.Errorf("brake: Config.ProbeTimeout must be positive, got %s", c.ProbeTimeout)
+	}
+	return nil
+}
+
 // New validates cfg and returns a released Brake. Put its Middleware in
 // the stack (router.Stages.Brake does both) and give it to the subscriber.
 func New(cfg Config) (*Brake, error) {
-	cfg.Window = cmp.Or(cfg.Window, WindowDefault)
-	cfg.FailureRatio = cmp.Or(cfg.FailureRatio, FailureRatioDefault)
-	cfg.CoolDown = cmp.Or(cfg.CoolDown, CoolDownDefault)
-	cfg.MaxCoolDown = cmp.Or(cfg.MaxCoolDown, max(MaxCoolDownDefault, cfg.CoolDown))
-	cfg.ProbeTimeout = cmp.Or(cfg.ProbeTimeout, ProbeTimeoutDefault)
-	switch {
-	case cfg.Window < 1:
-		return nil, fmt.Errorf("brake: Config.Window must be positive, got %d", cfg.Window)
-	case cfg.FailureRatio <= 0 || cfg.FailureRatio > 1 || math.IsNaN(cfg.FailureRatio):
-		return nil, fmt.Errorf("brake: Config.FailureRatio must be in (0, 1], got %v", cfg.FailureRatio)
-	case cfg.CoolDown < 0:
-		return nil, fmt.Errorf("brake: Config.CoolDown must be positive, got %s", cfg.CoolDown)
-	case cfg.MaxCoolDown < cfg.CoolDown:
-		return nil, fmt.Errorf("brake: Config.MaxCoolDown (%s) must be at least CoolDown (%s)", cfg.MaxCoolDown, cfg.CoolDown)
-	case cfg.ProbeTimeout < 0:
-		return nil, fmt.Errorf("brake: Config.ProbeTimeout must be positive, got %s", cfg.ProbeTimeout)
-	}
-	if cfg.Classifier == nil {
-		cfg.Classifier = sluice.DefaultClassifier()
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
-	}
-	if cfg.TracerProvider == nil {
-		cfg.TracerProvider = otel.GetTracerProvider()
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
 	b := &Brake{
 		cfg:       cfg,

@@ -1,6 +1,7 @@
 package deduplication
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -87,25 +88,17 @@ type Config struct {
 	Logger watermill.LoggerAdapter
 }
 
+// withDefaults returns a copy of c with its defaults filled. A negative
+// ClaimTimeout or StoreTimeout (no bound) is kept.
 func (c Config) withDefaults() Config {
-	if c.Key == nil {
+	if c.Key == nil { // a func, not comparable: no cmp.Or
 		c.Key = KeyFromMetadata(sluice.EventIDKey)
 	}
-	if c.Classifier == nil {
-		c.Classifier = sluice.DefaultClassifier()
-	}
-	if c.KeyMaxLength == 0 {
-		c.KeyMaxLength = KeyMaxLengthDefault
-	}
-	if c.ClaimTimeout == 0 {
-		c.ClaimTimeout = ClaimTimeoutDefault
-	}
-	if c.StoreTimeout == 0 {
-		c.StoreTimeout = StoreTimeoutDefault
-	}
-	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
-	}
+	c.Classifier = cmp.Or(c.Classifier, sluice.DefaultClassifier())
+	c.KeyMaxLength = cmp.Or(c.KeyMaxLength, KeyMaxLengthDefault)
+	c.ClaimTimeout = cmp.Or(c.ClaimTimeout, ClaimTimeoutDefault)
+	c.StoreTimeout = cmp.Or(c.StoreTimeout, StoreTimeoutDefault)
+	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	return c
 }
 

@@ -63,30 +63,42 @@ type Pruner struct {
 	done   chan struct{}
 }
 
-// NewPruner validates cfg and returns a Pruner that is not yet running.
-func NewPruner(cfg PrunerConfig) (*Pruner, error) {
-	cfg.Retention = cmp.Or(cfg.Retention, PrunerRetentionDefault)
-	cfg.Interval = cmp.Or(cfg.Interval, PrunerIntervalDefault)
-	cfg.Pause = cmp.Or(cfg.Pause, PrunerPauseDefault)
-	cfg.BatchSize = cmp.Or(cfg.BatchSize, PrunerBatchSizeDefault)
-	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
-	}
+// withDefaults returns a copy of c with its defaults filled.
+func (c PrunerConfig) withDefaults() PrunerConfig {
+	c.Retention = cmp.Or(c.Retention, PrunerRetentionDefault)
+	c.Interval = cmp.Or(c.Interval, PrunerIntervalDefault)
+	c.Pause = cmp.Or(c.Pause, PrunerPauseDefault)
+	c.BatchSize = cmp.Or(c.BatchSize, PrunerBatchSizeDefault)
+	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
+	return c
+}
+
+// validate checks a PrunerConfig with its defaults filled.
+func (c PrunerConfig) validate() error {
 	var ladder time.Duration
-	for i, d := range cfg.RetryDelays {
+	for i, d := range c.RetryDelays {
 		if d <= 0 {
-			return nil, fmt.Errorf("deduplication: PrunerConfig.RetryDelays[%d] must be positive, got %s", i, d)
+			return fmt.Errorf("deduplication: PrunerConfig.RetryDelays[%d] must be positive, got %s", i, d)
 		}
 		ladder += d
 	}
 	switch {
-	case cfg.Store == nil:
-		return nil, errors.New("deduplication: PrunerConfig.Store is required")
-	case cfg.Retention < 0, cfg.Interval < 0, cfg.Pause < 0, cfg.ReplayWindow < 0, cfg.BatchSize < 0:
-		return nil, errors.New("deduplication: PrunerConfig durations and BatchSize must not be negative")
-	case cfg.Retention < ladder+cfg.ReplayWindow:
-		return nil, fmt.Errorf("deduplication: PrunerConfig.Retention (%s) must cover the retry ladder (RetryDelays, %s) plus PrunerConfig.ReplayWindow (%s): a copy redelivered after its key is pruned would be processed twice",
-			cfg.Retention, ladder, cfg.ReplayWindow)
+	case c.Store == nil:
+		return errors.New("deduplication: PrunerConfig.Store is required")
+	case c.Retention < 0, c.Interval < 0, c.Pause < 0, c.ReplayWindow < 0, c.BatchSize < 0:
+		return errors.New("deduplication: PrunerConfig durations and BatchSize must not be negative")
+	case c.Retention < ladder+c.ReplayWindow:
+		return fmt.Errorf("deduplication: PrunerConfig.Retention (%s) must cover the retry ladder (RetryDelays, %s) plus PrunerConfig.ReplayWindow (%s): a copy redelivered after its key is pruned would be processed twice",
+			c.Retention, ladder, c.ReplayWindow)
+	}
+	return nil
+}
+
+// NewPruner validates cfg and returns a Pruner that is not yet running.
+func NewPruner(cfg PrunerConfig) (*Pruner, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
 	pruned, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(MetricPruned,
 		metric.WithDescription("Inbox records deleted after their retention."))

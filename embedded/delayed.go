@@ -1,6 +1,7 @@
 package embedded
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -81,28 +82,40 @@ type DelayedPublisher struct {
 
 var _ message.Publisher = (*DelayedPublisher)(nil)
 
+// withDefaults returns a copy of c with its defaults filled.
+func (c DelayedPublisherConfig) withDefaults() DelayedPublisherConfig {
+	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
+	c.MaxPending = cmp.Or(c.MaxPending, MaxPendingDefault)
+	return c
+}
+
+// validate checks a DelayedPublisherConfig with its defaults filled.
+func (c DelayedPublisherConfig) validate() error {
+	if c.Target == nil {
+		return errors.New("embedded: DelayedPublisherConfig.Target is required")
+	}
+	if len(c.Routes) == 0 {
+		return errors.New("embedded: DelayedPublisherConfig.Routes is required (see Routes)")
+	}
+	if c.MaxPending < 0 {
+		return fmt.Errorf("embedded: DelayedPublisherConfig.MaxPending must be positive, got %d", c.MaxPending)
+	}
+	for i, r := range c.Routes {
+		if r.From == "" || r.To == "" || r.Delay < 0 {
+			return fmt.Errorf("embedded: DelayedPublisherConfig.Routes[%d] needs From, To and a delay that is not negative", i)
+		}
+	}
+	return nil
+}
+
 // NewDelayedPublisher validates cfg and returns a DelayedPublisher.
 func NewDelayedPublisher(cfg DelayedPublisherConfig) (*DelayedPublisher, error) {
-	if cfg.Target == nil {
-		return nil, errors.New("embedded: DelayedPublisherConfig.Target is required")
-	}
-	if len(cfg.Routes) == 0 {
-		return nil, errors.New("embedded: DelayedPublisherConfig.Routes is required (see Routes)")
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
-	}
-	if cfg.MaxPending == 0 {
-		cfg.MaxPending = MaxPendingDefault
-	}
-	if cfg.MaxPending < 0 {
-		return nil, fmt.Errorf("embedded: DelayedPublisherConfig.MaxPending must be positive, got %d", cfg.MaxPending)
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
 	routes := make(map[string]Route, len(cfg.Routes))
-	for i, r := range cfg.Routes {
-		if r.From == "" || r.To == "" || r.Delay < 0 {
-			return nil, fmt.Errorf("embedded: DelayedPublisherConfig.Routes[%d] needs From, To and a delay that is not negative", i)
-		}
+	for _, r := range cfg.Routes {
 		routes[r.From] = r
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -54,17 +54,19 @@ type Config struct {
 	DrainTimeout time.Duration
 }
 
+// withDefaults returns a copy of c with its defaults filled;
+// MaxPendingRetries and TierDelays are defaulted by NewDelayedPublisher and
+// broker.Ladder.
 func (c Config) withDefaults() Config {
 	c.PoisonTopic = cmp.Or(c.PoisonTopic, c.Topic+".poison")
-	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
-	}
+	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	c.MaxQueued = cmp.Or(c.MaxQueued, MaxQueuedDefault)
 	c.MaxInFlight = cmp.Or(c.MaxInFlight, MaxInFlightDefault)
 	c.DrainTimeout = cmp.Or(c.DrainTimeout, DrainTimeoutDefault)
 	return c
 }
 
+// validate checks a Config with its defaults filled.
 func (c Config) validate() error {
 	switch {
 	case c.Topic == "":

@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -33,6 +34,13 @@ type ClassifyConfig struct {
 	Logger watermill.LoggerAdapter
 }
 
+// withDefaults returns a copy of c with its defaults filled.
+func (c ClassifyConfig) withDefaults() ClassifyConfig {
+	c.Classifier = cmp.Or(c.Classifier, sluice.DefaultClassifier())
+	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
+	return c
+}
+
 // Classify returns a middleware that turns every handler error into a
 // *sluice.Failure with a class, so the stages outside it (retrytiers, poison) can act
 // on the class. A sluice.ClassRejected failure becomes nil: the message is acked and
@@ -44,18 +52,12 @@ type ClassifyConfig struct {
 // delivery is nacked back to its queue with no attempt spent. The middleware
 // is stateless and safe for concurrent use.
 func Classify(cfg ClassifyConfig) (message.HandlerMiddleware, error) {
-	c := cfg.Classifier
-	if c == nil {
-		c = sluice.DefaultClassifier()
-	}
+	cfg = cfg.withDefaults()
+	c, logger := cfg.Classifier, cfg.Logger
 	rejected, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(MetricRejected,
 		metric.WithDescription("Deliveries acked as expected business rejections."))
 	if err != nil {
 		return nil, fmt.Errorf("middleware: creating %s counter: %w", MetricRejected, err)
-	}
-	logger := cfg.Logger
-	if logger == nil {
-		logger = watermill.NopLogger{}
 	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {

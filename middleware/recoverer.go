@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"fmt"
 	"runtime/debug"
 
@@ -19,15 +20,19 @@ type RecovererConfig struct {
 	Class sluice.Class
 }
 
+// withDefaults returns a copy of c with its defaults filled.
+func (c RecovererConfig) withDefaults() RecovererConfig {
+	c.Class = cmp.Or(c.Class, RecovererClassDefault)
+	return c
+}
+
 // Recoverer returns a middleware that turns a handler panic (or a
 // runtime.Goexit) into a *sluice.Failure of the configured class wrapping a
 // *sluice.PanicError that carries the stack. Messages produced before the panic are
 // dropped. Safe for concurrent use.
 func Recoverer(cfg RecovererConfig) (message.HandlerMiddleware, error) {
+	cfg = cfg.withDefaults()
 	class := cfg.Class
-	if class == sluice.Unclassified {
-		class = RecovererClassDefault
-	}
 	if !class.Valid() || class == sluice.ClassRejected {
 		return nil, fmt.Errorf("middleware: RecovererConfig.Class must be transient, poison, invariant or exhausted, got %s", class)
 	}

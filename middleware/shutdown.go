@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,6 +28,12 @@ type ShutdownGraceConfig struct {
 	Grace time.Duration
 }
 
+// withDefaults returns a copy of c with its defaults filled.
+func (c ShutdownGraceConfig) withDefaults() ShutdownGraceConfig {
+	c.Grace = cmp.Or(c.Grace, ShutdownGraceDefault)
+	return c
+}
+
 // ShutdownGrace returns a stage that lets a handler in flight finish when
 // the router closes. Watermill cancels every message's context as soon as
 // Close is called, so a handler in the middle of its transaction fails and
@@ -37,10 +44,8 @@ type ShutdownGraceConfig struct {
 // Once the handler has returned nothing cancels its context but orig's
 // deadline: the messages it produced carry it to Watermill's publish.
 func ShutdownGrace(cfg ShutdownGraceConfig) (message.HandlerMiddleware, error) {
+	cfg = cfg.withDefaults()
 	grace := cfg.Grace
-	if grace == 0 {
-		grace = ShutdownGraceDefault
-	}
 	if grace < 0 {
 		return nil, fmt.Errorf("middleware: ShutdownGraceConfig.Grace must be positive, got %s", grace)
 	}

@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"fmt"
 	"sync"
 	"time"
@@ -54,13 +55,10 @@ type TraceConfig struct {
 	System string
 }
 
+// withDefaults returns a copy of c with its defaults filled.
 func (c TraceConfig) withDefaults() TraceConfig {
-	if c.TracerProvider == nil {
-		c.TracerProvider = otel.GetTracerProvider()
-	}
-	if c.Propagator == nil {
-		c.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
-	}
+	c.TracerProvider = cmp.Or(c.TracerProvider, otel.GetTracerProvider())
+	c.Propagator = cmp.Or(c.Propagator, propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	return c
 }
 

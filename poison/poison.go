@@ -106,6 +106,46 @@ type Config struct {
 // StackMaxLength bounds StackKey, in bytes.
 const StackMaxLength = 8 << 10
 
+// withDefaults returns a copy of c with its defaults filled.
+func (c Config) withDefaults() Config {
+	if len(c.Classes) == 0 { // a slice, not comparable: no cmp.Or
+		c.Classes = ClassesDefault
+	}
+	c.Classifier = cmp.Or(c.Classifier, sluice.DefaultClassifier())
+	c.ErrorMaxLength = cmp.Or(c.ErrorMaxLength, ErrorMaxLengthDefault)
+	c.PublishBackoff = cmp.Or(c.PublishBackoff, PublishBackoffDefault)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
+	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
+	c.ParkPublisher = cmp.Or(c.ParkPublisher, c.Publisher)
+	return c
+}
+
+// validate checks a Config with its defaults filled.
+func (c Config) validate() error {
+	if c.Publisher == nil {
+		return errors.New("poison: Config.Publisher is required")
+	}
+	if strings.TrimSpace(c.Topic) == "" {
+		return errors.New("poison: Config.Topic is required")
+	}
+	for i, cl := range c.Classes {
+		if !cl.Valid() || cl == sluice.ClassTransient || cl == sluice.ClassRejected {
+			return fmt.Errorf("poison: Config.Classes[%d] is %s: want poison, invariant or exhausted", i, cl)
+		}
+	}
+	switch {
+	case c.ParkTopic == c.Topic:
+		return fmt.Errorf("poison: Config.ParkTopic must not be the poison queue %q", c.Topic)
+	case c.ErrorMaxLength < 16:
+		return fmt.Errorf("poison: Config.ErrorMaxLength must be at least 16, got %d", c.ErrorMaxLength)
+	case c.PublishBackoff < 0:
+		return fmt.Errorf("poison: Config.PublishBackoff must not be negative, got %s", c.PublishBackoff)
+	case c.PublishTimeout < 0:
+		return fmt.Errorf("poison: Config.PublishTimeout must not be negative, got %s", c.PublishTimeout)
+	}
+	return nil
+}
+
 // New returns the poison stage. When the handler fails with one of Classes
 // it publishes a copy — the original payload and metadata plus the diagnosis
 // keys (ClassKey, ReasonKey, ...), its identity as message UUID and
@@ -121,47 +161,9 @@ const StackMaxLength = 8 << 10
 // cut down to fit, its own reason first (see fit).
 // Other errors pass through untouched.
 func New(cfg Config) (message.HandlerMiddleware, error) {
-	if cfg.Publisher == nil {
-		return nil, errors.New("poison: Config.Publisher is required")
-	}
-	if strings.TrimSpace(cfg.Topic) == "" {
-		return nil, errors.New("poison: Config.Topic is required")
-	}
-	if len(cfg.Classes) == 0 {
-		cfg.Classes = ClassesDefault
-	}
-	for i, c := range cfg.Classes {
-		if !c.Valid() || c == sluice.ClassTransient || c == sluice.ClassRejected {
-			return nil, fmt.Errorf("poison: Config.Classes[%d] is %s: want poison, invariant or exhausted", i, c)
-		}
-	}
-	if cfg.Classifier == nil {
-		cfg.Classifier = sluice.DefaultClassifier()
-	}
-	if cfg.ErrorMaxLength == 0 {
-		cfg.ErrorMaxLength = ErrorMaxLengthDefault
-	}
-	if cfg.PublishBackoff == 0 {
-		cfg.PublishBackoff = PublishBackoffDefault
-	}
-	if cfg.PublishTimeout == 0 {
-		cfg.PublishTimeout = PublishTimeoutDefault
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
-	}
-	if cfg.ParkPublisher == nil {
-		cfg.ParkPublisher = cfg.Publisher
-	}
-	switch {
-	case cfg.ParkTopic == cfg.Topic:
-		return nil, fmt.Errorf("poison: Config.ParkTopic must not be the poison queue %q", cfg.Topic)
-	case cfg.ErrorMaxLength < 16:
-		return nil, fmt.Errorf("poison: Config.ErrorMaxLength must be at least 16, got %d", cfg.ErrorMaxLength)
-	case cfg.PublishBackoff < 0:
-		return nil, fmt.Errorf("poison: Config.PublishBackoff must not be negative, got %s", cfg.PublishBackoff)
-	case cfg.PublishTimeout < 0:
-		return nil, fmt.Errorf("poison: Config.PublishTimeout must not be negative, got %s", cfg.PublishTimeout)
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
 	poisoned, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(MetricPoisoned,
 		metric.WithDescription("Messages isolated in the poison queue."))

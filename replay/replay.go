@@ -23,6 +23,7 @@
 package replay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -150,22 +151,32 @@ type Config struct {
 
 func isReplayKey(k string) bool { return strings.HasPrefix(k, sluice.ReplayPrefix) }
 
+// withDefaults returns a copy of c with its defaults filled.
+func (c Config) withDefaults() Config {
+	c.RecordTimeout = cmp.Or(c.RecordTimeout, RecordTimeoutDefault)
+	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
+	return c
+}
+
+// validate checks a Config with its defaults filled.
+func (c Config) validate() error {
+	if c.Store == nil {
+		return errors.New("replay: Config.Store is required")
+	}
+	if _, err := unitOfWork(c); err != nil {
+		return err
+	}
+	if c.RecordTimeout < 0 {
+		return fmt.Errorf("replay: Config.RecordTimeout must be positive, got %s", c.RecordTimeout)
+	}
+	return nil
+}
+
 // New returns the stage. Deliveries without RunKey pass through untouched.
 func New(cfg Config) (message.HandlerMiddleware, error) {
-	if cfg.Store == nil {
-		return nil, errors.New("replay: Config.Store is required")
-	}
-	if _, err := unitOfWork(cfg); err != nil {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, err
-	}
-	if cfg.RecordTimeout == 0 {
-		cfg.RecordTimeout = RecordTimeoutDefault
-	}
-	if cfg.RecordTimeout < 0 {
-		return nil, fmt.Errorf("replay: Config.RecordTimeout must be positive, got %s", cfg.RecordTimeout)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
 	}
 	meter := telemetry.Meter(cfg.MeterProvider)
 	outcomes, err := meter.Int64Counter(MetricOutcomes, metric.WithDescription("Outcomes of replayed deliveries the replay stage recorded, by outcome."))

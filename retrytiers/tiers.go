@@ -1,6 +1,7 @@
 package retrytiers
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"strconv"
@@ -73,6 +74,40 @@ type Config struct {
 	Logger watermill.LoggerAdapter
 }
 
+// withDefaults returns a copy of c with its defaults filled.
+func (c Config) withDefaults() Config {
+	c.Classifier = cmp.Or(c.Classifier, sluice.DefaultClassifier())
+	c.PublishBackoff = cmp.Or(c.PublishBackoff, PublishBackoffDefault)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
+	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
+	c.ErrorMaxLength = cmp.Or(c.ErrorMaxLength, ErrorMaxLengthDefault)
+	return c
+}
+
+// validate checks a Config with its defaults filled.
+func (c Config) validate() error {
+	if c.Publisher == nil {
+		return errors.New("retrytiers: Config.Publisher is required")
+	}
+	if len(c.Tiers) == 0 {
+		return errors.New("retrytiers: Config.Tiers is required (see broker.Ladder)")
+	}
+	for i, t := range c.Tiers {
+		if t.Name == "" || t.Topic == "" {
+			return fmt.Errorf("retrytiers: Config.Tiers[%d] needs a Name and a Topic", i)
+		}
+	}
+	switch {
+	case c.PublishBackoff < 0:
+		return fmt.Errorf("retrytiers: Config.PublishBackoff must not be negative, got %s", c.PublishBackoff)
+	case c.PublishTimeout < 0:
+		return fmt.Errorf("retrytiers: Config.PublishTimeout must not be negative, got %s", c.PublishTimeout)
+	case c.ErrorMaxLength < 16:
+		return fmt.Errorf("retrytiers: Config.ErrorMaxLength must be at least 16, got %d", c.ErrorMaxLength)
+	}
+	return nil
+}
+
 // New returns the retry-tier middleware. On a Transient failure of attempt
 // N with a tier left, it publishes a copy — same payload and metadata, its
 // identity as message UUID and sluice.CopyIDKey (the same for every
@@ -91,39 +126,9 @@ type Config struct {
 // left it returns a ClassExhausted failure wrapping the error. Other classes
 // and successes pass through untouched.
 func New(cfg Config) (message.HandlerMiddleware, error) {
-	if cfg.Publisher == nil {
-		return nil, errors.New("retrytiers: Config.Publisher is required")
-	}
-	if len(cfg.Tiers) == 0 {
-		return nil, errors.New("retrytiers: Config.Tiers is required (see broker.Ladder)")
-	}
-	for i, t := range cfg.Tiers {
-		if t.Name == "" || t.Topic == "" {
-			return nil, fmt.Errorf("retrytiers: Config.Tiers[%d] needs a Name and a Topic", i)
-		}
-	}
-	if cfg.Classifier == nil {
-		cfg.Classifier = sluice.DefaultClassifier()
-	}
-	if cfg.PublishBackoff == 0 {
-		cfg.PublishBackoff = PublishBackoffDefault
-	}
-	if cfg.PublishTimeout == 0 {
-		cfg.PublishTimeout = PublishTimeoutDefault
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
-	}
-	if cfg.ErrorMaxLength == 0 {
-		cfg.ErrorMaxLength = ErrorMaxLengthDefault
-	}
-	switch {
-	case cfg.PublishBackoff < 0:
-		return nil, fmt.Errorf("retrytiers: Config.PublishBackoff must not be negative, got %s", cfg.PublishBackoff)
-	case cfg.PublishTimeout < 0:
-		return nil, fmt.Errorf("retrytiers: Config.PublishTimeout must not be negative, got %s", cfg.PublishTimeout)
-	case cfg.ErrorMaxLength < 16:
-		return nil, fmt.Errorf("retrytiers: Config.ErrorMaxLength must be at least 16, got %d", cfg.ErrorMaxLength)
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
 	}
 	meter := telemetry.Meter(cfg.MeterProvider)
 	retries, err := meter.Int64Counter(MetricRetries, metric.WithDescription("Copies published to a retry tier."))

@@ -3,6 +3,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -65,32 +66,39 @@ type Store struct {
 
 var _ deduplication.Store = (*Store)(nil)
 
+// withDefaults returns a copy of c with its defaults filled.
+func (c Config) withDefaults() Config {
+	c.Prefix = cmp.Or(c.Prefix, PrefixDefault)
+	c.Lease = cmp.Or(c.Lease, LeaseDefault)
+	c.Retention = cmp.Or(c.Retention, RetentionDefault)
+	return c
+}
+
+// validate checks a Config with its defaults filled.
+func (c Config) validate() error {
+	switch {
+	case c.Client == nil:
+		return errors.New("redisstore: Config.Client is required")
+	case c.Lease < time.Millisecond:
+		return fmt.Errorf("redisstore: Config.Lease must be at least 1ms, got %s", c.Lease)
+	case c.Retention < c.Lease:
+		return fmt.Errorf("redisstore: Config.Retention (%s) must be at least Config.Lease (%s)", c.Retention, c.Lease)
+	}
+	return nil
+}
+
 // New validates cfg and returns a Store.
 func New(cfg Config) (*Store, error) {
-	s := &Store{
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Store{
 		client:    cfg.Client,
 		prefix:    cfg.Prefix,
 		lease:     cfg.Lease,
 		retention: cfg.Retention,
-	}
-	if s.prefix == "" {
-		s.prefix = PrefixDefault
-	}
-	if s.lease == 0 {
-		s.lease = LeaseDefault
-	}
-	if s.retention == 0 {
-		s.retention = RetentionDefault
-	}
-	switch {
-	case s.client == nil:
-		return nil, errors.New("redisstore: Config.Client is required")
-	case s.lease < time.Millisecond:
-		return nil, fmt.Errorf("redisstore: Config.Lease must be at least 1ms, got %s", s.lease)
-	case s.retention < s.lease:
-		return nil, fmt.Errorf("redisstore: Config.Retention (%s) must be at least Config.Lease (%s)", s.retention, s.lease)
-	}
-	return s, nil
+	}, nil
 }
 
 // Begin starts a unit of work; it does not talk to Redis.

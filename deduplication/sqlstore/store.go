@@ -7,6 +7,7 @@
 package sqlstore
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -60,9 +61,16 @@ var (
 	_ deduplication.BatchDeleter = (*Store)(nil)
 )
 
+// withDefaults returns a copy of c with its defaults filled.
+func (c Config) withDefaults() Config {
+	c.Table = cmp.Or(c.Table, TableDefault)
+	return c
+}
+
 // New validates cfg and returns a Store. It does not touch the database;
 // call CreateTable or apply SchemaSQL first.
 func New(cfg Config) (*Store, error) {
+	cfg = cfg.withDefaults()
 	if cfg.DB == nil {
 		return nil, errors.New("sqlstore: Config.DB is required")
 	}
@@ -70,11 +78,7 @@ func New(cfg Config) (*Store, error) {
 	if !ok {
 		return nil, fmt.Errorf("sqlstore: Config.DB: driver %q is not supported (want postgres, pgx, sqlite or sqlite3)", cfg.DB.DriverName())
 	}
-	table := cfg.Table
-	if table == "" {
-		table = TableDefault
-	}
-	quoted, name, err := sqlname.Quote(table, d.schemas)
+	quoted, name, err := sqlname.Quote(cfg.Table, d.schemas)
 	if err != nil {
 		return nil, fmt.Errorf("sqlstore: Config.Table: %w", err)
 	}

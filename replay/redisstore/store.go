@@ -6,6 +6,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"encoding/json"
@@ -57,16 +58,21 @@ type Store struct {
 
 var _ ledger.Ledger = (*Store)(nil)
 
+// withDefaults returns a copy of c with its defaults filled. Retention
+// has none: 0 keeps the records.
+func (c Config) withDefaults() Config {
+	c.Prefix = cmp.Or(c.Prefix, PrefixDefault)
+	return c
+}
+
 // New validates cfg and returns a Store.
 func New(cfg Config) (*Store, error) {
+	cfg = cfg.withDefaults()
 	if cfg.Client == nil {
 		return nil, errors.New("replay/redisstore: Config.Client is required")
 	}
 	if cfg.Retention < 0 {
 		return nil, fmt.Errorf("replay/redisstore: Config.Retention %s: want 0 (keep) or more", cfg.Retention)
-	}
-	if cfg.Prefix == "" {
-		cfg.Prefix = PrefixDefault
 	}
 	return &Store{client: cfg.Client, prefix: cfg.Prefix, retention: cfg.Retention}, nil
 }

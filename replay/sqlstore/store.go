@@ -47,13 +47,20 @@ var (
 	_ replay.UnitOfWorkRecorder = (*Store)(nil)
 )
 
+// withDefaults returns a copy of c with its defaults filled.
+func (c Config) withDefaults() Config {
+	c.Table = cmp.Or(c.Table, TableDefault)
+	return c
+}
+
 // New validates cfg and returns a Store. It does not touch the database;
 // create the table with CreateTable.
 func New(cfg Config) (*Store, error) {
+	cfg = cfg.withDefaults()
 	if cfg.DB == nil {
 		return nil, errors.New("sqlstore: Config.DB is required")
 	}
-	quoted, _, err := sqlname.Quote(cmp.Or(cfg.Table, TableDefault), true)
+	quoted, _, err := sqlname.Quote(cfg.Table, true)
 	if err != nil {
 		return nil, fmt.Errorf("sqlstore: Config.Table: %w", err)
 	}
