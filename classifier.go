@@ -93,18 +93,22 @@ func (c *Classifier) Classify(err error) Class {
 	return c.def
 }
 
-// sqlStater is implemented by lib/pq's *pq.Error and pgx's *pgconn.PgError.
+// sqlStater is implemented by lib/pq's *pq.Error and pgx's *pgconn.PgError;
+// SQLState also reads go-sql-driver/mysql's *MySQLError, which has none.
 type sqlStater interface {
 	error
 	SQLState() string
 }
 
-// defaultClass holds the default rules documented on Classifier.
+// defaultClass holds the default rules documented on Classifier, in
+// docs/failure-classes.md. A stage's own dependency failure comes first: a
+// DependencyError is the dependency's whatever its SQLSTATE (the inbox table
+// missing is class 42), so it is Transient and the brake can act on it.
 func defaultClass(err error) (Class, bool) {
-	if isTransient(err) {
+	if errors.Is(err, ErrDependency) || isTransient(err) {
 		return ClassTransient, true
 	}
-	if integrityViolation(err) {
+	if integrityViolation(err) || handlerBug(err) {
 		return ClassPoison, true
 	}
 	if _, ok := errors.AsType[*json.SyntaxError](err); ok {
@@ -139,6 +143,15 @@ func isTransient(err error) bool {
 func integrityViolation(err error) bool {
 	state, ok := SQLState(err)
 	return ok && strings.HasPrefix(state, "23")
+}
+
+// handlerBug reports SQLSTATE class 42, syntax error or access rule
+// violation (42703 undefined column, 42P01 undefined table, 42601 syntax
+// error; MySQL's 42S22, 42S02, 42000): a bug in the handler's statements,
+// which fail the same way on every retry until the handler is fixed.
+func handlerBug(err error) bool {
+	state, ok := SQLState(err)
+	return ok && strings.HasPrefix(state, "42")
 }
 
 // transientSQLState reports the SQLSTATEs worth retrying: those of an

@@ -169,3 +169,142 @@ func TestUnreachableErrorsAreTransientByRule(t *testing.T) {
 		require.False(t, sluice.Unreachable(e), "%v is not an unreachable dependency", e)
 	}
 }
+
+// SQLSTATE class 42 is a bug in the handler's statements (an undefined
+// column or table, a syntax error): the same statement fails the same way
+// on every retry, so it is Poison — fix, then replay — instead of a Transient
+// default that spent 35 minutes of ladder first. The same error from a
+// stage's own call to its dependency (the inbox table missing) is the
+// dependency's: Transient, for the brake. Explicit wrappers and user rules
+// still win.
+func TestClassifierClass42(t *testing.T) {
+	t.Parallel()
+	undefinedTable := &pq.Error{Code: "42P01", Message: `relation "inbox" does not exist`}
+	dependency := &sluice.DependencyError{Op: "deduplication: claim", Err: undefinedTable}
+	strict, err := sluice.NewClassifier(sluice.ClassifierConfig{Default: sluice.ClassPoison})
+	require.NoError(t, err)
+	for _, c := range []*sluice.Classifier{sluice.DefaultClassifier(), strict} {
+		for _, e := range []error{
+			&pq.Error{Code: "42703"}, fmt.Errorf("reserving: %w", undefinedTable), stateErr("42601"), stateErr("42501"),
+		} {
+			require.Equal(t, sluice.ClassPoison, c.Classify(e), "%v", e)
+		}
+		for _, e := range []error{
+			dependency, fmt.Errorf("inbox: %w", dependency), errors.Join(errBusiness, dependency),
+			&sluice.DependencyError{Op: "deduplication: begin", Err: errors.New("store timeout")},
+			&sluice.DependencyError{Op: "deduplication: claim", Err: &pq.Error{Code: "23505"}},
+		} {
+			require.Equal(t, sluice.ClassTransient, c.Classify(e), "the dependency's: %v", e)
+		}
+		require.Equal(t, sluice.ClassPoison, c.Classify(sluice.Poison(dependency)), "explicit wrappers win")
+		require.Equal(t, sluice.ClassTransient, c.Classify(sluice.Transient(undefinedTable)), "explicit wrappers win")
+	}
+	c, err := sluice.NewClassifier(sluice.ClassifierConfig{Rules: []sluice.Rule{
+		sluice.RuleAs[*sluice.DependencyError](sluice.ClassInvariant),
+		func(err error) (sluice.Class, bool) {
+			state, ok := sluice.SQLState(err)
+			return sluice.ClassRejected, ok && state == "42703"
+		},
+	}})
+	require.NoError(t, err)
+	require.Equal(t, sluice.ClassInvariant, c.Classify(dependency), "user rules run before the default rules")
+	require.Equal(t, sluice.ClassRejected, c.Classify(&pq.Error{Code: "42703"}), "user rules run before the default rules")
+}
+
+// mysqlError has the shape of go-sql-driver/mysql's *MySQLError, which has
+// no SQLState method: SQLState reads it by reflection.
+type mysqlError struct {
+	Number   uint16
+	SQLState [5]byte
+	Message  string
+}
+
+func (e *mysqlError) Error() string {
+	return fmt.Sprintf("Error %d (%s): %s", e.Number, e.SQLState, e.Message)
+}
+
+func myErr(number uint16, state string) *mysqlError {
+	e := &mysqlError{Number: number, Message: "from MariaDB"}
+	copy(e.SQLState[:], state)
+	return e
+}
+
+// notMySQL has the field names but not the types: it is not read.
+type notMySQL struct {
+	Number   int
+	SQLState string
+}
+
+func (notMySQL) Error() string { return "not a MySQL error" }
+
+// MySQL and MariaDB errors are classified as PostgreSQL's are: by their
+// SQLSTATE, and by their number where the SQLSTATE says too little (HY000,
+// none, or 42000 for a per-user connection limit).
+func TestClassifierMySQLErrors(t *testing.T) {
+	t.Parallel()
+	wrap := func(err error) error { return fmt.Errorf("reserving stock: %w", err) }
+	tests := []struct {
+		name        string
+		err         error
+		state       string // "" for none
+		want        sluice.Class
+		unreachable bool
+	}{
+		{"1054 undefined column", myErr(1054, "42S22"), "42S22", sluice.ClassPoison, false},
+		{"1146 undefined table", wrap(myErr(1146, "42S02")), "42S02", sluice.ClassPoison, false},
+		{"1064 syntax error", myErr(1064, "42000"), "42000", sluice.ClassPoison, false},
+		{"1062 duplicate key", wrap(myErr(1062, "23000")), "23000", sluice.ClassPoison, false},
+		{"1452 foreign key", myErr(1452, "23000"), "23000", sluice.ClassPoison, false},
+		{"1205 lock wait timeout", wrap(myErr(1205, "HY000")), "55P03", sluice.ClassTransient, false},
+		{"1213 deadlock", myErr(1213, "40001"), "40001", sluice.ClassTransient, false},
+		{"1213 deadlock without SQLSTATE", myErr(1213, ""), "40001", sluice.ClassTransient, false},
+		{"1040 too many connections in the handshake", myErr(1040, ""), "08004", sluice.ClassTransient, true},
+		{"1203 max_user_connections", myErr(1203, "42000"), "08004", sluice.ClassTransient, true},
+		{"2013 server lost", myErr(2013, "HY000"), "08S01", sluice.ClassTransient, true},
+		{"08S01 communication failure", myErr(1159, "08S01"), "08S01", sluice.ClassTransient, true},
+		{"joined", errors.Join(errBusiness, myErr(1054, "42S22")), "42S22", sluice.ClassPoison, false},
+		{"unknown HY000", myErr(1317, "HY000"), "HY000", sluice.ClassPoison, false},                           // by Default
+		{"no SQLSTATE", myErr(1105, ""), "", sluice.ClassPoison, false},                                       // by Default
+		{"garbage SQLSTATE", myErr(1105, "\x00\x01abc"), "", sluice.ClassPoison, false},                       // by Default
+		{"wrong field types", wrap(notMySQL{Number: 1205, SQLState: "HY000"}), "", sluice.ClassPoison, false}, // by Default
+		{"struct value", mysqlValue{Number: 1205, SQLState: [5]byte{'H', 'Y', '0', '0', '0'}}, "55P03", sluice.ClassTransient, false},
+		{"in a dependency error", &sluice.DependencyError{Op: "claim", Err: myErr(1146, "42S02")}, "42S02", sluice.ClassTransient, false},
+	}
+	c, err := sluice.NewClassifier(sluice.ClassifierConfig{Default: sluice.ClassPoison})
+	require.NoError(t, err)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			state, ok := sluice.SQLState(tt.err)
+			require.Equal(t, tt.state != "", ok)
+			require.Equal(t, tt.state, state)
+			require.Equal(t, tt.want, c.Classify(tt.err), "error: %v", tt.err)
+			require.Equal(t, tt.unreachable, sluice.Unreachable(tt.err))
+		})
+	}
+}
+
+type mysqlValue struct {
+	Number   uint16
+	SQLState [5]byte
+}
+
+func (mysqlValue) Error() string { return "Error 1205" }
+
+// The reflective read is bounded: it looks at the first 64 errors of a
+// chain.
+func TestSQLStateBoundedChain(t *testing.T) {
+	t.Parallel()
+	wrapped := func(n int) error {
+		err := error(myErr(1054, "42S22"))
+		for range n {
+			err = fmt.Errorf("layer: %w", err)
+		}
+		return err
+	}
+	state, ok := sluice.SQLState(wrapped(63))
+	require.True(t, ok)
+	require.Equal(t, "42S22", state)
+	_, ok = sluice.SQLState(wrapped(64))
+	require.False(t, ok, "beyond the first 64 errors of the chain")
+}

@@ -34,16 +34,26 @@ func (e *DependencyError) Unwrap() error { return e.Err }
 // Is reports whether target is ErrDependency.
 func (e *DependencyError) Is(target error) bool { return target == ErrDependency }
 
-// SQLState returns the SQLSTATE of the first error in err's chain that
-// carries one (lib/pq's *pq.Error, pgx's *pgconn.PgError, or any error with
-// a SQLState() string method, as a MySQL adapter can give), and whether
-// there was one. The Classifier and the brake's matchers read it here.
+// SQLState returns the SQLSTATE of err, and whether it has one. It reads,
+// in this order:
+//   - the first error in err's chain with a SQLState() string method
+//     (lib/pq's *pq.Error, pgx's *pgconn.PgError, an adapter of your own);
+//   - else the first of the chain's first 64 errors that is a struct, or a
+//     pointer to one, with the exported fields Number uint16 and SQLState
+//     [5]byte: go-sql-driver/mysql's *MySQLError, read by reflection so
+//     that this package imports no driver. For the error numbers whose
+//     SQLSTATE says too little — 1040 and 1203 (too many connections,
+//     08004), 1205 (lock wait timeout, reported as HY000: 55P03, as
+//     PostgreSQL's lock_timeout), 1213 (deadlock, 40001), 2006 and 2013
+//     (server gone or lost, 08S01) — it returns the SQLSTATE given in parentheses;
+//     for the others the one the server reported, none if it reported none.
+//
+// The Classifier and the brake's matchers read it here.
 func SQLState(err error) (string, bool) {
-	s, ok := errors.AsType[sqlStater](err)
-	if !ok {
-		return "", false
+	if s, ok := errors.AsType[sqlStater](err); ok {
+		return s.SQLState(), true
 	}
-	return s.SQLState(), true
+	return mysqlSQLState(err)
 }
 
 // Unreachable reports whether err is the error of a dependency that cannot
