@@ -8,6 +8,11 @@ TEST_TIMEOUT  ?= 12m
 # (golang/go#75804, unfixed in 1.26) and fails a busy run with "context
 # deadline exceeded" and no crasher.
 FUZZTIME      ?= 20000x
+# Three modules in one workspace (go.work): the library at the root, the
+# operator tools in cmd/, the examples in examples/. In workspace mode ./...
+# stops at a nested module, so every target names all three.
+MODULES       := . cmd examples
+PACKAGES      := ./... ./cmd/... ./examples/...
 FUZZ_TARGETS  := FuzzMarshalerUnmarshal:./rabbitmq FuzzClassifier:. FuzzSummary:./internal/diag FuzzRedactSecret:./internal/diag FuzzPrintable:./internal/diag FuzzEscapeJSON:./internal/diag FuzzTerminal:./internal/diag FuzzKeyFromJSON:./deduplication
 
 .DEFAULT_GOAL := help
@@ -23,7 +28,7 @@ services: ## make PostgreSQL, RabbitMQ, Redis and MariaDB reachable on 127.0.0.1
 	@bash scripts/services.sh
 
 test: services ## every test on the real services (race on), short fuzzing, the short chaos run (restarts RabbitMQ and PostgreSQL)
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PACKAGES)
 	@# Broker-restart tests restart RabbitMQ: alone, after everything else.
 	$(GO) test -race -count=1 -timeout 5m -tags restart -run Restart ./rabbitmq/
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME)
@@ -45,15 +50,15 @@ bench: services ## print the benchmark comparison tables (see docs/benchmarks.md
 	$(GO) run ./cmd/sluice-bench
 
 lint: ## go vet and golangci-lint (.golangci.yml)
-	$(GO) vet ./...
-	$(GOLANGCI_LINT) run ./...
+	$(GO) vet $(PACKAGES)
+	$(GOLANGCI_LINT) run $(PACKAGES)
 
 fmt: ## format the code
 	gofmt -w $$(git ls-files '*.go')
 
-tidy: ## tidy go.mod and go.sum
-	$(GO) mod tidy
+tidy: ## tidy the go.mod and go.sum of the three modules
+	@for m in $(MODULES); do echo "tidy $$m"; (cd $$m && $(GO) mod tidy) || exit 1; done
 
 cover: services ## test with a coverage report in cover.html
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -coverprofile=cover.out ./...
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -coverprofile=cover.out $(PACKAGES)
 	$(GO) tool cover -html=cover.out -o cover.html

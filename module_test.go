@@ -62,3 +62,45 @@ func main() { fmt.Println(rabbitmq.PoisonSuffix, router.Order(), sqlstore.TableD
 	}
 	t.Logf("the service links %d modules", len(linked))
 }
+
+// The operator tools (cmd/) and the examples (examples/) are modules of their
+// own, so what only they import stays out of a library user's module graph.
+// The root go.mod requires none of it, directly or as // indirect.
+func TestTheLibraryModuleRequiresNoToolOnlyModule(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("go.mod")
+	require.NoError(t, err)
+	required := map[string]bool{}
+	inBlock := false
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case line == "require (":
+			inBlock = true
+		case inBlock && line == ")":
+			inBlock = false
+		case inBlock && line != "" && !strings.HasPrefix(line, "//"):
+			required[strings.Fields(line)[0]] = true
+		case strings.HasPrefix(line, "require "):
+			required[strings.Fields(line)[1]] = true
+		}
+	}
+	require.Contains(t, required, "github.com/ThreeDotsLabs/watermill", "go.mod read")
+	for _, tool := range []string{
+		"github.com/spf13/cobra",
+		"github.com/spf13/pflag",
+		"github.com/jedib0t/go-pretty/v6",
+		"github.com/go-sql-driver/mysql",
+		"github.com/prometheus/client_golang",
+		"go.opentelemetry.io/otel/exporters/prometheus",
+		"go.opentelemetry.io/otel/exporters/stdout/stdouttrace",
+		"github.com/ThreeDotsLabs/watermill-sql/v3",
+	} {
+		require.False(t, required[tool], "the library's go.mod requires %s, which only cmd/ or examples/ import: it belongs in their go.mod", tool)
+	}
+	for _, m := range []string{"cmd", "examples"} {
+		b, err := os.ReadFile(filepath.Join(m, "go.mod"))
+		require.NoError(t, err, "%s/ is a module of its own", m)
+		require.Contains(t, string(b), "module github.com/sluicemq/sluice/"+m+"\n")
+	}
+}
