@@ -2,7 +2,9 @@
 # Makes PostgreSQL, RabbitMQ, Redis and MariaDB reachable on 127.0.0.1 for the tests:
 # installs them from Debian's packages when missing, starts them when stopped,
 # sets PostgreSQL to trust 127.0.0.1 and creates the database "test", then
-# waits until each one answers. Idempotent; needs root for installs and starts.
+# waits until each one answers; installs promtool (Debian's prometheus package, its
+# server not started) for the alert-rule tests. Idempotent; needs root for installs
+# and starts.
 set -euo pipefail
 
 log() { printf 'services: %s\n' "$*" >&2; }
@@ -82,7 +84,24 @@ mariadb() { # the third-party store example (examples/mariadbstore)
   mysql -uroot -h127.0.0.1 -e 'CREATE DATABASE IF NOT EXISTS test'
 }
 
+promtool_() { # checks docs/alerts.yml (examples/orders/alerts_test.go); Debian ships it with Prometheus
+  command -v promtool >/dev/null && return
+  # Installed for its promtool only: a policy-rc.d keeps the Prometheus server
+  # it brings from starting (one already there is left as it is).
+  local policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | as_root tee /usr/sbin/policy-rc.d >/dev/null
+    as_root chmod +x /usr/sbin/policy-rc.d
+    policy=1
+  fi
+  local rc=0
+  install --no-install-recommends prometheus || rc=$?
+  [ -z "$policy" ] || as_root rm -f /usr/sbin/policy-rc.d
+  return "$rc"
+}
+
 command -v psql >/dev/null || install postgresql-client
+promtool_
 postgres
 rabbitmq
 redis

@@ -6,8 +6,8 @@
 package amqp091
 
 import (
-	upstream "github.com/rabbitmq/amqp091-go"
 	"fmt"
+	upstream "github.com/rabbitmq/amqp091-go"
 	"io"
 	"sync/atomic"
 	"time"
