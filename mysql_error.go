@@ -48,10 +48,9 @@ func mysqlSQLState(err error) (string, bool) {
 		if number, state, ok := mysqlFields(e); ok {
 			return mysqlState(number, state)
 		}
-		switch u := e.(type) {
-		case interface{ Unwrap() error }:
+		if u, ok := e.(interface{ Unwrap() error }); ok {
 			queue = append(queue, u.Unwrap())
-		case interface{ Unwrap() []error }:
+		} else if u, ok := e.(interface{ Unwrap() []error }); ok {
 			queue = append(queue, u.Unwrap()...)
 		}
 	}
@@ -66,7 +65,7 @@ func mysqlState(number uint16, state [5]byte) (string, bool) {
 		return s, true
 	}
 	for _, b := range state {
-		if !('0' <= b && b <= '9' || 'A' <= b && b <= 'Z') {
+		if (b < '0' || b > '9') && (b < 'A' || b > 'Z') {
 			return "", false
 		}
 	}

@@ -23,7 +23,7 @@ type DialConfig struct {
 // URL's password, and unwrap to amqp091's (errors.Is(err,
 // amqp.ErrCredentials) holds for bad credentials).
 func Dial(cfg DialConfig) (*amqp.Connection, error) {
-	c, err := cfg.Connection.withDefaults("DialConfig")
+	c, err := cfg.withDefaults("DialConfig")
 	if err != nil {
 		return nil, err
 	}
