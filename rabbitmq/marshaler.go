@@ -55,8 +55,22 @@ import (
 // priority or timestamp that does not parse, a property key it has no
 // property for — is a *sluice.UnpublishableError naming the key (matching
 // sluice.ErrUnpublishable), never cut short.
+//
+// Unmarshal also maps a foreign producer's properties and headers to the
+// metadata Sluice and Watermill read, when the message has none of its own
+// (Map; the zero Mapping gives the defaults): the event type
+// (sluice.EventTypeKey) from Spring's __TypeId__ header, else the type
+// property; Watermill's correlation id (middleware.CorrelationIDMetadataKey)
+// from the correlation_id property. The event id is mapped only on request
+// (Mapping.EventID).
+//
+// A Marshaler is safe for concurrent use when its fields are not changed.
 type Marshaler struct {
 	wamqp.DefaultMarshaler
+	// Map says which properties and headers Unmarshal maps to the event
+	// type, the correlation id and the event id. The zero Mapping gives
+	// the defaults; see Mapping for how to turn a mapping off.
+	Map Mapping
 }
 
 var _ wamqp.Marshaler = Marshaler{}
@@ -181,7 +195,8 @@ func (m Marshaler) uuidKey() string {
 
 // Unmarshal returns the message of d. A delivery without an acknowledger
 // gives ErrNoDelivery. The UUID is the _watermill_message_uuid header, else
-// the message_id property, else a new one.
+// the message_id property, else a new one. The Map's keys the message does
+// not carry are set from their sources.
 func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	if d.Acknowledger == nil {
 		return nil, ErrNoDelivery
@@ -209,6 +224,7 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 		}
 	}
 	properties(msg.Metadata, d)
+	m.Map.apply(msg.Metadata, d)
 	if d.UserId != "" { // the producer's own publish: its validated user, whatever a header says
 		msg.Metadata[OriginUserIDKey] = d.UserId
 	}

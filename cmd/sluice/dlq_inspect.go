@@ -66,14 +66,20 @@ func newInspect(g *globals, out io.Writer) *cobra.Command {
 }
 
 // inspectTable prints one message's diagnosis and payload preview, escaped
-// and bounded.
+// and bounded. A message is named by its event id, else by its message id
+// (the AMQP property), else by its position in the queue.
 func inspectTable(out io.Writer, i int, m *dlq.Message, preview int) {
 	t := table.NewWriter()
 	t.SetOutputMirror(out)
 	t.SetStyle(table.StyleLight)
-	t.SetTitle(fmt.Sprintf("%d. %s (event %s)", i, diag.Printable(m.Class, 32), orDash(diag.Printable(m.EventID, cellMax))))
+	title := fmt.Sprintf("%d. %s (%s)", i, diag.Printable(m.Class, 32), inspectName(m))
+	if m.Class == "" {
+		title = fmt.Sprintf("%d. (%s)", i, inspectName(m))
+	}
+	t.SetTitle(title)
 	for _, row := range [][2]string{
 		{"reason", diag.Printable(m.Reason, cellMax)}, {"event type", diag.Printable(m.EventType, cellMax)},
+		{"message id", diag.Printable(m.Delivery.MessageId, 64)},
 		{"consumer", diag.Printable(m.Consumer, cellMax)}, {"queue", diag.Printable(cmp.Or(m.Queue, m.DeadLetterQueue), cellMax)},
 		{"attempts", diag.Printable(m.Attempts, 32)}, {"poisoned at", formatTime(m.PoisonedAt)}, {"trace id", diag.Printable(m.TraceID, 64)},
 		{"payload", diag.Printable(string(m.Msg.Payload), preview)},
@@ -81,12 +87,23 @@ func inspectTable(out io.Writer, i int, m *dlq.Message, preview int) {
 		if row[0] == "payload" && m.HeadersError != "" { // nothing above was readable: name it
 			t.AppendRow(table.Row{"headers", "not parsed: " + diag.Printable(m.HeadersError, cellMax)})
 			t.AppendRow(table.Row{"position", m.Position})
-			t.AppendRow(table.Row{"message id", orDash(diag.Printable(m.Delivery.MessageId, 64))})
 			t.AppendRow(table.Row{"body bytes", len(m.Msg.Payload)})
 		}
 		t.AppendRow(table.Row{row[0], orDash(row[1])})
 	}
 	t.Render()
+}
+
+// inspectName names a message in inspect's title: "event ID", else
+// "message id ID", else "position N" (its place in the queue when read).
+func inspectName(m *dlq.Message) string {
+	switch {
+	case m.EventID != "":
+		return "event " + diag.Printable(m.EventID, cellMax)
+	case m.Delivery.MessageId != "":
+		return "message id " + diag.Printable(m.Delivery.MessageId, 64)
+	}
+	return fmt.Sprintf("position %d", m.Position)
 }
 
 func formatTime(t time.Time) string {
