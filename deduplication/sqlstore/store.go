@@ -20,6 +20,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
 )
 
@@ -32,6 +33,15 @@ type Config struct {
 	// dialect: "postgres" or "pgx" for PostgreSQL, "sqlite" (modernc.org/sqlite)
 	// or "sqlite3" for SQLite. Required.
 	DB *sqlx.DB
+	// SQLDB is the database as a plain *sql.DB, instead of DB (exactly one
+	// of them is required): database/sql with lib/pq, pgx's stdlib (a
+	// pgxpool through stdlib.OpenDBFromPool), modernc.org/sqlite or
+	// mattn/go-sqlite3, whose dialect its driver's type tells, or any other
+	// driver with DriverName.
+	SQLDB *sql.DB
+	// DriverName names SQLDB's driver as sqlx knows it ("postgres", "pgx",
+	// "sqlite", "sqlite3") when its type does not. Only with SQLDB.
+	DriverName string
 	// Table is the inbox table: a name, or schema.name on PostgreSQL, each
 	// part an SQL identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes). It is
 	// quoted, so case matters. Default TableDefault.
@@ -71,9 +81,11 @@ func (c Config) withDefaults() Config {
 // call CreateTable or apply SchemaSQL first.
 func New(cfg Config) (*Store, error) {
 	cfg = cfg.withDefaults()
-	if cfg.DB == nil {
-		return nil, errors.New("sqlstore: Config.DB is required")
+	db, err := sqldb.Open("sqlstore: Config", cfg.DB, cfg.SQLDB, cfg.DriverName)
+	if err != nil {
+		return nil, err
 	}
+	cfg.DB = db
 	d, ok := dialects[cfg.DB.DriverName()]
 	if !ok {
 		return nil, fmt.Errorf("sqlstore: Config.DB: driver %q is not supported (want postgres, pgx, sqlite or sqlite3)", cfg.DB.DriverName())

@@ -119,3 +119,27 @@ func TestStorePing(t *testing.T) {
 	require.ErrorIs(t, s.Ping(ctx), context.DeadlineExceeded)
 	proxy.Heal() // the abandoned start-up ends with the reset connection
 }
+
+// The inbox runs on a plain *sql.DB (database/sql with lib/pq; a pgxpool
+// through pgx's stdlib.OpenDBFromPool) as on an *sqlx.DB: its dialect named
+// by its driver's type, or by DriverName. Before, Config took only an
+// *sqlx.DB.
+func TestNewTakesAPlainSQLDB(t *testing.T) {
+	t.Parallel()
+	db := testenv.Postgres(t)
+	s, err := sqlstore.New(sqlstore.Config{SQLDB: db.DB, Table: testenv.Schema(t, db) + ".inbox"})
+	require.NoError(t, err)
+	require.NoError(t, s.CreateTable(t.Context()))
+	tx, err := s.Begin(t.Context())
+	require.NoError(t, err)
+	claimed, err := tx.Claim(t.Context(), "billing", "evt-1")
+	require.NoError(t, err)
+	require.True(t, claimed)
+	require.NoError(t, tx.Commit(t.Context()))
+	_, err = sqlstore.New(sqlstore.Config{SQLDB: db.DB, DriverName: "mysql"})
+	require.ErrorContains(t, err, `driver "mysql" is not supported`)
+	_, err = sqlstore.New(sqlstore.Config{DB: db, SQLDB: db.DB})
+	require.ErrorContains(t, err, "give DB or SQLDB, not both")
+	_, err = sqlstore.New(sqlstore.Config{DB: db, DriverName: "pgx"})
+	require.ErrorContains(t, err, "DriverName: only with SQLDB")
+}

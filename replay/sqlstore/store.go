@@ -9,13 +9,14 @@ package sqlstore
 import (
 	"cmp"
 	"context"
-	"errors"
+	"database/sql"
 	"fmt"
 
 	"github.com/jmoiron/sqlx"
 
 	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/chunks"
+	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
@@ -29,6 +30,15 @@ type Config struct {
 	// DB is the database of the outcome table: the inbox's, for
 	// replay.Config.InUnitOfWork. PostgreSQL or SQLite. Required.
 	DB *sqlx.DB
+	// SQLDB is the database as a plain *sql.DB, instead of DB (exactly one
+	// of them is required): database/sql with lib/pq, pgx's stdlib (a
+	// pgxpool through stdlib.OpenDBFromPool), modernc.org/sqlite or
+	// mattn/go-sqlite3, whose dialect its driver's type tells, or any other
+	// driver with DriverName.
+	SQLDB *sql.DB
+	// DriverName names SQLDB's driver as sqlx knows it ("postgres", "pgx",
+	// "sqlite", "sqlite3") when its type does not. Only with SQLDB.
+	DriverName string
 	// Table is the outcome table: a name, or schema.name on PostgreSQL,
 	// each part an SQL identifier. It is quoted, so case matters. Default
 	// TableDefault.
@@ -57,9 +67,11 @@ func (c Config) withDefaults() Config {
 // create the table with CreateTable.
 func New(cfg Config) (*Store, error) {
 	cfg = cfg.withDefaults()
-	if cfg.DB == nil {
-		return nil, errors.New("sqlstore: Config.DB is required")
+	db, err := sqldb.Open("sqlstore: Config", cfg.DB, cfg.SQLDB, cfg.DriverName)
+	if err != nil {
+		return nil, err
 	}
+	cfg.DB = db
 	quoted, _, err := sqlname.Quote(cfg.Table, true)
 	if err != nil {
 		return nil, fmt.Errorf("sqlstore: Config.Table: %w", err)
@@ -67,9 +79,17 @@ func New(cfg Config) (*Store, error) {
 	return &Store{db: cfg.DB, table: quoted}, nil
 }
 
-// CreateTable creates the table if it does not exist.
+// CreateTable creates the table if it does not exist. On PostgreSQL,
+// updated_at is a timestamptz, as the inbox's processed_at: a table an
+// earlier version created with a timestamp without time zone (holding UTC,
+// which Sluice always wrote) is altered to it, its values kept.
 func (s *Store) CreateTable(ctx context.Context) error {
-	_, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+s.table+` (
+	postgres := s.db.DriverName() == "postgres" || s.db.DriverName() == "pgx"
+	timestamp := "TIMESTAMP" // SQLite: the declared type its drivers read back as a time
+	if postgres {
+		timestamp = "TIMESTAMPTZ"
+	}
+	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+s.table+` (
 	run TEXT NOT NULL,
 	item TEXT NOT NULL,
 	event_id TEXT NOT NULL DEFAULT '',
@@ -77,8 +97,22 @@ func (s *Store) CreateTable(ctx context.Context) error {
 	class TEXT NOT NULL DEFAULT '',
 	reason TEXT NOT NULL DEFAULT '',
 	handler TEXT NOT NULL DEFAULT '',
-	updated_at TIMESTAMP NOT NULL,
-	PRIMARY KEY (run, item))`)
+	updated_at `+timestamp+` NOT NULL,
+	PRIMARY KEY (run, item))`); err != nil {
+		return err
+	}
+	if !postgres {
+		return nil
+	}
+	var typ string
+	if err := s.db.GetContext(ctx, &typ, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+	WHERE attrelid = $1::regclass AND attname = 'updated_at' AND NOT attisdropped`, s.table); err != nil {
+		return fmt.Errorf("sqlstore: reading the type of %s.updated_at: %w", s.table, err)
+	}
+	if typ != "timestamp without time zone" {
+		return nil
+	}
+	_, err := s.db.ExecContext(ctx, `ALTER TABLE `+s.table+` ALTER COLUMN updated_at TYPE TIMESTAMPTZ USING updated_at AT TIME ZONE 'UTC'`)
 	return err
 }
 

@@ -3,6 +3,7 @@ package sqlstore_test
 import (
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -62,4 +63,49 @@ func TestRecordInUnitOfWorkWithoutOne(t *testing.T) {
 	rs, err := s.Outcomes(t.Context(), "")
 	require.NoError(t, err)
 	require.Empty(t, rs)
+}
+
+// The outcome table's updated_at is a timestamptz on PostgreSQL, as the
+// inbox's processed_at, and CreateTable migrates a table an earlier version
+// created with a timestamp without time zone, keeping its values (UTC).
+// Before, the column stayed "timestamp without time zone".
+func TestUpdatedAtIsATimestampWithTimeZone(t *testing.T) {
+	t.Parallel()
+	db := testenv.Postgres(t)
+	table := testenv.Schema(t, db) + ".outcomes"
+	_, err := db.ExecContext(t.Context(), `CREATE TABLE `+table+` (run TEXT NOT NULL, item TEXT NOT NULL,
+		event_id TEXT NOT NULL DEFAULT '', outcome TEXT NOT NULL, class TEXT NOT NULL DEFAULT '', reason TEXT NOT NULL DEFAULT '',
+		handler TEXT NOT NULL DEFAULT '', updated_at TIMESTAMP NOT NULL, PRIMARY KEY (run, item))`)
+	require.NoError(t, err)
+	_, err = db.ExecContext(t.Context(), `INSERT INTO `+table+` (run, item, outcome, updated_at) VALUES ('r', 'a', 'processed', '2026-11-30 10:00:00')`)
+	require.NoError(t, err)
+	s, err := sqlstore.New(sqlstore.Config{DB: db, Table: table})
+	require.NoError(t, err)
+	require.NoError(t, s.CreateTable(t.Context()))
+	require.NoError(t, s.CreateTable(t.Context()), "idempotent")
+	var typ string
+	require.NoError(t, db.GetContext(t.Context(), &typ, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = $1::regclass AND attname = 'updated_at'`, table))
+	require.Equal(t, "timestamp with time zone", typ)
+	rs, err := s.Outcomes(t.Context(), "r")
+	require.NoError(t, err)
+	require.Len(t, rs, 1)
+	require.True(t, rs[0].At.Equal(time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)), "the old value, read as UTC: %s", rs[0].At)
+}
+
+// A plain *sql.DB works as well as an *sqlx.DB, its dialect named by its
+// driver (or by DriverName); giving both, or neither, is refused.
+func TestConfigSQLDB(t *testing.T) {
+	t.Parallel()
+	db := testenv.Postgres(t)
+	s, err := sqlstore.New(sqlstore.Config{SQLDB: db.DB, Table: testenv.Schema(t, db) + ".outcomes"})
+	require.NoError(t, err)
+	require.NoError(t, s.CreateTable(t.Context()))
+	require.NoError(t, s.Record(t.Context(), replay.Record{Run: "r", Item: "a", Outcome: "processed", At: time.Now()}))
+	rs, err := s.Outcomes(t.Context(), "r")
+	require.NoError(t, err)
+	require.Len(t, rs, 1)
+	_, err = sqlstore.New(sqlstore.Config{DB: db, SQLDB: db.DB})
+	require.ErrorContains(t, err, "give DB or SQLDB, not both")
+	_, err = sqlstore.New(sqlstore.Config{SQLDB: db.DB, DriverName: "postgres"})
+	require.NoError(t, err)
 }
