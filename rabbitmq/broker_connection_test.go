@@ -2,6 +2,7 @@ package rabbitmq_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -41,7 +42,7 @@ func TestBrokerConnectionReachesEveryConnection(t *testing.T) {
 	t.Run("dial timeout and logger", func(t *testing.T) {
 		t.Parallel()
 		proxy, url := testenv.ProxyAMQP(t)
-		logger := watermill.NewCaptureLogger()
+		logger := &awaitLog{LoggerAdapter: watermill.NopLogger{}, msg: "Consuming stopped; reconnecting after a backoff", seen: make(chan struct{})}
 		const dialTimeout = 300 * time.Millisecond
 		b := newConnectionBroker(t, rabbitmq.Connection{URL: url, DialTimeout: dialTimeout, Logger: logger})
 		defer func() { _ = b.Close() }()
@@ -57,14 +58,11 @@ func TestBrokerConnectionReachesEveryConnection(t *testing.T) {
 		start = time.Now()
 		_, err = b.Endpoints().Subscriber.Subscribe(ctx, b.Topology().Queue())
 		require.NoError(t, err)
-		require.Eventually(t, func() bool {
-			for _, m := range logger.Captured()[watermill.ErrorLogLevel] {
-				if m.Msg == "Consuming stopped; reconnecting after a backoff" {
-					return true
-				}
-			}
-			return false
-		}, rabbitmq.DialTimeoutDefault/2, 20*time.Millisecond, "the consumer's failed dial reached BrokerConfig's Logger")
+		select {
+		case <-logger.seen:
+		case <-time.After(rabbitmq.DialTimeoutDefault / 2):
+			t.Fatal("the consumer's failed dial did not reach BrokerConfig's Logger")
+		}
 		require.Less(t, time.Since(start), rabbitmq.DialTimeoutDefault/2)
 	})
 
@@ -90,3 +88,19 @@ func TestBrokerConnectionReachesEveryConnection(t *testing.T) {
 		require.Equal(t, uint64(1), confirms, "the publisher's confirm reached BrokerConfig's MeterProvider")
 	})
 }
+
+// awaitLog is a logger that closes seen at the first error line msg.
+type awaitLog struct {
+	watermill.LoggerAdapter
+	msg  string
+	seen chan struct{}
+	once sync.Once
+}
+
+func (l *awaitLog) Error(msg string, _ error, _ watermill.LogFields) {
+	if msg == l.msg {
+		l.once.Do(func() { close(l.seen) })
+	}
+}
+
+func (l *awaitLog) With(watermill.LogFields) watermill.LoggerAdapter { return l }
