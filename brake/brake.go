@@ -259,18 +259,24 @@ func (b *Brake) Probing() bool {
 	return b.state == Probing
 }
 
+// held returns the attributes of a held delivery: the delivery's
+// (telemetry.DeliveryAttrs), the consumer group the brake's Name.
+func (b *Brake) held(ctx context.Context) metric.MeasurementOption {
+	return metric.WithAttributes(telemetry.DeliveryAttrs(ctx, telemetry.HandlerKey.String(b.cfg.Name))...)
+}
+
 // Middleware is the stage; one Brake may serve many consumers of a handler.
 func (b *Brake) Middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		ctx := msg.Context()
 		probe, err := b.admit(ctx)
 		if err != nil {
-			b.heldCt.Add(ctx, 1, b.attrs)
+			b.heldCt.Add(ctx, 1, b.held(ctx))
 			return nil, err
 		}
 		produced, err := h(msg)
 		if b.record(err, probe) {
-			b.heldCt.Add(ctx, 1, b.attrs)
+			b.heldCt.Add(ctx, 1, b.held(ctx))
 			b.cfg.Logger.Debug("Delivery held back by the brake", telemetry.LogFields(msg, nil))
 			return nil, fmt.Errorf("%w: %w", sluice.ErrHeld, err)
 		}

@@ -4,7 +4,8 @@
 // a gate to stop consuming), and the retry ladder — the tiers' names,
 // topics and delays — that every broker names the same way.
 //
-// It imports only the root package and Watermill's message package. A
+// It imports only the root package, Watermill's message package and the
+// OpenTelemetry metric API. A
 // broker (package rabbitmq, package embedded) implements Broker and imports
 // this package, never router or a stage; the stages import it for Tier.
 // A new broker is a new package beside them.
@@ -12,6 +13,7 @@ package broker
 
 import (
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // Broker is what a broker gives the stages of one consumer queue
@@ -22,10 +24,22 @@ type Broker interface {
 	Endpoints() Endpoints
 }
 
+// MeteredBroker is a Broker with instruments of its own, built before
+// router.Add sees the stages (rabbitmq.Broker: its confirmed publisher's
+// confirm latency and reconnects). router.Add hands it Stages.MeterProvider
+// when that is set; the broker records with it only when it was built
+// without a provider of its own, and keeps the first one it was handed, so
+// one provider on the stages reaches every instrument.
+type MeteredBroker interface {
+	Broker
+	UseMeterProvider(mp metric.MeterProvider) error
+}
+
 // Endpoints are what router.Add gives the stages of a handler consuming one
 // queue, where the stage's own configuration leaves them unset.
 type Endpoints struct {
-	// System is messaging.system on spans ("rabbitmq", "gochannel").
+	// System is messaging.system on spans and metrics ("rabbitmq",
+	// "gochannel").
 	System string
 	// Topic is the queue the handler consumes, and Subscriber its subscriber.
 	Topic      string

@@ -189,7 +189,7 @@ func (d *deduplicator) middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, sluice.Transient(err)
 		}
 		if !claimed {
-			d.duplicates.Add(ctx, 1, telemetry.HandlerAttr(msg))
+			d.duplicates.Add(ctx, 1, telemetry.DeliveryAttr(msg))
 			d.cfg.Logger.Debug("Duplicate delivery skipped: the key was processed before", telemetry.LogFields(msg, watermill.LogFields{"key": diag.Bound(key, 128)}))
 			sluice.Record(ctx, func(r *sluice.Report) { r.Outcome = sluice.OutcomeDuplicate })
 			return nil, nil

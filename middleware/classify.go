@@ -72,7 +72,7 @@ func Classify(cfg ClassifyConfig) (message.HandlerMiddleware, error) {
 				return produced, fmt.Errorf("%w: %w", sluice.ErrShutdown, err)
 			}
 			if class == sluice.ClassRejected {
-				rejected.Add(msg.Context(), 1, telemetry.HandlerAttr(msg))
+				rejected.Add(msg.Context(), 1, telemetry.DeliveryAttr(msg))
 				logger.Info("Delivery rejected: committed and acked", diag.LogFields(telemetry.LogFields(msg, watermill.LogFields{
 					"class": sluice.ClassRejected.String(), "reason": diag.Summary(err, 1024)})))
 				sluice.Record(msg.Context(), func(r *sluice.Report) { r.Outcome, r.Class = sluice.OutcomeRejected, sluice.ClassRejected })

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
+	"go.opentelemetry.io/otel/semconv/v1.37.0/messagingconv"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicemq/sluice/internal/diag"
@@ -21,14 +22,22 @@ import (
 	"github.com/sluicemq/sluice"
 )
 
-// Metric names of the Trace stage.
+// Metric names of the Trace stage: the OpenTelemetry messaging semantic
+// conventions' (semconv v1.37.0, messagingconv).
 const (
-	// MetricDeliveries counts deliveries by handler, outcome and class.
-	MetricDeliveries = "sluice.deliveries"
-	// MetricHandlerDuration is the time from the Trace stage to the router,
-	// in seconds, by handler and outcome.
-	MetricHandlerDuration = "sluice.handler.duration"
+	// MetricConsumed counts deliveries handed to the handler, by
+	// messaging.consumer.group.name (the handler), messaging.destination.name,
+	// messaging.system, messaging.operation.name ("process"), sluice.outcome,
+	// sluice.class and, for a failed or poisoned delivery, error.type.
+	MetricConsumed = "messaging.client.consumed.messages"
+	// MetricProcessDuration is the time from the Trace stage to the router,
+	// in seconds, with MetricConsumed's attributes but sluice.class.
+	MetricProcessDuration = "messaging.process.duration"
 )
+
+// OperationProcess is messaging.operation.name of the Trace stage's spans
+// and metrics.
+const OperationProcess = "process"
 
 // Span attribute keys Sluice adds to the messaging semantic conventions.
 const (
@@ -51,7 +60,8 @@ type TraceConfig struct {
 	// in message metadata. Default W3C trace context and baggage; pass
 	// otel.GetTextMapPropagator() to use the global one.
 	Propagator propagation.TextMapPropagator
-	// System is messaging.system, e.g. "rabbitmq". Default: left out.
+	// System is messaging.system, e.g. "rabbitmq". Default: the broker's
+	// given by router.Add, else left out.
 	System string
 }
 
@@ -79,32 +89,33 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 	cfg = cfg.withDefaults()
 	tracer := telemetry.Tracer(cfg.TracerProvider)
 	meter := telemetry.Meter(cfg.MeterProvider)
-	deliveries, err := meter.Int64Counter(MetricDeliveries, metric.WithDescription("Deliveries by outcome and failure class."))
+	consumed, err := messagingconv.NewClientConsumedMessages(meter)
 	if err != nil {
-		return nil, fmt.Errorf("middleware: creating %s: %w", MetricDeliveries, err)
+		return nil, fmt.Errorf("middleware: creating %s: %w", MetricConsumed, err)
 	}
-	duration, err := meter.Float64Histogram(MetricHandlerDuration, metric.WithUnit("s"),
-		metric.WithDescription("Time to handle a delivery through the Sluice stack."),
-		metric.WithExplicitBucketBoundaries(telemetry.DurationBuckets...))
+	duration, err := messagingconv.NewProcessDuration(meter, metric.WithExplicitBucketBoundaries(telemetry.DurationBuckets...))
 	if err != nil {
-		return nil, fmt.Errorf("middleware: creating %s: %w", MetricHandlerDuration, err)
+		return nil, fmt.Errorf("middleware: creating %s: %w", MetricProcessDuration, err)
 	}
 	fields := cfg.Propagator.Fields()
-	var attrSets sync.Map // metricKey → metric.MeasurementOption, built once per combination
-	measure := func(k metricKey) metric.MeasurementOption {
+	var attrSets sync.Map // metricKey → attribute.Set, built once per combination
+	measure := func(k metricKey) attribute.Set {
 		if o, ok := attrSets.Load(k); ok {
-			return o.(metric.MeasurementOption)
+			return o.(attribute.Set)
 		}
-		attrs := []attribute.KeyValue{telemetry.HandlerKey.String(k.handler), AttrOutcome.String(string(k.outcome)),
-			semconv.MessagingDestinationName(k.dest)}
-		if cfg.System != "" {
-			attrs = append(attrs, semconv.MessagingSystemKey.String(cfg.System))
+		attrs := []attribute.KeyValue{telemetry.HandlerKey.String(k.handler), semconv.MessagingDestinationName(k.dest),
+			semconv.MessagingOperationName(OperationProcess), AttrOutcome.String(string(k.outcome))}
+		if k.system != "" {
+			attrs = append(attrs, semconv.MessagingSystemKey.String(k.system))
 		}
 		if k.class != "" {
 			attrs = append(attrs, AttrClass.String(k.class))
 		}
-		o, _ := attrSets.LoadOrStore(k, metric.WithAttributeSet(attribute.NewSet(attrs...)))
-		return o.(metric.MeasurementOption)
+		if k.errorType != "" {
+			attrs = append(attrs, semconv.ErrorTypeKey.String(k.errorType))
+		}
+		o, _ := attrSets.LoadOrStore(k, attribute.NewSet(attrs...))
+		return o.(attribute.Set)
 	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -128,7 +139,7 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 			if span.IsRecording() { // attributes cost allocations: only for spans kept
 				span.SetAttributes(
 					semconv.MessagingOperationTypeProcess,
-					semconv.MessagingOperationName("process"),
+					semconv.MessagingOperationName(OperationProcess),
 					semconv.MessagingDestinationName(dest),
 					semconv.MessagingMessageID(msg.UUID),
 					semconv.MessagingConsumerGroupName(handler),
@@ -140,8 +151,8 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 				if n, err := sluice.Attempt(msg); err == nil { // a forged attempt is not reported
 					span.SetAttributes(AttrAttempt.Int(n))
 				}
-				if cfg.System != "" {
-					span.SetAttributes(semconv.MessagingSystemKey.String(cfg.System))
+				if system := cmp.Or(cfg.System, telemetry.System(orig)); system != "" {
+					span.SetAttributes(semconv.MessagingSystemKey.String(system))
 				}
 				if id := msg.Metadata.Get(sluice.EventIDKey); id != "" {
 					span.SetAttributes(AttrEventID.String(id))
@@ -164,15 +175,18 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 			if span.IsRecording() {
 				annotate(span, report)
 			}
-			class := ""
-			if report.Class.Valid() {
-				class = report.Class.String()
-			}
-			if deliveries.Enabled(ctx) {
-				deliveries.Add(ctx, 1, measure(metricKey{handler, dest, report.Outcome, class}))
+			k := metricKey{handler: handler, dest: dest, system: cmp.Or(cfg.System, telemetry.System(orig)), outcome: report.Outcome}
+			if report.Class.Valid() && (report.Outcome == sluice.OutcomeFailed || report.Outcome == sluice.OutcomePoisoned) {
+				k.errorType = report.Class.String()
 			}
 			if duration.Enabled(ctx) {
-				duration.Record(ctx, time.Since(start).Seconds(), measure(metricKey{handler: handler, dest: dest, outcome: report.Outcome}))
+				duration.RecordSet(ctx, time.Since(start).Seconds(), measure(k))
+			}
+			if consumed.Enabled(ctx) {
+				if report.Class.Valid() {
+					k.class = report.Class.String()
+				}
+				consumed.AddSet(ctx, 1, measure(k))
 			}
 			return produced, err
 		}
@@ -184,10 +198,9 @@ var consumerKind = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindCons
 
 // metricKey selects a cached attribute set of the Trace stage's metrics.
 type metricKey struct {
-	handler string
-	dest    string
-	outcome sluice.Outcome
-	class   string
+	handler, dest, system string
+	outcome               sluice.Outcome
+	class, errorType      string
 }
 
 func annotate(span trace.Span, r *sluice.Report) {

@@ -11,8 +11,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/clock"
@@ -255,7 +255,7 @@ func (s *stage) isolate(msg, diagnosed *message.Message, class sluice.Class, err
 		if parkErr == nil {
 			s.cfg.Logger.Error("The poison queue refused the copy; it waits in the park topic and is isolated when it comes back", diag.RedactError(pErr),
 				diag.LogFields(telemetry.LogFields(msg, watermill.LogFields{"class": class.String(), "poison_queue": s.cfg.Topic, "park_topic": s.cfg.ParkTopic})))
-			s.parkedCt.Add(ctx, 1, telemetry.HandlerAttr(msg))
+			s.parkedCt.Add(ctx, 1, telemetry.DeliveryAttr(msg, semconv.ErrorTypeKey.String(class.String())))
 			sluice.Record(ctx, func(r *sluice.Report) { r.Outcome, r.Class = sluice.OutcomeParked, class })
 			return nil, nil
 		}
@@ -273,8 +273,7 @@ func (s *stage) isolate(msg, diagnosed *message.Message, class sluice.Class, err
 		fields["stack"] = string(p.Stack)
 	}
 	s.cfg.Logger.Error("Delivery isolated in the poison queue", diag.RedactError(err), diag.LogFields(telemetry.LogFields(msg, fields)))
-	s.poisoned.Add(ctx, 1, metric.WithAttributes(
-		telemetry.HandlerKey.String(telemetry.Handler(ctx)), attribute.String("sluice.class", class.String())))
+	s.poisoned.Add(ctx, 1, metric.WithAttributes(telemetry.DeliveryAttrs(ctx, semconv.ErrorTypeKey.String(class.String()))...))
 	sluice.Record(ctx, func(r *sluice.Report) {
 		r.Outcome, r.Class, r.Reason = sluice.OutcomePoisoned, class, diagnosed.Metadata.Get(ReasonKey)
 	})

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicemq/sluice/broker"
 )
@@ -59,7 +60,7 @@ type Broker struct {
 	consumers int
 }
 
-var _ broker.Broker = (*Broker)(nil)
+var _ broker.MeteredBroker = (*Broker)(nil)
 
 // NewBroker declares the topology and connects the publisher and the
 // subscriber. Close it after the router.
@@ -109,6 +110,15 @@ func (b *Broker) Endpoints() broker.Endpoints {
 		PoisonTopic: b.topo.PoisonQueue(), PoisonPublisher: b.pub,
 		Consumers: b.consumers,
 	}
+}
+
+// UseMeterProvider makes the broker's publisher record its
+// MetricConfirmDuration and MetricReconnects with mp when
+// BrokerConfig.MeterProvider was unset (router.Add hands it
+// Stages.MeterProvider): the first provider handed is kept; nil, or a
+// broker with a provider of its own, changes nothing.
+func (b *Broker) UseMeterProvider(mp metric.MeterProvider) error {
+	return b.pub.metrics.adopt(mp)
 }
 
 // Topology returns the declared topology.

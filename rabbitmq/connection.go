@@ -49,8 +49,9 @@ type Connection struct {
 	// MeterProvider receives the Publisher's MetricConfirmDuration and
 	// MetricReconnects. The Consumer and the Subscriber record nothing of
 	// their own: the Consumer's isolation publishes through its
-	// PoisonPublisher, which records with its own. Default the global
-	// provider.
+	// PoisonPublisher, which records with its own. Default: for a Broker,
+	// the router.Stages.MeterProvider router.Add hands it
+	// (Broker.UseMeterProvider), else the global provider.
 	MeterProvider metric.MeterProvider
 }
 

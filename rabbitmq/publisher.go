@@ -2,7 +2,6 @@ package rabbitmq
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -13,13 +12,9 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/metric"
-
 	"github.com/sluicemq/sluice/broker"
 	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
 // ConfirmTimeoutDefault bounds the wait for a publisher confirm.
@@ -98,20 +93,6 @@ func (cfg PublisherConfig) withDefaults() (PublisherConfig, error) {
 	}, nil
 }
 
-// MetricConfirmDuration is the time from publishing a message to its
-// confirm (or return, nack, closed channel, timeout), in seconds, by
-// messaging.destination.name and sluice.confirm ("acked", "returned",
-// "nacked", "closed", "timeout").
-const MetricConfirmDuration = "sluice.publish.confirm.duration"
-
-// MetricReconnects counts the publisher reopening its channel after it
-// closed, by sluice.reconnect: "channel" (the broker closed the channel, as
-// for a missing exchange) or "connection" (the connection closed with it: a
-// broker restart, a network fault, or a frame the broker refused). A
-// message the Publisher cannot carry never closes either: it is refused
-// before it is sent (sluice.ErrUnpublishable).
-const MetricReconnects = "sluice.publish.reconnects"
-
 // Publisher is a message.Publisher with publisher confirms and mandatory
 // routing. Publish returns nil only for messages the broker confirmed (ack)
 // and did not return as unroutable. Messages of one call and of concurrent
@@ -119,9 +100,8 @@ const MetricReconnects = "sluice.publish.reconnects"
 // After a broker restart or a closed channel it reconnects on the next
 // Publish. It is safe for concurrent use.
 type Publisher struct {
-	cfg        PublisherConfig
-	confirm    metric.Float64Histogram
-	reconnects metric.Int64Counter
+	cfg     PublisherConfig
+	metrics meters
 
 	mu      sync.Mutex
 	conn    *amqp.Connection
@@ -139,18 +119,14 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if err != nil {
 		return nil, err
 	}
-	h, err := telemetry.Meter(cfg.MeterProvider).Float64Histogram(MetricConfirmDuration, metric.WithUnit("s"),
-		metric.WithDescription("Time from publishing a message to its publisher confirm."),
-		metric.WithExplicitBucketBoundaries(telemetry.DurationBuckets...))
+	pm, err := newPublisherMetrics(cfg.MeterProvider)
 	if err != nil {
-		return nil, fmt.Errorf("rabbitmq: creating %s: %w", MetricConfirmDuration, err)
+		return nil, err
 	}
-	rc, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(MetricReconnects,
-		metric.WithDescription("The confirmed publisher reopening its channel or connection after it closed."))
-	if err != nil {
-		return nil, fmt.Errorf("rabbitmq: creating %s: %w", MetricReconnects, err)
-	}
-	return &Publisher{cfg: cfg, confirm: h, reconnects: rc}, nil
+	p := &Publisher{cfg: cfg}
+	p.metrics.own = cfg.MeterProvider != nil
+	p.metrics.current.Store(pm)
+	return p, nil
 }
 
 // Publish publishes msgs to the topic (the routing key) and waits for each
@@ -203,13 +179,12 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	timer := time.NewTimer(p.cfg.ConfirmTimeout)
 	defer timer.Stop()
 	expired := timer.C
-	dest := attribute.String("messaging.destination.name", topic)
 	for _, pm := range pending {
 		err := pm.f.wait(pm.msg.Context(), expired)
 		if errors.Is(err, errConfirmTimeout) {
 			expired = alreadyExpired
 		}
-		p.confirm.Record(pm.msg.Context(), time.Since(start).Seconds(), metric.WithAttributes(dest, attribute.String("sluice.confirm", confirmOutcome(err))))
+		p.metrics.confirmed(pm.msg.Context(), time.Since(start).Seconds(), topic, confirmOutcome(err))
 		if err != nil {
 			errs = append(errs, fmt.Errorf("rabbitmq: message %s to %q: %w", pm.msg.UUID, topic, err))
 		}
@@ -233,7 +208,7 @@ func (p *Publisher) channel() (*confirmChannel, *atomic.Pointer[amqp.Blocking], 
 		if p.conn == nil || p.conn.IsClosed() {
 			scope = "connection"
 		}
-		p.reconnects.Add(context.Background(), 1, metric.WithAttributes(attribute.String("sluice.reconnect", scope)))
+		p.metrics.reconnected(scope)
 		p.cfg.Logger.Info("Reconnecting the confirmed publisher", watermill.LogFields{"url": diag.RedactURL(p.cfg.URL), "closed": scope})
 		p.ch.close()
 		p.ch = nil

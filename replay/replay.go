@@ -221,11 +221,11 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.RecordTimeout)
 			defer cancel()
 			if rErr := cfg.Store.Record(rctx, r); rErr != nil {
-				failures.Add(rctx, 1, telemetry.HandlerAttr(msg))
+				failures.Add(rctx, 1, telemetry.DeliveryAttr(msg))
 				cfg.Logger.Error("Recording the replay outcome failed; the item stays without it until redelivered", diag.RedactError(rErr),
 					telemetry.LogFields(msg, watermill.LogFields{"run": r.Run, "item": r.Item, "outcome": string(r.Outcome)}))
 			} else {
-				outcomes.Add(rctx, 1, metric.WithAttributes(telemetry.HandlerKey.String(telemetry.Handler(ctx)), AttrOutcome.String(string(r.Outcome))))
+				outcomes.Add(rctx, 1, metric.WithAttributes(telemetry.DeliveryAttrs(ctx, AttrOutcome.String(string(r.Outcome)))...))
 			}
 			return produced, err
 		}

@@ -128,7 +128,7 @@ func TestOutcomesOfAReplayRun(t *testing.T) {
 			return testenv.CounterWhere(t, reader, replay.MetricOutcomes, string(replay.AttrOutcome), outcome) == n
 		}, 5*time.Second, 5*time.Millisecond, outcome)
 	}
-	require.Equal(t, []string{"orders"}, testenv.AttributeValues(t, reader, replay.MetricOutcomes, "sluice.handler"))
+	require.Equal(t, []string{"orders"}, testenv.AttributeValues(t, reader, replay.MetricOutcomes, "messaging.consumer.group.name"))
 	require.Zero(t, testenv.CounterSum(t, reader, replay.MetricRecordFailures))
 }
 

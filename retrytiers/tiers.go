@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
@@ -169,7 +170,7 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 		ctx := msg.Context()
 		reason := diag.Summary(err, s.cfg.ErrorMaxLength)
 		if attempt > len(s.cfg.Tiers) {
-			s.exhausted.Add(ctx, 1, telemetry.HandlerAttr(msg))
+			s.exhausted.Add(ctx, 1, telemetry.DeliveryAttr(msg, semconv.ErrorTypeKey.String(sluice.ClassExhausted.String())))
 			s.cfg.Logger.Error("Retry budget spent: the delivery is exhausted", diag.RedactError(err), diag.LogFields(telemetry.LogFields(msg,
 				watermill.LogFields{"class": sluice.ClassExhausted.String(), "attempt": attempt, "reason": reason})))
 			return nil, sluice.NewFailure(sluice.ClassExhausted,
@@ -190,8 +191,8 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		s.cfg.Logger.Info("Delivery parked in a retry tier", diag.LogFields(telemetry.LogFields(msg, watermill.LogFields{
 			"class": sluice.ClassTransient.String(), "tier": tier.Name, "attempt": attempt, "next_attempt": attempt + 1, "reason": reason})))
-		s.retries.Add(ctx, 1, metric.WithAttributes(
-			telemetry.HandlerKey.String(telemetry.Handler(ctx)), attribute.String("sluice.tier", tier.Name)))
+		s.retries.Add(ctx, 1, telemetry.DeliveryAttr(msg,
+			attribute.String("sluice.tier", tier.Name), semconv.ErrorTypeKey.String(sluice.ClassTransient.String())))
 		sluice.Record(ctx, func(r *sluice.Report) {
 			r.Outcome, r.Class, r.Tier, r.Attempt = sluice.OutcomeRetried, sluice.ClassTransient, tier.Name, attempt+1
 		})

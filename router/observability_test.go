@@ -248,7 +248,7 @@ func TestCompetingConsumersShareTheHandlerName(t *testing.T) {
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 
-	handlers := testenv.AttributeValues(t, reader, middleware.MetricDeliveries, "sluice.handler")
+	handlers := testenv.AttributeValues(t, reader, middleware.MetricConsumed, "messaging.consumer.group.name")
 	require.Equal(t, []string{"billing"}, handlers)
 	instances := map[string]bool{}
 	for _, s := range spans.Ended() {

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"strconv"
@@ -78,6 +79,10 @@ var ErrDuplicateHandler = errors.New("router: duplicate handler")
 // router later — and so run inside the inbox — cannot run the handler twice
 // in one inbox transaction.
 func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
+	var system string // messaging.system of the handler's metrics
+	if cfg.Stages.Trace != nil {
+		system = cfg.Stages.Trace.System
+	}
 	if cfg.Broker != nil {
 		e := cfg.Broker.Endpoints()
 		cfg.Topic, cfg.Subscriber = e.Topic, e.Subscriber
@@ -88,6 +93,12 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 			return nil, fmt.Errorf("router: HandlerConfig.Consumers is %d; the %s broker allows at most %d", cfg.Consumers, e.System, e.MaxConsumers)
 		}
 		cfg.Stages = cfg.Stages.withEndpoints(e)
+		if m, ok := cfg.Broker.(broker.MeteredBroker); ok && cfg.Stages.MeterProvider != nil {
+			if err := m.UseMeterProvider(cfg.Stages.MeterProvider); err != nil {
+				return nil, fmt.Errorf("router: the broker's metrics: %w", err)
+			}
+		}
+		system = cmp.Or(system, e.System)
 	}
 	switch {
 	case r == nil:
@@ -161,7 +172,7 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		} else {
 			h = r.AddHandler(name, cfg.Topic, subscriber, cfg.PublishTopic, cfg.Publisher, deduplication.Reentry(cfg.PublishingHandler))
 		}
-		h.AddMiddleware(append([]message.HandlerMiddleware{nameHandler(cfg.Name)}, mws...)...)
+		h.AddMiddleware(append([]message.HandlerMiddleware{nameHandler(cfg.Name, system)}, mws...)...)
 		out = append(out, h)
 	}
 	return out, nil
@@ -178,13 +189,14 @@ func (s closingSubscriber) Close() error {
 	return errors.Join(s.Subscriber.Close(), s.also.Close())
 }
 
-// nameHandler puts the handler's name on each delivery, so that metrics and
-// logs name the handler given to Add, not its competing consumer's instance.
-func nameHandler(name string) message.HandlerMiddleware {
+// nameHandler puts the handler's name and messaging system on each
+// delivery, so that metrics and logs name the handler given to Add, not its
+// competing consumer's instance, and every stage's metrics the system.
+func nameHandler(name, system string) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			ctx := msg.Context()
-			msg.SetContext(telemetry.WithHandler(ctx, name))
+			msg.SetContext(telemetry.WithSystem(telemetry.WithHandler(ctx, name), system))
 			defer msg.SetContext(ctx)
 			return h(msg)
 		}

@@ -95,7 +95,7 @@ func TestStagesShareTheProviders(t *testing.T) {
 	require.Len(t, spans.Ended(), 2, "the Trace stage used the shared TracerProvider")
 	require.Equal(t, int64(1), testenv.CounterSum(t, reader, middleware.MetricRejected), "Classify used the shared MeterProvider")
 	require.Equal(t, int64(1), testenv.CounterSum(t, reader, deduplication.MetricDuplicates), "so did the inbox")
-	require.Equal(t, int64(2), testenv.CounterSum(t, reader, middleware.MetricDeliveries), "and Trace")
+	require.Equal(t, int64(2), testenv.CounterSum(t, reader, middleware.MetricConsumed), "and Trace")
 }
 
 // Add names the inbox's consumer after the handler when Inbox.Consumer is

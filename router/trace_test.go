@@ -144,13 +144,13 @@ func TestTraceParentLinkAndStatus(t *testing.T) {
 	got := map[string]int64{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, mt := range sm.Metrics {
-			if mt.Name == middleware.MetricDeliveries {
+			if mt.Name == middleware.MetricConsumed {
 				for _, dp := range mt.Data.(metricdata.Sum[int64]).DataPoints {
 					o, _ := dp.Attributes.Value(middleware.AttrOutcome)
 					got[o.AsString()] += dp.Value
 				}
 			}
-			if mt.Name == middleware.MetricHandlerDuration {
+			if mt.Name == middleware.MetricProcessDuration {
 				require.NotEmpty(t, mt.Data.(metricdata.Histogram[float64]).DataPoints)
 			}
 		}

@@ -45,8 +45,9 @@ var Version = sync.OnceValue(func() string {
 })
 
 // HandlerKey is the attribute naming the handler of a delivery: the name
-// given to router.Add, shared by its competing consumers.
-const HandlerKey = attribute.Key("sluice.handler")
+// given to router.Add, shared by its competing consumers — the messaging
+// semantic conventions' consumer group, on spans and metrics alike.
+const HandlerKey = semconv.MessagingConsumerGroupNameKey
 
 // InstanceKey is the span attribute naming the Watermill handler, one per
 // competing consumer ("inventory-0"); metrics leave it out.
@@ -58,9 +59,25 @@ const InstanceKey = attribute.Key("sluice.handler.instance")
 // every observation in seconds would fall into the first bucket.
 var DurationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
 
-// handlerKey is the context key of the handler name router.Add gives a
-// delivery.
-type handlerKey struct{}
+// handlerKey and systemKey are the context keys of the handler name and
+// the messaging system router.Add gives a delivery.
+type (
+	handlerKey struct{}
+	systemKey  struct{}
+)
+
+// WithSystem returns ctx naming the messaging system of a delivery
+// ("rabbitmq", "gochannel"): router.Add puts its broker's on each delivery,
+// so that every stage's metrics carry messaging.system.
+func WithSystem(ctx context.Context, system string) context.Context {
+	return context.WithValue(ctx, systemKey{}, system)
+}
+
+// System returns the messaging system of a delivery, "" when unknown.
+func System(ctx context.Context) string {
+	s, _ := ctx.Value(systemKey{}).(string)
+	return s
+}
 
 // WithHandler returns ctx naming the delivery's handler: router.Add puts
 // the name it was given ("inventory") on each delivery of its competing
@@ -110,10 +127,24 @@ func LogFields(msg *message.Message, more watermill.LogFields) watermill.LogFiel
 	return diag.LogFields(f) // the event id, the topic and what more holds come from messages
 }
 
-// HandlerAttr returns the handler attribute of a delivery as a measurement
-// option ("" when the message is not handled by a Watermill router).
-func HandlerAttr(msg *message.Message) metric.MeasurementOption {
-	return metric.WithAttributes(HandlerKey.String(Handler(msg.Context())))
+// DeliveryAttrs returns the attributes every per-delivery metric carries,
+// those that join them with each other and with the broker's own series:
+// messaging.consumer.group.name (the handler), messaging.destination.name
+// (the queue consumed) and messaging.system (left out when unknown),
+// followed by more.
+func DeliveryAttrs(ctx context.Context, more ...attribute.KeyValue) []attribute.KeyValue {
+	attrs := make([]attribute.KeyValue, 0, 3+len(more))
+	attrs = append(attrs, HandlerKey.String(Handler(ctx)), semconv.MessagingDestinationName(message.SubscribeTopicFromCtx(ctx)))
+	if s := System(ctx); s != "" {
+		attrs = append(attrs, semconv.MessagingSystemKey.String(s))
+	}
+	return append(attrs, more...)
+}
+
+// DeliveryAttr is DeliveryAttrs of a message's context as a measurement
+// option.
+func DeliveryAttr(msg *message.Message, more ...attribute.KeyValue) metric.MeasurementOption {
+	return metric.WithAttributes(DeliveryAttrs(msg.Context(), more...)...)
 }
 
 // Traceparent returns the W3C traceparent of the span in ctx, or "" when
