@@ -94,9 +94,9 @@ const embeddedNote = "embedded default (in-process broker + SQLite): the queue a
 
 // newEnv starts the servers mode or the embedded default. It returns a nil
 // interface (never a nil pointer in one) with its error.
-func newEnv(ctx context.Context, cfg config, meter *sdkmetric.MeterProvider) (env, error) {
+func newEnv(ctx context.Context, cfg config) (env, error) {
 	if cfg.AMQPURL != "" || cfg.PostgresURL != "" {
-		e, err := newServersEnv(ctx, cfg.AMQPURL, cfg.PostgresURL, cmp.Or(cfg.Name, "sluice_example"), cfg.Reset, meter)
+		e, err := newServersEnv(ctx, cfg.AMQPURL, cfg.PostgresURL, cmp.Or(cfg.Name, "sluice_example"), cfg.Reset)
 		if err != nil {
 			return nil, err
 		}
@@ -133,7 +133,7 @@ func run(ctx context.Context, cfg config) (_ *summary, err error) {
 	tracer := sdktrace.NewTracerProvider(traceOpts...)
 	defer func() { _ = tracer.Shutdown(context.WithoutCancel(ctx)) }()
 
-	e, err := newEnv(ctx, cfg, meter)
+	e, err := newEnv(ctx, cfg)
 	if err != nil { // a failed start has closed what it opened
 		return nil, err
 	}
@@ -147,7 +147,7 @@ func run(ctx context.Context, cfg config) (_ *summary, err error) {
 	if err != nil {
 		return nil, err
 	}
-	trace := middleware.TraceConfig{TracerProvider: tracer, MeterProvider: meter}
+	trace := middleware.TraceConfig{TracerProvider: tracer} // the producer's TracingPublisher too
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, watermill.NopLogger{})
 	if err != nil {
 		return nil, err
@@ -156,15 +156,18 @@ func run(ctx context.Context, cfg config) (_ *summary, err error) {
 		Name:              "inventory",
 		PublishingHandler: e.inventory().reserve,
 		Stages: router.Stages{
-			Trace:  &trace,
-			Poison: &poison.Config{MeterProvider: meter},
-			Retry:  &retrytiers.Config{MeterProvider: meter},
+			// One MeterProvider for every stage, and for the broker's
+			// publisher too (its confirm latency).
+			MeterProvider: meter,
+			Trace:         &trace,
+			Poison:        &poison.Config{},
+			Retry:         &retrytiers.Config{},
 			// Stop consuming while the database cannot be reached, instead
 			// of spending every message's ladder; probe it with a ping, not
 			// a message, so no outage spends the quorum delivery limit.
-			Brake:     &brake.Config{Match: brake.MatchUnreachable, Probe: e.db().PingContext, MeterProvider: meter},
-			Classify:  &middleware.ClassifyConfig{MeterProvider: meter},
-			Inbox:     &deduplication.Config{Store: store, Consumer: "inventory", Key: deduplication.KeyFromJSON("eventId"), MeterProvider: meter},
+			Brake:     &brake.Config{Match: brake.MatchUnreachable, Probe: e.db().PingContext},
+			Classify:  &middleware.ClassifyConfig{},
+			Inbox:     &deduplication.Config{Store: store, Consumer: "inventory", Key: deduplication.KeyFromJSON("eventId")},
 			Recoverer: &middleware.RecovererConfig{},
 		},
 	})

@@ -53,17 +53,19 @@ func TestExampleEmbedded(t *testing.T) {
 	s.metrics.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	body := rec.Body.String()
 	require.Contains(t, body, `sluice_inbox_duplicates_total{`)
-	require.Contains(t, body, `sluice_deliveries_total{`)
+	require.Contains(t, body, `messaging_client_consumed_messages_total{`)
 	require.Contains(t, body, `sluice_outcome="poisoned"`)
-	require.Contains(t, body, `sluice_handler_duration_seconds_bucket{`)
+	require.Contains(t, body, `messaging_process_duration_seconds_bucket{`)
 	// Second-based buckets (OpenTelemetry's defaults are milliseconds), the
 	// handler label the handler's name.
 	for _, le := range []string{"0.005", "0.1", "1", "10"} {
 		require.Contains(t, body, `le="`+le+`"`)
 	}
 	require.NotContains(t, body, `le="5000"`)
-	require.Contains(t, body, `sluice_handler="inventory"`)
-	require.Regexp(t, `sluice_deliveries_total\{[^}]*messaging_destination_name="order.created"[^}]*messaging_system="gochannel"`, body)
+	require.Contains(t, body, `messaging_consumer_group_name="inventory"`)
+	require.NotContains(t, body, `sluice_handler=`, "one name per fact: the consumer group is the handler")
+	require.Regexp(t, `messaging_client_consumed_messages_total\{[^}]*messaging_destination_name="order.created"[^}]*messaging_operation_name="process"[^}]*messaging_system="gochannel"`, body)
+	require.Regexp(t, `sluice_poisoned_total\{error_type="poison",messaging_consumer_group_name="inventory",messaging_destination_name="order.created",messaging_system="gochannel"`, body)
 	require.NotEmpty(t, telemetry.Version())
 	require.Contains(t, body, `otel_scope_version="`+telemetry.Version()+`"`, "the scope version is the module's, from the build information")
 

@@ -12,7 +12,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq" // the PostgreSQL driver
-	"go.opentelemetry.io/otel/metric"
 
 	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
@@ -44,7 +43,7 @@ type serversEnv struct {
 // and --reset was not given: the example never drops what it was not asked to.
 var ErrExists = errors.New("exists: pass --reset to drop it and purge its queues, or choose another --name")
 
-func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string, reset bool, meter metric.MeterProvider) (_ *serversEnv, err error) {
+func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string, reset bool) (_ *serversEnv, err error) {
 	if postgresURL == "" || amqpURL == "" {
 		return nil, errors.New("the servers mode needs both --amqp-url and --postgres-url")
 	}
@@ -83,7 +82,7 @@ func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string, reset
 		return nil, err
 	}
 	e.rabbit, err = rabbitmq.NewBroker(ctx, rabbitmq.BrokerConfig{
-		Connection: rabbitmq.Connection{URL: amqpURL, MeterProvider: meter},
+		Connection: rabbitmq.Connection{URL: amqpURL},
 		Topology:   rabbitmq.TopologyConfig{Queue: e.queue, TierDelays: tierDelays},
 	})
 	if err != nil {
