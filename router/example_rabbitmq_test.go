@@ -11,6 +11,8 @@ import (
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/replay"
+	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 )
@@ -23,6 +25,13 @@ func addReliableInventory(ctx context.Context, r *message.Router, amqpURL string
 		return nil, err
 	}
 	if err := store.CreateTable(ctx); err != nil {
+		return nil, err
+	}
+	outcomes, err := replaysql.New(replaysql.Config{DB: db}) // what became of each replayed message: sluice dlq replay --outcomes, dlq report
+	if err != nil {
+		return nil, err
+	}
+	if err := outcomes.CreateTable(ctx); err != nil {
 		return nil, err
 	}
 	q, err := rabbitmq.NewBroker(ctx, rabbitmq.BrokerConfig{
@@ -46,6 +55,7 @@ func addReliableInventory(ctx context.Context, r *message.Router, amqpURL string
 			Retry:     &retrytiers.Config{},
 			Classify:  &middleware.ClassifyConfig{},
 			Inbox:     &deduplication.Config{Store: store, Consumer: "inventory", Key: deduplication.KeyFromJSON("eventId")},
+			Replay:    &replay.Config{Store: outcomes, InUnitOfWork: true}, // "processed" in the inbox's transaction
 			Recoverer: &middleware.RecovererConfig{},
 		},
 	})

@@ -74,19 +74,57 @@ func (l *loopFlags) sizes() ([]int, float64, error) {
 	if l.outcomes == "" {
 		return nil, 0, usageError{errors.New("--canary and --ramp need --outcomes (the database the consumers' replay stage records into)")}
 	}
+	if err := checkOutcomesURL(l.outcomes); err != nil {
+		return nil, 0, err
+	}
 	if l.wait <= 0 {
 		return nil, 0, usageError{fmt.Errorf("--wait must be positive, got %s", l.wait)}
 	}
 	return sizes, maxRepoison, nil
 }
 
+// outcomeSchemes are the --outcomes URLs the CLI reads and writes.
+const outcomeSchemes = "postgres:// or postgresql:// (or a key=value DSN: the outcome table), redis:// or rediss:// (replay/redisstore)"
+
+// checkOutcomesURL refuses an --outcomes URL of a scheme the CLI cannot
+// open (mysql://…: a MariaDB service's operators read its table there).
+func checkOutcomesURL(url string) error {
+	if url == "" {
+		return nil
+	}
+	scheme, _, found := strings.Cut(url, "://")
+	if !found {
+		if strings.Contains(url, "=") { // lib/pq's host=… dbname=…
+			return nil
+		}
+		return usageError{fmt.Errorf("--outcomes: not a URL (want %s)", outcomeSchemes)}
+	}
+	switch strings.ToLower(scheme) {
+	case "postgres", "postgresql", "redis", "rediss":
+		return nil
+	}
+	return usageError{fmt.Errorf("--outcomes: scheme %q is not supported: want %s", diag.Printable(scheme, 32), outcomeSchemes)}
+}
+
+// isRedis says whether url names Redis.
+func isRedis(url string) bool {
+	l := strings.ToLower(url)
+	return strings.HasPrefix(l, "redis://") || strings.HasPrefix(l, "rediss://")
+}
+
 // openOutcomes connects to the outcome records: a PostgreSQL table
 // (postgres://…, table its name), or Redis (redis://, rediss://…, table the
-// key prefix without its colon: replay/redisstore).
-func openOutcomes(url, table string) (ledger.Ledger, func(), error) {
+// key prefix without its colon: replay/redisstore). With create the table is
+// created when it is missing (a command that starts a run); without it (the
+// read-only report, resolve, which records into an existing run) a missing
+// table is an error naming it and the flags.
+func openOutcomes(url, table string, create bool) (ledger.Ledger, func(), error) {
+	if err := checkOutcomesURL(url); err != nil {
+		return nil, nil, err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if strings.HasPrefix(url, "redis://") || strings.HasPrefix(url, "rediss://") {
+	if isRedis(url) {
 		opts, err := redis.ParseURL(url)
 		if err != nil {
 			return nil, nil, usageError{fmt.Errorf("--outcomes: %w", diag.RedactError(err))}
@@ -115,7 +153,11 @@ func openOutcomes(url, table string) (ledger.Ledger, func(), error) {
 	}
 	s, err := replaysql.New(replaysql.Config{DB: db, Table: table})
 	if err == nil {
-		err = s.CreateTable(ctx)
+		if create {
+			err = s.CreateTable(ctx)
+		} else {
+			err = tableExists(ctx, db, table)
+		}
 	}
 	if err != nil {
 		_ = db.Close()
@@ -124,10 +166,32 @@ func openOutcomes(url, table string) (ledger.Ledger, func(), error) {
 	return s, func() { _ = db.Close() }, nil
 }
 
+// tableExists returns an error naming table and the flags when the
+// database at --outcomes has no such table (to_regclass: the name as the
+// store uses it, on the search path unless schema-qualified).
+func tableExists(ctx context.Context, db *sqlx.DB, table string) error {
+	var found bool
+	if err := db.GetContext(ctx, &found, `SELECT to_regclass($1) IS NOT NULL`, table); err != nil {
+		return fmt.Errorf("looking for the outcome table %s: %w", diag.Printable(table, 128), diag.RedactError(err))
+	}
+	if !found {
+		return fmt.Errorf("no outcome table %s in that database (check --outcomes-table and --outcomes: the table the consumers' replay stage records into; nothing was created)", diag.Printable(table, 128))
+	}
+	return nil
+}
+
 // quietRedis drops go-redis's own log lines.
 type quietRedis struct{}
 
 func (quietRedis) Printf(context.Context, string, ...any) {}
+
+// outcomesPlace names where the records are, for a message.
+func outcomesPlace(url, table string) string {
+	if isRedis(url) {
+		return "key prefix " + diag.Printable(table, 128) + ":"
+	}
+	return "table " + diag.Printable(table, 128)
+}
 
 // loop is a closed-loop replay's plan.
 type loop struct {
@@ -136,6 +200,7 @@ type loop struct {
 	maxRepoison float64
 	store       ledger.Ledger
 	wait        time.Duration
+	where       string // the records' place, for a message: "table T", "key prefix P:"
 }
 
 // closedLoop replays in batches — the canary, then the ramp, then the last
@@ -168,7 +233,10 @@ func closedLoop(ctx context.Context, conn *amqp.Connection, cfg dlq.ReplayConfig
 			return l.store.Replayed(ctx, rs)
 		}
 		res, err := dlq.Replay(ctx, conn, c)
-		total.Scanned += res.Scanned // messages read, over every batch
+		// Messages read: every batch reads the queue again from its head,
+		// through what earlier batches left, so the messages read so far are
+		// those replayed before and those this batch read.
+		total.Scanned = max(total.Scanned, total.Replayed+res.Scanned)
 		total.Selected += res.Selected
 		total.Replayed += res.Replayed
 		for k, v := range res.ByTarget {
@@ -196,16 +264,32 @@ func closedLoop(ctx context.Context, conn *amqp.Connection, cfg dlq.ReplayConfig
 		fmt.Fprintf(out, "batch %d (%s, %d): %d replayed%s, %d with a final outcome, %d poisoned again\n",
 			step+1, stage, size, res.Replayed, copies, final, poisoned)
 		var bad []replay.Record
+		badFinal, heard := 0, map[string]bool{}
 		for _, r := range rs {
-			if items[r.Item] && r.Outcome != sluice.OutcomeProcessed && r.Outcome != sluice.OutcomeDuplicate {
+			if !items[r.Item] {
+				continue
+			}
+			if r.Outcome != ledger.OutcomeReplayed {
+				heard[r.Item] = true // a consumer recorded something
+			}
+			if r.Outcome != sluice.OutcomeProcessed && r.Outcome != sluice.OutcomeDuplicate {
 				bad = append(bad, r)
+				if ledger.Final(r.Outcome) {
+					badFinal++
+				}
 			}
 		}
+		silent := n - len(heard) // items still only "replayed": no consumer's record
 		rate := float64(poisoned) / float64(n)
+		noStage := fmt.Sprintf("does the consumer run the replay stage (router.Stages.Replay) recording into %s of --outcomes?", l.where)
 		var why string
 		switch {
-		case stage == "canary" && len(bad) > 0:
-			why = fmt.Sprintf("%d of the %d canary events were not processed", len(bad), n)
+		case silent == n:
+			why = fmt.Sprintf("no outcome recorded within --wait %s for any of the %d events: %s", l.wait, n, noStage)
+		case stage == "canary" && badFinal > 0:
+			why = fmt.Sprintf("%d of the %d canary events were not processed", badFinal, n)
+		case final < n && silent > 0:
+			why = fmt.Sprintf("%d of %d events had no final outcome within --wait %s, %d with no outcome recorded at all: %s", n-final, n, l.wait, silent, noStage)
 		case final < n:
 			why = fmt.Sprintf("%d of %d events had no final outcome within --wait %s", n-final, n, l.wait)
 		case rate > l.maxRepoison:
@@ -233,6 +317,9 @@ type operatorRecords struct {
 	url, table string
 	g          *globals
 	rs         []replay.Record
+	// create makes a missing outcome table (archive, discard: a run of their
+	// own); resolve records into an existing run's table.
+	create bool
 }
 
 func (o *operatorRecords) add(outcome sluice.Outcome, item, eventID, class, reason string) {
@@ -249,7 +336,7 @@ func (o *operatorRecords) flush(ctx context.Context, run string) (string, error)
 	if o.url == "" || len(o.rs) == 0 {
 		return "", nil
 	}
-	store, closeStore, err := openOutcomes(o.url, o.table)
+	store, closeStore, err := openOutcomes(o.url, o.table, o.create)
 	if err != nil {
 		return "", err
 	}

@@ -96,7 +96,7 @@ func (f *filterFlags) open(g *globals, moves bool) (dlq.Filter, *amqp.Connection
 		return filter, nil, nil, nil, err
 	}
 	if moves {
-		if err := dlq.CheckAudit(g.audit); err != nil {
+		if err := g.checkWrite(); err != nil {
 			return filter, nil, nil, nil, err
 		}
 	}

@@ -17,7 +17,7 @@ import (
 func newArchive(g *globals, out io.Writer) *cobra.Command {
 	var ff filterFlags
 	var file, tableName, dbURL, keyFile string
-	recs := &operatorRecords{g: g}
+	recs := &operatorRecords{g: g, create: true}
 	cmd := &cobra.Command{
 		Use:   "archive",
 		Short: "Write selected messages to a JSON-lines file or a database table, then remove them from the poison queue",
@@ -29,6 +29,9 @@ func newArchive(g *globals, out io.Writer) *cobra.Command {
 		Args: noArgs,
 		RunE: func(*cobra.Command, []string) error {
 			if err := fileOrTable("--to", file, "--to-table", tableName, dbURL); err != nil {
+				return err
+			}
+			if err := checkOutcomesURL(recs.url); err != nil {
 				return err
 			}
 			signer, err := signerFlag(keyFile)

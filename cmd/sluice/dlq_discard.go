@@ -17,7 +17,7 @@ func newDiscard(g *globals, out io.Writer) *cobra.Command {
 	var ff filterFlags
 	var reason string
 	var dryRun bool
-	recs := &operatorRecords{g: g}
+	recs := &operatorRecords{g: g, create: true}
 	cmd := &cobra.Command{
 		Use:   "discard",
 		Short: "Remove selected messages for good, with a reason, recorded in the audit log",
@@ -28,6 +28,9 @@ func newDiscard(g *globals, out io.Writer) *cobra.Command {
 		RunE: func(*cobra.Command, []string) error {
 			if strings.TrimSpace(reason) == "" {
 				return usageError{errors.New("--reason is required: say why these messages are discarded")}
+			}
+			if err := checkOutcomesURL(recs.url); err != nil {
+				return err
 			}
 			f, conn, ctx, done, err := ff.open(g, true)
 			if err != nil {

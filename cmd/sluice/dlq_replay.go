@@ -80,14 +80,14 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 			var res dlq.ReplayResult
 			var runErr error
 			if lf.active() {
-				store, closeStore, err := openOutcomes(lf.outcomes, lf.table)
+				store, closeStore, err := openOutcomes(lf.outcomes, lf.table, true)
 				if err != nil {
 					return err
 				}
 				defer closeStore()
 				cfg.Run = newRun("run")
 				cfg.Progress = nil
-				res, runErr = closedLoop(ctx, conn, cfg, loop{sizes: sizes, canary: lf.canary > 0, maxRepoison: maxRepoison, store: store, wait: lf.wait}, out)
+				res, runErr = closedLoop(ctx, conn, cfg, loop{sizes: sizes, canary: lf.canary > 0, maxRepoison: maxRepoison, store: store, wait: lf.wait, where: outcomesPlace(lf.outcomes, lf.table)}, out)
 			} else {
 				res, runErr = dlq.Replay(ctx, conn, cfg)
 			}

@@ -31,7 +31,7 @@ func newReport(out io.Writer) *cobra.Command {
 			if url == "" {
 				return usageError{errors.New("--outcomes is required (or env SLUICE_OUTCOMES_URL)")}
 			}
-			store, closeStore, err := openOutcomes(url, table)
+			store, closeStore, err := openOutcomes(url, table, false)
 			if err != nil {
 				return err
 			}
@@ -44,8 +44,9 @@ func newReport(out io.Writer) *cobra.Command {
 				if run != "" { // a mistyped run id must not pass the confirm step
 					return fmt.Errorf("no outcome records of run %q in %s (check --run, --outcomes and --outcomes-table)", diag.Printable(run, 128), diag.Printable(table, 128))
 				}
-				fmt.Fprintf(out, "no replay runs recorded in %s\n", diag.Printable(table, 128))
-				return nil
+				// The confirm step confirms nothing: a wrong --outcomes or
+				// --outcomes-table must not pass it either.
+				return fmt.Errorf("no replay runs recorded in %s (nothing to confirm: check --outcomes and --outcomes-table)", diag.Printable(table, 128))
 			}
 			pending := report(out, rs, asJSON)
 			if pending > 0 {

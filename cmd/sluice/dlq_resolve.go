@@ -34,7 +34,7 @@ func newResolve(g *globals, out io.Writer) *cobra.Command {
 			case strings.TrimSpace(reason) == "":
 				return usageError{errors.New("--reason is required: say how the events were repaired")}
 			}
-			if err := dlq.CheckAudit(g.audit); err != nil {
+			if err := g.checkWrite(); err != nil {
 				return err
 			}
 			for _, e := range events {

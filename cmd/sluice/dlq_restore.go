@@ -44,7 +44,7 @@ func newRestore(g *globals, out io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := dlq.CheckAudit(g.audit); err != nil {
+			if err := g.checkWrite(); err != nil {
 				return err
 			}
 			ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)

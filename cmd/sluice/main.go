@@ -19,10 +19,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/user"
 	"runtime/debug"
+	"strings"
 
 	"github.com/spf13/cobra"
 
+	"github.com/sluicemq/sluice/cmd/internal/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/localenv"
 )
@@ -50,7 +53,7 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	err := root.Execute()
+	cmd, err := root.ExecuteC()
 	if err == nil {
 		return 0
 	}
@@ -61,7 +64,11 @@ func execute(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintln(stderr, "sluice:", diag.Redact(err.Error()))
 	var ue usageError
 	if errors.As(err, &ue) {
-		fmt.Fprintln(stderr, "Run 'sluice --help' for usage.")
+		path := "sluice"
+		if cmd != nil {
+			path = cmd.CommandPath()
+		}
+		fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", path)
 		return 2
 	}
 	return 1
@@ -119,13 +126,36 @@ func newRoot(stdout io.Writer) *cobra.Command {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.amqpURL, "amqp-url", "", "RabbitMQ URL; default: env SLUICE_AMQP_URL, else the local broker with RabbitMQ's guest account. Its password is never printed")
-	pf.StringVar(&g.operator, "operator", localenv.Get("SLUICE_OPERATOR", localenv.Get("USER", "unknown")), "who runs this, recorded in replay headers and the audit log")
+	pf.StringVar(&g.operator, "operator", defaultOperator(), "who runs this, recorded in replay headers, the audit log and the outcome records; default: env SLUICE_OPERATOR, else the OS user. The commands that move or record messages refuse to run without one")
 	pf.StringVar(&g.tlsCA, "tls-ca", "", "PEM file of the CA that signed the broker's certificate (amqps:// URLs); default: the system's roots")
 	pf.StringVar(&g.tlsCert, "tls-cert", "", "PEM client certificate for amqps:// URLs (with --tls-key)")
 	pf.StringVar(&g.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	pf.StringVar(&g.audit, "audit", localenv.Get("SLUICE_AUDIT_FILE", "sluice-audit.jsonl"), `audit log of replay and archive runs (JSON lines); "-" for stdout`)
 	root.AddCommand(newDLQ(g, stdout), newTopology(g, stdout), newQueues(g, stdout))
 	return root
+}
+
+// defaultOperator is $SLUICE_OPERATOR, else the OS user (its name in the
+// user database, else $USER), else "": a container whose user has no name
+// and no $USER must say who runs it (checkWrite).
+func defaultOperator() string {
+	if op := localenv.Get("SLUICE_OPERATOR", ""); op != "" {
+		return op
+	}
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return localenv.Get("USER", "")
+}
+
+// checkWrite is what a command that moves or records messages checks
+// before it touches anything: an operator to record, and an audit log it
+// can write.
+func (g *globals) checkWrite() error {
+	if strings.TrimSpace(g.operator) == "" {
+		return usageError{errors.New("--operator is required: no $SLUICE_OPERATOR, and the OS user has no name (the audit log and the replay headers record who moved the messages)")}
+	}
+	return dlq.CheckAudit(g.audit)
 }
 
 // url returns the broker URL: the flag, the environment, or the local broker.

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jedib0t/go-pretty/v6/table"
@@ -217,7 +218,7 @@ func listQueues(mgmtURL, amqpURL string) (map[string]mgmtQueue, error) {
 	}
 	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("listing the queues: %w", diag.RedactError(err))
+		return nil, unreachable(mgmtURL, err)
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
@@ -324,4 +325,19 @@ func parseTiers(tiers string) ([]time.Duration, error) {
 		delays = append(delays, d)
 	}
 	return delays, nil
+}
+
+// unreachable describes a request to the management API that got no answer:
+// the URL (its password replaced) and the cause, and for a refused
+// connection the likeliest reason.
+func unreachable(mgmtURL string, err error) error {
+	cause := err
+	if ue, ok := errors.AsType[*url.Error](err); ok && ue.Err != nil {
+		cause = ue.Err // the Op and the URL are said here
+	}
+	hint := ""
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		hint = "; is the rabbitmq_management plugin enabled (rabbitmq-plugins enable rabbitmq_management), and is that its port?"
+	}
+	return fmt.Errorf("cannot reach the management API at %s: %w%s", diag.RedactURL(mgmtURL), diag.RedactError(cause), hint)
 }

@@ -76,22 +76,41 @@ type Error struct {
 // RedactError returns err with its text redacted and escaped (Escape: no
 // control character, so a log line or an error message quoting a message's
 // contents cannot drive a terminal or forge a line), unwrapping to err; nil
-// stays nil. A *url.Error (which repeats the whole URL, and for a bad escape
-// a fragment of it) is described without the URL.
+// stays nil. A *url.Error from parsing (which repeats the whole URL, and for
+// a bad escape a fragment of it) is described without the URL; one from a
+// request (an http.Client's "Get URL: dial tcp …: connection refused")
+// keeps its Op and its cause, with the URL's password replaced (RedactURL).
 func RedactError(err error) error {
 	if err == nil {
 		return nil
 	}
-	if ue, ok := errors.AsType[*url.Error](err); ok {
-		what := "not a valid URL"
+	ue, ok := errors.AsType[*url.Error](err)
+	if !ok {
+		return &Error{text: Escape(Redact(err.Error())), err: err}
+	}
+	var what string
+	if ue.Op == "parse" {
+		what = "not a valid URL"
 		if _, isEscape := errors.AsType[url.EscapeError](ue.Err); isEscape {
 			what = "not a valid URL: an invalid %-escape"
 		} else if _, isHost := errors.AsType[url.InvalidHostError](ue.Err); isHost {
 			what = "not a valid URL: an invalid character in the host"
 		}
-		return &Error{text: what + " (the URL is not shown: it may hold a password)", err: err}
+		what += " (the URL is not shown: it may hold a password)"
+	} else {
+		what = ue.Op + " " + RedactURL(ue.URL)
+		if ue.Err != nil {
+			what += ": " + Redact(ue.Err.Error())
+		}
 	}
-	return &Error{text: Escape(Redact(err.Error())), err: err}
+	// What wraps the *url.Error ("listing the queues: …") is kept around it.
+	text := what
+	if full, own := err.Error(), ue.Error(); full != own {
+		if before, after, found := strings.Cut(full, own); found {
+			text = Redact(before) + what + Redact(after)
+		}
+	}
+	return &Error{text: Escape(text), err: err}
 }
 
 func (e *Error) Error() string { return e.text }

@@ -122,3 +122,16 @@ func TestRedactErrorKeepsTheCause(t *testing.T) {
 	require.Nil(t, diag.RedactError(nil))
 	require.NotContains(t, diag.RedactURL("amqp://user:pa%sQzK@host/"), "QzK")
 }
+
+// An http.Client's *url.Error keeps its Op and its cause (connection
+// refused), with only the URL's password replaced; before, every *url.Error
+// became "not a valid URL".
+func TestRedactErrorKeepsARequestsCause(t *testing.T) {
+	t.Parallel()
+	cause := errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
+	err := diag.RedactError(fmt.Errorf("listing the queues: %w", &url.Error{Op: "Get", URL: "http://admin:s3cret@127.0.0.1:1/api/queues/%2F", Err: cause}))
+	require.Equal(t, `listing the queues: Get http://admin:xxxxx@127.0.0.1:1/api/queues/%2F: dial tcp 127.0.0.1:1: connect: connection refused`, err.Error())
+	require.ErrorIs(t, err, cause)
+	var ue *url.Error
+	require.ErrorAs(t, err, &ue)
+}

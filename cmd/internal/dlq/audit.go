@@ -27,6 +27,62 @@ type AuditRecord struct {
 	Items []string `json:"items,omitempty"`
 }
 
+// countKey is the name, in an audit line's "result", of the count of
+// messages the command moved: what it did to them.
+func countKey(command string) string {
+	switch command {
+	case "dlq archive":
+		return "archived"
+	case "dlq restore":
+		return "restored"
+	case "dlq discard":
+		return "discarded"
+	case "dlq resolve":
+		return "compensated"
+	}
+	return "replayed"
+}
+
+// auditFields is AuditRecord without its JSON methods; in an audit line
+// its result is a map, in which the count of what the command did
+// (Result.Replayed) is named for it ("discarded": 4), not "replayed"
+// whatever the command.
+type auditFields AuditRecord
+
+// MarshalJSON writes the record with its count named for the command.
+func (r AuditRecord) MarshalJSON() ([]byte, error) {
+	res := map[string]any{"scanned": r.Result.Scanned, "selected": r.Result.Selected, countKey(r.Command): r.Result.Replayed, "by_target": r.Result.ByTarget}
+	if len(r.Result.Plan) > 0 {
+		res["plan"] = r.Result.Plan
+	}
+	return json.Marshal(struct {
+		auditFields
+		Result map[string]any `json:"result"`
+	}{auditFields(r), res})
+}
+
+// UnmarshalJSON reads a line MarshalJSON wrote (and the lines before it,
+// whose count was "replayed" for every command).
+func (r *AuditRecord) UnmarshalJSON(b []byte) error {
+	raw := struct {
+		*auditFields
+		Result map[string]json.RawMessage `json:"result"`
+	}{auditFields: (*auditFields)(r)}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return err
+	}
+	r.Result = ReplayResult{}
+	for key, dst := range map[string]any{"scanned": &r.Result.Scanned, "selected": &r.Result.Selected, "by_target": &r.Result.ByTarget,
+		"plan": &r.Result.Plan, "replayed": &r.Result.Replayed, countKey(r.Command): &r.Result.Replayed} {
+		if v, ok := raw.Result[key]; ok {
+			if err := json.Unmarshal(v, dst); err != nil {
+				return fmt.Errorf("audit record's result.%s: %w", key, err)
+			}
+		}
+	}
+	return nil
+}
+
 // CheckAudit opens the audit log for appending (creating it) and closes it:
 // a run that would move messages checks it can record them first.
 func CheckAudit(path string) error {
