@@ -103,16 +103,19 @@ func TestOutcomesOfAReplayRun(t *testing.T) {
 	require.NoError(t, e.PubSub().Publish("orders", m))
 	publish("run-1", "last") // handled in order: after the duplicate
 
-	var got map[string]replay.Record
-	require.Eventually(t, func() bool {
-		rs, err := store.Outcomes(t.Context(), "run-1")
-		require.NoError(t, err)
-		got = map[string]replay.Record{}
-		for _, r := range rs {
-			got[r.Item] = r
-		}
-		return len(got) == 4
-	}, 5*time.Second, 10*time.Millisecond)
+	// Every record written — five, the duplicate's among them: the stage
+	// counts each just after writing it. (Waiting for four items instead
+	// could read the duplicate's record before the first delivery's, which
+	// the handler's signal does not order.)
+	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, replay.MetricOutcomes) == 5 },
+		5*time.Second, 5*time.Millisecond, "five outcomes recorded")
+	rs, err := store.Outcomes(t.Context(), "run-1")
+	require.NoError(t, err)
+	got := map[string]replay.Record{}
+	for _, r := range rs {
+		got[r.Item] = r
+	}
+	require.Len(t, got, 4)
 	require.Equal(t, sluice.OutcomeProcessed, got["ok"].Outcome, "the duplicate did not replace processed")
 	require.Equal(t, sluice.OutcomePoisoned, got["still-bad"].Outcome)
 	require.Equal(t, "poison", got["still-bad"].Class)
