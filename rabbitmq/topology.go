@@ -244,9 +244,27 @@ type ConflictError struct {
 }
 
 func (e *ConflictError) Error() string {
-	return fmt.Sprintf("rabbitmq: %s %q exists with a different %s than this topology declares (%s); "+
-		"delete the %s and let it be declared again, or move it with a policy (Topology.Policies) — RabbitMQ cannot change a declared argument",
-		e.Kind, e.Name, e.Argument, e.Detail, e.Kind)
+	head := fmt.Sprintf("rabbitmq: %s %q exists with a different %s than this topology declares (%s); RabbitMQ never changes a declared argument, "+
+		"and a policy does not make a declaration with other arguments pass", e.Kind, e.Name, e.Argument, e.Detail)
+	if e.Kind == "exchange" {
+		return head + ": delete the exchange and let it be declared again (its bindings go with it), or declare the topology on an exchange of another name"
+	}
+	move := "move the consumer onto a queue of another name declared with this topology, without losing a message " +
+		"(sluice topology migrate; docs/rabbitmq.md, \"Moving an existing queue onto Sluice's topology\"), or, if the queue is empty and unused, delete it and let it be declared again"
+	if policyArguments[e.Argument] {
+		return head + fmt.Sprintf(": %s is one a policy can set and change on an existing queue (as message-ttl, expires, max-length, overflow, dead-letter-exchange, "+
+			"dead-letter-routing-key, dead-letter-strategy, delivery-limit: Topology.Policies), but only where the queue did not declare it; ", e.Argument) + move
+	}
+	return head + fmt.Sprintf(": %s cannot be set by a policy (neither can x-queue-type, durable, exclusive, auto-delete, x-max-priority): ", e.Argument) + move
+}
+
+// policyArguments are the queue arguments a policy can also set (without
+// "x-": message-ttl…); the others — x-queue-type, durable, exclusive,
+// auto-delete, x-max-priority — only a declaration sets, once.
+var policyArguments = map[string]bool{
+	"x-message-ttl": true, "x-expires": true, "x-max-length": true, "x-max-length-bytes": true, "x-overflow": true,
+	"x-dead-letter-exchange": true, "x-dead-letter-routing-key": true, "x-dead-letter-strategy": true,
+	"x-delivery-limit": true, "x-queue-leader-locator": true,
 }
 
 var inequivalentArg = regexp.MustCompile(`inequivalent arg '([^']+)'`)
@@ -299,6 +317,10 @@ func (t *Topology) Apply(ctx context.Context, conn *amqp.Connection) ([]string, 
 			todo = append(todo, t.poisonPolicy())
 		}
 		if err != nil {
+			if ce != nil && t.cfg.Quorum && ce.Argument != "x-queue-type" && t.isClassic(conn, q.name) {
+				ce.Detail = fmt.Sprintf("%s is a classic queue: it passes a classic declaration; RabbitMQ named %s: %s", q.name, ce.Argument, ce.Detail)
+				ce.Argument = "x-queue-type"
+			}
 			return todo, err
 		}
 	}
@@ -308,6 +330,28 @@ func (t *Topology) Apply(ctx context.Context, conn *amqp.Connection) ([]string, 
 		}
 	}
 	return todo, nil
+}
+
+// isClassic reports whether queue, which conflicts with this quorum
+// topology, passes the declaration of the same topology with classic
+// queues: then its type is what differs, although RabbitMQ names the first
+// argument it compares (x-dead-letter-exchange). Redeclaring a queue with
+// its own arguments changes nothing.
+func (t *Topology) isClassic(conn *amqp.Connection, queue string) bool {
+	classic := Topology{cfg: t.cfg, tiers: t.tiers}
+	classic.cfg.Quorum, classic.cfg.DeliveryLimit = false, 0
+	ch, err := conn.Channel()
+	if err != nil {
+		return false
+	}
+	defer func() { _ = ch.Close() }()
+	for _, q := range classic.specs() {
+		if q.name == queue {
+			_, err := ch.QueueDeclare(q.name, true, false, false, false, q.args)
+			return err == nil
+		}
+	}
+	return false
 }
 
 // poisonPolicy is the policy line that gives an existing quorum poison

@@ -115,7 +115,30 @@ func TestTopologyConflictNamesTheArgument(t *testing.T) {
 	require.True(t, errors.As(err, &ce), "got %v", err)
 	require.Equal(t, q+".retry.30s", ce.Name)
 	require.Equal(t, "x-message-ttl", ce.Argument)
-	require.Contains(t, err.Error(), "delete the queue")
+	require.Contains(t, err.Error(), "x-message-ttl is one a policy can set")
+	require.Contains(t, err.Error(), "sluice topology migrate")
+}
+
+// A classic queue (as watermill-amqp declares it) under a quorum topology:
+// the conflict says a policy cannot change the type and points at the
+// migration.
+func TestTopologyConflictOnTheQueueType(t *testing.T) {
+	t.Parallel()
+	q := testenv.Name("conflict_type")
+	conn := testenv.AMQP(t)
+	testenv.DeleteQueuesAtEnd(t, q, q+".poison", q+".retry.30s")
+	_, err := testenv.Channel(t, conn).QueueDeclare(q, true, false, false, false, nil)
+	require.NoError(t, err)
+
+	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: q, TierDelays: []time.Duration{30 * time.Second}, Quorum: true})
+	require.NoError(t, err)
+	err = topo.Declare(t.Context(), conn)
+	ce, ok := errors.AsType[*rabbitmq.ConflictError](err)
+	require.True(t, ok, "got %v", err)
+	require.Equal(t, "x-queue-type", ce.Argument, ce.Detail)
+	require.Contains(t, err.Error(), "x-queue-type cannot be set by a policy")
+	require.Contains(t, err.Error(), "sluice topology migrate")
+	require.NotContains(t, err.Error(), "move it with a policy")
 }
 
 func TestTopologyPolicies(t *testing.T) {

@@ -198,19 +198,35 @@ func (u *unixSeconds) UnmarshalJSON(b []byte) error {
 
 // listQueues reads the AMQP URL's vhost's queues from the management API.
 func listQueues(mgmtURL, amqpURL string) (map[string]mgmtQueue, error) {
+	var listed []mgmtQueue
+	if err := mgmtGet(mgmtURL, amqpURL, func(vhost string) string {
+		return "/api/queues/" + url.PathEscape(vhost) + "?columns=name,messages_unacknowledged,head_message_timestamp"
+	}, "the queues", &listed); err != nil {
+		return nil, err
+	}
+	out := make(map[string]mgmtQueue, len(listed))
+	for _, q := range listed {
+		out[q.Name] = q
+	}
+	return out, nil
+}
+
+// mgmtGet decodes into v the management API's answer to GET path(vhost),
+// the AMQP URL's vhost, with the AMQP URL's credentials; what names the
+// resource in errors.
+func mgmtGet(mgmtURL, amqpURL string, path func(vhost string) string, what string, v any) error {
 	u, err := url.Parse(amqpURL)
 	if err != nil {
-		return nil, errors.New("the AMQP URL does not parse (not shown: it may hold a password)")
+		return errors.New("the AMQP URL does not parse (not shown: it may hold a password)")
 	}
 	vhost := "/"
 	if p := strings.TrimPrefix(u.Path, "/"); p != "" {
 		vhost, _ = url.PathUnescape(p)
 	}
-	api := strings.TrimSuffix(mgmtURL, "/") + "/api/queues/" + url.PathEscape(vhost) +
-		"?columns=name,messages_unacknowledged,head_message_timestamp"
+	api := strings.TrimSuffix(mgmtURL, "/") + path(vhost)
 	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, api, nil)
 	if err != nil {
-		return nil, usageError{fmt.Errorf("--management-url: %w", diag.RedactError(err))}
+		return usageError{fmt.Errorf("--management-url: %w", diag.RedactError(err))}
 	}
 	if u.User != nil {
 		pw, _ := u.User.Password()
@@ -218,21 +234,16 @@ func listQueues(mgmtURL, amqpURL string) (map[string]mgmtQueue, error) {
 	}
 	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
 	if err != nil {
-		return nil, unreachable(mgmtURL, err)
+		return unreachable(mgmtURL, err)
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("listing the queues: the management API answered %s", resp.Status)
+		return fmt.Errorf("listing %s: the management API answered %s", what, resp.Status)
 	}
-	var listed []mgmtQueue
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&listed); err != nil {
-		return nil, fmt.Errorf("listing the queues: %w", err)
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(v); err != nil {
+		return fmt.Errorf("listing %s: %w", what, err)
 	}
-	out := make(map[string]mgmtQueue, len(listed))
-	for _, q := range listed {
-		out[q.Name] = q
-	}
-	return out, nil
+	return nil
 }
 
 // discover groups the listed queues into families: a queue Q with Q.poison

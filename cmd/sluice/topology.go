@@ -83,6 +83,6 @@ func newTopology(g *globals, out io.Writer) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(plan, apply)
+	cmd.AddCommand(plan, apply, newMigrate(g, out, build))
 	return cmd
 }

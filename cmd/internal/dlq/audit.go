@@ -39,6 +39,8 @@ func countKey(command string) string {
 		return "discarded"
 	case "dlq resolve":
 		return "compensated"
+	case "topology migrate":
+		return "moved"
 	}
 	return "replayed"
 }
