@@ -125,7 +125,7 @@ func TestMappingRoundTrip(t *testing.T) {
 	require.Equal(t, "corr-42", pub.CorrelationId)
 	require.Equal(t, "order.created", pub.Type)
 
-	again := amqp.Delivery{Acknowledger: nopAcker{}, Headers: amqp.Table(pub.Headers), Type: pub.Type,
+	again := amqp.Delivery{Acknowledger: nopAcker{}, Headers: pub.Headers, Type: pub.Type,
 		CorrelationId: pub.CorrelationId, MessageId: pub.MessageId, Body: pub.Body}
 	off := []rabbitmq.Source{}
 	for _, reader := range []rabbitmq.Marshaler{m, {}, {Map: rabbitmq.Mapping{EventType: off, CorrelationID: off}}} {

@@ -42,8 +42,9 @@ func (cfg SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 // deliveries carrying x-death or other non-string headers are handled, not
 // nacked in a loop), requeues on nack, and declares nothing: declare the
 // queues with Topology.Declare first. It reconnects after a broker restart.
-// One subscription handles one delivery at a time; subscribe several times
-// (or add several router handlers) for concurrency.
+// One subscription handles one delivery at a time: with router.Add, set
+// HandlerConfig.Consumers for concurrency (BrokerConfig.WatermillSubscriber
+// defaults it to ConsumersDefault).
 func NewSubscriber(cfg SubscriberConfig) (*wamqp.Subscriber, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {

@@ -2,6 +2,7 @@ package router_test
 
 import (
 	"context"
+	"encoding/json"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
@@ -18,7 +19,8 @@ import (
 )
 
 // addReliableInventory is the README's second quick start: the whole stack
-// around a handler on RabbitMQ and PostgreSQL, in one call.
+// around a handler on RabbitMQ and PostgreSQL, in one call. Close the
+// broker it returns after the router.
 func addReliableInventory(ctx context.Context, r *message.Router, amqpURL string, db *sqlx.DB) (*rabbitmq.Broker, error) {
 	store, err := sqlstore.New(sqlstore.Config{DB: db})
 	if err != nil {
@@ -45,9 +47,15 @@ func addReliableInventory(ctx context.Context, r *message.Router, amqpURL string
 		Broker: q,
 		Name:   "inventory",
 		Handler: func(msg *message.Message) error {
-			tx := sqlstore.TxFromContext(msg.Context())
-			_, err := tx.ExecContext(msg.Context(), `INSERT INTO reservations (order_id) VALUES ('o-1')`)
-			return err
+			var order struct {
+				OrderID string `json:"orderId"`
+			}
+			if err := json.Unmarshal(msg.Payload, &order); err != nil {
+				return err // malformed JSON: Poison, isolated with its reason
+			}
+			tx := sqlstore.TxFromContext(msg.Context()) // the inbox's transaction
+			_, err := tx.ExecContext(msg.Context(), `INSERT INTO reservations (order_id) VALUES ($1)`, order.OrderID)
+			return err // your table: create it first (a missing table is a bug, SQLSTATE 42: Poison)
 		},
 		Stages: router.Stages{
 			Trace:     &middleware.TraceConfig{},

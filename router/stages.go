@@ -22,7 +22,8 @@ import (
 )
 
 // Stages selects the stages around a handler; a nil field leaves its stage
-// out. Whatever is chosen runs in the one order (Order):
+// out (ShutdownGrace, a duration, is on by default: a negative value leaves
+// it out). Whatever is chosen runs in the one order (Order):
 //
 //	ShutdownGrace → Trace → Replay → Poison → Retry → Brake → Classify → Inbox → Recoverer → handler
 type Stages struct {

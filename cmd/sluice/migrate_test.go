@@ -60,7 +60,9 @@ func startProducer(t *testing.T, exchange string, first int) *producer {
 		case <-p.stop:
 		default:
 			close(p.stop)
-			<-p.done
+			if err := <-p.done; err != nil {
+				t.Logf("the producer, stopped at cleanup: %v", err)
+			}
 		}
 	})
 	return p
