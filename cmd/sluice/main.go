@@ -1,12 +1,13 @@
 // Command sluice is the operator's tool for Sluice's queues on RabbitMQ:
-// inspect, replay and archive a poison queue, and plan or apply a consumer
-// queue's topology. See docs/cli.md.
+// inspect, replay and archive a poison queue, plan or apply a consumer
+// queue's topology, and move an existing queue onto it. See docs/cli.md.
 //
 //	sluice dlq stats   --queue orders.poison
 //	sluice dlq inspect --queue orders.poison --class invariant --limit 5
 //	sluice dlq replay  --queue orders.poison --class exhausted --rate 20 --dry-run
 //	sluice dlq archive --queue orders.poison --class poison --to poison-2026-11-30.jsonl
 //	sluice topology plan --queue orders --tiers 30s,5m,30m --quorum --delivery-limit 20
+//	sluice topology migrate bind --from orders-old --queue orders --quorum --binding events=order.created
 //
 // Exit codes: 0 done, 1 error, 2 usage.
 package main
