@@ -193,10 +193,11 @@ func (s closingSubscriber) Close() error {
 // delivery, so that metrics and logs name the handler given to Add, not its
 // competing consumer's instance, and every stage's metrics the system.
 func nameHandler(name, system string) message.HandlerMiddleware {
+	d := &telemetry.Delivery{Handler: name, System: system}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			ctx := msg.Context()
-			msg.SetContext(telemetry.WithSystem(telemetry.WithHandler(ctx, name), system))
+			msg.SetContext(d.With(ctx))
 			defer msg.SetContext(ctx)
 			return h(msg)
 		}

@@ -59,40 +59,37 @@ const InstanceKey = attribute.Key("sluice.handler.instance")
 // every observation in seconds would fall into the first bucket.
 var DurationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
 
-// handlerKey and systemKey are the context keys of the handler name and
-// the messaging system router.Add gives a delivery.
-type (
-	handlerKey struct{}
-	systemKey  struct{}
-)
+// Delivery is what router.Add tells every stage about the deliveries of
+// one handler: the name it was given ("inventory", shared by its competing
+// consumers' Watermill handlers "inventory-0", "inventory-1") and its
+// broker's messaging system ("rabbitmq", "gochannel"). Per delivery, not per
+// process: two routers with the same handler names do not meet.
+type Delivery struct {
+	Handler, System string
+}
 
-// WithSystem returns ctx naming the messaging system of a delivery
-// ("rabbitmq", "gochannel"): router.Add puts its broker's on each delivery,
-// so that every stage's metrics carry messaging.system.
-func WithSystem(ctx context.Context, system string) context.Context {
-	return context.WithValue(ctx, systemKey{}, system)
+// deliveryKey is the context key of a *Delivery.
+type deliveryKey struct{}
+
+// With returns ctx carrying d: one context value for both facts, built once
+// per handler (d is shared, never changed).
+func (d *Delivery) With(ctx context.Context) context.Context {
+	return context.WithValue(ctx, deliveryKey{}, d)
 }
 
 // System returns the messaging system of a delivery, "" when unknown.
 func System(ctx context.Context) string {
-	s, _ := ctx.Value(systemKey{}).(string)
-	return s
-}
-
-// WithHandler returns ctx naming the delivery's handler: router.Add puts
-// the name it was given ("inventory") on each delivery of its competing
-// consumers' Watermill handlers ("inventory-0", "inventory-1"). Per
-// delivery, not per process: two routers with the same handler names do not
-// meet.
-func WithHandler(ctx context.Context, name string) context.Context {
-	return context.WithValue(ctx, handlerKey{}, name)
+	if d, ok := ctx.Value(deliveryKey{}).(*Delivery); ok {
+		return d.System
+	}
+	return ""
 }
 
 // Handler returns the handler name of a delivery: the name given to
 // router.Add, or the Watermill handler's name for handlers added otherwise.
 func Handler(ctx context.Context) string {
-	if name, ok := ctx.Value(handlerKey{}).(string); ok {
-		return name
+	if d, ok := ctx.Value(deliveryKey{}).(*Delivery); ok {
+		return d.Handler
 	}
 	return message.HandlerNameFromCtx(ctx)
 }
