@@ -20,7 +20,7 @@ import (
 
 // addReliableInventory is the README's second quick start: the whole stack
 // around a handler on RabbitMQ and PostgreSQL, in one call. Close the
-// broker it returns after the router.
+// broker it returns after the router. TestTheREADMEStackRuns runs it.
 func addReliableInventory(ctx context.Context, r *message.Router, amqpURL string, db *sqlx.DB) (*rabbitmq.Broker, error) {
 	store, err := sqlstore.New(sqlstore.Config{DB: db})
 	if err != nil {
