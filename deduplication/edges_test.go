@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/lib/pq"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
@@ -116,6 +117,9 @@ func TestInboxSlowMessageDoesNotStallTheConsumers(t *testing.T) {
 	require.NoError(t, err)
 
 	release := make(chan struct{})
+	var releaseOnce sync.Once
+	releaseSlow := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(releaseSlow) // before the schema is dropped: a failure below must not leave the slow transaction holding it
 	handler := d(func(msg *message.Message) ([]*message.Message, error) {
 		if msg.Metadata.Get(sluice.EventIDKey) == "evt-slow" {
 			<-release
@@ -148,10 +152,15 @@ func TestInboxSlowMessageDoesNotStallTheConsumers(t *testing.T) {
 			}
 		})
 	}
-	require.Eventually(t, func() bool {
+	moved := func() bool {
 		return b.count(t, `SELECT count(*) FROM %s.reservations WHERE event_key <> 'evt-slow'`) == 200
-	}, 20*time.Second, 20*time.Millisecond, "the other events move while the slow one holds its claim")
-	close(release)
+	}
+	if !assert.Eventually(t, moved, 20*time.Second, 20*time.Millisecond, "the other events move while the slow one holds its claim") {
+		releaseSlow()
+		wg.Wait()
+		t.Fatalf("the consumers' errors: %v", failed)
+	}
+	releaseSlow()
 	wg.Wait()
 
 	require.Len(t, failed, 3, "each duplicate gave its consumer back")
