@@ -83,3 +83,13 @@ type GatedSubscriber interface {
 	message.Subscriber
 	WithGate(g Gate) message.Subscriber
 }
+
+// EachPublisher is a publisher that reports each message's outcome: one
+// error per message of the call, in order, nil for each one the broker
+// holds. The outbox's relay publishes a batch through it, in order and
+// pipelined, and keeps exactly the rows whose publish failed; a publisher
+// that is not one is called once per message, concurrently.
+// rabbitmq.Publisher is one.
+type EachPublisher interface {
+	PublishEach(topic string, msgs ...*message.Message) []error
+}

@@ -110,7 +110,10 @@ type Publisher struct {
 	blocked *atomic.Pointer[amqp.Blocking] // conn's: non-nil while the broker blocks it
 }
 
-var _ message.Publisher = (*Publisher)(nil)
+var (
+	_ message.Publisher    = (*Publisher)(nil)
+	_ broker.EachPublisher = (*Publisher)(nil)
+)
 
 // NewPublisher validates cfg and returns a Publisher; it connects on the
 // first Publish.
@@ -138,31 +141,55 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 // sluice.ErrPublishUncertain. A nack, a return, or a message never sent
 // (blocked, unpublishable, a closed channel at send) is certain: not stored.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	errs, whole := p.publish(topic, msgs)
+	if whole != nil {
+		return whole
+	}
+	return errors.Join(errs...)
+}
+
+// PublishEach is Publish reporting each message's outcome: its result has
+// one error per message, in order, nil for each one confirmed (the outbox's
+// relay reads it, broker.EachPublisher). The messages are sent in order on
+// one channel, their confirms awaited together.
+func (p *Publisher) PublishEach(topic string, msgs ...*message.Message) []error {
+	errs, whole := p.publish(topic, msgs)
+	if whole != nil {
+		for i := range errs {
+			errs[i] = whole
+		}
+	}
+	return errs
+}
+
+// publish publishes msgs: one error per message, or whole, an error
+// before any was sent that is every message's.
+func (p *Publisher) publish(topic string, msgs []*message.Message) (errs []error, whole error) {
+	errs = make([]error, len(msgs))
 	if err := broker.CheckName("routing key", topic); err != nil {
-		return err
+		return errs, err
 	}
 	ch, blocked, err := p.channel()
 	if err != nil {
-		return err
+		return errs, err
 	}
 	if b := blocked.Load(); b != nil {
-		return fmt.Errorf("%w (%s): %d messages to %q not published", ErrBlocked, b.Reason, len(msgs), topic)
+		return errs, fmt.Errorf("%w (%s): %d messages to %q not published", ErrBlocked, b.Reason, len(msgs), topic)
 	}
 	type published struct {
-		msg *message.Message
-		f   *inflight
+		i int
+		f *inflight
 	}
 	pending := make([]published, 0, len(msgs))
 	start := time.Now()
-	var errs []error
-	for _, msg := range msgs {
+	for i, msg := range msgs {
 		if err := msg.Context().Err(); err != nil {
-			errs = append(errs, fmt.Errorf("rabbitmq: message %s not published: %w", msg.UUID, err))
+			errs[i] = fmt.Errorf("rabbitmq: message %s not published: %w", msg.UUID, err)
 			continue
 		}
 		pub, err := p.cfg.Marshaler.Marshal(msg)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("rabbitmq: marshaling message %s: %w", msg.UUID, err))
+			errs[i] = fmt.Errorf("rabbitmq: marshaling message %s: %w", msg.UUID, err)
 			continue
 		}
 		if pub.Headers == nil {
@@ -170,26 +197,27 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		}
 		f, err := ch.publish(p.cfg.Exchange, topic, pub)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("rabbitmq: publishing message %s to %q: %w", msg.UUID, topic, err))
+			errs[i] = fmt.Errorf("rabbitmq: publishing message %s to %q: %w", msg.UUID, topic, err)
 			continue
 		}
-		pending = append(pending, published{msg, f})
+		pending = append(pending, published{i, f})
 	}
 	// One timer bounds the whole call; each message's context bounds its own wait.
 	timer := time.NewTimer(p.cfg.ConfirmTimeout)
 	defer timer.Stop()
 	expired := timer.C
 	for _, pm := range pending {
-		err := pm.f.wait(pm.msg.Context(), expired)
+		msg := msgs[pm.i]
+		err := pm.f.wait(msg.Context(), expired)
 		if errors.Is(err, errConfirmTimeout) {
 			expired = alreadyExpired
 		}
-		p.metrics.confirmed(pm.msg.Context(), time.Since(start).Seconds(), topic, confirmOutcome(err))
+		p.metrics.confirmed(msg.Context(), time.Since(start).Seconds(), topic, confirmOutcome(err))
 		if err != nil {
-			errs = append(errs, fmt.Errorf("rabbitmq: message %s to %q: %w", pm.msg.UUID, topic, err))
+			errs[pm.i] = fmt.Errorf("rabbitmq: message %s to %q: %w", msg.UUID, topic, err)
 		}
 	}
-	return errors.Join(errs...)
+	return errs, nil
 }
 
 // channel returns the live confirm channel and its connection's blocked

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,8 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
@@ -174,4 +177,32 @@ func TestPublisherConfirmMetric(t *testing.T) {
 		}
 	}
 	require.Equal(t, map[string]uint64{"acked": 3, "returned": 1}, counts)
+}
+
+// PublishEach reports each message's outcome in order: a message the
+// marshaler refuses fails alone, the others of the call are confirmed.
+func TestPublisherPublishEachReportsEveryMessage(t *testing.T) {
+	t.Parallel()
+	q := declareQueue(t, "pub_each")
+	p := newPublisher(t, "")
+	batch := msgs(5)
+	batch[2].Metadata.Set(rabbitmq.PriorityKey, "high") // not a number: unpublishable
+	errs := p.PublishEach(q, batch...)
+	require.Len(t, errs, 5)
+	for i, err := range errs {
+		if i == 2 {
+			require.ErrorIs(t, err, sluice.ErrUnpublishable)
+			continue
+		}
+		require.NoError(t, err, "message %d", i)
+	}
+	require.Equal(t, 4, testenv.QueueDepth(t, testenv.AMQP(t), q))
+
+	// A failure before any message is sent is every message's.
+	errs = p.PublishEach(strings.Repeat("q", 256), msgs(2)...)
+	require.Len(t, errs, 2)
+	require.ErrorIs(t, errs[0], broker.ErrNameTooLong)
+	require.ErrorIs(t, errs[1], broker.ErrNameTooLong)
+	err := p.Publish(strings.Repeat("q", 256), msgs(2)...)
+	require.Equal(t, 1, strings.Count(err.Error(), "255"), "Publish names such a failure once: %v", err)
 }
