@@ -205,8 +205,17 @@ func (r *PrivateRabbitMQ) Ctl(t testing.TB, args ...string) {
 
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", "127.0.0.1:0")
+	port, err := pickPort()
 	require.NoError(t, err)
+	return port
+}
+
+// pickPort returns a port free on 127.0.0.1 now.
+func pickPort() (int, error) {
+	l, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
 	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port
+	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -1,0 +1,217 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// clusterScript is the script that runs a private cluster, relative to the
+// repository's root.
+const clusterScript = "scripts/rabbitmq-cluster.sh"
+
+// clusterCommandTimeout bounds one command of the script: starting the
+// nodes and joining them takes about 13 s on a development machine.
+const clusterCommandTimeout = 3 * time.Minute
+
+// PrivateCluster is a RabbitMQ cluster of its own on this machine, run by
+// scripts/rabbitmq-cluster.sh with free ports, node names of its own and a
+// temporary state directory, for tests that kill nodes: the shared broker
+// is never touched. Nodes are numbered from 0 here (the script numbers
+// them from 1). It needs rabbitmq-server and root, as StartPrivateRabbitMQ
+// does. Its methods are safe for concurrent use, but a test that kills a
+// node has the cluster to itself only if no other test uses it meanwhile.
+type PrivateCluster struct {
+	// URLs are the nodes' AMQP URLs (guest account), node i at URLs[i].
+	URLs []string
+	// Nodes are the nodes' Erlang names, for rabbitmqctl -n.
+	Nodes []string
+
+	dir, script string
+	mu          sync.Mutex // serialises the script's commands
+	closed      bool
+}
+
+// StartCluster starts a private cluster of n nodes joined into one; Close
+// stops it and removes its files. For a cluster shared by a package's
+// tests (started once, closed in TestMain); StartPrivateCluster is the
+// one-test form.
+func StartCluster(n int) (*PrivateCluster, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("testenv: a cluster needs a node, got %d", n)
+	}
+	script, err := findScript()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "sluice-cluster-")
+	if err != nil {
+		return nil, err
+	}
+	// The nodes run as the rabbitmq user: their state directory, below
+	// this one, must be reachable.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return nil, errors.Join(err, os.RemoveAll(dir))
+	}
+	c := &PrivateCluster{dir: dir, script: script}
+	prefix := strings.ReplaceAll(Name("sluicec"), "_", "-") + "-n"
+	var ports, distPorts []string
+	for i := range n {
+		port, err := pickPort()
+		if err != nil {
+			return nil, errors.Join(err, os.RemoveAll(dir))
+		}
+		dist, err := pickPort()
+		if err != nil {
+			return nil, errors.Join(err, os.RemoveAll(dir))
+		}
+		ports, distPorts = append(ports, strconv.Itoa(port)), append(distPorts, strconv.Itoa(dist))
+		c.URLs = append(c.URLs, fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port))
+		c.Nodes = append(c.Nodes, fmt.Sprintf("%s%d@localhost", prefix, i+1))
+	}
+	_, err = c.run([]string{"start"}, "SLUICE_CLUSTER_SIZE="+strconv.Itoa(n), "SLUICE_CLUSTER_NAME="+prefix,
+		"SLUICE_CLUSTER_PORTS="+strings.Join(ports, " "), "SLUICE_CLUSTER_DIST_PORTS="+strings.Join(distPorts, " "))
+	if err != nil {
+		return nil, errors.Join(err, c.Close())
+	}
+	return c, nil
+}
+
+// StartPrivateCluster starts a private cluster of n nodes for t, stopped
+// with its files removed when t ends.
+func StartPrivateCluster(t testing.TB, n int) *PrivateCluster {
+	t.Helper()
+	c, err := StartCluster(n)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("stopping the private cluster: %v", err)
+		}
+	})
+	return c
+}
+
+// Kill kills node i with SIGKILL (a crash: no clean shutdown, its
+// connections reset) and returns once its VM is gone.
+func (c *PrivateCluster) Kill(t testing.TB, i int) {
+	t.Helper()
+	c.node(t, "kill", i)
+}
+
+// Stop stops node i cleanly.
+func (c *PrivateCluster) Stop(t testing.TB, i int) {
+	t.Helper()
+	c.node(t, "stop", i)
+}
+
+// Start starts node i again after Kill or Stop (it rejoins the cluster)
+// and returns once it has booted; a running node is left as it is.
+func (c *PrivateCluster) Start(t testing.TB, i int) {
+	t.Helper()
+	c.node(t, "start", i)
+}
+
+// Ctl runs rabbitmqctl args against node i and returns its output.
+func (c *PrivateCluster) Ctl(t testing.TB, i int, args ...string) string {
+	t.Helper()
+	require.Less(t, i, len(c.Nodes), "no node %d", i)
+	out, err := c.run(append([]string{"ctl", strconv.Itoa(i + 1)}, args...))
+	require.NoError(t, err)
+	return out
+}
+
+// Running reports whether node i answers.
+func (c *PrivateCluster) Running(i int) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return exec.CommandContext(ctx, "rabbitmqctl", "-q", "-n", c.Nodes[i], "ping").Run() == nil
+}
+
+// QuorumLeader returns the index of the node leading the quorum queue,
+// as node i sees it.
+func (c *PrivateCluster) QuorumLeader(t testing.TB, i int, queue string) int {
+	t.Helper()
+	out := c.Ctl(t, i, "list_queues", "--no-table-headers", "name", "leader")
+	for line := range strings.SplitSeq(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && f[0] == queue {
+			for n, name := range c.Nodes {
+				if name == f[1] {
+					return n
+				}
+			}
+			t.Fatalf("queue %s is led by %s, not a node of the cluster", queue, f[1])
+		}
+	}
+	t.Fatalf("node %d does not list queue %s: %s", i, queue, out)
+	return -1
+}
+
+// Close stops every node and removes the cluster's files. It is
+// idempotent.
+func (c *PrivateCluster) Close() error {
+	c.mu.Lock()
+	closed := c.closed
+	c.closed = true
+	c.mu.Unlock()
+	if closed {
+		return nil
+	}
+	_, err := c.run([]string{"stop"})
+	return errors.Join(err, os.RemoveAll(c.dir))
+}
+
+func (c *PrivateCluster) node(t testing.TB, cmd string, i int) {
+	t.Helper()
+	require.Less(t, i, len(c.Nodes), "no node %d", i)
+	_, err := c.run([]string{cmd, strconv.Itoa(i + 1)})
+	require.NoError(t, err)
+}
+
+// run runs the script with args and env added to this process's
+// environment, and returns its standard output.
+func (c *PrivateCluster) run(args []string, env ...string) (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), clusterCommandTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", append([]string{c.script}, args...)...)
+	cmd.Env = append(append(os.Environ(), "SLUICE_CLUSTER_DIR="+filepath.Join(c.dir, "state")), env...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %w: %s", clusterScript, strings.Join(args, " "), err, stderr.String())
+	}
+	return string(out), nil
+}
+
+// findScript finds clusterScript above the working directory (a test runs
+// in its package's directory, in the repository or a module under it).
+func findScript() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		p := filepath.Join(dir, clusterScript)
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("testenv: %s not found above the working directory", clusterScript)
+		}
+		dir = parent
+	}
+}
