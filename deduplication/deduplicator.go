@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -195,7 +196,8 @@ func (d *deduplicator) middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, nil
 		}
 
-		msg.SetContext(&unit{Context: ctx, tx: tx})
+		u := &unit{Context: ctx, tx: tx}
+		msg.SetContext(u)
 		produced, err := h(msg)
 		msg.SetContext(ctx)
 		rejected := err != nil
@@ -219,9 +221,10 @@ func (d *deduplicator) middleware(h message.HandlerFunc) message.HandlerFunc {
 				// Any other failed commit (a lost connection, 40001) may
 				// succeed next time: the delivery is retried, so the
 				// rejection's writes commit with its claim or not at all.
-				rErr := d.claimAlone(endCtx, tx, key)
+				rErr := d.claimAlone(endCtx, tx, key, u.rewrites())
 				if rErr == nil {
 					ended = true
+					u.committed()
 					return produced, err
 				}
 				cErr = errors.Join(cErr, rErr)
@@ -229,6 +232,7 @@ func (d *deduplicator) middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, sluice.Transient(errors.Join(err, fmt.Errorf("deduplication: commit: %w", cErr)))
 		}
 		ended = true
+		u.committed()
 		return produced, err
 	}
 }
@@ -340,10 +344,11 @@ func dependency(ctx context.Context, op string, err error) error {
 }
 
 // claimAlone rolls back the aborted unit of work and claims key in a new one,
-// on ctx, the detached context that ends the delivery's unit of work.
+// with the writes registered by OnRecordAlone, on ctx, the detached context
+// that ends the delivery's unit of work.
 // Claim reporting false means the first commit did land after all (its
 // outcome was unknown): the key is recorded either way.
-func (d *deduplicator) claimAlone(ctx context.Context, aborted Tx, key string) error {
+func (d *deduplicator) claimAlone(ctx context.Context, aborted Tx, key string, rewrites []func(context.Context, Tx) error) error {
 	if err := aborted.Rollback(ctx); err != nil {
 		return fmt.Errorf("deduplication: rolling back the aborted unit of work: %w", err)
 	}
@@ -356,6 +361,11 @@ func (d *deduplicator) claimAlone(ctx context.Context, aborted Tx, key string) e
 			return fmt.Errorf("deduplication: recording the rejection: %w", err)
 		}
 		return errors.Join(fmt.Errorf("deduplication: recording the rejection: %w", err), d.rollback(ctx, tx))
+	}
+	for _, write := range rewrites {
+		if err := write(ctx, tx); err != nil {
+			return errors.Join(fmt.Errorf("deduplication: writing again what the rejected handler wrote for its commit: %w", err), d.rollback(ctx, tx))
+		}
 	}
 	if gaveUp, err := d.commit(ctx, tx); err != nil {
 		if gaveUp {
@@ -412,6 +422,63 @@ type unit struct {
 	tx       Tx
 	calls    atomic.Int32
 	firstErr error // the first run's error, set by Reentry before a second run can read it
+
+	mu       sync.Mutex // guards the hooks: a handler may write from several goroutines
+	onCommit []func()
+	rewrite  []func(context.Context, Tx) error
+}
+
+// committed runs the OnCommit hooks, once the unit of work committed.
+func (u *unit) committed() {
+	u.mu.Lock()
+	hooks := u.onCommit
+	u.onCommit = nil
+	u.mu.Unlock()
+	for _, f := range hooks {
+		f()
+	}
+}
+
+func (u *unit) rewrites() []func(context.Context, Tx) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.rewrite
+}
+
+// OnCommit registers f to run after the unit of work that ctx carries has
+// committed — never after a rollback — and reports false, registering
+// nothing, outside the inbox stage. f runs on the delivery's goroutine
+// before the stage returns: keep it short (the outbox wakes its relay with
+// it).
+func OnCommit(ctx context.Context, f func()) bool {
+	u, ok := ctx.Value(txKey{}).(*unit)
+	if !ok {
+		return false
+	}
+	u.mu.Lock()
+	u.onCommit = append(u.onCommit, f)
+	u.mu.Unlock()
+	return true
+}
+
+// OnRecordAlone registers write for the one case where the unit of work
+// that ctx carries is replaced: the handler rejected the message
+// (sluice.Reject) after a statement that aborted the transaction, and the
+// inbox records the claim alone in a new unit of work (see New). write then
+// runs in that new unit of work, before its commit, so what the rejected
+// handler wrote through it — the outbox's rejection event — commits with
+// the claim. It reports false, registering nothing, outside the inbox stage.
+// A write that fails there fails the delivery as Transient: it is retried,
+// nothing is committed.
+func OnRecordAlone(ctx context.Context, write func(ctx context.Context, tx Tx) error) bool {
+	u, ok := ctx.Value(txKey{}).(*unit)
+	if !ok {
+		return false
+	}
+	u.mu.Lock()
+	u.rewrite = append(u.rewrite, write)
+	u.mu.Unlock()
+	return true
 }
 
 // Value returns the unit itself for txKey, and the message context's values.

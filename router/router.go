@@ -11,6 +11,7 @@ import (
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/telemetry"
+	"github.com/sluicemq/sluice/outbox"
 )
 
 // HandlerConfig is one reliable handler.
@@ -31,13 +32,22 @@ type HandlerConfig struct {
 	// Handler for a handler that publishes nothing. Exactly one of Handler
 	// and PublishingHandler is required.
 	Handler message.NoPublishHandlerFunc
-	// PublishingHandler returns messages that the router publishes to
-	// PublishTopic on Publisher after the stages returned nil — for a
-	// transactional outbox, give a Publisher that writes into the inbox
-	// transaction.
+	// PublishingHandler returns messages to publish to PublishTopic: with
+	// Outbox, written into the inbox's transaction and relayed after its
+	// commit (the transactional outbox: nothing produced is lost, nothing
+	// is produced by a delivery that rolled back); without, published on
+	// Publisher by Watermill after the stages returned nil — after the
+	// inbox committed, so a publish that fails then is lost (the
+	// redelivery is a duplicate, skipped).
 	PublishingHandler message.HandlerFunc
 	PublishTopic      string
 	Publisher         message.Publisher
+	// Outbox writes PublishingHandler's messages in the inbox's unit of
+	// work (outbox/sqlstore.Store; outbox.Handler); an outbox.Relay
+	// publishes them. It needs Stages.Inbox, on the same database, and
+	// replaces Publisher. A Handler writes what it produces with the
+	// Writer's Publish itself.
+	Outbox outbox.Writer
 	// Consumers is how many copies of the handler consume Topic at once
 	// (competing consumers). Default: the Broker's (1 on RabbitMQ, whose
 	// Consumer keeps its prefetch in flight; rabbitmq.ConsumersDefault with
@@ -111,8 +121,16 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		return nil, errors.New("router: HandlerConfig.Subscriber is required")
 	case (cfg.Handler == nil) == (cfg.PublishingHandler == nil):
 		return nil, errors.New("router: exactly one of HandlerConfig.Handler and HandlerConfig.PublishingHandler is required")
-	case cfg.PublishingHandler != nil && (cfg.Publisher == nil || cfg.PublishTopic == ""):
-		return nil, errors.New("router: HandlerConfig.PublishingHandler needs Publisher and PublishTopic")
+	case cfg.Outbox != nil && cfg.PublishingHandler == nil:
+		return nil, errors.New("router: HandlerConfig.Outbox takes a PublishingHandler's messages; a Handler writes what it produces with the outbox's Publish itself")
+	case cfg.Outbox != nil && cfg.Publisher != nil:
+		return nil, errors.New("router: HandlerConfig.Outbox and Publisher: give one (the outbox's relay publishes)")
+	case cfg.Outbox != nil && cfg.Stages.Inbox == nil:
+		return nil, errors.New("router: HandlerConfig.Outbox needs Stages.Inbox: the messages are written in the inbox's transaction")
+	case cfg.PublishingHandler != nil && cfg.PublishTopic == "":
+		return nil, errors.New("router: HandlerConfig.PublishingHandler needs PublishTopic")
+	case cfg.PublishingHandler != nil && cfg.Publisher == nil && cfg.Outbox == nil:
+		return nil, errors.New("router: HandlerConfig.PublishingHandler needs Outbox (or Publisher)")
 	case cfg.Consumers < 0:
 		return nil, fmt.Errorf("router: HandlerConfig.Consumers must be positive, got %d", cfg.Consumers)
 	}
@@ -167,9 +185,12 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		}
 		name := names[i]
 		var h *message.Handler
-		if cfg.Handler != nil {
+		switch {
+		case cfg.Handler != nil:
 			h = r.AddConsumerHandler(name, cfg.Topic, subscriber, deduplication.ReentryNoPublish(cfg.Handler))
-		} else {
+		case cfg.Outbox != nil:
+			h = r.AddConsumerHandler(name, cfg.Topic, subscriber, deduplication.ReentryNoPublish(outbox.Handler(cfg.Outbox, cfg.PublishTopic, cfg.PublishingHandler)))
+		default:
 			h = r.AddHandler(name, cfg.Topic, subscriber, cfg.PublishTopic, cfg.Publisher, deduplication.Reentry(cfg.PublishingHandler))
 		}
 		h.AddMiddleware(append([]message.HandlerMiddleware{nameHandler(cfg.Name, system)}, mws...)...)

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -19,6 +20,7 @@ import (
 	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
+	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -32,6 +34,9 @@ func TestAddValidates(t *testing.T) {
 	sub := gochannel.NewGoChannel(gochannel.Config{}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = sub.Close() })
 	h := func(*message.Message) error { return nil }
+	ph := func(*message.Message) ([]*message.Message, error) { return nil, nil }
+	ob, err := outboxsql.New(outboxsql.Config{DB: sqlx.NewDb(nil, "postgres")})
+	require.NoError(t, err)
 	for _, tt := range []struct {
 		cfg  router.HandlerConfig
 		want string
@@ -40,7 +45,11 @@ func TestAddValidates(t *testing.T) {
 		{router.HandlerConfig{Name: "n", Subscriber: sub, Handler: h}, "HandlerConfig.Topic is required"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Handler: h}, "HandlerConfig.Subscriber is required"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub}, "exactly one of HandlerConfig.Handler and HandlerConfig.PublishingHandler"},
-		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, PublishingHandler: func(*message.Message) ([]*message.Message, error) { return nil, nil }}, "needs Publisher and PublishTopic"},
+		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, PublishingHandler: ph}, "needs PublishTopic"},
+		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, PublishingHandler: ph, PublishTopic: "p"}, "needs Outbox (or Publisher)"},
+		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Outbox: ob}, "HandlerConfig.Outbox takes a PublishingHandler's messages"},
+		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, PublishingHandler: ph, PublishTopic: "p", Outbox: ob, Publisher: sub}, "HandlerConfig.Outbox and Publisher: give one"},
+		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, PublishingHandler: ph, PublishTopic: "p", Outbox: ob}, "HandlerConfig.Outbox needs Stages.Inbox"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Consumers: -1}, "HandlerConfig.Consumers"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Stages: router.Stages{Inbox: &deduplication.Config{}}}, "router: inbox stage: deduplication: Config.Store is required"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Stages: router.Stages{Poison: &poison.Config{}}}, "router: poison stage: poison: Config.Publisher is required"},

@@ -12,7 +12,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"strings"
 	"time"
 
@@ -112,23 +111,9 @@ func (s *Store) SchemaSQL() string {
 	return strings.Join(s.schema(), ";\n") + ";\n"
 }
 
-// indexName is the processed_at index's name: "<table>_processed_at", or,
-// when that would pass PostgreSQL's 63-byte identifiers (which it would
-// silently truncate, possibly to the table's own name), the table name cut
-// short with a hash of the whole name.
-func indexName(table string) string {
-	const suffix = "_processed_at"
-	if len(table)+len(suffix) <= 63 {
-		return table + suffix
-	}
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(table))
-	tail := fmt.Sprintf("_%08x_pat", h.Sum32())
-	return table[:63-len(tail)] + tail
-}
 
 func (s *Store) schema() []string {
-	index := `"` + indexName(s.name) + `"`
+	index := `"` + sqlname.Index(s.name, "_processed_at", "pat") + `"`
 	return []string{
 		fmt.Sprintf(s.dialect.table, s.table),
 		fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (processed_at)", index, s.table),
@@ -284,3 +269,19 @@ var dialects = map[string]dialect{
 	"sqlite":   sqlite,
 	"sqlite3":  sqlite,
 }
+
+// SQLTx returns the SQL transaction of tx, a unit of work this package's
+// Store began, or nil for another store's: for code handed a
+// deduplication.Tx, as deduplication.OnRecordAlone's writes are.
+func SQLTx(tx deduplication.Tx) *sqlx.Tx {
+	if t, ok := tx.(*sqlTx); ok {
+		return t.tx
+	}
+	return nil
+}
+
+// Aborted reports whether err is the error of a statement refused because
+// an earlier one aborted the transaction (PostgreSQL's 25P02), or of a
+// commit refused for that reason (see Tx's Commit): nothing more can be
+// written in it.
+func Aborted(err error) bool { return aborted(err) }

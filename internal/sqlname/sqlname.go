@@ -4,6 +4,7 @@ package sqlname
 
 import (
 	"fmt"
+	"hash/fnv"
 	"regexp"
 	"strings"
 )
@@ -24,4 +25,18 @@ func Quote(table string, schemas bool) (quoted, name string, err error) {
 		parts[i] = `"` + p + `"`
 	}
 	return strings.Join(parts, "."), parts[len(parts)-1][1 : len(parts[len(parts)-1])-1], nil
+}
+
+// Index names an index of table: table+suffix, or, when that would pass
+// PostgreSQL's 63-byte identifiers (which it would silently truncate,
+// possibly to the table's own name), the table name cut short with a hash
+// of the whole name and tag ("<cut>_<fnv32a>_<tag>").
+func Index(table, suffix, tag string) string {
+	if len(table)+len(suffix) <= 63 {
+		return table + suffix
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(table))
+	tail := fmt.Sprintf("_%08x_%s", h.Sum32(), tag)
+	return table[:63-len(tail)] + tail
 }

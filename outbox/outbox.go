@@ -1,0 +1,130 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluicemq/sluice/deduplication"
+)
+
+// ErrNoUnitOfWork is matched by a Writer's Publish error when ctx carries
+// no unit of work it can write in (no inbox stage, or an inbox on another
+// database): nothing is written. A service that produces outside a consumer
+// writes in its own transaction instead (sqlstore.Store.Write).
+var ErrNoUnitOfWork = errors.New("outbox: no unit of work to write in")
+
+// Writer writes produced messages into the unit of work of the delivery
+// being handled — the inbox's transaction ctx carries — so they are
+// committed with the claim and the business writes, or not at all. The
+// Relay publishes them after the commit. sqlstore.Store is one.
+type Writer interface {
+	// Publish writes msgs, to be published to topic, in the unit of work
+	// ctx carries. It gives each message a message id (its UUID, a new one
+	// when empty) and an event id (sluice.EventIDKey; the UUID when the
+	// producer set none) as it writes it, so a message the relay sends twice
+	// is a duplicate for the receiving inbox. It returns an error matching
+	// ErrNoUnitOfWork outside one, having written nothing, and an error
+	// matching deduplication.ErrAborted when an earlier statement aborted
+	// the transaction: the messages are then written with the claim alone
+	// if the handler rejects the delivery (deduplication.OnRecordAlone).
+	Publish(ctx context.Context, topic string, msgs ...*message.Message) error
+}
+
+// Handler adapts a handler that returns the messages it produces (a
+// Watermill message.HandlerFunc, as router.HandlerConfig.PublishingHandler
+// takes it) to one that writes them through w, to topic, in the inbox's
+// unit of work — instead of Watermill publishing them after the stack
+// returned, after the inbox committed, where a failed publish loses them.
+// The messages of a handler that fails are written and rolled back with
+// the rest; those of a rejection (sluice.Reject) commit with its claim.
+// router.Add applies it when HandlerConfig.Outbox is set; wrap your handler
+// with it, inside deduplication.Reentry, when you compose the stages
+// yourself.
+func Handler(w Writer, topic string, h message.HandlerFunc) message.NoPublishHandlerFunc {
+	return func(msg *message.Message) error {
+		produced, err := h(msg)
+		if len(produced) == 0 {
+			return err
+		}
+		werr := w.Publish(msg.Context(), topic, produced...)
+		switch {
+		case werr == nil:
+			return err
+		case err != nil && errors.Is(werr, deduplication.ErrAborted):
+			// The handler's own statement aborted the transaction: its
+			// error decides (a rejection commits the claim and, through
+			// OnRecordAlone, these messages; anything else rolls back).
+			return err
+		case err != nil:
+			// Not %w: the handler's rejection must not make the inbox
+			// commit without the messages it produced.
+			return fmt.Errorf("outbox: writing %d produced messages: %w (the handler returned: %v)", len(produced), werr, err)
+		}
+		return fmt.Errorf("outbox: writing %d produced messages: %w", len(produced), werr)
+	}
+}
+
+// Row is one produced message waiting in the outbox.
+type Row struct {
+	// ID orders the rows: the relay takes the oldest first.
+	ID int64
+	// Topic is where the message goes.
+	Topic string
+	// Message carries the UUID, metadata and payload as written.
+	Message *message.Message
+	// Attempts counts the relay's failed publishes of it so far.
+	Attempts int
+	// CreatedAt is when it was written (the transaction's time).
+	CreatedAt time.Time
+}
+
+// Failed is a row the relay could not publish: it stays in the outbox with
+// its error, and is tried again at NextAttempt.
+type Failed struct {
+	ID          int64
+	Err         string
+	NextAttempt time.Time
+}
+
+// Store is where a Relay reads the rows to publish. sqlstore.Store is one
+// (PostgreSQL, SQLite).
+type Store interface {
+	// Due takes up to limit rows due for publishing, oldest first, leaving
+	// out rows another relay holds: until the batch is finished or
+	// released, no other relay takes them.
+	Due(ctx context.Context, limit int) (Batch, error)
+	// Stats counts what waits in the outbox.
+	Stats(ctx context.Context) (Stats, error)
+}
+
+// Batch is a set of rows one relay holds.
+type Batch interface {
+	Rows() []Row
+	// Finish deletes the relayed rows and records the failed ones, and
+	// releases the batch. After a Finish that failed, the rows come back
+	// (sent again: a duplicate for the receiver, never a loss).
+	Finish(ctx context.Context, relayed []int64, failed []Failed) error
+	// Release gives the rows back untouched.
+	Release(ctx context.Context) error
+}
+
+// Stats is what waits in the outbox.
+type Stats struct {
+	// Pending counts every row not yet relayed, failing ones included.
+	Pending int64
+	// Failing counts the rows whose last publish failed.
+	Failing int64
+	// Oldest is the oldest row's creation time; zero when there is none.
+	Oldest time.Time
+}
+
+// Waker is implemented by a Store that signals, in-process, that rows were
+// committed (the SQL store, from the inbox's OnCommit hook and its Wake
+// method), so the Relay publishes them without waiting for its poll.
+type Waker interface {
+	Wakeups() <-chan struct{}
+}

@@ -1,0 +1,529 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/broker"
+	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/telemetry"
+)
+
+// Defaults of RelayConfig.
+const (
+	BatchSizeDefault      = 100
+	PollIntervalDefault   = 500 * time.Millisecond
+	PublishTimeoutDefault = 30 * time.Second
+	StoreTimeoutDefault   = 10 * time.Second
+	RetryMinDefault       = time.Second
+	RetryMaxDefault       = time.Minute
+	StatsIntervalDefault  = 5 * time.Second
+	// ErrorMaxLength bounds the error recorded with a failed row, in bytes.
+	ErrorMaxLength = 1024
+)
+
+// Metric names (OpenTelemetry; Prometheus: sluice_outbox_relayed_total,
+// sluice_outbox_failures_total, sluice_outbox_pending,
+// sluice_outbox_failing, sluice_outbox_oldest_age_seconds,
+// sluice_outbox_lag_seconds).
+const (
+	MetricRelayed   = "sluice.outbox.relayed"
+	MetricFailures  = "sluice.outbox.failures"
+	MetricPending   = "sluice.outbox.pending"
+	MetricFailing   = "sluice.outbox.failing"
+	MetricOldestAge = "sluice.outbox.oldest.age"
+	MetricLag       = "sluice.outbox.lag"
+)
+
+// OutboxKey is the attribute naming the outbox (RelayConfig.Name) on the
+// relay's metrics.
+const OutboxKey = attribute.Key("sluice.outbox")
+
+// RelayConfig configures NewRelay.
+type RelayConfig struct {
+	// Store holds the rows (sqlstore.Store). Required.
+	Store Store
+	// Publisher publishes each row to its topic and returns nil only once
+	// the broker holds it: rabbitmq's Broker.Publisher() or Publisher
+	// (confirms + mandatory), the embedded default's. Required.
+	Publisher message.Publisher
+	// Name labels the relay's metrics and logs (OutboxKey). Default the
+	// store's table name when it has one (a Name() method), else "outbox".
+	Name string
+	// BatchSize is how many rows one batch takes, publishes at once
+	// (pipelined: a Publish per row, concurrently) and deletes in one
+	// statement. Default BatchSizeDefault.
+	BatchSize int
+	// PollInterval is the longest a committed row waits for the relay when
+	// nothing wakes it (a commit on another process, a producer that does
+	// not call Wake). Rows committed through the inbox of this process wake
+	// it at once. Default PollIntervalDefault.
+	PollInterval time.Duration
+	// PublishTimeout bounds one batch's publishes (and each message's
+	// context). A publish that has not returned by then counts as failed
+	// (uncertain: the row is sent again later). Default
+	// PublishTimeoutDefault.
+	PublishTimeout time.Duration
+	// StoreTimeout bounds each call to the store. Default
+	// StoreTimeoutDefault.
+	StoreTimeout time.Duration
+	// RetryMin and RetryMax bound the wait before a failed row is tried
+	// again: RetryMin doubled per failed attempt, at most RetryMax. A row
+	// whose broker could not be reached at all waits for the relay's own
+	// backoff instead (at most RetryMin), so an outage does not push every
+	// row back by RetryMax. Defaults RetryMinDefault, RetryMaxDefault.
+	RetryMin, RetryMax time.Duration
+	// StatsInterval is how often the relay reads Store.Stats for its gauges
+	// (pending, failing, oldest age). Default StatsIntervalDefault;
+	// negative: never.
+	StatsInterval time.Duration
+	// MeterProvider receives the relay's metrics. Default the global one.
+	MeterProvider metric.MeterProvider
+	// Logger receives a line per batch with failures and per store error.
+	// Default watermill.NopLogger.
+	Logger watermill.LoggerAdapter
+}
+
+func (c RelayConfig) withDefaults() RelayConfig {
+	if c.Name == "" {
+		if n, ok := c.Store.(interface{ Name() string }); ok {
+			c.Name = n.Name()
+		}
+	}
+	c.Name = cmp.Or(c.Name, "outbox")
+	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
+	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
+	c.StoreTimeout = cmp.Or(c.StoreTimeout, StoreTimeoutDefault)
+	c.RetryMin = cmp.Or(c.RetryMin, RetryMinDefault)
+	c.RetryMax = cmp.Or(c.RetryMax, RetryMaxDefault)
+	c.StatsInterval = cmp.Or(c.StatsInterval, StatsIntervalDefault)
+	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
+	return c
+}
+
+func (c RelayConfig) validate() error {
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"PollInterval", c.PollInterval}, {"PublishTimeout", c.PublishTimeout}, {"StoreTimeout", c.StoreTimeout}, {"RetryMin", c.RetryMin}, {"RetryMax", c.RetryMax}} {
+		if d.v < 0 {
+			return fmt.Errorf("outbox: RelayConfig.%s must not be negative, got %s", d.name, d.v)
+		}
+	}
+	switch {
+	case c.Store == nil:
+		return errors.New("outbox: RelayConfig.Store is required")
+	case c.Publisher == nil:
+		return errors.New("outbox: RelayConfig.Publisher is required (a publisher that returns once the broker holds the message: rabbitmq's confirmed Publisher)")
+	case c.BatchSize < 0 || c.BatchSize > 10000:
+		return fmt.Errorf("outbox: RelayConfig.BatchSize must be between 1 and 10000, got %d", c.BatchSize)
+	case c.RetryMax < c.RetryMin:
+		return fmt.Errorf("outbox: RelayConfig.RetryMax (%s) must not be shorter than RetryMin (%s)", c.RetryMax, c.RetryMin)
+	}
+	return nil
+}
+
+// Relay publishes the outbox's rows: it takes a batch of due rows, publishes
+// each to its topic, deletes those the broker confirmed and records the
+// others with their error and a later attempt — never dropped, and never in
+// the way of the rest. Several relays may run at once, in one process or
+// many: a batch is held by one (on PostgreSQL, FOR UPDATE SKIP LOCKED). A
+// row is published at least once: a relay that stops between a confirm and
+// its delete sends it again, with the same message id and event id.
+type Relay struct {
+	cfg     RelayConfig
+	wake    chan struct{}
+	stores  <-chan struct{} // the store's wake-ups, or nil
+	closing chan struct{}
+	once    sync.Once
+	done    chan struct{} // closed when Run returns
+	running atomic.Bool
+
+	relayed, failures metric.Int64Counter
+	lag               metric.Float64Histogram
+	attrs             metric.MeasurementOption
+	stats             atomic.Pointer[Stats]
+	reg               metric.Registration
+}
+
+// NewRelay validates cfg and returns a Relay; Run runs it.
+func NewRelay(cfg RelayConfig) (*Relay, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	r := &Relay{cfg: cfg, wake: make(chan struct{}, 1), closing: make(chan struct{}), done: make(chan struct{})}
+	if w, ok := cfg.Store.(Waker); ok {
+		r.stores = w.Wakeups()
+	}
+	m := telemetry.Meter(cfg.MeterProvider)
+	var errs [6]error
+	var pending, failing metric.Int64ObservableGauge
+	var oldest metric.Float64ObservableGauge
+	r.relayed, errs[0] = m.Int64Counter(MetricRelayed, metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox rows published and confirmed, then deleted."))
+	r.failures, errs[1] = m.Int64Counter(MetricFailures, metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox rows whose publish failed (kept, tried again later), by error.type."))
+	r.lag, errs[2] = m.Float64Histogram(MetricLag, metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(telemetry.DurationBuckets...),
+		metric.WithDescription("From an outbox row's write to its publish's confirm."))
+	pending, errs[3] = m.Int64ObservableGauge(MetricPending, metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox rows not yet relayed, failing ones included."))
+	failing, errs[4] = m.Int64ObservableGauge(MetricFailing, metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox rows whose last publish failed."))
+	oldest, errs[5] = m.Float64ObservableGauge(MetricOldestAge, metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest outbox row; 0 when the outbox is empty."))
+	if err := errors.Join(errs[:]...); err != nil {
+		return nil, fmt.Errorf("outbox: creating the relay's metrics: %w", err)
+	}
+	set := attribute.NewSet(OutboxKey.String(cfg.Name))
+	r.attrs = metric.WithAttributeSet(set)
+	if cfg.StatsInterval > 0 {
+		reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+			s := r.stats.Load()
+			if s == nil {
+				return nil
+			}
+			o.ObserveInt64(pending, s.Pending, metric.WithAttributeSet(set))
+			o.ObserveInt64(failing, s.Failing, metric.WithAttributeSet(set))
+			age := 0.0
+			if !s.Oldest.IsZero() {
+				age = max(time.Since(s.Oldest).Seconds(), 0)
+			}
+			o.ObserveFloat64(oldest, age, metric.WithAttributeSet(set))
+			return nil
+		}, pending, failing, oldest)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: registering the relay's gauges: %w", err)
+		}
+		r.reg = reg
+	}
+	return r, nil
+}
+
+// Wake makes the relay look for rows now: call it after committing rows
+// written with a Store's Write in a transaction of your own. Rows written in
+// the inbox's unit of work wake it by themselves.
+func (r *Relay) Wake() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run relays until ctx ends or Close is called, then returns once the batch
+// in flight is finished (its publishes bounded by PublishTimeout): rows not
+// taken stay in the outbox for the next run. It returns nil after Close or
+// a cancelled ctx, and an error when called twice.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("outbox: Relay.Run called twice")
+	}
+	defer close(r.done)
+	if r.reg != nil {
+		defer func() { _ = r.reg.Unregister() }()
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-r.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	var statsDone chan struct{}
+	if r.cfg.StatsInterval > 0 {
+		statsDone = make(chan struct{})
+		go func() {
+			defer close(statsDone)
+			r.readStats(ctx)
+		}()
+	}
+	backoff := time.Duration(0)
+	var retry time.Time // the earliest next attempt of a row this relay failed, if any
+	for ctx.Err() == nil {
+		n, ok, next := r.batch(ctx)
+		if !next.IsZero() && (retry.IsZero() || next.Before(retry)) {
+			retry = next
+		}
+		switch {
+		case !ok: // the store failed, or no publish got through
+			backoff = min(max(2*backoff, r.cfg.RetryMin/16), r.cfg.RetryMin)
+			r.sleep(ctx, backoff, false)
+		case n == r.cfg.BatchSize: // more may be waiting
+			backoff = 0
+		default:
+			backoff = 0
+			wait := r.cfg.PollInterval
+			if !retry.IsZero() {
+				// A failed row is due before the next poll: wake for it.
+				wait = min(wait, max(time.Until(retry), 0))
+				retry = time.Time{}
+			}
+			r.sleep(ctx, wait, true)
+		}
+	}
+	if statsDone != nil {
+		<-statsDone
+	}
+	return nil
+}
+
+// sleep waits d, until ctx ends, or, when wakeable, until a wake-up.
+func (r *Relay) sleep(ctx context.Context, d time.Duration, wakeable bool) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	wake, stores := r.wake, r.stores
+	if !wakeable {
+		wake, stores = nil, nil
+	}
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	case <-wake:
+	case <-stores:
+	}
+}
+
+// Close stops the relay: Run finishes the batch in flight and returns.
+// Close waits for it, at most PublishTimeout plus twice StoreTimeout, and is
+// idempotent.
+func (r *Relay) Close() error {
+	r.once.Do(func() { close(r.closing) })
+	if !r.running.Load() {
+		return nil
+	}
+	t := time.NewTimer(r.cfg.PublishTimeout + 2*r.cfg.StoreTimeout)
+	defer t.Stop()
+	select {
+	case <-r.done:
+		return nil
+	case <-t.C:
+		return fmt.Errorf("outbox: the relay %s did not stop within %s: a store or publisher call did not return", r.cfg.Name, r.cfg.PublishTimeout+2*r.cfg.StoreTimeout)
+	}
+}
+
+func (r *Relay) readStats(ctx context.Context) {
+	t := time.NewTicker(r.cfg.StatsInterval)
+	defer t.Stop()
+	for {
+		sctx, cancel := context.WithTimeout(ctx, r.cfg.StoreTimeout)
+		s, err := within(sctx, r.cfg.StoreTimeout, func() (Stats, error) { return r.cfg.Store.Stats(sctx) }, nil)
+		cancel()
+		if err == nil {
+			r.stats.Store(&s)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// result is one row's publish.
+type result struct {
+	i   int
+	err error
+}
+
+// batch relays one batch; it returns how many rows it took, false when
+// the store failed or no publish of a non-empty batch got through, and the
+// earliest next attempt of the rows it failed (zero when none).
+func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
+	// The store's calls and the publishes run on a context of their own:
+	// a Close in the middle of a batch finishes it.
+	work := context.WithoutCancel(ctx)
+	// The batch's life: a PostgreSQL batch's transaction ends with it.
+	life, endLife := context.WithTimeout(work, r.cfg.PublishTimeout+3*r.cfg.StoreTimeout)
+	defer endLife()
+	b, err := within(life, r.cfg.StoreTimeout, func() (Batch, error) { return r.cfg.Store.Due(life, r.cfg.BatchSize) },
+		func(b Batch) { _ = b.Release(life) })
+	if err != nil {
+		if ctx.Err() == nil {
+			r.failures.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(OutboxKey.String(r.cfg.Name), semconv.ErrorTypeKey.String("store"))))
+			r.cfg.Logger.Error("The outbox relay could not read its rows", diag.RedactError(err), watermill.LogFields{"outbox": r.cfg.Name})
+		}
+		return 0, false, time.Time{}
+	}
+	rows := b.Rows()
+	if len(rows) == 0 {
+		_, _ = within(life, r.cfg.StoreTimeout, func() (struct{}, error) { return struct{}{}, b.Release(life) }, nil)
+		return 0, true, time.Time{}
+	}
+	pctx, cancel := context.WithTimeout(life, r.cfg.PublishTimeout)
+	defer cancel()
+	results := r.publish(pctx, rows)
+	errs := make([]error, len(rows))
+	seen := make([]bool, len(rows))
+	for range rows {
+		select {
+		case res := <-results:
+			errs[res.i], seen[res.i] = res.err, true
+		case <-pctx.Done():
+		}
+		if pctx.Err() != nil {
+			break
+		}
+	}
+	now := time.Now()
+	relayed := make([]int64, 0, len(rows))
+	var failed []Failed
+	var first error
+	for i, row := range rows {
+		err := errs[i]
+		if !seen[i] {
+			err = fmt.Errorf("%w: the publish did not return within %s", sluice.ErrPublishUncertain, r.cfg.PublishTimeout)
+		}
+		attrs := metric.WithAttributeSet(attribute.NewSet(OutboxKey.String(r.cfg.Name), semconv.MessagingDestinationName(row.Topic)))
+		if err == nil {
+			relayed = append(relayed, row.ID)
+			r.relayed.Add(work, 1, attrs)
+			r.lag.Record(work, now.Sub(row.CreatedAt).Seconds(), r.attrs)
+			continue
+		}
+		first = cmp.Or(first, err)
+		kind := errorType(err)
+		r.failures.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(OutboxKey.String(r.cfg.Name),
+			semconv.MessagingDestinationName(row.Topic), semconv.ErrorTypeKey.String(kind))))
+		next := now
+		if kind != "unreachable" {
+			next = now.Add(r.retryAfter(row.Attempts))
+		}
+		failed = append(failed, Failed{ID: row.ID, Err: diag.Bound(diag.Redact(err.Error()), ErrorMaxLength), NextAttempt: next})
+		if retry.IsZero() || next.Before(retry) {
+			retry = next
+		}
+	}
+	_, err = within(life, r.cfg.StoreTimeout, func() (struct{}, error) { return struct{}{}, b.Finish(life, relayed, failed) }, nil)
+	if err != nil {
+		r.failures.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(OutboxKey.String(r.cfg.Name), semconv.ErrorTypeKey.String("store"))))
+		r.cfg.Logger.Error("The outbox relay could not record its batch: its rows will be sent again", diag.RedactError(err),
+			watermill.LogFields{"outbox": r.cfg.Name, "rows": len(rows)})
+		return len(rows), false, time.Time{}
+	}
+	if len(failed) > 0 {
+		r.cfg.Logger.Error("Outbox rows could not be published: kept, tried again later", diag.RedactError(first),
+			watermill.LogFields{"outbox": r.cfg.Name, "failed": len(failed), "rows": len(rows)})
+	}
+	return len(rows), len(relayed) > 0, retry
+}
+
+// publish publishes rows on ctx and returns the channel of their results,
+// buffered so that a publish that outlives the batch still returns: a
+// PublishEach per topic, in order, when the publisher is a
+// broker.EachPublisher, else a Publish per row, all at once.
+func (r *Relay) publish(ctx context.Context, rows []Row) <-chan result {
+	results := make(chan result, len(rows))
+	each, ok := r.cfg.Publisher.(broker.EachPublisher)
+	if !ok {
+		for i, row := range rows {
+			msg := row.Message.Copy()
+			msg.SetContext(ctx)
+			go func() { results <- result{i, r.cfg.Publisher.Publish(row.Topic, msg)} }()
+		}
+		return results
+	}
+	var topics []string
+	byTopic := map[string][]int{}
+	for i, row := range rows {
+		if _, seen := byTopic[row.Topic]; !seen {
+			topics = append(topics, row.Topic)
+		}
+		byTopic[row.Topic] = append(byTopic[row.Topic], i)
+	}
+	for _, topic := range topics {
+		idx := byTopic[topic]
+		msgs := make([]*message.Message, len(idx))
+		for j, i := range idx {
+			msgs[j] = rows[i].Message.Copy()
+			msgs[j].SetContext(ctx)
+		}
+		go func() {
+			errs := each.PublishEach(topic, msgs...)
+			for j, i := range idx {
+				var err error
+				if j < len(errs) {
+					err = errs[j]
+				} else {
+					err = fmt.Errorf("outbox: the publisher reported %d outcomes for %d messages", len(errs), len(msgs))
+				}
+				results <- result{i, err}
+			}
+		}()
+	}
+	return results
+}
+
+// retryAfter is the wait before a row that failed attempts times before
+// (and once more now) is tried again.
+func (r *Relay) retryAfter(attempts int) time.Duration {
+	d := r.cfg.RetryMin
+	for range min(attempts, 32) {
+		if d >= r.cfg.RetryMax/2 {
+			return r.cfg.RetryMax
+		}
+		d *= 2
+	}
+	return min(d, r.cfg.RetryMax)
+}
+
+// errorType names a publish failure for metrics: unreachable (no broker to
+// talk to: the row is tried again as soon as one answers), unpublishable
+// (the message cannot be built for the wire), uncertain (sent, its confirm
+// not seen: it may be stored), refused (nacked, returned as unroutable).
+func errorType(err error) string {
+	switch {
+	case sluice.Unreachable(err):
+		return "unreachable"
+	case errors.Is(err, sluice.ErrUnpublishable):
+		return "unpublishable"
+	case errors.Is(err, sluice.ErrPublishUncertain), errors.Is(err, context.DeadlineExceeded):
+		return "uncertain"
+	}
+	return "refused"
+}
+
+// within runs f and waits for it at most d, or until ctx ends: a store
+// call whose driver does not honour its context (lib/pq toward a
+// black-holed server) cannot hold the relay. A call given up goes on in
+// the background; late, when set, receives what it returns without error.
+func within[T any](ctx context.Context, d time.Duration, f func() (T, error), late func(T)) (T, error) {
+	type res struct {
+		v   T
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		v, err := f()
+		done <- res{v, err}
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	go func() {
+		if r := <-done; r.err == nil && late != nil {
+			late(r.v)
+		}
+	}()
+	var zero T
+	return zero, &sluice.DependencyError{Op: "outbox: store", Err: fmt.Errorf("%w: no answer within %s", context.DeadlineExceeded, d)}
+}

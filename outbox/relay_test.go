@@ -1,0 +1,457 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/deduplication"
+	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
+	amqp "github.com/sluicemq/sluice/internal/amqp091"
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/outbox"
+	"github.com/sluicemq/sluice/outbox/sqlstore"
+	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/router"
+)
+
+// service is a consumer on RabbitMQ and PostgreSQL whose handler produces
+// messages: its queue, the queue of what it produces, its inbox and its
+// outbox in a schema of the test's own.
+type service struct {
+	t        *testing.T
+	db       *sqlx.DB
+	schema   string
+	rabbit   *rabbitmq.Broker
+	produced string // the queue the handler's messages go to
+	inbox    *inbox.Store
+	outbox   *sqlstore.Store
+	meter    *sdkmetric.ManualReader
+	mp       *sdkmetric.MeterProvider
+	conn     *amqp.Connection
+}
+
+func newService(t *testing.T, amqpURL string) *service {
+	t.Helper()
+	db := testenv.Postgres(t)
+	s := &service{t: t, db: db, schema: testenv.Schema(t, db), produced: testenv.Name("produced"), meter: sdkmetric.NewManualReader()}
+	s.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(s.meter))
+	s.inbox = testenv.SQLStore(t, db, s.schema+".inbox")
+	var err error
+	s.outbox, err = sqlstore.New(sqlstore.Config{DB: db, Table: s.schema + ".outbox"})
+	require.NoError(t, err)
+	require.NoError(t, s.outbox.CreateTable(t.Context()))
+	queue := testenv.Name("consumer")
+	s.rabbit, err = rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
+		Connection: rabbitmq.Connection{URL: amqpURL},
+		Topology:   rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{50 * time.Millisecond}},
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.rabbit.Close() })
+	s.conn, err = amqp.Dial(amqpURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.conn.Close() })
+	ch, err := s.conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(s.produced, true, false, false, false, nil)
+	require.NoError(t, err)
+	_ = ch.Close()
+	if amqpURL == testenv.AMQPURL {
+		testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", s.produced)
+		for _, tier := range s.rabbit.Topology().Tiers() {
+			testenv.DeleteQueuesAtEnd(t, tier.Topic)
+		}
+	}
+	return s
+}
+
+// run adds h as a reliable publishing handler (the whole stack, its
+// messages through the outbox when withOutbox) and runs the router until
+// the test ends.
+func (s *service) run(h message.HandlerFunc, pub message.Publisher, withOutbox bool) {
+	t := s.t
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	cfg := router.HandlerConfig{
+		Name:              "svc",
+		Broker:            s.rabbit,
+		PublishingHandler: h,
+		PublishTopic:      s.produced,
+		Stages: router.Stages{
+			MeterProvider: s.mp,
+			Poison:        &poison.Config{},
+			Retry:         &retrytiers.Config{},
+			Classify:      &middleware.ClassifyConfig{},
+			Inbox:         &deduplication.Config{Store: s.inbox},
+			Recoverer:     &middleware.RecovererConfig{},
+		},
+	}
+	if withOutbox {
+		cfg.Outbox = s.outbox
+	} else {
+		cfg.Publisher = pub
+	}
+	_, err = router.Add(r, cfg)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	<-r.Running()
+	t.Cleanup(func() {
+		require.NoError(t, r.Close())
+		require.NoError(t, <-done)
+	})
+}
+
+// relay runs a relay of the service's outbox on pub until the test ends.
+func (s *service) relay(cfg outbox.RelayConfig) *outbox.Relay {
+	t := s.t
+	cfg.Store = s.outbox
+	if cfg.MeterProvider == nil {
+		cfg.MeterProvider = s.mp
+	}
+	r, err := outbox.NewRelay(cfg)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	t.Cleanup(func() {
+		require.NoError(t, r.Close())
+		require.NoError(t, <-done)
+	})
+	return r
+}
+
+func (s *service) send(eventID, payload string) {
+	s.t.Helper()
+	m := message.NewMessage(watermill.NewUUID(), []byte(payload))
+	m.Metadata.Set(sluice.EventIDKey, eventID)
+	require.NoError(s.t, s.rabbit.Publisher().Publish(s.rabbit.Topology().Queue(), m))
+}
+
+// producedMessages waits until the produced queue holds n messages and
+// returns them (taken off the queue).
+func (s *service) producedMessages(n int) []amqp.Delivery {
+	s.t.Helper()
+	require.Eventually(s.t, func() bool { return testenv.QueueDepth(s.t, s.conn, s.produced) >= n }, 60*time.Second, 10*time.Millisecond,
+		"%d produced messages reach their queue", n)
+	return testenv.Drain(s.t, s.conn, s.produced)
+}
+
+func (s *service) count(table string) int {
+	s.t.Helper()
+	var n int
+	require.NoError(s.t, s.db.Get(&n, `SELECT count(*) FROM `+s.schema+`.`+table))
+	return n
+}
+
+func (s *service) settled(duplicates int64) {
+	s.t.Helper()
+	require.Eventually(s.t, func() bool { return testenv.CounterSum(s.t, s.meter, deduplication.MetricDuplicates) >= duplicates },
+		30*time.Second, 10*time.Millisecond)
+}
+
+// failFirst fails the first n publishes, then publishes on pub.
+type failFirst struct {
+	pub   message.Publisher
+	n     atomic.Int64
+	calls atomic.Int64
+}
+
+func (f *failFirst) Publish(topic string, msgs ...*message.Message) error {
+	f.calls.Add(1)
+	if f.n.Add(-1) >= 0 {
+		return fmt.Errorf("%w: injected: the confirm did not come", sluice.ErrPublishUncertain)
+	}
+	return f.pub.Publish(topic, msgs...)
+}
+func (f *failFirst) Close() error { return nil }
+
+func produceOne(ran *atomic.Int64) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		ran.Add(1)
+		evt := message.NewMessage(watermill.NewUUID(), []byte(`{"reserved":true}`))
+		evt.Metadata.Set(sluice.EventIDKey, "reserved:"+msg.Metadata.Get(sluice.EventIDKey))
+		return []*message.Message{evt}, nil
+	}
+}
+
+// Issue 21, the defect: without an outbox, the router publishes a
+// PublishingHandler's messages after the inbox committed; when that publish
+// fails, the redelivery is a duplicate, skipped — the produced event is
+// never published. This is the path the router takes without
+// HandlerConfig.Outbox, measured: handler ran 1×, inbox row 1, produced 0.
+func TestWithoutAnOutboxAPublishFailingAfterTheCommitLosesTheEvent(t *testing.T) {
+	t.Parallel()
+	s := newService(t, testenv.AMQPURL)
+	var ran atomic.Int64
+	pub := &failFirst{pub: s.rabbit.Publisher()}
+	pub.n.Store(1)
+	s.run(produceOne(&ran), pub, false)
+	s.send("evt-1", `{}`)
+	s.settled(1) // the redelivery was skipped as a duplicate
+	require.Equal(t, int64(1), ran.Load())
+	require.Equal(t, 1, s.count("inbox"))
+	require.Equal(t, int64(1), pub.calls.Load(), "the duplicate produced nothing to publish")
+	require.Zero(t, testenv.QueueDepth(t, s.conn, s.produced), "the produced event is lost")
+}
+
+// Issue 21: with HandlerConfig.Outbox the produced event is a row of the
+// inbox's commit, and the relay publishes it although its first publish
+// fails: delivered once, the outbox empty, the handler run once. The relay
+// polls once an hour: the commit wakes it, and the failed row's retry is
+// scheduled, not left to the poll.
+func TestAnOutboxDeliversWhatAFailedPublishWouldLose(t *testing.T) {
+	t.Parallel()
+	s := newService(t, testenv.AMQPURL)
+	var ran atomic.Int64
+	pub := &failFirst{pub: s.rabbit.Publisher()}
+	pub.n.Store(1)
+	s.run(produceOne(&ran), nil, true)
+	s.relay(outbox.RelayConfig{Publisher: pub, PollInterval: time.Hour, RetryMin: 50 * time.Millisecond})
+	s.send("evt-1", `{}`)
+	got := s.producedMessages(1)
+	require.Len(t, got, 1)
+	require.Equal(t, "reserved:evt-1", got[0].Headers[sluice.EventIDKey])
+	require.NotEmpty(t, got[0].Headers["_watermill_message_uuid"], "the message id given at write time")
+	require.Equal(t, int64(2), pub.calls.Load(), "published on the second attempt")
+	require.Equal(t, int64(1), ran.Load())
+	require.Eventually(t, func() bool { return s.count("outbox") == 0 }, 10*time.Second, 10*time.Millisecond)
+	require.Equal(t, 1, s.count("inbox"))
+	require.Equal(t, int64(1), testenv.CounterSum(t, s.meter, outbox.MetricRelayed))
+	require.Equal(t, int64(1), testenv.CounterWhere(t, s.meter, outbox.MetricFailures, "error.type", "uncertain"))
+}
+
+// A delivery that fails produces nothing (its rows roll back with it); its
+// retry, which succeeds, produces once. A rejection after a statement that
+// aborted the PostgreSQL transaction produces what it wrote — before the
+// abort through Publish, after it as the returned messages — with its claim.
+func TestWhatIsProducedCommitsWithTheDelivery(t *testing.T) {
+	t.Parallel()
+	s := newService(t, testenv.AMQPURL)
+	_, err := s.db.Exec(`CREATE TABLE ` + s.schema + `.orders (id TEXT PRIMARY KEY)`)
+	require.NoError(t, err)
+	_, err = s.db.Exec(`INSERT INTO ` + s.schema + `.orders (id) VALUES ('taken')`)
+	require.NoError(t, err)
+	var ran atomic.Int64
+	h := func(msg *message.Message) ([]*message.Message, error) {
+		ran.Add(1)
+		ctx := msg.Context()
+		attempt, _ := sluice.Attempt(msg)
+		evt := func(name string) *message.Message {
+			m := message.NewMessage(watermill.NewUUID(), []byte(name))
+			m.Metadata.Set(sluice.EventIDKey, name)
+			return m
+		}
+		switch string(msg.Payload) {
+		case "fails-once":
+			if err := s.outbox.Publish(ctx, s.produced, evt(fmt.Sprintf("fails-once-attempt-%d", attempt))); err != nil {
+				return nil, err
+			}
+			if attempt == 1 {
+				return nil, sluice.Transient(errors.New("the stock service timed out"))
+			}
+			return nil, nil
+		case "rejected":
+			if err := s.outbox.Publish(ctx, s.produced, evt("before-the-abort")); err != nil {
+				return nil, err
+			}
+			_, err := inbox.TxFromContext(ctx).ExecContext(ctx, `INSERT INTO `+s.schema+`.orders (id) VALUES ('taken')`)
+			require.Error(t, err, "a unique violation aborts the transaction")
+			return []*message.Message{evt("rejection-event")}, sluice.Reject(fmt.Errorf("order taken: %w", err))
+		}
+		return nil, fmt.Errorf("unexpected payload %q", msg.Payload)
+	}
+	s.run(h, nil, true)
+	s.relay(outbox.RelayConfig{Publisher: s.rabbit.Publisher()})
+	s.send("evt-fails", "fails-once")
+	s.send("evt-rejected", "rejected")
+	got := s.producedMessages(3)
+	var names []string
+	for _, d := range got {
+		names = append(names, string(d.Body))
+	}
+	require.ElementsMatch(t, []string{"fails-once-attempt-2", "before-the-abort", "rejection-event"}, names,
+		"the failed attempt's message rolled back; the rejection's committed with its claim")
+	require.Equal(t, 2, s.count("inbox"))
+	require.Equal(t, 1, s.count("orders"))
+	require.Equal(t, int64(3), ran.Load())
+	require.Eventually(t, func() bool { return s.count("outbox") == 0 }, 10*time.Second, 10*time.Millisecond)
+}
+
+// A destination the broker cannot route to keeps its rows, with their
+// error, counted; the other destination keeps flowing. Once the queue is
+// declared, RetryNow sends them.
+func TestAnUnroutableDestinationKeepsItsRowsAndBlocksNothing(t *testing.T) {
+	t.Parallel()
+	s := newService(t, testenv.AMQPURL)
+	missing := testenv.Name("missing")
+	testenv.DeleteQueuesAtEnd(t, missing)
+	var ran atomic.Int64
+	h := func(msg *message.Message) ([]*message.Message, error) {
+		ran.Add(1)
+		ctx := msg.Context()
+		if err := s.outbox.Publish(ctx, missing, message.NewMessage(watermill.NewUUID(), msg.Payload)); err != nil {
+			return nil, err
+		}
+		return []*message.Message{message.NewMessage(watermill.NewUUID(), msg.Payload)}, nil
+	}
+	s.run(h, nil, true)
+	s.relay(outbox.RelayConfig{Publisher: s.rabbit.Publisher(), RetryMin: time.Hour, RetryMax: time.Hour, BatchSize: 7})
+	const n = 40
+	for i := range n {
+		s.send(fmt.Sprint("evt-", i), fmt.Sprint(i))
+	}
+	require.Len(t, s.producedMessages(n), n, "the routable destination gets every message")
+	require.Eventually(t, func() bool {
+		return testenv.CounterWhere(t, s.meter, outbox.MetricFailures, "error.type", "refused") == n
+	}, 30*time.Second, 10*time.Millisecond, "each unroutable row failed once, and waits (RetryMin is an hour)")
+	require.Equal(t, n, s.count("outbox"))
+	failing, err := s.outbox.List(t.Context(), true, 100)
+	require.NoError(t, err)
+	require.Len(t, failing, n)
+	for _, e := range failing {
+		require.Equal(t, missing, e.Topic)
+		require.Contains(t, e.LastError, "unroutable")
+		require.Equal(t, 1, e.Attempts)
+	}
+
+	ch, err := s.conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(missing, true, false, false, false, nil)
+	require.NoError(t, err)
+	_ = ch.Close()
+	retried, err := s.outbox.RetryNow(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, int64(n), retried)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, s.conn, missing) == n }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return s.count("outbox") == 0 }, 10*time.Second, 10*time.Millisecond)
+}
+
+// A producer that is not a consumer (an HTTP handler) writes in its own
+// transaction; two relays at once publish each of 2,000 rows exactly once
+// (no fault: at least once would allow more, SKIP LOCKED gives once).
+func TestTwoRelaysPublishEveryRowOnce(t *testing.T) {
+	t.Parallel()
+	s := newService(t, testenv.AMQPURL)
+	const n = 2000
+	a := s.relay(outbox.RelayConfig{Publisher: s.rabbit.Publisher(), BatchSize: 50})
+	b := s.relay(outbox.RelayConfig{Publisher: s.rabbit.Publisher(), BatchSize: 50})
+	for i := range n / 100 {
+		tx, err := s.db.BeginTxx(t.Context(), nil)
+		require.NoError(t, err)
+		msgs := make([]*message.Message, 100)
+		for j := range msgs {
+			msgs[j] = message.NewMessage(fmt.Sprint("m-", i*100+j), nil)
+		}
+		require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, msgs...))
+		require.NoError(t, tx.Commit())
+		a.Wake()
+		b.Wake()
+	}
+	got := s.producedMessages(n)
+	seen := map[string]bool{}
+	for _, d := range got {
+		id, _ := d.Headers["_watermill_message_uuid"].(string)
+		require.False(t, seen[id], "%s published twice", id)
+		seen[id] = true
+	}
+	require.Len(t, seen, n)
+	require.Eventually(t, func() bool { return s.count("outbox") == 0 }, 10*time.Second, 10*time.Millisecond)
+}
+
+// holding publishes nothing until released; it reports each call.
+type holding struct {
+	pub     message.Publisher
+	started chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (h *holding) Publish(topic string, msgs ...*message.Message) error {
+	h.once.Do(func() { close(h.started) })
+	<-h.release
+	return h.pub.Publish(topic, msgs...)
+}
+func (h *holding) Close() error { return nil }
+
+// Close in the middle of a batch finishes it: its rows are published and
+// deleted, then Run returns.
+func TestCloseFinishesTheBatchInFlight(t *testing.T) {
+	t.Parallel()
+	s := newService(t, testenv.AMQPURL)
+	pub := &holding{pub: s.rabbit.Publisher(), started: make(chan struct{}), release: make(chan struct{})}
+	r, err := outbox.NewRelay(outbox.RelayConfig{Store: s.outbox, Publisher: pub, BatchSize: 10})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	tx, err := s.db.BeginTxx(t.Context(), nil)
+	require.NoError(t, err)
+	msgs := make([]*message.Message, 5)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(watermill.NewUUID(), nil)
+	}
+	require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, msgs...))
+	require.NoError(t, tx.Commit())
+	r.Wake()
+	<-pub.started
+	closed := make(chan error, 1)
+	go func() { closed <- r.Close() }()
+	close(pub.release)
+	require.NoError(t, <-closed)
+	require.NoError(t, <-done)
+	require.Equal(t, 5, testenv.QueueDepth(t, s.conn, s.produced))
+	require.Zero(t, s.count("outbox"), "the batch was finished before Run returned")
+}
+
+// A database that stops answering (a black hole between the relay and
+// PostgreSQL) holds neither the relay nor its Close past their bounds; the
+// relay counts it, and relays again once the database answers.
+func TestABlackHoledDatabaseHoldsNeitherTheRelayNorItsClose(t *testing.T) {
+	t.Parallel()
+	s := newService(t, testenv.AMQPURL)
+	proxy := testenv.StartProxy(t, "127.0.0.1:5432")
+	url := strings.Replace(testenv.PostgresURL, "127.0.0.1:5432", proxy.Addr(), 1)
+	require.NotEqual(t, url, testenv.PostgresURL, "the test database is on 127.0.0.1:5432")
+	viaProxy, err := sqlx.Connect("postgres", url)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = viaProxy.Close() })
+	store, err := sqlstore.New(sqlstore.Config{DB: viaProxy, Table: s.schema + ".outbox"})
+	require.NoError(t, err)
+	meter := sdkmetric.NewManualReader()
+	r, err := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: s.rabbit.Publisher(), StoreTimeout: 200 * time.Millisecond,
+		PublishTimeout: time.Second, PollInterval: 10 * time.Millisecond, RetryMin: 20 * time.Millisecond,
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(meter))})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	proxy.BlackHole()
+	require.Eventually(t, func() bool { return testenv.CounterWhere(t, meter, outbox.MetricFailures, "error.type", "store") >= 2 },
+		30*time.Second, 10*time.Millisecond, "each read that got no answer is given up and counted")
+	proxy.Heal()
+	tx, err := s.db.BeginTxx(t.Context(), nil)
+	require.NoError(t, err)
+	require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, message.NewMessage(watermill.NewUUID(), nil)))
+	require.NoError(t, tx.Commit())
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, s.conn, s.produced) == 1 }, 30*time.Second, 10*time.Millisecond,
+		"relayed once the database answers")
+	proxy.BlackHole()
+	require.Eventually(t, func() bool { return testenv.CounterWhere(t, meter, outbox.MetricFailures, "error.type", "store") >= 4 },
+		30*time.Second, 10*time.Millisecond)
+	require.NoError(t, r.Close(), "Close returns although a store call hangs")
+	require.NoError(t, <-done)
+	proxy.Heal() // the calls given up return, and end
+}

@@ -1,0 +1,590 @@
+// Package sqlstore is the outbox's store on PostgreSQL (lib/pq or pgx) and
+// SQLite: produced messages are rows of an outbox table, written in the
+// inbox's transaction (Publish) or in a transaction of your own (Write),
+// and read, deleted and marked by outbox.Relay. It imports no database
+// driver.
+package sqlstore
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/deduplication"
+	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/internal/sqldb"
+	"github.com/sluicemq/sluice/internal/sqlname"
+	"github.com/sluicemq/sluice/outbox"
+)
+
+// Defaults.
+const (
+	// TableDefault is the default outbox table name.
+	TableDefault = "sluice_outbox"
+	// LeaseDefault is Config.Lease's default.
+	LeaseDefault = 2 * time.Minute
+	// TopicMaxLength bounds a row's topic, in bytes.
+	TopicMaxLength = 255
+)
+
+// Config configures a Store.
+type Config struct {
+	// DB is the database of the business writes, the inbox's. Its driver
+	// picks the dialect: "postgres" or "pgx" for PostgreSQL, "sqlite" or
+	// "sqlite3" for SQLite. Exactly one of DB and SQLDB is required.
+	DB *sqlx.DB
+	// SQLDB is the database as a plain *sql.DB (see
+	// deduplication/sqlstore.Config.SQLDB), with DriverName when its
+	// driver's type does not tell the dialect.
+	SQLDB      *sql.DB
+	DriverName string
+	// Table is the outbox table: a name, or schema.name on PostgreSQL, each
+	// part an SQL identifier. Quoted, so case matters. Default TableDefault.
+	Table string
+	// Lease is how long a relay on SQLite holds a batch it took: another
+	// relay takes its rows after that, should it have stopped. Keep it
+	// longer than the relay's PublishTimeout plus twice its StoreTimeout.
+	// On PostgreSQL a batch is held by its transaction's row locks, released
+	// the moment its relay's connection ends. Default LeaseDefault.
+	Lease time.Duration
+}
+
+// Store is the outbox table. It is an outbox.Writer (Publish, in the
+// inbox's transaction) and an outbox.Store (for outbox.Relay). It is safe
+// for concurrent use.
+type Store struct {
+	db      *sqlx.DB
+	dialect dialect
+	table   string // quoted
+	name    string // as configured, unquoted
+	last    string // last part, unquoted
+	lease   time.Duration
+	wake    chan struct{}
+}
+
+var (
+	_ outbox.Writer = (*Store)(nil)
+	_ outbox.Store  = (*Store)(nil)
+	_ outbox.Waker  = (*Store)(nil)
+)
+
+// New validates cfg and returns a Store. It does not touch the database;
+// call CreateTable or apply SchemaSQL first.
+func New(cfg Config) (*Store, error) {
+	cfg.Table = cmp.Or(cfg.Table, TableDefault)
+	cfg.Lease = cmp.Or(cfg.Lease, LeaseDefault)
+	if cfg.Lease < 0 {
+		return nil, fmt.Errorf("outbox/sqlstore: Config.Lease must not be negative, got %s", cfg.Lease)
+	}
+	db, err := sqldb.Open("outbox/sqlstore: Config", cfg.DB, cfg.SQLDB, cfg.DriverName)
+	if err != nil {
+		return nil, err
+	}
+	d, ok := dialects[db.DriverName()]
+	if !ok {
+		return nil, fmt.Errorf("outbox/sqlstore: Config.DB: driver %q is not supported (want postgres, pgx, sqlite or sqlite3)", db.DriverName())
+	}
+	quoted, last, err := sqlname.Quote(cfg.Table, d.schemas)
+	if err != nil {
+		return nil, fmt.Errorf("outbox/sqlstore: Config.Table: %w", err)
+	}
+	return &Store{db: db, dialect: d, table: quoted, name: cfg.Table, last: last, lease: cfg.Lease, wake: make(chan struct{}, 1)}, nil
+}
+
+// Name is the table's name as configured: the relay's metrics label.
+func (s *Store) Name() string { return s.name }
+
+// SchemaSQL returns the statements that create the outbox table and its
+// index, as CreateTable runs them.
+func (s *Store) SchemaSQL() string {
+	return strings.Join(s.schema(), ";\n") + ";\n"
+}
+
+func (s *Store) schema() []string {
+	return []string{
+		fmt.Sprintf(s.dialect.table, s.table),
+		fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON %s (next_attempt_at)`, `"`+sqlname.Index(s.last, "_next_attempt", "nat")+`"`, s.table),
+	}
+}
+
+
+// CreateTable creates the outbox table and its index if they do not exist.
+func (s *Store) CreateTable(ctx context.Context) error {
+	for _, stmt := range s.schema() {
+		if _, err := s.db.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("outbox/sqlstore: creating outbox table %s: %w", s.table, err)
+		}
+	}
+	return nil
+}
+
+// Wakeups signals rows committed through Publish in this process (and
+// Wake): the relay of this store publishes them without waiting for its
+// poll.
+func (s *Store) Wakeups() <-chan struct{} { return s.wake }
+
+// Wake signals the relay that rows were committed: call it after
+// committing a transaction Write wrote in.
+func (s *Store) Wake() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Publish writes msgs, to be published to topic, in the inbox's SQL
+// transaction that ctx carries (deduplication/sqlstore.TxFromContext), as
+// outbox.Writer says: they commit with the claim and the business writes.
+// The outbox table must be in the inbox's database. It wakes the store's
+// relay once the transaction commits.
+func (s *Store) Publish(ctx context.Context, topic string, msgs ...*message.Message) error {
+	tx := inbox.TxFromContext(ctx)
+	if tx == nil {
+		return fmt.Errorf("%w: ctx carries no SQL inbox transaction (Publish runs inside the inbox stage with a deduplication/sqlstore Store; elsewhere, Write in a transaction of your own)", outbox.ErrNoUnitOfWork)
+	}
+	if _, same := dialects[tx.DriverName()]; !same || dialects[tx.DriverName()].name != s.dialect.name {
+		return fmt.Errorf("%w: the inbox's transaction is on %s, the outbox on %s", outbox.ErrNoUnitOfWork, tx.DriverName(), s.db.DriverName())
+	}
+	rows, err := s.rows(topic, msgs)
+	if err != nil {
+		return err
+	}
+	err = s.insert(ctx, tx, rows)
+	switch {
+	case err == nil, inbox.Aborted(err):
+		// Written, or refused because the handler's own statement aborted
+		// the transaction: either way, a rejection's claim recorded alone
+		// carries these rows too.
+		deduplication.OnRecordAlone(ctx, func(ctx context.Context, u deduplication.Tx) error {
+			t := inbox.SQLTx(u)
+			if t == nil {
+				return fmt.Errorf("outbox/sqlstore: the unit of work is not an SQL transaction")
+			}
+			return s.insert(ctx, t, rows)
+		})
+		deduplication.OnCommit(ctx, s.Wake)
+	}
+	if err != nil && inbox.Aborted(err) {
+		return fmt.Errorf("%w: outbox/sqlstore: writing %d messages to %s: %w", deduplication.ErrAborted, len(msgs), s.table, err)
+	}
+	if err != nil {
+		return fmt.Errorf("outbox/sqlstore: writing %d messages to %s: %w", len(msgs), s.table, err)
+	}
+	return nil
+}
+
+// Execer is a transaction (or a database) Write writes in: *sql.Tx,
+// *sqlx.Tx.
+type Execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// Write writes msgs, to be published to topic, in tx — a transaction of
+// your own on the outbox's database, for a service that produces outside a
+// consumer (an HTTP handler writing an order and its event): they commit
+// with it. Call Wake after the commit, or the relay finds them within its
+// PollInterval. Each message gets its ids as Publish gives them.
+func (s *Store) Write(ctx context.Context, tx Execer, topic string, msgs ...*message.Message) error {
+	rows, err := s.rows(topic, msgs)
+	if err != nil {
+		return err
+	}
+	if err := s.insert(ctx, tx, rows); err != nil {
+		return fmt.Errorf("outbox/sqlstore: writing %d messages to %s: %w", len(msgs), s.table, err)
+	}
+	return nil
+}
+
+// row is a message encoded for its INSERT.
+type row struct {
+	topic, id, metadata string
+	payload             []byte
+}
+
+// rows gives each message its ids and encodes it.
+func (s *Store) rows(topic string, msgs []*message.Message) ([]row, error) {
+	if topic == "" || len(topic) > TopicMaxLength {
+		return nil, fmt.Errorf("outbox/sqlstore: topic must be 1 to %d bytes, got %d", TopicMaxLength, len(topic))
+	}
+	out := make([]row, len(msgs))
+	for i, m := range msgs {
+		if m == nil {
+			return nil, fmt.Errorf("outbox/sqlstore: message %d is nil", i)
+		}
+		if m.UUID == "" {
+			m.UUID = watermill.NewUUID()
+		}
+		if m.Metadata == nil {
+			m.Metadata = message.Metadata{}
+		}
+		if m.Metadata.Get(sluice.EventIDKey) == "" {
+			m.Metadata.Set(sluice.EventIDKey, m.UUID)
+		}
+		md, err := json.Marshal(map[string]string(m.Metadata))
+		if err != nil {
+			return nil, fmt.Errorf("outbox/sqlstore: encoding message %d's metadata: %w", i, err)
+		}
+		payload := m.Payload
+		if payload == nil {
+			payload = []byte{}
+		}
+		out[i] = row{topic: topic, id: m.UUID, metadata: string(md), payload: payload}
+	}
+	return out, nil
+}
+
+// insertChunk bounds the rows of one INSERT statement.
+const insertChunk = 100
+
+func (s *Store) insert(ctx context.Context, tx Execer, rows []row) error {
+	for len(rows) > 0 {
+		n := min(len(rows), insertChunk)
+		var q strings.Builder
+		q.WriteString(`INSERT INTO ` + s.table + ` (topic, message_id, metadata, payload, created_at, next_attempt_at) VALUES `)
+		args := make([]any, 0, 4*n)
+		for i, r := range rows[:n] {
+			if i > 0 {
+				q.WriteString(", ")
+			}
+			q.WriteString(s.dialect.values(len(args)))
+			args = append(args, r.topic, r.id, r.metadata, r.payload)
+		}
+		if _, err := tx.ExecContext(ctx, q.String(), args...); err != nil {
+			return err
+		}
+		rows = rows[n:]
+	}
+	return nil
+}
+
+// Due takes up to limit due rows, oldest first (outbox.Store). On
+// PostgreSQL it holds them with FOR UPDATE SKIP LOCKED in a transaction
+// that lives until the batch is finished or released, or ctx ends; on
+// SQLite it leases them for Lease.
+func (s *Store) Due(ctx context.Context, limit int) (outbox.Batch, error) {
+	if s.dialect.name == "postgres" {
+		return s.duePostgres(ctx, limit)
+	}
+	return s.dueSQLite(ctx, limit)
+}
+
+// scanned is a row as selected.
+type scanned struct {
+	ID        int64  `db:"id"`
+	Topic     string `db:"topic"`
+	MessageID string `db:"message_id"`
+	Metadata  string `db:"metadata"`
+	Payload   []byte `db:"payload"`
+	Attempts  int    `db:"attempts"`
+	Created   any    `db:"created_at"`
+}
+
+func (s *Store) decode(rs []scanned) ([]outbox.Row, error) {
+	out := make([]outbox.Row, 0, len(rs))
+	for _, r := range rs {
+		var md map[string]string
+		if err := json.Unmarshal([]byte(r.Metadata), &md); err != nil {
+			return nil, fmt.Errorf("outbox/sqlstore: row %d of %s: its metadata is not a JSON object of strings: %w", r.ID, s.table, err)
+		}
+		m := message.NewMessage(r.MessageID, r.Payload)
+		m.Metadata = md
+		created, err := s.dialect.readTime(r.Created)
+		if err != nil {
+			return nil, fmt.Errorf("outbox/sqlstore: row %d of %s: %w", r.ID, s.table, err)
+		}
+		out = append(out, outbox.Row{ID: r.ID, Topic: r.Topic, Message: m, Attempts: r.Attempts, CreatedAt: created})
+	}
+	slices.SortFunc(out, func(a, b outbox.Row) int { return cmp.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+const columns = `id, topic, message_id, metadata, payload, attempts, created_at`
+
+func (s *Store) duePostgres(ctx context.Context, limit int) (outbox.Batch, error) {
+	tx, err := s.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("outbox/sqlstore: begin: %w", err)
+	}
+	var rs []scanned
+	q := `SELECT ` + columns + ` FROM ` + s.table + ` WHERE next_attempt_at <= clock_timestamp() ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
+	if err := tx.SelectContext(ctx, &rs, q, limit); err != nil {
+		_ = tx.Rollback()
+		return nil, fmt.Errorf("outbox/sqlstore: reading due rows of %s: %w", s.table, err)
+	}
+	rows, err := s.decode(rs)
+	if err != nil {
+		_ = tx.Rollback()
+		return nil, err
+	}
+	return &pgBatch{s: s, tx: tx, rows: rows}, nil
+}
+
+type pgBatch struct {
+	s    *Store
+	tx   *sqlx.Tx
+	rows []outbox.Row
+}
+
+func (b *pgBatch) Rows() []outbox.Row { return b.rows }
+
+func (b *pgBatch) Finish(ctx context.Context, relayed []int64, failed []outbox.Failed) error {
+	if err := b.s.finish(ctx, b.tx, relayed, failed); err != nil {
+		_ = b.tx.Rollback()
+		return err
+	}
+	if err := b.tx.Commit(); err != nil {
+		return fmt.Errorf("outbox/sqlstore: commit: %w", err)
+	}
+	return nil
+}
+
+func (b *pgBatch) Release(context.Context) error {
+	if err := b.tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+		return err
+	}
+	return nil
+}
+
+// finish deletes the relayed rows and records the failed ones in db.
+func (s *Store) finish(ctx context.Context, db sqlx.ExtContext, relayed []int64, failed []outbox.Failed) error {
+	for chunk := range slices.Chunk(relayed, 1000) {
+		q, args, err := sqlx.In(`DELETE FROM `+s.table+` WHERE id IN (?)`, chunk)
+		if err != nil {
+			return err
+		}
+		if _, err := db.ExecContext(ctx, db.Rebind(q), args...); err != nil {
+			return fmt.Errorf("outbox/sqlstore: deleting %d relayed rows of %s: %w", len(chunk), s.table, err)
+		}
+	}
+	q := db.Rebind(`UPDATE ` + s.table + ` SET attempts = attempts + 1, last_error = ?, next_attempt_at = ?` + s.dialect.unlease + ` WHERE id = ?`)
+	for _, f := range failed {
+		if _, err := db.ExecContext(ctx, q, f.Err, s.dialect.timeArg(f.NextAttempt), f.ID); err != nil {
+			return fmt.Errorf("outbox/sqlstore: recording the failure of row %d of %s: %w", f.ID, s.table, err)
+		}
+	}
+	return nil
+}
+
+func (s *Store) dueSQLite(ctx context.Context, limit int) (outbox.Batch, error) {
+	now := time.Now()
+	var rs []scanned
+	q := `UPDATE ` + s.table + ` SET leased_until = ? WHERE id IN (SELECT id FROM ` + s.table +
+		` WHERE next_attempt_at <= ? AND leased_until <= ? ORDER BY id LIMIT ?) RETURNING ` + columns
+	if err := s.db.SelectContext(ctx, &rs, q, now.Add(s.lease).UnixMicro(), now.UnixMicro(), now.UnixMicro(), limit); err != nil {
+		return nil, fmt.Errorf("outbox/sqlstore: leasing due rows of %s: %w", s.table, err)
+	}
+	rows, err := s.decode(rs)
+	if err != nil {
+		return nil, err
+	}
+	return &leaseBatch{s: s, rows: rows}, nil
+}
+
+type leaseBatch struct {
+	s    *Store
+	rows []outbox.Row
+}
+
+func (b *leaseBatch) Rows() []outbox.Row { return b.rows }
+
+func (b *leaseBatch) Finish(ctx context.Context, relayed []int64, failed []outbox.Failed) error {
+	tx, err := b.s.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("outbox/sqlstore: begin: %w", err)
+	}
+	if err := b.s.finish(ctx, tx, relayed, failed); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+func (b *leaseBatch) Release(ctx context.Context) error {
+	if len(b.rows) == 0 {
+		return nil
+	}
+	ids := make([]int64, len(b.rows))
+	for i, r := range b.rows {
+		ids[i] = r.ID
+	}
+	q, args, err := sqlx.In(`UPDATE `+b.s.table+` SET leased_until = 0 WHERE id IN (?)`, ids)
+	if err != nil {
+		return err
+	}
+	_, err = b.s.db.ExecContext(ctx, q, args...)
+	return err
+}
+
+// Stats counts what waits in the outbox (outbox.Store).
+func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
+	var r struct {
+		Pending int64 `db:"pending"`
+		Failing int64 `db:"failing"`
+		Oldest  any   `db:"oldest"`
+	}
+	q := `SELECT count(*) AS pending, coalesce(sum(CASE WHEN attempts > 0 THEN 1 ELSE 0 END), 0) AS failing, min(created_at) AS oldest FROM ` + s.table
+	if err := s.db.GetContext(ctx, &r, q); err != nil {
+		return outbox.Stats{}, fmt.Errorf("outbox/sqlstore: counting %s: %w", s.table, err)
+	}
+	st := outbox.Stats{Pending: r.Pending, Failing: r.Failing}
+	if r.Oldest != nil {
+		t, err := s.dialect.readTime(r.Oldest)
+		if err != nil {
+			return outbox.Stats{}, err
+		}
+		st.Oldest = t
+	}
+	return st, nil
+}
+
+// Entry is a row as an operator sees it (List).
+type Entry struct {
+	ID          int64
+	Topic       string
+	MessageID   string
+	EventID     string
+	Attempts    int
+	LastError   string
+	CreatedAt   time.Time
+	NextAttempt time.Time
+}
+
+// List returns up to limit rows, oldest first; with failing, only those
+// whose last publish failed.
+func (s *Store) List(ctx context.Context, failing bool, limit int) ([]Entry, error) {
+	var rs []struct {
+		ID        int64          `db:"id"`
+		Topic     string         `db:"topic"`
+		MessageID string         `db:"message_id"`
+		Metadata  string         `db:"metadata"`
+		Attempts  int            `db:"attempts"`
+		LastError sql.NullString `db:"last_error"`
+		Created   any            `db:"created_at"`
+		Next      any            `db:"next_attempt_at"`
+	}
+	where := ""
+	if failing {
+		where = ` WHERE attempts > 0`
+	}
+	q := s.db.Rebind(`SELECT id, topic, message_id, metadata, attempts, last_error, created_at, next_attempt_at FROM ` + s.table + where + ` ORDER BY id LIMIT ?`)
+	if err := s.db.SelectContext(ctx, &rs, q, limit); err != nil {
+		return nil, fmt.Errorf("outbox/sqlstore: listing %s: %w", s.table, err)
+	}
+	out := make([]Entry, 0, len(rs))
+	for _, r := range rs {
+		var md map[string]string
+		_ = json.Unmarshal([]byte(r.Metadata), &md) // an unreadable one is shown without its event id
+		created, err := s.dialect.readTime(r.Created)
+		if err != nil {
+			return nil, err
+		}
+		next, err := s.dialect.readTime(r.Next)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Entry{ID: r.ID, Topic: r.Topic, MessageID: r.MessageID, EventID: md[sluice.EventIDKey],
+			Attempts: r.Attempts, LastError: r.LastError.String, CreatedAt: created, NextAttempt: next})
+	}
+	return out, nil
+}
+
+// RetryNow makes every failing row due at once (after the cause is fixed:
+// a queue declared, a binding added) and returns how many it touched.
+func (s *Store) RetryNow(ctx context.Context) (int64, error) {
+	res, err := s.db.ExecContext(ctx, s.db.Rebind(`UPDATE `+s.table+` SET next_attempt_at = ? WHERE attempts > 0`), s.dialect.timeArg(time.Now()))
+	if err != nil {
+		return 0, fmt.Errorf("outbox/sqlstore: %w", err)
+	}
+	s.Wake()
+	return res.RowsAffected()
+}
+
+// dialect holds the SQL that differs between databases.
+type dialect struct {
+	name    string
+	table   string // %s is the table
+	schemas bool
+	// values returns one row's placeholders for INSERT, the first
+	// argument being number n+1.
+	values   func(n int) string
+	unlease  string
+	timeArg  func(time.Time) any
+	readTime func(any) (time.Time, error)
+}
+
+var postgres = dialect{
+	name: "postgres",
+	table: `CREATE TABLE IF NOT EXISTS %s (
+	id              BIGSERIAL   PRIMARY KEY,
+	topic           TEXT        NOT NULL,
+	message_id      TEXT        NOT NULL,
+	metadata        TEXT        NOT NULL,
+	payload         BYTEA       NOT NULL,
+	created_at      TIMESTAMPTZ NOT NULL,
+	attempts        INTEGER     NOT NULL DEFAULT 0,
+	next_attempt_at TIMESTAMPTZ NOT NULL,
+	last_error      TEXT
+)`,
+	schemas: true,
+	values: func(n int) string {
+		return fmt.Sprintf("($%d, $%d, $%d, $%d, clock_timestamp(), clock_timestamp())", n+1, n+2, n+3, n+4)
+	},
+	timeArg: func(t time.Time) any { return t },
+	readTime: func(v any) (time.Time, error) {
+		t, ok := v.(time.Time)
+		if !ok {
+			return time.Time{}, fmt.Errorf("outbox/sqlstore: a time column read as %T", v)
+		}
+		return t, nil
+	},
+}
+
+// sqlite keeps times as Unix microseconds, as the inbox does.
+var sqlite = dialect{
+	name: "sqlite",
+	table: `CREATE TABLE IF NOT EXISTS %s (
+	id              INTEGER PRIMARY KEY AUTOINCREMENT,
+	topic           TEXT    NOT NULL,
+	message_id      TEXT    NOT NULL,
+	metadata        TEXT    NOT NULL,
+	payload         BLOB    NOT NULL,
+	created_at      INTEGER NOT NULL,
+	attempts        INTEGER NOT NULL DEFAULT 0,
+	next_attempt_at INTEGER NOT NULL,
+	last_error      TEXT,
+	leased_until    INTEGER NOT NULL DEFAULT 0
+)`,
+	values: func(int) string {
+		return "(?, ?, ?, ?, CAST(unixepoch('subsec') * 1000000 AS INTEGER), CAST(unixepoch('subsec') * 1000000 AS INTEGER))"
+	},
+	unlease: `, leased_until = 0`,
+	timeArg: func(t time.Time) any { return t.UnixMicro() },
+	readTime: func(v any) (time.Time, error) {
+		us, ok := v.(int64)
+		if !ok {
+			return time.Time{}, fmt.Errorf("outbox/sqlstore: a time column read as %T", v)
+		}
+		return time.UnixMicro(us), nil
+	},
+}
+
+var dialects = map[string]dialect{
+	"postgres": postgres,
+	"pgx":      postgres,
+	"sqlite":   sqlite,
+	"sqlite3":  sqlite,
+}
+
+// DB is the store's database.
+func (s *Store) DB() *sqlx.DB { return s.db }
