@@ -118,7 +118,6 @@ func (s *Store) schema() []string {
 	}
 }
 
-
 // CreateTable creates the outbox table and its index if they do not exist.
 func (s *Store) CreateTable(ctx context.Context) error {
 	for _, stmt := range s.schema() {
