@@ -19,6 +19,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
@@ -58,6 +60,12 @@ type Config struct {
 	// On PostgreSQL a batch is held by its transaction's row locks, released
 	// the moment its relay's connection ends. Default LeaseDefault.
 	Lease time.Duration
+	// Propagator writes the trace context of the delivery being handled (or
+	// of ctx in Write) into each message's metadata when it has none, so a
+	// produced message continues the trace of the delivery that produced
+	// it, as middleware.TracingPublisher does. Default W3C trace context
+	// and baggage, as middleware.TraceConfig's.
+	Propagator propagation.TextMapPropagator
 }
 
 // Store is the outbox table. It is an outbox.Writer (Publish, in the
@@ -71,6 +79,7 @@ type Store struct {
 	last    string // last part, unquoted
 	lease   time.Duration
 	wake    chan struct{}
+	prop    propagation.TextMapPropagator
 }
 
 var (
@@ -99,7 +108,8 @@ func New(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox/sqlstore: Config.Table: %w", err)
 	}
-	return &Store{db: db, dialect: d, table: quoted, name: cfg.Table, last: last, lease: cfg.Lease, wake: make(chan struct{}, 1)}, nil
+	prop := cmp.Or[propagation.TextMapPropagator](cfg.Propagator, propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
+	return &Store{db: db, dialect: d, table: quoted, name: cfg.Table, last: last, lease: cfg.Lease, wake: make(chan struct{}, 1), prop: prop}, nil
 }
 
 // Name is the table's name as configured: the relay's metrics label.
@@ -155,7 +165,7 @@ func (s *Store) Publish(ctx context.Context, topic string, msgs ...*message.Mess
 	if _, same := dialects[tx.DriverName()]; !same || dialects[tx.DriverName()].name != s.dialect.name {
 		return fmt.Errorf("%w: the inbox's transaction is on %s, the outbox on %s", outbox.ErrNoUnitOfWork, tx.DriverName(), s.db.DriverName())
 	}
-	rows, err := s.rows(topic, msgs)
+	rows, err := s.rows(ctx, topic, msgs)
 	if err != nil {
 		return err
 	}
@@ -195,7 +205,7 @@ type Execer interface {
 // with it. Call Wake after the commit, or the relay finds them within its
 // PollInterval. Each message gets its ids as Publish gives them.
 func (s *Store) Write(ctx context.Context, tx Execer, topic string, msgs ...*message.Message) error {
-	rows, err := s.rows(topic, msgs)
+	rows, err := s.rows(ctx, topic, msgs)
 	if err != nil {
 		return err
 	}
@@ -211,8 +221,9 @@ type row struct {
 	payload             []byte
 }
 
-// rows gives each message its ids and encodes it.
-func (s *Store) rows(topic string, msgs []*message.Message) ([]row, error) {
+// rows gives each message its ids and ctx's trace context, and encodes it.
+func (s *Store) rows(ctx context.Context, topic string, msgs []*message.Message) ([]row, error) {
+	traced := trace.SpanContextFromContext(ctx).IsValid()
 	if topic == "" || len(topic) > TopicMaxLength {
 		return nil, fmt.Errorf("outbox/sqlstore: topic must be 1 to %d bytes, got %d", TopicMaxLength, len(topic))
 	}
@@ -229,6 +240,9 @@ func (s *Store) rows(topic string, msgs []*message.Message) ([]row, error) {
 		}
 		if m.Metadata.Get(sluice.EventIDKey) == "" {
 			m.Metadata.Set(sluice.EventIDKey, m.UUID)
+		}
+		if traced && !slices.ContainsFunc(s.prop.Fields(), func(f string) bool { return m.Metadata.Get(f) != "" }) {
+			s.prop.Inject(ctx, propagation.MapCarrier(m.Metadata)) // the producer's own trace context wins
 		}
 		md, err := json.Marshal(map[string]string(m.Metadata))
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
@@ -306,4 +307,24 @@ func TestPublishRefusesAnotherDialect(t *testing.T) {
 	})(msg)
 	require.ErrorIs(t, err, outbox.ErrNoUnitOfWork)
 	require.ErrorContains(t, err, "the inbox's transaction is on postgres, the outbox on sqlite")
+}
+
+// A produced message continues the trace of the delivery that produced it;
+// a producer's own trace context is kept.
+func TestWriteCarriesTheTraceContext(t *testing.T) {
+	t.Parallel()
+	s := backends(t)["sqlite"]
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1}, SpanID: trace.SpanID{2}, TraceFlags: trace.FlagsSampled})
+	ctx := trace.ContextWithSpanContext(t.Context(), sc)
+	own := message.NewMessage("own", nil)
+	own.Metadata.Set("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+	tx, err := s.DB().BeginTxx(ctx, nil)
+	require.NoError(t, err)
+	require.NoError(t, s.Write(ctx, tx, "t", message.NewMessage("new", nil), own))
+	require.NoError(t, tx.Commit())
+	b, err := s.Due(ctx, 10)
+	require.NoError(t, err)
+	require.Equal(t, "00-01000000000000000000000000000000-0200000000000000-01", b.Rows()[0].Message.Metadata.Get("traceparent"))
+	require.Equal(t, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", b.Rows()[1].Message.Metadata.Get("traceparent"))
+	require.NoError(t, b.Release(ctx))
 }
