@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -454,4 +456,36 @@ func TestABlackHoledDatabaseHoldsNeitherTheRelayNorItsClose(t *testing.T) {
 	require.NoError(t, r.Close(), "Close returns although a store call hangs")
 	require.NoError(t, <-done)
 	proxy.Heal() // the calls given up return, and end
+}
+
+// unreachableFirst fails the first n publishes as a broker that refuses
+// connections does.
+type unreachableFirst struct {
+	pub message.Publisher
+	n   atomic.Int64
+}
+
+func (u *unreachableFirst) Publish(topic string, msgs ...*message.Message) error {
+	if u.n.Add(-1) >= 0 {
+		return &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	}
+	return u.pub.Publish(topic, msgs...)
+}
+func (u *unreachableFirst) Close() error { return nil }
+
+// While the broker cannot be reached, rows are not pushed back by their
+// retry backoff (an hour here): they go as soon as it answers.
+func TestAnUnreachableBrokerDoesNotPushRowsBack(t *testing.T) {
+	t.Parallel()
+	s := newService(t, testenv.AMQPURL)
+	pub := &unreachableFirst{pub: s.rabbit.Publisher()}
+	pub.n.Store(20)
+	s.relay(outbox.RelayConfig{Publisher: pub, RetryMin: 40 * time.Millisecond, RetryMax: time.Hour, PollInterval: time.Hour})
+	tx, err := s.db.BeginTxx(t.Context(), nil)
+	require.NoError(t, err)
+	require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, message.NewMessage(watermill.NewUUID(), nil)))
+	require.NoError(t, tx.Commit())
+	s.outbox.Wake()
+	require.Len(t, s.producedMessages(1), 1)
+	require.Equal(t, int64(20), testenv.CounterWhere(t, s.meter, outbox.MetricFailures, "error.type", "unreachable"))
 }

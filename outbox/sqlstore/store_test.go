@@ -328,3 +328,58 @@ func TestWriteCarriesTheTraceContext(t *testing.T) {
 	require.Equal(t, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", b.Rows()[1].Message.Metadata.Get("traceparent"))
 	require.NoError(t, b.Release(ctx))
 }
+
+// A batch a relay holds on PostgreSQL is released the moment its
+// connection ends (a relay killed mid-batch): another takes its rows at
+// once. On SQLite, when its lease runs out.
+func TestAHeldBatchIsReleasedWhenItsRelayIsGone(t *testing.T) {
+	t.Parallel()
+	t.Run("postgres", func(t *testing.T) {
+		ctx := t.Context()
+		s := backends(t)["postgres"]
+		own, err := sqlx.Connect("postgres", testenv.PostgresURL) // the doomed relay's pool
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = own.Close() })
+		doomed, err := sqlstore.New(sqlstore.Config{DB: own, Table: s.Name()})
+		require.NoError(t, err)
+		write(t, s, "t", message.NewMessage("a", nil), message.NewMessage("b", nil))
+		held, err := doomed.Due(ctx, 10)
+		require.NoError(t, err)
+		require.Len(t, held.Rows(), 2)
+		other, err := s.Due(ctx, 10)
+		require.NoError(t, err)
+		require.Empty(t, other.Rows(), "held")
+		require.NoError(t, other.Release(ctx))
+
+		var terminated bool
+		require.NoError(t, s.DB().GetContext(ctx, &terminated,
+			`SELECT pg_terminate_backend(pid) FROM pg_locks WHERE relation = $1::regclass AND mode = 'RowShareLock' AND pid <> pg_backend_pid() LIMIT 1`, s.Name()))
+		require.True(t, terminated)
+		require.Eventually(t, func() bool {
+			b, err := s.Due(ctx, 10)
+			require.NoError(t, err)
+			defer func() { require.NoError(t, b.Release(ctx)) }()
+			return len(b.Rows()) == 2
+		}, 10*time.Second, 10*time.Millisecond)
+		require.Error(t, held.Finish(ctx, []int64{held.Rows()[0].ID}, nil), "the killed relay's batch cannot finish")
+	})
+	t.Run("sqlite", func(t *testing.T) {
+		ctx := t.Context()
+		db := testenv.SQLite(t)
+		s, err := sqlstore.New(sqlstore.Config{DB: db, Lease: 100 * time.Millisecond})
+		require.NoError(t, err)
+		require.NoError(t, s.CreateTable(ctx))
+		write(t, s, "t", message.NewMessage("a", nil))
+		held, err := s.Due(ctx, 10)
+		require.NoError(t, err)
+		require.Len(t, held.Rows(), 1)
+		b, err := s.Due(ctx, 10)
+		require.NoError(t, err)
+		require.Empty(t, b.Rows(), "leased")
+		require.Eventually(t, func() bool {
+			b, err := s.Due(ctx, 10)
+			require.NoError(t, err)
+			return len(b.Rows()) == 1
+		}, 10*time.Second, 10*time.Millisecond, "taken again once the lease ran out")
+	})
+}
