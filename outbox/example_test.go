@@ -1,0 +1,118 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/deduplication"
+	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
+	"github.com/sluicemq/sluice/embedded"
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/outbox"
+	"github.com/sluicemq/sluice/outbox/sqlstore"
+	"github.com/sluicemq/sluice/router"
+)
+
+// A handler that reserves stock and produces a reservation event: the event
+// is a row of the inbox's commit, relayed after it. Two deliveries of one
+// order, one reservation, one event. On the embedded default (SQLite, the
+// in-process broker); on RabbitMQ + PostgreSQL the relay's Publisher is the
+// broker's confirmed one.
+func Example() {
+	ctx := context.Background()
+	dir, _ := os.MkdirTemp("", "sluice-outbox-example")
+	defer os.RemoveAll(dir)
+	db, err := sqlite.Open(ctx, filepath.Join(dir, "app.db"))
+	if err != nil {
+		panic(err)
+	}
+	defer func() { _ = db.Close() }()
+	db.MustExec(`CREATE TABLE reservations (order_id TEXT NOT NULL)`)
+	inboxStore, err := inbox.New(inbox.Config{DB: db})
+	if err != nil {
+		panic(err)
+	}
+	outboxStore, err := sqlstore.New(sqlstore.Config{DB: db}) // the same database: one commit
+	if err != nil {
+		panic(err)
+	}
+	for _, create := range []func(context.Context) error{inboxStore.CreateTable, outboxStore.CreateTable} {
+		if err := create(ctx); err != nil {
+			panic(err)
+		}
+	}
+	b, err := embedded.New(embedded.Config{Topic: "order.created"})
+	if err != nil {
+		panic(err)
+	}
+	defer func() { _ = b.Close() }()
+	reserved, err := b.PubSub().Subscribe(ctx, "inventory.reserved")
+	if err != nil {
+		panic(err)
+	}
+
+	r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	if err != nil {
+		panic(err)
+	}
+	_, err = router.Add(r, router.HandlerConfig{
+		Broker: b,
+		Name:   "inventory",
+		PublishingHandler: func(msg *message.Message) ([]*message.Message, error) {
+			ctx := msg.Context()
+			tx := inbox.TxFromContext(ctx) // the inbox's transaction
+			if _, err := tx.ExecContext(ctx, `INSERT INTO reservations (order_id) VALUES ('o-1')`); err != nil {
+				return nil, err
+			}
+			evt := message.NewMessage(watermill.NewUUID(), []byte(`{"orderId":"o-1"}`))
+			evt.Metadata.Set(sluice.EventIDKey, "reserved:o-1") // stable: a resent copy is a duplicate downstream
+			return []*message.Message{evt}, nil // written in the same transaction
+		},
+		PublishTopic: "inventory.reserved",
+		Outbox:       outboxStore,
+		Stages: router.Stages{
+			Classify:  &middleware.ClassifyConfig{},
+			Inbox:     &deduplication.Config{Store: inboxStore, Key: deduplication.KeyFromJSON("eventId")},
+			Recoverer: &middleware.RecovererConfig{},
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	relay, err := outbox.NewRelay(outbox.RelayConfig{Store: outboxStore, Publisher: b.PubSub().Publisher()})
+	if err != nil {
+		panic(err)
+	}
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.Run(ctx) }()
+	go func() { _ = r.Run(ctx) }()
+	<-r.Running()
+
+	for range 2 { // the same event delivered twice
+		order := message.NewMessage(watermill.NewUUID(), []byte(`{"eventId":"evt-1","orderId":"o-1"}`))
+		if err := b.PubSub().Publish("order.created", order); err != nil {
+			panic(err)
+		}
+	}
+	evt := <-reserved
+	evt.Ack()
+	fmt.Println("received", evt.Metadata.Get(sluice.EventIDKey), string(evt.Payload))
+
+	_ = r.Close()
+	_ = relay.Close()
+	<-relayDone
+	var reservations, waiting int
+	_ = db.Get(&reservations, `SELECT count(*) FROM reservations`)
+	_ = db.Get(&waiting, `SELECT count(*) FROM sluice_outbox`)
+	fmt.Println("reservations:", reservations, "rows left in the outbox:", waiting)
+	// Output:
+	// received reserved:o-1 {"orderId":"o-1"}
+	// reservations: 1 rows left in the outbox: 0
+}
