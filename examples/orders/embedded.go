@@ -9,15 +9,15 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
 	"github.com/sluicemq/sluice/embedded"
-	"github.com/sluicemq/sluice/router"
 )
 
 const topic = "order.created"
 
-// embeddedEnv: Sluice's in-process broker (embedded.PubSub), SQLite,
-// in-process tiers. No servers.
+// embeddedEnv: Sluice's in-process broker (embedded.PubSub), SQLite (the
+// inbox, the outbox and the business tables), in-process tiers. No servers.
 type embeddedEnv struct {
 	sqlite   *sqlx.DB
 	dir      string
@@ -57,18 +57,14 @@ func newEmbeddedEnv(ctx context.Context, dbPath string) (_ *embeddedEnv, err err
 	return e, err
 }
 
-func (e *embeddedEnv) db() *sqlx.DB          { return e.sqlite }
-func (e *embeddedEnv) tables() tables        { return "" }
-func (e *embeddedEnv) inventory() *inventory { return &inventory{} }
+func (e *embeddedEnv) db() *sqlx.DB           { return e.sqlite }
+func (e *embeddedEnv) tables() tables         { return "" }
+func (e *embeddedEnv) broker() broker.Broker  { return e.embedded }
+func (e *embeddedEnv) rejectionTopic() string { return rejectedTopic }
 
-func (e *embeddedEnv) add(r *message.Router, h router.HandlerConfig) error {
-	// The router closes a handler's publisher when the handler stops: a
-	// view of the broker that leaves closing it to Embedded.Close.
-	h.PublishTopic, h.Publisher = rejectedTopic, e.embedded.PubSub().Publisher()
-	h.Broker = e.embedded
-	_, err := router.Add(r, h)
-	return err
-}
+// relayPublisher publishes into the in-process broker: held once Publish
+// returns (in memory). Its Close leaves closing the broker to Embedded.Close.
+func (e *embeddedEnv) relayPublisher() message.Publisher { return e.embedded.PubSub().Publisher() }
 
 // start counts the rejection events delivered on their topic.
 func (e *embeddedEnv) start(context.Context) error {

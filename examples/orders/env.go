@@ -7,8 +7,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
-	"github.com/sluicemq/sluice/router"
+	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
 )
 
 // env is where the example runs: the embedded default or RabbitMQ +
@@ -16,11 +17,15 @@ import (
 type env interface {
 	db() *sqlx.DB
 	tables() tables
-	// inventory returns the handler's service, with an outbox where there is one.
-	inventory() *inventory
-	// add adds the reliable handler to r.
-	add(r *message.Router, h router.HandlerConfig) error
-	// start starts what runs beside the router (the outbox relay).
+	// broker gives the handler its queue, tiers and poison queue.
+	broker() broker.Broker
+	// rejectionTopic is where the rejection event goes.
+	rejectionTopic() string
+	// relayPublisher is the confirmed publisher the outbox relay publishes
+	// with: it returns once the broker holds the message.
+	relayPublisher() message.Publisher
+	// start starts what runs beside the router (counting the rejection
+	// events in the embedded default).
 	start(ctx context.Context) error
 	publish(msgs ...*message.Message) error
 	// poisoned reads back the poison queue.
@@ -38,6 +43,16 @@ var tierDelays = []time.Duration{100 * time.Millisecond, 300 * time.Millisecond}
 // newInboxStore creates the inbox table in the env's database.
 func newInboxStore(ctx context.Context, db *sqlx.DB, t tables) (*sqlstore.Store, error) {
 	store, err := sqlstore.New(sqlstore.Config{DB: db, Table: t.of("sluice_inbox")})
+	if err != nil {
+		return nil, err
+	}
+	return store, store.CreateTable(ctx)
+}
+
+// newOutboxStore creates the outbox table beside the inbox's: the
+// rejection event is a row of the inbox's transaction.
+func newOutboxStore(ctx context.Context, db *sqlx.DB, t tables) (*outboxsql.Store, error) {
+	store, err := outboxsql.New(outboxsql.Config{DB: db, Table: t.of(outboxsql.TableDefault)})
 	if err != nil {
 		return nil, err
 	}

@@ -19,13 +19,10 @@ const rejectedTopic = "inventory.reservation-rejected"
 var errOutOfStock = errors.New("out of stock")
 
 // inventory reserves stock for order.created events. Every write goes into
-// the inbox transaction; so does the rejection event when an outbox is given.
+// the inbox transaction; so does the rejection event it returns, which
+// router.HandlerConfig.Outbox writes into the outbox table for the relay.
 type inventory struct {
 	tables tables
-	// outbox, when set, returns a publisher writing into the transaction
-	// (the transactional outbox); otherwise the rejection event is returned
-	// for the router to publish after the commit.
-	outbox func(tx *sqlx.Tx) (message.Publisher, error)
 }
 
 // tables qualifies table names (a PostgreSQL schema, or none on SQLite).
@@ -88,8 +85,9 @@ func (inv *inventory) reserve(msg *message.Message) ([]*message.Message, error) 
 	return nil, err
 }
 
-// rejectOrder records the rejection and its event in the transaction, and
-// returns a rejection: committed and acked.
+// rejectOrder records the rejection in the transaction and returns its
+// event with a rejection: the outbox writes the event in the same
+// transaction, committed with the claim and acked.
 func (inv *inventory) rejectOrder(msg *message.Message, tx *sqlx.Tx, o orderCreated) ([]*message.Message, error) {
 	ctx := msg.Context()
 	if _, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO `+inv.tables.of("rejections")+` (order_id, reason) VALUES (?, ?)`), o.OrderID, errOutOfStock.Error()); err != nil {
@@ -98,17 +96,5 @@ func (inv *inventory) rejectOrder(msg *message.Message, tx *sqlx.Tx, o orderCrea
 	evt := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"orderId":%q,"reason":%q}`, o.OrderID, errOutOfStock))
 	evt.Metadata.Set(sluice.EventIDKey, "rejected:"+o.EventID)
 	evt.Metadata.Set(sluice.EventTypeKey, rejectedTopic)
-	evt.SetContext(ctx)
-	rejection := sluice.Reject(fmt.Errorf("order %s: %w", o.OrderID, errOutOfStock))
-	if inv.outbox == nil {
-		return []*message.Message{evt}, rejection
-	}
-	pub, err := inv.outbox(tx)
-	if err != nil {
-		return nil, err
-	}
-	if err := pub.Publish(rejectedTopic, evt); err != nil {
-		return nil, err
-	}
-	return nil, rejection
+	return []*message.Message{evt}, sluice.Reject(fmt.Errorf("order %s: %w", o.OrderID, errOutOfStock))
 }

@@ -9,7 +9,8 @@
 // the same eventId, a stock service that times out once or twice, an order
 // for a product out of stock, a malformed payload, an order that must exist
 // but does not — and the example prints what the stores and queues hold at
-// the end. --metrics-addr serves Prometheus metrics; --trace-stdout prints
+// the end. The rejection event goes through Sluice's transactional outbox
+// (outbox/sqlstore, an outbox.Relay) in both modes. --metrics-addr serves Prometheus metrics; --trace-stdout prints
 // the spans.
 package main
 
@@ -22,6 +23,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -36,6 +38,7 @@ import (
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
@@ -147,14 +150,27 @@ func run(ctx context.Context, cfg config) (_ *summary, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// The rejection event is a row of the outbox, written in the inbox's
+	// transaction; the relay publishes it after the commit, confirmed.
+	ob, err := newOutboxStore(ctx, e.db(), e.tables())
+	if err != nil {
+		return nil, err
+	}
+	relay, err := outbox.NewRelay(outbox.RelayConfig{Store: ob, Publisher: e.relayPublisher(), MeterProvider: meter})
+	if err != nil {
+		return nil, err
+	}
 	trace := middleware.TraceConfig{TracerProvider: tracer} // the producer's TracingPublisher too
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, watermill.NopLogger{})
 	if err != nil {
 		return nil, err
 	}
-	err = e.add(r, router.HandlerConfig{
+	_, err = router.Add(r, router.HandlerConfig{
 		Name:              "inventory",
-		PublishingHandler: e.inventory().reserve,
+		Broker:            e.broker(),
+		PublishingHandler: (&inventory{tables: e.tables()}).reserve,
+		PublishTopic:      e.rejectionTopic(),
+		Outbox:            ob,
 		Stages: router.Stages{
 			// One MeterProvider for every stage, and for the broker's
 			// publisher too (its confirm latency).
@@ -177,6 +193,14 @@ func run(ctx context.Context, cfg config) (_ *summary, err error) {
 	if err := e.start(ctx); err != nil {
 		return nil, err
 	}
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.Run(context.WithoutCancel(ctx)) }()
+	stopRelay := sync.OnceValue(func() error { return errors.Join(relay.Close(), <-relayDone) })
+	defer func() { // before the env closes: the relay publishes on its broker
+		if cerr := stopRelay(); cerr != nil && err == nil {
+			err = fmt.Errorf("closing the outbox relay: %w", cerr)
+		}
+	}()
 	routerDone := make(chan error, 1)
 	go func() { routerDone <- r.Run(context.WithoutCancel(ctx)) }()
 	<-r.Running()
@@ -185,12 +209,12 @@ func run(ctx context.Context, cfg config) (_ *summary, err error) {
 	if err := producer.Publish("order.created", scriptMessages()...); err != nil {
 		return nil, err
 	}
-	waitErr := waitSettled(ctx, e)
-	err = errors.Join(waitErr, r.Close(), <-routerDone)
+	waitErr := waitSettled(ctx, e, ob)
+	err = errors.Join(waitErr, r.Close(), <-routerDone, stopRelay())
 	if err != nil {
 		return nil, err
 	}
-	s, err := summarize(ctx, e, metrics)
+	s, err := summarize(ctx, e, ob, metrics)
 	if err != nil {
 		return nil, err
 	}
@@ -203,8 +227,9 @@ func run(ctx context.Context, cfg config) (_ *summary, err error) {
 	return s, nil
 }
 
-// waitSettled waits until the stores and queues show the scenario's end.
-func waitSettled(ctx context.Context, e env) error {
+// waitSettled waits until the stores and queues show the scenario's end:
+// the rejection event delivered, and deleted from the outbox.
+func waitSettled(ctx context.Context, e env, ob outbox.Store) error {
 	for {
 		var committed int
 		err := e.db().GetContext(ctx, &committed, `SELECT count(*) FROM `+e.tables().of("sluice_inbox"))
@@ -223,13 +248,17 @@ func waitSettled(ctx context.Context, e env) error {
 		if err != nil {
 			return err
 		}
-		if committed >= expected.committed && len(poisoned) >= expected.poisoned && events >= expected.rejected && pending == 0 {
+		outboxed, err := ob.Stats(ctx)
+		if err != nil {
+			return err
+		}
+		if committed >= expected.committed && len(poisoned) >= expected.poisoned && events >= expected.rejected && pending == 0 && outboxed.Pending == 0 {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("the scenario did not settle: %d of %d events committed, %d of %d poisoned, %d of %d rejection events, %d copies in the tiers: %w",
-				committed, expected.committed, len(poisoned), expected.poisoned, events, expected.rejected, pending, ctx.Err())
+			return fmt.Errorf("the scenario did not settle: %d of %d events committed, %d of %d poisoned, %d of %d rejection events, %d copies in the tiers, %d rows in the outbox: %w",
+				committed, expected.committed, len(poisoned), expected.poisoned, events, expected.rejected, pending, outboxed.Pending, ctx.Err())
 		case <-time.After(25 * time.Millisecond):
 		}
 	}

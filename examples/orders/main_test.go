@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 )
@@ -26,6 +27,8 @@ func check(t *testing.T, s *summary) {
 	require.Equal(t, []string{"o-1", "o-2", "o-3", "o-5", "o-6"}, s.Reserved, "each accepted order reserved exactly once")
 	require.Equal(t, []string{"o-4: out of stock"}, s.Rejected)
 	require.Equal(t, 1, s.RejectionEvents, "the rejection event was published once")
+	require.Equal(t, int64(1), s.Relayed, "the rejection event went through the outbox")
+	require.Zero(t, s.OutboxRows, "the relay deleted it once the broker held it")
 	require.Equal(t, 6, s.InboxRecords, "5 reserved + 1 rejected; the poisoned ones rolled back")
 	require.Equal(t, int64(3), s.Duplicates)
 	require.Equal(t, map[string]int64{"100ms": 2, "300ms": 1}, s.RetriedByTier, "evt-3 once through tier 1; evt-5 through tiers 1 and 2")
@@ -48,6 +51,8 @@ func TestExampleEmbedded(t *testing.T) {
 	s.print(&out)
 	require.Contains(t, out.String(), "duplicates skipped (sluice.inbox.duplicates)  3")
 	require.Contains(t, out.String(), "NOT durable", "make run says the embedded tiers are not durable")
+	require.Regexp(t, `outbox: relayed \(sluice.outbox.relayed\) +1  `, out.String())
+	require.Regexp(t, `outbox: rows left in the table +0  sluice_outbox\n`, out.String())
 
 	rec := httptest.NewRecorder()
 	s.metrics.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
@@ -56,6 +61,8 @@ func TestExampleEmbedded(t *testing.T) {
 	require.Contains(t, body, `messaging_client_consumed_messages_total{`)
 	require.Contains(t, body, `sluice_outcome="poisoned"`)
 	require.Contains(t, body, `messaging_process_duration_seconds_bucket{`)
+	require.Regexp(t, `sluice_outbox_relayed_total\{[^}]*messaging_destination_name="`+rejectedTopic+`"[^}]*sluice_outbox="sluice_outbox"[^}]*\} 1\n`, body)
+	require.Contains(t, body, `sluice_outbox_lag_seconds_bucket{`)
 	// Second-based buckets (OpenTelemetry's defaults are milliseconds), the
 	// handler label the handler's name.
 	for _, le := range []string{"0.005", "0.1", "1", "10"} {
@@ -87,15 +94,21 @@ func TestExampleServers(t *testing.T) {
 	require.NoError(t, err)
 	check(t, s)
 
-	// The rejection event went through the outbox table in the inbox transaction.
+	// The rejection event went through the outbox table in the inbox
+	// transaction (check: relayed 1), and the relay deleted it once
+	// RabbitMQ confirmed it.
+	require.Equal(t, name+".sluice_outbox", s.OutboxTable)
 	var outboxed int
-	require.NoError(t, db.Get(&outboxed, `SELECT count(*) FROM `+name+`."watermill_outbox"`))
-	require.Equal(t, 1, outboxed)
+	require.NoError(t, db.Get(&outboxed, `SELECT count(*) FROM `+name+`.sluice_outbox`))
+	require.Zero(t, outboxed)
+	got := testenv.Drain(t, testenv.AMQP(t), name+"."+rejectedTopic)
+	require.Len(t, got, 1, "the rejection event reached its queue once")
+	require.Equal(t, "rejected:evt-4", got[0].Headers[sluice.EventIDKey], "the event id given at write time")
 	// Running again drops nothing unasked; with Reset it starts from empty
 	// queues and tables.
 	_, err = run(ctx, config{AMQPURL: testenv.AMQPURL, PostgresURL: testenv.PostgresURL, Name: name})
 	require.ErrorIs(t, err, ErrExists)
-	require.NoError(t, db.Get(&outboxed, `SELECT count(*) FROM `+name+`."watermill_outbox"`), "the schema is still there")
+	require.NoError(t, db.Get(&outboxed, `SELECT count(*) FROM `+name+`.sluice_outbox`), "the schema is still there")
 	s, err = run(ctx, config{AMQPURL: testenv.AMQPURL, PostgresURL: testenv.PostgresURL, Name: name, Reset: true})
 	require.NoError(t, err)
 	check(t, s)

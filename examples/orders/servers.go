@@ -4,28 +4,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v3/pkg/sql"
-	"github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq" // the PostgreSQL driver
 
+	"github.com/sluicemq/sluice/broker"
 	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/rabbitmq"
-	"github.com/sluicemq/sluice/router"
 )
-
-const outboxTopic = "outbox"
 
 // serversEnv: RabbitMQ and PostgreSQL. The example's tables live in a schema
 // of its own, and its queues are named after it; both are emptied when it
-// starts. The rejection event goes through a transactional outbox: written by
-// watermill-sql's publisher in the inbox transaction, relayed to RabbitMQ by
-// Watermill's forwarder.
+// starts. The rejection event goes through Sluice's outbox, as in the
+// embedded default: a row of the inbox transaction, relayed to a queue named
+// after the example by the broker's confirmed publisher.
 type serversEnv struct {
 	pg      *sqlx.DB
 	schema  string
@@ -33,10 +27,6 @@ type serversEnv struct {
 	queue   string
 	conn    *amqp.Connection
 	rabbit  *rabbitmq.Broker
-
-	schemaAdapter wsql.DefaultPostgreSQLSchema
-	fwd           *forwarder.Forwarder
-	fwdDone       chan error
 }
 
 // ErrExists is returned when the schema the servers mode would use exists
@@ -73,10 +63,6 @@ func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string, reset
 			return nil, err
 		}
 	}
-	e.schemaAdapter = wsql.DefaultPostgreSQLSchema{
-		GenerateMessagesTableName: func(topic string) string { return fmt.Sprintf(`%s."watermill_%s"`, name, topic) },
-	}
-
 	e.conn, err = rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: amqpURL}, Name: "sluice example"})
 	if err != nil {
 		return nil, err
@@ -115,65 +101,16 @@ func (e *serversEnv) queues() []string {
 	return qs
 }
 
-func (e *serversEnv) db() *sqlx.DB   { return e.pg }
-func (e *serversEnv) tables() tables { return tables(e.schema) }
-func (e *serversEnv) inventory() *inventory {
-	return &inventory{tables: tables(e.schema), outbox: func(tx *sqlx.Tx) (message.Publisher, error) {
-		pub, err := wsql.NewPublisher(tx, wsql.PublisherConfig{SchemaAdapter: e.schemaAdapter}, watermill.NopLogger{})
-		if err != nil {
-			return nil, err
-		}
-		return forwarder.NewPublisher(pub, forwarder.PublisherConfig{ForwarderTopic: outboxTopic}), nil
-	}}
-}
+func (e *serversEnv) db() *sqlx.DB           { return e.pg }
+func (e *serversEnv) tables() tables         { return tables(e.schema) }
+func (e *serversEnv) broker() broker.Broker  { return e.rabbit }
+func (e *serversEnv) rejectionTopic() string { return rejectedQueue(e.schema) }
 
-func (e *serversEnv) add(r *message.Router, h router.HandlerConfig) error {
-	// With the outbox the handler returns no messages; the router's own
-	// publishing is not used.
-	h.PublishTopic, h.Publisher = rejectedQueue(e.schema), e.rabbit.Publisher()
-	h.Broker = e.rabbit
-	_, err := router.Add(r, h)
-	return err
-}
+// relayPublisher is the broker's publisher: confirms and mandatory, so a
+// rejection event the broker cannot route stays in the outbox with its error.
+func (e *serversEnv) relayPublisher() message.Publisher { return e.rabbit.Publisher() }
 
-// start runs the outbox relay: the forwarder reads the outbox table and
-// publishes each event with the confirmed publisher, to a queue named after
-// the example.
-func (e *serversEnv) start(ctx context.Context) error {
-	sub, err := wsql.NewSubscriber(e.pg, wsql.SubscriberConfig{
-		SchemaAdapter:    e.schemaAdapter,
-		OffsetsAdapter:   wsql.DefaultPostgreSQLOffsetsAdapter{GenerateMessagesOffsetsTableName: func(topic string) string { return fmt.Sprintf(`%s."watermill_offsets_%s"`, e.schema, topic) }},
-		InitializeSchema: true,
-		ConsumerGroup:    "relay",
-		PollInterval:     50 * time.Millisecond,
-	}, watermill.NopLogger{})
-	if err != nil {
-		return err
-	}
-	if err := sub.SubscribeInitialize(outboxTopic); err != nil {
-		return err
-	}
-	out := renaming{pub: e.rabbit.Publisher(), to: rejectedQueue(e.schema)}
-	e.fwd, err = forwarder.NewForwarder(sub, out, watermill.NopLogger{}, forwarder.Config{ForwarderTopic: outboxTopic})
-	if err != nil {
-		return err
-	}
-	e.fwdDone = make(chan error, 1)
-	go func() { e.fwdDone <- e.fwd.Run(context.WithoutCancel(ctx)) }()
-	<-e.fwd.Running()
-	return nil
-}
-
-// renaming publishes the rejection events to the example's own queue.
-type renaming struct {
-	pub message.Publisher
-	to  string
-}
-
-func (r renaming) Publish(_ string, msgs ...*message.Message) error {
-	return r.pub.Publish(r.to, msgs...)
-}
-func (r renaming) Close() error { return nil }
+func (e *serversEnv) start(context.Context) error { return nil }
 
 func (e *serversEnv) publish(msgs ...*message.Message) error {
 	return e.rabbit.Publisher().Publish(e.queue, msgs...)
@@ -229,9 +166,6 @@ func (e *serversEnv) peek(_ context.Context, queue string) ([]*message.Message, 
 
 func (e *serversEnv) close() error {
 	var errs []error
-	if e.fwd != nil {
-		errs = append(errs, e.fwd.Close(), <-e.fwdDone)
-	}
 	if e.rabbit != nil {
 		errs = append(errs, e.rabbit.Close())
 	}

@@ -13,6 +13,8 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/outbox"
+	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
 )
@@ -24,7 +26,10 @@ type summary struct {
 	Reserved        []string // order ids in the reservations table
 	Rejected        []string // "order: reason" in the rejections table
 	RejectionEvents int      // delivered on the rejection topic or queue
-	Duplicates      int64    // sluice.inbox.duplicates
+	Relayed         int64    // sluice.outbox.relayed
+	OutboxRows      int64    // left in the outbox table
+	OutboxTable     string
+	Duplicates      int64 // sluice.inbox.duplicates
 	RetriedByTier   map[string]int64
 	Poisoned        []poisonedRow // read back from the poison queue
 	Note            string        // what the mode does not promise
@@ -34,10 +39,10 @@ type summary struct {
 
 type poisonedRow struct{ Class, EventID, Reason string }
 
-func summarize(ctx context.Context, e env, metrics interface {
+func summarize(ctx context.Context, e env, ob *outboxsql.Store, metrics interface {
 	Collect(context.Context, *metricdata.ResourceMetrics) error
 }) (*summary, error) {
-	s := &summary{Published: len(script), RetriedByTier: map[string]int64{}}
+	s := &summary{Published: len(script), RetriedByTier: map[string]int64{}, OutboxTable: ob.Name()}
 	t := e.tables()
 	db := e.db()
 	if err := db.GetContext(ctx, &s.InboxRecords, `SELECT count(*) FROM `+t.of("sluice_inbox")); err != nil {
@@ -53,6 +58,11 @@ func summarize(ctx context.Context, e env, metrics interface {
 	if s.RejectionEvents, err = e.rejectionEvents(ctx); err != nil {
 		return nil, err
 	}
+	left, err := ob.Stats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.OutboxRows = left.Pending
 	poisoned, err := e.poisoned(ctx)
 	if err != nil {
 		return nil, err
@@ -79,6 +89,8 @@ func summarize(ctx context.Context, e env, metrics interface {
 				case retrytiers.MetricRetries:
 					tier, _ := dp.Attributes.Value("sluice.tier")
 					s.RetriedByTier[tier.AsString()] += dp.Value
+				case outbox.MetricRelayed:
+					s.Relayed += dp.Value
 				}
 			}
 		}
@@ -91,6 +103,8 @@ func (s *summary) print(w io.Writer) {
 	fmt.Fprintf(tw, "deliveries published\t%d\n", s.Published)
 	fmt.Fprintf(tw, "reserved once (reservations table)\t%d\t%s\n", len(s.Reserved), strings.Join(s.Reserved, " "))
 	fmt.Fprintf(tw, "rejected: committed and acked\t%d\t%s; rejection events delivered: %d\n", len(s.Rejected), strings.Join(s.Rejected, ", "), s.RejectionEvents)
+	fmt.Fprintf(tw, "outbox: relayed (sluice.outbox.relayed)\t%d\tthe rejection event: committed with its claim, then published\n", s.Relayed)
+	fmt.Fprintf(tw, "outbox: rows left in the table\t%d\t%s\n", s.OutboxRows, s.OutboxTable)
 	fmt.Fprintf(tw, "events in the inbox\t%d\n", s.InboxRecords)
 	fmt.Fprintf(tw, "duplicates skipped (sluice.inbox.duplicates)\t%d\n", s.Duplicates)
 	tiers := make([]string, 0, len(s.RetriedByTier))
