@@ -81,8 +81,13 @@ type Config struct {
 	// Default StoreTimeoutDefault; negative: no bound but the message
 	// context's (and commits and rollbacks unbounded).
 	StoreTimeout time.Duration
-	// MeterProvider receives the duplicates counter. Default the global
-	// OpenTelemetry provider.
+	// Batch, when set, turns on group commit: the deliveries in flight on
+	// the handler share one transaction, each in a savepoint of its own,
+	// committed once (BatchConfig). Default nil: one transaction per
+	// delivery.
+	Batch *BatchConfig
+	// MeterProvider receives the duplicates counter (and, with Batch, the
+	// batch sizes). Default the global OpenTelemetry provider.
 	MeterProvider metric.MeterProvider
 	// Logger receives one debug line per duplicate. Default
 	// watermill.NopLogger; router.Add gives the router's.
@@ -111,6 +116,8 @@ func (c Config) validate() error {
 		return errors.New("deduplication: Config.Consumer is required")
 	case c.KeyMaxLength < 0:
 		return fmt.Errorf("deduplication: Config.KeyMaxLength must be positive, got %d", c.KeyMaxLength)
+	case c.Batch != nil:
+		return c.Batch.withDefaults().validate()
 	}
 	return nil
 }
@@ -119,6 +126,8 @@ func (c Config) validate() error {
 type deduplicator struct {
 	cfg        Config
 	duplicates metric.Int64Counter
+	batchSize  metric.Int64Histogram
+	batches    *batcher     // with Config.Batch
 	abandoned  atomic.Int64 // store calls given up that have not returned yet
 	// storeBound is StoreTimeout, or -1 for a store bounded by its
 	// contexts (ContextBounded), whose calls run directly.
@@ -151,6 +160,15 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 		return nil, fmt.Errorf("deduplication: creating %s counter: %w", MetricDuplicates, err)
 	}
 	d := &deduplicator{cfg: cfg, duplicates: dup, storeBound: cfg.StoreTimeout}
+	if cfg.Batch != nil {
+		d.batches = &batcher{d: d, cfg: cfg.Batch.withDefaults()}
+		d.batchSize, err = telemetry.Meter(cfg.MeterProvider).Int64Histogram(MetricBatchSize,
+			metric.WithDescription("Deliveries committed by one group commit."), metric.WithUnit("{delivery}"),
+			metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256))
+		if err != nil {
+			return nil, fmt.Errorf("deduplication: creating %s histogram: %w", MetricBatchSize, err)
+		}
+	}
 	if cb, ok := cfg.Store.(ContextBounded); ok && cb.BoundedByContext() {
 		d.storeBound = -1
 	}
@@ -167,6 +185,11 @@ func (d *deduplicator) middleware(h message.HandlerFunc) message.HandlerFunc {
 			msg.Metadata.Set(sluice.EventIDKey, key)
 		}
 
+		if d.batches != nil && !d.batches.unsupported.Load() {
+			if produced, err, handled := d.batches.handle(msg, key, h); handled {
+				return produced, err
+			}
+		}
 		ctx := msg.Context()
 		tx, err := d.begin(ctx)
 		if err != nil {
@@ -190,9 +213,7 @@ func (d *deduplicator) middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, sluice.Transient(err)
 		}
 		if !claimed {
-			d.duplicates.Add(ctx, 1, telemetry.DeliveryAttr(msg))
-			d.cfg.Logger.Debug("Duplicate delivery skipped: the key was processed before", telemetry.LogFields(msg, watermill.LogFields{"key": diag.Bound(key, 128)}))
-			sluice.Record(ctx, func(r *sluice.Report) { r.Outcome = sluice.OutcomeDuplicate })
+			d.duplicate(msg, key)
 			return nil, nil
 		}
 

@@ -68,6 +68,7 @@ type Store struct {
 var (
 	_ deduplication.Store        = (*Store)(nil)
 	_ deduplication.BatchDeleter = (*Store)(nil)
+	_ deduplication.Savepointer  = (*sqlTx)(nil)
 )
 
 // withDefaults returns a copy of c with its defaults filled.
@@ -218,6 +219,26 @@ func aborted(err error) bool {
 	}
 	msg := err.Error()
 	return strings.Contains(msg, "in a failed transaction") || strings.Contains(msg, "commit unexpectedly resulted in rollback")
+}
+
+// Savepoint, RollbackTo and Release make the store's units of work
+// deduplication.Savepointers, for group commit (deduplication.BatchConfig).
+func (t *sqlTx) Savepoint(ctx context.Context, name string) error {
+	_, err := t.tx.ExecContext(ctx, `SAVEPOINT `+name)
+	return err
+}
+
+func (t *sqlTx) RollbackTo(ctx context.Context, name string) error {
+	_, err := t.tx.ExecContext(ctx, `ROLLBACK TO SAVEPOINT `+name)
+	return err
+}
+
+func (t *sqlTx) Release(ctx context.Context, name string) error {
+	_, err := t.tx.ExecContext(ctx, `RELEASE SAVEPOINT `+name)
+	if err != nil && aborted(err) {
+		return fmt.Errorf("%w: %w", deduplication.ErrAborted, err)
+	}
+	return err
 }
 
 func (t *sqlTx) Rollback(context.Context) error {

@@ -1,0 +1,410 @@
+package deduplication
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/telemetry"
+)
+
+// Defaults of BatchConfig.
+const (
+	MaxBatchDefault     = 16
+	MaxWaitDefault      = 2 * time.Millisecond
+	QueueTimeoutDefault = 50 * time.Millisecond
+)
+
+// MetricBatchSize is the histogram of the deliveries one group commit
+// committed, by handler.
+const MetricBatchSize = "sluice.inbox.batch.size"
+
+// BatchConfig turns on group commit (Config.Batch): deliveries in flight on
+// one handler share one transaction. Each one's claim and handler run inside
+// a SAVEPOINT of their own, one delivery after another on the shared
+// transaction; the transaction commits once; each delivery returns — is
+// acked — only after that commit. A delivery that fails rolls back to its
+// savepoint (its claim and writes vanish; its error goes outward as without
+// batching) and returns at once; the others commit. A failed commit fails
+// every delivery that waited for it as Transient. The handler's API does not
+// change: TxFromContext (sqlstore.TxFromContext) gives the shared
+// transaction, positioned at the delivery's savepoint.
+//
+// A store whose units of work are not Savepointers (Redis, MemoryStore)
+// runs one unit of work per delivery, as without batching.
+type BatchConfig struct {
+	// MaxBatch is the most deliveries one transaction commits. Default
+	// MaxBatchDefault (the RabbitMQ Consumer's deliveries in flight).
+	MaxBatch int
+	// MaxWait is how long a batch takes in deliveries after its first: the
+	// longest a lone delivery waits for company before its commit. Default
+	// MaxWaitDefault.
+	MaxWait time.Duration
+	// QueueTimeout bounds how long a delivery waits for its turn in a batch
+	// (the handler before it still running): past it, it leaves the batch
+	// and runs in a unit of work of its own. A slow handler so holds up only
+	// the deliveries that ran before it in its batch (their commit waits for
+	// it: bound it with the handler's own deadline), never those queued
+	// after it. Default QueueTimeoutDefault.
+	QueueTimeout time.Duration
+}
+
+func (c BatchConfig) withDefaults() BatchConfig {
+	c.MaxBatch = cmp.Or(c.MaxBatch, MaxBatchDefault)
+	c.MaxWait = cmp.Or(c.MaxWait, MaxWaitDefault)
+	c.QueueTimeout = cmp.Or(c.QueueTimeout, QueueTimeoutDefault)
+	return c
+}
+
+func (c BatchConfig) validate() error {
+	switch {
+	case c.MaxBatch < 1 || c.MaxBatch > 1000:
+		return fmt.Errorf("deduplication: Config.Batch.MaxBatch must be between 1 and 1000, got %d", c.MaxBatch)
+	case c.MaxWait < 0 || c.MaxWait > time.Second:
+		return fmt.Errorf("deduplication: Config.Batch.MaxWait must be between 0 and 1s, got %s", c.MaxWait)
+	case c.QueueTimeout < 0:
+		return fmt.Errorf("deduplication: Config.Batch.QueueTimeout must not be negative, got %s", c.QueueTimeout)
+	}
+	return nil
+}
+
+// Savepointer is implemented by a Tx that can mark a point in itself and
+// undo what followed it: the SQL store's, which group commit needs. name is
+// an SQL identifier the inbox generates. Release fails with an error
+// matching ErrAborted when an earlier statement aborted the transaction.
+type Savepointer interface {
+	Savepoint(ctx context.Context, name string) error
+	RollbackTo(ctx context.Context, name string) error
+	Release(ctx context.Context, name string) error
+}
+
+// errNoSavepoints marks a store whose units of work cannot batch.
+var errNoSavepoints = errors.New("deduplication: the store's units of work are no Savepointers")
+
+// batcher gathers one stage's deliveries into batches.
+type batcher struct {
+	d           *deduplicator
+	cfg         BatchConfig
+	unsupported atomic.Bool
+
+	mu   sync.Mutex
+	open *batch // taking in deliveries, or nil
+}
+
+// batch is one shared unit of work.
+type batch struct {
+	bt    *batcher
+	ready chan struct{} // closed once the unit of work began (or failed to)
+	tx    Tx
+	sp    Savepointer
+	err   error // Begin's
+
+	turn chan struct{} // a token: one delivery at a time uses tx
+	next int           // the next savepoint's number (under turn)
+
+	mu        sync.Mutex // guards the fields below
+	admitting bool
+	size      int
+	keys      map[string]struct{} // claimed in this batch
+	broken    error               // tx is unusable: a statement given up or a rollback failed
+	kept      int                 // deliveries waiting for the commit
+	full      chan struct{}       // closed when size reaches MaxBatch
+
+	members   sync.WaitGroup // admitted deliveries not done with tx
+	done      chan struct{}  // closed after the commit or rollback
+	commitErr error
+}
+
+// join admits the caller into the open batch, or opens one.
+func (bt *batcher) join() *batch {
+	bt.mu.Lock()
+	defer bt.mu.Unlock()
+	if b := bt.open; b != nil {
+		b.mu.Lock()
+		if b.admitting {
+			b.size++
+			b.members.Add(1)
+			if b.size >= bt.cfg.MaxBatch {
+				b.admitting = false
+				bt.open = nil
+				close(b.full)
+			}
+			b.mu.Unlock()
+			return b
+		}
+		b.mu.Unlock()
+	}
+	b := &batch{bt: bt, ready: make(chan struct{}), turn: make(chan struct{}, 1), keys: map[string]struct{}{},
+		admitting: bt.cfg.MaxBatch > 1, size: 1, full: make(chan struct{}), done: make(chan struct{})}
+	b.turn <- struct{}{}
+	b.members.Add(1)
+	if b.admitting {
+		bt.open = b
+	} else {
+		close(b.full)
+	}
+	go b.run()
+	return b
+}
+
+// run begins the unit of work, closes the batch after MaxWait or when full,
+// waits for its deliveries, and commits what they kept.
+func (b *batch) run() {
+	d := b.bt.d
+	// The unit of work outlives every delivery's context: a context of its
+	// own, which the SQL store's transaction is bound to.
+	tx, err := d.begin(context.Background())
+	if err == nil {
+		sp, ok := tx.(Savepointer)
+		if !ok {
+			b.bt.unsupported.Store(true)
+			_ = d.rollback(context.Background(), tx)
+			err = errNoSavepoints
+		}
+		b.tx, b.sp = tx, sp
+	}
+	b.err = err
+	close(b.ready)
+
+	t := time.NewTimer(b.bt.cfg.MaxWait)
+	select {
+	case <-t.C:
+	case <-b.full:
+	}
+	t.Stop()
+	b.bt.mu.Lock()
+	b.mu.Lock()
+	b.admitting = false
+	if b.bt.open == b {
+		b.bt.open = nil
+	}
+	b.mu.Unlock()
+	b.bt.mu.Unlock()
+	b.members.Wait()
+
+	defer close(b.done)
+	if b.err != nil {
+		return
+	}
+	ctx := context.Background()
+	switch {
+	case b.broken != nil:
+		_ = d.rollback(ctx, b.tx)
+		b.commitErr = b.broken
+	case b.kept == 0:
+		_ = d.rollback(ctx, b.tx)
+	default:
+		if gaveUp, err := d.commit(ctx, b.tx); err != nil {
+			if !gaveUp {
+				_ = d.rollback(ctx, b.tx)
+			}
+			b.commitErr = err
+		}
+		d.batchSize.Record(ctx, int64(b.kept))
+	}
+}
+
+// exec runs one statement of the shared unit of work within StoreTimeout; a
+// statement given up, or one that failed where nothing else can go on (a
+// failed rollback to a savepoint), breaks the batch.
+func (b *batch) exec(ctx context.Context, f func(context.Context) error) error {
+	d := b.bt.d
+	if d.storeBound <= 0 {
+		return f(ctx)
+	}
+	_, gaveUp, err := bounded(&d.abandoned, endContext(ctx), d.storeBound, false, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, f(ctx)
+	}, nil)
+	if gaveUp {
+		err = &sluice.DependencyError{Op: "deduplication: savepoint", Err: err}
+		b.breakWith(err)
+	}
+	return err
+}
+
+func (b *batch) breakWith(err error) {
+	b.mu.Lock()
+	if b.broken == nil {
+		b.broken = err
+	}
+	b.mu.Unlock()
+}
+
+// undo rolls the shared unit of work back to savepoint sp; a rollback that
+// fails leaves nothing to go on with: the batch is broken.
+func (b *batch) undo(ctx context.Context, sp string) {
+	if err := b.exec(ctx, func(ctx context.Context) error { return b.sp.RollbackTo(ctx, sp) }); err != nil {
+		b.breakWith(fmt.Errorf("deduplication: rolling back to a savepoint: %w", err))
+	}
+}
+
+// handle runs msg's claim and handler in a batch. handled false: msg left
+// the batch before its claim (its turn did not come within QueueTimeout,
+// its key is claimed in the batch, or the store cannot batch) and must run
+// in a unit of work of its own.
+func (bt *batcher) handle(msg *message.Message, key string, h message.HandlerFunc) (produced []*message.Message, err error, handled bool) {
+	d := bt.d
+	b := bt.join()
+	member := true
+	leave := func() {
+		if member {
+			member = false
+			b.members.Done()
+		}
+	}
+	defer leave()
+	<-b.ready // Begin is bounded by StoreTimeout
+	if b.err != nil {
+		if errors.Is(b.err, errNoSavepoints) {
+			return nil, nil, false
+		}
+		return nil, sluice.Transient(b.err), true
+	}
+
+	t := time.NewTimer(bt.cfg.QueueTimeout)
+	select {
+	case <-b.turn:
+		t.Stop()
+	case <-t.C:
+		return nil, nil, false
+	}
+	holding := true
+	release := func() {
+		if holding {
+			holding = false
+			b.turn <- struct{}{}
+		}
+	}
+	defer release()
+
+	ctx := msg.Context()
+	b.mu.Lock()
+	broken := b.broken
+	_, again := b.keys[key]
+	b.mu.Unlock()
+	if broken != nil {
+		return nil, sluice.Transient(broken), true
+	}
+	if again { // the same key claimed earlier in this batch: decided by its commit
+		release()
+		leave()
+		<-b.done
+		return nil, nil, false
+	}
+	sp := "sluice_" + strconv.Itoa(b.next)
+	b.next++
+	if err := b.exec(ctx, func(ctx context.Context) error { return b.sp.Savepoint(ctx, sp) }); err != nil {
+		b.breakWith(err)
+		return nil, sluice.Transient(dependency(ctx, "savepoint", err)), true
+	}
+	claimed, gaveUp, err := d.claim(ctx, b.tx, key)
+	switch {
+	case gaveUp:
+		b.breakWith(err)
+		return nil, sluice.Transient(err), true
+	case err != nil:
+		b.undo(ctx, sp) // a cancelled claim aborted the transaction
+		return nil, sluice.Transient(err), true
+	case !claimed:
+		b.undo(ctx, sp)
+		d.duplicate(msg, key)
+		return nil, nil, true
+	}
+	b.mu.Lock()
+	b.keys[key] = struct{}{}
+	b.mu.Unlock()
+	forget := func() {
+		b.mu.Lock()
+		delete(b.keys, key)
+		b.mu.Unlock()
+	}
+
+	u := &unit{Context: ctx, tx: b.tx}
+	msg.SetContext(u)
+	panicked := true
+	defer func() {
+		if panicked { // roll back to the savepoint, then let it unwind
+			msg.SetContext(ctx)
+			b.undo(ctx, sp)
+			forget()
+		}
+	}()
+	produced, err = h(msg)
+	panicked = false
+	msg.SetContext(ctx)
+	rejected := err != nil
+	if rejected && d.cfg.Classifier.Classify(err) != sluice.ClassRejected {
+		b.undo(ctx, sp)
+		forget()
+		return produced, err, true
+	}
+	if rerr := b.exec(ctx, func(ctx context.Context) error { return b.sp.Release(ctx, sp) }); rerr != nil {
+		b.undo(ctx, sp)
+		if !rejected || !errors.Is(rerr, ErrAborted) {
+			forget()
+			return nil, sluice.Transient(errors.Join(err, fmt.Errorf("deduplication: commit: %w", rerr))), true
+		}
+		// A rejection after a statement that aborted the transaction: its
+		// claim alone, with what it produced (OnRecordAlone), as without
+		// batching.
+		if aerr := b.recordAlone(ctx, sp, key, u); aerr != nil {
+			forget()
+			return nil, sluice.Transient(errors.Join(err, aerr)), true
+		}
+	}
+	b.mu.Lock()
+	b.kept++
+	b.mu.Unlock()
+	release()
+	leave()
+	<-b.done
+	if b.commitErr != nil {
+		return nil, sluice.Transient(errors.Join(err, fmt.Errorf("deduplication: commit: %w", b.commitErr))), true
+	}
+	u.committed()
+	return produced, err, true
+}
+
+// recordAlone claims key again after the unit of work was rolled back to
+// sp, with the writes registered by OnRecordAlone.
+func (b *batch) recordAlone(ctx context.Context, sp, key string, u *unit) error {
+	d := b.bt.d
+	if _, gaveUp, err := d.claim(ctx, b.tx, key); err != nil {
+		if gaveUp {
+			b.breakWith(err)
+		} else {
+			b.undo(ctx, sp)
+		}
+		return fmt.Errorf("deduplication: recording the rejection: %w", err)
+	}
+	for _, write := range u.rewrites() {
+		if err := write(endContext(ctx), b.tx); err != nil {
+			b.undo(ctx, sp)
+			return fmt.Errorf("deduplication: writing again what the rejected handler wrote for its commit: %w", err)
+		}
+	}
+	if err := b.exec(ctx, func(ctx context.Context) error { return b.sp.Release(ctx, sp) }); err != nil {
+		b.undo(ctx, sp)
+		return fmt.Errorf("deduplication: recording the rejection: %w", err)
+	}
+	return nil
+}
+
+// duplicate counts, logs and reports a delivery whose key was processed
+// before.
+func (d *deduplicator) duplicate(msg *message.Message, key string) {
+	ctx := msg.Context()
+	d.duplicates.Add(ctx, 1, telemetry.DeliveryAttr(msg))
+	d.cfg.Logger.Debug("Duplicate delivery skipped: the key was processed before", telemetry.LogFields(msg, watermill.LogFields{"key": diag.Bound(key, 128)}))
+	sluice.Record(ctx, func(r *sluice.Report) { r.Outcome = sluice.OutcomeDuplicate })
+}

@@ -1,0 +1,391 @@
+package sqlstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/internal/testenv"
+)
+
+// batchEnv is an inbox with group commit on PostgreSQL or SQLite, and a
+// business table of the test's own.
+type batchEnv struct {
+	db     *sqlx.DB
+	table  string // the business table, qualified
+	inbox  string
+	stage  message.HandlerMiddleware
+	reader *sdkmetric.ManualReader
+}
+
+func newBatchEnv(t *testing.T, backend string, batch deduplication.BatchConfig, unique bool) *batchEnv {
+	t.Helper()
+	e := &batchEnv{reader: sdkmetric.NewManualReader()}
+	prefix := ""
+	switch backend {
+	case "postgres":
+		e.db = testenv.Postgres(t)
+		prefix = testenv.Schema(t, e.db) + "."
+	default:
+		e.db = testenv.SQLite(t)
+	}
+	e.table, e.inbox = prefix+"effects", prefix+"inbox"
+	constraint := ""
+	if unique {
+		constraint = " PRIMARY KEY"
+	}
+	_, err := e.db.Exec(`CREATE TABLE ` + e.table + ` (k TEXT NOT NULL` + constraint + `)`)
+	require.NoError(t, err)
+	store := testenv.SQLStore(t, e.db, e.inbox)
+	e.stage, err = deduplication.New(deduplication.Config{Store: store, Consumer: "c", Batch: &batch,
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader))})
+	require.NoError(t, err)
+	return e
+}
+
+// deliver runs one delivery of key through the stage.
+func (e *batchEnv) deliver(key string, h func(ctx context.Context, tx *sqlx.Tx) error) error {
+	msg := message.NewMessage(key, nil)
+	msg.Metadata.Set(sluice.EventIDKey, key)
+	msg.SetContext(context.Background())
+	_, err := e.stage(func(msg *message.Message) ([]*message.Message, error) {
+		return nil, h(msg.Context(), sqlstore.TxFromContext(msg.Context()))
+	})(msg)
+	return err
+}
+
+func (e *batchEnv) insert(ctx context.Context, tx *sqlx.Tx, k string) error {
+	_, err := tx.ExecContext(ctx, tx.Rebind(`INSERT INTO `+e.table+` (k) VALUES (?)`), k)
+	return err
+}
+
+func (e *batchEnv) rows(t *testing.T) []string {
+	t.Helper()
+	var ks []string
+	require.NoError(t, e.db.Select(&ks, `SELECT k FROM `+e.table+` ORDER BY k`))
+	return ks
+}
+
+func (e *batchEnv) claims(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, e.db.Get(&n, `SELECT count(*) FROM `+e.inbox))
+	return n
+}
+
+// batchSizes returns the sizes recorded by the group commits.
+func (e *batchEnv) batchSizes(t *testing.T) (count uint64, largest int64) {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, e.reader.Collect(context.Background(), &rm))
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != deduplication.MetricBatchSize {
+				continue
+			}
+			for _, p := range m.Data.(metricdata.Histogram[int64]).DataPoints {
+				count += p.Count
+				if v, ok := p.Max.Value(); ok {
+					largest = max(largest, v)
+				}
+			}
+		}
+	}
+	return count, largest
+}
+
+// together runs the deliveries at once and returns their errors in order.
+func together(fs ...func() error) []error {
+	errs := make([]error, len(fs))
+	var wg sync.WaitGroup
+	for i, f := range fs {
+		wg.Go(func() { errs[i] = f() })
+	}
+	wg.Wait()
+	return errs
+}
+
+// Issue 22: 8 consumers × 1,000 deliveries of the same 1,000 keys, with
+// group commit → exactly 1,000 business rows, and batches of more than one.
+func TestGroupCommitDoesEachKeyOnce(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{"postgres", "sqlite"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			e := newBatchEnv(t, backend, deduplication.BatchConfig{}, false)
+			const consumers = 8
+			keys := 1000
+			if backend == "sqlite" { // one writer at a time: fewer, to keep the run short
+				keys = 300
+			}
+			var wg sync.WaitGroup
+			errs := make(chan error, keys*consumers)
+			for c := range consumers {
+				for lane := range 4 { // each consumer keeps deliveries in flight
+					wg.Go(func() {
+						for k := lane; k < keys; k += 4 {
+							key := fmt.Sprint("k-", (k+c*97)%keys)
+							for {
+								err := e.deliver(key, func(ctx context.Context, tx *sqlx.Tx) error { return e.insert(ctx, tx, key) })
+								if err == nil {
+									break
+								}
+								if sluice.DefaultClassifier().Classify(err) != sluice.ClassTransient {
+									errs <- err
+									return
+								}
+							}
+						}
+					})
+				}
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			got := e.rows(t)
+			require.Len(t, got, keys)
+			seen := map[string]bool{}
+			for _, k := range got {
+				require.False(t, seen[k], "%s done twice", k)
+				seen[k] = true
+			}
+			require.Equal(t, keys, e.claims(t))
+			n, largest := e.batchSizes(t)
+			require.Positive(t, n)
+			require.Greater(t, largest, int64(1), "deliveries shared commits")
+		})
+	}
+}
+
+// A failing handler in the middle of a batch rolls back to its savepoint:
+// its claim and writes vanish, its error goes out at once; the others
+// commit. A panic does the same and unwinds.
+func TestGroupCommitAFailureInTheMiddleRollsBackAlone(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{"postgres", "sqlite"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			// The batch closes when full: all four in it.
+			e := newBatchEnv(t, backend, deduplication.BatchConfig{MaxBatch: 4, MaxWait: time.Second, QueueTimeout: time.Minute}, false)
+			ok := func(key string) func() error {
+				return func() error {
+					return e.deliver(key, func(ctx context.Context, tx *sqlx.Tx) error { return e.insert(ctx, tx, key) })
+				}
+			}
+			boom := errors.New("the stock service timed out")
+			errs := together(ok("a"),
+				func() error {
+					return e.deliver("fails", func(ctx context.Context, tx *sqlx.Tx) error {
+						if err := e.insert(ctx, tx, "fails"); err != nil {
+							return err
+						}
+						return sluice.Transient(boom)
+					})
+				},
+				func() (err error) {
+					defer func() {
+						if r := recover(); r != nil {
+							err = fmt.Errorf("panicked: %v", r)
+						}
+					}()
+					return e.deliver("panics", func(ctx context.Context, tx *sqlx.Tx) error {
+						if err := e.insert(ctx, tx, "panics"); err != nil {
+							return err
+						}
+						panic("a nil map")
+					})
+				},
+				ok("b"))
+			require.NoError(t, errs[0])
+			require.ErrorIs(t, errs[1], boom)
+			require.ErrorContains(t, errs[2], "panicked: a nil map")
+			require.NoError(t, errs[3])
+			require.Equal(t, []string{"a", "b"}, e.rows(t))
+			require.Equal(t, 2, e.claims(t))
+			n, largest := e.batchSizes(t)
+			require.Equal(t, uint64(1), n, "one commit")
+			require.Equal(t, int64(2), largest, "of the two that kept their writes")
+
+			// The failed ones are not recorded: they run again.
+			require.NoError(t, ok("fails")())
+			require.Equal(t, []string{"a", "b", "fails"}, e.rows(t))
+		})
+	}
+}
+
+// The same key twice in one batch: the second does not claim over the
+// first's uncommitted claim; it waits for the batch's commit and is then
+// a duplicate (or, had the first rolled back, processed).
+func TestGroupCommitRecognisesTheSameKeyTwiceInABatch(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{"postgres", "sqlite"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			e := newBatchEnv(t, backend, deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, QueueTimeout: time.Minute}, false)
+			var mu sync.Mutex
+			ran := 0
+			h := func(ctx context.Context, tx *sqlx.Tx) error {
+				mu.Lock()
+				ran++
+				mu.Unlock()
+				return e.insert(ctx, tx, "same")
+			}
+			errs := together(
+				func() error { return e.deliver("same", h) },
+				func() error { return e.deliver("same", h) },
+				func() error { return e.deliver("other", func(context.Context, *sqlx.Tx) error { return nil }) })
+			for _, err := range errs {
+				require.NoError(t, err)
+			}
+			require.Equal(t, 1, ran)
+			require.Equal(t, []string{"same"}, e.rows(t))
+		})
+	}
+}
+
+// A rejection after a statement that aborted the PostgreSQL transaction
+// (a unique violation) rolls back to its savepoint and records its claim
+// alone, in the same batch; the others commit.
+func TestGroupCommitARejectionAfterAnAbortKeepsItsClaim(t *testing.T) {
+	t.Parallel()
+	e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, QueueTimeout: time.Minute}, true)
+	_, err := e.db.Exec(`INSERT INTO ` + e.table + ` (k) VALUES ('taken')`)
+	require.NoError(t, err)
+	ok := func(key string) func() error {
+		return func() error {
+			return e.deliver(key, func(ctx context.Context, tx *sqlx.Tx) error { return e.insert(ctx, tx, key) })
+		}
+	}
+	errs := together(ok("a"), func() error {
+		return e.deliver("rejected", func(ctx context.Context, tx *sqlx.Tx) error {
+			err := e.insert(ctx, tx, "taken")
+			require.Error(t, err)
+			return sluice.Reject(err)
+		})
+	}, ok("b"))
+	require.NoError(t, errs[0])
+	require.Equal(t, sluice.ClassRejected, sluice.DefaultClassifier().Classify(errs[1]))
+	require.NoError(t, errs[2])
+	require.Equal(t, []string{"a", "b", "taken"}, e.rows(t))
+	require.Equal(t, 3, e.claims(t), "the rejection's claim is recorded: a redelivery is a duplicate")
+}
+
+// A COMMIT that fails (a deferred constraint violated at commit) fails
+// every delivery that waited for it as Transient: none is recorded.
+func TestGroupCommitAFailedCommitFailsTheBatch(t *testing.T) {
+	t.Parallel()
+	e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: 2, MaxWait: time.Second, QueueTimeout: time.Minute}, false)
+	_, err := e.db.Exec(`ALTER TABLE ` + e.table + ` ADD CONSTRAINT once UNIQUE (k) DEFERRABLE INITIALLY DEFERRED`)
+	require.NoError(t, err)
+	same := func(key string) func() error {
+		return func() error {
+			return e.deliver(key, func(ctx context.Context, tx *sqlx.Tx) error { return e.insert(ctx, tx, "clash") })
+		}
+	}
+	errs := together(same("a"), same("b"))
+	for _, err := range errs {
+		require.Equal(t, sluice.ClassTransient, sluice.DefaultClassifier().Classify(err), "%v", err)
+		require.ErrorContains(t, err, "commit")
+	}
+	require.Empty(t, e.rows(t))
+	require.Zero(t, e.claims(t))
+}
+
+// The batch's PostgreSQL backend terminated in the middle of a batch, and
+// then between the deliveries' handlers and the commit: nothing is
+// reported done that was not committed.
+func TestGroupCommitATerminatedBackendCommitsNothing(t *testing.T) {
+	t.Parallel()
+	terminate := func(t *testing.T, e *batchEnv, pid int) {
+		t.Helper()
+		var ok bool
+		require.NoError(t, e.db.Get(&ok, `SELECT pg_terminate_backend($1)`, pid))
+		require.True(t, ok)
+	}
+	backendPID := func(ctx context.Context, tx *sqlx.Tx) int {
+		var pid int
+		require.NoError(t, tx.GetContext(ctx, &pid, `SELECT pg_backend_pid()`))
+		return pid
+	}
+	t.Run("mid-batch", func(t *testing.T) {
+		t.Parallel()
+		e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, QueueTimeout: time.Minute}, false)
+		pids := make(chan int, 1)
+		hold := make(chan struct{})
+		first := func() error {
+			return e.deliver("a", func(ctx context.Context, tx *sqlx.Tx) error { return e.insert(ctx, tx, "a") })
+		}
+		held := func() error {
+			return e.deliver("held", func(ctx context.Context, tx *sqlx.Tx) error {
+				pids <- backendPID(ctx, tx)
+				<-hold
+				return e.insert(ctx, tx, "held")
+			})
+		}
+		done := make(chan []error, 1)
+		go func() { done <- together(first, held, first) }()
+		terminate(t, e, <-pids)
+		close(hold)
+		for _, err := range <-done {
+			if err != nil { // a duplicate of "a" after the batch may run alone, on a new connection
+				require.Equal(t, sluice.ClassTransient, sluice.DefaultClassifier().Classify(err), "%v", err)
+			}
+		}
+		var rows []string
+		for _, k := range e.rows(t) {
+			require.Equal(t, "a", k, "only a delivery that ran alone after the batch can have committed")
+			rows = append(rows, k)
+		}
+		require.Equal(t, len(rows), e.claims(t))
+	})
+	t.Run("before-the-commit", func(t *testing.T) {
+		t.Parallel()
+		// MaxWait holds the commit; the backend dies once the handler ran.
+		e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: 8, MaxWait: time.Second, QueueTimeout: time.Minute}, false)
+		pids := make(chan int, 1)
+		done := make(chan error, 1)
+		go func() {
+			done <- e.deliver("a", func(ctx context.Context, tx *sqlx.Tx) error {
+				pids <- backendPID(ctx, tx)
+				return e.insert(ctx, tx, "a")
+			})
+		}()
+		terminate(t, e, <-pids)
+		err := <-done
+		require.Equal(t, sluice.ClassTransient, sluice.DefaultClassifier().Classify(err), "%v", err)
+		require.ErrorContains(t, err, "commit")
+		require.Empty(t, e.rows(t))
+		require.Zero(t, e.claims(t))
+	})
+}
+
+// A store whose units of work cannot batch (no savepoints) runs one unit
+// of work per delivery, unchanged.
+func TestGroupCommitOnAStoreThatCannotBatch(t *testing.T) {
+	t.Parallel()
+	store := deduplication.NewMemoryStore()
+	stage, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c", Batch: &deduplication.BatchConfig{}})
+	require.NoError(t, err)
+	for range 3 {
+		msg := message.NewMessage("k", nil)
+		msg.Metadata.Set(sluice.EventIDKey, "k")
+		msg.SetContext(context.Background())
+		_, err := stage(func(*message.Message) ([]*message.Message, error) { return nil, nil })(msg)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1, store.Len())
+}
