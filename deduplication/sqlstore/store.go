@@ -112,7 +112,6 @@ func (s *Store) SchemaSQL() string {
 	return strings.Join(s.schema(), ";\n") + ";\n"
 }
 
-
 func (s *Store) schema() []string {
 	index := `"` + sqlname.Index(s.name, "_processed_at", "pat") + `"`
 	return []string{
