@@ -41,9 +41,17 @@ func inbox(t *testing.T) (*sqlx.DB, string, *sqlstore.Store) {
 // TestRabbitMQStackWithPostgresInbox runs the whole stack on the real
 // services: 4 competing consumers, the PostgreSQL inbox, 200 events each
 // published twice, a tenth failing once. Every event's effect exists once.
+// With group commit (Inbox.Batch) the same holds, the retry copies
+// included, and deliveries share commits.
 func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
 	t.Parallel()
+	t.Run("one transaction per delivery", func(t *testing.T) { t.Parallel(); stackWithPostgresInbox(t, nil) })
+	t.Run("group commit", func(t *testing.T) { t.Parallel(); stackWithPostgresInbox(t, &deduplication.BatchConfig{}) })
+}
+
+func stackWithPostgresInbox(t *testing.T, batch *deduplication.BatchConfig) {
 	db, schema, store := inbox(t)
+	reader := sdkmetric.NewManualReader()
 
 	queue := testenv.Name("orders")
 	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
@@ -70,11 +78,12 @@ func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
 			return err
 		},
 		Stages: router.Stages{
-			Poison:    &poison.Config{},
-			Retry:     &retrytiers.Config{},
-			Classify:  &middleware.ClassifyConfig{},
-			Inbox:     &deduplication.Config{Store: store, Consumer: "inventory"},
-			Recoverer: &middleware.RecovererConfig{},
+			Poison:        &poison.Config{},
+			Retry:         &retrytiers.Config{},
+			Classify:      &middleware.ClassifyConfig{},
+			Inbox:         &deduplication.Config{Store: store, Consumer: "inventory", Batch: batch},
+			Recoverer:     &middleware.RecovererConfig{},
+			MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
 		},
 	})
 	require.NoError(t, err)
@@ -114,6 +123,9 @@ func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
 	require.Equal(t, events, count(), "each event's effect exists once")
 	require.Positive(t, failedOnce.Load())
 	require.Zero(t, testenv.QueueDepth(t, conn, queue+".poison"))
+	if batch != nil {
+		require.Greater(t, testenv.HistogramMax(t, reader, deduplication.MetricBatchSize), int64(1), "deliveries shared commits")
+	}
 }
 
 // TestShutdownMidHandlerEffectOnce closes the router while a handler is in

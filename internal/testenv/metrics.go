@@ -68,3 +68,27 @@ func CounterWhere(t testing.TB, reader *sdkmetric.ManualReader, name, key, value
 	}
 	return total
 }
+
+// HistogramMax collects reader and returns the largest value recorded by
+// the int64 histogram name over all its attribute sets (0 when none).
+func HistogramMax(t testing.TB, reader *sdkmetric.ManualReader, name string) int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	var largest int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != name {
+				continue
+			}
+			h, ok := m.Data.(metricdata.Histogram[int64])
+			require.True(t, ok, "%s is not an int64 histogram", name)
+			for _, p := range h.DataPoints {
+				if v, ok := p.Max.Value(); ok {
+					largest = max(largest, v)
+				}
+			}
+		}
+	}
+	return largest
+}
