@@ -1,6 +1,7 @@
 // Command sluice is the operator's tool for Sluice's queues on RabbitMQ:
 // inspect, replay and archive a poison queue, plan or apply a consumer
-// queue's topology, and move an existing queue onto it. See docs/cli.md.
+// queue's topology, move an existing queue onto it, and see a stuck
+// transactional outbox. See docs/cli.md.
 //
 //	sluice dlq stats   --queue orders.poison
 //	sluice dlq inspect --queue orders.poison --class invariant --limit 5
@@ -8,6 +9,7 @@
 //	sluice dlq archive --queue orders.poison --class poison --to poison-2026-11-30.jsonl
 //	sluice topology plan --queue orders --tiers 30s,5m,30m --quorum --delivery-limit 20
 //	sluice topology migrate bind --from orders-old --queue orders --quorum --binding events=order.created
+//	sluice outbox stats --db "$PG" --table orders.sluice_outbox
 //
 // Exit codes: 0 done, 1 error, 2 usage.
 package main
@@ -132,7 +134,7 @@ func newRoot(stdout io.Writer) *cobra.Command {
 	pf.StringVar(&g.tlsCert, "tls-cert", "", "PEM client certificate for amqps:// URLs (with --tls-key)")
 	pf.StringVar(&g.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	pf.StringVar(&g.audit, "audit", localenv.Get("SLUICE_AUDIT_FILE", "sluice-audit.jsonl"), `audit log of replay and archive runs (JSON lines); "-" for stdout`)
-	root.AddCommand(newDLQ(g, stdout), newTopology(g, stdout), newQueues(g, stdout))
+	root.AddCommand(newDLQ(g, stdout), newTopology(g, stdout), newQueues(g, stdout), newOutbox(stdout))
 	return root
 }
 

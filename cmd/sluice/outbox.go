@@ -1,0 +1,310 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"time"
+
+	"github.com/jedib0t/go-pretty/v6/table"
+	"github.com/jedib0t/go-pretty/v6/text"
+	"github.com/jmoiron/sqlx"
+	"github.com/spf13/cobra"
+
+	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/localenv"
+	"github.com/sluicemq/sluice/internal/sqlname"
+	"github.com/sluicemq/sluice/outbox/sqlstore"
+)
+
+// Bounds of the outbox commands.
+const (
+	// outboxTimeout bounds each command's statements. A retry waits for the
+	// rows a relay holds in a batch (PostgreSQL row locks), at most the
+	// relay's PublishTimeout plus three StoreTimeouts: a minute by default.
+	outboxTimeout = 2 * time.Minute
+	// outboxListMax bounds --limit.
+	outboxListMax = 10000
+)
+
+// outboxFlags are the flags every outbox command shares.
+type outboxFlags struct {
+	dbURL  string
+	tables []string
+}
+
+func (f *outboxFlags) register(cmd *cobra.Command, many bool) {
+	fl := cmd.Flags()
+	fl.StringVar(&f.dbURL, "db", localenv.Get("SLUICE_OUTBOX_DB_URL", ""), "PostgreSQL URL of the outbox's database, the inbox's (env SLUICE_OUTBOX_DB_URL)")
+	help := "the outbox table (name or schema.name)"
+	if many {
+		help += "; repeat it, or separate with commas, for several"
+	}
+	fl.StringSliceVar(&f.tables, "table", []string{sqlstore.TableDefault}, help)
+}
+
+// open connects to --db and returns a store for each --table, which must
+// exist, and a context that ends on Ctrl-C or after outboxTimeout; done
+// closes what it opened.
+func (f *outboxFlags) open(many bool) ([]*sqlstore.Store, context.Context, func(), error) {
+	if f.dbURL == "" {
+		return nil, nil, nil, usageError{fmt.Errorf("--db is required: the PostgreSQL URL of the outbox's database (env SLUICE_OUTBOX_DB_URL)")}
+	}
+	if len(f.tables) == 0 || (!many && len(f.tables) > 1) {
+		return nil, nil, nil, usageError{fmt.Errorf("--table: want one table, got %d", len(f.tables))}
+	}
+	db, err := sqlx.Open("postgres", f.dbURL)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("--db: %w", diag.RedactError(err))
+	}
+	sig, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, cancel := context.WithTimeout(sig, outboxTimeout)
+	done := func() { cancel(); stop(); _ = db.Close() }
+	if err := pingWithin(ctx, db); err != nil {
+		done()
+		return nil, nil, nil, fmt.Errorf("--db: %w", diag.RedactError(err))
+	}
+	stores := make([]*sqlstore.Store, 0, len(f.tables))
+	for _, name := range f.tables {
+		s, err := sqlstore.New(sqlstore.Config{DB: db, Table: name})
+		if err != nil {
+			done()
+			return nil, nil, nil, usageError{fmt.Errorf("--table %s: %w", diag.Printable(name, 128), err)}
+		}
+		if err := outboxTableExists(ctx, db, name); err != nil {
+			done()
+			return nil, nil, nil, err
+		}
+		stores = append(stores, s)
+	}
+	return stores, ctx, done, nil
+}
+
+// pingWithin pings db, giving up after 10 s: a database that does not
+// answer is named at once, not after outboxTimeout.
+func pingWithin(ctx context.Context, db *sqlx.DB) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return db.PingContext(ctx)
+}
+
+// outboxTableExists returns an error naming table and the flags when the
+// database has no such table: the commands create nothing. The name is
+// quoted as the store quotes it (case matters).
+func outboxTableExists(ctx context.Context, db *sqlx.DB, table string) error {
+	quoted, _, err := sqlname.Quote(table, true)
+	if err != nil {
+		return usageError{fmt.Errorf("--table %s: %w", diag.Printable(table, 128), err)}
+	}
+	var found bool
+	if err := db.GetContext(ctx, &found, `SELECT to_regclass($1) IS NOT NULL`, quoted); err != nil {
+		return fmt.Errorf("looking for the outbox table %s: %w", diag.Printable(table, 128), diag.RedactError(err))
+	}
+	if !found {
+		return fmt.Errorf("no outbox table %s in that database (check --table and --db: the table of the services' outbox/sqlstore.Config.Table; nothing was created)", diag.Printable(table, 128))
+	}
+	return nil
+}
+
+func newOutbox(out io.Writer) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "outbox",
+		Short: "See what waits in a transactional outbox table, and make its failing rows due again",
+		Long: "The outbox (outbox/sqlstore) holds what handlers produced until a relay has published it\n" +
+			"and the broker confirmed it. A row that could not be published stays, with its error and\n" +
+			"its next attempt: never delete one (the event would be lost). See docs/operations.md.",
+		Args: unknownSubcommand,
+	}
+	cmd.AddCommand(newOutboxStats(out), newOutboxList(out), newOutboxRetry(out))
+	return cmd
+}
+
+func newOutboxStats(out io.Writer) *cobra.Command {
+	var f outboxFlags
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "stats",
+		Short: "Count the rows waiting in each outbox table: pending, failing, and the oldest's age",
+		Long: "pending counts every row not yet relayed, failing ones included; failing, the rows whose\n" +
+			"last publish failed; oldest is the age of the oldest row (what sluice_outbox_oldest_age_seconds\n" +
+			"reports while a relay runs). Read-only.",
+		Args: noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			stores, ctx, done, err := f.open(true)
+			if err != nil {
+				return err
+			}
+			defer done()
+			t := table.NewWriter()
+			t.SetOutputMirror(out)
+			t.SetStyle(table.StyleLight)
+			t.AppendHeader(table.Row{"table", "pending", "failing", "oldest"})
+			for _, s := range stores {
+				st, err := s.Stats(ctx)
+				if err != nil {
+					return diag.RedactError(err)
+				}
+				age := outboxAge(st.Oldest)
+				if asJSON {
+					rec := outboxStatsJSON{Table: s.Name(), Pending: st.Pending, Failing: st.Failing, OldestAgeSeconds: age.Seconds()}
+					if !st.Oldest.IsZero() {
+						oldest := st.Oldest.UTC()
+						rec.Oldest = &oldest
+					}
+					if err := writeJSON(out, rec); err != nil {
+						return err
+					}
+					continue
+				}
+				oldest := "-"
+				if !st.Oldest.IsZero() {
+					oldest = fmt.Sprintf("%s (%s)", age.Round(time.Second), st.Oldest.UTC().Format(time.RFC3339))
+				}
+				t.AppendRow(table.Row{diag.Printable(s.Name(), 128), st.Pending, st.Failing, oldest})
+			}
+			if !asJSON {
+				t.Render()
+			}
+			return nil
+		},
+	}
+	f.register(cmd, true)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON, one object per table")
+	return cmd
+}
+
+// outboxStatsJSON is one table's line of stats --json.
+type outboxStatsJSON struct {
+	Table            string     `json:"table"`
+	Pending          int64      `json:"pending"`
+	Failing          int64      `json:"failing"`
+	Oldest           *time.Time `json:"oldest"` // null when the table is empty
+	OldestAgeSeconds float64    `json:"oldest_age_seconds"`
+}
+
+// outboxRowJSON is one row's line of list --json: its text exact.
+type outboxRowJSON struct {
+	ID            int64     `json:"id"`
+	Topic         string    `json:"topic"`
+	MessageID     string    `json:"message_id"`
+	EventID       string    `json:"event_id"`
+	Attempts      int       `json:"attempts"`
+	CreatedAt     time.Time `json:"created_at"`
+	NextAttemptAt time.Time `json:"next_attempt_at"`
+	LastError     string    `json:"last_error"`
+}
+
+// outboxAge is how long ago t was, never negative (the database's clock
+// may be ahead of this host's).
+func outboxAge(t time.Time) time.Duration {
+	if t.IsZero() {
+		return 0
+	}
+	return max(time.Since(t), 0)
+}
+
+func newOutboxList(out io.Writer) *cobra.Command {
+	var f outboxFlags
+	var failing, asJSON bool
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "Show an outbox table's rows, oldest first: topic, ids, attempts, next attempt, last error",
+		Long: "Shows the rows the relay takes first. The topic, the ids and the error are the producers'\n" +
+			"and the broker's text: escaped and bounded, never printed raw; --json keeps them exact\n" +
+			"(escaped as JSON). The payloads are not shown. Read-only.",
+		Args: noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if limit < 1 || limit > outboxListMax {
+				return usageError{fmt.Errorf("--limit %d: want 1 to %d", limit, outboxListMax)}
+			}
+			stores, ctx, done, err := f.open(false)
+			if err != nil {
+				return err
+			}
+			defer done()
+			s := stores[0]
+			entries, err := s.List(ctx, failing, limit)
+			if err != nil {
+				return diag.RedactError(err)
+			}
+			if asJSON {
+				for _, e := range entries {
+					rec := outboxRowJSON{ID: e.ID, Topic: e.Topic, MessageID: e.MessageID, EventID: e.EventID, Attempts: e.Attempts,
+						CreatedAt: e.CreatedAt.UTC(), NextAttemptAt: e.NextAttempt.UTC(), LastError: e.LastError}
+					if err := writeJSON(out, rec); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			st, err := s.Stats(ctx)
+			if err != nil {
+				return diag.RedactError(err)
+			}
+			outboxTable(out, entries)
+			which := "rows"
+			if failing {
+				which = "failing rows"
+			}
+			fmt.Fprintf(out, "%d %s shown, oldest first; %s holds %d pending, %d failing\n",
+				len(entries), which, diag.Printable(s.Name(), 128), st.Pending, st.Failing)
+			return nil
+		},
+	}
+	f.register(cmd, false)
+	cmd.Flags().BoolVar(&failing, "failing", false, "only the rows whose last publish failed")
+	cmd.Flags().IntVar(&limit, "limit", 20, fmt.Sprintf("show at most this many rows (1 to %d)", outboxListMax))
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON, one object per row")
+	return cmd
+}
+
+// outboxTable prints rows of an outbox, their text escaped and bounded.
+func outboxTable(out io.Writer, entries []sqlstore.Entry) {
+	t := table.NewWriter()
+	t.SetOutputMirror(out)
+	t.SetStyle(table.StyleLight)
+	t.AppendHeader(table.Row{"id", "topic", "message id", "event id", "attempts", "age", "next attempt", "last error"})
+	t.SetColumnConfigs([]table.ColumnConfig{{Number: 8, WidthMax: 72, WidthMaxEnforcer: text.WrapSoft}})
+	for _, e := range entries {
+		next := "due"
+		if d := time.Until(e.NextAttempt); d > 0 {
+			next = "in " + d.Round(time.Second).String()
+		}
+		t.AppendRow(table.Row{e.ID, diag.Printable(e.Topic, cellMax), orDash(diag.Printable(e.MessageID, 64)), orDash(diag.Printable(e.EventID, cellMax)),
+			e.Attempts, outboxAge(e.CreatedAt).Round(time.Second), next, orDash(diag.Printable(e.LastError, cellMax))})
+	}
+	t.Render()
+}
+
+func newOutboxRetry(out io.Writer) *cobra.Command {
+	var f outboxFlags
+	cmd := &cobra.Command{
+		Use:   "retry",
+		Short: "Make every failing row of an outbox table due now (after fixing the cause)",
+		Long: "A failing row waits for its next attempt, up to the relay's RetryMax. Once the cause is\n" +
+			"fixed (the queue declared, the binding added, the permission granted), retry makes every\n" +
+			"failing row due: the relays publish them at their next poll. Nothing is deleted or sent\n" +
+			"by this command; a row that fails again keeps its error and waits again.",
+		Args: noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			stores, ctx, done, err := f.open(false)
+			if err != nil {
+				return err
+			}
+			defer done()
+			s := stores[0]
+			n, err := s.RetryNow(ctx)
+			if err != nil {
+				return diag.RedactError(err)
+			}
+			fmt.Fprintf(out, "%d failing rows of %s are due now: the relays publish them at their next poll (see sluice outbox stats)\n",
+				n, diag.Printable(s.Name(), 128))
+			return nil
+		},
+	}
+	f.register(cmd, false)
+	return cmd
+}
