@@ -49,6 +49,8 @@ func consumerMain(args []string) error {
 	subscriber := fs.String("subscriber", "sluice", "")
 	crashProb := fs.Float64("crash-prob", 0, "")
 	crashPoints := fs.String("crash-points", "", "before-commit,after-commit,after-tier-publish")
+	relayCrashProb := fs.Float64("relay-crash-prob", 0, "the crash probability at the relay's crash points (relay-…), once per batch")
+	produceTo := fs.String("produce-to", "", "a queue: produce one message per event there through the outbox, relay it, and receive it (the outbox scenario)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -57,7 +59,11 @@ func consumerMain(args []string) error {
 		points[p] = true
 	}
 	crash := func(point string) {
-		if points[point] && rand.Float64() < *crashProb {
+		prob := *crashProb
+		if strings.HasPrefix(point, "relay-") {
+			prob = *relayCrashProb
+		}
+		if points[point] && rand.Float64() < prob {
 			fmt.Fprintln(os.Stderr, "crash", point)
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			time.Sleep(time.Second)
@@ -72,6 +78,9 @@ func consumerMain(args []string) error {
 	}
 	defer func() { _ = db.Close() }()
 	db.SetMaxOpenConns(rabbitmq.PrefetchDefault + 2)
+	if *produceTo != "" { // a receiver's deliveries and a relay's batch too
+		db.SetMaxOpenConns(rabbitmq.PrefetchDefault + 6)
+	}
 	store, err := sqlstore.New(sqlstore.Config{DB: db, Table: *schema + ".inbox"})
 	if err != nil {
 		return err
@@ -80,18 +89,11 @@ func consumerMain(args []string) error {
 	if err != nil {
 		return err
 	}
-	var q *rabbitmq.Broker
-	for { // the broker may be restarting when a consumer starts
-		q, err = rabbitmq.NewBroker(ctx, rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: *amqpURL}, Topology: rabbitmq.TopologyConfig{Queue: *queue, TierDelays: delays},
-			WatermillSubscriber: *subscriber == "watermill"})
-		if err == nil {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(500 * time.Millisecond):
-		}
+	brokerCfg := rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: *amqpURL}, Topology: rabbitmq.TopologyConfig{Queue: *queue, TierDelays: delays},
+		WatermillSubscriber: *subscriber == "watermill"}
+	q, err := dialBroker(ctx, brokerCfg) // the broker may be restarting when a consumer starts
+	if err != nil {
+		return err
 	}
 	defer func() { _ = q.Close() }()
 
@@ -118,7 +120,7 @@ func consumerMain(args []string) error {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			out, err := h(msg)
 			if err == nil {
-				crash("after-commit") // committed, not acked
+				crash(crashPoint(msg)) // committed, not acked
 			}
 			return out, err
 		}
@@ -129,7 +131,7 @@ func consumerMain(args []string) error {
 	}
 	// Added first, so outermost: it sees the result after the inbox committed.
 	r.AddMiddleware(afterCommit)
-	_, err = router.Add(r, router.HandlerConfig{
+	cfg := router.HandlerConfig{
 		Broker: q,
 		Name:   "effects", Consumers: *consumers, Handler: handler,
 		Stages: router.Stages{
@@ -139,11 +141,18 @@ func consumerMain(args []string) error {
 			Inbox:     &deduplication.Config{Store: store, Consumer: "effects", Key: deduplication.KeyFromJSON("eventId")},
 			Recoverer: &middleware.RecovererConfig{},
 		},
-	})
-	if err != nil {
-		return err
 	}
-	return r.Run(ctx)
+	var ob *outboxProcess
+	if *produceTo != "" {
+		ob = &outboxProcess{db: db, schema: *schema, queue: *produceTo, crash: crash}
+		if err := ob.start(ctx, r, &cfg, brokerCfg, q.Publisher()); err != nil {
+			return errors.Join(err, ob.close())
+		}
+	}
+	if _, err = router.Add(r, cfg); err == nil {
+		err = r.Run(ctx)
+	}
+	return errors.Join(err, ob.close())
 }
 
 // crashingPublisher crashes after a retry copy is confirmed, before the

@@ -38,6 +38,8 @@ type options struct {
 	consumers       int
 	crashProb       float64
 	pgDown, mqDown  time.Duration
+	outboxDown      time.Duration
+	outboxWrites    int
 	timeout         time.Duration
 	tiers           string
 	subscriber      string
@@ -45,7 +47,7 @@ type options struct {
 	scenarios       []string
 }
 
-var allScenarios = []string{"kill", "rabbitmq-restart", "postgres-stop", "poison-full", "same-id-8"}
+var allScenarios = []string{"kill", "rabbitmq-restart", "postgres-stop", "poison-full", "same-id-8", "outbox"}
 
 func harnessMain(args []string) error {
 	var o options
@@ -59,9 +61,11 @@ func harnessMain(args []string) error {
 	fs.IntVar(&o.procs, "procs", 3, "consumer processes")
 	fs.IntVar(&o.consumers, "consumers", 0, "subscriptions per process (0: the broker's default: 1 for sluice, 4 for watermill)")
 	fs.StringVar(&o.subscriber, "subscriber", "sluice", "the consumers' subscriber: sluice (rabbitmq.Consumer) or watermill (watermill-amqp's)")
-	fs.Float64Var(&o.crashProb, "crash-prob", 0.02, "probability of a self-crash at each crash point in the kill scenario")
+	fs.Float64Var(&o.crashProb, "crash-prob", 0.02, "probability of a self-crash at each crash point in the kill and outbox scenarios (×5 at the relay's)")
 	fs.DurationVar(&o.pgDown, "postgres-down", 5*time.Second, "how long PostgreSQL is stopped")
 	fs.DurationVar(&o.mqDown, "rabbitmq-down", 3*time.Second, "how long RabbitMQ is stopped")
+	fs.DurationVar(&o.outboxDown, "outbox-down", 5*time.Second, "how long RabbitMQ is stopped in the outbox scenario")
+	fs.IntVar(&o.outboxWrites, "outbox-writes", 500, "rows written into the outbox while RabbitMQ is stopped in the outbox scenario")
 	fs.DurationVar(&o.timeout, "timeout", 4*time.Minute, "per scenario")
 	fs.StringVar(&o.tiers, "tiers", "1s,2s,5s,10s,20s", "retry tiers; their sum must outlast the outages")
 	fs.Uint64Var(&o.seed, "seed", uint64(time.Now().UnixNano()), "random seed (printed, for reruns)")
@@ -151,6 +155,9 @@ type world struct {
 	topo  *rabbitmq.Topology
 	pub   *rabbitmq.Publisher
 	procs []*slot
+	// ob is the outbox scenario's; slotArgs are added to each consumer's.
+	ob       *outboxWorld
+	slotArgs []string
 	// queueMu keeps observe's scan of the poison queue apart from the
 	// poison-full fault's removal of its fillers: each holds the queue's
 	// messages unacked while it reads them.
@@ -170,10 +177,15 @@ func runScenario(o options, scenario string) (string, error) {
 		return "setup", err
 	}
 	defer w.teardown()
+	if scenario == "outbox" {
+		if err := w.setupOutbox(ctx); err != nil {
+			return "setup", err
+		}
+	}
 
 	copies, procs, crashProb := 1, o.procs, 0.0
 	n := o.events
-	if scenario == "kill" {
+	if scenario == "kill" || scenario == "outbox" {
 		crashProb = o.crashProb
 	}
 	if scenario == "same-id-8" {
@@ -231,6 +243,8 @@ func describeDisruption(scenario string, killed, fillers int, crashes map[string
 		return fmt.Sprintf("poison queue full (reject-publish, %d fillers) for 3 s from %d/%d effects on", fillers, at, total)
 	case "same-id-8":
 		return "each id published 8 times in a row, handled by at least 8 handlers at once"
+	case "outbox":
+		return describeOutbox(killed, crashes, restarts, at, total)
 	}
 	return fmt.Sprintf("%s at %d/%d effects", scenario, at, total)
 }
@@ -302,7 +316,7 @@ func (w *world) queues(all bool) []string {
 	if all {
 		qs = append(qs, w.topo.PoisonQueue())
 	}
-	return qs
+	return append(qs, w.ob.queues(all)...)
 }
 
 // withConn runs fn on a fresh connection: the broker may have restarted.
@@ -338,14 +352,16 @@ type slot struct {
 	stopping bool
 	restarts int
 	crashes  map[string]int
+	counts   map[string]int // the consumers' "count <name> <n>" lines
 	done     chan struct{}
 }
 
 func (w *world) startSlot(crashProb float64) *slot {
-	s := &slot{crashes: map[string]int{}, done: make(chan struct{})}
+	s := &slot{crashes: map[string]int{}, counts: map[string]int{}, done: make(chan struct{})}
 	args := []string{"consumer", "--amqp-url", w.o.amqpURL, "--postgres-url", w.o.pgURL, "--queue", w.topo.Queue(),
 		"--schema", w.name, "--tiers", w.o.tiers, "--consumers", fmt.Sprint(w.o.consumers), "--subscriber", w.o.subscriber,
 		"--crash-prob", fmt.Sprint(crashProb), "--crash-points", "before-commit,after-commit,after-tier-publish"}
+	args = append(args, w.slotArgs...)
 	go func() {
 		defer close(s.done)
 		for first := true; ; first = false {
@@ -371,6 +387,10 @@ func (w *world) startSlot(crashProb float64) *slot {
 				if point, ok := strings.CutPrefix(sc.Text(), "crash "); ok {
 					s.mu.Lock()
 					s.crashes[point]++
+					s.mu.Unlock()
+				} else if name, n, ok := countLine(sc.Text()); ok {
+					s.mu.Lock()
+					s.counts[name] += n
 					s.mu.Unlock()
 				}
 			}
@@ -452,6 +472,8 @@ func (w *world) disrupt(ctx context.Context, rng *rand.Rand, scenario string) er
 		return run("pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start")
 	case "poison-full":
 		return w.fillPoisonQueue(ctx, 3*time.Second)
+	case "outbox":
+		return w.disruptOutbox(ctx, rng)
 	}
 	return nil
 }
@@ -565,7 +587,9 @@ func (w *world) settle(ctx context.Context, p plan) error {
 		effects, poisoned, depth, err := w.observe(ctx)
 		if err == nil {
 			last = fmt.Sprintf("%d/%d effects, %d/%d poisoned, %d in the main and tier queues", len(effects), len(p.valid), len(poisoned), len(p.bad), depth)
-			if len(effects) >= len(p.valid) && len(poisoned) >= len(p.bad) && depth == 0 {
+			settled, more := w.settledOutbox(ctx, p)
+			last += more
+			if len(effects) >= len(p.valid) && len(poisoned) >= len(p.bad) && depth == 0 && settled {
 				return nil
 			}
 		}
@@ -632,21 +656,8 @@ func (w *world) verify(p plan) (string, error) {
 	if err != nil {
 		return "observe", err
 	}
-	var problems []string
-	twice, copies := 0, 0
-	for id, n := range effects {
-		if n > 1 {
-			twice++
-		}
-		if !p.valid[id] {
-			problems = append(problems, "unexpected effect "+id)
-		}
-	}
-	for id := range p.valid {
-		if effects[id] == 0 {
-			problems = append(problems, "missing effect "+id)
-		}
-	}
+	twice, problems := exactlyOnce(effects, p.valid, "unexpected effect ", "missing effect ")
+	copies := 0
 	for id, n := range poisoned {
 		copies += n
 		if !p.bad[id] {
@@ -666,6 +677,8 @@ func (w *world) verify(p plan) (string, error) {
 	}
 	res := fmt.Sprintf("effects %d == %d valid, %d twice; poison %d == %d bad (%d copies); queues empty: %v",
 		len(effects), len(p.valid), twice, len(poisoned), len(p.bad), copies, depth == 0)
+	more, outboxProblems := w.verifyOutbox(p)
+	res, problems = res+more, append(problems, outboxProblems...)
 	if len(problems) > 0 {
 		sort.Strings(problems)
 		if len(problems) > 10 {
