@@ -88,6 +88,18 @@ type Savepointer interface {
 	Release(ctx context.Context, name string) error
 }
 
+// SavepointClaimer is a Savepointer that can, in one round trip, release
+// the savepoint of the delivery before (release, "" for none), set the
+// next delivery's savepoint and claim its key after it: the SQL store on
+// lib/pq. Group commit uses it where the store offers it, and then releases
+// a successful delivery's savepoint together with the next one's claim.
+// When the transaction was aborted before the call (by the handler of the
+// delivery before), its error matches ErrAborted and nothing was done.
+type SavepointClaimer interface {
+	Savepointer
+	ClaimAfter(ctx context.Context, release, savepoint, consumer, key string) (bool, error)
+}
+
 // errNoSavepoints marks a store whose units of work cannot batch.
 var errNoSavepoints = errors.New("deduplication: the store's units of work are no Savepointers")
 
@@ -109,8 +121,11 @@ type batch struct {
 	sp    Savepointer
 	err   error // Begin's
 
-	turn chan struct{} // a token: one delivery at a time uses tx
-	next int           // the next savepoint's number (under turn)
+	claimer SavepointClaimer // sp, when it is one
+
+	turn    chan struct{} // a token: one delivery at a time uses tx
+	next    int           // the next savepoint's number (under turn)
+	pending *member       // a kept delivery whose savepoint is not released yet (under turn)
 
 	mu        sync.Mutex // guards the fields below
 	admitting bool
@@ -123,6 +138,15 @@ type batch struct {
 	members   sync.WaitGroup // admitted deliveries not done with tx
 	done      chan struct{}  // closed after the commit or rollback
 	commitErr error
+}
+
+// member is a delivery that kept its writes in a batch.
+type member struct {
+	sp, key string
+	// err, when set before the batch's done closes, is the delivery's
+	// result: its handler left the transaction aborted (found when its
+	// savepoint was released with the next delivery's claim).
+	err error
 }
 
 // join admits the caller into the open batch, or opens one.
@@ -172,6 +196,7 @@ func (b *batch) run() {
 			err = errNoSavepoints
 		}
 		b.tx, b.sp = tx, sp
+		b.claimer, _ = tx.(SavepointClaimer)
 	}
 	b.err = err
 	close(b.ready)
@@ -197,6 +222,12 @@ func (b *batch) run() {
 		return
 	}
 	ctx := context.Background()
+	if m := b.pending; m != nil && b.broken == nil {
+		b.pending = nil
+		if err := b.exec(ctx, func(ctx context.Context) error { return b.sp.Release(ctx, m.sp) }); err != nil {
+			b.fail(ctx, m, err)
+		}
+	}
 	switch {
 	case b.broken != nil:
 		_ = d.rollback(ctx, b.tx)
@@ -243,9 +274,68 @@ func (b *batch) breakWith(err error) {
 // undo rolls the shared unit of work back to savepoint sp; a rollback that
 // fails leaves nothing to go on with: the batch is broken.
 func (b *batch) undo(ctx context.Context, sp string) {
-	if err := b.exec(ctx, func(ctx context.Context) error { return b.sp.RollbackTo(ctx, sp) }); err != nil {
-		b.breakWith(fmt.Errorf("deduplication: rolling back to a savepoint: %w", err))
+	if err := b.tryUndo(ctx, sp); err != nil {
+		b.breakWith(err)
 	}
+}
+
+func (b *batch) tryUndo(ctx context.Context, sp string) error {
+	if err := b.exec(ctx, func(ctx context.Context) error { return b.sp.RollbackTo(ctx, sp) }); err != nil {
+		return fmt.Errorf("deduplication: rolling back to a savepoint: %w", err)
+	}
+	return nil
+}
+
+// fail rolls a kept delivery back to its savepoint, because releasing it
+// failed with err (its handler left the transaction aborted): it fails as
+// Transient, as its commit would have without batching.
+func (b *batch) fail(ctx context.Context, m *member, err error) {
+	b.undo(ctx, m.sp)
+	b.mu.Lock()
+	delete(b.keys, m.key)
+	b.kept--
+	b.mu.Unlock()
+	m.err = sluice.Transient(fmt.Errorf("deduplication: commit: %w", err))
+}
+
+// savepointAndClaim sets savepoint sp and claims key after it; with a
+// SavepointClaimer, in one round trip that also releases the savepoint of
+// the delivery kept before (b.pending), failing that one if its handler
+// left the transaction aborted.
+func (b *batch) savepointAndClaim(ctx context.Context, sp, key string) (claimed, gaveUp bool, err error) {
+	d := b.bt.d
+	if b.claimer == nil {
+		if err := b.exec(ctx, func(ctx context.Context) error { return b.sp.Savepoint(ctx, sp) }); err != nil {
+			b.breakWith(err)
+			return false, true, dependency(ctx, "savepoint", err)
+		}
+		return d.claim(ctx, b.tx, key)
+	}
+	prev := b.pending
+	b.pending = nil
+	release := ""
+	if prev != nil {
+		release = prev.sp
+	}
+	claim := func(release string) (bool, bool, error) {
+		return d.claimWith(ctx, b.tx, key, func(ctx context.Context) (bool, error) {
+			return b.claimer.ClaimAfter(ctx, release, sp, d.cfg.Consumer, key)
+		})
+	}
+	claimed, gaveUp, err = claim(release)
+	if err != nil && !gaveUp && prev != nil && errors.Is(err, ErrAborted) {
+		b.fail(ctx, prev, err) // back at prev's savepoint: before its claim
+		claimed, gaveUp, err = claim("")
+	}
+	if err != nil && !gaveUp {
+		// Where did the statement stop? At sp when it was set; otherwise
+		// before it, and prev's release is in doubt: prev fails too.
+		if b.tryUndo(ctx, sp) != nil && prev != nil && prev.err == nil {
+			b.fail(ctx, prev, err)
+		}
+		return false, false, err
+	}
+	return claimed, gaveUp, err
 }
 
 // handle runs msg's claim and handler in a batch. handled false: msg left
@@ -255,10 +345,10 @@ func (b *batch) undo(ctx context.Context, sp string) {
 func (bt *batcher) handle(msg *message.Message, key string, h message.HandlerFunc) (produced []*message.Message, err error, handled bool) {
 	d := bt.d
 	b := bt.join()
-	member := true
+	inBatch := true
 	leave := func() {
-		if member {
-			member = false
+		if inBatch {
+			inBatch = false
 			b.members.Done()
 		}
 	}
@@ -303,17 +393,15 @@ func (bt *batcher) handle(msg *message.Message, key string, h message.HandlerFun
 	}
 	sp := "sluice_" + strconv.Itoa(b.next)
 	b.next++
-	if err := b.exec(ctx, func(ctx context.Context) error { return b.sp.Savepoint(ctx, sp) }); err != nil {
-		b.breakWith(err)
-		return nil, sluice.Transient(dependency(ctx, "savepoint", err)), true
-	}
-	claimed, gaveUp, err := d.claim(ctx, b.tx, key)
+	claimed, gaveUp, err := b.savepointAndClaim(ctx, sp, key)
 	switch {
 	case gaveUp:
 		b.breakWith(err)
 		return nil, sluice.Transient(err), true
 	case err != nil:
-		b.undo(ctx, sp) // a cancelled claim aborted the transaction
+		if b.claimer == nil {
+			b.undo(ctx, sp) // a cancelled claim aborted the transaction
+		}
 		return nil, sluice.Transient(err), true
 	case !claimed:
 		b.undo(ctx, sp)
@@ -347,6 +435,25 @@ func (bt *batcher) handle(msg *message.Message, key string, h message.HandlerFun
 		b.undo(ctx, sp)
 		forget()
 		return produced, err, true
+	}
+	if !rejected && b.claimer != nil {
+		// Released with the next delivery's claim, or by the commit.
+		m := &member{sp: sp, key: key}
+		b.pending = m
+		b.mu.Lock()
+		b.kept++
+		b.mu.Unlock()
+		release()
+		leave()
+		<-b.done
+		switch {
+		case m.err != nil:
+			return nil, m.err, true
+		case b.commitErr != nil:
+			return nil, sluice.Transient(fmt.Errorf("deduplication: commit: %w", b.commitErr)), true
+		}
+		u.committed()
+		return produced, nil, true
 	}
 	if rerr := b.exec(ctx, func(ctx context.Context) error { return b.sp.Release(ctx, sp) }); rerr != nil {
 		b.undo(ctx, sp)

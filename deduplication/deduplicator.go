@@ -324,6 +324,11 @@ func (d *deduplicator) commit(ctx context.Context, tx Tx) (gaveUp bool, err erro
 // more to answer; gaveUp reports a claim given up, which still holds tx
 // (its late return rolls tx back).
 func (d *deduplicator) claim(ctx context.Context, tx Tx, key string) (claimed, gaveUp bool, err error) {
+	return d.claimWith(ctx, tx, key, func(ctx context.Context) (bool, error) { return tx.Claim(ctx, d.cfg.Consumer, key) })
+}
+
+// claimWith is claim with the store call f (which claims key in tx).
+func (d *deduplicator) claimWith(ctx context.Context, tx Tx, key string, f func(context.Context) (bool, error)) (claimed, gaveUp bool, err error) {
 	claimCtx := ctx
 	var deadline *claimContext
 	if d.cfg.ClaimTimeout > 0 {
@@ -336,11 +341,9 @@ func (d *deduplicator) claim(ctx context.Context, tx Tx, key string) (claimed, g
 		bound = d.cfg.ClaimTimeout + d.storeBound
 	}
 	if bound <= 0 {
-		claimed, err = tx.Claim(claimCtx, d.cfg.Consumer, key)
+		claimed, err = f(claimCtx)
 	} else {
-		claimed, gaveUp, err = bounded(&d.abandoned, claimCtx, bound, false, func(ctx context.Context) (bool, error) {
-			return tx.Claim(ctx, d.cfg.Consumer, key)
-		}, func(bool, error) { d.lateRollback(ctx, tx) })
+		claimed, gaveUp, err = bounded(&d.abandoned, claimCtx, bound, false, f, func(bool, error) { d.lateRollback(ctx, tx) })
 	}
 	switch {
 	case err == nil:

@@ -27,6 +27,7 @@ type batchEnv struct {
 	table  string // the business table, qualified
 	inbox  string
 	stage  message.HandlerMiddleware
+	store  *sqlstore.Store
 	reader *sdkmetric.ManualReader
 }
 
@@ -49,6 +50,7 @@ func newBatchEnv(t *testing.T, backend string, batch deduplication.BatchConfig, 
 	_, err := e.db.Exec(`CREATE TABLE ` + e.table + ` (k TEXT NOT NULL` + constraint + `)`)
 	require.NoError(t, err)
 	store := testenv.SQLStore(t, e.db, e.inbox)
+	e.store = store
 	e.stage, err = deduplication.New(deduplication.Config{Store: store, Consumer: "c", Batch: &batch,
 		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader))})
 	require.NoError(t, err)
@@ -388,4 +390,60 @@ func TestGroupCommitOnAStoreThatCannotBatch(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.Equal(t, 1, store.Len())
+}
+
+// A handler that returns nil although its statement aborted the PostgreSQL
+// transaction (it swallowed a unique violation) fails as Transient — found
+// when its savepoint is released, with the next delivery's claim or by the
+// commit — and the others of its batch commit.
+func TestGroupCommitAHandlerThatLeftTheTransactionAbortedFailsAlone(t *testing.T) {
+	t.Parallel()
+	for _, size := range []int{1, 3} {
+		t.Run(fmt.Sprint("batch of ", size), func(t *testing.T) {
+			t.Parallel()
+			e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: size, MaxWait: time.Second, QueueTimeout: time.Minute}, true)
+			_, err := e.db.Exec(`INSERT INTO ` + e.table + ` (k) VALUES ('taken')`)
+			require.NoError(t, err)
+			swallows := func() error {
+				return e.deliver("swallows", func(ctx context.Context, tx *sqlx.Tx) error {
+					_ = e.insert(ctx, tx, "taken") // the error ignored: the transaction is aborted
+					return nil
+				})
+			}
+			ok := func(key string) func() error {
+				return func() error {
+					return e.deliver(key, func(ctx context.Context, tx *sqlx.Tx) error { return e.insert(ctx, tx, key) })
+				}
+			}
+			fs := []func() error{swallows}
+			if size == 3 {
+				fs = append(fs, ok("a"), ok("b"))
+			}
+			errs := together(fs...)
+			require.Equal(t, sluice.ClassTransient, sluice.DefaultClassifier().Classify(errs[0]), "%v", errs[0])
+			for _, err := range errs[1:] {
+				require.NoError(t, err)
+			}
+			want := []string{"taken"}
+			if size == 3 {
+				want = []string{"a", "b", "taken"}
+			}
+			require.Equal(t, want, e.rows(t))
+			require.Equal(t, len(want)-1, e.claims(t), "the swallowing delivery is not recorded: it runs again")
+		})
+	}
+}
+
+// A key that would end a badly quoted literal is claimed as it is.
+func TestGroupCommitClaimsAHostileKeyAsItIs(t *testing.T) {
+	t.Parallel()
+	e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: 1}, false)
+	for _, key := range []string{`x'); DROP TABLE effects; --`, `a$k$b`, `ends with $k`, `$k0$$k$`, `\'`} {
+		require.NoError(t, e.deliver(key, func(ctx context.Context, tx *sqlx.Tx) error { return e.insert(ctx, tx, key) }))
+		require.NoError(t, e.deliver(key, func(ctx context.Context, tx *sqlx.Tx) error { return errors.New("ran twice") }), "a duplicate")
+		var got string
+		require.NoError(t, e.db.Get(&got, `SELECT event_key FROM `+e.inbox+` WHERE event_key = $1`, key))
+		require.Equal(t, key, got)
+	}
+	require.Len(t, e.rows(t), 5)
 }

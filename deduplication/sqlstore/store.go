@@ -12,6 +12,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -63,12 +64,15 @@ type Store struct {
 	opts    *sql.TxOptions
 	claim   string
 	prune   string
+	// claimLiteral is the claim with its values as literals (%s, %s), for
+	// ClaimAfter's one round trip on lib/pq; "" elsewhere.
+	claimLiteral string
 }
 
 var (
-	_ deduplication.Store        = (*Store)(nil)
-	_ deduplication.BatchDeleter = (*Store)(nil)
-	_ deduplication.Savepointer  = (*sqlTx)(nil)
+	_ deduplication.Store            = (*Store)(nil)
+	_ deduplication.BatchDeleter     = (*Store)(nil)
+	_ deduplication.SavepointClaimer = (*sqlTx)(nil)
 )
 
 // withDefaults returns a copy of c with its defaults filled.
@@ -103,6 +107,9 @@ func New(cfg Config) (*Store, error) {
 	}
 	s.claim = fmt.Sprintf(d.claim, s.table)
 	s.prune = fmt.Sprintf(d.prune, s.table)
+	if cfg.DB.DriverName() == "postgres" { // lib/pq: a simple query may hold several statements
+		s.claimLiteral = `INSERT INTO ` + s.table + ` (consumer, event_key, processed_at) VALUES (%s, %s, now()) ON CONFLICT DO NOTHING`
+	}
 	return s, nil
 }
 
@@ -218,6 +225,49 @@ func aborted(err error) bool {
 	}
 	msg := err.Error()
 	return strings.Contains(msg, "in a failed transaction") || strings.Contains(msg, "commit unexpectedly resulted in rollback")
+}
+
+// ClaimAfter releases savepoint release (when not ""), sets savepoint and
+// claims (consumer, key) after it: on lib/pq in one round trip (one simple
+// query whose values are dollar-quoted literals), elsewhere in three
+// statements (deduplication.SavepointClaimer, for group commit).
+func (t *sqlTx) ClaimAfter(ctx context.Context, release, savepoint, consumer, key string) (bool, error) {
+	if t.s.claimLiteral == "" {
+		if release != "" {
+			if err := t.Release(ctx, release); err != nil {
+				return false, err
+			}
+		}
+		if err := t.Savepoint(ctx, savepoint); err != nil {
+			return false, err
+		}
+		return t.Claim(ctx, consumer, key)
+	}
+	q := ""
+	if release != "" {
+		q = `RELEASE SAVEPOINT ` + release + `; `
+	}
+	q += `SAVEPOINT ` + savepoint + `; ` + fmt.Sprintf(t.s.claimLiteral, dollarQuoted(consumer), dollarQuoted(key))
+	res, err := t.tx.ExecContext(ctx, q)
+	if err != nil {
+		if state, ok := sluice.SQLState(err); ok && state == "25P02" {
+			return false, fmt.Errorf("%w: %w", deduplication.ErrAborted, err)
+		}
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n == 1, err
+}
+
+// dollarQuoted returns s as a PostgreSQL dollar-quoted string literal, with
+// a tag that s cannot end early (whatever standard_conforming_strings is).
+// s holds no NUL byte (the inbox refuses such keys).
+func dollarQuoted(s string) string {
+	tag := "$k$"
+	for i := 0; strings.Index(s+tag, tag) != len(s); i++ {
+		tag = "$k" + strconv.Itoa(i) + "$"
+	}
+	return tag + s + tag
 }
 
 // Savepoint, RollbackTo and Release make the store's units of work
