@@ -20,7 +20,7 @@ import (
 
 // Defaults of BatchConfig.
 const (
-	MaxBatchDefault     = 16
+	MaxBatchDefault     = 8
 	MaxWaitDefault      = 2 * time.Millisecond
 	QueueTimeoutDefault = 50 * time.Millisecond
 )
@@ -43,8 +43,12 @@ const MetricBatchSize = "sluice.inbox.batch.size"
 // A store whose units of work are not Savepointers (Redis, MemoryStore)
 // runs one unit of work per delivery, as without batching.
 type BatchConfig struct {
-	// MaxBatch is the most deliveries one transaction commits. Default
-	// MaxBatchDefault (the RabbitMQ Consumer's deliveries in flight).
+	// MaxBatch is the most deliveries one transaction commits. A batch's
+	// deliveries run one after another on one connection, so the batches of
+	// a handler run side by side only when more deliveries are in flight
+	// than one batch takes: give the consumer a prefetch of several times
+	// MaxBatch (rabbitmq.BrokerConfig.Prefetch; docs/benchmarks.md, P8).
+	// Default MaxBatchDefault.
 	MaxBatch int
 	// MaxWait is how long a batch takes in deliveries after its first: the
 	// longest a lone delivery waits for company before its commit. Default
