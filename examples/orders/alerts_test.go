@@ -66,7 +66,7 @@ func TestAlertRules(t *testing.T) {
 			requireExposed(t, r.Alert, r.Expr, exposed, r.Annotations["summary"], r.Annotations["description"])
 		}
 	}
-	require.Equal(t, 7, rules)
+	require.Equal(t, 9, rules)
 }
 
 // promtool checks docs/alerts.yml and runs its unit tests,

@@ -11,6 +11,7 @@ import (
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
 )
@@ -71,10 +72,20 @@ func templateLabels(s string) []string {
 func definedCounters() []string {
 	var out []string
 	for _, c := range []string{retrytiers.MetricExhausted, retrytiers.MetricRetries, poison.MetricPoisoned,
-		middleware.MetricRejected, middleware.MetricConsumed, deduplication.MetricDuplicates, brake.MetricHeld, poison.MetricParked} {
+		middleware.MetricRejected, middleware.MetricConsumed, deduplication.MetricDuplicates, brake.MetricHeld, poison.MetricParked,
+		outbox.MetricFailures} {
 		out = append(out, strings.ReplaceAll(c, ".", "_")+"_total")
 	}
 	return out
+}
+
+// relayGauges are the outbox relay's gauges, as the Prometheus exporter
+// names them: observed only while a relay runs, and the example's has
+// stopped when its metrics are read.
+var relayGauges = []string{
+	strings.ReplaceAll(outbox.MetricPending, ".", "_"),
+	strings.ReplaceAll(outbox.MetricFailing, ".", "_"),
+	strings.ReplaceAll(outbox.MetricOldestAge, ".", "_") + "_seconds",
 }
 
 // pluginSeries are the series and labels of RabbitMQ's rabbitmq_prometheus
@@ -100,7 +111,7 @@ func requireExposed(t *testing.T, where, expr, exposed string, templates ...stri
 			continue
 		}
 		found := regexp.MustCompile(`(?m)^`+regexp.QuoteMeta(m)+`(?:_bucket|_sum|_count)?[{ ].*$`).FindAllString(exposed, -1)
-		if len(found) == 0 {
+		if len(found) == 0 && !slices.Contains(relayGauges, m) {
 			require.Contains(t, definedCounters(), m, "%s uses %s, which Sluice does not expose", where, m)
 		}
 		lines = append(lines, found...)
