@@ -9,9 +9,10 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
-	"encoding/json"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -217,8 +218,54 @@ func (s *Store) Write(ctx context.Context, tx Execer, topic string, msgs ...*mes
 
 // row is a message encoded for its INSERT.
 type row struct {
-	topic, id, metadata string
-	payload             []byte
+	topic, id         string
+	metadata, payload []byte
+}
+
+// encodeMetadata encodes md byte for byte — a value that is not valid
+// UTF-8 included, which JSON would change: a version byte, then each key
+// and value preceded by its length (uvarint), keys in order.
+func encodeMetadata(md message.Metadata) []byte {
+	keys := slices.Sorted(maps.Keys(md))
+	b := []byte{metadataV1}
+	for _, k := range keys {
+		b = binary.AppendUvarint(b, uint64(len(k)))
+		b = append(b, k...)
+		b = binary.AppendUvarint(b, uint64(len(md[k])))
+		b = append(b, md[k]...)
+	}
+	return b
+}
+
+const metadataV1 = 1
+
+func decodeMetadata(b []byte) (message.Metadata, error) {
+	if len(b) == 0 || b[0] != metadataV1 {
+		return nil, errors.New("not metadata of this version")
+	}
+	b = b[1:]
+	md := message.Metadata{}
+	next := func() (string, error) {
+		n, w := binary.Uvarint(b)
+		if w <= 0 || n > uint64(len(b)-w) {
+			return "", errors.New("metadata cut short")
+		}
+		v := string(b[w : w+int(n)])
+		b = b[w+int(n):]
+		return v, nil
+	}
+	for len(b) > 0 {
+		k, err := next()
+		if err != nil {
+			return nil, err
+		}
+		v, err := next()
+		if err != nil {
+			return nil, err
+		}
+		md[k] = v
+	}
+	return md, nil
 }
 
 // rows gives each message its ids and ctx's trace context, and encodes it.
@@ -244,15 +291,11 @@ func (s *Store) rows(ctx context.Context, topic string, msgs []*message.Message)
 		if traced && !slices.ContainsFunc(s.prop.Fields(), func(f string) bool { return m.Metadata.Get(f) != "" }) {
 			s.prop.Inject(ctx, propagation.MapCarrier(m.Metadata)) // the producer's own trace context wins
 		}
-		md, err := json.Marshal(map[string]string(m.Metadata))
-		if err != nil {
-			return nil, fmt.Errorf("outbox/sqlstore: encoding message %d's metadata: %w", i, err)
-		}
 		payload := m.Payload
 		if payload == nil {
 			payload = []byte{}
 		}
-		out[i] = row{topic: topic, id: m.UUID, metadata: string(md), payload: payload}
+		out[i] = row{topic: topic, id: m.UUID, metadata: encodeMetadata(m.Metadata), payload: payload}
 	}
 	return out, nil
 }
@@ -297,7 +340,7 @@ type scanned struct {
 	ID        int64  `db:"id"`
 	Topic     string `db:"topic"`
 	MessageID string `db:"message_id"`
-	Metadata  string `db:"metadata"`
+	Metadata  []byte `db:"metadata"`
 	Payload   []byte `db:"payload"`
 	Attempts  int    `db:"attempts"`
 	Created   any    `db:"created_at"`
@@ -306,9 +349,9 @@ type scanned struct {
 func (s *Store) decode(rs []scanned) ([]outbox.Row, error) {
 	out := make([]outbox.Row, 0, len(rs))
 	for _, r := range rs {
-		var md map[string]string
-		if err := json.Unmarshal([]byte(r.Metadata), &md); err != nil {
-			return nil, fmt.Errorf("outbox/sqlstore: row %d of %s: its metadata is not a JSON object of strings: %w", r.ID, s.table, err)
+		md, err := decodeMetadata(r.Metadata)
+		if err != nil {
+			return nil, fmt.Errorf("outbox/sqlstore: row %d of %s: %w", r.ID, s.table, err)
 		}
 		m := message.NewMessage(r.MessageID, r.Payload)
 		m.Metadata = md
@@ -480,7 +523,7 @@ func (s *Store) List(ctx context.Context, failing bool, limit int) ([]Entry, err
 		ID        int64          `db:"id"`
 		Topic     string         `db:"topic"`
 		MessageID string         `db:"message_id"`
-		Metadata  string         `db:"metadata"`
+		Metadata  []byte         `db:"metadata"`
 		Attempts  int            `db:"attempts"`
 		LastError sql.NullString `db:"last_error"`
 		Created   any            `db:"created_at"`
@@ -496,8 +539,7 @@ func (s *Store) List(ctx context.Context, failing bool, limit int) ([]Entry, err
 	}
 	out := make([]Entry, 0, len(rs))
 	for _, r := range rs {
-		var md map[string]string
-		_ = json.Unmarshal([]byte(r.Metadata), &md) // an unreadable one is shown without its event id
+		md, _ := decodeMetadata(r.Metadata) // an unreadable one is shown without its event id
 		created, err := s.dialect.readTime(r.Created)
 		if err != nil {
 			return nil, err
@@ -542,7 +584,7 @@ var postgres = dialect{
 	id              BIGSERIAL   PRIMARY KEY,
 	topic           TEXT        NOT NULL,
 	message_id      TEXT        NOT NULL,
-	metadata        TEXT        NOT NULL,
+	metadata        BYTEA       NOT NULL,
 	payload         BYTEA       NOT NULL,
 	created_at      TIMESTAMPTZ NOT NULL,
 	attempts        INTEGER     NOT NULL DEFAULT 0,
@@ -570,7 +612,7 @@ var sqlite = dialect{
 	id              INTEGER PRIMARY KEY AUTOINCREMENT,
 	topic           TEXT    NOT NULL,
 	message_id      TEXT    NOT NULL,
-	metadata        TEXT    NOT NULL,
+	metadata        BLOB    NOT NULL,
 	payload         BLOB    NOT NULL,
 	created_at      INTEGER NOT NULL,
 	attempts        INTEGER NOT NULL DEFAULT 0,

@@ -92,6 +92,7 @@ func TestWriteThenDueThenFinish(t *testing.T) {
 			with := message.NewMessage("uuid-1", []byte(`{"a":1}`))
 			with.Metadata.Set(sluice.EventIDKey, "evt-1")
 			with.Metadata.Set("k", "v\x00\n\"")
+			with.Metadata.Set("not utf-8 \xff", "\xfe\xff")
 			without := message.NewMessage("", nil) // no UUID, no payload, no event id
 			write(t, s, "orders.created", with, without)
 			require.NotEmpty(t, without.UUID, "a message id is given at write time")
@@ -113,6 +114,7 @@ func TestWriteThenDueThenFinish(t *testing.T) {
 			require.Equal(t, `{"a":1}`, string(rows[0].Message.Payload))
 			require.Equal(t, "evt-1", rows[0].Message.Metadata.Get(sluice.EventIDKey))
 			require.Equal(t, "v\x00\n\"", rows[0].Message.Metadata.Get("k"), "metadata round-trips byte for byte")
+			require.Equal(t, "\xfe\xff", rows[0].Message.Metadata.Get("not utf-8 \xff"), "also what is not UTF-8")
 			require.Equal(t, without.UUID, rows[1].Message.UUID)
 			require.Empty(t, rows[1].Message.Payload)
 
