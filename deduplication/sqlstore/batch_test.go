@@ -362,8 +362,11 @@ func TestGroupCommitATerminatedBackendCommitsNothing(t *testing.T) {
 		done := make(chan error, 1)
 		go func() {
 			done <- e.deliver("a", func(ctx context.Context, tx *sqlx.Tx) error {
-				pids <- backendPID(ctx, tx)
-				return e.insert(ctx, tx, "a")
+				if err := e.insert(ctx, tx, "a"); err != nil {
+					return err
+				}
+				pids <- backendPID(ctx, tx) // its last statement: the backend dies after it
+				return nil
 			})
 		}()
 		terminate(t, e, <-pids)
