@@ -73,7 +73,7 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: BrokerConfig.Topology: %w", err)
 	}
-	conn, err := cfg.dial("sluice topology")
+	conn, _, err := cfg.dial("sluice topology", 0)
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"crypto/tls"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -28,9 +29,19 @@ const (
 // and DialConfig embed it; NewBroker hands its own to the topology's
 // connection, the publisher and the subscriber it makes.
 type Connection struct {
-	// URL of the broker, amqp:// or amqps://. Required; its password never
-	// appears in errors or logs.
+	// URL of the broker, amqp:// or amqps://. Required unless URLs is set;
+	// its password never appears in errors or logs.
 	URL string
+	// URLs are the nodes of a cluster, amqp:// or amqps://, each checked as
+	// URL is: set URL or URLs, not both. Every connection — the
+	// Publisher's, each Consumer subscription's, the topology's — tries
+	// them in turn, each bounded by DialTimeout, and connects to the first
+	// that answers. A connection that fails makes its Publisher or
+	// subscription reconnect to the node after the one it had, so the
+	// nodes are tried in this order and a dead node is tried last: list
+	// them in a different order in each process to spread the
+	// connections. NewSubscriber (watermill-amqp's) refuses more than one.
+	URLs []string
 	// TLS configures the TLS of an amqps:// URL (root CAs, client
 	// certificate, server name). Default: the system's roots. Refused with
 	// an amqp:// URL, which would not use it.
@@ -55,24 +66,45 @@ type Connection struct {
 	MeterProvider metric.MeterProvider
 }
 
-// withDefaults validates c and returns a copy with its defaults filled; its
-// errors name the field as config.<Field>.
+// withDefaults validates c and returns a copy with its defaults filled and
+// its nodes in URLs (URL empty); its errors name the field as
+// config.<Field>.
 func (c Connection) withDefaults(config string) (Connection, error) {
 	switch {
-	case c.URL == "":
+	case c.URL != "" && len(c.URLs) > 0:
+		return c, fmt.Errorf("rabbitmq: %s.URL and %s.URLs are both set: set URL for one node, URLs for a cluster's nodes", config, config)
+	case c.URL == "" && len(c.URLs) == 0:
 		return c, fmt.Errorf("rabbitmq: %s.URL is required", config)
-	case c.TLS != nil && !strings.HasPrefix(c.URL, "amqps://"):
-		return c, fmt.Errorf("rabbitmq: %s.TLS needs an amqps:// URL", config)
 	case c.DialTimeout < 0:
 		return c, fmt.Errorf("rabbitmq: %s.DialTimeout must not be negative, got %s", config, c.DialTimeout)
 	case c.WriteTimeout < 0:
 		return c, fmt.Errorf("rabbitmq: %s.WriteTimeout must not be negative, got %s", config, c.WriteTimeout)
 	}
-	if _, err := amqp.ParseURI(c.URL); err != nil {
-		return c, fmt.Errorf("rabbitmq: %s.URL %s is not an AMQP URI: %w", config, diag.RedactURL(c.URL), diag.RedactError(err))
+	urls := c.URLs
+	if c.URL != "" {
+		urls = []string{c.URL}
+	}
+	seen := make(map[string]bool, len(urls))
+	for i, u := range urls {
+		name := config + ".URL"
+		if c.URL == "" {
+			name = fmt.Sprintf("%s.URLs[%d]", config, i)
+		}
+		switch {
+		case u == "":
+			return c, fmt.Errorf("rabbitmq: %s is empty", name)
+		case c.TLS != nil && !strings.HasPrefix(u, "amqps://"):
+			return c, fmt.Errorf("rabbitmq: %s.TLS needs an amqps:// URL, %s is %s", config, name, diag.RedactURL(u))
+		case seen[u]:
+			return c, fmt.Errorf("rabbitmq: %s %s is listed twice", name, diag.RedactURL(u))
+		}
+		seen[u] = true
+		if _, err := amqp.ParseURI(u); err != nil {
+			return c, fmt.Errorf("rabbitmq: %s %s is not an AMQP URI: %w", name, diag.RedactURL(u), diag.RedactError(err))
+		}
 	}
 	return Connection{
-		URL:           c.URL,
+		URLs:          slices.Clone(urls),
 		TLS:           c.TLS,
 		DialTimeout:   cmp.Or(c.DialTimeout, DialTimeoutDefault),
 		WriteTimeout:  cmp.Or(c.WriteTimeout, WriteTimeoutDefault),

@@ -185,6 +185,7 @@ type subscription struct {
 	queue string
 	out   chan *message.Message
 	gate  broker.Gate // nil: never stops consuming
+	node  int         // the index in URLs of the node to try first
 }
 
 // errBraked ends a consume loop whose gate engaged, after draining.
@@ -247,6 +248,7 @@ func (s *subscription) run(ctx context.Context) {
 		}
 		s.c.cfg.Logger.Error("Consuming stopped; reconnecting after a backoff", err,
 			watermill.LogFields{"queue": s.queue, "backoff": backoff.String()})
+		s.node = (s.node + 1) % len(s.c.cfg.URLs) // the others first
 		select {
 		case <-stop:
 			return
@@ -259,10 +261,11 @@ func (s *subscription) run(ctx context.Context) {
 // consume runs one connection until it fails (the error) or stop closes (nil,
 // after draining).
 func (s *subscription) consume(ctx context.Context, stop <-chan struct{}) error {
-	conn, err := s.c.cfg.dial("sluice consumer " + s.queue)
+	conn, node, err := s.c.cfg.dial("sluice consumer "+s.queue, s.node)
 	if err != nil {
 		return err
 	}
+	s.node = node
 	defer func() { _ = conn.Close() }()
 	ch, err := conn.Channel()
 	if err != nil {

@@ -2,6 +2,7 @@ package rabbitmq
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"net"
 	"time"
@@ -19,21 +20,45 @@ type DialConfig struct {
 	Name string
 }
 
-// Dial connects to cfg.URL (amqp:// or amqps://). Its errors never hold the
-// URL's password, and unwrap to amqp091's (errors.Is(err,
-// amqp.ErrCredentials) holds for bad credentials).
+// Dial connects to cfg.URL (amqp:// or amqps://), or to the first of
+// cfg.URLs that answers, trying them in order, each bounded by
+// DialTimeout. Its errors never hold a URL's password, and unwrap to
+// amqp091's (errors.Is(err, amqp.ErrCredentials) holds for bad
+// credentials).
 func Dial(cfg DialConfig) (*amqp.Connection, error) {
 	c, err := cfg.withDefaults("DialConfig")
 	if err != nil {
 		return nil, err
 	}
-	return c.dial(cfg.Name)
+	conn, _, err := c.dial(cfg.Name, 0)
+	return conn, err
 }
 
-// dial connects with c, whose defaults are filled, as connection_name name.
-func (c Connection) dial(name string) (*amqp.Connection, error) {
+// dial connects with c, whose defaults are filled, as connection_name
+// name: to the first node that answers, trying them in turn from
+// URLs[start % len(URLs)], each bounded by DialTimeout. It returns the
+// index of the node connected to; its error joins every node's.
+func (c Connection) dial(name string, start int) (*amqp.Connection, int, error) {
+	n := len(c.URLs)
+	errs := make([]error, 0, n)
+	for k := range n {
+		i := (start + k) % n
+		conn, err := c.dialNode(c.URLs[i], name)
+		if err == nil {
+			return conn, i, nil
+		}
+		errs = append(errs, err)
+	}
+	if n == 1 {
+		return nil, 0, errs[0]
+	}
+	return nil, 0, fmt.Errorf("rabbitmq: no node of %d answered: %w", n, errors.Join(errs...))
+}
+
+// dialNode connects to the node at url.
+func (c Connection) dialNode(url, name string) (*amqp.Connection, error) {
 	dial := amqp.DefaultDial(c.DialTimeout)
-	conn, err := amqp.DialConfig(c.URL, amqp.Config{
+	conn, err := amqp.DialConfig(url, amqp.Config{
 		Dial: func(network, addr string) (net.Conn, error) {
 			nc, err := dial(network, addr)
 			if err != nil {
@@ -45,7 +70,7 @@ func (c Connection) dial(name string) (*amqp.Connection, error) {
 		TLSClientConfig: c.TLS,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("rabbitmq: connecting to %s: %w", diag.RedactURL(c.URL), diag.RedactError(err))
+		return nil, fmt.Errorf("rabbitmq: connecting to %s: %w", diag.RedactURL(url), diag.RedactError(err))
 	}
 	return conn, nil
 }

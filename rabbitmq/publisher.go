@@ -105,6 +105,7 @@ type Publisher struct {
 
 	mu      sync.Mutex
 	conn    *amqp.Connection
+	node    int // the index in cfg.URLs of conn's node, or of the next to try first
 	ch      *confirmChannel
 	closed  bool
 	blocked *atomic.Pointer[amqp.Blocking] // conn's: non-nil while the broker blocks it
@@ -237,16 +238,20 @@ func (p *Publisher) channel() (*confirmChannel, *atomic.Pointer[amqp.Blocking], 
 			scope = "connection"
 		}
 		p.metrics.reconnected(scope)
-		p.cfg.Logger.Info("Reconnecting the confirmed publisher", watermill.LogFields{"url": diag.RedactURL(p.cfg.URL), "closed": scope})
+		p.cfg.Logger.Info("Reconnecting the confirmed publisher", watermill.LogFields{"url": diag.RedactURL(p.cfg.URLs[p.node]), "closed": scope})
 		p.ch.close()
 		p.ch = nil
 	}
-	if p.conn == nil || p.conn.IsClosed() {
-		conn, err := p.cfg.dial("sluice publisher")
+	if p.conn != nil && p.conn.IsClosed() {
+		p.conn = nil
+		p.node = (p.node + 1) % len(p.cfg.URLs) // its node failed: the others first
+	}
+	if p.conn == nil {
+		conn, node, err := p.cfg.dial("sluice publisher", p.node)
 		if err != nil {
 			return nil, nil, err
 		}
-		p.conn = conn
+		p.conn, p.node = conn, node
 		blocked := new(atomic.Pointer[amqp.Blocking])
 		p.blocked = blocked
 		blocks := conn.NotifyBlocked(make(chan amqp.Blocking, 1))
@@ -265,6 +270,7 @@ func (p *Publisher) channel() (*confirmChannel, *atomic.Pointer[amqp.Blocking], 
 	if err != nil {
 		_ = p.conn.Close()
 		p.conn = nil
+		p.node = (p.node + 1) % len(p.cfg.URLs)
 		return nil, nil, err
 	}
 	p.ch = ch

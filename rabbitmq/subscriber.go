@@ -18,7 +18,8 @@ const PrefetchDefault = 16
 type SubscriberConfig struct {
 	// Connection is the broker's URL and the connection's options.
 	// watermill-amqp dials with its own timeouts (not DialTimeout nor
-	// WriteTimeout), and the subscriber records no metrics.
+	// WriteTimeout), connects to one node (URLs of more than one are
+	// refused), and the subscriber records no metrics.
 	Connection
 	// Prefetch is how many unacked deliveries the broker sends ahead.
 	// Default PrefetchDefault.
@@ -30,6 +31,9 @@ func (cfg SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 	conn, err := cfg.Connection.withDefaults("SubscriberConfig")
 	if err != nil {
 		return cfg, err
+	}
+	if len(conn.URLs) > 1 {
+		return cfg, fmt.Errorf("rabbitmq: SubscriberConfig.URLs has %d nodes: watermill-amqp's subscriber connects to one; NewConsumer moves between several", len(conn.URLs))
 	}
 	if cfg.Prefetch < 0 {
 		return cfg, fmt.Errorf("rabbitmq: SubscriberConfig.Prefetch must be positive, got %d", cfg.Prefetch)
@@ -50,14 +54,15 @@ func NewSubscriber(cfg SubscriberConfig) (*wamqp.Subscriber, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := wamqp.NewDurableQueueConfig(cfg.URL)
+	url := cfg.URLs[0]
+	c := wamqp.NewDurableQueueConfig(url)
 	c.Connection.TLSConfig = cfg.TLS
 	c.Marshaler = Marshaler{}
 	c.Consume.Qos.PrefetchCount = cfg.Prefetch
 	c.TopologyBuilder = declaredElsewhere{}
 	sub, err := wamqp.NewSubscriber(c, cfg.Logger)
 	if err != nil {
-		return nil, fmt.Errorf("rabbitmq: connecting the subscriber to %s: %w", diag.RedactURL(cfg.URL), diag.RedactError(err))
+		return nil, fmt.Errorf("rabbitmq: connecting the subscriber to %s: %w", diag.RedactURL(url), diag.RedactError(err))
 	}
 	return sub, nil
 }

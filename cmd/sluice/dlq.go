@@ -124,19 +124,19 @@ func parseTime(flag, v string) (time.Time, error) {
 
 // newPublisher is the confirmed publisher replay and restore publish with.
 func newPublisher(g *globals) (*rabbitmq.Publisher, error) {
-	tlsCfg, err := g.tls()
+	c, err := g.connection()
 	if err != nil {
 		return nil, err
 	}
-	return rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: g.url(), TLS: tlsCfg}})
+	return rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: c})
 }
 
 func connect(g *globals) (*amqp.Connection, error) {
-	tlsCfg, err := g.tls()
+	c, err := g.connection()
 	if err != nil {
 		return nil, err
 	}
-	return rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: g.url(), TLS: tlsCfg}, Name: "sluice cli"})
+	return rabbitmq.Dial(rabbitmq.DialConfig{Connection: c, Name: "sluice cli"})
 }
 
 func newDLQ(g *globals, out io.Writer) *cobra.Command {

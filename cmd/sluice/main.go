@@ -31,6 +31,7 @@ import (
 	"github.com/sluicemq/sluice/cmd/internal/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/localenv"
+	"github.com/sluicemq/sluice/rabbitmq"
 )
 
 func main() {
@@ -128,7 +129,7 @@ func newRoot(stdout io.Writer) *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	pf := root.PersistentFlags()
-	pf.StringVar(&g.amqpURL, "amqp-url", "", "RabbitMQ URL; default: env SLUICE_AMQP_URL, else the local broker with RabbitMQ's guest account. Its password is never printed")
+	pf.StringVar(&g.amqpURL, "amqp-url", "", "RabbitMQ URL, or a cluster's node URLs comma-separated (tried in turn; a comma in a password is written %2C); default: env SLUICE_AMQP_URL, else the local broker with RabbitMQ's guest account. Its password is never printed")
 	pf.StringVar(&g.operator, "operator", defaultOperator(), "who runs this, recorded in replay headers, the audit log and the outcome records; default: env SLUICE_OPERATOR, else the OS user. The commands that move or record messages refuse to run without one")
 	pf.StringVar(&g.tlsCA, "tls-ca", "", "PEM file of the CA that signed the broker's certificate (amqps:// URLs); default: the system's roots")
 	pf.StringVar(&g.tlsCert, "tls-cert", "", "PEM client certificate for amqps:// URLs (with --tls-key)")
@@ -161,12 +162,35 @@ func (g *globals) checkWrite() error {
 	return dlq.CheckAudit(g.audit)
 }
 
-// url returns the broker URL: the flag, the environment, or the local broker.
-func (g *globals) url() string {
-	if g.amqpURL != "" {
-		return g.amqpURL
+// urls returns the broker's node URLs: the flag's, the environment's (a
+// comma-separated list), or the local broker.
+func (g *globals) urls() []string {
+	list := g.amqpURL
+	if list == "" {
+		list = localenv.Get("SLUICE_AMQP_URL", localenv.AMQPURL)
 	}
-	return localenv.Get("SLUICE_AMQP_URL", localenv.AMQPURL)
+	urls := strings.Split(list, ",")
+	for i, u := range urls {
+		urls[i] = strings.TrimSpace(u)
+	}
+	return urls
+}
+
+// url returns the first node's URL: the management API's credentials and
+// virtual host are taken from it.
+func (g *globals) url() string { return g.urls()[0] }
+
+// connection returns how to reach the broker: its node URLs and the TLS
+// of the flags.
+func (g *globals) connection() (rabbitmq.Connection, error) {
+	tlsCfg, err := g.tls()
+	if err != nil {
+		return rabbitmq.Connection{}, err
+	}
+	if urls := g.urls(); len(urls) > 1 {
+		return rabbitmq.Connection{URLs: urls, TLS: tlsCfg}, nil
+	}
+	return rabbitmq.Connection{URL: g.url(), TLS: tlsCfg}, nil
 }
 
 // noArgs rejects positional arguments as a usage error.

@@ -386,6 +386,17 @@ func TestUsageAndErrors(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, out, "queue does not exist")
 
+	// A cluster's nodes, comma-separated: a dead first node is passed over,
+	// and when none answers each is named, with no password.
+	code, out = run("--amqp-url", "amqp://admin:s3cret@127.0.0.1:1/, "+testenv.AMQPURL, "dlq", "stats", "--queue", testenv.Name("missing"))
+	require.Equal(t, 1, code)
+	require.Contains(t, out, "queue does not exist", "reached the second node")
+	code, out = run("--amqp-url", "amqp://admin:s3cret@127.0.0.1:1/,amqp://admin:s3cret@127.0.0.1:2/", "dlq", "stats", "--queue", "q")
+	require.Equal(t, 1, code)
+	require.Contains(t, out, "no node of 2 answered")
+	require.Contains(t, out, "amqp://admin:xxxxx@127.0.0.1:2/")
+	require.NotContains(t, out, "s3cret")
+
 	// A mistyped subcommand is named, with a suggestion, not hidden behind
 	// "unknown flag: --queue".
 	code, out = run("dlq", "replya", "--queue", "q")

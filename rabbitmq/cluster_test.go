@@ -1,0 +1,197 @@
+package rabbitmq_test
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	amqp "github.com/sluicemq/sluice/internal/amqp091"
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/rabbitmq"
+)
+
+// The tests that kill nodes share one private 3-node cluster, started by
+// the first of them and stopped by TestMain: starting one takes about 13 s.
+// They do not run in parallel with each other (each kills a node and starts
+// it again before the next), and no other test uses the cluster.
+var cluster struct {
+	once sync.Once
+	c    *testenv.PrivateCluster
+	err  error
+}
+
+func privateCluster(t *testing.T) *testenv.PrivateCluster {
+	t.Helper()
+	cluster.once.Do(func() { cluster.c, cluster.err = testenv.StartCluster(3) })
+	require.NoError(t, cluster.err, "starting the private cluster")
+	return cluster.c
+}
+
+// closeCluster stops the shared cluster if a test started it.
+func closeCluster() error {
+	if cluster.c == nil {
+		return nil
+	}
+	return cluster.c.Close()
+}
+
+// killNode kills node i (SIGKILL) and starts it again when t ends, so the
+// next test has the whole cluster.
+func killNode(t *testing.T, c *testenv.PrivateCluster, i int) {
+	t.Helper()
+	t.Cleanup(func() { c.Start(t, i) })
+	c.Kill(t, i)
+}
+
+// dialNode connects to one node, closed when t ends.
+func dialNode(t *testing.T, nodeURL string) *amqp.Connection {
+	t.Helper()
+	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: nodeURL, DialTimeout: 5 * time.Second}, Name: "sluice test"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+// declareOnNode declares a quorum topology of t's own through node i,
+// which then leads its queues (RabbitMQ's default leader locator is
+// client-local), and deletes its queues when t ends.
+func declareOnNode(t *testing.T, c *testenv.PrivateCluster, i int, prefix string) *rabbitmq.Topology {
+	t.Helper()
+	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: testenv.Name(prefix), Quorum: true})
+	require.NoError(t, err)
+	require.NoError(t, topo.Declare(t.Context(), dialNode(t, c.URLs[i])))
+	deleteAtEnd(t, c, topo.Queue(), topo.PoisonQueue())
+	require.Equal(t, i, c.QuorumLeader(t, (i+1)%len(c.URLs), topo.Queue()), "declared through node %d, led by it", i)
+	return topo
+}
+
+// deleteAtEnd deletes the queues when t ends, through the first node that
+// answers.
+func deleteAtEnd(t *testing.T, c *testenv.PrivateCluster, queues ...string) {
+	t.Helper()
+	t.Cleanup(func() {
+		conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URLs: c.URLs, DialTimeout: 5 * time.Second}})
+		if err != nil {
+			t.Errorf("deleting the queues: %v", err)
+			return
+		}
+		defer func() { _ = conn.Close() }()
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Errorf("deleting the queues: %v", err)
+			return
+		}
+		for _, q := range queues {
+			_, _ = ch.QueueDelete(q, false, false, false)
+		}
+	})
+}
+
+// A Consumer whose node dies — the one leading the quorum queue — while
+// deliveries are in flight reconnects to another node and drains the
+// queue: every message is handled, the redeliveries are at most the
+// deliveries unacked at the kill, and nothing is left in the queue. The
+// Broker's publisher, on the dead node too, moves with it: messages
+// published after the kill are consumed as well.
+func TestClusterConsumerNodeKilledMidDrain(t *testing.T) {
+	c := privateCluster(t)
+	const prefetch = 16
+	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
+		Connection: rabbitmq.Connection{URLs: c.URLs, DialTimeout: 5 * time.Second},
+		Topology:   rabbitmq.TopologyConfig{Queue: testenv.Name("cluster_consume"), Quorum: true},
+		Prefetch:   prefetch,
+	})
+	require.NoError(t, err)
+	q := b.Topology().Queue()
+	deleteAtEnd(t, c, q, b.Topology().PoisonQueue())
+	require.Equal(t, 0, c.QuorumLeader(t, 1, q), "the Broker declared its topology through node 0")
+
+	publish := func(from, n int) {
+		msgs := make([]*message.Message, n)
+		for k := range msgs {
+			msgs[k] = message.NewMessage(watermill.NewUUID(), []byte(strconv.Itoa(from+k)))
+		}
+		require.NoError(t, b.Publisher().Publish(q, msgs...))
+	}
+	const before, after, holdAt = 1000, 200, 300
+	publish(0, before)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	deliveries, err := b.Endpoints().Subscriber.Subscribe(ctx, q)
+	require.NoError(t, err)
+	var (
+		mu          sync.Mutex
+		handled     = map[string]int{}
+		held        = make(chan struct{})
+		killed      = make(chan struct{})
+		drained     = make(chan struct{})
+		drainedOnce sync.Once
+		handlerDone = make(chan struct{})
+	)
+	go func() {
+		defer close(handlerDone)
+		n := 0
+		for msg := range deliveries {
+			mu.Lock()
+			handled[string(msg.Payload)]++
+			all := len(handled) == before+after
+			mu.Unlock()
+			if n++; n == holdAt {
+				close(held) // deliveries are in flight on node 0's channel
+				<-killed
+			}
+			msg.Ack()
+			if all {
+				drainedOnce.Do(func() { close(drained) })
+			}
+		}
+	}()
+	defer func() {
+		cancel()
+		select {
+		case <-killed:
+		default:
+			close(killed)
+		}
+		require.NoError(t, b.Close())
+		<-handlerDone
+	}()
+
+	select {
+	case <-held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the consumer did not take the deliveries")
+	}
+	start := time.Now()
+	killNode(t, c, 0)
+	close(killed)
+	publish(before, after)
+	select {
+	case <-drained:
+	case <-time.After(60 * time.Second):
+		mu.Lock()
+		defer mu.Unlock()
+		t.Fatalf("%d of %d messages handled 60 s after the kill", len(handled), before+after)
+	}
+	t.Logf("every message handled %s after node 0 was killed", time.Since(start).Round(time.Millisecond))
+
+	cancel()
+	require.NoError(t, b.Close())
+	<-handlerDone
+	mu.Lock()
+	defer mu.Unlock()
+	redelivered := 0
+	for _, n := range handled {
+		redelivered += n - 1
+	}
+	require.LessOrEqual(t, redelivered, prefetch, "only the deliveries unacked at the kill come again")
+	require.Zero(t, testenv.QueueDepth(t, dialNode(t, c.URLs[2]), q), "the queue is drained")
+	t.Logf("%d messages handled, %d redelivered after the kill", len(handled), redelivered)
+}
