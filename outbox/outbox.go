@@ -78,8 +78,12 @@ type Row struct {
 	Message *message.Message
 	// Attempts counts the relay's failed publishes of it so far.
 	Attempts int
-	// CreatedAt is when it was written (the transaction's time).
+	// CreatedAt is when it was written.
 	CreatedAt time.Time
+	// Err, when set, says the row could not be read back as a message: the
+	// relay keeps it aside (recorded failed, tried again later) without
+	// publishing it.
+	Err error
 }
 
 // Failed is a row the relay could not publish: it stays in the outbox with

@@ -34,6 +34,13 @@ const (
 	ErrorMaxLength = 1024
 )
 
+// The relay's own backoff, while its store fails or no broker answers:
+// from backoffMin, doubled, at most backoffMax (or RetryMin if shorter).
+const (
+	backoffMin = 50 * time.Millisecond
+	backoffMax = 5 * time.Second
+)
+
 // Metric names (OpenTelemetry; Prometheus: sluice_outbox_relayed_total,
 // sluice_outbox_failures_total, sluice_outbox_pending,
 // sluice_outbox_failing, sluice_outbox_oldest_age_seconds,
@@ -81,9 +88,10 @@ type RelayConfig struct {
 	StoreTimeout time.Duration
 	// RetryMin and RetryMax bound the wait before a failed row is tried
 	// again: RetryMin doubled per failed attempt, at most RetryMax. A row
-	// whose broker could not be reached at all waits for the relay's own
-	// backoff instead (at most RetryMin), so an outage does not push every
-	// row back by RetryMax. Defaults RetryMinDefault, RetryMaxDefault.
+	// whose broker could not be reached at all is not pushed back: the relay
+	// backs off instead (50 ms doubled, at most 5 s or RetryMin; woken by a
+	// commit), so an outage does not push every row back by RetryMax.
+	// Defaults RetryMinDefault, RetryMaxDefault.
 	RetryMin, RetryMax time.Duration
 	// StatsInterval is how often the relay reads Store.Stats for its gauges
 	// (pending, failing, oldest age). Default StatsIntervalDefault;
@@ -260,9 +268,9 @@ func (r *Relay) Run(ctx context.Context) error {
 			retry = next
 		}
 		switch {
-		case !ok: // the store failed, or no publish got through
-			backoff = min(max(2*backoff, r.cfg.RetryMin/16), r.cfg.RetryMin)
-			r.sleep(ctx, backoff, false)
+		case !ok: // the store failed, or the broker could not be reached at all
+			backoff = min(max(2*backoff, backoffMin), min(r.cfg.RetryMin, backoffMax))
+			r.sleep(ctx, backoff, true)
 		case n == r.cfg.BatchSize: // more may be waiting
 			backoff = 0
 		default:
@@ -383,6 +391,7 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 	relayed := make([]int64, 0, len(rows))
 	var failed []Failed
 	var first error
+	unreachable := false
 	for i, row := range rows {
 		err := errs[i]
 		if !seen[i] {
@@ -402,6 +411,8 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 		next := now
 		if kind != "unreachable" {
 			next = now.Add(r.retryAfter(row.Attempts))
+		} else {
+			unreachable = true
 		}
 		failed = append(failed, Failed{ID: row.ID, Err: diag.Bound(diag.Redact(err.Error()), ErrorMaxLength), NextAttempt: next})
 		if retry.IsZero() || next.Before(retry) {
@@ -419,7 +430,9 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 		r.cfg.Logger.Error("Outbox rows could not be published: kept, tried again later", diag.RedactError(first),
 			watermill.LogFields{"outbox": r.cfg.Name, "failed": len(failed), "rows": len(rows)})
 	}
-	return len(rows), len(relayed) > 0, retry
+	// Rows refused one by one have their own next attempt: only a batch no
+	// broker took at all makes the relay back off.
+	return len(rows), len(relayed) > 0 || !unreachable, retry
 }
 
 // publish publishes rows on ctx and returns the channel of their results,
@@ -428,9 +441,21 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 // broker.EachPublisher, else a Publish per row, all at once.
 func (r *Relay) publish(ctx context.Context, rows []Row) <-chan result {
 	results := make(chan result, len(rows))
+	readable := rows[:0:0]
+	index := make([]int, 0, len(rows)) // readable's positions in rows
+	for i, row := range rows {
+		if row.Err != nil {
+			results <- result{i, fmt.Errorf("%w: %w", errUnreadable, row.Err)}
+			continue
+		}
+		readable = append(readable, row)
+		index = append(index, i)
+	}
+	rows = readable
 	each, ok := r.cfg.Publisher.(broker.EachPublisher)
 	if !ok {
-		for i, row := range rows {
+		for j, row := range rows {
+			i := index[j]
 			msg := row.Message.Copy()
 			msg.SetContext(ctx)
 			go func() { results <- result{i, r.cfg.Publisher.Publish(row.Topic, msg)} }()
@@ -439,29 +464,29 @@ func (r *Relay) publish(ctx context.Context, rows []Row) <-chan result {
 	}
 	var topics []string
 	byTopic := map[string][]int{}
-	for i, row := range rows {
+	for j, row := range rows {
 		if _, seen := byTopic[row.Topic]; !seen {
 			topics = append(topics, row.Topic)
 		}
-		byTopic[row.Topic] = append(byTopic[row.Topic], i)
+		byTopic[row.Topic] = append(byTopic[row.Topic], j)
 	}
 	for _, topic := range topics {
 		idx := byTopic[topic]
 		msgs := make([]*message.Message, len(idx))
-		for j, i := range idx {
-			msgs[j] = rows[i].Message.Copy()
-			msgs[j].SetContext(ctx)
+		for k, j := range idx {
+			msgs[k] = rows[j].Message.Copy()
+			msgs[k].SetContext(ctx)
 		}
 		go func() {
 			errs := each.PublishEach(topic, msgs...)
-			for j, i := range idx {
+			for k, j := range idx {
 				var err error
-				if j < len(errs) {
-					err = errs[j]
+				if k < len(errs) {
+					err = errs[k]
 				} else {
 					err = fmt.Errorf("outbox: the publisher reported %d outcomes for %d messages", len(errs), len(msgs))
 				}
-				results <- result{i, err}
+				results <- result{index[j], err}
 			}
 		}()
 	}
@@ -481,12 +506,17 @@ func (r *Relay) retryAfter(attempts int) time.Duration {
 	return min(d, r.cfg.RetryMax)
 }
 
+// errUnreadable marks a row the store could not read back as a message.
+var errUnreadable = errors.New("outbox: the row cannot be read back as a message")
+
 // errorType names a publish failure for metrics: unreachable (no broker to
 // talk to: the row is tried again as soon as one answers), unpublishable
 // (the message cannot be built for the wire), uncertain (sent, its confirm
 // not seen: it may be stored), refused (nacked, returned as unroutable).
 func errorType(err error) string {
 	switch {
+	case errors.Is(err, errUnreadable):
+		return "unreadable"
 	case sluice.Unreachable(err):
 		return "unreachable"
 	case errors.Is(err, sluice.ErrUnpublishable):

@@ -489,3 +489,127 @@ func TestAnUnreachableBrokerDoesNotPushRowsBack(t *testing.T) {
 	require.Len(t, s.producedMessages(1), 1)
 	require.Equal(t, int64(20), testenv.CounterWhere(t, s.meter, outbox.MetricFailures, "error.type", "unreachable"))
 }
+
+// A batch whose rows were all refused (the broker answered: unroutable)
+// does not make the relay back off: the refused rows wait for their own next
+// attempt, and a row committed after them is relayed on its wake-up. Before,
+// the relay slept RetryMin/16 unwoken — here (RetryMin an hour) 3m45s.
+// Found by the CLI's tests.
+func TestARefusedBatchDoesNotHoldTheRelay(t *testing.T) {
+	t.Parallel()
+	s := newService(t, testenv.AMQPURL)
+	missing := testenv.Name("missing")
+	testenv.DeleteQueuesAtEnd(t, missing)
+	r := s.relay(outbox.RelayConfig{Publisher: s.rabbit.Publisher(), PollInterval: time.Hour, RetryMin: time.Hour, RetryMax: time.Hour})
+	write := func(topic string) {
+		tx, err := s.db.BeginTxx(t.Context(), nil)
+		require.NoError(t, err)
+		require.NoError(t, s.outbox.Write(t.Context(), tx, topic, message.NewMessage("m-"+topic, nil)))
+		require.NoError(t, tx.Commit())
+		r.Wake()
+	}
+	write(missing)
+	require.Eventually(t, func() bool { st, err := s.outbox.Stats(t.Context()); return err == nil && st.Failing == 1 }, 30*time.Second, 10*time.Millisecond)
+	write(s.produced)
+	require.Len(t, s.producedMessages(1), 1, "relayed on its wake-up")
+}
+
+// The relay's clock is not the database's: a failed row's next attempt and
+// RetryNow are computed on the clock Due compares with.
+func TestRetryNowMakesRowsDueOnTheDatabasesClock(t *testing.T) {
+	t.Parallel()
+	s := newService(t, testenv.AMQPURL)
+	tx, err := s.db.BeginTxx(t.Context(), nil)
+	require.NoError(t, err)
+	require.NoError(t, s.outbox.Write(t.Context(), tx, "t", message.NewMessage("m", nil)))
+	require.NoError(t, tx.Commit())
+	b, err := s.outbox.Due(t.Context(), 10)
+	require.NoError(t, err)
+	require.Len(t, b.Rows(), 1)
+	require.NoError(t, b.Finish(t.Context(), nil, []outbox.Failed{{ID: b.Rows()[0].ID, Err: "refused", NextAttempt: time.Now().Add(time.Hour)}}))
+	var inAnHour bool
+	require.NoError(t, s.db.Get(&inAnHour, `SELECT next_attempt_at BETWEEN clock_timestamp() + interval '59 minutes' AND clock_timestamp() + interval '61 minutes' FROM `+s.schema+`.outbox`))
+	require.True(t, inAnHour)
+	n, err := s.outbox.RetryNow(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
+	var due bool
+	require.NoError(t, s.db.Get(&due, `SELECT next_attempt_at <= clock_timestamp() FROM `+s.schema+`.outbox`))
+	require.True(t, due)
+}
+
+// A row that cannot be read back as a message (its metadata altered by
+// hand) is kept aside with its error, counted, and stops nothing.
+func TestAnUnreadableRowIsKeptAsideAndStopsNothing(t *testing.T) {
+	t.Parallel()
+	s := newService(t, testenv.AMQPURL)
+	tx, err := s.db.BeginTxx(t.Context(), nil)
+	require.NoError(t, err)
+	msgs := make([]*message.Message, 5)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(fmt.Sprint("m-", i), nil)
+	}
+	require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, msgs...))
+	require.NoError(t, tx.Commit())
+	_, err = s.db.Exec(`UPDATE ` + s.schema + `.outbox SET metadata = '\xdeadbeef' WHERE message_id = 'm-2'`)
+	require.NoError(t, err)
+	s.relay(outbox.RelayConfig{Publisher: s.rabbit.Publisher(), RetryMin: time.Hour, RetryMax: time.Hour})
+	require.Len(t, s.producedMessages(4), 4)
+	require.Eventually(t, func() bool {
+		return testenv.CounterWhere(t, s.meter, outbox.MetricFailures, "error.type", "unreadable") == 1
+	}, 30*time.Second, 10*time.Millisecond)
+	var left []sqlstore.Entry
+	require.Eventually(t, func() bool { // the failure is counted before its batch is recorded
+		left, err = s.outbox.List(t.Context(), true, 10)
+		require.NoError(t, err)
+		return len(left) == 1
+	}, 30*time.Second, 10*time.Millisecond)
+	require.Equal(t, "m-2", left[0].MessageID)
+	require.Contains(t, left[0].LastError, "metadata")
+}
+
+// slowPublisher is a broker whose confirms take d: a fault, not a wait.
+type slowPublisher struct {
+	pub   message.Publisher
+	d     time.Duration
+	calls atomic.Int64
+}
+
+func (p *slowPublisher) Publish(topic string, msgs ...*message.Message) error {
+	p.calls.Add(1)
+	time.Sleep(p.d)
+	return p.pub.Publish(topic, msgs...)
+}
+func (p *slowPublisher) Close() error { return nil }
+
+// A server whose idle_in_transaction_session_timeout is shorter than a
+// batch's publishes would end the relay's transaction after them, and the
+// rows would be sent again and again: the relay's transaction turns it off
+// for itself. Before, the one row here was published over and over.
+func TestAnIdleInTransactionTimeoutDoesNotResendTheBatch(t *testing.T) {
+	t.Parallel()
+	s := newService(t, testenv.AMQPURL)
+	sep := "?"
+	if strings.Contains(testenv.PostgresURL, "?") {
+		sep = "&"
+	}
+	strict, err := sqlx.Connect("postgres", testenv.PostgresURL+sep+"options=-c%20idle_in_transaction_session_timeout%3D100")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = strict.Close() })
+	store, err := sqlstore.New(sqlstore.Config{DB: strict, Table: s.schema + ".outbox"})
+	require.NoError(t, err)
+	tx, err := s.db.BeginTxx(t.Context(), nil)
+	require.NoError(t, err)
+	require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, message.NewMessage("only", nil)))
+	require.NoError(t, tx.Commit())
+	pub := &slowPublisher{pub: s.rabbit.Publisher(), d: 400 * time.Millisecond}
+	r, err := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: pub, PollInterval: 10 * time.Millisecond})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	require.Eventually(t, func() bool { return s.count("outbox") == 0 }, 30*time.Second, 10*time.Millisecond)
+	require.NoError(t, r.Close())
+	require.NoError(t, <-done)
+	require.Equal(t, int64(1), pub.calls.Load(), "published once")
+	require.Equal(t, 1, testenv.QueueDepth(t, s.conn, s.produced))
+}

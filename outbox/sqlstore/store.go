@@ -346,23 +346,27 @@ type scanned struct {
 	Created   any    `db:"created_at"`
 }
 
-func (s *Store) decode(rs []scanned) ([]outbox.Row, error) {
+// decode reads the rows back; one that cannot be (its metadata altered by
+// hand, say) carries its Err, for the relay to keep aside: it never stops
+// the rest.
+func (s *Store) decode(rs []scanned) []outbox.Row {
 	out := make([]outbox.Row, 0, len(rs))
 	for _, r := range rs {
+		row := outbox.Row{ID: r.ID, Topic: r.Topic, Attempts: r.Attempts}
 		md, err := decodeMetadata(r.Metadata)
 		if err != nil {
-			return nil, fmt.Errorf("outbox/sqlstore: row %d of %s: %w", r.ID, s.table, err)
+			row.Err = fmt.Errorf("outbox/sqlstore: row %d of %s: its metadata: %w", r.ID, s.table, err)
 		}
-		m := message.NewMessage(r.MessageID, r.Payload)
-		m.Metadata = md
-		created, err := s.dialect.readTime(r.Created)
-		if err != nil {
-			return nil, fmt.Errorf("outbox/sqlstore: row %d of %s: %w", r.ID, s.table, err)
+		row.Message = message.NewMessage(r.MessageID, r.Payload)
+		row.Message.Metadata = md
+		row.CreatedAt, err = s.dialect.readTime(r.Created)
+		if err != nil && row.Err == nil {
+			row.Err = fmt.Errorf("outbox/sqlstore: row %d of %s: %w", r.ID, s.table, err)
 		}
-		out = append(out, outbox.Row{ID: r.ID, Topic: r.Topic, Message: m, Attempts: r.Attempts, CreatedAt: created})
+		out = append(out, row)
 	}
 	slices.SortFunc(out, func(a, b outbox.Row) int { return cmp.Compare(a.ID, b.ID) })
-	return out, nil
+	return out
 }
 
 const columns = `id, topic, message_id, metadata, payload, attempts, created_at`
@@ -372,18 +376,20 @@ func (s *Store) duePostgres(ctx context.Context, limit int) (outbox.Batch, error
 	if err != nil {
 		return nil, fmt.Errorf("outbox/sqlstore: begin: %w", err)
 	}
+	// The transaction is idle while the batch is published: a server-wide
+	// idle_in_transaction_session_timeout shorter than the publishes would
+	// end it after them, and the rows would be sent again and again.
+	if _, err := tx.ExecContext(ctx, `SET LOCAL idle_in_transaction_session_timeout = 0`); err != nil {
+		_ = tx.Rollback()
+		return nil, fmt.Errorf("outbox/sqlstore: %w", err)
+	}
 	var rs []scanned
 	q := `SELECT ` + columns + ` FROM ` + s.table + ` WHERE next_attempt_at <= clock_timestamp() ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
 	if err := tx.SelectContext(ctx, &rs, q, limit); err != nil {
 		_ = tx.Rollback()
 		return nil, fmt.Errorf("outbox/sqlstore: reading due rows of %s: %w", s.table, err)
 	}
-	rows, err := s.decode(rs)
-	if err != nil {
-		_ = tx.Rollback()
-		return nil, err
-	}
-	return &pgBatch{s: s, tx: tx, rows: rows}, nil
+	return &pgBatch{s: s, tx: tx, rows: s.decode(rs)}, nil
 }
 
 type pgBatch struct {
@@ -423,9 +429,10 @@ func (s *Store) finish(ctx context.Context, db sqlx.ExtContext, relayed []int64,
 			return fmt.Errorf("outbox/sqlstore: deleting %d relayed rows of %s: %w", len(chunk), s.table, err)
 		}
 	}
-	q := db.Rebind(`UPDATE ` + s.table + ` SET attempts = attempts + 1, last_error = ?, next_attempt_at = ?` + s.dialect.unlease + ` WHERE id = ?`)
+	// The wait, not the relay's clock: Due compares with the database's.
+	q := db.Rebind(`UPDATE ` + s.table + ` SET attempts = attempts + 1, last_error = ?, next_attempt_at = ` + s.dialect.after + s.dialect.unlease + ` WHERE id = ?`)
 	for _, f := range failed {
-		if _, err := db.ExecContext(ctx, q, f.Err, s.dialect.timeArg(f.NextAttempt), f.ID); err != nil {
+		if _, err := db.ExecContext(ctx, q, f.Err, s.dialect.waitArg(max(time.Until(f.NextAttempt), 0)), f.ID); err != nil {
 			return fmt.Errorf("outbox/sqlstore: recording the failure of row %d of %s: %w", f.ID, s.table, err)
 		}
 	}
@@ -440,11 +447,7 @@ func (s *Store) dueSQLite(ctx context.Context, limit int) (outbox.Batch, error) 
 	if err := s.db.SelectContext(ctx, &rs, q, now.Add(s.lease).UnixMicro(), now.UnixMicro(), now.UnixMicro(), limit); err != nil {
 		return nil, fmt.Errorf("outbox/sqlstore: leasing due rows of %s: %w", s.table, err)
 	}
-	rows, err := s.decode(rs)
-	if err != nil {
-		return nil, err
-	}
-	return &leaseBatch{s: s, rows: rows}, nil
+	return &leaseBatch{s: s, rows: s.decode(rs)}, nil
 }
 
 type leaseBatch struct {
@@ -557,7 +560,7 @@ func (s *Store) List(ctx context.Context, failing bool, limit int) ([]Entry, err
 // RetryNow makes every failing row due at once (after the cause is fixed:
 // a queue declared, a binding added) and returns how many it touched.
 func (s *Store) RetryNow(ctx context.Context) (int64, error) {
-	res, err := s.db.ExecContext(ctx, s.db.Rebind(`UPDATE `+s.table+` SET next_attempt_at = ? WHERE attempts > 0`), s.dialect.timeArg(time.Now()))
+	res, err := s.db.ExecContext(ctx, s.db.Rebind(`UPDATE `+s.table+` SET next_attempt_at = `+s.dialect.after+` WHERE attempts > 0`), s.dialect.waitArg(0))
 	if err != nil {
 		return 0, fmt.Errorf("outbox/sqlstore: %w", err)
 	}
@@ -574,6 +577,10 @@ type dialect struct {
 	// argument being number n+1.
 	values   func(n int) string
 	unlease  string
+	// after is the time a wait (waitArg's argument) from now, on the
+	// clock Due compares with.
+	after   string
+	waitArg func(time.Duration) any
 	timeArg  func(time.Time) any
 	readTime func(any) (time.Time, error)
 }
@@ -596,6 +603,8 @@ var postgres = dialect{
 		return fmt.Sprintf("($%d, $%d, $%d, $%d, clock_timestamp(), clock_timestamp())", n+1, n+2, n+3, n+4)
 	},
 	timeArg: func(t time.Time) any { return t },
+	after:   `clock_timestamp() + make_interval(secs => ?)`,
+	waitArg: func(d time.Duration) any { return d.Seconds() },
 	readTime: func(v any) (time.Time, error) {
 		t, ok := v.(time.Time)
 		if !ok {
@@ -624,6 +633,8 @@ var sqlite = dialect{
 		return "(?, ?, ?, ?, CAST(unixepoch('subsec') * 1000000 AS INTEGER), CAST(unixepoch('subsec') * 1000000 AS INTEGER))"
 	},
 	unlease: `, leased_until = 0`,
+	after:   `?`, // Due compares with the relay's clock on SQLite
+	waitArg: func(d time.Duration) any { return time.Now().Add(d).UnixMicro() },
 	timeArg: func(t time.Time) any { return t.UnixMicro() },
 	readTime: func(v any) (time.Time, error) {
 		us, ok := v.(int64)
