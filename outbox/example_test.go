@@ -73,7 +73,8 @@ func Example() {
 			}
 			evt := message.NewMessage(watermill.NewUUID(), []byte(`{"orderId":"o-1"}`))
 			evt.Metadata.Set(sluice.EventIDKey, "reserved:o-1") // stable: a resent copy is a duplicate downstream
-			return []*message.Message{evt}, nil // written in the same transaction
+			// Written in the inbox's transaction, relayed after its commit.
+			return []*message.Message{evt}, nil
 		},
 		PublishTopic: "inventory.reserved",
 		Outbox:       outboxStore,

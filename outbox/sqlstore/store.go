@@ -575,12 +575,12 @@ type dialect struct {
 	schemas bool
 	// values returns one row's placeholders for INSERT, the first
 	// argument being number n+1.
-	values   func(n int) string
-	unlease  string
+	values  func(n int) string
+	unlease string
 	// after is the time a wait (waitArg's argument) from now, on the
 	// clock Due compares with.
-	after   string
-	waitArg func(time.Duration) any
+	after    string
+	waitArg  func(time.Duration) any
 	timeArg  func(time.Time) any
 	readTime func(any) (time.Time, error)
 }
