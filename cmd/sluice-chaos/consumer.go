@@ -51,6 +51,9 @@ func consumerMain(args []string) error {
 	crashPoints := fs.String("crash-points", "", "before-commit,after-commit,after-tier-publish")
 	relayCrashProb := fs.Float64("relay-crash-prob", 0, "the crash probability at the relay's crash points (relay-…), once per batch")
 	produceTo := fs.String("produce-to", "", "a queue: produce one message per event there through the outbox, relay it, and receive it (the outbox scenario)")
+	maxBatch := fs.Int("max-batch", 0, "group commit on every inbox with this MaxBatch (0: one transaction per delivery)")
+	maxWait := fs.Duration("max-wait", 0, "group commit's MaxWait (0: its default)")
+	prefetch := fs.Int("prefetch", 0, "deliveries in flight per subscription (0: the broker's default)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -58,15 +61,21 @@ func consumerMain(args []string) error {
 	for _, p := range strings.Split(*crashPoints, ",") {
 		points[p] = true
 	}
-	crash := func(point string) {
+	crashes := func(point string) bool {
 		prob := *crashProb
 		if strings.HasPrefix(point, "relay-") {
 			prob = *relayCrashProb
 		}
-		if points[point] && rand.Float64() < prob {
-			fmt.Fprintln(os.Stderr, "crash", point)
-			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			time.Sleep(time.Second)
+		return points[point] && rand.Float64() < prob
+	}
+	crashNow := func(point string) {
+		fmt.Fprintln(os.Stderr, "crash", point)
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		time.Sleep(time.Second)
+	}
+	crash := func(point string) {
+		if crashes(point) {
+			crashNow(point)
 		}
 	}
 
@@ -90,7 +99,16 @@ func consumerMain(args []string) error {
 		return err
 	}
 	brokerCfg := rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: *amqpURL}, Topology: rabbitmq.TopologyConfig{Queue: *queue, TierDelays: delays},
-		WatermillSubscriber: *subscriber == "watermill"}
+		WatermillSubscriber: *subscriber == "watermill", Prefetch: *prefetch}
+	inbox := func(store deduplication.Store, consumer string, key deduplication.KeyFunc) *deduplication.Config {
+		return &deduplication.Config{Store: store, Consumer: consumer, Key: key}
+	}
+	if *maxBatch > 0 {
+		inbox = func(store deduplication.Store, consumer string, key deduplication.KeyFunc) *deduplication.Config {
+			return &deduplication.Config{Store: store, Consumer: consumer, Key: key, MeterProvider: batchSizes{},
+				Batch: &deduplication.BatchConfig{MaxBatch: *maxBatch, MaxWait: *maxWait}}
+		}
+	}
 	q, err := dialBroker(ctx, brokerCfg) // the broker may be restarting when a consumer starts
 	if err != nil {
 		return err
@@ -98,6 +116,7 @@ func consumerMain(args []string) error {
 	defer func() { _ = q.Close() }()
 
 	insert := `INSERT INTO ` + *schema + `.effects (event_id) VALUES ($1)`
+	waiting := &awaiting{ids: map[string]struct{}{}}
 	handler := func(msg *message.Message) error {
 		var e event
 		if err := json.Unmarshal(msg.Payload, &e); err != nil {
@@ -114,11 +133,17 @@ func consumerMain(args []string) error {
 			return err
 		}
 		crash("before-commit") // claimed and written, not committed
+		// With group commit: others' handlers done, waiting for their commit.
+		if n := waiting.handled(msg.UUID); n > 0 && crashes(midBatchPoint) {
+			fmt.Fprintln(os.Stderr, "count mid-batch-awaiting", n)
+			crashNow(midBatchPoint)
+		}
 		return nil
 	}
 	afterCommit := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			out, err := h(msg)
+			waiting.returned(msg.UUID)
 			if err == nil {
 				crash(crashPoint(msg)) // committed, not acked
 			}
@@ -138,13 +163,13 @@ func consumerMain(args []string) error {
 			Poison:    &poison.Config{PublishBackoff: 200 * time.Millisecond},
 			Retry:     &retrytiers.Config{Publisher: crashingPublisher{q.Publisher(), crash}, PublishBackoff: 200 * time.Millisecond},
 			Classify:  &middleware.ClassifyConfig{},
-			Inbox:     &deduplication.Config{Store: store, Consumer: "effects", Key: deduplication.KeyFromJSON("eventId")},
+			Inbox:     inbox(store, "effects", deduplication.KeyFromJSON("eventId")),
 			Recoverer: &middleware.RecovererConfig{},
 		},
 	}
 	var ob *outboxProcess
 	if *produceTo != "" {
-		ob = &outboxProcess{db: db, schema: *schema, queue: *produceTo, crash: crash}
+		ob = &outboxProcess{db: db, schema: *schema, queue: *produceTo, crash: crash, inbox: inbox}
 		if err := ob.start(ctx, r, &cfg, brokerCfg, q.Publisher()); err != nil {
 			return errors.Join(err, ob.close())
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/sluicemq/sluice/cmd/internal/dlq"
+	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/localenv"
@@ -45,9 +46,18 @@ type options struct {
 	subscriber      string
 	seed            uint64
 	scenarios       []string
+	// The group commit of the …-batched scenarios.
+	maxBatch, batchPrefetch int
+	maxWait                 time.Duration
 }
 
-var allScenarios = []string{"kill", "rabbitmq-restart", "postgres-stop", "poison-full", "same-id-8", "outbox"}
+// allScenarios are the default ones. Any scenario with the suffix -batched
+// runs with group commit on every inbox (deduplication.Config.Batch).
+var allScenarios = []string{"kill", "rabbitmq-restart", "postgres-stop", "poison-full", "same-id-8", "outbox",
+	"kill" + batchedSuffix, "postgres-stop" + batchedSuffix}
+
+// killCrashPoints are the consumers' self-crashes in the kill scenario.
+var killCrashPoints = []string{"before-commit", "after-commit", "after-tier-publish"}
 
 func harnessMain(args []string) error {
 	var o options
@@ -69,7 +79,10 @@ func harnessMain(args []string) error {
 	fs.DurationVar(&o.timeout, "timeout", 4*time.Minute, "per scenario")
 	fs.StringVar(&o.tiers, "tiers", "1s,2s,5s,10s,20s", "retry tiers; their sum must outlast the outages")
 	fs.Uint64Var(&o.seed, "seed", uint64(time.Now().UnixNano()), "random seed (printed, for reruns)")
-	fs.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "scenarios to run")
+	fs.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "scenarios to run (any of them with the suffix -batched: with group commit)")
+	fs.IntVar(&o.maxBatch, "max-batch", deduplication.MaxBatchDefault, "group commit's MaxBatch in the -batched scenarios")
+	fs.DurationVar(&o.maxWait, "max-wait", deduplication.MaxWaitDefault, "group commit's MaxWait in the -batched scenarios")
+	fs.IntVar(&o.batchPrefetch, "batch-prefetch", 32, "deliveries in flight per subscription in the -batched scenarios (0: the broker's default)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -172,23 +185,27 @@ func runScenario(o options, scenario string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()
 	rng := rand.New(rand.NewPCG(o.seed, uint64(len(scenario))))
+	base, batched := strings.CutSuffix(scenario, batchedSuffix)
 	w := &world{o: o, name: fmt.Sprintf("chaos_%s_%d", strings.ReplaceAll(scenario, "-", "_"), rng.Uint32())}
 	if err := w.setup(ctx); err != nil {
 		return "setup", err
 	}
 	defer w.teardown()
-	if scenario == "outbox" {
+	if base == "outbox" {
 		if err := w.setupOutbox(ctx); err != nil {
 			return "setup", err
 		}
 	}
+	if batched {
+		w.batchArgs()
+	}
 
 	copies, procs, crashProb := 1, o.procs, 0.0
 	n := o.events
-	if scenario == "kill" || scenario == "outbox" {
+	if base == "kill" || base == "outbox" {
 		crashProb = o.crashProb
 	}
-	if scenario == "same-id-8" {
+	if base == "same-id-8" {
 		// 8 handlers at once: Sluice's subscriber has 16 deliveries in
 		// flight per process; watermill-amqp's one per subscription.
 		copies, n, procs = 8, o.sameIDs, 2
@@ -210,7 +227,7 @@ func runScenario(o options, scenario string) (string, error) {
 	w.total = len(p.valid)
 	go func() {
 		defer close(done)
-		disrupt = w.disrupt(ctx, rng, scenario)
+		disrupt = w.disrupt(ctx, rng, base)
 	}()
 	settleErr := w.settle(ctx, p)
 	<-done
@@ -218,16 +235,25 @@ func runScenario(o options, scenario string) (string, error) {
 		s.stop()
 	}
 	res, verifyErr := w.verify(p)
-	restarts, crashes := 0, map[string]int{}
+	restarts, crashes, counts := 0, map[string]int{}, map[string]int{}
 	for _, s := range w.procs {
 		restarts += s.restarts
 		for k, v := range s.crashes {
 			crashes[k] += v
 		}
+		for k, v := range s.counts {
+			counts[k] += v
+		}
+	}
+	disruption := describeDisruption(base, w.killed, w.fillers, crashes, restarts, w.at, w.total)
+	if batched {
+		if crashProb > 0 {
+			disruption += fmt.Sprintf("; self-crashes %s %d (with %d other deliveries handled, awaiting their commit)", midBatchPoint, crashes[midBatchPoint], counts["mid-batch-awaiting"])
+		}
+		disruption += "; " + describeBatches(counts)
 	}
 	line := fmt.Sprintf("%d events (%d publishes: %d duplicate, %d transient, %d bad); %s; %s in %s",
-		n, len(p.publishes), len(p.publishes)-n, p.flaky, len(p.bad),
-		describeDisruption(scenario, w.killed, w.fillers, crashes, restarts, w.at, w.total), res, time.Since(start).Round(100*time.Millisecond))
+		n, len(p.publishes), len(p.publishes)-n, p.flaky, len(p.bad), disruption, res, time.Since(start).Round(100*time.Millisecond))
 	return line, errors.Join(disrupt, settleErr, verifyErr)
 }
 
@@ -235,7 +261,7 @@ func describeDisruption(scenario string, killed, fillers int, crashes map[string
 	switch scenario {
 	case "kill":
 		var parts []string
-		for _, k := range []string{"before-commit", "after-commit", "after-tier-publish"} {
+		for _, k := range killCrashPoints {
 			parts = append(parts, fmt.Sprintf("%s %d", k, crashes[k]))
 		}
 		return fmt.Sprintf("%d SIGKILLs from %d/%d effects on + self-crashes %s; %d restarts", killed, at, total, strings.Join(parts, ", "), restarts)
@@ -360,7 +386,7 @@ func (w *world) startSlot(crashProb float64) *slot {
 	s := &slot{crashes: map[string]int{}, counts: map[string]int{}, done: make(chan struct{})}
 	args := []string{"consumer", "--amqp-url", w.o.amqpURL, "--postgres-url", w.o.pgURL, "--queue", w.topo.Queue(),
 		"--schema", w.name, "--tiers", w.o.tiers, "--consumers", fmt.Sprint(w.o.consumers), "--subscriber", w.o.subscriber,
-		"--crash-prob", fmt.Sprint(crashProb), "--crash-points", "before-commit,after-commit,after-tier-publish"}
+		"--crash-prob", fmt.Sprint(crashProb), "--crash-points", strings.Join(killCrashPoints, ",")}
 	args = append(args, w.slotArgs...)
 	go func() {
 		defer close(s.done)

@@ -7,6 +7,7 @@
 //
 //	go run ./cmd/sluice-chaos run                          # the short version (CI)
 //	go run ./cmd/sluice-chaos run -events 20000 -kills 100  # the long one (make chaos)
+//	go run ./cmd/sluice-chaos run -scenarios kill-batched  # a scenario with group commit on
 //
 // It restarts RabbitMQ and stops PostgreSQL (as root, with rabbitmqctl and
 // pg_ctlcluster): run it alone. See docs/reliability.md.

@@ -43,6 +43,7 @@ type outboxProcess struct {
 	schema   string
 	queue    string // where the effects handler produces
 	crash    func(string)
+	inbox    func(deduplication.Store, string, deduplication.KeyFunc) *deduplication.Config // the receiver's
 	store    *outboxsql.Store
 	receiver *rabbitmq.Broker
 	relay    *outbox.Relay
@@ -98,7 +99,7 @@ func (p *outboxProcess) start(ctx context.Context, r *message.Router, cfg *route
 			Poison:    &poison.Config{PublishBackoff: 200 * time.Millisecond},
 			Retry:     &retrytiers.Config{PublishBackoff: 200 * time.Millisecond},
 			Classify:  &middleware.ClassifyConfig{},
-			Inbox:     &deduplication.Config{Store: inbox, Consumer: receiverName},
+			Inbox:     p.inbox(inbox, receiverName, nil),
 			Recoverer: &middleware.RecovererConfig{},
 		},
 	})
