@@ -269,6 +269,8 @@ func describeDisruption(scenario string, killed, fillers int, crashes map[string
 		return fmt.Sprintf("poison queue full (reject-publish, %d fillers) for 3 s from %d/%d effects on", fillers, at, total)
 	case "same-id-8":
 		return "each id published 8 times in a row, handled by at least 8 handlers at once"
+	case "postgres-terminate":
+		return fmt.Sprintf("%d consumer connections in a transaction terminated from %d/%d effects on", killed, at, total)
 	case "outbox":
 		return describeOutbox(killed, crashes, restarts, at, total)
 	}
@@ -384,7 +386,7 @@ type slot struct {
 
 func (w *world) startSlot(crashProb float64) *slot {
 	s := &slot{crashes: map[string]int{}, counts: map[string]int{}, done: make(chan struct{})}
-	args := []string{"consumer", "--amqp-url", w.o.amqpURL, "--postgres-url", w.o.pgURL, "--queue", w.topo.Queue(),
+	args := []string{"consumer", "--amqp-url", w.o.amqpURL, "--postgres-url", w.consumerURL(), "--queue", w.topo.Queue(),
 		"--schema", w.name, "--tiers", w.o.tiers, "--consumers", fmt.Sprint(w.o.consumers), "--subscriber", w.o.subscriber,
 		"--crash-prob", fmt.Sprint(crashProb), "--crash-points", strings.Join(killCrashPoints, ",")}
 	args = append(args, w.slotArgs...)
@@ -498,6 +500,8 @@ func (w *world) disrupt(ctx context.Context, rng *rand.Rand, scenario string) er
 		return run("pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start")
 	case "poison-full":
 		return w.fillPoisonQueue(ctx, 3*time.Second)
+	case "postgres-terminate":
+		return w.terminateBackends(ctx, rng)
 	case "outbox":
 		return w.disruptOutbox(ctx, rng)
 	}
