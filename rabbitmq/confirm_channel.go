@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicemq/sluice"
@@ -34,8 +35,12 @@ type confirmChannel struct {
 
 	pubMu sync.Mutex // serialises tag assignment and publishing
 
-	mu      sync.Mutex
-	pending map[uint64]*inflight
+	nacked atomic.Bool // the broker nacked a publish: the Publisher retires c
+
+	mu          sync.Mutex
+	pending     map[uint64]*inflight
+	retired     bool // close once pending is empty
+	retireClose sync.Once
 }
 
 // inflight is one publish awaiting its confirm.
@@ -108,11 +113,15 @@ func (c *confirmChannel) listen() {
 				c.mu.Unlock()
 				return
 			}
+			if !cf.Ack {
+				c.nacked.Store(true)
+			}
 			if f := c.pending[cf.DeliveryTag]; f != nil {
 				f.acked = cf.Ack
 				close(f.done)
 				delete(c.pending, cf.DeliveryTag)
 			}
+			c.closeIfSettled()
 			c.mu.Unlock()
 		}
 	}
@@ -184,7 +193,26 @@ func (f *inflight) wait(ctx context.Context, expired <-chan time.Time) error {
 func (f *inflight) forget() {
 	f.c.mu.Lock()
 	delete(f.c.pending, f.tag)
+	f.c.closeIfSettled()
 	f.c.mu.Unlock()
+}
+
+// retire takes c out of use: the Publisher sends nothing more on it, and c
+// closes once every publish sent on it has its answer or is forgotten —
+// closing at once would turn their confirms into uncertain outcomes.
+func (c *confirmChannel) retire() {
+	c.mu.Lock()
+	c.retired = true
+	c.closeIfSettled()
+	c.mu.Unlock()
+}
+
+// closeIfSettled closes a retired c whose publishes are all settled, in a
+// goroutine: listen, a caller, must not wait for itself. c.mu is held.
+func (c *confirmChannel) closeIfSettled() {
+	if c.retired && len(c.pending) == 0 {
+		c.retireClose.Do(func() { go c.close() })
+	}
 }
 
 func (c *confirmChannel) isClosed() bool {

@@ -98,7 +98,8 @@ func (cfg PublisherConfig) withDefaults() (PublisherConfig, error) {
 // and did not return as unroutable. Messages of one call and of concurrent
 // calls are pipelined on one channel: many confirms are in flight at once.
 // After a broker restart or a closed channel it reconnects on the next
-// Publish. It is safe for concurrent use.
+// Publish, and after a nack it publishes on a new channel. It is safe for
+// concurrent use.
 type Publisher struct {
 	cfg     PublisherConfig
 	metrics meters
@@ -229,17 +230,29 @@ func (p *Publisher) channel() (*confirmChannel, *atomic.Pointer[amqp.Blocking], 
 	if p.closed {
 		return nil, nil, ErrPublisherClosed
 	}
-	if p.ch != nil && !p.ch.isClosed() {
+	if p.ch != nil && !p.ch.isClosed() && !p.ch.nacked.Load() {
 		return p.ch, p.blocked, nil
 	}
 	if p.ch != nil {
 		scope := "channel"
-		if p.conn == nil || p.conn.IsClosed() {
+		switch {
+		case p.conn == nil || p.conn.IsClosed():
 			scope = "connection"
+		case !p.ch.isClosed():
+			// The broker nacked a publish on this channel. RabbitMQ 3.10
+			// can then nack every later publish on it (a quorum queue
+			// after a leader change) while a new channel's are confirmed:
+			// publish on a new one, and close this one once its confirms
+			// are in.
+			scope = "nacked"
 		}
 		p.metrics.reconnected(scope)
 		p.cfg.Logger.Info("Reconnecting the confirmed publisher", watermill.LogFields{"url": diag.RedactURL(p.cfg.URLs[p.node]), "closed": scope})
-		p.ch.close()
+		if scope == "nacked" {
+			p.ch.retire()
+		} else {
+			p.ch.close()
+		}
 		p.ch = nil
 	}
 	if p.conn != nil && p.conn.IsClosed() {

@@ -22,9 +22,10 @@ const MetricConfirmDuration = "sluice.publish.confirm.duration"
 
 // MetricReconnects counts the publisher reopening its channel after it
 // closed, by messaging.system and sluice.reconnect: "channel" (the broker
-// closed the channel, as for a missing exchange) or "connection" (the
-// connection closed with it: a broker restart, a network fault, or a frame
-// the broker refused). A message the Publisher cannot carry never closes
+// closed the channel, as for a missing exchange), "connection" (the
+// connection closed with it: a broker restart, a node of a cluster gone, a
+// network fault, or a frame the broker refused) or "nacked" (the broker
+// nacked a publish on it: the next publish opens a new channel). A message the Publisher cannot carry never closes
 // either: it is refused before it is sent (sluice.ErrUnpublishable).
 const MetricReconnects = "sluice.publish.reconnects"
 

@@ -1,0 +1,183 @@
+package rabbitmq_test
+
+import (
+	"errors"
+	"net/url"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice"
+	amqp "github.com/sluicemq/sluice/internal/amqp091"
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/rabbitmq"
+)
+
+// A publisher whose node is killed mid-stream — the node leading the
+// quorum queue, with a batch whose confirms are lost with the connection —
+// reports each of those messages as an error matching
+// sluice.ErrPublishUncertain, never as a success, and goes on publishing
+// through another node. Read from a third node afterwards, the queue holds
+// every message reported confirmed, exactly once, none reported as
+// certainly not stored, and every message has an outcome.
+//
+// Publishes during the leader election are nacked, and RabbitMQ 3.10 went on
+// nacking every publish on the channel that saw such a nack while a new
+// channel's were confirmed: before the Publisher replaced a channel after a
+// nack, this test failed, no batch confirmed within 30 s of the kill.
+func TestClusterPublisherNodeKilledMidStream(t *testing.T) {
+	c := privateCluster(t)
+	topo := declareOnNode(t, c, 0, "cluster_pub")
+	q := topo.Queue()
+
+	// Node 0 is reached through a proxy that can drop its replies: a batch
+	// is then surely in flight, its confirms lost, when the node dies.
+	u, err := url.Parse(c.URLs[0])
+	require.NoError(t, err)
+	proxy := testenv.StartProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{
+		Connection:     rabbitmq.Connection{URLs: []string{u.String(), c.URLs[1], c.URLs[2]}, DialTimeout: 5 * time.Second},
+		ConfirmTimeout: 30 * time.Second,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+
+	// Each publisher goes on until afterKill of its batches were confirmed
+	// whole after the kill, or until the deadline.
+	const publishers, batch, afterKill = 4, 25, 10
+	var (
+		mu       sync.Mutex
+		outcome  = map[string]error{} // body → nil (confirmed) or the error
+		accepted atomic.Int64
+		killed   = make(chan struct{})
+		resumed  time.Time // the first batch confirmed whole after the kill
+		wg       sync.WaitGroup
+	)
+	deadline := time.Now().Add(30 * time.Second)
+	for g := range publishers {
+		wg.Go(func() {
+			after := 0
+			for b := 0; after < afterKill && time.Now().Before(deadline); b++ {
+				wasKilled := false
+				select {
+				case <-killed:
+					wasKilled = true
+				default:
+				}
+				msgs := make([]*message.Message, batch)
+				for k := range msgs {
+					msgs[k] = message.NewMessage(watermill.NewUUID(), []byte(strconv.Itoa(g)+"-"+strconv.Itoa(b)+"-"+strconv.Itoa(k)))
+				}
+				errs := p.PublishEach(q, msgs...)
+				mu.Lock()
+				whole := true
+				for k, err := range errs {
+					outcome[string(msgs[k].Payload)] = err
+					if err == nil {
+						accepted.Add(1)
+					}
+					whole = whole && err == nil
+				}
+				if wasKilled && whole {
+					after++
+					if resumed.IsZero() {
+						resumed = time.Now()
+					}
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	defer func() { // a failure below must not leave the publishers behind
+		select {
+		case <-killed:
+		default:
+			close(killed)
+		}
+		<-done
+	}()
+
+	t0 := time.Now()
+	phase := func(what string) { t.Logf("%s: %s", time.Since(t0).Round(time.Millisecond), what) }
+	require.Eventually(t, func() bool { return accepted.Load() >= 500 }, 30*time.Second, 5*time.Millisecond, "publishing through node 0")
+	phase("500 confirmed")
+	proxy.DropReplies()
+	// Node 0 has stored a message whose confirm the publisher will never
+	// see: the queue, read from node 1, holds more than it confirmed.
+	node1 := dialNode(t, c.URLs[1])
+	ch := testenv.Channel(t, node1)
+	require.Eventually(t, func() bool {
+		stored, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+		return err == nil && int64(stored.Messages) > accepted.Load()
+	}, 30*time.Second, 5*time.Millisecond, "a batch in flight, its confirms dropped")
+	phase("a batch in flight")
+	start := time.Now()
+	killNode(t, c, 0)
+	phase("killed")
+	close(killed)
+	<-done // by the deadline
+	require.False(t, resumed.IsZero(), "no batch confirmed after the kill within the deadline")
+	t.Logf("first batch confirmed through another node %s after node 0 was killed, publishers done after %s", resumed.Sub(start).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+
+	stored := drainBodies(t, dialNode(t, c.URLs[2]), q)
+	phase("drained")
+	var confirmed, uncertain, uncertainStored, certain int
+	for body, err := range outcome {
+		switch {
+		case err == nil:
+			confirmed++
+			require.Equal(t, 1, stored[body], "message %s was confirmed: stored exactly once", body)
+		case errors.Is(err, sluice.ErrPublishUncertain):
+			uncertain++
+			require.LessOrEqual(t, stored[body], 1, "message %s is stored at most once", body)
+			uncertainStored += stored[body]
+		default:
+			certain++
+			require.ErrorIs(t, err, rabbitmq.ErrNacked, "message %s", body)
+			require.Zero(t, stored[body], "message %s was reported not stored (%v), but is", body, err)
+		}
+	}
+	for body := range stored {
+		require.Contains(t, outcome, body, "a stored message the test did not publish")
+	}
+	require.Positive(t, uncertain, "the batch in flight at the kill is reported uncertain")
+	require.GreaterOrEqual(t, confirmed, 500+publishers*afterKill*batch, "every publisher went on through another node")
+	t.Logf("%d messages: %d confirmed (all stored once), %d uncertain (%d of them stored), %d certainly not stored",
+		len(outcome), confirmed, uncertain, uncertainStored, certain)
+}
+
+// drainBodies takes every message of queue through conn, consuming (a
+// basic.get each would take seconds for thousands), and counts the copies
+// of each body.
+func drainBodies(t *testing.T, conn *amqp.Connection, queue string) map[string]int {
+	t.Helper()
+	ch := testenv.Channel(t, conn)
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	require.NoError(t, err)
+	require.NoError(t, ch.Qos(1000, 0, false))
+	deliveries, err := ch.Consume(queue, "drain", false, false, false, false, nil)
+	require.NoError(t, err)
+	copies := map[string]int{}
+	timeout := time.After(30 * time.Second)
+	for n := 0; n < q.Messages; n++ {
+		select {
+		case d := <-deliveries:
+			copies[string(d.Body)]++
+			require.NoError(t, d.Ack(false))
+		case <-timeout:
+			t.Fatalf("%d of the %d messages of %s read in 30 s", n, q.Messages, queue)
+		}
+	}
+	require.NoError(t, ch.Cancel("drain", false))
+	require.Zero(t, testenv.QueueDepth(t, conn, queue), "drained")
+	return copies
+}
