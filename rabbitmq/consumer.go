@@ -40,7 +40,9 @@ type ConsumerConfig struct {
 	// acked or nacked. Default DrainTimeoutDefault.
 	DrainTimeout time.Duration
 	// ReconnectBackoff is the first wait before reconnecting after the
-	// connection or channel closed; it doubles up to 30 s. Default
+	// connection or channel closed; it doubles up to 30 s while the
+	// reconnections fail, and starts again from ReconnectBackoff after a
+	// connection that got as far as consuming. Default
 	// ReconnectBackoffDefault.
 	ReconnectBackoff time.Duration
 	// Marshaler reads deliveries. Default Marshaler{}.
@@ -186,6 +188,9 @@ type subscription struct {
 	out   chan *message.Message
 	gate  broker.Gate // nil: never stops consuming
 	node  int         // the index in URLs of the node to try first
+	// consumed is set once a connection got as far as consuming: its
+	// failure starts the backoff again from ReconnectBackoff.
+	consumed bool
 }
 
 // errBraked ends a consume loop whose gate engaged, after draining.
@@ -246,6 +251,9 @@ func (s *subscription) run(ctx context.Context) {
 			backoff = s.c.cfg.ReconnectBackoff
 			continue
 		}
+		if s.consumed { // a connection that worked: not the same failure again
+			backoff, s.consumed = s.c.cfg.ReconnectBackoff, false
+		}
 		s.c.cfg.Logger.Error("Consuming stopped; reconnecting after a backoff", err,
 			watermill.LogFields{"queue": s.queue, "backoff": backoff.String()})
 		s.node = (s.node + 1) % len(s.c.cfg.URLs) // the others first
@@ -279,6 +287,7 @@ func (s *subscription) consume(ctx context.Context, stop <-chan struct{}) error 
 	if err != nil {
 		return err
 	}
+	s.consumed = true
 	defer func() { cur.stopped() }()
 	var inflight sync.WaitGroup
 	// flight is the deliveries' context: it ends when this connection's work
