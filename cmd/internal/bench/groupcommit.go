@@ -1,0 +1,155 @@
+package bench
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/rabbitmq"
+)
+
+// gcVariant is one way of running the stack in the groupcommit suite.
+type gcVariant struct {
+	name  string
+	noop  bool
+	batch *deduplication.BatchConfig
+}
+
+// gcLatencyRate is the publish rate of the latency runs: well under what one
+// subscription commits without batching, so that the latency is the
+// stack's, not a queue's.
+const gcLatencyRate = 400
+
+// GroupCommit prints P8: the full stack on Sluice's Consumer (router.Add on
+// a rabbitmq.NewBroker; Trace, Poison, Retry, Classify, Inbox, Recoverer;
+// one business INSERT per delivery) over a queue preloaded with
+// o.Messages*4 messages, with the inbox's group commit
+// (deduplication.Config.Batch) against one transaction per delivery and
+// against a no-op handler on the same broker (what the broker delivers at
+// all), at 1 and 4 subscriptions and prefetch 16 and 64, variants
+// interleaved round after round. Then the latency from publish to commit
+// (the stack returned) at gcLatencyRate messages per second, with and
+// without batching.
+func GroupCommit(ctx context.Context, o Options) error {
+	g, err := newGCRunner(ctx, o, "sluice_bench_gc")
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+
+	n := o.Messages * 4
+	rounds := max(o.Rounds/4, 3)
+	variants := []gcVariant{
+		{name: "no-op handler", noop: true},
+		{name: "one transaction per delivery"},
+		{name: "batch 16, 2ms", batch: &deduplication.BatchConfig{MaxBatch: 16, MaxWait: 2 * time.Millisecond}},
+		{name: "batch 16, 1ms", batch: &deduplication.BatchConfig{MaxBatch: 16, MaxWait: time.Millisecond}},
+		{name: "batch 32, 2ms", batch: &deduplication.BatchConfig{MaxBatch: 32, MaxWait: 2 * time.Millisecond}},
+		{name: "batch 8, 2ms", batch: &deduplication.BatchConfig{MaxBatch: 8, MaxWait: 2 * time.Millisecond}},
+		{name: "batch 4, 2ms", batch: &deduplication.BatchConfig{MaxBatch: 4, MaxWait: 2 * time.Millisecond}},
+	}
+	var rows [][]string
+	for _, prefetch := range []int{rabbitmq.PrefetchDefault, 64} {
+		for _, subs := range []int{1, 4} {
+			rates := make([][]float64, len(variants))
+			sizes := make([]gcResult, len(variants))
+			for round := range rounds {
+				for k := range variants {
+					i := (k + round) % len(variants)
+					res, err := g.run(ctx, gcCase{n: n, subs: subs, prefetch: prefetch, noop: variants[i].noop, batch: variants[i].batch},
+						fmt.Sprintf("p%d-s%d-r%d-v%d-", prefetch, subs, round, i))
+					if err != nil {
+						return fmt.Errorf("%s, prefetch %d, %d subscriptions: %w", variants[i].name, prefetch, subs, err)
+					}
+					rates[i] = append(rates[i], res.handled)
+					sizes[i].batches += res.batches
+					sizes[i].batched += res.batched
+					sizes[i].maxBatch = max(sizes[i].maxBatch, res.maxBatch)
+				}
+			}
+			for i, vr := range variants {
+				row := []string{strconv.Itoa(prefetch), strconv.Itoa(subs), vr.name, f0(Median(rates[i])), "", f2(MedianRatio(rates[i], rates[0])), "", ""}
+				if !vr.noop {
+					row[4] = f2(MedianRatio(rates[i], rates[1]))
+				}
+				if vr.batch != nil {
+					row[6], row[7] = gcMeanBatch(sizes[i].batches, sizes[i].batched), strconv.FormatInt(sizes[i].maxBatch, 10)
+				}
+				rows = append(rows, row)
+			}
+		}
+	}
+	fmt.Fprintf(o.Out, "P8: group commit, the full stack on Sluice's Consumer (RabbitMQ + PostgreSQL), %d messages preloaded per run, %d rounds interleaved\n\n", n, rounds)
+	Table(o.Out, []string{"prefetch", "subscriptions", "variant", "msg/s", "÷ one tx per delivery", "÷ no-op", "mean batch", "max batch"}, rows)
+	fmt.Fprintln(o.Out, "targets: batching ÷ one transaction per delivery ≥ 2 at 1 and 4 subscriptions; ÷ no-op (the broker's consume rate) ≥ 0.5")
+	fmt.Fprintln(o.Out)
+	return gcLatency(ctx, o, g)
+}
+
+// gcLatency prints publish → commit latency at gcLatencyRate with and
+// without batching, next to what one commit costs on an idle connection.
+func gcLatency(ctx context.Context, o Options, g *gcRunner) error {
+	n := max(o.Messages*2, 20)
+	rounds := max(o.Rounds/4, 3)
+	variants := []gcVariant{{name: "one transaction per delivery"},
+		{name: fmt.Sprintf("batch %d, %s (defaults)", deduplication.MaxBatchDefault, deduplication.MaxWaitDefault), batch: &deduplication.BatchConfig{}}}
+	var rows [][]string
+	for _, subs := range []int{1, 4} {
+		lat := make([][]time.Duration, len(variants))
+		sizes := make([]gcResult, len(variants))
+		for round := range rounds {
+			for k := range variants {
+				i := (k + round) % len(variants)
+				res, err := g.run(ctx, gcCase{n: n, subs: subs, batch: variants[i].batch, rate: gcLatencyRate},
+					fmt.Sprintf("lat-s%d-r%d-v%d-", subs, round, i))
+				if err != nil {
+					return fmt.Errorf("latency, %s, %d subscriptions: %w", variants[i].name, subs, err)
+				}
+				lat[i] = append(lat[i], res.lat...)
+				sizes[i].batches += res.batches
+				sizes[i].batched += res.batched
+			}
+		}
+		for i, vr := range variants {
+			added, mean := "", ""
+			if vr.batch != nil {
+				added, mean = gcMs(pct(lat[i], 99)-pct(lat[0], 99)), gcMeanBatch(sizes[i].batches, sizes[i].batched)
+			}
+			rows = append(rows, []string{strconv.Itoa(subs), vr.name, strconv.Itoa(len(lat[i])), gcMs(pct(lat[i], 50)), gcMs(pct(lat[i], 99)), added, mean})
+		}
+	}
+	commit, err := gcOneCommit(ctx, g.v)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(o.Out, "P8: latency from publish to commit, %d messages published at %d/s per run (prefetch %d), %d rounds interleaved, percentiles over all rounds\n\n",
+		n, gcLatencyRate, rabbitmq.PrefetchDefault, rounds)
+	Table(o.Out, []string{"subscriptions", "variant", "deliveries", "p50", "p99", "added p99", "mean batch"}, rows)
+	fmt.Fprintf(o.Out, "one commit (BEGIN, one INSERT, COMMIT) on an idle connection: median %s; target: added p99 ≤ MaxWait (%s) + one commit = %s\n",
+		gcMs(commit), deduplication.MaxWaitDefault, gcMs(deduplication.MaxWaitDefault+commit))
+	return nil
+}
+
+// gcOneCommit is the median time of 200 transactions of one INSERT, one at a
+// time.
+func gcOneCommit(ctx context.Context, v *inboxVariants) (time.Duration, error) {
+	ds := make([]time.Duration, 200)
+	for i := range ds {
+		start := time.Now()
+		if err := v.plainKey(ctx, "commit-"+strconv.Itoa(i)); err != nil {
+			return 0, err
+		}
+		ds[i] = time.Since(start)
+	}
+	slices.Sort(ds)
+	return cmp.Or(ds[len(ds)/2], time.Nanosecond), nil
+}
+
+// gcMs formats d in milliseconds, two decimals.
+func gcMs(d time.Duration) string {
+	return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'f', 2, 64) + " ms"
+}
