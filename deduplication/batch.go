@@ -470,6 +470,10 @@ func (bt *batcher) handle(msg *message.Message, key string, h message.HandlerFun
 		// batching.
 		if aerr := b.recordAlone(ctx, sp, key, u); aerr != nil {
 			forget()
+			if errors.Is(aerr, errProcessedMeanwhile) {
+				d.duplicate(msg, key)
+				return nil, nil, true
+			}
 			return nil, sluice.Transient(errors.Join(err, aerr)), true
 		}
 	}
@@ -490,13 +494,18 @@ func (bt *batcher) handle(msg *message.Message, key string, h message.HandlerFun
 // sp, with the writes registered by OnRecordAlone.
 func (b *batch) recordAlone(ctx context.Context, sp, key string, u *unit) error {
 	d := b.bt.d
-	if _, gaveUp, err := d.claim(ctx, b.tx, key); err != nil {
+	claimed, gaveUp, err := d.claim(ctx, b.tx, key)
+	if err != nil {
 		if gaveUp {
 			b.breakWith(err)
 		} else {
 			b.undo(ctx, sp)
 		}
 		return fmt.Errorf("deduplication: recording the rejection: %w", err)
+	}
+	if !claimed { // a redelivery processed the key meanwhile (see claimAlone)
+		b.undo(ctx, sp)
+		return errProcessedMeanwhile
 	}
 	for _, write := range u.rewrites() {
 		if err := write(endContext(ctx), b.tx); err != nil {

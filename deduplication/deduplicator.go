@@ -248,6 +248,11 @@ func (d *deduplicator) middleware(h message.HandlerFunc) message.HandlerFunc {
 					u.committed()
 					return produced, err
 				}
+				if errors.Is(rErr, errProcessedMeanwhile) {
+					ended = true
+					d.duplicate(msg, key)
+					return nil, nil
+				}
 				cErr = errors.Join(cErr, rErr)
 			}
 			return nil, sluice.Transient(errors.Join(err, fmt.Errorf("deduplication: commit: %w", cErr)))
@@ -367,11 +372,17 @@ func dependency(ctx context.Context, op string, err error) error {
 	return &sluice.DependencyError{Op: "deduplication: " + op, Err: err}
 }
 
+// errProcessedMeanwhile is claimAlone's error when another delivery of the
+// key committed between the aborted unit of work's rollback and the new
+// claim: the rejection is then a duplicate, and writes nothing.
+var errProcessedMeanwhile = errors.New("deduplication: the key was processed meanwhile")
+
 // claimAlone rolls back the aborted unit of work and claims key in a new one,
 // with the writes registered by OnRecordAlone, on ctx, the detached context
-// that ends the delivery's unit of work.
-// Claim reporting false means the first commit did land after all (its
-// outcome was unknown): the key is recorded either way.
+// that ends the delivery's unit of work. The aborted unit of work committed
+// nothing, so a claim reporting false means a redelivery of the key,
+// waiting on it, claimed and committed it meanwhile: errProcessedMeanwhile,
+// nothing written.
 func (d *deduplicator) claimAlone(ctx context.Context, aborted Tx, key string, rewrites []func(context.Context, Tx) error) error {
 	if err := aborted.Rollback(ctx); err != nil {
 		return fmt.Errorf("deduplication: rolling back the aborted unit of work: %w", err)
@@ -380,11 +391,15 @@ func (d *deduplicator) claimAlone(ctx context.Context, aborted Tx, key string, r
 	if err != nil {
 		return fmt.Errorf("deduplication: begin, to record the rejection: %w", err)
 	}
-	if _, gaveUp, err := d.claim(ctx, tx, key); err != nil {
+	claimed, gaveUp, err := d.claim(ctx, tx, key)
+	if err != nil {
 		if gaveUp {
 			return fmt.Errorf("deduplication: recording the rejection: %w", err)
 		}
 		return errors.Join(fmt.Errorf("deduplication: recording the rejection: %w", err), d.rollback(ctx, tx))
+	}
+	if !claimed { // a redelivery processed the key while the aborted unit of work held none
+		return errors.Join(errProcessedMeanwhile, d.rollback(ctx, tx))
 	}
 	for _, write := range rewrites {
 		if err := write(ctx, tx); err != nil {

@@ -89,8 +89,8 @@ type RelayConfig struct {
 	// RetryMin and RetryMax bound the wait before a failed row is tried
 	// again: RetryMin doubled per failed attempt, at most RetryMax. A row
 	// whose broker could not be reached at all is not pushed back: the relay
-	// backs off instead (50 ms doubled, at most 5 s or RetryMin; woken by a
-	// commit), so an outage does not push every row back by RetryMax.
+	// backs off instead (50 ms doubled, at most 5 s or RetryMin), so an
+	// outage does not push every row back by RetryMax.
 	// Defaults RetryMinDefault, RetryMaxDefault.
 	RetryMin, RetryMax time.Duration
 	// StatsInterval is how often the relay reads Store.Stats for its gauges
@@ -269,8 +269,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		switch {
 		case !ok: // the store failed, or the broker could not be reached at all
+			// Not woken by commits: during an outage they would make it
+			// read the same batch again and again.
 			backoff = min(max(2*backoff, backoffMin), min(r.cfg.RetryMin, backoffMax))
-			r.sleep(ctx, backoff, true)
+			r.sleep(ctx, backoff, false)
 		case n == r.cfg.BatchSize: // more may be waiting
 			backoff = 0
 		default:
