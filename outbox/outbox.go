@@ -34,6 +34,14 @@ type Writer interface {
 	Publish(ctx context.Context, topic string, msgs ...*message.Message) error
 }
 
+// InboxChecker is a Writer that can tell, when a handler is assembled,
+// whether it can write in the units of work of an inbox store — router.Add
+// asks it, so that an outbox beside an inbox it cannot join is refused at
+// once, not on every delivery. sqlstore.Store is one.
+type InboxChecker interface {
+	CheckInbox(store deduplication.Store) error
+}
+
 // Handler adapts a handler that returns the messages it produces (a
 // Watermill message.HandlerFunc, as router.HandlerConfig.PublishingHandler
 // takes it) to one that writes them through w, to topic, in the inbox's

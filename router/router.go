@@ -137,6 +137,11 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 	if err := cfg.Stages.unsafe(); err != nil {
 		return nil, err
 	}
+	if c, ok := cfg.Outbox.(outbox.InboxChecker); ok {
+		if err := c.CheckInbox(cfg.Stages.Inbox.Store); err != nil {
+			return nil, fmt.Errorf("router: HandlerConfig.Outbox: %w", err)
+		}
+	}
 	n := max(cfg.Consumers, 1)
 	names := make([]string, n)
 	for i := range n {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
@@ -37,6 +38,8 @@ func TestAddValidates(t *testing.T) {
 	ph := func(*message.Message) ([]*message.Message, error) { return nil, nil }
 	ob, err := outboxsql.New(outboxsql.Config{DB: sqlx.NewDb(nil, "postgres")})
 	require.NoError(t, err)
+	liteInbox, err := sqlstore.New(sqlstore.Config{DB: sqlx.NewDb(nil, "sqlite")})
+	require.NoError(t, err)
 	for _, tt := range []struct {
 		cfg  router.HandlerConfig
 		want string
@@ -50,6 +53,10 @@ func TestAddValidates(t *testing.T) {
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Outbox: ob}, "HandlerConfig.Outbox takes a PublishingHandler's messages"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, PublishingHandler: ph, PublishTopic: "p", Outbox: ob, Publisher: sub}, "HandlerConfig.Outbox and Publisher: give one"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, PublishingHandler: ph, PublishTopic: "p", Outbox: ob}, "HandlerConfig.Outbox needs Stages.Inbox"},
+		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, PublishingHandler: ph, PublishTopic: "p", Outbox: ob,
+			Stages: router.Stages{Inbox: &deduplication.Config{Store: deduplication.NewMemoryStore()}}}, "the inbox's store is a *deduplication.MemoryStore, whose units of work are no SQL transactions"},
+		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, PublishingHandler: ph, PublishTopic: "p", Outbox: ob,
+			Stages: router.Stages{Inbox: &deduplication.Config{Store: liteInbox}}}, "the inbox is on sqlite, the outbox on postgres"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Consumers: -1}, "HandlerConfig.Consumers"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Stages: router.Stages{Inbox: &deduplication.Config{}}}, "router: inbox stage: deduplication: Config.Store is required"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Stages: router.Stages{Poison: &poison.Config{}}}, "router: poison stage: poison: Config.Publisher is required"},

@@ -113,6 +113,10 @@ func New(cfg Config) (*Store, error) {
 	return s, nil
 }
 
+// DriverName is the name of the store's database driver ("postgres",
+// "pgx", "sqlite", "sqlite3").
+func (s *Store) DriverName() string { return s.db.DriverName() }
+
 // SchemaSQL returns the statements that create the inbox table and its
 // index, as CreateTable runs them.
 func (s *Store) SchemaSQL() string {

@@ -84,7 +84,8 @@ type Store struct {
 }
 
 var (
-	_ outbox.Writer = (*Store)(nil)
+	_ outbox.Writer       = (*Store)(nil)
+	_ outbox.InboxChecker = (*Store)(nil)
 	_ outbox.Store  = (*Store)(nil)
 	_ outbox.Waker  = (*Store)(nil)
 )
@@ -190,6 +191,21 @@ func (s *Store) Publish(ctx context.Context, topic string, msgs ...*message.Mess
 	}
 	if err != nil {
 		return fmt.Errorf("outbox/sqlstore: writing %d messages to %s: %w", len(msgs), s.table, err)
+	}
+	return nil
+}
+
+// CheckInbox reports whether Publish can write in store's units of work:
+// an SQL inbox (deduplication/sqlstore) of the same dialect
+// (outbox.InboxChecker). Both tables must also be in one database, which
+// it cannot see: give both stores the same DB.
+func (s *Store) CheckInbox(store deduplication.Store) error {
+	in, ok := store.(*inbox.Store)
+	if !ok {
+		return fmt.Errorf("%w: the inbox's store is a %T, whose units of work are no SQL transactions: the outbox on SQL needs deduplication/sqlstore's", outbox.ErrNoUnitOfWork, store)
+	}
+	if dialects[in.DriverName()].name != s.dialect.name {
+		return fmt.Errorf("%w: the inbox is on %s, the outbox on %s", outbox.ErrNoUnitOfWork, in.DriverName(), s.db.DriverName())
 	}
 	return nil
 }
