@@ -86,8 +86,8 @@ type Store struct {
 var (
 	_ outbox.Writer       = (*Store)(nil)
 	_ outbox.InboxChecker = (*Store)(nil)
-	_ outbox.Store  = (*Store)(nil)
-	_ outbox.Waker  = (*Store)(nil)
+	_ outbox.Store        = (*Store)(nil)
+	_ outbox.Waker        = (*Store)(nil)
 )
 
 // New validates cfg and returns a Store. It does not touch the database;
