@@ -28,7 +28,11 @@ var cluster struct {
 
 func privateCluster(t *testing.T) *testenv.PrivateCluster {
 	t.Helper()
-	cluster.once.Do(func() { cluster.c, cluster.err = testenv.StartCluster(3) })
+	cluster.once.Do(func() {
+		start := time.Now()
+		cluster.c, cluster.err = testenv.StartCluster(3)
+		t.Logf("private cluster of 3 nodes started in %s", time.Since(start).Round(time.Millisecond))
+	})
 	require.NoError(t, cluster.err, "starting the private cluster")
 	return cluster.c
 }
@@ -45,7 +49,11 @@ func closeCluster() error {
 // next test has the whole cluster.
 func killNode(t *testing.T, c *testenv.PrivateCluster, i int) {
 	t.Helper()
-	t.Cleanup(func() { c.Start(t, i) })
+	t.Cleanup(func() {
+		start := time.Now()
+		c.Start(t, i)
+		t.Logf("node %d started again in %s", i, time.Since(start).Round(time.Millisecond))
+	})
 	c.Kill(t, i)
 }
 
