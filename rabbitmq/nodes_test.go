@@ -6,7 +6,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
@@ -34,21 +33,4 @@ func TestConnectionURLsAreValidated(t *testing.T) {
 	}
 	_, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{Connection: rabbitmq.Connection{URLs: []string{ok, "amqp://guest:s3cret@127.0.0.1:5673/"}}})
 	require.ErrorContains(t, err, "SubscriberConfig.URLs has 2 nodes: watermill-amqp's subscriber connects to one")
-}
-
-// Dial tries the nodes in order: a dead first node costs one refused
-// connection, and when none answers the error names every node, with no
-// password.
-func TestDialTriesTheNodesInTurn(t *testing.T) {
-	t.Parallel()
-	dead := "amqp://guest:s3cret@127.0.0.1:1/"
-	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URLs: []string{dead, testenv.AMQPURL}}})
-	require.NoError(t, err)
-	require.NoError(t, conn.Close())
-
-	_, err = rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URLs: []string{dead, "amqp://guest:s3cret@127.0.0.1:2/"}}})
-	require.ErrorContains(t, err, "rabbitmq: no node of 2 answered")
-	require.ErrorContains(t, err, "connecting to amqp://guest:xxxxx@127.0.0.1:1/")
-	require.ErrorContains(t, err, "connecting to amqp://guest:xxxxx@127.0.0.1:2/")
-	require.NotContains(t, err.Error(), "s3cret")
 }
