@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -99,9 +101,15 @@ type Savepointer interface {
 // a successful delivery's savepoint together with the next one's claim.
 // When the transaction was aborted before the call (by the handler of the
 // delivery before), its error matches ErrAborted and nothing was done.
+//
+// wait bounds the claim's wait for a concurrent claim of the same key
+// (ClaimTimeout; 0: none) — where the store can, without cancelling ctx, as
+// cancelling a statement may end the connection, the whole batch's. A claim
+// that waited longer fails with an error matching ErrClaimInProgress. ctx
+// is not cancelled by the inbox while the claim runs.
 type SavepointClaimer interface {
 	Savepointer
-	ClaimAfter(ctx context.Context, release, savepoint, consumer, key string) (bool, error)
+	ClaimAfter(ctx context.Context, release, savepoint, consumer, key string, wait time.Duration) (bool, error)
 }
 
 // errNoSavepoints marks a store whose units of work cannot batch.
@@ -115,6 +123,50 @@ type batcher struct {
 
 	mu   sync.Mutex
 	open *batch // taking in deliveries, or nil
+	// suspects are keys whose batch failed to commit: their next delivery
+	// runs alone, so a delivery that makes every commit fail (a deferred
+	// constraint) fails alone, and the copies of its neighbours, retried in
+	// lockstep with it, do not fail with it again and again. Bounded.
+	suspects map[string]struct{}
+	order    []string
+}
+
+// suspectsMax bounds the keys a batcher remembers as suspects.
+const suspectsMax = 4096
+
+// suspect remembers keys whose batch failed to commit.
+func (bt *batcher) suspect(keys []string) {
+	bt.mu.Lock()
+	defer bt.mu.Unlock()
+	if bt.suspects == nil {
+		bt.suspects = map[string]struct{}{}
+	}
+	for _, k := range keys {
+		if _, ok := bt.suspects[k]; ok {
+			continue
+		}
+		if len(bt.order) >= suspectsMax {
+			delete(bt.suspects, bt.order[0])
+			bt.order = bt.order[1:]
+		}
+		bt.suspects[k] = struct{}{}
+		bt.order = append(bt.order, k)
+	}
+}
+
+// cleared reports whether key may join a batch, and forgets it as a
+// suspect: it runs alone once.
+func (bt *batcher) cleared(key string) bool {
+	bt.mu.Lock()
+	defer bt.mu.Unlock()
+	if _, ok := bt.suspects[key]; !ok {
+		return true
+	}
+	delete(bt.suspects, key)
+	if i := slices.Index(bt.order, key); i >= 0 {
+		bt.order = slices.Delete(bt.order, i, i+1)
+	}
+	return false
 }
 
 // batch is one shared unit of work.
@@ -247,6 +299,9 @@ func (b *batch) run() {
 		}
 		d.batchSize.Record(ctx, int64(b.kept))
 	}
+	if b.commitErr != nil {
+		b.bt.suspect(slices.Collect(maps.Keys(b.keys)))
+	}
 }
 
 // exec runs one statement of the shared unit of work within StoreTimeout; a
@@ -321,10 +376,31 @@ func (b *batch) savepointAndClaim(ctx context.Context, sp, key string) (claimed,
 	if prev != nil {
 		release = prev.sp
 	}
-	claim := func(release string) (bool, bool, error) {
-		return d.claimWith(ctx, b.tx, key, func(ctx context.Context) (bool, error) {
-			return b.claimer.ClaimAfter(ctx, release, sp, d.cfg.Consumer, key)
-		})
+	claim := func(release string) (claimed, gaveUp bool, err error) {
+		// Not on the message's context: a deadline or a shutdown that
+		// cancelled the statement could end the batch's connection. The
+		// store bounds the wait (ClaimTimeout), StoreTimeout the rest.
+		wait := max(d.cfg.ClaimTimeout, 0)
+		bound := time.Duration(-1)
+		if d.storeBound > 0 {
+			bound = wait + d.storeBound
+		}
+		f := func(c context.Context) (bool, error) {
+			return b.claimer.ClaimAfter(c, release, sp, d.cfg.Consumer, key, wait)
+		}
+		detached := endContext(ctx)
+		if bound <= 0 {
+			claimed, err = f(detached)
+		} else {
+			claimed, gaveUp, err = bounded(&d.abandoned, detached, bound, false, f, nil)
+		}
+		switch {
+		case err == nil, errors.Is(err, ErrClaimInProgress), errors.Is(err, ErrAborted):
+			return claimed, false, err
+		case gaveUp:
+			return false, true, &sluice.DependencyError{Op: fmt.Sprintf("deduplication: claim %q", diag.Bound(key, 128)), Err: err}
+		}
+		return false, false, dependency(ctx, fmt.Sprintf("claim %q", diag.Bound(key, 128)), err)
 	}
 	claimed, gaveUp, err = claim(release)
 	if err != nil && !gaveUp && prev != nil && errors.Is(err, ErrAborted) {
@@ -348,6 +424,9 @@ func (b *batch) savepointAndClaim(ctx context.Context, sp, key string) (claimed,
 // in a unit of work of its own.
 func (bt *batcher) handle(msg *message.Message, key string, h message.HandlerFunc) (produced []*message.Message, err error, handled bool) {
 	d := bt.d
+	if !bt.cleared(key) {
+		return nil, nil, false
+	}
 	b := bt.join()
 	inBatch := true
 	leave := func() {

@@ -450,3 +450,70 @@ func TestGroupCommitClaimsAHostileKeyAsItIs(t *testing.T) {
 	}
 	require.Len(t, e.rows(t), 5)
 }
+
+// A claim that waits out ClaimTimeout behind another transaction's claim
+// of the same key fails alone: its neighbours in the batch commit. Before,
+// the claim's context deadline cancelled the statement and lib/pq closed
+// the connection — the batch's — and every neighbour failed (found by a
+// probe).
+func TestGroupCommitAClaimTimeoutFailsAlone(t *testing.T) {
+	t.Parallel()
+	e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, QueueTimeout: time.Minute}, false)
+	stage, err := deduplication.New(deduplication.Config{Store: e.store, Consumer: "c", ClaimTimeout: 200 * time.Millisecond,
+		Batch: &deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, QueueTimeout: time.Minute}})
+	require.NoError(t, err)
+	e.stage = stage
+	holder, err := e.db.Beginx() // another delivery of "held", still in its transaction
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Rollback() })
+	_, err = holder.Exec(`INSERT INTO `+e.inbox+` (consumer, event_key, processed_at) VALUES ('c', 'held', now())`)
+	require.NoError(t, err)
+	ok := func(key string) func() error {
+		return func() error {
+			return e.deliver(key, func(ctx context.Context, tx *sqlx.Tx) error {
+				var lockTimeout string
+				if err := tx.GetContext(ctx, &lockTimeout, `SELECT current_setting('lock_timeout')`); err != nil {
+					return err
+				}
+				if lockTimeout != "0" {
+					return fmt.Errorf("the handler runs with the claim's lock_timeout %s", lockTimeout)
+				}
+				return e.insert(ctx, tx, key)
+			})
+		}
+	}
+	errs := together(ok("a"), ok("held"), ok("b"))
+	require.NoError(t, errs[0])
+	require.ErrorIs(t, errs[1], deduplication.ErrClaimInProgress)
+	require.Equal(t, sluice.ClassTransient, sluice.DefaultClassifier().Classify(errs[1]))
+	require.NoError(t, errs[2])
+	require.Equal(t, []string{"a", "b"}, e.rows(t))
+}
+
+// After a batch whose commit failed (a deferred constraint one delivery
+// violates), its deliveries' next attempts run alone: the culprit fails
+// alone, its neighbours' copies — retried in lockstep with it — commit.
+// Before, they failed together every time, until their ladders were spent
+// (found by a probe).
+func TestGroupCommitAfterAFailedCommitItsDeliveriesRunAlone(t *testing.T) {
+	t.Parallel()
+	e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, QueueTimeout: time.Minute}, false)
+	_, err := e.db.Exec(`CREATE TABLE ` + e.table + `_parent (k TEXT PRIMARY KEY);
+		ALTER TABLE ` + e.table + ` ADD CONSTRAINT parent FOREIGN KEY (k) REFERENCES ` + e.table + `_parent (k) DEFERRABLE INITIALLY DEFERRED;
+		INSERT INTO ` + e.table + `_parent VALUES ('a'), ('b')`)
+	require.NoError(t, err)
+	ok := func(key string) func() error {
+		return func() error {
+			return e.deliver(key, func(ctx context.Context, tx *sqlx.Tx) error { return e.insert(ctx, tx, key) })
+		}
+	}
+	round := func() []error { return together(ok("a"), ok("orphan"), ok("b")) }
+	for _, err := range round() {
+		require.Error(t, err, "the deferred constraint fails the batch's commit")
+	}
+	errs := round() // the copies, retried together
+	require.NoError(t, errs[0])
+	require.Error(t, errs[1], "the culprit fails alone")
+	require.NoError(t, errs[2])
+	require.Equal(t, []string{"a", "b"}, e.rows(t))
+}

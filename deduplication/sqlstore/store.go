@@ -232,10 +232,12 @@ func aborted(err error) bool {
 }
 
 // ClaimAfter releases savepoint release (when not ""), sets savepoint and
-// claims (consumer, key) after it: on lib/pq in one round trip (one simple
-// query whose values are dollar-quoted literals), elsewhere in three
-// statements (deduplication.SavepointClaimer, for group commit).
-func (t *sqlTx) ClaimAfter(ctx context.Context, release, savepoint, consumer, key string) (bool, error) {
+// claims (consumer, key) after it: on lib/pq in one simple query whose
+// values are dollar-quoted literals, its wait for a concurrent claim
+// bounded by the server's lock_timeout (reset for the handler by a second
+// statement); elsewhere in three statements, its wait bounded by ctx
+// (deduplication.SavepointClaimer, for group commit).
+func (t *sqlTx) ClaimAfter(ctx context.Context, release, savepoint, consumer, key string, wait time.Duration) (bool, error) {
 	if t.s.claimLiteral == "" {
 		if release != "" {
 			if err := t.Release(ctx, release); err != nil {
@@ -245,17 +247,38 @@ func (t *sqlTx) ClaimAfter(ctx context.Context, release, savepoint, consumer, ke
 		if err := t.Savepoint(ctx, savepoint); err != nil {
 			return false, err
 		}
+		if wait > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, wait)
+			defer cancel()
+		}
 		return t.Claim(ctx, consumer, key)
 	}
 	q := ""
 	if release != "" {
 		q = `RELEASE SAVEPOINT ` + release + `; `
 	}
-	q += `SAVEPOINT ` + savepoint + `; ` + fmt.Sprintf(t.s.claimLiteral, dollarQuoted(consumer), dollarQuoted(key))
+	q += `SAVEPOINT ` + savepoint + `; `
+	if wait > 0 {
+		// The wait is bounded by the server, not by cancelling ctx: lib/pq
+		// closes a connection whose statement is cancelled — here the
+		// whole batch's.
+		q += fmt.Sprintf(`SET LOCAL lock_timeout = %d; `, max(wait.Milliseconds(), 1))
+	}
+	// The claim last: its row count is the result's.
+	q += fmt.Sprintf(t.s.claimLiteral, dollarQuoted(consumer), dollarQuoted(key))
 	res, err := t.tx.ExecContext(ctx, q)
+	if err == nil && wait > 0 {
+		// The handler's statements keep their own lock_timeout. (Were the
+		// claim to fail, rolling back to savepoint would undo the SET.)
+		_, err = t.tx.ExecContext(ctx, `SET LOCAL lock_timeout = DEFAULT`)
+	}
 	if err != nil {
-		if state, ok := sluice.SQLState(err); ok && state == "25P02" {
+		switch state, _ := sluice.SQLState(err); state {
+		case "25P02":
 			return false, fmt.Errorf("%w: %w", deduplication.ErrAborted, err)
+		case "55P03":
+			return false, fmt.Errorf("%w: claim %q waited longer than the claim timeout (%s): %w", deduplication.ErrClaimInProgress, key, wait, err)
 		}
 		return false, err
 	}
