@@ -466,7 +466,7 @@ func TestGroupCommitAClaimTimeoutFailsAlone(t *testing.T) {
 	holder, err := e.db.Beginx() // another delivery of "held", still in its transaction
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = holder.Rollback() })
-	_, err = holder.Exec(`INSERT INTO `+e.inbox+` (consumer, event_key, processed_at) VALUES ('c', 'held', now())`)
+	_, err = holder.Exec(`INSERT INTO ` + e.inbox + ` (consumer, event_key, processed_at) VALUES ('c', 'held', now())`)
 	require.NoError(t, err)
 	ok := func(key string) func() error {
 		return func() error {
