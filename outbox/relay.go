@@ -23,7 +23,7 @@ import (
 
 // Defaults of RelayConfig.
 const (
-	BatchSizeDefault      = 100
+	BatchSizeDefault      = 500
 	PollIntervalDefault   = 500 * time.Millisecond
 	PublishTimeoutDefault = 30 * time.Second
 	StoreTimeoutDefault   = 10 * time.Second
