@@ -32,7 +32,7 @@ func (s *abortingStore) Begin(ctx context.Context) (deduplication.Tx, error) {
 func (t *abortingTx) Commit(ctx context.Context) error {
 	if t.s.aborts > 0 {
 		t.s.aborts--
-		_ = t.Tx.Rollback(ctx)
+		_ = t.Rollback(ctx)
 		return deduplication.ErrAborted
 	}
 	return t.Tx.Commit(ctx)

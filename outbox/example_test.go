@@ -108,7 +108,7 @@ func Example() {
 
 	_ = r.Close()
 	_ = relay.Close()
-	<-relayDone
+	_ = <-relayDone
 	var reservations, waiting int
 	_ = db.Get(&reservations, `SELECT count(*) FROM reservations`)
 	_ = db.Get(&waiting, `SELECT count(*) FROM sluice_outbox`)

@@ -70,7 +70,7 @@ func Handler(w Writer, topic string, h message.HandlerFunc) message.NoPublishHan
 		case err != nil:
 			// Not %w: the handler's rejection must not make the inbox
 			// commit without the messages it produced.
-			return fmt.Errorf("outbox: writing %d produced messages: %w (the handler returned: %v)", len(produced), werr, err)
+			return fmt.Errorf("outbox: writing %d produced messages: %w (the handler returned: %v)", len(produced), werr, err) //nolint:errorlint // not %w: see above
 		}
 		return fmt.Errorf("outbox: writing %d produced messages: %w", len(produced), werr)
 	}
