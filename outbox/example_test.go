@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -107,8 +108,9 @@ func Example() {
 	fmt.Println("received", evt.Metadata.Get(sluice.EventIDKey), string(evt.Payload))
 
 	_ = r.Close()
-	_ = relay.Close()
-	_ = <-relayDone
+	if err := errors.Join(relay.Close(), <-relayDone); err != nil {
+		panic(err)
+	}
 	var reservations, waiting int
 	_ = db.Get(&reservations, `SELECT count(*) FROM reservations`)
 	_ = db.Get(&waiting, `SELECT count(*) FROM sluice_outbox`)
