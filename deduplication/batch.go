@@ -112,6 +112,10 @@ type SavepointClaimer interface {
 	ClaimAfter(ctx context.Context, release, savepoint, consumer, key string, wait time.Duration) (bool, error)
 }
 
+// batchClaimWait is how long a batched claim waits for another
+// transaction's claim of the same key before its delivery leaves the batch.
+const batchClaimWait = time.Millisecond
+
 // errNoSavepoints marks a store whose units of work cannot batch.
 var errNoSavepoints = errors.New("deduplication: the store's units of work are no Savepointers")
 
@@ -378,9 +382,12 @@ func (b *batch) savepointAndClaim(ctx context.Context, sp, key string) (claimed,
 	}
 	claim := func(release string) (claimed, gaveUp bool, err error) {
 		// Not on the message's context: a deadline or a shutdown that
-		// cancelled the statement could end the batch's connection. The
-		// store bounds the wait (ClaimTimeout), StoreTimeout the rest.
-		wait := max(d.cfg.ClaimTimeout, 0)
+		// cancelled the statement could end the batch's connection. And a
+		// batched claim never waits: held by another transaction, it fails
+		// at once (ErrClaimInProgress) and the delivery leaves the batch to
+		// wait alone — a batch waiting on a key while holding others could
+		// deadlock with another batch doing the same.
+		wait := batchClaimWait
 		bound := time.Duration(-1)
 		if d.storeBound > 0 {
 			bound = wait + d.storeBound
@@ -481,6 +488,8 @@ func (bt *batcher) handle(msg *message.Message, key string, h message.HandlerFun
 	case gaveUp:
 		b.breakWith(err)
 		return nil, sluice.Transient(err), true
+	case b.claimer != nil && errors.Is(err, ErrClaimInProgress):
+		return nil, nil, false // held elsewhere: wait for it alone (ClaimTimeout)
 	case err != nil:
 		if b.claimer == nil {
 			b.undo(ctx, sp) // a cancelled claim aborted the transaction

@@ -47,7 +47,10 @@ func inbox(t *testing.T) (*sqlx.DB, string, *sqlstore.Store) {
 func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
 	t.Parallel()
 	t.Run("one transaction per delivery", func(t *testing.T) { t.Parallel(); stackWithPostgresInbox(t, nil) })
-	t.Run("group commit", func(t *testing.T) { t.Parallel(); stackWithPostgresInbox(t, &deduplication.BatchConfig{MaxWait: 50 * time.Millisecond}) })
+	t.Run("group commit", func(t *testing.T) {
+		t.Parallel()
+		stackWithPostgresInbox(t, &deduplication.BatchConfig{MaxWait: 50 * time.Millisecond})
+	})
 }
 
 func stackWithPostgresInbox(t *testing.T, batch *deduplication.BatchConfig) {

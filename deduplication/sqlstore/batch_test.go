@@ -484,8 +484,10 @@ func TestGroupCommitAClaimTimeoutFailsAlone(t *testing.T) {
 	}
 	errs := together(ok("a"), ok("held"), ok("b"))
 	require.NoError(t, errs[0])
-	require.ErrorIs(t, errs[1], deduplication.ErrClaimInProgress)
-	require.Equal(t, sluice.ClassTransient, sluice.DefaultClassifier().Classify(errs[1]))
+	// It left the batch and waited alone: ErrClaimInProgress after
+	// ClaimTimeout (or, where the cancel of its wait is slow to reach the
+	// server, the store's own bound).
+	require.Equal(t, sluice.ClassTransient, sluice.DefaultClassifier().Classify(errs[1]), "%v", errs[1])
 	require.NoError(t, errs[2])
 	require.Equal(t, []string{"a", "b"}, e.rows(t))
 }

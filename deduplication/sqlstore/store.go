@@ -235,8 +235,8 @@ func aborted(err error) bool {
 // claims (consumer, key) after it: on lib/pq in one simple query whose
 // values are dollar-quoted literals, its wait for a concurrent claim
 // bounded by the server's lock_timeout (reset for the handler by a second
-// statement); elsewhere in three statements, its wait bounded by ctx
-// (deduplication.SavepointClaimer, for group commit).
+// statement); elsewhere in three statements (deduplication.SavepointClaimer,
+// for group commit).
 func (t *sqlTx) ClaimAfter(ctx context.Context, release, savepoint, consumer, key string, wait time.Duration) (bool, error) {
 	if t.s.claimLiteral == "" {
 		if release != "" {
@@ -247,11 +247,9 @@ func (t *sqlTx) ClaimAfter(ctx context.Context, release, savepoint, consumer, ke
 		if err := t.Savepoint(ctx, savepoint); err != nil {
 			return false, err
 		}
-		if wait > 0 {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, wait)
-			defer cancel()
-		}
+		// wait is not applied here: on SQLite a batch holds the database's
+		// one write lock and no claim waits on another; on pgx a claim
+		// waits, and PostgreSQL ends a deadlock between two batches.
 		return t.Claim(ctx, consumer, key)
 	}
 	q := ""
