@@ -144,9 +144,8 @@ func TestClusterPublisherNodeKilledMidStream(t *testing.T) {
 			uncertain++
 			require.LessOrEqual(t, stored[body], 1, "message %s is stored at most once", body)
 			uncertainStored += stored[body]
-		default:
+		default: // nacked, or never sent (its channel closed before the send): certain
 			certain++
-			require.ErrorIs(t, err, rabbitmq.ErrNacked, "message %s", body)
 			require.Zero(t, stored[body], "message %s was reported not stored (%v), but is", body, err)
 		}
 	}
