@@ -34,6 +34,14 @@ const (
 	ErrorMaxLength = 1024
 )
 
+// A failed row's next attempt is decided on the database's clock: the
+// relay looks for it retrySlack after its own clock says it is due, and
+// again every retrySlack for retryGrace.
+const (
+	retrySlack = 20 * time.Millisecond
+	retryGrace = time.Second
+)
+
 // The relay's own backoff, while its store fails or no broker answers:
 // from backoffMin, doubled, at most backoffMax (or RetryMin if shorter).
 const (
@@ -279,9 +287,14 @@ func (r *Relay) Run(ctx context.Context) error {
 			backoff = 0
 			wait := r.cfg.PollInterval
 			if !retry.IsZero() {
-				// A failed row is due before the next poll: wake for it.
-				wait = min(wait, max(time.Until(retry), 0))
-				retry = time.Time{}
+				if time.Since(retry) > retryGrace {
+					retry = time.Time{} // taken by now, here or by another relay
+				} else {
+					// A failed row is due before the next poll: wake for it,
+					// and look again shortly after while the database's clock,
+					// which decides, may not have reached it.
+					wait = min(wait, max(time.Until(retry), 0)+retrySlack)
+				}
 			}
 			r.sleep(ctx, wait, true)
 		}

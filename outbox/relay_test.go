@@ -613,3 +613,63 @@ func TestAnIdleInTransactionTimeoutDoesNotResendTheBatch(t *testing.T) {
 	require.Equal(t, int64(1), pub.calls.Load(), "published once")
 	require.Equal(t, 1, testenv.QueueDepth(t, s.conn, s.produced))
 }
+
+// lagging is the outbox whose database clock is a little behind the
+// relay's: the first look for a row due again finds nothing yet.
+type lagging struct {
+	outbox.Store
+	armed atomic.Bool
+}
+
+type emptyBatch struct{}
+
+func (emptyBatch) Rows() []outbox.Row                                     { return nil }
+func (emptyBatch) Finish(context.Context, []int64, []outbox.Failed) error { return nil }
+func (emptyBatch) Release(context.Context) error                          { return nil }
+
+func (l *lagging) Due(ctx context.Context, limit int) (outbox.Batch, error) {
+	if l.armed.CompareAndSwap(true, false) {
+		return emptyBatch{}, nil
+	}
+	return l.Store.Due(ctx, limit)
+}
+
+// A failed row the relay wakes for but finds not yet due (the database's
+// clock, which decides, a little behind) is looked for again shortly after,
+// not left to the next poll. Before, the relay then slept its PollInterval
+// (an hour here): CI saw the produced event never arrive.
+func TestARetryNotYetDueOnTheDatabasesClockIsLookedForAgain(t *testing.T) {
+	t.Parallel()
+	s := newService(t, testenv.AMQPURL)
+	store := &lagging{Store: s.outbox}
+	pub := &failFirst{pub: s.rabbit.Publisher()}
+	pub.n.Store(1)
+	armOnFailure := &armingPublisher{pub: pub, arm: &store.armed}
+	r, err := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: armOnFailure, PollInterval: time.Hour, RetryMin: 50 * time.Millisecond})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	tx, err := s.db.BeginTxx(t.Context(), nil)
+	require.NoError(t, err)
+	require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, message.NewMessage("m", nil)))
+	require.NoError(t, tx.Commit())
+	r.Wake()
+	require.Len(t, s.producedMessages(1), 1)
+	require.NoError(t, r.Close())
+	require.NoError(t, <-done)
+}
+
+// armingPublisher arms the lagging store when a publish fails.
+type armingPublisher struct {
+	pub message.Publisher
+	arm *atomic.Bool
+}
+
+func (a *armingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	err := a.pub.Publish(topic, msgs...)
+	if err != nil {
+		a.arm.Store(true)
+	}
+	return err
+}
+func (a *armingPublisher) Close() error { return nil }
