@@ -39,7 +39,12 @@ func forwarderRun(ctx context.Context, db *sqlx.DB, schema string, pub *rabbitmq
 	if err != nil {
 		return 0, err
 	}
-	defer func() { _ = sub.Close() }()
+	ownSub := true // until the forwarder's router owns it and closes it (closing it twice races in watermill-sql)
+	defer func() {
+		if ownSub {
+			_ = sub.Close()
+		}
+	}()
 	if err := sub.SubscribeInitialize(topic); err != nil {
 		return 0, err
 	}
@@ -66,6 +71,7 @@ func forwarderRun(ctx context.Context, db *sqlx.DB, schema string, pub *rabbitmq
 	if err != nil {
 		return 0, err
 	}
+	ownSub = false
 	start := time.Now()
 	runErr := make(chan error, 1)
 	go func() { runErr <- fwd.Run(context.WithoutCancel(ctx)) }()
