@@ -166,7 +166,14 @@ func TestInboxSlowMessageDoesNotStallTheConsumers(t *testing.T) {
 	require.Len(t, failed, 3, "each duplicate gave its consumer back")
 	for _, err := range failed {
 		require.Equal(t, sluice.ClassTransient, sluice.ClassOf(err), err.Error())
-		require.ErrorIs(t, err, deduplication.ErrClaimInProgress)
+		// ErrClaimInProgress; or, on a machine so loaded that lib/pq's
+		// cancel of the timed-out claim (sent through a second connection)
+		// takes longer than the stage's grace, the store's own bound: the
+		// consumer is given back either way, which is what this test is
+		// about (seen once in CI under stress-ng).
+		if !errors.Is(err, deduplication.ErrClaimInProgress) {
+			require.ErrorIs(t, err, deduplication.ErrStoreTimeout)
+		}
 	}
 	require.Equal(t, 201, b.count(t, `SELECT count(*) FROM %s.reservations`))
 }
