@@ -16,6 +16,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
@@ -316,7 +317,7 @@ func (b *batch) exec(ctx context.Context, f func(context.Context) error) error {
 	if d.storeBound <= 0 {
 		return f(ctx)
 	}
-	_, gaveUp, err := bounded(&d.abandoned, endContext(ctx), d.storeBound, false, func(ctx context.Context) (struct{}, error) {
+	_, gaveUp, err := bounded.Run(d.calls, endContext(ctx), d.storeBound, false, func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, f(ctx)
 	}, nil)
 	if gaveUp {
@@ -399,7 +400,7 @@ func (b *batch) savepointAndClaim(ctx context.Context, sp, key string) (claimed,
 		if bound <= 0 {
 			claimed, err = f(detached)
 		} else {
-			claimed, gaveUp, err = bounded(&d.abandoned, detached, bound, false, f, nil)
+			claimed, gaveUp, err = bounded.Run(d.calls, detached, bound, false, f, nil)
 		}
 		switch {
 		case err == nil, errors.Is(err, ErrClaimInProgress), errors.Is(err, ErrAborted):

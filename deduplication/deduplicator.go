@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
@@ -127,8 +128,8 @@ type deduplicator struct {
 	cfg        Config
 	duplicates metric.Int64Counter
 	batchSize  metric.Int64Histogram
-	batches    *batcher     // with Config.Batch
-	abandoned  atomic.Int64 // store calls given up that have not returned yet
+	batches    *batcher       // with Config.Batch
+	calls      *bounded.Calls // the store calls' bounds; given-up calls outstanding
 	// storeBound is StoreTimeout, or -1 for a store bounded by its
 	// contexts (ContextBounded), whose calls run directly.
 	storeBound time.Duration
@@ -159,7 +160,7 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	if err != nil {
 		return nil, fmt.Errorf("deduplication: creating %s counter: %w", MetricDuplicates, err)
 	}
-	d := &deduplicator{cfg: cfg, duplicates: dup, storeBound: cfg.StoreTimeout}
+	d := &deduplicator{cfg: cfg, duplicates: dup, storeBound: cfg.StoreTimeout, calls: newCalls()}
 	if cfg.Batch != nil {
 		d.batches = &batcher{d: d, cfg: cfg.Batch.withDefaults()}
 		d.batchSize, err = telemetry.Meter(cfg.MeterProvider).Int64Histogram(MetricBatchSize,
@@ -276,7 +277,7 @@ func (d *deduplicator) begin(ctx context.Context) (Tx, error) {
 		}
 		return tx, nil
 	}
-	tx, gaveUp, err := bounded(&d.abandoned, ctx, d.storeBound, true, d.cfg.Store.Begin, func(tx Tx, err error) {
+	tx, gaveUp, err := bounded.Run(d.calls, ctx, d.storeBound, true, d.cfg.Store.Begin, func(tx Tx, err error) {
 		if err == nil { // opened after all, for nobody
 			d.lateRollback(ctx, tx)
 		}
@@ -300,7 +301,7 @@ func (d *deduplicator) rollback(ctx context.Context, tx Tx) error {
 	if d.storeBound <= 0 {
 		return tx.Rollback(ctx)
 	}
-	_, _, err := bounded(&d.abandoned, ctx, d.storeBound, false, func(ctx context.Context) (struct{}, error) {
+	_, _, err := bounded.Run(d.calls, ctx, d.storeBound, false, func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, tx.Rollback(ctx)
 	}, nil)
 	return err
@@ -312,7 +313,7 @@ func (d *deduplicator) commit(ctx context.Context, tx Tx) (gaveUp bool, err erro
 	if d.storeBound <= 0 {
 		return false, tx.Commit(ctx)
 	}
-	_, gaveUp, err = bounded(&d.abandoned, ctx, d.storeBound, false, func(ctx context.Context) (struct{}, error) {
+	_, gaveUp, err = bounded.Run(d.calls, ctx, d.storeBound, false, func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, tx.Commit(ctx)
 	}, func(_ struct{}, err error) {
 		if err != nil {
@@ -348,7 +349,7 @@ func (d *deduplicator) claimWith(ctx context.Context, tx Tx, key string, f func(
 	if bound <= 0 {
 		claimed, err = f(claimCtx)
 	} else {
-		claimed, gaveUp, err = bounded(&d.abandoned, claimCtx, bound, false, f, func(bool, error) { d.lateRollback(ctx, tx) })
+		claimed, gaveUp, err = bounded.Run(d.calls, claimCtx, bound, false, f, func(bool, error) { d.lateRollback(ctx, tx) })
 	}
 	switch {
 	case err == nil:

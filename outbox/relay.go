@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
+	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
@@ -41,6 +42,9 @@ const (
 	retrySlack = 20 * time.Millisecond
 	retryGrace = time.Second
 )
+
+// storeCallsMax bounds the store calls given up that may still go on.
+const storeCallsMax = 64
 
 // The relay's own backoff, while its store fails or no broker answers:
 // from backoffMin, doubled, at most backoffMax (or RetryMin if shorter).
@@ -173,6 +177,7 @@ type Relay struct {
 	attrs             metric.MeasurementOption
 	stats             atomic.Pointer[Stats]
 	reg               metric.Registration
+	calls             *bounded.Calls // the store calls' bounds
 }
 
 // NewRelay validates cfg and returns a Relay; Run runs it.
@@ -181,7 +186,8 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, wake: make(chan struct{}, 1), closing: make(chan struct{}), done: make(chan struct{})}
+	r := &Relay{cfg: cfg, wake: make(chan struct{}, 1), closing: make(chan struct{}), done: make(chan struct{}),
+		calls: &bounded.Calls{Max: storeCallsMax, Timeout: context.DeadlineExceeded}}
 	if w, ok := cfg.Store.(Waker); ok {
 		r.stores = w.Wakeups()
 	}
@@ -343,9 +349,7 @@ func (r *Relay) readStats(ctx context.Context) {
 	t := time.NewTicker(r.cfg.StatsInterval)
 	defer t.Stop()
 	for {
-		sctx, cancel := context.WithTimeout(ctx, r.cfg.StoreTimeout)
-		s, err := within(sctx, r.cfg.StoreTimeout, func() (Stats, error) { return r.cfg.Store.Stats(sctx) }, nil)
-		cancel()
+		s, err := storeCall(r, ctx, false, r.cfg.Store.Stats, nil)
 		if err == nil {
 			r.stats.Store(&s)
 		}
@@ -373,8 +377,12 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 	// The batch's life: a PostgreSQL batch's transaction ends with it.
 	life, endLife := context.WithTimeout(work, r.cfg.PublishTimeout+3*r.cfg.StoreTimeout)
 	defer endLife()
-	b, err := within(life, r.cfg.StoreTimeout, func() (Batch, error) { return r.cfg.Store.Due(life, r.cfg.BatchSize) },
-		func(b Batch) { _ = b.Release(life) })
+	b, err := storeCall(r, life, true, func(ctx context.Context) (Batch, error) { return r.cfg.Store.Due(ctx, r.cfg.BatchSize) },
+		func(b Batch, err error) { // taken after all, for nobody
+			if err == nil {
+				_ = b.Release(life)
+			}
+		})
 	if err != nil {
 		if ctx.Err() == nil {
 			r.failures.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(OutboxKey.String(r.cfg.Name), semconv.ErrorTypeKey.String("store"))))
@@ -384,7 +392,7 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 	}
 	rows := b.Rows()
 	if len(rows) == 0 {
-		_, _ = within(life, r.cfg.StoreTimeout, func() (struct{}, error) { return struct{}{}, b.Release(life) }, nil)
+		_, _ = storeCall(r, life, true, func(ctx context.Context) (struct{}, error) { return struct{}{}, b.Release(ctx) }, nil)
 		return 0, true, time.Time{}
 	}
 	pctx, cancel := context.WithTimeout(life, r.cfg.PublishTimeout)
@@ -434,7 +442,7 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 			retry = next
 		}
 	}
-	_, err = within(life, r.cfg.StoreTimeout, func() (struct{}, error) { return struct{}{}, b.Finish(life, relayed, failed) }, nil)
+	_, err = storeCall(r, life, true, func(ctx context.Context) (struct{}, error) { return struct{}{}, b.Finish(ctx, relayed, failed) }, nil)
 	if err != nil {
 		r.failures.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(OutboxKey.String(r.cfg.Name), semconv.ErrorTypeKey.String("store"))))
 		r.cfg.Logger.Error("The outbox relay could not record its batch: its rows will be sent again", diag.RedactError(err),
@@ -542,33 +550,16 @@ func errorType(err error) string {
 	return "refused"
 }
 
-// within runs f and waits for it at most d, or until ctx ends: a store
-// call whose driver does not honour its context (lib/pq toward a
-// black-holed server) cannot hold the relay. A call given up goes on in
-// the background; late, when set, receives what it returns without error.
-func within[T any](ctx context.Context, d time.Duration, f func() (T, error), late func(T)) (T, error) {
-	type res struct {
-		v   T
-		err error
+// storeCall runs one store call within StoreTimeout (internal/bounded, as
+// the inbox's calls): a call its driver holds past it — lib/pq toward a
+// black-holed server — is given up, as a *sluice.DependencyError, and goes
+// on in the background, where late (if not nil) gets what it returns. With
+// keep, f runs on ctx itself: a PostgreSQL batch's transaction is bound to
+// the context it began on.
+func storeCall[T any](r *Relay, ctx context.Context, keep bool, f func(context.Context) (T, error), late func(T, error)) (T, error) {
+	v, gaveUp, err := bounded.Run(r.calls, ctx, r.cfg.StoreTimeout, keep, f, late)
+	if gaveUp {
+		return v, &sluice.DependencyError{Op: "outbox: store", Err: err}
 	}
-	done := make(chan res, 1)
-	go func() {
-		v, err := f()
-		done <- res{v, err}
-	}()
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case r := <-done:
-		return r.v, r.err
-	case <-t.C:
-	case <-ctx.Done():
-	}
-	go func() {
-		if r := <-done; r.err == nil && late != nil {
-			late(r.v)
-		}
-	}()
-	var zero T
-	return zero, &sluice.DependencyError{Op: "outbox: store", Err: fmt.Errorf("%w: no answer within %s", context.DeadlineExceeded, d)}
+	return v, err
 }

@@ -1,0 +1,85 @@
+// Package bounded runs calls to a dependency whose driver may not honour
+// its context (lib/pq toward a black-holed server): each call is waited for
+// at most its bound, then given up and left to finish in the background.
+// The inbox stage and the outbox's relay run their store calls through it.
+package bounded
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// Calls bounds one user's calls. Its zero value is not usable: set Max and
+// Timeout. It is safe for concurrent use; do not copy it.
+type Calls struct {
+	// Max is how many calls given up may go on in the background (each on
+	// a goroutine and, on SQL, a connection) before Run stops starting new
+	// ones: past it every call fails at once, until some of them return.
+	Max int64
+	// Grace is how long a call whose context has ended may take to return
+	// by itself (a driver that honours its context does at once) before it
+	// is given up.
+	Grace time.Duration
+	// Timeout is wrapped in the error of a call given up.
+	Timeout error
+
+	outstanding atomic.Int64
+}
+
+// Run runs f on its own goroutine with a context ending after bound (with
+// keep, ctx itself: a call that binds what it returns to its context — a
+// transaction — must get one that outlives the call), and returns its
+// result; when f has not returned Grace after that, it gives f up, returns
+// an error wrapping c.Timeout, and leaves f to finish in the background,
+// where late (if not nil) receives what f returned — to release what nobody
+// will use. gaveUp reports that. A bound ≤ 0 runs f directly, with no bound
+// but ctx's.
+func Run[T any](c *Calls, ctx context.Context, bound time.Duration, keep bool, f func(context.Context) (T, error), late func(T, error)) (v T, gaveUp bool, err error) {
+	if bound <= 0 {
+		v, err = f(ctx)
+		return v, false, err
+	}
+	if c.outstanding.Load() >= c.Max {
+		return v, true, fmt.Errorf("%w: %d earlier calls still outstanding", c.Timeout, c.Max)
+	}
+	cctx, cancel := context.WithTimeout(ctx, bound)
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	callCtx := cctx
+	if keep {
+		callCtx = ctx
+	}
+	go func() {
+		v, err := f(callCtx)
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		cancel()
+		return r.v, false, r.err
+	case <-cctx.Done():
+	}
+	grace := time.NewTimer(c.Grace)
+	defer grace.Stop()
+	select {
+	case r := <-done:
+		cancel()
+		return r.v, false, r.err
+	case <-grace.C:
+	}
+	c.outstanding.Add(1)
+	go func() {
+		defer c.outstanding.Add(-1)
+		r := <-done
+		cancel()
+		if late != nil {
+			late(r.v, r.err)
+		}
+	}()
+	return v, true, fmt.Errorf("%w: no answer within %s", c.Timeout, bound)
+}
