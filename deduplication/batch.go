@@ -373,7 +373,11 @@ func (b *batch) savepointAndClaim(ctx context.Context, sp, key string) (claimed,
 			b.breakWith(err)
 			return false, true, dependency(ctx, "savepoint", err)
 		}
-		return d.claim(ctx, b.tx, key)
+		claimed, gaveUp, err = d.claim(ctx, b.tx, key)
+		if err != nil && !gaveUp {
+			b.undo(ctx, sp) // a cancelled claim aborted the transaction
+		}
+		return claimed, gaveUp, err
 	}
 	prev := b.pending
 	b.pending = nil
@@ -492,9 +496,6 @@ func (bt *batcher) handle(msg *message.Message, key string, h message.HandlerFun
 	case b.claimer != nil && errors.Is(err, ErrClaimInProgress):
 		return nil, nil, false // held elsewhere: wait for it alone (ClaimTimeout)
 	case err != nil:
-		if b.claimer == nil {
-			b.undo(ctx, sp) // a cancelled claim aborted the transaction
-		}
 		return nil, sluice.Transient(err), true
 	case !claimed:
 		b.undo(ctx, sp)
@@ -529,10 +530,9 @@ func (bt *batcher) handle(msg *message.Message, key string, h message.HandlerFun
 		forget()
 		return produced, err, true
 	}
-	if !rejected && b.claimer != nil {
-		// Released with the next delivery's claim, or by the commit.
-		m := &member{sp: sp, key: key}
-		b.pending = m
+	m := &member{sp: sp, key: key}
+	// Kept: wait for the batch's commit, and return what it decided.
+	kept := func() ([]*message.Message, error, bool) {
 		b.mu.Lock()
 		b.kept++
 		b.mu.Unlock()
@@ -543,10 +543,14 @@ func (bt *batcher) handle(msg *message.Message, key string, h message.HandlerFun
 		case m.err != nil:
 			return nil, m.err, true
 		case b.commitErr != nil:
-			return nil, sluice.Transient(fmt.Errorf("deduplication: commit: %w", b.commitErr)), true
+			return nil, sluice.Transient(errors.Join(err, fmt.Errorf("deduplication: commit: %w", b.commitErr))), true
 		}
 		u.committed()
-		return produced, nil, true
+		return produced, err, true
+	}
+	if !rejected && b.claimer != nil {
+		b.pending = m // released with the next delivery's claim, or by the commit
+		return kept()
 	}
 	if rerr := b.exec(ctx, func(ctx context.Context) error { return b.sp.Release(ctx, sp) }); rerr != nil {
 		b.undo(ctx, sp)
@@ -566,17 +570,7 @@ func (bt *batcher) handle(msg *message.Message, key string, h message.HandlerFun
 			return nil, sluice.Transient(errors.Join(err, aerr)), true
 		}
 	}
-	b.mu.Lock()
-	b.kept++
-	b.mu.Unlock()
-	release()
-	leave()
-	<-b.done
-	if b.commitErr != nil {
-		return nil, sluice.Transient(errors.Join(err, fmt.Errorf("deduplication: commit: %w", b.commitErr))), true
-	}
-	u.committed()
-	return produced, err, true
+	return kept()
 }
 
 // recordAlone claims key again after the unit of work was rolled back to

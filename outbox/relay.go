@@ -464,52 +464,39 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 // broker.EachPublisher, else a Publish per row, all at once.
 func (r *Relay) publish(ctx context.Context, rows []Row) <-chan result {
 	results := make(chan result, len(rows))
-	readable := rows[:0:0]
-	index := make([]int, 0, len(rows)) // readable's positions in rows
+	each, pipelined := r.cfg.Publisher.(broker.EachPublisher)
+	var topics []string
+	byTopic := map[string][]int{}
 	for i, row := range rows {
-		if row.Err != nil {
+		switch {
+		case row.Err != nil: // kept aside, not sent
 			results <- result{i, fmt.Errorf("%w: %w", errUnreadable, row.Err)}
-			continue
-		}
-		readable = append(readable, row)
-		index = append(index, i)
-	}
-	rows = readable
-	each, ok := r.cfg.Publisher.(broker.EachPublisher)
-	if !ok {
-		for j, row := range rows {
-			i := index[j]
+		case !pipelined:
 			msg := row.Message.Copy()
 			msg.SetContext(ctx)
 			go func() { results <- result{i, r.cfg.Publisher.Publish(row.Topic, msg)} }()
+		default:
+			if _, seen := byTopic[row.Topic]; !seen {
+				topics = append(topics, row.Topic)
+			}
+			byTopic[row.Topic] = append(byTopic[row.Topic], i)
 		}
-		return results
-	}
-	var topics []string
-	byTopic := map[string][]int{}
-	for j, row := range rows {
-		if _, seen := byTopic[row.Topic]; !seen {
-			topics = append(topics, row.Topic)
-		}
-		byTopic[row.Topic] = append(byTopic[row.Topic], j)
 	}
 	for _, topic := range topics {
 		idx := byTopic[topic]
 		msgs := make([]*message.Message, len(idx))
-		for k, j := range idx {
-			msgs[k] = rows[j].Message.Copy()
+		for k, i := range idx {
+			msgs[k] = rows[i].Message.Copy()
 			msgs[k].SetContext(ctx)
 		}
 		go func() {
 			errs := each.PublishEach(topic, msgs...)
-			for k, j := range idx {
-				var err error
+			for k, i := range idx {
+				err := fmt.Errorf("outbox: the publisher reported %d outcomes for %d messages", len(errs), len(msgs))
 				if k < len(errs) {
 					err = errs[k]
-				} else {
-					err = fmt.Errorf("outbox: the publisher reported %d outcomes for %d messages", len(errs), len(msgs))
 				}
-				results <- result{index[j], err}
+				results <- result{i, err}
 			}
 		}()
 	}
