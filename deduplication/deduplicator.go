@@ -491,14 +491,25 @@ func (u *unit) rewrites() []func(context.Context, Tx) error {
 // before the stage returns: keep it short (the outbox wakes its relay with
 // it).
 func OnCommit(ctx context.Context, f func()) bool {
+	return withUnit(ctx, func(u *unit) { u.onCommit = append(u.onCommit, f) })
+}
+
+// unitOf returns the delivery's unit of work that ctx carries.
+func unitOf(ctx context.Context) (*unit, bool) {
 	u, ok := ctx.Value(txKey{}).(*unit)
-	if !ok {
-		return false
+	return u, ok
+}
+
+// withUnit runs f on ctx's unit of work under its lock, and reports false
+// outside the inbox stage.
+func withUnit(ctx context.Context, f func(u *unit)) bool {
+	u, ok := unitOf(ctx)
+	if ok {
+		u.mu.Lock()
+		f(u)
+		u.mu.Unlock()
 	}
-	u.mu.Lock()
-	u.onCommit = append(u.onCommit, f)
-	u.mu.Unlock()
-	return true
+	return ok
 }
 
 // OnRecordAlone registers write for the one case where the unit of work
@@ -511,14 +522,7 @@ func OnCommit(ctx context.Context, f func()) bool {
 // A write that fails there fails the delivery as Transient: it is retried,
 // nothing is committed.
 func OnRecordAlone(ctx context.Context, write func(ctx context.Context, tx Tx) error) bool {
-	u, ok := ctx.Value(txKey{}).(*unit)
-	if !ok {
-		return false
-	}
-	u.mu.Lock()
-	u.rewrite = append(u.rewrite, write)
-	u.mu.Unlock()
-	return true
+	return withUnit(ctx, func(u *unit) { u.rewrite = append(u.rewrite, write) })
 }
 
 // Value returns the unit itself for txKey, and the message context's values.
@@ -536,7 +540,7 @@ func (u *unit) Value(key any) any {
 // accessor of its own that type-asserts this one's result to its Tx type,
 // as sqlstore.TxFromContext does. A third-party store does the same.
 func TxFromContext(ctx context.Context) Tx {
-	if u, ok := ctx.Value(txKey{}).(*unit); ok {
+	if u, ok := unitOf(ctx); ok {
 		return u.tx
 	}
 	return nil
@@ -561,7 +565,7 @@ var ErrHandlerReentered = errors.New("deduplication: the handler ran again insid
 // middleware. Outside an inbox it only calls h.
 func Reentry(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		u, ok := msg.Context().Value(txKey{}).(*unit)
+		u, ok := unitOf(msg.Context())
 		if !ok {
 			return h(msg)
 		}

@@ -12,7 +12,6 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
@@ -87,25 +86,11 @@ func (e *batchEnv) claims(t *testing.T) int {
 	return n
 }
 
-// batchSizes returns the sizes recorded by the group commits.
+// batchSizes returns how many group commits were recorded and the
+// largest.
 func (e *batchEnv) batchSizes(t *testing.T) (count uint64, largest int64) {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, e.reader.Collect(context.Background(), &rm))
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != deduplication.MetricBatchSize {
-				continue
-			}
-			for _, p := range m.Data.(metricdata.Histogram[int64]).DataPoints {
-				count += p.Count
-				if v, ok := p.Max.Value(); ok {
-					largest = max(largest, v)
-				}
-			}
-		}
-	}
-	return count, largest
+	return testenv.Histogram(t, e.reader, deduplication.MetricBatchSize)
 }
 
 // together runs the deliveries at once and returns their errors in order.

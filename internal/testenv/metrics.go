@@ -11,22 +11,31 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
+// metrics collects reader and returns the instruments named name.
+func metrics(t testing.TB, reader *sdkmetric.ManualReader, name string) []metricdata.Metrics {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	var out []metricdata.Metrics
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == name {
+				out = append(out, m)
+			}
+		}
+	}
+	return out
+}
+
 // counterPoints collects reader and returns the data points of the int64
 // counter name (none when it was never added to).
 func counterPoints(t testing.TB, reader *sdkmetric.ManualReader, name string) []metricdata.DataPoint[int64] {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(context.Background(), &rm))
 	var points []metricdata.DataPoint[int64]
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != name {
-				continue
-			}
-			sum, ok := m.Data.(metricdata.Sum[int64])
-			require.True(t, ok, "%s is not an int64 sum", name)
-			points = append(points, sum.DataPoints...)
-		}
+	for _, m := range metrics(t, reader, name) {
+		sum, ok := m.Data.(metricdata.Sum[int64])
+		require.True(t, ok, "%s is not an int64 sum", name)
+		points = append(points, sum.DataPoints...)
 	}
 	return points
 }
@@ -69,26 +78,27 @@ func CounterWhere(t testing.TB, reader *sdkmetric.ManualReader, name, key, value
 	return total
 }
 
-// HistogramMax collects reader and returns the largest value recorded by
-// the int64 histogram name over all its attribute sets (0 when none).
-func HistogramMax(t testing.TB, reader *sdkmetric.ManualReader, name string) int64 {
+// Histogram collects reader and returns how many values the int64
+// histogram name recorded and the largest, over all its attribute sets
+// (0, 0 when none).
+func Histogram(t testing.TB, reader *sdkmetric.ManualReader, name string) (count uint64, largest int64) {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(context.Background(), &rm))
-	var largest int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != name {
-				continue
-			}
-			h, ok := m.Data.(metricdata.Histogram[int64])
-			require.True(t, ok, "%s is not an int64 histogram", name)
-			for _, p := range h.DataPoints {
-				if v, ok := p.Max.Value(); ok {
-					largest = max(largest, v)
-				}
+	for _, m := range metrics(t, reader, name) {
+		h, ok := m.Data.(metricdata.Histogram[int64])
+		require.True(t, ok, "%s is not an int64 histogram", name)
+		for _, p := range h.DataPoints {
+			count += p.Count
+			if v, ok := p.Max.Value(); ok {
+				largest = max(largest, v)
 			}
 		}
 	}
+	return count, largest
+}
+
+// HistogramMax is Histogram's largest value.
+func HistogramMax(t testing.TB, reader *sdkmetric.ManualReader, name string) int64 {
+	t.Helper()
+	_, largest := Histogram(t, reader, name)
 	return largest
 }

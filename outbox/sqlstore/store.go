@@ -164,7 +164,7 @@ func (s *Store) Publish(ctx context.Context, topic string, msgs ...*message.Mess
 	if tx == nil {
 		return fmt.Errorf("%w: ctx carries no SQL inbox transaction (Publish runs inside the inbox stage with a deduplication/sqlstore Store; elsewhere, Write in a transaction of your own)", outbox.ErrNoUnitOfWork)
 	}
-	if _, same := dialects[tx.DriverName()]; !same || dialects[tx.DriverName()].name != s.dialect.name {
+	if !s.speaks(tx.DriverName()) {
 		return fmt.Errorf("%w: the inbox's transaction is on %s, the outbox on %s", outbox.ErrNoUnitOfWork, tx.DriverName(), s.db.DriverName())
 	}
 	rows, err := s.rows(ctx, topic, msgs)
@@ -195,6 +195,10 @@ func (s *Store) Publish(ctx context.Context, topic string, msgs ...*message.Mess
 	return nil
 }
 
+// speaks reports whether a database of driver driverName is of the
+// store's dialect.
+func (s *Store) speaks(driverName string) bool { return dialects[driverName].name == s.dialect.name }
+
 // CheckInbox reports whether Publish can write in store's units of work:
 // an SQL inbox (deduplication/sqlstore) of the same dialect
 // (outbox.InboxChecker). Both tables must also be in one database, which
@@ -204,7 +208,7 @@ func (s *Store) CheckInbox(store deduplication.Store) error {
 	if !ok {
 		return fmt.Errorf("%w: the inbox's store is a %T, whose units of work are no SQL transactions: the outbox on SQL needs deduplication/sqlstore's", outbox.ErrNoUnitOfWork, store)
 	}
-	if dialects[in.DriverName()].name != s.dialect.name {
+	if !s.speaks(in.DriverName()) {
 		return fmt.Errorf("%w: the inbox is on %s, the outbox on %s", outbox.ErrNoUnitOfWork, in.DriverName(), s.db.DriverName())
 	}
 	return nil
@@ -597,7 +601,6 @@ type dialect struct {
 	// clock Due compares with.
 	after    string
 	waitArg  func(time.Duration) any
-	timeArg  func(time.Time) any
 	readTime func(any) (time.Time, error)
 }
 
@@ -618,7 +621,6 @@ var postgres = dialect{
 	values: func(n int) string {
 		return fmt.Sprintf("($%d, $%d, $%d, $%d, clock_timestamp(), clock_timestamp())", n+1, n+2, n+3, n+4)
 	},
-	timeArg: func(t time.Time) any { return t },
 	after:   `clock_timestamp() + make_interval(secs => ?)`,
 	waitArg: func(d time.Duration) any { return d.Seconds() },
 	readTime: func(v any) (time.Time, error) {
@@ -651,7 +653,6 @@ var sqlite = dialect{
 	unlease: `, leased_until = 0`,
 	after:   `?`, // Due compares with the relay's clock on SQLite
 	waitArg: func(d time.Duration) any { return time.Now().Add(d).UnixMicro() },
-	timeArg: func(t time.Time) any { return t.UnixMicro() },
 	readTime: func(v any) (time.Time, error) {
 		us, ok := v.(int64)
 		if !ok {
