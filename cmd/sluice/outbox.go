@@ -15,7 +15,6 @@ import (
 
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/localenv"
-	"github.com/sluicemq/sluice/internal/sqlname"
 	"github.com/sluicemq/sluice/outbox/sqlstore"
 )
 
@@ -73,9 +72,13 @@ func (f *outboxFlags) open(many bool) ([]*sqlstore.Store, context.Context, func(
 			done()
 			return nil, nil, nil, usageError{fmt.Errorf("--table %s: %w", diag.Printable(name, 128), err)}
 		}
-		if err := outboxTableExists(ctx, db, name); err != nil {
+		found, err := s.Exists(ctx)
+		if err == nil && !found {
+			err = fmt.Errorf("no outbox table %s in that database (check --table and --db: the table of the services' outbox/sqlstore.Config.Table; nothing was created)", diag.Printable(name, 128))
+		}
+		if err != nil {
 			done()
-			return nil, nil, nil, err
+			return nil, nil, nil, diag.RedactError(err)
 		}
 		stores = append(stores, s)
 	}
@@ -88,24 +91,6 @@ func pingWithin(ctx context.Context, db *sqlx.DB) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	return db.PingContext(ctx)
-}
-
-// outboxTableExists returns an error naming table and the flags when the
-// database has no such table: the commands create nothing. The name is
-// quoted as the store quotes it (case matters).
-func outboxTableExists(ctx context.Context, db *sqlx.DB, table string) error {
-	quoted, _, err := sqlname.Quote(table, true)
-	if err != nil {
-		return usageError{fmt.Errorf("--table %s: %w", diag.Printable(table, 128), err)}
-	}
-	var found bool
-	if err := db.GetContext(ctx, &found, `SELECT to_regclass($1) IS NOT NULL`, quoted); err != nil {
-		return fmt.Errorf("looking for the outbox table %s: %w", diag.Printable(table, 128), diag.RedactError(err))
-	}
-	if !found {
-		return fmt.Errorf("no outbox table %s in that database (check --table and --db: the table of the services' outbox/sqlstore.Config.Table; nothing was created)", diag.Printable(table, 128))
-	}
-	return nil
 }
 
 func newOutbox(out io.Writer) *cobra.Command {

@@ -140,6 +140,16 @@ func (s *Store) CreateTable(ctx context.Context) error {
 	return nil
 }
 
+// Exists reports whether the outbox table exists (the operator's commands
+// create nothing).
+func (s *Store) Exists(ctx context.Context) (bool, error) {
+	var found bool
+	if err := s.db.GetContext(ctx, &found, s.dialect.exists, s.dialect.existsArg(s)); err != nil {
+		return false, fmt.Errorf("outbox/sqlstore: looking for %s: %w", s.table, err)
+	}
+	return found, nil
+}
+
 // Wakeups signals rows committed through Publish in this process (and
 // Wake): the relay of this store publishes them without waiting for its
 // poll.
@@ -599,9 +609,12 @@ type dialect struct {
 	unlease string
 	// after is the time a wait (waitArg's argument) from now, on the
 	// clock Due compares with.
-	after    string
-	waitArg  func(time.Duration) any
-	readTime func(any) (time.Time, error)
+	after   string
+	waitArg func(time.Duration) any
+	// exists reads whether the table exists, with existsArg's argument.
+	exists    string
+	existsArg func(s *Store) any
+	readTime  func(any) (time.Time, error)
 }
 
 var postgres = dialect{
@@ -621,8 +634,11 @@ var postgres = dialect{
 	values: func(n int) string {
 		return fmt.Sprintf("($%d, $%d, $%d, $%d, clock_timestamp(), clock_timestamp())", n+1, n+2, n+3, n+4)
 	},
-	after:   `clock_timestamp() + make_interval(secs => ?)`,
-	waitArg: func(d time.Duration) any { return d.Seconds() },
+	after: `clock_timestamp() + make_interval(secs => ?)`,
+	// The quoted name, as the store's statements name it (case matters).
+	exists:    `SELECT to_regclass($1) IS NOT NULL`,
+	existsArg: func(s *Store) any { return s.table },
+	waitArg:   func(d time.Duration) any { return d.Seconds() },
 	readTime: func(v any) (time.Time, error) {
 		t, ok := v.(time.Time)
 		if !ok {
@@ -650,9 +666,11 @@ var sqlite = dialect{
 	values: func(int) string {
 		return "(?, ?, ?, ?, CAST(unixepoch('subsec') * 1000000 AS INTEGER), CAST(unixepoch('subsec') * 1000000 AS INTEGER))"
 	},
-	unlease: `, leased_until = 0`,
-	after:   `?`, // Due compares with the relay's clock on SQLite
-	waitArg: func(d time.Duration) any { return time.Now().Add(d).UnixMicro() },
+	unlease:   `, leased_until = 0`,
+	after:     `?`, // Due compares with the relay's clock on SQLite
+	exists:    `SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?`,
+	existsArg: func(s *Store) any { return s.last },
+	waitArg:   func(d time.Duration) any { return time.Now().Add(d).UnixMicro() },
 	readTime: func(v any) (time.Time, error) {
 		us, ok := v.(int64)
 		if !ok {

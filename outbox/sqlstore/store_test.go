@@ -385,3 +385,25 @@ func TestAHeldBatchIsReleasedWhenItsRelayIsGone(t *testing.T) {
 		}, 10*time.Second, 10*time.Millisecond, "taken again once the lease ran out")
 	})
 }
+
+// Exists names the table as the store's statements do (quoted: case
+// matters), on both databases.
+func TestExists(t *testing.T) {
+	t.Parallel()
+	for name, s := range backends(t) {
+		t.Run(name, func(t *testing.T) {
+			found, err := s.Exists(t.Context())
+			require.NoError(t, err)
+			require.True(t, found)
+			table := "Missing"
+			if name == "postgres" {
+				table = prefix(s) + "Outbox" // the store's is "outbox": another name once quoted
+			}
+			other, err := sqlstore.New(sqlstore.Config{DB: s.DB(), Table: table})
+			require.NoError(t, err)
+			found, err = other.Exists(t.Context())
+			require.NoError(t, err)
+			require.False(t, found)
+		})
+	}
+}
