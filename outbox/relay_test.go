@@ -86,9 +86,16 @@ func newService(t *testing.T, amqpURL string) *service {
 // messages through the outbox when withOutbox) and runs the router until
 // the test ends.
 func (s *service) run(h message.HandlerFunc, pub message.Publisher, withOutbox bool) {
+	s.runWith(h, pub, withOutbox, nil, nil)
+}
+
+// runWith is run with Watermill middlewares added to the router before the
+// stages (Watermill runs them outside) and after them (inside).
+func (s *service) runWith(h message.HandlerFunc, pub message.Publisher, withOutbox bool, outer, inner []message.HandlerMiddleware) {
 	t := s.t
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
+	r.AddMiddleware(outer...)
 	cfg := router.HandlerConfig{
 		Name:              "svc",
 		Broker:            s.rabbit,
@@ -110,6 +117,7 @@ func (s *service) run(h message.HandlerFunc, pub message.Publisher, withOutbox b
 	}
 	_, err = router.Add(r, cfg)
 	require.NoError(t, err)
+	r.AddMiddleware(inner...)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
 	<-r.Running()

@@ -46,21 +46,30 @@ func inbox(t *testing.T) (*sqlx.DB, string, *sqlstore.Store) {
 // delivers slowly).
 func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
 	t.Parallel()
-	t.Run("one transaction per delivery", func(t *testing.T) { t.Parallel(); stackWithPostgresInbox(t, nil) })
+	t.Run("one transaction per delivery", func(t *testing.T) { t.Parallel(); stackWithPostgresInbox(t, nil, false) })
 	t.Run("group commit", func(t *testing.T) {
 		t.Parallel()
-		stackWithPostgresInbox(t, &deduplication.BatchConfig{MaxWait: 50 * time.Millisecond})
+		stackWithPostgresInbox(t, &deduplication.BatchConfig{MaxWait: 50 * time.Millisecond}, false)
+	})
+	t.Run("group commit on a quorum queue with a delivery limit", func(t *testing.T) {
+		t.Parallel()
+		stackWithPostgresInbox(t, &deduplication.BatchConfig{MaxWait: 50 * time.Millisecond}, true)
 	})
 }
 
-func stackWithPostgresInbox(t *testing.T, batch *deduplication.BatchConfig) {
+func stackWithPostgresInbox(t *testing.T, batch *deduplication.BatchConfig, quorum bool) {
 	db, schema, store := inbox(t)
 	reader := sdkmetric.NewManualReader()
+	deliveryLimit := 0
+	if quorum {
+		deliveryLimit = 20 // RabbitMQ 4.x's default: nothing a batch does may spend it
+	}
 
 	queue := testenv.Name("orders")
 	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
 		Connection: rabbitmq.Connection{URL: testenv.AMQPURL},
-		Topology:   rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{100 * time.Millisecond}},
+		Topology: rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{100 * time.Millisecond},
+			Quorum: quorum, DeliveryLimit: deliveryLimit},
 	})
 	require.NoError(t, err)
 	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", queue+".retry.100ms")
@@ -138,8 +147,15 @@ func stackWithPostgresInbox(t *testing.T, batch *deduplication.BatchConfig) {
 // watermill-amqp's subscriber the delivery would be nacked, redelivered, and
 // found in the inbox by the restarted consumer). Either way the effect exists
 // once and the handler ran once.
+//
+// With group commit the delivery's batch commits within the grace too.
 func TestShutdownMidHandlerEffectOnce(t *testing.T) {
 	t.Parallel()
+	t.Run("one transaction per delivery", func(t *testing.T) { t.Parallel(); shutdownMidHandler(t, nil) })
+	t.Run("group commit", func(t *testing.T) { t.Parallel(); shutdownMidHandler(t, &deduplication.BatchConfig{}) })
+}
+
+func shutdownMidHandler(t *testing.T, batch *deduplication.BatchConfig) {
 	db, schema, store := inbox(t)
 	queue := testenv.Name("shutdown")
 	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", queue+".retry.30s", queue+".retry.5m", queue+".retry.30m")
@@ -169,7 +185,7 @@ func TestShutdownMidHandlerEffectOnce(t *testing.T) {
 					fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ('evt-1')`, schema))
 				return err
 			},
-			Stages: router.Stages{Classify: &middleware.ClassifyConfig{}, Inbox: &deduplication.Config{Store: store, Consumer: "inventory"}},
+			Stages: router.Stages{Classify: &middleware.ClassifyConfig{}, Inbox: &deduplication.Config{Store: store, Consumer: "inventory", Batch: batch}},
 		})
 		require.NoError(t, err)
 		done := make(chan error, 1)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -503,4 +504,47 @@ func TestGroupCommitAfterAFailedCommitItsDeliveriesRunAlone(t *testing.T) {
 	require.Error(t, errs[1], "the culprit fails alone")
 	require.NoError(t, errs[2])
 	require.Equal(t, []string{"a", "b"}, e.rows(t))
+}
+
+// A database that stops answering (a black hole between the inbox and
+// PostgreSQL) holds no batched delivery past StoreTimeout: each fails as
+// Transient with ErrStoreTimeout, counted by the brake, and nothing is
+// reported done; once it answers, the deliveries are processed.
+func TestGroupCommitOnAHungDatabaseFailsWithinItsBound(t *testing.T) {
+	t.Parallel()
+	base := testenv.Postgres(t)
+	schema := testenv.Schema(t, base)
+	_, err := base.Exec(`CREATE TABLE ` + schema + `.effects (k TEXT NOT NULL)`)
+	require.NoError(t, err)
+	testenv.SQLStore(t, base, schema+".inbox")
+	u, err := url.Parse(testenv.PostgresURL)
+	require.NoError(t, err)
+	proxy := testenv.StartProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	holed, err := sqlx.Connect("postgres", u.String())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holed.Close() })
+	store, err := sqlstore.New(sqlstore.Config{DB: holed, Table: schema + ".inbox"})
+	require.NoError(t, err)
+	stage, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c", StoreTimeout: 300 * time.Millisecond,
+		Batch: &deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, QueueTimeout: time.Minute}})
+	require.NoError(t, err)
+	e := &batchEnv{db: base, table: schema + ".effects", inbox: schema + ".inbox", stage: stage}
+	ok := func(key string) func() error {
+		return func() error {
+			return e.deliver(key, func(ctx context.Context, tx *sqlx.Tx) error { return e.insert(ctx, tx, key) })
+		}
+	}
+	proxy.BlackHole()
+	for _, err := range together(ok("a"), ok("b"), ok("c")) {
+		require.Equal(t, sluice.ClassTransient, sluice.DefaultClassifier().Classify(err), "%v", err)
+		require.ErrorIs(t, err, deduplication.ErrStoreTimeout)
+		require.ErrorIs(t, err, sluice.ErrDependency, "the brake's MatchUnreachable counts it")
+	}
+	proxy.Heal()
+	require.Empty(t, e.rows(t))
+	require.Eventually(t, func() bool { // the pool's black-holed connections are found dead, one by one
+		return together(ok("a"))[0] == nil
+	}, 30*time.Second, 10*time.Millisecond)
+	require.Equal(t, []string{"a"}, e.rows(t))
 }
