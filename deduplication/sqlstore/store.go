@@ -234,8 +234,8 @@ func aborted(err error) bool {
 // ClaimAfter releases savepoint release (when not ""), sets savepoint and
 // claims (consumer, key) after it: on lib/pq in one simple query whose
 // values are dollar-quoted literals, its wait for a concurrent claim
-// bounded by the server's lock_timeout (reset for the handler by a second
-// statement); elsewhere in three statements (deduplication.SavepointClaimer,
+// bounded by the server's lock_timeout (reset for the handler in the same
+// round trip); elsewhere in three statements (deduplication.SavepointClaimer,
 // for group commit).
 func (t *sqlTx) ClaimAfter(ctx context.Context, release, savepoint, consumer, key string, wait time.Duration) (bool, error) {
 	if t.s.claimLiteral == "" {
@@ -257,31 +257,45 @@ func (t *sqlTx) ClaimAfter(ctx context.Context, release, savepoint, consumer, ke
 		q = `RELEASE SAVEPOINT ` + release + `; `
 	}
 	q += `SAVEPOINT ` + savepoint + `; `
-	if wait > 0 {
-		// The wait is bounded by the server, not by cancelling ctx: lib/pq
-		// closes a connection whose statement is cancelled — here the
-		// whole batch's.
-		q += fmt.Sprintf(`SET LOCAL lock_timeout = %d; `, max(wait.Milliseconds(), 1))
-	}
-	// The claim last: its row count is the result's.
-	q += fmt.Sprintf(t.s.claimLiteral, dollarQuoted(consumer), dollarQuoted(key))
-	res, err := t.tx.ExecContext(ctx, q)
-	if err == nil && wait > 0 {
-		// The handler's statements keep their own lock_timeout. (Were the
-		// claim to fail, rolling back to savepoint would undo the SET.)
-		_, err = t.tx.ExecContext(ctx, `SET LOCAL lock_timeout = DEFAULT`)
-	}
-	if err != nil {
-		switch state, _ := sluice.SQLState(err); state {
-		case "25P02":
-			return false, fmt.Errorf("%w: %w", deduplication.ErrAborted, err)
-		case "55P03":
-			return false, fmt.Errorf("%w: claim %q waited longer than the claim timeout (%s): %w", deduplication.ErrClaimInProgress, key, wait, err)
+	claim := fmt.Sprintf(t.s.claimLiteral, dollarQuoted(consumer), dollarQuoted(key))
+	if wait <= 0 {
+		// The claim last: its row count is the result's.
+		res, err := t.tx.ExecContext(ctx, q+claim)
+		if err != nil {
+			return false, claimAfterError(err, key, wait)
 		}
-		return false, err
+		n, err := res.RowsAffected()
+		return n == 1, err
 	}
-	n, err := res.RowsAffected()
-	return n == 1, err
+	// The wait is bounded by the server, not by cancelling ctx: lib/pq
+	// closes a connection whose statement is cancelled — here the whole
+	// batch's. The handler's statements keep their own lock_timeout: the
+	// same round trip resets it after the claim (were the claim to fail,
+	// rolling back to savepoint would undo the SET), so the claim reports
+	// itself by a row (RETURNING), not by the last statement's row count.
+	q += fmt.Sprintf(`SET LOCAL lock_timeout = %d; `, max(wait.Milliseconds(), 1)) + claim + ` RETURNING 1; SET LOCAL lock_timeout = DEFAULT`
+	rows, err := t.tx.QueryContext(ctx, q)
+	if err != nil {
+		return false, claimAfterError(err, key, wait)
+	}
+	claimed := rows.Next()
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return false, claimAfterError(err, key, wait)
+	}
+	return claimed, nil
+}
+
+// claimAfterError is ClaimAfter's error for err: matching
+// deduplication.ErrAborted when the transaction was aborted before it,
+// deduplication.ErrClaimInProgress when the claim waited past wait.
+func claimAfterError(err error, key string, wait time.Duration) error {
+	switch state, _ := sluice.SQLState(err); state {
+	case "25P02":
+		return fmt.Errorf("%w: %w", deduplication.ErrAborted, err)
+	case "55P03":
+		return fmt.Errorf("%w: claim %q waited longer than the claim timeout (%s): %w", deduplication.ErrClaimInProgress, key, wait, err)
+	}
+	return err
 }
 
 // dollarQuoted returns s as a PostgreSQL dollar-quoted string literal, with
