@@ -53,10 +53,18 @@ type BatchConfig struct {
 	// MaxBatch (rabbitmq.BrokerConfig.Prefetch; docs/benchmarks.md, P8).
 	// Default MaxBatchDefault.
 	MaxBatch int
-	// MaxWait is how long a batch takes in deliveries after its first: the
-	// longest a lone delivery waits for company before its commit. Default
+	// MaxWait is the longest a batch takes in deliveries after its first.
+	// A batch closes sooner when it is full, or — unless Linger — when
+	// every delivery it took in is done and none waits for its turn: a lone
+	// delivery commits once its handler returned, and a batch carries the
+	// deliveries that arrived while the ones before them ran. Default
 	// MaxWaitDefault.
 	MaxWait time.Duration
+	// Linger keeps a batch taking in deliveries for the whole MaxWait, even
+	// once the ones it took in are done: fewer, larger commits when
+	// deliveries trickle in, each delivery waiting up to MaxWait for
+	// company before its commit.
+	Linger bool
 	// QueueTimeout bounds how long a delivery waits for its turn in a batch
 	// (the handler before it still running): past it, it leaves the batch
 	// and runs in a unit of work of its own. A slow handler so holds up only
@@ -124,6 +132,7 @@ var errNoSavepoints = errors.New("deduplication: the store's units of work are n
 type batcher struct {
 	d           *deduplicator
 	cfg         BatchConfig
+	timer       func(time.Duration) *time.Timer // time.NewTimer but in a test
 	unsupported atomic.Bool
 
 	mu   sync.Mutex
@@ -196,8 +205,9 @@ type batch struct {
 	kept      int                 // deliveries waiting for the commit
 	full      chan struct{}       // closed when size reaches MaxBatch
 
-	members   sync.WaitGroup // admitted deliveries not done with tx
-	done      chan struct{}  // closed after the commit or rollback
+	active    int           // admitted deliveries not done with tx
+	idle      chan struct{} // signalled (buffer 1) each time active falls to 0
+	done      chan struct{} // closed after the commit or rollback
 	commitErr error
 }
 
@@ -218,7 +228,7 @@ func (bt *batcher) join() *batch {
 		b.mu.Lock()
 		if b.admitting {
 			b.size++
-			b.members.Add(1)
+			b.active++
 			if b.size >= bt.cfg.MaxBatch {
 				b.admitting = false
 				bt.open = nil
@@ -230,9 +240,8 @@ func (bt *batcher) join() *batch {
 		b.mu.Unlock()
 	}
 	b := &batch{bt: bt, ready: make(chan struct{}), turn: make(chan struct{}, 1), keys: map[string]struct{}{},
-		admitting: bt.cfg.MaxBatch > 1, size: 1, full: make(chan struct{}), done: make(chan struct{})}
+		admitting: bt.cfg.MaxBatch > 1, size: 1, active: 1, full: make(chan struct{}), idle: make(chan struct{}, 1), done: make(chan struct{})}
 	b.turn <- struct{}{}
-	b.members.Add(1)
 	if b.admitting {
 		bt.open = b
 	} else {
@@ -242,8 +251,10 @@ func (bt *batcher) join() *batch {
 	return b
 }
 
-// run begins the unit of work, closes the batch after MaxWait or when full,
-// waits for its deliveries, and commits what they kept.
+// run begins the unit of work, closes the batch after MaxWait, when full or
+// when every delivery it took in is done with the unit of work and none
+// waits for its turn (idle: one that comes later would wait for nothing
+// but a timer), waits for its deliveries, and commits what they kept.
 func (b *batch) run() {
 	d := b.bt.d
 	// The unit of work outlives every delivery's context: a context of its
@@ -262,10 +273,11 @@ func (b *batch) run() {
 	b.err = err
 	close(b.ready)
 
-	t := time.NewTimer(b.bt.cfg.MaxWait)
+	t := b.bt.timer(b.bt.cfg.MaxWait)
 	select {
 	case <-t.C:
 	case <-b.full:
+	case <-b.idleUnlessLinger():
 	}
 	t.Stop()
 	b.bt.mu.Lock()
@@ -276,7 +288,15 @@ func (b *batch) run() {
 	}
 	b.mu.Unlock()
 	b.bt.mu.Unlock()
-	b.members.Wait()
+	for { // admission is closed: active only falls
+		b.mu.Lock()
+		n := b.active
+		b.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		<-b.idle
+	}
 
 	defer close(b.done)
 	if b.err != nil {
@@ -307,6 +327,14 @@ func (b *batch) run() {
 	if b.commitErr != nil {
 		b.bt.suspect(slices.Collect(maps.Keys(b.keys)))
 	}
+}
+
+// idleUnlessLinger is b.idle, or nil (never ready) when the batch lingers.
+func (b *batch) idleUnlessLinger() <-chan struct{} {
+	if b.bt.cfg.Linger {
+		return nil
+	}
+	return b.idle
 }
 
 // exec runs one statement of the shared unit of work within StoreTimeout; a
@@ -444,7 +472,15 @@ func (bt *batcher) handle(msg *message.Message, key string, h message.HandlerFun
 	leave := func() {
 		if inBatch {
 			inBatch = false
-			b.members.Done()
+			b.mu.Lock()
+			b.active--
+			if b.active == 0 {
+				select {
+				case b.idle <- struct{}{}:
+				default: // already signalled
+				}
+			}
+			b.mu.Unlock()
 		}
 	}
 	defer leave()

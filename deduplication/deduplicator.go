@@ -151,6 +151,11 @@ type deduplicator struct {
 // It sets sluice.EventIDKey in the metadata to the key when it is missing,
 // so copies published by outer stages carry it.
 func New(cfg Config) (message.HandlerMiddleware, error) {
+	return newStage(cfg, time.NewTimer)
+}
+
+// newStage is New with the timer that closes a batch after MaxWait.
+func newStage(cfg Config, batchTimer func(time.Duration) *time.Timer) (message.HandlerMiddleware, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -162,7 +167,7 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	}
 	d := &deduplicator{cfg: cfg, duplicates: dup, storeBound: cfg.StoreTimeout, calls: newCalls()}
 	if cfg.Batch != nil {
-		d.batches = &batcher{d: d, cfg: cfg.Batch.withDefaults()}
+		d.batches = &batcher{d: d, cfg: cfg.Batch.withDefaults(), timer: batchTimer}
 		d.batchSize, err = telemetry.Meter(cfg.MeterProvider).Int64Histogram(MetricBatchSize,
 			metric.WithDescription("Deliveries committed by one group commit."), metric.WithUnit("{delivery}"),
 			metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256))

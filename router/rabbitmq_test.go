@@ -42,18 +42,18 @@ func inbox(t *testing.T) (*sqlx.DB, string, *sqlstore.Store) {
 // services: 4 competing consumers, the PostgreSQL inbox, 200 events each
 // published twice, a tenth failing once. Every event's effect exists once.
 // With group commit (Inbox.Batch) the same holds, the retry copies
-// included, and deliveries share commits (50 ms to gather: a loaded machine
-// delivers slowly).
+// included, and deliveries share commits (lingering 50 ms to gather: a
+// loaded machine delivers slowly).
 func TestRabbitMQStackWithPostgresInbox(t *testing.T) {
 	t.Parallel()
 	t.Run("one transaction per delivery", func(t *testing.T) { t.Parallel(); stackWithPostgresInbox(t, nil, false) })
 	t.Run("group commit", func(t *testing.T) {
 		t.Parallel()
-		stackWithPostgresInbox(t, &deduplication.BatchConfig{MaxWait: 50 * time.Millisecond}, false)
+		stackWithPostgresInbox(t, &deduplication.BatchConfig{MaxWait: 50 * time.Millisecond, Linger: true}, false)
 	})
 	t.Run("group commit on a quorum queue with a delivery limit", func(t *testing.T) {
 		t.Parallel()
-		stackWithPostgresInbox(t, &deduplication.BatchConfig{MaxWait: 50 * time.Millisecond}, true)
+		stackWithPostgresInbox(t, &deduplication.BatchConfig{MaxWait: 50 * time.Millisecond, Linger: true}, true)
 	})
 }
 

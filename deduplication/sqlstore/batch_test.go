@@ -11,6 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
@@ -168,7 +169,7 @@ func TestGroupCommitAFailureInTheMiddleRollsBackAlone(t *testing.T) {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
 			// The batch closes when full: all four in it.
-			e := newBatchEnv(t, backend, deduplication.BatchConfig{MaxBatch: 4, MaxWait: time.Second, QueueTimeout: time.Minute}, false)
+			e := newBatchEnv(t, backend, deduplication.BatchConfig{MaxBatch: 4, MaxWait: time.Second, Linger: true, QueueTimeout: time.Minute}, false)
 			ok := func(key string) func() error {
 				return func() error {
 					return e.deliver(key, func(ctx context.Context, tx *sqlx.Tx) error { return e.insert(ctx, tx, key) })
@@ -223,7 +224,7 @@ func TestGroupCommitRecognisesTheSameKeyTwiceInABatch(t *testing.T) {
 	for _, backend := range []string{"postgres", "sqlite"} {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
-			e := newBatchEnv(t, backend, deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, QueueTimeout: time.Minute}, false)
+			e := newBatchEnv(t, backend, deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, Linger: true, QueueTimeout: time.Minute}, false)
 			var mu sync.Mutex
 			ran := 0
 			h := func(ctx context.Context, tx *sqlx.Tx) error {
@@ -250,7 +251,7 @@ func TestGroupCommitRecognisesTheSameKeyTwiceInABatch(t *testing.T) {
 // alone, in the same batch; the others commit.
 func TestGroupCommitARejectionAfterAnAbortKeepsItsClaim(t *testing.T) {
 	t.Parallel()
-	e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, QueueTimeout: time.Minute}, true)
+	e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, Linger: true, QueueTimeout: time.Minute}, true)
 	_, err := e.db.Exec(`INSERT INTO ` + e.table + ` (k) VALUES ('taken')`)
 	require.NoError(t, err)
 	ok := func(key string) func() error {
@@ -276,7 +277,7 @@ func TestGroupCommitARejectionAfterAnAbortKeepsItsClaim(t *testing.T) {
 // every delivery that waited for it as Transient: none is recorded.
 func TestGroupCommitAFailedCommitFailsTheBatch(t *testing.T) {
 	t.Parallel()
-	e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: 2, MaxWait: time.Second, QueueTimeout: time.Minute}, false)
+	e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: 2, MaxWait: time.Second, Linger: true, QueueTimeout: time.Minute}, false)
 	_, err := e.db.Exec(`ALTER TABLE ` + e.table + ` ADD CONSTRAINT once UNIQUE (k) DEFERRABLE INITIALLY DEFERRED`)
 	require.NoError(t, err)
 	same := func(key string) func() error {
@@ -294,8 +295,7 @@ func TestGroupCommitAFailedCommitFailsTheBatch(t *testing.T) {
 }
 
 // The batch's PostgreSQL backend terminated in the middle of a batch, and
-// then between the deliveries' handlers and the commit: nothing is
-// reported done that was not committed.
+// in its COMMIT: nothing is reported done that was not committed.
 func TestGroupCommitATerminatedBackendCommitsNothing(t *testing.T) {
 	t.Parallel()
 	terminate := func(t *testing.T, e *batchEnv, pid int) {
@@ -311,7 +311,7 @@ func TestGroupCommitATerminatedBackendCommitsNothing(t *testing.T) {
 	}
 	t.Run("mid-batch", func(t *testing.T) {
 		t.Parallel()
-		e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, QueueTimeout: time.Minute}, false)
+		e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, Linger: true, QueueTimeout: time.Minute}, false)
 		pids := make(chan int, 1)
 		hold := make(chan struct{})
 		first := func() error {
@@ -340,25 +340,51 @@ func TestGroupCommitATerminatedBackendCommitsNothing(t *testing.T) {
 		}
 		require.Equal(t, len(rows), e.claims(t))
 	})
-	t.Run("before-the-commit", func(t *testing.T) {
+	t.Run("mid-commit", func(t *testing.T) {
 		t.Parallel()
-		// MaxWait holds the commit; the backend dies once the handler ran.
-		e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: 8, MaxWait: time.Second, QueueTimeout: time.Minute}, false)
-		pids := make(chan int, 1)
-		done := make(chan error, 1)
-		go func() {
-			done <- e.deliver("a", func(ctx context.Context, tx *sqlx.Tx) error {
-				if err := e.insert(ctx, tx, "a"); err != nil {
-					return err
-				}
-				pids <- backendPID(ctx, tx) // its last statement: the backend dies after it
-				return nil
-			})
-		}()
-		terminate(t, e, <-pids)
-		err := <-done
-		require.Equal(t, sluice.ClassTransient, sluice.DefaultClassifier().Classify(err), "%v", err)
-		require.ErrorContains(t, err, "commit")
+		// A deferred constraint trigger runs at COMMIT and waits there for
+		// an advisory lock the test holds: the backend dies inside the
+		// commit, after every handler of the batch returned.
+		e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: 2, MaxWait: time.Second, Linger: true, QueueTimeout: time.Minute}, false)
+		var lock int64
+		require.NoError(t, e.db.Get(&lock, `SELECT hashtext($1)`, e.table))
+		for _, stmt := range []string{
+			`CREATE FUNCTION ` + e.table + `_hold() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_advisory_xact_lock(` + fmt.Sprint(lock) + `); RETURN NULL; END $$`,
+			`CREATE CONSTRAINT TRIGGER hold AFTER INSERT ON ` + e.table + ` DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION ` + e.table + `_hold()`,
+		} {
+			_, err := e.db.Exec(stmt)
+			require.NoError(t, err)
+		}
+		holder, err := e.db.Connx(t.Context())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = holder.Close() })
+		_, err = holder.ExecContext(t.Context(), `SELECT pg_advisory_lock($1)`, lock)
+		require.NoError(t, err)
+		pids := make(chan int, 2)
+		deliver := func(key string) func() error {
+			return func() error {
+				return e.deliver(key, func(ctx context.Context, tx *sqlx.Tx) error {
+					pids <- backendPID(ctx, tx)
+					return e.insert(ctx, tx, key)
+				})
+			}
+		}
+		done := make(chan []error, 1)
+		go func() { done <- together(deliver("a"), deliver("b")) }()
+		pid := <-pids
+		require.Equal(t, pid, <-pids, "one batch")
+		require.EventuallyWithT(t, func(c *assert.CollectT) { // the commit waits in the trigger
+			var waiting bool
+			require.NoError(c, e.db.Get(&waiting, `SELECT wait_event = 'advisory' FROM pg_stat_activity WHERE pid = $1`, pid))
+			require.True(c, waiting)
+		}, 30*time.Second, 10*time.Millisecond)
+		terminate(t, e, pid)
+		_, err = holder.ExecContext(t.Context(), `SELECT pg_advisory_unlock($1)`, lock)
+		require.NoError(t, err)
+		for _, err := range <-done {
+			require.Equal(t, sluice.ClassTransient, sluice.DefaultClassifier().Classify(err), "%v", err)
+			require.ErrorContains(t, err, "commit")
+		}
 		require.Empty(t, e.rows(t))
 		require.Zero(t, e.claims(t))
 	})
@@ -390,7 +416,7 @@ func TestGroupCommitAHandlerThatLeftTheTransactionAbortedFailsAlone(t *testing.T
 	for _, size := range []int{1, 3} {
 		t.Run(fmt.Sprint("batch of ", size), func(t *testing.T) {
 			t.Parallel()
-			e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: size, MaxWait: time.Second, QueueTimeout: time.Minute}, true)
+			e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: size, MaxWait: time.Second, Linger: true, QueueTimeout: time.Minute}, true)
 			_, err := e.db.Exec(`INSERT INTO ` + e.table + ` (k) VALUES ('taken')`)
 			require.NoError(t, err)
 			swallows := func() error {
@@ -444,9 +470,9 @@ func TestGroupCommitClaimsAHostileKeyAsItIs(t *testing.T) {
 // probe).
 func TestGroupCommitAClaimTimeoutFailsAlone(t *testing.T) {
 	t.Parallel()
-	e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, QueueTimeout: time.Minute}, false)
+	e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, Linger: true, QueueTimeout: time.Minute}, false)
 	stage, err := deduplication.New(deduplication.Config{Store: e.store, Consumer: "c", ClaimTimeout: 200 * time.Millisecond,
-		Batch: &deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, QueueTimeout: time.Minute}})
+		Batch: &deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, Linger: true, QueueTimeout: time.Minute}})
 	require.NoError(t, err)
 	e.stage = stage
 	holder, err := e.db.Beginx() // another delivery of "held", still in its transaction
@@ -485,7 +511,7 @@ func TestGroupCommitAClaimTimeoutFailsAlone(t *testing.T) {
 // (found by a probe).
 func TestGroupCommitAfterAFailedCommitItsDeliveriesRunAlone(t *testing.T) {
 	t.Parallel()
-	e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, QueueTimeout: time.Minute}, false)
+	e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, Linger: true, QueueTimeout: time.Minute}, false)
 	_, err := e.db.Exec(`CREATE TABLE ` + e.table + `_parent (k TEXT PRIMARY KEY);
 		ALTER TABLE ` + e.table + ` ADD CONSTRAINT parent FOREIGN KEY (k) REFERENCES ` + e.table + `_parent (k) DEFERRABLE INITIALLY DEFERRED;
 		INSERT INTO ` + e.table + `_parent VALUES ('a'), ('b')`)
@@ -527,7 +553,7 @@ func TestGroupCommitOnAHungDatabaseFailsWithinItsBound(t *testing.T) {
 	store, err := sqlstore.New(sqlstore.Config{DB: holed, Table: schema + ".inbox"})
 	require.NoError(t, err)
 	stage, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c", StoreTimeout: 300 * time.Millisecond,
-		Batch: &deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, QueueTimeout: time.Minute}})
+		Batch: &deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, Linger: true, QueueTimeout: time.Minute}})
 	require.NoError(t, err)
 	e := &batchEnv{db: base, table: schema + ".effects", inbox: schema + ".inbox", stage: stage}
 	ok := func(key string) func() error {
