@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicemq/sluice/deduplication"
@@ -46,11 +47,12 @@ func GroupCommit(ctx context.Context, o Options) error {
 	variants := []gcVariant{
 		{name: "no-op handler", noop: true},
 		{name: "one transaction per delivery"},
-		{name: "batch 16, 2ms", batch: &deduplication.BatchConfig{MaxBatch: 16, MaxWait: 2 * time.Millisecond}},
-		{name: "batch 16, 1ms", batch: &deduplication.BatchConfig{MaxBatch: 16, MaxWait: time.Millisecond}},
-		{name: "batch 32, 2ms", batch: &deduplication.BatchConfig{MaxBatch: 32, MaxWait: 2 * time.Millisecond}},
-		{name: "batch 8, 2ms", batch: &deduplication.BatchConfig{MaxBatch: 8, MaxWait: 2 * time.Millisecond}},
-		{name: "batch 4, 2ms", batch: &deduplication.BatchConfig{MaxBatch: 4, MaxWait: 2 * time.Millisecond}},
+		{name: "batch 8, 2ms (default)", batch: &deduplication.BatchConfig{}},
+		{name: "batch 8, 2ms, linger", batch: &deduplication.BatchConfig{Linger: true}},
+		{name: "batch 16, 2ms", batch: &deduplication.BatchConfig{MaxBatch: 16}},
+		{name: "batch 16, 2ms, linger", batch: &deduplication.BatchConfig{MaxBatch: 16, Linger: true}},
+		{name: "batch 32, 2ms", batch: &deduplication.BatchConfig{MaxBatch: 32}},
+		{name: "batch 4, 2ms", batch: &deduplication.BatchConfig{MaxBatch: 4}},
 	}
 	var rows [][]string
 	for _, prefetch := range []int{rabbitmq.PrefetchDefault, 64} {
@@ -87,7 +89,62 @@ func GroupCommit(ctx context.Context, o Options) error {
 	Table(o.Out, []string{"prefetch", "subscriptions", "variant", "msg/s", "÷ one tx per delivery", "÷ no-op", "mean batch", "max batch"}, rows)
 	fmt.Fprintln(o.Out, "targets: batching ÷ one transaction per delivery ≥ 2 at 1 and 4 subscriptions; ÷ no-op (the broker's consume rate) ≥ 0.5")
 	fmt.Fprintln(o.Out)
+	if err := gcCeiling(ctx, o, g.v, n, rounds); err != nil {
+		return err
+	}
 	return gcLatency(ctx, o, g)
+}
+
+// gcCeiling prints what PostgreSQL gives group commit on this machine, with
+// no broker and no stack: the statements of one delivery (a claim and one
+// business INSERT) in a transaction per delivery, against the statements
+// of a batch (BEGIN, per delivery the store's ClaimAfter — the savepoint
+// before released, the next set, the claim — and the INSERT, then
+// COMMIT), at the same number of deliveries in flight as the consumer
+// keeps (16: one subscription of the default prefetch; 64: four, or one of
+// prefetch 64; 256: four of prefetch 64): window ÷ batch size transactions
+// side by side, on the suite's pool of 24 connections.
+func gcCeiling(ctx context.Context, o Options, v *inboxVariants, n, rounds int) error {
+	sizes := []int{1, 4, 8, 16}
+	var rows [][]string
+	for _, window := range []int{rabbitmq.PrefetchDefault, 4 * rabbitmq.PrefetchDefault, 256} {
+		rates := make([][]float64, len(sizes))
+		timedOut := make([]atomic.Int64, len(sizes))
+		for round := range rounds {
+			for k := range sizes {
+				i := (k + round) % len(sizes)
+				if err := v.truncate(ctx); err != nil {
+					return err
+				}
+				run := fmt.Sprintf("ceiling-w%d-r%d-b%d-", window, round, sizes[i])
+				var r float64
+				var err error
+				if sizes[i] == 1 {
+					r, err = Throughput(ctx, window, n, v.byHand(run))
+				} else {
+					r, err = Throughput(ctx, window/sizes[i], n/sizes[i], v.batchOf(run, sizes[i], &timedOut[i]))
+					r *= float64(sizes[i])
+				}
+				if err != nil {
+					return fmt.Errorf("ceiling, %d in flight, batches of %d: %w", window, sizes[i], err)
+				}
+				rates[i] = append(rates[i], r)
+			}
+		}
+		for i, size := range sizes {
+			name := "one transaction per delivery"
+			if size > 1 {
+				name = fmt.Sprintf("batches of %d", size)
+			}
+			rows = append(rows, []string{strconv.Itoa(window), name, strconv.Itoa(window / size), f0(Median(rates[i])), f2(MedianRatio(rates[i], rates[0])),
+				strconv.FormatInt(timedOut[i].Load(), 10)})
+		}
+	}
+	fmt.Fprintf(o.Out, "P8's ceiling: PostgreSQL alone (no broker, no stack), the statements of one transaction per delivery against those of a batch, the same deliveries in flight, %d deliveries per run, %d rounds interleaved\n\n", n, rounds)
+	Table(o.Out, []string{"in flight", "variant", "transactions side by side", "deliveries/s", "÷ one tx per delivery", "claims past 1 ms"}, rows)
+	fmt.Fprintln(o.Out, "the batch ÷ one transaction per delivery here bounds what group commit can give end to end on this machine")
+	fmt.Fprintln(o.Out)
+	return nil
 }
 
 // gcLatency prints publish → commit latency at gcLatencyRate with and

@@ -20,7 +20,7 @@ func TestGroupCommitSuitesRun(t *testing.T) {
 	o.Out = &out
 	require.NoError(t, GroupCommit(t.Context(), o))
 	require.NoError(t, ConsumerInbox(t.Context(), o))
-	for _, want := range []string{"P8: group commit", "batch 32, 2ms", "P8: latency from publish to commit", "added p99", "P4, re-scoped", "handled ÷ all healthy"} {
+	for _, want := range []string{"P8: group commit", "batch 32, 2ms", "P8's ceiling", "batches of 16", "P8: latency from publish to commit", "added p99", "P4, re-scoped", "handled ÷ all healthy"} {
 		require.Contains(t, out.String(), want)
 	}
 }

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -169,6 +170,55 @@ func (v *inboxVariants) byHandKey(ctx context.Context, key string) error {
 		return err
 	}
 	return tx.Commit()
+}
+
+// batchOf is op i: a batch of size deliveries (keys i*size ...) in one
+// transaction, with the statements group commit sends: per delivery the
+// store's ClaimAfter (the savepoint before released, the next one set, the
+// claim, its wait bounded as a batched claim's) and the business INSERT,
+// then the last savepoint released and COMMIT. A claim that ran out of its
+// wait (a lock it waited for, though no other transaction claims its key:
+// the table's extension lock) is counted in timedOut, rolled back to its
+// savepoint and made again without a bound.
+func (v *inboxVariants) batchOf(run string, size int, timedOut *atomic.Int64) Op {
+	return func(ctx context.Context, i int) error {
+		tx, err := v.store.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck // after Commit it is a no-op
+		sc, ok := tx.(deduplication.SavepointClaimer)
+		if !ok {
+			return fmt.Errorf("the store's units of work are no SavepointClaimers")
+		}
+		release := ""
+		for j := range size {
+			key := run + strconv.Itoa(i*size+j)
+			sp := "sluice_" + strconv.Itoa(j)
+			claimed, err := sc.ClaimAfter(ctx, release, sp, "inventory", key, time.Millisecond)
+			if errors.Is(err, deduplication.ErrClaimInProgress) {
+				timedOut.Add(1)
+				if err := sc.RollbackTo(ctx, sp); err != nil {
+					return err
+				}
+				claimed, err = tx.Claim(ctx, "inventory", key)
+			}
+			if err != nil {
+				return err
+			}
+			if !claimed {
+				return fmt.Errorf("%s: claimed before", key)
+			}
+			if _, err := sqlstore.SQLTx(tx).ExecContext(ctx, v.insertBiz, key); err != nil {
+				return err
+			}
+			release = sp
+		}
+		if err := sc.Release(ctx, release); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}
 }
 
 func (v *inboxVariants) sluice(mw message.HandlerFunc) func(run string) Op {
