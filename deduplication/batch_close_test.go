@@ -52,7 +52,9 @@ func TestABatchCommitsOnceItsDeliveriesAreDone(t *testing.T) {
 	t.Parallel()
 	deliver, reader := timelessBatches(t, deduplication.BatchConfig{MaxBatch: 8})
 	done := make(chan error, 1)
-	go func() { done <- deliver("lone", func(*message.Message) ([]*message.Message, error) { return nil, nil }) }()
+	go func() {
+		done <- deliver("lone", func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	}()
 	require.NoError(t, awaitDelivery(t, done, "the lone delivery waited for MaxWait"))
 	count, largest := testenv.Histogram(t, reader, deduplication.MetricBatchSize)
 	require.Equal(t, uint64(1), count)
@@ -78,7 +80,9 @@ func TestALingeringBatchTakesInALateDelivery(t *testing.T) {
 	}()
 	<-ran
 	second := make(chan error, 1)
-	go func() { second <- deliver("second", func(*message.Message) ([]*message.Message, error) { return nil, nil }) }()
+	go func() {
+		second <- deliver("second", func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	}()
 	require.NoError(t, awaitDelivery(t, first, "the batch did not close when full"))
 	require.NoError(t, awaitDelivery(t, second, "the batch did not close when full"))
 	count, largest := testenv.Histogram(t, reader, deduplication.MetricBatchSize)
