@@ -100,43 +100,52 @@ func GroupCommit(ctx context.Context, o Options) error {
 // business INSERT) in a transaction per delivery, against the statements
 // of a batch (BEGIN, per delivery the store's ClaimAfter — the savepoint
 // before released, the next set, the claim — and the INSERT, then
-// COMMIT), at the same number of deliveries in flight as the consumer
-// keeps (16: one subscription of the default prefetch; 64: four, or one of
-// prefetch 64; 256: four of prefetch 64): window ÷ batch size transactions
-// side by side, on the suite's pool of 24 connections.
+// COMMIT), and against a batch without savepoints (what group commit
+// could send if a failing delivery did not have to roll back alone), at
+// the same number of deliveries in flight as the consumer keeps (16: one
+// subscription of the default prefetch; 64: four, or one of prefetch 64;
+// 256: four of prefetch 64): window ÷ batch size transactions side by
+// side, on the suite's pool of 24 connections.
 func gcCeiling(ctx context.Context, o Options, v *inboxVariants, n, rounds int) error {
-	sizes := []int{1, 4, 8, 16}
+	variants := []struct {
+		size       int
+		savepoints bool
+	}{{1, false}, {4, true}, {8, true}, {16, true}, {8, false}, {16, false}}
 	var rows [][]string
 	for _, window := range []int{rabbitmq.PrefetchDefault, 4 * rabbitmq.PrefetchDefault, 256} {
-		rates := make([][]float64, len(sizes))
-		timedOut := make([]atomic.Int64, len(sizes))
+		rates := make([][]float64, len(variants))
+		timedOut := make([]atomic.Int64, len(variants))
 		for round := range rounds {
-			for k := range sizes {
-				i := (k + round) % len(sizes)
+			for k := range variants {
+				i := (k + round) % len(variants)
+				size := variants[i].size
 				if err := v.truncate(ctx); err != nil {
 					return err
 				}
-				run := fmt.Sprintf("ceiling-w%d-r%d-b%d-", window, round, sizes[i])
+				run := fmt.Sprintf("ceiling-w%d-r%d-v%d-", window, round, i)
 				var r float64
 				var err error
-				if sizes[i] == 1 {
+				if size == 1 {
 					r, err = Throughput(ctx, window, n, v.byHand(run))
 				} else {
-					r, err = Throughput(ctx, window/sizes[i], n/sizes[i], v.batchOf(run, sizes[i], &timedOut[i]))
-					r *= float64(sizes[i])
+					r, err = Throughput(ctx, window/size, n/size, v.batchOf(run, size, variants[i].savepoints, &timedOut[i]))
+					r *= float64(size)
 				}
 				if err != nil {
-					return fmt.Errorf("ceiling, %d in flight, batches of %d: %w", window, sizes[i], err)
+					return fmt.Errorf("ceiling, %d in flight, batches of %d: %w", window, size, err)
 				}
 				rates[i] = append(rates[i], r)
 			}
 		}
-		for i, size := range sizes {
+		for i, vr := range variants {
 			name := "one transaction per delivery"
-			if size > 1 {
-				name = fmt.Sprintf("batches of %d", size)
+			switch {
+			case vr.size > 1 && vr.savepoints:
+				name = fmt.Sprintf("batches of %d", vr.size)
+			case vr.size > 1:
+				name = fmt.Sprintf("batches of %d, no savepoints", vr.size)
 			}
-			rows = append(rows, []string{strconv.Itoa(window), name, strconv.Itoa(window / size), f0(Median(rates[i])), f2(MedianRatio(rates[i], rates[0])),
+			rows = append(rows, []string{strconv.Itoa(window), name, strconv.Itoa(window / vr.size), f0(Median(rates[i])), f2(MedianRatio(rates[i], rates[0])),
 				strconv.FormatInt(timedOut[i].Load(), 10)})
 		}
 	}

@@ -179,8 +179,9 @@ func (v *inboxVariants) byHandKey(ctx context.Context, key string) error {
 // then the last savepoint released and COMMIT. A claim that ran out of its
 // wait (a lock it waited for, though no other transaction claims its key:
 // the table's extension lock) is counted in timedOut, rolled back to its
-// savepoint and made again without a bound.
-func (v *inboxVariants) batchOf(run string, size int, timedOut *atomic.Int64) Op {
+// savepoint and made again without a bound. Without savepoints: the claims
+// and INSERTs alone, then COMMIT.
+func (v *inboxVariants) batchOf(run string, size int, savepoints bool, timedOut *atomic.Int64) Op {
 	return func(ctx context.Context, i int) error {
 		tx, err := v.store.Begin(ctx)
 		if err != nil {
@@ -190,6 +191,18 @@ func (v *inboxVariants) batchOf(run string, size int, timedOut *atomic.Int64) Op
 		sc, ok := tx.(deduplication.SavepointClaimer)
 		if !ok {
 			return fmt.Errorf("the store's units of work are no SavepointClaimers")
+		}
+		if !savepoints {
+			for j := range size {
+				key := run + strconv.Itoa(i*size+j)
+				if claimed, err := tx.Claim(ctx, "inventory", key); err != nil || !claimed {
+					return errors.Join(err, fmt.Errorf("%s: not claimed", key))
+				}
+				if _, err := sqlstore.SQLTx(tx).ExecContext(ctx, v.insertBiz, key); err != nil {
+					return err
+				}
+			}
+			return tx.Commit(ctx)
 		}
 		release := ""
 		for j := range size {
