@@ -182,16 +182,14 @@ func (c *privateCluster) close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	// rabbitmqctl stop returns before the VM has exited: give it time.
-	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); {
-		alive := false
+	_ = poll(ctx, 15*time.Second, 100*time.Millisecond, func() (bool, error) {
 		for pid := range c.pids {
-			alive = alive || c.isNodeVM(pid)
+			if c.isNodeVM(pid) {
+				return false, nil
+			}
 		}
-		if !alive {
-			break
-		}
-		time.Sleep(100 * time.Millisecond) // a process's exit cannot be awaited from outside its parent
-	}
+		return true, nil
+	}, func() string { return "the nodes' VMs to exit" })
 	for pid := range c.pids {
 		if c.isNodeVM(pid) {
 			err = errors.Join(err, fmt.Errorf("node VM %d outlived the stop by 15 s: killed", pid), syscall.Kill(pid, syscall.SIGKILL))
