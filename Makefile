@@ -43,7 +43,7 @@ fuzz: ## run every fuzz target for FUZZTIME each (default 20000x executions; e.g
 
 test-race: test ## the same as test: the race detector is always on
 
-chaos: services ## the long reliability run: 20,000 events a scenario, 100 kills, a 30 s broker outage in outbox, kill and postgres-stop again with group commit (docs/reliability.md)
+chaos: services ## the long reliability run: 20,000 events a scenario, 100 kills, a 30 s broker outage in outbox, kill and postgres-stop again with group commit, node kills on a private 3-node cluster (docs/reliability.md)
 	$(GO) run ./cmd/sluice-chaos run -events 20000 -kills 100 -crash-prob 0.002 -same-ids 1000 -postgres-down 10s -rabbitmq-down 5s -outbox-down 30s -outbox-writes 5000 -timeout 20m
 
 bench: services ## print the benchmark comparison tables (see docs/benchmarks.md)

@@ -40,7 +40,8 @@ type event struct {
 // with probability crashProb at the chosen crash points.
 func consumerMain(args []string) error {
 	fs := flag.NewFlagSet("consumer", flag.ContinueOnError)
-	amqpURL := fs.String("amqp-url", "", "")
+	amqpURL := fs.String("amqp-url", "", "the broker's URL, or a cluster's node URLs comma-separated (tried in that order)")
+	quorum := fs.Bool("quorum", false, "declare the topology with quorum queues (rabbitmq.TopologyConfig.Quorum)")
 	pgURL := fs.String("postgres-url", "", "")
 	queue := fs.String("queue", "", "")
 	schema := fs.String("schema", "", "")
@@ -98,7 +99,7 @@ func consumerMain(args []string) error {
 	if err != nil {
 		return err
 	}
-	brokerCfg := rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: *amqpURL}, Topology: rabbitmq.TopologyConfig{Queue: *queue, TierDelays: delays},
+	brokerCfg := rabbitmq.BrokerConfig{Connection: amqpConnection(*amqpURL), Topology: rabbitmq.TopologyConfig{Queue: *queue, TierDelays: delays, Quorum: *quorum},
 		WatermillSubscriber: *subscriber == "watermill", Prefetch: *prefetch}
 	inbox := func(store deduplication.Store, consumer string, key deduplication.KeyFunc) *deduplication.Config {
 		return &deduplication.Config{Store: store, Consumer: consumer, Key: key}
@@ -193,6 +194,17 @@ func (p crashingPublisher) Publish(topic string, msgs ...*message.Message) error
 		p.crash("after-tier-publish")
 	}
 	return err
+}
+
+// amqpConnection is the connection of a comma-separated list of node URLs:
+// URL for one, URLs for a cluster's nodes (a comma inside a password is
+// written %2C, as for the sluice CLI).
+func amqpConnection(list string) rabbitmq.Connection {
+	urls := strings.Split(list, ",")
+	if len(urls) == 1 {
+		return rabbitmq.Connection{URL: urls[0]}
+	}
+	return rabbitmq.Connection{URLs: urls}
 }
 
 func parseDelays(s string) ([]time.Duration, error) {

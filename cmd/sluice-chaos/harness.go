@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"os/signal"
 	"regexp"
 	"sort"
 	"strings"
@@ -49,12 +50,13 @@ type options struct {
 	// The group commit of the …-batched scenarios.
 	maxBatch, batchPrefetch int
 	maxWait                 time.Duration
+	clusterScript           string
 }
 
 // allScenarios are the default ones. Any scenario with the suffix -batched
 // runs with group commit on every inbox (deduplication.Config.Batch).
 var allScenarios = []string{"kill", "rabbitmq-restart", "postgres-stop", "poison-full", "same-id-8", "outbox",
-	"kill" + batchedSuffix, "postgres-stop" + batchedSuffix}
+	"kill" + batchedSuffix, "postgres-stop" + batchedSuffix, clusterScenario}
 
 // killCrashPoints are the consumers' self-crashes in the kill scenario.
 var killCrashPoints = []string{"before-commit", "after-commit", "after-tier-publish"}
@@ -83,6 +85,7 @@ func harnessMain(args []string) error {
 	fs.IntVar(&o.maxBatch, "max-batch", deduplication.MaxBatchDefault, "group commit's MaxBatch in the -batched scenarios")
 	fs.DurationVar(&o.maxWait, "max-wait", deduplication.MaxWaitDefault, "group commit's MaxWait in the -batched scenarios")
 	fs.IntVar(&o.batchPrefetch, "batch-prefetch", 32, "deliveries in flight per subscription in the -batched scenarios (0: the broker's default)")
+	fs.StringVar(&o.clusterScript, "cluster-script", "", "scripts/rabbitmq-cluster.sh, for "+clusterScenario+" (default: found above the working directory)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -91,9 +94,16 @@ func harnessMain(args []string) error {
 		return fmt.Errorf("--subscriber must be sluice or watermill, got %q", o.subscriber)
 	}
 	fmt.Printf("sluice-chaos: seed %d, %d events, %d processes × %d subscriptions (%s subscriber), tiers %s\n", o.seed, o.events, o.procs, o.consumers, o.subscriber, o.tiers)
+	// An interrupt ends the scenario under way through its context, so that
+	// it cleans up (cluster-node-kill stops its private cluster).
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	passed, failed := 0, 0
 	for _, s := range o.scenarios {
-		line, err := runScenario(o, s)
+		if ctx.Err() != nil {
+			return errors.New("interrupted")
+		}
+		line, err := runScenario(ctx, o, s)
 		if err != nil {
 			failed++
 			fmt.Printf("FAIL %-18s %s: %v\n", s, line, err)
@@ -162,14 +172,19 @@ func makePlan(rng *rand.Rand, n, copies int) plan {
 
 // world is one scenario's queue, schema and processes.
 type world struct {
-	o     options
-	name  string
-	db    *sqlx.DB
-	topo  *rabbitmq.Topology
-	pub   *rabbitmq.Publisher
-	procs []*slot
+	o    options
+	name string
+	// conn reaches the broker: the shared one, or the private cluster's
+	// nodes in cluster-node-kill, where quorum declares quorum queues.
+	conn   rabbitmq.Connection
+	quorum bool
+	db     *sqlx.DB
+	topo   *rabbitmq.Topology
+	pub    *rabbitmq.Publisher
+	procs  []*slot
 	// ob is the outbox scenario's; slotArgs are added to each consumer's.
 	ob       *outboxWorld
+	cl       *clusterWorld // cluster-node-kill's
 	slotArgs []string
 	// queueMu keeps observe's scan of the poison queue apart from the
 	// poison-full fault's removal of its fillers: each holds the queue's
@@ -181,16 +196,27 @@ type world struct {
 	at, total int
 }
 
-func runScenario(o options, scenario string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+func runScenario(parent context.Context, o options, scenario string) (string, error) {
+	ctx, cancel := context.WithTimeout(parent, o.timeout)
 	defer cancel()
 	rng := rand.New(rand.NewPCG(o.seed, uint64(len(scenario))))
 	base, batched := strings.CutSuffix(scenario, batchedSuffix)
-	w := &world{o: o, name: fmt.Sprintf("chaos_%s_%d", strings.ReplaceAll(scenario, "-", "_"), rng.Uint32())}
+	w := &world{o: o, name: fmt.Sprintf("chaos_%s_%d", strings.ReplaceAll(scenario, "-", "_"), rng.Uint32()), conn: rabbitmq.Connection{URL: o.amqpURL}}
+	if base == clusterScenario {
+		defer w.stopCluster() // deferred first: after the teardown
+		if err := w.startCluster(ctx, batched); err != nil {
+			return "cluster", err
+		}
+	}
 	if err := w.setup(ctx); err != nil {
 		return "setup", err
 	}
 	defer w.teardown()
+	if w.cl != nil {
+		if err := w.readLeaders(ctx); err != nil {
+			return "setup", err
+		}
+	}
 	if base == "outbox" {
 		if err := w.setupOutbox(ctx); err != nil {
 			return "setup", err
@@ -215,7 +241,11 @@ func runScenario(o options, scenario string) (string, error) {
 	}
 	p := makePlan(rng, n, copies)
 	start := time.Now()
-	if err := w.produce(ctx, p); err != nil {
+	first := p.publishes
+	if w.cl != nil {
+		first = w.clusterPlan(p)
+	}
+	if err := w.produce(ctx, first); err != nil {
 		return "produce", err
 	}
 	for range procs {
@@ -246,6 +276,9 @@ func runScenario(o options, scenario string) (string, error) {
 		}
 	}
 	disruption := describeDisruption(base, w.killed, w.fillers, crashes, restarts, w.at, w.total)
+	if w.cl != nil {
+		disruption = w.cl.describe(len(w.procs), restarts)
+	}
 	if batched {
 		if crashProb > 0 {
 			disruption += fmt.Sprintf("; self-crashes %s %d (with %d other deliveries handled, awaiting their commit)", midBatchPoint, crashes[midBatchPoint], counts["mid-batch-awaiting"])
@@ -303,14 +336,19 @@ func (w *world) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	w.topo, err = rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: w.name, TierDelays: delays})
+	w.topo, err = rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: w.name, TierDelays: delays, Quorum: w.quorum})
 	if err != nil {
 		return err
+	}
+	if w.cl != nil {
+		if err := w.placeMainQueue(ctx); err != nil {
+			return err
+		}
 	}
 	if err := w.withConn(func(c *amqp.Connection) error { return w.topo.Declare(ctx, c) }); err != nil {
 		return err
 	}
-	w.pub, err = rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: w.o.amqpURL}})
+	w.pub, err = rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: w.conn})
 	return err
 }
 
@@ -349,7 +387,7 @@ func (w *world) queues(all bool) []string {
 
 // withConn runs fn on a fresh connection: the broker may have restarted.
 func (w *world) withConn(fn func(*amqp.Connection) error) error {
-	c, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: w.o.amqpURL}, Name: "sluice chaos"})
+	c, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: w.conn, Name: "sluice chaos"})
 	if err != nil {
 		return err
 	}
@@ -357,10 +395,10 @@ func (w *world) withConn(fn func(*amqp.Connection) error) error {
 	return fn(c)
 }
 
-func (w *world) produce(ctx context.Context, p plan) error {
-	for i := 0; i < len(p.publishes); i += 100 {
+func (w *world) produce(ctx context.Context, publishes []publish) error {
+	for i := 0; i < len(publishes); i += 100 {
 		var batch []*message.Message
-		for _, pub := range p.publishes[i:min(i+100, len(p.publishes))] {
+		for _, pub := range publishes[i:min(i+100, len(publishes))] {
 			m := message.NewMessage(watermill.NewUUID(), []byte(pub.payload))
 			m.Metadata.Set(chaosIDKey, pub.id)
 			m.SetContext(ctx)
@@ -386,7 +424,15 @@ type slot struct {
 
 func (w *world) startSlot(crashProb float64) *slot {
 	s := &slot{crashes: map[string]int{}, counts: map[string]int{}, done: make(chan struct{})}
-	args := []string{"consumer", "--amqp-url", w.o.amqpURL, "--postgres-url", w.consumerURL(), "--queue", w.topo.Queue(),
+	// Each process lists the nodes from a different one: the first
+	// process starts on the first node, the second on the second, …
+	urls := w.conn.URLs
+	if w.conn.URL != "" {
+		urls = []string{w.conn.URL}
+	}
+	first := len(w.procs) % len(urls)
+	urls = append(urls[first:len(urls):len(urls)], urls[:first]...)
+	args := []string{"consumer", "--amqp-url", strings.Join(urls, ","), fmt.Sprintf("--quorum=%t", w.quorum), "--postgres-url", w.consumerURL(), "--queue", w.topo.Queue(),
 		"--schema", w.name, "--tiers", w.o.tiers, "--consumers", fmt.Sprint(w.o.consumers), "--subscriber", w.o.subscriber,
 		"--crash-prob", fmt.Sprint(crashProb), "--crash-points", strings.Join(killCrashPoints, ",")}
 	args = append(args, w.slotArgs...)
@@ -504,6 +550,8 @@ func (w *world) disrupt(ctx context.Context, rng *rand.Rand, scenario string) er
 		return w.terminateBackends(ctx, rng)
 	case "outbox":
 		return w.disruptOutbox(ctx, rng)
+	case clusterScenario:
+		return w.disruptCluster(ctx)
 	}
 	return nil
 }

@@ -8,9 +8,12 @@
 //	go run ./cmd/sluice-chaos run                          # the short version (CI)
 //	go run ./cmd/sluice-chaos run -events 20000 -kills 100  # the long one (make chaos)
 //	go run ./cmd/sluice-chaos run -scenarios kill-batched  # a scenario with group commit on
+//	go run ./cmd/sluice-chaos run -scenarios cluster-node-kill  # quorum queues on a private 3-node cluster
 //
 // It restarts RabbitMQ and stops PostgreSQL (as root, with rabbitmqctl and
-// pg_ctlcluster): run it alone. See docs/reliability.md.
+// pg_ctlcluster): run it alone. cluster-node-kill starts a private cluster
+// of its own (scripts/rabbitmq-cluster.sh, other ports and node names) and
+// kills its nodes, never the shared broker's. See docs/reliability.md.
 package main
 
 import (
