@@ -28,10 +28,10 @@ import (
 	"github.com/sluicemq/sluice/router"
 )
 
-// ScaleOutWorkerEnv, set in the environment of a process of
-// cmd/sluice-bench (or of this package's test binary), makes it a consumer
-// process of the scaleout suite instead (ScaleOutWorker): its value is the
-// worker's configuration, in JSON.
+// ScaleOutWorkerEnv is the environment variable that makes a process of
+// cmd/sluice-bench (or of this package's test binary) a consumer process of
+// the scaleout suite instead (ScaleOutWorker): its value is the worker's
+// configuration, in JSON.
 const ScaleOutWorkerEnv = "SLUICE_BENCH_SCALEOUT_WORKER"
 
 // scaleWorker is a consumer process's configuration.
