@@ -40,6 +40,8 @@ type scaleWorker struct {
 	Queue, Schema        string
 	// Noop: a handler that does nothing, no stages.
 	Noop bool
+	// Conns is the process's PostgreSQL pool.
+	Conns int
 }
 
 // scaleProcessConns is each consumer process's PostgreSQL pool: one
@@ -62,10 +64,12 @@ func ScaleOut(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	return scaleOut(ctx, o, self, []int{1, 2, 4}, max(o.Rounds/4, 3))
+	return scaleOut(ctx, o, self, []int{1, 2, 4}, max(o.Rounds/4, 3), scaleProcessConns)
 }
 
-func scaleOut(ctx context.Context, o Options, self string, procs []int, rounds int) error {
+// scaleOut is ScaleOut with procs processes of conns PostgreSQL connections
+// each, for rounds rounds.
+func scaleOut(ctx context.Context, o Options, self string, procs []int, rounds, conns int) error {
 	db, schema, cleanup, err := pgSchema(ctx, o.PostgresURL, "sluice_bench_scale", 4, nil)
 	if err != nil {
 		return err
@@ -93,9 +97,9 @@ func scaleOut(ctx context.Context, o Options, self string, procs []int, rounds i
 			run := fmt.Sprintf("scale-r%d-p%d-v%d-", round, procs[i], variant)
 			var r float64
 			if variant == ceiling {
-				r, err = scaleCeiling(ctx, o, v, procs[i]*scaleProcessConns, n, run)
+				r, err = scaleCeiling(ctx, o, v, procs[i]*conns, n, run)
 			} else {
-				r, err = scaleRun(ctx, self, conn, pub, scaleWorker{PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: schema, Noop: variant == noop}, procs[i], n, run)
+				r, err = scaleRun(ctx, self, conn, pub, scaleWorker{PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: schema, Noop: variant == noop, Conns: conns}, procs[i], n, run)
 			}
 			if err != nil {
 				return fmt.Errorf("%d processes, variant %d: %w", procs[i], variant, err)
@@ -110,7 +114,7 @@ func scaleOut(ctx context.Context, o Options, self string, procs []int, rounds i
 			f2(MedianRatio(rates[i][stack], rates[0][stack])), f2(MedianRatio(rates[i][stack], rates[i][ceiling])), f2(MedianRatio(rates[i][stack], rates[i][noop]))})
 	}
 	fmt.Fprintf(o.Out, "scale-out: consumer processes of one subscription each (prefetch %d, %d PostgreSQL connections each) on one queue and one PostgreSQL, the full stack with the inbox, %d messages preloaded per run, %d rounds interleaved\n\n",
-		rabbitmq.PrefetchDefault, scaleProcessConns, n, rounds)
+		rabbitmq.PrefetchDefault, conns, n, rounds)
 	Table(o.Out, []string{"processes", "in flight", "no-op msg/s", "full stack msg/s", "PG ceiling msg/s", "full stack ÷ 1 process", "÷ PG ceiling", "÷ no-op"}, rows)
 	fmt.Fprintln(o.Out, "PG ceiling: the inbox transaction by hand in a loop, no broker, as many transactions side by side as the processes keep in flight")
 	return nil
@@ -311,8 +315,8 @@ func ScaleOutWorker(cfg string) error {
 			return err
 		}
 		defer func() { _ = db.Close() }()
-		db.SetMaxOpenConns(scaleProcessConns)
-		db.SetMaxIdleConns(scaleProcessConns)
+		db.SetMaxOpenConns(w.Conns)
+		db.SetMaxIdleConns(w.Conns)
 		store, err := sqlstore.New(sqlstore.Config{DB: db, Table: w.Schema + ".inbox"})
 		if err != nil {
 			return err

@@ -20,7 +20,8 @@ func TestScaleOutSuiteRuns(t *testing.T) {
 	o := Options{PostgresURL: testenv.PostgresURL, AMQPURL: testenv.AMQPURL, Messages: 25, Rounds: 1}
 	var out bytes.Buffer
 	o.Out = &out
-	require.NoError(t, scaleOut(t.Context(), o, self, []int{1, 2}, 1))
+	// 4 connections a process: the test shares PostgreSQL with the others.
+	require.NoError(t, scaleOut(t.Context(), o, self, []int{1, 2}, 1, 4))
 	for _, want := range []string{"scale-out: consumer processes", "full stack ÷ 1 process", "÷ PG ceiling"} {
 		require.Contains(t, out.String(), want)
 	}
