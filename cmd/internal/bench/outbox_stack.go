@@ -145,7 +145,7 @@ func outboxStack(ctx context.Context, o Options) error {
 		"producing, to the last commit msg/s", "ratio at the last commit",
 		"commit → confirm p50", "p99", "samples", "relay's sluice.outbox.lag mean"}, rows)
 	fmt.Fprintln(o.Out, "target: ratio ≥ 0.7; the producing run ends at the last produced message's confirm. commit → confirm: from the inbox's commit to the return of the relay's PublishEach for the batch carrying the message")
-	return nil
+	return outboxCeiling(ctx, o, v, store, truncate, n, rounds)
 }
 
 // firstLine is err's first line: a publisher's joined errors, one per
@@ -393,3 +393,119 @@ type wakeFrom struct {
 }
 
 func (w wakeFrom) Wakeups() <-chan struct{} { return w.w.Wakeups() }
+
+// outboxCeiling prints what PostgreSQL alone gives the outbox, no broker and
+// no stack: the inbox transaction by hand (claim, business INSERT, commit)
+// against the same with one produced message written by the outbox store's
+// Write in it, while one drainer takes the rows as a relay does (Due of
+// BatchSize rows, Finish of all: SELECT … FOR UPDATE SKIP LOCKED, DELETE)
+// without publishing them, timed until the last row is gone; at 16 and 64
+// transactions side by side. The ratio bounds the stack's producing ÷
+// producing nothing on this machine.
+func outboxCeiling(ctx context.Context, o Options, v *inboxVariants, store *outboxsql.Store, truncate func(context.Context) error, n, rounds int) error {
+	var rows [][]string
+	for _, conc := range []int{rabbitmq.PrefetchDefault, 4 * rabbitmq.PrefetchDefault} {
+		var rates [2][]float64
+		for round := range rounds {
+			for k := range 2 {
+				i := (k + round) % 2
+				if err := truncate(ctx); err != nil {
+					return err
+				}
+				run := fmt.Sprintf("ceiling-c%d-r%d-v%d-", conc, round, i)
+				var r float64
+				var err error
+				if i == 0 {
+					r, err = Throughput(ctx, conc, n, v.byHand(run))
+				} else {
+					r, err = producingByHand(ctx, v, store, conc, n, run)
+				}
+				if err != nil {
+					return fmt.Errorf("the outbox's ceiling, %d side by side: %w", conc, err)
+				}
+				rates[i] = append(rates[i], r)
+			}
+		}
+		rows = append(rows, []string{strconv.Itoa(conc), f0(Median(rates[0])), f0(Median(rates[1])), f2(MedianRatio(rates[1], rates[0]))})
+	}
+	fmt.Fprintf(o.Out, "\nThe outbox's ceiling: PostgreSQL alone (no broker, no stack), %d deliveries per run, %d rounds interleaved\n\n", n, rounds)
+	Table(o.Out, []string{"transactions side by side", "inbox by hand msg/s", "+ one produced row, drained as a relay does msg/s", "ratio"}, rows)
+	fmt.Fprintln(o.Out, "the ratio here bounds the full stack's producing ÷ producing nothing on this machine")
+	return nil
+}
+
+// producingByHand runs n inbox transactions by hand on conc goroutines,
+// each writing one produced message through store.Write, while one drainer
+// deletes the rows as a relay does; it returns n ÷ the time until the last
+// row is gone.
+func producingByHand(ctx context.Context, v *inboxVariants, store *outboxsql.Store, conc, n int, run string) (float64, error) {
+	start := time.Now()
+	var drained atomic.Int64
+	writersDone := make(chan struct{})
+	drainErr := make(chan error, 1)
+	dctx, cancel := context.WithCancel(ctx) // ends the drainer when a writer failed
+	defer cancel()
+	go func() {
+		ctx := dctx
+		for drained.Load() < int64(n) {
+			b, err := store.Due(ctx, outbox.BatchSizeDefault)
+			if err != nil {
+				drainErr <- err
+				return
+			}
+			ids := make([]int64, 0, len(b.Rows()))
+			for _, r := range b.Rows() {
+				ids = append(ids, r.ID)
+			}
+			if err := b.Finish(ctx, ids, nil); err != nil {
+				drainErr <- err
+				return
+			}
+			drained.Add(int64(len(ids)))
+			if len(ids) == 0 {
+				select {
+				case <-writersDone:
+					if drained.Load() < int64(n) {
+						continue // the last commits may land after an empty read
+					}
+				case <-time.After(time.Millisecond): // a relay waits for a wake-up or its poll
+				case <-ctx.Done():
+					drainErr <- ctx.Err()
+					return
+				}
+			}
+		}
+		drainErr <- nil
+	}()
+	_, err := Throughput(ctx, conc, n, func(ctx context.Context, i int) error {
+		key := run + strconv.Itoa(i)
+		tx, err := v.db.BeginTxx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
+		if _, err := tx.ExecContext(ctx, v.claimSQL, "inventory", key); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, v.insertBiz, key); err != nil {
+			return err
+		}
+		evt := message.NewMessage(watermill.NewUUID(), []byte(`{"reserved":true}`))
+		evt.Metadata.Set(sluice.EventIDKey, "reserved:"+key)
+		if err := store.Write(ctx, tx, "produced", evt); err != nil {
+			return err
+		}
+		return tx.Commit()
+	})
+	close(writersDone)
+	if err != nil {
+		cancel()
+	}
+	if derr := <-drainErr; err == nil {
+		err = derr
+	}
+	if err != nil {
+		return 0, err
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}

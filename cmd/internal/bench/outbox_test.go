@@ -18,7 +18,7 @@ func TestOutboxSuiteRuns(t *testing.T) {
 	var out bytes.Buffer
 	err := Outbox(t.Context(), Options{PostgresURL: testenv.PostgresURL, AMQPURL: testenv.AMQPURL, Messages: 5, Rounds: 1, Out: &out})
 	require.NoError(t, err)
-	for _, want := range []string{"sluice relay, BatchSize 100", "watermill-sql + forwarder", "one produced per delivery", "commit → confirm p50"} {
+	for _, want := range []string{"sluice relay, BatchSize 100", "watermill-sql + forwarder", "one produced per delivery", "commit → confirm p50", "The outbox's ceiling", "drained as a relay does"} {
 		require.Contains(t, out.String(), want)
 	}
 }
