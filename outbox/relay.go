@@ -85,6 +85,12 @@ type RelayConfig struct {
 	// (pipelined: a Publish per row, concurrently) and deletes in one
 	// statement. Default BatchSizeDefault.
 	BatchSize int
+	// Concurrency is how many batches the relay has in flight at once, each
+	// with rows of its own, as several relays have: one batch's round trips
+	// to the database overlap another's publishes. Its batches are then not
+	// ordered with each other. Memory: Concurrency batches. Default 1, at
+	// most 64.
+	Concurrency int
 	// PollInterval is the longest a committed row waits for the relay when
 	// nothing wakes it (a commit on another process, a producer that does
 	// not call Wake). Rows committed through the inbox of this process wake
@@ -124,6 +130,7 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	}
 	c.Name = cmp.Or(c.Name, "outbox")
 	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
+	c.Concurrency = cmp.Or(c.Concurrency, 1)
 	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
 	c.StoreTimeout = cmp.Or(c.StoreTimeout, StoreTimeoutDefault)
@@ -150,6 +157,8 @@ func (c RelayConfig) validate() error {
 		return errors.New("outbox: RelayConfig.Publisher is required (a publisher that returns once the broker holds the message: rabbitmq's confirmed Publisher)")
 	case c.BatchSize < 0 || c.BatchSize > 10000:
 		return fmt.Errorf("outbox: RelayConfig.BatchSize must be between 1 and 10000, got %d", c.BatchSize)
+	case c.Concurrency < 0 || c.Concurrency > 64:
+		return fmt.Errorf("outbox: RelayConfig.Concurrency must be between 1 and 64, got %d", c.Concurrency)
 	case c.RetryMax < c.RetryMin:
 		return fmt.Errorf("outbox: RelayConfig.RetryMax (%s) must not be shorter than RetryMin (%s)", c.RetryMax, c.RetryMin)
 	}
@@ -245,8 +254,9 @@ func (r *Relay) Wake() {
 	}
 }
 
-// Run relays until ctx ends or Close is called, then returns once the batch
-// in flight is finished (its publishes bounded by PublishTimeout): rows not
+// Run relays until ctx ends or Close is called, then returns once the
+// batches in flight are finished (their publishes bounded by
+// PublishTimeout): rows not
 // taken stay in the outbox for the next run. It returns nil after Close or
 // a cancelled ctx, and an error when called twice.
 func (r *Relay) Run(ctx context.Context) error {
@@ -274,8 +284,22 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.readStats(ctx)
 		}()
 	}
+	var loops sync.WaitGroup
+	for range r.cfg.Concurrency {
+		loops.Go(func() { r.loop(ctx) })
+	}
+	loops.Wait()
+	if statsDone != nil {
+		<-statsDone
+	}
+	return nil
+}
+
+// loop takes batch after batch until ctx ends: the relay runs
+// Concurrency of them.
+func (r *Relay) loop(ctx context.Context) {
 	backoff := time.Duration(0)
-	var retry time.Time // the earliest next attempt of a row this relay failed, if any
+	var retry time.Time // the earliest next attempt of a row this loop failed, if any
 	for ctx.Err() == nil {
 		n, ok, next := r.batch(ctx)
 		if !next.IsZero() && (retry.IsZero() || next.Before(retry)) {
@@ -305,10 +329,6 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.sleep(ctx, wait, true)
 		}
 	}
-	if statsDone != nil {
-		<-statsDone
-	}
-	return nil
 }
 
 // sleep waits d, until ctx ends, or, when wakeable, until a wake-up.

@@ -681,3 +681,51 @@ func (a *armingPublisher) Publish(topic string, msgs ...*message.Message) error 
 	return err
 }
 func (a *armingPublisher) Close() error { return nil }
+
+// holdingSome holds the publishes of the messages in held until released.
+type holdingSome struct {
+	pub     message.Publisher
+	held    map[string]bool
+	started chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (h *holdingSome) Publish(topic string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		if h.held[m.UUID] {
+			h.once.Do(func() { close(h.started) })
+			<-h.release
+		}
+	}
+	return h.pub.Publish(topic, msgs...)
+}
+func (h *holdingSome) Close() error { return nil }
+
+// With Concurrency 2 a relay publishes a second batch while its first is
+// held (its publishes not returned); with 1 it would wait.
+func TestAConcurrentRelayPublishesABatchWhileAnotherIsHeld(t *testing.T) {
+	t.Parallel()
+	s := newService(t, testenv.AMQPURL)
+	msgs := make([]*message.Message, 10)
+	held := map[string]bool{}
+	for i := range msgs {
+		msgs[i] = message.NewMessage(fmt.Sprint("m-", i), nil)
+		if i < 5 { // the oldest rows: one batch of 5
+			held[msgs[i].UUID] = true
+		}
+	}
+	pub := &holdingSome{pub: s.rabbit.Publisher(), held: held, started: make(chan struct{}), release: make(chan struct{})}
+	r := s.relay(outbox.RelayConfig{Publisher: pub, BatchSize: 5, Concurrency: 2})
+	tx, err := s.db.BeginTxx(t.Context(), nil)
+	require.NoError(t, err)
+	require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, msgs...))
+	require.NoError(t, tx.Commit())
+	r.Wake()
+	<-pub.started
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, s.conn, s.produced) == 5 }, 30*time.Second, 10*time.Millisecond,
+		"the other batch is published while the first is held")
+	close(pub.release)
+	require.Len(t, s.producedMessages(10), 10)
+	require.Eventually(t, func() bool { return s.count("outbox") == 0 }, 10*time.Second, 10*time.Millisecond)
+}

@@ -38,7 +38,8 @@ func Outbox(ctx context.Context, o Options) error {
 //
 //	relay:     Sluice's outbox.Relay (outboxsql.Store, rabbitmq's confirmed
 //	           Publisher) with BatchSize 100 and 500, timed from its start
-//	           (its first read) to the last row confirmed and deleted;
+//	           (its first read) to the last row confirmed and deleted; and
+//	           with Concurrency 4 and 2 (batches in flight at once);
 //	direct:    the same messages published by the same Publisher, one
 //	           Publish per batch of the same size: the relay's ceiling;
 //	watermill: watermill-sql's publisher (the rows written through
@@ -79,13 +80,15 @@ func outboxRelay(ctx context.Context, o Options) error {
 		run  func(round int, ms []*message.Message) (float64, error)
 	}
 	times := map[string]*batchTimes{}
-	relay := func(batch int) func(int, []*message.Message) (float64, error) {
+	relay := func(batch, concurrency int) func(int, []*message.Message) (float64, error) {
 		return func(_ int, ms []*message.Message) (float64, error) {
 			if err := writeOutbox(ctx, db, store, queue, ms); err != nil {
 				return 0, err
 			}
-			r, t, err := relayRun(ctx, store, pub, batch, len(ms))
-			times[fmt.Sprint("relay", batch)].add(t)
+			r, t, err := relayRun(ctx, store, pub, batch, concurrency, len(ms))
+			if concurrency == 1 {
+				times[fmt.Sprint("relay", batch)].add(t)
+			}
 			return r, err
 		}
 	}
@@ -108,13 +111,15 @@ func outboxRelay(ctx context.Context, o Options) error {
 		times[fmt.Sprint("relay", b)], times[fmt.Sprint("direct", b)] = &batchTimes{}, &batchTimes{}
 	}
 	variants := []variant{
-		{"sluice relay, BatchSize 100", relay(100)},
+		{"sluice relay, BatchSize 100", relay(100, 1)},
 		{"direct Publish, batches of 100", direct(100)},
-		{"sluice relay, BatchSize 500", relay(500)},
+		{"sluice relay, BatchSize 500", relay(500, 1)},
 		{"direct Publish, batches of 500", direct(500)},
 		{"watermill-sql + forwarder", func(_ int, ms []*message.Message) (float64, error) {
 			return forwarderRun(ctx, db, schema, pub, queue, fmt.Sprintf("outbox_%d", time.Now().UnixNano()), ms)
 		}},
+		{"sluice relay, BatchSize 100, Concurrency 4", relay(100, 4)},
+		{"sluice relay, BatchSize 500, Concurrency 2", relay(500, 2)},
 	}
 	rates := make([][]float64, len(variants))
 	for round := range rounds {
@@ -147,6 +152,8 @@ func outboxRelay(ctx context.Context, o Options) error {
 		{variants[2].name, f0(Median(rates[2])), f2(MedianRatio(rates[2], rates[3])), ""},
 		{variants[3].name, f0(Median(rates[3])), "", ""},
 		{variants[4].name, f0(Median(rates[4])), "", f2(MedianRatio(rates[0], rates[4])) + " (BatchSize 100), " + f2(MedianRatio(rates[2], rates[4])) + " (500)"},
+		{variants[5].name, f0(Median(rates[5])), f2(MedianRatio(rates[5], rates[1])), ""},
+		{variants[6].name, f0(Median(rates[6])), f2(MedianRatio(rates[6], rates[3])), ""},
 	})
 	fmt.Fprintln(o.Out, "target: relay ÷ direct ≥ 0.8 (the relay costs little over publishing the same messages with the same publisher)")
 	fmt.Fprintln(o.Out, "\nWhere a batch's time goes, mean (median) over every batch of every round; \"rest\" is the runs' time outside the three, per batch:")
@@ -233,9 +240,9 @@ func (t *batchTimes) add(o batchTimes) {
 
 // relayRun runs a relay on the outbox until n rows are relayed and deleted
 // and returns n per second from its start, and its batches' times.
-func relayRun(ctx context.Context, store outbox.Store, pub message.Publisher, batch, n int) (float64, batchTimes, error) {
+func relayRun(ctx context.Context, store outbox.Store, pub message.Publisher, batch, concurrency, n int) (float64, batchTimes, error) {
 	counted := newCountingStore(store, n)
-	r, err := outbox.NewRelay(outbox.RelayConfig{Store: counted, Publisher: pub, BatchSize: batch, Name: "bench"})
+	r, err := outbox.NewRelay(outbox.RelayConfig{Store: counted, Publisher: pub, BatchSize: batch, Concurrency: concurrency, Name: "bench"})
 	if err != nil {
 		return 0, batchTimes{}, err
 	}

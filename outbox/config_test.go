@@ -1,0 +1,40 @@
+package outbox_test
+
+import (
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/outbox"
+	"github.com/sluicemq/sluice/outbox/sqlstore"
+)
+
+// A RelayConfig that cannot work is refused by NewRelay, with the field
+// named.
+func TestNewRelayRefusesABadConfig(t *testing.T) {
+	t.Parallel()
+	store, err := sqlstore.New(sqlstore.Config{DB: testenv.SQLite(t), Table: "outbox"})
+	require.NoError(t, err)
+	pub := gochannel.NewGoChannel(gochannel.Config{}, nil)
+	t.Cleanup(func() { _ = pub.Close() })
+	for _, c := range []struct {
+		cfg  outbox.RelayConfig
+		want string
+	}{
+		{outbox.RelayConfig{Publisher: pub}, "RelayConfig.Store is required"},
+		{outbox.RelayConfig{Store: store}, "RelayConfig.Publisher is required"},
+		{outbox.RelayConfig{Store: store, Publisher: pub, BatchSize: -1}, "BatchSize must be between 1 and 10000, got -1"},
+		{outbox.RelayConfig{Store: store, Publisher: pub, BatchSize: 10001}, "BatchSize must be between 1 and 10000, got 10001"},
+		{outbox.RelayConfig{Store: store, Publisher: pub, Concurrency: -1}, "Concurrency must be between 1 and 64, got -1"},
+		{outbox.RelayConfig{Store: store, Publisher: pub, Concurrency: 65}, "Concurrency must be between 1 and 64, got 65"},
+		{outbox.RelayConfig{Store: store, Publisher: pub, PollInterval: -1}, "PollInterval must not be negative"},
+		{outbox.RelayConfig{Store: store, Publisher: pub, RetryMin: 2 * 60e9, RetryMax: 60e9}, "RetryMax (1m0s) must not be shorter than RetryMin (2m0s)"},
+	} {
+		_, err := outbox.NewRelay(c.cfg)
+		require.ErrorContains(t, err, c.want)
+	}
+	_, err = outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: pub, Concurrency: 64})
+	require.NoError(t, err)
+}
