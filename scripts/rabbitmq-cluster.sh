@@ -15,6 +15,8 @@
 #   rabbitmq-cluster.sh urls           the nodes' AMQP URLs, comma-separated
 #   rabbitmq-cluster.sh node N         node N's Erlang name
 #   rabbitmq-cluster.sh ctl N ARGS...  rabbitmqctl ARGS against node N
+#   rabbitmq-cluster.sh partition N    cut node N off (SLUICE_CLUSTER_NETNS only)
+#   rabbitmq-cluster.sh heal N         end node N's partition
 #
 # Nodes are numbered from 1. Environment (read by start, remembered in the
 # state directory for the other commands):
@@ -23,6 +25,18 @@
 #   SLUICE_CLUSTER_NAME       node name prefix: NAME1@localhost ... (default sluice-c)
 #   SLUICE_CLUSTER_PORTS      the nodes' AMQP ports, space-separated (default 5781 5782 ...)
 #   SLUICE_CLUSTER_DIST_PORTS their Erlang distribution ports (default 25781 25782 ...)
+#   SLUICE_CLUSTER_NETNS      opt in to partitions: a network namespace, created by start
+#                             (with the epmd in it) and deleted by stop, holding the nodes.
+#                             Node N is NAME<N>@127.0.0.<10+N> (long names), listens for AMQP
+#                             and the distribution on that address only, and connects to
+#                             the other nodes from it. partition N drops every packet from
+#                             or to that address on the namespace's loopback (tc): no reset,
+#                             no ICMP error, as a host cut off by the network. The AMQP URLs
+#                             are reachable only from inside the namespace (ip netns exec,
+#                             or a socket opened there). Nothing outside it is touched.
+#   SLUICE_CLUSTER_NET_TICKTIME   the nodes' net_ticktime in seconds (default Erlang's, 60):
+#                             how soon a node that stopped answering is seen as down
+#   SLUICE_CLUSTER_PARTITION_HANDLING  cluster_partition_handling (default RabbitMQ's, ignore)
 set -euo pipefail
 
 dir=${SLUICE_CLUSTER_DIR:-/tmp/sluice-rabbitmq-cluster}
@@ -43,6 +57,9 @@ load() {
   prefix=${SLUICE_CLUSTER_NAME:-sluice-c}
   ports=${SLUICE_CLUSTER_PORTS:-}
   dist_ports=${SLUICE_CLUSTER_DIST_PORTS:-}
+  netns=${SLUICE_CLUSTER_NETNS:-}
+  ticktime=${SLUICE_CLUSTER_NET_TICKTIME:-}
+  partition_handling=${SLUICE_CLUSTER_PARTITION_HANDLING:-}
   if [ -z "$ports" ]; then
     for ((i = 1; i <= size; i++)); do ports="$ports $((5780 + i))"; done
   fi
@@ -57,10 +74,28 @@ load() {
   done
 }
 
-node() { echo "${prefix}$1@localhost"; }
+node() {
+  if [ -n "$netns" ]; then echo "${prefix}$1@$(addr "$1")"; else echo "${prefix}$1@localhost"; fi
+}
+# addr is node N's address: its own in a namespace, else the loopback's.
+addr() { if [ -n "$netns" ]; then echo "127.0.0.$((10 + $1))"; else echo 127.0.0.1; fi; }
+# inns runs a command in the namespace, if any, with long node names there,
+# an empty rabbitmq-env.conf (the system's is the shared node's, and may set
+# ERL_FLAGS, inet_dist_use_interface 127.0.0.1, which would win over a
+# node's own address, and ERL_EPMD_ADDRESS) and an inetrc that gives this
+# host a long name the nodes resolve without DNS: rabbitmqctl's own node is
+# named after the host, and the nodes answer it by connecting to it.
+inns() {
+  if [ -n "$netns" ]; then
+    ip netns exec "$netns" env RABBITMQ_USE_LONGNAME=true RABBITMQ_CONF_ENV_FILE="$dir/rabbitmq-env.conf" \
+      ERL_INETRC="$dir/inetrc" "$@"
+  else
+    "$@"
+  fi
+}
 port() { local p; read -ra p <<<"$ports"; echo "${p[$(($1 - 1))]}"; }
 dist_port() { local d; read -ra d <<<"$dist_ports"; echo "${d[$(($1 - 1))]}"; }
-ctl() { local n=$1; shift; rabbitmqctl -q -n "$(node "$n")" "$@"; }
+ctl() { local n=$1; shift; inns rabbitmqctl -q -n "$(node "$n")" "$@"; }
 
 check_n() {
   [[ $1 =~ ^[0-9]+$ ]] && [ "$1" -ge 1 ] && [ "$1" -le "$size" ] || die "no node $1 (nodes 1..$size)"
@@ -75,10 +110,32 @@ size=$size
 prefix='$prefix'
 ports='$ports'
 dist_ports='$dist_ports'
+netns='$netns'
+ticktime='$ticktime'
+partition_handling='$partition_handling'
 EOF
+  if [ -n "$netns" ]; then
+    : >"$dir/rabbitmq-env.conf"
+    cat >"$dir/inetrc" <<EOF
+{domain, "sluice.invalid"}.
+{host, {127,0,0,1}, ["$(hostname -s).sluice.invalid"]}.
+{lookup, [file, native]}.
+EOF
+    ip netns add "$netns"
+    ip netns exec "$netns" ip link set lo up
+    # Packets to or from a partitioned node's address are dropped on the
+    # way out of the loopback: its filters send them to class 1:1, whose
+    # queue holds none (this kernel has no tc actions, such as drop, to
+    # use instead). Every other packet goes through class 1:2, unlimited.
+    ip netns exec "$netns" tc qdisc add dev lo root handle 1: htb default 2 r2q 100000
+    ip netns exec "$netns" tc class add dev lo parent 1: classid 1:1 htb rate 100gbit
+    ip netns exec "$netns" tc class add dev lo parent 1: classid 1:2 htb rate 100gbit
+    ip netns exec "$netns" tc qdisc add dev lo parent 1:1 handle 10: pfifo limit 0
+  fi
   for ((i = 1; i <= size; i++)); do
     mkdir -p "$dir/node$i/log" "$dir/node$i/mnesia"
-    printf 'listeners.tcp.local = 127.0.0.1:%s\n' "$(port "$i")" >"$dir/node$i/rabbitmq.conf"
+    printf 'listeners.tcp.local = %s:%s\n' "$(addr "$i")" "$(port "$i")" >"$dir/node$i/rabbitmq.conf"
+    [ -z "$partition_handling" ] || printf 'cluster_partition_handling = %s\n' "$partition_handling" >>"$dir/node$i/rabbitmq.conf"
     printf '[].\n' >"$dir/node$i/enabled_plugins"
   done
   chown -R rabbitmq:rabbitmq "$dir"
@@ -87,8 +144,16 @@ EOF
 
 # launch starts node N detached; it returns before the node is up.
 launch() {
-  local n=$1 nd="$dir/node$1"
-  env RABBITMQ_NODENAME="$(node "$n")" RABBITMQ_NODE_PORT="$(port "$n")" RABBITMQ_DIST_PORT="$(dist_port "$n")" \
+  local n=$1 nd="$dir/node$1" args="" ip
+  [ -z "$ticktime" ] || args="-kernel net_ticktime $ticktime"
+  if [ -n "$netns" ]; then
+    ip=$(addr "$n")
+    ip=${ip//./,}
+    args="$args -kernel inet_dist_use_interface {$ip} -kernel inet_dist_connect_options [{ip,{$ip}}]"
+  fi
+  local extra=()
+  [ -z "$args" ] || extra=("RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=$args")
+  inns env "${extra[@]}" RABBITMQ_NODENAME="$(node "$n")" RABBITMQ_NODE_PORT="$(port "$n")" RABBITMQ_DIST_PORT="$(dist_port "$n")" \
     RABBITMQ_CONFIG_FILE="$nd/rabbitmq.conf" RABBITMQ_MNESIA_BASE="$nd/mnesia" RABBITMQ_LOG_BASE="$nd/log" \
     RABBITMQ_ENABLED_PLUGINS_FILE="$nd/enabled_plugins" RABBITMQ_PID_FILE="$nd/pid" \
     rabbitmq-server -detached
@@ -137,8 +202,19 @@ stop_all() {
   load
   local i
   if [ -f "$dir/cluster.env" ]; then
-    for ((i = 1; i <= size; i++)); do ctl "$i" stop >/dev/null 2>&1 || (kill_one "$i") 2>/dev/null || true; done
+    for ((i = 1; i <= size; i++)); do
+      [ -z "$netns" ] || heal "$i"
+      ctl "$i" stop >/dev/null 2>&1 || (kill_one "$i") 2>/dev/null || true
+    done
     rm -rf "$dir"
+  fi
+  if [ -n "$netns" ] && [ -e "/run/netns/$netns" ]; then
+    # What is left in the namespace is its epmd, started by the first node.
+    local pid
+    for pid in $(ip netns pids "$netns"); do
+      [ "$(ps -o comm= -p "$pid" 2>/dev/null)" != epmd ] || kill "$pid" 2>/dev/null || true
+    done
+    ip netns del "$netns"
   fi
 }
 
@@ -163,9 +239,29 @@ kill_one() {
   done
 }
 
+# partition cuts node N off: every packet from or to its address is
+# dropped, so neither the other nodes nor its AMQP clients hear from it
+# again, and nothing resets their connections. heal removes the filters.
+partition() {
+  load
+  check_n "$1"
+  [ -n "$netns" ] || die "partition needs SLUICE_CLUSTER_NETNS"
+  local a
+  a=$(addr "$1")
+  ip netns exec "$netns" tc filter add dev lo parent 1: pref $((100 + $1)) protocol ip u32 match ip src "$a"/32 classid 1:1
+  ip netns exec "$netns" tc filter add dev lo parent 1: pref $((100 + $1)) protocol ip u32 match ip dst "$a"/32 classid 1:1
+}
+
+heal() {
+  load
+  check_n "$1"
+  [ -n "$netns" ] || die "heal needs SLUICE_CLUSTER_NETNS"
+  ip netns exec "$netns" tc filter del dev lo parent 1: pref $((100 + $1)) 2>/dev/null || true
+}
+
 urls() {
   local i out=""
-  for ((i = 1; i <= size; i++)); do out="$out${out:+,}amqp://guest:guest@127.0.0.1:$(port "$i")/"; done
+  for ((i = 1; i <= size; i++)); do out="$out${out:+,}amqp://guest:guest@$(addr "$i"):$(port "$i")/"; done
   echo "$out"
 }
 
@@ -175,10 +271,10 @@ status() {
   local i up=""
   for ((i = 1; i <= size; i++)); do
     if running "$i"; then
-      echo "$(node "$i") amqp 127.0.0.1:$(port "$i") running"
+      echo "$(node "$i") amqp $(addr "$i"):$(port "$i") running"
       up=${up:-$i}
     else
-      echo "$(node "$i") amqp 127.0.0.1:$(port "$i") down"
+      echo "$(node "$i") amqp $(addr "$i"):$(port "$i") down"
     fi
   done
   [ -z "$up" ] || ctl "$up" cluster_status
@@ -194,5 +290,7 @@ case $cmd in
   urls) load; urls ;;
   node) load; check_n "${1:-0}"; node "$1" ;;
   ctl) load; n=${1:-0}; check_n "$n"; shift; ctl "$n" "$@" ;;
+  partition) [ $# -eq 1 ] || die "usage: partition N"; partition "$1" ;;
+  heal) [ $# -eq 1 ] || die "usage: heal N"; heal "$1" ;;
   *) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

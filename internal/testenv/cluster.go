@@ -38,8 +38,28 @@ type PrivateCluster struct {
 	Nodes []string
 
 	dir, script string
+	netns       string     // the nodes' network namespace, if Partitionable
 	mu          sync.Mutex // serialises the script's commands
 	closed      bool
+}
+
+// ClusterOptions are a private cluster's opt-in settings; the zero value
+// is StartCluster's cluster.
+type ClusterOptions struct {
+	// Partitionable runs the nodes in a network namespace of their own
+	// (SLUICE_CLUSTER_NETNS), created with the cluster and deleted by
+	// Close, so that Partition can cut one off without a reset. Node i
+	// is then reached at 127.0.0.<11+i> inside the namespace only: URLs
+	// hold those addresses, which a connection reaches through
+	// DialContext (a proxy in front of each node, StartProxyDialer).
+	Partitionable bool
+	// NetTicktime is the nodes' net_ticktime (Erlang's default, 60 s, if
+	// zero): a node that stops answering is seen as down after 0.75 to
+	// 1.25 times it. Whole seconds.
+	NetTicktime time.Duration
+	// PartitionHandling is RabbitMQ's cluster_partition_handling
+	// (RabbitMQ's default, ignore, if empty).
+	PartitionHandling string
 }
 
 // StartCluster starts a private cluster of n nodes joined into one; Close
@@ -47,6 +67,11 @@ type PrivateCluster struct {
 // tests (started once, closed in TestMain); StartPrivateCluster is the
 // one-test form.
 func StartCluster(n int) (*PrivateCluster, error) {
+	return StartClusterWith(n, ClusterOptions{})
+}
+
+// StartClusterWith is StartCluster with options.
+func StartClusterWith(n int, o ClusterOptions) (*PrivateCluster, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("testenv: a cluster needs a node, got %d", n)
 	}
@@ -65,6 +90,17 @@ func StartCluster(n int) (*PrivateCluster, error) {
 	}
 	c := &PrivateCluster{dir: dir, script: script}
 	prefix := strings.ReplaceAll(Name("sluicec"), "_", "-") + "-n"
+	env := []string{"SLUICE_CLUSTER_SIZE=" + strconv.Itoa(n), "SLUICE_CLUSTER_NAME=" + prefix}
+	if o.Partitionable {
+		c.netns = prefix + "s"
+		env = append(env, "SLUICE_CLUSTER_NETNS="+c.netns)
+	}
+	if o.NetTicktime > 0 {
+		env = append(env, "SLUICE_CLUSTER_NET_TICKTIME="+strconv.Itoa(int(o.NetTicktime.Seconds())))
+	}
+	if o.PartitionHandling != "" {
+		env = append(env, "SLUICE_CLUSTER_PARTITION_HANDLING="+o.PartitionHandling)
+	}
 	var ports, distPorts []string
 	for i := range n {
 		port, err := pickPort()
@@ -76,11 +112,16 @@ func StartCluster(n int) (*PrivateCluster, error) {
 			return nil, errors.Join(err, os.RemoveAll(dir))
 		}
 		ports, distPorts = append(ports, strconv.Itoa(port)), append(distPorts, strconv.Itoa(dist))
-		c.URLs = append(c.URLs, fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port))
+		host := "127.0.0.1"
 		c.Nodes = append(c.Nodes, fmt.Sprintf("%s%d@localhost", prefix, i+1))
+		if c.netns != "" {
+			host = fmt.Sprintf("127.0.0.%d", 11+i)
+			c.Nodes[i] = fmt.Sprintf("%s%d@%s", prefix, i+1, host)
+		}
+		c.URLs = append(c.URLs, fmt.Sprintf("amqp://guest:guest@%s:%d/", host, port))
 	}
-	_, err = c.run([]string{"start"}, "SLUICE_CLUSTER_SIZE="+strconv.Itoa(n), "SLUICE_CLUSTER_NAME="+prefix,
-		"SLUICE_CLUSTER_PORTS="+strings.Join(ports, " "), "SLUICE_CLUSTER_DIST_PORTS="+strings.Join(distPorts, " "))
+	env = append(env, "SLUICE_CLUSTER_PORTS="+strings.Join(ports, " "), "SLUICE_CLUSTER_DIST_PORTS="+strings.Join(distPorts, " "))
+	_, err = c.run([]string{"start"}, env...)
 	if err != nil {
 		return nil, errors.Join(err, c.Close())
 	}
@@ -91,7 +132,13 @@ func StartCluster(n int) (*PrivateCluster, error) {
 // with its files removed when t ends.
 func StartPrivateCluster(t testing.TB, n int) *PrivateCluster {
 	t.Helper()
-	c, err := StartCluster(n)
+	return StartPrivateClusterWith(t, n, ClusterOptions{})
+}
+
+// StartPrivateClusterWith is StartPrivateCluster with options.
+func StartPrivateClusterWith(t testing.TB, n int, o ClusterOptions) *PrivateCluster {
+	t.Helper()
+	c, err := StartClusterWith(n, o)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		if err := c.Close(); err != nil {
@@ -121,17 +168,45 @@ func (c *PrivateCluster) Start(t testing.TB, i int) {
 	c.node(t, "start", i)
 }
 
+// Partition cuts node i off, in a cluster started Partitionable: every
+// packet from or to its address is dropped, so neither the other nodes nor
+// its clients hear from it again, and nothing resets a connection.
+func (c *PrivateCluster) Partition(t testing.TB, i int) {
+	t.Helper()
+	require.NotEmpty(t, c.netns, "Partition needs a cluster started Partitionable")
+	c.node(t, "partition", i)
+}
+
+// Heal ends node i's partition.
+func (c *PrivateCluster) Heal(t testing.TB, i int) {
+	t.Helper()
+	require.NotEmpty(t, c.netns, "Heal needs a cluster started Partitionable")
+	c.node(t, "heal", i)
+}
+
 // Ctl runs rabbitmqctl args against node i and returns its output.
 func (c *PrivateCluster) Ctl(t testing.TB, i int, args ...string) string {
 	t.Helper()
-	require.Less(t, i, len(c.Nodes), "no node %d", i)
-	out, err := c.run(append([]string{"ctl", strconv.Itoa(i + 1)}, args...))
+	out, err := c.TryCtl(i, args...)
 	require.NoError(t, err)
 	return out
 }
 
+// TryCtl runs rabbitmqctl args against node i and returns its output or
+// its error, for polling a node that may not answer.
+func (c *PrivateCluster) TryCtl(i int, args ...string) (string, error) {
+	if i < 0 || i >= len(c.Nodes) {
+		return "", fmt.Errorf("testenv: no node %d", i)
+	}
+	return c.run(append([]string{"ctl", strconv.Itoa(i + 1)}, args...))
+}
+
 // Running reports whether node i answers.
 func (c *PrivateCluster) Running(i int) bool {
+	if c.netns != "" {
+		_, err := c.TryCtl(i, "ping")
+		return err == nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	return exec.CommandContext(ctx, "rabbitmqctl", "-q", "-n", c.Nodes[i], "ping").Run() == nil

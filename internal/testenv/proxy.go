@@ -19,6 +19,7 @@ import (
 type Proxy struct {
 	ln       net.Listener
 	upstream string
+	dial     func(ctx context.Context, network, addr string) (net.Conn, error)
 	wg       sync.WaitGroup
 
 	mu      sync.Mutex
@@ -32,9 +33,16 @@ type Proxy struct {
 // (host:port).
 func StartProxy(t testing.TB, upstream string) *Proxy {
 	t.Helper()
+	return StartProxyDialer(t, upstream, (&net.Dialer{Timeout: 10 * time.Second}).DialContext)
+}
+
+// StartProxyDialer is StartProxy connecting to upstream with dial: to a
+// node of a Partitionable cluster, PrivateCluster.DialContext.
+func StartProxyDialer(t testing.TB, upstream string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *Proxy {
+	t.Helper()
 	ln, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	p := &Proxy{ln: ln, upstream: upstream}
+	p := &Proxy{ln: ln, upstream: upstream, dial: dial}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -129,7 +137,9 @@ func (p *Proxy) serve(down net.Conn) {
 		_, _ = io.Copy(io.Discard, down) // swallowed, until Heal closes it with the others
 		return
 	}
-	up, err := (&net.Dialer{Timeout: 10 * time.Second}).DialContext(context.Background(), "tcp", p.upstream)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	up, err := p.dial(ctx, "tcp", p.upstream)
+	cancel()
 	if err != nil {
 		_ = down.Close()
 		return
