@@ -77,7 +77,7 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = conn.Close() }()
+	defer func() { _ = closeConn(conn, cfg.WriteTimeout) }()
 	if err := topo.Declare(ctx, conn); err != nil {
 		return nil, err
 	}

@@ -51,7 +51,9 @@ type Connection struct {
 	// keep watermill-amqp's.
 	DialTimeout time.Duration
 	// WriteTimeout bounds each write to the socket, so a broker that stops
-	// reading cannot hold a publish past it. Default WriteTimeoutDefault.
+	// reading cannot hold a publish past it, and the wait for the broker's
+	// answer when a connection closes (a Consumer's drain: after
+	// DrainTimeout). Default WriteTimeoutDefault.
 	// NewSubscriber's connections (watermill-amqp's) have none.
 	WriteTimeout time.Duration
 	// Logger reports reconnects and deliveries that cannot be read. Default

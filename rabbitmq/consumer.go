@@ -274,7 +274,7 @@ func (s *subscription) consume(ctx context.Context, stop <-chan struct{}) error 
 		return err
 	}
 	s.node = node
-	defer func() { _ = conn.Close() }()
+	defer func() { _ = closeConn(conn, s.c.cfg.WriteTimeout) }()
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("rabbitmq: opening a channel: %w", err)
@@ -309,12 +309,12 @@ func (s *subscription) consume(ctx context.Context, stop <-chan struct{}) error 
 	for {
 		select {
 		case <-stop:
-			return s.drain(ch, cur, &inflight)
+			return s.drain(conn, ch, cur, &inflight)
 		case <-changed:
 			engaged, probing, changed = s.gateState()
 			switch {
 			case engaged:
-				return errors.Join(errBraked, s.drain(ch, cur, &inflight))
+				return errors.Join(errBraked, s.drain(conn, ch, cur, &inflight))
 			case !widening && s.prefetch(probing) > cur.prefetch:
 				// Released after a probe. A consumer's prefetch cannot
 				// change: cancel it (the deliveries it still holds arrive
@@ -339,7 +339,7 @@ func (s *subscription) consume(ctx context.Context, stop <-chan struct{}) error 
 			case !ok:
 				return failed(errors.New("rabbitmq: the deliveries channel closed (consumer cancelled or channel closed)"))
 			case !s.handOut(flight, over, d, cur, stop, &inflight):
-				return s.drain(ch, cur, &inflight)
+				return s.drain(conn, ch, cur, &inflight)
 			}
 		}
 	}
@@ -432,8 +432,14 @@ func (s *subscription) handOut(ctx context.Context, over <-chan struct{}, d amqp
 // handler has — nacked one by one: on RabbitMQ 4.3 and later a basic.nack
 // with requeue does not count toward a quorum queue's delivery limit, while
 // a channel close's return does — waits up to DrainTimeout for those in
-// flight to be acked or nacked, and closes the channel.
-func (s *subscription) drain(ch *amqp.Channel, c *consumer, inflight *sync.WaitGroup) error {
+// flight to be acked or nacked, and closes the channel. A broker that does
+// not answer the cancel or the close within WriteTimeout more has conn
+// closed under them.
+func (s *subscription) drain(conn *amqp.Connection, ch *amqp.Channel, c *consumer, inflight *sync.WaitGroup) error {
+	return closeWithin(conn, s.c.cfg.DrainTimeout+s.c.cfg.WriteTimeout, func() error { return s.drainChannel(ch, c, inflight) })
+}
+
+func (s *subscription) drainChannel(ch *amqp.Channel, c *consumer, inflight *sync.WaitGroup) error {
 	err := ch.Cancel(c.tag, false)
 	c.stopped()
 	if err == nil {

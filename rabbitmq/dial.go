@@ -75,6 +75,23 @@ func (c Connection) dialNode(url, name string) (*amqp.Connection, error) {
 	return conn, nil
 }
 
+// closeConn closes conn, waiting at most d for the broker's close-ok: a
+// broker that does not answer (a node cut off from its cluster's queue
+// leader took about 90 s) cannot hold the close past it. The connection is
+// closed either way; the error then says the broker did not answer.
+func closeConn(conn *amqp.Connection, d time.Duration) error {
+	return conn.CloseDeadline(time.Now().Add(d))
+}
+
+// closeWithin runs close, and closes conn at once (every call waiting on it
+// returns) if close has not returned within d: for a drain whose channel
+// calls wait for the broker's answers.
+func closeWithin(conn *amqp.Connection, d time.Duration, close func() error) error {
+	t := time.AfterFunc(d, func() { _ = conn.CloseDeadline(time.Now()) })
+	defer t.Stop()
+	return close()
+}
+
 // deadlineConn sets a write deadline before each write.
 type deadlineConn struct {
 	net.Conn

@@ -281,7 +281,7 @@ func (p *Publisher) channel() (*confirmChannel, *atomic.Pointer[amqp.Blocking], 
 	}
 	ch, err := newConfirmChannel(p.conn)
 	if err != nil {
-		_ = p.conn.Close()
+		_ = closeConn(p.conn, p.cfg.WriteTimeout)
 		p.conn = nil
 		p.node = (p.node + 1) % len(p.cfg.URLs)
 		return nil, nil, err
@@ -290,8 +290,10 @@ func (p *Publisher) channel() (*confirmChannel, *atomic.Pointer[amqp.Blocking], 
 	return ch, p.blocked, nil
 }
 
-// Close closes the channel and the connection. It is idempotent; Publish
-// fails with ErrPublisherClosed afterwards.
+// Close closes the connection, and with it the channel, waiting at most
+// WriteTimeout for the broker's answer (the connection is closed either
+// way; the error then says the broker did not answer). It is idempotent;
+// Publish fails with ErrPublisherClosed afterwards.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -299,13 +301,14 @@ func (p *Publisher) Close() error {
 		return nil
 	}
 	p.closed = true
-	if p.ch != nil {
-		p.ch.close()
-	}
+	var err error
 	if p.conn != nil && !p.conn.IsClosed() {
-		return p.conn.Close()
+		err = closeConn(p.conn, p.cfg.WriteTimeout)
 	}
-	return nil
+	if p.ch != nil {
+		p.ch.close() // returns at once on a closed connection
+	}
+	return err
 }
 
 func confirmOutcome(err error) string {

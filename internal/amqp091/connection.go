@@ -700,6 +700,12 @@ func (c *Connection) CloseDeadline(deadline time.Time) error {
 	if err := c.setDeadline(deadline); err != nil {
 		return err
 	}
+	// Sluice's patch: the heartbeater moves the read deadline forward on
+	// every frame the server sends, its heartbeats too, so the deadline
+	// alone does not bound the wait for close-ok from a server that sends
+	// heartbeats but no answer. The socket is closed when it passes.
+	closer := time.AfterFunc(time.Until(deadline), func() { _ = c.conn.Close() })
+	defer closer.Stop()
 	return c.call(
 		&connectionClose{
 			ReplyCode: replySuccess,
