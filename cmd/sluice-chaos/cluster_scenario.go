@@ -65,7 +65,7 @@ func (w *world) startCluster(ctx context.Context, batched bool) error {
 		return fmt.Errorf("%s needs --subscriber sluice: watermill-amqp's subscriber connects to one node", clusterScenario)
 	}
 	start := time.Now()
-	c, err := startPrivateCluster(ctx, clusterSize, w.o.clusterScript)
+	c, err := startPrivateCluster(clusterSize, w.o.clusterScript)
 	if err != nil {
 		return err
 	}
@@ -78,7 +78,7 @@ func (w *world) startCluster(ctx context.Context, batched bool) error {
 	// The harness's connections start on the second node: the topology's
 	// queues are led by it (RabbitMQ's leader locator is client-local)
 	// until placeMainQueue moves the main queue to the first.
-	w.conn = rabbitmq.Connection{URLs: append(c.urls[1:len(c.urls):len(c.urls)], c.urls[0]), DialTimeout: 5 * time.Second}
+	w.conn = rabbitmq.Connection{URLs: append(c.URLs[1:len(c.URLs):len(c.URLs)], c.URLs[0]), DialTimeout: 5 * time.Second}
 	w.quorum = true
 	return nil
 }
@@ -128,7 +128,7 @@ func (w *world) placeMainQueue(ctx context.Context) error {
 	if args == nil {
 		return fmt.Errorf("the topology does not declare %s", w.topo.Queue())
 	}
-	c, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: w.cl.c.urls[0], DialTimeout: 5 * time.Second}, Name: "sluice chaos"})
+	c, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: w.cl.c.URLs[0], DialTimeout: 5 * time.Second}, Name: "sluice chaos"})
 	if err != nil {
 		return err
 	}
@@ -165,7 +165,7 @@ func validIn(p plan, publishes []publish) int {
 // readLeaders reads the leaders of the scenario's queues.
 func (w *world) readLeaders(ctx context.Context) error {
 	var err error
-	w.cl.leaders, err = w.cl.c.queues(ctx, 0, w.queues(true)...)
+	w.cl.leaders, err = w.cl.c.queues(0, w.queues(true)...)
 	return err
 }
 
@@ -176,7 +176,7 @@ func (w *world) readLeaders(ctx context.Context) error {
 func (w *world) disruptCluster(ctx context.Context) error {
 	main, tier := w.topo.Queue(), w.topo.Tiers()[0].Topic
 	if err := w.killLeader(ctx, main); err != nil {
-		return w.withQueueStates(ctx, err)
+		return w.withQueueStates(err)
 	}
 	if err := w.readLeaders(ctx); err != nil {
 		return err
@@ -186,20 +186,20 @@ func (w *world) disruptCluster(ctx context.Context) error {
 	}
 	w.cl.reachable = w.total
 	if err := w.awaitTierCopies(ctx, tier); err != nil {
-		return w.withQueueStates(ctx, err)
+		return w.withQueueStates(err)
 	}
-	return w.withQueueStates(ctx, w.killLeader(ctx, tier))
+	return w.withQueueStates(w.killLeader(ctx, tier))
 }
 
 // withQueueStates adds to err what the cluster's live nodes report of the
 // scenario's queues.
-func (w *world) withQueueStates(ctx context.Context, err error) error {
+func (w *world) withQueueStates(err error) error {
 	if err == nil {
 		return nil
 	}
-	for i := range w.cl.c.nodes {
-		out, qerr := w.cl.c.run(ctx, []string{"ctl", fmt.Sprint(i + 1), "list_queues", "name", "leader", "online",
-			"messages_ready", "messages_unacknowledged", "consumers"})
+	for i := range w.cl.c.Nodes {
+		out, qerr := w.cl.c.TryCtl(i, "list_queues", "name", "leader", "online",
+			"messages_ready", "messages_unacknowledged", "consumers")
 		if qerr == nil {
 			return fmt.Errorf("%w; node %d reports:\n%s", err, i+1, out)
 		}
@@ -281,7 +281,7 @@ func (w *world) awaitResumed(ctx context.Context, k *nodeKill, killed time.Time)
 func (w *world) awaitOnline(ctx context.Context, node int) error {
 	var last string
 	return poll(ctx, clusterWaitTimeout, 250*time.Millisecond, func() (bool, error) {
-		states, err := w.cl.c.queues(ctx, node, w.queues(true)...)
+		states, err := w.cl.c.queues(node, w.queues(true)...)
 		if err != nil {
 			last = err.Error()
 			return false, nil

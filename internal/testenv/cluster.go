@@ -60,6 +60,9 @@ type ClusterOptions struct {
 	// PartitionHandling is RabbitMQ's cluster_partition_handling
 	// (RabbitMQ's default, ignore, if empty).
 	PartitionHandling string
+	// Script is scripts/rabbitmq-cluster.sh's path (default: found above
+	// the working directory).
+	Script string
 }
 
 // StartCluster starts a private cluster of n nodes joined into one; Close
@@ -75,9 +78,12 @@ func StartClusterWith(n int, o ClusterOptions) (*PrivateCluster, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("testenv: a cluster needs a node, got %d", n)
 	}
-	script, err := findScript()
-	if err != nil {
-		return nil, err
+	script := o.Script
+	if script == "" {
+		var err error
+		if script, err = findScript(); err != nil {
+			return nil, err
+		}
 	}
 	dir, err := os.MkdirTemp("", "sluice-cluster-")
 	if err != nil {
@@ -165,7 +171,26 @@ func (c *PrivateCluster) Stop(t testing.TB, i int) {
 // and returns once it has booted; a running node is left as it is.
 func (c *PrivateCluster) Start(t testing.TB, i int) {
 	t.Helper()
-	c.node(t, "start", i)
+	require.NoError(t, c.TryStart(context.Background(), i))
+}
+
+// TryStart is Start returning its error, ended early by ctx.
+func (c *PrivateCluster) TryStart(ctx context.Context, i int) error {
+	if i < 0 || i >= len(c.Nodes) {
+		return fmt.Errorf("testenv: no node %d", i)
+	}
+	_, err := c.runContext(ctx, []string{"start", strconv.Itoa(i + 1)})
+	return err
+}
+
+// PID returns the process id of node i's Erlang VM, from the script's pid
+// file: the last VM the node ran in.
+func (c *PrivateCluster) PID(i int) (int, error) {
+	b, err := os.ReadFile(filepath.Join(c.dir, "state", fmt.Sprintf("node%d", i+1), "pid"))
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(strings.TrimSpace(string(b)))
 }
 
 // Partition cuts node i off, in a cluster started Partitionable: every
@@ -256,9 +281,14 @@ func (c *PrivateCluster) node(t testing.TB, cmd string, i int) {
 // run runs the script with args and env added to this process's
 // environment, and returns its standard output.
 func (c *PrivateCluster) run(args []string, env ...string) (string, error) {
+	return c.runContext(context.Background(), args, env...)
+}
+
+// runContext is run, ended early by ctx.
+func (c *PrivateCluster) runContext(ctx context.Context, args []string, env ...string) (string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), clusterCommandTimeout)
+	ctx, cancel := context.WithTimeout(ctx, clusterCommandTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", append([]string{c.script}, args...)...)
 	cmd.Env = append(append(os.Environ(), "SLUICE_CLUSTER_DIR="+filepath.Join(c.dir, "state")), env...)
@@ -266,7 +296,7 @@ func (c *PrivateCluster) run(args []string, env ...string) (string, error) {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return string(out), fmt.Errorf("%s %s: %w: %s", clusterScript, strings.Join(args, " "), err, stderr.String())
+		return string(out), fmt.Errorf("%s %s: %w: %s", clusterScript, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
 	}
 	return string(out), nil
 }
