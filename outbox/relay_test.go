@@ -383,17 +383,24 @@ func TestTwoRelaysPublishEveryRowOnce(t *testing.T) {
 	require.Eventually(t, func() bool { return s.count("outbox") == 0 }, 10*time.Second, 10*time.Millisecond)
 }
 
-// holding publishes nothing until released; it reports each call.
+// holding publishes nothing until released — or, with held, nothing of
+// the messages in held; started closes at the first call it holds.
 type holding struct {
 	pub     message.Publisher
+	held    map[string]bool // nil: every message
 	started chan struct{}
 	release chan struct{}
 	once    sync.Once
 }
 
 func (h *holding) Publish(topic string, msgs ...*message.Message) error {
-	h.once.Do(func() { close(h.started) })
-	<-h.release
+	for _, m := range msgs {
+		if h.held == nil || h.held[m.UUID] {
+			h.once.Do(func() { close(h.started) })
+			<-h.release
+			break
+		}
+	}
 	return h.pub.Publish(topic, msgs...)
 }
 func (h *holding) Close() error { return nil }
@@ -682,26 +689,6 @@ func (a *armingPublisher) Publish(topic string, msgs ...*message.Message) error 
 }
 func (a *armingPublisher) Close() error { return nil }
 
-// holdingSome holds the publishes of the messages in held until released.
-type holdingSome struct {
-	pub     message.Publisher
-	held    map[string]bool
-	started chan struct{}
-	release chan struct{}
-	once    sync.Once
-}
-
-func (h *holdingSome) Publish(topic string, msgs ...*message.Message) error {
-	for _, m := range msgs {
-		if h.held[m.UUID] {
-			h.once.Do(func() { close(h.started) })
-			<-h.release
-		}
-	}
-	return h.pub.Publish(topic, msgs...)
-}
-func (h *holdingSome) Close() error { return nil }
-
 // With Concurrency 2 a relay publishes a second batch while its first is
 // held (its publishes not returned); with 1 it would wait.
 func TestAConcurrentRelayPublishesABatchWhileAnotherIsHeld(t *testing.T) {
@@ -715,7 +702,7 @@ func TestAConcurrentRelayPublishesABatchWhileAnotherIsHeld(t *testing.T) {
 			held[msgs[i].UUID] = true
 		}
 	}
-	pub := &holdingSome{pub: s.rabbit.Publisher(), held: held, started: make(chan struct{}), release: make(chan struct{})}
+	pub := &holding{pub: s.rabbit.Publisher(), held: held, started: make(chan struct{}), release: make(chan struct{})}
 	r := s.relay(outbox.RelayConfig{Publisher: pub, BatchSize: 5, Concurrency: 2})
 	tx, err := s.db.BeginTxx(t.Context(), nil)
 	require.NoError(t, err)

@@ -66,11 +66,20 @@ func Throughput(ctx context.Context, conc, n int, op Op) (float64, error) {
 // o.Messages messages on conc goroutines, rotating their order, after reset.
 // It returns the rates of each variant, one per round.
 func Interleave(ctx context.Context, o Options, conc, variants int, op func(round, variant int) Op, reset func(context.Context) error) ([][]float64, error) {
-	rates := make([][]float64, variants)
-	for v := range rates {
-		rates[v] = make([]float64, o.Rounds)
+	return rotate(ctx, o.Rounds, variants, reset, func(round, v int) (float64, error) {
+		return Throughput(ctx, conc, o.Messages, op(round, v))
+	})
+}
+
+// rotate runs run(round, v) for each of variants, round after round, each
+// round starting one variant later, after reset (nil: none). It returns
+// each variant's results, one per round.
+func rotate(ctx context.Context, rounds, variants int, reset func(context.Context) error, run func(round, v int) (float64, error)) ([][]float64, error) {
+	results := make([][]float64, variants)
+	for v := range results {
+		results[v] = make([]float64, rounds)
 	}
-	for round := range o.Rounds {
+	for round := range rounds {
 		for k := range variants {
 			v := (k + round) % variants
 			if reset != nil {
@@ -78,14 +87,14 @@ func Interleave(ctx context.Context, o Options, conc, variants int, op func(roun
 					return nil, err
 				}
 			}
-			r, err := Throughput(ctx, conc, o.Messages, op(round, v))
+			r, err := run(round, v)
 			if err != nil {
 				return nil, fmt.Errorf("variant %d: %w", v, err)
 			}
-			rates[v][round] = r
+			results[v][round] = r
 		}
 	}
-	return rates, nil
+	return results, nil
 }
 
 // MedianRatio returns the median of num[i]/den[i]: ratios of runs made next

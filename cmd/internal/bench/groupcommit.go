@@ -113,29 +113,18 @@ func gcCeiling(ctx context.Context, o Options, v *inboxVariants, n, rounds int) 
 	}{{1, false}, {4, true}, {8, true}, {16, true}, {8, false}, {16, false}}
 	var rows [][]string
 	for _, window := range []int{rabbitmq.PrefetchDefault, 4 * rabbitmq.PrefetchDefault, 256} {
-		rates := make([][]float64, len(variants))
 		timedOut := make([]atomic.Int64, len(variants))
-		for round := range rounds {
-			for k := range variants {
-				i := (k + round) % len(variants)
-				size := variants[i].size
-				if err := v.truncate(ctx); err != nil {
-					return err
-				}
-				run := fmt.Sprintf("ceiling-w%d-r%d-v%d-", window, round, i)
-				var r float64
-				var err error
-				if size == 1 {
-					r, err = Throughput(ctx, window, n, v.byHand(run))
-				} else {
-					r, err = Throughput(ctx, window/size, n/size, v.batchOf(run, size, variants[i].savepoints, &timedOut[i]))
-					r *= float64(size)
-				}
-				if err != nil {
-					return fmt.Errorf("ceiling, %d in flight, batches of %d: %w", window, size, err)
-				}
-				rates[i] = append(rates[i], r)
+		rates, err := rotate(ctx, rounds, len(variants), v.truncate, func(round, i int) (float64, error) {
+			size := variants[i].size
+			run := fmt.Sprintf("ceiling-w%d-r%d-v%d-", window, round, i)
+			if size == 1 {
+				return Throughput(ctx, window, n, v.byHand(run))
 			}
+			r, err := Throughput(ctx, window/size, n/size, v.batchOf(run, size, variants[i].savepoints, &timedOut[i]))
+			return r * float64(size), err
+		})
+		if err != nil {
+			return fmt.Errorf("ceiling, %d in flight: %w", window, err)
 		}
 		for i, vr := range variants {
 			name := "one transaction per delivery"

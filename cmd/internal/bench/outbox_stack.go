@@ -405,26 +405,15 @@ func (w wakeFrom) Wakeups() <-chan struct{} { return w.w.Wakeups() }
 func outboxCeiling(ctx context.Context, o Options, v *inboxVariants, store *outboxsql.Store, truncate func(context.Context) error, n, rounds int) error {
 	var rows [][]string
 	for _, conc := range []int{rabbitmq.PrefetchDefault, 4 * rabbitmq.PrefetchDefault} {
-		var rates [2][]float64
-		for round := range rounds {
-			for k := range 2 {
-				i := (k + round) % 2
-				if err := truncate(ctx); err != nil {
-					return err
-				}
-				run := fmt.Sprintf("ceiling-c%d-r%d-v%d-", conc, round, i)
-				var r float64
-				var err error
-				if i == 0 {
-					r, err = Throughput(ctx, conc, n, v.byHand(run))
-				} else {
-					r, err = producingByHand(ctx, v, store, conc, n, run)
-				}
-				if err != nil {
-					return fmt.Errorf("the outbox's ceiling, %d side by side: %w", conc, err)
-				}
-				rates[i] = append(rates[i], r)
+		rates, err := rotate(ctx, rounds, 2, truncate, func(round, i int) (float64, error) {
+			run := fmt.Sprintf("ceiling-c%d-r%d-v%d-", conc, round, i)
+			if i == 0 {
+				return Throughput(ctx, conc, n, v.byHand(run))
 			}
+			return producingByHand(ctx, v, store, conc, n, run)
+		})
+		if err != nil {
+			return fmt.Errorf("the outbox's ceiling, %d side by side: %w", conc, err)
 		}
 		rows = append(rows, []string{strconv.Itoa(conc), f0(Median(rates[0])), f0(Median(rates[1])), f2(MedianRatio(rates[1], rates[0]))})
 	}

@@ -86,32 +86,25 @@ func scaleOut(ctx context.Context, o Options, self string, procs []int, rounds, 
 	defer closeConn()
 
 	n := o.Messages * 8
+	// Run c is procs[c/3] processes of variant c%3.
 	const noop, stack, ceiling = 0, 1, 2
-	rates := make([][3][]float64, len(procs))
-	for round := range rounds {
-		for k := range len(procs) * 3 {
-			i, variant := (k/3+round)%len(procs), (k+round)%3
-			if err := v.truncate(ctx); err != nil {
-				return err
-			}
-			run := fmt.Sprintf("scale-r%d-p%d-v%d-", round, procs[i], variant)
-			var r float64
-			if variant == ceiling {
-				r, err = scaleCeiling(ctx, o, v, procs[i]*conns, n, run)
-			} else {
-				r, err = scaleRun(ctx, self, conn, pub, scaleWorker{PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: schema, Noop: variant == noop, Conns: conns}, procs[i], n, run)
-			}
-			if err != nil {
-				return fmt.Errorf("%d processes, variant %d: %w", procs[i], variant, err)
-			}
-			rates[i][variant] = append(rates[i][variant], r)
+	results, err := rotate(ctx, rounds, len(procs)*3, v.truncate, func(round, c int) (float64, error) {
+		p, variant := procs[c/3], c%3
+		run := fmt.Sprintf("scale-r%d-p%d-v%d-", round, p, variant)
+		if variant == ceiling {
+			return scaleCeiling(ctx, o, v, p*conns, n, run)
 		}
+		return scaleRun(ctx, self, conn, pub, scaleWorker{PostgresURL: o.PostgresURL, AMQPURL: o.AMQPURL, Schema: schema, Noop: variant == noop, Conns: conns}, p, n, run)
+	})
+	if err != nil {
+		return err
 	}
+	rates := func(i, variant int) []float64 { return results[i*3+variant] }
 	var rows [][]string
 	for i, p := range procs {
 		rows = append(rows, []string{strconv.Itoa(p), strconv.Itoa(p * rabbitmq.PrefetchDefault),
-			f0(Median(rates[i][noop])), f0(Median(rates[i][stack])), f0(Median(rates[i][ceiling])),
-			f2(MedianRatio(rates[i][stack], rates[0][stack])), f2(MedianRatio(rates[i][stack], rates[i][ceiling])), f2(MedianRatio(rates[i][stack], rates[i][noop]))})
+			f0(Median(rates(i, noop))), f0(Median(rates(i, stack))), f0(Median(rates(i, ceiling))),
+			f2(MedianRatio(rates(i, stack), rates(0, stack))), f2(MedianRatio(rates(i, stack), rates(i, ceiling))), f2(MedianRatio(rates(i, stack), rates(i, noop)))})
 	}
 	fmt.Fprintf(o.Out, "scale-out: consumer processes of one subscription each (prefetch %d, %d PostgreSQL connections each) on one queue and one PostgreSQL, the full stack with the inbox, %d messages preloaded per run, %d rounds interleaved\n\n",
 		rabbitmq.PrefetchDefault, conns, n, rounds)
