@@ -104,3 +104,35 @@ func (l *awaitLog) Error(msg string, _ error, _ watermill.LogFields) {
 }
 
 func (l *awaitLog) With(watermill.LogFields) watermill.LoggerAdapter { return l }
+
+// A broker that stops answering (a black hole between the client and it)
+// holds neither the Publisher's Close nor a Consumer's drain past their
+// bounds: each waits for the broker's answer at most WriteTimeout (the
+// drain after DrainTimeout). Before, each close waited until the heartbeat
+// gave the connection up (15 s with the default heartbeat).
+func TestClosingIsBoundedWhenTheBrokerStopsAnswering(t *testing.T) {
+	t.Parallel()
+	proxy, url := testenv.ProxyAMQP(t)
+	const writeTimeout, drainTimeout = 300 * time.Millisecond, 300 * time.Millisecond
+	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: url, WriteTimeout: writeTimeout},
+		Topology: rabbitmq.TopologyConfig{Queue: testenv.Name("close_bounded")}, DrainTimeout: drainTimeout})
+	require.NoError(t, err)
+	testenv.DeleteQueuesAtEnd(t, b.Topology().Queue(), b.Topology().PoisonQueue())
+	for _, tier := range b.Topology().Tiers() {
+		testenv.DeleteQueuesAtEnd(t, tier.Topic)
+	}
+	// Both connections up: one message published and consumed.
+	require.NoError(t, b.Publisher().Publish(b.Topology().Queue(), message.NewMessage(watermill.NewUUID(), []byte("up"))))
+	deliveries, err := b.Endpoints().Subscriber.Subscribe(t.Context(), b.Topology().Queue())
+	require.NoError(t, err)
+	(<-deliveries).Ack()
+
+	proxy.BlackHole()
+	closed := make(chan error, 1)
+	go func() { closed <- b.Close() }()
+	select {
+	case <-closed: // an error or not: the broker did not answer
+	case <-time.After(5 * time.Second):
+		t.Fatal("closing waited for a broker that answers nothing past WriteTimeout and DrainTimeout")
+	}
+}
