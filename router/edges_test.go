@@ -149,9 +149,15 @@ func TestReentryKeepsTheFirstRunsClass(t *testing.T) {
 // payload with its AMQP properties, a handler that writes its row and then
 // runs out of time. Every attempt's transaction is rolled back with the
 // deadline, the copies go through every tier, and exactly one poison copy
-// holds the payload and the properties byte for byte.
+// holds the payload and the properties byte for byte. The same with group
+// commit: the timed-out delivery rolls back to its savepoint.
 func TestTimeoutBehindTheRouterWithTheInboxAndALargeForeignMessage(t *testing.T) {
 	t.Parallel()
+	t.Run("one transaction per delivery", func(t *testing.T) { t.Parallel(); timeoutBehindTheRouter(t, nil) })
+	t.Run("group commit", func(t *testing.T) { t.Parallel(); timeoutBehindTheRouter(t, &deduplication.BatchConfig{}) })
+}
+
+func timeoutBehindTheRouter(t *testing.T, batch *deduplication.BatchConfig) {
 	db, schema, store := inbox(t)
 	queue := testenv.Name("orders")
 	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
@@ -179,7 +185,7 @@ func TestTimeoutBehindTheRouterWithTheInboxAndALargeForeignMessage(t *testing.T)
 		},
 		Stages: router.Stages{
 			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
-			Inbox: &deduplication.Config{Store: store, Consumer: "inventory"}, Recoverer: &middleware.RecovererConfig{},
+			Inbox: &deduplication.Config{Store: store, Consumer: "inventory", Batch: batch}, Recoverer: &middleware.RecovererConfig{},
 		},
 	})
 	require.NoError(t, err)
