@@ -68,11 +68,19 @@ func TestBlackHoledDatabaseFreezesNoHandler(t *testing.T) {
 	}
 	const inFlight = 16
 	// Warm the pool: connections that the black hole will catch mid-life.
+	// On a loaded machine a new connection can take longer than the
+	// inbox's 300 ms: each warm delivery is tried until it commits, and
+	// the count starts after them.
 	var wg sync.WaitGroup
 	for i := range inFlight {
-		wg.Go(func() { require.NoError(t, deliver(h, fmt.Sprint("warm-", i))) })
+		wg.Go(func() {
+			require.Eventually(t, func() bool { return deliver(h, fmt.Sprint("warm-", i)) == nil }, 30*time.Second, 10*time.Millisecond)
+		})
 	}
 	wg.Wait()
+	mu.Lock()
+	handled = 0
+	mu.Unlock()
 
 	proxy.BlackHole()
 	errs := make(chan error, inFlight)
@@ -99,10 +107,14 @@ func TestBlackHoledDatabaseFreezesNoHandler(t *testing.T) {
 	require.Equal(t, brake.Engaged, b.State(), "the store's timeouts engage the brake")
 	require.ErrorIs(t, deliver(b.Middleware(h), "next"), sluice.ErrHeld, "engaged: the next delivery goes back unprocessed")
 
+	mu.Lock()
+	require.Zero(t, handled, "no handler ran while the database was unreachable")
+	mu.Unlock()
+
 	proxy.Heal()
 	require.Eventually(t, func() bool { return deliver(h, "after") == nil }, 30*time.Second, 50*time.Millisecond,
 		"processed again once the network heals")
 	mu.Lock()
 	defer mu.Unlock()
-	require.Equal(t, inFlight+1, handled, "no handler ran while the database was unreachable")
+	require.Positive(t, handled, "the handler ran once the network healed")
 }
