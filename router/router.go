@@ -231,6 +231,9 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		h.AddMiddleware(append([]message.HandlerMiddleware{nameHandler(cfg.Name, system)}, mws...)...)
 		out = append(out, h)
 	}
+	if cfg.Stages.brake != nil {
+		recordBrake(r, cfg.Name, cfg.Stages.brake)
+	}
 	return out, nil
 }
 
