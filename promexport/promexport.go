@@ -17,6 +17,10 @@ type Config struct {
 	// to serve Sluice's beside your own. Default a registry of the
 	// exporter's own, with Go's and the process's collectors.
 	Registry *prometheus.Registry
+	// Readers read the same instruments beside the exporter: a periodic
+	// reader of an OTLP exporter, a ManualReader a program reads its own
+	// counts from. Default none.
+	Readers []sdkmetric.Reader
 }
 
 // Exporter is an OpenTelemetry MeterProvider whose metrics Prometheus
@@ -45,8 +49,12 @@ func New(cfg Config) (*Exporter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("promexport: %w", err)
 	}
+	opts := []sdkmetric.Option{sdkmetric.WithReader(exporter)}
+	for _, r := range cfg.Readers {
+		opts = append(opts, sdkmetric.WithReader(r))
+	}
 	return &Exporter{
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter)),
+		MeterProvider: sdkmetric.NewMeterProvider(opts...),
 		handler:       promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 	}, nil
 }

@@ -7,6 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.uber.org/goleak"
 
 	"github.com/sluicemq/sluice/promexport"
@@ -36,6 +38,19 @@ func TestTheMeterProviderIsServed(t *testing.T) {
 	body := scrape(t, e)
 	require.Regexp(t, `sluice_test_counted_total\{[^}]*\} 3\n`, body)
 	require.Contains(t, body, "go_goroutines ")
+
+	// A reader of yours reads the same counts.
+	manual := sdkmetric.NewManualReader()
+	withReader, err := promexport.New(promexport.Config{Readers: []sdkmetric.Reader{manual}})
+	require.NoError(t, err)
+	c, err = withReader.Meter("test").Int64Counter("sluice.test.counted")
+	require.NoError(t, err)
+	c.Add(t.Context(), 2)
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, manual.Collect(t.Context(), &rm))
+	require.Equal(t, int64(2), rm.ScopeMetrics[0].Metrics[0].Data.(metricdata.Sum[int64]).DataPoints[0].Value)
+	require.Regexp(t, `sluice_test_counted_total\{[^}]*\} 2\n`, scrape(t, withReader))
+	require.NoError(t, withReader.Shutdown(t.Context()))
 
 	reg := prometheus.NewRegistry()
 	mine := prometheus.NewCounter(prometheus.CounterOpts{Name: "mine_total"})
