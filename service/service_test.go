@@ -334,3 +334,24 @@ func TestConfigErrors(t *testing.T) {
 		require.ErrorContains(t, err, tt.want)
 	}
 }
+
+// Config.Signer reaches every stage that publishes a copy: the poison
+// queue's copy of a malformed message carries the signature
+// (docs/production.md, "The signing key"), on RabbitMQ.
+func TestTheSignerSignsTheCopies(t *testing.T) {
+	t.Parallel()
+	q, _ := rabbit(t)
+	signer, err := sluice.NewSigner([]byte("0123456789abcdef0123456789abcdef"))
+	require.NoError(t, err)
+	r := newRouter(t, watermill.NopLogger{})
+	svc := newService(t, service.Config{DB: testenv.SQLite(t), Router: r, Signer: signer})
+	require.NoError(t, svc.Add(service.Handler{Broker: q, Name: "signed", Key: deduplication.KeyFromJSON("eventId"),
+		Handler: func(*message.Message) error { return nil }}))
+	run(t, r, svc)
+	require.NoError(t, q.Publisher().Publish(q.Topology().Queue(), message.NewMessage(watermill.NewUUID(), []byte(`{"eventId":`))))
+	conn := testenv.AMQP(t)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()) == 1 }, 20*time.Second, 10*time.Millisecond)
+	got := testenv.Drain(t, conn, q.Topology().PoisonQueue())
+	require.Len(t, got, 1)
+	require.NotEmpty(t, got[0].Headers[sluice.SignatureKey])
+}
