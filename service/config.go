@@ -136,6 +136,8 @@ func (c Config) validate() error {
 	switch {
 	case c.Router == nil:
 		return errors.New("service: Config.Router is required")
+	case c.Router.IsRunning():
+		return errors.New("service: Config.Router is running: build the service before the router runs (it starts the relay and the pruners when it does)")
 	case c.Stores == nil && c.DB == nil:
 		return errors.New("service: Config.DB is required (or Config.Stores)")
 	case c.Stores != nil && (c.DB != nil || c.Schema != ""):

@@ -318,11 +318,20 @@ func TestConfigErrors(t *testing.T) {
 	t.Parallel()
 	db := testenv.SQLite(t)
 	r := newRouter(t, watermill.NopLogger{})
+	running := newRouter(t, watermill.NopLogger{})
+	done := make(chan error, 1)
+	go func() { done <- running.Run(context.Background()) }()
+	<-running.Running()
+	t.Cleanup(func() {
+		require.NoError(t, running.Close())
+		require.NoError(t, <-done)
+	})
 	for _, tt := range []struct {
 		cfg  service.Config
 		want string
 	}{
 		{service.Config{DB: db}, "Config.Router is required"},
+		{service.Config{DB: db, Router: running}, "Config.Router is running"},
 		{service.Config{Router: r}, "Config.DB is required"},
 		{service.Config{DB: db, Router: r, Schema: "s"}, "Config.Schema is PostgreSQL's"},
 		{service.Config{DB: db, Router: r, DrainTimeout: -1}, "Config.DrainTimeout must not be negative"},
