@@ -42,6 +42,9 @@ func TestDependencyGraph(t *testing.T) {
 		{module + "/embedded", append(brokers, drivers...)},
 		{module + "/outbox", append(append([]string{"github.com/jmoiron/sqlx", module + "/router", module + "/retrytiers", module + "/poison", module + "/middleware", module + "/brake", module + "/replay"}, brokers...), drivers...)},
 		{module + "/outbox/sqlstore", append([]string{"modernc.org/sqlite", "github.com/redis/go-redis", "github.com/lib/pq", "github.com/jackc/pgx", module + "/router"}, brokers...)},
+		{module + "/sluicesql", append([]string{"modernc.org/sqlite", "github.com/redis/go-redis", "github.com/lib/pq", "github.com/jackc/pgx", module + "/router"}, brokers...)},
+		{module + "/service", append(append([]string{module + "/rabbitmq", module + "/embedded", "github.com/prometheus/client_golang", "go.opentelemetry.io/otel/exporters/prometheus"}, brokers...), drivers...)},
+		{module + "/promexport", append(append([]string{module + "/router", module + "/service", module + "/deduplication", module + "/outbox"}, brokers...), drivers...)},
 		{module + "/deduplication/redisstore", append([]string{"modernc.org/sqlite", "github.com/lib/pq"}, brokers...)},
 		{module + "/replay/redisstore", append([]string{"modernc.org/sqlite", "github.com/lib/pq", module + "/deduplication", module + "/retrytiers", module + "/poison", module + "/router"}, brokers...)},
 	} {

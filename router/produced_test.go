@@ -58,6 +58,8 @@ func TestProducedMessageCarryingTheHandlersContextIsPublished(t *testing.T) {
 		},
 		PublishTopic: out,
 		Publisher:    q.Publisher(),
+		// This path, not the outbox: Watermill publishes after the commit.
+		PublishAtMostOnce: true,
 		Stages: router.Stages{
 			Classify: &middleware.ClassifyConfig{},
 			Inbox:    &deduplication.Config{Store: store, Consumer: "inventory"},

@@ -35,13 +35,23 @@ type HandlerConfig struct {
 	// PublishingHandler returns messages to publish to PublishTopic: with
 	// Outbox, written into the inbox's transaction and relayed after its
 	// commit (the transactional outbox: nothing produced is lost, nothing
-	// is produced by a delivery that rolled back); without, published on
-	// Publisher by Watermill after the stages returned nil — after the
-	// inbox committed, so a publish that fails then is lost (the
-	// redelivery is a duplicate, skipped).
+	// is produced by a delivery that rolled back); with Publisher, published
+	// by Watermill after the stages returned nil. Beside Stages.Inbox that
+	// is after the inbox committed: a publish that fails then is nacked,
+	// the redelivery is a duplicate the inbox skips, and the messages are
+	// lost — Add refuses it (ErrUnsafeStages) unless PublishAtMostOnce says
+	// so. Without an inbox the redelivery runs the handler again, which
+	// produces them again.
 	PublishingHandler message.HandlerFunc
 	PublishTopic      string
 	Publisher         message.Publisher
+	// PublishAtMostOnce accepts Publisher beside Stages.Inbox, knowing
+	// what it loses: PublishingHandler's messages are published after the
+	// inbox's commit, at most once — a publish that fails then (a broker
+	// blip, an unroutable topic) loses them without a failure recorded
+	// anywhere (the redelivery is counted a duplicate). Default false: Add
+	// refuses that assembly and names Outbox, which loses nothing.
+	PublishAtMostOnce bool
 	// Outbox writes PublishingHandler's messages in the inbox's unit of
 	// work (outbox/sqlstore.Store; outbox.Handler); an outbox.Relay
 	// publishes them. It needs Stages.Inbox, on the same database, and
@@ -58,17 +68,34 @@ type HandlerConfig struct {
 	Stages Stages
 }
 
-// ErrUnsafeStages is matched by Add's error for a choice of stages that
-// cannot give every delivery one recorded outcome: Retry without Poison (a
-// spent budget, Exhausted, would reach the router, be nacked and come back
-// at once, forever).
+// ErrUnsafeStages is matched by Add's error for an assembly that cannot
+// give every delivery one recorded outcome, or loses what it produces:
+// Retry without Poison (a spent budget, Exhausted, would reach the router,
+// be nacked and come back at once, forever); an Inbox whose
+// PublishingHandler's messages a Publisher sends after the commit (a
+// publish that fails then loses them: the redelivery is a duplicate).
 var ErrUnsafeStages = errors.New("router: unsafe stages")
 
-// unsafe returns an error matching ErrUnsafeStages, naming the stage to
-// add, when the chosen stages cannot keep the promise together.
+// unsafe returns an error matching ErrUnsafeStages, naming what to add,
+// when the chosen stages cannot keep the promise together.
 func (s Stages) unsafe() error {
 	if s.Retry != nil && s.Poison == nil {
 		return fmt.Errorf("%w: Stages.Retry needs Stages.Poison: a delivery whose retry budget is spent (Exhausted) would otherwise be nacked back to the head of its queue, forever", ErrUnsafeStages)
+	}
+	return nil
+}
+
+// unsafe returns an error matching ErrUnsafeStages, naming the outbox,
+// when what the handler produces could be lost after the inbox's commit.
+func (c HandlerConfig) unsafe() error {
+	if err := c.Stages.unsafe(); err != nil {
+		return err
+	}
+	if c.PublishingHandler != nil && c.Publisher != nil && c.Stages.Inbox != nil && !c.PublishAtMostOnce {
+		return fmt.Errorf("%w: HandlerConfig.Publisher beside Stages.Inbox publishes PublishingHandler's messages after the inbox's commit: "+
+			"a publish that fails then is nacked, the redelivery is a duplicate the inbox skips, and the messages are lost. "+
+			"Give HandlerConfig.Outbox instead (outbox/sqlstore, relayed by an outbox.Relay), "+
+			"or set HandlerConfig.PublishAtMostOnce to accept losing them", ErrUnsafeStages)
 	}
 	return nil
 }
@@ -82,8 +109,9 @@ var ErrDuplicateHandler = errors.New("router: duplicate handler")
 //
 // It refuses a name already on r (Watermill would panic), a topic that
 // another handler added by Add consumes on r (two handlers on one queue
-// silently split its messages), and stages that cannot keep the promise
-// together (ErrUnsafeStages). It names the consumer of the Inbox and Poison
+// silently split its messages), and an assembly that cannot keep the
+// promise (ErrUnsafeStages: Retry without Poison; a Publisher beside the
+// Inbox without PublishAtMostOnce). It names the consumer of the Inbox and Poison
 // stages after the handler where they leave it unset. It wraps the handler with
 // deduplication.Reentry, so an in-process retry middleware added to the
 // router later — and so run inside the inbox — cannot run the handler twice
@@ -131,10 +159,12 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		return nil, errors.New("router: HandlerConfig.PublishingHandler needs PublishTopic")
 	case cfg.PublishingHandler != nil && cfg.Publisher == nil && cfg.Outbox == nil:
 		return nil, errors.New("router: HandlerConfig.PublishingHandler needs Outbox (or Publisher)")
+	case cfg.PublishAtMostOnce && (cfg.Publisher == nil || cfg.PublishingHandler == nil):
+		return nil, errors.New("router: HandlerConfig.PublishAtMostOnce is about a PublishingHandler's messages sent on Publisher: give both, or leave it false")
 	case cfg.Consumers < 0:
 		return nil, fmt.Errorf("router: HandlerConfig.Consumers must be positive, got %d", cfg.Consumers)
 	}
-	if err := cfg.Stages.unsafe(); err != nil {
+	if err := cfg.unsafe(); err != nil {
 		return nil, err
 	}
 	if c, ok := cfg.Outbox.(outbox.InboxChecker); ok {
@@ -200,6 +230,9 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		}
 		h.AddMiddleware(append([]message.HandlerMiddleware{nameHandler(cfg.Name, system)}, mws...)...)
 		out = append(out, h)
+	}
+	if cfg.Stages.brake != nil {
+		recordBrake(r, cfg.Name, cfg.Stages.brake)
 	}
 	return out, nil
 }

@@ -57,6 +57,9 @@ func TestAddValidates(t *testing.T) {
 			Stages: router.Stages{Inbox: &deduplication.Config{Store: deduplication.NewMemoryStore()}}}, "the inbox's store is a *deduplication.MemoryStore, whose units of work are no SQL transactions"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, PublishingHandler: ph, PublishTopic: "p", Outbox: ob,
 			Stages: router.Stages{Inbox: &deduplication.Config{Store: liteInbox}}}, "the inbox is on sqlite, the outbox on postgres"},
+		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, PublishingHandler: ph, PublishTopic: "p", Publisher: sub,
+			Stages: router.Stages{Inbox: &deduplication.Config{Store: deduplication.NewMemoryStore()}}}, "Give HandlerConfig.Outbox instead"},
+		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, PublishAtMostOnce: true}, "HandlerConfig.PublishAtMostOnce is about a PublishingHandler's messages sent on Publisher"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Consumers: -1}, "HandlerConfig.Consumers"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Stages: router.Stages{Inbox: &deduplication.Config{}}}, "router: inbox stage: deduplication: Config.Store is required"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Stages: router.Stages{Poison: &poison.Config{}}}, "router: poison stage: poison: Config.Publisher is required"},
@@ -65,10 +68,14 @@ func TestAddValidates(t *testing.T) {
 	} {
 		_, err := router.Add(r, tt.cfg)
 		require.ErrorContains(t, err, tt.want)
-		if tt.cfg.Stages.Retry != nil {
+		if tt.cfg.Stages.Retry != nil || tt.cfg.Publisher != nil && tt.cfg.Stages.Inbox != nil {
 			require.ErrorIs(t, err, router.ErrUnsafeStages)
 		}
 	}
+	// The loss accepted by name: Watermill publishes after the commit.
+	_, err = router.Add(r, router.HandlerConfig{Name: "at-most-once", Topic: "at-most-once", Subscriber: sub, PublishingHandler: ph, PublishTopic: "p",
+		Publisher: sub, PublishAtMostOnce: true, Stages: router.Stages{Inbox: &deduplication.Config{Store: deduplication.NewMemoryStore()}}})
+	require.NoError(t, err)
 
 	e, err := embedded.New(embedded.Config{Topic: "orders"})
 	require.NoError(t, err)

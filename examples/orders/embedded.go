@@ -58,6 +58,7 @@ func newEmbeddedEnv(ctx context.Context, dbPath string) (_ *embeddedEnv, err err
 }
 
 func (e *embeddedEnv) db() *sqlx.DB           { return e.sqlite }
+func (e *embeddedEnv) schema() string         { return "" }
 func (e *embeddedEnv) tables() tables         { return "" }
 func (e *embeddedEnv) broker() broker.Broker  { return e.embedded }
 func (e *embeddedEnv) rejectionTopic() string { return rejectedTopic }

@@ -8,14 +8,15 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/sluicemq/sluice/broker"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
-	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
 )
 
 // env is where the example runs: the embedded default or RabbitMQ +
 // PostgreSQL. Every number the example prints is read from it.
 type env interface {
 	db() *sqlx.DB
+	// schema is the PostgreSQL schema of the example's and Sluice's tables
+	// ("" on SQLite).
+	schema() string
 	tables() tables
 	// broker gives the handler its queue, tiers and poison queue.
 	broker() broker.Broker
@@ -39,22 +40,3 @@ type env interface {
 
 // tierDelays are short, for a demonstration that ends in seconds.
 var tierDelays = []time.Duration{100 * time.Millisecond, 300 * time.Millisecond}
-
-// newInboxStore creates the inbox table in the env's database.
-func newInboxStore(ctx context.Context, db *sqlx.DB, t tables) (*sqlstore.Store, error) {
-	store, err := sqlstore.New(sqlstore.Config{DB: db, Table: t.of("sluice_inbox")})
-	if err != nil {
-		return nil, err
-	}
-	return store, store.CreateTable(ctx)
-}
-
-// newOutboxStore creates the outbox table beside the inbox's: the
-// rejection event is a row of the inbox's transaction.
-func newOutboxStore(ctx context.Context, db *sqlx.DB, t tables) (*outboxsql.Store, error) {
-	store, err := outboxsql.New(outboxsql.Config{DB: db, Table: t.of(outboxsql.TableDefault)})
-	if err != nil {
-		return nil, err
-	}
-	return store, store.CreateTable(ctx)
-}

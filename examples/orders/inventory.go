@@ -11,7 +11,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 const rejectedTopic = "inventory.reservation-rejected"
@@ -19,8 +19,8 @@ const rejectedTopic = "inventory.reservation-rejected"
 var errOutOfStock = errors.New("out of stock")
 
 // inventory reserves stock for order.created events. Every write goes into
-// the inbox transaction; so does the rejection event it returns, which
-// router.HandlerConfig.Outbox writes into the outbox table for the relay.
+// the inbox transaction; so does the rejection event it returns, which the
+// service writes into the outbox table for its relay.
 type inventory struct {
 	tables tables
 }
@@ -60,7 +60,7 @@ func (inv *inventory) reserve(msg *message.Message) ([]*message.Message, error) 
 		return nil, err // a JSON error is classified Poison
 	}
 	ctx := msg.Context()
-	tx := sqlstore.TxFromContext(ctx)
+	tx := sluicesql.TxFromContext(ctx)
 	if attempt, _ := sluice.Attempt(msg); attempt <= o.FailTimes {
 		return nil, fmt.Errorf("stock service: %w", context.DeadlineExceeded) // Transient: parked in a tier
 	}

@@ -9,9 +9,11 @@
 // the same eventId, a stock service that times out once or twice, an order
 // for a product out of stock, a malformed payload, an order that must exist
 // but does not — and the example prints what the stores and queues hold at
-// the end. The rejection event goes through Sluice's transactional outbox
-// (outbox/sqlstore, an outbox.Relay) in both modes. --metrics-addr serves Prometheus metrics; --trace-stdout prints
-// the spans.
+// the end. The handler is one service.Handler of a service.Service: the
+// whole stack with production defaults, the rejection event through the
+// transactional outbox and the service's relay, in both modes.
+// --metrics-addr serves Prometheus metrics (package promexport);
+// --trace-stdout prints the spans.
 package main
 
 import (
@@ -28,20 +30,15 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
-	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/poison"
-	"github.com/sluicemq/sluice/retrytiers"
-	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/promexport"
+	"github.com/sluicemq/sluice/service"
 )
 
 // config is what the flags choose.
@@ -113,18 +110,11 @@ func newEnv(ctx context.Context, cfg config) (env, error) {
 }
 
 func run(ctx context.Context, cfg config) (_ *summary, err error) {
-	metrics := sdkmetric.NewManualReader()
-	meterOpts := []sdkmetric.Option{sdkmetric.WithReader(metrics)}
-	var registry *prometheus.Registry
-	if cfg.MetricsAddr != "" {
-		registry = prometheus.NewRegistry()
-		exporter, err := otelprom.New(otelprom.WithRegisterer(registry))
-		if err != nil {
-			return nil, err
-		}
-		meterOpts = append(meterOpts, sdkmetric.WithReader(exporter))
+	counts := sdkmetric.NewManualReader() // what the summary reads; the exporter serves the same
+	metrics, err := promexport.New(promexport.Config{Readers: []sdkmetric.Reader{counts}})
+	if err != nil {
+		return nil, err
 	}
-	meter := sdkmetric.NewMeterProvider(meterOpts...)
 	var traceOpts []sdktrace.TracerProviderOption
 	if cfg.TraceOut != nil {
 		exporter, err := stdouttrace.New(stdouttrace.WithWriter(cfg.TraceOut), stdouttrace.WithPrettyPrint())
@@ -146,46 +136,27 @@ func run(ctx context.Context, cfg config) (_ *summary, err error) {
 		}
 	}()
 
-	store, err := newInboxStore(ctx, e.db(), e.tables())
-	if err != nil {
-		return nil, err
-	}
-	// The rejection event is a row of the outbox, written in the inbox's
-	// transaction; the relay publishes it after the commit, confirmed.
-	ob, err := newOutboxStore(ctx, e.db(), e.tables())
-	if err != nil {
-		return nil, err
-	}
-	relay, err := outbox.NewRelay(outbox.RelayConfig{Store: ob, Publisher: e.relayPublisher(), MeterProvider: meter})
-	if err != nil {
-		return nil, err
-	}
-	trace := middleware.TraceConfig{TracerProvider: tracer} // the producer's TracingPublisher too
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, watermill.NopLogger{})
 	if err != nil {
 		return nil, err
 	}
-	_, err = router.Add(r, router.HandlerConfig{
+	// The whole stack with production defaults: the inbox, outbox and replay
+	// outcome tables in the env's database, the relay publishing the
+	// rejection event after its commit, the pruners, health.
+	svc, err := service.New(service.Config{DB: e.db(), Schema: e.schema(), Router: r, Publisher: e.relayPublisher(),
+		MeterProvider: metrics, TracerProvider: tracer})
+	if err != nil {
+		return nil, err
+	}
+	if err := svc.Migrate(ctx); err != nil {
+		return nil, err
+	}
+	err = svc.Add(service.Handler{
 		Name:              "inventory",
 		Broker:            e.broker(),
+		Key:               deduplication.KeyFromJSON("eventId"),
 		PublishingHandler: (&inventory{tables: e.tables()}).reserve,
 		PublishTopic:      e.rejectionTopic(),
-		Outbox:            ob,
-		Stages: router.Stages{
-			// One MeterProvider for every stage, and for the broker's
-			// publisher too (its confirm latency).
-			MeterProvider: meter,
-			Trace:         &trace,
-			Poison:        &poison.Config{},
-			Retry:         &retrytiers.Config{},
-			// Stop consuming while the database cannot be reached, instead
-			// of spending every message's ladder; probe it with a ping, not
-			// a message, so no outage spends the quorum delivery limit.
-			Brake:     &brake.Config{Match: brake.MatchUnreachable, Probe: e.db().PingContext},
-			Classify:  &middleware.ClassifyConfig{},
-			Inbox:     &deduplication.Config{Store: store, Consumer: "inventory", Key: deduplication.KeyFromJSON("eventId")},
-			Recoverer: &middleware.RecovererConfig{},
-		},
 	})
 	if err != nil {
 		return nil, err
@@ -193,34 +164,33 @@ func run(ctx context.Context, cfg config) (_ *summary, err error) {
 	if err := e.start(ctx); err != nil {
 		return nil, err
 	}
-	relayDone := make(chan error, 1)
-	go func() { relayDone <- relay.Run(context.WithoutCancel(ctx)) }()
-	stopRelay := sync.OnceValue(func() error { return errors.Join(relay.Close(), <-relayDone) })
-	defer func() { // before the env closes: the relay publishes on its broker
-		if cerr := stopRelay(); cerr != nil && err == nil {
-			err = fmt.Errorf("closing the outbox relay: %w", cerr)
-		}
-	}()
 	routerDone := make(chan error, 1)
 	go func() { routerDone <- r.Run(context.WithoutCancel(ctx)) }()
 	<-r.Running()
+	stop := sync.OnceValue(func() error { return errors.Join(svc.Close(), <-routerDone) })
+	defer func() { // before the env closes: the relay publishes on its broker
+		if cerr := stop(); cerr != nil && err == nil {
+			err = fmt.Errorf("closing the service: %w", cerr)
+		}
+	}()
 
-	producer := middleware.TracingPublisher(publisherFunc(e.publish), trace)
+	producer := middleware.TracingPublisher(publisherFunc(e.publish), middleware.TraceConfig{TracerProvider: tracer})
 	if err := producer.Publish("order.created", scriptMessages()...); err != nil {
 		return nil, err
 	}
-	waitErr := waitSettled(ctx, e, ob)
-	err = errors.Join(waitErr, r.Close(), <-routerDone, stopRelay())
+	waitErr := waitSettled(ctx, e, svc.Stores().Outbox)
+	ready := svc.Ready(ctx) // what /readyz would answer
+	// Close: the router closed, what the handler committed published, the
+	// relay and the pruners stopped.
+	if err := errors.Join(waitErr, stop()); err != nil {
+		return nil, err
+	}
+	s, err := summarize(ctx, e, svc.Stores().Outbox, counts)
 	if err != nil {
 		return nil, err
 	}
-	s, err := summarize(ctx, e, ob, metrics)
-	if err != nil {
-		return nil, err
-	}
-	if registry != nil {
-		s.metrics = promhttp.HandlerFor(registry, promhttp.HandlerOpts{})
-	}
+	s.Ready = ready.Status
+	s.metrics = metrics
 	if _, embedded := e.(*embeddedEnv); embedded {
 		s.Note = embeddedNote
 	}

@@ -36,6 +36,7 @@ func check(t *testing.T, s *summary) {
 	require.Equal(t, poisonedRow{"invariant", "evt-7", "invariant: order o-404 must exist before its reservation"}, s.Poisoned[0])
 	require.Equal(t, "poison", s.Poisoned[1].Class)
 	require.Contains(t, s.Poisoned[1].Reason, `JSON field "eventId": payload is not a JSON object`)
+	require.Equal(t, "pass", s.Ready, "the service was ready while it ran")
 }
 
 func TestExampleEmbedded(t *testing.T) {

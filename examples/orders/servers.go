@@ -22,7 +22,7 @@ import (
 // after the example by the broker's confirmed publisher.
 type serversEnv struct {
 	pg      *sqlx.DB
-	schema  string
+	name    string // the schema, and the queues' prefix
 	amqpURL string
 	queue   string
 	conn    *amqp.Connection
@@ -37,7 +37,7 @@ func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string, reset
 	if postgresURL == "" || amqpURL == "" {
 		return nil, errors.New("the servers mode needs both --amqp-url and --postgres-url")
 	}
-	e := &serversEnv{schema: name, amqpURL: amqpURL, queue: name + ".inventory"}
+	e := &serversEnv{name: name, amqpURL: amqpURL, queue: name + ".inventory"}
 	defer func() { // a failed start closes what it opened
 		if err != nil {
 			_ = e.close()
@@ -94,7 +94,7 @@ func rejectedQueue(name string) string { return name + "." + rejectedTopic }
 
 func (e *serversEnv) queues() []string {
 	topo := e.rabbit.Topology()
-	qs := []string{topo.Queue(), topo.PoisonQueue(), rejectedQueue(e.schema)}
+	qs := []string{topo.Queue(), topo.PoisonQueue(), rejectedQueue(e.name)}
 	for _, t := range topo.Tiers() {
 		qs = append(qs, t.Topic)
 	}
@@ -102,9 +102,10 @@ func (e *serversEnv) queues() []string {
 }
 
 func (e *serversEnv) db() *sqlx.DB           { return e.pg }
-func (e *serversEnv) tables() tables         { return tables(e.schema) }
+func (e *serversEnv) schema() string         { return e.name }
+func (e *serversEnv) tables() tables         { return tables(e.name) }
 func (e *serversEnv) broker() broker.Broker  { return e.rabbit }
-func (e *serversEnv) rejectionTopic() string { return rejectedQueue(e.schema) }
+func (e *serversEnv) rejectionTopic() string { return rejectedQueue(e.name) }
 
 // relayPublisher is the broker's publisher: confirms and mandatory, so a
 // rejection event the broker cannot route stays in the outbox with its error.
@@ -121,7 +122,7 @@ func (e *serversEnv) poisoned(ctx context.Context) ([]*message.Message, error) {
 }
 
 func (e *serversEnv) rejectionEvents(ctx context.Context) (int, error) {
-	msgs, err := e.peek(ctx, rejectedQueue(e.schema))
+	msgs, err := e.peek(ctx, rejectedQueue(e.name))
 	return len(msgs), err
 }
 

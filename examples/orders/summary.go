@@ -33,6 +33,7 @@ type summary struct {
 	RetriedByTier   map[string]int64
 	Poisoned        []poisonedRow // read back from the poison queue
 	Note            string        // what the mode does not promise
+	Ready           string        // the readiness report's status before closing (service.Ready, /readyz)
 
 	metrics http.Handler // Prometheus, with --metrics-addr
 }
@@ -115,6 +116,7 @@ func (s *summary) print(w io.Writer) {
 	for _, t := range tiers {
 		fmt.Fprintf(tw, "retried via tier %s (sluice.retries)\t%d\n", t, s.RetriedByTier[t])
 	}
+	fmt.Fprintf(tw, "readiness before closing (/readyz)\t%s\n", s.Ready)
 	fmt.Fprintf(tw, "poisoned (poison queue)\t%d\n", len(s.Poisoned))
 	for _, p := range s.Poisoned {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\n", p.Class, p.EventID, p.Reason)

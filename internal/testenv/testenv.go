@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,6 +62,25 @@ func Schema(t testing.TB, db *sqlx.DB) string {
 		}
 	})
 	return name
+}
+
+// PostgresInSchema opens the test database with a search_path of a schema
+// of t's own (Schema), so that code written for the default schema — a
+// README's — runs isolated; the pool is closed and the schema dropped when
+// t ends.
+func PostgresInSchema(t testing.TB) *sqlx.DB {
+	t.Helper()
+	schema := Schema(t, Postgres(t))
+	sep := "?"
+	if strings.Contains(PostgresURL, "?") {
+		sep = "&"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	db, err := sqlx.ConnectContext(ctx, "postgres", PostgresURL+sep+"search_path="+schema)
+	require.NoError(t, err, "PostgreSQL at %s (run `make services`)", redact(PostgresURL))
+	t.Cleanup(func() { _ = db.Close() })
+	return db
 }
 
 // Redis returns a client and a key prefix of t's own; the keys under the

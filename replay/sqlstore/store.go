@@ -11,9 +11,11 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/sluicemq/sluice/deduplication"
 	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/chunks"
 	"github.com/sluicemq/sluice/internal/sqldb"
@@ -49,12 +51,14 @@ type Config struct {
 // concurrent use.
 type Store struct {
 	db    *sqlx.DB
-	table string
+	table string // quoted
+	name  string // the last part, unquoted, for the index's name
 }
 
 var (
-	_ ledger.Ledger             = (*Store)(nil)
-	_ replay.UnitOfWorkRecorder = (*Store)(nil)
+	_ ledger.Ledger              = (*Store)(nil)
+	_ replay.UnitOfWorkRecorder  = (*Store)(nil)
+	_ deduplication.BatchDeleter = (*Store)(nil)
 )
 
 // withDefaults returns a copy of c with its defaults filled.
@@ -72,19 +76,22 @@ func New(cfg Config) (*Store, error) {
 		return nil, err
 	}
 	cfg.DB = db
-	quoted, _, err := sqlname.Quote(cfg.Table, true)
+	quoted, name, err := sqlname.Quote(cfg.Table, true)
 	if err != nil {
 		return nil, fmt.Errorf("sqlstore: Config.Table: %w", err)
 	}
-	return &Store{db: cfg.DB, table: quoted}, nil
+	return &Store{db: cfg.DB, table: quoted, name: name}, nil
 }
 
-// CreateTable creates the table if it does not exist. On PostgreSQL,
-// updated_at is a timestamptz, as the inbox's processed_at: a table an
-// earlier version created with a timestamp without time zone (holding UTC,
-// which Sluice always wrote) is altered to it, its values kept.
+func (s *Store) postgres() bool { return s.db.DriverName() == "postgres" || s.db.DriverName() == "pgx" }
+
+// CreateTable creates the table and its index on updated_at (which
+// DeleteBefore reads) if they do not exist. On PostgreSQL, updated_at is a
+// timestamptz, as the inbox's processed_at: a table an earlier version
+// created with a timestamp without time zone (holding UTC, which Sluice
+// always wrote) is altered to it, its values kept.
 func (s *Store) CreateTable(ctx context.Context) error {
-	postgres := s.db.DriverName() == "postgres" || s.db.DriverName() == "pgx"
+	postgres := s.postgres()
 	timestamp := "TIMESTAMP" // SQLite: the declared type its drivers read back as a time
 	if postgres {
 		timestamp = "TIMESTAMPTZ"
@@ -99,6 +106,10 @@ func (s *Store) CreateTable(ctx context.Context) error {
 	handler TEXT NOT NULL DEFAULT '',
 	updated_at `+timestamp+` NOT NULL,
 	PRIMARY KEY (run, item))`); err != nil {
+		return err
+	}
+	index := `"` + sqlname.Index(s.name, "_updated_at", "uat") + `"`
+	if _, err := s.db.ExecContext(ctx, `CREATE INDEX IF NOT EXISTS `+index+` ON `+s.table+` (updated_at)`); err != nil {
 		return err
 	}
 	if !postgres {
@@ -213,4 +224,20 @@ ON CONFLICT (run, item) DO UPDATE SET outcome = excluded.outcome, reason = exclu
 		}
 	}
 	return nil
+}
+
+// DeleteBefore deletes at most limit records last updated before t and
+// returns how many it deleted: a deduplication.Pruner given this store
+// prunes the outcome table in bounded batches. A run's report (sluice dlq
+// report) lists only the records still there.
+func (s *Store) DeleteBefore(ctx context.Context, t time.Time, limit int) (int64, error) {
+	q := `DELETE FROM ` + s.table + ` WHERE rowid IN (SELECT rowid FROM ` + s.table + ` WHERE updated_at < ? LIMIT ?)`
+	if s.postgres() {
+		q = `DELETE FROM ` + s.table + ` WHERE ctid = ANY(ARRAY(SELECT ctid FROM ` + s.table + ` WHERE updated_at < $1 LIMIT $2))`
+	}
+	res, err := s.db.ExecContext(ctx, q, t.UTC(), limit)
+	if err != nil {
+		return 0, fmt.Errorf("sqlstore: pruning %s: %w", s.table, err)
+	}
+	return res.RowsAffected()
 }

@@ -1,6 +1,7 @@
 package sqlstore_test
 
 import (
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/replay"
@@ -108,4 +110,39 @@ func TestConfigSQLDB(t *testing.T) {
 	require.ErrorContains(t, err, "give DB or SQLDB, not both")
 	_, err = sqlstore.New(sqlstore.Config{SQLDB: db.DB, DriverName: "postgres"})
 	require.NoError(t, err)
+}
+
+// A deduplication.Pruner given the outcome store deletes the records last
+// updated before its retention, in bounded batches, and keeps the rest, on
+// PostgreSQL and SQLite.
+func TestPrunerDeletesOldOutcomes(t *testing.T) {
+	t.Parallel()
+	for name, open := range map[string]func(t *testing.T) *sqlstore.Store{
+		"postgres": func(t *testing.T) *sqlstore.Store {
+			db := testenv.Postgres(t)
+			return testenv.OutcomeStore(t, db, testenv.Schema(t, db)+".sluice_replay")
+		},
+		"sqlite": func(t *testing.T) *sqlstore.Store { return testenv.OutcomeStore(t, testenv.SQLite(t), "") },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := open(t)
+			old := time.Now().Add(-48 * time.Hour)
+			var rs []replay.Record
+			for i := range 5 {
+				rs = append(rs, replay.Record{Run: "old", Item: fmt.Sprint(i), Outcome: "processed", At: old})
+			}
+			rs = append(rs, replay.Record{Run: "new", Item: "a", Outcome: "processed", At: time.Now()})
+			require.NoError(t, s.Records(t.Context(), rs))
+			p, err := deduplication.NewPruner(deduplication.PrunerConfig{Store: s, Retention: 24 * time.Hour, BatchSize: 2, Pause: time.Millisecond})
+			require.NoError(t, err)
+			n, err := p.Prune(t.Context())
+			require.NoError(t, err)
+			require.Equal(t, int64(5), n, "three batches of at most 2")
+			left, err := s.Outcomes(t.Context(), "")
+			require.NoError(t, err)
+			require.Len(t, left, 1)
+			require.Equal(t, "new", left[0].Run)
+		})
+	}
 }

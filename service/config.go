@@ -1,0 +1,149 @@
+package service
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/outbox"
+	"github.com/sluicemq/sluice/sluicesql"
+)
+
+// Defaults of Config.
+const (
+	// InboxRetentionDefault is how long an inbox record is kept: a
+	// redelivery after it is pruned runs the handler again.
+	InboxRetentionDefault = 14 * 24 * time.Hour
+	// ReplayWindowDefault is how long after processing a message may
+	// still come back (replayed from a poison queue, republished by an
+	// operator) and must be recognised as a duplicate.
+	ReplayWindowDefault = 7 * 24 * time.Hour
+	// OutcomeRetentionDefault is how long a replay outcome is kept for
+	// sluice dlq report.
+	OutcomeRetentionDefault = 30 * 24 * time.Hour
+	// PruneIntervalDefault is the time between two pruning runs.
+	PruneIntervalDefault = 10 * time.Minute
+	// DrainTimeoutDefault bounds the relay's drain when the router closes.
+	DrainTimeoutDefault = 10 * time.Second
+	// HealthTimeoutDefault bounds each check of a health report.
+	HealthTimeoutDefault = 2 * time.Second
+)
+
+// Config configures New.
+type Config struct {
+	// DB is the database of Sluice's tables (the inbox, the outbox, the
+	// replay outcomes) and of the handlers' own writes: PostgreSQL or
+	// SQLite, as sluicesql takes it. Required unless Stores is set.
+	DB *sqlx.DB
+	// Schema is the PostgreSQL schema of Sluice's tables. Default none:
+	// the connection's search_path.
+	Schema string
+	// Stores replaces DB and Schema: Sluice's tables as you named them
+	// (sluicesql.New).
+	Stores *sluicesql.Stores
+	// Router is the Watermill router the handlers are added to. The
+	// service starts its relay and pruners when the router runs (a router
+	// plugin) and drains and stops them when it closes. Required.
+	Router *message.Router
+	// Publisher publishes what handlers produce, from the outbox (the
+	// relay's): one that returns once the broker holds the message —
+	// rabbitmq's Broker.Publisher(), the embedded default's
+	// PubSub().Publisher(). Required to Add a PublishingHandler; without
+	// it the service runs no relay.
+	Publisher message.Publisher
+	// Relay tunes the outbox relay (outbox.RelayConfig): leave its Store
+	// and Publisher unset — they are the service's. Its MeterProvider and
+	// Logger default to the service's.
+	Relay outbox.RelayConfig
+
+	// MeterProvider receives every stage's metrics, the relay's, the
+	// pruner's and the broker publisher's: give promexport.New's to serve
+	// them to Prometheus. Default the global OpenTelemetry provider.
+	MeterProvider metric.MeterProvider
+	// TracerProvider receives the Trace stage's and the brake's spans.
+	// Default the global OpenTelemetry provider.
+	TracerProvider trace.TracerProvider
+	// Logger receives each fate decided, the relay's and the pruners'
+	// errors. Default the router's logger.
+	Logger watermill.LoggerAdapter
+	// Signer proves that Sluice wrote a delivery's control headers
+	// (router.Stages.Signer; docs/architecture.md, "Trust boundary").
+	// Default none.
+	Signer *sluice.Signer
+	// Classifier is every stage's (router.Stages.Classifier). Default
+	// sluice.DefaultClassifier().
+	Classifier *sluice.Classifier
+
+	// InboxRetention is how long an inbox record is kept before the pruner
+	// deletes it; it must cover each handler's retry ladder plus
+	// ReplayWindow (Add checks). Default InboxRetentionDefault.
+	InboxRetention time.Duration
+	// ReplayWindow is how long after processing a message may still come
+	// back. Default ReplayWindowDefault.
+	ReplayWindow time.Duration
+	// OutcomeRetention is how long a replay outcome is kept. Default
+	// OutcomeRetentionDefault.
+	OutcomeRetention time.Duration
+	// PruneInterval is the time between two pruning runs (each deletes in
+	// batches of deduplication.PrunerBatchSizeDefault). Default
+	// PruneIntervalDefault.
+	PruneInterval time.Duration
+	// DrainTimeout bounds the relay's drain when the router closes: the
+	// rows the handlers committed are published until none is due or this
+	// passes; what is left waits for the next start. Default
+	// DrainTimeoutDefault.
+	DrainTimeout time.Duration
+	// HealthTimeout bounds each check of a health report (the database's
+	// ping, the outbox's counts). Default HealthTimeoutDefault.
+	HealthTimeout time.Duration
+}
+
+// withDefaults returns a copy of c with its defaults filled.
+func (c Config) withDefaults() Config {
+	c.InboxRetention = cmp.Or(c.InboxRetention, InboxRetentionDefault)
+	c.ReplayWindow = cmp.Or(c.ReplayWindow, ReplayWindowDefault)
+	c.OutcomeRetention = cmp.Or(c.OutcomeRetention, OutcomeRetentionDefault)
+	c.PruneInterval = cmp.Or(c.PruneInterval, PruneIntervalDefault)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, DrainTimeoutDefault)
+	c.HealthTimeout = cmp.Or(c.HealthTimeout, HealthTimeoutDefault)
+	if c.Router != nil {
+		c.Logger = cmp.Or(c.Logger, c.Router.Logger())
+	}
+	c.Relay.MeterProvider = cmp.Or(c.Relay.MeterProvider, c.MeterProvider)
+	c.Relay.Logger = cmp.Or(c.Relay.Logger, c.Logger)
+	return c
+}
+
+// validate checks a Config with its defaults filled.
+func (c Config) validate() error {
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"InboxRetention", c.InboxRetention}, {"ReplayWindow", c.ReplayWindow}, {"OutcomeRetention", c.OutcomeRetention},
+		{"PruneInterval", c.PruneInterval}, {"DrainTimeout", c.DrainTimeout}, {"HealthTimeout", c.HealthTimeout}} {
+		if d.v < 0 {
+			return fmt.Errorf("service: Config.%s must not be negative, got %s", d.name, d.v)
+		}
+	}
+	switch {
+	case c.Router == nil:
+		return errors.New("service: Config.Router is required")
+	case c.Router.IsRunning():
+		return errors.New("service: Config.Router is running: build the service before the router runs (it starts the relay and the pruners when it does)")
+	case c.Stores == nil && c.DB == nil:
+		return errors.New("service: Config.DB is required (or Config.Stores)")
+	case c.Stores != nil && (c.DB != nil || c.Schema != ""):
+		return errors.New("service: Config.Stores replaces Config.DB and Config.Schema: give one or the other")
+	case c.Relay.Store != nil || c.Relay.Publisher != nil:
+		return errors.New("service: Config.Relay.Store and Config.Relay.Publisher are the service's (Config.Publisher): leave them unset")
+	}
+	return nil
+}

@@ -1,0 +1,109 @@
+package service_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/service"
+)
+
+// get serves path from h and returns the status and the body.
+func get(t *testing.T, h http.Handler, path string) (int, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	body, err := io.ReadAll(rec.Body)
+	require.NoError(t, err)
+	return rec.Code, string(body)
+}
+
+// The README's short path runs as written (newInventory) on RabbitMQ and
+// PostgreSQL: an order is reserved once however often it is delivered, its
+// event is published to inventory.reserved through the outbox, a malformed
+// one is isolated in inventory.poison; /readyz passes while it runs,
+// /metrics serves Sluice's counters, and Close leaves the outbox empty.
+func TestTheREADMEServiceRuns(t *testing.T) {
+	t.Parallel()
+	db := testenv.PostgresInSchema(t)
+	_, err := db.ExecContext(t.Context(), `CREATE TABLE reservations (order_id TEXT NOT NULL)`)
+	require.NoError(t, err)
+	testenv.DeleteQueuesAtEnd(t, "inventory", "inventory.retry.30s", "inventory.retry.5m", "inventory.retry.30m", "inventory.poison", "inventory.reserved")
+	conn := testenv.AMQP(t)
+	_, err = testenv.Channel(t, conn).QueueDeclare("inventory.reserved", true, false, false, false, nil)
+	require.NoError(t, err)
+
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	mux := http.NewServeMux()
+	svc, q, err := newInventory(t.Context(), r, testenv.AMQPURL, db, mux)
+	require.NoError(t, err)
+	code, body := get(t, mux, "/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code, "not ready before the router runs: %s", body)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	<-r.Running()
+	closed := false
+	closeAll := func() {
+		if !closed {
+			closed = true
+			require.NoError(t, svc.Close()) // the router closed, the outbox drained
+			require.NoError(t, <-done)
+			require.NoError(t, q.Close())
+		}
+	}
+	t.Cleanup(closeAll)
+
+	for _, payload := range []string{
+		`{"eventId":"evt-1","orderId":"o-1"}`,
+		`{"eventId":"evt-1","orderId":"o-1"}`, // the same event again
+		`{"eventId":"evt-2","orderId":`,       // malformed
+		`{"eventId":"evt-3","orderId":"o-3"}`,
+	} {
+		require.NoError(t, q.Publisher().Publish("inventory", message.NewMessage(watermill.NewUUID(), []byte(payload))))
+	}
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, "inventory.poison") == 1 },
+		30*time.Second, 20*time.Millisecond, "the malformed order is isolated in inventory.poison")
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, "inventory.reserved") == 2 },
+		30*time.Second, 20*time.Millisecond, "each reservation's event published once, through the outbox")
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, "inventory") == 0 }, 30*time.Second, 20*time.Millisecond)
+
+	code, body = get(t, mux, "/readyz")
+	require.Equal(t, http.StatusOK, code, body)
+	var ready service.Report
+	require.NoError(t, json.Unmarshal([]byte(body), &ready))
+	require.Equal(t, service.StatusPass, ready.Status)
+	require.Equal(t, "released", ready.Checks["handler:inventory"].Brake)
+	require.True(t, *ready.Checks["outbox"].Running)
+	code, body = get(t, mux, "/livez")
+	require.Equal(t, http.StatusOK, code, body)
+
+	_, metrics := get(t, mux, "/metrics")
+	require.Regexp(t, `sluice_inbox_duplicates_total\{[^}]*messaging_consumer_group_name="inventory"[^}]*\} 1\n`, metrics)
+	require.Regexp(t, `sluice_poisoned_total\{[^}]*\} 1\n`, metrics)
+	require.Regexp(t, `sluice_outbox_relayed_total\{[^}]*messaging_destination_name="inventory.reserved"[^}]*\} 2\n`, metrics)
+
+	closeAll() // every delivery handed out is settled: the duplicate's too
+	var orders []string
+	require.NoError(t, db.SelectContext(t.Context(), &orders, `SELECT order_id FROM reservations ORDER BY order_id`))
+	require.Equal(t, []string{"o-1", "o-3"}, orders, "each order reserved once")
+	var claims, outboxed int
+	require.NoError(t, db.GetContext(t.Context(), &claims, `SELECT count(*) FROM sluice_inbox`))
+	require.Equal(t, 2, claims, "one claim per event processed")
+	require.NoError(t, db.GetContext(t.Context(), &outboxed, `SELECT count(*) FROM sluice_outbox`))
+	require.Zero(t, outboxed)
+	reserved := testenv.Drain(t, conn, "inventory.reserved")
+	require.Len(t, reserved, 2)
+	poisoned := testenv.Drain(t, conn, "inventory.poison")
+	require.Len(t, poisoned, 1)
+	require.Equal(t, "poison", poisoned[0].Headers["sluice_poison_class"])
+}

@@ -1,0 +1,164 @@
+package sluicesql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	inboxsql "github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/internal/sqldb"
+	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
+	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
+)
+
+// The tables' default names (each store package's TableDefault).
+const (
+	InboxTableDefault   = inboxsql.TableDefault
+	OutboxTableDefault  = outboxsql.TableDefault
+	OutcomeTableDefault = replaysql.TableDefault
+)
+
+// Config configures New.
+type Config struct {
+	// DB is the database of the three tables and of the handlers' own
+	// writes: PostgreSQL (driver "postgres" or "pgx") or SQLite ("sqlite",
+	// "sqlite3"). Exactly one of DB and SQLDB is required.
+	DB *sqlx.DB
+	// SQLDB is the database as a plain *sql.DB, instead of DB, with
+	// DriverName when its driver's type does not tell the dialect (see
+	// deduplication/sqlstore.Config.SQLDB).
+	SQLDB      *sql.DB
+	DriverName string
+	// Schema is the PostgreSQL schema the three tables are in (it must
+	// exist). Default none: the connection's search_path. SQLite has none.
+	Schema string
+	// InboxTable, OutboxTable and OutcomeTable name the tables, each an SQL
+	// identifier (Schema qualifies them). Defaults InboxTableDefault,
+	// OutboxTableDefault, OutcomeTableDefault.
+	InboxTable, OutboxTable, OutcomeTable string
+	// TxOptions are the inbox's for each delivery's transaction. Default
+	// nil: the driver's (READ COMMITTED on PostgreSQL).
+	TxOptions *sql.TxOptions
+}
+
+// Stores are Sluice's three tables on one database. Safe for concurrent
+// use.
+type Stores struct {
+	// Inbox is the inbox (deduplication.Config.Store); its units of work
+	// are the database's transactions.
+	Inbox *inboxsql.Store
+	// Outbox holds what handlers produce until a relay publishes it
+	// (router.HandlerConfig.Outbox, outbox.RelayConfig.Store).
+	Outbox *outboxsql.Store
+	// Outcomes records what became of each message replayed from a poison
+	// queue (replay.Config.Store), for sluice dlq replay and report.
+	Outcomes *replaysql.Store
+
+	db *sqlx.DB
+}
+
+// New validates cfg and returns the stores. It does not touch the
+// database: Migrate creates the tables.
+func New(cfg Config) (*Stores, error) {
+	db, err := sqldb.Open("sluicesql: Config", cfg.DB, cfg.SQLDB, cfg.DriverName)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Schema != "" && !postgres(db) {
+		return nil, fmt.Errorf("sluicesql: Config.Schema is PostgreSQL's; the database's driver is %q", db.DriverName())
+	}
+	table := func(field, name, def string) (string, error) {
+		if name == "" {
+			name = def
+		}
+		if strings.Contains(name, ".") {
+			return "", fmt.Errorf("sluicesql: Config.%s %q: a table's name only (Config.Schema qualifies it)", field, name)
+		}
+		if cfg.Schema != "" {
+			name = cfg.Schema + "." + name
+		}
+		return name, nil
+	}
+	var errs [3]error
+	var names [3]string
+	names[0], errs[0] = table("InboxTable", cfg.InboxTable, InboxTableDefault)
+	names[1], errs[1] = table("OutboxTable", cfg.OutboxTable, OutboxTableDefault)
+	names[2], errs[2] = table("OutcomeTable", cfg.OutcomeTable, OutcomeTableDefault)
+	if err := errors.Join(errs[:]...); err != nil {
+		return nil, err
+	}
+	s := &Stores{db: db}
+	if s.Inbox, err = inboxsql.New(inboxsql.Config{DB: db, Table: names[0], TxOptions: cfg.TxOptions}); err != nil {
+		return nil, fmt.Errorf("sluicesql: the inbox (Config.InboxTable, Config.Schema): %w", err)
+	}
+	if s.Outbox, err = outboxsql.New(outboxsql.Config{DB: db, Table: names[1]}); err != nil {
+		return nil, fmt.Errorf("sluicesql: the outbox (Config.OutboxTable, Config.Schema): %w", err)
+	}
+	if s.Outcomes, err = replaysql.New(replaysql.Config{DB: db, Table: names[2]}); err != nil {
+		return nil, fmt.Errorf("sluicesql: the replay outcomes (Config.OutcomeTable, Config.Schema): %w", err)
+	}
+	return s, nil
+}
+
+// DB is the database the stores are on.
+func (s *Stores) DB() *sqlx.DB { return s.db }
+
+// migrateLock is the PostgreSQL advisory lock Migrate holds, so that
+// several instances starting at once create each table once (two CREATE
+// TABLE IF NOT EXISTS racing can fail on PostgreSQL's catalog).
+var migrateLock = func() int64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("github.com/sluicemq/sluice/sluicesql.Migrate"))
+	return int64(h.Sum64())
+}()
+
+// unlockTimeout bounds the release of the migration lock after a ctx that
+// ended (the session's end releases it too).
+const unlockTimeout = 5 * time.Second
+
+// Migrate creates the inbox, outbox and outcome tables and their indexes
+// where they do not exist, and brings an older version's to this one's
+// shape (the stores' CreateTable): idempotent, and safe to run from
+// several instances at once (on PostgreSQL it holds an advisory lock for
+// its duration). Bounded by ctx.
+func (s *Stores) Migrate(ctx context.Context) (err error) {
+	if postgres(s.db) {
+		conn, err := s.db.Connx(ctx)
+		if err != nil {
+			return fmt.Errorf("sluicesql: migrating: %w", err)
+		}
+		defer func() { _ = conn.Close() }()
+		if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, migrateLock); err != nil {
+			return fmt.Errorf("sluicesql: migrating: taking the migration lock: %w", err)
+		}
+		defer func() {
+			unlock, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
+			defer cancel()
+			if _, uerr := conn.ExecContext(unlock, `SELECT pg_advisory_unlock($1)`, migrateLock); uerr != nil && err == nil {
+				err = fmt.Errorf("sluicesql: migrating: releasing the migration lock: %w", uerr)
+			}
+		}()
+	}
+	for _, m := range []struct {
+		what   string
+		create func(context.Context) error
+	}{{"the inbox", s.Inbox.CreateTable}, {"the outbox", s.Outbox.CreateTable}, {"the replay outcomes", s.Outcomes.CreateTable}} {
+		if err := m.create(ctx); err != nil {
+			return fmt.Errorf("sluicesql: migrating %s: %w", m.what, err)
+		}
+	}
+	return nil
+}
+
+// TxFromContext returns the inbox's SQL transaction of the delivery being
+// handled — the one a handler writes its own rows in, committed with the
+// claim — or nil outside one (deduplication/sqlstore.TxFromContext).
+func TxFromContext(ctx context.Context) *sqlx.Tx { return inboxsql.TxFromContext(ctx) }
+
+func postgres(db *sqlx.DB) bool { return db.DriverName() == "postgres" || db.DriverName() == "pgx" }
