@@ -203,7 +203,10 @@ func timeoutBehindTheRouter(t *testing.T, batch *deduplication.BatchConfig) {
 		ContentType: "application/octet-stream", ContentEncoding: "identity", CorrelationId: "corr-1", MessageId: "m-1",
 		Headers: amqp.Table{sluice.EventIDKey: "evt-slow", "__TypeId__": "com.example.Reserve"}, Body: body,
 	}))
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue+".poison") == 1 }, 30*time.Second, 20*time.Millisecond)
+	// A liveness bound, not a measurement: on a loaded machine each hop of
+	// the 10 MiB message (a consume, a confirmed 10 MiB copy) took 10–15 s,
+	// the test process itself mostly idle, waiting for the broker.
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue+".poison") == 1 }, 2*time.Minute, 20*time.Millisecond)
 	require.NoError(t, r.Close()) // the Consumer drains: the poisoned original is acked, not requeued
 	require.NoError(t, <-done)
 
