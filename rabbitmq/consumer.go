@@ -123,8 +123,11 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 }
 
 // Subscribe consumes the queue named topic (declared beforehand: Topology).
-// The channel closes once the subscription has drained, after ctx ends or
-// Close.
+// A queue the broker says does not exist fails Subscribe (ErrQueueNotFound,
+// naming it); Subscribe waits for that answer, at most DialTimeout per node
+// and WriteTimeout, and a broker it cannot reach is left to the
+// subscription, which reconnects. The channel closes once the subscription
+// has drained, after ctx ends or Close.
 func (c *Consumer) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	return c.subscribe(ctx, topic, nil)
 }
@@ -151,6 +154,9 @@ func (v gatedConsumer) Close() error { return v.c.Close() }
 
 func (c *Consumer) subscribe(ctx context.Context, topic string, gate broker.Gate) (<-chan *message.Message, error) {
 	if err := broker.CheckName("queue", topic); err != nil {
+		return nil, err
+	}
+	if err := c.checkQueue(topic); err != nil {
 		return nil, err
 	}
 	c.mu.Lock()
