@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/sluicemq/sluice/broker"
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
+	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 )
 
 // TopologyConfig describes the queues of one consumer queue.
