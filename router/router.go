@@ -84,7 +84,10 @@ var ErrDuplicateHandler = errors.New("router: duplicate handler")
 // another handler added by Add consumes on r (two handlers on one queue
 // silently split its messages), and stages that cannot keep the promise
 // together (ErrUnsafeStages). It names the consumer of the Inbox and Poison
-// stages after the handler where they leave it unset. It wraps the handler with
+// stages after the handler where they leave it unset, and exports the
+// counters of its stages that the shipped alerts read at zero for it,
+// before its first delivery (poison.ExportAtZero,
+// middleware.ExportTraceAtZero). It wraps the handler with
 // deduplication.Reentry, so an in-process retry middleware added to the
 // router later — and so run inside the inbox — cannot run the handler twice
 // in one inbox transaction.
@@ -200,6 +203,9 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		}
 		h.AddMiddleware(append([]message.HandlerMiddleware{nameHandler(cfg.Name, system)}, mws...)...)
 		out = append(out, h)
+	}
+	if err := exportAtZero(cfg.Stages, cfg.Name, cfg.Topic, system); err != nil {
+		return out, fmt.Errorf("router: exporting the handler's counters at zero: %w", err)
 	}
 	return out, nil
 }
