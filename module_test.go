@@ -2,7 +2,6 @@ package sluice_test
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -20,17 +19,7 @@ func TestALibraryUserBuildsTheRabbitMQPackage(t *testing.T) {
 		t.Skip("builds a module")
 	}
 	t.Parallel()
-	root, err := filepath.Abs(".")
-	require.NoError(t, err)
-	dir := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "go.mod"), []byte(`module example.com/service
-
-go 1.26.0
-
-require github.com/sluicemq/sluice v0.0.0
-
-replace github.com/sluicemq/sluice => `+root+"\n"), 0o600))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "main.go"), []byte(`package main
+	run := libraryUser(t, `package main
 
 import (
 	"fmt"
@@ -44,17 +33,7 @@ import (
 func main() {
 	fmt.Println(rabbitmq.PoisonSuffix, router.Order(), sqlstore.TableDefault, service.DrainTimeoutDefault)
 }
-`), 0o600))
-	run := func(args ...string) string {
-		cmd := exec.Command("go", args...)
-		cmd.Dir = dir
-		// Offline, from the module cache this module's own build filled; the
-		// service's go.sum written from it.
-		cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod", "GOPROXY=off", "GOSUMDB=off")
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "go %s:\n%s", strings.Join(args, " "), out)
-		return string(out)
-	}
+`)
 	run("build", "-o", os.DevNull, ".")
 	linked := map[string]bool{}
 	for _, m := range strings.Fields(run("list", "-deps", "-f", "{{with .Module}}{{.Path}}{{end}}", ".")) {

@@ -32,6 +32,23 @@ type Tier struct {
 	Name  string
 	Delay time.Duration
 	Topic string
+	// Waits, set by Jittered, are the queues a copy of this tier may wait
+	// in instead, each with its delay: Topic (Delay) and shorter ones down
+	// to Delay × (1 − Jitter.Fraction). The retry stage picks one at random.
+	// Empty: Topic alone.
+	Waits []Wait
+}
+
+// Topics returns every topic a copy of t may wait in: Topic, and the
+// topics of its Waits.
+func (t Tier) Topics() []string {
+	topics := []string{t.Topic}
+	for _, w := range t.Waits {
+		if w.Topic != t.Topic {
+			topics = append(topics, w.Topic)
+		}
+	}
+	return topics
 }
 
 // TierName is the name of the tier of delay d: "30s", "5m", "1h30m".

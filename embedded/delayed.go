@@ -22,11 +22,17 @@ type Route struct {
 	To    string
 }
 
-// Routes returns the routes of tiers back to the consumer's queue (topic).
+// Routes returns the routes of tiers back to the consumer's queue (topic):
+// one per tier, or per wait of a jittered tier (broker.Jittered).
 func Routes(queue string, tiers []broker.Tier) []Route {
-	rs := make([]Route, len(tiers))
-	for i, t := range tiers {
-		rs[i] = Route{From: t.Topic, Delay: t.Delay, To: queue}
+	rs := make([]Route, 0, len(tiers))
+	for _, t := range tiers {
+		if len(t.Waits) == 0 {
+			rs = append(rs, Route{From: t.Topic, Delay: t.Delay, To: queue})
+		}
+		for _, w := range t.Waits {
+			rs = append(rs, Route{From: w.Topic, Delay: w.Delay, To: queue})
+		}
 	}
 	return rs
 }

@@ -29,6 +29,10 @@ type Config struct {
 	Topic string
 	// TierDelays of the in-process retry tiers. Default broker.DelaysDefault.
 	TierDelays []time.Duration
+	// TierJitter spreads each tier's copies over several waits
+	// (broker.Jittered), as rabbitmq.TopologyConfig.TierJitter does. Default
+	// none.
+	TierJitter broker.Jitter
 	// PoisonTopic. Default "<Topic>.poison".
 	PoisonTopic string
 	// Logger. Default watermill.NopLogger.
@@ -114,6 +118,9 @@ func New(cfg Config) (*Broker, error) {
 	tiers, err := broker.Ladder(cfg.Topic, cfg.TierDelays...)
 	if err != nil {
 		return nil, err
+	}
+	if tiers, err = broker.Jittered(cfg.Topic, tiers, cfg.TierJitter); err != nil {
+		return nil, fmt.Errorf("embedded: Config.TierJitter: %w", err)
 	}
 	e := &Broker{cfg: cfg, pubsub: newPubSub(cfg), tiers: tiers}
 	e.pubsub.sinks[cfg.PoisonTopic] = e.storePoisoned

@@ -103,18 +103,7 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 		if o, ok := attrSets.Load(k); ok {
 			return o.(attribute.Set)
 		}
-		attrs := []attribute.KeyValue{telemetry.HandlerKey.String(k.handler), semconv.MessagingDestinationName(k.dest),
-			semconv.MessagingOperationName(OperationProcess), AttrOutcome.String(string(k.outcome))}
-		if k.system != "" {
-			attrs = append(attrs, semconv.MessagingSystemKey.String(k.system))
-		}
-		if k.class != "" {
-			attrs = append(attrs, AttrClass.String(k.class))
-		}
-		if k.errorType != "" {
-			attrs = append(attrs, semconv.ErrorTypeKey.String(k.errorType))
-		}
-		o, _ := attrSets.LoadOrStore(k, attribute.NewSet(attrs...))
+		o, _ := attrSets.LoadOrStore(k, k.attrs())
 		return o.(attribute.Set)
 	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
@@ -201,6 +190,22 @@ type metricKey struct {
 	handler, dest, system string
 	outcome               sluice.Outcome
 	class, errorType      string
+}
+
+// attrs is the attribute set of k.
+func (k metricKey) attrs() attribute.Set {
+	attrs := []attribute.KeyValue{telemetry.HandlerKey.String(k.handler), semconv.MessagingDestinationName(k.dest),
+		semconv.MessagingOperationName(OperationProcess), AttrOutcome.String(string(k.outcome))}
+	if k.system != "" {
+		attrs = append(attrs, semconv.MessagingSystemKey.String(k.system))
+	}
+	if k.class != "" {
+		attrs = append(attrs, AttrClass.String(k.class))
+	}
+	if k.errorType != "" {
+		attrs = append(attrs, semconv.ErrorTypeKey.String(k.errorType))
+	}
+	return attribute.NewSet(attrs...)
 }
 
 func annotate(span trace.Span, r *sluice.Report) {

@@ -165,8 +165,7 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	poisoned, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(MetricPoisoned,
-		metric.WithDescription("Messages isolated in the poison queue."))
+	poisoned, err := poisonedCounter(cfg.MeterProvider)
 	if err != nil {
 		return nil, err
 	}

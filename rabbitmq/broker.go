@@ -36,6 +36,13 @@ type BrokerConfig struct {
 	// (Prefetch deliveries in flight in one consumer, a draining close, the
 	// brake's pause).
 	WatermillSubscriber bool
+	// DepthInterval is how often the Broker reads the depth and consumers
+	// of its queues (a passive declare of each, on a connection of its
+	// own, each bounded by WriteTimeout) for the gauges MetricQueueReady
+	// and MetricQueueConsumers and for Depths: the alerts on depths then
+	// need no broker plugin. Default DepthIntervalDefault; negative: never
+	// (no connection, no gauges).
+	DepthInterval time.Duration
 }
 
 // withDefaults validates cfg's Connection and returns a copy with its
@@ -47,6 +54,9 @@ func (cfg BrokerConfig) withDefaults() (BrokerConfig, error) {
 		return cfg, err
 	}
 	cfg.Connection = conn
+	if cfg.DepthInterval == 0 {
+		cfg.DepthInterval = DepthIntervalDefault
+	}
 	return cfg, nil
 }
 
@@ -58,6 +68,7 @@ type Broker struct {
 	pub       *Publisher
 	sub       message.Subscriber
 	consumers int
+	depth     *depthPoller // nil with a negative DepthInterval
 }
 
 var _ broker.MeteredBroker = (*Broker)(nil)
@@ -86,6 +97,12 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 		return nil, err
 	}
 	b := &Broker{topo: topo, pub: pub, consumers: 1}
+	if cfg.DepthInterval > 0 {
+		if b.depth, err = newDepthPoller(cfg.Connection, topo, cfg.DepthInterval); err != nil {
+			_ = pub.Close()
+			return nil, err
+		}
+	}
 	if cfg.WatermillSubscriber {
 		b.sub, err = NewSubscriber(SubscriberConfig{Connection: cfg.Connection, Prefetch: cfg.Prefetch})
 		b.consumers = ConsumersDefault
@@ -94,6 +111,7 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 			PoisonQueue: topo.PoisonQueue(), PoisonPublisher: pub})
 	}
 	if err != nil {
+		_ = b.closeDepth()
 		_ = pub.Close()
 		return nil, err
 	}
@@ -113,12 +131,34 @@ func (b *Broker) Endpoints() broker.Endpoints {
 }
 
 // UseMeterProvider makes the broker's publisher record its
-// MetricConfirmDuration and MetricReconnects with mp when
-// BrokerConfig.MeterProvider was unset (router.Add hands it
+// MetricConfirmDuration and MetricReconnects, and its depth gauges, with
+// mp when BrokerConfig.MeterProvider was unset (router.Add hands it
 // Stages.MeterProvider): the first provider handed is kept; nil, or a
 // broker with a provider of its own, changes nothing.
 func (b *Broker) UseMeterProvider(mp metric.MeterProvider) error {
-	return b.pub.metrics.adopt(mp)
+	err := b.pub.metrics.adopt(mp)
+	if b.depth != nil {
+		err = errors.Join(err, b.depth.adopt(mp))
+	}
+	return err
+}
+
+// Depths returns what the Broker last read of each of its queues, in the
+// order of Topology.Queues: the values of its depth gauges (every
+// DepthInterval), for a health or readiness check. Nil with a negative
+// DepthInterval.
+func (b *Broker) Depths() []QueueDepth {
+	if b.depth == nil {
+		return nil
+	}
+	return b.depth.Depths()
+}
+
+func (b *Broker) closeDepth() error {
+	if b.depth == nil {
+		return nil
+	}
+	return b.depth.close()
 }
 
 // Topology returns the declared topology.
@@ -128,7 +168,8 @@ func (b *Broker) Topology() *Topology { return b.topo }
 // own messages).
 func (b *Broker) Publisher() *Publisher { return b.pub }
 
-// Close closes the subscriber and the publisher; close the router first.
+// Close closes the subscriber, the publisher and the depth reader; close
+// the router first.
 func (b *Broker) Close() error {
-	return errors.Join(b.sub.Close(), b.pub.Close())
+	return errors.Join(b.sub.Close(), b.pub.Close(), b.closeDepth())
 }

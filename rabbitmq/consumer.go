@@ -19,7 +19,26 @@ import (
 
 // Consumer defaults.
 const (
-	DrainTimeoutDefault     = 30 * time.Second
+	// DrainTimeoutDefault is how long Close waits for the deliveries in
+	// flight to be acked or nacked before it closes their channel and
+	// cancels their contexts. It is what Watermill users expect of a
+	// subscriber's Close, and what a shutdown needs, no more:
+	//   - a router's ShutdownGrace stage (router.Stages.ShutdownGrace,
+	//     middleware.ShutdownGraceDefault 10 s) lets a handler in flight
+	//     commit for 10 s once the router closes; the drain outlasts it by
+	//     2 s, so that the ack of a handler committing at the end of its
+	//     grace still reaches the broker (its delivery is not redelivered);
+	//   - a handler still at work after that is cut short anyway, and its
+	//     delivery goes back to the queue either way: waiting longer only
+	//     delays Close. Watermill's universal Pub/Sub suite wants an
+	//     unacked message's context cancelled within 15 s of Close
+	//     (TestMessageCtx, which a 30 s drain failed), and an
+	//     orchestrator's stop (Kubernetes waits 30 s by default before it
+	//     kills the process) must leave time for the router, the relay and
+	//     the rest after the drain.
+	//
+	// Raise ConsumerConfig.DrainTimeout together with a longer ShutdownGrace.
+	DrainTimeoutDefault     = 12 * time.Second
 	ReconnectBackoffDefault = time.Second
 	reconnectBackoffMax     = 30 * time.Second
 )
@@ -37,7 +56,9 @@ type ConsumerConfig struct {
 	// delivery tag, in any order. Default PrefetchDefault.
 	Prefetch int
 	// DrainTimeout bounds Close's wait for the deliveries in flight to be
-	// acked or nacked. Default DrainTimeoutDefault.
+	// acked or nacked. Default DrainTimeoutDefault (12 s: a router's
+	// default ShutdownGrace of 10 s, and 2 s for the last acks); keep it
+	// above the ShutdownGrace you set.
 	DrainTimeout time.Duration
 	// ReconnectBackoff is the first wait before reconnecting after the
 	// connection or channel closed; it doubles up to 30 s while the
@@ -123,8 +144,11 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 }
 
 // Subscribe consumes the queue named topic (declared beforehand: Topology).
-// The channel closes once the subscription has drained, after ctx ends or
-// Close.
+// A queue the broker says does not exist fails Subscribe (ErrQueueNotFound,
+// naming it); Subscribe waits for that answer, at most DialTimeout per node
+// and WriteTimeout, and a broker it cannot reach is left to the
+// subscription, which reconnects. The channel closes once the subscription
+// has drained, after ctx ends or Close.
 func (c *Consumer) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	return c.subscribe(ctx, topic, nil)
 }
@@ -151,6 +175,9 @@ func (v gatedConsumer) Close() error { return v.c.Close() }
 
 func (c *Consumer) subscribe(ctx context.Context, topic string, gate broker.Gate) (<-chan *message.Message, error) {
 	if err := broker.CheckName("queue", topic); err != nil {
+		return nil, err
+	}
+	if err := c.checkQueue(topic); err != nil {
 		return nil, err
 	}
 	c.mu.Lock()

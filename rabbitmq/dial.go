@@ -7,8 +7,8 @@ import (
 	"net"
 	"time"
 
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
+	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 )
 
 // DialConfig configures Dial.
@@ -22,9 +22,10 @@ type DialConfig struct {
 
 // Dial connects to cfg.URL (amqp:// or amqps://), or to the first of
 // cfg.URLs that answers, trying them in order, each bounded by
-// DialTimeout. Its errors never hold a URL's password, and unwrap to
-// amqp091's (errors.Is(err, amqp.ErrCredentials) holds for bad
-// credentials).
+// DialTimeout. Its errors never hold a URL's password, and unwrap to the
+// AMQP client's, which package rabbitmq/amqp091 names:
+// errors.Is(err, amqp091.ErrCredentials) holds for bad credentials. The
+// connection is that package's *Connection.
 func Dial(cfg DialConfig) (*amqp.Connection, error) {
 	c, err := cfg.withDefaults("DialConfig")
 	if err != nil {

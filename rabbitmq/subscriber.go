@@ -4,9 +4,7 @@ import (
 	"cmp"
 	"fmt"
 
-	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice/internal/diag"
 )
@@ -45,7 +43,11 @@ func (cfg SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 // named by the topic given to Subscribe, unmarshals with Marshaler (so
 // deliveries carrying x-death or other non-string headers are handled, not
 // nacked in a loop), requeues on nack, and declares nothing: declare the
-// queues with Topology.Declare first. It reconnects after a broker restart.
+// queues with Topology.Declare first. Subscribe on a queue that does not
+// exist fails, matching ErrQueueNotFound and naming the queue. To keep a
+// watermill-amqp Config of your own (its declarations, its settings) and
+// read with the Marshaler, use WithMarshaler and watermill-amqp's
+// NewSubscriber instead. It reconnects after a broker restart.
 // One subscription handles one delivery at a time: with router.Add, set
 // HandlerConfig.Consumers for concurrency (BrokerConfig.WatermillSubscriber
 // defaults it to ConsumersDefault).
@@ -66,12 +68,3 @@ func NewSubscriber(cfg SubscriberConfig) (*wamqp.Subscriber, error) {
 	}
 	return sub, nil
 }
-
-// declaredElsewhere is a TopologyBuilder that declares nothing: Topology did.
-type declaredElsewhere struct{}
-
-func (declaredElsewhere) BuildTopology(*amqp.Channel, wamqp.BuildTopologyParams, wamqp.Config, watermill.LoggerAdapter) error {
-	return nil
-}
-
-func (declaredElsewhere) ExchangeDeclare(*amqp.Channel, string, wamqp.Config) error { return nil }

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/sluicemq/sluice/broker"
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
+	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 )
 
 // TopologyConfig describes the queues of one consumer queue.
@@ -29,6 +29,13 @@ type TopologyConfig struct {
 	// broker.TierTopic(Queue, delay): "<Queue>.retry.<delay>". A tier's copy
 	// survives a broker crash on its way back to Queue only with Quorum.
 	TierDelays []time.Duration
+	// TierJitter spreads each tier's copies over TierJitter.Queues queues
+	// of their own, with TTLs evenly spread from the tier's delay down to
+	// delay × (1 − TierJitter.Fraction), each named for its TTL
+	// ("<Queue>.retry.4m40s"), so that what an outage sent to a tier does
+	// not come back at once (broker.Jittered says why one queue cannot
+	// jitter). Default none: one queue per tier.
+	TierJitter broker.Jitter
 	// PoisonQueue receives what the poison stage isolates and, for a quorum
 	// Queue, what the broker dead-letters. Default "<Queue>.poison". A
 	// quorum PoisonQueue is declared with x-delivery-limit
@@ -160,6 +167,9 @@ func NewTopology(cfg TopologyConfig) (*Topology, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: TopologyConfig.TierDelays: %w", err)
 	}
+	if tiers, err = broker.Jittered(cfg.Queue, tiers, cfg.TierJitter); err != nil {
+		return nil, fmt.Errorf("rabbitmq: TopologyConfig.TierJitter: %w", err)
+	}
 	return &Topology{cfg: cfg, tiers: tiers}, nil
 }
 
@@ -199,9 +209,9 @@ func (t *Topology) specs() []queueSpec {
 		}
 	}
 	specs := []queueSpec{{t.cfg.Queue, typed(main)}}
-	for _, tier := range t.tiers {
+	for _, w := range t.waits() {
 		args := amqp.Table{
-			"x-message-ttl":             tier.Delay.Milliseconds(),
+			"x-message-ttl":             w.Delay.Milliseconds(),
 			"x-dead-letter-exchange":    "",
 			"x-dead-letter-routing-key": t.cfg.Queue,
 		}
@@ -209,7 +219,7 @@ func (t *Topology) specs() []queueSpec {
 			args["x-dead-letter-strategy"] = "at-least-once"
 			args["x-overflow"] = "reject-publish"
 		}
-		specs = append(specs, queueSpec{tier.Topic, typed(args)})
+		specs = append(specs, queueSpec{w.Topic, typed(args)})
 	}
 	poisonArgs := amqp.Table{}
 	if t.cfg.Quorum {

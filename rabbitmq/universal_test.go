@@ -41,12 +41,14 @@ func (c *declaringConsumer) SubscribeInitialize(topic string) error {
 
 var _ message.SubscribeInitializer = (*declaringConsumer)(nil)
 
-// universalPubSub builds Sluice's confirmed Publisher and its Consumer, with
-// a drain timeout short enough for the suite's 15 s waits.
+// universalPubSub builds Sluice's confirmed Publisher and its Consumer with
+// its defaults: DrainTimeoutDefault fits the suite's 15 s waits (the 30 s
+// drain before did not: TestMessageCtx's unacked message kept its context
+// for 30 s after Close).
 func universalPubSub(t *testing.T) (message.Publisher, message.Subscriber) {
 	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, ConfirmTimeout: 10 * time.Second})
 	require.NoError(t, err)
-	c, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, DrainTimeout: 2 * time.Second})
+	c, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})
 	require.NoError(t, err)
 	return pub, &declaringConsumer{Consumer: c, t: t, declared: map[string]bool{}}
 }

@@ -10,9 +10,9 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/republish"
+	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 )
 
 // HeadersErrorKey is set on a delivery whose headers table the AMQP client

@@ -142,7 +142,7 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	}
 	s := &stage{cfg: cfg, retries: retries, exhausted: exhausted}
 	for _, t := range cfg.Tiers {
-		s.topics = append(s.topics, t.Topic)
+		s.topics = append(s.topics, t.Topics()...)
 	}
 	return s.middleware, nil
 }
@@ -176,7 +176,8 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, sluice.NewFailure(sluice.ClassExhausted,
 				fmt.Errorf("retry budget spent after %d attempts: %w", attempt, err))
 		}
-		tier, pErr := s.park(msg, attempt, reason)
+		plan := s.plan(attempt, err)
+		tier, pErr := s.park(msg, plan, reason)
 		if errors.Is(pErr, sluice.ErrUnpublishable) { // no tier can take it, now or later: never a nack loop
 			s.cfg.Logger.Error("The retry copy cannot be built; the delivery is poison", diag.RedactError(pErr), diag.LogFields(telemetry.LogFields(msg,
 				watermill.LogFields{"class": sluice.ClassPoison.String(), "tier": tier.Name, "attempt": attempt})))
@@ -187,31 +188,35 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 			s.cfg.Logger.Error("Publishing the retry copy failed; the delivery is nacked after the backoff", diag.RedactError(pErr), diag.LogFields(telemetry.LogFields(msg,
 				watermill.LogFields{"class": sluice.ClassTransient.String(), "tier": tier.Name, "attempt": attempt, "backoff": s.cfg.PublishBackoff.String(),
 					"uncertain": errors.Is(pErr, sluice.ErrPublishUncertain)})))
-			return nil, errors.Join(err, fmt.Errorf("retrytiers: publishing the retry copy to tier %s (%s): %w", tier.Name, tier.Topic, pErr))
+			return nil, errors.Join(err, fmt.Errorf("retrytiers: publishing the retry copy to tier %s: %w", tier.Name, pErr))
 		}
-		s.cfg.Logger.Info("Delivery parked in a retry tier", diag.LogFields(telemetry.LogFields(msg, watermill.LogFields{
-			"class": sluice.ClassTransient.String(), "tier": tier.Name, "attempt": attempt, "next_attempt": attempt + 1, "reason": reason})))
+		fields := watermill.LogFields{"class": sluice.ClassTransient.String(), "tier": tier.Name, "wait": plan.wait.String(),
+			"attempt": attempt, "next_attempt": plan.next, "reason": reason}
+		if plan.asked {
+			fields["retry_after"] = plan.after.String()
+		}
+		s.cfg.Logger.Info("Delivery parked in a retry tier", diag.LogFields(telemetry.LogFields(msg, fields)))
 		s.retries.Add(ctx, 1, telemetry.DeliveryAttr(msg,
 			attribute.String("sluice.tier", tier.Name), semconv.ErrorTypeKey.String(sluice.ClassTransient.String())))
 		sluice.Record(ctx, func(r *sluice.Report) {
-			r.Outcome, r.Class, r.Tier, r.Attempt = sluice.OutcomeRetried, sluice.ClassTransient, tier.Name, attempt+1
+			r.Outcome, r.Class, r.Tier, r.Attempt = sluice.OutcomeRetried, sluice.ClassTransient, tier.Name, plan.next
 		})
 		return nil, nil
 	}
 }
 
-// park publishes the copy of attempt to its tier. When that tier refuses it
-// (deleted, full, unreachable) it tries the later tiers, then the earlier
-// ones: a copy waiting longer or shorter than planned keeps the delivery's
-// place free, where a nack after the backoff would bring it back at the
-// head of the queue, ahead of every other message, to fail again. It
-// returns the tier used, or the planned one and every error. A copy the
-// publisher cannot build (sluice.ErrUnpublishable) is tried once. Only a
-// certain refusal moves on: after an uncertain publish
-// (sluice.ErrPublishUncertain: no confirm, a channel closed before it) the
-// copy may be stored in that tier, so no other tier is tried.
-func (s *stage) park(msg *message.Message, attempt int, reason string) (broker.Tier, error) {
-	planned := attempt - 1
+// park publishes the copy of the delivery to the tier plan chose. When
+// that tier refuses it (deleted, full, unreachable) it tries the later
+// tiers, then the earlier ones: a copy waiting longer or shorter than
+// planned keeps the delivery's place free, where a nack after the backoff
+// would bring it back at the head of the queue, ahead of every other
+// message, to fail again. It returns the tier used, or the planned one and
+// every error. A copy the publisher cannot build (sluice.ErrUnpublishable)
+// is tried once. Only a certain refusal moves on: after an uncertain
+// publish (sluice.ErrPublishUncertain: no confirm, a channel closed before
+// it) the copy may be stored in that tier, so no other tier is tried.
+func (s *stage) park(msg *message.Message, plan plan, reason string) (broker.Tier, error) {
+	planned := plan.tier
 	order := []int{planned}
 	for i := planned + 1; i < len(s.cfg.Tiers); i++ {
 		order = append(order, i)
@@ -219,21 +224,25 @@ func (s *stage) park(msg *message.Message, attempt int, reason string) (broker.T
 	for i := planned - 1; i >= 0; i-- {
 		order = append(order, i)
 	}
-	c := s.copy(msg, attempt, s.cfg.Tiers[planned], reason)
+	c := s.copy(msg, plan.next, s.cfg.Tiers[planned], reason)
 	var errs []error
 	for _, i := range order {
 		tier := s.cfg.Tiers[i]
+		topic := plan.topic
+		if i != planned {
+			topic = tier.Pick().Topic
+		}
 		c.Metadata[sluice.RetryTierKey] = tier.Name
 		s.cfg.Signer.Sign(c)
-		err := republish.Try(s.cfg.Publisher, tier.Topic, c, s.cfg.PublishTimeout)
+		err := republish.Try(s.cfg.Publisher, topic, c, s.cfg.PublishTimeout)
 		if err == nil {
 			if i != planned {
 				s.cfg.Logger.Error("Retry tier refused the copy; it waits in another tier", diag.RedactError(errors.Join(errs...)), diag.LogFields(telemetry.LogFields(msg,
-					watermill.LogFields{"tier": s.cfg.Tiers[planned].Name, "instead": tier.Name, "attempt": attempt})))
+					watermill.LogFields{"tier": s.cfg.Tiers[planned].Name, "instead": tier.Name, "attempt": plan.next - 1})))
 			}
 			return tier, nil
 		}
-		errs = append(errs, fmt.Errorf("tier %s: %w", tier.Name, err))
+		errs = append(errs, fmt.Errorf("tier %s (%s): %w", tier.Name, topic, err))
 		if errors.Is(err, sluice.ErrUnpublishable) { // every tier would refuse it alike
 			break
 		}
@@ -247,10 +256,11 @@ func (s *stage) park(msg *message.Message, attempt int, reason string) (broker.T
 	return s.cfg.Tiers[planned], errors.Join(errs...)
 }
 
-func (s *stage) copy(msg *message.Message, attempt int, tier broker.Tier, reason string) *message.Message {
+// copy is the copy of msg that is attempt next.
+func (s *stage) copy(msg *message.Message, next int, tier broker.Tier, reason string) *message.Message {
 	c := republish.Copy(msg, 5)
 	republish.Identify(c, msg, republish.KindRetry) // one identity, whichever tier takes it
-	c.Metadata[sluice.AttemptKey] = strconv.Itoa(attempt + 1)
+	c.Metadata[sluice.AttemptKey] = strconv.Itoa(next)
 	c.Metadata[sluice.LastErrorKey] = reason
 	c.Metadata[sluice.RetryTierKey] = tier.Name
 	if c.Metadata[sluice.FirstFailedAtKey] == "" {

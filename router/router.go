@@ -112,7 +112,10 @@ var ErrDuplicateHandler = errors.New("router: duplicate handler")
 // silently split its messages), and an assembly that cannot keep the
 // promise (ErrUnsafeStages: Retry without Poison; a Publisher beside the
 // Inbox without PublishAtMostOnce). It names the consumer of the Inbox and Poison
-// stages after the handler where they leave it unset. It wraps the handler with
+// stages after the handler where they leave it unset, and exports the
+// counters of its stages that the shipped alerts read at zero for it,
+// before its first delivery (poison.ExportAtZero,
+// middleware.ExportTraceAtZero). It wraps the handler with
 // deduplication.Reentry, so an in-process retry middleware added to the
 // router later — and so run inside the inbox — cannot run the handler twice
 // in one inbox transaction.
@@ -212,6 +215,9 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		in := *cfg.Stages.Inbox
 		in.Consumer = cfg.Name
 		cfg.Stages.Inbox = &in
+	}
+	if err := exportAtZero(cfg.Stages, cfg.Name, cfg.Topic, system); err != nil {
+		return nil, fmt.Errorf("router: exporting the handler's counters at zero: %w", err)
 	}
 	for i := range n {
 		mws, err := Middlewares(cfg.Stages)

@@ -422,6 +422,15 @@ func TestTopologyPlanAndApply(t *testing.T) {
 	require.Equal(t, 0, run([]string{"--amqp-url", testenv.AMQPURL, "topology", "apply", "--queue", q, "--tiers", "1s,2s"}, &out, &errOut), errOut.String())
 	require.Contains(t, out.String(), "declared "+q+".poison")
 	require.Zero(t, testenv.QueueDepth(t, testenv.AMQP(t), q+".retry.2s"))
+
+	out.Reset()
+	require.Equal(t, 0, run([]string{"topology", "plan", "--queue", q, "--tiers", "30s,5m", "--tier-jitter", "0.2"}, &out, &errOut), errOut.String())
+	for _, wait := range []string{"30s", "28s", "26s", "24s", "5m", "4m40s", "4m20s", "4m"} {
+		require.Contains(t, out.String(), q+".retry."+wait+" {", "a queue per wait of each tier")
+	}
+	require.Contains(t, out.String(), `"x-message-ttl":280000`)
+	require.Equal(t, 2, run([]string{"topology", "plan", "--queue", q, "--tier-jitter", "0.9"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "TierJitter")
 }
 
 // A foreign producer's gzip payload, poisoned and replayed: the replay

@@ -7,13 +7,15 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
 func newTopology(g *globals, out io.Writer) *cobra.Command {
 	var queue, tiers, poisonQueue string
 	var quorum bool
-	var limit int
+	var limit, jitterQueues int
+	var jitter float64
 	build := func() (*rabbitmq.Topology, error) {
 		if queue == "" {
 			return nil, usageError{fmt.Errorf("--queue is required")}
@@ -22,7 +24,8 @@ func newTopology(g *globals, out io.Writer) *cobra.Command {
 		if err != nil {
 			return nil, err
 		}
-		topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: queue, TierDelays: delays, PoisonQueue: poisonQueue, Quorum: quorum, DeliveryLimit: limit})
+		topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: queue, TierDelays: delays, PoisonQueue: poisonQueue, Quorum: quorum, DeliveryLimit: limit,
+			TierJitter: broker.Jitter{Fraction: jitter, Queues: jitterQueues}})
 		if err != nil {
 			return nil, usageError{err}
 		}
@@ -34,6 +37,8 @@ func newTopology(g *globals, out io.Writer) *cobra.Command {
 	pf.StringVar(&tiers, "tiers", "30s,5m,30m", "retry tier delays, in order")
 	pf.StringVar(&poisonQueue, "poison-queue", "", "the poison queue (default <queue>.poison)")
 	pf.BoolVar(&quorum, "quorum", false, "quorum queues instead of classic ones")
+	pf.Float64Var(&jitter, "tier-jitter", 0, "spread each tier's copies over queues of their own waiting from its delay down to delay × (1 − this), so an outage's copies do not come back at once (0: none; at most 0.5); the application's TopologyConfig.TierJitter")
+	pf.IntVar(&jitterQueues, "tier-jitter-queues", 0, "queues per tier with --tier-jitter (default 4)")
 	pf.IntVar(&limit, "delivery-limit", 0, "quorum x-delivery-limit of the queue: dead-letter to the poison queue after this many failed deliveries (0: none declared, the broker's default: none on RabbitMQ 3.x, 20 on 4.x)")
 
 	plan := &cobra.Command{

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -50,9 +51,13 @@ func TestAlertRules(t *testing.T) {
 	exposed := rec.Body.String()
 
 	rules := 0
+	needs := map[string][]string{} // alert → what its rules need
 	for _, g := range rf.Groups {
 		for _, r := range g.Rules {
 			rules++
+			require.Contains(t, []string{"sluice_metrics", "sluice_depth_gauges", "rabbitmq_prometheus"}, r.Labels["needs"],
+				"%s says what it needs in its label needs", r.Alert)
+			needs[r.Alert] = append(needs[r.Alert], r.Labels["needs"])
 			require.NotEmpty(t, r.Alert)
 			require.NotEmpty(t, r.Expr, r.Alert)
 			require.NotEmpty(t, r.For, r.Alert)
@@ -66,7 +71,12 @@ func TestAlertRules(t *testing.T) {
 			requireExposed(t, r.Alert, r.Expr, exposed, r.Annotations["summary"], r.Annotations["description"])
 		}
 	}
-	require.Equal(t, 9, rules)
+	require.Equal(t, 13, rules)
+	for alert, n := range needs { // what the plugin gives, Sluice's depth gauges give too
+		if slices.Contains(n, "rabbitmq_prometheus") {
+			require.Contains(t, n, "sluice_depth_gauges", "%s works only with the broker's plugin", alert)
+		}
+	}
 }
 
 // promtool checks docs/alerts.yml and runs its unit tests,

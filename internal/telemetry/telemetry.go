@@ -130,10 +130,17 @@ func LogFields(msg *message.Message, more watermill.LogFields) watermill.LogFiel
 // (the queue consumed) and messaging.system (left out when unknown),
 // followed by more.
 func DeliveryAttrs(ctx context.Context, more ...attribute.KeyValue) []attribute.KeyValue {
+	return HandlerAttrs(Handler(ctx), message.SubscribeTopicFromCtx(ctx), System(ctx), more...)
+}
+
+// HandlerAttrs are DeliveryAttrs of the deliveries of handler, consuming
+// destination on system ("" leaves it out): what a stage needs to export
+// its series at zero before the first delivery.
+func HandlerAttrs(handler, destination, system string, more ...attribute.KeyValue) []attribute.KeyValue {
 	attrs := make([]attribute.KeyValue, 0, 3+len(more))
-	attrs = append(attrs, HandlerKey.String(Handler(ctx)), semconv.MessagingDestinationName(message.SubscribeTopicFromCtx(ctx)))
-	if s := System(ctx); s != "" {
-		attrs = append(attrs, semconv.MessagingSystemKey.String(s))
+	attrs = append(attrs, HandlerKey.String(handler), semconv.MessagingDestinationName(destination))
+	if system != "" {
+		attrs = append(attrs, semconv.MessagingSystemKey.String(system))
 	}
 	return append(attrs, more...)
 }

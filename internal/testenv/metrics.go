@@ -52,12 +52,13 @@ func CounterSum(t testing.TB, reader *sdkmetric.ManualReader, name string) int64
 }
 
 // AttributeValues collects reader and returns the sorted distinct values of
-// the attribute key on the int64 counter name's data points.
+// the attribute key on the int64 counter name's data points that were
+// added to (not those exported at zero before any event).
 func AttributeValues(t testing.TB, reader *sdkmetric.ManualReader, name, key string) []string {
 	t.Helper()
 	var out []string
 	for _, dp := range counterPoints(t, reader, name) {
-		if v, ok := dp.Attributes.Value(attribute.Key(key)); ok && !slices.Contains(out, v.String()) {
+		if v, ok := dp.Attributes.Value(attribute.Key(key)); ok && dp.Value != 0 && !slices.Contains(out, v.String()) {
 			out = append(out, v.String())
 		}
 	}

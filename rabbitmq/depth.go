@@ -1,0 +1,276 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
+
+	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/telemetry"
+	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
+)
+
+// DepthIntervalDefault is how often a Broker reads the depth of its queues
+// (BrokerConfig.DepthInterval).
+const DepthIntervalDefault = 15 * time.Second
+
+// The Broker's depth gauges: what it last read of each of its queues (the
+// consumer queue, each retry tier's queues, the poison queue), by
+// messaging.system ("rabbitmq"), messaging.destination.name (the queue),
+// sluice.queue.role ("main", "tier", "poison"), sluice.queue.family (the
+// consumer queue) and sluice.queue.vhost. They let the alerts on depths work
+// without RabbitMQ's rabbitmq_prometheus plugin (docs/alerts.yml).
+const (
+	// MetricQueueReady is a queue's messages ready for delivery, as
+	// RabbitMQ's queue.declare-ok counts them: those delivered and not yet
+	// acknowledged are not among them (RabbitMQ 3.10, classic and quorum
+	// queues alike).
+	MetricQueueReady = "sluice.queue.messages.ready"
+	// MetricQueueConsumers is a queue's consumers.
+	MetricQueueConsumers = "sluice.queue.consumers"
+)
+
+// Attribute keys of the depth gauges.
+const (
+	AttrQueueRole   = attribute.Key("sluice.queue.role")
+	AttrQueueFamily = attribute.Key("sluice.queue.family")
+	AttrQueueVhost  = attribute.Key("sluice.queue.vhost")
+)
+
+// QueueDepth is what a Broker last read of one of its queues.
+type QueueDepth struct {
+	TopologyQueue
+	// Ready is the messages ready for delivery (MetricQueueReady) and
+	// Consumers the queue's consumers, as of At.
+	Ready, Consumers int
+	// At is when they were read; zero before the first read that worked.
+	At time.Time
+	// Err is the last read's error (the queue missing, the broker
+	// unreachable), nil when it worked: Ready, Consumers and At are then
+	// the last read's that worked.
+	Err error
+}
+
+// depthPoller reads the depth of a topology's queues every interval, on a
+// connection of its own, and observes them as gauges.
+type depthPoller struct {
+	conn     Connection // defaults filled
+	queues   []TopologyQueue
+	interval time.Duration
+	family   string
+	vhost    string
+
+	mu     sync.Mutex
+	depths []QueueDepth
+
+	current atomic.Pointer[amqp.Connection] // the poll's, closed by close
+	stop    chan struct{}
+	done    chan struct{}
+	once    sync.Once
+
+	mmu     sync.Mutex
+	reg     metric.Registration
+	own     bool // Connection.MeterProvider was set: adopt does nothing
+	adopted bool
+}
+
+// newDepthPoller starts reading the depth of topo's queues every interval
+// with c (defaults filled) and observing them with c.MeterProvider, or the
+// global provider until a provider is adopted.
+func newDepthPoller(c Connection, topo *Topology, interval time.Duration) (*depthPoller, error) {
+	vhost := "/"
+	if u, err := amqp.ParseURI(c.URLs[0]); err == nil {
+		vhost = u.Vhost
+	}
+	p := &depthPoller{conn: c, queues: topo.Queues(), interval: interval, family: topo.Queue(), vhost: vhost,
+		stop: make(chan struct{}), done: make(chan struct{}), own: c.MeterProvider != nil}
+	p.depths = make([]QueueDepth, len(p.queues))
+	for i, q := range p.queues {
+		p.depths[i].TopologyQueue = q
+	}
+	if err := p.register(c.MeterProvider); err != nil {
+		return nil, err
+	}
+	go p.run()
+	return p, nil
+}
+
+// register observes the gauges with mp's instruments (the global provider's
+// when nil), and no longer with the previous provider's.
+func (p *depthPoller) register(mp metric.MeterProvider) error {
+	meter := telemetry.Meter(mp)
+	ready, err := meter.Int64ObservableGauge(MetricQueueReady, metric.WithUnit("{message}"),
+		metric.WithDescription("Messages ready for delivery in a queue of the broker's topology, as last read (queue.declare-ok)."))
+	if err != nil {
+		return fmt.Errorf("rabbitmq: creating %s: %w", MetricQueueReady, err)
+	}
+	consumers, err := meter.Int64ObservableGauge(MetricQueueConsumers, metric.WithUnit("{consumer}"),
+		metric.WithDescription("Consumers of a queue of the broker's topology, as last read (queue.declare-ok)."))
+	if err != nil {
+		return fmt.Errorf("rabbitmq: creating %s: %w", MetricQueueConsumers, err)
+	}
+	reg, err := meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		for _, d := range p.Depths() {
+			if d.At.IsZero() {
+				continue
+			}
+			attrs := metric.WithAttributes(system, semconv.MessagingDestinationName(d.Name), AttrQueueRole.String(string(d.Role)),
+				AttrQueueFamily.String(p.family), AttrQueueVhost.String(p.vhost))
+			o.ObserveInt64(ready, int64(d.Ready), attrs)
+			o.ObserveInt64(consumers, int64(d.Consumers), attrs)
+		}
+		return nil
+	}, ready, consumers)
+	if err != nil {
+		return fmt.Errorf("rabbitmq: observing the queues' depths: %w", err)
+	}
+	p.mmu.Lock()
+	defer p.mmu.Unlock()
+	if p.reg != nil {
+		_ = p.reg.Unregister()
+	}
+	p.reg = reg
+	return nil
+}
+
+// adopt observes the gauges with mp from now on, unless the broker has a
+// provider of its own or adopted one before; a nil mp is ignored.
+func (p *depthPoller) adopt(mp metric.MeterProvider) error {
+	p.mmu.Lock()
+	if mp == nil || p.own || p.adopted {
+		p.mmu.Unlock()
+		return nil
+	}
+	p.adopted = true
+	p.mmu.Unlock()
+	return p.register(mp)
+}
+
+// Depths returns a copy of what was last read.
+func (p *depthPoller) Depths() []QueueDepth {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]QueueDepth(nil), p.depths...)
+}
+
+func (p *depthPoller) run() {
+	defer close(p.done)
+	var conn *amqp.Connection
+	defer func() {
+		if conn != nil {
+			_ = closeConn(conn, p.conn.WriteTimeout)
+		}
+	}()
+	t := time.NewTicker(p.interval)
+	defer t.Stop()
+	for {
+		conn = p.poll(conn)
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// poll reads every queue once, on conn (dialled when nil or closed), each
+// call bounded by WriteTimeout (the connection is closed under a call that
+// overruns it), and returns the connection to use next time (nil after a
+// failure of the connection).
+func (p *depthPoller) poll(conn *amqp.Connection) *amqp.Connection {
+	if conn == nil || conn.IsClosed() {
+		var err error
+		if conn, _, err = p.conn.dial("sluice depth "+p.family, 0); err != nil {
+			p.failed(0, err)
+			return nil
+		}
+		p.current.Store(conn)
+		select {
+		case <-p.stop: // closed while dialling
+			return conn
+		default:
+		}
+	}
+	var ch *amqp.Channel
+	for i, q := range p.queues {
+		var info amqp.Queue
+		err := closeWithin(conn, p.conn.WriteTimeout, func() error {
+			var err error
+			if ch == nil {
+				if ch, err = conn.Channel(); err != nil {
+					return fmt.Errorf("rabbitmq: opening a channel: %w", err)
+				}
+			}
+			info, err = ch.QueueDeclarePassive(q.Name, true, false, false, false, nil)
+			return err
+		})
+		if err != nil {
+			if conn.IsClosed() {
+				p.failed(i, err)
+				return nil
+			}
+			p.failedOne(i, err)
+			ch = nil // a failed declare closes the channel
+			continue
+		}
+		p.mu.Lock()
+		p.depths[i].Ready, p.depths[i].Consumers, p.depths[i].At, p.depths[i].Err = info.Messages, info.Consumers, time.Now(), nil
+		p.mu.Unlock()
+	}
+	if ch != nil {
+		_ = closeWithin(conn, p.conn.WriteTimeout, ch.Close)
+	}
+	return conn
+}
+
+// failed records err for the queues from i on: the connection failed.
+func (p *depthPoller) failed(from int, err error) {
+	err = diag.RedactError(err)
+	p.mu.Lock()
+	for i := from; i < len(p.depths); i++ {
+		p.depths[i].Err = err
+	}
+	p.mu.Unlock()
+	p.conn.Logger.Error("Reading the queues' depths failed; the depth gauges keep their last values", err, watermill.LogFields{"queue": p.family})
+}
+
+// failedOne records err for queue i: its declare failed.
+func (p *depthPoller) failedOne(i int, err error) {
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+		err = queueMissing(p.queues[i].Name, true, err)
+	}
+	err = diag.RedactError(err)
+	p.mu.Lock()
+	p.depths[i].Err = err
+	p.mu.Unlock()
+	p.conn.Logger.Error("Reading a queue's depth failed", err, watermill.LogFields{"queue": p.queues[i].Name})
+}
+
+// close stops the poller, closing its connection under a read in flight,
+// stops observing, and waits. Idempotent.
+func (p *depthPoller) close() error {
+	p.once.Do(func() {
+		close(p.stop)
+		if c := p.current.Load(); c != nil {
+			_ = c.CloseDeadline(time.Now())
+		}
+	})
+	<-p.done
+	p.mmu.Lock()
+	defer p.mmu.Unlock()
+	if p.reg != nil {
+		err := p.reg.Unregister()
+		p.reg = nil
+		return err
+	}
+	return nil
+}
