@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -130,6 +131,7 @@ type Consumer struct {
 	closed  bool
 	closing chan struct{}
 	subs    sync.WaitGroup
+	live    map[*subscription]struct{} // the subscriptions running
 }
 
 var _ broker.GatedSubscriber = (*Consumer)(nil)
@@ -140,7 +142,27 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{cfg: cfg, closing: make(chan struct{})}, nil
+	return &Consumer{cfg: cfg, closing: make(chan struct{}), live: map[*subscription]struct{}{}}, nil
+}
+
+// Connected reports whether the Consumer consumes: it has a subscription,
+// and each of its subscriptions holds a connection to the broker and
+// consumes its queue — or has stopped consuming because its brake is
+// engaged (the brake reports that itself). A subscription reconnecting after
+// a broker restart, a closed channel or a failed dial is not connected.
+// service.Service's readiness report reads it (service.ConnectedSubscriber).
+func (c *Consumer) Connected() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || len(c.live) == 0 {
+		return false
+	}
+	for s := range c.live {
+		if engaged, _, _ := s.gateState(); !engaged && !s.consuming.Load() {
+			return false
+		}
+	}
+	return true
 }
 
 // Subscribe consumes the queue named topic (declared beforehand: Topology).
@@ -188,8 +210,14 @@ func (c *Consumer) subscribe(ctx context.Context, topic string, gate broker.Gate
 	out := make(chan *message.Message)
 	s := &subscription{c: c, queue: topic, out: out, gate: gate}
 	c.subs.Add(1)
+	c.live[s] = struct{}{}
 	go func() {
 		defer c.subs.Done()
+		defer func() {
+			c.mu.Lock()
+			delete(c.live, s)
+			c.mu.Unlock()
+		}()
 		s.run(ctx)
 	}()
 	return out, nil
@@ -218,6 +246,8 @@ type subscription struct {
 	// consumed is set once a connection got as far as consuming: its
 	// failure starts the backoff again from ReconnectBackoff.
 	consumed bool
+	// consuming is true while a connection consumes (Consumer.Connected).
+	consuming atomic.Bool
 }
 
 // errBraked ends a consume loop whose gate engaged, after draining.
@@ -315,6 +345,8 @@ func (s *subscription) consume(ctx context.Context, stop <-chan struct{}) error 
 		return err
 	}
 	s.consumed = true
+	s.consuming.Store(true)
+	defer s.consuming.Store(false)
 	defer func() { cur.stopped() }()
 	var inflight sync.WaitGroup
 	// flight is the deliveries' context: it ends when this connection's work
@@ -484,3 +516,6 @@ func (s *subscription) drainChannel(ch *amqp.Channel, c *consumer, inflight *syn
 	}
 	return ch.Close()
 }
+
+// Connected is the Consumer's Connected.
+func (v gatedConsumer) Connected() bool { return v.c.Connected() }

@@ -233,6 +233,8 @@ func TestHealthReportsTheBrakeAndTheRelaysLag(t *testing.T) {
 	require.Equal(t, service.StatusPass, ready.Status, "a destination that refuses is the alert's, not the readiness's: %+v", ready)
 	require.Equal(t, int64(1), *ready.Checks["outbox"].Pending)
 	require.True(t, *ready.Checks["outbox"].Running)
+	require.NotNil(t, ready.Checks["handler:stock"].Connected, "the RabbitMQ consumer says whether it is connected: %+v", ready)
+	require.True(t, *ready.Checks["handler:stock"].Connected)
 
 	for i := range 4 {
 		m := message.NewMessage(watermill.NewUUID(), []byte("down"))

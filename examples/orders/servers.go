@@ -4,15 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq" // the PostgreSQL driver
 
 	"github.com/sluicemq/sluice/broker"
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
-	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/rabbitmq"
+	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 )
 
 // serversEnv: RabbitMQ and PostgreSQL. The example's tables live in a schema
@@ -48,7 +48,7 @@ func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string, reset
 		if db != nil { // sqlx returns the pool open when the ping fails
 			_ = db.Close()
 		}
-		return nil, fmt.Errorf("connecting to %s: %w", diag.RedactURL(postgresURL), diag.RedactError(err))
+		return nil, fmt.Errorf("connecting to %s: %w", redactURL(postgresURL), err)
 	}
 	e.pg = db
 	var exists bool
@@ -92,13 +92,24 @@ func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string, reset
 
 func rejectedQueue(name string) string { return name + "." + rejectedTopic }
 
+// queues are the example's queues: the consumer's, its tiers' (every
+// sub-queue of a jittered tier), its poison queue's, and the rejections'.
 func (e *serversEnv) queues() []string {
-	topo := e.rabbit.Topology()
-	qs := []string{topo.Queue(), topo.PoisonQueue(), rejectedQueue(e.name)}
-	for _, t := range topo.Tiers() {
-		qs = append(qs, t.Topic)
+	qs := []string{rejectedQueue(e.name)}
+	for _, q := range e.rabbit.Topology().Queues() {
+		qs = append(qs, q.Name)
 	}
 	return qs
+}
+
+// redactURL hides a URL's password (and a DSN that is no URL entirely):
+// errors and logs carry no secret.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme == "" {
+		return "the database"
+	}
+	return u.Redacted()
 }
 
 func (e *serversEnv) db() *sqlx.DB           { return e.pg }

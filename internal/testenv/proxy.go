@@ -95,6 +95,18 @@ func (p *Proxy) Heal() {
 	p.conns = nil
 }
 
+// Reset closes every connection opened so far and keeps the proxy's mode:
+// after BlackHole, the clients lose their connections and cannot open new
+// ones that reach the upstream.
+func (p *Proxy) Reset() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = nil
+}
+
 func (p *Proxy) track(c net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
