@@ -115,8 +115,15 @@ func importPackage(t *testing.T, imp types.Importer, path string) *types.Package
 }
 
 func exportData() (map[string]listedPackage, error) {
-	cmd := exec.Command("go", "list", "-export", "-deps", "-json=ImportPath,Name,Export,Module", "./...")
-	cmd.Env = append(os.Environ(), "GOWORK=off")
+	// The same build as the test binary's (the workspace's module graph,
+	// -race when it has it): the export data are then those `go test`
+	// already built, read from the cache, not a second build of every
+	// package and dependency (minutes on a fresh machine).
+	args := []string{"list", "-export", "-deps", "-json=ImportPath,Name,Export,Module", "./..."}
+	if raceEnabled {
+		args = append(args[:1], append([]string{"-race"}, args[1:]...)...)
+	}
+	cmd := exec.Command("go", args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -368,21 +368,25 @@ func TestAHeldBatchIsReleasedWhenItsRelayIsGone(t *testing.T) {
 	t.Run("sqlite", func(t *testing.T) {
 		ctx := t.Context()
 		db := testenv.SQLite(t)
-		s, err := sqlstore.New(sqlstore.Config{DB: db, Lease: 100 * time.Millisecond})
+		const lease = 3 * time.Second
+		s, err := sqlstore.New(sqlstore.Config{DB: db, Lease: lease})
 		require.NoError(t, err)
 		require.NoError(t, s.CreateTable(ctx))
 		write(t, s, "t", message.NewMessage("a", nil))
+		taken := time.Now()
 		held, err := s.Due(ctx, 10)
 		require.NoError(t, err)
 		require.Len(t, held.Rows(), 1)
 		b, err := s.Due(ctx, 10)
 		require.NoError(t, err)
-		require.Empty(t, b.Rows(), "leased")
+		if time.Since(taken) < lease { // a loaded machine may take longer: the lease is then over
+			require.Empty(t, b.Rows(), "leased")
+		}
 		require.Eventually(t, func() bool {
 			b, err := s.Due(ctx, 10)
 			require.NoError(t, err)
 			return len(b.Rows()) == 1
-		}, 10*time.Second, 10*time.Millisecond, "taken again once the lease ran out")
+		}, 30*time.Second, 10*time.Millisecond, "taken again once the lease ran out")
 	})
 }
 
