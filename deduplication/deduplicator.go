@@ -74,8 +74,10 @@ type Config struct {
 	// brake.MatchUnreachable counts: a black-holed database, whose driver
 	// honours no context (lib/pq while it connects without connect_timeout,
 	// or while its cancel request cannot get through), no longer freezes
-	// every handler. The commit and the rollback run on a context detached
-	// from the message's: a handler that succeeded as its deadline ended
+	// every handler. The unit of work is begun on a context detached from
+	// the message's once Begin returned (database/sql rolls a transaction
+	// back when the context it was begun on ends), and the commit and the
+	// rollback run on one detached too: a handler that succeeded as its deadline ended
 	// (Watermill's Timeout, the shutdown grace running out) is committed, not
 	// failed after its effects — on a store whose handler effects live
 	// outside the unit of work (Redis) a failed commit would run them again.
@@ -275,14 +277,15 @@ func endContext(ctx context.Context) context.Context { return context.WithoutCan
 
 // begin opens a unit of work within StoreTimeout.
 func (d *deduplicator) begin(ctx context.Context) (Tx, error) {
+	open := func(context.Context) (Tx, error) { return d.open(ctx) }
 	if d.storeBound <= 0 {
-		tx, err := d.cfg.Store.Begin(ctx)
+		tx, err := open(ctx)
 		if err != nil {
 			return nil, dependency(ctx, "begin", err)
 		}
 		return tx, nil
 	}
-	tx, gaveUp, err := bounded.Run(d.calls, ctx, d.storeBound, true, d.cfg.Store.Begin, func(tx Tx, err error) {
+	tx, gaveUp, err := bounded.Run(d.calls, ctx, d.storeBound, true, open, func(tx Tx, err error) {
 		if err == nil { // opened after all, for nobody
 			d.lateRollback(ctx, tx)
 		}
@@ -292,6 +295,37 @@ func (d *deduplicator) begin(ctx context.Context) (Tx, error) {
 	}
 	if gaveUp {
 		return nil, &sluice.DependencyError{Op: "deduplication: begin", Err: err}
+	}
+	return tx, nil
+}
+
+// open calls the store's Begin on a context that ends with ctx, or after
+// StoreTimeout, only until Begin returns: the unit of work it opens is bound
+// to that context (database/sql rolls a transaction back when the context
+// given to BeginTx ends), and must outlive the message's — a handler that
+// succeeds as its deadline passes (Watermill's Timeout) is committed, on the
+// end context. The handler and the claim still see ctx itself. A Begin that
+// returns after ctx ended or StoreTimeout passed opens nothing: its unit of
+// work is rolled back.
+func (d *deduplicator) open(ctx context.Context) (Tx, error) {
+	uctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	stopEnd := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
+	stopTimer := func() bool { return true }
+	if d.storeBound > 0 {
+		stopTimer = time.AfterFunc(d.storeBound, func() {
+			cancel(fmt.Errorf("%w: no answer within %s", ErrStoreTimeout, d.storeBound))
+		}).Stop
+	}
+	tx, err := d.cfg.Store.Begin(uctx)
+	// Both stop functions run: each reports whether its cancel was avoided.
+	endAvoided, timerAvoided := stopEnd(), stopTimer()
+	if err != nil {
+		cancel(nil)
+		return nil, err
+	}
+	if !endAvoided || !timerAvoided {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, context.Cause(uctx)
 	}
 	return tx, nil
 }

@@ -124,6 +124,9 @@ func keyFromJSON(path []string, wrongType string, scalar func(raw json.RawMessag
 			if raw, ok = obj[name]; !ok || bytes.Equal(raw, []byte("null")) {
 				return "", &KeyError{Source: source, Reason: "missing"}
 			}
+			if n := occurrences(json.RawMessage(msg.Payload), path[:i], name); n > 1 {
+				return "", &KeyError{Source: source, Reason: fmt.Sprintf("field %q appears %d times (JSON parsers disagree on which one counts)", strings.Join(path[:i+1], "."), n)}
+			}
 		}
 		key, reason := scalar(raw)
 		switch {
@@ -136,6 +139,47 @@ func keyFromJSON(path []string, wrongType string, scalar func(raw json.RawMessag
 		}
 		return key, nil
 	}
+}
+
+// occurrences counts the members named name (after unescaping: "event\u0049d"
+// is "eventId") of the object at path within payload, a valid JSON object
+// whose path leads to objects. Most decoders take the last of duplicated
+// members, some the first, some refuse them: a key read from one would not
+// be one event.
+func occurrences(payload json.RawMessage, path []string, name string) int {
+	raw := payload
+	for _, p := range path {
+		raw = jsonMember(raw, p)
+	}
+	n := 0
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if _, err := dec.Token(); err != nil { // {
+		return 0
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return n
+		}
+		if tok == name {
+			n++
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return n
+		}
+	}
+	return n
+}
+
+// jsonMember returns the last member named name of the JSON object raw (the one
+// encoding/json takes), or nil.
+func jsonMember(raw json.RawMessage, name string) json.RawMessage {
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(raw, &obj) != nil {
+		return nil
+	}
+	return obj[name]
 }
 
 // jsonInteger returns the text of a canonical JSON integer, or a reason.

@@ -1,5 +1,11 @@
 package poison
 
+import (
+	"slices"
+
+	"github.com/sluicemq/sluice"
+)
+
 // Diagnosis metadata keys the poison stage adds to the copy it publishes. On
 // AMQP each becomes the header of the same name. The copy also keeps every
 // key of the original message, among them sluice.EventIDKey,
@@ -41,3 +47,20 @@ const (
 	// failure history were kept. Absent on a copy that kept everything.
 	DroppedKey = "sluice_poison_dropped"
 )
+
+// diagnosis is the list Diagnosis returns.
+var diagnosis = []string{
+	ClassKey, ReasonKey, ConsumerKey, QueueKey, ExchangeKey, RoutingKeyKey,
+	sluice.AttemptKey, sluice.FirstFailedAtKey, PoisonedAtKey, TraceIDKey,
+}
+
+// Diagnosis returns the metadata keys (AMQP headers) of the diagnosis a
+// poisoned copy carries, in the order of docs/poison.md's table, which a
+// test checks against it, and a copy read back from RabbitMQ against both:
+// ClassKey, ReasonKey, ConsumerKey, QueueKey, ExchangeKey and RoutingKeyKey
+// (where the original was published: known on AMQP), sluice.AttemptKey,
+// sluice.FirstFailedAtKey, PoisonedAtKey and TraceIDKey (when the original
+// carried a valid traceparent). StackKey (a panic), DroppedKey (a copy cut
+// down to fit) and ParkedKey (a copy waiting out a refusal) are set only in
+// the cases they name, and are not in it. The slice is the caller's.
+func Diagnosis() []string { return slices.Clone(diagnosis) }

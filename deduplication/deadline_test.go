@@ -1,0 +1,62 @@
+package deduplication_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/deduplication"
+)
+
+// TestAHandlerThatSucceedsAsItsDeadlinePassesIsCommittedOnce: behind
+// Watermill's Timeout (inside its Retry, the composition users build), a
+// handler whose writes are done when its deadline passes is committed once
+// and not run again. The SQL store's transaction used to be begun on the
+// message's context, which database/sql rolls it back on: the commit failed
+// ("transaction has already been committed or rolled back"), Retry ran the
+// handler a second time, and nothing was committed.
+func TestAHandlerThatSucceedsAsItsDeadlinePassesIsCommittedOnce(t *testing.T) {
+	t.Parallel()
+	for _, batched := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%v", batched), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			cfg := deduplication.Config{Store: b.store, Consumer: "deadline", MeterProvider: b.meter}
+			if batched {
+				cfg.Batch = &deduplication.BatchConfig{MaxBatch: 4}
+			}
+			inbox, err := deduplication.New(cfg)
+			require.NoError(t, err)
+			write := b.reserve(nil)
+			h := func(msg *message.Message) ([]*message.Message, error) {
+				produced, err := write(msg)
+				if err != nil {
+					return nil, err
+				}
+				select { // the writes are done; the deadline passes
+				case <-msg.Context().Done():
+				case <-time.After(10 * time.Second):
+					return nil, fmt.Errorf("the deadline never passed")
+				}
+				return produced, nil
+			}
+			retry := wmiddleware.Retry{MaxRetries: 1}
+			stack := retry.Middleware(wmiddleware.Timeout(200 * time.Millisecond)(inbox(h)))
+
+			_, err = stack(event("evt-deadline"))
+			require.NoError(t, err)
+			require.EqualValues(t, 1, b.handled.Load(), "the handler ran once")
+			business, inboxRows := b.rows(t)
+			require.Equal(t, 1, business, "its writes are committed")
+			require.Equal(t, 1, inboxRows, "its claim is committed")
+
+			_, err = stack(event("evt-deadline"))
+			require.NoError(t, err)
+			require.EqualValues(t, 1, b.handled.Load(), "a redelivery is a duplicate")
+		})
+	}
+}
