@@ -2,6 +2,7 @@ package rabbitmq
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -51,6 +52,9 @@ type inflight struct {
 	acked    bool
 	closed   error // why the channel closed before the confirm, or nil
 	returned *UnroutableError
+	// unmatched is a basic.return that came while f was unconfirmed and
+	// could not be matched to its publish: it may be f's.
+	unmatched error
 }
 
 func newConfirmChannel(conn *amqp.Connection) (*confirmChannel, error) {
@@ -85,11 +89,8 @@ func (c *confirmChannel) listen() {
 				returns = nil
 				continue
 			}
-			tag, _ := strconv.ParseUint(fmt.Sprint(r.Headers[PublishIDHeader]), 10, 64)
 			c.mu.Lock()
-			if f := c.pending[tag]; f != nil {
-				f.returned = &UnroutableError{Exchange: r.Exchange, RoutingKey: r.RoutingKey, ReplyCode: r.ReplyCode, ReplyText: r.ReplyText}
-			}
+			c.returned(r)
 			c.mu.Unlock()
 		case cf, ok := <-c.confirms:
 			c.mu.Lock()
@@ -127,6 +128,35 @@ func (c *confirmChannel) listen() {
 	}
 }
 
+// returned records the basic.return r on the publish it names by its
+// PublishIDHeader. A return that names none — its headers unparseable by
+// the client (more than 8,192 entries: Headers is nil), or the header
+// missing — could be the return of any publish still waiting for its
+// confirm (a return comes before its message's confirm): each of them is
+// then uncertain, never confirmed by the ack that follows. A return of a
+// publish nobody waits for any more (forgotten) changes nothing. c.mu is
+// held.
+func (c *confirmChannel) returned(r amqp.Return) {
+	ue := &UnroutableError{Exchange: r.Exchange, RoutingKey: r.RoutingKey, ReplyCode: r.ReplyCode, ReplyText: r.ReplyText}
+	id, found := r.Headers[PublishIDHeader].(string)
+	tag, err := strconv.ParseUint(id, 10, 64)
+	if found && err == nil {
+		if f := c.pending[tag]; f != nil {
+			f.returned = ue
+		}
+		return
+	}
+	why := "its headers unreadable"
+	if r.HeadersError != nil {
+		why = "its headers unparseable by the client"
+	}
+	// Not %w of ue: a return is certain, this is not.
+	unmatched := fmt.Errorf("%w: %w (%s): %v", sluice.ErrPublishUncertain, errUnmatchedReturn, why, ue) //nolint:errorlint // see above
+	for _, f := range c.pending {
+		f.unmatched = unmatched
+	}
+}
+
 // publish publishes pub (mandatory) and returns what to wait on. A
 // publishing whose content header does not fit in one frame, or that
 // amqp091 cannot encode, is a *sluice.UnpublishableError and is not sent:
@@ -152,6 +182,10 @@ func (c *confirmChannel) publish(exchange, key string, pub amqp.Publishing) (*in
 	}
 	return f, nil
 }
+
+// errUnmatchedReturn is a basic.return that names no publish: every
+// publish waiting for its confirm when it came is uncertain.
+var errUnmatchedReturn = errors.New("rabbitmq: the broker returned a message of this channel that cannot be matched to its publish")
 
 // errConfirmTimeout is a wait that outlasted PublisherConfig.ConfirmTimeout.
 var errConfirmTimeout = fmt.Errorf("rabbitmq: no confirm within the confirm timeout: %w", context.DeadlineExceeded)
@@ -184,6 +218,8 @@ func (f *inflight) wait(ctx context.Context, expired <-chan time.Time) error {
 		return ErrNacked
 	case f.returned != nil:
 		return f.returned
+	case f.unmatched != nil:
+		return f.unmatched
 	}
 	return nil
 }

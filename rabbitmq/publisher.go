@@ -140,7 +140,9 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 // unroutable, or whose channel closed first. A message sent whose confirm
 // did not come — the confirm timeout, its context ended, the channel or
 // connection closed first — may be stored: its error matches
-// sluice.ErrPublishUncertain. A nack, a return, or a message never sent
+// sluice.ErrPublishUncertain; so does one confirmed after a basic.return
+// the client could not match to its publish (a return whose headers it
+// cannot parse: more than 8,192 entries), which may be its own. A nack, a return, or a message never sent
 // (blocked, unpublishable, a closed channel at send) is certain: not stored.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	errs, whole := p.publish(topic, msgs)
@@ -320,6 +322,8 @@ func confirmOutcome(err error) string {
 		return "returned"
 	case errors.Is(err, ErrNacked):
 		return "nacked"
+	case errors.Is(err, errUnmatchedReturn):
+		return "returned_unmatched"
 	case errors.Is(err, ErrChannelClosed):
 		return "closed"
 	case errors.Is(err, ErrBlocked):
