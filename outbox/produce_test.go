@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,9 +13,11 @@ import (
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/outbox/sqlstore"
+	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
@@ -129,5 +132,68 @@ func TestAReturnWithUnparseableHeadersIsNoConfirm(t *testing.T) {
 		rows := p.rows()
 		require.Contains(t, rows[0].LastError, "cannot be matched")
 		require.Contains(t, rows[1].LastError, "unroutable")
+	})
+}
+
+// A message its publisher would refuse whenever it is published, or that
+// its broker could not carry, is not written: Write fails with the reason,
+// classified Poison, and writes nothing — instead of a row that fails every
+// publish for ever (a header name over 255 bytes) or that closes the
+// relay's channel on every batch (a CC header, a body over
+// max_message_size). Behind the stages, the delivery that produced it goes
+// to the poison queue with the reason; the others' messages go through.
+func TestWhatCannotBePublishedIsRefusedWhenWritten(t *testing.T) {
+	t.Parallel()
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL, MaxMessageSize: 64 << 10}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	withHeader := func(k, v string) *message.Message {
+		m := message.NewMessage(watermill.NewUUID(), []byte("x"))
+		m.Metadata.Set(k, v)
+		return m
+	}
+
+	t.Run("Write", func(t *testing.T) {
+		p := newProducer(t, sqlstore.Config{Checker: pub})
+		topic := testenv.Name("dest")
+		for name, m := range map[string]*message.Message{
+			"CC":               withHeader("CC", "other-queue"),
+			"BCC":              withHeader("BCC", "other-queue"),
+			"header name":      withHeader(strings.Repeat("k", 256), "v"),
+			"too many headers": manyHeaders(rabbitmq.HeadersMaxEntries + 1),
+			"body":             message.NewMessage(watermill.NewUUID(), make([]byte, 64<<10+1)),
+		} {
+			err := p.write(topic, message.NewMessage(watermill.NewUUID(), nil), m)
+			require.ErrorIs(t, err, sluice.ErrUnpublishable, name)
+			require.Equal(t, sluice.ClassPoison, sluice.ClassOf(err), name)
+			require.Contains(t, err.Error(), "message 1", name)
+		}
+		require.Empty(t, p.rows(), "nothing written")
+		require.NoError(t, p.write(topic, manyHeaders(10), message.NewMessage(watermill.NewUUID(), make([]byte, 64<<10))))
+		require.Len(t, p.rows(), 2)
+	})
+
+	t.Run("behind the stages", func(t *testing.T) {
+		s := newService(t, testenv.AMQPURL)
+		s.outbox, err = sqlstore.New(sqlstore.Config{DB: s.db, Table: s.schema + ".outbox", Checker: pub})
+		require.NoError(t, err)
+		s.run(func(msg *message.Message) ([]*message.Message, error) {
+			evt := message.NewMessage(watermill.NewUUID(), msg.Payload)
+			if string(msg.Payload) == "bad" {
+				evt.Metadata.Set("CC", "audit") // a string: RabbitMQ would close the channel
+			}
+			return []*message.Message{evt}, nil
+		}, nil, true)
+		s.relay(outbox.RelayConfig{Publisher: pub})
+		s.send("evt-bad", "bad")
+		s.send("evt-good", "good")
+		require.Len(t, s.producedMessages(1), 1)
+		poisoned := s.rabbit.Topology().Queue() + ".poison"
+		require.Eventually(t, func() bool { return testenv.QueueDepth(t, s.conn, poisoned) == 1 }, 30*time.Second, 10*time.Millisecond,
+			"the delivery that produced it is poison")
+		d := testenv.Drain(t, s.conn, poisoned)
+		require.Equal(t, "bad", string(d[0].Body))
+		require.Contains(t, d[0].Headers[poison.ReasonKey], "CC")
+		require.Equal(t, 0, s.count("outbox"))
 	})
 }

@@ -33,6 +33,7 @@ type confirmChannel struct {
 	done     chan struct{} // closed when listen ends: the channel is closed
 	closeErr error         // why the channel closed (the broker's reply), set before done closes
 	frameMax int           // the connection's negotiated frame_max (0: unlimited)
+	maxSize  int           // the broker's max_message_size (Connection.MaxMessageSize)
 
 	pubMu sync.Mutex // serialises tag assignment and publishing
 
@@ -57,7 +58,7 @@ type inflight struct {
 	unmatched error
 }
 
-func newConfirmChannel(conn *amqp.Connection) (*confirmChannel, error) {
+func newConfirmChannel(conn *amqp.Connection, maxSize int) (*confirmChannel, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: opening a channel: %w", err)
@@ -74,6 +75,7 @@ func newConfirmChannel(conn *amqp.Connection) (*confirmChannel, error) {
 		done:     make(chan struct{}),
 		pending:  make(map[uint64]*inflight),
 		frameMax: conn.Config.FrameSize,
+		maxSize:  maxSize,
 	}
 	go c.listen()
 	return c, nil
@@ -159,17 +161,18 @@ func (c *confirmChannel) returned(r amqp.Return) {
 
 // publish publishes pub (mandatory) and returns what to wait on. A
 // publishing whose content header does not fit in one frame, or that
-// amqp091 cannot encode, is a *sluice.UnpublishableError and is not sent:
-// the broker would close the connection, failing every publish in flight on
-// it.
+// amqp091 cannot encode, a body over maxSize, a CC or BCC header that is
+// not an array, is a *sluice.UnpublishableError and is not sent: the
+// broker would close the connection or the channel, failing every publish
+// in flight on it.
 func (c *confirmChannel) publish(exchange, key string, pub amqp.Publishing) (*inflight, error) {
 	c.pubMu.Lock()
 	defer c.pubMu.Unlock()
 	tag := c.ch.GetNextPublishSeqNo()
 	f := &inflight{c: c, tag: tag, done: make(chan struct{})}
 	pub.Headers[PublishIDHeader] = strconv.FormatUint(tag, 10)
-	if err := checkFrame(pub, c.frameMax); err != nil {
-		return nil, &sluice.UnpublishableError{Err: err}
+	if err := checkPublishing(pub, c.frameMax, c.maxSize); err != nil {
+		return nil, err
 	}
 	c.mu.Lock()
 	c.pending[tag] = f

@@ -110,12 +110,19 @@ type Publisher struct {
 	ch      *confirmChannel
 	closed  bool
 	blocked *atomic.Pointer[amqp.Blocking] // conn's: non-nil while the broker blocks it
+
+	frameMax atomic.Int64 // the last channel's negotiated frame_max: CheckPublish's
 }
 
 var (
-	_ message.Publisher    = (*Publisher)(nil)
-	_ broker.EachPublisher = (*Publisher)(nil)
+	_ message.Publisher     = (*Publisher)(nil)
+	_ broker.EachPublisher  = (*Publisher)(nil)
+	_ broker.PublishChecker = (*Publisher)(nil)
 )
+
+// clientFrameMax is the frame_max the client asks for (amqp091's default,
+// RabbitMQ's): the negotiated one is at most this.
+const clientFrameMax = 131072
 
 // NewPublisher validates cfg and returns a Publisher; it connects on the
 // first Publish.
@@ -129,6 +136,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		return nil, err
 	}
 	p := &Publisher{cfg: cfg}
+	p.frameMax.Store(clientFrameMax)
 	p.metrics.own = cfg.MeterProvider != nil
 	p.metrics.current.Store(pm)
 	return p, nil
@@ -281,7 +289,7 @@ func (p *Publisher) channel() (*confirmChannel, *atomic.Pointer[amqp.Blocking], 
 			}
 		}()
 	}
-	ch, err := newConfirmChannel(p.conn)
+	ch, err := newConfirmChannel(p.conn, p.cfg.MaxMessageSize)
 	if err != nil {
 		_ = closeConn(p.conn, p.cfg.WriteTimeout)
 		p.conn = nil
@@ -289,6 +297,7 @@ func (p *Publisher) channel() (*confirmChannel, *atomic.Pointer[amqp.Blocking], 
 		return nil, nil, err
 	}
 	p.ch = ch
+	p.frameMax.Store(int64(ch.frameMax))
 	return ch, p.blocked, nil
 }
 
