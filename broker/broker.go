@@ -93,3 +93,18 @@ type GatedSubscriber interface {
 type EachPublisher interface {
 	PublishEach(topic string, msgs ...*message.Message) []error
 }
+
+// PublishChecker is a publisher that can tell, without publishing, that it
+// would refuse a message or that its broker could not carry it: a header
+// name over 255 bytes, more headers than a consumer's client can read, a
+// header the broker interprets (RabbitMQ's CC and BCC), a body over the
+// broker's limit. CheckPublish returns an error matching
+// sluice.ErrUnpublishable for such a message, nil otherwise; publishing the
+// message may still fail for a reason of the moment (an unroutable topic,
+// an outage). The outbox checks each message when it is written
+// (outbox/sqlstore.Config.Checker), so a message that can never be
+// published fails the transaction it would have been written in, instead
+// of waiting in the outbox for ever. rabbitmq.Publisher is one.
+type PublishChecker interface {
+	CheckPublish(topic string, msg *message.Message) error
+}

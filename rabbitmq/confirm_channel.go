@@ -2,6 +2,7 @@ package rabbitmq
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -32,6 +33,7 @@ type confirmChannel struct {
 	done     chan struct{} // closed when listen ends: the channel is closed
 	closeErr error         // why the channel closed (the broker's reply), set before done closes
 	frameMax int           // the connection's negotiated frame_max (0: unlimited)
+	maxSize  int           // the broker's max_message_size (Connection.MaxMessageSize)
 
 	pubMu sync.Mutex // serialises tag assignment and publishing
 
@@ -51,9 +53,12 @@ type inflight struct {
 	acked    bool
 	closed   error // why the channel closed before the confirm, or nil
 	returned *UnroutableError
+	// unmatched is a basic.return that came while f was unconfirmed and
+	// could not be matched to its publish: it may be f's.
+	unmatched error
 }
 
-func newConfirmChannel(conn *amqp.Connection) (*confirmChannel, error) {
+func newConfirmChannel(conn *amqp.Connection, maxSize int) (*confirmChannel, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: opening a channel: %w", err)
@@ -70,6 +75,7 @@ func newConfirmChannel(conn *amqp.Connection) (*confirmChannel, error) {
 		done:     make(chan struct{}),
 		pending:  make(map[uint64]*inflight),
 		frameMax: conn.Config.FrameSize,
+		maxSize:  maxSize,
 	}
 	go c.listen()
 	return c, nil
@@ -85,11 +91,8 @@ func (c *confirmChannel) listen() {
 				returns = nil
 				continue
 			}
-			tag, _ := strconv.ParseUint(fmt.Sprint(r.Headers[PublishIDHeader]), 10, 64)
 			c.mu.Lock()
-			if f := c.pending[tag]; f != nil {
-				f.returned = &UnroutableError{Exchange: r.Exchange, RoutingKey: r.RoutingKey, ReplyCode: r.ReplyCode, ReplyText: r.ReplyText}
-			}
+			c.returned(r)
 			c.mu.Unlock()
 		case cf, ok := <-c.confirms:
 			c.mu.Lock()
@@ -127,19 +130,49 @@ func (c *confirmChannel) listen() {
 	}
 }
 
+// returned records the basic.return r on the publish it names by its
+// PublishIDHeader. A return that names none — its headers unparseable by
+// the client (more than 8,192 entries: Headers is nil), or the header
+// missing — could be the return of any publish still waiting for its
+// confirm (a return comes before its message's confirm): each of them is
+// then uncertain, never confirmed by the ack that follows. A return of a
+// publish nobody waits for any more (forgotten) changes nothing. c.mu is
+// held.
+func (c *confirmChannel) returned(r amqp.Return) {
+	ue := &UnroutableError{Exchange: r.Exchange, RoutingKey: r.RoutingKey, ReplyCode: r.ReplyCode, ReplyText: r.ReplyText}
+	id, found := r.Headers[PublishIDHeader].(string)
+	tag, err := strconv.ParseUint(id, 10, 64)
+	if found && err == nil {
+		if f := c.pending[tag]; f != nil {
+			f.returned = ue
+		}
+		return
+	}
+	why := "its headers unreadable"
+	if r.HeadersError != nil {
+		why = "its headers unparseable by the client"
+	}
+	// Not %w of ue: a return is certain, this is not.
+	unmatched := fmt.Errorf("%w: %w (%s): %v", sluice.ErrPublishUncertain, errUnmatchedReturn, why, ue) //nolint:errorlint // see above
+	for _, f := range c.pending {
+		f.unmatched = unmatched
+	}
+}
+
 // publish publishes pub (mandatory) and returns what to wait on. A
 // publishing whose content header does not fit in one frame, or that
-// amqp091 cannot encode, is a *sluice.UnpublishableError and is not sent:
-// the broker would close the connection, failing every publish in flight on
-// it.
+// amqp091 cannot encode, a body over maxSize, a CC or BCC header that is
+// not an array, is a *sluice.UnpublishableError and is not sent: the
+// broker would close the connection or the channel, failing every publish
+// in flight on it.
 func (c *confirmChannel) publish(exchange, key string, pub amqp.Publishing) (*inflight, error) {
 	c.pubMu.Lock()
 	defer c.pubMu.Unlock()
 	tag := c.ch.GetNextPublishSeqNo()
 	f := &inflight{c: c, tag: tag, done: make(chan struct{})}
 	pub.Headers[PublishIDHeader] = strconv.FormatUint(tag, 10)
-	if err := checkFrame(pub, c.frameMax); err != nil {
-		return nil, &sluice.UnpublishableError{Err: err}
+	if err := checkPublishing(pub, c.frameMax, c.maxSize); err != nil {
+		return nil, err
 	}
 	c.mu.Lock()
 	c.pending[tag] = f
@@ -152,6 +185,10 @@ func (c *confirmChannel) publish(exchange, key string, pub amqp.Publishing) (*in
 	}
 	return f, nil
 }
+
+// errUnmatchedReturn is a basic.return that names no publish: every
+// publish waiting for its confirm when it came is uncertain.
+var errUnmatchedReturn = errors.New("rabbitmq: the broker returned a message of this channel that cannot be matched to its publish")
 
 // errConfirmTimeout is a wait that outlasted PublisherConfig.ConfirmTimeout.
 var errConfirmTimeout = fmt.Errorf("rabbitmq: no confirm within the confirm timeout: %w", context.DeadlineExceeded)
@@ -184,6 +221,8 @@ func (f *inflight) wait(ctx context.Context, expired <-chan time.Time) error {
 		return ErrNacked
 	case f.returned != nil:
 		return f.returned
+	case f.unmatched != nil:
+		return f.unmatched
 	}
 	return nil
 }

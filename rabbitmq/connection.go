@@ -56,6 +56,14 @@ type Connection struct {
 	// DrainTimeout). Default WriteTimeoutDefault.
 	// NewSubscriber's connections (watermill-amqp's) have none.
 	WriteTimeout time.Duration
+	// MaxMessageSize is the broker's max_message_size, in bytes: the
+	// Publisher refuses a larger body before sending it (ErrMessageTooLarge,
+	// a *sluice.UnpublishableError), since RabbitMQ would close the channel
+	// and fail every publish in flight on it; Publisher.CheckPublish
+	// refuses it when the outbox writes it. Set it to the broker's own when
+	// you changed it (3.x's default is 128 MiB). Default
+	// MaxMessageSizeDefault (4.x's 16 MiB).
+	MaxMessageSize int
 	// Logger reports reconnects and deliveries that cannot be read. Default
 	// watermill.NopLogger.
 	Logger watermill.LoggerAdapter
@@ -81,6 +89,8 @@ func (c Connection) withDefaults(config string) (Connection, error) {
 		return c, fmt.Errorf("rabbitmq: %s.DialTimeout must not be negative, got %s", config, c.DialTimeout)
 	case c.WriteTimeout < 0:
 		return c, fmt.Errorf("rabbitmq: %s.WriteTimeout must not be negative, got %s", config, c.WriteTimeout)
+	case c.MaxMessageSize < 0:
+		return c, fmt.Errorf("rabbitmq: %s.MaxMessageSize must not be negative, got %d", config, c.MaxMessageSize)
 	}
 	urls := c.URLs
 	if c.URL != "" {
@@ -106,11 +116,12 @@ func (c Connection) withDefaults(config string) (Connection, error) {
 		}
 	}
 	return Connection{
-		URLs:          slices.Clone(urls),
-		TLS:           c.TLS,
-		DialTimeout:   cmp.Or(c.DialTimeout, DialTimeoutDefault),
-		WriteTimeout:  cmp.Or(c.WriteTimeout, WriteTimeoutDefault),
-		Logger:        cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{}),
-		MeterProvider: c.MeterProvider,
+		URLs:           slices.Clone(urls),
+		TLS:            c.TLS,
+		DialTimeout:    cmp.Or(c.DialTimeout, DialTimeoutDefault),
+		WriteTimeout:   cmp.Or(c.WriteTimeout, WriteTimeoutDefault),
+		MaxMessageSize: cmp.Or(c.MaxMessageSize, MaxMessageSizeDefault),
+		Logger:         cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{}),
+		MeterProvider:  c.MeterProvider,
 	}, nil
 }

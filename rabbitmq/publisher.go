@@ -110,12 +110,19 @@ type Publisher struct {
 	ch      *confirmChannel
 	closed  bool
 	blocked *atomic.Pointer[amqp.Blocking] // conn's: non-nil while the broker blocks it
+
+	frameMax atomic.Int64 // the last channel's negotiated frame_max: CheckPublish's
 }
 
 var (
-	_ message.Publisher    = (*Publisher)(nil)
-	_ broker.EachPublisher = (*Publisher)(nil)
+	_ message.Publisher     = (*Publisher)(nil)
+	_ broker.EachPublisher  = (*Publisher)(nil)
+	_ broker.PublishChecker = (*Publisher)(nil)
 )
+
+// clientFrameMax is the frame_max the client asks for (amqp091's default,
+// RabbitMQ's): the negotiated one is at most this.
+const clientFrameMax = 131072
 
 // NewPublisher validates cfg and returns a Publisher; it connects on the
 // first Publish.
@@ -129,6 +136,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		return nil, err
 	}
 	p := &Publisher{cfg: cfg}
+	p.frameMax.Store(clientFrameMax)
 	p.metrics.own = cfg.MeterProvider != nil
 	p.metrics.current.Store(pm)
 	return p, nil
@@ -140,7 +148,9 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 // unroutable, or whose channel closed first. A message sent whose confirm
 // did not come — the confirm timeout, its context ended, the channel or
 // connection closed first — may be stored: its error matches
-// sluice.ErrPublishUncertain. A nack, a return, or a message never sent
+// sluice.ErrPublishUncertain; so does one confirmed after a basic.return
+// the client could not match to its publish (a return whose headers it
+// cannot parse: more than 8,192 entries), which may be its own. A nack, a return, or a message never sent
 // (blocked, unpublishable, a closed channel at send) is certain: not stored.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	errs, whole := p.publish(topic, msgs)
@@ -279,7 +289,7 @@ func (p *Publisher) channel() (*confirmChannel, *atomic.Pointer[amqp.Blocking], 
 			}
 		}()
 	}
-	ch, err := newConfirmChannel(p.conn)
+	ch, err := newConfirmChannel(p.conn, p.cfg.MaxMessageSize)
 	if err != nil {
 		_ = closeConn(p.conn, p.cfg.WriteTimeout)
 		p.conn = nil
@@ -287,6 +297,7 @@ func (p *Publisher) channel() (*confirmChannel, *atomic.Pointer[amqp.Blocking], 
 		return nil, nil, err
 	}
 	p.ch = ch
+	p.frameMax.Store(int64(ch.frameMax))
 	return ch, p.blocked, nil
 }
 
@@ -320,6 +331,8 @@ func confirmOutcome(err error) string {
 		return "returned"
 	case errors.Is(err, ErrNacked):
 		return "nacked"
+	case errors.Is(err, errUnmatchedReturn):
+		return "returned_unmatched"
 	case errors.Is(err, ErrChannelClosed):
 		return "closed"
 	case errors.Is(err, ErrBlocked):

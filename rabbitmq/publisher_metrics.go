@@ -17,7 +17,8 @@ import (
 // confirm (or return, nack, closed channel, timeout), in seconds, by
 // messaging.system ("rabbitmq"), messaging.destination.name (the routing
 // key) and sluice.confirm ("acked", "returned", "nacked", "closed",
-// "timeout").
+// "returned_unmatched" — a return that could be this message's, see
+// Publisher.Publish — "timeout").
 const MetricConfirmDuration = "sluice.publish.confirm.duration"
 
 // MetricReconnects counts the publisher reopening its channel after it

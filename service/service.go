@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/metric/noop"
 
+	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/outbox"
@@ -65,7 +66,11 @@ func New(cfg Config) (*Service, error) {
 		calls: &bounded.Calls{Max: 8, Grace: 100 * time.Millisecond, Timeout: context.DeadlineExceeded}}
 	if s.stores == nil {
 		var err error
-		if s.stores, err = sluicesql.New(sluicesql.Config{DB: cfg.DB, Schema: cfg.Schema}); err != nil {
+		// What the relay's publisher could never publish is refused when
+		// a handler writes it: its delivery is poison, not a row failing
+		// for ever.
+		checker, _ := cfg.Publisher.(broker.PublishChecker)
+		if s.stores, err = sluicesql.New(sluicesql.Config{DB: cfg.DB, Schema: cfg.Schema, OutboxChecker: checker}); err != nil {
 			return nil, fmt.Errorf("service: %w", err)
 		}
 	}

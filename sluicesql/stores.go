@@ -11,6 +11,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/sluicemq/sluice/broker"
 	inboxsql "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/sqldb"
 	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
@@ -45,6 +46,10 @@ type Config struct {
 	// TxOptions are the inbox's for each delivery's transaction. Default
 	// nil: the driver's (READ COMMITTED on PostgreSQL).
 	TxOptions *sql.TxOptions
+	// OutboxChecker refuses, when the outbox writes a message, what the
+	// relay's publisher could never publish (outbox/sqlstore.Config.Checker):
+	// give it the relay's publisher. service.New does. Default none.
+	OutboxChecker broker.PublishChecker
 }
 
 // Stores are Sluice's three tables on one database. Safe for concurrent
@@ -97,7 +102,7 @@ func New(cfg Config) (*Stores, error) {
 	if s.Inbox, err = inboxsql.New(inboxsql.Config{DB: db, Table: names[0], TxOptions: cfg.TxOptions}); err != nil {
 		return nil, fmt.Errorf("sluicesql: the inbox (Config.InboxTable, Config.Schema): %w", err)
 	}
-	if s.Outbox, err = outboxsql.New(outboxsql.Config{DB: db, Table: names[1]}); err != nil {
+	if s.Outbox, err = outboxsql.New(outboxsql.Config{DB: db, Table: names[1], Checker: cfg.OutboxChecker}); err != nil {
 		return nil, fmt.Errorf("sluicesql: the outbox (Config.OutboxTable, Config.Schema): %w", err)
 	}
 	if s.Outcomes, err = replaysql.New(replaysql.Config{DB: db, Table: names[2]}); err != nil {

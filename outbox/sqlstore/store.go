@@ -24,6 +24,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
 	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/sqldb"
@@ -67,6 +68,15 @@ type Config struct {
 	// it, as middleware.TracingPublisher does. Default W3C trace context
 	// and baggage, as middleware.TraceConfig's.
 	Propagator propagation.TextMapPropagator
+	// Checker, when set, is asked about each message as it is written: one
+	// its publisher would refuse, or its broker could not carry, whenever
+	// it is published (a header name over 255 bytes, more headers than a
+	// consumer reads, a CC or BCC header, a body over the broker's
+	// max_message_size) is not written — Publish and Write fail with its
+	// reason, classified sluice.Poison — rather than stored to fail every
+	// publish. Give it the relay's publisher (rabbitmq.Publisher is a
+	// broker.PublishChecker). Default none: nothing checked.
+	Checker broker.PublishChecker
 }
 
 // Store is the outbox table. It is an outbox.Writer (Publish, in the
@@ -81,6 +91,7 @@ type Store struct {
 	lease   time.Duration
 	wake    chan struct{}
 	prop    propagation.TextMapPropagator
+	check   broker.PublishChecker
 }
 
 var (
@@ -111,7 +122,7 @@ func New(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("outbox/sqlstore: Config.Table: %w", err)
 	}
 	prop := cmp.Or[propagation.TextMapPropagator](cfg.Propagator, propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
-	return &Store{db: db, dialect: d, table: quoted, name: cfg.Table, last: last, lease: cfg.Lease, wake: make(chan struct{}, 1), prop: prop}, nil
+	return &Store{db: db, dialect: d, table: quoted, name: cfg.Table, last: last, lease: cfg.Lease, wake: make(chan struct{}, 1), prop: prop, check: cfg.Checker}, nil
 }
 
 // Name is the table's name as configured: the relay's metrics label.
@@ -320,6 +331,9 @@ func (s *Store) rows(ctx context.Context, topic string, msgs []*message.Message)
 		}
 		if traced && !slices.ContainsFunc(s.prop.Fields(), func(f string) bool { return m.Metadata.Get(f) != "" }) {
 			s.prop.Inject(ctx, propagation.MapCarrier(m.Metadata)) // the producer's own trace context wins
+		}
+		if err := s.checkPublish(topic, i, m); err != nil {
+			return nil, err
 		}
 		payload := m.Payload
 		if payload == nil {

@@ -1,0 +1,199 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/outbox"
+	"github.com/sluicemq/sluice/outbox/sqlstore"
+	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/rabbitmq"
+)
+
+// producer is an outbox written by a service that does not consume (Write
+// in its own transaction), its relay on RabbitMQ.
+type producer struct {
+	t      *testing.T
+	db     *sqlx.DB
+	schema string
+	store  *sqlstore.Store
+	meter  *sdkmetric.ManualReader
+}
+
+func newProducer(t *testing.T, cfg sqlstore.Config) *producer {
+	t.Helper()
+	db := testenv.Postgres(t)
+	p := &producer{t: t, db: db, schema: testenv.Schema(t, db), meter: sdkmetric.NewManualReader()}
+	cfg.DB, cfg.Table = db, p.schema+".outbox"
+	var err error
+	p.store, err = sqlstore.New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, p.store.CreateTable(t.Context()))
+	return p
+}
+
+// write writes msgs to topic in a transaction of its own and returns
+// Write's error (the transaction rolled back then).
+func (p *producer) write(topic string, msgs ...*message.Message) error {
+	tx, err := p.db.BeginTxx(p.t.Context(), nil)
+	require.NoError(p.t, err)
+	defer func() { _ = tx.Rollback() }()
+	if err := p.store.Write(p.t.Context(), tx, topic, msgs...); err != nil {
+		return err
+	}
+	require.NoError(p.t, tx.Commit())
+	p.store.Wake()
+	return nil
+}
+
+// relay runs a relay of the outbox on pub until the test ends.
+func (p *producer) relay(pub message.Publisher) {
+	r, err := outbox.NewRelay(outbox.RelayConfig{Store: p.store, Publisher: pub, RetryMin: time.Hour, RetryMax: time.Hour,
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(p.meter))})
+	require.NoError(p.t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	p.t.Cleanup(func() {
+		require.NoError(p.t, r.Close())
+		require.NoError(p.t, <-done)
+	})
+}
+
+// row is what the outbox table holds of one row.
+type row struct {
+	Attempts  int    `db:"attempts"`
+	LastError string `db:"last_error"`
+}
+
+func (p *producer) rows() []row {
+	p.t.Helper()
+	var rows []row
+	require.NoError(p.t, p.db.Select(&rows, `SELECT attempts, coalesce(last_error, '') AS last_error FROM `+p.schema+`.outbox ORDER BY id`))
+	return rows
+}
+
+// manyHeaders is a message with n metadata entries.
+func manyHeaders(n int) *message.Message {
+	m := message.NewMessage(watermill.NewUUID(), []byte("many headers"))
+	for i := range n {
+		m.Metadata.Set(fmt.Sprintf("h%05d", i), "v")
+	}
+	return m
+}
+
+func newRabbitPublisher(t *testing.T) *rabbitmq.Publisher {
+	t.Helper()
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	return pub
+}
+
+// A message of more than 8,192 headers to a queue that does not exist comes
+// back as a basic.return the AMQP client cannot parse (Headers nil), so it
+// cannot be matched to its publish: the ack that follows is no confirm.
+// The publish is uncertain and the relay keeps the row, as it keeps the row
+// of a 10-header message to the same queue (returned: unroutable).
+func TestAReturnWithUnparseableHeadersIsNoConfirm(t *testing.T) {
+	t.Parallel()
+	p := newProducer(t, sqlstore.Config{})
+	missing := testenv.Name("missing")
+	testenv.DeleteQueuesAtEnd(t, missing)
+	pub := newRabbitPublisher(t)
+
+	t.Run("the publisher", func(t *testing.T) {
+		err := pub.Publish(missing, manyHeaders(8300))
+		require.Error(t, err, "a message the broker returned is not confirmed")
+		require.Contains(t, err.Error(), "uncertain")
+		require.Error(t, pub.Publish(missing, manyHeaders(10)), "returned: unroutable")
+	})
+	t.Run("the relay keeps the row", func(t *testing.T) {
+		require.NoError(t, p.write(missing, manyHeaders(8300)))
+		require.NoError(t, p.write(missing, manyHeaders(10)))
+		p.relay(pub)
+		require.Eventually(t, func() bool {
+			return testenv.CounterSum(t, p.meter, outbox.MetricFailures) >= 2
+		}, 30*time.Second, 10*time.Millisecond, "both rows were tried")
+		require.Eventually(t, func() bool {
+			rows := p.rows()
+			return len(rows) == 2 && rows[0].Attempts == 1 && rows[1].Attempts == 1
+		}, 10*time.Second, 10*time.Millisecond, "both rows stay, their failure recorded")
+		rows := p.rows()
+		require.Contains(t, rows[0].LastError, "cannot be matched")
+		require.Contains(t, rows[1].LastError, "unroutable")
+	})
+}
+
+// A message its publisher would refuse whenever it is published, or that
+// its broker could not carry, is not written: Write fails with the reason,
+// classified Poison, and writes nothing — instead of a row that fails every
+// publish for ever (a header name over 255 bytes) or that closes the
+// relay's channel on every batch (a CC header, a body over
+// max_message_size). Behind the stages, the delivery that produced it goes
+// to the poison queue with the reason; the others' messages go through.
+func TestWhatCannotBePublishedIsRefusedWhenWritten(t *testing.T) {
+	t.Parallel()
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL, MaxMessageSize: 64 << 10}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	withHeader := func(k, v string) *message.Message {
+		m := message.NewMessage(watermill.NewUUID(), []byte("x"))
+		m.Metadata.Set(k, v)
+		return m
+	}
+
+	t.Run("Write", func(t *testing.T) {
+		p := newProducer(t, sqlstore.Config{Checker: pub})
+		topic := testenv.Name("dest")
+		for name, m := range map[string]*message.Message{
+			"CC":               withHeader("CC", "other-queue"),
+			"BCC":              withHeader("BCC", "other-queue"),
+			"header name":      withHeader(strings.Repeat("k", 256), "v"),
+			"too many headers": manyHeaders(rabbitmq.HeadersMaxEntries + 1),
+			"body":             message.NewMessage(watermill.NewUUID(), make([]byte, 64<<10+1)),
+		} {
+			err := p.write(topic, message.NewMessage(watermill.NewUUID(), nil), m)
+			require.ErrorIs(t, err, sluice.ErrUnpublishable, name)
+			require.Equal(t, sluice.ClassPoison, sluice.ClassOf(err), name)
+			require.Contains(t, err.Error(), "message 1", name)
+		}
+		require.Empty(t, p.rows(), "nothing written")
+		require.NoError(t, p.write(topic, manyHeaders(10), message.NewMessage(watermill.NewUUID(), make([]byte, 64<<10))))
+		require.Len(t, p.rows(), 2)
+	})
+
+	t.Run("behind the stages", func(t *testing.T) {
+		s := newService(t, testenv.AMQPURL)
+		s.outbox, err = sqlstore.New(sqlstore.Config{DB: s.db, Table: s.schema + ".outbox", Checker: pub})
+		require.NoError(t, err)
+		s.run(func(msg *message.Message) ([]*message.Message, error) {
+			evt := message.NewMessage(watermill.NewUUID(), msg.Payload)
+			if string(msg.Payload) == "bad" {
+				evt.Metadata.Set("CC", "audit") // a string: RabbitMQ would close the channel
+			}
+			return []*message.Message{evt}, nil
+		}, nil, true)
+		s.relay(outbox.RelayConfig{Publisher: pub})
+		s.send("evt-bad", "bad")
+		s.send("evt-good", "good")
+		require.Len(t, s.producedMessages(1), 1)
+		poisoned := s.rabbit.Topology().Queue() + ".poison"
+		require.Eventually(t, func() bool { return testenv.QueueDepth(t, s.conn, poisoned) == 1 }, 30*time.Second, 10*time.Millisecond,
+			"the delivery that produced it is poison")
+		d := testenv.Drain(t, s.conn, poisoned)
+		require.Equal(t, "bad", string(d[0].Body))
+		require.Contains(t, d[0].Headers[poison.ReasonKey], "CC")
+		require.Equal(t, 0, s.count("outbox"))
+	})
+}

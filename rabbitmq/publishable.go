@@ -1,0 +1,134 @@
+package rabbitmq
+
+import (
+	"errors"
+	"fmt"
+	"iter"
+	"maps"
+	"slices"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/broker"
+	amqp "github.com/sluicemq/sluice/internal/amqp091"
+)
+
+// MaxMessageSizeDefault is Connection.MaxMessageSize's default: RabbitMQ
+// 4.x's max_message_size (16 MiB).
+const MaxMessageSizeDefault = 16 << 20
+
+// HeadersMaxEntries is the most entries a headers table (or an array or
+// table inside it) may have for Sluice's AMQP client to read it: a
+// delivery with more is isolated without running its handler
+// (HeadersErrorKey), and a basic.return with more cannot be matched to its
+// publish. Publisher.CheckPublish refuses a message with more.
+const HeadersMaxEntries = 8192
+
+// headersMaxDepth is how deeply tables and arrays may nest for Sluice's
+// AMQP client to read them.
+const headersMaxDepth = 32
+
+// maxPublishID is the longest PublishIDHeader value: the frame check of a
+// message not yet on a channel counts it.
+const maxPublishID = "18446744073709551615"
+
+var (
+	// ErrMessageTooLarge is matched by a publish (or CheckPublish) of a
+	// body larger than Connection.MaxMessageSize: RabbitMQ would refuse it
+	// by closing the channel (406), failing every publish in flight on it.
+	ErrMessageTooLarge = errors.New("rabbitmq: the body is larger than the broker's max_message_size")
+	// ErrRoutingHeader is matched by a publish (or CheckPublish) of a
+	// message whose CC or BCC header is not an array: RabbitMQ reads these
+	// headers as extra routing keys (sender-selected distribution) and
+	// closes the channel (406) for one of another type — a metadata value
+	// is a string.
+	ErrRoutingHeader = errors.New("rabbitmq: CC and BCC are routing headers the broker interprets: only an array of routing keys is accepted")
+	// ErrTooManyHeaders is matched by CheckPublish's error for a message
+	// whose headers Sluice's AMQP client could not read back
+	// (HeadersMaxEntries).
+	ErrTooManyHeaders = errors.New("rabbitmq: more headers than the AMQP client reads")
+)
+
+// checkPublishing returns a *sluice.UnpublishableError for a publishing the
+// broker would refuse by closing the channel or the connection: a body
+// over maxSize, a CC or BCC header that is not an array, a content header
+// that does not fit a frame of frameMax (0: unlimited) or that amqp091
+// cannot encode.
+func checkPublishing(pub amqp.Publishing, frameMax, maxSize int) error {
+	if maxSize > 0 && len(pub.Body) > maxSize {
+		return &sluice.UnpublishableError{Err: fmt.Errorf("%w: %d bytes, over %d (Connection.MaxMessageSize)", ErrMessageTooLarge, len(pub.Body), maxSize)}
+	}
+	for _, k := range [...]string{"CC", "BCC"} {
+		if v, ok := pub.Headers[k]; ok {
+			if _, array := v.([]any); !array {
+				return &sluice.UnpublishableError{Key: k, Err: ErrRoutingHeader}
+			}
+		}
+	}
+	if err := checkFrame(pub, frameMax); err != nil {
+		return &sluice.UnpublishableError{Err: err}
+	}
+	return nil
+}
+
+// CheckPublish returns an error matching sluice.ErrUnpublishable when
+// Publish would refuse msg to topic, or the broker could not carry it, for
+// a reason that holds whenever it is published (broker.PublishChecker): a
+// routing key or header name over 255 bytes, a property value AMQP cannot
+// carry, a CC or BCC header that is not an array (ErrRoutingHeader), a body
+// over Connection.MaxMessageSize (ErrMessageTooLarge), headers that do not
+// fit one frame (*FrameSizeError: the negotiated frame_max once connected,
+// else the client's 128 KiB), or more than HeadersMaxEntries in a table or
+// array (ErrTooManyHeaders: a consumer with Sluice's client could not read
+// them). It publishes nothing and does not connect. The outbox applies it
+// when a message is written (outbox/sqlstore.Config.Checker).
+func (p *Publisher) CheckPublish(topic string, msg *message.Message) error {
+	if err := broker.CheckName("routing key", topic); err != nil {
+		return &sluice.UnpublishableError{Err: err}
+	}
+	pub, err := p.cfg.Marshaler.Marshal(msg)
+	if err != nil {
+		if errors.Is(err, sluice.ErrUnpublishable) {
+			return err
+		}
+		return &sluice.UnpublishableError{Err: fmt.Errorf("rabbitmq: marshaling the message: %w", err)}
+	}
+	headers := maps.Clone(pub.Headers)
+	if headers == nil {
+		headers = amqp.Table{}
+	}
+	headers[PublishIDHeader] = maxPublishID
+	pub.Headers = headers
+	if err := checkEntries(headers, 0); err != nil {
+		return &sluice.UnpublishableError{Err: err}
+	}
+	return checkPublishing(pub, int(p.frameMax.Load()), p.cfg.MaxMessageSize)
+}
+
+// checkEntries returns an error matching ErrTooManyHeaders when v, at
+// nesting depth, is a table or array Sluice's AMQP client cannot read.
+func checkEntries(v any, depth int) error {
+	var n int
+	var children iter.Seq[any]
+	switch x := v.(type) {
+	case amqp.Table:
+		n, children = len(x), maps.Values(x)
+	case []any:
+		n, children = len(x), slices.Values(x)
+	default:
+		return nil
+	}
+	switch {
+	case depth > headersMaxDepth:
+		return fmt.Errorf("%w: tables or arrays nested deeper than %d", ErrTooManyHeaders, headersMaxDepth)
+	case n > HeadersMaxEntries:
+		return fmt.Errorf("%w: %d entries in one table or array, over %d", ErrTooManyHeaders, n, HeadersMaxEntries)
+	}
+	for c := range children {
+		if err := checkEntries(c, depth+1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
