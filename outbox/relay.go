@@ -177,9 +177,12 @@ type Relay struct {
 	wake    chan struct{}
 	stores  <-chan struct{} // the store's wake-ups, or nil
 	closing chan struct{}
-	once    sync.Once
 	done    chan struct{} // closed when Run returns
-	running atomic.Bool
+	// mu orders Run's start with Close: a Run that starts after Close
+	// takes nothing, and a Close after Run started waits for it.
+	mu      sync.Mutex
+	closed  bool
+	running bool
 
 	relayed, failures metric.Int64Counter
 	lag               metric.Float64Histogram
@@ -260,9 +263,17 @@ func (r *Relay) Wake() {
 // taken stay in the outbox for the next run. It returns nil after Close or
 // a cancelled ctx, and an error when called twice.
 func (r *Relay) Run(ctx context.Context) error {
-	if !r.running.CompareAndSwap(false, true) {
+	r.mu.Lock()
+	switch {
+	case r.running:
+		r.mu.Unlock()
 		return errors.New("outbox: Relay.Run called twice")
+	case r.closed: // Close, then Run: nothing is taken
+		r.mu.Unlock()
+		return nil
 	}
+	r.running = true
+	r.mu.Unlock()
 	defer close(r.done)
 	if r.reg != nil {
 		defer func() { _ = r.reg.Unregister() }()
@@ -300,7 +311,7 @@ func (r *Relay) Run(ctx context.Context) error {
 func (r *Relay) loop(ctx context.Context) {
 	backoff := time.Duration(0)
 	var retry time.Time // the earliest next attempt of a row this loop failed, if any
-	for ctx.Err() == nil {
+	for ctx.Err() == nil && !r.closingNow() {
 		n, ok, next := r.batch(ctx)
 		if !next.IsZero() && (retry.IsZero() || next.Before(retry)) {
 			retry = next
@@ -331,6 +342,17 @@ func (r *Relay) loop(ctx context.Context) {
 	}
 }
 
+// closingNow reports whether Close was called: the loops take no batch
+// after it, even before Run's context is cancelled.
+func (r *Relay) closingNow() bool {
+	select {
+	case <-r.closing:
+		return true
+	default:
+		return false
+	}
+}
+
 // sleep waits d, until ctx ends, or, when wakeable, until a wake-up.
 func (r *Relay) sleep(ctx context.Context, d time.Duration, wakeable bool) {
 	t := time.NewTimer(d)
@@ -348,11 +370,19 @@ func (r *Relay) sleep(ctx context.Context, d time.Duration, wakeable bool) {
 }
 
 // Close stops the relay: Run finishes the batch in flight and returns.
+// After Close returns the relay takes no batch: a Run called after it
+// returns nil at once.
 // Close waits for it, at most PublishTimeout plus twice StoreTimeout, and is
 // idempotent.
 func (r *Relay) Close() error {
-	r.once.Do(func() { close(r.closing) })
-	if !r.running.Load() {
+	r.mu.Lock()
+	if !r.closed {
+		r.closed = true
+		close(r.closing)
+	}
+	running := r.running
+	r.mu.Unlock()
+	if !running {
 		return nil
 	}
 	t := time.NewTimer(r.cfg.PublishTimeout + 2*r.cfg.StoreTimeout)
