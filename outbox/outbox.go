@@ -95,11 +95,14 @@ type Row struct {
 }
 
 // Failed is a row the relay could not publish: it stays in the outbox with
-// its error, and is tried again at NextAttempt.
+// its error, and is tried again at NextAttempt — or, when Dead, is set
+// aside (with its error and the time) and tried no more until an operator
+// requeues it.
 type Failed struct {
 	ID          int64
 	Err         string
 	NextAttempt time.Time
+	Dead        bool
 }
 
 // Store is where a Relay reads the rows to publish. sqlstore.Store is one
@@ -126,11 +129,16 @@ type Batch interface {
 
 // Stats is what waits in the outbox.
 type Stats struct {
-	// Pending counts every row not yet relayed, failing ones included.
+	// Pending counts every row not yet relayed, failing ones included,
+	// dead ones not.
 	Pending int64
-	// Failing counts the rows whose last publish failed.
+	// Failing counts the pending rows whose last publish failed.
 	Failing int64
-	// Oldest is the oldest row's creation time; zero when there is none.
+	// Dead counts the rows set aside after RelayConfig.MaxAttempts failed
+	// publishes: they wait for an operator (sluice outbox requeue|discard).
+	Dead int64
+	// Oldest is the oldest pending row's creation time; zero when there is
+	// none.
 	Oldest time.Time
 }
 

@@ -31,6 +31,7 @@ const (
 	RetryMinDefault       = time.Second
 	RetryMaxDefault       = time.Minute
 	StatsIntervalDefault  = 5 * time.Second
+	MaxAttemptsDefault    = 20
 	// ErrorMaxLength bounds the error recorded with a failed row, in bytes.
 	ErrorMaxLength = 1024
 )
@@ -56,7 +57,8 @@ const (
 // Metric names (OpenTelemetry; Prometheus: sluice_outbox_relayed_total,
 // sluice_outbox_failures_total, sluice_outbox_pending,
 // sluice_outbox_failing, sluice_outbox_oldest_age_seconds,
-// sluice_outbox_lag_seconds).
+// sluice_outbox_lag_seconds, sluice_outbox_dead_lettered_total,
+// sluice_outbox_dead).
 const (
 	MetricRelayed   = "sluice.outbox.relayed"
 	MetricFailures  = "sluice.outbox.failures"
@@ -64,6 +66,10 @@ const (
 	MetricFailing   = "sluice.outbox.failing"
 	MetricOldestAge = "sluice.outbox.oldest.age"
 	MetricLag       = "sluice.outbox.lag"
+	// MetricDeadLettered counts the rows set aside as dead, by destination.
+	MetricDeadLettered = "sluice.outbox.dead_lettered"
+	// MetricDead is the number of dead rows waiting for an operator.
+	MetricDead = "sluice.outbox.dead"
 )
 
 // OutboxKey is the attribute naming the outbox (RelayConfig.Name) on the
@@ -111,6 +117,14 @@ type RelayConfig struct {
 	// outage does not push every row back by RetryMax.
 	// Defaults RetryMinDefault, RetryMaxDefault.
 	RetryMin, RetryMax time.Duration
+	// MaxAttempts is how many failed publishes a row gets: the row that
+	// fails its MaxAttempts-th is set aside as dead, with its last error —
+	// tried no more, counted (MetricDeadLettered, MetricDead), listed by
+	// `sluice outbox list --dead`, and kept until an operator requeues or
+	// discards it (`sluice outbox requeue|discard`). Attempts no broker
+	// answered (unreachable) do not count. Default MaxAttemptsDefault
+	// (about 17 minutes of tries with the default RetryMin and RetryMax).
+	MaxAttempts int
 	// StatsInterval is how often the relay reads Store.Stats for its gauges
 	// (pending, failing, oldest age). Default StatsIntervalDefault;
 	// negative: never.
@@ -137,6 +151,7 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	c.RetryMin = cmp.Or(c.RetryMin, RetryMinDefault)
 	c.RetryMax = cmp.Or(c.RetryMax, RetryMaxDefault)
 	c.StatsInterval = cmp.Or(c.StatsInterval, StatsIntervalDefault)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, MaxAttemptsDefault)
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	return c
 }
@@ -159,6 +174,8 @@ func (c RelayConfig) validate() error {
 		return fmt.Errorf("outbox: RelayConfig.BatchSize must be between 1 and 10000, got %d", c.BatchSize)
 	case c.Concurrency < 0 || c.Concurrency > 64:
 		return fmt.Errorf("outbox: RelayConfig.Concurrency must be between 1 and 64, got %d", c.Concurrency)
+	case c.MaxAttempts < 0:
+		return fmt.Errorf("outbox: RelayConfig.MaxAttempts must be at least 1, got %d", c.MaxAttempts)
 	case c.RetryMax < c.RetryMin:
 		return fmt.Errorf("outbox: RelayConfig.RetryMax (%s) must not be shorter than RetryMin (%s)", c.RetryMax, c.RetryMin)
 	}
@@ -177,16 +194,19 @@ type Relay struct {
 	wake    chan struct{}
 	stores  <-chan struct{} // the store's wake-ups, or nil
 	closing chan struct{}
-	once    sync.Once
 	done    chan struct{} // closed when Run returns
-	running atomic.Bool
+	// mu orders Run's start with Close: a Run that starts after Close
+	// takes nothing, and a Close after Run started waits for it.
+	mu      sync.Mutex
+	closed  bool
+	running bool
 
-	relayed, failures metric.Int64Counter
-	lag               metric.Float64Histogram
-	attrs             metric.MeasurementOption
-	stats             atomic.Pointer[Stats]
-	reg               metric.Registration
-	calls             *bounded.Calls // the store calls' bounds
+	relayed, failures, deadLettered metric.Int64Counter
+	lag                             metric.Float64Histogram
+	attrs                           metric.MeasurementOption
+	stats                           atomic.Pointer[Stats]
+	reg                             metric.Registration
+	calls                           *bounded.Calls // the store calls' bounds
 }
 
 // NewRelay validates cfg and returns a Relay; Run runs it.
@@ -201,8 +221,8 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		r.stores = w.Wakeups()
 	}
 	m := telemetry.Meter(cfg.MeterProvider)
-	var errs [6]error
-	var pending, failing metric.Int64ObservableGauge
+	var errs [8]error
+	var pending, failing, dead metric.Int64ObservableGauge
 	var oldest metric.Float64ObservableGauge
 	r.relayed, errs[0] = m.Int64Counter(MetricRelayed, metric.WithUnit("{message}"),
 		metric.WithDescription("Outbox rows published and confirmed, then deleted."))
@@ -216,11 +236,16 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		metric.WithDescription("Outbox rows whose last publish failed."))
 	oldest, errs[5] = m.Float64ObservableGauge(MetricOldestAge, metric.WithUnit("s"),
 		metric.WithDescription("Age of the oldest outbox row; 0 when the outbox is empty."))
+	r.deadLettered, errs[6] = m.Int64Counter(MetricDeadLettered, metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox rows set aside as dead after MaxAttempts failed publishes."))
+	dead, errs[7] = m.Int64ObservableGauge(MetricDead, metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox rows set aside as dead, waiting for an operator's requeue or discard."))
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, fmt.Errorf("outbox: creating the relay's metrics: %w", err)
 	}
 	set := attribute.NewSet(OutboxKey.String(cfg.Name))
 	r.attrs = metric.WithAttributeSet(set)
+	r.deadLettered.Add(context.Background(), 0, r.attrs) // exported at zero, for the alerts' rate()
 	if cfg.StatsInterval > 0 {
 		reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 			s := r.stats.Load()
@@ -229,13 +254,14 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 			}
 			o.ObserveInt64(pending, s.Pending, metric.WithAttributeSet(set))
 			o.ObserveInt64(failing, s.Failing, metric.WithAttributeSet(set))
+			o.ObserveInt64(dead, s.Dead, metric.WithAttributeSet(set))
 			age := 0.0
 			if !s.Oldest.IsZero() {
 				age = max(time.Since(s.Oldest).Seconds(), 0)
 			}
 			o.ObserveFloat64(oldest, age, metric.WithAttributeSet(set))
 			return nil
-		}, pending, failing, oldest)
+		}, pending, failing, dead, oldest)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: registering the relay's gauges: %w", err)
 		}
@@ -260,9 +286,17 @@ func (r *Relay) Wake() {
 // taken stay in the outbox for the next run. It returns nil after Close or
 // a cancelled ctx, and an error when called twice.
 func (r *Relay) Run(ctx context.Context) error {
-	if !r.running.CompareAndSwap(false, true) {
+	r.mu.Lock()
+	switch {
+	case r.running:
+		r.mu.Unlock()
 		return errors.New("outbox: Relay.Run called twice")
+	case r.closed: // Close, then Run: nothing is taken
+		r.mu.Unlock()
+		return nil
 	}
+	r.running = true
+	r.mu.Unlock()
 	defer close(r.done)
 	if r.reg != nil {
 		defer func() { _ = r.reg.Unregister() }()
@@ -300,7 +334,7 @@ func (r *Relay) Run(ctx context.Context) error {
 func (r *Relay) loop(ctx context.Context) {
 	backoff := time.Duration(0)
 	var retry time.Time // the earliest next attempt of a row this loop failed, if any
-	for ctx.Err() == nil {
+	for ctx.Err() == nil && !r.closingNow() {
 		n, ok, next := r.batch(ctx)
 		if !next.IsZero() && (retry.IsZero() || next.Before(retry)) {
 			retry = next
@@ -331,6 +365,17 @@ func (r *Relay) loop(ctx context.Context) {
 	}
 }
 
+// closingNow reports whether Close was called: the loops take no batch
+// after it, even before Run's context is cancelled.
+func (r *Relay) closingNow() bool {
+	select {
+	case <-r.closing:
+		return true
+	default:
+		return false
+	}
+}
+
 // sleep waits d, until ctx ends, or, when wakeable, until a wake-up.
 func (r *Relay) sleep(ctx context.Context, d time.Duration, wakeable bool) {
 	t := time.NewTimer(d)
@@ -348,11 +393,19 @@ func (r *Relay) sleep(ctx context.Context, d time.Duration, wakeable bool) {
 }
 
 // Close stops the relay: Run finishes the batch in flight and returns.
+// After Close returns the relay takes no batch: a Run called after it
+// returns nil at once.
 // Close waits for it, at most PublishTimeout plus twice StoreTimeout, and is
 // idempotent.
 func (r *Relay) Close() error {
-	r.once.Do(func() { close(r.closing) })
-	if !r.running.Load() {
+	r.mu.Lock()
+	if !r.closed {
+		r.closed = true
+		close(r.closing)
+	}
+	running := r.running
+	r.mu.Unlock()
+	if !running {
 		return nil
 	}
 	t := time.NewTimer(r.cfg.PublishTimeout + 2*r.cfg.StoreTimeout)
@@ -434,7 +487,7 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 	relayed := make([]int64, 0, len(rows))
 	var failed []Failed
 	var first error
-	unreachable := false
+	unreachable, died := false, 0
 	for i, row := range rows {
 		err := errs[i]
 		if !seen[i] {
@@ -451,13 +504,21 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 		kind := errorType(err)
 		r.failures.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(OutboxKey.String(r.cfg.Name),
 			semconv.MessagingDestinationName(row.Topic), semconv.ErrorTypeKey.String(kind))))
-		next := now
+		next, dead := now, false
 		if kind != "unreachable" {
 			next = now.Add(r.retryAfter(row.Attempts))
+			dead = row.Attempts+1 >= r.cfg.MaxAttempts
 		} else {
 			unreachable = true
 		}
-		failed = append(failed, Failed{ID: row.ID, Err: diag.Bound(diag.Redact(err.Error()), ErrorMaxLength), NextAttempt: next})
+		f := Failed{ID: row.ID, Err: diag.Bound(diag.Redact(err.Error()), ErrorMaxLength), NextAttempt: next, Dead: dead}
+		failed = append(failed, f)
+		if dead {
+			died++
+			r.cfg.Logger.Error("An outbox row failed its last attempt: set aside as dead (sluice outbox list --dead)", nil,
+				watermill.LogFields{"outbox": r.cfg.Name, "row": row.ID, "topic": diag.Printable(row.Topic, 255), "attempts": row.Attempts + 1, "error": f.Err})
+			continue
+		}
 		if retry.IsZero() || next.Before(retry) {
 			retry = next
 		}
@@ -469,9 +530,15 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 			watermill.LogFields{"outbox": r.cfg.Name, "rows": len(rows)})
 		return len(rows), false, time.Time{}
 	}
-	if len(failed) > 0 {
+	for _, f := range failed {
+		if f.Dead {
+			r.deadLettered.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(OutboxKey.String(r.cfg.Name),
+				semconv.MessagingDestinationName(rowTopic(rows, f.ID)))))
+		}
+	}
+	if len(failed) > died {
 		r.cfg.Logger.Error("Outbox rows could not be published: kept, tried again later", diag.RedactError(first),
-			watermill.LogFields{"outbox": r.cfg.Name, "failed": len(failed), "rows": len(rows)})
+			watermill.LogFields{"outbox": r.cfg.Name, "failed": len(failed) - died, "rows": len(rows)})
 	}
 	// Rows refused one by one have their own next attempt: only a batch no
 	// broker took at all makes the relay back off.
@@ -521,6 +588,16 @@ func (r *Relay) publish(ctx context.Context, rows []Row) <-chan result {
 		}()
 	}
 	return results
+}
+
+// rowTopic is the topic of the row id of rows.
+func rowTopic(rows []Row, id int64) string {
+	for _, row := range rows {
+		if row.ID == id {
+			return row.Topic
+		}
+	}
+	return ""
 }
 
 // retryAfter is the wait before a row that failed attempts times before

@@ -334,7 +334,7 @@ func TestAnUnroutableDestinationKeepsItsRowsAndBlocksNothing(t *testing.T) {
 	// The failures are counted before their batch's Finish, which deletes
 	// the routable rows and records the failed ones in one transaction.
 	require.Eventually(t, func() bool { return s.count("outbox") == n }, 10*time.Second, 10*time.Millisecond, "only the unroutable rows stay")
-	failing, err := s.outbox.List(t.Context(), true, 100)
+	failing, err := s.outbox.List(t.Context(), sqlstore.Failing, 100)
 	require.NoError(t, err)
 	require.Len(t, failing, n)
 	for _, e := range failing {
@@ -579,7 +579,7 @@ func TestAnUnreadableRowIsKeptAsideAndStopsNothing(t *testing.T) {
 	}, 30*time.Second, 10*time.Millisecond)
 	var left []sqlstore.Entry
 	require.Eventually(t, func() bool { // the failure is counted before its batch is recorded
-		left, err = s.outbox.List(t.Context(), true, 10)
+		left, err = s.outbox.List(t.Context(), sqlstore.Failing, 10)
 		require.NoError(t, err)
 		return len(left) == 1
 	}, 30*time.Second, 10*time.Millisecond)

@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jedib0t/go-pretty/v6/table"
@@ -13,8 +15,10 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/spf13/cobra"
 
+	"github.com/sluicemq/sluice/cmd/internal/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/localenv"
+	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/outbox/sqlstore"
 )
 
@@ -93,16 +97,18 @@ func pingWithin(ctx context.Context, db *sqlx.DB) error {
 	return db.PingContext(ctx)
 }
 
-func newOutbox(out io.Writer) *cobra.Command {
+func newOutbox(g *globals, out io.Writer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "outbox",
-		Short: "See what waits in a transactional outbox table, and make its failing rows due again",
+		Short: "See what waits in a transactional outbox table, make its failing rows due again, requeue or discard its dead rows",
 		Long: "The outbox (outbox/sqlstore) holds what handlers produced until a relay has published it\n" +
 			"and the broker confirmed it. A row that could not be published stays, with its error and\n" +
-			"its next attempt: never delete one (the event would be lost). See docs/operations.md.",
+			"its next attempt: never delete one (the event would be lost). A row that failed the relay's\n" +
+			"MaxAttempts is set aside as dead: requeue it once the cause is fixed, or discard it, with a\n" +
+			"reason recorded in the audit log. See docs/operations.md.",
 		Args: unknownSubcommand,
 	}
-	cmd.AddCommand(newOutboxStats(out), newOutboxList(out), newOutboxRetry(out))
+	cmd.AddCommand(newOutboxStats(out), newOutboxList(out), newOutboxRetry(out), newOutboxSettle(g, out, "requeue"), newOutboxSettle(g, out, "discard"))
 	return cmd
 }
 
@@ -113,7 +119,7 @@ func newOutboxStats(out io.Writer) *cobra.Command {
 		Use:   "stats",
 		Short: "Count the rows waiting in each outbox table: pending, failing, and the oldest's age",
 		Long: "pending counts every row not yet relayed, failing ones included; failing, the rows whose\n" +
-			"last publish failed; oldest is the age of the oldest row (what sluice_outbox_oldest_age_seconds\n" +
+			"last publish failed; dead, the rows set aside after the relay's MaxAttempts; oldest is the age of the oldest row (what sluice_outbox_oldest_age_seconds\n" +
 			"reports while a relay runs). Read-only.",
 		Args: noArgs,
 		RunE: func(*cobra.Command, []string) error {
@@ -125,7 +131,7 @@ func newOutboxStats(out io.Writer) *cobra.Command {
 			t := table.NewWriter()
 			t.SetOutputMirror(out)
 			t.SetStyle(table.StyleLight)
-			t.AppendHeader(table.Row{"table", "pending", "failing", "oldest"})
+			t.AppendHeader(table.Row{"table", "pending", "failing", "dead", "oldest"})
 			for _, s := range stores {
 				st, err := s.Stats(ctx)
 				if err != nil {
@@ -133,7 +139,7 @@ func newOutboxStats(out io.Writer) *cobra.Command {
 				}
 				age := outboxAge(st.Oldest)
 				if asJSON {
-					rec := outboxStatsJSON{Table: s.Name(), Pending: st.Pending, Failing: st.Failing, OldestAgeSeconds: age.Seconds()}
+					rec := outboxStatsJSON{Table: s.Name(), Pending: st.Pending, Failing: st.Failing, Dead: st.Dead, OldestAgeSeconds: age.Seconds()}
 					if !st.Oldest.IsZero() {
 						oldest := st.Oldest.UTC()
 						rec.Oldest = &oldest
@@ -147,7 +153,7 @@ func newOutboxStats(out io.Writer) *cobra.Command {
 				if !st.Oldest.IsZero() {
 					oldest = fmt.Sprintf("%s (%s)", age.Round(time.Second), st.Oldest.UTC().Format(time.RFC3339))
 				}
-				t.AppendRow(table.Row{diag.Printable(s.Name(), 128), st.Pending, st.Failing, oldest})
+				t.AppendRow(table.Row{diag.Printable(s.Name(), 128), st.Pending, st.Failing, st.Dead, oldest})
 			}
 			if !asJSON {
 				t.Render()
@@ -165,6 +171,7 @@ type outboxStatsJSON struct {
 	Table            string     `json:"table"`
 	Pending          int64      `json:"pending"`
 	Failing          int64      `json:"failing"`
+	Dead             int64      `json:"dead"`
 	Oldest           *time.Time `json:"oldest"` // null when the table is empty
 	OldestAgeSeconds float64    `json:"oldest_age_seconds"`
 }
@@ -179,6 +186,8 @@ type outboxRowJSON struct {
 	CreatedAt     time.Time `json:"created_at"`
 	NextAttemptAt time.Time `json:"next_attempt_at"`
 	LastError     string    `json:"last_error"`
+	// DeadAt is when the relay set the row aside; null while it is tried.
+	DeadAt *time.Time `json:"dead_at"`
 }
 
 // outboxAge is how long ago t was, never negative (the database's clock
@@ -192,7 +201,7 @@ func outboxAge(t time.Time) time.Duration {
 
 func newOutboxList(out io.Writer) *cobra.Command {
 	var f outboxFlags
-	var failing, asJSON bool
+	var failing, dead, asJSON bool
 	var limit int
 	cmd := &cobra.Command{
 		Use:   "list",
@@ -205,13 +214,23 @@ func newOutboxList(out io.Writer) *cobra.Command {
 			if limit < 1 || limit > outboxListMax {
 				return usageError{fmt.Errorf("--limit %d: want 1 to %d", limit, outboxListMax)}
 			}
+			if failing && dead {
+				return usageError{fmt.Errorf("--failing and --dead: choose one")}
+			}
+			which, whichName := sqlstore.All, "rows"
+			switch {
+			case failing:
+				which, whichName = sqlstore.Failing, "failing rows"
+			case dead:
+				which, whichName = sqlstore.Dead, "dead rows"
+			}
 			stores, ctx, done, err := f.open(false)
 			if err != nil {
 				return err
 			}
 			defer done()
 			s := stores[0]
-			entries, err := s.List(ctx, failing, limit)
+			entries, err := s.List(ctx, which, limit)
 			if err != nil {
 				return diag.RedactError(err)
 			}
@@ -219,6 +238,10 @@ func newOutboxList(out io.Writer) *cobra.Command {
 				for _, e := range entries {
 					rec := outboxRowJSON{ID: e.ID, Topic: e.Topic, MessageID: e.MessageID, EventID: e.EventID, Attempts: e.Attempts,
 						CreatedAt: e.CreatedAt.UTC(), NextAttemptAt: e.NextAttempt.UTC(), LastError: e.LastError}
+					if !e.DeadAt.IsZero() {
+						deadAt := e.DeadAt.UTC()
+						rec.DeadAt = &deadAt
+					}
 					if err := writeJSON(out, rec); err != nil {
 						return err
 					}
@@ -230,17 +253,14 @@ func newOutboxList(out io.Writer) *cobra.Command {
 				return diag.RedactError(err)
 			}
 			outboxTable(out, entries)
-			which := "rows"
-			if failing {
-				which = "failing rows"
-			}
-			fmt.Fprintf(out, "%d %s shown, oldest first; %s holds %d pending, %d failing\n",
-				len(entries), which, diag.Printable(s.Name(), 128), st.Pending, st.Failing)
+			fmt.Fprintf(out, "%d %s shown, oldest first; %s holds %d pending, %d failing, %d dead\n",
+				len(entries), whichName, diag.Printable(s.Name(), 128), st.Pending, st.Failing, st.Dead)
 			return nil
 		},
 	}
 	f.register(cmd, false)
-	cmd.Flags().BoolVar(&failing, "failing", false, "only the rows whose last publish failed")
+	cmd.Flags().BoolVar(&failing, "failing", false, "only the rows whose last publish failed (still tried)")
+	cmd.Flags().BoolVar(&dead, "dead", false, "only the dead rows: set aside after the relay's MaxAttempts, waiting for requeue or discard")
 	cmd.Flags().IntVar(&limit, "limit", 20, fmt.Sprintf("show at most this many rows (1 to %d)", outboxListMax))
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON, one object per row")
 	return cmd
@@ -258,8 +278,13 @@ func outboxTable(out io.Writer, entries []sqlstore.Entry) {
 		if d := time.Until(e.NextAttempt); d > 0 {
 			next = "in " + d.Round(time.Second).String()
 		}
+		if !e.DeadAt.IsZero() {
+			next = "dead " + outboxAge(e.DeadAt).Round(time.Second).String() + " ago"
+		}
+		// The error whole (the relay bounds it when it records it): a
+		// broker's reason comes after a prefix that would fill a cell.
 		t.AppendRow(table.Row{e.ID, diag.Printable(e.Topic, cellMax), orDash(diag.Printable(e.MessageID, 64)), orDash(diag.Printable(e.EventID, cellMax)),
-			e.Attempts, outboxAge(e.CreatedAt).Round(time.Second), next, orDash(diag.Printable(e.LastError, cellMax))})
+			e.Attempts, outboxAge(e.CreatedAt).Round(time.Second), next, orDash(diag.Printable(e.LastError, outbox.ErrorMaxLength))})
 	}
 	t.Render()
 }
@@ -292,4 +317,89 @@ func newOutboxRetry(out io.Writer) *cobra.Command {
 	}
 	f.register(cmd, false)
 	return cmd
+}
+
+// newOutboxSettle is requeue or discard: what an operator does with dead
+// rows, each run recorded in the audit log with its reason and rows.
+func newOutboxSettle(g *globals, out io.Writer, verb string) *cobra.Command {
+	var f outboxFlags
+	var ids []int64
+	var allDead bool
+	var reason string
+	short := "Make dead rows pending again, due now, their attempts counted from zero (after fixing the cause)"
+	long := "A dead row failed the relay's MaxAttempts and is tried no more. Once the cause is fixed\n" +
+		"(the queue declared, the producer's bug fixed), requeue makes it pending and due now, with\n" +
+		"its attempts counted from zero: the relays publish it at their next poll. Only dead rows\n" +
+		"are touched. The run is recorded in the audit log: operator, reason, rows."
+	if verb == "discard" {
+		short = "Delete dead rows for good, with a reason recorded in the audit log (their events are never published)"
+		long = "A dead row failed the relay's MaxAttempts and is tried no more. discard deletes it: its\n" +
+			"event is never published. Only dead rows are touched (a pending row is never deleted).\n" +
+			"The run is recorded in the audit log: operator, reason, and each row's topic and ids."
+	}
+	cmd := &cobra.Command{
+		Use:   verb,
+		Short: short,
+		Long:  long,
+		Args:  noArgs,
+		RunE: func(*cobra.Command, []string) error {
+			if strings.TrimSpace(reason) == "" {
+				return usageError{fmt.Errorf("--reason is required: say why these rows are %s", map[string]string{"requeue": "requeued", "discard": "discarded"}[verb])}
+			}
+			if (len(ids) == 0) == !allDead {
+				return usageError{fmt.Errorf("give the rows: --id (repeat it, or separate with commas) or --all-dead")}
+			}
+			if err := g.checkWrite(); err != nil {
+				return err
+			}
+			stores, ctx, done, err := f.open(false)
+			if err != nil {
+				return err
+			}
+			defer done()
+			s := stores[0]
+			act := s.Requeue
+			if verb == "discard" {
+				act = s.Discard
+			}
+			settled, runErr := act(ctx, ids)
+			rec := dlq.AuditRecord{Time: time.Now().UTC(), Operator: g.operator, Command: "outbox " + verb, Queue: s.Name(),
+				Filters: map[string]string{"rows": outboxSelection(ids)}, Outcome: "ok", Reason: reason,
+				Result: dlq.ReplayResult{Selected: len(settled), Replayed: len(settled), ByTarget: map[string]int{}}}
+			for _, r := range settled {
+				rec.Result.ByTarget[r.Topic]++
+				rec.Items = append(rec.Items, fmt.Sprintf("row %d: event %s, message %s, topic %s", r.ID, r.EventID, r.MessageID, r.Topic))
+			}
+			if runErr != nil {
+				runErr = diag.RedactError(runErr)
+				rec.Outcome, rec.Error = "error", runErr.Error()
+			}
+			if err := errorsJoin(runErr, dlq.AppendAudit(g.audit, rec)); err != nil {
+				return err
+			}
+			what := "are pending again, due now: the relays publish them at their next poll"
+			if verb == "discard" {
+				what = "are deleted: their events will not be published"
+			}
+			fmt.Fprintf(out, "%d dead rows of %s %s (recorded in the audit log)\n", len(settled), diag.Printable(s.Name(), 128), what)
+			return nil
+		},
+	}
+	f.register(cmd, false)
+	cmd.Flags().Int64SliceVar(&ids, "id", nil, "the dead rows' ids (sluice outbox list --dead); repeat it, or separate with commas")
+	cmd.Flags().BoolVar(&allDead, "all-dead", false, "every dead row of the table")
+	cmd.Flags().StringVar(&reason, "reason", "", "why (required), recorded in the audit log")
+	return cmd
+}
+
+// outboxSelection describes the rows a requeue or discard was given.
+func outboxSelection(ids []int64) string {
+	if len(ids) == 0 {
+		return "all dead"
+	}
+	parts := make([]string, len(ids))
+	for i, id := range ids {
+		parts[i] = strconv.FormatInt(id, 10)
+	}
+	return "ids " + strings.Join(parts, ",")
 }

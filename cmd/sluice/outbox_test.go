@@ -98,7 +98,7 @@ func TestOutboxCommandsShowAStuckOutboxAndRetryIt(t *testing.T) {
 	stopRelay := runRelay(t, cfg)
 	b.write(t, missing, "m-1", "m-2", "m-3")
 	require.Eventually(t, func() bool {
-		rows, err := b.store.List(t.Context(), true, 10)
+		rows, err := b.store.List(t.Context(), sqlstore.Failing, 10)
 		refused := 0
 		for _, r := range rows {
 			if strings.Contains(r.LastError, "unroutable") {
@@ -111,7 +111,7 @@ func TestOutboxCommandsShowAStuckOutboxAndRetryIt(t *testing.T) {
 
 	code, out, errOut := b.cli(t, "outbox", "stats")
 	require.Equal(t, 0, code, errOut)
-	require.Regexp(t, regexp.QuoteMeta(b.table)+` +│ +3 │ +3 │ \d+s \(20`, out)
+	require.Regexp(t, regexp.QuoteMeta(b.table)+` +│ +3 │ +3 │ +0 │ \d+s \(20`, out)
 	code, out, errOut = b.cli(t, "outbox", "stats", "--json")
 	require.Equal(t, 0, code, errOut)
 	var st outboxStatsJSON
@@ -127,7 +127,7 @@ func TestOutboxCommandsShowAStuckOutboxAndRetryIt(t *testing.T) {
 	require.Contains(t, out, "unroutable")
 	require.Regexp(t, `│ m-1 +│ m-1 +│ +\d │ +\d+s │ in (1m\d+s|2m0s) +│`, out, "the event id is the message id when the producer set none")
 	require.Less(t, strings.Index(out, "m-1"), strings.Index(out, "m-3"), "oldest first")
-	require.Contains(t, out, "3 failing rows shown, oldest first; "+b.table+" holds 3 pending, 3 failing")
+	require.Contains(t, out, "3 failing rows shown, oldest first; "+b.table+" holds 3 pending, 3 failing, 0 dead")
 	code, out, errOut = b.cli(t, "outbox", "list", "--limit", "2", "--json")
 	require.Equal(t, 0, code, errOut)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
@@ -154,7 +154,7 @@ func TestOutboxCommandsShowAStuckOutboxAndRetryIt(t *testing.T) {
 		"a relay publishes them at once (their next attempts were minutes away)")
 	require.Eventually(t, func() bool {
 		code, out, _ := b.cli(t, "outbox", "stats")
-		return code == 0 && regexp.MustCompile(regexp.QuoteMeta(b.table)+` +│ +0 │ +0 │ - +│`).MatchString(out)
+		return code == 0 && regexp.MustCompile(regexp.QuoteMeta(b.table)+` +│ +0 │ +0 │ +0 │ - +│`).MatchString(out)
 	}, 10*time.Second, 10*time.Millisecond, "nothing left in the outbox")
 	code, out, errOut = b.cli(t, "outbox", "retry")
 	require.Equal(t, 0, code, errOut)
@@ -193,7 +193,7 @@ func TestOutboxCommandsEscapeHostileRows(t *testing.T) {
 		require.Contains(t, out, `orders\x1b]0;OWNED\x07\x1b[2J`, "%v: the topic escaped, not dropped", args)
 		require.Contains(t, out, `evt-\x1b]0;OWNED`)
 		require.Contains(t, out, `unroutable: \x1b]0;OWNED\x07\x1b[2J`, "the error escaped (wrapped at 72 columns)")
-		require.Less(t, strings.Count(out, "x"), cellMax, "the 10 KB error is bounded")
+		require.Less(t, strings.Count(out, "x"), outbox.ErrorMaxLength, "the 10 KB error is bounded")
 	}
 	out := check("outbox", "list", "--json")
 	require.Contains(t, out, `\u202eevil`)
@@ -247,7 +247,7 @@ func TestOutboxCommandsRefuseWhatTheyCannotRead(t *testing.T) {
 
 	code, out, errOut := cli("outbox", "stats", "--db", testenv.PostgresURL, "--table", b.table, "--table", other.table)
 	require.Equal(t, 0, code, errOut)
-	require.Regexp(t, regexp.QuoteMeta(b.table)+` +│ +0 │ +0 │ - +│`, out)
-	require.Regexp(t, regexp.QuoteMeta(other.table)+` +│ +1 │ +0 │ \d+s \(`, out)
+	require.Regexp(t, regexp.QuoteMeta(b.table)+` +│ +0 │ +0 │ +0 │ - +│`, out)
+	require.Regexp(t, regexp.QuoteMeta(other.table)+` +│ +1 │ +0 │ +0 │ \d+s \(`, out)
 	require.Equal(t, 1, strings.Count(out, "PENDING"), fmt.Sprint("one table:\n", out))
 }

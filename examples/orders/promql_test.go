@@ -86,6 +86,7 @@ func definedCounters() []string {
 var relayGauges = []string{
 	strings.ReplaceAll(outbox.MetricPending, ".", "_"),
 	strings.ReplaceAll(outbox.MetricFailing, ".", "_"),
+	strings.ReplaceAll(outbox.MetricDead, ".", "_"),
 	strings.ReplaceAll(outbox.MetricOldestAge, ".", "_") + "_seconds",
 }
 

@@ -27,6 +27,7 @@ import (
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
 	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
 	"github.com/sluicemq/sluice/outbox"
@@ -129,9 +130,14 @@ func New(cfg Config) (*Store, error) {
 func (s *Store) Name() string { return s.name }
 
 // SchemaSQL returns the statements that create the outbox table and its
-// index, as CreateTable runs them.
+// index, as CreateTable runs them (on PostgreSQL, with the statement that
+// adds dead_at to a table of an earlier version).
 func (s *Store) SchemaSQL() string {
-	return strings.Join(s.schema(), ";\n") + ";\n"
+	stmts := s.schema()
+	if s.dialect.addDead != "" {
+		stmts = append(stmts, fmt.Sprintf(s.dialect.addDead, s.table))
+	}
+	return strings.Join(stmts, ";\n") + ";\n"
 }
 
 func (s *Store) schema() []string {
@@ -141,14 +147,36 @@ func (s *Store) schema() []string {
 	}
 }
 
-// CreateTable creates the outbox table and its index if they do not exist.
+// CreateTable creates the outbox table and its index if they do not exist,
+// and migrates a table of an earlier version (adds its dead_at column).
 func (s *Store) CreateTable(ctx context.Context) error {
 	for _, stmt := range s.schema() {
 		if _, err := s.db.ExecContext(ctx, stmt); err != nil {
 			return fmt.Errorf("outbox/sqlstore: creating outbox table %s: %w", s.table, err)
 		}
 	}
+	if err := s.migrateDead(ctx); err != nil {
+		return fmt.Errorf("outbox/sqlstore: adding dead_at to %s: %w", s.table, err)
+	}
 	return nil
+}
+
+// migrateDead adds the dead_at column to a table created before it.
+func (s *Store) migrateDead(ctx context.Context) error {
+	if s.dialect.addDead != "" {
+		_, err := s.db.ExecContext(ctx, fmt.Sprintf(s.dialect.addDead, s.table))
+		return err
+	}
+	// SQLite has no ADD COLUMN IF NOT EXISTS.
+	var n int
+	if err := s.db.GetContext(ctx, &n, `SELECT count(*) FROM pragma_table_info(?) WHERE name = 'dead_at'`, s.last); err != nil {
+		return err
+	}
+	if n > 0 {
+		return nil
+	}
+	_, err := s.db.ExecContext(ctx, `ALTER TABLE `+s.table+` ADD COLUMN dead_at INTEGER`)
+	return err
 }
 
 // Exists reports whether the outbox table exists (the operator's commands
@@ -428,7 +456,7 @@ func (s *Store) duePostgres(ctx context.Context, limit int) (outbox.Batch, error
 		return nil, fmt.Errorf("outbox/sqlstore: %w", err)
 	}
 	var rs []scanned
-	q := `SELECT ` + columns + ` FROM ` + s.table + ` WHERE next_attempt_at <= clock_timestamp() ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
+	q := `SELECT ` + columns + ` FROM ` + s.table + ` WHERE dead_at IS NULL AND next_attempt_at <= clock_timestamp() ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
 	if err := tx.SelectContext(ctx, &rs, q, limit); err != nil {
 		_ = tx.Rollback()
 		return nil, fmt.Errorf("outbox/sqlstore: reading due rows of %s: %w", s.table, err)
@@ -475,8 +503,15 @@ func (s *Store) finish(ctx context.Context, db sqlx.ExtContext, relayed []int64,
 	}
 	// The wait, not the relay's clock: Due compares with the database's.
 	q := db.Rebind(`UPDATE ` + s.table + ` SET attempts = attempts + 1, last_error = ?, next_attempt_at = ` + s.dialect.after + s.dialect.unlease + ` WHERE id = ?`)
+	dead := db.Rebind(`UPDATE ` + s.table + ` SET attempts = attempts + 1, last_error = ?, dead_at = ` + s.dialect.now + s.dialect.unlease + ` WHERE id = ?`)
 	for _, f := range failed {
-		if _, err := db.ExecContext(ctx, q, f.Err, s.dialect.waitArg(max(time.Until(f.NextAttempt), 0)), f.ID); err != nil {
+		var err error
+		if f.Dead {
+			_, err = db.ExecContext(ctx, dead, f.Err, f.ID)
+		} else {
+			_, err = db.ExecContext(ctx, q, f.Err, s.dialect.waitArg(max(time.Until(f.NextAttempt), 0)), f.ID)
+		}
+		if err != nil {
 			return fmt.Errorf("outbox/sqlstore: recording the failure of row %d of %s: %w", f.ID, s.table, err)
 		}
 	}
@@ -487,7 +522,7 @@ func (s *Store) dueSQLite(ctx context.Context, limit int) (outbox.Batch, error) 
 	now := time.Now()
 	var rs []scanned
 	q := `UPDATE ` + s.table + ` SET leased_until = ? WHERE id IN (SELECT id FROM ` + s.table +
-		` WHERE next_attempt_at <= ? AND leased_until <= ? ORDER BY id LIMIT ?) RETURNING ` + columns
+		` WHERE dead_at IS NULL AND next_attempt_at <= ? AND leased_until <= ? ORDER BY id LIMIT ?) RETURNING ` + columns
 	if err := s.db.SelectContext(ctx, &rs, q, now.Add(s.lease).UnixMicro(), now.UnixMicro(), now.UnixMicro(), limit); err != nil {
 		return nil, fmt.Errorf("outbox/sqlstore: leasing due rows of %s: %w", s.table, err)
 	}
@@ -534,13 +569,17 @@ func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 	var r struct {
 		Pending int64 `db:"pending"`
 		Failing int64 `db:"failing"`
+		Dead    int64 `db:"dead"`
 		Oldest  any   `db:"oldest"`
 	}
-	q := `SELECT count(*) AS pending, coalesce(sum(CASE WHEN attempts > 0 THEN 1 ELSE 0 END), 0) AS failing, min(created_at) AS oldest FROM ` + s.table
+	q := `SELECT coalesce(sum(CASE WHEN dead_at IS NULL THEN 1 ELSE 0 END), 0) AS pending,
+	coalesce(sum(CASE WHEN dead_at IS NULL AND attempts > 0 THEN 1 ELSE 0 END), 0) AS failing,
+	coalesce(sum(CASE WHEN dead_at IS NULL THEN 0 ELSE 1 END), 0) AS dead,
+	min(CASE WHEN dead_at IS NULL THEN created_at END) AS oldest FROM ` + s.table
 	if err := s.db.GetContext(ctx, &r, q); err != nil {
 		return outbox.Stats{}, fmt.Errorf("outbox/sqlstore: counting %s: %w", s.table, err)
 	}
-	st := outbox.Stats{Pending: r.Pending, Failing: r.Failing}
+	st := outbox.Stats{Pending: r.Pending, Failing: r.Failing, Dead: r.Dead}
 	if r.Oldest != nil {
 		t, err := s.dialect.readTime(r.Oldest)
 		if err != nil {
@@ -553,19 +592,37 @@ func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 
 // Entry is a row as an operator sees it (List).
 type Entry struct {
-	ID          int64
-	Topic       string
-	MessageID   string
-	EventID     string
-	Attempts    int
+	ID        int64
+	Topic     string
+	MessageID string
+	EventID   string
+	Attempts  int
+	// LastError is the last publish's error, redacted (a URL's password,
+	// a token) as it is read: the table may hold one written before.
 	LastError   string
 	CreatedAt   time.Time
 	NextAttempt time.Time
+	// DeadAt is when the relay set the row aside as dead; zero while it is
+	// still tried.
+	DeadAt time.Time
 }
 
-// List returns up to limit rows, oldest first; with failing, only those
-// whose last publish failed.
-func (s *Store) List(ctx context.Context, failing bool, limit int) ([]Entry, error) {
+// Which selects the rows List returns.
+type Which int
+
+// The rows List returns.
+const (
+	// All rows, dead ones included.
+	All Which = iota
+	// Failing rows: whose last publish failed, still tried.
+	Failing
+	// Dead rows: set aside by the relay after its MaxAttempts, waiting for
+	// an operator's Requeue or Discard.
+	Dead
+)
+
+// List returns up to limit rows of which, oldest first.
+func (s *Store) List(ctx context.Context, which Which, limit int) ([]Entry, error) {
 	var rs []struct {
 		ID        int64          `db:"id"`
 		Topic     string         `db:"topic"`
@@ -575,12 +632,16 @@ func (s *Store) List(ctx context.Context, failing bool, limit int) ([]Entry, err
 		LastError sql.NullString `db:"last_error"`
 		Created   any            `db:"created_at"`
 		Next      any            `db:"next_attempt_at"`
+		Dead      any            `db:"dead_at"`
 	}
 	where := ""
-	if failing {
-		where = ` WHERE attempts > 0`
+	switch which {
+	case Failing:
+		where = ` WHERE attempts > 0 AND dead_at IS NULL`
+	case Dead:
+		where = ` WHERE dead_at IS NOT NULL`
 	}
-	q := s.db.Rebind(`SELECT id, topic, message_id, metadata, attempts, last_error, created_at, next_attempt_at FROM ` + s.table + where + ` ORDER BY id LIMIT ?`)
+	q := s.db.Rebind(`SELECT id, topic, message_id, metadata, attempts, last_error, created_at, next_attempt_at, dead_at FROM ` + s.table + where + ` ORDER BY id LIMIT ?`)
 	if err := s.db.SelectContext(ctx, &rs, q, limit); err != nil {
 		return nil, fmt.Errorf("outbox/sqlstore: listing %s: %w", s.table, err)
 	}
@@ -595,8 +656,14 @@ func (s *Store) List(ctx context.Context, failing bool, limit int) ([]Entry, err
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, Entry{ID: r.ID, Topic: r.Topic, MessageID: r.MessageID, EventID: md[sluice.EventIDKey],
-			Attempts: r.Attempts, LastError: r.LastError.String, CreatedAt: created, NextAttempt: next})
+		e := Entry{ID: r.ID, Topic: r.Topic, MessageID: r.MessageID, EventID: md[sluice.EventIDKey],
+			Attempts: r.Attempts, LastError: diag.Redact(r.LastError.String), CreatedAt: created, NextAttempt: next}
+		if r.Dead != nil {
+			if e.DeadAt, err = s.dialect.readTime(r.Dead); err != nil {
+				return nil, err
+			}
+		}
+		out = append(out, e)
 	}
 	return out, nil
 }
@@ -604,7 +671,7 @@ func (s *Store) List(ctx context.Context, failing bool, limit int) ([]Entry, err
 // RetryNow makes every failing row due at once (after the cause is fixed:
 // a queue declared, a binding added) and returns how many it touched.
 func (s *Store) RetryNow(ctx context.Context) (int64, error) {
-	res, err := s.db.ExecContext(ctx, s.db.Rebind(`UPDATE `+s.table+` SET next_attempt_at = `+s.dialect.after+` WHERE attempts > 0`), s.dialect.waitArg(0))
+	res, err := s.db.ExecContext(ctx, s.db.Rebind(`UPDATE `+s.table+` SET next_attempt_at = `+s.dialect.after+` WHERE attempts > 0 AND dead_at IS NULL`), s.dialect.waitArg(0))
 	if err != nil {
 		return 0, fmt.Errorf("outbox/sqlstore: %w", err)
 	}
@@ -621,6 +688,11 @@ type dialect struct {
 	// argument being number n+1.
 	values  func(n int) string
 	unlease string
+	// now is the time now, on the clock Due compares with.
+	now string
+	// addDead adds dead_at to a table created before it (%s is the
+	// table); empty on SQLite, which cannot say IF NOT EXISTS.
+	addDead string
 	// after is the time a wait (waitArg's argument) from now, on the
 	// clock Due compares with.
 	after   string
@@ -642,13 +714,16 @@ var postgres = dialect{
 	created_at      TIMESTAMPTZ NOT NULL,
 	attempts        INTEGER     NOT NULL DEFAULT 0,
 	next_attempt_at TIMESTAMPTZ NOT NULL,
-	last_error      TEXT
+	last_error      TEXT,
+	dead_at         TIMESTAMPTZ
 )`,
 	schemas: true,
 	values: func(n int) string {
 		return fmt.Sprintf("($%d, $%d, $%d, $%d, clock_timestamp(), clock_timestamp())", n+1, n+2, n+3, n+4)
 	},
-	after: `clock_timestamp() + make_interval(secs => ?)`,
+	after:   `clock_timestamp() + make_interval(secs => ?)`,
+	now:     `clock_timestamp()`,
+	addDead: `ALTER TABLE %s ADD COLUMN IF NOT EXISTS dead_at TIMESTAMPTZ`,
 	// The quoted name, as the store's statements name it (case matters).
 	exists:    `SELECT to_regclass($1) IS NOT NULL`,
 	existsArg: func(s *Store) any { return s.table },
@@ -675,13 +750,15 @@ var sqlite = dialect{
 	attempts        INTEGER NOT NULL DEFAULT 0,
 	next_attempt_at INTEGER NOT NULL,
 	last_error      TEXT,
-	leased_until    INTEGER NOT NULL DEFAULT 0
+	leased_until    INTEGER NOT NULL DEFAULT 0,
+	dead_at         INTEGER
 )`,
 	values: func(int) string {
 		return "(?, ?, ?, ?, CAST(unixepoch('subsec') * 1000000 AS INTEGER), CAST(unixepoch('subsec') * 1000000 AS INTEGER))"
 	},
 	unlease:   `, leased_until = 0`,
 	after:     `?`, // Due compares with the relay's clock on SQLite
+	now:       `CAST(unixepoch('subsec') * 1000000 AS INTEGER)`,
 	exists:    `SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?`,
 	existsArg: func(s *Store) any { return s.last },
 	waitArg:   func(d time.Duration) any { return time.Now().Add(d).UnixMicro() },

@@ -130,7 +130,7 @@ func TestWriteThenDueThenFinish(t *testing.T) {
 			require.Empty(t, b.Rows(), "a failed row waits for its next attempt")
 			require.NoError(t, b.Release(ctx))
 
-			list, err := s.List(ctx, true, 10)
+			list, err := s.List(ctx, sqlstore.Failing, 10)
 			require.NoError(t, err)
 			require.Len(t, list, 1)
 			require.Equal(t, "returned: no route", list[0].LastError)

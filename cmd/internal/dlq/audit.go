@@ -35,8 +35,10 @@ func countKey(command string) string {
 		return "archived"
 	case "dlq restore":
 		return "restored"
-	case "dlq discard":
+	case "dlq discard", "outbox discard":
 		return "discarded"
+	case "outbox requeue":
+		return "requeued"
 	case "dlq resolve":
 		return "compensated"
 	case "topology migrate":
