@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/service"
 	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/sluicetest"
 )
@@ -21,7 +20,7 @@ import (
 // payment is the handler of these tests: it writes a row in the inbox's
 // transaction, fails as its payload says, and produces a receipt.
 type payment struct {
-	Fail     string `json:"fail"` // "", "transient:N", "poison", "reject", "panic", "invariant"
+	Fail     string `json:"fail"` // "", "transient", "reject", "panic", "invariant", "block"
 	Attempts int    `json:"attempts"`
 }
 
@@ -29,6 +28,10 @@ func setup(ctx context.Context, db *sqlx.DB) error {
 	_, err := db.ExecContext(ctx, `CREATE TABLE payments (event_id TEXT NOT NULL)`)
 	return err
 }
+
+// blocked receives the context of each delivery of a payment that blocks:
+// it waits until that context ends.
+var blocked = make(chan context.Context, 1)
 
 func handle(h **sluicetest.Harness) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
@@ -51,6 +54,10 @@ func handle(h **sluicetest.Harness) message.HandlerFunc {
 			panic("nil map")
 		case "invariant":
 			return nil, sluice.Invariant(errors.New("the account must exist"))
+		case "block":
+			blocked <- msg.Context()
+			<-msg.Context().Done()
+			return nil, fmt.Errorf("card service: %w", context.Cause(msg.Context()))
 		}
 		tx := sluicesql.TxFromContext(msg.Context())
 		if _, err := tx.ExecContext(msg.Context(), `INSERT INTO payments (event_id) VALUES (?)`, msg.Metadata.Get(sluice.EventIDKey)); err != nil {
@@ -124,5 +131,3 @@ func TestOutcomes(t *testing.T) {
 	h.RequirePoisoned("malformed", sluice.ClassPoison, nil)
 	require.Equal(t, 1, payments(t, h))
 }
-
-var _ = service.Handler{}
