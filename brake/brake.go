@@ -131,6 +131,9 @@ type Config struct {
 	// MeterProvider and TracerProvider. Default the global providers.
 	MeterProvider  metric.MeterProvider
 	TracerProvider trace.TracerProvider
+	// Clock times the cool-downs. Default sluice.SystemClock(); the test
+	// kit (package sluicetest) gives its virtual clock.
+	Clock sluice.Clock
 }
 
 // Brake is the stage's state, shared by every consumer of one handler and
@@ -153,7 +156,7 @@ type Brake struct {
 	failures int
 
 	// The cool-down and the dependency probe (probe.go).
-	timer        *time.Timer     // the cool-down running, if any
+	timer        sluice.Timer    // the cool-down running, if any
 	probeCtx     context.Context // cancelled by Close
 	cancelProbes context.CancelFunc
 	running      sync.WaitGroup // a Probe call in progress
@@ -175,6 +178,7 @@ func (c Config) withDefaults() Config {
 	c.Classifier = cmp.Or(c.Classifier, sluice.DefaultClassifier())
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	c.TracerProvider = cmp.Or(c.TracerProvider, otel.GetTracerProvider())
+	c.Clock = cmp.Or(c.Clock, sluice.SystemClock())
 	return c
 }
 

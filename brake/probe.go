@@ -3,7 +3,6 @@ package brake
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"go.opentelemetry.io/otel/metric"
@@ -27,7 +26,7 @@ func (b *Brake) startCoolDown() {
 	if b.closed() {
 		return
 	}
-	b.timer = time.AfterFunc(b.coolDown, b.endCoolDown)
+	b.timer = b.cfg.Clock.AfterFunc(b.coolDown, b.endCoolDown)
 }
 
 // endCoolDown ends a cool-down. Without Config.Probe the brake probes with

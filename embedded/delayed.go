@@ -51,6 +51,9 @@ type DelayedPublisherConfig struct {
 	// its backoff: back-pressure instead of unbounded memory. Default
 	// MaxPendingDefault.
 	MaxPending int
+	// Clock times the delays. Default sluice.SystemClock(); the test kit
+	// (package sluicetest) gives its virtual clock.
+	Clock sluice.Clock
 }
 
 // MaxPendingDefault is DelayedPublisherConfig.MaxPending's default.
@@ -80,7 +83,7 @@ type DelayedPublisher struct {
 	mu      sync.Mutex
 	closed  bool
 	failed  int // deliveries Target refused: dropped
-	pending map[*time.Timer]struct{}
+	pending map[sluice.Timer]struct{}
 	wg      sync.WaitGroup
 	ctx     context.Context
 	cancel  context.CancelFunc
@@ -92,6 +95,7 @@ var _ message.Publisher = (*DelayedPublisher)(nil)
 func (c DelayedPublisherConfig) withDefaults() DelayedPublisherConfig {
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	c.MaxPending = cmp.Or(c.MaxPending, MaxPendingDefault)
+	c.Clock = cmp.Or(c.Clock, sluice.SystemClock())
 	return c
 }
 
@@ -125,7 +129,7 @@ func NewDelayedPublisher(cfg DelayedPublisherConfig) (*DelayedPublisher, error) 
 		routes[r.From] = r
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &DelayedPublisher{cfg: cfg, routes: routes, pending: map[*time.Timer]struct{}{}, ctx: ctx, cancel: cancel}, nil
+	return &DelayedPublisher{cfg: cfg, routes: routes, pending: map[sluice.Timer]struct{}{}, ctx: ctx, cancel: cancel}, nil
 }
 
 // Publish schedules msgs for their route's destination and returns at once.
@@ -150,9 +154,9 @@ func (p *DelayedPublisher) Publish(topic string, msgs ...*message.Message) error
 		c.Metadata[sluice.DeadLetterReasonKey] = sluice.DeadLetterExpired
 		// The callback takes p.mu first, so it sees t and its pending entry
 		// even with a zero delay: Publish holds p.mu until both are set.
-		var t *time.Timer
+		var t sluice.Timer
 		p.wg.Add(1)
-		t = time.AfterFunc(r.Delay, func() {
+		t = p.cfg.Clock.AfterFunc(r.Delay, func() {
 			defer p.wg.Done()
 			p.mu.Lock()
 			_, live := p.pending[t]

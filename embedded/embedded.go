@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
 )
 
@@ -56,6 +57,9 @@ type Config struct {
 	// reported by Close. Keep it above the handlers' ShutdownGrace. Default
 	// DrainTimeoutDefault.
 	DrainTimeout time.Duration
+	// Clock times the retry tiers' delays. Default sluice.SystemClock();
+	// the test kit (package sluicetest) gives its virtual clock.
+	Clock sluice.Clock
 }
 
 // withDefaults returns a copy of c with its defaults filled;
@@ -126,7 +130,7 @@ func New(cfg Config) (*Broker, error) {
 	e.pubsub.sinks[cfg.PoisonTopic] = e.storePoisoned
 	e.delayed, err = NewDelayedPublisher(DelayedPublisherConfig{
 		Target: embeddedPublisher{e.pubsub, true}, Routes: Routes(cfg.Topic, tiers), Logger: cfg.Logger,
-		MaxPending: cfg.MaxPendingRetries,
+		MaxPending: cfg.MaxPendingRetries, Clock: cfg.Clock,
 	})
 	if err != nil {
 		return nil, err

@@ -12,6 +12,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluicemq/sluice/broker"
 )
 
 // ErrFull is matched by PubSub.Publish's error when the
@@ -79,6 +81,7 @@ type embeddedSubscription struct {
 	stopOnce sync.Once
 	done     chan struct{} // closed once out is
 	inflight int           // under PubSub.mu
+	gate     broker.Gate   // stops the hand-out while engaged; nil: none
 }
 
 func (s *embeddedSubscription) halt() { s.stopOnce.Do(func() { close(s.stop) }) }
@@ -141,14 +144,14 @@ func (p *PubSub) publish(topic string, unbounded bool, msgs ...*message.Message)
 // subscriptions to it. The channel closes once the subscription has
 // drained, after ctx ends or Close.
 func (p *PubSub) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	s, err := p.subscribe(ctx, topic)
+	s, err := p.subscribe(ctx, topic, nil)
 	if err != nil {
 		return nil, err
 	}
 	return s.out, nil
 }
 
-func (p *PubSub) subscribe(ctx context.Context, topic string) (*embeddedSubscription, error) {
+func (p *PubSub) subscribe(ctx context.Context, topic string, gate broker.Gate) (*embeddedSubscription, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -160,7 +163,7 @@ func (p *PubSub) subscribe(ctx context.Context, topic string) (*embeddedSubscrip
 	p.topic(topic)
 	sctx, cancel := context.WithCancel(ctx)
 	s := &embeddedSubscription{topic: topic, out: make(chan *message.Message), ctx: sctx, cancel: cancel,
-		stop: make(chan struct{}), done: make(chan struct{})}
+		stop: make(chan struct{}), done: make(chan struct{}), gate: gate}
 	p.subs[s] = struct{}{}
 	go func() {
 		select {
@@ -208,8 +211,9 @@ func (p *PubSub) next(s *embeddedSubscription) (*embeddedDelivery, bool) {
 			return nil, false
 		default:
 		}
+		limit, gateChanged := p.limit(s)
 		t := p.topics[s.topic]
-		if front := t.ready.Front(); front != nil && s.inflight < p.maxInFlight {
+		if front := t.ready.Front(); front != nil && s.inflight < limit {
 			stored := t.ready.Remove(front).(*message.Message)
 			ctx, cancel := context.WithCancel(s.ctx)
 			d := &embeddedDelivery{stored: stored, msg: stored.Copy(), cancel: cancel}
@@ -222,10 +226,40 @@ func (p *PubSub) next(s *embeddedSubscription) (*embeddedDelivery, bool) {
 		p.mu.Unlock()
 		select {
 		case <-changed:
+		case <-gateChanged:
 		case <-s.stop:
 		}
 		p.mu.Lock()
 	}
+}
+
+// limit is how many deliveries s may have in flight now: none while its
+// gate is engaged, one while the gate probes (as rabbitmq.Consumer takes
+// one at a time then), else MaxInFlight; and the gate's channel of its next
+// change (nil without a gate).
+func (p *PubSub) limit(s *embeddedSubscription) (int, <-chan struct{}) {
+	if s.gate == nil {
+		return p.maxInFlight, nil
+	}
+	engaged, changed := s.gate.Engaged()
+	switch pg, ok := s.gate.(broker.ProbingGate); {
+	case engaged:
+		return 0, changed
+	case ok && pg.Probing():
+		return 1, changed
+	}
+	return p.maxInFlight, changed
+}
+
+// Depth returns how many deliveries topic holds: queued (never handed out,
+// or nacked back) and in a handler (handed out, not yet acked or nacked).
+func (p *PubSub) Depth(topic string) (queued, inFlight int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if t, ok := p.topics[topic]; ok {
+		return t.ready.Len(), len(t.inflight)
+	}
+	return 0, 0
 }
 
 // settle waits for d's ack or nack. After Close it stops waiting: d stays
@@ -367,12 +401,24 @@ func (p *PubSub) subscriptions() int {
 
 type embeddedSubscriber struct {
 	p    *PubSub
+	gate broker.Gate
 	mu   sync.Mutex
 	subs map[*embeddedSubscription]struct{}
 }
 
+var _ broker.GatedSubscriber = (*embeddedSubscriber)(nil)
+
+// WithGate returns a subscriber of the same broker whose subscriptions hand
+// out nothing while g is engaged and one delivery at a time while it
+// probes (broker.ProbingGate): router.Add gives it the handler's brake, so
+// a held delivery goes back to the head of its topic at once and waits
+// there, as on RabbitMQ.
+func (s *embeddedSubscriber) WithGate(g broker.Gate) message.Subscriber {
+	return &embeddedSubscriber{p: s.p, gate: g, subs: map[*embeddedSubscription]struct{}{}}
+}
+
 func (s *embeddedSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	sub, err := s.p.subscribe(ctx, topic)
+	sub, err := s.p.subscribe(ctx, topic, s.gate)
 	if err != nil {
 		return nil, err
 	}

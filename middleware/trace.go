@@ -147,7 +147,10 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 					span.SetAttributes(AttrEventID.String(id))
 				}
 			}
-			ctx, report := sluice.WithReport(ctx)
+			report := sluice.ReportFromContext(ctx) // an observer's around the stack (sluicetest)
+			if report == nil {
+				ctx, report = sluice.WithReport(ctx)
+			}
 			msg.SetContext(ctx)
 			start := time.Now()
 

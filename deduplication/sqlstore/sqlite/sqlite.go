@@ -24,13 +24,7 @@ const BusyTimeoutDefault = 30 * time.Second
 // and transactions that take the write lock when they begin (BEGIN
 // IMMEDIATE), so two deliveries never deadlock upgrading a read lock.
 func Open(ctx context.Context, path string) (*sqlx.DB, error) {
-	q := url.Values{}
-	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", BusyTimeoutDefault.Milliseconds()))
-	q.Add("_pragma", "journal_mode(WAL)")
-	q.Add("_pragma", "synchronous(NORMAL)")
-	q.Add("_pragma", "foreign_keys(ON)")
-	q.Set("_txlock", "immediate")
-	db, err := sqlx.Open("sqlite", "file:"+path+"?"+q.Encode())
+	db, err := sqlx.Open("sqlite", DSN(path))
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: opening %s: %w", path, err)
 	}
@@ -39,4 +33,16 @@ func Open(ctx context.Context, path string) (*sqlx.DB, error) {
 		return nil, fmt.Errorf("sqlite: opening %s: %w", path, err)
 	}
 	return db, nil
+}
+
+// DSN is the data source name Open opens path with, for the "sqlite"
+// driver: the settings Open describes.
+func DSN(path string) string {
+	q := url.Values{}
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", BusyTimeoutDefault.Milliseconds()))
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(NORMAL)")
+	q.Add("_pragma", "foreign_keys(ON)")
+	q.Set("_txlock", "immediate")
+	return "file:" + path + "?" + q.Encode()
 }

@@ -1,0 +1,133 @@
+package sluicetest_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/sluicetest"
+)
+
+// payment is the handler of these tests: it writes a row in the inbox's
+// transaction, fails as its payload says, and produces a receipt.
+type payment struct {
+	Fail     string `json:"fail"` // "", "transient", "reject", "panic", "invariant", "block"
+	Attempts int    `json:"attempts"`
+}
+
+func setup(ctx context.Context, db *sqlx.DB) error {
+	_, err := db.ExecContext(ctx, `CREATE TABLE payments (event_id TEXT NOT NULL)`)
+	return err
+}
+
+// blocked receives the context of each delivery of a payment that blocks:
+// it waits until that context ends.
+var blocked = make(chan context.Context, 1)
+
+func handle(h **sluicetest.Harness) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		var p payment
+		if err := json.Unmarshal(msg.Payload, &p); err != nil {
+			return nil, err
+		}
+		if err := (*h).Dependency(msg.Context()); err != nil {
+			return nil, err
+		}
+		attempt, _ := sluice.Attempt(msg)
+		switch p.Fail {
+		case "transient":
+			if attempt <= p.Attempts {
+				return nil, fmt.Errorf("card service: %w", context.DeadlineExceeded)
+			}
+		case "reject":
+			return nil, sluice.Reject(errors.New("card declined"))
+		case "panic":
+			panic("nil map")
+		case "invariant":
+			return nil, sluice.Invariant(errors.New("the account must exist"))
+		case "block":
+			blocked <- msg.Context()
+			<-msg.Context().Done()
+			return nil, fmt.Errorf("card service: %w", context.Cause(msg.Context()))
+		}
+		tx := sluicesql.TxFromContext(msg.Context())
+		if _, err := tx.ExecContext(msg.Context(), `INSERT INTO payments (event_id) VALUES (?)`, msg.Metadata.Get(sluice.EventIDKey)); err != nil {
+			return nil, err
+		}
+		receipt := sluicetest.Message("receipt:"+msg.Metadata.Get(sluice.EventIDKey), []byte(`{}`))
+		return []*message.Message{receipt}, nil
+	}
+}
+
+func newHarness(t *testing.T, cfg sluicetest.Config) *sluicetest.Harness {
+	var h *sluicetest.Harness
+	cfg.Handler.PublishingHandler = handle(&h)
+	cfg.Handler.PublishTopic = "receipts"
+	cfg.Setup = setup
+	h = sluicetest.New(t, cfg)
+	return h
+}
+
+func pay(id string, p payment) *message.Message {
+	b, _ := json.Marshal(p)
+	return sluicetest.Message(id, b)
+}
+
+func payments(t *testing.T, h *sluicetest.Harness) int {
+	var n int
+	require.NoError(t, h.DB().Get(&n, `SELECT count(*) FROM payments`))
+	return n
+}
+
+// The default ladder, 30s → 5m → 30m, runs on the virtual clock: a payment
+// whose card service times out three times goes through the three tiers
+// and is processed at 35m30s of virtual time; one that never recovers is
+// poisoned Exhausted.
+func TestTheDefaultLadderRunsOnTheVirtualClock(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, sluicetest.Config{})
+	start := time.Now()
+	h.Publish("recovers", pay("evt-1", payment{Fail: "transient", Attempts: 3}))
+	h.Publish("never", pay("evt-2", payment{Fail: "transient", Attempts: 99}))
+	h.Advance(29 * time.Second)
+	h.RequireOutcomes("recovers", "retried to tier 1")
+	h.Advance(time.Second)
+	h.RequireOutcomes("recovers", "retried to tier 1", "retried to tier 2")
+	h.Settle()
+	h.RequireOutcomes("recovers", "retried to tier 1", "retried to tier 2", "retried to tier 3", "processed, produced receipt:evt-1")
+	h.RequireProcessedOnce("recovers")
+	h.RequireProduced("recovers", "receipt:evt-1")
+	h.RequirePoisoned("never", sluice.ClassExhausted, map[string]string{"sluice_poison_class": "exhausted"})
+	require.Equal(t, 35*time.Minute+30*time.Second, h.Trace("recovers").Last().At)
+	require.Equal(t, 1, payments(t, h))
+	t.Logf("35m30s of virtual time in %s", time.Since(start))
+}
+
+func TestOutcomes(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, sluicetest.Config{})
+	h.Publish("new", pay("evt-1", payment{}))
+	h.Publish("rejected", pay("evt-2", payment{Fail: "reject"}))
+	h.Publish("panics", pay("evt-3", payment{Fail: "panic"}))
+	h.Publish("invariant", pay("evt-4", payment{Fail: "invariant"}))
+	h.Publish("malformed", sluicetest.Message("evt-5", []byte(`{"fail":`)))
+	h.Settle()
+	h.Redeliver("new", "new again")
+	h.Settle()
+	h.RequireProcessedOnce("new")
+	h.RequireDuplicate("new again")
+	h.RequireRejected("rejected")
+	h.RequirePoisoned("panics", sluice.ClassInvariant, map[string]string{"sluice_poison_stack": ""})
+	h.RequirePoisoned("invariant", sluice.ClassInvariant, map[string]string{"sluice_poison_reason": "invariant: the account must exist"})
+	h.RequirePoisoned("malformed", sluice.ClassPoison, nil)
+	require.Equal(t, 1, payments(t, h))
+}
