@@ -22,7 +22,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
-	"github.com/sluicemq/sluice/cmd/internal/dlq"
+	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	amqp "github.com/sluicemq/sluice/internal/amqp091"

@@ -20,10 +20,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/cmd/internal/dlq"
 	"github.com/sluicemq/sluice/deduplication"
 	dedupredis "github.com/sluicemq/sluice/deduplication/redisstore"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/dlq"
 	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"

@@ -13,7 +13,7 @@ import (
 	"github.com/mattn/go-isatty"
 	"github.com/spf13/cobra"
 
-	"github.com/sluicemq/sluice/cmd/internal/dlq"
+	"github.com/sluicemq/sluice/dlq"
 	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/localenv"
@@ -87,7 +87,7 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 				defer closeStore()
 				cfg.Run = newRun("run")
 				cfg.Progress = nil
-				res, runErr = closedLoop(ctx, conn, cfg, loop{sizes: sizes, canary: lf.canary > 0, maxRepoison: maxRepoison, store: store, wait: lf.wait, where: outcomesPlace(lf.outcomes, lf.table)}, out)
+				res, runErr = closedLoop(ctx, conn, cfg, dlq.Loop{Sizes: sizes, Canary: lf.canary > 0, MaxRepoison: maxRepoison, Store: store, Wait: lf.wait, Where: outcomesPlace(lf.outcomes, lf.table)}, out)
 			} else {
 				res, runErr = dlq.Replay(ctx, conn, cfg)
 			}

@@ -28,7 +28,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sluicemq/sluice/cmd/internal/dlq"
+	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/localenv"
 	"github.com/sluicemq/sluice/rabbitmq"

@@ -21,8 +21,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/cmd/internal/dlq"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"

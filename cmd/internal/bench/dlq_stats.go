@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sluicemq/sluice/cmd/internal/dlq"
+	"github.com/sluicemq/sluice/dlq"
 )
 
 // statsReasons is how many poison messages, each with its own 1 KiB

@@ -3,7 +3,7 @@ package dlq
 import (
 	"context"
 
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
+	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 )
 
 // Inspect returns at most limit selected messages (0: all), returning every

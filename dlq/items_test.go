@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/cmd/internal/dlq"
+	"github.com/sluicemq/sluice/dlq"
 )
 
 // Two entries with one copy identity — a delivery's poison copy made twice

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/sluicemq/sluice"
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
+	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 )
 
 // Stats' bounds: whatever a poison queue holds — 200,000 messages with as

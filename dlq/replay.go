@@ -13,9 +13,9 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/sluicemq/sluice"
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/poison"
+	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 	"github.com/sluicemq/sluice/replay"
 )
 

@@ -8,8 +8,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
+	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 	"github.com/sluicemq/sluice/replay/ledger"
 )
 

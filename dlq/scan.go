@@ -15,10 +15,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluicemq/sluice"
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
+	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 )
 
 // Message is one message of a poison queue with its diagnosis.

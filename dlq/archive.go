@@ -12,9 +12,9 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/sluicemq/sluice"
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/sqlname"
+	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 )
 
 // ArchiveConfig configures Archive.

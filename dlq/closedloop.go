@@ -1,0 +1,316 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jmoiron/sqlx"
+	_ "github.com/lib/pq" // the outcome table's PostgreSQL driver
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/diag"
+	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
+	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/replay/ledger"
+	"github.com/sluicemq/sluice/replay/redisstore"
+	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
+)
+
+// ErrStopped ends a closed-loop replay that stopped on its own rule (the
+// canary not processed, a ramp batch poisoned again past its share, no
+// outcome within the wait).
+var ErrStopped = errors.New("replay stopped")
+
+// ErrOutcomesURL is a URL of the outcome records that cannot be opened for
+// its form (a scheme other than PostgreSQL's or Redis's): a usage error,
+// found before anything moves.
+var ErrOutcomesURL = errors.New("outcome records URL")
+
+// OutcomeSchemes are the outcome-record URLs OpenOutcomes reads and writes.
+const OutcomeSchemes = "postgres:// or postgresql:// (or a key=value DSN: the outcome table), redis:// or rediss:// (replay/redisstore)"
+
+type urlError struct{ msg string }
+
+func (e urlError) Error() string        { return e.msg }
+func (e urlError) Is(target error) bool { return target == ErrOutcomesURL }
+
+// CheckOutcomesURL refuses a URL of the outcome records of a scheme
+// OpenOutcomes cannot open (mysql://…: a MariaDB service's operators read
+// its table there); the error is ErrOutcomesURL and names no secret.
+func CheckOutcomesURL(url string) error {
+	if url == "" {
+		return nil
+	}
+	scheme, _, found := strings.Cut(url, "://")
+	if !found {
+		if strings.Contains(url, "=") { // lib/pq's host=… dbname=…
+			return nil
+		}
+		return urlError{fmt.Sprintf("--outcomes: not a URL (want %s)", OutcomeSchemes)}
+	}
+	switch strings.ToLower(scheme) {
+	case "postgres", "postgresql", "redis", "rediss":
+		return nil
+	}
+	return urlError{fmt.Sprintf("--outcomes: scheme %q is not supported: want %s", diag.Printable(scheme, 32), OutcomeSchemes)}
+}
+
+// isRedis says whether url names Redis.
+func isRedis(url string) bool {
+	l := strings.ToLower(url)
+	return strings.HasPrefix(l, "redis://") || strings.HasPrefix(l, "rediss://")
+}
+
+// OpenOutcomes connects to the outcome records: a PostgreSQL table
+// (postgres://…, table its name), or Redis (redis://, rediss://…, table the
+// key prefix without its colon: replay/redisstore). With create the table is
+// created when it is missing (a command that starts a run); without it (the
+// read-only report, resolve, which records into an existing run) a missing
+// table is an error naming it. Errors never carry the URL's password.
+func OpenOutcomes(url, table string, create bool) (ledger.Ledger, func(), error) {
+	if err := CheckOutcomesURL(url); err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if isRedis(url) {
+		opts, err := redis.ParseURL(url)
+		if err != nil {
+			return nil, nil, urlError{"--outcomes: " + diag.RedactError(err).Error()}
+		}
+		redis.SetLogger(quietRedis{}) // its pool's retries would print lines of their own; the error says it
+		opts.MaxRetries = 1
+		client := redis.NewClient(opts)
+		if err := client.Ping(ctx).Err(); err != nil {
+			_ = client.Close()
+			return nil, nil, fmt.Errorf("--outcomes: %w", diag.RedactError(err))
+		}
+		s, err := redisstore.New(redisstore.Config{Client: client, Prefix: table + ":"})
+		if err != nil {
+			_ = client.Close()
+			return nil, nil, fmt.Errorf("--outcomes: %w", err)
+		}
+		return s, func() { _ = client.Close() }, nil
+	}
+	db, err := sqlx.Open("postgres", url)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--outcomes: %w", diag.RedactError(err))
+	}
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		return nil, nil, fmt.Errorf("--outcomes: %w", diag.RedactError(err))
+	}
+	s, err := replaysql.New(replaysql.Config{DB: db, Table: table})
+	if err == nil {
+		if create {
+			err = s.CreateTable(ctx)
+		} else {
+			err = tableExists(ctx, db, table)
+		}
+	}
+	if err != nil {
+		_ = db.Close()
+		return nil, nil, fmt.Errorf("--outcomes: %w", err)
+	}
+	return s, func() { _ = db.Close() }, nil
+}
+
+// tableExists returns an error naming table when the database has no such
+// table (to_regclass: the name as the store uses it, on the search path
+// unless schema-qualified).
+func tableExists(ctx context.Context, db *sqlx.DB, table string) error {
+	var found bool
+	if err := db.GetContext(ctx, &found, `SELECT to_regclass($1) IS NOT NULL`, table); err != nil {
+		return fmt.Errorf("looking for the outcome table %s: %w", diag.Printable(table, 128), diag.RedactError(err))
+	}
+	if !found {
+		return fmt.Errorf("no outcome table %s in that database (check --outcomes-table and --outcomes: the table the consumers' replay stage records into; nothing was created)", diag.Printable(table, 128))
+	}
+	return nil
+}
+
+// quietRedis drops go-redis's own log lines.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
+
+// OutcomesPlace names where the records are, for a message: "table T",
+// "key prefix P:".
+func OutcomesPlace(url, table string) string {
+	if isRedis(url) {
+		return "key prefix " + diag.Printable(table, 128) + ":"
+	}
+	return "table " + diag.Printable(table, 128)
+}
+
+// Loop is a closed-loop replay's plan.
+type Loop struct {
+	Sizes       []int // the canary's, then the ramp's; the last repeats
+	Canary      bool  // Sizes[0] is a canary: it must come back all processed
+	MaxRepoison float64
+	Store       ledger.Ledger
+	Wait        time.Duration // for each batch's outcomes
+	Where       string        // the records' place, for a message (OutcomesPlace)
+	// Batch, when set, is told of each batch once its outcomes are in (or
+	// its wait passed), before the next starts.
+	Batch func(Batch)
+}
+
+// Batch is one batch of a closed-loop replay, as its outcomes came back.
+type Batch struct {
+	Step     int    // from 1
+	Stage    string // "canary" or "ramp"
+	Size     int
+	Replayed int // copies published
+	Events   int // items (two copies of one event are one item)
+	Final    int // items with a final outcome
+	Poisoned int // items poisoned again
+	// Records are the run's records of this batch's items.
+	Records []replay.Record
+	// Stopped says why the replay stops after this batch ("" goes on); Bad
+	// are the batch's records that did not end processed or duplicate.
+	Stopped string
+	Bad     []replay.Record
+}
+
+// ClosedLoop replays in batches — the canary, then the ramp, then the last
+// size again until nothing selected is left — and after each batch waits
+// for the consumers' outcomes. The canary must come back all processed or
+// duplicate; a ramp batch may be poisoned again at most MaxRepoison. A stop
+// returns an error wrapping ErrStopped; cfg.Run must be set (NewRun).
+func ClosedLoop(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig, l Loop) (ReplayResult, error) {
+	total := ReplayResult{ByTarget: map[string]int{}}
+	if cfg.Run == "" || len(l.Sizes) == 0 || l.Store == nil || l.Wait <= 0 {
+		return total, errors.New("dlq: a closed loop needs a run, batch sizes, an outcome store and a wait")
+	}
+	cfg.Filter.NotRun = cfg.Run
+	limit := cfg.Limit
+	for step := 0; ; step++ {
+		size := l.Sizes[min(step, len(l.Sizes)-1)]
+		if limit > 0 {
+			size = min(size, limit-total.Replayed)
+			if size <= 0 {
+				return total, nil
+			}
+		}
+		items := map[string]bool{}
+		c := cfg
+		c.Limit = size
+		c.Published = func(ctx context.Context, ms []*Message) error {
+			rs := make([]replay.Record, len(ms))
+			for i, m := range ms {
+				items[m.Item()] = true
+				rs[i] = replay.Record{Run: cfg.Run, Item: m.Item(), EventID: m.EventID, At: time.Now()}
+			}
+			if err := l.Store.Replayed(ctx, rs); err != nil {
+				return err
+			}
+			if cfg.Published != nil {
+				return cfg.Published(ctx, ms)
+			}
+			return nil
+		}
+		res, err := Replay(ctx, conn, c)
+		// Messages read: every batch reads the queue again from its head,
+		// through what earlier batches left, so the messages read so far are
+		// those replayed before and those this batch read.
+		total.Scanned = max(total.Scanned, total.Replayed+res.Scanned)
+		total.Selected += res.Selected
+		total.Replayed += res.Replayed
+		for k, v := range res.ByTarget {
+			total.ByTarget[k] += v
+		}
+		if err != nil || res.Replayed == 0 {
+			return total, err
+		}
+		stage := "ramp"
+		if step == 0 && l.Canary {
+			stage = "canary"
+		}
+		rs, err := AwaitOutcomes(ctx, l.Store, cfg.Run, items, l.Wait)
+		if err != nil {
+			return total, err
+		}
+		b := judge(l, stage, step, size, res.Replayed, items, rs)
+		if l.Batch != nil {
+			l.Batch(b)
+		}
+		if b.Stopped != "" {
+			return total, fmt.Errorf("%w: %s (run %s)", ErrStopped, b.Stopped, cfg.Run)
+		}
+	}
+}
+
+// judge counts a batch's outcomes and decides whether the replay stops.
+func judge(l Loop, stage string, step, size, replayed int, items map[string]bool, rs []replay.Record) Batch {
+	// Counted by item: two copies of one event (a poisoning redelivered)
+	// are one item with one outcome.
+	n := len(items)
+	final, poisoned := ledger.Count(rs, items)
+	b := Batch{Step: step + 1, Stage: stage, Size: size, Replayed: replayed, Events: n, Final: final, Poisoned: poisoned}
+	badFinal, heard := 0, map[string]bool{}
+	for _, r := range rs {
+		if !items[r.Item] {
+			continue
+		}
+		b.Records = append(b.Records, r)
+		if r.Outcome != ledger.OutcomeReplayed {
+			heard[r.Item] = true // a consumer recorded something
+		}
+		if r.Outcome != sluice.OutcomeProcessed && r.Outcome != sluice.OutcomeDuplicate {
+			b.Bad = append(b.Bad, r)
+			if ledger.Final(r.Outcome) {
+				badFinal++
+			}
+		}
+	}
+	silent := n - len(heard) // items still only "replayed": no consumer's record
+	rate := float64(poisoned) / float64(n)
+	noStage := fmt.Sprintf("does the consumer run the replay stage (router.Stages.Replay) recording into %s of --outcomes?", l.Where)
+	switch {
+	case silent == n:
+		b.Stopped = fmt.Sprintf("no outcome recorded within --wait %s for any of the %d events: %s", l.Wait, n, noStage)
+	case stage == "canary" && badFinal > 0:
+		b.Stopped = fmt.Sprintf("%d of the %d canary events were not processed", badFinal, n)
+	case final < n && silent > 0:
+		b.Stopped = fmt.Sprintf("%d of %d events had no final outcome within --wait %s, %d with no outcome recorded at all: %s", n-final, n, l.Wait, silent, noStage)
+	case final < n:
+		b.Stopped = fmt.Sprintf("%d of %d events had no final outcome within --wait %s", n-final, n, l.Wait)
+	case rate > l.MaxRepoison:
+		b.Stopped = fmt.Sprintf("%.0f%% poisoned again, more than --max-repoison %.0f%%", 100*rate, 100*l.MaxRepoison)
+	}
+	return b
+}
+
+// NewRun returns a new run id: kind, the time, and a random tail.
+func NewRun(kind string) string {
+	return kind + "-" + time.Now().UTC().Format("20060102T150405Z") + "-" + watermill.NewShortUUID()[:8]
+}
+
+// AwaitOutcomes polls the store until every item has a final outcome, or
+// wait passes; it returns the run's records of those items.
+func AwaitOutcomes(ctx context.Context, store ledger.Ledger, run string, items map[string]bool, wait time.Duration) ([]replay.Record, error) {
+	deadline := time.Now().Add(wait)
+	keys := slices.Collect(maps.Keys(items))
+	for {
+		rs, err := store.Items(ctx, run, keys)
+		if err != nil {
+			return nil, fmt.Errorf("reading the outcomes: %w", diag.RedactError(err))
+		}
+		if final, _ := ledger.Count(rs, items); final == len(items) || time.Now().After(deadline) {
+			return rs, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
