@@ -5,7 +5,6 @@ package rabbitmq_test
 import (
 	"context"
 	"fmt"
-	"os/exec"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -73,8 +72,9 @@ func TestBrokerRestartNeverSilentSuccess(t *testing.T) {
 		len(confirmed), len(stored), failed.Load())
 }
 
+// rabbitmqctl manages the broker under test (testenv.Rabbitmqctl): the
+// machine's 3.10 node, or the 4.0 node of make test-rabbitmq4.
 func rabbitmqctl(t *testing.T, args ...string) {
 	t.Helper()
-	out, err := exec.Command("rabbitmqctl", args...).CombinedOutput()
-	require.NoError(t, err, "rabbitmqctl %v: %s", args, out)
+	testenv.Rabbitmqctl(t, args...)
 }

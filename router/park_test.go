@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"regexp"
 	"sync"
 	"sync/atomic"
@@ -31,14 +30,7 @@ import (
 // returned function clears the policy.
 func fullQueue(t *testing.T, queue string) (clear func()) {
 	t.Helper()
-	name := "sluice-test-full-" + queue
-	out, err := exec.Command("rabbitmqctl", "set_policy", "--apply-to", "queues", "--priority", "100", name,
-		"^"+regexp.QuoteMeta(queue)+"$", `{"max-length":0,"overflow":"reject-publish"}`).CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	var once sync.Once
-	clear = func() { once.Do(func() { _ = exec.Command("rabbitmqctl", "clear_policy", name).Run() }) }
-	t.Cleanup(clear)
-	return clear
+	return testenv.Policy(t, "sluice-test-full-"+queue, "^"+regexp.QuoteMeta(queue)+"$", `{"max-length":0,"overflow":"reject-publish"}`, 100)
 }
 
 func runRouter(t *testing.T, r *message.Router) {

@@ -3,7 +3,8 @@
 # installs them from Debian's packages when missing, starts them when stopped,
 # sets PostgreSQL to trust 127.0.0.1 and creates the database "test", then
 # waits until each one answers; installs promtool (Debian's prometheus package, its
-# server not started) for the alert-rule tests. Idempotent; needs root for installs
+# server not started) for the alert-rule tests; starts a RabbitMQ 4.0 node
+# on 127.0.0.1:5682 (scripts/rabbitmq4.sh). Idempotent; needs root for installs
 # and starts.
 set -euo pipefail
 
@@ -106,4 +107,6 @@ postgres
 rabbitmq
 redis
 mariadb
+# RabbitMQ 4.0 beside 3.10 (make test-rabbitmq4): built once into /var/cache/sluice.
+bash "$(dirname "$0")/rabbitmq4.sh" start
 log "PostgreSQL 127.0.0.1:5432 (db test), RabbitMQ 127.0.0.1:5672, Redis 127.0.0.1:6379, MariaDB 127.0.0.1:3306 (db test): ready"

@@ -6,8 +6,10 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -128,8 +130,9 @@ type TLSFiles struct{ CA, Cert, Key []byte }
 
 // StartPrivateRabbitMQ starts a RabbitMQ node of t's own on a free port
 // (name, ports, data and config of its own; no plugins) and stops it, with
-// its files removed, when t ends. It needs rabbitmq-server on the machine
-// and root (the node runs as the rabbitmq user).
+// its files removed, when t ends. It runs from the installation under test
+// (RabbitMQRoot: the 4.0 node's directory, or the machine's RabbitMQ) and
+// needs root (on the machine, the node runs as the rabbitmq user).
 func StartPrivateRabbitMQ(t testing.TB) *PrivateRabbitMQ {
 	t.Helper()
 	return StartPrivateRabbitMQWith(t, PrivateRabbitMQOptions{})
@@ -139,8 +142,15 @@ func StartPrivateRabbitMQ(t testing.TB) *PrivateRabbitMQ {
 func StartPrivateRabbitMQWith(t testing.TB, o PrivateRabbitMQOptions) *PrivateRabbitMQ {
 	t.Helper()
 	port, distPort := freePort(t), freePort(t)
-	dir, err := os.MkdirTemp("", "sluice-rabbitmq-")
+	// dir is where this process writes the node's files; nodeDir is the
+	// same directory as the node sees it (inside RabbitMQRoot, if set).
+	base := os.TempDir()
+	if RabbitMQRoot != "" {
+		base = filepath.Join(RabbitMQRoot, "tmp")
+	}
+	dir, err := os.MkdirTemp(base, "sluice-rabbitmq-")
 	require.NoError(t, err)
+	nodeDir := "/" + strings.TrimPrefix(strings.TrimPrefix(dir, RabbitMQRoot), "/")
 	name := Name("sluice") + "@localhost"
 	conf := fmt.Sprintf("listeners.tcp.local = 127.0.0.1:%d\n", port)
 	tlsPort := 0
@@ -150,7 +160,7 @@ func StartPrivateRabbitMQWith(t testing.TB, o PrivateRabbitMQOptions) *PrivateRa
 			require.NoError(t, os.WriteFile(filepath.Join(dir, file), pem, 0o600))
 		}
 		conf += fmt.Sprintf("listeners.ssl.local = 127.0.0.1:%d\nssl_options.cacertfile = %s\nssl_options.certfile = %s\nssl_options.keyfile = %s\nssl_options.verify = verify_none\nssl_options.fail_if_no_peer_cert = false\n",
-			tlsPort, filepath.Join(dir, "ca.pem"), filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem"))
+			tlsPort, path.Join(nodeDir, "ca.pem"), path.Join(nodeDir, "cert.pem"), path.Join(nodeDir, "key.pem"))
 	}
 	plugins := "[].\n"
 	mgmtPort := 0
@@ -162,7 +172,9 @@ func StartPrivateRabbitMQWith(t testing.TB, o PrivateRabbitMQOptions) *PrivateRa
 	}
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte(conf), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte(plugins), 0o644))
-	require.NoError(t, exec.CommandContext(context.Background(), "chown", "-R", "rabbitmq:rabbitmq", dir).Run(), "the node runs as the rabbitmq user")
+	if RabbitMQRoot == "" {
+		require.NoError(t, exec.CommandContext(context.Background(), "chown", "-R", "rabbitmq:rabbitmq", dir).Run(), "the node runs as the rabbitmq user")
+	}
 	r := &PrivateRabbitMQ{URL: fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port), node: name}
 	if tlsPort != 0 {
 		r.TLSURL = fmt.Sprintf("amqps://guest:guest@127.0.0.1:%d/", tlsPort)
@@ -170,21 +182,21 @@ func StartPrivateRabbitMQWith(t testing.TB, o PrivateRabbitMQOptions) *PrivateRa
 	if mgmtPort != 0 {
 		r.ManagementURL = fmt.Sprintf("http://127.0.0.1:%d", mgmtPort)
 	}
-	cmd := exec.CommandContext(context.Background(), "rabbitmq-server", "-detached")
-	cmd.Env = append(os.Environ(),
-		"RABBITMQ_NODENAME="+name, "RABBITMQ_NODE_PORT="+strconv.Itoa(port), "RABBITMQ_DIST_PORT="+strconv.Itoa(distPort),
-		"RABBITMQ_CONFIG_FILE="+filepath.Join(dir, "rabbitmq.conf"), "RABBITMQ_MNESIA_BASE="+filepath.Join(dir, "mnesia"),
-		"RABBITMQ_LOG_BASE="+filepath.Join(dir, "log"), "RABBITMQ_ENABLED_PLUGINS_FILE="+filepath.Join(dir, "enabled_plugins"))
+	cmd := rabbitmqCommand(context.Background(), []string{
+		"RABBITMQ_NODENAME=" + name, "RABBITMQ_NODE_PORT=" + strconv.Itoa(port), "RABBITMQ_DIST_PORT=" + strconv.Itoa(distPort),
+		"RABBITMQ_CONFIG_FILE=" + path.Join(nodeDir, "rabbitmq.conf"), "RABBITMQ_MNESIA_BASE=" + path.Join(nodeDir, "mnesia"),
+		"RABBITMQ_LOG_BASE=" + path.Join(nodeDir, "log"), "RABBITMQ_ENABLED_PLUGINS_FILE=" + path.Join(nodeDir, "enabled_plugins"),
+	}, "rabbitmq-server", "-detached")
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "starting a private RabbitMQ node: %s", out)
 	t.Cleanup(func() {
-		_ = exec.CommandContext(context.Background(), "rabbitmqctl", "-n", name, "stop").Run()
+		_, _ = r.ctl(context.Background(), "stop")
 		_ = os.RemoveAll(dir)
 	})
 	// await_startup fails at once until the node has registered with epmd.
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		out, err := exec.CommandContext(context.Background(), "rabbitmqctl", "-n", name, "await_startup", "--timeout", "60").CombinedOutput()
+		out, err := r.ctl(context.Background(), "await_startup", "--timeout", "60")
 		if err == nil {
 			return r
 		}
@@ -199,8 +211,14 @@ func StartPrivateRabbitMQWith(t testing.TB, o PrivateRabbitMQOptions) *PrivateRa
 // Ctl runs rabbitmqctl against the private node.
 func (r *PrivateRabbitMQ) Ctl(t testing.TB, args ...string) {
 	t.Helper()
-	out, err := exec.CommandContext(context.Background(), "rabbitmqctl", append([]string{"-n", r.node}, args...)...).CombinedOutput()
+	out, err := r.ctl(context.Background(), args...)
 	require.NoError(t, err, "rabbitmqctl %v: %s", args, out)
+}
+
+func (r *PrivateRabbitMQ) ctl(ctx context.Context, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	return rabbitmqCommand(ctx, nil, "rabbitmqctl", ctlArgs(r.node, args)...).CombinedOutput()
 }
 
 func freePort(t testing.TB) int {

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# A RabbitMQ 4.0 node beside the machine's 3.10, for the tests that run on
+# both (make test-rabbitmq4). Debian 12 carries RabbitMQ 3.10; Debian 13
+# ("trixie") carries 4.0 with Erlang 27. This script builds a trixie
+# directory with debootstrap (once: it is cached), and runs the 4.0 node
+# from it with chroot, under a node name, ports and data of its own. It
+# shares the host's network and epmd and never touches the 3.10 node
+# (rabbit@<host> on 5672).
+#
+#   rabbitmq4.sh [start]       build the directory if missing, start the node if down, wait until it serves AMQP
+#   rabbitmq4.sh build         only build the directory (if missing)
+#   rabbitmq4.sh stop          stop the node cleanly (the directory is kept)
+#   rabbitmq4.sh kill          kill -9 the node's Erlang VM (a crash)
+#   rabbitmq4.sh status        running or down, and the version
+#   rabbitmq4.sh ctl ARGS...   the directory's rabbitmqctl ARGS against the node
+#   rabbitmq4.sh env           the test environment for the node, as shell assignments
+#   rabbitmq4.sh url           the node's AMQP URL
+#
+# Environment:
+#   SLUICE_RABBITMQ4_DIR        the trixie directory (default /var/cache/sluice/rabbitmq-4.0)
+#   SLUICE_RABBITMQ4_NODE       node name (default rmq4@localhost)
+#   SLUICE_RABBITMQ4_PORT       AMQP port on 127.0.0.1 (default 5682)
+#   SLUICE_RABBITMQ4_DIST_PORT  Erlang distribution port (default 25682)
+#   SLUICE_RABBITMQ4_MIRROR     Debian mirror for debootstrap (default debootstrap's own)
+#   SLUICE_RABBITMQ4_TIMEOUT    seconds to wait for the node to start (default 120)
+# Needs root (debootstrap, mount, chroot). Idempotent.
+set -euo pipefail
+
+root=${SLUICE_RABBITMQ4_DIR:-/var/cache/sluice/rabbitmq-4.0}
+node=${SLUICE_RABBITMQ4_NODE:-rmq4@localhost}
+port=${SLUICE_RABBITMQ4_PORT:-5682}
+dist_port=${SLUICE_RABBITMQ4_DIST_PORT:-25682}
+mirror=${SLUICE_RABBITMQ4_MIRROR:-}
+timeout=${SLUICE_RABBITMQ4_TIMEOUT:-120}
+# The node's files, inside the directory (paths as the chroot sees them).
+state=/var/lib/sluice-rmq4
+
+log() { printf 'rabbitmq4: %s\n' "$*" >&2; }
+die() { log "$*"; exit 1; }
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+case $port in 5672 | 4369 | 25672) die "port $port belongs to the 3.10 node or epmd" ;; esac
+
+# inroot runs a command in the directory, with HOME where the node's Erlang
+# cookie is (the node and its rabbitmqctl run as root there, so they share
+# the cookie at $state/.erlang.cookie).
+inroot() {
+  as_root chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="$state" LANG=C.UTF-8 "$@"
+}
+ctl() { inroot /usr/lib/rabbitmq/bin/rabbitmqctl -n "$node" "$@"; }
+running() { ctl ping >/dev/null 2>&1; }
+
+# build makes the trixie directory, in a temporary directory moved into
+# place at the end: a build cut short is never taken for a finished one.
+build() {
+  [ -x "$root/usr/lib/rabbitmq/bin/rabbitmq-server" ] && [ -f "$root/.sluice-built" ] && return
+  command -v debootstrap >/dev/null || {
+    log "installing debootstrap"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+  }
+  local tmp="$root.building"
+  as_root umount "$tmp/proc" 2>/dev/null || true
+  as_root rm -rf "$tmp"
+  as_root mkdir -p "$(dirname "$root")"
+  log "building a Debian 13 (trixie) directory with rabbitmq-server in $root (about a minute, ~370 MB)"
+  local out
+  out=$(mktemp)
+  # shellcheck disable=SC2086 # an unset mirror is no argument
+  if ! as_root debootstrap --variant=minbase --include=rabbitmq-server trixie "$tmp" $mirror >"$out" 2>&1; then
+    tail -n 20 "$out" >&2
+    rm -f "$out"
+    die "debootstrap failed (is a Debian mirror reachable? set SLUICE_RABBITMQ4_MIRROR)"
+  fi
+  rm -f "$out"
+  [ -x "$tmp/usr/lib/rabbitmq/bin/rabbitmq-server" ] || die "debootstrap gave no rabbitmq-server in $tmp"
+  as_root touch "$tmp/.sluice-built"
+  as_root rm -rf "$root"
+  as_root mv "$tmp" "$root"
+}
+
+# configure writes the node's configuration (every start: a change of port
+# here applies on the next start).
+configure() {
+  as_root mkdir -p "$root$state/mnesia" "$root$state/log"
+  printf 'listeners.tcp.default = 127.0.0.1:%s\nloopback_users.guest = true\n' "$port" |
+    as_root tee "$root$state/rabbitmq.conf" >/dev/null
+  printf '[].\n' | as_root tee "$root$state/enabled_plugins" >/dev/null
+  # The cookie the node and its rabbitmqctl share, written before either
+  # runs (else both would race to create it).
+  if [ ! -s "$root$state/.erlang.cookie" ]; then
+    head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' | tr a-f A-F | as_root tee "$root$state/.erlang.cookie" >/dev/null
+    as_root chmod 400 "$root$state/.erlang.cookie"
+  fi
+  # Erlang reads /proc (the VM's scheduler count, memory), rabbitmqctl /dev.
+  mountpoint -q "$root/proc" || as_root mount --bind /proc "$root/proc"
+}
+
+launch() {
+  log "starting RabbitMQ 4.0 node $node on 127.0.0.1:$port"
+  # setsid: the node outlives this script and make; its output goes to a
+  # file in its state directory.
+  as_root setsid chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="$state" LANG=C.UTF-8 \
+    RABBITMQ_NODENAME="$node" RABBITMQ_NODE_PORT="$port" RABBITMQ_DIST_PORT="$dist_port" \
+    RABBITMQ_CONFIG_FILE="$state/rabbitmq.conf" RABBITMQ_MNESIA_BASE="$state/mnesia" \
+    RABBITMQ_LOG_BASE="$state/log" RABBITMQ_ENABLED_PLUGINS_FILE="$state/enabled_plugins" \
+    RABBITMQ_PID_FILE="$state/pid" \
+    /usr/lib/rabbitmq/bin/rabbitmq-server >"$root$state/stdout.log" 2>&1 </dev/null &
+}
+
+# await waits until the node has booted and serves AMQP: await_startup fails
+# at once until the node has registered with epmd, hence the retries.
+await() {
+  local deadline=$((SECONDS + timeout))
+  until ctl await_startup --timeout 10 >/dev/null 2>&1 && port_open "$port"; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      tail -n 20 "$root$state/stdout.log" "$root$state"/log/*.log >&2 2>/dev/null || true
+      die "RabbitMQ 4.0 node $node did not serve 127.0.0.1:$port within ${timeout}s (logs above; $root$state/log)"
+    fi
+    sleep 1
+  done
+}
+
+start() {
+  build
+  if running && port_open "$port"; then return; fi
+  if port_open "$port" && ! running; then
+    die "127.0.0.1:$port is taken by something other than node $node: set SLUICE_RABBITMQ4_PORT"
+  fi
+  configure
+  running || launch
+  await
+  log "RabbitMQ $(version) node $node: amqp://guest:guest@127.0.0.1:$port/"
+}
+
+version() { ctl -q eval 'rabbit_misc:version().' 2>/dev/null | tr -d '"' || echo 4.0; }
+
+stop() {
+  [ -f "$root/.sluice-built" ] || return 0
+  running || return 0
+  ctl stop >/dev/null
+}
+
+kill_node() {
+  local pid
+  pid=$(cat "$root$state/pid" 2>/dev/null) || die "node $node has no pid file: not started?"
+  kill -0 "$pid" 2>/dev/null || die "node $node (pid $pid) is not running"
+  as_root kill -9 "$pid"
+  local deadline=$((SECONDS + 10))
+  while kill -0 "$pid" 2>/dev/null; do
+    [ "$SECONDS" -lt "$deadline" ] || die "pid $pid survived kill -9 for 10s"
+    sleep 0.05
+  done
+}
+
+url() { echo "amqp://guest:guest@127.0.0.1:$port/"; }
+
+cmd=${1:-start}
+shift || true
+case $cmd in
+  start) start ;;
+  build) build ;;
+  stop) stop ;;
+  kill) kill_node ;;
+  status) if running; then echo "$node running, RabbitMQ $(version), $(url)"; else echo "$node down"; exit 3; fi ;;
+  ctl) ctl "$@" ;;
+  url) url ;;
+  env)
+    echo "SLUICE_TEST_AMQP_URL=$(url)"
+    echo "SLUICE_TEST_RABBITMQ_ROOT=$root"
+    echo "SLUICE_TEST_RABBITMQ_NODE=$node"
+    ;;
+  *) sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//' >&2; exit 2 ;;
+esac
