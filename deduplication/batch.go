@@ -458,6 +458,29 @@ func (b *batch) savepointAndClaim(ctx context.Context, sp, key string) (claimed,
 	return claimed, gaveUp, err
 }
 
+// lockConflict reports whether err, a batched handler's failure, is a
+// deadlock (40P01), a serialization failure (40001) or a lock timeout
+// (55P03): what the row locks the batch's other deliveries hold until its
+// commit cause — two batches updating hot rows in opposite order deadlock,
+// where deliveries one by one would only wait. The delivery runs again
+// alone, at once, instead of spending an attempt on the batch's doing.
+func lockConflict(err error) bool {
+	state, ok := sluice.SQLState(err)
+	return ok && (state == "40P01" || state == "40001" || state == "55P03")
+}
+
+// commitOfTheBatch reports whether err, the batch's failed commit (rolled
+// back), is the batch's and not the database's: anything but an unreachable
+// database or a store that did not answer (the brake's to count; a rerun
+// would wait on it again). Every kept delivery then runs again alone, at
+// once: one whose own writes fail the commit (a deferred constraint) fails
+// alone, and its neighbours' attempts are not spent. Running again is safe
+// whatever the commit did: a delivery's claim decides (a committed key is a
+// duplicate).
+func commitOfTheBatch(err error) bool {
+	return !sluice.Unreachable(err) && !errors.Is(err, sluice.ErrDependency) && !errors.Is(err, ErrStoreTimeout)
+}
+
 // handle runs msg's claim and handler in a batch. handled false: msg left
 // the batch before its claim (its turn did not come within QueueTimeout,
 // its key is claimed in the batch, or the store cannot batch) and must run
@@ -564,6 +587,9 @@ func (bt *batcher) handle(msg *message.Message, key string, h message.HandlerFun
 	if rejected && d.cfg.Classifier.Classify(err) != sluice.ClassRejected {
 		b.undo(ctx, sp)
 		forget()
+		if lockConflict(err) { // the batch's locks' doing: not the delivery's attempt
+			return nil, nil, false
+		}
 		return produced, err, true
 	}
 	m := &member{sp: sp, key: key}
@@ -578,6 +604,8 @@ func (bt *batcher) handle(msg *message.Message, key string, h message.HandlerFun
 		switch {
 		case m.err != nil:
 			return nil, m.err, true
+		case b.commitErr != nil && commitOfTheBatch(b.commitErr):
+			return nil, nil, false // rolled back: run again alone, at once
 		case b.commitErr != nil:
 			return nil, sluice.Transient(errors.Join(err, fmt.Errorf("deduplication: commit: %w", b.commitErr))), true
 		}

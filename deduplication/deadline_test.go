@@ -45,7 +45,7 @@ func TestAHandlerThatSucceedsAsItsDeadlinePassesIsCommittedOnce(t *testing.T) {
 				return produced, nil
 			}
 			retry := wmiddleware.Retry{MaxRetries: 1}
-			stack := retry.Middleware(wmiddleware.Timeout(200 * time.Millisecond)(inbox(h)))
+			stack := retry.Middleware(wmiddleware.Timeout(2 * time.Second)(inbox(h)))
 
 			_, err = stack(event("evt-deadline"))
 			require.NoError(t, err)

@@ -198,77 +198,95 @@ func (d *deduplicator) middleware(h message.HandlerFunc) message.HandlerFunc {
 				return produced, err
 			}
 		}
-		ctx := msg.Context()
-		tx, err := d.begin(ctx)
-		if err != nil {
-			return nil, sluice.Transient(err)
-		}
-		ended := false // committed, rolled back, or handed to a call given up that ends it
-		defer func() {
-			if ended {
-				return
+		for run := 1; ; run++ {
+			produced, err := d.alone(msg, key, h)
+			if d.batches == nil || run == aloneRunsMax || !lockConflict(err) {
+				return produced, err
 			}
-			// Also on a panic in h: release the claim, then let it unwind.
-			endCtx := endContext(ctx)
-			if rbErr := d.rollback(endCtx, tx); rbErr != nil && err != nil {
-				err = errors.Join(err, fmt.Errorf("deduplication: rollback: %w", rbErr))
-			}
-		}()
+			// Its row lock queued behind batches that hold theirs until
+			// their commits: the batches' doing, not the delivery's.
+		}
+	}
+}
 
-		claimed, gaveUp, err := d.claim(ctx, tx, key)
-		if err != nil {
-			ended = gaveUp // the claim still holds tx: its late return rolls it back
-			return nil, sluice.Transient(err)
-		}
-		if !claimed {
-			d.duplicate(msg, key)
-			return nil, nil
-		}
+// aloneRunsMax bounds the runs of a delivery in a unit of work of its own
+// that a deadlock, a serialization failure or a lock timeout ends, with
+// group commit on (see lockConflict): a lone update can still be the victim
+// of a deadlock among batches, as the first in the queue of a row's lock.
+const aloneRunsMax = 3
 
-		u := &unit{Context: ctx, tx: tx}
-		msg.SetContext(u)
-		produced, err := h(msg)
-		msg.SetContext(ctx)
-		rejected := err != nil
-		if rejected && d.cfg.Classifier.Classify(err) != sluice.ClassRejected {
-			return produced, err
+// alone runs msg's claim and handler in a unit of work of its own.
+func (d *deduplicator) alone(msg *message.Message, key string, h message.HandlerFunc) (_ []*message.Message, err error) {
+	ctx := msg.Context()
+	tx, err := d.begin(ctx)
+	if err != nil {
+		return nil, sluice.Transient(err)
+	}
+	ended := false // committed, rolled back, or handed to a call given up that ends it
+	defer func() {
+		if ended {
+			return
 		}
+		// Also on a panic in h: release the claim, then let it unwind.
 		endCtx := endContext(ctx)
-		gaveUp, cErr := d.commit(endCtx, tx)
-		if gaveUp {
-			ended = true // the commit's outcome is unknown: a redelivery finds it or not
-			return nil, sluice.Transient(errors.Join(err, cErr))
+		if rbErr := d.rollback(endCtx, tx); rbErr != nil && err != nil {
+			err = errors.Join(err, fmt.Errorf("deduplication: rollback: %w", rbErr))
 		}
-		if cErr != nil { // the deferred rollback releases what is left
-			if rejected && errors.Is(cErr, ErrAborted) {
-				// A rejection often follows a statement that aborted the
-				// transaction (a unique violation on PostgreSQL), whose
-				// commit then fails. The rejection is still final: record
-				// the claim alone in a unit of work of its own, so the
-				// message is acked and a redelivery is a duplicate. The
-				// handler's writes are rolled back with the aborted one.
-				// Any other failed commit (a lost connection, 40001) may
-				// succeed next time: the delivery is retried, so the
-				// rejection's writes commit with its claim or not at all.
-				rErr := d.claimAlone(endCtx, tx, key, u.rewrites())
-				if rErr == nil {
-					ended = true
-					u.committed()
-					return produced, err
-				}
-				if errors.Is(rErr, errProcessedMeanwhile) {
-					ended = true
-					d.duplicate(msg, key)
-					return nil, nil
-				}
-				cErr = errors.Join(cErr, rErr)
-			}
-			return nil, sluice.Transient(errors.Join(err, fmt.Errorf("deduplication: commit: %w", cErr)))
-		}
-		ended = true
-		u.committed()
+	}()
+
+	claimed, gaveUp, err := d.claim(ctx, tx, key)
+	if err != nil {
+		ended = gaveUp // the claim still holds tx: its late return rolls it back
+		return nil, sluice.Transient(err)
+	}
+	if !claimed {
+		d.duplicate(msg, key)
+		return nil, nil
+	}
+
+	u := &unit{Context: ctx, tx: tx}
+	msg.SetContext(u)
+	produced, err := h(msg)
+	msg.SetContext(ctx)
+	rejected := err != nil
+	if rejected && d.cfg.Classifier.Classify(err) != sluice.ClassRejected {
 		return produced, err
 	}
+	endCtx := endContext(ctx)
+	gaveUp, cErr := d.commit(endCtx, tx)
+	if gaveUp {
+		ended = true // the commit's outcome is unknown: a redelivery finds it or not
+		return nil, sluice.Transient(errors.Join(err, cErr))
+	}
+	if cErr != nil { // the deferred rollback releases what is left
+		if rejected && errors.Is(cErr, ErrAborted) {
+			// A rejection often follows a statement that aborted the
+			// transaction (a unique violation on PostgreSQL), whose
+			// commit then fails. The rejection is still final: record
+			// the claim alone in a unit of work of its own, so the
+			// message is acked and a redelivery is a duplicate. The
+			// handler's writes are rolled back with the aborted one.
+			// Any other failed commit (a lost connection, 40001) may
+			// succeed next time: the delivery is retried, so the
+			// rejection's writes commit with its claim or not at all.
+			rErr := d.claimAlone(endCtx, tx, key, u.rewrites())
+			if rErr == nil {
+				ended = true
+				u.committed()
+				return produced, err
+			}
+			if errors.Is(rErr, errProcessedMeanwhile) {
+				ended = true
+				d.duplicate(msg, key)
+				return nil, nil
+			}
+			cErr = errors.Join(cErr, rErr)
+		}
+		return nil, sluice.Transient(errors.Join(err, fmt.Errorf("deduplication: commit: %w", cErr)))
+	}
+	ended = true
+	u.committed()
+	return produced, err
 }
 
 // endContext is the context that ends a unit of work: ctx's values, not its
@@ -299,33 +317,29 @@ func (d *deduplicator) begin(ctx context.Context) (Tx, error) {
 	return tx, nil
 }
 
-// open calls the store's Begin on a context that ends with ctx, or after
-// StoreTimeout, only until Begin returns: the unit of work it opens is bound
-// to that context (database/sql rolls a transaction back when the context
-// given to BeginTx ends), and must outlive the message's — a handler that
-// succeeds as its deadline passes (Watermill's Timeout) is committed, on the
-// end context. The handler and the claim still see ctx itself. A Begin that
-// returns after ctx ended or StoreTimeout passed opens nothing: its unit of
-// work is rolled back.
+// open calls the store's Begin on a context that ends with ctx only until
+// Begin returns: the unit of work it opens is bound to that context
+// (database/sql rolls a transaction back when the context given to BeginTx
+// ends), and must outlive the message's — a handler that succeeds as its
+// deadline passes (Watermill's Timeout) is committed, on the end context.
+// The handler and the claim still see ctx itself. begin waits for it at
+// most StoreTimeout; one that returns after ctx ended opens nothing: its
+// unit of work is rolled back. One that returns after begin gave up is
+// rolled back by begin, its connection kept for the next delivery.
 func (d *deduplicator) open(ctx context.Context) (Tx, error) {
 	uctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	stopEnd := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
-	stopTimer := func() bool { return true }
-	if d.storeBound > 0 {
-		stopTimer = time.AfterFunc(d.storeBound, func() {
-			cancel(fmt.Errorf("%w: no answer within %s", ErrStoreTimeout, d.storeBound))
-		}).Stop
-	}
+	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
 	tx, err := d.cfg.Store.Begin(uctx)
-	// Both stop functions run: each reports whether its cancel was avoided.
-	endAvoided, timerAvoided := stopEnd(), stopTimer()
+	if !stop() { // ctx ended while Begin ran: uctx ended with it
+		if err == nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			err = context.Cause(uctx)
+		}
+		return nil, err
+	}
 	if err != nil {
 		cancel(nil)
 		return nil, err
-	}
-	if !endAvoided || !timerAvoided {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return nil, context.Cause(uctx)
 	}
 	return tx, nil
 }

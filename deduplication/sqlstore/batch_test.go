@@ -276,9 +276,11 @@ func TestGroupCommitARejectionAfterAnAbortKeepsItsClaim(t *testing.T) {
 	require.Equal(t, 3, e.claims(t), "the rejection's claim is recorded: a redelivery is a duplicate")
 }
 
-// A COMMIT that fails (a deferred constraint violated at commit) fails
-// every delivery that waited for it as Transient: none is recorded.
-func TestGroupCommitAFailedCommitFailsTheBatch(t *testing.T) {
+// A COMMIT that fails (a deferred constraint violated at commit) is the
+// batch's: every delivery that waited for it runs again alone, at once,
+// and only the one whose own write fails its commit fails (as Transient),
+// with nothing recorded for it. Before, both failed and spent an attempt.
+func TestGroupCommitAFailedCommitRunsItsDeliveriesAgainAlone(t *testing.T) {
 	t.Parallel()
 	e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: 2, MaxWait: time.Second, Linger: true, QueueTimeout: time.Minute}, false)
 	_, err := e.db.Exec(`ALTER TABLE ` + e.table + ` ADD CONSTRAINT once UNIQUE (k) DEFERRABLE INITIALLY DEFERRED`)
@@ -288,13 +290,17 @@ func TestGroupCommitAFailedCommitFailsTheBatch(t *testing.T) {
 			return e.deliver(key, func(ctx context.Context, tx *sqlx.Tx) error { return e.insert(ctx, tx, "clash") })
 		}
 	}
-	errs := together(same("a"), same("b"))
-	for _, err := range errs {
-		require.Equal(t, sluice.ClassTransient, sluice.DefaultClassifier().Classify(err), "%v", err)
-		require.ErrorContains(t, err, "commit")
+	var failed []error
+	for _, err := range together(same("a"), same("b")) {
+		if err != nil {
+			failed = append(failed, err)
+		}
 	}
-	require.Empty(t, e.rows(t))
-	require.Zero(t, e.claims(t))
+	require.Len(t, failed, 1, "one committed alone; the other's own write fails its own commit")
+	require.Equal(t, sluice.ClassTransient, sluice.DefaultClassifier().Classify(failed[0]), "%v", failed[0])
+	require.ErrorContains(t, failed[0], "commit")
+	require.Equal(t, []string{"clash"}, e.rows(t))
+	require.Equal(t, 1, e.claims(t))
 }
 
 // The batch's PostgreSQL backend terminated in the middle of a batch, and
@@ -508,10 +514,11 @@ func TestGroupCommitAClaimTimeoutFailsAlone(t *testing.T) {
 }
 
 // After a batch whose commit failed (a deferred constraint one delivery
-// violates), its deliveries' next attempts run alone: the culprit fails
-// alone, its neighbours' copies — retried in lockstep with it — commit.
-// Before, they failed together every time, until their ladders were spent
-// (found by a probe).
+// violates), its deliveries run again alone, at once: the culprit fails
+// alone, its neighbours commit without spending an attempt, and the
+// culprit's next attempt runs alone too. Before, they failed together,
+// every time until their ladders were spent (found by a probe); then their
+// next attempts ran alone.
 func TestGroupCommitAfterAFailedCommitItsDeliveriesRunAlone(t *testing.T) {
 	t.Parallel()
 	e := newBatchEnv(t, "postgres", deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, Linger: true, QueueTimeout: time.Minute}, false)
@@ -525,13 +532,15 @@ func TestGroupCommitAfterAFailedCommitItsDeliveriesRunAlone(t *testing.T) {
 		}
 	}
 	round := func() []error { return together(ok("a"), ok("orphan"), ok("b")) }
-	for _, err := range round() {
-		require.Error(t, err, "the deferred constraint fails the batch's commit")
-	}
-	errs := round() // the copies, retried together
+	errs := round() // the deferred constraint fails the batch's commit
 	require.NoError(t, errs[0])
 	require.Error(t, errs[1], "the culprit fails alone")
 	require.NoError(t, errs[2])
+	require.Equal(t, []string{"a", "b"}, e.rows(t))
+	errs = round() // the copies, retried together
+	require.NoError(t, errs[0], "a duplicate")
+	require.Error(t, errs[1], "the culprit fails alone")
+	require.NoError(t, errs[2], "a duplicate")
 	require.Equal(t, []string{"a", "b"}, e.rows(t))
 }
 
