@@ -570,7 +570,7 @@ func (bt *batcher) handle(msg *message.Message, key string, h message.HandlerFun
 		b.mu.Unlock()
 	}
 
-	u := &unit{Context: ctx, tx: b.tx}
+	u := &unit{Context: ctx, tx: b.tx, eventID: msg.Metadata.Get(sluice.EventIDKey)}
 	msg.SetContext(u)
 	panicked := true
 	defer func() {

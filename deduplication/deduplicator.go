@@ -244,7 +244,7 @@ func (d *deduplicator) alone(msg *message.Message, key string, h message.Handler
 		return nil, nil
 	}
 
-	u := &unit{Context: ctx, tx: tx}
+	u := &unit{Context: ctx, tx: tx, eventID: msg.Metadata.Get(sluice.EventIDKey)}
 	msg.SetContext(u)
 	produced, err := h(msg)
 	msg.SetContext(ctx)
@@ -513,6 +513,7 @@ type txKey struct{}
 type unit struct {
 	context.Context
 	tx       Tx
+	eventID  string // the delivery's sluice.EventIDKey
 	calls    atomic.Int32
 	firstErr error // the first run's error, set by Reentry before a second run can read it
 
@@ -597,6 +598,18 @@ func TxFromContext(ctx context.Context) Tx {
 		return u.tx
 	}
 	return nil
+}
+
+// EventIDFromContext returns the event id (sluice.EventIDKey) of the
+// delivery being handled, as the inbox read it or set it from its key, or
+// "" outside the inbox stage. The outbox compares each produced message's
+// with it: a message that copied the delivery's metadata gets an event id
+// of its own, so the receiving inbox does not take it for a duplicate.
+func EventIDFromContext(ctx context.Context) string {
+	if u, ok := unitOf(ctx); ok {
+		return u.eventID
+	}
+	return ""
 }
 
 // ErrHandlerReentered is matched by the error Reentry returns when the

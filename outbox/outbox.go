@@ -25,8 +25,11 @@ type Writer interface {
 	// Publish writes msgs, to be published to topic, in the unit of work
 	// ctx carries. It gives each message a message id (its UUID, a new one
 	// when empty) and an event id (sluice.EventIDKey; the UUID when the
-	// producer set none) as it writes it, so a message the relay sends twice
-	// is a duplicate for the receiving inbox. It returns an error matching
+	// producer set none, a new one when it is the consumed delivery's,
+	// copied with its metadata) as it writes it, so a message the relay
+	// sends twice, and only such a message, is a duplicate for the
+	// receiving inbox. It writes none of Sluice's control headers
+	// (sluice.IsControlKey): a produced message starts its own history. It returns an error matching
 	// ErrNoUnitOfWork outside one, having written nothing, and an error
 	// matching deduplication.ErrAborted when an earlier statement aborted
 	// the transaction: the messages are then written with the claim alone

@@ -3,7 +3,11 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +18,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/outbox/sqlstore"
@@ -196,4 +201,102 @@ func TestWhatCannotBePublishedIsRefusedWhenWritten(t *testing.T) {
 		require.Contains(t, d[0].Headers[poison.ReasonKey], "CC")
 		require.Equal(t, 0, s.count("outbox"))
 	})
+}
+
+// receiver is a service consuming from its own queue that applies what it
+// receives (the inbox's rows): the event ids it handled, each attempt
+// failing Transient until failUntil (0: none fails).
+type receiver struct {
+	*service
+	mu       sync.Mutex
+	handled  []string // event ids, one per successful run
+	attempts atomic.Int64
+}
+
+func newReceiver(t *testing.T, signer *sluice.Signer, failUntil int, tiers ...time.Duration) *receiver {
+	r := &receiver{service: newServiceWithTiers(t, testenv.AMQPURL, tiers...)}
+	r.signer = signer
+	r.run(func(msg *message.Message) ([]*message.Message, error) {
+		r.attempts.Add(1)
+		if n, err := sluice.Attempt(msg); err != nil || n < failUntil {
+			return nil, sluice.Transient(fmt.Errorf("not yet: attempt %d", n))
+		}
+		r.mu.Lock()
+		r.handled = append(r.handled, msg.Metadata.Get(sluice.EventIDKey))
+		r.mu.Unlock()
+		return nil, nil
+	}, nil, true)
+	return r
+}
+
+func (r *receiver) applied() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.handled)
+}
+
+// A handler that builds what it produces from the delivery's metadata (a
+// common Watermill idiom: correlation, tracing) copies its event id; the
+// outbox gives each such message an event id of its own when it writes it,
+// so the receiving inbox applies all of them, not one and three
+// "duplicates". An event id the handler sets on purpose is kept.
+func TestAFanOutThatCopiesTheDeliverysMetadataIsAppliedWhole(t *testing.T) {
+	t.Parallel()
+	recv := newReceiver(t, nil, 0, 50*time.Millisecond)
+	send := newService(t, testenv.AMQPURL)
+	send.produced = recv.rabbit.Topology().Queue()
+	send.run(func(msg *message.Message) ([]*message.Message, error) {
+		out := make([]*message.Message, 5)
+		for i := range out {
+			out[i] = message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, "line %d", i))
+			out[i].Metadata = maps.Clone(msg.Metadata)
+		}
+		out[4].Metadata.Set(sluice.EventIDKey, "summary:"+msg.Metadata.Get(sluice.EventIDKey))
+		return out, nil
+	}, nil, true)
+	send.relay(outbox.RelayConfig{Publisher: send.rabbit.Publisher()})
+	send.send("order-1", "order")
+
+	require.Eventually(t, func() bool { return len(recv.applied()) == 5 }, 30*time.Second, 10*time.Millisecond,
+		"the receiver applies each of the 5 produced events (it applied %v, poisoned %d, inbox %d, dup %d)", recv.applied(), testenv.QueueDepth(t, recv.conn, recv.rabbit.Topology().Queue()+".poison"), recv.count("inbox"), testenv.CounterSum(t, recv.meter, deduplication.MetricDuplicates))
+	ids := recv.applied()
+	require.Contains(t, ids, "summary:order-1", "an event id set on purpose is kept")
+	require.NotContains(t, ids, "order-1", "a copied event id is replaced")
+	require.Len(t, slices.Compact(slices.Sorted(slices.Values(ids))), 5)
+	require.Eventually(t, func() bool { return recv.count("inbox") == 5 }, 10*time.Second, 10*time.Millisecond, "each committed")
+	require.Zero(t, testenv.CounterSum(t, recv.meter, deduplication.MetricDuplicates))
+}
+
+// With a signing key shared between services, a handler that forwards its
+// delivery (msg.Copy()) through the outbox to another service's queue after
+// three failed attempts does not bring that history along: the receiver
+// takes each forwarded event as a first attempt — parked three times in its
+// own tiers, then processed — not as exhausted at its first failure.
+func TestAForwardedCopyCarriesNoRetryHistory(t *testing.T) {
+	t.Parallel()
+	signer, err := sluice.NewSigner([]byte("a key the two services share, 32+ bytes"))
+	require.NoError(t, err)
+	tiers := []time.Duration{20 * time.Millisecond, 30 * time.Millisecond, 40 * time.Millisecond}
+	recv := newReceiver(t, signer, 4, tiers...)
+	send := newServiceWithTiers(t, testenv.AMQPURL, tiers...)
+	send.signer = signer
+	send.produced = recv.rabbit.Topology().Queue()
+	var forwarded atomic.Int64
+	send.run(func(msg *message.Message) ([]*message.Message, error) {
+		if n, _ := sluice.Attempt(msg); n < 4 {
+			return nil, sluice.Transient(fmt.Errorf("not yet: attempt %d", n))
+		}
+		forwarded.Add(1)
+		return []*message.Message{msg.Copy()}, nil
+	}, nil, true)
+	send.relay(outbox.RelayConfig{Publisher: send.rabbit.Publisher()})
+	for i := range 3 {
+		send.send(fmt.Sprint("evt-", i), "payload")
+	}
+	require.Eventually(t, func() bool { return len(recv.applied()) == 3 }, 60*time.Second, 10*time.Millisecond,
+		"the receiver processes the 3 forwarded events (poisoned: %d)",
+		testenv.QueueDepth(t, recv.conn, recv.rabbit.Topology().Queue()+".poison"))
+	require.Equal(t, int64(3), forwarded.Load(), "the sender forwarded each at its 4th attempt")
+	require.Equal(t, int64(12), recv.attempts.Load(), "the receiver ran each 4 times: 3 parked, then processed (poisoned %d)", testenv.QueueDepth(t, recv.conn, recv.rabbit.Topology().Queue()+".poison"))
+	require.Zero(t, testenv.QueueDepth(t, recv.conn, recv.rabbit.Topology().Queue()+".poison"))
 }

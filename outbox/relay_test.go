@@ -46,9 +46,16 @@ type service struct {
 	meter    *sdkmetric.ManualReader
 	mp       *sdkmetric.MeterProvider
 	conn     *amqp.Connection
+	signer   *sluice.Signer // the stages', when set
 }
 
 func newService(t *testing.T, amqpURL string) *service {
+	t.Helper()
+	return newServiceWithTiers(t, amqpURL, 50*time.Millisecond)
+}
+
+// newServiceWithTiers is newService with a retry tier of each delay.
+func newServiceWithTiers(t *testing.T, amqpURL string, tiers ...time.Duration) *service {
 	t.Helper()
 	db := testenv.Postgres(t)
 	s := &service{t: t, db: db, schema: testenv.Schema(t, db), produced: testenv.Name("produced"), meter: sdkmetric.NewManualReader()}
@@ -61,7 +68,7 @@ func newService(t *testing.T, amqpURL string) *service {
 	queue := testenv.Name("consumer")
 	s.rabbit, err = rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
 		Connection: rabbitmq.Connection{URL: amqpURL},
-		Topology:   rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{50 * time.Millisecond}},
+		Topology:   rabbitmq.TopologyConfig{Queue: queue, TierDelays: tiers},
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.rabbit.Close() })
@@ -103,6 +110,7 @@ func (s *service) runWith(h message.HandlerFunc, pub message.Publisher, withOutb
 		PublishTopic:      s.produced,
 		Stages: router.Stages{
 			MeterProvider: s.mp,
+			Signer:        s.signer,
 			Poison:        &poison.Config{},
 			Retry:         &retrytiers.Config{},
 			Classify:      &middleware.ClassifyConfig{},

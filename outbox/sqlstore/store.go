@@ -354,6 +354,7 @@ func (s *Store) rows(ctx context.Context, topic string, msgs []*message.Message)
 		if m.Metadata == nil {
 			m.Metadata = message.Metadata{}
 		}
+		ownHistory(ctx, m)
 		if m.Metadata.Get(sluice.EventIDKey) == "" {
 			m.Metadata.Set(sluice.EventIDKey, m.UUID)
 		}
