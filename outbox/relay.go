@@ -483,6 +483,7 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 			break
 		}
 	}
+	r.isolate(pctx, rows, errs, seen)
 	now := time.Now()
 	relayed := make([]int64, 0, len(rows))
 	var failed []Failed
@@ -598,6 +599,51 @@ func rowTopic(rows []Row, id int64) string {
 		}
 	}
 	return ""
+}
+
+// isolate tries alone, within the batch's publish time, the rows of a
+// batch in which several failed as refused or uncertain: a row the broker
+// refuses by closing the channel (RabbitMQ's 406 for a message over its
+// max_message_size, a CC header that is not an array) fails every row sent
+// after it on that channel, other topics included. Alone, each good row
+// goes through and the culprit fails with its own reason. The rows are
+// tried one after another, in order: two at once would share a channel,
+// and the culprit's close would fail the other.
+func (r *Relay) isolate(ctx context.Context, rows []Row, errs []error, seen []bool) {
+	var suspects []int
+	for i, err := range errs {
+		if !seen[i] || err == nil || rows[i].Err != nil {
+			continue
+		}
+		if k := errorType(err); k == "refused" || k == "uncertain" {
+			suspects = append(suspects, i)
+		}
+	}
+	if len(suspects) < 2 {
+		return
+	}
+	for _, i := range suspects {
+		one := make(chan error, 1) // a publish that outlives ctx still returns
+		go func() { one <- r.publishOne(ctx, rows[i]) }()
+		select {
+		case errs[i] = <-one:
+		case <-ctx.Done():
+			return // the rows not tried alone keep their first error
+		}
+	}
+}
+
+// publishOne publishes row alone on ctx.
+func (r *Relay) publishOne(ctx context.Context, row Row) error {
+	msg := row.Message.Copy()
+	msg.SetContext(ctx)
+	if each, ok := r.cfg.Publisher.(broker.EachPublisher); ok {
+		if errs := each.PublishEach(row.Topic, msg); len(errs) == 1 {
+			return errs[0]
+		}
+		return errors.New("outbox: the publisher reported no outcome for one message")
+	}
+	return r.cfg.Publisher.Publish(row.Topic, msg)
 }
 
 // retryAfter is the wait before a row that failed attempts times before
