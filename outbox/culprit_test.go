@@ -101,4 +101,3 @@ func TestARowTheBrokerClosesTheChannelOnDoesNotHoldItsBatch(t *testing.T) {
 	require.Contains(t, left[0].LastError, "406", "with its own reason: %s", left[0].LastError)
 	require.False(t, strings.Contains(left[0].LastError, "not open"), left[0].LastError)
 }
-
