@@ -547,9 +547,11 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 }
 
 // publish publishes rows on ctx and returns the channel of their results,
-// buffered so that a publish that outlives the batch still returns: a
-// PublishEach per topic, in order, when the publisher is a
-// broker.EachPublisher, else a Publish per row, all at once.
+// buffered so that a publish that outlives the batch still returns: per
+// topic, in order, topics at once — a PublishEach per topic when the
+// publisher is a broker.EachPublisher (pipelined), else a Publish per row,
+// one after another (the next row of a topic is sent once the one before
+// returned: concurrent publishes would not keep the rows' order).
 func (r *Relay) publish(ctx context.Context, rows []Row) <-chan result {
 	results := make(chan result, len(rows))
 	each, pipelined := r.cfg.Publisher.(broker.EachPublisher)
@@ -559,10 +561,6 @@ func (r *Relay) publish(ctx context.Context, rows []Row) <-chan result {
 		switch {
 		case row.Err != nil: // kept aside, not sent
 			results <- result{i, fmt.Errorf("%w: %w", errUnreadable, row.Err)}
-		case !pipelined:
-			msg := row.Message.Copy()
-			msg.SetContext(ctx)
-			go func() { results <- result{i, r.cfg.Publisher.Publish(row.Topic, msg)} }()
 		default:
 			if _, seen := byTopic[row.Topic]; !seen {
 				topics = append(topics, row.Topic)
@@ -572,6 +570,17 @@ func (r *Relay) publish(ctx context.Context, rows []Row) <-chan result {
 	}
 	for _, topic := range topics {
 		idx := byTopic[topic]
+		if !pipelined {
+			go func() {
+				for _, i := range idx {
+					if ctx.Err() != nil {
+						return // the rest count as not returned: uncertain, never sent
+					}
+					results <- result{i, r.publishOne(ctx, rows[i])}
+				}
+			}()
+			continue
+		}
 		msgs := make([]*message.Message, len(idx))
 		for k, i := range idx {
 			msgs[k] = rows[i].Message.Copy()
