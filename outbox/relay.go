@@ -483,6 +483,7 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 			break
 		}
 	}
+	r.isolate(pctx, rows, errs, seen)
 	now := time.Now()
 	relayed := make([]int64, 0, len(rows))
 	var failed []Failed
@@ -546,9 +547,11 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 }
 
 // publish publishes rows on ctx and returns the channel of their results,
-// buffered so that a publish that outlives the batch still returns: a
-// PublishEach per topic, in order, when the publisher is a
-// broker.EachPublisher, else a Publish per row, all at once.
+// buffered so that a publish that outlives the batch still returns: per
+// topic, in order, topics at once — a PublishEach per topic when the
+// publisher is a broker.EachPublisher (pipelined), else a Publish per row,
+// one after another (the next row of a topic is sent once the one before
+// returned: concurrent publishes would not keep the rows' order).
 func (r *Relay) publish(ctx context.Context, rows []Row) <-chan result {
 	results := make(chan result, len(rows))
 	each, pipelined := r.cfg.Publisher.(broker.EachPublisher)
@@ -558,10 +561,6 @@ func (r *Relay) publish(ctx context.Context, rows []Row) <-chan result {
 		switch {
 		case row.Err != nil: // kept aside, not sent
 			results <- result{i, fmt.Errorf("%w: %w", errUnreadable, row.Err)}
-		case !pipelined:
-			msg := row.Message.Copy()
-			msg.SetContext(ctx)
-			go func() { results <- result{i, r.cfg.Publisher.Publish(row.Topic, msg)} }()
 		default:
 			if _, seen := byTopic[row.Topic]; !seen {
 				topics = append(topics, row.Topic)
@@ -571,6 +570,17 @@ func (r *Relay) publish(ctx context.Context, rows []Row) <-chan result {
 	}
 	for _, topic := range topics {
 		idx := byTopic[topic]
+		if !pipelined {
+			go func() {
+				for _, i := range idx {
+					if ctx.Err() != nil {
+						return // the rest count as not returned: uncertain, never sent
+					}
+					results <- result{i, r.publishOne(ctx, rows[i])}
+				}
+			}()
+			continue
+		}
 		msgs := make([]*message.Message, len(idx))
 		for k, i := range idx {
 			msgs[k] = rows[i].Message.Copy()
@@ -598,6 +608,51 @@ func rowTopic(rows []Row, id int64) string {
 		}
 	}
 	return ""
+}
+
+// isolate tries alone, within the batch's publish time, the rows of a
+// batch in which several failed as refused or uncertain: a row the broker
+// refuses by closing the channel (RabbitMQ's 406 for a message over its
+// max_message_size, a CC header that is not an array) fails every row sent
+// after it on that channel, other topics included. Alone, each good row
+// goes through and the culprit fails with its own reason. The rows are
+// tried one after another, in order: two at once would share a channel,
+// and the culprit's close would fail the other.
+func (r *Relay) isolate(ctx context.Context, rows []Row, errs []error, seen []bool) {
+	var suspects []int
+	for i, err := range errs {
+		if !seen[i] || err == nil || rows[i].Err != nil {
+			continue
+		}
+		if k := errorType(err); k == "refused" || k == "uncertain" {
+			suspects = append(suspects, i)
+		}
+	}
+	if len(suspects) < 2 {
+		return
+	}
+	for _, i := range suspects {
+		one := make(chan error, 1) // a publish that outlives ctx still returns
+		go func() { one <- r.publishOne(ctx, rows[i]) }()
+		select {
+		case errs[i] = <-one:
+		case <-ctx.Done():
+			return // the rows not tried alone keep their first error
+		}
+	}
+}
+
+// publishOne publishes row alone on ctx.
+func (r *Relay) publishOne(ctx context.Context, row Row) error {
+	msg := row.Message.Copy()
+	msg.SetContext(ctx)
+	if each, ok := r.cfg.Publisher.(broker.EachPublisher); ok {
+		if errs := each.PublishEach(row.Topic, msg); len(errs) == 1 {
+			return errs[0]
+		}
+		return errors.New("outbox: the publisher reported no outcome for one message")
+	}
+	return r.cfg.Publisher.Publish(row.Topic, msg)
 }
 
 // retryAfter is the wait before a row that failed attempts times before

@@ -444,6 +444,13 @@ func (s *Store) decode(rs []scanned) []outbox.Row {
 
 const columns = `id, topic, message_id, metadata, payload, attempts, created_at`
 
+// The bounds of a batch's hold on PostgreSQL when Due's context has no
+// deadline (the relay's always has one), and at least.
+const (
+	holdMax = 5 * time.Minute
+	holdMin = time.Second
+)
+
 func (s *Store) duePostgres(ctx context.Context, limit int) (outbox.Batch, error) {
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
@@ -451,10 +458,20 @@ func (s *Store) duePostgres(ctx context.Context, limit int) (outbox.Batch, error
 	}
 	// The transaction is idle while the batch is published: a server-wide
 	// idle_in_transaction_session_timeout shorter than the publishes would
-	// end it after them, and the rows would be sent again and again.
-	if _, err := tx.ExecContext(ctx, `SET LOCAL idle_in_transaction_session_timeout = 0`); err != nil {
-		_ = tx.Rollback()
-		return nil, fmt.Errorf("outbox/sqlstore: %w", err)
+	// end it after them, and the rows would be sent again and again. Nor is
+	// it turned off: a relay that hangs (stopped, its link stalled) would
+	// hold the rows from every other relay for as long as it hangs. The
+	// batch's life (ctx's deadline: the relay's PublishTimeout and
+	// StoreTimeouts) bounds both the idle time and each statement.
+	hold := holdMax
+	if d, ok := ctx.Deadline(); ok {
+		hold = min(max(time.Until(d), holdMin), holdMax)
+	}
+	for _, name := range []string{"idle_in_transaction_session_timeout", "statement_timeout"} {
+		if _, err := tx.ExecContext(ctx, fmt.Sprintf(`SET LOCAL %s = %d`, name, hold.Milliseconds())); err != nil {
+			_ = tx.Rollback()
+			return nil, fmt.Errorf("outbox/sqlstore: %w", err)
+		}
 	}
 	var rs []scanned
 	q := `SELECT ` + columns + ` FROM ` + s.table + ` WHERE dead_at IS NULL AND next_attempt_at <= clock_timestamp() ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`

@@ -1,0 +1,103 @@
+package outbox_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/broker"
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/outbox"
+	"github.com/sluicemq/sluice/outbox/sqlstore"
+	"github.com/sluicemq/sluice/rabbitmq"
+)
+
+// poisoning forwards to RabbitMQ's publisher, giving the message culprit a
+// header the broker refuses by closing the channel (CC with a string
+// value: 406 PRECONDITION_FAILED) — as a row written before the writer
+// refused such headers, or a payload over the broker's max_message_size.
+type poisoning struct {
+	pub     *rabbitmq.Publisher
+	culprit string
+}
+
+func (p *poisoning) mark(msgs []*message.Message) {
+	for _, m := range msgs {
+		if m.UUID == p.culprit {
+			m.Metadata.Set("CC", "not-an-array")
+		}
+	}
+}
+
+func (p *poisoning) Publish(topic string, msgs ...*message.Message) error {
+	p.mark(msgs)
+	return p.pub.Publish(topic, msgs...)
+}
+
+func (p *poisoning) PublishEach(topic string, msgs ...*message.Message) []error {
+	p.mark(msgs)
+	return p.pub.PublishEach(topic, msgs...)
+}
+func (p *poisoning) Close() error { return nil }
+
+var _ broker.EachPublisher = (*poisoning)(nil)
+
+// Issue 28.4: one row the broker refuses by closing the channel does not
+// hold the rows batched with it. Before, every row after the culprit failed
+// as uncertain or "channel not open", was pushed back on the culprit's own
+// schedule and met it again in the next batch: 499 good rows undelivered
+// after minutes. Now the failed rows are tried alone: the 500 good rows are
+// delivered at once, and the culprit keeps its own reason.
+func TestARowTheBrokerClosesTheChannelOnDoesNotHoldItsBatch(t *testing.T) {
+	t.Parallel()
+	s := newService(t, testenv.AMQPURL)
+	other := testenv.Name("produced-other")
+	testenv.DeleteQueuesAtEnd(t, other)
+	ch, err := s.conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(other, true, false, false, false, nil)
+	require.NoError(t, err)
+	_ = ch.Close()
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	culprit := watermill.NewUUID()
+	tx, err := s.db.BeginTxx(t.Context(), nil)
+	require.NoError(t, err)
+	msgs := func(n int) []*message.Message {
+		out := make([]*message.Message, n)
+		for i := range out {
+			out[i] = message.NewMessage(watermill.NewUUID(), []byte(fmt.Sprint(i)))
+		}
+		return out
+	}
+	require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, msgs(10)...))
+	require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, message.NewMessage(culprit, nil)))
+	require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, msgs(390)...))
+	require.NoError(t, s.outbox.Write(t.Context(), tx, other, msgs(100)...))
+	require.NoError(t, tx.Commit())
+	start := time.Now()
+	s.relay(outbox.RelayConfig{Publisher: &poisoning{pub: pub, culprit: culprit}, RetryMin: time.Hour, RetryMax: time.Hour, PollInterval: 10 * time.Millisecond})
+	require.Eventually(t, func() bool {
+		return testenv.QueueDepth(t, s.conn, s.produced) >= 400 && testenv.QueueDepth(t, s.conn, other) >= 100
+	}, 30*time.Second, 10*time.Millisecond, "the 500 good rows, other topics included: %d and %d",
+		testenv.QueueDepth(t, s.conn, s.produced), testenv.QueueDepth(t, s.conn, other))
+	t.Logf("500 good rows delivered in %s", time.Since(start))
+	ids := map[any]bool{}
+	for _, d := range append(testenv.Drain(t, s.conn, s.produced), testenv.Drain(t, s.conn, other)...) {
+		ids[d.Headers["_watermill_message_uuid"]] = true
+	}
+	require.Len(t, ids, 500, "each good row (a copy sent twice, uncertain the first time, is the receiver's duplicate)")
+	require.Eventually(t, func() bool { return s.count("outbox") == 1 }, 10*time.Second, 10*time.Millisecond, "left: %d", s.count("outbox"))
+	left, err := s.outbox.List(t.Context(), sqlstore.Failing, 10)
+	require.NoError(t, err)
+	require.Len(t, left, 1)
+	require.Equal(t, culprit, left[0].MessageID, "the culprit is set aside")
+	require.Contains(t, left[0].LastError, "406", "with its own reason: %s", left[0].LastError)
+	require.False(t, strings.Contains(left[0].LastError, "not open"), left[0].LastError)
+}

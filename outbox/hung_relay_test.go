@@ -1,0 +1,68 @@
+package outbox_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/outbox"
+	"github.com/sluicemq/sluice/outbox/sqlstore"
+)
+
+// Issue 28.6: relay A hangs while it holds a batch — its link to
+// PostgreSQL stalled (as a SIGSTOP'ed process's is: nothing comes from it,
+// its connection stays open). The batch's hold is bounded by A's publish
+// and store timeouts (its transaction's idle_in_transaction_session_timeout),
+// so healthy relay B takes the rows. Before, A's transaction turned that
+// timeout off, and B could not take them for as long as A hung.
+func TestAHungRelayHoldsItsBatchOnlyForItsTimeouts(t *testing.T) {
+	t.Parallel()
+	s := newService(t, testenv.AMQPURL)
+	proxy := testenv.StartProxy(t, "127.0.0.1:5432")
+	url := strings.Replace(testenv.PostgresURL, "127.0.0.1:5432", proxy.Addr(), 1)
+	require.NotEqual(t, url, testenv.PostgresURL, "the test database is on 127.0.0.1:5432")
+	viaProxy, err := sqlx.Connect("postgres", url)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = viaProxy.Close() })
+	storeA, err := sqlstore.New(sqlstore.Config{DB: viaProxy, Table: s.schema + ".outbox"})
+	require.NoError(t, err)
+
+	const n = 50
+	tx, err := s.db.BeginTxx(t.Context(), nil)
+	require.NoError(t, err)
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(watermill.NewUUID(), nil)
+	}
+	require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, msgs...))
+	require.NoError(t, tx.Commit())
+
+	pubA := &holding{pub: s.rabbit.Publisher(), started: make(chan struct{}), release: make(chan struct{})}
+	relayA, err := outbox.NewRelay(outbox.RelayConfig{Store: storeA, Publisher: pubA, StatsInterval: -1,
+		PublishTimeout: time.Second, StoreTimeout: time.Second, PollInterval: time.Hour})
+	require.NoError(t, err)
+	doneA := make(chan error, 1)
+	go func() { doneA <- relayA.Run(context.Background()) }()
+	<-pubA.started // A holds the batch
+	proxy.BlackHole()
+	t.Cleanup(func() {
+		proxy.Heal()
+		require.NoError(t, relayA.Close())
+		require.NoError(t, <-doneA)
+	})
+	close(pubA.release) // A's publishes go on; its delete never reaches the database
+
+	start := time.Now()
+	s.relay(outbox.RelayConfig{Publisher: s.rabbit.Publisher(), PollInterval: 20 * time.Millisecond, StatsInterval: -1})
+	require.Eventually(t, func() bool { return s.count("outbox") == 0 }, 20*time.Second, 20*time.Millisecond,
+		"B takes and publishes the rows A held")
+	t.Logf("B had the rows after %s (A's hold: PublishTimeout 1 s + 3 × StoreTimeout 1 s)", time.Since(start))
+	require.GreaterOrEqual(t, testenv.QueueDepth(t, s.conn, s.produced), n)
+}
