@@ -256,6 +256,11 @@ func (h *Harness) Service() *service.Service { return h.svc }
 // Router returns the router the handler runs on.
 func (h *Harness) Router() *message.Router { return h.r }
 
+// Broker returns the broker the handler was added with: its Endpoints are
+// what router.Add gave the stages (the copies' publishers seen by the kit),
+// for a test that wires a stage of its own.
+func (h *Harness) Broker() broker.Broker { return h.brk }
+
 // Tiers returns the retry tiers of the handler's queue.
 func (h *Harness) Tiers() []broker.Tier { return slices.Clone(h.tiers) }
 

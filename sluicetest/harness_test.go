@@ -60,7 +60,7 @@ func handle(h **sluicetest.Harness) message.HandlerFunc {
 			return nil, fmt.Errorf("card service: %w", context.Cause(msg.Context()))
 		}
 		tx := sluicesql.TxFromContext(msg.Context())
-		if _, err := tx.ExecContext(msg.Context(), `INSERT INTO payments (event_id) VALUES (?)`, msg.Metadata.Get(sluice.EventIDKey)); err != nil {
+		if _, err := tx.ExecContext(msg.Context(), tx.Rebind(`INSERT INTO payments (event_id) VALUES (?)`), msg.Metadata.Get(sluice.EventIDKey)); err != nil {
 			return nil, err
 		}
 		receipt := sluicetest.Message("receipt:"+msg.Metadata.Get(sluice.EventIDKey), []byte(`{}`))
