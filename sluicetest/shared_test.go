@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/sluicetest"
 )
@@ -72,7 +73,7 @@ func runTable(t *testing.T, h *sluicetest.Harness) map[string][]string {
 	for subject, tr := range h.Traces() {
 		got[subject] = tr.Outcomes()
 		if last := tr.Last(); last.Outcome == sluice.OutcomePoisoned {
-			got[subject] = append(got[subject], "diagnosis: "+last.Diagnosis[sluice.PoisonPrefix+"class"]+": "+last.Diagnosis[sluice.PoisonPrefix+"reason"])
+			got[subject] = append(got[subject], "diagnosis: "+last.Diagnosis[poison.ClassKey]+": "+last.Diagnosis[poison.ReasonKey])
 		}
 	}
 	return got
