@@ -131,3 +131,16 @@ func TestOutcomes(t *testing.T) {
 	h.RequirePoisoned("malformed", sluice.ClassPoison, nil)
 	require.Equal(t, 1, payments(t, h))
 }
+
+// The kit's SQLite inbox records processed_at on the virtual clock: a
+// payment processed after its two tiers is recorded 5m30s after the
+// harness started.
+func TestTheInboxRecordsVirtualTime(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, sluicetest.Config{})
+	h.Publish("slow", pay("evt-1", payment{Fail: "transient", Attempts: 2}))
+	h.Settle()
+	var at int64
+	require.NoError(t, h.DB().Get(&at, `SELECT processed_at FROM sluice_inbox WHERE event_key = 'evt-1'`))
+	require.Equal(t, sluicetest.Epoch.Add(5*time.Minute+30*time.Second), time.UnixMicro(at).UTC())
+}
