@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/sluicetest"
 )
@@ -143,4 +144,21 @@ func TestTheInboxRecordsVirtualTime(t *testing.T) {
 	var at int64
 	require.NoError(t, h.DB().Get(&at, `SELECT processed_at FROM sluice_inbox WHERE event_key = 'evt-1'`))
 	require.Equal(t, sluicetest.Epoch.Add(5*time.Minute+30*time.Second), time.UnixMicro(at).UTC())
+}
+
+// The kit runs on your PostgreSQL too (Config.DB): the virtual ladder, the
+// real inbox and outbox tables.
+func TestTheKitOnPostgreSQL(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, sluicetest.Config{DB: testenv.PostgresInSchema(t)})
+	h.Publish("slow", pay("evt-1", payment{Fail: "transient", Attempts: 3}))
+	h.Publish("rejected", pay("evt-2", payment{Fail: "reject"}))
+	h.Settle()
+	h.Redeliver("slow", "slow again")
+	h.Settle()
+	h.RequireOutcomes("slow", "retried to tier 1", "retried to tier 2", "retried to tier 3", "processed, produced receipt:evt-1")
+	h.RequireDuplicate("slow again")
+	h.RequireRejected("rejected")
+	h.RequireProduced("slow", "receipt:evt-1")
+	require.Equal(t, 1, payments(t, h))
 }
