@@ -44,6 +44,8 @@ func TestDependencyGraph(t *testing.T) {
 		{module + "/outbox/sqlstore", append([]string{"modernc.org/sqlite", "github.com/redis/go-redis", "github.com/lib/pq", "github.com/jackc/pgx", module + "/router"}, brokers...)},
 		{module + "/sluicesql", append([]string{"modernc.org/sqlite", "github.com/redis/go-redis", "github.com/lib/pq", "github.com/jackc/pgx", module + "/router"}, brokers...)},
 		{module + "/service", append(append([]string{module + "/rabbitmq", module + "/embedded", "github.com/prometheus/client_golang", "go.opentelemetry.io/otel/exporters/prometheus"}, brokers...), drivers...)},
+		// The test kit links SQLite, its default database, and no network client.
+		{module + "/sluicetest", append([]string{module + "/rabbitmq", "github.com/redis/go-redis", "github.com/lib/pq", "github.com/jackc/pgx", "github.com/go-sql-driver/mysql", "github.com/prometheus/client_golang"}, brokers...)},
 		{module + "/promexport", append(append([]string{module + "/router", module + "/service", module + "/deduplication", module + "/outbox"}, brokers...), drivers...)},
 		{module + "/deduplication/redisstore", append([]string{"modernc.org/sqlite", "github.com/lib/pq"}, brokers...)},
 		{module + "/replay/redisstore", append([]string{"modernc.org/sqlite", "github.com/lib/pq", module + "/deduplication", module + "/retrytiers", module + "/poison", module + "/router"}, brokers...)},

@@ -127,3 +127,19 @@ func TestAShutdownMidHandler(t *testing.T) {
 	h.RequireOutcomes("slow", "requeued")
 	require.Equal(t, []string{"slow"}, h.Unfinished())
 }
+
+// The broker refuses what the relay publishes: the produced row stays in
+// the outbox until a later publish goes, and is published once; the
+// delivery itself was processed once.
+func TestTheRelaysPublishIsRefused(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, sluicetest.Config{})
+	h.FailPublishes(sluicetest.ToRelay, 1, sluicetest.ErrUnroutable)
+	h.Publish("payment", pay("evt-1", payment{}))
+	h.Settle()
+	h.RequireOutcomes("payment", "processed, produced receipt:evt-1")
+	h.RequireProduced("payment", "receipt:evt-1")
+	st, err := h.Service().Stores().Outbox.Stats(t.Context())
+	require.NoError(t, err)
+	require.Zero(t, st.Pending)
+}

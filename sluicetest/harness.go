@@ -171,7 +171,8 @@ func newHarness(t testing.TB, cfg Config) (_ *Harness, err error) {
 
 	h.db = cfg.DB
 	if h.db == nil {
-		if h.db, err = openSQLite(ctx, filepath.Join(t.TempDir(), "sluicetest.db"), func() bool { return h.faults.take(&h.mu, faultCommit) }); err != nil {
+		if h.db, err = openSQLite(ctx, filepath.Join(t.TempDir(), "sluicetest.db"),
+			func() bool { return h.faults.take(&h.mu, faultCommit) }, h.wallNow); err != nil {
 			return nil, err
 		}
 		closers = append(closers, h.db.Close)
@@ -256,11 +257,24 @@ func (h *Harness) Service() *service.Service { return h.svc }
 // Router returns the router the handler runs on.
 func (h *Harness) Router() *message.Router { return h.r }
 
+// Broker returns the broker the handler was added with: its Endpoints are
+// what router.Add gave the stages (the copies' publishers seen by the kit),
+// for a test that wires a stage of its own.
+func (h *Harness) Broker() broker.Broker { return h.brk }
+
 // Tiers returns the retry tiers of the handler's queue.
 func (h *Harness) Tiers() []broker.Tier { return slices.Clone(h.tiers) }
 
 // Clock returns the virtual clock, or nil on a real broker.
 func (h *Harness) Clock() *VirtualClock { return h.clock }
+
+// wallNow is the clock's time: the virtual clock's, or the real one.
+func (h *Harness) wallNow() time.Time {
+	if h.clock == nil {
+		return time.Now()
+	}
+	return h.clock.Now()
+}
 
 // Now returns how much virtual time has passed since the harness started
 // (real time on a real broker).

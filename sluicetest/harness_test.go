@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/sluicetest"
 )
@@ -60,7 +61,7 @@ func handle(h **sluicetest.Harness) message.HandlerFunc {
 			return nil, fmt.Errorf("card service: %w", context.Cause(msg.Context()))
 		}
 		tx := sluicesql.TxFromContext(msg.Context())
-		if _, err := tx.ExecContext(msg.Context(), `INSERT INTO payments (event_id) VALUES (?)`, msg.Metadata.Get(sluice.EventIDKey)); err != nil {
+		if _, err := tx.ExecContext(msg.Context(), tx.Rebind(`INSERT INTO payments (event_id) VALUES (?)`), msg.Metadata.Get(sluice.EventIDKey)); err != nil {
 			return nil, err
 		}
 		receipt := sluicetest.Message("receipt:"+msg.Metadata.Get(sluice.EventIDKey), []byte(`{}`))
@@ -129,5 +130,35 @@ func TestOutcomes(t *testing.T) {
 	h.RequirePoisoned("panics", sluice.ClassInvariant, map[string]string{"sluice_poison_stack": ""})
 	h.RequirePoisoned("invariant", sluice.ClassInvariant, map[string]string{"sluice_poison_reason": "invariant: the account must exist"})
 	h.RequirePoisoned("malformed", sluice.ClassPoison, nil)
+	require.Equal(t, 1, payments(t, h))
+}
+
+// The kit's SQLite inbox records processed_at on the virtual clock: a
+// payment processed after its two tiers is recorded 5m30s after the
+// harness started.
+func TestTheInboxRecordsVirtualTime(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, sluicetest.Config{})
+	h.Publish("slow", pay("evt-1", payment{Fail: "transient", Attempts: 2}))
+	h.Settle()
+	var at int64
+	require.NoError(t, h.DB().Get(&at, `SELECT processed_at FROM sluice_inbox WHERE event_key = 'evt-1'`))
+	require.Equal(t, sluicetest.Epoch.Add(5*time.Minute+30*time.Second), time.UnixMicro(at).UTC())
+}
+
+// The kit runs on your PostgreSQL too (Config.DB): the virtual ladder, the
+// real inbox and outbox tables.
+func TestTheKitOnPostgreSQL(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, sluicetest.Config{DB: testenv.PostgresInSchema(t)})
+	h.Publish("slow", pay("evt-1", payment{Fail: "transient", Attempts: 3}))
+	h.Publish("rejected", pay("evt-2", payment{Fail: "reject"}))
+	h.Settle()
+	h.Redeliver("slow", "slow again")
+	h.Settle()
+	h.RequireOutcomes("slow", "retried to tier 1", "retried to tier 2", "retried to tier 3", "processed, produced receipt:evt-1")
+	h.RequireDuplicate("slow again")
+	h.RequireRejected("rejected")
+	h.RequireProduced("slow", "receipt:evt-1")
 	require.Equal(t, 1, payments(t, h))
 }

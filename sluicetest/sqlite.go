@@ -5,8 +5,10 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -15,15 +17,16 @@ import (
 
 // openSQLite opens the kit's SQLite database at path (sqlite.Open's
 // settings) through a driver that fails the commit of an inbox transaction
-// when failCommit says so.
-func openSQLite(ctx context.Context, path string, failCommit func() bool) (*sqlx.DB, error) {
+// when failCommit says so, and writes the inbox's processed_at from now
+// (the virtual clock's).
+func openSQLite(ctx context.Context, path string, failCommit func() bool, now func() time.Time) (*sqlx.DB, error) {
 	probe, err := sql.Open("sqlite", sqlite.DSN(path))
 	if err != nil {
 		return nil, err
 	}
 	drv := probe.Driver()
 	_ = probe.Close()
-	db := sqlx.NewDb(sql.OpenDB(connector{drv: drv, dsn: sqlite.DSN(path), failCommit: failCommit}), "sqlite")
+	db := sqlx.NewDb(sql.OpenDB(connector{drv: drv, dsn: sqlite.DSN(path), failCommit: failCommit, now: now}), "sqlite")
 	if err := db.PingContext(ctx); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("opening the kit's SQLite database: %w", err)
@@ -35,6 +38,7 @@ type connector struct {
 	drv        driver.Driver
 	dsn        string
 	failCommit func() bool
+	now        func() time.Time
 }
 
 func (c connector) Connect(context.Context) (driver.Conn, error) {
@@ -42,7 +46,7 @@ func (c connector) Connect(context.Context) (driver.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &conn{Conn: inner, failCommit: c.failCommit}, nil
+	return &conn{Conn: inner, failCommit: c.failCommit, now: c.now}, nil
 }
 
 func (c connector) Driver() driver.Driver { return c.drv }
@@ -52,6 +56,7 @@ func (c connector) Driver() driver.Driver { return c.drv }
 type conn struct {
 	driver.Conn
 	failCommit func() bool
+	now        func() time.Time
 	mu         sync.Mutex
 	tx         *tx
 }
@@ -88,6 +93,7 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 	if c.tx != nil && isInboxClaim(query) {
 		c.tx.inbox = true
 	}
+	query = c.clocked(query)
 	if e, ok := c.Conn.(driver.ExecerContext); ok {
 		return e.ExecContext(ctx, query, args)
 	}
@@ -105,6 +111,7 @@ func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, e
 	if c.tx != nil && isInboxClaim(query) {
 		c.tx.inbox = true
 	}
+	query = c.clocked(query)
 	if p, ok := c.Conn.(driver.ConnPrepareContext); ok {
 		return p.PrepareContext(ctx, query)
 	}
@@ -130,6 +137,21 @@ func (c *conn) ResetSession(ctx context.Context) error {
 		return r.ResetSession(ctx)
 	}
 	return nil
+}
+
+// sqliteNow is how the SQL inbox store writes processed_at on SQLite
+// (deduplication/sqlstore); TestTheInboxRecordsVirtualTime fails when it
+// changes.
+const sqliteNow = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)"
+
+// clocked returns the inbox's claim with the database's clock replaced by
+// the kit's; any other statement as it is (the outbox's times compare with
+// the relay's real clock).
+func (c *conn) clocked(query string) string {
+	if !isInboxClaim(query) || !strings.Contains(query, sqliteNow) {
+		return query
+	}
+	return strings.ReplaceAll(query, sqliteNow, strconv.FormatInt(c.now().UnixMicro(), 10))
 }
 
 // isInboxClaim reports whether query writes the inbox's record.

@@ -1,0 +1,44 @@
+package sqlstore_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/outbox/outboxtest"
+	"github.com/sluicemq/sluice/outbox/sqlstore"
+)
+
+// The SQL outbox passes the outbox conformance suite on PostgreSQL and on
+// SQLite, beside the SQL inbox.
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		pg := testenv.Postgres(t)
+		outboxtest.Run(t, func(t *testing.T) outboxtest.Stores {
+			schema := testenv.Schema(t, pg)
+			in := testenv.SQLStore(t, pg, schema+".inbox")
+			out, err := sqlstore.New(sqlstore.Config{DB: pg, Table: schema + ".outbox"})
+			require.NoError(t, err)
+			require.NoError(t, out.CreateTable(t.Context()))
+			return outboxtest.Stores{Inbox: in, Outbox: out}
+		})
+	})
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		outboxtest.Run(t, func(t *testing.T) outboxtest.Stores {
+			db := testenv.SQLite(t)
+			in, err := inbox.New(inbox.Config{DB: db})
+			require.NoError(t, err)
+			require.NoError(t, in.CreateTable(t.Context()))
+			out, err := sqlstore.New(sqlstore.Config{DB: db, Lease: time.Minute})
+			require.NoError(t, err)
+			require.NoError(t, out.CreateTable(t.Context()))
+			return outboxtest.Stores{Inbox: in, Outbox: out}
+		})
+	})
+}
