@@ -60,34 +60,32 @@ func TestTopologyDeclaresNothingRabbitMQ43Refuses(t *testing.T) {
 		testenv.DeleteQueuesAtEnd(t, transient)
 		require.Error(t, err, "RabbitMQ %s refuses a transient non-exclusive queue (make services configures the 4.0 node so)", testenv.RabbitMQVersion(t))
 	}
+	declared := map[string]bool{}
 	for name, cfg := range shapes {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			topo := newTopology(t, cfg)
-			declared := map[string]bool{}
-			for _, d := range topo.Declarations() {
-				var args map[string]any
-				require.NoError(t, json.Unmarshal([]byte(d.Arguments), &args))
-				require.Empty(t, rabbitmq43Refuses(args), "%s is declared with an argument RabbitMQ 4.3 refuses: %s", d.Name, d.Arguments)
-				declared[d.Name] = true
-			}
-			listed := 0
-			for line := range strings.SplitSeq(testenv.Rabbitmqctl(t, "-q", "list_queues", "--no-table-headers", "name", "durable", "exclusive"), "\n") {
-				// A quorum queue (always durable, never exclusive) lists
-				// no exclusive column.
-				f := strings.Fields(line)
-				if len(f) < 2 || !declared[f[0]] {
-					continue
-				}
-				listed++
-				require.Equal(t, "true", f[1], "%s is durable", f[0])
-				if len(f) > 2 {
-					require.Equal(t, "false", f[2], "%s is not exclusive", f[0])
-				}
-			}
-			require.Equal(t, len(declared), listed, "every queue of the topology is on the broker under test")
-		})
+		topo := newTopology(t, cfg)
+		for _, d := range topo.Declarations() {
+			var args map[string]any
+			require.NoError(t, json.Unmarshal([]byte(d.Arguments), &args))
+			require.Empty(t, rabbitmq43Refuses(args), "%s: %s is declared with an argument RabbitMQ 4.3 refuses: %s", name, d.Name, d.Arguments)
+			declared[d.Name] = true
+		}
 	}
+	// One rabbitmqctl for every shape: each starts an Erlang VM.
+	listed := 0
+	for line := range strings.SplitSeq(testenv.Rabbitmqctl(t, "-q", "list_queues", "--no-table-headers", "name", "durable", "exclusive"), "\n") {
+		// A quorum queue (always durable, never exclusive) lists no
+		// exclusive column.
+		f := strings.Fields(line)
+		if len(f) < 2 || !declared[f[0]] {
+			continue
+		}
+		listed++
+		require.Equal(t, "true", f[1], "%s is durable", f[0])
+		if len(f) > 2 {
+			require.Equal(t, "false", f[2], "%s is not exclusive", f[0])
+		}
+	}
+	require.Equal(t, len(declared), listed, "every queue of the topology is on the broker under test")
 }
 
 // Sluice never asks for global QoS (basic.qos with global true), which
