@@ -13,10 +13,17 @@ FUZZTIME      ?= 20000x
 # stops at a nested module, so every target names all three.
 MODULES       := . cmd examples
 PACKAGES      := ./... ./cmd/... ./examples/...
+# The tests about what changes with RabbitMQ 4.x (docs/rabbitmq.md), run
+# again on the 4.0 node of scripts/rabbitmq4.sh by test-rabbitmq4: the quorum
+# queue's default delivery limit (20) and what spends none of it (the brake,
+# the CLI's reads, a shutdown), the poison queue's limit, what 4.3 refuses,
+# and every test that manages the broker.
+RABBITMQ4_PACKAGES := ./internal/testenv ./rabbitmq ./router ./cmd/sluice
+RABBITMQ4_TESTS    := TestRabbitmqctlManagesTheBrokerUnderTest|TestTopologyDeclaresNothingRabbitMQ43Refuses|TestQuorumQueueWithoutDeliveryLimitHasTheBrokersDefault|TestTopologyQuorumDeliveryLimitDeadLettersToPoison|TestApplyNamesThePolicyForAnOldQuorumPoisonQueue|TestRefusedPoisonCopyIsParked|TestBrakeLongOutageOnAQuorumQueueSpendsNoDeliveryLimit|TestShutdownMidHandlerEffectOnce|TestInspectingAQuorumPoisonQueueKeepsItsOrder|TestInspectingAnOldQuorumPoisonQueueKeepsItsOrder|TestTopologyApplyShowsThePoisonQueueLimit
 FUZZ_TARGETS  := FuzzMarshalerUnmarshal:./rabbitmq FuzzClassifier:. FuzzSummary:./internal/diag FuzzRedactSecret:./internal/diag FuzzPrintable:./internal/diag FuzzEscapeJSON:./internal/diag FuzzTerminal:./internal/diag FuzzKeyFromJSON:./deduplication
 
 .DEFAULT_GOAL := help
-.PHONY: help run services test test-race fuzz chaos bench lint fmt tidy cover
+.PHONY: help run services test test-rabbitmq4 test-race fuzz chaos bench lint fmt tidy cover
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -29,11 +36,15 @@ services: ## make PostgreSQL, RabbitMQ, Redis and MariaDB reachable on 127.0.0.1
 
 test: services ## every test on the real services (race on), short fuzzing, the short chaos run (restarts RabbitMQ and PostgreSQL)
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PACKAGES)
+	@$(MAKE) --no-print-directory test-rabbitmq4
 	@# Broker-restart tests restart RabbitMQ: alone, after everything else.
 	$(GO) test -race -count=1 -timeout 5m -tags restart -run Restart ./rabbitmq/
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME)
 	@# The short reliability run: it restarts RabbitMQ and stops PostgreSQL, so it goes last.
 	$(GO) run ./cmd/sluice-chaos run
+
+test-rabbitmq4: services ## the tests about what changes with RabbitMQ 4.x, on the 4.0 node (scripts/rabbitmq4.sh; make test runs them)
+	env $$(bash scripts/rabbitmq4.sh env) $(GO) test -race -count=1 -timeout 8m -run '^($(RABBITMQ4_TESTS))$$' $(RABBITMQ4_PACKAGES)
 
 fuzz: ## run every fuzz target for FUZZTIME each (default 20000x executions; e.g. make fuzz FUZZTIME=2000000x)
 	@for t in $(FUZZ_TARGETS); do \

@@ -34,6 +34,10 @@
 #                             no ICMP error, as a host cut off by the network. The AMQP URLs
 #                             are reachable only from inside the namespace (ip netns exec,
 #                             or a socket opened there). Nothing outside it is touched.
+#   SLUICE_CLUSTER_ROOT       run the nodes from this directory with chroot: the RabbitMQ 4.0
+#                             directory of scripts/rabbitmq4.sh (default: the machine's
+#                             RabbitMQ). SLUICE_CLUSTER_DIR must then be inside it; the nodes
+#                             run as root there, with its Erlang cookie. Not with NETNS.
 #   SLUICE_CLUSTER_NET_TICKTIME   the nodes' net_ticktime in seconds (default Erlang's, 60):
 #                             how soon a node that stopped answering is seen as down
 #   SLUICE_CLUSTER_PARTITION_HANDLING  cluster_partition_handling (default RabbitMQ's, ignore)
@@ -58,6 +62,7 @@ load() {
   ports=${SLUICE_CLUSTER_PORTS:-}
   dist_ports=${SLUICE_CLUSTER_DIST_PORTS:-}
   netns=${SLUICE_CLUSTER_NETNS:-}
+  root=${SLUICE_CLUSTER_ROOT:-}
   ticktime=${SLUICE_CLUSTER_NET_TICKTIME:-}
   partition_handling=${SLUICE_CLUSTER_PARTITION_HANDLING:-}
   if [ -z "$ports" ]; then
@@ -65,6 +70,10 @@ load() {
   fi
   if [ -z "$dist_ports" ]; then
     for ((i = 1; i <= size; i++)); do dist_ports="$dist_ports $((25780 + i))"; done
+  fi
+  if [ -n "$root" ]; then
+    [ -z "$netns" ] || die "SLUICE_CLUSTER_ROOT and SLUICE_CLUSTER_NETNS do not go together"
+    case $dir in "$root"/*) ;; *) die "SLUICE_CLUSTER_DIR ($dir) must be inside SLUICE_CLUSTER_ROOT ($root)" ;; esac
   fi
   read -ra p <<<"$ports"
   read -ra d <<<"$dist_ports"
@@ -86,7 +95,12 @@ addr() { if [ -n "$netns" ]; then echo "127.0.0.$((10 + $1))"; else echo 127.0.0
 # host a long name the nodes resolve without DNS: rabbitmqctl's own node is
 # named after the host, and the nodes answer it by connecting to it.
 inns() {
-  if [ -n "$netns" ]; then
+  if [ -n "${root:-}" ]; then
+    # The directory's own RabbitMQ, run as root: HOME holds the cookie that
+    # scripts/rabbitmq4.sh's node and its rabbitmqctl share.
+    chroot "$root" /usr/bin/env -i PATH=/usr/lib/rabbitmq/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+      HOME=/var/lib/sluice-rmq4 LANG=C.UTF-8 "$@"
+  elif [ -n "$netns" ]; then
     ip netns exec "$netns" env RABBITMQ_USE_LONGNAME=true RABBITMQ_CONF_ENV_FILE="$dir/rabbitmq-env.conf" \
       ERL_INETRC="$dir/inetrc" "$@"
   else
@@ -111,6 +125,7 @@ prefix='$prefix'
 ports='$ports'
 dist_ports='$dist_ports'
 netns='$netns'
+root='$root'
 ticktime='$ticktime'
 partition_handling='$partition_handling'
 EOF
@@ -138,6 +153,7 @@ EOF
     [ -z "$partition_handling" ] || printf 'cluster_partition_handling = %s\n' "$partition_handling" >>"$dir/node$i/rabbitmq.conf"
     printf '[].\n' >"$dir/node$i/enabled_plugins"
   done
+  [ -z "$root" ] || return 0
   chown -R rabbitmq:rabbitmq "$dir"
   su rabbitmq -s /bin/sh -c "test -w '$dir/node1/mnesia'" || die "the rabbitmq user cannot write $dir: is a directory above it private?"
 }
@@ -145,6 +161,7 @@ EOF
 # launch starts node N detached; it returns before the node is up.
 launch() {
   local n=$1 nd="$dir/node$1" args="" ip
+  nd=${nd#"${root:-}"} # the path as the node sees it
   [ -z "$ticktime" ] || args="-kernel net_ticktime $ticktime"
   if [ -n "$netns" ]; then
     ip=$(addr "$n")

@@ -84,7 +84,10 @@ build() {
 # here applies on the next start).
 configure() {
   as_root mkdir -p "$root$state/mnesia" "$root$state/log"
-  printf 'listeners.tcp.default = 127.0.0.1:%s\nloopback_users.guest = true\n' "$port" |
+  # What 4.3 removed is refused here as 4.3 refuses it (transient
+  # non-exclusive queues, global QoS), so the tests on 4.0 catch its use.
+  printf 'listeners.tcp.default = 127.0.0.1:%s\nloopback_users.guest = true\n%s\n%s\n' "$port" \
+    'deprecated_features.permit.transient_nonexcl_queues = false' 'deprecated_features.permit.global_qos = false' |
     as_root tee "$root$state/rabbitmq.conf" >/dev/null
   printf '[].\n' | as_root tee "$root$state/enabled_plugins" >/dev/null
   # The cookie the node and its rabbitmqctl share, written before either

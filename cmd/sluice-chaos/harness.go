@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -27,6 +28,7 @@ import (
 	"github.com/sluicemq/sluice/dlq"
 	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/localenv"
+	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
@@ -85,9 +87,15 @@ func harnessMain(args []string) error {
 	fs.IntVar(&o.maxBatch, "max-batch", deduplication.MaxBatchDefault, "group commit's MaxBatch in the -batched scenarios")
 	fs.DurationVar(&o.maxWait, "max-wait", deduplication.MaxWaitDefault, "group commit's MaxWait in the -batched scenarios")
 	fs.IntVar(&o.batchPrefetch, "batch-prefetch", 32, "deliveries in flight per subscription in the -batched scenarios (0: the broker's default)")
+	rabbitmq4 := fs.Bool("rabbitmq4", false, "run on the RabbitMQ 4.0 node of make services (scripts/rabbitmq4.sh env: its URL, and its rabbitmqctl for the restarts and policies; cluster-node-kill's cluster runs from its directory)")
 	fs.StringVar(&o.clusterScript, "cluster-script", "", "scripts/rabbitmq-cluster.sh, for "+clusterScenario+" (default: found above the working directory)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *rabbitmq4 {
+		if err := useRabbitMQ4(&o); err != nil {
+			return err
+		}
 	}
 	o.scenarios = strings.Split(scenarios, ",")
 	if o.subscriber != "sluice" && o.subscriber != "watermill" {
@@ -526,14 +534,14 @@ func (w *world) disrupt(ctx context.Context, rng *rand.Rand, scenario string) er
 			}
 		}
 	case "rabbitmq-restart":
-		if err := run("rabbitmqctl", "stop_app"); err != nil {
+		if err := ctl("stop_app"); err != nil {
 			return err
 		}
 		sleep(w.o.mqDown)
-		if err := run("rabbitmqctl", "start_app"); err != nil {
+		if err := ctl("start_app"); err != nil {
 			return err
 		}
-		return run("rabbitmqctl", "await_startup")
+		return ctl("await_startup")
 	case "postgres-stop":
 		version, err := pgVersion()
 		if err != nil {
@@ -554,6 +562,61 @@ func (w *world) disrupt(ctx context.Context, rng *rand.Rand, scenario string) er
 		return w.disruptCluster(ctx)
 	}
 	return nil
+}
+
+// ctl runs rabbitmqctl args against the broker under test: the
+// machine's, or with --rabbitmq4 the 4.0 node's (testenv.TryRabbitmqctl).
+func ctl(args ...string) error {
+	_, err := testenv.TryRabbitmqctl(context.Background(), args...)
+	return err
+}
+
+// useRabbitMQ4 points the harness at the RabbitMQ 4.0 node of
+// scripts/rabbitmq4.sh: its URL, its installation and node name (for
+// rabbitmqctl and the private cluster).
+func useRabbitMQ4(o *options) error {
+	script, err := findAbove("scripts/rabbitmq4.sh")
+	if err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(context.Background(), "bash", script, "env").Output()
+	if err != nil {
+		return fmt.Errorf("%s env: %w", script, err)
+	}
+	for line := range strings.SplitSeq(strings.TrimSpace(string(out)), "\n") {
+		k, v, _ := strings.Cut(line, "=")
+		switch k {
+		case "SLUICE_TEST_AMQP_URL":
+			o.amqpURL = v
+		case "SLUICE_TEST_RABBITMQ_ROOT":
+			testenv.RabbitMQRoot = v
+		case "SLUICE_TEST_RABBITMQ_NODE":
+			testenv.RabbitMQNode = v
+		}
+	}
+	if err := ctl("await_startup", "--timeout", "10"); err != nil {
+		return fmt.Errorf("the RabbitMQ 4.0 node is not running (make services starts it): %w", err)
+	}
+	return nil
+}
+
+// findAbove finds rel above the working directory.
+func findAbove(rel string) (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		p := filepath.Join(dir, rel)
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("%s not found above the working directory", rel)
+		}
+		dir = parent
+	}
 }
 
 func run(name string, args ...string) error {
@@ -599,11 +662,11 @@ func (w *world) fillPoisonQueue(ctx context.Context, d time.Duration) error {
 			return err
 		}
 		limit := info.Messages + 500
-		if err := run("rabbitmqctl", "set_policy", "--apply-to", "queues", "--priority", "100", policy,
+		if err := ctl("set_policy", "--apply-to", "queues", "--priority", "100", policy,
 			"^"+regexp.QuoteMeta(q)+"$", fmt.Sprintf(`{"max-length":%d,"overflow":"reject-publish"}`, limit)); err != nil {
 			return err
 		}
-		defer func() { _ = run("rabbitmqctl", "clear_policy", policy) }()
+		defer func() { _ = ctl("clear_policy", policy) }()
 		if err := ch.Confirm(false); err != nil {
 			return err
 		}

@@ -114,7 +114,7 @@ func (w *world) disruptOutbox(ctx context.Context, rng *rand.Rand) error {
 	if err := w.db.GetContext(ctx, &w.ob.at, "SELECT count(DISTINCT event_id) FROM "+w.name+".effects"); err != nil {
 		return err
 	}
-	if err := run("rabbitmqctl", "stop_app"); err != nil {
+	if err := ctl("stop_app"); err != nil {
 		return err
 	}
 	down := time.Now()
@@ -129,12 +129,12 @@ func (w *world) disruptOutbox(ctx context.Context, rng *rand.Rand) error {
 		w.ob.pending, last = r.N, r.Last
 	}
 	// Back up whatever happened.
-	if startErr := run("rabbitmqctl", "start_app"); startErr != nil {
+	if startErr := ctl("start_app"); startErr != nil {
 		return errors.Join(err, startErr)
 	}
 	back := time.Now()
 	w.ob.down = back.Sub(down)
-	if err := errors.Join(err, run("rabbitmqctl", "await_startup")); err != nil {
+	if err := errors.Join(err, ctl("await_startup")); err != nil {
 		return err
 	}
 	for {

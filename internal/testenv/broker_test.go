@@ -34,6 +34,6 @@ func TestRabbitmqctlManagesTheBrokerUnderTest(t *testing.T) {
 			}
 		}
 		return false
-	}, 30*time.Second, 200*time.Millisecond, "the policy applies to the queue on the broker under test")
+	}, 2*time.Minute, 200*time.Millisecond, "the policy applies to the queue on the broker under test") // a liveness bound: each rabbitmqctl starts an Erlang VM, seconds on a loaded machine
 	t.Logf("RabbitMQ %s", testenv.RabbitMQVersion(t))
 }

@@ -28,8 +28,8 @@ const clusterCommandTimeout = 3 * time.Minute
 // scripts/rabbitmq-cluster.sh with free ports, node names of its own and a
 // temporary state directory, for tests that kill nodes: the shared broker
 // is never touched. Nodes are numbered from 0 here (the script numbers
-// them from 1). It needs rabbitmq-server and root, as StartPrivateRabbitMQ
-// does. Its methods are safe for concurrent use, but a test that kills a
+// them from 1). Its nodes run from the installation under test
+// (RabbitMQRoot), and it needs root, as StartPrivateRabbitMQ does. Its methods are safe for concurrent use, but a test that kills a
 // node has the cluster to itself only if no other test uses it meanwhile.
 type PrivateCluster struct {
 	// URLs are the nodes' AMQP URLs (guest account), node i at URLs[i].
@@ -85,7 +85,13 @@ func StartClusterWith(n int, o ClusterOptions) (*PrivateCluster, error) {
 			return nil, err
 		}
 	}
-	dir, err := os.MkdirTemp("", "sluice-cluster-")
+	// The nodes run from the installation under test (RabbitMQRoot, if
+	// set): their files are inside it.
+	base := ""
+	if RabbitMQRoot != "" {
+		base = filepath.Join(RabbitMQRoot, "tmp")
+	}
+	dir, err := os.MkdirTemp(base, "sluice-cluster-")
 	if err != nil {
 		return nil, err
 	}
@@ -97,6 +103,9 @@ func StartClusterWith(n int, o ClusterOptions) (*PrivateCluster, error) {
 	c := &PrivateCluster{dir: dir, script: script}
 	prefix := strings.ReplaceAll(Name("sluicec"), "_", "-") + "-n"
 	env := []string{"SLUICE_CLUSTER_SIZE=" + strconv.Itoa(n), "SLUICE_CLUSTER_NAME=" + prefix}
+	if RabbitMQRoot != "" {
+		env = append(env, "SLUICE_CLUSTER_ROOT="+RabbitMQRoot)
+	}
 	if o.Partitionable {
 		c.netns = prefix + "s"
 		env = append(env, "SLUICE_CLUSTER_NETNS="+c.netns)
@@ -234,7 +243,7 @@ func (c *PrivateCluster) Running(i int) bool {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	return exec.CommandContext(ctx, "rabbitmqctl", "-q", "-n", c.Nodes[i], "ping").Run() == nil
+	return rabbitmqCommand(ctx, nil, "rabbitmqctl", "-q", "-n", c.Nodes[i], "ping").Run() == nil
 }
 
 // QuorumLeader returns the index of the node leading the quorum queue,
