@@ -273,7 +273,7 @@ func judge(l Loop, stage string, step, size, replayed int, items map[string]bool
 	}
 	silent := n - len(heard) // items still only "replayed": no consumer's record
 	rate := float64(poisoned) / float64(n)
-	noStage := fmt.Sprintf("does the consumer run the replay stage (router.Stages.Replay) recording into %s of --outcomes?", l.Where)
+	noStage := fmt.Sprintf("does the consumer run the replay stage (router.Stages.Replay) recording into %s of --outcomes? (a service.New with Config.Schema S records into --outcomes-table S.sluice_replay)", l.Where)
 	switch {
 	case silent == n:
 		b.Stopped = fmt.Sprintf("no outcome recorded within --wait %s for any of the %d events: %s", l.Wait, n, noStage)

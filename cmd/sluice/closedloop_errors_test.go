@@ -33,6 +33,7 @@ func TestClosedLoopWithoutTheReplayStageSaysWhatIsMissing(t *testing.T) {
 	want := "no outcome recorded within --wait 2s for any of the 2 events: does the consumer run the replay stage (router.Stages.Replay) recording into table " + table + " of --outcomes?"
 	require.Contains(t, out, "stopped: "+want)
 	require.Contains(t, errOut, want)
+	require.Contains(t, errOut, "(a service.New with Config.Schema S records into --outcomes-table S.sluice_replay)")
 	require.NotContains(t, out, "were not processed")
 }
 

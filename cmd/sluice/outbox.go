@@ -78,7 +78,7 @@ func (f *outboxFlags) open(many bool) ([]*sqlstore.Store, context.Context, func(
 		}
 		found, err := s.Exists(ctx)
 		if err == nil && !found {
-			err = fmt.Errorf("no outbox table %s in that database (check --table and --db: the table of the services' outbox/sqlstore.Config.Table; nothing was created)", diag.Printable(name, 128))
+			err = fmt.Errorf("no outbox table %s in that database (check --table and --db: the table of the services' outbox/sqlstore.Config.Table, or --table SCHEMA.sluice_outbox for a service.Config.Schema; nothing was created)", diag.Printable(name, 128))
 		}
 		if err != nil {
 			done()

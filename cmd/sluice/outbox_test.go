@@ -238,6 +238,9 @@ func TestOutboxCommandsRefuseWhatTheyCannotRead(t *testing.T) {
 	code, _, errOut = cli("outbox", "stats", "--db", testenv.PostgresURL, "--table", missing)
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "no outbox table "+missing+" in that database")
+	// A service.New with Config.Schema keeps its outbox in that schema: the
+	// error names the flag that reaches it.
+	require.Contains(t, errOut, "--table SCHEMA.sluice_outbox")
 	var created bool
 	require.NoError(t, b.db.Get(&created, `SELECT to_regclass($1) IS NOT NULL`, missing))
 	require.False(t, created)
