@@ -156,9 +156,12 @@ func (s *Service) Ready(ctx context.Context) Report {
 }
 
 // Health serves the reports as JSON in the shape Kubernetes probes expect:
-// a path ending in "/livez" the liveness report (Live), any other the
-// readiness report (Ready); 200 when it passes, 503 when it fails. Mount it
-// at both: mux.Handle("/livez", h); mux.Handle("/readyz", h).
+// a path ending in "/livez" the liveness report (Live), one ending in
+// "/readyz" the readiness report (Ready); 200 when it passes, 503 when it
+// fails. Any other path is 404, naming the two: a liveness probe pointed at
+// "/healthz" must not read the readiness report, which fails during a
+// database outage and would have every instance restarted. Mount it at
+// both: mux.Handle("/livez", h); mux.Handle("/readyz", h).
 func (s *Service) Health() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if req.Method != http.MethodGet && req.Method != http.MethodHead {
@@ -167,10 +170,14 @@ func (s *Service) Health() http.Handler {
 			return
 		}
 		var r Report
-		if strings.HasSuffix(req.URL.Path, "/livez") {
+		switch {
+		case strings.HasSuffix(req.URL.Path, "/livez"):
 			r = s.Live(req.Context())
-		} else {
+		case strings.HasSuffix(req.URL.Path, "/readyz"):
 			r = s.Ready(req.Context())
+		default:
+			http.Error(w, "not found: the health handler answers a path ending in /livez (liveness) or /readyz (readiness)", http.StatusNotFound)
+			return
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")

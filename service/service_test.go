@@ -252,6 +252,9 @@ func TestHealthReportsTheBrakeAndTheRelaysLag(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	code, _ = get(t, h, "/other/livez")
 	require.Equal(t, http.StatusOK, code, "any path ending in /livez")
+	code, body = get(t, h, "/healthz") // a liveness probe at the wrong path: not the readiness report
+	require.Equal(t, http.StatusNotFound, code, body)
+	require.Contains(t, body, "/livez")
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/readyz", nil))
 	require.Equal(t, http.StatusMethodNotAllowed, rec.Code)
