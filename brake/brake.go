@@ -113,8 +113,10 @@ type Config struct {
 	// quorum queue's x-delivery-limit. Nil lets one delivery probe, as
 	// without a Probe: a dependency that answers a ping but fails the
 	// handler is still caught, at the cost of that one delivery. Without a
-	// Probe every probe is a delivery, and each failed one is a return of it
-	// (docs/retry-tiers.md says what that costs). router.Add defaults it to
+	// Probe every probe is a delivery; a failed one fails with
+	// sluice.ErrSetAside, which the retry stage sets aside in its first tier
+	// (its attempt unchanged) instead of returning it to the queue
+	// (docs/retry-tiers.md says what an outage costs). router.Add defaults it to
 	// the inbox store's Ping when the store has one. Default: none.
 	Probe func(ctx context.Context) error
 	// ProbeTimeout bounds each call of Probe; a probe that outlasts it
@@ -277,7 +279,10 @@ func (b *Brake) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		produced, err := h(msg)
 		if b.record(err, probe) {
 			b.heldCt.Add(ctx, 1, b.held(ctx))
-			b.cfg.Logger.Debug("Delivery held back by the brake", telemetry.LogFields(msg, nil))
+			b.cfg.Logger.Debug("Delivery held back by the brake", telemetry.LogFields(msg, watermill.LogFields{"probe": probe}))
+			if probe { // set aside, not returned: a probe costs nothing however long the outage
+				return nil, fmt.Errorf("%w: %w", sluice.ErrSetAside, err)
+			}
 			return nil, fmt.Errorf("%w: %w", sluice.ErrHeld, err)
 		}
 		return produced, err
