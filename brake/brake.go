@@ -160,6 +160,9 @@ type Brake struct {
 	cancelProbes context.CancelFunc
 	running      sync.WaitGroup // a Probe call in progress
 	failedProbes int            // dependency probes failed since engaging
+	// wary: the brake has engaged, and no whole window has passed since
+	// without a counted failure: such failures are held, not spent.
+	wary bool
 
 	stateGauge                   metric.Int64Gauge
 	transitions, heldCt, probeCt metric.Int64Counter
@@ -359,11 +362,19 @@ func (b *Brake) record(err error, probe bool) (hold bool) {
 	b.ring[b.next] = counted
 	b.next = (b.next + 1) % len(b.ring)
 	if !counted {
+		if b.wary && b.seen == len(b.ring) && b.failures == 0 {
+			b.wary = false // a whole window without one: the outage is over
+		}
 		return false
 	}
 	b.failures++
 	if b.failures < b.threshold {
-		return false
+		// Once the brake has seen the dependency down, a failure of the
+		// kind it watches is held, not spent, until a whole window passes
+		// without one: a database that lets some connections in and
+		// refuses others (53300, too many clients) would otherwise spend
+		// a good event's ladder between engagements.
+		return b.wary
 	}
 	b.transition(Engaged, err)
 	return true
@@ -395,6 +406,7 @@ func (b *Brake) transition(to State, cause error) {
 	defer span.End()
 	switch to {
 	case Engaged:
+		b.wary = true
 		fields["failures"] = fmt.Sprintf("%d of the last %d deliveries", b.failures, b.seen)
 		fields["cool_down"] = b.coolDown.String()
 		if from == Probing {
