@@ -115,6 +115,15 @@ func Invariant(err error) error { return NewFailure(ClassInvariant, err) }
 // requeues it.
 var ErrHeld = errors.New("sluice: delivery held back by the brake")
 
+// ErrSetAside marks a held delivery (it matches ErrHeld) that is not to be
+// returned to its queue: the brake's failed probe delivery. The retry stage
+// sets it aside — a copy of it, its attempt unchanged, published with
+// confirm to the first retry tier, then the original acked — so however
+// long an outage lasts, its probes spend no attempt and no return counting
+// toward a quorum queue's x-delivery-limit. Without a retry stage it is
+// nacked, as ErrHeld.
+var ErrSetAside = fmt.Errorf("%w, set aside in a retry tier", ErrHeld)
+
 // ErrShutdown marks a delivery given back to its queue unprocessed because
 // the consumer is shutting down: the shutdown grace ran out while its
 // handler was still at work (middleware.ShutdownGrace, on by default in

@@ -113,8 +113,10 @@ type Config struct {
 	// quorum queue's x-delivery-limit. Nil lets one delivery probe, as
 	// without a Probe: a dependency that answers a ping but fails the
 	// handler is still caught, at the cost of that one delivery. Without a
-	// Probe every probe is a delivery, and each failed one is a return of it
-	// (docs/retry-tiers.md says what that costs). router.Add defaults it to
+	// Probe every probe is a delivery; a failed one fails with
+	// sluice.ErrSetAside, which the retry stage sets aside in its first tier
+	// (its attempt unchanged) instead of returning it to the queue
+	// (docs/retry-tiers.md says what an outage costs). router.Add defaults it to
 	// the inbox store's Ping when the store has one. Default: none.
 	Probe func(ctx context.Context) error
 	// ProbeTimeout bounds each call of Probe; a probe that outlasts it
@@ -161,6 +163,9 @@ type Brake struct {
 	cancelProbes context.CancelFunc
 	running      sync.WaitGroup // a Probe call in progress
 	failedProbes int            // dependency probes failed since engaging
+	// wary: the brake has engaged, and no whole window has passed since
+	// without a counted failure: such failures are held, not spent.
+	wary bool
 
 	stateGauge                   metric.Int64Gauge
 	transitions, heldCt, probeCt metric.Int64Counter
@@ -281,7 +286,10 @@ func (b *Brake) Middleware(h message.HandlerFunc) message.HandlerFunc {
 		produced, err := h(msg)
 		if b.record(err, probe) {
 			b.heldCt.Add(ctx, 1, b.held(ctx))
-			b.cfg.Logger.Debug("Delivery held back by the brake", telemetry.LogFields(msg, nil))
+			b.cfg.Logger.Debug("Delivery held back by the brake", telemetry.LogFields(msg, watermill.LogFields{"probe": probe}))
+			if probe { // set aside, not returned: a probe costs nothing however long the outage
+				return nil, fmt.Errorf("%w: %w", sluice.ErrSetAside, err)
+			}
 			return nil, fmt.Errorf("%w: %w", sluice.ErrHeld, err)
 		}
 		return produced, err
@@ -358,11 +366,19 @@ func (b *Brake) record(err error, probe bool) (hold bool) {
 	b.ring[b.next] = counted
 	b.next = (b.next + 1) % len(b.ring)
 	if !counted {
+		if b.wary && b.seen == len(b.ring) && b.failures == 0 {
+			b.wary = false // a whole window without one: the outage is over
+		}
 		return false
 	}
 	b.failures++
 	if b.failures < b.threshold {
-		return false
+		// Once the brake has seen the dependency down, a failure of the
+		// kind it watches is held, not spent, until a whole window passes
+		// without one: a database that lets some connections in and
+		// refuses others (53300, too many clients) would otherwise spend
+		// a good event's ladder between engagements.
+		return b.wary
 	}
 	b.transition(Engaged, err)
 	return true
@@ -394,6 +410,7 @@ func (b *Brake) transition(to State, cause error) {
 	defer span.End()
 	switch to {
 	case Engaged:
+		b.wary = true
 		fields["failures"] = fmt.Sprintf("%d of the last %d deliveries", b.failures, b.seen)
 		fields["cool_down"] = b.coolDown.String()
 		if from == Probing {

@@ -84,12 +84,17 @@ func TestEngagesHoldsProbesAndReleases(t *testing.T) {
 	require.GreaterOrEqual(t, time.Since(start), 600*time.Millisecond, "the cool-down doubled")
 	require.NoError(t, run(b, nil), "the probe succeeds")
 	require.Equal(t, brake.Released, b.State())
-	require.NotErrorIs(t, run(b, sluice.Transient(errDown)), sluice.ErrHeld, "released with a clean window")
+	require.ErrorIs(t, run(b, sluice.Transient(errDown)), sluice.ErrHeld, "released but wary: a failure of the kind it saw is held")
+	require.Equal(t, brake.Released, b.State(), "one failure does not engage it")
+	for range 10 {
+		require.NoError(t, run(b, nil))
+	}
+	require.NotErrorIs(t, run(b, sluice.Transient(errDown)), sluice.ErrHeld, "a whole window without one: the retry stage's again")
 
 	require.Equal(t, int64(2), stateCount(t, reader, "engaged"))
 	require.Equal(t, int64(2), stateCount(t, reader, "probing"))
 	require.Equal(t, int64(1), stateCount(t, reader, "released"))
-	require.Equal(t, int64(3), testenv.CounterSum(t, reader, brake.MetricHeld))
+	require.Equal(t, int64(4), testenv.CounterSum(t, reader, brake.MetricHeld))
 }
 
 func stateCount(t *testing.T, reader *sdkmetric.ManualReader, state string) int64 {

@@ -160,6 +160,9 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 				telemetry.LogFields(msg, watermill.LogFields{"removed": strings.Join(removed, ",")}))
 		}
 		produced, err := h(msg)
+		if errors.Is(err, sluice.ErrSetAside) && len(s.cfg.Tiers) > 0 {
+			return nil, s.setAside(msg, err)
+		}
 		if err == nil || s.cfg.Classifier.Classify(err) != sluice.ClassTransient {
 			return produced, err
 		}
@@ -203,6 +206,31 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 		})
 		return nil, nil
 	}
+}
+
+// setAside publishes a copy of a held delivery (sluice.ErrSetAside: the
+// brake's failed probe) to the first tier, its attempt unchanged, and
+// returns nil once the copy is stored: the original is acked, not returned
+// to its queue, where each return counts toward a quorum queue's
+// x-delivery-limit. When no tier takes it, it returns err: nacked, as any
+// held delivery.
+func (s *stage) setAside(msg *message.Message, err error) error {
+	attempt, aErr := sluice.Attempt(msg)
+	if aErr != nil {
+		return err // held: the next delivery finds the forged attempt
+	}
+	first := s.cfg.Tiers[0]
+	p := plan{tier: 0, topic: first.Pick().Topic, next: attempt}
+	tier, pErr := s.park(msg, p, diag.Summary(err, s.cfg.ErrorMaxLength))
+	if pErr != nil {
+		return errors.Join(err, fmt.Errorf("retrytiers: setting the held delivery aside in tier %s: %w", tier.Name, pErr))
+	}
+	s.cfg.Logger.Debug("Held delivery set aside in a retry tier, its attempt unchanged", diag.LogFields(telemetry.LogFields(msg,
+		watermill.LogFields{"tier": tier.Name, "attempt": attempt})))
+	sluice.Record(msg.Context(), func(r *sluice.Report) {
+		r.Outcome, r.Tier, r.Attempt = sluice.OutcomeHeld, tier.Name, attempt
+	})
+	return nil
 }
 
 // park publishes the copy of the delivery to the tier plan chose. When

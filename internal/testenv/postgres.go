@@ -28,6 +28,14 @@ type PrivatePostgres struct {
 // binaries; as root the cluster runs as the postgres user.
 func StartPrivatePostgres(t testing.TB) *PrivatePostgres {
 	t.Helper()
+	return StartPrivatePostgresWith(t, 100)
+}
+
+// StartPrivatePostgresWith is StartPrivatePostgres with max_connections
+// maxConnections: a server whose clients run out ("too many clients",
+// 53300).
+func StartPrivatePostgresWith(t testing.TB, maxConnections int) *PrivatePostgres {
+	t.Helper()
 	bin := postgresBin(t)
 	dir, err := os.MkdirTemp("", "sluice-postgres-")
 	require.NoError(t, err)
@@ -40,7 +48,8 @@ func StartPrivatePostgres(t testing.TB) *PrivatePostgres {
 	}
 	p.run(t, filepath.Join(bin, "initdb"), "-D", p.dir, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8")
 	opts := "-c listen_addresses=127.0.0.1 -c port=" + strconv.Itoa(p.port) +
-		" -c unix_socket_directories=" + dir + " -c fsync=off -c max_connections=100"
+		" -c unix_socket_directories=" + dir + " -c fsync=off -c max_connections=" + strconv.Itoa(maxConnections) +
+		" -c superuser_reserved_connections=0"
 	p.ctl = func(t testing.TB, args ...string) {
 		t.Helper()
 		p.run(t, filepath.Join(bin, "pg_ctl"), append([]string{"-D", p.dir, "-o", opts, "-w", "-t", "60", "-l", filepath.Join(dir, "log")}, args...)...)
