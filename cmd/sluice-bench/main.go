@@ -3,21 +3,28 @@
 //
 //	go run ./cmd/sluice-bench                # every suite
 //	go run ./cmd/sluice-bench -suite inbox   # one suite
+//	go run ./cmd/sluice-bench -suite e2e,groupcommit -compare-amqp-url amqp://guest:guest@127.0.0.1:5682/
+//	                                         # each suite on both brokers, side by side
 //
 // The numbers for this repository's machines are in docs/benchmarks.md.
 package main
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
 	"os"
 	"os/signal"
 	"strings"
+	"time"
+	"unicode/utf8"
 
 	_ "github.com/lib/pq" // the PostgreSQL driver
 
 	"github.com/sluicemq/sluice/cmd/internal/bench"
+	amqp "github.com/sluicemq/sluice/internal/amqp091"
+	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/localenv"
 )
 
@@ -43,6 +50,7 @@ func run() int {
 	flag.IntVar(&o.Messages, "messages", 500, "messages per variant per round")
 	flag.IntVar(&o.Rounds, "rounds", 12, "rounds; medians are reported")
 	flag.IntVar(&o.Prefetch, "prefetch", 0, "prefetch of Sluice's Consumer in the consumer suite (0: its default, 16)")
+	compare := flag.String("compare-amqp-url", "", "a second RabbitMQ (e.g. the 4.0 node of make services, amqp://guest:guest@127.0.0.1:5682/): each suite runs on both, printed side by side")
 	flag.Parse()
 	if o.Messages < 1 || o.Rounds < 1 {
 		fmt.Fprintln(os.Stderr, "sluice-bench: -messages and -rounds must be at least 1")
@@ -69,6 +77,14 @@ func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	for _, name := range want {
+		if *compare != "" {
+			if err := sideBySide(ctx, all[name], o, *compare); err != nil {
+				fmt.Fprintf(os.Stderr, "sluice-bench: %s: %v\n", name, err)
+				return 1
+			}
+			fmt.Println()
+			continue
+		}
 		if err := all[name](ctx, o); err != nil {
 			fmt.Fprintf(os.Stderr, "sluice-bench: %s: %v\n", name, err)
 			return 1
@@ -76,4 +92,44 @@ func run() int {
 		fmt.Println()
 	}
 	return 0
+}
+
+// sideBySide runs suite on o's broker, then on the broker at other, and
+// prints the two outputs in two columns, each under its broker's version.
+func sideBySide(ctx context.Context, suite func(context.Context, bench.Options) error, o bench.Options, other string) error {
+	var cols [2][]string
+	for i, url := range []string{o.AMQPURL, other} {
+		var buf bytes.Buffer
+		run := o
+		run.AMQPURL, run.Out = url, &buf
+		if err := suite(ctx, run); err != nil {
+			return fmt.Errorf("on %s: %w", diag.RedactURL(url), err)
+		}
+		cols[i] = append([]string{"RabbitMQ " + brokerVersion(url), ""}, strings.Split(strings.TrimRight(buf.String(), "\n"), "\n")...)
+	}
+	width := 0
+	for _, l := range cols[0] {
+		width = max(width, utf8.RuneCountInString(l))
+	}
+	for i := range max(len(cols[0]), len(cols[1])) {
+		var left, right string
+		if i < len(cols[0]) {
+			left = cols[0][i]
+		}
+		if i < len(cols[1]) {
+			right = cols[1][i]
+		}
+		fmt.Printf("%s%s  │  %s\n", left, strings.Repeat(" ", width-utf8.RuneCountInString(left)), right)
+	}
+	return nil
+}
+
+// brokerVersion is the version the broker at url reports, or "?".
+func brokerVersion(url string) string {
+	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(10 * time.Second)})
+	if err != nil {
+		return "?"
+	}
+	defer func() { _ = conn.Close() }()
+	return fmt.Sprint(conn.Properties["version"])
 }
