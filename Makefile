@@ -19,7 +19,7 @@ PACKAGES      := ./... ./cmd/... ./examples/...
 # the CLI's reads, a shutdown), the poison queue's limit, what 4.3 refuses,
 # and every test that manages the broker.
 RABBITMQ4_PACKAGES := ./internal/testenv ./rabbitmq ./router ./cmd/sluice
-RABBITMQ4_TESTS    := TestRabbitmqctlManagesTheBrokerUnderTest|TestTopologyDeclaresNothingRabbitMQ43Refuses|TestQuorumQueueWithoutDeliveryLimitHasTheBrokersDefault|TestTopologyQuorumDeliveryLimitDeadLettersToPoison|TestApplyNamesThePolicyForAnOldQuorumPoisonQueue|TestRefusedPoisonCopyIsParked|TestBrakeLongOutageOnAQuorumQueueSpendsNoDeliveryLimit|TestShutdownMidHandlerEffectOnce|TestInspectingAQuorumPoisonQueueKeepsItsOrder|TestInspectingAnOldQuorumPoisonQueueKeepsItsOrder|TestTopologyApplyShowsThePoisonQueueLimit
+RABBITMQ4_TESTS    := TestRabbitmqctlManagesTheBrokerUnderTest|TestBrakeWithoutAProbeAnOutageDeadLettersNothing|TestTopologyDeclaresNothingRabbitMQ43Refuses|TestQuorumQueueWithoutDeliveryLimitHasTheBrokersDefault|TestTopologyQuorumDeliveryLimitDeadLettersToPoison|TestApplyNamesThePolicyForAnOldQuorumPoisonQueue|TestRefusedPoisonCopyIsParked|TestBrakeLongOutageOnAQuorumQueueSpendsNoDeliveryLimit|TestShutdownMidHandlerEffectOnce|TestInspectingAQuorumPoisonQueueKeepsItsOrder|TestInspectingAnOldQuorumPoisonQueueKeepsItsOrder|TestTopologyApplyShowsThePoisonQueueLimit
 FUZZ_TARGETS  := FuzzMarshalerUnmarshal:./rabbitmq FuzzClassifier:. FuzzSummary:./internal/diag FuzzRedactSecret:./internal/diag FuzzPrintable:./internal/diag FuzzEscapeJSON:./internal/diag FuzzTerminal:./internal/diag FuzzKeyFromJSON:./deduplication
 
 .DEFAULT_GOAL := help

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -20,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
 	dedupredis "github.com/sluicemq/sluice/deduplication/redisstore"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
@@ -383,9 +386,9 @@ func TestQueues(t *testing.T) {
 	b.fill(t)
 	code, out, errOut := b.cli(t, "queues", "--queue", b.topo.Queue(), "--tiers", "1m", "--queue", "no_such_queue_"+b.topo.Queue())
 	require.Equal(t, 0, code, errOut)
-	require.Regexp(t, regexp.QuoteMeta(b.topo.Queue())+`\s+│ main\s+│ 0\s+│ -\s+│ 0\s+│ -`, out)
+	require.Regexp(t, regexp.QuoteMeta(b.topo.Queue())+`\s+│ main\s+│ 0\s+│ -\s+│ -\s+│ 0\s+│ -`, out)
 	require.Regexp(t, regexp.QuoteMeta(b.topo.Queue()+".retry.1m")+`\s+│ tier 1m\s+│ 0`, out)
-	require.Regexp(t, regexp.QuoteMeta(b.topo.PoisonQueue())+`\s+│ poison\s+│ 6\s+│ -\s+│ 0\s+│ \d+s \(poisoned\)`, out)
+	require.Regexp(t, regexp.QuoteMeta(b.topo.PoisonQueue())+`\s+│ poison\s+│ 6\s+│ -\s+│ -\s+│ 0\s+│ \d+s \(poisoned\)`, out)
 	require.Regexp(t, `no_such_queue_\S+\s+│ main\s+│ missing`, out)
 	require.Equal(t, 6, testenv.QueueDepth(t, testenv.AMQP(t), b.topo.PoisonQueue()), "reading the head removed nothing")
 
@@ -396,6 +399,56 @@ func TestQueues(t *testing.T) {
 	code, _, errOut = b.cli(t, "queues")
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "--queue or --management-url is required")
+}
+
+// Issue 29.6: after node kills, a quorum tier held 346 copies — messages
+// 346, ready 0, unacked 0, the broker's dead-lettering waiting on a target
+// leader — and sluice queues showed the tier empty (READY 0). It now shows
+// every message the broker counts and says how many are held, and lists
+// every queue of a jittered tier. The held state needs a 3-node cluster
+// with its leaders killed under load, so the management API's answer is a
+// fake here (the queues and their ready counts are the real broker's).
+func TestQueuesShowWhatATierHoldsInEveryState(t *testing.T) {
+	t.Parallel()
+	q := testenv.Name("held")
+	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: q, TierDelays: []time.Duration{time.Minute},
+		TierJitter: broker.Jitter{Fraction: 0.2, Queues: 2}})
+	require.NoError(t, err)
+	require.NoError(t, topo.Declare(t.Context(), testenv.AMQP(t)))
+	var names []string
+	for _, tq := range topo.Queues() {
+		names = append(names, tq.Name)
+	}
+	testenv.DeleteQueuesAtEnd(t, names...)
+	require.Len(t, names, 4, "main, two queues of the jittered tier, poison")
+	tier := names[1]
+	mgmt := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var listed []map[string]any
+		for _, n := range names {
+			m := map[string]any{"name": n, "messages": 0, "messages_unacknowledged": 0}
+			if n == tier {
+				m["messages"] = 346
+			}
+			listed = append(listed, m)
+		}
+		_ = json.NewEncoder(w).Encode(listed)
+	}))
+	t.Cleanup(mgmt.Close)
+
+	var out, errOut strings.Builder
+	code := run([]string{"--amqp-url", testenv.AMQPURL, "queues", "--queue", q, "--tiers", "1m", "--tier-jitter", "0.2", "--tier-jitter-queues", "2",
+		"--management-url", mgmt.URL}, &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	require.Regexp(t, regexp.QuoteMeta(tier)+`\s+│ tier 1m\s+│ 0\s+│ 0\s+│ 346 \(346 held\)`, out.String())
+	require.Regexp(t, regexp.QuoteMeta(names[2])+`\s+│ tier 1m\s+│ 0\s+│ 0\s+│ 0 `, out.String(), "the jittered tier's other queue")
+	require.Contains(t, out.String(), "346 message(s) held")
+	require.Contains(t, out.String(), "docs/scaling.md")
+
+	out.Reset()
+	code = run([]string{"--amqp-url", testenv.AMQPURL, "queues", "--queue", q, "--tiers", "1m", "--tier-jitter", "0.2", "--tier-jitter-queues", "2",
+		"--management-url", mgmt.URL, "--json"}, &out, &errOut)
+	require.Equal(t, 0, code, errOut.String())
+	require.Contains(t, out.String(), `"queue":"`+tier+`","role":"tier 1m","ready":0,"unacked":0,"messages":346`)
 }
 
 // With the management API, sluice queues lists every family the broker has

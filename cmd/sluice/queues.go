@@ -16,6 +16,7 @@ import (
 	"github.com/jedib0t/go-pretty/v6/table"
 	"github.com/spf13/cobra"
 
+	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/dlq"
 	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
@@ -31,7 +32,12 @@ type queueRow struct {
 	Ready  int    `json:"ready"`
 	// Unacked is the messages delivered and not yet acked, from the
 	// management API (absent without --management-url).
-	Unacked   *int `json:"unacked,omitempty"`
+	Unacked *int `json:"unacked,omitempty"`
+	// Messages is every message the broker counts in the queue, from the
+	// management API: ready, unacked, and — on a quorum queue — copies it
+	// holds in no other state, such as those waiting to be dead-lettered
+	// while the target queue has no leader (Held).
+	Messages  *int `json:"messages,omitempty"`
 	Consumers int  `json:"consumers"`
 	Missing   bool `json:"missing,omitempty"`
 	// OldestPoisonedAt is, for a poison queue, its head message's
@@ -42,6 +48,16 @@ type queueRow struct {
 	// the producer set the property, the queue is a classic one, and its
 	// head is ready.
 	HeadPublishedAt time.Time `json:"head_published_at,omitzero"`
+}
+
+// held is what the broker counts in the queue beyond its ready and unacked
+// messages (management API only): a quorum tier's copies waiting on their
+// dead-letter target after a node loss (docs/scaling.md).
+func (r queueRow) held() int {
+	if r.Messages == nil || r.Unacked == nil || r.Missing {
+		return 0
+	}
+	return max(0, *r.Messages-r.Ready-*r.Unacked)
 }
 
 // age is the table's "oldest" cell: the oldest poisoning of a poison queue,
@@ -59,6 +75,8 @@ func (r queueRow) age(now time.Time) string {
 func newQueues(g *globals, out io.Writer) *cobra.Command {
 	var queues []string
 	var tiers, poisonQueue, mgmtURL string
+	var jitter float64
+	var jitterQueues int
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "queues",
@@ -93,15 +111,19 @@ func newQueues(g *globals, out io.Writer) *cobra.Command {
 				fams = discover(listed)
 			}
 			for _, q := range queues {
-				topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: q, TierDelays: delays, PoisonQueue: poisonQueue})
+				topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: q, TierDelays: delays, PoisonQueue: poisonQueue,
+					TierJitter: broker.Jitter{Fraction: jitter, Queues: jitterQueues}})
 				if err != nil {
 					return usageError{err}
 				}
-				f := family{name: q, queues: []member{{topo.Queue(), "main"}}}
-				for _, t := range topo.Tiers() {
-					f.queues = append(f.queues, member{t.Topic, "tier " + t.Name})
+				f := family{name: q}
+				for _, tq := range topo.Queues() { // a jittered tier's every queue
+					role := string(tq.Role)
+					if tq.Role == rabbitmq.RoleTier {
+						role = "tier " + tq.Tier
+					}
+					f.queues = append(f.queues, member{tq.Name, role})
 				}
-				f.queues = append(f.queues, member{topo.PoisonQueue(), "poison"})
 				fams = append(fams, f)
 			}
 			conn, err := connect(g)
@@ -117,7 +139,7 @@ func newQueues(g *globals, out io.Writer) *cobra.Command {
 						r.OldestPoisonedAt = oldestPoisoning(conn, r.Queue)
 					}
 					if q, ok := listed[m.name]; ok && !r.Missing {
-						r.Unacked = &q.Unacked
+						r.Unacked, r.Messages = &q.Unacked, &q.Messages
 						if q.HeadTimestamp > 0 && r.Ready > 0 {
 							r.HeadPublishedAt = time.Unix(int64(q.HeadTimestamp), 0)
 						}
@@ -136,19 +158,33 @@ func newQueues(g *globals, out io.Writer) *cobra.Command {
 			t := table.NewWriter()
 			t.SetOutputMirror(out)
 			t.SetStyle(table.StyleLight)
-			t.AppendHeader(table.Row{"queue", "role", "ready", "unacked", "consumers", "oldest"})
+			t.AppendHeader(table.Row{"queue", "role", "ready", "unacked", "total", "consumers", "oldest"})
 			now := time.Now()
+			held := 0
 			for _, r := range rows {
-				ready, unacked, consumers := fmt.Sprint(r.Ready), "-", fmt.Sprint(r.Consumers)
+				ready, unacked, total, consumers := fmt.Sprint(r.Ready), "-", "-", fmt.Sprint(r.Consumers)
 				if r.Unacked != nil {
 					unacked = fmt.Sprint(*r.Unacked)
 				}
-				if r.Missing {
-					ready, consumers = "missing", "-"
+				if r.Messages != nil {
+					total = fmt.Sprint(*r.Messages)
+					if h := r.held(); h > 0 {
+						total += fmt.Sprintf(" (%d held)", h)
+						held += h
+					}
 				}
-				t.AppendRow(table.Row{diag.Printable(r.Queue, 255), r.Role, ready, unacked, consumers, r.age(now)})
+				if r.Missing {
+					ready, total, consumers = "missing", "-", "-"
+				}
+				t.AppendRow(table.Row{diag.Printable(r.Queue, 255), r.Role, ready, unacked, total, consumers, r.age(now)})
 			}
 			t.Render()
+			if held > 0 {
+				_, err := fmt.Fprintf(out, "%d message(s) held: counted by the broker, neither ready nor unacked — on a quorum queue, copies\n"+
+					"waiting to be dead-lettered while their target has no leader (after a node loss); they move on\n"+
+					"once it has one (docs/scaling.md, \"What a node loss costs a retry tier\").\n", held)
+				return err
+			}
 			return nil
 		},
 	}
@@ -156,6 +192,8 @@ func newQueues(g *globals, out io.Writer) *cobra.Command {
 	fl.StringArrayVar(&queues, "queue", nil, "a consumer queue (repeatable)")
 	fl.StringVar(&tiers, "tiers", "30s,5m,30m", "the retry tier delays the topology was declared with")
 	fl.StringVar(&poisonQueue, "poison-queue", "", "the poison queue (default <queue>.poison)")
+	fl.Float64Var(&jitter, "tier-jitter", 0, "the TopologyConfig.TierJitter fraction the topology was declared with (each tier's queues listed)")
+	fl.IntVar(&jitterQueues, "tier-jitter-queues", 0, "queues per tier with --tier-jitter (default 4)")
 	fl.BoolVar(&asJSON, "json", false, "one JSON object per queue")
 	fl.StringVar(&mgmtURL, "management-url", localenv.Get("SLUICE_MANAGEMENT_URL", ""), "RabbitMQ's management API, e.g. http://broker:15672, to list every queue family (env SLUICE_MANAGEMENT_URL)")
 	return cmd
@@ -173,8 +211,9 @@ type member struct{ name, role string }
 
 // mgmtQueue is what the management API reports of a queue.
 type mgmtQueue struct {
-	Name    string `json:"name"`
-	Unacked int    `json:"messages_unacknowledged"`
+	Name     string `json:"name"`
+	Unacked  int    `json:"messages_unacknowledged"`
+	Messages int    `json:"messages"`
 	// HeadTimestamp is the head message's AMQP timestamp in Unix seconds
 	// (0: none, or not a classic queue).
 	HeadTimestamp unixSeconds `json:"head_message_timestamp"`
@@ -200,7 +239,7 @@ func (u *unixSeconds) UnmarshalJSON(b []byte) error {
 func listQueues(mgmtURL, amqpURL string) (map[string]mgmtQueue, error) {
 	var listed []mgmtQueue
 	if err := mgmtGet(mgmtURL, amqpURL, func(vhost string) string {
-		return "/api/queues/" + url.PathEscape(vhost) + "?columns=name,messages_unacknowledged,head_message_timestamp"
+		return "/api/queues/" + url.PathEscape(vhost) + "?columns=name,messages,messages_unacknowledged,head_message_timestamp"
 	}, "the queues", &listed); err != nil {
 		return nil, err
 	}
