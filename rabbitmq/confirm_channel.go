@@ -30,10 +30,11 @@ type confirmChannel struct {
 	returns  chan amqp.Return
 	confirms chan amqp.Confirmation
 	closes   chan *amqp.Error
-	done     chan struct{} // closed when listen ends: the channel is closed
-	closeErr error         // why the channel closed (the broker's reply), set before done closes
-	frameMax int           // the connection's negotiated frame_max (0: unlimited)
-	maxSize  int           // the broker's max_message_size (Connection.MaxMessageSize)
+	settles  chan chan struct{} // settle's requests to listen
+	done     chan struct{}      // closed when listen ends: the channel is closed
+	closeErr error              // why the channel closed (the broker's reply), set before done closes
+	frameMax int                // the connection's negotiated frame_max (0: unlimited)
+	maxSize  int                // the broker's max_message_size (Connection.MaxMessageSize)
 
 	pubMu sync.Mutex // serialises tag assignment and publishing
 
@@ -72,6 +73,7 @@ func newConfirmChannel(conn *amqp.Connection, maxSize int) (*confirmChannel, err
 		returns:  ch.NotifyReturn(make(chan amqp.Return)),
 		confirms: ch.NotifyPublish(make(chan amqp.Confirmation, confirmBuffer)),
 		closes:   ch.NotifyClose(make(chan *amqp.Error, 1)),
+		settles:  make(chan chan struct{}),
 		done:     make(chan struct{}),
 		pending:  make(map[uint64]*inflight),
 		frameMax: conn.Config.FrameSize,
@@ -94,39 +96,75 @@ func (c *confirmChannel) listen() {
 			c.mu.Lock()
 			c.returned(r)
 			c.mu.Unlock()
-		case cf, ok := <-c.confirms:
-			c.mu.Lock()
-			if !ok { // the channel closed: no confirm will come
-				// amqp091 sends the close reason before it closes the
-				// confirms, so a broker's reply (404 NOT_FOUND for a missing
-				// exchange, 406 ...) is in c.closes by now.
-				c.closeErr = ErrChannelClosed
-				select {
-				case e, ok := <-c.closes:
-					if ok && e != nil {
-						c.closeErr = fmt.Errorf("%w: %w", ErrChannelClosed, e)
-					}
-				default:
-				}
-				for tag, f := range c.pending {
-					f.closed = c.closeErr
-					close(f.done)
-					delete(c.pending, tag)
-				}
-				c.mu.Unlock()
+		case reply := <-c.settles:
+			// Take the confirms amqp091 has handed over already: a waiter
+			// whose timeout passed must not call uncertain a publish the
+			// broker confirmed (its return, if any, came before).
+			stop := false
+			for n := len(c.confirms); n > 0 && !stop; n-- {
+				cf, ok := <-c.confirms
+				stop = c.confirmed(cf, ok)
+			}
+			close(reply)
+			if stop {
 				return
 			}
-			if !cf.Ack {
-				c.nacked.Store(true)
+		case cf, ok := <-c.confirms:
+			if c.confirmed(cf, ok) {
+				return
 			}
-			if f := c.pending[cf.DeliveryTag]; f != nil {
-				f.acked = cf.Ack
-				close(f.done)
-				delete(c.pending, cf.DeliveryTag)
-			}
-			c.closeIfSettled()
-			c.mu.Unlock()
 		}
+	}
+}
+
+// confirmed records the confirm cf, or with !ok, that the channel closed
+// (then it returns true: listen ends).
+func (c *confirmChannel) confirmed(cf amqp.Confirmation, ok bool) bool {
+	c.mu.Lock()
+	if !ok { // the channel closed: no confirm will come
+		// amqp091 sends the close reason before it closes the
+		// confirms, so a broker's reply (404 NOT_FOUND for a missing
+		// exchange, 406 ...) is in c.closes by now.
+		c.closeErr = ErrChannelClosed
+		select {
+		case e, ok := <-c.closes:
+			if ok && e != nil {
+				c.closeErr = fmt.Errorf("%w: %w", ErrChannelClosed, e)
+			}
+		default:
+		}
+		for tag, f := range c.pending {
+			f.closed = c.closeErr
+			close(f.done)
+			delete(c.pending, tag)
+		}
+		c.mu.Unlock()
+		return true
+	}
+	if !cf.Ack {
+		c.nacked.Store(true)
+	}
+	if f := c.pending[cf.DeliveryTag]; f != nil {
+		f.acked = cf.Ack
+		close(f.done)
+		delete(c.pending, cf.DeliveryTag)
+	}
+	c.closeIfSettled()
+	c.mu.Unlock()
+	return false
+}
+
+// settle returns once listen has taken every confirm amqp091 handed over
+// before the call, or the channel closed.
+func (c *confirmChannel) settle() {
+	reply := make(chan struct{})
+	select {
+	case c.settles <- reply:
+		select {
+		case <-reply:
+		case <-c.done:
+		}
+	case <-c.done:
 	}
 }
 
@@ -205,14 +243,23 @@ var alreadyExpired = func() <-chan time.Time {
 // channel closed — matches sluice.ErrPublishUncertain: the message was sent
 // and may be stored. A nack or a return is certain: it is not.
 func (f *inflight) wait(ctx context.Context, expired <-chan time.Time) error {
+	var gaveUp error
 	select {
 	case <-f.done:
 	case <-ctx.Done():
-		f.forget()
-		return fmt.Errorf("%w: waiting for the confirm: %w", sluice.ErrPublishUncertain, ctx.Err())
+		gaveUp = fmt.Errorf("%w: waiting for the confirm: %w", sluice.ErrPublishUncertain, ctx.Err())
 	case <-expired:
-		f.forget()
-		return fmt.Errorf("%w: %w", sluice.ErrPublishUncertain, errConfirmTimeout)
+		gaveUp = fmt.Errorf("%w: %w", sluice.ErrPublishUncertain, errConfirmTimeout)
+	}
+	if gaveUp != nil {
+		// A confirm already received, not yet taken, counts.
+		f.c.settle()
+		select {
+		case <-f.done:
+		default:
+			f.forget()
+			return gaveUp
+		}
 	}
 	switch {
 	case f.closed != nil:

@@ -2,6 +2,7 @@ package rabbitmq
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -40,11 +41,20 @@ func Dial(cfg DialConfig) (*amqp.Connection, error) {
 // URLs[start % len(URLs)], each bounded by DialTimeout. It returns the
 // index of the node connected to; its error joins every node's.
 func (c Connection) dial(name string, start int) (*amqp.Connection, int, error) {
+	return c.dialContext(context.Background(), name, start)
+}
+
+// dialContext is dial, given up when ctx ends: the connection being
+// opened is closed, its handshake ends at once.
+func (c Connection) dialContext(ctx context.Context, name string, start int) (*amqp.Connection, int, error) {
 	n := len(c.URLs)
 	errs := make([]error, 0, n)
 	for k := range n {
+		if err := ctx.Err(); err != nil {
+			return nil, 0, err
+		}
 		i := (start + k) % n
-		conn, err := c.dialNode(c.URLs[i], name)
+		conn, err := c.dialNode(ctx, c.URLs[i], name)
 		if err == nil {
 			return conn, i, nil
 		}
@@ -57,14 +67,28 @@ func (c Connection) dial(name string, start int) (*amqp.Connection, int, error) 
 }
 
 // dialNode connects to the node at url.
-func (c Connection) dialNode(url, name string) (*amqp.Connection, error) {
-	dial := amqp.DefaultDial(c.DialTimeout)
+func (c Connection) dialNode(ctx context.Context, url, name string) (*amqp.Connection, error) {
+	var stop func() bool
+	defer func() {
+		if stop != nil {
+			stop()
+		}
+	}()
 	conn, err := amqp.DialConfig(url, amqp.Config{
 		Dial: func(network, addr string) (net.Conn, error) {
-			nc, err := dial(network, addr)
+			// amqp.DefaultDial's, bounded by ctx as well.
+			d := net.Dialer{Timeout: c.DialTimeout}
+			nc, err := d.DialContext(ctx, network, addr)
 			if err != nil {
 				return nil, err
 			}
+			if err := nc.SetDeadline(time.Now().Add(c.DialTimeout)); err != nil { // the TLS and AMQP handshakes
+				_ = nc.Close()
+				return nil, err
+			}
+			// ctx ending closes the socket: a handshake the broker does
+			// not answer ends at once, not after DialTimeout.
+			stop = context.AfterFunc(ctx, func() { _ = nc.Close() })
 			return &deadlineConn{Conn: nc, timeout: c.WriteTimeout}, nil
 		},
 		Properties:      amqp.Table{"connection_name": cmp.Or(name, "sluice")},

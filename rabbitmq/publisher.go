@@ -2,8 +2,10 @@ package rabbitmq
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -110,6 +112,11 @@ type Publisher struct {
 	ch      *confirmChannel
 	closed  bool
 	blocked *atomic.Pointer[amqp.Blocking] // conn's: non-nil while the broker blocks it
+	dial    *dialing                       // the dial in progress, or nil
+
+	life  context.Context // ends at Close: a dial in progress is given up
+	stop  context.CancelFunc
+	dials sync.WaitGroup // the dial in progress
 
 	frameMax atomic.Int64 // the last channel's negotiated frame_max: CheckPublish's
 }
@@ -136,6 +143,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		return nil, err
 	}
 	p := &Publisher{cfg: cfg}
+	p.life, p.stop = context.WithCancel(context.Background())
 	p.frameMax.Store(clientFrameMax)
 	p.metrics.own = cfg.MeterProvider != nil
 	p.metrics.current.Store(pm)
@@ -143,7 +151,13 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 }
 
 // Publish publishes msgs to the topic (the routing key) and waits for each
-// one's confirm, bounded by its context and ConfirmTimeout. It returns an
+// one's confirm, bounded by its context and ConfirmTimeout. Not connected,
+// it waits for the connection until every message's context has ended (a
+// dial runs outside the publisher's lock, one at a time, each node bounded
+// by DialTimeout; concurrent calls wait for the same one): a broker that
+// does not answer holds no call past its context, and the error then
+// matches sluice.Unreachable. A confirm received by the time a wait gives
+// up counts. It returns an
 // error naming every message that was not confirmed, nacked, returned as
 // unroutable, or whose channel closed first. A message sent whose confirm
 // did not come — the confirm timeout, its context ended, the channel or
@@ -181,7 +195,9 @@ func (p *Publisher) publish(topic string, msgs []*message.Message) (errs []error
 	if err := broker.CheckName("routing key", topic); err != nil {
 		return errs, err
 	}
-	ch, blocked, err := p.channel()
+	ctx, stop := callContext(msgs)
+	ch, blocked, err := p.channel(ctx)
+	stop()
 	if err != nil {
 		return errs, err
 	}
@@ -233,15 +249,51 @@ func (p *Publisher) publish(topic string, msgs []*message.Message) (errs []error
 }
 
 // channel returns the live confirm channel and its connection's blocked
-// state, connecting when needed.
-func (p *Publisher) channel() (*confirmChannel, *atomic.Pointer[amqp.Blocking], error) {
+// state, connecting when needed. The dial runs outside p.mu, one at a time
+// (every caller waits for the same), so a broker that does not answer holds
+// no caller past its ctx: a caller whose ctx ends gets an error matching
+// sluice.Unreachable, and the dial goes on for the next.
+func (p *Publisher) channel(ctx context.Context) (*confirmChannel, *atomic.Pointer[amqp.Blocking], error) {
+	for {
+		p.mu.Lock()
+		ch, d, err := p.channelLocked()
+		p.mu.Unlock()
+		if ch != nil || err != nil {
+			return ch, p.blockedState(), err
+		}
+		select {
+		case <-d.done:
+			if d.err != nil {
+				return nil, nil, d.err
+			}
+		case <-ctx.Done():
+			return nil, nil, fmt.Errorf("rabbitmq: not connected to the broker before the message's context ended (a dial in progress): %w",
+				&net.OpError{Op: "dial", Net: "tcp", Err: ctx.Err()})
+		}
+	}
+}
+
+func (p *Publisher) blockedState() *atomic.Pointer[amqp.Blocking] {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.blocked
+}
+
+// dialing is a dial in progress: done closes when it ended, err its error.
+type dialing struct {
+	done chan struct{}
+	err  error
+}
+
+// channelLocked returns the live confirm channel, opening one on a live
+// connection, or the dial in progress to wait for (starting one). p.mu is
+// held.
+func (p *Publisher) channelLocked() (*confirmChannel, *dialing, error) {
 	if p.closed {
 		return nil, nil, ErrPublisherClosed
 	}
 	if p.ch != nil && !p.ch.isClosed() && !p.ch.nacked.Load() {
-		return p.ch, p.blocked, nil
+		return p.ch, nil, nil
 	}
 	if p.ch != nil {
 		scope := "channel"
@@ -270,10 +322,37 @@ func (p *Publisher) channel() (*confirmChannel, *atomic.Pointer[amqp.Blocking], 
 		p.node = (p.node + 1) % len(p.cfg.URLs) // its node failed: the others first
 	}
 	if p.conn == nil {
-		conn, node, err := p.cfg.dial("sluice publisher", p.node)
-		if err != nil {
-			return nil, nil, err
+		if p.dial == nil {
+			p.dial = &dialing{done: make(chan struct{})}
+			p.dials.Add(1)
+			go p.connect(p.dial, p.node)
 		}
+		return nil, p.dial, nil
+	}
+	ch, err := newConfirmChannel(p.conn, p.cfg.MaxMessageSize)
+	if err != nil {
+		_ = closeConn(p.conn, p.cfg.WriteTimeout)
+		p.conn = nil
+		p.node = (p.node + 1) % len(p.cfg.URLs)
+		return nil, nil, err
+	}
+	p.ch = ch
+	p.frameMax.Store(int64(ch.frameMax))
+	return ch, nil, nil
+}
+
+// connect dials the broker from node for d, outside p.mu, and makes the
+// connection p's; Close ends it early.
+func (p *Publisher) connect(d *dialing, node int) {
+	defer p.dials.Done()
+	conn, node, err := p.cfg.dialContext(p.life, "sluice publisher", node)
+	p.mu.Lock()
+	p.dial = nil
+	if err == nil && p.closed {
+		defer func() { _ = closeConn(conn, p.cfg.WriteTimeout) }()
+		err = ErrPublisherClosed
+	}
+	if err == nil {
 		p.conn, p.node = conn, node
 		blocked := new(atomic.Pointer[amqp.Blocking])
 		p.blocked = blocked
@@ -289,16 +368,34 @@ func (p *Publisher) channel() (*confirmChannel, *atomic.Pointer[amqp.Blocking], 
 			}
 		}()
 	}
-	ch, err := newConfirmChannel(p.conn, p.cfg.MaxMessageSize)
-	if err != nil {
-		_ = closeConn(p.conn, p.cfg.WriteTimeout)
-		p.conn = nil
-		p.node = (p.node + 1) % len(p.cfg.URLs)
-		return nil, nil, err
+	d.err = err
+	close(d.done)
+	p.mu.Unlock()
+}
+
+// callContext returns a context that ends once the context of every one
+// of msgs has ended: how long a call waits for a connection.
+func callContext(msgs []*message.Message) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	if len(msgs) == 0 {
+		return ctx, cancel
 	}
-	p.ch = ch
-	p.frameMax.Store(int64(ch.frameMax))
-	return ch, p.blocked, nil
+	var left atomic.Int64
+	left.Store(int64(len(msgs)))
+	stops := make([]func() bool, len(msgs))
+	for i, m := range msgs {
+		stops[i] = context.AfterFunc(m.Context(), func() {
+			if left.Add(-1) == 0 {
+				cancel()
+			}
+		})
+	}
+	return ctx, func() {
+		for _, s := range stops {
+			s()
+		}
+		cancel()
+	}
 }
 
 // Close closes the connection, and with it the channel, waiting at most
@@ -307,11 +404,12 @@ func (p *Publisher) channel() (*confirmChannel, *atomic.Pointer[amqp.Blocking], 
 // Publish fails with ErrPublisherClosed afterwards.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.closed {
+		p.mu.Unlock()
 		return nil
 	}
 	p.closed = true
+	p.stop() // a dial in progress ends at once
 	var err error
 	if p.conn != nil && !p.conn.IsClosed() {
 		err = closeConn(p.conn, p.cfg.WriteTimeout)
@@ -319,6 +417,8 @@ func (p *Publisher) Close() error {
 	if p.ch != nil {
 		p.ch.close() // returns at once on a closed connection
 	}
+	p.mu.Unlock()
+	p.dials.Wait()
 	return err
 }
 
