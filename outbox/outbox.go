@@ -88,6 +88,11 @@ type Row struct {
 	Attempts int
 	// CreatedAt is when it was written.
 	CreatedAt time.Time
+	// Age is how long ago it was written when Due took it, measured on one
+	// clock — the database's, which wrote CreatedAt — so that a clock
+	// skewed between the relay's host and the database does not skew the
+	// relay's lag. Zero: the relay measures from CreatedAt on its own clock.
+	Age time.Duration
 	// Err, when set, says the row could not be read back as a message: the
 	// relay keeps it aside (recorded failed, tried again later) without
 	// publishing it.
@@ -140,6 +145,10 @@ type Stats struct {
 	// Oldest is the oldest pending row's creation time; zero when there is
 	// none.
 	Oldest time.Time
+	// OldestAge is the oldest pending row's age when Stats read it, on the
+	// database's clock (see Row.Age); zero: measured from Oldest on the
+	// relay's own clock.
+	OldestAge time.Duration
 }
 
 // Waker is implemented by a Store that signals, in-process, that rows were

@@ -204,7 +204,7 @@ type Relay struct {
 	relayed, failures, deadLettered metric.Int64Counter
 	lag                             metric.Float64Histogram
 	attrs                           metric.MeasurementOption
-	stats                           atomic.Pointer[Stats]
+	stats                           atomic.Pointer[readStats] // the last Stats read
 	reg                             metric.Registration
 	calls                           *bounded.Calls // the store calls' bounds
 }
@@ -257,7 +257,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 			o.ObserveInt64(dead, s.Dead, metric.WithAttributeSet(set))
 			age := 0.0
 			if !s.Oldest.IsZero() {
-				age = max(time.Since(s.Oldest).Seconds(), 0)
+				age = s.oldestAge().Seconds()
 			}
 			o.ObserveFloat64(oldest, age, metric.WithAttributeSet(set))
 			return nil
@@ -424,7 +424,7 @@ func (r *Relay) readStats(ctx context.Context) {
 	for {
 		s, err := storeCall(r, ctx, false, r.cfg.Store.Stats, nil)
 		if err == nil {
-			r.stats.Store(&s)
+			r.stats.Store(&readStats{Stats: s, at: time.Now()})
 		}
 		select {
 		case <-ctx.Done():
@@ -432,6 +432,23 @@ func (r *Relay) readStats(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// readStats is a Stats and when it was read.
+type readStats struct {
+	Stats
+	at time.Time
+}
+
+// oldestAge is the oldest row's age now: its age when read, on the
+// database's clock, plus the time since on the process's monotonic clock —
+// never a database time subtracted from the process's clock, which a skew
+// between the two hosts would make wrong.
+func (s *readStats) oldestAge() time.Duration {
+	if s.OldestAge > 0 {
+		return s.OldestAge + time.Since(s.at)
+	}
+	return max(time.Since(s.Oldest), 0)
 }
 
 // result is one row's publish.
@@ -463,6 +480,7 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 		}
 		return 0, false, time.Time{}
 	}
+	taken := time.Now()
 	rows := b.Rows()
 	if len(rows) == 0 {
 		_, _ = storeCall(r, life, true, func(ctx context.Context) (struct{}, error) { return struct{}{}, b.Release(ctx) }, nil)
@@ -494,11 +512,8 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 		if !seen[i] {
 			err = fmt.Errorf("%w: the publish did not return within %s", sluice.ErrPublishUncertain, r.cfg.PublishTimeout)
 		}
-		attrs := metric.WithAttributeSet(attribute.NewSet(OutboxKey.String(r.cfg.Name), semconv.MessagingDestinationName(row.Topic)))
 		if err == nil {
 			relayed = append(relayed, row.ID)
-			r.relayed.Add(work, 1, attrs)
-			r.lag.Record(work, now.Sub(row.CreatedAt).Seconds(), r.attrs)
 			continue
 		}
 		first = cmp.Or(first, err)
@@ -530,6 +545,19 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 		r.cfg.Logger.Error("The outbox relay could not record its batch: its rows will be sent again", diag.RedactError(err),
 			watermill.LogFields{"outbox": r.cfg.Name, "rows": len(rows)})
 		return len(rows), false, time.Time{}
+	}
+	// Counted once the delete committed: a batch whose delete failed is
+	// sent again, and counted then.
+	for i, row := range rows {
+		if errs[i] != nil || !seen[i] {
+			continue
+		}
+		r.relayed.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(OutboxKey.String(r.cfg.Name), semconv.MessagingDestinationName(row.Topic))))
+		lag := time.Since(row.CreatedAt)
+		if row.Age > 0 {
+			lag = row.Age + now.Sub(taken) // one clock: see readStats.oldestAge
+		}
+		r.lag.Record(work, max(lag, 0).Seconds(), r.attrs)
 	}
 	for _, f := range failed {
 		if f.Dead {

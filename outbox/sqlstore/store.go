@@ -395,13 +395,14 @@ func (s *Store) Due(ctx context.Context, limit int) (outbox.Batch, error) {
 
 // scanned is a row as selected.
 type scanned struct {
-	ID        int64  `db:"id"`
-	Topic     string `db:"topic"`
-	MessageID string `db:"message_id"`
-	Metadata  []byte `db:"metadata"`
-	Payload   []byte `db:"payload"`
-	Attempts  int    `db:"attempts"`
-	Created   any    `db:"created_at"`
+	ID        int64    `db:"id"`
+	Topic     string   `db:"topic"`
+	MessageID string   `db:"message_id"`
+	Metadata  []byte   `db:"metadata"`
+	Payload   []byte   `db:"payload"`
+	Attempts  int      `db:"attempts"`
+	Created   any      `db:"created_at"`
+	Age       *float64 `db:"age"` // seconds, on the database's clock (PostgreSQL)
 }
 
 // decode reads the rows back; one that cannot be (its metadata altered by
@@ -421,6 +422,7 @@ func (s *Store) decode(rs []scanned) []outbox.Row {
 		if err != nil && row.Err == nil {
 			row.Err = fmt.Errorf("outbox/sqlstore: row %d of %s: %w", r.ID, s.table, err)
 		}
+		row.Age = age(r.Age, row.CreatedAt)
 		out = append(out, row)
 	}
 	slices.SortFunc(out, func(a, b outbox.Row) int { return cmp.Compare(a.ID, b.ID) })
@@ -428,6 +430,18 @@ func (s *Store) decode(rs []scanned) []outbox.Row {
 }
 
 const columns = `id, topic, message_id, metadata, payload, attempts, created_at`
+
+// age is seconds read on the database's clock, or, on SQLite (whose clock
+// is the process's), the time since created.
+func age(seconds *float64, created time.Time) time.Duration {
+	if seconds != nil {
+		return max(time.Duration(*seconds*float64(time.Second)), 0)
+	}
+	if created.IsZero() {
+		return 0
+	}
+	return max(time.Since(created), 0)
+}
 
 // The bounds of a batch's hold on PostgreSQL when Due's context has no
 // deadline (the relay's always has one), and at least.
@@ -459,7 +473,8 @@ func (s *Store) duePostgres(ctx context.Context, limit int) (outbox.Batch, error
 		}
 	}
 	var rs []scanned
-	q := `SELECT ` + columns + ` FROM ` + s.table + ` WHERE dead_at IS NULL AND next_attempt_at <= clock_timestamp() ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
+	q := `SELECT ` + columns + `, EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8 AS age FROM ` + s.table +
+		` WHERE dead_at IS NULL AND next_attempt_at <= clock_timestamp() ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
 	if err := tx.SelectContext(ctx, &rs, q, limit); err != nil {
 		_ = tx.Rollback()
 		return nil, fmt.Errorf("outbox/sqlstore: reading due rows of %s: %w", s.table, err)
@@ -570,15 +585,16 @@ func (b *leaseBatch) Release(ctx context.Context) error {
 // Stats counts what waits in the outbox (outbox.Store).
 func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 	var r struct {
-		Pending int64 `db:"pending"`
-		Failing int64 `db:"failing"`
-		Dead    int64 `db:"dead"`
-		Oldest  any   `db:"oldest"`
+		Pending int64    `db:"pending"`
+		Failing int64    `db:"failing"`
+		Dead    int64    `db:"dead"`
+		Oldest  any      `db:"oldest"`
+		Age     *float64 `db:"age"`
 	}
 	q := `SELECT coalesce(sum(CASE WHEN dead_at IS NULL THEN 1 ELSE 0 END), 0) AS pending,
 	coalesce(sum(CASE WHEN dead_at IS NULL AND attempts > 0 THEN 1 ELSE 0 END), 0) AS failing,
 	coalesce(sum(CASE WHEN dead_at IS NULL THEN 0 ELSE 1 END), 0) AS dead,
-	min(CASE WHEN dead_at IS NULL THEN created_at END) AS oldest FROM ` + s.table
+	min(CASE WHEN dead_at IS NULL THEN created_at END) AS oldest` + s.dialect.oldestAge + ` FROM ` + s.table
 	if err := s.db.GetContext(ctx, &r, q); err != nil {
 		return outbox.Stats{}, fmt.Errorf("outbox/sqlstore: counting %s: %w", s.table, err)
 	}
@@ -589,6 +605,7 @@ func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 			return outbox.Stats{}, err
 		}
 		st.Oldest = t
+		st.OldestAge = age(r.Age, t)
 	}
 	return st, nil
 }
@@ -693,6 +710,9 @@ type dialect struct {
 	unlease string
 	// now is the time now, on the clock Due compares with.
 	now string
+	// oldestAge selects the oldest pending row's age as age, in seconds,
+	// on the database's clock; empty where that is the process's.
+	oldestAge string
 	// addDead adds dead_at to a table created before it (%s is the
 	// table); empty on SQLite, which cannot say IF NOT EXISTS.
 	addDead string
@@ -724,9 +744,10 @@ var postgres = dialect{
 	values: func(n int) string {
 		return fmt.Sprintf("($%d, $%d, $%d, $%d, clock_timestamp(), clock_timestamp())", n+1, n+2, n+3, n+4)
 	},
-	after:   `clock_timestamp() + make_interval(secs => ?)`,
-	now:     `clock_timestamp()`,
-	addDead: `ALTER TABLE %s ADD COLUMN IF NOT EXISTS dead_at TIMESTAMPTZ`,
+	after:     `clock_timestamp() + make_interval(secs => ?)`,
+	now:       `clock_timestamp()`,
+	oldestAge: `, EXTRACT(EPOCH FROM clock_timestamp() - min(CASE WHEN dead_at IS NULL THEN created_at END))::float8 AS age`,
+	addDead:   `ALTER TABLE %s ADD COLUMN IF NOT EXISTS dead_at TIMESTAMPTZ`,
 	// The quoted name, as the store's statements name it (case matters).
 	exists:    `SELECT to_regclass($1) IS NOT NULL`,
 	existsArg: func(s *Store) any { return s.table },
