@@ -121,6 +121,15 @@ type Store interface {
 	Stats(ctx context.Context) (Stats, error)
 }
 
+// BytesBounder is a Store that can bound a batch by its bytes as well as
+// its rows (sqlstore.Store is one): DueWithin takes due rows, oldest first,
+// up to limit rows and, after the first, up to maxBytes of payload and
+// metadata — so a relay's memory follows RelayConfig.BatchBytes, not
+// BatchSize times the largest message.
+type BytesBounder interface {
+	DueWithin(ctx context.Context, limit int, maxBytes int64) (Batch, error)
+}
+
 // Batch is a set of rows one relay holds.
 type Batch interface {
 	Rows() []Row

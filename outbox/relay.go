@@ -25,6 +25,7 @@ import (
 // Defaults of RelayConfig.
 const (
 	BatchSizeDefault      = 500
+	BatchBytesDefault     = 16 << 20
 	PollIntervalDefault   = 500 * time.Millisecond
 	PublishTimeoutDefault = 30 * time.Second
 	StoreTimeoutDefault   = 10 * time.Second
@@ -88,9 +89,15 @@ type RelayConfig struct {
 	// store's table name when it has one (a Name() method), else "outbox".
 	Name string
 	// BatchSize is how many rows one batch takes, publishes at once
-	// (pipelined: a Publish per row, concurrently) and deletes in one
-	// statement. Default BatchSizeDefault.
+	// (pipelined, per topic, with a broker.EachPublisher) and deletes in
+	// one statement. Default BatchSizeDefault.
 	BatchSize int
+	// BatchBytes bounds a batch's payloads and metadata, in bytes, with a
+	// store that can (a BytesBounder: sqlstore.Store): a batch takes rows
+	// up to BatchSize and up to BatchBytes — at least one row, however
+	// large. Memory: about Concurrency × BatchBytes. Default
+	// BatchBytesDefault (16 MiB).
+	BatchBytes int64
 	// Concurrency is how many batches the relay has in flight at once, each
 	// with rows of its own, as several relays have: one batch's round trips
 	// to the database overlap another's publishes. Its batches are then not
@@ -144,6 +151,7 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	}
 	c.Name = cmp.Or(c.Name, "outbox")
 	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
+	c.BatchBytes = cmp.Or(c.BatchBytes, BatchBytesDefault)
 	c.Concurrency = cmp.Or(c.Concurrency, 1)
 	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
@@ -174,6 +182,8 @@ func (c RelayConfig) validate() error {
 		return fmt.Errorf("outbox: RelayConfig.BatchSize must be between 1 and 10000, got %d", c.BatchSize)
 	case c.Concurrency < 0 || c.Concurrency > 64:
 		return fmt.Errorf("outbox: RelayConfig.Concurrency must be between 1 and 64, got %d", c.Concurrency)
+	case c.BatchBytes < 0:
+		return fmt.Errorf("outbox: RelayConfig.BatchBytes must not be negative, got %d", c.BatchBytes)
 	case c.MaxAttempts < 0:
 		return fmt.Errorf("outbox: RelayConfig.MaxAttempts must be at least 1, got %d", c.MaxAttempts)
 	case c.RetryMax < c.RetryMin:
@@ -451,6 +461,14 @@ func (s *readStats) oldestAge() time.Duration {
 	return max(time.Since(s.Oldest), 0)
 }
 
+// due takes a batch: bounded by bytes too when the store can.
+func (r *Relay) due(ctx context.Context) (Batch, error) {
+	if bb, ok := r.cfg.Store.(BytesBounder); ok {
+		return bb.DueWithin(ctx, r.cfg.BatchSize, r.cfg.BatchBytes)
+	}
+	return r.cfg.Store.Due(ctx, r.cfg.BatchSize)
+}
+
 // result is one row's publish.
 type result struct {
 	i   int
@@ -467,7 +485,7 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 	// The batch's life: a PostgreSQL batch's transaction ends with it.
 	life, endLife := context.WithTimeout(work, r.cfg.PublishTimeout+3*r.cfg.StoreTimeout)
 	defer endLife()
-	b, err := storeCall(r, life, true, func(ctx context.Context) (Batch, error) { return r.cfg.Store.Due(ctx, r.cfg.BatchSize) },
+	b, err := storeCall(r, life, true, r.due,
 		func(b Batch, err error) { // taken after all, for nobody
 			if err == nil {
 				_ = b.Release(life)

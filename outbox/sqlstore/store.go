@@ -387,10 +387,37 @@ func (s *Store) insert(ctx context.Context, tx Execer, rows []row) error {
 // that lives until the batch is finished or released, or ctx ends; on
 // SQLite it leases them for Lease.
 func (s *Store) Due(ctx context.Context, limit int) (outbox.Batch, error) {
+	return s.DueWithin(ctx, limit, 0)
+}
+
+// DueWithin is Due with the rows bounded by maxBytes of payload and
+// metadata too, after the first (outbox.BytesBounder); 0: no bound. The
+// rows' sizes are read first, their contents only for the rows taken.
+func (s *Store) DueWithin(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
 	if s.dialect.name == "postgres" {
-		return s.duePostgres(ctx, limit)
+		return s.duePostgres(ctx, limit, maxBytes)
 	}
-	return s.dueSQLite(ctx, limit)
+	return s.dueSQLite(ctx, limit, maxBytes)
+}
+
+// sized is a due row's id and bytes.
+type sized struct {
+	ID    int64 `db:"id"`
+	Bytes int64 `db:"bytes"`
+}
+
+// within returns the ids of rows up to maxBytes (at least one).
+func within(rs []sized, maxBytes int64) []int64 {
+	ids := make([]int64, 0, len(rs))
+	var total int64
+	for _, r := range rs {
+		total += r.Bytes
+		if len(ids) > 0 && maxBytes > 0 && total > maxBytes {
+			break
+		}
+		ids = append(ids, r.ID)
+	}
+	return ids
 }
 
 // scanned is a row as selected.
@@ -450,7 +477,7 @@ const (
 	holdMin = time.Second
 )
 
-func (s *Store) duePostgres(ctx context.Context, limit int) (outbox.Batch, error) {
+func (s *Store) duePostgres(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("outbox/sqlstore: begin: %w", err)
@@ -472,12 +499,25 @@ func (s *Store) duePostgres(ctx context.Context, limit int) (outbox.Batch, error
 			return nil, fmt.Errorf("outbox/sqlstore: %w", err)
 		}
 	}
-	var rs []scanned
-	q := `SELECT ` + columns + `, EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8 AS age FROM ` + s.table +
+	// The sizes first: the rows locked beyond maxBytes are left untouched
+	// and released with the batch.
+	var sizes []sized
+	q := `SELECT id, octet_length(payload) + octet_length(metadata) AS bytes FROM ` + s.table +
 		` WHERE dead_at IS NULL AND next_attempt_at <= clock_timestamp() ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
-	if err := tx.SelectContext(ctx, &rs, q, limit); err != nil {
+	if err := tx.SelectContext(ctx, &sizes, q, limit); err != nil {
 		_ = tx.Rollback()
 		return nil, fmt.Errorf("outbox/sqlstore: reading due rows of %s: %w", s.table, err)
+	}
+	var rs []scanned
+	if ids := within(sizes, maxBytes); len(ids) > 0 {
+		q, args, err := sqlx.In(`SELECT `+columns+`, EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8 AS age FROM `+s.table+` WHERE id IN (?)`, ids)
+		if err == nil {
+			err = tx.SelectContext(ctx, &rs, tx.Rebind(q), args...)
+		}
+		if err != nil {
+			_ = tx.Rollback()
+			return nil, fmt.Errorf("outbox/sqlstore: reading due rows of %s: %w", s.table, err)
+		}
 	}
 	return &pgBatch{s: s, tx: tx, rows: s.decode(rs)}, nil
 }
@@ -536,13 +576,26 @@ func (s *Store) finish(ctx context.Context, db sqlx.ExtContext, relayed []int64,
 	return nil
 }
 
-func (s *Store) dueSQLite(ctx context.Context, limit int) (outbox.Batch, error) {
+func (s *Store) dueSQLite(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
 	now := time.Now()
-	var rs []scanned
-	q := `UPDATE ` + s.table + ` SET leased_until = ? WHERE id IN (SELECT id FROM ` + s.table +
-		` WHERE dead_at IS NULL AND next_attempt_at <= ? AND leased_until <= ? ORDER BY id LIMIT ?) RETURNING ` + columns
-	if err := s.db.SelectContext(ctx, &rs, q, now.Add(s.lease).UnixMicro(), now.UnixMicro(), now.UnixMicro(), limit); err != nil {
+	var sizes []sized
+	q := `SELECT id, length(CAST(payload AS BLOB)) + length(CAST(metadata AS BLOB)) AS bytes FROM ` + s.table +
+		` WHERE dead_at IS NULL AND next_attempt_at <= ? AND leased_until <= ? ORDER BY id LIMIT ?`
+	if err := s.db.SelectContext(ctx, &sizes, q, now.UnixMicro(), now.UnixMicro(), limit); err != nil {
 		return nil, fmt.Errorf("outbox/sqlstore: leasing due rows of %s: %w", s.table, err)
+	}
+	var rs []scanned
+	if ids := within(sizes, maxBytes); len(ids) > 0 {
+		// Taken only if still due and free: another relay may have leased
+		// them since.
+		q, args, err := sqlx.In(`UPDATE `+s.table+` SET leased_until = ? WHERE id IN (?) AND dead_at IS NULL AND next_attempt_at <= ? AND leased_until <= ? RETURNING `+columns,
+			now.Add(s.lease).UnixMicro(), ids, now.UnixMicro(), now.UnixMicro())
+		if err == nil {
+			err = s.db.SelectContext(ctx, &rs, q, args...)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("outbox/sqlstore: leasing due rows of %s: %w", s.table, err)
+		}
 	}
 	return &leaseBatch{s: s, rows: s.decode(rs)}, nil
 }
