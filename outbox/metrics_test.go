@@ -24,7 +24,11 @@ type failingFinish struct {
 }
 
 func (f *failingFinish) Due(ctx context.Context, limit int) (outbox.Batch, error) {
-	b, err := f.Store.Due(ctx, limit)
+	return f.DueWithin(ctx, limit, 0)
+}
+
+func (f *failingFinish) DueWithin(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
+	b, err := f.Store.DueWithin(ctx, limit, maxBytes)
 	if err != nil || len(b.Rows()) == 0 || !f.failed.CompareAndSwap(false, true) {
 		return b, err
 	}
