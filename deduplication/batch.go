@@ -321,8 +321,9 @@ func (b *batch) run() {
 				_ = d.rollback(ctx, b.tx)
 			}
 			b.commitErr = err
+		} else {
+			d.batchSize.Record(ctx, int64(b.kept)) // a failed COMMIT committed nothing
 		}
-		d.batchSize.Record(ctx, int64(b.kept))
 	}
 	if b.commitErr != nil {
 		b.bt.suspect(slices.Collect(maps.Keys(b.keys)))

@@ -154,6 +154,10 @@ func TestEmbeddedCloseReportsDeliveriesNackedWhileTheRouterCloses(t *testing.T) 
 	if parked > 0 {
 		require.ErrorContains(t, err, fmt.Sprintf("%d still waiting at Close", parked))
 	}
+	// Issue 28.11: the tiers' copies dropped at Close are handed back too.
+	// Before, they were only counted.
+	require.Len(t, unfinished.Tiers, parked, "each retry copy waiting at Close is handed back")
+	require.Len(t, unfinished.Messages(), events)
 }
 
 // The poison publisher returns once the copy is stored, as

@@ -82,8 +82,8 @@ type DelayedPublisher struct {
 
 	mu      sync.Mutex
 	closed  bool
-	failed  int // deliveries Target refused: dropped
-	pending map[sluice.Timer]struct{}
+	failed  []*message.Message // copies Target refused: handed back by Close
+	pending map[sluice.Timer]*message.Message
 	wg      sync.WaitGroup
 	ctx     context.Context
 	cancel  context.CancelFunc
@@ -129,7 +129,7 @@ func NewDelayedPublisher(cfg DelayedPublisherConfig) (*DelayedPublisher, error) 
 		routes[r.From] = r
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &DelayedPublisher{cfg: cfg, routes: routes, pending: map[sluice.Timer]struct{}{}, ctx: ctx, cancel: cancel}, nil
+	return &DelayedPublisher{cfg: cfg, routes: routes, pending: map[sluice.Timer]*message.Message{}, ctx: ctx, cancel: cancel}, nil
 }
 
 // Publish schedules msgs for their route's destination and returns at once.
@@ -168,13 +168,13 @@ func (p *DelayedPublisher) Publish(topic string, msgs ...*message.Message) error
 			c.SetContext(p.ctx)
 			if err := p.cfg.Target.Publish(r.To, c); err != nil {
 				p.mu.Lock()
-				p.failed++
+				p.failed = append(p.failed, c)
 				p.mu.Unlock()
 				p.cfg.Logger.Error("Delivering a delayed retry copy failed; it is dropped (not durable)", err,
 					watermill.LogFields{"from": r.From, "to": r.To, "message_uuid": c.UUID})
 			}
 		})
-		p.pending[t] = struct{}{}
+		p.pending[t] = c
 	}
 	return nil
 }
@@ -187,8 +187,9 @@ func (p *DelayedPublisher) Pending() int {
 }
 
 // Close stops the timers, waits for deliveries in progress and returns an
-// error counting the messages it dropped: those still waiting, and those
-// whose delivery to Target failed. It is idempotent.
+// *UnfinishedError holding the copies it did not deliver (Tiers): those
+// still waiting, and those whose delivery to Target failed — so a caller
+// can keep them. It is idempotent.
 func (p *DelayedPublisher) Close() error {
 	p.mu.Lock()
 	if p.closed {
@@ -196,12 +197,13 @@ func (p *DelayedPublisher) Close() error {
 		return nil
 	}
 	p.closed = true
-	dropped := len(p.pending)
-	for t := range p.pending {
+	var waiting []*message.Message
+	for t, c := range p.pending {
 		if t.Stop() {
 			p.wg.Done() // its callback will not run
 		} // else it runs, finds itself gone, and returns
 		delete(p.pending, t)
+		waiting = append(waiting, c)
 	}
 	p.mu.Unlock()
 	p.cancel()
@@ -209,9 +211,8 @@ func (p *DelayedPublisher) Close() error {
 	p.mu.Lock()
 	failed := p.failed
 	p.mu.Unlock()
-	if dropped+failed > 0 {
-		return fmt.Errorf("embedded: delayed publisher dropped %d messages (not durable): %d still waiting at Close, %d refused by the target",
-			dropped+failed, dropped, failed)
+	if len(waiting)+len(failed) > 0 {
+		return &UnfinishedError{Tiers: append(waiting, failed...), tiersWaiting: len(waiting)}
 	}
 	return nil
 }

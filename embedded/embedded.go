@@ -188,5 +188,18 @@ func (e *Broker) Endpoints() broker.Endpoints {
 // (errors.As) naming every delivery not acked — queued, nacked back, or
 // still in a handler. Idempotent.
 func (e *Broker) Close() error {
-	return errors.Join(e.delayed.Close(), e.pubsub.Close())
+	// One *UnfinishedError for both: what the topics and the tiers did not
+	// finish, so that a caller keeping its messages gets them all.
+	derr, perr := e.delayed.Close(), e.pubsub.Close()
+	var du, pu *UnfinishedError
+	if errors.As(derr, &du) {
+		derr = nil
+	}
+	if errors.As(perr, &pu) {
+		perr = nil
+	}
+	if u := merge(pu, du); u != nil {
+		return errors.Join(u, derr, perr)
+	}
+	return errors.Join(derr, perr)
 }

@@ -27,13 +27,19 @@ type UnfinishedError struct {
 	// InFlight were still in a handler when the drain timed out: neither
 	// acked nor nacked, and possibly finished afterwards.
 	InFlight []*message.Message
+	// Tiers are the retry tiers' copies not delivered back: still waiting
+	// for their delay at Close, or refused by the topic (the delivery
+	// they retry was acked: they are not in Queued).
+	Tiers []*message.Message
+
+	tiersWaiting int // of Tiers, those still waiting at Close
 }
 
 // unfinishedNamed is how many deliveries the error's text names.
 const unfinishedNamed = 10
 
 func (e *UnfinishedError) Error() string {
-	all := e.Messages()
+	all := append(append([]*message.Message(nil), e.Queued...), e.InFlight...)
 	names := make([]string, 0, min(len(all), unfinishedNamed))
 	for _, m := range all[:min(len(all), unfinishedNamed)] {
 		names = append(names, diag.Escape(cmp.Or(m.Metadata.Get(sluice.EventIDKey), m.UUID)))
@@ -42,13 +48,31 @@ func (e *UnfinishedError) Error() string {
 	if len(all) > unfinishedNamed {
 		more = fmt.Sprintf(" and %d more", len(all)-unfinishedNamed)
 	}
-	return fmt.Sprintf("%s: %d deliveries not acked (not durable: lost unless kept from this error): %d queued or nacked back, %d still in a handler: %s%s",
-		ErrUnfinished, len(all), len(e.Queued), len(e.InFlight), strings.Join(names, ", "), more)
+	tiers := ""
+	if len(e.Tiers) > 0 {
+		tiers = fmt.Sprintf("; the delayed publisher dropped %d retry copies (handed back in Tiers): %d still waiting at Close, %d refused by the target",
+			len(e.Tiers), e.tiersWaiting, len(e.Tiers)-e.tiersWaiting)
+	}
+	return fmt.Sprintf("%s: %d deliveries not acked (not durable: lost unless kept from this error): %d queued or nacked back, %d still in a handler: %s%s%s",
+		ErrUnfinished, len(all), len(e.Queued), len(e.InFlight), strings.Join(names, ", "), more, tiers)
+}
+
+// merge returns one error holding the messages of both (either may be nil).
+func merge(a, b *UnfinishedError) *UnfinishedError {
+	switch {
+	case a == nil:
+		return b
+	case b == nil:
+		return a
+	}
+	return &UnfinishedError{Queued: append(a.Queued, b.Queued...), InFlight: append(a.InFlight, b.InFlight...),
+		Tiers: append(a.Tiers, b.Tiers...), tiersWaiting: a.tiersWaiting + b.tiersWaiting}
 }
 
 func (e *UnfinishedError) Unwrap() error { return ErrUnfinished }
 
-// Messages returns every delivery not acked, the queued first.
+// Messages returns every delivery not acked and every retry copy not
+// delivered: the queued first, then those in flight, then the tiers'.
 func (e *UnfinishedError) Messages() []*message.Message {
-	return append(append([]*message.Message(nil), e.Queued...), e.InFlight...)
+	return append(append(append([]*message.Message(nil), e.Queued...), e.InFlight...), e.Tiers...)
 }

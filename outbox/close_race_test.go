@@ -29,6 +29,13 @@ func (w *watched) Due(ctx context.Context, limit int) (outbox.Batch, error) {
 	return w.Store.Due(ctx, limit)
 }
 
+func (w *watched) DueWithin(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
+	if w.closed.Load() {
+		w.late.Store(true)
+	}
+	return w.Store.DueWithin(ctx, limit, maxBytes)
+}
+
 // Issue 28.8: after Close returns, the relay takes nothing more — whether
 // Close came before Run ("Close, then Run") or while Run was starting ("go
 // Run, then Close"). Before, a batch was taken and published after Close

@@ -91,6 +91,11 @@ type Row struct {
 	Attempts int
 	// CreatedAt is when it was written.
 	CreatedAt time.Time
+	// Age is how long ago it was written when Due took it, measured on one
+	// clock — the database's, which wrote CreatedAt — so that a clock
+	// skewed between the relay's host and the database does not skew the
+	// relay's lag. Zero: the relay measures from CreatedAt on its own clock.
+	Age time.Duration
 	// Err, when set, says the row could not be read back as a message: the
 	// relay keeps it aside (recorded failed, tried again later) without
 	// publishing it.
@@ -119,6 +124,15 @@ type Store interface {
 	Stats(ctx context.Context) (Stats, error)
 }
 
+// BytesBounder is a Store that can bound a batch by its bytes as well as
+// its rows (sqlstore.Store is one): DueWithin takes due rows, oldest first,
+// up to limit rows and, after the first, up to maxBytes of payload and
+// metadata — so a relay's memory follows RelayConfig.BatchBytes, not
+// BatchSize times the largest message.
+type BytesBounder interface {
+	DueWithin(ctx context.Context, limit int, maxBytes int64) (Batch, error)
+}
+
 // Batch is a set of rows one relay holds.
 type Batch interface {
 	Rows() []Row
@@ -143,6 +157,10 @@ type Stats struct {
 	// Oldest is the oldest pending row's creation time; zero when there is
 	// none.
 	Oldest time.Time
+	// OldestAge is the oldest pending row's age when Stats read it, on the
+	// database's clock (see Row.Age); zero: measured from Oldest on the
+	// relay's own clock.
+	OldestAge time.Duration
 }
 
 // Waker is implemented by a Store that signals, in-process, that rows were

@@ -25,6 +25,7 @@ import (
 // Defaults of RelayConfig.
 const (
 	BatchSizeDefault      = 500
+	BatchBytesDefault     = 16 << 20
 	PollIntervalDefault   = 500 * time.Millisecond
 	PublishTimeoutDefault = 30 * time.Second
 	StoreTimeoutDefault   = 10 * time.Second
@@ -88,9 +89,15 @@ type RelayConfig struct {
 	// store's table name when it has one (a Name() method), else "outbox".
 	Name string
 	// BatchSize is how many rows one batch takes, publishes at once
-	// (pipelined: a Publish per row, concurrently) and deletes in one
-	// statement. Default BatchSizeDefault.
+	// (pipelined, per topic, with a broker.EachPublisher) and deletes in
+	// one statement. Default BatchSizeDefault.
 	BatchSize int
+	// BatchBytes bounds a batch's payloads and metadata, in bytes, with a
+	// store that can (a BytesBounder: sqlstore.Store): a batch takes rows
+	// up to BatchSize and up to BatchBytes — at least one row, however
+	// large. Memory: about Concurrency × BatchBytes. Default
+	// BatchBytesDefault (16 MiB).
+	BatchBytes int64
 	// Concurrency is how many batches the relay has in flight at once, each
 	// with rows of its own, as several relays have: one batch's round trips
 	// to the database overlap another's publishes. Its batches are then not
@@ -144,6 +151,7 @@ func (c RelayConfig) withDefaults() RelayConfig {
 	}
 	c.Name = cmp.Or(c.Name, "outbox")
 	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
+	c.BatchBytes = cmp.Or(c.BatchBytes, BatchBytesDefault)
 	c.Concurrency = cmp.Or(c.Concurrency, 1)
 	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
@@ -174,6 +182,8 @@ func (c RelayConfig) validate() error {
 		return fmt.Errorf("outbox: RelayConfig.BatchSize must be between 1 and 10000, got %d", c.BatchSize)
 	case c.Concurrency < 0 || c.Concurrency > 64:
 		return fmt.Errorf("outbox: RelayConfig.Concurrency must be between 1 and 64, got %d", c.Concurrency)
+	case c.BatchBytes < 0:
+		return fmt.Errorf("outbox: RelayConfig.BatchBytes must not be negative, got %d", c.BatchBytes)
 	case c.MaxAttempts < 0:
 		return fmt.Errorf("outbox: RelayConfig.MaxAttempts must be at least 1, got %d", c.MaxAttempts)
 	case c.RetryMax < c.RetryMin:
@@ -204,7 +214,7 @@ type Relay struct {
 	relayed, failures, deadLettered metric.Int64Counter
 	lag                             metric.Float64Histogram
 	attrs                           metric.MeasurementOption
-	stats                           atomic.Pointer[Stats]
+	stats                           atomic.Pointer[readStats] // the last Stats read
 	reg                             metric.Registration
 	calls                           *bounded.Calls // the store calls' bounds
 }
@@ -257,7 +267,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 			o.ObserveInt64(dead, s.Dead, metric.WithAttributeSet(set))
 			age := 0.0
 			if !s.Oldest.IsZero() {
-				age = max(time.Since(s.Oldest).Seconds(), 0)
+				age = s.oldestAge().Seconds()
 			}
 			o.ObserveFloat64(oldest, age, metric.WithAttributeSet(set))
 			return nil
@@ -424,7 +434,7 @@ func (r *Relay) readStats(ctx context.Context) {
 	for {
 		s, err := storeCall(r, ctx, false, r.cfg.Store.Stats, nil)
 		if err == nil {
-			r.stats.Store(&s)
+			r.stats.Store(&readStats{Stats: s, at: time.Now()})
 		}
 		select {
 		case <-ctx.Done():
@@ -432,6 +442,31 @@ func (r *Relay) readStats(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// readStats is a Stats and when it was read.
+type readStats struct {
+	Stats
+	at time.Time
+}
+
+// oldestAge is the oldest row's age now: its age when read, on the
+// database's clock, plus the time since on the process's monotonic clock —
+// never a database time subtracted from the process's clock, which a skew
+// between the two hosts would make wrong.
+func (s *readStats) oldestAge() time.Duration {
+	if s.OldestAge > 0 {
+		return s.OldestAge + time.Since(s.at)
+	}
+	return max(time.Since(s.Oldest), 0)
+}
+
+// due takes a batch: bounded by bytes too when the store can.
+func (r *Relay) due(ctx context.Context) (Batch, error) {
+	if bb, ok := r.cfg.Store.(BytesBounder); ok {
+		return bb.DueWithin(ctx, r.cfg.BatchSize, r.cfg.BatchBytes)
+	}
+	return r.cfg.Store.Due(ctx, r.cfg.BatchSize)
 }
 
 // result is one row's publish.
@@ -450,7 +485,7 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 	// The batch's life: a PostgreSQL batch's transaction ends with it.
 	life, endLife := context.WithTimeout(work, r.cfg.PublishTimeout+3*r.cfg.StoreTimeout)
 	defer endLife()
-	b, err := storeCall(r, life, true, func(ctx context.Context) (Batch, error) { return r.cfg.Store.Due(ctx, r.cfg.BatchSize) },
+	b, err := storeCall(r, life, true, r.due,
 		func(b Batch, err error) { // taken after all, for nobody
 			if err == nil {
 				_ = b.Release(life)
@@ -463,6 +498,7 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 		}
 		return 0, false, time.Time{}
 	}
+	taken := time.Now()
 	rows := b.Rows()
 	if len(rows) == 0 {
 		_, _ = storeCall(r, life, true, func(ctx context.Context) (struct{}, error) { return struct{}{}, b.Release(ctx) }, nil)
@@ -494,11 +530,8 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 		if !seen[i] {
 			err = fmt.Errorf("%w: the publish did not return within %s", sluice.ErrPublishUncertain, r.cfg.PublishTimeout)
 		}
-		attrs := metric.WithAttributeSet(attribute.NewSet(OutboxKey.String(r.cfg.Name), semconv.MessagingDestinationName(row.Topic)))
 		if err == nil {
 			relayed = append(relayed, row.ID)
-			r.relayed.Add(work, 1, attrs)
-			r.lag.Record(work, now.Sub(row.CreatedAt).Seconds(), r.attrs)
 			continue
 		}
 		first = cmp.Or(first, err)
@@ -530,6 +563,19 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 		r.cfg.Logger.Error("The outbox relay could not record its batch: its rows will be sent again", diag.RedactError(err),
 			watermill.LogFields{"outbox": r.cfg.Name, "rows": len(rows)})
 		return len(rows), false, time.Time{}
+	}
+	// Counted once the delete committed: a batch whose delete failed is
+	// sent again, and counted then.
+	for i, row := range rows {
+		if errs[i] != nil || !seen[i] {
+			continue
+		}
+		r.relayed.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(OutboxKey.String(r.cfg.Name), semconv.MessagingDestinationName(row.Topic))))
+		lag := time.Since(row.CreatedAt)
+		if row.Age > 0 {
+			lag = row.Age + now.Sub(taken) // one clock: see readStats.oldestAge
+		}
+		r.lag.Record(work, max(lag, 0).Seconds(), r.attrs)
 	}
 	for _, f := range failed {
 		if f.Dead {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -137,7 +138,7 @@ func newOutboxStats(out io.Writer) *cobra.Command {
 				if err != nil {
 					return diag.RedactError(err)
 				}
-				age := outboxAge(st.Oldest)
+				age := cmp.Or(st.OldestAge, outboxAge(st.Oldest)) // on the database's clock
 				if asJSON {
 					rec := outboxStatsJSON{Table: s.Name(), Pending: st.Pending, Failing: st.Failing, Dead: st.Dead, OldestAgeSeconds: age.Seconds()}
 					if !st.Oldest.IsZero() {

@@ -402,21 +402,49 @@ func (s *Store) insert(ctx context.Context, tx Execer, rows []row) error {
 // that lives until the batch is finished or released, or ctx ends; on
 // SQLite it leases them for Lease.
 func (s *Store) Due(ctx context.Context, limit int) (outbox.Batch, error) {
+	return s.DueWithin(ctx, limit, 0)
+}
+
+// DueWithin is Due with the rows bounded by maxBytes of payload and
+// metadata too, after the first (outbox.BytesBounder); 0: no bound. The
+// rows' sizes are read first, their contents only for the rows taken.
+func (s *Store) DueWithin(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
 	if s.dialect.name == "postgres" {
-		return s.duePostgres(ctx, limit)
+		return s.duePostgres(ctx, limit, maxBytes)
 	}
-	return s.dueSQLite(ctx, limit)
+	return s.dueSQLite(ctx, limit, maxBytes)
+}
+
+// sized is a due row's id and bytes.
+type sized struct {
+	ID    int64 `db:"id"`
+	Bytes int64 `db:"bytes"`
+}
+
+// within returns the ids of rows up to maxBytes (at least one).
+func within(rs []sized, maxBytes int64) []int64 {
+	ids := make([]int64, 0, len(rs))
+	var total int64
+	for _, r := range rs {
+		total += r.Bytes
+		if len(ids) > 0 && maxBytes > 0 && total > maxBytes {
+			break
+		}
+		ids = append(ids, r.ID)
+	}
+	return ids
 }
 
 // scanned is a row as selected.
 type scanned struct {
-	ID        int64  `db:"id"`
-	Topic     string `db:"topic"`
-	MessageID string `db:"message_id"`
-	Metadata  []byte `db:"metadata"`
-	Payload   []byte `db:"payload"`
-	Attempts  int    `db:"attempts"`
-	Created   any    `db:"created_at"`
+	ID        int64    `db:"id"`
+	Topic     string   `db:"topic"`
+	MessageID string   `db:"message_id"`
+	Metadata  []byte   `db:"metadata"`
+	Payload   []byte   `db:"payload"`
+	Attempts  int      `db:"attempts"`
+	Created   any      `db:"created_at"`
+	Age       *float64 `db:"age"` // seconds, on the database's clock (PostgreSQL)
 }
 
 // decode reads the rows back; one that cannot be (its metadata altered by
@@ -436,6 +464,7 @@ func (s *Store) decode(rs []scanned) []outbox.Row {
 		if err != nil && row.Err == nil {
 			row.Err = fmt.Errorf("outbox/sqlstore: row %d of %s: %w", r.ID, s.table, err)
 		}
+		row.Age = age(r.Age, row.CreatedAt)
 		out = append(out, row)
 	}
 	slices.SortFunc(out, func(a, b outbox.Row) int { return cmp.Compare(a.ID, b.ID) })
@@ -444,6 +473,18 @@ func (s *Store) decode(rs []scanned) []outbox.Row {
 
 const columns = `id, topic, message_id, metadata, payload, attempts, created_at`
 
+// age is seconds read on the database's clock, or, on SQLite (whose clock
+// is the process's), the time since created.
+func age(seconds *float64, created time.Time) time.Duration {
+	if seconds != nil {
+		return max(time.Duration(*seconds*float64(time.Second)), 0)
+	}
+	if created.IsZero() {
+		return 0
+	}
+	return max(time.Since(created), 0)
+}
+
 // The bounds of a batch's hold on PostgreSQL when Due's context has no
 // deadline (the relay's always has one), and at least.
 const (
@@ -451,7 +492,7 @@ const (
 	holdMin = time.Second
 )
 
-func (s *Store) duePostgres(ctx context.Context, limit int) (outbox.Batch, error) {
+func (s *Store) duePostgres(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("outbox/sqlstore: begin: %w", err)
@@ -473,11 +514,25 @@ func (s *Store) duePostgres(ctx context.Context, limit int) (outbox.Batch, error
 			return nil, fmt.Errorf("outbox/sqlstore: %w", err)
 		}
 	}
-	var rs []scanned
-	q := `SELECT ` + columns + ` FROM ` + s.table + ` WHERE dead_at IS NULL AND next_attempt_at <= clock_timestamp() ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
-	if err := tx.SelectContext(ctx, &rs, q, limit); err != nil {
+	// The sizes first: the rows locked beyond maxBytes are left untouched
+	// and released with the batch.
+	var sizes []sized
+	q := `SELECT id, octet_length(payload) + octet_length(metadata) AS bytes FROM ` + s.table +
+		` WHERE dead_at IS NULL AND next_attempt_at <= clock_timestamp() ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`
+	if err := tx.SelectContext(ctx, &sizes, q, limit); err != nil {
 		_ = tx.Rollback()
 		return nil, fmt.Errorf("outbox/sqlstore: reading due rows of %s: %w", s.table, err)
+	}
+	var rs []scanned
+	if ids := within(sizes, maxBytes); len(ids) > 0 {
+		q, args, err := sqlx.In(`SELECT `+columns+`, EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8 AS age FROM `+s.table+` WHERE id IN (?)`, ids)
+		if err == nil {
+			err = tx.SelectContext(ctx, &rs, tx.Rebind(q), args...)
+		}
+		if err != nil {
+			_ = tx.Rollback()
+			return nil, fmt.Errorf("outbox/sqlstore: reading due rows of %s: %w", s.table, err)
+		}
 	}
 	return &pgBatch{s: s, tx: tx, rows: s.decode(rs)}, nil
 }
@@ -536,13 +591,26 @@ func (s *Store) finish(ctx context.Context, db sqlx.ExtContext, relayed []int64,
 	return nil
 }
 
-func (s *Store) dueSQLite(ctx context.Context, limit int) (outbox.Batch, error) {
+func (s *Store) dueSQLite(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
 	now := time.Now()
-	var rs []scanned
-	q := `UPDATE ` + s.table + ` SET leased_until = ? WHERE id IN (SELECT id FROM ` + s.table +
-		` WHERE dead_at IS NULL AND next_attempt_at <= ? AND leased_until <= ? ORDER BY id LIMIT ?) RETURNING ` + columns
-	if err := s.db.SelectContext(ctx, &rs, q, now.Add(s.lease).UnixMicro(), now.UnixMicro(), now.UnixMicro(), limit); err != nil {
+	var sizes []sized
+	q := `SELECT id, length(CAST(payload AS BLOB)) + length(CAST(metadata AS BLOB)) AS bytes FROM ` + s.table +
+		` WHERE dead_at IS NULL AND next_attempt_at <= ? AND leased_until <= ? ORDER BY id LIMIT ?`
+	if err := s.db.SelectContext(ctx, &sizes, q, now.UnixMicro(), now.UnixMicro(), limit); err != nil {
 		return nil, fmt.Errorf("outbox/sqlstore: leasing due rows of %s: %w", s.table, err)
+	}
+	var rs []scanned
+	if ids := within(sizes, maxBytes); len(ids) > 0 {
+		// Taken only if still due and free: another relay may have leased
+		// them since.
+		q, args, err := sqlx.In(`UPDATE `+s.table+` SET leased_until = ? WHERE id IN (?) AND dead_at IS NULL AND next_attempt_at <= ? AND leased_until <= ? RETURNING `+columns,
+			now.Add(s.lease).UnixMicro(), ids, now.UnixMicro(), now.UnixMicro())
+		if err == nil {
+			err = s.db.SelectContext(ctx, &rs, q, args...)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("outbox/sqlstore: leasing due rows of %s: %w", s.table, err)
+		}
 	}
 	return &leaseBatch{s: s, rows: s.decode(rs)}, nil
 }
@@ -585,15 +653,16 @@ func (b *leaseBatch) Release(ctx context.Context) error {
 // Stats counts what waits in the outbox (outbox.Store).
 func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 	var r struct {
-		Pending int64 `db:"pending"`
-		Failing int64 `db:"failing"`
-		Dead    int64 `db:"dead"`
-		Oldest  any   `db:"oldest"`
+		Pending int64    `db:"pending"`
+		Failing int64    `db:"failing"`
+		Dead    int64    `db:"dead"`
+		Oldest  any      `db:"oldest"`
+		Age     *float64 `db:"age"`
 	}
 	q := `SELECT coalesce(sum(CASE WHEN dead_at IS NULL THEN 1 ELSE 0 END), 0) AS pending,
 	coalesce(sum(CASE WHEN dead_at IS NULL AND attempts > 0 THEN 1 ELSE 0 END), 0) AS failing,
 	coalesce(sum(CASE WHEN dead_at IS NULL THEN 0 ELSE 1 END), 0) AS dead,
-	min(CASE WHEN dead_at IS NULL THEN created_at END) AS oldest FROM ` + s.table
+	min(CASE WHEN dead_at IS NULL THEN created_at END) AS oldest` + s.dialect.oldestAge + ` FROM ` + s.table
 	if err := s.db.GetContext(ctx, &r, q); err != nil {
 		return outbox.Stats{}, fmt.Errorf("outbox/sqlstore: counting %s: %w", s.table, err)
 	}
@@ -604,6 +673,7 @@ func (s *Store) Stats(ctx context.Context) (outbox.Stats, error) {
 			return outbox.Stats{}, err
 		}
 		st.Oldest = t
+		st.OldestAge = age(r.Age, t)
 	}
 	return st, nil
 }
@@ -708,6 +778,9 @@ type dialect struct {
 	unlease string
 	// now is the time now, on the clock Due compares with.
 	now string
+	// oldestAge selects the oldest pending row's age as age, in seconds,
+	// on the database's clock; empty where that is the process's.
+	oldestAge string
 	// addDead adds dead_at to a table created before it (%s is the
 	// table); empty on SQLite, which cannot say IF NOT EXISTS.
 	addDead string
@@ -739,9 +812,10 @@ var postgres = dialect{
 	values: func(n int) string {
 		return fmt.Sprintf("($%d, $%d, $%d, $%d, clock_timestamp(), clock_timestamp())", n+1, n+2, n+3, n+4)
 	},
-	after:   `clock_timestamp() + make_interval(secs => ?)`,
-	now:     `clock_timestamp()`,
-	addDead: `ALTER TABLE %s ADD COLUMN IF NOT EXISTS dead_at TIMESTAMPTZ`,
+	after:     `clock_timestamp() + make_interval(secs => ?)`,
+	now:       `clock_timestamp()`,
+	oldestAge: `, EXTRACT(EPOCH FROM clock_timestamp() - min(CASE WHEN dead_at IS NULL THEN created_at END))::float8 AS age`,
+	addDead:   `ALTER TABLE %s ADD COLUMN IF NOT EXISTS dead_at TIMESTAMPTZ`,
 	// The quoted name, as the store's statements name it (case matters).
 	exists:    `SELECT to_regclass($1) IS NOT NULL`,
 	existsArg: func(s *Store) any { return s.table },
