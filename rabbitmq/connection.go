@@ -60,9 +60,9 @@ type Connection struct {
 	// Publisher refuses a larger body before sending it (ErrMessageTooLarge,
 	// a *sluice.UnpublishableError), since RabbitMQ would close the channel
 	// and fail every publish in flight on it; Publisher.CheckPublish
-	// refuses it when the outbox writes it. Set it to the broker's own when
-	// you changed it (3.x's default is 128 MiB). Default
-	// MaxMessageSizeDefault (4.x's 16 MiB).
+	// refuses it when the outbox writes it. Set it to the broker's own:
+	// 16 MiB on RabbitMQ 4.x unless changed. Default MaxMessageSizeDefault
+	// (3.x's 128 MiB).
 	MaxMessageSize int
 	// Logger reports reconnects and deliveries that cannot be read. Default
 	// watermill.NopLogger.

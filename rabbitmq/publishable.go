@@ -15,8 +15,13 @@ import (
 )
 
 // MaxMessageSizeDefault is Connection.MaxMessageSize's default: RabbitMQ
-// 4.x's max_message_size (16 MiB).
-const MaxMessageSizeDefault = 16 << 20
+// 3.x's max_message_size (128 MiB), the largest default a broker has. Not
+// 4.x's 16 MiB: on a 3.x broker that would refuse the retry-tier and poison
+// copies of messages between 16 and 128 MiB the broker delivered. On 4.x set
+// it to 16 MiB (or your broker's setting) to have the outbox refuse larger
+// rows when they are written; without it the broker refuses them at the
+// relay, which sets each aside with its reason.
+const MaxMessageSizeDefault = 128 << 20
 
 // HeadersMaxEntries is the most entries a headers table (or an array or
 // table inside it) may have for Sluice's AMQP client to read it: a
