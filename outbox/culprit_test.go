@@ -18,9 +18,11 @@ import (
 )
 
 // poisoning forwards to RabbitMQ's publisher, giving the message culprit a
-// header the broker refuses by closing the channel (CC with a string
-// value: 406 PRECONDITION_FAILED) — as a row written before the writer
-// refused such headers, or a payload over the broker's max_message_size.
+// payload over the broker's max_message_size, which the broker refuses by
+// closing the channel (406 PRECONDITION_FAILED) — a row written before the
+// writer refused it, or with Connection.MaxMessageSize above the broker's.
+// (A CC header with a string value, the other such refusal, the publisher
+// now refuses before sending.)
 type poisoning struct {
 	pub     *rabbitmq.Publisher
 	culprit string
@@ -29,7 +31,7 @@ type poisoning struct {
 func (p *poisoning) mark(msgs []*message.Message) {
 	for _, m := range msgs {
 		if m.UUID == p.culprit {
-			m.Metadata.Set("CC", "not-an-array")
+			m.Payload = make([]byte, overBrokerLimit)
 		}
 	}
 }
@@ -47,6 +49,13 @@ func (p *poisoning) Close() error { return nil }
 
 var _ broker.EachPublisher = (*poisoning)(nil)
 
+// brokerLimit is the private broker's max_message_size in the culprit
+// test; overBrokerLimit the culprit's payload.
+const (
+	brokerLimit     = 1 << 20
+	overBrokerLimit = 2 << 20
+)
+
 // Issue 28.4: one row the broker refuses by closing the channel does not
 // hold the rows batched with it. Before, every row after the culprit failed
 // as uncertain or "channel not open", was pushed back on the culprit's own
@@ -55,15 +64,16 @@ var _ broker.EachPublisher = (*poisoning)(nil)
 // delivered at once, and the culprit keeps its own reason.
 func TestARowTheBrokerClosesTheChannelOnDoesNotHoldItsBatch(t *testing.T) {
 	t.Parallel()
-	s := newService(t, testenv.AMQPURL)
+	node := testenv.StartPrivateRabbitMQWith(t, testenv.PrivateRabbitMQOptions{Config: fmt.Sprintf("max_message_size = %d\n", brokerLimit)})
+	s := newService(t, node.URL)
 	other := testenv.Name("produced-other")
-	testenv.DeleteQueuesAtEnd(t, other)
 	ch, err := s.conn.Channel()
 	require.NoError(t, err)
 	_, err = ch.QueueDeclare(other, true, false, false, false, nil)
 	require.NoError(t, err)
 	_ = ch.Close()
-	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})
+	// The publisher believes the broker takes 64 MiB: the broker refuses.
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: node.URL, MaxMessageSize: 64 << 20}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	culprit := watermill.NewUUID()

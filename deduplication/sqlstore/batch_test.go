@@ -113,10 +113,12 @@ func TestGroupCommitDoesEachKeyOnce(t *testing.T) {
 	for _, backend := range []string{"postgres", "sqlite"} {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
-			// Linger: a batch waits (up to a second) for 8 deliveries, so
+			// Linger: a batch waits (up to 100 ms) for 8 deliveries, so
 			// that batches of more than one do not hang on the scheduler
 			// (on a loaded machine the default's batches were all of one).
-			e := newBatchEnv(t, backend, deduplication.BatchConfig{MaxBatch: 8, MaxWait: time.Second, Linger: true}, false)
+			// Not longer: a batch whose one delivery gave up lingers that
+			// long after the test, and goleak would see it.
+			e := newBatchEnv(t, backend, deduplication.BatchConfig{MaxBatch: 8, MaxWait: 100 * time.Millisecond, Linger: true}, false)
 			const consumers = 8
 			keys := 1000
 			if backend == "sqlite" { // one writer at a time: fewer, to keep the run short

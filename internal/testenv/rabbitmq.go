@@ -123,6 +123,8 @@ type PrivateRabbitMQOptions struct {
 	// Management enables the management plugin (its HTTP API) on a port
 	// of its own.
 	Management bool
+	// Config is more rabbitmq.conf lines (e.g. "max_message_size = 1048576").
+	Config string
 }
 
 // TLSFiles are PEM files of a TLS listener.
@@ -170,6 +172,7 @@ func StartPrivateRabbitMQWith(t testing.TB, o PrivateRabbitMQOptions) *PrivateRa
 		// Statistics every second (5 s by default): tests wait less for them.
 		conf += fmt.Sprintf("management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = %d\ncollect_statistics_interval = 1000\n", mgmtPort)
 	}
+	conf += o.Config
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte(conf), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte(plugins), 0o644))
 	if RabbitMQRoot == "" {
