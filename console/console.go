@@ -237,10 +237,12 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if path == "" {
 		path = "/"
 	}
-	r2 := r.Clone(r.Context())
-	r2.URL.Path = path
-	r2.URL.RawPath = ""
 	if r.Method == http.MethodPost {
+		r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+		if err := r.ParseForm(); err != nil {
+			http.Error(w, "refused: a form that cannot be read", http.StatusBadRequest)
+			return
+		}
 		if err := c.cop.Check(r); err != nil {
 			http.Error(w, "refused: a cross-origin request", http.StatusForbidden)
 			return
@@ -260,6 +262,9 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	r2 := r.Clone(r.Context()) // with the form parsed above
+	r2.URL.Path = path
+	r2.URL.RawPath = ""
 	c.mux.ServeHTTP(w, r2)
 }
 

@@ -158,9 +158,9 @@ func confirm(t *testing.T, ctx context.Context, fields map[string]string) {
 	for k, v := range fields {
 		acts = append(acts, chromedp.SetValue(chromedp.CSS(`input[name="`+k+`"]`), v))
 	}
-	acts = append(acts, chromedp.Click(chromedp.CSS(`input[name="confirm"]`)), chromedp.Click(chromedp.CSS(`#confirm`)),
-		chromedp.WaitVisible(chromedp.CSS(`#state, #error, pre`)))
 	do(t, ctx, acts...)
+	eval[bool](t, ctx, `document.querySelector('input[name="confirm"]').checked = true`)
+	do(t, ctx, chromedp.Click(chromedp.CSS(`#confirm`)), chromedp.WaitVisible(chromedp.CSS(`#state, #error, pre`)))
 	require.Zero(t, eval[int](t, ctx, `document.querySelectorAll('#error, pre').length`), "an error page: %s", textOf(t, ctx, "body"))
 }
 
