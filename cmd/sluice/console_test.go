@@ -29,7 +29,7 @@ import (
 
 // consoleOn serves the console over the bed's family on a loopback test
 // server, with the outcome records when outcomes is set.
-func consoleOn(t *testing.T, b *bed, outcomes string, mutate func(*console.Config)) (string, *console.Console) {
+func consoleOn(t testing.TB, b *bed, outcomes string, mutate func(*console.Config)) (string, *console.Console) {
 	t.Helper()
 	cfg := console.Config{
 		Prefix: "/sluice",
@@ -93,17 +93,18 @@ func shot(t *testing.T, ctx context.Context, name string) {
 
 // groupOf returns the failure group of the poison queue's message with
 // event id id, read from the broker (everything stays).
-func groupOf(t *testing.T, queue, id string) string {
+func groupOf(t testing.TB, queue, id string) string {
 	t.Helper()
-	ms, err := dlq.Inspect(t.Context(), testenv.AMQP(t), queue, dlq.Filter{}, 0)
-	require.NoError(t, err)
-	for _, m := range ms {
-		if m.EventID == id {
-			return m.Group()
+	var g string
+	_, err := dlq.Each(t.Context(), testenv.AMQP(t), queue, dlq.Filter{}, 0, func(m *dlq.Message) error {
+		if m.EventID == id && g == "" {
+			g = m.Group()
 		}
-	}
-	t.Fatalf("no %s in %s", id, queue)
-	return ""
+		return nil
+	})
+	require.NoError(t, err)
+	require.NotEmpty(t, g, "no %s in %s", id, queue)
+	return g
 }
 
 // textOf is the text content of the first element matching sel.
