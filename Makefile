@@ -23,7 +23,7 @@ RABBITMQ4_TESTS    := TestRabbitmqctlManagesTheBrokerUnderTest|TestBrakeWithoutA
 FUZZ_TARGETS  := FuzzMarshalerUnmarshal:./rabbitmq FuzzClassifier:. FuzzSummary:./internal/diag FuzzRedactSecret:./internal/diag FuzzPrintable:./internal/diag FuzzEscapeJSON:./internal/diag FuzzTerminal:./internal/diag FuzzKeyFromJSON:./deduplication
 
 .DEFAULT_GOAL := help
-.PHONY: help run services test test-rabbitmq4 test-race fuzz chaos bench lint fmt tidy cover
+.PHONY: help run services test test-rabbitmq4 test-race fuzz chaos bench lint fmt tidy cover console-screenshots
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -59,6 +59,9 @@ chaos: services ## the long reliability run: 20,000 events a scenario, 100 kills
 
 bench: services ## print the benchmark comparison tables (see docs/benchmarks.md)
 	$(GO) run ./cmd/sluice-bench
+
+console-screenshots: services ## the console's pages in headless Chromium, saved as docs/console/*.png (docs/console.md)
+	mkdir -p docs/console && cd cmd && SLUICE_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console go test -count=1 -run 'TestConsoleInABrowser|TestConsoleRendersHostileContentsInert' ./sluice/
 
 lint: ## go vet and golangci-lint (.golangci.yml)
 	$(GO) vet $(PACKAGES)

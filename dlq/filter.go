@@ -1,9 +1,13 @@
 package dlq
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"regexp"
 	"slices"
 	"time"
+
+	"github.com/sluicemq/sluice/internal/diag"
 
 	"github.com/sluicemq/sluice/replay"
 )
@@ -22,6 +26,8 @@ type Filter struct {
 	// Unreadable selects only the messages whose headers the AMQP client
 	// could not parse (Message.HeadersError).
 	Unreadable bool
+	// Group selects only the messages of this failure group (Message.Group).
+	Group string
 }
 
 // Match reports whether the filter selects m. A message without a valid
@@ -42,6 +48,8 @@ func (f Filter) Match(m *Message) bool {
 		return false
 	case f.Unreadable && m.HeadersError == "":
 		return false
+	case f.Group != "" && m.Group() != f.Group:
+		return false
 	}
 	return true
 }
@@ -54,6 +62,9 @@ func (f Filter) Describe() map[string]string {
 	}
 	if f.ErrorMatch != nil {
 		d["error_match"] = f.ErrorMatch.String()
+	}
+	if f.Group != "" {
+		d["group"] = f.Group
 	}
 	if len(f.EventTypes) > 0 {
 		d["event_type"] = joinComma(f.EventTypes)
@@ -94,4 +105,16 @@ func Fingerprint(reason string) string {
 	s := uuidRe.ReplaceAllString(reason, "<uuid>")
 	s = longHex.ReplaceAllString(s, "<hex>")
 	return numberRe.ReplaceAllString(s, "#")
+}
+
+// groupReasonMax bounds the part of a reason Group reads: a hostile
+// producer's megabyte reason costs no more than a short one.
+const groupReasonMax = 1024
+
+// Group returns m's failure group: 16 hex digits of a hash of its class,
+// its reason's Fingerprint and its consumer — one group per kind of failure
+// of one handler, however many messages share it.
+func (m *Message) Group() string {
+	h := sha256.Sum256([]byte(m.Class + "\x00" + Fingerprint(diag.Bound(m.Reason, groupReasonMax)) + "\x00" + m.Consumer))
+	return hex.EncodeToString(h[:8])
 }

@@ -103,6 +103,8 @@ promtool_() { # checks docs/alerts.yml (examples/orders/alerts_test.go); Debian 
 
 command -v psql >/dev/null || install postgresql-client
 promtool_
+# Headless Chromium for the console's browser tests (cmd/sluice/console_test.go).
+[ -x /usr/bin/chromium ] || install --no-install-recommends chromium
 postgres
 rabbitmq
 redis

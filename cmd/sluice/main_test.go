@@ -40,13 +40,13 @@ type bed struct {
 	pub   *rabbitmq.Publisher
 }
 
-func newBed(t *testing.T) *bed {
+func newBed(t testing.TB) *bed {
 	t.Helper()
 	return newBedOn(t, rabbitmq.TopologyConfig{Queue: testenv.Name("cli"), TierDelays: []time.Duration{time.Minute}})
 }
 
 // newBedOn is a bed on the topology of cfg (its one tier of a minute).
-func newBedOn(t *testing.T, cfg rabbitmq.TopologyConfig) *bed {
+func newBedOn(t testing.TB, cfg rabbitmq.TopologyConfig) *bed {
 	t.Helper()
 	q := cfg.Queue
 	topo, err := rabbitmq.NewTopology(cfg)

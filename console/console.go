@@ -1,0 +1,298 @@
+// Package console is Sluice's operator console: an http.Handler a service
+// mounts (or `sluice console` serves) over its poison queues, the replay
+// outcome records, the outbox and the audit log. Pages are rendered on the
+// server from embedded templates: no script, no build step, no download.
+//
+// Safe by default: every state-changing request is a POST that must carry
+// the page's CSRF token and come from the console's own origin; ReadOnly
+// refuses every one; Token, when set, is asked of every request; the
+// Content-Security-Policy allows no script at all; every message field is
+// escaped and bounded; no URL or DSN is ever rendered. Off loopback, a
+// listener must authenticate: CheckAddr refuses an address that is not a
+// loopback one unless a Token is set or the host's own middleware
+// authenticates (Config.HostAuthenticates).
+package console
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"html/template"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/outbox"
+	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
+	"github.com/sluicemq/sluice/replay/ledger"
+)
+
+//go:embed templates/*.html static/*
+var assets embed.FS
+
+// Queue is one consumer queue the overview shows, with its retry tiers and
+// its poison queue. Only the poison queues named here can be read or acted
+// on through the console.
+type Queue struct {
+	Name   string
+	Tiers  []string
+	Poison string
+}
+
+// Depth is a queue's depth as the overview shows it.
+type Depth struct {
+	Ready, Unacked, Consumers int
+	// UnackedKnown is false when the source cannot tell (a passive declare
+	// counts only ready messages and consumers).
+	UnackedKnown bool
+}
+
+// Outbox is what the console reads and does on an outbox table
+// (outbox/sqlstore.Store implements it).
+type Outbox interface {
+	Stats(ctx context.Context) (outbox.Stats, error)
+	List(ctx context.Context, failing bool, limit int) ([]OutboxEntry, error)
+	RetryNow(ctx context.Context) (int64, error)
+}
+
+// OutboxEntry is one outbox row as the console lists it.
+type OutboxEntry struct {
+	ID        int64
+	Topic     string
+	EventID   string
+	Attempts  int
+	LastError string
+	CreatedAt time.Time
+}
+
+// Config configures the console.
+type Config struct {
+	// Prefix is the path the console is mounted under ("/sluice"); "" is
+	// the root. The handler strips it itself: mount it at Prefix+"/".
+	Prefix string
+	// Dial opens a connection to the broker, one per page or action.
+	// Required.
+	Dial func() (*amqp.Connection, error)
+	// Publisher publishes replayed copies (confirmed, mandatory:
+	// rabbitmq.Publisher). Without it replay is not offered.
+	Publisher dlq.Publisher
+	// Queues are the consumer queues the console shows and acts on.
+	Queues []Queue
+	// Depth reads a queue's depth; nil reads it with a passive declare
+	// (ready and consumers; unacked unknown).
+	Depth func(ctx context.Context, queue string) (Depth, error)
+	// Outcomes are the replay outcome records (dlq.OpenOutcomes); without
+	// them the closed loop is not offered. OutcomesWhere names their place
+	// in messages (dlq.OutcomesPlace).
+	Outcomes      ledger.Ledger
+	OutcomesWhere string
+	// Outboxes are shown on the outbox page by name.
+	Outboxes map[string]Outbox
+	// AuditFile is the audit log every action appends to, and the audit
+	// page reads (its tail). Required unless ReadOnly.
+	AuditFile string
+	// Archive opens where archived messages go; nil: archive not offered.
+	Archive func() (dlq.ArchiveSink, error)
+	// Signer signs replayed copies and archive records (the consumers'
+	// key), as sluice dlq replay --signing-key-file.
+	Signer *sluice.Signer
+	// Operator names who made a request, for the audit log; nil: "console".
+	Operator func(*http.Request) string
+	// ReadOnly refuses every action.
+	ReadOnly bool
+	// Token, when set, is asked of every request: a browser signs in once
+	// (a cookie, HttpOnly, SameSite=Strict), a script sends it as
+	// "Authorization: Bearer <token>".
+	Token string
+	// HostAuthenticates says the host service's own middleware
+	// authenticates every request before the console sees it (CheckAddr).
+	HostAuthenticates bool
+	// GroupsMax bounds the failure groups a scan keeps (default 1000; the
+	// rest are counted as "other"); PageSize the messages of a page (50).
+	GroupsMax, PageSize int
+}
+
+// Console is the console's handler. Close stops the runs it started and
+// waits for them.
+type Console struct {
+	cfg    Config
+	mux    *http.ServeMux
+	tmpl   map[string]*template.Template
+	csrf   string // the token every form carries
+	cookie string // the session cookie's value when Token is set
+	cop    *http.CrossOriginProtection
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	runs    map[string]*run
+	order   []string // run ids, oldest first
+	samples map[string][]sample
+}
+
+// ErrNoAuth refuses to serve off loopback without authentication.
+var ErrNoAuth = errors.New("console: refusing to listen off loopback without authentication: set a token (--token-file), or put the console behind your service's own authentication (Config.HostAuthenticates)")
+
+// CheckAddr returns ErrNoAuth when addr is not a loopback address and cfg
+// has no Token and does not say the host authenticates. An empty host
+// (":8080") listens on every interface: not loopback.
+func CheckAddr(addr string, cfg Config) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("console: address %q: %w", addr, err)
+	}
+	if cfg.Token != "" || cfg.HostAuthenticates {
+		return nil
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return ErrNoAuth
+}
+
+// New returns the console: an http.Handler (riverui-style: mount it under
+// cfg.Prefix) whose Close stops the runs it started.
+func New(cfg Config) (*Console, error) {
+	if cfg.Dial == nil {
+		return nil, errors.New("console: Config.Dial is required")
+	}
+	if !cfg.ReadOnly && cfg.AuditFile == "" {
+		return nil, errors.New("console: Config.AuditFile is required unless ReadOnly (every action is audited)")
+	}
+	cfg.Prefix = strings.TrimSuffix(cfg.Prefix, "/")
+	if cfg.Prefix != "" && !strings.HasPrefix(cfg.Prefix, "/") {
+		return nil, fmt.Errorf("console: Prefix %q must start with /", cfg.Prefix)
+	}
+	if cfg.GroupsMax <= 0 {
+		cfg.GroupsMax = 1000
+	}
+	if cfg.PageSize <= 0 {
+		cfg.PageSize = 50
+	}
+	if cfg.Operator == nil {
+		cfg.Operator = func(*http.Request) string { return "console" }
+	}
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return nil, err
+	}
+	c := &Console{cfg: cfg, runs: map[string]*run{}, samples: map[string][]sample{}, cop: http.NewCrossOriginProtection()}
+	c.csrf = mac(key, "csrf")
+	if cfg.Token != "" {
+		c.cookie = mac([]byte(cfg.Token), "session")
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	if err := c.parse(); err != nil {
+		return nil, err
+	}
+	c.routes()
+	return c, nil
+}
+
+func mac(key []byte, what string) string {
+	h := hmac.New(sha256.New, key)
+	h.Write([]byte(what))
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Close cancels the runs in progress (a batch already published stays
+// published; its outcomes still come) and waits for them.
+func (c *Console) Close() error {
+	c.cancel()
+	c.wg.Wait()
+	return nil
+}
+
+const csp = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+
+// ServeHTTP serves the console: headers first, then authentication, then
+// the CSRF and read-only checks of a POST.
+func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", csp)
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cache-Control", "no-store")
+	path, ok := strings.CutPrefix(r.URL.Path, c.cfg.Prefix)
+	if !ok || (path != "" && !strings.HasPrefix(path, "/")) {
+		http.NotFound(w, r)
+		return
+	}
+	if path == "" {
+		path = "/"
+	}
+	if r.Method == http.MethodPost {
+		r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+		if err := r.ParseForm(); err != nil {
+			http.Error(w, "refused: a form that cannot be read", http.StatusBadRequest)
+			return
+		}
+		if err := c.cop.Check(r); err != nil {
+			http.Error(w, "refused: a cross-origin request", http.StatusForbidden)
+			return
+		}
+	}
+	if c.cfg.Token != "" && path != "/login" && path != "/static/console.css" && !c.authenticated(r) {
+		http.Redirect(w, r, c.cfg.Prefix+"/login", http.StatusSeeOther)
+		return
+	}
+	if r.Method == http.MethodPost && path != "/login" {
+		if c.cfg.ReadOnly {
+			http.Error(w, "refused: the console is read-only", http.StatusForbidden)
+			return
+		}
+		if subtle.ConstantTimeCompare([]byte(r.PostFormValue("csrf")), []byte(c.csrf)) != 1 {
+			http.Error(w, "refused: the form's CSRF token is missing or wrong (reload the page)", http.StatusForbidden)
+			return
+		}
+	}
+	r2 := r.Clone(r.Context()) // with the form parsed above
+	r2.URL.Path = path
+	r2.URL.RawPath = ""
+	c.mux.ServeHTTP(w, r2)
+}
+
+const cookieName = "sluice_console"
+
+func (c *Console) authenticated(r *http.Request) bool {
+	if v, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+		return subtle.ConstantTimeCompare([]byte(v), []byte(c.cfg.Token)) == 1
+	}
+	ck, err := r.Cookie(cookieName)
+	return err == nil && subtle.ConstantTimeCompare([]byte(ck.Value), []byte(c.cookie)) == 1
+}
+
+func (c *Console) login(w http.ResponseWriter, r *http.Request) {
+	if c.cfg.Token == "" {
+		http.Redirect(w, r, c.cfg.Prefix+"/", http.StatusSeeOther)
+		return
+	}
+	if r.Method == http.MethodPost {
+		if subtle.ConstantTimeCompare([]byte(r.PostFormValue("token")), []byte(c.cfg.Token)) == 1 {
+			http.SetCookie(w, &http.Cookie{Name: cookieName, Value: c.cookie, Path: c.cfg.Prefix + "/",
+				HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+			http.Redirect(w, r, c.cfg.Prefix+"/", http.StatusSeeOther)
+			return
+		}
+		w.WriteHeader(http.StatusUnauthorized)
+		c.render(w, r, "login", map[string]any{"Wrong": true})
+		return
+	}
+	c.render(w, r, "login", nil)
+}

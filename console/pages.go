@@ -1,0 +1,781 @@
+package console
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"html/template"
+	"io"
+	"io/fs"
+	"maps"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/poison"
+	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
+	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/replay/ledger"
+)
+
+// The bounds of what a page renders of a message.
+const (
+	textMax    = 300       // a reason, a sample, a name in a table
+	reasonMax  = 2048      // a reason in full
+	stackMax   = 8 << 10   // a stack
+	payloadMax = 2048      // a payload's preview
+	headersMax = 64        // headers shown per message
+	headerMax  = 512       // one header's value
+	rowsMax    = 1000      // a run's rows kept for its outcome column
+	runsMax    = 50        // runs kept in memory
+	samplesMax = 120       // depth samples per queue, for the chart
+	auditTail  = 256 << 10 // bytes of the audit log's tail read
+	auditMax   = 200       // audit lines shown
+)
+
+func (c *Console) parse() error {
+	c.tmpl = map[string]*template.Template{}
+	funcs := template.FuncMap{
+		"p":    func(s ...string) string { return c.cfg.Prefix + strings.Join(s, "") },
+		"time": fmtTime,
+		"age": func(t time.Time) string {
+			if t.IsZero() {
+				return "—"
+			}
+			return time.Since(t).Round(time.Second).String()
+		},
+		"csrf": func() string { return c.csrf },
+		"pct":  func(f float64) string { return strconv.FormatFloat(100*f, 'f', 0, 64) + "%" },
+	}
+	pages, err := fs.Glob(assets, "templates/*.html")
+	if err != nil {
+		return err
+	}
+	for _, p := range pages {
+		name := strings.TrimSuffix(strings.TrimPrefix(p, "templates/"), ".html")
+		if name == "layout" {
+			continue
+		}
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(assets, "templates/layout.html", p)
+		if err != nil {
+			return err
+		}
+		c.tmpl[name] = t
+	}
+	return nil
+}
+
+func fmtTime(t time.Time) string {
+	if t.IsZero() {
+		return "—"
+	}
+	return t.UTC().Format("2006-01-02 15:04:05Z")
+}
+
+func (c *Console) routes() {
+	m := http.NewServeMux()
+	m.Handle("GET /static/", http.FileServerFS(assets))
+	m.HandleFunc("/login", c.login)
+	m.HandleFunc("GET /{$}", c.overview)
+	m.HandleFunc("GET /q/{queue}/groups", c.groups)
+	m.HandleFunc("GET /q/{queue}/g/{group}", c.group)
+	m.HandleFunc("GET /q/{queue}/g/{group}/{action}", c.preview)
+	m.HandleFunc("POST /q/{queue}/g/{group}/replay", c.replay)
+	m.HandleFunc("POST /q/{queue}/g/{group}/discard", c.discard)
+	m.HandleFunc("POST /q/{queue}/g/{group}/archive", c.archive)
+	m.HandleFunc("GET /runs/{run}", c.runPage)
+	m.HandleFunc("GET /outbox", c.outboxPage)
+	m.HandleFunc("POST /outbox/{name}/retry", c.outboxRetry)
+	m.HandleFunc("GET /audit", c.auditPage)
+	c.mux = m
+}
+
+// page is what every template gets.
+type page struct {
+	Title    string
+	ReadOnly bool
+	Auth     bool
+	Data     any
+}
+
+func (c *Console) render(w http.ResponseWriter, r *http.Request, name string, data any) {
+	var buf bytes.Buffer
+	title := name
+	if err := c.tmpl[name].Execute(&buf, page{Title: title, ReadOnly: c.cfg.ReadOnly, Auth: c.cfg.Token != "", Data: data}); err != nil {
+		http.Error(w, "rendering the page: "+diag.Summary(err, textMax), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	_, _ = w.Write(buf.Bytes())
+}
+
+// fail renders an error page; the error is redacted and bounded.
+func (c *Console) fail(w http.ResponseWriter, r *http.Request, code int, err error) {
+	w.WriteHeader(code)
+	c.render(w, r, "error", diag.Summary(err, reasonMax))
+}
+
+// poisonQueue returns the configured family whose poison queue is name: no
+// other queue is read or acted on.
+func (c *Console) poisonQueue(name string) (Queue, bool) {
+	for _, q := range c.cfg.Queues {
+		if q.Poison == name {
+			return q, true
+		}
+	}
+	return Queue{}, false
+}
+
+func (c *Console) conn() (*amqp.Connection, error) {
+	conn, err := c.cfg.Dial()
+	if err != nil {
+		return nil, fmt.Errorf("connecting to the broker: %w", diag.RedactError(err))
+	}
+	return conn, nil
+}
+
+// ---- overview
+
+type sample struct {
+	At    time.Time
+	Ready int
+}
+
+type queueRow struct {
+	Name, Role string
+	Depth      Depth
+	Err        string
+}
+
+type family struct {
+	Queue  Queue
+	Rows   []queueRow
+	Chart  template.HTML
+	Poison int
+}
+
+type outboxRow struct {
+	Name             string
+	Pending, Failing int64
+	Oldest           time.Time
+	Err              string
+	Groups           []errGroup
+	ReadOnly         bool
+}
+
+func (c *Console) depth(ctx context.Context, conn *amqp.Connection, queue string) (Depth, error) {
+	if c.cfg.Depth != nil {
+		return c.cfg.Depth(ctx, queue)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return Depth{}, err
+	}
+	defer func() { _ = ch.Close() }()
+	q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
+	if err != nil {
+		return Depth{}, err
+	}
+	return Depth{Ready: q.Messages, Consumers: q.Consumers}, nil
+}
+
+func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
+	conn, err := c.conn()
+	if err != nil {
+		c.fail(w, r, http.StatusBadGateway, err)
+		return
+	}
+	defer func() { _ = conn.Close() }()
+	var fams []family
+	now := time.Now()
+	for _, q := range c.cfg.Queues {
+		f := family{Queue: q}
+		add := func(name, role string) {
+			d, err := c.depth(r.Context(), conn, name)
+			row := queueRow{Name: diag.Printable(name, 255), Role: role, Depth: d}
+			if err != nil {
+				row.Err = diag.Summary(err, textMax)
+			}
+			f.Rows = append(f.Rows, row)
+			if role == "poison" {
+				f.Poison = d.Ready
+			}
+			c.mu.Lock()
+			s := append(c.samples[name], sample{At: now, Ready: d.Ready})
+			if len(s) > samplesMax {
+				s = s[len(s)-samplesMax:]
+			}
+			c.samples[name] = s
+			c.mu.Unlock()
+		}
+		add(q.Name, "main")
+		for _, t := range q.Tiers {
+			add(t, "tier")
+		}
+		if q.Poison != "" {
+			add(q.Poison, "poison")
+		}
+		f.Chart = c.chart(q)
+		fams = append(fams, f)
+	}
+	c.render(w, r, "overview", map[string]any{"Families": fams, "Outbox": c.outboxRows(r.Context(), false), "Runs": c.recentRuns()})
+}
+
+// chart draws the depth of a family's main and poison queue over the
+// samples taken, as inline SVG (no script).
+func (c *Console) chart(q Queue) template.HTML {
+	c.mu.Lock()
+	main, pois := slices.Clone(c.samples[q.Name]), slices.Clone(c.samples[q.Poison])
+	c.mu.Unlock()
+	const w, h = 400, 80
+	top := 1
+	for _, s := range append(slices.Clone(main), pois...) {
+		top = max(top, s.Ready)
+	}
+	line := func(ss []sample, color string) string {
+		if len(ss) == 0 {
+			return ""
+		}
+		var b strings.Builder
+		for i, s := range ss {
+			x := w
+			if len(ss) > 1 {
+				x = i * w / (len(ss) - 1)
+			}
+			fmt.Fprintf(&b, "%d,%d ", x, h-s.Ready*(h-4)/top-2)
+		}
+		return fmt.Sprintf(`<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`, color, strings.TrimSpace(b.String()))
+	}
+	// Every value in it is a number or a constant: nothing to escape.
+	return template.HTML(fmt.Sprintf(`<svg class="chart" viewBox="0 0 %d %d" width="%d" height="%d" role="img" aria-label="depth over time"><rect x="0" y="0" width="%d" height="%d" fill="#fafafa" stroke="#ddd"/>%s%s<text x="4" y="12" font-size="10" fill="#555">max %d</text></svg>`,
+		w, h, w, h, w, h, line(main, "#2563eb"), line(pois, "#dc2626"), top))
+}
+
+// ---- failure groups
+
+type groupRow struct {
+	ID, Class, Fingerprint, Consumer, Target, Sample string
+	Count                                            int
+	First, Last                                      time.Time
+}
+
+func (c *Console) scanGroups(ctx context.Context, queue string) ([]*groupRow, int, int, error) {
+	conn, err := c.conn()
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	defer func() { _ = conn.Close() }()
+	groups := map[string]*groupRow{}
+	other := 0
+	n, err := dlq.Each(ctx, conn, queue, dlq.Filter{}, 0, func(m *dlq.Message) error {
+		id := m.Group()
+		g, ok := groups[id]
+		if !ok {
+			if len(groups) >= c.cfg.GroupsMax {
+				other++
+				return nil
+			}
+			g = &groupRow{ID: id, Class: diag.Printable(m.Class, 64), Fingerprint: diag.Printable(dlq.Fingerprint(diag.Bound(m.Reason, 1024)), textMax),
+				Consumer: diag.Printable(m.Consumer, textMax), Target: diag.Printable(m.Queue, 255), Sample: diag.Printable(m.Reason, textMax)}
+			groups[id] = g
+		}
+		g.Count++
+		if t := m.PoisonedAt; !t.IsZero() {
+			if g.First.IsZero() || t.Before(g.First) {
+				g.First = t
+			}
+			if t.After(g.Last) {
+				g.Last = t
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, 0, diag.RedactError(err)
+	}
+	out := slices.Collect(maps.Values(groups))
+	slices.SortFunc(out, func(a, b *groupRow) int { return cmp.Or(b.Count-a.Count, strings.Compare(a.ID, b.ID)) })
+	return out, other, n, nil
+}
+
+func (c *Console) groups(w http.ResponseWriter, r *http.Request) {
+	q, ok := c.poisonQueue(r.PathValue("queue"))
+	if !ok {
+		c.fail(w, r, http.StatusNotFound, errors.New("no such poison queue in the console's configuration"))
+		return
+	}
+	gs, other, total, err := c.scanGroups(r.Context(), q.Poison)
+	if err != nil {
+		c.fail(w, r, http.StatusBadGateway, err)
+		return
+	}
+	c.render(w, r, "groups", map[string]any{"Queue": q, "Groups": gs, "Other": other, "Total": total})
+}
+
+type header struct{ Key, Value string }
+
+type messageView struct {
+	Position                                                     int
+	EventID, EventType, Class, Reason, Consumer, Queue, Attempts string
+	PoisonedAt                                                   time.Time
+	TraceID, Stack, Payload, HeadersError, DeadLetter, MessageID string
+	PayloadSize                                                  int
+	Headers                                                      []header
+	HeadersCut                                                   int
+}
+
+func view(m *dlq.Message) messageView {
+	md := m.Msg.Metadata
+	v := messageView{Position: m.Position, EventID: diag.Printable(m.EventID, textMax), EventType: diag.Printable(m.EventType, textMax),
+		Class: diag.Printable(m.Class, 64), Reason: diag.Printable(m.Reason, reasonMax), Consumer: diag.Printable(m.Consumer, textMax),
+		Queue: diag.Printable(m.Queue, 255), Attempts: diag.Printable(m.Attempts, 32), PoisonedAt: m.PoisonedAt,
+		TraceID: diag.Printable(m.TraceID, 64), Stack: diag.Printable(md.Get(poison.StackKey), stackMax),
+		Payload: diag.Printable(string(m.Msg.Payload[:min(len(m.Msg.Payload), 4*payloadMax)]), payloadMax), PayloadSize: len(m.Msg.Payload),
+		HeadersError: diag.Printable(m.HeadersError, textMax), MessageID: diag.Printable(m.Msg.UUID, textMax)}
+	if m.DeadLetterReason != "" {
+		v.DeadLetter = diag.Printable(m.DeadLetterReason+" in "+m.DeadLetterQueue+" ×"+m.DeadLetterCount, textMax)
+	}
+	keys := slices.Sorted(maps.Keys(md))
+	for i, k := range keys {
+		if i == headersMax {
+			v.HeadersCut = len(keys) - headersMax
+			break
+		}
+		v.Headers = append(v.Headers, header{Key: diag.Printable(k, 128), Value: diag.Printable(md[k], headerMax)})
+	}
+	return v
+}
+
+var errPageFull = errors.New("page full")
+
+func (c *Console) group(w http.ResponseWriter, r *http.Request) {
+	q, ok := c.poisonQueue(r.PathValue("queue"))
+	if !ok {
+		c.fail(w, r, http.StatusNotFound, errors.New("no such poison queue in the console's configuration"))
+		return
+	}
+	id := r.PathValue("group")
+	pageN, _ := strconv.Atoi(r.URL.Query().Get("page"))
+	pageN = max(1, min(pageN, 1<<20))
+	conn, err := c.conn()
+	if err != nil {
+		c.fail(w, r, http.StatusBadGateway, err)
+		return
+	}
+	defer func() { _ = conn.Close() }()
+	skip := (pageN - 1) * c.cfg.PageSize
+	var ms []messageView
+	seen := 0
+	more := false
+	_, err = dlq.Each(r.Context(), conn, q.Poison, dlq.Filter{Group: id}, 0, func(m *dlq.Message) error {
+		seen++
+		if seen <= skip {
+			return nil
+		}
+		if len(ms) == c.cfg.PageSize {
+			more = true
+			return errPageFull
+		}
+		ms = append(ms, view(m))
+		return nil
+	})
+	if err != nil && !errors.Is(err, errPageFull) {
+		c.fail(w, r, http.StatusBadGateway, diag.RedactError(err))
+		return
+	}
+	c.render(w, r, "group", map[string]any{"Queue": q, "Group": id, "Messages": ms, "Page": pageN, "Prev": pageN - 1, "Next": pageN + 1,
+		"More": more, "Actions": c.actions()})
+}
+
+// actions says which actions the console offers.
+func (c *Console) actions() map[string]bool {
+	return map[string]bool{
+		"Replay":  !c.cfg.ReadOnly && c.cfg.Publisher != nil && c.cfg.Outcomes != nil,
+		"Discard": !c.cfg.ReadOnly,
+		"Archive": !c.cfg.ReadOnly && c.cfg.Archive != nil,
+	}
+}
+
+// ---- actions: preview, then a confirmed POST
+
+type previewData struct {
+	Queue    Queue
+	Group    string
+	Action   string
+	Count    int
+	Targets  map[string]int
+	Sample   []string
+	Sample50 int
+	Defaults map[string]string
+	Error    string
+}
+
+func (c *Console) preview(w http.ResponseWriter, r *http.Request) {
+	q, ok := c.poisonQueue(r.PathValue("queue"))
+	action := r.PathValue("action")
+	if !ok || !c.actions()[strings.ToUpper(action[:1])+action[1:]] {
+		c.fail(w, r, http.StatusNotFound, errors.New("no such action here (read-only, or not configured)"))
+		return
+	}
+	d, err := c.dryRun(r.Context(), q, r.PathValue("group"), action)
+	if err != nil {
+		c.fail(w, r, http.StatusBadGateway, err)
+		return
+	}
+	c.render(w, r, "preview", d)
+}
+
+// dryRun selects the group's messages and counts them by target, moving
+// nothing: what a confirmation shows.
+func (c *Console) dryRun(ctx context.Context, q Queue, group, action string) (previewData, error) {
+	d := previewData{Queue: q, Group: group, Action: action, Targets: map[string]int{},
+		Defaults: map[string]string{"canary": "1", "ramp": "5,20,100", "max_repoison": "10%", "wait": "30s"}}
+	conn, err := c.conn()
+	if err != nil {
+		return d, err
+	}
+	defer func() { _ = conn.Close() }()
+	n, err := dlq.Each(ctx, conn, q.Poison, dlq.Filter{Group: group}, 0, func(m *dlq.Message) error {
+		if len(d.Targets) < 20 {
+			d.Targets[diag.Printable(cmp.Or(m.Queue, "(none: not replayable)"), 255)]++
+		}
+		if len(d.Sample) < 20 {
+			d.Sample = append(d.Sample, diag.Printable(cmp.Or(m.EventID, "message "+m.Msg.UUID), textMax))
+		}
+		return nil
+	})
+	d.Count = n
+	return d, diag.RedactError(err)
+}
+
+func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
+	q, ok := c.poisonQueue(r.PathValue("queue"))
+	if !ok || !c.actions()["Replay"] {
+		c.fail(w, r, http.StatusNotFound, errors.New("replay is not offered here"))
+		return
+	}
+	if r.PostFormValue("confirm") != "yes" {
+		c.fail(w, r, http.StatusBadRequest, errors.New("confirm the replay: tick the box on the preview"))
+		return
+	}
+	plan, err := loopForm(r)
+	if err != nil {
+		c.fail(w, r, http.StatusBadRequest, err)
+		return
+	}
+	group := r.PathValue("group")
+	operator := c.cfg.Operator(r)
+	ru := c.newRun("replay", dlq.NewRun("run"), q.Poison, group, operator)
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		c.runReplay(ru, q, group, operator, plan)
+	}()
+	http.Redirect(w, r, c.cfg.Prefix+"/runs/"+ru.ID, http.StatusSeeOther)
+}
+
+func loopForm(r *http.Request) (loopPlan, error) {
+	var sizes []int
+	canary, err := strconv.Atoi(cmp.Or(strings.TrimSpace(r.PostFormValue("canary")), "0"))
+	if err != nil || canary < 0 {
+		return loopPlan{}, errors.New("canary: want a number of messages, 0 for none")
+	}
+	if canary > 0 {
+		sizes = append(sizes, canary)
+	}
+	if ramp := strings.TrimSpace(r.PostFormValue("ramp")); ramp != "" {
+		for _, p := range strings.Split(ramp, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(p))
+			if err != nil || n < 1 {
+				return loopPlan{}, errors.New("ramp: want batch sizes such as 5,20,100")
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	if len(sizes) == 0 {
+		return loopPlan{}, errors.New("give a canary, a ramp, or both")
+	}
+	mr, err := strconv.ParseFloat(strings.TrimSuffix(cmp.Or(strings.TrimSpace(r.PostFormValue("max_repoison")), "10%"), "%"), 64)
+	if err != nil || mr < 0 || mr > 100 {
+		return loopPlan{}, errors.New("max re-poison: want a percentage such as 10%")
+	}
+	wait, err := time.ParseDuration(cmp.Or(strings.TrimSpace(r.PostFormValue("wait")), "30s"))
+	if err != nil || wait <= 0 || wait > time.Hour {
+		return loopPlan{}, errors.New("wait: want a duration such as 30s, at most 1h")
+	}
+	limit, err := strconv.Atoi(cmp.Or(strings.TrimSpace(r.PostFormValue("limit")), "0"))
+	if err != nil || limit < 0 {
+		return loopPlan{}, errors.New("limit: want a number of messages, 0 for all")
+	}
+	return loopPlan{sizes: sizes, canary: canary > 0, maxRepoison: mr / 100, wait: wait, limit: limit}, nil
+}
+
+// loopPlan is a replay form's closed loop.
+type loopPlan struct {
+	sizes       []int
+	canary      bool
+	maxRepoison float64
+	wait        time.Duration
+	limit       int
+}
+
+func (c *Console) runReplay(ru *run, q Queue, group, operator string, p loopPlan) {
+	conn, err := c.conn()
+	if err != nil {
+		ru.finish(dlq.ReplayResult{}, err)
+		return
+	}
+	defer func() { _ = conn.Close() }()
+	cfg := dlq.ReplayConfig{Queue: q.Poison, Filter: dlq.Filter{Group: group}, Limit: p.limit, Batch: 10, Operator: operator,
+		Publisher: c.cfg.Publisher, Signer: c.cfg.Signer, Run: ru.ID,
+		Published: func(_ context.Context, ms []*dlq.Message) error {
+			for _, m := range ms {
+				ru.add(m.Item(), m.EventID, string(ledger.OutcomeReplayed), "", "")
+			}
+			return nil
+		}}
+	l := dlq.Loop{Sizes: p.sizes, Canary: p.canary, MaxRepoison: p.maxRepoison, Store: c.cfg.Outcomes, Wait: p.wait, Where: c.cfg.OutcomesWhere,
+		Batch: ru.batch}
+	res, err := dlq.ClosedLoop(c.ctx, conn, cfg, l)
+	ru.finish(res, err)
+	c.audit(operator, "console replay", q.Poison, cfg.Filter, map[string]string{"run": ru.ID, "sizes": fmt.Sprint(p.sizes), "canary": strconv.FormatBool(p.canary),
+		"max_repoison": strconv.FormatFloat(100*p.maxRepoison, 'f', -1, 64) + "%", "wait": p.wait.String(), "limit": strconv.Itoa(p.limit)}, res, err, "", nil)
+}
+
+func (c *Console) discard(w http.ResponseWriter, r *http.Request) {
+	q, ok := c.poisonQueue(r.PathValue("queue"))
+	if !ok {
+		c.fail(w, r, http.StatusNotFound, errors.New("no such poison queue in the console's configuration"))
+		return
+	}
+	reason := strings.TrimSpace(r.PostFormValue("reason"))
+	if reason == "" || r.PostFormValue("confirm") != "yes" {
+		c.fail(w, r, http.StatusBadRequest, errors.New("a discard needs a reason and the confirmation box ticked"))
+		return
+	}
+	group := r.PathValue("group")
+	limit, _ := strconv.Atoi(r.PostFormValue("limit"))
+	operator := c.cfg.Operator(r)
+	ru := c.newRun("discard", dlq.NewRun("discard"), q.Poison, group, operator)
+	conn, err := c.conn()
+	if err != nil {
+		ru.finish(dlq.ReplayResult{}, err)
+		c.fail(w, r, http.StatusBadGateway, err)
+		return
+	}
+	defer func() { _ = conn.Close() }()
+	f := dlq.Filter{Group: group}
+	res, items, err := dlq.Discard(r.Context(), conn, q.Poison, f, max(limit, 0), false)
+	err = errors.Join(err, c.record(r.Context(), ru, items, ledger.OutcomeDiscarded, reason, operator))
+	ru.finish(res, err)
+	c.audit(operator, "console discard", q.Poison, f, map[string]string{"run": ru.ID, "limit": strconv.Itoa(limit)}, res, err, reason, items)
+	http.Redirect(w, r, c.cfg.Prefix+"/runs/"+ru.ID, http.StatusSeeOther)
+}
+
+func (c *Console) archive(w http.ResponseWriter, r *http.Request) {
+	q, ok := c.poisonQueue(r.PathValue("queue"))
+	if !ok || c.cfg.Archive == nil {
+		c.fail(w, r, http.StatusNotFound, errors.New("archive is not offered here"))
+		return
+	}
+	if r.PostFormValue("confirm") != "yes" {
+		c.fail(w, r, http.StatusBadRequest, errors.New("confirm the archive: tick the box on the preview"))
+		return
+	}
+	group := r.PathValue("group")
+	limit, _ := strconv.Atoi(r.PostFormValue("limit"))
+	operator := c.cfg.Operator(r)
+	ru := c.newRun("archive", dlq.NewRun("archive"), q.Poison, group, operator)
+	conn, err := c.conn()
+	if err != nil {
+		ru.finish(dlq.ReplayResult{}, err)
+		c.fail(w, r, http.StatusBadGateway, err)
+		return
+	}
+	defer func() { _ = conn.Close() }()
+	sink, err := c.cfg.Archive()
+	if err != nil {
+		ru.finish(dlq.ReplayResult{}, err)
+		c.fail(w, r, http.StatusBadGateway, diag.RedactError(err))
+		return
+	}
+	f := dlq.Filter{Group: group}
+	var items []string
+	res, err := dlq.Archive(r.Context(), conn, dlq.ArchiveConfig{Queue: q.Poison, Filter: f, Limit: max(limit, 0), Sink: sink, Operator: operator,
+		Signer: c.cfg.Signer, Archived: func(m *dlq.Message) { items = append(items, m.Item()) }})
+	err = errors.Join(err, sink.Close(), c.record(r.Context(), ru, items, ledger.OutcomeArchived, "archived to "+sink.Name(), operator))
+	ru.finish(res, err)
+	c.audit(operator, "console archive", q.Poison, f, map[string]string{"run": ru.ID, "sink": sink.Name()}, res, err, "", nil)
+	http.Redirect(w, r, c.cfg.Prefix+"/runs/"+ru.ID, http.StatusSeeOther)
+}
+
+// record writes what an operator did to each item into the outcome
+// records (when configured) under the run, and into the run's rows.
+func (c *Console) record(ctx context.Context, ru *run, items []string, outcome sluice.Outcome, reason, operator string) error {
+	rs := make([]replay.Record, 0, len(items))
+	for _, it := range items {
+		ru.add(it, it, string(outcome), "", reason)
+		rs = append(rs, replay.Record{Run: ru.ID, Item: it, EventID: it, Outcome: outcome,
+			Reason: diag.Bound(reason, replay.ReasonMaxLength), Handler: "operator " + operator, At: time.Now().UTC()})
+	}
+	if c.cfg.Outcomes == nil || len(rs) == 0 {
+		return nil
+	}
+	if err := c.cfg.Outcomes.Records(ctx, rs); err != nil {
+		return fmt.Errorf("recording the outcomes (the audit log has them): %w", diag.RedactError(err))
+	}
+	return nil
+}
+
+func (c *Console) audit(operator, command, queue string, f dlq.Filter, opts map[string]string, res dlq.ReplayResult, runErr error, reason string, items []string) {
+	rec := dlq.AuditRecord{Time: time.Now().UTC(), Operator: operator, Command: command, Queue: queue, Filters: f.Describe(),
+		Options: opts, Result: res, Outcome: "ok", Reason: reason, Items: items}
+	if runErr != nil {
+		rec.Outcome, rec.Error = "error", diag.Redact(runErr.Error())
+	}
+	if c.cfg.AuditFile != "" {
+		_ = dlq.AppendAudit(c.cfg.AuditFile, rec) // the run page shows the error of the action itself
+	}
+}
+
+// ---- outbox
+
+type errGroup struct {
+	Error string
+	Count int
+	IDs   []int64
+}
+
+func (c *Console) outboxRows(ctx context.Context, withGroups bool) []outboxRow {
+	var rows []outboxRow
+	for _, name := range slices.Sorted(maps.Keys(c.cfg.Outboxes)) {
+		o := c.cfg.Outboxes[name]
+		row := outboxRow{Name: diag.Printable(name, textMax), ReadOnly: c.cfg.ReadOnly}
+		st, err := o.Stats(ctx)
+		if err != nil {
+			row.Err = diag.Summary(err, textMax)
+			rows = append(rows, row)
+			continue
+		}
+		row.Pending, row.Failing, row.Oldest = st.Pending, st.Failing, st.Oldest
+		if withGroups {
+			es, err := o.List(ctx, true, 500)
+			if err != nil {
+				row.Err = diag.Summary(err, textMax)
+			}
+			by := map[string]*errGroup{}
+			for _, e := range es {
+				k := diag.Printable(dlq.Fingerprint(diag.Bound(e.LastError, 1024)), textMax)
+				g, ok := by[k]
+				if !ok {
+					g = &errGroup{Error: k}
+					by[k] = g
+				}
+				g.Count++
+				if len(g.IDs) < 10 {
+					g.IDs = append(g.IDs, e.ID)
+				}
+			}
+			for _, g := range by {
+				row.Groups = append(row.Groups, *g)
+			}
+			slices.SortFunc(row.Groups, func(a, b errGroup) int { return cmp.Or(b.Count-a.Count, strings.Compare(a.Error, b.Error)) })
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}
+
+func (c *Console) outboxPage(w http.ResponseWriter, r *http.Request) {
+	c.render(w, r, "outbox", c.outboxRows(r.Context(), true))
+}
+
+func (c *Console) outboxRetry(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	o, ok := c.cfg.Outboxes[name]
+	if !ok {
+		c.fail(w, r, http.StatusNotFound, errors.New("no such outbox"))
+		return
+	}
+	n, err := o.RetryNow(r.Context())
+	c.audit(c.cfg.Operator(r), "console outbox retry", name, dlq.Filter{}, nil, dlq.ReplayResult{Replayed: int(n)}, err, "", nil)
+	if err != nil {
+		c.fail(w, r, http.StatusBadGateway, diag.RedactError(err))
+		return
+	}
+	http.Redirect(w, r, c.cfg.Prefix+"/outbox", http.StatusSeeOther)
+}
+
+// ---- audit
+
+type auditRow struct {
+	Time                                             time.Time
+	Operator, Command, Queue, Outcome, Error, Reason string
+	Filters                                          string
+	Count                                            int
+}
+
+func (c *Console) auditPage(w http.ResponseWriter, r *http.Request) {
+	rows, err := readAudit(c.cfg.AuditFile)
+	if err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
+	c.render(w, r, "audit", rows)
+}
+
+// readAudit reads the last lines of the audit log, newest first.
+func readAudit(path string) ([]auditRow, error) {
+	if path == "" {
+		return nil, nil
+	}
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, diag.RedactError(err)
+	}
+	defer func() { _ = f.Close() }()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	off := max(0, st.Size()-auditTail)
+	if _, err := f.Seek(off, io.SeekStart); err != nil {
+		return nil, err
+	}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), auditTail)
+	var rows []auditRow
+	first := off > 0
+	for sc.Scan() {
+		if first { // a line cut by the seek
+			first = false
+			continue
+		}
+		var rec dlq.AuditRecord
+		if rec.UnmarshalJSON(sc.Bytes()) != nil {
+			continue
+		}
+		var fs []string
+		for _, k := range slices.Sorted(maps.Keys(rec.Filters)) {
+			fs = append(fs, k+"="+rec.Filters[k])
+		}
+		rows = append(rows, auditRow{Time: rec.Time, Operator: diag.Printable(rec.Operator, textMax), Command: diag.Printable(rec.Command, 64),
+			Queue: diag.Printable(rec.Queue, 255), Outcome: diag.Printable(rec.Outcome, 32), Error: diag.Printable(rec.Error, textMax),
+			Reason: diag.Printable(rec.Reason, textMax), Filters: diag.Printable(strings.Join(fs, " "), textMax),
+			Count: cmp.Or(rec.Result.Replayed, rec.Result.Selected)})
+	}
+	slices.Reverse(rows)
+	return rows[:min(len(rows), auditMax)], nil
+}

@@ -1,0 +1,172 @@
+package console
+
+import (
+	"cmp"
+	"errors"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/replay/ledger"
+)
+
+// run is one action the console started: a replay (a closed loop, in the
+// background), a discard, an archive. Its rows are the outcome column:
+// each item with its latest outcome, at most rowsMax of them.
+type run struct {
+	ID, Kind, Queue, Group, Operator string
+	Started                          time.Time
+
+	mu      sync.Mutex
+	rows    []*row
+	byItem  map[string]*row
+	more    int // items past rowsMax
+	batches []dlq.Batch
+	done    bool
+	ended   time.Time
+	result  dlq.ReplayResult
+	err     string
+	stopped bool
+}
+
+type row struct {
+	Item, EventID, Outcome, Class, Reason string
+}
+
+func (c *Console) newRun(kind, id, queue, group, operator string) *run {
+	ru := &run{ID: id, Kind: kind, Queue: queue, Group: group, Operator: diag.Printable(operator, textMax), Started: time.Now(), byItem: map[string]*row{}}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.runs[id] = ru
+	c.order = append(c.order, id)
+	if len(c.order) > runsMax {
+		delete(c.runs, c.order[0])
+		c.order = c.order[1:]
+	}
+	return ru
+}
+
+func (ru *run) add(item, eventID, outcome, class, reason string) {
+	ru.mu.Lock()
+	defer ru.mu.Unlock()
+	ru.set(item, eventID, outcome, class, reason)
+}
+
+func (ru *run) set(item, eventID, outcome, class, reason string) {
+	r, ok := ru.byItem[item]
+	if !ok {
+		if len(ru.rows) >= rowsMax {
+			ru.more++
+			return
+		}
+		r = &row{Item: item}
+		ru.byItem[item] = r
+		ru.rows = append(ru.rows, r)
+	}
+	r.EventID = diag.Printable(cmp.Or(eventID, item), textMax)
+	r.Outcome = diag.Printable(outcome, 32)
+	r.Class = diag.Printable(class, 64)
+	r.Reason = diag.Printable(reason, textMax)
+}
+
+func (ru *run) batch(b dlq.Batch) {
+	ru.mu.Lock()
+	defer ru.mu.Unlock()
+	for _, r := range b.Records {
+		ru.set(r.Item, r.EventID, string(r.Outcome), r.Class, r.Reason)
+	}
+	b.Records, b.Bad = nil, nil // the rows have them
+	ru.batches = append(ru.batches, b)
+}
+
+func (ru *run) finish(res dlq.ReplayResult, err error) {
+	ru.mu.Lock()
+	defer ru.mu.Unlock()
+	ru.done, ru.ended, ru.result = true, time.Now(), res
+	if err != nil {
+		ru.err = diag.Summary(err, reasonMax)
+		ru.stopped = errors.Is(err, dlq.ErrStopped)
+	}
+}
+
+// runView is a run as its page shows it.
+type runView struct {
+	ID, Kind, Queue, Group, Operator string
+	Started, Ended                   time.Time
+	Done, Stopped                    bool
+	Err                              string
+	Result                           dlq.ReplayResult
+	Batches                          []dlq.Batch
+	Rows                             []row
+	More                             int
+	Counts                           map[string]int
+}
+
+func (ru *run) view() runView {
+	ru.mu.Lock()
+	defer ru.mu.Unlock()
+	v := runView{ID: ru.ID, Kind: ru.Kind, Queue: diag.Printable(ru.Queue, 255), Group: ru.Group, Operator: ru.Operator, Started: ru.Started,
+		Ended: ru.ended, Done: ru.done, Stopped: ru.stopped, Err: ru.err, Result: ru.result, Batches: slices.Clone(ru.batches), More: ru.more,
+		Counts: map[string]int{}}
+	for _, r := range ru.rows {
+		v.Rows = append(v.Rows, *r)
+		v.Counts[r.Outcome]++
+	}
+	return v
+}
+
+func (c *Console) recentRuns() []runView {
+	c.mu.Lock()
+	ids := slices.Clone(c.order)
+	c.mu.Unlock()
+	var out []runView
+	for i := len(ids) - 1; i >= 0 && len(out) < 10; i-- {
+		c.mu.Lock()
+		ru := c.runs[ids[i]]
+		c.mu.Unlock()
+		if ru != nil {
+			v := ru.view()
+			v.Rows = nil
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// runPage shows a run: its batches and the outcome column, read live from
+// the outcome records while the run goes on (the page reloads itself).
+func (c *Console) runPage(w http.ResponseWriter, r *http.Request) {
+	c.mu.Lock()
+	ru := c.runs[r.PathValue("run")]
+	c.mu.Unlock()
+	if ru == nil {
+		c.fail(w, r, http.StatusNotFound, errors.New("no such run in this console's memory (the audit log and `sluice dlq report` have every run)"))
+		return
+	}
+	if c.cfg.Outcomes != nil && ru.Kind == "replay" {
+		ru.mu.Lock()
+		var items []string
+		for _, row := range ru.rows {
+			if !ledger.Final(sluice.Outcome(row.Outcome)) {
+				items = append(items, row.Item)
+			}
+		}
+		ru.mu.Unlock()
+		if len(items) > 0 {
+			if rs, err := c.cfg.Outcomes.Items(r.Context(), ru.ID, items); err == nil {
+				ru.mu.Lock()
+				for _, rec := range rs {
+					if old := ru.byItem[rec.Item]; old == nil || !ledger.Final(sluice.Outcome(old.Outcome)) {
+						ru.set(rec.Item, rec.EventID, string(rec.Outcome), rec.Class, rec.Reason)
+					}
+				}
+				ru.mu.Unlock()
+			}
+		}
+	}
+	c.render(w, r, "run", ru.view())
+}
