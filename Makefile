@@ -3,7 +3,11 @@
 
 GO            ?= go
 GOLANGCI_LINT ?= $(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
-TEST_TIMEOUT  ?= 12m
+TEST_TIMEOUT  ?= 20m
+# Tests of one package run 6 at a time (Go's default is GOMAXPROCS, 2 here):
+# most wait on a broker, a timer or a private node, not on the CPU — the
+# rabbitmq package took over 12 minutes at 2 and 6 at 6.
+TEST_PARALLEL ?= 6
 # A count, not a duration: a -fuzztime duration races Go's fuzz coordinator
 # (golang/go#75804, unfixed in 1.26) and fails a busy run with "context
 # deadline exceeded" and no crasher.
@@ -35,16 +39,22 @@ services: ## make PostgreSQL, RabbitMQ, Redis and MariaDB reachable on 127.0.0.1
 	@bash scripts/services.sh
 
 test: services ## every test on the real services (race on), short fuzzing, the short chaos run (restarts RabbitMQ and PostgreSQL)
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PACKAGES)
+	@date +'%T go test'
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -parallel $(TEST_PARALLEL) $(PACKAGES)
+	@date +'%T the tests about RabbitMQ 4.x on the 4.0 node'
 	@$(MAKE) --no-print-directory test-rabbitmq4
 	@# Broker-restart tests restart RabbitMQ: alone, after everything else.
+	@date +'%T restart tests'
 	$(GO) test -race -count=1 -timeout 5m -tags restart -run Restart ./rabbitmq/
+	@date +'%T fuzz'
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZTIME)
 	@# The short reliability run: it restarts RabbitMQ and stops PostgreSQL, so it goes last.
+	@date +'%T chaos'
 	$(GO) run ./cmd/sluice-chaos run
+	@date +'%T done'
 
 test-rabbitmq4: services ## the tests about what changes with RabbitMQ 4.x, on the 4.0 node (scripts/rabbitmq4.sh; make test runs them)
-	env $$(bash scripts/rabbitmq4.sh env) $(GO) test -race -count=1 -timeout 8m -run '^($(RABBITMQ4_TESTS))$$' $(RABBITMQ4_PACKAGES)
+	env $$(bash scripts/rabbitmq4.sh env) $(GO) test -race -count=1 -timeout 8m -parallel $(TEST_PARALLEL) -run '^($(RABBITMQ4_TESTS))$$' $(RABBITMQ4_PACKAGES)
 
 fuzz: ## run every fuzz target for FUZZTIME each (default 20000x executions; e.g. make fuzz FUZZTIME=2000000x)
 	@for t in $(FUZZ_TARGETS); do \
