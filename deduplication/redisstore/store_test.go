@@ -44,14 +44,25 @@ func TestCommitOutlivesTheHandlersDeadline(t *testing.T) {
 	inbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "mailer"})
 	require.NoError(t, err)
 	var effects atomic.Int32
+	running := make(chan struct{}, 1)
 	h := inbox(func(msg *message.Message) ([]*message.Message, error) {
+		running <- struct{}{}
 		<-msg.Context().Done() // the work ends with the deadline…
 		effects.Add(1)         // …and succeeded: the mail is sent
 		return nil, nil
 	})
 	deliver := func() error {
-		ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
-		defer cancel()
+		// The deadline passes once the handler runs (not after a fixed
+		// 50 ms: on a loaded machine the claim alone took longer).
+		ctx, cancel := context.WithCancelCause(t.Context())
+		defer cancel(nil)
+		go func() {
+			select {
+			case <-running:
+				cancel(context.DeadlineExceeded)
+			case <-ctx.Done():
+			}
+		}()
 		msg := message.NewMessage(watermill.NewUUID(), nil)
 		msg.Metadata.Set(sluice.EventIDKey, "evt-1")
 		msg.SetContext(ctx)
