@@ -14,6 +14,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/bounded"
@@ -200,10 +201,11 @@ type batch struct {
 	mu        sync.Mutex // guards the fields below
 	admitting bool
 	size      int
-	keys      map[string]struct{} // claimed in this batch
-	broken    error               // tx is unusable: a statement given up or a rollback failed
-	kept      int                 // deliveries waiting for the commit
-	full      chan struct{}       // closed when size reaches MaxBatch
+	keys      map[string]struct{}      // claimed in this batch
+	broken    error                    // tx is unusable: a statement given up or a rollback failed
+	kept      int                      // deliveries waiting for the commit
+	attrs     metric.MeasurementOption // the first kept delivery's handler and queue, for the batch size
+	full      chan struct{}            // closed when size reaches MaxBatch
 
 	active    int           // admitted deliveries not done with tx
 	idle      chan struct{} // signalled (buffer 1) each time active falls to 0
@@ -322,7 +324,7 @@ func (b *batch) run() {
 			}
 			b.commitErr = err
 		} else {
-			d.batchSize.Record(ctx, int64(b.kept)) // a failed COMMIT committed nothing
+			d.batchSize.Record(ctx, int64(b.kept), b.attrs) // a failed COMMIT committed nothing
 		}
 	}
 	if b.commitErr != nil {
@@ -598,6 +600,9 @@ func (bt *batcher) handle(msg *message.Message, key string, h message.HandlerFun
 	kept := func() ([]*message.Message, error, bool) {
 		b.mu.Lock()
 		b.kept++
+		if b.attrs == nil {
+			b.attrs = telemetry.DeliveryAttr(msg)
+		}
 		b.mu.Unlock()
 		release()
 		leave()

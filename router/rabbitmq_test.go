@@ -12,6 +12,8 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
@@ -138,6 +140,25 @@ func stackWithPostgresInbox(t *testing.T, batch *deduplication.BatchConfig, quor
 	require.Zero(t, testenv.QueueDepth(t, conn, queue+".poison"))
 	if batch != nil {
 		require.Greater(t, testenv.HistogramMax(t, reader, deduplication.MetricBatchSize), int64(1), "deliveries shared commits")
+		// Each handler's group commits are told apart (before, the batch
+		// size carried no attribute at all).
+		var rm metricdata.ResourceMetrics
+		require.NoError(t, reader.Collect(t.Context(), &rm))
+		found := false
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if m.Name != deduplication.MetricBatchSize {
+					continue
+				}
+				for _, p := range m.Data.(metricdata.Histogram[int64]).DataPoints {
+					v, ok := p.Attributes.Value(semconv.MessagingConsumerGroupNameKey)
+					require.True(t, ok, "the batch size names its handler: %v", p.Attributes)
+					require.Equal(t, "inventory", v.AsString())
+					found = true
+				}
+			}
+		}
+		require.True(t, found)
 	}
 }
 
