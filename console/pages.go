@@ -562,23 +562,45 @@ func (c *Console) discard(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadRequest, errors.New("a discard needs a reason and the confirmation box ticked"))
 		return
 	}
-	group := r.PathValue("group")
-	limit, _ := strconv.Atoi(r.PostFormValue("limit"))
-	operator := c.cfg.Operator(r)
-	ru := c.newRun("discard", dlq.NewRun("discard"), q.Poison, group, operator)
-	conn, err := c.conn()
-	if err != nil {
-		ru.finish(dlq.ReplayResult{}, err)
-		c.fail(w, r, http.StatusBadGateway, err)
+	a, ok := c.startAction(w, r, "discard", q.Poison)
+	if !ok {
 		return
 	}
-	defer func() { _ = conn.Close() }()
+	defer func() { _ = a.conn.Close() }()
+	ru, group, limit, operator, conn := a.run, a.group, a.limit, a.operator, a.conn
 	f := dlq.Filter{Group: group}
 	res, items, err := dlq.Discard(r.Context(), conn, q.Poison, f, max(limit, 0), false)
 	err = errors.Join(err, c.record(r.Context(), ru, items, ledger.OutcomeDiscarded, reason, operator))
 	ru.finish(res, err)
 	c.audit(operator, "console discard", q.Poison, f, map[string]string{"run": ru.ID, "limit": strconv.Itoa(limit)}, res, err, reason, items)
 	http.Redirect(w, r, c.cfg.Prefix+"/runs/"+ru.ID, http.StatusSeeOther)
+}
+
+// action is a discard's or an archive's run, begun: its group, limit and
+// operator from the request, and a connection to the broker.
+type action struct {
+	run      *run
+	group    string
+	limit    int
+	operator string
+	conn     *amqp.Connection
+}
+
+// startAction begins the run of verb on poison; false when the broker
+// cannot be reached (the run is then finished with the error, and the
+// answer written).
+func (c *Console) startAction(w http.ResponseWriter, r *http.Request, verb, poison string) (action, bool) {
+	a := action{group: r.PathValue("group"), operator: c.cfg.Operator(r)}
+	a.limit, _ = strconv.Atoi(r.PostFormValue("limit"))
+	a.run = c.newRun(verb, dlq.NewRun(verb), poison, a.group, a.operator)
+	conn, err := c.conn()
+	if err != nil {
+		a.run.finish(dlq.ReplayResult{}, err)
+		c.fail(w, r, http.StatusBadGateway, err)
+		return a, false
+	}
+	a.conn = conn
+	return a, true
 }
 
 func (c *Console) archive(w http.ResponseWriter, r *http.Request) {
@@ -591,17 +613,12 @@ func (c *Console) archive(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadRequest, errors.New("confirm the archive: tick the box on the preview"))
 		return
 	}
-	group := r.PathValue("group")
-	limit, _ := strconv.Atoi(r.PostFormValue("limit"))
-	operator := c.cfg.Operator(r)
-	ru := c.newRun("archive", dlq.NewRun("archive"), q.Poison, group, operator)
-	conn, err := c.conn()
-	if err != nil {
-		ru.finish(dlq.ReplayResult{}, err)
-		c.fail(w, r, http.StatusBadGateway, err)
+	a, ok := c.startAction(w, r, "archive", q.Poison)
+	if !ok {
 		return
 	}
-	defer func() { _ = conn.Close() }()
+	defer func() { _ = a.conn.Close() }()
+	ru, group, limit, operator, conn := a.run, a.group, a.limit, a.operator, a.conn
 	sink, err := c.cfg.Archive()
 	if err != nil {
 		ru.finish(dlq.ReplayResult{}, err)

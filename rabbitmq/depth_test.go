@@ -106,7 +106,9 @@ func TestTheDepthReadsAreBounded(t *testing.T) {
 	proxy, url := testenv.ProxyAMQP(t)
 	queue := testenv.Name("depth_bounded")
 	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
-		Connection:    rabbitmq.Connection{URL: url, WriteTimeout: 300 * time.Millisecond, DialTimeout: 300 * time.Millisecond},
+		// A dial of 2 s, not less: NewBroker's first connection and
+		// handshake took over 300 ms under make test's load.
+		Connection:    rabbitmq.Connection{URL: url, WriteTimeout: 300 * time.Millisecond, DialTimeout: 2 * time.Second},
 		Topology:      rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{time.Hour}},
 		DepthInterval: 50 * time.Millisecond,
 	})

@@ -527,9 +527,9 @@ func TestQueuesDiscoversTheFamilies(t *testing.T) {
 	out.Reset()
 	code := run([]string{"--amqp-url", node.URL, "queues", "--management-url", node.ManagementURL}, &out, &errOut)
 	require.Equal(t, 0, code, errOut.String())
-	require.Regexp(t, `orders\s+│ main\s+│ 1\s+│ 0\s+│ 0\s+│ \dm\d+s \(published\)`, out.String())
+	require.Regexp(t, `orders\s+│ main\s+│ 1\s+│ 0\s+│ 1\s+│ 0\s+│ \dm\d+s \(published\)`, out.String())
 	// UNACKED is 0, or 1 when the statistics caught the CLI's own read of its head.
-	require.Regexp(t, `orders.poison\s+│ poison\s+│ 1\s+│ [01]\s+│ 0\s+│ (\dm)?\d+s \(poisoned\)`, out.String())
+	require.Regexp(t, `orders.poison\s+│ poison\s+│ 1\s+│ [01]\s+│ 1\s+│ 0\s+│ (\dm)?\d+s \(poisoned\)`, out.String())
 	t.Log("\n" + out.String())
 
 	code = run([]string{"--amqp-url", "amqp://guest:Secret9@127.0.0.1:1/", "queues", "--management-url", node.ManagementURL}, &out, &errOut)
