@@ -143,9 +143,15 @@ func awaitRun(t *testing.T, ctx context.Context) string {
 	t.Helper()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		state := textOf(t, ctx, "#state")
-		if !strings.HasPrefix(state, "Running") {
+		// The run's page reloads itself each second while the run runs: a
+		// read that meets the reload ("Cannot find context with specified
+		// id") is read again.
+		state, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS("#state")))
+		if err == nil && !strings.HasPrefix(state, "Running") {
 			return state
+		}
+		if err != nil && !strings.Contains(err.Error(), "Cannot find context") {
+			require.NoError(t, err)
 		}
 		require.True(t, time.Now().Before(deadline), "the run did not end within 90 s")
 		do(t, ctx, chromedp.Sleep(300*time.Millisecond), chromedp.Reload())
