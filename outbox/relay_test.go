@@ -452,12 +452,7 @@ func TestCloseFinishesTheBatchInFlight(t *testing.T) {
 func TestABlackHoledDatabaseHoldsNeitherTheRelayNorItsClose(t *testing.T) {
 	t.Parallel()
 	s := newService(t, testenv.AMQPURL)
-	proxy := testenv.StartProxy(t, "127.0.0.1:5432")
-	url := strings.Replace(testenv.PostgresURL, "127.0.0.1:5432", proxy.Addr(), 1)
-	require.NotEqual(t, url, testenv.PostgresURL, "the test database is on 127.0.0.1:5432")
-	viaProxy, err := sqlx.Connect("postgres", url)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = viaProxy.Close() })
+	proxy, viaProxy := testenv.ProxyPostgres(t)
 	store, err := sqlstore.New(sqlstore.Config{DB: viaProxy, Table: s.schema + ".outbox"})
 	require.NoError(t, err)
 	meter := sdkmetric.NewManualReader()

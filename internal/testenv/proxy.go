@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 )
 
@@ -58,6 +59,20 @@ func ProxyAMQP(t testing.TB) (*Proxy, string) {
 	p := StartProxy(t, u.Host)
 	u.Host = p.Addr()
 	return p, u.String()
+}
+
+// ProxyPostgres starts a Proxy in front of the test database (PostgresURL)
+// and returns it with a pool connected through it, closed when t ends.
+func ProxyPostgres(t testing.TB) (*Proxy, *sqlx.DB) {
+	t.Helper()
+	u, err := url.Parse(PostgresURL)
+	require.NoError(t, err)
+	p := StartProxy(t, u.Host)
+	u.Host = p.Addr()
+	db, err := sqlx.Connect("postgres", u.String())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	return p, db
 }
 
 // Addr is the proxy's host:port.
