@@ -11,6 +11,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice/internal/testenv"
@@ -87,10 +88,14 @@ func TestTheREADMEServiceRuns(t *testing.T) {
 	code, body = get(t, mux, "/livez")
 	require.Equal(t, http.StatusOK, code, body)
 
-	_, metrics := get(t, mux, "/metrics")
-	require.Regexp(t, `sluice_inbox_duplicates_total\{[^}]*messaging_consumer_group_name="inventory"[^}]*\} 1\n`, metrics)
-	require.Regexp(t, `sluice_poisoned_total\{[^}]*\} 1\n`, metrics)
-	require.Regexp(t, `sluice_outbox_relayed_total\{[^}]*messaging_destination_name="inventory.reserved"[^}]*\} 2\n`, metrics)
+	// The main queue's ready count is 0 while its last delivery (the
+	// duplicate, say) may still be in its handler: wait for the counters.
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		_, metrics := get(t, mux, "/metrics")
+		assert.Regexp(c, `sluice_inbox_duplicates_total\{[^}]*messaging_consumer_group_name="inventory"[^}]*\} 1\n`, metrics)
+		assert.Regexp(c, `sluice_poisoned_total\{[^}]*\} 1\n`, metrics)
+		assert.Regexp(c, `sluice_outbox_relayed_total\{[^}]*messaging_destination_name="inventory.reserved"[^}]*\} 2\n`, metrics)
+	}, 30*time.Second, 20*time.Millisecond)
 
 	closeAll() // every delivery handed out is settled: the duplicate's too
 	var orders []string
