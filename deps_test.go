@@ -43,6 +43,8 @@ func TestDependencyGraph(t *testing.T) {
 		{module + "/outbox", append(append([]string{"github.com/jmoiron/sqlx", module + "/router", module + "/retrytiers", module + "/poison", module + "/middleware", module + "/brake", module + "/replay"}, brokers...), drivers...)},
 		{module + "/outbox/sqlstore", append([]string{"modernc.org/sqlite", "github.com/redis/go-redis", "github.com/lib/pq", "github.com/jackc/pgx", module + "/router"}, brokers...)},
 		{module + "/sluicesql", append([]string{"modernc.org/sqlite", "github.com/redis/go-redis", "github.com/lib/pq", "github.com/jackc/pgx", module + "/router"}, brokers...)},
+		// The one package that imports lib/pq: a bounded PostgreSQL pool.
+		{module + "/sluicesql/postgres", append([]string{"modernc.org/sqlite", "github.com/redis/go-redis", "github.com/jackc/pgx", "github.com/go-sql-driver/mysql", module + "/router", module + "/deduplication", module + "/outbox"}, brokers...)},
 		{module + "/service", append(append([]string{module + "/rabbitmq", module + "/embedded", "github.com/prometheus/client_golang", "go.opentelemetry.io/otel/exporters/prometheus"}, brokers...), drivers...)},
 		// The test kit links SQLite, its default database, and no network client.
 		{module + "/sluicetest", append([]string{module + "/rabbitmq", "github.com/redis/go-redis", "github.com/lib/pq", "github.com/jackc/pgx", "github.com/go-sql-driver/mysql", "github.com/prometheus/client_golang"}, brokers...)},

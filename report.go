@@ -20,6 +20,7 @@ const (
 	OutcomeFailed    Outcome = "failed"    // an error reached the router: nacked
 	OutcomeHeld      Outcome = "held"      // the brake gave it back unprocessed (ErrHeld): nacked, no attempt spent
 	OutcomeRequeued  Outcome = "requeued"  // a shutdown gave it back unprocessed (ErrShutdown): nacked, no attempt spent
+	OutcomeWaiting   Outcome = "waiting"   // held behind its key's head in a retry tier (package ordering): stored, then acked; it runs after the head
 )
 
 // Report is what the stages record about one delivery, for the Trace stage.

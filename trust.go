@@ -25,10 +25,17 @@ import (
 // in, the control headers it acts on unless the delivery proves it:
 //
 //   - with a Signer (a key given to the stages and to the operator's CLI):
-//     SignatureKey verifies — an HMAC-SHA256 over the payload, the event id
-//     and type and every control header, which the stages and the CLI set on
-//     each copy they publish. A delivery whose signature does not verify
-//     keeps none of its control headers.
+//     SignatureKey verifies for the consumer's queue the stage serves — an
+//     HMAC-SHA256 over that queue, the payload, the event id and type and
+//     every control header, which the stages and the CLI set on each copy
+//     they publish, for the queue the copy's history belongs to (the one it
+//     comes back to, or is replayed to). A delivery whose signature does
+//     not verify — forged, or made for another queue: a copy a handler
+//     forwards (msg.Copy()) to another service's queue, or replays onto
+//     another queue — keeps none of its control headers, and is a first
+//     delivery there. A signature written before signatures named their
+//     queue (v1, ErrUnboundSignature) is believed only on a copy back from
+//     the queue's own tier, as x-death shows it.
 //   - without one: the delivery came back dead-lettered from one of the
 //     consumer's own tier queues (DeadLetterQueueKey, reason expired) —
 //     what x-death shows for a copy that waited in a tier. This stops a
@@ -38,8 +45,9 @@ import (
 //
 // See docs/architecture.md, "Trust boundary".
 
-// SignatureKey is the header of the signature a Signer sets: "v1:" and the
-// HMAC-SHA256, unpadded base64url.
+// SignatureKey is the header of the signature a Signer sets: "v2:" and the
+// HMAC-SHA256, unpadded base64url ("v1:" before signatures named their
+// queue).
 const SignatureKey = "sluice_sig"
 
 // DeadLetterQueueKey and DeadLetterReasonKey are the queue a delivery was
@@ -117,46 +125,78 @@ func NewSignerFromFile(path string) (*Signer, error) {
 }
 
 // ErrBadSignature is matched by Verify's error for a delivery whose control
-// headers are not signed by one of the Signer's keys.
+// headers are not signed by one of the Signer's keys for the queue given.
 var ErrBadSignature = errors.New("sluice: control headers not signed by Sluice")
 
-// Sign sets msg's SignatureKey over its payload, event id and type and
-// control headers, as they are now: call it last, once the copy is built.
-// A nil Signer removes SignatureKey instead (a copy never carries a stale
-// signature).
-func (s *Signer) Sign(msg *message.Message) {
+// ErrUnboundSignature is matched (with ErrBadSignature) by Verify's error
+// for a "v1:" signature that verifies: one written before signatures named
+// their queue (Sluice before issue 28), which proves Sluice wrote the
+// headers but not for which queue. Believe accepts it only on a copy back
+// from one of the queue's own tiers, as x-death shows it; `sluice dlq`
+// accepts it on a poison copy's own diagnosis.
+var ErrUnboundSignature = fmt.Errorf("%w: a v1 signature, which names no queue", ErrBadSignature)
+
+// Sign sets msg's SignatureKey for queue — the consumer's queue whose
+// stages the control headers belong to: the one a tier or park copy comes
+// back to, a poison copy names (sluice_poison_queue) and a replay is sent
+// to — over its payload, event id and type and control headers, as they
+// are now: call it last, once the copy is built. A nil Signer removes
+// SignatureKey instead (a copy never carries a stale signature).
+func (s *Signer) Sign(msg *message.Message, queue string) {
 	delete(msg.Metadata, SignatureKey)
 	if s == nil {
 		return
 	}
-	msg.Metadata[SignatureKey] = "v1:" + base64.RawURLEncoding.EncodeToString(mac(s.keys[0], msg))
+	msg.Metadata[SignatureKey] = "v2:" + base64.RawURLEncoding.EncodeToString(mac(s.keys[0], sigV2, queue, msg))
 }
 
 // Verify returns nil when msg's SignatureKey is a signature of one of the
-// Signer's keys over msg as it is, else an error matching ErrBadSignature.
-func (s *Signer) Verify(msg *message.Message) error {
+// Signer's keys over msg as it is, for queue, else an error matching
+// ErrBadSignature: a signature made for another queue does not verify, so
+// a copy forwarded or replayed onto another queue does not carry its
+// history there. A v1 signature that verifies returns an error matching
+// ErrUnboundSignature.
+func (s *Signer) Verify(msg *message.Message, queue string) error {
 	v := msg.Metadata.Get(SignatureKey)
 	if v == "" {
 		return fmt.Errorf("%w: no %s", ErrBadSignature, SignatureKey)
 	}
-	sum, err := base64.RawURLEncoding.DecodeString(strings.TrimPrefix(v, "v1:"))
-	if !strings.HasPrefix(v, "v1:") || err != nil {
-		return fmt.Errorf("%w: %s is not a v1 signature", ErrBadSignature, SignatureKey)
+	version, enc, _ := strings.Cut(v, ":")
+	sum, err := base64.RawURLEncoding.DecodeString(enc)
+	if (version != sigV1 && version != sigV2) || err != nil {
+		return fmt.Errorf("%w: %s is not a v2 (or v1) signature", ErrBadSignature, SignatureKey)
 	}
 	for _, k := range s.keys {
-		if hmac.Equal(sum, mac(k, msg)) {
+		if hmac.Equal(sum, mac(k, version, queue, msg)) {
+			if version == sigV1 {
+				return ErrUnboundSignature
+			}
 			return nil
 		}
 	}
-	return fmt.Errorf("%w: the signature does not match", ErrBadSignature)
+	if version == sigV1 {
+		return fmt.Errorf("%w: the v1 signature does not match", ErrBadSignature)
+	}
+	return fmt.Errorf("%w: the signature does not match (made for another queue, with another key, or the headers changed)", ErrBadSignature)
 }
 
+// Signature versions: v1 names no queue, v2 the queue given to Sign.
+const (
+	sigV1 = "v1"
+	sigV2 = "v2"
+)
+
 // mac is the HMAC-SHA256 under key of msg's signed fields, each length-
-// prefixed, the keys sorted: the control headers but SignatureKey, the
-// event id and type, and the payload.
-func mac(key []byte, msg *message.Message) []byte {
+// prefixed, the keys sorted: (v2) the queue, the control headers but
+// SignatureKey, the event id and type, and the payload.
+func mac(key []byte, version, queue string, msg *message.Message) []byte {
 	h := hmac.New(sha256.New, key)
-	h.Write([]byte("sluice-sig-v1"))
+	if version == sigV1 {
+		h.Write([]byte("sluice-sig-v1"))
+	} else {
+		h.Write([]byte("sluice-sig-v2"))
+		field(h, queue)
+	}
 	keys := make([]string, 0, 8)
 	for k := range msg.Metadata {
 		if k != SignatureKey && (IsControlKey(k) || k == EventIDKey || k == EventTypeKey) {
@@ -179,31 +219,43 @@ func field(h hash.Hash, s string) {
 	h.Write([]byte(s))
 }
 
-// written reports whether msg's control headers are Sluice's: with a
-// Signer, its signature verifies; without one (s nil), it was dead-lettered
-// (expired) from one of queues — the consumer's own tier queues.
-func (s *Signer) written(msg *message.Message, queues ...string) bool {
+// written reports whether msg's control headers are Sluice's, written for
+// queue: with a Signer, its signature verifies for queue — or it is a v1
+// signature (ErrUnboundSignature) on a copy back from one of tiers; without
+// one (s nil), it was dead-lettered (expired) from one of tiers — the
+// consumer's own tier queues.
+func (s *Signer) written(msg *message.Message, queue string, tiers ...string) bool {
 	if s != nil {
-		return s.Verify(msg) == nil
+		err := s.Verify(msg, queue)
+		return err == nil || errors.Is(err, ErrUnboundSignature) && backFrom(msg, tiers)
 	}
+	return backFrom(msg, tiers)
+}
+
+// backFrom reports whether msg was dead-lettered (expired) from one of
+// tiers, as x-death shows it.
+func backFrom(msg *message.Message, tiers []string) bool {
 	from := msg.Metadata.Get(DeadLetterQueueKey)
-	return from != "" && msg.Metadata.Get(DeadLetterReasonKey) == DeadLetterExpired && slices.Contains(queues, from)
+	return from != "" && msg.Metadata.Get(DeadLetterReasonKey) == DeadLetterExpired && slices.Contains(tiers, from)
 }
 
 // Believe removes from msg the control headers owned says the caller acts
-// on, unless written(msg, queues...) holds, and returns the keys removed
-// (none when msg carries none of them; the signature is only checked then).
-// Each stage calls it on the way in for its own keys, so that a signature
-// stays checkable by the stages inside it: one that does not verify keeps
-// every stage's keys out.
-func (s *Signer) Believe(msg *message.Message, owned func(string) bool, queues ...string) []string {
+// on, unless written(msg, queue, tiers...) holds, and returns the keys
+// removed (none when msg carries none of them; the signature is only
+// checked then). queue is the consumer's queue the caller's stages serve
+// (the one a copy of theirs is signed for), tiers the queues a copy of
+// theirs comes back from (the retry tiers, the park topic). Each stage
+// calls it on the way in for its own keys, so that a signature stays
+// checkable by the stages inside it: one that does not verify keeps every
+// stage's keys out.
+func (s *Signer) Believe(msg *message.Message, owned func(string) bool, queue string, tiers ...string) []string {
 	var keys []string
 	for k := range msg.Metadata {
 		if owned(k) {
 			keys = append(keys, k)
 		}
 	}
-	if len(keys) == 0 || s.written(msg, queues...) {
+	if len(keys) == 0 || s.written(msg, queue, tiers...) {
 		return nil
 	}
 	for _, k := range keys {

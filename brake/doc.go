@@ -35,5 +35,5 @@
 // spanned. It sits inside the retry stage, so what it holds never reaches a
 // tier:
 //
-//	ShutdownGrace → Trace → Replay → Poison → Retry → Brake → Classify → Inbox → Recoverer → handler
+//	ShutdownGrace → Trace → Replay → Order → Poison → Retry → Brake → Classify → Inbox → Recoverer → handler
 package brake

@@ -24,6 +24,22 @@ type Broker interface {
 	Endpoints() Endpoints
 }
 
+// Partitioned is a Broker whose queue is spread over partition queues by
+// a key, each consumed by one consumer at a time across every instance
+// (rabbitmq.Broker with TopologyConfig.Partitions: a consistent-hash
+// exchange, single active consumer). Partitions returns one Broker per
+// partition queue, in order: its Endpoints are the partition's — Topic
+// the partition queue, its own Subscriber, its Tiers (which return to that
+// partition only), the PoisonTopic (which may be shared by the partitions:
+// each copy names its partition queue) — and a handler per partition
+// consumes them (router.Add). The Partitioned Broker's own Endpoints name
+// what producers publish to: Topic is the exchange; its Subscriber refuses
+// to subscribe (consume the partitions).
+type Partitioned interface {
+	Broker
+	Partitions() []Broker
+}
+
 // MeteredBroker is a Broker with instruments of its own, built before
 // router.Add sees the stages (rabbitmq.Broker: its confirmed publisher's
 // confirm latency and reconnects). router.Add hands it Stages.MeterProvider

@@ -39,6 +39,8 @@ func countKey(command string) string {
 		return "discarded"
 	case "outbox requeue":
 		return "requeued"
+	case "order skip":
+		return "skipped"
 	case "dlq resolve":
 		return "compensated"
 	case "topology migrate":

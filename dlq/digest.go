@@ -77,7 +77,7 @@ func (rec *ArchiveRecord) seal(s *sluice.Signer) {
 	rec.Digest, rec.Signature = rec.digest(), ""
 	if s != nil {
 		m := message.NewMessage("", rec.canonical())
-		s.Sign(m)
+		s.Sign(m, rec.Queue)
 		rec.Signature = m.Metadata.Get(sluice.SignatureKey)
 	}
 }
@@ -100,7 +100,9 @@ func (rec ArchiveRecord) verify(s *sluice.Signer, undigested bool) error {
 	}
 	m := message.NewMessage("", rec.canonical())
 	m.Metadata.Set(sluice.SignatureKey, rec.Signature)
-	if err := s.Verify(m); err != nil {
+	// A v1 signature (an archive written before signatures named their
+	// queue) is as good here: the record's queue is among what it covers.
+	if err := s.Verify(m, rec.Queue); err != nil && !errors.Is(err, sluice.ErrUnboundSignature) {
 		return fmt.Errorf("%w: %w", ErrRecordSignature, err)
 	}
 	return nil

@@ -74,12 +74,22 @@ func (cfg ReplayConfig) target(m *Message) (string, error) {
 		return cfg.To, nil
 	case m.Queue == "":
 		why = "no sluice_poison_queue"
-	case cfg.Signer != nil && cfg.Signer.Verify(m.Msg) != nil:
-		why = "its diagnosis is not signed with the key (--signing-key-file): its sluice_poison_queue is not believed"
+	case cfg.Signer != nil && !diagnosedFor(cfg.Signer, m):
+		why = "its diagnosis is not signed with the key (--signing-key-file) for the queue it names: its sluice_poison_queue is not believed"
 	default:
 		return m.Queue, nil
 	}
 	return "", fmt.Errorf("%w: %s: %s", ErrNoTarget, m.name(), why)
+}
+
+// diagnosedFor reports whether m's diagnosis is signed with s for the
+// queue it names (sluice_poison_queue): the poison stage of that queue
+// wrote it. A v1 signature (sluice.ErrUnboundSignature: a copy poisoned
+// before signatures named their queue) is accepted here — it covers the
+// queue named, which a copy cannot be moved off.
+func diagnosedFor(s *sluice.Signer, m *Message) bool {
+	err := s.Verify(m.Msg, m.Queue)
+	return err == nil || errors.Is(err, sluice.ErrUnboundSignature)
 }
 
 // ErrNoTarget is returned for a selected message that has no sluice_poison_queue.
@@ -145,7 +155,7 @@ func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Repla
 			ms := groups[target]
 			copies := make([]*message.Message, len(ms))
 			for i, m := range ms {
-				copies[i] = replayCopy(m, cfg)
+				copies[i] = replayCopy(m, cfg, target)
 			}
 
 			if limiter != nil {
@@ -204,9 +214,11 @@ func queueExists(conn *amqp.Connection, queue string) error {
 	return nil
 }
 
-// replayCopy is m as it is replayed: the original payload and event
-// metadata, without the failure history, with the replay provenance.
-func replayCopy(m *Message, cfg ReplayConfig) *message.Message {
+// replayCopy is m as it is replayed to target: the original payload and
+// event metadata, without the failure history, with the replay provenance,
+// signed for target — the consumer's queue whose stages believe its run and
+// item (and only that queue's).
+func replayCopy(m *Message, cfg ReplayConfig, target string) *message.Message {
 	c := message.NewMessage(watermill.NewUUID(), m.Msg.Payload)
 	for k, v := range m.Msg.Metadata {
 		switch {
@@ -230,6 +242,6 @@ func replayCopy(m *Message, cfg ReplayConfig) *message.Message {
 		delete(c.Metadata, replay.RunKey)
 		delete(c.Metadata, replay.ItemKey)
 	}
-	cfg.Signer.Sign(c) // without a key: no stale signature
+	cfg.Signer.Sign(c, target) // without a key: no stale signature
 	return c
 }

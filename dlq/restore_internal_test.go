@@ -2,6 +2,10 @@ package dlq
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -174,4 +178,51 @@ func TestDigestCoversEveryField(t *testing.T) {
 		edit(&r)
 		require.NotEqual(t, d, r.digest(), name)
 	}
+}
+
+// An archive signed before signatures named their queue ("v1:", an HMAC of
+// "sluice-sig-v1", nothing, and the record's canonical bytes) still
+// restores with its key: the record's queue is among what it covers. One
+// v1 signature of another record, or of another key, is refused.
+func TestRestoreTakesAnArchiveSignedBeforeQueueBoundSignatures(t *testing.T) {
+	t.Parallel()
+	key := []byte(strings.Repeat("k", 32))
+	signer, err := sluice.NewSigner(key)
+	require.NoError(t, err)
+	v1 := func(k []byte, rec ArchiveRecord) string {
+		h := hmac.New(sha256.New, k)
+		h.Write([]byte("sluice-sig-v1"))
+		h.Write([]byte{0})
+		c := rec.canonical()
+		h.Write(binary.AppendUvarint(nil, uint64(len(c))))
+		h.Write(c)
+		return "v1:" + base64.RawURLEncoding.EncodeToString(h.Sum(nil))
+	}
+	write := func(recs ...ArchiveRecord) string {
+		path := filepath.Join(t.TempDir(), "archive.jsonl")
+		sink, err := OpenFileSink(path)
+		require.NoError(t, err)
+		for _, rec := range recs {
+			require.NoError(t, sink.Write(t.Context(), rec))
+		}
+		require.NoError(t, sink.Close())
+		return path
+	}
+	r1, r2 := record("e1", "orders.poison", "orders"), record("e2", "orders.poison", "orders")
+	for _, r := range []*ArchiveRecord{&r1, &r2} {
+		r.Digest, r.Signature = r.digest(), v1(key, *r)
+	}
+	pub, err := restore(t, write(r1, r2), RestoreConfig{Signer: signer})
+	require.NoError(t, err)
+	require.Len(t, pub["orders.poison"], 2)
+
+	swapped := r2
+	swapped.Signature = r1.Signature
+	_, err = restore(t, write(r1, swapped), RestoreConfig{Signer: signer})
+	require.ErrorIs(t, err, ErrRecordSignature)
+	require.ErrorContains(t, err, "line 2: ")
+	other := r1
+	other.Signature = v1([]byte(strings.Repeat("o", 32)), r1)
+	_, err = restore(t, write(other), RestoreConfig{Signer: signer})
+	require.ErrorIs(t, err, ErrRecordSignature)
 }

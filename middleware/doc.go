@@ -9,7 +9,7 @@
 //
 // The stages are ordered, outermost first:
 //
-//	ShutdownGrace → Trace → Replay → Poison → Retry → Brake → Classify → Inbox → Recoverer → handler
+//	ShutdownGrace → Trace → Replay → Order → Poison → Retry → Brake → Classify → Inbox → Recoverer → handler
 //
 // so that Classify sits inside the stages that act on a class, and a panic is
 // an error before the inbox decides whether to commit. Package router

@@ -37,7 +37,10 @@ func TestTheOutboxBehindWatermillsTimeoutAndRetry(t *testing.T) {
 		return []*message.Message{evt}, nil
 	}
 	s.runWith(h, nil, true,
-		[]message.HandlerMiddleware{wmiddleware.Timeout(300 * time.Millisecond)},
+		// 2 s, not less: only the first run must outlive it, and at 300 ms the
+		// tier copy's run (claim, write, commit) outlived it too on a loaded
+		// machine in make test, and went to poison.
+		[]message.HandlerMiddleware{wmiddleware.Timeout(2 * time.Second)},
 		[]message.HandlerMiddleware{wmiddleware.Retry{MaxRetries: 2, InitialInterval: 5 * time.Millisecond}.Middleware})
 	s.relay(outbox.RelayConfig{Publisher: s.rabbit.Publisher()})
 	s.send("evt-1", `{}`)

@@ -86,10 +86,13 @@ type Config struct {
 	// PublishTimeout bounds publishing one copy, on a context detached from
 	// the handler's deadline. Default PublishTimeoutDefault.
 	PublishTimeout time.Duration
-	// Signer signs every copy (poison queue, park topic) and verifies, on
-	// the way in, the diagnosis a delivery carries (sluice_poison_*, the
-	// parked mark among them): believed only when it verifies. Give the
-	// retry and replay stages the same one (router.Stages.Signer does).
+	// Signer signs every copy (poison queue, park topic) for the
+	// consumer's queue (Queue, or the topic the handler subscribed to —
+	// never the delivery's routing key: what QueueKey records, and where
+	// `sluice dlq replay` sends it) and verifies, on the way in, the
+	// diagnosis a delivery carries (sluice_poison_*, the parked mark among
+	// them): believed only when it verifies for that queue. Give the retry
+	// and replay stages the same one (router.Stages.Signer does).
 	// Default nil: the diagnosis is
 	// believed only on a copy back from ParkTopic (sluice.
 	// DeadLetterQueueKey, reason expired); on any other delivery it is
@@ -191,7 +194,7 @@ func isDiagnosisKey(k string) bool { return strings.HasPrefix(k, sluice.PoisonPr
 
 func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		if removed := s.cfg.Signer.Believe(msg, isDiagnosisKey, s.parks...); removed != nil {
+		if removed := s.cfg.Signer.Believe(msg, isDiagnosisKey, s.signedFor(msg), s.parks...); removed != nil {
 			s.cfg.Logger.Info("Poison diagnosis not written by Sluice: not believed, the handler runs",
 				telemetry.LogFields(msg, watermill.LogFields{"removed": strings.Join(removed, ",")}))
 		}
@@ -233,7 +236,8 @@ func parked(msg *message.Message) (sluice.Class, bool) {
 // nacks the delivery after the backoff.
 func (s *stage) isolate(msg, diagnosed *message.Message, class sluice.Class, err error) ([]*message.Message, error) {
 	ctx := msg.Context()
-	pErr := s.try(s.cfg.Publisher, s.cfg.Topic, diagnosed)
+	queue := s.signedFor(msg)
+	pErr := s.try(s.cfg.Publisher, s.cfg.Topic, diagnosed, queue)
 	for left := leaveOutMax; errors.Is(pErr, sluice.ErrUnpublishable) && left > 0; left-- {
 		// The publisher cannot build the copy (a metadata value the
 		// broker cannot carry): a nack would bring the delivery back to
@@ -244,13 +248,13 @@ func (s *stage) isolate(msg, diagnosed *message.Message, class sluice.Class, err
 		}
 		s.cfg.Logger.Error("The poison copy cannot be published as it is; it leaves out metadata", diag.RedactError(pErr),
 			diag.LogFields(telemetry.LogFields(msg, watermill.LogFields{"class": class.String(), "dropped": diagnosed.Metadata.Get(DroppedKey)})))
-		pErr = s.try(s.cfg.Publisher, s.cfg.Topic, diagnosed)
+		pErr = s.try(s.cfg.Publisher, s.cfg.Topic, diagnosed, queue)
 	}
 	// After an uncertain publish the copy may be in the poison queue: a
 	// parked one would be a second entry. Only a certain refusal parks.
 	if pErr != nil && s.cfg.ParkTopic != "" && !s.cfg.DisablePark && !errors.Is(pErr, sluice.ErrPublishUncertain) {
 		diagnosed.Metadata[ParkedKey] = diag.Summary(pErr, 256)
-		parkErr := s.try(s.cfg.ParkPublisher, s.cfg.ParkTopic, diagnosed)
+		parkErr := s.try(s.cfg.ParkPublisher, s.cfg.ParkTopic, diagnosed, queue)
 		if parkErr == nil {
 			s.cfg.Logger.Error("The poison queue refused the copy; it waits in the park topic and is isolated when it comes back", diag.RedactError(pErr),
 				diag.LogFields(telemetry.LogFields(msg, watermill.LogFields{"class": class.String(), "poison_queue": s.cfg.Topic, "park_topic": s.cfg.ParkTopic})))
@@ -279,10 +283,10 @@ func (s *stage) isolate(msg, diagnosed *message.Message, class sluice.Class, err
 	return nil, nil
 }
 
-// try signs c as it now is and publishes it to topic, bounded by
-// PublishTimeout.
-func (s *stage) try(p message.Publisher, topic string, c *message.Message) error {
-	s.cfg.Signer.Sign(c)
+// try signs c as it now is, for queue, and publishes it to topic, bounded
+// by PublishTimeout.
+func (s *stage) try(p message.Publisher, topic string, c *message.Message, queue string) error {
+	s.cfg.Signer.Sign(c, queue)
 	return republish.Try(p, topic, c, s.cfg.PublishTimeout)
 }
 
@@ -360,6 +364,13 @@ func kept(k string) bool {
 		return true
 	}
 	return strings.HasPrefix(k, "sluice_poison") || strings.HasPrefix(k, sluice.OriginPrefix)
+}
+
+// signedFor is the queue msg's control headers are signed for and
+// verified on: Config.Queue, else the topic the handler subscribed to. Not
+// the routing key queue falls back to: a producer chooses that.
+func (s *stage) signedFor(msg *message.Message) string {
+	return cmp.Or(s.cfg.Queue, message.SubscribeTopicFromCtx(msg.Context()))
 }
 
 // queue is where a replay of msg goes: Config.Queue, else the queue the

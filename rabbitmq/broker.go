@@ -69,12 +69,29 @@ type Broker struct {
 	sub       message.Subscriber
 	consumers int
 	depth     *depthPoller // nil with a negative DepthInterval
+	conn      Connection
+
+	// With TopologyConfig.Partitions: one Broker per partition, and the
+	// producers' publisher to the exchange.
+	parts    []*Broker
+	producer *PartitionPublisher
+	// partition is a partition's Broker: Close closes only its subscriber.
+	partition bool
 }
 
 var _ broker.MeteredBroker = (*Broker)(nil)
 
 // NewBroker declares the topology and connects the publisher and the
 // subscriber. Close it after the router.
+//
+// With TopologyConfig.Partitions it declares the partitioned topology
+// (TopologyConfig.Partitions says what; without the plugin
+// rabbitmq_consistent_hash_exchange the error matches
+// ErrConsistentHashPlugin) and the Broker is a broker.Partitioned:
+// Partitions gives one Broker per partition queue, each with a subscriber
+// of its own; the Broker's own Endpoints have the exchange as Topic and a
+// Subscriber that refuses (ErrPartitioned); PartitionPublisher publishes to
+// the exchange. Without Partitions, Partitions returns nil.
 func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -96,23 +113,30 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Broker{topo: topo, pub: pub, consumers: 1}
+	b := &Broker{topo: topo, pub: pub, consumers: 1, conn: cfg.Connection}
 	if cfg.DepthInterval > 0 {
 		if b.depth, err = newDepthPoller(cfg.Connection, topo, cfg.DepthInterval); err != nil {
 			_ = pub.Close()
 			return nil, err
 		}
 	}
-	if cfg.WatermillSubscriber {
-		b.sub, err = NewSubscriber(SubscriberConfig{Connection: cfg.Connection, Prefetch: cfg.Prefetch})
-		b.consumers = ConsumersDefault
-	} else {
-		b.sub, err = NewConsumer(ConsumerConfig{Connection: cfg.Connection, Prefetch: cfg.Prefetch, DrainTimeout: cfg.DrainTimeout,
+	newSub := func(*Topology) (message.Subscriber, error) {
+		if cfg.WatermillSubscriber {
+			return NewSubscriber(SubscriberConfig{Connection: cfg.Connection, Prefetch: cfg.Prefetch})
+		}
+		return NewConsumer(ConsumerConfig{Connection: cfg.Connection, Prefetch: cfg.Prefetch, DrainTimeout: cfg.DrainTimeout,
 			PoisonQueue: topo.PoisonQueue(), PoisonPublisher: pub})
 	}
+	if cfg.WatermillSubscriber {
+		b.consumers = ConsumersDefault
+	}
+	if len(topo.Partitions()) > 0 {
+		err = b.newPartitions(newSub)
+	} else {
+		b.sub, err = newSub(topo)
+	}
 	if err != nil {
-		_ = b.closeDepth()
-		_ = pub.Close()
+		_ = b.Close()
 		return nil, err
 	}
 	return b, nil
@@ -120,10 +144,16 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 
 // Endpoints are the queue's: its subscriber, its tiers and poison queue,
 // the confirmed publisher for both kinds of copies, System "rabbitmq", and
-// one consumer (ConsumersDefault with WatermillSubscriber).
+// one consumer (ConsumersDefault with WatermillSubscriber). With
+// Partitions: Topic is the exchange producers publish to, the Subscriber
+// refuses to subscribe (ErrPartitioned: consume Partitions), no Tiers.
 func (b *Broker) Endpoints() broker.Endpoints {
+	topic := b.topo.Queue()
+	if len(b.parts) > 0 {
+		topic = b.topo.Exchange()
+	}
 	return broker.Endpoints{
-		System: "rabbitmq", Topic: b.topo.Queue(), Subscriber: b.sub,
+		System: "rabbitmq", Topic: topic, Subscriber: b.sub,
 		Tiers: b.topo.Tiers(), RetryPublisher: b.pub,
 		PoisonTopic: b.topo.PoisonQueue(), PoisonPublisher: b.pub,
 		Consumers: b.consumers,
@@ -169,7 +199,22 @@ func (b *Broker) Topology() *Topology { return b.topo }
 func (b *Broker) Publisher() *Publisher { return b.pub }
 
 // Close closes the subscriber, the publisher and the depth reader; close
-// the router first.
+// the router first. With Partitions, it closes every partition's
+// subscriber and the PartitionPublisher too; a partition's Broker closes
+// only its subscriber.
 func (b *Broker) Close() error {
-	return errors.Join(b.sub.Close(), b.pub.Close(), b.closeDepth())
+	var errs []error
+	if b.sub != nil {
+		errs = append(errs, b.sub.Close())
+	}
+	if b.partition {
+		return errors.Join(errs...)
+	}
+	for _, p := range b.parts {
+		errs = append(errs, p.sub.Close())
+	}
+	if b.producer != nil {
+		errs = append(errs, b.producer.Close())
+	}
+	return errors.Join(append(errs, b.pub.Close(), b.closeDepth())...)
 }

@@ -170,8 +170,9 @@ func (o *outcomes) records() []replay.Record {
 }
 
 // With a key, a producer's replay run and item record nothing: the message
-// is processed, its outcome not written into the run. One the CLI signed
-// (as `sluice dlq replay --signing-key-file` does) is recorded. Before the
+// is processed, its outcome not written into the run, and so is one the
+// CLI signed for another queue. One the CLI signed for this queue (as
+// `sluice dlq replay --signing-key-file` does) is recorded. Before the
 // fix the forged one wrote "processed" into the run.
 func TestForgedReplayRunIsNotRecorded(t *testing.T) {
 	t.Parallel()
@@ -186,20 +187,22 @@ func TestForgedReplayRunIsNotRecorded(t *testing.T) {
 	s.publishRaw(t, amqp.Publishing{Headers: amqp.Table{
 		sluice.EventIDKey: "evt-forged-sig", replay.RunKey: "run-1", replay.ItemKey: "evt-forged-sig", sluice.SignatureKey: "v1:AAAA",
 	}})
-	m := message.NewMessage(watermill.NewUUID(), []byte(`{"orderId":"o-1"}`))
-	m.Metadata.Set(sluice.EventIDKey, "evt-replayed")
-	m.Metadata.Set(replay.RunKey, "run-1")
-	m.Metadata.Set(replay.ItemKey, "evt-replayed")
-	signer.Sign(m)
-	require.NoError(t, s.pub.Publish(s.topo.Queue(), m))
+	for id, queue := range map[string]string{"evt-replayed": s.topo.Queue(), "evt-replayed-elsewhere": s.topo.Queue() + "-other"} {
+		m := message.NewMessage(watermill.NewUUID(), []byte(`{"orderId":"o-1"}`))
+		m.Metadata.Set(sluice.EventIDKey, id)
+		m.Metadata.Set(replay.RunKey, "run-1")
+		m.Metadata.Set(replay.ItemKey, id)
+		signer.Sign(m, queue) // as the CLI signs a replay to queue
+		require.NoError(t, s.pub.Publish(s.topo.Queue(), m))
+	}
 
-	for _, id := range []string{"evt-forged", "evt-forged-sig", "evt-replayed"} {
+	for _, id := range []string{"evt-forged", "evt-forged-sig", "evt-replayed", "evt-replayed-elsewhere"} {
 		s.handled(t, id, 1)
 	}
 	s.settled(t, 0)
 	s.stop() // every delivery's stages have returned
 	rs := store.records()
-	require.Len(t, rs, 1, "only the signed replay is recorded: %+v", rs)
+	require.Len(t, rs, 1, "only the replay signed for this queue is recorded: %+v", rs)
 	require.Equal(t, "evt-replayed", rs[0].Item)
 	require.Equal(t, sluice.OutcomeProcessed, rs[0].Outcome)
 	require.Empty(t, s.deliveries("evt-forged")[0].Metadata.Get(replay.RunKey))

@@ -17,7 +17,8 @@ import (
 // and messages confirmed on either channel are stored. A queue that is full
 // (x-max-length 0, reject-publish) nacks every publish on one node; on a
 // cluster a quorum queue's leader change does, and the channel that saw it
-// went on nacking (TestClusterPublisherNodeKilledMidStream).
+// went on nacking (TestClusterPublisherNodeKilledMidStream, in
+// rabbitmq/internal/clustertest).
 func TestPublisherNackMovesToANewChannel(t *testing.T) {
 	t.Parallel()
 	full := testenv.Name("pub_full")

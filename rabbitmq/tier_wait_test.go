@@ -181,6 +181,10 @@ func TestAJitteredTierSpreadsABurst(t *testing.T) {
 	}
 }
 
+// clockSkew is how far the broker's clock (which times a queue's TTL) and
+// the test's may disagree over a few seconds on a loaded machine.
+const clockSkew = 50 * time.Millisecond
+
 // burst fails 80 messages once into a 6 s tier jittered by j and returns
 // the waits of the copies by the queue they waited in.
 func burst(t *testing.T, j broker.Jitter) map[string][]time.Duration {
@@ -207,7 +211,9 @@ func burst(t *testing.T, j broker.Jitter) map[string][]time.Duration {
 		require.True(t, ok, "message %s came back from %q, one of the tier's queues", id, ds[1].from)
 		require.Equal(t, "6s", ds[1].tier)
 		waited := ds[1].at.Sub(ds[0].at)
-		require.GreaterOrEqual(t, waited, delay, "message %s came back before its queue's TTL", id)
+		// RabbitMQ times a TTL on the OS wall clock, this test on Go's
+		// monotonic one; under load they disagreed by up to 17 ms in CI.
+		require.GreaterOrEqual(t, waited, delay-clockSkew, "message %s came back before its queue's TTL", id)
 		byWait[ds[1].from] = append(byWait[ds[1].from], waited)
 		failed, back = append(failed, ds[0].at), append(back, ds[1].at)
 	}

@@ -63,17 +63,44 @@ type TopologyConfig struct {
 	DeliveryLimit int
 	// Exchange, when set, is declared (durable, ExchangeType) and Queue is
 	// bound to it with BindingKey. The tier queues are never bound to it.
+	// With Partitions, the consistent-hash exchange; default Queue.
 	Exchange string
-	// ExchangeType of Exchange. Default "topic".
+	// ExchangeType of Exchange. Default "topic"; with Partitions
+	// ExchangeConsistentHash, the only type accepted.
 	ExchangeType string
-	// BindingKey binds Queue to Exchange. Default Queue.
+	// BindingKey binds Queue to Exchange. Default Queue. Refused with
+	// Partitions (each partition queue is bound with PartitionWeight).
 	BindingKey string
+	// Partitions, when positive, spreads the messages over this many
+	// partition queues by the value of their header PartitionKey, for
+	// order per key across instances: Exchange (default Queue) is declared
+	// of type ExchangeConsistentHash (the plugin
+	// rabbitmq_consistent_hash_exchange; without it Declare fails with an
+	// error matching ErrConsistentHashPlugin) with the argument
+	// hash-header=PartitionKey, and each partition queue
+	// PartitionQueue(Queue, i) ("<Queue>.p<i>", i from 0) is a queue
+	// family of its own — its tiers "<Queue>.p<i>.retry.<delay>" return to
+	// it only — declared with x-single-active-consumer=true, so that one
+	// consumer at a time, in one instance, receives a partition, and
+	// another takes over when it goes; bound with weight PartitionWeight.
+	// PoisonQueue is shared by the partitions (each copy names its
+	// partition queue in sluice_poison_queue, where a replay sends it).
+	// No queue is named Queue. At most PartitionsMax. Default 0: one queue.
+	Partitions int
+	// PartitionKey is the header (message metadata key) whose value the
+	// exchange hashes: one value always lands in one partition. Producers
+	// set it on every message (PartitionPublisher refuses a message
+	// without it). Required with Partitions, refused without.
+	PartitionKey string
 }
 
 // Topology is the validated set of queues of one consumer queue.
 type Topology struct {
 	cfg   TopologyConfig
 	tiers []broker.Tier
+	parts []*Topology // with Partitions: each partition's topology
+	// single declares Queue with x-single-active-consumer (a partition).
+	single bool
 }
 
 // PoisonDeliveryLimit is the x-delivery-limit of a quorum poison queue:
@@ -127,6 +154,9 @@ func checkQueueName(field, name string) error {
 // NewTopology validates cfg. Every name it derives is checked against AMQP's
 // 255-byte limit and refused, never cut short.
 func NewTopology(cfg TopologyConfig) (*Topology, error) {
+	if cfg.Partitions != 0 || cfg.PartitionKey != "" {
+		return newPartitioned(cfg)
+	}
 	if cfg.Queue == "" {
 		return nil, errors.New("rabbitmq: TopologyConfig.Queue is required")
 	}
@@ -173,14 +203,16 @@ func NewTopology(cfg TopologyConfig) (*Topology, error) {
 	return &Topology{cfg: cfg, tiers: tiers}, nil
 }
 
-// Queue returns the consumer's queue.
+// Queue returns the consumer's queue; with Partitions, the name the
+// partition queues are named after (no queue has it: see Partitions).
 func (t *Topology) Queue() string { return t.cfg.Queue }
 
 // PoisonQueue returns the poison queue.
 func (t *Topology) PoisonQueue() string { return t.cfg.PoisonQueue }
 
 // Tiers returns the retry tiers in order; each Topic is its queue. Give
-// them to retrytiers.Config.
+// them to retrytiers.Config. Nil with Partitions: each partition has its
+// own (Partitions).
 func (t *Topology) Tiers() []broker.Tier { return append([]broker.Tier(nil), t.tiers...) }
 
 // queueSpec is one queue and its arguments.
@@ -190,6 +222,9 @@ type queueSpec struct {
 }
 
 func (t *Topology) specs() []queueSpec {
+	if len(t.parts) > 0 {
+		return t.partitionedSpecs()
+	}
 	typed := func(args amqp.Table) amqp.Table {
 		if t.cfg.Quorum {
 			args["x-queue-type"] = amqp.QueueTypeQuorum
@@ -207,6 +242,9 @@ func (t *Topology) specs() []queueSpec {
 		if t.cfg.DeliveryLimit > 0 {
 			main["x-delivery-limit"] = int64(t.cfg.DeliveryLimit)
 		}
+	}
+	if t.single {
+		main[amqp.SingleActiveConsumerArg] = true
 	}
 	specs := []queueSpec{{t.cfg.Queue, typed(main)}}
 	for _, w := range t.waits() {
@@ -239,10 +277,17 @@ type Declaration struct {
 func (t *Topology) Declarations() []Declaration {
 	var out []Declaration
 	for _, q := range t.specs() {
-		b, _ := json.Marshal(q.args)
-		out = append(out, Declaration{Name: q.name, Arguments: string(b)})
+		out = append(out, declaration(q.name, q.args))
 	}
 	return out
+}
+
+func declaration(name string, args amqp.Table) Declaration {
+	if args == nil {
+		args = amqp.Table{}
+	}
+	b, _ := json.Marshal(args) // map keys are sorted
+	return Declaration{Name: name, Arguments: string(b)}
 }
 
 // ConflictError is a queue or exchange that exists with other arguments
@@ -302,8 +347,8 @@ func (t *Topology) Apply(ctx context.Context, conn *amqp.Connection) ([]string, 
 	}
 	defer func() { _ = ch.Close() }()
 	if t.cfg.Exchange != "" {
-		if err := ch.ExchangeDeclare(t.cfg.Exchange, t.cfg.ExchangeType, true, false, false, false, nil); err != nil {
-			return nil, conflict("exchange", t.cfg.Exchange, err)
+		if err := ch.ExchangeDeclare(t.cfg.Exchange, t.cfg.ExchangeType, true, false, false, false, t.exchangeArgs()); err != nil {
+			return nil, t.exchangeError(err)
 		}
 	}
 	var todo []string
@@ -334,9 +379,9 @@ func (t *Topology) Apply(ctx context.Context, conn *amqp.Connection) ([]string, 
 			return todo, err
 		}
 	}
-	if t.cfg.Exchange != "" {
-		if err := ch.QueueBind(t.cfg.Queue, t.cfg.BindingKey, t.cfg.Exchange, false, nil); err != nil {
-			return todo, fmt.Errorf("rabbitmq: binding %q to %q: %w", t.cfg.Queue, t.cfg.Exchange, err)
+	for _, b := range t.Bindings() {
+		if err := ch.QueueBind(b.Queue, b.Key, t.cfg.Exchange, false, nil); err != nil {
+			return todo, fmt.Errorf("rabbitmq: binding %q to %q: %w", b.Queue, t.cfg.Exchange, err)
 		}
 	}
 	return todo, nil
@@ -348,8 +393,13 @@ func (t *Topology) Apply(ctx context.Context, conn *amqp.Connection) ([]string, 
 // argument it compares (x-dead-letter-exchange). Redeclaring a queue with
 // its own arguments changes nothing.
 func (t *Topology) isClassic(conn *amqp.Connection, queue string) bool {
-	classic := Topology{cfg: t.cfg, tiers: t.tiers}
-	classic.cfg.Quorum, classic.cfg.DeliveryLimit = false, 0
+	cfg := t.cfg
+	cfg.Quorum, cfg.DeliveryLimit = false, 0
+	classic, err := NewTopology(cfg)
+	if err != nil {
+		return false
+	}
+	classic.single = t.single
 	ch, err := conn.Channel()
 	if err != nil {
 		return false
@@ -391,13 +441,20 @@ func conflict(kind, name string, err error) error {
 // x-queue-type=quorum (a comment line says so).
 func (t *Topology) Policies() []string {
 	var lines []string
+	queues := t.cfg.Queue + ", its tiers"
+	if n := len(t.parts); n > 0 {
+		lines = append(lines, fmt.Sprintf("# declare the exchange %s of type %s with %s, and bind %s to it with weight %s: a policy declares neither",
+			t.cfg.Exchange, ExchangeConsistentHash, t.ExchangeArguments(), partitionRange(t.cfg.Queue, n), PartitionWeight),
+			fmt.Sprintf("# declare %s with x-single-active-consumer=true: a policy cannot set it", partitionRange(t.cfg.Queue, n)))
+		queues = partitionRange(t.cfg.Queue, n) + ", their tiers"
+	}
 	if t.cfg.Quorum {
-		lines = append(lines, fmt.Sprintf("# declare %s, its tiers and %s with x-queue-type=quorum: a policy cannot set the queue type", t.cfg.Queue, t.cfg.PoisonQueue))
+		lines = append(lines, fmt.Sprintf("# declare %s and %s with x-queue-type=quorum: a policy cannot set the queue type", queues, t.cfg.PoisonQueue))
 	}
 	for _, q := range t.specs() {
 		def := map[string]any{}
 		for k, v := range q.args {
-			if k != "x-queue-type" {
+			if k != "x-queue-type" && k != amqp.SingleActiveConsumerArg {
 				def[strings.TrimPrefix(k, "x-")] = v
 			}
 		}

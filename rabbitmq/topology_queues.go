@@ -37,7 +37,18 @@ type TopologyQueue struct {
 // Queues returns every queue of the topology with its role, in the order
 // Declare declares them: the consumer's queue, each tier's queues, the
 // poison queue.
+//
+// With Partitions: each partition's queue (RoleMain) and its tiers, in
+// order, then the shared poison queue.
 func (t *Topology) Queues() []TopologyQueue {
+	if len(t.parts) > 0 {
+		var qs []TopologyQueue
+		for _, p := range t.parts {
+			pq := p.Queues()
+			qs = append(qs, pq[:len(pq)-1]...)
+		}
+		return append(qs, TopologyQueue{Name: t.cfg.PoisonQueue, Role: RolePoison})
+	}
 	qs := []TopologyQueue{{Name: t.cfg.Queue, Role: RoleMain}}
 	for _, tier := range t.tiers {
 		for _, topic := range tier.Topics() {

@@ -9,7 +9,7 @@
 // The stage sits inside Trace and outside Poison, so it sees the delivery's
 // final fate for this attempt:
 //
-//	ShutdownGrace → Trace → Replay → Poison → Retry → Brake → Classify → Inbox → Recoverer → handler
+//	ShutdownGrace → Trace → Replay → Order → Poison → Retry → Brake → Classify → Inbox → Recoverer → handler
 //
 // It records after the stages inside returned, at least once: a crash
 // between the inbox's commit and the record leaves the item without an
@@ -139,14 +139,26 @@ type Config struct {
 	InUnitOfWork bool
 	// Signer, when set, verifies the replay run and item (and the CLI's
 	// provenance, sluice_replay*): believed only when the CLI signed them
-	// with the same key (sluice dlq replay --signing-key-file), else
-	// removed — the delivery is processed, its outcome not recorded. Give
-	// the poison and retry stages the same one (router.Stages.Signer does).
+	// with the same key for this consumer's queue (sluice dlq replay
+	// --signing-key-file signs for the queue it replays to; a retry copy
+	// of a replayed delivery is signed for it again), else removed — the
+	// delivery is processed, its outcome not recorded. A replayed delivery
+	// a handler forwards to another queue records nothing there. Give the
+	// poison and retry stages the same one (router.Stages.Signer does).
 	// Default nil: a deployment
 	// without a key believes the run and item of any delivery, so its
 	// outcome records are only as trustworthy as what may publish into the
 	// queue (docs/architecture.md, "Trust boundary").
 	Signer *sluice.Signer
+	// Queue is the consumer's queue the run and item are verified for
+	// (Signer). Default: the topic the Watermill handler subscribed to (on
+	// RabbitMQ, the queue); router.Add gives the poison stage's Queue.
+	Queue string
+	// Tiers are the queues a copy of this consumer's comes back from (the
+	// retry tiers' topics; router.Add gives them): a copy signed before
+	// signatures named their queue (sluice.ErrUnboundSignature) is believed
+	// only when it came back from one of them. Default none.
+	Tiers []string
 }
 
 func isReplayKey(k string) bool { return strings.HasPrefix(k, sluice.ReplayPrefix) }
@@ -190,7 +202,8 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			if cfg.Signer != nil {
-				if removed := cfg.Signer.Believe(msg, isReplayKey); removed != nil {
+				queue := cmp.Or(cfg.Queue, message.SubscribeTopicFromCtx(msg.Context()))
+				if removed := cfg.Signer.Believe(msg, isReplayKey, queue, cfg.Tiers...); removed != nil {
 					cfg.Logger.Info("Replay run not signed by the operator's CLI: not believed, no outcome recorded",
 						telemetry.LogFields(msg, watermill.LogFields{"removed": strings.Join(removed, ",")}))
 				}

@@ -58,9 +58,16 @@ type Config struct {
 	// ErrorMaxLength bounds the LastErrorKey summary, in bytes. Default
 	// ErrorMaxLengthDefault.
 	ErrorMaxLength int
-	// Signer signs every copy and verifies, on the way in, the retry
-	// history a delivery carries (the attempt, the failures, the tier, the
-	// origin: sluice.IsRetryKey): believed only when it verifies. Give the
+	// Queue is the consumer's queue: the one the copies come back to, for
+	// which they are signed and their history believed (Signer). Default:
+	// the topic the Watermill handler subscribed to (on RabbitMQ, the
+	// queue); router.Add gives the poison stage's Queue.
+	Queue string
+	// Signer signs every copy for Queue and verifies, on the way in, the
+	// retry history a delivery carries (the attempt, the failures, the
+	// tier, the origin: sluice.IsRetryKey): believed only when it verifies
+	// for Queue — a copy signed for another queue (forwarded by a handler
+	// there, or replayed onto this one) is a first attempt here. Give the
 	// poison and replay stages the same one (router.Stages.Signer does).
 	// Default nil: the history is
 	// believed only on a copy back from one of Tiers (sluice.
@@ -155,7 +162,7 @@ type stage struct {
 
 func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		if removed := s.cfg.Signer.Believe(msg, sluice.IsRetryKey, s.topics...); removed != nil {
+		if removed := s.cfg.Signer.Believe(msg, sluice.IsRetryKey, s.queue(msg), s.topics...); removed != nil {
 			s.cfg.Logger.Info("Retry history not written by Sluice: not believed, the delivery is a first attempt",
 				telemetry.LogFields(msg, watermill.LogFields{"removed": strings.Join(removed, ",")}))
 		}
@@ -261,7 +268,7 @@ func (s *stage) park(msg *message.Message, plan plan, reason string) (broker.Tie
 			topic = tier.Pick().Topic
 		}
 		c.Metadata[sluice.RetryTierKey] = tier.Name
-		s.cfg.Signer.Sign(c)
+		s.cfg.Signer.Sign(c, s.queue(msg))
 		err := republish.Try(s.cfg.Publisher, topic, c, s.cfg.PublishTimeout)
 		if err == nil {
 			if i != planned {
@@ -282,6 +289,12 @@ func (s *stage) park(msg *message.Message, plan plan, reason string) (broker.Tie
 		}
 	}
 	return s.cfg.Tiers[planned], errors.Join(errs...)
+}
+
+// queue is the consumer's queue msg's history belongs to: Config.Queue,
+// else the topic the handler subscribed to.
+func (s *stage) queue(msg *message.Message) string {
+	return cmp.Or(s.cfg.Queue, message.SubscribeTopicFromCtx(msg.Context()))
 }
 
 // copy is the copy of msg that is attempt next.

@@ -165,10 +165,12 @@ func TestForgedRetryHistoryIsNotBelieved(t *testing.T) {
 		"keyless, another queue's tier": {nil, back(forged(), "payments.retry.30s")},
 		"keyless, not expired":          {nil, forged(sluice.DeadLetterQueueKey, "orders.retry.30s", sluice.DeadLetterReasonKey, "rejected")},
 		"signed, unsigned copy":         {signer, back(forged(), "orders.retry.30s")},
-		"signed, forged signature":      {signer, back(forged(sluice.SignatureKey, "v1:AAAA"), "orders.retry.30s")},
+		"signed, forged signature":      {signer, back(forged(sluice.SignatureKey, "v2:AAAA"), "orders.retry.30s")},
+		"signed, forged v1 signature":   {signer, back(forged(sluice.SignatureKey, "v1:AAAA"), "orders.retry.30s")},
+		"signed for another queue":      {signer, back(signedFor(signer, forged(), "payments"), "orders.retry.30s")},
 	} {
 		pub := &recorder{}
-		mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: tiers(t), Signer: tc.signer})
+		mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: tiers(t), Signer: tc.signer, Queue: "orders"})
 		require.NoError(t, err)
 		_, err = run(mw, tc.msg, sluice.Transient(errors.New("timeout")))
 		require.NoError(t, err, name)
@@ -178,17 +180,19 @@ func TestForgedRetryHistoryIsNotBelieved(t *testing.T) {
 		require.NotEqual(t, "1999-01-01T00:00:00Z", c.Metadata.Get(sluice.FirstFailedAtKey), name)
 		require.Empty(t, c.Metadata.Get(sluice.OriginRoutingKeyKey), name)
 		if tc.signer != nil {
-			require.NoError(t, tc.signer.Verify(c), "%s: the copy is signed", name)
+			require.NoError(t, tc.signer.Verify(c, "orders"), "%s: the copy is signed for its queue", name)
+			require.ErrorIs(t, tc.signer.Verify(c, "payments"), sluice.ErrBadSignature, "%s: and no other", name)
 		}
 	}
 
-	// A signed copy is believed, wherever it comes from: the signature is the proof.
+	// A copy signed for the queue is believed, wherever it comes from: the
+	// signature is the proof.
 	pub := &recorder{}
-	mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: tiers(t), Signer: signer})
+	mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: tiers(t), Signer: signer, Queue: "orders"})
 	require.NoError(t, err)
 	m := message.NewMessage("u", []byte("payload"))
 	m.Metadata.Set(sluice.AttemptKey, "3")
-	signer.Sign(m)
+	signer.Sign(m, "orders")
 	_, err = run(mw, m, sluice.Transient(errors.New("timeout")))
 	require.NoError(t, err)
 	require.Equal(t, "4", pub.got["orders.retry.1h30m"][0].Metadata.Get(sluice.AttemptKey))
@@ -285,4 +289,10 @@ func TestDelayedPublisher(t *testing.T) {
 	require.ErrorContains(t, p.Close(), "1 still waiting at Close", "Close says what it drops: not durable")
 	require.NoError(t, p.Close())
 	require.ErrorIs(t, p.Publish(ts[0].Topic, message.NewMessage("u4", nil)), embedded.ErrDelayedPublisherClosed)
+}
+
+// signedFor signs m with s for queue and returns it.
+func signedFor(s *sluice.Signer, m *message.Message, queue string) *message.Message {
+	s.Sign(m, queue)
+	return m
 }

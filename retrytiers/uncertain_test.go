@@ -111,7 +111,7 @@ func TestCopiesOfOneDeliveryShareAnIdentity(t *testing.T) {
 		require.Equal(t, id, c.UUID, "one identity for every copy of the delivery, in any tier")
 		require.Equal(t, id, c.Metadata.Get(sluice.CopyIDKey))
 	}
-	require.NoError(t, signer.Verify(stored[1]), "the signature holds")
+	require.NoError(t, signer.Verify(stored[1], ""), "the signature holds (for the queue the handler subscribed to: none here)")
 
 	_, err = run(mw, back(stored[0], ts[1].Topic), sluice.Transient(errors.New("again")))
 	require.NoError(t, err)

@@ -1,7 +1,7 @@
 // Package router assembles Sluice's stages in their one order (Order)
 // around a Watermill handler:
 //
-//	ShutdownGrace → Trace → Replay → Poison → Retry → Brake → Classify → Inbox → Recoverer → handler
+//	ShutdownGrace → Trace → Replay → Order → Poison → Retry → Brake → Classify → Inbox → Recoverer → handler
 //
 // Middlewares builds the chosen stages (any may be left out) for wiring by
 // hand; Add adds a reliable handler to an existing *message.Router in one

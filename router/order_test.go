@@ -19,7 +19,7 @@ import (
 var stageAliases = map[string]string{
 	"shutdowngrace": "ShutdownGrace", "shutdown grace": "ShutdownGrace",
 	"trace": "Trace", "tracing": "Trace",
-	"replay": "Replay",
+	"replay": "Replay", "order": "Order", "ordering": "Order",
 	"poison": "Poison",
 	"retry":  "Retry", "retrytiers": "Retry",
 	"brake":    "Brake",
@@ -58,7 +58,7 @@ func stageOf(part string, first, last bool) string {
 func TestTheStageOrderIsWrittenOnce(t *testing.T) {
 	t.Parallel()
 	order := router.Order()
-	require.Equal(t, []string{"ShutdownGrace", "Trace", "Replay", "Poison", "Retry", "Brake", "Classify", "Inbox", "Recoverer"}, order)
+	require.Equal(t, []string{"ShutdownGrace", "Trace", "Replay", "Order", "Poison", "Retry", "Brake", "Classify", "Inbox", "Recoverer"}, order)
 	chains := 0
 	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
 		if err != nil {

@@ -2,15 +2,19 @@ package router
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/telemetry"
+	"github.com/sluicemq/sluice/ordering"
 	"github.com/sluicemq/sluice/outbox"
 )
 
@@ -120,6 +124,9 @@ var ErrDuplicateHandler = errors.New("router: duplicate handler")
 // router later — and so run inside the inbox — cannot run the handler twice
 // in one inbox transaction.
 func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
+	if p, ok := cfg.Broker.(broker.Partitioned); ok && len(p.Partitions()) > 0 {
+		return addPartitions(r, cfg, p)
+	}
 	var system string // messaging.system of the handler's metrics
 	if cfg.Stages.Trace != nil {
 		system = cfg.Stages.Trace.System
@@ -134,10 +141,8 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 			return nil, fmt.Errorf("router: HandlerConfig.Consumers is %d; the %s broker allows at most %d", cfg.Consumers, e.System, e.MaxConsumers)
 		}
 		cfg.Stages = cfg.Stages.withEndpoints(e)
-		if m, ok := cfg.Broker.(broker.MeteredBroker); ok && cfg.Stages.MeterProvider != nil {
-			if err := m.UseMeterProvider(cfg.Stages.MeterProvider); err != nil {
-				return nil, fmt.Errorf("router: the broker's metrics: %w", err)
-			}
+		if err := useMeterProvider(cfg.Broker, cfg.Stages.MeterProvider); err != nil {
+			return nil, err
 		}
 		system = cmp.Or(system, e.System)
 	}
@@ -166,6 +171,12 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		return nil, errors.New("router: HandlerConfig.PublishAtMostOnce is about a PublishingHandler's messages sent on Publisher: give both, or leave it false")
 	case cfg.Consumers < 0:
 		return nil, fmt.Errorf("router: HandlerConfig.Consumers must be positive, got %d", cfg.Consumers)
+	case cfg.Stages.Order != nil && cfg.Consumers > 1:
+		return nil, fmt.Errorf("router: Stages.Order needs one consumer per queue (HandlerConfig.Consumers is %d): competing consumers would run one key's messages at once; a queue's in-flight deliveries of different keys run concurrently anyway", cfg.Consumers)
+	case cfg.Stages.Order != nil && cfg.Publisher != nil:
+		return nil, errors.New("router: Stages.Order with HandlerConfig.Publisher: the messages a released delivery produces would not be published; give HandlerConfig.Outbox")
+	case cfg.Stages.Order != nil && cfg.Stages.Inbox == nil:
+		return nil, errors.New("router: Stages.Order needs Stages.Inbox: the held messages and the inbox's records share its database, and a released message must run once")
 	}
 	if err := cfg.unsafe(); err != nil {
 		return nil, err
@@ -205,6 +216,14 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		}
 		subscriber = closingSubscriber{subscriber, b}
 	}
+	if cfg.Stages.Order != nil {
+		o, err := cfg.Stages.newOrderer(cfg.Name)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Stages.orderer = o
+		subscriber = &orderedSubscriber{Subscriber: o.Serialize(subscriber), o: o, d: &telemetry.Delivery{Handler: cfg.Name, System: system}}
+	}
 	var out []*message.Handler
 	if cfg.Stages.Poison != nil && cfg.Stages.Poison.Consumer == "" {
 		p := *cfg.Stages.Poison
@@ -243,6 +262,55 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 	return out, nil
 }
 
+// addPartitions adds a handler per partition of a partitioned broker
+// (broker.Partitioned: rabbitmq.TopologyConfig.Partitions), named
+// "<Name>-p<i>", each consuming its partition queue with the partition's
+// tiers. The inbox's consumer stays the handler's Name (an event is a
+// duplicate whichever partition it came through), the ordering stage's is
+// the partition's (a key lives in one partition, and each partition's
+// stage resumes only its own keys).
+func addPartitions(r *message.Router, cfg HandlerConfig, p broker.Partitioned) ([]*message.Handler, error) {
+	if cfg.Name == "" {
+		return nil, errors.New("router: HandlerConfig.Name is required")
+	}
+	if err := useMeterProvider(cfg.Broker, cfg.Stages.MeterProvider); err != nil { // the depth gauges are the partitioned broker's
+		return nil, err
+	}
+	var out []*message.Handler
+	for i, part := range p.Partitions() {
+		c := cfg
+		c.Broker = part
+		c.Name = cfg.Name + "-p" + strconv.Itoa(i)
+		if in := cfg.Stages.Inbox; in != nil && in.Consumer == "" {
+			inbox := *in
+			inbox.Consumer = cfg.Name
+			c.Stages.Inbox = &inbox
+		}
+		if pc := cfg.Stages.Poison; pc != nil && pc.Consumer == "" {
+			poisonCfg := *pc
+			poisonCfg.Consumer = cfg.Name
+			c.Stages.Poison = &poisonCfg
+		}
+		hs, err := Add(r, c)
+		if err != nil {
+			return nil, fmt.Errorf("router: partition %d of %s: %w", i, cfg.Name, err)
+		}
+		out = append(out, hs...)
+	}
+	return out, nil
+}
+
+// useMeterProvider hands mp, when set, to a broker with instruments of
+// its own (broker.MeteredBroker).
+func useMeterProvider(b broker.Broker, mp metric.MeterProvider) error {
+	if m, ok := b.(broker.MeteredBroker); ok && mp != nil {
+		if err := m.UseMeterProvider(mp); err != nil {
+			return fmt.Errorf("router: the broker's metrics: %w", err)
+		}
+	}
+	return nil
+}
+
 // closingSubscriber closes the handler's brake (its cool-down and probes)
 // after the subscriber: the router closes its subscribers when it closes.
 type closingSubscriber struct {
@@ -252,6 +320,34 @@ type closingSubscriber struct {
 
 func (s closingSubscriber) Close() error {
 	return errors.Join(s.Subscriber.Close(), s.also.Close())
+}
+
+// orderedSubscriber runs the handler's ordering stage beside its first
+// subscription (resuming unfinished releases) and stops it when the
+// subscriber closes.
+type orderedSubscriber struct {
+	message.Subscriber
+	o    *ordering.Orderer
+	d    *telemetry.Delivery
+	once sync.Once
+	wg   sync.WaitGroup
+}
+
+func (s *orderedSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	ch, err := s.Subscriber.Subscribe(ctx, topic)
+	if err == nil {
+		s.once.Do(func() {
+			s.wg.Add(1)
+			go func() { defer s.wg.Done(); s.o.Run(s.d.With(ctx)) }()
+		})
+	}
+	return ch, err
+}
+
+func (s *orderedSubscriber) Close() error {
+	err := errors.Join(s.Subscriber.Close(), s.o.Close())
+	s.wg.Wait()
+	return err
 }
 
 // nameHandler puts the handler's name and messaging system on each

@@ -16,6 +16,7 @@ import (
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/ordering"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -25,7 +26,7 @@ import (
 // out (ShutdownGrace, a duration, is on by default: a negative value leaves
 // it out). Whatever is chosen runs in the one order (Order):
 //
-//	ShutdownGrace → Trace → Replay → Poison → Retry → Brake → Classify → Inbox → Recoverer → handler
+//	ShutdownGrace → Trace → Replay → Order → Poison → Retry → Brake → Classify → Inbox → Recoverer → handler
 type Stages struct {
 	// ShutdownGrace lets a handler in flight finish its commit for this long
 	// after the router begins to close (middleware.ShutdownGrace). Default
@@ -35,6 +36,15 @@ type Stages struct {
 	// Replay records what became of a message replayed from a poison
 	// queue (package replay), for sluice dlq replay and report.
 	Replay *replay.Config
+	// Order keeps each key's messages in publish order through retries
+	// (package ordering, docs/ordering.md): a key whose delivery went to a
+	// retry tier or the poison queue waits for it, its later messages held
+	// in the inbox's database, while every other key flows. It needs Inbox
+	// (its Consumer and EventID default to the handler's name and the
+	// Inbox's Key) and one consumer per queue; Add serializes each key's
+	// deliveries on the subscriber and runs the stage's resumer beside the
+	// handler.
+	Order  *ordering.Config
 	Poison *poison.Config
 	Retry  *retrytiers.Config
 	// Brake stops consuming while Transient failures (of the kind its Match
@@ -54,7 +64,11 @@ type Stages struct {
 	// Signer is given to the Replay, Poison and Retry stages whose own
 	// Signer is nil: the key that proves Sluice wrote a delivery's control
 	// headers (the attempt, the poison diagnosis, the replay run), which
-	// `sluice dlq replay --signing-key-file` signs with too. Default none:
+	// `sluice dlq replay --signing-key-file` signs with too. Copies are
+	// signed for, and control headers believed on, one queue: the Poison
+	// stage's Queue, which the Replay and Retry stages get when their own
+	// is empty (by hand without it: the topic the handler subscribed to).
+	// Default none:
 	// the stages believe the retry history and the parked mark only on a
 	// copy back from the queue's own tier, and the replay run of any
 	// delivery (docs/architecture.md, "Trust boundary").
@@ -76,6 +90,10 @@ type Stages struct {
 
 	// brake is the handler's brake, built once by Add.
 	brake *brake.Brake
+	// orderer is the handler's ordering stage, built once by Add.
+	orderer *ordering.Orderer
+	// trace is the Trace stage, built once (traceStage).
+	trace message.HandlerMiddleware
 }
 
 // Middlewares builds the chosen stages, outermost first, for
@@ -127,9 +145,7 @@ var order = []stage{
 		if s.Trace == nil {
 			return nil, nil
 		}
-		cfg := *s.Trace
-		s.share(shared{meter: &cfg.MeterProvider, tracer: &cfg.TracerProvider})
-		return one(middleware.Trace(cfg))
+		return one(s.traceStage())
 	}},
 	{"Replay", "replay", func(s *Stages) ([]message.HandlerMiddleware, error) {
 		if s.Replay == nil {
@@ -137,7 +153,29 @@ var order = []stage{
 		}
 		cfg := *s.Replay
 		s.share(shared{meter: &cfg.MeterProvider, logger: &cfg.Logger, signer: &cfg.Signer})
+		cfg.Queue = cmp.Or(cfg.Queue, s.queue())
+		if cfg.Tiers == nil && s.Retry != nil {
+			for _, t := range s.Retry.Tiers {
+				cfg.Tiers = append(cfg.Tiers, t.Topics()...)
+			}
+		}
 		return one(replay.New(cfg))
+	}},
+	{"Order", "order", func(s *Stages) ([]message.HandlerMiddleware, error) {
+		if s.Order == nil {
+			return nil, nil
+		}
+		if s.Inbox == nil {
+			return nil, errors.New("Stages.Order needs Stages.Inbox: the held messages and the inbox's records share its database, and a released message must run once")
+		}
+		if s.orderer == nil {
+			o, err := s.newOrderer("")
+			if err != nil {
+				return nil, err
+			}
+			s.orderer = o
+		}
+		return []message.HandlerMiddleware{s.orderer.Middleware}, nil
 	}},
 	{"Poison", "poison", func(s *Stages) ([]message.HandlerMiddleware, error) {
 		if s.Poison == nil {
@@ -153,6 +191,7 @@ var order = []stage{
 		}
 		cfg := *s.Retry
 		s.share(shared{classifier: &cfg.Classifier, meter: &cfg.MeterProvider, logger: &cfg.Logger, signer: &cfg.Signer})
+		cfg.Queue = cmp.Or(cfg.Queue, s.queue())
 		return one(retrytiers.New(cfg))
 	}},
 	{"Brake", "brake", func(s *Stages) ([]message.HandlerMiddleware, error) {
@@ -183,6 +222,9 @@ var order = []stage{
 		cfg := *s.Inbox
 		s.share(shared{classifier: &cfg.Classifier, meter: &cfg.MeterProvider, logger: &cfg.Logger})
 		inbox, err := deduplication.New(cfg)
+		if s.orderer != nil { // a delivery without an ordering key is poison
+			inbox = chain(s.orderer.Inner, inbox)
+		}
 		if err != nil || s.Replay == nil {
 			return []message.HandlerMiddleware{inbox}, err
 		}
@@ -211,6 +253,55 @@ func Order() []string {
 		names[i] = st.name
 	}
 	return names
+}
+
+// chain is outer around inner, as one middleware.
+func chain(outer, inner message.HandlerMiddleware) message.HandlerMiddleware {
+	if inner == nil {
+		return nil
+	}
+	return func(h message.HandlerFunc) message.HandlerFunc { return outer(inner(h)) }
+}
+
+// traceStage builds the Trace stage once: the stage and the ordering
+// stage's releases share it (its instruments, its attribute sets).
+func (s *Stages) traceStage() (message.HandlerMiddleware, error) {
+	if s.trace == nil {
+		cfg := *s.Trace
+		s.share(shared{meter: &cfg.MeterProvider, tracer: &cfg.TracerProvider})
+		mw, err := middleware.Trace(cfg)
+		if err != nil {
+			return nil, err
+		}
+		s.trace = mw
+	}
+	return s.trace, nil
+}
+
+// newOrderer builds the ordering stage of Stages.Order for the handler
+// named name: its Consumer defaults to name, its EventID to the inbox's Key.
+func (s *Stages) newOrderer(name string) (*ordering.Orderer, error) {
+	cfg := *s.Order
+	cfg.Consumer = cmp.Or(cfg.Consumer, name)
+	if s.Inbox != nil {
+		cfg.Consumer = cmp.Or(cfg.Consumer, s.Inbox.Consumer)
+		if cfg.EventID == nil && s.Inbox.Key != nil {
+			cfg.EventID = s.Inbox.Key
+		}
+	}
+	s.share(shared{meter: &cfg.MeterProvider, logger: &cfg.Logger})
+	if s.Trace != nil && cfg.Released == nil { // a released message's span and outcome, as a delivery's
+		mw, err := s.traceStage()
+		if err != nil {
+			return nil, fmt.Errorf("router: order stage: %w", err)
+		}
+		cfg.Released = mw
+	}
+	o, err := ordering.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("router: order stage: %w", err)
+	}
+	return o, nil
 }
 
 func one(mw message.HandlerMiddleware, err error) ([]message.HandlerMiddleware, error) {
@@ -247,6 +338,18 @@ func (s *Stages) share(f shared) {
 	if f.signer != nil {
 		*f.signer = cmp.Or(*f.signer, s.Signer)
 	}
+}
+
+// queue is the consumer's queue the Replay and Retry stages sign for and
+// believe control headers on when their own Queue is empty: the Poison
+// stage's Queue — the one its copies name, and `sluice dlq replay` sends
+// them back to — so the three agree ("" leaves each stage to the topic the
+// handler subscribed to).
+func (s *Stages) queue() string {
+	if s.Poison == nil {
+		return ""
+	}
+	return s.Poison.Queue
 }
 
 // Pinger is a dependency that can say whether it answers without being

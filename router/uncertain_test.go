@@ -96,13 +96,20 @@ func startLostConfirm(t *testing.T, name string, stages func(pub message.Publish
 	return b
 }
 
+// copyTier is the first tier of the tests that lose a copy's confirm.
+const copyTier = 4 * time.Second
+
 // copiesPublisher is a confirmed publisher for the stages' copies that
 // reaches the broker through a proxy; it is connected (a first publish
-// answered) before it returns.
+// answered) before it returns. Its confirm timeout is what a lost confirm
+// costs a test (at 200 ms, a confirm after the heal outlived it at a load
+// of 31 in make test); the tests' first tier waits longer (copyTier), so
+// that the copy whose confirm was lost comes back after the original's
+// nack.
 func copiesPublisher(t *testing.T) (*testenv.Proxy, *rabbitmq.Publisher) {
 	t.Helper()
 	proxy, url := testenv.ProxyAMQP(t)
-	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: url}, ConfirmTimeout: 200 * time.Millisecond})
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: url}, ConfirmTimeout: time.Second})
 	require.NoError(t, err)
 	t.Cleanup(func() { proxy.Heal(); _ = pub.Close() })
 	requireUnroutable(t, pub)
@@ -201,7 +208,7 @@ func TestLostConfirmMakesOneRetryChain(t *testing.T) {
 			return errRefused
 		}
 		return reserve(schema, msg)
-	}, 2*time.Second, time.Minute)
+	}, copyTier, time.Minute)
 	tier1, tier2 := b.q.Topology().Tiers()[0].Topic, b.q.Topology().Tiers()[1].Topic
 
 	d := b.next(t)
@@ -255,7 +262,7 @@ func TestSecondCopyAfterALostConfirmHasTheSameIdentity(t *testing.T) {
 			return errRefused
 		}
 		return reserve(schema, msg)
-	}, time.Second, time.Minute)
+	}, copyTier, time.Minute)
 	tier1, tier2 := b.q.Topology().Tiers()[0].Topic, b.q.Topology().Tiers()[1].Topic
 
 	require.ErrorIs(t, b.next(t).err, sluice.ErrPublishUncertain)

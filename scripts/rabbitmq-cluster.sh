@@ -41,6 +41,11 @@
 #   SLUICE_CLUSTER_NET_TICKTIME   the nodes' net_ticktime in seconds (default Erlang's, 60):
 #                             how soon a node that stopped answering is seen as down
 #   SLUICE_CLUSTER_PARTITION_HANDLING  cluster_partition_handling (default RabbitMQ's, ignore)
+#   SLUICE_CLUSTER_DLX_CONFIRM_TIMEOUT  the nodes' dead_letter_worker_publisher_confirm_timeout in
+#                             milliseconds (default RabbitMQ's, 180000), through advanced.config
+#                             (RabbitMQ 3.10's rabbitmq.conf has no key for it): how long an
+#                             at-least-once dead-letter worker waits before it sends again a copy
+#                             the target queue rejected or did not confirm
 set -euo pipefail
 
 dir=${SLUICE_CLUSTER_DIR:-/tmp/sluice-rabbitmq-cluster}
@@ -65,6 +70,8 @@ load() {
   root=${SLUICE_CLUSTER_ROOT:-}
   ticktime=${SLUICE_CLUSTER_NET_TICKTIME:-}
   partition_handling=${SLUICE_CLUSTER_PARTITION_HANDLING:-}
+  dlx_confirm_timeout=${SLUICE_CLUSTER_DLX_CONFIRM_TIMEOUT:-}
+  [[ $dlx_confirm_timeout =~ ^[0-9]*$ ]] || die "SLUICE_CLUSTER_DLX_CONFIRM_TIMEOUT must be milliseconds, got $dlx_confirm_timeout"
   if [ -z "$ports" ]; then
     for ((i = 1; i <= size; i++)); do ports="$ports $((5780 + i))"; done
   fi
@@ -128,6 +135,7 @@ netns='$netns'
 root='$root'
 ticktime='$ticktime'
 partition_handling='$partition_handling'
+dlx_confirm_timeout='$dlx_confirm_timeout'
 EOF
   if [ -n "$netns" ]; then
     : >"$dir/rabbitmq-env.conf"
@@ -152,6 +160,11 @@ EOF
     printf 'listeners.tcp.local = %s:%s\n' "$(addr "$i")" "$(port "$i")" >"$dir/node$i/rabbitmq.conf"
     [ -z "$partition_handling" ] || printf 'cluster_partition_handling = %s\n' "$partition_handling" >>"$dir/node$i/rabbitmq.conf"
     printf '[].\n' >"$dir/node$i/enabled_plugins"
+    if [ -n "$dlx_confirm_timeout" ]; then
+      printf '[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, %s}]}].\n' "$dlx_confirm_timeout" >"$dir/node$i/advanced.config"
+    else
+      printf '[].\n' >"$dir/node$i/advanced.config"
+    fi
   done
   [ -z "$root" ] || return 0
   chown -R rabbitmq:rabbitmq "$dir"
@@ -171,7 +184,7 @@ launch() {
   local extra=()
   [ -z "$args" ] || extra=("RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=$args")
   inns env "${extra[@]}" RABBITMQ_NODENAME="$(node "$n")" RABBITMQ_NODE_PORT="$(port "$n")" RABBITMQ_DIST_PORT="$(dist_port "$n")" \
-    RABBITMQ_CONFIG_FILE="$nd/rabbitmq.conf" RABBITMQ_MNESIA_BASE="$nd/mnesia" RABBITMQ_LOG_BASE="$nd/log" \
+    RABBITMQ_CONFIG_FILE="$nd/rabbitmq.conf" RABBITMQ_ADVANCED_CONFIG_FILE="$nd/advanced.config" RABBITMQ_MNESIA_BASE="$nd/mnesia" RABBITMQ_LOG_BASE="$nd/log" \
     RABBITMQ_ENABLED_PLUGINS_FILE="$nd/enabled_plugins" RABBITMQ_PID_FILE="$nd/pid" \
     rabbitmq-server -detached
 }

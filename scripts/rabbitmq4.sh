@@ -49,6 +49,14 @@ inroot() {
   as_root chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="$state" LANG=C.UTF-8 "$@"
 }
 ctl() { inroot /usr/lib/rabbitmq/bin/rabbitmqctl -n "$node" "$@"; }
+# plugins_ctl names the directories: the CLI would take the node's plugin
+# path, whose first directory (/usr/lib/rabbitmq/plugins) does not exist here.
+plugins_ctl() {
+  local dir
+  dir=$(cd "$root" && ls -d usr/lib/rabbitmq/lib/rabbitmq_server-*/plugins | tail -n1)
+  inroot /usr/lib/rabbitmq/bin/rabbitmq-plugins -q -n "$node" "$@" --plugins-dir "/$dir" --enabled-plugins-file "$state/enabled_plugins"
+}
+plugins=rabbitmq_consistent_hash_exchange
 running() { ctl ping >/dev/null 2>&1; }
 
 # build makes the trixie directory, in a temporary directory moved into
@@ -89,7 +97,9 @@ configure() {
   printf 'listeners.tcp.default = 127.0.0.1:%s\nloopback_users.guest = true\n%s\n%s\n' "$port" \
     'deprecated_features.permit.transient_nonexcl_queues = false' 'deprecated_features.permit.global_qos = false' |
     as_root tee "$root$state/rabbitmq.conf" >/dev/null
-  printf '[].\n' | as_root tee "$root$state/enabled_plugins" >/dev/null
+  # The consistent-hash exchange, for partitioned topologies
+  # (TopologyConfig.Partitions); a node already running gets it in start.
+  printf '[%s].\n' "$plugins" | as_root tee "$root$state/enabled_plugins" >/dev/null
   # The cookie the node and its rabbitmqctl share, written before either
   # runs (else both would race to create it).
   if [ ! -s "$root$state/.erlang.cookie" ]; then
@@ -127,7 +137,10 @@ await() {
 
 start() {
   build
-  if running && port_open "$port"; then return; fi
+  if running && port_open "$port"; then
+    enable_plugins
+    return
+  fi
   if port_open "$port" && ! running; then
     die "127.0.0.1:$port is taken by something other than node $node: set SLUICE_RABBITMQ4_PORT"
   fi
@@ -135,6 +148,14 @@ start() {
   running || launch
   await
   log "RabbitMQ $(version) node $node: amqp://guest:guest@127.0.0.1:$port/"
+}
+
+# enable_plugins enables $plugins on the running node (started before
+# configure wrote them): online, no restart; idempotent.
+enable_plugins() {
+  plugins_ctl list -e -m 2>/dev/null | grep -qx "$plugins" && return
+  log "enabling $plugins on $node"
+  plugins_ctl enable "$plugins" >/dev/null
 }
 
 version() { ctl -q eval 'rabbit_misc:version().' 2>/dev/null | tr -d '"' || echo 4.0; }

@@ -4,7 +4,8 @@
 # sets PostgreSQL to trust 127.0.0.1 and creates the database "test", then
 # waits until each one answers; installs promtool (Debian's prometheus package, its
 # server not started) for the alert-rule tests; starts a RabbitMQ 4.0 node
-# on 127.0.0.1:5682 (scripts/rabbitmq4.sh). Idempotent; needs root for installs
+# on 127.0.0.1:5682 (scripts/rabbitmq4.sh); enables the plugin
+# rabbitmq_consistent_hash_exchange on both (partitioned topologies). Idempotent; needs root for installs
 # and starts.
 set -euo pipefail
 
@@ -48,6 +49,14 @@ postgres() {
     as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
   fi
   wait_for PostgreSQL 60 pg_isready -h 127.0.0.1 -p 5432
+  # make test runs 3 test binaries at once, each with pools of its own: at
+  # 4, they passed the default 100 connections ("too many clients").
+  if [ "$(psql -h 127.0.0.1 -U postgres -d postgres -tAc 'SHOW max_connections')" -lt 300 ]; then
+    log "PostgreSQL: max_connections 300 (a restart)"
+    psql -h 127.0.0.1 -U postgres -d postgres -qc 'ALTER SYSTEM SET max_connections = 300'
+    as_root pg_ctlcluster --skip-systemctl-redirect "$version" main restart
+    wait_for PostgreSQL 60 pg_isready -h 127.0.0.1 -p 5432
+  fi
   if [ "$(psql -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'test'")" != 1 ]; then
     log "PostgreSQL: creating database test"
     psql -h 127.0.0.1 -U postgres -d postgres -qc 'CREATE DATABASE test'
@@ -62,6 +71,12 @@ rabbitmq() {
     as_root timeout 120 rabbitmqctl await_startup >/dev/null 2>&1 || true
   fi
   wait_for RabbitMQ 120 port_open 5672
+  # Partitioned topologies (TopologyConfig.Partitions) declare an exchange of
+  # type x-consistent-hash: enabled online, no restart; idempotent.
+  if ! as_root rabbitmq-plugins -q list -e -m 2>/dev/null | grep -qx rabbitmq_consistent_hash_exchange; then
+    log "RabbitMQ: enabling rabbitmq_consistent_hash_exchange"
+    as_root rabbitmq-plugins enable rabbitmq_consistent_hash_exchange >/dev/null
+  fi
 }
 
 redis() {

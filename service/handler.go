@@ -13,6 +13,7 @@ import (
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/ordering"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -43,6 +44,13 @@ type Handler struct {
 	// never sent by a delivery that rolled back. Needs Config.Publisher.
 	PublishingHandler message.HandlerFunc
 	PublishTopic      string
+	// OrderBy keeps each key's messages in publish order through retries
+	// (the ordering stage, docs/ordering.md): the key is the entity whose
+	// events must apply in order (deduplication.KeyFromMetadata("account")).
+	// A key whose delivery went to a retry tier waits for it, its later
+	// messages held in the service's database; the other keys flow. Needs
+	// PostgreSQL and one consumer per queue. Default none: unordered.
+	OrderBy deduplication.KeyFunc
 	// Consumers is how many copies of the handler consume the queue at
 	// once. Default the broker's (router.HandlerConfig.Consumers).
 	Consumers int
@@ -112,6 +120,22 @@ func (s *Service) stages(h Handler) (router.Stages, error) {
 		in.Batch = &deduplication.BatchConfig{}
 	}
 	st.Inbox = &in
+	if o.Order != nil || h.OrderBy != nil {
+		var oc ordering.Config
+		if o.Order != nil {
+			oc = *o.Order
+		}
+		if oc.Key == nil {
+			oc.Key = h.OrderBy
+		}
+		if oc.Store == nil {
+			if s.stores.Order == nil {
+				return st, fmt.Errorf("service: handler %q is ordered (Handler.OrderBy): the ordering store needs PostgreSQL, and the service's database is %s", h.Name, s.stores.DB().DriverName())
+			}
+			oc.Store = s.stores.Order
+		}
+		st.Order = &oc
+	}
 	st.MeterProvider = cmp.Or(o.MeterProvider, s.cfg.MeterProvider)
 	st.TracerProvider = cmp.Or(o.TracerProvider, s.cfg.TracerProvider)
 	st.Logger = cmp.Or(o.Logger, s.cfg.Logger)
@@ -128,6 +152,8 @@ func (s *Service) stages(h Handler) (router.Stages, error) {
 			st.Trace = nil
 		case "Replay":
 			st.Replay = nil
+		case "Order":
+			st.Order = nil
 		case "Poison":
 			st.Poison = nil
 		case "Retry":

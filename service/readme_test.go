@@ -38,7 +38,7 @@ func TestTheREADMEServiceRuns(t *testing.T) {
 	db := testenv.PostgresInSchema(t)
 	_, err := db.ExecContext(t.Context(), `CREATE TABLE reservations (order_id TEXT NOT NULL)`)
 	require.NoError(t, err)
-	testenv.DeleteQueuesAtEnd(t, "inventory", "inventory.retry.30s", "inventory.retry.5m", "inventory.retry.30m", "inventory.poison", "inventory.reserved")
+	testenv.DeleteQueuesNowAndAtEnd(t, "inventory", "inventory.retry.30s", "inventory.retry.5m", "inventory.retry.30m", "inventory.poison", "inventory.reserved")
 	conn := testenv.AMQP(t)
 	_, err = testenv.Channel(t, conn).QueueDeclare("inventory.reserved", true, false, false, false, nil)
 	require.NoError(t, err)

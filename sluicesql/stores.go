@@ -14,15 +14,17 @@ import (
 	"github.com/sluicemq/sluice/broker"
 	inboxsql "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/sqldb"
+	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
 	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
 	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
 )
 
 // The tables' default names (each store package's TableDefault).
 const (
-	InboxTableDefault   = inboxsql.TableDefault
-	OutboxTableDefault  = outboxsql.TableDefault
-	OutcomeTableDefault = replaysql.TableDefault
+	OrderTablePrefixDefault = ordersql.TablePrefixDefault
+	InboxTableDefault       = inboxsql.TableDefault
+	OutboxTableDefault      = outboxsql.TableDefault
+	OutcomeTableDefault     = replaysql.TableDefault
 )
 
 // Config configures New.
@@ -43,6 +45,9 @@ type Config struct {
 	// identifier (Schema qualifies them). Defaults InboxTableDefault,
 	// OutboxTableDefault, OutcomeTableDefault.
 	InboxTable, OutboxTable, OutcomeTable string
+	// OrderTablePrefix names the ordering stage's two tables (PostgreSQL
+	// only). Default OrderTablePrefixDefault.
+	OrderTablePrefix string
 	// TxOptions are the inbox's for each delivery's transaction. Default
 	// nil: the driver's (READ COMMITTED on PostgreSQL).
 	TxOptions *sql.TxOptions
@@ -64,6 +69,11 @@ type Stores struct {
 	// Outcomes records what became of each message replayed from a poison
 	// queue (replay.Config.Store), for sluice dlq replay and report.
 	Outcomes *replaysql.Store
+	// Order keeps the ordering stage's waiting keys and held messages
+	// (ordering.Config.Store; docs/ordering.md) on PostgreSQL, its tables
+	// <OrderTablePrefix>_keys and _held; nil on SQLite, which it does not
+	// support.
+	Order *ordersql.Store
 
 	db *sqlx.DB
 }
@@ -90,11 +100,12 @@ func New(cfg Config) (*Stores, error) {
 		}
 		return name, nil
 	}
-	var errs [3]error
-	var names [3]string
+	var errs [4]error
+	var names [4]string
 	names[0], errs[0] = table("InboxTable", cfg.InboxTable, InboxTableDefault)
 	names[1], errs[1] = table("OutboxTable", cfg.OutboxTable, OutboxTableDefault)
 	names[2], errs[2] = table("OutcomeTable", cfg.OutcomeTable, OutcomeTableDefault)
+	names[3], errs[3] = table("OrderTablePrefix", cfg.OrderTablePrefix, OrderTablePrefixDefault)
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, err
 	}
@@ -107,6 +118,11 @@ func New(cfg Config) (*Stores, error) {
 	}
 	if s.Outcomes, err = replaysql.New(replaysql.Config{DB: db, Table: names[2]}); err != nil {
 		return nil, fmt.Errorf("sluicesql: the replay outcomes (Config.OutcomeTable, Config.Schema): %w", err)
+	}
+	if postgres(db) {
+		if s.Order, err = ordersql.New(ordersql.Config{DB: db, TablePrefix: names[3]}); err != nil {
+			return nil, fmt.Errorf("sluicesql: the ordering store (Config.OrderTablePrefix, Config.Schema): %w", err)
+		}
 	}
 	return s, nil
 }
@@ -153,7 +169,13 @@ func (s *Stores) Migrate(ctx context.Context) (err error) {
 	for _, m := range []struct {
 		what   string
 		create func(context.Context) error
-	}{{"the inbox", s.Inbox.CreateTable}, {"the outbox", s.Outbox.CreateTable}, {"the replay outcomes", s.Outcomes.CreateTable}} {
+	}{{"the inbox", s.Inbox.CreateTable}, {"the outbox", s.Outbox.CreateTable}, {"the replay outcomes", s.Outcomes.CreateTable},
+		{"the ordering store", func(ctx context.Context) error {
+			if s.Order == nil {
+				return nil
+			}
+			return s.Order.CreateTables(ctx)
+		}}} {
 		if err := m.create(ctx); err != nil {
 			return fmt.Errorf("sluicesql: migrating %s: %w", m.what, err)
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/embedded"
+	"github.com/sluicemq/sluice/ordering"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/service"
 )
@@ -111,7 +112,7 @@ type Harness struct {
 	changed  chan struct{} // closed and replaced at every change
 	traces   map[string]Trace
 	subjects []string
-	current  map[string]*delivery
+	current  map[string][]*delivery // by subject, in the order they began
 	active   int
 	relayed  []*message.Message
 	faults   faults
@@ -142,7 +143,7 @@ func newHarness(t testing.TB, cfg Config) (_ *Harness, err error) {
 		return nil, errors.New("Config.Input is required with Config.Broker")
 	}
 	h := &Harness{t: t, cfg: cfg, name: cmp.Or(cfg.Handler.Name, NameDefault), changed: make(chan struct{}),
-		traces: map[string]Trace{}, current: map[string]*delivery{}, done: make(chan error, 1), start: time.Now()}
+		traces: map[string]Trace{}, current: map[string][]*delivery{}, done: make(chan error, 1), start: time.Now()}
 	ctx := context.Background()
 	var closers []func() error
 	defer func() {
@@ -230,6 +231,25 @@ func (h *Harness) handler() service.Handler {
 			h.produced(msg, out)
 			return out, err
 		}
+	}
+	if sh.OrderBy != nil || sh.Stages.Order != nil {
+		var oc ordering.Config
+		if sh.Stages.Order != nil {
+			oc = *sh.Stages.Order
+		}
+		if oc.Store == nil && h.db.DriverName() != "postgres" {
+			// On SQLite the kit keeps the held messages in memory (the
+			// service's store needs PostgreSQL): a faithful model within one
+			// test, where nothing restarts the process.
+			oc.Store = ordering.NewMemoryStore()
+		}
+		// A released message runs through the stages inside Order, not
+		// the router's middleware: the kit sees it there, as a step of
+		// its own subject's trace.
+		if oc.Released == nil {
+			oc.Released = h.observe
+		}
+		sh.Stages.Order = &oc
 	}
 	if h.clock != nil {
 		if sh.Stages.ShutdownGrace == 0 {

@@ -2,6 +2,7 @@ package sluicetest
 
 import (
 	"cmp"
+	"context"
 	"maps"
 	"slices"
 	"strings"
@@ -18,31 +19,43 @@ type delivery struct {
 	diagnosis map[string]string
 }
 
-// begin records a delivery of subject starting.
+// begin records a delivery of subject starting. Two of one subject may be
+// in the stack at once: on RabbitMQ a parked copy came back from a 50 ms
+// tier before the delivery that parked it had returned.
 func (h *Harness) begin(subject string) *delivery {
 	d := &delivery{}
 	h.mu.Lock()
-	h.current[subject] = d
+	h.current[subject] = append(h.current[subject], d)
 	h.active++
 	h.mu.Unlock()
 	return d
 }
 
-// end appends step to subject's trace.
-func (h *Harness) end(subject string, step Step) {
+// end removes d from those in the stack and appends step to subject's
+// trace.
+func (h *Harness) end(subject string, d *delivery, step Step) {
 	h.mu.Lock()
-	delete(h.current, subject)
+	h.current[subject] = slices.DeleteFunc(h.current[subject], func(c *delivery) bool { return c == d })
+	if len(h.current[subject]) == 0 {
+		delete(h.current, subject)
+	}
 	h.active--
 	h.traces[subject] = append(h.traces[subject], step)
 	h.mu.Unlock()
 	h.signal()
 }
 
-// delivering returns the delivery of subject in the stack, if any.
+// delivering returns the delivery of subject in the stack that began last,
+// if any: the one a stage's publish of a copy of it belongs to (an earlier
+// one of the subject published its own copies before this one could begin).
 func (h *Harness) delivering(subject string) *delivery {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.current[subject]
+	ds := h.current[subject]
+	if len(ds) == 0 {
+		return nil
+	}
+	return ds[len(ds)-1]
 }
 
 // observe is the router-level middleware, outside every stage: it gives
@@ -55,7 +68,7 @@ func (h *Harness) observe(next message.HandlerFunc) message.HandlerFunc {
 		attempt, _ := sluice.Attempt(msg)
 		d := h.begin(subject)
 		orig := msg.Context()
-		ctx, rep := sluice.WithReport(orig)
+		ctx, rep := sluice.WithReport(context.WithValue(orig, deliveryKey{}, d))
 		msg.SetContext(ctx)
 		produced, err := next(msg)
 		msg.SetContext(orig)
@@ -72,7 +85,7 @@ func (h *Harness) observe(next message.HandlerFunc) message.HandlerFunc {
 			step.Crashed, err = true, errCrashed
 		}
 		step.At = h.Now()
-		h.end(subject, step)
+		h.end(subject, d, step)
 		return produced, err
 	}
 }
@@ -88,9 +101,20 @@ func (h *Harness) tierIndex(name string) int {
 	return 0
 }
 
-// ran marks the delivery of msg's subject as having run the handler.
+type deliveryKey struct{}
+
+// deliveryOf returns the delivery msg is in the stack as: observe put it in
+// its context.
+func (h *Harness) deliveryOf(msg *message.Message) *delivery {
+	if d, ok := msg.Context().Value(deliveryKey{}).(*delivery); ok {
+		return d
+	}
+	return h.delivering(msg.Metadata.Get(SubjectKey))
+}
+
+// ran marks the delivery of msg as having run the handler.
 func (h *Harness) ran(msg *message.Message) {
-	if d := h.delivering(msg.Metadata.Get(SubjectKey)); d != nil {
+	if d := h.deliveryOf(msg); d != nil {
 		h.mu.Lock()
 		d.ran = true
 		h.mu.Unlock()
@@ -99,7 +123,7 @@ func (h *Harness) ran(msg *message.Message) {
 
 // produced records the messages a PublishingHandler returned.
 func (h *Harness) produced(msg *message.Message, out []*message.Message) {
-	d := h.delivering(msg.Metadata.Get(SubjectKey))
+	d := h.deliveryOf(msg)
 	if d == nil {
 		return
 	}

@@ -26,12 +26,12 @@ type privateCluster struct {
 	pids map[int]bool // every Erlang VM a node ran in, for close's sweep
 }
 
-// startPrivateCluster starts n nodes joined into one cluster (script: the
-// cluster script's path, or "" to find it above the working directory).
-// Its close stops them and removes their files; it is called on failure
-// too.
-func startPrivateCluster(n int, script string) (*privateCluster, error) {
-	tc, err := testenv.StartClusterWith(n, testenv.ClusterOptions{Script: script})
+// startPrivateCluster starts n nodes joined into one cluster (o.Script:
+// the cluster script's path, or "" to find it above the working
+// directory). Its close stops them and removes their files; it is called
+// on failure too.
+func startPrivateCluster(n int, o testenv.ClusterOptions) (*privateCluster, error) {
+	tc, err := testenv.StartClusterWith(n, o)
 	if err != nil {
 		return nil, err
 	}

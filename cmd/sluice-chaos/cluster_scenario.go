@@ -9,6 +9,7 @@ import (
 	"time"
 
 	amqp "github.com/sluicemq/sluice/internal/amqp091"
+	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
@@ -56,6 +57,9 @@ type nodeKill struct {
 	resumed    time.Duration // kill → the (at+inflight+1)th effect
 	back       time.Duration // the restart, until the node booted
 	rejoined   time.Duration // the restart's end → every member online
+	// when and restarted are the kill's and the restart's wall-clock
+	// moments, for the diagnostics (the consumers' trace lines have them).
+	when, restarted time.Time
 }
 
 // startCluster starts the private cluster and points the world at it:
@@ -65,7 +69,7 @@ func (w *world) startCluster(ctx context.Context, batched bool) error {
 		return fmt.Errorf("%s needs --subscriber sluice: watermill-amqp's subscriber connects to one node", clusterScenario)
 	}
 	start := time.Now()
-	c, err := startPrivateCluster(clusterSize, w.o.clusterScript)
+	c, err := startPrivateCluster(clusterSize, testenv.ClusterOptions{Script: w.o.clusterScript, DeadLetterConfirmTimeout: w.o.dlxConfirmTimeout})
 	if err != nil {
 		return err
 	}
@@ -230,6 +234,7 @@ func (w *world) killLeader(ctx context.Context, queue string) error {
 		return err
 	}
 	killed := time.Now()
+	k.when = killed
 	if err := w.awaitResumed(ctx, k, killed); err != nil {
 		return err
 	}
@@ -240,6 +245,7 @@ func (w *world) killLeader(ctx context.Context, queue string) error {
 		return err
 	}
 	restart := time.Now()
+	k.restarted = restart
 	if err := c.start(ctx, k.node); err != nil {
 		return err
 	}

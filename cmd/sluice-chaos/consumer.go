@@ -55,6 +55,7 @@ func consumerMain(args []string) error {
 	maxBatch := fs.Int("max-batch", 0, "group commit on every inbox with this MaxBatch (0: one transaction per delivery)")
 	maxWait := fs.Duration("max-wait", 0, "group commit's MaxWait (0: its default)")
 	prefetch := fs.Int("prefetch", 0, "deliveries in flight per subscription (0: the broker's default)")
+	trace := fs.Bool("trace", false, "print a line per delivery, result and retry or poison publish of each event (trace <id> <what>), for the harness to show for the events missing at the end")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -77,6 +78,13 @@ func consumerMain(args []string) error {
 	crash := func(point string) {
 		if crashes(point) {
 			crashNow(point)
+		}
+	}
+	tr := func(id, format string, args ...any) {
+		if *trace {
+			// One short line, one write: lines of concurrent handlers do
+			// not interleave on the pipe.
+			fmt.Fprintf(os.Stderr, "trace %s %s %s\n", id, time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
 		}
 	}
 
@@ -123,7 +131,9 @@ func consumerMain(args []string) error {
 		if err := json.Unmarshal(msg.Payload, &e); err != nil {
 			return err
 		}
-		if attempt, _ := sluice.Attempt(msg); attempt <= e.FailTimes {
+		attempt, _ := sluice.Attempt(msg)
+		tr(e.EventID, "attempt %d (fails %d times)", attempt, e.FailTimes)
+		if attempt <= e.FailTimes {
 			return fmt.Errorf("downstream: %w", context.DeadlineExceeded)
 		}
 		if e.Invariant {
@@ -133,6 +143,7 @@ func consumerMain(args []string) error {
 		if _, err := tx.ExecContext(msg.Context(), insert, e.EventID); err != nil {
 			return err
 		}
+		tr(e.EventID, "effect written, not committed")
 		crash("before-commit") // claimed and written, not committed
 		// With group commit: others' handlers done, waiting for their commit.
 		if n := waiting.handled(msg.UUID); n > 0 && crashes(midBatchPoint) {
@@ -144,6 +155,7 @@ func consumerMain(args []string) error {
 	afterCommit := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			out, err := h(msg)
+			tr(msg.Metadata.Get(chaosIDKey), "handled: %v (nil: acked next)", err)
 			waiting.returned(msg.UUID)
 			if err == nil {
 				crash(crashPoint(msg)) // committed, not acked
@@ -162,7 +174,7 @@ func consumerMain(args []string) error {
 		Name:   "effects", Consumers: *consumers, Handler: handler,
 		Stages: router.Stages{
 			Poison:    &poison.Config{PublishBackoff: 200 * time.Millisecond},
-			Retry:     &retrytiers.Config{Publisher: crashingPublisher{q.Publisher(), crash}, PublishBackoff: 200 * time.Millisecond},
+			Retry:     &retrytiers.Config{Publisher: crashingPublisher{q.Publisher(), crash, tr}, PublishBackoff: 200 * time.Millisecond},
 			Classify:  &middleware.ClassifyConfig{},
 			Inbox:     inbox(store, "effects", deduplication.KeyFromJSON("eventId")),
 			Recoverer: &middleware.RecovererConfig{},
@@ -186,10 +198,16 @@ func consumerMain(args []string) error {
 type crashingPublisher struct {
 	message.Publisher
 	crash func(string)
+	trace func(id, format string, args ...any)
 }
 
 func (p crashingPublisher) Publish(topic string, msgs ...*message.Message) error {
 	err := p.Publisher.Publish(topic, msgs...)
+	if p.trace != nil {
+		for _, m := range msgs {
+			p.trace(m.Metadata.Get(chaosIDKey), "retry copy published to %s: %v", topic, err)
+		}
+	}
 	if err == nil {
 		p.crash("after-tier-publish")
 	}

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -53,12 +54,17 @@ type options struct {
 	maxBatch, batchPrefetch int
 	maxWait                 time.Duration
 	clusterScript           string
+	dlxConfirmTimeout       time.Duration
+	ordered                 orderedOptions
+	// orderedNode is the ordered scenario's private node, started when the
+	// harness starts (nil: the scenario starts its own).
+	orderedNode *nodeStart
 }
 
 // allScenarios are the default ones. Any scenario with the suffix -batched
 // runs with group commit on every inbox (deduplication.Config.Batch).
 var allScenarios = []string{"kill", "rabbitmq-restart", "postgres-stop", "poison-full", "same-id-8", "outbox",
-	"kill" + batchedSuffix, "postgres-stop" + batchedSuffix, clusterScenario}
+	"kill" + batchedSuffix, "postgres-stop" + batchedSuffix, clusterScenario, orderedScenario}
 
 // killCrashPoints are the consumers' self-crashes in the kill scenario.
 var killCrashPoints = []string{"before-commit", "after-commit", "after-tier-publish"}
@@ -80,7 +86,7 @@ func harnessMain(args []string) error {
 	fs.DurationVar(&o.mqDown, "rabbitmq-down", 3*time.Second, "how long RabbitMQ is stopped")
 	fs.DurationVar(&o.outboxDown, "outbox-down", 5*time.Second, "how long RabbitMQ is stopped in the outbox scenario")
 	fs.IntVar(&o.outboxWrites, "outbox-writes", 500, "rows written into the outbox while RabbitMQ is stopped in the outbox scenario")
-	fs.DurationVar(&o.timeout, "timeout", 4*time.Minute, "per scenario")
+	fs.DurationVar(&o.timeout, "timeout", 4*time.Minute, "per scenario (from its setup on: "+clusterScenario+"'s cluster start is not counted)")
 	fs.StringVar(&o.tiers, "tiers", "1s,2s,5s,10s,20s", "retry tiers; their sum must outlast the outages")
 	fs.Uint64Var(&o.seed, "seed", uint64(time.Now().UnixNano()), "random seed (printed, for reruns)")
 	fs.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "scenarios to run (any of them with the suffix -batched: with group commit)")
@@ -89,6 +95,14 @@ func harnessMain(args []string) error {
 	fs.IntVar(&o.batchPrefetch, "batch-prefetch", 32, "deliveries in flight per subscription in the -batched scenarios (0: the broker's default)")
 	rabbitmq4 := fs.Bool("rabbitmq4", false, "run on the RabbitMQ 4.0 node of make services (scripts/rabbitmq4.sh env: its URL, and its rabbitmqctl for the restarts and policies; cluster-node-kill's cluster runs from its directory)")
 	fs.StringVar(&o.clusterScript, "cluster-script", "", "scripts/rabbitmq-cluster.sh, for "+clusterScenario+" (default: found above the working directory)")
+	fs.DurationVar(&o.dlxConfirmTimeout, "dlx-confirm-timeout", 5*time.Second, clusterScenario+"'s nodes' dead_letter_worker_publisher_confirm_timeout (0: RabbitMQ's, 180 s): how soon a tier's dead-letter worker sends again the copies the main queue rejected after its leader died (docs/retry-tiers.md)")
+	fs.IntVar(&o.ordered.keys, "order-keys", 40, "keys in the ordered scenario")
+	fs.IntVar(&o.ordered.perKey, "order-per-key", 10, "messages per key in the ordered scenario")
+	fs.IntVar(&o.ordered.poisoned, "order-poisoned", 2, "keys whose head is poisoned in the ordered scenario")
+	fs.IntVar(&o.ordered.kills, "order-kills", 3, "SIGKILLs of the consumer process in the ordered scenario (one process at a time, restarted)")
+	fs.Float64Var(&o.ordered.failProb, "order-fail", 0.10, "share of the ordered scenario's messages failing transiently (a third of them twice)")
+	fs.Float64Var(&o.ordered.crashProb, "order-crash-prob", 0.005, "probability of a self-crash at each crash point in the ordered scenario")
+	fs.BoolVar(&o.ordered.restart, "order-restart", true, "run the ordered scenario on a private RabbitMQ node and restart it midway")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -100,6 +114,10 @@ func harnessMain(args []string) error {
 	o.scenarios = strings.Split(scenarios, ",")
 	if o.subscriber != "sluice" && o.subscriber != "watermill" {
 		return fmt.Errorf("--subscriber must be sluice or watermill, got %q", o.subscriber)
+	}
+	if slices.Contains(o.scenarios, orderedScenario) && o.ordered.restart {
+		o.orderedNode = startNodeBeside(o.clusterScript)
+		defer o.orderedNode.close()
 	}
 	fmt.Printf("sluice-chaos: seed %d, %d events, %d processes × %d subscriptions (%s subscriber), tiers %s\n", o.seed, o.events, o.procs, o.consumers, o.subscriber, o.tiers)
 	// An interrupt ends the scenario under way through its context, so that
@@ -191,8 +209,12 @@ type world struct {
 	pub    *rabbitmq.Publisher
 	procs  []*slot
 	// ob is the outbox scenario's; slotArgs are added to each consumer's.
-	ob       *outboxWorld
-	cl       *clusterWorld // cluster-node-kill's
+	ob *outboxWorld
+	cl *clusterWorld // cluster-node-kill's
+	// traces are the consumers' trace lines per event (consumer --trace,
+	// in cluster-node-kill), for the diagnostics of a run that did not
+	// settle.
+	traces   *traceLog
 	slotArgs []string
 	// queueMu keeps observe's scan of the poison queue apart from the
 	// poison-full fault's removal of its fillers: each holds the queue's
@@ -205,17 +227,26 @@ type world struct {
 }
 
 func runScenario(parent context.Context, o options, scenario string) (string, error) {
-	ctx, cancel := context.WithTimeout(parent, o.timeout)
-	defer cancel()
+	if scenario == orderedScenario || scenario == orderedControl {
+		ctx, cancel := context.WithTimeout(parent, o.timeout)
+		defer cancel()
+		return runOrdered(ctx, o, scenario)
+	}
 	rng := rand.New(rand.NewPCG(o.seed, uint64(len(scenario))))
 	base, batched := strings.CutSuffix(scenario, batchedSuffix)
 	w := &world{o: o, name: fmt.Sprintf("chaos_%s_%d", strings.ReplaceAll(scenario, "-", "_"), rng.Uint32()), conn: rabbitmq.Connection{URL: o.amqpURL}}
 	if base == clusterScenario {
 		defer w.stopCluster() // deferred first: after the teardown
-		if err := w.startCluster(ctx, batched); err != nil {
+		// The cluster's start is not the scenario's: it has a bound of its
+		// own (the script's commands, 3 min each), and on a loaded machine
+		// it took 1m14s–2m14s of the 4 min the scenario had.
+		if err := w.startCluster(parent, batched); err != nil {
 			return "cluster", err
 		}
+		w.traces = &traceLog{}
 	}
+	ctx, cancel := context.WithTimeout(parent, o.timeout)
+	defer cancel()
 	if err := w.setup(ctx); err != nil {
 		return "setup", err
 	}
@@ -268,6 +299,9 @@ func runScenario(parent context.Context, o options, scenario string) (string, er
 		disrupt = w.disrupt(ctx, rng, base)
 	}()
 	settleErr := w.settle(ctx, p)
+	if settleErr != nil && w.cl != nil {
+		fmt.Print(w.diagnose(p))
+	}
 	<-done
 	for _, s := range w.procs {
 		s.stop()
@@ -431,7 +465,6 @@ type slot struct {
 }
 
 func (w *world) startSlot(crashProb float64) *slot {
-	s := &slot{crashes: map[string]int{}, counts: map[string]int{}, done: make(chan struct{})}
 	// Each process lists the nodes from a different one: the first
 	// process starts on the first node, the second on the second, …
 	urls := w.conn.URLs
@@ -443,7 +476,17 @@ func (w *world) startSlot(crashProb float64) *slot {
 	args := []string{"consumer", "--amqp-url", strings.Join(urls, ","), fmt.Sprintf("--quorum=%t", w.quorum), "--postgres-url", w.consumerURL(), "--queue", w.topo.Queue(),
 		"--schema", w.name, "--tiers", w.o.tiers, "--consumers", fmt.Sprint(w.o.consumers), "--subscriber", w.o.subscriber,
 		"--crash-prob", fmt.Sprint(crashProb), "--crash-points", strings.Join(killCrashPoints, ",")}
-	args = append(args, w.slotArgs...)
+	if w.traces != nil {
+		args = append(args, "--trace")
+	}
+	return w.spawn(append(args, w.slotArgs...))
+}
+
+// spawn keeps one process of this program running with args, restarting it
+// when it dies, until the slot's stop.
+func (w *world) spawn(args []string) *slot {
+	s := &slot{crashes: map[string]int{}, counts: map[string]int{}, done: make(chan struct{})}
+	proc := len(w.procs) + 1 // the slot's number, for the trace lines
 	go func() {
 		defer close(s.done)
 		for first := true; ; first = false {
@@ -474,6 +517,9 @@ func (w *world) startSlot(crashProb float64) *slot {
 					s.mu.Lock()
 					s.counts[name] += n
 					s.mu.Unlock()
+				} else if rest, ok := strings.CutPrefix(sc.Text(), "trace "); ok {
+					id, what, _ := strings.Cut(rest, " ")
+					w.traces.add(id, fmt.Sprintf("process %d: %s", proc, what))
 				}
 			}
 			_ = cmd.Wait()

@@ -135,7 +135,7 @@ func newRoot(stdout io.Writer) *cobra.Command {
 	pf.StringVar(&g.tlsCert, "tls-cert", "", "PEM client certificate for amqps:// URLs (with --tls-key)")
 	pf.StringVar(&g.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
 	pf.StringVar(&g.audit, "audit", localenv.Get("SLUICE_AUDIT_FILE", "sluice-audit.jsonl"), `audit log of replay and archive runs (JSON lines); "-" for stdout`)
-	root.AddCommand(newDLQ(g, stdout), newTopology(g, stdout), newQueues(g, stdout), newOutbox(g, stdout), newConsole(g, stdout))
+	root.AddCommand(newDLQ(g, stdout), newTopology(g, stdout), newQueues(g, stdout), newOutbox(g, stdout), newOrder(g, stdout), newConsole(g, stdout))
 	return root
 }
 

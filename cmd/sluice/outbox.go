@@ -59,16 +59,9 @@ func (f *outboxFlags) open(many bool) ([]*sqlstore.Store, context.Context, func(
 	if len(f.tables) == 0 || (!many && len(f.tables) > 1) {
 		return nil, nil, nil, usageError{fmt.Errorf("--table: want one table, got %d", len(f.tables))}
 	}
-	db, err := sqlx.Open("postgres", f.dbURL)
+	db, ctx, done, err := openDB(f.dbURL, outboxTimeout)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("--db: %w", diag.RedactError(err))
-	}
-	sig, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	ctx, cancel := context.WithTimeout(sig, outboxTimeout)
-	done := func() { cancel(); stop(); _ = db.Close() }
-	if err := pingWithin(ctx, db); err != nil {
-		done()
-		return nil, nil, nil, fmt.Errorf("--db: %w", diag.RedactError(err))
+		return nil, nil, nil, err
 	}
 	stores := make([]*sqlstore.Store, 0, len(f.tables))
 	for _, name := range f.tables {
@@ -88,6 +81,24 @@ func (f *outboxFlags) open(many bool) ([]*sqlstore.Store, context.Context, func(
 		stores = append(stores, s)
 	}
 	return stores, ctx, done, nil
+}
+
+// openDB opens the PostgreSQL database at url (--db) and pings it, and
+// returns a context that ends on Ctrl-C or after timeout; done closes
+// them. Its errors name --db and carry no password.
+func openDB(url string, timeout time.Duration) (*sqlx.DB, context.Context, func(), error) {
+	db, err := sqlx.Open("postgres", url)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("--db: %w", diag.RedactError(err))
+	}
+	sig, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, cancel := context.WithTimeout(sig, timeout)
+	done := func() { cancel(); stop(); _ = db.Close() }
+	if err := pingWithin(ctx, db); err != nil {
+		done()
+		return nil, nil, nil, fmt.Errorf("--db: %w", diag.RedactError(err))
+	}
+	return db, ctx, done, nil
 }
 
 // pingWithin pings db, giving up after 10 s: a database that does not

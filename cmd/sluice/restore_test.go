@@ -162,7 +162,7 @@ func TestRestoreWithASigningKey(t *testing.T) {
 	require.NoError(t, os.WriteFile(key, []byte(strings.Repeat("k", 32)+"\n"), 0o600))
 	require.NoError(t, os.WriteFile(otherKey, []byte(strings.Repeat("o", 32)), 0o600))
 	file, lines := archived(t, b, "--signing-key-file", key)
-	require.Contains(t, lines[0], `"signature":"v1:`)
+	require.Contains(t, lines[0], `"signature":"v2:`)
 	conn := testenv.AMQP(t)
 
 	code, _, errOut := b.cli(t, "dlq", "restore", "--from", file, "--signing-key-file", otherKey)

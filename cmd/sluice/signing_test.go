@@ -15,6 +15,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/dlq"
 	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
@@ -95,4 +96,44 @@ func TestSignedReplayRecordsOutcomesAndRefusesAForgedTarget(t *testing.T) {
 	require.Contains(t, errOut, "its diagnosis is not signed")
 	require.Zero(t, testenv.QueueDepth(t, testenv.AMQP(t), other), "nothing reached the other service's queue")
 	require.Equal(t, []string{"forged"}, peekIDs(t, b.topo.PoisonQueue()), "it stays in the poison queue")
+}
+
+// Issue 28, item 12: `sluice dlq replay --signing-key-file` signs each copy
+// for the queue it replays it to, so its run and item are believed there
+// and on no other queue. A poison copy signed before signatures named their
+// queue (v1) is still replayed to the queue it names.
+func TestReplaySignsForTheTargetQueue(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	key := []byte("7d1f0c3b9a8e4f2d6c5b4a39281706f5e4d3c2b1a0998877")
+	keyFile := filepath.Join(t.TempDir(), "sluice.key")
+	require.NoError(t, os.WriteFile(keyFile, append(key, '\n'), 0o600))
+	signer, err := sluice.NewSignerFromFile(keyFile)
+	require.NoError(t, err)
+
+	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue(), Signer: signer})
+	require.NoError(t, err)
+	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+	m.Metadata.Set(sluice.EventIDKey, "poisoned-now")
+	_, err = mw(func(*message.Message) ([]*message.Message, error) {
+		return nil, sluice.NewFailure(sluice.ClassExhausted, errors.New("stock service: timeout"))
+	})(m)
+	require.NoError(t, err)
+	old := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+	old.Metadata.Set(sluice.EventIDKey, "poisoned-before")
+	old.Metadata.Set(poison.ClassKey, "exhausted")
+	old.Metadata.Set(poison.ReasonKey, "stock service: timeout")
+	old.Metadata.Set(poison.QueueKey, b.topo.Queue())
+	testenv.SignV1(key, old)
+	require.NoError(t, b.pub.Publish(b.topo.PoisonQueue(), old))
+
+	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--signing-key-file", keyFile)
+	require.Equal(t, 0, code, "%s\n%s", out, errOut)
+	ms, err := dlq.Inspect(t.Context(), testenv.AMQP(t), b.topo.Queue(), dlq.Filter{}, 0)
+	require.NoError(t, err)
+	require.Len(t, ms, 2, "both replayed to the queue they name")
+	for _, m := range ms {
+		require.NoError(t, signer.Verify(m.Msg, b.topo.Queue()), "%s: signed for the queue it was replayed to", m.EventID)
+		require.ErrorIs(t, signer.Verify(m.Msg, b.topo.Queue()+"-other"), sluice.ErrBadSignature, "%s: and no other", m.EventID)
+	}
 }

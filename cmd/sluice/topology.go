@@ -12,9 +12,9 @@ import (
 )
 
 func newTopology(g *globals, out io.Writer) *cobra.Command {
-	var queue, tiers, poisonQueue string
+	var queue, tiers, poisonQueue, partitionKey, exchange string
 	var quorum bool
-	var limit, jitterQueues int
+	var limit, jitterQueues, partitions int
 	var jitter float64
 	build := func() (*rabbitmq.Topology, error) {
 		if queue == "" {
@@ -25,13 +25,13 @@ func newTopology(g *globals, out io.Writer) *cobra.Command {
 			return nil, err
 		}
 		topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: queue, TierDelays: delays, PoisonQueue: poisonQueue, Quorum: quorum, DeliveryLimit: limit,
-			TierJitter: broker.Jitter{Fraction: jitter, Queues: jitterQueues}})
+			TierJitter: broker.Jitter{Fraction: jitter, Queues: jitterQueues}, Partitions: partitions, PartitionKey: partitionKey, Exchange: exchange})
 		if err != nil {
 			return nil, usageError{err}
 		}
 		return topo, nil
 	}
-	cmd := &cobra.Command{Use: "topology", Short: "Plan or apply the queues of a consumer queue: main, retry tiers, poison"}
+	cmd := &cobra.Command{Use: "topology", Short: "Plan or apply the queues of a consumer queue: main, retry tiers, poison (or its partitions)"}
 	pf := cmd.PersistentFlags()
 	pf.StringVar(&queue, "queue", "", "the consumer's queue (required)")
 	pf.StringVar(&tiers, "tiers", "30s,5m,30m", "retry tier delays, in order")
@@ -39,6 +39,9 @@ func newTopology(g *globals, out io.Writer) *cobra.Command {
 	pf.BoolVar(&quorum, "quorum", false, "quorum queues instead of classic ones")
 	pf.Float64Var(&jitter, "tier-jitter", 0, "spread each tier's copies over queues of their own waiting from its delay down to delay × (1 − this), so an outage's copies do not come back at once (0: none; at most 0.5); the application's TopologyConfig.TierJitter")
 	pf.IntVar(&jitterQueues, "tier-jitter-queues", 0, "queues per tier with --tier-jitter (default 4)")
+	pf.IntVar(&partitions, "partitions", 0, "spread the queue over this many partition queues <queue>.p<i>, each with single active consumer and tiers of its own, behind a consistent-hash exchange (order per key across instances; needs the plugin rabbitmq_consistent_hash_exchange; 0: none, at most 1024)")
+	pf.StringVar(&partitionKey, "partition-key", "", "with --partitions: the header whose value the exchange hashes (its hash-header), which producers set")
+	pf.StringVar(&exchange, "exchange", "", "with --partitions: the consistent-hash exchange (default <queue>)")
 	pf.IntVar(&limit, "delivery-limit", 0, "quorum x-delivery-limit of the queue: dead-letter to the poison queue after this many failed deliveries (0: none declared, the broker's default: none on RabbitMQ 3.x, 20 on 4.x)")
 
 	plan := &cobra.Command{
@@ -49,6 +52,15 @@ func newTopology(g *globals, out io.Writer) *cobra.Command {
 			topo, err := build()
 			if err != nil {
 				return err
+			}
+			if parts := topo.Partitions(); len(parts) > 0 {
+				fmt.Fprintf(out, "# exchange (producers publish to it with the header %s; one value always reaches one partition)\n", topo.PartitionKey())
+				fmt.Fprintf(out, "%s %s %s\n", topo.Exchange(), topo.ExchangeType(), topo.ExchangeArguments())
+				fmt.Fprintf(out, "\n# %d partitions: queue, weight on the hash ring (each declared with x-single-active-consumer: one consumer at a time receives it)\n", len(parts))
+				for _, b := range topo.Bindings() {
+					fmt.Fprintf(out, "%s %s\n", b.Queue, b.Key)
+				}
+				fmt.Fprintln(out)
 			}
 			fmt.Fprintf(out, "# queues (declared durable by `sluice topology apply`)\n")
 			for _, q := range topo.Declarations() {
@@ -78,6 +90,9 @@ func newTopology(g *globals, out io.Writer) *cobra.Command {
 			todo, err := topo.Apply(context.Background(), conn)
 			if err != nil {
 				return err
+			}
+			if topo.Exchange() != "" {
+				fmt.Fprintf(out, "declared exchange %s (%s)\n", topo.Exchange(), topo.ExchangeType())
 			}
 			for _, q := range topo.Declarations() {
 				fmt.Fprintf(out, "declared %s\n", q.Name)

@@ -61,6 +61,9 @@ func (f *migrateFlags) resolve(g *globals, build func() (*rabbitmq.Topology, err
 	if err != nil {
 		return nil, err
 	}
+	if len(topo.Partitions()) > 0 {
+		return nil, usageError{errors.New("--partitions: migrate moves a queue onto one queue of Sluice's topology, not onto partitions (a message's partition depends on its key: publish the old queue's messages to the exchange instead)")}
+	}
 	if f.from == "" {
 		return nil, usageError{errors.New("--from is required: the queue the consumer reads now")}
 	}

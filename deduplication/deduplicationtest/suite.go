@@ -173,6 +173,11 @@ func testConcurrentClaim(t *testing.T, s deduplication.Store, commit bool) {
 	require.NoError(t, b.tx.Commit(t.Context()))
 }
 
+// claimRetryingTimeout bounds one key's claims in testManyClaimersOneWinner:
+// SQLite serializes the 8 workers' transactions, and at a load of 20 one key
+// took more than the 30 s this was before.
+const claimRetryingTimeout = 2 * time.Minute
+
 // testManyClaimersOneWinner: 8 workers race for each of 50 keys, retrying on
 // ErrClaimInProgress; each key is won exactly once.
 func testManyClaimersOneWinner(t *testing.T, s deduplication.Store) {
@@ -209,9 +214,17 @@ func testManyClaimersOneWinner(t *testing.T, s deduplication.Store) {
 	}
 }
 
-func claimRetrying(s deduplication.Store, key string) (bool, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+// claimRetrying claims key until no other claim is in progress, within
+// claimRetryingTimeout; an error names the key and whether the time ran
+// out (a transaction whose context ended is rolled back: its Commit fails).
+func claimRetrying(s deduplication.Store, key string) (won bool, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), claimRetryingTimeout)
 	defer cancel()
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("claiming %s: %w (context: %v)", key, err, ctx.Err())
+		}
+	}()
 	for {
 		tx, err := s.Begin(ctx)
 		if err != nil {

@@ -71,7 +71,7 @@ func TestAlertRules(t *testing.T) {
 			requireExposed(t, r.Alert, r.Expr, exposed, r.Annotations["summary"], r.Annotations["description"])
 		}
 	}
-	require.Equal(t, 14, rules)
+	require.Equal(t, 16, rules)
 	for alert, n := range needs { // what the plugin gives, Sluice's depth gauges give too
 		if slices.Contains(n, "rabbitmq_prometheus") {
 			require.Contains(t, n, "sluice_depth_gauges", "%s works only with the broker's plugin", alert)

@@ -60,6 +60,12 @@ type ClusterOptions struct {
 	// PartitionHandling is RabbitMQ's cluster_partition_handling
 	// (RabbitMQ's default, ignore, if empty).
 	PartitionHandling string
+	// DeadLetterConfirmTimeout is the nodes'
+	// dead_letter_worker_publisher_confirm_timeout (RabbitMQ's default,
+	// 180 s, if zero; whole milliseconds): how long a quorum queue's
+	// at-least-once dead-letter worker waits before it sends again a copy
+	// its target rejected or did not confirm (docs/retry-tiers.md).
+	DeadLetterConfirmTimeout time.Duration
 	// Script is scripts/rabbitmq-cluster.sh's path (default: found above
 	// the working directory).
 	Script string
@@ -112,6 +118,9 @@ func StartClusterWith(n int, o ClusterOptions) (*PrivateCluster, error) {
 	}
 	if o.NetTicktime > 0 {
 		env = append(env, "SLUICE_CLUSTER_NET_TICKTIME="+strconv.Itoa(int(o.NetTicktime.Seconds())))
+	}
+	if o.DeadLetterConfirmTimeout > 0 {
+		env = append(env, "SLUICE_CLUSTER_DLX_CONFIRM_TIMEOUT="+strconv.FormatInt(o.DeadLetterConfirmTimeout.Milliseconds(), 10))
 	}
 	if o.PartitionHandling != "" {
 		env = append(env, "SLUICE_CLUSTER_PARTITION_HANDLING="+o.PartitionHandling)

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,8 +28,13 @@ type Proxy struct {
 	holed   bool
 	muted   bool // the upstream's replies are swallowed
 	conns   []net.Conn
+	links   []*link // the connections forwarded so far
 	closing bool
 }
+
+// link is one forwarded connection; stalled once a black hole caught it
+// and healed without resetting it: nothing is forwarded on it again.
+type link struct{ stalled atomic.Bool }
 
 // StartProxy listens on a free loopback port and forwards to upstream
 // (host:port).
@@ -65,14 +71,22 @@ func ProxyAMQP(t testing.TB) (*Proxy, string) {
 // and returns it with a pool connected through it, closed when t ends.
 func ProxyPostgres(t testing.TB) (*Proxy, *sqlx.DB) {
 	t.Helper()
+	p, dsn := ProxyPostgresURL(t)
+	db, err := sqlx.Connect("postgres", dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	return p, db
+}
+
+// ProxyPostgresURL starts a Proxy in front of the test database
+// (PostgresURL) and returns it with the URL that connects through it.
+func ProxyPostgresURL(t testing.TB) (*Proxy, string) {
+	t.Helper()
 	u, err := url.Parse(PostgresURL)
 	require.NoError(t, err)
 	p := StartProxy(t, u.Host)
 	u.Host = p.Addr()
-	db, err := sqlx.Connect("postgres", u.String())
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	return p, db
+	return p, u.String()
 }
 
 // Addr is the proxy's host:port.
@@ -107,7 +121,24 @@ func (p *Proxy) Heal() {
 	for _, c := range p.conns {
 		_ = c.Close()
 	}
-	p.conns = nil
+	p.conns, p.links = nil, nil
+}
+
+// HealNewConnections ends the black hole and DropReplies for new
+// connections only: every connection opened so far stays open and stalled
+// (what it sends is swallowed, nothing comes back, ever), as a client's
+// socket sees a network partition that heals after the far side lost the
+// conversation (a middlebox or proxy that forgot it, a server process that
+// is gone behind a live kernel). Unlike Heal, the client's kernel reports
+// nothing: only the client's own deadlines end those connections.
+func (p *Proxy) HealNewConnections() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.holed = false
+	p.muted = false
+	for _, l := range p.links {
+		l.stalled.Store(true)
+	}
 }
 
 // Reset closes every connection opened so far and keeps the proxy's mode:
@@ -119,7 +150,16 @@ func (p *Proxy) Reset() {
 	for _, c := range p.conns {
 		_ = c.Close()
 	}
-	p.conns = nil
+	p.conns, p.links = nil, nil
+}
+
+// forwarded records a new forwarded connection.
+func (p *Proxy) forwarded() *link {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l := &link{}
+	p.links = append(p.links, l)
+	return l
 }
 
 func (p *Proxy) track(c net.Conn) bool {
@@ -135,10 +175,23 @@ func (p *Proxy) track(c net.Conn) bool {
 
 // swallow returns whether bytes copied toward the upstream (toUpstream) or
 // back from it are swallowed now.
-func (p *Proxy) swallow(toUpstream bool) bool {
+func (p *Proxy) swallow(l *link, toUpstream bool) bool {
+	if l != nil && l.stalled.Load() {
+		return true
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.holed || (!toUpstream && p.muted)
+}
+
+// blackHoled returns whether l is black-holed now: the proxy is, or l stalled.
+func (p *Proxy) blackHoled(l *link) bool {
+	if l.stalled.Load() {
+		return true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.holed
 }
 
 func (p *Proxy) accept() {
@@ -160,8 +213,8 @@ func (p *Proxy) accept() {
 // then pipes both ways.
 func (p *Proxy) serve(down net.Conn) {
 	defer p.wg.Done()
-	if p.swallow(true) { // black-holed
-		_, _ = io.Copy(io.Discard, down) // swallowed, until Heal closes it with the others
+	if p.swallow(nil, true) { // black-holed
+		_, _ = io.Copy(io.Discard, down) // swallowed, until Heal closes it with the others (HealNewConnections does not)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -175,22 +228,31 @@ func (p *Proxy) serve(down net.Conn) {
 		_ = down.Close()
 		return
 	}
+	l := p.forwarded()
 	p.wg.Add(2)
-	go p.pipe(up, down, false)
-	p.pipe(down, up, true)
+	go p.pipe(l, up, down, false)
+	p.pipe(l, down, up, true)
 }
 
 // pipe copies src to dst, swallowing what arrives while black-holed (or,
 // coming back from the upstream, while its replies are dropped); toUpstream
-// says which way it copies.
-func (p *Proxy) pipe(src, dst net.Conn, toUpstream bool) {
+// says which way it copies; nothing once l is stalled.
+func (p *Proxy) pipe(l *link, src, dst net.Conn, toUpstream bool) {
 	defer p.wg.Done()
-	defer func() { _ = dst.Close() }()
+	defer func() {
+		if !toUpstream && p.blackHoled(l) {
+			// The upstream's end is swallowed as its bytes are: the
+			// client's socket stays open until Heal, Reset or the
+			// proxy's end closes it.
+			return
+		}
+		_ = dst.Close()
+	}()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			if !p.swallow(toUpstream) {
+			if !p.swallow(l, toUpstream) {
 				if _, werr := dst.Write(buf[:n]); werr != nil {
 					return
 				}

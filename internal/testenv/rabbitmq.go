@@ -41,27 +41,38 @@ func Channel(t testing.TB, conn *amqp.Connection) *amqp.Channel {
 // with the "exchange:" prefix) when t ends, on a connection of its own.
 func DeleteQueuesAtEnd(t testing.TB, names ...string) {
 	t.Helper()
-	t.Cleanup(func() {
-		conn, err := amqp.Dial(AMQPURL)
+	t.Cleanup(func() { deleteQueues(t, names) })
+}
+
+// DeleteQueuesNowAndAtEnd is DeleteQueuesAtEnd for queues of a fixed name
+// (the README's "inventory"), deleted first too: a run that was killed
+// before its cleanup left them, with its messages.
+func DeleteQueuesNowAndAtEnd(t testing.TB, names ...string) {
+	t.Helper()
+	deleteQueues(t, names)
+	t.Cleanup(func() { deleteQueues(t, names) })
+}
+
+func deleteQueues(t testing.TB, names []string) {
+	conn, err := amqp.Dial(AMQPURL)
+	if err != nil {
+		t.Errorf("deleting queues: %v", err)
+		return
+	}
+	defer func() { _ = conn.Close() }()
+	for _, n := range names {
+		ch, err := conn.Channel()
 		if err != nil {
-			t.Errorf("cleanup: %v", err)
+			t.Errorf("deleting queues: %v", err)
 			return
 		}
-		defer func() { _ = conn.Close() }()
-		for _, n := range names {
-			ch, err := conn.Channel()
-			if err != nil {
-				t.Errorf("cleanup: %v", err)
-				return
-			}
-			if len(n) > 9 && n[:9] == "exchange:" {
-				_ = ch.ExchangeDelete(n[9:], false, false)
-			} else {
-				_, _ = ch.QueueDelete(n, false, false, false)
-			}
-			_ = ch.Close()
+		if len(n) > 9 && n[:9] == "exchange:" {
+			_ = ch.ExchangeDelete(n[9:], false, false)
+		} else {
+			_, _ = ch.QueueDelete(n, false, false, false)
 		}
-	})
+		_ = ch.Close()
+	}
 }
 
 // QueueDepth returns the number of ready messages in queue.
@@ -125,13 +136,17 @@ type PrivateRabbitMQOptions struct {
 	Management bool
 	// Config is more rabbitmq.conf lines (e.g. "max_message_size = 1048576").
 	Config string
+	// Plugins are more plugins to enable (e.g.
+	// "rabbitmq_consistent_hash_exchange"); none by default.
+	Plugins []string
 }
 
 // TLSFiles are PEM files of a TLS listener.
 type TLSFiles struct{ CA, Cert, Key []byte }
 
 // StartPrivateRabbitMQ starts a RabbitMQ node of t's own on a free port
-// (name, ports, data and config of its own; no plugins) and stops it, with
+// (name, ports, data and config of its own; no plugins: not even
+// rabbitmq_consistent_hash_exchange, which the shared brokers have) and stops it, with
 // its files removed, when t ends. It runs from the installation under test
 // (RabbitMQRoot: the 4.0 node's directory, or the machine's RabbitMQ) and
 // needs root (on the machine, the node runs as the rabbitmq user).
@@ -164,16 +179,17 @@ func StartPrivateRabbitMQWith(t testing.TB, o PrivateRabbitMQOptions) *PrivateRa
 		conf += fmt.Sprintf("listeners.ssl.local = 127.0.0.1:%d\nssl_options.cacertfile = %s\nssl_options.certfile = %s\nssl_options.keyfile = %s\nssl_options.verify = verify_none\nssl_options.fail_if_no_peer_cert = false\n",
 			tlsPort, path.Join(nodeDir, "ca.pem"), path.Join(nodeDir, "cert.pem"), path.Join(nodeDir, "key.pem"))
 	}
-	plugins := "[].\n"
+	enabled := o.Plugins
 	mgmtPort := 0
 	if o.Management {
 		mgmtPort = freePort(t)
-		plugins = "[rabbitmq_management].\n"
+		enabled = append([]string{"rabbitmq_management"}, enabled...)
 		// Statistics every second (5 s by default): tests wait less for them.
 		conf += fmt.Sprintf("management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = %d\ncollect_statistics_interval = 1000\n", mgmtPort)
 	}
 	conf += o.Config
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte(conf), 0o644))
+	plugins := "[" + strings.Join(enabled, ",") + "].\n"
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte(plugins), 0o644))
 	if RabbitMQRoot == "" {
 		require.NoError(t, exec.CommandContext(context.Background(), "chown", "-R", "rabbitmq:rabbitmq", dir).Run(), "the node runs as the rabbitmq user")

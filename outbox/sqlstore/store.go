@@ -9,10 +9,8 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -28,6 +26,7 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/metadatacodec"
 	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
 	"github.com/sluicemq/sluice/outbox"
@@ -291,50 +290,11 @@ type row struct {
 	metadata, payload []byte
 }
 
-// encodeMetadata encodes md byte for byte — a value that is not valid
-// UTF-8 included, which JSON would change: a version byte, then each key
-// and value preceded by its length (uvarint), keys in order.
-func encodeMetadata(md message.Metadata) []byte {
-	keys := slices.Sorted(maps.Keys(md))
-	b := []byte{metadataV1}
-	for _, k := range keys {
-		b = binary.AppendUvarint(b, uint64(len(k)))
-		b = append(b, k...)
-		b = binary.AppendUvarint(b, uint64(len(md[k])))
-		b = append(b, md[k]...)
-	}
-	return b
-}
-
-const metadataV1 = 1
+func encodeMetadata(md message.Metadata) []byte { return metadatacodec.Encode(md) }
 
 func decodeMetadata(b []byte) (message.Metadata, error) {
-	if len(b) == 0 || b[0] != metadataV1 {
-		return nil, errors.New("not metadata of this version")
-	}
-	b = b[1:]
-	md := message.Metadata{}
-	next := func() (string, error) {
-		n, w := binary.Uvarint(b)
-		if w <= 0 || n > uint64(len(b)-w) {
-			return "", errors.New("metadata cut short")
-		}
-		v := string(b[w : w+int(n)])
-		b = b[w+int(n):]
-		return v, nil
-	}
-	for len(b) > 0 {
-		k, err := next()
-		if err != nil {
-			return nil, err
-		}
-		v, err := next()
-		if err != nil {
-			return nil, err
-		}
-		md[k] = v
-	}
-	return md, nil
+	md, err := metadatacodec.Decode(b)
+	return message.Metadata(md), err
 }
 
 // rows gives each message its ids and ctx's trace context, and encodes it.

@@ -174,6 +174,12 @@ func consumeRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publis
 			return 0, err
 		}
 	}
+	return runRouter(ctx, r, finished, n)
+}
+
+// runRouter runs r until finished is closed (at most 5 minutes), closes it,
+// and returns n divided by the time it ran.
+func runRouter(ctx context.Context, r *message.Router, finished <-chan struct{}, n int) (float64, error) {
 	start := time.Now()
 	runErr := make(chan error, 1)
 	go func() { runErr <- r.Run(context.WithoutCancel(ctx)) }()

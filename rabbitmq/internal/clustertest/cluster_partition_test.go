@@ -1,4 +1,4 @@
-package rabbitmq_test
+package clustertest_test
 
 import (
 	"context"

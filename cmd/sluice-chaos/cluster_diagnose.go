@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// traceLog keeps the consumers' trace lines (consumer --trace) per event
+// id, a bounded number per id, for diagnose to show the missing events'.
+type traceLog struct {
+	mu    sync.Mutex
+	lines map[string][]string
+}
+
+// traceLinesPerEvent bounds what is kept of one event: an event taking
+// every tier has about 20 lines.
+const traceLinesPerEvent = 40
+
+func (t *traceLog) add(id, line string) {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.lines == nil {
+		t.lines = map[string][]string{}
+	}
+	if len(t.lines[id]) < traceLinesPerEvent {
+		t.lines[id] = append(t.lines[id], line)
+	}
+}
+
+func (t *traceLog) of(id string) []string {
+	if t == nil {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]string(nil), t.lines[id]...)
+}
+
+// diagnoseLimit bounds what the broker's report adds to the output.
+const diagnoseLimit = 8000
+
+// diagnose says, when the scenario did not settle, where the events
+// without an effect may be: the kills' moments, what the cluster's quorum
+// queues hold beyond their ready messages (checked out to consumers, and
+// dead-lettered messages the queue's dead-letter worker has not settled:
+// num_discarded waiting for it, num_discard_checked_out sent by it and not
+// yet confirmed by the target queue), each at-least-once dead-letter
+// worker's unconfirmed copies and its clients of the target queues, and
+// the missing events with the consumers' trace of them. Bounded.
+func (w *world) diagnose(p plan) string {
+	var b strings.Builder
+	b.WriteString("  diagnostics (the scenario did not settle):\n")
+	for i, k := range w.cl.kills {
+		fmt.Fprintf(&b, "    kill %d: node %d (leading %s) SIGKILLed at %s, started again at %s\n",
+			i+1, k.node+1, strings.Join(k.led, ", "), wallClock(k.when), wallClock(k.restarted))
+	}
+	b.WriteString(indent(w.brokerReport(), "    "))
+	effects, _, _, err := w.observe(context.Background())
+	if err != nil {
+		fmt.Fprintf(&b, "    reading the effects: %v\n", err)
+		return b.String()
+	}
+	var missing []string
+	for id := range p.valid {
+		if effects[id] == 0 {
+			missing = append(missing, id)
+		}
+	}
+	sort.Strings(missing)
+	payloads := map[string]string{}
+	for _, pub := range p.publishes {
+		payloads[pub.id] = pub.payload
+	}
+	fmt.Fprintf(&b, "    %d valid events without an effect", len(missing))
+	const shown = 12
+	if len(missing) > shown {
+		fmt.Fprintf(&b, " (the first %d shown)", shown)
+	}
+	b.WriteString(":\n")
+	for _, id := range missing[:min(len(missing), shown)] {
+		fmt.Fprintf(&b, "      %s %s\n", id, payloads[id])
+		lines := w.traces.of(id)
+		if len(lines) == 0 {
+			b.WriteString("        no consumer traced it: never delivered\n")
+		}
+		for _, l := range lines {
+			fmt.Fprintf(&b, "        %s\n", l)
+		}
+	}
+	return b.String()
+}
+
+// brokerReport asks the first node that answers, with rabbitmqctl eval,
+// for each of the scenario's quorum queues' Raft state (rabbit_fifo's
+// overview, from the queue's leader) and for the state of every
+// dead-letter worker (rabbit_fifo_dlx_worker, one per quorum queue with
+// x-dead-letter-strategy=at-least-once, on the queue's leader) on the
+// nodes up. Written against RabbitMQ 3.10's modules; a failure is
+// reported in place of the part that failed.
+func (w *world) brokerReport() string {
+	var names []string
+	for _, q := range w.queues(true) {
+		names = append(names, fmt.Sprintf("<<%q>>", q))
+	}
+	expr := strings.ReplaceAll(brokerReportErl, "NAMES", strings.Join(names, ", "))
+	var errs []string
+	for i := range w.cl.c.Nodes {
+		out, err := w.cl.c.TryCtl(i, "eval", expr)
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("node %d: %v", i+1, err))
+			continue
+		}
+		out = strings.TrimSuffix(strings.TrimSpace(out), "ok")
+		if len(out) > diagnoseLimit {
+			out = out[:diagnoseLimit] + fmt.Sprintf("… (%d characters cut)", len(out)-diagnoseLimit)
+		}
+		return fmt.Sprintf("node %d reports:\n%s\n", i+1, strings.TrimSpace(out))
+	}
+	return "no node answered rabbitmqctl eval: " + strings.Join(errs, "; ") + "\n"
+}
+
+// brokerReportErl is brokerReport's expression; NAMES is replaced by the
+// queues' names as Erlang binaries. The dead-letter worker's state is
+// read through sys:get_status (its format_status: the copies awaiting a
+// confirm, "pendings"); its clients of the target quorum queues
+// (rabbit_fifo_client's #state{}, found by shape: leader, pending
+// commands, resend timer) are read from its queue_type_state.
+const brokerReportErl = `
+Now = os:system_time(millisecond),
+Keys = [num_ready_messages, num_checked_out, num_messages, num_enqueuers, num_consumers, num_discarded, num_discard_checked_out],
+Queue = fun(N) ->
+  case rabbit_amqqueue:lookup(rabbit_misc:r(<<"/">>, queue, N)) of
+    {ok, Q} ->
+      {RaName, LNode} = amqqueue:get_pid(Q),
+      case catch ra:local_query({RaName, LNode}, fun rabbit_fifo:overview/1, 5000) of
+        {ok, {_, M}, _} -> io:format("queue ~ts: leader ~ts ~0p~n", [N, LNode, maps:with(Keys, M)]);
+        E -> io:format("queue ~ts: leader ~ts: ~0P~n", [N, LNode, E, 8])
+      end;
+    E -> io:format("queue ~ts: ~0P~n", [N, E, 8])
+  end
+end,
+lists:foreach(Queue, [NAMES]),
+Clients = fun Walk(T, Acc) when is_tuple(T), tuple_size(T) =:= 11, element(1, T) =:= state, is_map(element(9, T)) ->
+                [{leader, element(3, T), queue_status, element(4, T), pending, maps:size(element(9, T)), resend_timer, element(11, T) =/= undefined} | Acc];
+              Walk(T, Acc) when is_tuple(T) -> Walk(tuple_to_list(T), Acc);
+              Walk(T, Acc) when is_map(T) -> Walk(maps:to_list(T), Acc);
+              Walk([H | R], Acc) -> Walk(R, Walk(H, Acc));
+              Walk(_, Acc) -> Acc
+          end,
+Worker = fun(P) ->
+  case catch sys:get_status(P, 5000) of
+    {status, _, _, [_, _, _, _, Misc]} ->
+      case [S || {data, D} <- Misc, {"State", S} <- D, is_map(S)] of
+        [S | _] ->
+          Pend = maps:get(pendings, S),
+          io:format("dlx worker ~0p on ~ts for ~ts: dlx client ~0p; ~b copies awaiting a confirm (the oldest: {seq, [unconfirmed target], [target that rejected it], publishes, ms since consumed}) ~0P; settle timeout ~b ms, timer ~0p; target queue clients ~0p~n",
+            [P, node(P), element(4, maps:get(queue_ref, S)), maps:get(dlx_client_state, S), maps:size(Pend),
+             [{Seq, [element(4, U) || U <- maps:get(unsettled, X)], [element(4, U) || U <- maps:get(rejected, X)], maps:get(publish_count, X), Now - maps:get(consumed_at, X)}
+              || {Seq, X} <- lists:sublist(lists:sort(maps:to_list(Pend)), 5)], 20,
+             maps:get(settle_timeout, S), maps:get(timer_is_active, S), Clients(maps:get(queue_type_state, S), [])]);
+        [] -> io:format("dlx worker ~0p on ~ts: ~0P~n", [P, node(P), Misc, 12])
+      end;
+    E -> io:format("dlx worker ~0p: ~0P~n", [P, E, 8])
+  end
+end,
+lists:foreach(fun(Nd) ->
+  case catch rpc:call(Nd, supervisor, which_children, [rabbit_fifo_dlx_sup], 5000) of
+    L when is_list(L) -> lists:foreach(Worker, [P || {_, P, _, _} <- L, is_pid(P)]);
+    E -> io:format("node ~ts: ~0P~n", [Nd, E, 8])
+  end
+end, [node() | nodes()]),
+ok.
+`
+
+func indent(s, prefix string) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	for i, l := range lines {
+		lines[i] = prefix + l
+	}
+	return strings.Join(lines, "\n") + "\n"
+}
+
+// wallClock formats t for the diagnostics, or "-" if unset.
+func wallClock(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.Format("15:04:05.000")
+}

@@ -1,0 +1,135 @@
+package ordering_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/ordering"
+)
+
+// feed is a subscriber that hands out the messages the test sends it, in
+// order, as a broker's consumer with a prefetch does (Serialize's input).
+type feed struct{ ch chan *message.Message }
+
+func (f feed) Subscribe(context.Context, string) (<-chan *message.Message, error) { return f.ch, nil }
+func (f feed) Close() error                                                       { return nil }
+
+func msg(key, id string) *message.Message {
+	m := message.NewMessage(id, nil)
+	m.Metadata.Set("account", key)
+	m.Metadata.Set(sluice.EventIDKey, id)
+	return m
+}
+
+// next returns the next message Serialize hands out, failing after a bound.
+func next(t *testing.T, out <-chan *message.Message) *message.Message {
+	t.Helper()
+	select {
+	case m := <-out:
+		return m
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing handed out")
+		return nil
+	}
+}
+
+// settled waits for m to be acked or nacked by Serialize itself; true when
+// nacked.
+func settled(t *testing.T, m *message.Message) bool {
+	t.Helper()
+	select {
+	case <-m.Acked():
+		return false
+	case <-m.Nacked():
+		return true
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s neither acked nor nacked", m.UUID)
+		return false
+	}
+}
+
+// Serialize hands out one delivery of a key at a time, in the order they
+// came, the keys side by side; a nacked delivery gives back the key's
+// waiting ones and every later one until it comes back first; Close gives
+// back what waits.
+func TestSerializeOneKeyAtATime(t *testing.T) {
+	t.Parallel()
+	o, err := ordering.New(ordering.Config{Store: ordering.NewMemoryStore(), Consumer: "ledger", Key: deduplication.KeyFromMetadata("account")})
+	require.NoError(t, err)
+	in := feed{ch: make(chan *message.Message, 16)}
+	sub := o.Serialize(in)
+	out, err := sub.Subscribe(t.Context(), "q")
+	require.NoError(t, err)
+
+	a1, b1, a2, b2 := msg("a", "a1"), msg("b", "b1"), msg("a", "a2"), msg("b", "b2")
+	for _, m := range []*message.Message{a1, b1, a2, b2} {
+		in.ch <- m
+	}
+	require.Equal(t, "a1", next(t, out).UUID)
+	require.Equal(t, "b1", next(t, out).UUID, "another key runs beside a1")
+	b1.Ack()
+	require.Equal(t, "b2", next(t, out).UUID, "b's next once b1 is acked; a2 still waits for a1")
+
+	// a1 given back (the brake, a shutdown): a2, waiting, is given back too,
+	// and so is a3, which arrives before a1 comes back.
+	a1.Nack()
+	require.True(t, settled(t, a2), "a2 given back behind a1")
+	a3 := msg("a", "a3")
+	in.ch <- a3
+	require.True(t, settled(t, a3), "a3 given back until a1 comes back")
+	a1again := msg("a", "a1")
+	in.ch <- a1again
+	require.Equal(t, "a1", next(t, out).UUID, "the given-back delivery, first")
+	a2again := msg("a", "a2")
+	in.ch <- a2again
+	a1again.Ack()
+	require.Equal(t, "a2", next(t, out).UUID)
+	a2again.Ack()
+	b2.Ack()
+
+	// Close gives back what waits: c2 behind c1, never handed out.
+	c1, c2 := msg("c", "c1"), msg("c", "c2")
+	in.ch <- c1
+	in.ch <- c2
+	require.Equal(t, "c1", next(t, out).UUID)
+	closed := make(chan error, 1)
+	go func() { closed <- sub.Close() }()
+	require.True(t, settled(t, c2), "c2 given back at Close")
+	c1.Ack()
+	close(in.ch)
+	require.NoError(t, <-closed)
+	_, open := <-out
+	require.False(t, open, "the view's channel closes")
+	require.NoError(t, o.Close())
+}
+
+// A delivery's key is read once: Serialize reads it (a JSON key parses the
+// payload) and Middleware takes what Serialize read.
+func TestTheKeyIsReadOnce(t *testing.T) {
+	t.Parallel()
+	reads := 0
+	key := func(m *message.Message) (string, error) { reads++; return deduplication.KeyFromMetadata("account")(m) }
+	o, err := ordering.New(ordering.Config{Store: ordering.NewMemoryStore(), Consumer: "ledger", Key: key})
+	require.NoError(t, err)
+	in := feed{ch: make(chan *message.Message, 1)}
+	sub := o.Serialize(in)
+	out, err := sub.Subscribe(t.Context(), "q")
+	require.NoError(t, err)
+	in.ch <- msg("a", "a1")
+	m := next(t, out)
+	handled := false
+	_, err = o.Middleware(func(*message.Message) ([]*message.Message, error) { handled = true; return nil, nil })(m)
+	require.NoError(t, err)
+	require.True(t, handled)
+	require.Equal(t, 1, reads)
+	m.Ack()
+	close(in.ch)
+	require.NoError(t, sub.Close())
+	require.NoError(t, o.Close())
+}

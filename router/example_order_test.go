@@ -1,0 +1,46 @@
+package router_test
+
+import (
+	"context"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/sluicemq/sluice/broker"
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/ordering"
+	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
+	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/router"
+)
+
+// An ordered handler (docs/ordering.md): each account's events apply in
+// publish order through retries; the other accounts flow while one waits.
+// TestOrderPerKeyThroughRetries runs it on RabbitMQ and PostgreSQL.
+func ExampleStages_order() {
+	var (
+		ctx            = context.Background()
+		db             *sqlx.DB        // the inbox's PostgreSQL database
+		b              broker.Broker   // rabbitmq.NewBroker: its queue consumed by one consumer
+		r              *message.Router // the service's router
+		inbox          deduplication.Store
+		applyToAccount func(*message.Message) error
+	)
+	// Not run (no Output): the values above are the service's.
+	orders, err := ordersql.New(ordersql.Config{DB: db}) // ordering/sqlstore, the inbox's database
+	err = orders.CreateTables(ctx)
+
+	_, err = router.Add(r, router.HandlerConfig{
+		Broker:  b, // its queue consumed by one consumer (see "Topology")
+		Name:    "ledger",
+		Handler: applyToAccount,
+		Stages: router.Stages{
+			Order:  &ordering.Config{Store: orders, Key: deduplication.KeyFromMetadata("account")},
+			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
+			Inbox: &deduplication.Config{Store: inbox},
+		},
+	})
+	_ = err
+}
