@@ -83,3 +83,42 @@ func TestABatchIsBoundedByBytes(t *testing.T) {
 		}
 	}
 }
+
+// unwoken is the outbox store without its wake-ups: the relay learns of
+// due rows by polling only.
+type unwoken struct{ s *sqlstore.Store }
+
+func (u unwoken) Due(ctx context.Context, limit int) (outbox.Batch, error) { return u.s.Due(ctx, limit) }
+func (u unwoken) Stats(ctx context.Context) (outbox.Stats, error)          { return u.s.Stats(ctx) }
+func (u unwoken) DueWithin(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
+	return u.s.DueWithin(ctx, limit, maxBytes)
+}
+
+// A batch cut short by BatchBytes while more rows are due is followed by
+// the next one at once, as a full batch is, not after a PollInterval. Before,
+// the relay read a batch of fewer rows than BatchSize as "nothing more is
+// due" and slept its PollInterval (500 ms by default) after each: a backlog
+// of 300 rows of 1.5 MB took 28 polls to drain. Here the poll is an hour
+// and the store wakes nobody: only taking the next batch at once drains it.
+func TestABatchCutShortByBytesIsFollowedAtOnce(t *testing.T) {
+	t.Parallel()
+	s := newService(t, testenv.AMQPURL)
+	payload := bytes.Repeat([]byte("x"), 100*1000)
+	const rows = 12
+	tx, err := s.db.BeginTxx(t.Context(), nil)
+	require.NoError(t, err)
+	for range rows {
+		require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, message.NewMessage(watermill.NewUUID(), payload)))
+	}
+	require.NoError(t, tx.Commit())
+	r, err := outbox.NewRelay(outbox.RelayConfig{Store: unwoken{s.outbox}, Publisher: s.rabbit.Publisher(), MeterProvider: s.mp,
+		BatchBytes: 250 * 1000, PollInterval: time.Hour, StatsInterval: -1})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	require.Eventually(t, func() bool { return s.count("outbox") == 0 }, time.Minute, 20*time.Millisecond,
+		"6 batches of 2 rows, each taken at once after the one before")
+	require.NoError(t, r.Close())
+	require.NoError(t, <-done)
+	require.Equal(t, rows, testenv.QueueDepth(t, s.conn, s.produced))
+}

@@ -133,6 +133,15 @@ type BytesBounder interface {
 	DueWithin(ctx context.Context, limit int, maxBytes int64) (Batch, error)
 }
 
+// CutShort is a Batch that can say it holds fewer rows than the limit it
+// was asked for because maxBytes stopped it while more rows were due
+// (BytesBounder). The relay takes the next batch at once instead of waiting
+// RelayConfig.PollInterval, as after a batch that found fewer rows due than
+// its limit. A batch that does not implement it is read as not cut short.
+type CutShort interface {
+	CutShort() bool
+}
+
 // Batch is a set of rows one relay holds.
 type Batch interface {
 	Rows() []Row

@@ -562,7 +562,7 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 		r.failures.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(OutboxKey.String(r.cfg.Name), semconv.ErrorTypeKey.String("store"))))
 		r.cfg.Logger.Error("The outbox relay could not record its batch: its rows will be sent again", diag.RedactError(err),
 			watermill.LogFields{"outbox": r.cfg.Name, "rows": len(rows)})
-		return len(rows), false, time.Time{}
+		return 0, false, time.Time{}
 	}
 	// Counted once the delete committed: a batch whose delete failed is
 	// sent again, and counted then.
@@ -589,7 +589,11 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 	}
 	// Rows refused one by one have their own next attempt: only a batch no
 	// broker took at all makes the relay back off.
-	return len(rows), len(relayed) > 0 || !unreachable, retry
+	n = len(rows)
+	if c, ok := b.(CutShort); ok && c.CutShort() {
+		n = r.cfg.BatchSize // more rows are due: take them at once
+	}
+	return n, len(relayed) > 0 || !unreachable, retry
 }
 
 // publish publishes rows on ctx and returns the channel of their results,

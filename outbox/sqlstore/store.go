@@ -484,7 +484,8 @@ func (s *Store) duePostgres(ctx context.Context, limit int, maxBytes int64) (out
 		return nil, fmt.Errorf("outbox/sqlstore: reading due rows of %s: %w", s.table, err)
 	}
 	var rs []scanned
-	if ids := within(sizes, maxBytes); len(ids) > 0 {
+	ids := within(sizes, maxBytes)
+	if len(ids) > 0 {
 		q, args, err := sqlx.In(`SELECT `+columns+`, EXTRACT(EPOCH FROM clock_timestamp() - created_at)::float8 AS age FROM `+s.table+` WHERE id IN (?)`, ids)
 		if err == nil {
 			err = tx.SelectContext(ctx, &rs, tx.Rebind(q), args...)
@@ -494,16 +495,19 @@ func (s *Store) duePostgres(ctx context.Context, limit int, maxBytes int64) (out
 			return nil, fmt.Errorf("outbox/sqlstore: reading due rows of %s: %w", s.table, err)
 		}
 	}
-	return &pgBatch{s: s, tx: tx, rows: s.decode(rs)}, nil
+	return &pgBatch{s: s, tx: tx, rows: s.decode(rs), cut: len(ids) < len(sizes)}, nil
 }
 
 type pgBatch struct {
 	s    *Store
 	tx   *sqlx.Tx
 	rows []outbox.Row
+	cut  bool // maxBytes left due rows out
 }
 
 func (b *pgBatch) Rows() []outbox.Row { return b.rows }
+
+func (b *pgBatch) CutShort() bool { return b.cut }
 
 func (b *pgBatch) Finish(ctx context.Context, relayed []int64, failed []outbox.Failed) error {
 	if err := b.s.finish(ctx, b.tx, relayed, failed); err != nil {
@@ -560,7 +564,8 @@ func (s *Store) dueSQLite(ctx context.Context, limit int, maxBytes int64) (outbo
 		return nil, fmt.Errorf("outbox/sqlstore: leasing due rows of %s: %w", s.table, err)
 	}
 	var rs []scanned
-	if ids := within(sizes, maxBytes); len(ids) > 0 {
+	ids := within(sizes, maxBytes)
+	if len(ids) > 0 {
 		// Taken only if still due and free: another relay may have leased
 		// them since.
 		q, args, err := sqlx.In(`UPDATE `+s.table+` SET leased_until = ? WHERE id IN (?) AND dead_at IS NULL AND next_attempt_at <= ? AND leased_until <= ? RETURNING `+columns,
@@ -572,15 +577,18 @@ func (s *Store) dueSQLite(ctx context.Context, limit int, maxBytes int64) (outbo
 			return nil, fmt.Errorf("outbox/sqlstore: leasing due rows of %s: %w", s.table, err)
 		}
 	}
-	return &leaseBatch{s: s, rows: s.decode(rs)}, nil
+	return &leaseBatch{s: s, rows: s.decode(rs), cut: len(ids) < len(sizes)}, nil
 }
 
 type leaseBatch struct {
 	s    *Store
 	rows []outbox.Row
+	cut  bool // maxBytes left due rows out
 }
 
 func (b *leaseBatch) Rows() []outbox.Row { return b.rows }
+
+func (b *leaseBatch) CutShort() bool { return b.cut }
 
 func (b *leaseBatch) Finish(ctx context.Context, relayed []int64, failed []outbox.Failed) error {
 	tx, err := b.s.db.BeginTxx(ctx, nil)
