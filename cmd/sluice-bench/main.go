@@ -29,9 +29,9 @@ import (
 )
 
 func main() {
-	if cfg := os.Getenv(bench.ScaleOutWorkerEnv); cfg != "" { // a consumer process of the scaleout suite
-		if err := bench.ScaleOutWorker(cfg); err != nil {
-			fmt.Fprintln(os.Stderr, "sluice-bench: scaleout worker:", err)
+	if ran, err := bench.Worker(); ran { // a child process of the scaleout or outbox-memory suite
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "sluice-bench: worker:", err)
 			os.Exit(1)
 		}
 		return
@@ -42,7 +42,7 @@ func main() {
 // run returns the exit code: 0 done, 1 a suite failed, 2 usage.
 func run() int {
 	o := bench.Options{Out: os.Stdout}
-	suites := flag.String("suite", "all", "suites to run, comma-separated: inbox, e2e, publisher, consumer, stuck, overhead, inbox-scale, outcomes, dlq-stats, outbox, groupcommit, consumer-inbox, scaleout, ordering, or all")
+	suites := flag.String("suite", "all", "suites to run, comma-separated: inbox, e2e, publisher, consumer, stuck, overhead, inbox-scale, outcomes, dlq-stats, outbox, groupcommit, consumer-inbox, scaleout, ordering, outbox-memory, or all")
 	flag.StringVar(&o.PostgresURL, "postgres-url", localenv.Get("SLUICE_BENCH_POSTGRES_URL", localenv.PostgresURL), "PostgreSQL URL")
 	flag.StringVar(&o.AMQPURL, "amqp-url", localenv.Get("SLUICE_BENCH_AMQP_URL", localenv.AMQPURL), "RabbitMQ URL")
 	flag.IntVar(&o.PublishBatch, "batch", 10000, "messages per batch in the publisher suite")
@@ -62,8 +62,9 @@ func run() int {
 		"overhead": bench.Overhead, "inbox-scale": bench.InboxScale, "outcomes": bench.Outcomes, "dlq-stats": bench.DLQStats,
 		"outbox":      bench.Outbox,
 		"groupcommit": bench.GroupCommit, "consumer-inbox": bench.ConsumerInbox, "scaleout": bench.ScaleOut, "ordering": bench.Ordering,
+		"outbox-memory": bench.OutboxMemory,
 	}
-	order := []string{"inbox", "e2e", "publisher", "consumer", "stuck", "overhead", "inbox-scale", "outcomes", "dlq-stats", "outbox", "groupcommit", "consumer-inbox", "scaleout", "ordering"}
+	order := []string{"inbox", "e2e", "publisher", "consumer", "stuck", "overhead", "inbox-scale", "outcomes", "dlq-stats", "outbox", "groupcommit", "consumer-inbox", "scaleout", "ordering", "outbox-memory"}
 	want := order
 	if *suites != "all" {
 		want = strings.Split(*suites, ",")

@@ -6,12 +6,13 @@ import (
 	"testing"
 )
 
-// TestMain runs the test binary as a consumer process of the scaleout suite
-// when ScaleOutWorkerEnv is set (TestScaleOutSuiteRuns starts it so).
+// TestMain runs the test binary as a child process of a suite when the
+// environment says it is one (TestScaleOutSuiteRuns and
+// TestOutboxMemorySuiteRuns start it so).
 func TestMain(m *testing.M) {
-	if cfg := os.Getenv(ScaleOutWorkerEnv); cfg != "" {
-		if err := ScaleOutWorker(cfg); err != nil {
-			fmt.Fprintln(os.Stderr, "scaleout worker:", err)
+	if ran, err := Worker(); ran {
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench worker:", err)
 			os.Exit(1)
 		}
 		os.Exit(0)
