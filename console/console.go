@@ -120,6 +120,18 @@ type Config struct {
 	// GroupsMax bounds the failure groups a scan keeps (default 1000; the
 	// rest are counted as "other"); PageSize the messages of a page (50).
 	GroupsMax, PageSize int
+	// ReadWait bounds how long a page or an action waits while another
+	// page, action or replay run of this console reads the same poison
+	// queue (one reader at a time: two would each see part of it and put
+	// back their parts interleaved); past it the answer is ErrQueueBusy, or
+	// the groups page's last summary. Default ReadWaitDefault (10 s).
+	ReadWait time.Duration
+	// SummaryMaxAge is how long the groups page answers from its last scan
+	// of a poison queue while the queue holds as many messages (a scan
+	// reads and puts back every message: seconds per thousand); "read
+	// again" scans at once, and an action of this console drops it.
+	// Default SummaryMaxAgeDefault (1 min); negative: scan on every view.
+	SummaryMaxAge time.Duration
 }
 
 // Console is the console's handler. Close stops the runs it started and
@@ -140,6 +152,10 @@ type Console struct {
 	runs    map[string]*run
 	order   []string // run ids, oldest first
 	samples map[string][]sample
+	// readers: one reader of a poison queue at a time (reading);
+	// summaries: the groups page's last scan of each (cached).
+	readers   map[string]chan struct{}
+	summaries map[string]summary
 }
 
 // ErrNoAuth refuses to serve off loopback without authentication.
@@ -184,6 +200,12 @@ func New(cfg Config) (*Console, error) {
 	if cfg.PageSize <= 0 {
 		cfg.PageSize = 50
 	}
+	if cfg.ReadWait <= 0 {
+		cfg.ReadWait = ReadWaitDefault
+	}
+	if cfg.SummaryMaxAge == 0 {
+		cfg.SummaryMaxAge = SummaryMaxAgeDefault
+	}
 	if cfg.Operator == nil {
 		cfg.Operator = func(*http.Request) string { return "console" }
 	}
@@ -191,7 +213,8 @@ func New(cfg Config) (*Console, error) {
 	if _, err := rand.Read(key); err != nil {
 		return nil, err
 	}
-	c := &Console{cfg: cfg, runs: map[string]*run{}, samples: map[string][]sample{}, cop: http.NewCrossOriginProtection()}
+	c := &Console{cfg: cfg, runs: map[string]*run{}, samples: map[string][]sample{}, cop: http.NewCrossOriginProtection(),
+		readers: map[string]chan struct{}{}, summaries: map[string]summary{}}
 	c.csrf = mac(key, "csrf")
 	if cfg.Token != "" {
 		c.cookie = mac([]byte(cfg.Token), "session")

@@ -313,12 +313,58 @@ func (c *Console) groups(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusNotFound, errors.New("no such poison queue in the console's configuration"))
 		return
 	}
+	show := func(s summary, busy bool) {
+		c.render(w, r, "groups", map[string]any{"Queue": q, "Groups": s.groups, "Other": s.other, "Total": s.total,
+			"ReadAt": s.at, "Busy": busy})
+	}
+	c.mu.Lock()
+	last, haveLast := c.summaries[q.Poison]
+	c.mu.Unlock()
+	if haveLast && r.URL.Query().Get("fresh") == "" {
+		if d, err := c.readyCount(r.Context(), q.Poison); err == nil {
+			if s, ok := c.cached(q.Poison, d); ok {
+				show(s, false)
+				return
+			}
+		}
+	}
+	release, err := c.reading(r.Context(), q.Poison, c.cfg.ReadWait)
+	if err != nil {
+		if errors.Is(err, ErrQueueBusy) && haveLast {
+			show(last, true)
+			return
+		}
+		c.fail(w, r, http.StatusServiceUnavailable, err)
+		return
+	}
 	gs, other, total, err := c.scanGroups(r.Context(), q.Poison)
+	release()
 	if err != nil {
 		c.fail(w, r, http.StatusBadGateway, err)
 		return
 	}
-	c.render(w, r, "groups", map[string]any{"Queue": q, "Groups": gs, "Other": other, "Total": total})
+	s := summary{at: time.Now(), groups: gs, other: other, total: total}
+	c.mu.Lock()
+	c.summaries[q.Poison] = s
+	c.mu.Unlock()
+	show(s, false)
+}
+
+// readyCount is queue's ready count, exact (a passive declare; the
+// management API's is sampled).
+func (c *Console) readyCount(ctx context.Context, queue string) (int, error) {
+	conn, err := c.conn()
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = ch.Close() }()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	return q.Messages, err
 }
 
 type header struct{ Key, Value string }
@@ -366,6 +412,12 @@ func (c *Console) group(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("group")
 	pageN, _ := strconv.Atoi(r.URL.Query().Get("page"))
 	pageN = max(1, min(pageN, 1<<20))
+	release, err := c.reading(r.Context(), q.Poison, c.cfg.ReadWait)
+	if err != nil {
+		c.fail(w, r, http.StatusServiceUnavailable, err)
+		return
+	}
+	defer release()
 	conn, err := c.conn()
 	if err != nil {
 		c.fail(w, r, http.StatusBadGateway, err)
@@ -427,6 +479,10 @@ func (c *Console) preview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d, err := c.dryRun(r.Context(), q, r.PathValue("group"), action)
+	if errors.Is(err, ErrQueueBusy) {
+		c.fail(w, r, http.StatusServiceUnavailable, err)
+		return
+	}
 	if err != nil {
 		c.fail(w, r, http.StatusBadGateway, err)
 		return
@@ -439,6 +495,11 @@ func (c *Console) preview(w http.ResponseWriter, r *http.Request) {
 func (c *Console) dryRun(ctx context.Context, q Queue, group, action string) (previewData, error) {
 	d := previewData{Queue: q, Group: group, Action: action, Targets: map[string]int{},
 		Defaults: map[string]string{"canary": "1", "ramp": "5,20,100", "max_repoison": "10%", "wait": "30s"}}
+	release, err := c.reading(ctx, q.Poison, c.cfg.ReadWait)
+	if err != nil {
+		return d, err
+	}
+	defer release()
 	conn, err := c.conn()
 	if err != nil {
 		return d, err
@@ -529,6 +590,13 @@ type loopPlan struct {
 }
 
 func (c *Console) runReplay(ru *run, q Queue, group, operator string, p loopPlan) {
+	release, err := c.reading(c.ctx, q.Poison, runReadWait)
+	if err != nil {
+		ru.finish(dlq.ReplayResult{}, err)
+		return
+	}
+	defer release()
+	defer c.forget(q.Poison)
 	conn, err := c.conn()
 	if err != nil {
 		ru.finish(dlq.ReplayResult{}, err)
@@ -566,7 +634,7 @@ func (c *Console) discard(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	defer func() { _ = a.conn.Close() }()
+	defer a.done()
 	ru, group, limit, operator, conn := a.run, a.group, a.limit, a.operator, a.conn
 	f := dlq.Filter{Group: group}
 	res, items, err := dlq.Discard(r.Context(), conn, q.Poison, f, max(limit, 0), false)
@@ -584,22 +652,36 @@ type action struct {
 	limit    int
 	operator string
 	conn     *amqp.Connection
+	done     func() // closes conn and gives the queue back
 }
 
-// startAction begins the run of verb on poison; false when the broker
-// cannot be reached (the run is then finished with the error, and the
-// answer written).
+// startAction begins the run of verb on poison, holding the queue for it
+// (reading; a.done gives it back); false when another reader holds it past
+// Config.ReadWait or the broker cannot be reached (the run is then
+// finished with the error, and the answer written).
 func (c *Console) startAction(w http.ResponseWriter, r *http.Request, verb, poison string) (action, bool) {
 	a := action{group: r.PathValue("group"), operator: c.cfg.Operator(r)}
 	a.limit, _ = strconv.Atoi(r.PostFormValue("limit"))
 	a.run = c.newRun(verb, dlq.NewRun(verb), poison, a.group, a.operator)
+	release, err := c.reading(r.Context(), poison, c.cfg.ReadWait)
+	if err != nil {
+		a.run.finish(dlq.ReplayResult{}, err)
+		c.fail(w, r, http.StatusServiceUnavailable, err)
+		return a, false
+	}
 	conn, err := c.conn()
 	if err != nil {
+		release()
 		a.run.finish(dlq.ReplayResult{}, err)
 		c.fail(w, r, http.StatusBadGateway, err)
 		return a, false
 	}
 	a.conn = conn
+	a.done = func() {
+		_ = conn.Close()
+		c.forget(poison)
+		release()
+	}
 	return a, true
 }
 
@@ -617,7 +699,7 @@ func (c *Console) archive(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	defer func() { _ = a.conn.Close() }()
+	defer a.done()
 	ru, group, limit, operator, conn := a.run, a.group, a.limit, a.operator, a.conn
 	sink, err := c.cfg.Archive()
 	if err != nil {
