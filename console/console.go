@@ -55,6 +55,12 @@ type Depth struct {
 	// UnackedKnown is false when the source cannot tell (a passive declare
 	// counts only ready messages and consumers).
 	UnackedKnown bool
+	// Arrival is the messages published into the queue per second,
+	// averaged by the source over its recent samples (the management API's
+	// message_stats.publish_details.rate); ArrivalKnown is false when the
+	// source cannot tell.
+	Arrival      float64
+	ArrivalKnown bool
 }
 
 // Outbox is what the console reads and does on an outbox table

@@ -11,6 +11,7 @@ import (
 	"io"
 	"io/fs"
 	"maps"
+	"math"
 	"net/http"
 	"os"
 	"slices"
@@ -47,6 +48,7 @@ func (c *Console) parse() error {
 	funcs := template.FuncMap{
 		"p":    func(s ...string) string { return c.cfg.Prefix + strings.Join(s, "") },
 		"time": fmtTime,
+		"rate": fmtRate,
 		"age": func(t time.Time) string {
 			if t.IsZero() {
 				return "—"
@@ -72,6 +74,19 @@ func (c *Console) parse() error {
 		c.tmpl[name] = t
 	}
 	return nil
+}
+
+// fmtRate is a rate of messages a second, or a minute when below one a
+// second.
+func fmtRate(r float64) string {
+	switch {
+	case r <= 0 || math.IsNaN(r):
+		return "0/s"
+	case r < 1:
+		return strconv.FormatFloat(r*60, 'f', 1, 64) + "/min"
+	default:
+		return strconv.FormatFloat(r, 'f', 1, 64) + "/s"
+	}
 }
 
 func fmtTime(t time.Time) string {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -25,7 +26,7 @@ import (
 )
 
 func newConsole(g *globals, out io.Writer) *cobra.Command {
-	var addr, prefix, tiers, tokenFile, keyFile, archiveFile, outboxDB string
+	var addr, prefix, tiers, tokenFile, keyFile, archiveFile, outboxDB, mgmtURL string
 	var queues, outboxTables []string
 	var lf loopFlags
 	var readOnly bool
@@ -75,6 +76,9 @@ func newConsole(g *globals, out io.Writer) *cobra.Command {
 				cfg.Queues = append(cfg.Queues, fam)
 			}
 			cfg.Dial = func() (*amqp.Connection, error) { return connect(g) }
+			if mgmtURL != "" {
+				cfg.Depth = managementDepth(mgmtURL, g.url())
+			}
 			operator := g.operator
 			cfg.Operator = func(*http.Request) string { return operator + " (console)" }
 			if cfg.Signer, err = signerFlag(keyFile); err != nil {
@@ -147,9 +151,41 @@ func newConsole(g *globals, out io.Writer) *cobra.Command {
 	fl.StringVar(&tokenFile, "token-file", localenv.Get("SLUICE_CONSOLE_TOKEN_FILE", ""), "a file holding the token every request must carry (a sign-in form sets a cookie); env SLUICE_CONSOLE_TOKEN_FILE")
 	fl.BoolVar(&readOnly, "read-only", false, "refuse every action: look, move nothing")
 	fl.StringVar(&keyFile, "signing-key-file", localenv.Get("SLUICE_SIGNING_KEY_FILE", ""), "the consumers' signing key (as dlq replay)")
+	fl.StringVar(&mgmtURL, "management-url", localenv.Get("SLUICE_MANAGEMENT_URL", ""), "RabbitMQ's management API, e.g. http://broker:15672: the overview shows unacked messages and arrival rates (env SLUICE_MANAGEMENT_URL)")
 	fl.StringVar(&archiveFile, "archive-file", "", "offer archive, appending to this JSON-lines file (as dlq archive --file)")
 	fl.StringVar(&outboxDB, "outbox-db", localenv.Get("SLUICE_OUTBOX_DB_URL", ""), "PostgreSQL URL of the outbox's database (env SLUICE_OUTBOX_DB_URL)")
 	fl.StringSliceVar(&outboxTables, "outbox-table", []string{sqlstore.TableDefault}, "the outbox tables shown")
 	outcomeFlags(fl, &lf.outcomes, &lf.table, "the consumers' replay stage writes (replay is offered with it)")
 	return cmd
+}
+
+// mgmtQueueDepth is what the management API says of one queue.
+type mgmtQueueDepth struct {
+	Ready     int `json:"messages_ready"`
+	Unacked   int `json:"messages_unacknowledged"`
+	Consumers int `json:"consumers"`
+	Stats     struct {
+		Publish struct {
+			Rate float64 `json:"rate"`
+		} `json:"publish_details"`
+	} `json:"message_stats"`
+}
+
+// managementDepth reads a queue's depth, consumers and arrival rate from
+// RabbitMQ's management API (the AMQP URL's credentials and vhost), for
+// console.Config.Depth. A queue nothing was ever published to has no
+// message_stats: its arrival is 0.
+func managementDepth(mgmtURL, amqpURL string) func(context.Context, string) (console.Depth, error) {
+	return func(ctx context.Context, queue string) (console.Depth, error) {
+		var q mgmtQueueDepth
+		err := mgmtGetContext(ctx, mgmtURL, amqpURL, func(vhost string) string {
+			return "/api/queues/" + url.PathEscape(vhost) + "/" + url.PathEscape(queue) +
+				"?columns=messages_ready,messages_unacknowledged,consumers,message_stats.publish_details.rate"
+		}, "the queue", &q)
+		if err != nil {
+			return console.Depth{}, err
+		}
+		return console.Depth{Ready: q.Ready, Unacked: q.Unacked, Consumers: q.Consumers, UnackedKnown: true,
+			Arrival: q.Stats.Publish.Rate, ArrivalKnown: true}, nil
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strconv"
 	"testing"
@@ -11,12 +12,15 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
-	_ "github.com/sluicemq/sluice/console"
+	"github.com/sluicemq/sluice/console"
+	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/rabbitmq"
 )
 
 // fillPoison publishes n poisoned messages (e-<from>…) of one group into
@@ -69,7 +73,7 @@ func TestConsoleReadsAPoisonQueueOneReaderAtATime(t *testing.T) {
 	b := newBed(t)
 	const n = 1500
 	fillPoison(t, b, 0, n)
-	base, _ := consoleOn(t, b, "", nil)
+	base, _ := consoleOn(t, b, "", func(c *console.Config) { c.ReadWait = 2 * time.Minute })
 	first := make(chan int, 1)
 	go func() {
 		total, _ := groupsPage(t, base, b.topo.PoisonQueue(), true)
@@ -104,4 +108,80 @@ func TestConsoleGroupsPageKeepsItsSummary(t *testing.T) {
 	require.NotEqual(t, at1, at3)
 	_, at4 := groupsPage(t, base, q, true)
 	require.NotEqual(t, at3, at4, "read again when asked")
+}
+
+// With --management-url the console's overview shows each queue's unacked
+// messages and arrival rate, read from RabbitMQ's management API (a
+// private node with the plugin): a producer publishing into orders shows as
+// an arrival rate, a consumer holding a delivery as unacked.
+func TestConsoleOverviewReadsTheManagementAPI(t *testing.T) {
+	t.Parallel()
+	node := testenv.StartPrivateRabbitMQWith(t, testenv.PrivateRabbitMQOptions{Management: true})
+	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: node.URL}, Name: "test"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: "orders", TierDelays: []time.Duration{time.Minute}})
+	require.NoError(t, err)
+	require.NoError(t, topo.Declare(t.Context(), conn))
+	c, err := console.New(console.Config{
+		Dial:     func() (*amqp.Connection, error) { return amqp.Dial(node.URL) },
+		Queues:   []console.Queue{{Name: "orders", Tiers: []string{topo.Tiers()[0].Topic}, Poison: topo.PoisonQueue()}},
+		Depth:    managementDepth(node.ManagementURL, node.URL),
+		ReadOnly: true,
+	})
+	require.NoError(t, err)
+	srv := httptest.NewServer(c)
+	t.Cleanup(func() { srv.Close(); require.NoError(t, c.Close()) })
+
+	// A producer, 20 messages a second until the test ends; a consumer
+	// holding one delivery.
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ch.Close() })
+	require.NoError(t, ch.PublishWithContext(t.Context(), "", "orders", false, false, amqp.Publishing{Body: []byte(`{}`)}))
+	held, err := ch.Consume("orders", "", false, false, false, false, nil)
+	require.NoError(t, err)
+	<-held
+	stop := make(chan struct{})
+	produced := make(chan error, 1)
+	go func() {
+		pch, err := conn.Channel()
+		if err != nil {
+			produced <- err
+			return
+		}
+		defer func() { _ = pch.Close() }()
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				produced <- nil
+				return
+			case <-tick.C:
+				if err := pch.Publish("", topo.PoisonQueue(), false, false, amqp.Publishing{Body: []byte(`{}`)}); err != nil {
+					produced <- err
+					return
+				}
+			}
+		}
+	}()
+	row := regexp.MustCompile(`(?s)<td>([^<]+)</td><td>(main|poison)</td><td class="n">(\d+)</td>\s*<td class="n">(\d+)</td>\s*<td class="n">(\d+)</td>\s*<td class="n arrival">([^<]+)</td>`)
+	require.EventuallyWithT(t, func(ct *assert.CollectT) { // the management API samples every 5 s
+		resp, err := http.Get(srv.URL + "/")
+		require.NoError(ct, err)
+		body, err := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		require.NoError(ct, err)
+		rows := map[string][]string{}
+		for _, m := range row.FindAllStringSubmatch(string(body), -1) {
+			rows[m[2]] = m[3:]
+		}
+		require.Len(ct, rows["main"], 4, string(body))
+		require.Len(ct, rows["poison"], 4, string(body))
+		require.Equal(ct, []string{"0", "1", "1"}, rows["main"][:3], "orders: 0 ready, 1 unacked, 1 consumer")
+		require.Regexp(ct, `^[1-9]\d*\.\d/s$|^[2-9]\d*\.\d/min$`, rows["poison"][3], "the poison queue's arrival rate")
+	}, time.Minute, 200*time.Millisecond)
+	close(stop)
+	require.NoError(t, <-produced)
 }

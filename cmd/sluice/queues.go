@@ -254,6 +254,11 @@ func listQueues(mgmtURL, amqpURL string) (map[string]mgmtQueue, error) {
 // the AMQP URL's vhost, with the AMQP URL's credentials; what names the
 // resource in errors.
 func mgmtGet(mgmtURL, amqpURL string, path func(vhost string) string, what string, v any) error {
+	return mgmtGetContext(context.Background(), mgmtURL, amqpURL, path, what, v)
+}
+
+// mgmtGetContext is mgmtGet bounded by ctx too.
+func mgmtGetContext(ctx context.Context, mgmtURL, amqpURL string, path func(vhost string) string, what string, v any) error {
 	u, err := url.Parse(amqpURL)
 	if err != nil {
 		return errors.New("the AMQP URL does not parse (not shown: it may hold a password)")
@@ -263,7 +268,7 @@ func mgmtGet(mgmtURL, amqpURL string, path func(vhost string) string, what strin
 		vhost, _ = url.PathUnescape(p)
 	}
 	api := strings.TrimSuffix(mgmtURL, "/") + path(vhost)
-	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, api, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, api, nil)
 	if err != nil {
 		return usageError{fmt.Errorf("--management-url: %w", diag.RedactError(err))}
 	}
