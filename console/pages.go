@@ -463,6 +463,16 @@ func (c *Console) group(w http.ResponseWriter, r *http.Request) {
 		"More": more, "Actions": c.actions()})
 }
 
+// consumerQueues are the configured consumer queues: the only queues a
+// replay may be redirected to.
+func (c *Console) consumerQueues() []string {
+	var qs []string
+	for _, q := range c.cfg.Queues {
+		qs = append(qs, q.Name)
+	}
+	return qs
+}
+
 // actions says which actions the console offers.
 func (c *Console) actions() map[string]bool {
 	return map[string]bool{
@@ -475,15 +485,16 @@ func (c *Console) actions() map[string]bool {
 // ---- actions: preview, then a confirmed POST
 
 type previewData struct {
-	Queue    Queue
-	Group    string
-	Action   string
-	Count    int
-	Targets  map[string]int
-	Sample   []string
-	Sample50 int
-	Defaults map[string]string
-	Error    string
+	Queue     Queue
+	Consumers []string // the queues a replay may be redirected to
+	Group     string
+	Action    string
+	Count     int
+	Targets   map[string]int
+	Sample    []string
+	Sample50  int
+	Defaults  map[string]string
+	Error     string
 }
 
 func (c *Console) preview(w http.ResponseWriter, r *http.Request) {
@@ -508,7 +519,7 @@ func (c *Console) preview(w http.ResponseWriter, r *http.Request) {
 // dryRun selects the group's messages and counts them by target, moving
 // nothing: what a confirmation shows.
 func (c *Console) dryRun(ctx context.Context, q Queue, group, action string) (previewData, error) {
-	d := previewData{Queue: q, Group: group, Action: action, Targets: map[string]int{},
+	d := previewData{Queue: q, Group: group, Action: action, Targets: map[string]int{}, Consumers: c.consumerQueues(),
 		Defaults: map[string]string{"canary": "1", "ramp": "5,20,100", "max_repoison": "10%", "wait": "30s"}}
 	release, err := c.reading(ctx, q.Poison, c.cfg.ReadWait)
 	if err != nil {
@@ -546,6 +557,10 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
 	plan, err := loopForm(r)
 	if err != nil {
 		c.fail(w, r, http.StatusBadRequest, err)
+		return
+	}
+	if plan.to = strings.TrimSpace(r.PostFormValue("to")); plan.to != "" && !slices.Contains(c.consumerQueues(), plan.to) {
+		c.fail(w, r, http.StatusBadRequest, errors.New("replay to: not a consumer queue of this console (redirect only to a queue it shows)"))
 		return
 	}
 	group := r.PathValue("group")
@@ -597,6 +612,7 @@ func loopForm(r *http.Request) (loopPlan, error) {
 
 // loopPlan is a replay form's closed loop.
 type loopPlan struct {
+	to          string // a consumer queue every message goes to instead of its own; "": its own
 	sizes       []int
 	canary      bool
 	maxRepoison float64
@@ -618,7 +634,7 @@ func (c *Console) runReplay(ru *run, q Queue, group, operator string, p loopPlan
 		return
 	}
 	defer func() { _ = conn.Close() }()
-	cfg := dlq.ReplayConfig{Queue: q.Poison, Filter: dlq.Filter{Group: group}, Limit: p.limit, Batch: 10, Operator: operator,
+	cfg := dlq.ReplayConfig{Queue: q.Poison, Filter: dlq.Filter{Group: group}, Limit: p.limit, Batch: 10, Operator: operator, To: p.to,
 		Publisher: c.cfg.Publisher, Signer: c.cfg.Signer, Run: ru.ID,
 		Published: func(_ context.Context, ms []*dlq.Message) error {
 			for _, m := range ms {
@@ -631,7 +647,8 @@ func (c *Console) runReplay(ru *run, q Queue, group, operator string, p loopPlan
 	res, err := dlq.ClosedLoop(c.ctx, conn, cfg, l)
 	ru.finish(res, err)
 	c.audit(operator, "console replay", q.Poison, cfg.Filter, map[string]string{"run": ru.ID, "sizes": fmt.Sprint(p.sizes), "canary": strconv.FormatBool(p.canary),
-		"max_repoison": strconv.FormatFloat(100*p.maxRepoison, 'f', -1, 64) + "%", "wait": p.wait.String(), "limit": strconv.Itoa(p.limit)}, res, err, "", nil)
+		"max_repoison": strconv.FormatFloat(100*p.maxRepoison, 'f', -1, 64) + "%", "wait": p.wait.String(), "limit": strconv.Itoa(p.limit),
+		"to": p.to}, res, err, "", nil)
 }
 
 func (c *Console) discard(w http.ResponseWriter, r *http.Request) {

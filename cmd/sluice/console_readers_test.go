@@ -1,12 +1,16 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -184,4 +188,61 @@ func TestConsoleOverviewReadsTheManagementAPI(t *testing.T) {
 	}, time.Minute, 200*time.Millisecond)
 	close(stop)
 	require.NoError(t, <-produced)
+}
+
+// A replay redirected to another consumer queue of the console: the
+// preview offers the console's consumer queues, the closed loop publishes
+// each copy there, and the outcome column fills from that consumer's
+// records (every message processed by it). A queue the console does not
+// show is refused, nothing moved.
+func TestConsoleRedirectsAReplayToAnotherConsumerQueue(t *testing.T) {
+	t.Parallel()
+	from, to := newBed(t), newBed(t)
+	for i := range 4 {
+		from.poisoned(t, fmt.Sprintf("moved-%d", i), "stock.reserved", sluice.NewFailure(sluice.ClassExhausted, errors.New("stock service: timeout")))
+	}
+	rc := newRecovering(t, to, func(string) bool { return false })
+	pq := from.topo.PoisonQueue()
+	base, _ := consoleOn(t, from, rc.outcomesTable, func(c *console.Config) {
+		c.Queues = append(c.Queues, console.Queue{Name: to.topo.Queue(), Tiers: []string{to.topo.Tiers()[0].Topic}, Poison: to.topo.PoisonQueue()})
+	})
+	g := groupOf(t, pq, "moved-0")
+	get := func(u string) string {
+		resp, err := http.Get(u)
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+		return string(body)
+	}
+	preview := get(base + "/q/" + pq + "/g/" + g + "/replay")
+	require.Contains(t, preview, `<option value="`+to.topo.Queue()+`">`)
+	csrf := regexp.MustCompile(`name="csrf" value="([^"]+)"`).FindStringSubmatch(preview)
+	require.NotNil(t, csrf)
+	post := func(target string) (int, string) {
+		form := url.Values{"csrf": {csrf[1]}, "confirm": {"yes"}, "canary": {"1"}, "ramp": {"5"}, "wait": {"60s"}, "to": {target}}
+		cl := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		resp, err := cl.PostForm(base+"/q/"+pq+"/g/"+g+"/replay", form)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("Location") + string(body)
+	}
+	code, body := post("not-" + to.topo.Queue())
+	require.Equal(t, http.StatusBadRequest, code)
+	require.Contains(t, body, "not a consumer queue of this console")
+	require.Len(t, peekIDs(t, pq), 4, "nothing moved")
+
+	code, run := post(to.topo.Queue())
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Eventually(t, func() bool { return rc.rows(t) == 4 }, time.Minute, 20*time.Millisecond, "processed by the other consumer")
+	require.Eventually(t, func() bool {
+		page := get(strings.Split(base, "/sluice")[0] + run)
+		return strings.Contains(page, `<span class="ok">Done.</span>`) && strings.Count(page, `<td class="outcome outcome-processed">processed</td>`) == 4
+	}, time.Minute, 50*time.Millisecond, "the run's outcome column, from the other consumer's records")
+	require.Empty(t, peekIDs(t, pq))
+	audit, err := os.ReadFile(from.audit)
+	require.NoError(t, err)
+	require.Contains(t, string(audit), `"to":"`+to.topo.Queue()+`"`)
 }
