@@ -1,0 +1,169 @@
+package router_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/ordering"
+	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
+	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql/postgres"
+)
+
+// Single active consumer failover mid-release (issue 34): instance A owns
+// the partition; key acct-1's message 1 fails once and goes to a tier, so
+// messages 2–5 are held; its copy comes back, succeeds, and A releases the
+// held messages — and dies (its broker and database connections cut, none
+// can be opened again) while message 3 runs. Instance B, the partition's
+// standby consumer, becomes its owner and continues the release: the
+// effects are 0 1 2 3 4 5, each once, in order.
+func TestAPartitionsNextOwnerContinuesAReleaseInOrder(t *testing.T) {
+	t.Parallel()
+	db := testenv.Postgres(t)
+	schema := testenv.Schema(t, db)
+	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.applied (n bigserial PRIMARY KEY, seq int NOT NULL)`, schema))
+	require.NoError(t, err)
+	testenv.SQLStore(t, db, schema+".inbox")
+	orders, err := ordersql.New(ordersql.Config{DB: db, TablePrefix: schema + ".order"})
+	require.NoError(t, err)
+	require.NoError(t, orders.CreateTables(t.Context()))
+
+	tc := rabbitmq.TopologyConfig{Queue: testenv.Name("failover"), TierDelays: []time.Duration{100 * time.Millisecond},
+		Partitions: 1, PartitionKey: "account"}
+	topo, err := rabbitmq.NewTopology(tc)
+	require.NoError(t, err)
+	names := []string{"exchange:" + topo.Exchange()}
+	for _, q := range topo.Queues() {
+		names = append(names, q.Name)
+	}
+	testenv.DeleteQueuesAtEnd(t, names...)
+
+	// start runs an instance of the consumer on its own broker connection
+	// and pool; hold, when set, is called before each message's effect.
+	start := func(amqpURL string, pool *sqlx.DB, hold func(seq int)) (b *rabbitmq.Broker, stop func() error) {
+		b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: amqpURL}, Topology: tc})
+		require.NoError(t, err)
+		inbox, err := sqlstore.New(sqlstore.Config{DB: pool, Table: schema + ".inbox"})
+		require.NoError(t, err)
+		store, err := ordersql.New(ordersql.Config{DB: pool, TablePrefix: schema + ".order"})
+		require.NoError(t, err)
+		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+		require.NoError(t, err)
+		_, err = router.Add(r, router.HandlerConfig{
+			Broker: b, Name: "ledger",
+			Handler: func(msg *message.Message) error {
+				var seq int
+				if _, err := fmt.Sscan(msg.Metadata.Get("seq"), &seq); err != nil {
+					return sluice.Poison(err)
+				}
+				attempt, err := sluice.Attempt(msg)
+				if err != nil {
+					return err
+				}
+				if seq == 1 && attempt < 2 {
+					return sluice.Transient(fmt.Errorf("seq 1 attempt %d: %w", attempt, context.DeadlineExceeded))
+				}
+				if hold != nil {
+					hold(seq)
+				}
+				_, err = sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+					fmt.Sprintf(`INSERT INTO %s.applied (seq) VALUES ($1)`, schema), seq)
+				return err
+			},
+			Stages: router.Stages{
+				Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
+				Inbox:     &deduplication.Config{Store: inbox},
+				Recoverer: &middleware.RecovererConfig{},
+				Order:     &ordering.Config{Store: store, Key: deduplication.KeyFromMetadata("account"), ResumeInterval: 100 * time.Millisecond},
+			},
+		})
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() { done <- r.Run(context.Background()) }()
+		<-r.Running()
+		var once sync.Once
+		var closeErr error
+		return b, func() error {
+			once.Do(func() { closeErr = r.Close(); <-done; _ = b.Close() })
+			return closeErr
+		}
+	}
+
+	// A, through proxies that can cut it off.
+	amqpProxy, amqpURL := testenv.ProxyAMQP(t)
+	pgProxy, dsn := testenv.ProxyPostgresURL(t)
+	poolA, err := postgres.Open(postgres.Config{DSN: dsn})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = poolA.Close() })
+	midRelease, resume := make(chan struct{}), make(chan struct{})
+	var mid sync.Once
+	brokerA, stopA := start(amqpURL, poolA, func(seq int) {
+		if seq == 3 {
+			mid.Do(func() { close(midRelease) })
+			<-resume
+		}
+	})
+	t.Cleanup(func() { _ = stopA() })
+	for seq := range 6 {
+		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+		m.Metadata.Set(sluice.EventIDKey, fmt.Sprintf("acct-1-%d", seq))
+		m.Metadata.Set("account", "acct-1")
+		m.Metadata.Set("seq", fmt.Sprint(seq))
+		require.NoError(t, brokerA.PartitionPublisher().Publish(topo.Exchange(), m))
+	}
+	applied := func() []int {
+		var s []int
+		require.NoError(t, db.Select(&s, fmt.Sprintf(`SELECT seq FROM %s.applied ORDER BY n`, schema)))
+		return s
+	}
+	select {
+	case <-midRelease:
+	case <-time.After(time.Minute):
+		t.Fatalf("A did not reach message 3 of the release; applied %v", applied())
+	}
+	require.Equal(t, []int{0, 1, 2}, applied(), "A released 2 and runs 3")
+
+	// B attaches as the partition's standby consumer; then A dies: its
+	// connections are cut and none can be opened again, its handler never
+	// returns (until the end: below).
+	_, stopB := start(testenv.AMQPURL, db, nil)
+	t.Cleanup(func() { require.NoError(t, stopB()) })
+	for _, p := range []*testenv.Proxy{amqpProxy, pgProxy} {
+		p.BlackHole()
+		p.Reset()
+	}
+
+	require.Eventually(t, func() bool { return len(applied()) >= 6 }, time.Minute, 20*time.Millisecond,
+		"B continues the release; applied %v", applied)
+	require.Equal(t, []int{0, 1, 2, 3, 4, 5}, applied(), "each once, in order")
+	require.Eventually(t, func() bool { // each held row is removed after its message's commit
+		keys, err := orders.Keys(t.Context(), "ledger-p0", 10)
+		require.NoError(t, err)
+		return len(keys) == 0
+	}, time.Minute, 20*time.Millisecond, "nothing held")
+
+	// A's leftovers, after the checks: B stopped, A's network back, its
+	// handler returns (its effect of 3 meets a closed connection), and A
+	// closes in time.
+	require.NoError(t, stopB())
+	amqpProxy.Heal()
+	pgProxy.Heal()
+	close(resume)
+	_ = stopA()
+}
