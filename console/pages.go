@@ -281,9 +281,39 @@ type groupRow struct {
 	ID, Class, Fingerprint, Consumer, Target, Sample string
 	Count                                            int
 	First, Last                                      time.Time
+	// Arrivals counts the group's messages by the hour they were poisoned
+	// in, over the arrivalHours before the scan (oldest first).
+	Arrivals [arrivalHours]int
 }
 
-func (c *Console) scanGroups(ctx context.Context, queue string) ([]*groupRow, int, int, error) {
+// arrivalHours is the window of a group's arrival chart.
+const arrivalHours = 24
+
+// ArrivalChart draws a group's arrivals by hour as inline SVG bars (no
+// script); each bar carries its count (data-n) and its hour's start.
+func (g *groupRow) ArrivalChart(now time.Time) template.HTML {
+	const w, h, bw = 96, 20, 4
+	top := 1
+	for _, n := range g.Arrivals {
+		top = max(top, n)
+	}
+	var b strings.Builder
+	start := now.Truncate(time.Hour).Add(-(arrivalHours - 1) * time.Hour)
+	for i, n := range g.Arrivals {
+		bh := 0
+		if n > 0 {
+			bh = max(1, n*(h-2)/top)
+		}
+		fmt.Fprintf(&b, `<rect class="bar" x="%d" y="%d" width="%d" height="%d" data-n="%d" data-hour="%s" fill="#dc2626"><title>%s: %d</title></rect>`,
+			i*bw, h-bh, bw-1, bh, n, start.Add(time.Duration(i)*time.Hour).UTC().Format("15:04"), start.Add(time.Duration(i)*time.Hour).UTC().Format("Jan 2 15:04Z"), n)
+	}
+	// Every value in it is a number or a formatted time: nothing to escape.
+	return template.HTML(fmt.Sprintf(`<svg class="arrivals" viewBox="0 0 %d %d" width="%d" height="%d" role="img" aria-label="arrivals by hour, last %d hours"><rect x="0" y="0" width="%d" height="%d" fill="#fafafa" stroke="#ddd"/>%s</svg>`,
+		w, h, w, h, arrivalHours, w, h, b.String()))
+}
+
+// scanGroups reads queue's failure groups; now places their arrivals.
+func (c *Console) scanGroups(ctx context.Context, queue string, now time.Time) ([]*groupRow, int, int, error) {
 	conn, err := c.conn()
 	if err != nil {
 		return nil, 0, 0, err
@@ -305,6 +335,9 @@ func (c *Console) scanGroups(ctx context.Context, queue string) ([]*groupRow, in
 		}
 		g.Count++
 		if t := m.PoisonedAt; !t.IsZero() {
+			if i := arrivalHours - 1 - int(now.Truncate(time.Hour).Sub(t.Truncate(time.Hour))/time.Hour); i >= 0 && i < arrivalHours {
+				g.Arrivals[i]++
+			}
 			if g.First.IsZero() || t.Before(g.First) {
 				g.First = t
 			}
@@ -352,13 +385,14 @@ func (c *Console) groups(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusServiceUnavailable, err)
 		return
 	}
-	gs, other, total, err := c.scanGroups(r.Context(), q.Poison)
+	read := time.Now()
+	gs, other, total, err := c.scanGroups(r.Context(), q.Poison, read)
 	release()
 	if err != nil {
 		c.fail(w, r, http.StatusBadGateway, err)
 		return
 	}
-	s := summary{at: time.Now(), groups: gs, other: other, total: total}
+	s := summary{at: read, groups: gs, other: other, total: total}
 	c.mu.Lock()
 	c.summaries[q.Poison] = s
 	c.mu.Unlock()

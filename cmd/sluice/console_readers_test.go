@@ -246,3 +246,41 @@ func TestConsoleRedirectsAReplayToAnotherConsumerQueue(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(audit), `"to":"`+to.topo.Queue()+`"`)
 }
+
+// The groups page charts each group's arrivals by hour over the last 24
+// hours, from the messages' poisoned-at times: 3 this hour, 2 two hours
+// ago, one 30 hours ago (outside the chart, still counted in the group).
+func TestConsoleGroupsChartArrivalsByHour(t *testing.T) {
+	t.Parallel()
+	b := newBed(t)
+	now := time.Now()
+	var ms []*message.Message
+	for i, ago := range []time.Duration{0, 0, 0, 2 * time.Hour, 2 * time.Hour, 30 * time.Hour} {
+		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+		m.Metadata.Set(sluice.EventIDKey, fmt.Sprint("e-", i))
+		m.Metadata.Set(poison.ClassKey, "poison")
+		m.Metadata.Set(poison.ReasonKey, fmt.Sprintf("order o-%d failed: no such customer", i))
+		m.Metadata.Set(poison.ConsumerKey, "orders")
+		m.Metadata.Set(poison.PoisonedAtKey, now.Add(-ago).UTC().Format(time.RFC3339Nano))
+		ms = append(ms, m)
+	}
+	require.NoError(t, b.pub.Publish(b.topo.PoisonQueue(), ms...))
+	base, _ := consoleOn(t, b, "", nil)
+	resp, err := http.Get(base + "/q/" + b.topo.PoisonQueue() + "/groups")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	bars := regexp.MustCompile(`<rect class="bar" [^>]*data-n="(\d+)" data-hour="(\d\d:\d\d)"`).FindAllStringSubmatch(string(body), -1)
+	require.Len(t, bars, 24, "one group, 24 hours")
+	counts := map[string]string{}
+	for _, b := range bars {
+		if b[1] != "0" {
+			counts[b[2]] = b[1]
+		}
+	}
+	hour := func(ago time.Duration) string { return now.Add(-ago).UTC().Truncate(time.Hour).Format("15:04") }
+	require.Equal(t, map[string]string{hour(0): "3", hour(2 * time.Hour): "2"}, counts)
+	require.Contains(t, string(body), "<p>6 messages", "the older one is counted in the group")
+}
