@@ -191,6 +191,12 @@ func (c *Console) depth(ctx context.Context, conn *amqp.Connection, queue string
 	if c.cfg.Depth != nil {
 		return c.cfg.Depth(ctx, queue)
 	}
+	return passiveDepth(conn, queue)
+}
+
+// passiveDepth is queue's ready count and consumers, exact, from a
+// passive declare (the management API's are sampled).
+func passiveDepth(conn *amqp.Connection, queue string) (Depth, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return Depth{}, err
@@ -369,7 +375,7 @@ func (c *Console) groups(w http.ResponseWriter, r *http.Request) {
 	last, haveLast := c.summaries[q.Poison]
 	c.mu.Unlock()
 	if haveLast && r.URL.Query().Get("fresh") == "" {
-		if d, err := c.readyCount(r.Context(), q.Poison); err == nil {
+		if d, err := c.readyCount(q.Poison); err == nil {
 			if s, ok := c.cached(q.Poison, d); ok {
 				show(s, false)
 				return
@@ -399,21 +405,15 @@ func (c *Console) groups(w http.ResponseWriter, r *http.Request) {
 	show(s, false)
 }
 
-// readyCount is queue's ready count, exact (a passive declare; the
-// management API's is sampled).
-func (c *Console) readyCount(ctx context.Context, queue string) (int, error) {
+// readyCount is queue's ready count, exact (passiveDepth).
+func (c *Console) readyCount(queue string) (int, error) {
 	conn, err := c.conn()
 	if err != nil {
 		return 0, err
 	}
 	defer func() { _ = conn.Close() }()
-	ch, err := conn.Channel()
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = ch.Close() }()
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	return q.Messages, err
+	d, err := passiveDepth(conn, queue)
+	return d.Ready, err
 }
 
 type header struct{ Key, Value string }

@@ -88,8 +88,10 @@ func TestABatchIsBoundedByBytes(t *testing.T) {
 // due rows by polling only.
 type unwoken struct{ s *sqlstore.Store }
 
-func (u unwoken) Due(ctx context.Context, limit int) (outbox.Batch, error) { return u.s.Due(ctx, limit) }
-func (u unwoken) Stats(ctx context.Context) (outbox.Stats, error)          { return u.s.Stats(ctx) }
+func (u unwoken) Due(ctx context.Context, limit int) (outbox.Batch, error) {
+	return u.s.Due(ctx, limit)
+}
+func (u unwoken) Stats(ctx context.Context) (outbox.Stats, error) { return u.s.Stats(ctx) }
 func (u unwoken) DueWithin(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
 	return u.s.DueWithin(ctx, limit, maxBytes)
 }

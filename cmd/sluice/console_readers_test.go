@@ -33,15 +33,36 @@ func fillPoison(t *testing.T, b *bed, from, n int) {
 	t.Helper()
 	var ms []*message.Message
 	for i := from; i < from+n; i++ {
-		m := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"eventId":"e-%d"}`, i))
-		m.Metadata.Set(sluice.EventIDKey, fmt.Sprint("e-", i))
-		m.Metadata.Set(poison.ClassKey, "poison")
-		m.Metadata.Set(poison.ReasonKey, fmt.Sprintf("order o-%d failed: no such customer", i))
-		m.Metadata.Set(poison.ConsumerKey, "orders")
-		m.Metadata.Set(poison.QueueKey, b.topo.Queue())
-		ms = append(ms, m)
+		ms = append(ms, poisonedCopy(b, i, time.Time{}))
 	}
 	require.NoError(t, b.pub.Publish(b.topo.PoisonQueue(), ms...))
+}
+
+// poisonedCopy is poisoned message i (e-<i>) of b's one group, poisoned at
+// at (zero: no poisoned-at header).
+func poisonedCopy(b *bed, i int, at time.Time) *message.Message {
+	m := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"eventId":"e-%d"}`, i))
+	m.Metadata.Set(sluice.EventIDKey, fmt.Sprint("e-", i))
+	m.Metadata.Set(poison.ClassKey, "poison")
+	m.Metadata.Set(poison.ReasonKey, fmt.Sprintf("order o-%d failed: no such customer", i))
+	m.Metadata.Set(poison.ConsumerKey, "orders")
+	m.Metadata.Set(poison.QueueKey, b.topo.Queue())
+	if !at.IsZero() {
+		m.Metadata.Set(poison.PoisonedAtKey, at.UTC().Format(time.RFC3339Nano))
+	}
+	return m
+}
+
+// getPage reads the page at u, which must answer 200.
+func getPage(t *testing.T, u string) string {
+	t.Helper()
+	resp, err := http.Get(u)
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	_ = resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	return string(body)
 }
 
 // groupsPage reads the groups page (fresh: read again) and returns the
@@ -52,18 +73,13 @@ func groupsPage(t *testing.T, base, queue string, fresh bool) (total int, readAt
 	if fresh {
 		url += "?fresh=1"
 	}
-	resp, err := http.Get(url)
+	body := getPage(t, url)
+	m := regexp.MustCompile(`<p>(\d+) messages`).FindStringSubmatch(body)
+	require.NotNil(t, m, body)
+	total, err := strconv.Atoi(m[1])
 	require.NoError(t, err)
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	_ = resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
-	m := regexp.MustCompile(`<p>(\d+) messages`).FindSubmatch(body)
-	require.NotNil(t, m, string(body))
-	total, err = strconv.Atoi(string(m[1]))
-	require.NoError(t, err)
-	if at := regexp.MustCompile(`data-at="(\d+)"`).FindSubmatch(body); at != nil {
-		readAt = string(at[1])
+	if at := regexp.MustCompile(`data-at="(\d+)"`).FindStringSubmatch(body); at != nil {
+		readAt = at[1]
 	}
 	return total, readAt
 }
@@ -207,16 +223,7 @@ func TestConsoleRedirectsAReplayToAnotherConsumerQueue(t *testing.T) {
 		c.Queues = append(c.Queues, console.Queue{Name: to.topo.Queue(), Tiers: []string{to.topo.Tiers()[0].Topic}, Poison: to.topo.PoisonQueue()})
 	})
 	g := groupOf(t, pq, "moved-0")
-	get := func(u string) string {
-		resp, err := http.Get(u)
-		require.NoError(t, err)
-		body, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		_ = resp.Body.Close()
-		require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
-		return string(body)
-	}
-	preview := get(base + "/q/" + pq + "/g/" + g + "/replay")
+	preview := getPage(t, base+"/q/"+pq+"/g/"+g+"/replay")
 	require.Contains(t, preview, `<option value="`+to.topo.Queue()+`">`)
 	csrf := regexp.MustCompile(`name="csrf" value="([^"]+)"`).FindStringSubmatch(preview)
 	require.NotNil(t, csrf)
@@ -238,7 +245,7 @@ func TestConsoleRedirectsAReplayToAnotherConsumerQueue(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Eventually(t, func() bool { return rc.rows(t) == 4 }, time.Minute, 20*time.Millisecond, "processed by the other consumer")
 	require.Eventually(t, func() bool {
-		page := get(strings.Split(base, "/sluice")[0] + run)
+		page := getPage(t, strings.Split(base, "/sluice")[0]+run)
 		return strings.Contains(page, `<span class="ok">Done.</span>`) && strings.Count(page, `<td class="outcome outcome-processed">processed</td>`) == 4
 	}, time.Minute, 50*time.Millisecond, "the run's outcome column, from the other consumer's records")
 	require.Empty(t, peekIDs(t, pq))
@@ -256,23 +263,12 @@ func TestConsoleGroupsChartArrivalsByHour(t *testing.T) {
 	now := time.Now()
 	var ms []*message.Message
 	for i, ago := range []time.Duration{0, 0, 0, 2 * time.Hour, 2 * time.Hour, 30 * time.Hour} {
-		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-		m.Metadata.Set(sluice.EventIDKey, fmt.Sprint("e-", i))
-		m.Metadata.Set(poison.ClassKey, "poison")
-		m.Metadata.Set(poison.ReasonKey, fmt.Sprintf("order o-%d failed: no such customer", i))
-		m.Metadata.Set(poison.ConsumerKey, "orders")
-		m.Metadata.Set(poison.PoisonedAtKey, now.Add(-ago).UTC().Format(time.RFC3339Nano))
-		ms = append(ms, m)
+		ms = append(ms, poisonedCopy(b, i, now.Add(-ago)))
 	}
 	require.NoError(t, b.pub.Publish(b.topo.PoisonQueue(), ms...))
 	base, _ := consoleOn(t, b, "", nil)
-	resp, err := http.Get(base + "/q/" + b.topo.PoisonQueue() + "/groups")
-	require.NoError(t, err)
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	_ = resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	bars := regexp.MustCompile(`<rect class="bar" [^>]*data-n="(\d+)" data-hour="(\d\d:\d\d)"`).FindAllStringSubmatch(string(body), -1)
+	body := getPage(t, base+"/q/"+b.topo.PoisonQueue()+"/groups")
+	bars := regexp.MustCompile(`<rect class="bar" [^>]*data-n="(\d+)" data-hour="(\d\d:\d\d)"`).FindAllStringSubmatch(body, -1)
 	require.Len(t, bars, 24, "one group, 24 hours")
 	counts := map[string]string{}
 	for _, b := range bars {
@@ -282,5 +278,5 @@ func TestConsoleGroupsChartArrivalsByHour(t *testing.T) {
 	}
 	hour := func(ago time.Duration) string { return now.Add(-ago).UTC().Truncate(time.Hour).Format("15:04") }
 	require.Equal(t, map[string]string{hour(0): "3", hour(2 * time.Hour): "2"}, counts)
-	require.Contains(t, string(body), "<p>6 messages", "the older one is counted in the group")
+	require.Contains(t, body, "<p>6 messages", "the older one is counted in the group")
 }
