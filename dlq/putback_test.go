@@ -17,17 +17,32 @@ import (
 // A classic queue keeps its order through scans that remove some of its
 // messages: a full scan that removes some, a scan stopped early that
 // removes some of what it read, then a read of the rest — every message
-// left once, in the order published. On 3.10 and on 4.0
-// (SLUICE_TEST_AMQP_URL, make test-rabbitmq4).
+// left once, in the order published. A classic queue with no arguments
+// (typed or not) is put back at once by the channel's close, one with
+// arguments a nack at a time. On 3.10 and on 4.0 (SLUICE_TEST_AMQP_URL,
+// make test-rabbitmq4).
 func TestAScanPutsAClassicQueueBackInOrder(t *testing.T) {
 	t.Parallel()
+	for name, args := range map[string]amqp.Table{
+		"typed":          {"x-queue-type": amqp.QueueTypeClassic},
+		"untyped":        nil,
+		"with arguments": {"x-max-length": int64(1_000_000)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			scansKeepOrder(t, args)
+		})
+	}
+}
+
+func scansKeepOrder(t *testing.T, args amqp.Table) {
 	const n = 2000
 	conn := testenv.AMQP(t)
 	queue := testenv.Name("putback")
 	testenv.DeleteQueuesAtEnd(t, queue)
 	ch, err := conn.Channel()
 	require.NoError(t, err)
-	_, err = ch.QueueDeclare(queue, true, false, false, false, amqp.Table{"x-queue-type": amqp.QueueTypeClassic})
+	_, err = ch.QueueDeclare(queue, true, false, false, false, args)
 	require.NoError(t, err)
 	_ = ch.Close()
 	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})

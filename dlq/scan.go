@@ -103,11 +103,11 @@ var ErrNoQueue = errors.New("dlq: queue does not exist")
 // Scan reads the queue's messages, at most as many as it held when the scan
 // began, and calls fn with each; fn acks the ones to remove (Message.Ack).
 // It never acks by itself: when Scan ends it returns every message fn left
-// with a basic.nack (requeue) of its own, one at a time in the order read —
-// never by a basic.reject, never by leaving them to the channel's close —
-// and closes the channel only then, so the next reader of the queue finds
-// them back in their order (the broker returns them too if the process
-// dies). fn returning stop ends the scan early. done, when not nil, runs
+// — a plain classic queue all at once by closing the channel, any other
+// queue with a basic.nack (requeue) each, in the order read; never by a
+// basic.reject — and waits until the queue counts them again, so the next
+// reader of the queue finds them back in their order (the broker returns
+// them too if the process dies). fn returning stop ends the scan early. done, when not nil, runs
 // after the last message, while fn's messages can still be acked. It
 // returns how many messages it read for fn.
 //
@@ -127,7 +127,7 @@ func Scan(ctx context.Context, conn *amqp.Connection, queue string, fn func(*Mes
 	if err != nil {
 		return 0, fmt.Errorf("dlq: opening a channel: %w", err)
 	}
-	sc := &scanner{ch: ch, acked: map[uint64]bool{}}
+	sc := &scanner{conn: conn, ch: ch, acked: map[uint64]bool{}}
 	defer sc.putBack(queue) // returns the unacked messages to the queue, in order
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	if err != nil {
@@ -210,6 +210,7 @@ func (m *Message) Ack() error {
 // scanner holds what a scan read: the delivery tags in the order read
 // (a few bytes each, not the messages) and those acked.
 type scanner struct {
+	conn  *amqp.Connection
 	ch    *amqp.Channel
 	held  []uint64
 	acked map[uint64]bool
@@ -269,14 +270,20 @@ func (s *scanner) readThrough(queue string, left int) {
 	}
 }
 
-// putBack returns each message read and not acked with a basic.nack
-// (requeue) of its own, in the order read, waits until the queue counts
-// them ready again, then closes the channel. A nack of many at once would
-// be returned in no set order (RabbitMQ 3.x folds over a map), a channel's
-// close returns them only once the queue handles the channel's death, and
-// a quorum queue applies a nack after it answered it: without the wait,
-// the next reader — the next command run at once — can take the messages
-// behind them first, or count the queue short.
+// putBack returns each message read and not acked, waits until the queue
+// counts them ready again, and closes the channel. A classic queue with
+// no arguments — rabbitmq.Topology's classic poison queue — gets them back
+// all at once, by the channel's close: the queue puts returned messages
+// back in their places by sequence number, in one pass, where a
+// basic.nack each costs the queue a pass each (`sluice-bench -suite
+// putback`: a scan of 10,000 takes 11–17× as long with a nack each). Any
+// other queue gets a basic.nack (requeue) each, in the order read: a quorum
+// queue serves what it got back in the order it got it, and returns a
+// closed channel's messages, or a nack of many, in no set order (RabbitMQ
+// 3.x folds over a map). Either way the broker applies the return after
+// it answered: without the wait the next reader — the next command run at
+// once — can take the messages behind them first, or count the queue
+// short.
 func (s *scanner) putBack(queue string) {
 	defer func() { _ = s.ch.Close() }()
 	held := 0
@@ -292,6 +299,17 @@ func (s *scanner) putBack(queue string) {
 	if err != nil {
 		return // the channel is gone: the broker returns them
 	}
+	want, wait := q.Messages+held, PutBackTimeout+time.Duration(held)*PutBackPerMessage
+	if !s.quorum && plainClassic(s.conn, queue) {
+		_ = s.ch.Close() // returns them all, in their places
+		ch, err := s.conn.Channel()
+		if err != nil {
+			return
+		}
+		defer func() { _ = ch.Close() }()
+		waitReady(ch, queue, want, wait)
+		return
+	}
 	for _, tag := range s.held {
 		if s.acked[tag] {
 			continue
@@ -300,16 +318,31 @@ func (s *scanner) putBack(queue string) {
 			return // the channel is gone: the broker returns the rest
 		}
 	}
-	s.waitReady(queue, q.Messages+held, PutBackTimeout+time.Duration(held)*PutBackPerMessage)
+	waitReady(s.ch, queue, want, wait)
+}
+
+// plainClassic reports whether queue is a classic queue declared with no
+// arguments, as rabbitmq.Topology declares a classic poison queue: a
+// declaration naming only the classic type succeeds only then (it changes
+// nothing). Any other queue — quorum, or classic with arguments — refuses
+// it, and is put back a message at a time, which is slower, not wrong.
+func plainClassic(conn *amqp.Connection, queue string) bool {
+	ch, err := conn.Channel()
+	if err != nil {
+		return false
+	}
+	defer func() { _ = ch.Close() }() // a refused declaration closes it already
+	_, err = ch.QueueDeclare(queue, true, false, false, false, amqp.Table{"x-queue-type": amqp.QueueTypeClassic})
+	return err == nil
 }
 
 // PutBackTimeout and PutBackPerMessage bound how long a scan waits, after
-// its nacks, for the queue to count the messages it returned: PutBackTimeout
+// it returned its messages, for the queue to count them: PutBackTimeout
 // plus PutBackPerMessage for each (it goes on when a consumer takes some
-// meanwhile; there should be none on a poison queue). The broker puts them
-// back one by one: RabbitMQ 3.10 took 17–19 s for 10,000 on a loaded
-// 2-core machine (docs/console.md), past a fixed 10 s, after which the next
-// reader met a queue still short of them.
+// meanwhile; there should be none on a poison queue). Returned a
+// basic.nack each, the broker puts them back one by one: RabbitMQ 3.10
+// took 17–19 s for 10,000 on a loaded 2-core machine, past a fixed 10 s,
+// after which the next reader met a queue still short of them.
 const (
 	PutBackTimeout    = 10 * time.Second
 	PutBackPerMessage = 5 * time.Millisecond
@@ -318,11 +351,11 @@ const (
 // waitReady polls the queue's ready count until it is at least want, at
 // most wait: every 2 ms at first, then less often (up to every 100 ms) — a
 // long put-back is not polled thousands of times.
-func (s *scanner) waitReady(queue string, want int, wait time.Duration) {
+func waitReady(ch *amqp.Channel, queue string, want int, wait time.Duration) {
 	deadline := time.Now().Add(wait)
 	pause := 2 * time.Millisecond
 	for time.Now().Before(deadline) {
-		q, err := s.ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 		if err != nil || q.Messages >= want {
 			return
 		}
