@@ -78,6 +78,9 @@ foreground "chaos stopping PostgreSQL" "$logs/sluice-chaos" run -scenarios postg
 # these failed in CI (which kept too little of the output to say which);
 # alone they take about 75 s (3 nodes and 1 node booting, then the run).
 foreground "chaos on private brokers" "$logs/sluice-chaos" run -scenarios cluster-node-kill,ordered
+# The same kills and a broker restart on the RabbitMQ 4.0 node (it restarts
+# that node: nothing else uses it now).
+foreground "chaos on the 4.0 node" "$logs/sluice-chaos" run -rabbitmq4 -scenarios kill,rabbitmq-restart -events 200 -kills 3
 await fuzz
 
 if [ ${#failed[@]} -gt 0 ]; then

@@ -15,7 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/rabbitmq"
 )
 
 // letters names group i without digits (a fingerprint replaces numbers).
@@ -44,10 +46,12 @@ func rssMB(tb testing.TB) float64 {
 
 // A poison queue of 100,000 messages in 1,000 groups: the overview, the
 // groups page (read, then again: its summary) and a group's page, their
-// time and the process's peak RSS.
+// time and the process's peak RSS. SLUICE_CONSOLE_BENCH_N sets another
+// size, SLUICE_CONSOLE_BENCH_QUORUM=1 a quorum topology.
 // go test -run '^$' -bench BenchmarkConsoleLargePoisonQueue -benchtime 1x ./sluice/
 func BenchmarkConsoleLargePoisonQueue(bm *testing.B) {
-	b := newBed(bm)
+	b := newBedOn(bm, rabbitmq.TopologyConfig{Queue: testenv.Name("cli"), TierDelays: []time.Duration{time.Minute},
+		Quorum: os.Getenv("SLUICE_CONSOLE_BENCH_QUORUM") == "1"})
 	n, groups := 100_000, 1_000
 	if v, err := strconv.Atoi(os.Getenv("SLUICE_CONSOLE_BENCH_N")); err == nil && v > 0 {
 		n = v
