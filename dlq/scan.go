@@ -107,9 +107,9 @@ var ErrNoQueue = errors.New("dlq: queue does not exist")
 // queue with a basic.nack (requeue) each, in the order read; never by a
 // basic.reject — and waits until the queue counts them again, so the next
 // reader of the queue finds them back in their order (the broker returns
-// them too if the process dies). fn returning stop ends the scan early. done, when not nil, runs
-// after the last message, while fn's messages can still be acked. It
-// returns how many messages it read for fn.
+// them too if the process dies). fn returning stop ends the scan early.
+// done, when not nil, runs after the last message, while fn's messages can
+// still be acked. It returns how many messages it read for fn.
 //
 // On a quorum queue the messages returned wait at the queue's head, ahead
 // of the others, in the order they came back (RabbitMQ's rabbit_fifo keeps
