@@ -231,11 +231,10 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 				f.Poison = d.Ready
 			}
 			c.mu.Lock()
-			s := append(c.samples[name], sample{At: now, Ready: d.Ready})
-			if len(s) > samplesMax {
-				s = s[len(s)-samplesMax:]
+			c.samples[name] = append(c.samples[name], sample{At: now, Ready: d.Ready})
+			if s := c.samples[name]; len(s) > samplesMax {
+				c.samples[name] = s[len(s)-samplesMax:]
 			}
-			c.samples[name] = s
 			c.mu.Unlock()
 		}
 		add(q.Name, "main")

@@ -68,16 +68,6 @@ func (c *VirtualClock) Pending() int {
 	return len(c.timers)
 }
 
-// next returns the due time of the earliest scheduled call, if any.
-func (c *VirtualClock) next() (time.Time, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.timers) == 0 {
-		return time.Time{}, false
-	}
-	return c.earliest().due, true
-}
-
 func (c *VirtualClock) earliest() *virtualTimer {
 	e := c.timers[0]
 	for _, t := range c.timers[1:] {

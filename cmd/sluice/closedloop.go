@@ -21,9 +21,6 @@ import (
 // listMax bounds the events a stop lists; the report lists them all.
 const listMax = 50
 
-// errStopped ends a closed-loop replay that stopped on its own rule.
-var errStopped = dlq.ErrStopped
-
 // loopFlags are the closed-loop flags of replay.
 type loopFlags struct {
 	outcomes    string

@@ -211,7 +211,7 @@ func (s *Store) Keys(ctx context.Context, consumer string, limit int) ([]orderin
 	if err != nil {
 		return nil, fmt.Errorf("ordering/sqlstore: listing the keys: %w", err)
 	}
-	defer rows.Close()
+	defer func() { _ = rows.Close() }()
 	var out []ordering.Key
 	for rows.Next() {
 		var k ordering.Key
