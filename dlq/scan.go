@@ -158,13 +158,19 @@ func Scan(ctx context.Context, conn *amqp.Connection, queue string, fn func(*Mes
 // back in order keeps the order; a policy may give the queue a limit too,
 // which no AMQP method shows, so a failed check only costs a longer read.
 func limited(conn *amqp.Connection, queue string) bool {
+	return declaredWith(conn, queue, amqp.Table{"x-queue-type": amqp.QueueTypeQuorum, "x-delivery-limit": int64(rabbitmq.PoisonDeliveryLimit)})
+}
+
+// declaredWith reports whether queue is a durable queue declared with
+// exactly args: a declaration with them succeeds only then, and changes
+// nothing. It runs on a channel of its own, which a refusal closes.
+func declaredWith(conn *amqp.Connection, queue string, args amqp.Table) bool {
 	ch, err := conn.Channel()
 	if err != nil {
 		return false
 	}
 	defer func() { _ = ch.Close() }() // a refused declaration closes it already
-	_, err = ch.QueueDeclare(queue, true, false, false, false,
-		amqp.Table{"x-queue-type": amqp.QueueTypeQuorum, "x-delivery-limit": int64(rabbitmq.PoisonDeliveryLimit)})
+	_, err = ch.QueueDeclare(queue, true, false, false, false, args)
 	return err == nil
 }
 
@@ -327,13 +333,7 @@ func (s *scanner) putBack(queue string) {
 // nothing). Any other queue — quorum, or classic with arguments — refuses
 // it, and is put back a message at a time, which is slower, not wrong.
 func plainClassic(conn *amqp.Connection, queue string) bool {
-	ch, err := conn.Channel()
-	if err != nil {
-		return false
-	}
-	defer func() { _ = ch.Close() }() // a refused declaration closes it already
-	_, err = ch.QueueDeclare(queue, true, false, false, false, amqp.Table{"x-queue-type": amqp.QueueTypeClassic})
-	return err == nil
+	return declaredWith(conn, queue, amqp.Table{"x-queue-type": amqp.QueueTypeClassic})
 }
 
 // PutBackTimeout and PutBackPerMessage bound how long a scan waits, after

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicemq/sluice/dlq"
 	amqp "github.com/sluicemq/sluice/internal/amqp091"
+	"github.com/sluicemq/sluice/rabbitmq"
 )
 
 // putBackChunk is how many messages the putback suite publishes at once.
@@ -46,7 +47,7 @@ func PutBack(ctx context.Context, o Options) error {
 	var rows [][]string
 	took := make([]time.Duration, len(variants))
 	for i, v := range variants {
-		d, inOrder, err := putBackOnce(ctx, conn, func(q string, ms []*message.Message) error { return pub.Publish(q, ms...) }, n, v.args)
+		d, inOrder, err := putBackOnce(ctx, conn, pub, n, v.args)
 		if err != nil {
 			return fmt.Errorf("%s: %w", v.name, err)
 		}
@@ -61,7 +62,7 @@ func PutBack(ctx context.Context, o Options) error {
 // putBackOnce fills a queue of its own with n messages (payload: their
 // position), scans it with dlq.Scan leaving every message, and reads it
 // back (acking) to check the order; it deletes the queue.
-func putBackOnce(ctx context.Context, conn *amqp.Connection, publish func(string, []*message.Message) error, n int, args amqp.Table) (time.Duration, bool, error) {
+func putBackOnce(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, n int, args amqp.Table) (time.Duration, bool, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return 0, false, err
@@ -82,7 +83,7 @@ func putBackOnce(ctx context.Context, conn *amqp.Connection, publish func(string
 		for j := i; j < min(i+putBackChunk, n); j++ {
 			ms = append(ms, message.NewMessage(watermill.NewUUID(), []byte(strconv.Itoa(j))))
 		}
-		if err := publish(q, ms); err != nil {
+		if err := pub.Publish(q, ms...); err != nil {
 			return 0, false, err
 		}
 	}
