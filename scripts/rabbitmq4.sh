@@ -176,7 +176,9 @@ boot_log() {
 # StartApp has the details). Each start is a new draw of that race.
 await() {
   local deadline=$((SECONDS + timeout)) attempt=1
-  until ctl await_startup --timeout 10 >/dev/null 2>&1 && port_open "$port"; do
+  # The VM's exit is checked before each rabbitmqctl (which boots a VM of
+  # its own: seconds on a loaded machine).
+  until { [ -z "${launched:-}" ] || kill -0 "$launched" 2>/dev/null; } && ctl await_startup --timeout 10 >/dev/null 2>&1 && port_open "$port"; do
     if [ -n "${launched:-}" ] && ! kill -0 "$launched" 2>/dev/null && ! running; then
       if grep -q failed_to_deny_deprecated_features "$root$state/stdout.log" 2>/dev/null && [ "$attempt" -lt 5 ]; then
         attempt=$((attempt + 1))
