@@ -60,6 +60,15 @@ type Config struct {
 	// EventID returns a message's event id, the inbox's key. router.Add
 	// gives the Inbox stage's Key. Default the metadata sluice.EventIDKey.
 	EventID func(*message.Message) (string, error)
+	// Seen reports whether the inbox processed a message's event id already
+	// (deduplication.Seen; router.Add sets it from Stages.Inbox), and then
+	// records it as a duplicate. A delivery of a waiting key that is not
+	// its head is asked first: one its key applied already — a redelivery
+	// after its process died between its commit and its ack — is acked as
+	// a duplicate instead of held behind the head. Default none: every
+	// such delivery is held (the inbox skips a duplicate when it is
+	// released, but the key counts it as held meanwhile).
+	Seen func(msg *message.Message) (bool, error)
 	// SkipPoisoned lets a key whose head went to the poison queue go on
 	// without it. Default false: the key waits until an operator replays
 	// the head (sluice dlq replay: it is the head again and, once it
@@ -384,6 +393,18 @@ func (o *Orderer) deliver(msg *message.Message, key, id string, h message.Handle
 	}
 	defer o.rollback(ctx, g)
 	if waiting && st.Head != id {
+		if o.cfg.Seen != nil {
+			var seen bool
+			if err := o.call(ctx, "asking the inbox", func(context.Context) (err error) {
+				seen, err = o.cfg.Seen(msg)
+				return err
+			}); err != nil {
+				return nil, err
+			}
+			if seen { // applied already: not a message to run after the head
+				return nil, nil
+			}
+		}
 		return nil, o.hold(ctx, g, st, msg, key, id)
 	}
 	if !waiting {
