@@ -15,6 +15,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${GO:=go}" "${TEST_TIMEOUT:=20m}" "${TEST_PARALLEL:=6}" "${TEST_PACKAGES_AT_ONCE:=3}" "${FUZZTIME:=20000x}" "${PACKAGES:=./... ./cmd/... ./examples/...}"
+# The main go test's events (go test -json), kept for make test-times.
+: "${TEST_TIMES_FILE:=test-times.json}"
 
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
@@ -54,12 +56,20 @@ foreground() {
 	[ $rc = 0 ] || failed+=("$name")
 }
 
+# go_test ARGS...: go test -json ARGS, printed as a plain go test prints
+# (each package's line, a failed test's output) by internal/testtimes,
+# which keeps the events in TEST_TIMES_FILE; its status is go test's.
+$GO build -o "$logs/testtimes" ./internal/testtimes || failed+=("building testtimes")
+go_test() { $GO test -json "$@" 2>&1 | "$logs/testtimes" -save "$TEST_TIMES_FILE"; }
+
 # 3 test binaries at once: they mostly wait (on the brokers, the tiers'
 # TTLs, private nodes booting) — at 2, 970 s of go test used 684 s of CPU
 # on 2 cores. make services raises PostgreSQL's max_connections to 300 for
 # their pools (at 4 they passed the default 100).
 # shellcheck disable=SC2086 # PACKAGES is a list
-foreground "go test" $GO test -race -count=1 -timeout "$TEST_TIMEOUT" -p "$TEST_PACKAGES_AT_ONCE" -parallel "$TEST_PARALLEL" $PACKAGES
+foreground "go test" go_test -race -count=1 -timeout "$TEST_TIMEOUT" -p "$TEST_PACKAGES_AT_ONCE" -parallel "$TEST_PARALLEL" $PACKAGES
+# Where the time went (make test-times prints it again).
+"$logs/testtimes" -top 25 "$TEST_TIMES_FILE" || true
 
 # Alone: their rabbitmqctl calls each start an Erlang VM, and beside the
 # main go test one listing outlived its 2 minutes; beside the restart tests
