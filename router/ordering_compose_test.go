@@ -180,7 +180,7 @@ func orderedBehindTimeout(t *testing.T, quorum bool) {
 		keys, err := orders.Keys(t.Context(), "ledger", 10)
 		require.NoError(t, err)
 		return len(keys) == 0
-	}, 10*time.Second, 20*time.Millisecond, "no key waits")
+	}, time.Minute, 20*time.Millisecond, "no key waits")
 	conn := testenv.AMQP(t)
 	require.Zero(t, testenv.QueueDepth(t, conn, topo.PoisonQueue()), "nothing dead-lettered by a delivery limit or poisoned")
 

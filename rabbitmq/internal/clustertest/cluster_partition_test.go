@@ -398,7 +398,7 @@ func TestClusterPartitionedNode(t *testing.T) {
 	}
 	require.NoError(t, p.Publish(q, msgs...), "publishing through the healed node")
 	counter := dialNode(t, urls[third])
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, counter, q) >= afterHeal }, 10*time.Second, 50*time.Millisecond,
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, counter, q) >= afterHeal }, time.Minute, 50*time.Millisecond,
 		"node 1 counts what node 2 confirmed")
 	// Besides them the queue may hold what the test published before: a
 	// message reported uncertain that was stored after all, or a delivery
