@@ -39,6 +39,7 @@ func main() {
 
 // event is one line of `go test -json` (cmd/test2json).
 type event struct {
+	Time    time.Time
 	Action  string
 	Package string
 	Test    string
@@ -140,14 +141,27 @@ func printSlowest(out io.Writer, n int, files []string) error {
 		if err != nil {
 			return err
 		}
+		// A test's time is from its start (or its resumption after
+		// t.Parallel) to its end: a test whose parallel subtests run
+		// after its function returned reports an Elapsed of 0.
+		started := map[string]time.Time{}
 		sc := bufio.NewScanner(f)
 		sc.Buffer(make([]byte, 64*1024), 16*1024*1024)
 		for sc.Scan() {
 			var e event
-			if json.Unmarshal(sc.Bytes(), &e) != nil || (e.Action != "pass" && e.Action != "fail") {
+			if json.Unmarshal(sc.Bytes(), &e) != nil {
+				continue
+			}
+			if e.Action == "run" || e.Action == "cont" {
+				started[e.Package+" "+e.Test] = e.Time
+			}
+			if e.Action != "pass" && e.Action != "fail" {
 				continue
 			}
 			t := timing{elapsed: time.Duration(e.Elapsed * float64(time.Second)), failed: e.Action == "fail"}
+			if s, ok := started[e.Package+" "+e.Test]; ok && !s.IsZero() && e.Time.Sub(s) > t.elapsed {
+				t.elapsed = e.Time.Sub(s)
+			}
 			switch {
 			case e.Test == "":
 				t.name = short(e.Package)

@@ -32,6 +32,10 @@ const events = `{"Action":"start","Package":"p/a"}
 {"Action":"fail","Package":"p/b","Elapsed":1200}
 {"Action":"output","Package":"p/c","Output":"ok  \tp/c\t0.5s\n"}
 {"Action":"pass","Package":"p/c","Elapsed":0.5}
+{"Time":"2026-12-05T04:39:41Z","Action":"run","Package":"p/c","Test":"TestSuite"}
+{"Time":"2026-12-05T04:39:41Z","Action":"pause","Package":"p/c","Test":"TestSuite"}
+{"Time":"2026-12-05T04:39:54Z","Action":"cont","Package":"p/c","Test":"TestSuite"}
+{"Time":"2026-12-05T04:40:06Z","Action":"pass","Package":"p/c","Test":"TestSuite","Elapsed":0}
 {"ImportPath":"p/e [p/e.test]","Action":"build-output","Output":"# p/e [p/e.test]\n"}
 {"ImportPath":"p/e [p/e.test]","Action":"build-output","Output":"./x.go:2:12: undefined: y\n"}
 {"ImportPath":"p/e [p/e.test]","Action":"build-fail"}
@@ -64,22 +68,25 @@ d.go:3:1: syntax error
 	if out.String() != want {
 		t.Errorf("printed:\n%s\nwant:\n%s", out.String(), want)
 	}
-	if n := strings.Count(kept.String(), "\n"); n != 26 {
-		t.Errorf("kept %d events, want 26", n)
+	if n := strings.Count(kept.String(), "\n"); n != 30 {
+		t.Errorf("kept %d events, want 30", n)
 	}
 }
 
-// -top lists the slowest top-level tests and packages, a failure marked.
+// -top lists the slowest top-level tests and packages, a failure marked; a
+// test whose parallel subtests ran after its function returned (Elapsed 0)
+// counts from its resumption to its end.
 func TestTopListsTheSlowest(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "go-test.json")
 	if err := os.WriteFile(file, []byte(events), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	if err := printSlowest(&out, 1, []string{file}); err != nil {
+	if err := printSlowest(&out, 2, []string{file}); err != nil {
 		t.Fatal(err)
 	}
-	want := `the 1 slowest tests (of 2; a parallel test's time from its start after t.Parallel):
+	want := `the 2 slowest tests (of 3; a parallel test's time from its start after t.Parallel):
+     12.0s  p/c TestSuite
       7.0s  p/a TestBroken (failed)
 the 10 slowest packages (each test binary's wall time):
    1200.0s  p/b (failed)
