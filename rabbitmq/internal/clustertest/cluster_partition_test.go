@@ -125,6 +125,7 @@ func partitionable(t *testing.T) {
 // (cluster_partition_handling pause_minority paused it) and the queue has
 // its 3 members again, serving through the healed node.
 func TestClusterPartitionedNode(t *testing.T) {
+	t.Parallel() // its own cluster: beside the tests of the shared one
 	partitionable(t)
 	start := time.Now()
 	c := testenv.StartPrivateClusterWith(t, 3, testenv.ClusterOptions{
