@@ -43,25 +43,19 @@ func TestARedeliveryOfAnAppliedMessageBehindAPoisonedHeadIsADuplicate(t *testing
 	schema := testenv.Schema(t, db)
 	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.applied (n bigserial PRIMARY KEY, event_id text NOT NULL)`, schema))
 	require.NoError(t, err)
-	inbox, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".inbox"})
-	require.NoError(t, err)
-	require.NoError(t, inbox.CreateTable(t.Context()))
+	inbox := testenv.SQLStore(t, db, schema+".inbox")
 	store, err := ordersql.New(ordersql.Config{DB: db, TablePrefix: schema + ".order"})
 	require.NoError(t, err)
 	require.NoError(t, store.CreateTables(t.Context()))
 
 	queue := testenv.Name("ordered_redelivery")
 	tc := rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond}}
-	topo, err := rabbitmq.NewTopology(tc)
-	require.NoError(t, err)
-	var names []string
-	for _, q := range topo.Queues() {
-		names = append(names, q.Name)
-	}
-	testenv.DeleteQueuesAtEnd(t, names...)
 	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Topology: tc})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
+	for _, q := range b.Topology().Queues() {
+		testenv.DeleteQueuesAtEnd(t, q.Name)
+	}
 
 	const consumer = "ledger"
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, watermill.NopLogger{})
