@@ -127,7 +127,7 @@ func TestAConsumerResumesAfterABlackHoleThatHealsWithoutResets(t *testing.T) {
 		isolated := testenv.QueueDepth(t, conn, q.Topology().PoisonQueue())
 		exhausted, poisoned = testenv.CounterSum(t, reader, retrytiers.MetricExhausted), testenv.CounterSum(t, reader, poison.MetricPoisoned)
 		return count("effects")+isolated == events && exhausted >= int64(isolated) && poisoned >= int64(isolated)
-	}, 2*time.Minute, 50*time.Millisecond, "every event processed or isolated after the heal, and counted")
+	}, 5*time.Minute, 50*time.Millisecond, "every event processed or isolated after the heal, and counted")
 	t.Logf("black hole %s; processing again %s after the heal, the %d events left settled %s after it; %d exhausted",
 		healed.Sub(holed).Round(time.Millisecond), resumed.Round(time.Millisecond), left, time.Since(healed).Round(time.Millisecond), exhausted)
 	require.Equal(t, count("effects"), count("inbox"), "each processed once")
