@@ -47,7 +47,7 @@ func newBrake(t *testing.T, cfg brake.Config) (*brake.Brake, *sdkmetric.ManualRe
 
 func awaitState(t *testing.T, b *brake.Brake, want brake.State) {
 	t.Helper()
-	require.Eventually(t, func() bool { return b.State() == want }, 5*time.Second, time.Millisecond, "brake never %s", want)
+	require.Eventually(t, func() bool { return b.State() == want }, time.Minute, time.Millisecond, "brake never %s", want)
 }
 
 // The brake engages at the FailureRatio of the Window, holding the failure

@@ -158,6 +158,15 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 
 // newStage is New with the timer that closes a batch after MaxWait.
 func newStage(cfg Config, batchTimer func(time.Duration) *time.Timer) (message.HandlerMiddleware, error) {
+	d, err := newDeduplicator(cfg, batchTimer)
+	if err != nil {
+		return nil, err
+	}
+	return d.middleware, nil
+}
+
+// newDeduplicator validates cfg and builds the stage.
+func newDeduplicator(cfg Config, batchTimer func(time.Duration) *time.Timer) (*deduplicator, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -180,7 +189,7 @@ func newStage(cfg Config, batchTimer func(time.Duration) *time.Timer) (message.H
 	if cb, ok := cfg.Store.(ContextBounded); ok && cb.BoundedByContext() {
 		d.storeBound = -1
 	}
-	return d.middleware, nil
+	return d, nil
 }
 
 func (d *deduplicator) middleware(h message.HandlerFunc) message.HandlerFunc {

@@ -156,14 +156,14 @@ func TestInboxRollbackLetsWaitingDeliveryProceed(t *testing.T) {
 	})
 	firstErr := make(chan error, 1)
 	go func() { _, err := first(event("evt-1")); firstErr <- err }()
-	require.Eventually(t, func() bool { return b.handled.Load() == 1 }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return b.handled.Load() == 1 }, time.Minute, 5*time.Millisecond)
 
 	secondErr := make(chan error, 1)
 	go func() { _, err := d(b.reserve(nil))(event("evt-1")); secondErr <- err }()
 	// The second delivery waits on the inbox's primary key, held by the first.
 	require.Eventually(t, func() bool {
 		return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO "%s"."inbox"%%'`) == 1
-	}, 10*time.Second, 5*time.Millisecond, "the second claim does not wait on the first")
+	}, time.Minute, 5*time.Millisecond, "the second claim does not wait on the first")
 	require.Equal(t, int64(1), b.handled.Load(), "the second handler must not run while the first holds the key")
 
 	close(release)

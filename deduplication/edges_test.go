@@ -171,7 +171,7 @@ func TestInboxSlowMessageDoesNotStallTheConsumers(t *testing.T) {
 	moved := func() bool {
 		return b.count(t, `SELECT count(*) FROM %s.reservations WHERE event_key <> 'evt-slow'`) == 200
 	}
-	if !assert.Eventually(t, moved, 20*time.Second, 20*time.Millisecond, "the other events move while the slow one holds its claim") {
+	if !assert.Eventually(t, moved, time.Minute, 20*time.Millisecond, "the other events move while the slow one holds its claim") {
 		releaseSlow()
 		wg.Wait()
 		t.Fatalf("the consumers' errors: %v", failed)
@@ -259,7 +259,7 @@ func TestInboxRejectedCommitLostIsRetried(t *testing.T) {
 			require.NoError(t, err)
 			require.Eventually(t, func() bool {
 				return b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND '%s' <> ''`, pid) == 0
-			}, 10*time.Second, 5*time.Millisecond, "backend %d still there", pid)
+			}, time.Minute, 5*time.Millisecond, "backend %d still there", pid)
 		}
 		return nil, sluice.Reject(errors.New("out of stock"))
 	}))

@@ -65,7 +65,7 @@ func TestPrunerStartClose(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var left int
 		return db.Get(&left, fmt.Sprintf(`SELECT count(*) FROM %s.inbox`, schema)) == nil && left == 0
-	}, 10*time.Second, 10*time.Millisecond)
+	}, time.Minute, 10*time.Millisecond)
 	require.NoError(t, p.Close())
 	require.NoError(t, p.Close(), "Close is idempotent")
 }

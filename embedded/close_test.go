@@ -139,7 +139,7 @@ func TestEmbeddedCloseReportsDeliveriesNackedWhileTheRouterCloses(t *testing.T) 
 		return fmt.Errorf("inventory service: %w", syscall.ECONNREFUSED)
 	})
 	testenv.PublishEvents(t, e.PubSub(), "orders", events)
-	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, brake.MetricTransitions) >= 1 }, 5*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, brake.MetricTransitions) >= 1 }, time.Minute, time.Millisecond,
 		"the brake engaged: the deliveries after it wait in the stage")
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
@@ -190,7 +190,7 @@ func TestEmbeddedKeepsDeliveriesPublishedBeforeTheHandler(t *testing.T) {
 		handled.Add(1)
 		return nil
 	})
-	require.Eventually(t, func() bool { return handled.Load() == 20 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return handled.Load() == 20 }, time.Minute, time.Millisecond)
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 	require.NoError(t, e.Close())

@@ -45,7 +45,7 @@ func TestEmbeddedJitteredTier(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		return from[waits[0]]+from[waits[1]] == 60
-	}, 10*time.Second, time.Millisecond)
+	}, time.Minute, time.Millisecond)
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 	require.NoError(t, e.Close())

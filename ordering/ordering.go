@@ -60,6 +60,16 @@ type Config struct {
 	// EventID returns a message's event id, the inbox's key. router.Add
 	// gives the Inbox stage's Key. Default the metadata sluice.EventIDKey.
 	EventID func(*message.Message) (string, error)
+	// Seen reports whether the inbox processed a message's event id already
+	// (deduplication.Seen; router.Add sets it from Stages.Inbox), and then
+	// records it as a duplicate. A delivery of a waiting key that is not
+	// its head is asked first: one its key applied already — a redelivery
+	// after its process died between its commit and its ack — is acked as
+	// a duplicate instead of held behind the head. Default none: every
+	// such delivery is held (the inbox skips a duplicate when it is
+	// released, but the key counts it as held meanwhile), as it is when
+	// Seen fails.
+	Seen func(msg *message.Message) (bool, error)
 	// SkipPoisoned lets a key whose head went to the poison queue go on
 	// without it. Default false: the key waits until an operator replays
 	// the head (sluice dlq replay: it is the head again and, once it
@@ -384,6 +394,9 @@ func (o *Orderer) deliver(msg *message.Message, key, id string, h message.Handle
 	}
 	defer o.rollback(ctx, g)
 	if waiting && st.Head != id {
+		if o.seen(msg, key) { // applied already: not a message to run after the head
+			return nil, nil
+		}
 		return nil, o.hold(ctx, g, st, msg, key, id)
 	}
 	if !waiting {
@@ -412,6 +425,28 @@ func (o *Orderer) deliver(msg *message.Message, key, id string, h message.Handle
 		return nil, err
 	}
 	return out, nil
+}
+
+// seen asks the inbox (Config.Seen) whether msg was applied already, on a
+// context bounded by StoreTimeout and not by the delivery's deadline, as
+// the hold's own calls are. A failure to ask is logged and msg is held, as
+// without Seen: a duplicate held is skipped by the inbox when released.
+func (o *Orderer) seen(msg *message.Message, key string) bool {
+	if o.cfg.Seen == nil {
+		return false
+	}
+	ctx := msg.Context()
+	c, cancel := o.bounded(ctx)
+	defer cancel()
+	msg.SetContext(c)
+	defer msg.SetContext(ctx)
+	seen, err := o.cfg.Seen(msg)
+	if err != nil {
+		o.cfg.Logger.Info("Could not ask the inbox whether a delivery of a waiting key was applied; it is held", watermill.LogFields{
+			"handler": o.cfg.Consumer, "key": diag.Printable(key, 200), "error": diag.Summary(err, 200)})
+		return false
+	}
+	return seen
 }
 
 // run runs the delivery of a key that does not wait, and makes the key wait

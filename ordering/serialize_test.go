@@ -33,7 +33,7 @@ func next(t *testing.T, out <-chan *message.Message) *message.Message {
 	select {
 	case m := <-out:
 		return m
-	case <-time.After(10 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("nothing handed out")
 		return nil
 	}
@@ -48,7 +48,7 @@ func settled(t *testing.T, m *message.Message) bool {
 		return false
 	case <-m.Nacked():
 		return true
-	case <-time.After(10 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatalf("%s neither acked nor nacked", m.UUID)
 		return false
 	}

@@ -103,7 +103,7 @@ func TestARowTheBrokerClosesTheChannelOnDoesNotHoldItsBatch(t *testing.T) {
 		ids[d.Headers["_watermill_message_uuid"]] = true
 	}
 	require.Len(t, ids, 500, "each good row (a copy sent twice, uncertain the first time, is the receiver's duplicate)")
-	require.Eventually(t, func() bool { return s.count("outbox") == 1 }, 10*time.Second, 10*time.Millisecond, "left: %d", s.count("outbox"))
+	require.Eventually(t, func() bool { return s.count("outbox") == 1 }, time.Minute, 10*time.Millisecond, "left: %d", s.count("outbox"))
 	left, err := s.outbox.List(t.Context(), sqlstore.Failing, 10)
 	require.NoError(t, err)
 	require.Len(t, left, 1)

@@ -63,7 +63,7 @@ func TestPublisherBlockedConnectionIsBounded(t *testing.T) {
 	}
 	require.Eventually(t, func() bool {
 		return errors.Is(pub.Publish("orders", msgs(1)...), rabbitmq.ErrBlocked)
-	}, 20*time.Second, 100*time.Millisecond, "once blocked, a publish fails at once with ErrBlocked")
+	}, time.Minute, 100*time.Millisecond, "once blocked, a publish fails at once with ErrBlocked")
 
 	node.Ctl(t, "set_vm_memory_high_watermark", "0.4")
 	require.Eventually(t, func() bool { return pub.Publish("orders", msgs(1)...) == nil }, 30*time.Second, 200*time.Millisecond,

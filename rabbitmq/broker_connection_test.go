@@ -133,7 +133,7 @@ func TestClosingIsBoundedWhenTheBrokerStopsAnswering(t *testing.T) {
 	select {
 	case err := <-closed: // an error or not: the broker did not answer
 		t.Logf("closed: %v", err)
-	case <-time.After(5 * time.Second):
+	case <-time.After(10 * time.Second):
 		t.Fatal("closing waited for a broker that answers nothing past WriteTimeout and DrainTimeout")
 	}
 }

@@ -30,11 +30,11 @@ func TestConsumerConnectedFollowsTheConnection(t *testing.T) {
 	defer cancel()
 	_, err = c.Subscribe(ctx, queue)
 	require.NoError(t, err)
-	require.Eventually(t, c.Connected, 20*time.Second, 10*time.Millisecond, "consuming")
+	require.Eventually(t, c.Connected, time.Minute, 10*time.Millisecond, "consuming")
 
 	proxy.BlackHole()
 	proxy.Reset()
-	require.Eventually(t, func() bool { return !c.Connected() }, 20*time.Second, 10*time.Millisecond, "the connection was reset")
+	require.Eventually(t, func() bool { return !c.Connected() }, time.Minute, 10*time.Millisecond, "the connection was reset")
 
 	proxy.Heal()
 	require.Eventually(t, c.Connected, 30*time.Second, 10*time.Millisecond, "reconnected after the heal")

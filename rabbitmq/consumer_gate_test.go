@@ -82,7 +82,7 @@ func TestConsumerTakesOneDeliveryWhileProbing(t *testing.T) {
 
 	conn := testenv.AMQP(t)
 	probe := <-started
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == n-1 }, 10*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == n-1 }, time.Minute, 10*time.Millisecond,
 		"one delivery unacked, the rest ready")
 	require.Empty(t, started, "one handler running while probing")
 
@@ -90,11 +90,11 @@ func TestConsumerTakesOneDeliveryWhileProbing(t *testing.T) {
 	for range prefetch {
 		require.NotEqual(t, probe, <-started)
 	}
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == n-1-prefetch }, 10*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == n-1-prefetch }, time.Minute, 10*time.Millisecond,
 		"the full prefetch taken beside the probe")
 	close(release)
 	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(handled) == n }, 30*time.Second, 10*time.Millisecond)
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == 0 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == 0 }, time.Minute, 10*time.Millisecond)
 	mu.Lock()
 	defer mu.Unlock()
 	for id, k := range handled {

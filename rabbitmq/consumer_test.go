@@ -90,7 +90,7 @@ func TestConsumerOutOfOrderAcks(t *testing.T) {
 	publishIDs(t, queue, n)
 	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == n }, 30*time.Second, 10*time.Millisecond)
 	conn := testenv.AMQP(t)
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == 0 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == 0 }, time.Minute, 10*time.Millisecond)
 	stop() // drains: a redelivery in flight has been handled by now, and none comes after
 	mu.Lock()
 	defer mu.Unlock()
@@ -128,7 +128,7 @@ func TestConsumerDrainingClose(t *testing.T) {
 	}
 	closing, stop := runConsumerLogged(t, queue, prefetch, handler(true))
 	publishIDs(t, queue, n)
-	require.Eventually(t, func() bool { return started.Load() == before+prefetch }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return started.Load() == before+prefetch }, time.Minute, time.Millisecond)
 	testenv.CloseMidHandler(t, closing, queue, release, stop) // the 16 in flight finish and are acked before the channel closes
 	mu.Lock()
 	handledFirst := len(seen)

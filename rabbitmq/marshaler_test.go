@@ -114,7 +114,7 @@ func TestSubscriberHandlesTypedHeaders(t *testing.T) {
 	require.Equal(t, "true", got.Metadata.Get("urgent"))
 	require.Equal(t, "false", got.Metadata.Get(rabbitmq.RedeliveredKey), "delivered once, not nacked and redelivered")
 	got.Ack()
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q) == 0 }, 5*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q) == 0 }, time.Minute, 20*time.Millisecond)
 }
 
 // nopAcker is the acknowledger of deliveries built by tests.

@@ -252,7 +252,7 @@ func TestPartitionedTierReturnsToItsPartition(t *testing.T) {
 			e := parts[1].Endpoints()
 			require.NoError(t, e.RetryPublisher.Publish(e.Tiers[0].Topic, keyed("k", 0)))
 			conn := testenv.AMQP(t)
-			require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, e.Topic) == 1 }, 10*time.Second, 20*time.Millisecond,
+			require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, e.Topic) == 1 }, time.Minute, 20*time.Millisecond,
 				"the tier's copy expires back into its partition")
 			for _, p := range []int{0, 2} {
 				require.Zero(t, testenv.QueueDepth(t, conn, parts[p].Endpoints().Topic))
@@ -269,7 +269,7 @@ func TestPartitionedTierReturnsToItsPartition(t *testing.T) {
 			var got amqp.Delivery
 			select {
 			case got = <-deliveries:
-			case <-time.After(10 * time.Second):
+			case <-time.After(time.Minute):
 				t.Fatal("no delivery")
 			}
 			msg, err := rabbitmq.Marshaler{}.UnmarshalDelivery(got)
@@ -296,17 +296,17 @@ func TestPartitionSingleActiveConsumer(t *testing.T) {
 
 	a, err := p0.Subscriber.Subscribe(t.Context(), p0.Topic)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return testenv.QueueConsumers(t, conn, p0.Topic) == 1 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueConsumers(t, conn, p0.Topic) == 1 }, time.Minute, 20*time.Millisecond)
 	sub2 := second.Partitions()[0].Endpoints()
 	b, err := sub2.Subscriber.Subscribe(t.Context(), sub2.Topic)
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return testenv.QueueConsumers(t, conn, p0.Topic) == 2 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueConsumers(t, conn, p0.Topic) == 2 }, time.Minute, 20*time.Millisecond)
 
 	pub := first.Publisher()
 	var held *message.Message // what the first instance leaves unacked
 	receive := func(want int, holdA bool) (fromA, fromB []string) {
 		t.Helper()
-		deadline := time.After(15 * time.Second)
+		deadline := time.After(time.Minute)
 		for len(fromA)+len(fromB) < want {
 			select {
 			case m := <-a:
@@ -357,7 +357,7 @@ func TestPartitionSingleActiveConsumer(t *testing.T) {
 	require.Equal(t, []string{"5", "6", "7", "8"}, fromB, "the second takes over, from the delivery the first left unacked, in order")
 	held.Ack() // on a connection gone: changes nothing
 
-	require.Eventually(t, func() bool { return testenv.QueueConsumers(t, conn, p0.Topic) == 2 }, 20*time.Second, 50*time.Millisecond,
+	require.Eventually(t, func() bool { return testenv.QueueConsumers(t, conn, p0.Topic) == 2 }, time.Minute, 50*time.Millisecond,
 		"the first instance is back, waiting")
 	require.NoError(t, pub.Publish(p0.Topic, keyed("k", 9)))
 	fromA, fromB = receive(1, false)

@@ -160,13 +160,13 @@ func TestQuorumQueueWithoutDeliveryLimitHasTheBrokersDefault(t *testing.T) {
 			require.NoError(t, err)
 			d = got
 			return ok
-		}, 10*time.Second, 5*time.Millisecond, "delivery %d", i+1)
+		}, time.Minute, 5*time.Millisecond, "delivery %d", i+1)
 		require.NoError(t, d.Nack(false, true))
 	}
 	major := testenv.RabbitMQMajor(t)
 	conn2 := testenv.AMQP(t)
 	if major >= 4 {
-		require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn2, topo.PoisonQueue()) == 1 }, 10*time.Second, 20*time.Millisecond,
+		require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn2, topo.PoisonQueue()) == 1 }, time.Minute, 20*time.Millisecond,
 			"RabbitMQ %s dead-letters the message after %d returns (default delivery limit 20)", testenv.RabbitMQVersion(t), returns)
 		require.Zero(t, testenv.QueueDepth(t, conn2, topo.Queue()))
 		return

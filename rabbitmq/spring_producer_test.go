@@ -68,7 +68,7 @@ func TestSpringProducerTypeAndCorrelationID(t *testing.T) {
 		require.NoError(t, err)
 		produced = d
 		return ok
-	}, 20*time.Second, 20*time.Millisecond, "the produced message")
+	}, time.Minute, 20*time.Millisecond, "the produced message")
 	require.Equal(t, "corr-42", produced.Headers[middleware.CorrelationIDMetadataKey], "Watermill's middleware copied the producer's correlation id")
 	stop()
 	require.Equal(t, 0, testenv.QueueDepth(t, testenv.AMQP(t), in), "acked")

@@ -103,7 +103,7 @@ func (s *stack) publish(t *testing.T, id string, md ...string) {
 // handled waits until the handler has seen event id n times.
 func (s *stack) handled(t *testing.T, id string, n int) {
 	t.Helper()
-	require.Eventually(t, func() bool { return len(s.deliveries(id)) >= n }, 15*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return len(s.deliveries(id)) >= n }, time.Minute, 10*time.Millisecond,
 		"event %s handled %d times", id, n)
 }
 
@@ -115,7 +115,7 @@ func (s *stack) settled(t *testing.T, wantPoison int) []amqp.Delivery {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		return testenv.QueueDepth(t, s.conn, s.topo.PoisonQueue()) >= wantPoison
-	}, 15*time.Second, 20*time.Millisecond, "poison queue")
+	}, time.Minute, 20*time.Millisecond, "poison queue")
 	queues := []string{s.topo.Queue()}
 	for _, tier := range s.topo.Tiers() {
 		queues = append(queues, tier.Topic)
@@ -129,7 +129,7 @@ func (s *stack) settled(t *testing.T, wantPoison int) []amqp.Delivery {
 			}
 		}
 		return true
-	}, 15*time.Second, 20*time.Millisecond, "main and tier queues empty")
+	}, time.Minute, 20*time.Millisecond, "main and tier queues empty")
 	got := testenv.Drain(t, s.conn, s.topo.PoisonQueue())
 	require.Len(t, got, wantPoison)
 	return got
@@ -270,7 +270,7 @@ func TestStackPoisonQueueUnroutableLosesNothing(t *testing.T) {
 	require.NoError(t, err)
 
 	s.publish(t, "evt-3")
-	require.Eventually(t, func() bool { return len(s.deliveries("evt-3")) >= 3 }, 10*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return len(s.deliveries("evt-3")) >= 3 }, time.Minute, 10*time.Millisecond,
 		"the original is nacked and delivered again while the poison queue is unroutable")
 	require.True(t, s.deliveries("evt-3")[2].Metadata.Get(rabbitmq.RedeliveredKey) == "true")
 

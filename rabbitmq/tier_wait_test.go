@@ -65,7 +65,7 @@ func TestAShorterExpirationWaitsForTheHead(t *testing.T) {
 					}
 				}
 				return len(order) == 2
-			}, 20*time.Second, 10*time.Millisecond)
+			}, time.Minute, 10*time.Millisecond)
 			require.Equal(t, []string{"head", "behind"}, order, "the 50 ms message left the tier after the head")
 			t.Logf("the 50 ms message came back after %s", behind.Round(10*time.Millisecond))
 		})
@@ -247,7 +247,7 @@ func TestRetryAfterOnTheBroker(t *testing.T) {
 	require.Equal(t, "4", ds[1].attempt, "the two tiers skipped are spent")
 	require.GreaterOrEqual(t, ds[1].at.Sub(ds[0].at), 700*time.Millisecond)
 	conn := testenv.AMQP(t)
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, s.topo.PoisonQueue()) == 1 }, 20*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, s.topo.PoisonQueue()) == 1 }, time.Minute, 20*time.Millisecond)
 	got := testenv.Drain(t, conn, s.topo.PoisonQueue())
 	require.Equal(t, "exhausted", got[0].Headers[poison.ClassKey])
 	require.Equal(t, "4", got[0].Headers[sluice.AttemptKey])

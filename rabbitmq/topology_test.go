@@ -47,7 +47,7 @@ func TestTopologyTiersReturnToTheQueue(t *testing.T) {
 			for _, tier := range topo.Tiers() {
 				require.NoError(t, p.Publish(tier.Topic, msgs(1)...))
 			}
-			require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, topo.Queue()) == 2 }, 10*time.Second, 20*time.Millisecond,
+			require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, topo.Queue()) == 2 }, time.Minute, 20*time.Millisecond,
 				"each tier's copy expires back into the queue")
 			for _, tier := range topo.Tiers() {
 				require.Zero(t, testenv.QueueDepth(t, conn, tier.Topic))
@@ -71,7 +71,7 @@ func TestTopologyQuorumDeliveryLimitDeadLettersToPoison(t *testing.T) {
 	ch := testenv.Channel(t, conn)
 	deliveries, err := ch.Consume(topo.Queue(), "", false, false, false, false, nil)
 	require.NoError(t, err)
-	deadline := time.After(10 * time.Second)
+	deadline := time.After(time.Minute)
 	for n := 0; testenv.QueueDepth(t, conn, topo.PoisonQueue()) == 0; n++ {
 		select {
 		case d := <-deliveries:
@@ -94,7 +94,7 @@ func TestTopologyOnlyQueueReceivesRetryCopies(t *testing.T) {
 
 	require.NoError(t, newPublisher(t, ex).Publish("orders.created", msgs(1)...))
 	require.NoError(t, newPublisher(t, "").Publish(topo.Tiers()[0].Topic, msgs(1)...))
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, topo.Queue()) == 2 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, topo.Queue()) == 2 }, time.Minute, 20*time.Millisecond)
 	require.Equal(t, 1, testenv.QueueDepth(t, conn, other), "the expired copy went to the queue only, not through the exchange")
 }
 

@@ -39,7 +39,7 @@ func TestPublisherUncertainAndCertainFailures(t *testing.T) {
 		proxy.DropReplies()
 		err := p.Publish(q, message.NewMessage(watermill.NewUUID(), []byte("lost confirm")))
 		require.ErrorIs(t, err, sluice.ErrPublishUncertain)
-		require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q) == before+1 }, 10*time.Second, 10*time.Millisecond,
+		require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q) == before+1 }, time.Minute, 10*time.Millisecond,
 			"the broker stored the copy whose confirm was lost: why the error is uncertain")
 	})
 	t.Run("connection closed before the confirm", func(t *testing.T) {
@@ -48,7 +48,7 @@ func TestPublisherUncertainAndCertainFailures(t *testing.T) {
 		proxy.DropReplies()
 		errc := make(chan error, 1)
 		go func() { errc <- p.Publish(q, message.NewMessage(watermill.NewUUID(), []byte("closed"))) }()
-		require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q) > before }, 10*time.Second, 10*time.Millisecond,
+		require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q) > before }, time.Minute, 10*time.Millisecond,
 			"the publish reached the broker")
 		proxy.Heal() // resets the connection: the confirm can no longer come
 		err := <-errc

@@ -154,7 +154,7 @@ func TestUnparseableHeadersAreIsolatedNotLooped(t *testing.T) {
 			n, good, logger.count("Consuming stopped"))
 	}
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue+".poison") == len(hostile) },
-		10*time.Second, 20*time.Millisecond)
+		time.Minute, 20*time.Millisecond)
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 	require.NoError(t, b.Close())

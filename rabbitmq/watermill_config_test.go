@@ -56,7 +56,7 @@ func TestWithMarshalerKeepsTheServicesConfigAndReadsIntegerHeaders(t *testing.T)
 	require.Equal(t, "com.example.OrderCreated", got.Metadata.Get(sluice.EventTypeKey))
 	require.Equal(t, "false", got.Metadata.Get(rabbitmq.RedeliveredKey), "read at its first delivery, not nacked and redelivered")
 	got.Ack()
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q) == 0 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q) == 0 }, time.Minute, 20*time.Millisecond)
 }
 
 // What WithMarshaler carries, and what it refuses naming the field.

@@ -263,7 +263,7 @@ func TestBrakeOnTheEmbeddedDefault(t *testing.T) {
 	outlastTheLadder(t, reader, 10*150*time.Millisecond, func() bool { return true }) // ten times the ladder
 	require.LessOrEqual(t, e.PendingRetries(), 5, "at most the failures before the brake engaged wait in a tier")
 	down.Store(false)
-	require.Eventually(t, func() bool { return handled.Load() == events }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return handled.Load() == events }, time.Minute, 5*time.Millisecond)
 	require.Empty(t, e.Poisoned())
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)

@@ -112,11 +112,11 @@ func TestRetryInsideTheInboxRunsTheHandlerOncePerTransaction(t *testing.T) {
 		require.NoError(t, db.Get(&n, fmt.Sprintf(`SELECT count(*) FROM %s.reservations`, schema)))
 		return n
 	}
-	require.Eventually(t, func() bool { return count() == 1 }, 15*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return count() == 1 }, time.Minute, 20*time.Millisecond)
 	conn := testenv.AMQP(t)
 	require.Eventually(t, func() bool {
 		return testenv.QueueDepth(t, conn, queue) == 0 && testenv.QueueDepth(t, conn, queue+".retry.100ms") == 0
-	}, 10*time.Second, 20*time.Millisecond)
+	}, time.Minute, 20*time.Millisecond)
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 	require.Equal(t, 1, count(), "one business row for one event")
@@ -206,7 +206,7 @@ func timeoutBehindTheRouter(t *testing.T, batch *deduplication.BatchConfig) {
 	// A liveness bound, not a measurement: on a loaded machine each hop of
 	// the 10 MiB message (a consume, a confirmed 10 MiB copy) took 10–15 s,
 	// the test process itself mostly idle, waiting for the broker.
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue+".poison") == 1 }, 2*time.Minute, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue+".poison") == 1 }, 5*time.Minute, 20*time.Millisecond)
 	require.NoError(t, r.Close()) // the Consumer drains: the poisoned original is acked, not requeued
 	require.NoError(t, <-done)
 

@@ -58,10 +58,10 @@ func TestEmbeddedCloseReportsCopiesBackAfterTheRouterClosed(t *testing.T) {
 	e, stop := runEmbedded(t, embedded.Config{Topic: "orders", TierDelays: []time.Duration{500 * time.Millisecond}},
 		func(*message.Message) error { handled.Add(1); return sluice.Transient(errors.New("down")) })
 	testenv.PublishEvents(t, e.PubSub(), "orders", 100)
-	require.Eventually(t, func() bool { return handled.Load() >= 100 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return handled.Load() >= 100 }, time.Minute, time.Millisecond)
 	stop() // the last copy parked just now: it comes back after the router closed
 	atClose := handled.Load()
-	require.Eventually(t, func() bool { return e.PendingRetries() == 0 }, 10*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return e.PendingRetries() == 0 }, time.Minute, 5*time.Millisecond,
 		"the delays end with no handler running")
 	err := e.Close()
 	var unfinished *embedded.UnfinishedError
@@ -82,7 +82,7 @@ func TestEmbeddedTiersAreBounded(t *testing.T) {
 	e, stop := runEmbedded(t, embedded.Config{Topic: "orders", TierDelays: []time.Duration{time.Hour}, MaxPendingRetries: 10},
 		func(*message.Message) error { handled.Add(1); return sluice.Transient(errors.New("down")) })
 	testenv.PublishEvents(t, e.PubSub(), "orders", 20)
-	require.Eventually(t, func() bool { return handled.Load() >= 40 }, 5*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return handled.Load() >= 40 }, time.Minute, time.Millisecond,
 		"the ten over the bound are nacked and redelivered")
 	require.Equal(t, 10, e.PendingRetries())
 	stop()

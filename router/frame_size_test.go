@@ -109,7 +109,7 @@ func TestCopyOverTheFrameIsIsolatedAndThePublisherStaysUp(t *testing.T) {
 		30*time.Second, 10*time.Millisecond, "the big message is isolated")
 	require.Eventually(t, func() bool {
 		return testenv.QueueDepth(t, conn, queue) == 0 && testenv.QueueDepth(t, conn, q.Topology().Tiers()[0].Topic) == 0
-	}, 10*time.Second, 10*time.Millisecond)
+	}, time.Minute, 10*time.Millisecond)
 
 	copies := testenv.Drain(t, conn, q.Topology().PoisonQueue())
 	require.Len(t, copies, 1)

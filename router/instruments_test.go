@@ -165,7 +165,7 @@ func TestTheCountersAlertsReadExistAtZeroBeforeTheFirstDelivery(t *testing.T) {
 		m.Metadata.Set(sluice.EventIDKey, id)
 		require.NoError(t, q.Publisher().Publish(queue, m))
 	}
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), queue+".poison") == 2 }, 20*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), queue+".poison") == 2 }, time.Minute, 20*time.Millisecond)
 	after := handlerPoints(t, reader, "inventory")
 	require.Equal(t, int64(2), sumOf(after[promName(poison.MetricPoisoned)]))
 	require.Len(t, after[promName(poison.MetricPoisoned)], len(before[promName(poison.MetricPoisoned)]),
@@ -231,7 +231,7 @@ func TestAFailedDeliveryIncrementsItsSeriesExportedAtZero(t *testing.T) {
 	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 	m.Metadata.Set(sluice.EventIDKey, "evt-1")
 	require.NoError(t, q.Publisher().Publish(queue, m))
-	require.Eventually(t, func() bool { return calls.Load() >= 2 }, 20*time.Second, 20*time.Millisecond, "nacked, then handled")
+	require.Eventually(t, func() bool { return calls.Load() >= 2 }, time.Minute, 20*time.Millisecond, "nacked, then handled")
 	n, after := failed(handlerPoints(t, reader, "billing")[consumed])
 	require.Equal(t, int64(1), n)
 	require.Equal(t, before, after, "the failure incremented a series exported at zero")

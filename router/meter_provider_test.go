@@ -84,7 +84,7 @@ func TestOneMeterProviderReachesTheBroker(t *testing.T) {
 	defer func() { _ = producer.Close() }()
 	require.NoError(t, producer.Publish(queue, message.NewMessage(watermill.NewUUID(), []byte(`{}`))))
 
-	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, poison.MetricPoisoned) == 1 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, poison.MetricPoisoned) == 1 }, time.Minute, 20*time.Millisecond)
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 	require.NoError(t, q.Close())

@@ -49,6 +49,10 @@ func TestAnOrderedHandlerBehindWatermillsTimeoutWithAForeignProducer(t *testing.
 	}
 }
 
+// composeTimeout is the router's Watermill Timeout in
+// orderedBehindTimeout.
+const composeTimeout = 10 * time.Second
+
 type orderedRun struct {
 	id, correlation, typ string
 	attempt              int
@@ -89,7 +93,10 @@ func orderedBehindTimeout(t *testing.T, quorum bool) {
 	spans := tracetest.NewSpanRecorder()
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
-	r.AddMiddleware(wmiddleware.Retry{MaxRetries: 2, InitialInterval: 10 * time.Millisecond}.Middleware, wmiddleware.Timeout(2*time.Second))
+	// Watermill's Timeout ends a-1's first run, which waits for it; every
+	// other run must end well inside it, on a loaded machine too (at 2 s, a
+	// run of b-0 under load average 20 outlived it and went to a tier).
+	r.AddMiddleware(wmiddleware.Retry{MaxRetries: 2, InitialInterval: 10 * time.Millisecond}.Middleware, wmiddleware.Timeout(composeTimeout))
 	_, err = router.Add(r, router.HandlerConfig{
 		Broker: b, Name: "ledger",
 		Handler: func(msg *message.Message) error {
@@ -162,7 +169,7 @@ func orderedBehindTimeout(t *testing.T, quorum bool) {
 			head = s.deadline
 		case strings.HasPrefix(s.id, "a-"):
 			// a-2..a-4 were held and released by a-1's run: each had
-			// Timeout's 2 s of its own, not what a-1's run left.
+			// Timeout's composeTimeout of its own, not what a-1's run left.
 			require.True(t, s.deadline.After(head), "%s (released) ran with a deadline of its own: %s, a-1's %s", s.id, s.deadline, head)
 		}
 		require.Equal(t, "corr-"+s.id, s.correlation, "%s: the producer's correlation id, held or not", s.id)
@@ -180,7 +187,7 @@ func orderedBehindTimeout(t *testing.T, quorum bool) {
 		keys, err := orders.Keys(t.Context(), "ledger", 10)
 		require.NoError(t, err)
 		return len(keys) == 0
-	}, 10*time.Second, 20*time.Millisecond, "no key waits")
+	}, time.Minute, 20*time.Millisecond, "no key waits")
 	conn := testenv.AMQP(t)
 	require.Zero(t, testenv.QueueDepth(t, conn, topo.PoisonQueue()), "nothing dead-lettered by a delivery limit or poisoned")
 

@@ -89,14 +89,14 @@ func TestRefusedPoisonCopyIsParked(t *testing.T) {
 	}
 	runRouter(t, r)
 
-	require.Eventually(t, func() bool { return handledGood.Load() == good }, 20*time.Second, 5*time.Millisecond)
-	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, poison.MetricParked) >= 2 }, 10*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return handledGood.Load() == good }, time.Minute, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, poison.MetricParked) >= 2 }, time.Minute, 10*time.Millisecond,
 		"refused, parked, back after the tier's delay, refused again, parked again")
 	conn := testenv.AMQP(t)
 	require.Zero(t, testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()))
 
 	clearPolicy()
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()) == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()) == 1 }, time.Minute, 10*time.Millisecond)
 	copies := testenv.Drain(t, conn, q.Topology().PoisonQueue())
 	require.Len(t, copies, 1)
 	c, err := rabbitmq.Marshaler{}.UnmarshalDelivery(copies[0])
@@ -111,7 +111,7 @@ func TestRefusedPoisonCopyIsParked(t *testing.T) {
 	require.Contains(t, c.Metadata.Get(poison.ReasonKey), "unknown version 7")
 	require.Empty(t, c.Metadata.Get(poison.ParkedKey), "the copy in the poison queue is not marked parked")
 	require.Equal(t, int64(1), handledBad.Load(), "the parked copy came back and was isolated without running the handler")
-	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, poison.MetricPoisoned) == 1 }, 5*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, poison.MetricPoisoned) == 1 }, time.Minute, 5*time.Millisecond,
 		"counted once isolated (after the confirm the test may see first)")
 }
 
@@ -150,7 +150,7 @@ func TestRefusedTierCopyWaitsInAnotherTier(t *testing.T) {
 	m.Metadata.Set(sluice.EventIDKey, "evt-1")
 	require.NoError(t, q.Publisher().Publish(queue, m))
 	runRouter(t, r)
-	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(attempts) == 2 }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(attempts) == 2 }, time.Minute, 5*time.Millisecond)
 	mu.Lock()
 	require.Equal(t, []string{"/", "2/200ms"}, attempts, "the copy waited in the 200ms tier, its attempt counted once")
 	mu.Unlock()

@@ -76,9 +76,9 @@ func TestProducedMessageCarryingTheHandlersContextIsPublished(t *testing.T) {
 		m.Metadata.Set(sluice.EventIDKey, fmt.Sprint("evt-", i))
 		require.NoError(t, q.Publisher().Publish(queue, m))
 	}
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, out) == events }, 20*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, out) == events }, time.Minute, 20*time.Millisecond,
 		"every produced event published (handler calls: %d)", calls.Load())
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == 0 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == 0 }, time.Minute, 20*time.Millisecond)
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 	require.NoError(t, q.Close())

@@ -127,7 +127,7 @@ func stackWithPostgresInbox(t *testing.T, batch *deduplication.BatchConfig, quor
 	conn := testenv.AMQP(t)
 	require.Eventually(t, func() bool {
 		return testenv.QueueDepth(t, conn, queue) == 0 && testenv.QueueDepth(t, conn, queue+".retry.100ms") == 0
-	}, 10*time.Second, 20*time.Millisecond)
+	}, time.Minute, 20*time.Millisecond)
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 	require.NoError(t, q.Close())
@@ -236,7 +236,7 @@ func shutdownMidHandler(t *testing.T, batch *deduplication.BatchConfig) {
 
 	_, stop = consume()
 	conn := testenv.AMQP(t)
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == 0 }, 10*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == 0 }, time.Minute, 20*time.Millisecond)
 	stop() // drains: a redelivery in flight has run by now
 	require.Equal(t, 1, count(), "the effect exists once")
 	require.Equal(t, int64(1), calls.Load(), "the redelivery was a duplicate: the handler did not run again")
@@ -303,7 +303,7 @@ func TestDrainingCloseUnderLoadNoDuplicates(t *testing.T) {
 		require.NoError(t, pub.Publish(queue, m))
 	}
 	const prefetch = 16 // the Consumer's deliveries in flight
-	require.Eventually(t, func() bool { return started.Load() == before+prefetch }, 10*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return started.Load() == before+prefetch }, time.Minute, time.Millisecond,
 		"%d handlers held", started.Load()-before)
 	testenv.CloseMidHandler(t, closing, queue, release, stop) // the 16 in flight finish and are acked before the channel closes
 	first, _ := rows()

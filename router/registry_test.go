@@ -55,7 +55,7 @@ func TestTwoRoutersNameTheirHandlersIndependently(t *testing.T) {
 		testenv.PublishEvents(t, rn.pubsub, "in", 5)
 		want := int64(5 * rn.consumers) // GoChannel gives every subscriber each message
 		require.Eventually(t, func() bool { return testenv.CounterSum(t, rn.reader, middleware.MetricConsumed) == want },
-			10*time.Second, 5*time.Millisecond, "router of %q: its deliveries", rn.name)
+			time.Minute, 5*time.Millisecond, "router of %q: its deliveries", rn.name)
 		require.Equal(t, []string{rn.name}, testenv.AttributeValues(t, rn.reader, middleware.MetricConsumed, "messaging.consumer.group.name"),
 			"the router of handler %q labels its deliveries with its own handler's name", rn.name)
 	}

@@ -216,6 +216,11 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		}
 		subscriber = closingSubscriber{subscriber, b}
 	}
+	if cfg.Stages.Inbox != nil && cfg.Stages.Inbox.Consumer == "" { // before the ordering stage, which asks the inbox
+		in := *cfg.Stages.Inbox
+		in.Consumer = cfg.Name
+		cfg.Stages.Inbox = &in
+	}
 	if cfg.Stages.Order != nil {
 		o, err := cfg.Stages.newOrderer(cfg.Name)
 		if err != nil {
@@ -229,11 +234,6 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		p := *cfg.Stages.Poison
 		p.Consumer = cfg.Name
 		cfg.Stages.Poison = &p
-	}
-	if cfg.Stages.Inbox != nil && cfg.Stages.Inbox.Consumer == "" {
-		in := *cfg.Stages.Inbox
-		in.Consumer = cfg.Name
-		cfg.Stages.Inbox = &in
 	}
 	if err := exportAtZero(cfg.Stages, cfg.Name, cfg.Topic, system); err != nil {
 		return nil, fmt.Errorf("router: exporting the handler's counters at zero: %w", err)

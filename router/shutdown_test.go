@@ -67,7 +67,7 @@ func TestShutdownOutlastingTheGraceSpendsNoAttempt(t *testing.T) {
 	require.NoError(t, q.Close())
 
 	conn := testenv.AMQP(t)
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == 1 }, 10*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == 1 }, time.Minute, 20*time.Millisecond,
 		"back in its queue (tier %d, poison %d)", testenv.QueueDepth(t, conn, tier), testenv.QueueDepth(t, conn, queue+".poison"))
 	require.Zero(t, testenv.QueueDepth(t, conn, tier), "no tier spent")
 	require.Zero(t, testenv.QueueDepth(t, conn, queue+".poison"), "not poisoned")

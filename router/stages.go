@@ -289,6 +289,15 @@ func (s *Stages) newOrderer(name string) (*ordering.Orderer, error) {
 			cfg.EventID = s.Inbox.Key
 		}
 	}
+	if s.Inbox != nil && s.Inbox.Consumer != "" && cfg.Seen == nil { // a redelivery of an applied message is a duplicate, not held
+		inbox := *s.Inbox
+		s.share(shared{classifier: &inbox.Classifier, meter: &inbox.MeterProvider, logger: &inbox.Logger})
+		seen, err := deduplication.Seen(inbox)
+		if err != nil {
+			return nil, fmt.Errorf("router: order stage: the inbox: %w", err)
+		}
+		cfg.Seen = seen
+	}
 	s.share(shared{meter: &cfg.MeterProvider, logger: &cfg.Logger})
 	if s.Trace != nil && cfg.Released == nil { // a released message's span and outcome, as a delivery's
 		mw, err := s.traceStage()

@@ -103,7 +103,7 @@ func TestTraceParentLinkAndStatus(t *testing.T) {
 	m.SetContext(ctx)
 	require.NoError(t, tr.producer.Publish("orders", m))
 	root.End()
-	require.Eventually(t, tr.consumerSpans(2), 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, tr.consumerSpans(2), time.Minute, 5*time.Millisecond)
 
 	var producer, first, second sdktrace.ReadOnlySpan
 	for _, s := range tr.spans.Ended() {
@@ -175,7 +175,7 @@ func TestTraceErrorStatusOnlyWhenNacked(t *testing.T) {
 	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 	m.Metadata.Set(sluice.EventIDKey, "malformed")
 	require.NoError(t, tr.embedded.PubSub().Publish("orders", m))
-	require.Eventually(t, tr.consumerSpans(1), 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, tr.consumerSpans(1), time.Minute, 5*time.Millisecond)
 	failing.set(nil) // the poison queue is back: the redelivery is isolated
 	require.Eventually(t, func() bool {
 		for _, s := range tr.spans.Ended() {
@@ -184,7 +184,7 @@ func TestTraceErrorStatusOnlyWhenNacked(t *testing.T) {
 			}
 		}
 		return false
-	}, 5*time.Second, 5*time.Millisecond)
+	}, time.Minute, 5*time.Millisecond)
 	s := tr.spans.Ended()[0]
 	require.Equal(t, "failed", attr(s, "sluice.outcome"))
 	require.Equal(t, codes.Error, s.Status().Code, "a failure that reached the router (nack) is an error")
@@ -213,7 +213,7 @@ func TestTraceErrorStatusOnlyWhenNacked(t *testing.T) {
 			}
 		}
 		return false
-	}, 5*time.Second, 5*time.Millisecond, "a panic is an event on a poisoned span")
+	}, time.Minute, 5*time.Millisecond, "a panic is an event on a poisoned span")
 }
 
 // failingPublisher fails while err is set: the fault of an unreachable

@@ -49,7 +49,7 @@
 set -euo pipefail
 
 dir=${SLUICE_CLUSTER_DIR:-/tmp/sluice-rabbitmq-cluster}
-startup_timeout=${SLUICE_CLUSTER_STARTUP_TIMEOUT:-90}
+startup_timeout=${SLUICE_CLUSTER_STARTUP_TIMEOUT:-180}
 
 log() { printf 'rabbitmq-cluster: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }

@@ -21,7 +21,12 @@
 #   SLUICE_RABBITMQ4_NODE       node name (default rmq4@localhost)
 #   SLUICE_RABBITMQ4_PORT       AMQP port on 127.0.0.1 (default 5682)
 #   SLUICE_RABBITMQ4_DIST_PORT  Erlang distribution port (default 25682)
-#   SLUICE_RABBITMQ4_MIRROR     Debian mirror for debootstrap (default debootstrap's own)
+#   SLUICE_RABBITMQ4_STATE      the node's state directory inside the directory: its
+#                               configuration, data, logs and pid file (default
+#                               /var/lib/sluice-rmq4). A second node from the same
+#                               directory needs its own node name, ports and state.
+#   SLUICE_RABBITMQ4_MIRROR     Debian mirror for debootstrap (default http://deb.debian.org/debian);
+#                               checked first: one that does not answer within 20 s fails the build at once
 #   SLUICE_RABBITMQ4_TIMEOUT    seconds to wait for the node to start (default 120)
 # Needs root (debootstrap, mount, chroot). Idempotent.
 set -euo pipefail
@@ -30,23 +35,30 @@ root=${SLUICE_RABBITMQ4_DIR:-/var/cache/sluice/rabbitmq-4.0}
 node=${SLUICE_RABBITMQ4_NODE:-rmq4@localhost}
 port=${SLUICE_RABBITMQ4_PORT:-5682}
 dist_port=${SLUICE_RABBITMQ4_DIST_PORT:-25682}
-mirror=${SLUICE_RABBITMQ4_MIRROR:-}
+mirror=${SLUICE_RABBITMQ4_MIRROR:-http://deb.debian.org/debian}
 timeout=${SLUICE_RABBITMQ4_TIMEOUT:-120}
 # The node's files, inside the directory (paths as the chroot sees them).
-state=/var/lib/sluice-rmq4
+state=${SLUICE_RABBITMQ4_STATE:-/var/lib/sluice-rmq4}
+# home holds the Erlang cookie every node of the directory and its
+# rabbitmqctl share (internal/testenv's private nodes too): the same for
+# every state directory.
+home=/var/lib/sluice-rmq4
+case $state in /* ) ;; *) echo "rabbitmq4: SLUICE_RABBITMQ4_STATE must be absolute, got $state" >&2; exit 2 ;; esac
 
 log() { printf 'rabbitmq4: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# shellcheck source=scripts/apt.sh
+. "$(dirname "$0")/apt.sh"
 
 case $port in 5672 | 4369 | 25672) die "port $port belongs to the 3.10 node or epmd" ;; esac
 
 # inroot runs a command in the directory, with HOME where the node's Erlang
 # cookie is (the node and its rabbitmqctl run as root there, so they share
-# the cookie at $state/.erlang.cookie).
+# the cookie at $home/.erlang.cookie).
 inroot() {
-  as_root chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="$state" LANG=C.UTF-8 "$@"
+  as_root chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="$home" LANG=C.UTF-8 "$@"
 }
 ctl() { inroot /usr/lib/rabbitmq/bin/rabbitmqctl -n "$node" "$@"; }
 # plugins_ctl names the directories: the CLI would take the node's plugin
@@ -59,15 +71,36 @@ plugins_ctl() {
 plugins=rabbitmq_consistent_hash_exchange
 running() { ctl ping >/dev/null 2>&1; }
 
+# mirror_answers checks that the mirror serves trixie's Release file
+# within 20 s, before debootstrap, which would retry an unreachable mirror
+# for many minutes.
+mirror_answers() {
+  local url="${mirror%/}/dists/trixie/Release"
+  if command -v curl >/dev/null; then
+    curl -fsS --max-time 20 -o /dev/null "$url" 2>&1
+  elif command -v wget >/dev/null; then
+    wget -q -T 20 -t 1 -O /dev/null "$url" 2>&1
+  else
+    # Plain HTTP by hand: the status line of a HEAD request.
+    local rest host path status
+    case $mirror in http://*) ;; *) echo "neither curl nor wget to check $mirror"; return 1 ;; esac
+    rest=${url#http://} host=${rest%%/*} path=/${rest#*/}
+    status=$(timeout 20 bash -c 'exec 3<>"/dev/tcp/${1%:*}/$( [ "${1#*:}" != "$1" ] && echo "${1#*:}" || echo 80)" &&
+      printf "HEAD %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" "$2" "${1%:*}" >&3 && head -n1 <&3' _ "$host" "$path" 2>&1) || { echo "no answer: $status"; return 1; }
+    case $status in *" 200"*) ;; *) echo "answered: $status"; return 1 ;; esac
+  fi
+}
+
 # build makes the trixie directory, in a temporary directory moved into
 # place at the end: a build cut short is never taken for a finished one.
 build() {
   [ -x "$root/usr/lib/rabbitmq/bin/rabbitmq-server" ] && [ -f "$root/.sluice-built" ] && return
   command -v debootstrap >/dev/null || {
     log "installing debootstrap"
-    as_root apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+    apt_install debootstrap
   }
+  local why
+  why=$(mirror_answers) || die "the Debian mirror $mirror does not serve trixie (${why:-no answer within 20 s}): set SLUICE_RABBITMQ4_MIRROR to one that does"
   local tmp="$root.building"
   as_root umount "$tmp/proc" 2>/dev/null || true
   as_root rm -rf "$tmp"
@@ -75,11 +108,12 @@ build() {
   log "building a Debian 13 (trixie) directory with rabbitmq-server in $root (about a minute, ~370 MB)"
   local out
   out=$(mktemp)
-  # shellcheck disable=SC2086 # an unset mirror is no argument
-  if ! as_root debootstrap --variant=minbase --include=rabbitmq-server trixie "$tmp" $mirror >"$out" 2>&1; then
+  # Bounded: a mirror that stops answering midway fails the build, not
+  # make services, after 15 minutes (a build takes about one).
+  if ! as_root timeout 900 debootstrap --variant=minbase --include=rabbitmq-server trixie "$tmp" "$mirror" >"$out" 2>&1; then
     tail -n 20 "$out" >&2
     rm -f "$out"
-    die "debootstrap failed (is a Debian mirror reachable? set SLUICE_RABBITMQ4_MIRROR)"
+    die "debootstrap of trixie with rabbitmq-server from $mirror failed (its last lines above): set SLUICE_RABBITMQ4_MIRROR to another mirror"
   fi
   rm -f "$out"
   [ -x "$tmp/usr/lib/rabbitmq/bin/rabbitmq-server" ] || die "debootstrap gave no rabbitmq-server in $tmp"
@@ -102,9 +136,10 @@ configure() {
   printf '[%s].\n' "$plugins" | as_root tee "$root$state/enabled_plugins" >/dev/null
   # The cookie the node and its rabbitmqctl share, written before either
   # runs (else both would race to create it).
-  if [ ! -s "$root$state/.erlang.cookie" ]; then
-    head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' | tr a-f A-F | as_root tee "$root$state/.erlang.cookie" >/dev/null
-    as_root chmod 400 "$root$state/.erlang.cookie"
+  as_root mkdir -p "$root$home"
+  if [ ! -s "$root$home/.erlang.cookie" ]; then
+    head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' | tr a-f A-F | as_root tee "$root$home/.erlang.cookie" >/dev/null
+    as_root chmod 400 "$root$home/.erlang.cookie"
   fi
   # Erlang reads /proc (the VM's scheduler count, memory), rabbitmqctl /dev.
   mountpoint -q "$root/proc" || as_root mount --bind /proc "$root/proc"
@@ -112,27 +147,56 @@ configure() {
 
 launch() {
   log "starting RabbitMQ 4.0 node $node on 127.0.0.1:$port"
+  : >"$root$state/stdout.log"
   # setsid: the node outlives this script and make; its output goes to a
   # file in its state directory.
-  as_root setsid chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="$state" LANG=C.UTF-8 \
+  as_root setsid chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="$home" LANG=C.UTF-8 \
     RABBITMQ_NODENAME="$node" RABBITMQ_NODE_PORT="$port" RABBITMQ_DIST_PORT="$dist_port" \
     RABBITMQ_CONFIG_FILE="$state/rabbitmq.conf" RABBITMQ_MNESIA_BASE="$state/mnesia" \
     RABBITMQ_LOG_BASE="$state/log" RABBITMQ_ENABLED_PLUGINS_FILE="$state/enabled_plugins" \
     RABBITMQ_PID_FILE="$state/pid" \
     /usr/lib/rabbitmq/bin/rabbitmq-server >"$root$state/stdout.log" 2>&1 </dev/null &
+  launched=$!
+}
+
+# boot_log prints the warning and error lines of the node's last boot.
+boot_log() {
+  grep -E '\[(error|warning)\]|BOOT FAILED|Error during startup' "$root$state/stdout.log" 2>/dev/null | tail -n 30 >&2 ||
+    tail -n 30 "$root$state/stdout.log" >&2 2>/dev/null || true
 }
 
 # await waits until the node has booted and serves AMQP: await_startup fails
-# at once until the node has registered with epmd, hence the retries.
+# at once until the node has registered with epmd, hence the retries. A
+# node whose VM exits while booting is reported at once with its log
+# lines; one that RabbitMQ 4.0 refused to boot with
+# failed_to_deny_deprecated_features is started again, up to 5 times: its
+# boot-time check of the feature this node denies (configure) raced
+# Mnesia's table load — the check runs right after mnesia:start() and a
+# table not loaded yet counts as the feature in use (internal/testenv's
+# StartApp has the details). Each start is a new draw of that race.
 await() {
-  local deadline=$((SECONDS + timeout))
-  until ctl await_startup --timeout 10 >/dev/null 2>&1 && port_open "$port"; do
+  local deadline=$((SECONDS + timeout)) attempt=1
+  # The VM's exit is checked before each rabbitmqctl (which boots a VM of
+  # its own: seconds on a loaded machine).
+  until { [ -z "${launched:-}" ] || kill -0 "$launched" 2>/dev/null; } && ctl await_startup --timeout 10 >/dev/null 2>&1 && port_open "$port"; do
+    if [ -n "${launched:-}" ] && ! kill -0 "$launched" 2>/dev/null && ! running; then
+      if grep -q failed_to_deny_deprecated_features "$root$state/stdout.log" 2>/dev/null && [ "$attempt" -lt 5 ]; then
+        attempt=$((attempt + 1))
+        log "RabbitMQ 4.0 refused to boot with failed_to_deny_deprecated_features (its check raced Mnesia's table load): starting it again, attempt $attempt"
+        sleep "$attempt"
+        launch
+        continue
+      fi
+      boot_log
+      die "RabbitMQ 4.0 node $node exited while booting (attempt $attempt; its log lines above; $root$state/log)"
+    fi
     if [ "$SECONDS" -ge "$deadline" ]; then
       tail -n 20 "$root$state/stdout.log" "$root$state"/log/*.log >&2 2>/dev/null || true
       die "RabbitMQ 4.0 node $node did not serve 127.0.0.1:$port within ${timeout}s (logs above; $root$state/log)"
     fi
     sleep 1
   done
+  [ "$attempt" -eq 1 ] || log "node $node booted on attempt $attempt"
 }
 
 start() {

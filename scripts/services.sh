@@ -24,14 +24,10 @@ wait_for() { # name seconds command...
   done
 }
 
-apt_updated=""
-install() {
-  if [ -z "$apt_updated" ]; then
-    log "apt-get update"; as_root apt-get update -qq; apt_updated=1
-  fi
-  log "installing $*"
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
-}
+die() { log "$*"; exit 1; }
+# shellcheck source=scripts/apt.sh
+. "$(dirname "$0")/apt.sh"
+install() { apt_install "$@"; }
 
 postgres() {
   command -v pg_ctlcluster >/dev/null && [ -n "$(ls /etc/postgresql 2>/dev/null)" ] || install postgresql

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # make test's steps (the Makefile passes its settings in the environment).
 # Steps that share nothing run side by side, so that the whole stays under
-# 15 minutes on a 2-core machine; after the main go test and the tests
-# about RabbitMQ 4.x:
-#   - the short fuzz runs (CPU only, no service) beside everything after;
-#   - the restart tests and the scenarios that restart the shared RabbitMQ
-#     or fill its poison queue; then the scenarios that stop PostgreSQL,
-#     which every scenario uses, alone; then the scenarios on private
-#     brokers (cluster-node-kill, ordered), alone.
+# 10 minutes on an idle 2-core machine:
+#   - the short fuzz runs (CPU only, no service) beside everything from the
+#     main go test on: most of their time builds the instrumented test
+#     binaries (840 s of a fresh machine's run under load, when they began
+#     after the tests about 4.x and ended last);
+# after the main go test and the tests about RabbitMQ 4.x:
+#   - the scenarios that stop PostgreSQL, which every scenario uses, first;
+#   - then the scenarios on private brokers (cluster-node-kill, ordered:
+#     nodes of their own, the shared PostgreSQL) in the background, beside
+#     the restart tests and the scenarios that restart the shared RabbitMQ
+#     or fill its poison queue, then those on the 4.0 node.
+#     TEST_CHAOS_PRIVATE_ALONE=1 runs them alone, last, as before.
 # A background step's output is printed when it ends; the first failure
 # fails the whole, after every step started has ended. Each step prints
 # its time and the CPU it and its children used (a 2-core machine gives
@@ -15,6 +20,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${GO:=go}" "${TEST_TIMEOUT:=20m}" "${TEST_PARALLEL:=6}" "${TEST_PACKAGES_AT_ONCE:=3}" "${FUZZTIME:=20000x}" "${PACKAGES:=./... ./cmd/... ./examples/...}"
+# The main go test's events (go test -json), kept for make test-times.
+: "${TEST_TIMES_FILE:=test-times.json}"
 
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
@@ -54,33 +61,55 @@ foreground() {
 	[ $rc = 0 ] || failed+=("$name")
 }
 
+# go_test ARGS...: go test -json ARGS, printed as a plain go test prints
+# (each package's line, a failed test's output) by internal/testtimes,
+# which keeps the events in TEST_TIMES_FILE; its status is go test's.
+$GO build -o "$logs/testtimes" ./internal/testtimes || failed+=("building testtimes")
+go_test() { $GO test -json "$@" 2>&1 | "$logs/testtimes" -save "$TEST_TIMES_FILE"; }
+
+background fuzz make --no-print-directory fuzz FUZZTIME="$FUZZTIME"
+
 # 3 test binaries at once: they mostly wait (on the brokers, the tiers'
 # TTLs, private nodes booting) — at 2, 970 s of go test used 684 s of CPU
 # on 2 cores. make services raises PostgreSQL's max_connections to 300 for
 # their pools (at 4 they passed the default 100).
 # shellcheck disable=SC2086 # PACKAGES is a list
-foreground "go test" $GO test -race -count=1 -timeout "$TEST_TIMEOUT" -p "$TEST_PACKAGES_AT_ONCE" -parallel "$TEST_PARALLEL" $PACKAGES
+foreground "go test" go_test -race -count=1 -timeout "$TEST_TIMEOUT" -p "$TEST_PACKAGES_AT_ONCE" -parallel "$TEST_PARALLEL" $PACKAGES
+# Where the time went (make test-times prints it again).
+"$logs/testtimes" -top 25 "$TEST_TIMES_FILE" || true
 
-# Alone: their rabbitmqctl calls each start an Erlang VM, and beside the
-# main go test one listing outlived its 2 minutes; beside the restart tests
-# and the chaos scenarios' private nodes starting, five did.
+# Alone (the fuzzing, begun beside the main go test, has ended by then on
+# the runs on record): their rabbitmqctl calls each start an Erlang VM, and
+# beside the main go test one listing outlived its 2 minutes; beside the
+# restart tests and the chaos scenarios' private nodes starting, five did.
 foreground "the tests about RabbitMQ 4.x on the 4.0 node" make --no-print-directory test-rabbitmq4
 
-background fuzz make --no-print-directory fuzz FUZZTIME="$FUZZTIME"
 # The short reliability run (docs/reliability.md), in three parts.
 $GO build -o "$logs/sluice-chaos" ./cmd/sluice-chaos || failed+=("building sluice-chaos")
+# Every scenario uses the shared PostgreSQL: these stop it, alone.
+foreground "chaos stopping PostgreSQL" "$logs/sluice-chaos" run -scenarios postgres-stop,postgres-stop-batched
+# The private brokers' scenarios (about 75 s alone on an idle machine: 3
+# nodes and 1 node booting, then the run) beside the shared broker's.
+# Once, beside the restart tests and the shared scenarios, one of them
+# failed in CI with too little output kept to say which or why; the one
+# failure of theirs on record since, ordered's held redelivery, was the
+# ordering stage's (fixed), not a conflict between steps.
+# TEST_CHAOS_PRIVATE_ALONE=1 runs them alone.
+private_chaos() {
+	"$logs/sluice-chaos" run -scenarios cluster-node-kill,ordered
+}
+[ -n "${TEST_CHAOS_PRIVATE_ALONE:-}" ] || background "chaos on private brokers" private_chaos
 # Broker-restart tests restart the shared RabbitMQ: after the main go test.
 foreground "restart tests" $GO test -race -count=1 -timeout 5m -tags restart -run Restart ./rabbitmq/
 foreground "chaos on the shared RabbitMQ" "$logs/sluice-chaos" run -scenarios kill,rabbitmq-restart,poison-full,same-id-8,outbox,kill-batched
-# Every scenario uses the shared PostgreSQL: these stop it, alone.
-foreground "chaos stopping PostgreSQL" "$logs/sluice-chaos" run -scenarios postgres-stop,postgres-stop-batched
-# Alone, last: beside the restart tests and the shared scenarios, one of
-# these failed in CI (which kept too little of the output to say which);
-# alone they take about 75 s (3 nodes and 1 node booting, then the run).
-foreground "chaos on private brokers" "$logs/sluice-chaos" run -scenarios cluster-node-kill,ordered
 # The same kills and a broker restart on the RabbitMQ 4.0 node (it restarts
 # that node: nothing else uses it now).
 foreground "chaos on the 4.0 node" "$logs/sluice-chaos" run -rabbitmq4 -scenarios kill,rabbitmq-restart -events 200 -kills 3
+if [ -n "${TEST_CHAOS_PRIVATE_ALONE:-}" ]; then
+	foreground "chaos on private brokers" private_chaos
+else
+	await "chaos on private brokers"
+fi
 await fuzz
 
 if [ ${#failed[@]} -gt 0 ]; then

@@ -221,6 +221,8 @@ type world struct {
 	// messages unacked while it reads them.
 	queueMu sync.Mutex
 	killed  int // SIGKILLs sent by the harness
+	// restart is how rabbitmq-restart's (and outbox's) broker restart went.
+	restart *testenv.Restart
 	fillers int // messages that filled the poison queue in poison-full
 	// at is how many effects existed when the disruption began.
 	at, total int
@@ -320,6 +322,12 @@ func runScenario(parent context.Context, o options, scenario string) (string, er
 	disruption := describeDisruption(base, w.killed, w.fillers, crashes, restarts, w.at, w.total)
 	if w.cl != nil {
 		disruption = w.cl.describe(len(w.procs), restarts)
+	}
+	switch {
+	case w.restart != nil && base == "rabbitmq-restart":
+		disruption += fmt.Sprintf(" (the broker down %s, serving again %s after stop_app; %s)", w.restart.Down.Round(100*time.Millisecond), w.restart.Took.Round(100*time.Millisecond), w.restart.Boot)
+	case w.restart != nil:
+		disruption += fmt.Sprintf(" (%s)", w.restart.Boot)
 	}
 	if batched {
 		if crashProb > 0 {
@@ -580,14 +588,12 @@ func (w *world) disrupt(ctx context.Context, rng *rand.Rand, scenario string) er
 			}
 		}
 	case "rabbitmq-restart":
-		if err := ctl("stop_app"); err != nil {
-			return err
+		r, err := testenv.RestartApp(ctx, testenv.TryRabbitmqctl, testenv.RabbitMQRoot, w.o.mqDown)
+		w.restart = &r
+		if err != nil {
+			return fmt.Errorf("restarting RabbitMQ: %w", err)
 		}
-		sleep(w.o.mqDown)
-		if err := ctl("start_app"); err != nil {
-			return err
-		}
-		return ctl("await_startup")
+		return nil
 	case "postgres-stop":
 		version, err := pgVersion()
 		if err != nil {

@@ -43,9 +43,11 @@ type orderedWorld struct {
 	// Measured.
 	killsAt []int // effects at each SIGKILL
 	restart int   // effects when the broker stopped; -1 if it did not
-	// down is from stop_app's return to start_app's; restartTook from
-	// stop_app's start to start_app's return (rabbitmqctl boots a VM each).
+	// down is from stop_app's return to start_app's first run; restartTook
+	// from stop_app's run until the node served again (rabbitmqctl boots a
+	// VM each); boot is how start_app went.
 	down, restartTook time.Duration
+	boot              testenv.Boot
 	settled           time.Duration // from the first publish to every reachable effect
 	released          time.Duration // from the skips to the poisoned keys' last effect
 	maxHeld           int           // the most messages held at once (sampled)
@@ -214,7 +216,7 @@ func (ow *orderedWorld) describe(w *world) string {
 	}
 	restart := "no broker restart"
 	if ow.restart >= 0 {
-		restart = fmt.Sprintf("private broker restarted at %d effects (%s from stop_app's return to start_app's, %s in all)", ow.restart, ow.down.Round(100*time.Millisecond), ow.restartTook.Round(100*time.Millisecond))
+		restart = fmt.Sprintf("private broker restarted at %d effects (down %s from stop_app's return, serving again %s after stop_app; %s)", ow.restart, ow.down.Round(100*time.Millisecond), ow.restartTook.Round(100*time.Millisecond), ow.boot)
 	}
 	return fmt.Sprintf("%d keys × %d (%d messages: %d transient, %d of them twice, %d poisoned heads); %d SIGKILLs at %v effects, self-crashes before-commit %d, after-commit %d, after-tier-publish %d, %d restarts; %s; up to %d held at once; settled in %s",
 		len(p.keys), p.perKey, len(p.publishes), len(p.fail), twice, len(p.poisonAt), len(ow.killsAt), ow.killsAt,
@@ -269,17 +271,10 @@ func (w *world) disruptOrdered(ctx context.Context, ow *orderedWorld, rng *rand.
 			return
 		}
 		ow.restart = n
-		start := time.Now()
-		if _, err := ow.node.TryCtl(0, "stop_app"); err != nil {
-			restarted <- err
-			return
-		}
-		stopped := time.Now()
-		time.Sleep(w.o.mqDown)
-		_, err = ow.node.TryCtl(0, "start_app")
-		ow.down, ow.restartTook = time.Since(stopped), time.Since(start)
-		if err == nil {
-			_, err = ow.node.TryCtl(0, "await_startup")
+		r, err := testenv.RestartApp(ctx, ow.node.NodeCtl(0), testenv.RabbitMQRoot, w.o.mqDown)
+		ow.down, ow.restartTook, ow.boot = r.Down, r.Took, r.Boot
+		if err != nil {
+			err = fmt.Errorf("restarting the private RabbitMQ node: %w", err)
 		}
 		restarted <- err
 	}()
@@ -340,99 +335,4 @@ func (w *world) settleOrdered(ctx context.Context, ow *orderedWorld, skipped boo
 		}
 		return rows >= want && len(poisoned) >= len(ow.plan.poisonAt) && depth == 0 && quiet, nil
 	}, func() string { return "the run to settle: " + last })
-}
-
-// checkOrdered reads each key's effects in commit order and checks them
-// against the plan; the other problems are the poison queue's contents
-// and, before the skips, the waiting keys.
-func (w *world) checkOrdered(ctx context.Context, ow *orderedWorld, skipped bool) ([]orderViolation, []string, error) {
-	var rows []struct {
-		Key string `db:"order_key"`
-		Seq int    `db:"seq"`
-	}
-	// Within a key one transaction commits before the next one begins
-	// (one delivery of a key at a time): n's order is the commit order.
-	if err := w.db.SelectContext(ctx, &rows, "SELECT order_key, seq FROM "+w.name+".effects ORDER BY n"); err != nil {
-		return nil, nil, err
-	}
-	applied := map[string][]int{}
-	for _, r := range rows {
-		applied[r.Key] = append(applied[r.Key], r.Seq)
-	}
-	violations := checkOrder(ow.plan, applied, skipped)
-	var problems []string
-	_, poisoned, _, err := w.observe(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	heads := map[string]bool{}
-	for key, at := range ow.plan.poisonAt {
-		heads[orderedEventID(key, at)] = true
-	}
-	for id := range poisoned {
-		if !heads[id] {
-			problems = append(problems, "not a poisoned head, in the poison queue: "+id)
-		}
-	}
-	for id := range heads {
-		if poisoned[id] == 0 {
-			problems = append(problems, "poisoned head not in the poison queue: "+id)
-		}
-	}
-	if ow.control || skipped {
-		return violations, problems, nil
-	}
-	keys, err := ow.store.Keys(ctx, orderedHandlerName, len(ow.plan.poisonAt)+10)
-	if err != nil {
-		return nil, nil, err
-	}
-	waiting := map[string]ordering.Key{}
-	for _, k := range keys {
-		waiting[k.Key] = k
-	}
-	for key, at := range ow.plan.poisonAt {
-		k, ok := waiting[key]
-		want := ordering.Key{Key: key, Head: orderedEventID(key, at), Poisoned: true, Held: ow.plan.perKey - at - 1}
-		if !ok || k.Head != want.Head || !k.Poisoned || k.Held != want.Held {
-			problems = append(problems, fmt.Sprintf("poisoned key %s waits as %+v, want head %s poisoned holding %d", key, k, want.Head, want.Held))
-		}
-		delete(waiting, key)
-	}
-	for key, k := range waiting {
-		problems = append(problems, fmt.Sprintf("key %s waits and should not: %+v", key, k))
-	}
-	return violations, problems, nil
-}
-
-func summarize(vs []orderViolation) string {
-	kinds := map[string]int{}
-	for _, v := range vs {
-		kinds[v.kind]++
-	}
-	var parts []string
-	for _, k := range []string{"out of order", "twice", "missing", "unexpected"} {
-		if kinds[k] > 0 {
-			parts = append(parts, fmt.Sprintf("%d %s", kinds[k], k))
-		}
-	}
-	s := strings.Join(parts, ", ")
-	if len(vs) > 0 {
-		s += "; first: " + vs[0].String()
-	}
-	return s
-}
-
-func violationsError(vs []orderViolation, problems []string) error {
-	var lines []string
-	for i, v := range vs {
-		if i == 10 {
-			lines = append(lines, fmt.Sprintf("… %d more keys", len(vs)-10))
-			break
-		}
-		lines = append(lines, v.String())
-	}
-	if len(problems) > 10 {
-		problems = append(problems[:10], fmt.Sprintf("… %d more", len(problems)-10))
-	}
-	return errors.New(strings.Join(append(lines, problems...), "; "))
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	amqp "github.com/sluicemq/sluice/internal/amqp091"
+	"github.com/sluicemq/sluice/internal/testenv"
 	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
@@ -45,7 +46,7 @@ type outboxWorld struct {
 	store *outboxsql.Store
 	// Measured during the outage.
 	at       int           // effects when the broker was stopped
-	down     time.Duration // from stop_app's return to start_app's
+	down     time.Duration // from stop_app's return until the broker served again
 	pending  int           // rows in the outbox when the broker returned
 	relayed  time.Duration // from then until each of them was relayed
 	recovery time.Duration // until every row written during the outage was received
@@ -129,12 +130,14 @@ func (w *world) disruptOutbox(ctx context.Context, rng *rand.Rand) error {
 		w.ob.pending, last = r.N, r.Last
 	}
 	// Back up whatever happened.
-	if startErr := ctl("start_app"); startErr != nil {
-		return errors.Join(err, startErr)
+	boot, startErr := testenv.StartApp(ctx, testenv.TryRabbitmqctl, testenv.RabbitMQRoot)
+	w.restart = &testenv.Restart{Boot: boot}
+	if startErr != nil {
+		return errors.Join(err, fmt.Errorf("starting RabbitMQ again: %w", startErr))
 	}
 	back := time.Now()
 	w.ob.down = back.Sub(down)
-	if err := errors.Join(err, ctl("await_startup")); err != nil {
+	if err != nil {
 		return err
 	}
 	for {

@@ -36,7 +36,7 @@ func TestCrashLoopDeadLetterShowsTheBrokersDiagnosis(t *testing.T) {
 	require.NoError(t, err)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
-	deadline := time.After(10 * time.Second)
+	deadline := time.After(time.Minute)
 	returns := 0
 	for testenv.QueueDepth(t, conn, b.topo.PoisonQueue()) < 2 {
 		select {

@@ -189,7 +189,7 @@ func TestStackLogsEscapeMessageContents(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(e.Poisoned()) == 2 && seen["retry"+hostile] == 2 && seen["reject"+hostile] == 1
-	}, 10*time.Second, 5*time.Millisecond)
+	}, time.Minute, 5*time.Millisecond)
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 	require.NoError(t, e.Close())

@@ -42,7 +42,7 @@ func TestKillMidReplayLosesNothing(t *testing.T) {
 	cmd := exec.Command(bin, "--amqp-url", testenv.AMQPURL, "--audit", b.audit,
 		"dlq", "replay", "--queue", b.topo.PoisonQueue(), "--rate", "40/s", "--batch", "2")
 	require.NoError(t, cmd.Start())
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()) >= 6 }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()) >= 6 }, time.Minute, 5*time.Millisecond)
 	require.NoError(t, cmd.Process.Kill())
 	_ = cmd.Wait()
 
@@ -92,7 +92,7 @@ func TestKillMidRampThenRerun(t *testing.T) {
 	require.NoError(t, db.Get(&claims, `SELECT count(*) FROM `+rc.db+`.inbox`))
 	require.Equal(t, n, distinct)
 	require.Equal(t, n, claims)
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()) == 0 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()) == 0 }, time.Minute, 10*time.Millisecond)
 	require.Empty(t, peekIDs(t, b.topo.PoisonQueue()), "nothing left in the poison queue")
 
 	code, report, errOut := b.cli(t, "dlq", "report", "--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable)
@@ -168,7 +168,7 @@ func TestKillAtAnyPointOfTheClosedLoop(t *testing.T) {
 			rerun := slices.DeleteFunc(slices.Clone(args), func(a string) bool { return a == "--canary" || a == "5" })
 			out, _ := exec.Command(bin, rerun...).CombinedOutput()
 			require.Eventually(t, func() bool { return rows() == n-len(want) }, 30*time.Second, 10*time.Millisecond, "%s", out)
-			require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()) == 0 }, 10*time.Second, 10*time.Millisecond)
+			require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()) == 0 }, time.Minute, 10*time.Millisecond)
 			var distinct, claims int
 			require.NoError(t, db.Get(&distinct, `SELECT count(DISTINCT event_id) FROM `+rc.db+`.stock`))
 			require.NoError(t, db.Get(&claims, `SELECT count(*) FROM `+rc.db+`.inbox`))
@@ -220,7 +220,7 @@ func TestInterruptMidRamp(t *testing.T) {
 	require.Contains(t, recs[0].Options["run"], "run-")
 	require.Positive(t, recs[0].Result.Replayed)
 
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()) == 0 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()) == 0 }, time.Minute, 10*time.Millisecond)
 	// A replayed event may still be in the recovering consumer's handler
 	// (not ready in its queue, not yet a row), and the CLI's unacked ones
 	// go back to the poison queue once the broker has closed its channel:

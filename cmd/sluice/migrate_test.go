@@ -79,7 +79,7 @@ func (p *producer) confirmed() int {
 func (p *producer) await(t *testing.T, n int) {
 	t.Helper()
 	want := p.confirmed() + n
-	deadline := time.After(10 * time.Second)
+	deadline := time.After(time.Minute)
 	for p.confirmed() < want {
 		select {
 		case <-p.progress:

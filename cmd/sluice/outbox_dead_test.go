@@ -50,8 +50,8 @@ func TestOutboxDeadRowsAreSetAsideListedRequeuedAndDiscarded(t *testing.T) {
 	}, 60*time.Second, 10*time.Millisecond, "set aside after 3 attempts")
 	// Counted once the batch's Finish returned: after the commit the
 	// Stats above may read first.
-	require.Eventually(t, func() bool { return testenv.CounterSum(t, meter, outbox.MetricDeadLettered) == 2 }, 10*time.Second, 10*time.Millisecond)
-	require.Eventually(t, func() bool { v, _ := metricValue(t, meter, outbox.MetricDead); return v == 2 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.CounterSum(t, meter, outbox.MetricDeadLettered) == 2 }, time.Minute, 10*time.Millisecond)
+	require.Eventually(t, func() bool { v, _ := metricValue(t, meter, outbox.MetricDead); return v == 2 }, time.Minute, 10*time.Millisecond)
 	var attempts []int
 	require.NoError(t, b.db.Select(&attempts, `SELECT attempts FROM `+b.table+` ORDER BY id`))
 	require.Equal(t, []int{3, 3}, attempts, "tried no more once dead")

@@ -155,7 +155,7 @@ func TestOutboxCommandsShowAStuckOutboxAndRetryIt(t *testing.T) {
 	require.Eventually(t, func() bool {
 		code, out, _ := b.cli(t, "outbox", "stats")
 		return code == 0 && regexp.MustCompile(regexp.QuoteMeta(b.table)+` +│ +0 │ +0 │ +0 │ - +│`).MatchString(out)
-	}, 10*time.Second, 10*time.Millisecond, "nothing left in the outbox")
+	}, time.Minute, 10*time.Millisecond, "nothing left in the outbox")
 	code, out, errOut = b.cli(t, "outbox", "retry")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "0 failing rows")

@@ -117,7 +117,7 @@ func TestPartitionPoisonReplaysToItsPartition(t *testing.T) {
 	}
 	poisonQueue := b.Topology().PoisonQueue()
 	conn := testenv.AMQP(t)
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, poisonQueue) == events }, 15*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, poisonQueue) == events }, time.Minute, 20*time.Millisecond,
 		"every partition's poisoned copies in the one poison queue")
 
 	var out, errOut bytes.Buffer
@@ -133,7 +133,7 @@ func TestPartitionPoisonReplaysToItsPartition(t *testing.T) {
 			}
 		}
 		return len(seen) == events
-	}, 15*time.Second, 20*time.Millisecond)
+	}, time.Minute, 20*time.Millisecond)
 	mu.Lock()
 	defer mu.Unlock()
 	used := map[string]bool{}

@@ -46,7 +46,7 @@ func CloseMidHandler(t testing.TB, closing <-chan struct{}, queue string, releas
 	go func() { defer close(stopped); stop() }()
 	<-closing
 	conn := AMQP(t)
-	require.Eventually(t, func() bool { return QueueConsumers(t, conn, queue) == 0 }, 10*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return QueueConsumers(t, conn, queue) == 0 }, time.Minute, time.Millisecond,
 		"the draining consumer cancels: the broker sends it nothing more")
 	close(release)
 	<-stopped

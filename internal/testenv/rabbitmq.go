@@ -234,6 +234,17 @@ func (r *PrivateRabbitMQ) Ctl(t testing.TB, args ...string) {
 	require.NoError(t, err, "rabbitmqctl %v: %s", args, out)
 }
 
+// NodeCtl is Ctl for the private node (for RestartApp, StartApp, NodeLog).
+func (r *PrivateRabbitMQ) NodeCtl() Ctl {
+	return func(ctx context.Context, args ...string) (string, error) {
+		out, err := r.ctl(ctx, args...)
+		if err != nil {
+			return string(out), fmt.Errorf("rabbitmqctl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		}
+		return string(out), nil
+	}
+}
+
 func (r *PrivateRabbitMQ) ctl(ctx context.Context, args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()

@@ -42,7 +42,7 @@ func TestCreateTableMigratesAndDeadRowsAreSetAside(t *testing.T) {
 				require.NoError(t, err)
 				defer func() { require.NoError(t, b.Release(t.Context())) }()
 				return len(b.Rows()) == 1 && b.Rows()[0].ID == rows[1].ID
-			}, 10*time.Second, 10*time.Millisecond, "the dead row is not taken")
+			}, time.Minute, 10*time.Millisecond, "the dead row is not taken")
 			dead, err := s.List(t.Context(), sqlstore.Dead, 10)
 			require.NoError(t, err)
 			require.Len(t, dead, 1)

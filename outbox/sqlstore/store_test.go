@@ -362,7 +362,7 @@ func TestAHeldBatchIsReleasedWhenItsRelayIsGone(t *testing.T) {
 			require.NoError(t, err)
 			defer func() { require.NoError(t, b.Release(ctx)) }()
 			return len(b.Rows()) == 2
-		}, 10*time.Second, 10*time.Millisecond)
+		}, time.Minute, 10*time.Millisecond)
 		require.Error(t, held.Finish(ctx, []int64{held.Rows()[0].ID}, nil), "the killed relay's batch cannot finish")
 	})
 	t.Run("sqlite", func(t *testing.T) {

@@ -125,6 +125,7 @@ func partitionable(t *testing.T) {
 // (cluster_partition_handling pause_minority paused it) and the queue has
 // its 3 members again, serving through the healed node.
 func TestClusterPartitionedNode(t *testing.T) {
+	t.Parallel() // its own cluster: beside the tests of the shared one
 	partitionable(t)
 	start := time.Now()
 	c := testenv.StartPrivateClusterWith(t, 3, testenv.ClusterOptions{
@@ -398,7 +399,7 @@ func TestClusterPartitionedNode(t *testing.T) {
 	}
 	require.NoError(t, p.Publish(q, msgs...), "publishing through the healed node")
 	counter := dialNode(t, urls[third])
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, counter, q) >= afterHeal }, 10*time.Second, 50*time.Millisecond,
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, counter, q) >= afterHeal }, time.Minute, 50*time.Millisecond,
 		"node 1 counts what node 2 confirmed")
 	// Besides them the queue may hold what the test published before: a
 	// message reported uncertain that was stored after all, or a delivery

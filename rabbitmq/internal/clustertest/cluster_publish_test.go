@@ -32,6 +32,7 @@ import (
 // channel's were confirmed: before the Publisher replaced a channel after a
 // nack, this test failed, no batch confirmed within 30 s of the kill.
 func TestClusterPublisherNodeKilledMidStream(t *testing.T) {
+	t.Parallel()
 	c := privateCluster(t)
 	topo := declareOnNode(t, c, 0, "cluster_pub")
 	q := topo.Queue()

@@ -18,16 +18,24 @@ import (
 
 // The tests that kill nodes share one private 3-node cluster, started by
 // the first of them and stopped by TestMain: starting one takes about 13 s.
-// They do not run in parallel with each other (each kills a node and starts
-// it again before the next), and no other test uses the cluster.
+// They run one at a time (each kills a node and starts it again before the
+// next: privateCluster holds the cluster until the test's end), beside
+// TestClusterPartitionedNode, which has a cluster of its own; no other test
+// uses the cluster.
 var cluster struct {
 	once sync.Once
+	use  sync.Mutex // held by the test using the cluster
 	c    *testenv.PrivateCluster
 	err  error
 }
 
+// privateCluster returns the shared cluster, held by t until t ends (its
+// cleanups, registered after this call, run first: a killed node is
+// started again before the next test has the cluster). Call it first.
 func privateCluster(t *testing.T) *testenv.PrivateCluster {
 	t.Helper()
+	cluster.use.Lock()
+	t.Cleanup(cluster.use.Unlock)
 	cluster.once.Do(func() {
 		start := time.Now()
 		cluster.c, cluster.err = testenv.StartCluster(3)
@@ -108,6 +116,7 @@ func deleteAtEnd(t *testing.T, c *testenv.PrivateCluster, queues ...string) {
 // Broker's publisher, on the dead node too, moves with it: messages
 // published after the kill are consumed as well.
 func TestClusterConsumerNodeKilledMidDrain(t *testing.T) {
+	t.Parallel()
 	c := privateCluster(t)
 	const prefetch = 16
 	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{

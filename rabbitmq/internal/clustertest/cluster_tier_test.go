@@ -17,6 +17,7 @@ import (
 // main queue is killed are dead-lettered back to the main queue by the new
 // leaders when their TTL runs out: at least once, none lost.
 func TestClusterQuorumTierDeadLettersAfterALeaderChange(t *testing.T) {
+	t.Parallel()
 	c := privateCluster(t)
 	const delay = 8 * time.Second
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: testenv.Name("cluster_tier"), Quorum: true, TierDelays: []time.Duration{delay}})

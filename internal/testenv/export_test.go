@@ -1,0 +1,6 @@
+package testenv
+
+import "time"
+
+// SetStartAppPause sets StartApp's pause between refused runs for a test.
+func SetStartAppPause(d time.Duration) { startAppPause = d }
