@@ -96,12 +96,16 @@ func TestHostileTextNeverReachesTheOperator(t *testing.T) {
 	require.Equal(t, "v"+hostile, rec.Metadata["note"])
 	require.Equal(t, `{"note":"`+hostile+`"}`, rec.Payload)
 
-	// The forged target does not exist: the dry run and the replay fail
-	// naming it, escaped.
+	// The forged target is not of the poison queue's family: the dry run
+	// and the replay refuse it, naming it escaped; redirected there with
+	// --to, it does not exist, and the publish fails naming it, escaped.
 	code, _, errOut = check("dlq", "replay", "--queue", q, "--dry-run")
 	require.Equal(t, 1, code)
-	require.Contains(t, errOut, `orders\x1b]0;OWNED`)
+	require.Contains(t, errOut, `its sluice_poison_queue names "orders\x1b]0;OWNED`)
 	code, _, errOut = check("dlq", "replay", "--queue", q)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, `its sluice_poison_queue names "orders\x1b]0;OWNED\x07\x1b[2J`)
+	code, _, errOut = check("dlq", "replay", "--queue", q, "--to", target)
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, `dlq: replaying to orders\x1b]0;OWNED\x07\x1b[2J`)
 	require.Equal(t, 1, testenv.QueueDepth(t, testenv.AMQP(t), q), "the message stays")
@@ -135,7 +139,7 @@ func TestHostileTextNeverReachesTheOperator(t *testing.T) {
 	auditLog, err := os.ReadFile(b.audit)
 	require.NoError(t, err)
 	requireNoRawControl(t, "the audit log", string(auditLog))
-	require.Len(t, b.auditLines(t), 6, "replay (dry run, run), archive, restore (refused, dry run, run)")
+	require.Len(t, b.auditLines(t), 7, "replay (dry run, run, --to), archive, restore (refused, dry run, run)")
 }
 
 // The stack's own log lines — poisoned, parked in a tier, exhausted,
