@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -148,7 +147,7 @@ func TestHostileTextNeverReachesTheOperator(t *testing.T) {
 // line per entry (issue 18, item 9).
 func TestStackLogsEscapeMessageContents(t *testing.T) {
 	t.Parallel()
-	var buf syncBuffer
+	var buf testenv.SyncBuffer
 	logger := watermill.NewStdLoggerWithOut(&buf, false, false)
 	e, err := embedded.New(embedded.Config{Topic: "orders", TierDelays: []time.Duration{time.Millisecond}})
 	require.NoError(t, err)
@@ -216,22 +215,4 @@ func TestStackLogsEscapeMessageContents(t *testing.T) {
 func control(r rune) bool {
 	return r < 0x20 || r == 0x7f || r >= 0x80 && r <= 0x9f || r == 0x061c || r == 0x200e || r == 0x200f ||
 		r == 0x2028 || r == 0x2029 || r >= 0x202a && r <= 0x202e || r >= 0x2066 && r <= 0x2069
-}
-
-// syncBuffer is a bytes.Buffer safe for the router's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
