@@ -30,7 +30,7 @@ type Report struct {
 	Class   Class  // the failure class, if any
 	Tier    string // the retry tier a copy went to
 	Attempt int    // with OutcomeRetried, the attempt number of the copy
-	Reason  string // the bounded error summary, when poisoned
+	Reason  string // the bounded error summary, when poisoned; else a stage's note (ordering: a replay out of its key's order)
 	Panic   bool   // the handler panicked
 	Stack   string // with Panic, the goroutine's stack at the panic
 }

@@ -30,6 +30,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+	"golang.org/x/time/rate"
+
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/outbox"
@@ -118,8 +121,16 @@ type Config struct {
 	ReadOnly bool
 	// Token, when set, is asked of every request: a browser signs in once
 	// (a cookie, HttpOnly, SameSite=Strict), a script sends it as
-	// "Authorization: Bearer <token>".
+	// "Authorization: Bearer <token>". Failed sign-ins are throttled per
+	// client address (LoginFailuresBurst, then one per
+	// LoginFailureInterval; 429 with Retry-After) and logged.
 	Token string
+	// Logger receives a line per failed sign-in (a wrong Token: the
+	// client's address, never the token tried). Default the process's
+	// slog.Default, through watermill.NewSlogLogger.
+	Logger watermill.LoggerAdapter
+	// Clock times the sign-in throttle. Default sluice.SystemClock().
+	Clock sluice.Clock
 	// HostAuthenticates says the host service's own middleware
 	// authenticates every request before the console sees it (CheckAddr).
 	HostAuthenticates bool
@@ -149,6 +160,7 @@ type Console struct {
 	csrf   string // the token every form carries
 	cookie string // the session cookie's value when Token is set
 	cop    *http.CrossOriginProtection
+	logins throttle // failed sign-ins per client address
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -215,12 +227,18 @@ func New(cfg Config) (*Console, error) {
 	if cfg.Operator == nil {
 		cfg.Operator = func(*http.Request) string { return "console" }
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NewSlogLogger(nil)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = sluice.SystemClock()
+	}
 	key := make([]byte, 32)
 	if _, err := rand.Read(key); err != nil {
 		return nil, err
 	}
 	c := &Console{cfg: cfg, runs: map[string]*run{}, samples: map[string][]sample{}, cop: http.NewCrossOriginProtection(),
-		readers: map[string]chan struct{}{}, summaries: map[string]summary{}}
+		readers: map[string]chan struct{}{}, summaries: map[string]summary{}, logins: throttle{clients: map[string]*rate.Limiter{}}}
 	c.csrf = mac(key, "csrf")
 	if cfg.Token != "" {
 		c.cookie = mac([]byte(cfg.Token), "session")
@@ -277,9 +295,18 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if c.cfg.Token != "" && path != "/login" && path != "/static/console.css" && !c.authenticated(r) {
-		http.Redirect(w, r, c.cfg.Prefix+"/login", http.StatusSeeOther)
-		return
+	if c.cfg.Token != "" && path != "/login" && path != "/static/console.css" {
+		_, bearer := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if bearer && c.throttled(w, r) {
+			return
+		}
+		if !c.authenticated(r) {
+			if bearer {
+				c.failed(r, "bearer")
+			}
+			http.Redirect(w, r, c.cfg.Prefix+"/login", http.StatusSeeOther)
+			return
+		}
 	}
 	if r.Method == http.MethodPost && path != "/login" {
 		if c.cfg.ReadOnly {
@@ -313,12 +340,16 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.Method == http.MethodPost {
+		if c.throttled(w, r) {
+			return
+		}
 		if subtle.ConstantTimeCompare([]byte(r.PostFormValue("token")), []byte(c.cfg.Token)) == 1 {
 			http.SetCookie(w, &http.Cookie{Name: cookieName, Value: c.cookie, Path: c.cfg.Prefix + "/",
 				HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
 			http.Redirect(w, r, c.cfg.Prefix+"/", http.StatusSeeOther)
 			return
 		}
+		c.failed(r, "form")
 		w.WriteHeader(http.StatusUnauthorized)
 		c.render(w, r, "login", map[string]any{"Wrong": true})
 		return

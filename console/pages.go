@@ -524,6 +524,7 @@ type previewData struct {
 	Action    string
 	Count     int
 	Targets   map[string]int
+	Refused   int // messages the replay to their own queue would refuse
 	Sample    []string
 	Sample50  int
 	Defaults  map[string]string
@@ -564,9 +565,14 @@ func (c *Console) dryRun(ctx context.Context, q Queue, group, action string) (pr
 		return d, err
 	}
 	defer func() { _ = conn.Close() }()
+	plan := c.replayConfig(q, group, "")
 	n, err := dlq.Each(ctx, conn, q.Poison, dlq.Filter{Group: group}, 0, func(m *dlq.Message) error {
-		if len(d.Targets) < 20 {
-			d.Targets[diag.Printable(cmp.Or(m.Queue, "(none: not replayable)"), 255)]++
+		label := targetLabel(plan, m)
+		if _, ok := d.Targets[label]; ok || len(d.Targets) < 20 {
+			d.Targets[label]++
+		}
+		if _, err := plan.Target(m); err != nil {
+			d.Refused++
 		}
 		if len(d.Sample) < 20 {
 			d.Sample = append(d.Sample, diag.Printable(cmp.Or(m.EventID, "message "+m.Msg.UUID), textMax))
@@ -605,6 +611,32 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
 		c.runReplay(ru, q, group, operator, plan)
 	}()
 	http.Redirect(w, r, c.cfg.Prefix+"/runs/"+ru.ID, http.StatusSeeOther)
+}
+
+// replayConfig is a replay of group from q's poison queue to to ("": each
+// message's own queue): its targets only the console's consumer queues,
+// whatever a message names — the dry run and the replay choose them alike
+// (dlq.ReplayConfig.Target).
+func (c *Console) replayConfig(q Queue, group, to string) dlq.ReplayConfig {
+	return dlq.ReplayConfig{Queue: q.Poison, Filter: dlq.Filter{Group: group}, To: to, Signer: c.cfg.Signer, Targets: c.consumerQueues()}
+}
+
+// targetLabel is where a replay to each message's own queue sends m, as the
+// dry run shows it: the queue, or why there is none.
+func targetLabel(cfg dlq.ReplayConfig, m *dlq.Message) string {
+	t, err := cfg.Target(m)
+	named := diag.Printable(m.Queue, 255)
+	switch {
+	case err == nil:
+		return diag.Printable(t, 255)
+	case errors.Is(err, dlq.ErrUnreadable):
+		return "(none: its headers could not be read)"
+	case errors.Is(err, dlq.ErrTargetRefused):
+		return named + " (refused: not a consumer queue of this console)"
+	case m.Queue != "":
+		return named + " (refused: its diagnosis is not signed with the console's key)"
+	}
+	return "(none: not replayable)"
 }
 
 func loopForm(r *http.Request) (loopPlan, error) {
@@ -667,14 +699,14 @@ func (c *Console) runReplay(ru *run, q Queue, group, operator string, p loopPlan
 		return
 	}
 	defer func() { _ = conn.Close() }()
-	cfg := dlq.ReplayConfig{Queue: q.Poison, Filter: dlq.Filter{Group: group}, Limit: p.limit, Batch: 10, Operator: operator, To: p.to,
-		Publisher: c.cfg.Publisher, Signer: c.cfg.Signer, Run: ru.ID,
-		Published: func(_ context.Context, ms []*dlq.Message) error {
-			for _, m := range ms {
-				ru.add(m.Item(), m.EventID, string(ledger.OutcomeReplayed), "", "")
-			}
-			return nil
-		}}
+	cfg := c.replayConfig(q, group, p.to)
+	cfg.Limit, cfg.Batch, cfg.Operator, cfg.Publisher, cfg.Run = p.limit, 10, operator, c.cfg.Publisher, ru.ID
+	cfg.Published = func(_ context.Context, ms []*dlq.Message) error {
+		for _, m := range ms {
+			ru.add(m.Item(), m.EventID, string(ledger.OutcomeReplayed), "", "")
+		}
+		return nil
+	}
 	l := dlq.Loop{Sizes: p.sizes, Canary: p.canary, MaxRepoison: p.maxRepoison, Store: c.cfg.Outcomes, Wait: p.wait, Where: c.cfg.OutcomesWhere,
 		Batch: ru.batch}
 	res, err := dlq.ClosedLoop(c.ctx, conn, cfg, l)

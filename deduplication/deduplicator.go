@@ -392,8 +392,20 @@ func (d *deduplicator) commit(ctx context.Context, tx Tx) (gaveUp bool, err erro
 // more to answer; gaveUp reports a claim given up, which still holds tx
 // (its late return rolls tx back).
 func (d *deduplicator) claim(ctx context.Context, tx Tx, key string) (claimed, gaveUp bool, err error) {
+	if ib, ok := tx.(IdleBounder); ok {
+		if dl, ok := ctx.Deadline(); ok {
+			// The unit of work idles at most while the handler runs, up
+			// to its deadline, then its commit within StoreTimeout.
+			idle := max(time.Until(dl), 0) + max(d.cfg.StoreTimeout, 0) + idleGrace
+			return d.claimWith(ctx, tx, key, func(ctx context.Context) (bool, error) { return ib.ClaimIdle(ctx, d.cfg.Consumer, key, idle) })
+		}
+	}
 	return d.claimWith(ctx, tx, key, func(ctx context.Context) (bool, error) { return tx.Claim(ctx, d.cfg.Consumer, key) })
 }
+
+// idleGrace is added to a unit of work's idle bound (IdleBounder): the
+// handler's return, the stages after it, the commit's start.
+const idleGrace = time.Second
 
 // claimWith is claim with the store call f (which claims key in tx).
 func (d *deduplicator) claimWith(ctx context.Context, tx Tx, key string, f func(context.Context) (bool, error)) (claimed, gaveUp bool, err error) {

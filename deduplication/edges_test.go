@@ -1,6 +1,7 @@
 package deduplication_test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -233,6 +234,46 @@ func TestCollidingIDsAreNeverOneKey(t *testing.T) {
 	require.Equal(t, processed, inbox, "under a key of its own")
 	require.Equal(t, 8, processed+poisoned)
 	require.Equal(t, 3, processed, "the surrogate pair, the raw emoji and the string id")
+}
+
+// Issue 43, item 2, through the inbox on PostgreSQL: a handler that
+// decodes its payload with encoding/json into struct{EventID string
+// `json:"eventId"`} applies the event it reads, once. Before,
+// {"eventId":"A1","EVENTID":"X"} and {"eventId":"A2","EVENTID":"X"} passed
+// the inbox as A1 and A2 and the handler applied X twice; {"EventId":"Y"}
+// was poisoned as missing its key while the handler would read Y. Now the
+// ambiguous two are Poison, and Y is keyed Y: its exact-case redelivery is
+// its duplicate.
+func TestCaseVariantKeysAreTheHandlersEvent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	d, err := deduplication.New(deduplication.Config{Store: b.store, Consumer: "ledger", Key: deduplication.KeyFromJSON("eventId"), MeterProvider: b.meter})
+	require.NoError(t, err)
+	h := d(func(msg *message.Message) ([]*message.Message, error) {
+		var evt struct {
+			EventID string `json:"eventId"`
+		}
+		if err := json.Unmarshal(msg.Payload, &evt); err != nil {
+			return nil, sluice.Poison(err)
+		}
+		_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+			fmt.Sprintf(`INSERT INTO %s.reservations (event_key, note) VALUES ($1, 'applied')`, b.schema), evt.EventID)
+		return nil, err
+	})
+	poisoned := 0
+	for _, payload := range []string{`{"eventId":"A1","EVENTID":"X"}`, `{"eventId":"A2","EVENTID":"X"}`, `{"EventId":"Y"}`, `{"eventId":"Y"}`} {
+		_, err := h(message.NewMessage(watermill.NewUUID(), []byte(payload)))
+		if err != nil {
+			require.Equal(t, sluice.ClassPoison, sluice.ClassOf(err), "%s: %v", payload, err)
+			require.ErrorIs(t, err, deduplication.ErrInvalidKey)
+			require.ErrorContains(t, err, `counting the names encoding/json matches to it regardless of case ("eventId", "EVENTID")`)
+			poisoned++
+		}
+	}
+	require.Equal(t, 2, poisoned, "the two ambiguous events")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM %s.reservations WHERE event_key = 'X'`), "X applied by no event the inbox keyed otherwise")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM %s.reservations WHERE event_key = 'Y'`), "Y applied once")
+	require.EqualValues(t, 1, b.duplicates(t), "its exact-case redelivery is its duplicate")
 }
 
 // TestInboxRejectedCommitLostIsRetried: a rejection whose COMMIT fails for a

@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluicemq/sluice/internal/diag"
 )
 
 // ErrInvalidKey is matched (errors.Is) by every *KeyError.
@@ -86,6 +89,16 @@ func KeyFromMetadata(name string) KeyFunc {
 // *KeyError, as are null, a missing field, an empty string, a payload that
 // is not a JSON object, and any other type.
 //
+// A name matches the members encoding/json would decode into a struct
+// field tagged with it: regardless of case, by its folding rules
+// (strings.EqualFold, Unicode simple folds included: "eventId", "EventID",
+// "EVENTID"). Exactly one such member gives the key, whatever its case — the
+// value a handler decoding the payload into struct{EventID string
+// `json:"eventId"`} sees; two or more (`{"eventId":"A","EVENTID":"B"}`, where
+// encoding/json takes the last and other decoders the first or the exact
+// spelling) are a *KeyError: the inbox could not key the event the handler
+// applies.
+//
 // A number is a *KeyError too: it has many spellings of one value (1000,
 // 1e3, 1000.0) and many producers round it past 2^53, so it is no identity;
 // and a number 1234567 must never share a key with the string "1234567".
@@ -112,20 +125,20 @@ func keyFromJSON(path []string, wrongType string, scalar func(raw json.RawMessag
 		}
 		raw := json.RawMessage(msg.Payload)
 		for i, name := range path {
-			var obj map[string]json.RawMessage
-			if err := json.Unmarshal(raw, &obj); err != nil {
+			if err := json.Unmarshal(raw, new(map[string]json.RawMessage)); err != nil {
 				what := "payload"
 				if i > 0 {
 					what = fmt.Sprintf("field %q", strings.Join(path[:i], "."))
 				}
 				return "", &KeyError{Source: source, Reason: what + " is not a JSON object", Err: err}
 			}
-			var ok bool
-			if raw, ok = obj[name]; !ok || bytes.Equal(raw, []byte("null")) {
-				return "", &KeyError{Source: source, Reason: "missing"}
+			v, names := jsonMembers(raw, name)
+			if len(names) > 1 {
+				return "", &KeyError{Source: source, Reason: fmt.Sprintf("field %q appears %d times, counting the names encoding/json matches to it regardless of case (%s): decoders disagree on which one counts",
+					strings.Join(path[:i+1], "."), len(names), quotedNames(names))}
 			}
-			if n := occurrences(json.RawMessage(msg.Payload), path[:i], name); n > 1 {
-				return "", &KeyError{Source: source, Reason: fmt.Sprintf("field %q appears %d times (JSON parsers disagree on which one counts)", strings.Join(path[:i+1], "."), n)}
+			if raw = v; len(names) == 0 || bytes.Equal(raw, []byte("null")) {
+				return "", &KeyError{Source: source, Reason: "missing"}
 			}
 		}
 		key, reason := scalar(raw)
@@ -141,45 +154,44 @@ func keyFromJSON(path []string, wrongType string, scalar func(raw json.RawMessag
 	}
 }
 
-// occurrences counts the members named name (after unescaping: "event\u0049d"
-// is "eventId") of the object at path within payload, a valid JSON object
-// whose path leads to objects. Most decoders take the last of duplicated
-// members, some the first, some refuse them: a key read from one would not
-// be one event.
-func occurrences(payload json.RawMessage, path []string, name string) int {
-	raw := payload
-	for _, p := range path {
-		raw = jsonMember(raw, p)
-	}
-	n := 0
+// jsonMembers returns the names of the members of the JSON object raw (valid)
+// that encoding/json matches to a struct field named name — equal under
+// its case folding, strings.EqualFold, after unescaping ("event\u0049d" is
+// "eventId") — and the value of the last of them, the one it keeps.
+func jsonMembers(raw json.RawMessage, name string) (json.RawMessage, []string) {
+	var names []string
+	var v json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	if _, err := dec.Token(); err != nil { // {
-		return 0
+		return nil, nil
 	}
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
-			return n
+			return v, names
 		}
-		if tok == name {
-			n++
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			return v, names
 		}
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
-			return n
+		if k, _ := tok.(string); strings.EqualFold(k, name) {
+			names = append(names, k)
+			v = value
 		}
 	}
-	return n
+	return v, names
 }
 
-// jsonMember returns the last member named name of the JSON object raw (the one
-// encoding/json takes), or nil.
-func jsonMember(raw json.RawMessage, name string) json.RawMessage {
-	var obj map[string]json.RawMessage
-	if json.Unmarshal(raw, &obj) != nil {
-		return nil
+// quotedNames lists names for a reason: quoted, escaped, at most 3.
+func quotedNames(names []string) string {
+	q := make([]string, 0, 3)
+	for _, n := range names[:min(len(names), 3)] {
+		q = append(q, strconv.Quote(diag.Bound(n, 64)))
 	}
-	return obj[name]
+	if len(names) > 3 {
+		q = append(q, "…")
+	}
+	return strings.Join(q, ", ")
 }
 
 // jsonInteger returns the text of a canonical JSON integer, or a reason.

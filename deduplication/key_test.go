@@ -1,6 +1,8 @@
 package deduplication_test
 
 import (
+	"encoding/json"
+	"errors"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -58,6 +60,16 @@ func TestKeyFuncs(t *testing.T) {
 		{"json duplicated integer", deduplication.KeyFromJSONInteger("n"), msg(`{"n":1,"n":2}`), "", `field "n" appears 2 times`},
 		{"json duplicated parent", deduplication.KeyFromJSON("order", "id"), msg(`{"order":{"id":"a"},"order":{"id":"b"}}`), "", `field "order" appears 2 times`},
 		{"json duplicated nested field", deduplication.KeyFromJSON("order", "id"), msg(`{"order":{"id":"a","id":"a"}}`), "", `field "order.id" appears 2 times`},
+		{"json case variant, alone", deduplication.KeyFromJSON("eventId"), msg(`{"EventId":"X"}`), "X", ""},
+		{"json case variants", deduplication.KeyFromJSON("eventId"), msg(`{"eventId":"A","EVENTID":"B"}`), "", `field "eventId" appears 2 times, counting the names encoding/json matches to it regardless of case ("eventId", "EVENTID")`},
+		{"json Kelvin sign folds onto k", deduplication.KeyFromJSON("kind"), msg(`{"kind":"a","\u212aind":"b"}`), "", `field "kind" appears 2 times`},
+		{"json Kelvin sign, alone", deduplication.KeyFromJSON("kind"), msg("{\"\u212aind\":\"b\"}"), "b", ""},
+		{"json long s folds onto s", deduplication.KeyFromJSON("sku"), msg("{\"sku\":\"a\",\"\u017fku\":\"b\"}"), "", `field "sku" appears 2 times`},
+		{"json nested case variant, alone", deduplication.KeyFromJSON("order", "id"), msg(`{"Order":{"ID":"X"}}`), "X", ""},
+		{"json nested parent case variants", deduplication.KeyFromJSON("order", "id"), msg(`{"order":{"id":"a"},"ORDER":{"id":"b"}}`), "", `field "order" appears 2 times`},
+		{"json nested field case variants", deduplication.KeyFromJSON("order", "id"), msg(`{"order":{"id":"a","Id":"b"}}`), "", `field "order.id" appears 2 times`},
+		{"json integer case variants", deduplication.KeyFromJSONInteger("n"), msg(`{"n":1,"N":2}`), "", `field "n" appears 2 times`},
+		{"json case variant not a fold", deduplication.KeyFromJSON("eventId"), msg(`{"eventId":"A","event_id":"B","eventIdx":"C"}`), "A", ""},
 		{"json duplicate elsewhere is fine", deduplication.KeyFromJSON("order", "id"), msg(`{"x":1,"x":2,"order":{"id":"o-1","n":1,"n":2},"y":{"id":"z"}}`), "o-1", ""},
 		{"json no path", deduplication.KeyFromJSON(), msg(`{}`), "", "no field named"},
 		{"prefix", deduplication.KeyPrefix("OrderPlaced:", deduplication.KeyFromJSON("orderId")), msg(`{"orderId":"o-1"}`), "OrderPlaced:o-1", ""},
@@ -77,5 +89,78 @@ func TestKeyFuncs(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, tt.want, got)
 		})
+	}
+}
+
+// handlerSees is what a handler decoding payload with encoding/json into a
+// struct field tagged with path ("eventId", or "order" then "id") reads:
+// the string, and whether decoding succeeded with a non-empty one there.
+func handlerSees(payload []byte, nested bool) (string, bool) {
+	if nested {
+		var v struct {
+			Order struct {
+				ID string `json:"id"`
+			} `json:"order"`
+		}
+		err := json.Unmarshal(payload, &v)
+		return v.Order.ID, err == nil && v.Order.ID != ""
+	}
+	var v struct {
+		EventID string `json:"eventId"`
+	}
+	err := json.Unmarshal(payload, &v)
+	return v.EventID, err == nil && v.EventID != ""
+}
+
+// agrees fails t unless KeyFromJSON's answer for payload is what a handler
+// decoding it with encoding/json reads: a key is exactly the handler's
+// string; a refusal of a payload in which the handler reads one is never
+// "missing" (the field is there: ambiguous, or not exactly the producer's).
+func agrees(t testing.TB, payload []byte, nested bool) {
+	t.Helper()
+	k := deduplication.KeyFromJSON("eventId")
+	if nested {
+		k = deduplication.KeyFromJSON("order", "id")
+	}
+	key, err := k(message.NewMessage("uuid", payload))
+	seen, ok := handlerSees(payload, nested)
+	var ke *deduplication.KeyError
+	switch {
+	case err == nil && (!ok || seen != key):
+		t.Fatalf("%q: the inbox keys %q, a handler decoding it reads %q (decoded: %t)", payload, key, seen, ok)
+	case err != nil && !errors.As(err, &ke):
+		t.Fatalf("%q: %v is not a KeyError", payload, err)
+	case err != nil && ok && ke.Reason == "missing":
+		t.Fatalf("%q: the inbox says missing, a handler decoding it reads %q", payload, seen)
+	}
+}
+
+// Issue 43, item 2: KeyFromJSON against encoding/json on case-variant
+// names. Before, {"eventId":"A","EVENTID":"B"} keyed "A" while a handler
+// decoding into struct{EventID string `json:"eventId"`} read "B", and
+// {"EventId":"X"} was "missing" while the handler read "X".
+func TestKeyFromJSONAgreesWithEncodingJSON(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		payload string
+		nested  bool
+	}{
+		{`{"eventId":"A","EVENTID":"B"}`, false},
+		{`{"EVENTID":"B","eventId":"A"}`, false},
+		{`{"EventId":"X"}`, false},
+		{`{"eventid":"X"}`, false},
+		{`{"eventId":"A1","EVENTID":"X"}`, false},
+		{`{"eventId":"A","EventID":null}`, false},
+		{`{"eventId":null,"EventID":"B"}`, false},
+		{"{\"event\u0130d\":\"X\"}", false}, // İ (U+0130) is no simple fold of i
+		{`{"eventId":"A","event\u0069D":"B"}`, false},
+		{`{"eventId":"A","x":{"EVENTID":"B"}}`, false},
+		{`{"Order":{"Id":"X"}}`, true},
+		{`{"order":{"id":"a"},"ORDER":{"id":"b"}}`, true},
+		{`{"order":{"id":"a"},"ORDER":{"x":"b"}}`, true},
+		{`{"order":{"id":"a","ID":"b"}}`, true},
+		{"{\"order\":{\"id\":\"a\"},\"\u212aey\":1}", true},
+	} {
+		agrees(t, []byte(c.payload), c.nested)
 	}
 }

@@ -40,6 +40,20 @@ type Tx interface {
 	Rollback(ctx context.Context) error
 }
 
+// IdleBounder is a Tx whose claim can also bound, in the same round trip,
+// how long the unit of work may then sit idle — the handler running between
+// two of its statements — before the database ends it and its locks: a
+// process that hangs mid-handler (stopped, its link stalled) holds its
+// claim no longer, and another process's claim of the same key (a
+// redelivery, the next owner of an ordered key) goes on. The inbox stage
+// claims through it when the delivery has a deadline (Watermill's Timeout
+// on the router), with idle the time left to that deadline plus
+// StoreTimeout, the bound of the commit that follows
+// (deduplication/sqlstore's units of work on PostgreSQL).
+type IdleBounder interface {
+	ClaimIdle(ctx context.Context, consumer, key string, idle time.Duration) (bool, error)
+}
+
 // ContextBounded is implemented by a Store whose every call returns once its
 // context ends, with nothing to wait on beyond it (MemoryStore). The inbox
 // stage then calls it directly; any other store's calls it runs on a

@@ -56,44 +56,19 @@ type ReplayConfig struct {
 	// broker dead-lettered, say) is replayed only with To, never to the
 	// sluice_poison_queue it names.
 	Signer *sluice.Signer
+	// Targets are the queues the replay may publish to: To, and the queue
+	// each message names (its sluice_poison_queue, a header anyone who can
+	// publish to the poison queue can write), must be one of them, or the
+	// message is refused (ErrTargetRefused) — in a dry run too, with or
+	// without a Signer. Empty: To is taken as given (the operator named it),
+	// and a message's own queue only when it is of Queue's family by name
+	// (Family: Queue without ".poison", and its partition queues).
+	Targets []string
 }
 
 // ErrUnreadable is returned for a selected message whose headers the AMQP
 // client could not parse: a replay would drop them.
 var ErrUnreadable = errors.New("dlq: message's headers could not be read, so it is not replayed (a replay would drop them): inspect it, then archive or discard it (--unreadable)")
-
-// target is where m is replayed: To, else its sluice_poison_queue when that
-// can be believed; an error matching ErrNoTarget or ErrUnreadable says why
-// there is none.
-func (cfg ReplayConfig) target(m *Message) (string, error) {
-	why := ""
-	switch {
-	case m.HeadersError != "":
-		return "", fmt.Errorf("%w: %s: %s", ErrUnreadable, m.name(), diag.Printable(m.HeadersError, 200))
-	case cfg.To != "":
-		return cfg.To, nil
-	case m.Queue == "":
-		why = "no sluice_poison_queue"
-	case cfg.Signer != nil && !diagnosedFor(cfg.Signer, m):
-		why = "its diagnosis is not signed with the key (--signing-key-file) for the queue it names: its sluice_poison_queue is not believed"
-	default:
-		return m.Queue, nil
-	}
-	return "", fmt.Errorf("%w: %s: %s", ErrNoTarget, m.name(), why)
-}
-
-// diagnosedFor reports whether m's diagnosis is signed with s for the
-// queue it names (sluice_poison_queue): the poison stage of that queue
-// wrote it. A v1 signature (sluice.ErrUnboundSignature: a copy poisoned
-// before signatures named their queue) is accepted here — it covers the
-// queue named, which a copy cannot be moved off.
-func diagnosedFor(s *sluice.Signer, m *Message) bool {
-	err := s.Verify(m.Msg, m.Queue)
-	return err == nil || errors.Is(err, sluice.ErrUnboundSignature)
-}
-
-// ErrNoTarget is returned for a selected message that has no sluice_poison_queue.
-var ErrNoTarget = errors.New("dlq: message has no sluice_poison_queue to replay to (use --to)")
 
 // Replay republishes the selected messages to the queue they were consumed
 // from, with the attempt count reset and replay provenance
@@ -115,7 +90,7 @@ func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Repla
 	exists := map[string]error{}
 	plan := func() error { // a dry run checks every target, changes nothing
 		for _, m := range batch {
-			t, err := cfg.target(m)
+			t, err := cfg.Target(m)
 			if err != nil {
 				return err
 			}
@@ -142,7 +117,7 @@ func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Repla
 		groups := map[string][]*Message{}
 		var order []string
 		for _, m := range batch {
-			t, err := cfg.target(m)
+			t, err := cfg.Target(m)
 			if err != nil {
 				return err
 			}

@@ -397,6 +397,9 @@ func (o *Orderer) deliver(msg *message.Message, key, id string, h message.Handle
 		if o.seen(msg, key) { // applied already: not a message to run after the head
 			return nil, nil
 		}
+		if late := o.outOfOrder(ctx, msg, key, id, "held behind the key's head "+diag.Printable(st.Head, 200)+", after the messages it held before"); late != nil {
+			late(sluice.OutcomeWaiting)
+		}
 		return nil, o.hold(ctx, g, st, msg, key, id)
 	}
 	if !waiting {
@@ -452,8 +455,16 @@ func (o *Orderer) seen(msg *message.Message, key string) bool {
 // run runs the delivery of a key that does not wait, and makes the key wait
 // for it when it went to a tier or the poison queue.
 func (o *Orderer) run(ctx context.Context, msg *message.Message, key, id string, h message.HandlerFunc) ([]*message.Message, error) {
+	late := o.outOfOrder(ctx, msg, key, id, "its key went on without it (its head skipped, or SkipPoisoned): it runs after the key's later messages")
 	out, err := h(msg)
 	r := sluice.ReportFromContext(msg.Context())
+	if late != nil && r.Outcome != sluice.OutcomeDuplicate { // not settled here: the stages outside settle it
+		outcome := cmp.Or(r.Outcome, sluice.OutcomeProcessed)
+		if err != nil {
+			outcome = sluice.OutcomeFailed
+		}
+		late(outcome)
+	}
 	switch f := o.fateOf(r, err); f {
 	case fateBlocked, fatePoison:
 		if err := o.block(ctx, nil, false, key, id, f, r.Reason); err != nil {
@@ -461,6 +472,34 @@ func (o *Orderer) run(ctx context.Context, msg *message.Message, key, id string,
 		}
 	}
 	return out, err
+}
+
+// replayedFromKey is dlq.ReplayedFromKey, the header every replayed copy
+// carries (the poison queue it came from).
+const replayedFromKey = "sluice_replayed_from"
+
+// outOfOrder warns when msg is a replay from a poison queue that its key does
+// not wait for as its head: a key waits for each head it poisoned until an
+// operator replays or skips it, so a replay the key does not wait for comes
+// after the key went on without it — skipped, or SkipPoisoned — and applies
+// after the key's later messages. It is logged and noted in the delivery's
+// report (Reason: the span, and the replay stage's outcome record, which the
+// console and sluice dlq report show). The header is a producer's to forge:
+// a forgery buys a log line.
+// It returns nil for any other delivery, else the log call, given the
+// delivery's outcome once known (a duplicate the inbox skipped applies
+// nothing: the caller does not log it).
+func (o *Orderer) outOfOrder(ctx context.Context, msg *message.Message, key, id, why string) func(sluice.Outcome) {
+	from := msg.Metadata.Get(replayedFromKey)
+	if from == "" {
+		return nil
+	}
+	sluice.Record(ctx, func(r *sluice.Report) { r.Reason = "ordering: a replayed message out of its key's order: " + why })
+	return func(outcome sluice.Outcome) {
+		o.cfg.Logger.Error("A replayed message runs out of its key's order", nil, watermill.LogFields{"handler": o.cfg.Consumer,
+			"key": diag.Printable(key, 200), "event_id": diag.Printable(id, 200), "replayed_from": diag.Printable(from, 255),
+			"outcome": string(outcome), "why": why})
+	}
 }
 
 // block makes the key wait for id; g is the key's open guard when it waited

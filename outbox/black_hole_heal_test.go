@@ -39,10 +39,34 @@ func openDefault(t *testing.T, dsn string) *sqlx.DB {
 // (issue 28, item 7).
 func TestARelayResumesAfterABlackHoleThatHealsWithoutResets(t *testing.T) {
 	t.Parallel()
+	relayThroughAHalfOpenHeal(t, openDefault)
+}
+
+// Issue 43, item 6: the same on a plain pool, sqlx.Open("postgres", dsn)
+// with the default DSN, uncapped as sqlx.Open returns it. docs/outbox.md
+// said nothing moved after the heal; the run of the issue saw the relay
+// relaying again 4.0 s after it. Each call the hole caught keeps its
+// connection for good (lib/pq's read of it never returns), and the pool
+// opens new ones beside them: the relay resumes, at the cost of a stalled
+// connection and goroutine per call caught.
+func TestARelayOnAPlainUncappedPoolResumesAfterAHalfOpenHeal(t *testing.T) {
+	t.Parallel()
+	relayThroughAHalfOpenHeal(t, func(t *testing.T, dsn string) *sqlx.DB {
+		db, err := sqlx.Open("postgres", dsn)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
+		return db
+	})
+}
+
+// relayThroughAHalfOpenHeal relays 3,000 rows through a pool that open
+// gives on a proxy that black-holes, then heals for new connections only,
+// and requires every row relayed after the heal.
+func relayThroughAHalfOpenHeal(t *testing.T, open func(t *testing.T, dsn string) *sqlx.DB) {
 	const rows = 3000
 	s := newService(t, testenv.AMQPURL)
 	proxy, dsn := testenv.ProxyPostgresURL(t)
-	store, err := sqlstore.New(sqlstore.Config{DB: openDefault(t, dsn), Table: s.schema + ".outbox"})
+	store, err := sqlstore.New(sqlstore.Config{DB: open(t, dsn), Table: s.schema + ".outbox"})
 	require.NoError(t, err)
 	for range rows / 500 {
 		msgs := make([]*message.Message, 500)
@@ -76,7 +100,7 @@ func TestARelayResumesAfterABlackHoleThatHealsWithoutResets(t *testing.T) {
 	left := s.count("outbox")
 	proxy.HealNewConnections()
 	healed := time.Now()
-	require.Eventually(t, func() bool { return s.count("outbox") < left }, 30*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { return s.count("outbox") < left }, time.Minute, 20*time.Millisecond,
 		"the relay resumes after the heal")
 	resumed := time.Since(healed)
 	// A liveness check, not a speed one: at a load of 20 in make test the

@@ -109,5 +109,7 @@ func TestARowTheBrokerClosesTheChannelOnDoesNotHoldItsBatch(t *testing.T) {
 	require.Len(t, left, 1)
 	require.Equal(t, culprit, left[0].MessageID, "the culprit is set aside")
 	require.Contains(t, left[0].LastError, "406", "with its own reason: %s", left[0].LastError)
+	require.Contains(t, left[0].LastError, "refused the message by closing the channel (not stored)", "refused, not uncertain (issue 43): %s", left[0].LastError)
+	require.NotContains(t, left[0].LastError, "may be stored")
 	require.False(t, strings.Contains(left[0].LastError, "not open"), left[0].LastError)
 }

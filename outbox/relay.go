@@ -402,9 +402,13 @@ func (r *Relay) sleep(ctx context.Context, d time.Duration, wakeable bool) {
 	}
 }
 
-// Close stops the relay: Run finishes the batch in flight and returns.
-// After Close returns the relay takes no batch: a Run called after it
-// returns nil at once.
+// Close stops the relay: Run finishes the batch in flight — one whose
+// publishes began before Close was called (one per Concurrency loop): its
+// publishes, bounded by PublishTimeout, and its record — and returns. A
+// batch whose taking ends after Close was called is given back unpublished,
+// and none is taken after: a Run called after Close returns nil at once.
+// Close takes effect when it is called: called on a goroutine of its own
+// (it waits for Run), when that goroutine runs.
 // Close waits for it, at most PublishTimeout plus twice StoreTimeout, and is
 // idempotent.
 func (r *Relay) Close() error {
@@ -500,7 +504,9 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 	}
 	taken := time.Now()
 	rows := b.Rows()
-	if len(rows) == 0 {
+	if len(rows) == 0 || r.closingNow() {
+		// Empty, or taken as Close was called: given back unpublished — a
+		// batch is begun only before Close, and only that one is finished.
 		_, _ = storeCall(r, life, true, func(ctx context.Context) (struct{}, error) { return struct{}{}, b.Release(ctx) }, nil)
 		return 0, true, time.Time{}
 	}

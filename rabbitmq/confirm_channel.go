@@ -42,7 +42,8 @@ type confirmChannel struct {
 
 	mu          sync.Mutex
 	pending     map[uint64]*inflight
-	retired     bool // close once pending is empty
+	lastSent    uint64 // the delivery tag of the last publish sent
+	retired     bool   // close once pending is empty
 	retireClose sync.Once
 }
 
@@ -53,6 +54,7 @@ type inflight struct {
 	done     chan struct{}
 	acked    bool
 	closed   error // why the channel closed before the confirm, or nil
+	refused  bool  // a publish's channel exception closed the channel, and f was the last sent (ErrRefused)
 	returned *UnroutableError
 	// unmatched is a basic.return that came while f was unconfirmed and
 	// could not be matched to its publish: it may be f's.
@@ -126,15 +128,25 @@ func (c *confirmChannel) confirmed(cf amqp.Confirmation, ok bool) bool {
 		// confirms, so a broker's reply (404 NOT_FOUND for a missing
 		// exchange, 406 ...) is in c.closes by now.
 		c.closeErr = ErrChannelClosed
+		refused := false
 		select {
 		case e, ok := <-c.closes:
 			if ok && e != nil {
 				c.closeErr = fmt.Errorf("%w: %w", ErrChannelClosed, e)
+				// A channel exception answers a method on the channel —
+				// here a publish, the culprit — and the broker discards
+				// the publishes after it: the last publish sent is the
+				// culprit or after it, not stored either way.
+				refused = e.Server && (e.Code == amqp.PreconditionFailed || e.Code == amqp.AccessRefused || e.Code == amqp.NotFound)
 			}
 		default:
 		}
+		last := c.lastSent
+		for tag := range c.pending {
+			last = max(last, tag)
+		}
 		for tag, f := range c.pending {
-			f.closed = c.closeErr
+			f.closed, f.refused = c.closeErr, refused && tag == last
 			close(f.done)
 			delete(c.pending, tag)
 		}
@@ -221,6 +233,9 @@ func (c *confirmChannel) publish(exchange, key string, pub amqp.Publishing) (*in
 		c.mu.Unlock()
 		return nil, err
 	}
+	c.mu.Lock()
+	c.lastSent = max(c.lastSent, tag)
+	c.mu.Unlock()
 	return f, nil
 }
 
@@ -262,6 +277,8 @@ func (f *inflight) wait(ctx context.Context, expired <-chan time.Time) error {
 		}
 	}
 	switch {
+	case f.refused:
+		return fmt.Errorf("%w: %w", ErrRefused, f.closed)
 	case f.closed != nil:
 		return fmt.Errorf("%w: %w", sluice.ErrPublishUncertain, f.closed)
 	case !f.acked:

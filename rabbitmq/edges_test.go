@@ -231,6 +231,8 @@ func TestPublisherMissingExchangeKeepsTheReason(t *testing.T) {
 	pub := newPublisher(t, testenv.Name("missing"))
 	err := pub.Publish("anything", msgs(1)...)
 	require.ErrorIs(t, err, rabbitmq.ErrChannelClosed)
+	require.ErrorIs(t, err, rabbitmq.ErrRefused, "the close answered it: not stored, not uncertain")
+	require.NotErrorIs(t, err, sluice.ErrPublishUncertain)
 	var ae *amqp.Error
 	require.ErrorAs(t, err, &ae)
 	require.Equal(t, amqp.NotFound, ae.Code)

@@ -36,6 +36,15 @@ var (
 	// broker confirmed it: it may or may not have been stored (the error
 	// matches sluice.ErrPublishUncertain too).
 	ErrChannelClosed = errors.New("rabbitmq: channel closed before the confirm")
+	// ErrRefused is matched by a publish whose channel the broker closed
+	// with a channel exception answering a publish — 406 PRECONDITION_FAILED
+	// (a message over max_message_size), 403 ACCESS_REFUSED or 404
+	// NOT_FOUND — when it was the last publish sent on that channel: it is
+	// the culprit or came after it, and the broker discards what follows a
+	// channel exception, so the message is not stored (the error matches
+	// ErrChannelClosed, not sluice.ErrPublishUncertain). The publishes
+	// before it still awaiting their confirms may be stored: uncertain.
+	ErrRefused = errors.New("rabbitmq: the broker refused the message by closing the channel (not stored)")
 	// ErrBlocked is matched by a publish refused because the broker blocked
 	// the connection (a memory or disk alarm) for longer than the publish
 	// could wait.

@@ -228,7 +228,9 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 			switch r.Outcome {
 			case sluice.OutcomeFailed:
 				r.Reason = diag.Summary(err, ReasonMaxLength)
-			case sluice.OutcomePoisoned:
+			case sluice.OutcomePoisoned, sluice.OutcomeProcessed:
+				// Processed: a stage's note, if any (the ordering stage's:
+				// applied out of its key's order).
 				r.Reason = diag.Bound(report.Reason, ReasonMaxLength)
 			}
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.RecordTimeout)
@@ -265,7 +267,11 @@ func InTx(cfg Config) (message.HandlerMiddleware, error) {
 			if err != nil || run == "" || item == "" {
 				return produced, err
 			}
-			rErr := store.RecordInUnitOfWork(msg.Context(), recordOf(msg, run, item, sluice.OutcomeProcessed))
+			rec := recordOf(msg, run, item, sluice.OutcomeProcessed)
+			if report := sluice.ReportFromContext(msg.Context()); report != nil {
+				rec.Reason = diag.Bound(report.Reason, ReasonMaxLength) // a stage's note, if any
+			}
+			rErr := store.RecordInUnitOfWork(msg.Context(), rec)
 			if rErr != nil && !errors.Is(rErr, ErrNoUnitOfWork) {
 				return nil, sluice.Transient(fmt.Errorf("replay: recording the outcome in the inbox's unit of work: %w", rErr))
 			}

@@ -67,25 +67,7 @@ func TestAPartitionsNextOwnerContinuesAReleaseInOrder(t *testing.T) {
 		require.NoError(t, err)
 		_, err = router.Add(r, router.HandlerConfig{
 			Broker: b, Name: "ledger",
-			Handler: func(msg *message.Message) error {
-				var seq int
-				if _, err := fmt.Sscan(msg.Metadata.Get("seq"), &seq); err != nil {
-					return sluice.Poison(err)
-				}
-				attempt, err := sluice.Attempt(msg)
-				if err != nil {
-					return err
-				}
-				if seq == 1 && attempt < 2 {
-					return sluice.Transient(fmt.Errorf("seq 1 attempt %d: %w", attempt, context.DeadlineExceeded))
-				}
-				if hold != nil {
-					hold(seq)
-				}
-				_, err = sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
-					fmt.Sprintf(`INSERT INTO %s.applied (seq) VALUES ($1)`, schema), seq)
-				return err
-			},
+			Handler: seqEffect(schema, 1, hold),
 			Stages: router.Stages{
 				Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
 				Inbox:     &deduplication.Config{Store: inbox},

@@ -74,6 +74,9 @@ func New(cfg Config) (*Service, error) {
 			return nil, fmt.Errorf("service: %w", err)
 		}
 	}
+	if risk := sluicesql.StallRisk(s.stores.DB()); risk != "" {
+		cfg.Logger.Error("service: a database pool that may not recover from a network fault", nil, watermill.LogFields{"why": risk})
+	}
 	if cfg.Publisher != nil {
 		rc := cfg.Relay
 		rc.Store, rc.Publisher = s.stores.Outbox, cfg.Publisher

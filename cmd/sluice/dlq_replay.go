@@ -23,6 +23,7 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 	var ff filterFlags
 	var lf loopFlags
 	var rateFlag, to, keyFile string
+	var targets []string
 	var batch int
 	var dryRun bool
 	cmd := &cobra.Command{
@@ -31,6 +32,7 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 		Long: "Each selected message is published (confirmed, mandatory) to the queue in its\n" +
 			"sluice_poison_queue header, with the attempt count reset and replay provenance headers,\n" +
 			"and acked in the poison queue only after the confirm. Messages not selected stay, in order.\n" +
+			"A message naming a queue outside the poison queue's family (or --target) is refused, dry run included.\n" +
 			"A publish that fails stops the run with the message still in the poison queue; so does\n" +
 			"a kill at any moment (a message may then be in both places: the inbox drops the duplicate).\n\n" +
 			"Closed loop (--canary, --ramp, with --outcomes): the messages carry a replay run id; the\n" +
@@ -75,7 +77,7 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 			prog := newProgress(out, ff.queue, queueDepth(conn, ff.queue))
 			cfg := dlq.ReplayConfig{
 				Queue: ff.queue, Filter: f, Limit: ff.limit, Rate: r, Batch: batch, DryRun: dryRun,
-				To: to, Operator: g.operator, Publisher: pub, Progress: prog.update, Signer: signer,
+				To: to, Operator: g.operator, Publisher: pub, Progress: prog.update, Signer: signer, Targets: targets,
 			}
 			var res dlq.ReplayResult
 			var runErr error
@@ -94,7 +96,8 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 			prog.done()
 			summary(out, "replay", ff.queue, res, dryRun)
 			opts := map[string]string{"rate": rateFlag, "batch": strconv.Itoa(batch), "limit": strconv.Itoa(ff.limit), "to": to,
-				"run": cfg.Run, "canary": strconv.Itoa(lf.canary), "ramp": lf.ramp, "max_repoison": lf.maxRepoison}
+				"run": cfg.Run, "canary": strconv.Itoa(lf.canary), "ramp": lf.ramp, "max_repoison": lf.maxRepoison,
+				"target": strings.Join(targets, ",")}
 			return errorsJoin(runErr, audit(g, "dlq replay", ff.queue, f, opts, res, dryRun, runErr))
 		},
 	}
@@ -104,6 +107,9 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 	fl.IntVar(&batch, "batch", 10, "messages published, confirmed and acked together")
 	fl.BoolVar(&dryRun, "dry-run", false, "select and count; publish and remove nothing")
 	fl.StringVar(&to, "to", "", "replay every message to this queue instead of its sluice_poison_queue")
+	fl.StringSliceVar(&targets, "target", nil, "a queue the replay may publish to (repeat it): --to and each message's sluice_poison_queue must be\n"+
+		"one of them. Default: --to as given, and a message's own queue only when it is of the poison queue's\n"+
+		"family by name (Q for Q.poison, or a partition Q.p<N>): anyone who can publish to the poison queue can name any queue")
 	fl.StringVar(&keyFile, "signing-key-file", localenv.Get("SLUICE_SIGNING_KEY_FILE", ""),
 		"the key the consumers' stages sign and verify with (sluice.NewSignerFromFile): each copy is signed, so the\n"+
 			"consumers believe its replay run; a message whose diagnosis is not signed needs --to. Default env SLUICE_SIGNING_KEY_FILE")

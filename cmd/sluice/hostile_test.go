@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -96,12 +95,16 @@ func TestHostileTextNeverReachesTheOperator(t *testing.T) {
 	require.Equal(t, "v"+hostile, rec.Metadata["note"])
 	require.Equal(t, `{"note":"`+hostile+`"}`, rec.Payload)
 
-	// The forged target does not exist: the dry run and the replay fail
-	// naming it, escaped.
+	// The forged target is not of the poison queue's family: the dry run
+	// and the replay refuse it, naming it escaped; redirected there with
+	// --to, it does not exist, and the publish fails naming it, escaped.
 	code, _, errOut = check("dlq", "replay", "--queue", q, "--dry-run")
 	require.Equal(t, 1, code)
-	require.Contains(t, errOut, `orders\x1b]0;OWNED`)
+	require.Contains(t, errOut, `its sluice_poison_queue names "orders\x1b]0;OWNED`)
 	code, _, errOut = check("dlq", "replay", "--queue", q)
+	require.Equal(t, 1, code)
+	require.Contains(t, errOut, `its sluice_poison_queue names "orders\x1b]0;OWNED\x07\x1b[2J`)
+	code, _, errOut = check("dlq", "replay", "--queue", q, "--to", target)
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, `dlq: replaying to orders\x1b]0;OWNED\x07\x1b[2J`)
 	require.Equal(t, 1, testenv.QueueDepth(t, testenv.AMQP(t), q), "the message stays")
@@ -135,7 +138,7 @@ func TestHostileTextNeverReachesTheOperator(t *testing.T) {
 	auditLog, err := os.ReadFile(b.audit)
 	require.NoError(t, err)
 	requireNoRawControl(t, "the audit log", string(auditLog))
-	require.Len(t, b.auditLines(t), 6, "replay (dry run, run), archive, restore (refused, dry run, run)")
+	require.Len(t, b.auditLines(t), 7, "replay (dry run, run, --to), archive, restore (refused, dry run, run)")
 }
 
 // The stack's own log lines — poisoned, parked in a tier, exhausted,
@@ -144,7 +147,7 @@ func TestHostileTextNeverReachesTheOperator(t *testing.T) {
 // line per entry (issue 18, item 9).
 func TestStackLogsEscapeMessageContents(t *testing.T) {
 	t.Parallel()
-	var buf syncBuffer
+	var buf testenv.SyncBuffer
 	logger := watermill.NewStdLoggerWithOut(&buf, false, false)
 	e, err := embedded.New(embedded.Config{Topic: "orders", TierDelays: []time.Duration{time.Millisecond}})
 	require.NoError(t, err)
@@ -212,22 +215,4 @@ func TestStackLogsEscapeMessageContents(t *testing.T) {
 func control(r rune) bool {
 	return r < 0x20 || r == 0x7f || r >= 0x80 && r <= 0x9f || r == 0x061c || r == 0x200e || r == 0x200f ||
 		r == 0x2028 || r == 0x2029 || r >= 0x202a && r <= 0x202e || r >= 0x2066 && r <= 0x2069
-}
-
-// syncBuffer is a bytes.Buffer safe for the router's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -197,6 +197,9 @@ func newOrderSkip(g *globals, out io.Writer) *cobra.Command {
 				rec.Items = append(rec.Items, fmt.Sprintf("key %s: head %s skipped", diag.Printable(key, 200), diag.Printable(st.Head, 200)))
 				fmt.Fprintf(out, "key %s: head %s skipped; what it holds is released in order\n",
 					diag.Printable(key, 64), diag.Printable(st.Head, 64))
+				fmt.Fprintf(out, "  warning: %s stays where it is (the poison queue, a tier): replayed later, it applies after the key's later messages,\n"+
+					"  out of order (the consumer logs it; its replay outcome says so). Archive or discard it if it must not apply late.\n",
+					diag.Printable(st.Head, 64))
 			}
 			if runErr != nil {
 				rec.Outcome, rec.Error = "error", runErr.Error()

@@ -61,6 +61,7 @@ func TestOrderListAndSkip(t *testing.T) {
 	code, out, errOut = cli("order", "skip", "--consumer", "ledger", "--key", "acct-\x1b[31m7,acct-8", "--reason", "version 3 is retired")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "head evt-5 skipped")
+	require.Contains(t, out, "warning: evt-5 stays where it is (the poison queue, a tier): replayed later, it applies after the key's later messages,")
 	require.Contains(t, out, "key acct-8: not waiting for a head")
 	keys, err := store.Keys(t.Context(), "ledger", 10)
 	require.NoError(t, err)

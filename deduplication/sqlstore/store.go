@@ -63,7 +63,10 @@ type Store struct {
 	name    string // unquoted last part, for index names
 	opts    *sql.TxOptions
 	claim   string
-	prune   string
+	// claimIdle is claim bounding the transaction's idle time too
+	// (PostgreSQL); "" on SQLite.
+	claimIdle string
+	prune     string
 	// claimLiteral is the claim with its values as literals (%s, %s), for
 	// ClaimAfter's one round trip on lib/pq; "" elsewhere.
 	claimLiteral string
@@ -73,6 +76,7 @@ var (
 	_ deduplication.Store            = (*Store)(nil)
 	_ deduplication.BatchDeleter     = (*Store)(nil)
 	_ deduplication.SavepointClaimer = (*sqlTx)(nil)
+	_ deduplication.IdleBounder      = (*sqlTx)(nil)
 )
 
 // withDefaults returns a copy of c with its defaults filled.
@@ -106,6 +110,9 @@ func New(cfg Config) (*Store, error) {
 		opts:    cfg.TxOptions,
 	}
 	s.claim = fmt.Sprintf(d.claim, s.table)
+	if d.claimIdle != "" {
+		s.claimIdle = fmt.Sprintf(d.claimIdle, s.table)
+	}
 	s.prune = fmt.Sprintf(d.prune, s.table)
 	if cfg.DB.DriverName() == "postgres" { // lib/pq: a simple query may hold several statements
 		s.claimLiteral = `INSERT INTO ` + s.table + ` (consumer, event_key, processed_at) VALUES (%s, %s, now()) ON CONFLICT DO NOTHING`
@@ -203,6 +210,22 @@ func TxFromContext(ctx context.Context) *sqlx.Tx {
 
 func (t *sqlTx) Claim(ctx context.Context, consumer, key string) (bool, error) {
 	res, err := t.tx.ExecContext(ctx, t.s.claim, consumer, key)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n == 1, err
+}
+
+// ClaimIdle is Claim, and on PostgreSQL, in the same statement, sets the
+// transaction's idle_in_transaction_session_timeout to idle: a process that
+// hangs while it holds the claim (stopped, its link stalled) holds it no
+// longer (deduplication.IdleBounder). On SQLite it is Claim.
+func (t *sqlTx) ClaimIdle(ctx context.Context, consumer, key string, idle time.Duration) (bool, error) {
+	if t.s.claimIdle == "" {
+		return t.Claim(ctx, consumer, key)
+	}
+	res, err := t.tx.ExecContext(ctx, t.s.claimIdle, consumer, key, strconv.FormatInt(max(idle.Milliseconds(), 1), 10))
 	if err != nil {
 		return false, err
 	}
@@ -338,11 +361,15 @@ func (t *sqlTx) Rollback(context.Context) error {
 
 // dialect holds the SQL that differs between databases. %s is the table.
 type dialect struct {
-	table   string
-	claim   string
-	prune   string
-	schemas bool
-	timeArg func(time.Time) any
+	table string
+	claim string
+	// claimIdle is claim that also sets the transaction's
+	// idle_in_transaction_session_timeout ($3, in ms): "" where the
+	// database has none.
+	claimIdle string
+	prune     string
+	schemas   bool
+	timeArg   func(time.Time) any
 }
 
 var postgres = dialect{
@@ -352,7 +379,9 @@ var postgres = dialect{
 	processed_at TIMESTAMPTZ NOT NULL,
 	PRIMARY KEY (consumer, event_key)
 )`,
-	claim:   `INSERT INTO %s (consumer, event_key, processed_at) VALUES ($1, $2, now()) ON CONFLICT DO NOTHING`,
+	claim: `INSERT INTO %s (consumer, event_key, processed_at) VALUES ($1, $2, now()) ON CONFLICT DO NOTHING`,
+	claimIdle: `INSERT INTO %s (consumer, event_key, processed_at) SELECT $1, $2, now()
+	WHERE set_config('idle_in_transaction_session_timeout', $3, true) IS NOT NULL ON CONFLICT DO NOTHING`,
 	prune:   `DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %[1]s WHERE processed_at < $1 LIMIT $2))`,
 	schemas: true,
 	timeArg: func(t time.Time) any { return t },

@@ -15,6 +15,7 @@ import (
 // know them by.
 var drivers = map[string]string{
 	"*pq.Driver":            "postgres", // github.com/lib/pq
+	"postgres.Driver":       "postgres", // lib/pq through sluicesql/postgres.Open
 	"*stdlib.Driver":        "pgx",      // github.com/jackc/pgx/v5/stdlib, also stdlib.OpenDBFromPool
 	"*sqlite.Driver":        "sqlite",   // modernc.org/sqlite
 	"*sqlite3.SQLiteDriver": "sqlite3",  // github.com/mattn/go-sqlite3

@@ -2,7 +2,8 @@
 // pgx), in the inbox's database: a key's unit of work is a transaction that
 // locks the key's row (SELECT ... FOR UPDATE, waiting at most LockTimeout),
 // so a release and a hold of one key never interleave, whichever process
-// runs them. It imports no database driver.
+// runs them; one left idle longer than IdleTimeout (its process hung) is
+// ended by PostgreSQL, which frees the key. It imports no database driver.
 package sqlstore
 
 import (
@@ -30,6 +31,8 @@ const (
 	// LockTimeoutDefault bounds a Lock's wait for a key another delivery
 	// or a release holds.
 	LockTimeoutDefault = 5 * time.Second
+	// IdleTimeoutDefault is Config.IdleTimeout's default.
+	IdleTimeoutDefault = time.Minute
 )
 
 // Config configures a Store.
@@ -44,6 +47,18 @@ type Config struct {
 	TablePrefix string
 	// LockTimeout bounds a Lock's wait. Default LockTimeoutDefault.
 	LockTimeout time.Duration
+	// IdleTimeout bounds how long a key's unit of work may sit idle —
+	// while the handler runs the key's head or a held message, between two
+	// of its statements — before PostgreSQL ends it
+	// (idle_in_transaction_session_timeout, set for the transaction alone)
+	// and the key's lock with it: a process that hangs while it holds a key
+	// (stopped, its link stalled) holds it no longer, and another process —
+	// the partition's next owner — goes on with the key's release. Keep it
+	// above the handler's longest run (Watermill's Timeout on the router):
+	// a run that outlasts it loses its unit of work, and the release is
+	// taken up again from the first message not removed (what already ran
+	// is the inbox's duplicate). Default IdleTimeoutDefault.
+	IdleTimeout time.Duration
 }
 
 // Store is the ordering Store on PostgreSQL. It is safe for concurrent use.
@@ -52,6 +67,7 @@ type Store struct {
 	keys, held  string // quoted table names
 	name        string // the prefix's last part, for index names
 	lockTimeout string
+	idleTimeout string
 }
 
 var (
@@ -72,6 +88,9 @@ func New(cfg Config) (*Store, error) {
 	if cfg.LockTimeout < 0 {
 		return nil, fmt.Errorf("ordering/sqlstore: Config.LockTimeout must be positive, got %s", cfg.LockTimeout)
 	}
+	if cfg.IdleTimeout < 0 {
+		return nil, fmt.Errorf("ordering/sqlstore: Config.IdleTimeout must be positive, got %s", cfg.IdleTimeout)
+	}
 	prefix := cmp.Or(cfg.TablePrefix, TablePrefixDefault)
 	keys, name, err := sqlname.Quote(prefix+"_keys", true)
 	if err != nil {
@@ -81,9 +100,9 @@ func New(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ordering/sqlstore: Config.TablePrefix: %w", err)
 	}
-	lt := cmp.Or(cfg.LockTimeout, LockTimeoutDefault)
+	ms := func(d time.Duration) string { return fmt.Sprintf("%dms", max(d.Milliseconds(), 1)) }
 	return &Store{db: db, keys: keys, held: held, name: strings.TrimSuffix(name, "_keys"),
-		lockTimeout: fmt.Sprintf("%dms", max(lt.Milliseconds(), 1))}, nil
+		lockTimeout: ms(cmp.Or(cfg.LockTimeout, LockTimeoutDefault)), idleTimeout: ms(cmp.Or(cfg.IdleTimeout, IdleTimeoutDefault))}, nil
 }
 
 // SchemaSQL returns the statements CreateTables runs.
@@ -159,9 +178,12 @@ func (s *Store) lock(ctx context.Context, consumer, key string) (*guard, error) 
 		return nil, fmt.Errorf("ordering/sqlstore: begin: %w", err)
 	}
 	g := &guard{s: s, tx: tx, consumer: consumer, key: key}
-	if _, err := tx.ExecContext(ctx, `SET LOCAL lock_timeout = '`+s.lockTimeout+`'`); err != nil {
+	// Both for this transaction alone, in one round trip: the wait for the
+	// key's lock, and how long the transaction may sit idle holding it.
+	if _, err := tx.ExecContext(ctx, `SELECT set_config('lock_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)`,
+		s.lockTimeout, s.idleTimeout); err != nil {
 		_ = tx.Rollback()
-		return nil, fmt.Errorf("ordering/sqlstore: setting the lock timeout: %w", err)
+		return nil, fmt.Errorf("ordering/sqlstore: setting the lock and idle timeouts: %w", err)
 	}
 	var st ordering.Key
 	err = tx.QueryRowContext(ctx, `SELECT head, poisoned, reason, since FROM `+s.keys+` WHERE consumer = $1 AND order_key = $2 FOR UPDATE`,

@@ -2,6 +2,7 @@ package sqlstore_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -28,7 +29,37 @@ func TestNewValidates(t *testing.T) {
 	db := testenv.Postgres(t)
 	_, err = sqlstore.New(sqlstore.Config{DB: db, TablePrefix: "bad-name"})
 	require.ErrorContains(t, err, "TablePrefix")
+	_, err = sqlstore.New(sqlstore.Config{DB: db, IdleTimeout: -time.Second})
+	require.ErrorContains(t, err, "Config.IdleTimeout")
 	sqlite := testenv.SQLite(t)
 	_, err = sqlstore.New(sqlstore.Config{DB: sqlite})
 	require.ErrorContains(t, err, "want postgres or pgx")
+}
+
+// Issue 43, item 3: a key's unit of work limits its own idle time: once it
+// idles past IdleTimeout (its process hung), PostgreSQL ends it and another
+// Lock of the key gets the key at once.
+func TestAnIdleUnitOfWorkFreesItsKey(t *testing.T) {
+	t.Parallel()
+	db := testenv.Postgres(t)
+	s, err := sqlstore.New(sqlstore.Config{DB: db, TablePrefix: testenv.Schema(t, db) + ".sluice_order", IdleTimeout: 300 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, s.CreateTables(t.Context()))
+	g, err := s.Lock(t.Context(), "ledger", "acct-1")
+	require.NoError(t, err)
+	require.NoError(t, g.Block(t.Context(), "e-1", false, "to a tier"))
+	require.NoError(t, g.Commit(t.Context()))
+	hung, err := s.Lock(t.Context(), "ledger", "acct-1")
+	require.NoError(t, err)
+	require.NoError(t, hung.Unblock(t.Context()), "a release begins")
+	t.Cleanup(func() { _ = hung.Rollback(t.Context()) })
+	// hung says nothing more, as a stopped process's unit of work.
+	next, err := s.Lock(t.Context(), "ledger", "acct-1")
+	require.NoError(t, err, "the key is free once PostgreSQL ended the idle unit of work (LockTimeout 5 s)")
+	defer func() { _ = next.Rollback(t.Context()) }()
+	st, waiting, err := next.State(t.Context())
+	require.NoError(t, err)
+	require.True(t, waiting)
+	require.Equal(t, "e-1", st.Head, "the hung unit of work's unblock was rolled back with it")
+	require.Error(t, hung.Commit(t.Context()), "it was ended")
 }

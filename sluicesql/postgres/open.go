@@ -146,4 +146,13 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 	return cn, nil
 }
 
-func (c *connector) Driver() driver.Driver { return c.inner.Driver() }
+// Driver returns lib/pq's driver, marked as Open's (Driver).
+func (c *connector) Driver() driver.Driver { return Driver{c.inner.Driver()} }
+
+// Driver is the driver of Open's pools (db.Driver()): lib/pq's, marked so
+// that a pool Open returned can be told from one sql.Open("postgres", dsn)
+// returned (sluicesql.StallRisk), whose waits are not bounded.
+type Driver struct{ driver.Driver }
+
+// BoundsEveryWait marks the driver of a pool whose every wait is bounded.
+func (Driver) BoundsEveryWait() {}
