@@ -92,7 +92,7 @@ func New(cfg Config) (*Service, error) {
 	// Its deletions are not the inbox's: sluice.inbox.pruned counts the
 	// inbox's alone.
 	s.pruners[1], err = deduplication.NewPruner(deduplication.PrunerConfig{Store: s.stores.Outcomes, Retention: cfg.OutcomeRetention,
-		Interval: cfg.PruneInterval, Logger: cfg.Logger, MeterProvider: noop.NewMeterProvider()})
+		Records: "replay outcomes", Interval: cfg.PruneInterval, Logger: cfg.Logger, MeterProvider: noop.NewMeterProvider()})
 	if err != nil {
 		return nil, fmt.Errorf("service: Config.OutcomeRetention: %w", err)
 	}
