@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"fmt"
 	"strings"
 	"sync"
 
@@ -24,12 +25,7 @@ func (l LogLine) Text() string {
 		b.WriteString(": " + l.Err.Error())
 	}
 	for k, v := range l.Fields {
-		b.WriteString(" " + k + "=")
-		if s, ok := v.(string); ok {
-			b.WriteString(s)
-		} else if e, ok := v.(error); ok {
-			b.WriteString(e.Error())
-		}
+		fmt.Fprintf(&b, " %s=%v", k, v)
 	}
 	return b.String()
 }
