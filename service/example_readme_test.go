@@ -62,7 +62,7 @@ func reserve(msg *message.Message) ([]*message.Message, error) {
 		OrderID string `json:"orderId"`
 	}
 	if err := json.Unmarshal(msg.Payload, &order); err != nil {
-		return nil, err // malformed JSON: Poison, isolated in inventory.poison with its reason
+		return nil, err // JSON of another shape ("orderId": 5): Poison, isolated in inventory.poison
 	}
 	tx := sluicesql.TxFromContext(msg.Context()) // the inbox's transaction
 	if _, err := tx.ExecContext(msg.Context(), `INSERT INTO reservations (order_id) VALUES ($1)`, order.OrderID); err != nil {
