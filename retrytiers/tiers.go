@@ -138,12 +138,7 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	meter := telemetry.Meter(cfg.MeterProvider)
-	retries, err := meter.Int64Counter(MetricRetries, metric.WithDescription("Copies published to a retry tier."))
-	if err != nil {
-		return nil, err
-	}
-	exhausted, err := meter.Int64Counter(MetricExhausted, metric.WithDescription("Transient failures whose retry budget was spent."))
+	retries, exhausted, err := counters(cfg.MeterProvider)
 	if err != nil {
 		return nil, err
 	}
