@@ -32,9 +32,15 @@ func newInventory(ctx context.Context, r *message.Router, amqpURL string, db *sq
 	if err != nil {
 		return nil, nil, err
 	}
-	svc, err := service.New(service.Config{DB: db, Router: r, Publisher: q.Publisher(), MeterProvider: metrics})
+	svc, err := service.New(service.Config{
+		DB:            db,
+		Schema:        "inventory", // this service's own: Sluice's tables of two services never mix
+		Router:        r,
+		Publisher:     q.Publisher(),
+		MeterProvider: metrics,
+	})
 	if err == nil {
-		err = svc.Migrate(ctx) // the inbox, the outbox, the replay outcomes: created if missing
+		err = svc.Migrate(ctx) // schema inventory, its inbox, outbox and replay outcomes: created if missing
 	}
 	if err == nil {
 		err = svc.Add(service.Handler{

@@ -11,12 +11,25 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/service"
 )
+
+// dropSchemaNowAndAtEnd drops schema, with everything in it, now and when
+// t ends.
+func dropSchemaNowAndAtEnd(t *testing.T, db *sqlx.DB, schema string) {
+	t.Helper()
+	drop := func() {
+		_, err := db.ExecContext(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
+		require.NoError(t, err)
+	}
+	drop()
+	t.Cleanup(drop)
+}
 
 // get serves path from h and returns the status and the body.
 func get(t *testing.T, h http.Handler, path string) (int, string) {
@@ -39,6 +52,7 @@ func TestTheREADMEServiceRuns(t *testing.T) {
 	_, err := db.ExecContext(t.Context(), `CREATE TABLE reservations (order_id TEXT NOT NULL)`)
 	require.NoError(t, err)
 	testenv.DeleteQueuesNowAndAtEnd(t, "inventory", "inventory.retry.30s", "inventory.retry.5m", "inventory.retry.30m", "inventory.poison", "inventory.reserved")
+	dropSchemaNowAndAtEnd(t, db, "inventory") // the README's: fixed, as its queues' names are
 	conn := testenv.AMQP(t)
 	_, err = testenv.Channel(t, conn).QueueDeclare("inventory.reserved", true, false, false, false, nil)
 	require.NoError(t, err)
@@ -103,9 +117,9 @@ func TestTheREADMEServiceRuns(t *testing.T) {
 	require.NoError(t, db.SelectContext(t.Context(), &orders, `SELECT order_id FROM reservations ORDER BY order_id`))
 	require.Equal(t, []string{"o-1", "o-3"}, orders, "each order reserved once")
 	var claims, outboxed int
-	require.NoError(t, db.GetContext(t.Context(), &claims, `SELECT count(*) FROM sluice_inbox`))
+	require.NoError(t, db.GetContext(t.Context(), &claims, `SELECT count(*) FROM inventory.sluice_inbox`))
 	require.Equal(t, 2, claims, "one claim per event processed")
-	require.NoError(t, db.GetContext(t.Context(), &outboxed, `SELECT count(*) FROM sluice_outbox`))
+	require.NoError(t, db.GetContext(t.Context(), &outboxed, `SELECT count(*) FROM inventory.sluice_outbox`))
 	require.Zero(t, outboxed)
 	reserved := testenv.Drain(t, conn, "inventory.reserved")
 	require.Len(t, reserved, 2)
