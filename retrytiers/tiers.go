@@ -19,6 +19,7 @@ import (
 	"github.com/sluicemq/sluice/internal/clock"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/republish"
+	"github.com/sluicemq/sluice/internal/stack"
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
@@ -157,6 +158,7 @@ type stage struct {
 
 func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
+		stack.Mark(msg, stack.Retry) // the classifier inside knows its Transient failures are parked
 		if removed := s.cfg.Signer.Believe(msg, sluice.IsRetryKey, s.queue(msg), s.topics...); removed != nil {
 			s.cfg.Logger.Info("Retry history not written by Sluice: not believed, the delivery is a first attempt",
 				telemetry.LogFields(msg, watermill.LogFields{"removed": strings.Join(removed, ",")}))

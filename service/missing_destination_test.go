@@ -37,6 +37,8 @@ func TestAMissingDestinationIsNamedWithItsCommand(t *testing.T) {
 	for _, w := range want {
 		require.Contains(t, line, w)
 	}
+	require.Empty(t, log.Lines("has no stage outside it"), "the short path's Classify has the poison and retry stages outside it")
+	require.Empty(t, log.Lines("without Sluice's rabbitmq.Marshaler"))
 	rows, err := svc.Stores().Outbox.List(t.Context(), outboxsql.Failing, 10)
 	require.NoError(t, err)
 	require.Len(t, rows, 1)
