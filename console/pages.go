@@ -55,8 +55,9 @@ func (c *Console) parse() error {
 			}
 			return time.Since(t).Round(time.Second).String()
 		},
-		"csrf": func() string { return c.csrf },
-		"pct":  func(f float64) string { return strconv.FormatFloat(100*f, 'f', 0, 64) + "%" },
+		"csrf":       func() string { return c.csrf },
+		"readsLabel": func() string { return dlq.ReadsLabel },
+		"pct":        func(f float64) string { return strconv.FormatFloat(100*f, 'f', 0, 64) + "%" },
 	}
 	pages, err := fs.Glob(assets, "templates/*.html")
 	if err != nil {
@@ -423,6 +424,7 @@ type messageView struct {
 	PoisonedAt                                                   time.Time
 	TraceID, Stack, Payload, HeadersError, DeadLetter, MessageID string
 	PayloadSize                                                  int
+	Reads                                                        int // dlq.Message.Reads: reads, not retries
 	Headers                                                      []header
 	HeadersCut                                                   int
 }
@@ -434,7 +436,7 @@ func view(m *dlq.Message) messageView {
 		Queue: diag.Printable(m.Queue, 255), Attempts: diag.Printable(m.Attempts, 32), PoisonedAt: m.PoisonedAt,
 		TraceID: diag.Printable(m.TraceID, 64), Stack: diag.Printable(md.Get(poison.StackKey), stackMax),
 		Payload: diag.Printable(string(m.Msg.Payload[:min(len(m.Msg.Payload), 4*payloadMax)]), payloadMax), PayloadSize: len(m.Msg.Payload),
-		HeadersError: diag.Printable(m.HeadersError, textMax), MessageID: diag.Printable(m.Msg.UUID, textMax)}
+		HeadersError: diag.Printable(m.HeadersError, textMax), MessageID: diag.Printable(m.Msg.UUID, textMax), Reads: m.Reads}
 	if m.DeadLetterReason != "" {
 		v.DeadLetter = diag.Printable(m.DeadLetterReason+" in "+m.DeadLetterQueue+" ×"+m.DeadLetterCount, textMax)
 	}
@@ -444,7 +446,11 @@ func view(m *dlq.Message) messageView {
 			v.HeadersCut = len(keys) - headersMax
 			break
 		}
-		v.Headers = append(v.Headers, header{Key: diag.Printable(k, 128), Value: diag.Printable(md[k], headerMax)})
+		h := header{Key: diag.Printable(k, 128), Value: diag.Printable(md[k], headerMax)}
+		if note := dlq.ReadNote(k); note != "" { // the broker's count of this read, not of the message's tries
+			h.Value += " — " + note
+		}
+		v.Headers = append(v.Headers, h)
 	}
 	return v
 }
