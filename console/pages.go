@@ -236,7 +236,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		f.Chart, f.ChartCaption = c.chart(q)
 		fams = append(fams, f)
 	}
-	c.render(w, r, "overview", map[string]any{"Families": fams, "Outbox": c.outboxRows(r.Context(), false), "Runs": c.recentRuns()})
+	c.render(w, r, "overview", map[string]any{"Families": fams, "Outbox": c.outboxRows(r.Context(), false), "Runs": c.recentRuns(r.Context())})
 }
 
 // ---- failure groups
@@ -401,8 +401,11 @@ type messageView struct {
 	EventID, EventType, Class, Reason, Consumer, Queue, Attempts string
 	PoisonedAt                                                   time.Time
 	TraceID, Stack, Payload, HeadersError, DeadLetter, MessageID string
-	PayloadSize                                                  int
-	Reads                                                        int // dlq.Message.Reads: reads, not retries
+	// Name and Identity name the dead letter as inspect and a run's page
+	// do (dlq.Identity); DeadLetterID is its own id.
+	Name, Identity, DeadLetterID string
+	PayloadSize                  int
+	Reads                        int // dlq.Message.Reads: reads, not retries
 	// Summary is the reason, with the class when the reason does not
 	// begin with it (the poison stage's do): the message's line, once.
 	Summary    string
@@ -417,7 +420,10 @@ func view(m *dlq.Message) messageView {
 		Queue: diag.Printable(m.Queue, 255), Attempts: diag.Printable(m.Attempts, 32), PoisonedAt: m.PoisonedAt,
 		TraceID: diag.Printable(m.TraceID, 64), Stack: diag.Printable(md.Get(poison.StackKey), stackMax),
 		Payload: diag.Printable(string(m.Msg.Payload[:min(len(m.Msg.Payload), 4*payloadMax)]), payloadMax), PayloadSize: len(m.Msg.Payload),
-		HeadersError: diag.Printable(m.HeadersError, textMax), MessageID: diag.Printable(m.Msg.UUID, textMax), Reads: m.Reads}
+		HeadersError: diag.Printable(m.HeadersError, textMax), Reads: m.Reads}
+	id := m.Identity()
+	v.MessageID, v.DeadLetterID, v.Identity = diag.Printable(id.MessageID, textMax), diag.Printable(id.DeadLetter, textMax), id.String()
+	v.Name = cmp.Or(id.Name(), fmt.Sprintf("message at position %d", m.Position))
 	v.Summary = v.Reason
 	if !strings.HasPrefix(m.Reason, m.Class+": ") {
 		v.Summary = v.Class + " · " + v.Reason
@@ -570,7 +576,7 @@ func (c *Console) dryRun(ctx context.Context, q Queue, group, action string) (pr
 			d.Targets[diag.Printable(cmp.Or(m.Queue, "(none: not replayable)"), 255)]++
 		}
 		if len(d.Sample) < 20 {
-			d.Sample = append(d.Sample, diag.Printable(cmp.Or(m.EventID, "message "+m.Msg.UUID), textMax))
+			d.Sample = append(d.Sample, cmp.Or(m.Identity().Name(), fmt.Sprintf("message at position %d", m.Position)))
 		}
 		return nil
 	})
@@ -677,7 +683,7 @@ func (c *Console) runReplay(ru *run, q Queue, group, operator string, p loopPlan
 			return nil
 		}}
 	l := dlq.Loop{Sizes: p.sizes, Canary: p.canary, MaxRepoison: p.maxRepoison, Store: c.cfg.Outcomes, Wait: p.wait, Where: c.cfg.OutcomesWhere,
-		Batch: ru.batch}
+		Batch: ru.batch, Source: "console"} // the loop keeps the run beside its outcomes
 	res, err := dlq.ClosedLoop(c.ctx, conn, cfg, l)
 	ru.finish(res, err)
 	c.audit(operator, "console replay", q.Poison, cfg.Filter, map[string]string{"run": ru.ID, "sizes": fmt.Sprint(p.sizes), "canary": strconv.FormatBool(p.canary),
@@ -706,6 +712,7 @@ func (c *Console) discard(w http.ResponseWriter, r *http.Request) {
 	res, items, err := dlq.Discard(r.Context(), conn, q.Poison, f, max(limit, 0), false)
 	err = errors.Join(err, c.record(r.Context(), ru, items, ledger.OutcomeDiscarded, reason, operator))
 	ru.finish(res, err)
+	c.keep(r.Context(), ru)
 	c.audit(operator, "console discard", q.Poison, f, map[string]string{"run": ru.ID, "limit": strconv.Itoa(limit)}, res, err, reason, items)
 	http.Redirect(w, r, c.cfg.Prefix+"/runs/"+ru.ID, http.StatusSeeOther)
 }
@@ -779,6 +786,7 @@ func (c *Console) archive(w http.ResponseWriter, r *http.Request) {
 		Signer: c.cfg.Signer, Archived: func(m *dlq.Message) { items = append(items, m.Item()) }})
 	err = errors.Join(err, sink.Close(), c.record(r.Context(), ru, items, ledger.OutcomeArchived, "archived to "+sink.Name(), operator))
 	ru.finish(res, err)
+	c.keep(r.Context(), ru)
 	c.audit(operator, "console archive", q.Poison, f, map[string]string{"run": ru.ID, "sink": sink.Name()}, res, err, "", nil)
 	http.Redirect(w, r, c.cfg.Prefix+"/runs/"+ru.ID, http.StatusSeeOther)
 }
