@@ -2,7 +2,6 @@ package deduplication_test
 
 import (
 	"context"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
@@ -62,16 +61,4 @@ func addInventory(ctx context.Context, router *message.Router, amqpURL string, d
 	router.AddConsumerHandler("inventory", "order.created", sub, handler).
 		AddMiddleware(classify, inbox, recoverer)
 	return nil
-}
-
-// runRouter runs r until ctx ends or it is closed, returning Run's error on
-// the channel.
-func runRouter(r *message.Router) <-chan error {
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	select {
-	case <-r.Running():
-	case <-time.After(30 * time.Second):
-	}
-	return done
 }

@@ -139,3 +139,15 @@ func TestTheQuickStartExplainsAPoisonFailureNothingIsolates(t *testing.T) {
 	require.Contains(t, explained[0].Text(), `deduplication key: JSON field "eventId"`)
 	require.Len(t, log.Lines("has no stage outside it"), 1, "the missing stages, said once for the handler")
 }
+
+// runRouter runs r until ctx ends or it is closed, returning Run's error on
+// the channel.
+func runRouter(r *message.Router) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	select {
+	case <-r.Running():
+	case <-time.After(30 * time.Second):
+	}
+	return done
+}
