@@ -149,6 +149,11 @@ type Config struct {
 	// again" scans at once, and an action of this console drops it.
 	// Default SummaryMaxAgeDefault (1 min); negative: scan on every view.
 	SummaryMaxAge time.Duration
+	// SampleInterval is how often the console reads the depth of each
+	// family's main and poison queue, from New until Close, for the
+	// overview's chart. Default SampleIntervalDefault (10 s); negative:
+	// only when the overview loads.
+	SampleInterval time.Duration
 }
 
 // Console is the console's handler. Close stops the runs it started and
@@ -224,6 +229,9 @@ func New(cfg Config) (*Console, error) {
 	if cfg.SummaryMaxAge == 0 {
 		cfg.SummaryMaxAge = SummaryMaxAgeDefault
 	}
+	if cfg.SampleInterval == 0 {
+		cfg.SampleInterval = SampleIntervalDefault
+	}
 	if cfg.Operator == nil {
 		cfg.Operator = func(*http.Request) string { return "console" }
 	}
@@ -248,6 +256,10 @@ func New(cfg Config) (*Console, error) {
 		return nil, err
 	}
 	c.routes()
+	if cfg.SampleInterval > 0 {
+		c.wg.Add(1)
+		go c.sampleLoop()
+	}
 	return c, nil
 }
 
@@ -258,7 +270,8 @@ func mac(key []byte, what string) string {
 }
 
 // Close cancels the runs in progress (a batch already published stays
-// published; its outcomes still come) and waits for them.
+// published; its outcomes still come) and the depth reads, and waits for
+// them.
 func (c *Console) Close() error {
 	c.cancel()
 	c.wg.Wait()

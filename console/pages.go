@@ -55,8 +55,10 @@ func (c *Console) parse() error {
 			}
 			return time.Since(t).Round(time.Second).String()
 		},
-		"csrf": func() string { return c.csrf },
-		"pct":  func(f float64) string { return strconv.FormatFloat(100*f, 'f', 0, 64) + "%" },
+		"csrf":       func() string { return c.csrf },
+		"name":       breakable,
+		"readsLabel": func() string { return dlq.ReadsLabel },
+		"pct":        func(f float64) string { return strconv.FormatFloat(100*f, 'f', 0, 64) + "%" },
 	}
 	pages, err := fs.Glob(assets, "templates/*.html")
 	if err != nil {
@@ -74,6 +76,22 @@ func (c *Console) parse() error {
 		c.tmpl[name] = t
 	}
 	return nil
+}
+
+// breakable is a name (a queue's) escaped, with a line-break opportunity
+// after each dot, underscore and hyphen: a name too long for its cell
+// wraps between its parts, never in the middle of one ("…_inventory.pois"
+// / "on").
+func breakable(name string) template.HTML {
+	esc := template.HTMLEscapeString(name)
+	var b strings.Builder
+	for _, r := range esc {
+		b.WriteRune(r)
+		if r == '.' || r == '_' || r == '-' {
+			b.WriteString("<wbr>")
+		}
+	}
+	return template.HTML(b.String()) //nolint:gosec // escaped above; only <wbr> added
 }
 
 // fmtRate is a rate of messages a second, or a minute when below one a
@@ -160,11 +178,6 @@ func (c *Console) conn() (*amqp.Connection, error) {
 
 // ---- overview
 
-type sample struct {
-	At    time.Time
-	Ready int
-}
-
 type queueRow struct {
 	Name, Role string
 	Depth      Depth
@@ -172,10 +185,11 @@ type queueRow struct {
 }
 
 type family struct {
-	Queue  Queue
-	Rows   []queueRow
-	Chart  template.HTML
-	Poison int
+	Queue        Queue
+	Rows         []queueRow
+	Chart        template.HTML
+	ChartCaption string
+	Poison       int
 }
 
 type outboxRow struct {
@@ -185,28 +199,6 @@ type outboxRow struct {
 	Err              string
 	Groups           []errGroup
 	ReadOnly         bool
-}
-
-func (c *Console) depth(ctx context.Context, conn *amqp.Connection, queue string) (Depth, error) {
-	if c.cfg.Depth != nil {
-		return c.cfg.Depth(ctx, queue)
-	}
-	return passiveDepth(conn, queue)
-}
-
-// passiveDepth is queue's ready count and consumers, exact, from a
-// passive declare (the management API's are sampled).
-func passiveDepth(conn *amqp.Connection, queue string) (Depth, error) {
-	ch, err := conn.Channel()
-	if err != nil {
-		return Depth{}, err
-	}
-	defer func() { _ = ch.Close() }()
-	q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
-	if err != nil {
-		return Depth{}, err
-	}
-	return Depth{Ready: q.Messages, Consumers: q.Consumers}, nil
 }
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
@@ -230,12 +222,9 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 			if role == "poison" {
 				f.Poison = d.Ready
 			}
-			c.mu.Lock()
-			c.samples[name] = append(c.samples[name], sample{At: now, Ready: d.Ready})
-			if s := c.samples[name]; len(s) > samplesMax {
-				c.samples[name] = s[len(s)-samplesMax:]
+			if err == nil && (role == "main" || role == "poison") {
+				c.recordDepth(name, now, d.Ready)
 			}
-			c.mu.Unlock()
 		}
 		add(q.Name, "main")
 		for _, t := range q.Tiers {
@@ -244,51 +233,41 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		if q.Poison != "" {
 			add(q.Poison, "poison")
 		}
-		f.Chart = c.chart(q)
+		f.Chart, f.ChartCaption = c.chart(q)
 		fams = append(fams, f)
 	}
-	c.render(w, r, "overview", map[string]any{"Families": fams, "Outbox": c.outboxRows(r.Context(), false), "Runs": c.recentRuns()})
-}
-
-// chart draws the depth of a family's main and poison queue over the
-// samples taken, as inline SVG (no script).
-func (c *Console) chart(q Queue) template.HTML {
-	c.mu.Lock()
-	main, pois := slices.Clone(c.samples[q.Name]), slices.Clone(c.samples[q.Poison])
-	c.mu.Unlock()
-	const w, h = 400, 80
-	top := 1
-	for _, s := range append(slices.Clone(main), pois...) {
-		top = max(top, s.Ready)
-	}
-	line := func(ss []sample, color string) string {
-		if len(ss) == 0 {
-			return ""
-		}
-		var b strings.Builder
-		for i, s := range ss {
-			x := w
-			if len(ss) > 1 {
-				x = i * w / (len(ss) - 1)
-			}
-			fmt.Fprintf(&b, "%d,%d ", x, h-s.Ready*(h-4)/top-2)
-		}
-		return fmt.Sprintf(`<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`, color, strings.TrimSpace(b.String()))
-	}
-	// Every value in it is a number or a constant: nothing to escape.
-	return template.HTML(fmt.Sprintf(`<svg class="chart" viewBox="0 0 %d %d" width="%d" height="%d" role="img" aria-label="depth over time"><rect x="0" y="0" width="%d" height="%d" fill="#fafafa" stroke="#ddd"/>%s%s<text x="4" y="12" font-size="10" fill="#555">max %d</text></svg>`,
-		w, h, w, h, w, h, line(main, "#2563eb"), line(pois, "#dc2626"), top))
+	c.render(w, r, "overview", map[string]any{"Families": fams, "Outbox": c.outboxRows(r.Context(), false), "Runs": c.recentRuns(r.Context())})
 }
 
 // ---- failure groups
 
 type groupRow struct {
-	ID, Class, Fingerprint, Consumer, Target, Sample string
-	Count                                            int
-	First, Last                                      time.Time
+	// Title is the group's class and reason's shape (groupTitle).
+	ID, Title, Class, Fingerprint, Consumer, Target, Sample string
+	Count                                                   int
+	First, Last                                             time.Time
 	// Arrivals counts the group's messages by the hour they were poisoned
 	// in, over the arrivalHours before the scan (oldest first).
 	Arrivals [arrivalHours]int
+}
+
+// Example is the group's sample reason when it says more than its shape
+// (ids, numbers): shown under the shape, not beside it a second time.
+func (g *groupRow) Example() string {
+	if g.Sample == g.Fingerprint {
+		return ""
+	}
+	return g.Sample
+}
+
+// groupTitle names a failure group as a person reads it: its class and its
+// reason's shape (the group's id is a hash of them and the handler).
+func groupTitle(m *dlq.Message) string {
+	shape := dlq.Fingerprint(diag.Bound(m.Reason, 1024))
+	if !strings.HasPrefix(shape, m.Class+": ") { // the poison stage's reasons begin with their class
+		shape = m.Class + ": " + shape
+	}
+	return diag.Printable(shape, textMax)
 }
 
 // arrivalHours is the window of a group's arrival chart.
@@ -334,7 +313,7 @@ func (c *Console) scanGroups(ctx context.Context, queue string, now time.Time) (
 				other++
 				return nil
 			}
-			g = &groupRow{ID: id, Class: diag.Printable(m.Class, 64), Fingerprint: diag.Printable(dlq.Fingerprint(diag.Bound(m.Reason, 1024)), textMax),
+			g = &groupRow{ID: id, Title: groupTitle(m), Class: diag.Printable(m.Class, 64), Fingerprint: diag.Printable(dlq.Fingerprint(diag.Bound(m.Reason, 1024)), textMax),
 				Consumer: diag.Printable(m.Consumer, textMax), Target: diag.Printable(m.Queue, 255), Sample: diag.Printable(m.Reason, textMax)}
 			groups[id] = g
 		}
@@ -422,9 +401,16 @@ type messageView struct {
 	EventID, EventType, Class, Reason, Consumer, Queue, Attempts string
 	PoisonedAt                                                   time.Time
 	TraceID, Stack, Payload, HeadersError, DeadLetter, MessageID string
-	PayloadSize                                                  int
-	Headers                                                      []header
-	HeadersCut                                                   int
+	// Name and Identity name the dead letter as inspect and a run's page
+	// do (dlq.Identity); DeadLetterID is its own id.
+	Name, Identity, DeadLetterID string
+	PayloadSize                  int
+	Reads                        int // dlq.Message.Reads: reads, not retries
+	// Summary is the reason, with the class when the reason does not
+	// begin with it (the poison stage's do): the message's line, once.
+	Summary    string
+	Headers    []header
+	HeadersCut int
 }
 
 func view(m *dlq.Message) messageView {
@@ -434,7 +420,14 @@ func view(m *dlq.Message) messageView {
 		Queue: diag.Printable(m.Queue, 255), Attempts: diag.Printable(m.Attempts, 32), PoisonedAt: m.PoisonedAt,
 		TraceID: diag.Printable(m.TraceID, 64), Stack: diag.Printable(md.Get(poison.StackKey), stackMax),
 		Payload: diag.Printable(string(m.Msg.Payload[:min(len(m.Msg.Payload), 4*payloadMax)]), payloadMax), PayloadSize: len(m.Msg.Payload),
-		HeadersError: diag.Printable(m.HeadersError, textMax), MessageID: diag.Printable(m.Msg.UUID, textMax)}
+		HeadersError: diag.Printable(m.HeadersError, textMax), Reads: m.Reads}
+	id := m.Identity()
+	v.MessageID, v.DeadLetterID, v.Identity = diag.Printable(id.MessageID, textMax), diag.Printable(id.DeadLetter, textMax), id.String()
+	v.Name = cmp.Or(id.Name(), fmt.Sprintf("message at position %d", m.Position))
+	v.Summary = v.Reason
+	if !strings.HasPrefix(m.Reason, m.Class+": ") {
+		v.Summary = v.Class + " · " + v.Reason
+	}
 	if m.DeadLetterReason != "" {
 		v.DeadLetter = diag.Printable(m.DeadLetterReason+" in "+m.DeadLetterQueue+" ×"+m.DeadLetterCount, textMax)
 	}
@@ -444,7 +437,11 @@ func view(m *dlq.Message) messageView {
 			v.HeadersCut = len(keys) - headersMax
 			break
 		}
-		v.Headers = append(v.Headers, header{Key: diag.Printable(k, 128), Value: diag.Printable(md[k], headerMax)})
+		h := header{Key: diag.Printable(k, 128), Value: diag.Printable(md[k], headerMax)}
+		if note := dlq.ReadNote(k); note != "" { // the broker's count of this read, not of the message's tries
+			h.Value += " — " + note
+		}
+		v.Headers = append(v.Headers, h)
 	}
 	return v
 }
@@ -476,8 +473,12 @@ func (c *Console) group(w http.ResponseWriter, r *http.Request) {
 	var ms []messageView
 	seen := 0
 	more := false
+	title := "group " + diag.Printable(id, textMax) // until a message of it is read
 	_, err = dlq.Each(r.Context(), conn, q.Poison, dlq.Filter{Group: id}, 0, func(m *dlq.Message) error {
 		seen++
+		if seen == 1 {
+			title = groupTitle(m)
+		}
 		if seen <= skip {
 			return nil
 		}
@@ -492,7 +493,7 @@ func (c *Console) group(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadGateway, diag.RedactError(err))
 		return
 	}
-	c.render(w, r, "group", map[string]any{"Queue": q, "Group": id, "Messages": ms, "Page": pageN, "Prev": pageN - 1, "Next": pageN + 1,
+	c.render(w, r, "group", map[string]any{"Queue": q, "Group": id, "Title": title, "Messages": ms, "Page": pageN, "Prev": pageN - 1, "Next": pageN + 1,
 		"More": more, "Actions": c.actions()})
 }
 
@@ -521,6 +522,7 @@ type previewData struct {
 	Queue     Queue
 	Consumers []string // the queues a replay may be redirected to
 	Group     string
+	Title     string // the group's class and reason's shape (groupTitle)
 	Action    string
 	Count     int
 	Targets   map[string]int
@@ -566,7 +568,12 @@ func (c *Console) dryRun(ctx context.Context, q Queue, group, action string) (pr
 	}
 	defer func() { _ = conn.Close() }()
 	plan := c.replayConfig(q, group, "")
+	d.Title = "group " + diag.Printable(group, textMax)
+	titled := false
 	n, err := dlq.Each(ctx, conn, q.Poison, dlq.Filter{Group: group}, 0, func(m *dlq.Message) error {
+		if !titled {
+			d.Title, titled = groupTitle(m), true
+		}
 		label := targetLabel(plan, m)
 		if _, ok := d.Targets[label]; ok || len(d.Targets) < 20 {
 			d.Targets[label]++
@@ -575,7 +582,7 @@ func (c *Console) dryRun(ctx context.Context, q Queue, group, action string) (pr
 			d.Refused++
 		}
 		if len(d.Sample) < 20 {
-			d.Sample = append(d.Sample, diag.Printable(cmp.Or(m.EventID, "message "+m.Msg.UUID), textMax))
+			d.Sample = append(d.Sample, cmp.Or(m.Identity().Name(), fmt.Sprintf("message at position %d", m.Position)))
 		}
 		return nil
 	})
@@ -708,7 +715,7 @@ func (c *Console) runReplay(ru *run, q Queue, group, operator string, p loopPlan
 		return nil
 	}
 	l := dlq.Loop{Sizes: p.sizes, Canary: p.canary, MaxRepoison: p.maxRepoison, Store: c.cfg.Outcomes, Wait: p.wait, Where: c.cfg.OutcomesWhere,
-		Batch: ru.batch}
+		Batch: ru.batch, Source: "console"} // the loop keeps the run beside its outcomes
 	res, err := dlq.ClosedLoop(c.ctx, conn, cfg, l)
 	ru.finish(res, err)
 	c.audit(operator, "console replay", q.Poison, cfg.Filter, map[string]string{"run": ru.ID, "sizes": fmt.Sprint(p.sizes), "canary": strconv.FormatBool(p.canary),
@@ -737,6 +744,7 @@ func (c *Console) discard(w http.ResponseWriter, r *http.Request) {
 	res, items, err := dlq.Discard(r.Context(), conn, q.Poison, f, max(limit, 0), false)
 	err = errors.Join(err, c.record(r.Context(), ru, items, ledger.OutcomeDiscarded, reason, operator))
 	ru.finish(res, err)
+	c.keep(r.Context(), ru)
 	c.audit(operator, "console discard", q.Poison, f, map[string]string{"run": ru.ID, "limit": strconv.Itoa(limit)}, res, err, reason, items)
 	http.Redirect(w, r, c.cfg.Prefix+"/runs/"+ru.ID, http.StatusSeeOther)
 }
@@ -810,6 +818,7 @@ func (c *Console) archive(w http.ResponseWriter, r *http.Request) {
 		Signer: c.cfg.Signer, Archived: func(m *dlq.Message) { items = append(items, m.Item()) }})
 	err = errors.Join(err, sink.Close(), c.record(r.Context(), ru, items, ledger.OutcomeArchived, "archived to "+sink.Name(), operator))
 	ru.finish(res, err)
+	c.keep(r.Context(), ru)
 	c.audit(operator, "console archive", q.Poison, f, map[string]string{"run": ru.ID, "sink": sink.Name()}, res, err, "", nil)
 	http.Redirect(w, r, c.cfg.Prefix+"/runs/"+ru.ID, http.StatusSeeOther)
 }

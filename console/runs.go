@@ -2,7 +2,9 @@ package console
 
 import (
 	"cmp"
+	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"sync"
@@ -11,6 +13,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
 )
 
@@ -34,7 +37,8 @@ type run struct {
 }
 
 type row struct {
-	Item, EventID, Outcome, Class, Reason string
+	// Name is the item as every page names its dead letter (dlq.RecordName).
+	Item, EventID, Name, Outcome, Class, Reason string
 }
 
 func (c *Console) newRun(kind, id, queue, group, operator string) *run {
@@ -68,6 +72,7 @@ func (ru *run) set(item, eventID, outcome, class, reason string) {
 		ru.rows = append(ru.rows, r)
 	}
 	r.EventID = diag.Printable(cmp.Or(eventID, item), textMax)
+	r.Name = dlq.RecordName(replay.Record{Item: item, EventID: eventID})
 	r.Outcome = diag.Printable(outcome, 32)
 	r.Class = diag.Printable(class, 64)
 	r.Reason = diag.Printable(reason, textMax)
@@ -96,6 +101,7 @@ func (ru *run) finish(res dlq.ReplayResult, err error) {
 // runView is a run as its page shows it.
 type runView struct {
 	ID, Kind, Queue, Group, Operator string
+	Source                           string // "console", "cli": who started it, for a run read back
 	Started, Ended                   time.Time
 	Done, Stopped                    bool
 	Err                              string
@@ -119,12 +125,16 @@ func (ru *run) view() runView {
 	return v
 }
 
-func (c *Console) recentRuns() []runView {
+// recentRuns are the last runs: this console's and, when the outcome
+// records keep runs (ledger.Runs), those any console or the CLI started —
+// newest first, ten.
+func (c *Console) recentRuns(ctx context.Context) []runView {
 	c.mu.Lock()
 	ids := slices.Clone(c.order)
 	c.mu.Unlock()
 	var out []runView
-	for i := len(ids) - 1; i >= 0 && len(out) < 10; i-- {
+	seen := map[string]bool{}
+	for i := len(ids) - 1; i >= 0 && len(out) < recentMax; i-- {
 		c.mu.Lock()
 		ru := c.runs[ids[i]]
 		c.mu.Unlock()
@@ -132,9 +142,48 @@ func (c *Console) recentRuns() []runView {
 			v := ru.view()
 			v.Rows = nil
 			out = append(out, v)
+			seen[v.ID] = true
 		}
 	}
-	return out
+	if rs, ok := c.cfg.Outcomes.(ledger.Runs); ok {
+		stored, err := rs.RecentRuns(ctx, recentMax)
+		if err == nil {
+			for _, r := range stored {
+				if !seen[r.ID] {
+					out = append(out, storedView(r))
+				}
+			}
+		}
+	}
+	slices.SortStableFunc(out, func(a, b runView) int { return b.Started.Compare(a.Started) })
+	return out[:min(len(out), recentMax)]
+}
+
+// recentMax is how many runs the overview lists.
+const recentMax = 10
+
+// storedView is a run the outcome records kept, as its page shows it
+// (without its rows: runPage reads them).
+func storedView(r ledger.Run) runView {
+	return runView{ID: diag.Printable(r.ID, textMax), Kind: diag.Printable(r.Kind, 32), Queue: diag.Printable(r.Queue, 255),
+		Group: diag.Printable(r.Group, textMax), Operator: diag.Printable(r.Operator, textMax), Source: diag.Printable(r.Source, 32),
+		Started: r.Started, Ended: r.Ended, Done: !r.Ended.IsZero(), Stopped: r.Stopped, Err: diag.Printable(r.Err, reasonMax),
+		Result: dlq.ReplayResult{Selected: r.Count, Replayed: r.Moved}, Batches: dlq.Batches(r), Counts: map[string]int{}}
+}
+
+// keep saves a discard's or an archive's run, once it ended, where its
+// outcomes are (a replay's closed loop saves its own): any console shows
+// it then.
+func (c *Console) keep(ctx context.Context, ru *run) {
+	v := ru.view()
+	r := ledger.Run{ID: v.ID, Kind: v.Kind, Queue: ru.Queue, Group: v.Group, Operator: v.Operator, Source: "console",
+		Started: v.Started.UTC(), Ended: v.Ended.UTC(), Stopped: v.Stopped, Err: v.Err, Count: v.Result.Selected, Moved: v.Result.Replayed}
+	if c.cfg.Outcomes == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = ledger.SaveRun(ctx, c.cfg.Outcomes, r) // the audit log has the run too
 }
 
 // runPage shows a run: its batches and the outcome column, read live from
@@ -144,7 +193,12 @@ func (c *Console) runPage(w http.ResponseWriter, r *http.Request) {
 	ru := c.runs[r.PathValue("run")]
 	c.mu.Unlock()
 	if ru == nil {
-		c.fail(w, r, http.StatusNotFound, errors.New("no such run in this console's memory (the audit log and `sluice dlq report` have every run)"))
+		v, err := c.storedRun(r.Context(), r.PathValue("run"))
+		if err != nil {
+			c.fail(w, r, http.StatusNotFound, err)
+			return
+		}
+		c.render(w, r, "run", v)
 		return
 	}
 	if c.cfg.Outcomes != nil && ru.Kind == "replay" {
@@ -169,4 +223,36 @@ func (c *Console) runPage(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	c.render(w, r, "run", ru.view())
+}
+
+// storedRun is the page of a run this console did not start, or started
+// before it restarted: read from the outcome records (ledger.Runs), its
+// rows their records of the run.
+func (c *Console) storedRun(ctx context.Context, id string) (runView, error) {
+	rs, ok := c.cfg.Outcomes.(ledger.Runs)
+	if !ok {
+		return runView{}, errors.New("no such run in this console's memory, and its outcome records keep no runs (give it --outcomes; the audit log and `sluice dlq report` have every run)")
+	}
+	r, found, err := rs.Run(ctx, id)
+	if err != nil {
+		return runView{}, fmt.Errorf("reading the run: %w", diag.RedactError(err))
+	}
+	if !found {
+		return runView{}, errors.New("no such run in the outcome records (the audit log and `sluice dlq report` have every run)")
+	}
+	v := storedView(r)
+	recs, err := c.cfg.Outcomes.Outcomes(ctx, id)
+	if err != nil {
+		return runView{}, fmt.Errorf("reading the run's outcomes: %w", diag.RedactError(err))
+	}
+	tmp := &run{byItem: map[string]*row{}}
+	for _, rec := range recs {
+		tmp.set(rec.Item, rec.EventID, string(rec.Outcome), rec.Class, rec.Reason)
+	}
+	for _, row := range tmp.rows {
+		v.Rows = append(v.Rows, *row)
+		v.Counts[row.Outcome]++
+	}
+	v.More = tmp.more
+	return v, nil
 }

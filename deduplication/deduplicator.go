@@ -171,10 +171,9 @@ func newDeduplicator(cfg Config, batchTimer func(time.Duration) *time.Timer) (*d
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	dup, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(MetricDuplicates,
-		metric.WithDescription("Deliveries skipped because their key was already processed."))
+	dup, err := duplicatesCounter(cfg.MeterProvider)
 	if err != nil {
-		return nil, fmt.Errorf("deduplication: creating %s counter: %w", MetricDuplicates, err)
+		return nil, err
 	}
 	d := &deduplicator{cfg: cfg, duplicates: dup, storeBound: cfg.StoreTimeout, calls: newCalls()}
 	if cfg.Batch != nil {

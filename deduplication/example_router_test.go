@@ -2,25 +2,23 @@ package deduplication_test
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"path/filepath"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jmoiron/sqlx"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
-	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
 	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/rabbitmq"
 )
 
 // addInventory is the README's quick start: the inbox added to an existing
-// Watermill router.
-func addInventory(ctx context.Context, router *message.Router, sub message.Subscriber, db *sqlx.DB) error {
+// Watermill router that consumes RabbitMQ with watermill-amqp.
+// TestTheREADMEQuickStartRuns runs it.
+func addInventory(ctx context.Context, router *message.Router, amqpURL string, db *sqlx.DB, logger watermill.LoggerAdapter) error {
 	store, err := sqlstore.New(sqlstore.Config{DB: db}) // PostgreSQL or SQLite
 	if err != nil {
 		return err
@@ -28,16 +26,25 @@ func addInventory(ctx context.Context, router *message.Router, sub message.Subsc
 	if err := store.CreateTable(ctx); err != nil {
 		return err
 	}
+	cfg, err := rabbitmq.WithMarshaler(amqp.NewDurableQueueConfig(amqpURL)) // your config, with Sluice's marshaler
+	if err != nil {
+		return err // a marshaler it cannot carry over, or Consume.NoRequeueOnNack: named
+	}
+	sub, err := amqp.NewSubscriber(cfg, logger) // watermill-amqp's, declaring what it declared before
+	if err != nil {
+		return err
+	}
 	classifier := sluice.DefaultClassifier()
-	classify, err := middleware.Classify(middleware.ClassifyConfig{Classifier: classifier})
+	classify, err := middleware.Classify(middleware.ClassifyConfig{Classifier: classifier, Logger: logger})
 	if err != nil {
 		return err
 	}
 	inbox, err := deduplication.New(deduplication.Config{
 		Store:      store,
-		Consumer:   "inventory",
+		Consumer:   "inventory",                          // unique among the consumers sharing this table
 		Key:        deduplication.KeyFromJSON("eventId"), // the business event id
 		Classifier: classifier,
+		Logger:     logger,
 	})
 	if err != nil {
 		return err
@@ -54,41 +61,4 @@ func addInventory(ctx context.Context, router *message.Router, sub message.Subsc
 	router.AddConsumerHandler("inventory", "order.created", sub, handler).
 		AddMiddleware(classify, inbox, recoverer)
 	return nil
-}
-
-// The inbox on a Watermill router: three deliveries of one event, one
-// reservation.
-func Example_router() {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	dir, _ := os.MkdirTemp("", "sluice-example")
-	defer os.RemoveAll(dir)
-	db, err := sqlite.Open(ctx, filepath.Join(dir, "app.db"))
-	if err != nil {
-		panic(err)
-	}
-	defer func() { _ = db.Close() }()
-	db.MustExec(`CREATE TABLE reservations (order_id TEXT NOT NULL)`)
-
-	pubSub := gochannel.NewGoChannel(gochannel.Config{BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
-	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
-	if err != nil {
-		panic(err)
-	}
-	if err := addInventory(ctx, router, pubSub, db); err != nil {
-		panic(err)
-	}
-	go func() { _ = router.Run(ctx) }()
-	<-router.Running()
-
-	for range 3 {
-		_ = pubSub.Publish("order.created", message.NewMessage(watermill.NewUUID(), []byte(`{"eventId":"evt-1"}`)))
-	}
-	_ = router.Close() // waits for the handlers in flight
-	_ = pubSub.Close()
-
-	var n int
-	_ = db.Get(&n, `SELECT count(*) FROM reservations`)
-	fmt.Println("reservations:", n)
-	// Output: reservations: 1
 }

@@ -46,6 +46,9 @@ type PrunerConfig struct {
 	BatchSize int
 	// Pause is the time between two batches of a run. Default PrunerPauseDefault.
 	Pause time.Duration
+	// Records names what the Store holds, in the log line of a failed run
+	// ("Pruning the <Records> failed"). Default "inbox".
+	Records string
 	// Logger reports failed runs. Default watermill.NopLogger.
 	Logger watermill.LoggerAdapter
 	// MeterProvider receives the pruned counter. Default the global provider.
@@ -69,6 +72,7 @@ func (c PrunerConfig) withDefaults() PrunerConfig {
 	c.Interval = cmp.Or(c.Interval, PrunerIntervalDefault)
 	c.Pause = cmp.Or(c.Pause, PrunerPauseDefault)
 	c.BatchSize = cmp.Or(c.BatchSize, PrunerBatchSizeDefault)
+	c.Records = cmp.Or(c.Records, "inbox")
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	return c
 }
@@ -148,7 +152,7 @@ func (p *Pruner) run(ctx context.Context, done chan<- struct{}) {
 	defer t.Stop()
 	for {
 		if n, err := p.Prune(ctx); err != nil && ctx.Err() == nil {
-			p.cfg.Logger.Error("Pruning the inbox failed", err, watermill.LogFields{"deleted": n})
+			p.cfg.Logger.Error("Pruning the "+p.cfg.Records+" failed", err, watermill.LogFields{"deleted": n})
 		}
 		select {
 		case <-ctx.Done():

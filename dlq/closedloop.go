@@ -161,35 +161,54 @@ type Loop struct {
 	// Batch, when set, is told of each batch once its outcomes are in (or
 	// its wait passed), before the next starts.
 	Batch func(Batch)
+	// Source names who runs the loop ("cli", "console") in the run the
+	// loop keeps in Store when Store keeps runs (ledger.Runs): saved as it
+	// starts, after each batch and as it ends, so any console shows it.
+	Source string
 }
 
 // Batch is one batch of a closed-loop replay, as its outcomes came back.
 type Batch struct {
-	Step     int    // from 1
-	Stage    string // "canary" or "ramp"
-	Size     int
-	Replayed int // copies published
-	Events   int // items (two copies of one event are one item)
-	Final    int // items with a final outcome
-	Poisoned int // items poisoned again
+	Step     int    `json:"step"`  // from 1
+	Stage    string `json:"stage"` // "canary" or "ramp"
+	Size     int    `json:"size"`
+	Replayed int    `json:"replayed"` // copies published
+	Events   int    `json:"events"`   // items (two copies of one event are one item)
+	Final    int    `json:"final"`    // items with a final outcome
+	Poisoned int    `json:"poisoned"` // items poisoned again
 	// Records are the run's records of this batch's items.
-	Records []replay.Record
+	Records []replay.Record `json:"-"`
 	// Stopped says why the replay stops after this batch ("" goes on); Bad
 	// are the batch's records that did not end processed or duplicate.
-	Stopped string
-	Bad     []replay.Record
+	Stopped string          `json:"stopped,omitempty"`
+	Bad     []replay.Record `json:"-"`
 }
 
 // ClosedLoop replays in batches — the canary, then the ramp, then the last
 // size again until nothing selected is left — and after each batch waits
 // for the consumers' outcomes. The canary must come back all processed or
 // duplicate; a ramp batch may be poisoned again at most MaxRepoison. A stop
-// returns an error wrapping ErrStopped; cfg.Run must be set (NewRun).
-func ClosedLoop(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig, l Loop) (ReplayResult, error) {
-	total := ReplayResult{ByTarget: map[string]int{}}
+// returns an error wrapping ErrStopped; cfg.Run must be set (NewRun). The
+// run itself is kept in l.Store beside its outcomes when the store keeps
+// runs (ledger.Runs).
+func ClosedLoop(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig, l Loop) (res ReplayResult, err error) {
 	if cfg.Run == "" || len(l.Sizes) == 0 || l.Store == nil || l.Wait <= 0 {
-		return total, errors.New("dlq: a closed loop needs a run, batch sizes, an outcome store and a wait")
+		return ReplayResult{ByTarget: map[string]int{}}, errors.New("dlq: a closed loop needs a run, batch sizes, an outcome store and a wait")
 	}
+	log := newRunLog(ctx, l.Store, "replay", l.Source, cfg)
+	defer func() { log.end(ctx, res, err) }()
+	batch := l.Batch
+	l.Batch = func(b Batch) {
+		log.batch(ctx, b)
+		if batch != nil {
+			batch(b)
+		}
+	}
+	return closedLoop(ctx, conn, cfg, l)
+}
+
+func closedLoop(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig, l Loop) (ReplayResult, error) {
+	total := ReplayResult{ByTarget: map[string]int{}}
 	cfg.Filter.NotRun = cfg.Run
 	limit := cfg.Limit
 	for step := 0; ; step++ {
@@ -239,9 +258,7 @@ func ClosedLoop(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig, l 
 			return total, err
 		}
 		b := judge(l, stage, step, size, res.Replayed, items, rs)
-		if l.Batch != nil {
-			l.Batch(b)
-		}
+		l.Batch(b)
 		if b.Stopped != "" {
 			return total, fmt.Errorf("%w: %s (run %s)", ErrStopped, b.Stopped, cfg.Run)
 		}

@@ -1,14 +1,12 @@
 package dlq
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/sluicemq/sluice/internal/diag"
 	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 	"github.com/sluicemq/sluice/replay/ledger"
 )
@@ -64,28 +62,30 @@ type Planned struct {
 	Target  string `json:"target"`
 }
 
-// name is how errors and plans name m: its event id, else its UUID.
+// name is how errors and plans name m: its identity's name (event, dead
+// letter, message id), else its place.
 func (m *Message) name() string {
-	if m.HeadersError != "" && m.Delivery.MessageId == "" {
+	if n := m.Identity().Name(); n != "" {
+		return n
+	}
+	if m.HeadersError != "" {
 		return fmt.Sprintf("unreadable message at position %d (%d bytes)", m.Position, len(m.Msg.Payload))
 	}
-	if m.EventID != "" {
-		return "event " + diag.Printable(m.EventID, 128)
-	}
-	return "message " + diag.Printable(m.Msg.UUID, 64)
+	return fmt.Sprintf("message at position %d (%d bytes)", m.Position, len(m.Msg.Payload))
 }
 
-// Item is m's item in a replay run: its event id, else its message id, as
-// ledger.Item bounds it.
+// Item is m's item in a replay run (and in the records of a discard, an
+// archive): its event id, else "dead letter <its id>", else its message
+// id, as ledger.Item bounds it — its Identity, so that a run's page names
+// it as the group page and inspect do (RecordName).
 //
-// A message whose headers could not be read and that has no message id
-// has no stable name but its place: "unreadable message at position 3
-// (120 bytes)".
+// A message with none of them has no stable name but its place: "message
+// at position 3 (120 bytes)".
 func (m *Message) Item() string {
-	if m.HeadersError != "" && m.Delivery.MessageId == "" {
-		return ledger.Item(m.name())
+	if it := m.Identity().item(); it != "" {
+		return it
 	}
-	return ledger.Item(cmp.Or(m.EventID, m.Msg.UUID))
+	return ledger.Item(m.name())
 }
 
 // ArchiveRecord is one line of an archive file: the message, where it was

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -52,6 +53,31 @@ type Message struct {
 	// client refused to parse them (rabbitmq.HeadersErrorKey): every field
 	// read from a header is then empty, and Reason is this.
 	HeadersError string
+	// Reads is how often this copy was read from the poison queue before
+	// this read: a quorum queue's x-delivery-count (rabbitmq.DeliveryCountKey)
+	// counts each delivery returned to it, and the poison queue's only
+	// readers are scans — each console page and sluice dlq command that
+	// read it. Reads, not retries: Attempts is the deliveries the handler
+	// failed. 0 on a classic queue, which keeps no count.
+	Reads int
+}
+
+// ReadsLabel says what Reads is, for a page or a table that shows the
+// broker's count beside it.
+const ReadsLabel = "reads of this copy in the poison queue (the broker's x-delivery-count: each console page and sluice dlq command that read it counts one; not retries — attempts are)"
+
+// ReadNote says what a metadata key of a message read from a poison queue
+// holds when it is about this read rather than the message's history — the
+// broker's delivery count and redelivered flag, which each scan moves —
+// and "" for any other key.
+func ReadNote(key string) string {
+	switch key {
+	case rabbitmq.DeliveryCountKey:
+		return ReadsLabel
+	case rabbitmq.RedeliveredKey:
+		return "read before from the poison queue, by a console page or a sluice dlq command: not a retry"
+	}
+	return ""
 }
 
 func newMessage(d amqp.Delivery) (*Message, error) {
@@ -68,6 +94,9 @@ func newMessage(d amqp.Delivery) (*Message, error) {
 		EventID: md.Get(sluice.EventIDKey), EventType: md.Get(sluice.EventTypeKey),
 		Queue: md.Get(poison.QueueKey), Consumer: md.Get(poison.ConsumerKey),
 		Attempts: md.Get(sluice.AttemptKey), PoisonedAt: at, TraceID: md.Get(poison.TraceIDKey),
+	}
+	if n, err := strconv.Atoi(md.Get(rabbitmq.DeliveryCountKey)); err == nil && n > 0 {
+		msg.Reads = n
 	}
 	brokerDiagnosis(msg, md)
 	return msg, nil

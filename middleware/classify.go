@@ -29,8 +29,10 @@ type ClassifyConfig struct {
 	// MeterProvider receives the rejected counter. Default the global
 	// OpenTelemetry provider.
 	MeterProvider metric.MeterProvider
-	// Logger receives one info line per rejection. Default
-	// watermill.NopLogger; router.Add gives the router's.
+	// Logger receives one info line per rejection, what the stack around
+	// Classify lacks (once per handler), and the failures nothing isolates
+	// (see Classify). Default watermill.NopLogger; router.Add gives the
+	// router's: by hand, give your router's.
 	Logger watermill.LoggerAdapter
 }
 
@@ -49,8 +51,20 @@ func (c ClassifyConfig) withDefaults() ClassifyConfig {
 // out (ShutdownGrace cancelled its context with ErrShutdownGraceExpired) is
 // not the message's: it becomes an unclassified error matching
 // sluice.ErrShutdown, which the retry and poison stages pass through, so the
-// delivery is nacked back to its queue with no attempt spent. The middleware
-// is stateless and safe for concurrent use.
+// delivery is nacked back to its queue with no attempt spent.
+//
+// Classify also says what it can tell of the stack around it, on Logger.
+// At the first delivery of each handler it logs, once, the stages missing
+// outside it — no poison stage (a Poison or Invariant failure is nacked and
+// redelivered at once: a hot loop), no retry tiers — read from the marks
+// the poison and retry stages leave on a delivery's context; and, for a
+// handler reading watermill-amqp's subscriber, a delivery that Sluice's
+// rabbitmq.Marshaler did not read (watermill-amqp's DefaultMarshaler nacks
+// a delivery with any non-string header in a loop before the stages run).
+// A Poison, Invariant or Exhausted failure that no poison stage outside
+// isolates is logged with that explanation at most once per
+// UnisolatedLogInterval per handler, counting the failures in between. The
+// middleware is safe for concurrent use.
 func Classify(cfg ClassifyConfig) (message.HandlerMiddleware, error) {
 	cfg = cfg.withDefaults()
 	c, logger := cfg.Classifier, cfg.Logger
@@ -59,13 +73,16 @@ func Classify(cfg ClassifyConfig) (message.HandlerMiddleware, error) {
 	if err != nil {
 		return nil, fmt.Errorf("middleware: creating %s counter: %w", MetricRejected, err)
 	}
+	asm := &assembly{logger: logger, handlers: map[string]*handlerSeen{}}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
+			seen := asm.seen(msg)
 			produced, err := h(msg)
 			if err == nil {
 				return produced, nil
 			}
 			class := c.Classify(err)
+			defer asm.unisolated(msg, seen, class, err)
 			if class == sluice.ClassTransient && errors.Is(context.Cause(msg.Context()), ErrShutdownGraceExpired) {
 				// The shutdown grace ran out mid-handler: not the message's
 				// failure. It goes back unprocessed, spending no attempt.

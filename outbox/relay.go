@@ -256,6 +256,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	set := attribute.NewSet(OutboxKey.String(cfg.Name))
 	r.attrs = metric.WithAttributeSet(set)
 	r.deadLettered.Add(context.Background(), 0, r.attrs) // exported at zero, for the alerts' rate()
+	r.failures.Add(context.Background(), 0, metric.WithAttributeSet(attribute.NewSet(OutboxKey.String(cfg.Name), semconv.ErrorTypeKey.String("store"))))
 	if cfg.StatsInterval > 0 {
 		reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 			s := r.stats.Load()

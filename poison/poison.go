@@ -18,6 +18,7 @@ import (
 	"github.com/sluicemq/sluice/internal/clock"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/republish"
+	"github.com/sluicemq/sluice/internal/stack"
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
@@ -194,6 +195,7 @@ func isDiagnosisKey(k string) bool { return strings.HasPrefix(k, sluice.PoisonPr
 
 func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
+		stack.Mark(msg, stack.Poison) // the classifier inside knows its failures are isolated
 		if removed := s.cfg.Signer.Believe(msg, isDiagnosisKey, s.signedFor(msg), s.parks...); removed != nil {
 			s.cfg.Logger.Info("Poison diagnosis not written by Sluice: not believed, the handler runs",
 				telemetry.LogFields(msg, watermill.LogFields{"removed": strings.Join(removed, ",")}))

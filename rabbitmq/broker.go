@@ -124,8 +124,12 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 		if cfg.WatermillSubscriber {
 			return NewSubscriber(SubscriberConfig{Connection: cfg.Connection, Prefetch: cfg.Prefetch})
 		}
-		return NewConsumer(ConsumerConfig{Connection: cfg.Connection, Prefetch: cfg.Prefetch, DrainTimeout: cfg.DrainTimeout,
+		c, err := NewConsumer(ConsumerConfig{Connection: cfg.Connection, Prefetch: cfg.Prefetch, DrainTimeout: cfg.DrainTimeout,
 			PoisonQueue: topo.PoisonQueue(), PoisonPublisher: pub})
+		if err == nil && b.depth != nil {
+			c.consuming = b.depth.wake
+		}
+		return c, err
 	}
 	if cfg.WatermillSubscriber {
 		b.consumers = ConsumersDefault

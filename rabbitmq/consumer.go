@@ -132,6 +132,11 @@ type Consumer struct {
 	closing chan struct{}
 	subs    sync.WaitGroup
 	live    map[*subscription]struct{} // the subscriptions running
+	// consuming, set by NewBroker before the first Subscribe, is called
+	// each time a subscription starts consuming: the Broker's depth
+	// poller reads the queues again, so sluice.queue.consumers does not
+	// read 0 until its next interval.
+	consuming func()
 }
 
 var _ broker.GatedSubscriber = (*Consumer)(nil)
@@ -427,6 +432,9 @@ func (s *subscription) startConsuming(ch *amqp.Channel, prefetch int) (*consumer
 		return nil, fmt.Errorf("rabbitmq: consuming %q: %w", s.queue, err)
 	}
 	c.deliveries = deliveries
+	if s.c.consuming != nil {
+		s.c.consuming() // the broker's consumers gauge reads the consumer now
+	}
 	return c, nil
 }
 

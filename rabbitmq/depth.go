@@ -72,6 +72,7 @@ type depthPoller struct {
 	depths []QueueDepth
 
 	current atomic.Pointer[amqp.Connection] // the poll's, closed by close
+	again   chan struct{}                   // wake: read the queues now
 	stop    chan struct{}
 	done    chan struct{}
 	once    sync.Once
@@ -91,7 +92,7 @@ func newDepthPoller(c Connection, topo *Topology, interval time.Duration) (*dept
 		vhost = u.Vhost
 	}
 	p := &depthPoller{conn: c, queues: topo.Queues(), interval: interval, family: topo.Queue(), vhost: vhost,
-		stop: make(chan struct{}), done: make(chan struct{}), own: c.MeterProvider != nil}
+		again: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), own: c.MeterProvider != nil}
 	p.depths = make([]QueueDepth, len(p.queues))
 	for i, q := range p.queues {
 		p.depths[i].TopologyQueue = q
@@ -177,6 +178,7 @@ func (p *depthPoller) run() {
 		case <-p.stop:
 			return
 		case <-t.C:
+		case <-p.again:
 		}
 	}
 }
@@ -253,6 +255,15 @@ func (p *depthPoller) failedOne(i int, err error) {
 	p.depths[i].Err = err
 	p.mu.Unlock()
 	p.conn.Logger.Error("Reading a queue's depth failed", err, watermill.LogFields{"queue": p.queues[i].Name})
+}
+
+// wake makes the poller read the queues now, between two intervals: a
+// consumer of the broker started consuming. It does not wait.
+func (p *depthPoller) wake() {
+	select {
+	case p.again <- struct{}{}:
+	default: // a read is due already
+	}
 }
 
 // close stops the poller, closing its connection under a read in flight,

@@ -53,6 +53,9 @@ var (
 
 // UnroutableError is a mandatory publish the broker returned (basic.return):
 // no queue is bound for its routing key, although the broker then confirms it.
+// Its text names what is missing — on the default exchange the queue of the
+// routing key's name, on another exchange a binding for the routing key —
+// and how to declare it.
 type UnroutableError struct {
 	Exchange, RoutingKey string
 	ReplyCode            uint16
@@ -60,11 +63,16 @@ type UnroutableError struct {
 }
 
 func (e *UnroutableError) Error() string {
-	ex := e.Exchange
-	if ex == "" {
-		ex = "(default exchange)"
+	head := fmt.Sprintf("rabbitmq: message returned as unroutable (%d %s)", e.ReplyCode, e.ReplyText)
+	if e.Exchange == "" {
+		return fmt.Sprintf("%s: exchange (default exchange), routing key %q: no queue named %q exists, and the default exchange routes a message "+
+			"only to the queue its routing key names; declare it: `sluice topology apply --queue %s` (a Sluice consumer's queue, its tiers and "+
+			"poison queue; rabbitmq.Topology.Declare in code) or a plain queue (`rabbitmqadmin declare queue name=%s durable=true`)",
+			head, e.RoutingKey, e.RoutingKey, e.RoutingKey, e.RoutingKey)
 	}
-	return fmt.Sprintf("rabbitmq: message returned as unroutable: exchange %s, routing key %q: %d %s", ex, e.RoutingKey, e.ReplyCode, e.ReplyText)
+	return fmt.Sprintf("%s: exchange %q, routing key %q: nothing is bound to the exchange for this routing key; bind the queue that "+
+		"should receive it (`rabbitmqadmin declare binding source=%s destination=QUEUE routing_key=%s`; declare a Sluice consumer's queue "+
+		"first with `sluice topology apply --queue QUEUE`)", head, e.Exchange, e.RoutingKey, e.Exchange, e.RoutingKey)
 }
 
 // PublisherConfig configures a Publisher.

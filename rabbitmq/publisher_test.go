@@ -69,6 +69,9 @@ func TestPublisherUnroutableIsAnError(t *testing.T) {
 	require.ErrorAs(t, err, &ue, "RabbitMQ confirms an unroutable message; the return must make it an error")
 	require.Equal(t, missing, ue.RoutingKey)
 	require.Equal(t, uint16(312), ue.ReplyCode) // NO_ROUTE
+	// Issue 44, item 3: what is missing, and the command that declares it.
+	require.Contains(t, err.Error(), fmt.Sprintf("no queue named %q exists", missing))
+	require.Contains(t, err.Error(), "`sluice topology apply --queue "+missing+"`")
 
 	// In a batch, only the unroutable message fails, and the channel stays usable.
 	q := declareQueue(t, "pub_mixed")
@@ -90,6 +93,8 @@ func TestPublisherNamedExchange(t *testing.T) {
 	var ue *rabbitmq.UnroutableError
 	require.ErrorAs(t, p.Publish("orders.created", msgs(1)...), &ue, "no binding yet")
 	require.Equal(t, ex, ue.Exchange)
+	require.Contains(t, ue.Error(), fmt.Sprintf("exchange %q, routing key %q: nothing is bound to the exchange for this routing key", ex, "orders.created"))
+	require.Contains(t, ue.Error(), "rabbitmqadmin declare binding source="+ex+" destination=QUEUE routing_key=orders.created")
 
 	q := declareQueue(t, "pub_bound")
 	require.NoError(t, ch.QueueBind(q, "orders.*", ex, false, nil))

@@ -19,6 +19,7 @@ import (
 	"github.com/sluicemq/sluice/internal/clock"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/republish"
+	"github.com/sluicemq/sluice/internal/stack"
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
@@ -138,12 +139,7 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	meter := telemetry.Meter(cfg.MeterProvider)
-	retries, err := meter.Int64Counter(MetricRetries, metric.WithDescription("Copies published to a retry tier."))
-	if err != nil {
-		return nil, err
-	}
-	exhausted, err := meter.Int64Counter(MetricExhausted, metric.WithDescription("Transient failures whose retry budget was spent."))
+	retries, exhausted, err := counters(cfg.MeterProvider)
 	if err != nil {
 		return nil, err
 	}
@@ -162,6 +158,7 @@ type stage struct {
 
 func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
+		stack.Mark(msg, stack.Retry) // the classifier inside knows its Transient failures are parked
 		if removed := s.cfg.Signer.Believe(msg, sluice.IsRetryKey, s.queue(msg), s.topics...); removed != nil {
 			s.cfg.Logger.Info("Retry history not written by Sluice: not believed, the delivery is a first attempt",
 				telemetry.LogFields(msg, watermill.LogFields{"removed": strings.Join(removed, ",")}))

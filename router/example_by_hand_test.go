@@ -45,7 +45,7 @@ func addStockByHand(ctx context.Context, r *message.Router, amqpURL string, db *
 				OrderID string `json:"orderId"`
 			}
 			if err := json.Unmarshal(msg.Payload, &order); err != nil {
-				return err // malformed JSON: Poison, isolated with its reason
+				return err // JSON of another shape: Poison (malformed JSON never gets here: the key is read first)
 			}
 			tx := sluicesql.TxFromContext(msg.Context()) // the inbox's transaction
 			_, err := tx.ExecContext(msg.Context(), `INSERT INTO reservations (order_id) VALUES ($1)`, order.OrderID)

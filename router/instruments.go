@@ -4,26 +4,35 @@ import (
 	"cmp"
 	"errors"
 
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/retrytiers"
 )
 
 // exportAtZero exports, for the handler named handler consuming topic on
-// system, every counter of its stages that a shipped alert reads
-// (docs/alerts.yml) at zero, before its first delivery: a rate over a
-// series that appears at its first increment misses that increment, so the
-// first poisoning's alert would not fire. Add calls it once per handler.
+// system, every counter of its stages that a shipped alert or the runbook
+// reads (docs/alerts.yml, docs/operations.md: poisonings, failed
+// deliveries, retries, exhaustions, duplicates) at zero, before its first
+// delivery: a rate over a series that appears at its first increment
+// misses that increment, so the first poisoning's alert would not fire.
+// Add calls it once per handler.
 func exportAtZero(s Stages, handler, topic, system string) error {
+	mp := func(own metric.MeterProvider) metric.MeterProvider { return cmp.Or(own, s.MeterProvider) }
 	var errs []error
-	if s.Trace != nil {
-		cfg := *s.Trace
-		cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
-		errs = append(errs, middleware.ExportTraceAtZero(cfg, handler, topic, system))
+	if t := s.Trace; t != nil {
+		errs = append(errs, middleware.ExportTraceAtZero(middleware.TraceConfig{MeterProvider: mp(t.MeterProvider), System: t.System}, handler, topic, system))
 	}
-	if s.Poison != nil {
-		cfg := *s.Poison
-		cfg.MeterProvider = cmp.Or(cfg.MeterProvider, s.MeterProvider)
-		errs = append(errs, poison.ExportAtZero(cfg, handler, topic, system))
+	if p := s.Poison; p != nil {
+		errs = append(errs, poison.ExportAtZero(poison.Config{MeterProvider: mp(p.MeterProvider), Classes: p.Classes}, handler, topic, system))
+	}
+	if r := s.Retry; r != nil {
+		errs = append(errs, retrytiers.ExportAtZero(retrytiers.Config{MeterProvider: mp(r.MeterProvider), Tiers: r.Tiers}, handler, topic, system))
+	}
+	if in := s.Inbox; in != nil {
+		errs = append(errs, deduplication.ExportAtZero(deduplication.Config{MeterProvider: mp(in.MeterProvider)}, handler, topic, system))
 	}
 	return errors.Join(errs...)
 }

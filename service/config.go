@@ -43,8 +43,15 @@ type Config struct {
 	// replay outcomes) and of the handlers' own writes: PostgreSQL or
 	// SQLite, as sluicesql takes it. Required unless Stores is set.
 	DB *sqlx.DB
-	// Schema is the PostgreSQL schema of Sluice's tables. Default none:
-	// the connection's search_path.
+	// Schema is the PostgreSQL schema of Sluice's tables (the inbox, the
+	// outbox, the replay outcomes): required on PostgreSQL, a decision
+	// rather than a default. Two services sharing a database must not
+	// share these tables — the inbox keys each event by handler name, and
+	// one service's "inventory" handler would take the other's events for
+	// duplicates — so give each its own ("inventory", say); "public" keeps
+	// them where the connection's search_path puts them by default.
+	// Migrate creates the schema when it does not exist. SQLite has none:
+	// leave it empty.
 	Schema string
 	// Stores replaces DB and Schema: Sluice's tables as you named them
 	// (sluicesql.New).
@@ -140,6 +147,10 @@ func (c Config) validate() error {
 		return errors.New("service: Config.Router is running: build the service before the router runs (it starts the relay and the pruners when it does)")
 	case c.Stores == nil && c.DB == nil:
 		return errors.New("service: Config.DB is required (or Config.Stores)")
+	case c.Stores == nil && c.Schema == "" && (c.DB.DriverName() == "postgres" || c.DB.DriverName() == "pgx"):
+		return errors.New(`service: Config.Schema is required on PostgreSQL: the schema of this service's Sluice tables (inbox, outbox, replay outcomes), ` +
+			`which Migrate creates. Give each service sharing the database its own (Schema: "inventory"): in one schema, two services' handlers ` +
+			`of the same name share one inbox and take each other's events for duplicates. Schema: "public" keeps the tables in the default schema`)
 	case c.Stores != nil && (c.DB != nil || c.Schema != ""):
 		return errors.New("service: Config.Stores replaces Config.DB and Config.Schema: give one or the other")
 	case c.Relay.Store != nil || c.Relay.Publisher != nil:

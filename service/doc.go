@@ -3,7 +3,7 @@
 // order and production defaults, and what a service must otherwise remember
 // owned for it.
 //
-//	svc, err := service.New(service.Config{DB: db, Router: r, Publisher: q.Publisher(), MeterProvider: metrics})
+//	svc, err := service.New(service.Config{DB: db, Schema: "inventory", Router: r, Publisher: q.Publisher(), MeterProvider: metrics})
 //	err = svc.Migrate(ctx)                      // the inbox, the outbox, the replay outcomes
 //	err = svc.Add(service.Handler{Broker: q, Name: "inventory", Key: deduplication.KeyFromJSON("eventId"), PublishingHandler: reserve, PublishTopic: "inventory.reserved"})
 //	mux.Handle("/livez", svc.Health())          // liveness and readiness, as Kubernetes probes expect

@@ -32,9 +32,15 @@ func newInventory(ctx context.Context, r *message.Router, amqpURL string, db *sq
 	if err != nil {
 		return nil, nil, err
 	}
-	svc, err := service.New(service.Config{DB: db, Router: r, Publisher: q.Publisher(), MeterProvider: metrics})
+	svc, err := service.New(service.Config{
+		DB:            db,
+		Schema:        "inventory", // this service's own: Sluice's tables of two services never mix
+		Router:        r,
+		Publisher:     q.Publisher(),
+		MeterProvider: metrics,
+	})
 	if err == nil {
-		err = svc.Migrate(ctx) // the inbox, the outbox, the replay outcomes: created if missing
+		err = svc.Migrate(ctx) // schema inventory, its inbox, outbox and replay outcomes: created if missing
 	}
 	if err == nil {
 		err = svc.Add(service.Handler{
@@ -62,7 +68,7 @@ func reserve(msg *message.Message) ([]*message.Message, error) {
 		OrderID string `json:"orderId"`
 	}
 	if err := json.Unmarshal(msg.Payload, &order); err != nil {
-		return nil, err // malformed JSON: Poison, isolated in inventory.poison with its reason
+		return nil, err // JSON of another shape ("orderId": 5): Poison, isolated in inventory.poison
 	}
 	tx := sluicesql.TxFromContext(msg.Context()) // the inbox's transaction
 	if _, err := tx.ExecContext(msg.Context(), `INSERT INTO reservations (order_id) VALUES ($1)`, order.OrderID); err != nil {

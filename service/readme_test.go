@@ -11,12 +11,25 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/service"
 )
+
+// dropSchemaNowAndAtEnd drops schema, with everything in it, now and when
+// t ends.
+func dropSchemaNowAndAtEnd(t *testing.T, db *sqlx.DB, schema string) {
+	t.Helper()
+	drop := func() {
+		_, err := db.ExecContext(context.Background(), `DROP SCHEMA IF EXISTS `+schema+` CASCADE`)
+		require.NoError(t, err)
+	}
+	drop()
+	t.Cleanup(drop)
+}
 
 // get serves path from h and returns the status and the body.
 func get(t *testing.T, h http.Handler, path string) (int, string) {
@@ -39,6 +52,7 @@ func TestTheREADMEServiceRuns(t *testing.T) {
 	_, err := db.ExecContext(t.Context(), `CREATE TABLE reservations (order_id TEXT NOT NULL)`)
 	require.NoError(t, err)
 	testenv.DeleteQueuesNowAndAtEnd(t, "inventory", "inventory.retry.30s", "inventory.retry.5m", "inventory.retry.30m", "inventory.poison", "inventory.reserved")
+	dropSchemaNowAndAtEnd(t, db, "inventory") // the README's: fixed, as its queues' names are
 	conn := testenv.AMQP(t)
 	_, err = testenv.Channel(t, conn).QueueDeclare("inventory.reserved", true, false, false, false, nil)
 	require.NoError(t, err)
@@ -67,13 +81,14 @@ func TestTheREADMEServiceRuns(t *testing.T) {
 	for _, payload := range []string{
 		`{"eventId":"evt-1","orderId":"o-1"}`,
 		`{"eventId":"evt-1","orderId":"o-1"}`, // the same event again
-		`{"eventId":"evt-2","orderId":`,       // malformed
+		`{"eventId":"evt-2","orderId":`,       // malformed: poisoned by KeyFromJSON, the handler not run
 		`{"eventId":"evt-3","orderId":"o-3"}`,
+		`{"eventId":"evt-4","orderId":5}`, // JSON of another shape: poisoned by the handler's json.Unmarshal
 	} {
 		require.NoError(t, q.Publisher().Publish("inventory", message.NewMessage(watermill.NewUUID(), []byte(payload))))
 	}
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, "inventory.poison") == 1 },
-		30*time.Second, 20*time.Millisecond, "the malformed order is isolated in inventory.poison")
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, "inventory.poison") == 2 },
+		30*time.Second, 20*time.Millisecond, "the malformed order and the one of another shape are isolated in inventory.poison")
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, "inventory.reserved") == 2 },
 		30*time.Second, 20*time.Millisecond, "each reservation's event published once, through the outbox")
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, "inventory") == 0 }, 30*time.Second, 20*time.Millisecond)
@@ -93,7 +108,7 @@ func TestTheREADMEServiceRuns(t *testing.T) {
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		_, metrics := get(t, mux, "/metrics")
 		assert.Regexp(c, `sluice_inbox_duplicates_total\{[^}]*messaging_consumer_group_name="inventory"[^}]*\} 1\n`, metrics)
-		assert.Regexp(c, `sluice_poisoned_total\{[^}]*\} 1\n`, metrics)
+		assert.Regexp(c, `sluice_poisoned_total\{[^}]*\} 2\n`, metrics)
 		assert.Regexp(c, `sluice_outbox_relayed_total\{[^}]*messaging_destination_name="inventory.reserved"[^}]*\} 2\n`, metrics)
 	}, 30*time.Second, 20*time.Millisecond)
 
@@ -102,13 +117,21 @@ func TestTheREADMEServiceRuns(t *testing.T) {
 	require.NoError(t, db.SelectContext(t.Context(), &orders, `SELECT order_id FROM reservations ORDER BY order_id`))
 	require.Equal(t, []string{"o-1", "o-3"}, orders, "each order reserved once")
 	var claims, outboxed int
-	require.NoError(t, db.GetContext(t.Context(), &claims, `SELECT count(*) FROM sluice_inbox`))
+	require.NoError(t, db.GetContext(t.Context(), &claims, `SELECT count(*) FROM inventory.sluice_inbox`))
 	require.Equal(t, 2, claims, "one claim per event processed")
-	require.NoError(t, db.GetContext(t.Context(), &outboxed, `SELECT count(*) FROM sluice_outbox`))
+	require.NoError(t, db.GetContext(t.Context(), &outboxed, `SELECT count(*) FROM inventory.sluice_outbox`))
 	require.Zero(t, outboxed)
 	reserved := testenv.Drain(t, conn, "inventory.reserved")
 	require.Len(t, reserved, 2)
 	poisoned := testenv.Drain(t, conn, "inventory.poison")
-	require.Len(t, poisoned, 1)
-	require.Equal(t, "poison", poisoned[0].Headers["sluice_poison_class"])
+	require.Len(t, poisoned, 2)
+	reasons := map[string]string{}
+	for _, p := range poisoned {
+		require.Equal(t, "poison", p.Headers["sluice_poison_class"])
+		reasons[string(p.Body)] = p.Headers["sluice_poison_reason"].(string)
+	}
+	// The README says where each is isolated: the malformed one by the
+	// key function, before the handler; the other by the handler.
+	require.Contains(t, reasons[`{"eventId":"evt-2","orderId":`], `deduplication key: JSON field "eventId": payload`)
+	require.Contains(t, reasons[`{"eventId":"evt-4","orderId":5}`], "json: cannot unmarshal number")
 }

@@ -95,7 +95,7 @@ func New(cfg Config) (*Service, error) {
 	// Its deletions are not the inbox's: sluice.inbox.pruned counts the
 	// inbox's alone.
 	s.pruners[1], err = deduplication.NewPruner(deduplication.PrunerConfig{Store: s.stores.Outcomes, Retention: cfg.OutcomeRetention,
-		Interval: cfg.PruneInterval, Logger: cfg.Logger, MeterProvider: noop.NewMeterProvider()})
+		Records: "replay outcomes", Interval: cfg.PruneInterval, Logger: cfg.Logger, MeterProvider: noop.NewMeterProvider()})
 	if err != nil {
 		return nil, fmt.Errorf("service: Config.OutcomeRetention: %w", err)
 	}
@@ -143,6 +143,9 @@ func (s *Service) Add(h Handler) error {
 	hs, err := router.Add(s.cfg.Router, cfg)
 	if err != nil {
 		return fmt.Errorf("service: handler %q: %w", h.Name, err)
+	}
+	if s.relay != nil && h.PublishingHandler != nil {
+		s.relay.ExportAtZero(h.PublishTopic) // its counters, for the alerts' rate(), before the first row
 	}
 	s.handlers = append(s.handlers, added{name: h.Name, handlers: hs, subscriber: h.Broker.Endpoints().Subscriber})
 	return nil

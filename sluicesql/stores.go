@@ -14,6 +14,7 @@ import (
 	"github.com/sluicemq/sluice/broker"
 	inboxsql "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/sqldb"
+	"github.com/sluicemq/sluice/internal/sqlname"
 	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
 	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
 	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
@@ -38,8 +39,9 @@ type Config struct {
 	// deduplication/sqlstore.Config.SQLDB).
 	SQLDB      *sql.DB
 	DriverName string
-	// Schema is the PostgreSQL schema the three tables are in (it must
-	// exist). Default none: the connection's search_path. SQLite has none.
+	// Schema is the PostgreSQL schema the tables are in: Migrate creates
+	// it when it does not exist. Default none: the connection's
+	// search_path. SQLite has none.
 	Schema string
 	// InboxTable, OutboxTable and OutcomeTable name the tables, each an SQL
 	// identifier (Schema qualifies them). Defaults InboxTableDefault,
@@ -75,7 +77,8 @@ type Stores struct {
 	// support.
 	Order *ordersql.Store
 
-	db *sqlx.DB
+	db     *sqlx.DB
+	schema string // Config.Schema, quoted; "" without one
 }
 
 // New validates cfg and returns the stores. It does not touch the
@@ -110,6 +113,11 @@ func New(cfg Config) (*Stores, error) {
 		return nil, err
 	}
 	s := &Stores{db: db}
+	if cfg.Schema != "" {
+		if s.schema, _, err = sqlname.Quote(cfg.Schema, false); err != nil {
+			return nil, fmt.Errorf("sluicesql: Config.Schema: %w", err)
+		}
+	}
 	if s.Inbox, err = inboxsql.New(inboxsql.Config{DB: db, Table: names[0], TxOptions: cfg.TxOptions}); err != nil {
 		return nil, fmt.Errorf("sluicesql: the inbox (Config.InboxTable, Config.Schema): %w", err)
 	}
@@ -165,6 +173,9 @@ func (s *Stores) Migrate(ctx context.Context) (err error) {
 				err = fmt.Errorf("sluicesql: migrating: releasing the migration lock: %w", uerr)
 			}
 		}()
+		if err := s.createSchema(ctx, conn); err != nil {
+			return err
+		}
 	}
 	for _, m := range []struct {
 		what   string
@@ -179,6 +190,27 @@ func (s *Stores) Migrate(ctx context.Context) (err error) {
 		if err := m.create(ctx); err != nil {
 			return fmt.Errorf("sluicesql: migrating %s: %w", m.what, err)
 		}
+	}
+	return nil
+}
+
+// createSchema creates Config.Schema where it does not exist. One that
+// exists is left alone, so a role without the database's CREATE privilege
+// migrates into a schema an administrator made for it.
+func (s *Stores) createSchema(ctx context.Context, conn *sqlx.Conn) error {
+	if s.schema == "" {
+		return nil
+	}
+	name := s.schema[1 : len(s.schema)-1]
+	var exists bool
+	if err := conn.GetContext(ctx, &exists, `SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)`, name); err != nil {
+		return fmt.Errorf("sluicesql: migrating: looking for schema %s: %w", s.schema, err)
+	}
+	if exists {
+		return nil
+	}
+	if _, err := conn.ExecContext(ctx, `CREATE SCHEMA IF NOT EXISTS `+s.schema); err != nil {
+		return fmt.Errorf("sluicesql: migrating: creating schema %s (or have it created: CREATE SCHEMA %s AUTHORIZATION <the service's role>): %w", s.schema, s.schema, err)
 	}
 	return nil
 }

@@ -37,11 +37,11 @@ func TestMigrateCreatesTheTablesOnce(t *testing.T) {
 	}
 	var tables []string
 	require.NoError(t, db.Select(&tables, `SELECT table_name FROM information_schema.tables WHERE table_schema = $1 ORDER BY table_name`, schema))
-	require.Equal(t, []string{"sluice_inbox", "sluice_order_held", "sluice_order_keys", "sluice_outbox", "sluice_replay"}, tables,
+	require.Equal(t, []string{"sluice_inbox", "sluice_order_held", "sluice_order_keys", "sluice_outbox", "sluice_replay", "sluice_replay_runs"}, tables,
 		"on PostgreSQL, the ordering store's two tables too")
 	var indexes int
 	require.NoError(t, db.Get(&indexes, `SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexname LIKE '%_at'`, schema))
-	require.Equal(t, 2, indexes, "the inbox's processed_at and the outcomes' updated_at, which the pruners read")
+	require.Equal(t, 3, indexes, "the inbox's processed_at and the outcomes' updated_at, which the pruners read, and the runs' started_at, which the console reads")
 
 	s, err := sluicesql.New(sluicesql.Config{DB: db, Schema: schema})
 	require.NoError(t, err)
@@ -59,7 +59,7 @@ func TestMigrateOnSQLite(t *testing.T) {
 	require.NoError(t, s.Migrate(t.Context()))
 	var tables []string
 	require.NoError(t, db.Select(&tables, `SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name`))
-	require.Equal(t, []string{"inbox", "outbox", "outcomes"}, tables)
+	require.Equal(t, []string{"inbox", "outbox", "outcomes", "outcomes_runs"}, tables) // the replay runs beside their outcomes (ledger.Runs)
 }
 
 func TestConfigErrors(t *testing.T) {

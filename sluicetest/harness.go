@@ -56,7 +56,9 @@ type Config struct {
 	// handler's own: your PostgreSQL (lib/pq or pgx) or SQLite. Default a
 	// new SQLite database in a temporary directory of the test.
 	DB *sqlx.DB
-	// Schema is the PostgreSQL schema of Sluice's tables. Default none.
+	// Schema is the PostgreSQL schema of Sluice's tables (created when
+	// missing). Default the connection's current schema (current_schema():
+	// the first of its search_path that exists).
 	Schema string
 	// Setup creates the handler's own tables (and rows) before the
 	// handler runs; Sluice's tables are created by the service's Migrate.
@@ -190,6 +192,14 @@ func newHarness(t testing.TB, cfg Config) (_ *Harness, err error) {
 	}
 	closers = append(closers, h.r.Close)
 	h.r.AddMiddleware(h.observe) // outermost: sees what reaches the router
+	if cfg.Schema == "" && (h.db.DriverName() == "postgres" || h.db.DriverName() == "pgx") {
+		read, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := h.db.GetContext(read, &cfg.Schema, `SELECT current_schema()`)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("sluicetest: reading the connection's current schema (Config.Schema): %w", err)
+		}
+	}
 	h.svc, err = service.New(service.Config{DB: h.db, Schema: cfg.Schema, Router: h.r, Publisher: relayPublisher{h}, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err

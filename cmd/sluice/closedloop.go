@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -91,10 +90,11 @@ func closedLoop(ctx context.Context, conn *amqp.Connection, cfg dlq.ReplayConfig
 				fmt.Fprintf(out, "  … and %d more\n", len(b.Bad)-listMax)
 				break
 			}
-			fmt.Fprintf(out, "  %s\t%s\t%s\t%s\n", diag.Printable(cmp.Or(r.EventID, r.Item), 128), diag.Printable(string(r.Outcome), 32), diag.Printable(r.Class, 32), diag.Printable(r.Reason, 200))
+			fmt.Fprintf(out, "  %s\t%s\t%s\t%s\n", dlq.RecordName(r), diag.Printable(string(r.Outcome), 32), diag.Printable(r.Class, 32), diag.Printable(r.Reason, 200))
 		}
 		fmt.Fprintf(out, "see: sluice dlq report --outcomes ... --run %s\n", cfg.Run)
 	}
+	l.Source = "cli"
 	return dlq.ClosedLoop(ctx, conn, cfg, l)
 }
 

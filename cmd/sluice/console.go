@@ -21,12 +21,12 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/localenv"
 	"github.com/sluicemq/sluice/outbox/sqlstore"
-	"github.com/sluicemq/sluice/rabbitmq"
 	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 )
 
 func newConsole(g *globals, out io.Writer) *cobra.Command {
-	var addr, prefix, tiers, tokenFile, keyFile, archiveFile, outboxDB, mgmtURL string
+	var addr, prefix, tokenFile, keyFile, archiveFile, outboxDB, mgmtURL string
+	var ladder ladderFlags
 	var queues, outboxTables []string
 	var lf loopFlags
 	var readOnly bool
@@ -38,12 +38,12 @@ func newConsole(g *globals, out io.Writer) *cobra.Command {
 			"and the audit log (--audit). Loopback only unless --token-file is given: off loopback it refuses to\n" +
 			"start without one. Every action asks for a confirmation after a dry run, and is audited.",
 		Args: noArgs,
-		RunE: func(*cobra.Command, []string) error {
+		RunE: func(command *cobra.Command, _ []string) error {
 			if len(queues) == 0 {
 				return usageError{errors.New("--queue is required (repeat it for several)")}
 			}
-			delays, err := parseTiers(tiers)
-			if err != nil {
+			ladder.given = command.Flags().Changed("tiers")
+			if _, err := parseTiers(ladder.tiers); err != nil {
 				return err
 			}
 			cfg := console.Config{Prefix: prefix, ReadOnly: readOnly, AuditFile: g.audit}
@@ -64,16 +64,9 @@ func newConsole(g *globals, out io.Writer) *cobra.Command {
 					return err
 				}
 			}
-			for _, q := range queues {
-				t, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: q, TierDelays: delays})
-				if err != nil {
-					return usageError{fmt.Errorf("--queue %s: %w", diag.Printable(q, 255), err)}
-				}
-				fam := console.Queue{Name: t.Queue(), Poison: t.PoisonQueue()}
-				for _, tier := range t.Tiers() {
-					fam.Tiers = append(fam.Tiers, tier.Topic)
-				}
-				cfg.Queues = append(cfg.Queues, fam)
+			var err error
+			if cfg.Queues, err = consoleQueues(g, &ladder, queues, mgmtURL, out); err != nil {
+				return err
 			}
 			cfg.Dial = func() (*amqp.Connection, error) { return connect(g) }
 			if mgmtURL != "" {
@@ -147,7 +140,7 @@ func newConsole(g *globals, out io.Writer) *cobra.Command {
 	fl.StringVar(&addr, "addr", "127.0.0.1:8080", "listen address; off loopback it needs --token-file")
 	fl.StringVar(&prefix, "prefix", "", "path prefix the console is served under, e.g. /sluice")
 	fl.StringSliceVar(&queues, "queue", nil, "a consumer queue (repeat, or separate with commas): its tiers and poison queue are shown and acted on")
-	fl.StringVar(&tiers, "tiers", "", "the retry tiers' delays as the topology was declared (default: the library's)")
+	fl.StringVar(&ladder.tiers, "tiers", "30s,5m,30m", "the retry tiers' delays as the topology was declared (with --management-url: read from the broker unless given)")
 	fl.StringVar(&tokenFile, "token-file", localenv.Get("SLUICE_CONSOLE_TOKEN_FILE", ""), "a file holding the token every request must carry (a sign-in form sets a cookie); env SLUICE_CONSOLE_TOKEN_FILE")
 	fl.BoolVar(&readOnly, "read-only", false, "refuse every action: look, move nothing")
 	fl.StringVar(&keyFile, "signing-key-file", localenv.Get("SLUICE_SIGNING_KEY_FILE", ""), "the consumers' signing key (as dlq replay)")

@@ -186,7 +186,7 @@ func TestConsoleOverviewReadsTheManagementAPI(t *testing.T) {
 			}
 		}
 	}()
-	row := regexp.MustCompile(`(?s)<td>([^<]+)</td><td>(main|poison)</td><td class="n">(\d+)</td>\s*<td class="n">(\d+)</td>\s*<td class="n">(\d+)</td>\s*<td class="n arrival">([^<]+)</td>`)
+	row := regexp.MustCompile(`(?s)<td class="name">(.+?)</td><td>(main|poison)</td><td class="n">(\d+)</td>\s*<td class="n">(\d+)</td>\s*<td class="n">(\d+)</td>\s*<td class="n arrival">([^<]+)</td>`)
 	require.EventuallyWithT(t, func(ct *assert.CollectT) { // the management API samples every 5 s
 		resp, err := http.Get(srv.URL + "/")
 		require.NoError(ct, err)

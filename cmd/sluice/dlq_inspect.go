@@ -40,7 +40,11 @@ func newInspect(g *globals, out io.Writer) *cobra.Command {
 			shown := 0
 			n, err := dlq.Each(ctx, conn, ff.queue, f, ff.limit, func(m *dlq.Message) error {
 				if asJSON {
-					rec := map[string]any{"uuid": m.Msg.UUID, "position": m.Position, "metadata": m.Msg.Metadata}
+					// reads: the metadata's sluice_amqp_delivery_count is the
+					// broker's count of reads by scans, not of retries.
+					id := m.Identity()
+					rec := map[string]any{"uuid": m.Msg.UUID, "position": m.Position, "metadata": m.Msg.Metadata, "attempts": m.Attempts, "reads": m.Reads,
+						"name": inspectName(m), "event_id": id.EventID, "message_id": id.MessageID, "dead_letter": id.DeadLetter}
 					if utf8.Valid(m.Msg.Payload) {
 						rec["payload"] = string(m.Msg.Payload)
 					} else { // bytes kept losslessly, and said so
@@ -79,9 +83,11 @@ func inspectTable(out io.Writer, i int, m *dlq.Message, preview int) {
 	t.SetTitle(title)
 	for _, row := range [][2]string{
 		{"reason", diag.Printable(m.Reason, cellMax)}, {"event type", diag.Printable(m.EventType, cellMax)},
-		{"message id", diag.Printable(m.Delivery.MessageId, 64)},
+		{"event id", diag.Printable(m.EventID, cellMax)}, {"message id", diag.Printable(m.Delivery.MessageId, 64)},
+		{"dead letter id", diag.Printable(m.Identity().DeadLetter, 64)},
 		{"consumer", diag.Printable(m.Consumer, cellMax)}, {"queue", diag.Printable(cmp.Or(m.Queue, m.DeadLetterQueue), cellMax)},
-		{"attempts", diag.Printable(m.Attempts, 32)}, {"poisoned at", formatTime(m.PoisonedAt)}, {"trace id", diag.Printable(m.TraceID, 64)},
+		{"attempts", diag.Printable(m.Attempts, 32)}, {"poison-queue reads", reads(m)},
+		{"poisoned at", formatTime(m.PoisonedAt)}, {"trace id", diag.Printable(m.TraceID, 64)},
 		{"payload", diag.Printable(string(m.Msg.Payload), preview)},
 	} {
 		if row[0] == "payload" && m.HeadersError != "" { // nothing above was readable: name it
@@ -94,14 +100,21 @@ func inspectTable(out io.Writer, i int, m *dlq.Message, preview int) {
 	t.Render()
 }
 
-// inspectName names a message in inspect's title: "event ID", else
-// "message id ID", else "position N" (its place in the queue when read).
+// reads is the poison-queue reads row: the broker's count of this copy's
+// reads, labelled, or "" (shown "-") before any.
+func reads(m *dlq.Message) string {
+	if m.Reads == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d: %s", m.Reads, dlq.ReadsLabel)
+}
+
+// inspectName names a message in inspect's title as every page names it
+// (dlq.Identity: "event ID", else "dead letter ID", else "message id ID"),
+// else "position N" (its place in the queue when read).
 func inspectName(m *dlq.Message) string {
-	switch {
-	case m.EventID != "":
-		return "event " + diag.Printable(m.EventID, cellMax)
-	case m.Delivery.MessageId != "":
-		return "message id " + diag.Printable(m.Delivery.MessageId, 64)
+	if n := m.Identity().Name(); n != "" {
+		return n
 	}
 	return fmt.Sprintf("position %d", m.Position)
 }

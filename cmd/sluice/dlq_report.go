@@ -1,16 +1,17 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
@@ -24,7 +25,8 @@ func newReport(out io.Writer) *cobra.Command {
 		Short: "Each replayed event's outcome, per replay run; exit 1 while any has none yet",
 		Long: "Reads the outcome table the consumers' replay stage writes. For each run: counts by outcome,\n" +
 			"then every event that did not end processed or duplicate (poisoned again with its new reason,\n" +
-			"rejected, still retrying, or sent with no outcome yet). Exit 1 while any event of the\n" +
+			"rejected, still retrying, or sent with no outcome yet), named as inspect and the console name\n" +
+			"it, and what a later run made of it (\"→ processed in run R\"). Exit 1 while any event of the\n" +
 			"selected runs has no final outcome: the runbook's confirm step.",
 		Args: noArgs,
 		RunE: func(*cobra.Command, []string) error {
@@ -48,7 +50,13 @@ func newReport(out io.Writer) *cobra.Command {
 				// --outcomes-table must not pass it either.
 				return fmt.Errorf("no replay runs recorded in %s (nothing to confirm: check --outcomes and --outcomes-table)", diag.Printable(table, 128))
 			}
-			pending := report(out, rs, asJSON)
+			all := rs
+			if run != "" { // what later runs made of this one's events
+				if all, err = store.Outcomes(context.Background(), ""); err != nil {
+					return fmt.Errorf("reading the outcomes: %w", diag.RedactError(err))
+				}
+			}
+			pending := report(out, rs, all, asJSON)
 			if pending > 0 {
 				return fmt.Errorf("%d replayed events have no final outcome yet", pending)
 			}
@@ -62,8 +70,9 @@ func newReport(out io.Writer) *cobra.Command {
 	return cmd
 }
 
-// report prints the records and returns how many have no final outcome.
-func report(out io.Writer, rs []replay.Record, asJSON bool) int {
+// report prints the records rs, each not processed with what a later run
+// of all made of its event, and returns how many have no final outcome.
+func report(out io.Writer, rs, all []replay.Record, asJSON bool) int {
 	pending := 0
 	byRun := map[string]map[sluice.Outcome]int{}
 	var runs []string
@@ -96,9 +105,31 @@ func report(out io.Writer, rs []replay.Record, asJSON bool) int {
 		fmt.Fprintf(out, "run %s: %s\n", diag.Printable(run, 128), strings.Join(parts, ", "))
 		for _, r := range rs {
 			if r.Run == run && r.Outcome != sluice.OutcomeProcessed && r.Outcome != sluice.OutcomeDuplicate {
-				fmt.Fprintf(out, "  %s\t%s\t%s\t%s\n", diag.Printable(cmp.Or(r.EventID, r.Item), 128), diag.Printable(string(r.Outcome), 32), diag.Printable(r.Class, 32), diag.Printable(r.Reason, 200))
+				fmt.Fprintf(out, "  %s\t%s\t%s\t%s%s\n", dlq.RecordName(r), diag.Printable(string(r.Outcome), 32), diag.Printable(r.Class, 32),
+					diag.Printable(r.Reason, 200), laterOf(r, all))
 			}
 		}
 	}
 	return pending
+}
+
+// laterOf says what a later run made of r's event (its event id, else its
+// item) when a run recorded after r ended it otherwise: "\t→ processed in
+// run R at T". A dead letter poisoned again in one run and processed in
+// the next is then seen from the first.
+func laterOf(r replay.Record, rs []replay.Record) string {
+	var later *replay.Record
+	for i, o := range rs {
+		same := (r.EventID != "" && o.EventID == r.EventID) || o.Item == r.Item
+		if o.Run == r.Run || !same || !o.At.After(r.At) || !ledger.Final(o.Outcome) || o.Outcome == r.Outcome {
+			continue
+		}
+		if later == nil || o.At.After(later.At) {
+			later = &rs[i]
+		}
+	}
+	if later == nil {
+		return ""
+	}
+	return fmt.Sprintf("\t→ %s in run %s at %s", diag.Printable(string(later.Outcome), 32), diag.Printable(later.Run, 128), later.At.UTC().Format(time.RFC3339))
 }

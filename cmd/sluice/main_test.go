@@ -198,7 +198,7 @@ func TestReplayDryRunChangesNothing(t *testing.T) {
 	require.NoError(t, b.pub.Publish(b.topo.PoisonQueue(), m))
 	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--dry-run")
 	require.Equal(t, 1, code)
-	require.Contains(t, errOut, "message no-headers-uuid")
+	require.Contains(t, errOut, "dead letter no-headers-uuid")
 	require.Contains(t, errOut, "no sluice_poison_queue")
 	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--dry-run", "--to", testenv.Name("missing"))
 	require.Equal(t, 1, code)

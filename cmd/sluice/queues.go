@@ -16,12 +16,10 @@ import (
 	"github.com/jedib0t/go-pretty/v6/table"
 	"github.com/spf13/cobra"
 
-	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/dlq"
 	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/localenv"
-	"github.com/sluicemq/sluice/rabbitmq"
 )
 
 // queueRow is one queue of a family in `sluice queues`.
@@ -74,57 +72,42 @@ func (r queueRow) age(now time.Time) string {
 
 func newQueues(g *globals, out io.Writer) *cobra.Command {
 	var queues []string
-	var tiers, poisonQueue, mgmtURL string
-	var jitter float64
-	var jitterQueues int
+	var mgmtURL string
+	var lf ladderFlags
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "queues",
 		Short: "The queue family of each consumer queue: main, retry tiers, poison; depth, consumers, oldest message",
-		Long: "For each --queue: the main queue, its retry tiers (--tiers, as the topology was declared)\n" +
-			"and its poison queue, with the messages ready and the consumers the broker reports, and\n" +
-			"for the poison queue the age of its oldest isolation (read from its head message, which\n" +
-			"stays, marked redelivered). A queue that does not exist is reported missing. The main\n" +
-			"and tier queues are not read. AMQP cannot list queues: name them with --queue, or give\n" +
-			"--management-url (RabbitMQ's management API; the credentials and vhost are the AMQP\n" +
-			"URL's) to list every family the broker has: a queue Q with Q.poison or Q.retry.* beside it.\n" +
+		Long: "For each --queue: the main queue, its retry tiers and its poison queue, with the messages\n" +
+			"ready and the consumers the broker reports, and for the poison queue the age of its oldest\n" +
+			"isolation (read from its head message, which stays, marked redelivered). A queue that does\n" +
+			"not exist is reported missing. The main and tier queues are not read. AMQP cannot list\n" +
+			"queues: name them with --queue, or give --management-url (RabbitMQ's management API; the\n" +
+			"credentials and vhost are the AMQP URL's) to list every family the broker has: a queue Q\n" +
+			"with Q.poison or Q.retry.* beside it. With it, a family's tiers are the broker's (the\n" +
+			"queues Q.retry.<delay>), whatever ladder it was declared with; without it, they are --tiers.\n" +
 			"With the management API each queue also shows its unacked messages and, where the\n" +
 			"broker reports it (classic queues whose producers set the AMQP timestamp), the age of\n" +
 			"its head message.",
 		Args: noArgs,
-		RunE: func(*cobra.Command, []string) error {
+		RunE: func(c *cobra.Command, _ []string) error {
 			if len(queues) == 0 && mgmtURL == "" {
 				return usageError{errors.New("--queue or --management-url is required")}
 			}
-			delays, err := parseTiers(tiers)
-			if err != nil {
-				return err
-			}
-			var fams []family // named, or listed by the management API
-			var listed map[string]mgmtQueue
+			lf.given = c.Flags().Changed("tiers")
 			if mgmtURL != "" {
-				if listed, err = listQueues(mgmtURL, g.url()); err != nil {
+				var err error
+				if lf.listed, err = listQueues(mgmtURL, g.url()); err != nil {
 					return err
 				}
 			}
+			fams, err := lf.families(queues) // named
+			if err != nil {
+				return err
+			}
+			listed := lf.listed
 			if len(queues) == 0 {
 				fams = discover(listed)
-			}
-			for _, q := range queues {
-				topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: q, TierDelays: delays, PoisonQueue: poisonQueue,
-					TierJitter: broker.Jitter{Fraction: jitter, Queues: jitterQueues}})
-				if err != nil {
-					return usageError{err}
-				}
-				f := family{name: q}
-				for _, tq := range topo.Queues() { // a jittered tier's every queue
-					role := string(tq.Role)
-					if tq.Role == rabbitmq.RoleTier {
-						role = "tier " + tq.Tier
-					}
-					f.queues = append(f.queues, member{tq.Name, role})
-				}
-				fams = append(fams, f)
 			}
 			conn, err := connect(g)
 			if err != nil {
@@ -179,6 +162,7 @@ func newQueues(g *globals, out io.Writer) *cobra.Command {
 				t.AppendRow(table.Row{diag.Printable(r.Queue, 255), r.Role, ready, unacked, total, consumers, r.age(now)})
 			}
 			t.Render()
+			lf.otherLadder(out, rows)
 			if held > 0 {
 				_, err := fmt.Fprintf(out, "%d message(s) held: counted by the broker, neither ready nor unacked — on a quorum queue, copies\n"+
 					"waiting to be dead-lettered while their target has no leader (after a node loss); they move on\n"+
@@ -190,10 +174,10 @@ func newQueues(g *globals, out io.Writer) *cobra.Command {
 	}
 	fl := cmd.Flags()
 	fl.StringArrayVar(&queues, "queue", nil, "a consumer queue (repeatable)")
-	fl.StringVar(&tiers, "tiers", "30s,5m,30m", "the retry tier delays the topology was declared with")
-	fl.StringVar(&poisonQueue, "poison-queue", "", "the poison queue (default <queue>.poison)")
-	fl.Float64Var(&jitter, "tier-jitter", 0, "the TopologyConfig.TierJitter fraction the topology was declared with (each tier's queues listed)")
-	fl.IntVar(&jitterQueues, "tier-jitter-queues", 0, "queues per tier with --tier-jitter (default 4)")
+	fl.StringVar(&lf.tiers, "tiers", "30s,5m,30m", "the retry tier delays the topology was declared with (with --management-url: read from the broker unless given)")
+	fl.StringVar(&lf.poison, "poison-queue", "", "the poison queue (default <queue>.poison)")
+	fl.Float64Var(&lf.jitter, "tier-jitter", 0, "the TopologyConfig.TierJitter fraction the topology was declared with (each tier's queues listed)")
+	fl.IntVar(&lf.jitterQs, "tier-jitter-queues", 0, "queues per tier with --tier-jitter (default 4)")
 	fl.BoolVar(&asJSON, "json", false, "one JSON object per queue")
 	fl.StringVar(&mgmtURL, "management-url", localenv.Get("SLUICE_MANAGEMENT_URL", ""), "RabbitMQ's management API, e.g. http://broker:15672, to list every queue family (env SLUICE_MANAGEMENT_URL)")
 	return cmd

@@ -25,13 +25,20 @@ var (
 	// access_token, client_secret, aws_secret_access_key, x-api-key,
 	// spring.datasource.password) — with any further _, - or . separated
 	// words (secret_access_key). A word that merely starts the same
-	// ("tokens", "passwords", "compass") is not a key.
-	secretKey = `\b(?:\w*(?:pass(?:word|wd|phrase)|pwd|secret|token|api[_-]?key|access[_-]?key|private[_-]?key|credentials?|signature)|(?:\w*_)?pass)(?:[_.-]\w+)*`
+	// ("tokens", "passwords", "compass") is not a key. The bare word
+	// "pass" is a verb of prose ("… other arguments pass: x-queue-type
+	// cannot be set …") before it is a key: it is one only after a prefix
+	// (db_pass) or as bareKey says.
+	secretKey = `\b(?:\w*(?:pass(?:word|wd|phrase)|pwd|secret|token|api[_-]?key|access[_-]?key|private[_-]?key|credentials?|signature)|\w*_pass)(?:[_.-]\w+)*`
+	// The bare word "pass" as a key: pass=value (a DSN, an environment)
+	// or quoted, "pass": value (JSON) — never "pass: value", which prose
+	// writes with a word that is no secret after it.
+	bareKey = `\bpass\s*=\s*|\\?"pass\\?"\s*:\s*|'pass'\s*:\s*`
 	// key=value, key: value, "key":"value" (JSON, also escaped inside a
 	// string: \"key\":\"value\"), key='quoted value' in DSNs,
 	// environments, YAML and JSON. An unquoted value runs to a space or
 	// one of "&;,}.
-	kvPassword = regexp.MustCompile(`(?i)((?:\\?")?` + secretKey + `(?:\\?")?\s*[=:]\s*)(\\"(?:[^"\\]|\\[^"])*(?:\\")?|'(?:[^'\\]|\\.)*'?|"(?:[^"\\]|\\.)*"?|[^\s"&;,}]+)`)
+	kvPassword = regexp.MustCompile(`(?i)((?:\\?")?` + secretKey + `(?:\\?")?\s*[=:]\s*|` + bareKey + `)(\\"(?:[^"\\]|\\[^"])*(?:\\")?|'(?:[^'\\]|\\.)*'?|"(?:[^"\\]|\\.)*"?|[^\s"&;,}]+)`)
 	// Authorization: Bearer token, Basic credentials, or a bare scheme.
 	authorization = regexp.MustCompile(`(?i)(\b(?:authorization|proxy-authorization)"?\s*[=:]\s*"?(?:(?:bearer|basic|token|digest|negotiate)\s+)?)([^\s"',;}]+)`)
 	bearer        = regexp.MustCompile(`(?i)(\bbearer\s+)([A-Za-z0-9._~+/=-]+)`)
@@ -40,10 +47,12 @@ var (
 // Redact replaces with Mask the passwords of URLs (scheme://user:pass@host,
 // up to the last @ before a space); the values of key=value, key: value,
 // key='quoted value' and "key":"value" pairs whose key names a secret
-// (password, passwd, pwd, passphrase, pass, secret, token, api_key,
-// access_key, private_key, credential, signature — alone or within a longer
-// key: PGPASSWORD, MYSQL_PWD, GITHUB_TOKEN, access_token, client_secret,
-// aws_secret_access_key, session_token); and the credentials of
+// (password, passwd, pwd, passphrase, secret, token, api_key, access_key,
+// private_key, credential, signature — alone or within a longer key:
+// PGPASSWORD, MYSQL_PWD, GITHUB_TOKEN, access_token, client_secret,
+// aws_secret_access_key, session_token; pass after a prefix, db_pass, and
+// alone only as pass=value or a quoted "pass" key: "pass: x" is prose, as
+// in an error saying which declarations pass); and the credentials of
 // Authorization headers and bearer tokens.
 func Redact(s string) string {
 	s = urlPassword.ReplaceAllString(s, "${1}"+Mask+"@")

@@ -101,6 +101,12 @@ func TestRedactSecretKeys(t *testing.T) {
 		// Words in prose are not keys.
 		"no secrets: a password policy says nothing at all": "no secrets: a password policy says nothing at all",
 		"tokens: 5 used, compass: north, bypass: on":        "tokens: 5 used, compass: north, bypass: on",
+		// Issue 44, item 6: the word "pass" in prose, an argument's name
+		// after it; "pass" as a key is still one.
+		"declaration with other arguments pass: x-queue-type cannot be set": "declaration with other arguments pass: x-queue-type cannot be set",
+		`{"user":"app","pass":"hunter2"}`:                                   `{"user":"app","pass":"xxxxx"}`,
+		"user=app pass = hunter2":                                           "user=app pass = xxxxx",
+		"db_pass: hunter2":                                                  "db_pass: xxxxx",
 	} {
 		require.Equal(t, want, diag.Redact(in), in)
 	}

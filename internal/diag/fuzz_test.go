@@ -79,6 +79,8 @@ func FuzzRedactSecret(f *testing.F) {
 		`{\"client_secret\": \"%s\"}`,
 		"X-Api-Key: %s",
 		"spring.datasource.password = %s;",
+		"pass=%s",
+		`{"pass":"%s"}`,
 	}
 	f.Fuzz(func(t *testing.T, before, secret, after string, form uint8) {
 		// A secret is a run of password characters that none of the forms

@@ -36,6 +36,7 @@ func Run(t *testing.T, newLedger NewLedger) {
 		"Items":                      testItems,
 		"ConcurrentRecordsOfOneItem": testConcurrentRecordsOfOneItem,
 		"CommittedIsFinal":           testCommittedIsFinal,
+		"Runs":                       testRuns,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -180,4 +181,39 @@ func testConcurrentRecordsOfOneItem(t *testing.T, s ledger.Ledger) {
 		require.Len(t, got, 1)
 		require.Equal(t, sluice.OutcomeProcessed, got[0].Outcome, "run %d", i)
 	}
+}
+
+// testRuns: a ledger that keeps runs (ledger.Runs) saves, replaces and
+// returns each by id, and the recent ones newest first; an unknown id is no
+// run. A ledger that does not keep runs skips it.
+func testRuns(t *testing.T, s ledger.Ledger) {
+	runs, ok := s.(ledger.Runs)
+	if !ok {
+		t.Skip("the ledger keeps no runs (ledger.Runs)")
+	}
+	ctx := t.Context()
+	at := time.Now().UTC().Truncate(time.Millisecond)
+	for i, id := range []string{"run-a", "run-b", "run-c"} {
+		require.NoError(t, runs.SaveRun(ctx, ledger.Run{ID: id, Kind: "replay", Queue: "orders.poison", Operator: "alice", Source: "cli",
+			Started: at.Add(time.Duration(i) * time.Second), Batches: []byte(`[{"step":1}]`)}))
+	}
+	done := ledger.Run{ID: "run-b", Kind: "replay", Queue: "orders.poison", Operator: "alice", Source: "cli", Started: at.Add(time.Second),
+		Ended: at.Add(2 * time.Second), Stopped: true, Err: "stopped: 1 of 1 canary events were not processed", Count: 3, Moved: 1,
+		Batches: []byte(`[{"step":1,"stopped":"re-poisoned"}]`)}
+	require.NoError(t, runs.SaveRun(ctx, done), "a run saved again as it ends")
+	got, ok, err := runs.Run(ctx, "run-b")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, done.Err, got.Err)
+	require.True(t, got.Stopped)
+	require.Equal(t, 3, got.Count)
+	require.True(t, done.Ended.Equal(got.Ended))
+	require.JSONEq(t, string(done.Batches), string(got.Batches))
+	_, ok, err = runs.Run(ctx, "run-nope")
+	require.NoError(t, err)
+	require.False(t, ok)
+	recent, err := runs.RecentRuns(ctx, 2)
+	require.NoError(t, err)
+	require.Len(t, recent, 2)
+	require.Equal(t, []string{"run-c", "run-b"}, []string{recent[0].ID, recent[1].ID}, "newest first")
 }

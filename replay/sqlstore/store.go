@@ -53,10 +53,12 @@ type Store struct {
 	db    *sqlx.DB
 	table string // quoted
 	name  string // the last part, unquoted, for the index's name
+	runs  string // the runs' table, quoted: <table>_runs (runs.go)
 }
 
 var (
 	_ ledger.Ledger              = (*Store)(nil)
+	_ ledger.Runs                = (*Store)(nil)
 	_ replay.UnitOfWorkRecorder  = (*Store)(nil)
 	_ deduplication.BatchDeleter = (*Store)(nil)
 )
@@ -80,13 +82,14 @@ func New(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlstore: Config.Table: %w", err)
 	}
-	return &Store{db: cfg.DB, table: quoted, name: name}, nil
+	return &Store{db: cfg.DB, table: quoted, name: name, runs: runsTable(quoted, name)}, nil
 }
 
 func (s *Store) postgres() bool { return s.db.DriverName() == "postgres" || s.db.DriverName() == "pgx" }
 
 // CreateTable creates the table and its index on updated_at (which
-// DeleteBefore reads) if they do not exist. On PostgreSQL, updated_at is a
+// DeleteBefore reads), and the runs' table (<table>_runs: ledger.Runs), if
+// they do not exist. On PostgreSQL, updated_at is a
 // timestamptz, as the inbox's processed_at: a table an earlier version
 // created with a timestamp without time zone (holding UTC, which Sluice
 // always wrote) is altered to it, its values kept.
@@ -110,6 +113,9 @@ func (s *Store) CreateTable(ctx context.Context) error {
 	}
 	index := `"` + sqlname.Index(s.name, "_updated_at", "uat") + `"`
 	if _, err := s.db.ExecContext(ctx, `CREATE INDEX IF NOT EXISTS `+index+` ON `+s.table+` (updated_at)`); err != nil {
+		return err
+	}
+	if err := s.createRuns(ctx, timestamp); err != nil {
 		return err
 	}
 	if !postgres {
@@ -226,18 +232,28 @@ ON CONFLICT (run, item) DO UPDATE SET outcome = excluded.outcome, reason = exclu
 	return nil
 }
 
-// DeleteBefore deletes at most limit records last updated before t and
-// returns how many it deleted: a deduplication.Pruner given this store
+// DeleteBefore deletes at most limit records last updated before t (and
+// at most limit runs last saved before t) and returns how many it deleted: a deduplication.Pruner given this store
 // prunes the outcome table in bounded batches. A run's report (sluice dlq
 // report) lists only the records still there.
 func (s *Store) DeleteBefore(ctx context.Context, t time.Time, limit int) (int64, error) {
-	q := `DELETE FROM ` + s.table + ` WHERE rowid IN (SELECT rowid FROM ` + s.table + ` WHERE updated_at < ? LIMIT ?)`
+	n, err := s.deleteBefore(ctx, s.table, t, limit)
+	if err != nil {
+		return n, err
+	}
+	runs, err := s.deleteBefore(ctx, s.runs, t, limit)
+	return n + runs, err
+}
+
+// deleteBefore deletes at most limit rows of table last updated before t.
+func (s *Store) deleteBefore(ctx context.Context, table string, t time.Time, limit int) (int64, error) {
+	q := `DELETE FROM ` + table + ` WHERE rowid IN (SELECT rowid FROM ` + table + ` WHERE updated_at < ? LIMIT ?)`
 	if s.postgres() {
-		q = `DELETE FROM ` + s.table + ` WHERE ctid = ANY(ARRAY(SELECT ctid FROM ` + s.table + ` WHERE updated_at < $1 LIMIT $2))`
+		q = `DELETE FROM ` + table + ` WHERE ctid = ANY(ARRAY(SELECT ctid FROM ` + table + ` WHERE updated_at < $1 LIMIT $2))`
 	}
 	res, err := s.db.ExecContext(ctx, q, t.UTC(), limit)
 	if err != nil {
-		return 0, fmt.Errorf("sqlstore: pruning %s: %w", s.table, err)
+		return 0, fmt.Errorf("sqlstore: pruning %s: %w", table, err)
 	}
 	return res.RowsAffected()
 }

@@ -1,0 +1,153 @@
+package deduplication_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/middleware"
+)
+
+// quickStart runs the README's quick start (addInventory) on RabbitMQ and
+// PostgreSQL, its queue the README's order.created (deleted before and
+// after: the tests that use it do not run in parallel), and returns the
+// lines it logged, a channel to publish into the queue with, and the
+// reservations made (-1 while the queue holds messages).
+func quickStart(t *testing.T) (*testenv.Log, publisher, func() int) {
+	t.Helper()
+	db := testenv.PostgresInSchema(t)
+	_, err := db.ExecContext(t.Context(), `CREATE TABLE reservations (order_id TEXT NOT NULL)`)
+	require.NoError(t, err)
+	testenv.DeleteQueuesNowAndAtEnd(t, "order.created")
+	log := testenv.NewLog()
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, log)
+	require.NoError(t, err)
+	require.NoError(t, addInventory(t.Context(), r, testenv.AMQPURL, db, log))
+	done := runRouter(r)
+	t.Cleanup(func() {
+		require.NoError(t, r.Close())
+		require.NoError(t, <-done)
+	})
+	reservations := func() int {
+		var n int
+		require.NoError(t, db.GetContext(t.Context(), &n, `SELECT count(*) FROM reservations`))
+		return n
+	}
+	conn := testenv.AMQP(t)
+	return log, testenv.Channel(t, conn), func() int {
+		if testenv.QueueDepth(t, conn, "order.created") > 0 {
+			return -1
+		}
+		return reservations()
+	}
+}
+
+// publisher is an AMQP channel, as testenv.Channel opens it.
+type publisher interface {
+	PublishWithContext(ctx context.Context, exchange, key string, mandatory, immediate bool, msg amqp091.Publishing) error
+}
+
+// publishRaw publishes body with headers to queue, as a foreign producer
+// does.
+func publishRaw(t *testing.T, ch publisher, queue, body string, headers amqp091.Table) {
+	t.Helper()
+	require.NoError(t, ch.PublishWithContext(t.Context(), "", queue, false, false, amqp091.Publishing{Body: []byte(body), Headers: headers}))
+}
+
+// The README's quick start runs as written: three deliveries of one event
+// reserve once, and an event from a Spring producer with an integer header
+// (schemaVersion int32) is processed, not nacked in a loop — the snippet
+// builds its subscriber with rabbitmq.WithMarshaler. It says, once, what
+// its stack lacks (no poison stage, no retry tiers), and nothing of the
+// marshaler. Before, the snippet left its subscriber undefined, and the
+// subscriber a team took (watermill-amqp's DefaultMarshaler) looped on the
+// integer header (31,979 log lines in 6 s).
+func TestTheREADMEQuickStartRuns(t *testing.T) {
+	log, ch, reservations := quickStart(t)
+	for range 3 {
+		publishRaw(t, ch, "order.created", `{"eventId":"evt-1"}`, nil)
+	}
+	publishRaw(t, ch, "order.created", `{"eventId":"evt-2"}`, amqp091.Table{"schemaVersion": int32(3), "__TypeId__": "com.example.OrderCreated"})
+	require.Eventually(t, func() bool { return reservations() == 2 }, 30*time.Second, 10*time.Millisecond, "evt-1 reserved once, evt-2 (a Spring producer's) too")
+	require.Empty(t, log.Lines("Handler returned error"), "nothing looped")
+	require.Len(t, log.Lines("has no stage outside it"), 1, "what the quick start lacks, said once")
+	require.Contains(t, log.Lines("has no stage outside it")[0].Text(), "poison.New")
+	require.Empty(t, log.Lines("without Sluice's rabbitmq.Marshaler"))
+}
+
+// A handler that reads watermill-amqp's subscriber with its DefaultMarshaler
+// is named at its first delivery, once: the fix (rabbitmq.WithMarshaler)
+// before a producer's integer header loops. Before, nothing said so.
+func TestWatermillAMQPsDefaultMarshalerIsNamedOnce(t *testing.T) {
+	t.Parallel()
+	queue := testenv.Name("default_marshaler")
+	testenv.DeleteQueuesNowAndAtEnd(t, queue)
+	log := testenv.NewLog()
+	sub, err := amqp.NewSubscriber(amqp.NewDurableQueueConfig(testenv.AMQPURL), watermill.NopLogger{})
+	require.NoError(t, err)
+	classify, err := middleware.Classify(middleware.ClassifyConfig{Logger: log})
+	require.NoError(t, err)
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	handled := make(chan struct{}, 3)
+	r.AddConsumerHandler("orders", queue, sub, func(*message.Message) error {
+		handled <- struct{}{}
+		return nil
+	}).AddMiddleware(classify)
+	done := runRouter(r)
+	t.Cleanup(func() {
+		require.NoError(t, r.Close())
+		require.NoError(t, <-done)
+	})
+	ch := testenv.Channel(t, testenv.AMQP(t))
+	for range 3 {
+		publishRaw(t, ch, queue, `{}`, amqp091.Table{"source": "web"})
+		<-handled
+	}
+	lines := log.Lines("without Sluice's rabbitmq.Marshaler")
+	require.Len(t, lines, 1)
+	require.Contains(t, lines[0].Text(), "rabbitmq.WithMarshaler")
+	require.Equal(t, "orders", lines[0].Fields["handler"])
+}
+
+// A Poison failure in the quick start, which has no poison stage, loops —
+// watermill-amqp requeues the nacked delivery at once — and the log says
+// why: once per handler at its first delivery (no poison stage, no retry
+// tiers), and, for the looping failure, a line that explains it at most
+// once a minute however many times it recurs, with the count. Before, the
+// log held only Watermill's "Handler returned error … poison: …", one per
+// try (13,578 in 7 s), and nothing said what was missing.
+func TestTheQuickStartExplainsAPoisonFailureNothingIsolates(t *testing.T) {
+	log, ch, _ := quickStart(t)
+	start := time.Now()
+	publishRaw(t, ch, "order.created", `{"eventId":`, nil) // malformed: Poison at the key
+	require.Eventually(t, func() bool { return len(log.Lines("Handler returned error")) >= 20 }, 30*time.Second, 10*time.Millisecond,
+		"the malformed delivery loops: nothing isolates it")
+	tries := len(log.Lines("Handler returned error"))
+	explained := log.Lines("failure, and no poison stage outside Classify to isolate it")
+	require.NotEmpty(t, explained, "the looping failure is explained")
+	require.LessOrEqual(t, len(explained), 1+int(time.Since(start)/middleware.UnisolatedLogInterval),
+		"at most once a minute, not once per try (%d tries)", tries)
+	require.Contains(t, explained[0].Text(), "poison.New")
+	require.Contains(t, explained[0].Text(), `deduplication key: JSON field "eventId"`)
+	require.Len(t, log.Lines("has no stage outside it"), 1, "the missing stages, said once for the handler")
+}
+
+// runRouter runs r until ctx ends or it is closed, returning Run's error on
+// the channel.
+func runRouter(r *message.Router) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	select {
+	case <-r.Running():
+	case <-time.After(30 * time.Second):
+	}
+	return done
+}
