@@ -40,6 +40,7 @@ func TestAServiceWarnsOfAPoolThatMayNotRecover(t *testing.T) {
 	t.Cleanup(func() { _ = bounded.Close() })
 	_, err = sluicesql.New(sluicesql.Config{SQLDB: bounded.DB})
 	require.NoError(t, err, "its *sql.DB is still known as lib/pq's")
+	schema := testenv.Schema(t, testenv.Postgres(t))
 	for _, c := range []struct {
 		name string
 		db   *sqlx.DB
@@ -47,7 +48,7 @@ func TestAServiceWarnsOfAPoolThatMayNotRecover(t *testing.T) {
 	}{{"sqlx.Open", plain, true}, {"postgres.Open", bounded, false}} {
 		var logs testenv.SyncBuffer
 		r := newRouter(t, watermill.NewStdLoggerWithOut(&logs, false, false))
-		_, err := service.New(service.Config{DB: c.db, Router: r})
+		_, err := service.New(service.Config{DB: c.db, Schema: schema, Router: r})
 		require.NoError(t, err, c.name)
 		if !c.warn {
 			require.NotContains(t, logs.String(), "may not recover", c.name)
