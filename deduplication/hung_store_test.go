@@ -74,7 +74,7 @@ func TestBlackHoledDatabaseFreezesNoHandler(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range inFlight {
 		wg.Go(func() {
-			require.Eventually(t, func() bool { return deliver(h, fmt.Sprint("warm-", i)) == nil }, 30*time.Second, 10*time.Millisecond)
+			require.Eventually(t, func() bool { return deliver(h, fmt.Sprint("warm-", i)) == nil }, 2*time.Minute, 10*time.Millisecond)
 		})
 	}
 	wg.Wait()
@@ -112,7 +112,7 @@ func TestBlackHoledDatabaseFreezesNoHandler(t *testing.T) {
 	mu.Unlock()
 
 	proxy.Heal()
-	require.Eventually(t, func() bool { return deliver(h, "after") == nil }, 30*time.Second, 50*time.Millisecond,
+	require.Eventually(t, func() bool { return deliver(h, "after") == nil }, 2*time.Minute, 50*time.Millisecond,
 		"processed again once the network heals")
 	mu.Lock()
 	defer mu.Unlock()

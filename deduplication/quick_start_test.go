@@ -75,7 +75,7 @@ func TestTheREADMEQuickStartRuns(t *testing.T) {
 		publishRaw(t, ch, "order.created", `{"eventId":"evt-1"}`, nil)
 	}
 	publishRaw(t, ch, "order.created", `{"eventId":"evt-2"}`, amqp091.Table{"schemaVersion": int32(3), "__TypeId__": "com.example.OrderCreated"})
-	require.Eventually(t, func() bool { return reservations() == 2 }, 30*time.Second, 10*time.Millisecond, "evt-1 reserved once, evt-2 (a Spring producer's) too")
+	require.Eventually(t, func() bool { return reservations() == 2 }, 2*time.Minute, 10*time.Millisecond, "evt-1 reserved once, evt-2 (a Spring producer's) too")
 	require.Empty(t, log.Lines("Handler returned error"), "nothing looped")
 	require.Len(t, log.Lines("has no stage outside it"), 1, "what the quick start lacks, said once")
 	require.Contains(t, log.Lines("has no stage outside it")[0].Text(), "poison.New")
@@ -128,7 +128,7 @@ func TestTheQuickStartExplainsAPoisonFailureNothingIsolates(t *testing.T) {
 	log, ch, _ := quickStart(t)
 	start := time.Now()
 	publishRaw(t, ch, "order.created", `{"eventId":`, nil) // malformed: Poison at the key
-	require.Eventually(t, func() bool { return len(log.Lines("Handler returned error")) >= 20 }, 30*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return len(log.Lines("Handler returned error")) >= 20 }, 2*time.Minute, 10*time.Millisecond,
 		"the malformed delivery loops: nothing isolates it")
 	tries := len(log.Lines("Handler returned error"))
 	explained := log.Lines("failure, and no poison stage outside Classify to isolate it")

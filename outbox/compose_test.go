@@ -47,7 +47,7 @@ func TestTheOutboxBehindWatermillsTimeoutAndRetry(t *testing.T) {
 	got := s.producedMessages(1)
 	require.Len(t, got, 1)
 	require.Equal(t, "reserved:evt-1", got[0].Headers[sluice.EventIDKey])
-	require.Eventually(t, func() bool { return s.count("outbox") == 0 && s.count("inbox") == 1 }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return s.count("outbox") == 0 && s.count("inbox") == 1 }, 2*time.Minute, 10*time.Millisecond)
 	require.Equal(t, int64(2), runs.Load(), "the timed-out run and the tier's copy: Retry's re-run was refused")
 	require.Zero(t, testenv.QueueDepth(t, s.conn, s.rabbit.Topology().PoisonQueue()))
 }
@@ -97,6 +97,6 @@ func TestTheOutboxRelaysAForeignProducersPropertiesAndKeepsAnOversizedMessageAsi
 	require.NotEqual(t, "999", d.Headers[sluice.AttemptKey], "the forged retry history is not carried on")
 	require.Eventually(t, func() bool {
 		return testenv.CounterWhere(t, s.meter, outbox.MetricFailures, "error.type", "unpublishable") == 1
-	}, 30*time.Second, 10*time.Millisecond)
-	require.Eventually(t, func() bool { return s.count("outbox") == 1 }, 30*time.Second, 10*time.Millisecond, "the oversized one waits, with its error")
+	}, 2*time.Minute, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return s.count("outbox") == 1 }, 2*time.Minute, 10*time.Millisecond, "the oversized one waits, with its error")
 }

@@ -95,7 +95,7 @@ func TestARowTheBrokerClosesTheChannelOnDoesNotHoldItsBatch(t *testing.T) {
 	s.relay(outbox.RelayConfig{Publisher: &poisoning{pub: pub, culprit: culprit}, RetryMin: time.Hour, RetryMax: time.Hour, PollInterval: 10 * time.Millisecond})
 	require.Eventually(t, func() bool {
 		return testenv.QueueDepth(t, s.conn, s.produced) >= 400 && testenv.QueueDepth(t, s.conn, other) >= 100
-	}, 30*time.Second, 10*time.Millisecond, "the 500 good rows, other topics included: %d and %d",
+	}, 2*time.Minute, 10*time.Millisecond, "the 500 good rows, other topics included: %d and %d",
 		testenv.QueueDepth(t, s.conn, s.produced), testenv.QueueDepth(t, s.conn, other))
 	t.Logf("500 good rows delivered in %s", time.Since(start))
 	ids := map[any]bool{}

@@ -61,7 +61,7 @@ func TestRelayedCountsRowsOnceTheirDeleteCommitted(t *testing.T) {
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
-	require.Eventually(t, func() bool { return s.count("outbox") == 0 }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return s.count("outbox") == 0 }, 2*time.Minute, 10*time.Millisecond)
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 	require.True(t, store.failed.Load())

@@ -129,7 +129,7 @@ func TestAReturnWithUnparseableHeadersIsNoConfirm(t *testing.T) {
 		p.relay(pub)
 		require.Eventually(t, func() bool {
 			return testenv.CounterSum(t, p.meter, outbox.MetricFailures) >= 2
-		}, 30*time.Second, 10*time.Millisecond, "both rows were tried")
+		}, 2*time.Minute, 10*time.Millisecond, "both rows were tried")
 		require.Eventually(t, func() bool {
 			rows := p.rows()
 			return len(rows) == 2 && rows[0].Attempts == 1 && rows[1].Attempts == 1
@@ -194,7 +194,7 @@ func TestWhatCannotBePublishedIsRefusedWhenWritten(t *testing.T) {
 		s.send("evt-good", "good")
 		require.Len(t, s.producedMessages(1), 1)
 		poisoned := s.rabbit.Topology().Queue() + ".poison"
-		require.Eventually(t, func() bool { return testenv.QueueDepth(t, s.conn, poisoned) == 1 }, 30*time.Second, 10*time.Millisecond,
+		require.Eventually(t, func() bool { return testenv.QueueDepth(t, s.conn, poisoned) == 1 }, 2*time.Minute, 10*time.Millisecond,
 			"the delivery that produced it is poison")
 		d := testenv.Drain(t, s.conn, poisoned)
 		require.Equal(t, "bad", string(d[0].Body))
@@ -258,7 +258,7 @@ func TestAFanOutThatCopiesTheDeliverysMetadataIsAppliedWhole(t *testing.T) {
 	send.relay(outbox.RelayConfig{Publisher: send.rabbit.Publisher()})
 	send.send("order-1", "order")
 
-	require.Eventually(t, func() bool { return len(recv.applied()) == 5 }, 30*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return len(recv.applied()) == 5 }, 2*time.Minute, 10*time.Millisecond,
 		"the receiver applies each of the 5 produced events (it applied %v, poisoned %d, inbox %d, dup %d)", recv.applied(), testenv.QueueDepth(t, recv.conn, recv.rabbit.Topology().Queue()+".poison"), recv.count("inbox"), testenv.CounterSum(t, recv.meter, deduplication.MetricDuplicates))
 	ids := recv.applied()
 	require.Contains(t, ids, "summary:order-1", "an event id set on purpose is kept")

@@ -181,7 +181,7 @@ func (s *service) count(table string) int {
 func (s *service) settled(duplicates int64) {
 	s.t.Helper()
 	require.Eventually(s.t, func() bool { return testenv.CounterSum(s.t, s.meter, deduplication.MetricDuplicates) >= duplicates },
-		30*time.Second, 10*time.Millisecond)
+		2*time.Minute, 10*time.Millisecond)
 }
 
 // failFirst fails the first n publishes, then publishes on pub.
@@ -339,7 +339,7 @@ func TestAnUnroutableDestinationKeepsItsRowsAndBlocksNothing(t *testing.T) {
 	require.Len(t, s.producedMessages(n), n, "the routable destination gets every message")
 	require.Eventually(t, func() bool {
 		return testenv.CounterWhere(t, s.meter, outbox.MetricFailures, "error.type", "refused") == n
-	}, 30*time.Second, 10*time.Millisecond, "each unroutable row failed once, and waits (RetryMin is an hour)")
+	}, 2*time.Minute, 10*time.Millisecond, "each unroutable row failed once, and waits (RetryMin is an hour)")
 	// The failures are counted before their batch's Finish, which deletes
 	// the routable rows and records the failed ones in one transaction.
 	require.Eventually(t, func() bool { return s.count("outbox") == n }, time.Minute, 10*time.Millisecond, "only the unroutable rows stay")
@@ -360,7 +360,7 @@ func TestAnUnroutableDestinationKeepsItsRowsAndBlocksNothing(t *testing.T) {
 	retried, err := s.outbox.RetryNow(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, int64(n), retried)
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, s.conn, missing) == n }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, s.conn, missing) == n }, 2*time.Minute, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return s.count("outbox") == 0 }, time.Minute, 10*time.Millisecond)
 }
 
@@ -465,17 +465,17 @@ func TestABlackHoledDatabaseHoldsNeitherTheRelayNorItsClose(t *testing.T) {
 	go func() { done <- r.Run(context.Background()) }()
 	proxy.BlackHole()
 	require.Eventually(t, func() bool { return testenv.CounterWhere(t, meter, outbox.MetricFailures, "error.type", "store") >= 2 },
-		30*time.Second, 10*time.Millisecond, "each read that got no answer is given up and counted")
+		2*time.Minute, 10*time.Millisecond, "each read that got no answer is given up and counted")
 	proxy.Heal()
 	tx, err := s.db.BeginTxx(t.Context(), nil)
 	require.NoError(t, err)
 	require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, message.NewMessage(watermill.NewUUID(), nil)))
 	require.NoError(t, tx.Commit())
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, s.conn, s.produced) == 1 }, 30*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, s.conn, s.produced) == 1 }, 2*time.Minute, 10*time.Millisecond,
 		"relayed once the database answers")
 	proxy.BlackHole()
 	require.Eventually(t, func() bool { return testenv.CounterWhere(t, meter, outbox.MetricFailures, "error.type", "store") >= 4 },
-		30*time.Second, 10*time.Millisecond)
+		2*time.Minute, 10*time.Millisecond)
 	require.NoError(t, r.Close(), "Close returns although a store call hangs")
 	require.NoError(t, <-done)
 	proxy.Heal() // the calls given up return, and end
@@ -532,7 +532,7 @@ func TestARefusedBatchDoesNotHoldTheRelay(t *testing.T) {
 		r.Wake()
 	}
 	write(missing)
-	require.Eventually(t, func() bool { st, err := s.outbox.Stats(t.Context()); return err == nil && st.Failing == 1 }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { st, err := s.outbox.Stats(t.Context()); return err == nil && st.Failing == 1 }, 2*time.Minute, 10*time.Millisecond)
 	write(s.produced)
 	require.Len(t, s.producedMessages(1), 1, "relayed on its wake-up")
 }
@@ -580,13 +580,13 @@ func TestAnUnreadableRowIsKeptAsideAndStopsNothing(t *testing.T) {
 	require.Len(t, s.producedMessages(4), 4)
 	require.Eventually(t, func() bool {
 		return testenv.CounterWhere(t, s.meter, outbox.MetricFailures, "error.type", "unreadable") == 1
-	}, 30*time.Second, 10*time.Millisecond)
+	}, 2*time.Minute, 10*time.Millisecond)
 	var left []sqlstore.Entry
 	require.Eventually(t, func() bool { // the failure is counted before its batch is recorded
 		left, err = s.outbox.List(t.Context(), sqlstore.Failing, 10)
 		require.NoError(t, err)
 		return len(left) == 1
-	}, 30*time.Second, 10*time.Millisecond)
+	}, 2*time.Minute, 10*time.Millisecond)
 	require.Equal(t, "m-2", left[0].MessageID)
 	require.Contains(t, left[0].LastError, "metadata")
 }
@@ -630,7 +630,7 @@ func TestAnIdleInTransactionTimeoutDoesNotResendTheBatch(t *testing.T) {
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
-	require.Eventually(t, func() bool { return s.count("outbox") == 0 }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return s.count("outbox") == 0 }, 2*time.Minute, 10*time.Millisecond)
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 	require.Equal(t, int64(1), pub.calls.Load(), "published once")
@@ -718,7 +718,7 @@ func TestAConcurrentRelayPublishesABatchWhileAnotherIsHeld(t *testing.T) {
 	require.NoError(t, tx.Commit())
 	r.Wake()
 	<-pub.started
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, s.conn, s.produced) == 5 }, 30*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, s.conn, s.produced) == 5 }, 2*time.Minute, 10*time.Millisecond,
 		"the other batch is published while the first is held")
 	close(pub.release)
 	require.Len(t, s.producedMessages(10), 10)

@@ -66,6 +66,6 @@ func TestPublisherBlockedConnectionIsBounded(t *testing.T) {
 	}, time.Minute, 100*time.Millisecond, "once blocked, a publish fails at once with ErrBlocked")
 
 	node.Ctl(t, "set_vm_memory_high_watermark", "0.4")
-	require.Eventually(t, func() bool { return pub.Publish("orders", msgs(1)...) == nil }, 30*time.Second, 200*time.Millisecond,
+	require.Eventually(t, func() bool { return pub.Publish("orders", msgs(1)...) == nil }, 2*time.Minute, 200*time.Millisecond,
 		"publishing resumes when the alarm clears")
 }

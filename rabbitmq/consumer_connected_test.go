@@ -37,7 +37,7 @@ func TestConsumerConnectedFollowsTheConnection(t *testing.T) {
 	require.Eventually(t, func() bool { return !c.Connected() }, time.Minute, 10*time.Millisecond, "the connection was reset")
 
 	proxy.Heal()
-	require.Eventually(t, c.Connected, 30*time.Second, 10*time.Millisecond, "reconnected after the heal")
+	require.Eventually(t, c.Connected, 2*time.Minute, 10*time.Millisecond, "reconnected after the heal")
 
 	require.NoError(t, c.Close())
 	require.False(t, c.Connected(), "closed")

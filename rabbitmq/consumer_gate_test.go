@@ -93,7 +93,7 @@ func TestConsumerTakesOneDeliveryWhileProbing(t *testing.T) {
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == n-1-prefetch }, time.Minute, 10*time.Millisecond,
 		"the full prefetch taken beside the probe")
 	close(release)
-	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(handled) == n }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(handled) == n }, 2*time.Minute, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == 0 }, time.Minute, 10*time.Millisecond)
 	mu.Lock()
 	defer mu.Unlock()

@@ -88,7 +88,7 @@ func TestConsumerOutOfOrderAcks(t *testing.T) {
 		return nil
 	})
 	publishIDs(t, queue, n)
-	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == n }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == n }, 2*time.Minute, 10*time.Millisecond)
 	conn := testenv.AMQP(t)
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == 0 }, time.Minute, 10*time.Millisecond)
 	stop() // drains: a redelivery in flight has been handled by now, and none comes after
@@ -136,7 +136,7 @@ func TestConsumerDrainingClose(t *testing.T) {
 	require.Equal(t, before+prefetch, handledFirst, "closed mid-load: what was in flight was handled, nothing after")
 
 	stop = runConsumer(t, queue, prefetch, handler(false))
-	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == n }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == n }, 2*time.Minute, 10*time.Millisecond)
 	stop() // drains: a redelivery in flight has been handled by now
 	mu.Lock()
 	defer mu.Unlock()

@@ -221,7 +221,7 @@ func TestBrakeIgnoresPoison(t *testing.T) {
 	<-r.Running()
 	conn := testenv.AMQP(t)
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()) == events },
-		30*time.Second, 20*time.Millisecond)
+		2*time.Minute, 20*time.Millisecond)
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 	require.Zero(t, testenv.CounterSum(t, reader, brake.MetricTransitions))
@@ -311,7 +311,7 @@ func TestBrakeBehindWatermillRetryAndTimeout(t *testing.T) {
 	runRouter(t, r)
 	outlastTheLadder(t, reader, 3*600*time.Millisecond, func() bool { return true }) // three times the ladder
 	down.Store(false)
-	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(handled) == events }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(handled) == events }, 2*time.Minute, 10*time.Millisecond)
 	mu.Lock()
 	for id, n := range handled {
 		require.Equal(t, 1, n, id)

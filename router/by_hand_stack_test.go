@@ -52,14 +52,14 @@ func TestTheByHandStackRuns(t *testing.T) {
 
 	conn := testenv.AMQP(t)
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, "stock.poison") == 1 },
-		30*time.Second, 20*time.Millisecond, "the malformed order is isolated in stock.poison")
+		2*time.Minute, 20*time.Millisecond, "the malformed order is isolated in stock.poison")
 	var orders []string
 	require.Eventually(t, func() bool {
 		orders = nil
 		require.NoError(t, db.SelectContext(t.Context(), &orders, `SELECT order_id FROM reservations ORDER BY order_id`))
 		return len(orders) == 2
-	}, 30*time.Second, 20*time.Millisecond)
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, "stock") == 0 }, 30*time.Second, 20*time.Millisecond)
+	}, 2*time.Minute, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, "stock") == 0 }, 2*time.Minute, 20*time.Millisecond)
 	closeAll() // every delivery handed out is settled: the duplicate's too
 	orders = nil
 	require.NoError(t, db.SelectContext(t.Context(), &orders, `SELECT order_id FROM reservations ORDER BY order_id`))

@@ -45,7 +45,7 @@ func TestARealPoisonCopyCarriesEveryDocumentedHeader(t *testing.T) {
 	runRouter(t, r)
 
 	conn := testenv.AMQP(t)
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()) == 1 }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()) == 1 }, 2*time.Minute, 10*time.Millisecond)
 	copies := testenv.Drain(t, conn, q.Topology().PoisonQueue())
 	require.Len(t, copies, 1)
 	h := copies[0].Headers

@@ -119,7 +119,7 @@ func producedAfterANoRoute(t *testing.T, withOutbox bool) {
 		var n int
 		require.NoError(t, db.Get(&n, fmt.Sprintf(`SELECT count(*) FROM %s.reservations`, schema)))
 		return n == events && refused()
-	}, 30*time.Second, 20*time.Millisecond, "every event handled once, every first publish of what it produced refused (NO_ROUTE)")
+	}, 2*time.Minute, 20*time.Millisecond, "every event handled once, every first publish of what it produced refused (NO_ROUTE)")
 
 	conn := testenv.AMQP(t)
 	_, err = testenv.Channel(t, conn).QueueDeclare(produced, true, false, false, false, nil)

@@ -123,7 +123,7 @@ func stackWithPostgresInbox(t *testing.T, batch *deduplication.BatchConfig, quor
 		require.NoError(t, db.Get(&n, fmt.Sprintf(`SELECT count(*) FROM %s.reservations`, schema)))
 		return n
 	}
-	require.Eventually(t, func() bool { return count() == events }, 30*time.Second, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return count() == events }, 2*time.Minute, 20*time.Millisecond)
 	conn := testenv.AMQP(t)
 	require.Eventually(t, func() bool {
 		return testenv.QueueDepth(t, conn, queue) == 0 && testenv.QueueDepth(t, conn, queue+".retry.100ms") == 0
@@ -310,7 +310,7 @@ func TestDrainingCloseUnderLoadNoDuplicates(t *testing.T) {
 	require.Equal(t, before+prefetch, first, "closed mid-load: what was in flight committed, nothing after")
 
 	_, stop = consume(false)
-	require.Eventually(t, func() bool { _, d := rows(); return d == n }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { _, d := rows(); return d == n }, 2*time.Minute, 10*time.Millisecond)
 	stop() // drains: a redelivery in flight has run by now
 	all, distinct := rows()
 	require.Equal(t, n, all)

@@ -31,7 +31,7 @@ func TestAMissingDestinationIsNamedWithItsCommand(t *testing.T) {
 	testenv.PublishEvents(t, q.Publisher(), q.Topology().Queue(), 1)
 
 	const logged = "Outbox rows could not be published"
-	require.Eventually(t, func() bool { return len(log.Lines(logged)) > 0 }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(log.Lines(logged)) > 0 }, 2*time.Minute, 10*time.Millisecond)
 	want := []string{fmt.Sprintf("no queue named %q exists", produced), "`sluice topology apply --queue " + produced + "`", "312 NO_ROUTE"}
 	line := log.Lines(logged)[0].Text()
 	for _, w := range want {

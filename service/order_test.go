@@ -66,7 +66,7 @@ func TestAnOrderedHandlerOnTheShortPath(t *testing.T) {
 		}
 		return out
 	}
-	require.Eventually(t, func() bool { return len(of("a")) == 5 && len(of("b")) == 5 }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(of("a")) == 5 && len(of("b")) == 5 }, 2*time.Minute, 10*time.Millisecond)
 	require.Equal(t, []string{"a-0", "a-1", "a-2", "a-3", "a-4"}, of("a"), "a-1 went to the tier; a-2..a-4 waited for it")
 	require.Equal(t, []string{"b-0", "b-1", "b-2", "b-3", "b-4"}, of("b"))
 	require.True(t, failed)

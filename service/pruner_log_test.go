@@ -29,7 +29,7 @@ func TestAFailedPruneNamesWhatItPrunes(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, svc.Add(service.Handler{Broker: e, Name: "orders", Handler: func(*message.Message) error { return nil }}))
 	run(t, r, svc)
-	require.Eventually(t, func() bool { return len(log.Lines("Pruning")) == 2 }, 10*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return len(log.Lines("Pruning")) == 2 }, 2*time.Minute, 10*time.Millisecond,
 		"both pruners fail once: the tables are missing")
 	byMsg := map[string]string{}
 	for _, l := range log.Lines("Pruning") {

@@ -88,10 +88,10 @@ func TestTheREADMEServiceRuns(t *testing.T) {
 		require.NoError(t, q.Publisher().Publish("inventory", message.NewMessage(watermill.NewUUID(), []byte(payload))))
 	}
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, "inventory.poison") == 2 },
-		30*time.Second, 20*time.Millisecond, "the malformed order and the one of another shape are isolated in inventory.poison")
+		2*time.Minute, 20*time.Millisecond, "the malformed order and the one of another shape are isolated in inventory.poison")
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, "inventory.reserved") == 2 },
-		30*time.Second, 20*time.Millisecond, "each reservation's event published once, through the outbox")
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, "inventory") == 0 }, 30*time.Second, 20*time.Millisecond)
+		2*time.Minute, 20*time.Millisecond, "each reservation's event published once, through the outbox")
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, "inventory") == 0 }, 2*time.Minute, 20*time.Millisecond)
 
 	code, body = get(t, mux, "/readyz")
 	require.Equal(t, http.StatusOK, code, body)
@@ -110,7 +110,7 @@ func TestTheREADMEServiceRuns(t *testing.T) {
 		assert.Regexp(c, `sluice_inbox_duplicates_total\{[^}]*messaging_consumer_group_name="inventory"[^}]*\} 1\n`, metrics)
 		assert.Regexp(c, `sluice_poisoned_total\{[^}]*\} 2\n`, metrics)
 		assert.Regexp(c, `sluice_outbox_relayed_total\{[^}]*messaging_destination_name="inventory.reserved"[^}]*\} 2\n`, metrics)
-	}, 30*time.Second, 20*time.Millisecond)
+	}, 2*time.Minute, 20*time.Millisecond)
 
 	closeAll() // every delivery handed out is settled: the duplicate's too
 	var orders []string

@@ -50,7 +50,7 @@ func TestTwoServicesOnOneDatabaseEachHaveTheirSchema(t *testing.T) {
 			var claims int
 			require.NoError(t, db.GetContext(t.Context(), &claims, `SELECT count(*) FROM `+schema+`.sluice_inbox`))
 			return claims == 1
-		}, 10*time.Second, 10*time.Millisecond, "service %d commits evt-1 in its own schema's inbox", i)
+		}, 2*time.Minute, 10*time.Millisecond, "service %d commits evt-1 in its own schema's inbox", i)
 		require.Equal(t, int64(1), ran[i].Load(), "service %d ran evt-1, not a duplicate of the other's", i)
 	}
 }

@@ -77,7 +77,7 @@ func TestTheShortPathsCountersAreThereBeforeAnyTraffic(t *testing.T) {
 	handler, dest := `messaging_consumer_group_name="zero"`, `messaging_destination_name="`+produced+`"`
 	require.Eventually(t, func() bool {
 		return strings.Join(series(scrape(), "sluice_queue_consumers", `sluice_queue_role="main"`, `messaging_destination_name="`+queue+`"`), ",") == "1"
-	}, 30*time.Second, 10*time.Millisecond, "the main queue's consumer is counted once it consumes, not at the next depth read")
+	}, 2*time.Minute, 10*time.Millisecond, "the main queue's consumer is counted once it consumes, not at the next depth read")
 	m := scrape()
 	for name, labels := range map[string][][]string{
 		"sluice_outbox_relayed_total": {{dest}},

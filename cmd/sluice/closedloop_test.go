@@ -512,7 +512,7 @@ func TestQueuesDiscoversTheFamilies(t *testing.T) {
 		require.NotNil(c, rows["billing"].Unacked)
 		require.Equal(c, 1, *rows["billing"].Unacked)
 		require.False(c, rows["orders"].HeadPublishedAt.IsZero())
-	}, 30*time.Second, 200*time.Millisecond)
+	}, 2*time.Minute, 200*time.Millisecond)
 	require.Equal(t, []string{
 		"billing billing main 0", "billing billing.retry.1m tier 1m 0", "billing billing.poison poison 0",
 		"orders orders main 1", "orders orders.retry.30s tier 30s 0", "orders orders.retry.5m tier 5m 0", "orders orders.poison poison 1",

@@ -44,14 +44,14 @@ func TestConsolePagesReadWell(t *testing.T) {
 	for i := range 3 {
 		require.NoError(t, b.pub.Publish(b.topo.Queue(), message.NewMessage(watermill.NewUUID(), []byte(`{}`))))
 		want := i + 1
-		require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()) == want }, 10*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()) == want }, 2*time.Minute, 10*time.Millisecond)
 		seen := 0 // wait for a read of the console's at this depth: reloads until one shows
 		require.Eventually(t, func() bool {
 			do(t, ctx, chromedp.Navigate(base+"/"), chromedp.WaitVisible("svg.chart"))
 			seen++
 			points := eval[string](t, ctx, `document.querySelector('svg.chart polyline').getAttribute('points')`)
 			return strings.Count(points, ",") > seen+i+1 // more points than this test's loads
-		}, 20*time.Second, 50*time.Millisecond)
+		}, 2*time.Minute, 50*time.Millisecond)
 	}
 	ys := eval[[]string](t, ctx, `[...new Set(document.querySelector('svg.chart polyline').getAttribute('points').split(' ').map(p => p.split(',')[1]))]`)
 	require.GreaterOrEqual(t, len(ys), 2, "the line moves with the queue's depth")

@@ -96,7 +96,7 @@ func TestADeadLetterHasOneNameEverywhere(t *testing.T) {
 	f := newFixable(t, b)
 	pq := b.topo.PoisonQueue()
 	require.NoError(t, b.pub.Publish(b.topo.Queue(), message.NewMessage(watermill.NewUUID(), []byte(`{"event_id":"evt-9"}`))))
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), pq) == 1 }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), pq) == 1 }, 2*time.Minute, 10*time.Millisecond)
 
 	code, out, errOut := b.cli(t, "dlq", "inspect", "--queue", pq, "--json")
 	require.Equal(t, 0, code, errOut)
@@ -139,7 +139,7 @@ func TestADeadLetterHasOneNameEverywhere(t *testing.T) {
 	// poisoned by the handler, poisoned again by run B, processed by run C
 	// once the handler is fixed.
 	require.NoError(t, b.pub.Publish(b.topo.Queue(), message.NewMessage(watermill.NewUUID(), []byte(`{"event_id":"evt-5","bad":true}`))))
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), pq) == 1 }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), pq) == 1 }, 2*time.Minute, 10*time.Millisecond)
 	replayed := func(want int) string {
 		t.Helper()
 		code, out, errOut := b.cli(t, "dlq", "replay", "--queue", pq, "--canary", "1", "--outcomes", testenv.PostgresURL, "--outcomes-table", f.outcome, "--wait", "30s")

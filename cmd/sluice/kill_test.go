@@ -79,14 +79,14 @@ func TestKillMidRampThenRerun(t *testing.T) {
 	db, rows := rc.pg, func() int { return rc.rows(t) }
 	cmd := exec.Command(bin, args...)
 	require.NoError(t, cmd.Start())
-	require.Eventually(t, func() bool { return rows() >= 30 }, 30*time.Second, 5*time.Millisecond, "mid-ramp")
+	require.Eventually(t, func() bool { return rows() >= 30 }, 2*time.Minute, 5*time.Millisecond, "mid-ramp")
 	require.NoError(t, cmd.Process.Kill())
 	_ = cmd.Wait()
 	killedAt := rows()
 
 	out, err := exec.Command(bin, args...).CombinedOutput()
 	require.NoError(t, err, "the rerun replays the rest: %s", out)
-	require.Eventually(t, func() bool { return rows() == n }, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return rows() == n }, 2*time.Minute, 10*time.Millisecond)
 	var distinct, claims int
 	require.NoError(t, db.Get(&distinct, `SELECT count(DISTINCT event_id) FROM `+rc.db+`.stock`))
 	require.NoError(t, db.Get(&claims, `SELECT count(*) FROM `+rc.db+`.inbox`))
@@ -167,7 +167,7 @@ func TestKillAtAnyPointOfTheClosedLoop(t *testing.T) {
 			// and the queue's head may now be a bad event the first run put back.
 			rerun := slices.DeleteFunc(slices.Clone(args), func(a string) bool { return a == "--canary" || a == "5" })
 			out, _ := exec.Command(bin, rerun...).CombinedOutput()
-			require.Eventually(t, func() bool { return rows() == n-len(want) }, 30*time.Second, 10*time.Millisecond, "%s", out)
+			require.Eventually(t, func() bool { return rows() == n-len(want) }, 2*time.Minute, 10*time.Millisecond, "%s", out)
 			require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()) == 0 }, time.Minute, 10*time.Millisecond)
 			var distinct, claims int
 			require.NoError(t, db.Get(&distinct, `SELECT count(DISTINCT event_id) FROM `+rc.db+`.stock`))
@@ -229,6 +229,6 @@ func TestInterruptMidRamp(t *testing.T) {
 	require.Eventually(t, func() bool {
 		left = len(peekIDs(t, b.topo.PoisonQueue()))
 		return rows()+left == n
-	}, 30*time.Second, 50*time.Millisecond, "every event processed or still in the poison queue")
+	}, 2*time.Minute, 50*time.Millisecond, "every event processed or still in the poison queue")
 	t.Logf("interrupted with %d of %d processed, %d left in the poison queue; stderr: %s", rows(), n, left, stderr.String())
 }

@@ -106,7 +106,7 @@ func TestOutboxDeadRowsAreSetAsideListedRequeuedAndDiscarded(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "1 dead rows of "+b.table+" are pending again")
 	runRelay(t, cfg)
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, missing) == 1 }, 30*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, missing) == 1 }, 2*time.Minute, 10*time.Millisecond,
 		"the requeued row is published")
 	require.Equal(t, "m-1", testenv.Drain(t, conn, missing)[0].Headers["_watermill_message_uuid"])
 

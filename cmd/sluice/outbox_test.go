@@ -150,7 +150,7 @@ func TestOutboxCommandsShowAStuckOutboxAndRetryIt(t *testing.T) {
 	require.NoError(t, b.db.Get(&due, `SELECT count(*) FROM `+b.table+` WHERE next_attempt_at <= clock_timestamp()`))
 	require.Equal(t, 3, due)
 	runRelay(t, cfg)
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, missing) == 3 }, 30*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, missing) == 3 }, 2*time.Minute, 10*time.Millisecond,
 		"a relay publishes them at once (their next attempts were minutes away)")
 	require.Eventually(t, func() bool {
 		code, out, _ := b.cli(t, "outbox", "stats")

@@ -388,7 +388,7 @@ func TestGroupCommitATerminatedBackendCommitsNothing(t *testing.T) {
 			var waiting bool
 			require.NoError(c, e.db.Get(&waiting, `SELECT wait_event = 'advisory' FROM pg_stat_activity WHERE pid = $1`, pid))
 			require.True(c, waiting)
-		}, 30*time.Second, 10*time.Millisecond)
+		}, 2*time.Minute, 10*time.Millisecond)
 		terminate(t, e, pid)
 		_, err = holder.ExecContext(t.Context(), `SELECT pg_advisory_unlock($1)`, lock)
 		require.NoError(t, err)
@@ -585,6 +585,6 @@ func TestGroupCommitOnAHungDatabaseFailsWithinItsBound(t *testing.T) {
 	require.Empty(t, e.rows(t))
 	require.Eventually(t, func() bool { // the pool's black-holed connections are found dead, one by one
 		return together(ok("a"))[0] == nil
-	}, 30*time.Second, 10*time.Millisecond)
+	}, 2*time.Minute, 10*time.Millisecond)
 	require.Equal(t, []string{"a"}, e.rows(t))
 }

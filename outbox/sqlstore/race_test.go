@@ -27,7 +27,7 @@ func waitForALockWait(t *testing.T, db *sqlx.DB, schema string) {
 		var n int
 		require.NoError(t, db.Get(&n, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'`, schema))
 		return n > 0
-	}, 30*time.Second, 5*time.Millisecond)
+	}, 2*time.Minute, 5*time.Millisecond)
 }
 
 // A rejection after a statement that aborted its transaction records its

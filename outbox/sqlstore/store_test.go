@@ -386,7 +386,7 @@ func TestAHeldBatchIsReleasedWhenItsRelayIsGone(t *testing.T) {
 			b, err := s.Due(ctx, 10)
 			require.NoError(t, err)
 			return len(b.Rows()) == 1
-		}, 30*time.Second, 10*time.Millisecond, "taken again once the lease ran out")
+		}, 2*time.Minute, 10*time.Millisecond, "taken again once the lease ran out")
 	})
 }
 

@@ -251,7 +251,7 @@ func TestClusterPartitionedNode(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		return confirmed.Load() >= 300 && len(handled) >= 100
-	}, 30*time.Second, 5*time.Millisecond, "publishing and consuming through node 2")
+	}, 2*time.Minute, 5*time.Millisecond, "publishing and consuming through node 2")
 	phase("300 confirmed, 100 handled through node 2")
 
 	mu.Lock()
@@ -266,7 +266,7 @@ func TestClusterPartitionedNode(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		return pubResumed > 0 && conResumed > 0
-	}, 45*time.Second, 10*time.Millisecond, "the publisher and the consumer go on through another node")
+	}, 2*time.Minute, 10*time.Millisecond, "the publisher and the consumer go on through another node")
 	pubNoticed, conNoticed := logger.since(publisherReconnects), logger.since(consumerReconnects)
 	mu.Lock()
 	t.Logf("after the cut: the publisher noticed in %s and a batch was confirmed through another node in %s; "+

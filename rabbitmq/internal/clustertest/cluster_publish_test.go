@@ -110,7 +110,7 @@ func TestClusterPublisherNodeKilledMidStream(t *testing.T) {
 
 	t0 := time.Now()
 	phase := func(what string) { t.Logf("%s: %s", time.Since(t0).Round(time.Millisecond), what) }
-	require.Eventually(t, func() bool { return accepted.Load() >= 500 }, 30*time.Second, 5*time.Millisecond, "publishing through node 0")
+	require.Eventually(t, func() bool { return accepted.Load() >= 500 }, 2*time.Minute, 5*time.Millisecond, "publishing through node 0")
 	phase("500 confirmed")
 	proxy.DropReplies()
 	muted.Store(true)
@@ -121,7 +121,7 @@ func TestClusterPublisherNodeKilledMidStream(t *testing.T) {
 	require.Eventually(t, func() bool {
 		stored, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
 		return err == nil && int64(stored.Messages) > accepted.Load()
-	}, 30*time.Second, 5*time.Millisecond, "a batch in flight, its confirms dropped")
+	}, 2*time.Minute, 5*time.Millisecond, "a batch in flight, its confirms dropped")
 	phase("a batch in flight")
 	start := time.Now()
 	killNode(t, c, 0)

@@ -46,7 +46,7 @@ func TestClusterQuorumTierDeadLettersAfterALeaderChange(t *testing.T) {
 	require.Eventually(t, func() bool {
 		q, err := ch.QueueDeclarePassive(topo.Queue(), true, false, false, false, nil)
 		return err == nil && q.Messages >= n
-	}, delay+30*time.Second, 50*time.Millisecond, "the tier's copies back in the main queue")
+	}, delay+2*time.Minute, 50*time.Millisecond, "the tier's copies back in the main queue")
 	back := time.Since(published)
 	copies := drainBodies(t, node2, topo.Queue())
 	for i := range n {
