@@ -29,7 +29,7 @@ RABBITMQ4_TESTS    := TestRabbitmqctlManagesTheBrokerUnderTest|TestBrakeWithoutA
 FUZZ_TARGETS  := FuzzMarshalerUnmarshal:./rabbitmq FuzzClassifier:. FuzzSummary:./internal/diag FuzzRedactSecret:./internal/diag FuzzPrintable:./internal/diag FuzzEscapeJSON:./internal/diag FuzzTerminal:./internal/diag FuzzKeyFromJSON:./deduplication
 
 .DEFAULT_GOAL := help
-.PHONY: help run services test test-times test-rabbitmq4 test-race fuzz chaos bench lint fmt tidy cover console-screenshots
+.PHONY: help run services test figures test-times test-rabbitmq4 test-race fuzz chaos bench lint fmt tidy cover console-screenshots
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -42,6 +42,9 @@ services: ## make PostgreSQL, RabbitMQ, Redis and MariaDB reachable on 127.0.0.1
 
 test: services ## every test on the real services (race on), short fuzzing, the short chaos run (restarts RabbitMQ and PostgreSQL)
 	@env GO="$(GO)" TEST_TIMEOUT="$(TEST_TIMEOUT)" TEST_PARALLEL="$(TEST_PARALLEL)" FUZZTIME="$(FUZZTIME)" PACKAGES="$(PACKAGES)" bash scripts/test.sh
+
+figures: ## the public surface's figures: exported names and config fields per package, the README's imports, the modules the inbox links (docs/architecture.md)
+	$(GO) run ./internal/apifigures
 
 test-times: ## the 25 slowest tests and the 10 slowest packages of the last make test's main go test (from test-times.json)
 	$(GO) run ./internal/testtimes -top 25 test-times.json
