@@ -125,7 +125,7 @@ func producedAfterANoRoute(t *testing.T, withOutbox bool) {
 	_, err = testenv.Channel(t, conn).QueueDeclare(produced, true, false, false, false, nil)
 	require.NoError(t, err)
 	got := 0
-	for deadline := time.Now().Add(20 * time.Second); got < events && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Minute); got < events && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		got = testenv.QueueDepth(t, conn, produced)
 	}
 	require.Equal(t, events, got, "an assembly Add accepted lost %d of %d produced events", events-got, events)
