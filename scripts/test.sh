@@ -2,11 +2,13 @@
 # make test's steps (the Makefile passes its settings in the environment).
 # Steps that share nothing run side by side, so that the whole stays under
 # 10 minutes on an idle 2-core machine:
-#   - the short fuzz runs (CPU only, no service) beside everything from the
-#     main go test on: most of their time builds the instrumented test
-#     binaries (840 s of a fresh machine's run under load, when they began
-#     after the tests about 4.x and ended last);
 # after the main go test and the tests about RabbitMQ 4.x:
+#   - the short fuzz runs (CPU only, no service) in the background, beside
+#     the chaos steps, which mostly wait (on kills, restarts, a broker's
+#     return: 35 s of CPU in the shared broker's 165 s). The fuzzing takes
+#     about 440 CPU-seconds (make fuzz: 348 s user + 92 s system); beside
+#     the main go test (660 CPU-seconds in 698 s in CI) the two wanted more
+#     than the 2 cores gave;
 #   - the scenarios that stop PostgreSQL, which every scenario uses, first;
 #   - then the scenarios on private brokers (cluster-node-kill, ordered:
 #     nodes of their own, the shared PostgreSQL) in the background, beside
@@ -67,8 +69,6 @@ foreground() {
 $GO build -o "$logs/testtimes" ./internal/testtimes || failed+=("building testtimes")
 go_test() { $GO test -json "$@" 2>&1 | "$logs/testtimes" -save "$TEST_TIMES_FILE"; }
 
-background fuzz make --no-print-directory fuzz FUZZTIME="$FUZZTIME"
-
 # 3 test binaries at once: they mostly wait (on the brokers, the tiers'
 # TTLs, private nodes booting) — at 2, 970 s of go test used 684 s of CPU
 # on 2 cores. make services raises PostgreSQL's max_connections to 300 for
@@ -86,11 +86,12 @@ foreground "go test" go_test -race -count=1 -timeout "$TEST_TIMEOUT" -p "$TEST_P
 # Where the time went (make test-times prints it again).
 "$logs/testtimes" -top 25 "$TEST_TIMES_FILE" || true
 
-# Alone (the fuzzing, begun beside the main go test, has ended by then on
-# the runs on record): their rabbitmqctl calls each start an Erlang VM, and
+# Alone: their rabbitmqctl calls each start an Erlang VM, and
 # beside the main go test one listing outlived its 2 minutes; beside the
 # restart tests and the chaos scenarios' private nodes starting, five did.
 foreground "the tests about RabbitMQ 4.x on the 4.0 node" make --no-print-directory test-rabbitmq4
+
+background fuzz make --no-print-directory fuzz FUZZTIME="$FUZZTIME"
 
 # The short reliability run (docs/reliability.md), in three parts.
 $GO build -o "$logs/sluice-chaos" ./cmd/sluice-chaos || failed+=("building sluice-chaos")
