@@ -47,8 +47,10 @@ const (
 // transaction — and it takes its usual path alone (a retry tier, the
 // poison queue) with its error. A panic is narrowed down by halving the
 // batch until the one event that panics is found: it fails as Invariant
-// with the *sluice.PanicError, the others commit. A slice of the wrong
-// length fails every event of the call as Invariant.
+// with the *sluice.PanicError, the others commit. So is one error value
+// returned for every event of the call (SameOutcome) when it is Poison or
+// Invariant: a statement of the batch failed, perhaps for one event. A
+// slice of the wrong length fails every event of the call as Invariant.
 //
 // ctx ends when the first of the batch's deliveries' contexts ends (its
 // deadline, the shutdown grace running out).
@@ -444,6 +446,17 @@ func (x *execution) once(es []*entry) []*entry {
 		settle(run, sluice.Invariant(fmt.Errorf("deduplication: the batch handler returned %d outcomes for %d events", len(outcomes), len(run))))
 		return nil
 	}
+	if len(run) > 1 && x.batchsFailure(outcomes) {
+		// One error for every event, Poison or Invariant: a statement of
+		// the batch failed (a constraint one event's row violates, say),
+		// not each event. Halved, as a panic is, until the events it is
+		// theirs are found; the others commit.
+		_ = d.rollback(bg, tx)
+		ended = true
+		half := len(run) / 2
+		x.attempt(run[:half])
+		return run[half:]
+	}
 	var survivors []*entry
 	kept := make([]*unit, 0, len(run))
 	var rejected []int
@@ -513,6 +526,44 @@ func (x *execution) once(es []*entry) []*entry {
 	half := len(run) / 2
 	x.attempt(run[:half])
 	return run[half:]
+}
+
+// batchsFailure reports whether outcomes fail every event with the same
+// error of class Poison or Invariant: the batch's statement's, not each
+// event's. (A Transient one — the database unreachable — is every event's:
+// halving would only wait on it again.)
+func (x *execution) batchsFailure(outcomes []error) bool {
+	first := outcomes[0]
+	if first == nil {
+		return false
+	}
+	switch x.g.d.cfg.Classifier.Classify(first) {
+	case sluice.ClassPoison, sluice.ClassInvariant:
+	default:
+		return false
+	}
+	for _, o := range outcomes[1:] {
+		if o != first { //nolint:errorlint // the same error value, not one that wraps it
+			return false
+		}
+	}
+	return true
+}
+
+// SameOutcome returns err as the outcome of each of msgs, for a batch
+// handler whose one statement wrote every event: nil (all done) when err is
+// nil. When that error fails a batch of more than one event as Poison or
+// Invariant (a constraint one event's row violates), the batch is halved
+// until the events it belongs to are found: the others commit.
+func SameOutcome(msgs []*message.Message, err error) []error {
+	if err == nil {
+		return nil
+	}
+	out := make([]error, len(msgs))
+	for i := range out {
+		out[i] = err
+	}
+	return out
 }
 
 func errs(es []*entry) []error {

@@ -93,6 +93,9 @@ func (e *batchHandlerEnv) project(ctx context.Context, msgs []*message.Message) 
 		args[i] = k
 	}
 	if _, err := tx.ExecContext(ctx, tx.Rebind(q), args...); err != nil {
+		if decide == nil {
+			return deduplication.SameOutcome(msgs, err)
+		}
 		for i := range out {
 			if out[i] == nil {
 				out[i] = err
@@ -365,4 +368,23 @@ func TestABatchHandlersContextEndsWithTheDeliveriesDeadline(t *testing.T) {
 	}
 	assert.Empty(t, e.rows(t))
 	assert.Empty(t, e.claimed(t))
+}
+
+// One event's row violates a CHECK constraint, failing the batch's one
+// INSERT for every event (one error, Poison: SQLSTATE 23): the batch is
+// halved until that event is found; it alone is poisoned, the others commit.
+func TestABatchHandlersStatementFailingForOneEventFailsOnlyThatEvent(t *testing.T) {
+	t.Parallel()
+	e := newBatchHandlerEnv(t, "postgres", deduplication.BatchHandler{MaxBatch: 16, MaxWait: time.Second}, " CHECK (k <> 'k09')")
+	keys := keysN("k", 16)
+	errs := e.deliverAll(keys...)
+	for i, err := range errs {
+		if keys[i] == "k09" {
+			assert.Equal(t, sluice.ClassPoison, sluice.DefaultClassifier().Classify(err), "%v", err)
+			continue
+		}
+		assert.NoError(t, err, keys[i])
+	}
+	assert.Len(t, e.rows(t), 15)
+	assert.NotContains(t, e.claimed(t), "k09")
 }
