@@ -53,9 +53,11 @@ type options struct {
 	// The group commit of the …-batched scenarios.
 	maxBatch, batchPrefetch int
 	maxWait                 time.Duration
-	clusterScript           string
-	dlxConfirmTimeout       time.Duration
-	ordered                 orderedOptions
+	// The batch handler's MaxBatch in the …-batch-handler scenarios.
+	batchHandlerSize  int
+	clusterScript     string
+	dlxConfirmTimeout time.Duration
+	ordered           orderedOptions
 	// orderedNode is the ordered scenario's private node, started when the
 	// harness starts (nil: the scenario starts its own).
 	orderedNode *nodeStart
@@ -89,9 +91,10 @@ func harnessMain(args []string) error {
 	fs.DurationVar(&o.timeout, "timeout", 4*time.Minute, "per scenario (from its setup on: "+clusterScenario+"'s cluster start is not counted)")
 	fs.StringVar(&o.tiers, "tiers", "1s,2s,5s,10s,20s", "retry tiers; their sum must outlast the outages")
 	fs.Uint64Var(&o.seed, "seed", uint64(time.Now().UnixNano()), "random seed (printed, for reruns)")
-	fs.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "scenarios to run (any of them with the suffix -batched: with group commit)")
+	fs.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "scenarios to run (any of them with the suffix -batched: with group commit; -batch-handler: with a batch handler)")
 	fs.IntVar(&o.maxBatch, "max-batch", deduplication.MaxBatchDefault, "group commit's MaxBatch in the -batched scenarios")
 	fs.DurationVar(&o.maxWait, "max-wait", deduplication.MaxWaitDefault, "group commit's MaxWait in the -batched scenarios")
+	fs.IntVar(&o.batchHandlerSize, "batch-handler-size", 32, "the batch handler's MaxBatch in the -batch-handler scenarios (the prefetch is twice it)")
 	fs.IntVar(&o.batchPrefetch, "batch-prefetch", 32, "deliveries in flight per subscription in the -batched scenarios (0: the broker's default)")
 	rabbitmq4 := fs.Bool("rabbitmq4", false, "run on the RabbitMQ 4.0 node of make services (scripts/rabbitmq4.sh env: its URL, and its rabbitmqctl for the restarts and policies; cluster-node-kill's cluster runs from its directory)")
 	fs.StringVar(&o.clusterScript, "cluster-script", "", "scripts/rabbitmq-cluster.sh, for "+clusterScenario+" (default: found above the working directory)")
@@ -236,6 +239,7 @@ func runScenario(parent context.Context, o options, scenario string) (string, er
 	}
 	rng := rand.New(rand.NewPCG(o.seed, uint64(len(scenario))))
 	base, batched := strings.CutSuffix(scenario, batchedSuffix)
+	base, batchHandler := strings.CutSuffix(base, batchHandlerSuffix)
 	w := &world{o: o, name: fmt.Sprintf("chaos_%s_%d", strings.ReplaceAll(scenario, "-", "_"), rng.Uint32()), conn: rabbitmq.Connection{URL: o.amqpURL}}
 	if base == clusterScenario {
 		defer w.stopCluster() // deferred first: after the teardown
@@ -265,6 +269,9 @@ func runScenario(parent context.Context, o options, scenario string) (string, er
 	}
 	if batched {
 		w.batchArgs()
+	}
+	if batchHandler {
+		w.batchHandlerArgs()
 	}
 
 	copies, procs, crashProb := 1, o.procs, 0.0
@@ -329,7 +336,7 @@ func runScenario(parent context.Context, o options, scenario string) (string, er
 	case w.restart != nil:
 		disruption += fmt.Sprintf(" (%s)", w.restart.Boot)
 	}
-	if batched {
+	if batched || batchHandler {
 		if crashProb > 0 {
 			disruption += fmt.Sprintf("; self-crashes %s %d (with %d other deliveries handled, awaiting their commit)", midBatchPoint, crashes[midBatchPoint], counts["mid-batch-awaiting"])
 		}
