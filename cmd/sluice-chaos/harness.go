@@ -64,9 +64,11 @@ type options struct {
 }
 
 // allScenarios are the default ones. Any scenario with the suffix -batched
-// runs with group commit on every inbox (deduplication.Config.Batch).
+// runs with group commit on every inbox (deduplication.Config.Batch); with
+// the suffix -batch-handler, with a batch handler
+// (router.HandlerConfig.BatchHandler).
 var allScenarios = []string{"kill", "rabbitmq-restart", "postgres-stop", "poison-full", "same-id-8", "outbox",
-	"kill" + batchedSuffix, "postgres-stop" + batchedSuffix, clusterScenario, orderedScenario}
+	"kill" + batchedSuffix, "postgres-stop" + batchedSuffix, "same-id-8" + batchHandlerSuffix, clusterScenario, orderedScenario}
 
 // killCrashPoints are the consumers' self-crashes in the kill scenario.
 var killCrashPoints = []string{"before-commit", "after-commit", "after-tier-publish"}
