@@ -24,6 +24,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/dlq"
@@ -875,7 +876,7 @@ func (w *world) verify(p plan) (string, error) {
 		problems = append(problems, fmt.Sprintf("%d events with a double effect", twice))
 	}
 	if depth > 0 {
-		problems = append(problems, fmt.Sprintf("%d messages left in the main and tier queues", depth))
+		problems = append(problems, fmt.Sprintf("%d messages left in the main and tier queues: %s", depth, w.leftovers(effects)))
 	}
 	res := fmt.Sprintf("effects %d == %d valid, %d twice; poison %d == %d bad (%d copies); queues empty: %v",
 		len(effects), len(p.valid), twice, len(poisoned), len(p.bad), copies, depth == 0)
@@ -889,4 +890,31 @@ func (w *world) verify(p plan) (string, error) {
 		return res, errors.New(strings.Join(problems, "; "))
 	}
 	return res, nil
+}
+
+// leftovers names the messages left in the main and tier queues: the queue,
+// the event, its attempt, whether it has its effect — for a scenario that
+// fails with messages left.
+func (w *world) leftovers(effects map[string]int) string {
+	var out []string
+	w.queueMu.Lock()
+	defer w.queueMu.Unlock()
+	err := w.withConn(func(c *amqp.Connection) error {
+		for _, q := range w.queues(false) {
+			ms, err := dlq.Inspect(context.Background(), c, q, dlq.Filter{}, 20)
+			if err != nil {
+				return err
+			}
+			for _, m := range ms {
+				id := m.Msg.Metadata.Get(chaosIDKey)
+				out = append(out, fmt.Sprintf("%s in %s (attempt %q, redelivered %v, effects %d)", id, q,
+					m.Msg.Metadata.Get(sluice.AttemptKey), m.Delivery.Redelivered, effects[id]))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		out = append(out, "(reading them: "+err.Error()+")")
+	}
+	return strings.Join(out, ", ")
 }
