@@ -66,10 +66,12 @@ type BatchHandler struct {
 	// while the one before it commits): rabbitmq.BrokerConfig.Prefetch.
 	// Default BatchHandlerMaxBatchDefault; at most 1000.
 	MaxBatch int
-	// MaxWait is the longest a batch takes in deliveries after its first,
-	// unless it is full sooner. A batch that cannot start yet — Concurrency
-	// batches running — goes on taking deliveries in until one ends.
-	// Default BatchHandlerMaxWaitDefault; at most 1s.
+	// MaxWait is the longest a batch takes in deliveries after its first.
+	// It closes sooner when it is full, or when no delivery joined it for a
+	// tenth of MaxWait (at least 100µs): the deliveries the broker sent
+	// together are in. A batch that cannot start yet — Concurrency batches
+	// running — goes on taking deliveries in until one ends. Default
+	// BatchHandlerMaxWaitDefault; at most 1s.
 	MaxWait time.Duration
 	// Concurrency is how many batches of the handler run at once, each on
 	// a connection of its own. Default BatchHandlerConcurrencyDefault.
@@ -161,6 +163,7 @@ type gatherer struct {
 type gathering struct {
 	full    chan struct{} // closed when admission closes because the batch is full
 	members []*entry      // under the gatherer's mu while admitting
+	last    time.Time     // when the last delivery joined (under the gatherer's mu)
 	closed  bool          // admission closed (under the gatherer's mu)
 }
 
@@ -211,6 +214,7 @@ func (g *gatherer) join(e *entry) {
 	defer g.mu.Unlock()
 	if b := g.open; b != nil {
 		e.batch = b
+		b.last = time.Now()
 		b.members = append(b.members, e)
 		if len(b.members) >= g.cfg.MaxBatch {
 			b.closed = true
@@ -219,7 +223,7 @@ func (g *gatherer) join(e *entry) {
 		}
 		return
 	}
-	b := &gathering{full: make(chan struct{}), members: []*entry{e}}
+	b := &gathering{full: make(chan struct{}), members: []*entry{e}, last: time.Now()}
 	e.batch = b
 	if g.cfg.MaxBatch == 1 {
 		b.closed = true
@@ -255,10 +259,24 @@ func (g *gatherer) leave(e *entry) bool {
 // run closes b after MaxWait, when full, and then once a slot is free —
 // taking deliveries in while none is — and runs it.
 func (g *gatherer) run(b *gathering) {
-	t := time.NewTimer(g.cfg.MaxWait)
-	select {
-	case <-t.C:
-	case <-b.full:
+	start := time.Now()
+	idle := max(g.cfg.MaxWait/10, 100*time.Microsecond)
+	t := time.NewTimer(min(idle, g.cfg.MaxWait))
+gather:
+	for {
+		select {
+		case <-b.full:
+			break gather
+		case now := <-t.C:
+			waited := now.Sub(start)
+			g.mu.Lock()
+			quiet := now.Sub(b.last)
+			g.mu.Unlock()
+			if waited >= g.cfg.MaxWait || quiet >= idle { // the deliveries sent together are in
+				break gather
+			}
+			t.Reset(min(idle-quiet, g.cfg.MaxWait-waited))
+		}
 	}
 	t.Stop()
 	select {

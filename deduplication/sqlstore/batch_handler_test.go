@@ -338,10 +338,14 @@ func TestABatchHandlersContextEndsWithTheDeliveriesDeadline(t *testing.T) {
 	t.Parallel()
 	e := newBatchHandlerEnv(t, "postgres", deduplication.BatchHandler{MaxBatch: 3, MaxWait: time.Second}, "")
 	e.decide = func(ctx context.Context, _ string) error {
-		<-ctx.Done()
-		return sluice.Transient(context.Cause(ctx))
+		select {
+		case <-ctx.Done():
+			return sluice.Transient(context.Cause(ctx))
+		case <-time.After(time.Minute):
+			return errors.New("the handler's context did not end with the delivery's deadline")
+		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	fs := make([]func() error, 3)
 	for i, k := range keysN("k", 3) {
