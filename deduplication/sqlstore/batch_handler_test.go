@@ -15,6 +15,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
@@ -380,4 +381,28 @@ func TestABatchHandlersStatementFailingForOneEventFailsOnlyThatEvent(t *testing.
 	}
 	assert.Len(t, e.rows(t), 15)
 	assert.NotContains(t, e.claimed(t), "k09")
+}
+
+// The batch's span links the span of each of its deliveries.
+func TestABatchHandlersSpanLinksEachDelivery(t *testing.T) {
+	t.Parallel()
+	e := newBatchHandlerEnv(t, "postgres", deduplication.BatchHandler{MaxBatch: 4, MaxWait: time.Second}, "")
+	keys := keysN("k", 4)
+	want := make([]trace.SpanContext, len(keys))
+	fs := make([]func() error, len(keys))
+	for i, k := range keys {
+		want[i] = trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1, byte(i + 1)}, SpanID: trace.SpanID{2, byte(i + 1)}, TraceFlags: trace.FlagsSampled})
+		ctx := trace.ContextWithSpanContext(context.Background(), want[i])
+		fs[i] = func() error { return e.deliverCtx(ctx, k) }
+	}
+	for _, err := range together(fs...) {
+		require.NoError(t, err)
+	}
+	spans := e.spans.GetSpans()
+	require.Len(t, spans, 1)
+	var got []trace.SpanContext
+	for _, l := range spans[0].Links {
+		got = append(got, l.SpanContext)
+	}
+	assert.ElementsMatch(t, want, got)
 }
