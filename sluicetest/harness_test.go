@@ -191,8 +191,10 @@ func TestTheKitRunsABatchHandler(t *testing.T) {
 	h.Publish("flaky", sluicetest.Message("evt-2", []byte("flaky")))
 	h.Publish("bad", sluicetest.Message("evt-3", []byte("bad")))
 	h.Settle()
-	h.RequireProcessedOnce("ok")
-	h.RequireDuplicate("again")
+	// The two copies of evt-1 arrive together: either may be the one the
+	// batch handler sees.
+	both := append(h.Trace("ok").Outcomes(), h.Trace("again").Outcomes()...)
+	require.ElementsMatch(t, []string{"processed", "duplicate"}, both)
 	h.RequireOutcomes("flaky", "retried to tier 1", "processed")
 	h.RequirePoisoned("bad", sluice.ClassPoison, map[string]string{"sluice_poison_reason": "poison: unknown product"})
 }
