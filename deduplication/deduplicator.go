@@ -18,7 +18,6 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
 // KeyMaxLengthDefault is the default longest key, in bytes. Longer keys are
@@ -178,11 +177,8 @@ func newDeduplicator(cfg Config, batchTimer func(time.Duration) *time.Timer) (*d
 	d := &deduplicator{cfg: cfg, duplicates: dup, storeBound: cfg.StoreTimeout, calls: newCalls()}
 	if cfg.Batch != nil {
 		d.batches = &batcher{d: d, cfg: cfg.Batch.withDefaults(), timer: batchTimer}
-		d.batchSize, err = telemetry.Meter(cfg.MeterProvider).Int64Histogram(MetricBatchSize,
-			metric.WithDescription("Deliveries committed by one group commit."), metric.WithUnit("{delivery}"),
-			metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256))
-		if err != nil {
-			return nil, fmt.Errorf("deduplication: creating %s histogram: %w", MetricBatchSize, err)
+		if d.batchSize, err = batchSizeHistogram(cfg); err != nil {
+			return nil, err
 		}
 	}
 	if cb, ok := cfg.Store.(ContextBounded); ok && cb.BoundedByContext() {

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/telemetry"
@@ -47,8 +48,17 @@ type HandlerConfig struct {
 	// so. Without an inbox the redelivery runs the handler again, which
 	// produces them again.
 	PublishingHandler message.HandlerFunc
-	PublishTopic      string
-	Publisher         message.Publisher
+	// BatchHandler handles the deliveries in flight in batches: one claim
+	// statement, one call, one commit per batch, each event's outcome its
+	// own (deduplication.NewBatchHandler). It takes the place of the Inbox
+	// and Recoverer stages and of Handler: give it instead of Handler and
+	// PublishingHandler, with Stages.Inbox (its store, key and consumer).
+	// What an event produces it writes through the outbox's Writer on that
+	// event's context (msgs[i].Context()). Add refuses it with Stages.Order
+	// (ErrUnsupported). Built once, shared by the handler's Consumers.
+	BatchHandler *deduplication.BatchHandler
+	PublishTopic string
+	Publisher    message.Publisher
 	// PublishAtMostOnce accepts Publisher beside Stages.Inbox, knowing
 	// what it loses: PublishingHandler's messages are published after the
 	// inbox's commit, at most once — a publish that fails then (a broker
@@ -104,6 +114,27 @@ func (c HandlerConfig) unsafe() error {
 	return nil
 }
 
+// ErrUnsupported is matched by Add's error for stages a handler of its
+// kind cannot keep: a BatchHandler with Stages.Order.
+var ErrUnsupported = errors.New("router: unsupported assembly")
+
+// newBatchHandler builds the batch handler with the inbox of s, given the
+// stages' shared settings, and leaves the Inbox and Recoverer stages out of
+// s: the batch handler is both.
+func newBatchHandler(s *Stages, bh deduplication.BatchHandler) (message.HandlerFunc, error) {
+	in := *s.Inbox
+	if s.Classifier == nil {
+		s.Classifier = sluice.DefaultClassifier()
+	}
+	s.share(shared{classifier: &in.Classifier, meter: &in.MeterProvider, logger: &in.Logger, tracer: &bh.TracerProvider})
+	h, err := deduplication.NewBatchHandler(in, bh)
+	if err != nil {
+		return nil, fmt.Errorf("router: batch handler: %w", err)
+	}
+	s.Inbox, s.Recoverer = nil, nil
+	return h, nil
+}
+
 // ErrDuplicateHandler is matched by Add's error for a handler name already on
 // the router, or a topic another handler of the router consumes.
 var ErrDuplicateHandler = errors.New("router: duplicate handler")
@@ -155,8 +186,17 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		return nil, errors.New("router: HandlerConfig.Topic is required")
 	case cfg.Subscriber == nil:
 		return nil, errors.New("router: HandlerConfig.Subscriber is required")
-	case (cfg.Handler == nil) == (cfg.PublishingHandler == nil):
-		return nil, errors.New("router: exactly one of HandlerConfig.Handler and HandlerConfig.PublishingHandler is required")
+	case cfg.BatchHandler != nil && (cfg.Handler != nil || cfg.PublishingHandler != nil):
+		return nil, errors.New("router: HandlerConfig.BatchHandler takes the place of Handler and PublishingHandler: give one of the three")
+	case cfg.BatchHandler != nil && cfg.Stages.Inbox == nil:
+		return nil, errors.New("router: HandlerConfig.BatchHandler needs Stages.Inbox: a batch's claims and effects commit in the inbox's transaction")
+	case cfg.BatchHandler != nil && cfg.Stages.Order != nil:
+		return nil, fmt.Errorf("%w: HandlerConfig.BatchHandler with Stages.Order: a batch handler does not keep a key's events in order "+
+			"(an event that fails leaves its batch while the key's later events commit); use a Handler for an ordered queue", ErrUnsupported)
+	case cfg.BatchHandler != nil && (cfg.Outbox != nil || cfg.Publisher != nil):
+		return nil, errors.New("router: HandlerConfig.BatchHandler writes what each event produces with the outbox's Publish on that event's context (msgs[i].Context()); leave Outbox and Publisher unset")
+	case cfg.BatchHandler == nil && (cfg.Handler == nil) == (cfg.PublishingHandler == nil):
+		return nil, errors.New("router: exactly one of HandlerConfig.Handler, HandlerConfig.PublishingHandler and HandlerConfig.BatchHandler is required")
 	case cfg.Outbox != nil && cfg.PublishingHandler == nil:
 		return nil, errors.New("router: HandlerConfig.Outbox takes a PublishingHandler's messages; a Handler writes what it produces with the outbox's Publish itself")
 	case cfg.Outbox != nil && cfg.Publisher != nil:
@@ -238,14 +278,27 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 	if err := exportAtZero(cfg.Stages, cfg.Name, cfg.Topic, system); err != nil {
 		return nil, fmt.Errorf("router: exporting the handler's counters at zero: %w", err)
 	}
+	var batched message.HandlerFunc
+	stages := cfg.Stages
+	if cfg.BatchHandler != nil {
+		var err error
+		if batched, err = newBatchHandler(&stages, *cfg.BatchHandler); err != nil {
+			return nil, err
+		}
+	}
 	for i := range n {
-		mws, err := Middlewares(cfg.Stages)
+		mws, err := Middlewares(stages)
 		if err != nil {
 			return nil, err
 		}
 		name := names[i]
 		var h *message.Handler
 		switch {
+		case batched != nil:
+			h = r.AddConsumerHandler(name, cfg.Topic, subscriber, func(msg *message.Message) error {
+				_, err := batched(msg)
+				return err
+			})
 		case cfg.Handler != nil:
 			h = r.AddConsumerHandler(name, cfg.Topic, subscriber, deduplication.ReentryNoPublish(cfg.Handler))
 		case cfg.Outbox != nil:

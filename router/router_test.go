@@ -47,7 +47,7 @@ func TestAddValidates(t *testing.T) {
 		{router.HandlerConfig{Topic: "t", Subscriber: sub, Handler: h}, "HandlerConfig.Name is required"},
 		{router.HandlerConfig{Name: "n", Subscriber: sub, Handler: h}, "HandlerConfig.Topic is required"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Handler: h}, "HandlerConfig.Subscriber is required"},
-		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub}, "exactly one of HandlerConfig.Handler and HandlerConfig.PublishingHandler"},
+		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub}, "exactly one of HandlerConfig.Handler, HandlerConfig.PublishingHandler and HandlerConfig.BatchHandler"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, PublishingHandler: ph}, "needs PublishTopic"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, PublishingHandler: ph, PublishTopic: "p"}, "needs Outbox (or Publisher)"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Outbox: ob}, "HandlerConfig.Outbox takes a PublishingHandler's messages"},

@@ -44,6 +44,16 @@ type Handler struct {
 	// never sent by a delivery that rolled back. Needs Config.Publisher.
 	PublishingHandler message.HandlerFunc
 	PublishTopic      string
+	// BatchHandler handles the deliveries in flight in batches — one claim
+	// statement, one call, one COMMIT per batch, each event's outcome its
+	// own (deduplication.BatchHandler, router.HandlerConfig.BatchHandler):
+	// for handlers that write a row or so per event (projections, ledgers,
+	// audit trails), past what group commit gives (docs/batch-handlers.md).
+	// What event i produces, it writes with the outbox on that event's
+	// context: Stores().Outbox.Publish(msgs[i].Context(), topic, …). Not
+	// with OrderBy; GroupCommit does not apply. Exactly one of Handler,
+	// PublishingHandler and BatchHandler is required.
+	BatchHandler *deduplication.BatchHandler
 	// OrderBy keeps each key's messages in publish order through retries
 	// (the ordering stage, docs/ordering.md): the key is the entity whose
 	// events must apply in order (deduplication.KeyFromMetadata("account")).

@@ -3,6 +3,7 @@ package service_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -134,4 +135,56 @@ func TestTheREADMEServiceRuns(t *testing.T) {
 	// key function, before the handler; the other by the handler.
 	require.Contains(t, reasons[`{"eventId":"evt-2","orderId":`], `deduplication key: JSON field "eventId": payload`)
 	require.Contains(t, reasons[`{"eventId":"evt-4","orderId":5}`], "json: cannot unmarshal number")
+}
+
+// The README's batch handler runs as written (addLedger) on RabbitMQ and
+// PostgreSQL: 50 events each delivered twice and one that breaks the
+// ledger's CHECK constraint, in batches: each event's row once, the one
+// that breaks it alone in ledger.poison.
+func TestTheREADMEBatchHandlerRuns(t *testing.T) {
+	t.Parallel()
+	db := testenv.PostgresInSchema(t)
+	_, err := db.ExecContext(t.Context(), `CREATE TABLE ledger (entry JSONB NOT NULL CHECK (entry->>'amount' <> '-1'))`)
+	require.NoError(t, err)
+	testenv.DeleteQueuesNowAndAtEnd(t, "ledger", "ledger.retry.30s", "ledger.retry.5m", "ledger.retry.30m", "ledger.poison")
+	schema := testenv.Name("ledger_svc")
+	dropSchemaNowAndAtEnd(t, db, schema)
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	svc, err := service.New(service.Config{DB: db, Schema: schema, Router: r})
+	require.NoError(t, err)
+	require.NoError(t, svc.Migrate(t.Context()))
+	q, err := addLedger(t.Context(), svc, testenv.AMQPURL)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	<-r.Running()
+
+	for i := range 50 {
+		for range 2 {
+			payload := fmt.Sprintf(`{"eventId":"evt-%d","amount":%d}`, i, i)
+			require.NoError(t, q.Publisher().Publish("ledger", message.NewMessage(watermill.NewUUID(), []byte(payload))))
+		}
+	}
+	require.NoError(t, q.Publisher().Publish("ledger", message.NewMessage(watermill.NewUUID(), []byte(`{"eventId":"evt-bad","amount":-1}`))))
+	conn := testenv.AMQP(t)
+	count := func() int {
+		var n int
+		require.NoError(t, db.GetContext(t.Context(), &n, `SELECT count(*) FROM ledger`))
+		return n
+	}
+	require.Eventually(t, func() bool {
+		return count() == 50 && testenv.QueueDepth(t, conn, "ledger.poison") == 1 && testenv.QueueDepth(t, conn, "ledger") == 0
+	}, time.Minute, 20*time.Millisecond)
+	require.NoError(t, svc.Close())
+	require.NoError(t, <-done)
+	require.NoError(t, q.Close())
+	var distinct int
+	require.NoError(t, db.GetContext(t.Context(), &distinct, `SELECT count(DISTINCT entry->>'eventId') FROM ledger`))
+	require.Equal(t, 50, distinct)
+	require.Equal(t, 50, count(), "each event's row once")
+	poisoned := testenv.Drain(t, conn, "ledger.poison")
+	require.Len(t, poisoned, 1)
+	require.Equal(t, `{"eventId":"evt-bad","amount":-1}`, string(poisoned[0].Body))
+	require.Contains(t, poisoned[0].Headers["sluice_poison_reason"], "ledger_entry_check")
 }

@@ -128,7 +128,7 @@ func (s *Service) Add(h Handler) error {
 	if err := s.checkRetention(h, st); err != nil {
 		return err
 	}
-	cfg := router.HandlerConfig{Name: h.Name, Broker: h.Broker, Handler: h.Handler, Consumers: h.Consumers, Stages: st}
+	cfg := router.HandlerConfig{Name: h.Name, Broker: h.Broker, Handler: h.Handler, BatchHandler: h.BatchHandler, Consumers: h.Consumers, Stages: st}
 	if h.PublishingHandler != nil {
 		cfg.PublishingHandler, cfg.PublishTopic, cfg.Outbox = h.PublishingHandler, h.PublishTopic, s.stores.Outbox
 	}

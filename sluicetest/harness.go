@@ -48,8 +48,9 @@ const (
 // Config configures a Harness.
 type Config struct {
 	// Handler is the handler under test, as the service takes it:
-	// Handler or PublishingHandler (with PublishTopic), Key, Stages,
-	// Without, GroupCommit. Its Broker must be nil: the kit's, or
+	// Handler, PublishingHandler (with PublishTopic) or BatchHandler (its
+	// batches gathered in real time, MaxWait; its outcomes' tiers and the
+	// brake on the virtual clock), Key, Stages, Without, GroupCommit. Its Broker must be nil: the kit's, or
 	// Config.Broker. Name defaults to NameDefault.
 	Handler service.Handler
 	// DB is the database of the inbox, outbox and replay tables and of the
@@ -233,6 +234,16 @@ func (h *Harness) handler() service.Handler {
 			h.ran(msg)
 			return inner(msg)
 		}
+	case sh.BatchHandler != nil:
+		bh := *sh.BatchHandler
+		inner := bh.Handle
+		bh.Handle = func(ctx context.Context, msgs []*message.Message) []error {
+			for _, m := range msgs {
+				h.ran(m)
+			}
+			return inner(ctx, msgs)
+		}
+		sh.BatchHandler = &bh
 	case sh.PublishingHandler != nil:
 		inner := sh.PublishingHandler
 		sh.PublishingHandler = func(msg *message.Message) ([]*message.Message, error) {

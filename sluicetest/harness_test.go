@@ -13,7 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/service"
 	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/sluicetest"
 )
@@ -161,4 +163,38 @@ func TestTheKitOnPostgreSQL(t *testing.T) {
 	h.RequireRejected("rejected")
 	h.RequireProduced("slow", "receipt:evt-1")
 	require.Equal(t, 1, payments(t, h))
+}
+
+// A batch handler runs in the kit as in a service: each event's outcome its
+// own — done, a duplicate, retried through a tier on the virtual clock
+// (the batch ran again without it), poisoned with its reason.
+func TestTheKitRunsABatchHandler(t *testing.T) {
+	t.Parallel()
+	h := sluicetest.New(t, sluicetest.Config{Handler: service.Handler{
+		BatchHandler: &deduplication.BatchHandler{Handle: func(ctx context.Context, msgs []*message.Message) []error {
+			out := make([]error, len(msgs))
+			for i, m := range msgs {
+				switch string(m.Payload) {
+				case "flaky":
+					if n, _ := sluice.Attempt(m); n <= 1 {
+						out[i] = fmt.Errorf("card service: %w", context.DeadlineExceeded)
+					}
+				case "bad":
+					out[i] = sluice.Poison(errors.New("unknown product"))
+				}
+			}
+			return out
+		}},
+	}})
+	h.Publish("ok", sluicetest.Message("evt-1", []byte("ok")))
+	h.Publish("again", sluicetest.Message("evt-1", []byte("ok")))
+	h.Publish("flaky", sluicetest.Message("evt-2", []byte("flaky")))
+	h.Publish("bad", sluicetest.Message("evt-3", []byte("bad")))
+	h.Settle()
+	// The two copies of evt-1 arrive together: either may be the one the
+	// batch handler sees.
+	both := append(h.Trace("ok").Outcomes(), h.Trace("again").Outcomes()...)
+	require.ElementsMatch(t, []string{"processed", "duplicate"}, both)
+	h.RequireOutcomes("flaky", "retried to tier 1", "processed")
+	h.RequirePoisoned("bad", sluice.ClassPoison, map[string]string{"sluice_poison_reason": "poison: unknown product"})
 }

@@ -19,6 +19,18 @@ import (
 // is the kill scenario with deduplication.Config.Batch set on every inbox.
 const batchedSuffix = "-batched"
 
+// batchHandlerSuffix runs a scenario's consumers with a batch handler
+// (router.HandlerConfig.BatchHandler): kill-batch-handler is the kill
+// scenario with every event written by a batch handler.
+const batchHandlerSuffix = "-batch-handler"
+
+// batchHandlerArgs gives the world's consumers a batch handler, with the
+// mid-batch self-crash among their crash points.
+func (w *world) batchHandlerArgs() {
+	w.slotArgs = append(w.slotArgs, "--batch-handler", fmt.Sprint(w.o.batchHandlerSize), "--max-wait", w.o.maxWait.String(),
+		"--prefetch", fmt.Sprint(2*w.o.batchHandlerSize), "--crash-points", strings.Join(append(killCrashPoints[:len(killCrashPoints):len(killCrashPoints)], midBatchPoint), ","))
+}
+
 // midBatchPoint is the batched scenarios' extra self-crash: in the handler,
 // its row written, while other deliveries' handlers have returned and wait
 // for their batch's commit — the moment a crash takes most uncommitted work
@@ -63,14 +75,14 @@ func describeBatches(counts map[string]int) string {
 		}
 	}
 	if commits == 0 {
-		return "group commit: no batch reported"
+		return "batches: none reported"
 	}
 	sort.Slice(sizes, func(i, j int) bool { return sizes[i].k < sizes[j].k })
 	parts := make([]string, 0, len(sizes))
 	for _, s := range sizes {
 		parts = append(parts, fmt.Sprintf("%d:%d", s.k, s.n))
 	}
-	return fmt.Sprintf("group commit: %d deliveries in %d commits (%.1f a commit; by size %s)",
+	return fmt.Sprintf("batches: %d deliveries in %d commits (%.1f a commit; by size %s)",
 		deliveries, commits, float64(deliveries)/float64(commits), strings.Join(parts, " "))
 }
 

@@ -55,6 +55,7 @@ func consumerMain(args []string) error {
 	maxBatch := fs.Int("max-batch", 0, "group commit on every inbox with this MaxBatch (0: one transaction per delivery)")
 	maxWait := fs.Duration("max-wait", 0, "group commit's MaxWait (0: its default)")
 	prefetch := fs.Int("prefetch", 0, "deliveries in flight per subscription (0: the broker's default)")
+	batchHandler := fs.Int("batch-handler", 0, "handle the events with a batch handler of this MaxBatch (router.HandlerConfig.BatchHandler; 0: a handler per delivery)")
 	trace := fs.Bool("trace", false, "print a line per delivery, result and retry or poison publish of each event (trace <id> <what>), for the harness to show for the events missing at the end")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -180,6 +181,12 @@ func consumerMain(args []string) error {
 			Recoverer: &middleware.RecovererConfig{},
 		},
 	}
+	if *batchHandler > 0 {
+		cfg.Handler = nil
+		cfg.Stages.Inbox.MeterProvider = batchSizes{}
+		cfg.BatchHandler = &deduplication.BatchHandler{MaxBatch: *batchHandler, MaxWait: *maxWait,
+			Handle: batchHandle(*schema, tr, crash, crashes, crashNow)}
+	}
 	var ob *outboxProcess
 	if *produceTo != "" {
 		ob = &outboxProcess{db: db, schema: *schema, queue: *produceTo, crash: crash, inbox: inbox}
@@ -235,4 +242,54 @@ func parseDelays(s string) ([]time.Duration, error) {
 		out = append(out, d)
 	}
 	return out, nil
+}
+
+// batchHandle is the chaos handler as a batch handler: each event fails as
+// the handler per delivery fails it (transiently its first failTimes
+// attempts, an invariant, JSON of another shape), the others' rows are
+// written in one INSERT; then the process may crash, the batch written and
+// not committed (before-commit, and mid-batch when the batch holds more
+// than one event).
+func batchHandle(schema string, tr func(id, format string, args ...any), crash func(string), crashes func(string) bool, crashNow func(string)) deduplication.BatchHandlerFunc {
+	insert := `INSERT INTO ` + schema + `.effects (event_id) SELECT jsonb_array_elements_text($1::jsonb)`
+	return func(ctx context.Context, msgs []*message.Message) []error {
+		out := make([]error, len(msgs))
+		var ids []string
+		for i, msg := range msgs {
+			var e event
+			if err := json.Unmarshal(msg.Payload, &e); err != nil {
+				out[i] = err
+				continue
+			}
+			attempt, _ := sluice.Attempt(msg)
+			tr(e.EventID, "attempt %d (fails %d times), in a batch of %d", attempt, e.FailTimes, len(msgs))
+			switch {
+			case attempt <= e.FailTimes:
+				out[i] = fmt.Errorf("downstream: %w", context.DeadlineExceeded)
+			case e.Invariant:
+				out[i] = sluice.Invariant(fmt.Errorf("event %s: the order must exist", e.EventID))
+			default:
+				ids = append(ids, e.EventID)
+			}
+		}
+		if len(ids) == 0 {
+			return out
+		}
+		rows, err := json.Marshal(ids)
+		if err == nil {
+			_, err = sqlstore.TxFromContext(ctx).ExecContext(ctx, insert, string(rows))
+		}
+		if err != nil {
+			return deduplication.SameOutcome(msgs, err)
+		}
+		for _, id := range ids {
+			tr(id, "effect written in a batch of %d, not committed", len(ids))
+		}
+		crash("before-commit") // claimed and written, not committed
+		if len(ids) > 1 && crashes(midBatchPoint) {
+			fmt.Fprintln(os.Stderr, "count mid-batch-awaiting", len(ids)-1)
+			crashNow(midBatchPoint)
+		}
+		return out
+	}
 }

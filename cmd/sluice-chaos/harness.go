@@ -24,6 +24,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/dlq"
@@ -53,18 +54,22 @@ type options struct {
 	// The group commit of the …-batched scenarios.
 	maxBatch, batchPrefetch int
 	maxWait                 time.Duration
-	clusterScript           string
-	dlxConfirmTimeout       time.Duration
-	ordered                 orderedOptions
+	// The batch handler's MaxBatch in the …-batch-handler scenarios.
+	batchHandlerSize  int
+	clusterScript     string
+	dlxConfirmTimeout time.Duration
+	ordered           orderedOptions
 	// orderedNode is the ordered scenario's private node, started when the
 	// harness starts (nil: the scenario starts its own).
 	orderedNode *nodeStart
 }
 
 // allScenarios are the default ones. Any scenario with the suffix -batched
-// runs with group commit on every inbox (deduplication.Config.Batch).
+// runs with group commit on every inbox (deduplication.Config.Batch); with
+// the suffix -batch-handler, with a batch handler
+// (router.HandlerConfig.BatchHandler).
 var allScenarios = []string{"kill", "rabbitmq-restart", "postgres-stop", "poison-full", "same-id-8", "outbox",
-	"kill" + batchedSuffix, "postgres-stop" + batchedSuffix, clusterScenario, orderedScenario}
+	"kill" + batchedSuffix, "postgres-stop" + batchedSuffix, "same-id-8" + batchHandlerSuffix, clusterScenario, orderedScenario}
 
 // killCrashPoints are the consumers' self-crashes in the kill scenario.
 var killCrashPoints = []string{"before-commit", "after-commit", "after-tier-publish"}
@@ -89,9 +94,10 @@ func harnessMain(args []string) error {
 	fs.DurationVar(&o.timeout, "timeout", 4*time.Minute, "per scenario (from its setup on: "+clusterScenario+"'s cluster start is not counted)")
 	fs.StringVar(&o.tiers, "tiers", "1s,2s,5s,10s,20s", "retry tiers; their sum must outlast the outages")
 	fs.Uint64Var(&o.seed, "seed", uint64(time.Now().UnixNano()), "random seed (printed, for reruns)")
-	fs.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "scenarios to run (any of them with the suffix -batched: with group commit)")
+	fs.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "scenarios to run (any of them with the suffix -batched: with group commit; -batch-handler: with a batch handler)")
 	fs.IntVar(&o.maxBatch, "max-batch", deduplication.MaxBatchDefault, "group commit's MaxBatch in the -batched scenarios")
 	fs.DurationVar(&o.maxWait, "max-wait", deduplication.MaxWaitDefault, "group commit's MaxWait in the -batched scenarios")
+	fs.IntVar(&o.batchHandlerSize, "batch-handler-size", 32, "the batch handler's MaxBatch in the -batch-handler scenarios (the prefetch is twice it)")
 	fs.IntVar(&o.batchPrefetch, "batch-prefetch", 32, "deliveries in flight per subscription in the -batched scenarios (0: the broker's default)")
 	rabbitmq4 := fs.Bool("rabbitmq4", false, "run on the RabbitMQ 4.0 node of make services (scripts/rabbitmq4.sh env: its URL, and its rabbitmqctl for the restarts and policies; cluster-node-kill's cluster runs from its directory)")
 	fs.StringVar(&o.clusterScript, "cluster-script", "", "scripts/rabbitmq-cluster.sh, for "+clusterScenario+" (default: found above the working directory)")
@@ -236,6 +242,7 @@ func runScenario(parent context.Context, o options, scenario string) (string, er
 	}
 	rng := rand.New(rand.NewPCG(o.seed, uint64(len(scenario))))
 	base, batched := strings.CutSuffix(scenario, batchedSuffix)
+	base, batchHandler := strings.CutSuffix(base, batchHandlerSuffix)
 	w := &world{o: o, name: fmt.Sprintf("chaos_%s_%d", strings.ReplaceAll(scenario, "-", "_"), rng.Uint32()), conn: rabbitmq.Connection{URL: o.amqpURL}}
 	if base == clusterScenario {
 		defer w.stopCluster() // deferred first: after the teardown
@@ -265,6 +272,9 @@ func runScenario(parent context.Context, o options, scenario string) (string, er
 	}
 	if batched {
 		w.batchArgs()
+	}
+	if batchHandler {
+		w.batchHandlerArgs()
 	}
 
 	copies, procs, crashProb := 1, o.procs, 0.0
@@ -329,7 +339,7 @@ func runScenario(parent context.Context, o options, scenario string) (string, er
 	case w.restart != nil:
 		disruption += fmt.Sprintf(" (%s)", w.restart.Boot)
 	}
-	if batched {
+	if batched || batchHandler {
 		if crashProb > 0 {
 			disruption += fmt.Sprintf("; self-crashes %s %d (with %d other deliveries handled, awaiting their commit)", midBatchPoint, crashes[midBatchPoint], counts["mid-batch-awaiting"])
 		}
@@ -866,7 +876,7 @@ func (w *world) verify(p plan) (string, error) {
 		problems = append(problems, fmt.Sprintf("%d events with a double effect", twice))
 	}
 	if depth > 0 {
-		problems = append(problems, fmt.Sprintf("%d messages left in the main and tier queues", depth))
+		problems = append(problems, fmt.Sprintf("%d messages left in the main and tier queues: %s", depth, w.leftovers(effects)))
 	}
 	res := fmt.Sprintf("effects %d == %d valid, %d twice; poison %d == %d bad (%d copies); queues empty: %v",
 		len(effects), len(p.valid), twice, len(poisoned), len(p.bad), copies, depth == 0)
@@ -880,4 +890,31 @@ func (w *world) verify(p plan) (string, error) {
 		return res, errors.New(strings.Join(problems, "; "))
 	}
 	return res, nil
+}
+
+// leftovers names the messages left in the main and tier queues: the queue,
+// the event, its attempt, whether it has its effect — for a scenario that
+// fails with messages left.
+func (w *world) leftovers(effects map[string]int) string {
+	var out []string
+	w.queueMu.Lock()
+	defer w.queueMu.Unlock()
+	err := w.withConn(func(c *amqp.Connection) error {
+		for _, q := range w.queues(false) {
+			ms, err := dlq.Inspect(context.Background(), c, q, dlq.Filter{}, 20)
+			if err != nil {
+				return err
+			}
+			for _, m := range ms {
+				id := m.Msg.Metadata.Get(chaosIDKey)
+				out = append(out, fmt.Sprintf("%s in %s (attempt %q, redelivered %v, effects %d)", id, q,
+					m.Msg.Metadata.Get(sluice.AttemptKey), m.Delivery.Redelivered, effects[id]))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		out = append(out, "(reading them: "+err.Error()+")")
+	}
+	return strings.Join(out, ", ")
 }

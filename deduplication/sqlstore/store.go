@@ -10,6 +10,7 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -63,6 +64,8 @@ type Store struct {
 	name    string // unquoted last part, for index names
 	opts    *sql.TxOptions
 	claim   string
+	// claimBatch claims many keys in one statement, returning those claimed.
+	claimBatch string
 	// claimIdle is claim bounding the transaction's idle time too
 	// (PostgreSQL); "" on SQLite.
 	claimIdle string
@@ -77,6 +80,7 @@ var (
 	_ deduplication.BatchDeleter     = (*Store)(nil)
 	_ deduplication.SavepointClaimer = (*sqlTx)(nil)
 	_ deduplication.IdleBounder      = (*sqlTx)(nil)
+	_ deduplication.BatchClaimer     = (*sqlTx)(nil)
 )
 
 // withDefaults returns a copy of c with its defaults filled.
@@ -110,6 +114,7 @@ func New(cfg Config) (*Store, error) {
 		opts:    cfg.TxOptions,
 	}
 	s.claim = fmt.Sprintf(d.claim, s.table)
+	s.claimBatch = fmt.Sprintf(d.claimBatch, s.table)
 	if d.claimIdle != "" {
 		s.claimIdle = fmt.Sprintf(d.claimIdle, s.table)
 	}
@@ -215,6 +220,62 @@ func (t *sqlTx) Claim(ctx context.Context, consumer, key string) (bool, error) {
 	}
 	n, err := res.RowsAffected()
 	return n == 1, err
+}
+
+// ClaimBatch claims keys in one statement and returns those it claimed
+// (deduplication.BatchClaimer, for a batch handler): on PostgreSQL an INSERT
+// ... SELECT FROM unnest of the keys as one text[] parameter, on SQLite from
+// json_each of them as one JSON parameter, each ON CONFLICT DO NOTHING
+// RETURNING the keys inserted. The rows are inserted in the order of keys.
+func (t *sqlTx) ClaimBatch(ctx context.Context, consumer string, keys []string) ([]string, error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	rows, err := t.tx.QueryContext(ctx, t.s.claimBatch, consumer, t.s.dialect.keysArg(keys))
+	if err != nil {
+		return nil, err
+	}
+	claimed := make([]string, 0, len(keys))
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			return nil, errors.Join(err, rows.Close())
+		}
+		claimed = append(claimed, k)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return nil, err
+	}
+	return claimed, nil
+}
+
+// pgTextArray is keys as a PostgreSQL array literal: each element
+// double-quoted, its backslashes and double quotes escaped (a key holds no
+// NUL byte: the inbox refuses such keys).
+func pgTextArray(keys []string) any {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		for _, r := range k {
+			if r == '"' || r == '\\' {
+				b.WriteByte('\\')
+			}
+			b.WriteRune(r)
+		}
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+// jsonArray is keys as a JSON array, for SQLite's json_each.
+func jsonArray(keys []string) any {
+	b, _ := json.Marshal(keys) // strings always marshal
+	return string(b)
 }
 
 // ClaimIdle is Claim, and on PostgreSQL, in the same statement, sets the
@@ -363,6 +424,9 @@ func (t *sqlTx) Rollback(context.Context) error {
 type dialect struct {
 	table string
 	claim string
+	// claimBatch claims many keys ($2: keysArg) and returns those inserted.
+	claimBatch string
+	keysArg    func([]string) any
 	// claimIdle is claim that also sets the transaction's
 	// idle_in_transaction_session_timeout ($3, in ms): "" where the
 	// database has none.
@@ -380,6 +444,10 @@ var postgres = dialect{
 	PRIMARY KEY (consumer, event_key)
 )`,
 	claim: `INSERT INTO %s (consumer, event_key, processed_at) VALUES ($1, $2, now()) ON CONFLICT DO NOTHING`,
+	// The keys as one text parameter cast to text[]: lib/pq and pgx both
+	// send a string as text.
+	claimBatch: `INSERT INTO %s (consumer, event_key, processed_at) SELECT $1, k, now() FROM unnest(CAST($2 AS text)::text[]) WITH ORDINALITY AS u(k, n) ORDER BY n ON CONFLICT DO NOTHING RETURNING event_key`,
+	keysArg:    pgTextArray,
 	claimIdle: `INSERT INTO %s (consumer, event_key, processed_at) SELECT $1, $2, now()
 	WHERE set_config('idle_in_transaction_session_timeout', $3, true) IS NOT NULL ON CONFLICT DO NOTHING`,
 	prune:   `DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %[1]s WHERE processed_at < $1 LIMIT $2))`,
@@ -396,9 +464,12 @@ var sqlite = dialect{
 	processed_at INTEGER NOT NULL,
 	PRIMARY KEY (consumer, event_key)
 )`,
-	claim:   `INSERT INTO %s (consumer, event_key, processed_at) VALUES (?, ?, CAST(unixepoch('subsec') * 1000000 AS INTEGER)) ON CONFLICT DO NOTHING`,
-	prune:   `DELETE FROM %[1]s WHERE rowid IN (SELECT rowid FROM %[1]s WHERE processed_at < ? LIMIT ?)`,
-	timeArg: func(t time.Time) any { return t.UnixMicro() },
+	claim: `INSERT INTO %s (consumer, event_key, processed_at) VALUES (?, ?, CAST(unixepoch('subsec') * 1000000 AS INTEGER)) ON CONFLICT DO NOTHING`,
+	// WHERE true: without it SQLite reads ON CONFLICT as a join's ON.
+	claimBatch: `INSERT INTO %s (consumer, event_key, processed_at) SELECT ?, value, CAST(unixepoch('subsec') * 1000000 AS INTEGER) FROM json_each(?) WHERE true ORDER BY key ON CONFLICT DO NOTHING RETURNING event_key`,
+	keysArg:    jsonArray,
+	prune:      `DELETE FROM %[1]s WHERE rowid IN (SELECT rowid FROM %[1]s WHERE processed_at < ? LIMIT ?)`,
+	timeArg:    func(t time.Time) any { return t.UnixMicro() },
 }
 
 var dialects = map[string]dialect{

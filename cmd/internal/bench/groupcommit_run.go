@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,6 +53,12 @@ type gcCase struct {
 	// consumes them, each stamped with its publish time (latency); 0: they
 	// are preloaded.
 	rate float64
+	// batchHandler: the same effect (one business row per event) written
+	// by a batch handler, one INSERT per batch; batch does not apply.
+	batchHandler *deduplication.BatchHandler
+	// poisonEvery > 0: every poisonEvery-th delivery fails as Poison (its
+	// batch runs again without it; the poison stage parks it).
+	poisonEvery int
 }
 
 type gcResult struct {
@@ -167,6 +174,10 @@ func gcRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, 
 			msgs[i].Metadata.Set("fail", "once")
 			healthy--
 		}
+		if gc.poisonEvery > 0 && i%gc.poisonEvery == gc.poisonEvery-1 {
+			msgs[i].Metadata.Set("fail", "poison")
+			healthy--
+		}
 	}
 	if gc.rate == 0 {
 		for i := 0; i < len(msgs); i += 500 {
@@ -184,6 +195,7 @@ func gcRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, 
 		finished            = make(chan struct{})
 		start               time.Time
 		errTransient        = errors.New("downstream timeout")
+		errPoison           = errors.New("unknown product")
 		reader              = sdkmetric.NewManualReader()
 		meter               = sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 		publishing, runDone = make(chan error, 1), make(chan error, 1)
@@ -219,16 +231,50 @@ func gcRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, 
 		return gcResult{}, err
 	}
 	r.AddMiddleware(outer)
-	if gc.noop {
+	stages := router.Stages{
+		Trace:     &middleware.TraceConfig{},
+		Poison:    &poison.Config{},
+		Retry:     &retrytiers.Config{},
+		Classify:  &middleware.ClassifyConfig{},
+		Inbox:     &deduplication.Config{Store: v.store, Consumer: "inventory", Batch: gc.batch, MeterProvider: meter},
+		Recoverer: &middleware.RecovererConfig{},
+	}
+	switch {
+	case gc.batchHandler != nil:
+		bh := *gc.batchHandler
+		bh.Handle = func(ctx context.Context, msgs []*message.Message) []error {
+			out := make([]error, len(msgs))
+			keys := make([]string, 0, len(msgs))
+			for i, m := range msgs {
+				if m.Metadata.Get("fail") == "poison" {
+					out[i] = sluice.Poison(errPoison)
+					continue
+				}
+				keys = append(keys, m.Metadata.Get(sluice.EventIDKey))
+			}
+			_, err := sqlstore.TxFromContext(ctx).ExecContext(ctx, v.insertBizBatch, strings.Join(keys, ","))
+			if err != nil {
+				return deduplication.SameOutcome(msgs, err)
+			}
+			return out
+		}
+		_, err := router.Add(r, router.HandlerConfig{Name: "bench", Broker: rabbit, Consumers: gc.subs, BatchHandler: &bh, Stages: stages})
+		if err != nil {
+			return gcResult{}, err
+		}
+	case gc.noop:
 		for i := range gc.subs {
 			r.AddConsumerHandler("bench-"+strconv.Itoa(i), queue, rabbit.Endpoints().Subscriber, func(*message.Message) error { return nil })
 		}
-	} else {
+	default:
 		_, err := router.Add(r, router.HandlerConfig{
 			Name: "bench", Broker: rabbit, Consumers: gc.subs,
 			Handler: func(msg *message.Message) error {
 				if msg.Metadata.Get("fail") == "once" && msg.Metadata.Get(sluice.AttemptKey) == "" {
 					return sluice.Transient(errTransient)
+				}
+				if msg.Metadata.Get("fail") == "poison" {
+					return sluice.Poison(errPoison)
 				}
 				if gc.work > 0 {
 					time.Sleep(gc.work)
@@ -236,14 +282,7 @@ func gcRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, 
 				_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(), v.insertBiz, msg.Metadata.Get(sluice.EventIDKey))
 				return err
 			},
-			Stages: router.Stages{
-				Trace:     &middleware.TraceConfig{},
-				Poison:    &poison.Config{},
-				Retry:     &retrytiers.Config{},
-				Classify:  &middleware.ClassifyConfig{},
-				Inbox:     &deduplication.Config{Store: v.store, Consumer: "inventory", Batch: gc.batch, MeterProvider: meter},
-				Recoverer: &middleware.RecovererConfig{},
-			},
+			Stages: stages,
 		})
 		if err != nil {
 			return gcResult{}, err

@@ -79,8 +79,10 @@ type inboxVariants struct {
 	db                  *sqlx.DB
 	schema              string
 	insertBiz, claimSQL string
-	store               *sqlstore.Store // c's
-	mw, mwNoLock        message.HandlerFunc
+	// insertBizBatch inserts the comma-separated keys $1, one row each.
+	insertBizBatch string
+	store          *sqlstore.Store // c's
+	mw, mwNoLock   message.HandlerFunc
 }
 
 func newInboxVariants(ctx context.Context, db *sqlx.DB, schema string) (*inboxVariants, error) {
@@ -95,6 +97,7 @@ func newInboxVariants(ctx context.Context, db *sqlx.DB, schema string) (*inboxVa
 		}
 	}
 	v.insertBiz = "INSERT INTO " + schema + ".reservations (event_key, note) VALUES ($1, 'reserved')"
+	v.insertBizBatch = "INSERT INTO " + schema + ".reservations (event_key, note) SELECT k, 'reserved' FROM unnest(string_to_array($1, ',')) AS k"
 	v.claimSQL = "INSERT INTO " + schema + ".inbox_by_hand (consumer, event_key, processed_at) VALUES ($1, $2, now()) ON CONFLICT DO NOTHING"
 	handler := func(msg *message.Message) ([]*message.Message, error) {
 		tx := sqlstore.TxFromContext(msg.Context())

@@ -1,0 +1,158 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
+)
+
+// bhVariant is one way of running the stack in the batchhandler suite.
+type bhVariant struct {
+	name        string
+	noop        bool
+	batch       *deduplication.BatchConfig  // group commit
+	handler     *deduplication.BatchHandler // a batch handler
+	poisonEvery int                         // every n-th delivery fails as Poison
+	size        func(prefetch int) int      // the batch handler's MaxBatch at a prefetch
+}
+
+// BatchHandlers prints B1: a projection (one business row per event) on the
+// full stack on Sluice's Consumer (router.Add on rabbitmq.NewBroker; Trace,
+// Poison, Retry, Classify and the inbox) over a preloaded queue, written by
+// a batch handler (router.HandlerConfig.BatchHandler, one INSERT per batch)
+// against group commit (one INSERT per delivery, deduplication.BatchConfig)
+// and against a no-op handler on the same broker, at prefetch 16 and 64 (one
+// subscription: Sluice's Consumer keeps its prefetch in flight), with 1% and
+// 10% of the deliveries failing as Poison; variants interleaved round after
+// round. Then the ceiling: PostgreSQL alone doing a batch's statements.
+func BatchHandlers(ctx context.Context, o Options) error {
+	g, err := newGCRunner(ctx, o, "sluice_bench_bh")
+	if err != nil {
+		return err
+	}
+	defer g.Close()
+
+	n := o.Messages * 4
+	rounds := max(o.Rounds/4, 3)
+	half := func(p int) int { return max(p/2, 1) }
+	whole := func(p int) int { return p }
+	variants := []bhVariant{
+		{name: "no-op handler", noop: true},
+		{name: "group commit (defaults: 8, 2ms)", batch: &deduplication.BatchConfig{}},
+		{name: "group commit, batch 16", batch: &deduplication.BatchConfig{MaxBatch: 16}},
+		{name: "batch handler, MaxBatch prefetch/2", handler: &deduplication.BatchHandler{}, size: half},
+		{name: "batch handler, MaxBatch prefetch", handler: &deduplication.BatchHandler{}, size: whole},
+		{name: "batch handler, MaxBatch prefetch, 1% poison", handler: &deduplication.BatchHandler{}, size: whole, poisonEvery: 100},
+		{name: "batch handler, MaxBatch prefetch, 10% poison", handler: &deduplication.BatchHandler{}, size: whole, poisonEvery: 10},
+		{name: "group commit (defaults), 10% poison", batch: &deduplication.BatchConfig{}, poisonEvery: 10},
+	}
+	var rows [][]string
+	for _, prefetch := range []int{16, 64} {
+		rates := make([][]float64, len(variants))
+		healthy := make([][]float64, len(variants))
+		sizes := make([]gcResult, len(variants))
+		for round := range rounds {
+			for k := range variants {
+				i := (k + round) % len(variants)
+				vr := variants[i]
+				c := gcCase{n: n, subs: 1, prefetch: prefetch, noop: vr.noop, batch: vr.batch, poisonEvery: vr.poisonEvery}
+				if vr.handler != nil {
+					bh := *vr.handler
+					bh.MaxBatch = vr.size(prefetch)
+					c.batchHandler = &bh
+				}
+				res, err := g.run(ctx, c, fmt.Sprintf("bh-p%d-r%d-v%d-", prefetch, round, i))
+				if err != nil {
+					return fmt.Errorf("%s, prefetch %d: %w", vr.name, prefetch, err)
+				}
+				rates[i] = append(rates[i], res.handled)
+				healthy[i] = append(healthy[i], res.healthy)
+				sizes[i].batches += res.batches
+				sizes[i].batched += res.batched
+				sizes[i].maxBatch = max(sizes[i].maxBatch, res.maxBatch)
+			}
+		}
+		for i, vr := range variants {
+			name := vr.name
+			if vr.handler != nil {
+				name += " (" + strconv.Itoa(vr.size(prefetch)) + ")"
+			}
+			row := []string{strconv.Itoa(prefetch), name, f0(Median(rates[i])), f0(Median(healthy[i])), "", f2(MedianRatio(rates[i], rates[0])), "", ""}
+			if !vr.noop {
+				row[4] = f2(MedianRatio(healthy[i], healthy[1]))
+			}
+			if !vr.noop {
+				row[6], row[7] = gcMeanBatch(sizes[i].batches, sizes[i].batched), strconv.FormatInt(sizes[i].maxBatch, 10)
+			}
+			rows = append(rows, row)
+		}
+	}
+	fmt.Fprintf(o.Out, "B1: batch handlers, a projection (one row per event) on the full stack on Sluice's Consumer (RabbitMQ + PostgreSQL), %d messages preloaded per run, %d rounds interleaved\n\n", n, rounds)
+	Table(o.Out, []string{"prefetch", "variant", "msg/s", "healthy/s", "healthy ÷ group commit", "÷ no-op", "mean commit", "max commit"}, rows)
+	fmt.Fprintln(o.Out, "goals: batch handler ÷ group commit ≥ 2 at prefetch 16, ≥ 3 at 64; ÷ no-op (the broker's consume rate) ≥ 0.5")
+	fmt.Fprintln(o.Out, "healthy/s: the deliveries that did not fail, until the last of them; mean/max commit: events (deliveries) per COMMIT")
+	fmt.Fprintln(o.Out)
+	return bhCeiling(ctx, o, g.v, n, rounds)
+}
+
+// bhCeiling prints what PostgreSQL gives a batch handler with no broker and
+// no stack: BEGIN, the store's ClaimBatch of the batch's keys, one INSERT
+// of their rows, COMMIT — window ÷ size such transactions side by side —
+// against one transaction per delivery (a claim, one INSERT).
+func bhCeiling(ctx context.Context, o Options, v *inboxVariants, n, rounds int) error {
+	var rows [][]string
+	for _, window := range []int{16, 64} {
+		sizes := []int{1, window / 2, window}
+		rates, err := rotate(ctx, rounds, len(sizes), v.truncate, func(round, i int) (float64, error) {
+			size := sizes[i]
+			run := fmt.Sprintf("bh-ceiling-w%d-r%d-v%d-", window, round, i)
+			if size == 1 {
+				return Throughput(ctx, window, n, v.byHand(run))
+			}
+			r, err := Throughput(ctx, window/size, n/size, v.claimedBatchOf(run, size))
+			return r * float64(size), err
+		})
+		if err != nil {
+			return fmt.Errorf("ceiling, %d in flight: %w", window, err)
+		}
+		for i, size := range sizes {
+			name := "one transaction per delivery"
+			if size > 1 {
+				name = fmt.Sprintf("batches of %d: BEGIN, one claim, one INSERT, COMMIT", size)
+			}
+			rows = append(rows, []string{strconv.Itoa(window), name, strconv.Itoa(window / size), f0(Median(rates[i])), f2(MedianRatio(rates[i], rates[0]))})
+		}
+	}
+	fmt.Fprintf(o.Out, "B1's ceiling: PostgreSQL alone (no broker, no stack), a batch handler's statements, the same deliveries in flight, %d deliveries per run, %d rounds interleaved\n\n", n, rounds)
+	Table(o.Out, []string{"in flight", "variant", "transactions side by side", "deliveries/s", "÷ one tx per delivery"}, rows)
+	fmt.Fprintln(o.Out, "the stack's batch handler ÷ this ceiling is what the broker, the stages and the gathering cost")
+	return nil
+}
+
+// claimedBatchOf is a batch handler's transaction for keys run+i*size …
+// run+i*size+size-1: BEGIN, ClaimBatch, one INSERT, COMMIT.
+func (v *inboxVariants) claimedBatchOf(run string, size int) Op {
+	return func(ctx context.Context, i int) error {
+		keys := make([]string, size)
+		for j := range keys {
+			keys[j] = run + strconv.Itoa(i*size+j)
+		}
+		tx, err := v.store.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		claimed, err := tx.(deduplication.BatchClaimer).ClaimBatch(ctx, "c", keys)
+		if err != nil {
+			return err
+		}
+		if _, err := sqlstore.SQLTx(tx).ExecContext(ctx, v.insertBizBatch, strings.Join(claimed, ",")); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}
+}

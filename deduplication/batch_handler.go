@@ -1,0 +1,672 @@
+package deduplication
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/bounded"
+	"github.com/sluicemq/sluice/internal/telemetry"
+)
+
+// Defaults of BatchHandler.
+const (
+	BatchHandlerMaxBatchDefault    = 64
+	BatchHandlerMaxWaitDefault     = 5 * time.Millisecond
+	BatchHandlerConcurrencyDefault = 2
+)
+
+// BatchHandlerFunc handles the deliveries of one batch in one call, inside
+// the inbox's transaction: every one of msgs was claimed in it, each once
+// (a delivery whose key was processed before, or that another delivery of
+// the batch carries, is not among them). The transaction is
+// TxFromContext(ctx) — sqlstore.TxFromContext for an SQL store — and each
+// msgs[i].Context() carries it too, as the unit of work of that one event:
+// write what event i produces through it (outbox.Writer.Publish(
+// msgs[i].Context(), ...)) so that it commits, or not, with the event.
+//
+// It returns each event's outcome, outcomes[i] for msgs[i]: nil (done) or
+// an error classed as ever (sluice.Reject, Transient, Poison, Invariant; an
+// unclassed error by the Classifier). A nil or empty slice means every
+// event is done. A rejected event commits with the batch. An event that
+// failed otherwise leaves the batch: the transaction is rolled back and
+// the batch runs again without it — so write nothing outside the
+// transaction — and it takes its usual path alone (a retry tier, the
+// poison queue) with its error. A panic is narrowed down by halving the
+// batch until the one event that panics is found: it fails as Invariant
+// with the *sluice.PanicError, the others commit. So is one error value
+// returned for every event of the call (SameOutcome) when it is Poison or
+// Invariant: a statement of the batch failed, perhaps for one event. A
+// slice of the wrong length fails every event of the call as Invariant.
+//
+// ctx ends when the first of the batch's deliveries' contexts ends (its
+// deadline, the shutdown grace running out).
+type BatchHandlerFunc func(ctx context.Context, msgs []*message.Message) []error
+
+// BatchHandler is a batch handler and how its batches are gathered
+// (NewBatchHandler).
+type BatchHandler struct {
+	// Handle handles one batch. Required.
+	Handle BatchHandlerFunc
+	// MaxBatch is the most deliveries one batch takes. Give the consumer
+	// deliveries enough in flight to fill it, twice over (a batch fills
+	// while the one before it commits): rabbitmq.BrokerConfig.Prefetch.
+	// Default BatchHandlerMaxBatchDefault; at most 1000.
+	MaxBatch int
+	// MaxWait is the longest a batch takes in deliveries after its first.
+	// It closes sooner when it is full, or when no delivery joined it for a
+	// tenth of MaxWait (at least 100µs): the deliveries the broker sent
+	// together are in. A batch that cannot start yet — Concurrency batches
+	// running — goes on taking deliveries in until one ends. Default
+	// BatchHandlerMaxWaitDefault; at most 1s.
+	MaxWait time.Duration
+	// Concurrency is how many batches of the handler run at once, each on
+	// a connection of its own. Default BatchHandlerConcurrencyDefault.
+	Concurrency int
+	// TracerProvider gives the span of each batch ("sluice.batch"), linked
+	// to each delivery's span. Default the global OpenTelemetry provider.
+	TracerProvider trace.TracerProvider
+}
+
+func (c BatchHandler) withDefaults() BatchHandler {
+	c.MaxBatch = cmp.Or(c.MaxBatch, BatchHandlerMaxBatchDefault)
+	c.MaxWait = cmp.Or(c.MaxWait, BatchHandlerMaxWaitDefault)
+	c.Concurrency = cmp.Or(c.Concurrency, BatchHandlerConcurrencyDefault)
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
+	}
+	return c
+}
+
+func (c BatchHandler) validate() error {
+	switch {
+	case c.Handle == nil:
+		return errors.New("deduplication: BatchHandler.Handle is required")
+	case c.MaxBatch < 1 || c.MaxBatch > 1000:
+		return fmt.Errorf("deduplication: BatchHandler.MaxBatch must be between 1 and 1000, got %d", c.MaxBatch)
+	case c.MaxWait < 0 || c.MaxWait > time.Second:
+		return fmt.Errorf("deduplication: BatchHandler.MaxWait must be between 0 and 1s, got %s", c.MaxWait)
+	case c.Concurrency < 1:
+		return fmt.Errorf("deduplication: BatchHandler.Concurrency must be positive, got %d", c.Concurrency)
+	}
+	return nil
+}
+
+// BatchClaimer is a Tx that claims many keys in one statement: the SQL
+// store's. ClaimBatch records (consumer, key) for each of keys (distinct)
+// and returns those it recorded; a key a committed unit of work recorded
+// before is left out. A key another open unit of work holds is waited for,
+// as Claim does. A batch handler claims through it where the store's Tx is
+// one, and one Claim after another elsewhere.
+type BatchClaimer interface {
+	ClaimBatch(ctx context.Context, consumer string, keys []string) ([]string, error)
+}
+
+// NewBatchHandler returns the handler that runs bh with the inbox of cfg:
+// the deliveries in flight are gathered into batches (up to bh.MaxBatch,
+// for up to bh.MaxWait); for each batch one transaction claims their keys
+// in one statement (BatchClaimer), bh.Handle runs once with the events
+// claimed, and one COMMIT commits the claims and the effects of every
+// event that did not fail. Each delivery returns — is acked — only after
+// that commit, with its own outcome: nil when done or a duplicate, its
+// error otherwise (see BatchHandlerFunc). The returned function takes the
+// place of the inbox stage, the recoverer and the handler: put the outer
+// stages (Classify, the brake, the retry tiers, poison, tracing) around it
+// as around the inbox (router.HandlerConfig.BatchHandler does).
+//
+// cfg.Batch (group commit) does not apply. On a store whose units of work
+// claim one key at a time only, the keys are claimed one statement each, in
+// the one transaction.
+func NewBatchHandler(cfg Config, bh BatchHandler) (message.HandlerFunc, error) {
+	bh = bh.withDefaults()
+	if err := bh.validate(); err != nil {
+		return nil, err
+	}
+	cfg.Batch = nil
+	d, err := newDeduplicator(cfg, time.NewTimer)
+	if err != nil {
+		return nil, err
+	}
+	if d.batchSize, err = batchSizeHistogram(cfg); err != nil {
+		return nil, err
+	}
+	g := &gatherer{d: d, cfg: bh, slots: make(chan struct{}, bh.Concurrency),
+		tracer: bh.TracerProvider.Tracer("github.com/sluicemq/sluice/deduplication")}
+	return g.handle, nil
+}
+
+// gatherer gathers one handler's deliveries into batches.
+type gatherer struct {
+	d      *deduplicator
+	cfg    BatchHandler
+	slots  chan struct{} // one per running batch
+	tracer trace.Tracer
+
+	mu   sync.Mutex
+	open *gathering // taking in deliveries, or nil
+}
+
+// gathering is one batch of deliveries.
+type gathering struct {
+	full    chan struct{} // closed when admission closes because the batch is full
+	members []*entry      // under the gatherer's mu while admitting
+	last    time.Time     // when the last delivery joined (under the gatherer's mu)
+	closed  bool          // admission closed (under the gatherer's mu)
+}
+
+// entry is one delivery in a batch.
+type entry struct {
+	msg  *message.Message
+	key  string
+	ctx  context.Context // the message's own context
+	done chan struct{}   // closed once err and again are set
+	err  error
+	// again: another delivery of the batch carried the key and did not
+	// commit it: this one joins the next batch.
+	again bool
+	batch *gathering // the batch it joined (under the gatherer's mu)
+}
+
+// handle is one delivery's way through its batch.
+func (g *gatherer) handle(msg *message.Message) ([]*message.Message, error) {
+	d := g.d
+	key, err := d.key(msg)
+	if err != nil {
+		return nil, sluice.Poison(err)
+	}
+	if msg.Metadata.Get(sluice.EventIDKey) == "" {
+		msg.Metadata.Set(sluice.EventIDKey, key)
+	}
+	ctx := msg.Context()
+	for {
+		e := &entry{msg: msg, key: key, ctx: ctx, done: make(chan struct{})}
+		g.join(e)
+		select {
+		case <-e.done:
+		case <-ctx.Done():
+			if g.leave(e) { // not started: back unprocessed
+				return nil, sluice.Transient(fmt.Errorf("deduplication: the delivery's context ended while its batch gathered: %w", context.Cause(ctx)))
+			}
+			<-e.done // started: it commits or not, bounded by StoreTimeout
+		}
+		if !e.again {
+			return nil, e.err
+		}
+	}
+}
+
+// join admits e into the open batch, or opens one.
+func (g *gatherer) join(e *entry) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if b := g.open; b != nil {
+		e.batch = b
+		b.last = time.Now()
+		b.members = append(b.members, e)
+		if len(b.members) >= g.cfg.MaxBatch {
+			b.closed = true
+			g.open = nil
+			close(b.full)
+		}
+		return
+	}
+	b := &gathering{full: make(chan struct{}), members: []*entry{e}, last: time.Now()}
+	e.batch = b
+	if g.cfg.MaxBatch == 1 {
+		b.closed = true
+		close(b.full)
+	} else {
+		g.open = b
+	}
+	go g.run(b)
+}
+
+// leave takes e out of its batch if the batch has not closed: true when it
+// did.
+func (g *gatherer) leave(e *entry) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	b := e.batch
+	if b.closed {
+		return false
+	}
+	i := slices.Index(b.members, e)
+	if i < 0 {
+		return false
+	}
+	b.members = slices.Delete(b.members, i, i+1)
+	if len(b.members) == 0 { // nothing left to wait for
+		b.closed = true
+		g.open = nil
+		close(b.full)
+	}
+	return true
+}
+
+// run closes b after MaxWait, when full, and then once a slot is free —
+// taking deliveries in while none is — and runs it.
+func (g *gatherer) run(b *gathering) {
+	start := time.Now()
+	idle := max(g.cfg.MaxWait/10, 100*time.Microsecond)
+	t := time.NewTimer(min(idle, g.cfg.MaxWait))
+gather:
+	for {
+		select {
+		case <-b.full:
+			break gather
+		case now := <-t.C:
+			waited := now.Sub(start)
+			g.mu.Lock()
+			quiet := now.Sub(b.last)
+			g.mu.Unlock()
+			if waited >= g.cfg.MaxWait || quiet >= idle { // the deliveries sent together are in
+				break gather
+			}
+			t.Reset(min(idle-quiet, g.cfg.MaxWait-waited))
+		}
+	}
+	t.Stop()
+	select {
+	case g.slots <- struct{}{}:
+	case <-b.full:
+		g.mu.Lock()
+		empty := len(b.members) == 0 // every delivery left it
+		g.mu.Unlock()
+		if empty {
+			return
+		}
+		g.slots <- struct{}{}
+	}
+	defer func() { <-g.slots }()
+	g.mu.Lock()
+	b.closed = true
+	if g.open == b {
+		g.open = nil
+	}
+	members := b.members
+	g.mu.Unlock()
+	if len(members) == 0 {
+		return
+	}
+	g.execute(members)
+}
+
+// execute runs one closed batch: copies of a key wait for its first
+// delivery's fate, the first deliveries of each key run in attempts.
+func (g *gatherer) execute(members []*entry) {
+	firsts := make([]*entry, 0, len(members))
+	copies := map[string][]*entry{}
+	seen := map[string]bool{}
+	for _, e := range members {
+		if seen[e.key] {
+			copies[e.key] = append(copies[e.key], e)
+			continue
+		}
+		seen[e.key] = true
+		firsts = append(firsts, e)
+	}
+	ctx, span := g.startSpan(members)
+	x := &execution{g: g, ctx: ctx, span: span}
+	x.attempt(firsts)
+	span.SetAttributes(attribute.Int("sluice.batch.committed", x.committed), attribute.Int("sluice.batch.attempts", x.attempts))
+	span.End()
+	x.cancel()
+	for _, e := range firsts {
+		// A copy of a key whose first delivery committed or was a
+		// duplicate is a duplicate; otherwise it runs in a batch of its
+		// own turn.
+		for _, c := range copies[e.key] {
+			if e.err == nil {
+				g.d.duplicate(c.msg, c.key)
+			} else {
+				c.again = true
+			}
+			close(c.done)
+		}
+		close(e.done)
+	}
+}
+
+// startSpan starts the batch's span, linked to each delivery's, on a
+// context that ends when the first delivery's context ends.
+func (g *gatherer) startSpan(members []*entry) (context.Context, trace.Span) {
+	links := make([]trace.Link, 0, len(members))
+	for _, e := range members {
+		if sc := trace.SpanContextFromContext(e.ctx); sc.IsValid() {
+			links = append(links, trace.Link{SpanContext: sc})
+		}
+	}
+	ctx, span := g.tracer.Start(context.Background(), "sluice.batch", trace.WithLinks(links...),
+		trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(attribute.Int("sluice.batch.size", len(members)), attribute.String("sluice.consumer", g.d.cfg.Consumer)))
+	return ctx, span
+}
+
+// execution is the run of one batch.
+type execution struct {
+	g         *gatherer
+	ctx       context.Context // the span's; the handler's ends with the first delivery's
+	span      trace.Span
+	stops     []func() bool
+	committed int
+	attempts  int
+}
+
+func (x *execution) cancel() {
+	for _, stop := range x.stops {
+		stop()
+	}
+}
+
+// handlerContext is the handler's context: x.ctx, ended when the first of
+// the deliveries' contexts ends.
+func (x *execution) handlerContext(es []*entry) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(x.ctx)
+	for _, e := range es {
+		stop := context.AfterFunc(e.ctx, func() { cancel(context.Cause(e.ctx)) })
+		x.stops = append(x.stops, stop)
+	}
+	return ctx, func() { cancel(nil) }
+}
+
+// attempt runs es (distinct keys) in one transaction, and whatever did not
+// fail of them again, until they commit: each entry's err is its outcome.
+func (x *execution) attempt(es []*entry) {
+	for len(es) > 0 {
+		x.attempts++
+		es = x.once(es)
+	}
+}
+
+// once runs es in one transaction and returns those to run again (the
+// survivors of failed events, or nothing); it sets the err of every entry
+// it settled.
+func (x *execution) once(es []*entry) []*entry {
+	d := x.g.d
+	bg := context.Background()
+	tx, err := d.begin(bg)
+	if err != nil {
+		settle(es, sluice.Transient(err))
+		return nil
+	}
+	ended := false
+	defer func() {
+		if !ended {
+			_ = d.rollback(bg, tx)
+		}
+	}()
+
+	keys := make([]string, len(es))
+	for i, e := range es {
+		keys[i] = e.key
+	}
+	claimed, gaveUp, err := x.claimAll(tx, keys)
+	if err != nil {
+		ended = gaveUp // the claim still holds tx
+		settle(es, sluice.Transient(err))
+		return nil
+	}
+	run := make([]*entry, 0, len(claimed))
+	for _, e := range es {
+		if _, ok := claimed[e.key]; ok {
+			run = append(run, e)
+			continue
+		}
+		d.duplicate(e.msg, e.key)
+		e.err = nil
+	}
+	if len(run) == 0 {
+		return nil
+	}
+
+	units := make([]*unit, len(run))
+	msgs := make([]*message.Message, len(run))
+	for i, e := range run {
+		units[i] = &unit{Context: e.ctx, tx: tx, eventID: e.msg.Metadata.Get(sluice.EventIDKey)}
+		msgs[i] = e.msg
+		e.msg.SetContext(units[i])
+	}
+	hctx, cancel := x.handlerContext(run)
+	outcomes, panicked := x.call(&unit{Context: hctx, tx: tx}, msgs)
+	cancel()
+	for _, e := range run {
+		e.msg.SetContext(e.ctx)
+	}
+	if panicked != nil {
+		if len(run) == 1 {
+			sluice.Record(run[0].ctx, func(r *sluice.Report) { r.Panic, r.Stack = true, string(panicked.Stack) })
+			run[0].err = &sluice.Failure{Class: sluice.ClassInvariant, Err: panicked}
+			return nil
+		}
+		_ = d.rollback(bg, tx)
+		ended = true
+		half := len(run) / 2
+		x.attempt(run[:half])
+		return run[half:]
+	}
+	if outcomes == nil {
+		outcomes = make([]error, len(run))
+	}
+	if len(outcomes) != len(run) {
+		settle(run, sluice.Invariant(fmt.Errorf("deduplication: the batch handler returned %d outcomes for %d events", len(outcomes), len(run))))
+		return nil
+	}
+	if len(run) > 1 && x.batchsFailure(outcomes) {
+		// One error for every event, Poison or Invariant: a statement of
+		// the batch failed (a constraint one event's row violates, say),
+		// not each event. Halved, as a panic is, until the events it is
+		// theirs are found; the others commit.
+		_ = d.rollback(bg, tx)
+		ended = true
+		half := len(run) / 2
+		x.attempt(run[:half])
+		return run[half:]
+	}
+	var survivors []*entry
+	kept := make([]*unit, 0, len(run))
+	var rejected []int
+	for i, e := range run {
+		err := outcomes[i]
+		if err != nil && d.cfg.Classifier.Classify(err) != sluice.ClassRejected {
+			e.err = err
+			continue
+		}
+		if err != nil {
+			rejected = append(rejected, i)
+		}
+		e.err = err
+		survivors = append(survivors, e)
+		kept = append(kept, units[i])
+	}
+	if len(survivors) < len(run) {
+		return survivors // rolled back by the deferred call: run again without the failed
+	}
+	gaveUp, cErr := d.commit(bg, tx)
+	ended = true
+	switch {
+	case cErr == nil:
+		x.committed += len(run)
+		d.batchSize.Record(bg, int64(len(run)), telemetry.DeliveryAttr(run[0].msg))
+		for _, u := range kept {
+			u.committed()
+		}
+		return nil
+	case gaveUp || !commitOfTheBatch(cErr):
+		// Unknown outcome, or the database's failure: each fails as
+		// Transient; a redelivery finds its claim committed or not.
+		settle(run, sluice.Transient(errors.Join(append(errs(run), fmt.Errorf("deduplication: commit: %w", cErr))...)))
+		if !gaveUp {
+			_ = d.rollback(bg, tx)
+		}
+		return nil
+	case len(run) == 1:
+		_ = d.rollback(bg, tx)
+		e := run[0]
+		if len(rejected) == 1 && errors.Is(cErr, ErrAborted) {
+			// A rejection after a statement that aborted the
+			// transaction: its claim alone, as without batching.
+			rErr := d.claimAlone(bg, tx, e.key, units[0].rewrites())
+			switch {
+			case rErr == nil:
+				x.committed++
+				units[0].committed()
+				return nil
+			case errors.Is(rErr, errProcessedMeanwhile):
+				d.duplicate(e.msg, e.key)
+				e.err = nil
+				return nil
+			}
+			cErr = errors.Join(cErr, rErr)
+		}
+		e.err = sluice.Transient(errors.Join(e.err, fmt.Errorf("deduplication: commit: %w", cErr)))
+		return nil
+	}
+	// The commit failed for one of the batch's events (a deferred
+	// constraint, a rejection whose statement aborted the transaction):
+	// halve until it commits without it.
+	_ = d.rollback(bg, tx)
+	for _, e := range run {
+		e.err = nil
+	}
+	half := len(run) / 2
+	x.attempt(run[:half])
+	return run[half:]
+}
+
+// batchsFailure reports whether outcomes fail every event with the same
+// error of class Poison or Invariant: the batch's statement's, not each
+// event's. (A Transient one — the database unreachable — is every event's:
+// halving would only wait on it again.)
+func (x *execution) batchsFailure(outcomes []error) bool {
+	first := outcomes[0]
+	if first == nil {
+		return false
+	}
+	switch x.g.d.cfg.Classifier.Classify(first) {
+	case sluice.ClassPoison, sluice.ClassInvariant:
+	default:
+		return false
+	}
+	for _, o := range outcomes[1:] {
+		if o != first { //nolint:errorlint // the same error value, not one that wraps it
+			return false
+		}
+	}
+	return true
+}
+
+// SameOutcome returns err as the outcome of each of msgs, for a batch
+// handler whose one statement wrote every event: nil (all done) when err is
+// nil. When that error fails a batch of more than one event as Poison or
+// Invariant (a constraint one event's row violates), the batch is halved
+// until the events it belongs to are found: the others commit.
+func SameOutcome(msgs []*message.Message, err error) []error {
+	if err == nil {
+		return nil
+	}
+	out := make([]error, len(msgs))
+	for i := range out {
+		out[i] = err
+	}
+	return out
+}
+
+func errs(es []*entry) []error {
+	var out []error
+	for _, e := range es {
+		if e.err != nil {
+			out = append(out, e.err)
+		}
+	}
+	return out
+}
+
+func settle(es []*entry, err error) {
+	for _, e := range es {
+		e.err = err
+	}
+}
+
+// call runs the handler, recovering a panic.
+func (x *execution) call(ctx context.Context, msgs []*message.Message) (outcomes []error, p *sluice.PanicError) {
+	returned := false
+	defer func() {
+		if !returned {
+			r := recover()
+			if r == nil {
+				r = "batch handler exited without returning (runtime.Goexit)"
+			}
+			outcomes, p = nil, &sluice.PanicError{Value: r, Stack: debug.Stack()}
+			x.span.RecordError(p)
+			x.span.SetStatus(codes.Error, "panic")
+		}
+	}()
+	outcomes = x.g.cfg.Handle(ctx, slices.Clip(msgs))
+	returned = true
+	return outcomes, nil
+}
+
+// claimAll claims keys in tx, in one statement where the store can:
+// the keys claimed, as a set.
+func (x *execution) claimAll(tx Tx, keys []string) (map[string]struct{}, bool, error) {
+	d := x.g.d
+	bc, ok := tx.(BatchClaimer)
+	if !ok {
+		claimed := make(map[string]struct{}, len(keys))
+		for _, k := range keys {
+			ok, gaveUp, err := d.claim(context.Background(), tx, k)
+			if err != nil {
+				return nil, gaveUp, err
+			}
+			if ok {
+				claimed[k] = struct{}{}
+			}
+		}
+		return claimed, false, nil
+	}
+	sorted := slices.Clone(keys)
+	slices.Sort(sorted) // one order of row locks for every batch: no deadlock between two claims
+	f := func(ctx context.Context) ([]string, error) { return bc.ClaimBatch(ctx, d.cfg.Consumer, sorted) }
+	var got []string
+	var gaveUp bool
+	var err error
+	bg := context.Background()
+	if d.storeBound <= 0 {
+		got, err = f(bg)
+	} else {
+		got, gaveUp, err = bounded.Run(d.calls, bg, d.storeBound+max(d.cfg.ClaimTimeout, 0), false, f, func([]string, error) { d.lateRollback(bg, tx) })
+	}
+	if err != nil {
+		return nil, gaveUp, &sluice.DependencyError{Op: fmt.Sprintf("deduplication: claiming a batch of %d keys", len(keys)), Err: err}
+	}
+	claimed := make(map[string]struct{}, len(got))
+	for _, k := range got {
+		claimed[k] = struct{}{}
+	}
+	return claimed, false, nil
+}
+
+// batchSizeHistogram is the histogram of the deliveries one commit
+// committed (group commit, a batch handler).
+func batchSizeHistogram(cfg Config) (metric.Int64Histogram, error) {
+	h, err := telemetry.Meter(cfg.MeterProvider).Int64Histogram(MetricBatchSize,
+		metric.WithDescription("Deliveries committed by one commit of a batch (group commit, a batch handler)."), metric.WithUnit("{delivery}"),
+		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000))
+	if err != nil {
+		return nil, fmt.Errorf("deduplication: creating %s histogram: %w", MetricBatchSize, err)
+	}
+	return h, nil
+}

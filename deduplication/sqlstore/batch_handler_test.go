@@ -1,0 +1,408 @@
+package sqlstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/internal/testenv"
+)
+
+// batchHandlerEnv is a batch handler on PostgreSQL or SQLite writing one
+// row per event with one multi-row statement, and what it saw.
+type batchHandlerEnv struct {
+	*batchEnv // its database, tables, reader; no group commit stage
+	spans     *tracetest.InMemoryExporter
+	handle    message.HandlerFunc
+
+	mu    sync.Mutex
+	calls [][]string // the keys of each call
+	// decide is each event's outcome (nil: done), before it is written.
+	decide func(ctx context.Context, key string) error
+}
+
+func newBatchHandlerEnv(t *testing.T, backend string, bh deduplication.BatchHandler, tableSuffix string) *batchHandlerEnv {
+	t.Helper()
+	e := &batchHandlerEnv{batchEnv: &batchEnv{reader: sdkmetric.NewManualReader()}, spans: tracetest.NewInMemoryExporter()}
+	prefix := ""
+	switch backend {
+	case "postgres":
+		e.db = testenv.Postgres(t)
+		prefix = testenv.Schema(t, e.db) + "."
+	default:
+		e.db = testenv.SQLite(t)
+	}
+	e.table, e.inbox = prefix+"projection", prefix+"inbox"
+	_, err := e.db.Exec(`CREATE TABLE ` + e.table + ` (k TEXT NOT NULL` + tableSuffix + `)`)
+	require.NoError(t, err)
+	store := testenv.SQLStore(t, e.db, e.inbox)
+	bh.Handle = e.project
+	bh.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSyncer(e.spans))
+	e.handle, err = deduplication.NewBatchHandler(deduplication.Config{Store: store, Consumer: "c",
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader))}, bh)
+	require.NoError(t, err)
+	return e
+}
+
+// project is the batch handler: the events decided done or rejected are
+// written in one INSERT.
+func (e *batchHandlerEnv) project(ctx context.Context, msgs []*message.Message) []error {
+	keys := make([]string, len(msgs))
+	for i, m := range msgs {
+		keys[i] = m.Metadata.Get(sluice.EventIDKey)
+	}
+	e.mu.Lock()
+	e.calls = append(e.calls, keys)
+	decide := e.decide
+	e.mu.Unlock()
+	out := make([]error, len(msgs))
+	var write []string
+	for i, k := range keys {
+		if decide != nil {
+			out[i] = decide(ctx, k)
+		}
+		if out[i] == nil || errors.Is(out[i], errRejectedWrites) {
+			write = append(write, k)
+		}
+	}
+	if len(write) == 0 {
+		return out
+	}
+	tx := sqlstore.TxFromContext(ctx)
+	q := `INSERT INTO ` + e.table + ` (k) VALUES ` + strings.TrimSuffix(strings.Repeat("(?),", len(write)), ",")
+	args := make([]any, len(write))
+	for i, k := range write {
+		args[i] = k
+	}
+	if _, err := tx.ExecContext(ctx, tx.Rebind(q), args...); err != nil {
+		if decide == nil {
+			return deduplication.SameOutcome(msgs, err)
+		}
+		for i := range out {
+			if out[i] == nil {
+				out[i] = err
+			}
+		}
+	}
+	return out
+}
+
+var errRejectedWrites = errors.New("rejected, its row written")
+
+func (e *batchHandlerEnv) callKeys() [][]string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([][]string(nil), e.calls...)
+}
+
+func (e *batchHandlerEnv) deliverCtx(ctx context.Context, key string) error {
+	msg := message.NewMessage(key, nil)
+	msg.Metadata.Set(sluice.EventIDKey, key)
+	msg.SetContext(ctx)
+	_, err := e.handle(msg)
+	return err
+}
+
+func (e *batchHandlerEnv) deliverAll(keys ...string) []error {
+	fs := make([]func() error, len(keys))
+	for i, k := range keys {
+		fs[i] = func() error { return e.deliverCtx(context.Background(), k) }
+	}
+	return together(fs...)
+}
+
+func (e *batchHandlerEnv) claimed(t *testing.T) []string {
+	t.Helper()
+	var ks []string
+	require.NoError(t, e.db.Select(&ks, `SELECT event_key FROM `+e.inbox+` ORDER BY event_key`))
+	return ks
+}
+
+func keysN(prefix string, n int) []string {
+	ks := make([]string, n)
+	for i := range ks {
+		ks[i] = fmt.Sprintf("%s%02d", prefix, i)
+	}
+	return ks
+}
+
+// A batch fills (MaxBatch) long before its MaxWait: one handler call, one
+// claim statement and one commit for the 32 events, each row once; the
+// batch has one span ("sluice.batch"); the size histogram says 32.
+func TestABatchHandlerCommitsABatchInOneCall(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{"postgres", "sqlite"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			e := newBatchHandlerEnv(t, backend, deduplication.BatchHandler{MaxBatch: 32, MaxWait: time.Second}, "")
+			keys := keysN("k", 32)
+			for _, err := range e.deliverAll(keys...) {
+				require.NoError(t, err)
+			}
+			assert.Len(t, e.callKeys(), 1)
+			assert.ElementsMatch(t, keys, e.rows(t))
+			assert.ElementsMatch(t, keys, e.claimed(t))
+			count, largest := e.batchSizes(t)
+			assert.Equal(t, uint64(1), count)
+			assert.Equal(t, int64(32), largest)
+			spans := e.spans.GetSpans()
+			require.Len(t, spans, 1)
+			assert.Equal(t, "sluice.batch", spans[0].Name)
+
+			// Delivered again: duplicates, the handler not called.
+			for _, err := range e.deliverAll(keys...) {
+				require.NoError(t, err)
+			}
+			assert.Len(t, e.callKeys(), 1)
+			assert.Len(t, e.rows(t), 32)
+		})
+	}
+}
+
+// Eight copies of one event in a batch, beside other events: the handler
+// sees it once, every copy is acked, one row.
+func TestABatchHandlerSeesEightCopiesOfAnEventOnce(t *testing.T) {
+	t.Parallel()
+	e := newBatchHandlerEnv(t, "postgres", deduplication.BatchHandler{MaxBatch: 16, MaxWait: time.Second}, " PRIMARY KEY")
+	keys := append(keysN("other", 8), "same", "same", "same", "same", "same", "same", "same", "same")
+	for _, err := range e.deliverAll(keys...) {
+		require.NoError(t, err)
+	}
+	calls := e.callKeys()
+	require.Len(t, calls, 1)
+	assert.Len(t, calls[0], 9)
+	assert.Len(t, e.rows(t), 9)
+}
+
+// Mixed outcomes in one batch: the Transient and the Poison event leave
+// it (no claim, no row) with their own errors; the rejected event commits
+// with the rest; the handler ran twice (the second time without them).
+func TestABatchHandlersFailedEventsLeaveTheBatch(t *testing.T) {
+	t.Parallel()
+	e := newBatchHandlerEnv(t, "postgres", deduplication.BatchHandler{MaxBatch: 10, MaxWait: time.Second}, "")
+	transient, poisonous := errors.New("dependency blip"), errors.New("unreadable")
+	e.decide = func(_ context.Context, k string) error {
+		switch k {
+		case "k03":
+			return sluice.Transient(transient)
+		case "k05":
+			return sluice.Poison(poisonous)
+		case "k07":
+			return sluice.Reject(errRejectedWrites)
+		}
+		return nil
+	}
+	keys := keysN("k", 10)
+	errs := e.deliverAll(keys...)
+	for i, err := range errs {
+		switch keys[i] {
+		case "k03":
+			assert.ErrorIs(t, err, transient)
+			assert.Equal(t, sluice.ClassTransient, sluice.ClassOf(err))
+		case "k05":
+			assert.ErrorIs(t, err, poisonous)
+			assert.Equal(t, sluice.ClassPoison, sluice.ClassOf(err))
+		case "k07":
+			assert.Equal(t, sluice.ClassRejected, sluice.ClassOf(err))
+		default:
+			assert.NoError(t, err, keys[i])
+		}
+	}
+	want := []string{"k00", "k01", "k02", "k04", "k06", "k07", "k08", "k09"}
+	assert.Equal(t, want, e.rows(t))
+	assert.Equal(t, want, e.claimed(t))
+	calls := e.callKeys()
+	require.Len(t, calls, 2)
+	assert.Len(t, calls[0], 10)
+	assert.ElementsMatch(t, want, calls[1])
+}
+
+// A panic is narrowed down by halving: the one event that panics fails as
+// Invariant with the PanicError, every other one commits.
+func TestABatchHandlersPanicFailsOnlyThePanickingEvent(t *testing.T) {
+	t.Parallel()
+	e := newBatchHandlerEnv(t, "postgres", deduplication.BatchHandler{MaxBatch: 16, MaxWait: time.Second}, "")
+	e.decide = func(_ context.Context, k string) error {
+		if k == "k11" {
+			panic("boom")
+		}
+		return nil
+	}
+	keys := keysN("k", 16)
+	errs := e.deliverAll(keys...)
+	for i, err := range errs {
+		if keys[i] != "k11" {
+			assert.NoError(t, err, keys[i])
+			continue
+		}
+		var p *sluice.PanicError
+		require.ErrorAs(t, err, &p)
+		assert.Equal(t, "boom", p.Value)
+		assert.Equal(t, sluice.ClassInvariant, sluice.ClassOf(err))
+	}
+	assert.Len(t, e.rows(t), 15)
+	assert.NotContains(t, e.claimed(t), "k11")
+	// Halving 16 down to one: 1 + 2·log2(16) calls at most.
+	assert.LessOrEqual(t, len(e.callKeys()), 9)
+}
+
+// A COMMIT that fails for one event (a deferred unique constraint it
+// violates) fails that event alone: the batch is halved until the rest
+// commit without it.
+func TestABatchHandlersFailedCommitFailsOnlyTheEventThatFailedIt(t *testing.T) {
+	t.Parallel()
+	e := newBatchHandlerEnv(t, "postgres", deduplication.BatchHandler{MaxBatch: 8, MaxWait: time.Second},
+		" UNIQUE DEFERRABLE INITIALLY DEFERRED")
+	_, err := e.db.Exec(`INSERT INTO ` + e.table + ` (k) VALUES ('k06')`) // taken before
+	require.NoError(t, err)
+	keys := keysN("k", 8)
+	errs := e.deliverAll(keys...)
+	for i, err := range errs {
+		if keys[i] == "k06" {
+			assert.Equal(t, sluice.ClassTransient, sluice.ClassOf(err), "%v", err)
+			continue
+		}
+		assert.NoError(t, err, keys[i])
+	}
+	assert.Equal(t, keys, e.rows(t)) // k06 once: the row from before
+	assert.NotContains(t, e.claimed(t), "k06")
+	assert.Len(t, e.claimed(t), 7)
+}
+
+// A delivery whose context ends (the shutdown grace ran out) while its
+// batch still gathers leaves it unprocessed; a running batch whose context
+// ended before its statements did rolls back whole, its deliveries back
+// unprocessed; one that finishes in time commits.
+func TestABatchHandlerAtShutdown(t *testing.T) {
+	t.Parallel()
+	e := newBatchHandlerEnv(t, "postgres", deduplication.BatchHandler{MaxBatch: 4, MaxWait: time.Second, Concurrency: 1}, "")
+	running, finish := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	e.decide = func(context.Context, string) error {
+		once.Do(func() { close(running) })
+		<-finish
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	first := keysN("run", 4)
+	results := make(chan error, 4)
+	for _, k := range first {
+		go func() { results <- e.deliverCtx(ctx, k) }()
+	}
+	<-running // the first batch runs; the next one gathers
+	gathering := make(chan error, 1)
+	go func() { gathering <- e.deliverCtx(ctx, "gathering") }()
+	cancel()
+	err := <-gathering
+	require.Error(t, err)
+	assert.Equal(t, sluice.ClassTransient, sluice.ClassOf(err))
+	assert.ErrorIs(t, err, context.Canceled)
+	close(finish)
+	// The running batch's context ended with its deliveries': its INSERT
+	// fails, it rolls back, and each of its deliveries goes back
+	// unprocessed (Transient, which Classify makes sluice.ErrShutdown
+	// behind the ShutdownGrace stage): nothing half done.
+	for range first {
+		err := <-results
+		assert.ErrorIs(t, err, context.Canceled)
+	}
+	assert.Empty(t, e.rows(t))
+	assert.Empty(t, e.claimed(t))
+
+	// What finishes within its deliveries' contexts commits (the grace).
+	e.decide = nil
+	for _, err := range e.deliverAll(first...) {
+		assert.NoError(t, err)
+	}
+	assert.Equal(t, first, e.rows(t))
+}
+
+// The handler's context ends with the first delivery's deadline: a handler
+// that waits for it fails the batch's events as Transient, nothing
+// committed.
+func TestABatchHandlersContextEndsWithTheDeliveriesDeadline(t *testing.T) {
+	t.Parallel()
+	e := newBatchHandlerEnv(t, "postgres", deduplication.BatchHandler{MaxBatch: 3, MaxWait: time.Second}, "")
+	e.decide = func(ctx context.Context, _ string) error {
+		select {
+		case <-ctx.Done():
+			return sluice.Transient(context.Cause(ctx))
+		case <-time.After(time.Minute):
+			return errors.New("the handler's context did not end with the delivery's deadline")
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	fs := make([]func() error, 3)
+	for i, k := range keysN("k", 3) {
+		c := context.Background()
+		if i == 1 {
+			c = ctx
+		}
+		fs[i] = func() error { return e.deliverCtx(c, k) }
+	}
+	for _, err := range together(fs...) {
+		assert.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.Equal(t, sluice.ClassTransient, sluice.ClassOf(err))
+	}
+	assert.Empty(t, e.rows(t))
+	assert.Empty(t, e.claimed(t))
+}
+
+// One event's row violates a CHECK constraint, failing the batch's one
+// INSERT for every event (one error, Poison: SQLSTATE 23): the batch is
+// halved until that event is found; it alone is poisoned, the others commit.
+func TestABatchHandlersStatementFailingForOneEventFailsOnlyThatEvent(t *testing.T) {
+	t.Parallel()
+	e := newBatchHandlerEnv(t, "postgres", deduplication.BatchHandler{MaxBatch: 16, MaxWait: time.Second}, " CHECK (k <> 'k09')")
+	keys := keysN("k", 16)
+	errs := e.deliverAll(keys...)
+	for i, err := range errs {
+		if keys[i] == "k09" {
+			assert.Equal(t, sluice.ClassPoison, sluice.DefaultClassifier().Classify(err), "%v", err)
+			continue
+		}
+		assert.NoError(t, err, keys[i])
+	}
+	assert.Len(t, e.rows(t), 15)
+	assert.NotContains(t, e.claimed(t), "k09")
+}
+
+// The batch's span links the span of each of its deliveries.
+func TestABatchHandlersSpanLinksEachDelivery(t *testing.T) {
+	t.Parallel()
+	e := newBatchHandlerEnv(t, "postgres", deduplication.BatchHandler{MaxBatch: 4, MaxWait: time.Second}, "")
+	keys := keysN("k", 4)
+	want := make([]trace.SpanContext, len(keys))
+	fs := make([]func() error, len(keys))
+	for i, k := range keys {
+		want[i] = trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1, byte(i + 1)}, SpanID: trace.SpanID{2, byte(i + 1)}, TraceFlags: trace.FlagsSampled})
+		ctx := trace.ContextWithSpanContext(context.Background(), want[i])
+		fs[i] = func() error { return e.deliverCtx(ctx, k) }
+	}
+	for _, err := range together(fs...) {
+		require.NoError(t, err)
+	}
+	spans := e.spans.GetSpans()
+	require.Len(t, spans, 1)
+	var got []trace.SpanContext
+	for _, l := range spans[0].Links {
+		got = append(got, l.SpanContext)
+	}
+	assert.ElementsMatch(t, want, got)
+}
