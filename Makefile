@@ -26,7 +26,7 @@ PACKAGES      := ./... ./cmd/... ./examples/...
 # that manages the broker.
 RABBITMQ4_PACKAGES := ./internal/testenv ./rabbitmq ./router ./cmd/sluice ./dlq
 RABBITMQ4_TESTS    := TestRabbitmqctlManagesTheBrokerUnderTest|TestBrakeWithoutAProbeAnOutageDeadLettersNothing|TestTopologyDeclaresNothingRabbitMQ43Refuses|TestQuorumQueueWithoutDeliveryLimitHasTheBrokersDefault|TestTopologyQuorumDeliveryLimitDeadLettersToPoison|TestApplyNamesThePolicyForAnOldQuorumPoisonQueue|TestRefusedPoisonCopyIsParked|TestBrakeLongOutageOnAQuorumQueueSpendsNoDeliveryLimit|TestShutdownMidHandlerEffectOnce|TestInspectingAQuorumPoisonQueueKeepsItsOrder|TestInspectingAnOldQuorumPoisonQueueKeepsItsOrder|TestTopologyApplyShowsThePoisonQueueLimit|TestPartitionedTopologyDeclares|TestPartitionedTierReturnsToItsPartition|TestPartitionSingleActiveConsumer|TestPartitionedWithoutThePlugin|TestPartitionPoisonReplaysToItsPartition|TestAnOrderedHandlerBehindWatermillsTimeoutWithAForeignProducer|TestAScanPutsAClassicQueueBackInOrder|TestAPartitionsNextOwnerContinuesAReleaseInOrder
-FUZZ_TARGETS  := FuzzMarshalerUnmarshal:./rabbitmq FuzzClassifier:. FuzzSummary:./internal/diag FuzzRedactSecret:./internal/diag FuzzPrintable:./internal/diag FuzzEscapeJSON:./internal/diag FuzzTerminal:./internal/diag FuzzKeyFromJSON:./deduplication
+FUZZ_TARGETS  := FuzzFrameFilter:./internal/amqpframe FuzzMarshalerUnmarshal:./rabbitmq FuzzClassifier:. FuzzSummary:./internal/diag FuzzRedactSecret:./internal/diag FuzzPrintable:./internal/diag FuzzEscapeJSON:./internal/diag FuzzTerminal:./internal/diag FuzzKeyFromJSON:./deduplication
 
 .DEFAULT_GOAL := help
 .PHONY: help run services test test-times test-rabbitmq4 test-race fuzz chaos bench lint fmt tidy cover console-screenshots
