@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"go/constant"
 	"go/importer"
 	"go/token"
 	"go/types"
@@ -267,37 +266,5 @@ func (w *apiWalker) problem(where string, n *types.Named, aliased bool) {
 	}
 	if !slices.Contains(w.problems, p) {
 		w.problems = append(w.problems, p)
-	}
-}
-
-// Every exported identifier of the patched AMQP client has its public name
-// in rabbitmq/amqp091, standing for the same thing: a type alias of the same
-// type, a constant of the same type and value, a variable of the same type
-// (set from the client's), a function of the same signature. Re-vendoring
-// the client (internal/amqp091/README.md) fails here until its new names
-// are added.
-func TestTheAMQPClientHasAPublicNameForEachOfItsNames(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the export data of every package")
-	}
-	t.Parallel()
-	_, imp := moduleTypes(t)
-	patched := importPackage(t, imp, module+"/internal/amqp091")
-	public := importPackage(t, imp, module+"/rabbitmq/amqp091")
-	for _, name := range patched.Scope().Names() {
-		obj := patched.Scope().Lookup(name)
-		if !obj.Exported() || name == "Logger" { // a variable's copy would be another variable: SetLogger sets it
-			continue
-		}
-		pub := public.Scope().Lookup(name)
-		require.NotNil(t, pub, "rabbitmq/amqp091 has no %s: add it", name)
-		require.IsType(t, obj, pub, "rabbitmq/amqp091.%s is not the same kind of declaration", name)
-		require.True(t, types.Identical(obj.Type(), pub.Type()), "rabbitmq/amqp091.%s is a %s, the client's a %s", name, pub.Type(), obj.Type())
-		if c, ok := obj.(*types.Const); ok {
-			require.True(t, constant.Compare(c.Val(), token.EQL, pub.(*types.Const).Val()), "rabbitmq/amqp091.%s", name)
-		}
-		if tn, ok := pub.(*types.TypeName); ok {
-			require.True(t, tn.IsAlias(), "rabbitmq/amqp091.%s is an alias of the client's type, not a type of its own", name)
-		}
 	}
 }

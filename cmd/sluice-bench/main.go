@@ -21,9 +21,9 @@ import (
 	"unicode/utf8"
 
 	_ "github.com/lib/pq" // the PostgreSQL driver
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice/cmd/internal/bench"
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/localenv"
 )

@@ -31,8 +31,14 @@ type Conn struct {
 	f filter
 }
 
-// NewConn returns c reading through the filter.
-func NewConn(c net.Conn) *Conn { return &Conn{Conn: c} }
+// NewConn returns c reading through the filter; c itself when it is a
+// *Conn already (a filter above another would strip the Key it wrote).
+func NewConn(c net.Conn) net.Conn {
+	if _, ok := c.(*Conn); ok {
+		return c
+	}
+	return &Conn{Conn: c}
+}
 
 // Read reads the broker's frames, each content-header frame whose headers
 // table the client would refuse rewritten.
