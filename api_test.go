@@ -31,8 +31,8 @@ import (
 // and every exported method and field of the module's types reachable from
 // them. It fails when a public package's declaration writes a type of an
 // internal package, and when a type of an internal package reachable from the
-// API (the methods of a *amqp091.Connection, say) has no public alias to name
-// it by.
+// API has no public alias to name it by. (The AMQP client's types are
+// upstream amqp091-go's own since issue 42: no alias needed.)
 func TestThePublicAPINamesNoInternalType(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the export data of every package")
@@ -68,7 +68,6 @@ func TestThePublicAPINamesNoInternalType(t *testing.T) {
 	}
 	slices.Sort(w.problems)
 	require.Empty(t, w.problems, "exported API that names a type of an internal package:\n%s", strings.Join(w.problems, "\n"))
-	require.NotEmpty(t, w.aliased, "the public aliases of the patched AMQP client")
 }
 
 type listedPackage struct {
