@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"go/constant"
 	"go/importer"
 	"go/token"
 	"go/types"
@@ -32,8 +31,8 @@ import (
 // and every exported method and field of the module's types reachable from
 // them. It fails when a public package's declaration writes a type of an
 // internal package, and when a type of an internal package reachable from the
-// API (the methods of a *amqp091.Connection, say) has no public alias to name
-// it by.
+// API has no public alias to name it by. (The AMQP client's types are
+// upstream amqp091-go's own since issue 42: no alias needed.)
 func TestThePublicAPINamesNoInternalType(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the export data of every package")
@@ -69,7 +68,6 @@ func TestThePublicAPINamesNoInternalType(t *testing.T) {
 	}
 	slices.Sort(w.problems)
 	require.Empty(t, w.problems, "exported API that names a type of an internal package:\n%s", strings.Join(w.problems, "\n"))
-	require.NotEmpty(t, w.aliased, "the public aliases of the patched AMQP client")
 }
 
 type listedPackage struct {
@@ -267,37 +265,5 @@ func (w *apiWalker) problem(where string, n *types.Named, aliased bool) {
 	}
 	if !slices.Contains(w.problems, p) {
 		w.problems = append(w.problems, p)
-	}
-}
-
-// Every exported identifier of the patched AMQP client has its public name
-// in rabbitmq/amqp091, standing for the same thing: a type alias of the same
-// type, a constant of the same type and value, a variable of the same type
-// (set from the client's), a function of the same signature. Re-vendoring
-// the client (internal/amqp091/README.md) fails here until its new names
-// are added.
-func TestTheAMQPClientHasAPublicNameForEachOfItsNames(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the export data of every package")
-	}
-	t.Parallel()
-	_, imp := moduleTypes(t)
-	patched := importPackage(t, imp, module+"/internal/amqp091")
-	public := importPackage(t, imp, module+"/rabbitmq/amqp091")
-	for _, name := range patched.Scope().Names() {
-		obj := patched.Scope().Lookup(name)
-		if !obj.Exported() || name == "Logger" { // a variable's copy would be another variable: SetLogger sets it
-			continue
-		}
-		pub := public.Scope().Lookup(name)
-		require.NotNil(t, pub, "rabbitmq/amqp091 has no %s: add it", name)
-		require.IsType(t, obj, pub, "rabbitmq/amqp091.%s is not the same kind of declaration", name)
-		require.True(t, types.Identical(obj.Type(), pub.Type()), "rabbitmq/amqp091.%s is a %s, the client's a %s", name, pub.Type(), obj.Type())
-		if c, ok := obj.(*types.Const); ok {
-			require.True(t, constant.Compare(c.Val(), token.EQL, pub.(*types.Const).Val()), "rabbitmq/amqp091.%s", name)
-		}
-		if tn, ok := pub.(*types.TypeName); ok {
-			require.True(t, tn.IsAlias(), "rabbitmq/amqp091.%s is an alias of the client's type, not a type of its own", name)
-		}
 	}
 }

@@ -24,7 +24,7 @@ func deps(t *testing.T, pkg string) []string {
 // Redis.
 func TestDependencyGraph(t *testing.T) {
 	t.Parallel()
-	brokers := []string{"github.com/sluicemq/sluice/internal/amqp091", "github.com/sluicemq/sluice/rabbitmq/amqp091", "github.com/ThreeDotsLabs/watermill-amqp"}
+	brokers := []string{"github.com/rabbitmq/amqp091-go", "github.com/sluicemq/sluice/internal/amqpframe", "github.com/ThreeDotsLabs/watermill-amqp"}
 	drivers := []string{"modernc.org/sqlite", "github.com/redis/go-redis", "github.com/lib/pq", "github.com/jackc/pgx", "github.com/go-sql-driver/mysql"}
 	for _, tt := range []struct {
 		pkg       string

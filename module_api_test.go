@@ -74,7 +74,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluicemq/sluice/rabbitmq"
-	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 func main() {

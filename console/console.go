@@ -31,12 +31,12 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/time/rate"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/outbox"
-	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 	"github.com/sluicemq/sluice/replay/ledger"
 )
 

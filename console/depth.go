@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // SampleIntervalDefault is how often the console reads the depth of each

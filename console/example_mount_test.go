@@ -3,9 +3,10 @@ package console_test
 import (
 	"net/http"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/sluicemq/sluice/console"
 	"github.com/sluicemq/sluice/rabbitmq"
-	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 	"github.com/sluicemq/sluice/replay/ledger"
 )
 

@@ -9,9 +9,8 @@ import (
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
-
-	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 )
 
 // Issue 43, item 6: the failed sign-in throttle remembers at most

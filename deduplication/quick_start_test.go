@@ -2,6 +2,7 @@ package deduplication_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -150,4 +151,24 @@ func runRouter(r *message.Router) <-chan error {
 	case <-time.After(30 * time.Second):
 	}
 	return done
+}
+
+// The README's quick start, followed literally, keeps processing behind a
+// message whose header is an array of 9,000 items (RabbitMQ accepts it;
+// amqp091-go refuses arrays past 8,192): the 20 events behind it are
+// reserved once each, and the subscriber's connection is never closed.
+// Before (watermill-amqp's connection through upstream amqp091-go, without
+// Sluice's frame filter), the client closed the connection with
+// FRAME_ERROR, the broker handed the same message back, and 0 of the 20
+// were processed.
+func TestTheREADMEQuickStartKeepsProcessingBehindAHugeHeaderArray(t *testing.T) {
+	log, ch, reservations := quickStart(t)
+	publishRaw(t, ch, "order.created", `{"eventId":"evt-hostile"}`, amqp091.Table{"arr": make([]any, 9000)})
+	for i := range 20 {
+		publishRaw(t, ch, "order.created", fmt.Sprintf(`{"eventId":"evt-good-%d"}`, i), nil)
+	}
+	// The hostile event reaches the handler with its headers dropped (the
+	// quick start has no poison stage), so 21 reservations.
+	require.Eventually(t, func() bool { return reservations() == 21 }, time.Minute, 10*time.Millisecond, "the 20 events behind it processed")
+	require.Empty(t, log.Lines("Received close notification from AMQP, reconnecting"), "no reconnect")
 }

@@ -10,11 +10,11 @@ import (
 	"unicode/utf8"
 
 	"github.com/jmoiron/sqlx"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/sqlname"
-	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 )
 
 // ArchiveConfig configures Archive.

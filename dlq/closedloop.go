@@ -12,11 +12,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq" // the outcome table's PostgreSQL driver
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
-	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
 	"github.com/sluicemq/sluice/replay/redisstore"

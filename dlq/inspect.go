@@ -3,7 +3,7 @@ package dlq
 import (
 	"context"
 
-	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // Inspect returns at most limit selected messages (0: all), returning every

@@ -10,12 +10,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"golang.org/x/time/rate"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/poison"
-	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 	"github.com/sluicemq/sluice/replay"
 )
 

@@ -14,12 +14,12 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
-	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 )
 
 // Message is one message of a poison queue with its diagnosis.

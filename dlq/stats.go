@@ -8,9 +8,10 @@ import (
 	"strings"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
-	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 )
 
 // Stats' bounds: whatever a poison queue holds — 200,000 messages with as

@@ -9,8 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/sluicemq/sluice"
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
 )
 
 // confirmBuffer is how many confirms amqp091 may hand over before listen
@@ -199,7 +200,7 @@ func (c *confirmChannel) returned(r amqp.Return) {
 		return
 	}
 	why := "its headers unreadable"
-	if r.HeadersError != nil {
+	if _, ok := headersReason(r.Headers); ok {
 		why = "its headers unparseable by the client"
 	}
 	// Not %w of ue: a return is certain, this is not.

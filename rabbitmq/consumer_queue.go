@@ -3,7 +3,7 @@ package rabbitmq
 import (
 	"errors"
 
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // checkQueue returns an error matching ErrQueueNotFound, naming queue, when

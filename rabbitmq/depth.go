@@ -9,13 +9,13 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/telemetry"
-	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 )
 
 // DepthIntervalDefault is how often a Broker reads the depth of its queues

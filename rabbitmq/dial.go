@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluicemq/sluice/internal/amqpframe"
 	"github.com/sluicemq/sluice/internal/diag"
-	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 )
 
 // DialConfig configures Dial.
@@ -74,7 +77,7 @@ func (c Connection) dialNode(ctx context.Context, url, name string) (*amqp.Conne
 			stop()
 		}
 	}()
-	conn, err := amqp.DialConfig(url, amqp.Config{
+	u, cfg, err := amqpframe.Config(url, amqp.Config{
 		Dial: func(network, addr string) (net.Conn, error) {
 			// amqp.DefaultDial's, bounded by ctx as well.
 			d := net.Dialer{Timeout: c.DialTimeout}
@@ -89,11 +92,17 @@ func (c Connection) dialNode(ctx context.Context, url, name string) (*amqp.Conne
 			// ctx ending closes the socket: a handshake the broker does
 			// not answer ends at once, not after DialTimeout.
 			stop = context.AfterFunc(ctx, func() { _ = nc.Close() })
-			return &deadlineConn{Conn: nc, timeout: c.WriteTimeout}, nil
+			return &deadlineConn{Conn: nc, timeout: c.WriteTimeout}, nil // under TLS, the frame filter above it
 		},
 		Properties:      amqp.Table{"connection_name": cmp.Or(name, "sluice")},
 		TLSClientConfig: c.TLS,
 	})
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: connecting to %s: %w", diag.RedactURL(url), diag.RedactError(err))
+	}
+	// The frame filter (internal/amqpframe): a delivery whose headers
+	// table the client would refuse does not close the connection.
+	conn, err := amqp.DialConfig(u, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: connecting to %s: %w", diag.RedactURL(url), diag.RedactError(err))
 	}
@@ -104,6 +113,8 @@ func (c Connection) dialNode(ctx context.Context, url, name string) (*amqp.Conne
 // broker that does not answer (a node cut off from its cluster's queue
 // leader took about 90 s) cannot hold the close past it. The connection is
 // closed either way; the error then says the broker did not answer.
+// CloseDeadline sets the socket's deadline, which deadlineConn keeps the
+// heartbeater from moving forward.
 func closeConn(conn *amqp.Connection, d time.Duration) error {
 	return conn.CloseDeadline(time.Now().Add(d))
 }
@@ -117,10 +128,45 @@ func closeWithin(conn *amqp.Connection, d time.Duration, close func() error) err
 	return close()
 }
 
-// deadlineConn sets a write deadline before each write.
+// deadlineConn sets a write deadline before each write, and keeps a
+// deadline set with SetDeadline (amqp091-go's Connection.CloseDeadline)
+// from being moved later: amqp091-go's heartbeater moves the read deadline
+// forward on every frame the server sends, its heartbeats too, so a server
+// that sends heartbeats but no close-ok would otherwise hold the close
+// (about 90 s, a node cut off from its quorum queue's leader in
+// TestClusterPartitionedNode). SetDeadline with the zero time (the end of
+// the handshake) lifts it.
 type deadlineConn struct {
 	net.Conn
 	timeout time.Duration
+
+	mu   sync.Mutex
+	hard time.Time // SetDeadline's, zero when none
+}
+
+// bound returns t, or the hard deadline when it is earlier (or t is none).
+func (c *deadlineConn) bound(t time.Time) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.hard.IsZero() && (t.IsZero() || t.After(c.hard)) {
+		return c.hard
+	}
+	return t
+}
+
+func (c *deadlineConn) SetDeadline(t time.Time) error {
+	c.mu.Lock()
+	c.hard = t
+	c.mu.Unlock()
+	return c.Conn.SetDeadline(t)
+}
+
+func (c *deadlineConn) SetReadDeadline(t time.Time) error {
+	return c.Conn.SetReadDeadline(c.bound(t))
+}
+
+func (c *deadlineConn) SetWriteDeadline(t time.Time) error {
+	return c.Conn.SetWriteDeadline(c.bound(t))
 }
 
 func (c *deadlineConn) Write(b []byte) (int, error) {

@@ -4,9 +4,9 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice"
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 

@@ -5,7 +5,8 @@ import (
 	"testing"
 	"time"
 
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 

@@ -42,7 +42,8 @@ import (
 //     dropped, so it can neither pose as a property nor make every copy
 //     unpublishable;
 //   - sets HeadersErrorKey, with no header, on a delivery whose headers
-//     the AMQP client refused to parse (the Consumer isolates it);
+//     table Sluice's frame filter replaced because the AMQP client would
+//     refuse to read it (the Consumer isolates it);
 //   - refuses a delivery without an acknowledger (ErrNoDelivery): amqp091
 //     hands out zero deliveries once the server cancels a consumer, and
 //     those are never messages.
@@ -231,6 +232,9 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	msg.Metadata[ExchangeKey] = d.Exchange
 	msg.Metadata[RoutingKeyKey] = d.RoutingKey
 	msg.Metadata[RedeliveredKey] = strconv.FormatBool(d.Redelivered)
+	if reason, ok := headersReason(d.Headers); ok {
+		msg.Metadata[HeadersErrorKey] = reason
+	}
 	return msg, nil
 }
 

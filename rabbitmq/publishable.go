@@ -8,10 +8,10 @@ import (
 	"slices"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
 )
 
 // MaxMessageSizeDefault is Connection.MaxMessageSize's default: RabbitMQ

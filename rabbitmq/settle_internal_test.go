@@ -4,9 +4,8 @@ import (
 	"context"
 	"testing"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
-
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
 )
 
 // A confirm the client already received — waiting in the buffer between

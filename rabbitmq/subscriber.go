@@ -62,6 +62,9 @@ func NewSubscriber(cfg SubscriberConfig) (*wamqp.Subscriber, error) {
 	c.Marshaler = Marshaler{}
 	c.Consume.Qos.PrefetchCount = cfg.Prefetch
 	c.TopologyBuilder = declaredElsewhere{}
+	if c, err = filtered(c); err != nil {
+		return nil, err
+	}
 	sub, err := wamqp.NewSubscriber(c, cfg.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: connecting the subscriber to %s: %w", diag.RedactURL(url), diag.RedactError(err))

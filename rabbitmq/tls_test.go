@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice/internal/testenv"
@@ -44,5 +46,42 @@ func TestTLS(t *testing.T) {
 		got.Ack()
 	case <-ctx.Done():
 		t.Fatal("nothing consumed over TLS")
+	}
+
+	// Issue 42: a watermill-amqp config over amqps given to WithMarshaler
+	// reads through the frame filter above TLS (below it, the filter would
+	// read ciphertext): a message whose header array the client refuses
+	// arrives with the reason, and the one behind it as sent.
+	plain, err := amqp.Dial(node.URL)
+	require.NoError(t, err)
+	defer func() { _ = plain.Close() }()
+	ch, err := plain.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare("hostile", true, false, false, false, nil)
+	require.NoError(t, err)
+	require.NoError(t, ch.PublishWithContext(ctx, "", "hostile", false, false, amqp.Publishing{MessageId: "hostile", Headers: amqp.Table{"arr": make([]any, 9000)}}))
+	require.NoError(t, ch.PublishWithContext(ctx, "", "hostile", false, false, amqp.Publishing{MessageId: "good", Headers: amqp.Table{"k": "v"}}))
+	wc := wamqp.NewDurableQueueConfig(node.TLSURL)
+	wc.Connection.TLSConfig = cfg
+	wc, err = rabbitmq.WithMarshaler(wc)
+	require.NoError(t, err)
+	sub, err := wamqp.NewSubscriber(wc, watermill.NopLogger{})
+	require.NoError(t, err)
+	defer func() { _ = sub.Close() }()
+	msgs, err = sub.Subscribe(ctx, "hostile")
+	require.NoError(t, err)
+	for _, want := range []string{"hostile", "good"} {
+		select {
+		case got := <-msgs:
+			require.Equal(t, want, got.UUID)
+			if want == "hostile" {
+				require.Contains(t, got.Metadata.Get(rabbitmq.HeadersErrorKey), `header "arr": an array of more than 8192 items`)
+			} else {
+				require.Equal(t, "v", got.Metadata.Get("k"))
+			}
+			got.Ack()
+		case <-ctx.Done():
+			t.Fatalf("%s not consumed over TLS through WithMarshaler", want)
+		}
 	}
 }

@@ -10,9 +10,10 @@ import (
 	"strings"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/internal/diag"
-	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 )
 
 // TopologyConfig describes the queues of one consumer queue.

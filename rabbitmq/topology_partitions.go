@@ -7,8 +7,9 @@ import (
 	"strconv"
 	"strings"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/sluicemq/sluice/broker"
-	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 )
 
 // PartitionsMax is the most partition queues TopologyConfig.Partitions

@@ -3,31 +3,40 @@ package rabbitmq
 import (
 	"context"
 	"errors"
-	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluicemq/sluice/internal/amqpframe"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/republish"
-	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 )
 
-// HeadersErrorKey is set on a delivery whose headers table the AMQP client
-// refused to parse (amqp.Delivery.HeadersError, carried by the patched
-// client in internal/amqp091: deeper than 32 levels, a table or array
-// of more than 8,192 entries, an unknown field type). The delivery's
-// headers are then dropped — none of them reaches the metadata — and its
-// value is the reason, naming the top-level header and the limit:
-// `headers unparseable: header "tags": an array of more than 8192 items
-// (the client's limit)`. Delivery-scoped: never published.
+// HeadersErrorKey is set on a delivery whose headers table amqp091-go
+// would refuse to read (deeper than 32 levels, a table or array of more
+// than 8,192 entries, an unknown field type): Sluice's frame filter, on
+// the connections of Dial, NewBroker, NewSubscriber and a watermill-amqp
+// Config given to WithMarshaler, replaced the table by this one header,
+// so the connection stays open. The delivery's headers are then dropped —
+// none of them reaches the metadata — and its value is the reason, naming
+// the top-level header and the limit: `headers unparseable: header "tags":
+// an array of more than 8192 items (the client's limit)`. Only this
+// process's filter can set it: a producer's header of that name is
+// stripped on the way in, and dropped by Unmarshal. Delivery-scoped: never
+// published.
 const HeadersErrorKey = DeliveryPrefix + "headers_error"
 
-// headersReason is the diagnosis of a delivery whose headers did not parse.
-func headersReason(err error) string {
-	return diag.Bound("headers unparseable: "+strings.TrimPrefix(err.Error(), "headers not parsed: "), 1024)
+// headersReason is the diagnosis of a delivery whose headers table the
+// frame filter replaced, and whether it was.
+func headersReason(headers amqp.Table) (string, bool) {
+	r, ok := amqpframe.Reason(headers)
+	if !ok {
+		return "", false
+	}
+	return diag.Bound("headers unparseable: "+r, 1024), true
 }
 
 // The poison stage's diagnosis keys (poison.ClassKey, ...), which the
@@ -78,24 +87,24 @@ func (s *subscription) isolate(ctx context.Context, d amqp.Delivery, msg *messag
 	_ = d.Ack(false)
 }
 
-// UnmarshalDelivery returns the message of a delivery read from a channel
-// of Dial's connection: Unmarshal, and HeadersErrorKey when Sluice's AMQP
-// client could not parse the delivery's headers (and dropped them).
+// UnmarshalDelivery is Unmarshal: the message of a delivery read from a
+// channel of Dial's connection, HeadersErrorKey set when the frame filter
+// replaced its headers table.
 func (m Marshaler) UnmarshalDelivery(d amqp.Delivery) (*message.Message, error) {
 	return readDelivery(m, d)
 }
 
 // readDelivery returns the message of d read by m, with HeadersErrorKey set
-// when Sluice's AMQP client could not parse d's headers (and dropped them):
-// a watermill-amqp Marshaler reads upstream amqp091-go's Delivery, which has
-// no HeadersError.
+// when the frame filter replaced d's headers table (m may be another
+// marshaler than Sluice's).
 func readDelivery(m wamqp.Marshaler, d amqp.Delivery) (*message.Message, error) {
-	msg, err := m.Unmarshal(d.Upstream())
+	msg, err := m.Unmarshal(d)
 	if err != nil {
 		return nil, err
 	}
-	if d.HeadersError != nil {
-		msg.Metadata[HeadersErrorKey] = headersReason(d.HeadersError)
+	if reason, ok := headersReason(d.Headers); ok {
+		delete(msg.Metadata, amqpframe.Key)
+		msg.Metadata[HeadersErrorKey] = reason
 	}
 	return msg, nil
 }

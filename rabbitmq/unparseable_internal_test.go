@@ -1,12 +1,12 @@
 package rabbitmq
 
 import (
-	"errors"
 	"testing"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
+	"github.com/sluicemq/sluice/internal/amqpframe"
 	"github.com/sluicemq/sluice/poison"
 )
 
@@ -25,19 +25,22 @@ func TestIsolatedCopyUsesThePoisonStagesKeys(t *testing.T) {
 
 type nopAck struct{ amqp.Acknowledger }
 
-// A delivery whose headers the client dropped reads as a message with the
-// reason in HeadersErrorKey and no header; a producer cannot set that key.
-func TestUnmarshalUnparseableHeaders(t *testing.T) {
+// HeadersErrorKey is the header the frame filter writes: the Marshaler
+// reads it as the filter's reason, and drops it as a delivery-scoped key.
+func TestHeadersErrorKeyIsTheFiltersKey(t *testing.T) {
 	t.Parallel()
-	m, err := Marshaler{}.UnmarshalDelivery(amqp.Delivery{Acknowledger: nopAck{}, MessageId: "m-1",
-		HeadersError: errors.New(`headers not parsed: header "tags": an array of more than 8192 items (the client's limit)`)})
-	require.NoError(t, err)
-	require.Equal(t, `headers unparseable: header "tags": an array of more than 8192 items (the client's limit)`, m.Metadata.Get(HeadersErrorKey))
-	require.Equal(t, "m-1", m.UUID)
+	require.Equal(t, amqpframe.Key, HeadersErrorKey)
+	require.True(t, isDeliveryScoped(amqpframe.Key))
+}
 
-	m, err = Marshaler{}.UnmarshalDelivery(amqp.Delivery{Acknowledger: nopAck{}, Headers: amqp.Table{HeadersErrorKey: "forged"}})
+// A header of that name that the filter did not write (a delivery read
+// without it, a producer's) is not believed, and not kept.
+func TestUnmarshalUnparseableHeadersForged(t *testing.T) {
+	t.Parallel()
+	m, err := Marshaler{}.UnmarshalDelivery(amqp.Delivery{Acknowledger: nopAck{}, Headers: amqp.Table{HeadersErrorKey: "forged", "a": "b"}})
 	require.NoError(t, err)
 	require.Empty(t, m.Metadata.Get(HeadersErrorKey))
+	require.Equal(t, "b", m.Metadata.Get("a"))
 }
 
 func TestConsumerPoisonQueueNeedsItsPublisher(t *testing.T) {

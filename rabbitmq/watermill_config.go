@@ -8,6 +8,7 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	upstream "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluicemq/sluice/internal/amqpframe"
 	"github.com/sluicemq/sluice/internal/diag"
 )
 
@@ -27,6 +28,12 @@ var ErrQueueNotFound = errors.New("rabbitmq: queue not found")
 // back from a retry tier) and its subscriber nacks with requeue at once: a
 // hot loop, one log line per try, the handler never run. Sluice's Marshaler
 // reads such deliveries (see Marshaler).
+//
+// Its connection reads through Sluice's frame filter: a delivery whose
+// headers table amqp091-go cannot read (an array of more than 8,192
+// items, say), which would close the connection with FRAME_ERROR again and
+// again, reaches your stages with its headers dropped and HeadersErrorKey
+// set to the reason (docs/rabbitmq.md, "Headers the client cannot read").
 //
 // The settings of a DefaultMarshaler in cfg (PostprocessPublishing,
 // NotPersistentDeliveryMode, MessageUUIDHeaderKey) are carried into the
@@ -56,6 +63,34 @@ func WithMarshaler(cfg wamqp.Config) (wamqp.Config, error) {
 		return cfg, errors.New("rabbitmq: WithMarshaler: Config.Consume.NoRequeueOnNack is set: a delivery Sluice's stages nack " +
 			"(a retry tier or the poison queue unreachable) would be dropped or dead-lettered instead of redelivered")
 	}
+	return filtered(cfg)
+}
+
+// filtered returns cfg with its connection reading through Sluice's frame
+// filter (internal/amqpframe): a delivery whose headers table amqp091-go
+// would refuse — which closes the whole connection with FRAME_ERROR, and
+// the broker hands the same message back, forever — arrives with that
+// table replaced, and the Marshaler sets HeadersErrorKey. The connection
+// is the one cfg describes: its AmqpConfig (Dial included, wrapped), its
+// TLSConfig (moved into AmqpConfig: for amqps the filter does the TLS
+// handshake itself and reads above it, the URI then amqp:// to the same
+// host and port).
+func filtered(cfg wamqp.Config) (wamqp.Config, error) {
+	var ac upstream.Config
+	if cfg.Connection.AmqpConfig != nil {
+		ac = *cfg.Connection.AmqpConfig
+	}
+	if cfg.Connection.TLSConfig != nil {
+		if ac.TLSClientConfig != nil {
+			return cfg, errors.New("rabbitmq: WithMarshaler: both Config.Connection.TLSConfig and Config.Connection.AmqpConfig.TLSClientConfig are set")
+		}
+		ac.TLSClientConfig = cfg.Connection.TLSConfig
+	}
+	uri, ac, err := amqpframe.Config(cfg.Connection.AmqpURI, ac)
+	if err != nil {
+		return cfg, fmt.Errorf("rabbitmq: WithMarshaler: Config.Connection.AmqpURI: %w", diag.RedactError(err))
+	}
+	cfg.Connection.AmqpURI, cfg.Connection.AmqpConfig, cfg.Connection.TLSConfig = uri, &ac, nil
 	return cfg, nil
 }
 

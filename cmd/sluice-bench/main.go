@@ -21,9 +21,9 @@ import (
 	"unicode/utf8"
 
 	_ "github.com/lib/pq" // the PostgreSQL driver
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice/cmd/internal/bench"
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/localenv"
 )
@@ -42,7 +42,7 @@ func main() {
 // run returns the exit code: 0 done, 1 a suite failed, 2 usage.
 func run() int {
 	o := bench.Options{Out: os.Stdout}
-	suites := flag.String("suite", "all", "suites to run, comma-separated: inbox, e2e, publisher, consumer, stuck, overhead, inbox-scale, outcomes, dlq-stats, outbox, groupcommit, batchhandler, consumer-inbox, scaleout, ordering, outbox-memory, putback, or all")
+	suites := flag.String("suite", "all", "suites to run, comma-separated: inbox, e2e, publisher, consumer, stuck, overhead, inbox-scale, outcomes, dlq-stats, outbox, groupcommit, batchhandler, consumer-inbox, scaleout, ordering, outbox-memory, putback, framefilter, or all")
 	flag.StringVar(&o.PostgresURL, "postgres-url", localenv.Get("SLUICE_BENCH_POSTGRES_URL", localenv.PostgresURL), "PostgreSQL URL")
 	flag.StringVar(&o.AMQPURL, "amqp-url", localenv.Get("SLUICE_BENCH_AMQP_URL", localenv.AMQPURL), "RabbitMQ URL")
 	flag.IntVar(&o.PublishBatch, "batch", 10000, "messages per batch in the publisher suite")
@@ -64,8 +64,9 @@ func run() int {
 		"groupcommit": bench.GroupCommit, "batchhandler": bench.BatchHandlers, "consumer-inbox": bench.ConsumerInbox, "scaleout": bench.ScaleOut, "ordering": bench.Ordering,
 		"outbox-memory": bench.OutboxMemory,
 		"putback":       bench.PutBack,
+		"framefilter":   bench.FrameFilter,
 	}
-	order := []string{"inbox", "e2e", "publisher", "consumer", "stuck", "overhead", "inbox-scale", "outcomes", "dlq-stats", "outbox", "groupcommit", "batchhandler", "consumer-inbox", "scaleout", "ordering", "outbox-memory", "putback"}
+	order := []string{"inbox", "e2e", "publisher", "consumer", "stuck", "overhead", "inbox-scale", "outcomes", "dlq-stats", "outbox", "groupcommit", "batchhandler", "consumer-inbox", "scaleout", "ordering", "outbox-memory", "putback", "framefilter"}
 	want := order
 	if *suites != "all" {
 		want = strings.Split(*suites, ",")

@@ -8,7 +8,8 @@ import (
 	"strings"
 	"time"
 
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )

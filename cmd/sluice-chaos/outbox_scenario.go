@@ -12,10 +12,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/testenv"
 	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
 	"github.com/sluicemq/sluice/rabbitmq"

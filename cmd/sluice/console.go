@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
 	"github.com/sluicemq/sluice/console"
@@ -21,7 +22,6 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/localenv"
 	"github.com/sluicemq/sluice/outbox/sqlstore"
-	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 )
 
 func newConsole(g *globals, out io.Writer) *cobra.Command {

@@ -11,10 +11,10 @@ import (
 
 	"github.com/jedib0t/go-pretty/v6/progress"
 	"github.com/mattn/go-isatty"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
 	"github.com/sluicemq/sluice/dlq"
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/localenv"
 )

@@ -8,13 +8,13 @@ import (
 	"testing"
 
 	"github.com/chromedp/chromedp"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/console"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
-	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 )
 
 // forgedInto publishes straight to the bed's poison queue a message whose

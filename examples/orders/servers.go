@@ -9,10 +9,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 	_ "github.com/lib/pq" // the PostgreSQL driver
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/rabbitmq"
-	amqp "github.com/sluicemq/sluice/rabbitmq/amqp091"
 )
 
 // serversEnv: RabbitMQ and PostgreSQL. The example's tables live in a schema

@@ -13,9 +13,8 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
-
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
 )
 
 // AMQP opens a connection to the test broker, closed when t ends. A test

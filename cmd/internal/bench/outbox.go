@@ -13,9 +13,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice"
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
 	"github.com/sluicemq/sluice/outbox"
 	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
 	"github.com/sluicemq/sluice/rabbitmq"

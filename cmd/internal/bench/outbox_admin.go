@@ -3,7 +3,8 @@ package bench
 import (
 	"time"
 
-	amqp "github.com/sluicemq/sluice/internal/amqp091"
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
