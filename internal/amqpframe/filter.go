@@ -187,6 +187,12 @@ func rewrite(fr []byte) []byte {
 	reason, forged := checkHeaders(payload[start:end])
 	switch {
 	case reason != "":
+		// The replacement (at most 4+1+len(Key)+1+4+len(token)+1+reasonMax
+		// = 268 bytes) makes a frame longer only when the table it replaces
+		// is shorter than that: the frame is then under 3 KB (the other
+		// properties are 12 short strings and a few octets at most), below
+		// the smallest frame_max a client negotiates (4,096), so the client
+		// never refuses the rewritten frame for its size.
 		return frame(fr, payload[:off], replacement(reason), payload[end:])
 	case len(forged) > 0:
 		table := make([]byte, 4, 4+n)

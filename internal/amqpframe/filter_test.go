@@ -2,6 +2,7 @@ package amqpframe
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"io"
 	"testing"
@@ -203,4 +204,43 @@ func TestOtherFramesPassUnchanged(t *testing.T) {
 	for _, cut := range []int{1, 2, 7, 8, 4096, len(stream)} {
 		require.True(t, bytes.Equal(stream, filtered(t, stream, cut)), "cut %d", cut)
 	}
+}
+
+// A rewritten frame is longer than the original only when the table it
+// replaces is shorter than the replacement; even with every other property
+// at its longest, that frame stays within the smallest frame_max a client
+// negotiates (4,096 bytes), so the client never refuses it for its size.
+func TestARewrittenFrameFitsTheSmallestFrameMax(t *testing.T) {
+	t.Parallel()
+	long := shortstr(string(bytes.Repeat([]byte{'p'}, 255)))
+	// A short table whose reason names its key at the length a reason keeps.
+	bad := table{{string(bytes.Repeat([]byte{'k'}, 64)), raw{'U', nil}}}.contents()
+	h := binary.BigEndian.AppendUint16(nil, 60)
+	h = binary.BigEndian.AppendUint16(h, 0)
+	h = binary.BigEndian.AppendUint64(h, 1)
+	h = binary.BigEndian.AppendUint16(h, 0xfffc) // every property
+	h = append(h, long...)                       // content type
+	h = append(h, long...)                       // content encoding
+	h = append(h, longstr(bad)...)               // headers
+	h = append(h, 2, 9)                          // delivery mode, priority
+	for range 4 {                                // correlation id, reply to, expiration, message id
+		h = append(h, long...)
+	}
+	h = binary.BigEndian.AppendUint64(h, 0) // timestamp
+	for range 4 {                           // type, user id, app id, cluster id
+		h = append(h, long...)
+	}
+	fr := frameBytes(frameHeader, 1, h)
+	out := rewrite(fr)
+	off := frameHeaderSize + 14 + 2*len(long) // the headers table
+	n := int(binary.BigEndian.Uint32(out[off:]))
+	entry := out[off+4 : off+4+n]
+	k := int(entry[0])
+	require.Equal(t, Key, string(entry[1:1+k]))
+	require.Equal(t, byte('S'), entry[1+k])
+	reason, ok := Reason(amqp.Table{Key: string(entry[1+k+1+4:])})
+	require.True(t, ok)
+	require.Contains(t, reason, "unknown field type 'U'")
+	require.Greater(t, len(out), len(fr), "the table replaced is shorter than its replacement")
+	require.LessOrEqual(t, len(out), 4096)
 }

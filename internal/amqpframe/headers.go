@@ -16,7 +16,8 @@ import (
 const Key = "sluice_amqp_headers_error"
 
 // reasonMax bounds the reason the filter writes, in bytes: a rewritten
-// frame is never more than about 300 bytes longer than the original.
+// frame is never more than 268 bytes longer than the original, and only
+// when the original is under 3 KB (rewrite).
 const reasonMax = 200
 
 // token marks what this process's filter wrote: 16 random bytes, in hex.
@@ -94,7 +95,7 @@ func bound(key []byte) string {
 }
 
 // replacement is the headers table holding only Key with reason (at
-// most reasonMax bytes: checkHeaders bounds it).
+// most reasonMax bytes: checkHeaders bounds it), at most 268 bytes.
 func replacement(reason string) []byte {
 	v := token + " " + reason
 	b := make([]byte, 0, 4+1+len(Key)+1+4+len(v))
