@@ -37,6 +37,10 @@ import (
 // chaosIDKey identifies a publish's event even when its payload is malformed.
 const chaosIDKey = "chaos_id"
 
+// harnessTrace keys the harness's own trace lines (settled, each process's
+// stop), shown beside a left message's.
+const harnessTrace = "harness"
+
 type options struct {
 	amqpURL, pgURL  string
 	events, sameIDs int
@@ -275,6 +279,7 @@ func runScenario(parent context.Context, o options, scenario string) (string, er
 	}
 	if batchHandler {
 		w.batchHandlerArgs()
+		w.traces = &traceLog{} // a message left at the end is shown with its copies' fates
 	}
 
 	copies, procs, crashProb := 1, o.procs, 0.0
@@ -314,8 +319,10 @@ func runScenario(parent context.Context, o options, scenario string) (string, er
 	if settleErr != nil && w.cl != nil {
 		fmt.Print(w.diagnose(p))
 	}
+	w.traces.add(harnessTrace, time.Now().Format("15:04:05.000")+" settled")
 	<-done
-	for _, s := range w.procs {
+	for i, s := range w.procs {
+		w.traces.add(harnessTrace, fmt.Sprintf("%s stopping process %d", time.Now().Format("15:04:05.000"), i+1))
 		s.stop()
 	}
 	res, verifyErr := w.verify(p)
@@ -909,6 +916,9 @@ func (w *world) leftovers(effects map[string]int) string {
 				id := m.Msg.Metadata.Get(chaosIDKey)
 				out = append(out, fmt.Sprintf("%s in %s (attempt %q, redelivered %v, effects %d)", id, q,
 					m.Msg.Metadata.Get(sluice.AttemptKey), m.Delivery.Redelivered, effects[id]))
+				if lines := w.traces.of(id); len(lines) > 0 {
+					out = append(out, "its consumers' traces:\n    "+strings.Join(append(lines, w.traces.of(harnessTrace)...), "\n    "))
+				}
 			}
 		}
 		return nil
