@@ -445,7 +445,7 @@ func (x *execution) once(es []*entry) []*entry {
 	}
 	idle := x.idleBound(es)
 	claimed, gaveUp, err := x.claimAll(tx, keys, idle)
-	if err != nil && !gaveUp && !x.alone && errors.Is(err, ErrClaimInProgress) {
+	if _, ok := tx.(BatchClaimer); ok && err != nil && !gaveUp && !x.alone && errors.Is(err, ErrClaimInProgress) {
 		// Another open unit of work holds a key of the batch (a copy of an
 		// event in another batch, not yet committed): rather than wait for
 		// it with every other key held, claim again by halves, each in a
