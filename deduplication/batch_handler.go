@@ -108,11 +108,15 @@ func (c BatchHandler) validate() error {
 // BatchClaimer is a Tx that claims many keys in one statement: the SQL
 // store's. ClaimBatch records (consumer, key) for each of keys (distinct)
 // and returns those it recorded; a key a committed unit of work recorded
-// before is left out. A key another open unit of work holds is waited for,
-// as Claim does. A batch handler claims through it where the store's Tx is
-// one, and one Claim after another elsewhere.
+// before is left out. A key another open unit of work holds is waited for
+// at most wait (0: as long as Claim waits): past it the call fails with an
+// error matching ErrClaimInProgress, and the unit of work may take no
+// further statement but a rollback (to a savepoint). idle > 0 bounds how
+// long the unit of work may then sit idle, as IdleBounder's ClaimIdle. A
+// batch handler claims through it where the store's Tx is one, and one
+// Claim after another elsewhere.
 type BatchClaimer interface {
-	ClaimBatch(ctx context.Context, consumer string, keys []string) ([]string, error)
+	ClaimBatch(ctx context.Context, consumer string, keys []string, wait, idle time.Duration) ([]string, error)
 }
 
 // NewBatchHandler returns the handler that runs bh with the inbox of cfg:
@@ -177,6 +181,9 @@ type entry struct {
 	// again: another delivery of the batch carried the key and did not
 	// commit it: this one joins the next batch.
 	again bool
+	// alone: another open unit of work held the key when the batch claimed
+	// it: the delivery left the batch, to run alone (runAlone).
+	alone bool
 	batch *gathering // the batch it joined (under the gatherer's mu)
 }
 
@@ -202,10 +209,30 @@ func (g *gatherer) handle(msg *message.Message) ([]*message.Message, error) {
 			}
 			<-e.done // started: it commits or not, bounded by StoreTimeout
 		}
+		if e.alone {
+			// A key another open unit of work held: out of the batch, its
+			// claim waits for it (ClaimTimeout) in a unit of work of its own.
+			return nil, g.runAlone(e)
+		}
 		if !e.again {
 			return nil, e.err
 		}
 	}
+}
+
+// runAlone runs e in a batch of its own, outside the batches' slots, its
+// claim waiting up to ClaimTimeout for the unit of work that holds its key:
+// a duplicate when that one commits it, ErrClaimInProgress (Transient) when
+// it waits longer.
+func (g *gatherer) runAlone(e *entry) error {
+	e.alone, e.err = false, nil
+	ctx, span := g.startSpan([]*entry{e})
+	x := &execution{g: g, ctx: ctx, span: span, alone: true}
+	x.attempt([]*entry{e})
+	span.SetAttributes(attribute.Int("sluice.batch.committed", x.committed), attribute.Int("sluice.batch.attempts", x.attempts))
+	span.End()
+	x.cancel()
+	return e.err
 }
 
 // join admits e into the open batch, or opens one.
@@ -329,7 +356,7 @@ func (g *gatherer) execute(members []*entry) {
 		// duplicate is a duplicate; otherwise it runs in a batch of its
 		// own turn.
 		for _, c := range copies[e.key] {
-			if e.err == nil {
+			if e.err == nil && !e.alone {
 				g.d.duplicate(c.msg, c.key)
 			} else {
 				c.again = true
@@ -363,6 +390,9 @@ type execution struct {
 	stops     []func() bool
 	committed int
 	attempts  int
+	// alone: a delivery out of a batch (runAlone), whose claim waits up to
+	// ClaimTimeout for the key; a batch's claim waits batchClaimWait.
+	alone bool
 }
 
 func (x *execution) cancel() {
@@ -413,7 +443,35 @@ func (x *execution) once(es []*entry) []*entry {
 	for i, e := range es {
 		keys[i] = e.key
 	}
-	claimed, gaveUp, err := x.claimAll(tx, keys)
+	idle := x.idleBound(es)
+	claimed, gaveUp, err := x.claimAll(tx, keys, idle)
+	if _, ok := tx.(BatchClaimer); ok && err != nil && !gaveUp && !x.alone && errors.Is(err, ErrClaimInProgress) {
+		// Another open unit of work holds a key of the batch (a copy of an
+		// event in another batch, not yet committed): rather than wait for
+		// it with every other key held, claim again by halves, each in a
+		// savepoint, and the deliveries whose keys are held leave the
+		// batch to wait for them alone.
+		_ = d.rollback(bg, tx)
+		ended = true
+		if tx, err = d.begin(bg); err != nil {
+			settle(es, sluice.Transient(err))
+			return nil
+		}
+		ended = false
+		var held map[string]struct{}
+		claimed, held, gaveUp, err = x.claimByHalves(tx, keys, idle)
+		if err == nil && len(held) > 0 {
+			kept := es[:0:0]
+			for _, e := range es {
+				if _, ok := held[e.key]; ok {
+					e.alone = true
+					continue
+				}
+				kept = append(kept, e)
+			}
+			es = kept
+		}
+	}
 	if err != nil {
 		ended = gaveUp // the claim still holds tx
 		settle(es, sluice.Transient(err))
@@ -620,8 +678,10 @@ func (x *execution) call(ctx context.Context, msgs []*message.Message) (outcomes
 }
 
 // claimAll claims keys in tx, in one statement where the store can:
-// the keys claimed, as a set.
-func (x *execution) claimAll(tx Tx, keys []string) (map[string]struct{}, bool, error) {
+// the keys claimed, as a set. The statement waits for a key another open
+// unit of work holds batchClaimWait in a batch (then it fails matching
+// ErrClaimInProgress, the unit of work aborted), ClaimTimeout alone.
+func (x *execution) claimAll(tx Tx, keys []string, idle time.Duration) (map[string]struct{}, bool, error) {
 	d := x.g.d
 	bc, ok := tx.(BatchClaimer)
 	if !ok {
@@ -639,7 +699,28 @@ func (x *execution) claimAll(tx Tx, keys []string) (map[string]struct{}, bool, e
 	}
 	sorted := slices.Clone(keys)
 	slices.Sort(sorted) // one order of row locks for every batch: no deadlock between two claims
-	f := func(ctx context.Context) ([]string, error) { return bc.ClaimBatch(ctx, d.cfg.Consumer, sorted) }
+	wait := batchClaimWait
+	if x.alone {
+		wait = max(d.cfg.ClaimTimeout, 0)
+	}
+	got, gaveUp, err := x.claimStatement(tx, bc, sorted, wait, idle)
+	if err != nil {
+		return nil, gaveUp, err
+	}
+	claimed := make(map[string]struct{}, len(got))
+	for _, k := range got {
+		claimed[k] = struct{}{}
+	}
+	return claimed, false, nil
+}
+
+// claimStatement runs one ClaimBatch of keys (sorted) within StoreTimeout
+// more than wait.
+func (x *execution) claimStatement(tx Tx, bc BatchClaimer, keys []string, wait, idle time.Duration) ([]string, bool, error) {
+	d := x.g.d
+	f := func(ctx context.Context) ([]string, error) {
+		return bc.ClaimBatch(ctx, d.cfg.Consumer, keys, wait, idle)
+	}
 	var got []string
 	var gaveUp bool
 	var err error
@@ -647,16 +728,105 @@ func (x *execution) claimAll(tx Tx, keys []string) (map[string]struct{}, bool, e
 	if d.storeBound <= 0 {
 		got, err = f(bg)
 	} else {
-		got, gaveUp, err = bounded.Run(d.calls, bg, d.storeBound+max(d.cfg.ClaimTimeout, 0), false, f, func([]string, error) { d.lateRollback(bg, tx) })
+		got, gaveUp, err = bounded.Run(d.calls, bg, d.storeBound+wait, false, f, func([]string, error) { d.lateRollback(bg, tx) })
 	}
-	if err != nil {
-		return nil, gaveUp, &sluice.DependencyError{Op: fmt.Sprintf("deduplication: claiming a batch of %d keys", len(keys)), Err: err}
+	switch {
+	case err == nil:
+		return got, false, nil
+	case errors.Is(err, ErrClaimInProgress):
+		return nil, false, err
 	}
-	claimed := make(map[string]struct{}, len(got))
-	for _, k := range got {
-		claimed[k] = struct{}{}
+	return nil, gaveUp, &sluice.DependencyError{Op: fmt.Sprintf("deduplication: claiming a batch of %d keys", len(keys)), Err: err}
+}
+
+// claimByHalves claims keys in tx, a unit of work begun for it, by halves:
+// each part in a savepoint, waiting batchClaimWait for a key another unit
+// of work holds; a part that waited longer is rolled back to its savepoint
+// and split, down to the single keys held, returned apart. A store whose
+// units of work take no savepoints has every key of a conflict held.
+func (x *execution) claimByHalves(tx Tx, keys []string, idle time.Duration) (claimed, held map[string]struct{}, gaveUp bool, err error) {
+	claimed, held = map[string]struct{}{}, map[string]struct{}{}
+	bc, _ := tx.(BatchClaimer)
+	sp, ok := tx.(Savepointer)
+	if bc == nil || !ok {
+		for _, k := range keys {
+			held[k] = struct{}{}
+		}
+		return claimed, held, false, nil
 	}
-	return claimed, false, nil
+	sorted := slices.Clone(keys)
+	slices.Sort(sorted)
+	d := x.g.d
+	bg := context.Background()
+	const name = "sluice_claim"
+	var part func(keys []string) error
+	// exec runs one statement within StoreTimeout; one given up still
+	// holds tx, which its late return rolls back.
+	exec := func(op string, f func(context.Context) error) error {
+		if d.storeBound <= 0 {
+			err = f(bg)
+		} else {
+			_, gaveUp, err = bounded.Run(d.calls, bg, d.storeBound, false, func(ctx context.Context) (struct{}, error) {
+				return struct{}{}, f(ctx)
+			}, func(struct{}, error) { d.lateRollback(bg, tx) })
+		}
+		if err != nil {
+			return &sluice.DependencyError{Op: "deduplication: " + op, Err: err}
+		}
+		return nil
+	}
+	part = func(keys []string) error {
+		if err := exec("savepoint", func(ctx context.Context) error { return sp.Savepoint(ctx, name) }); err != nil {
+			return err
+		}
+		got, g, err := x.claimStatement(tx, bc, keys, batchClaimWait, idle)
+		switch {
+		case err == nil:
+			for _, k := range got {
+				claimed[k] = struct{}{}
+			}
+			return exec("release savepoint", func(ctx context.Context) error { return sp.Release(ctx, name) })
+		case g || !errors.Is(err, ErrClaimInProgress):
+			gaveUp = g
+			return err
+		}
+		if err := exec("rollback to savepoint", func(ctx context.Context) error { return sp.RollbackTo(ctx, name) }); err != nil {
+			return err
+		}
+		if err := exec("release savepoint", func(ctx context.Context) error { return sp.Release(ctx, name) }); err != nil {
+			return err
+		}
+		if len(keys) == 1 {
+			held[keys[0]] = struct{}{}
+			return nil
+		}
+		half := len(keys) / 2
+		if err := part(keys[:half]); err != nil {
+			return err
+		}
+		return part(keys[half:])
+	}
+	if err := part(sorted); err != nil {
+		return nil, nil, gaveUp, err
+	}
+	return claimed, held, false, nil
+}
+
+// idleBound is how long the batch's unit of work may sit idle
+// (IdleBounder's bound, set by the claim): while the handler runs, up to
+// the first of the deliveries' deadlines, then its commit within
+// StoreTimeout — none when no delivery has a deadline.
+func (x *execution) idleBound(es []*entry) time.Duration {
+	var first time.Time
+	for _, e := range es {
+		if dl, ok := e.ctx.Deadline(); ok && (first.IsZero() || dl.Before(first)) {
+			first = dl
+		}
+	}
+	if first.IsZero() {
+		return 0
+	}
+	return max(time.Until(first), 0) + max(x.g.d.cfg.StoreTimeout, 0) + idleGrace
 }
 
 // batchSizeHistogram is the histogram of the deliveries one commit

@@ -156,3 +156,152 @@ func TestAddRefusesABatchHandlerItCannotRun(t *testing.T) {
 		Stages: router.Stages{Inbox: in}})
 	require.ErrorContains(t, err, "BatchHandler.MaxBatch")
 }
+
+// Shutdown mid-batch on RabbitMQ 3.10 and PostgreSQL: the router closes
+// while a batch handler is held in its call. Released within the shutdown
+// grace, the held batch commits and is acked, and so do the deliveries
+// that gathered meanwhile; past the grace, it rolls back whole, and its
+// deliveries and those gathering go back unprocessed (no attempt spent:
+// nothing in the retry tier). Either way nothing committed is left in the
+// queue, and a second router takes up what is: each event's row exists
+// once, nothing is left in the queue or its tier.
+func TestABatchHandlerAtRouterShutdown(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name          string
+		releaseInTime bool
+	}{{"released within the grace", true}, {"held past the grace", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			batchHandlerShutdown(t, tc.releaseInTime)
+		})
+	}
+}
+
+func batchHandlerShutdown(t *testing.T, releaseInTime bool) {
+	db, schema, store := inbox(t)
+	queue := testenv.Name("shutdown-batch")
+	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", queue+".retry.100ms")
+	conn := testenv.AMQP(t)
+	newBroker := func() *rabbitmq.Broker {
+		q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
+			Connection: rabbitmq.Connection{URL: testenv.AMQPURL},
+			Topology:   rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{100 * time.Millisecond}},
+			Prefetch:   16,
+		})
+		require.NoError(t, err)
+		return q
+	}
+	write := func(ctx context.Context, msgs []*message.Message) []error {
+		keys := make([]string, len(msgs))
+		for i, m := range msgs {
+			keys[i] = m.Metadata.Get(sluice.EventIDKey)
+		}
+		_, err := sqlstore.TxFromContext(ctx).ExecContext(ctx,
+			fmt.Sprintf(`INSERT INTO %s.reservations (event_key) SELECT unnest(string_to_array($1, ','))`, schema), strings.Join(keys, ","))
+		return deduplication.SameOutcome(msgs, err)
+	}
+	// run starts a router whose batch handler is handle.
+	run := func(q *rabbitmq.Broker, grace time.Duration, handle deduplication.BatchHandlerFunc) (*message.Router, chan error) {
+		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: time.Minute}, watermill.NopLogger{})
+		require.NoError(t, err)
+		_, err = router.Add(r, router.HandlerConfig{
+			Broker:       q,
+			Name:         "shutdown",
+			BatchHandler: &deduplication.BatchHandler{Handle: handle, MaxBatch: 4, MaxWait: 50 * time.Millisecond, Concurrency: 1},
+			Stages: router.Stages{
+				ShutdownGrace: grace,
+				Poison:        &poison.Config{},
+				Retry:         &retrytiers.Config{},
+				Classify:      &middleware.ClassifyConfig{},
+				Inbox:         &deduplication.Config{Store: store},
+			},
+		})
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() { done <- r.Run(context.Background()) }()
+		<-r.Running()
+		return r, done
+	}
+	count := func(distinct string) int {
+		var n int
+		require.NoError(t, db.Get(&n, fmt.Sprintf(`SELECT count(%s event_key) FROM %s.reservations`, distinct, schema)))
+		return n
+	}
+
+	const events = 12
+	q := newBroker()
+	held, release := make(chan []string, 1), make(chan struct{})
+	var calls atomic.Int64
+	grace := time.Minute
+	if !releaseInTime {
+		grace = 300 * time.Millisecond
+	}
+	r, done := run(q, grace, func(ctx context.Context, msgs []*message.Message) []error {
+		if calls.Add(1) == 1 {
+			keys := make([]string, len(msgs))
+			for i, m := range msgs {
+				keys[i] = m.Metadata.Get(sluice.EventIDKey)
+			}
+			held <- keys
+			if releaseInTime {
+				<-release
+			} else {
+				<-ctx.Done() // the grace ran out: the batch's context ended
+				return deduplication.SameOutcome(msgs, sluice.Transient(context.Cause(ctx)))
+			}
+		}
+		return write(ctx, msgs)
+	})
+	for i := range events {
+		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+		m.Metadata.Set(sluice.EventIDKey, fmt.Sprint("evt-", i))
+		require.NoError(t, q.Publisher().Publish(queue, m))
+	}
+	var first []string
+	select {
+	case first = <-held:
+	case <-time.After(time.Minute):
+		t.Fatal("no batch ran")
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- r.Close() }()
+	// The subscriber has cancelled its consumer: the router is closing,
+	// the batch still held.
+	require.Eventually(t, func() bool { return testenv.QueueConsumers(t, conn, queue) == 0 }, time.Minute, 10*time.Millisecond)
+	if releaseInTime {
+		close(release)
+	}
+	require.NoError(t, <-closed)
+	require.NoError(t, <-done)
+	require.NoError(t, q.Close())
+
+	committed := count("")
+	require.Equal(t, committed, count("DISTINCT"))
+	if releaseInTime {
+		// The held batch commits, and so do the deliveries handed to the
+		// handler meanwhile (in flight: they gathered for the next batch).
+		var keys []string
+		require.NoError(t, db.Select(&keys, fmt.Sprintf(`SELECT event_key FROM %s.reservations`, schema)))
+		require.Subset(t, keys, first, "the held batch committed at close")
+	} else {
+		require.Zero(t, committed, "the held batch rolled back whole")
+	}
+	require.Equal(t, events-committed, testenv.QueueDepth(t, conn, queue), "the rest went back to the queue unprocessed")
+	require.Zero(t, testenv.QueueDepth(t, conn, queue+".retry.100ms"), "no attempt spent")
+	require.Zero(t, testenv.QueueDepth(t, conn, queue+".poison"))
+
+	// A second router takes up what is left.
+	q = newBroker()
+	r, done = run(q, 0, write)
+	require.Eventually(t, func() bool {
+		return count("") >= events && testenv.QueueDepth(t, conn, queue) == 0
+	}, time.Minute, 20*time.Millisecond)
+	require.NoError(t, r.Close())
+	require.NoError(t, <-done)
+	require.NoError(t, q.Close())
+	require.Equal(t, events, count("DISTINCT"))
+	require.Equal(t, events, count(""), "each event's row exists once")
+	require.Zero(t, testenv.QueueDepth(t, conn, queue+".retry.100ms"))
+	require.Zero(t, testenv.QueueDepth(t, conn, queue+".poison"))
+}

@@ -110,7 +110,7 @@ private_chaos() {
 [ -n "${TEST_CHAOS_PRIVATE_ALONE:-}" ] || background "chaos on private brokers" private_chaos
 # Broker-restart tests restart the shared RabbitMQ: after the main go test.
 foreground "restart tests" $GO test -race -count=1 -timeout 5m -tags restart -run Restart ./rabbitmq/
-foreground "chaos on the shared RabbitMQ" "$logs/sluice-chaos" run -scenarios kill,rabbitmq-restart,poison-full,same-id-8,outbox,kill-batched,same-id-8-batch-handler
+foreground "chaos on the shared RabbitMQ" "$logs/sluice-chaos" run -scenarios kill,rabbitmq-restart,poison-full,same-id-8,outbox,kill-batched,same-id-8-batch-handler,kill-batch-handler
 # The same kills and a broker restart on the RabbitMQ 4.0 node (it restarts
 # that node: nothing else uses it now).
 foreground "chaos on the 4.0 node" "$logs/sluice-chaos" run -rabbitmq4 -scenarios kill,rabbitmq-restart -events 200 -kills 3

@@ -155,6 +155,8 @@ func consumerMain(args []string) error {
 	}
 	afterCommit := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
+			attempt, _ := sluice.Attempt(msg)
+			tr(msg.Metadata.Get(chaosIDKey), "delivered (attempt %d)", attempt)
 			out, err := h(msg)
 			tr(msg.Metadata.Get(chaosIDKey), "handled: %v (nil: acked next)", err)
 			waiting.returned(msg.UUID)
@@ -195,6 +197,7 @@ func consumerMain(args []string) error {
 		}
 	}
 	if _, err = router.Add(r, cfg); err == nil {
+		context.AfterFunc(ctx, func() { tr("harness", "process %d: SIGTERM", os.Getpid()) })
 		err = r.Run(ctx)
 	}
 	return errors.Join(err, ob.close())

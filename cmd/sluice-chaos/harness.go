@@ -37,6 +37,10 @@ import (
 // chaosIDKey identifies a publish's event even when its payload is malformed.
 const chaosIDKey = "chaos_id"
 
+// harnessTrace keys the harness's own trace lines (settled, each process's
+// stop), shown beside a left message's.
+const harnessTrace = "harness"
+
 type options struct {
 	amqpURL, pgURL  string
 	events, sameIDs int
@@ -69,7 +73,7 @@ type options struct {
 // the suffix -batch-handler, with a batch handler
 // (router.HandlerConfig.BatchHandler).
 var allScenarios = []string{"kill", "rabbitmq-restart", "postgres-stop", "poison-full", "same-id-8", "outbox",
-	"kill" + batchedSuffix, "postgres-stop" + batchedSuffix, "same-id-8" + batchHandlerSuffix, clusterScenario, orderedScenario}
+	"kill" + batchedSuffix, "postgres-stop" + batchedSuffix, "same-id-8" + batchHandlerSuffix, "kill" + batchHandlerSuffix, clusterScenario, orderedScenario}
 
 // killCrashPoints are the consumers' self-crashes in the kill scenario.
 var killCrashPoints = []string{"before-commit", "after-commit", "after-tier-publish"}
@@ -275,6 +279,7 @@ func runScenario(parent context.Context, o options, scenario string) (string, er
 	}
 	if batchHandler {
 		w.batchHandlerArgs()
+		w.traces = &traceLog{} // a message left at the end is shown with its copies' fates
 	}
 
 	copies, procs, crashProb := 1, o.procs, 0.0
@@ -314,8 +319,10 @@ func runScenario(parent context.Context, o options, scenario string) (string, er
 	if settleErr != nil && w.cl != nil {
 		fmt.Print(w.diagnose(p))
 	}
+	w.traces.add(harnessTrace, time.Now().Format("15:04:05.000")+" settled")
 	<-done
-	for _, s := range w.procs {
+	for i, s := range w.procs {
+		w.traces.add(harnessTrace, fmt.Sprintf("%s stopping process %d", time.Now().Format("15:04:05.000"), i+1))
 		s.stop()
 	}
 	res, verifyErr := w.verify(p)
@@ -782,17 +789,34 @@ func (w *world) removeFillers(ctx context.Context, ch *amqp.Channel, q string) e
 	return ctx.Err()
 }
 
+// settleStable is how long settle's condition must hold before the
+// consumers are stopped. The queue depths count ready messages only: a
+// delivery still in a handler (unacked), or its retry copy on its way to a
+// tier, is in no count. Taken as settled at that moment, the consumers'
+// stop sent the delivery back, or the copy came back from its tier to no
+// consumer: a message left at the end though nothing was lost — a
+// duplicate copy of an event done meanwhile that failed (its batch's
+// claim held by the copy that did it). Held 1 s, such work has ended or
+// shows: its copy is in a tier queue.
+const settleStable = time.Second
+
 // settle waits until every valid event has its effect, every bad one is in
-// a poison queue, and the main and tier queues are empty.
+// a poison queue, and the main and tier queues are empty, for settleStable.
 func (w *world) settle(ctx context.Context, p plan) error {
 	var last string
+	var since time.Time // when the condition began to hold
 	for {
 		effects, poisoned, depth, err := w.observe(ctx)
 		if err == nil {
 			last = fmt.Sprintf("%d/%d effects, %d/%d poisoned, %d in the main and tier queues", len(effects), len(p.valid), len(poisoned), len(p.bad), depth)
 			settled, more := w.settledOutbox(ctx, p)
 			last += more
-			if len(effects) >= len(p.valid) && len(poisoned) >= len(p.bad) && depth == 0 && settled {
+			switch {
+			case len(effects) < len(p.valid) || len(poisoned) < len(p.bad) || depth > 0 || !settled:
+				since = time.Time{}
+			case since.IsZero():
+				since = time.Now()
+			case time.Since(since) >= settleStable:
 				return nil
 			}
 		}
@@ -909,6 +933,9 @@ func (w *world) leftovers(effects map[string]int) string {
 				id := m.Msg.Metadata.Get(chaosIDKey)
 				out = append(out, fmt.Sprintf("%s in %s (attempt %q, redelivered %v, effects %d)", id, q,
 					m.Msg.Metadata.Get(sluice.AttemptKey), m.Delivery.Redelivered, effects[id]))
+				if lines := w.traces.of(id); len(lines) > 0 {
+					out = append(out, "its consumers' traces:\n    "+strings.Join(append(lines, w.traces.of(harnessTrace)...), "\n    "))
+				}
 			}
 		}
 		return nil

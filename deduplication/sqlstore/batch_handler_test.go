@@ -29,6 +29,8 @@ type batchHandlerEnv struct {
 	*batchEnv // its database, tables, reader; no group commit stage
 	spans     *tracetest.InMemoryExporter
 	handle    message.HandlerFunc
+	store     *sqlstore.Store
+	cfg       deduplication.Config // StoreTimeout and ClaimTimeout, else defaults
 
 	mu    sync.Mutex
 	calls [][]string // the keys of each call
@@ -38,10 +40,22 @@ type batchHandlerEnv struct {
 
 func newBatchHandlerEnv(t *testing.T, backend string, bh deduplication.BatchHandler, tableSuffix string) *batchHandlerEnv {
 	t.Helper()
-	e := &batchHandlerEnv{batchEnv: &batchEnv{reader: sdkmetric.NewManualReader()}, spans: tracetest.NewInMemoryExporter()}
+	return newBatchHandlerEnvOf(t, backend, bh, tableSuffix, deduplication.Config{})
+}
+
+// newBatchHandlerEnvWith is newBatchHandlerEnv with the inbox's
+// ClaimTimeout and StoreTimeout of cfg.
+func newBatchHandlerEnvWith(t *testing.T, backend string, bh deduplication.BatchHandler, cfg deduplication.Config) *batchHandlerEnv {
+	t.Helper()
+	return newBatchHandlerEnvOf(t, backend, bh, "", cfg)
+}
+
+func newBatchHandlerEnvOf(t *testing.T, backend string, bh deduplication.BatchHandler, tableSuffix string, cfg deduplication.Config) *batchHandlerEnv {
+	t.Helper()
+	e := &batchHandlerEnv{batchEnv: &batchEnv{reader: sdkmetric.NewManualReader()}, spans: tracetest.NewInMemoryExporter(), cfg: cfg}
 	prefix := ""
 	switch backend {
-	case "postgres":
+	case "postgres", "pgx":
 		e.db = testenv.Postgres(t)
 		prefix = testenv.Schema(t, e.db) + "."
 	default:
@@ -50,11 +64,19 @@ func newBatchHandlerEnv(t *testing.T, backend string, bh deduplication.BatchHand
 	e.table, e.inbox = prefix+"projection", prefix+"inbox"
 	_, err := e.db.Exec(`CREATE TABLE ` + e.table + ` (k TEXT NOT NULL` + tableSuffix + `)`)
 	require.NoError(t, err)
-	store := testenv.SQLStore(t, e.db, e.inbox)
+	e.store = testenv.SQLStore(t, e.db, e.inbox)
+	store := e.store
+	if backend == "pgx" {
+		// lib/pq taken for pgx: the store's statements as on pgx (one
+		// statement a round trip, its values as parameters).
+		store, err = sqlstore.New(sqlstore.Config{SQLDB: e.db.DB, DriverName: "pgx", Table: e.inbox})
+		require.NoError(t, err)
+	}
 	bh.Handle = e.project
 	bh.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSyncer(e.spans))
 	e.handle, err = deduplication.NewBatchHandler(deduplication.Config{Store: store, Consumer: "c",
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader))}, bh)
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader)),
+		StoreTimeout:  e.cfg.StoreTimeout, ClaimTimeout: e.cfg.ClaimTimeout}, bh)
 	require.NoError(t, err)
 	return e
 }
@@ -405,4 +427,144 @@ func TestABatchHandlersSpanLinksEachDelivery(t *testing.T) {
 		got = append(got, l.SpanContext)
 	}
 	assert.ElementsMatch(t, want, got)
+}
+
+// holdClaim claims key in a transaction of its own and leaves it open, as
+// a copy of the event in another batch does until its commit: end it with
+// the returned function (commit or not).
+func (e *batchHandlerEnv) holdClaim(t *testing.T, key string) func(commit bool) {
+	t.Helper()
+	tx, err := e.store.Begin(t.Context())
+	require.NoError(t, err)
+	claimed, err := tx.Claim(t.Context(), "c", key)
+	require.NoError(t, err)
+	require.True(t, claimed)
+	ended := false
+	end := func(commit bool) {
+		if ended {
+			return
+		}
+		ended = true
+		if commit {
+			require.NoError(t, tx.Commit(context.Background()))
+			return
+		}
+		require.NoError(t, tx.Rollback(context.Background()))
+	}
+	t.Cleanup(func() { end(false) })
+	return end
+}
+
+// A key of the batch that another open transaction holds (a copy of the
+// event in another batch, not committed yet) no longer stalls the batch
+// for ClaimTimeout + StoreTimeout: the batch's claim waits 1 ms for it
+// (lock_timeout), then the keys are claimed again by halves, and the
+// delivery of the held key leaves the batch to wait for it alone. The rest
+// commit while the key is still held; once its holder commits, that
+// delivery is a duplicate. Before, the batch's claim waited for the key,
+// and with the holder open past 15 s every event of the batch failed as
+// Transient.
+func TestABatchHandlersClaimDoesNotWaitForAKeyHeldElsewhere(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{"postgres", "pgx"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			e := newBatchHandlerEnv(t, backend, deduplication.BatchHandler{MaxBatch: 8, MaxWait: time.Second}, "")
+			end := e.holdClaim(t, "k05")
+			keys := keysN("k", 8)
+			type result struct {
+				key string
+				err error
+			}
+			results := make(chan result, len(keys))
+			for _, k := range keys {
+				go func() { results <- result{k, e.deliverCtx(context.Background(), k)} }()
+			}
+			for range len(keys) - 1 { // every one but k05, while k05 is held
+				select {
+				case r := <-results:
+					require.NotEqual(t, "k05", r.key, "k05 returned while its key was held: %v", r.err)
+					require.NoError(t, r.err, r.key)
+				case <-time.After(4 * time.Second): // within ClaimTimeout (5 s): it waited for no key
+					t.Fatal("the batch waited for the held key")
+				}
+			}
+			assert.Equal(t, []string{"k00", "k01", "k02", "k03", "k04", "k06", "k07"}, e.rows(t))
+			end(true) // the holder commits k05 (its effect, elsewhere)
+			select {
+			case r := <-results:
+				assert.Equal(t, "k05", r.key)
+				assert.NoError(t, r.err, "a duplicate once its holder committed")
+			case <-time.After(time.Minute):
+				t.Fatal("k05 did not return after its holder committed")
+			}
+			for _, call := range e.callKeys() {
+				assert.NotContains(t, call, "k05", "the handler never saw the held key")
+			}
+			assert.Len(t, e.rows(t), 7)
+		})
+	}
+}
+
+// A delivery whose key stays held past ClaimTimeout fails as Transient
+// matching ErrClaimInProgress (to a retry tier), as without a batch; the
+// held key is given back when its holder rolls back.
+func TestABatchHandlersHeldKeyWaitsClaimTimeoutAlone(t *testing.T) {
+	t.Parallel()
+	e := newBatchHandlerEnvWith(t, "postgres", deduplication.BatchHandler{MaxBatch: 4, MaxWait: time.Second},
+		deduplication.Config{ClaimTimeout: 300 * time.Millisecond})
+	e.holdClaim(t, "k02")
+	keys := keysN("k", 4)
+	errs := e.deliverAll(keys...)
+	for i, err := range errs {
+		if keys[i] == "k02" {
+			require.ErrorIs(t, err, deduplication.ErrClaimInProgress)
+			assert.Equal(t, sluice.ClassTransient, sluice.ClassOf(err))
+			continue
+		}
+		assert.NoError(t, err, keys[i])
+	}
+	assert.Equal(t, []string{"k00", "k01", "k03"}, e.rows(t))
+}
+
+// Issue 46 (item 3): the batch's transaction bounds its idle time as the
+// inbox's does (IdleBounder) when a delivery has a deadline: a handler that
+// hangs past the first deadline, StoreTimeout and a second no longer holds
+// its batch's keys — PostgreSQL ends the session and another transaction
+// claims them. Before, nothing bounded it: the other claim waited as long
+// as the handler hung.
+func TestABatchHandlersIdleTransactionIsEnded(t *testing.T) {
+	t.Parallel()
+	e := newBatchHandlerEnvWith(t, "postgres", deduplication.BatchHandler{MaxBatch: 2, MaxWait: time.Second},
+		deduplication.Config{StoreTimeout: 200 * time.Millisecond})
+	hung, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	var setting string
+	e.decide = func(ctx context.Context, _ string) error {
+		once.Do(func() {
+			_ = sqlstore.TxFromContext(ctx).GetContext(ctx, &setting, `SHOW idle_in_transaction_session_timeout`)
+			close(hung)
+		})
+		<-release // hung, deaf to its context
+		return nil
+	}
+	defer close(release)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	results := make(chan error, 2)
+	for _, k := range []string{"k0", "k1"} {
+		go func() { results <- e.deliverCtx(ctx, k) }()
+	}
+	<-hung
+	assert.NotEqual(t, "0", setting, "the batch's transaction has an idle bound")
+	// The next claim of k0 waits for the hung batch, and gets the key once
+	// PostgreSQL ends its session (0.3 s + 0.2 s + 1 s idle).
+	claimCtx, stop := context.WithTimeout(context.Background(), time.Minute)
+	defer stop()
+	next, err := e.store.Begin(claimCtx)
+	require.NoError(t, err)
+	defer func() { _ = next.Rollback(context.Background()) }()
+	claimed, err := next.Claim(claimCtx, "c", "k0")
+	require.NoError(t, err, "the hung batch's transaction was not ended")
+	assert.True(t, claimed, "the hung batch's claim was rolled back with its session")
 }

@@ -66,6 +66,11 @@ type Store struct {
 	claim   string
 	// claimBatch claims many keys in one statement, returning those claimed.
 	claimBatch string
+	// claimBatchBounded is claimBatch setting lock_timeout ($3) and
+	// idle_in_transaction_session_timeout ($4) first (PostgreSQL); "" on
+	// SQLite. claimBatchLiteral is it with literal values (%s), for one
+	// simple query on lib/pq; "" elsewhere.
+	claimBatchBounded, claimBatchLiteral string
 	// claimIdle is claim bounding the transaction's idle time too
 	// (PostgreSQL); "" on SQLite.
 	claimIdle string
@@ -115,6 +120,14 @@ func New(cfg Config) (*Store, error) {
 	}
 	s.claim = fmt.Sprintf(d.claim, s.table)
 	s.claimBatch = fmt.Sprintf(d.claimBatch, s.table)
+	if d.claimBatchBounded != "" {
+		s.claimBatchBounded = fmt.Sprintf(d.claimBatchBounded, s.table, "$1", "$2", "$3", "$4")
+		if cfg.DB.DriverName() == "postgres" {
+			// The lock_timeout is SET before it in the same query:
+			// none here; %[1]s–%[3]s the consumer, keys and idle literals.
+			s.claimBatchLiteral = fmt.Sprintf(d.claimBatchBounded, s.table, "%[1]s", "%[2]s", "''", "%[3]s")
+		}
+	}
 	if d.claimIdle != "" {
 		s.claimIdle = fmt.Sprintf(d.claimIdle, s.table)
 	}
@@ -227,15 +240,71 @@ func (t *sqlTx) Claim(ctx context.Context, consumer, key string) (bool, error) {
 // ... SELECT FROM unnest of the keys as one text[] parameter, on SQLite from
 // json_each of them as one JSON parameter, each ON CONFLICT DO NOTHING
 // RETURNING the keys inserted. The rows are inserted in the order of keys.
-func (t *sqlTx) ClaimBatch(ctx context.Context, consumer string, keys []string) ([]string, error) {
+//
+// On PostgreSQL, wait > 0 bounds the statement's wait for a key another
+// open transaction holds — lock_timeout, set for the claim alone: the
+// handler's statements keep their own — and a claim that waited longer
+// fails with an error matching deduplication.ErrClaimInProgress, its
+// transaction aborted; idle > 0 sets the transaction's
+// idle_in_transaction_session_timeout, as ClaimIdle does. On lib/pq both
+// are one round trip with the claim; elsewhere the lock_timeout is reset
+// by a second statement. On SQLite (one writer: no claim waits) they do
+// not apply.
+func (t *sqlTx) ClaimBatch(ctx context.Context, consumer string, keys []string, wait, idle time.Duration) ([]string, error) {
 	if len(keys) == 0 {
 		return nil, nil
 	}
-	rows, err := t.tx.QueryContext(ctx, t.s.claimBatch, consumer, t.s.dialect.keysArg(keys))
+	if t.s.claimBatchBounded == "" { // SQLite
+		return t.claimBatch(ctx, t.s.claimBatch, consumer, t.s.dialect.keysArg(keys))
+	}
+	lock, idleMS := "", ""
+	if wait > 0 {
+		lock = strconv.FormatInt(max(wait.Milliseconds(), 1), 10)
+	}
+	if idle > 0 {
+		idleMS = strconv.FormatInt(max(idle.Milliseconds(), 1), 10)
+	}
+	if t.s.claimBatchLiteral != "" && (lock != "" || idleMS != "") {
+		// lib/pq: one simple query, its values as literals; the claim's
+		// rows are the first result's. The lock_timeout reset is the
+		// last statement: a claim that timed out aborted the
+		// transaction, and the SET with it.
+		q := ""
+		if lock != "" {
+			q = `SET LOCAL lock_timeout = ` + lock + `; `
+		}
+		q += fmt.Sprintf(t.s.claimBatchLiteral, dollarQuoted(consumer), dollarQuoted(pgTextArray(keys).(string)), dollarQuoted(idleMS))
+		if lock != "" {
+			q += `; SET LOCAL lock_timeout = DEFAULT`
+		}
+		claimed, err := t.claimBatch(ctx, q)
+		return claimed, claimBatchError(err, wait)
+	}
+	if lock == "" && idleMS == "" {
+		return t.claimBatch(ctx, t.s.claimBatch, consumer, t.s.dialect.keysArg(keys))
+	}
+	// $3, $4: lock_timeout and idle_in_transaction_session_timeout for the
+	// transaction, set before the first row is inserted ("" leaves one as
+	// it is).
+	claimed, err := t.claimBatch(ctx, t.s.claimBatchBounded, consumer, t.s.dialect.keysArg(keys), lock, idleMS)
+	if err != nil {
+		return nil, claimBatchError(err, wait)
+	}
+	if lock != "" {
+		if _, err := t.tx.ExecContext(ctx, `SET LOCAL lock_timeout = DEFAULT`); err != nil {
+			return nil, err
+		}
+	}
+	return claimed, nil
+}
+
+// claimBatch runs the claim query q and returns the keys it returned.
+func (t *sqlTx) claimBatch(ctx context.Context, q string, args ...any) ([]string, error) {
+	rows, err := t.tx.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, err
 	}
-	claimed := make([]string, 0, len(keys))
+	var claimed []string
 	for rows.Next() {
 		var k string
 		if err := rows.Scan(&k); err != nil {
@@ -247,6 +316,15 @@ func (t *sqlTx) ClaimBatch(ctx context.Context, consumer string, keys []string) 
 		return nil, err
 	}
 	return claimed, nil
+}
+
+// claimBatchError is ClaimBatch's error for err: matching
+// deduplication.ErrClaimInProgress when the claim waited past wait.
+func claimBatchError(err error, wait time.Duration) error {
+	if state, _ := sluice.SQLState(err); state == "55P03" {
+		return fmt.Errorf("%w: a key of the batch is held by another transaction longer than %s: %w", deduplication.ErrClaimInProgress, wait, err)
+	}
+	return err
 }
 
 // pgTextArray is keys as a PostgreSQL array literal: each element
@@ -426,7 +504,11 @@ type dialect struct {
 	claim string
 	// claimBatch claims many keys ($2: keysArg) and returns those inserted.
 	claimBatch string
-	keysArg    func([]string) any
+	// claimBatchBounded is claimBatch that first sets lock_timeout and
+	// idle_in_transaction_session_timeout (each "" for as it is): %[1]s
+	// the table, %[2]s–%[5]s the consumer, the keys, and the two.
+	claimBatchBounded string
+	keysArg           func([]string) any
 	// claimIdle is claim that also sets the transaction's
 	// idle_in_transaction_session_timeout ($3, in ms): "" where the
 	// database has none.
@@ -447,7 +529,11 @@ var postgres = dialect{
 	// The keys as one text parameter cast to text[]: lib/pq and pgx both
 	// send a string as text.
 	claimBatch: `INSERT INTO %s (consumer, event_key, processed_at) SELECT $1, k, now() FROM unnest(CAST($2 AS text)::text[]) WITH ORDINALITY AS u(k, n) ORDER BY n ON CONFLICT DO NOTHING RETURNING event_key`,
-	keysArg:    pgTextArray,
+	claimBatchBounded: `INSERT INTO %[1]s (consumer, event_key, processed_at) SELECT %[2]s, k, now() FROM unnest(CAST(%[3]s AS text)::text[]) WITH ORDINALITY AS u(k, n)
+	WHERE CASE WHEN %[4]s = '' THEN true ELSE set_config('lock_timeout', %[4]s, true) IS NOT NULL END
+	AND CASE WHEN %[5]s = '' THEN true ELSE set_config('idle_in_transaction_session_timeout', %[5]s, true) IS NOT NULL END
+	ORDER BY n ON CONFLICT DO NOTHING RETURNING event_key`,
+	keysArg: pgTextArray,
 	claimIdle: `INSERT INTO %s (consumer, event_key, processed_at) SELECT $1, $2, now()
 	WHERE set_config('idle_in_transaction_session_timeout', $3, true) IS NOT NULL ON CONFLICT DO NOTHING`,
 	prune:   `DELETE FROM %[1]s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %[1]s WHERE processed_at < $1 LIMIT $2))`,

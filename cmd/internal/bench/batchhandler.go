@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
@@ -146,7 +147,7 @@ func (v *inboxVariants) claimedBatchOf(run string, size int) Op {
 			return err
 		}
 		defer func() { _ = tx.Rollback(ctx) }()
-		claimed, err := tx.(deduplication.BatchClaimer).ClaimBatch(ctx, "c", keys)
+		claimed, err := tx.(deduplication.BatchClaimer).ClaimBatch(ctx, "c", keys, time.Millisecond, 0) // as a batch handler claims: lock_timeout 1 ms
 		if err != nil {
 			return err
 		}
