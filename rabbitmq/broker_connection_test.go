@@ -43,7 +43,10 @@ func TestBrokerConnectionReachesEveryConnection(t *testing.T) {
 		t.Parallel()
 		proxy, url := testenv.ProxyAMQP(t)
 		logger := &awaitLog{LoggerAdapter: watermill.NopLogger{}, msg: "Consuming stopped; reconnecting after a backoff", seen: make(chan struct{})}
-		const dialTimeout = 300 * time.Millisecond
+		// Long enough for NewBroker's own handshake through the proxy on a
+		// loaded machine (300 ms failed one at load average 41, with 504),
+		// and well under DialTimeoutDefault/2, which the checks below tell it from.
+		const dialTimeout = 2 * time.Second
 		b := newConnectionBroker(t, rabbitmq.Connection{URL: url, DialTimeout: dialTimeout, Logger: logger})
 		defer func() { _ = b.Close() }()
 		proxy.BlackHole()
