@@ -9,12 +9,13 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// returnedMax bounds how many later deliveries of a key Serialize gives
-// back while it waits for the key's given-back delivery to come back first:
-// those the broker had sent before the give-back, at most the consumer's
-// prefetch (rabbitmq.PrefetchDefault is 16). A delivery that does not come
-// back (dead-lettered by a quorum queue's delivery limit) must not make the
-// key's later ones spend theirs.
+// returnedMax bounds how many deliveries of a key Serialize gives back
+// while it waits for the key's given-back deliveries to come back, each in
+// its turn: those the broker had sent before the give-back (at most the
+// consumer's prefetch, rabbitmq.PrefetchDefault is 16), and those that come
+// back out of their turn, again (fewer than 16 × 16 / 2 with that
+// prefetch). A delivery that does not come back (dead-lettered by a quorum
+// queue's delivery limit) must not make the key's later ones spend theirs.
 const returnedMax = 1024
 
 // Serialize returns a view of sub whose subscriptions hand the router one
@@ -25,12 +26,16 @@ const returnedMax = 1024
 //
 // When a delivery is nacked (given back: the brake, a shutdown, a failure
 // the stages could not settle), the later deliveries of its key that wait
-// are nacked too, in order, and so is every later delivery of the key that
-// arrives before the given-back one is delivered again: the broker puts
-// them back in their places (a classic queue at their original positions, a
-// quorum queue's returns ahead of the rest, in the order returned), so the
-// key's next delivery is still its oldest. Closing the view nacks the
-// waiting deliveries — never handed to a handler — and closes sub.
+// are nacked too, and Serialize hands them out again in that order — the
+// given-back one first, then each of those, in its turn: a delivery of the
+// key that comes back out of its turn is nacked again, as is every later
+// delivery of the key that arrives before they are all back. The broker
+// redelivers them in the order the nacks reach it (each is sent on its
+// own; a classic queue hands a requeued delivery out at once while the
+// consumer has room, a quorum queue returns them ahead of the rest), which
+// need not be the order they were given back in; Serialize restores it.
+// Closing the view nacks the waiting deliveries — never handed to a
+// handler — and closes sub.
 func (o *Orderer) Serialize(sub message.Subscriber) message.Subscriber {
 	return &serial{o: o, sub: sub, closing: make(chan struct{})}
 }
@@ -90,10 +95,14 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 		key, id string
 	}
 	queues := map[string][]item{} // per key: the one in flight first, then those waiting
-	// returned: per key, the event id given back, awaited first, and how
-	// many later deliveries were given back meanwhile.
+	// returned: per key, the event ids given back, in their order — the
+	// nacked delivery's, then those that waited behind it — each awaited
+	// in its turn, and how many deliveries out of turn were given back
+	// meanwhile. Not only the first: the broker redelivers what is given
+	// back in the order the nacks reach it (each is sent on its own), a
+	// later one possibly before an earlier one.
 	type awaited struct {
-		id    string
+		ids   []string
 		later int
 	}
 	returned := map[string]*awaited{}
@@ -155,16 +164,18 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 				key = "\x00" + watermill.NewShortUUID()
 			}
 			if want, ok := returned[key]; ok {
-				if id != want.id && want.later < returnedMax {
+				if id != want.ids[0] && want.later < returnedMax {
 					want.later++
 					m.Nack()
 					continue
 				}
-				if id != want.id {
-					s.o.cfg.Logger.Error("A key's given-back delivery did not come back first; its order may be broken", errors.New("ordering: given-back delivery not seen"),
+				if id != want.ids[0] {
+					s.o.cfg.Logger.Error("A key's given-back delivery did not come back in its turn; its order may be broken", errors.New("ordering: given-back delivery not seen"),
 						watermill.LogFields{"handler": s.o.cfg.Consumer})
+					delete(returned, key)
+				} else if want.ids = want.ids[1:]; len(want.ids) == 0 {
+					delete(returned, key)
 				}
-				delete(returned, key)
 			}
 			it := item{msg: m, key: key, id: id}
 			queues[key] = append(queues[key], it)
@@ -195,12 +206,22 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 			inflight--
 			q := queues[st.key][1:]
 			if st.nacked {
+				var ids []string
+				if st.id != "" {
+					ids = append(ids, st.id)
+				}
 				for _, it := range q {
 					it.msg.Nack()
+					if it.id != "" {
+						ids = append(ids, it.id)
+					}
 				}
 				q = nil
-				if !stopping && st.id != "" {
-					returned[st.key] = &awaited{id: st.id}
+				if want, ok := returned[st.key]; ok { // given back before, not all come back yet: after these
+					ids = append(ids, want.ids...)
+				}
+				if !stopping && len(ids) > 0 {
+					returned[st.key] = &awaited{ids: ids}
 				}
 			}
 			if len(q) == 0 {

@@ -133,3 +133,63 @@ func TestTheKeyIsReadOnce(t *testing.T) {
 	require.NoError(t, sub.Close())
 	require.NoError(t, o.Close())
 }
+
+// A delivery given back (a failed lock, a failed block, the brake) gives
+// back the key's deliveries that wait behind it, and the broker redelivers
+// them in the order their nacks reach it — each is sent on its own, and a
+// requeued delivery goes out at once while the consumer has room — so a
+// later one can come back before an earlier one: Serialize hands them out
+// in the order it gave them back, each in its turn, giving back again what
+// comes out of turn. (Before, it awaited only the first: a-2, given back
+// again while a-1 was awaited, came back after a-3, and ran after it: the
+// 0…15 17 18 16 19 of router.TestOrderPerKeyThroughRetries.)
+func TestSerializeHandsOutWhatItGaveBackInItsOrder(t *testing.T) {
+	t.Parallel()
+	o, err := ordering.New(ordering.Config{Store: ordering.NewMemoryStore(), Consumer: "ledger", Key: deduplication.KeyFromMetadata("account")})
+	require.NoError(t, err)
+	in := feed{ch: make(chan *message.Message, 16)}
+	sub := o.Serialize(in)
+	out, err := sub.Subscribe(t.Context(), "q")
+	require.NoError(t, err)
+
+	a1, a2, a3 := msg("a", "a-1"), msg("a", "a-2"), msg("a", "a-3")
+	for _, m := range []*message.Message{a1, a2, a3} {
+		in.ch <- m
+	}
+	require.Equal(t, "a-1", next(t, out).UUID)
+	a1.Nack()
+	require.True(t, settled(t, a2), "a-2 given back behind a-1")
+	require.True(t, settled(t, a3), "a-3 given back behind a-1")
+
+	// a-2's nack reached the broker first: it comes back before a-1, and is
+	// given back again.
+	a2again := msg("a", "a-2")
+	in.ch <- a2again
+	require.True(t, settled(t, a2again), "a-2 before a-1: given back again")
+	a1again := msg("a", "a-1")
+	in.ch <- a1again
+	require.Equal(t, "a-1", next(t, out).UUID)
+	// a-3 comes back before a-2's second return.
+	a3again := msg("a", "a-3")
+	in.ch <- a3again
+	require.True(t, settled(t, a3again), "a-3 before a-2: given back again")
+	a2third := msg("a", "a-2")
+	in.ch <- a2third
+	a3third := msg("a", "a-3")
+	in.ch <- a3third
+	a1again.Ack()
+	require.Equal(t, "a-2", next(t, out).UUID, "a-2, in its turn")
+	a2third.Ack()
+	require.Equal(t, "a-3", next(t, out).UUID)
+	a3third.Ack()
+
+	// Once all are back, the key's new deliveries pass as before.
+	a4 := msg("a", "a-4")
+	in.ch <- a4
+	require.Equal(t, "a-4", next(t, out).UUID)
+	a4.Ack()
+
+	close(in.ch)
+	require.NoError(t, sub.Close())
+	require.NoError(t, o.Close())
+}
