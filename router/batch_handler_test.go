@@ -278,14 +278,21 @@ func batchHandlerShutdown(t *testing.T, releaseInTime bool) {
 
 	committed := count("")
 	require.Equal(t, committed, count("DISTINCT"))
+	var keys []string
+	require.NoError(t, db.Select(&keys, fmt.Sprintf(`SELECT event_key FROM %s.reservations`, schema)))
 	if releaseInTime {
 		// The held batch commits, and so do the deliveries handed to the
 		// handler meanwhile (in flight: they gathered for the next batch).
-		var keys []string
-		require.NoError(t, db.Select(&keys, fmt.Sprintf(`SELECT event_key FROM %s.reservations`, schema)))
 		require.Subset(t, keys, first, "the held batch committed at close")
 	} else {
-		require.Zero(t, committed, "the held batch rolled back whole")
+		// The held batch rolls back whole. The deliveries gathered behind it
+		// run once it returns: a batch whose context has ended rolls back
+		// too, one that still had time commits (on a loaded machine 8 of
+		// them did, in a fresh-clone make test), and either way nothing is
+		// done twice or lost (below).
+		for _, k := range first {
+			require.NotContains(t, keys, k, "the held batch rolled back whole")
+		}
 	}
 	require.Equal(t, events-committed, testenv.QueueDepth(t, conn, queue), "the rest went back to the queue unprocessed")
 	require.Zero(t, testenv.QueueDepth(t, conn, queue+".retry.100ms"), "no attempt spent")
