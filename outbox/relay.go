@@ -546,7 +546,7 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 		r.failures.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(OutboxKey.String(r.cfg.Name),
 			semconv.MessagingDestinationName(row.Topic), semconv.ErrorTypeKey.String(kind))))
 		next, dead := now, false
-		if kind != "unreachable" {
+		if kind != errorTypeUnreachable {
 			next = now.Add(r.retryAfter(row.Attempts))
 			dead = row.Attempts+1 >= r.cfg.MaxAttempts
 		} else {
@@ -681,7 +681,7 @@ func (r *Relay) isolate(ctx context.Context, rows []Row, errs []error, seen []bo
 		if !seen[i] || err == nil || rows[i].Err != nil {
 			continue
 		}
-		if k := errorType(err); k == "refused" || k == "uncertain" {
+		if k := errorType(err); k == errorTypeRefused || k == errorTypeUncertain {
 			suspects = append(suspects, i)
 		}
 	}
@@ -735,15 +735,15 @@ var errUnreadable = errors.New("outbox: the row cannot be read back as a message
 func errorType(err error) string {
 	switch {
 	case errors.Is(err, errUnreadable):
-		return "unreadable"
+		return errorTypeUnreadable
 	case sluice.Unreachable(err):
-		return "unreachable"
+		return errorTypeUnreachable
 	case errors.Is(err, sluice.ErrUnpublishable):
-		return "unpublishable"
+		return errorTypeUnpublishable
 	case errors.Is(err, sluice.ErrPublishUncertain), errors.Is(err, context.DeadlineExceeded):
-		return "uncertain"
+		return errorTypeUncertain
 	}
-	return "refused"
+	return errorTypeRefused
 }
 
 // storeCall runs one store call within StoreTimeout (internal/bounded, as

@@ -8,10 +8,19 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 )
 
-// publishErrorTypes are the error.type values of MetricFailures for a row
-// whose publish failed (errorType); "store" is the relay's own reads and
-// writes, with no destination.
-var publishErrorTypes = []string{"refused", "unreachable", "uncertain", "unpublishable", "unreadable"}
+// The error.type values of MetricFailures for a row whose publish failed
+// (errorType); "store" is the relay's own reads and writes, with no
+// destination.
+const (
+	errorTypeRefused       = "refused"
+	errorTypeUnreachable   = "unreachable"
+	errorTypeUncertain     = "uncertain"
+	errorTypeUnpublishable = "unpublishable"
+	errorTypeUnreadable    = "unreadable"
+)
+
+// publishErrorTypes are errorType's values, each exported at zero.
+var publishErrorTypes = []string{errorTypeRefused, errorTypeUnreachable, errorTypeUncertain, errorTypeUnpublishable, errorTypeUnreadable}
 
 // ExportAtZero exports the relay's MetricRelayed and MetricFailures (each
 // error.type a row's publish may fail with) at zero for destination, a
