@@ -3,6 +3,8 @@ package dlq
 import (
 	"strings"
 
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/replay"
@@ -31,15 +33,11 @@ type Identity struct {
 // deadLetterPrefix starts the item of a dead letter without an event id.
 const deadLetterPrefix = "dead letter "
 
-// watermillUUIDHeader is where a Watermill producer — and the poison
-// stage, for its copies — writes the message's UUID.
-const watermillUUIDHeader = "_watermill_message_uuid"
-
 // Identity returns m's identity.
 func (m *Message) Identity() Identity {
 	id := Identity{EventID: m.EventID, MessageID: m.Delivery.MessageId, DeadLetter: m.Msg.Metadata.Get(sluice.CopyIDKey)}
 	if id.DeadLetter == "" && m.HeadersError == "" {
-		id.DeadLetter, _ = m.Delivery.Headers[watermillUUIDHeader].(string)
+		id.DeadLetter, _ = m.Delivery.Headers[wamqp.DefaultMessageUUIDHeaderKey].(string) // where a Watermill producer writes its UUID
 	}
 	return id
 }

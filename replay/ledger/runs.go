@@ -53,7 +53,7 @@ type Runs interface {
 // SaveRun saves r in store when store keeps runs (Runs), and does nothing
 // otherwise.
 func SaveRun(ctx context.Context, store Ledger, r Run) error {
-	if rs, ok := store.(Runs); ok && store != nil {
+	if rs, ok := store.(Runs); ok {
 		if len(r.Batches) > RunBatchesMaxBytes {
 			r.Batches = nil // the outcomes stay; the batches are in the audit log
 		}
