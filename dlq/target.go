@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/sluicemq/sluice"
@@ -91,7 +92,8 @@ func Family(poisonQueue, queue string) bool {
 		return true
 	}
 	n, ok := strings.CutPrefix(queue, base+".p")
-	return ok && n != "" && strings.Trim(n, "0123456789") == "" && (n == "0" || n[0] != '0')
+	i, err := strconv.Atoi(n)
+	return ok && err == nil && i >= 0 && rabbitmq.PartitionQueue(base, i) == queue // as the topology names them: no sign, no leading zero
 }
 
 // diagnosedFor reports whether m's diagnosis is signed with s for the
