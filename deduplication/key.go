@@ -125,7 +125,7 @@ func keyFromJSON(path []string, wrongType string, scalar func(raw json.RawMessag
 		}
 		raw := json.RawMessage(msg.Payload)
 		for i, name := range path {
-			if err := json.Unmarshal(raw, new(map[string]json.RawMessage)); err != nil {
+			if err := jsonObject(raw); err != nil {
 				what := "payload"
 				if i > 0 {
 					what = fmt.Sprintf("field %q", strings.Join(path[:i], "."))
@@ -152,6 +152,16 @@ func keyFromJSON(path []string, wrongType string, scalar func(raw json.RawMessag
 		}
 		return key, nil
 	}
+}
+
+// jsonObject returns encoding/json's error for raw when it would not decode
+// raw into a map — not valid JSON, or valid and neither an object nor null
+// — without decoding it when it would: jsonMembers reads its members.
+func jsonObject(raw json.RawMessage) error {
+	if t := bytes.TrimLeft(raw, " \t\r\n"); len(t) > 0 && t[0] == '{' && json.Valid(raw) {
+		return nil
+	}
+	return json.Unmarshal(raw, new(map[string]json.RawMessage))
 }
 
 // jsonMembers returns the names of the members of the JSON object raw (valid)
