@@ -3,15 +3,20 @@ package deduplication_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 )
@@ -21,15 +26,25 @@ import (
 // after: the tests that use it do not run in parallel), and returns the
 // lines it logged, a channel to publish into the queue with, and the
 // reservations made (-1 while the queue holds messages).
-func quickStart(t *testing.T) (*testenv.Log, publisher, func() int) {
+func quickStart(t *testing.T, setup ...string) (*testenv.Log, publisher, func() int) {
+	return quickStartOn(t, nil, setup...)
+}
+
+// quickStartOn is quickStart on a router that has mws, the middlewares a
+// team's router has already, outside the quick start's, and the SQL of
+// setup run after the reservations table is created.
+func quickStartOn(t *testing.T, mws []message.HandlerMiddleware, setup ...string) (*testenv.Log, publisher, func() int) {
 	t.Helper()
 	db := testenv.PostgresInSchema(t)
-	_, err := db.ExecContext(t.Context(), `CREATE TABLE reservations (order_id TEXT NOT NULL)`)
-	require.NoError(t, err)
+	for _, q := range append([]string{`CREATE TABLE reservations (order_id TEXT NOT NULL)`}, setup...) {
+		_, err := db.ExecContext(t.Context(), q)
+		require.NoError(t, err)
+	}
 	testenv.DeleteQueuesNowAndAtEnd(t, "order.created")
 	log := testenv.NewLog()
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, log)
 	require.NoError(t, err)
+	r.AddMiddleware(mws...)
 	require.NoError(t, addInventory(t.Context(), r, testenv.AMQPURL, db, log))
 	done := runRouter(r)
 	t.Cleanup(func() {
@@ -81,6 +96,102 @@ func TestTheREADMEQuickStartRuns(t *testing.T) {
 	require.Len(t, log.Lines("has no stage outside it"), 1, "what the quick start lacks, said once")
 	require.Contains(t, log.Lines("has no stage outside it")[0].Text(), "poison.New")
 	require.Empty(t, log.Lines("without Sluice's rabbitmq.Marshaler"))
+}
+
+// failTheThirdInsert makes the third insert into reservations fail, once,
+// as a serialization failure (SQLSTATE 40001: Transient).
+var failTheThirdInsert = []string{
+	`CREATE SEQUENCE inserts`,
+	`CREATE FUNCTION fail_the_third() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF nextval('inserts') = 3 THEN
+		RAISE EXCEPTION 'could not serialize access' USING ERRCODE = '40001';
+	END IF;
+	RETURN NEW;
+END $$`,
+	`CREATE TRIGGER fail_the_third BEFORE INSERT ON reservations FOR EACH ROW EXECUTE FUNCTION fail_the_third()`,
+}
+
+// The quick start on a router that already has Watermill's own Timeout and
+// Retry, as a team's router often does: Retry runs the whole stack again
+// for a delivery whose reservation failed once (a serialization failure,
+// SQLSTATE 40001: Transient), the inbox's claim was rolled back with it, so
+// the retry reserves it — once; three copies of one event and a Spring
+// producer's still reserve once each.
+func TestTheREADMEQuickStartBehindWatermillsTimeoutAndRetry(t *testing.T) {
+	tries, failedTries := observed()
+	mws := []message.HandlerMiddleware{
+		wmiddleware.Timeout(time.Minute),
+		wmiddleware.Retry{MaxRetries: 3, InitialInterval: 10 * time.Millisecond, Logger: watermill.NopLogger{}}.Middleware,
+		tries,
+	}
+	log, ch, reservations := quickStartOn(t, mws, failTheThirdInsert...)
+	for range 3 {
+		publishRaw(t, ch, "order.created", `{"eventId":"evt-1"}`, nil)
+	}
+	publishRaw(t, ch, "order.created", `{"eventId":"evt-2"}`, amqp091.Table{"schemaVersion": int32(3), "__TypeId__": "com.example.OrderCreated"})
+	publishRaw(t, ch, "order.created", `{"eventId":"evt-3"}`, nil)
+	require.Eventually(t, func() bool { return reservations() == 3 }, 2*time.Minute, 10*time.Millisecond, "three events, three reservations")
+	failed := failedTries()
+	require.Len(t, failed, 1, "one try failed")
+	require.ErrorContains(t, failed[0], "40001")
+	require.Empty(t, log.Lines("Handler returned error"), "the failure was retried in place, not nacked")
+	// Nothing more arrives: every delivery was acked with the queue empty.
+	require.Equal(t, 3, reservations(), "each event reserved once")
+}
+
+// observed returns a middleware and what the handlers it wraps returned
+// when they failed.
+func observed() (message.HandlerMiddleware, func() []error) {
+	var mu sync.Mutex
+	var failed []error
+	return func(h message.HandlerFunc) message.HandlerFunc {
+			return func(m *message.Message) ([]*message.Message, error) {
+				out, err := h(m)
+				if err != nil {
+					mu.Lock()
+					failed = append(failed, err)
+					mu.Unlock()
+				}
+				return out, err
+			}
+		}, func() []error {
+			mu.Lock()
+			defer mu.Unlock()
+			return slices.Clone(failed)
+		}
+}
+
+// Watermill's Retry outside its Timeout: Timeout ends the context it gave
+// a try when the try returns, and the next try's Timeout derives from that
+// ended context, so every retry starts with its context ended. The inbox
+// asks its store nothing on such a context and says so (context canceled):
+// no "store did not answer" for the brake to count; Retry gives up, the
+// delivery is nacked (the router logs nothing for context.Canceled) and
+// its redelivery reserves it, once. Before, each retry began a unit of work
+// on the ended context and, once its 100 ms grace passed on a loaded
+// machine, reported the store as not answering within StoreTimeout
+// (deduplication.ErrStoreTimeout in a *sluice.DependencyError).
+func TestTheREADMEQuickStartBehindWatermillsRetryOutsideItsTimeout(t *testing.T) {
+	observe, failedDeliveries := observed()
+	mws := []message.HandlerMiddleware{
+		observe,
+		wmiddleware.Retry{MaxRetries: 2, InitialInterval: 10 * time.Millisecond, Logger: watermill.NopLogger{}}.Middleware,
+		wmiddleware.Timeout(time.Minute),
+	}
+	_, ch, reservations := quickStartOn(t, mws, failTheThirdInsert...)
+	for range 3 {
+		publishRaw(t, ch, "order.created", `{"eventId":"evt-1"}`, nil)
+	}
+	publishRaw(t, ch, "order.created", `{"eventId":"evt-2"}`, nil)
+	publishRaw(t, ch, "order.created", `{"eventId":"evt-3"}`, nil)
+	require.Eventually(t, func() bool { return reservations() == 3 }, 2*time.Minute, 10*time.Millisecond, "three events, three reservations")
+	require.Equal(t, 3, reservations(), "each event reserved once")
+	failed := failedDeliveries()
+	require.Len(t, failed, 1, "one delivery failed its tries, and was nacked")
+	require.ErrorIs(t, failed[0], context.Canceled, "its retries failed on their ended context")
+	require.NotErrorIs(t, failed[0], deduplication.ErrStoreTimeout, "no store outage reported")
+	require.NotErrorIs(t, failed[0], sluice.ErrDependency, "nothing for the brake to count")
 }
 
 // A handler that reads watermill-amqp's subscriber with its DefaultMarshaler

@@ -35,8 +35,14 @@ type Calls struct {
 // an error wrapping c.Timeout, and leaves f to finish in the background,
 // where late (if not nil) receives what f returned — to release what nobody
 // will use. gaveUp reports that. A bound ≤ 0 runs f directly, with no bound
-// but ctx's.
+// but ctx's. A ctx that has ended already runs nothing: Run returns its
+// cause at once — a caller's deadline or shutdown is not a dependency that
+// did not answer (Watermill's Retry outside its Timeout hands each retry a
+// context the first try's Timeout ended).
 func Run[T any](c *Calls, ctx context.Context, bound time.Duration, keep bool, f func(context.Context) (T, error), late func(T, error)) (v T, gaveUp bool, err error) {
+	if ctx.Err() != nil {
+		return v, false, context.Cause(ctx)
+	}
 	if bound <= 0 {
 		v, err = f(ctx)
 		return v, false, err

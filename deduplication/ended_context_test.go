@@ -1,0 +1,66 @@
+package deduplication_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/deduplication"
+)
+
+// slowBegin is a store whose Begin takes longer than the inbox's grace and
+// does not honour its context, as a driver opening a new connection to a
+// slow server may not.
+type slowBegin struct {
+	deduplication.Store
+	begun atomic.Int64
+}
+
+func (s *slowBegin) Begin(ctx context.Context) (deduplication.Tx, error) {
+	s.begun.Add(1)
+	time.Sleep(300 * time.Millisecond) // the fault injected: a Begin that ignores ctx
+	return s.Store.Begin(ctx)
+}
+
+// A delivery whose context has ended before the inbox asks its store
+// anything — Watermill's Retry outside its Timeout hands the second try the
+// context the first try's Timeout cancelled — fails with that context's
+// error, at once, without asking the store: it is not the store that did
+// not answer. Before, the inbox began a unit of work on it, gave up after
+// its grace, and reported the store as not answering within StoreTimeout
+// (ErrStoreTimeout, a *sluice.DependencyError the brake counts as an
+// outage).
+func TestADeliveryWhoseContextEndedIsNotAStoreThatDidNotAnswer(t *testing.T) {
+	t.Parallel()
+	store := &slowBegin{Store: deduplication.NewMemoryStore()}
+	inbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c", StoreTimeout: 10 * time.Second})
+	require.NoError(t, err)
+	handled := 0
+	h := inbox(func(*message.Message) ([]*message.Message, error) { handled++; return nil, nil })
+
+	msg := message.NewMessage(watermill.NewUUID(), nil)
+	msg.Metadata.Set(sluice.EventIDKey, "evt-1")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	msg.SetContext(ctx)
+	_, err = h(msg)
+	require.Error(t, err)
+	require.ErrorIs(t, err, context.Canceled)
+	require.False(t, errors.Is(err, deduplication.ErrStoreTimeout), "not the store's timeout: %v", err)
+	require.False(t, errors.Is(err, sluice.ErrDependency), "no outage for the brake to count: %v", err)
+	require.Zero(t, store.begun.Load(), "the store was not asked")
+	require.Zero(t, handled)
+
+	msg = message.NewMessage(watermill.NewUUID(), nil)
+	msg.Metadata.Set(sluice.EventIDKey, "evt-1")
+	_, err = h(msg)
+	require.NoError(t, err, "the next delivery, its context live, is processed")
+	require.Equal(t, 1, handled)
+}
