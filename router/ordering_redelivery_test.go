@@ -63,12 +63,25 @@ func TestARedeliveryOfAnAppliedMessageBehindAPoisonedHeadIsADuplicate(t *testing
 	// Outside every stage: a-0's delivery back from its tier loses its ack
 	// once, after its commit and its release; its redelivery's outcome is
 	// reported.
+	// a-0's first run waits until all three are published: a-1 and a-2
+	// are in the queue before a-0's copy comes back from its 50 ms tier,
+	// so the key holds them both when it does (on a loaded machine the
+	// copy came back before a-2 was published, and the key held nothing).
 	var runs atomic.Int64
+	var entered atomic.Bool
+	published := make(chan struct{})
 	redelivered := make(chan sluice.Outcome, 1)
 	r.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			if msg.Metadata.Get(sluice.EventIDKey) != "a-0" {
 				return h(msg)
+			}
+			if entered.CompareAndSwap(false, true) {
+				select {
+				case <-published:
+				case <-msg.Context().Done():
+					return nil, msg.Context().Err()
+				}
 			}
 			ctx, report := sluice.WithReport(msg.Context())
 			msg.SetContext(ctx)
@@ -127,6 +140,7 @@ func TestARedeliveryOfAnAppliedMessageBehindAPoisonedHeadIsADuplicate(t *testing
 		m.Metadata.Set("account", "a")
 		require.NoError(t, b.Publisher().Publish(queue, m))
 	}
+	close(published)
 
 	select {
 	case outcome := <-redelivered:
