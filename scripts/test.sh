@@ -63,6 +63,12 @@ foreground() {
 	[ $rc = 0 ] || failed+=("$name")
 }
 
+# The machine as the run starts: a run that is slow because something else
+# holds the CPU (a benchmark, stress-ng, a private node an earlier run left)
+# says so here.
+step "the machine at start:$(uptime | sed 's/.*load average/ load average/'), $(nproc) cores"
+ps -eo pcpu=,etimes=,comm= --sort=-pcpu | awk '$1 >= 10 {printf "  %s%% CPU for %ss: %s\n", $1, $2, $3}' | head -n 8
+
 # go_test ARGS...: go test -json ARGS, printed as a plain go test prints
 # (each package's line, a failed test's output) by internal/testtimes,
 # which keeps the events in TEST_TIMES_FILE; its status is go test's.
