@@ -55,8 +55,7 @@ func TestGrafanaDashboard(t *testing.T) {
 	name := testenv.Name("dash")
 	db := testenv.Postgres(t)
 	t.Cleanup(func() { _, _ = db.Exec("DROP SCHEMA IF EXISTS " + name + " CASCADE") })
-	queue := name + ".inventory"
-	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", queue+".retry.100ms", queue+".retry.300ms", name+"."+rejectedTopic)
+	testenv.DeleteQueuesAtEnd(t, exampleQueues(name)...)
 	s, err := run(ctx, config{AMQPURL: testenv.AMQPURL, PostgresURL: testenv.PostgresURL, Name: name, MetricsAddr: "unused"})
 	require.NoError(t, err)
 	rec := httptest.NewRecorder()

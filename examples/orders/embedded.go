@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
@@ -18,10 +20,17 @@ const topic = "order.created"
 
 // embeddedEnv: Sluice's in-process broker (embedded.PubSub), SQLite (the
 // inbox, the outbox and the business tables), in-process tiers. No servers.
+//
+// An embedded topic is one queue whose subscribers compete for its
+// messages: it routes no message to two handlers (there is no exchange to
+// bind a second queue to). So each handler has an embedded broker of its
+// own, and the producer publishes each message to each — what the servers
+// mode's exchange does for its two queues, though not in one step: a
+// publish that failed half-way (a full or closed topic) reached one handler.
 type embeddedEnv struct {
-	sqlite   *sqlx.DB
-	dir      string
-	embedded *embedded.Broker
+	sqlite  *sqlx.DB
+	dir     string
+	brokers map[string]*embedded.Broker // by handler
 
 	mu       sync.Mutex
 	rejected int
@@ -53,24 +62,45 @@ func newEmbeddedEnv(ctx context.Context, dbPath string) (_ *embeddedEnv, err err
 			return nil, err
 		}
 	}
-	e.embedded, err = embedded.New(embedded.Config{Topic: topic, TierDelays: tierDelays})
-	return e, err
+	e.brokers = map[string]*embedded.Broker{}
+	for _, h := range handlers {
+		if e.brokers[h], err = embedded.New(embedded.Config{Topic: embeddedTopic(h), TierDelays: tierDelays}); err != nil {
+			return nil, err
+		}
+	}
+	return e, nil
+}
+
+// embeddedTopic is a handler's topic on its broker: order.created for the
+// inventory, order.created.<handler> for another. A router refuses two
+// handlers on one topic name — on one broker they would split its
+// messages —, so the order log's is named after it, as its queue is on
+// RabbitMQ.
+func embeddedTopic(handler string) string {
+	if handler == inventoryHandler {
+		return topic
+	}
+	return topic + "." + handler
 }
 
 func (e *embeddedEnv) db() *sqlx.DB           { return e.sqlite }
 func (e *embeddedEnv) schema() string         { return "" }
 func (e *embeddedEnv) tables() tables         { return "" }
-func (e *embeddedEnv) broker() broker.Broker  { return e.embedded }
 func (e *embeddedEnv) rejectionTopic() string { return rejectedTopic }
 
-// relayPublisher publishes into the in-process broker: held once Publish
-// returns (in memory). Its Close leaves closing the broker to Embedded.Close.
-func (e *embeddedEnv) relayPublisher() message.Publisher { return e.embedded.PubSub().Publisher() }
+func (e *embeddedEnv) broker(handler string) broker.Broker { return e.brokers[handler] }
+
+// relayPublisher publishes into the inventory's in-process broker: held
+// once Publish returns (in memory). Its Close leaves closing the broker to
+// Embedded.Close.
+func (e *embeddedEnv) relayPublisher() message.Publisher {
+	return e.brokers[inventoryHandler].PubSub().Publisher()
+}
 
 // start counts the rejection events delivered on their topic.
 func (e *embeddedEnv) start(context.Context) error {
 	ctx, cancel := context.WithCancel(context.Background())
-	out, err := e.embedded.PubSub().Subscribe(ctx, rejectedTopic)
+	out, err := e.brokers[inventoryHandler].PubSub().Subscribe(ctx, rejectedTopic)
 	if err != nil {
 		cancel()
 		return err
@@ -88,12 +118,19 @@ func (e *embeddedEnv) start(context.Context) error {
 	return nil
 }
 
+// publish stores each message in every handler's broker (each keeps a
+// copy of its own).
 func (e *embeddedEnv) publish(msgs ...*message.Message) error {
-	return e.embedded.PubSub().Publish(topic, msgs...)
+	for _, h := range handlers {
+		if err := e.brokers[h].PubSub().Publish(embeddedTopic(h), msgs...); err != nil {
+			return fmt.Errorf("publishing to the %s handler's broker: %w", h, err)
+		}
+	}
+	return nil
 }
 
-func (e *embeddedEnv) poisoned(context.Context) ([]*message.Message, error) {
-	return e.embedded.Poisoned(), nil
+func (e *embeddedEnv) poisoned(_ context.Context, handler string) ([]*message.Message, error) {
+	return e.brokers[handler].Poisoned(), nil
 }
 
 func (e *embeddedEnv) rejectionEvents(context.Context) (int, error) {
@@ -103,7 +140,11 @@ func (e *embeddedEnv) rejectionEvents(context.Context) (int, error) {
 }
 
 func (e *embeddedEnv) pendingRetries(context.Context) (int, error) {
-	return e.embedded.PendingRetries(), nil
+	n := 0
+	for _, b := range e.brokers {
+		n += b.PendingRetries()
+	}
+	return n, nil
 }
 
 func (e *embeddedEnv) close() error {
@@ -111,9 +152,13 @@ func (e *embeddedEnv) close() error {
 		e.stop()
 		<-e.done
 	}
-	var err error
-	if e.embedded != nil {
-		err = e.embedded.Close()
+	var errs []error
+	for _, h := range handlers {
+		if b := e.brokers[h]; b != nil {
+			if err := b.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("the %s handler's broker: %w", h, err))
+			}
+		}
 	}
 	if e.sqlite != nil {
 		_ = e.sqlite.Close()
@@ -121,5 +166,5 @@ func (e *embeddedEnv) close() error {
 	if e.dir != "" {
 		_ = os.RemoveAll(e.dir)
 	}
-	return err
+	return errors.Join(errs...)
 }

@@ -26,6 +26,7 @@ type inventory struct {
 }
 
 // tables qualifies table names (a PostgreSQL schema, or none on SQLite).
+// Its schema is both handlers' tables: the inventory's and the order log's.
 type tables string
 
 func (t tables) of(name string) string {
@@ -41,6 +42,7 @@ func (t tables) schema() []string {
 		`CREATE TABLE ` + t.of("stock") + ` (sku TEXT PRIMARY KEY, available INTEGER NOT NULL)`,
 		`CREATE TABLE ` + t.of("reservations") + ` (order_id TEXT NOT NULL, sku TEXT NOT NULL, qty INTEGER NOT NULL)`,
 		`CREATE TABLE ` + t.of("rejections") + ` (order_id TEXT NOT NULL, reason TEXT NOT NULL)`,
+		`CREATE TABLE ` + t.of("order_log") + ` (event_id TEXT NOT NULL, order_id TEXT NOT NULL, sku TEXT NOT NULL, qty INTEGER NOT NULL)`,
 		`INSERT INTO ` + t.of("orders") + ` (order_id) VALUES ('o-1'), ('o-2'), ('o-3'), ('o-4'), ('o-5'), ('o-6')`,
 		`INSERT INTO ` + t.of("stock") + ` (sku, available) VALUES ('book', 10), ('lamp', 5), ('piano', 0)`,
 	}

@@ -29,15 +29,18 @@ func newInventory(t testing.TB) *sluicetest.Harness {
 			PublishingHandler: (&inventory{}).reserve,
 			PublishTopic:      rejectedTopic,
 		},
-		Setup: func(ctx context.Context, db *sqlx.DB) error {
-			for _, stmt := range tables("").schema() {
-				if _, err := db.ExecContext(ctx, stmt); err != nil {
-					return err
-				}
-			}
-			return nil
-		},
+		Setup: createTables,
 	})
+}
+
+// createTables creates the example's tables in the kit's SQLite database.
+func createTables(ctx context.Context, db *sqlx.DB) error {
+	for _, stmt := range tables("").schema() {
+		if _, err := db.ExecContext(ctx, stmt); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func orderMsg(payload string) *message.Message {

@@ -1,5 +1,6 @@
-// Command orders is Sluice's bundled example: an inventory service that
-// reserves stock for order.created events behind the whole Sluice stack.
+// Command orders is Sluice's bundled example: a service with two handlers
+// of order.created events behind the whole Sluice stack — an inventory that
+// reserves stock, and an order log that records each event once.
 //
 //	make run                      # the embedded default: in-process broker + SQLite, no servers
 //	go run ./examples/orders --amqp-url amqp://guest:guest@127.0.0.1:5672/ \
@@ -9,9 +10,21 @@
 // the same eventId, a stock service that times out once or twice, an order
 // for a product out of stock, a malformed payload, an order that must exist
 // but does not — and the example prints what the stores and queues hold at
-// the end. The handler is one service.Handler of a service.Service: the
-// whole stack with production defaults, the rejection event through the
-// transactional outbox and the service's relay, in both modes.
+// the end. Both handlers are service.Handlers of one service.Service, each
+// with the whole stack and production defaults, each consuming every event
+// on a queue of its own (on RabbitMQ, two queues bound to one exchange; on
+// the embedded default, whose topics have no fan-out, an embedded broker
+// each, the producer publishing to both):
+//
+//   - inventory (inventory.go) reads stock and decides per event, a
+//     PublishingHandler: the rejection event goes through the
+//     transactional outbox and the service's relay.
+//   - orderlog (orderlog.go) writes a row per event and reads nothing, a
+//     BatchHandler: the deliveries in flight claimed in one statement,
+//     written in one multi-row INSERT, one COMMIT per batch; each event
+//     logged once, the duplicate deliveries left out by the inbox
+//     (docs/batch-handlers.md says when to choose it over GroupCommit).
+//
 // --metrics-addr serves Prometheus metrics (package promexport);
 // --trace-stdout prints the spans.
 package main
@@ -36,7 +49,7 @@ import (
 
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
-	"github.com/sluicemq/sluice/outbox"
+	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
 	"github.com/sluicemq/sluice/promexport"
 	"github.com/sluicemq/sluice/service"
 )
@@ -152,11 +165,22 @@ func run(ctx context.Context, cfg config) (_ *summary, err error) {
 		return nil, err
 	}
 	err = svc.Add(service.Handler{
-		Name:              "inventory",
-		Broker:            e.broker(),
+		Name:              inventoryHandler,
+		Broker:            e.broker(inventoryHandler),
 		Key:               deduplication.KeyFromJSON("eventId"),
 		PublishingHandler: (&inventory{tables: e.tables()}).reserve,
 		PublishTopic:      e.rejectionTopic(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	// The order log: a row per event, no reads, no decisions — a batch
+	// handler (one claim statement, one INSERT, one COMMIT per batch).
+	err = svc.Add(service.Handler{
+		Name:         orderLogHandler,
+		Broker:       e.broker(orderLogHandler),
+		Key:          deduplication.KeyFromJSON("eventId"),
+		BatchHandler: &deduplication.BatchHandler{Handle: (&orderLog{tables: e.tables()}).record},
 	})
 	if err != nil {
 		return nil, err
@@ -178,9 +202,9 @@ func run(ctx context.Context, cfg config) (_ *summary, err error) {
 	if err := producer.Publish("order.created", scriptMessages()...); err != nil {
 		return nil, err
 	}
-	waitErr := waitSettled(ctx, e, svc.Stores().Outbox)
+	waitErr := waitSettled(ctx, e, svc.Stores().Outbox, counts)
 	ready := svc.Ready(ctx) // what /readyz would answer
-	// Close: the router closed, what the handler committed published, the
+	// Close: the router closed, what the handlers committed published, the
 	// relay and the pruners stopped.
 	if err := errors.Join(waitErr, stop()); err != nil {
 		return nil, err
@@ -197,38 +221,30 @@ func run(ctx context.Context, cfg config) (_ *summary, err error) {
 	return s, nil
 }
 
-// waitSettled waits until the stores and queues show the scenario's end:
-// the rejection event delivered, and deleted from the outbox.
-func waitSettled(ctx context.Context, e env, ob outbox.Store) error {
+// waitSettled waits until the stores, queues and metrics show the
+// scenario's end: every event committed, poisoned or left out as a
+// duplicate by both handlers, the rejection event delivered and deleted
+// from the outbox, no copy left in a tier.
+func waitSettled(ctx context.Context, e env, ob *outboxsql.Store, counts metricReader) error {
 	for {
-		var committed int
-		err := e.db().GetContext(ctx, &committed, `SELECT count(*) FROM `+e.tables().of("sluice_inbox"))
+		s, err := summarize(ctx, e, ob, counts)
 		if err != nil {
 			return err
 		}
-		poisoned, err := e.poisoned(ctx)
-		if err != nil {
-			return err
-		}
-		events, err := e.rejectionEvents(ctx)
-		if err != nil {
-			return err
-		}
-		pending, err := e.pendingRetries(ctx)
-		if err != nil {
-			return err
-		}
-		outboxed, err := ob.Stats(ctx)
-		if err != nil {
-			return err
-		}
-		if committed >= expected.committed && len(poisoned) >= expected.poisoned && events >= expected.rejected && pending == 0 && outboxed.Pending == 0 {
+		inv, log := s.Inventory, s.OrderLog
+		if inv.Inbox >= expected.committed && len(inv.Poisoned) >= expected.poisoned && inv.Duplicates >= expected.duplicates &&
+			log.Inbox >= expected.logged && len(log.Poisoned) >= expected.logPoisoned && log.Duplicates >= expected.duplicates &&
+			s.RejectionEvents >= expected.rejected && s.PendingRetries == 0 && s.OutboxRows == 0 {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("the scenario did not settle: %d of %d events committed, %d of %d poisoned, %d of %d rejection events, %d copies in the tiers, %d rows in the outbox: %w",
-				committed, expected.committed, len(poisoned), expected.poisoned, events, expected.rejected, pending, outboxed.Pending, ctx.Err())
+			return fmt.Errorf("the scenario did not settle: inventory: %d of %d events committed, %d of %d poisoned, %d of %d duplicates; "+
+				"order log: %d of %d events committed, %d of %d poisoned, %d of %d duplicates; "+
+				"%d of %d rejection events, %d copies in the tiers, %d rows in the outbox: %w",
+				inv.Inbox, expected.committed, len(inv.Poisoned), expected.poisoned, inv.Duplicates, expected.duplicates,
+				log.Inbox, expected.logged, len(log.Poisoned), expected.logPoisoned, log.Duplicates, expected.duplicates,
+				s.RejectionEvents, expected.rejected, s.PendingRetries, s.OutboxRows, ctx.Err())
 		case <-time.After(25 * time.Millisecond):
 		}
 	}

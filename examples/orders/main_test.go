@@ -29,14 +29,39 @@ func check(t *testing.T, s *summary) {
 	require.Equal(t, 1, s.RejectionEvents, "the rejection event was published once")
 	require.Equal(t, int64(1), s.Relayed, "the rejection event went through the outbox")
 	require.Zero(t, s.OutboxRows, "the relay deleted it once the broker held it")
-	require.Equal(t, 6, s.InboxRecords, "5 reserved + 1 rejected; the poisoned ones rolled back")
-	require.Equal(t, int64(3), s.Duplicates)
-	require.Equal(t, map[string]int64{"100ms": 2, "300ms": 1}, s.RetriedByTier, "evt-3 once through tier 1; evt-5 through tiers 1 and 2")
-	require.Len(t, s.Poisoned, 2)
-	require.Equal(t, poisonedRow{"invariant", "evt-7", "invariant: order o-404 must exist before its reservation"}, s.Poisoned[0])
-	require.Equal(t, "poison", s.Poisoned[1].Class)
-	require.Contains(t, s.Poisoned[1].Reason, `JSON field "eventId": payload is not a JSON object`)
+	require.Equal(t, 6, s.Inventory.Inbox, "5 reserved + 1 rejected; the poisoned ones rolled back")
+	require.Equal(t, int64(3), s.Inventory.Duplicates)
+	require.Equal(t, map[string]int64{"100ms": 2, "300ms": 1}, s.Inventory.Retried, "evt-3 once through tier 1; evt-5 through tiers 1 and 2")
+	require.Len(t, s.Inventory.Poisoned, 2)
+	require.Equal(t, poisonedRow{"invariant", "evt-7", "invariant: order o-404 must exist before its reservation"}, s.Inventory.Poisoned[0])
+	require.Equal(t, "poison", s.Inventory.Poisoned[1].Class)
+	require.Contains(t, s.Inventory.Poisoned[1].Reason, `JSON field "eventId": payload is not a JSON object`)
 	require.Equal(t, "pass", s.Ready, "the service was ready while it ran")
+
+	// The order log got every delivery too, the duplicates of evt-1, evt-2
+	// and evt-4 among them: a row for each well-formed event, once (the
+	// table has no unique constraint: the inbox alone left them out).
+	require.Equal(t, []string{"evt-1", "evt-2", "evt-3", "evt-4", "evt-5", "evt-7", "evt-8"}, s.Logged, "each scripted event logged exactly once")
+	require.Equal(t, 7, s.OrderLog.Inbox)
+	require.Equal(t, int64(3), s.OrderLog.Duplicates, "the three duplicate deliveries left out by the inbox")
+	require.Empty(t, s.OrderLog.Retried)
+	require.Len(t, s.OrderLog.Poisoned, 1, "the malformed payload: its eventId cannot be read")
+	require.Equal(t, s.Inventory.Poisoned[1], s.OrderLog.Poisoned[0])
+	require.Equal(t, int64(7), s.Batched, "the batches committed the 7 events, each once")
+	require.GreaterOrEqual(t, s.Batches, int64(1))
+	require.LessOrEqual(t, s.Batches, int64(7))
+	require.Zero(t, s.PendingRetries)
+}
+
+// exampleQueues are the queues and the exchange a servers-mode run named
+// name declares, for testenv.DeleteQueuesAtEnd.
+func exampleQueues(name string) []string {
+	qs := []string{name + "." + rejectedTopic, "exchange:" + exchange(name)}
+	for _, h := range handlers {
+		q := name + "." + h
+		qs = append(qs, q, q+".poison", q+".retry.100ms", q+".retry.300ms")
+	}
+	return qs
 }
 
 func TestExampleEmbedded(t *testing.T) {
@@ -53,7 +78,10 @@ func TestExampleEmbedded(t *testing.T) {
 	require.Contains(t, out.String(), "duplicates skipped (sluice.inbox.duplicates)  3")
 	require.Contains(t, out.String(), "NOT durable", "make run says the embedded tiers are not durable")
 	require.Regexp(t, `outbox: relayed \(sluice.outbox.relayed\) +1  `, out.String())
-	require.Regexp(t, `outbox: rows left in the table +0  sluice_outbox\n`, out.String())
+	require.Regexp(t, `outbox: rows left in the table +0 +sluice_outbox\n`, out.String())
+	require.Regexp(t, `\n  rows \(order_log table\) +7 +evt-1 evt-2 evt-3 evt-4 evt-5 evt-7 evt-8: each event once\n`, out.String())
+	require.Regexp(t, `\n  batches committed \(sluice.inbox.batch.size\) +[1-7] +7 events in all\n`, out.String())
+	require.NotRegexp(t, ` \n`, out.String(), "no line ends in padding")
 
 	rec := httptest.NewRecorder()
 	s.metrics.ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
@@ -71,6 +99,7 @@ func TestExampleEmbedded(t *testing.T) {
 	}
 	require.NotContains(t, body, `le="5000"`)
 	require.Contains(t, body, `messaging_consumer_group_name="inventory"`)
+	require.Regexp(t, `sluice_inbox_batch_size_count\{[^}]*messaging_consumer_group_name="orderlog"[^}]*messaging_destination_name="order.created.orderlog"`, body)
 	require.NotContains(t, body, `sluice_handler=`, "one name per fact: the consumer group is the handler")
 	require.Regexp(t, `messaging_client_consumed_messages_total\{[^}]*messaging_destination_name="order.created"[^}]*messaging_operation_name="process"[^}]*messaging_system="gochannel"`, body)
 	require.Regexp(t, `sluice_poisoned_total\{error_type="poison",messaging_consumer_group_name="inventory",messaging_destination_name="order.created",messaging_system="gochannel"`, body)
@@ -79,6 +108,8 @@ func TestExampleEmbedded(t *testing.T) {
 
 	require.Contains(t, spans.String(), `"Name": "process order.created"`, "spans printed with --trace-stdout")
 	require.Contains(t, spans.String(), `"Name": "send order.created"`)
+	require.Contains(t, spans.String(), `"Name": "process order.created.orderlog"`)
+	require.Contains(t, spans.String(), `"Name": "sluice.batch"`, "the order log's batches")
 }
 
 func TestExampleServers(t *testing.T) {
@@ -88,8 +119,7 @@ func TestExampleServers(t *testing.T) {
 	name := testenv.Name("example")
 	db := testenv.Postgres(t)
 	t.Cleanup(func() { _, _ = db.Exec("DROP SCHEMA IF EXISTS " + name + " CASCADE") })
-	queue := name + ".inventory"
-	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", queue+".retry.100ms", queue+".retry.300ms", name+"."+rejectedTopic)
+	testenv.DeleteQueuesAtEnd(t, exampleQueues(name)...)
 
 	s, err := run(ctx, config{AMQPURL: testenv.AMQPURL, PostgresURL: testenv.PostgresURL, Name: name})
 	require.NoError(t, err)
@@ -105,6 +135,11 @@ func TestExampleServers(t *testing.T) {
 	got := testenv.Drain(t, testenv.AMQP(t), name+"."+rejectedTopic)
 	require.Len(t, got, 1, "the rejection event reached its queue once")
 	require.Equal(t, "rejected:evt-4", got[0].Headers[sluice.EventIDKey], "the event id given at write time")
+	// One publish per event, to the exchange: RabbitMQ routed it to both
+	// handlers' queues; the order log's rows are in the example's schema.
+	var logged []string
+	require.NoError(t, db.Select(&logged, `SELECT event_id FROM `+name+`.order_log ORDER BY event_id`))
+	require.Equal(t, s.Logged, logged)
 	// Running again drops nothing unasked; with Reset it starts from empty
 	// queues and tables.
 	_, err = run(ctx, config{AMQPURL: testenv.AMQPURL, PostgresURL: testenv.PostgresURL, Name: name})

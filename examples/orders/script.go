@@ -32,11 +32,15 @@ var script = []delivery{
 	{order("evt-4", "o-4", "piano", 1, 0), "duplicate delivery of the rejected evt-4"},
 }
 
-// expected is what the scenario must end in; run waits until the stores and
-// queues show it.
+// expected is what the scenario must end in; run waits until the stores,
+// queues and metrics show it. Each handler gets every delivery: the
+// inventory commits 6 events (5 reserved, 1 rejected) and poisons 2; the
+// order log commits the 7 well-formed events and poisons the malformed one
+// (its eventId cannot be read); each leaves out the 3 duplicate deliveries.
 var expected = struct {
-	committed, poisoned, rejected int
-}{committed: 6, poisoned: 2, rejected: 1}
+	committed, poisoned, rejected, logged, logPoisoned int
+	duplicates                                         int64
+}{committed: 6, poisoned: 2, rejected: 1, logged: 7, logPoisoned: 1, duplicates: 3}
 
 func scriptMessages() []*message.Message {
 	msgs := make([]*message.Message, len(script))

@@ -12,21 +12,25 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice/broker"
+	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
 // serversEnv: RabbitMQ and PostgreSQL. The example's tables live in a schema
 // of its own, and its queues are named after it; both are emptied when it
-// starts. The rejection event goes through Sluice's outbox, as in the
-// embedded default: a row of the inbox transaction, relayed to a queue named
-// after the example by the broker's confirmed publisher.
+// starts. Each handler consumes a queue of its own, "<name>.<handler>",
+// bound to the exchange "<name>.orders" with the routing key order.created:
+// the producer publishes each event once, to the exchange, and RabbitMQ
+// routes it to both queues (the tiers return a copy to its own queue only).
+// The rejection event goes through Sluice's outbox, as in the embedded
+// default: a row of the inbox transaction, relayed to a queue named after
+// the example by the inventory broker's confirmed publisher.
 type serversEnv struct {
-	pg      *sqlx.DB
-	name    string // the schema, and the queues' prefix
-	amqpURL string
-	queue   string
-	conn    *amqp.Connection
-	rabbit  *rabbitmq.Broker
+	pg       *sqlx.DB
+	name     string // the schema, and the queues' prefix
+	conn     *amqp.Connection
+	rabbit   map[string]*rabbitmq.Broker // by handler
+	producer *rabbitmq.Publisher         // confirmed, to the exchange
 }
 
 // ErrExists is returned when the schema the servers mode would use exists
@@ -37,7 +41,7 @@ func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string, reset
 	if postgresURL == "" || amqpURL == "" {
 		return nil, errors.New("the servers mode needs both --amqp-url and --postgres-url")
 	}
-	e := &serversEnv{name: name, amqpURL: amqpURL, queue: name + ".inventory"}
+	e := &serversEnv{name: name, rabbit: map[string]*rabbitmq.Broker{}}
 	defer func() { // a failed start closes what it opened
 		if err != nil {
 			_ = e.close()
@@ -67,10 +71,19 @@ func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string, reset
 	if err != nil {
 		return nil, err
 	}
-	e.rabbit, err = rabbitmq.NewBroker(ctx, rabbitmq.BrokerConfig{
-		Connection: rabbitmq.Connection{URL: amqpURL},
-		Topology:   rabbitmq.TopologyConfig{Queue: e.queue, TierDelays: tierDelays},
-	})
+	for _, h := range handlers {
+		cfg := rabbitmq.BrokerConfig{
+			Connection: rabbitmq.Connection{URL: amqpURL},
+			Topology:   rabbitmq.TopologyConfig{Queue: name + "." + h, TierDelays: tierDelays, Exchange: exchange(name), BindingKey: topic},
+		}
+		if h == orderLogHandler {
+			cfg.Prefetch = 2 * deduplication.BatchHandlerMaxBatchDefault // a batch gathers while the one before commits
+		}
+		if e.rabbit[h], err = rabbitmq.NewBroker(ctx, cfg); err != nil {
+			return nil, err
+		}
+	}
+	e.producer, err = rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: amqpURL}, Exchange: exchange(name)})
 	if err != nil {
 		return nil, err
 	}
@@ -92,12 +105,18 @@ func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string, reset
 
 func rejectedQueue(name string) string { return name + "." + rejectedTopic }
 
-// queues are the example's queues: the consumer's, its tiers' (every
+// exchange is where the producer publishes order.created: bound to each
+// handler's queue.
+func exchange(name string) string { return name + ".orders" }
+
+// queues are the example's queues: each consumer's, its tiers' (every
 // sub-queue of a jittered tier), its poison queue's, and the rejections'.
 func (e *serversEnv) queues() []string {
 	qs := []string{rejectedQueue(e.name)}
-	for _, q := range e.rabbit.Topology().Queues() {
-		qs = append(qs, q.Name)
+	for _, h := range handlers {
+		for _, q := range e.rabbit[h].Topology().Queues() {
+			qs = append(qs, q.Name)
+		}
 	}
 	return qs
 }
@@ -115,21 +134,27 @@ func redactURL(s string) string {
 func (e *serversEnv) db() *sqlx.DB           { return e.pg }
 func (e *serversEnv) schema() string         { return e.name }
 func (e *serversEnv) tables() tables         { return tables(e.name) }
-func (e *serversEnv) broker() broker.Broker  { return e.rabbit }
 func (e *serversEnv) rejectionTopic() string { return rejectedQueue(e.name) }
 
-// relayPublisher is the broker's publisher: confirms and mandatory, so a
-// rejection event the broker cannot route stays in the outbox with its error.
-func (e *serversEnv) relayPublisher() message.Publisher { return e.rabbit.Publisher() }
+func (e *serversEnv) broker(handler string) broker.Broker { return e.rabbit[handler] }
+
+// relayPublisher is the inventory broker's publisher: confirms and
+// mandatory, so a rejection event the broker cannot route stays in the
+// outbox with its error.
+func (e *serversEnv) relayPublisher() message.Publisher {
+	return e.rabbit[inventoryHandler].Publisher()
+}
 
 func (e *serversEnv) start(context.Context) error { return nil }
 
+// publish publishes to the exchange, once: RabbitMQ confirms each message
+// once it is routed to both queues.
 func (e *serversEnv) publish(msgs ...*message.Message) error {
-	return e.rabbit.Publisher().Publish(e.queue, msgs...)
+	return e.producer.Publish(topic, msgs...)
 }
 
-func (e *serversEnv) poisoned(ctx context.Context) ([]*message.Message, error) {
-	return e.peek(ctx, e.rabbit.Topology().PoisonQueue())
+func (e *serversEnv) poisoned(ctx context.Context, handler string) ([]*message.Message, error) {
+	return e.peek(ctx, e.rabbit[handler].Topology().PoisonQueue())
 }
 
 func (e *serversEnv) rejectionEvents(ctx context.Context) (int, error) {
@@ -144,12 +169,14 @@ func (e *serversEnv) pendingRetries(context.Context) (int, error) {
 	}
 	defer func() { _ = ch.Close() }()
 	n := 0
-	for _, t := range e.rabbit.Topology().Tiers() {
-		q, err := ch.QueueDeclarePassive(t.Topic, true, false, false, false, nil)
-		if err != nil {
-			return 0, err
+	for _, h := range handlers {
+		for _, t := range e.rabbit[h].Topology().Tiers() {
+			q, err := ch.QueueDeclarePassive(t.Topic, true, false, false, false, nil)
+			if err != nil {
+				return 0, err
+			}
+			n += q.Messages
 		}
-		n += q.Messages
 	}
 	return n, nil
 }
@@ -178,8 +205,13 @@ func (e *serversEnv) peek(_ context.Context, queue string) ([]*message.Message, 
 
 func (e *serversEnv) close() error {
 	var errs []error
-	if e.rabbit != nil {
-		errs = append(errs, e.rabbit.Close())
+	if e.producer != nil {
+		errs = append(errs, e.producer.Close())
+	}
+	for _, h := range handlers {
+		if b := e.rabbit[h]; b != nil {
+			errs = append(errs, b.Close())
+		}
 	}
 	if e.conn != nil {
 		_ = e.conn.Close()
