@@ -30,7 +30,7 @@ import (
 	"github.com/sluicemq/sluice/router"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(closingShared{m}) }
 
 // bed is a consumer queue with its topology, and a poison queue filled by the
 // real poison stage.
