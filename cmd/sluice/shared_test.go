@@ -1,23 +1,52 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/internal/testenv"
 )
 
 // What the package's tests share, made by the first test that needs it and
-// removed by TestMain (closeShared): the CLI's binary — a go build.
+// removed by TestMain (closeShared): a private RabbitMQ node — an Erlang
+// VM's boot: about 4 CPU-seconds, 8 to 20 s at load average 15 — and the
+// CLI's binary — a go build.
 var shared struct {
+	nodeOnce sync.Once
+	node     *testenv.PrivateRabbitMQ
+	ca       []byte // the CA of the node's TLS listener, PEM
+	nodeErr  error
+
 	binOnce sync.Once
 	binDir  string
 	bin     string
 	binErr  error
+}
+
+// privateNode returns the package's private RabbitMQ node, with the
+// management plugin and a TLS listener (trusted by ca, PEM), in a vhost of
+// t's own: the tests that need the management API or TLS share one node,
+// each seeing only its own queues (fixed names included).
+func privateNode(t *testing.T) (node *testenv.PrivateRabbitMQ, ca []byte) {
+	t.Helper()
+	shared.nodeOnce.Do(func() {
+		start := time.Now()
+		files, _ := testenv.TestCA(t)
+		shared.ca = files.CA
+		shared.node, shared.nodeErr = testenv.StartRabbitMQ(testenv.PrivateRabbitMQOptions{Management: true, TLS: &files})
+		t.Logf("private RabbitMQ node (management, TLS) started in %s", time.Since(start).Round(time.Millisecond))
+	})
+	require.NoError(t, shared.nodeErr, "starting the package's private RabbitMQ node")
+	require.NotNil(t, shared.node, "the package's private RabbitMQ node was not started: see the first test that asked for it")
+	return shared.node.VHost(t), shared.ca
 }
 
 // buildCLI builds the real binary, once for the package, for a test to
@@ -38,16 +67,21 @@ func buildCLI(t *testing.T) string {
 	return shared.bin
 }
 
-// closeShared removes the binary, if a test made it.
+// closeShared stops the shared node and removes the binary, if a test made
+// them.
 func closeShared() error {
-	if shared.binDir != "" {
-		return os.RemoveAll(shared.binDir)
+	var err error
+	if shared.node != nil {
+		err = shared.node.Close()
 	}
-	return nil
+	if shared.binDir != "" {
+		err = errors.Join(err, os.RemoveAll(shared.binDir))
+	}
+	return err
 }
 
-// closingShared runs the tests, then closeShared, before goleak looks for
-// leaks.
+// closingShared runs the tests, then closeShared: before goleak looks for
+// leaks, so that no connection to the shared node is left open.
 type closingShared struct{ m *testing.M }
 
 func (c closingShared) Run() int {
