@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -10,15 +11,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice/internal/testenv"
 )
 
 // What the package's tests share, made by the first test that needs it and
-// removed by TestMain (closeShared): a private RabbitMQ node — an Erlang
-// VM's boot: about 4 CPU-seconds, 8 to 20 s at load average 15 — and the
-// CLI's binary — a go build.
+// removed by TestMain (closeShared): a private RabbitMQ node (an Erlang
+// VM's boot: about 4 CPU-seconds, 8 to 20 s at load average 15), the
+// CLI's binary (a go build) and a headless Chromium (a browser of each
+// test's own cost the eight tests about 5 CPU-seconds more).
 var shared struct {
 	nodeOnce sync.Once
 	node     *testenv.PrivateRabbitMQ
@@ -29,6 +32,11 @@ var shared struct {
 	binDir  string
 	bin     string
 	binErr  error
+
+	browserOnce  sync.Once
+	browser      context.Context // the browser's first tab, which it lives as long as
+	browserErr   error
+	closeBrowser func() // stops the browser and removes its profile
 }
 
 // privateNode returns the package's private RabbitMQ node, with the
@@ -67,10 +75,44 @@ func buildCLI(t *testing.T) string {
 	return shared.bin
 }
 
-// closeShared stops the shared node and removes the binary, if a test made
-// them.
+// sharedBrowser returns the package's headless Chromium (Debian's; t is
+// skipped without it), started by the first test that asks: browser opens
+// each test's tab in it.
+func sharedBrowser(t *testing.T) context.Context {
+	t.Helper()
+	const path = "/usr/bin/chromium"
+	if _, err := os.Stat(path); err != nil {
+		t.Skip("no /usr/bin/chromium: make services installs it")
+	}
+	shared.browserOnce.Do(func() {
+		profile, err := os.MkdirTemp("", "sluice-chromium-")
+		if err != nil {
+			shared.browserErr = err
+			return
+		}
+		opts := []chromedp.ExecAllocatorOption{
+			chromedp.ExecPath(path), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+			chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
+			chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
+			chromedp.UserDataDir(profile), chromedp.WindowSize(1280, 900),
+		}
+		actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
+		bctx, cancelB := chromedp.NewContext(actx)
+		shared.browser = bctx
+		shared.closeBrowser = func() { cancelB(); cancelA(); _ = os.RemoveAll(profile) }
+		shared.browserErr = chromedp.Do(bctx) // starts it: a failure names the browser
+	})
+	require.NoError(t, shared.browserErr, "starting %s", path)
+	return shared.browser
+}
+
+// closeShared stops the shared node and browser and removes the binary, if
+// a test made them.
 func closeShared() error {
 	var err error
+	if shared.closeBrowser != nil {
+		shared.closeBrowser()
+	}
 	if shared.node != nil {
 		err = shared.node.Close()
 	}
@@ -81,7 +123,7 @@ func closeShared() error {
 }
 
 // closingShared runs the tests, then closeShared: before goleak looks for
-// leaks, so that no connection to the shared node is left open.
+// leaks, so that no connection to the shared node or browser is left open.
 type closingShared struct{ m *testing.M }
 
 func (c closingShared) Run() int {
