@@ -452,10 +452,11 @@ func TestQueuesShowWhatATierHoldsInEveryState(t *testing.T) {
 }
 
 // With the management API, sluice queues lists every family the broker has
+// in the AMQP URL's vhost (the test's own, on the package's private node)
 // — without being told their names — and nothing else.
 func TestQueuesDiscoversTheFamilies(t *testing.T) {
 	t.Parallel()
-	node := testenv.StartPrivateRabbitMQWith(t, testenv.PrivateRabbitMQOptions{Management: true})
+	node, _ := privateNode(t)
 	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: node.URL}, Name: "test"})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })

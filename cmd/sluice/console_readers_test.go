@@ -131,12 +131,13 @@ func TestConsoleGroupsPageKeepsItsSummary(t *testing.T) {
 }
 
 // With --management-url the console's overview shows each queue's unacked
-// messages and arrival rate, read from RabbitMQ's management API (a
-// private node with the plugin): a producer publishing into orders shows as
-// an arrival rate, a consumer holding a delivery as unacked.
+// messages and arrival rate, read from RabbitMQ's management API (the
+// package's private node with the plugin, in a vhost of the test's own):
+// a producer publishing into orders shows as an arrival rate, a consumer
+// holding a delivery as unacked.
 func TestConsoleOverviewReadsTheManagementAPI(t *testing.T) {
 	t.Parallel()
-	node := testenv.StartPrivateRabbitMQWith(t, testenv.PrivateRabbitMQOptions{Management: true})
+	node, _ := privateNode(t)
 	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: node.URL}, Name: "test"})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })

@@ -57,24 +57,17 @@ func consoleOn(t testing.TB, b *bed, outcomes string, mutate func(*console.Confi
 	return srv.URL + "/sluice", c
 }
 
-// browser starts Debian's headless Chromium with a fresh profile.
+// browser returns a tab of the package's headless Chromium (Debian's,
+// started by the first test that asks: sharedBrowser) in a browser context
+// of t's own — cookies, storage and cache of its own, as a fresh profile's
+// — closed when t ends.
 func browser(t *testing.T) context.Context {
 	t.Helper()
-	path := "/usr/bin/chromium"
-	if _, err := os.Stat(path); err != nil {
-		t.Skip("no /usr/bin/chromium: make services installs it")
-	}
-	opts := []chromedp.ExecAllocatorOption{
-		chromedp.ExecPath(path), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
-		chromedp.Flag("disable-quic", true), chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true), chromedp.Flag("disable-sync", true),
-		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 900),
-	}
-	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancel := chromedp.NewContext(actx)
+	bctx := sharedBrowser(t)
+	ctx, cancel := chromedp.NewContext(bctx, chromedp.WithNewBrowserContext())
 	ctx, cancelT := context.WithTimeout(ctx, 4*time.Minute)
-	t.Cleanup(func() { cancelT(); cancel(); cancelA() })
-	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate("about:blank"))) // start it now: a failure names the browser
+	t.Cleanup(func() { cancelT(); cancel() })
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate("about:blank"))) // open the tab now: a failure names the browser
 	return ctx
 }
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -17,15 +16,6 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
 )
-
-// buildCLI builds the real binary for a test to run, signal and kill.
-func buildCLI(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "sluice")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	return bin
-}
 
 // TestKillMidReplayLosesNothing kills the real binary (SIGKILL) in the middle
 // of a rate-limited replay: every event is then in the poison queue, in the

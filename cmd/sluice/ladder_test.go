@@ -29,7 +29,7 @@ func declareLadder(t *testing.T, amqpURL, queue string, tiers ...time.Duration) 
 // library's default ladder and showed orders.retry.{30s,5m,30m} missing.
 func TestTheLadderIsReadFromTheBroker(t *testing.T) {
 	t.Parallel()
-	node := testenv.StartPrivateRabbitMQWith(t, testenv.PrivateRabbitMQOptions{Management: true})
+	node, _ := privateNode(t)
 	declareLadder(t, node.URL, "orders", 2*time.Second, 4*time.Second, 8*time.Second)
 
 	var out, errOut strings.Builder

@@ -30,7 +30,7 @@ import (
 	"github.com/sluicemq/sluice/router"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(closingShared{m}) }
 
 // bed is a consumer queue with its topology, and a poison queue filled by the
 // real poison stage.
@@ -463,8 +463,7 @@ func TestReplayKeepsTheProducersProperties(t *testing.T) {
 // with a bad TLS flag.
 func TestCLIOverTLS(t *testing.T) {
 	t.Parallel()
-	files, _ := testenv.TestCA(t)
-	node := testenv.StartPrivateRabbitMQWith(t, testenv.PrivateRabbitMQOptions{TLS: &files})
+	node, caPEM := privateNode(t)
 	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: node.URL}})
 	require.NoError(t, err)
 	defer func() { _ = conn.Close() }()
@@ -474,7 +473,7 @@ func TestCLIOverTLS(t *testing.T) {
 	require.NoError(t, err)
 
 	ca := filepath.Join(t.TempDir(), "ca.pem")
-	require.NoError(t, os.WriteFile(ca, files.CA, 0o600))
+	require.NoError(t, os.WriteFile(ca, caPEM, 0o600))
 	run := func(args ...string) (int, string, string) {
 		var out, errOut bytes.Buffer
 		code := run(append([]string{"--amqp-url", node.TLSURL, "--audit", "-"}, args...), &out, &errOut)

@@ -2,8 +2,11 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path"
@@ -114,14 +117,17 @@ func Drain(t testing.TB, conn *amqp.Connection, queue string) []amqp.Delivery {
 	}
 }
 
-// PrivateRabbitMQ is a RabbitMQ node of a test's own, for tests that stop,
-// fill or alarm a broker: the shared one is never disturbed.
+// PrivateRabbitMQ is a RabbitMQ node of a test's own (or of a package's
+// tests, StartRabbitMQ), for tests that stop, fill or alarm a broker, or
+// need a plugin or a listener the shared one has not: the shared one is
+// never disturbed.
 type PrivateRabbitMQ struct {
 	URL    string
 	TLSURL string // amqps://, with PrivateRabbitMQOptions.TLS
 	// ManagementURL is the HTTP API, with PrivateRabbitMQOptions.Management.
 	ManagementURL string
 	node          string
+	dir           string // its files
 }
 
 // PrivateRabbitMQOptions configure StartPrivateRabbitMQ.
@@ -157,7 +163,24 @@ func StartPrivateRabbitMQ(t testing.TB) *PrivateRabbitMQ {
 // StartPrivateRabbitMQWith is StartPrivateRabbitMQ with options.
 func StartPrivateRabbitMQWith(t testing.TB, o PrivateRabbitMQOptions) *PrivateRabbitMQ {
 	t.Helper()
-	port, distPort := freePort(t), freePort(t)
+	r, err := StartRabbitMQ(o)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	return r
+}
+
+// StartRabbitMQ is StartPrivateRabbitMQWith for a node shared by a
+// package's tests (started once, closed in TestMain; each test in a vhost
+// of its own, VHost): Close stops it and removes its files.
+func StartRabbitMQ(o PrivateRabbitMQOptions) (*PrivateRabbitMQ, error) {
+	port, err := pickPort()
+	if err != nil {
+		return nil, err
+	}
+	distPort, err := pickPort()
+	if err != nil {
+		return nil, err
+	}
 	// dir is where this process writes the node's files; nodeDir is the
 	// same directory as the node sees it (inside RabbitMQRoot, if set).
 	base := os.TempDir()
@@ -165,15 +188,32 @@ func StartPrivateRabbitMQWith(t testing.TB, o PrivateRabbitMQOptions) *PrivateRa
 		base = filepath.Join(RabbitMQRoot, "tmp")
 	}
 	dir, err := os.MkdirTemp(base, "sluice-rabbitmq-")
-	require.NoError(t, err)
+	if err != nil {
+		return nil, err
+	}
+	r := &PrivateRabbitMQ{dir: dir}
+	if err := r.start(o, port, distPort); err != nil {
+		return nil, errors.Join(err, r.Close())
+	}
+	return r, nil
+}
+
+// start writes the node's files into r.dir, starts it and waits for it.
+func (r *PrivateRabbitMQ) start(o PrivateRabbitMQOptions, port, distPort int) error {
+	dir := r.dir
 	nodeDir := "/" + strings.TrimPrefix(strings.TrimPrefix(dir, RabbitMQRoot), "/")
 	name := Name("sluice") + "@localhost"
 	conf := fmt.Sprintf("listeners.tcp.local = 127.0.0.1:%d\n", port)
 	tlsPort := 0
 	if o.TLS != nil {
-		tlsPort = freePort(t)
+		var err error
+		if tlsPort, err = pickPort(); err != nil {
+			return err
+		}
 		for file, pem := range map[string][]byte{"ca.pem": o.TLS.CA, "cert.pem": o.TLS.Cert, "key.pem": o.TLS.Key} {
-			require.NoError(t, os.WriteFile(filepath.Join(dir, file), pem, 0o600))
+			if err := os.WriteFile(filepath.Join(dir, file), pem, 0o600); err != nil {
+				return err
+			}
 		}
 		conf += fmt.Sprintf("listeners.ssl.local = 127.0.0.1:%d\nssl_options.cacertfile = %s\nssl_options.certfile = %s\nssl_options.keyfile = %s\nssl_options.verify = verify_none\nssl_options.fail_if_no_peer_cert = false\n",
 			tlsPort, path.Join(nodeDir, "ca.pem"), path.Join(nodeDir, "cert.pem"), path.Join(nodeDir, "key.pem"))
@@ -181,19 +221,28 @@ func StartPrivateRabbitMQWith(t testing.TB, o PrivateRabbitMQOptions) *PrivateRa
 	enabled := o.Plugins
 	mgmtPort := 0
 	if o.Management {
-		mgmtPort = freePort(t)
+		var err error
+		if mgmtPort, err = pickPort(); err != nil {
+			return err
+		}
 		enabled = append([]string{"rabbitmq_management"}, enabled...)
 		// Statistics every second (5 s by default): tests wait less for them.
 		conf += fmt.Sprintf("management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = %d\ncollect_statistics_interval = 1000\n", mgmtPort)
 	}
 	conf += o.Config
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte(conf), 0o644))
-	plugins := "[" + strings.Join(enabled, ",") + "].\n"
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte(plugins), 0o644))
-	if RabbitMQRoot == "" {
-		require.NoError(t, exec.CommandContext(context.Background(), "chown", "-R", "rabbitmq:rabbitmq", dir).Run(), "the node runs as the rabbitmq user")
+	if err := os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte(conf), 0o644); err != nil {
+		return err
 	}
-	r := &PrivateRabbitMQ{URL: fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port), node: name}
+	plugins := "[" + strings.Join(enabled, ",") + "].\n"
+	if err := os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte(plugins), 0o644); err != nil {
+		return err
+	}
+	if RabbitMQRoot == "" {
+		if err := exec.CommandContext(context.Background(), "chown", "-R", "rabbitmq:rabbitmq", dir).Run(); err != nil {
+			return fmt.Errorf("the node runs as the rabbitmq user: chown: %w", err)
+		}
+	}
+	r.URL, r.node = fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port), name
 	if tlsPort != 0 {
 		r.TLSURL = fmt.Sprintf("amqps://guest:guest@127.0.0.1:%d/", tlsPort)
 	}
@@ -205,25 +254,71 @@ func StartPrivateRabbitMQWith(t testing.TB, o PrivateRabbitMQOptions) *PrivateRa
 		"RABBITMQ_CONFIG_FILE=" + path.Join(nodeDir, "rabbitmq.conf"), "RABBITMQ_MNESIA_BASE=" + path.Join(nodeDir, "mnesia"),
 		"RABBITMQ_LOG_BASE=" + path.Join(nodeDir, "log"), "RABBITMQ_ENABLED_PLUGINS_FILE=" + path.Join(nodeDir, "enabled_plugins"),
 	}, "rabbitmq-server", "-detached")
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "starting a private RabbitMQ node: %s", out)
-	t.Cleanup(func() {
-		_, _ = r.ctl(context.Background(), "stop")
-		_ = os.RemoveAll(dir)
-	})
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("starting a private RabbitMQ node: %w: %s", err, out)
+	}
 	// await_startup fails at once until the node has registered with epmd.
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		out, err := r.ctl(context.Background(), "await_startup", "--timeout", "60")
 		if err == nil {
-			return r
+			return nil
 		}
 		if time.Now().After(deadline) {
 			logs, _ := exec.CommandContext(context.Background(), "sh", "-c", "tail -n 20 "+filepath.Join(dir, "log")+"/*.log").CombinedOutput()
-			t.Fatalf("private RabbitMQ node %s did not start: %s\n%s", name, out, logs)
+			return fmt.Errorf("private RabbitMQ node %s did not start: %s\n%s", name, out, logs)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+}
+
+// Close stops the node (if it was started) and removes its files.
+func (r *PrivateRabbitMQ) Close() error {
+	var err error
+	if r.node != "" {
+		if out, e := r.ctl(context.Background(), "stop"); e != nil {
+			err = fmt.Errorf("stopping the private RabbitMQ node %s: %w: %s", r.node, e, out)
+		}
+	}
+	return errors.Join(err, os.RemoveAll(r.dir))
+}
+
+// VHost creates a vhost of t's own on the node, through its management
+// API (PrivateRabbitMQOptions.Management), with every permission for the
+// guest account, and deletes it, with its queues, when t ends. The node it
+// returns is r with URL and TLSURL in that vhost: tests that share a node
+// each see only their own queues, fixed names included.
+func (r *PrivateRabbitMQ) VHost(t testing.TB) *PrivateRabbitMQ {
+	t.Helper()
+	require.NotEmpty(t, r.ManagementURL, "VHost needs the management API (PrivateRabbitMQOptions.Management)")
+	vhost := Name("vhost")
+	r.manage(t, http.MethodPut, "/api/vhosts/"+vhost, "")
+	t.Cleanup(func() { r.manage(t, http.MethodDelete, "/api/vhosts/"+vhost, "") })
+	r.manage(t, http.MethodPut, "/api/permissions/"+vhost+"/guest", `{"configure":".*","write":".*","read":".*"}`)
+	v := *r
+	v.URL = r.URL + vhost
+	if r.TLSURL != "" {
+		v.TLSURL = r.TLSURL + vhost
+	}
+	return &v
+}
+
+// manage sends one request to the node's management API as guest, which
+// must answer 2xx.
+func (r *PrivateRabbitMQ) manage(t testing.TB, method, apiPath, body string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, r.ManagementURL+apiPath, strings.NewReader(body))
+	require.NoError(t, err)
+	req.SetBasicAuth("guest", "guest")
+	req.Header.Set("Content-Type", "application/json")
+	req.Close = true // no idle connection left to a node that outlives t
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err, "%s %s", method, apiPath)
+	msg, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	require.True(t, resp.StatusCode/100 == 2, "%s %s: %s %s", method, apiPath, resp.Status, msg)
 }
 
 // Ctl runs rabbitmqctl against the private node.
