@@ -6,7 +6,6 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,7 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/testenv"
 )
 
 // Issue 43, item 6: the failed sign-in throttle remembers at most
@@ -25,7 +24,7 @@ import (
 // wanted 401 — the shared allowance doing what it is for.
 func TestTheSignInThrottleIsBounded(t *testing.T) {
 	t.Parallel()
-	clock := &stoppedClock{now: time.Now()}
+	clock := testenv.NewStoppedClock(time.Now())
 	c, err := New(Config{Dial: func() (*amqp.Connection, error) { return nil, fmt.Errorf("no broker here") }, ReadOnly: true,
 		Token: "0123456789abcdef", Logger: watermill.NopLogger{}, Clock: clock})
 	require.NoError(t, err)
@@ -54,32 +53,10 @@ func TestTheSignInThrottleIsBounded(t *testing.T) {
 	// Once LoginFailureInterval has passed, the remembered addresses'
 	// allowances are whole again and forgotten: new addresses are
 	// remembered again, each with its own.
-	clock.advance(LoginFailureInterval)
+	clock.Advance(LoginFailureInterval)
 	for range LoginClientsMax - 1 {
 		require.Equal(t, http.StatusUnauthorized, signIn(next), "address %d, after the interval", next)
 		next++
 	}
 	require.LessOrEqual(t, c.logins.len(), LoginClientsMax+1, "still bounded")
-}
-
-// stoppedClock is a sluice.Clock that moves only when told.
-type stoppedClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *stoppedClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *stoppedClock) advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
-func (c *stoppedClock) AfterFunc(d time.Duration, f func()) sluice.Timer {
-	return sluice.SystemClock().AfterFunc(d, f)
 }

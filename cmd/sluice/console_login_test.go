@@ -3,7 +3,6 @@ package main
 import (
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -11,7 +10,6 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/console"
 	"github.com/sluicemq/sluice/internal/testenv"
 )
@@ -24,7 +22,7 @@ func TestConsoleThrottlesAndLogsFailedSignIns(t *testing.T) {
 	const token = "0123456789abcdef-right"
 	b := newBed(t)
 	var logs testenv.SyncBuffer
-	clock := &stoppedClock{now: time.Now()}
+	clock := testenv.NewStoppedClock(time.Now())
 	base, _ := consoleOn(t, b, "", func(c *console.Config) {
 		c.Token = token
 		c.Logger = watermill.NewStdLoggerWithOut(&logs, false, false)
@@ -67,10 +65,10 @@ func TestConsoleThrottlesAndLogsFailedSignIns(t *testing.T) {
 		require.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "guess %d", i)
 		require.Equal(t, "2", resp.Header.Get("Retry-After"))
 	}
-	clock.advance(console.LoginFailureInterval)
+	clock.Advance(console.LoginFailureInterval)
 	require.Equal(t, http.StatusSeeOther, bearer("guess-checked").StatusCode, "one guess checked, to the sign-in form")
 	require.Equal(t, http.StatusTooManyRequests, bearer("guess-after").StatusCode)
-	clock.advance(console.LoginFailureInterval)
+	clock.Advance(console.LoginFailureInterval)
 	require.Equal(t, http.StatusOK, bearer(token).StatusCode, "the right token, once the address may try again")
 
 	log := logs.String()
@@ -82,26 +80,4 @@ func TestConsoleThrottlesAndLogsFailedSignIns(t *testing.T) {
 	for _, secret := range []string{"wrong-token", "guess-", token} {
 		require.NotContains(t, log, secret, "no token tried is logged")
 	}
-}
-
-// stoppedClock is a sluice.Clock that moves only when told.
-type stoppedClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *stoppedClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *stoppedClock) advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
-func (c *stoppedClock) AfterFunc(time.Duration, func()) sluice.Timer {
-	panic("stoppedClock: no timers")
 }
