@@ -23,6 +23,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/replay"
@@ -177,6 +178,12 @@ func (c *Console) conn() (*amqp.Connection, error) {
 	return conn, nil
 }
 
+// hangUp closes conn, waiting at most CallTimeout for the broker's
+// close-ok (a broker that does not answer holds no page past it).
+func (c *Console) hangUp(conn *amqp.Connection) {
+	_ = amqpcall.Close(conn, c.cfg.CallTimeout)
+}
+
 // ---- overview
 
 type queueRow struct {
@@ -208,7 +215,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadGateway, err)
 		return
 	}
-	defer func() { _ = conn.Close() }()
+	defer c.hangUp(conn)
 	var fams []family
 	now := time.Now()
 	for _, q := range c.cfg.Queues {
@@ -303,7 +310,7 @@ func (c *Console) scanGroups(ctx context.Context, queue string, now time.Time) (
 	if err != nil {
 		return nil, 0, 0, err
 	}
-	defer func() { _ = conn.Close() }()
+	defer c.hangUp(conn)
 	groups := map[string]*groupRow{}
 	other := 0
 	n, err := dlq.Each(ctx, conn, queue, dlq.Filter{}, 0, func(m *dlq.Message) error {
@@ -354,7 +361,7 @@ func (c *Console) groups(w http.ResponseWriter, r *http.Request) {
 	last, haveLast := c.summaries[q.Poison]
 	c.mu.Unlock()
 	if haveLast && r.URL.Query().Get("fresh") == "" {
-		if d, err := c.readyCount(q.Poison); err == nil {
+		if d, err := c.readyCount(r.Context(), q.Poison); err == nil {
 			if s, ok := c.cached(q.Poison, d); ok {
 				show(s, false)
 				return
@@ -385,13 +392,13 @@ func (c *Console) groups(w http.ResponseWriter, r *http.Request) {
 }
 
 // readyCount is queue's ready count, exact (passiveDepth).
-func (c *Console) readyCount(queue string) (int, error) {
+func (c *Console) readyCount(ctx context.Context, queue string) (int, error) {
 	conn, err := c.conn()
 	if err != nil {
 		return 0, err
 	}
-	defer func() { _ = conn.Close() }()
-	d, err := passiveDepth(conn, queue)
+	defer c.hangUp(conn)
+	d, err := passiveDepth(ctx, conn, queue, c.cfg.CallTimeout)
 	return d.Ready, err
 }
 
@@ -469,7 +476,7 @@ func (c *Console) group(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadGateway, err)
 		return
 	}
-	defer func() { _ = conn.Close() }()
+	defer c.hangUp(conn)
 	skip := (pageN - 1) * c.cfg.PageSize
 	var ms []messageView
 	seen := 0
@@ -567,7 +574,7 @@ func (c *Console) dryRun(ctx context.Context, q Queue, group, action string) (pr
 	if err != nil {
 		return d, err
 	}
-	defer func() { _ = conn.Close() }()
+	defer c.hangUp(conn)
 	plan := c.replayConfig(q, group, "")
 	d.Title = "group " + diag.Printable(group, textMax)
 	titled := false
@@ -706,7 +713,7 @@ func (c *Console) runReplay(ru *run, q Queue, group, operator string, p loopPlan
 		ru.finish(dlq.ReplayResult{}, err)
 		return
 	}
-	defer func() { _ = conn.Close() }()
+	defer c.hangUp(conn)
 	cfg := c.replayConfig(q, group, p.to)
 	cfg.Limit, cfg.Batch, cfg.Operator, cfg.Publisher, cfg.Run = p.limit, 10, operator, c.cfg.Publisher, ru.ID
 	cfg.Published = func(_ context.Context, ms []*dlq.Message) error {
@@ -784,7 +791,7 @@ func (c *Console) startAction(w http.ResponseWriter, r *http.Request, verb, pois
 	}
 	a.conn = conn
 	a.done = func() {
-		_ = conn.Close()
+		c.hangUp(conn)
 		c.forget(poison)
 		release()
 	}

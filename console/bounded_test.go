@@ -1,0 +1,103 @@
+package console_test
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/console"
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/rabbitmq"
+)
+
+// holedAfterHandshake returns a Config.Dial that connects to the test
+// broker through a proxy and black-holes the connection once its handshake
+// is done — the broker accepted it, then nothing comes back, as from a
+// frozen host — and counts its dials.
+func holedAfterHandshake(t *testing.T) (func() (*amqp.Connection, error), *atomic.Int32) {
+	t.Helper()
+	proxy, url := testenv.ProxyAMQP(t)
+	var (
+		mu    sync.Mutex
+		dials atomic.Int32
+	)
+	return func() (*amqp.Connection, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		dials.Add(1)
+		proxy.HealNewConnections() // the connections black-holed so far stay so
+		conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: url}, Name: "console black hole"})
+		proxy.BlackHole()
+		return conn, err
+	}, &dials
+}
+
+// within runs f and fails t unless it returns within d.
+func within(t *testing.T, d time.Duration, what string, f func()) time.Duration {
+	t.Helper()
+	done := make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+		return time.Since(start)
+	case <-time.After(d):
+		t.Fatalf("%s did not return within %s", what, d)
+		return 0
+	}
+}
+
+// The overview's depth reads on a broker that accepted the connection and
+// then went silent fail after CallTimeout, each row naming the wait, where
+// the page waited for the AMQP heartbeat to give the connection up (three
+// of the broker's 60 s heartbeats).
+func TestABlackHoledBrokerHoldsNoOverviewPastCallTimeout(t *testing.T) {
+	t.Parallel()
+	dial, _ := holedAfterHandshake(t)
+	q := testenv.Name("console_holed")
+	c, err := console.New(console.Config{Dial: dial, ReadOnly: true, SampleInterval: -1, CallTimeout: time.Second,
+		Queues: []console.Queue{{Name: q, Tiers: []string{q + ".retry.1m"}, Poison: q + ".poison"}}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+
+	w := httptest.NewRecorder()
+	took := within(t, 20*time.Second, "the overview", func() { c.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil)) })
+	require.Less(t, took, 6*time.Second, "CallTimeout (1 s) and the connection's close")
+	body, _ := io.ReadAll(w.Result().Body)
+	require.Equal(t, http.StatusOK, w.Code, "the page, with each row's error")
+	require.Contains(t, string(body), "reading the depth of "+q+" (a passive declare): the broker did not answer within 1s")
+}
+
+// A chart's sample on a broker that went silent after the handshake ends
+// with its SampleInterval — the next sample dials again — and Close ends
+// one in progress at once; before, the sampler waited for the heartbeat,
+// and Close with it.
+func TestABlackHoledBrokerHoldsNoChartSamplePastItsInterval(t *testing.T) {
+	t.Parallel()
+	dial, dials := holedAfterHandshake(t)
+	q := testenv.Name("console_holed")
+	c, err := console.New(console.Config{Dial: dial, ReadOnly: true, SampleInterval: time.Second, CallTimeout: time.Minute,
+		Queues: []console.Queue{{Name: q, Poison: q + ".poison"}}})
+	require.NoError(t, err)
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			_ = c.Close()
+		}
+	})
+	require.Eventually(t, func() bool { return dials.Load() >= 3 }, 15*time.Second, 50*time.Millisecond,
+		"a sample every SampleInterval (1 s), each given up at its end")
+	took := within(t, 20*time.Second, "Close", func() { _ = c.Close() })
+	closed = true
+	require.Less(t, took, 5*time.Second, "Close ends the sample in progress")
+}

@@ -1,0 +1,78 @@
+// Package amqpcall bounds the waits of calls on an AMQP connection.
+// amqp091-go's channel methods (Channel, QueueDeclarePassive, Get, Close)
+// and Connection.Close take no context: each waits for the broker's
+// answer, which a black-holed broker (the TCP connection up, nothing coming
+// back) holds until the heartbeat gives the connection up — three
+// heartbeats, minutes with the broker's default — or, on a connection
+// without heartbeats, for ever. Do closes the connection under a call that
+// overruns its bound or its context: every call waiting on it returns.
+package amqpcall
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// ErrNoAnswer is wrapped in the error of a call the broker did not answer
+// within its bound.
+var ErrNoAnswer = errors.New("the broker did not answer")
+
+// Do runs f, a call on conn that waits for the broker, and closes conn at
+// once when ctx ends or bound passes (bound ≤ 0: ctx only) before f
+// returns: f, and every other call waiting on conn, then returns. The
+// error of a call so given up says what waited ("a passive declare of
+// queue orders") and for how long, and wraps ErrNoAnswer, or ctx's cause,
+// and f's own error. A ctx that has ended already runs nothing.
+//
+// Closing the connection returns to their queues the messages its
+// channels hold unacknowledged, in no set order on a quorum queue: a
+// reader that puts its messages back in order gives Do a ctx that does not
+// end under a read (context.Background), and checks its own between two.
+func Do[T any](ctx context.Context, conn *amqp.Connection, bound time.Duration, what string, f func() (T, error)) (T, error) {
+	var zero T
+	if ctx.Err() != nil {
+		return zero, fmt.Errorf("%s: %w", what, context.Cause(ctx))
+	}
+	var (
+		once  sync.Once
+		cause error
+	)
+	fire := func(why error) {
+		once.Do(func() {
+			cause = why
+			_ = conn.CloseDeadline(time.Now())
+		})
+	}
+	stop := context.AfterFunc(ctx, func() { fire(context.Cause(ctx)) })
+	var t *time.Timer
+	if bound > 0 {
+		t = time.AfterFunc(bound, func() { fire(fmt.Errorf("%w within %s", ErrNoAnswer, bound)) })
+	}
+	v, err := f()
+	stop()
+	if t != nil {
+		t.Stop()
+	}
+	once.Do(func() {}) // waits for a fire in progress; none starts after
+	if cause != nil && err != nil {
+		return zero, fmt.Errorf("%s: %w (connection closed): %w", what, cause, err)
+	}
+	return v, err // answered, if just in time: later calls find conn closed
+}
+
+// Run is Do for a call that returns only an error.
+func Run(ctx context.Context, conn *amqp.Connection, bound time.Duration, what string, f func() error) error {
+	_, err := Do(ctx, conn, bound, what, func() (struct{}, error) { return struct{}{}, f() })
+	return err
+}
+
+// Close closes conn, waiting at most bound for the broker's close-ok: the
+// connection is closed either way (Connection.CloseDeadline).
+func Close(conn *amqp.Connection, bound time.Duration) error {
+	return conn.CloseDeadline(time.Now().Add(bound))
+}
