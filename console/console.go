@@ -164,12 +164,13 @@ type Config struct {
 	// up. The end of the request ends them too, and a sample's the
 	// SampleInterval. A scan's reads of a poison queue are bounded by
 	// dlq.CallTimeout each; Dial by its own (rabbitmq.Dial's DialTimeout).
-	// Default CallTimeoutDefault (15 s).
+	// Default CallTimeoutDefault (10 s).
 	CallTimeout time.Duration
 }
 
-// CallTimeoutDefault is Config.CallTimeout's default.
-const CallTimeoutDefault = 15 * time.Second
+// CallTimeoutDefault is Config.CallTimeout's default: dlq.CallTimeout, the
+// bound of each of a scan's calls.
+const CallTimeoutDefault = dlq.CallTimeout
 
 // Console is the console's handler. Close stops the runs it started and
 // waits for them.

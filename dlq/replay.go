@@ -178,12 +178,12 @@ func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Repla
 // queueExists reports whether queue exists, on a channel of its own (a
 // passive declare of a missing queue closes its channel).
 func queueExists(conn *amqp.Connection, queue string) error {
-	ch, err := conn.Channel()
+	ch, err := openChannel(conn)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = ch.Close() }()
-	if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
+	defer func() { _ = closeChannel(conn, ch) }()
+	if _, err := declarePassive(conn, ch, queue); err != nil {
 		return fmt.Errorf("queue %q does not exist or cannot be reached: %w", diag.Printable(queue, 255), err)
 	}
 	return nil

@@ -1,0 +1,76 @@
+package dlq_test
+
+import (
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/amqpcall"
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/rabbitmq"
+)
+
+// A scan whose broker goes silent in the middle of it — the connection up,
+// its basic.get never answered, as from a frozen host — fails CallTimeout
+// after the get, naming it, where it waited for the AMQP heartbeat to give
+// the connection up (three heartbeats: 30 s by default) with an error that
+// said only "i/o timeout" — or, without heartbeats, for ever; the broker
+// gives back every message the scan held.
+func TestABlackHoledBrokerHoldsNoScanPastCallTimeout(t *testing.T) {
+	t.Parallel()
+	const n = 5
+	queue := testenv.Name("dlq_holed")
+	testenv.DeleteQueuesAtEnd(t, queue)
+	direct := testenv.AMQP(t)
+	_, err := testenv.Channel(t, direct).QueueDeclare(queue, true, false, false, false, nil)
+	require.NoError(t, err)
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	for i := range n {
+		require.NoError(t, pub.Publish(queue, message.NewMessage(watermill.NewUUID(), []byte(strconv.Itoa(i)))))
+	}
+
+	proxy, url := testenv.ProxyAMQP(t)
+	url += "?heartbeat=0" // no heartbeat to give the connection up: only CallTimeout bounds the get
+	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: url}, Name: "dlq black hole"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = amqpcall.Close(conn, time.Second) })
+
+	type result struct {
+		read int
+		err  error
+	}
+	done := make(chan result, 1)
+	start := time.Now()
+	go func() {
+		read := 0
+		_, err := dlq.Scan(t.Context(), conn, queue, func(*dlq.Message) (bool, error) {
+			read++
+			if read == 2 {
+				proxy.BlackHole() // the third get is never answered
+			}
+			return false, nil
+		}, nil)
+		done <- result{read, err}
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(dlq.CallTimeout + 25*time.Second):
+		t.Fatalf("the scan did not return within %s", dlq.CallTimeout+25*time.Second)
+	}
+	took := time.Since(start)
+	require.Less(t, took, dlq.CallTimeout+10*time.Second, "CallTimeout after the get, then the put-back on a closed connection")
+	require.Equal(t, 2, r.read)
+	require.True(t, errors.Is(r.err, amqpcall.ErrNoAnswer), "%v", r.err)
+	require.ErrorContains(t, r.err, "dlq: reading "+queue+": basic.get from "+queue+": the broker did not answer within "+dlq.CallTimeout.String())
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, direct, queue) == n }, 30*time.Second, 50*time.Millisecond,
+		"the broker gave back what the scan held")
+}
