@@ -11,7 +11,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice/internal/amqpcall"
-	"github.com/sluicemq/sluice/internal/diag"
 )
 
 // SampleIntervalDefault is how often the console reads the depth of each
@@ -40,18 +39,11 @@ func (c *Console) depth(ctx context.Context, conn *amqp.Connection, queue string
 // is waited for at most bound, and not past ctx's end: conn is closed then
 // (amqpcall.Do), and the error names the wait.
 func passiveDepth(ctx context.Context, conn *amqp.Connection, queue string, bound time.Duration) (Depth, error) {
-	return amqpcall.Do(ctx, conn, bound, "reading the depth of "+diag.Printable(queue, 255)+" (a passive declare)", func() (Depth, error) {
-		ch, err := conn.Channel()
-		if err != nil {
-			return Depth{}, err
-		}
-		defer func() { _ = ch.Close() }()
-		q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
-		if err != nil {
-			return Depth{}, err
-		}
-		return Depth{Ready: q.Messages, Consumers: q.Consumers}, nil
-	})
+	q, err := amqpcall.Inspect(ctx, conn, bound, queue)
+	if err != nil {
+		return Depth{}, err
+	}
+	return Depth{Ready: q.Messages, Consumers: q.Consumers}, nil
 }
 
 // recordDepth keeps queue's ready count read at at, the last samplesMax of them.

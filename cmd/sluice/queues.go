@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/localenv"
 )
@@ -113,7 +114,7 @@ func newQueues(g *globals, out io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			defer func() { _ = conn.Close() }()
+			defer func() { _ = amqpcall.Close(conn, dlq.CallTimeout) }()
 			var rows []queueRow
 			for _, f := range fams {
 				for _, m := range f.queues {
@@ -322,16 +323,11 @@ func tierDelay(head, tier string) time.Duration {
 }
 
 // row reads one queue's counts with a passive declare, on a channel of its
-// own (a missing queue closes it).
+// own (a missing queue closes it), each wait on the broker within
+// dlq.CallTimeout (amqpcall.Inspect).
 func row(conn *amqp.Connection, family, queue, role string) queueRow {
 	r := queueRow{Family: family, Queue: queue, Role: role}
-	ch, err := conn.Channel()
-	if err != nil {
-		r.Missing = true
-		return r
-	}
-	defer func() { _ = ch.Close() }()
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	q, err := amqpcall.Inspect(context.Background(), conn, dlq.CallTimeout, queue)
 	if err != nil {
 		r.Missing = true
 		return r

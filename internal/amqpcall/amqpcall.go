@@ -16,6 +16,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluicemq/sluice/internal/diag"
 )
 
 // ErrNoAnswer is wrapped in the error of a call the broker did not answer
@@ -75,4 +77,19 @@ func Run(ctx context.Context, conn *amqp.Connection, bound time.Duration, what s
 // connection is closed either way (Connection.CloseDeadline).
 func Close(conn *amqp.Connection, bound time.Duration) error {
 	return conn.CloseDeadline(time.Now().Add(bound))
+}
+
+// Inspect reads queue's counts with a passive declare on a channel of its
+// own (a missing queue closes it): the channel's opening, the declare and
+// the channel's close each wait for the broker, all within bound and ctx
+// (Do). Its error names the declare and the queue.
+func Inspect(ctx context.Context, conn *amqp.Connection, bound time.Duration, queue string) (amqp.Queue, error) {
+	return Do(ctx, conn, bound, "a passive declare of "+diag.Printable(queue, 255), func() (amqp.Queue, error) {
+		ch, err := conn.Channel()
+		if err != nil {
+			return amqp.Queue{}, err
+		}
+		defer func() { _ = ch.Close() }()
+		return ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	})
 }
