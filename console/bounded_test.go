@@ -1,6 +1,7 @@
 package console_test
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -13,7 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice/console"
+	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/outbox/sqlstore"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
@@ -100,4 +103,40 @@ func TestABlackHoledBrokerHoldsNoChartSamplePastItsInterval(t *testing.T) {
 	took := within(t, 20*time.Second, "Close", func() { _ = c.Close() })
 	closed = true
 	require.Less(t, took, 5*time.Second, "Close ends the sample in progress")
+}
+
+// The outbox page on a database that went silent — the connection up,
+// nothing coming back — answers after CallTimeout (and the pool's
+// CancelGrace: sluicesql/postgres.Open's, as `sluice console --outbox-db`
+// opens it), the outbox's row naming the call; before, the request's
+// context, which does not end by itself, was the only bound of the store's
+// calls, and the page never answered.
+func TestABlackHoledDatabaseHoldsNoOutboxPagePastCallTimeout(t *testing.T) {
+	t.Parallel()
+	schema := testenv.Schema(t, testenv.Postgres(t))
+	proxy, dsn := testenv.ProxyPostgresURL(t)
+	db, err := dlq.OpenPostgres(dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	ob, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".outbox"})
+	require.NoError(t, err)
+	require.NoError(t, ob.CreateTable(t.Context()))
+	c, err := console.New(console.Config{Dial: func() (*amqp.Connection, error) { return nil, errors.New("no broker here") },
+		ReadOnly: true, SampleInterval: -1, CallTimeout: time.Second, Outboxes: map[string]console.Outbox{"orders": console.SQLOutbox(ob)}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	get := func() (string, time.Duration) {
+		w := httptest.NewRecorder()
+		took := within(t, 20*time.Second, "the outbox page", func() { c.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/outbox", nil)) })
+		body, _ := io.ReadAll(w.Result().Body)
+		require.Equal(t, http.StatusOK, w.Code)
+		return string(body), took
+	}
+	body, _ := get()
+	require.NotContains(t, body, "did not answer", "the database answers")
+
+	proxy.BlackHole()
+	body, took := get()
+	require.Less(t, took, 8*time.Second, "CallTimeout (1 s) and CancelGrace, for each of the page's calls")
+	require.Contains(t, body, "counting the outbox&#39;s rows: no answer within 1s")
 }

@@ -24,7 +24,9 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/amqpcall"
+	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
@@ -176,6 +178,16 @@ func (c *Console) conn() (*amqp.Connection, error) {
 		return nil, fmt.Errorf("connecting to the broker: %w", diag.RedactError(err))
 	}
 	return conn, nil
+}
+
+// storeCall runs f, one call to a store (an outbox, the outcome records),
+// with ctx ended after CallTimeout; its error, when that bound ended it,
+// names the call and the bound. A pool whose driver does not honour its
+// context on a silent database (lib/pq's alone: its cancel request goes
+// unanswered too) is not bounded by it: open PostgreSQL pools with
+// sluicesql/postgres.Open.
+func (c *Console) storeCall(ctx context.Context, what string, f func(context.Context) error) error {
+	return bounded.Within(ctx, c.cfg.CallTimeout, what, f)
 }
 
 // hangUp closes conn, waiting at most CallTimeout for the broker's
@@ -843,7 +855,7 @@ func (c *Console) record(ctx context.Context, ru *run, items []string, outcome s
 	if c.cfg.Outcomes == nil || len(rs) == 0 {
 		return nil
 	}
-	if err := c.cfg.Outcomes.Records(ctx, rs); err != nil {
+	if err := c.storeCall(ctx, "writing the outcome records", func(ctx context.Context) error { return c.cfg.Outcomes.Records(ctx, rs) }); err != nil {
 		return fmt.Errorf("recording the outcomes (the audit log has them): %w", diag.RedactError(err))
 	}
 	return nil
@@ -873,7 +885,8 @@ func (c *Console) outboxRows(ctx context.Context, withGroups bool) []outboxRow {
 	for _, name := range slices.Sorted(maps.Keys(c.cfg.Outboxes)) {
 		o := c.cfg.Outboxes[name]
 		row := outboxRow{Name: diag.Printable(name, textMax), ReadOnly: c.cfg.ReadOnly}
-		st, err := o.Stats(ctx)
+		var st outbox.Stats
+		err := c.storeCall(ctx, "counting the outbox's rows", func(ctx context.Context) (err error) { st, err = o.Stats(ctx); return err })
 		if err != nil {
 			row.Err = diag.Summary(err, textMax)
 			rows = append(rows, row)
@@ -881,7 +894,8 @@ func (c *Console) outboxRows(ctx context.Context, withGroups bool) []outboxRow {
 		}
 		row.Pending, row.Failing, row.Oldest = st.Pending, st.Failing, st.Oldest
 		if withGroups {
-			es, err := o.List(ctx, true, 500)
+			var es []OutboxEntry
+			err := c.storeCall(ctx, "listing the outbox's failing rows", func(ctx context.Context) (err error) { es, err = o.List(ctx, true, 500); return err })
 			if err != nil {
 				row.Err = diag.Summary(err, textMax)
 			}
@@ -919,7 +933,8 @@ func (c *Console) outboxRetry(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusNotFound, errors.New("no such outbox"))
 		return
 	}
-	n, err := o.RetryNow(r.Context())
+	var n int64
+	err := c.storeCall(r.Context(), "making the outbox's failing rows due", func(ctx context.Context) (err error) { n, err = o.RetryNow(ctx); return err })
 	c.audit(c.cfg.Operator(r), "console outbox retry", name, dlq.Filter{}, nil, dlq.ReplayResult{Replayed: int(n)}, err, "", nil)
 	if err != nil {
 		c.fail(w, r, http.StatusBadGateway, diag.RedactError(err))

@@ -1,6 +1,7 @@
 package dlq_test
 
 import (
+	"context"
 	"errors"
 	"strconv"
 	"testing"
@@ -73,4 +74,51 @@ func TestABlackHoledBrokerHoldsNoScanPastCallTimeout(t *testing.T) {
 	require.ErrorContains(t, r.err, "dlq: reading "+queue+": basic.get from "+queue+": the broker did not answer within "+dlq.CallTimeout.String())
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, direct, queue) == n }, 30*time.Second, 50*time.Millisecond,
 		"the broker gave back what the scan held")
+}
+
+// The outcome records on a database that went silent — the connection up,
+// nothing coming back — hold neither their opening nor a closed loop's
+// wait for the outcomes past their bounds, and the errors name the call;
+// before, OpenOutcomes's pool (lib/pq's alone) waited on the start-up for
+// ever, and AwaitOutcomes's reads had no bound but the command's context,
+// which does not end by itself.
+func TestABlackHoledDatabaseHoldsNoOutcomeReadPastCallTimeout(t *testing.T) {
+	t.Parallel()
+	schema := testenv.Schema(t, testenv.Postgres(t))
+	table := schema + ".outcomes"
+	proxy, dsn := testenv.ProxyPostgresURL(t)
+	store, done, err := dlq.OpenOutcomes(dsn, table, true)
+	require.NoError(t, err)
+	t.Cleanup(done)
+
+	proxy.BlackHole()
+	wait := func(what string, bound time.Duration, f func() error) error {
+		t.Helper()
+		ch := make(chan error, 1)
+		start := time.Now()
+		go func() { ch <- f() }()
+		select {
+		case err := <-ch:
+			require.Less(t, time.Since(start), bound, what)
+			return err
+		case <-time.After(bound + 25*time.Second):
+			t.Fatalf("%s did not return within %s", what, bound+25*time.Second)
+			return nil
+		}
+	}
+	err = wait("AwaitOutcomes", dlq.CallTimeout+5*time.Second, func() error {
+		_, err := dlq.AwaitOutcomes(context.Background(), store, "run-1", map[string]bool{"e1": true}, time.Minute)
+		return err
+	})
+	require.ErrorContains(t, err, "reading the outcomes: the outcome records: no answer within "+dlq.CallTimeout.String())
+	err = wait("OpenOutcomes", 15*time.Second, func() error {
+		_, done, err := dlq.OpenOutcomes(dsn, table, false)
+		if done != nil {
+			done()
+		}
+		return err
+	})
+	require.Error(t, err)
+	require.ErrorContains(t, err, "--outcomes: connecting to the database (within its connect_timeout, default 5s)")
+	t.Logf("OpenOutcomes on the silent database: %v", err)
 }

@@ -6,6 +6,7 @@ package bounded
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -88,4 +89,19 @@ func Run[T any](c *Calls, ctx context.Context, bound time.Duration, keep bool, f
 		}
 	}()
 	return v, true, fmt.Errorf("%w: no answer within %s", c.Timeout, bound)
+}
+
+// Within runs f on the caller's goroutine with ctx ended after d — for a
+// dependency whose driver returns by itself once its context ends
+// (sluicesql/postgres.Open's pools, go-redis) — and, when d ended it
+// (not ctx), says so: what (the call: "reading the outcomes") got no
+// answer within d.
+func Within(ctx context.Context, d time.Duration, what string, f func(context.Context) error) error {
+	cctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	err := f(cctx)
+	if err != nil && errors.Is(cctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+		return fmt.Errorf("%s: no answer within %s: %w", what, d, err)
+	}
+	return err
 }
