@@ -78,7 +78,7 @@ func TestABlackHoledBrokerHoldsNoOverviewPastCallTimeout(t *testing.T) {
 	require.Less(t, took, 6*time.Second, "CallTimeout (1 s) and the connection's close")
 	body, _ := io.ReadAll(w.Result().Body)
 	require.Equal(t, http.StatusOK, w.Code, "the page, with each row's error")
-	require.Contains(t, string(body), "a passive declare of "+q+": the broker did not answer within 1s")
+	require.Contains(t, string(body), "a passive declare of "+q+": the broker gave no answer within 1s")
 }
 
 // A chart's sample on a broker that went silent after the handshake ends

@@ -71,7 +71,7 @@ func TestABlackHoledBrokerHoldsNoScanPastCallTimeout(t *testing.T) {
 	require.Less(t, took, dlq.CallTimeout+10*time.Second, "CallTimeout after the get, then the put-back on a closed connection")
 	require.Equal(t, 2, r.read)
 	require.True(t, errors.Is(r.err, amqpcall.ErrNoAnswer), "%v", r.err)
-	require.ErrorContains(t, r.err, "dlq: reading "+queue+": basic.get from "+queue+": the broker did not answer within "+dlq.CallTimeout.String())
+	require.ErrorContains(t, r.err, "dlq: reading "+queue+": basic.get from "+queue+": the broker gave no answer within "+dlq.CallTimeout.String())
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, direct, queue) == n }, 30*time.Second, 50*time.Millisecond,
 		"the broker gave back what the scan held")
 }
@@ -121,4 +121,59 @@ func TestABlackHoledDatabaseHoldsNoOutcomeReadPastCallTimeout(t *testing.T) {
 	require.Error(t, err)
 	require.ErrorContains(t, err, "--outcomes: connecting to the database (within its connect_timeout, default 5s)")
 	t.Logf("OpenOutcomes on the silent database: %v", err)
+}
+
+// An archive table on a database that went silent holds neither a
+// restore's next row nor an archive's insert past CallTimeout (and the
+// pool's CancelGrace) — a new connection's start-up, its connect_timeout
+// (5 s) — each error naming the call; before, the command's context, which
+// does not end by itself, was their only bound, and the restore's BEGIN
+// ran on a context that never ends.
+func TestABlackHoledDatabaseHoldsNoArchiveTablePastCallTimeout(t *testing.T) {
+	t.Parallel()
+	schema := testenv.Schema(t, testenv.Postgres(t))
+	table := schema + ".archive"
+	proxy, dsn := testenv.ProxyPostgresURL(t)
+	db, err := dlq.OpenPostgres(dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	sink, err := dlq.NewTableSink(t.Context(), db, table)
+	require.NoError(t, err)
+	rec := dlq.ArchiveRecord{ArchivedAt: time.Now().UTC(), ArchivedBy: "tester", Queue: "q.poison", UUID: watermill.NewUUID(), EventID: "e1", Class: "poison"}
+	require.NoError(t, sink.Write(t.Context(), rec))
+	src, err := dlq.OpenTableSource(t.Context(), db, table, "tester", nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = src.Close() })
+
+	proxy.BlackHole()
+	bound := dlq.CallTimeout + 5*time.Second
+	// The next row's BEGIN first, on the pool's idle connection; then the
+	// insert, on a new one (the pool drops its idle connections after a
+	// failure: they may be stalled too), whose start-up the pool's
+	// connect_timeout bounds.
+	for _, c := range []struct {
+		what, says string
+		f          func() error
+	}{
+		{"the next row", "dlq: reading the archive table: BEGIN: no answer within " + dlq.CallTimeout.String(), func() error {
+			_, _, err := src.Next(context.Background())
+			return err
+		}},
+		{"the insert", "dlq: writing the archive table: ", func() error {
+			rec.UUID = watermill.NewUUID()
+			return sink.Write(context.Background(), rec)
+		}},
+	} {
+		ch := make(chan error, 1)
+		start := time.Now()
+		go func() { ch <- c.f() }()
+		select {
+		case err := <-ch:
+			require.Less(t, time.Since(start), bound, c.what)
+			require.ErrorContains(t, err, c.says, c.what)
+			t.Logf("%s on the silent database: %v", c.what, err)
+		case <-time.After(bound + 25*time.Second):
+			t.Fatalf("%s did not return within %s", c.what, bound+25*time.Second)
+		}
+	}
 }

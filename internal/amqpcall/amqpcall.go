@@ -12,17 +12,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
 )
 
 // ErrNoAnswer is wrapped in the error of a call the broker did not answer
-// within its bound.
-var ErrNoAnswer = errors.New("the broker did not answer")
+// within its bound (bounded.ErrNoAnswer).
+var ErrNoAnswer = bounded.ErrNoAnswer
 
 // Do runs f, a call on conn that waits for the broker, and closes conn at
 // once when ctx ends or bound passes (bound ≤ 0: ctx only) before f
@@ -40,29 +40,13 @@ func Do[T any](ctx context.Context, conn *amqp.Connection, bound time.Duration, 
 	if ctx.Err() != nil {
 		return zero, fmt.Errorf("%s: %w", what, context.Cause(ctx))
 	}
-	var (
-		once  sync.Once
-		cause error
-	)
-	fire := func(why error) {
-		once.Do(func() {
-			cause = why
-			_ = conn.CloseDeadline(time.Now())
-		})
-	}
-	stop := context.AfterFunc(ctx, func() { fire(context.Cause(ctx)) })
-	var t *time.Timer
-	if bound > 0 {
-		t = time.AfterFunc(bound, func() { fire(fmt.Errorf("%w within %s", ErrNoAnswer, bound)) })
-	}
+	stop := bounded.Watch(ctx, bound, func(error) { _ = conn.CloseDeadline(time.Now()) })
 	v, err := f()
-	stop()
-	if t != nil {
-		t.Stop()
-	}
-	once.Do(func() {}) // waits for a fire in progress; none starts after
-	if cause != nil && err != nil {
-		return zero, fmt.Errorf("%s: %w (connection closed): %w", what, cause, err)
+	if cause := stop(); cause != nil && err != nil {
+		if errors.Is(cause, ErrNoAnswer) {
+			return zero, fmt.Errorf("%s: the broker gave %w (connection closed): %w", what, cause, err)
+		}
+		return zero, fmt.Errorf("%s: given up, %w (connection closed): %w", what, cause, err)
 	}
 	return v, err // answered, if just in time: later calls find conn closed
 }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -104,4 +105,39 @@ func Within(ctx context.Context, d time.Duration, what string, f func(context.Co
 		return fmt.Errorf("%s: no answer within %s: %w", what, d, err)
 	}
 	return err
+}
+
+// ErrNoAnswer is what Watch fires with when its bound passes.
+var ErrNoAnswer = errors.New("no answer")
+
+// Watch calls fire once, on a goroutine of its own, when ctx ends (with
+// its cause) or d passes (d ≤ 0: ctx only; with an error wrapping
+// ErrNoAnswer that names d), until the returned stop is called: for a call
+// whose client takes no context, fire ends it (closes its connection).
+// stop waits for a fire in progress and returns the reason it fired with,
+// nil when it did not.
+func Watch(ctx context.Context, d time.Duration, fire func(why error)) (stop func() error) {
+	var (
+		once sync.Once
+		why  error
+	)
+	do := func(e error) {
+		once.Do(func() {
+			why = e
+			fire(e)
+		})
+	}
+	stopCtx := context.AfterFunc(ctx, func() { do(context.Cause(ctx)) })
+	var t *time.Timer
+	if d > 0 {
+		t = time.AfterFunc(d, func() { do(fmt.Errorf("%w within %s", ErrNoAnswer, d)) })
+	}
+	return func() error {
+		stopCtx()
+		if t != nil {
+			t.Stop()
+		}
+		once.Do(func() {}) // waits for a fire in progress; none starts after
+		return why
+	}
 }
