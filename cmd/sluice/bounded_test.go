@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -10,6 +11,8 @@ import (
 	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/replay/ledger"
 )
 
 // The read of a queue's counts that `sluice queues` and the console's
@@ -39,4 +42,40 @@ func TestABlackHoledBrokerHoldsNoQueueRowPastCallTimeout(t *testing.T) {
 	start = time.Now()
 	require.Zero(t, queueDepth(conn, q))
 	require.Less(t, time.Since(start), time.Second, "the connection was closed under the first: at once")
+}
+
+// `dlq report`'s reads of the outcome records and an operator command's
+// records (archive, discard, resolve) on a database that went silent after
+// the command opened it fail after their bound, naming the call; before,
+// they ran on context.Background() and never returned.
+func TestABlackHoledDatabaseHoldsNoReportPastItsBound(t *testing.T) {
+	t.Parallel()
+	schema := testenv.Schema(t, testenv.Postgres(t))
+	proxy, dsn := testenv.ProxyPostgresURL(t)
+	store, done, err := openOutcomes(dsn, schema+".outcomes", true)
+	require.NoError(t, err)
+	t.Cleanup(done)
+	_, _, err = readOutcomes(store, "run-1", time.Second)
+	require.NoError(t, err)
+
+	proxy.BlackHole()
+	const bound = time.Second
+	for what, f := range map[string]func() error{
+		"the report's read": func() error { _, _, err := readOutcomes(store, "run-1", bound); return err },
+		"the records' write": func() error {
+			return writeRecords(context.Background(), store, []replay.Record{{Run: "run-1", Item: "e1", EventID: "e1", Outcome: ledger.OutcomeDiscarded}}, bound)
+		},
+	} {
+		ch := make(chan error, 1)
+		start := time.Now()
+		go func() { ch <- f() }()
+		select {
+		case err := <-ch:
+			require.Less(t, time.Since(start), bound+10*time.Second, "%s: the bound, and the pool's CancelGrace or connect_timeout", what)
+			require.Error(t, err, what)
+			t.Logf("%s on the silent database: %v", what, err)
+		case <-time.After(bound + 30*time.Second):
+			t.Fatalf("%s did not return within %s", what, bound+30*time.Second)
+		}
+	}
 }
