@@ -136,7 +136,11 @@ func consoleQueues(g *globals, lf *ladderFlags, queues []string, mgmtURL string,
 		var rows []queueRow
 		for _, f := range fams {
 			for _, m := range f.queues {
-				rows = append(rows, row(conn, f.name, m.name, m.role))
+				r, err := row(conn, f.name, m.name, m.role)
+				if err != nil {
+					return nil, err
+				}
+				rows = append(rows, r)
 			}
 		}
 		lf.otherLadder(out, rows)

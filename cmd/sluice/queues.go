@@ -118,7 +118,10 @@ func newQueues(g *globals, out io.Writer) *cobra.Command {
 			var rows []queueRow
 			for _, f := range fams {
 				for _, m := range f.queues {
-					r := row(conn, f.name, m.name, m.role)
+					r, err := row(conn, f.name, m.name, m.role)
+					if err != nil {
+						return err
+					}
 					if r.Role == "poison" && !r.Missing && r.Ready > 0 {
 						r.OldestPoisonedAt = oldestPoisoning(conn, r.Queue)
 					}
@@ -324,16 +327,22 @@ func tierDelay(head, tier string) time.Duration {
 
 // row reads one queue's counts with a passive declare, on a channel of its
 // own (a missing queue closes it), each wait on the broker within
-// dlq.CallTimeout (amqpcall.Inspect).
-func row(conn *amqp.Connection, family, queue, role string) queueRow {
+// dlq.CallTimeout (amqpcall.Inspect). A queue the broker says is not there
+// is Missing; any other failure — a broker that does not answer — is the
+// error, not a queue shown missing.
+func row(conn *amqp.Connection, family, queue, role string) (queueRow, error) {
 	r := queueRow{Family: family, Queue: queue, Role: role}
 	q, err := amqpcall.Inspect(context.Background(), conn, dlq.CallTimeout, queue)
-	if err != nil {
+	var ae *amqp.Error
+	switch {
+	case errors.As(err, &ae) && ae.Code == amqp.NotFound:
 		r.Missing = true
-		return r
+		return r, nil
+	case err != nil:
+		return r, fmt.Errorf("reading queue %s: %w", diag.Printable(queue, 255), diag.RedactError(err))
 	}
 	r.Ready, r.Consumers = q.Messages, q.Consumers
-	return r
+	return r, nil
 }
 
 // oldestPoisoning reads the poison queue's head message and puts it back.
