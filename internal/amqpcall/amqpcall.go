@@ -3,8 +3,8 @@
 // and Connection.Close take no context: each waits for the broker's
 // answer, which a black-holed broker (the TCP connection up, nothing coming
 // back) holds until the heartbeat gives the connection up — three
-// heartbeats, minutes with the broker's default — or, on a connection
-// without heartbeats, for ever. Do closes the connection under a call that
+// heartbeats, 30 s with amqp091-go's default of 10 s — or, on a connection
+// without heartbeats (heartbeat=0 in the URL), for ever. Do closes the connection under a call that
 // overruns its bound or its context: every call waiting on it returns.
 package amqpcall
 

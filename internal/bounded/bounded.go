@@ -2,6 +2,9 @@
 // its context (lib/pq toward a black-holed server): each call is waited for
 // at most its bound, then given up and left to finish in the background.
 // The inbox stage and the outbox's relay run their store calls through it.
+// Within bounds a call whose driver honours its context (the console's and
+// dlq's store calls); Watch ends a call whose client takes no context
+// (internal/amqpcall closes its AMQP connection).
 package bounded
 
 import (
