@@ -154,7 +154,23 @@ type Config struct {
 	// overview's chart. Default SampleIntervalDefault (10 s); negative:
 	// only when the overview loads.
 	SampleInterval time.Duration
+	// CallTimeout bounds each wait of a page, an action or a chart's
+	// sample on the broker — a depth's passive declare, with its channel's
+	// opening and close, a connection's close — and on the stores (the
+	// outbox's and the outcome records' calls): a dependency that does not
+	// answer (a black-holed broker or database: the connection up, nothing
+	// coming back) fails the wait with an error naming it, where it held
+	// the page until the AMQP heartbeat, or the kernel, gave the connection
+	// up. The end of the request ends them too, and a sample's the
+	// SampleInterval. A scan's reads of a poison queue are bounded by
+	// dlq.CallTimeout each; Dial by its own (rabbitmq.Dial's DialTimeout).
+	// Default CallTimeoutDefault (10 s).
+	CallTimeout time.Duration
 }
+
+// CallTimeoutDefault is Config.CallTimeout's default: dlq.CallTimeout, the
+// bound of each of a scan's calls.
+const CallTimeoutDefault = dlq.CallTimeout
 
 // Console is the console's handler. Close stops the runs it started and
 // waits for them.
@@ -231,6 +247,9 @@ func New(cfg Config) (*Console, error) {
 	}
 	if cfg.SampleInterval == 0 {
 		cfg.SampleInterval = SampleIntervalDefault
+	}
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = CallTimeoutDefault
 	}
 	if cfg.Operator == nil {
 		cfg.Operator = func(*http.Request) string { return "console" }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluicemq/sluice/internal/amqpcall"
 )
 
 // SampleIntervalDefault is how often the console reads the depth of each
@@ -21,22 +23,23 @@ type sample struct {
 	Ready int
 }
 
+// depth reads queue's depth with Config.Depth, or a passive declare on
+// conn, within ctx and CallTimeout.
 func (c *Console) depth(ctx context.Context, conn *amqp.Connection, queue string) (Depth, error) {
 	if c.cfg.Depth != nil {
+		ctx, cancel := context.WithTimeout(ctx, c.cfg.CallTimeout)
+		defer cancel()
 		return c.cfg.Depth(ctx, queue)
 	}
-	return passiveDepth(conn, queue)
+	return passiveDepth(ctx, conn, queue, c.cfg.CallTimeout)
 }
 
 // passiveDepth is queue's ready count and consumers, exact, from a
-// passive declare (the management API's are sampled).
-func passiveDepth(conn *amqp.Connection, queue string) (Depth, error) {
-	ch, err := conn.Channel()
-	if err != nil {
-		return Depth{}, err
-	}
-	defer func() { _ = ch.Close() }()
-	q, err := ch.QueueDeclarePassive(queue, false, false, false, false, nil)
+// passive declare (the management API's are sampled). The broker's answer
+// is waited for at most bound, and not past ctx's end: conn is closed then
+// (amqpcall.Do), and the error names the wait.
+func passiveDepth(ctx context.Context, conn *amqp.Connection, queue string, bound time.Duration) (Depth, error) {
+	q, err := amqpcall.Inspect(ctx, conn, bound, queue)
 	if err != nil {
 		return Depth{}, err
 	}
@@ -80,7 +83,7 @@ func (c *Console) sampleOnce() {
 		if conn, err = c.conn(); err != nil {
 			return
 		}
-		defer func() { _ = conn.Close() }()
+		defer c.hangUp(conn)
 	}
 	for _, q := range c.cfg.Queues {
 		for _, name := range []string{q.Name, q.Poison} {

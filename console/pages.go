@@ -23,7 +23,10 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/amqpcall"
+	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
@@ -177,6 +180,22 @@ func (c *Console) conn() (*amqp.Connection, error) {
 	return conn, nil
 }
 
+// storeCall runs f, one call to a store (an outbox, the outcome records),
+// with ctx ended after CallTimeout; its error, when that bound ended it,
+// names the call and the bound. A pool whose driver does not honour its
+// context on a silent database (lib/pq's alone: its cancel request goes
+// unanswered too) is not bounded by it: open PostgreSQL pools with
+// sluicesql/postgres.Open.
+func (c *Console) storeCall(ctx context.Context, what string, f func(context.Context) error) error {
+	return bounded.Within(ctx, c.cfg.CallTimeout, what, f)
+}
+
+// hangUp closes conn, waiting at most CallTimeout for the broker's
+// close-ok (a broker that does not answer holds no page past it).
+func (c *Console) hangUp(conn *amqp.Connection) {
+	_ = amqpcall.Close(conn, c.cfg.CallTimeout)
+}
+
 // ---- overview
 
 type queueRow struct {
@@ -208,7 +227,7 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadGateway, err)
 		return
 	}
-	defer func() { _ = conn.Close() }()
+	defer c.hangUp(conn)
 	var fams []family
 	now := time.Now()
 	for _, q := range c.cfg.Queues {
@@ -303,7 +322,7 @@ func (c *Console) scanGroups(ctx context.Context, queue string, now time.Time) (
 	if err != nil {
 		return nil, 0, 0, err
 	}
-	defer func() { _ = conn.Close() }()
+	defer c.hangUp(conn)
 	groups := map[string]*groupRow{}
 	other := 0
 	n, err := dlq.Each(ctx, conn, queue, dlq.Filter{}, 0, func(m *dlq.Message) error {
@@ -354,7 +373,7 @@ func (c *Console) groups(w http.ResponseWriter, r *http.Request) {
 	last, haveLast := c.summaries[q.Poison]
 	c.mu.Unlock()
 	if haveLast && r.URL.Query().Get("fresh") == "" {
-		if d, err := c.readyCount(q.Poison); err == nil {
+		if d, err := c.readyCount(r.Context(), q.Poison); err == nil {
 			if s, ok := c.cached(q.Poison, d); ok {
 				show(s, false)
 				return
@@ -385,13 +404,13 @@ func (c *Console) groups(w http.ResponseWriter, r *http.Request) {
 }
 
 // readyCount is queue's ready count, exact (passiveDepth).
-func (c *Console) readyCount(queue string) (int, error) {
+func (c *Console) readyCount(ctx context.Context, queue string) (int, error) {
 	conn, err := c.conn()
 	if err != nil {
 		return 0, err
 	}
-	defer func() { _ = conn.Close() }()
-	d, err := passiveDepth(conn, queue)
+	defer c.hangUp(conn)
+	d, err := passiveDepth(ctx, conn, queue, c.cfg.CallTimeout)
 	return d.Ready, err
 }
 
@@ -469,7 +488,7 @@ func (c *Console) group(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadGateway, err)
 		return
 	}
-	defer func() { _ = conn.Close() }()
+	defer c.hangUp(conn)
 	skip := (pageN - 1) * c.cfg.PageSize
 	var ms []messageView
 	seen := 0
@@ -567,7 +586,7 @@ func (c *Console) dryRun(ctx context.Context, q Queue, group, action string) (pr
 	if err != nil {
 		return d, err
 	}
-	defer func() { _ = conn.Close() }()
+	defer c.hangUp(conn)
 	plan := c.replayConfig(q, group, "")
 	d.Title = "group " + diag.Printable(group, textMax)
 	titled := false
@@ -706,7 +725,7 @@ func (c *Console) runReplay(ru *run, q Queue, group, operator string, p loopPlan
 		ru.finish(dlq.ReplayResult{}, err)
 		return
 	}
-	defer func() { _ = conn.Close() }()
+	defer c.hangUp(conn)
 	cfg := c.replayConfig(q, group, p.to)
 	cfg.Limit, cfg.Batch, cfg.Operator, cfg.Publisher, cfg.Run = p.limit, 10, operator, c.cfg.Publisher, ru.ID
 	cfg.Published = func(_ context.Context, ms []*dlq.Message) error {
@@ -784,7 +803,7 @@ func (c *Console) startAction(w http.ResponseWriter, r *http.Request, verb, pois
 	}
 	a.conn = conn
 	a.done = func() {
-		_ = conn.Close()
+		c.hangUp(conn)
 		c.forget(poison)
 		release()
 	}
@@ -836,7 +855,7 @@ func (c *Console) record(ctx context.Context, ru *run, items []string, outcome s
 	if c.cfg.Outcomes == nil || len(rs) == 0 {
 		return nil
 	}
-	if err := c.cfg.Outcomes.Records(ctx, rs); err != nil {
+	if err := c.storeCall(ctx, "writing the outcome records", func(ctx context.Context) error { return c.cfg.Outcomes.Records(ctx, rs) }); err != nil {
 		return fmt.Errorf("recording the outcomes (the audit log has them): %w", diag.RedactError(err))
 	}
 	return nil
@@ -866,7 +885,8 @@ func (c *Console) outboxRows(ctx context.Context, withGroups bool) []outboxRow {
 	for _, name := range slices.Sorted(maps.Keys(c.cfg.Outboxes)) {
 		o := c.cfg.Outboxes[name]
 		row := outboxRow{Name: diag.Printable(name, textMax), ReadOnly: c.cfg.ReadOnly}
-		st, err := o.Stats(ctx)
+		var st outbox.Stats
+		err := c.storeCall(ctx, "counting the outbox's rows", func(ctx context.Context) (err error) { st, err = o.Stats(ctx); return err })
 		if err != nil {
 			row.Err = diag.Summary(err, textMax)
 			rows = append(rows, row)
@@ -874,7 +894,8 @@ func (c *Console) outboxRows(ctx context.Context, withGroups bool) []outboxRow {
 		}
 		row.Pending, row.Failing, row.Oldest = st.Pending, st.Failing, st.Oldest
 		if withGroups {
-			es, err := o.List(ctx, true, 500)
+			var es []OutboxEntry
+			err := c.storeCall(ctx, "listing the outbox's failing rows", func(ctx context.Context) (err error) { es, err = o.List(ctx, true, 500); return err })
 			if err != nil {
 				row.Err = diag.Summary(err, textMax)
 			}
@@ -912,7 +933,8 @@ func (c *Console) outboxRetry(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusNotFound, errors.New("no such outbox"))
 		return
 	}
-	n, err := o.RetryNow(r.Context())
+	var n int64
+	err := c.storeCall(r.Context(), "making the outbox's failing rows due", func(ctx context.Context) (err error) { n, err = o.RetryNow(ctx); return err })
 	c.audit(c.cfg.Operator(r), "console outbox retry", name, dlq.Filter{}, nil, dlq.ReplayResult{Replayed: int(n)}, err, "", nil)
 	if err != nil {
 		c.fail(w, r, http.StatusBadGateway, diag.RedactError(err))

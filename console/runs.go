@@ -146,7 +146,8 @@ func (c *Console) recentRuns(ctx context.Context) []runView {
 		}
 	}
 	if rs, ok := c.cfg.Outcomes.(ledger.Runs); ok {
-		stored, err := rs.RecentRuns(ctx, recentMax)
+		var stored []ledger.Run
+		err := c.storeCall(ctx, "reading the recent runs", func(ctx context.Context) (err error) { stored, err = rs.RecentRuns(ctx, recentMax); return err })
 		if err == nil {
 			for _, r := range stored {
 				if !seen[r.ID] {
@@ -211,7 +212,11 @@ func (c *Console) runPage(w http.ResponseWriter, r *http.Request) {
 		}
 		ru.mu.Unlock()
 		if len(items) > 0 {
-			if rs, err := c.cfg.Outcomes.Items(r.Context(), ru.ID, items); err == nil {
+			var rs []replay.Record
+			if err := c.storeCall(r.Context(), "reading the run's outcomes", func(ctx context.Context) (err error) {
+				rs, err = c.cfg.Outcomes.Items(ctx, ru.ID, items)
+				return err
+			}); err == nil {
 				ru.mu.Lock()
 				for _, rec := range rs {
 					if old := ru.byItem[rec.Item]; old == nil || !ledger.Final(sluice.Outcome(old.Outcome)) {
@@ -233,7 +238,11 @@ func (c *Console) storedRun(ctx context.Context, id string) (runView, error) {
 	if !ok {
 		return runView{}, errors.New("no such run in this console's memory, and its outcome records keep no runs (give it --outcomes; the audit log and `sluice dlq report` have every run)")
 	}
-	r, found, err := rs.Run(ctx, id)
+	var (
+		r     ledger.Run
+		found bool
+	)
+	err := c.storeCall(ctx, "reading the run", func(ctx context.Context) (err error) { r, found, err = rs.Run(ctx, id); return err })
 	if err != nil {
 		return runView{}, fmt.Errorf("reading the run: %w", diag.RedactError(err))
 	}
@@ -241,7 +250,8 @@ func (c *Console) storedRun(ctx context.Context, id string) (runView, error) {
 		return runView{}, errors.New("no such run in the outcome records (the audit log and `sluice dlq report` have every run)")
 	}
 	v := storedView(r)
-	recs, err := c.cfg.Outcomes.Outcomes(ctx, id)
+	var recs []replay.Record
+	err = c.storeCall(ctx, "reading the run's outcomes", func(ctx context.Context) (err error) { recs, err = c.cfg.Outcomes.Outcomes(ctx, id); return err })
 	if err != nil {
 		return runView{}, fmt.Errorf("reading the run's outcomes: %w", diag.RedactError(err))
 	}

@@ -11,16 +11,17 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jmoiron/sqlx"
-	_ "github.com/lib/pq" // the outcome table's PostgreSQL driver
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
 	"github.com/sluicemq/sluice/replay/redisstore"
 	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
+	"github.com/sluicemq/sluice/sluicesql/postgres"
 )
 
 // ErrStopped ends a closed-loop replay that stopped on its own rule (the
@@ -99,13 +100,13 @@ func OpenOutcomes(url, table string, create bool) (ledger.Ledger, func(), error)
 		}
 		return s, func() { _ = client.Close() }, nil
 	}
-	db, err := sqlx.Open("postgres", url)
+	db, err := OpenPostgres(url)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--outcomes: %w", diag.RedactError(err))
 	}
 	if err := db.PingContext(ctx); err != nil {
 		_ = db.Close()
-		return nil, nil, fmt.Errorf("--outcomes: %w", diag.RedactError(err))
+		return nil, nil, fmt.Errorf("--outcomes: connecting to the database (within its connect_timeout, default %s): %w", postgres.ConnectTimeoutDefault, diag.RedactError(err))
 	}
 	s, err := replaysql.New(replaysql.Config{DB: db, Table: table})
 	if err == nil {
@@ -120,6 +121,25 @@ func OpenOutcomes(url, table string, create bool) (ledger.Ledger, func(), error)
 		return nil, nil, fmt.Errorf("--outcomes: %w", err)
 	}
 	return s, func() { _ = db.Close() }, nil
+}
+
+// OpenPostgres opens a pool on the PostgreSQL database at url (a
+// postgres:// URL or a key=value DSN) whose every wait is bounded
+// (sluicesql/postgres.Open): connecting within its ConnectTimeout, a call
+// given up CancelGrace after its context ended. A pool of lib/pq's alone
+// waits on a silent database — black-holed: the connection up, nothing
+// coming back — for ever, its start-up and its cancel request included.
+// The outcome records, the archive and restore tables and the console's
+// outbox are opened with it.
+func OpenPostgres(url string) (*sqlx.DB, error) {
+	return postgres.Open(postgres.Config{DSN: url})
+}
+
+// storeCall runs f, one call to a store (the outcome records, an
+// archive's or a restore's table), with ctx ended after CallTimeout: the
+// context of a command (an interrupt's) does not end by itself.
+func storeCall(ctx context.Context, what string, f func(context.Context) error) error {
+	return bounded.Within(ctx, CallTimeout, what, f)
 }
 
 // tableExists returns an error naming table when the database has no such
@@ -317,7 +337,8 @@ func AwaitOutcomes(ctx context.Context, store ledger.Ledger, run string, items m
 	deadline := time.Now().Add(wait)
 	keys := slices.Collect(maps.Keys(items))
 	for {
-		rs, err := store.Items(ctx, run, keys)
+		var rs []replay.Record
+		err := storeCall(ctx, "the outcome records", func(ctx context.Context) (err error) { rs, err = store.Items(ctx, run, keys); return err })
 		if err != nil {
 			return nil, fmt.Errorf("reading the outcomes: %w", diag.RedactError(err))
 		}

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/replay"
@@ -178,12 +179,7 @@ func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Repla
 // queueExists reports whether queue exists, on a channel of its own (a
 // passive declare of a missing queue closes its channel).
 func queueExists(conn *amqp.Connection, queue string) error {
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	defer func() { _ = ch.Close() }()
-	if _, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err != nil {
+	if _, err := amqpcall.Inspect(context.Background(), conn, CallTimeout, queue); err != nil {
 		return fmt.Errorf("queue %q does not exist or cannot be reached: %w", diag.Printable(queue, 255), err)
 	}
 	return nil

@@ -20,6 +20,7 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/sqlname"
 )
@@ -254,7 +255,8 @@ type TableSource struct {
 	operator string
 	eventIDs []string
 	tx       *sqlx.Tx
-	row      int64 // the row Next returned last
+	endTx    context.CancelFunc // ends tx's context once tx is over
+	row      int64              // the row Next returned last
 }
 
 // OpenTableSource reads table on db (PostgreSQL); eventIDs, when given,
@@ -266,7 +268,10 @@ func OpenTableSource(ctx context.Context, db *sqlx.DB, table, operator string, e
 		return nil, fmt.Errorf("dlq: archive %w", err)
 	}
 	// A missing table, or one not written by a TableSink, is an error now.
-	if _, err := db.ExecContext(ctx, `SELECT id, queue, record, restored_at, restored_by FROM `+quoted+` LIMIT 0`); err != nil {
+	if err := storeCall(ctx, "checking the archive table", func(ctx context.Context) error {
+		_, err := db.ExecContext(ctx, `SELECT id, queue, record, restored_at, restored_by FROM `+quoted+` LIMIT 0`)
+		return err
+	}); err != nil {
 		return nil, fmt.Errorf("dlq: reading the archive table: %w", err)
 	}
 	return &TableSource{db: db, table: quoted, operator: operator, eventIDs: eventIDs}, nil
@@ -312,25 +317,60 @@ func (s *TableSource) Next(ctx context.Context) (ArchiveRecord, string, error) {
 	if err := s.release(); err != nil {
 		return rec, "", err
 	}
-	// Not on ctx: database/sql rolls a transaction back when its context
-	// ends, and an interrupt after the row's publish must still mark it
-	// (Restored) — Close lets go of a row never published.
-	tx, err := s.db.BeginTxx(context.WithoutCancel(ctx), nil)
+	tx, end, err := begin(ctx, s.db)
 	if err != nil {
 		return rec, "", fmt.Errorf("dlq: reading the archive table: %w", err)
 	}
 	q, args := s.query(s.row)
 	var row tableRow
-	err = tx.GetContext(ctx, &row, q+` LIMIT 1 FOR UPDATE SKIP LOCKED`, args...)
+	err = storeCall(ctx, "locking the next row", func(ctx context.Context) error {
+		return tx.GetContext(ctx, &row, q+` LIMIT 1 FOR UPDATE SKIP LOCKED`, args...)
+	})
 	if errors.Is(err, sql.ErrNoRows) {
 		_ = tx.Rollback()
+		end()
 		return rec, "", io.EOF
 	} else if err != nil {
 		_ = tx.Rollback()
+		end()
 		return rec, "", fmt.Errorf("dlq: reading the archive table: %w", err)
 	}
-	s.tx, s.row = tx, row.ID
+	s.tx, s.endTx, s.row = tx, end, row.ID
 	return s.decode(row)
+}
+
+// begin begins a transaction on db whose BEGIN is bounded by CallTimeout
+// and ctx, but whose context does not end with ctx afterwards: database/sql
+// rolls a transaction back when its context ends, and an interrupt after
+// the row's publish must still mark it (Restored) — Close lets go of a row
+// never published. end ends the transaction's context, once it is over.
+func begin(ctx context.Context, db *sqlx.DB) (*sqlx.Tx, context.CancelFunc, error) {
+	tctx, end := context.WithCancel(context.WithoutCancel(ctx))
+	stop := bounded.Watch(ctx, CallTimeout, func(error) { end() })
+	tx, err := db.BeginTxx(tctx, nil)
+	if why := stop(); why != nil { // tctx ended: the transaction is gone
+		if tx != nil {
+			_ = tx.Rollback()
+		}
+		end()
+		if err != nil {
+			return nil, nil, fmt.Errorf("BEGIN: %w: %w", why, err)
+		}
+		return nil, nil, fmt.Errorf("BEGIN: %w", why)
+	}
+	if err != nil {
+		end()
+		return nil, nil, err
+	}
+	return tx, end, nil
+}
+
+// over ends the context of the transaction Next returned last.
+func (s *TableSource) over() {
+	if s.endTx != nil {
+		s.endTx()
+		s.endTx = nil
+	}
 }
 
 // Check reads every row Next would take, without locking any, in pages.
@@ -340,7 +380,9 @@ func (s *TableSource) Check(ctx context.Context, check func(ArchiveRecord, strin
 	for {
 		q, args := s.query(after)
 		var rows []tableRow
-		if err := s.db.SelectContext(ctx, &rows, q+fmt.Sprintf(` LIMIT %d`, page), args...); err != nil {
+		if err := storeCall(ctx, "reading a page of rows", func(ctx context.Context) error {
+			return s.db.SelectContext(ctx, &rows, q+fmt.Sprintf(` LIMIT %d`, page), args...)
+		}); err != nil {
 			return fmt.Errorf("dlq: reading the archive table: %w", err)
 		}
 		for _, row := range rows {
@@ -366,6 +408,7 @@ func (s *TableSource) Restored(ctx context.Context) error {
 	}
 	tx := s.tx
 	s.tx = nil
+	defer s.over()
 	if _, err := tx.ExecContext(ctx, `UPDATE `+s.table+` SET restored_at = now(), restored_by = $1 WHERE id = $2`, s.operator, s.row); err != nil {
 		_ = tx.Rollback()
 		return err
@@ -381,6 +424,7 @@ func (s *TableSource) release() error {
 	}
 	tx := s.tx
 	s.tx = nil
+	defer s.over()
 	if err := tx.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
 		return fmt.Errorf("dlq: reading the archive table: %w", err)
 	}

@@ -17,6 +17,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -129,6 +130,46 @@ func brokerDiagnosis(m *Message, md message.Metadata) {
 // ErrNoQueue is returned for a queue that does not exist.
 var ErrNoQueue = errors.New("dlq: queue does not exist")
 
+// CallTimeout bounds each wait of a scan — and so of Inspect, Each,
+// Replay, Archive, Discard and ClosedLoop — on the broker: a channel's
+// opening and close, a passive declare, a basic.get, the put-back's
+// declares. A broker that does not answer (black-holed: the connection up,
+// nothing coming back) held the scan until the AMQP heartbeat gave the
+// connection up; past CallTimeout the connection is closed — the broker
+// returns what the scan held, in no set order on a quorum queue — and the
+// error names the wait (amqpcall.ErrNoAnswer). The scan's context is
+// checked between two calls, never under one: closing the connection under
+// a read would give the messages back out of their order.
+const CallTimeout = 10 * time.Second
+
+// call runs f, a call on conn that waits for the broker, for at most
+// CallTimeout (amqpcall.Do); what names the AMQP method.
+func call[T any](conn *amqp.Connection, what string, f func() (T, error)) (T, error) {
+	return amqpcall.Do(context.Background(), conn, CallTimeout, what, f)
+}
+
+// run is call for a method that returns only an error.
+func run(conn *amqp.Connection, what string, f func() error) error {
+	return amqpcall.Run(context.Background(), conn, CallTimeout, what, f)
+}
+
+// declarePassive is a bounded passive declare of queue on ch.
+func declarePassive(conn *amqp.Connection, ch *amqp.Channel, queue string) (amqp.Queue, error) {
+	return call(conn, "queue.declare (passive) of "+diag.Printable(queue, 255), func() (amqp.Queue, error) {
+		return ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	})
+}
+
+// openChannel is a bounded channel.open on conn.
+func openChannel(conn *amqp.Connection) (*amqp.Channel, error) {
+	return call(conn, "channel.open", conn.Channel)
+}
+
+// closeChannel is a bounded channel.close of ch.
+func closeChannel(conn *amqp.Connection, ch *amqp.Channel) error {
+	return run(conn, "channel.close", ch.Close)
+}
+
 // Scan reads the queue's messages, at most as many as it held when the scan
 // began, and calls fn with each; fn acks the ones to remove (Message.Ack).
 // It never acks by itself: when Scan ends it returns every message fn left
@@ -152,13 +193,13 @@ var ErrNoQueue = errors.New("dlq: queue does not exist")
 // basic.nack as no failed delivery); a classic queue keeps no count and
 // puts a returned message back in its place.
 func Scan(ctx context.Context, conn *amqp.Connection, queue string, fn func(*Message) (stop bool, err error), done func() error) (int, error) {
-	ch, err := conn.Channel()
+	ch, err := openChannel(conn)
 	if err != nil {
 		return 0, fmt.Errorf("dlq: opening a channel: %w", err)
 	}
 	sc := &scanner{conn: conn, ch: ch, acked: map[uint64]bool{}}
 	defer sc.putBack(queue) // returns the unacked messages to the queue, in order
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	q, err := declarePassive(conn, ch, queue)
 	if err != nil {
 		var ae *amqp.Error
 		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
@@ -194,13 +235,15 @@ func limited(conn *amqp.Connection, queue string) bool {
 // exactly args: a declaration with them succeeds only then, and changes
 // nothing. It runs on a channel of its own, which a refusal closes.
 func declaredWith(conn *amqp.Connection, queue string, args amqp.Table) bool {
-	ch, err := conn.Channel()
-	if err != nil {
-		return false
-	}
-	defer func() { _ = ch.Close() }() // a refused declaration closes it already
-	_, err = ch.QueueDeclare(queue, true, false, false, false, args)
-	return err == nil
+	return run(conn, "queue.declare of "+diag.Printable(queue, 255), func() error {
+		ch, err := conn.Channel()
+		if err != nil {
+			return err
+		}
+		defer func() { _ = ch.Close() }() // a refused declaration closes it already
+		_, err = ch.QueueDeclare(queue, true, false, false, false, args)
+		return err
+	}) == nil
 }
 
 func scan(ctx context.Context, sc *scanner, queue string, depth int, fn func(*Message) (bool, error)) (int, error) {
@@ -267,7 +310,15 @@ func rabbitMQ3(conn *amqp.Connection) bool {
 }
 
 func (s *scanner) get(queue string) (amqp.Delivery, bool, error) {
-	d, ok, err := s.ch.Get(queue, false)
+	type got struct {
+		d  amqp.Delivery
+		ok bool
+	}
+	g, err := call(s.conn, "basic.get from "+diag.Printable(queue, 255), func() (got, error) {
+		d, ok, err := s.ch.Get(queue, false)
+		return got{d, ok}, err
+	})
+	d, ok := g.d, g.ok
 	if err == nil && ok {
 		s.held = append(s.held, d.DeliveryTag)
 		s.returned = quorumReturned(d)
@@ -320,7 +371,7 @@ func (s *scanner) readThrough(queue string, left int) {
 // once — can take the messages behind them first, or count the queue
 // short.
 func (s *scanner) putBack(queue string) {
-	defer func() { _ = s.ch.Close() }()
+	defer func() { _ = closeChannel(s.conn, s.ch) }()
 	held := 0
 	for _, tag := range s.held {
 		if !s.acked[tag] {
@@ -330,19 +381,19 @@ func (s *scanner) putBack(queue string) {
 	if held == 0 {
 		return
 	}
-	q, err := s.ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	q, err := declarePassive(s.conn, s.ch, queue)
 	if err != nil {
 		return // the channel is gone: the broker returns them
 	}
 	want, wait := q.Messages+held, PutBackTimeout+time.Duration(held)*PutBackPerMessage
 	if !s.quorum && plainClassic(s.conn, queue) {
-		_ = s.ch.Close() // returns them all, in their places
-		ch, err := s.conn.Channel()
+		_ = closeChannel(s.conn, s.ch) // returns them all, in their places
+		ch, err := openChannel(s.conn)
 		if err != nil {
 			return
 		}
-		defer func() { _ = ch.Close() }()
-		waitReady(ch, queue, want, wait)
+		defer func() { _ = closeChannel(s.conn, ch) }()
+		waitReady(s.conn, ch, queue, want, wait)
 		return
 	}
 	for _, tag := range s.held {
@@ -353,7 +404,7 @@ func (s *scanner) putBack(queue string) {
 			return // the channel is gone: the broker returns the rest
 		}
 	}
-	waitReady(s.ch, queue, want, wait)
+	waitReady(s.conn, s.ch, queue, want, wait)
 }
 
 // plainClassic reports whether queue is a classic queue declared with no
@@ -380,11 +431,11 @@ const (
 // waitReady polls the queue's ready count until it is at least want, at
 // most wait: every 2 ms at first, then less often (up to every 100 ms) — a
 // long put-back is not polled thousands of times.
-func waitReady(ch *amqp.Channel, queue string, want int, wait time.Duration) {
+func waitReady(conn *amqp.Connection, ch *amqp.Channel, queue string, want int, wait time.Duration) {
 	deadline := time.Now().Add(wait)
 	pause := 2 * time.Millisecond
 	for time.Now().Before(deadline) {
-		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		q, err := declarePassive(conn, ch, queue)
 		if err != nil || q.Messages >= want {
 			return
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
@@ -155,8 +156,17 @@ func (o *operatorRecords) flush(ctx context.Context, run string) (string, error)
 	for i := range o.rs {
 		o.rs[i].Run = run
 	}
-	if err := store.Records(ctx, o.rs); err != nil {
-		return "", fmt.Errorf("recording the outcomes (the audit log has them): %w", diag.RedactError(err))
+	if err := writeRecords(ctx, store, o.rs, storeTimeout); err != nil {
+		return "", err
 	}
 	return run, nil
+}
+
+// writeRecords writes rs into store, within bound and ctx.
+func writeRecords(ctx context.Context, store ledger.Ledger, rs []replay.Record, bound time.Duration) error {
+	err := bounded.Within(ctx, bound, "writing the records", func(ctx context.Context) error { return store.Records(ctx, rs) })
+	if err != nil {
+		return fmt.Errorf("recording the outcomes (the audit log has them): %w", diag.RedactError(err))
+	}
+	return nil
 }

@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jmoiron/sqlx"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
@@ -94,7 +93,7 @@ func newConsole(g *globals, out io.Writer) *cobra.Command {
 				cfg.Outcomes, cfg.OutcomesWhere = store, dlq.OutcomesPlace(lf.outcomes, lf.table)
 			}
 			if outboxDB != "" {
-				db, err := sqlx.Open("postgres", outboxDB)
+				db, err := dlq.OpenPostgres(outboxDB)
 				if err != nil {
 					return fmt.Errorf("--outbox-db: %w", diag.RedactError(err))
 				}

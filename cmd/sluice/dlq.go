@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/localenv"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -105,7 +106,7 @@ func (f *filterFlags) open(g *globals, moves bool) (dlq.Filter, *amqp.Connection
 		return filter, nil, nil, nil, err
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
-	return filter, conn, ctx, func() { cancel(); _ = conn.Close() }, nil
+	return filter, conn, ctx, func() { cancel(); _ = amqpcall.Close(conn, dlq.CallTimeout) }, nil
 }
 
 func parseTime(flag, v string) (time.Time, error) {
@@ -197,7 +198,7 @@ func openArchive[T io.Closer](file string, openFile func(string) (T, error), dbU
 		}
 		return f, func() { _ = f.Close() }, nil
 	}
-	db, err := sqlx.Open("postgres", dbURL)
+	db, err := dlq.OpenPostgres(dbURL)
 	if err != nil {
 		return none, nil, fmt.Errorf("--db: %w", diag.RedactError(err))
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/localenv"
 )
@@ -143,12 +145,7 @@ type progressView struct {
 
 // queueDepth is queue's ready messages now, or 0 when it cannot be read.
 func queueDepth(conn *amqp.Connection, queue string) int {
-	ch, err := conn.Channel()
-	if err != nil {
-		return 0
-	}
-	defer func() { _ = ch.Close() }()
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	q, err := amqpcall.Inspect(context.Background(), conn, dlq.CallTimeout, queue)
 	if err != nil {
 		return 0
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
@@ -38,9 +39,9 @@ func newReport(out io.Writer) *cobra.Command {
 				return err
 			}
 			defer closeStore()
-			rs, err := store.Outcomes(context.Background(), run)
+			rs, all, err := readOutcomes(store, run, storeTimeout)
 			if err != nil {
-				return fmt.Errorf("reading the outcomes: %w", diag.RedactError(err))
+				return err
 			}
 			if len(rs) == 0 {
 				if run != "" { // a mistyped run id must not pass the confirm step
@@ -49,12 +50,6 @@ func newReport(out io.Writer) *cobra.Command {
 				// The confirm step confirms nothing: a wrong --outcomes or
 				// --outcomes-table must not pass it either.
 				return fmt.Errorf("no replay runs recorded in %s (nothing to confirm: check --outcomes and --outcomes-table)", diag.Printable(table, 128))
-			}
-			all := rs
-			if run != "" { // what later runs made of this one's events
-				if all, err = store.Outcomes(context.Background(), ""); err != nil {
-					return fmt.Errorf("reading the outcomes: %w", diag.RedactError(err))
-				}
 			}
 			pending := report(out, rs, all, asJSON)
 			if pending > 0 {
@@ -68,6 +63,33 @@ func newReport(out io.Writer) *cobra.Command {
 	fl.StringVar(&run, "run", "", "one replay run (default: every run)")
 	fl.BoolVar(&asJSON, "json", false, "one JSON object per event")
 	return cmd
+}
+
+// storeTimeout bounds each of the CLI's own calls to the outcome records
+// (a report's reads, an operator's records): a database that does not
+// answer fails the command after it. Generous: a report reads every record
+// of a run, or of the table.
+const storeTimeout = time.Minute
+
+// readOutcomes reads run's records (every run's with run "") and, for a
+// run, every record too (what later runs made of its events), each read
+// bounded by bound.
+func readOutcomes(store ledger.Ledger, run string, bound time.Duration) (rs, all []replay.Record, err error) {
+	read := func(run string) (rs []replay.Record, err error) {
+		err = bounded.Within(context.Background(), bound, "the outcome records", func(ctx context.Context) error {
+			rs, err = store.Outcomes(ctx, run)
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("reading the outcomes: %w", diag.RedactError(err))
+		}
+		return rs, nil
+	}
+	if rs, err = read(run); err != nil || run == "" || len(rs) == 0 {
+		return rs, rs, err
+	}
+	all, err = read("")
+	return rs, all, err
 }
 
 // report prints the records rs, each not processed with what a later run

@@ -7,6 +7,8 @@ import (
 
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/console"
+	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
@@ -130,11 +132,15 @@ func consoleQueues(g *globals, lf *ladderFlags, queues []string, mgmtURL string,
 		if err != nil {
 			return nil, err
 		}
-		defer func() { _ = conn.Close() }()
+		defer func() { _ = amqpcall.Close(conn, dlq.CallTimeout) }()
 		var rows []queueRow
 		for _, f := range fams {
 			for _, m := range f.queues {
-				rows = append(rows, row(conn, f.name, m.name, m.role))
+				r, err := row(conn, f.name, m.name, m.role)
+				if err != nil {
+					return nil, err
+				}
+				rows = append(rows, r)
 			}
 		}
 		lf.otherLadder(out, rows)

@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/localenv"
 )
@@ -113,11 +114,14 @@ func newQueues(g *globals, out io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			defer func() { _ = conn.Close() }()
+			defer func() { _ = amqpcall.Close(conn, dlq.CallTimeout) }()
 			var rows []queueRow
 			for _, f := range fams {
 				for _, m := range f.queues {
-					r := row(conn, f.name, m.name, m.role)
+					r, err := row(conn, f.name, m.name, m.role)
+					if err != nil {
+						return err
+					}
 					if r.Role == "poison" && !r.Missing && r.Ready > 0 {
 						r.OldestPoisonedAt = oldestPoisoning(conn, r.Queue)
 					}
@@ -322,22 +326,23 @@ func tierDelay(head, tier string) time.Duration {
 }
 
 // row reads one queue's counts with a passive declare, on a channel of its
-// own (a missing queue closes it).
-func row(conn *amqp.Connection, family, queue, role string) queueRow {
+// own (a missing queue closes it), each wait on the broker within
+// dlq.CallTimeout (amqpcall.Inspect). A queue the broker says is not there
+// is Missing; any other failure — a broker that does not answer — is the
+// error, not a queue shown missing.
+func row(conn *amqp.Connection, family, queue, role string) (queueRow, error) {
 	r := queueRow{Family: family, Queue: queue, Role: role}
-	ch, err := conn.Channel()
-	if err != nil {
+	q, err := amqpcall.Inspect(context.Background(), conn, dlq.CallTimeout, queue)
+	var ae *amqp.Error
+	switch {
+	case errors.As(err, &ae) && ae.Code == amqp.NotFound:
 		r.Missing = true
-		return r
-	}
-	defer func() { _ = ch.Close() }()
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	if err != nil {
-		r.Missing = true
-		return r
+		return r, nil
+	case err != nil:
+		return r, fmt.Errorf("reading queue %s: %w", diag.Printable(queue, 255), diag.RedactError(err))
 	}
 	r.Ready, r.Consumers = q.Messages, q.Consumers
-	return r
+	return r, nil
 }
 
 // oldestPoisoning reads the poison queue's head message and puts it back.

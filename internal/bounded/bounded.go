@@ -2,11 +2,16 @@
 // its context (lib/pq toward a black-holed server): each call is waited for
 // at most its bound, then given up and left to finish in the background.
 // The inbox stage and the outbox's relay run their store calls through it.
+// Within bounds a call whose driver honours its context (the console's and
+// dlq's store calls); Watch ends a call whose client takes no context
+// (internal/amqpcall closes its AMQP connection).
 package bounded
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -88,4 +93,54 @@ func Run[T any](c *Calls, ctx context.Context, bound time.Duration, keep bool, f
 		}
 	}()
 	return v, true, fmt.Errorf("%w: no answer within %s", c.Timeout, bound)
+}
+
+// Within runs f on the caller's goroutine with ctx ended after d — for a
+// dependency whose driver returns by itself once its context ends
+// (sluicesql/postgres.Open's pools, go-redis) — and, when d ended it
+// (not ctx), says so: what (the call: "reading the outcomes") got no
+// answer within d.
+func Within(ctx context.Context, d time.Duration, what string, f func(context.Context) error) error {
+	cctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	err := f(cctx)
+	if err != nil && errors.Is(cctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+		return fmt.Errorf("%s: no answer within %s: %w", what, d, err)
+	}
+	return err
+}
+
+// ErrNoAnswer is what Watch fires with when its bound passes.
+var ErrNoAnswer = errors.New("no answer")
+
+// Watch calls fire once, on a goroutine of its own, when ctx ends (with
+// its cause) or d passes (d ≤ 0: ctx only; with an error wrapping
+// ErrNoAnswer that names d), until the returned stop is called: for a call
+// whose client takes no context, fire ends it (closes its connection).
+// stop waits for a fire in progress and returns the reason it fired with,
+// nil when it did not.
+func Watch(ctx context.Context, d time.Duration, fire func(why error)) (stop func() error) {
+	var (
+		once sync.Once
+		why  error
+	)
+	do := func(e error) {
+		once.Do(func() {
+			why = e
+			fire(e)
+		})
+	}
+	stopCtx := context.AfterFunc(ctx, func() { do(context.Cause(ctx)) })
+	var t *time.Timer
+	if d > 0 {
+		t = time.AfterFunc(d, func() { do(fmt.Errorf("%w within %s", ErrNoAnswer, d)) })
+	}
+	return func() error {
+		stopCtx()
+		if t != nil {
+			t.Stop()
+		}
+		once.Do(func() {}) // waits for a fire in progress; none starts after
+		return why
+	}
 }

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/amqpcall"
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/replay/ledger"
+)
+
+// The read of a queue's counts that `sluice queues` and the console's
+// start-up make (row), and `dlq replay`'s of its depth (queueDepth), on a
+// broker that went silent after the handshake give up after
+// dlq.CallTimeout, row with the error (not the queue shown missing);
+// before, they waited for the AMQP heartbeat to give the connection up —
+// on a connection without heartbeats, for ever.
+func TestABlackHoledBrokerHoldsNoQueueRowPastCallTimeout(t *testing.T) {
+	t.Parallel()
+	proxy, url := testenv.ProxyAMQP(t)
+	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: url + "?heartbeat=0"}, Name: "cli black hole"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = amqpcall.Close(conn, time.Second) })
+	proxy.BlackHole()
+	q := testenv.Name("cli_holed")
+
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { _, err := row(conn, q, q, "main"); done <- err }()
+	select {
+	case err := <-done:
+		require.ErrorContains(t, err, "reading queue "+q+": a passive declare of "+q+": the broker gave no answer within "+dlq.CallTimeout.String(),
+			"the error, not a queue shown missing")
+	case <-time.After(dlq.CallTimeout + 25*time.Second):
+		t.Fatalf("row did not return within %s", dlq.CallTimeout+25*time.Second)
+	}
+	require.Less(t, time.Since(start), dlq.CallTimeout+10*time.Second)
+	start = time.Now()
+	require.Zero(t, queueDepth(conn, q))
+	require.Less(t, time.Since(start), time.Second, "the connection was closed under the first: at once")
+}
+
+// `dlq report`'s reads of the outcome records and an operator command's
+// records (archive, discard, resolve) on a database that went silent after
+// the command opened it fail after their bound, naming the call; before,
+// they ran on context.Background() and never returned.
+func TestABlackHoledDatabaseHoldsNoReportPastItsBound(t *testing.T) {
+	t.Parallel()
+	schema := testenv.Schema(t, testenv.Postgres(t))
+	proxy, dsn := testenv.ProxyPostgresURL(t)
+	store, done, err := openOutcomes(dsn, schema+".outcomes", true)
+	require.NoError(t, err)
+	t.Cleanup(done)
+	_, _, err = readOutcomes(store, "run-1", time.Second)
+	require.NoError(t, err)
+
+	proxy.BlackHole()
+	const bound = time.Second
+	for what, f := range map[string]func() error{
+		"the report's read": func() error { _, _, err := readOutcomes(store, "run-1", bound); return err },
+		"the records' write": func() error {
+			return writeRecords(context.Background(), store, []replay.Record{{Run: "run-1", Item: "e1", EventID: "e1", Outcome: ledger.OutcomeDiscarded}}, bound)
+		},
+	} {
+		ch := make(chan error, 1)
+		start := time.Now()
+		go func() { ch <- f() }()
+		select {
+		case err := <-ch:
+			require.Less(t, time.Since(start), bound+10*time.Second, "%s: the bound, and the pool's CancelGrace or connect_timeout", what)
+			require.Error(t, err, what)
+			t.Logf("%s on the silent database: %v", what, err)
+		case <-time.After(bound + 30*time.Second):
+			t.Fatalf("%s did not return within %s", what, bound+30*time.Second)
+		}
+	}
+}

@@ -1,0 +1,143 @@
+package console_test
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/console"
+	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/outbox/sqlstore"
+	"github.com/sluicemq/sluice/rabbitmq"
+)
+
+// holedAfterHandshake returns a Config.Dial that connects to the test
+// broker through a proxy and black-holes the connection once its handshake
+// is done — the broker accepted it, then nothing comes back, as from a
+// frozen host — and counts its dials.
+func holedAfterHandshake(t *testing.T) (func() (*amqp.Connection, error), *atomic.Int32) {
+	t.Helper()
+	proxy, url := testenv.ProxyAMQP(t)
+	var (
+		mu    sync.Mutex
+		dials atomic.Int32
+	)
+	return func() (*amqp.Connection, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		dials.Add(1)
+		proxy.HealNewConnections() // the connections black-holed so far stay so
+		conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: url}, Name: "console black hole"})
+		proxy.BlackHole()
+		return conn, err
+	}, &dials
+}
+
+// within runs f and fails t unless it returns within d.
+func within(t *testing.T, d time.Duration, what string, f func()) time.Duration {
+	t.Helper()
+	done := make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+		return time.Since(start)
+	case <-time.After(d):
+		t.Fatalf("%s did not return within %s", what, d)
+		return 0
+	}
+}
+
+// The overview's depth reads on a broker that accepted the connection and
+// then went silent fail after CallTimeout, each row naming the wait, where
+// the page waited for the AMQP heartbeat to give the connection up (three
+// heartbeats: 30 s with amqp091-go's default of 10 s; no answer in the
+// test's 20 s).
+func TestABlackHoledBrokerHoldsNoOverviewPastCallTimeout(t *testing.T) {
+	t.Parallel()
+	dial, _ := holedAfterHandshake(t)
+	q := testenv.Name("console_holed")
+	c, err := console.New(console.Config{Dial: dial, ReadOnly: true, SampleInterval: -1, CallTimeout: time.Second,
+		Queues: []console.Queue{{Name: q, Tiers: []string{q + ".retry.1m"}, Poison: q + ".poison"}}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+
+	w := httptest.NewRecorder()
+	took := within(t, 20*time.Second, "the overview", func() { c.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil)) })
+	require.Less(t, took, 6*time.Second, "CallTimeout (1 s) and the connection's close")
+	body, _ := io.ReadAll(w.Result().Body)
+	require.Equal(t, http.StatusOK, w.Code, "the page, with each row's error")
+	require.Contains(t, string(body), "a passive declare of "+q+": the broker gave no answer within 1s")
+}
+
+// A chart's sample on a broker that went silent after the handshake ends
+// with its SampleInterval — the next sample dials again — and Close ends
+// one in progress at once; before, the sampler waited for the heartbeat,
+// and Close with it.
+func TestABlackHoledBrokerHoldsNoChartSamplePastItsInterval(t *testing.T) {
+	t.Parallel()
+	dial, dials := holedAfterHandshake(t)
+	q := testenv.Name("console_holed")
+	c, err := console.New(console.Config{Dial: dial, ReadOnly: true, SampleInterval: time.Second, CallTimeout: time.Minute,
+		Queues: []console.Queue{{Name: q, Poison: q + ".poison"}}})
+	require.NoError(t, err)
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			_ = c.Close()
+		}
+	})
+	require.Eventually(t, func() bool { return dials.Load() >= 3 }, 15*time.Second, 50*time.Millisecond,
+		"a sample every SampleInterval (1 s), each given up at its end")
+	took := within(t, 20*time.Second, "Close", func() { _ = c.Close() })
+	closed = true
+	require.Less(t, took, 5*time.Second, "Close ends the sample in progress")
+}
+
+// The outbox page on a database that went silent — the connection up,
+// nothing coming back — answers after CallTimeout (and the pool's
+// CancelGrace: sluicesql/postgres.Open's, as `sluice console --outbox-db`
+// opens it), the outbox's row naming the call; before, the request's
+// context, which does not end by itself, was the only bound of the store's
+// calls, and the page never answered.
+func TestABlackHoledDatabaseHoldsNoOutboxPagePastCallTimeout(t *testing.T) {
+	t.Parallel()
+	schema := testenv.Schema(t, testenv.Postgres(t))
+	proxy, dsn := testenv.ProxyPostgresURL(t)
+	db, err := dlq.OpenPostgres(dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	ob, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".outbox"})
+	require.NoError(t, err)
+	require.NoError(t, ob.CreateTable(t.Context()))
+	c, err := console.New(console.Config{Dial: func() (*amqp.Connection, error) { return nil, errors.New("no broker here") },
+		ReadOnly: true, SampleInterval: -1, CallTimeout: time.Second, Outboxes: map[string]console.Outbox{"orders": console.SQLOutbox(ob)}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	get := func() (string, time.Duration) {
+		w := httptest.NewRecorder()
+		took := within(t, 20*time.Second, "the outbox page", func() { c.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/outbox", nil)) })
+		body, _ := io.ReadAll(w.Result().Body)
+		require.Equal(t, http.StatusOK, w.Code)
+		return string(body), took
+	}
+	body, _ := get()
+	require.NotContains(t, body, "did not answer", "the database answers")
+
+	proxy.BlackHole()
+	body, took := get()
+	require.Less(t, took, 8*time.Second, "CallTimeout (1 s) and CancelGrace, for each of the page's calls")
+	require.Contains(t, body, "counting the outbox&#39;s rows: no answer within 1s")
+}

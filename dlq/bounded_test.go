@@ -1,0 +1,179 @@
+package dlq_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/amqpcall"
+	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/rabbitmq"
+)
+
+// A scan whose broker goes silent in the middle of it — the connection up,
+// its basic.get never answered, as from a frozen host — fails CallTimeout
+// after the get, naming it, where it waited for the AMQP heartbeat to give
+// the connection up (three heartbeats: 30 s by default) with an error that
+// said only "i/o timeout" — or, without heartbeats, for ever; the broker
+// gives back every message the scan held.
+func TestABlackHoledBrokerHoldsNoScanPastCallTimeout(t *testing.T) {
+	t.Parallel()
+	const n = 5
+	queue := testenv.Name("dlq_holed")
+	testenv.DeleteQueuesAtEnd(t, queue)
+	direct := testenv.AMQP(t)
+	_, err := testenv.Channel(t, direct).QueueDeclare(queue, true, false, false, false, nil)
+	require.NoError(t, err)
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	for i := range n {
+		require.NoError(t, pub.Publish(queue, message.NewMessage(watermill.NewUUID(), []byte(strconv.Itoa(i)))))
+	}
+
+	proxy, url := testenv.ProxyAMQP(t)
+	url += "?heartbeat=0" // no heartbeat to give the connection up: only CallTimeout bounds the get
+	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: url}, Name: "dlq black hole"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = amqpcall.Close(conn, time.Second) })
+
+	type result struct {
+		read int
+		err  error
+	}
+	done := make(chan result, 1)
+	start := time.Now()
+	go func() {
+		read := 0
+		_, err := dlq.Scan(t.Context(), conn, queue, func(*dlq.Message) (bool, error) {
+			read++
+			if read == 2 {
+				proxy.BlackHole() // the third get is never answered
+			}
+			return false, nil
+		}, nil)
+		done <- result{read, err}
+	}()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(dlq.CallTimeout + 25*time.Second):
+		t.Fatalf("the scan did not return within %s", dlq.CallTimeout+25*time.Second)
+	}
+	took := time.Since(start)
+	require.Less(t, took, dlq.CallTimeout+10*time.Second, "CallTimeout after the get, then the put-back on a closed connection")
+	require.Equal(t, 2, r.read)
+	require.True(t, errors.Is(r.err, amqpcall.ErrNoAnswer), "%v", r.err)
+	require.ErrorContains(t, r.err, "dlq: reading "+queue+": basic.get from "+queue+": the broker gave no answer within "+dlq.CallTimeout.String())
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, direct, queue) == n }, 30*time.Second, 50*time.Millisecond,
+		"the broker gave back what the scan held")
+}
+
+// The outcome records on a database that went silent — the connection up,
+// nothing coming back — hold neither their opening nor a closed loop's
+// wait for the outcomes past their bounds, and the errors name the call;
+// before, OpenOutcomes's pool (lib/pq's alone) waited on the start-up for
+// ever, and AwaitOutcomes's reads had no bound but the command's context,
+// which does not end by itself.
+func TestABlackHoledDatabaseHoldsNoOutcomeReadPastCallTimeout(t *testing.T) {
+	t.Parallel()
+	schema := testenv.Schema(t, testenv.Postgres(t))
+	table := schema + ".outcomes"
+	proxy, dsn := testenv.ProxyPostgresURL(t)
+	store, done, err := dlq.OpenOutcomes(dsn, table, true)
+	require.NoError(t, err)
+	t.Cleanup(done)
+
+	proxy.BlackHole()
+	wait := func(what string, bound time.Duration, f func() error) error {
+		t.Helper()
+		ch := make(chan error, 1)
+		start := time.Now()
+		go func() { ch <- f() }()
+		select {
+		case err := <-ch:
+			require.Less(t, time.Since(start), bound, what)
+			return err
+		case <-time.After(bound + 25*time.Second):
+			t.Fatalf("%s did not return within %s", what, bound+25*time.Second)
+			return nil
+		}
+	}
+	err = wait("AwaitOutcomes", dlq.CallTimeout+5*time.Second, func() error {
+		_, err := dlq.AwaitOutcomes(context.Background(), store, "run-1", map[string]bool{"e1": true}, time.Minute)
+		return err
+	})
+	require.ErrorContains(t, err, "reading the outcomes: the outcome records: no answer within "+dlq.CallTimeout.String())
+	err = wait("OpenOutcomes", 15*time.Second, func() error {
+		_, done, err := dlq.OpenOutcomes(dsn, table, false)
+		if done != nil {
+			done()
+		}
+		return err
+	})
+	require.Error(t, err)
+	require.ErrorContains(t, err, "--outcomes: connecting to the database (within its connect_timeout, default 5s)")
+	t.Logf("OpenOutcomes on the silent database: %v", err)
+}
+
+// An archive table on a database that went silent holds neither a
+// restore's next row nor an archive's insert past CallTimeout (and the
+// pool's CancelGrace) — a new connection's start-up, its connect_timeout
+// (5 s) — each error naming the call; before, the command's context, which
+// does not end by itself, was their only bound, and the restore's BEGIN
+// ran on a context that never ends.
+func TestABlackHoledDatabaseHoldsNoArchiveTablePastCallTimeout(t *testing.T) {
+	t.Parallel()
+	schema := testenv.Schema(t, testenv.Postgres(t))
+	table := schema + ".archive"
+	proxy, dsn := testenv.ProxyPostgresURL(t)
+	db, err := dlq.OpenPostgres(dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	sink, err := dlq.NewTableSink(t.Context(), db, table)
+	require.NoError(t, err)
+	rec := dlq.ArchiveRecord{ArchivedAt: time.Now().UTC(), ArchivedBy: "tester", Queue: "q.poison", UUID: watermill.NewUUID(), EventID: "e1", Class: "poison"}
+	require.NoError(t, sink.Write(t.Context(), rec))
+	src, err := dlq.OpenTableSource(t.Context(), db, table, "tester", nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = src.Close() })
+
+	proxy.BlackHole()
+	bound := dlq.CallTimeout + 5*time.Second
+	// The next row's BEGIN first, on the pool's idle connection; then the
+	// insert, on a new one (the pool drops its idle connections after a
+	// failure: they may be stalled too), whose start-up the pool's
+	// connect_timeout bounds.
+	for _, c := range []struct {
+		what, says string
+		f          func() error
+	}{
+		{"the next row", "dlq: reading the archive table: BEGIN: no answer within " + dlq.CallTimeout.String(), func() error {
+			_, _, err := src.Next(context.Background())
+			return err
+		}},
+		{"the insert", "dlq: writing the archive table: ", func() error {
+			rec.UUID = watermill.NewUUID()
+			return sink.Write(context.Background(), rec)
+		}},
+	} {
+		ch := make(chan error, 1)
+		start := time.Now()
+		go func() { ch <- c.f() }()
+		select {
+		case err := <-ch:
+			require.Less(t, time.Since(start), bound, c.what)
+			require.ErrorContains(t, err, c.says, c.what)
+			t.Logf("%s on the silent database: %v", c.what, err)
+		case <-time.After(bound + 25*time.Second):
+			t.Fatalf("%s did not return within %s", c.what, bound+25*time.Second)
+		}
+	}
+}
