@@ -83,7 +83,9 @@ func (c *Console) sampleOnce() {
 		if conn, err = c.conn(); err != nil {
 			return
 		}
-		defer c.hangUp(conn)
+		// Closed within the sample's interval: a dial that outlasted it
+		// leaves no wait for the broker's close-ok behind.
+		defer func() { _ = amqpcall.Close(ctx, conn, c.cfg.CallTimeout) }()
 	}
 	for _, q := range c.cfg.Queues {
 		for _, name := range []string{q.Name, q.Poison} {

@@ -190,10 +190,11 @@ func (c *Console) storeCall(ctx context.Context, what string, f func(context.Con
 	return bounded.Within(ctx, c.cfg.CallTimeout, what, f)
 }
 
-// hangUp closes conn, waiting at most CallTimeout for the broker's
-// close-ok (a broker that does not answer holds no page past it).
+// hangUp closes conn, waiting for the broker's close-ok at most
+// CallTimeout (a broker that does not answer holds no page past it), and
+// not past the console's Close.
 func (c *Console) hangUp(conn *amqp.Connection) {
-	_ = amqpcall.Close(conn, c.cfg.CallTimeout)
+	_ = amqpcall.Close(c.ctx, conn, c.cfg.CallTimeout)
 }
 
 // ---- overview

@@ -106,7 +106,7 @@ func (f *filterFlags) open(g *globals, moves bool) (dlq.Filter, *amqp.Connection
 		return filter, nil, nil, nil, err
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
-	return filter, conn, ctx, func() { cancel(); _ = amqpcall.Close(conn, dlq.CallTimeout) }, nil
+	return filter, conn, ctx, func() { cancel(); _ = amqpcall.Close(context.Background(), conn, dlq.CallTimeout) }, nil
 }
 
 func parseTime(flag, v string) (time.Time, error) {

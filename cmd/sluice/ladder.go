@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"strings"
@@ -132,7 +133,7 @@ func consoleQueues(g *globals, lf *ladderFlags, queues []string, mgmtURL string,
 		if err != nil {
 			return nil, err
 		}
-		defer func() { _ = amqpcall.Close(conn, dlq.CallTimeout) }()
+		defer func() { _ = amqpcall.Close(context.Background(), conn, dlq.CallTimeout) }()
 		var rows []queueRow
 		for _, f := range fams {
 			for _, m := range f.queues {

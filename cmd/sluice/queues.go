@@ -114,7 +114,7 @@ func newQueues(g *globals, out io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			defer func() { _ = amqpcall.Close(conn, dlq.CallTimeout) }()
+			defer func() { _ = amqpcall.Close(context.Background(), conn, dlq.CallTimeout) }()
 			var rows []queueRow
 			for _, f := range fams {
 				for _, m := range f.queues {

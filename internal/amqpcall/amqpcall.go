@@ -57,9 +57,16 @@ func Run(ctx context.Context, conn *amqp.Connection, bound time.Duration, what s
 	return err
 }
 
-// Close closes conn, waiting at most bound for the broker's close-ok: the
-// connection is closed either way (Connection.CloseDeadline).
-func Close(conn *amqp.Connection, bound time.Duration) error {
+// Close closes conn, waiting for the broker's close-ok at most bound and
+// not past ctx's end (an ended ctx: not at all): the connection is closed
+// either way (Connection.CloseDeadline). A console's Close ends the waits
+// of the connections its pages and sampler are closing.
+func Close(ctx context.Context, conn *amqp.Connection, bound time.Duration) error {
+	if ctx.Err() != nil {
+		return conn.CloseDeadline(time.Now())
+	}
+	stop := bounded.Watch(ctx, 0, func(error) { _ = conn.CloseDeadline(time.Now()) })
+	defer func() { _ = stop() }()
 	return conn.CloseDeadline(time.Now().Add(bound))
 }
 
