@@ -366,14 +366,15 @@ func TestPartitionSingleActiveConsumer(t *testing.T) {
 }
 
 // TestPartitionedWithoutThePlugin declares a partitioned topology on a
-// node of its own without rabbitmq_consistent_hash_exchange: the error
-// names the plugin and the command that enables it. The same on a node
-// with the plugin (testenv's Plugins) declares it.
+// private node without rabbitmq_consistent_hash_exchange (plainNode): the
+// error names the plugin and the command that enables it. The same on a
+// private node with the plugin (configuredNode, testenv's Plugins)
+// declares it.
 func TestPartitionedWithoutThePlugin(t *testing.T) {
 	t.Parallel()
-	declare := func(url string) error {
+	declare := func(url, queue string) error {
 		b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: url},
-			Topology: rabbitmq.TopologyConfig{Queue: "orders", Partitions: 2, PartitionKey: partitionKey}, DepthInterval: -1})
+			Topology: rabbitmq.TopologyConfig{Queue: queue, Partitions: 2, PartitionKey: partitionKey}, DepthInterval: -1})
 		if err == nil {
 			require.NoError(t, b.Close())
 		}
@@ -381,7 +382,7 @@ func TestPartitionedWithoutThePlugin(t *testing.T) {
 	}
 	t.Run("absent", func(t *testing.T) {
 		t.Parallel()
-		err := declare(testenv.StartPrivateRabbitMQ(t).URL)
+		err := declare(plainNodeFor(t).URL, "orders")
 		require.ErrorIs(t, err, rabbitmq.ErrConsistentHashPlugin)
 		require.ErrorContains(t, err, "rabbitmq-plugins enable rabbitmq_consistent_hash_exchange")
 		require.ErrorContains(t, err, `"orders"`)
@@ -389,8 +390,8 @@ func TestPartitionedWithoutThePlugin(t *testing.T) {
 	})
 	t.Run("enabled", func(t *testing.T) {
 		t.Parallel()
-		node := testenv.StartPrivateRabbitMQWith(t, testenv.PrivateRabbitMQOptions{Plugins: []string{"rabbitmq_consistent_hash_exchange"}})
-		require.NoError(t, declare(node.URL))
+		node, _ := configuredNodeFor(t)
+		require.NoError(t, declare(node.URL, testenv.Name("orders")))
 	})
 }
 

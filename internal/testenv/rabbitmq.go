@@ -122,6 +122,7 @@ type PrivateRabbitMQ struct {
 	// ManagementURL is the HTTP API, with PrivateRabbitMQOptions.Management.
 	ManagementURL string
 	node          string
+	dir           string // its files, removed by Close
 }
 
 // PrivateRabbitMQOptions configure StartPrivateRabbitMQ.
@@ -157,7 +158,22 @@ func StartPrivateRabbitMQ(t testing.TB) *PrivateRabbitMQ {
 // StartPrivateRabbitMQWith is StartPrivateRabbitMQ with options.
 func StartPrivateRabbitMQWith(t testing.TB, o PrivateRabbitMQOptions) *PrivateRabbitMQ {
 	t.Helper()
-	port, distPort := freePort(t), freePort(t)
+	r, err := StartRabbitMQ(o)
+	require.NoError(t, err)
+	t.Cleanup(r.Close)
+	return r
+}
+
+// StartRabbitMQ starts a private node as StartPrivateRabbitMQWith does, for
+// a node shared by a package's tests (started once, closed in TestMain);
+// Close stops it and removes its files.
+func StartRabbitMQ(o PrivateRabbitMQOptions) (_ *PrivateRabbitMQ, err error) {
+	var port, distPort int
+	for _, p := range []*int{&port, &distPort} {
+		if *p, err = pickPort(); err != nil {
+			return nil, err
+		}
+	}
 	// dir is where this process writes the node's files; nodeDir is the
 	// same directory as the node sees it (inside RabbitMQRoot, if set).
 	base := os.TempDir()
@@ -165,15 +181,26 @@ func StartPrivateRabbitMQWith(t testing.TB, o PrivateRabbitMQOptions) *PrivateRa
 		base = filepath.Join(RabbitMQRoot, "tmp")
 	}
 	dir, err := os.MkdirTemp(base, "sluice-rabbitmq-")
-	require.NoError(t, err)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = os.RemoveAll(dir)
+		}
+	}()
 	nodeDir := "/" + strings.TrimPrefix(strings.TrimPrefix(dir, RabbitMQRoot), "/")
 	name := Name("sluice") + "@localhost"
 	conf := fmt.Sprintf("listeners.tcp.local = 127.0.0.1:%d\n", port)
 	tlsPort := 0
 	if o.TLS != nil {
-		tlsPort = freePort(t)
+		if tlsPort, err = pickPort(); err != nil {
+			return nil, err
+		}
 		for file, pem := range map[string][]byte{"ca.pem": o.TLS.CA, "cert.pem": o.TLS.Cert, "key.pem": o.TLS.Key} {
-			require.NoError(t, os.WriteFile(filepath.Join(dir, file), pem, 0o600))
+			if err := os.WriteFile(filepath.Join(dir, file), pem, 0o600); err != nil {
+				return nil, err
+			}
 		}
 		conf += fmt.Sprintf("listeners.ssl.local = 127.0.0.1:%d\nssl_options.cacertfile = %s\nssl_options.certfile = %s\nssl_options.keyfile = %s\nssl_options.verify = verify_none\nssl_options.fail_if_no_peer_cert = false\n",
 			tlsPort, path.Join(nodeDir, "ca.pem"), path.Join(nodeDir, "cert.pem"), path.Join(nodeDir, "key.pem"))
@@ -181,19 +208,27 @@ func StartPrivateRabbitMQWith(t testing.TB, o PrivateRabbitMQOptions) *PrivateRa
 	enabled := o.Plugins
 	mgmtPort := 0
 	if o.Management {
-		mgmtPort = freePort(t)
+		if mgmtPort, err = pickPort(); err != nil {
+			return nil, err
+		}
 		enabled = append([]string{"rabbitmq_management"}, enabled...)
 		// Statistics every second (5 s by default): tests wait less for them.
 		conf += fmt.Sprintf("management.tcp.ip = 127.0.0.1\nmanagement.tcp.port = %d\ncollect_statistics_interval = 1000\n", mgmtPort)
 	}
 	conf += o.Config
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte(conf), 0o644))
-	plugins := "[" + strings.Join(enabled, ",") + "].\n"
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte(plugins), 0o644))
-	if RabbitMQRoot == "" {
-		require.NoError(t, exec.CommandContext(context.Background(), "chown", "-R", "rabbitmq:rabbitmq", dir).Run(), "the node runs as the rabbitmq user")
+	if err := os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte(conf), 0o644); err != nil {
+		return nil, err
 	}
-	r := &PrivateRabbitMQ{URL: fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port), node: name}
+	plugins := "[" + strings.Join(enabled, ",") + "].\n"
+	if err := os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte(plugins), 0o644); err != nil {
+		return nil, err
+	}
+	if RabbitMQRoot == "" {
+		if err := exec.CommandContext(context.Background(), "chown", "-R", "rabbitmq:rabbitmq", dir).Run(); err != nil {
+			return nil, fmt.Errorf("the node runs as the rabbitmq user: %w", err)
+		}
+	}
+	r := &PrivateRabbitMQ{URL: fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port), node: name, dir: dir}
 	if tlsPort != 0 {
 		r.TLSURL = fmt.Sprintf("amqps://guest:guest@127.0.0.1:%d/", tlsPort)
 	}
@@ -205,25 +240,33 @@ func StartPrivateRabbitMQWith(t testing.TB, o PrivateRabbitMQOptions) *PrivateRa
 		"RABBITMQ_CONFIG_FILE=" + path.Join(nodeDir, "rabbitmq.conf"), "RABBITMQ_MNESIA_BASE=" + path.Join(nodeDir, "mnesia"),
 		"RABBITMQ_LOG_BASE=" + path.Join(nodeDir, "log"), "RABBITMQ_ENABLED_PLUGINS_FILE=" + path.Join(nodeDir, "enabled_plugins"),
 	}, "rabbitmq-server", "-detached")
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "starting a private RabbitMQ node: %s", out)
-	t.Cleanup(func() {
-		_, _ = r.ctl(context.Background(), "stop")
-		_ = os.RemoveAll(dir)
-	})
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("starting a private RabbitMQ node: %w: %s", err, out)
+	}
+	defer func() {
+		if err != nil {
+			_, _ = r.ctl(context.Background(), "stop")
+		}
+	}()
 	// await_startup fails at once until the node has registered with epmd.
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		out, err := r.ctl(context.Background(), "await_startup", "--timeout", "60")
 		if err == nil {
-			return r
+			return r, nil
 		}
 		if time.Now().After(deadline) {
 			logs, _ := exec.CommandContext(context.Background(), "sh", "-c", "tail -n 20 "+filepath.Join(dir, "log")+"/*.log").CombinedOutput()
-			t.Fatalf("private RabbitMQ node %s did not start: %s\n%s", name, out, logs)
+			return nil, fmt.Errorf("private RabbitMQ node %s did not start: %s\n%s", name, out, logs)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+}
+
+// Close stops the node and removes its files.
+func (r *PrivateRabbitMQ) Close() {
+	_, _ = r.ctl(context.Background(), "stop")
+	_ = os.RemoveAll(r.dir)
 }
 
 // Ctl runs rabbitmqctl against the private node.
