@@ -2,6 +2,7 @@ package clustertest_test
 
 import (
 	"context"
+	"net/url"
 	"strconv"
 	"sync"
 	"testing"
@@ -16,33 +17,79 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
-// The tests that kill nodes share one private 3-node cluster, started by
-// the first of them and stopped by TestMain: starting one takes about 13 s.
-// They run one at a time (each kills a node and starts it again before the
-// next: privateCluster holds the cluster until the test's end), beside
-// TestClusterPartitionedNode, which has a cluster of its own; no other test
-// uses the cluster.
+// The tests share one private 3-node cluster, started by the first of them
+// and stopped by TestMain: starting one takes 13 s on a development
+// machine, 35 to 50 s at make test's load. The tests that kill a node run
+// one after another (not parallel, and privateCluster holds the cluster
+// until the test's end); TestClusterPartitionedNode is parallel, so go test
+// runs it after them, last: a heal that fails cannot leave them a broken
+// cluster. Where this machine can cut a node off (partitionSkip), the
+// cluster is the partition test's: Partitionable, with partitionTicktime
+// and pause_minority, which change nothing for a killed node (its
+// connections close at once; the others are a majority); its nodes are
+// then reached through proxies (nodeProxy). Before, the partition test
+// started a second cluster of its own, beside this one.
 var cluster struct {
 	once sync.Once
 	use  sync.Mutex // held by the test using the cluster
 	c    *testenv.PrivateCluster
 	err  error
+	// partitionable: the cluster runs in a network namespace.
+	partitionable bool
+	// down are the nodes killed by the test before, started again by the
+	// next test that takes the cluster (none after the last).
+	down []int
 }
 
 // privateCluster returns the shared cluster, held by t until t ends (its
-// cleanups, registered after this call, run first: a killed node is
-// started again before the next test has the cluster). Call it first.
-func privateCluster(t *testing.T) *testenv.PrivateCluster {
+// cleanups, registered after this call, run first), with every node
+// running, and the nodes' AMQP URLs as t reaches them (through proxies,
+// closed when t ends, if the cluster is partitionable). Call it first.
+func privateCluster(t *testing.T) (*testenv.PrivateCluster, []string) {
 	t.Helper()
 	cluster.use.Lock()
 	t.Cleanup(cluster.use.Unlock)
 	cluster.once.Do(func() {
 		start := time.Now()
-		cluster.c, cluster.err = testenv.StartCluster(3)
-		t.Logf("private cluster of 3 nodes started in %s", time.Since(start).Round(time.Millisecond))
+		var o testenv.ClusterOptions
+		if cluster.partitionable = partitionSkip() == ""; cluster.partitionable {
+			o = testenv.ClusterOptions{Partitionable: true, NetTicktime: partitionTicktime, PartitionHandling: "pause_minority"}
+		}
+		cluster.c, cluster.err = testenv.StartClusterWith(3, o)
+		t.Logf("private cluster of 3 nodes (partitionable: %t) started in %s", cluster.partitionable, time.Since(start).Round(time.Millisecond))
 	})
 	require.NoError(t, cluster.err, "starting the private cluster")
-	return cluster.c
+	c := cluster.c
+	for len(cluster.down) > 0 {
+		i, start := cluster.down[0], time.Now()
+		c.Start(t, i)
+		cluster.down = cluster.down[1:]
+		t.Logf("node %d, killed by the test before, started again in %s", i, time.Since(start).Round(time.Millisecond))
+	}
+	urls := make([]string, len(c.URLs))
+	for i := range urls {
+		urls[i] = c.URLs[i]
+		if cluster.partitionable {
+			_, urls[i] = nodeProxy(t, c, i)
+		}
+	}
+	return c, urls
+}
+
+// nodeProxy starts a proxy in front of node i, closed when t ends, and
+// returns it with the URL that connects through it.
+func nodeProxy(t *testing.T, c *testenv.PrivateCluster, i int) (*testenv.Proxy, string) {
+	t.Helper()
+	u, err := url.Parse(c.URLs[i])
+	require.NoError(t, err)
+	var p *testenv.Proxy
+	if cluster.partitionable {
+		p = testenv.StartProxyDialer(t, u.Host, c.DialContext)
+	} else {
+		p = testenv.StartProxy(t, u.Host)
+	}
+	u.Host = p.Addr()
+	return p, u.String()
 }
 
 // closeCluster stops the shared cluster if a test started it.
@@ -53,15 +100,11 @@ func closeCluster() error {
 	return cluster.c.Close()
 }
 
-// killNode kills node i (SIGKILL) and starts it again when t ends, so the
-// next test has the whole cluster.
+// killNode kills node i (SIGKILL); the next test that takes the cluster
+// starts it again.
 func killNode(t *testing.T, c *testenv.PrivateCluster, i int) {
 	t.Helper()
-	t.Cleanup(func() {
-		start := time.Now()
-		c.Start(t, i)
-		t.Logf("node %d started again in %s", i, time.Since(start).Round(time.Millisecond))
-	})
+	cluster.down = append(cluster.down, i) // Start leaves a running node as it is
 	c.Kill(t, i)
 }
 
@@ -77,22 +120,22 @@ func dialNode(t *testing.T, nodeURL string) *amqp.Connection {
 // declareOnNode declares a quorum topology of t's own through node i,
 // which then leads its queues (RabbitMQ's default leader locator is
 // client-local), and deletes its queues when t ends.
-func declareOnNode(t *testing.T, c *testenv.PrivateCluster, i int, prefix string) *rabbitmq.Topology {
+func declareOnNode(t *testing.T, c *testenv.PrivateCluster, urls []string, i int, prefix string) *rabbitmq.Topology {
 	t.Helper()
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: testenv.Name(prefix), Quorum: true})
 	require.NoError(t, err)
-	require.NoError(t, topo.Declare(t.Context(), dialNode(t, c.URLs[i])))
-	deleteAtEnd(t, c, topo.Queue(), topo.PoisonQueue())
+	require.NoError(t, topo.Declare(t.Context(), dialNode(t, urls[i])))
+	deleteAtEnd(t, urls, topo.Queue(), topo.PoisonQueue())
 	require.Equal(t, i, c.QuorumLeader(t, (i+1)%len(c.URLs), topo.Queue()), "declared through node %d, led by it", i)
 	return topo
 }
 
 // deleteAtEnd deletes the queues when t ends, through the first node that
 // answers.
-func deleteAtEnd(t *testing.T, c *testenv.PrivateCluster, queues ...string) {
+func deleteAtEnd(t *testing.T, urls []string, queues ...string) {
 	t.Helper()
 	t.Cleanup(func() {
-		conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URLs: c.URLs, DialTimeout: 5 * time.Second}})
+		conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URLs: urls, DialTimeout: 5 * time.Second}})
 		if err != nil {
 			t.Errorf("deleting the queues: %v", err)
 			return
@@ -116,17 +159,16 @@ func deleteAtEnd(t *testing.T, c *testenv.PrivateCluster, queues ...string) {
 // Broker's publisher, on the dead node too, moves with it: messages
 // published after the kill are consumed as well.
 func TestClusterConsumerNodeKilledMidDrain(t *testing.T) {
-	t.Parallel()
-	c := privateCluster(t)
+	c, urls := privateCluster(t)
 	const prefetch = 16
 	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
-		Connection: rabbitmq.Connection{URLs: c.URLs, DialTimeout: 5 * time.Second},
+		Connection: rabbitmq.Connection{URLs: urls, DialTimeout: 5 * time.Second},
 		Topology:   rabbitmq.TopologyConfig{Queue: testenv.Name("cluster_consume"), Quorum: true},
 		Prefetch:   prefetch,
 	})
 	require.NoError(t, err)
 	q := b.Topology().Queue()
-	deleteAtEnd(t, c, q, b.Topology().PoisonQueue())
+	deleteAtEnd(t, urls, q, b.Topology().PoisonQueue())
 	require.Equal(t, 0, c.QuorumLeader(t, 1, q), "the Broker declared its topology through node 0")
 
 	publish := func(from, n int) {
@@ -209,6 +251,6 @@ func TestClusterConsumerNodeKilledMidDrain(t *testing.T) {
 		redelivered += n - 1
 	}
 	require.LessOrEqual(t, redelivered, prefetch, "only the deliveries unacked at the kill come again")
-	require.Zero(t, testenv.QueueDepth(t, dialNode(t, c.URLs[2]), q), "the queue is drained")
+	require.Zero(t, testenv.QueueDepth(t, dialNode(t, urls[2]), q), "the queue is drained")
 	t.Logf("%d messages handled, %d redelivered after the kill", len(handled), redelivered)
 }
