@@ -39,6 +39,8 @@ var cluster struct {
 	// down are the nodes killed by the test before, started again by the
 	// next test that takes the cluster (none after the last).
 	down []int
+	// garbage are the queues of the tests before (deleteAtEnd).
+	garbage []string
 }
 
 // privateCluster returns the shared cluster, held by t until t ends (its
@@ -72,6 +74,10 @@ func privateCluster(t *testing.T) (*testenv.PrivateCluster, []string) {
 		if cluster.partitionable {
 			_, urls[i] = nodeProxy(t, c, i)
 		}
+	}
+	if len(cluster.garbage) > 0 {
+		deleteQueues(t, urls, cluster.garbage)
+		cluster.garbage = nil
 	}
 	return c, urls
 }
@@ -125,31 +131,37 @@ func declareOnNode(t *testing.T, c *testenv.PrivateCluster, urls []string, i int
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: testenv.Name(prefix), Quorum: true})
 	require.NoError(t, err)
 	require.NoError(t, topo.Declare(t.Context(), dialNode(t, urls[i])))
-	deleteAtEnd(t, urls, topo.Queue(), topo.PoisonQueue())
+	deleteAtEnd(t, topo.Queue(), topo.PoisonQueue())
 	require.Equal(t, i, c.QuorumLeader(t, (i+1)%len(c.URLs), topo.Queue()), "declared through node %d, led by it", i)
 	return topo
 }
 
-// deleteAtEnd deletes the queues when t ends, through the first node that
-// answers.
-func deleteAtEnd(t *testing.T, urls []string, queues ...string) {
+// deleteAtEnd has the queues deleted once t ends: by the next test that
+// takes the cluster, once the node t killed runs again (a quorum queue
+// with a member down took about 5 s to delete, each), or with the
+// cluster after the last.
+func deleteAtEnd(t *testing.T, queues ...string) {
 	t.Helper()
-	t.Cleanup(func() {
-		conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URLs: urls, DialTimeout: 5 * time.Second}})
-		if err != nil {
-			t.Errorf("deleting the queues: %v", err)
-			return
-		}
-		defer func() { _ = conn.Close() }()
-		ch, err := conn.Channel()
-		if err != nil {
-			t.Errorf("deleting the queues: %v", err)
-			return
-		}
-		for _, q := range queues {
-			_, _ = ch.QueueDelete(q, false, false, false)
-		}
-	})
+	t.Cleanup(func() { cluster.garbage = append(cluster.garbage, queues...) })
+}
+
+// deleteQueues deletes the queues through the first node that answers.
+func deleteQueues(t *testing.T, urls []string, queues []string) {
+	t.Helper()
+	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URLs: urls, DialTimeout: 5 * time.Second}})
+	if err != nil {
+		t.Errorf("deleting the queues the test before left: %v", err)
+		return
+	}
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Errorf("deleting the queues the test before left: %v", err)
+		return
+	}
+	for _, q := range queues {
+		_, _ = ch.QueueDelete(q, false, false, false)
+	}
 }
 
 // A Consumer whose node dies — the one leading the quorum queue — while
@@ -168,7 +180,7 @@ func TestClusterConsumerNodeKilledMidDrain(t *testing.T) {
 	})
 	require.NoError(t, err)
 	q := b.Topology().Queue()
-	deleteAtEnd(t, urls, q, b.Topology().PoisonQueue())
+	deleteAtEnd(t, q, b.Topology().PoisonQueue())
 	require.Equal(t, 0, c.QuorumLeader(t, 1, q), "the Broker declared its topology through node 0")
 
 	publish := func(from, n int) {
