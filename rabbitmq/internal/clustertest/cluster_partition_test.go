@@ -97,21 +97,21 @@ const (
 	consumerReconnects  = "Consuming stopped; reconnecting after a backoff"
 )
 
-// partitionSkip says why this machine cannot run a cluster in a network
-// namespace and cut a node off (root, ip and tc), or "" if it can.
-func partitionSkip() string {
+// partitionable skips t unless this machine can run a cluster in a network
+// namespace and cut a node off: root, ip and tc.
+func partitionable(t *testing.T) {
+	t.Helper()
 	if os.Geteuid() != 0 {
-		return "a network partition needs root: its cluster runs in a network namespace of its own"
+		t.Skip("a network partition needs root: its cluster runs in a network namespace of its own")
 	}
 	if testenv.RabbitMQRoot != "" {
-		return "a network partition runs on the machine's RabbitMQ only: scripts/rabbitmq-cluster.sh runs a chrooted installation's nodes outside a network namespace"
+		t.Skip("a network partition runs on the machine's RabbitMQ only: scripts/rabbitmq-cluster.sh runs a chrooted installation's nodes outside a network namespace")
 	}
 	for _, tool := range []string{"ip", "tc", "rabbitmq-server"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			return fmt.Sprintf("a network partition needs %s: %v", tool, err)
+			t.Skipf("a network partition needs %s: %v", tool, err)
 		}
 	}
-	return ""
 }
 
 // A node cut off by a network partition — the node a Publisher and the
@@ -125,16 +125,21 @@ func partitionSkip() string {
 // (cluster_partition_handling pause_minority paused it) and the queue has
 // its 3 members again, serving through the healed node.
 func TestClusterPartitionedNode(t *testing.T) {
-	t.Parallel() // after the tests that kill nodes, on the cluster they leave
-	if why := partitionSkip(); why != "" {
-		t.Skip(why)
-	}
+	t.Parallel() // its own cluster: beside the tests of the shared one
+	partitionable(t)
+	start := time.Now()
+	c := testenv.StartPrivateClusterWith(t, 3, testenv.ClusterOptions{
+		Partitionable: true, NetTicktime: partitionTicktime, PartitionHandling: "pause_minority",
+	})
+	t.Logf("partitionable cluster of 3 nodes started in %s", time.Since(start).Round(time.Millisecond))
+
 	// The nodes are reached through proxies that connect inside the
 	// cluster's namespace; the partition drops the proxies' packets too.
-	c, urls := privateCluster(t)
-	for i, nodeURL := range urls {
+	urls := make([]string, len(c.URLs))
+	for i, nodeURL := range c.URLs {
 		u, err := url.Parse(nodeURL)
 		require.NoError(t, err)
+		u.Host = testenv.StartProxyDialer(t, u.Host, c.DialContext).Addr()
 		u.RawQuery = "heartbeat=" + strconv.Itoa(int(partitionHeartbeat.Seconds()))
 		urls[i] = u.String()
 	}

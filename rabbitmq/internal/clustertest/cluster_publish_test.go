@@ -2,6 +2,7 @@ package clustertest_test
 
 import (
 	"errors"
+	"net/url"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -31,15 +32,19 @@ import (
 // channel's were confirmed: before the Publisher replaced a channel after a
 // nack, this test failed, no batch confirmed within 30 s of the kill.
 func TestClusterPublisherNodeKilledMidStream(t *testing.T) {
-	c, urls := privateCluster(t)
-	topo := declareOnNode(t, c, urls, 0, "cluster_pub")
+	t.Parallel()
+	c := privateCluster(t)
+	topo := declareOnNode(t, c, 0, "cluster_pub")
 	q := topo.Queue()
 
 	// Node 0 is reached through a proxy that can drop its replies: a batch
 	// is then surely in flight, its confirms lost, when the node dies.
-	proxy, proxied := nodeProxy(t, c, 0)
+	u, err := url.Parse(c.URLs[0])
+	require.NoError(t, err)
+	proxy := testenv.StartProxy(t, u.Host)
+	u.Host = proxy.Addr()
 	p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{
-		Connection:     rabbitmq.Connection{URLs: []string{proxied, urls[1], urls[2]}, DialTimeout: 5 * time.Second},
+		Connection:     rabbitmq.Connection{URLs: []string{u.String(), c.URLs[1], c.URLs[2]}, DialTimeout: 5 * time.Second},
 		ConfirmTimeout: 30 * time.Second,
 	})
 	require.NoError(t, err)
@@ -111,7 +116,7 @@ func TestClusterPublisherNodeKilledMidStream(t *testing.T) {
 	muted.Store(true)
 	// Node 0 has stored a message whose confirm the publisher will never
 	// see: the queue, read from node 1, holds more than it confirmed.
-	node1 := dialNode(t, urls[1])
+	node1 := dialNode(t, c.URLs[1])
 	ch := testenv.Channel(t, node1)
 	require.Eventually(t, func() bool {
 		stored, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
@@ -128,7 +133,7 @@ func TestClusterPublisherNodeKilledMidStream(t *testing.T) {
 	t.Logf("first batch confirmed through another node %s after the SIGKILL of node 0 (%s until its VM was gone), publishers done after %s",
 		resumed.Sub(start).Round(time.Millisecond), killTook.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 
-	stored := drainBodies(t, dialNode(t, urls[2]), q)
+	stored := drainBodies(t, dialNode(t, c.URLs[2]), q)
 	phase("drained")
 	var confirmed, uncertain, uncertainStored, certain int
 	for body, err := range outcome {

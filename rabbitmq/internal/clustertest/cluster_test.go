@@ -2,7 +2,6 @@ package clustertest_test
 
 import (
 	"context"
-	"net/url"
 	"strconv"
 	"sync"
 	"testing"
@@ -17,27 +16,22 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
-// The tests share one private 3-node cluster, started by the first of them
-// and stopped by TestMain: starting one takes 13 s on a development
-// machine, 35 to 50 s at make test's load. The tests that kill a node run
-// one after another (not parallel, and privateCluster holds the cluster
-// until the test's end); TestClusterPartitionedNode is parallel, so go test
-// runs it after them, last: a heal that fails cannot leave them a broken
-// cluster. Where this machine can cut a node off (partitionSkip), the
-// cluster is the partition test's: Partitionable, with partitionTicktime
-// and pause_minority, which change nothing for a killed node (its
-// connections close at once; the others are a majority); its nodes are
-// then reached through proxies (nodeProxy). Before, the partition test
-// started a second cluster of its own, beside this one.
+// The tests that kill nodes share one private 3-node cluster, started by
+// the first of them and stopped by TestMain: starting one takes about 13 s.
+// They run one at a time (each kills a node: privateCluster holds the
+// cluster until the test's end), beside TestClusterPartitionedNode, which
+// has a cluster of its own; no other test uses the cluster. A killed node
+// is started again by the next test that takes the cluster, not after the
+// last one. (Run last on this cluster, made partitionable, the partition
+// test saved 6 to 10 CPU-seconds a run and cost 30 to 60 s of wall time:
+// issue 41.)
 var cluster struct {
 	once sync.Once
 	use  sync.Mutex // held by the test using the cluster
 	c    *testenv.PrivateCluster
 	err  error
-	// partitionable: the cluster runs in a network namespace.
-	partitionable bool
 	// down are the nodes killed by the test before, started again by the
-	// next test that takes the cluster (none after the last).
+	// next test that takes the cluster.
 	down []int
 	// garbage are the queues of the tests before (deleteAtEnd).
 	garbage []string
@@ -45,20 +39,15 @@ var cluster struct {
 
 // privateCluster returns the shared cluster, held by t until t ends (its
 // cleanups, registered after this call, run first), with every node
-// running, and the nodes' AMQP URLs as t reaches them (through proxies,
-// closed when t ends, if the cluster is partitionable). Call it first.
-func privateCluster(t *testing.T) (*testenv.PrivateCluster, []string) {
+// running. Call it first.
+func privateCluster(t *testing.T) *testenv.PrivateCluster {
 	t.Helper()
 	cluster.use.Lock()
 	t.Cleanup(cluster.use.Unlock)
 	cluster.once.Do(func() {
 		start := time.Now()
-		var o testenv.ClusterOptions
-		if cluster.partitionable = partitionSkip() == ""; cluster.partitionable {
-			o = testenv.ClusterOptions{Partitionable: true, NetTicktime: partitionTicktime, PartitionHandling: "pause_minority"}
-		}
-		cluster.c, cluster.err = testenv.StartClusterWith(3, o)
-		t.Logf("private cluster of 3 nodes (partitionable: %t) started in %s", cluster.partitionable, time.Since(start).Round(time.Millisecond))
+		cluster.c, cluster.err = testenv.StartCluster(3)
+		t.Logf("private cluster of 3 nodes started in %s", time.Since(start).Round(time.Millisecond))
 	})
 	require.NoError(t, cluster.err, "starting the private cluster")
 	c := cluster.c
@@ -68,34 +57,13 @@ func privateCluster(t *testing.T) (*testenv.PrivateCluster, []string) {
 		cluster.down = cluster.down[1:]
 		t.Logf("node %d, killed by the test before, started again in %s", i, time.Since(start).Round(time.Millisecond))
 	}
-	urls := make([]string, len(c.URLs))
-	for i := range urls {
-		urls[i] = c.URLs[i]
-		if cluster.partitionable {
-			_, urls[i] = nodeProxy(t, c, i)
-		}
-	}
 	if len(cluster.garbage) > 0 {
-		deleteQueues(t, urls, cluster.garbage)
+		start := time.Now()
+		deleteQueues(t, c.URLs, cluster.garbage)
+		t.Logf("%d queues of the tests before deleted in %s", len(cluster.garbage), time.Since(start).Round(time.Millisecond))
 		cluster.garbage = nil
 	}
-	return c, urls
-}
-
-// nodeProxy starts a proxy in front of node i, closed when t ends, and
-// returns it with the URL that connects through it.
-func nodeProxy(t *testing.T, c *testenv.PrivateCluster, i int) (*testenv.Proxy, string) {
-	t.Helper()
-	u, err := url.Parse(c.URLs[i])
-	require.NoError(t, err)
-	var p *testenv.Proxy
-	if cluster.partitionable {
-		p = testenv.StartProxyDialer(t, u.Host, c.DialContext)
-	} else {
-		p = testenv.StartProxy(t, u.Host)
-	}
-	u.Host = p.Addr()
-	return p, u.String()
+	return c
 }
 
 // closeCluster stops the shared cluster if a test started it.
@@ -126,11 +94,11 @@ func dialNode(t *testing.T, nodeURL string) *amqp.Connection {
 // declareOnNode declares a quorum topology of t's own through node i,
 // which then leads its queues (RabbitMQ's default leader locator is
 // client-local), and deletes its queues when t ends.
-func declareOnNode(t *testing.T, c *testenv.PrivateCluster, urls []string, i int, prefix string) *rabbitmq.Topology {
+func declareOnNode(t *testing.T, c *testenv.PrivateCluster, i int, prefix string) *rabbitmq.Topology {
 	t.Helper()
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: testenv.Name(prefix), Quorum: true})
 	require.NoError(t, err)
-	require.NoError(t, topo.Declare(t.Context(), dialNode(t, urls[i])))
+	require.NoError(t, topo.Declare(t.Context(), dialNode(t, c.URLs[i])))
 	deleteAtEnd(t, topo.Queue(), topo.PoisonQueue())
 	require.Equal(t, i, c.QuorumLeader(t, (i+1)%len(c.URLs), topo.Queue()), "declared through node %d, led by it", i)
 	return topo
@@ -171,10 +139,11 @@ func deleteQueues(t *testing.T, urls []string, queues []string) {
 // Broker's publisher, on the dead node too, moves with it: messages
 // published after the kill are consumed as well.
 func TestClusterConsumerNodeKilledMidDrain(t *testing.T) {
-	c, urls := privateCluster(t)
+	t.Parallel()
+	c := privateCluster(t)
 	const prefetch = 16
 	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
-		Connection: rabbitmq.Connection{URLs: urls, DialTimeout: 5 * time.Second},
+		Connection: rabbitmq.Connection{URLs: c.URLs, DialTimeout: 5 * time.Second},
 		Topology:   rabbitmq.TopologyConfig{Queue: testenv.Name("cluster_consume"), Quorum: true},
 		Prefetch:   prefetch,
 	})
@@ -263,6 +232,6 @@ func TestClusterConsumerNodeKilledMidDrain(t *testing.T) {
 		redelivered += n - 1
 	}
 	require.LessOrEqual(t, redelivered, prefetch, "only the deliveries unacked at the kill come again")
-	require.Zero(t, testenv.QueueDepth(t, dialNode(t, urls[2]), q), "the queue is drained")
+	require.Zero(t, testenv.QueueDepth(t, dialNode(t, c.URLs[2]), q), "the queue is drained")
 	t.Logf("%d messages handled, %d redelivered after the kill", len(handled), redelivered)
 }

@@ -17,17 +17,18 @@ import (
 // main queue is killed are dead-lettered back to the main queue by the new
 // leaders when their TTL runs out: at least once, none lost.
 func TestClusterQuorumTierDeadLettersAfterALeaderChange(t *testing.T) {
-	c, urls := privateCluster(t)
+	t.Parallel()
+	c := privateCluster(t)
 	const delay = 8 * time.Second
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: testenv.Name("cluster_tier"), Quorum: true, TierDelays: []time.Duration{delay}})
 	require.NoError(t, err)
-	require.NoError(t, topo.Declare(t.Context(), dialNode(t, urls[0])))
+	require.NoError(t, topo.Declare(t.Context(), dialNode(t, c.URLs[0])))
 	tier := topo.Tiers()[0].Topic
 	deleteAtEnd(t, topo.Queue(), tier, topo.PoisonQueue())
 	require.Equal(t, 0, c.QuorumLeader(t, 1, tier), "declared through node 0, led by it")
 	require.Equal(t, 0, c.QuorumLeader(t, 1, topo.Queue()))
 
-	p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: urls[1], DialTimeout: 5 * time.Second}})
+	p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: c.URLs[1], DialTimeout: 5 * time.Second}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.Close() })
 	const n = 200
@@ -40,7 +41,7 @@ func TestClusterQuorumTierDeadLettersAfterALeaderChange(t *testing.T) {
 	killNode(t, c, 0)
 	require.Less(t, time.Since(published), delay, "the leader died before the copies expired")
 
-	node2 := dialNode(t, urls[2])
+	node2 := dialNode(t, c.URLs[2])
 	ch := testenv.Channel(t, node2)
 	require.Eventually(t, func() bool {
 		q, err := ch.QueueDeclarePassive(topo.Queue(), true, false, false, false, nil)

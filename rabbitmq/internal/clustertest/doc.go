@@ -4,8 +4,8 @@
 // mid-stream, mid-drain, while a quorum tier holds copies; a node cut off
 // by a network partition).
 //
-// They run one after another on one private 3-node cluster, the partition
-// test last, and take minutes. In a package of their own,
+// They run one after another on one private 3-node cluster (the partition
+// test starts one of its own) and take minutes. In a package of their own,
 // go test runs them beside the rabbitmq package's tests instead of before
 // its parallel ones.
 //
