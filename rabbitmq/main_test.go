@@ -1,9 +1,15 @@
 package rabbitmq_test
 
 import (
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		closePrivateNodes()
+		os.Exit(code)
+	}))
+}

@@ -76,42 +76,50 @@ func keyed(key string, seq int) *message.Message {
 // reads it back from the broker (rabbitmqctl): the consistent-hash
 // exchange hashing the header, each partition queue bound with weight 1
 // and declared with single active consumer, its own tiers returning to it,
-// one poison queue; classic and quorum.
+// one poison queue; classic and quorum. Both are declared first and read
+// back by one listing of each kind (each rabbitmqctl is an Erlang VM of
+// its own, and lists every queue of the shared broker).
 func TestPartitionedTopologyDeclares(t *testing.T) {
 	t.Parallel()
+	brokers := map[bool]*rabbitmq.Broker{}
+	for _, quorum := range []bool{false, true} {
+		cfg := rabbitmq.TopologyConfig{Partitions: 3, TierDelays: []time.Duration{time.Second, 2 * time.Second}, Quorum: quorum}
+		if quorum {
+			cfg.DeliveryLimit = 5
+		}
+		b := newPartitionedBroker(t, testenv.AMQPURL, cfg)
+		require.NoError(t, b.Topology().Declare(t.Context(), testenv.AMQP(t)), "Declare is idempotent")
+		brokers[quorum] = b
+	}
+	type exchange struct {
+		Name, Type string
+		Arguments  [][]any
+	}
+	var exchanges []exchange
+	ctlJSON(t, &exchanges, "list_exchanges", "name", "type", "arguments")
+	var bindings []struct {
+		Source      string `json:"source_name"`
+		Destination string `json:"destination_name"`
+		RoutingKey  string `json:"routing_key"`
+	}
+	ctlJSON(t, &bindings, "list_bindings", "source_name", "destination_name", "routing_key")
+	var queues []struct {
+		Name      string
+		Arguments [][]any
+	}
+	ctlJSON(t, &queues, "list_queues", "name", "arguments")
+
 	for _, quorum := range []bool{false, true} {
 		t.Run(map[bool]string{false: "classic", true: "quorum"}[quorum], func(t *testing.T) {
-			t.Parallel()
-			cfg := rabbitmq.TopologyConfig{Partitions: 3, TierDelays: []time.Duration{time.Second, 2 * time.Second}, Quorum: quorum}
-			if quorum {
-				cfg.DeliveryLimit = 5
-			}
-			b := newPartitionedBroker(t, testenv.AMQPURL, cfg)
+			b := brokers[quorum]
 			topo := b.Topology()
 			q := topo.Queue()
-			require.NoError(t, topo.Declare(t.Context(), testenv.AMQP(t)), "Declare is idempotent")
 
-			var exchanges []struct {
-				Name, Type string
-				Arguments  [][]any
-			}
-			ctlJSON(t, &exchanges, "list_exchanges", "name", "type", "arguments")
-			i := slices.IndexFunc(exchanges, func(e struct {
-				Name, Type string
-				Arguments  [][]any
-			}) bool {
-				return e.Name == q
-			})
+			i := slices.IndexFunc(exchanges, func(e exchange) bool { return e.Name == q })
 			require.GreaterOrEqual(t, i, 0, "the exchange is named after the queue")
 			require.Equal(t, "x-consistent-hash", exchanges[i].Type)
 			require.Equal(t, map[string]any{"hash-header": partitionKey}, ctlArgs(exchanges[i].Arguments))
 
-			var bindings []struct {
-				Source      string `json:"source_name"`
-				Destination string `json:"destination_name"`
-				RoutingKey  string `json:"routing_key"`
-			}
-			ctlJSON(t, &bindings, "list_bindings", "source_name", "destination_name", "routing_key")
 			var bound []string
 			for _, bd := range bindings {
 				if bd.Source == q {
@@ -122,11 +130,6 @@ func TestPartitionedTopologyDeclares(t *testing.T) {
 			slices.Sort(bound)
 			require.Equal(t, []string{q + ".p0", q + ".p1", q + ".p2"}, bound)
 
-			var queues []struct {
-				Name      string
-				Arguments [][]any
-			}
-			ctlJSON(t, &queues, "list_queues", "name", "arguments")
 			got := map[string]map[string]any{}
 			for _, qu := range queues {
 				if strings.HasPrefix(qu.Name, q+".") {
@@ -366,14 +369,15 @@ func TestPartitionSingleActiveConsumer(t *testing.T) {
 }
 
 // TestPartitionedWithoutThePlugin declares a partitioned topology on a
-// node of its own without rabbitmq_consistent_hash_exchange: the error
-// names the plugin and the command that enables it. The same on a node
-// with the plugin (testenv's Plugins) declares it.
+// private node without rabbitmq_consistent_hash_exchange (plainNode): the
+// error names the plugin and the command that enables it. The same on a
+// private node with the plugin (configuredNode, testenv's Plugins)
+// declares it.
 func TestPartitionedWithoutThePlugin(t *testing.T) {
 	t.Parallel()
-	declare := func(url string) error {
+	declare := func(url, queue string) error {
 		b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: url},
-			Topology: rabbitmq.TopologyConfig{Queue: "orders", Partitions: 2, PartitionKey: partitionKey}, DepthInterval: -1})
+			Topology: rabbitmq.TopologyConfig{Queue: queue, Partitions: 2, PartitionKey: partitionKey}, DepthInterval: -1})
 		if err == nil {
 			require.NoError(t, b.Close())
 		}
@@ -381,7 +385,7 @@ func TestPartitionedWithoutThePlugin(t *testing.T) {
 	}
 	t.Run("absent", func(t *testing.T) {
 		t.Parallel()
-		err := declare(testenv.StartPrivateRabbitMQ(t).URL)
+		err := declare(plainNodeFor(t).URL, "orders")
 		require.ErrorIs(t, err, rabbitmq.ErrConsistentHashPlugin)
 		require.ErrorContains(t, err, "rabbitmq-plugins enable rabbitmq_consistent_hash_exchange")
 		require.ErrorContains(t, err, `"orders"`)
@@ -389,8 +393,8 @@ func TestPartitionedWithoutThePlugin(t *testing.T) {
 	})
 	t.Run("enabled", func(t *testing.T) {
 		t.Parallel()
-		node := testenv.StartPrivateRabbitMQWith(t, testenv.PrivateRabbitMQOptions{Plugins: []string{"rabbitmq_consistent_hash_exchange"}})
-		require.NoError(t, declare(node.URL))
+		node, _ := configuredNodeFor(t)
+		require.NoError(t, declare(node.URL, testenv.Name("orders")))
 	})
 }
 

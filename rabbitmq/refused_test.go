@@ -19,10 +19,11 @@ import (
 // discards what follows a channel exception, so the last publish sent is
 // not stored. Before, it was labelled "the publish is uncertain: the
 // message may be stored". The publishes before it that awaited their
-// confirms stay uncertain: the culprit cannot be told among them.
+// confirms stay uncertain: the culprit cannot be told among them. On a
+// private node whose max_message_size is 1 MiB (configuredNode).
 func TestAMessageTheBrokerClosesTheChannelOnIsRefused(t *testing.T) {
 	t.Parallel()
-	node := testenv.StartPrivateRabbitMQWith(t, testenv.PrivateRabbitMQOptions{Config: "max_message_size = 1048576\n"})
+	node, _ := configuredNodeFor(t)
 	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: node.URL}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })

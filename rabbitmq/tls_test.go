@@ -12,18 +12,16 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
 // A broker behind TLS: the publisher, the subscriber and NewBroker connect
 // with the configured roots, a round trip works, and without the roots the
 // server's certificate is refused — the TLS is really verified. On a private
-// node with a TLS listener.
+// node with a TLS listener (configuredNode).
 func TestTLS(t *testing.T) {
 	t.Parallel()
-	files, pool := testenv.TestCA(t)
-	node := testenv.StartPrivateRabbitMQWith(t, testenv.PrivateRabbitMQOptions{TLS: &files})
+	node, pool := configuredNodeFor(t)
 	cfg := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 
 	_, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: node.TLSURL, DialTimeout: 5 * time.Second}})

@@ -24,7 +24,7 @@ func TestClusterQuorumTierDeadLettersAfterALeaderChange(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, topo.Declare(t.Context(), dialNode(t, c.URLs[0])))
 	tier := topo.Tiers()[0].Topic
-	deleteAtEnd(t, c, topo.Queue(), tier, topo.PoisonQueue())
+	deleteAtEnd(t, topo.Queue(), tier, topo.PoisonQueue())
 	require.Equal(t, 0, c.QuorumLeader(t, 1, tier), "declared through node 0, led by it")
 	require.Equal(t, 0, c.QuorumLeader(t, 1, topo.Queue()))
 
