@@ -34,6 +34,7 @@ type confirmChannel struct {
 	settles  chan chan struct{} // settle's requests to listen
 	done     chan struct{}      // closed when listen ends: the channel is closed
 	closeErr error              // why the channel closed (the broker's reply), set before done closes
+	refusal  bool               // the channel closed with a publish's channel exception (406, 403, 404), set before done closes
 	frameMax int                // the connection's negotiated frame_max (0: unlimited)
 	maxSize  int                // the broker's max_message_size (Connection.MaxMessageSize)
 
@@ -146,6 +147,7 @@ func (c *confirmChannel) confirmed(cf amqp.Confirmation, ok bool) bool {
 		for tag := range c.pending {
 			last = max(last, tag)
 		}
+		c.refusal = refused
 		for tag, f := range c.pending {
 			f.closed, f.refused = c.closeErr, refused && tag == last
 			close(f.done)
@@ -232,12 +234,43 @@ func (c *confirmChannel) publish(exchange, key string, pub amqp.Publishing) (*in
 		c.mu.Lock()
 		delete(c.pending, tag)
 		c.mu.Unlock()
-		return nil, err
+		return nil, c.notSent(err)
 	}
 	c.mu.Lock()
 	c.lastSent = max(c.lastSent, tag)
 	c.mu.Unlock()
 	return f, nil
+}
+
+// closedWait bounds how long a publish the client could not send waits for
+// the channel's close reason, which amqp091 hands over as it shuts the
+// channel down.
+const closedWait = 5 * time.Second
+
+// notSent is the error of a publish the client did not send (err): when
+// the channel was closed by a publish's channel exception — an earlier
+// message of the same call refused (406 over max_message_size, 403, 404)
+// — it matches ErrRefused and ErrChannelClosed, as a publish sent after the
+// culprit does: not stored, not uncertain. Before, a message that came
+// after the culprit matched ErrRefused when the client sent it before the
+// broker's close arrived and did not when the close came first (seen under
+// load: "504 channel/connection is not open").
+func (c *confirmChannel) notSent(err error) error {
+	if !errors.Is(err, amqp.ErrClosed) {
+		return err
+	}
+	select {
+	case <-c.done:
+	case <-time.After(closedWait):
+		return err
+	}
+	c.mu.Lock()
+	refusal, closeErr := c.refusal, c.closeErr
+	c.mu.Unlock()
+	if !refusal {
+		return err
+	}
+	return fmt.Errorf("%w (not sent: %w): %w", ErrRefused, err, closeErr)
 }
 
 // errUnmatchedReturn is a basic.return that names no publish: every
