@@ -39,8 +39,9 @@ var (
 	// ErrRefused is matched by a publish whose channel the broker closed
 	// with a channel exception answering a publish — 406 PRECONDITION_FAILED
 	// (a message over max_message_size), 403 ACCESS_REFUSED or 404
-	// NOT_FOUND — when it was the last publish sent on that channel: it is
-	// the culprit or came after it, and the broker discards what follows a
+	// NOT_FOUND — when it was the last publish sent on that channel, or one
+	// the client could not send any more because of that close: it is the
+	// culprit or came after it, and the broker discards what follows a
 	// channel exception, so the message is not stored (the error matches
 	// ErrChannelClosed, not sluice.ErrPublishUncertain). The publishes
 	// before it still awaiting their confirms may be stored: uncertain.
