@@ -445,10 +445,12 @@ func (s *subscription) startConsuming(ch *amqp.Channel, prefetch int) (*consumer
 // Two settlements wait for c to be cancelled, because a consumer with
 // credit would be handed a delivery it cannot keep — the broker returns
 // it, and on a quorum queue each return counts toward x-delivery-limit: a
-// delivery nacked while the gate is engaged (held by the brake: nacked
-// before the cancel it would come straight back, to be returned again),
-// and the ack of a probe consumer's delivery once the gate released (its
-// ack would give the consumer about to be cancelled credit for one more).
+// delivery nacked while the gate is engaged or the Consumer closes (held
+// by the brake, or given back by an ordered handler's view while the
+// router closes: nacked before the cancel it would come straight back, to
+// be returned again), and the ack of a probe consumer's delivery once the
+// gate released (its ack would give the consumer about to be cancelled
+// credit for one more).
 func (s *subscription) handOut(ctx context.Context, over <-chan struct{}, d amqp.Delivery, c *consumer, stop <-chan struct{}, inflight *sync.WaitGroup) bool {
 	msg, err := readDelivery(s.c.cfg.Marshaler, d)
 	if err != nil {
@@ -484,7 +486,15 @@ func (s *subscription) handOut(ctx context.Context, over <-chan struct{}, d amqp
 			}
 			_ = d.Ack(false)
 		case <-msg.Nacked():
-			if engaged, _, _ := s.gateState(); engaged {
+			wait, _, _ := s.gateState() // engaged
+			select {
+			case <-stop:
+				wait = true
+			case <-s.c.closing: // stop closes next
+				wait = true
+			default:
+			}
+			if wait {
 				<-c.done
 			}
 			_ = d.Nack(false, true)
