@@ -8,6 +8,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluicemq/sluice/internal/settle"
 )
 
 // returnedMax bounds how many deliveries of a key Serialize gives back
@@ -20,10 +22,11 @@ import (
 const returnedMax = 1024
 
 // sentWait bounds how long Serialize waits for the subscriber to have sent
-// a delivery's nack before it nacks the key's next one: a subscriber that
-// ends a delivery's context once it has settled it (Sluice's Consumer,
-// watermill-amqp's, the embedded broker's) does so at once; one that never
-// ends it costs its key this much per delivery given back.
+// a delivery's nack before it nacks the key's next one: Sluice's Consumer
+// says so itself (internal/settle), at once; another subscriber is taken
+// to have sent it when the delivery's context ends (watermill-amqp's and
+// the embedded broker's end it then); one that never ends it costs its key
+// this much per delivery given back.
 const sentWait = 2 * time.Second
 
 // Serialize returns a view of sub whose subscriptions hand the router one
@@ -42,9 +45,9 @@ const sentWait = 2 * time.Second
 // A quorum queue redelivers what is given back in the order the nacks
 // reach it, and on RabbitMQ 3.x and 4.0–4.2 each return counts toward its
 // x-delivery-limit. So Serialize nacks a key's deliveries one after
-// another, each once the subscriber has sent the nack before it — once
-// that delivery's context has ended (Sluice's Consumer ends it when it has
-// sent the ack or nack), at most sentWait — and they come back in their
+// another, each once the subscriber has sent the nack before it — Sluice's
+// Consumer says when it has; of another subscriber, the delivery's context
+// ending is taken for it; at most sentWait — and they come back in their
 // order: each is returned once per give-back, as often as the key's head
 // and no more. The key's next delivery is handed out once they are all
 // sent. (A classic queue puts a returned delivery back in its place: its
@@ -99,7 +102,7 @@ func (s *serial) Connected() bool {
 type settled struct {
 	key    string
 	id     string
-	ctx    context.Context
+	sent   <-chan struct{}
 	nacked bool
 }
 
@@ -109,8 +112,10 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 	var watchers, chains sync.WaitGroup
 	defer func() { close(quit); watchers.Wait(); chains.Wait() }()
 	type item struct {
-		msg     *message.Message
-		ctx     context.Context // the context Serialize handed msg out with
+		msg *message.Message
+		// sent is closed once the subscriber has sent msg's ack or nack:
+		// settle.Sent, or else the end of msg's context (nil: never).
+		sent    <-chan struct{}
 		key, id string
 	}
 	queues := map[string][]item{} // per key: the one in flight first, then those waiting
@@ -131,20 +136,20 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 	// given: per key, the context of the last delivery Serialize gave back
 	// (or of the given-back head): the key's next give-back waits for the
 	// subscriber to have sent its nack.
-	given := map[string]context.Context{}
+	given := map[string]<-chan struct{}{}
 	// chaining: per key, the give-backs whose nacks are still being sent.
 	// The key's next delivery is handed out once they are all sent: were it
 	// given back meanwhile, its nack would reach the broker among them.
 	chaining := map[string]int{}
 	chained := make(chan string)
-	giveBack := func(key string, after context.Context, its []item) {
+	giveBack := func(key string, after <-chan struct{}, its []item) {
 		if len(its) == 0 {
 			return
 		}
 		if after == nil {
 			after = given[key]
 		}
-		given[key] = its[len(its)-1].ctx
+		given[key] = its[len(its)-1].sent
 		chaining[key]++
 		chains.Add(1)
 		go func() {
@@ -156,17 +161,17 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 				}
 			}()
 			for _, it := range its {
-				if after != nil && after.Done() != nil {
+				if after != nil {
 					t := time.NewTimer(sentWait)
 					select {
-					case <-after.Done():
+					case <-after:
 					case <-quit:
 					case <-t.C:
 					}
 					t.Stop()
 				}
 				it.msg.Nack()
-				after = it.ctx
+				after = it.sent
 			}
 		}()
 	}
@@ -229,7 +234,10 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 			if k.kErr != nil { // the stages poison it: nothing to order
 				key = "\x00" + watermill.NewShortUUID()
 			}
-			it := item{msg: m, ctx: m.Context(), key: key, id: id}
+			it := item{msg: m, sent: settle.Sent(m.Context()), key: key, id: id}
+			if it.sent == nil {
+				it.sent = m.Context().Done()
+			}
 			if stopping {
 				if _, ok := queues[key]; ok { // given back with the key's waiting ones
 					queues[key] = append(queues[key], it)
@@ -266,7 +274,7 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 			watchers.Add(1)
 			go func() {
 				defer watchers.Done()
-				st := settled{key: it.key, id: it.id, ctx: it.ctx}
+				st := settled{key: it.key, id: it.id, sent: it.sent}
 				select {
 				case <-it.msg.Acked():
 				case <-it.msg.Nacked():
@@ -292,7 +300,7 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 						ids = append(ids, it.id)
 					}
 				}
-				giveBack(st.key, st.ctx, q) // after the head's nack is sent
+				giveBack(st.key, st.sent, q) // after the head's nack is sent
 				q = nil
 				if want, ok := returned[st.key]; ok { // given back before, not all come back yet: after these
 					ids = append(ids, want.ids...)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/settle"
 )
 
 // Consumer defaults.
@@ -464,7 +465,8 @@ func (s *subscription) handOut(ctx context.Context, over <-chan struct{}, d amqp
 		return true
 	}
 	msgCtx, cancel := context.WithCancel(ctx)
-	msg.SetContext(msgCtx)
+	sent := make(chan struct{}) // closed once the ack or nack is sent (settle.Sent)
+	msg.SetContext(settle.WithSent(msgCtx, sent))
 	select {
 	case s.out <- msg:
 	case <-stop: // never handed to a handler: back to the queue, unprocessed
@@ -476,6 +478,7 @@ func (s *subscription) handOut(ctx context.Context, over <-chan struct{}, d amqp
 	go func() {
 		defer inflight.Done()
 		defer cancel()
+		defer close(sent)
 		select {
 		case <-msg.Acked():
 			// Only a probe consumer's ack waits: the gate is read for no other.

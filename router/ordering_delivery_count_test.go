@@ -1,21 +1,27 @@
 package router_test
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/ordering"
+	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/router"
 )
 
 // givenBack is a queue of one key's 16 events (the consumer's prefetch, all
@@ -207,4 +213,136 @@ func (g *givenBack) inOrder(out <-chan *message.Message, head *message.Message, 
 	if g.quorum {
 		require.LessOrEqual(g.t, highest, most, "a delivery returned more often than its key's head was given back: %v", got)
 	}
+}
+
+// An ordered key keeps its order across restarts mid-load, end to end: a
+// handler added by router.Add with Stages.Order (and the inbox) on a
+// classic queue and on a quorum queue with x-delivery-limit 20, one key's
+// 64 events; three times the router is closed while the key's first
+// delivery of the run is in its handler and the 15 after it wait in the
+// ordered view (the Consumer's prefetch, 16, all sent), then started anew
+// (a deploy). The key applies 0…63 in order, each once, the broker
+// dead-letters nothing, and no delivery comes back more often than the
+// restarts it waited through (x-delivery-count ≤ 3). Before, the view gave
+// back the waiting deliveries in any order, a quorum queue redelivered them
+// in that order, and the next run applied them out of order (0 14 2 15 17
+// 16 12 11 10 13 8 9 5 4 7 6 1 3 18 … on RabbitMQ 3.10.8). Router.Close
+// cancels the subscription's context at once, which ends every delivery's
+// context: Serialize waits for the Consumer's own signal that a nack is
+// sent (internal/settle), not for the context.
+func TestAnOrderedKeyKeepsItsOrderAcrossRestartsMidLoad(t *testing.T) {
+	t.Parallel()
+	for _, quorum := range []bool{false, true} {
+		t.Run(map[bool]string{false: "classic", true: "quorum"}[quorum], func(t *testing.T) {
+			t.Parallel()
+			const events, restarts = 64, 3
+			db, schema, inbox, orders := newOrderedStores(t, "seq int NOT NULL")
+			applied := func() []int {
+				var seqs []int
+				require.NoError(t, db.Select(&seqs, fmt.Sprintf(`SELECT seq FROM %s.applied ORDER BY n`, schema)))
+				return seqs
+			}
+
+			queue := testenv.Name("restarted")
+			tc := rabbitmq.TopologyConfig{Queue: queue, Quorum: quorum}
+			if quorum {
+				tc.DeliveryLimit = givenBackLimit
+			}
+			newBroker := func() *rabbitmq.Broker {
+				b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Topology: tc})
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = b.Close() })
+				return b
+			}
+			b := newBroker()
+			testenv.DeleteQueuesAtEnd(t, queue, b.Topology().PoisonQueue())
+			for seq := range events {
+				m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+				m.Metadata.Set(sluice.EventIDKey, fmt.Sprintf("a-%02d", seq))
+				m.Metadata.Set("account", "a")
+				m.Metadata.Set("seq", fmt.Sprint(seq))
+				require.NoError(t, b.Publisher().Publish(queue, m))
+			}
+			conn := testenv.AMQP(t)
+			var most atomic.Int64 // the highest x-delivery-count a handler saw
+			for run := range restarts + 1 {
+				if run > 0 {
+					b = newBroker()
+				}
+				logger := testenv.NewClosingLogger()
+				r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, logger)
+				require.NoError(t, err)
+				held, release := make(chan struct{}), make(chan struct{})
+				var first atomic.Bool
+				_, err = router.Add(r, router.HandlerConfig{
+					Broker: b, Name: "ledger",
+					Handler: func(msg *message.Message) error {
+						n, _ := strconv.Atoi(msg.Metadata.Get(rabbitmq.DeliveryCountKey))
+						for m := most.Load(); int64(n) > m && !most.CompareAndSwap(m, int64(n)); m = most.Load() {
+						}
+						if run < restarts && first.CompareAndSwap(false, true) {
+							close(held)
+							<-release
+						}
+						_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+							fmt.Sprintf(`INSERT INTO %s.applied (seq) VALUES ($1)`, schema), msg.Metadata.Get("seq"))
+						return err
+					},
+					Stages: router.Stages{
+						Order: &ordering.Config{Store: orders, Key: deduplication.KeyFromMetadata("account")},
+						Inbox: &deduplication.Config{Store: inbox},
+					},
+				})
+				require.NoError(t, err)
+				done := make(chan error, 1)
+				go func() { done <- r.Run(context.Background()) }()
+				<-r.Running()
+				if run == restarts {
+					require.Eventually(t, func() bool { return len(applied()) >= events }, 2*time.Minute, 20*time.Millisecond,
+						"every event applied after %d restarts; %d dead-lettered", restarts, testenv.QueueDepth(t, conn, b.Topology().PoisonQueue()))
+					require.NoError(t, r.Close())
+					require.NoError(t, <-done)
+					break
+				}
+				<-held
+				remaining := events - len(applied())
+				require.Greater(t, remaining, rabbitmq.PrefetchDefault)
+				require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == remaining-rabbitmq.PrefetchDefault },
+					time.Minute, 5*time.Millisecond, "the key's head in its handler, the next 15 sent and waiting")
+				closed := make(chan error, 1)
+				go func() { closed <- r.Close() }() // the deploy: the router closes with the head in its handler
+				<-logger.Closing
+				close(release)
+				require.NoError(t, <-closed)
+				require.NoError(t, <-done)
+			}
+			got := applied()
+			t.Logf("applied %d events after %d restarts mid-load; the highest x-delivery-count a handler saw: %d", len(got), restarts, most.Load())
+			want := make([]int, events)
+			for i := range want {
+				want[i] = i
+			}
+			require.Equal(t, want, got, "the key's order, each once")
+			require.Zero(t, testenv.QueueDepth(t, conn, b.Topology().PoisonQueue()), "dead-lettered by the broker")
+			if quorum {
+				require.LessOrEqual(t, most.Load(), int64(restarts), "a delivery returned once per restart at most")
+			}
+		})
+	}
+}
+
+// newOrderedStores returns the test database, a schema of t's own holding
+// an applied table (n bigserial, then column), the inbox store and the
+// ordering store in it.
+func newOrderedStores(t *testing.T, column string) (*sqlx.DB, string, *sqlstore.Store, *ordersql.Store) {
+	t.Helper()
+	db := testenv.Postgres(t)
+	schema := testenv.Schema(t, db)
+	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.applied (n bigserial PRIMARY KEY, %s)`, schema, column))
+	require.NoError(t, err)
+	inbox := testenv.SQLStore(t, db, schema+".inbox")
+	orders, err := ordersql.New(ordersql.Config{DB: db, TablePrefix: schema + ".order"})
+	require.NoError(t, err)
+	require.NoError(t, orders.CreateTables(t.Context()))
+	return db, schema, inbox, orders
 }
