@@ -102,7 +102,7 @@ background fuzz make --no-print-directory fuzz FUZZTIME="$FUZZTIME"
 # The short reliability run (docs/reliability.md), in three parts.
 $GO build -o "$logs/sluice-chaos" ./cmd/sluice-chaos || failed+=("building sluice-chaos")
 # Every scenario uses the shared PostgreSQL: these stop it, alone.
-foreground "chaos stopping PostgreSQL" "$logs/sluice-chaos" run -scenarios postgres-stop,postgres-stop-batched
+foreground "chaos stopping PostgreSQL" "$logs/sluice-chaos" run -scenarios postgres-stop,postgres-stop-batched,postgres-stop-batch-handler
 # The private brokers' scenarios (about 75 s alone on an idle machine: 3
 # nodes and 1 node booting, then the run) beside the shared broker's.
 # Once, beside the restart tests and the shared scenarios, one of them

@@ -73,7 +73,7 @@ type options struct {
 // the suffix -batch-handler, with a batch handler
 // (router.HandlerConfig.BatchHandler).
 var allScenarios = []string{"kill", "rabbitmq-restart", "postgres-stop", "poison-full", "same-id-8", "outbox",
-	"kill" + batchedSuffix, "postgres-stop" + batchedSuffix, "same-id-8" + batchHandlerSuffix, "kill" + batchHandlerSuffix, clusterScenario, orderedScenario}
+	"kill" + batchedSuffix, "postgres-stop" + batchedSuffix, "same-id-8" + batchHandlerSuffix, "kill" + batchHandlerSuffix, "postgres-stop" + batchHandlerSuffix, clusterScenario, orderedScenario}
 
 // killCrashPoints are the consumers' self-crashes in the kill scenario.
 var killCrashPoints = []string{"before-commit", "after-commit", "after-tier-publish"}
