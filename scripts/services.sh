@@ -59,14 +59,50 @@ postgres() {
   fi
 }
 
+# The shared RabbitMQ's open-file limit: RabbitMQ 3.x keeps 90% of it, less
+# a reserve, for sockets (file_handle_cache), and a connection past that
+# waits in its handshake. At Debian's default of 1024 (832 sockets) a make
+# test wedged the broker: 354 connections accepted and waiting for ever in
+# file_handle_cache:obtain, every test that dialled it failing on "i/o
+# timeout". The count RabbitMQ's docs recommend for production is 65536.
+# A container may cap it lower (the hard limit): then the hard limit.
+rabbitmq_nofile=$(ulimit -Hn 2>/dev/null || echo 65536)
+if [ "$rabbitmq_nofile" = unlimited ] || [ "$rabbitmq_nofile" -gt 65536 ]; then rabbitmq_nofile=65536; fi
+rabbitmq_pid() { cat /var/lib/rabbitmq/mnesia/rabbit@localhost.pid 2>/dev/null; }
+rabbitmq_nofile_now() { local pid; pid=$(rabbitmq_pid) && [ -n "$pid" ] && awk '/^Max open files/ {print $4}' "/proc/$pid/limits" 2>/dev/null; }
+# amqp_answers: the broker answers a protocol header with connection.start
+# within 10 s (a wedged broker accepts the TCP connection and says nothing).
+amqp_answers() { timeout 10 bash -c 'exec 3<>/dev/tcp/127.0.0.1/5672 && printf "AMQP\x00\x00\x09\x01" >&3 && head -c 1 <&3 >/dev/null' 2>/dev/null; }
+
 rabbitmq() {
   command -v rabbitmq-server >/dev/null || install rabbitmq-server
+  if port_open 5672; then
+    local why=""
+    if [ "$(rabbitmq_nofile_now)" != "" ] && [ "$(rabbitmq_nofile_now)" -lt "$rabbitmq_nofile" ]; then
+      why="its open-file limit is $(rabbitmq_nofile_now), below $rabbitmq_nofile"
+    elif ! amqp_answers; then
+      why="it accepts connections but answers no AMQP handshake within 10 s"
+    fi
+    if [ -n "$why" ]; then
+      log "RabbitMQ: restarting it: $why"
+      as_root timeout 60 rabbitmqctl stop >/dev/null 2>&1 || { local pid; pid=$(rabbitmq_pid) && [ -n "$pid" ] && as_root kill -9 "$pid"; }
+      wait_for "RabbitMQ to stop" 60 bash -c '! (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null'
+    fi
+  fi
+  # rabbitmq-server switches to the rabbitmq user, which resets the
+  # limits; rabbitmq-env.conf is sourced by the shell that starts the VM.
+  if ! grep -qx "ulimit -n $rabbitmq_nofile" /etc/rabbitmq/rabbitmq-env.conf 2>/dev/null; then
+    log "RabbitMQ: open files $rabbitmq_nofile (/etc/rabbitmq/rabbitmq-env.conf)"
+    as_root sed -i '/^ulimit -n /d' /etc/rabbitmq/rabbitmq-env.conf 2>/dev/null || true
+    echo "ulimit -n $rabbitmq_nofile" | as_root tee -a /etc/rabbitmq/rabbitmq-env.conf >/dev/null
+  fi
   if ! port_open 5672; then
-    log "starting RabbitMQ"
+    log "starting RabbitMQ (open files: $rabbitmq_nofile)"
     as_root rabbitmq-server -detached || true
     as_root timeout 120 rabbitmqctl await_startup >/dev/null 2>&1 || true
   fi
   wait_for RabbitMQ 120 port_open 5672
+  wait_for "RabbitMQ's AMQP handshake" 120 amqp_answers
   # Partitioned topologies (TopologyConfig.Partitions) declare an exchange of
   # type x-consistent-hash: enabled online, no restart; idempotent.
   if ! as_root rabbitmq-plugins -q list -e -m 2>/dev/null | grep -qx rabbitmq_consistent_hash_exchange; then
