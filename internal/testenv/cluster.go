@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -127,15 +128,38 @@ func StartClusterWith(n int, o ClusterOptions) (*PrivateCluster, error) {
 	if o.PartitionHandling != "" {
 		env = append(env, "SLUICE_CLUSTER_PARTITION_HANDLING="+o.PartitionHandling)
 	}
+	settings := env
+	// A port picked free may be taken before the node binds it (another
+	// test, a scenario's node booting beside): a cluster that does not
+	// start is started once more, on new ports, its first failure kept.
+	var first error
+	for attempt := range 2 {
+		c.Nodes, c.URLs = nil, nil
+		err := c.startOn(n, prefix, settings)
+		if err == nil {
+			return c, nil
+		}
+		if attempt == 0 {
+			first = err
+			_, _ = c.run([]string{"stop"}) // its nodes stopped, its state directory (and cluster.env) removed
+			continue
+		}
+		return nil, errors.Join(fmt.Errorf("starting the cluster once more after: %w", first), err, c.Close())
+	}
+	return nil, first
+}
+
+// startOn picks the nodes' ports and starts the cluster's n nodes.
+func (c *PrivateCluster) startOn(n int, prefix string, env []string) error {
 	var ports, distPorts []string
 	for i := range n {
 		port, err := pickPort()
 		if err != nil {
-			return nil, errors.Join(err, os.RemoveAll(dir))
+			return err
 		}
 		dist, err := pickPort()
 		if err != nil {
-			return nil, errors.Join(err, os.RemoveAll(dir))
+			return err
 		}
 		ports, distPorts = append(ports, strconv.Itoa(port)), append(distPorts, strconv.Itoa(dist))
 		host := "127.0.0.1"
@@ -146,12 +170,9 @@ func StartClusterWith(n int, o ClusterOptions) (*PrivateCluster, error) {
 		}
 		c.URLs = append(c.URLs, fmt.Sprintf("amqp://guest:guest@%s:%d/", host, port))
 	}
-	env = append(env, "SLUICE_CLUSTER_PORTS="+strings.Join(ports, " "), "SLUICE_CLUSTER_DIST_PORTS="+strings.Join(distPorts, " "))
-	_, err = c.run([]string{"start"}, env...)
-	if err != nil {
-		return nil, errors.Join(err, c.Close())
-	}
-	return c, nil
+	env = append(slices.Clone(env), "SLUICE_CLUSTER_PORTS="+strings.Join(ports, " "), "SLUICE_CLUSTER_DIST_PORTS="+strings.Join(distPorts, " "))
+	_, err := c.run([]string{"start"}, env...)
+	return err
 }
 
 // StartPrivateCluster starts a private cluster of n nodes for t, stopped
