@@ -42,6 +42,19 @@ func holedAfterHandshake(t *testing.T) (func() (*amqp.Connection, error), *atomi
 	}, &dials
 }
 
+// sampling returns a console that samples its one family's depth through
+// dial every interval, with a CallTimeout of a minute (longer than any
+// wait the tests allow), closed when t ends (Close is idempotent).
+func sampling(t *testing.T, dial func() (*amqp.Connection, error), interval time.Duration) *console.Console {
+	t.Helper()
+	q := testenv.Name("console_holed")
+	c, err := console.New(console.Config{Dial: dial, ReadOnly: true, SampleInterval: interval, CallTimeout: time.Minute,
+		Queues: []console.Queue{{Name: q, Poison: q + ".poison"}}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 // within runs f and fails t unless it returns within d.
 func within(t *testing.T, d time.Duration, what string, f func()) time.Duration {
 	t.Helper()
@@ -88,20 +101,10 @@ func TestABlackHoledBrokerHoldsNoOverviewPastCallTimeout(t *testing.T) {
 func TestABlackHoledBrokerHoldsNoChartSamplePastItsInterval(t *testing.T) {
 	t.Parallel()
 	dial, dials := holedAfterHandshake(t)
-	q := testenv.Name("console_holed")
-	c, err := console.New(console.Config{Dial: dial, ReadOnly: true, SampleInterval: time.Second, CallTimeout: time.Minute,
-		Queues: []console.Queue{{Name: q, Poison: q + ".poison"}}})
-	require.NoError(t, err)
-	closed := false
-	t.Cleanup(func() {
-		if !closed {
-			_ = c.Close()
-		}
-	})
+	c := sampling(t, dial, time.Second)
 	require.Eventually(t, func() bool { return dials.Load() >= 3 }, 2*time.Minute, 50*time.Millisecond,
 		"a sample every SampleInterval (1 s), each given up at its end")
 	within(t, 20*time.Second, "Close", func() { _ = c.Close() }) // the sample in progress ends at once; its CallTimeout is a minute
-	closed = true
 }
 
 // A sample whose dial outlasts its SampleInterval closes its connection to
@@ -124,21 +127,15 @@ func TestASampleWhoseDialOutlastsItsIntervalHoldsNoClose(t *testing.T) {
 		}
 		return conn, err
 	}
-	q := testenv.Name("console_holed")
-	c, err := console.New(console.Config{Dial: dial, ReadOnly: true, SampleInterval: interval, CallTimeout: time.Minute,
-		Queues: []console.Queue{{Name: q, Poison: q + ".poison"}}})
-	require.NoError(t, err)
-	closed := false
-	t.Cleanup(func() {
-		if !closed {
-			_ = c.Close()
-		}
-	})
-	<-dialed
+	c := sampling(t, dial, interval)
+	select {
+	case <-dialed:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the sampler did not dial")
+	}
 	require.Eventually(t, func() bool { return dials.Load() >= 2 }, 2*time.Minute, 10*time.Millisecond,
 		"the sampler went on to its next sample")
 	within(t, 20*time.Second, "Close", func() { _ = c.Close() })
-	closed = true
 }
 
 // The outbox page on a database that went silent — the connection up,
