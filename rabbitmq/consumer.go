@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/settle"
 )
 
 // Consumer defaults.
@@ -445,10 +446,12 @@ func (s *subscription) startConsuming(ch *amqp.Channel, prefetch int) (*consumer
 // Two settlements wait for c to be cancelled, because a consumer with
 // credit would be handed a delivery it cannot keep — the broker returns
 // it, and on a quorum queue each return counts toward x-delivery-limit: a
-// delivery nacked while the gate is engaged (held by the brake: nacked
-// before the cancel it would come straight back, to be returned again),
-// and the ack of a probe consumer's delivery once the gate released (its
-// ack would give the consumer about to be cancelled credit for one more).
+// delivery nacked while the gate is engaged or the Consumer closes (held
+// by the brake, or given back by an ordered handler's view while the
+// router closes: nacked before the cancel it would come straight back, to
+// be returned again), and the ack of a probe consumer's delivery once the
+// gate released (its ack would give the consumer about to be cancelled
+// credit for one more).
 func (s *subscription) handOut(ctx context.Context, over <-chan struct{}, d amqp.Delivery, c *consumer, stop <-chan struct{}, inflight *sync.WaitGroup) bool {
 	msg, err := readDelivery(s.c.cfg.Marshaler, d)
 	if err != nil {
@@ -462,7 +465,8 @@ func (s *subscription) handOut(ctx context.Context, over <-chan struct{}, d amqp
 		return true
 	}
 	msgCtx, cancel := context.WithCancel(ctx)
-	msg.SetContext(msgCtx)
+	sent := make(chan struct{}) // closed once the ack or nack is sent (settle.Sent)
+	msg.SetContext(settle.WithSent(msgCtx, sent))
 	select {
 	case s.out <- msg:
 	case <-stop: // never handed to a handler: back to the queue, unprocessed
@@ -474,6 +478,7 @@ func (s *subscription) handOut(ctx context.Context, over <-chan struct{}, d amqp
 	go func() {
 		defer inflight.Done()
 		defer cancel()
+		defer close(sent)
 		select {
 		case <-msg.Acked():
 			// Only a probe consumer's ack waits: the gate is read for no other.
@@ -484,7 +489,15 @@ func (s *subscription) handOut(ctx context.Context, over <-chan struct{}, d amqp
 			}
 			_ = d.Ack(false)
 		case <-msg.Nacked():
-			if engaged, _, _ := s.gateState(); engaged {
+			wait, _, _ := s.gateState() // engaged
+			select {
+			case <-stop:
+				wait = true
+			case <-s.c.closing: // stop closes next
+				wait = true
+			default:
+			}
+			if wait {
 				<-c.done
 			}
 			_ = d.Nack(false, true)
