@@ -248,13 +248,13 @@ func TestAnOrderedKeyKeepsItsOrderAcrossRestartsMidLoad(t *testing.T) {
 			if quorum {
 				tc.DeliveryLimit = givenBackLimit
 			}
-			newBroker := func() *rabbitmq.Broker {
-				b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Topology: tc})
+			newBroker := func(logger watermill.LoggerAdapter) *rabbitmq.Broker {
+				b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL, Logger: logger}, Topology: tc})
 				require.NoError(t, err)
 				t.Cleanup(func() { _ = b.Close() })
 				return b
 			}
-			b := newBroker()
+			b := newBroker(nil)
 			testenv.DeleteQueuesAtEnd(t, queue, b.Topology().PoisonQueue())
 			for seq := range events {
 				m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
@@ -266,10 +266,11 @@ func TestAnOrderedKeyKeepsItsOrderAcrossRestartsMidLoad(t *testing.T) {
 			conn := testenv.AMQP(t)
 			var most atomic.Int64 // the highest x-delivery-count a handler saw
 			for run := range restarts + 1 {
-				if run > 0 {
-					b = newBroker()
-				}
 				logger := testenv.NewClosingLogger()
+				if run > 0 {
+					require.NoError(t, b.Close())
+				}
+				b = newBroker(logger)
 				r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, logger)
 				require.NoError(t, err)
 				held, release := make(chan struct{}), make(chan struct{})
@@ -311,7 +312,12 @@ func TestAnOrderedKeyKeepsItsOrderAcrossRestartsMidLoad(t *testing.T) {
 					time.Minute, 5*time.Millisecond, "the key's head in its handler, the next 15 sent and waiting")
 				closed := make(chan error, 1)
 				go func() { closed <- r.Close() }() // the deploy: the router closes with the head in its handler
-				<-logger.Closing
+				select {                            // the Consumer has cancelled: the head's ack frees no credit
+				case <-logger.Draining:
+				case <-time.After(time.Minute):
+					close(release)
+					t.Fatal("the Consumer did not cancel within a minute of the router's Close")
+				}
 				close(release)
 				require.NoError(t, <-closed)
 				require.NoError(t, <-done)
