@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/sluicemq/sluice/internal/settle"
 )
 
 // returnedMax bounds how many deliveries of a key Serialize gives back
@@ -17,6 +20,14 @@ import (
 // prefetch). A delivery that does not come back (dead-lettered by a quorum
 // queue's delivery limit) must not make the key's later ones spend theirs.
 const returnedMax = 1024
+
+// sentWait bounds how long Serialize waits for the subscriber to have sent
+// a delivery's nack before it nacks the key's next one: Sluice's Consumer
+// says so itself (internal/settle), at once; another subscriber is taken
+// to have sent it when the delivery's context ends (watermill-amqp's and
+// the embedded broker's end it then); one that never ends it costs its key
+// this much per delivery given back.
+const sentWait = 2 * time.Second
 
 // Serialize returns a view of sub whose subscriptions hand the router one
 // delivery of a key at a time, in the order sub delivered them; deliveries
@@ -29,13 +40,22 @@ const returnedMax = 1024
 // are nacked too, and Serialize hands them out again in that order — the
 // given-back one first, then each of those, in its turn: a delivery of the
 // key that comes back out of its turn is nacked again, as is every later
-// delivery of the key that arrives before they are all back. The broker
-// redelivers them in the order the nacks reach it (each is sent on its
-// own; a classic queue hands a requeued delivery out at once while the
-// consumer has room, a quorum queue returns them ahead of the rest), which
-// need not be the order they were given back in; Serialize restores it.
-// Closing the view nacks the waiting deliveries — never handed to a
-// handler — and closes sub.
+// delivery of the key that arrives before they are all back.
+//
+// A quorum queue redelivers what is given back in the order the nacks
+// reach it, and on RabbitMQ 3.x and 4.0–4.2 each return counts toward its
+// x-delivery-limit. So Serialize nacks a key's deliveries one after
+// another, each once the subscriber has sent the nack before it — Sluice's
+// Consumer says when it has; of another subscriber, the delivery's context
+// ending is taken for it; at most sentWait — and they come back in their
+// order: each is returned once per give-back, as often as the key's head
+// and no more. The key's next delivery is handed out once they are all
+// sent. (A classic queue puts a returned delivery back in its place: its
+// order holds either way.) Closing the view nacks the waiting deliveries —
+// never handed to a handler — the same way, each key's in its order, once
+// the key's delivery in flight is settled (after it when it is nacked),
+// and closes sub: the view that replaces it (a restart) gets them in
+// their order.
 func (o *Orderer) Serialize(sub message.Subscriber) message.Subscriber {
 	return &serial{o: o, sub: sub, closing: make(chan struct{})}
 }
@@ -82,16 +102,20 @@ func (s *serial) Connected() bool {
 type settled struct {
 	key    string
 	id     string
+	sent   <-chan struct{}
 	nacked bool
 }
 
 func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<- *message.Message) {
 	defer close(out)
 	quit := make(chan struct{})
-	var watchers sync.WaitGroup
-	defer func() { close(quit); watchers.Wait() }()
+	var watchers, chains sync.WaitGroup
+	defer func() { close(quit); watchers.Wait(); chains.Wait() }()
 	type item struct {
-		msg     *message.Message
+		msg *message.Message
+		// sent is closed once the subscriber has sent msg's ack or nack:
+		// settle.Sent, or else the end of msg's context (nil: never).
+		sent    <-chan struct{}
 		key, id string
 	}
 	queues := map[string][]item{} // per key: the one in flight first, then those waiting
@@ -109,17 +133,57 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 	var ready []item // first of their key, not yet handed out
 	done := make(chan settled)
 	stopping := false
+	// given: per key, the context of the last delivery Serialize gave back
+	// (or of the given-back head): the key's next give-back waits for the
+	// subscriber to have sent its nack.
+	given := map[string]<-chan struct{}{}
+	// chaining: per key, the give-backs whose nacks are still being sent.
+	// The key's next delivery is handed out once they are all sent: were it
+	// given back meanwhile, its nack would reach the broker among them.
+	chaining := map[string]int{}
+	chained := make(chan string)
+	giveBack := func(key string, after <-chan struct{}, its []item) {
+		if len(its) == 0 {
+			return
+		}
+		if after == nil {
+			after = given[key]
+		}
+		given[key] = its[len(its)-1].sent
+		chaining[key]++
+		chains.Add(1)
+		go func() {
+			defer chains.Done()
+			defer func() {
+				select {
+				case chained <- key:
+				case <-quit:
+				}
+			}()
+			for _, it := range its {
+				if after != nil {
+					t := time.NewTimer(sentWait)
+					select {
+					case <-after:
+					case <-quit:
+					case <-t.C:
+					}
+					t.Stop()
+				}
+				it.msg.Nack()
+				after = it.sent
+			}
+		}()
+	}
+	// nackAll gives back each key that has none in flight, in its order;
+	// a key whose delivery is in flight is given back once that one is
+	// settled, after it when it is nacked (below).
 	nackAll := func() {
 		for _, it := range ready {
-			it.msg.Nack()
+			giveBack(it.key, nil, queues[it.key])
+			delete(queues, it.key)
 		}
 		ready = nil
-		for k, q := range queues {
-			for _, it := range q[1:] {
-				it.msg.Nack()
-			}
-			queues[k] = q[:1]
-		}
 	}
 	inflight := 0
 	closing := s.closing
@@ -129,10 +193,21 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 		}
 		var send chan<- *message.Message
 		var next *message.Message
-		if len(ready) > 0 && !stopping {
-			send, next = out, ready[0].msg
+		first := -1 // the first ready whose key's nacks are all sent
+		for i := 0; i < len(ready) && !stopping; i++ {
+			if chaining[ready[i].key] == 0 {
+				first = i
+				break
+			}
+		}
+		if first >= 0 {
+			send, next = out, ready[first].msg
 		}
 		select {
+		case key := <-chained:
+			if chaining[key]--; chaining[key] == 0 {
+				delete(chaining, key)
+			}
 		case <-closing:
 			if !stopping {
 				stopping = true
@@ -151,10 +226,6 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 				nackAll()
 				continue
 			}
-			if stopping {
-				m.Nack()
-				continue
-			}
 			k := &keyed{}
 			k.key, k.kErr = s.o.cfg.Key(m)
 			k.id, k.idErr = s.o.cfg.EventID(m)
@@ -163,10 +234,22 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 			if k.kErr != nil { // the stages poison it: nothing to order
 				key = "\x00" + watermill.NewShortUUID()
 			}
+			it := item{msg: m, sent: settle.Sent(m.Context()), key: key, id: id}
+			if it.sent == nil {
+				it.sent = m.Context().Done()
+			}
+			if stopping {
+				if _, ok := queues[key]; ok { // given back with the key's waiting ones
+					queues[key] = append(queues[key], it)
+				} else {
+					giveBack(key, nil, []item{it})
+				}
+				continue
+			}
 			if want, ok := returned[key]; ok {
 				if id != want.ids[0] && want.later < returnedMax {
 					want.later++
-					m.Nack()
+					giveBack(key, nil, []item{it})
 					continue
 				}
 				if id != want.ids[0] {
@@ -176,20 +259,22 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 				} else if want.ids = want.ids[1:]; len(want.ids) == 0 {
 					delete(returned, key)
 				}
+				if _, ok := returned[key]; !ok {
+					delete(given, key) // all back: every nack was sent
+				}
 			}
-			it := item{msg: m, key: key, id: id}
 			queues[key] = append(queues[key], it)
 			if len(queues[key]) == 1 {
 				ready = append(ready, it)
 			}
 		case send <- next:
-			it := ready[0]
-			ready = ready[1:]
+			it := ready[first]
+			ready = append(ready[:first], ready[first+1:]...)
 			inflight++
 			watchers.Add(1)
 			go func() {
 				defer watchers.Done()
-				st := settled{key: it.key, id: it.id}
+				st := settled{key: it.key, id: it.id, sent: it.sent}
 				select {
 				case <-it.msg.Acked():
 				case <-it.msg.Nacked():
@@ -211,11 +296,11 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 					ids = append(ids, st.id)
 				}
 				for _, it := range q {
-					it.msg.Nack()
 					if it.id != "" {
 						ids = append(ids, it.id)
 					}
 				}
+				giveBack(st.key, st.sent, q) // after the head's nack is sent
 				q = nil
 				if want, ok := returned[st.key]; ok { // given back before, not all come back yet: after these
 					ids = append(ids, want.ids...)
@@ -223,6 +308,9 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 				if !stopping && len(ids) > 0 {
 					returned[st.key] = &awaited{ids: ids}
 				}
+			} else if stopping { // acked: the key's waiting ones go back
+				giveBack(st.key, nil, q)
+				q = nil
 			}
 			if len(q) == 0 {
 				delete(queues, st.key)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/settle"
 )
 
 // Consumer defaults.
@@ -403,7 +404,7 @@ func (s *subscription) consume(ctx context.Context, stop <-chan struct{}) error 
 			case !ok:
 				return failed(errors.New("rabbitmq: the deliveries channel closed (consumer cancelled or channel closed)"))
 			case !s.handOut(flight, over, d, cur, stop, &inflight):
-				return s.drain(conn, ch, cur, &inflight)
+				return s.drain(conn, ch, cur, &inflight, d)
 			}
 		}
 	}
@@ -439,16 +440,22 @@ func (s *subscription) startConsuming(ch *amqp.Channel, prefetch int) (*consumer
 }
 
 // handOut gives d to the router and acks or nacks it by its tag when its
-// handler ends; false when stop closed before a handler took it (d is then
-// back in the queue, unprocessed).
+// handler ends; false when stop closed before a handler took it: d is the
+// drain's to give back, unprocessed, after those in flight.
 //
-// Two settlements wait for c to be cancelled, because a consumer with
-// credit would be handed a delivery it cannot keep — the broker returns
-// it, and on a quorum queue each return counts toward x-delivery-limit: a
-// delivery nacked while the gate is engaged (held by the brake: nacked
-// before the cancel it would come straight back, to be returned again),
-// and the ack of a probe consumer's delivery once the gate released (its
-// ack would give the consumer about to be cancelled credit for one more).
+// Settlements wait for c to be cancelled where a consumer with credit
+// would be handed a delivery it cannot keep — the broker returns it, and
+// on a quorum queue each return counts toward x-delivery-limit and comes
+// back ahead of the rest: a delivery nacked while the gate is engaged or
+// the Consumer closes (held by the brake, or given back by an ordered
+// handler's view while the router closes: nacked before the cancel it
+// would come straight back, to be returned again), an ack once the
+// Consumer closes (a quorum queue sends the consumer the next message for
+// the credit, and once the cancel is through returns it ahead of the
+// deliveries the closing Consumer gives back: it would overtake a key's
+// waiting deliveries), and the ack of a probe consumer's delivery once the
+// gate released (its ack would give the consumer about to be cancelled
+// credit for one more).
 func (s *subscription) handOut(ctx context.Context, over <-chan struct{}, d amqp.Delivery, c *consumer, stop <-chan struct{}, inflight *sync.WaitGroup) bool {
 	msg, err := readDelivery(s.c.cfg.Marshaler, d)
 	if err != nil {
@@ -462,29 +469,36 @@ func (s *subscription) handOut(ctx context.Context, over <-chan struct{}, d amqp
 		return true
 	}
 	msgCtx, cancel := context.WithCancel(ctx)
-	msg.SetContext(msgCtx)
+	sent := make(chan struct{}) // closed once the ack or nack is sent (settle.Sent)
+	msg.SetContext(settle.WithSent(msgCtx, sent))
 	select {
 	case s.out <- msg:
-	case <-stop: // never handed to a handler: back to the queue, unprocessed
+	case <-stop: // never handed to a handler: the drain gives it back
 		cancel()
-		_ = d.Nack(false, true)
 		return false
 	}
 	inflight.Add(1)
 	go func() {
 		defer inflight.Done()
 		defer cancel()
+		defer close(sent)
 		select {
 		case <-msg.Acked():
-			// Only a probe consumer's ack waits: the gate is read for no other.
-			if c.prefetch < s.c.cfg.Prefetch {
+			// A probe consumer's ack waits (the gate is read for no other),
+			// and any ack once the Consumer closes.
+			wait := closingNow(stop, s.c.closing)
+			if !wait && c.prefetch < s.c.cfg.Prefetch {
 				if engaged, probing, _ := s.gateState(); !engaged && !probing {
-					<-c.done
+					wait = true
 				}
+			}
+			if wait {
+				<-c.done
 			}
 			_ = d.Ack(false)
 		case <-msg.Nacked():
-			if engaged, _, _ := s.gateState(); engaged {
+			wait, _, _ := s.gateState() // engaged
+			if wait || closingNow(stop, s.c.closing) {
 				<-c.done
 			}
 			_ = d.Nack(false, true)
@@ -494,24 +508,44 @@ func (s *subscription) handOut(ctx context.Context, over <-chan struct{}, d amqp
 	return true
 }
 
-// drain cancels c (no new deliveries; the held ones may now be nacked),
-// returns those the broker sent before the cancel took effect and no
-// handler has — nacked one by one: on RabbitMQ 4.3 and later a basic.nack
-// with requeue does not count toward a quorum queue's delivery limit, while
-// a channel close's return does — waits up to DrainTimeout for those in
-// flight to be acked or nacked, and closes the channel. A broker that does
-// not answer the cancel or the close within WriteTimeout more has conn
-// closed under them.
-func (s *subscription) drain(conn *amqp.Connection, ch *amqp.Channel, c *consumer, inflight *sync.WaitGroup) error {
-	return closeWithin(conn, s.c.cfg.DrainTimeout+s.c.cfg.WriteTimeout, func() error { return s.drainChannel(ch, c, inflight) })
+// closingNow reports whether the subscription is stopping: stop closed, or
+// the Consumer's closing (stop closes next).
+func closingNow(stop, closing <-chan struct{}) bool {
+	select {
+	case <-stop:
+		return true
+	case <-closing:
+		return true
+	default:
+		return false
+	}
 }
 
-func (s *subscription) drainChannel(ch *amqp.Channel, c *consumer, inflight *sync.WaitGroup) error {
+// drain cancels c (no new deliveries; the held ones may now be nacked),
+// waits up to DrainTimeout for those in flight to be acked or nacked, then
+// gives back those no handler took — held (taken from c.deliveries when
+// stop closed) and the rest the broker sent before the cancel took effect
+// — and closes the channel. They go back after those in flight, nacked one
+// by one, in the order they came: a quorum queue redelivers returns in the
+// order they reach it, and a delivery no handler took comes after every
+// one handed out (an ordered handler's view gives a key's waiting
+// deliveries back as the Consumer closes; returned first, the untaken one
+// would overtake them). Nacked, not left to the channel's close: on
+// RabbitMQ 4.3 and later a basic.nack with requeue does not count toward
+// a quorum queue's delivery limit, while a close's return does. A broker
+// that does not answer the cancel or the close within WriteTimeout more
+// has conn closed under them.
+func (s *subscription) drain(conn *amqp.Connection, ch *amqp.Channel, c *consumer, inflight *sync.WaitGroup, held ...amqp.Delivery) error {
+	return closeWithin(conn, s.c.cfg.DrainTimeout+s.c.cfg.WriteTimeout, func() error { return s.drainChannel(ch, c, inflight, held) })
+}
+
+func (s *subscription) drainChannel(ch *amqp.Channel, c *consumer, inflight *sync.WaitGroup, held []amqp.Delivery) error {
 	err := ch.Cancel(c.tag, false)
 	c.stopped()
+	s.c.cfg.Logger.Debug("Consumer cancelled; draining the deliveries in flight", watermill.LogFields{"queue": s.queue})
 	if err == nil {
-		for d := range c.deliveries { // closed once the client has flushed them
-			_ = d.Nack(false, true)
+		for d := range c.deliveries { // closed once the client has flushed them; at most the prefetch
+			held = append(held, d)
 		}
 	}
 	done := make(chan struct{})
@@ -521,6 +555,9 @@ func (s *subscription) drainChannel(ch *amqp.Channel, c *consumer, inflight *syn
 	case <-time.After(s.c.cfg.DrainTimeout):
 		s.c.cfg.Logger.Error("Deliveries still in flight after the drain timeout; their channel closes and the broker redelivers them", nil,
 			watermill.LogFields{"queue": s.queue, "drain_timeout": s.c.cfg.DrainTimeout.String()})
+	}
+	for _, d := range held {
+		_ = d.Nack(false, true)
 	}
 	return ch.Close()
 }

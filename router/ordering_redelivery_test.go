@@ -18,7 +18,6 @@ import (
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
-	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -39,14 +38,7 @@ import (
 // its effect once.
 func TestARedeliveryOfAnAppliedMessageBehindAPoisonedHeadIsADuplicate(t *testing.T) {
 	t.Parallel()
-	db := testenv.Postgres(t)
-	schema := testenv.Schema(t, db)
-	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.applied (n bigserial PRIMARY KEY, event_id text NOT NULL)`, schema))
-	require.NoError(t, err)
-	inbox := testenv.SQLStore(t, db, schema+".inbox")
-	store, err := ordersql.New(ordersql.Config{DB: db, TablePrefix: schema + ".order"})
-	require.NoError(t, err)
-	require.NoError(t, store.CreateTables(t.Context()))
+	db, schema, inbox, store := newOrderedStores(t, "event_id text NOT NULL")
 
 	queue := testenv.Name("ordered_redelivery")
 	tc := rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond}}

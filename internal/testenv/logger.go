@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,11 +19,26 @@ type ClosingLogger struct {
 	watermill.LoggerAdapter
 	once    *sync.Once
 	Closing chan struct{}
+	// Draining is closed when a rabbitmq Consumer logging to the logger
+	// has cancelled its consumer as it closes: the broker sends it nothing
+	// more (a quorum queue's consumer count does not show it while the
+	// consumer holds deliveries).
+	Draining chan struct{}
+	drained  *sync.Once
 }
 
 // NewClosingLogger returns a ClosingLogger whose Closing is open.
 func NewClosingLogger() ClosingLogger {
-	return ClosingLogger{LoggerAdapter: watermill.NopLogger{}, once: &sync.Once{}, Closing: make(chan struct{})}
+	return ClosingLogger{LoggerAdapter: watermill.NopLogger{}, once: &sync.Once{}, Closing: make(chan struct{}),
+		drained: &sync.Once{}, Draining: make(chan struct{})}
+}
+
+// Debug closes Draining on the rabbitmq Consumer's "Consumer cancelled"
+// line.
+func (l ClosingLogger) Debug(msg string, _ watermill.LogFields) {
+	if strings.HasPrefix(msg, "Consumer cancelled") {
+		l.drained.Do(func() { close(l.Draining) })
+	}
 }
 
 // Info closes Closing on Watermill's "Closing router" line.
