@@ -18,7 +18,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/outbox/sqlstore"
@@ -128,7 +128,7 @@ func TestAReturnWithUnparseableHeadersIsNoConfirm(t *testing.T) {
 		require.NoError(t, p.write(missing, manyHeaders(10)))
 		p.relay(pub)
 		require.Eventually(t, func() bool {
-			return testenv.CounterSum(t, p.meter, outbox.MetricFailures) >= 2
+			return testenv.CounterSum(t, p.meter, telemetry.MetricOutboxFailures) >= 2
 		}, 2*time.Minute, 10*time.Millisecond, "both rows were tried")
 		require.Eventually(t, func() bool {
 			rows := p.rows()
@@ -259,13 +259,13 @@ func TestAFanOutThatCopiesTheDeliverysMetadataIsAppliedWhole(t *testing.T) {
 	send.send("order-1", "order")
 
 	require.Eventually(t, func() bool { return len(recv.applied()) == 5 }, 2*time.Minute, 10*time.Millisecond,
-		"the receiver applies each of the 5 produced events (it applied %v, poisoned %d, inbox %d, dup %d)", recv.applied(), testenv.QueueDepth(t, recv.conn, recv.rabbit.Topology().Queue()+".poison"), recv.count("inbox"), testenv.CounterSum(t, recv.meter, deduplication.MetricDuplicates))
+		"the receiver applies each of the 5 produced events (it applied %v, poisoned %d, inbox %d, dup %d)", recv.applied(), testenv.QueueDepth(t, recv.conn, recv.rabbit.Topology().Queue()+".poison"), recv.count("inbox"), testenv.CounterSum(t, recv.meter, telemetry.MetricInboxDuplicates))
 	ids := recv.applied()
 	require.Contains(t, ids, "summary:order-1", "an event id set on purpose is kept")
 	require.NotContains(t, ids, "order-1", "a copied event id is replaced")
 	require.Len(t, slices.Compact(slices.Sorted(slices.Values(ids))), 5)
 	require.Eventually(t, func() bool { return recv.count("inbox") == 5 }, time.Minute, 10*time.Millisecond, "each committed")
-	require.Zero(t, testenv.CounterSum(t, recv.meter, deduplication.MetricDuplicates))
+	require.Zero(t, testenv.CounterSum(t, recv.meter, telemetry.MetricInboxDuplicates))
 }
 
 // With a signing key shared between services, a handler that forwards its

@@ -29,13 +29,6 @@ const (
 	ErrorMaxLengthDefault = 1024
 )
 
-// MetricPoisoned counts messages isolated in the poison queue, by class.
-const MetricPoisoned = "sluice.poisoned"
-
-// MetricParked counts diagnosed copies the poison queue refused and that
-// were parked to be isolated when they come back (Config.ParkTopic).
-const MetricParked = "sluice.poison.parked"
-
 // ClassesDefault are the classes isolated when Config.Classes is empty.
 var ClassesDefault = []sluice.Class{sluice.ClassPoison, sluice.ClassInvariant, sluice.ClassExhausted}
 
@@ -99,7 +92,7 @@ type Config struct {
 	// DeadLetterQueueKey, reason expired); on any other delivery it is
 	// removed, and the handler runs.
 	Signer *sluice.Signer
-	// MeterProvider receives MetricPoisoned. Default the global provider.
+	// MeterProvider receives sluice.poisoned. Default the global provider.
 	MeterProvider metric.MeterProvider
 	// Logger receives one line per message isolated (error level: the
 	// class, the reason, a panic's whole stack) and per failed publish.
@@ -173,7 +166,7 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	parkedCt, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(MetricParked,
+	parkedCt, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(telemetry.MetricPoisonParked,
 		metric.WithDescription("Poison copies the poison queue refused, parked to be isolated later."))
 	if err != nil {
 		return nil, err

@@ -10,7 +10,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 
@@ -28,12 +27,6 @@ const (
 	PublishBackoffDefault = time.Second
 	PublishTimeoutDefault = 30 * time.Second
 	ErrorMaxLengthDefault = 1024
-)
-
-// Metric names.
-const (
-	MetricRetries   = "sluice.retries"   // copies published to a tier, by tier
-	MetricExhausted = "sluice.exhausted" // transient failures whose budget was spent
 )
 
 // Config configures the retry-tier middleware.
@@ -204,7 +197,7 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		s.cfg.Logger.Info("Delivery parked in a retry tier", diag.LogFields(telemetry.LogFields(msg, fields)))
 		s.retries.Add(ctx, 1, telemetry.DeliveryAttr(msg,
-			attribute.String("sluice.tier", tier.Name), semconv.ErrorTypeKey.String(sluice.ClassTransient.String())))
+			telemetry.AttrTier.String(tier.Name), semconv.ErrorTypeKey.String(sluice.ClassTransient.String())))
 		sluice.Record(ctx, func(r *sluice.Report) {
 			r.Outcome, r.Class, r.Tier, r.Attempt = sluice.OutcomeRetried, sluice.ClassTransient, tier.Name, plan.next
 		})
