@@ -98,6 +98,10 @@ type Config struct {
 	// class, the reason, a panic's whole stack) and per failed publish.
 	// Default watermill.NopLogger; router.Add gives the router's.
 	Logger watermill.LoggerAdapter
+	// Clock stamps the copies: PoisonedAtKey, and sluice.FirstFailedAtKey
+	// when the delivery has none. Default sluice.SystemClock(); the test
+	// kit (package sluicetest) gives its virtual clock.
+	Clock sluice.Clock
 }
 
 // StackMaxLength bounds StackKey, in bytes.
@@ -114,6 +118,7 @@ func (c Config) withDefaults() Config {
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	c.ParkPublisher = cmp.Or(c.ParkPublisher, c.Publisher)
+	c.Clock = cmp.Or(c.Clock, sluice.SystemClock())
 	return c
 }
 
@@ -290,7 +295,7 @@ func (s *stage) diagnose(msg *message.Message, class sluice.Class, err error) *m
 	c := republish.Copy(msg, 11)
 	republish.Identify(c, msg, republish.KindPoison) // the same for every delivery of the message
 	md := msg.Metadata
-	now := clock.Now()
+	now := clock.Stamp(s.cfg.Clock.Now())
 	queue := s.queue(msg)
 	exchange, routingKey, _ := sluice.Origin(md)
 	// One key per fact: the attempts made and the first failure are the

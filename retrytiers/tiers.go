@@ -74,6 +74,10 @@ type Config struct {
 	// and per failed publish (error). Default watermill.NopLogger;
 	// router.Add gives the router's.
 	Logger watermill.LoggerAdapter
+	// Clock stamps a copy's sluice.FirstFailedAtKey when the delivery has
+	// none. Default sluice.SystemClock(); the test kit (package sluicetest)
+	// gives its virtual clock.
+	Clock sluice.Clock
 }
 
 // withDefaults returns a copy of c with its defaults filled.
@@ -83,6 +87,7 @@ func (c Config) withDefaults() Config {
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	c.ErrorMaxLength = cmp.Or(c.ErrorMaxLength, ErrorMaxLengthDefault)
+	c.Clock = cmp.Or(c.Clock, sluice.SystemClock())
 	return c
 }
 
@@ -295,7 +300,7 @@ func (s *stage) copy(msg *message.Message, next int, tier broker.Tier, reason st
 	c.Metadata[sluice.LastErrorKey] = reason
 	c.Metadata[sluice.RetryTierKey] = tier.Name
 	if c.Metadata[sluice.FirstFailedAtKey] == "" {
-		c.Metadata[sluice.FirstFailedAtKey] = clock.Now()
+		c.Metadata[sluice.FirstFailedAtKey] = clock.Stamp(s.cfg.Clock.Now())
 	}
 	return c
 }
