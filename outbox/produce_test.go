@@ -24,6 +24,7 @@ import (
 	"github.com/sluicemq/sluice/outbox/sqlstore"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // producer is an outbox written by a service that does not consume (Write
@@ -214,7 +215,7 @@ type receiver struct {
 	attempts atomic.Int64
 }
 
-func newReceiver(t *testing.T, signer *sluice.Signer, failUntil int, tiers ...time.Duration) *receiver {
+func newReceiver(t *testing.T, signer *signing.Signer, failUntil int, tiers ...time.Duration) *receiver {
 	r := &receiver{service: newServiceWithTiers(t, testenv.AMQPURL, tiers...)}
 	r.signer = signer
 	r.run(func(msg *message.Message) ([]*message.Message, error) {
@@ -275,7 +276,7 @@ func TestAFanOutThatCopiesTheDeliverysMetadataIsAppliedWhole(t *testing.T) {
 // own tiers, then processed — not as exhausted at its first failure.
 func TestAForwardedCopyCarriesNoRetryHistory(t *testing.T) {
 	t.Parallel()
-	signer, err := sluice.NewSigner([]byte("a key the two services share, 32+ bytes"))
+	signer, err := signing.New([]byte("a key the two services share, 32+ bytes"))
 	require.NoError(t, err)
 	tiers := []time.Duration{20 * time.Millisecond, 30 * time.Millisecond, 40 * time.Millisecond}
 	recv := newReceiver(t, signer, 4, tiers...)

@@ -31,6 +31,7 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // service is a consumer on RabbitMQ and PostgreSQL whose handler produces
@@ -47,7 +48,7 @@ type service struct {
 	meter    *sdkmetric.ManualReader
 	mp       *sdkmetric.MeterProvider
 	conn     *amqp.Connection
-	signer   *sluice.Signer // the stages', when set
+	signer   *signing.Signer // the stages', when set
 }
 
 func newService(t *testing.T, amqpURL string) *service {

@@ -20,6 +20,7 @@ import (
 	"github.com/sluicemq/sluice/internal/republish"
 	"github.com/sluicemq/sluice/internal/stack"
 	"github.com/sluicemq/sluice/internal/telemetry"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // Defaults.
@@ -91,7 +92,7 @@ type Config struct {
 	// believed only on a copy back from ParkTopic (sluice.
 	// DeadLetterQueueKey, reason expired); on any other delivery it is
 	// removed, and the handler runs.
-	Signer *sluice.Signer
+	Signer *signing.Signer
 	// MeterProvider receives sluice.poisoned. Default the global provider.
 	MeterProvider metric.MeterProvider
 	// Logger receives one line per message isolated (error level: the

@@ -37,6 +37,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/telemetry"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // Metadata keys the CLI sets on a replayed message (AMQP headers of the
@@ -133,14 +134,14 @@ type Config struct {
 	// without a key believes the run and item of any delivery, so its
 	// outcome records are only as trustworthy as what may publish into the
 	// queue (docs/architecture.md, "Trust boundary").
-	Signer *sluice.Signer
+	Signer *signing.Signer
 	// Queue is the consumer's queue the run and item are verified for
 	// (Signer). Default: the topic the Watermill handler subscribed to (on
 	// RabbitMQ, the queue); router.Add gives the poison stage's Queue.
 	Queue string
 	// Tiers are the queues a copy of this consumer's comes back from (the
 	// retry tiers' topics; router.Add gives them): a copy signed before
-	// signatures named their queue (sluice.ErrUnboundSignature) is believed
+	// signatures named their queue (signing.ErrUnboundSignature) is believed
 	// only when it came back from one of them. Default none.
 	Tiers []string
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/sluicemq/sluice/internal/republish"
 	"github.com/sluicemq/sluice/internal/stack"
 	"github.com/sluicemq/sluice/internal/telemetry"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // Defaults.
@@ -67,7 +68,7 @@ type Config struct {
 	// believed only on a copy back from one of Tiers (sluice.
 	// DeadLetterQueueKey, reason expired); on any other delivery it is
 	// removed — a producer's sluice_attempt never skips the ladder.
-	Signer *sluice.Signer
+	Signer *signing.Signer
 	// MeterProvider receives the metrics. Default the global provider.
 	MeterProvider metric.MeterProvider
 	// Logger receives one line per copy parked (info), per budget spent
