@@ -9,10 +9,10 @@ import (
 	"strings"
 )
 
-// DefaultClassDefault is the class of an error no rule recognises: Transient,
-// so an unknown error is retried and bounded by the retry budget rather than
+// unmatchedDefault is ClassifierConfig.Default's default: Transient, so an
+// unknown error is retried and bounded by the retry budget rather than
 // dropped or poisoned at once.
-const DefaultClassDefault = ClassTransient
+const unmatchedDefault = ClassTransient
 
 // Rule classifies the errors it recognises and reports false for the others.
 // Rules must return a valid class; an invalid one is skipped.
@@ -38,7 +38,9 @@ type ClassifierConfig struct {
 	// default rules; the first that recognises the error wins.
 	Rules []Rule
 	// Default is the class of errors that no rule recognises. Must be
-	// ClassTransient, ClassPoison or ClassInvariant. Default DefaultClassDefault.
+	// ClassTransient, ClassPoison or ClassInvariant. Default ClassTransient:
+	// an unknown error is retried and bounded by the retry budget rather
+	// than dropped or poisoned at once.
 	Default Class
 }
 
@@ -54,7 +56,7 @@ type Classifier struct {
 func NewClassifier(cfg ClassifierConfig) (*Classifier, error) {
 	def := cfg.Default
 	if def == Unclassified {
-		def = DefaultClassDefault
+		def = unmatchedDefault
 	}
 	switch def {
 	case ClassTransient, ClassPoison, ClassInvariant:
@@ -70,7 +72,7 @@ func NewClassifier(cfg ClassifierConfig) (*Classifier, error) {
 }
 
 // DefaultClassifier returns the classifier of the zero ClassifierConfig.
-func DefaultClassifier() *Classifier { return &Classifier{def: DefaultClassDefault} }
+func DefaultClassifier() *Classifier { return &Classifier{def: unmatchedDefault} }
 
 // Classify returns the class of err; Unclassified for nil, for a delivery
 // held back by the brake (ErrHeld) and for one given back by a shutdown

@@ -2,10 +2,11 @@ package sluice
 
 import "time"
 
-// Clock is where the stages that wait take their time from: the brake's
-// cool-down and the embedded broker's retry tiers. Default SystemClock; the
-// test kit (package sluicetest) gives a virtual one, so a test runs a
-// 30-minute tier in a moment. Implementations are safe for concurrent use.
+// Clock is where the stages take their time from: the brake's cool-down,
+// the embedded broker's retry tiers, and the times the retry and poison
+// stages stamp on their copies. Default SystemClock; the test kit (package
+// sluicetest) gives a virtual one, so a test runs a 30-minute tier in a
+// moment. Implementations are safe for concurrent use.
 type Clock interface {
 	// Now is the current time.
 	Now() time.Time

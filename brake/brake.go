@@ -11,7 +11,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -28,35 +27,6 @@ const (
 	CoolDownDefault     = 5 * time.Second
 	MaxCoolDownDefault  = time.Minute
 	ProbeTimeoutDefault = 5 * time.Second
-)
-
-// Metrics, labelled by sluice.handler.
-const (
-	// MetricState is a gauge of the brake's State: 0 released, 1 engaged,
-	// 2 probing.
-	MetricState = "sluice.brake.state"
-	// MetricTransitions counts changes of state, by the state entered
-	// (sluice.brake.state attribute).
-	MetricTransitions = "sluice.brake.transitions"
-	// MetricHeld counts deliveries given back unprocessed.
-	MetricHeld = "sluice.brake.held"
-	// MetricProbes counts probes, by AttrProbe (what probed) and
-	// AttrProbeResult.
-	MetricProbes = "sluice.brake.probes"
-)
-
-// AttrState is the state attribute of MetricTransitions and of the spans.
-const AttrState = attribute.Key("sluice.brake.state")
-
-// The attributes of MetricProbes.
-const (
-	// AttrProbe is "dependency" (Config.Probe, no message touched) or
-	// "delivery" (one delivery let through).
-	AttrProbe = attribute.Key("sluice.brake.probe")
-	// AttrProbeResult is "passed", "failed" or, for a delivery whose
-	// outcome says nothing about the dependency (a poison message),
-	// "inconclusive".
-	AttrProbeResult = attribute.Key("sluice.brake.probe.result")
 )
 
 // State is the brake's state.
@@ -226,16 +196,16 @@ func New(cfg Config) (*Brake, error) {
 	}
 	meter := telemetry.Meter(cfg.MeterProvider)
 	var err error
-	if b.stateGauge, err = meter.Int64Gauge(MetricState, metric.WithDescription("The brake's state: 0 released, 1 engaged, 2 probing.")); err != nil {
+	if b.stateGauge, err = meter.Int64Gauge(telemetry.MetricBrakeState, metric.WithDescription("The brake's state: 0 released, 1 engaged, 2 probing.")); err != nil {
 		return nil, err
 	}
-	if b.transitions, err = meter.Int64Counter(MetricTransitions, metric.WithDescription("Changes of the brake's state, by the state entered.")); err != nil {
+	if b.transitions, err = meter.Int64Counter(telemetry.MetricBrakeTransitions, metric.WithDescription("Changes of the brake's state, by the state entered.")); err != nil {
 		return nil, err
 	}
-	if b.heldCt, err = meter.Int64Counter(MetricHeld, metric.WithDescription("Deliveries the brake gave back unprocessed.")); err != nil {
+	if b.heldCt, err = meter.Int64Counter(telemetry.MetricBrakeHeld, metric.WithDescription("Deliveries the brake gave back unprocessed.")); err != nil {
 		return nil, err
 	}
-	if b.probeCt, err = meter.Int64Counter(MetricProbes, metric.WithDescription("The brake's probes, by what probed and the result.")); err != nil {
+	if b.probeCt, err = meter.Int64Counter(telemetry.MetricBrakeProbes, metric.WithDescription("The brake's probes, by what probed and the result.")); err != nil {
 		return nil, err
 	}
 	b.stateGauge.Record(context.Background(), int64(Released), b.attrs)
@@ -403,10 +373,10 @@ func (b *Brake) transition(to State, cause error) {
 	b.broadcast()
 	ctx := context.Background()
 	b.stateGauge.Record(ctx, int64(to), b.attrs)
-	b.transitions.Add(ctx, 1, metric.WithAttributes(telemetry.HandlerKey.String(b.cfg.Name), AttrState.String(to.String())))
+	b.transitions.Add(ctx, 1, metric.WithAttributes(telemetry.HandlerKey.String(b.cfg.Name), telemetry.AttrBrakeState.String(to.String())))
 	fields := watermill.LogFields{"handler": b.cfg.Name, "from": from.String(), "to": to.String()}
 	_, span := b.tracer.Start(ctx, "sluice.brake "+to.String(), trace.WithAttributes(
-		telemetry.HandlerKey.String(b.cfg.Name), AttrState.String(to.String()), attribute.String("sluice.brake.from", from.String())))
+		telemetry.HandlerKey.String(b.cfg.Name), telemetry.AttrBrakeState.String(to.String()), telemetry.AttrBrakeFrom.String(from.String())))
 	defer span.End()
 	switch to {
 	case Engaged:

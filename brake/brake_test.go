@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/brake"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 )
 
@@ -94,12 +95,12 @@ func TestEngagesHoldsProbesAndReleases(t *testing.T) {
 	require.Equal(t, int64(2), stateCount(t, reader, "engaged"))
 	require.Equal(t, int64(2), stateCount(t, reader, "probing"))
 	require.Equal(t, int64(1), stateCount(t, reader, "released"))
-	require.Equal(t, int64(4), testenv.CounterSum(t, reader, brake.MetricHeld))
+	require.Equal(t, int64(4), testenv.CounterSum(t, reader, telemetry.MetricBrakeHeld))
 }
 
 func stateCount(t *testing.T, reader *sdkmetric.ManualReader, state string) int64 {
 	t.Helper()
-	return testenv.CounterWhere(t, reader, brake.MetricTransitions, string(brake.AttrState), state)
+	return testenv.CounterWhere(t, reader, telemetry.MetricBrakeTransitions, string(telemetry.AttrBrakeState), state)
 }
 
 // Poison, Invariant, Rejected and Exhausted failures never count, nor do
@@ -117,7 +118,7 @@ func TestOnlyMatchingTransientFailuresCount(t *testing.T) {
 		}
 	}
 	require.Equal(t, brake.Released, b.State())
-	require.Zero(t, testenv.CounterSum(t, reader, brake.MetricTransitions))
+	require.Zero(t, testenv.CounterSum(t, reader, telemetry.MetricBrakeTransitions))
 	require.ErrorIs(t, run(b, errDown), errDown, "an unclassified refused connection is Transient")
 	require.ErrorIs(t, run(b, &net.OpError{Op: "dial", Err: errors.New("no route")}), sluice.ErrHeld)
 }

@@ -30,8 +30,8 @@
 // never count. Close stops the cool-downs and probes (router.Add closes the
 // brake with the handler's subscriber).
 //
-// Every change of state is logged once, counted (MetricTransitions),
-// recorded in the MetricState gauge (0 released, 1 engaged, 2 probing) and
+// Every change of state is logged once, counted (sluice.brake.transitions),
+// recorded in the sluice.brake.state gauge (0 released, 1 engaged, 2 probing) and
 // spanned. It sits inside the retry stage, so what it holds never reaches a
 // tier:
 //

@@ -11,7 +11,7 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
-// The values of AttrProbe and AttrProbeResult.
+// The values of sluice.brake.probe and sluice.brake.probe.result.
 const (
 	probeDependency    = "dependency"
 	probeDelivery      = "delivery"
@@ -88,7 +88,7 @@ func (b *Brake) closed() bool { return b.probeCtx.Err() != nil }
 
 func (b *Brake) countProbe(probe, result string) {
 	b.probeCt.Add(context.Background(), 1, metric.WithAttributes(
-		telemetry.HandlerKey.String(b.cfg.Name), AttrProbe.String(probe), AttrProbeResult.String(result)))
+		telemetry.HandlerKey.String(b.cfg.Name), telemetry.AttrBrakeProbe.String(probe), telemetry.AttrBrakeProbeResult.String(result)))
 }
 
 // Close stops the cool-down and the probes: a Probe call in progress has

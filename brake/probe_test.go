@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/brake"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 )
 
@@ -75,7 +76,7 @@ func TestProbeKeepsTheBrakeEngagedWithoutADelivery(t *testing.T) {
 	require.NoError(t, run(b, nil))
 	require.Equal(t, brake.Released, b.State())
 	require.False(t, b.Probing())
-	require.Equal(t, int64(2), testenv.CounterWhere(t, reader, brake.MetricProbes, string(brake.AttrProbe), "delivery"))
+	require.Equal(t, int64(2), testenv.CounterWhere(t, reader, telemetry.MetricBrakeProbes, string(telemetry.AttrBrakeProbe), "delivery"))
 }
 
 // dependencyProbes counts the Probe calls with result.
@@ -87,12 +88,12 @@ func dependencyProbes(t *testing.T, reader *sdkmetric.ManualReader, result strin
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
 			sum, ok := m.Data.(metricdata.Sum[int64])
-			if m.Name != brake.MetricProbes || !ok {
+			if m.Name != telemetry.MetricBrakeProbes || !ok {
 				continue
 			}
 			for _, dp := range sum.DataPoints {
-				p, _ := dp.Attributes.Value(brake.AttrProbe)
-				r, _ := dp.Attributes.Value(brake.AttrProbeResult)
+				p, _ := dp.Attributes.Value(telemetry.AttrBrakeProbe)
+				r, _ := dp.Attributes.Value(telemetry.AttrBrakeProbeResult)
 				if p.AsString() == "dependency" && r.AsString() == result {
 					n += dp.Value
 				}

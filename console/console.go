@@ -38,6 +38,7 @@ import (
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/replay/ledger"
+	"github.com/sluicemq/sluice/signing"
 )
 
 //go:embed templates/*.html static/*
@@ -114,7 +115,7 @@ type Config struct {
 	Archive func() (dlq.ArchiveSink, error)
 	// Signer signs replayed copies and archive records (the consumers'
 	// key), as sluice dlq replay --signing-key-file.
-	Signer *sluice.Signer
+	Signer *signing.Signer
 	// Operator names who made a request, for the audit log; nil: "console".
 	Operator func(*http.Request) string
 	// ReadOnly refuses every action.

@@ -29,10 +29,6 @@ const (
 	QueueTimeoutDefault = 50 * time.Millisecond
 )
 
-// MetricBatchSize is the histogram of the deliveries one group commit
-// committed, by handler.
-const MetricBatchSize = "sluice.inbox.batch.size"
-
 // BatchConfig turns on group commit (Config.Batch): deliveries in flight on
 // one handler share one transaction. Each one's claim and handler run inside
 // a SAVEPOINT of their own, one delivery after another on the shared

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 )
 
@@ -56,7 +57,7 @@ func TestABatchCommitsOnceItsDeliveriesAreDone(t *testing.T) {
 		done <- deliver("lone", func(*message.Message) ([]*message.Message, error) { return nil, nil })
 	}()
 	require.NoError(t, awaitDelivery(t, done, "the lone delivery waited for MaxWait"))
-	count, largest := testenv.Histogram(t, reader, deduplication.MetricBatchSize)
+	count, largest := testenv.Histogram(t, reader, telemetry.MetricInboxBatchSize)
 	require.Equal(t, uint64(1), count)
 	require.Equal(t, int64(1), largest)
 	require.NoError(t, deliver("lone", func(*message.Message) ([]*message.Message, error) {
@@ -85,7 +86,7 @@ func TestALingeringBatchTakesInALateDelivery(t *testing.T) {
 	}()
 	require.NoError(t, awaitDelivery(t, first, "the batch did not close when full"))
 	require.NoError(t, awaitDelivery(t, second, "the batch did not close when full"))
-	count, largest := testenv.Histogram(t, reader, deduplication.MetricBatchSize)
+	count, largest := testenv.Histogram(t, reader, telemetry.MetricInboxBatchSize)
 	require.Equal(t, uint64(1), count, "one commit")
 	require.Equal(t, int64(2), largest)
 }

@@ -12,7 +12,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -229,7 +228,7 @@ func (g *gatherer) runAlone(e *entry) error {
 	ctx, span := g.startSpan([]*entry{e})
 	x := &execution{g: g, ctx: ctx, span: span, alone: true}
 	x.attempt([]*entry{e})
-	span.SetAttributes(attribute.Int("sluice.batch.committed", x.committed), attribute.Int("sluice.batch.attempts", x.attempts))
+	span.SetAttributes(telemetry.AttrBatchCommitted.Int(x.committed), telemetry.AttrBatchAttempts.Int(x.attempts))
 	span.End()
 	x.cancel()
 	return e.err
@@ -348,7 +347,7 @@ func (g *gatherer) execute(members []*entry) {
 	ctx, span := g.startSpan(members)
 	x := &execution{g: g, ctx: ctx, span: span}
 	x.attempt(firsts)
-	span.SetAttributes(attribute.Int("sluice.batch.committed", x.committed), attribute.Int("sluice.batch.attempts", x.attempts))
+	span.SetAttributes(telemetry.AttrBatchCommitted.Int(x.committed), telemetry.AttrBatchAttempts.Int(x.attempts))
 	span.End()
 	x.cancel()
 	for _, e := range firsts {
@@ -376,9 +375,9 @@ func (g *gatherer) startSpan(members []*entry) (context.Context, trace.Span) {
 			links = append(links, trace.Link{SpanContext: sc})
 		}
 	}
-	ctx, span := g.tracer.Start(context.Background(), "sluice.batch", trace.WithLinks(links...),
+	ctx, span := g.tracer.Start(context.Background(), telemetry.SpanBatch, trace.WithLinks(links...),
 		trace.WithSpanKind(trace.SpanKindInternal),
-		trace.WithAttributes(attribute.Int("sluice.batch.size", len(members)), attribute.String("sluice.consumer", g.d.cfg.Consumer)))
+		trace.WithAttributes(telemetry.AttrBatchSize.Int(len(members)), telemetry.AttrConsumer.String(g.d.cfg.Consumer)))
 	return ctx, span
 }
 
@@ -832,11 +831,11 @@ func (x *execution) idleBound(es []*entry) time.Duration {
 // batchSizeHistogram is the histogram of the deliveries one commit
 // committed (group commit, a batch handler).
 func batchSizeHistogram(cfg Config) (metric.Int64Histogram, error) {
-	h, err := telemetry.Meter(cfg.MeterProvider).Int64Histogram(MetricBatchSize,
+	h, err := telemetry.Meter(cfg.MeterProvider).Int64Histogram(telemetry.MetricInboxBatchSize,
 		metric.WithDescription("Deliveries committed by one commit of a batch (group commit, a batch handler)."), metric.WithUnit("{delivery}"),
 		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000))
 	if err != nil {
-		return nil, fmt.Errorf("deduplication: creating %s histogram: %w", MetricBatchSize, err)
+		return nil, fmt.Errorf("deduplication: creating %s histogram: %w", telemetry.MetricInboxBatchSize, err)
 	}
 	return h, nil
 }

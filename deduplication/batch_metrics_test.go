@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 )
 
@@ -25,10 +26,10 @@ func TestAFailedGroupCommitIsNotRecordedAsABatch(t *testing.T) {
 	h := d(b.reserve(nil))
 	_, err = h(event("evt-1"))
 	require.NoError(t, err, "one reservation commits")
-	count, _ := testenv.Histogram(t, b.reader, deduplication.MetricBatchSize)
+	count, _ := testenv.Histogram(t, b.reader, telemetry.MetricInboxBatchSize)
 	require.Equal(t, uint64(1), count)
 	_, err = h(event("evt-2")) // a second 'reserved' note: the COMMIT fails
 	require.Equal(t, sluice.ClassTransient, sluice.ClassOf(err), "%v", err)
-	count, _ = testenv.Histogram(t, b.reader, deduplication.MetricBatchSize)
+	count, _ = testenv.Histogram(t, b.reader, telemetry.MetricInboxBatchSize)
 	require.Equal(t, uint64(1), count, "the failed COMMIT is not a batch")
 }

@@ -30,10 +30,6 @@ const ClaimTimeoutDefault = 5 * time.Second
 // StoreTimeoutDefault is Config.StoreTimeout's default.
 const StoreTimeoutDefault = 10 * time.Second
 
-// MetricDuplicates counts deliveries acked without running the handler
-// because their key was already processed, by handler.
-const MetricDuplicates = "sluice.inbox.duplicates"
-
 // Config configures the inbox stage (New).
 type Config struct {
 	// Store records processed keys. Required.

@@ -18,6 +18,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 )
@@ -90,7 +91,7 @@ func (b *bundle) rows(t *testing.T) (business, inbox int) {
 
 func (b *bundle) duplicates(t *testing.T) int64 {
 	t.Helper()
-	return testenv.CounterSum(t, b.reader, deduplication.MetricDuplicates)
+	return testenv.CounterSum(t, b.reader, telemetry.MetricInboxDuplicates)
 }
 
 // event is a fresh delivery (its own Watermill UUID) of the event with id key.

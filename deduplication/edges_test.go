@@ -17,6 +17,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 )
@@ -97,7 +98,7 @@ func TestInboxRejectedAfterAnAbortedTransaction(t *testing.T) {
 	}))
 	_, err = handler(event("evt-1"))
 	require.NoError(t, err, "a rejection is acked")
-	require.Equal(t, int64(1), testenv.CounterSum(t, b.reader, middleware.MetricRejected), "and counted")
+	require.Equal(t, int64(1), testenv.CounterSum(t, b.reader, telemetry.MetricRejected), "and counted")
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM %s.inbox WHERE event_key = 'evt-1'`), "the claim is recorded")
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM %s.reservations WHERE event_key = 'evt-1'`), "the aborted writes are rolled back")
 

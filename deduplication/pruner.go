@@ -22,9 +22,6 @@ const (
 	PrunerPauseDefault     = 50 * time.Millisecond
 )
 
-// MetricPruned counts inbox records deleted by a Pruner.
-const MetricPruned = "sluice.inbox.pruned"
-
 // PrunerConfig configures a Pruner.
 type PrunerConfig struct {
 	// Store is the store to prune, such as a *sqlstore.Store. Required.
@@ -104,10 +101,10 @@ func NewPruner(cfg PrunerConfig) (*Pruner, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	pruned, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(MetricPruned,
+	pruned, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(telemetry.MetricInboxPruned,
 		metric.WithDescription("Inbox records deleted after their retention."))
 	if err != nil {
-		return nil, fmt.Errorf("deduplication: creating %s counter: %w", MetricPruned, err)
+		return nil, fmt.Errorf("deduplication: creating %s counter: %w", telemetry.MetricInboxPruned, err)
 	}
 	return &Pruner{cfg: cfg, pruned: pruned}, nil
 }

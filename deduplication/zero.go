@@ -9,17 +9,17 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
-// duplicatesCounter is MetricDuplicates, as New and ExportAtZero create it.
+// duplicatesCounter is sluice.inbox.duplicates, as New and ExportAtZero create it.
 func duplicatesCounter(mp metric.MeterProvider) (metric.Int64Counter, error) {
-	dup, err := telemetry.Meter(mp).Int64Counter(MetricDuplicates,
+	dup, err := telemetry.Meter(mp).Int64Counter(telemetry.MetricInboxDuplicates,
 		metric.WithDescription("Deliveries skipped because their key was already processed."))
 	if err != nil {
-		return nil, fmt.Errorf("deduplication: creating %s counter: %w", MetricDuplicates, err)
+		return nil, fmt.Errorf("deduplication: creating %s counter: %w", telemetry.MetricInboxDuplicates, err)
 	}
 	return dup, nil
 }
 
-// ExportAtZero exports the stage's MetricDuplicates at zero for the
+// ExportAtZero exports the stage's sluice.inbox.duplicates at zero for the
 // deliveries of one handler, before its first duplicate: a rate over a
 // series that appears at its first increment misses that increment.
 // handler is the name the metrics carry (messaging.consumer.group.name:

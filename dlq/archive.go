@@ -12,9 +12,9 @@ import (
 	"github.com/jmoiron/sqlx"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/sqlname"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // ArchiveConfig configures Archive.
@@ -27,7 +27,7 @@ type ArchiveConfig struct {
 	// Signer, when set, signs each record (ArchiveRecord.Signature) beside
 	// its digest: restore with the same key proves the record was written
 	// by someone holding it.
-	Signer *sluice.Signer
+	Signer *signing.Signer
 	// Archived, when set, is called with each message once it is written
 	// and acked.
 	Archived func(*Message)

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // digestPrefix starts a record's digest: the algorithm, then hex.
@@ -73,7 +74,7 @@ func (rec ArchiveRecord) digest() string {
 }
 
 // seal sets the record's digest and, with a signer, its signature.
-func (rec *ArchiveRecord) seal(s *sluice.Signer) {
+func (rec *ArchiveRecord) seal(s *signing.Signer) {
 	rec.Digest, rec.Signature = rec.digest(), ""
 	if s != nil {
 		m := message.NewMessage("", rec.canonical())
@@ -85,7 +86,7 @@ func (rec *ArchiveRecord) seal(s *sluice.Signer) {
 // verify checks the record's digest and, with a signer, its signature. A
 // record without a digest (written before archives had one) passes only
 // with undigested.
-func (rec ArchiveRecord) verify(s *sluice.Signer, undigested bool) error {
+func (rec ArchiveRecord) verify(s *signing.Signer, undigested bool) error {
 	switch {
 	case rec.Digest == "" && !undigested:
 		return fmt.Errorf("%w: it has none (an archive written before digests: --accept-undigested restores it)", ErrDigest)
@@ -102,7 +103,7 @@ func (rec ArchiveRecord) verify(s *sluice.Signer, undigested bool) error {
 	m.Metadata.Set(sluice.SignatureKey, rec.Signature)
 	// A v1 signature (an archive written before signatures named their
 	// queue) is as good here: the record's queue is among what it covers.
-	if err := s.Verify(m, rec.Queue); err != nil && !errors.Is(err, sluice.ErrUnboundSignature) {
+	if err := s.Verify(m, rec.Queue); err != nil && !errors.Is(err, signing.ErrUnboundSignature) {
 		return fmt.Errorf("%w: %w", ErrRecordSignature, err)
 	}
 	return nil

@@ -109,7 +109,7 @@ type ArchiveRecord struct {
 	// recomputes it: that is the Signature's part.
 	Digest string `json:"digest,omitempty"`
 	// Signature is the HMAC-SHA256 of the same fields under the signing
-	// key (sluice.Signer, as the stages' copies carry it), when archive was
+	// key (signing.Signer, as the stages' copies carry it), when archive was
 	// given one.
 	Signature string `json:"signature,omitempty"`
 }

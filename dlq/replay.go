@@ -18,6 +18,7 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // Replay provenance: the metadata keys a replayed message carries.
@@ -56,7 +57,7 @@ type ReplayConfig struct {
 	// (not a diagnosis the poison stage wrote: a producer's message the
 	// broker dead-lettered, say) is replayed only with To, never to the
 	// sluice_poison_queue it names.
-	Signer *sluice.Signer
+	Signer *signing.Signer
 	// Targets are the queues the replay may publish to: To, and the queue
 	// each message names (its sluice_poison_queue, a header anyone who can
 	// publish to the poison queue can write), must be one of them, or the

@@ -19,10 +19,10 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
-	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/sqlname"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // RestoreConfig configures Restore.
@@ -36,7 +36,7 @@ type RestoreConfig struct {
 	// Signer, when set, verifies each record's signature (archive
 	// --signing-key-file wrote it): a record without one, or not signed
 	// with one of its keys, is refused.
-	Signer *sluice.Signer
+	Signer *signing.Signer
 	// AcceptUndigested restores records without a digest (archives written
 	// before records had one); a record with a digest is always checked.
 	AcceptUndigested bool

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // published records what restore publishes, by topic.
@@ -27,7 +28,7 @@ func (p published) Publish(topic string, msgs ...*message.Message) error {
 }
 
 // archiveOf writes recs, sealed with signer, to a file and returns its path.
-func archiveOf(t *testing.T, signer *sluice.Signer, recs ...ArchiveRecord) string {
+func archiveOf(t *testing.T, signer *signing.Signer, recs ...ArchiveRecord) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "archive.jsonl")
 	sink, err := OpenFileSink(path)
@@ -102,13 +103,13 @@ func TestRestoreConfinesARecomputedRecordToItsFamily(t *testing.T) {
 func TestRestoreVerifiesTheSignature(t *testing.T) {
 	t.Parallel()
 	key, old := []byte(strings.Repeat("k", 32)), []byte(strings.Repeat("o", 32))
-	signer, err := sluice.NewSigner(key)
+	signer, err := signing.New(key)
 	require.NoError(t, err)
 	path := archiveOf(t, signer, record("e1", "orders.poison", "orders"), record("e2", "orders.poison", "orders"))
 	_, err = restore(t, path, RestoreConfig{Signer: signer})
 	require.NoError(t, err)
 
-	rotated, err := sluice.NewSigner(old, key)
+	rotated, err := signing.New(old, key)
 	require.NoError(t, err)
 	_, err = restore(t, path, RestoreConfig{Signer: rotated})
 	require.NoError(t, err, "the previous key verifies")
@@ -140,7 +141,7 @@ func TestRestoreVerifiesTheSignature(t *testing.T) {
 	require.ErrorContains(t, err, "tampered.jsonl line 2: the record is not signed with the signing key")
 	require.Empty(t, pub)
 
-	other, err := sluice.NewSigner(old)
+	other, err := signing.New(old)
 	require.NoError(t, err)
 	_, err = restore(t, path, RestoreConfig{Signer: other})
 	require.ErrorIs(t, err, ErrRecordSignature)
@@ -187,7 +188,7 @@ func TestDigestCoversEveryField(t *testing.T) {
 func TestRestoreTakesAnArchiveSignedBeforeQueueBoundSignatures(t *testing.T) {
 	t.Parallel()
 	key := []byte(strings.Repeat("k", 32))
-	signer, err := sluice.NewSigner(key)
+	signer, err := signing.New(key)
 	require.NoError(t, err)
 	v1 := func(k []byte, rec ArchiveRecord) string {
 		h := hmac.New(sha256.New, k)

@@ -7,9 +7,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // ErrNoTarget is returned for a selected message that has no sluice_poison_queue.
@@ -98,10 +98,10 @@ func Family(poisonQueue, queue string) bool {
 
 // diagnosedFor reports whether m's diagnosis is signed with s for the
 // queue it names (sluice_poison_queue): the poison stage of that queue
-// wrote it. A v1 signature (sluice.ErrUnboundSignature: a copy poisoned
+// wrote it. A v1 signature (signing.ErrUnboundSignature: a copy poisoned
 // before signatures named their queue) is accepted here — it covers the
 // queue named, which a copy cannot be moved off.
-func diagnosedFor(s *sluice.Signer, m *Message) bool {
+func diagnosedFor(s *signing.Signer, m *Message) bool {
 	err := s.Verify(m.Msg, m.Queue)
-	return err == nil || errors.Is(err, sluice.ErrUnboundSignature)
+	return err == nil || errors.Is(err, signing.ErrUnboundSignature)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/embedded"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -139,7 +140,7 @@ func TestEmbeddedCloseReportsDeliveriesNackedWhileTheRouterCloses(t *testing.T) 
 		return fmt.Errorf("inventory service: %w", syscall.ECONNREFUSED)
 	})
 	testenv.PublishEvents(t, e.PubSub(), "orders", events)
-	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, brake.MetricTransitions) >= 1 }, time.Minute, time.Millisecond,
+	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, telemetry.MetricBrakeTransitions) >= 1 }, time.Minute, time.Millisecond,
 		"the brake engaged: the deliveries after it wait in the stage")
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)

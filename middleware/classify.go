@@ -11,14 +11,10 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/internal/telemetry"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/telemetry"
 )
-
-// MetricRejected counts deliveries acked because the handler rejected them
-// (sluice.ClassRejected), by handler.
-const MetricRejected = "sluice.rejected"
 
 // ClassifyConfig configures the Classify middleware.
 type ClassifyConfig struct {
@@ -47,7 +43,7 @@ func (c ClassifyConfig) withDefaults() ClassifyConfig {
 // *sluice.Failure with a class, so the stages outside it (retrytiers, poison) can act
 // on the class. A sluice.ClassRejected failure becomes nil: the message is acked and
 // the messages the handler produced are published; it is counted in
-// MetricRejected. A Transient failure of a handler whose shutdown grace ran
+// sluice.rejected. A Transient failure of a handler whose shutdown grace ran
 // out (ShutdownGrace cancelled its context with ErrShutdownGraceExpired) is
 // not the message's: it becomes an unclassified error matching
 // sluice.ErrShutdown, which the retry and poison stages pass through, so the
@@ -68,10 +64,10 @@ func (c ClassifyConfig) withDefaults() ClassifyConfig {
 func Classify(cfg ClassifyConfig) (message.HandlerMiddleware, error) {
 	cfg = cfg.withDefaults()
 	c, logger := cfg.Classifier, cfg.Logger
-	rejected, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(MetricRejected,
+	rejected, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(telemetry.MetricRejected,
 		metric.WithDescription("Deliveries acked as expected business rejections."))
 	if err != nil {
-		return nil, fmt.Errorf("middleware: creating %s counter: %w", MetricRejected, err)
+		return nil, fmt.Errorf("middleware: creating %s counter: %w", telemetry.MetricRejected, err)
 	}
 	asm := &assembly{logger: logger, handlers: map[string]*handlerSeen{}}
 	return func(h message.HandlerFunc) message.HandlerFunc {

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 )
@@ -65,7 +66,7 @@ func TestClassify(t *testing.T) {
 	_, err = run(jsonSyntaxErr())
 	require.Equal(t, sluice.ClassPoison, sluice.ClassOf(err))
 
-	require.Equal(t, int64(1), testenv.CounterSum(t, reader, middleware.MetricRejected))
+	require.Equal(t, int64(1), testenv.CounterSum(t, reader, telemetry.MetricRejected))
 }
 
 func TestRecoverer(t *testing.T) {

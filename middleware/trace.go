@@ -17,38 +17,14 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/internal/telemetry"
 
 	"github.com/sluicemq/sluice"
-)
-
-// Metric names of the Trace stage: the OpenTelemetry messaging semantic
-// conventions' (semconv v1.37.0, messagingconv).
-const (
-	// MetricConsumed counts deliveries handed to the handler, by
-	// messaging.consumer.group.name (the handler), messaging.destination.name,
-	// messaging.system, messaging.operation.name ("process"), sluice.outcome,
-	// sluice.class and, for a failed or poisoned delivery, error.type.
-	MetricConsumed = "messaging.client.consumed.messages"
-	// MetricProcessDuration is the time from the Trace stage to the router,
-	// in seconds, with MetricConsumed's attributes but sluice.class.
-	MetricProcessDuration = "messaging.process.duration"
+	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
 // OperationProcess is messaging.operation.name of the Trace stage's spans
 // and metrics.
 const OperationProcess = "process"
-
-// Span attribute keys Sluice adds to the messaging semantic conventions.
-const (
-	AttrOutcome = attribute.Key("sluice.outcome")
-	AttrClass   = attribute.Key("sluice.class")
-	AttrTier    = attribute.Key("sluice.tier")
-	AttrAttempt = attribute.Key("sluice.attempt")      // the delivery's attempt number
-	AttrNext    = attribute.Key("sluice.next_attempt") // a retry copy's attempt number
-	AttrEventID = attribute.Key("sluice.event_id")
-	AttrReason  = attribute.Key("sluice.reason")
-)
 
 // TraceConfig configures the Trace stage and TracingPublisher.
 type TraceConfig struct {
@@ -82,20 +58,20 @@ func (c TraceConfig) withDefaults() TraceConfig {
 // same; a retried, rejected or duplicate delivery is not an error. Every
 // failed delivery has error.type, its failure class. A panic's stack is on
 // the span as an exception event's exception.stacktrace. It also counts
-// MetricDeliveries and records MetricHandlerDuration, by handler — the name
-// given to router.Add, shared by its competing consumers. Safe for
-// concurrent use.
+// messaging.client.consumed.messages and records messaging.process.duration,
+// by handler — the name given to router.Add, shared by its competing
+// consumers. Safe for concurrent use.
 func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 	cfg = cfg.withDefaults()
 	tracer := telemetry.Tracer(cfg.TracerProvider)
 	meter := telemetry.Meter(cfg.MeterProvider)
 	consumed, err := messagingconv.NewClientConsumedMessages(meter)
 	if err != nil {
-		return nil, fmt.Errorf("middleware: creating %s: %w", MetricConsumed, err)
+		return nil, fmt.Errorf("middleware: creating %s: %w", telemetry.MetricConsumed, err)
 	}
 	duration, err := messagingconv.NewProcessDuration(meter, metric.WithExplicitBucketBoundaries(telemetry.DurationBuckets...))
 	if err != nil {
-		return nil, fmt.Errorf("middleware: creating %s: %w", MetricProcessDuration, err)
+		return nil, fmt.Errorf("middleware: creating %s: %w", telemetry.MetricProcessDuration, err)
 	}
 	fields := cfg.Propagator.Fields()
 	var attrSets sync.Map // metricKey → attribute.Set, built once per combination
@@ -121,7 +97,7 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 			opts := consumerKind // shared: no allocation for a first delivery
 			if prev := previousSpan(msg); prev.IsValid() {
 				opts = []trace.SpanStartOption{consumerKind[0], trace.WithLinks(trace.Link{SpanContext: prev, Attributes: []attribute.KeyValue{
-					attribute.String("sluice.link", "previous attempt")}})}
+					telemetry.AttrLink.String("previous attempt")}})}
 			}
 			ctx, span := tracer.Start(parent, "process "+dest, opts...)
 			defer span.End()
@@ -138,13 +114,13 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 					span.SetAttributes(semconv.MessagingRabbitMQDestinationRoutingKey(rk))
 				}
 				if n, err := sluice.Attempt(msg); err == nil { // a forged attempt is not reported
-					span.SetAttributes(AttrAttempt.Int(n))
+					span.SetAttributes(telemetry.AttrAttempt.Int(n))
 				}
 				if system := cmp.Or(cfg.System, telemetry.System(orig)); system != "" {
 					span.SetAttributes(semconv.MessagingSystemKey.String(system))
 				}
 				if id := msg.Metadata.Get(sluice.EventIDKey); id != "" {
-					span.SetAttributes(AttrEventID.String(id))
+					span.SetAttributes(telemetry.AttrEventID.String(id))
 				}
 			}
 			report := sluice.ReportFromContext(ctx) // an observer's around the stack (sluicetest)
@@ -198,12 +174,12 @@ type metricKey struct {
 // attrs is the attribute set of k.
 func (k metricKey) attrs() attribute.Set {
 	attrs := []attribute.KeyValue{telemetry.HandlerKey.String(k.handler), semconv.MessagingDestinationName(k.dest),
-		semconv.MessagingOperationName(OperationProcess), AttrOutcome.String(string(k.outcome))}
+		semconv.MessagingOperationName(OperationProcess), telemetry.AttrOutcome.String(string(k.outcome))}
 	if k.system != "" {
 		attrs = append(attrs, semconv.MessagingSystemKey.String(k.system))
 	}
 	if k.class != "" {
-		attrs = append(attrs, AttrClass.String(k.class))
+		attrs = append(attrs, telemetry.AttrClass.String(k.class))
 	}
 	if k.errorType != "" {
 		attrs = append(attrs, semconv.ErrorTypeKey.String(k.errorType))
@@ -212,21 +188,21 @@ func (k metricKey) attrs() attribute.Set {
 }
 
 func annotate(span trace.Span, r *sluice.Report) {
-	attrs := []attribute.KeyValue{AttrOutcome.String(string(r.Outcome))}
+	attrs := []attribute.KeyValue{telemetry.AttrOutcome.String(string(r.Outcome))}
 	if r.Class.Valid() {
-		attrs = append(attrs, AttrClass.String(r.Class.String()))
+		attrs = append(attrs, telemetry.AttrClass.String(r.Class.String()))
 		if r.Outcome == sluice.OutcomeFailed || r.Outcome == sluice.OutcomePoisoned {
 			attrs = append(attrs, semconv.ErrorTypeKey.String(r.Class.String()))
 		}
 	}
 	if r.Tier != "" {
-		attrs = append(attrs, AttrTier.String(r.Tier))
+		attrs = append(attrs, telemetry.AttrTier.String(r.Tier))
 	}
 	if r.Outcome == sluice.OutcomeRetried && r.Attempt > 0 {
-		attrs = append(attrs, AttrNext.Int(r.Attempt))
+		attrs = append(attrs, telemetry.AttrNextAttempt.Int(r.Attempt))
 	}
 	if r.Reason != "" {
-		attrs = append(attrs, AttrReason.String(r.Reason))
+		attrs = append(attrs, telemetry.AttrReason.String(r.Reason))
 	}
 	span.SetAttributes(attrs...)
 	if r.Panic {
@@ -276,7 +252,7 @@ func (p *tracingPublisher) Publish(topic string, msgs ...*message.Message) error
 			attrs = append(attrs, semconv.MessagingSystemKey.String(p.cfg.System))
 		}
 		if id := msg.Metadata.Get(sluice.EventIDKey); id != "" {
-			attrs = append(attrs, AttrEventID.String(id))
+			attrs = append(attrs, telemetry.AttrEventID.String(id))
 		}
 		ctx, span := p.tracer.Start(msg.Context(), "send "+topic, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
 		p.cfg.Propagator.Inject(ctx, propagation.MapCarrier(msg.Metadata))

@@ -11,7 +11,7 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
-// ExportTraceAtZero exports the Trace stage's MetricConsumed at zero for
+// ExportTraceAtZero exports the Trace stage's messaging.client.consumed.messages at zero for
 // the deliveries of one handler before its first delivery: the series of
 // a failed delivery (sluice.outcome "failed": a failure that reached the
 // router and was nacked), one per class it may carry and one without. A
@@ -26,7 +26,7 @@ import (
 func ExportTraceAtZero(cfg TraceConfig, handler, queue, system string) error {
 	consumed, err := messagingconv.NewClientConsumedMessages(telemetry.Meter(cfg.MeterProvider))
 	if err != nil {
-		return fmt.Errorf("middleware: creating %s: %w", MetricConsumed, err)
+		return fmt.Errorf("middleware: creating %s: %w", telemetry.MetricConsumed, err)
 	}
 	k := metricKey{handler: handler, dest: queue, system: cmp.Or(cfg.System, system), outcome: sluice.OutcomeFailed}
 	consumed.AddSet(context.Background(), 0, k.attrs()) // a failure of no class

@@ -33,16 +33,6 @@ const (
 	ReleaseMaxDefault = 100
 )
 
-// The metrics of the stage, labelled by handler (sluice.handler).
-const (
-	MetricHeld      = "sluice.order.held"       // counter: deliveries held behind their key's head
-	MetricReleased  = "sluice.order.released"   // counter: held messages released, by sluice.outcome
-	MetricBlocked   = "sluice.order.blocked"    // counter: keys that began to wait for a head
-	MetricKeys      = "sluice.order.keys"       // gauge: waiting keys, by sluice.order.state (blocked, poisoned, releasing)
-	MetricWaiting   = "sluice.order.waiting"    // gauge: messages held behind waiting keys
-	MetricOldestAge = "sluice.order.oldest_age" // gauge: seconds since the oldest waiting key began to wait
-)
-
 // Config configures New.
 type Config struct {
 	// Store keeps the waiting keys and their held messages, in the inbox's
@@ -155,22 +145,22 @@ func New(cfg Config) (*Orderer, error) {
 	var errs [6]error
 	var keys, waiting metric.Int64ObservableGauge
 	var oldest metric.Float64ObservableGauge
-	o.held, errs[0] = m.Int64Counter(MetricHeld, metric.WithUnit("{message}"),
+	o.held, errs[0] = m.Int64Counter(telemetry.MetricOrderHeld, metric.WithUnit("{message}"),
 		metric.WithDescription("Deliveries held behind their key's head (acked once stored)."))
-	o.released, errs[1] = m.Int64Counter(MetricReleased, metric.WithUnit("{message}"),
+	o.released, errs[1] = m.Int64Counter(telemetry.MetricOrderReleased, metric.WithUnit("{message}"),
 		metric.WithDescription("Held messages released after their key's head, by sluice.outcome."))
-	o.blocked, errs[2] = m.Int64Counter(MetricBlocked, metric.WithUnit("{key}"),
+	o.blocked, errs[2] = m.Int64Counter(telemetry.MetricOrderBlocked, metric.WithUnit("{key}"),
 		metric.WithDescription("Keys that began to wait for a head in a retry tier or the poison queue."))
-	keys, errs[3] = m.Int64ObservableGauge(MetricKeys, metric.WithUnit("{key}"),
+	keys, errs[3] = m.Int64ObservableGauge(telemetry.MetricOrderKeys, metric.WithUnit("{key}"),
 		metric.WithDescription("Waiting keys, by sluice.order.state: blocked (head in a retry tier), poisoned (head in the poison queue), releasing."))
-	waiting, errs[4] = m.Int64ObservableGauge(MetricWaiting, metric.WithUnit("{message}"),
+	waiting, errs[4] = m.Int64ObservableGauge(telemetry.MetricOrderWaiting, metric.WithUnit("{message}"),
 		metric.WithDescription("Messages held behind waiting keys."))
-	oldest, errs[5] = m.Float64ObservableGauge(MetricOldestAge, metric.WithUnit("s"),
+	oldest, errs[5] = m.Float64ObservableGauge(telemetry.MetricOrderOldestAge, metric.WithUnit("s"),
 		metric.WithDescription("Seconds since the oldest waiting key began to wait; 0 when none waits."))
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, fmt.Errorf("ordering: creating the metrics: %w", err)
 	}
-	o.attrs = attribute.NewSet(attribute.String("sluice.handler", cfg.Consumer))
+	o.attrs = attribute.NewSet(telemetry.AttrHandler.String(cfg.Consumer))
 	for _, c := range []metric.Int64Counter{o.held, o.blocked} {
 		c.Add(context.Background(), 0, metric.WithAttributeSet(o.attrs)) // exported at zero, for rate()
 	}
@@ -181,7 +171,7 @@ func New(cfg Config) (*Orderer, error) {
 		}
 		for state, n := range map[string]int{"blocked": s.Blocked, "poisoned": s.Poisoned, "releasing": s.Releasing} {
 			ob.ObserveInt64(keys, int64(n), metric.WithAttributeSet(attribute.NewSet(
-				attribute.String("sluice.handler", cfg.Consumer), attribute.String("sluice.order.state", state))))
+				telemetry.AttrHandler.String(cfg.Consumer), telemetry.AttrOrderState.String(state))))
 		}
 		ob.ObserveInt64(waiting, int64(s.Held), metric.WithAttributeSet(o.attrs))
 		age := 0.0
@@ -579,7 +569,7 @@ func (o *Orderer) release(ctx context.Context, g Guard, key string) error {
 		cancel()
 		f := o.fateOf(r, err)
 		outcome := r.Settle(err)
-		o.released.Add(ctx, 1, metric.WithAttributeSet(o.attrs), metric.WithAttributes(attribute.String("sluice.outcome", string(outcome))))
+		o.released.Add(ctx, 1, metric.WithAttributeSet(o.attrs), metric.WithAttributes(telemetry.AttrOutcome.String(string(outcome))))
 		if f == fateBack {
 			o.cfg.Logger.Info("Release of a key paused: a held message was given back; it stays first", watermill.LogFields{
 				"handler": o.cfg.Consumer, "key": diag.Printable(key, 200), "error": diag.Summary(err, 200)})

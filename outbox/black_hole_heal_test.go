@@ -10,6 +10,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/outbox/sqlstore"
@@ -94,7 +95,7 @@ func relayThroughAHalfOpenHeal(t *testing.T, open func(t *testing.T, dsn string)
 	proxy.BlackHole()
 	holed := time.Now()
 	require.Eventually(t, func() bool {
-		return testenv.CounterWhere(t, s.meter, outbox.MetricFailures, "error.type", "store") >= 8
+		return testenv.CounterWhere(t, s.meter, telemetry.MetricOutboxFailures, "error.type", "store") >= 8
 	}, time.Minute, 10*time.Millisecond, "the black hole fails the relay's store calls")
 	require.Positive(t, s.count("outbox"), "rows are left to relay after the black hole")
 	left := s.count("outbox")

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
 )
@@ -96,7 +97,7 @@ func TestTheOutboxRelaysAForeignProducersPropertiesAndKeepsAnOversizedMessageAsi
 	require.Equal(t, "3", fmt.Sprint(d.Headers["schemaVersion"]))
 	require.NotEqual(t, "999", d.Headers[sluice.AttemptKey], "the forged retry history is not carried on")
 	require.Eventually(t, func() bool {
-		return testenv.CounterWhere(t, s.meter, outbox.MetricFailures, "error.type", "unpublishable") == 1
+		return testenv.CounterWhere(t, s.meter, telemetry.MetricOutboxFailures, "error.type", "unpublishable") == 1
 	}, 2*time.Minute, 10*time.Millisecond)
 	require.Eventually(t, func() bool { return s.count("outbox") == 1 }, 2*time.Minute, 10*time.Millisecond, "the oversized one waits, with its error")
 }

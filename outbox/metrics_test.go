@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/outbox/sqlstore"
@@ -66,5 +67,5 @@ func TestRelayedCountsRowsOnceTheirDeleteCommitted(t *testing.T) {
 	require.NoError(t, <-done)
 	require.True(t, store.failed.Load())
 	require.Equal(t, 2*n, testenv.QueueDepth(t, s.conn, s.produced), "sent twice")
-	require.Equal(t, int64(n), testenv.CounterSum(t, s.meter, outbox.MetricRelayed), "relayed once each")
+	require.Equal(t, int64(n), testenv.CounterSum(t, s.meter, telemetry.MetricOutboxRelayed), "relayed once each")
 }

@@ -18,12 +18,13 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/outbox/sqlstore"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // producer is an outbox written by a service that does not consume (Write
@@ -128,7 +129,7 @@ func TestAReturnWithUnparseableHeadersIsNoConfirm(t *testing.T) {
 		require.NoError(t, p.write(missing, manyHeaders(10)))
 		p.relay(pub)
 		require.Eventually(t, func() bool {
-			return testenv.CounterSum(t, p.meter, outbox.MetricFailures) >= 2
+			return testenv.CounterSum(t, p.meter, telemetry.MetricOutboxFailures) >= 2
 		}, 2*time.Minute, 10*time.Millisecond, "both rows were tried")
 		require.Eventually(t, func() bool {
 			rows := p.rows()
@@ -214,7 +215,7 @@ type receiver struct {
 	attempts atomic.Int64
 }
 
-func newReceiver(t *testing.T, signer *sluice.Signer, failUntil int, tiers ...time.Duration) *receiver {
+func newReceiver(t *testing.T, signer *signing.Signer, failUntil int, tiers ...time.Duration) *receiver {
 	r := &receiver{service: newServiceWithTiers(t, testenv.AMQPURL, tiers...)}
 	r.signer = signer
 	r.run(func(msg *message.Message) ([]*message.Message, error) {
@@ -259,13 +260,13 @@ func TestAFanOutThatCopiesTheDeliverysMetadataIsAppliedWhole(t *testing.T) {
 	send.send("order-1", "order")
 
 	require.Eventually(t, func() bool { return len(recv.applied()) == 5 }, 2*time.Minute, 10*time.Millisecond,
-		"the receiver applies each of the 5 produced events (it applied %v, poisoned %d, inbox %d, dup %d)", recv.applied(), testenv.QueueDepth(t, recv.conn, recv.rabbit.Topology().Queue()+".poison"), recv.count("inbox"), testenv.CounterSum(t, recv.meter, deduplication.MetricDuplicates))
+		"the receiver applies each of the 5 produced events (it applied %v, poisoned %d, inbox %d, dup %d)", recv.applied(), testenv.QueueDepth(t, recv.conn, recv.rabbit.Topology().Queue()+".poison"), recv.count("inbox"), testenv.CounterSum(t, recv.meter, telemetry.MetricInboxDuplicates))
 	ids := recv.applied()
 	require.Contains(t, ids, "summary:order-1", "an event id set on purpose is kept")
 	require.NotContains(t, ids, "order-1", "a copied event id is replaced")
 	require.Len(t, slices.Compact(slices.Sorted(slices.Values(ids))), 5)
 	require.Eventually(t, func() bool { return recv.count("inbox") == 5 }, time.Minute, 10*time.Millisecond, "each committed")
-	require.Zero(t, testenv.CounterSum(t, recv.meter, deduplication.MetricDuplicates))
+	require.Zero(t, testenv.CounterSum(t, recv.meter, telemetry.MetricInboxDuplicates))
 }
 
 // With a signing key shared between services, a handler that forwards its
@@ -275,7 +276,7 @@ func TestAFanOutThatCopiesTheDeliverysMetadataIsAppliedWhole(t *testing.T) {
 // own tiers, then processed — not as exhausted at its first failure.
 func TestAForwardedCopyCarriesNoRetryHistory(t *testing.T) {
 	t.Parallel()
-	signer, err := sluice.NewSigner([]byte("a key the two services share, 32+ bytes"))
+	signer, err := signing.New([]byte("a key the two services share, 32+ bytes"))
 	require.NoError(t, err)
 	tiers := []time.Duration{20 * time.Millisecond, 30 * time.Millisecond, 40 * time.Millisecond}
 	recv := newReceiver(t, signer, 4, tiers...)

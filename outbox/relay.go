@@ -55,28 +55,6 @@ const (
 	backoffMax = 5 * time.Second
 )
 
-// Metric names (OpenTelemetry; Prometheus: sluice_outbox_relayed_total,
-// sluice_outbox_failures_total, sluice_outbox_pending,
-// sluice_outbox_failing, sluice_outbox_oldest_age_seconds,
-// sluice_outbox_lag_seconds, sluice_outbox_dead_lettered_total,
-// sluice_outbox_dead).
-const (
-	MetricRelayed   = "sluice.outbox.relayed"
-	MetricFailures  = "sluice.outbox.failures"
-	MetricPending   = "sluice.outbox.pending"
-	MetricFailing   = "sluice.outbox.failing"
-	MetricOldestAge = "sluice.outbox.oldest.age"
-	MetricLag       = "sluice.outbox.lag"
-	// MetricDeadLettered counts the rows set aside as dead, by destination.
-	MetricDeadLettered = "sluice.outbox.dead_lettered"
-	// MetricDead is the number of dead rows waiting for an operator.
-	MetricDead = "sluice.outbox.dead"
-)
-
-// OutboxKey is the attribute naming the outbox (RelayConfig.Name) on the
-// relay's metrics.
-const OutboxKey = attribute.Key("sluice.outbox")
-
 // RelayConfig configures NewRelay.
 type RelayConfig struct {
 	// Store holds the rows (sqlstore.Store). Required.
@@ -85,7 +63,7 @@ type RelayConfig struct {
 	// the broker holds it: rabbitmq's Broker.Publisher() or Publisher
 	// (confirms + mandatory), the embedded default's. Required.
 	Publisher message.Publisher
-	// Name labels the relay's metrics and logs (OutboxKey). Default the
+	// Name labels the relay's metrics and logs (the attribute sluice.outbox). Default the
 	// store's table name when it has one (a Name() method), else "outbox".
 	Name string
 	// BatchSize is how many rows one batch takes, publishes at once
@@ -126,7 +104,7 @@ type RelayConfig struct {
 	RetryMin, RetryMax time.Duration
 	// MaxAttempts is how many failed publishes a row gets: the row that
 	// fails its MaxAttempts-th is set aside as dead, with its last error —
-	// tried no more, counted (MetricDeadLettered, MetricDead), listed by
+	// tried no more, counted (sluice.outbox.dead_lettered, sluice.outbox.dead), listed by
 	// `sluice outbox list --dead`, and kept until an operator requeues or
 	// discards it (`sluice outbox requeue|discard`). Attempts no broker
 	// answered (unreachable) do not count. Default MaxAttemptsDefault
@@ -234,29 +212,29 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 	var errs [8]error
 	var pending, failing, dead metric.Int64ObservableGauge
 	var oldest metric.Float64ObservableGauge
-	r.relayed, errs[0] = m.Int64Counter(MetricRelayed, metric.WithUnit("{message}"),
+	r.relayed, errs[0] = m.Int64Counter(telemetry.MetricOutboxRelayed, metric.WithUnit("{message}"),
 		metric.WithDescription("Outbox rows published and confirmed, then deleted."))
-	r.failures, errs[1] = m.Int64Counter(MetricFailures, metric.WithUnit("{message}"),
+	r.failures, errs[1] = m.Int64Counter(telemetry.MetricOutboxFailures, metric.WithUnit("{message}"),
 		metric.WithDescription("Outbox rows whose publish failed (kept, tried again later), by error.type."))
-	r.lag, errs[2] = m.Float64Histogram(MetricLag, metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(telemetry.DurationBuckets...),
+	r.lag, errs[2] = m.Float64Histogram(telemetry.MetricOutboxLag, metric.WithUnit("s"), metric.WithExplicitBucketBoundaries(telemetry.DurationBuckets...),
 		metric.WithDescription("From an outbox row's write to its publish's confirm."))
-	pending, errs[3] = m.Int64ObservableGauge(MetricPending, metric.WithUnit("{message}"),
+	pending, errs[3] = m.Int64ObservableGauge(telemetry.MetricOutboxPending, metric.WithUnit("{message}"),
 		metric.WithDescription("Outbox rows not yet relayed, failing ones included."))
-	failing, errs[4] = m.Int64ObservableGauge(MetricFailing, metric.WithUnit("{message}"),
+	failing, errs[4] = m.Int64ObservableGauge(telemetry.MetricOutboxFailing, metric.WithUnit("{message}"),
 		metric.WithDescription("Outbox rows whose last publish failed."))
-	oldest, errs[5] = m.Float64ObservableGauge(MetricOldestAge, metric.WithUnit("s"),
+	oldest, errs[5] = m.Float64ObservableGauge(telemetry.MetricOutboxOldestAge, metric.WithUnit("s"),
 		metric.WithDescription("Age of the oldest outbox row; 0 when the outbox is empty."))
-	r.deadLettered, errs[6] = m.Int64Counter(MetricDeadLettered, metric.WithUnit("{message}"),
+	r.deadLettered, errs[6] = m.Int64Counter(telemetry.MetricOutboxDeadLettered, metric.WithUnit("{message}"),
 		metric.WithDescription("Outbox rows set aside as dead after MaxAttempts failed publishes."))
-	dead, errs[7] = m.Int64ObservableGauge(MetricDead, metric.WithUnit("{message}"),
+	dead, errs[7] = m.Int64ObservableGauge(telemetry.MetricOutboxDead, metric.WithUnit("{message}"),
 		metric.WithDescription("Outbox rows set aside as dead, waiting for an operator's requeue or discard."))
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, fmt.Errorf("outbox: creating the relay's metrics: %w", err)
 	}
-	set := attribute.NewSet(OutboxKey.String(cfg.Name))
+	set := attribute.NewSet(telemetry.AttrOutbox.String(cfg.Name))
 	r.attrs = metric.WithAttributeSet(set)
 	r.deadLettered.Add(context.Background(), 0, r.attrs) // exported at zero, for the alerts' rate()
-	r.failures.Add(context.Background(), 0, metric.WithAttributeSet(attribute.NewSet(OutboxKey.String(cfg.Name), semconv.ErrorTypeKey.String("store"))))
+	r.failures.Add(context.Background(), 0, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(cfg.Name), semconv.ErrorTypeKey.String("store"))))
 	if cfg.StatsInterval > 0 {
 		reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 			s := r.stats.Load()
@@ -498,7 +476,7 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 		})
 	if err != nil {
 		if ctx.Err() == nil {
-			r.failures.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(OutboxKey.String(r.cfg.Name), semconv.ErrorTypeKey.String("store"))))
+			r.failures.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(r.cfg.Name), semconv.ErrorTypeKey.String("store"))))
 			r.cfg.Logger.Error("The outbox relay could not read its rows", diag.RedactError(err), watermill.LogFields{"outbox": r.cfg.Name})
 		}
 		return 0, false, time.Time{}
@@ -543,7 +521,7 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 		}
 		first = cmp.Or(first, err)
 		kind := errorType(err)
-		r.failures.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(OutboxKey.String(r.cfg.Name),
+		r.failures.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(r.cfg.Name),
 			semconv.MessagingDestinationName(row.Topic), semconv.ErrorTypeKey.String(kind))))
 		next, dead := now, false
 		if kind != errorTypeUnreachable {
@@ -566,7 +544,7 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 	}
 	_, err = storeCall(r, life, true, func(ctx context.Context) (struct{}, error) { return struct{}{}, b.Finish(ctx, relayed, failed) }, nil)
 	if err != nil {
-		r.failures.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(OutboxKey.String(r.cfg.Name), semconv.ErrorTypeKey.String("store"))))
+		r.failures.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(r.cfg.Name), semconv.ErrorTypeKey.String("store"))))
 		r.cfg.Logger.Error("The outbox relay could not record its batch: its rows will be sent again", diag.RedactError(err),
 			watermill.LogFields{"outbox": r.cfg.Name, "rows": len(rows)})
 		return 0, false, time.Time{}
@@ -577,7 +555,7 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 		if errs[i] != nil || !seen[i] {
 			continue
 		}
-		r.relayed.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(OutboxKey.String(r.cfg.Name), semconv.MessagingDestinationName(row.Topic))))
+		r.relayed.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(r.cfg.Name), semconv.MessagingDestinationName(row.Topic))))
 		lag := time.Since(row.CreatedAt)
 		if row.Age > 0 {
 			lag = row.Age + now.Sub(taken) // one clock: see readStats.oldestAge
@@ -586,7 +564,7 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 	}
 	for _, f := range failed {
 		if f.Dead {
-			r.deadLettered.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(OutboxKey.String(r.cfg.Name),
+			r.deadLettered.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(r.cfg.Name),
 				semconv.MessagingDestinationName(rowTopic(rows, f.ID)))))
 		}
 	}

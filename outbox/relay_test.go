@@ -22,6 +22,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/outbox"
@@ -30,6 +31,7 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // service is a consumer on RabbitMQ and PostgreSQL whose handler produces
@@ -46,7 +48,7 @@ type service struct {
 	meter    *sdkmetric.ManualReader
 	mp       *sdkmetric.MeterProvider
 	conn     *amqp.Connection
-	signer   *sluice.Signer // the stages', when set
+	signer   *signing.Signer // the stages', when set
 }
 
 func newService(t *testing.T, amqpURL string) *service {
@@ -180,7 +182,7 @@ func (s *service) count(table string) int {
 
 func (s *service) settled(duplicates int64) {
 	s.t.Helper()
-	require.Eventually(s.t, func() bool { return testenv.CounterSum(s.t, s.meter, deduplication.MetricDuplicates) >= duplicates },
+	require.Eventually(s.t, func() bool { return testenv.CounterSum(s.t, s.meter, telemetry.MetricInboxDuplicates) >= duplicates },
 		2*time.Minute, 10*time.Millisecond)
 }
 
@@ -252,8 +254,8 @@ func TestAnOutboxDeliversWhatAFailedPublishWouldLose(t *testing.T) {
 	require.Eventually(t, func() bool { return s.count("outbox") == 0 }, time.Minute, 10*time.Millisecond)
 	require.Equal(t, 1, s.count("inbox"))
 	// Counted once the batch's Finish returned, after the delete committed.
-	require.Eventually(t, func() bool { return testenv.CounterSum(t, s.meter, outbox.MetricRelayed) == 1 }, time.Minute, 10*time.Millisecond)
-	require.Equal(t, int64(1), testenv.CounterWhere(t, s.meter, outbox.MetricFailures, "error.type", "uncertain"))
+	require.Eventually(t, func() bool { return testenv.CounterSum(t, s.meter, telemetry.MetricOutboxRelayed) == 1 }, time.Minute, 10*time.Millisecond)
+	require.Equal(t, int64(1), testenv.CounterWhere(t, s.meter, telemetry.MetricOutboxFailures, "error.type", "uncertain"))
 }
 
 // A delivery that fails produces nothing (its rows roll back with it); its
@@ -338,7 +340,7 @@ func TestAnUnroutableDestinationKeepsItsRowsAndBlocksNothing(t *testing.T) {
 	}
 	require.Len(t, s.producedMessages(n), n, "the routable destination gets every message")
 	require.Eventually(t, func() bool {
-		return testenv.CounterWhere(t, s.meter, outbox.MetricFailures, "error.type", "refused") == n
+		return testenv.CounterWhere(t, s.meter, telemetry.MetricOutboxFailures, "error.type", "refused") == n
 	}, 2*time.Minute, 10*time.Millisecond, "each unroutable row failed once, and waits (RetryMin is an hour)")
 	// The failures are counted before their batch's Finish, which deletes
 	// the routable rows and records the failed ones in one transaction.
@@ -464,7 +466,9 @@ func TestABlackHoledDatabaseHoldsNeitherTheRelayNorItsClose(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
 	proxy.BlackHole()
-	require.Eventually(t, func() bool { return testenv.CounterWhere(t, meter, outbox.MetricFailures, "error.type", "store") >= 2 },
+	require.Eventually(t, func() bool {
+		return testenv.CounterWhere(t, meter, telemetry.MetricOutboxFailures, "error.type", "store") >= 2
+	},
 		2*time.Minute, 10*time.Millisecond, "each read that got no answer is given up and counted")
 	proxy.Heal()
 	tx, err := s.db.BeginTxx(t.Context(), nil)
@@ -474,7 +478,9 @@ func TestABlackHoledDatabaseHoldsNeitherTheRelayNorItsClose(t *testing.T) {
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, s.conn, s.produced) == 1 }, 2*time.Minute, 10*time.Millisecond,
 		"relayed once the database answers")
 	proxy.BlackHole()
-	require.Eventually(t, func() bool { return testenv.CounterWhere(t, meter, outbox.MetricFailures, "error.type", "store") >= 4 },
+	require.Eventually(t, func() bool {
+		return testenv.CounterWhere(t, meter, telemetry.MetricOutboxFailures, "error.type", "store") >= 4
+	},
 		2*time.Minute, 10*time.Millisecond)
 	require.NoError(t, r.Close(), "Close returns although a store call hangs")
 	require.NoError(t, <-done)
@@ -510,7 +516,7 @@ func TestAnUnreachableBrokerDoesNotPushRowsBack(t *testing.T) {
 	require.NoError(t, tx.Commit())
 	s.outbox.Wake()
 	require.Len(t, s.producedMessages(1), 1)
-	require.Equal(t, int64(20), testenv.CounterWhere(t, s.meter, outbox.MetricFailures, "error.type", "unreachable"))
+	require.Equal(t, int64(20), testenv.CounterWhere(t, s.meter, telemetry.MetricOutboxFailures, "error.type", "unreachable"))
 }
 
 // A batch whose rows were all refused (the broker answered: unroutable)
@@ -579,7 +585,7 @@ func TestAnUnreadableRowIsKeptAsideAndStopsNothing(t *testing.T) {
 	s.relay(outbox.RelayConfig{Publisher: s.rabbit.Publisher(), RetryMin: time.Hour, RetryMax: time.Hour})
 	require.Len(t, s.producedMessages(4), 4)
 	require.Eventually(t, func() bool {
-		return testenv.CounterWhere(t, s.meter, outbox.MetricFailures, "error.type", "unreadable") == 1
+		return testenv.CounterWhere(t, s.meter, telemetry.MetricOutboxFailures, "error.type", "unreadable") == 1
 	}, 2*time.Minute, 10*time.Millisecond)
 	var left []sqlstore.Entry
 	require.Eventually(t, func() bool { // the failure is counted before its batch is recorded

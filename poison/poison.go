@@ -20,6 +20,7 @@ import (
 	"github.com/sluicemq/sluice/internal/republish"
 	"github.com/sluicemq/sluice/internal/stack"
 	"github.com/sluicemq/sluice/internal/telemetry"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // Defaults.
@@ -28,13 +29,6 @@ const (
 	PublishTimeoutDefault = 30 * time.Second
 	ErrorMaxLengthDefault = 1024
 )
-
-// MetricPoisoned counts messages isolated in the poison queue, by class.
-const MetricPoisoned = "sluice.poisoned"
-
-// MetricParked counts diagnosed copies the poison queue refused and that
-// were parked to be isolated when they come back (Config.ParkTopic).
-const MetricParked = "sluice.poison.parked"
 
 // ClassesDefault are the classes isolated when Config.Classes is empty.
 var ClassesDefault = []sluice.Class{sluice.ClassPoison, sluice.ClassInvariant, sluice.ClassExhausted}
@@ -98,13 +92,17 @@ type Config struct {
 	// believed only on a copy back from ParkTopic (sluice.
 	// DeadLetterQueueKey, reason expired); on any other delivery it is
 	// removed, and the handler runs.
-	Signer *sluice.Signer
-	// MeterProvider receives MetricPoisoned. Default the global provider.
+	Signer *signing.Signer
+	// MeterProvider receives sluice.poisoned. Default the global provider.
 	MeterProvider metric.MeterProvider
 	// Logger receives one line per message isolated (error level: the
 	// class, the reason, a panic's whole stack) and per failed publish.
 	// Default watermill.NopLogger; router.Add gives the router's.
 	Logger watermill.LoggerAdapter
+	// Clock stamps the copies: PoisonedAtKey, and sluice.FirstFailedAtKey
+	// when the delivery has none. Default sluice.SystemClock(); the test
+	// kit (package sluicetest) gives its virtual clock.
+	Clock sluice.Clock
 }
 
 // StackMaxLength bounds StackKey, in bytes.
@@ -121,6 +119,7 @@ func (c Config) withDefaults() Config {
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	c.ParkPublisher = cmp.Or(c.ParkPublisher, c.Publisher)
+	c.Clock = cmp.Or(c.Clock, sluice.SystemClock())
 	return c
 }
 
@@ -173,7 +172,7 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	parkedCt, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(MetricParked,
+	parkedCt, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(telemetry.MetricPoisonParked,
 		metric.WithDescription("Poison copies the poison queue refused, parked to be isolated later."))
 	if err != nil {
 		return nil, err
@@ -297,7 +296,7 @@ func (s *stage) diagnose(msg *message.Message, class sluice.Class, err error) *m
 	c := republish.Copy(msg, 11)
 	republish.Identify(c, msg, republish.KindPoison) // the same for every delivery of the message
 	md := msg.Metadata
-	now := clock.Now()
+	now := clock.Stamp(s.cfg.Clock.Now())
 	queue := s.queue(msg)
 	exchange, routingKey, _ := sluice.Origin(md)
 	// One key per fact: the attempts made and the first failure are the

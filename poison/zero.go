@@ -9,12 +9,12 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
-// poisonedCounter is MetricPoisoned, as New and ExportAtZero create it.
+// poisonedCounter is sluice.poisoned, as New and ExportAtZero create it.
 func poisonedCounter(mp metric.MeterProvider) (metric.Int64Counter, error) {
-	return telemetry.Meter(mp).Int64Counter(MetricPoisoned, metric.WithDescription("Messages isolated in the poison queue."))
+	return telemetry.Meter(mp).Int64Counter(telemetry.MetricPoisoned, metric.WithDescription("Messages isolated in the poison queue."))
 }
 
-// ExportAtZero exports the stage's MetricPoisoned at zero for the
+// ExportAtZero exports the stage's sluice.poisoned at zero for the
 // deliveries of one handler, one series per class in cfg.Classes, before
 // its first poisoning: a rate over a series that appears at its first
 // increment misses that increment, and the alert on it

@@ -38,8 +38,8 @@ type BrokerConfig struct {
 	WatermillSubscriber bool
 	// DepthInterval is how often the Broker reads the depth and consumers
 	// of its queues (a passive declare of each, on a connection of its
-	// own, each bounded by WriteTimeout) for the gauges MetricQueueReady
-	// and MetricQueueConsumers and for Depths: the alerts on depths then
+	// own, each bounded by WriteTimeout) for the gauges sluice.queue.messages.ready
+	// and sluice.queue.consumers and for Depths: the alerts on depths then
 	// need no broker plugin. Default DepthIntervalDefault; negative: never
 	// (no connection, no gauges).
 	DepthInterval time.Duration
@@ -165,7 +165,7 @@ func (b *Broker) Endpoints() broker.Endpoints {
 }
 
 // UseMeterProvider makes the broker's publisher record its
-// MetricConfirmDuration and MetricReconnects, and its depth gauges, with
+// sluice.publish.confirm.duration and sluice.publish.reconnects, and its depth gauges, with
 // mp when BrokerConfig.MeterProvider was unset (router.Add hands it
 // Stages.MeterProvider): the first provider handed is kept; nil, or a
 // broker with a provider of its own, changes nothing.

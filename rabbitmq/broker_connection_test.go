@@ -12,6 +12,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
@@ -81,7 +82,7 @@ func TestBrokerConnectionReachesEveryConnection(t *testing.T) {
 		var confirms uint64
 		for _, sm := range rm.ScopeMetrics {
 			for _, m := range sm.Metrics {
-				if h, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == rabbitmq.MetricConfirmDuration {
+				if h, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == telemetry.MetricPublishConfirmDuration {
 					for _, dp := range h.DataPoints {
 						confirms += dp.Count
 					}

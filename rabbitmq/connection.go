@@ -67,8 +67,8 @@ type Connection struct {
 	// Logger reports reconnects and deliveries that cannot be read. Default
 	// watermill.NopLogger.
 	Logger watermill.LoggerAdapter
-	// MeterProvider receives the Publisher's MetricConfirmDuration and
-	// MetricReconnects. The Consumer and the Subscriber record nothing of
+	// MeterProvider receives the Publisher's sluice.publish.confirm.duration and
+	// sluice.publish.reconnects. The Consumer and the Subscriber record nothing of
 	// their own: the Consumer's isolation publishes through its
 	// PoisonPublisher, which records with its own. Default: for a Broker,
 	// the router.Stages.MeterProvider router.Add hands it

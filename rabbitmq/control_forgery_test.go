@@ -16,6 +16,7 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // Issue 18, item 7: Sluice's control headers are believed only when Sluice
@@ -27,9 +28,9 @@ var testKey = []byte("test-signing-key-of-at-least-32-bytes")
 
 // signed gives the stack the Signer of testKey: router.Add gives it to
 // the retry, poison and replay stages.
-func signed(t *testing.T) (*sluice.Signer, func(*router.Stages)) {
+func signed(t *testing.T) (*signing.Signer, func(*router.Stages)) {
 	t.Helper()
-	s, err := sluice.NewSigner(testKey)
+	s, err := signing.New(testKey)
 	require.NoError(t, err)
 	return s, func(st *router.Stages) { st.Signer = s }
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 
@@ -22,33 +21,10 @@ import (
 // (BrokerConfig.DepthInterval).
 const DepthIntervalDefault = 15 * time.Second
 
-// The Broker's depth gauges: what it last read of each of its queues (the
-// consumer queue, each retry tier's queues, the poison queue), by
-// messaging.system ("rabbitmq"), messaging.destination.name (the queue),
-// sluice.queue.role ("main", "tier", "poison"), sluice.queue.family (the
-// consumer queue) and sluice.queue.vhost. They let the alerts on depths work
-// without RabbitMQ's rabbitmq_prometheus plugin (docs/alerts.yml).
-const (
-	// MetricQueueReady is a queue's messages ready for delivery, as
-	// RabbitMQ's queue.declare-ok counts them: those delivered and not yet
-	// acknowledged are not among them (RabbitMQ 3.10, classic and quorum
-	// queues alike).
-	MetricQueueReady = "sluice.queue.messages.ready"
-	// MetricQueueConsumers is a queue's consumers.
-	MetricQueueConsumers = "sluice.queue.consumers"
-)
-
-// Attribute keys of the depth gauges.
-const (
-	AttrQueueRole   = attribute.Key("sluice.queue.role")
-	AttrQueueFamily = attribute.Key("sluice.queue.family")
-	AttrQueueVhost  = attribute.Key("sluice.queue.vhost")
-)
-
 // QueueDepth is what a Broker last read of one of its queues.
 type QueueDepth struct {
 	TopologyQueue
-	// Ready is the messages ready for delivery (MetricQueueReady) and
+	// Ready is the messages ready for delivery (sluice.queue.messages.ready) and
 	// Consumers the queue's consumers, as of At.
 	Ready, Consumers int
 	// At is when they were read; zero before the first read that worked.
@@ -108,23 +84,23 @@ func newDepthPoller(c Connection, topo *Topology, interval time.Duration) (*dept
 // when nil), and no longer with the previous provider's.
 func (p *depthPoller) register(mp metric.MeterProvider) error {
 	meter := telemetry.Meter(mp)
-	ready, err := meter.Int64ObservableGauge(MetricQueueReady, metric.WithUnit("{message}"),
+	ready, err := meter.Int64ObservableGauge(telemetry.MetricQueueReady, metric.WithUnit("{message}"),
 		metric.WithDescription("Messages ready for delivery in a queue of the broker's topology, as last read (queue.declare-ok)."))
 	if err != nil {
-		return fmt.Errorf("rabbitmq: creating %s: %w", MetricQueueReady, err)
+		return fmt.Errorf("rabbitmq: creating %s: %w", telemetry.MetricQueueReady, err)
 	}
-	consumers, err := meter.Int64ObservableGauge(MetricQueueConsumers, metric.WithUnit("{consumer}"),
+	consumers, err := meter.Int64ObservableGauge(telemetry.MetricQueueConsumers, metric.WithUnit("{consumer}"),
 		metric.WithDescription("Consumers of a queue of the broker's topology, as last read (queue.declare-ok)."))
 	if err != nil {
-		return fmt.Errorf("rabbitmq: creating %s: %w", MetricQueueConsumers, err)
+		return fmt.Errorf("rabbitmq: creating %s: %w", telemetry.MetricQueueConsumers, err)
 	}
 	reg, err := meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		for _, d := range p.Depths() {
 			if d.At.IsZero() {
 				continue
 			}
-			attrs := metric.WithAttributes(system, semconv.MessagingDestinationName(d.Name), AttrQueueRole.String(string(d.Role)),
-				AttrQueueFamily.String(p.family), AttrQueueVhost.String(p.vhost))
+			attrs := metric.WithAttributes(system, semconv.MessagingDestinationName(d.Name), telemetry.AttrQueueRole.String(string(d.Role)),
+				telemetry.AttrQueueFamily.String(p.family), telemetry.AttrQueueVhost.String(p.vhost))
 			o.ObserveInt64(ready, int64(d.Ready), attrs)
 			o.ObserveInt64(consumers, int64(d.Consumers), attrs)
 		}

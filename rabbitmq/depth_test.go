@@ -11,6 +11,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
@@ -29,9 +30,9 @@ func gauges(t *testing.T, reader *sdkmetric.ManualReader, name string) map[strin
 			}
 			for _, dp := range m.Data.(metricdata.Gauge[int64]).DataPoints {
 				q, _ := dp.Attributes.Value("messaging.destination.name")
-				role, _ := dp.Attributes.Value(rabbitmq.AttrQueueRole)
-				family, _ := dp.Attributes.Value(rabbitmq.AttrQueueFamily)
-				vhost, _ := dp.Attributes.Value(rabbitmq.AttrQueueVhost)
+				role, _ := dp.Attributes.Value(telemetry.AttrQueueRole)
+				family, _ := dp.Attributes.Value(telemetry.AttrQueueFamily)
+				vhost, _ := dp.Attributes.Value(telemetry.AttrQueueVhost)
 				sys, _ := dp.Attributes.Value("messaging.system")
 				out[q.AsString()] = fmt.Sprintf("%d %s %s %s %s", dp.Value, role.AsString(), family.AsString(), vhost.AsString(), sys.AsString())
 			}
@@ -82,10 +83,10 @@ func TestTheBrokerExportsItsQueuesDepths(t *testing.T) {
 				queue + ".poison":   "2 poison " + queue + " / rabbitmq",
 			}
 			require.Eventually(t, func() bool {
-				got := gauges(t, reader, rabbitmq.MetricQueueReady)
+				got := gauges(t, reader, telemetry.MetricQueueReady)
 				return fmt.Sprint(got) == fmt.Sprint(want)
-			}, time.Minute, 20*time.Millisecond, "ready: %v", gauges(t, reader, rabbitmq.MetricQueueReady))
-			require.Equal(t, "1 main "+queue+" / rabbitmq", gauges(t, reader, rabbitmq.MetricQueueConsumers)[queue])
+			}, time.Minute, 20*time.Millisecond, "ready: %v", gauges(t, reader, telemetry.MetricQueueReady))
+			require.Equal(t, "1 main "+queue+" / rabbitmq", gauges(t, reader, telemetry.MetricQueueConsumers)[queue])
 			for _, d := range b.Depths() {
 				require.NoError(t, d.Err)
 				require.False(t, d.At.IsZero())
@@ -162,7 +163,7 @@ func TestTheDepthGaugesUseTheProviderHanded(t *testing.T) {
 	testenv.DeleteQueuesAtEnd(t, queue, queue+".retry.30s", queue+".retry.5m", queue+".retry.30m", queue+".poison")
 	reader := sdkmetric.NewManualReader()
 	require.NoError(t, b.UseMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
-	require.Eventually(t, func() bool { return len(gauges(t, reader, rabbitmq.MetricQueueReady)) == 5 }, time.Minute, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return len(gauges(t, reader, telemetry.MetricQueueReady)) == 5 }, time.Minute, 20*time.Millisecond)
 
 	off, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
 		Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Topology: rabbitmq.TopologyConfig{Queue: queue}, DepthInterval: -1,

@@ -14,6 +14,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
@@ -80,7 +81,7 @@ func TestPublisherRefusesAContentHeaderOverTheFrameToTheByte(t *testing.T) {
 		}
 	}
 	require.NoError(t, publish(lo), "the largest that fits, published again: the broker takes it")
-	require.Zero(t, testenv.CounterSum(t, reader, rabbitmq.MetricReconnects), "no refusal closed the publisher's channel or connection")
+	require.Zero(t, testenv.CounterSum(t, reader, telemetry.MetricPublishReconnects), "no refusal closed the publisher's channel or connection")
 
 	got := testenv.Drain(t, conn, queue)
 	d := got[len(got)-1]
@@ -134,5 +135,5 @@ func TestPublisherRefusesAHeaderAMQPCannotEncode(t *testing.T) {
 	bad = false
 	require.NoError(t, pub.Publish(queue, message.NewMessage("u-2", nil)))
 	require.Len(t, testenv.Drain(t, testenv.AMQP(t), queue), 1)
-	require.Zero(t, testenv.CounterSum(t, reader, rabbitmq.MetricReconnects))
+	require.Zero(t, testenv.CounterSum(t, reader, telemetry.MetricPublishReconnects))
 }

@@ -8,12 +8,13 @@ import (
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
 // A nack takes the channel out of use: the next publish goes on a new
-// channel (MetricReconnects "nacked"), the nack stays a certain failure,
+// channel (sluice.publish.reconnects "nacked"), the nack stays a certain failure,
 // and messages confirmed on either channel are stored. A queue that is full
 // (x-max-length 0, reject-publish) nacks every publish on one node; on a
 // cluster a quorum queue's leader change does, and the channel that saw it
@@ -38,11 +39,11 @@ func TestPublisherNackMovesToANewChannel(t *testing.T) {
 
 	require.NoError(t, p.Publish(open, msgs(2)...))
 	require.ErrorIs(t, p.Publish(full, msgs(1)...), rabbitmq.ErrNacked)
-	require.Zero(t, testenv.CounterSum(t, reader, rabbitmq.MetricReconnects), "nothing reopened before the next publish")
+	require.Zero(t, testenv.CounterSum(t, reader, telemetry.MetricPublishReconnects), "nothing reopened before the next publish")
 	require.NoError(t, p.Publish(open, msgs(3)...))
-	require.Equal(t, int64(1), testenv.CounterWhere(t, reader, rabbitmq.MetricReconnects, "sluice.reconnect", "nacked"))
+	require.Equal(t, int64(1), testenv.CounterWhere(t, reader, telemetry.MetricPublishReconnects, "sluice.reconnect", "nacked"))
 	require.ErrorIs(t, p.Publish(full, msgs(1)...), rabbitmq.ErrNacked)
 	require.NoError(t, p.Publish(open, msgs(1)...))
-	require.Equal(t, int64(2), testenv.CounterSum(t, reader, rabbitmq.MetricReconnects))
+	require.Equal(t, int64(2), testenv.CounterSum(t, reader, telemetry.MetricPublishReconnects))
 	require.Equal(t, 6, testenv.QueueDepth(t, testenv.AMQP(t), open))
 }

@@ -79,8 +79,8 @@ func (e *UnroutableError) Error() string {
 // PublisherConfig configures a Publisher.
 type PublisherConfig struct {
 	// Connection is the broker's URL and the connection's options
-	// (Connection.MeterProvider receives MetricConfirmDuration and
-	// MetricReconnects).
+	// (Connection.MeterProvider receives sluice.publish.confirm.duration and
+	// sluice.publish.reconnects).
 	Connection
 	// Exchange every message is published to, with the topic as routing key.
 	// Default "": the default exchange, where the topic is a queue name.

@@ -6,29 +6,11 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
-
-// MetricConfirmDuration is the time from publishing a message to its
-// confirm (or return, nack, closed channel, timeout), in seconds, by
-// messaging.system ("rabbitmq"), messaging.destination.name (the routing
-// key) and sluice.confirm ("acked", "returned", "nacked", "closed",
-// "returned_unmatched" — a return that could be this message's, see
-// Publisher.Publish — "timeout").
-const MetricConfirmDuration = "sluice.publish.confirm.duration"
-
-// MetricReconnects counts the publisher reopening its channel after it
-// closed, by messaging.system and sluice.reconnect: "channel" (the broker
-// closed the channel, as for a missing exchange), "connection" (the
-// connection closed with it: a broker restart, a node of a cluster gone, a
-// network fault, or a frame the broker refused) or "nacked" (the broker
-// nacked a publish on it: the next publish opens a new channel). A message the Publisher cannot carry never closes
-// either: it is refused before it is sent (sluice.ErrUnpublishable).
-const MetricReconnects = "sluice.publish.reconnects"
 
 // system is messaging.system of the publisher's metrics.
 var system = semconv.MessagingSystemRabbitMQ
@@ -41,16 +23,16 @@ type publisherMetrics struct {
 
 func newPublisherMetrics(mp metric.MeterProvider) (*publisherMetrics, error) {
 	meter := telemetry.Meter(mp)
-	h, err := meter.Float64Histogram(MetricConfirmDuration, metric.WithUnit("s"),
+	h, err := meter.Float64Histogram(telemetry.MetricPublishConfirmDuration, metric.WithUnit("s"),
 		metric.WithDescription("Time from publishing a message to its publisher confirm."),
 		metric.WithExplicitBucketBoundaries(telemetry.DurationBuckets...))
 	if err != nil {
-		return nil, fmt.Errorf("rabbitmq: creating %s: %w", MetricConfirmDuration, err)
+		return nil, fmt.Errorf("rabbitmq: creating %s: %w", telemetry.MetricPublishConfirmDuration, err)
 	}
-	rc, err := meter.Int64Counter(MetricReconnects,
+	rc, err := meter.Int64Counter(telemetry.MetricPublishReconnects,
 		metric.WithDescription("The confirmed publisher reopening its channel or connection after it closed."))
 	if err != nil {
-		return nil, fmt.Errorf("rabbitmq: creating %s: %w", MetricReconnects, err)
+		return nil, fmt.Errorf("rabbitmq: creating %s: %w", telemetry.MetricPublishReconnects, err)
 	}
 	return &publisherMetrics{confirm: h, reconnects: rc}, nil
 }
@@ -68,11 +50,11 @@ type meters struct {
 
 func (m *meters) confirmed(ctx context.Context, seconds float64, dest, outcome string) {
 	m.current.Load().confirm.Record(ctx, seconds, metric.WithAttributes(system,
-		semconv.MessagingDestinationName(dest), attribute.String("sluice.confirm", outcome)))
+		semconv.MessagingDestinationName(dest), telemetry.AttrConfirm.String(outcome)))
 }
 
 func (m *meters) reconnected(scope string) {
-	m.current.Load().reconnects.Add(context.Background(), 1, metric.WithAttributes(system, attribute.String("sluice.reconnect", scope)))
+	m.current.Load().reconnects.Add(context.Background(), 1, metric.WithAttributes(system, telemetry.AttrReconnect.String(scope)))
 }
 
 // adopt records with mp's instruments from now on, unless the publisher has

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
@@ -173,7 +174,7 @@ func TestPublisherConfirmMetric(t *testing.T) {
 	counts := map[string]uint64{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			if m.Name == rabbitmq.MetricConfirmDuration {
+			if m.Name == telemetry.MetricPublishConfirmDuration {
 				for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
 					o, _ := dp.Attributes.Value("sluice.confirm")
 					counts[o.AsString()] += dp.Count

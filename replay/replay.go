@@ -32,12 +32,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/telemetry"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // Metadata keys the CLI sets on a replayed message (AMQP headers of the
@@ -49,21 +49,6 @@ const (
 	// poison copy's message id, cut to ItemMaxLength (replay/ledger.Item).
 	ItemKey = "sluice_replay_item"
 )
-
-// Metrics of the stage, by handler (sluice.handler).
-const (
-	// MetricOutcomes counts the outcomes the stage recorded, by
-	// sluice.outcome: a rise of "poisoned" while a replay runs is the
-	// closed loop's stop signal, seen from the consumers.
-	MetricOutcomes = "sluice.replay.outcomes"
-	// MetricRecordFailures counts the records the Store refused or did not
-	// take within RecordTimeout: their items stay without an outcome (and
-	// `sluice dlq replay` waits out --wait) until redelivered.
-	MetricRecordFailures = "sluice.replay.record_failures"
-)
-
-// AttrOutcome is the outcome attribute of MetricOutcomes.
-const AttrOutcome = attribute.Key("sluice.outcome")
 
 // Bounds of the run and item ids in the records.
 const (
@@ -127,7 +112,7 @@ type Config struct {
 	// Logger receives a line per record that failed. Default
 	// watermill.NopLogger; router.Add gives the router's.
 	Logger watermill.LoggerAdapter
-	// MeterProvider receives MetricOutcomes and MetricRecordFailures.
+	// MeterProvider receives sluice.replay.outcomes and sluice.replay.record_failures.
 	// Default the global provider; router.Add gives the stages' one.
 	MeterProvider metric.MeterProvider
 	// InUnitOfWork, when the records live with the inbox (replay/sqlstore on
@@ -149,14 +134,14 @@ type Config struct {
 	// without a key believes the run and item of any delivery, so its
 	// outcome records are only as trustworthy as what may publish into the
 	// queue (docs/architecture.md, "Trust boundary").
-	Signer *sluice.Signer
+	Signer *signing.Signer
 	// Queue is the consumer's queue the run and item are verified for
 	// (Signer). Default: the topic the Watermill handler subscribed to (on
 	// RabbitMQ, the queue); router.Add gives the poison stage's Queue.
 	Queue string
 	// Tiers are the queues a copy of this consumer's comes back from (the
 	// retry tiers' topics; router.Add gives them): a copy signed before
-	// signatures named their queue (sluice.ErrUnboundSignature) is believed
+	// signatures named their queue (signing.ErrUnboundSignature) is believed
 	// only when it came back from one of them. Default none.
 	Tiers []string
 }
@@ -191,11 +176,11 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 		return nil, err
 	}
 	meter := telemetry.Meter(cfg.MeterProvider)
-	outcomes, err := meter.Int64Counter(MetricOutcomes, metric.WithDescription("Outcomes of replayed deliveries the replay stage recorded, by outcome."))
+	outcomes, err := meter.Int64Counter(telemetry.MetricReplayOutcomes, metric.WithDescription("Outcomes of replayed deliveries the replay stage recorded, by outcome."))
 	if err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
 	}
-	failures, err := meter.Int64Counter(MetricRecordFailures, metric.WithDescription("Outcome records of replayed deliveries that could not be written."))
+	failures, err := meter.Int64Counter(telemetry.MetricReplayRecordFailures, metric.WithDescription("Outcome records of replayed deliveries that could not be written."))
 	if err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
 	}
@@ -240,7 +225,7 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 				cfg.Logger.Error("Recording the replay outcome failed; the item stays without it until redelivered", diag.RedactError(rErr),
 					telemetry.LogFields(msg, watermill.LogFields{"run": r.Run, "item": r.Item, "outcome": string(r.Outcome)}))
 			} else {
-				outcomes.Add(rctx, 1, metric.WithAttributes(telemetry.DeliveryAttrs(ctx, AttrOutcome.String(string(r.Outcome)))...))
+				outcomes.Add(rctx, 1, metric.WithAttributes(telemetry.DeliveryAttrs(ctx, telemetry.AttrOutcome.String(string(r.Outcome)))...))
 			}
 			return produced, err
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/embedded"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -107,7 +108,7 @@ func TestOutcomesOfAReplayRun(t *testing.T) {
 	// counts each just after writing it. (Waiting for four items instead
 	// could read the duplicate's record before the first delivery's, which
 	// the handler's signal does not order.)
-	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, replay.MetricOutcomes) == 5 },
+	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, telemetry.MetricReplayOutcomes) == 5 },
 		time.Minute, 5*time.Millisecond, "five outcomes recorded")
 	rs, err := store.Outcomes(t.Context(), "run-1")
 	require.NoError(t, err)
@@ -128,11 +129,11 @@ func TestOutcomesOfAReplayRun(t *testing.T) {
 	require.Len(t, all, 4, "a delivery of no replay run is not recorded")
 	for outcome, n := range map[string]int64{"processed": 2, "duplicate": 1, "poisoned": 1, "retried": 1} {
 		require.Eventually(t, func() bool { // counted just after the record is written
-			return testenv.CounterWhere(t, reader, replay.MetricOutcomes, string(replay.AttrOutcome), outcome) == n
+			return testenv.CounterWhere(t, reader, telemetry.MetricReplayOutcomes, string(telemetry.AttrOutcome), outcome) == n
 		}, time.Minute, 5*time.Millisecond, outcome)
 	}
-	require.Equal(t, []string{"orders"}, testenv.AttributeValues(t, reader, replay.MetricOutcomes, "messaging.consumer.group.name"))
-	require.Zero(t, testenv.CounterSum(t, reader, replay.MetricRecordFailures))
+	require.Equal(t, []string{"orders"}, testenv.AttributeValues(t, reader, telemetry.MetricReplayOutcomes, "messaging.consumer.group.name"))
+	require.Zero(t, testenv.CounterSum(t, reader, telemetry.MetricReplayRecordFailures))
 }
 
 // Replayed marks items sent; it never replaces an outcome already there.
@@ -204,7 +205,7 @@ func TestProcessedInTheInboxTransaction(t *testing.T) {
 		require.NoError(t, e.Close())
 		rs, err := outcomes.Outcomes(t.Context(), "run-1")
 		require.NoError(t, err)
-		require.Equal(t, int64(1), testenv.CounterSum(t, reader, replay.MetricRecordFailures), "the outer record timed out, counted")
+		require.Equal(t, int64(1), testenv.CounterSum(t, reader, telemetry.MetricReplayRecordFailures), "the outer record timed out, counted")
 		if inTx {
 			require.Len(t, rs, 1, "written with the business row")
 			require.Equal(t, sluice.OutcomeProcessed, rs[0].Outcome)

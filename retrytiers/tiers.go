@@ -10,7 +10,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 
@@ -21,6 +20,7 @@ import (
 	"github.com/sluicemq/sluice/internal/republish"
 	"github.com/sluicemq/sluice/internal/stack"
 	"github.com/sluicemq/sluice/internal/telemetry"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // Defaults.
@@ -28,12 +28,6 @@ const (
 	PublishBackoffDefault = time.Second
 	PublishTimeoutDefault = 30 * time.Second
 	ErrorMaxLengthDefault = 1024
-)
-
-// Metric names.
-const (
-	MetricRetries   = "sluice.retries"   // copies published to a tier, by tier
-	MetricExhausted = "sluice.exhausted" // transient failures whose budget was spent
 )
 
 // Config configures the retry-tier middleware.
@@ -74,13 +68,17 @@ type Config struct {
 	// believed only on a copy back from one of Tiers (sluice.
 	// DeadLetterQueueKey, reason expired); on any other delivery it is
 	// removed — a producer's sluice_attempt never skips the ladder.
-	Signer *sluice.Signer
+	Signer *signing.Signer
 	// MeterProvider receives the metrics. Default the global provider.
 	MeterProvider metric.MeterProvider
 	// Logger receives one line per copy parked (info), per budget spent
 	// and per failed publish (error). Default watermill.NopLogger;
 	// router.Add gives the router's.
 	Logger watermill.LoggerAdapter
+	// Clock stamps a copy's sluice.FirstFailedAtKey when the delivery has
+	// none. Default sluice.SystemClock(); the test kit (package sluicetest)
+	// gives its virtual clock.
+	Clock sluice.Clock
 }
 
 // withDefaults returns a copy of c with its defaults filled.
@@ -90,6 +88,7 @@ func (c Config) withDefaults() Config {
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	c.ErrorMaxLength = cmp.Or(c.ErrorMaxLength, ErrorMaxLengthDefault)
+	c.Clock = cmp.Or(c.Clock, sluice.SystemClock())
 	return c
 }
 
@@ -204,7 +203,7 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		s.cfg.Logger.Info("Delivery parked in a retry tier", diag.LogFields(telemetry.LogFields(msg, fields)))
 		s.retries.Add(ctx, 1, telemetry.DeliveryAttr(msg,
-			attribute.String("sluice.tier", tier.Name), semconv.ErrorTypeKey.String(sluice.ClassTransient.String())))
+			telemetry.AttrTier.String(tier.Name), semconv.ErrorTypeKey.String(sluice.ClassTransient.String())))
 		sluice.Record(ctx, func(r *sluice.Report) {
 			r.Outcome, r.Class, r.Tier, r.Attempt = sluice.OutcomeRetried, sluice.ClassTransient, tier.Name, plan.next
 		})
@@ -302,7 +301,7 @@ func (s *stage) copy(msg *message.Message, next int, tier broker.Tier, reason st
 	c.Metadata[sluice.LastErrorKey] = reason
 	c.Metadata[sluice.RetryTierKey] = tier.Name
 	if c.Metadata[sluice.FirstFailedAtKey] == "" {
-		c.Metadata[sluice.FirstFailedAtKey] = clock.Now()
+		c.Metadata[sluice.FirstFailedAtKey] = clock.Stamp(s.cfg.Clock.Now())
 	}
 	return c
 }

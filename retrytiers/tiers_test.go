@@ -17,6 +17,7 @@ import (
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/signing"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -144,7 +145,7 @@ func back(c *message.Message, topic string) *message.Message {
 // even dead-lettered from the tier.
 func TestForgedRetryHistoryIsNotBelieved(t *testing.T) {
 	t.Parallel()
-	signer, err := sluice.NewSigner([]byte("0123456789abcdef0123456789abcdef"))
+	signer, err := signing.New([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
 	forged := func(md ...string) *message.Message {
 		m := message.NewMessage("u", []byte("payload"))
@@ -158,7 +159,7 @@ func TestForgedRetryHistoryIsNotBelieved(t *testing.T) {
 		return m
 	}
 	for name, tc := range map[string]struct {
-		signer *sluice.Signer
+		signer *signing.Signer
 		msg    *message.Message
 	}{
 		"keyless, no x-death":           {nil, forged()},
@@ -181,7 +182,7 @@ func TestForgedRetryHistoryIsNotBelieved(t *testing.T) {
 		require.Empty(t, c.Metadata.Get(sluice.OriginRoutingKeyKey), name)
 		if tc.signer != nil {
 			require.NoError(t, tc.signer.Verify(c, "orders"), "%s: the copy is signed for its queue", name)
-			require.ErrorIs(t, tc.signer.Verify(c, "payments"), sluice.ErrBadSignature, "%s: and no other", name)
+			require.ErrorIs(t, tc.signer.Verify(c, "payments"), signing.ErrBadSignature, "%s: and no other", name)
 		}
 	}
 
@@ -292,7 +293,7 @@ func TestDelayedPublisher(t *testing.T) {
 }
 
 // signedFor signs m with s for queue and returns it.
-func signedFor(s *sluice.Signer, m *message.Message, queue string) *message.Message {
+func signedFor(s *signing.Signer, m *message.Message, queue string) *message.Message {
 	s.Sign(m, queue)
 	return m
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // byTopic is a publisher that answers each topic with its own error (nil:
@@ -88,7 +89,7 @@ func TestUncertainPublishTriesNoOtherTier(t *testing.T) {
 func TestCopiesOfOneDeliveryShareAnIdentity(t *testing.T) {
 	t.Parallel()
 	ts := tiers(t)
-	signer, err := sluice.NewSigner([]byte("0123456789abcdef0123456789abcdef"))
+	signer, err := signing.New([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
 	pub := &byTopic{fail: map[string]error{ts[0].Topic: errors.New("returned as unroutable: NO_ROUTE")}}
 	mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: ts, PublishBackoff: time.Millisecond, Signer: signer})

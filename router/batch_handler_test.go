@@ -19,6 +19,7 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/embedded"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
@@ -127,7 +128,7 @@ func TestABatchHandlerOnRabbitMQ(t *testing.T) {
 	require.Equal(t, events-poisoned, count("DISTINCT"))
 	require.Equal(t, events-poisoned, count(""), "each event's effect exists once")
 	require.Positive(t, failedOnce.Load())
-	_, largest := testenv.Histogram(t, reader, deduplication.MetricBatchSize)
+	_, largest := testenv.Histogram(t, reader, telemetry.MetricInboxBatchSize)
 	require.Greater(t, largest, int64(1), "batches of more than one event")
 	require.Less(t, calls.Load(), int64(events*copies), "fewer calls than deliveries")
 }

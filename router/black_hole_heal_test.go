@@ -17,6 +17,7 @@ import (
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -103,8 +104,8 @@ func TestAConsumerResumesAfterABlackHoleThatHealsWithoutResets(t *testing.T) {
 	proxy.BlackHole()
 	holed := time.Now()
 	require.Eventually(t, func() bool {
-		return testenv.CounterWhere(t, reader, brake.MetricTransitions, string(brake.AttrState), "engaged") >= 1 &&
-			testenv.CounterWhere(t, reader, brake.MetricProbes, string(brake.AttrProbeResult), "failed") >= 3
+		return testenv.CounterWhere(t, reader, telemetry.MetricBrakeTransitions, string(telemetry.AttrBrakeState), "engaged") >= 1 &&
+			testenv.CounterWhere(t, reader, telemetry.MetricBrakeProbes, string(telemetry.AttrBrakeProbeResult), "failed") >= 3
 	}, time.Minute, 10*time.Millisecond, "the black hole engages the brake, and its probes fail")
 	left := events - count("effects")
 	require.Positive(t, left)
@@ -125,7 +126,7 @@ func TestAConsumerResumesAfterABlackHoleThatHealsWithoutResets(t *testing.T) {
 	var exhausted, poisoned int64
 	require.Eventually(t, func() bool {
 		isolated := testenv.QueueDepth(t, conn, q.Topology().PoisonQueue())
-		exhausted, poisoned = testenv.CounterSum(t, reader, retrytiers.MetricExhausted), testenv.CounterSum(t, reader, poison.MetricPoisoned)
+		exhausted, poisoned = testenv.CounterSum(t, reader, telemetry.MetricExhausted), testenv.CounterSum(t, reader, telemetry.MetricPoisoned)
 		return count("effects")+isolated == events && exhausted >= int64(isolated) && poisoned >= int64(isolated)
 	}, 5*time.Minute, 50*time.Millisecond, "every event processed or isolated after the heal, and counted")
 	t.Logf("black hole %s; processing again %s after the heal, the %d events left settled %s after it; %d exhausted",

@@ -20,6 +20,7 @@ import (
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -172,7 +173,7 @@ func TestBrakeLongOutageOnAQuorumQueueSpendsNoDeliveryLimit(t *testing.T) {
 	// the broker dead-letters every message before the 100th probe, and
 	// nothing is left to probe with: the wait ends there too.
 	failedProbes := func() int64 {
-		return store.pings.Load() + max(0, testenv.CounterWhere(t, reader, brake.MetricTransitions, string(brake.AttrState), "engaged")-1)
+		return store.pings.Load() + max(0, testenv.CounterWhere(t, reader, telemetry.MetricBrakeTransitions, string(telemetry.AttrBrakeState), "engaged")-1)
 	}
 	require.Eventually(t, func() bool { return failedProbes() >= probes || deadLettered() == events },
 		3*time.Minute, 5*time.Millisecond, "the outage lasts %d failed probes", probes) // a liveness bound: each probe is AMQP round trips, slow on a loaded machine
@@ -195,15 +196,15 @@ func TestBrakeLongOutageOnAQuorumQueueSpendsNoDeliveryLimit(t *testing.T) {
 	defer seen.mu.Unlock()
 	t.Logf("%d failed probes (%d pings); %d of %d dead-lettered by the broker (%d during the outage); %d processed; the most returns of a delivery %d (x-delivery-limit %d); %d copies in a tier, %d engagements",
 		failedProbes(), store.pings.Load(), deadLettered(), events, poisonedDuringOutage, len(seen.handled), seen.maxReturns, quorumLimit,
-		testenv.CounterSum(t, reader, retrytiers.MetricRetries), testenv.CounterWhere(t, reader, brake.MetricTransitions, string(brake.AttrState), "engaged"))
+		testenv.CounterSum(t, reader, telemetry.MetricRetries), testenv.CounterWhere(t, reader, telemetry.MetricBrakeTransitions, string(telemetry.AttrBrakeState), "engaged"))
 	require.GreaterOrEqual(t, failedProbes(), int64(probes))
 	require.Zero(t, deadLettered(), "no message dead-lettered by the broker")
-	require.Zero(t, testenv.CounterSum(t, reader, poison.MetricPoisoned))
+	require.Zero(t, testenv.CounterSum(t, reader, telemetry.MetricPoisoned))
 	require.Len(t, seen.handled, events)
 	for id, n := range seen.handled {
 		require.Equal(t, 1, n, "%s processed once", id)
 	}
-	engagements := testenv.CounterWhere(t, reader, brake.MetricTransitions, string(brake.AttrState), "engaged")
+	engagements := testenv.CounterWhere(t, reader, telemetry.MetricBrakeTransitions, string(telemetry.AttrBrakeState), "engaged")
 	require.LessOrEqual(t, int64(seen.maxReturns), engagements, "a delivery goes back at most once per engagement, never per probe")
 	var effects, claims int
 	require.NoError(t, db.Get(&effects, `SELECT count(*) FROM effects`))
@@ -242,7 +243,7 @@ func TestBrakeWithoutAProbeAnOutageDeadLettersNothing(t *testing.T) {
 	conn := testenv.AMQP(t)
 	deadLettered := func() int { return testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()) }
 	engaged := func() int64 {
-		return testenv.CounterWhere(t, reader, brake.MetricTransitions, string(brake.AttrState), "engaged")
+		return testenv.CounterWhere(t, reader, telemetry.MetricBrakeTransitions, string(telemetry.AttrBrakeState), "engaged")
 	}
 	outage := time.Now()
 	require.Eventually(t, func() bool { return engaged()-1 >= probes || deadLettered() == events },

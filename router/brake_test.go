@@ -23,6 +23,7 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/embedded"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -156,10 +157,10 @@ func TestBrakeOutageLongerThanTheLadder(t *testing.T) {
 
 	mu.Lock()
 	defer mu.Unlock()
-	released := testenv.CounterWhere(t, reader, brake.MetricTransitions, string(brake.AttrState), "released")
+	released := testenv.CounterWhere(t, reader, telemetry.MetricBrakeTransitions, string(telemetry.AttrBrakeState), "released")
 	t.Logf("outage %s: %d copies parked in a tier, %d deliveries held, %d brake engagements, %d releases, tier depth at most %d, consumers at least %d",
-		outage.Round(time.Millisecond), testenv.CounterSum(t, reader, retrytiers.MetricRetries), testenv.CounterSum(t, reader, brake.MetricHeld),
-		testenv.CounterWhere(t, reader, brake.MetricTransitions, string(brake.AttrState), "engaged"), released, maxTierDepth, minConsumers)
+		outage.Round(time.Millisecond), testenv.CounterSum(t, reader, telemetry.MetricRetries), testenv.CounterSum(t, reader, telemetry.MetricBrakeHeld),
+		testenv.CounterWhere(t, reader, telemetry.MetricBrakeTransitions, string(telemetry.AttrBrakeState), "engaged"), released, maxTierDepth, minConsumers)
 	require.Zero(t, minConsumers, "while braked the broker sees no consumer")
 	// From each release (and from the start) at most the failures before the
 	// brake engages again reach a tier: window/2 - 1 (the threshold's
@@ -169,12 +170,12 @@ func TestBrakeOutageLongerThanTheLadder(t *testing.T) {
 	// would reach a tier: thousands.
 	bound := int64(window/2-1) * (released + 1)
 	require.LessOrEqual(t, int64(maxTierDepth), bound, "at most the failures before the brake engaged reach a tier")
-	require.LessOrEqual(t, testenv.CounterSum(t, reader, retrytiers.MetricRetries), bound)
-	require.Zero(t, testenv.CounterSum(t, reader, retrytiers.MetricExhausted))
-	require.Zero(t, testenv.CounterSum(t, reader, poison.MetricPoisoned))
+	require.LessOrEqual(t, testenv.CounterSum(t, reader, telemetry.MetricRetries), bound)
+	require.Zero(t, testenv.CounterSum(t, reader, telemetry.MetricExhausted))
+	require.Zero(t, testenv.CounterSum(t, reader, telemetry.MetricPoisoned))
 	require.Zero(t, testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()))
-	require.GreaterOrEqual(t, testenv.CounterWhere(t, reader, brake.MetricTransitions, string(brake.AttrState), "engaged"), int64(1))
-	require.Equal(t, testenv.CounterWhere(t, reader, brake.MetricTransitions, string(brake.AttrState), "released"), int64(1))
+	require.GreaterOrEqual(t, testenv.CounterWhere(t, reader, telemetry.MetricBrakeTransitions, string(telemetry.AttrBrakeState), "engaged"), int64(1))
+	require.Equal(t, testenv.CounterWhere(t, reader, telemetry.MetricBrakeTransitions, string(telemetry.AttrBrakeState), "released"), int64(1))
 	var claims int
 	require.NoError(t, db.Get(&claims, `SELECT count(*) FROM inbox`))
 	require.Equal(t, events, claims)
@@ -189,7 +190,7 @@ func outlastTheLadder(t *testing.T, reader *sdkmetric.ManualReader, ladder time.
 	start := time.Now()
 	require.Eventually(t, func() bool {
 		return time.Since(start) >= ladder &&
-			testenv.CounterWhere(t, reader, brake.MetricProbes, string(brake.AttrProbeResult), "failed") >= 2 && more()
+			testenv.CounterWhere(t, reader, telemetry.MetricBrakeProbes, string(telemetry.AttrBrakeProbeResult), "failed") >= 2 && more()
 	}, 2*time.Minute, 20*time.Millisecond, "the outage outlasts the ladder")
 }
 
@@ -224,8 +225,8 @@ func TestBrakeIgnoresPoison(t *testing.T) {
 		2*time.Minute, 20*time.Millisecond)
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
-	require.Zero(t, testenv.CounterSum(t, reader, brake.MetricTransitions))
-	require.Zero(t, testenv.CounterSum(t, reader, brake.MetricHeld))
+	require.Zero(t, testenv.CounterSum(t, reader, telemetry.MetricBrakeTransitions))
+	require.Zero(t, testenv.CounterSum(t, reader, telemetry.MetricBrakeHeld))
 }
 
 // On the embedded default (GoChannel, which cannot stop consuming) held
@@ -317,8 +318,8 @@ func TestBrakeBehindWatermillRetryAndTimeout(t *testing.T) {
 		require.Equal(t, 1, n, id)
 	}
 	mu.Unlock()
-	require.Zero(t, testenv.CounterSum(t, reader, retrytiers.MetricExhausted))
-	require.Zero(t, testenv.CounterSum(t, reader, poison.MetricPoisoned))
+	require.Zero(t, testenv.CounterSum(t, reader, telemetry.MetricExhausted))
+	require.Zero(t, testenv.CounterSum(t, reader, telemetry.MetricPoisoned))
 	require.Zero(t, testenv.QueueDepth(t, testenv.AMQP(t), q.Topology().PoisonQueue()))
-	require.Positive(t, testenv.CounterSum(t, reader, brake.MetricHeld))
+	require.Positive(t, testenv.CounterSum(t, reader, telemetry.MetricBrakeHeld))
 }

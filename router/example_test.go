@@ -98,11 +98,11 @@ func Example_chain() {
 		line := ""
 		for _, a := range s.Attributes() {
 			switch a.Key {
-			case middleware.AttrEventID:
+			case "sluice.event_id": // the attributes of docs/observability.md
 				line = a.Value.AsString() + line
-			case middleware.AttrAttempt:
+			case "sluice.attempt":
 				line += fmt.Sprintf(" attempt %d:", a.Value.AsInt64())
-			case middleware.AttrOutcome, middleware.AttrClass, middleware.AttrTier:
+			case "sluice.outcome", "sluice.class", "sluice.tier":
 				line += " " + a.Value.AsString()
 			}
 		}

@@ -16,6 +16,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -131,6 +132,6 @@ func TestCopyOverTheFrameIsIsolatedAndThePublisherStaysUp(t *testing.T) {
 		require.Equal(t, 1, n, id)
 	}
 	mu.Unlock()
-	require.Equal(t, int64(good), testenv.CounterSum(t, reader, retrytiers.MetricRetries))
-	require.Zero(t, testenv.CounterSum(t, reader, rabbitmq.MetricReconnects), "the shared publisher's connection never closed")
+	require.Equal(t, int64(good), testenv.CounterSum(t, reader, telemetry.MetricRetries))
+	require.Zero(t, testenv.CounterSum(t, reader, telemetry.MetricPublishReconnects), "the shared publisher's connection never closed")
 }

@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -120,7 +121,7 @@ func TestTheCountersAlertsReadExistAtZeroBeforeTheFirstDelivery(t *testing.T) {
 
 	before := handlerPoints(t, reader, "inventory")
 	alerts := alertCounters(t)
-	require.Contains(t, alerts, promName(poison.MetricPoisoned), "docs/alerts.yml read")
+	require.Contains(t, alerts, promName(telemetry.MetricPoisoned), "docs/alerts.yml read")
 	for name, matchers := range alerts {
 		if slices.Contains(relayCounters, name) {
 			continue
@@ -150,7 +151,7 @@ func TestTheCountersAlertsReadExistAtZeroBeforeTheFirstDelivery(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
-	require.Equal(t, []string{"exhausted", "invariant", "poison"}, classes(before[promName(poison.MetricPoisoned)]))
+	require.Equal(t, []string{"exhausted", "invariant", "poison"}, classes(before[promName(telemetry.MetricPoisoned)]))
 
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
@@ -167,8 +168,8 @@ func TestTheCountersAlertsReadExistAtZeroBeforeTheFirstDelivery(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), queue+".poison") == 2 }, time.Minute, 20*time.Millisecond)
 	after := handlerPoints(t, reader, "inventory")
-	require.Equal(t, int64(2), sumOf(after[promName(poison.MetricPoisoned)]))
-	require.Len(t, after[promName(poison.MetricPoisoned)], len(before[promName(poison.MetricPoisoned)]),
+	require.Equal(t, int64(2), sumOf(after[promName(telemetry.MetricPoisoned)]))
+	require.Len(t, after[promName(telemetry.MetricPoisoned)], len(before[promName(telemetry.MetricPoisoned)]),
 		"the poisonings incremented the series exported at zero: none was added")
 }
 
@@ -209,13 +210,13 @@ func TestAFailedDeliveryIncrementsItsSeriesExportedAtZero(t *testing.T) {
 	require.NoError(t, err)
 	failed := func(points []metricdata.DataPoint[int64]) (n int64, series int) {
 		for _, dp := range points {
-			if v, _ := dp.Attributes.Value(middleware.AttrOutcome); v.AsString() == string(sluice.OutcomeFailed) {
+			if v, _ := dp.Attributes.Value(telemetry.AttrOutcome); v.AsString() == string(sluice.OutcomeFailed) {
 				n, series = n+dp.Value, series+1
 			}
 		}
 		return n, series
 	}
-	consumed := promName(middleware.MetricConsumed)
+	consumed := promName(telemetry.MetricConsumed)
 	n, before := failed(handlerPoints(t, reader, "billing")[consumed])
 	require.Zero(t, n)
 	require.Equal(t, 6, before, "one failed series per class, and one of no class")

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -32,7 +33,7 @@ func confirmDestinations(t *testing.T, reader *sdkmetric.ManualReader) []string 
 	var out []string
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			if m.Name != rabbitmq.MetricConfirmDuration {
+			if m.Name != telemetry.MetricPublishConfirmDuration {
 				continue
 			}
 			for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
@@ -84,16 +85,16 @@ func TestOneMeterProviderReachesTheBroker(t *testing.T) {
 	defer func() { _ = producer.Close() }()
 	require.NoError(t, producer.Publish(queue, message.NewMessage(watermill.NewUUID(), []byte(`{}`))))
 
-	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, poison.MetricPoisoned) == 1 }, time.Minute, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, telemetry.MetricPoisoned) == 1 }, time.Minute, 20*time.Millisecond)
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 	require.NoError(t, q.Close())
 
 	require.Equal(t, []string{queue + ".poison"}, confirmDestinations(t, reader), "the poison copy's confirm, recorded with the stages' provider")
-	require.Equal(t, int64(1), testenv.CounterWhere(t, reader, poison.MetricPoisoned, "messaging.destination.name", queue))
-	require.Equal(t, int64(1), testenv.CounterWhere(t, reader, poison.MetricPoisoned, "messaging.system", "rabbitmq"))
-	require.Equal(t, int64(1), testenv.CounterWhere(t, reader, poison.MetricPoisoned, "error.type", "poison"))
-	require.Equal(t, int64(1), testenv.CounterWhere(t, reader, middleware.MetricConsumed, "messaging.operation.name", middleware.OperationProcess))
+	require.Equal(t, int64(1), testenv.CounterWhere(t, reader, telemetry.MetricPoisoned, "messaging.destination.name", queue))
+	require.Equal(t, int64(1), testenv.CounterWhere(t, reader, telemetry.MetricPoisoned, "messaging.system", "rabbitmq"))
+	require.Equal(t, int64(1), testenv.CounterWhere(t, reader, telemetry.MetricPoisoned, "error.type", "poison"))
+	require.Equal(t, int64(1), testenv.CounterWhere(t, reader, telemetry.MetricConsumed, "messaging.operation.name", middleware.OperationProcess))
 }
 
 // TestBrokersOwnMeterProviderWins: a BrokerConfig.MeterProvider is kept,

@@ -21,6 +21,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/embedded"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -248,7 +249,7 @@ func TestCompetingConsumersShareTheHandlerName(t *testing.T) {
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 
-	handlers := testenv.AttributeValues(t, reader, middleware.MetricConsumed, "messaging.consumer.group.name")
+	handlers := testenv.AttributeValues(t, reader, telemetry.MetricConsumed, "messaging.consumer.group.name")
 	require.Equal(t, []string{"billing"}, handlers)
 	instances := map[string]bool{}
 	for _, s := range spans.Ended() {

@@ -20,6 +20,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
@@ -197,8 +198,8 @@ func orderedBehindTimeout(t *testing.T, quorum bool) {
 	outcomes := map[string][]string{}
 	for _, s := range spans.Ended() {
 		require.Equal(t, "ledger", attr(s, "messaging.consumer.group.name"))
-		id := attr(s, string(middleware.AttrEventID))
-		outcomes[id] = append(outcomes[id], attr(s, string(middleware.AttrOutcome)))
+		id := attr(s, string(telemetry.AttrEventID))
+		outcomes[id] = append(outcomes[id], attr(s, string(telemetry.AttrOutcome)))
 	}
 	want := map[string][]string{"a-1": {"retried", "processed"}}
 	for i := range 5 {
@@ -212,7 +213,7 @@ func orderedBehindTimeout(t *testing.T, quorum bool) {
 	}
 	require.Equal(t, want, outcomes)
 	for outcome, n := range map[string]int64{"processed": 10, "retried": 1, "waiting": 3} {
-		require.Equal(t, n, testenv.CounterWhere(t, reader, middleware.MetricConsumed, string(middleware.AttrOutcome), outcome), outcome)
+		require.Equal(t, n, testenv.CounterWhere(t, reader, telemetry.MetricConsumed, string(telemetry.AttrOutcome), outcome), outcome)
 	}
-	require.Equal(t, []string{"ledger"}, testenv.AttributeValues(t, reader, middleware.MetricConsumed, "messaging.consumer.group.name"))
+	require.Equal(t, []string{"ledger"}, testenv.AttributeValues(t, reader, telemetry.MetricConsumed, "messaging.consumer.group.name"))
 }

@@ -18,6 +18,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -91,7 +92,7 @@ func TestRefusedPoisonCopyIsParked(t *testing.T) {
 	runRouter(t, r)
 
 	require.Eventually(t, func() bool { return handledGood.Load() == good }, time.Minute, 5*time.Millisecond)
-	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, poison.MetricParked) >= 2 }, time.Minute, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, telemetry.MetricPoisonParked) >= 2 }, time.Minute, 10*time.Millisecond,
 		"refused, parked, back after the tier's delay, refused again, parked again")
 	conn := testenv.AMQP(t)
 	require.Zero(t, testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()))
@@ -112,7 +113,7 @@ func TestRefusedPoisonCopyIsParked(t *testing.T) {
 	require.Contains(t, c.Metadata.Get(poison.ReasonKey), "unknown version 7")
 	require.Empty(t, c.Metadata.Get(poison.ParkedKey), "the copy in the poison queue is not marked parked")
 	require.Equal(t, int64(1), handledBad.Load(), "the parked copy came back and was isolated without running the handler")
-	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, poison.MetricPoisoned) == 1 }, time.Minute, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, telemetry.MetricPoisoned) == 1 }, time.Minute, 5*time.Millisecond,
 		"counted once isolated (after the confirm the test may see first)")
 }
 
@@ -158,7 +159,7 @@ func TestRefusedTierCopyWaitsInAnotherTier(t *testing.T) {
 	// Counted once the tier's publish is confirmed, which the copy's return
 	// from its 200 ms tier may overtake on a loaded machine: waited for.
 	require.Eventually(t, func() bool {
-		return slices.Equal([]string{"200ms"}, testenv.AttributeValues(t, reader, retrytiers.MetricRetries, "sluice.tier"))
-	}, 2*time.Minute, 5*time.Millisecond, "the retry counted in the 200ms tier: %v", testenv.AttributeValues(t, reader, retrytiers.MetricRetries, "sluice.tier"))
+		return slices.Equal([]string{"200ms"}, testenv.AttributeValues(t, reader, telemetry.MetricRetries, "sluice.tier"))
+	}, 2*time.Minute, 5*time.Millisecond, "the retry counted in the 200ms tier: %v", testenv.AttributeValues(t, reader, telemetry.MetricRetries, "sluice.tier"))
 	require.Zero(t, testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()))
 }

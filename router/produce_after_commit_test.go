@@ -14,6 +14,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/outbox"
@@ -79,7 +80,7 @@ func producedAfterANoRoute(t *testing.T, withOutbox bool) {
 		},
 	}
 	// Every first publish was refused: the produced events' fate is decided.
-	refused := func() bool { return testenv.CounterSum(t, reader, deduplication.MetricDuplicates) >= events }
+	refused := func() bool { return testenv.CounterSum(t, reader, telemetry.MetricInboxDuplicates) >= events }
 	if withOutbox {
 		ob, err := outboxsql.New(outboxsql.Config{DB: db, Table: schema + ".outbox"})
 		require.NoError(t, err)
@@ -94,7 +95,7 @@ func producedAfterANoRoute(t *testing.T, withOutbox bool) {
 			require.NoError(t, relay.Close())
 			require.NoError(t, <-relayed)
 		})
-		refused = func() bool { return testenv.CounterSum(t, reader, outbox.MetricFailures) >= events }
+		refused = func() bool { return testenv.CounterSum(t, reader, telemetry.MetricOutboxFailures) >= events }
 	} else {
 		cfg.Publisher = q.Publisher()
 	}

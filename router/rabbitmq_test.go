@@ -18,6 +18,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -139,7 +140,7 @@ func stackWithPostgresInbox(t *testing.T, batch *deduplication.BatchConfig, quor
 	require.Positive(t, failedOnce.Load())
 	require.Zero(t, testenv.QueueDepth(t, conn, queue+".poison"))
 	if batch != nil {
-		require.Greater(t, testenv.HistogramMax(t, reader, deduplication.MetricBatchSize), int64(1), "deliveries shared commits")
+		require.Greater(t, testenv.HistogramMax(t, reader, telemetry.MetricInboxBatchSize), int64(1), "deliveries shared commits")
 		// Each handler's group commits are told apart (before, the batch
 		// size carried no attribute at all).
 		var rm metricdata.ResourceMetrics
@@ -147,7 +148,7 @@ func stackWithPostgresInbox(t *testing.T, batch *deduplication.BatchConfig, quor
 		found := false
 		for _, sm := range rm.ScopeMetrics {
 			for _, m := range sm.Metrics {
-				if m.Name != deduplication.MetricBatchSize {
+				if m.Name != telemetry.MetricInboxBatchSize {
 					continue
 				}
 				for _, p := range m.Data.(metricdata.Histogram[int64]).DataPoints {
@@ -315,7 +316,7 @@ func TestDrainingCloseUnderLoadNoDuplicates(t *testing.T) {
 	all, distinct := rows()
 	require.Equal(t, n, all)
 	require.Equal(t, n, distinct)
-	require.Zero(t, testenv.CounterSum(t, reader, deduplication.MetricDuplicates), "no redelivery reached the inbox")
+	require.Zero(t, testenv.CounterSum(t, reader, telemetry.MetricInboxDuplicates), "no redelivery reached the inbox")
 	require.Equal(t, int64(n), started.Load(), "each handler ran once")
 	t.Logf("closed with %d of %d committed", first, n)
 }

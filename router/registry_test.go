@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/router"
@@ -54,9 +55,9 @@ func TestTwoRoutersNameTheirHandlersIndependently(t *testing.T) {
 	for _, rn := range runs {
 		testenv.PublishEvents(t, rn.pubsub, "in", 5)
 		want := int64(5 * rn.consumers) // GoChannel gives every subscriber each message
-		require.Eventually(t, func() bool { return testenv.CounterSum(t, rn.reader, middleware.MetricConsumed) == want },
+		require.Eventually(t, func() bool { return testenv.CounterSum(t, rn.reader, telemetry.MetricConsumed) == want },
 			time.Minute, 5*time.Millisecond, "router of %q: its deliveries", rn.name)
-		require.Equal(t, []string{rn.name}, testenv.AttributeValues(t, rn.reader, middleware.MetricConsumed, "messaging.consumer.group.name"),
+		require.Equal(t, []string{rn.name}, testenv.AttributeValues(t, rn.reader, telemetry.MetricConsumed, "messaging.consumer.group.name"),
 			"the router of handler %q labels its deliveries with its own handler's name", rn.name)
 	}
 }

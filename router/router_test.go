@@ -19,6 +19,7 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/embedded"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
@@ -116,9 +117,9 @@ func TestStagesShareTheProviders(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.Len(t, spans.Ended(), 2, "the Trace stage used the shared TracerProvider")
-	require.Equal(t, int64(1), testenv.CounterSum(t, reader, middleware.MetricRejected), "Classify used the shared MeterProvider")
-	require.Equal(t, int64(1), testenv.CounterSum(t, reader, deduplication.MetricDuplicates), "so did the inbox")
-	require.Equal(t, int64(2), testenv.CounterSum(t, reader, middleware.MetricConsumed), "and Trace")
+	require.Equal(t, int64(1), testenv.CounterSum(t, reader, telemetry.MetricRejected), "Classify used the shared MeterProvider")
+	require.Equal(t, int64(1), testenv.CounterSum(t, reader, telemetry.MetricInboxDuplicates), "so did the inbox")
+	require.Equal(t, int64(2), testenv.CounterSum(t, reader, telemetry.MetricConsumed), "and Trace")
 }
 
 // Add names the inbox's consumer after the handler when Inbox.Consumer is

@@ -20,6 +20,7 @@ import (
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // Stages selects the stages around a handler; a nil field leaves its stage
@@ -72,7 +73,7 @@ type Stages struct {
 	// the stages believe the retry history and the parked mark only on a
 	// copy back from the queue's own tier, and the replay run of any
 	// delivery (docs/architecture.md, "Trust boundary").
-	Signer *sluice.Signer
+	Signer *signing.Signer
 	// Classifier is given to every stage that classifies (Poison, Retry,
 	// Classify, Inbox) whose own Classifier is nil, so "commit on Rejected"
 	// and "ack on Rejected" always agree. Default sluice.DefaultClassifier().
@@ -328,7 +329,7 @@ type shared struct {
 	meter      *metric.MeterProvider
 	tracer     *trace.TracerProvider
 	logger     *watermill.LoggerAdapter
-	signer     **sluice.Signer
+	signer     **signing.Signer
 }
 
 func (s *Stages) share(f shared) {

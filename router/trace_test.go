@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/embedded"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -144,14 +145,14 @@ func TestTraceParentLinkAndStatus(t *testing.T) {
 	got := map[string]int64{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, mt := range sm.Metrics {
-			if mt.Name == middleware.MetricConsumed {
+			if mt.Name == telemetry.MetricConsumed {
 				for _, dp := range mt.Data.(metricdata.Sum[int64]).DataPoints {
-					if o, _ := dp.Attributes.Value(middleware.AttrOutcome); dp.Value != 0 { // not a series exported at zero
+					if o, _ := dp.Attributes.Value(telemetry.AttrOutcome); dp.Value != 0 { // not a series exported at zero
 						got[o.AsString()] += dp.Value
 					}
 				}
 			}
-			if mt.Name == middleware.MetricProcessDuration {
+			if mt.Name == telemetry.MetricProcessDuration {
 				require.NotEmpty(t, mt.Data.(metricdata.Histogram[float64]).DataPoints)
 			}
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/outbox"
+	"github.com/sluicemq/sluice/signing"
 	"github.com/sluicemq/sluice/sluicesql"
 )
 
@@ -84,7 +85,7 @@ type Config struct {
 	// Signer proves that Sluice wrote a delivery's control headers
 	// (router.Stages.Signer; docs/architecture.md, "Trust boundary").
 	// Default none.
-	Signer *sluice.Signer
+	Signer *signing.Signer
 	// Classifier is every stage's (router.Stages.Classifier). Default
 	// sluice.DefaultClassifier().
 	Classifier *sluice.Classifier

@@ -25,6 +25,7 @@ import (
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/service"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // rabbit returns a broker on a queue of t's own, with short tiers, and the
@@ -355,7 +356,7 @@ func TestConfigErrors(t *testing.T) {
 func TestTheSignerSignsTheCopies(t *testing.T) {
 	t.Parallel()
 	q, _ := rabbit(t)
-	signer, err := sluice.NewSigner([]byte("0123456789abcdef0123456789abcdef"))
+	signer, err := signing.New([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
 	r := newRouter(t, watermill.NopLogger{})
 	svc := newService(t, service.Config{DB: testenv.SQLite(t), Router: r, Signer: signer})

@@ -11,8 +11,6 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
-
-	"github.com/sluicemq/sluice/deduplication"
 )
 
 // batchedSuffix turns group commit on for a scenario's consumers: kill-batched
@@ -39,7 +37,7 @@ const midBatchPoint = "mid-batch"
 
 // batchSizes is the consumers' MeterProvider in the batched scenarios: it
 // writes each record of the inbox's batch-size histogram
-// (deduplication.MetricBatchSize, one a commit) to stderr as "count
+// ("sluice.inbox.batch.size", one a commit) to stderr as "count
 // batch-size-K 1", and drops every other instrument. One line a commit, in
 // one write, when it is recorded: a process SIGKILLed a moment later still
 // reported it, which a periodic reader would not have.
@@ -50,7 +48,7 @@ func (batchSizes) Meter(string, ...metric.MeterOption) metric.Meter { return bat
 type batchMeter struct{ noop.Meter }
 
 func (batchMeter) Int64Histogram(name string, _ ...metric.Int64HistogramOption) (metric.Int64Histogram, error) {
-	if name != deduplication.MetricBatchSize {
+	if name != "sluice.inbox.batch.size" {
 		return noop.Int64Histogram{}, nil
 	}
 	return batchHistogram{}, nil

@@ -26,6 +26,7 @@ import (
 	"github.com/sluicemq/sluice/internal/localenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // filterFlags are the selection flags of inspect, replay and archive.
@@ -164,11 +165,11 @@ func orDash(s string) string {
 }
 
 // signerFlag is the Signer of a --signing-key-file, nil without one.
-func signerFlag(keyFile string) (*sluice.Signer, error) {
+func signerFlag(keyFile string) (*signing.Signer, error) {
 	if keyFile == "" {
 		return nil, nil
 	}
-	signer, err := sluice.NewSignerFromFile(keyFile)
+	signer, err := signing.NewFromFile(keyFile)
 	if err != nil {
 		return nil, usageError{fmt.Errorf("--signing-key-file: %w", err)}
 	}

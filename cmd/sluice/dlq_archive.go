@@ -67,6 +67,6 @@ func newArchive(g *globals, out io.Writer) *cobra.Command {
 	cmd.Flags().StringVar(&dbURL, "db", localenv.Get("SLUICE_ARCHIVE_DB_URL", ""), "PostgreSQL URL of --to-table (env SLUICE_ARCHIVE_DB_URL)")
 	recs.register(cmd, "record each archived event as \"archived\" in the outcome table")
 	cmd.Flags().StringVar(&keyFile, "signing-key-file", localenv.Get("SLUICE_SIGNING_KEY_FILE", ""),
-		"sign each record with this key (sluice.NewSignerFromFile), for restore --signing-key-file to check. Default env SLUICE_SIGNING_KEY_FILE")
+		"sign each record with this key (signing.NewFromFile), for restore --signing-key-file to check. Default env SLUICE_SIGNING_KEY_FILE")
 	return cmd
 }

@@ -113,7 +113,7 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 		"one of them. Default: --to as given, and a message's own queue only when it is of the poison queue's\n"+
 		"family by name (Q for Q.poison, or a partition Q.p<N>): anyone who can publish to the poison queue can name any queue")
 	fl.StringVar(&keyFile, "signing-key-file", localenv.Get("SLUICE_SIGNING_KEY_FILE", ""),
-		"the key the consumers' stages sign and verify with (sluice.NewSignerFromFile): each copy is signed, so the\n"+
+		"the key the consumers' stages sign and verify with (signing.NewFromFile): each copy is signed, so the\n"+
 			"consumers believe its replay run; a message whose diagnosis is not signed needs --to. Default env SLUICE_SIGNING_KEY_FILE")
 	outcomeFlags(fl, &lf.outcomes, &lf.table, "the consumers' replay stage writes")
 	fl.IntVar(&lf.canary, "canary", 0, "replay this many first and stop unless all were processed")

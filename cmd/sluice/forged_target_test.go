@@ -15,6 +15,7 @@ import (
 	"github.com/sluicemq/sluice/console"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // forgedInto publishes straight to the bed's poison queue a message whose
@@ -51,7 +52,7 @@ func TestConsoleRefusesAMessagesOwnTargetOutsideItsQueues(t *testing.T) {
 
 	key := filepath.Join(t.TempDir(), "sluice.key")
 	require.NoError(t, os.WriteFile(key, []byte("7d1f0c3b9a8e4f2d6c5b4a39281706f5e4d3c2b1a0998877\n"), 0o600))
-	signer, err := sluice.NewSignerFromFile(key)
+	signer, err := signing.NewFromFile(key)
 	require.NoError(t, err)
 	signed, _ := consoleOn(t, b, rc.outcomesTable, func(c *console.Config) { c.Signer = signer })
 	do(t, ctx, chromedp.Navigate(signed+"/q/"+pq+"/g/"+g+"/replay"), chromedp.WaitVisible(chromedp.CSS(`#count`)))

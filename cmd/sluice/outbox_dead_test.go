@@ -40,7 +40,7 @@ func TestOutboxDeadRowsAreSetAsideListedRequeuedAndDiscarded(t *testing.T) {
 		RetryMax: 10 * time.Millisecond, MaxAttempts: 3, StatsInterval: 10 * time.Millisecond,
 		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(meter))}
 	stopRelay := runRelay(t, cfg)
-	v, exported := metricValue(t, meter, outbox.MetricDeadLettered)
+	v, exported := metricValue(t, meter, "sluice.outbox.dead_lettered")
 	require.True(t, exported, "exported at zero, before any row died")
 	require.Zero(t, v)
 	b.write(t, missing, "m-1", "m-2")
@@ -50,8 +50,8 @@ func TestOutboxDeadRowsAreSetAsideListedRequeuedAndDiscarded(t *testing.T) {
 	}, 60*time.Second, 10*time.Millisecond, "set aside after 3 attempts")
 	// Counted once the batch's Finish returned: after the commit the
 	// Stats above may read first.
-	require.Eventually(t, func() bool { return testenv.CounterSum(t, meter, outbox.MetricDeadLettered) == 2 }, time.Minute, 10*time.Millisecond)
-	require.Eventually(t, func() bool { v, _ := metricValue(t, meter, outbox.MetricDead); return v == 2 }, time.Minute, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.CounterSum(t, meter, "sluice.outbox.dead_lettered") == 2 }, time.Minute, 10*time.Millisecond)
+	require.Eventually(t, func() bool { v, _ := metricValue(t, meter, "sluice.outbox.dead"); return v == 2 }, time.Minute, 10*time.Millisecond)
 	var attempts []int
 	require.NoError(t, b.db.Select(&attempts, `SELECT attempts FROM `+b.table+` ORDER BY id`))
 	require.Equal(t, []int{3, 3}, attempts, "tried no more once dead")

@@ -24,6 +24,7 @@ import (
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // A deployment with a key: the consumers' stages and `sluice dlq replay
@@ -36,7 +37,7 @@ func TestSignedReplayRecordsOutcomesAndRefusesAForgedTarget(t *testing.T) {
 	b := newBed(t)
 	keyFile := filepath.Join(t.TempDir(), "sluice.key")
 	require.NoError(t, os.WriteFile(keyFile, []byte("7d1f0c3b9a8e4f2d6c5b4a39281706f5e4d3c2b1a0998877\n"), 0o600))
-	signer, err := sluice.NewSignerFromFile(keyFile)
+	signer, err := signing.NewFromFile(keyFile)
 	require.NoError(t, err)
 
 	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue(), Signer: signer})
@@ -108,7 +109,7 @@ func TestReplaySignsForTheTargetQueue(t *testing.T) {
 	key := []byte("7d1f0c3b9a8e4f2d6c5b4a39281706f5e4d3c2b1a0998877")
 	keyFile := filepath.Join(t.TempDir(), "sluice.key")
 	require.NoError(t, os.WriteFile(keyFile, append(key, '\n'), 0o600))
-	signer, err := sluice.NewSignerFromFile(keyFile)
+	signer, err := signing.NewFromFile(keyFile)
 	require.NoError(t, err)
 
 	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue(), Signer: signer})
@@ -134,6 +135,6 @@ func TestReplaySignsForTheTargetQueue(t *testing.T) {
 	require.Len(t, ms, 2, "both replayed to the queue they name")
 	for _, m := range ms {
 		require.NoError(t, signer.Verify(m.Msg, b.topo.Queue()), "%s: signed for the queue it was replayed to", m.EventID)
-		require.ErrorIs(t, signer.Verify(m.Msg, b.topo.Queue()+"-other"), sluice.ErrBadSignature, "%s: and no other", m.EventID)
+		require.ErrorIs(t, signer.Verify(m.Msg, b.topo.Queue()+"-other"), signing.ErrBadSignature, "%s: and no other", m.EventID)
 	}
 }

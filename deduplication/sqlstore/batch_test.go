@@ -18,6 +18,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 )
 
@@ -92,7 +93,7 @@ func (e *batchEnv) claims(t *testing.T) int {
 // largest.
 func (e *batchEnv) batchSizes(t *testing.T) (count uint64, largest int64) {
 	t.Helper()
-	return testenv.Histogram(t, e.reader, deduplication.MetricBatchSize)
+	return testenv.Histogram(t, e.reader, telemetry.MetricInboxBatchSize)
 }
 
 // together runs the deliveries at once and returns their errors in order.

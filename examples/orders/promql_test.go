@@ -7,15 +7,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/sluicemq/sluice/brake"
-	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/middleware"
-	"github.com/sluicemq/sluice/ordering"
-	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/poison"
-	"github.com/sluicemq/sluice/rabbitmq"
-	"github.com/sluicemq/sluice/retrytiers"
 )
 
 var (
@@ -73,9 +64,9 @@ func templateLabels(s string) []string {
 // to, as the Prometheus exporter names them.
 func definedCounters() []string {
 	var out []string
-	for _, c := range []string{retrytiers.MetricExhausted, retrytiers.MetricRetries, poison.MetricPoisoned,
-		middleware.MetricRejected, middleware.MetricConsumed, deduplication.MetricDuplicates, brake.MetricHeld, poison.MetricParked,
-		outbox.MetricFailures} {
+	for _, c := range []string{"sluice.exhausted", "sluice.retries", "sluice.poisoned",
+		"sluice.rejected", "messaging.client.consumed.messages", "sluice.inbox.duplicates", "sluice.brake.held", "sluice.poison.parked",
+		"sluice.outbox.failures"} {
 		out = append(out, strings.ReplaceAll(c, ".", "_")+"_total")
 	}
 	return out
@@ -85,26 +76,26 @@ func definedCounters() []string {
 // names them: observed only while a relay runs, and the example's has
 // stopped when its metrics are read.
 var relayGauges = []string{
-	strings.ReplaceAll(outbox.MetricPending, ".", "_"),
-	strings.ReplaceAll(outbox.MetricFailing, ".", "_"),
-	strings.ReplaceAll(outbox.MetricDead, ".", "_"),
-	strings.ReplaceAll(outbox.MetricOldestAge, ".", "_") + "_seconds",
+	"sluice_outbox_pending",
+	"sluice_outbox_failing",
+	"sluice_outbox_dead",
+	"sluice_outbox_oldest_age_seconds",
 }
 
 // orderGauges are the ordering stage's gauges (router.Stages.Order), which
 // the example does not use.
 var orderGauges = []string{
-	strings.ReplaceAll(ordering.MetricKeys, ".", "_"),
-	strings.ReplaceAll(ordering.MetricWaiting, ".", "_"),
-	strings.ReplaceAll(ordering.MetricOldestAge, ".", "_") + "_seconds",
+	"sluice_order_keys",
+	"sluice_order_waiting",
+	"sluice_order_oldest_age_seconds",
 }
 
 // depthGauges are rabbitmq.Broker's depth gauges, as the Prometheus
 // exporter names them: observed while a Broker reads its queues, which the
 // example on the embedded default has none of.
 var depthGauges = []string{
-	strings.ReplaceAll(rabbitmq.MetricQueueReady, ".", "_"),
-	strings.ReplaceAll(rabbitmq.MetricQueueConsumers, ".", "_"),
+	"sluice_queue_messages_ready",
+	"sluice_queue_consumers",
 }
 
 // pluginSeries are the series and labels of RabbitMQ's rabbitmq_prometheus

@@ -14,11 +14,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/outbox"
 	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
 	"github.com/sluicemq/sluice/poison"
-	"github.com/sluicemq/sluice/retrytiers"
 )
 
 // summary is what the stores, the queues and Sluice's metrics recorded.
@@ -124,19 +121,19 @@ func summarize(ctx context.Context, e env, ob *outboxsql.Store, metrics metricRe
 					handler, _ := dp.Attributes.Value(handlerAttribute)
 					h := byHandler[handler.AsString()]
 					switch {
-					case m.Name == outbox.MetricRelayed:
+					case m.Name == "sluice.outbox.relayed":
 						s.Relayed += dp.Value
 					case h == nil: // no handler's: the producer's, the relay's
-					case m.Name == deduplication.MetricDuplicates:
+					case m.Name == "sluice.inbox.duplicates":
 						h.Duplicates += dp.Value
-					case m.Name == retrytiers.MetricRetries:
+					case m.Name == "sluice.retries":
 						if tier, _ := dp.Attributes.Value("sluice.tier"); dp.Value != 0 { // exported at zero from the start
 							h.Retried[tier.AsString()] += dp.Value
 						}
 					}
 				}
 			case metricdata.Histogram[int64]:
-				if m.Name != deduplication.MetricBatchSize {
+				if m.Name != "sluice.inbox.batch.size" {
 					continue
 				}
 				for _, dp := range data.DataPoints {

@@ -19,5 +19,7 @@ func Sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// Now is the time written into metadata: UTC, RFC 3339 with nanoseconds.
-func Now() string { return time.Now().UTC().Format(time.RFC3339Nano) }
+// Stamp is how a time is written into metadata: UTC, RFC 3339 with
+// nanoseconds. Take the time from the stage's sluice.Clock, never
+// time.Now, so the test kit's virtual clock reaches it.
+func Stamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }

@@ -49,10 +49,6 @@ var Version = sync.OnceValue(func() string {
 // semantic conventions' consumer group, on spans and metrics alike.
 const HandlerKey = semconv.MessagingConsumerGroupNameKey
 
-// InstanceKey is the span attribute naming the Watermill handler, one per
-// competing consumer ("inventory-0"); metrics leave it out.
-const InstanceKey = attribute.Key("sluice.handler.instance")
-
 // DurationBuckets are the explicit boundaries, in seconds, of every
 // duration histogram: those the OpenTelemetry messaging semantic
 // conventions recommend. OpenTelemetry's defaults are in milliseconds, and

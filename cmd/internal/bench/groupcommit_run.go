@@ -327,7 +327,7 @@ func gcRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, 
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
 			h, ok := m.Data.(metricdata.Histogram[int64])
-			if m.Name != deduplication.MetricBatchSize || !ok {
+			if m.Name != "sluice.inbox.batch.size" || !ok {
 				continue
 			}
 			for _, dp := range h.DataPoints {

@@ -296,7 +296,7 @@ func stackRun(ctx context.Context, admin *amqpAdmin, pub *rabbitmq.Publisher, ur
 		}
 		for _, s := range rm.ScopeMetrics {
 			for _, m := range s.Metrics {
-				if h, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == outbox.MetricLag {
+				if h, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == "sluice.outbox.lag" {
 					for _, dp := range h.DataPoints {
 						res.lagSum += dp.Sum
 						res.lagCount += dp.Count

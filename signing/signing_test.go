@@ -1,4 +1,4 @@
-package sluice_test
+package signing_test
 
 import (
 	"strings"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/signing"
 )
 
 var (
@@ -31,7 +32,7 @@ func copyOf() *message.Message {
 // do not count. A rotation verifies with the previous key too.
 func TestSignerCoversTheControlHeaders(t *testing.T) {
 	t.Parallel()
-	a, err := sluice.NewSigner(keyA)
+	a, err := signing.New(keyA)
 	require.NoError(t, err)
 	m := copyOf()
 	a.Sign(m, "orders")
@@ -58,22 +59,22 @@ func TestSignerCoversTheControlHeaders(t *testing.T) {
 		c := m.Copy()
 		tamper(c)
 		err := a.Verify(c, "orders")
-		require.ErrorIs(t, err, sluice.ErrBadSignature, name)
-		require.NotErrorIs(t, err, sluice.ErrUnboundSignature, name)
+		require.ErrorIs(t, err, signing.ErrBadSignature, name)
+		require.NotErrorIs(t, err, signing.ErrUnboundSignature, name)
 	}
 
-	b, err := sluice.NewSigner(keyB)
+	b, err := signing.New(keyB)
 	require.NoError(t, err)
-	require.ErrorIs(t, b.Verify(m, "orders"), sluice.ErrBadSignature, "another key")
-	rotated, err := sluice.NewSigner(keyB, keyA)
+	require.ErrorIs(t, b.Verify(m, "orders"), signing.ErrBadSignature, "another key")
+	rotated, err := signing.New(keyB, keyA)
 	require.NoError(t, err)
 	require.NoError(t, rotated.Verify(m, "orders"), "the previous key still verifies")
 	rotated.Sign(m, "orders")
 	require.NoError(t, b.Verify(m, "orders"), "and the new one signs")
 
-	_, err = sluice.NewSigner([]byte("short"))
+	_, err = signing.New([]byte("short"))
 	require.ErrorContains(t, err, "want at least 32")
-	var none *sluice.Signer
+	var none *signing.Signer
 	none.Sign(m, "orders")
 	require.Empty(t, m.Metadata.Get(sluice.SignatureKey), "without a key a copy carries no stale signature")
 }
@@ -85,13 +86,13 @@ func TestSignerCoversTheControlHeaders(t *testing.T) {
 // signature named no queue and verified on every queue of the key.
 func TestASignatureForOneQueueDoesNotVerifyForAnother(t *testing.T) {
 	t.Parallel()
-	a, err := sluice.NewSigner(keyA)
+	a, err := signing.New(keyA)
 	require.NoError(t, err)
 	m := copyOf()
 	a.Sign(m, "orders")
 	require.NoError(t, a.Verify(m, "orders"))
 	for _, other := range []string{"payments", "", "orders ", "orders.retry.30s", "Orders"} {
-		require.ErrorIs(t, a.Verify(m, other), sluice.ErrBadSignature, "signed for orders, verified for %q", other)
+		require.ErrorIs(t, a.Verify(m, other), signing.ErrBadSignature, "signed for orders, verified for %q", other)
 	}
 	owned := func(k string) bool { return k == sluice.AttemptKey }
 	require.Nil(t, a.Believe(m.Copy(), owned, "orders"), "believed on its own queue")
@@ -107,7 +108,7 @@ func TestASignatureForOneQueueDoesNotVerifyForAnother(t *testing.T) {
 	y := message.NewMessage("u", []byte("ab"))
 	y.Metadata.Set(sluice.AttemptKey, "2")
 	y.Metadata.Set(sluice.SignatureKey, x.Metadata.Get(sluice.SignatureKey))
-	require.ErrorIs(t, a.Verify(y, "q\x00"), sluice.ErrBadSignature)
+	require.ErrorIs(t, a.Verify(y, "q\x00"), signing.ErrBadSignature)
 }
 
 // A v1 signature (written before signatures named their queue) verifies as
@@ -118,15 +119,15 @@ func TestASignatureForOneQueueDoesNotVerifyForAnother(t *testing.T) {
 // copy forwarded from another service's queue).
 func TestAV1SignatureIsBelievedOnlyBackFromTheQueuesOwnTier(t *testing.T) {
 	t.Parallel()
-	a, err := sluice.NewSigner(keyA)
+	a, err := signing.New(keyA)
 	require.NoError(t, err)
 	m := copyOf()
 	testenv.SignV1(keyA, m)
-	require.ErrorIs(t, a.Verify(m, "orders"), sluice.ErrUnboundSignature)
-	require.ErrorIs(t, a.Verify(m, "orders"), sluice.ErrBadSignature, "an unbound signature is no signature for the queue")
+	require.ErrorIs(t, a.Verify(m, "orders"), signing.ErrUnboundSignature)
+	require.ErrorIs(t, a.Verify(m, "orders"), signing.ErrBadSignature, "an unbound signature is no signature for the queue")
 	tampered := m.Copy()
 	tampered.Metadata.Set(sluice.AttemptKey, "3")
-	require.NotErrorIs(t, a.Verify(tampered, "orders"), sluice.ErrUnboundSignature, "a v1 signature that does not match is bad")
+	require.NotErrorIs(t, a.Verify(tampered, "orders"), signing.ErrUnboundSignature, "a v1 signature that does not match is bad")
 
 	owned := func(k string) bool { return k == sluice.AttemptKey }
 	back := func(from, reason string) *message.Message {
@@ -143,7 +144,7 @@ func TestAV1SignatureIsBelievedOnlyBackFromTheQueuesOwnTier(t *testing.T) {
 	} {
 		require.Equal(t, []string{sluice.AttemptKey}, a.Believe(c, owned, "orders", "orders.retry.30s"), name)
 	}
-	b, err := sluice.NewSigner(keyB)
+	b, err := signing.New(keyB)
 	require.NoError(t, err)
 	require.Equal(t, []string{sluice.AttemptKey}, b.Believe(back("orders.retry.30s", sluice.DeadLetterExpired), owned, "orders", "orders.retry.30s"),
 		"a v1 signature of another key is no proof, x-death or not")
@@ -155,7 +156,7 @@ func TestAV1SignatureIsBelievedOnlyBackFromTheQueuesOwnTier(t *testing.T) {
 func TestBelieve(t *testing.T) {
 	t.Parallel()
 	owned := func(k string) bool { return k == sluice.AttemptKey }
-	var keyless *sluice.Signer
+	var keyless *signing.Signer
 
 	m := copyOf()
 	require.Equal(t, []string{sluice.AttemptKey}, keyless.Believe(m, owned, "orders", "orders.retry.30s"))
@@ -168,7 +169,7 @@ func TestBelieve(t *testing.T) {
 	require.Nil(t, keyless.Believe(m, owned, "orders", "orders.retry.30s"))
 	require.Equal(t, "2", m.Metadata.Get(sluice.AttemptKey))
 
-	a, err := sluice.NewSigner(keyA)
+	a, err := signing.New(keyA)
 	require.NoError(t, err)
 	require.Equal(t, []string{sluice.AttemptKey}, a.Believe(m, owned, "orders", "orders.retry.30s"), "with a key, x-death proves nothing")
 	m = copyOf()

@@ -1,4 +1,4 @@
-package sluice_test
+package signing_test
 
 import (
 	"fmt"
@@ -6,6 +6,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/signing"
 )
 
 // A Signer shared by the stages (router.Stages.Signer) and `sluice dlq
@@ -13,7 +14,7 @@ import (
 // that queue; the same copy on another queue, or the same headers written by
 // a producer, are not.
 func ExampleSigner() {
-	signer, err := sluice.NewSigner([]byte("a key of at least 32 random bytes!"))
+	signer, err := signing.New([]byte("a key of at least 32 random bytes!"))
 	if err != nil {
 		panic(err)
 	}
