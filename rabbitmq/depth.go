@@ -18,9 +18,9 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
-// DepthIntervalDefault is how often a Broker reads the depth of its queues
+// depthIntervalDefault is how often a Broker reads the depth of its queues
 // (BrokerConfig.DepthInterval).
-const DepthIntervalDefault = 15 * time.Second
+const depthIntervalDefault = 15 * time.Second
 
 // The Broker's depth gauges: what it last read of each of its queues (the
 // consumer queue, each retry tier's queues, the poison queue), by

@@ -96,7 +96,7 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 	}
 	for k, v := range msg.Metadata {
 		switch {
-		case isDeliveryScoped(k), k == PublishIDHeader:
+		case isDeliveryScoped(k), k == publishIDHeader:
 			continue
 		case k == UserIDKey:
 			// RabbitMQ refuses a publish whose user_id is not the publishing
@@ -211,7 +211,7 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	msg.Metadata = make(message.Metadata, len(d.Headers)+4)
 	for k, v := range d.Headers {
 		switch {
-		case k == uuidKey, k == PublishIDHeader, isDeliveryScoped(k):
+		case k == uuidKey, k == publishIDHeader, isDeliveryScoped(k):
 		case strings.HasPrefix(k, PropertyPrefix):
 			// Only Sluice writes its property keys, from the delivery's
 			// own properties (below): a header of that name is a
