@@ -194,10 +194,13 @@ func (m Marshaler) uuidKey() string {
 	return m.MessageUUIDHeaderKey
 }
 
-// Unmarshal returns the message of d. A delivery without an acknowledger
-// gives ErrNoDelivery. The UUID is the _watermill_message_uuid header, else
-// the message_id property, else a new one. The Map's keys the message does
-// not carry are set from their sources.
+// Unmarshal returns the message of d — a delivery of a Subscriber, or one
+// read from a channel of Dial's connection. A delivery without an
+// acknowledger gives ErrNoDelivery. The UUID is the _watermill_message_uuid
+// header, else the message_id property, else a new one. The Map's keys the
+// message does not carry are set from their sources. HeadersErrorKey is set
+// when Sluice's frame filter replaced d's headers table (the connections of
+// Dial, NewBroker, NewSubscriber and WithMarshaler read through it).
 func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	if d.Acknowledger == nil {
 		return nil, ErrNoDelivery
