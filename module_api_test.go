@@ -124,7 +124,7 @@ func main() {
 			panic(err)
 		}
 	}
-	var unmarshal func(amqp.Delivery) (*message.Message, error) = rabbitmq.Marshaler{}.UnmarshalDelivery
+	var unmarshal func(amqp.Delivery) (*message.Message, error) = rabbitmq.Marshaler{}.Unmarshal
 	msg, err := unmarshal(d)
 	if err != nil {
 		panic(err)

@@ -82,7 +82,7 @@ func ReadNote(key string) string {
 }
 
 func newMessage(d amqp.Delivery) (*Message, error) {
-	m, err := rabbitmq.Marshaler{}.UnmarshalDelivery(d)
+	m, err := rabbitmq.Marshaler{}.Unmarshal(d)
 	if err != nil {
 		return nil, err
 	}

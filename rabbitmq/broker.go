@@ -28,7 +28,7 @@ type BrokerConfig struct {
 	// Prefetch of each consumer. Default PrefetchDefault.
 	Prefetch int
 	// DrainTimeout bounds how long closing waits for the deliveries in
-	// flight (ConsumerConfig.DrainTimeout). Default DrainTimeoutDefault.
+	// flight (ConsumerConfig.DrainTimeout). Default 12 s.
 	DrainTimeout time.Duration
 	// WatermillSubscriber consumes with watermill-amqp's subscriber (one
 	// delivery at a time per consumer, ConsumersDefault consumers; closing
@@ -40,7 +40,7 @@ type BrokerConfig struct {
 	// of its queues (a passive declare of each, on a connection of its
 	// own, each bounded by WriteTimeout) for the gauges sluice.queue.messages.ready
 	// and sluice.queue.consumers and for Depths: the alerts on depths then
-	// need no broker plugin. Default DepthIntervalDefault; negative: never
+	// need no broker plugin. Default 15 s; negative: never
 	// (no connection, no gauges).
 	DepthInterval time.Duration
 }
@@ -55,7 +55,7 @@ func (cfg BrokerConfig) withDefaults() (BrokerConfig, error) {
 	}
 	cfg.Connection = conn
 	if cfg.DepthInterval == 0 {
-		cfg.DepthInterval = DepthIntervalDefault
+		cfg.DepthInterval = depthIntervalDefault
 	}
 	return cfg, nil
 }

@@ -21,7 +21,7 @@ const confirmBuffer = 4096
 // confirmChannel is a channel in confirm mode whose confirms and
 // basic.returns are matched to publishes by delivery tag.
 //
-// Each publish carries its delivery tag in PublishIDHeader. RabbitMQ sends a
+// Each publish carries its delivery tag in publishIDHeader. RabbitMQ sends a
 // mandatory message's basic.return before its basic.ack, and amqp091's reader
 // hands the return over an unbuffered channel before it reads the ack. One
 // goroutine (listen) takes both, so it always records a message's return
@@ -184,7 +184,7 @@ func (c *confirmChannel) settle() {
 }
 
 // returned records the basic.return r on the publish it names by its
-// PublishIDHeader. A return that names none — its headers unparseable by
+// publishIDHeader. A return that names none — its headers unparseable by
 // the client (more than 8,192 entries: Headers is nil), or the header
 // missing — could be the return of any publish still waiting for its
 // confirm (a return comes before its message's confirm): each of them is
@@ -193,7 +193,7 @@ func (c *confirmChannel) settle() {
 // held.
 func (c *confirmChannel) returned(r amqp.Return) {
 	ue := &UnroutableError{Exchange: r.Exchange, RoutingKey: r.RoutingKey, ReplyCode: r.ReplyCode, ReplyText: r.ReplyText}
-	id, found := r.Headers[PublishIDHeader].(string)
+	id, found := r.Headers[publishIDHeader].(string)
 	tag, err := strconv.ParseUint(id, 10, 64)
 	if found && err == nil {
 		if f := c.pending[tag]; f != nil {
@@ -223,7 +223,7 @@ func (c *confirmChannel) publish(exchange, key string, pub amqp.Publishing) (*in
 	defer c.pubMu.Unlock()
 	tag := c.ch.GetNextPublishSeqNo()
 	f := &inflight{c: c, tag: tag, done: make(chan struct{})}
-	pub.Headers[PublishIDHeader] = strconv.FormatUint(tag, 10)
+	pub.Headers[publishIDHeader] = strconv.FormatUint(tag, 10)
 	if err := checkPublishing(pub, c.frameMax, c.maxSize); err != nil {
 		return nil, err
 	}

@@ -15,13 +15,13 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 )
 
-// Connection defaults.
+// Connection's defaults.
 const (
-	DialTimeoutDefault = 10 * time.Second
-	// WriteTimeoutDefault bounds each write to the broker's socket. A broker
+	dialTimeoutDefault = 10 * time.Second
+	// writeTimeoutDefault bounds each write to the broker's socket. A broker
 	// that stops reading (a connection blocked by a memory or disk alarm)
 	// then fails the write instead of holding every publisher.
-	WriteTimeoutDefault = 10 * time.Second
+	writeTimeoutDefault = 10 * time.Second
 )
 
 // Connection is how to reach the broker, the options every connection
@@ -46,23 +46,24 @@ type Connection struct {
 	// certificate, server name). Default: the system's roots. Refused with
 	// an amqp:// URL, which would not use it.
 	TLS *tls.Config
-	// DialTimeout bounds connecting and the AMQP handshake. Default
-	// DialTimeoutDefault. NewSubscriber's connections (watermill-amqp's)
-	// keep watermill-amqp's.
+	// DialTimeout bounds connecting and the AMQP handshake. Default 10 s.
+	// NewSubscriber's connections (watermill-amqp's) keep watermill-amqp's.
 	DialTimeout time.Duration
 	// WriteTimeout bounds each write to the socket, so a broker that stops
 	// reading cannot hold a publish past it, and the wait for the broker's
 	// answer when a connection closes (a Consumer's drain: after
-	// DrainTimeout). Default WriteTimeoutDefault.
-	// NewSubscriber's connections (watermill-amqp's) have none.
+	// DrainTimeout). Default 10 s. NewSubscriber's connections
+	// (watermill-amqp's) have none.
 	WriteTimeout time.Duration
 	// MaxMessageSize is the broker's max_message_size, in bytes: the
 	// Publisher refuses a larger body before sending it (ErrMessageTooLarge,
 	// a *sluice.UnpublishableError), since RabbitMQ would close the channel
 	// and fail every publish in flight on it; Publisher.CheckPublish
 	// refuses it when the outbox writes it. Set it to the broker's own:
-	// 16 MiB on RabbitMQ 4.x unless changed. Default MaxMessageSizeDefault
-	// (3.x's 128 MiB).
+	// 16 MiB on RabbitMQ 4.x unless changed. Default 128 MiB, RabbitMQ
+	// 3.x's, the largest default a broker has: 4.x's 16 MiB would refuse,
+	// on a 3.x broker, the tier and poison copies of larger messages it
+	// delivered.
 	MaxMessageSize int
 	// Logger reports reconnects and deliveries that cannot be read. Default
 	// watermill.NopLogger.
@@ -118,9 +119,9 @@ func (c Connection) withDefaults(config string) (Connection, error) {
 	return Connection{
 		URLs:           slices.Clone(urls),
 		TLS:            c.TLS,
-		DialTimeout:    cmp.Or(c.DialTimeout, DialTimeoutDefault),
-		WriteTimeout:   cmp.Or(c.WriteTimeout, WriteTimeoutDefault),
-		MaxMessageSize: cmp.Or(c.MaxMessageSize, MaxMessageSizeDefault),
+		DialTimeout:    cmp.Or(c.DialTimeout, dialTimeoutDefault),
+		WriteTimeout:   cmp.Or(c.WriteTimeout, writeTimeoutDefault),
+		MaxMessageSize: cmp.Or(c.MaxMessageSize, maxMessageSizeDefault),
 		Logger:         cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{}),
 		MeterProvider:  c.MeterProvider,
 	}, nil

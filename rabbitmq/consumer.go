@@ -19,9 +19,9 @@ import (
 	"github.com/sluicemq/sluice/internal/settle"
 )
 
-// Consumer defaults.
+// Consumer's defaults.
 const (
-	// DrainTimeoutDefault is how long Close waits for the deliveries in
+	// drainTimeoutDefault is how long Close waits for the deliveries in
 	// flight to be acked or nacked before it closes their channel and
 	// cancels their contexts. It is what Watermill users expect of a
 	// subscriber's Close, and what a shutdown needs, no more:
@@ -40,8 +40,8 @@ const (
 	//     the rest after the drain.
 	//
 	// Raise ConsumerConfig.DrainTimeout together with a longer ShutdownGrace.
-	DrainTimeoutDefault     = 12 * time.Second
-	ReconnectBackoffDefault = time.Second
+	drainTimeoutDefault     = 12 * time.Second
+	reconnectBackoffDefault = time.Second
 	reconnectBackoffMax     = 30 * time.Second
 )
 
@@ -58,15 +58,14 @@ type ConsumerConfig struct {
 	// delivery tag, in any order. Default PrefetchDefault.
 	Prefetch int
 	// DrainTimeout bounds Close's wait for the deliveries in flight to be
-	// acked or nacked. Default DrainTimeoutDefault (12 s: a router's
+	// acked or nacked. Default 12 s (a router's
 	// default ShutdownGrace of 10 s, and 2 s for the last acks); keep it
 	// above the ShutdownGrace you set.
 	DrainTimeout time.Duration
 	// ReconnectBackoff is the first wait before reconnecting after the
 	// connection or channel closed; it doubles up to 30 s while the
 	// reconnections fail, and starts again from ReconnectBackoff after a
-	// connection that got as far as consuming. Default
-	// ReconnectBackoffDefault.
+	// connection that got as far as consuming. Default 1 s.
 	ReconnectBackoff time.Duration
 	// Marshaler reads deliveries. Default Marshaler{}.
 	Marshaler wamqp.Marshaler
@@ -103,8 +102,8 @@ func (cfg ConsumerConfig) withDefaults() (ConsumerConfig, error) {
 	return ConsumerConfig{
 		Connection:       conn,
 		Prefetch:         cmp.Or(cfg.Prefetch, PrefetchDefault),
-		DrainTimeout:     cmp.Or(cfg.DrainTimeout, DrainTimeoutDefault),
-		ReconnectBackoff: cmp.Or(cfg.ReconnectBackoff, ReconnectBackoffDefault),
+		DrainTimeout:     cmp.Or(cfg.DrainTimeout, drainTimeoutDefault),
+		ReconnectBackoff: cmp.Or(cfg.ReconnectBackoff, reconnectBackoffDefault),
 		Marshaler:        cmp.Or[wamqp.Marshaler](cfg.Marshaler, Marshaler{}),
 		PoisonQueue:      cfg.PoisonQueue,
 		PoisonPublisher:  cfg.PoisonPublisher,

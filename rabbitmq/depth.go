@@ -17,9 +17,9 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
-// DepthIntervalDefault is how often a Broker reads the depth of its queues
+// depthIntervalDefault is how often a Broker reads the depth of its queues
 // (BrokerConfig.DepthInterval).
-const DepthIntervalDefault = 15 * time.Second
+const depthIntervalDefault = 15 * time.Second
 
 // QueueDepth is what a Broker last read of one of its queues.
 type QueueDepth struct {

@@ -156,7 +156,7 @@ func TestRetryCopyCarriesTheProperties(t *testing.T) {
 	d, ok, err := ch.Get(topo.Queue(), false)
 	require.NoError(t, err)
 	require.True(t, ok)
-	msg, err := rabbitmq.Marshaler{}.UnmarshalDelivery(d)
+	msg, err := rabbitmq.Marshaler{}.Unmarshal(d)
 	require.NoError(t, err)
 	require.Equal(t, "spring-msg-1", msg.UUID, "a foreign message without a Watermill UUID is named by its message id")
 

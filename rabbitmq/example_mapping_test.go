@@ -19,7 +19,7 @@ func ExampleMapping() {
 		CorrelationID: []rabbitmq.Source{},                           // off
 		EventID:       []rabbitmq.Source{rabbitmq.PropertyMessageID}, // opt in: read below
 	}}
-	msg, err := m.UnmarshalDelivery(amqp.Delivery{Acknowledger: nopAcker{},
+	msg, err := m.Unmarshal(amqp.Delivery{Acknowledger: nopAcker{},
 		Type: "order.created", CorrelationId: "corr-42", MessageId: "order-1001-created"})
 	if err != nil {
 		panic(err)

@@ -80,7 +80,7 @@ func FuzzMarshalerUnmarshal(f *testing.F) {
 	f.Add([]byte("\x0bsluice_amqp_exchange\x00stale"), "x")
 	f.Fuzz(func(t *testing.T, data []byte, exchange string) {
 		h := table(data, 0)
-		msg, err := rabbitmq.Marshaler{}.UnmarshalDelivery(amqp.Delivery{Acknowledger: nopAcker{}, Headers: h, Body: data, Exchange: exchange, RoutingKey: "rk"})
+		msg, err := rabbitmq.Marshaler{}.Unmarshal(amqp.Delivery{Acknowledger: nopAcker{}, Headers: h, Body: data, Exchange: exchange, RoutingKey: "rk"})
 		if err != nil {
 			t.Fatalf("Unmarshal failed: %v", err)
 		}

@@ -16,9 +16,9 @@ import (
 // mapper gives it).
 const SpringTypeIDHeader = "__TypeId__"
 
-// MappedValueMaxLength is the longest value, in bytes, Unmarshal maps from a
+// mappedValueMaxLength is the longest value, in bytes, Unmarshal maps from a
 // property or header (AMQP's short string: every property fits).
-const MappedValueMaxLength = shortStringMaxLength
+const mappedValueMaxLength = shortStringMaxLength
 
 // Source is where Unmarshal takes a mapped value from: one of a delivery's
 // AMQP properties (PropertyType, PropertyCorrelationID, PropertyMessageID,
@@ -78,10 +78,10 @@ func (s Source) value(d amqp.Delivery) (string, bool) {
 }
 
 // mappable reports whether a producer's value may become metadata the
-// stages and logs read: not empty, at most MappedValueMaxLength bytes, valid
+// stages and logs read: not empty, at most mappedValueMaxLength bytes, valid
 // UTF-8, without control characters. Anything else is skipped, never cut.
 func mappable(v string) bool {
-	if v == "" || len(v) > MappedValueMaxLength || !utf8.ValidString(v) {
+	if v == "" || len(v) > mappedValueMaxLength || !utf8.ValidString(v) {
 		return false
 	}
 	for _, r := range v {
@@ -96,8 +96,8 @@ func mappable(v string) bool {
 // when a foreign producer (Spring AMQP, .NET, a script) did not set it: the
 // event type, Watermill's correlation id and, on request, the event id. Each
 // field lists sources in order; the first one the delivery carries with a
-// mappable value (not empty, at most MappedValueMaxLength bytes, UTF-8,
-// without control characters) wins. A message that has the metadata
+// mappable value (not empty, at most 255 bytes — AMQP's short string —,
+// UTF-8, without control characters) wins. A message that has the metadata
 // already (the header sluice_event_type, correlation_id, sluice_event_id)
 // keeps it: a mapping never overwrites.
 //

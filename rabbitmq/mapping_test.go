@@ -28,7 +28,7 @@ func springDelivery() amqp.Delivery {
 
 func unmarshal(t *testing.T, m rabbitmq.Marshaler, d amqp.Delivery) message.Metadata {
 	t.Helper()
-	msg, err := m.UnmarshalDelivery(d)
+	msg, err := m.Unmarshal(d)
 	require.NoError(t, err)
 	return msg.Metadata
 }
@@ -116,7 +116,7 @@ func TestMappingSkipsHostileValues(t *testing.T) {
 func TestMappingRoundTrip(t *testing.T) {
 	t.Parallel()
 	m := rabbitmq.Marshaler{Map: rabbitmq.Mapping{EventID: []rabbitmq.Source{rabbitmq.PropertyMessageID}}}
-	msg, err := m.UnmarshalDelivery(springDelivery())
+	msg, err := m.Unmarshal(springDelivery())
 	require.NoError(t, err)
 	pub, err := m.Marshal(msg)
 	require.NoError(t, err)

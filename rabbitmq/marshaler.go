@@ -96,7 +96,7 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 	}
 	for k, v := range msg.Metadata {
 		switch {
-		case isDeliveryScoped(k), k == PublishIDHeader:
+		case isDeliveryScoped(k), k == publishIDHeader:
 			continue
 		case k == UserIDKey:
 			// RabbitMQ refuses a publish whose user_id is not the publishing
@@ -194,10 +194,13 @@ func (m Marshaler) uuidKey() string {
 	return m.MessageUUIDHeaderKey
 }
 
-// Unmarshal returns the message of d. A delivery without an acknowledger
-// gives ErrNoDelivery. The UUID is the _watermill_message_uuid header, else
-// the message_id property, else a new one. The Map's keys the message does
-// not carry are set from their sources.
+// Unmarshal returns the message of d — a delivery of a Subscriber, or one
+// read from a channel of Dial's connection. A delivery without an
+// acknowledger gives ErrNoDelivery. The UUID is the _watermill_message_uuid
+// header, else the message_id property, else a new one. The Map's keys the
+// message does not carry are set from their sources. HeadersErrorKey is set
+// when Sluice's frame filter replaced d's headers table (the connections of
+// Dial, NewBroker, NewSubscriber and WithMarshaler read through it).
 func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	if d.Acknowledger == nil {
 		return nil, ErrNoDelivery
@@ -211,7 +214,7 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	msg.Metadata = make(message.Metadata, len(d.Headers)+4)
 	for k, v := range d.Headers {
 		switch {
-		case k == uuidKey, k == PublishIDHeader, isDeliveryScoped(k):
+		case k == uuidKey, k == publishIDHeader, isDeliveryScoped(k):
 		case strings.HasPrefix(k, PropertyPrefix):
 			// Only Sluice writes its property keys, from the delivery's
 			// own properties (below): a header of that name is a

@@ -39,7 +39,7 @@ var brokerHeaders = amqp.Table{
 
 func TestMarshalerUnmarshalsBrokerHeaders(t *testing.T) {
 	t.Parallel()
-	msg, err := rabbitmq.Marshaler{}.UnmarshalDelivery(amqp.Delivery{
+	msg, err := rabbitmq.Marshaler{}.Unmarshal(amqp.Delivery{
 		Acknowledger: nopAcker{},
 		Headers:      brokerHeaders, Body: []byte("{}"), Exchange: "orders", RoutingKey: "orders.created", Redelivered: true,
 	})
@@ -128,7 +128,7 @@ func (nopAcker) Reject(uint64, bool) error     { return nil }
 // after the server cancelled the consumer — is never a message.
 func TestMarshalerRefusesAZeroDelivery(t *testing.T) {
 	t.Parallel()
-	_, err := rabbitmq.Marshaler{}.UnmarshalDelivery(amqp.Delivery{})
+	_, err := rabbitmq.Marshaler{}.Unmarshal(amqp.Delivery{})
 	require.ErrorIs(t, err, rabbitmq.ErrNoDelivery)
 }
 
@@ -158,7 +158,7 @@ func TestStampTimestamp(t *testing.T) {
 	require.False(t, got[0].Timestamp.After(time.Now()))
 	require.Equal(t, time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), got[1].Timestamp.UTC(), "the producer's own is kept")
 
-	copied, err := stamping.UnmarshalDelivery(got[0])
+	copied, err := stamping.Unmarshal(got[0])
 	require.NoError(t, err)
 	time.Sleep(1100 * time.Millisecond) // a later copy, a second later
 	require.NoError(t, pub.Publish(q, copied))

@@ -275,7 +275,7 @@ func TestPartitionedTierReturnsToItsPartition(t *testing.T) {
 			case <-time.After(time.Minute):
 				t.Fatal("no delivery")
 			}
-			msg, err := rabbitmq.Marshaler{}.UnmarshalDelivery(got)
+			msg, err := rabbitmq.Marshaler{}.Unmarshal(got)
 			require.NoError(t, err)
 			require.Equal(t, e.Tiers[0].Topic, msg.Metadata.Get(rabbitmq.LastDeathQueueKey))
 		})

@@ -18,7 +18,7 @@ import (
 // are the real ones.
 func TestMarshalerDropsPropertyHeaders(t *testing.T) {
 	t.Parallel()
-	msg, err := rabbitmq.Marshaler{}.UnmarshalDelivery(amqp.Delivery{
+	msg, err := rabbitmq.Marshaler{}.Unmarshal(amqp.Delivery{
 		Acknowledger: nopAcker{},
 		Headers: amqp.Table{
 			rabbitmq.PriorityKey:                "high",

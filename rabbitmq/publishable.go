@@ -14,14 +14,14 @@ import (
 	"github.com/sluicemq/sluice/broker"
 )
 
-// MaxMessageSizeDefault is Connection.MaxMessageSize's default: RabbitMQ
+// maxMessageSizeDefault is Connection.MaxMessageSize's default: RabbitMQ
 // 3.x's max_message_size (128 MiB), the largest default a broker has. Not
 // 4.x's 16 MiB: on a 3.x broker that would refuse the retry-tier and poison
 // copies of messages between 16 and 128 MiB the broker delivered. On 4.x set
 // it to 16 MiB (or your broker's setting) to have the outbox refuse larger
 // rows when they are written; without it the broker refuses them at the
 // relay, which sets each aside with its reason.
-const MaxMessageSizeDefault = 128 << 20
+const maxMessageSizeDefault = 128 << 20
 
 // HeadersMaxEntries is the most entries a headers table (or an array or
 // table inside it) may have for Sluice's AMQP client to read it: a
@@ -34,7 +34,7 @@ const HeadersMaxEntries = 8192
 // AMQP client to read them.
 const headersMaxDepth = 32
 
-// maxPublishID is the longest PublishIDHeader value: the frame check of a
+// maxPublishID is the longest publishIDHeader value: the frame check of a
 // message not yet on a channel counts it.
 const maxPublishID = "18446744073709551615"
 
@@ -103,7 +103,7 @@ func (p *Publisher) CheckPublish(topic string, msg *message.Message) error {
 	if headers == nil {
 		headers = amqp.Table{}
 	}
-	headers[PublishIDHeader] = maxPublishID
+	headers[publishIDHeader] = maxPublishID
 	pub.Headers = headers
 	if err := checkEntries(headers, 0); err != nil {
 		return &sluice.UnpublishableError{Err: err}

@@ -19,13 +19,13 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 )
 
-// ConfirmTimeoutDefault bounds the wait for a publisher confirm.
-const ConfirmTimeoutDefault = 30 * time.Second
+// confirmTimeoutDefault bounds the wait for a publisher confirm.
+const confirmTimeoutDefault = 30 * time.Second
 
-// PublishIDHeader is the AMQP header carrying the delivery tag by which the
+// publishIDHeader is the AMQP header carrying the delivery tag by which the
 // Publisher matches a basic.return to the message it publishes. The
 // Marshaler drops it; consumers can ignore it.
-const PublishIDHeader = "sluice_publish_id"
+const publishIDHeader = "sluice_publish_id"
 
 var (
 	// ErrPublisherClosed is returned by Publish after Close.
@@ -89,7 +89,7 @@ type PublisherConfig struct {
 	// (persistent, metadata as headers, compatible with watermill-amqp).
 	Marshaler wamqp.Marshaler
 	// ConfirmTimeout bounds the wait for a confirm when the message context
-	// has no earlier deadline. Default ConfirmTimeoutDefault.
+	// has no earlier deadline. Default 30 s.
 	ConfirmTimeout time.Duration
 }
 
@@ -109,7 +109,7 @@ func (cfg PublisherConfig) withDefaults() (PublisherConfig, error) {
 		Connection:     conn,
 		Exchange:       cfg.Exchange,
 		Marshaler:      cmp.Or[wamqp.Marshaler](cfg.Marshaler, Marshaler{}),
-		ConfirmTimeout: cmp.Or(cfg.ConfirmTimeout, ConfirmTimeoutDefault),
+		ConfirmTimeout: cmp.Or(cfg.ConfirmTimeout, confirmTimeoutDefault),
 	}, nil
 }
 
@@ -118,8 +118,9 @@ func (cfg PublisherConfig) withDefaults() (PublisherConfig, error) {
 // and did not return as unroutable. Messages of one call and of concurrent
 // calls are pipelined on one channel: many confirms are in flight at once.
 // After a broker restart or a closed channel it reconnects on the next
-// Publish, and after a nack it publishes on a new channel. It is safe for
-// concurrent use.
+// Publish, and after a nack it publishes on a new channel. Each publish
+// carries the header sluice_publish_id, by which a basic.return is matched
+// to its message; the Marshaler drops it. It is safe for concurrent use.
 type Publisher struct {
 	cfg     PublisherConfig
 	metrics meters

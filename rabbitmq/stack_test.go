@@ -188,7 +188,7 @@ func TestStackAlwaysTransientEndsInPoison(t *testing.T) {
 		require.Len(t, s.deliveries("evt-2"), 4, "the first attempt and one per tier")
 
 		d := got[0]
-		md, err := rabbitmq.Marshaler{}.UnmarshalDelivery(d)
+		md, err := rabbitmq.Marshaler{}.Unmarshal(d)
 		require.NoError(t, err)
 		require.JSONEq(t, `{"orderId":"o-1"}`, string(md.Payload), "the original payload")
 		for k, want := range map[string]string{
@@ -248,7 +248,7 @@ func TestStackPoisonAndRejected(t *testing.T) {
 	require.Len(t, s.deliveries("rejected"), 1, "a rejection is acked")
 	classes := map[string]string{}
 	for _, d := range got {
-		md, err := rabbitmq.Marshaler{}.UnmarshalDelivery(d)
+		md, err := rabbitmq.Marshaler{}.Unmarshal(d)
 		require.NoError(t, err)
 		classes[md.Metadata.Get(sluice.EventIDKey)] = md.Metadata.Get(poison.ClassKey) + ": " + md.Metadata.Get(poison.ReasonKey)
 	}
@@ -276,7 +276,7 @@ func TestStackPoisonQueueUnroutableLosesNothing(t *testing.T) {
 
 	require.NoError(t, s.topo.Declare(t.Context(), s.conn), "the operator restores the poison queue")
 	got := s.settled(t, 1)
-	md, err := rabbitmq.Marshaler{}.UnmarshalDelivery(got[0])
+	md, err := rabbitmq.Marshaler{}.Unmarshal(got[0])
 	require.NoError(t, err)
 	require.Equal(t, "evt-3", md.Metadata.Get(sluice.EventIDKey))
 }

@@ -9,7 +9,10 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 )
 
-// PrefetchDefault is the subscriber's default prefetch count.
+// PrefetchDefault is the default prefetch of BrokerConfig, ConsumerConfig
+// and SubscriberConfig: with Sluice's Consumer, how many deliveries one
+// subscription hands to the router's handlers at once — the connections a
+// database pool the handlers share needs, beside its other users.
 const PrefetchDefault = 16
 
 // SubscriberConfig configures NewSubscriber.

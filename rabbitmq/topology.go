@@ -22,7 +22,8 @@ type TopologyConfig struct {
 	// starting with "amq.", and short enough that every derived name fits
 	// AMQP's 255 bytes: at most 255 minus the longest suffix, which is
 	// ".retry.<delay>" (10 bytes with the default tiers: 245) or ".poison"
-	// (7) when PoisonQueue is left to its default. MaxQueueLength computes it.
+	// (7) when PoisonQueue is left to its default. NewTopology's error
+	// names the limit.
 	Queue string
 	// TierDelays are the retry tiers' TTLs, in order, each at least 1ms and
 	// at most 24 days, no two with one name. Default
@@ -67,15 +68,15 @@ type TopologyConfig struct {
 	// With Partitions, the consistent-hash exchange; default Queue.
 	Exchange string
 	// ExchangeType of Exchange. Default "topic"; with Partitions
-	// ExchangeConsistentHash, the only type accepted.
+	// "x-consistent-hash", the only type accepted.
 	ExchangeType string
 	// BindingKey binds Queue to Exchange. Default Queue. Refused with
-	// Partitions (each partition queue is bound with PartitionWeight).
+	// Partitions (each partition queue is bound with its weight, "1").
 	BindingKey string
 	// Partitions, when positive, spreads the messages over this many
 	// partition queues by the value of their header PartitionKey, for
 	// order per key across instances: Exchange (default Queue) is declared
-	// of type ExchangeConsistentHash (the plugin
+	// of type "x-consistent-hash" (the plugin
 	// rabbitmq_consistent_hash_exchange; without it Declare fails with an
 	// error matching ErrConsistentHashPlugin) with the argument
 	// hash-header=PartitionKey, and each partition queue
@@ -83,10 +84,10 @@ type TopologyConfig struct {
 	// family of its own — its tiers "<Queue>.p<i>.retry.<delay>" return to
 	// it only — declared with x-single-active-consumer=true, so that one
 	// consumer at a time, in one instance, receives a partition, and
-	// another takes over when it goes; bound with weight PartitionWeight.
+	// another takes over when it goes; bound with weight "1".
 	// PoisonQueue is shared by the partitions (each copy names its
 	// partition queue in sluice_poison_queue, where a replay sends it).
-	// No queue is named Queue. At most PartitionsMax. Default 0: one queue.
+	// No queue is named Queue. At most 1024. Default 0: one queue.
 	Partitions int
 	// PartitionKey is the header (message metadata key) whose value the
 	// exchange hashes: one value always lands in one partition. Producers
@@ -124,11 +125,11 @@ var queueName = regexp.MustCompile(`^[A-Za-z0-9_.:-]+$`)
 // PoisonSuffix is appended to the queue name for the default poison queue.
 const PoisonSuffix = ".poison"
 
-// MaxQueueLength returns the longest consumer queue name, in bytes, whose
+// maxQueueLength returns the longest consumer queue name, in bytes, whose
 // derived names (the tier queues of delays, default broker.DelaysDefault,
 // and with defaultPoison the poison queue) all fit in broker.NameMaxLength,
 // AMQP's short string.
-func MaxQueueLength(delays []time.Duration, defaultPoison bool) int {
+func maxQueueLength(delays []time.Duration, defaultPoison bool) int {
 	if len(delays) == 0 {
 		delays = broker.DelaysDefault
 	}
@@ -164,7 +165,7 @@ func NewTopology(cfg TopologyConfig) (*Topology, error) {
 	if err := checkQueueName("Queue", cfg.Queue); err != nil {
 		return nil, err
 	}
-	if limit := MaxQueueLength(cfg.TierDelays, cfg.PoisonQueue == ""); len(cfg.Queue) > limit {
+	if limit := maxQueueLength(cfg.TierDelays, cfg.PoisonQueue == ""); len(cfg.Queue) > limit {
 		return nil, fmt.Errorf("%w: TopologyConfig.Queue is %d bytes; with these tiers it may be at most %d, so that its tier and poison queue names fit",
 			broker.ErrNameTooLong, len(cfg.Queue), limit)
 	}
@@ -445,7 +446,7 @@ func (t *Topology) Policies() []string {
 	queues := t.cfg.Queue + ", its tiers"
 	if n := len(t.parts); n > 0 {
 		lines = append(lines, fmt.Sprintf("# declare the exchange %s of type %s with %s, and bind %s to it with weight %s: a policy declares neither",
-			t.cfg.Exchange, ExchangeConsistentHash, t.ExchangeArguments(), partitionRange(t.cfg.Queue, n), PartitionWeight),
+			t.cfg.Exchange, exchangeConsistentHash, t.ExchangeArguments(), partitionRange(t.cfg.Queue, n), partitionWeight),
 			fmt.Sprintf("# declare %s with x-single-active-consumer=true: a policy cannot set it", partitionRange(t.cfg.Queue, n)))
 		queues = partitionRange(t.cfg.Queue, n) + ", their tiers"
 	}

@@ -12,27 +12,27 @@ import (
 	"github.com/sluicemq/sluice/broker"
 )
 
-// PartitionsMax is the most partition queues TopologyConfig.Partitions
+// partitionsMax is the most partition queues TopologyConfig.Partitions
 // declares: each is a queue family of its own (the queue and its tiers),
 // and a consumer keeps a connection per partition it consumes.
-const PartitionsMax = 1024
+const partitionsMax = 1024
 
-// ExchangeConsistentHash is the type of a partitioned topology's exchange,
+// exchangeConsistentHash is the type of a partitioned topology's exchange,
 // from RabbitMQ's plugin rabbitmq_consistent_hash_exchange (bundled with
 // RabbitMQ 3.x and 4.x, disabled by default).
-const ExchangeConsistentHash = "x-consistent-hash"
+const exchangeConsistentHash = "x-consistent-hash"
 
-// PartitionWeight is the binding key of each partition queue to the
+// partitionWeight is the binding key of each partition queue to the
 // consistent-hash exchange: its weight on the hash ring, the same for all,
 // so that keys spread evenly.
-const PartitionWeight = "1"
+const partitionWeight = "1"
 
 // ErrConsistentHashPlugin is matched by the error of declaring a
 // partitioned topology on a broker without the plugin
 // rabbitmq_consistent_hash_exchange (RabbitMQ refuses the exchange type
 // — 503 COMMAND_INVALID on 3.x, 406 PRECONDITION_FAILED on 4.x — and
 // closes the connection or the channel).
-var ErrConsistentHashPlugin = errors.New("rabbitmq: the broker has no exchange type " + ExchangeConsistentHash +
+var ErrConsistentHashPlugin = errors.New("rabbitmq: the broker has no exchange type " + exchangeConsistentHash +
 	": enable the plugin on every node with `rabbitmq-plugins enable rabbitmq_consistent_hash_exchange` (no restart needed)")
 
 // PartitionQueue returns the name of partition i of queue: "<queue>.p<i>".
@@ -46,18 +46,18 @@ func partitionSuffix(i int) string { return ".p" + strconv.Itoa(i) }
 // with single active consumer; the poison queue is shared.
 func newPartitioned(cfg TopologyConfig) (*Topology, error) {
 	switch {
-	case cfg.Partitions < 0 || cfg.Partitions > PartitionsMax:
-		return nil, fmt.Errorf("rabbitmq: TopologyConfig.Partitions %d: want 1 to %d partition queues (0: none)", cfg.Partitions, PartitionsMax)
+	case cfg.Partitions < 0 || cfg.Partitions > partitionsMax:
+		return nil, fmt.Errorf("rabbitmq: TopologyConfig.Partitions %d: want 1 to %d partition queues (0: none)", cfg.Partitions, partitionsMax)
 	case cfg.Partitions == 0:
 		return nil, errors.New("rabbitmq: TopologyConfig.PartitionKey is set without Partitions: set Partitions, the number of partition queues")
 	case cfg.PartitionKey == "":
 		return nil, errors.New("rabbitmq: TopologyConfig.PartitionKey is required with Partitions: the header whose value the exchange hashes to choose a partition (its hash-header), which producers set")
 	case cfg.Queue == "":
 		return nil, errors.New("rabbitmq: TopologyConfig.Queue is required")
-	case cfg.ExchangeType != "" && cfg.ExchangeType != ExchangeConsistentHash:
-		return nil, fmt.Errorf("rabbitmq: TopologyConfig.ExchangeType %q: with Partitions the exchange is of type %s", cfg.ExchangeType, ExchangeConsistentHash)
+	case cfg.ExchangeType != "" && cfg.ExchangeType != exchangeConsistentHash:
+		return nil, fmt.Errorf("rabbitmq: TopologyConfig.ExchangeType %q: with Partitions the exchange is of type %s", cfg.ExchangeType, exchangeConsistentHash)
 	case cfg.BindingKey != "":
-		return nil, fmt.Errorf("rabbitmq: TopologyConfig.BindingKey is set: with Partitions each partition queue is bound with its weight, %q", PartitionWeight)
+		return nil, fmt.Errorf("rabbitmq: TopologyConfig.BindingKey is set: with Partitions each partition queue is bound with its weight, %q", partitionWeight)
 	}
 	if err := broker.CheckName("TopologyConfig.PartitionKey", cfg.PartitionKey); err != nil {
 		return nil, err
@@ -65,7 +65,7 @@ func newPartitioned(cfg TopologyConfig) (*Topology, error) {
 	if err := checkQueueName("Queue", cfg.Queue); err != nil {
 		return nil, err
 	}
-	limit := MaxQueueLength(cfg.TierDelays, false) - len(partitionSuffix(cfg.Partitions-1))
+	limit := maxQueueLength(cfg.TierDelays, false) - len(partitionSuffix(cfg.Partitions-1))
 	if cfg.PoisonQueue == "" {
 		limit = min(limit, broker.NameMaxLength-len(PoisonSuffix))
 	}
@@ -77,7 +77,7 @@ func newPartitioned(cfg TopologyConfig) (*Topology, error) {
 	if err := checkQueueName("Exchange", cfg.Exchange); err != nil {
 		return nil, err
 	}
-	cfg.ExchangeType = ExchangeConsistentHash
+	cfg.ExchangeType = exchangeConsistentHash
 	cfg.PoisonQueue = cmp.Or(cfg.PoisonQueue, cfg.Queue+PoisonSuffix)
 	if err := checkQueueName("PoisonQueue", cfg.PoisonQueue); err != nil {
 		return nil, err
@@ -145,7 +145,7 @@ type Binding struct {
 }
 
 // Bindings returns the bindings Declare declares: Queue with BindingKey,
-// or with Partitions each partition queue with PartitionWeight. None
+// or with Partitions each partition queue with its weight, "1". None
 // without an Exchange.
 func (t *Topology) Bindings() []Binding {
 	switch {
@@ -156,7 +156,7 @@ func (t *Topology) Bindings() []Binding {
 	}
 	bs := make([]Binding, 0, len(t.parts))
 	for _, p := range t.parts {
-		bs = append(bs, Binding{Queue: p.cfg.Queue, Key: PartitionWeight})
+		bs = append(bs, Binding{Queue: p.cfg.Queue, Key: partitionWeight})
 	}
 	return bs
 }

@@ -53,7 +53,7 @@ func TestTopologyTiersReturnToTheQueue(t *testing.T) {
 				require.Zero(t, testenv.QueueDepth(t, conn, tier.Topic))
 			}
 			got := testenv.Drain(t, conn, topo.Queue())
-			msg, err := rabbitmq.Marshaler{}.UnmarshalDelivery(got[0])
+			msg, err := rabbitmq.Marshaler{}.Unmarshal(got[0])
 			require.NoError(t, err)
 			require.Equal(t, "1", msg.Metadata.Get(rabbitmq.DeathCountKey))
 			require.Equal(t, "expired", msg.Metadata.Get(rabbitmq.FirstDeathReasonKey))

@@ -87,13 +87,6 @@ func (s *subscription) isolate(ctx context.Context, d amqp.Delivery, msg *messag
 	_ = d.Ack(false)
 }
 
-// UnmarshalDelivery is Unmarshal: the message of a delivery read from a
-// channel of Dial's connection, HeadersErrorKey set when the frame filter
-// replaced its headers table.
-func (m Marshaler) UnmarshalDelivery(d amqp.Delivery) (*message.Message, error) {
-	return readDelivery(m, d)
-}
-
 // readDelivery returns the message of d read by m, with HeadersErrorKey set
 // when the frame filter replaced d's headers table (m may be another
 // marshaler than Sluice's).

@@ -37,7 +37,7 @@ func TestHeadersErrorKeyIsTheFiltersKey(t *testing.T) {
 // without it, a producer's) is not believed, and not kept.
 func TestUnmarshalUnparseableHeadersForged(t *testing.T) {
 	t.Parallel()
-	m, err := Marshaler{}.UnmarshalDelivery(amqp.Delivery{Acknowledger: nopAck{}, Headers: amqp.Table{HeadersErrorKey: "forged", "a": "b"}})
+	m, err := Marshaler{}.Unmarshal(amqp.Delivery{Acknowledger: nopAck{}, Headers: amqp.Table{HeadersErrorKey: "forged", "a": "b"}})
 	require.NoError(t, err)
 	require.Empty(t, m.Metadata.Get(HeadersErrorKey))
 	require.Equal(t, "b", m.Metadata.Get("a"))

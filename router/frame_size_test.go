@@ -114,7 +114,7 @@ func TestCopyOverTheFrameIsIsolatedAndThePublisherStaysUp(t *testing.T) {
 
 	copies := testenv.Drain(t, conn, q.Topology().PoisonQueue())
 	require.Len(t, copies, 1)
-	c, err := rabbitmq.Marshaler{}.UnmarshalDelivery(copies[0])
+	c, err := rabbitmq.Marshaler{}.Unmarshal(copies[0])
 	require.NoError(t, err)
 	md := c.Metadata
 	require.Equal(t, "big", md.Get(sluice.EventIDKey))

@@ -101,7 +101,7 @@ func TestRefusedPoisonCopyIsParked(t *testing.T) {
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()) == 1 }, time.Minute, 10*time.Millisecond)
 	copies := testenv.Drain(t, conn, q.Topology().PoisonQueue())
 	require.Len(t, copies, 1)
-	c, err := rabbitmq.Marshaler{}.UnmarshalDelivery(copies[0])
+	c, err := rabbitmq.Marshaler{}.Unmarshal(copies[0])
 	require.NoError(t, err)
 	require.Equal(t, "bad", c.Metadata.Get(sluice.EventIDKey))
 	d := copies[0]

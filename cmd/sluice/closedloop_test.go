@@ -275,7 +275,7 @@ func foreignPoisoned(t *testing.T, b *bed, id string) amqp.Publishing {
 	d, ok, err := ch.Get(b.topo.Queue(), false)
 	require.NoError(t, err)
 	require.True(t, ok)
-	msg, err := rabbitmq.Marshaler{}.UnmarshalDelivery(d)
+	msg, err := rabbitmq.Marshaler{}.Unmarshal(d)
 	require.NoError(t, err)
 	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue()})
 	require.NoError(t, err)

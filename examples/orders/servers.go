@@ -195,7 +195,7 @@ func (e *serversEnv) peek(_ context.Context, queue string) ([]*message.Message, 
 		if err != nil || !ok {
 			return out, err
 		}
-		m, err := rabbitmq.Marshaler{}.UnmarshalDelivery(d)
+		m, err := rabbitmq.Marshaler{}.Unmarshal(d)
 		if err != nil {
 			return nil, err
 		}
