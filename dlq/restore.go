@@ -17,11 +17,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
 )
 
@@ -290,8 +290,8 @@ func (s *TableSource) query(after int64) (string, []any) {
 	q := `SELECT id, queue, record FROM ` + s.table + ` WHERE restored_at IS NULL AND id > $1`
 	args := []any{after}
 	if len(s.eventIDs) > 0 {
-		q += ` AND event_id = ANY($2)`
-		args = append(args, pq.Array(s.eventIDs))
+		q += ` AND event_id = ANY(CAST($2 AS TEXT)::TEXT[])`
+		args = append(args, sqldb.TextArray(s.eventIDs)) // no driver's array type: dlq links none
 	}
 	return q + ` ORDER BY id`, args
 }

@@ -100,27 +100,24 @@ func closedLoop(ctx context.Context, conn *amqp.Connection, cfg dlq.ReplayConfig
 	return dlq.ClosedLoop(ctx, conn, cfg, l)
 }
 
-// checkOutcomesURL is dlq.CheckOutcomesURL, a usage error.
+// checkOutcomesURL is checkOutcomesScheme, a usage error.
 func checkOutcomesURL(url string) error {
-	if err := dlq.CheckOutcomesURL(url); err != nil {
+	if err := checkOutcomesScheme(url); err != nil {
 		return usageError{err}
 	}
 	return nil
 }
 
-// openOutcomes is dlq.OpenOutcomes; a URL of the wrong form is a usage error.
+// openOutcomes is dialOutcomes; a URL of the wrong form is a usage error.
 func openOutcomes(url, table string, create bool) (ledger.Ledger, func(), error) {
-	s, done, err := dlq.OpenOutcomes(url, table, create)
-	if errors.Is(err, dlq.ErrOutcomesURL) {
+	s, done, err := dialOutcomes(url, table, create)
+	if errors.Is(err, errOutcomesURL) {
 		return nil, nil, usageError{err}
 	}
 	return s, done, err
 }
 
-var (
-	newRun        = dlq.NewRun
-	outcomesPlace = dlq.OutcomesPlace
-)
+var newRun = dlq.NewRun
 
 // operatorRecords records, when --outcomes was given, what an operator's
 // command did to each item, under a run of its own ("archive-…",

@@ -198,7 +198,7 @@ func openArchive[T io.Closer](file string, openFile func(string) (T, error), dbU
 		}
 		return f, func() { _ = f.Close() }, nil
 	}
-	db, err := dlq.OpenPostgres(dbURL)
+	db, err := openPostgres(dbURL)
 	if err != nil {
 		return none, nil, fmt.Errorf("--db: %w", diag.RedactError(err))
 	}

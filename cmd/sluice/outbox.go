@@ -87,7 +87,7 @@ func (f *outboxFlags) open(many bool) ([]*sqlstore.Store, context.Context, func(
 // returns a context that ends on Ctrl-C or after timeout; done closes
 // them. Its errors name --db and carry no password.
 func openDB(url string, timeout time.Duration) (*sqlx.DB, context.Context, func(), error) {
-	db, err := dlq.OpenPostgres(url)
+	db, err := openPostgres(url)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("--db: %w", diag.RedactError(err))
 	}
