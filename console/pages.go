@@ -632,7 +632,7 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
 	}
 	group := r.PathValue("group")
 	operator := c.cfg.Operator(r)
-	ru := c.newRun("replay", dlq.NewRun("run"), q.Poison, group, operator)
+	ru := c.newRun("replay", newRunID("run"), q.Poison, group, operator)
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
@@ -788,7 +788,7 @@ type action struct {
 func (c *Console) startAction(w http.ResponseWriter, r *http.Request, verb, poison string) (action, bool) {
 	a := action{group: r.PathValue("group"), operator: c.cfg.Operator(r)}
 	a.limit, _ = strconv.Atoi(r.PostFormValue("limit"))
-	a.run = c.newRun(verb, dlq.NewRun(verb), poison, a.group, a.operator)
+	a.run = c.newRun(verb, newRunID(verb), poison, a.group, a.operator)
 	release, err := c.reading(r.Context(), poison, c.cfg.ReadWait)
 	if err != nil {
 		a.run.finish(dlq.ReplayResult{}, err)

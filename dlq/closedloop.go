@@ -8,7 +8,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice"
@@ -68,7 +67,8 @@ type Batch struct {
 // size again until nothing selected is left — and after each batch waits
 // for the consumers' outcomes. The canary must come back all processed or
 // duplicate; a ramp batch may be poisoned again at most MaxRepoison. A stop
-// returns an error wrapping ErrStopped; cfg.Run must be set (NewRun). The
+// returns an error wrapping ErrStopped; cfg.Run must be set (a new run id,
+// unique: "run-20260105T120000Z-3f2a9c1b" as the CLI and the console make them). The
 // run itself is kept in l.Store beside its outcomes when the store keeps
 // runs (ledger.Runs).
 func ClosedLoop(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig, l Loop) (res ReplayResult, err error) {
@@ -184,11 +184,6 @@ func judge(l Loop, stage string, step, size, replayed int, items map[string]bool
 		b.Stopped = fmt.Sprintf("%.0f%% poisoned again, more than --max-repoison %.0f%%", 100*rate, 100*l.MaxRepoison)
 	}
 	return b
-}
-
-// NewRun returns a new run id: kind, the time, and a random tail.
-func NewRun(kind string) string {
-	return kind + "-" + time.Now().UTC().Format("20060102T150405Z") + "-" + watermill.NewShortUUID()[:8]
 }
 
 // AwaitOutcomes polls the store until every item has a final outcome, or

@@ -12,8 +12,10 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
-// ErrNoTarget is returned for a selected message that has no sluice_poison_queue.
-var ErrNoTarget = errors.New("dlq: message has no sluice_poison_queue to replay to (use --to)")
+// ErrNoTarget is returned for a selected message that has no queue to
+// replay to: no sluice_poison_queue, or one not believed (ReplayConfig.To
+// names one for it).
+var ErrNoTarget = errors.New("dlq: message has no sluice_poison_queue to replay to")
 
 // ErrTargetRefused is returned for a selected message whose target — the
 // queue its sluice_poison_queue names, or To — is not one the replay may

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice"
@@ -117,7 +118,11 @@ func openOutcomes(url, table string, create bool) (ledger.Ledger, func(), error)
 	return s, done, err
 }
 
-var newRun = dlq.NewRun
+// newRun returns a new run id: kind, the time, and a random tail
+// ("run-20260105T120000Z-3f2a9c1b").
+func newRun(kind string) string {
+	return kind + "-" + time.Now().UTC().Format("20060102T150405Z") + "-" + watermill.NewShortUUID()[:8]
+}
 
 // operatorRecords records, when --outcomes was given, what an operator's
 // command did to each item, under a run of its own ("archive-…",

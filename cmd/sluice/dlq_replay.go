@@ -95,6 +95,9 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 			} else {
 				res, runErr = dlq.Replay(ctx, conn, cfg)
 			}
+			if errors.Is(runErr, dlq.ErrNoTarget) {
+				runErr = fmt.Errorf("%w (use --to)", runErr)
+			}
 			prog.done()
 			summary(out, "replay", ff.queue, res, dryRun)
 			opts := map[string]string{"rate": rateFlag, "batch": strconv.Itoa(batch), "limit": strconv.Itoa(ff.limit), "to": to,
