@@ -22,7 +22,7 @@ type ArchiveConfig struct {
 	Queue    string
 	Filter   Filter
 	Limit    int
-	Sink     ArchiveSink // where the records go: a FileSink or a TableSink
+	Sink     ArchiveSink // where the records go: OpenFileSink or NewTableSink
 	Operator string
 	// Signer, when set, signs each record (ArchiveRecord.Signature) beside
 	// its digest: restore with the same key proves the record was written
@@ -42,21 +42,22 @@ type ArchiveSink interface {
 	Close() error
 }
 
-// FileSink appends records as JSON lines to a file, each synced to disk.
-type FileSink struct {
+// fileSink appends records as JSON lines to a file, each synced to disk.
+type fileSink struct {
 	f *os.File
 }
 
-// OpenFileSink opens (creating) path for appending.
-func OpenFileSink(path string) (*FileSink, error) {
+// OpenFileSink opens (creating) path for appending: a sink that writes
+// each record as a JSON line, synced to disk before Write returns.
+func OpenFileSink(path string) (ArchiveSink, error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("dlq: opening the archive: %w", err)
 	}
-	return &FileSink{f: f}, nil
+	return &fileSink{f: f}, nil
 }
 
-func (s *FileSink) Write(_ context.Context, rec ArchiveRecord) error {
+func (s *fileSink) Write(_ context.Context, rec ArchiveRecord) error {
 	b, err := archiveJSON(rec)
 	if err != nil {
 		return fmt.Errorf("dlq: writing the archive: %w", err)
@@ -71,22 +72,26 @@ func (s *FileSink) Write(_ context.Context, rec ArchiveRecord) error {
 }
 
 // Name is the file's path.
-func (s *FileSink) Name() string { return s.f.Name() }
+func (s *fileSink) Name() string { return s.f.Name() }
 
 // Close closes the file.
-func (s *FileSink) Close() error { return s.f.Close() }
+func (s *fileSink) Close() error { return s.f.Close() }
 
-// TableSink inserts records into a PostgreSQL table: the columns to find
+// tableSink inserts records into a PostgreSQL table: the columns to find
 // them by, and the whole record as the JSON an archive file holds. A
-// TableSource reads the rows back and marks those it restored.
-type TableSink struct {
+// tableSource reads the rows back and marks those it restored.
+type tableSink struct {
 	db     *sqlx.DB
 	table  string
 	insert string
 }
 
-// NewTableSink creates the table if it does not exist.
-func NewTableSink(ctx context.Context, db *sqlx.DB, table string) (*TableSink, error) {
+// NewTableSink returns a sink that inserts records into table on db
+// (PostgreSQL), creating the table if it does not exist: the columns to
+// find them by, and the whole record as the JSON an archive file holds.
+// OpenTableSource reads the rows back. The pool is the caller's, opened
+// with its driver (dlq links none); Close leaves it open.
+func NewTableSink(ctx context.Context, db *sqlx.DB, table string) (ArchiveSink, error) {
 	quoted, _, err := sqlname.Quote(table, true)
 	if err != nil {
 		return nil, fmt.Errorf("dlq: archive %w", err)
@@ -107,11 +112,11 @@ func NewTableSink(ctx context.Context, db *sqlx.DB, table string) (*TableSink, e
 	}); err != nil {
 		return nil, fmt.Errorf("dlq: creating the archive table: %w", err)
 	}
-	return &TableSink{db: db, table: table, insert: db.Rebind(`INSERT INTO ` + quoted +
+	return &tableSink{db: db, table: table, insert: db.Rebind(`INSERT INTO ` + quoted +
 		` (archived_at, archived_by, queue, uuid, event_id, class, record) VALUES (?, ?, ?, ?, ?, ?, ?)`)}, nil
 }
 
-func (s *TableSink) Write(ctx context.Context, rec ArchiveRecord) error {
+func (s *tableSink) Write(ctx context.Context, rec ArchiveRecord) error {
 	b, err := archiveJSON(rec)
 	if err != nil {
 		return err
@@ -126,10 +131,10 @@ func (s *TableSink) Write(ctx context.Context, rec ArchiveRecord) error {
 }
 
 // Name is "table T".
-func (s *TableSink) Name() string { return "table " + s.table }
+func (s *tableSink) Name() string { return "table " + s.table }
 
 // Close does nothing: the database is the caller's.
-func (s *TableSink) Close() error { return nil }
+func (s *tableSink) Close() error { return nil }
 
 // archiveJSON is rec as an archive holds it: JSON whose C1 and bidirectional
 // controls are escaped too (diag.EscapeJSON), so that printing an archive

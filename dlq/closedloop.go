@@ -133,7 +133,7 @@ func closedLoop(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig, l 
 		if step == 0 && l.Canary {
 			stage = "canary"
 		}
-		rs, err := AwaitOutcomes(ctx, l.Store, cfg.Run, items, l.Wait)
+		rs, err := awaitOutcomes(ctx, l.Store, cfg.Run, items, l.Wait)
 		if err != nil {
 			return total, err
 		}
@@ -186,9 +186,9 @@ func judge(l Loop, stage string, step, size, replayed int, items map[string]bool
 	return b
 }
 
-// AwaitOutcomes polls the store until every item has a final outcome, or
+// awaitOutcomes polls the store until every item has a final outcome, or
 // wait passes; it returns the run's records of those items.
-func AwaitOutcomes(ctx context.Context, store ledger.Ledger, run string, items map[string]bool, wait time.Duration) ([]replay.Record, error) {
+func awaitOutcomes(ctx context.Context, store ledger.Ledger, run string, items map[string]bool, wait time.Duration) ([]replay.Record, error) {
 	deadline := time.Now().Add(wait)
 	keys := slices.Collect(maps.Keys(items))
 	for {

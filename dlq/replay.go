@@ -63,7 +63,7 @@ type ReplayConfig struct {
 	// message is refused (ErrTargetRefused) — in a dry run too, with or
 	// without a Signer. Empty: To is taken as given (the operator named it),
 	// and a message's own queue only when it is of Queue's family by name
-	// (Family: Queue without ".poison", and its partition queues).
+	// (Queue without ".poison", and its partition queues).
 	Targets []string
 }
 

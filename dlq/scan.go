@@ -385,7 +385,7 @@ func (s *scanner) putBack(queue string) {
 	if err != nil {
 		return // the channel is gone: the broker returns them
 	}
-	want, wait := q.Messages+held, PutBackTimeout+time.Duration(held)*PutBackPerMessage
+	want, wait := q.Messages+held, putBackTimeout+time.Duration(held)*putBackPerMessage
 	if !s.quorum && plainClassic(s.conn, queue) {
 		_ = closeChannel(s.conn, s.ch) // returns them all, in their places
 		ch, err := openChannel(s.conn)
@@ -416,16 +416,16 @@ func plainClassic(conn *amqp.Connection, queue string) bool {
 	return declaredWith(conn, queue, amqp.Table{"x-queue-type": amqp.QueueTypeClassic})
 }
 
-// PutBackTimeout and PutBackPerMessage bound how long a scan waits, after
-// it returned its messages, for the queue to count them: PutBackTimeout
-// plus PutBackPerMessage for each (it goes on when a consumer takes some
+// putBackTimeout and putBackPerMessage bound how long a scan waits, after
+// it returned its messages, for the queue to count them: putBackTimeout
+// plus putBackPerMessage for each (it goes on when a consumer takes some
 // meanwhile; there should be none on a poison queue). Returned a
 // basic.nack each, the broker puts them back one by one: RabbitMQ 3.10
 // took 17–19 s for 10,000 on a loaded 2-core machine, past a fixed 10 s,
 // after which the next reader met a queue still short of them.
 const (
-	PutBackTimeout    = 10 * time.Second
-	PutBackPerMessage = 5 * time.Millisecond
+	putBackTimeout    = 10 * time.Second
+	putBackPerMessage = 5 * time.Millisecond
 )
 
 // waitReady polls the queue's ready count until it is at least want, at

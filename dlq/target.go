@@ -56,7 +56,7 @@ func (cfg ReplayConfig) allows(queue string) bool {
 	if len(cfg.Targets) > 0 {
 		return slices.Contains(cfg.Targets, queue)
 	}
-	return Family(cfg.Queue, queue)
+	return inFamily(cfg.Queue, queue)
 }
 
 // allowed names the queues a replay may publish to, for an error.
@@ -81,11 +81,11 @@ func (cfg ReplayConfig) allowed() string {
 	return "the queues it may publish to (" + strings.Join(names, ", ") + more + ")"
 }
 
-// Family reports whether queue is a consumer queue of poisonQueue by the
+// inFamily reports whether queue is a consumer queue of poisonQueue by the
 // topology's names (rabbitmq.TopologyConfig's defaults): poisonQueue is
 // Q.poison and queue is Q, or one of Q's partition queues (Q.p0, Q.p1, …).
 // A poison queue named otherwise has no family by name.
-func Family(poisonQueue, queue string) bool {
+func inFamily(poisonQueue, queue string) bool {
 	base, ok := strings.CutSuffix(poisonQueue, rabbitmq.PoisonSuffix)
 	if !ok || base == "" {
 		return false
