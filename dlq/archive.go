@@ -17,9 +17,8 @@ import (
 	"github.com/sluicemq/sluice/internal/sqlname"
 )
 
-// ArchiveConfig configures Archive.
+// ArchiveConfig configures Queue.Archive.
 type ArchiveConfig struct {
-	Queue    string
 	Filter   Filter
 	Limit    int
 	Sink     ArchiveSink // where the records go: OpenFileSink or NewTableSink
@@ -31,6 +30,8 @@ type ArchiveConfig struct {
 	// Archived, when set, is called with each message once it is written
 	// and acked.
 	Archived func(*Message)
+
+	queue string // the poison queue: the Queue's, set by Archive
 }
 
 // ArchiveSink stores archive records durably: Archive acks a message only
@@ -144,15 +145,12 @@ func archiveJSON(rec ArchiveRecord) ([]byte, error) {
 	return diag.EscapeJSON(b), err
 }
 
-// Archive writes each selected message to the sink (a file synced to disk,
-// or a table) before acking it in the queue; the others stay, in order. A
-// crash between the write and the ack leaves the message in both: archive
-// again to see it twice in the archive, never lost.
-func Archive(ctx context.Context, conn *amqp.Connection, cfg ArchiveConfig) (ReplayResult, error) {
+// archive is Queue.Archive on conn's queue (cfg.queue).
+func archive(ctx context.Context, conn *amqp.Connection, cfg ArchiveConfig) (ReplayResult, error) {
 	res := ReplayResult{ByTarget: map[string]int{}}
-	err := scanSelected(ctx, conn, cfg.Queue, cfg.Filter, cfg.Limit, &res, func(m *Message) error {
+	err := scanSelected(ctx, conn, cfg.queue, cfg.Filter, cfg.Limit, &res, func(m *Message) error {
 		rec := ArchiveRecord{
-			ArchivedAt: time.Now().UTC(), ArchivedBy: cfg.Operator, Queue: cfg.Queue, UUID: m.Msg.UUID,
+			ArchivedAt: time.Now().UTC(), ArchivedBy: cfg.Operator, Queue: cfg.queue, UUID: m.Msg.UUID,
 			Class: m.Class, Reason: m.Reason, EventID: m.EventID, EventType: m.EventType, Metadata: m.Msg.Metadata,
 		}
 		if utf8.Valid(m.Msg.Payload) {
@@ -164,7 +162,7 @@ func Archive(ctx context.Context, conn *amqp.Connection, cfg ArchiveConfig) (Rep
 		if err := cfg.Sink.Write(ctx, rec); err != nil {
 			return err
 		}
-		if err := m.Ack(); err != nil {
+		if err := m.ack(); err != nil {
 			return err
 		}
 		res.Replayed++

@@ -63,15 +63,8 @@ type Batch struct {
 	Bad     []replay.Record `json:"-"`
 }
 
-// ClosedLoop replays in batches — the canary, then the ramp, then the last
-// size again until nothing selected is left — and after each batch waits
-// for the consumers' outcomes. The canary must come back all processed or
-// duplicate; a ramp batch may be poisoned again at most MaxRepoison. A stop
-// returns an error wrapping ErrStopped; cfg.Run must be set (a new run id,
-// unique: "run-20260105T120000Z-3f2a9c1b" as the CLI and the console make them). The
-// run itself is kept in l.Store beside its outcomes when the store keeps
-// runs (ledger.Runs).
-func ClosedLoop(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig, l Loop) (res ReplayResult, err error) {
+// runClosedLoop is Queue.ClosedLoop on conn's queue (cfg.queue).
+func runClosedLoop(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig, l Loop) (res ReplayResult, err error) {
 	if cfg.Run == "" || len(l.Sizes) == 0 || l.Store == nil || l.Wait <= 0 {
 		return ReplayResult{ByTarget: map[string]int{}}, errors.New("dlq: a closed loop needs a run, batch sizes, an outcome store and a wait")
 	}
@@ -116,7 +109,7 @@ func closedLoop(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig, l 
 			}
 			return nil
 		}
-		res, err := Replay(ctx, conn, c)
+		res, err := replayOn(ctx, conn, c)
 		// Messages read: every batch reads the queue again from its head,
 		// through what earlier batches left, so the messages read so far are
 		// those replayed before and those this batch read.

@@ -13,9 +13,9 @@ import (
 
 // scanSelected scans queue and calls fn with each message f selects, at most
 // limit (0: all) of them, counting Scanned and Selected into res; done runs
-// as in Scan.
+// as in scanQueue.
 func scanSelected(ctx context.Context, conn *amqp.Connection, queue string, f Filter, limit int, res *ReplayResult, fn func(*Message) error, done func() error) error {
-	n, err := Scan(ctx, conn, queue, func(m *Message) (bool, error) {
+	n, err := scanQueue(ctx, conn, queue, func(m *Message) (bool, error) {
 		if limit > 0 && res.Selected >= limit {
 			return true, nil
 		}

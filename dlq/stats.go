@@ -94,13 +94,10 @@ type OtherCounts struct {
 	EventType   int `json:"event_type"`
 }
 
-// ReadStats reads the whole queue (returning every message) and groups it,
-// showing the top most frequent values of each group (TopDefault when 0,
-// at most TopMax). Its memory is bounded by Capacity(top) values a group,
-// whatever the queue holds.
-func ReadStats(ctx context.Context, conn *amqp.Connection, queue string, f Filter, top int) (Stats, error) {
+// readStats is Queue.Stats on conn's queue.
+func readStats(ctx context.Context, conn *amqp.Connection, queue string, f Filter, top int) (Stats, error) {
 	c := NewStatsCounter(f, top)
-	_, err := Scan(ctx, conn, queue, func(m *Message) (bool, error) {
+	_, err := scanQueue(ctx, conn, queue, func(m *Message) (bool, error) {
 		c.Add(m)
 		return false, nil
 	}, nil)
@@ -120,7 +117,7 @@ type StatsCounter struct {
 	seed                 maphash.Seed
 }
 
-// NewStatsCounter counts the messages f selects; top as in ReadStats.
+// NewStatsCounter counts the messages f selects; top as in Queue.Stats.
 func NewStatsCounter(f Filter, top int) *StatsCounter {
 	if top <= 0 {
 		top = TopDefault

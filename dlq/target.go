@@ -22,12 +22,8 @@ var ErrNoTarget = errors.New("dlq: message has no sluice_poison_queue to replay 
 // publish to (ReplayConfig.Targets, or the poison queue's family).
 var ErrTargetRefused = errors.New("dlq: the message's target is not a queue this replay may publish to")
 
-// Target is where m is replayed: To, else its sluice_poison_queue when that
-// can be believed, either one only if it is a queue the replay may publish
-// to (Targets, or Queue's family); an error matching ErrUnreadable,
-// ErrNoTarget or ErrTargetRefused says why there is none. Replay and its
-// dry run choose every target here; a console's dry run asks it too.
-func (cfg ReplayConfig) Target(m *Message) (string, error) {
+// target is Queue.Target on cfg.queue.
+func (cfg ReplayConfig) target(m *Message) (string, error) {
 	why := ""
 	switch {
 	case m.HeadersError != "":
@@ -44,7 +40,7 @@ func (cfg ReplayConfig) Target(m *Message) (string, error) {
 		why = "its diagnosis is not signed with the key (--signing-key-file) for the queue it names: its sluice_poison_queue is not believed"
 	case !cfg.allows(m.Queue):
 		return "", fmt.Errorf("%w: %s: its sluice_poison_queue names \"%s\", which is not one of %s (a header anyone who can publish to %s can write): redirect it with --to, or archive or discard it",
-			ErrTargetRefused, m.name(), diag.Printable(m.Queue, 255), cfg.allowed(), diag.Printable(cfg.Queue, 255))
+			ErrTargetRefused, m.name(), diag.Printable(m.Queue, 255), cfg.allowed(), diag.Printable(cfg.queue, 255))
 	default:
 		return m.Queue, nil
 	}
@@ -56,19 +52,19 @@ func (cfg ReplayConfig) allows(queue string) bool {
 	if len(cfg.Targets) > 0 {
 		return slices.Contains(cfg.Targets, queue)
 	}
-	return inFamily(cfg.Queue, queue)
+	return inFamily(cfg.queue, queue)
 }
 
 // allowed names the queues a replay may publish to, for an error.
 func (cfg ReplayConfig) allowed() string {
 	if len(cfg.Targets) == 0 {
-		base, ok := strings.CutSuffix(cfg.Queue, rabbitmq.PoisonSuffix)
+		base, ok := strings.CutSuffix(cfg.queue, rabbitmq.PoisonSuffix)
 		if !ok {
 			return fmt.Sprintf("the queues of %s's family (none by name: it does not end in %s; --target names them)",
-				diag.Printable(cfg.Queue, 255), rabbitmq.PoisonSuffix)
+				diag.Printable(cfg.queue, 255), rabbitmq.PoisonSuffix)
 		}
 		b := diag.Printable(base, 255)
-		return fmt.Sprintf("the queues of %s's family (%s, or a partition %s.p<N>; --target names others)", diag.Printable(cfg.Queue, 255), b, b)
+		return fmt.Sprintf("the queues of %s's family (%s, or a partition %s.p<N>; --target names others)", diag.Printable(cfg.queue, 255), b, b)
 	}
 	names := make([]string, 0, min(len(cfg.Targets), 5))
 	for _, t := range cfg.Targets[:min(len(cfg.Targets), 5)] {

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/dlq"
@@ -73,9 +72,9 @@ func (l *loopFlags) sizes() ([]int, float64, error) {
 	return sizes, maxRepoison, nil
 }
 
-// closedLoop runs dlq.ClosedLoop and prints each batch: its counts and, on
+// closedLoop runs q.ClosedLoop and prints each batch: its counts and, on
 // a stop, why and every item of the batch that did not end well.
-func closedLoop(ctx context.Context, conn *amqp.Connection, cfg dlq.ReplayConfig, l dlq.Loop, out io.Writer) (dlq.ReplayResult, error) {
+func closedLoop(ctx context.Context, q *dlq.Queue, cfg dlq.ReplayConfig, l dlq.Loop, out io.Writer) (dlq.ReplayResult, error) {
 	fmt.Fprintf(out, "replay run %s\n", cfg.Run)
 	l.Batch = func(b dlq.Batch) {
 		copies := ""
@@ -98,7 +97,7 @@ func closedLoop(ctx context.Context, conn *amqp.Connection, cfg dlq.ReplayConfig
 		fmt.Fprintf(out, "see: sluice dlq report --outcomes ... --run %s\n", cfg.Run)
 	}
 	l.Source = "cli"
-	return dlq.ClosedLoop(ctx, conn, cfg, l)
+	return q.ClosedLoop(ctx, cfg, l)
 }
 
 // checkOutcomesURL is checkOutcomesScheme, a usage error.
