@@ -43,6 +43,11 @@ type ArchiveSink interface {
 	Close() error
 }
 
+var (
+	_ ArchiveSink = (*fileSink)(nil)
+	_ ArchiveSink = (*tableSink)(nil)
+)
+
 // fileSink appends records as JSON lines to a file, each synced to disk.
 type fileSink struct {
 	f *os.File

@@ -32,7 +32,7 @@ var (
 	ErrRecordSignature = errors.New("the record is not signed with the signing key")
 	// ErrOutsideFamily is matched by a record whose queue is not the
 	// poison queue of its own family: restore publishes a record only back
-	// to where it was archived from, unless --to says where.
+	// to where it was archived from, unless RestoreConfig.To says where.
 	ErrOutsideFamily = errors.New("the record's queue is not its family's poison queue")
 )
 
@@ -88,7 +88,7 @@ func (rec *ArchiveRecord) seal(s *sluice.Signer) {
 func (rec ArchiveRecord) verify(s *sluice.Signer, undigested bool) error {
 	switch {
 	case rec.Digest == "" && !undigested:
-		return fmt.Errorf("%w: it has none (an archive written before digests: --accept-undigested restores it)", ErrDigest)
+		return fmt.Errorf("%w: it has none (an archive written before digests)", ErrDigest)
 	case rec.Digest != "" && rec.Digest != rec.digest():
 		return ErrDigest
 	}
@@ -116,13 +116,13 @@ func (rec ArchiveRecord) verify(s *sluice.Signer, undigested bool) error {
 func (rec ArchiveRecord) family() (string, error) {
 	q := rec.Queue
 	if q == "" {
-		return "", errors.New("the record has no queue (use --to)")
+		return "", fmt.Errorf("%w: the record has no queue to restore it to", ErrOutsideFamily)
 	}
 	if !strings.HasSuffix(q, rabbitmq.PoisonSuffix) || q == rabbitmq.PoisonSuffix {
-		return "", fmt.Errorf("%w: %q is not a poison queue (use --to to restore elsewhere)", ErrOutsideFamily, diag.Bound(q, 255))
+		return "", fmt.Errorf("%w: %q is not a poison queue", ErrOutsideFamily, diag.Bound(q, 255))
 	}
 	if c := rec.Metadata[poison.QueueKey]; c != "" && q != c+rabbitmq.PoisonSuffix {
-		return "", fmt.Errorf("%w: %q is not the poison queue of %q, the consumer's queue it names (use --to to restore elsewhere)", ErrOutsideFamily, diag.Bound(q, 255), diag.Bound(c, 255))
+		return "", fmt.Errorf("%w: %q is not the poison queue of %q, the consumer's queue it names", ErrOutsideFamily, diag.Bound(q, 255), diag.Bound(c, 255))
 	}
 	return q, nil
 }

@@ -70,7 +70,7 @@ type ReplayConfig struct {
 
 // ErrUnreadable is returned for a selected message whose headers the AMQP
 // client could not parse: a replay would drop them.
-var ErrUnreadable = errors.New("dlq: message's headers could not be read, so it is not replayed (a replay would drop them): inspect it, then archive or discard it (--unreadable)")
+var ErrUnreadable = errors.New("dlq: message's headers could not be read, so it is not replayed (a replay would drop them): inspect it, then archive or discard it")
 
 // replayOn is Queue.Replay on conn's queue (cfg.queue).
 func replayOn(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (ReplayResult, error) {

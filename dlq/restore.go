@@ -161,6 +161,11 @@ func Restore(ctx context.Context, cfg RestoreConfig) (ReplayResult, error) {
 	return res, nil
 }
 
+var (
+	_ RestoreSource = (*fileSource)(nil)
+	_ RestoreSource = (*tableSource)(nil)
+)
+
 // fileSource reads an archive file written by Archive: one JSON record a
 // line, each ending in a newline.
 type fileSource struct {

@@ -37,9 +37,9 @@ func (cfg ReplayConfig) target(m *Message) (string, error) {
 	case m.Queue == "":
 		why = "no sluice_poison_queue"
 	case cfg.Signer != nil && !diagnosedFor(cfg.Signer, m):
-		why = "its diagnosis is not signed with the key (--signing-key-file) for the queue it names: its sluice_poison_queue is not believed"
+		why = "its diagnosis is not signed with the replay's signing key for the queue it names: its sluice_poison_queue is not believed"
 	case !cfg.allows(m.Queue):
-		return "", fmt.Errorf("%w: %s: its sluice_poison_queue names \"%s\", which is not one of %s (a header anyone who can publish to %s can write): redirect it with --to, or archive or discard it",
+		return "", fmt.Errorf("%w: %s: its sluice_poison_queue names \"%s\", which is not one of %s (a header anyone who can publish to %s can write): redirect it to another queue, or archive or discard it",
 			ErrTargetRefused, m.name(), diag.Printable(m.Queue, 255), cfg.allowed(), diag.Printable(cfg.queue, 255))
 	default:
 		return m.Queue, nil
@@ -60,11 +60,11 @@ func (cfg ReplayConfig) allowed() string {
 	if len(cfg.Targets) == 0 {
 		base, ok := strings.CutSuffix(cfg.queue, rabbitmq.PoisonSuffix)
 		if !ok {
-			return fmt.Sprintf("the queues of %s's family (none by name: it does not end in %s; --target names them)",
+			return fmt.Sprintf("the queues of %s's family (none by name: it does not end in %s)",
 				diag.Printable(cfg.queue, 255), rabbitmq.PoisonSuffix)
 		}
 		b := diag.Printable(base, 255)
-		return fmt.Sprintf("the queues of %s's family (%s, or a partition %s.p<N>; --target names others)", diag.Printable(cfg.queue, 255), b, b)
+		return fmt.Sprintf("the queues of %s's family (%s, or a partition %s.p<N>)", diag.Printable(cfg.queue, 255), b, b)
 	}
 	names := make([]string, 0, min(len(cfg.Targets), 5))
 	for _, t := range cfg.Targets[:min(len(cfg.Targets), 5)] {

@@ -292,6 +292,31 @@ func writeJSON(out io.Writer, v any) error {
 }
 
 // errorsJoin joins the run's error and the audit log's.
+// flagHints adds to an error of package dlq the flags that act on it: dlq
+// names none (the console, which shows the same errors, has no flags).
+func flagHints(err error) error {
+	hint := ""
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, dlq.ErrNoTarget):
+		hint = "use --to"
+	case errors.Is(err, dlq.ErrTargetRefused):
+		hint = "--to redirects every message; --target names the queues a replay may publish to"
+	case errors.Is(err, dlq.ErrUnreadable):
+		hint = "--unreadable selects them"
+	case errors.Is(err, dlq.ErrOutsideFamily):
+		hint = "use --to to restore elsewhere"
+	case errors.Is(err, dlq.ErrDigest):
+		hint = "--accept-undigested restores a record written without one"
+	case errors.Is(err, dlq.ErrRecordSignature):
+		hint = "--signing-key-file names the key the archive was signed with"
+	default:
+		return err
+	}
+	return fmt.Errorf("%w (%s)", err, hint)
+}
+
 func errorsJoin(runErr, auditErr error) error {
 	if auditErr != nil {
 		auditErr = fmt.Errorf("writing the audit log: %w", auditErr)

@@ -95,9 +95,7 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 			} else {
 				res, runErr = dlq.Open(conn, ff.queue).Replay(ctx, cfg)
 			}
-			if errors.Is(runErr, dlq.ErrNoTarget) {
-				runErr = fmt.Errorf("%w (use --to)", runErr)
-			}
+			runErr = flagHints(runErr)
 			prog.done()
 			summary(out, "replay", ff.queue, res, dryRun)
 			opts := map[string]string{"rate": rateFlag, "batch": strconv.Itoa(batch), "limit": strconv.Itoa(ff.limit), "to": to,
