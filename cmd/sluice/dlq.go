@@ -292,29 +292,29 @@ func writeJSON(out io.Writer, v any) error {
 }
 
 // errorsJoin joins the run's error and the audit log's.
-// flagHints adds to an error of package dlq the flags that act on it: dlq
-// names none (the console, which shows the same errors, has no flags).
+// dlqFlags are the flags that act on an error of package dlq, the first
+// that matches; dlq names none (the console, which shows the same errors,
+// has no flags).
+var dlqFlags = []struct {
+	err  error
+	hint string
+}{
+	{dlq.ErrNoTarget, "use --to"},
+	{dlq.ErrTargetRefused, "--to redirects every message; --target names the queues a replay may publish to"},
+	{dlq.ErrUnreadable, "--unreadable selects them"},
+	{dlq.ErrOutsideFamily, "use --to to restore elsewhere"},
+	{dlq.ErrDigest, "--accept-undigested restores a record written without one"},
+	{dlq.ErrRecordSignature, "--signing-key-file names the key the archive was signed with"},
+}
+
+// flagHints adds to err the flags that act on it (dlqFlags).
 func flagHints(err error) error {
-	hint := ""
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, dlq.ErrNoTarget):
-		hint = "use --to"
-	case errors.Is(err, dlq.ErrTargetRefused):
-		hint = "--to redirects every message; --target names the queues a replay may publish to"
-	case errors.Is(err, dlq.ErrUnreadable):
-		hint = "--unreadable selects them"
-	case errors.Is(err, dlq.ErrOutsideFamily):
-		hint = "use --to to restore elsewhere"
-	case errors.Is(err, dlq.ErrDigest):
-		hint = "--accept-undigested restores a record written without one"
-	case errors.Is(err, dlq.ErrRecordSignature):
-		hint = "--signing-key-file names the key the archive was signed with"
-	default:
-		return err
+	for _, f := range dlqFlags {
+		if errors.Is(err, f.err) {
+			return fmt.Errorf("%w (%s)", err, f.hint)
+		}
 	}
-	return fmt.Errorf("%w (%s)", err, hint)
+	return err
 }
 
 func errorsJoin(runErr, auditErr error) error {
