@@ -731,14 +731,14 @@ type loopPlan struct {
 func (c *Console) runReplay(ru *run, q Queue, group, operator string, p loopPlan) {
 	release, err := c.reading(c.ctx, q.Poison, runReadWait)
 	if err != nil {
-		ru.finish(dlq.ReplayResult{}, err)
+		ru.finish(dlq.Result{}, err)
 		return
 	}
 	defer release()
 	defer c.forget(q.Poison)
 	conn, err := c.conn()
 	if err != nil {
-		ru.finish(dlq.ReplayResult{}, err)
+		ru.finish(dlq.Result{}, err)
 		return
 	}
 	defer c.hangUp(conn)
@@ -806,14 +806,14 @@ func (c *Console) startAction(w http.ResponseWriter, r *http.Request, verb, pois
 	a.run = c.newRun(verb, newRunID(verb), poison, a.group, a.operator)
 	release, err := c.reading(r.Context(), poison, c.cfg.ReadWait)
 	if err != nil {
-		a.run.finish(dlq.ReplayResult{}, err)
+		a.run.finish(dlq.Result{}, err)
 		c.fail(w, r, http.StatusServiceUnavailable, err)
 		return a, false
 	}
 	conn, err := c.conn()
 	if err != nil {
 		release()
-		a.run.finish(dlq.ReplayResult{}, err)
+		a.run.finish(dlq.Result{}, err)
 		c.fail(w, r, http.StatusBadGateway, err)
 		return a, false
 	}
@@ -844,7 +844,7 @@ func (c *Console) archive(w http.ResponseWriter, r *http.Request) {
 	ru, group, limit, operator, conn := a.run, a.group, a.limit, a.operator, a.conn
 	sink, err := c.cfg.Archive()
 	if err != nil {
-		ru.finish(dlq.ReplayResult{}, err)
+		ru.finish(dlq.Result{}, err)
 		c.fail(w, r, http.StatusBadGateway, diag.RedactError(err))
 		return
 	}
@@ -877,7 +877,7 @@ func (c *Console) record(ctx context.Context, ru *run, items []string, outcome s
 	return nil
 }
 
-func (c *Console) audit(operator, command, queue string, f dlq.Filter, opts map[string]string, res dlq.ReplayResult, runErr error, reason string, items []string) {
+func (c *Console) audit(operator, command, queue string, f dlq.Filter, opts map[string]string, res dlq.Result, runErr error, reason string, items []string) {
 	rec := dlq.AuditRecord{Time: time.Now().UTC(), Operator: operator, Command: command, Queue: queue, Filters: f.Describe(),
 		Options: opts, Result: res, Outcome: "ok", Reason: reason, Items: items}
 	if runErr != nil {
@@ -951,7 +951,7 @@ func (c *Console) outboxRetry(w http.ResponseWriter, r *http.Request) {
 	}
 	var n int64
 	err := c.storeCall(r.Context(), "making the outbox's failing rows due", func(ctx context.Context) (err error) { n, err = o.RetryNow(ctx); return err })
-	c.audit(c.cfg.Operator(r), "console outbox retry", name, dlq.Filter{}, nil, dlq.ReplayResult{Replayed: int(n)}, err, "", nil)
+	c.audit(c.cfg.Operator(r), "console outbox retry", name, dlq.Filter{}, nil, dlq.Result{Replayed: int(n)}, err, "", nil)
 	if err != nil {
 		c.fail(w, r, http.StatusBadGateway, diag.RedactError(err))
 		return

@@ -151,8 +151,8 @@ func archiveJSON(rec ArchiveRecord) ([]byte, error) {
 }
 
 // archive is Queue.Archive on conn's queue (cfg.queue).
-func archive(ctx context.Context, conn *amqp.Connection, cfg ArchiveConfig) (ReplayResult, error) {
-	res := ReplayResult{ByTarget: map[string]int{}}
+func archive(ctx context.Context, conn *amqp.Connection, cfg ArchiveConfig) (Result, error) {
+	res := Result{ByTarget: map[string]int{}}
 	err := scanSelected(ctx, conn, cfg.queue, cfg.Filter, cfg.Limit, &res, func(m *Message) error {
 		rec := ArchiveRecord{
 			ArchivedAt: time.Now().UTC(), ArchivedBy: cfg.Operator, Queue: cfg.queue, UUID: m.Msg.UUID,

@@ -18,7 +18,7 @@ type AuditRecord struct {
 	Queue    string            `json:"queue"`
 	Filters  map[string]string `json:"filters"`
 	Options  map[string]string `json:"options,omitempty"`
-	Result   ReplayResult      `json:"result"`
+	Result   Result            `json:"result"`
 	Outcome  string            `json:"outcome"` // "ok", "dry-run" or "error"
 	Error    string            `json:"error,omitempty"`
 	// Reason is why the operator did it (discard requires one).
@@ -77,7 +77,7 @@ func (r *AuditRecord) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return err
 	}
-	r.Result = ReplayResult{}
+	r.Result = Result{}
 	for key, dst := range map[string]any{"scanned": &r.Result.Scanned, "selected": &r.Result.Selected, "by_target": &r.Result.ByTarget,
 		"plan": &r.Result.Plan, "replayed": &r.Result.Replayed, countKey(r.Command): &r.Result.Replayed} {
 		if v, ok := raw.Result[key]; ok {

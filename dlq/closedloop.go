@@ -64,9 +64,9 @@ type Batch struct {
 }
 
 // runClosedLoop is Queue.ClosedLoop on conn's queue (cfg.queue).
-func runClosedLoop(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig, l Loop) (res ReplayResult, err error) {
+func runClosedLoop(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig, l Loop) (res Result, err error) {
 	if cfg.Run == "" || len(l.Sizes) == 0 || l.Store == nil || l.Wait <= 0 {
-		return ReplayResult{ByTarget: map[string]int{}}, errors.New("dlq: a closed loop needs a run, batch sizes, an outcome store and a wait")
+		return Result{ByTarget: map[string]int{}}, errors.New("dlq: a closed loop needs a run, batch sizes, an outcome store and a wait")
 	}
 	log := newRunLog(ctx, l.Store, "replay", l.Source, cfg)
 	defer func() { log.end(ctx, res, err) }()
@@ -80,8 +80,8 @@ func runClosedLoop(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig,
 	return closedLoop(ctx, conn, cfg, l)
 }
 
-func closedLoop(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig, l Loop) (ReplayResult, error) {
-	total := ReplayResult{ByTarget: map[string]int{}}
+func closedLoop(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig, l Loop) (Result, error) {
+	total := Result{ByTarget: map[string]int{}}
 	cfg.Filter.NotRun = cfg.Run
 	limit := cfg.Limit
 	for step := 0; ; step++ {

@@ -7,8 +7,8 @@ import (
 )
 
 // discard is Queue.Discard on conn's queue.
-func discard(ctx context.Context, conn *amqp.Connection, queue string, f Filter, limit int, dryRun bool) (ReplayResult, []string, error) {
-	res := ReplayResult{ByTarget: map[string]int{}}
+func discard(ctx context.Context, conn *amqp.Connection, queue string, f Filter, limit int, dryRun bool) (Result, []string, error) {
+	res := Result{ByTarget: map[string]int{}}
 	var discarded []string
 	err := scanSelected(ctx, conn, queue, f, limit, &res, func(m *Message) error {
 		if !dryRun {

@@ -70,7 +70,7 @@ func (q *Queue) Target(cfg ReplayConfig, m *Message) (string, error) {
 // batch stay in the poison queue (those of it already published are then
 // delivered twice; the inbox absorbs that). A dry run (cfg.DryRun) checks
 // each target exists and changes nothing.
-func (q *Queue) Replay(ctx context.Context, cfg ReplayConfig) (ReplayResult, error) {
+func (q *Queue) Replay(ctx context.Context, cfg ReplayConfig) (Result, error) {
 	cfg.queue = q.name
 	return replayOn(ctx, q.conn, cfg)
 }
@@ -83,7 +83,7 @@ func (q *Queue) Replay(ctx context.Context, cfg ReplayConfig) (ReplayResult, err
 // be set: a new, unique run id ("run-20260105T120000Z-3f2a9c1b", as the CLI
 // and the console make them). The run itself is kept in l.Store beside its
 // outcomes when the store keeps runs (ledger.Runs).
-func (q *Queue) ClosedLoop(ctx context.Context, cfg ReplayConfig, l Loop) (ReplayResult, error) {
+func (q *Queue) ClosedLoop(ctx context.Context, cfg ReplayConfig, l Loop) (Result, error) {
 	cfg.queue = q.name
 	return runClosedLoop(ctx, q.conn, cfg, l)
 }
@@ -93,7 +93,7 @@ func (q *Queue) ClosedLoop(ctx context.Context, cfg ReplayConfig, l Loop) (Repla
 // crash between the write and the ack leaves the message in both: archive
 // again to see it twice in the archive, never lost. Restore publishes the
 // records back.
-func (q *Queue) Archive(ctx context.Context, cfg ArchiveConfig) (ReplayResult, error) {
+func (q *Queue) Archive(ctx context.Context, cfg ArchiveConfig) (Result, error) {
 	cfg.queue = q.name
 	return archive(ctx, q.conn, cfg)
 }
@@ -102,6 +102,6 @@ func (q *Queue) Archive(ctx context.Context, cfg ArchiveConfig) (ReplayResult, e
 // with dryRun it only counts them. The caller records them (event ids and
 // the reason) in the audit log first-hand: the items it returns name them
 // (Message.Item).
-func (q *Queue) Discard(ctx context.Context, f Filter, limit int, dryRun bool) (ReplayResult, []string, error) {
+func (q *Queue) Discard(ctx context.Context, f Filter, limit int, dryRun bool) (Result, []string, error) {
 	return discard(ctx, q.conn, q.name, f, limit, dryRun)
 }

@@ -73,8 +73,8 @@ type ReplayConfig struct {
 var ErrUnreadable = errors.New("dlq: message's headers could not be read, so it is not replayed (a replay would drop them): inspect it, then archive or discard it")
 
 // replayOn is Queue.Replay on conn's queue (cfg.queue).
-func replayOn(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (ReplayResult, error) {
-	res := ReplayResult{ByTarget: map[string]int{}}
+func replayOn(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Result, error) {
+	res := Result{ByTarget: map[string]int{}}
 	if cfg.Batch <= 0 {
 		cfg.Batch = 10
 	}

@@ -104,8 +104,8 @@ func (rec ArchiveRecord) name() string {
 // restored. A crash between the publish and the source's record publishes
 // that record again on the next run (at least once: the consumer's inbox
 // sees a duplicate).
-func Restore(ctx context.Context, cfg RestoreConfig) (ReplayResult, error) {
-	res := ReplayResult{ByTarget: map[string]int{}}
+func Restore(ctx context.Context, cfg RestoreConfig) (Result, error) {
+	res := Result{ByTarget: map[string]int{}}
 	want := map[string]bool{}
 	for _, id := range cfg.EventIDs {
 		want[id] = true

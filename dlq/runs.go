@@ -49,7 +49,7 @@ func (l *runLog) batch(ctx context.Context, b Batch) {
 	l.save(ctx)
 }
 
-func (l *runLog) end(ctx context.Context, res ReplayResult, err error) {
+func (l *runLog) end(ctx context.Context, res Result, err error) {
 	l.run.Ended, l.run.Count, l.run.Moved = time.Now().UTC(), res.Selected, res.Replayed
 	if err != nil {
 		l.run.Err, l.run.Stopped = diag.Summary(err, 2048), errors.Is(err, ErrStopped)

@@ -74,7 +74,7 @@ func (l *loopFlags) sizes() ([]int, float64, error) {
 
 // closedLoop runs q.ClosedLoop and prints each batch: its counts and, on
 // a stop, why and every item of the batch that did not end well.
-func closedLoop(ctx context.Context, q *dlq.Queue, cfg dlq.ReplayConfig, l dlq.Loop, out io.Writer) (dlq.ReplayResult, error) {
+func closedLoop(ctx context.Context, q *dlq.Queue, cfg dlq.ReplayConfig, l dlq.Loop, out io.Writer) (dlq.Result, error) {
 	fmt.Fprintf(out, "replay run %s\n", cfg.Run)
 	l.Batch = func(b dlq.Batch) {
 		copies := ""

@@ -230,7 +230,7 @@ func printRun(out io.Writer, run string) {
 	}
 }
 
-func summary(out io.Writer, what, queue string, res dlq.ReplayResult, dryRun bool) {
+func summary(out io.Writer, what, queue string, res dlq.Result, dryRun bool) {
 	title := what + " from " + diag.Printable(queue, 255)
 	if dryRun {
 		title += " (dry run: nothing changed)"
@@ -261,11 +261,11 @@ func summary(out io.Writer, what, queue string, res dlq.ReplayResult, dryRun boo
 	}
 }
 
-func audit(g *globals, command, queue string, f dlq.Filter, opts map[string]string, res dlq.ReplayResult, dryRun bool, runErr error) error {
+func audit(g *globals, command, queue string, f dlq.Filter, opts map[string]string, res dlq.Result, dryRun bool, runErr error) error {
 	return dlq.AppendAudit(g.audit, auditRecord(g, command, queue, f, opts, res, dryRun, runErr))
 }
 
-func auditRecord(g *globals, command, queue string, f dlq.Filter, opts map[string]string, res dlq.ReplayResult, dryRun bool, runErr error) dlq.AuditRecord {
+func auditRecord(g *globals, command, queue string, f dlq.Filter, opts map[string]string, res dlq.Result, dryRun bool, runErr error) dlq.AuditRecord {
 	rec := dlq.AuditRecord{
 		Time: time.Now().UTC(), Operator: g.operator, Command: command, Queue: queue,
 		Filters: f.Describe(), Options: opts, Result: res, Outcome: "ok",

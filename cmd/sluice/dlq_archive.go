@@ -47,7 +47,7 @@ func newArchive(g *globals, out io.Writer) *cobra.Command {
 			sink, closeSink, err := openArchive(file, func(path string) (dlq.ArchiveSink, error) { return dlq.OpenFileSink(path) },
 				dbURL, func(db *sqlx.DB) (dlq.ArchiveSink, error) { return dlq.NewTableSink(ctx, db, tableName) })
 			if err != nil { // nothing moved; the attempt is audited
-				return errorsJoin(err, audit(g, "dlq archive", ff.queue, f, opts, dlq.ReplayResult{}, false, err))
+				return errorsJoin(err, audit(g, "dlq archive", ff.queue, f, opts, dlq.Result{}, false, err))
 			}
 			defer closeSink()
 			res, runErr := dlq.Open(conn, ff.queue).Archive(ctx, dlq.ArchiveConfig{Filter: f, Limit: ff.limit, Sink: sink, Operator: g.operator, Signer: signer,

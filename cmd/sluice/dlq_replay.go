@@ -81,7 +81,7 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 				Filter: f, Limit: ff.limit, Rate: r, Batch: batch, DryRun: dryRun,
 				To: to, Operator: g.operator, Publisher: pub, Progress: prog.update, Signer: signer, Targets: targets,
 			}
-			var res dlq.ReplayResult
+			var res dlq.Result
 			var runErr error
 			if lf.active() {
 				store, closeStore, err := openOutcomes(lf.outcomes, lf.table, true)
