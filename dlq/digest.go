@@ -28,7 +28,7 @@ var (
 	// match its contents: damaged or edited after archive wrote it.
 	ErrDigest = errors.New("the record's digest does not match its contents")
 	// ErrRecordSignature is matched by a record not signed with the
-	// signing key restore was given (--signing-key-file).
+	// signing key restore was given (RestoreConfig.Signer).
 	ErrRecordSignature = errors.New("the record is not signed with the signing key")
 	// ErrOutsideFamily is matched by a record whose queue is not the
 	// poison queue of its own family: restore publishes a record only back
@@ -108,7 +108,7 @@ func (rec ArchiveRecord) verify(s *sluice.Signer, undigested bool) error {
 	return nil
 }
 
-// family returns where a record goes without --to: the queue it was
+// family returns where a record goes without To: the queue it was
 // archived from, when that is a poison queue ("Q.poison") and, when the
 // record names its consumer's queue (sluice_poison_queue Q), that queue's.
 // Anything else — a consumer's queue, another family's poison queue — is

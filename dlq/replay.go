@@ -49,7 +49,7 @@ type ReplayConfig struct {
 	// context is not cancelled by an interrupt (afterConfirm).
 	Run       string
 	Published func(context.Context, []*Message) error
-	// Signer, when set (--signing-key-file), signs each copy's control
+	// Signer, when set (the consumers' key), signs each copy's control
 	// headers, the run and item among them, for the consumers' stages that
 	// have the same key; and a message whose own signature does not verify
 	// (not a diagnosis the poison stage wrote: a producer's message the

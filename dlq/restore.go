@@ -33,8 +33,8 @@ type RestoreConfig struct {
 	Limit     int           // restore at most this many (0: all)
 	Publisher Publisher
 	DryRun    bool
-	// Signer, when set, verifies each record's signature (archive
-	// --signing-key-file wrote it): a record without one, or not signed
+	// Signer, when set, verifies each record's signature (an archive with
+	// ArchiveConfig.Signer wrote it): a record without one, or not signed
 	// with one of its keys, is refused.
 	Signer *sluice.Signer
 	// AcceptUndigested restores records without a digest (archives written
