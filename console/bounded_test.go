@@ -14,10 +14,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice/console"
-	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox/sqlstore"
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/sluicesql/postgres"
 )
 
 // holedAfterHandshake returns a Config.Dial that connects to the test
@@ -148,7 +148,7 @@ func TestABlackHoledDatabaseHoldsNoOutboxPagePastCallTimeout(t *testing.T) {
 	t.Parallel()
 	schema := testenv.Schema(t, testenv.Postgres(t))
 	proxy, dsn := testenv.ProxyPostgresURL(t)
-	db, err := dlq.OpenPostgres(dsn)
+	db, err := postgres.Open(postgres.Config{DSN: dsn})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	ob, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".outbox"})

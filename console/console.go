@@ -101,9 +101,10 @@ type Config struct {
 	// Depth reads a queue's depth; nil reads it with a passive declare
 	// (ready and consumers; unacked unknown).
 	Depth func(ctx context.Context, queue string) (Depth, error)
-	// Outcomes are the replay outcome records (dlq.OpenOutcomes); without
-	// them the closed loop is not offered. OutcomesWhere names their place
-	// in messages (dlq.OutcomesPlace).
+	// Outcomes are the replay outcome records (the service's replay store,
+	// replay/sqlstore or replay/redisstore on the host's own connection);
+	// without them the closed loop is not offered. OutcomesWhere names their
+	// place in messages ("table T", "key prefix P:").
 	Outcomes      ledger.Ledger
 	OutcomesWhere string
 	// Outboxes are shown on the outbox page by name.

@@ -28,6 +28,7 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
 )
@@ -326,7 +327,7 @@ func (c *Console) scanGroups(ctx context.Context, queue string, now time.Time) (
 	defer c.hangUp(conn)
 	groups := map[string]*groupRow{}
 	other := 0
-	n, err := dlq.Each(ctx, conn, queue, dlq.Filter{}, 0, func(m *dlq.Message) error {
+	n, err := dlq.Open(conn, queue).Each(ctx, dlq.Filter{}, 0, func(m *dlq.Message) error {
 		id := m.Group()
 		g, ok := groups[id]
 		if !ok {
@@ -434,6 +435,20 @@ type messageView struct {
 	HeadersCut int
 }
 
+// readNote says what a metadata key of a message read from a poison queue
+// holds when it is about this read rather than the message's history — the
+// broker's delivery count and redelivered flag, which each scan moves —
+// and "" for any other key.
+func readNote(key string) string {
+	switch key {
+	case rabbitmq.DeliveryCountKey:
+		return dlq.ReadsLabel
+	case rabbitmq.RedeliveredKey:
+		return "read before from the poison queue, by a console page or a sluice dlq command: not a retry"
+	}
+	return ""
+}
+
 func view(m *dlq.Message) messageView {
 	md := m.Msg.Metadata
 	v := messageView{Position: m.Position, EventID: diag.Printable(m.EventID, textMax), EventType: diag.Printable(m.EventType, textMax),
@@ -459,7 +474,7 @@ func view(m *dlq.Message) messageView {
 			break
 		}
 		h := header{Key: diag.Printable(k, 128), Value: diag.Printable(md[k], headerMax)}
-		if note := dlq.ReadNote(k); note != "" { // the broker's count of this read, not of the message's tries
+		if note := readNote(k); note != "" { // the broker's count of this read, not of the message's tries
 			h.Value += " — " + note
 		}
 		v.Headers = append(v.Headers, h)
@@ -495,7 +510,7 @@ func (c *Console) group(w http.ResponseWriter, r *http.Request) {
 	seen := 0
 	more := false
 	title := "group " + diag.Printable(id, textMax) // until a message of it is read
-	_, err = dlq.Each(r.Context(), conn, q.Poison, dlq.Filter{Group: id}, 0, func(m *dlq.Message) error {
+	_, err = dlq.Open(conn, q.Poison).Each(r.Context(), dlq.Filter{Group: id}, 0, func(m *dlq.Message) error {
 		seen++
 		if seen == 1 {
 			title = groupTitle(m)
@@ -588,18 +603,18 @@ func (c *Console) dryRun(ctx context.Context, q Queue, group, action string) (pr
 		return d, err
 	}
 	defer c.hangUp(conn)
-	plan := c.replayConfig(q, group, "")
+	plan, pq := c.replayConfig(q, group, ""), dlq.Open(conn, q.Poison)
 	d.Title = "group " + diag.Printable(group, textMax)
 	titled := false
-	n, err := dlq.Each(ctx, conn, q.Poison, dlq.Filter{Group: group}, 0, func(m *dlq.Message) error {
+	n, err := pq.Each(ctx, dlq.Filter{Group: group}, 0, func(m *dlq.Message) error {
 		if !titled {
 			d.Title, titled = groupTitle(m), true
 		}
-		label := targetLabel(plan, m)
+		label := targetLabel(pq, plan, m)
 		if _, ok := d.Targets[label]; ok || len(d.Targets) < 20 {
 			d.Targets[label]++
 		}
-		if _, err := plan.Target(m); err != nil {
+		if _, err := pq.Target(plan, m); err != nil {
 			d.Refused++
 		}
 		if len(d.Sample) < 20 {
@@ -632,7 +647,7 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
 	}
 	group := r.PathValue("group")
 	operator := c.cfg.Operator(r)
-	ru := c.newRun("replay", dlq.NewRun("run"), q.Poison, group, operator)
+	ru := c.newRun("replay", newRunID("run"), q.Poison, group, operator)
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
@@ -644,15 +659,15 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
 // replayConfig is a replay of group from q's poison queue to to ("": each
 // message's own queue): its targets only the console's consumer queues,
 // whatever a message names — the dry run and the replay choose them alike
-// (dlq.ReplayConfig.Target).
+// (dlq.Queue.Target).
 func (c *Console) replayConfig(q Queue, group, to string) dlq.ReplayConfig {
-	return dlq.ReplayConfig{Queue: q.Poison, Filter: dlq.Filter{Group: group}, To: to, Signer: c.cfg.Signer, Targets: c.consumerQueues()}
+	return dlq.ReplayConfig{Filter: dlq.Filter{Group: group}, To: to, Signer: c.cfg.Signer, Targets: c.consumerQueues()}
 }
 
 // targetLabel is where a replay to each message's own queue sends m, as the
 // dry run shows it: the queue, or why there is none.
-func targetLabel(cfg dlq.ReplayConfig, m *dlq.Message) string {
-	t, err := cfg.Target(m)
+func targetLabel(pq *dlq.Queue, cfg dlq.ReplayConfig, m *dlq.Message) string {
+	t, err := pq.Target(cfg, m)
 	named := diag.Printable(m.Queue, 255)
 	switch {
 	case err == nil:
@@ -716,14 +731,14 @@ type loopPlan struct {
 func (c *Console) runReplay(ru *run, q Queue, group, operator string, p loopPlan) {
 	release, err := c.reading(c.ctx, q.Poison, runReadWait)
 	if err != nil {
-		ru.finish(dlq.ReplayResult{}, err)
+		ru.finish(dlq.Result{}, err)
 		return
 	}
 	defer release()
 	defer c.forget(q.Poison)
 	conn, err := c.conn()
 	if err != nil {
-		ru.finish(dlq.ReplayResult{}, err)
+		ru.finish(dlq.Result{}, err)
 		return
 	}
 	defer c.hangUp(conn)
@@ -737,7 +752,7 @@ func (c *Console) runReplay(ru *run, q Queue, group, operator string, p loopPlan
 	}
 	l := dlq.Loop{Sizes: p.sizes, Canary: p.canary, MaxRepoison: p.maxRepoison, Store: c.cfg.Outcomes, Wait: p.wait, Where: c.cfg.OutcomesWhere,
 		Batch: ru.batch, Source: "console"} // the loop keeps the run beside its outcomes
-	res, err := dlq.ClosedLoop(c.ctx, conn, cfg, l)
+	res, err := dlq.Open(conn, q.Poison).ClosedLoop(c.ctx, cfg, l)
 	ru.finish(res, err)
 	c.audit(operator, "console replay", q.Poison, cfg.Filter, map[string]string{"run": ru.ID, "sizes": fmt.Sprint(p.sizes), "canary": strconv.FormatBool(p.canary),
 		"max_repoison": strconv.FormatFloat(100*p.maxRepoison, 'f', -1, 64) + "%", "wait": p.wait.String(), "limit": strconv.Itoa(p.limit),
@@ -762,7 +777,7 @@ func (c *Console) discard(w http.ResponseWriter, r *http.Request) {
 	defer a.done()
 	ru, group, limit, operator, conn := a.run, a.group, a.limit, a.operator, a.conn
 	f := dlq.Filter{Group: group}
-	res, items, err := dlq.Discard(r.Context(), conn, q.Poison, f, max(limit, 0), false)
+	res, items, err := dlq.Open(conn, q.Poison).Discard(r.Context(), f, max(limit, 0), false)
 	err = errors.Join(err, c.record(r.Context(), ru, items, ledger.OutcomeDiscarded, reason, operator))
 	ru.finish(res, err)
 	c.keep(r.Context(), ru)
@@ -788,17 +803,17 @@ type action struct {
 func (c *Console) startAction(w http.ResponseWriter, r *http.Request, verb, poison string) (action, bool) {
 	a := action{group: r.PathValue("group"), operator: c.cfg.Operator(r)}
 	a.limit, _ = strconv.Atoi(r.PostFormValue("limit"))
-	a.run = c.newRun(verb, dlq.NewRun(verb), poison, a.group, a.operator)
+	a.run = c.newRun(verb, newRunID(verb), poison, a.group, a.operator)
 	release, err := c.reading(r.Context(), poison, c.cfg.ReadWait)
 	if err != nil {
-		a.run.finish(dlq.ReplayResult{}, err)
+		a.run.finish(dlq.Result{}, err)
 		c.fail(w, r, http.StatusServiceUnavailable, err)
 		return a, false
 	}
 	conn, err := c.conn()
 	if err != nil {
 		release()
-		a.run.finish(dlq.ReplayResult{}, err)
+		a.run.finish(dlq.Result{}, err)
 		c.fail(w, r, http.StatusBadGateway, err)
 		return a, false
 	}
@@ -829,13 +844,13 @@ func (c *Console) archive(w http.ResponseWriter, r *http.Request) {
 	ru, group, limit, operator, conn := a.run, a.group, a.limit, a.operator, a.conn
 	sink, err := c.cfg.Archive()
 	if err != nil {
-		ru.finish(dlq.ReplayResult{}, err)
+		ru.finish(dlq.Result{}, err)
 		c.fail(w, r, http.StatusBadGateway, diag.RedactError(err))
 		return
 	}
 	f := dlq.Filter{Group: group}
 	var items []string
-	res, err := dlq.Archive(r.Context(), conn, dlq.ArchiveConfig{Queue: q.Poison, Filter: f, Limit: max(limit, 0), Sink: sink, Operator: operator,
+	res, err := dlq.Open(conn, q.Poison).Archive(r.Context(), dlq.ArchiveConfig{Filter: f, Limit: max(limit, 0), Sink: sink, Operator: operator,
 		Signer: c.cfg.Signer, Archived: func(m *dlq.Message) { items = append(items, m.Item()) }})
 	err = errors.Join(err, sink.Close(), c.record(r.Context(), ru, items, ledger.OutcomeArchived, "archived to "+sink.Name(), operator))
 	ru.finish(res, err)
@@ -862,7 +877,7 @@ func (c *Console) record(ctx context.Context, ru *run, items []string, outcome s
 	return nil
 }
 
-func (c *Console) audit(operator, command, queue string, f dlq.Filter, opts map[string]string, res dlq.ReplayResult, runErr error, reason string, items []string) {
+func (c *Console) audit(operator, command, queue string, f dlq.Filter, opts map[string]string, res dlq.Result, runErr error, reason string, items []string) {
 	rec := dlq.AuditRecord{Time: time.Now().UTC(), Operator: operator, Command: command, Queue: queue, Filters: f.Describe(),
 		Options: opts, Result: res, Outcome: "ok", Reason: reason, Items: items}
 	if runErr != nil {
@@ -936,7 +951,7 @@ func (c *Console) outboxRetry(w http.ResponseWriter, r *http.Request) {
 	}
 	var n int64
 	err := c.storeCall(r.Context(), "making the outbox's failing rows due", func(ctx context.Context) (err error) { n, err = o.RetryNow(ctx); return err })
-	c.audit(c.cfg.Operator(r), "console outbox retry", name, dlq.Filter{}, nil, dlq.ReplayResult{Replayed: int(n)}, err, "", nil)
+	c.audit(c.cfg.Operator(r), "console outbox retry", name, dlq.Filter{}, nil, dlq.Result{Replayed: int(n)}, err, "", nil)
 	if err != nil {
 		c.fail(w, r, http.StatusBadGateway, diag.RedactError(err))
 		return

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
@@ -31,7 +33,7 @@ type run struct {
 	batches []dlq.Batch
 	done    bool
 	ended   time.Time
-	result  dlq.ReplayResult
+	result  dlq.Result
 	err     string
 	stopped bool
 }
@@ -88,7 +90,7 @@ func (ru *run) batch(b dlq.Batch) {
 	ru.batches = append(ru.batches, b)
 }
 
-func (ru *run) finish(res dlq.ReplayResult, err error) {
+func (ru *run) finish(res dlq.Result, err error) {
 	ru.mu.Lock()
 	defer ru.mu.Unlock()
 	ru.done, ru.ended, ru.result = true, time.Now(), res
@@ -105,7 +107,7 @@ type runView struct {
 	Started, Ended                   time.Time
 	Done, Stopped                    bool
 	Err                              string
-	Result                           dlq.ReplayResult
+	Result                           dlq.Result
 	Batches                          []dlq.Batch
 	Rows                             []row
 	More                             int
@@ -169,7 +171,7 @@ func storedView(r ledger.Run) runView {
 	return runView{ID: diag.Printable(r.ID, textMax), Kind: diag.Printable(r.Kind, 32), Queue: diag.Printable(r.Queue, 255),
 		Group: diag.Printable(r.Group, textMax), Operator: diag.Printable(r.Operator, textMax), Source: diag.Printable(r.Source, 32),
 		Started: r.Started, Ended: r.Ended, Done: !r.Ended.IsZero(), Stopped: r.Stopped, Err: diag.Printable(r.Err, reasonMax),
-		Result: dlq.ReplayResult{Selected: r.Count, Replayed: r.Moved}, Batches: dlq.Batches(r), Counts: map[string]int{}}
+		Result: dlq.Result{Selected: r.Count, Replayed: r.Moved}, Batches: dlq.Batches(r), Counts: map[string]int{}}
 }
 
 // keep saves a discard's or an archive's run, once it ended, where its
@@ -265,4 +267,10 @@ func (c *Console) storedRun(ctx context.Context, id string) (runView, error) {
 	}
 	v.More = tmp.more
 	return v, nil
+}
+
+// newRunID returns a new run id: kind, the time, and a random tail
+// ("run-20260105T120000Z-3f2a9c1b"), as sluice dlq names its runs.
+func newRunID(kind string) string {
+	return kind + "-" + time.Now().UTC().Format("20060102T150405Z") + "-" + watermill.NewShortUUID()[:8]
 }

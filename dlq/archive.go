@@ -17,12 +17,11 @@ import (
 	"github.com/sluicemq/sluice/signing"
 )
 
-// ArchiveConfig configures Archive.
+// ArchiveConfig configures Queue.Archive.
 type ArchiveConfig struct {
-	Queue    string
 	Filter   Filter
 	Limit    int
-	Sink     ArchiveSink // where the records go: a FileSink or a TableSink
+	Sink     ArchiveSink // where the records go: OpenFileSink or NewTableSink
 	Operator string
 	// Signer, when set, signs each record (ArchiveRecord.Signature) beside
 	// its digest: restore with the same key proves the record was written
@@ -31,6 +30,8 @@ type ArchiveConfig struct {
 	// Archived, when set, is called with each message once it is written
 	// and acked.
 	Archived func(*Message)
+
+	queue string // the poison queue: the Queue's, set by Archive
 }
 
 // ArchiveSink stores archive records durably: Archive acks a message only
@@ -42,21 +43,27 @@ type ArchiveSink interface {
 	Close() error
 }
 
-// FileSink appends records as JSON lines to a file, each synced to disk.
-type FileSink struct {
+var (
+	_ ArchiveSink = (*fileSink)(nil)
+	_ ArchiveSink = (*tableSink)(nil)
+)
+
+// fileSink appends records as JSON lines to a file, each synced to disk.
+type fileSink struct {
 	f *os.File
 }
 
-// OpenFileSink opens (creating) path for appending.
-func OpenFileSink(path string) (*FileSink, error) {
+// OpenFileSink opens (creating) path for appending: a sink that writes
+// each record as a JSON line, synced to disk before Write returns.
+func OpenFileSink(path string) (ArchiveSink, error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("dlq: opening the archive: %w", err)
 	}
-	return &FileSink{f: f}, nil
+	return &fileSink{f: f}, nil
 }
 
-func (s *FileSink) Write(_ context.Context, rec ArchiveRecord) error {
+func (s *fileSink) Write(_ context.Context, rec ArchiveRecord) error {
 	b, err := archiveJSON(rec)
 	if err != nil {
 		return fmt.Errorf("dlq: writing the archive: %w", err)
@@ -71,22 +78,26 @@ func (s *FileSink) Write(_ context.Context, rec ArchiveRecord) error {
 }
 
 // Name is the file's path.
-func (s *FileSink) Name() string { return s.f.Name() }
+func (s *fileSink) Name() string { return s.f.Name() }
 
 // Close closes the file.
-func (s *FileSink) Close() error { return s.f.Close() }
+func (s *fileSink) Close() error { return s.f.Close() }
 
-// TableSink inserts records into a PostgreSQL table: the columns to find
+// tableSink inserts records into a PostgreSQL table: the columns to find
 // them by, and the whole record as the JSON an archive file holds. A
-// TableSource reads the rows back and marks those it restored.
-type TableSink struct {
+// tableSource reads the rows back and marks those it restored.
+type tableSink struct {
 	db     *sqlx.DB
 	table  string
 	insert string
 }
 
-// NewTableSink creates the table if it does not exist.
-func NewTableSink(ctx context.Context, db *sqlx.DB, table string) (*TableSink, error) {
+// NewTableSink returns a sink that inserts records into table on db
+// (PostgreSQL), creating the table if it does not exist: the columns to
+// find them by, and the whole record as the JSON an archive file holds.
+// OpenTableSource reads the rows back. The pool is the caller's, opened
+// with its driver (dlq links none); Close leaves it open.
+func NewTableSink(ctx context.Context, db *sqlx.DB, table string) (ArchiveSink, error) {
 	quoted, _, err := sqlname.Quote(table, true)
 	if err != nil {
 		return nil, fmt.Errorf("dlq: archive %w", err)
@@ -107,11 +118,11 @@ func NewTableSink(ctx context.Context, db *sqlx.DB, table string) (*TableSink, e
 	}); err != nil {
 		return nil, fmt.Errorf("dlq: creating the archive table: %w", err)
 	}
-	return &TableSink{db: db, table: table, insert: db.Rebind(`INSERT INTO ` + quoted +
+	return &tableSink{db: db, table: table, insert: db.Rebind(`INSERT INTO ` + quoted +
 		` (archived_at, archived_by, queue, uuid, event_id, class, record) VALUES (?, ?, ?, ?, ?, ?, ?)`)}, nil
 }
 
-func (s *TableSink) Write(ctx context.Context, rec ArchiveRecord) error {
+func (s *tableSink) Write(ctx context.Context, rec ArchiveRecord) error {
 	b, err := archiveJSON(rec)
 	if err != nil {
 		return err
@@ -126,10 +137,10 @@ func (s *TableSink) Write(ctx context.Context, rec ArchiveRecord) error {
 }
 
 // Name is "table T".
-func (s *TableSink) Name() string { return "table " + s.table }
+func (s *tableSink) Name() string { return "table " + s.table }
 
 // Close does nothing: the database is the caller's.
-func (s *TableSink) Close() error { return nil }
+func (s *tableSink) Close() error { return nil }
 
 // archiveJSON is rec as an archive holds it: JSON whose C1 and bidirectional
 // controls are escaped too (diag.EscapeJSON), so that printing an archive
@@ -139,15 +150,12 @@ func archiveJSON(rec ArchiveRecord) ([]byte, error) {
 	return diag.EscapeJSON(b), err
 }
 
-// Archive writes each selected message to the sink (a file synced to disk,
-// or a table) before acking it in the queue; the others stay, in order. A
-// crash between the write and the ack leaves the message in both: archive
-// again to see it twice in the archive, never lost.
-func Archive(ctx context.Context, conn *amqp.Connection, cfg ArchiveConfig) (ReplayResult, error) {
-	res := ReplayResult{ByTarget: map[string]int{}}
-	err := scanSelected(ctx, conn, cfg.Queue, cfg.Filter, cfg.Limit, &res, func(m *Message) error {
+// archive is Queue.Archive on conn's queue (cfg.queue).
+func archive(ctx context.Context, conn *amqp.Connection, cfg ArchiveConfig) (Result, error) {
+	res := Result{ByTarget: map[string]int{}}
+	err := scanSelected(ctx, conn, cfg.queue, cfg.Filter, cfg.Limit, &res, func(m *Message) error {
 		rec := ArchiveRecord{
-			ArchivedAt: time.Now().UTC(), ArchivedBy: cfg.Operator, Queue: cfg.Queue, UUID: m.Msg.UUID,
+			ArchivedAt: time.Now().UTC(), ArchivedBy: cfg.Operator, Queue: cfg.queue, UUID: m.Msg.UUID,
 			Class: m.Class, Reason: m.Reason, EventID: m.EventID, EventType: m.EventType, Metadata: m.Msg.Metadata,
 		}
 		if utf8.Valid(m.Msg.Payload) {
@@ -159,7 +167,7 @@ func Archive(ctx context.Context, conn *amqp.Connection, cfg ArchiveConfig) (Rep
 		if err := cfg.Sink.Write(ctx, rec); err != nil {
 			return err
 		}
-		if err := m.Ack(); err != nil {
+		if err := m.ack(); err != nil {
 			return err
 		}
 		res.Replayed++

@@ -18,7 +18,7 @@ type AuditRecord struct {
 	Queue    string            `json:"queue"`
 	Filters  map[string]string `json:"filters"`
 	Options  map[string]string `json:"options,omitempty"`
-	Result   ReplayResult      `json:"result"`
+	Result   Result            `json:"result"`
 	Outcome  string            `json:"outcome"` // "ok", "dry-run" or "error"
 	Error    string            `json:"error,omitempty"`
 	// Reason is why the operator did it (discard requires one).
@@ -77,7 +77,7 @@ func (r *AuditRecord) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &raw); err != nil {
 		return err
 	}
-	r.Result = ReplayResult{}
+	r.Result = Result{}
 	for key, dst := range map[string]any{"scanned": &r.Result.Scanned, "selected": &r.Result.Selected, "by_target": &r.Result.ByTarget,
 		"plan": &r.Result.Plan, "replayed": &r.Result.Replayed, countKey(r.Command): &r.Result.Replayed} {
 		if v, ok := raw.Result[key]; ok {
@@ -87,19 +87,6 @@ func (r *AuditRecord) UnmarshalJSON(b []byte) error {
 		}
 	}
 	return nil
-}
-
-// CheckAudit opens the audit log for appending (creating it) and closes it:
-// a run that would move messages checks it can record them first.
-func CheckAudit(path string) error {
-	if path == "-" {
-		return nil
-	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
-	if err != nil {
-		return fmt.Errorf("dlq: the audit log cannot be written, nothing was moved: %w", err)
-	}
-	return f.Close()
 }
 
 // AppendAudit appends rec as a JSON line to path (synced to disk), or

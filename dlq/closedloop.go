@@ -6,22 +6,15 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/jmoiron/sqlx"
 	amqp "github.com/rabbitmq/amqp091-go"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
-	"github.com/sluicemq/sluice/replay/redisstore"
-	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
-	"github.com/sluicemq/sluice/sluicesql/postgres"
 )
 
 // ErrStopped ends a closed-loop replay that stopped on its own rule (the
@@ -29,145 +22,11 @@ import (
 // outcome within the wait).
 var ErrStopped = errors.New("replay stopped")
 
-// ErrOutcomesURL is a URL of the outcome records that cannot be opened for
-// its form (a scheme other than PostgreSQL's or Redis's): a usage error,
-// found before anything moves.
-var ErrOutcomesURL = errors.New("outcome records URL")
-
-// OutcomeSchemes are the outcome-record URLs OpenOutcomes reads and writes.
-const OutcomeSchemes = "postgres:// or postgresql:// (or a key=value DSN: the outcome table), redis:// or rediss:// (replay/redisstore)"
-
-type urlError struct{ msg string }
-
-func (e urlError) Error() string        { return e.msg }
-func (e urlError) Is(target error) bool { return target == ErrOutcomesURL }
-
-// CheckOutcomesURL refuses a URL of the outcome records of a scheme
-// OpenOutcomes cannot open (mysql://…: a MariaDB service's operators read
-// its table there); the error is ErrOutcomesURL and names no secret.
-func CheckOutcomesURL(url string) error {
-	if url == "" {
-		return nil
-	}
-	scheme, _, found := strings.Cut(url, "://")
-	if !found {
-		if strings.Contains(url, "=") { // lib/pq's host=… dbname=…
-			return nil
-		}
-		return urlError{fmt.Sprintf("--outcomes: not a URL (want %s)", OutcomeSchemes)}
-	}
-	switch strings.ToLower(scheme) {
-	case "postgres", "postgresql", "redis", "rediss":
-		return nil
-	}
-	return urlError{fmt.Sprintf("--outcomes: scheme %q is not supported: want %s", diag.Printable(scheme, 32), OutcomeSchemes)}
-}
-
-// isRedis says whether url names Redis.
-func isRedis(url string) bool {
-	l := strings.ToLower(url)
-	return strings.HasPrefix(l, "redis://") || strings.HasPrefix(l, "rediss://")
-}
-
-// OpenOutcomes connects to the outcome records: a PostgreSQL table
-// (postgres://…, table its name), or Redis (redis://, rediss://…, table the
-// key prefix without its colon: replay/redisstore). With create the table is
-// created when it is missing (a command that starts a run); without it (the
-// read-only report, resolve, which records into an existing run) a missing
-// table is an error naming it. Errors never carry the URL's password.
-func OpenOutcomes(url, table string, create bool) (ledger.Ledger, func(), error) {
-	if err := CheckOutcomesURL(url); err != nil {
-		return nil, nil, err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if isRedis(url) {
-		opts, err := redis.ParseURL(url)
-		if err != nil {
-			return nil, nil, urlError{"--outcomes: " + diag.RedactError(err).Error()}
-		}
-		redis.SetLogger(quietRedis{}) // its pool's retries would print lines of their own; the error says it
-		opts.MaxRetries = 1
-		client := redis.NewClient(opts)
-		if err := client.Ping(ctx).Err(); err != nil {
-			_ = client.Close()
-			return nil, nil, fmt.Errorf("--outcomes: %w", diag.RedactError(err))
-		}
-		s, err := redisstore.New(redisstore.Config{Client: client, Prefix: table + ":"})
-		if err != nil {
-			_ = client.Close()
-			return nil, nil, fmt.Errorf("--outcomes: %w", err)
-		}
-		return s, func() { _ = client.Close() }, nil
-	}
-	db, err := OpenPostgres(url)
-	if err != nil {
-		return nil, nil, fmt.Errorf("--outcomes: %w", diag.RedactError(err))
-	}
-	if err := db.PingContext(ctx); err != nil {
-		_ = db.Close()
-		return nil, nil, fmt.Errorf("--outcomes: connecting to the database (within its connect_timeout, default %s): %w", postgres.ConnectTimeoutDefault, diag.RedactError(err))
-	}
-	s, err := replaysql.New(replaysql.Config{DB: db, Table: table})
-	if err == nil {
-		if create {
-			err = s.CreateTable(ctx)
-		} else {
-			err = tableExists(ctx, db, table)
-		}
-	}
-	if err != nil {
-		_ = db.Close()
-		return nil, nil, fmt.Errorf("--outcomes: %w", err)
-	}
-	return s, func() { _ = db.Close() }, nil
-}
-
-// OpenPostgres opens a pool on the PostgreSQL database at url (a
-// postgres:// URL or a key=value DSN) whose every wait is bounded
-// (sluicesql/postgres.Open): connecting within its ConnectTimeout, a call
-// given up CancelGrace after its context ended. A pool of lib/pq's alone
-// waits on a silent database — black-holed: the connection up, nothing
-// coming back — for ever, its start-up and its cancel request included.
-// The outcome records, the archive and restore tables and the console's
-// outbox are opened with it.
-func OpenPostgres(url string) (*sqlx.DB, error) {
-	return postgres.Open(postgres.Config{DSN: url})
-}
-
 // storeCall runs f, one call to a store (the outcome records, an
 // archive's or a restore's table), with ctx ended after CallTimeout: the
 // context of a command (an interrupt's) does not end by itself.
 func storeCall(ctx context.Context, what string, f func(context.Context) error) error {
 	return bounded.Within(ctx, CallTimeout, what, f)
-}
-
-// tableExists returns an error naming table when the database has no such
-// table (to_regclass: the name as the store uses it, on the search path
-// unless schema-qualified).
-func tableExists(ctx context.Context, db *sqlx.DB, table string) error {
-	var found bool
-	if err := db.GetContext(ctx, &found, `SELECT to_regclass($1) IS NOT NULL`, table); err != nil {
-		return fmt.Errorf("looking for the outcome table %s: %w", diag.Printable(table, 128), diag.RedactError(err))
-	}
-	if !found {
-		return fmt.Errorf("no outcome table %s in that database (check --outcomes-table and --outcomes: the table the consumers' replay stage records into; nothing was created)", diag.Printable(table, 128))
-	}
-	return nil
-}
-
-// quietRedis drops go-redis's own log lines.
-type quietRedis struct{}
-
-func (quietRedis) Printf(context.Context, string, ...any) {}
-
-// OutcomesPlace names where the records are, for a message: "table T",
-// "key prefix P:".
-func OutcomesPlace(url, table string) string {
-	if isRedis(url) {
-		return "key prefix " + diag.Printable(table, 128) + ":"
-	}
-	return "table " + diag.Printable(table, 128)
 }
 
 // Loop is a closed-loop replay's plan.
@@ -177,7 +36,7 @@ type Loop struct {
 	MaxRepoison float64
 	Store       ledger.Ledger
 	Wait        time.Duration // for each batch's outcomes
-	Where       string        // the records' place, for a message (OutcomesPlace)
+	Where       string        // the records' place, for a message ("table T", "key prefix P:")
 	// Batch, when set, is told of each batch once its outcomes are in (or
 	// its wait passed), before the next starts.
 	Batch func(Batch)
@@ -204,16 +63,10 @@ type Batch struct {
 	Bad     []replay.Record `json:"-"`
 }
 
-// ClosedLoop replays in batches — the canary, then the ramp, then the last
-// size again until nothing selected is left — and after each batch waits
-// for the consumers' outcomes. The canary must come back all processed or
-// duplicate; a ramp batch may be poisoned again at most MaxRepoison. A stop
-// returns an error wrapping ErrStopped; cfg.Run must be set (NewRun). The
-// run itself is kept in l.Store beside its outcomes when the store keeps
-// runs (ledger.Runs).
-func ClosedLoop(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig, l Loop) (res ReplayResult, err error) {
+// runClosedLoop is Queue.ClosedLoop on conn's queue (cfg.queue).
+func runClosedLoop(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig, l Loop) (res Result, err error) {
 	if cfg.Run == "" || len(l.Sizes) == 0 || l.Store == nil || l.Wait <= 0 {
-		return ReplayResult{ByTarget: map[string]int{}}, errors.New("dlq: a closed loop needs a run, batch sizes, an outcome store and a wait")
+		return Result{ByTarget: map[string]int{}}, errors.New("dlq: a closed loop needs a run, batch sizes, an outcome store and a wait")
 	}
 	log := newRunLog(ctx, l.Store, "replay", l.Source, cfg)
 	defer func() { log.end(ctx, res, err) }()
@@ -227,8 +80,8 @@ func ClosedLoop(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig, l 
 	return closedLoop(ctx, conn, cfg, l)
 }
 
-func closedLoop(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig, l Loop) (ReplayResult, error) {
-	total := ReplayResult{ByTarget: map[string]int{}}
+func closedLoop(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig, l Loop) (Result, error) {
+	total := Result{ByTarget: map[string]int{}}
 	cfg.Filter.NotRun = cfg.Run
 	limit := cfg.Limit
 	for step := 0; ; step++ {
@@ -256,7 +109,7 @@ func closedLoop(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig, l 
 			}
 			return nil
 		}
-		res, err := Replay(ctx, conn, c)
+		res, err := replayOn(ctx, conn, c)
 		// Messages read: every batch reads the queue again from its head,
 		// through what earlier batches left, so the messages read so far are
 		// those replayed before and those this batch read.
@@ -273,7 +126,7 @@ func closedLoop(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig, l 
 		if step == 0 && l.Canary {
 			stage = "canary"
 		}
-		rs, err := AwaitOutcomes(ctx, l.Store, cfg.Run, items, l.Wait)
+		rs, err := awaitOutcomes(ctx, l.Store, cfg.Run, items, l.Wait)
 		if err != nil {
 			return total, err
 		}
@@ -326,14 +179,9 @@ func judge(l Loop, stage string, step, size, replayed int, items map[string]bool
 	return b
 }
 
-// NewRun returns a new run id: kind, the time, and a random tail.
-func NewRun(kind string) string {
-	return kind + "-" + time.Now().UTC().Format("20060102T150405Z") + "-" + watermill.NewShortUUID()[:8]
-}
-
-// AwaitOutcomes polls the store until every item has a final outcome, or
+// awaitOutcomes polls the store until every item has a final outcome, or
 // wait passes; it returns the run's records of those items.
-func AwaitOutcomes(ctx context.Context, store ledger.Ledger, run string, items map[string]bool, wait time.Duration) ([]replay.Record, error) {
+func awaitOutcomes(ctx context.Context, store ledger.Ledger, run string, items map[string]bool, wait time.Duration) ([]replay.Record, error) {
 	deadline := time.Now().Add(wait)
 	keys := slices.Collect(maps.Keys(items))
 	for {

@@ -29,11 +29,11 @@ var (
 	// match its contents: damaged or edited after archive wrote it.
 	ErrDigest = errors.New("the record's digest does not match its contents")
 	// ErrRecordSignature is matched by a record not signed with the
-	// signing key restore was given (--signing-key-file).
+	// signing key restore was given (RestoreConfig.Signer).
 	ErrRecordSignature = errors.New("the record is not signed with the signing key")
 	// ErrOutsideFamily is matched by a record whose queue is not the
 	// poison queue of its own family: restore publishes a record only back
-	// to where it was archived from, unless --to says where.
+	// to where it was archived from, unless RestoreConfig.To says where.
 	ErrOutsideFamily = errors.New("the record's queue is not its family's poison queue")
 )
 
@@ -89,7 +89,7 @@ func (rec *ArchiveRecord) seal(s *signing.Signer) {
 func (rec ArchiveRecord) verify(s *signing.Signer, undigested bool) error {
 	switch {
 	case rec.Digest == "" && !undigested:
-		return fmt.Errorf("%w: it has none (an archive written before digests: --accept-undigested restores it)", ErrDigest)
+		return fmt.Errorf("%w: it has none (an archive written before digests)", ErrDigest)
 	case rec.Digest != "" && rec.Digest != rec.digest():
 		return ErrDigest
 	}
@@ -109,7 +109,7 @@ func (rec ArchiveRecord) verify(s *signing.Signer, undigested bool) error {
 	return nil
 }
 
-// family returns where a record goes without --to: the queue it was
+// family returns where a record goes without To: the queue it was
 // archived from, when that is a poison queue ("Q.poison") and, when the
 // record names its consumer's queue (sluice_poison_queue Q), that queue's.
 // Anything else — a consumer's queue, another family's poison queue — is
@@ -117,13 +117,13 @@ func (rec ArchiveRecord) verify(s *signing.Signer, undigested bool) error {
 func (rec ArchiveRecord) family() (string, error) {
 	q := rec.Queue
 	if q == "" {
-		return "", errors.New("the record has no queue (use --to)")
+		return "", fmt.Errorf("%w: the record has no queue to restore it to", ErrOutsideFamily)
 	}
 	if !strings.HasSuffix(q, rabbitmq.PoisonSuffix) || q == rabbitmq.PoisonSuffix {
-		return "", fmt.Errorf("%w: %q is not a poison queue (use --to to restore elsewhere)", ErrOutsideFamily, diag.Bound(q, 255))
+		return "", fmt.Errorf("%w: %q is not a poison queue", ErrOutsideFamily, diag.Bound(q, 255))
 	}
 	if c := rec.Metadata[poison.QueueKey]; c != "" && q != c+rabbitmq.PoisonSuffix {
-		return "", fmt.Errorf("%w: %q is not the poison queue of %q, the consumer's queue it names (use --to to restore elsewhere)", ErrOutsideFamily, diag.Bound(q, 255), diag.Bound(c, 255))
+		return "", fmt.Errorf("%w: %q is not the poison queue of %q, the consumer's queue it names", ErrOutsideFamily, diag.Bound(q, 255), diag.Bound(c, 255))
 	}
 	return q, nil
 }

@@ -6,15 +6,13 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// Discard removes the selected messages for good; the caller records them
-// (event ids and the reason) in the audit log first-hand: Discarded lists
-// them.
-func Discard(ctx context.Context, conn *amqp.Connection, queue string, f Filter, limit int, dryRun bool) (ReplayResult, []string, error) {
-	res := ReplayResult{ByTarget: map[string]int{}}
+// discard is Queue.Discard on conn's queue.
+func discard(ctx context.Context, conn *amqp.Connection, queue string, f Filter, limit int, dryRun bool) (Result, []string, error) {
+	res := Result{ByTarget: map[string]int{}}
 	var discarded []string
 	err := scanSelected(ctx, conn, queue, f, limit, &res, func(m *Message) error {
 		if !dryRun {
-			if err := m.Ack(); err != nil {
+			if err := m.ack(); err != nil {
 				return err
 			}
 			res.Replayed++

@@ -16,8 +16,8 @@ func TestFamilyIsTheTopologysNames(t *testing.T) {
 		"orders.p01": false, "orders.p": false, "orders.p-1": false, "orders.p+1": false, "orders.px": false,
 		"orders.p1x": false, "billing": false, "orders.poison": false, "orders.retry.1s": false,
 	} {
-		require.Equal(t, want, dlq.Family("orders.poison", queue), queue)
+		require.Equal(t, want, dlq.InFamily("orders.poison", queue), queue)
 	}
-	require.False(t, dlq.Family("orders-dead", "orders"), "a poison queue named otherwise has no family by name")
-	require.False(t, dlq.Family(".poison", ""))
+	require.False(t, dlq.InFamily("orders-dead", "orders"), "a poison queue named otherwise has no family by name")
+	require.False(t, dlq.InFamily(".poison", ""))
 }

@@ -13,9 +13,9 @@ import (
 
 // scanSelected scans queue and calls fn with each message f selects, at most
 // limit (0: all) of them, counting Scanned and Selected into res; done runs
-// as in Scan.
-func scanSelected(ctx context.Context, conn *amqp.Connection, queue string, f Filter, limit int, res *ReplayResult, fn func(*Message) error, done func() error) error {
-	n, err := Scan(ctx, conn, queue, func(m *Message) (bool, error) {
+// as in scanQueue.
+func scanSelected(ctx context.Context, conn *amqp.Connection, queue string, f Filter, limit int, res *Result, fn func(*Message) error, done func() error) error {
+	n, err := scanQueue(ctx, conn, queue, func(m *Message) (bool, error) {
 		if limit > 0 && res.Selected >= limit {
 			return true, nil
 		}
@@ -46,8 +46,11 @@ func afterConfirm(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(ctx), afterConfirmTimeout)
 }
 
-// ReplayResult counts what a replay did.
-type ReplayResult struct {
+// Result counts what an operation on a poison queue did — a replay, an
+// archive, a discard, a restore: Scanned read, Selected by the filter, and
+// Replayed moved (replayed, archived, discarded or restored), by target
+// (the queue, or the archive's name).
+type Result struct {
 	Scanned  int            `json:"scanned"`
 	Selected int            `json:"selected"`
 	Replayed int            `json:"replayed"`

@@ -63,7 +63,7 @@ func scansKeepOrder(t *testing.T, args amqp.Table) {
 			read = append(read, i)
 			if remove(i) {
 				removed[i] = true
-				require.NoError(t, m.Ack())
+				require.NoError(t, dlq.Ack(m))
 			}
 			return len(read) == stopAt, nil
 		}, nil)

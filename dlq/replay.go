@@ -30,9 +30,8 @@ const (
 	ReplayedClassKey = "sluice_replayed_class"
 )
 
-// ReplayConfig configures Replay.
+// ReplayConfig configures Queue.Replay and Queue.ClosedLoop.
 type ReplayConfig struct {
-	Queue     string // the poison queue
 	Filter    Filter
 	Limit     int     // at most this many messages replayed (0: no limit)
 	Rate      float64 // messages per second (0: no limit)
@@ -51,7 +50,7 @@ type ReplayConfig struct {
 	// context is not cancelled by an interrupt (afterConfirm).
 	Run       string
 	Published func(context.Context, []*Message) error
-	// Signer, when set (--signing-key-file), signs each copy's control
+	// Signer, when set (the consumers' key), signs each copy's control
 	// headers, the run and item among them, for the consumers' stages that
 	// have the same key; and a message whose own signature does not verify
 	// (not a diagnosis the poison stage wrote: a producer's message the
@@ -63,24 +62,20 @@ type ReplayConfig struct {
 	// publish to the poison queue can write), must be one of them, or the
 	// message is refused (ErrTargetRefused) — in a dry run too, with or
 	// without a Signer. Empty: To is taken as given (the operator named it),
-	// and a message's own queue only when it is of Queue's family by name
-	// (Family: Queue without ".poison", and its partition queues).
+	// and a message's own queue only when it is of the poison queue's
+	// family by name (its name without ".poison", and its partition queues).
 	Targets []string
+
+	queue string // the poison queue: the Queue's, set by its methods
 }
 
 // ErrUnreadable is returned for a selected message whose headers the AMQP
 // client could not parse: a replay would drop them.
-var ErrUnreadable = errors.New("dlq: message's headers could not be read, so it is not replayed (a replay would drop them): inspect it, then archive or discard it (--unreadable)")
+var ErrUnreadable = errors.New("dlq: message's headers could not be read, so it is not replayed (a replay would drop them): inspect it, then archive or discard it")
 
-// Replay republishes the selected messages to the queue they were consumed
-// from, with the attempt count reset and replay provenance
-// (ReplayedByKey, ...), and acks each in the poison queue only after its
-// publish was confirmed. Messages not selected stay where they are, in order.
-// A publish that fails stops the run: the messages of the failed batch stay
-// in the poison queue (those of it already published are then delivered
-// twice; the inbox absorbs that).
-func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (ReplayResult, error) {
-	res := ReplayResult{ByTarget: map[string]int{}}
+// replayOn is Queue.Replay on conn's queue (cfg.queue).
+func replayOn(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Result, error) {
+	res := Result{ByTarget: map[string]int{}}
 	if cfg.Batch <= 0 {
 		cfg.Batch = 10
 	}
@@ -92,7 +87,7 @@ func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Repla
 	exists := map[string]error{}
 	plan := func() error { // a dry run checks every target, changes nothing
 		for _, m := range batch {
-			t, err := cfg.Target(m)
+			t, err := cfg.target(m)
 			if err != nil {
 				return err
 			}
@@ -119,7 +114,7 @@ func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Repla
 		groups := map[string][]*Message{}
 		var order []string
 		for _, m := range batch {
-			t, err := cfg.Target(m)
+			t, err := cfg.target(m)
 			if err != nil {
 				return err
 			}
@@ -150,12 +145,12 @@ func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Repla
 				err := cfg.Published(actx, ms)
 				cancel()
 				if err != nil {
-					return fmt.Errorf("dlq: recording the replayed items (published, still in %s): %w", diag.Printable(cfg.Queue, 255), err)
+					return fmt.Errorf("dlq: recording the replayed items (published, still in %s): %w", diag.Printable(cfg.queue, 255), err)
 				}
 			}
 			for _, m := range ms {
-				if err := m.Ack(); err != nil {
-					return fmt.Errorf("dlq: acking %s in %s after its replay: %w", m.name(), diag.Printable(cfg.Queue, 255), err)
+				if err := m.ack(); err != nil {
+					return fmt.Errorf("dlq: acking %s in %s after its replay: %w", m.name(), diag.Printable(cfg.queue, 255), err)
 				}
 			}
 			res.Replayed += len(ms)
@@ -167,7 +162,7 @@ func Replay(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Repla
 		}
 		return nil
 	}
-	err := scanSelected(ctx, conn, cfg.Queue, cfg.Filter, cfg.Limit, &res, func(m *Message) error {
+	err := scanSelected(ctx, conn, cfg.queue, cfg.Filter, cfg.Limit, &res, func(m *Message) error {
 		batch = append(batch, m)
 		if len(batch) >= cfg.Batch {
 			return flush()
@@ -205,7 +200,7 @@ func replayCopy(m *Message, cfg ReplayConfig, target string) *message.Message {
 	c.Metadata[ReplayCountKey] = strconv.Itoa(count + 1)
 	c.Metadata[ReplayedByKey] = cfg.Operator
 	c.Metadata[ReplayedAtKey] = time.Now().UTC().Format(time.RFC3339Nano)
-	c.Metadata[ReplayedFromKey] = cfg.Queue
+	c.Metadata[ReplayedFromKey] = cfg.queue
 	c.Metadata[ReplayedClassKey] = m.Class
 	if cfg.Run != "" {
 		c.Metadata[replay.RunKey] = cfg.Run

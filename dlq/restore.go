@@ -17,10 +17,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
 
 	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
 	"github.com/sluicemq/sluice/signing"
 )
@@ -33,8 +33,8 @@ type RestoreConfig struct {
 	Limit     int           // restore at most this many (0: all)
 	Publisher Publisher
 	DryRun    bool
-	// Signer, when set, verifies each record's signature (archive
-	// --signing-key-file wrote it): a record without one, or not signed
+	// Signer, when set, verifies each record's signature (an archive with
+	// ArchiveConfig.Signer wrote it): a record without one, or not signed
 	// with one of its keys, is refused.
 	Signer *signing.Signer
 	// AcceptUndigested restores records without a digest (archives written
@@ -104,8 +104,8 @@ func (rec ArchiveRecord) name() string {
 // restored. A crash between the publish and the source's record publishes
 // that record again on the next run (at least once: the consumer's inbox
 // sees a duplicate).
-func Restore(ctx context.Context, cfg RestoreConfig) (ReplayResult, error) {
-	res := ReplayResult{ByTarget: map[string]int{}}
+func Restore(ctx context.Context, cfg RestoreConfig) (Result, error) {
+	res := Result{ByTarget: map[string]int{}}
 	want := map[string]bool{}
 	for _, id := range cfg.EventIDs {
 		want[id] = true
@@ -161,27 +161,34 @@ func Restore(ctx context.Context, cfg RestoreConfig) (ReplayResult, error) {
 	return res, nil
 }
 
-// FileSource reads an archive file written by Archive: one JSON record a
+var (
+	_ RestoreSource = (*fileSource)(nil)
+	_ RestoreSource = (*tableSource)(nil)
+)
+
+// fileSource reads an archive file written by Archive: one JSON record a
 // line, each ending in a newline.
-type FileSource struct {
+type fileSource struct {
 	f    *os.File
 	r    *bufio.Reader
 	line int
 }
 
-// OpenFileSource opens an archive file.
-func OpenFileSource(path string) (*FileSource, error) {
+// OpenFileSource opens an archive file written by OpenFileSink: one JSON
+// record a line. Restored does nothing (restoring it again publishes
+// again).
+func OpenFileSource(path string) (RestoreSource, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("dlq: opening the archive: %w", err)
 	}
-	return &FileSource{f: f, r: bufio.NewReader(f)}, nil
+	return &fileSource{f: f, r: bufio.NewReader(f)}, nil
 }
 
 // Next decodes the next line. A last line without its newline is a record
 // cut short (a write torn by a crash, a truncated copy): an error, even
 // when what is there decodes.
-func (s *FileSource) Next(context.Context) (ArchiveRecord, string, error) {
+func (s *fileSource) Next(context.Context) (ArchiveRecord, string, error) {
 	return readRecord(s.r, s.f.Name(), &s.line)
 }
 
@@ -212,10 +219,10 @@ func readRecord(r *bufio.Reader, name string, line *int) (ArchiveRecord, string,
 
 // Restored does nothing: a file is not written to (restoring it again
 // publishes again).
-func (s *FileSource) Restored(context.Context) error { return nil }
+func (s *fileSource) Restored(context.Context) error { return nil }
 
 // Check reads the whole file, from its start, on a reader of its own.
-func (s *FileSource) Check(ctx context.Context, check func(ArchiveRecord, string) error) error {
+func (s *fileSource) Check(ctx context.Context, check func(ArchiveRecord, string) error) error {
 	f, err := os.Open(s.f.Name())
 	if err != nil {
 		return fmt.Errorf("dlq: opening the archive: %w", err)
@@ -239,17 +246,17 @@ func (s *FileSource) Check(ctx context.Context, check func(ArchiveRecord, string
 }
 
 // Name is the file's path.
-func (s *FileSource) Name() string { return s.f.Name() }
+func (s *fileSource) Name() string { return s.f.Name() }
 
 // Close closes the file.
-func (s *FileSource) Close() error { return s.f.Close() }
+func (s *fileSource) Close() error { return s.f.Close() }
 
-// TableSource reads the rows of an archive table (TableSink) not yet
+// tableSource reads the rows of an archive table (tableSink) not yet
 // restored, in the order they were archived. Each row is read in a
 // transaction of its own that locks it (FOR UPDATE SKIP LOCKED: two
 // restores at once take different rows) until Restored marks it restored
 // (restored_at, restored_by) and commits.
-type TableSource struct {
+type tableSource struct {
 	db       *sqlx.DB
 	table    string
 	operator string
@@ -259,22 +266,26 @@ type TableSource struct {
 	row      int64              // the row Next returned last
 }
 
-// OpenTableSource reads table on db (PostgreSQL); eventIDs, when given,
-// select the rows of those events only. operator is recorded on the rows
-// restored.
-func OpenTableSource(ctx context.Context, db *sqlx.DB, table, operator string, eventIDs []string) (*TableSource, error) {
+// OpenTableSource reads the rows of table on db (PostgreSQL; written by
+// NewTableSink) not yet restored, in the order they were archived; eventIDs,
+// when given, select the rows of those events only. Each row is read in a
+// transaction of its own that locks it (FOR UPDATE SKIP LOCKED: two
+// restores at once take different rows) until Restored marks it restored
+// (restored_at, and operator as restored_by) and commits. The pool is the
+// caller's, opened with its driver (dlq links none); Close leaves it open.
+func OpenTableSource(ctx context.Context, db *sqlx.DB, table, operator string, eventIDs []string) (RestoreSource, error) {
 	quoted, _, err := sqlname.Quote(table, true)
 	if err != nil {
 		return nil, fmt.Errorf("dlq: archive %w", err)
 	}
-	// A missing table, or one not written by a TableSink, is an error now.
+	// A missing table, or one not written by a tableSink, is an error now.
 	if err := storeCall(ctx, "checking the archive table", func(ctx context.Context) error {
 		_, err := db.ExecContext(ctx, `SELECT id, queue, record, restored_at, restored_by FROM `+quoted+` LIMIT 0`)
 		return err
 	}); err != nil {
 		return nil, fmt.Errorf("dlq: reading the archive table: %w", err)
 	}
-	return &TableSource{db: db, table: quoted, operator: operator, eventIDs: eventIDs}, nil
+	return &tableSource{db: db, table: quoted, operator: operator, eventIDs: eventIDs}, nil
 }
 
 // tableRow is a row of an archive table as restore reads it.
@@ -286,18 +297,18 @@ type tableRow struct {
 
 // query selects the rows not yet restored after row id, of the events
 // selected.
-func (s *TableSource) query(after int64) (string, []any) {
+func (s *tableSource) query(after int64) (string, []any) {
 	q := `SELECT id, queue, record FROM ` + s.table + ` WHERE restored_at IS NULL AND id > $1`
 	args := []any{after}
 	if len(s.eventIDs) > 0 {
-		q += ` AND event_id = ANY($2)`
-		args = append(args, pq.Array(s.eventIDs))
+		q += ` AND event_id = ANY(CAST($2 AS TEXT)::TEXT[])`
+		args = append(args, sqldb.TextArray(s.eventIDs)) // no driver's array type: dlq links none
 	}
 	return q + ` ORDER BY id`, args
 }
 
 // decode returns the record of row; its queue column must be the record's.
-func (s *TableSource) decode(row tableRow) (ArchiveRecord, string, error) {
+func (s *tableSource) decode(row tableRow) (ArchiveRecord, string, error) {
 	var rec ArchiveRecord
 	where := fmt.Sprintf("table %s row %d", s.table, row.ID)
 	if err := json.Unmarshal([]byte(row.Record), &rec); err != nil {
@@ -312,7 +323,7 @@ func (s *TableSource) decode(row tableRow) (ArchiveRecord, string, error) {
 
 // Next locks and reads the next row not yet restored, letting go of the
 // row it returned before if that one was not restored.
-func (s *TableSource) Next(ctx context.Context) (ArchiveRecord, string, error) {
+func (s *tableSource) Next(ctx context.Context) (ArchiveRecord, string, error) {
 	var rec ArchiveRecord
 	if err := s.release(); err != nil {
 		return rec, "", err
@@ -366,7 +377,7 @@ func begin(ctx context.Context, db *sqlx.DB) (*sqlx.Tx, context.CancelFunc, erro
 }
 
 // over ends the context of the transaction Next returned last.
-func (s *TableSource) over() {
+func (s *tableSource) over() {
 	if s.endTx != nil {
 		s.endTx()
 		s.endTx = nil
@@ -374,7 +385,7 @@ func (s *TableSource) over() {
 }
 
 // Check reads every row Next would take, without locking any, in pages.
-func (s *TableSource) Check(ctx context.Context, check func(ArchiveRecord, string) error) error {
+func (s *tableSource) Check(ctx context.Context, check func(ArchiveRecord, string) error) error {
 	const page = 500
 	var after int64
 	for {
@@ -402,7 +413,7 @@ func (s *TableSource) Check(ctx context.Context, check func(ArchiveRecord, strin
 }
 
 // Restored marks the row Next returned last restored and commits.
-func (s *TableSource) Restored(ctx context.Context) error {
+func (s *tableSource) Restored(ctx context.Context) error {
 	if s.tx == nil {
 		return errors.New("dlq: no row to mark restored")
 	}
@@ -418,7 +429,7 @@ func (s *TableSource) Restored(ctx context.Context) error {
 
 // release lets go of the row Next returned last when it was not restored
 // (a dry run, a record not selected): it stays as it was.
-func (s *TableSource) release() error {
+func (s *tableSource) release() error {
 	if s.tx == nil {
 		return nil
 	}
@@ -432,7 +443,7 @@ func (s *TableSource) release() error {
 }
 
 // Name is "table T".
-func (s *TableSource) Name() string { return "table " + s.table }
+func (s *tableSource) Name() string { return "table " + s.table }
 
 // Close releases the row taken last, if any; the database is the caller's.
-func (s *TableSource) Close() error { return s.release() }
+func (s *tableSource) Close() error { return s.release() }

@@ -28,14 +28,14 @@ type runLog struct {
 
 // newRunLog starts the run of kind id over cfg's selection in store.
 func newRunLog(ctx context.Context, store ledger.Ledger, kind, source string, cfg ReplayConfig) *runLog {
-	l := &runLog{store: store, run: ledger.Run{ID: cfg.Run, Kind: kind, Queue: cfg.Queue, Group: cfg.Filter.Group,
-		Selected: Selection(cfg.Filter), Operator: diag.Bound(cfg.Operator, 256), Source: source, Started: time.Now().UTC()}}
+	l := &runLog{store: store, run: ledger.Run{ID: cfg.Run, Kind: kind, Queue: cfg.queue, Group: cfg.Filter.Group,
+		Selected: selection(cfg.Filter), Operator: diag.Bound(cfg.Operator, 256), Source: source, Started: time.Now().UTC()}}
 	l.save(ctx)
 	return l
 }
 
-// Selection words a filter for a run's page: "class=poison group=3f2a…".
-func Selection(f Filter) string {
+// selection words a filter for a run's page: "class=poison group=3f2a…".
+func selection(f Filter) string {
 	d := f.Describe()
 	var parts []string
 	for _, k := range slices.Sorted(maps.Keys(d)) {
@@ -49,7 +49,7 @@ func (l *runLog) batch(ctx context.Context, b Batch) {
 	l.save(ctx)
 }
 
-func (l *runLog) end(ctx context.Context, res ReplayResult, err error) {
+func (l *runLog) end(ctx context.Context, res Result, err error) {
 	l.run.Ended, l.run.Count, l.run.Moved = time.Now().UTC(), res.Selected, res.Replayed
 	if err != nil {
 		l.run.Err, l.run.Stopped = diag.Summary(err, 2048), errors.Is(err, ErrStopped)

@@ -1,7 +1,3 @@
-// Package dlq is the logic of the operator CLI's dlq commands: reading a
-// poison queue without losing or reordering anything, selecting messages by
-// their diagnosis, replaying them with confirms, archiving them durably, and
-// recording an audit line for each run.
 package dlq
 
 import (
@@ -67,20 +63,6 @@ type Message struct {
 // broker's count beside it.
 const ReadsLabel = "reads of this copy in the poison queue (the broker's x-delivery-count: each console page and sluice dlq command that read it counts one; not retries — attempts are)"
 
-// ReadNote says what a metadata key of a message read from a poison queue
-// holds when it is about this read rather than the message's history — the
-// broker's delivery count and redelivered flag, which each scan moves —
-// and "" for any other key.
-func ReadNote(key string) string {
-	switch key {
-	case rabbitmq.DeliveryCountKey:
-		return ReadsLabel
-	case rabbitmq.RedeliveredKey:
-		return "read before from the poison queue, by a console page or a sluice dlq command: not a retry"
-	}
-	return ""
-}
-
 func newMessage(d amqp.Delivery) (*Message, error) {
 	m, err := rabbitmq.Marshaler{}.Unmarshal(d)
 	if err != nil {
@@ -130,8 +112,8 @@ func brokerDiagnosis(m *Message, md message.Metadata) {
 // ErrNoQueue is returned for a queue that does not exist.
 var ErrNoQueue = errors.New("dlq: queue does not exist")
 
-// CallTimeout bounds each wait of a scan — and so of Inspect, Each,
-// Replay, Archive, Discard and ClosedLoop — on the broker: a channel's
+// CallTimeout bounds each wait of a scan — and so of every Queue method —
+// on the broker: a channel's
 // opening and close, a passive declare, a basic.get, the put-back's
 // declares. A broker that does not answer (black-holed: the connection up,
 // nothing coming back) held the scan until the AMQP heartbeat gave the
@@ -170,9 +152,9 @@ func closeChannel(conn *amqp.Connection, ch *amqp.Channel) error {
 	return run(conn, "channel.close", ch.Close)
 }
 
-// Scan reads the queue's messages, at most as many as it held when the scan
-// began, and calls fn with each; fn acks the ones to remove (Message.Ack).
-// It never acks by itself: when Scan ends it returns every message fn left
+// scanQueue reads the queue's messages, at most as many as it held when the scan
+// began, and calls fn with each; fn acks the ones to remove (Message.ack).
+// It never acks by itself: when scanQueue ends it returns every message fn left
 // — a plain classic queue all at once by closing the channel, any other
 // queue with a basic.nack (requeue) each, in the order read; never by a
 // basic.reject — and waits until the queue counts them again, so the next
@@ -192,7 +174,7 @@ func closeChannel(conn *amqp.Connection, ch *amqp.Channel) error {
 // one delivery in its x-delivery-count on RabbitMQ 3.x to 4.2 (4.3 counts a
 // basic.nack as no failed delivery); a classic queue keeps no count and
 // puts a returned message back in its place.
-func Scan(ctx context.Context, conn *amqp.Connection, queue string, fn func(*Message) (stop bool, err error), done func() error) (int, error) {
+func scanQueue(ctx context.Context, conn *amqp.Connection, queue string, fn func(*Message) (stop bool, err error), done func() error) (int, error) {
 	ch, err := openChannel(conn)
 	if err != nil {
 		return 0, fmt.Errorf("dlq: opening a channel: %w", err)
@@ -275,7 +257,7 @@ func scan(ctx context.Context, sc *scanner, queue string, depth int, fn func(*Me
 }
 
 // Ack removes the message from the queue.
-func (m *Message) Ack() error {
+func (m *Message) ack() error {
 	if err := m.Delivery.Ack(false); err != nil {
 		return err
 	}
@@ -346,7 +328,7 @@ func quorumReturned(d amqp.Delivery) bool {
 // readThrough reads on, at most left messages and without fn, while the
 // last message read is one a quorum queue had returned before — they all
 // wait ahead of the others, and putting back only the first of them would
-// move those behind the rest (Scan) — or to the end with toEnd. It holds
+// move those behind the rest (scanQueue) — or to the end with toEnd. It holds
 // what it reads, to put back.
 func (s *scanner) readThrough(queue string, left int) {
 	for ; left > 0 && (s.toEnd || s.returned); left-- {
@@ -385,7 +367,7 @@ func (s *scanner) putBack(queue string) {
 	if err != nil {
 		return // the channel is gone: the broker returns them
 	}
-	want, wait := q.Messages+held, PutBackTimeout+time.Duration(held)*PutBackPerMessage
+	want, wait := q.Messages+held, putBackTimeout+time.Duration(held)*putBackPerMessage
 	if !s.quorum && plainClassic(s.conn, queue) {
 		_ = closeChannel(s.conn, s.ch) // returns them all, in their places
 		ch, err := openChannel(s.conn)
@@ -416,16 +398,16 @@ func plainClassic(conn *amqp.Connection, queue string) bool {
 	return declaredWith(conn, queue, amqp.Table{"x-queue-type": amqp.QueueTypeClassic})
 }
 
-// PutBackTimeout and PutBackPerMessage bound how long a scan waits, after
-// it returned its messages, for the queue to count them: PutBackTimeout
-// plus PutBackPerMessage for each (it goes on when a consumer takes some
+// putBackTimeout and putBackPerMessage bound how long a scan waits, after
+// it returned its messages, for the queue to count them: putBackTimeout
+// plus putBackPerMessage for each (it goes on when a consumer takes some
 // meanwhile; there should be none on a poison queue). Returned a
 // basic.nack each, the broker puts them back one by one: RabbitMQ 3.10
 // took 17–19 s for 10,000 on a loaded 2-core machine, past a fixed 10 s,
 // after which the next reader met a queue still short of them.
 const (
-	PutBackTimeout    = 10 * time.Second
-	PutBackPerMessage = 5 * time.Millisecond
+	putBackTimeout    = 10 * time.Second
+	putBackPerMessage = 5 * time.Millisecond
 )
 
 // waitReady polls the queue's ready count until it is at least want, at

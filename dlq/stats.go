@@ -23,9 +23,9 @@ const (
 	TopDefault = 20
 	// TopMax is the most values of a group Stats shows.
 	TopMax = 1000
-	// ValueMaxLength bounds, in bytes, a fingerprint, class or event type
+	// valueMaxLength bounds, in bytes, a fingerprint, class or event type
 	// as it is counted (the reason is cut before it is fingerprinted).
-	ValueMaxLength = 1024
+	valueMaxLength = 1024
 )
 
 // Capacity is how many distinct values of each group a StatsCounter tracks
@@ -41,7 +41,7 @@ type Stats struct {
 	// Items is how many distinct copies the Total messages are: two
 	// entries with one copy identity (sluice.CopyIDKey, else the message
 	// UUID) — one delivery's copy made twice after an uncertain publish —
-	// count once. Exact up to ItemsTrackedMax identities; beyond, each new
+	// count once. Exact up to 2^20 (1,048,576) identities; beyond, each new
 	// one is counted without being kept, and ItemsApproximate says Items is
 	// an upper bound.
 	Items            int  `json:"items"`
@@ -65,17 +65,17 @@ type Stats struct {
 	Newest      time.Time `json:"newest_poisoned_at"`
 	// Unreadable counts the selected messages whose headers the AMQP client
 	// could not parse, and UnreadableFirst names the first
-	// UnreadableMax of them: they have no readable diagnosis or event id.
+	// 20 of them: they have no readable diagnosis or event id.
 	Unreadable      int              `json:"unreadable"`
 	UnreadableFirst []UnreadableItem `json:"unreadable_first,omitempty"`
 }
 
-// ItemsTrackedMax bounds the copy identities Stats keeps to count Items:
+// itemsTrackedMax bounds the copy identities Stats keeps to count Items:
 // a 64-bit hash each, some 20 MiB at the most.
-const ItemsTrackedMax = 1 << 20
+const itemsTrackedMax = 1 << 20
 
-// UnreadableMax is how many unreadable messages Stats names.
-const UnreadableMax = 20
+// unreadableMax is how many unreadable messages Stats names.
+const unreadableMax = 20
 
 // UnreadableItem names a message whose headers could not be read: its
 // place in the queue, its message id (a property, readable), its size, and
@@ -94,13 +94,10 @@ type OtherCounts struct {
 	EventType   int `json:"event_type"`
 }
 
-// ReadStats reads the whole queue (returning every message) and groups it,
-// showing the top most frequent values of each group (TopDefault when 0,
-// at most TopMax). Its memory is bounded by Capacity(top) values a group,
-// whatever the queue holds.
-func ReadStats(ctx context.Context, conn *amqp.Connection, queue string, f Filter, top int) (Stats, error) {
+// readStats is Queue.Stats on conn's queue.
+func readStats(ctx context.Context, conn *amqp.Connection, queue string, f Filter, top int) (Stats, error) {
 	c := NewStatsCounter(f, top)
-	_, err := Scan(ctx, conn, queue, func(m *Message) (bool, error) {
+	_, err := scanQueue(ctx, conn, queue, func(m *Message) (bool, error) {
 		c.Add(m)
 		return false, nil
 	}, nil)
@@ -120,7 +117,7 @@ type StatsCounter struct {
 	seed                 maphash.Seed
 }
 
-// NewStatsCounter counts the messages f selects; top as in ReadStats.
+// NewStatsCounter counts the messages f selects; top as in Queue.Stats.
 func NewStatsCounter(f Filter, top int) *StatsCounter {
 	if top <= 0 {
 		top = TopDefault
@@ -141,14 +138,14 @@ func (c *StatsCounter) Add(m *Message) {
 	}
 	c.s.Total++
 	c.countItem(cmp.Or(m.Msg.Metadata.Get(sluice.CopyIDKey), m.Msg.UUID))
-	c.class.add(orNone(diag.Bound(m.Class, ValueMaxLength)))
-	c.fp.add(orNone(diag.Bound(Fingerprint(diag.Bound(m.Reason, ValueMaxLength)), ValueMaxLength)))
-	c.eventType.add(orNone(diag.Bound(m.EventType, ValueMaxLength)))
+	c.class.add(orNone(diag.Bound(m.Class, valueMaxLength)))
+	c.fp.add(orNone(diag.Bound(Fingerprint(diag.Bound(m.Reason, valueMaxLength)), valueMaxLength)))
+	c.eventType.add(orNone(diag.Bound(m.EventType, valueMaxLength)))
 	if m.HeadersError != "" {
 		c.s.Unreadable++
-		if len(c.s.UnreadableFirst) < UnreadableMax {
+		if len(c.s.UnreadableFirst) < unreadableMax {
 			c.s.UnreadableFirst = append(c.s.UnreadableFirst, UnreadableItem{Position: m.Position,
-				MessageID: diag.Bound(m.Delivery.MessageId, 255), BodyBytes: len(m.Msg.Payload), Reason: diag.Bound(m.HeadersError, ValueMaxLength)})
+				MessageID: diag.Bound(m.Delivery.MessageId, 255), BodyBytes: len(m.Msg.Payload), Reason: diag.Bound(m.HeadersError, valueMaxLength)})
 		}
 	}
 	if !m.PoisonedAt.IsZero() {
@@ -168,7 +165,7 @@ func (c *StatsCounter) countItem(id string) {
 		return
 	}
 	c.s.Items++
-	if len(c.items) < ItemsTrackedMax {
+	if len(c.items) < itemsTrackedMax {
 		c.items[k] = struct{}{}
 	} else {
 		c.s.ItemsApproximate = true

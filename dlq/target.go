@@ -12,20 +12,18 @@ import (
 	"github.com/sluicemq/sluice/signing"
 )
 
-// ErrNoTarget is returned for a selected message that has no sluice_poison_queue.
-var ErrNoTarget = errors.New("dlq: message has no sluice_poison_queue to replay to (use --to)")
+// ErrNoTarget is returned for a selected message that has no queue to
+// replay to: no sluice_poison_queue, or one not believed (ReplayConfig.To
+// names one for it).
+var ErrNoTarget = errors.New("dlq: message has no sluice_poison_queue to replay to")
 
 // ErrTargetRefused is returned for a selected message whose target — the
 // queue its sluice_poison_queue names, or To — is not one the replay may
 // publish to (ReplayConfig.Targets, or the poison queue's family).
 var ErrTargetRefused = errors.New("dlq: the message's target is not a queue this replay may publish to")
 
-// Target is where m is replayed: To, else its sluice_poison_queue when that
-// can be believed, either one only if it is a queue the replay may publish
-// to (Targets, or Queue's family); an error matching ErrUnreadable,
-// ErrNoTarget or ErrTargetRefused says why there is none. Replay and its
-// dry run choose every target here; a console's dry run asks it too.
-func (cfg ReplayConfig) Target(m *Message) (string, error) {
+// target is Queue.Target on cfg.queue.
+func (cfg ReplayConfig) target(m *Message) (string, error) {
 	why := ""
 	switch {
 	case m.HeadersError != "":
@@ -39,10 +37,10 @@ func (cfg ReplayConfig) Target(m *Message) (string, error) {
 	case m.Queue == "":
 		why = "no sluice_poison_queue"
 	case cfg.Signer != nil && !diagnosedFor(cfg.Signer, m):
-		why = "its diagnosis is not signed with the key (--signing-key-file) for the queue it names: its sluice_poison_queue is not believed"
+		why = "its diagnosis is not signed with the replay's signing key for the queue it names: its sluice_poison_queue is not believed"
 	case !cfg.allows(m.Queue):
-		return "", fmt.Errorf("%w: %s: its sluice_poison_queue names \"%s\", which is not one of %s (a header anyone who can publish to %s can write): redirect it with --to, or archive or discard it",
-			ErrTargetRefused, m.name(), diag.Printable(m.Queue, 255), cfg.allowed(), diag.Printable(cfg.Queue, 255))
+		return "", fmt.Errorf("%w: %s: its sluice_poison_queue names \"%s\", which is not one of %s (a header anyone who can publish to %s can write): redirect it to another queue, or archive or discard it",
+			ErrTargetRefused, m.name(), diag.Printable(m.Queue, 255), cfg.allowed(), diag.Printable(cfg.queue, 255))
 	default:
 		return m.Queue, nil
 	}
@@ -54,19 +52,19 @@ func (cfg ReplayConfig) allows(queue string) bool {
 	if len(cfg.Targets) > 0 {
 		return slices.Contains(cfg.Targets, queue)
 	}
-	return Family(cfg.Queue, queue)
+	return inFamily(cfg.queue, queue)
 }
 
 // allowed names the queues a replay may publish to, for an error.
 func (cfg ReplayConfig) allowed() string {
 	if len(cfg.Targets) == 0 {
-		base, ok := strings.CutSuffix(cfg.Queue, rabbitmq.PoisonSuffix)
+		base, ok := strings.CutSuffix(cfg.queue, rabbitmq.PoisonSuffix)
 		if !ok {
-			return fmt.Sprintf("the queues of %s's family (none by name: it does not end in %s; --target names them)",
-				diag.Printable(cfg.Queue, 255), rabbitmq.PoisonSuffix)
+			return fmt.Sprintf("the queues of %s's family (none by name: it does not end in %s)",
+				diag.Printable(cfg.queue, 255), rabbitmq.PoisonSuffix)
 		}
 		b := diag.Printable(base, 255)
-		return fmt.Sprintf("the queues of %s's family (%s, or a partition %s.p<N>; --target names others)", diag.Printable(cfg.Queue, 255), b, b)
+		return fmt.Sprintf("the queues of %s's family (%s, or a partition %s.p<N>)", diag.Printable(cfg.queue, 255), b, b)
 	}
 	names := make([]string, 0, min(len(cfg.Targets), 5))
 	for _, t := range cfg.Targets[:min(len(cfg.Targets), 5)] {
@@ -79,11 +77,11 @@ func (cfg ReplayConfig) allowed() string {
 	return "the queues it may publish to (" + strings.Join(names, ", ") + more + ")"
 }
 
-// Family reports whether queue is a consumer queue of poisonQueue by the
+// inFamily reports whether queue is a consumer queue of poisonQueue by the
 // topology's names (rabbitmq.TopologyConfig's defaults): poisonQueue is
 // Q.poison and queue is Q, or one of Q's partition queues (Q.p0, Q.p1, …).
 // A poison queue named otherwise has no family by name.
-func Family(poisonQueue, queue string) bool {
+func inFamily(poisonQueue, queue string) bool {
 	base, ok := strings.CutSuffix(poisonQueue, rabbitmq.PoisonSuffix)
 	if !ok || base == "" {
 		return false

@@ -115,7 +115,7 @@ func TestAReplayedHeadAfterItsSkipIsSaidToBeOutOfOrder(t *testing.T) {
 	require.NotContains(t, logs.String(), "out of its key's order", "nothing replayed yet")
 
 	broken.Store(false) // the fix landed; the operator replays the skipped head
-	res, err := dlq.Replay(t.Context(), testenv.AMQP(t), dlq.ReplayConfig{Queue: b.Topology().PoisonQueue(), Publisher: b.Publisher(),
+	res, err := dlq.Open(testenv.AMQP(t), b.Topology().PoisonQueue()).Replay(t.Context(), dlq.ReplayConfig{Publisher: b.Publisher(),
 		Operator: "tester", Run: "run-43"})
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Replayed)

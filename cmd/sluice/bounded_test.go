@@ -80,3 +80,40 @@ func TestABlackHoledDatabaseHoldsNoReportPastItsBound(t *testing.T) {
 		}
 	}
 }
+
+// The outcome records on a database that went silent — the connection up,
+// nothing coming back — hold no opening past its bound (the pool's
+// connect_timeout), and the error names the call; before, the pool
+// (lib/pq's alone) waited on the start-up for ever. (Moved with the opening
+// from package dlq, whose TestABlackHoledDatabaseHoldsNoOutcomeReadPastCallTimeout
+// keeps the wait for the outcomes.)
+func TestABlackHoledDatabaseHoldsNoOutcomeOpenPastItsBound(t *testing.T) {
+	t.Parallel()
+	schema := testenv.Schema(t, testenv.Postgres(t))
+	table := schema + ".outcomes"
+	proxy, dsn := testenv.ProxyPostgresURL(t)
+	_, done, err := dialOutcomes(dsn, table, true)
+	require.NoError(t, err)
+	t.Cleanup(done)
+
+	proxy.BlackHole()
+	const bound = 15 * time.Second
+	ch := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, done, err := dialOutcomes(dsn, table, false)
+		if done != nil {
+			done()
+		}
+		ch <- err
+	}()
+	select {
+	case err = <-ch:
+		require.Less(t, time.Since(start), bound, "dialOutcomes")
+	case <-time.After(bound + 25*time.Second):
+		t.Fatalf("dialOutcomes did not return within %s", bound+25*time.Second)
+	}
+	require.Error(t, err)
+	require.ErrorContains(t, err, "--outcomes: connecting to the database (within its connect_timeout, default 5s)")
+	t.Logf("dialOutcomes on the silent database: %v", err)
+}

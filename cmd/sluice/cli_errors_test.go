@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/testenv"
 )
 
@@ -107,4 +110,30 @@ func TestOperatorIsTheOSUserAndRequired(t *testing.T) {
 	require.Contains(t, errOut.String(), "--operator is required")
 	require.NoFileExists(t, noAudit)
 	require.Equal(t, []string{"e1"}, peekIDs(t, b.topo.PoisonQueue()))
+}
+
+// dlq's errors name no flag (the console shows them too); the CLI adds
+// the flags that act on each, wrapped so errors.Is still matches, and
+// leaves any other error, and no error, as they are.
+func TestDLQErrorsGetTheirFlagsFromTheCLI(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		err  error
+		flag string
+	}{
+		{fmt.Errorf("%w: event e1: no sluice_poison_queue", dlq.ErrNoTarget), "(use --to)"},
+		{fmt.Errorf("%w: event e1", dlq.ErrTargetRefused), "--target names the queues"},
+		{fmt.Errorf("%w: message at position 3", dlq.ErrUnreadable), "(--unreadable selects them)"},
+		{fmt.Errorf("dlq: f line 2: %w: the record has no queue to restore it to", dlq.ErrOutsideFamily), "(use --to to restore elsewhere)"},
+		{fmt.Errorf("dlq: f line 2: %w: it has none", dlq.ErrDigest), "--accept-undigested"},
+		{fmt.Errorf("dlq: f line 2: %w", dlq.ErrRecordSignature), "--signing-key-file"},
+	} {
+		got := flagHints(c.err)
+		require.ErrorIs(t, got, c.err)
+		require.Equal(t, c.err.Error()+" ", got.Error()[:len(c.err.Error())+1])
+		require.Contains(t, got.Error(), c.flag)
+	}
+	other := errors.New("dlq: reading q: closed")
+	require.Equal(t, other, flagHints(other))
+	require.NoError(t, flagHints(nil))
 }

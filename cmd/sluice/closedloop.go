@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/dlq"
@@ -72,9 +72,9 @@ func (l *loopFlags) sizes() ([]int, float64, error) {
 	return sizes, maxRepoison, nil
 }
 
-// closedLoop runs dlq.ClosedLoop and prints each batch: its counts and, on
+// closedLoop runs q.ClosedLoop and prints each batch: its counts and, on
 // a stop, why and every item of the batch that did not end well.
-func closedLoop(ctx context.Context, conn *amqp.Connection, cfg dlq.ReplayConfig, l dlq.Loop, out io.Writer) (dlq.ReplayResult, error) {
+func closedLoop(ctx context.Context, q *dlq.Queue, cfg dlq.ReplayConfig, l dlq.Loop, out io.Writer) (dlq.Result, error) {
 	fmt.Fprintf(out, "replay run %s\n", cfg.Run)
 	l.Batch = func(b dlq.Batch) {
 		copies := ""
@@ -97,30 +97,31 @@ func closedLoop(ctx context.Context, conn *amqp.Connection, cfg dlq.ReplayConfig
 		fmt.Fprintf(out, "see: sluice dlq report --outcomes ... --run %s\n", cfg.Run)
 	}
 	l.Source = "cli"
-	return dlq.ClosedLoop(ctx, conn, cfg, l)
+	return q.ClosedLoop(ctx, cfg, l)
 }
 
-// checkOutcomesURL is dlq.CheckOutcomesURL, a usage error.
+// checkOutcomesURL is checkOutcomesScheme, a usage error.
 func checkOutcomesURL(url string) error {
-	if err := dlq.CheckOutcomesURL(url); err != nil {
+	if err := checkOutcomesScheme(url); err != nil {
 		return usageError{err}
 	}
 	return nil
 }
 
-// openOutcomes is dlq.OpenOutcomes; a URL of the wrong form is a usage error.
+// openOutcomes is dialOutcomes; a URL of the wrong form is a usage error.
 func openOutcomes(url, table string, create bool) (ledger.Ledger, func(), error) {
-	s, done, err := dlq.OpenOutcomes(url, table, create)
-	if errors.Is(err, dlq.ErrOutcomesURL) {
+	s, done, err := dialOutcomes(url, table, create)
+	if errors.Is(err, errOutcomesURL) {
 		return nil, nil, usageError{err}
 	}
 	return s, done, err
 }
 
-var (
-	newRun        = dlq.NewRun
-	outcomesPlace = dlq.OutcomesPlace
-)
+// newRun returns a new run id: kind, the time, and a random tail
+// ("run-20260105T120000Z-3f2a9c1b").
+func newRun(kind string) string {
+	return kind + "-" + time.Now().UTC().Format("20060102T150405Z") + "-" + watermill.NewShortUUID()[:8]
+}
 
 // operatorRecords records, when --outcomes was given, what an operator's
 // command did to each item, under a run of its own ("archive-…",

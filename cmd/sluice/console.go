@@ -90,10 +90,10 @@ func newConsole(g *globals, out io.Writer) *cobra.Command {
 					return err
 				}
 				defer closeStore()
-				cfg.Outcomes, cfg.OutcomesWhere = store, dlq.OutcomesPlace(lf.outcomes, lf.table)
+				cfg.Outcomes, cfg.OutcomesWhere = store, outcomesPlace(lf.outcomes, lf.table)
 			}
 			if outboxDB != "" {
-				db, err := dlq.OpenPostgres(outboxDB)
+				db, err := openPostgres(outboxDB)
 				if err != nil {
 					return fmt.Errorf("--outbox-db: %w", diag.RedactError(err))
 				}

@@ -42,10 +42,10 @@ func consoleOn(t testing.TB, b *bed, outcomes string, mutate func(*console.Confi
 		Operator:  func(*http.Request) string { return "tester" },
 	}
 	if outcomes != "" {
-		store, done, err := dlq.OpenOutcomes(testenv.PostgresURL, outcomes, false)
+		store, done, err := dialOutcomes(testenv.PostgresURL, outcomes, false)
 		require.NoError(t, err)
 		t.Cleanup(done)
-		cfg.Outcomes, cfg.OutcomesWhere = store, dlq.OutcomesPlace(testenv.PostgresURL, outcomes)
+		cfg.Outcomes, cfg.OutcomesWhere = store, outcomesPlace(testenv.PostgresURL, outcomes)
 	}
 	if mutate != nil {
 		mutate(&cfg)
@@ -89,7 +89,7 @@ func shot(t *testing.T, ctx context.Context, name string) {
 func groupOf(t testing.TB, queue, id string) string {
 	t.Helper()
 	var g string
-	_, err := dlq.Each(t.Context(), testenv.AMQP(t), queue, dlq.Filter{}, 0, func(m *dlq.Message) error {
+	_, err := dlq.Open(testenv.AMQP(t), queue).Each(t.Context(), dlq.Filter{}, 0, func(m *dlq.Message) error {
 		if m.EventID == id && g == "" {
 			g = m.Group()
 		}
@@ -228,7 +228,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	require.Equal(t, []string{"processed", "processed", "processed", "processed", "processed", "processed"}, outcomes)
 	shot(t, ctx, "replay-done")
 	run := runID(t, ctx)
-	store, done, err := dlq.OpenOutcomes(testenv.PostgresURL, rc.outcomesTable, false)
+	store, done, err := dialOutcomes(testenv.PostgresURL, rc.outcomesTable, false)
 	require.NoError(t, err)
 	defer done()
 	rs, err := store.Outcomes(t.Context(), run)

@@ -199,7 +199,7 @@ func openArchive[T io.Closer](file string, openFile func(string) (T, error), dbU
 		}
 		return f, func() { _ = f.Close() }, nil
 	}
-	db, err := dlq.OpenPostgres(dbURL)
+	db, err := openPostgres(dbURL)
 	if err != nil {
 		return none, nil, fmt.Errorf("--db: %w", diag.RedactError(err))
 	}
@@ -231,7 +231,7 @@ func printRun(out io.Writer, run string) {
 	}
 }
 
-func summary(out io.Writer, what, queue string, res dlq.ReplayResult, dryRun bool) {
+func summary(out io.Writer, what, queue string, res dlq.Result, dryRun bool) {
 	title := what + " from " + diag.Printable(queue, 255)
 	if dryRun {
 		title += " (dry run: nothing changed)"
@@ -262,11 +262,11 @@ func summary(out io.Writer, what, queue string, res dlq.ReplayResult, dryRun boo
 	}
 }
 
-func audit(g *globals, command, queue string, f dlq.Filter, opts map[string]string, res dlq.ReplayResult, dryRun bool, runErr error) error {
+func audit(g *globals, command, queue string, f dlq.Filter, opts map[string]string, res dlq.Result, dryRun bool, runErr error) error {
 	return dlq.AppendAudit(g.audit, auditRecord(g, command, queue, f, opts, res, dryRun, runErr))
 }
 
-func auditRecord(g *globals, command, queue string, f dlq.Filter, opts map[string]string, res dlq.ReplayResult, dryRun bool, runErr error) dlq.AuditRecord {
+func auditRecord(g *globals, command, queue string, f dlq.Filter, opts map[string]string, res dlq.Result, dryRun bool, runErr error) dlq.AuditRecord {
 	rec := dlq.AuditRecord{
 		Time: time.Now().UTC(), Operator: g.operator, Command: command, Queue: queue,
 		Filters: f.Describe(), Options: opts, Result: res, Outcome: "ok",
@@ -293,6 +293,31 @@ func writeJSON(out io.Writer, v any) error {
 }
 
 // errorsJoin joins the run's error and the audit log's.
+// dlqFlags are the flags that act on an error of package dlq, the first
+// that matches; dlq names none (the console, which shows the same errors,
+// has no flags).
+var dlqFlags = []struct {
+	err  error
+	hint string
+}{
+	{dlq.ErrNoTarget, "use --to"},
+	{dlq.ErrTargetRefused, "--to redirects every message; --target names the queues a replay may publish to"},
+	{dlq.ErrUnreadable, "--unreadable selects them"},
+	{dlq.ErrOutsideFamily, "use --to to restore elsewhere"},
+	{dlq.ErrDigest, "--accept-undigested restores a record written without one"},
+	{dlq.ErrRecordSignature, "--signing-key-file names the key the archive was signed with"},
+}
+
+// flagHints adds to err the flags that act on it (dlqFlags).
+func flagHints(err error) error {
+	for _, f := range dlqFlags {
+		if errors.Is(err, f.err) {
+			return fmt.Errorf("%w (%s)", err, f.hint)
+		}
+	}
+	return err
+}
+
 func errorsJoin(runErr, auditErr error) error {
 	if auditErr != nil {
 		auditErr = fmt.Errorf("writing the audit log: %w", auditErr)

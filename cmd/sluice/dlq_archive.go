@@ -47,10 +47,10 @@ func newArchive(g *globals, out io.Writer) *cobra.Command {
 			sink, closeSink, err := openArchive(file, func(path string) (dlq.ArchiveSink, error) { return dlq.OpenFileSink(path) },
 				dbURL, func(db *sqlx.DB) (dlq.ArchiveSink, error) { return dlq.NewTableSink(ctx, db, tableName) })
 			if err != nil { // nothing moved; the attempt is audited
-				return errorsJoin(err, audit(g, "dlq archive", ff.queue, f, opts, dlq.ReplayResult{}, false, err))
+				return errorsJoin(err, audit(g, "dlq archive", ff.queue, f, opts, dlq.Result{}, false, err))
 			}
 			defer closeSink()
-			res, runErr := dlq.Archive(ctx, conn, dlq.ArchiveConfig{Queue: ff.queue, Filter: f, Limit: ff.limit, Sink: sink, Operator: g.operator, Signer: signer,
+			res, runErr := dlq.Open(conn, ff.queue).Archive(ctx, dlq.ArchiveConfig{Filter: f, Limit: ff.limit, Sink: sink, Operator: g.operator, Signer: signer,
 				Archived: func(m *dlq.Message) {
 					recs.add(ledger.OutcomeArchived, m.Item(), m.EventID, m.Class, "archived to "+sink.Name())
 				}})

@@ -78,10 +78,10 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 			}
 			prog := newProgress(out, ff.queue, queueDepth(conn, ff.queue))
 			cfg := dlq.ReplayConfig{
-				Queue: ff.queue, Filter: f, Limit: ff.limit, Rate: r, Batch: batch, DryRun: dryRun,
+				Filter: f, Limit: ff.limit, Rate: r, Batch: batch, DryRun: dryRun,
 				To: to, Operator: g.operator, Publisher: pub, Progress: prog.update, Signer: signer, Targets: targets,
 			}
-			var res dlq.ReplayResult
+			var res dlq.Result
 			var runErr error
 			if lf.active() {
 				store, closeStore, err := openOutcomes(lf.outcomes, lf.table, true)
@@ -91,10 +91,11 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 				defer closeStore()
 				cfg.Run = newRun("run")
 				cfg.Progress = nil
-				res, runErr = closedLoop(ctx, conn, cfg, dlq.Loop{Sizes: sizes, Canary: lf.canary > 0, MaxRepoison: maxRepoison, Store: store, Wait: lf.wait, Where: outcomesPlace(lf.outcomes, lf.table)}, out)
+				res, runErr = closedLoop(ctx, dlq.Open(conn, ff.queue), cfg, dlq.Loop{Sizes: sizes, Canary: lf.canary > 0, MaxRepoison: maxRepoison, Store: store, Wait: lf.wait, Where: outcomesPlace(lf.outcomes, lf.table)}, out)
 			} else {
-				res, runErr = dlq.Replay(ctx, conn, cfg)
+				res, runErr = dlq.Open(conn, ff.queue).Replay(ctx, cfg)
 			}
+			runErr = flagHints(runErr)
 			prog.done()
 			summary(out, "replay", ff.queue, res, dryRun)
 			opts := map[string]string{"rate": rateFlag, "batch": strconv.Itoa(batch), "limit": strconv.Itoa(ff.limit), "to": to,

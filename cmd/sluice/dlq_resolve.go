@@ -44,7 +44,7 @@ func newResolve(g *globals, out io.Writer) *cobra.Command {
 			if runErr == nil {
 				fmt.Fprintf(out, "%d events of run %s recorded compensated\n", len(events), diag.Printable(run, 128))
 			}
-			rec := auditRecord(g, "dlq resolve", "", dlq.Filter{}, map[string]string{"run": run}, dlq.ReplayResult{Replayed: len(events)}, false, runErr)
+			rec := auditRecord(g, "dlq resolve", "", dlq.Filter{}, map[string]string{"run": run}, dlq.Result{Replayed: len(events)}, false, runErr)
 			rec.Reason, rec.Items = reason, events
 			return errorsJoin(runErr, dlq.AppendAudit(g.audit, rec))
 		},

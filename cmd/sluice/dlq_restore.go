@@ -64,6 +64,7 @@ func newRestore(g *globals, out io.Writer) *cobra.Command {
 			defer func() { _ = pub.Close() }()
 			res, runErr := dlq.Restore(ctx, dlq.RestoreConfig{Source: src, To: to, EventIDs: eventIDs, Limit: limit, Publisher: pub, DryRun: dryRun,
 				Signer: signer, AcceptUndigested: undigested})
+			runErr = flagHints(runErr)
 			summary(out, "restore", src.Name(), res, dryRun)
 			opts := map[string]string{"from": from, "from_table": fromTable, "to": to, "limit": strconv.Itoa(limit), "event_ids": strings.Join(eventIDs, ",")}
 			return errorsJoin(runErr, audit(g, "dlq restore", to, dlq.Filter{}, opts, res, dryRun, runErr))

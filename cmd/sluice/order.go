@@ -181,7 +181,7 @@ func newOrderSkip(g *globals, out io.Writer) *cobra.Command {
 			defer done()
 			rec := dlq.AuditRecord{Time: time.Now().UTC(), Operator: g.operator, Command: "order skip", Queue: f.consumer,
 				Filters: map[string]string{"keys": strconv.Itoa(len(keys))}, Outcome: "ok", Reason: reason,
-				Result: dlq.ReplayResult{Selected: len(keys), ByTarget: map[string]int{}}}
+				Result: dlq.Result{Selected: len(keys), ByTarget: map[string]int{}}}
 			var runErr error
 			for _, key := range keys {
 				st, skipped, err := ordering.Skip(ctx, s, f.consumer, key)

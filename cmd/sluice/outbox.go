@@ -87,7 +87,7 @@ func (f *outboxFlags) open(many bool) ([]*sqlstore.Store, context.Context, func(
 // returns a context that ends on Ctrl-C or after timeout; done closes
 // them. Its errors name --db and carry no password.
 func openDB(url string, timeout time.Duration) (*sqlx.DB, context.Context, func(), error) {
-	db, err := dlq.OpenPostgres(url)
+	db, err := openPostgres(url)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("--db: %w", diag.RedactError(err))
 	}
@@ -377,7 +377,7 @@ func newOutboxSettle(g *globals, out io.Writer, verb string) *cobra.Command {
 			settled, runErr := act(ctx, ids)
 			rec := dlq.AuditRecord{Time: time.Now().UTC(), Operator: g.operator, Command: "outbox " + verb, Queue: s.Name(),
 				Filters: map[string]string{"rows": outboxSelection(ids)}, Outcome: "ok", Reason: reason,
-				Result: dlq.ReplayResult{Selected: len(settled), Replayed: len(settled), ByTarget: map[string]int{}}}
+				Result: dlq.Result{Selected: len(settled), Replayed: len(settled), ByTarget: map[string]int{}}}
 			for _, r := range settled {
 				rec.Result.ByTarget[r.Topic]++
 				rec.Items = append(rec.Items, fmt.Sprintf("row %d: event %s, message %s, topic %s", r.ID, r.EventID, r.MessageID, r.Topic))

@@ -348,10 +348,10 @@ func row(conn *amqp.Connection, family, queue, role string) (queueRow, error) {
 // oldestPoisoning reads the poison queue's head message and puts it back.
 func oldestPoisoning(conn *amqp.Connection, queue string) time.Time {
 	var at time.Time
-	_, _ = dlq.Scan(context.Background(), conn, queue, func(m *dlq.Message) (bool, error) {
+	_, _ = dlq.Open(conn, queue).Each(context.Background(), dlq.Filter{}, 1, func(m *dlq.Message) error {
 		at = m.PoisonedAt
-		return true, nil
-	}, nil)
+		return nil
+	})
 	return at
 }
 

@@ -223,7 +223,7 @@ func newMigrate(g *globals, out io.Writer, build func() (*rabbitmq.Topology, err
 			moved, err := m.drain(conn, out, limit, deleteOld)
 			rec := dlq.AuditRecord{Time: time.Now().UTC(), Operator: g.operator, Command: "topology migrate", Queue: m.from,
 				Options: map[string]string{"to": m.topo.Queue(), "limit": fmt.Sprint(limit), "delete_old": fmt.Sprint(deleteOld)},
-				Result:  dlq.ReplayResult{Scanned: moved, Selected: moved, Replayed: moved}, Outcome: "ok"}
+				Result:  dlq.Result{Scanned: moved, Selected: moved, Replayed: moved}, Outcome: "ok"}
 			if err != nil {
 				rec.Outcome, rec.Error = "error", diag.Redact(err.Error())
 			}

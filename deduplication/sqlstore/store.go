@@ -327,28 +327,9 @@ func claimBatchError(err error, wait time.Duration) error {
 	return err
 }
 
-// pgTextArray is keys as a PostgreSQL array literal: each element
-// double-quoted, its backslashes and double quotes escaped (a key holds no
-// NUL byte: the inbox refuses such keys).
-func pgTextArray(keys []string) any {
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteByte('"')
-		for _, r := range k {
-			if r == '"' || r == '\\' {
-				b.WriteByte('\\')
-			}
-			b.WriteRune(r)
-		}
-		b.WriteByte('"')
-	}
-	b.WriteByte('}')
-	return b.String()
-}
+// pgTextArray is keys as a PostgreSQL array literal (sqldb.TextArray; a
+// key holds no NUL byte: the inbox refuses such keys).
+func pgTextArray(keys []string) any { return sqldb.TextArray(keys) }
 
 // jsonArray is keys as a JSON array, for SQLite's json_each.
 func jsonArray(keys []string) any {

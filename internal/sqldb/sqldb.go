@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jmoiron/sqlx"
 )
@@ -46,4 +47,29 @@ func Open(what string, db *sqlx.DB, plain *sql.DB, driverName string) (*sqlx.DB,
 		driverName = name
 	}
 	return sqlx.NewDb(plain, driverName), nil
+}
+
+// TextArray is ss as a PostgreSQL text[] literal ({"a","b\\"c"}): each
+// element double-quoted, its backslashes and double quotes escaped. Sent as
+// a text parameter and cast in the query (CAST($1 AS TEXT)::TEXT[]), or
+// inlined, an array needs no driver's type (lib/pq's pq.Array). ss must
+// hold no NUL byte, which PostgreSQL's text refuses.
+func TextArray(ss []string) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, s := range ss {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		for _, r := range s {
+			if r == '"' || r == '\\' {
+				b.WriteByte('\\')
+			}
+			b.WriteRune(r)
+		}
+		b.WriteByte('"')
+	}
+	b.WriteByte('}')
+	return b.String()
 }

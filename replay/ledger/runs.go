@@ -38,7 +38,7 @@ type Run struct {
 const RunBatchesMaxBytes = 64 << 10
 
 // Runs is a Ledger that also keeps the runs: replay/sqlstore's and
-// replay/redisstore's are. The closed loop (dlq.ClosedLoop) and the
+// replay/redisstore's are. The closed loop (dlq.Queue.ClosedLoop) and the
 // console save their runs in a Ledger that is one; a console reads them
 // back for its run pages and its recent actions.
 type Runs interface {

@@ -121,7 +121,7 @@ func reasonMessage(i int) *dlq.Message {
 	return &dlq.Message{Class: "exhausted", Reason: b.String()[:1024], EventType: "order.created"}
 }
 
-// unboundedStats is how dlq.ReadStats grouped before: one map entry per
+// unboundedStats is how dlq.Queue.Stats grouped before: one map entry per
 // distinct value, every one kept and encoded.
 func unboundedStats(n int, next func(int) *dlq.Message) dlq.Stats {
 	s := dlq.Stats{ByClass: map[string]int{}, ByFingerprint: map[string]int{}, ByEventType: map[string]int{}}

@@ -17,7 +17,7 @@ import (
 // putBackChunk is how many messages the putback suite publishes at once.
 const putBackChunk = 1000
 
-// PutBack measures what a dlq.Scan of a whole poison queue costs when the
+// PutBack measures what a dlq.Queue.Each of a whole poison queue costs when the
 // scan puts every message back, on the two ways Scan has: a plain classic
 // queue (no arguments, as rabbitmq.Topology declares a classic poison
 // queue) gets its messages back all at once by the close of the scan's
@@ -36,7 +36,7 @@ func PutBack(ctx context.Context, o Options) error {
 	}
 	defer closeAll()
 	version, _ := conn.Properties["version"].(string)
-	fmt.Fprintf(o.Out, "putback: a dlq.Scan of %d messages, every one put back (RabbitMQ %s)\n\n", n, version)
+	fmt.Fprintf(o.Out, "putback: a dlq.Queue.Each of %d messages, every one put back (RabbitMQ %s)\n\n", n, version)
 	variants := []struct {
 		name string
 		args amqp.Table
@@ -60,7 +60,7 @@ func PutBack(ctx context.Context, o Options) error {
 }
 
 // putBackOnce fills a queue of its own with n messages (payload: their
-// position), scans it with dlq.Scan leaving every message, and reads it
+// position), scans it with dlq.Queue.Each leaving every message, and reads it
 // back (acking) to check the order; it deletes the queue.
 func putBackOnce(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, n int, args amqp.Table) (time.Duration, bool, error) {
 	ch, err := conn.Channel()
@@ -88,7 +88,7 @@ func putBackOnce(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publi
 		}
 	}
 	t0 := time.Now()
-	read, err := dlq.Scan(ctx, conn, q, func(*dlq.Message) (bool, error) { return false, nil }, nil)
+	read, err := dlq.Open(conn, q).Each(ctx, dlq.Filter{}, 0, func(*dlq.Message) error { return nil })
 	took := time.Since(t0)
 	if err != nil {
 		return 0, false, err

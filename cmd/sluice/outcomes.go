@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/replay/ledger"
+	"github.com/sluicemq/sluice/replay/redisstore"
+	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
+	"github.com/sluicemq/sluice/sluicesql/postgres"
+)
+
+// errOutcomesURL is a URL of the outcome records that cannot be opened for
+// its form (a scheme other than PostgreSQL's or Redis's): a usage error,
+// found before anything moves.
+var errOutcomesURL = errors.New("outcome records URL")
+
+// outcomeSchemes are the outcome-record URLs dialOutcomes reads and writes.
+const outcomeSchemes = "postgres:// or postgresql:// (or a key=value DSN: the outcome table), redis:// or rediss:// (replay/redisstore)"
+
+type urlError struct{ msg string }
+
+func (e urlError) Error() string        { return e.msg }
+func (e urlError) Is(target error) bool { return target == errOutcomesURL }
+
+// checkOutcomesScheme refuses a URL of the outcome records of a scheme
+// dialOutcomes cannot open (mysql://…: a MariaDB service's operators read
+// its table there); the error is errOutcomesURL and names no secret.
+func checkOutcomesScheme(url string) error {
+	if url == "" {
+		return nil
+	}
+	scheme, _, found := strings.Cut(url, "://")
+	if !found {
+		if strings.Contains(url, "=") { // lib/pq's host=… dbname=…
+			return nil
+		}
+		return urlError{fmt.Sprintf("--outcomes: not a URL (want %s)", outcomeSchemes)}
+	}
+	switch strings.ToLower(scheme) {
+	case "postgres", "postgresql", "redis", "rediss":
+		return nil
+	}
+	return urlError{fmt.Sprintf("--outcomes: scheme %q is not supported: want %s", diag.Printable(scheme, 32), outcomeSchemes)}
+}
+
+// isRedis says whether url names Redis.
+func isRedis(url string) bool {
+	l := strings.ToLower(url)
+	return strings.HasPrefix(l, "redis://") || strings.HasPrefix(l, "rediss://")
+}
+
+// dialOutcomes connects to the outcome records: a PostgreSQL table
+// (postgres://…, table its name), or Redis (redis://, rediss://…, table the
+// key prefix without its colon: replay/redisstore). With create the table is
+// created when it is missing (a command that starts a run); without it (the
+// read-only report, resolve, which records into an existing run) a missing
+// table is an error naming it. Errors never carry the URL's password.
+func dialOutcomes(url, table string, create bool) (ledger.Ledger, func(), error) {
+	if err := checkOutcomesScheme(url); err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if isRedis(url) {
+		opts, err := redis.ParseURL(url)
+		if err != nil {
+			return nil, nil, urlError{"--outcomes: " + diag.RedactError(err).Error()}
+		}
+		redis.SetLogger(quietRedis{}) // its pool's retries would print lines of their own; the error says it
+		opts.MaxRetries = 1
+		client := redis.NewClient(opts)
+		if err := client.Ping(ctx).Err(); err != nil {
+			_ = client.Close()
+			return nil, nil, fmt.Errorf("--outcomes: %w", diag.RedactError(err))
+		}
+		s, err := redisstore.New(redisstore.Config{Client: client, Prefix: table + ":"})
+		if err != nil {
+			_ = client.Close()
+			return nil, nil, fmt.Errorf("--outcomes: %w", err)
+		}
+		return s, func() { _ = client.Close() }, nil
+	}
+	db, err := openPostgres(url)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--outcomes: %w", diag.RedactError(err))
+	}
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		return nil, nil, fmt.Errorf("--outcomes: connecting to the database (within its connect_timeout, default %s): %w", postgres.ConnectTimeoutDefault, diag.RedactError(err))
+	}
+	s, err := replaysql.New(replaysql.Config{DB: db, Table: table})
+	if err == nil {
+		if create {
+			err = s.CreateTable(ctx)
+		} else {
+			err = tableExists(ctx, db, table)
+		}
+	}
+	if err != nil {
+		_ = db.Close()
+		return nil, nil, fmt.Errorf("--outcomes: %w", err)
+	}
+	return s, func() { _ = db.Close() }, nil
+}
+
+// openPostgres opens a pool on the PostgreSQL database at url (a
+// postgres:// URL or a key=value DSN) whose every wait is bounded
+// (sluicesql/postgres.Open): connecting within its ConnectTimeout, a call
+// given up CancelGrace after its context ended. A pool of lib/pq's alone
+// waits on a silent database — black-holed: the connection up, nothing
+// coming back — for ever, its start-up and its cancel request included.
+// The outcome records, the archive and restore tables, the outbox and the
+// console's outbox are opened with it: the CLI links the driver, package
+// dlq does not.
+func openPostgres(url string) (*sqlx.DB, error) {
+	return postgres.Open(postgres.Config{DSN: url})
+}
+
+// tableExists returns an error naming table when the database has no such
+// table (to_regclass: the name as the store uses it, on the search path
+// unless schema-qualified).
+func tableExists(ctx context.Context, db *sqlx.DB, table string) error {
+	var found bool
+	if err := db.GetContext(ctx, &found, `SELECT to_regclass($1) IS NOT NULL`, table); err != nil {
+		return fmt.Errorf("looking for the outcome table %s: %w", diag.Printable(table, 128), diag.RedactError(err))
+	}
+	if !found {
+		return fmt.Errorf("no outcome table %s in that database (check --outcomes-table and --outcomes: the table the consumers' replay stage records into; nothing was created)", diag.Printable(table, 128))
+	}
+	return nil
+}
+
+// quietRedis drops go-redis's own log lines.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
+
+// outcomesPlace names where the records are, for a message: "table T",
+// "key prefix P:".
+func outcomesPlace(url, table string) string {
+	if isRedis(url) {
+		return "key prefix " + diag.Printable(table, 128) + ":"
+	}
+	return "table " + diag.Printable(table, 128)
+}
