@@ -66,6 +66,9 @@ foreground() {
 # The machine as the run starts: a run that is slow because something else
 # holds the CPU (a benchmark, stress-ng, a private node an earlier run left)
 # says so here.
+# What a killed run left (private nodes, servers, browsers) is stopped first:
+# it would hold CPU, memory and the shared broker's connections.
+bash scripts/sweep.sh
 step "the machine at start:$(uptime | sed 's/.*load average/ load average/'), $(nproc) cores"
 ps -eo pcpu=,etimes=,comm= --sort=-pcpu | awk '$1 >= 10 {printf "  %s%% CPU for %ss: %s\n", $1, $2, $3}' | head -n 8
 

@@ -65,6 +65,9 @@ func buildCLI(t *testing.T) string {
 		if shared.binDir, shared.binErr = os.MkdirTemp("", "sluice-cli-"); shared.binErr != nil {
 			return
 		}
+		if shared.binErr = testenv.ClaimDir(shared.binDir); shared.binErr != nil {
+			return
+		}
 		shared.bin = filepath.Join(shared.binDir, "sluice")
 		out, err := exec.Command("go", "build", "-o", shared.bin, ".").CombinedOutput()
 		if err != nil {
@@ -86,6 +89,9 @@ func sharedBrowser(t *testing.T) context.Context {
 	}
 	shared.browserOnce.Do(func() {
 		profile, err := os.MkdirTemp("", "sluice-chromium-")
+		if err == nil {
+			err = testenv.ClaimDir(profile)
+		}
 		if err != nil {
 			shared.browserErr = err
 			return

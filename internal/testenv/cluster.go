@@ -104,6 +104,9 @@ func StartClusterWith(n int, o ClusterOptions) (*PrivateCluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := ClaimDir(dir); err != nil {
+		return nil, errors.Join(err, os.RemoveAll(dir))
+	}
 	// The nodes run as the rabbitmq user: their state directory, below
 	// this one, must be reachable.
 	if err := os.Chmod(dir, 0o755); err != nil {

@@ -39,6 +39,7 @@ func StartPrivatePostgresWith(t testing.TB, maxConnections int) *PrivatePostgres
 	bin := postgresBin(t)
 	dir, err := os.MkdirTemp("", "sluice-postgres-")
 	require.NoError(t, err)
+	require.NoError(t, ClaimDir(dir))
 	require.NoError(t, os.Chmod(dir, 0o755))
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	p := &PrivatePostgres{dir: filepath.Join(dir, "data"), port: freePort(t)}

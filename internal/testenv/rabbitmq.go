@@ -191,6 +191,9 @@ func StartRabbitMQ(o PrivateRabbitMQOptions) (*PrivateRabbitMQ, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := ClaimDir(dir); err != nil {
+		return nil, errors.Join(err, os.RemoveAll(dir))
+	}
 	r := &PrivateRabbitMQ{dir: dir}
 	if err := r.start(o, port, distPort); err != nil {
 		return nil, errors.Join(err, r.Close())

@@ -7,6 +7,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -105,3 +108,11 @@ func Redis(t testing.TB) (*redis.Client, string) {
 
 // redact hides the password of a URL for messages.
 func redact(u string) string { return diag.RedactURL(u) }
+
+// ClaimDir records in dir, a private node's, server's or browser's
+// directory, the process that made it (owner.pid): make test's first step
+// (scripts/sweep.sh) stops the processes a killed run left in such a
+// directory, and removes it, once its owner is gone.
+func ClaimDir(dir string) error {
+	return os.WriteFile(filepath.Join(dir, "owner.pid"), []byte(strconv.Itoa(os.Getpid())+"\n"), 0o644)
+}
