@@ -20,23 +20,33 @@ import (
 	"github.com/sluicemq/sluice/middleware"
 )
 
-// occupy opens connections to url until the server refuses one with "too
-// many clients" (53300), and returns a function that closes them.
-func occupy(t *testing.T, url string) (release func()) {
+// occupy takes every connection of a server whose max_connections is n
+// (none reserved) and returns a function that closes them. It holds n, not
+// "as many as it got before a refusal": a backend of a connection closed
+// just before (the last delivery's, or the previous occupy's) still counts
+// until it has exited, so a first "too many clients" (53300) can come while
+// a slot is about to free up — and a delivery would then take it. A refusal
+// is retried until n are held, for at most a minute.
+func occupy(t *testing.T, url string, n int) (release func()) {
 	t.Helper()
 	db, err := sqlx.Open("postgres", url)
 	require.NoError(t, err)
 	var conns []*sqlx.Conn
-	for {
+	deadline := time.Now().Add(time.Minute)
+	for len(conns) < n {
 		c, err := db.Connx(t.Context())
 		if err != nil {
 			state, _ := sluice.SQLState(err)
 			require.Equal(t, "53300", state, "%v", err)
-			break
+			require.True(t, time.Now().Before(deadline), "%d of the server's %d connections held after a minute", len(conns), n)
+			time.Sleep(10 * time.Millisecond) // a closed connection's backend exiting: poll
+			continue
 		}
 		conns = append(conns, c)
-		require.Less(t, len(conns), 50, "the server takes connections without end")
 	}
+	_, err = db.Connx(t.Context())
+	state, _ := sluice.SQLState(err)
+	require.Equal(t, "53300", state, "the server full with %d: the next connection is refused (%v)", n, err)
 	return func() {
 		for _, c := range conns {
 			_ = c.Close()
@@ -56,7 +66,8 @@ func occupy(t *testing.T, url string) (release func()) {
 // exhausted 3 of its 4 attempts on 53300 in the issue's run.)
 func TestTooManyClientsAfterTheBrakeSawThemSpendsNoAttempt(t *testing.T) {
 	t.Parallel()
-	pg := testenv.StartPrivatePostgresWith(t, 6)
+	const maxConnections = 6
+	pg := testenv.StartPrivatePostgresWith(t, maxConnections)
 	db, err := sqlx.Open("postgres", pg.URL)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
@@ -86,7 +97,7 @@ func TestTooManyClientsAfterTheBrakeSawThemSpendsNoAttempt(t *testing.T) {
 	// spent reports a failure that reaches the retry stage: not held.
 	spent := func(err error) bool { return err != nil && !errors.Is(err, sluice.ErrHeld) }
 
-	release := occupy(t, pg.URL)
+	release := occupy(t, pg.URL, maxConnections)
 	require.Eventually(t, func() bool {
 		err := deliver()
 		require.Error(t, err)
@@ -97,7 +108,7 @@ func TestTooManyClientsAfterTheBrakeSawThemSpendsNoAttempt(t *testing.T) {
 		"released once connections free up: the probe delivery commits")
 	require.Equal(t, brake.Released, b.State())
 
-	release = occupy(t, pg.URL) // the clients run out again
+	release = occupy(t, pg.URL, maxConnections) // the clients run out again
 	defer release()
 	spentN := 0
 	for range 20 {
