@@ -838,6 +838,3 @@ var dialects = map[string]dialect{
 	"sqlite":   sqlite,
 	"sqlite3":  sqlite,
 }
-
-// DB is the store's database.
-func (s *Store) DB() *sqlx.DB { return s.db }
