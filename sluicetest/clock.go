@@ -61,13 +61,6 @@ func (t *virtualTimer) Stop() bool {
 	return true
 }
 
-// Pending returns how many scheduled calls have not run.
-func (c *VirtualClock) Pending() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.timers)
-}
-
 func (c *VirtualClock) earliest() *virtualTimer {
 	e := c.timers[0]
 	for _, t := range c.timers[1:] {
