@@ -48,8 +48,7 @@ type DelayedPublisherConfig struct {
 	// MaxPending bounds the messages waiting for their delay (each holds its
 	// payload and metadata in memory). Publish beyond it fails with
 	// ErrDelayedPublisherFull, so the retry stage nacks the original after
-	// its backoff: back-pressure instead of unbounded memory. Default
-	// 10,000.
+	// its backoff: back-pressure instead of unbounded memory. Default 10,000.
 	MaxPending int
 	// Clock times the delays. Default sluice.SystemClock(); the test kit
 	// (package sluicetest) gives its virtual clock.

@@ -49,13 +49,11 @@ type Config struct {
 	// already). Default 10,000.
 	MaxQueued int
 	// MaxInFlight is how many deliveries one subscription hands out before
-	// the first is acked or nacked (a prefetch). Default
-	// 64.
+	// the first is acked or nacked (a prefetch). Default 64.
 	MaxInFlight int
 	// DrainTimeout bounds a closing subscription's wait for its deliveries
 	// in flight to be acked or nacked; what is still in a handler then is
-	// reported by Close. Keep it above the handlers' ShutdownGrace. Default
-	// 30 s.
+	// reported by Close. Keep it above the handlers' ShutdownGrace. Default 30 s.
 	DrainTimeout time.Duration
 	// Clock times the retry tiers' delays. Default sluice.SystemClock();
 	// the test kit (package sluicetest) gives its virtual clock.

@@ -74,8 +74,7 @@ type RelayConfig struct {
 	// BatchBytes bounds a batch's payloads and metadata, in bytes, with a
 	// store that can (a BytesBounder: sqlstore.Store): a batch takes rows
 	// up to BatchSize and up to BatchBytes — at least one row, however
-	// large. Memory: about Concurrency × BatchBytes. Default
-	// 16 MiB.
+	// large. Memory: about Concurrency × BatchBytes. Default 16 MiB.
 	BatchBytes int64
 	// Concurrency is how many batches the relay has in flight at once, each
 	// with rows of its own, as several relays have: one batch's round trips
@@ -90,11 +89,9 @@ type RelayConfig struct {
 	PollInterval time.Duration
 	// PublishTimeout bounds one batch's publishes (and each message's
 	// context). A publish that has not returned by then counts as failed
-	// (uncertain: the row is sent again later). Default
-	// 30 s.
+	// (uncertain: the row is sent again later). Default 30 s.
 	PublishTimeout time.Duration
-	// StoreTimeout bounds each call to the store. Default
-	// 10 s.
+	// StoreTimeout bounds each call to the store. Default 10 s.
 	StoreTimeout time.Duration
 	// RetryMin and RetryMax bound the wait before a failed row is tried
 	// again: RetryMin doubled per failed attempt, at most RetryMax. A row

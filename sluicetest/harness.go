@@ -85,8 +85,8 @@ type Config struct {
 	// IdleTimeout bounds, in real time, each wait for the handler to finish
 	// what it was given. Default 30 s.
 	IdleTimeout time.Duration
-	// SettleLimit bounds the virtual time Settle advances. Default 24 h
-	// of virtual time.
+	// SettleLimit bounds the virtual time Settle advances. Default 24 h of
+	// virtual time.
 	SettleLimit time.Duration
 }
 
