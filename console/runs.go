@@ -15,6 +15,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/replayledger"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
 )
@@ -186,7 +187,7 @@ func (c *Console) keep(ctx context.Context, ru *run) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	_ = ledger.SaveRun(ctx, c.cfg.Outcomes, r) // the audit log has the run too
+	_ = replayledger.SaveRun(ctx, c.cfg.Outcomes, r) // the audit log has the run too
 }
 
 // runPage shows a run: its batches and the outcome column, read live from

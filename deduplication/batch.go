@@ -22,12 +22,18 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
-// Defaults of BatchConfig.
+// Defaults of BatchConfig (group commit).
 const (
-	MaxBatchDefault     = 8
-	MaxWaitDefault      = 2 * time.Millisecond
-	QueueTimeoutDefault = 50 * time.Millisecond
+	// MaxBatchDefault is BatchConfig.MaxBatch's default: the most
+	// deliveries one commit takes.
+	MaxBatchDefault = 8
+	// MaxWaitDefault is BatchConfig.MaxWait's default: the longest a batch
+	// waits for more deliveries after its first.
+	MaxWaitDefault = 2 * time.Millisecond
 )
+
+// queueTimeoutDefault is BatchConfig.QueueTimeout's default.
+const queueTimeoutDefault = 50 * time.Millisecond
 
 // BatchConfig turns on group commit (Config.Batch): deliveries in flight on
 // one handler share one transaction. Each one's claim and handler run inside
@@ -67,14 +73,14 @@ type BatchConfig struct {
 	// and runs in a unit of work of its own. A slow handler so holds up only
 	// the deliveries that ran before it in its batch (their commit waits for
 	// it: bound it with the handler's own deadline), never those queued
-	// after it. Default QueueTimeoutDefault.
+	// after it. Default 50 ms.
 	QueueTimeout time.Duration
 }
 
 func (c BatchConfig) withDefaults() BatchConfig {
 	c.MaxBatch = cmp.Or(c.MaxBatch, MaxBatchDefault)
 	c.MaxWait = cmp.Or(c.MaxWait, MaxWaitDefault)
-	c.QueueTimeout = cmp.Or(c.QueueTimeout, QueueTimeoutDefault)
+	c.QueueTimeout = cmp.Or(c.QueueTimeout, queueTimeoutDefault)
 	return c
 }
 

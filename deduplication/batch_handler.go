@@ -21,11 +21,16 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
+// BatchHandlerMaxBatchDefault is the most deliveries a batch of a
+// BatchHandler takes when its MaxBatch is unset: give the consumer a
+// prefetch of about twice it, so that a batch gathers while the one before
+// commits.
+const BatchHandlerMaxBatchDefault = 64
+
 // Defaults of BatchHandler.
 const (
-	BatchHandlerMaxBatchDefault    = 64
-	BatchHandlerMaxWaitDefault     = 5 * time.Millisecond
-	BatchHandlerConcurrencyDefault = 2
+	batchHandlerMaxWaitDefault     = 5 * time.Millisecond
+	batchHandlerConcurrencyDefault = 2
 )
 
 // BatchHandlerFunc handles the deliveries of one batch in one call, inside
@@ -70,10 +75,10 @@ type BatchHandler struct {
 	// tenth of MaxWait (at least 100µs): the deliveries the broker sent
 	// together are in. A batch that cannot start yet — Concurrency batches
 	// running — goes on taking deliveries in until one ends. Default
-	// BatchHandlerMaxWaitDefault; at most 1s.
+	// 5 ms; at most 1s.
 	MaxWait time.Duration
 	// Concurrency is how many batches of the handler run at once, each on
-	// a connection of its own. Default BatchHandlerConcurrencyDefault.
+	// a connection of its own. Default 2.
 	Concurrency int
 	// TracerProvider gives the span of each batch ("sluice.batch"), linked
 	// to each delivery's span. Default the global OpenTelemetry provider.
@@ -82,8 +87,8 @@ type BatchHandler struct {
 
 func (c BatchHandler) withDefaults() BatchHandler {
 	c.MaxBatch = cmp.Or(c.MaxBatch, BatchHandlerMaxBatchDefault)
-	c.MaxWait = cmp.Or(c.MaxWait, BatchHandlerMaxWaitDefault)
-	c.Concurrency = cmp.Or(c.Concurrency, BatchHandlerConcurrencyDefault)
+	c.MaxWait = cmp.Or(c.MaxWait, batchHandlerMaxWaitDefault)
+	c.Concurrency = cmp.Or(c.Concurrency, batchHandlerConcurrencyDefault)
 	if c.TracerProvider == nil {
 		c.TracerProvider = otel.GetTracerProvider()
 	}

@@ -24,11 +24,11 @@ import (
 // poison: an id that long is a bug, and B-tree indexes limit entry size.
 const KeyMaxLengthDefault = 512
 
-// ClaimTimeoutDefault is Config.ClaimTimeout's default.
-const ClaimTimeoutDefault = 5 * time.Second
+// claimTimeoutDefault is Config.ClaimTimeout's default.
+const claimTimeoutDefault = 5 * time.Second
 
-// StoreTimeoutDefault is Config.StoreTimeout's default.
-const StoreTimeoutDefault = 10 * time.Second
+// storeTimeoutDefault is Config.StoreTimeout's default.
+const storeTimeoutDefault = 10 * time.Second
 
 // Config configures the inbox stage (New).
 type Config struct {
@@ -58,7 +58,7 @@ type Config struct {
 	// every store, and leaves the handler's own statements unbounded by it.
 	// On PostgreSQL with lib/pq the timed-out statement is cancelled and its
 	// connection closed (the pool opens another). Default
-	// ClaimTimeoutDefault; negative: no bound but the message context's.
+	// 5 s; negative: no bound but the message context's.
 	ClaimTimeout time.Duration
 	// StoreTimeout bounds every call of the stage to its store: Begin, the
 	// Commit and the Rollback that end the unit of work, and the Claim (for
@@ -76,7 +76,7 @@ type Config struct {
 	// (Watermill's Timeout, the shutdown grace running out) is committed, not
 	// failed after its effects — on a store whose handler effects live
 	// outside the unit of work (Redis) a failed commit would run them again.
-	// Default StoreTimeoutDefault; negative: no bound but the message
+	// Default 10 s; negative: no bound but the message
 	// context's (and commits and rollbacks unbounded).
 	StoreTimeout time.Duration
 	// Batch, when set, turns on group commit: the deliveries in flight on
@@ -100,8 +100,8 @@ func (c Config) withDefaults() Config {
 	}
 	c.Classifier = cmp.Or(c.Classifier, sluice.DefaultClassifier())
 	c.KeyMaxLength = cmp.Or(c.KeyMaxLength, KeyMaxLengthDefault)
-	c.ClaimTimeout = cmp.Or(c.ClaimTimeout, ClaimTimeoutDefault)
-	c.StoreTimeout = cmp.Or(c.StoreTimeout, StoreTimeoutDefault)
+	c.ClaimTimeout = cmp.Or(c.ClaimTimeout, claimTimeoutDefault)
+	c.StoreTimeout = cmp.Or(c.StoreTimeout, storeTimeoutDefault)
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	return c
 }

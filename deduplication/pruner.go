@@ -16,10 +16,10 @@ import (
 
 // Pruner defaults.
 const (
-	PrunerRetentionDefault = 7 * 24 * time.Hour
-	PrunerIntervalDefault  = 10 * time.Minute
-	PrunerBatchSizeDefault = 1000
-	PrunerPauseDefault     = 50 * time.Millisecond
+	prunerRetentionDefault = 7 * 24 * time.Hour
+	prunerIntervalDefault  = 10 * time.Minute
+	prunerBatchSizeDefault = 1000
+	prunerPauseDefault     = 50 * time.Millisecond
 )
 
 // PrunerConfig configures a Pruner.
@@ -28,7 +28,7 @@ type PrunerConfig struct {
 	Store BatchDeleter
 	// Retention is how long a processed key is kept. A redelivery after its
 	// key is pruned runs the handler again, so it must cover the retry
-	// ladder plus the replay window. Default PrunerRetentionDefault.
+	// ladder plus the replay window. Default 7 days.
 	Retention time.Duration
 	// RetryDelays are the delays of the retry tiers: a duplicate copy parked
 	// in the tiers comes back after at most their sum.
@@ -36,12 +36,12 @@ type PrunerConfig struct {
 	// ReplayWindow is how long after processing a message may still be
 	// replayed from the poison queue or republished by an operator.
 	ReplayWindow time.Duration
-	// Interval is the time between two pruning runs. Default PrunerIntervalDefault.
+	// Interval is the time between two pruning runs. Default 10 min.
 	Interval time.Duration
 	// BatchSize bounds the records one DELETE removes, so a run never holds
-	// long locks. Default PrunerBatchSizeDefault.
+	// long locks. Default 1,000.
 	BatchSize int
-	// Pause is the time between two batches of a run. Default PrunerPauseDefault.
+	// Pause is the time between two batches of a run. Default 50 ms.
 	Pause time.Duration
 	// Records names what the Store holds, in the log line of a failed run
 	// ("Pruning the <Records> failed"). Default "inbox".
@@ -65,10 +65,10 @@ type Pruner struct {
 
 // withDefaults returns a copy of c with its defaults filled.
 func (c PrunerConfig) withDefaults() PrunerConfig {
-	c.Retention = cmp.Or(c.Retention, PrunerRetentionDefault)
-	c.Interval = cmp.Or(c.Interval, PrunerIntervalDefault)
-	c.Pause = cmp.Or(c.Pause, PrunerPauseDefault)
-	c.BatchSize = cmp.Or(c.BatchSize, PrunerBatchSizeDefault)
+	c.Retention = cmp.Or(c.Retention, prunerRetentionDefault)
+	c.Interval = cmp.Or(c.Interval, prunerIntervalDefault)
+	c.Pause = cmp.Or(c.Pause, prunerPauseDefault)
+	c.BatchSize = cmp.Or(c.BatchSize, prunerBatchSizeDefault)
 	c.Records = cmp.Or(c.Records, "inbox")
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	return c

@@ -13,6 +13,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/replayledger"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
 )
@@ -143,7 +144,7 @@ func judge(l Loop, stage string, step, size, replayed int, items map[string]bool
 	// Counted by item: two copies of one event (a poisoning redelivered)
 	// are one item with one outcome.
 	n := len(items)
-	final, poisoned := ledger.Count(rs, items)
+	final, poisoned := replayledger.Count(rs, items)
 	b := Batch{Step: step + 1, Stage: stage, Size: size, Replayed: replayed, Events: n, Final: final, Poisoned: poisoned}
 	badFinal, heard := 0, map[string]bool{}
 	for _, r := range rs {
@@ -190,7 +191,7 @@ func awaitOutcomes(ctx context.Context, store ledger.Ledger, run string, items m
 		if err != nil {
 			return nil, fmt.Errorf("reading the outcomes: %w", diag.RedactError(err))
 		}
-		if final, _ := ledger.Count(rs, items); final == len(items) || time.Now().After(deadline) {
+		if final, _ := replayledger.Count(rs, items); final == len(items) || time.Now().After(deadline) {
 			return rs, nil
 		}
 		select {

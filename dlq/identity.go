@@ -7,8 +7,8 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/replayledger"
 	"github.com/sluicemq/sluice/replay"
-	"github.com/sluicemq/sluice/replay/ledger"
 )
 
 // Identity is one dead letter's name wherever it is shown — sluice dlq
@@ -75,11 +75,11 @@ func (id Identity) String() string {
 func (id Identity) item() string {
 	switch {
 	case id.EventID != "":
-		return ledger.Item(id.EventID)
+		return replayledger.Item(id.EventID)
 	case id.DeadLetter != "":
-		return ledger.Item(deadLetterPrefix + id.DeadLetter)
+		return replayledger.Item(deadLetterPrefix + id.DeadLetter)
 	}
-	return ledger.Item(id.MessageID)
+	return replayledger.Item(id.MessageID)
 }
 
 // RecordName names a run's record as Identity.Name names its dead letter:

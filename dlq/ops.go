@@ -8,7 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/sluicemq/sluice/replay/ledger"
+	"github.com/sluicemq/sluice/internal/replayledger"
 )
 
 // scanSelected scans queue and calls fn with each message f selects, at most
@@ -79,7 +79,7 @@ func (m *Message) name() string {
 
 // Item is m's item in a replay run (and in the records of a discard, an
 // archive): its event id, else "dead letter <its id>", else its message
-// id, as ledger.Item bounds it — its Identity, so that a run's page names
+// id, as replayledger.Item bounds it — its Identity, so that a run's page names
 // it as the group page and inspect do (RecordName).
 //
 // A message with none of them has no stable name but its place: "message
@@ -88,7 +88,7 @@ func (m *Message) Item() string {
 	if it := m.Identity().item(); it != "" {
 		return it
 	}
-	return ledger.Item(m.name())
+	return replayledger.Item(m.name())
 }
 
 // ArchiveRecord is one line of an archive file: the message, where it was

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/replayledger"
 	"github.com/sluicemq/sluice/replay/ledger"
 )
 
@@ -63,7 +64,7 @@ func (l *runLog) save(ctx context.Context) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, saveTimeout)
 	defer cancel()
-	_ = ledger.SaveRun(ctx, l.store, l.run)
+	_ = replayledger.SaveRun(ctx, l.store, l.run)
 }
 
 // Batches decodes a saved run's batches (ledger.Run.Batches).

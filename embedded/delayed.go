@@ -48,16 +48,15 @@ type DelayedPublisherConfig struct {
 	// MaxPending bounds the messages waiting for their delay (each holds its
 	// payload and metadata in memory). Publish beyond it fails with
 	// ErrDelayedPublisherFull, so the retry stage nacks the original after
-	// its backoff: back-pressure instead of unbounded memory. Default
-	// MaxPendingDefault.
+	// its backoff: back-pressure instead of unbounded memory. Default 10,000.
 	MaxPending int
 	// Clock times the delays. Default sluice.SystemClock(); the test kit
 	// (package sluicetest) gives its virtual clock.
 	Clock sluice.Clock
 }
 
-// MaxPendingDefault is DelayedPublisherConfig.MaxPending's default.
-const MaxPendingDefault = 10_000
+// maxPendingDefault is DelayedPublisherConfig.MaxPending's default.
+const maxPendingDefault = 10_000
 
 // ErrDelayedPublisherFull is returned by Publish when MaxPending messages
 // already wait.
@@ -94,7 +93,7 @@ var _ message.Publisher = (*DelayedPublisher)(nil)
 // withDefaults returns a copy of c with its defaults filled.
 func (c DelayedPublisherConfig) withDefaults() DelayedPublisherConfig {
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
-	c.MaxPending = cmp.Or(c.MaxPending, MaxPendingDefault)
+	c.MaxPending = cmp.Or(c.MaxPending, maxPendingDefault)
 	c.Clock = cmp.Or(c.Clock, sluice.SystemClock())
 	return c
 }

@@ -16,12 +16,12 @@ import (
 
 // Defaults of Config.
 const (
-	// MaxQueuedDefault is Config.MaxQueued's default.
-	MaxQueuedDefault = 10_000
-	// MaxInFlightDefault is Config.MaxInFlight's default.
-	MaxInFlightDefault = 64
-	// DrainTimeoutDefault is Config.DrainTimeout's default.
-	DrainTimeoutDefault = 30 * time.Second
+	// maxQueuedDefault is Config.MaxQueued's default.
+	maxQueuedDefault = 10_000
+	// maxInFlightDefault is Config.MaxInFlight's default.
+	maxInFlightDefault = 64
+	// drainTimeoutDefault is Config.DrainTimeout's default.
+	drainTimeoutDefault = 30 * time.Second
 )
 
 // Config configures the embedded default of one consumer topic.
@@ -40,22 +40,20 @@ type Config struct {
 	Logger watermill.LoggerAdapter
 	// MaxPendingRetries bounds the copies waiting in the in-process tiers
 	// (DelayedPublisherConfig.MaxPending); beyond it the retry
-	// stage nacks. Default MaxPendingDefault.
+	// stage nacks. Default 10,000.
 	MaxPendingRetries int
 	// MaxQueued bounds the deliveries one topic holds, queued or in a
 	// handler; a Publish beyond it fails with ErrFull (the copies
 	// back from the tiers and the nacked deliveries are never refused:
 	// MaxPendingRetries bounds the first, the second were counted
-	// already). Default MaxQueuedDefault.
+	// already). Default 10,000.
 	MaxQueued int
 	// MaxInFlight is how many deliveries one subscription hands out before
-	// the first is acked or nacked (a prefetch). Default
-	// MaxInFlightDefault.
+	// the first is acked or nacked (a prefetch). Default 64.
 	MaxInFlight int
 	// DrainTimeout bounds a closing subscription's wait for its deliveries
 	// in flight to be acked or nacked; what is still in a handler then is
-	// reported by Close. Keep it above the handlers' ShutdownGrace. Default
-	// DrainTimeoutDefault.
+	// reported by Close. Keep it above the handlers' ShutdownGrace. Default 30 s.
 	DrainTimeout time.Duration
 	// Clock times the retry tiers' delays. Default sluice.SystemClock();
 	// the test kit (package sluicetest) gives its virtual clock.
@@ -68,9 +66,9 @@ type Config struct {
 func (c Config) withDefaults() Config {
 	c.PoisonTopic = cmp.Or(c.PoisonTopic, c.Topic+".poison")
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
-	c.MaxQueued = cmp.Or(c.MaxQueued, MaxQueuedDefault)
-	c.MaxInFlight = cmp.Or(c.MaxInFlight, MaxInFlightDefault)
-	c.DrainTimeout = cmp.Or(c.DrainTimeout, DrainTimeoutDefault)
+	c.MaxQueued = cmp.Or(c.MaxQueued, maxQueuedDefault)
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, maxInFlightDefault)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, drainTimeoutDefault)
 	return c
 }
 

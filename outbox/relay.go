@@ -24,18 +24,19 @@ import (
 
 // Defaults of RelayConfig.
 const (
-	BatchSizeDefault      = 500
-	BatchBytesDefault     = 16 << 20
-	PollIntervalDefault   = 500 * time.Millisecond
-	PublishTimeoutDefault = 30 * time.Second
-	StoreTimeoutDefault   = 10 * time.Second
-	RetryMinDefault       = time.Second
-	RetryMaxDefault       = time.Minute
-	StatsIntervalDefault  = 5 * time.Second
-	MaxAttemptsDefault    = 20
-	// ErrorMaxLength bounds the error recorded with a failed row, in bytes.
-	ErrorMaxLength = 1024
+	batchSizeDefault      = 500
+	batchBytesDefault     = 16 << 20
+	pollIntervalDefault   = 500 * time.Millisecond
+	publishTimeoutDefault = 30 * time.Second
+	storeTimeoutDefault   = 10 * time.Second
+	retryMinDefault       = time.Second
+	retryMaxDefault       = time.Minute
+	statsIntervalDefault  = 5 * time.Second
+	maxAttemptsDefault    = 20
 )
+
+// ErrorMaxLength bounds the error recorded with a failed row, in bytes.
+const ErrorMaxLength = 1024
 
 // A failed row's next attempt is decided on the database's clock: the
 // relay looks for it retrySlack after its own clock says it is due, and
@@ -68,13 +69,12 @@ type RelayConfig struct {
 	Name string
 	// BatchSize is how many rows one batch takes, publishes at once
 	// (pipelined, per topic, with a broker.EachPublisher) and deletes in
-	// one statement. Default BatchSizeDefault.
+	// one statement. Default 500.
 	BatchSize int
 	// BatchBytes bounds a batch's payloads and metadata, in bytes, with a
 	// store that can (a BytesBounder: sqlstore.Store): a batch takes rows
 	// up to BatchSize and up to BatchBytes — at least one row, however
-	// large. Memory: about Concurrency × BatchBytes. Default
-	// BatchBytesDefault (16 MiB).
+	// large. Memory: about Concurrency × BatchBytes. Default 16 MiB.
 	BatchBytes int64
 	// Concurrency is how many batches the relay has in flight at once, each
 	// with rows of its own, as several relays have: one batch's round trips
@@ -85,33 +85,31 @@ type RelayConfig struct {
 	// PollInterval is the longest a committed row waits for the relay when
 	// nothing wakes it (a commit on another process, a producer that does
 	// not call Wake). Rows committed through the inbox of this process wake
-	// it at once. Default PollIntervalDefault.
+	// it at once. Default 500 ms.
 	PollInterval time.Duration
 	// PublishTimeout bounds one batch's publishes (and each message's
 	// context). A publish that has not returned by then counts as failed
-	// (uncertain: the row is sent again later). Default
-	// PublishTimeoutDefault.
+	// (uncertain: the row is sent again later). Default 30 s.
 	PublishTimeout time.Duration
-	// StoreTimeout bounds each call to the store. Default
-	// StoreTimeoutDefault.
+	// StoreTimeout bounds each call to the store. Default 10 s.
 	StoreTimeout time.Duration
 	// RetryMin and RetryMax bound the wait before a failed row is tried
 	// again: RetryMin doubled per failed attempt, at most RetryMax. A row
 	// whose broker could not be reached at all is not pushed back: the relay
 	// backs off instead (50 ms doubled, at most 5 s or RetryMin), so an
 	// outage does not push every row back by RetryMax.
-	// Defaults RetryMinDefault, RetryMaxDefault.
+	// Defaults 1 s and 1 min.
 	RetryMin, RetryMax time.Duration
 	// MaxAttempts is how many failed publishes a row gets: the row that
 	// fails its MaxAttempts-th is set aside as dead, with its last error —
 	// tried no more, counted (sluice.outbox.dead_lettered, sluice.outbox.dead), listed by
 	// `sluice outbox list --dead`, and kept until an operator requeues or
 	// discards it (`sluice outbox requeue|discard`). Attempts no broker
-	// answered (unreachable) do not count. Default MaxAttemptsDefault
+	// answered (unreachable) do not count. Default 20
 	// (about 17 minutes of tries with the default RetryMin and RetryMax).
 	MaxAttempts int
 	// StatsInterval is how often the relay reads Store.Stats for its gauges
-	// (pending, failing, oldest age). Default StatsIntervalDefault;
+	// (pending, failing, oldest age). Default 5 s;
 	// negative: never.
 	StatsInterval time.Duration
 	// MeterProvider receives the relay's metrics. Default the global one.
@@ -128,16 +126,16 @@ func (c RelayConfig) withDefaults() RelayConfig {
 		}
 	}
 	c.Name = cmp.Or(c.Name, "outbox")
-	c.BatchSize = cmp.Or(c.BatchSize, BatchSizeDefault)
-	c.BatchBytes = cmp.Or(c.BatchBytes, BatchBytesDefault)
+	c.BatchSize = cmp.Or(c.BatchSize, batchSizeDefault)
+	c.BatchBytes = cmp.Or(c.BatchBytes, batchBytesDefault)
 	c.Concurrency = cmp.Or(c.Concurrency, 1)
-	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
-	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
-	c.StoreTimeout = cmp.Or(c.StoreTimeout, StoreTimeoutDefault)
-	c.RetryMin = cmp.Or(c.RetryMin, RetryMinDefault)
-	c.RetryMax = cmp.Or(c.RetryMax, RetryMaxDefault)
-	c.StatsInterval = cmp.Or(c.StatsInterval, StatsIntervalDefault)
-	c.MaxAttempts = cmp.Or(c.MaxAttempts, MaxAttemptsDefault)
+	c.PollInterval = cmp.Or(c.PollInterval, pollIntervalDefault)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, publishTimeoutDefault)
+	c.StoreTimeout = cmp.Or(c.StoreTimeout, storeTimeoutDefault)
+	c.RetryMin = cmp.Or(c.RetryMin, retryMinDefault)
+	c.RetryMax = cmp.Or(c.RetryMax, retryMaxDefault)
+	c.StatsInterval = cmp.Or(c.StatsInterval, statsIntervalDefault)
+	c.MaxAttempts = cmp.Or(c.MaxAttempts, maxAttemptsDefault)
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	return c
 }

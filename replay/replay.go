@@ -46,7 +46,7 @@ const (
 	// RunKey is the replay run's id.
 	RunKey = "sluice_replay_run"
 	// ItemKey identifies the message within the run: the event id, else the
-	// poison copy's message id, cut to ItemMaxLength (replay/ledger.Item).
+	// poison copy's message id, cut to ItemMaxLength (as the operator's CLI names it).
 	ItemKey = "sluice_replay_item"
 )
 

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/embedded"
+	"github.com/sluicemq/sluice/internal/replayledger"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
@@ -149,7 +150,7 @@ func TestReplayedKeepsAnOutcome(t *testing.T) {
 	require.Equal(t, sluice.OutcomeProcessed, rs[0].Outcome)
 	require.Equal(t, ledger.OutcomeReplayed, rs[1].Outcome)
 	require.Equal(t, "evt-b", rs[1].EventID)
-	final, poisoned := ledger.Count(rs, map[string]bool{"a": true, "b": true})
+	final, poisoned := replayledger.Count(rs, map[string]bool{"a": true, "b": true})
 	require.Equal(t, 1, final)
 	require.Zero(t, poisoned)
 }

@@ -101,7 +101,7 @@ type Config struct {
 	// OutcomeRetentionDefault.
 	OutcomeRetention time.Duration
 	// PruneInterval is the time between two pruning runs (each deletes in
-	// batches of deduplication.PrunerBatchSizeDefault). Default
+	// batches of 1,000 rows). Default
 	// PruneIntervalDefault.
 	PruneInterval time.Duration
 	// DrainTimeout bounds the relay's drain when the router closes: the

@@ -8,8 +8,8 @@ import (
 	"github.com/sluicemq/sluice"
 )
 
-// Epoch is where a Harness's virtual clock starts.
-var Epoch = time.Date(2030, time.January, 1, 0, 0, 0, 0, time.UTC)
+// epoch is where a Harness's virtual clock starts.
+var epoch = time.Date(2030, time.January, 1, 0, 0, 0, 0, time.UTC)
 
 // VirtualClock is a sluice.Clock that moves only when told: the retry
 // tiers' delays and the brake's cool-downs of a Harness wait on it, so
@@ -23,8 +23,8 @@ type VirtualClock struct {
 
 var _ sluice.Clock = (*VirtualClock)(nil)
 
-// NewVirtualClock returns a clock stopped at start.
-func NewVirtualClock(start time.Time) *VirtualClock { return &VirtualClock{now: start} }
+// newVirtualClock returns a clock stopped at start.
+func newVirtualClock(start time.Time) *VirtualClock { return &VirtualClock{now: start} }
 
 type virtualTimer struct {
 	c   *VirtualClock
@@ -59,13 +59,6 @@ func (t *virtualTimer) Stop() bool {
 	}
 	t.c.timers = slices.Delete(t.c.timers, i, i+1)
 	return true
-}
-
-// Pending returns how many scheduled calls have not run.
-func (c *VirtualClock) Pending() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.timers)
 }
 
 func (c *VirtualClock) earliest() *virtualTimer {

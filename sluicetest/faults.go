@@ -46,9 +46,9 @@ var (
 	ErrNacked = errors.New("sluicetest: injected fault: the broker nacked the publish")
 	// ErrUnroutable is a publish the broker returned: no queue is bound.
 	ErrUnroutable = errors.New("sluicetest: injected fault: the publish is unroutable (returned by the broker)")
-	// ErrCommitFailed is a commit of the inbox's transaction that failed:
+	// errCommitFailed is a commit of the inbox's transaction that failed:
 	// the connection was lost at COMMIT (Transient by default).
-	ErrCommitFailed = fmt.Errorf("sluicetest: injected fault: the commit failed: %w", syscall.ECONNRESET)
+	errCommitFailed = fmt.Errorf("sluicetest: injected fault: the commit failed: %w", syscall.ECONNRESET)
 	// errCrashed is what the kit returns for a delivery whose ack it
 	// drops: the router nacks it and the broker delivers it again.
 	errCrashed = errors.New("sluicetest: injected fault: the process crashed between the commit and the ack")
@@ -117,7 +117,7 @@ func (h *Harness) FailPublishes(t Target, n int, err error) {
 }
 
 // FailCommits makes the next n commits of the inbox's transaction fail
-// (ErrCommitFailed) after the handler succeeded: the delivery's writes roll
+// (a lost connection, ECONNRESET) after the handler succeeded: the delivery's writes roll
 // back and it is retried as Transient. It needs the kit's SQLite database
 // (Config.DB unset).
 func (h *Harness) FailCommits(n int) {
@@ -147,7 +147,7 @@ func (h *Harness) nowLocked() time.Duration {
 	if h.clock == nil {
 		return time.Since(h.start)
 	}
-	return h.clock.Now().Sub(Epoch)
+	return h.clock.Now().Sub(epoch)
 }
 
 // Dependency stands for a dependency the handler calls: it returns nil, or,

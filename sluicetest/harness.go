@@ -26,25 +26,25 @@ import (
 	"github.com/sluicemq/sluice/service"
 )
 
-// SubjectKey is the metadata key the kit writes on each message a test
+// subjectKey is the metadata key the kit writes on each message a test
 // publishes: the subject its Trace is kept under. Sluice carries it, like
 // any header, into the copies of the tiers and of the poison queue.
-const SubjectKey = "sluicetest_subject"
+const subjectKey = "sluicetest_subject"
 
 // Defaults of Config.
 const (
-	// TopicDefault is Config.Topic's default.
-	TopicDefault = "sluicetest.input"
-	// NameDefault is the handler's name when Config.Handler.Name is empty.
-	NameDefault = "handler"
-	// ShutdownGraceDefault is the ShutdownGrace stage's grace on the kit
+	// topicDefault is Config.Topic's default.
+	topicDefault = "sluicetest.input"
+	// nameDefault is the handler's name when Config.Handler.Name is empty.
+	nameDefault = "handler"
+	// shutdownGraceDefault is the ShutdownGrace stage's grace on the kit
 	// when the handler's Stages leave it unset: Shutdown waits for it in
 	// real time.
-	ShutdownGraceDefault = 100 * time.Millisecond
-	// IdleTimeoutDefault is Config.IdleTimeout's default.
-	IdleTimeoutDefault = 30 * time.Second
-	// SettleLimitDefault is Config.SettleLimit's default.
-	SettleLimitDefault = 24 * time.Hour
+	shutdownGraceDefault = 100 * time.Millisecond
+	// idleTimeoutDefault is Config.IdleTimeout's default.
+	idleTimeoutDefault = 30 * time.Second
+	// settleLimitDefault is Config.SettleLimit's default.
+	settleLimitDefault = 24 * time.Hour
 )
 
 // Config configures a Harness.
@@ -53,7 +53,7 @@ type Config struct {
 	// Handler, PublishingHandler (with PublishTopic) or BatchHandler (its
 	// batches gathered in real time, MaxWait; its outcomes' tiers and the
 	// brake on the virtual clock), Key, Stages, Without, GroupCommit. Its Broker must be nil: the kit's, or
-	// Config.Broker. Name defaults to NameDefault.
+	// Config.Broker. Name defaults to "handler".
 	Handler service.Handler
 	// DB is the database of the inbox, outbox and replay tables and of the
 	// handler's own: your PostgreSQL (lib/pq or pgx) or SQLite. Default a
@@ -66,7 +66,7 @@ type Config struct {
 	// Setup creates the handler's own tables (and rows) before the
 	// handler runs; Sluice's tables are created by the service's Migrate.
 	Setup func(ctx context.Context, db *sqlx.DB) error
-	// Topic the handler consumes on the kit's broker. Default TopicDefault.
+	// Topic the handler consumes on the kit's broker. Default "sluicetest.input".
 	Topic string
 	// TierDelays of the kit's retry tiers. Default broker.DelaysDefault
 	// (30s → 5m → 30m), run on the virtual clock.
@@ -83,10 +83,10 @@ type Config struct {
 	// Logger receives the router's and the stages' logs. Default none.
 	Logger watermill.LoggerAdapter
 	// IdleTimeout bounds, in real time, each wait for the handler to finish
-	// what it was given. Default IdleTimeoutDefault.
+	// what it was given. Default 30 s.
 	IdleTimeout time.Duration
-	// SettleLimit bounds the virtual time Settle advances. Default
-	// SettleLimitDefault.
+	// SettleLimit bounds the virtual time Settle advances. Default 24 h of
+	// virtual time.
 	SettleLimit time.Duration
 }
 
@@ -138,8 +138,8 @@ func New(t testing.TB, cfg Config) *Harness {
 }
 
 func newHarness(t testing.TB, cfg Config) (_ *Harness, err error) {
-	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, IdleTimeoutDefault)
-	cfg.SettleLimit = cmp.Or(cfg.SettleLimit, SettleLimitDefault)
+	cfg.IdleTimeout = cmp.Or(cfg.IdleTimeout, idleTimeoutDefault)
+	cfg.SettleLimit = cmp.Or(cfg.SettleLimit, settleLimitDefault)
 	cfg.Logger = cmp.Or[watermill.LoggerAdapter](cfg.Logger, watermill.NopLogger{})
 	if cfg.Handler.Broker != nil {
 		return nil, errors.New("Config.Handler.Broker must be nil: the kit gives the broker (Config.Broker replaces it)")
@@ -147,7 +147,7 @@ func newHarness(t testing.TB, cfg Config) (_ *Harness, err error) {
 	if cfg.Broker != nil && cfg.Input == nil {
 		return nil, errors.New("Config.Input is required with Config.Broker")
 	}
-	h := &Harness{t: t, cfg: cfg, name: cmp.Or(cfg.Handler.Name, NameDefault), changed: make(chan struct{}),
+	h := &Harness{t: t, cfg: cfg, name: cmp.Or(cfg.Handler.Name, nameDefault), changed: make(chan struct{}),
 		traces: map[string]Trace{}, current: map[string][]*delivery{}, done: make(chan error, 1), start: time.Now()}
 	ctx := context.Background()
 	var closers []func() error
@@ -160,8 +160,8 @@ func newHarness(t testing.TB, cfg Config) (_ *Harness, err error) {
 	}()
 
 	if cfg.Broker == nil {
-		h.clock = NewVirtualClock(Epoch)
-		h.emb, err = embedded.New(embedded.Config{Topic: cmp.Or(cfg.Topic, TopicDefault), TierDelays: cfg.TierDelays,
+		h.clock = newVirtualClock(epoch)
+		h.emb, err = embedded.New(embedded.Config{Topic: cmp.Or(cfg.Topic, topicDefault), TierDelays: cfg.TierDelays,
 			Logger: cfg.Logger, Clock: h.clock, DrainTimeout: cfg.IdleTimeout})
 		if err != nil {
 			return nil, err
@@ -276,7 +276,7 @@ func (h *Harness) handler() service.Handler {
 	}
 	if h.clock != nil {
 		if sh.Stages.ShutdownGrace == 0 {
-			sh.Stages.ShutdownGrace = ShutdownGraceDefault
+			sh.Stages.ShutdownGrace = shutdownGraceDefault
 		}
 		if !slices.Contains(sh.Without, "Brake") {
 			b := brake.Config{Match: brake.MatchUnreachable} // the service's default (service.Service.Defaults)
@@ -325,7 +325,8 @@ func (h *Harness) Broker() broker.Broker { return h.brk }
 // Tiers returns the retry tiers of the handler's queue.
 func (h *Harness) Tiers() []broker.Tier { return slices.Clone(h.tiers) }
 
-// Clock returns the virtual clock, or nil on a real broker.
+// Clock returns the virtual clock (it starts at 2030-01-01 00:00 UTC), or nil
+// on a real broker.
 func (h *Harness) Clock() *VirtualClock { return h.clock }
 
 // wallNow is the clock's time: the virtual clock's, or the real one.
@@ -342,7 +343,7 @@ func (h *Harness) Now() time.Duration {
 	if h.clock == nil {
 		return time.Since(h.start)
 	}
-	return h.clock.Now().Sub(Epoch)
+	return h.clock.Now().Sub(epoch)
 }
 
 // Message returns a message with eventID in sluice_event_id, the inbox's
@@ -380,7 +381,7 @@ func (h *Harness) publish(subject string, msg *message.Message) error {
 	h.faults.published[subject] = msg.Copy()
 	h.mu.Unlock()
 	m := msg.Copy()
-	m.Metadata.Set(SubjectKey, subject)
+	m.Metadata.Set(subjectKey, subject)
 	return h.input.Publish(h.topic, m)
 }
 
@@ -403,7 +404,7 @@ func (h *Harness) cleanup() {
 }
 
 // Shutdown closes the router as a service's shutdown does — a handler in
-// flight gets the ShutdownGrace stage's grace (ShutdownGraceDefault on the
+// flight gets the ShutdownGrace stage's grace (100 ms on the
 // kit), then its context ends and the delivery goes back unprocessed
 // (requeued) — and waits until it stopped. What the kit's broker holds
 // then is reported by Unfinished. Idempotent; the test's end calls it.
@@ -454,7 +455,7 @@ func (h *Harness) Unfinished() []string {
 	defer h.mu.Unlock()
 	var out []string
 	for _, m := range h.faults.unfinished {
-		out = append(out, m.Metadata.Get(SubjectKey))
+		out = append(out, m.Metadata.Get(subjectKey))
 	}
 	return out
 }

@@ -64,7 +64,7 @@ func (h *Harness) delivering(subject string) *delivery {
 // message's trace.
 func (h *Harness) observe(next message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		subject := msg.Metadata.Get(SubjectKey)
+		subject := msg.Metadata.Get(subjectKey)
 		attempt, _ := sluice.Attempt(msg)
 		d := h.begin(subject)
 		orig := msg.Context()
@@ -109,7 +109,7 @@ func (h *Harness) deliveryOf(msg *message.Message) *delivery {
 	if d, ok := msg.Context().Value(deliveryKey{}).(*delivery); ok {
 		return d
 	}
-	return h.delivering(msg.Metadata.Get(SubjectKey))
+	return h.delivering(msg.Metadata.Get(subjectKey))
 }
 
 // ran marks the delivery of msg as having run the handler.
@@ -167,7 +167,7 @@ func (h *Harness) diagnose(m *message.Message) {
 			diag[k] = v
 		}
 	}
-	if d := h.delivering(m.Metadata.Get(SubjectKey)); d != nil {
+	if d := h.delivering(m.Metadata.Get(subjectKey)); d != nil {
 		h.mu.Lock()
 		d.diagnosis = diag
 		h.mu.Unlock()
@@ -230,6 +230,6 @@ func (h *Harness) original(subject string) (*message.Message, bool) {
 		return nil, false
 	}
 	c := m.Copy()
-	maps.DeleteFunc(c.Metadata, func(k, _ string) bool { return k == SubjectKey })
+	maps.DeleteFunc(c.Metadata, func(k, _ string) bool { return k == subjectKey })
 	return c, true
 }

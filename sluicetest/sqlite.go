@@ -174,7 +174,7 @@ func (t *tx) Commit() error {
 	t.c.mu.Unlock()
 	if t.inbox && t.c.failCommit() {
 		_ = t.Tx.Rollback()
-		return ErrCommitFailed
+		return errCommitFailed
 	}
 	return t.Tx.Commit()
 }

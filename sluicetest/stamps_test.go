@@ -43,7 +43,7 @@ func TestTheStagesStampTheirCopiesOnTheVirtualClock(t *testing.T) {
 	h.RequireOutcomes("retried", "retried to tier 1", "processed")
 	h.RequirePoisoned("poisoned", sluice.ClassInvariant, nil)
 
-	anHourIn := Epoch.Add(time.Hour).Format(time.RFC3339Nano)
+	anHourIn := epoch.Add(time.Hour).Format(time.RFC3339Nano)
 	require.Equal(t, anHourIn, <-firstFailedAt, "the retry copy's %s", sluice.FirstFailedAtKey)
 	copies := h.emb.Poisoned()
 	require.Len(t, copies, 1)

@@ -36,10 +36,10 @@ import (
 const (
 	// TableDefault is the default outbox table name.
 	TableDefault = "sluice_outbox"
-	// LeaseDefault is Config.Lease's default.
-	LeaseDefault = 2 * time.Minute
-	// TopicMaxLength bounds a row's topic, in bytes.
-	TopicMaxLength = 255
+	// leaseDefault is Config.Lease's default.
+	leaseDefault = 2 * time.Minute
+	// topicMaxLength bounds a row's topic, in bytes.
+	topicMaxLength = 255
 )
 
 // Config configures a Store.
@@ -60,7 +60,7 @@ type Config struct {
 	// relay takes its rows after that, should it have stopped. Keep it
 	// longer than the relay's PublishTimeout plus twice its StoreTimeout.
 	// On PostgreSQL a batch is held by its transaction's row locks, released
-	// the moment its relay's connection ends. Default LeaseDefault.
+	// the moment its relay's connection ends. Default 2 min.
 	Lease time.Duration
 	// Propagator writes the trace context of the delivery being handled (or
 	// of ctx in Write) into each message's metadata when it has none, so a
@@ -105,7 +105,7 @@ var (
 // call CreateTable or apply SchemaSQL first.
 func New(cfg Config) (*Store, error) {
 	cfg.Table = cmp.Or(cfg.Table, TableDefault)
-	cfg.Lease = cmp.Or(cfg.Lease, LeaseDefault)
+	cfg.Lease = cmp.Or(cfg.Lease, leaseDefault)
 	if cfg.Lease < 0 {
 		return nil, fmt.Errorf("outbox/sqlstore: Config.Lease must not be negative, got %s", cfg.Lease)
 	}
@@ -271,8 +271,9 @@ type Execer interface {
 // Write writes msgs, to be published to topic, in tx — a transaction of
 // your own on the outbox's database, for a service that produces outside a
 // consumer (an HTTP handler writing an order and its event): they commit
-// with it. Call Wake after the commit, or the relay finds them within its
-// PollInterval. Each message gets its ids as Publish gives them.
+// with it. The topic is 1 to 255 bytes. Call Wake after the commit, or the
+// relay finds them within its PollInterval. Each message gets its ids as
+// Publish gives them.
 func (s *Store) Write(ctx context.Context, tx Execer, topic string, msgs ...*message.Message) error {
 	rows, err := s.rows(ctx, topic, msgs)
 	if err != nil {
@@ -300,8 +301,8 @@ func decodeMetadata(b []byte) (message.Metadata, error) {
 // rows gives each message its ids and ctx's trace context, and encodes it.
 func (s *Store) rows(ctx context.Context, topic string, msgs []*message.Message) ([]row, error) {
 	traced := trace.SpanContextFromContext(ctx).IsValid()
-	if topic == "" || len(topic) > TopicMaxLength {
-		return nil, fmt.Errorf("outbox/sqlstore: topic must be 1 to %d bytes, got %d", TopicMaxLength, len(topic))
+	if topic == "" || len(topic) > topicMaxLength {
+		return nil, fmt.Errorf("outbox/sqlstore: topic must be 1 to %d bytes, got %d", topicMaxLength, len(topic))
 	}
 	out := make([]row, len(msgs))
 	for i, m := range msgs {
@@ -837,6 +838,3 @@ var dialects = map[string]dialect{
 	"sqlite":   sqlite,
 	"sqlite3":  sqlite,
 }
-
-// DB is the store's database.
-func (s *Store) DB() *sqlx.DB { return s.db }

@@ -66,14 +66,14 @@ func backends(t *testing.T) map[string]*sqlstore.Store {
 var prefixes sync.Map
 
 func prefix(s *sqlstore.Store) string {
-	p, _ := prefixes.Load(s.DB())
+	p, _ := prefixes.Load(sqlstore.DB(s))
 	v, _ := p.(string)
 	return v
 }
 
 func db(t *testing.T, s *sqlstore.Store) *sqlx.DB {
 	t.Helper()
-	return s.DB()
+	return sqlstore.DB(s)
 }
 
 func write(t *testing.T, s *sqlstore.Store, topic string, msgs ...*message.Message) {
@@ -256,7 +256,7 @@ func TestPublishWritesInTheInboxTransaction(t *testing.T) {
 			ctx := t.Context()
 			require.ErrorIs(t, s.Publish(ctx, "t", message.NewMessage("x", nil)), outbox.ErrNoUnitOfWork)
 
-			store := testenv.SQLStore(t, s.DB(), prefix(s)+"inbox")
+			store := testenv.SQLStore(t, sqlstore.DB(s), prefix(s)+"inbox")
 			stage, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c"})
 			require.NoError(t, err)
 			run := func(key string, fail bool) error {
@@ -320,7 +320,7 @@ func TestWriteCarriesTheTraceContext(t *testing.T) {
 	ctx := trace.ContextWithSpanContext(t.Context(), sc)
 	own := message.NewMessage("own", nil)
 	own.Metadata.Set("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
-	tx, err := s.DB().BeginTxx(ctx, nil)
+	tx, err := sqlstore.DB(s).BeginTxx(ctx, nil)
 	require.NoError(t, err)
 	require.NoError(t, s.Write(ctx, tx, "t", message.NewMessage("new", nil), own))
 	require.NoError(t, tx.Commit())
@@ -354,7 +354,7 @@ func TestAHeldBatchIsReleasedWhenItsRelayIsGone(t *testing.T) {
 		require.NoError(t, other.Release(ctx))
 
 		var terminated bool
-		require.NoError(t, s.DB().GetContext(ctx, &terminated,
+		require.NoError(t, sqlstore.DB(s).GetContext(ctx, &terminated,
 			`SELECT pg_terminate_backend(pid) FROM pg_locks WHERE relation = $1::regclass AND mode = 'RowShareLock' AND pid <> pg_backend_pid() LIMIT 1`, s.Name()))
 		require.True(t, terminated)
 		require.Eventually(t, func() bool {
@@ -403,7 +403,7 @@ func TestExists(t *testing.T) {
 			if name == "postgres" {
 				table = prefix(s) + "Outbox" // the store's is "outbox": another name once quoted
 			}
-			other, err := sqlstore.New(sqlstore.Config{DB: s.DB(), Table: table})
+			other, err := sqlstore.New(sqlstore.Config{DB: sqlstore.DB(s), Table: table})
 			require.NoError(t, err)
 			found, err = other.Exists(t.Context())
 			require.NoError(t, err)

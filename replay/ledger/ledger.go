@@ -1,8 +1,8 @@
 // Package ledger is the operator's view of the replay stage's outcome
 // records: the Ledger that `sluice dlq replay` (its closed loop), `report`,
-// `resolve`, `archive` and `discard` read and write, the outcomes only the
-// operator's CLI records, and the helpers that read a run's records. A
-// consumer needs none of it: its stack takes a replay.Store. The stores of
+// `resolve`, `archive` and `discard` read and write, the runs it keeps, the
+// outcomes only the operator's CLI records, and Final, which tells the
+// outcomes that end a dead letter's story. A consumer needs none of it: its stack takes a replay.Store. The stores of
 // replay/sqlstore and replay/redisstore are Ledgers; replay/replaytest is the
 // suite a Ledger passes.
 package ledger
@@ -11,7 +11,6 @@ import (
 	"context"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/replay"
 )
 
@@ -31,9 +30,6 @@ const (
 // --outcomes-table reads by default: replay/sqlstore's table, and with a
 // colon replay/redisstore's key prefix.
 const TableDefault = "sluice_replay"
-
-// ItemsChunk bounds the items one query of Items names.
-const ItemsChunk = 500
 
 // Ledger is a replay.Store the operator's CLI can read back and write to:
 // the closed loop's record of what it sent, the outcomes, and the
@@ -55,11 +51,6 @@ type Ledger interface {
 	Items(ctx context.Context, run string, items []string) ([]replay.Record, error)
 }
 
-// Item is id as an item: cut to replay.ItemMaxLength bytes on a character
-// boundary, as the stage cuts the ItemKey it records. The CLI's header and
-// record use it, so a long event id names one item, not two.
-func Item(id string) string { return diag.Bound(id, replay.ItemMaxLength) }
-
 // Final reports whether an outcome ends a dead letter's story: processed,
 // duplicate, rejected, poisoned (again), archived, discarded or
 // compensated. Retried, parked, held, requeued, failed and replayed are on the way.
@@ -70,18 +61,4 @@ func Final(o sluice.Outcome) bool {
 		return true
 	}
 	return false
-}
-
-// Count returns how many of items (of run) have a final outcome, and how
-// many of those were poisoned again.
-func Count(rs []replay.Record, items map[string]bool) (final, poisoned int) {
-	for _, r := range rs {
-		if items[r.Item] && Final(r.Outcome) {
-			final++
-			if r.Outcome == sluice.OutcomePoisoned {
-				poisoned++
-			}
-		}
-	}
-	return final, poisoned
 }

@@ -3,7 +3,6 @@ package ledger
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"time"
 )
 
@@ -29,13 +28,10 @@ type Run struct {
 	Moved int `json:"moved"`
 	// Batches are the closed loop's batches and their verdicts, as
 	// package dlq encodes them (dlq.Batch): the store keeps them as they
-	// are, at most RunBatchesMaxBytes.
+	// are, up to 64 KiB (a run's larger batches are not kept: its
+	// outcomes are).
 	Batches json.RawMessage `json:"batches,omitempty"`
 }
-
-// RunBatchesMaxBytes bounds Run.Batches: SaveRun keeps a run's batches only
-// up to it.
-const RunBatchesMaxBytes = 64 << 10
 
 // Runs is a Ledger that also keeps the runs: replay/sqlstore's and
 // replay/redisstore's are. The closed loop (dlq.Queue.ClosedLoop) and the
@@ -48,28 +44,4 @@ type Runs interface {
 	Run(ctx context.Context, id string) (r Run, ok bool, err error)
 	// RecentRuns returns the limit runs started last, newest first.
 	RecentRuns(ctx context.Context, limit int) ([]Run, error)
-}
-
-// SaveRun saves r in store when store keeps runs (Runs), and does nothing
-// otherwise.
-func SaveRun(ctx context.Context, store Ledger, r Run) error {
-	if rs, ok := store.(Runs); ok {
-		if len(r.Batches) > RunBatchesMaxBytes {
-			r.Batches = nil // the outcomes stay; the batches are in the audit log
-		}
-		return rs.SaveRun(ctx, r)
-	}
-	return nil
-}
-
-// MarshalRun is r as a store keeps it: JSON.
-func MarshalRun(r Run) ([]byte, error) { return json.Marshal(r) }
-
-// UnmarshalRun reads the run of id a store kept (MarshalRun).
-func UnmarshalRun(id string, b []byte) (Run, error) {
-	var r Run
-	if err := json.Unmarshal(b, &r); err != nil {
-		return Run{}, fmt.Errorf("ledger: run %q: %w", id, err)
-	}
-	return r, nil
 }

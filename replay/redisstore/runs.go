@@ -6,6 +6,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicemq/sluice/internal/replayledger"
 	"github.com/sluicemq/sluice/replay/ledger"
 )
 
@@ -19,7 +20,7 @@ func (s *Store) runListKey() string         { return s.prefix + "runlist" }
 // SaveRun inserts or replaces the run of r.ID, kept as long as the records
 // (Config.Retention).
 func (s *Store) SaveRun(ctx context.Context, r ledger.Run) error {
-	b, err := ledger.MarshalRun(r)
+	b, err := replayledger.MarshalRun(r)
 	if err != nil {
 		return err
 	}
@@ -40,7 +41,7 @@ func (s *Store) Run(ctx context.Context, id string) (ledger.Run, bool, error) {
 	if err != nil {
 		return ledger.Run{}, false, err
 	}
-	r, err := ledger.UnmarshalRun(id, b)
+	r, err := replayledger.UnmarshalRun(id, b)
 	return r, err == nil, err
 }
 

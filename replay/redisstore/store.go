@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicemq/sluice/internal/chunks"
+	"github.com/sluicemq/sluice/internal/replayledger"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
 )
@@ -133,7 +134,7 @@ func (s *Store) Records(ctx context.Context, rs []replay.Record) error {
 // Items returns the records of run's items given, those there are.
 func (s *Store) Items(ctx context.Context, run string, items []string) ([]replay.Record, error) {
 	var out []replay.Record
-	err := chunks.Each(items, ledger.ItemsChunk, func(chunk []string) error {
+	err := chunks.Each(items, replayledger.ItemsChunk, func(chunk []string) error {
 		vals, err := s.client.HMGet(ctx, s.runKey(run), chunk...).Result()
 		if err != nil {
 			return err

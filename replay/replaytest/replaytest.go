@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/replayledger"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
 )
@@ -154,7 +155,7 @@ func testItems(t *testing.T, s ledger.Ledger) {
 		items[r.Item] = true
 	}
 	require.True(t, items["i0000"] && items["i2000"] && items["i0007"], "the first, the last, the odd one")
-	final, _ := ledger.Count(rs, items)
+	final, _ := replayledger.Count(rs, items)
 	require.Equal(t, 1, final, "i0007 processed, the rest replayed")
 	none, err := s.Items(t.Context(), "r", nil)
 	require.NoError(t, err)

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluicemq/sluice/internal/replayledger"
 	"github.com/sluicemq/sluice/internal/sqlname"
 	"github.com/sluicemq/sluice/replay/ledger"
 )
@@ -37,7 +38,7 @@ func (s *Store) createRuns(ctx context.Context, timestamp string) error {
 
 // SaveRun inserts or replaces the run of r.ID: one row, the run as JSON.
 func (s *Store) SaveRun(ctx context.Context, r ledger.Run) error {
-	b, err := ledger.MarshalRun(r)
+	b, err := replayledger.MarshalRun(r)
 	if err != nil {
 		return err
 	}
@@ -57,7 +58,7 @@ func (s *Store) Run(ctx context.Context, id string) (ledger.Run, bool, error) {
 	if err != nil {
 		return ledger.Run{}, false, err
 	}
-	r, err := ledger.UnmarshalRun(id, []byte(b))
+	r, err := replayledger.UnmarshalRun(id, []byte(b))
 	return r, err == nil, err
 }
 
@@ -72,7 +73,7 @@ func (s *Store) RecentRuns(ctx context.Context, limit int) ([]ledger.Run, error)
 	}
 	out := make([]ledger.Run, 0, len(rows))
 	for _, row := range rows {
-		r, err := ledger.UnmarshalRun(row.ID, []byte(row.Run))
+		r, err := replayledger.UnmarshalRun(row.ID, []byte(row.Run))
 		if err != nil {
 			return nil, err
 		}

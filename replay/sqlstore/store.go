@@ -18,6 +18,7 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/chunks"
+	"github.com/sluicemq/sluice/internal/replayledger"
 	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
 	"github.com/sluicemq/sluice/replay"
@@ -201,7 +202,7 @@ func (s *Store) Outcomes(ctx context.Context, run string) ([]replay.Record, erro
 // Items returns the records of run's items given, those there are.
 func (s *Store) Items(ctx context.Context, run string, items []string) ([]replay.Record, error) {
 	var out []replay.Record
-	err := chunks.Each(items, ledger.ItemsChunk, func(chunk []string) error {
+	err := chunks.Each(items, replayledger.ItemsChunk, func(chunk []string) error {
 		q, args, err := sqlx.In(`SELECT run, item, event_id, outcome, class, reason, handler, updated_at FROM `+s.table+
 			` WHERE run = ? AND item IN (?)`, run, chunk)
 		if err != nil {

@@ -437,7 +437,7 @@ func producingByHand(ctx context.Context, v *inboxVariants, store *outboxsql.Sto
 	go func() {
 		ctx := dctx
 		for drained.Load() < int64(n) {
-			b, err := store.Due(ctx, outbox.BatchSizeDefault)
+			b, err := store.Due(ctx, 500) // the relay's default batch
 			if err != nil {
 				drainErr <- err
 				return

@@ -1,0 +1,4 @@
+package sluicetest
+
+// Epoch is where a Harness's virtual clock starts.
+var Epoch = epoch
