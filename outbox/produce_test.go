@@ -66,7 +66,7 @@ func (p *producer) write(topic string, msgs ...*message.Message) error {
 // relay runs a relay of the outbox on pub until the test ends.
 func (p *producer) relay(pub message.Publisher) {
 	r, err := outbox.NewRelay(outbox.RelayConfig{Store: p.store, Publisher: pub, RetryMin: time.Hour, RetryMax: time.Hour,
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(p.meter))})
+		Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(p.meter))}})
 	require.NoError(p.t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()

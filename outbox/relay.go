@@ -114,11 +114,11 @@ type RelayConfig struct {
 	// (pending, failing, oldest age). Default StatsIntervalDefault;
 	// negative: never.
 	StatsInterval time.Duration
-	// MeterProvider receives the relay's metrics. Default the global one.
-	MeterProvider metric.MeterProvider
-	// Logger receives a line per batch with failures and per store error.
-	// Default watermill.NopLogger.
-	Logger watermill.LoggerAdapter
+	// Env is the shared environment (service gives its own; the fields set
+	// here win). The relay reads MeterProvider, which receives its metrics
+	// (default the global one), and Logger, a line per batch with failures
+	// and per store error (default watermill.NopLogger).
+	sluice.Env
 }
 
 func (c RelayConfig) withDefaults() RelayConfig {

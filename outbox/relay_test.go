@@ -111,13 +111,12 @@ func (s *service) runWith(h message.HandlerFunc, pub message.Publisher, withOutb
 		PublishingHandler: h,
 		PublishTopic:      s.produced,
 		Stages: router.Stages{
-			MeterProvider: s.mp,
-			Signer:        s.signer,
-			Poison:        &poison.Config{},
-			Retry:         &retrytiers.Config{},
-			Classify:      &middleware.ClassifyConfig{},
-			Inbox:         &deduplication.Config{Store: s.inbox},
-			Recoverer:     &middleware.RecovererConfig{},
+			Env:       sluice.Env{MeterProvider: s.mp, Signer: s.signer},
+			Poison:    &poison.Config{},
+			Retry:     &retrytiers.Config{},
+			Classify:  &middleware.ClassifyConfig{},
+			Inbox:     &deduplication.Config{Store: s.inbox},
+			Recoverer: &middleware.RecovererConfig{},
 		},
 	}
 	if withOutbox {
@@ -461,7 +460,7 @@ func TestABlackHoledDatabaseHoldsNeitherTheRelayNorItsClose(t *testing.T) {
 	meter := sdkmetric.NewManualReader()
 	r, err := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: s.rabbit.Publisher(), StoreTimeout: 200 * time.Millisecond,
 		PublishTimeout: time.Second, PollInterval: 10 * time.Millisecond, RetryMin: 20 * time.Millisecond,
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(meter))})
+		Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(meter))}})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()

@@ -359,7 +359,7 @@ func TestTheSignerSignsTheCopies(t *testing.T) {
 	signer, err := signing.New([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
 	r := newRouter(t, watermill.NopLogger{})
-	svc := newService(t, service.Config{DB: testenv.SQLite(t), Router: r, Signer: signer})
+	svc := newService(t, service.Config{DB: testenv.SQLite(t), Router: r, Env: sluice.Env{Signer: signer}})
 	require.NoError(t, svc.Add(service.Handler{Broker: q, Name: "signed", Key: deduplication.KeyFromJSON("eventId"),
 		Handler: func(*message.Message) error { return nil }}))
 	run(t, r, svc)

@@ -15,6 +15,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/outbox/sqlstore"
@@ -38,7 +39,7 @@ func TestOutboxDeadRowsAreSetAsideListedRequeuedAndDiscarded(t *testing.T) {
 	meter := sdkmetric.NewManualReader()
 	cfg := outbox.RelayConfig{Store: b.store, Publisher: pub, PollInterval: 10 * time.Millisecond, RetryMin: 5 * time.Millisecond,
 		RetryMax: 10 * time.Millisecond, MaxAttempts: 3, StatsInterval: 10 * time.Millisecond,
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(meter))}
+		Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(meter))}}
 	stopRelay := runRelay(t, cfg)
 	v, exported := metricValue(t, meter, "sluice.outbox.dead_lettered")
 	require.True(t, exported, "exported at zero, before any row died")

@@ -261,7 +261,7 @@ func stackRun(ctx context.Context, admin *amqpAdmin, pub *rabbitmq.Publisher, ur
 		}
 		timed := &timedPublisher{pub: rabbit.Publisher(), lat: lat, n: int64(sc.n), all: finished, done: &confirmed}
 		relay, err = outbox.NewRelay(outbox.RelayConfig{Store: sc.relayStore, Publisher: timed, Name: "bench",
-			MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+			Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}})
 		if err != nil {
 			return stackResult{}, err
 		}
