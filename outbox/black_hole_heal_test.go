@@ -80,7 +80,7 @@ func relayThroughAHalfOpenHeal(t *testing.T, open func(t *testing.T, dsn string)
 		require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, msgs...))
 		require.NoError(t, tx.Commit())
 	}
-	r, err := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: s.rabbit.Publisher(), BatchSize: 10,
+	r, err := outbox.NewRelay(store, s.rabbit.Publisher(), outbox.RelayConfig{BatchSize: 10,
 		StoreTimeout: time.Second, PublishTimeout: 5 * time.Second, PollInterval: 10 * time.Millisecond,
 		RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, Env: sluice.Env{MeterProvider: s.mp}})
 	require.NoError(t, err)

@@ -63,9 +63,9 @@ type Config struct {
 	// PubSub().Publisher(). Required to Add a PublishingHandler; without
 	// it the service runs no relay.
 	Publisher message.Publisher
-	// Relay tunes the outbox relay (outbox.RelayConfig): leave its Store
-	// and Publisher unset — they are the service's. Its MeterProvider and
-	// Logger default to the service's.
+	// Relay tunes the outbox relay (outbox.RelayConfig: the relay's own
+	// settings; the store and the publisher are the service's). Its Env
+	// defaults to the service's, field by field.
 	Relay outbox.RelayConfig
 
 	// Env is given once to every stage of every handler (router.Stages.Env,
@@ -144,8 +144,6 @@ func (c Config) validate() error {
 			`of the same name share one inbox and take each other's events for duplicates. Schema: "public" keeps the tables in the default schema`)
 	case c.Stores != nil && (c.DB != nil || c.Schema != ""):
 		return errors.New("service: Config.Stores replaces Config.DB and Config.Schema: give one or the other")
-	case c.Relay.Store != nil || c.Relay.Publisher != nil:
-		return errors.New("service: Config.Relay.Store and Config.Relay.Publisher are the service's (Config.Publisher): leave them unset")
 	}
 	return nil
 }

@@ -79,9 +79,7 @@ func New(cfg Config) (*Service, error) {
 		cfg.Logger.Error("service: a database pool that may not recover from a network fault", nil, watermill.LogFields{"why": risk})
 	}
 	if cfg.Publisher != nil {
-		rc := cfg.Relay
-		rc.Store, rc.Publisher = s.stores.Outbox, cfg.Publisher
-		relay, err := outbox.NewRelay(rc)
+		relay, err := outbox.NewRelay(s.stores.Outbox, cfg.Publisher, cfg.Relay)
 		if err != nil {
 			return nil, fmt.Errorf("service: Config.Relay: %w", err)
 		}

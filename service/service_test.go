@@ -342,7 +342,6 @@ func TestConfigErrors(t *testing.T) {
 		{service.Config{DB: db, Router: r, Schema: "s"}, "Config.Schema is PostgreSQL's"},
 		{service.Config{DB: db, Router: r, DrainTimeout: -1}, "Config.DrainTimeout must not be negative"},
 		{service.Config{DB: db, Router: r, Relay: outbox.RelayConfig{BatchSize: -1}, Publisher: nopPublisher{}}, "Config.Relay: outbox: RelayConfig.BatchSize"},
-		{service.Config{DB: db, Router: r, Relay: outbox.RelayConfig{Publisher: nopPublisher{}}}, "Config.Relay.Store and Config.Relay.Publisher are the service's"},
 		{service.Config{DB: db, Router: r, InboxRetention: time.Hour, ReplayWindow: 2 * time.Hour}, "Config.InboxRetention"},
 	} {
 		_, err := service.New(tt.cfg)
