@@ -329,7 +329,7 @@ type Pinger interface {
 }
 
 // newBrake builds the brake of Stages.Brake for the handler named name; its
-// Classifier defaults to Stages.Classifier, then to brake.New's default;
+// Classifier defaults to Stages.Env.Classifier, then to brake.New's default;
 // its Probe to the inbox store's Ping.
 func (s *Stages) newBrake(name string, pausing bool) (*brake.Brake, error) {
 	cfg := *s.Brake

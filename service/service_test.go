@@ -349,7 +349,7 @@ func TestConfigErrors(t *testing.T) {
 	}
 }
 
-// Config.Signer reaches every stage that publishes a copy: the poison
+// Config.Env.Signer reaches every stage that publishes a copy: the poison
 // queue's copy of a malformed message carries the signature
 // (docs/production.md, "The signing key"), on RabbitMQ.
 func TestTheSignerSignsTheCopies(t *testing.T) {

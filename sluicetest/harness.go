@@ -162,7 +162,7 @@ func newHarness(t testing.TB, cfg Config) (_ *Harness, err error) {
 	if cfg.Broker == nil {
 		h.clock = NewVirtualClock(Epoch)
 		h.emb, err = embedded.New(embedded.Config{Topic: cmp.Or(cfg.Topic, TopicDefault), TierDelays: cfg.TierDelays,
-			Logger: cfg.Logger, Clock: h.clock, DrainTimeout: cfg.IdleTimeout})
+			Env: sluice.Env{Logger: cfg.Logger, Clock: h.clock}, DrainTimeout: cfg.IdleTimeout})
 		if err != nil {
 			return nil, err
 		}
