@@ -56,9 +56,15 @@ type Config struct {
 	// Name labels the logs, metrics and spans: the handler's name. router.Add
 	// sets it.
 	Name string
-	// Classifier decides which failures are Transient. Default
-	// sluice.DefaultClassifier(); router.Add gives Stages.Classifier.
-	Classifier *sluice.Classifier
+	// Env is the shared environment (router.Stages and service give theirs;
+	// the fields set here win). The brake reads Classifier, which decides
+	// which failures are Transient (default sluice.DefaultClassifier());
+	// Logger, one line per change of state (default watermill.NopLogger;
+	// router.Add gives the router's); MeterProvider and TracerProvider
+	// (default the global providers); Clock, which times the cool-downs
+	// (default sluice.SystemClock(); the test kit, package sluicetest, gives
+	// its virtual clock).
+	sluice.Env
 	// Match narrows the Transient failures that count, e.g.
 	// MatchUnreachable or MatchSQLState("08"). Default: every Transient
 	// failure. Failures of any other class never count.
@@ -97,15 +103,6 @@ type Config struct {
 	// when the broker's subscriber can): held deliveries are then nacked
 	// back at once. Without it they wait in the stage until the probe.
 	Pausing bool
-	// Logger receives one line per change of state. Default
-	// watermill.NopLogger; router.Add gives the router's.
-	Logger watermill.LoggerAdapter
-	// MeterProvider and TracerProvider. Default the global providers.
-	MeterProvider  metric.MeterProvider
-	TracerProvider trace.TracerProvider
-	// Clock times the cool-downs. Default sluice.SystemClock(); the test
-	// kit (package sluicetest) gives its virtual clock.
-	Clock sluice.Clock
 }
 
 // Brake is the stage's state, shared by every consumer of one handler and

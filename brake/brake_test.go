@@ -220,7 +220,7 @@ func TestStateChangesAreLoggedAndSpanned(t *testing.T) {
 	spans := tracetest.NewSpanRecorder()
 	l := &logs{}
 	b, err := brake.New(brake.Config{Name: "orders", Window: 2, FailureRatio: 1, CoolDown: 10 * time.Millisecond, Pausing: true,
-		Logger: l, TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))})
+		Env: sluice.Env{Logger: l, TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))}})
 	require.NoError(t, err)
 	secret := fmt.Errorf("dial postgres://app:TopSecret1@db:5432/orders: %w", syscall.ECONNREFUSED)
 	_ = run(b, sluice.Transient(secret)) // held: the brake trips

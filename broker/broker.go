@@ -42,7 +42,7 @@ type Partitioned interface {
 
 // MeteredBroker is a Broker with instruments of its own, built before
 // router.Add sees the stages (rabbitmq.Broker: its confirmed publisher's
-// confirm latency and reconnects). router.Add hands it Stages.MeterProvider
+// confirm latency and reconnects). router.Add hands it Stages.Env.MeterProvider
 // when that is set; the broker records with it only when it was built
 // without a provider of its own, and keeps the first one it was handed, so
 // one provider on the stages reaches every instrument.

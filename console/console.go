@@ -114,9 +114,14 @@ type Config struct {
 	AuditFile string
 	// Archive opens where archived messages go; nil: archive not offered.
 	Archive func() (dlq.ArchiveSink, error)
-	// Signer signs replayed copies and archive records (the consumers'
-	// key), as sluice dlq replay --signing-key-file.
-	Signer *signing.Signer
+	// Env is the console's environment (a sluice.Env). It reads Signer, a
+	// *signing.Signer (the consumers' key), which signs replayed copies and
+	// archive records, as sluice dlq replay --signing-key-file (New refuses
+	// another kind); Logger, a line per failed sign-in (a wrong Token: the
+	// client's address, never the token tried; default the process's
+	// slog.Default, through watermill.NewSlogLogger); Clock, which times the
+	// sign-in throttle (default sluice.SystemClock()).
+	sluice.Env
 	// Operator names who made a request, for the audit log; nil: "console".
 	Operator func(*http.Request) string
 	// ReadOnly refuses every action.
@@ -127,12 +132,6 @@ type Config struct {
 	// client address (LoginFailuresBurst, then one per
 	// LoginFailureInterval; 429 with Retry-After) and logged.
 	Token string
-	// Logger receives a line per failed sign-in (a wrong Token: the
-	// client's address, never the token tried). Default the process's
-	// slog.Default, through watermill.NewSlogLogger.
-	Logger watermill.LoggerAdapter
-	// Clock times the sign-in throttle. Default sluice.SystemClock().
-	Clock sluice.Clock
 	// HostAuthenticates says the host service's own middleware
 	// authenticates every request before the console sees it (CheckAddr).
 	HostAuthenticates bool
@@ -178,6 +177,7 @@ const CallTimeoutDefault = dlq.CallTimeout
 // waits for them.
 type Console struct {
 	cfg    Config
+	signer *signing.Signer // cfg.Signer's
 	mux    *http.ServeMux
 	tmpl   map[string]*template.Template
 	csrf   string // the token every form carries
@@ -262,11 +262,15 @@ func New(cfg Config) (*Console, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = sluice.SystemClock()
 	}
+	signer, ok := cfg.Signer.(*signing.Signer)
+	if cfg.Signer != nil && !ok {
+		return nil, fmt.Errorf("console: Config.Env.Signer must be a *signing.Signer (the key the dlq's copies and records are signed with), got %T", cfg.Signer)
+	}
 	key := make([]byte, 32)
 	if _, err := rand.Read(key); err != nil {
 		return nil, err
 	}
-	c := &Console{cfg: cfg, runs: map[string]*run{}, samples: map[string][]sample{}, cop: http.NewCrossOriginProtection(),
+	c := &Console{cfg: cfg, signer: signer, runs: map[string]*run{}, samples: map[string][]sample{}, cop: http.NewCrossOriginProtection(),
 		readers: map[string]chan struct{}{}, summaries: map[string]summary{}, logins: throttle{clients: map[string]*rate.Limiter{}}}
 	c.csrf = mac(key, "csrf")
 	if cfg.Token != "" {

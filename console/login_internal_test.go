@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
 )
 
@@ -26,7 +27,7 @@ func TestTheSignInThrottleIsBounded(t *testing.T) {
 	t.Parallel()
 	clock := testenv.NewStoppedClock(time.Now())
 	c, err := New(Config{Dial: func() (*amqp.Connection, error) { return nil, fmt.Errorf("no broker here") }, ReadOnly: true,
-		Token: "0123456789abcdef", Logger: watermill.NopLogger{}, Clock: clock})
+		Token: "0123456789abcdef", Env: sluice.Env{Logger: watermill.NopLogger{}, Clock: clock}})
 	require.NoError(t, err)
 	defer func() { _ = c.Close() }()
 	signIn := func(i int) int {

@@ -661,7 +661,7 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
 // whatever a message names — the dry run and the replay choose them alike
 // (dlq.Queue.Target).
 func (c *Console) replayConfig(q Queue, group, to string) dlq.ReplayConfig {
-	return dlq.ReplayConfig{Filter: dlq.Filter{Group: group}, To: to, Signer: c.cfg.Signer, Targets: c.consumerQueues()}
+	return dlq.ReplayConfig{Filter: dlq.Filter{Group: group}, To: to, Signer: c.signer, Targets: c.consumerQueues()}
 }
 
 // targetLabel is where a replay to each message's own queue sends m, as the
@@ -851,7 +851,7 @@ func (c *Console) archive(w http.ResponseWriter, r *http.Request) {
 	f := dlq.Filter{Group: group}
 	var items []string
 	res, err := dlq.Open(conn, q.Poison).Archive(r.Context(), dlq.ArchiveConfig{Filter: f, Limit: max(limit, 0), Sink: sink, Operator: operator,
-		Signer: c.cfg.Signer, Archived: func(m *dlq.Message) { items = append(items, m.Item()) }})
+		Signer: c.signer, Archived: func(m *dlq.Message) { items = append(items, m.Item()) }})
 	err = errors.Join(err, sink.Close(), c.record(r.Context(), ru, items, ledger.OutcomeArchived, "archived to "+sink.Name(), operator))
 	ru.finish(res, err)
 	c.keep(r.Context(), ru)

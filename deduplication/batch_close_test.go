@@ -23,7 +23,7 @@ func timelessBatches(t *testing.T, batch deduplication.BatchConfig) (func(key st
 	t.Helper()
 	reader := sdkmetric.NewManualReader()
 	stage, err := deduplication.NewWithTimelessBatches(deduplication.Config{Store: testenv.SQLStore(t, testenv.SQLite(t), "inbox"), Consumer: "c",
-		Batch: &batch, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+		Batch: &batch, Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}})
 	require.NoError(t, err)
 	return func(key string, h message.HandlerFunc) error {
 		msg := message.NewMessage(key, nil)

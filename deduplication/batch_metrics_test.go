@@ -20,8 +20,7 @@ func TestAFailedGroupCommitIsNotRecordedAsABatch(t *testing.T) {
 	b := setup(t)
 	_, err := b.db.Exec(fmt.Sprintf(`ALTER TABLE %s.reservations ADD CONSTRAINT one_note UNIQUE (note) DEFERRABLE INITIALLY DEFERRED`, b.schema))
 	require.NoError(t, err)
-	d, err := deduplication.New(deduplication.Config{Store: b.store, Consumer: "inventory", MeterProvider: b.meter,
-		Batch: &deduplication.BatchConfig{MaxBatch: 4}})
+	d, err := deduplication.New(deduplication.Config{Store: b.store, Consumer: "inventory", Env: sluice.Env{MeterProvider: b.meter}, Batch: &deduplication.BatchConfig{MaxBatch: 4}})
 	require.NoError(t, err)
 	h := d(b.reserve(nil))
 	_, err = h(event("evt-1"))

@@ -9,6 +9,7 @@ import (
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 )
 
@@ -25,7 +26,7 @@ func TestAHandlerThatSucceedsAsItsDeadlinePassesIsCommittedOnce(t *testing.T) {
 		t.Run(fmt.Sprintf("batch=%v", batched), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			cfg := deduplication.Config{Store: b.store, Consumer: "deadline", MeterProvider: b.meter}
+			cfg := deduplication.Config{Store: b.store, Consumer: "deadline", Env: sluice.Env{MeterProvider: b.meter}}
 			if batched {
 				cfg.Batch = &deduplication.BatchConfig{MaxBatch: 4}
 			}

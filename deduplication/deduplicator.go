@@ -41,10 +41,15 @@ type Config struct {
 	// Key takes the key from a message. Default
 	// KeyFromMetadata(sluice.EventIDKey).
 	Key KeyFunc
-	// Classifier decides whether a handler error is a rejection, whose
-	// writes are committed. Give the Classify stage the same value. Default
-	// sluice.DefaultClassifier().
-	Classifier *sluice.Classifier
+	// Env is the shared environment (router.Stages and service give theirs;
+	// the fields set here win). The inbox reads Classifier, which decides
+	// whether a handler error is a rejection, whose writes are committed —
+	// give the Classify stage the same value (default
+	// sluice.DefaultClassifier()); MeterProvider, which receives the
+	// duplicates counter and, with Batch, the batch sizes (default the global
+	// OpenTelemetry provider); Logger, one debug line per duplicate (default
+	// watermill.NopLogger; router.Add gives the router's).
+	sluice.Env
 	// KeyMaxLength is the longest key accepted, in bytes. Default
 	// KeyMaxLengthDefault.
 	KeyMaxLength int
@@ -84,12 +89,6 @@ type Config struct {
 	// committed once (BatchConfig). Default nil: one transaction per
 	// delivery.
 	Batch *BatchConfig
-	// MeterProvider receives the duplicates counter (and, with Batch, the
-	// batch sizes). Default the global OpenTelemetry provider.
-	MeterProvider metric.MeterProvider
-	// Logger receives one debug line per duplicate. Default
-	// watermill.NopLogger; router.Add gives the router's.
-	Logger watermill.LoggerAdapter
 }
 
 // withDefaults returns a copy of c with its defaults filled. A negative

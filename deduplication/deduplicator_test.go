@@ -53,7 +53,7 @@ func setup(t *testing.T) *bundle {
 
 func (b *bundle) dedup(t *testing.T, consumer string) message.HandlerMiddleware {
 	t.Helper()
-	d, err := deduplication.New(deduplication.Config{Store: b.store, Consumer: consumer, MeterProvider: b.meter})
+	d, err := deduplication.New(deduplication.Config{Store: b.store, Consumer: consumer, Env: sluice.Env{MeterProvider: b.meter}})
 	require.NoError(t, err)
 	return d
 }

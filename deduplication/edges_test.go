@@ -81,9 +81,9 @@ func TestInboxRejectedAfterAnAbortedTransaction(t *testing.T) {
 	}
 	classifier, err := sluice.NewClassifier(sluice.ClassifierConfig{Rules: []sluice.Rule{uniqueViolation}})
 	require.NoError(t, err)
-	d, err := deduplication.New(deduplication.Config{Store: b.store, Consumer: "inventory", Classifier: classifier, MeterProvider: b.meter})
+	d, err := deduplication.New(deduplication.Config{Store: b.store, Consumer: "inventory", Env: sluice.Env{Classifier: classifier, MeterProvider: b.meter}})
 	require.NoError(t, err)
-	classify, err := middleware.Classify(middleware.ClassifyConfig{Classifier: classifier, MeterProvider: b.meter})
+	classify, err := middleware.Classify(middleware.ClassifyConfig{Env: sluice.Env{Classifier: classifier, MeterProvider: b.meter}})
 	require.NoError(t, err)
 
 	handler := classify(d(func(msg *message.Message) ([]*message.Message, error) {
@@ -205,7 +205,7 @@ func TestInboxSlowMessageDoesNotStallTheConsumers(t *testing.T) {
 func TestCollidingIDsAreNeverOneKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	d, err := deduplication.New(deduplication.Config{Store: b.store, Consumer: "inventory", Key: deduplication.KeyFromJSON("eventId"), MeterProvider: b.meter})
+	d, err := deduplication.New(deduplication.Config{Store: b.store, Consumer: "inventory", Key: deduplication.KeyFromJSON("eventId"), Env: sluice.Env{MeterProvider: b.meter}})
 	require.NoError(t, err)
 	h := d(b.reserve(nil))
 	pairs := [][2]string{
@@ -248,7 +248,7 @@ func TestCollidingIDsAreNeverOneKey(t *testing.T) {
 func TestCaseVariantKeysAreTheHandlersEvent(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	d, err := deduplication.New(deduplication.Config{Store: b.store, Consumer: "ledger", Key: deduplication.KeyFromJSON("eventId"), MeterProvider: b.meter})
+	d, err := deduplication.New(deduplication.Config{Store: b.store, Consumer: "ledger", Key: deduplication.KeyFromJSON("eventId"), Env: sluice.Env{MeterProvider: b.meter}})
 	require.NoError(t, err)
 	h := d(func(msg *message.Message) ([]*message.Message, error) {
 		var evt struct {
@@ -285,7 +285,7 @@ func TestCaseVariantKeysAreTheHandlersEvent(t *testing.T) {
 func TestInboxRejectedCommitLostIsRetried(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	classify, err := middleware.Classify(middleware.ClassifyConfig{MeterProvider: b.meter})
+	classify, err := middleware.Classify(middleware.ClassifyConfig{Env: sluice.Env{MeterProvider: b.meter}})
 	require.NoError(t, err)
 	terminate := true
 	handler := classify(b.dedup(t, "inventory")(func(msg *message.Message) ([]*message.Message, error) {

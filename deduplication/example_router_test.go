@@ -35,16 +35,15 @@ func addInventory(ctx context.Context, router *message.Router, amqpURL string, d
 		return err
 	}
 	classifier := sluice.DefaultClassifier()
-	classify, err := middleware.Classify(middleware.ClassifyConfig{Classifier: classifier, Logger: logger})
+	classify, err := middleware.Classify(middleware.ClassifyConfig{Env: sluice.Env{Classifier: classifier, Logger: logger}})
 	if err != nil {
 		return err
 	}
 	inbox, err := deduplication.New(deduplication.Config{
-		Store:      store,
-		Consumer:   "inventory",                          // unique among the consumers sharing this table
-		Key:        deduplication.KeyFromJSON("eventId"), // the business event id
-		Classifier: classifier,
-		Logger:     logger,
+		Store:    store,
+		Consumer: "inventory",                          // unique among the consumers sharing this table
+		Key:      deduplication.KeyFromJSON("eventId"), // the business event id
+		Env:      sluice.Env{Classifier: classifier, Logger: logger},
 	})
 	if err != nil {
 		return err

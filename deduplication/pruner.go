@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
@@ -46,10 +47,11 @@ type PrunerConfig struct {
 	// Records names what the Store holds, in the log line of a failed run
 	// ("Pruning the <Records> failed"). Default "inbox".
 	Records string
-	// Logger reports failed runs. Default watermill.NopLogger.
-	Logger watermill.LoggerAdapter
-	// MeterProvider receives the pruned counter. Default the global provider.
-	MeterProvider metric.MeterProvider
+	// Env is the shared environment (service gives its own). The pruner reads
+	// Logger, which reports failed runs (default watermill.NopLogger), and
+	// MeterProvider, which receives the pruned counter (default the global
+	// provider).
+	sluice.Env
 }
 
 // Pruner deletes inbox records older than a retention, in bounded batches,

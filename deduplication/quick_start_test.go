@@ -204,7 +204,7 @@ func TestWatermillAMQPsDefaultMarshalerIsNamedOnce(t *testing.T) {
 	log := testenv.NewLog()
 	sub, err := amqp.NewSubscriber(amqp.NewDurableQueueConfig(testenv.AMQPURL), watermill.NopLogger{})
 	require.NoError(t, err)
-	classify, err := middleware.Classify(middleware.ClassifyConfig{Logger: log})
+	classify, err := middleware.Classify(middleware.ClassifyConfig{Env: sluice.Env{Logger: log}})
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)

@@ -134,7 +134,7 @@ func TestEmbeddedCloseReportsDeliveriesNackedWhileTheRouterCloses(t *testing.T) 
 	r, done, _ := embeddedRouter(t, e, router.Stages{
 		ShutdownGrace: 50 * time.Millisecond,
 		Poison:        &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: time.Millisecond}, Classify: &middleware.ClassifyConfig{},
-		Brake: &brake.Config{Window: 2, FailureRatio: 1, CoolDown: time.Hour, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
+		Brake: &brake.Config{Window: 2, FailureRatio: 1, CoolDown: time.Hour, Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}},
 	}, func(*message.Message) error {
 		handled.Add(1)
 		return fmt.Errorf("inventory service: %w", syscall.ECONNREFUSED)

@@ -43,16 +43,17 @@ type DelayedPublisherConfig struct {
 	Target message.Publisher
 	// Routes maps each tier topic to its delay and destination. Required.
 	Routes []Route
-	// Logger reports deliveries to Target that failed. Default watermill.NopLogger.
-	Logger watermill.LoggerAdapter
+	// Env is the publisher's environment (a sluice.Env). It reads Logger,
+	// which reports deliveries to Target that failed (default
+	// watermill.NopLogger), and Clock, which times the delays (default
+	// sluice.SystemClock(); the test kit, package sluicetest, gives its
+	// virtual clock).
+	sluice.Env
 	// MaxPending bounds the messages waiting for their delay (each holds its
 	// payload and metadata in memory). Publish beyond it fails with
 	// ErrDelayedPublisherFull, so the retry stage nacks the original after
 	// its backoff: back-pressure instead of unbounded memory. Default 10,000.
 	MaxPending int
-	// Clock times the delays. Default sluice.SystemClock(); the test kit
-	// (package sluicetest) gives its virtual clock.
-	Clock sluice.Clock
 }
 
 // maxPendingDefault is DelayedPublisherConfig.MaxPending's default.

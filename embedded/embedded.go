@@ -36,8 +36,11 @@ type Config struct {
 	TierJitter broker.Jitter
 	// PoisonTopic. Default "<Topic>.poison".
 	PoisonTopic string
-	// Logger. Default watermill.NopLogger.
-	Logger watermill.LoggerAdapter
+	// Env is the broker's environment (a sluice.Env: give the stages' own).
+	// It reads Logger (default watermill.NopLogger) and Clock, which times
+	// the retry tiers' delays (default sluice.SystemClock(); the test kit,
+	// package sluicetest, gives its virtual clock).
+	sluice.Env
 	// MaxPendingRetries bounds the copies waiting in the in-process tiers
 	// (DelayedPublisherConfig.MaxPending); beyond it the retry
 	// stage nacks. Default 10,000.
@@ -55,9 +58,6 @@ type Config struct {
 	// in flight to be acked or nacked; what is still in a handler then is
 	// reported by Close. Keep it above the handlers' ShutdownGrace. Default 30 s.
 	DrainTimeout time.Duration
-	// Clock times the retry tiers' delays. Default sluice.SystemClock();
-	// the test kit (package sluicetest) gives its virtual clock.
-	Clock sluice.Clock
 }
 
 // withDefaults returns a copy of c with its defaults filled;
@@ -127,8 +127,8 @@ func New(cfg Config) (*Broker, error) {
 	e := &Broker{cfg: cfg, pubsub: newPubSub(cfg), tiers: tiers}
 	e.pubsub.sinks[cfg.PoisonTopic] = e.storePoisoned
 	e.delayed, err = NewDelayedPublisher(DelayedPublisherConfig{
-		Target: embeddedPublisher{e.pubsub, true}, Routes: Routes(cfg.Topic, tiers), Logger: cfg.Logger,
-		MaxPending: cfg.MaxPendingRetries, Clock: cfg.Clock,
+		Target: embeddedPublisher{e.pubsub, true}, Routes: Routes(cfg.Topic, tiers), Env: sluice.Env{Logger: cfg.Logger, Clock: cfg.Clock},
+		MaxPending: cfg.MaxPendingRetries,
 	})
 	if err != nil {
 		return nil, err

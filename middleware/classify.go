@@ -18,18 +18,17 @@ import (
 
 // ClassifyConfig configures the Classify middleware.
 type ClassifyConfig struct {
-	// sluice.Classifier decides each error's class. Default sluice.DefaultClassifier().
-	// Give the deduplication stage the same value, so that "commit on
-	// Rejected" and "ack on Rejected" always agree.
-	Classifier *sluice.Classifier
-	// MeterProvider receives the rejected counter. Default the global
-	// OpenTelemetry provider.
-	MeterProvider metric.MeterProvider
-	// Logger receives one info line per rejection, what the stack around
+	// Env is the shared environment (router.Stages and service give theirs;
+	// the fields set here win). Classify reads Classifier, which decides each
+	// error's class (default sluice.DefaultClassifier(); give the
+	// deduplication stage the same value, so that "commit on Rejected" and
+	// "ack on Rejected" always agree — router.Stages.Env does); MeterProvider,
+	// which receives the rejected counter (default the global OpenTelemetry
+	// provider); Logger, one info line per rejection, what the stack around
 	// Classify lacks (once per handler), and the failures nothing isolates
-	// (see Classify). Default watermill.NopLogger; router.Add gives the
-	// router's: by hand, give your router's.
-	Logger watermill.LoggerAdapter
+	// (see Classify) (default watermill.NopLogger; router.Add gives the
+	// router's: by hand, give your router's).
+	sluice.Env
 }
 
 // withDefaults returns a copy of c with its defaults filled.

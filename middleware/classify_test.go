@@ -34,7 +34,7 @@ func TestClassify(t *testing.T) {
 	t.Parallel()
 	reader := sdkmetric.NewManualReader()
 	mw, err := middleware.Classify(middleware.ClassifyConfig{
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 	})
 	require.NoError(t, err)
 
@@ -105,8 +105,8 @@ func TestTraceRoutingKeyAndScope(t *testing.T) {
 	t.Parallel()
 	spans := tracetest.NewSpanRecorder()
 	trace, err := middleware.Trace(middleware.TraceConfig{
-		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
-		MeterProvider:  sdkmetric.NewMeterProvider(), System: "rabbitmq",
+		Env:    sluice.Env{TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)), MeterProvider: sdkmetric.NewMeterProvider()},
+		System: "rabbitmq",
 	})
 	require.NoError(t, err)
 	msg := message.NewMessage("1", nil)

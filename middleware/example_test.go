@@ -56,9 +56,8 @@ func ExampleRecoverer() {
 func ExampleTrace() {
 	spans := tracetest.NewSpanRecorder()
 	trace, err := middleware.Trace(middleware.TraceConfig{
-		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
-		MeterProvider:  sdkmetric.NewMeterProvider(),
-		System:         "rabbitmq",
+		Env:    sluice.Env{TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)), MeterProvider: sdkmetric.NewMeterProvider()},
+		System: "rabbitmq",
 	})
 	if err != nil {
 		panic(err)

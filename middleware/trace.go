@@ -28,10 +28,10 @@ const OperationProcess = "process"
 
 // TraceConfig configures the Trace stage and TracingPublisher.
 type TraceConfig struct {
-	// TracerProvider. Default the global provider.
-	TracerProvider trace.TracerProvider
-	// MeterProvider. Default the global provider.
-	MeterProvider metric.MeterProvider
+	// Env is the shared environment (router.Stages and service give theirs;
+	// the fields set here win). The Trace stage reads TracerProvider and
+	// MeterProvider (default the global providers).
+	sluice.Env
 	// Propagator reads (and, in TracingPublisher, writes) the trace context
 	// in message metadata. Default W3C trace context and baggage; pass
 	// otel.GetTextMapPropagator() to use the global one.

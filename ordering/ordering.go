@@ -79,9 +79,12 @@ type Config struct {
 	// gives it the Trace stage, so that a released message has its span and
 	// its outcome in the Trace stage's metrics, as a delivery has (the
 	// delivery that was held counts as waiting). Default none.
-	Released      message.HandlerMiddleware
-	MeterProvider metric.MeterProvider
-	Logger        watermill.LoggerAdapter
+	Released message.HandlerMiddleware
+	// Env is the shared environment (router.Stages and service give theirs;
+	// the fields set here win). The stage reads MeterProvider (default the
+	// global provider) and Logger (default watermill.NopLogger; router.Add
+	// gives the router's).
+	sluice.Env
 }
 
 func (c Config) withDefaults() (Config, error) {

@@ -14,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/outbox/sqlstore"
@@ -64,8 +65,7 @@ func TestABatchIsBoundedByBytes(t *testing.T) {
 		limit = v // a measurement: 1<<40 is no bound, as before
 	}
 	store := &measured{Store: s.outbox}
-	r, err := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: s.rabbit.Publisher(), MeterProvider: s.mp,
-		BatchBytes: limit, PollInterval: 10 * time.Millisecond, StatsInterval: -1})
+	r, err := outbox.NewRelay(store, s.rabbit.Publisher(), outbox.RelayConfig{Env: sluice.Env{MeterProvider: s.mp}, BatchBytes: limit, PollInterval: 10 * time.Millisecond, StatsInterval: -1})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
@@ -113,8 +113,7 @@ func TestABatchCutShortByBytesIsFollowedAtOnce(t *testing.T) {
 		require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, message.NewMessage(watermill.NewUUID(), payload)))
 	}
 	require.NoError(t, tx.Commit())
-	r, err := outbox.NewRelay(outbox.RelayConfig{Store: unwoken{s.outbox}, Publisher: s.rabbit.Publisher(), MeterProvider: s.mp,
-		BatchBytes: 250 * 1000, PollInterval: time.Hour, StatsInterval: -1})
+	r, err := outbox.NewRelay(unwoken{s.outbox}, s.rabbit.Publisher(), outbox.RelayConfig{Env: sluice.Env{MeterProvider: s.mp}, BatchBytes: 250 * 1000, PollInterval: time.Hour, StatsInterval: -1})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()

@@ -10,6 +10,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
@@ -79,9 +80,9 @@ func relayThroughAHalfOpenHeal(t *testing.T, open func(t *testing.T, dsn string)
 		require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, msgs...))
 		require.NoError(t, tx.Commit())
 	}
-	r, err := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: s.rabbit.Publisher(), BatchSize: 10,
+	r, err := outbox.NewRelay(store, s.rabbit.Publisher(), outbox.RelayConfig{BatchSize: 10,
 		StoreTimeout: time.Second, PublishTimeout: 5 * time.Second, PollInterval: 10 * time.Millisecond,
-		RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, MeterProvider: s.mp})
+		RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, Env: sluice.Env{MeterProvider: s.mp}})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()

@@ -97,7 +97,7 @@ func TestCloseFinishesOnlyTheBatchInFlight(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
 	pub := &heldFirst{pub: b.PubSub().Publisher(), started: make(chan struct{}), release: make(chan struct{})}
-	r, err := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: pub, BatchSize: batch, StatsInterval: -1})
+	r, err := outbox.NewRelay(store, pub, outbox.RelayConfig{BatchSize: batch, StatsInterval: -1})
 	require.NoError(t, err)
 	closeWhileHeld(t, r, pub.started, pub.release)
 	require.EqualValues(t, batch, pub.published.Load(), "the batch in flight, and no other")
@@ -134,7 +134,7 @@ func TestABatchTakenAsCloseIsCalledIsGivenBack(t *testing.T) {
 	t.Cleanup(func() { _ = b.Close() })
 	pub := &heldFirst{pub: b.PubSub().Publisher(), started: make(chan struct{}), release: make(chan struct{})}
 	close(pub.release) // nothing held there
-	r, err := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: pub, BatchSize: batch, StatsInterval: -1})
+	r, err := outbox.NewRelay(store, pub, outbox.RelayConfig{BatchSize: batch, StatsInterval: -1})
 	require.NoError(t, err)
 	closeWhileHeld(t, r, store.entered, store.release)
 	require.Zero(t, pub.published.Load(), "nothing published after Close was called")

@@ -54,7 +54,7 @@ func TestNothingIsTakenAfterCloseReturns(t *testing.T) {
 		late := 0
 		for range 300 {
 			w := &watched{Store: s.outbox}
-			r, err := outbox.NewRelay(outbox.RelayConfig{Store: w, Publisher: pub, StatsInterval: -1, PollInterval: time.Hour})
+			r, err := outbox.NewRelay(w, pub, outbox.RelayConfig{StatsInterval: -1, PollInterval: time.Hour})
 			require.NoError(t, err)
 			done := make(chan error, 1)
 			if order == "Close, then Run" {

@@ -43,7 +43,7 @@ func TestTheOutboxBehindWatermillsTimeoutAndRetry(t *testing.T) {
 		// machine in make test, and went to poison.
 		[]message.HandlerMiddleware{wmiddleware.Timeout(2 * time.Second)},
 		[]message.HandlerMiddleware{wmiddleware.Retry{MaxRetries: 2, InitialInterval: 5 * time.Millisecond}.Middleware})
-	s.relay(outbox.RelayConfig{Publisher: s.rabbit.Publisher()})
+	s.relay(s.rabbit.Publisher(), outbox.RelayConfig{})
 	s.send("evt-1", `{}`)
 	got := s.producedMessages(1)
 	require.Len(t, got, 1)
@@ -74,7 +74,7 @@ func TestTheOutboxRelaysAForeignProducersPropertiesAndKeepsAnOversizedMessageAsi
 		return []*message.Message{copied, huge}, nil
 	}
 	s.run(h, nil, true)
-	s.relay(outbox.RelayConfig{Publisher: s.rabbit.Publisher(), RetryMin: time.Hour, RetryMax: time.Hour})
+	s.relay(s.rabbit.Publisher(), outbox.RelayConfig{RetryMin: time.Hour, RetryMax: time.Hour})
 
 	ch, err := s.conn.Channel()
 	require.NoError(t, err)

@@ -92,7 +92,7 @@ func TestARowTheBrokerClosesTheChannelOnDoesNotHoldItsBatch(t *testing.T) {
 	require.NoError(t, s.outbox.Write(t.Context(), tx, other, msgs(100)...))
 	require.NoError(t, tx.Commit())
 	start := time.Now()
-	s.relay(outbox.RelayConfig{Publisher: &poisoning{pub: pub, culprit: culprit}, RetryMin: time.Hour, RetryMax: time.Hour, PollInterval: 10 * time.Millisecond})
+	s.relay(&poisoning{pub: pub, culprit: culprit}, outbox.RelayConfig{RetryMin: time.Hour, RetryMax: time.Hour, PollInterval: 10 * time.Millisecond})
 	require.Eventually(t, func() bool {
 		return testenv.QueueDepth(t, s.conn, s.produced) >= 400 && testenv.QueueDepth(t, s.conn, other) >= 100
 	}, 2*time.Minute, 10*time.Millisecond, "the 500 good rows, other topics included: %d and %d",

@@ -49,7 +49,7 @@ func addInventory(ctx context.Context, r *message.Router, q *rabbitmq.Broker, db
 	if err != nil {
 		return nil, err
 	}
-	relay, err := outbox.NewRelay(outbox.RelayConfig{Store: outboxStore, Publisher: q.Publisher()})
+	relay, err := outbox.NewRelay(outboxStore, q.Publisher(), outbox.RelayConfig{})
 	if err != nil {
 		return nil, err
 	}

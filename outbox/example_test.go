@@ -88,7 +88,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	relay, err := outbox.NewRelay(outbox.RelayConfig{Store: outboxStore, Publisher: b.PubSub().Publisher()})
+	relay, err := outbox.NewRelay(outboxStore, b.PubSub().Publisher(), outbox.RelayConfig{})
 	if err != nil {
 		panic(err)
 	}

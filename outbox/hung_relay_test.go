@@ -38,7 +38,7 @@ func TestAHungRelayHoldsItsBatchOnlyForItsTimeouts(t *testing.T) {
 	require.NoError(t, tx.Commit())
 
 	pubA := &holding{pub: s.rabbit.Publisher(), started: make(chan struct{}), release: make(chan struct{})}
-	relayA, err := outbox.NewRelay(outbox.RelayConfig{Store: storeA, Publisher: pubA, StatsInterval: -1,
+	relayA, err := outbox.NewRelay(storeA, pubA, outbox.RelayConfig{StatsInterval: -1,
 		PublishTimeout: time.Second, StoreTimeout: time.Second, PollInterval: time.Hour})
 	require.NoError(t, err)
 	doneA := make(chan error, 1)
@@ -53,7 +53,7 @@ func TestAHungRelayHoldsItsBatchOnlyForItsTimeouts(t *testing.T) {
 	close(pubA.release) // A's publishes go on; its delete never reaches the database
 
 	start := time.Now()
-	s.relay(outbox.RelayConfig{Publisher: s.rabbit.Publisher(), PollInterval: 20 * time.Millisecond, StatsInterval: -1})
+	s.relay(s.rabbit.Publisher(), outbox.RelayConfig{PollInterval: 20 * time.Millisecond, StatsInterval: -1})
 	require.Eventually(t, func() bool { return s.count("outbox") == 0 }, time.Minute, 20*time.Millisecond,
 		"B takes and publishes the rows A held")
 	t.Logf("B had the rows after %s (A's hold: PublishTimeout 1 s + 3 × StoreTimeout 1 s)", time.Since(start))

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
@@ -57,8 +58,7 @@ func TestRelayedCountsRowsOnceTheirDeleteCommitted(t *testing.T) {
 	}
 	require.NoError(t, tx.Commit())
 	store := &failingFinish{Store: s.outbox}
-	r, err := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: s.rabbit.Publisher(), MeterProvider: s.mp,
-		PollInterval: 10 * time.Millisecond, RetryMin: 10 * time.Millisecond, StatsInterval: -1})
+	r, err := outbox.NewRelay(store, s.rabbit.Publisher(), outbox.RelayConfig{Env: sluice.Env{MeterProvider: s.mp}, PollInterval: 10 * time.Millisecond, RetryMin: 10 * time.Millisecond, StatsInterval: -1})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()

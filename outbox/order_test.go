@@ -54,7 +54,7 @@ func TestRowsOfOneTopicArriveInOrderWithAnyPublisher(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(func() { cancel(); _ = b.Close() })
 		write(s, "produced")
-		s.relay(outbox.RelayConfig{Publisher: b.PubSub().Publisher(), StatsInterval: -1})
+		s.relay(b.PubSub().Publisher(), outbox.RelayConfig{StatsInterval: -1})
 		var got []string
 		timeout := time.After(30 * time.Second)
 		for len(got) < n {
@@ -72,7 +72,7 @@ func TestRowsOfOneTopicArriveInOrderWithAnyPublisher(t *testing.T) {
 		t.Parallel()
 		s := newService(t, testenv.AMQPURL)
 		write(s, s.produced)
-		s.relay(outbox.RelayConfig{Publisher: wrapping{s.rabbit.Publisher()}, StatsInterval: -1})
+		s.relay(wrapping{s.rabbit.Publisher()}, outbox.RelayConfig{StatsInterval: -1})
 		var got []string
 		for _, d := range s.producedMessages(n) {
 			got = append(got, string(d.Body))

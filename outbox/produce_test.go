@@ -65,8 +65,8 @@ func (p *producer) write(topic string, msgs ...*message.Message) error {
 
 // relay runs a relay of the outbox on pub until the test ends.
 func (p *producer) relay(pub message.Publisher) {
-	r, err := outbox.NewRelay(outbox.RelayConfig{Store: p.store, Publisher: pub, RetryMin: time.Hour, RetryMax: time.Hour,
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(p.meter))})
+	r, err := outbox.NewRelay(p.store, pub, outbox.RelayConfig{RetryMin: time.Hour, RetryMax: time.Hour,
+		Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(p.meter))}})
 	require.NoError(p.t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
@@ -190,7 +190,7 @@ func TestWhatCannotBePublishedIsRefusedWhenWritten(t *testing.T) {
 			}
 			return []*message.Message{evt}, nil
 		}, nil, true)
-		s.relay(outbox.RelayConfig{Publisher: pub})
+		s.relay(pub, outbox.RelayConfig{})
 		s.send("evt-bad", "bad")
 		s.send("evt-good", "good")
 		require.Len(t, s.producedMessages(1), 1)
@@ -256,7 +256,7 @@ func TestAFanOutThatCopiesTheDeliverysMetadataIsAppliedWhole(t *testing.T) {
 		out[4].Metadata.Set(sluice.EventIDKey, "summary:"+msg.Metadata.Get(sluice.EventIDKey))
 		return out, nil
 	}, nil, true)
-	send.relay(outbox.RelayConfig{Publisher: send.rabbit.Publisher()})
+	send.relay(send.rabbit.Publisher(), outbox.RelayConfig{})
 	send.send("order-1", "order")
 
 	require.Eventually(t, func() bool { return len(recv.applied()) == 5 }, 2*time.Minute, 10*time.Millisecond,
@@ -291,7 +291,7 @@ func TestAForwardedCopyCarriesNoRetryHistory(t *testing.T) {
 		forwarded.Add(1)
 		return []*message.Message{msg.Copy()}, nil
 	}, nil, true)
-	send.relay(outbox.RelayConfig{Publisher: send.rabbit.Publisher()})
+	send.relay(send.rabbit.Publisher(), outbox.RelayConfig{})
 	for i := range 3 {
 		send.send(fmt.Sprint("evt-", i), "payload")
 	}

@@ -56,14 +56,9 @@ const (
 	backoffMax = 5 * time.Second
 )
 
-// RelayConfig configures NewRelay.
+// RelayConfig configures NewRelay: the relay's own settings (the store and
+// the publisher are NewRelay's arguments), all optional.
 type RelayConfig struct {
-	// Store holds the rows (sqlstore.Store). Required.
-	Store Store
-	// Publisher publishes each row to its topic and returns nil only once
-	// the broker holds it: rabbitmq's Broker.Publisher() or Publisher
-	// (confirms + mandatory), the embedded default's. Required.
-	Publisher message.Publisher
 	// Name labels the relay's metrics and logs (the attribute sluice.outbox). Default the
 	// store's table name when it has one (a Name() method), else "outbox".
 	Name string
@@ -112,16 +107,16 @@ type RelayConfig struct {
 	// (pending, failing, oldest age). Default 5 s;
 	// negative: never.
 	StatsInterval time.Duration
-	// MeterProvider receives the relay's metrics. Default the global one.
-	MeterProvider metric.MeterProvider
-	// Logger receives a line per batch with failures and per store error.
-	// Default watermill.NopLogger.
-	Logger watermill.LoggerAdapter
+	// Env is the shared environment (service gives its own; the fields set
+	// here win). The relay reads MeterProvider, which receives its metrics
+	// (default the global one), and Logger, a line per batch with failures
+	// and per store error (default watermill.NopLogger).
+	sluice.Env
 }
 
-func (c RelayConfig) withDefaults() RelayConfig {
+func (c RelayConfig) withDefaults(store Store) RelayConfig {
 	if c.Name == "" {
-		if n, ok := c.Store.(interface{ Name() string }); ok {
+		if n, ok := store.(interface{ Name() string }); ok {
 			c.Name = n.Name()
 		}
 	}
@@ -150,10 +145,6 @@ func (c RelayConfig) validate() error {
 		}
 	}
 	switch {
-	case c.Store == nil:
-		return errors.New("outbox: RelayConfig.Store is required")
-	case c.Publisher == nil:
-		return errors.New("outbox: RelayConfig.Publisher is required (a publisher that returns once the broker holds the message: rabbitmq's confirmed Publisher)")
 	case c.BatchSize < 0 || c.BatchSize > 10000:
 		return fmt.Errorf("outbox: RelayConfig.BatchSize must be between 1 and 10000, got %d", c.BatchSize)
 	case c.Concurrency < 0 || c.Concurrency > 64:
@@ -176,11 +167,13 @@ func (c RelayConfig) validate() error {
 // row is published at least once: a relay that stops between a confirm and
 // its delete sends it again, with the same message id and event id.
 type Relay struct {
-	cfg     RelayConfig
-	wake    chan struct{}
-	stores  <-chan struct{} // the store's wake-ups, or nil
-	closing chan struct{}
-	done    chan struct{} // closed when Run returns
+	cfg       RelayConfig
+	store     Store
+	publisher message.Publisher
+	wake      chan struct{}
+	stores    <-chan struct{} // the store's wake-ups, or nil
+	closing   chan struct{}
+	done      chan struct{} // closed when Run returns
 	// mu orders Run's start with Close: a Run that starts after Close
 	// takes nothing, and a Close after Run started waits for it.
 	mu      sync.Mutex
@@ -195,15 +188,24 @@ type Relay struct {
 	calls                           *bounded.Calls // the store calls' bounds
 }
 
-// NewRelay validates cfg and returns a Relay; Run runs it.
-func NewRelay(cfg RelayConfig) (*Relay, error) {
-	cfg = cfg.withDefaults()
+// NewRelay validates cfg and returns a Relay of store's rows (sqlstore.Store)
+// on publisher, which publishes each row to its topic and returns nil only
+// once the broker holds it: rabbitmq's Broker.Publisher() or Publisher
+// (confirms + mandatory), the embedded default's. Run runs it.
+func NewRelay(store Store, publisher message.Publisher, cfg RelayConfig) (*Relay, error) {
+	switch {
+	case store == nil:
+		return nil, errors.New("outbox: NewRelay: the Store is required")
+	case publisher == nil:
+		return nil, errors.New("outbox: NewRelay: the Publisher is required (a publisher that returns once the broker holds the message: rabbitmq's confirmed Publisher)")
+	}
+	cfg = cfg.withDefaults(store)
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, wake: make(chan struct{}, 1), closing: make(chan struct{}), done: make(chan struct{}),
+	r := &Relay{cfg: cfg, store: store, publisher: publisher, wake: make(chan struct{}, 1), closing: make(chan struct{}), done: make(chan struct{}),
 		calls: &bounded.Calls{Max: storeCallsMax, Timeout: context.DeadlineExceeded}}
-	if w, ok := cfg.Store.(Waker); ok {
+	if w, ok := store.(Waker); ok {
 		r.stores = w.Wakeups()
 	}
 	m := telemetry.Meter(cfg.MeterProvider)
@@ -413,7 +415,7 @@ func (r *Relay) readStats(ctx context.Context) {
 	t := time.NewTicker(r.cfg.StatsInterval)
 	defer t.Stop()
 	for {
-		s, err := storeCall(r, ctx, false, r.cfg.Store.Stats, nil)
+		s, err := storeCall(r, ctx, false, r.store.Stats, nil)
 		if err == nil {
 			r.stats.Store(&readStats{Stats: s, at: time.Now()})
 		}
@@ -444,10 +446,10 @@ func (s *readStats) oldestAge() time.Duration {
 
 // due takes a batch: bounded by bytes too when the store can.
 func (r *Relay) due(ctx context.Context) (Batch, error) {
-	if bb, ok := r.cfg.Store.(BytesBounder); ok {
+	if bb, ok := r.store.(BytesBounder); ok {
 		return bb.DueWithin(ctx, r.cfg.BatchSize, r.cfg.BatchBytes)
 	}
-	return r.cfg.Store.Due(ctx, r.cfg.BatchSize)
+	return r.store.Due(ctx, r.cfg.BatchSize)
 }
 
 // result is one row's publish.
@@ -587,7 +589,7 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 // returned: concurrent publishes would not keep the rows' order).
 func (r *Relay) publish(ctx context.Context, rows []Row) <-chan result {
 	results := make(chan result, len(rows))
-	each, pipelined := r.cfg.Publisher.(broker.EachPublisher)
+	each, pipelined := r.publisher.(broker.EachPublisher)
 	var topics []string
 	byTopic := map[string][]int{}
 	for i, row := range rows {
@@ -679,13 +681,13 @@ func (r *Relay) isolate(ctx context.Context, rows []Row, errs []error, seen []bo
 func (r *Relay) publishOne(ctx context.Context, row Row) error {
 	msg := row.Message.Copy()
 	msg.SetContext(ctx)
-	if each, ok := r.cfg.Publisher.(broker.EachPublisher); ok {
+	if each, ok := r.publisher.(broker.EachPublisher); ok {
 		if errs := each.PublishEach(row.Topic, msg); len(errs) == 1 {
 			return errs[0]
 		}
 		return errors.New("outbox: the publisher reported no outcome for one message")
 	}
-	return r.cfg.Publisher.Publish(row.Topic, msg)
+	return r.publisher.Publish(row.Topic, msg)
 }
 
 // retryAfter is the wait before a row that failed attempts times before

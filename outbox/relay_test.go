@@ -111,13 +111,12 @@ func (s *service) runWith(h message.HandlerFunc, pub message.Publisher, withOutb
 		PublishingHandler: h,
 		PublishTopic:      s.produced,
 		Stages: router.Stages{
-			MeterProvider: s.mp,
-			Signer:        s.signer,
-			Poison:        &poison.Config{},
-			Retry:         &retrytiers.Config{},
-			Classify:      &middleware.ClassifyConfig{},
-			Inbox:         &deduplication.Config{Store: s.inbox},
-			Recoverer:     &middleware.RecovererConfig{},
+			Env:       sluice.Env{MeterProvider: s.mp, Signer: s.signer},
+			Poison:    &poison.Config{},
+			Retry:     &retrytiers.Config{},
+			Classify:  &middleware.ClassifyConfig{},
+			Inbox:     &deduplication.Config{Store: s.inbox},
+			Recoverer: &middleware.RecovererConfig{},
 		},
 	}
 	if withOutbox {
@@ -140,13 +139,12 @@ func (s *service) runWith(h message.HandlerFunc, pub message.Publisher, withOutb
 }
 
 // relay runs a relay of the service's outbox on pub until the test ends.
-func (s *service) relay(cfg outbox.RelayConfig) *outbox.Relay {
+func (s *service) relay(pub message.Publisher, cfg outbox.RelayConfig) *outbox.Relay {
 	t := s.t
-	cfg.Store = s.outbox
 	if cfg.MeterProvider == nil {
 		cfg.MeterProvider = s.mp
 	}
-	r, err := outbox.NewRelay(cfg)
+	r, err := outbox.NewRelay(s.outbox, pub, cfg)
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
@@ -243,7 +241,7 @@ func TestAnOutboxDeliversWhatAFailedPublishWouldLose(t *testing.T) {
 	pub := &failFirst{pub: s.rabbit.Publisher()}
 	pub.n.Store(1)
 	s.run(produceOne(&ran), nil, true)
-	s.relay(outbox.RelayConfig{Publisher: pub, PollInterval: time.Hour, RetryMin: 50 * time.Millisecond})
+	s.relay(pub, outbox.RelayConfig{PollInterval: time.Hour, RetryMin: 50 * time.Millisecond})
 	s.send("evt-1", `{}`)
 	got := s.producedMessages(1)
 	require.Len(t, got, 1)
@@ -299,7 +297,7 @@ func TestWhatIsProducedCommitsWithTheDelivery(t *testing.T) {
 		return nil, fmt.Errorf("unexpected payload %q", msg.Payload)
 	}
 	s.run(h, nil, true)
-	s.relay(outbox.RelayConfig{Publisher: s.rabbit.Publisher()})
+	s.relay(s.rabbit.Publisher(), outbox.RelayConfig{})
 	s.send("evt-fails", "fails-once")
 	s.send("evt-rejected", "rejected")
 	got := s.producedMessages(3)
@@ -333,7 +331,7 @@ func TestAnUnroutableDestinationKeepsItsRowsAndBlocksNothing(t *testing.T) {
 		return []*message.Message{message.NewMessage(watermill.NewUUID(), msg.Payload)}, nil
 	}
 	s.run(h, nil, true)
-	s.relay(outbox.RelayConfig{Publisher: s.rabbit.Publisher(), RetryMin: time.Hour, RetryMax: time.Hour, BatchSize: 7})
+	s.relay(s.rabbit.Publisher(), outbox.RelayConfig{RetryMin: time.Hour, RetryMax: time.Hour, BatchSize: 7})
 	const n = 40
 	for i := range n {
 		s.send(fmt.Sprint("evt-", i), fmt.Sprint(i))
@@ -373,8 +371,8 @@ func TestTwoRelaysPublishEveryRowOnce(t *testing.T) {
 	t.Parallel()
 	s := newService(t, testenv.AMQPURL)
 	const n = 2000
-	a := s.relay(outbox.RelayConfig{Publisher: s.rabbit.Publisher(), BatchSize: 50})
-	b := s.relay(outbox.RelayConfig{Publisher: s.rabbit.Publisher(), BatchSize: 50})
+	a := s.relay(s.rabbit.Publisher(), outbox.RelayConfig{BatchSize: 50})
+	b := s.relay(s.rabbit.Publisher(), outbox.RelayConfig{BatchSize: 50})
 	for i := range n / 100 {
 		tx, err := s.db.BeginTxx(t.Context(), nil)
 		require.NoError(t, err)
@@ -426,7 +424,7 @@ func TestCloseFinishesTheBatchInFlight(t *testing.T) {
 	t.Parallel()
 	s := newService(t, testenv.AMQPURL)
 	pub := &holding{pub: s.rabbit.Publisher(), started: make(chan struct{}), release: make(chan struct{})}
-	r, err := outbox.NewRelay(outbox.RelayConfig{Store: s.outbox, Publisher: pub, BatchSize: 10})
+	r, err := outbox.NewRelay(s.outbox, pub, outbox.RelayConfig{BatchSize: 10})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
@@ -459,9 +457,9 @@ func TestABlackHoledDatabaseHoldsNeitherTheRelayNorItsClose(t *testing.T) {
 	store, err := sqlstore.New(sqlstore.Config{DB: viaProxy, Table: s.schema + ".outbox"})
 	require.NoError(t, err)
 	meter := sdkmetric.NewManualReader()
-	r, err := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: s.rabbit.Publisher(), StoreTimeout: 200 * time.Millisecond,
+	r, err := outbox.NewRelay(store, s.rabbit.Publisher(), outbox.RelayConfig{StoreTimeout: 200 * time.Millisecond,
 		PublishTimeout: time.Second, PollInterval: 10 * time.Millisecond, RetryMin: 20 * time.Millisecond,
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(meter))})
+		Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(meter))}})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
@@ -509,7 +507,7 @@ func TestAnUnreachableBrokerDoesNotPushRowsBack(t *testing.T) {
 	s := newService(t, testenv.AMQPURL)
 	pub := &unreachableFirst{pub: s.rabbit.Publisher()}
 	pub.n.Store(20)
-	s.relay(outbox.RelayConfig{Publisher: pub, RetryMin: 40 * time.Millisecond, RetryMax: time.Hour, PollInterval: time.Hour})
+	s.relay(pub, outbox.RelayConfig{RetryMin: 40 * time.Millisecond, RetryMax: time.Hour, PollInterval: time.Hour})
 	tx, err := s.db.BeginTxx(t.Context(), nil)
 	require.NoError(t, err)
 	require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, message.NewMessage(watermill.NewUUID(), nil)))
@@ -529,7 +527,7 @@ func TestARefusedBatchDoesNotHoldTheRelay(t *testing.T) {
 	s := newService(t, testenv.AMQPURL)
 	missing := testenv.Name("missing")
 	testenv.DeleteQueuesAtEnd(t, missing)
-	r := s.relay(outbox.RelayConfig{Publisher: s.rabbit.Publisher(), PollInterval: time.Hour, RetryMin: time.Hour, RetryMax: time.Hour})
+	r := s.relay(s.rabbit.Publisher(), outbox.RelayConfig{PollInterval: time.Hour, RetryMin: time.Hour, RetryMax: time.Hour})
 	write := func(topic string) {
 		tx, err := s.db.BeginTxx(t.Context(), nil)
 		require.NoError(t, err)
@@ -582,7 +580,7 @@ func TestAnUnreadableRowIsKeptAsideAndStopsNothing(t *testing.T) {
 	require.NoError(t, tx.Commit())
 	_, err = s.db.Exec(`UPDATE ` + s.schema + `.outbox SET metadata = '\xdeadbeef' WHERE message_id = 'm-2'`)
 	require.NoError(t, err)
-	s.relay(outbox.RelayConfig{Publisher: s.rabbit.Publisher(), RetryMin: time.Hour, RetryMax: time.Hour})
+	s.relay(s.rabbit.Publisher(), outbox.RelayConfig{RetryMin: time.Hour, RetryMax: time.Hour})
 	require.Len(t, s.producedMessages(4), 4)
 	require.Eventually(t, func() bool {
 		return testenv.CounterWhere(t, s.meter, telemetry.MetricOutboxFailures, "error.type", "unreadable") == 1
@@ -632,7 +630,7 @@ func TestAnIdleInTransactionTimeoutDoesNotResendTheBatch(t *testing.T) {
 	require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, message.NewMessage("only", nil)))
 	require.NoError(t, tx.Commit())
 	pub := &slowPublisher{pub: s.rabbit.Publisher(), d: 400 * time.Millisecond}
-	r, err := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: pub, PollInterval: 10 * time.Millisecond})
+	r, err := outbox.NewRelay(store, pub, outbox.RelayConfig{PollInterval: 10 * time.Millisecond})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
@@ -674,7 +672,7 @@ func TestARetryNotYetDueOnTheDatabasesClockIsLookedForAgain(t *testing.T) {
 	pub := &failFirst{pub: s.rabbit.Publisher()}
 	pub.n.Store(1)
 	armOnFailure := &armingPublisher{pub: pub, arm: &store.armed}
-	r, err := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: armOnFailure, PollInterval: time.Hour, RetryMin: 50 * time.Millisecond})
+	r, err := outbox.NewRelay(store, armOnFailure, outbox.RelayConfig{PollInterval: time.Hour, RetryMin: 50 * time.Millisecond})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
@@ -717,7 +715,7 @@ func TestAConcurrentRelayPublishesABatchWhileAnotherIsHeld(t *testing.T) {
 		}
 	}
 	pub := &holding{pub: s.rabbit.Publisher(), held: held, started: make(chan struct{}), release: make(chan struct{})}
-	r := s.relay(outbox.RelayConfig{Publisher: pub, BatchSize: 5, Concurrency: 2})
+	r := s.relay(pub, outbox.RelayConfig{BatchSize: 5, Concurrency: 2})
 	tx, err := s.db.BeginTxx(t.Context(), nil)
 	require.NoError(t, err)
 	require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, msgs...))

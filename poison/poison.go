@@ -17,10 +17,10 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/clock"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/envsigner"
 	"github.com/sluicemq/sluice/internal/republish"
 	"github.com/sluicemq/sluice/internal/stack"
 	"github.com/sluicemq/sluice/internal/telemetry"
-	"github.com/sluicemq/sluice/signing"
 )
 
 // Defaults.
@@ -51,9 +51,26 @@ type Config struct {
 	// Classes are the failure classes isolated. Default ClassesDefault.
 	// ClassTransient and ClassRejected are refused.
 	Classes []sluice.Class
-	// Classifier classifies errors that carry no class. Default
-	// sluice.DefaultClassifier().
-	Classifier *sluice.Classifier
+	// Env is the shared environment (router.Stages and service give theirs;
+	// the fields set here win). The stage reads Classifier, for errors that
+	// carry no class (default sluice.DefaultClassifier()); Signer, which signs
+	// every copy (poison queue, park topic) for the consumer's queue (Queue,
+	// or the topic the handler subscribed to — never the delivery's routing
+	// key: what QueueKey records, and where `sluice dlq replay` sends it) and
+	// verifies, on the way in, the diagnosis a delivery carries
+	// (sluice_poison_*, the parked mark among them): believed only when it
+	// verifies for that queue — give the retry and replay stages the same one
+	// (router.Stages.Env does); without one the diagnosis is believed only on
+	// a copy back from ParkTopic (sluice.DeadLetterQueueKey, reason expired),
+	// and on any other delivery it is removed and the handler runs;
+	// MeterProvider, which receives sluice.poisoned (default the global
+	// provider); Logger, one line per message isolated (error level: the
+	// class, the reason, a panic's whole stack) and per failed publish
+	// (default watermill.NopLogger; router.Add gives the router's); Clock,
+	// which stamps the copies: PoisonedAtKey, and sluice.FirstFailedAtKey when
+	// the delivery has none (default sluice.SystemClock(); the test kit,
+	// package sluicetest, gives its virtual clock).
+	sluice.Env
 	// ErrorMaxLength bounds ReasonKey, in bytes. Default ErrorMaxLengthDefault.
 	ErrorMaxLength int
 	// PublishBackoff is waited before returning a failed publish, so an
@@ -81,28 +98,6 @@ type Config struct {
 	// PublishTimeout bounds publishing one copy, on a context detached from
 	// the handler's deadline. Default PublishTimeoutDefault.
 	PublishTimeout time.Duration
-	// Signer signs every copy (poison queue, park topic) for the
-	// consumer's queue (Queue, or the topic the handler subscribed to —
-	// never the delivery's routing key: what QueueKey records, and where
-	// `sluice dlq replay` sends it) and verifies, on the way in, the
-	// diagnosis a delivery carries (sluice_poison_*, the parked mark among
-	// them): believed only when it verifies for that queue. Give the retry
-	// and replay stages the same one (router.Stages.Signer does).
-	// Default nil: the diagnosis is
-	// believed only on a copy back from ParkTopic (sluice.
-	// DeadLetterQueueKey, reason expired); on any other delivery it is
-	// removed, and the handler runs.
-	Signer *signing.Signer
-	// MeterProvider receives sluice.poisoned. Default the global provider.
-	MeterProvider metric.MeterProvider
-	// Logger receives one line per message isolated (error level: the
-	// class, the reason, a panic's whole stack) and per failed publish.
-	// Default watermill.NopLogger; router.Add gives the router's.
-	Logger watermill.LoggerAdapter
-	// Clock stamps the copies: PoisonedAtKey, and sluice.FirstFailedAtKey
-	// when the delivery has none. Default sluice.SystemClock(); the test
-	// kit (package sluicetest) gives its virtual clock.
-	Clock sluice.Clock
 }
 
 // StackMaxLength bounds StackKey, in bytes.
@@ -120,6 +115,7 @@ func (c Config) withDefaults() Config {
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	c.ParkPublisher = cmp.Or(c.ParkPublisher, c.Publisher)
 	c.Clock = cmp.Or(c.Clock, sluice.SystemClock())
+	c.Signer, _ = envsigner.Of(c.Signer)
 	return c
 }
 

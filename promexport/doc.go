@@ -3,7 +3,7 @@
 // that is also the /metrics handler.
 //
 //	metrics, err := promexport.New(promexport.Config{})
-//	svc, err := service.New(service.Config{..., MeterProvider: metrics})
+//	svc, err := service.New(service.Config{..., Env: sluice.Env{MeterProvider: metrics}})
 //	mux.Handle("/metrics", metrics)
 //
 // It is the one package of the module that links the Prometheus client and

@@ -24,8 +24,8 @@ type Config struct {
 }
 
 // Exporter is an OpenTelemetry MeterProvider whose metrics Prometheus
-// scrapes: give it where a MeterProvider goes (service.Config.MeterProvider,
-// router.Stages.MeterProvider) and serve it (it is the /metrics handler).
+// scrapes: give it where a MeterProvider goes (service.Config.Env.MeterProvider,
+// router.Stages.Env.MeterProvider) and serve it (it is the /metrics handler).
 // Safe for concurrent use.
 type Exporter struct {
 	*sdkmetric.MeterProvider

@@ -167,7 +167,7 @@ func (b *Broker) Endpoints() broker.Endpoints {
 // UseMeterProvider makes the broker's publisher record its
 // sluice.publish.confirm.duration and sluice.publish.reconnects, and its depth gauges, with
 // mp when BrokerConfig.MeterProvider was unset (router.Add hands it
-// Stages.MeterProvider): the first provider handed is kept; nil, or a
+// Stages.Env.MeterProvider): the first provider handed is kept; nil, or a
 // broker with a provider of its own, changes nothing.
 func (b *Broker) UseMeterProvider(mp metric.MeterProvider) error {
 	err := b.pub.metrics.adopt(mp)

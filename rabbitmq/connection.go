@@ -72,7 +72,7 @@ type Connection struct {
 	// sluice.publish.reconnects. The Consumer and the Subscriber record nothing of
 	// their own: the Consumer's isolation publishes through its
 	// PoisonPublisher, which records with its own. Default: for a Broker,
-	// the router.Stages.MeterProvider router.Add hands it
+	// the router.Stages.Env.MeterProvider router.Add hands it
 	// (Broker.UseMeterProvider), else the global provider.
 	MeterProvider metric.MeterProvider
 }

@@ -36,8 +36,8 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/envsigner"
 	"github.com/sluicemq/sluice/internal/telemetry"
-	"github.com/sluicemq/sluice/signing"
 )
 
 // Metadata keys the CLI sets on a replayed message (AMQP headers of the
@@ -109,12 +109,23 @@ type Config struct {
 	// RecordTimeout bounds one record, on a context detached from the
 	// handler's. Default RecordTimeoutDefault.
 	RecordTimeout time.Duration
-	// Logger receives a line per record that failed. Default
-	// watermill.NopLogger; router.Add gives the router's.
-	Logger watermill.LoggerAdapter
-	// MeterProvider receives sluice.replay.outcomes and sluice.replay.record_failures.
-	// Default the global provider; router.Add gives the stages' one.
-	MeterProvider metric.MeterProvider
+	// Env is the shared environment (router.Stages and service give theirs;
+	// the fields set here win). The stage reads Logger, a line per record
+	// that failed (default watermill.NopLogger; router.Add gives the
+	// router's); MeterProvider, which receives sluice.replay.outcomes and
+	// sluice.replay.record_failures (default the global provider); Signer,
+	// which, when set, verifies the replay run and item (and the CLI's
+	// provenance, sluice_replay*): believed only when the CLI signed them
+	// with the same key for this consumer's queue (sluice dlq replay
+	// --signing-key-file signs for the queue it replays to; a retry copy of a
+	// replayed delivery is signed for it again), else removed — the delivery
+	// is processed, its outcome not recorded. A replayed delivery a handler
+	// forwards to another queue records nothing there. Give the poison and
+	// retry stages the same one (router.Stages.Env does). Without one, a
+	// deployment believes the run and item of any delivery, so its outcome
+	// records are only as trustworthy as what may publish into the queue
+	// (docs/architecture.md, "Trust boundary").
+	sluice.Env
 	// InUnitOfWork, when the records live with the inbox (replay/sqlstore on
 	// the inbox's database), writes "processed" in the inbox's unit of work,
 	// with the claim and the business writes (InTx, which router.Middlewares
@@ -122,19 +133,6 @@ type Config struct {
 	// a UnitOfWorkRecorder. Default false: every outcome is recorded after
 	// the stack returns.
 	InUnitOfWork bool
-	// Signer, when set, verifies the replay run and item (and the CLI's
-	// provenance, sluice_replay*): believed only when the CLI signed them
-	// with the same key for this consumer's queue (sluice dlq replay
-	// --signing-key-file signs for the queue it replays to; a retry copy
-	// of a replayed delivery is signed for it again), else removed — the
-	// delivery is processed, its outcome not recorded. A replayed delivery
-	// a handler forwards to another queue records nothing there. Give the
-	// poison and retry stages the same one (router.Stages.Signer does).
-	// Default nil: a deployment
-	// without a key believes the run and item of any delivery, so its
-	// outcome records are only as trustworthy as what may publish into the
-	// queue (docs/architecture.md, "Trust boundary").
-	Signer *signing.Signer
 	// Queue is the consumer's queue the run and item are verified for
 	// (Signer). Default: the topic the Watermill handler subscribed to (on
 	// RabbitMQ, the queue); router.Add gives the poison stage's Queue.
@@ -172,6 +170,8 @@ func (c Config) validate() error {
 // New returns the stage. Deliveries without RunKey pass through untouched.
 func New(cfg Config) (message.HandlerMiddleware, error) {
 	cfg = cfg.withDefaults()
+	var keyed bool
+	cfg.Signer, keyed = envsigner.Of(cfg.Signer)
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -186,7 +186,7 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			if cfg.Signer != nil {
+			if keyed {
 				queue := cmp.Or(cfg.Queue, message.SubscribeTopicFromCtx(msg.Context()))
 				if removed := cfg.Signer.Believe(msg, isReplayKey, queue, cfg.Tiers...); removed != nil {
 					cfg.Logger.Info("Replay run not signed by the operator's CLI: not believed, no outcome recorded",

@@ -71,8 +71,8 @@ func TestOutcomesOfAReplayRun(t *testing.T) {
 	handled := make(chan string, 10)
 	reader := sdkmetric.NewManualReader()
 	e := serveOrders(t, time.Hour, router.Stages{
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
-		Replay:        &replay.Config{Store: store},
+		Env:    sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
+		Replay: &replay.Config{Store: store},
 	}, func(msg *message.Message) error {
 		defer func() { handled <- msg.Metadata.Get(replay.ItemKey) }()
 		switch msg.Metadata.Get(sluice.EventIDKey) {
@@ -175,7 +175,7 @@ func TestProcessedInTheInboxTransaction(t *testing.T) {
 		inbox := testenv.SQLStore(t, db, schema+".inbox")
 		outcomes := testenv.OutcomeStore(t, db, schema+".sluice_replay")
 		reader := sdkmetric.NewManualReader()
-		cfg := &replay.Config{Store: outcomes, RecordTimeout: time.Nanosecond, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}
+		cfg := &replay.Config{Store: outcomes, RecordTimeout: time.Nanosecond, Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}}
 		if inTx {
 			cfg.InUnitOfWork = true
 		}

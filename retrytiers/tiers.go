@@ -17,10 +17,10 @@ import (
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/internal/clock"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/envsigner"
 	"github.com/sluicemq/sluice/internal/republish"
 	"github.com/sluicemq/sluice/internal/stack"
 	"github.com/sluicemq/sluice/internal/telemetry"
-	"github.com/sluicemq/sluice/signing"
 )
 
 // Defaults.
@@ -38,9 +38,26 @@ type Config struct {
 	// Tiers in order; a delivery's attempt N goes to Tiers[N-1]. Required:
 	// use broker.Ladder, or the broker's tiers (router.Add gives them).
 	Tiers []broker.Tier
-	// Classifier classifies errors that carry no class (the stage used
-	// without middleware.Classify inside it). Default sluice.DefaultClassifier().
-	Classifier *sluice.Classifier
+	// Env is the shared environment (router.Stages and service give theirs;
+	// the fields set here win). The stage reads Classifier, for errors that
+	// carry no class — the stage used without middleware.Classify inside it
+	// (default sluice.DefaultClassifier()); Signer, which signs every copy
+	// for Queue and verifies, on the way in, the retry history a delivery
+	// carries (the attempt, the failures, the tier, the origin:
+	// sluice.IsRetryKey): believed only when it verifies for Queue — a copy
+	// signed for another queue (forwarded by a handler there, or replayed onto
+	// this one) is a first attempt here; give the poison and replay stages the
+	// same one (router.Stages.Env does); without one the history is believed
+	// only on a copy back from one of Tiers (sluice.DeadLetterQueueKey, reason
+	// expired), and on any other delivery it is removed — a producer's
+	// sluice_attempt never skips the ladder; MeterProvider, which receives the
+	// metrics (default the global provider); Logger, one line per copy parked
+	// (info), per budget spent and per failed publish (error) (default
+	// watermill.NopLogger; router.Add gives the router's); Clock, which stamps
+	// a copy's sluice.FirstFailedAtKey when the delivery has none (default
+	// sluice.SystemClock(); the test kit, package sluicetest, gives its
+	// virtual clock).
+	sluice.Env
 	// PublishBackoff is waited before returning a failed publish, so an
 	// unreachable tier is not a hot redelivery loop. Default
 	// PublishBackoffDefault.
@@ -58,27 +75,6 @@ type Config struct {
 	// the topic the Watermill handler subscribed to (on RabbitMQ, the
 	// queue); router.Add gives the poison stage's Queue.
 	Queue string
-	// Signer signs every copy for Queue and verifies, on the way in, the
-	// retry history a delivery carries (the attempt, the failures, the
-	// tier, the origin: sluice.IsRetryKey): believed only when it verifies
-	// for Queue — a copy signed for another queue (forwarded by a handler
-	// there, or replayed onto this one) is a first attempt here. Give the
-	// poison and replay stages the same one (router.Stages.Signer does).
-	// Default nil: the history is
-	// believed only on a copy back from one of Tiers (sluice.
-	// DeadLetterQueueKey, reason expired); on any other delivery it is
-	// removed — a producer's sluice_attempt never skips the ladder.
-	Signer *signing.Signer
-	// MeterProvider receives the metrics. Default the global provider.
-	MeterProvider metric.MeterProvider
-	// Logger receives one line per copy parked (info), per budget spent
-	// and per failed publish (error). Default watermill.NopLogger;
-	// router.Add gives the router's.
-	Logger watermill.LoggerAdapter
-	// Clock stamps a copy's sluice.FirstFailedAtKey when the delivery has
-	// none. Default sluice.SystemClock(); the test kit (package sluicetest)
-	// gives its virtual clock.
-	Clock sluice.Clock
 }
 
 // withDefaults returns a copy of c with its defaults filled.
@@ -89,6 +85,7 @@ func (c Config) withDefaults() Config {
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	c.ErrorMaxLength = cmp.Or(c.ErrorMaxLength, ErrorMaxLengthDefault)
 	c.Clock = cmp.Or(c.Clock, sluice.SystemClock())
+	c.Signer, _ = envsigner.Of(c.Signer)
 	return c
 }
 

@@ -171,7 +171,7 @@ func TestForgedRetryHistoryIsNotBelieved(t *testing.T) {
 		"signed for another queue":      {signer, back(signedFor(signer, forged(), "payments"), "orders.retry.30s")},
 	} {
 		pub := &recorder{}
-		mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: tiers(t), Signer: tc.signer, Queue: "orders"})
+		mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: tiers(t), Env: sluice.Env{Signer: tc.signer}, Queue: "orders"})
 		require.NoError(t, err)
 		_, err = run(mw, tc.msg, sluice.Transient(errors.New("timeout")))
 		require.NoError(t, err, name)
@@ -189,7 +189,7 @@ func TestForgedRetryHistoryIsNotBelieved(t *testing.T) {
 	// A copy signed for the queue is believed, wherever it comes from: the
 	// signature is the proof.
 	pub := &recorder{}
-	mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: tiers(t), Signer: signer, Queue: "orders"})
+	mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: tiers(t), Env: sluice.Env{Signer: signer}, Queue: "orders"})
 	require.NoError(t, err)
 	m := message.NewMessage("u", []byte("payload"))
 	m.Metadata.Set(sluice.AttemptKey, "3")

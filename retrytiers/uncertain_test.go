@@ -92,7 +92,7 @@ func TestCopiesOfOneDeliveryShareAnIdentity(t *testing.T) {
 	signer, err := signing.New([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
 	pub := &byTopic{fail: map[string]error{ts[0].Topic: errors.New("returned as unroutable: NO_ROUTE")}}
-	mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: ts, PublishBackoff: time.Millisecond, Signer: signer})
+	mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: ts, PublishBackoff: time.Millisecond, Env: sluice.Env{Signer: signer}})
 	require.NoError(t, err)
 	delivery := func(uuid string) *message.Message {
 		m := message.NewMessage(uuid, []byte("payload"))

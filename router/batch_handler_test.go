@@ -85,11 +85,11 @@ func TestABatchHandlerOnRabbitMQ(t *testing.T) {
 		Name:         "projection",
 		BatchHandler: &deduplication.BatchHandler{Handle: project, MaxWait: 20 * time.Millisecond},
 		Stages: router.Stages{
-			Poison:        &poison.Config{},
-			Retry:         &retrytiers.Config{},
-			Classify:      &middleware.ClassifyConfig{},
-			Inbox:         &deduplication.Config{Store: store},
-			MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+			Poison:   &poison.Config{},
+			Retry:    &retrytiers.Config{},
+			Classify: &middleware.ClassifyConfig{},
+			Inbox:    &deduplication.Config{Store: store},
+			Env:      sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 		},
 	})
 	require.NoError(t, err)

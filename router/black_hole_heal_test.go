@@ -80,13 +80,13 @@ func TestAConsumerResumesAfterABlackHoleThatHealsWithoutResets(t *testing.T) {
 			return err
 		},
 		Stages: router.Stages{
-			Poison:        &poison.Config{PublishBackoff: 50 * time.Millisecond},
-			Retry:         &retrytiers.Config{PublishBackoff: 50 * time.Millisecond},
-			Brake:         &brake.Config{Window: 20, CoolDown: 250 * time.Millisecond, MaxCoolDown: time.Second, Match: brake.MatchUnreachable},
-			Classify:      &middleware.ClassifyConfig{},
-			Inbox:         &deduplication.Config{Store: store, Consumer: "effects", StoreTimeout: time.Second},
-			Recoverer:     &middleware.RecovererConfig{},
-			MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+			Poison:    &poison.Config{PublishBackoff: 50 * time.Millisecond},
+			Retry:     &retrytiers.Config{PublishBackoff: 50 * time.Millisecond},
+			Brake:     &brake.Config{Window: 20, CoolDown: 250 * time.Millisecond, MaxCoolDown: time.Second, Match: brake.MatchUnreachable},
+			Classify:  &middleware.ClassifyConfig{},
+			Inbox:     &deduplication.Config{Store: store, Consumer: "effects", StoreTimeout: time.Second},
+			Recoverer: &middleware.RecovererConfig{},
+			Env:       sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 		},
 	})
 	require.NoError(t, err)

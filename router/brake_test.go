@@ -88,13 +88,13 @@ func TestBrakeOutageLongerThanTheLadder(t *testing.T) {
 			return err
 		},
 		Stages: router.Stages{
-			Poison:        &poison.Config{PublishBackoff: 50 * time.Millisecond},
-			Retry:         &retrytiers.Config{PublishBackoff: 50 * time.Millisecond},
-			Brake:         &brake.Config{Window: window, CoolDown: 250 * time.Millisecond, MaxCoolDown: time.Second, Match: brake.MatchUnreachable},
-			Classify:      &middleware.ClassifyConfig{},
-			Inbox:         &deduplication.Config{Store: store, Consumer: "effects"},
-			Recoverer:     &middleware.RecovererConfig{},
-			MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+			Poison:    &poison.Config{PublishBackoff: 50 * time.Millisecond},
+			Retry:     &retrytiers.Config{PublishBackoff: 50 * time.Millisecond},
+			Brake:     &brake.Config{Window: window, CoolDown: 250 * time.Millisecond, MaxCoolDown: time.Second, Match: brake.MatchUnreachable},
+			Classify:  &middleware.ClassifyConfig{},
+			Inbox:     &deduplication.Config{Store: store, Consumer: "effects"},
+			Recoverer: &middleware.RecovererConfig{},
+			Env:       sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 		},
 	})
 	require.NoError(t, err)
@@ -209,8 +209,8 @@ func TestBrakeIgnoresPoison(t *testing.T) {
 		Handler: func(*message.Message) error { return sluice.Poison(errors.New("unknown version")) },
 		Stages: router.Stages{
 			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
-			Brake:         &brake.Config{Window: 10},
-			MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+			Brake: &brake.Config{Window: 10},
+			Env:   sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 		},
 	})
 	require.NoError(t, err)
@@ -244,8 +244,8 @@ func TestBrakeOnTheEmbeddedDefault(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "inventory", Stages: router.Stages{
 		Poison: &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: time.Millisecond}, Classify: &middleware.ClassifyConfig{},
-		Brake:         &brake.Config{Window: 10, CoolDown: 50 * time.Millisecond, MaxCoolDown: 200 * time.Millisecond},
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		Brake: &brake.Config{Window: 10, CoolDown: 50 * time.Millisecond, MaxCoolDown: 200 * time.Millisecond},
+		Env:   sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 	}, Handler: func(*message.Message) error {
 		if down.Load() {
 			return fmt.Errorf("inventory service: %w", syscall.ECONNREFUSED)
@@ -300,8 +300,8 @@ func TestBrakeBehindWatermillRetryAndTimeout(t *testing.T) {
 		return nil
 	}, Stages: router.Stages{
 		Poison: &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: 10 * time.Millisecond}, Classify: &middleware.ClassifyConfig{},
-		Brake:         &brake.Config{Window: 10, CoolDown: 100 * time.Millisecond, MaxCoolDown: 400 * time.Millisecond, Match: brake.MatchUnreachable},
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		Brake: &brake.Config{Window: 10, CoolDown: 100 * time.Millisecond, MaxCoolDown: 400 * time.Millisecond, Match: brake.MatchUnreachable},
+		Env:   sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 	}})
 	require.NoError(t, err)
 	for i := range events {

@@ -68,7 +68,7 @@ func Example_chain() {
 			return nil
 		},
 		Stages: router.Stages{
-			Trace:     &middleware.TraceConfig{TracerProvider: tp},
+			Trace:     &middleware.TraceConfig{Env: sluice.Env{TracerProvider: tp}},
 			Poison:    &poison.Config{},
 			Retry:     &retrytiers.Config{},
 			Classify:  &middleware.ClassifyConfig{},

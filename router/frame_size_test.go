@@ -71,7 +71,7 @@ func TestCopyOverTheFrameIsIsolatedAndThePublisherStaysUp(t *testing.T) {
 		},
 		Stages: router.Stages{
 			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
-			MeterProvider: mp,
+			Env: sluice.Env{MeterProvider: mp},
 		},
 	})
 	require.NoError(t, err)

@@ -6,6 +6,7 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -23,16 +24,16 @@ func exportAtZero(s Stages, handler, topic, system string) error {
 	mp := func(own metric.MeterProvider) metric.MeterProvider { return cmp.Or(own, s.MeterProvider) }
 	var errs []error
 	if t := s.Trace; t != nil {
-		errs = append(errs, middleware.ExportTraceAtZero(middleware.TraceConfig{MeterProvider: mp(t.MeterProvider), System: t.System}, handler, topic, system))
+		errs = append(errs, middleware.ExportTraceAtZero(middleware.TraceConfig{Env: sluice.Env{MeterProvider: mp(t.MeterProvider)}, System: t.System}, handler, topic, system))
 	}
 	if p := s.Poison; p != nil {
-		errs = append(errs, poison.ExportAtZero(poison.Config{MeterProvider: mp(p.MeterProvider), Classes: p.Classes}, handler, topic, system))
+		errs = append(errs, poison.ExportAtZero(poison.Config{Env: sluice.Env{MeterProvider: mp(p.MeterProvider)}, Classes: p.Classes}, handler, topic, system))
 	}
 	if r := s.Retry; r != nil {
-		errs = append(errs, retrytiers.ExportAtZero(retrytiers.Config{MeterProvider: mp(r.MeterProvider), Tiers: r.Tiers}, handler, topic, system))
+		errs = append(errs, retrytiers.ExportAtZero(retrytiers.Config{Env: sluice.Env{MeterProvider: mp(r.MeterProvider)}, Tiers: r.Tiers}, handler, topic, system))
 	}
 	if in := s.Inbox; in != nil {
-		errs = append(errs, deduplication.ExportAtZero(deduplication.Config{MeterProvider: mp(in.MeterProvider)}, handler, topic, system))
+		errs = append(errs, deduplication.ExportAtZero(deduplication.Config{Env: sluice.Env{MeterProvider: mp(in.MeterProvider)}}, handler, topic, system))
 	}
 	return errors.Join(errs...)
 }

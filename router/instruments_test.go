@@ -110,11 +110,11 @@ func TestTheCountersAlertsReadExistAtZeroBeforeTheFirstDelivery(t *testing.T) {
 			return nil
 		},
 		Stages: router.Stages{
-			MeterProvider: mp,
-			Trace:         &middleware.TraceConfig{},
-			Poison:        &poison.Config{},
-			Retry:         &retrytiers.Config{},
-			Classify:      &middleware.ClassifyConfig{},
+			Env:      sluice.Env{MeterProvider: mp},
+			Trace:    &middleware.TraceConfig{},
+			Poison:   &poison.Config{},
+			Retry:    &retrytiers.Config{},
+			Classify: &middleware.ClassifyConfig{},
 		},
 	})
 	require.NoError(t, err)
@@ -205,7 +205,7 @@ func TestAFailedDeliveryIncrementsItsSeriesExportedAtZero(t *testing.T) {
 			}
 			return nil
 		},
-		Stages: router.Stages{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), Trace: &middleware.TraceConfig{}},
+		Stages: router.Stages{Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, Trace: &middleware.TraceConfig{}},
 	})
 	require.NoError(t, err)
 	failed := func(points []metricdata.DataPoint[int64]) (n int64, series int) {

@@ -67,11 +67,11 @@ func TestOneMeterProviderReachesTheBroker(t *testing.T) {
 		Name:    "inventory",
 		Handler: func(*message.Message) error { return sluice.Poison(errors.New("malformed")) },
 		Stages: router.Stages{
-			MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
-			Trace:         &middleware.TraceConfig{},
-			Poison:        &poison.Config{},
-			Retry:         &retrytiers.Config{},
-			Classify:      &middleware.ClassifyConfig{},
+			Env:      sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
+			Trace:    &middleware.TraceConfig{},
+			Poison:   &poison.Config{},
+			Retry:    &retrytiers.Config{},
+			Classify: &middleware.ClassifyConfig{},
 		},
 	})
 	require.NoError(t, err)

@@ -123,14 +123,13 @@ func TestEveryFateIsLoggedOnce(t *testing.T) {
 			return nil
 		},
 		Stages: router.Stages{
-			TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
-			MeterProvider:  sdkmetric.NewMeterProvider(),
-			Trace:          &middleware.TraceConfig{},
-			Poison:         &poison.Config{},
-			Retry:          &retrytiers.Config{},
-			Classify:       &middleware.ClassifyConfig{},
-			Inbox:          &deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "inventory"},
-			Recoverer:      &middleware.RecovererConfig{},
+			Env:       sluice.Env{TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)), MeterProvider: sdkmetric.NewMeterProvider()},
+			Trace:     &middleware.TraceConfig{},
+			Poison:    &poison.Config{},
+			Retry:     &retrytiers.Config{},
+			Classify:  &middleware.ClassifyConfig{},
+			Inbox:     &deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "inventory"},
+			Recoverer: &middleware.RecovererConfig{},
 		},
 	})
 	require.NoError(t, err)
@@ -235,9 +234,8 @@ func TestCompetingConsumersShareTheHandlerName(t *testing.T) {
 		Name: "billing", Topic: "invoices", Subscriber: pubSub, Consumers: 2,
 		Handler: func(*message.Message) error { return nil },
 		Stages: router.Stages{
-			MeterProvider:  sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
-			TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
-			Trace:          &middleware.TraceConfig{},
+			Env:   sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))},
+			Trace: &middleware.TraceConfig{},
 		},
 	})
 	require.NoError(t, err)

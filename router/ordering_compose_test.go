@@ -120,15 +120,14 @@ func orderedBehindTimeout(t *testing.T, quorum bool) {
 			return err
 		},
 		Stages: router.Stages{
-			MeterProvider:  sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
-			TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
-			Trace:          &middleware.TraceConfig{},
-			Order:          &ordering.Config{Store: orders, Key: deduplication.KeyFromMetadata("account")},
-			Poison:         &poison.Config{},
-			Retry:          &retrytiers.Config{},
-			Classify:       &middleware.ClassifyConfig{},
-			Inbox:          &deduplication.Config{Store: inbox},
-			Recoverer:      &middleware.RecovererConfig{},
+			Env:       sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))},
+			Trace:     &middleware.TraceConfig{},
+			Order:     &ordering.Config{Store: orders, Key: deduplication.KeyFromMetadata("account")},
+			Poison:    &poison.Config{},
+			Retry:     &retrytiers.Config{},
+			Classify:  &middleware.ClassifyConfig{},
+			Inbox:     &deduplication.Config{Store: inbox},
+			Recoverer: &middleware.RecovererConfig{},
 		},
 	})
 	require.NoError(t, err)

@@ -74,7 +74,7 @@ func TestAReplayedHeadAfterItsSkipIsSaidToBeOutOfOrder(t *testing.T) {
 		Stages: router.Stages{
 			Replay: &replay.Config{Store: outcomes},
 			Order: &ordering.Config{Store: store, Key: deduplication.KeyFromMetadata("account"), ResumeInterval: 100 * time.Millisecond,
-				Logger: watermill.NewStdLoggerWithOut(&logs, false, false)},
+				Env: sluice.Env{Logger: watermill.NewStdLoggerWithOut(&logs, false, false)}},
 			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
 			Inbox: &deduplication.Config{Store: inbox},
 		},

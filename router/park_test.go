@@ -70,7 +70,7 @@ func TestRefusedPoisonCopyIsParked(t *testing.T) {
 		},
 		Stages: router.Stages{
 			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
-			MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+			Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 		},
 	})
 	require.NoError(t, err)
@@ -144,7 +144,7 @@ func TestRefusedTierCopyWaitsInAnotherTier(t *testing.T) {
 		},
 		Stages: router.Stages{
 			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
-			MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+			Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 		},
 	})
 	require.NoError(t, err)

@@ -71,12 +71,12 @@ func producedAfterANoRoute(t *testing.T, withOutbox bool) {
 		},
 		PublishTopic: produced,
 		Stages: router.Stages{
-			MeterProvider: mp,
-			Poison:        &poison.Config{},
-			Retry:         &retrytiers.Config{},
-			Classify:      &middleware.ClassifyConfig{},
-			Inbox:         &deduplication.Config{Store: store},
-			Recoverer:     &middleware.RecovererConfig{},
+			Env:       sluice.Env{MeterProvider: mp},
+			Poison:    &poison.Config{},
+			Retry:     &retrytiers.Config{},
+			Classify:  &middleware.ClassifyConfig{},
+			Inbox:     &deduplication.Config{Store: store},
+			Recoverer: &middleware.RecovererConfig{},
 		},
 	}
 	// Every first publish was refused: the produced events' fate is decided.
@@ -86,8 +86,7 @@ func producedAfterANoRoute(t *testing.T, withOutbox bool) {
 		require.NoError(t, err)
 		require.NoError(t, ob.CreateTable(t.Context()))
 		cfg.Outbox = ob
-		relay, err := outbox.NewRelay(outbox.RelayConfig{Store: ob, Publisher: q.Publisher(), MeterProvider: mp,
-			PollInterval: 50 * time.Millisecond, RetryMin: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond})
+		relay, err := outbox.NewRelay(ob, q.Publisher(), outbox.RelayConfig{Env: sluice.Env{MeterProvider: mp}, PollInterval: 50 * time.Millisecond, RetryMin: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond})
 		require.NoError(t, err)
 		relayed := make(chan error, 1)
 		go func() { relayed <- relay.Run(context.Background()) }()

@@ -94,12 +94,12 @@ func stackWithPostgresInbox(t *testing.T, batch *deduplication.BatchConfig, quor
 			return err
 		},
 		Stages: router.Stages{
-			Poison:        &poison.Config{},
-			Retry:         &retrytiers.Config{},
-			Classify:      &middleware.ClassifyConfig{},
-			Inbox:         &deduplication.Config{Store: store, Consumer: "inventory", Batch: batch},
-			Recoverer:     &middleware.RecovererConfig{},
-			MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+			Poison:    &poison.Config{},
+			Retry:     &retrytiers.Config{},
+			Classify:  &middleware.ClassifyConfig{},
+			Inbox:     &deduplication.Config{Store: store, Consumer: "inventory", Batch: batch},
+			Recoverer: &middleware.RecovererConfig{},
+			Env:       sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 		},
 	})
 	require.NoError(t, err)
@@ -275,8 +275,8 @@ func TestDrainingCloseUnderLoadNoDuplicates(t *testing.T) {
 			},
 			Stages: router.Stages{
 				Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
-				Inbox:         &deduplication.Config{Store: store, Consumer: "inventory"},
-				MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+				Inbox: &deduplication.Config{Store: store, Consumer: "inventory"},
+				Env:   sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 			},
 		})
 		require.NoError(t, err)

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
@@ -40,7 +41,7 @@ func TestTwoRoutersNameTheirHandlersIndependently(t *testing.T) {
 		_, err = router.Add(r, router.HandlerConfig{
 			Name: rn.name, Topic: "in", Subscriber: rn.pubsub, Consumers: rn.consumers,
 			Handler: func(*message.Message) error { return nil },
-			Stages:  router.Stages{Trace: &middleware.TraceConfig{}, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(rn.reader))},
+			Stages:  router.Stages{Trace: &middleware.TraceConfig{}, Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(rn.reader))}},
 		})
 		require.NoError(t, err)
 		done := make(chan error, 1)

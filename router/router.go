@@ -126,7 +126,8 @@ func newBatchHandler(s *Stages, bh deduplication.BatchHandler) (message.HandlerF
 	if s.Classifier == nil {
 		s.Classifier = sluice.DefaultClassifier()
 	}
-	s.share(shared{classifier: &in.Classifier, meter: &in.MeterProvider, logger: &in.Logger, tracer: &bh.TracerProvider})
+	in.Env = in.Env.Or(s.Env)
+	bh.TracerProvider = cmp.Or(bh.TracerProvider, s.TracerProvider)
 	h, err := deduplication.NewBatchHandler(in, bh)
 	if err != nil {
 		return nil, fmt.Errorf("router: batch handler: %w", err)

@@ -96,11 +96,10 @@ func TestStagesShareTheProviders(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	spans := tracetest.NewSpanRecorder()
 	mws, err := router.Middlewares(router.Stages{
-		MeterProvider:  sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
-		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
-		Trace:          &middleware.TraceConfig{},
-		Classify:       &middleware.ClassifyConfig{},
-		Inbox:          &deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "c"},
+		Env:      sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))},
+		Trace:    &middleware.TraceConfig{},
+		Classify: &middleware.ClassifyConfig{},
+		Inbox:    &deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "c"},
 	})
 	require.NoError(t, err)
 	h := message.HandlerFunc(func(*message.Message) ([]*message.Message, error) {

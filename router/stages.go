@@ -7,10 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/brake"
@@ -20,7 +17,6 @@ import (
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/retrytiers"
-	"github.com/sluicemq/sluice/signing"
 )
 
 // Stages selects the stages around a handler; a nil field leaves its stage
@@ -62,32 +58,24 @@ type Stages struct {
 	Classify  *middleware.ClassifyConfig
 	Inbox     *deduplication.Config
 	Recoverer *middleware.RecovererConfig
-	// Signer is given to the Replay, Poison and Retry stages whose own
-	// Signer is nil: the key that proves Sluice wrote a delivery's control
-	// headers (the attempt, the poison diagnosis, the replay run), which
-	// `sluice dlq replay --signing-key-file` signs with too. Copies are
-	// signed for, and control headers believed on, one queue: the Poison
-	// stage's Queue, which the Replay and Retry stages get when their own
-	// is empty (by hand without it: the topic the handler subscribed to).
-	// Default none:
+	// Env is given to every stage, whose own Env fields win, field by
+	// field (sluice.Env.Or): the Classifier to every stage that classifies
+	// (Poison, Retry, Brake, Classify, Inbox), so "commit on Rejected" and
+	// "ack on Rejected" always agree (default sluice.DefaultClassifier());
+	// the Signer to the Replay, Poison and Retry stages — the key that
+	// proves Sluice wrote a delivery's control headers (the attempt, the
+	// poison diagnosis, the replay run), which `sluice dlq replay
+	// --signing-key-file` signs with too. Copies are signed for, and
+	// control headers believed on, one queue: the Poison stage's Queue,
+	// which the Replay and Retry stages get when their own is empty (by
+	// hand without it: the topic the handler subscribed to). Default none:
 	// the stages believe the retry history and the parked mark only on a
 	// copy back from the queue's own tier, and the replay run of any
-	// delivery (docs/architecture.md, "Trust boundary").
-	Signer *signing.Signer
-	// Classifier is given to every stage that classifies (Poison, Retry,
-	// Classify, Inbox) whose own Classifier is nil, so "commit on Rejected"
-	// and "ack on Rejected" always agree. Default sluice.DefaultClassifier().
-	Classifier *sluice.Classifier
-	// MeterProvider is given to every stage whose own is nil. Default the
-	// global OpenTelemetry provider.
-	MeterProvider metric.MeterProvider
-	// TracerProvider is given to the Trace stage when its own is nil.
-	// Default the global OpenTelemetry provider.
-	TracerProvider trace.TracerProvider
-	// Logger is given to every stage that logs a delivery's fate (Poison,
-	// Retry, Classify, Inbox) whose own Logger is nil. Default: Add gives
-	// the router's logger; Middlewares alone, none.
-	Logger watermill.LoggerAdapter
+	// delivery (docs/architecture.md, "Trust boundary"). The MeterProvider
+	// and TracerProvider default to the global OpenTelemetry providers, the
+	// Clock to sluice.SystemClock(); the Logger, to every stage that logs:
+	// Add gives the router's, Middlewares alone none.
+	sluice.Env
 
 	// brake is the handler's brake, built once by Add.
 	brake *brake.Brake
@@ -153,7 +141,7 @@ var order = []stage{
 			return nil, nil
 		}
 		cfg := *s.Replay
-		s.share(shared{meter: &cfg.MeterProvider, logger: &cfg.Logger, signer: &cfg.Signer})
+		cfg.Env = cfg.Env.Or(s.Env)
 		cfg.Queue = cmp.Or(cfg.Queue, s.queue())
 		if cfg.Tiers == nil && s.Retry != nil {
 			for _, t := range s.Retry.Tiers {
@@ -183,7 +171,7 @@ var order = []stage{
 			return nil, nil
 		}
 		cfg := *s.Poison
-		s.share(shared{classifier: &cfg.Classifier, meter: &cfg.MeterProvider, logger: &cfg.Logger, signer: &cfg.Signer})
+		cfg.Env = cfg.Env.Or(s.Env)
 		return one(poison.New(cfg))
 	}},
 	{"Retry", "retry", func(s *Stages) ([]message.HandlerMiddleware, error) {
@@ -191,7 +179,7 @@ var order = []stage{
 			return nil, nil
 		}
 		cfg := *s.Retry
-		s.share(shared{classifier: &cfg.Classifier, meter: &cfg.MeterProvider, logger: &cfg.Logger, signer: &cfg.Signer})
+		cfg.Env = cfg.Env.Or(s.Env)
 		cfg.Queue = cmp.Or(cfg.Queue, s.queue())
 		return one(retrytiers.New(cfg))
 	}},
@@ -213,7 +201,7 @@ var order = []stage{
 			return nil, nil
 		}
 		cfg := *s.Classify
-		s.share(shared{classifier: &cfg.Classifier, meter: &cfg.MeterProvider, logger: &cfg.Logger})
+		cfg.Env = cfg.Env.Or(s.Env)
 		return one(middleware.Classify(cfg))
 	}},
 	{"Inbox", "inbox", func(s *Stages) ([]message.HandlerMiddleware, error) {
@@ -221,7 +209,7 @@ var order = []stage{
 			return nil, nil
 		}
 		cfg := *s.Inbox
-		s.share(shared{classifier: &cfg.Classifier, meter: &cfg.MeterProvider, logger: &cfg.Logger})
+		cfg.Env = cfg.Env.Or(s.Env)
 		inbox, err := deduplication.New(cfg)
 		if s.orderer != nil { // a delivery without an ordering key is poison
 			inbox = chain(s.orderer.Inner, inbox)
@@ -269,7 +257,7 @@ func chain(outer, inner message.HandlerMiddleware) message.HandlerMiddleware {
 func (s *Stages) traceStage() (message.HandlerMiddleware, error) {
 	if s.trace == nil {
 		cfg := *s.Trace
-		s.share(shared{meter: &cfg.MeterProvider, tracer: &cfg.TracerProvider})
+		cfg.Env = cfg.Env.Or(s.Env)
 		mw, err := middleware.Trace(cfg)
 		if err != nil {
 			return nil, err
@@ -292,14 +280,14 @@ func (s *Stages) newOrderer(name string) (*ordering.Orderer, error) {
 	}
 	if s.Inbox != nil && s.Inbox.Consumer != "" && cfg.Seen == nil { // a redelivery of an applied message is a duplicate, not held
 		inbox := *s.Inbox
-		s.share(shared{classifier: &inbox.Classifier, meter: &inbox.MeterProvider, logger: &inbox.Logger})
+		inbox.Env = inbox.Env.Or(s.Env)
 		seen, err := deduplication.Seen(inbox)
 		if err != nil {
 			return nil, fmt.Errorf("router: order stage: the inbox: %w", err)
 		}
 		cfg.Seen = seen
 	}
-	s.share(shared{meter: &cfg.MeterProvider, logger: &cfg.Logger})
+	cfg.Env = cfg.Env.Or(s.Env)
 	if s.Trace != nil && cfg.Released == nil { // a released message's span and outcome, as a delivery's
 		mw, err := s.traceStage()
 		if err != nil {
@@ -319,35 +307,6 @@ func one(mw message.HandlerMiddleware, err error) ([]message.HandlerMiddleware, 
 		return nil, err
 	}
 	return []message.HandlerMiddleware{mw}, nil
-}
-
-// shared points at the fields of a stage's configuration that Stages
-// gives every stage: share fills those the stage leaves unset (nil) — the
-// one way Stages' shared settings reach the stages.
-type shared struct {
-	classifier **sluice.Classifier
-	meter      *metric.MeterProvider
-	tracer     *trace.TracerProvider
-	logger     *watermill.LoggerAdapter
-	signer     **signing.Signer
-}
-
-func (s *Stages) share(f shared) {
-	if f.classifier != nil {
-		*f.classifier = cmp.Or(*f.classifier, s.Classifier)
-	}
-	if f.meter != nil {
-		*f.meter = cmp.Or(*f.meter, s.MeterProvider)
-	}
-	if f.tracer != nil {
-		*f.tracer = cmp.Or(*f.tracer, s.TracerProvider)
-	}
-	if f.logger != nil {
-		*f.logger = cmp.Or(*f.logger, s.Logger)
-	}
-	if f.signer != nil {
-		*f.signer = cmp.Or(*f.signer, s.Signer)
-	}
 }
 
 // queue is the consumer's queue the Replay and Retry stages sign for and
@@ -370,7 +329,7 @@ type Pinger interface {
 }
 
 // newBrake builds the brake of Stages.Brake for the handler named name; its
-// Classifier defaults to Stages.Classifier, then to brake.New's default;
+// Classifier defaults to Stages.Env.Classifier, then to brake.New's default;
 // its Probe to the inbox store's Ping.
 func (s *Stages) newBrake(name string, pausing bool) (*brake.Brake, error) {
 	cfg := *s.Brake
@@ -379,7 +338,7 @@ func (s *Stages) newBrake(name string, pausing bool) (*brake.Brake, error) {
 		cfg.Probe = p.Ping
 	}
 	cfg.Pausing = cfg.Pausing || pausing
-	s.share(shared{classifier: &cfg.Classifier, meter: &cfg.MeterProvider, tracer: &cfg.TracerProvider, logger: &cfg.Logger})
+	cfg.Env = cfg.Env.Or(s.Env)
 	b, err := brake.New(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("router: brake stage: %w", err)

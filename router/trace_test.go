@@ -45,7 +45,7 @@ func runTraced(t *testing.T, handler message.NoPublishHandlerFunc, stages func(*
 	var err error
 	tr.embedded, err = embedded.New(embedded.Config{Topic: "orders", TierDelays: []time.Duration{10 * time.Millisecond}})
 	require.NoError(t, err)
-	cfg := middleware.TraceConfig{TracerProvider: tr.tp, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(tr.metrics))}
+	cfg := middleware.TraceConfig{Env: sluice.Env{TracerProvider: tr.tp, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(tr.metrics))}}
 	tr.producer = middleware.TracingPublisher(tr.embedded.PubSub(), cfg)
 	r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	require.NoError(t, err)
@@ -170,7 +170,7 @@ func TestTraceErrorStatusOnlyWhenNacked(t *testing.T) {
 		}
 		return sluice.Poison(errors.New("malformed"))
 	}, func(tr *traced) router.Stages {
-		cfg := middleware.TraceConfig{TracerProvider: tr.tp}
+		cfg := middleware.TraceConfig{Env: sluice.Env{TracerProvider: tr.tp}}
 		return router.Stages{Trace: &cfg, Poison: &poison.Config{Publisher: failing, Topic: "p", PublishBackoff: time.Millisecond, DisablePark: true}, Classify: &middleware.ClassifyConfig{}, Recoverer: &middleware.RecovererConfig{}}
 	})
 	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
@@ -240,7 +240,7 @@ func TestTracingPublisherDecorator(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	pubSub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = pubSub.Close() })
-	pub, err := middleware.TracingPublisherDecorator(middleware.TraceConfig{TracerProvider: tp})(pubSub)
+	pub, err := middleware.TracingPublisherDecorator(middleware.TraceConfig{Env: sluice.Env{TracerProvider: tp}})(pubSub)
 	require.NoError(t, err)
 	require.NoError(t, pub.Publish("t", message.NewMessage(watermill.NewUUID(), nil)))
 	out, err := pubSub.Subscribe(t.Context(), "t")

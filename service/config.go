@@ -6,15 +6,11 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
-	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/signing"
 	"github.com/sluicemq/sluice/sluicesql"
 )
 
@@ -67,28 +63,23 @@ type Config struct {
 	// PubSub().Publisher(). Required to Add a PublishingHandler; without
 	// it the service runs no relay.
 	Publisher message.Publisher
-	// Relay tunes the outbox relay (outbox.RelayConfig): leave its Store
-	// and Publisher unset — they are the service's. Its MeterProvider and
-	// Logger default to the service's.
+	// Relay tunes the outbox relay (outbox.RelayConfig: the relay's own
+	// settings; the store and the publisher are the service's). Its Env
+	// defaults to the service's, field by field.
 	Relay outbox.RelayConfig
 
-	// MeterProvider receives every stage's metrics, the relay's, the
-	// pruner's and the broker publisher's: give promexport.New's to serve
-	// them to Prometheus. Default the global OpenTelemetry provider.
-	MeterProvider metric.MeterProvider
-	// TracerProvider receives the Trace stage's and the brake's spans.
-	// Default the global OpenTelemetry provider.
-	TracerProvider trace.TracerProvider
-	// Logger receives each fate decided, the relay's and the pruners'
-	// errors. Default the router's logger.
-	Logger watermill.LoggerAdapter
-	// Signer proves that Sluice wrote a delivery's control headers
-	// (router.Stages.Signer; docs/architecture.md, "Trust boundary").
-	// Default none.
-	Signer *signing.Signer
-	// Classifier is every stage's (router.Stages.Classifier). Default
-	// sluice.DefaultClassifier().
-	Classifier *sluice.Classifier
+	// Env is given once to every stage of every handler (router.Stages.Env,
+	// a handler's own fields winning), to the relay (Relay.Env), the pruners
+	// and the broker publisher's instruments. Its MeterProvider receives
+	// every stage's metrics, the relay's, the pruner's and the broker
+	// publisher's: give promexport.New's to serve them to Prometheus (default
+	// the global OpenTelemetry provider); its TracerProvider, the Trace
+	// stage's and the brake's spans (default the global provider); its
+	// Logger, each fate decided, the relay's and the pruners' errors (default
+	// the router's logger); its Signer proves that Sluice wrote a delivery's
+	// control headers (docs/architecture.md, "Trust boundary"; default none);
+	// its Classifier is every stage's (default sluice.DefaultClassifier()).
+	sluice.Env
 
 	// InboxRetention is how long an inbox record is kept before the pruner
 	// deletes it; it must cover each handler's retry ladder plus
@@ -125,8 +116,7 @@ func (c Config) withDefaults() Config {
 	if c.Router != nil {
 		c.Logger = cmp.Or(c.Logger, c.Router.Logger())
 	}
-	c.Relay.MeterProvider = cmp.Or(c.Relay.MeterProvider, c.MeterProvider)
-	c.Relay.Logger = cmp.Or(c.Relay.Logger, c.Logger)
+	c.Relay.Env = c.Relay.Env.Or(c.Env)
 	return c
 }
 
@@ -154,8 +144,6 @@ func (c Config) validate() error {
 			`of the same name share one inbox and take each other's events for duplicates. Schema: "public" keeps the tables in the default schema`)
 	case c.Stores != nil && (c.DB != nil || c.Schema != ""):
 		return errors.New("service: Config.Stores replaces Config.DB and Config.Schema: give one or the other")
-	case c.Relay.Store != nil || c.Relay.Publisher != nil:
-		return errors.New("service: Config.Relay.Store and Config.Relay.Publisher are the service's (Config.Publisher): leave them unset")
 	}
 	return nil
 }

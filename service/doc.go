@@ -3,7 +3,7 @@
 // order and production defaults, and what a service must otherwise remember
 // owned for it.
 //
-//	svc, err := service.New(service.Config{DB: db, Schema: "inventory", Router: r, Publisher: q.Publisher(), MeterProvider: metrics})
+//	svc, err := service.New(service.Config{DB: db, Schema: "inventory", Router: r, Publisher: q.Publisher(), Env: sluice.Env{MeterProvider: metrics}})
 //	err = svc.Migrate(ctx)                      // the inbox, the outbox, the replay outcomes
 //	err = svc.Add(service.Handler{Broker: q, Name: "inventory", Key: deduplication.KeyFromJSON("eventId"), PublishingHandler: reserve, PublishTopic: "inventory.reserved"})
 //	mux.Handle("/livez", svc.Health())          // liveness and readiness, as Kubernetes probes expect
@@ -27,7 +27,7 @@
 // then stopped); the pruners of the inbox (retention checked against each
 // handler's retry ladder plus the replay window) and of the replay outcomes,
 // in bounded batches; one Migrate for every table; the health reports (Live,
-// Ready, served by Health). Metrics go to Config.MeterProvider: package
+// Ready, served by Health). Metrics go to Config.Env.MeterProvider: package
 // promexport serves them to Prometheus in one option. Everything it starts
 // stops when the router closes; Close waits for it.
 //

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/promexport"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -33,11 +34,11 @@ func newInventory(ctx context.Context, r *message.Router, amqpURL string, db *sq
 		return nil, nil, err
 	}
 	svc, err := service.New(service.Config{
-		DB:            db,
-		Schema:        "inventory", // this service's own: Sluice's tables of two services never mix
-		Router:        r,
-		Publisher:     q.Publisher(),
-		MeterProvider: metrics,
+		DB:        db,
+		Schema:    "inventory", // this service's own: Sluice's tables of two services never mix
+		Router:    r,
+		Publisher: q.Publisher(),
+		Env:       sluice.Env{MeterProvider: metrics},
 	})
 	if err == nil {
 		err = svc.Migrate(ctx) // schema inventory, its inbox, outbox and replay outcomes: created if missing

@@ -73,8 +73,9 @@ type Handler struct {
 	// Stages overrides the production defaults stage by stage: each stage
 	// set here replaces the service's for this handler (the inbox's Store
 	// and Key, the replay stage's Store, filled in when left unset), and
-	// the shared settings (MeterProvider, Signer, …) set here win over
-	// Config's. Unset, each stage is the service's default (Defaults).
+	// the shared settings (Stages.Env: MeterProvider, Signer, …) set here
+	// win over Config.Env's, field by field. Unset, each stage is the
+	// service's default (Defaults).
 	Stages router.Stages
 	// Without leaves stages out, by name (router.Order: "Trace", "Replay",
 	// "Poison", "Retry", "Brake", "Classify", "Inbox", "Recoverer",
@@ -146,11 +147,7 @@ func (s *Service) stages(h Handler) (router.Stages, error) {
 		}
 		st.Order = &oc
 	}
-	st.MeterProvider = cmp.Or(o.MeterProvider, s.cfg.MeterProvider)
-	st.TracerProvider = cmp.Or(o.TracerProvider, s.cfg.TracerProvider)
-	st.Logger = cmp.Or(o.Logger, s.cfg.Logger)
-	st.Signer = cmp.Or(o.Signer, s.cfg.Signer)
-	st.Classifier = cmp.Or(o.Classifier, s.cfg.Classifier)
+	st.Env = o.Env.Or(s.cfg.Env)
 	for _, name := range h.Without {
 		if !slices.Contains(router.Order(), name) {
 			return st, fmt.Errorf("service: Handler.Without: no stage %q (router.Order names them: %v)", name, router.Order())

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/metric/noop"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/bounded"
@@ -78,9 +79,7 @@ func New(cfg Config) (*Service, error) {
 		cfg.Logger.Error("service: a database pool that may not recover from a network fault", nil, watermill.LogFields{"why": risk})
 	}
 	if cfg.Publisher != nil {
-		rc := cfg.Relay
-		rc.Store, rc.Publisher = s.stores.Outbox, cfg.Publisher
-		relay, err := outbox.NewRelay(rc)
+		relay, err := outbox.NewRelay(s.stores.Outbox, cfg.Publisher, cfg.Relay)
 		if err != nil {
 			return nil, fmt.Errorf("service: Config.Relay: %w", err)
 		}
@@ -88,14 +87,14 @@ func New(cfg Config) (*Service, error) {
 	}
 	var err error
 	s.pruners[0], err = deduplication.NewPruner(deduplication.PrunerConfig{Store: s.stores.Inbox, Retention: cfg.InboxRetention,
-		ReplayWindow: cfg.ReplayWindow, Interval: cfg.PruneInterval, Logger: cfg.Logger, MeterProvider: cfg.MeterProvider})
+		ReplayWindow: cfg.ReplayWindow, Interval: cfg.PruneInterval, Env: sluice.Env{Logger: cfg.Logger, MeterProvider: cfg.MeterProvider}})
 	if err != nil {
 		return nil, fmt.Errorf("service: Config.InboxRetention: %w", err)
 	}
 	// Its deletions are not the inbox's: sluice.inbox.pruned counts the
 	// inbox's alone.
 	s.pruners[1], err = deduplication.NewPruner(deduplication.PrunerConfig{Store: s.stores.Outcomes, Retention: cfg.OutcomeRetention,
-		Records: "replay outcomes", Interval: cfg.PruneInterval, Logger: cfg.Logger, MeterProvider: noop.NewMeterProvider()})
+		Records: "replay outcomes", Interval: cfg.PruneInterval, Env: sluice.Env{Logger: cfg.Logger, MeterProvider: noop.NewMeterProvider()}})
 	if err != nil {
 		return nil, fmt.Errorf("service: Config.OutcomeRetention: %w", err)
 	}

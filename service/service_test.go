@@ -342,7 +342,6 @@ func TestConfigErrors(t *testing.T) {
 		{service.Config{DB: db, Router: r, Schema: "s"}, "Config.Schema is PostgreSQL's"},
 		{service.Config{DB: db, Router: r, DrainTimeout: -1}, "Config.DrainTimeout must not be negative"},
 		{service.Config{DB: db, Router: r, Relay: outbox.RelayConfig{BatchSize: -1}, Publisher: nopPublisher{}}, "Config.Relay: outbox: RelayConfig.BatchSize"},
-		{service.Config{DB: db, Router: r, Relay: outbox.RelayConfig{Publisher: nopPublisher{}}}, "Config.Relay.Store and Config.Relay.Publisher are the service's"},
 		{service.Config{DB: db, Router: r, InboxRetention: time.Hour, ReplayWindow: 2 * time.Hour}, "Config.InboxRetention"},
 	} {
 		_, err := service.New(tt.cfg)
@@ -350,7 +349,7 @@ func TestConfigErrors(t *testing.T) {
 	}
 }
 
-// Config.Signer reaches every stage that publishes a copy: the poison
+// Config.Env.Signer reaches every stage that publishes a copy: the poison
 // queue's copy of a malformed message carries the signature
 // (docs/production.md, "The signing key"), on RabbitMQ.
 func TestTheSignerSignsTheCopies(t *testing.T) {
@@ -359,7 +358,7 @@ func TestTheSignerSignsTheCopies(t *testing.T) {
 	signer, err := signing.New([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
 	r := newRouter(t, watermill.NopLogger{})
-	svc := newService(t, service.Config{DB: testenv.SQLite(t), Router: r, Signer: signer})
+	svc := newService(t, service.Config{DB: testenv.SQLite(t), Router: r, Env: sluice.Env{Signer: signer}})
 	require.NoError(t, svc.Add(service.Handler{Broker: q, Name: "signed", Key: deduplication.KeyFromJSON("eventId"),
 		Handler: func(*message.Message) error { return nil }}))
 	run(t, r, svc)

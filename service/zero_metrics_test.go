@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/promexport"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -65,7 +66,7 @@ func TestTheShortPathsCountersAreThereBeforeAnyTraffic(t *testing.T) {
 	metrics, err := promexport.New(promexport.Config{})
 	require.NoError(t, err)
 	r := newRouter(t, testenv.NewLog())
-	svc := newService(t, service.Config{DB: db, Schema: testenv.Schema(t, db), Router: r, Publisher: q.Publisher(), MeterProvider: metrics})
+	svc := newService(t, service.Config{DB: db, Schema: testenv.Schema(t, db), Router: r, Publisher: q.Publisher(), Env: sluice.Env{MeterProvider: metrics}})
 	require.NoError(t, svc.Add(service.Handler{Broker: q, Name: "zero", PublishTopic: produced, PublishingHandler: produceOne}))
 	run(t, r, svc)
 	scrape := func() string {

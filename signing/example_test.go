@@ -9,7 +9,7 @@ import (
 	"github.com/sluicemq/sluice/signing"
 )
 
-// A Signer shared by the stages (router.Stages.Signer) and `sluice dlq
+// A Signer shared by the stages (router.Stages.Env.Signer) and `sluice dlq
 // replay --signing-key-file`: a copy it signed for a queue is believed on
 // that queue; the same copy on another queue, or the same headers written by
 // a producer, are not.

@@ -162,7 +162,7 @@ func newHarness(t testing.TB, cfg Config) (_ *Harness, err error) {
 	if cfg.Broker == nil {
 		h.clock = newVirtualClock(epoch)
 		h.emb, err = embedded.New(embedded.Config{Topic: cmp.Or(cfg.Topic, topicDefault), TierDelays: cfg.TierDelays,
-			Logger: cfg.Logger, Clock: h.clock, DrainTimeout: cfg.IdleTimeout})
+			Env: sluice.Env{Logger: cfg.Logger, Clock: h.clock}, DrainTimeout: cfg.IdleTimeout})
 		if err != nil {
 			return nil, err
 		}
@@ -203,7 +203,7 @@ func newHarness(t testing.TB, cfg Config) (_ *Harness, err error) {
 			return nil, fmt.Errorf("sluicetest: reading the connection's current schema (Config.Schema): %w", err)
 		}
 	}
-	h.svc, err = service.New(service.Config{DB: h.db, Schema: cfg.Schema, Router: h.r, Publisher: relayPublisher{h}, Logger: cfg.Logger})
+	h.svc, err = service.New(service.Config{DB: h.db, Schema: cfg.Schema, Router: h.r, Publisher: relayPublisher{h}, Env: sluice.Env{Logger: cfg.Logger}})
 	if err != nil {
 		return nil, err
 	}

@@ -115,8 +115,7 @@ func consumerMain(args []string) error {
 	}
 	if *maxBatch > 0 {
 		inbox = func(store deduplication.Store, consumer string, key deduplication.KeyFunc) *deduplication.Config {
-			return &deduplication.Config{Store: store, Consumer: consumer, Key: key, MeterProvider: batchSizes{},
-				Batch: &deduplication.BatchConfig{MaxBatch: *maxBatch, MaxWait: *maxWait}}
+			return &deduplication.Config{Store: store, Consumer: consumer, Key: key, Env: sluice.Env{MeterProvider: batchSizes{}}, Batch: &deduplication.BatchConfig{MaxBatch: *maxBatch, MaxWait: *maxWait}}
 		}
 	}
 	q, err := dialBroker(ctx, brokerCfg) // the broker may be restarting when a consumer starts

@@ -106,7 +106,7 @@ func (p *outboxProcess) start(ctx context.Context, r *message.Router, cfg *route
 	if err != nil {
 		return err
 	}
-	p.relay, err = outbox.NewRelay(outbox.RelayConfig{Store: p.store, Publisher: crashingRelayPublisher{pub, p.crash}})
+	p.relay, err = outbox.NewRelay(p.store, crashingRelayPublisher{pub, p.crash}, outbox.RelayConfig{})
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/outbox/sqlstore"
@@ -36,10 +37,10 @@ func TestOutboxDeadRowsAreSetAsideListedRequeuedAndDiscarded(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 	meter := sdkmetric.NewManualReader()
-	cfg := outbox.RelayConfig{Store: b.store, Publisher: pub, PollInterval: 10 * time.Millisecond, RetryMin: 5 * time.Millisecond,
+	cfg := outbox.RelayConfig{PollInterval: 10 * time.Millisecond, RetryMin: 5 * time.Millisecond,
 		RetryMax: 10 * time.Millisecond, MaxAttempts: 3, StatsInterval: 10 * time.Millisecond,
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(meter))}
-	stopRelay := runRelay(t, cfg)
+		Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(meter))}}
+	stopRelay := runRelay(t, b.store, pub, cfg)
 	v, exported := metricValue(t, meter, "sluice.outbox.dead_lettered")
 	require.True(t, exported, "exported at zero, before any row died")
 	require.Zero(t, v)
@@ -105,7 +106,7 @@ func TestOutboxDeadRowsAreSetAsideListedRequeuedAndDiscarded(t *testing.T) {
 	code, out, errOut = cli("outbox", "requeue", "--all-dead", "--reason", "queue declared")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "1 dead rows of "+b.table+" are pending again")
-	runRelay(t, cfg)
+	runRelay(t, b.store, pub, cfg)
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, missing) == 1 }, 2*time.Minute, 10*time.Millisecond,
 		"the requeued row is published")
 	require.Equal(t, "m-1", testenv.Drain(t, conn, missing)[0].Headers["_watermill_message_uuid"])

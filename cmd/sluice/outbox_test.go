@@ -55,9 +55,9 @@ func (b *outboxBed) write(t *testing.T, topic string, ids ...string) {
 }
 
 // runRelay runs a relay of cfg until the test ends or stop is called.
-func runRelay(t *testing.T, cfg outbox.RelayConfig) (stop func()) {
+func runRelay(t *testing.T, store outbox.Store, pub message.Publisher, cfg outbox.RelayConfig) (stop func()) {
 	t.Helper()
-	relay, err := outbox.NewRelay(cfg)
+	relay, err := outbox.NewRelay(store, pub, cfg)
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- relay.Run(context.Background()) }()
@@ -94,8 +94,8 @@ func TestOutboxCommandsShowAStuckOutboxAndRetryIt(t *testing.T) {
 	// Each failed row waits two minutes, longer than the test: only retry
 	// makes them due again. (Not longer: after a batch that got nothing
 	// through, the relay sleeps RetryMin/16, not woken by new rows.)
-	cfg := outbox.RelayConfig{Store: b.store, Publisher: pub, PollInterval: 50 * time.Millisecond, RetryMin: 2 * time.Minute, RetryMax: 2 * time.Minute}
-	stopRelay := runRelay(t, cfg)
+	cfg := outbox.RelayConfig{PollInterval: 50 * time.Millisecond, RetryMin: 2 * time.Minute, RetryMax: 2 * time.Minute}
+	stopRelay := runRelay(t, b.store, pub, cfg)
 	b.write(t, missing, "m-1", "m-2", "m-3")
 	require.Eventually(t, func() bool {
 		rows, err := b.store.List(t.Context(), sqlstore.Failing, 10)
@@ -149,7 +149,7 @@ func TestOutboxCommandsShowAStuckOutboxAndRetryIt(t *testing.T) {
 	var due int
 	require.NoError(t, b.db.Get(&due, `SELECT count(*) FROM `+b.table+` WHERE next_attempt_at <= clock_timestamp()`))
 	require.Equal(t, 3, due)
-	runRelay(t, cfg)
+	runRelay(t, b.store, pub, cfg)
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, missing) == 3 }, 2*time.Minute, 10*time.Millisecond,
 		"a relay publishes them at once (their next attempts were minutes away)")
 	require.Eventually(t, func() bool {

@@ -40,7 +40,7 @@ func TestSignedReplayRecordsOutcomesAndRefusesAForgedTarget(t *testing.T) {
 	signer, err := signing.NewFromFile(keyFile)
 	require.NoError(t, err)
 
-	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue(), Signer: signer})
+	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue(), Env: sluice.Env{Signer: signer}})
 	require.NoError(t, err)
 	for i := range 3 {
 		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
@@ -61,9 +61,9 @@ func TestSignedReplayRecordsOutcomesAndRefusesAForgedTarget(t *testing.T) {
 	_, err = router.Add(r, router.HandlerConfig{
 		Name: "stock", Topic: b.topo.Queue(), Subscriber: sub, Handler: func(*message.Message) error { return nil },
 		Stages: router.Stages{
-			Replay:   &replay.Config{Store: testenv.OutcomeStore(t, db, table), Signer: signer},
-			Poison:   &poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue(), Signer: signer},
-			Retry:    &retrytiers.Config{Publisher: b.pub, Tiers: b.topo.Tiers(), Signer: signer},
+			Replay:   &replay.Config{Store: testenv.OutcomeStore(t, db, table), Env: sluice.Env{Signer: signer}},
+			Poison:   &poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue(), Env: sluice.Env{Signer: signer}},
+			Retry:    &retrytiers.Config{Publisher: b.pub, Tiers: b.topo.Tiers(), Env: sluice.Env{Signer: signer}},
 			Classify: &middleware.ClassifyConfig{},
 			Inbox:    &deduplication.Config{Store: testenv.SQLStore(t, db, schema+".inbox"), Consumer: "stock"},
 		},
@@ -112,7 +112,7 @@ func TestReplaySignsForTheTargetQueue(t *testing.T) {
 	signer, err := signing.NewFromFile(keyFile)
 	require.NoError(t, err)
 
-	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue(), Signer: signer})
+	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue(), Env: sluice.Env{Signer: signer}})
 	require.NoError(t, err)
 	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 	m.Metadata.Set(sluice.EventIDKey, "poisoned-now")

@@ -75,8 +75,7 @@ func newBatchHandlerEnvOf(t *testing.T, backend string, bh deduplication.BatchHa
 	bh.Handle = e.project
 	bh.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSyncer(e.spans))
 	e.handle, err = deduplication.NewBatchHandler(deduplication.Config{Store: store, Consumer: "c",
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader)),
-		StoreTimeout:  e.cfg.StoreTimeout, ClaimTimeout: e.cfg.ClaimTimeout}, bh)
+		Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader))}, StoreTimeout: e.cfg.StoreTimeout, ClaimTimeout: e.cfg.ClaimTimeout}, bh)
 	require.NoError(t, err)
 	return e
 }

@@ -54,7 +54,7 @@ func newBatchEnv(t *testing.T, backend string, batch deduplication.BatchConfig, 
 	store := testenv.SQLStore(t, e.db, e.inbox)
 	e.store = store
 	e.stage, err = deduplication.New(deduplication.Config{Store: store, Consumer: "c", Batch: &batch,
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader))})
+		Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader))}})
 	require.NoError(t, err)
 	return e
 }

@@ -47,6 +47,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
 	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
@@ -157,7 +158,7 @@ func run(ctx context.Context, cfg config) (_ *summary, err error) {
 	// outcome tables in the env's database, the relay publishing the
 	// rejection event after its commit, the pruners, health.
 	svc, err := service.New(service.Config{DB: e.db(), Schema: e.schema(), Router: r, Publisher: e.relayPublisher(),
-		MeterProvider: metrics, TracerProvider: tracer})
+		Env: sluice.Env{MeterProvider: metrics, TracerProvider: tracer}})
 	if err != nil {
 		return nil, err
 	}
@@ -198,7 +199,7 @@ func run(ctx context.Context, cfg config) (_ *summary, err error) {
 		}
 	}()
 
-	producer := middleware.TracingPublisher(publisherFunc(e.publish), middleware.TraceConfig{TracerProvider: tracer})
+	producer := middleware.TracingPublisher(publisherFunc(e.publish), middleware.TraceConfig{Env: sluice.Env{TracerProvider: tracer}})
 	if err := producer.Publish("order.created", scriptMessages()...); err != nil {
 		return nil, err
 	}

@@ -236,7 +236,7 @@ func gcRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, 
 		Poison:    &poison.Config{},
 		Retry:     &retrytiers.Config{},
 		Classify:  &middleware.ClassifyConfig{},
-		Inbox:     &deduplication.Config{Store: v.store, Consumer: "inventory", Batch: gc.batch, MeterProvider: meter},
+		Inbox:     &deduplication.Config{Store: v.store, Consumer: "inventory", Batch: gc.batch, Env: sluice.Env{MeterProvider: meter}},
 		Recoverer: &middleware.RecovererConfig{},
 	}
 	switch {

@@ -116,7 +116,7 @@ func newInboxVariants(ctx context.Context, db *sqlx.DB, schema string) (*inboxVa
 		if err := store.CreateTable(ctx); err != nil {
 			return nil, err
 		}
-		d, err := deduplication.New(deduplication.Config{Store: store, Consumer: "inventory", ClaimTimeout: c.claimTimeout, MeterProvider: noop.NewMeterProvider()})
+		d, err := deduplication.New(deduplication.Config{Store: store, Consumer: "inventory", ClaimTimeout: c.claimTimeout, Env: sluice.Env{MeterProvider: noop.NewMeterProvider()}})
 		if err != nil {
 			return nil, err
 		}

@@ -242,7 +242,7 @@ func (t *batchTimes) add(o batchTimes) {
 // and returns n per second from its start, and its batches' times.
 func relayRun(ctx context.Context, store outbox.Store, pub message.Publisher, batch, concurrency, n int) (float64, batchTimes, error) {
 	counted := newCountingStore(store, n)
-	r, err := outbox.NewRelay(outbox.RelayConfig{Store: counted, Publisher: pub, BatchSize: batch, Concurrency: concurrency, Name: "bench"})
+	r, err := outbox.NewRelay(counted, pub, outbox.RelayConfig{BatchSize: batch, Concurrency: concurrency, Name: "bench"})
 	if err != nil {
 		return 0, batchTimes{}, err
 	}

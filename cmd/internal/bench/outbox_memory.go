@@ -209,7 +209,7 @@ func outboxMemoryWorker(cfg string) error {
 	}
 	defer func() { _ = pub.Close() }()
 	store := &largestBatch{Store: s}
-	r, err := outbox.NewRelay(outbox.RelayConfig{Store: store, Publisher: pub, BatchSize: 300, BatchBytes: w.BatchBytes,
+	r, err := outbox.NewRelay(store, pub, outbox.RelayConfig{BatchSize: 300, BatchBytes: w.BatchBytes,
 		StatsInterval: -1, Name: "bench"}) // the default PollInterval, as a user's relay
 	if err != nil {
 		return err

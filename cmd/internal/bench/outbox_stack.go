@@ -260,8 +260,8 @@ func stackRun(ctx context.Context, admin *amqpAdmin, pub *rabbitmq.Publisher, ur
 			return []*message.Message{evt}, nil
 		}
 		timed := &timedPublisher{pub: rabbit.Publisher(), lat: lat, n: int64(sc.n), all: finished, done: &confirmed}
-		relay, err = outbox.NewRelay(outbox.RelayConfig{Store: sc.relayStore, Publisher: timed, Name: "bench",
-			MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
+		relay, err = outbox.NewRelay(sc.relayStore, timed, outbox.RelayConfig{Name: "bench",
+			Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}})
 		if err != nil {
 			return stackResult{}, err
 		}

@@ -42,11 +42,11 @@ func StackHandler(bare bool) (message.HandlerFunc, *deduplication.MemoryStore, e
 		return nil, nil, err
 	}
 	mws, err := router.Middlewares(router.Stages{
-		Trace:     &middleware.TraceConfig{TracerProvider: tracenoop.NewTracerProvider(), MeterProvider: meter},
-		Poison:    &poison.Config{Publisher: discard{}, Topic: "q.poison", MeterProvider: meter},
-		Retry:     &retrytiers.Config{Publisher: discard{}, Tiers: tiers, MeterProvider: meter},
-		Classify:  &middleware.ClassifyConfig{MeterProvider: meter},
-		Inbox:     &deduplication.Config{Store: store, Consumer: "c", MeterProvider: meter},
+		Trace:     &middleware.TraceConfig{Env: sluice.Env{TracerProvider: tracenoop.NewTracerProvider(), MeterProvider: meter}},
+		Poison:    &poison.Config{Publisher: discard{}, Topic: "q.poison", Env: sluice.Env{MeterProvider: meter}},
+		Retry:     &retrytiers.Config{Publisher: discard{}, Tiers: tiers, Env: sluice.Env{MeterProvider: meter}},
+		Classify:  &middleware.ClassifyConfig{Env: sluice.Env{MeterProvider: meter}},
+		Inbox:     &deduplication.Config{Store: store, Consumer: "c", Env: sluice.Env{MeterProvider: meter}},
 		Recoverer: &middleware.RecovererConfig{},
 	})
 	if err != nil {

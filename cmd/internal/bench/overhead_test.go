@@ -7,6 +7,7 @@ import (
 	"go.opentelemetry.io/otel/metric/noop"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/router"
@@ -33,10 +34,10 @@ func BenchmarkOverheadByStage(b *testing.B) {
 	}{
 		{"shutdown-grace", func(*deduplication.MemoryStore) router.Stages { return router.Stages{} }},
 		{"shutdown-grace+trace", func(*deduplication.MemoryStore) router.Stages {
-			return router.Stages{Trace: &middleware.TraceConfig{TracerProvider: tracenoop.NewTracerProvider(), MeterProvider: meter}}
+			return router.Stages{Trace: &middleware.TraceConfig{Env: sluice.Env{TracerProvider: tracenoop.NewTracerProvider(), MeterProvider: meter}}}
 		}},
 		{"inbox", func(st *deduplication.MemoryStore) router.Stages {
-			return router.Stages{ShutdownGrace: -1, Inbox: &deduplication.Config{Store: st, Consumer: "c", MeterProvider: meter}}
+			return router.Stages{ShutdownGrace: -1, Inbox: &deduplication.Config{Store: st, Consumer: "c", Env: sluice.Env{MeterProvider: meter}}}
 		}},
 	} {
 		store := deduplication.NewMemoryStore()
