@@ -1,8 +1,6 @@
 package sluice
 
 import (
-	"reflect"
-
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/metric"
@@ -14,7 +12,7 @@ import (
 // key that signs their control headers. Every stage config embeds it (a
 // stage reads the fields it uses); router.Stages and service.Config take it
 // once and give it to each stage, whose own non-zero fields win, field by
-// field (Or). The zero Env is each stage's defaults: no logger
+// field (a Signer holding a nil pointer counts as none). The zero Env is each stage's defaults: no logger
 // (watermill.NopLogger; router.Add and service give the router's), the
 // global OpenTelemetry providers, SystemClock, DefaultClassifier and no key.
 type Env struct {
@@ -56,38 +54,4 @@ type Signer interface {
 	// Sluice wrote them for queue (or, without a key, the copy came back
 	// from one of tiers), and returns the keys removed.
 	Believe(msg *message.Message, owned func(string) bool, queue string, tiers ...string) []string
-}
-
-// Or returns e with each zero field taken from parent: a stage's own Env
-// wins, field by field, over the one router.Stages or service.Config gives.
-// A Signer holding a nil pointer (no key) counts as zero.
-func (e Env) Or(parent Env) Env {
-	if e.Logger == nil {
-		e.Logger = parent.Logger
-	}
-	if e.MeterProvider == nil {
-		e.MeterProvider = parent.MeterProvider
-	}
-	if e.TracerProvider == nil {
-		e.TracerProvider = parent.TracerProvider
-	}
-	if e.Clock == nil {
-		e.Clock = parent.Clock
-	}
-	if e.Classifier == nil {
-		e.Classifier = parent.Classifier
-	}
-	if noKey(e.Signer) {
-		e.Signer = parent.Signer
-	}
-	return e
-}
-
-// noKey reports whether s is nil or holds a nil pointer.
-func noKey(s Signer) bool {
-	if s == nil {
-		return true
-	}
-	v := reflect.ValueOf(s)
-	return v.Kind() == reflect.Pointer && v.IsNil()
 }

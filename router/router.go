@@ -14,6 +14,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/internal/inherit"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/ordering"
 	"github.com/sluicemq/sluice/outbox"
@@ -126,7 +127,7 @@ func newBatchHandler(s *Stages, bh deduplication.BatchHandler) (message.HandlerF
 	if s.Classifier == nil {
 		s.Classifier = sluice.DefaultClassifier()
 	}
-	in.Env = in.Env.Or(s.Env)
+	in.Env = inherit.Env(in.Env, s.Env)
 	bh.TracerProvider = cmp.Or(bh.TracerProvider, s.TracerProvider)
 	h, err := deduplication.NewBatchHandler(in, bh)
 	if err != nil {

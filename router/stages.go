@@ -12,6 +12,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/internal/inherit"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
 	"github.com/sluicemq/sluice/poison"
@@ -59,7 +60,7 @@ type Stages struct {
 	Inbox     *deduplication.Config
 	Recoverer *middleware.RecovererConfig
 	// Env is given to every stage, whose own Env fields win, field by
-	// field (sluice.Env.Or): the Classifier to every stage that classifies
+	// field (internal/inherit): the Classifier to every stage that classifies
 	// (Poison, Retry, Brake, Classify, Inbox), so "commit on Rejected" and
 	// "ack on Rejected" always agree (default sluice.DefaultClassifier());
 	// the Signer to the Replay, Poison and Retry stages — the key that
@@ -141,7 +142,7 @@ var order = []stage{
 			return nil, nil
 		}
 		cfg := *s.Replay
-		cfg.Env = cfg.Env.Or(s.Env)
+		cfg.Env = inherit.Env(cfg.Env, s.Env)
 		cfg.Queue = cmp.Or(cfg.Queue, s.queue())
 		if cfg.Tiers == nil && s.Retry != nil {
 			for _, t := range s.Retry.Tiers {
@@ -171,7 +172,7 @@ var order = []stage{
 			return nil, nil
 		}
 		cfg := *s.Poison
-		cfg.Env = cfg.Env.Or(s.Env)
+		cfg.Env = inherit.Env(cfg.Env, s.Env)
 		return one(poison.New(cfg))
 	}},
 	{"Retry", "retry", func(s *Stages) ([]message.HandlerMiddleware, error) {
@@ -179,7 +180,7 @@ var order = []stage{
 			return nil, nil
 		}
 		cfg := *s.Retry
-		cfg.Env = cfg.Env.Or(s.Env)
+		cfg.Env = inherit.Env(cfg.Env, s.Env)
 		cfg.Queue = cmp.Or(cfg.Queue, s.queue())
 		return one(retrytiers.New(cfg))
 	}},
@@ -201,7 +202,7 @@ var order = []stage{
 			return nil, nil
 		}
 		cfg := *s.Classify
-		cfg.Env = cfg.Env.Or(s.Env)
+		cfg.Env = inherit.Env(cfg.Env, s.Env)
 		return one(middleware.Classify(cfg))
 	}},
 	{"Inbox", "inbox", func(s *Stages) ([]message.HandlerMiddleware, error) {
@@ -209,7 +210,7 @@ var order = []stage{
 			return nil, nil
 		}
 		cfg := *s.Inbox
-		cfg.Env = cfg.Env.Or(s.Env)
+		cfg.Env = inherit.Env(cfg.Env, s.Env)
 		inbox, err := deduplication.New(cfg)
 		if s.orderer != nil { // a delivery without an ordering key is poison
 			inbox = chain(s.orderer.Inner, inbox)
@@ -257,7 +258,7 @@ func chain(outer, inner message.HandlerMiddleware) message.HandlerMiddleware {
 func (s *Stages) traceStage() (message.HandlerMiddleware, error) {
 	if s.trace == nil {
 		cfg := *s.Trace
-		cfg.Env = cfg.Env.Or(s.Env)
+		cfg.Env = inherit.Env(cfg.Env, s.Env)
 		mw, err := middleware.Trace(cfg)
 		if err != nil {
 			return nil, err
@@ -280,14 +281,14 @@ func (s *Stages) newOrderer(name string) (*ordering.Orderer, error) {
 	}
 	if s.Inbox != nil && s.Inbox.Consumer != "" && cfg.Seen == nil { // a redelivery of an applied message is a duplicate, not held
 		inbox := *s.Inbox
-		inbox.Env = inbox.Env.Or(s.Env)
+		inbox.Env = inherit.Env(inbox.Env, s.Env)
 		seen, err := deduplication.Seen(inbox)
 		if err != nil {
 			return nil, fmt.Errorf("router: order stage: the inbox: %w", err)
 		}
 		cfg.Seen = seen
 	}
-	cfg.Env = cfg.Env.Or(s.Env)
+	cfg.Env = inherit.Env(cfg.Env, s.Env)
 	if s.Trace != nil && cfg.Released == nil { // a released message's span and outcome, as a delivery's
 		mw, err := s.traceStage()
 		if err != nil {
@@ -338,7 +339,7 @@ func (s *Stages) newBrake(name string, pausing bool) (*brake.Brake, error) {
 		cfg.Probe = p.Ping
 	}
 	cfg.Pausing = cfg.Pausing || pausing
-	cfg.Env = cfg.Env.Or(s.Env)
+	cfg.Env = inherit.Env(cfg.Env, s.Env)
 	b, err := brake.New(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("router: brake stage: %w", err)

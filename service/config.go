@@ -10,6 +10,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/inherit"
 	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/sluicesql"
 )
@@ -116,7 +117,7 @@ func (c Config) withDefaults() Config {
 	if c.Router != nil {
 		c.Logger = cmp.Or(c.Logger, c.Router.Logger())
 	}
-	c.Relay.Env = c.Relay.Env.Or(c.Env)
+	c.Relay.Env = inherit.Env(c.Relay.Env, c.Env)
 	return c
 }
 

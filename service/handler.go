@@ -12,6 +12,7 @@ import (
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/internal/inherit"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
 	"github.com/sluicemq/sluice/poison"
@@ -147,7 +148,7 @@ func (s *Service) stages(h Handler) (router.Stages, error) {
 		}
 		st.Order = &oc
 	}
-	st.Env = o.Env.Or(s.cfg.Env)
+	st.Env = inherit.Env(o.Env, s.cfg.Env)
 	for _, name := range h.Without {
 		if !slices.Contains(router.Order(), name) {
 			return st, fmt.Errorf("service: Handler.Without: no stage %q (router.Order names them: %v)", name, router.Order())

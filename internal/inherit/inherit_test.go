@@ -1,4 +1,4 @@
-package sluice_test
+package inherit_test
 
 import (
 	"testing"
@@ -9,14 +9,15 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/inherit"
 	"github.com/sluicemq/sluice/signing"
 )
 
-// Env.Or gives each zero field the parent's and keeps each set one: a
+// inherit.Env gives each zero field the parent's and keeps each set one: a
 // stage's own settings win over router.Stages' and service.Config's, field
 // by field, and a Signer holding a nil *signing.Signer (no key) is zero, as
 // the nil pointer was before the fields moved into Env.
-func TestEnvOrKeepsOwnFieldsAndFillsTheZeroOnes(t *testing.T) {
+func TestEnvKeepsOwnFieldsAndFillsTheZeroOnes(t *testing.T) {
 	t.Parallel()
 	key, err := signing.New([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
@@ -25,17 +26,17 @@ func TestEnvOrKeepsOwnFieldsAndFillsTheZeroOnes(t *testing.T) {
 	parent := sluice.Env{Logger: watermill.NopLogger{}, MeterProvider: metricnoop.NewMeterProvider(),
 		TracerProvider: tracenoop.NewTracerProvider(), Clock: sluice.SystemClock(), Classifier: sluice.DefaultClassifier(), Signer: key}
 
-	require.Equal(t, parent, sluice.Env{}.Or(parent), "a zero Env takes every field")
-	require.Equal(t, parent, sluice.Env{Signer: (*signing.Signer)(nil)}.Or(parent), "a nil *signing.Signer is no key: the parent's is taken")
+	require.Equal(t, parent, inherit.Env(sluice.Env{}, parent), "a zero Env takes every field")
+	require.Equal(t, parent, inherit.Env(sluice.Env{Signer: (*signing.Signer)(nil)}, parent), "a nil *signing.Signer is no key: the parent's is taken")
 
 	classifier, err := sluice.NewClassifier(sluice.ClassifierConfig{})
 	require.NoError(t, err)
 	own := sluice.Env{Classifier: classifier, Signer: other}
-	got := own.Or(parent)
+	got := inherit.Env(own, parent)
 	require.Same(t, own.Classifier, got.Classifier)
 	require.Same(t, other, got.Signer)
 	require.Equal(t, parent.Logger, got.Logger)
 	require.Equal(t, parent.MeterProvider, got.MeterProvider)
 
-	require.Equal(t, sluice.Env{}, sluice.Env{}.Or(sluice.Env{}), "nothing given: each stage's defaults")
+	require.Equal(t, sluice.Env{}, inherit.Env(sluice.Env{}, sluice.Env{}), "nothing given: each stage's defaults")
 }

@@ -1,0 +1,42 @@
+// Package inherit fills a stage's sluice.Env from the one router.Stages or
+// service.Config gives: the stage's own fields win, field by field.
+package inherit
+
+import (
+	"reflect"
+
+	"github.com/sluicemq/sluice"
+)
+
+// Env returns own with each zero field taken from parent. A Signer holding
+// a nil pointer (no key) counts as zero.
+func Env(own, parent sluice.Env) sluice.Env {
+	if own.Logger == nil {
+		own.Logger = parent.Logger
+	}
+	if own.MeterProvider == nil {
+		own.MeterProvider = parent.MeterProvider
+	}
+	if own.TracerProvider == nil {
+		own.TracerProvider = parent.TracerProvider
+	}
+	if own.Clock == nil {
+		own.Clock = parent.Clock
+	}
+	if own.Classifier == nil {
+		own.Classifier = parent.Classifier
+	}
+	if noKey(own.Signer) {
+		own.Signer = parent.Signer
+	}
+	return own
+}
+
+// noKey reports whether s is nil or holds a nil pointer.
+func noKey(s sluice.Signer) bool {
+	if s == nil {
+		return true
+	}
+	v := reflect.ValueOf(s)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}
