@@ -13,7 +13,11 @@ import (
 type Store interface {
 	// Lock opens the unit of work of one key. While it is open no other
 	// Lock of the same (consumer, key) returns: it waits, at most the
-	// store's own bound (then an error), or until ctx ends.
+	// store's own bound (then an error), or until ctx ends. A Lock that
+	// ctx ended may still take the key for a moment after it returned,
+	// until the store has given the abandoned wait up (sqlstore's rolls
+	// its transaction back once the database answers): Releasable skips
+	// the key meanwhile, and the next poll finds it.
 	Lock(ctx context.Context, consumer, key string) (Guard, error)
 	// Releasable returns up to limit keys of consumer whose head is done
 	// (Guard.Unblock) but that still hold messages — a release a crash, a
