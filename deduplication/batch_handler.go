@@ -503,7 +503,19 @@ func (x *execution) once(es []*entry) []*entry {
 	}
 	hctx, cancel := x.handlerContext(run)
 	outcomes, panicked := x.call(&unit{Context: hctx, tx: tx}, msgs)
+	var gone error // a delivery's context ended under the handler (a shutdown)
+	if hctx.Err() != nil {
+		gone = context.Cause(hctx)
+	}
 	cancel()
+	for i := range outcomes {
+		// What the handler's statements fail with once its context ended
+		// (the driver's "bad connection", a canceled statement) is that end:
+		// the deliveries go back unprocessed, not a database's failure.
+		if outcomes[i] != nil && gone != nil && !errors.Is(outcomes[i], gone) {
+			outcomes[i] = fmt.Errorf("%w (the deliveries' context ended: %w)", outcomes[i], gone)
+		}
+	}
 	for _, e := range run {
 		e.msg.SetContext(e.ctx)
 	}
