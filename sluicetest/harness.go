@@ -20,8 +20,6 @@ import (
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/ordering"
-	"github.com/sluicemq/sluice/poison"
-	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/service"
 )
@@ -286,23 +284,9 @@ func (h *Harness) handler() service.Handler {
 			b.Clock = h.clock
 			sh.Stages.Brake = &b
 		}
-		// The retry and poison stages stamp their copies on it too.
-		if !slices.Contains(sh.Without, "Poison") {
-			p := poison.Config{} // the service's default (service.Service.Defaults)
-			if sh.Stages.Poison != nil {
-				p = *sh.Stages.Poison
-			}
-			p.Clock = cmp.Or[sluice.Clock](p.Clock, h.clock)
-			sh.Stages.Poison = &p
-		}
-		if !slices.Contains(sh.Without, "Retry") {
-			r := retrytiers.Config{}
-			if sh.Stages.Retry != nil {
-				r = *sh.Stages.Retry
-			}
-			r.Clock = cmp.Or[sluice.Clock](r.Clock, h.clock)
-			sh.Stages.Retry = &r
-		}
+		// The retry and poison stages stamp their copies on it too: the
+		// handler's Env gives it to each stage whose own Clock is unset.
+		sh.Stages.Clock = h.clock
 	}
 	return sh
 }

@@ -3,13 +3,12 @@
 package inherit
 
 import (
-	"reflect"
-
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/envsigner"
 )
 
 // Env returns own with each zero field taken from parent. A Signer holding
-// a nil pointer (no key) counts as zero.
+// a nil pointer (no key, envsigner.Of) counts as zero.
 func Env(own, parent sluice.Env) sluice.Env {
 	if own.Logger == nil {
 		own.Logger = parent.Logger
@@ -26,17 +25,8 @@ func Env(own, parent sluice.Env) sluice.Env {
 	if own.Classifier == nil {
 		own.Classifier = parent.Classifier
 	}
-	if noKey(own.Signer) {
+	if _, keyed := envsigner.Of(own.Signer); !keyed {
 		own.Signer = parent.Signer
 	}
 	return own
-}
-
-// noKey reports whether s is nil or holds a nil pointer.
-func noKey(s sluice.Signer) bool {
-	if s == nil {
-		return true
-	}
-	v := reflect.ValueOf(s)
-	return v.Kind() == reflect.Pointer && v.IsNil()
 }

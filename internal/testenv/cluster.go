@@ -131,29 +131,24 @@ func StartClusterWith(n int, o ClusterOptions) (*PrivateCluster, error) {
 	if o.PartitionHandling != "" {
 		env = append(env, "SLUICE_CLUSTER_PARTITION_HANDLING="+o.PartitionHandling)
 	}
-	settings := env
 	// A port picked free may be taken before the node binds it (another
 	// test, a scenario's node booting beside): a cluster that does not
 	// start is started once more, on new ports, its first failure kept.
-	var first error
-	for attempt := range 2 {
-		c.Nodes, c.URLs = nil, nil
-		err := c.startOn(n, prefix, settings)
-		if err == nil {
-			return c, nil
-		}
-		if attempt == 0 {
-			first = err
-			_, _ = c.run([]string{"stop"}) // its nodes stopped, its state directory (and cluster.env) removed
-			continue
-		}
+	first := c.startOn(n, prefix, env)
+	if first == nil {
+		return c, nil
+	}
+	_, _ = c.run([]string{"stop"}) // its nodes stopped, its state directory (and cluster.env) removed
+	if err := c.startOn(n, prefix, env); err != nil {
 		return nil, errors.Join(fmt.Errorf("starting the cluster once more after: %w", first), err, c.Close())
 	}
-	return nil, first
+	return c, nil
 }
 
-// startOn picks the nodes' ports and starts the cluster's n nodes.
+// startOn picks the nodes' ports (its Nodes and URLs) and starts the
+// cluster's n nodes.
 func (c *PrivateCluster) startOn(n int, prefix string, env []string) error {
+	c.Nodes, c.URLs = nil, nil
 	var ports, distPorts []string
 	for i := range n {
 		port, err := pickPort()
