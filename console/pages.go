@@ -26,6 +26,7 @@ import (
 	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/replayledger"
 	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -647,7 +648,7 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
 	}
 	group := r.PathValue("group")
 	operator := c.cfg.Operator(r)
-	ru := c.newRun("replay", newRunID("run"), q.Poison, group, operator)
+	ru := c.newRun("replay", replayledger.NewRun("run"), q.Poison, group, operator)
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
@@ -803,7 +804,7 @@ type action struct {
 func (c *Console) startAction(w http.ResponseWriter, r *http.Request, verb, poison string) (action, bool) {
 	a := action{group: r.PathValue("group"), operator: c.cfg.Operator(r)}
 	a.limit, _ = strconv.Atoi(r.PostFormValue("limit"))
-	a.run = c.newRun(verb, newRunID(verb), poison, a.group, a.operator)
+	a.run = c.newRun(verb, replayledger.NewRun(verb), poison, a.group, a.operator)
 	release, err := c.reading(r.Context(), poison, c.cfg.ReadWait)
 	if err != nil {
 		a.run.finish(dlq.Result{}, err)
