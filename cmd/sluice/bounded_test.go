@@ -78,20 +78,20 @@ func TestABlackHoledDatabaseHoldsNoOutcomeOpenPastItsBound(t *testing.T) {
 	schema := testenv.Schema(t, testenv.Postgres(t))
 	table := schema + ".outcomes"
 	proxy, dsn := testenv.ProxyPostgresURL(t)
-	_, done, err := dialOutcomes(dsn, table, true)
+	_, done, err := openOutcomes(dsn, table, true)
 	require.NoError(t, err)
 	t.Cleanup(done)
 
 	proxy.BlackHole()
 	const bound = 15 * time.Second
-	took := testenv.Within(t, bound+25*time.Second, "dialOutcomes", func() {
+	took := testenv.Within(t, bound+25*time.Second, "openOutcomes", func() {
 		var done func()
-		if _, done, err = dialOutcomes(dsn, table, false); done != nil {
+		if _, done, err = openOutcomes(dsn, table, false); done != nil {
 			done()
 		}
 	})
-	require.Less(t, took, bound, "dialOutcomes")
+	require.Less(t, took, bound, "openOutcomes")
 	require.Error(t, err)
 	require.ErrorContains(t, err, "--outcomes: connecting to the database (within its connect_timeout, default 5s)")
-	t.Logf("dialOutcomes on the silent database: %v", err)
+	t.Logf("openOutcomes on the silent database: %v", err)
 }

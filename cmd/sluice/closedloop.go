@@ -98,23 +98,6 @@ func closedLoop(ctx context.Context, q *dlq.Queue, cfg dlq.ReplayConfig, l dlq.L
 	return q.ClosedLoop(ctx, cfg, l)
 }
 
-// checkOutcomesURL is checkOutcomesScheme, a usage error.
-func checkOutcomesURL(url string) error {
-	if err := checkOutcomesScheme(url); err != nil {
-		return usageError{err}
-	}
-	return nil
-}
-
-// openOutcomes is dialOutcomes; a URL of the wrong form is a usage error.
-func openOutcomes(url, table string, create bool) (ledger.Ledger, func(), error) {
-	s, done, err := dialOutcomes(url, table, create)
-	if errors.Is(err, errOutcomesURL) {
-		return nil, nil, usageError{err}
-	}
-	return s, done, err
-}
-
 // operatorRecords records, when --outcomes was given, what an operator's
 // command did to each item, under a run of its own ("archive-…",
 // "discard-…", "resolve-…").
