@@ -55,24 +55,6 @@ func sampling(t *testing.T, dial func() (*amqp.Connection, error), interval time
 	return c
 }
 
-// within runs f and fails t unless it returns within d.
-func within(t *testing.T, d time.Duration, what string, f func()) time.Duration {
-	t.Helper()
-	done := make(chan struct{})
-	start := time.Now()
-	go func() {
-		defer close(done)
-		f()
-	}()
-	select {
-	case <-done:
-		return time.Since(start)
-	case <-time.After(d):
-		t.Fatalf("%s did not return within %s", what, d)
-		return 0
-	}
-}
-
 // The overview's depth reads on a broker that accepted the connection and
 // then went silent fail after CallTimeout, each row naming the wait, where
 // the page waited for the AMQP heartbeat to give the connection up (three
@@ -88,7 +70,7 @@ func TestABlackHoledBrokerHoldsNoOverviewPastCallTimeout(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 
 	w := httptest.NewRecorder()
-	within(t, 20*time.Second, "the overview", func() { c.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil)) })
+	testenv.Within(t, 20*time.Second, "the overview", func() { c.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/", nil)) })
 	body, _ := io.ReadAll(w.Result().Body)
 	require.Equal(t, http.StatusOK, w.Code, "the page, with each row's error")
 	require.Contains(t, string(body), "a passive declare of "+q+": the broker gave no answer within 1s")
@@ -104,7 +86,7 @@ func TestABlackHoledBrokerHoldsNoChartSamplePastItsInterval(t *testing.T) {
 	c := sampling(t, dial, time.Second)
 	require.Eventually(t, func() bool { return dials.Load() >= 3 }, 2*time.Minute, 50*time.Millisecond,
 		"a sample every SampleInterval (1 s), each given up at its end")
-	within(t, 20*time.Second, "Close", func() { _ = c.Close() }) // the sample in progress ends at once; its CallTimeout is a minute
+	testenv.Within(t, 20*time.Second, "Close", func() { _ = c.Close() }) // the sample in progress ends at once; its CallTimeout is a minute
 }
 
 // A sample whose dial outlasts its SampleInterval closes its connection to
@@ -135,7 +117,7 @@ func TestASampleWhoseDialOutlastsItsIntervalHoldsNoClose(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return dials.Load() >= 2 }, 2*time.Minute, 10*time.Millisecond,
 		"the sampler went on to its next sample")
-	within(t, 20*time.Second, "Close", func() { _ = c.Close() })
+	testenv.Within(t, 20*time.Second, "Close", func() { _ = c.Close() })
 }
 
 // The outbox page on a database that went silent — the connection up,
@@ -160,7 +142,7 @@ func TestABlackHoledDatabaseHoldsNoOutboxPagePastCallTimeout(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	get := func() (string, time.Duration) {
 		w := httptest.NewRecorder()
-		took := within(t, 20*time.Second, "the outbox page", func() { c.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/outbox", nil)) })
+		took := testenv.Within(t, 20*time.Second, "the outbox page", func() { c.ServeHTTP(w, httptest.NewRequest(http.MethodGet, "/outbox", nil)) })
 		body, _ := io.ReadAll(w.Result().Body)
 		require.Equal(t, http.StatusOK, w.Code)
 		return string(body), took

@@ -26,6 +26,7 @@ import (
 	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/replayledger"
 	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -610,11 +611,11 @@ func (c *Console) dryRun(ctx context.Context, q Queue, group, action string) (pr
 		if !titled {
 			d.Title, titled = groupTitle(m), true
 		}
-		label := targetLabel(pq, plan, m)
+		label, refused := targetLabel(pq, plan, m)
 		if _, ok := d.Targets[label]; ok || len(d.Targets) < 20 {
 			d.Targets[label]++
 		}
-		if _, err := pq.Target(plan, m); err != nil {
+		if refused {
 			d.Refused++
 		}
 		if len(d.Sample) < 20 {
@@ -647,7 +648,7 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
 	}
 	group := r.PathValue("group")
 	operator := c.cfg.Operator(r)
-	ru := c.newRun("replay", newRunID("run"), q.Poison, group, operator)
+	ru := c.newRun("replay", replayledger.NewRun("run"), q.Poison, group, operator)
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
@@ -665,21 +666,23 @@ func (c *Console) replayConfig(q Queue, group, to string) dlq.ReplayConfig {
 }
 
 // targetLabel is where a replay to each message's own queue sends m, as the
-// dry run shows it: the queue, or why there is none.
-func targetLabel(pq *dlq.Queue, cfg dlq.ReplayConfig, m *dlq.Message) string {
+// dry run shows it: the queue, or why there is none (refused: the replay
+// would stop on m). It asks pq.Target once a message: with a Signer, that
+// verifies the message's signature.
+func targetLabel(pq *dlq.Queue, cfg dlq.ReplayConfig, m *dlq.Message) (label string, refused bool) {
 	t, err := pq.Target(cfg, m)
 	named := diag.Printable(m.Queue, 255)
 	switch {
 	case err == nil:
-		return diag.Printable(t, 255)
+		return diag.Printable(t, 255), false
 	case errors.Is(err, dlq.ErrUnreadable):
-		return "(none: its headers could not be read)"
+		return "(none: its headers could not be read)", true
 	case errors.Is(err, dlq.ErrTargetRefused):
-		return named + " (refused: not a consumer queue of this console)"
+		return named + " (refused: not a consumer queue of this console)", true
 	case m.Queue != "":
-		return named + " (refused: its diagnosis is not signed with the console's key)"
+		return named + " (refused: its diagnosis is not signed with the console's key)", true
 	}
-	return "(none: not replayable)"
+	return "(none: not replayable)", true
 }
 
 func loopForm(r *http.Request) (loopPlan, error) {
@@ -803,7 +806,7 @@ type action struct {
 func (c *Console) startAction(w http.ResponseWriter, r *http.Request, verb, poison string) (action, bool) {
 	a := action{group: r.PathValue("group"), operator: c.cfg.Operator(r)}
 	a.limit, _ = strconv.Atoi(r.PostFormValue("limit"))
-	a.run = c.newRun(verb, newRunID(verb), poison, a.group, a.operator)
+	a.run = c.newRun(verb, replayledger.NewRun(verb), poison, a.group, a.operator)
 	release, err := c.reading(r.Context(), poison, c.cfg.ReadWait)
 	if err != nil {
 		a.run.finish(dlq.Result{}, err)

@@ -10,8 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
@@ -268,10 +266,4 @@ func (c *Console) storedRun(ctx context.Context, id string) (runView, error) {
 	}
 	v.More = tmp.more
 	return v, nil
-}
-
-// newRunID returns a new run id: kind, the time, and a random tail
-// ("run-20260105T120000Z-3f2a9c1b"), as sluice dlq names its runs.
-func newRunID(kind string) string {
-	return kind + "-" + time.Now().UTC().Format("20060102T150405Z") + "-" + watermill.NewShortUUID()[:8]
 }

@@ -46,31 +46,19 @@ func TestABlackHoledBrokerHoldsNoScanPastCallTimeout(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = amqpcall.Close(context.Background(), conn, time.Second) })
 
-	type result struct {
-		read int
-		err  error
-	}
-	done := make(chan result, 1)
-	go func() {
-		read := 0
-		_, err := dlq.Scan(t.Context(), conn, queue, func(*dlq.Message) (bool, error) {
+	read := 0
+	testenv.Within(t, dlq.CallTimeout+25*time.Second, "the scan", func() {
+		_, err = dlq.Scan(t.Context(), conn, queue, func(*dlq.Message) (bool, error) {
 			read++
 			if read == 2 {
 				proxy.BlackHole() // the third get is never answered
 			}
 			return false, nil
 		}, nil)
-		done <- result{read, err}
-	}()
-	var r result
-	select {
-	case r = <-done:
-	case <-time.After(dlq.CallTimeout + 25*time.Second):
-		t.Fatalf("the scan did not return within %s", dlq.CallTimeout+25*time.Second)
-	}
-	require.Equal(t, 2, r.read)
-	require.True(t, errors.Is(r.err, amqpcall.ErrNoAnswer), "%v", r.err)
-	require.ErrorContains(t, r.err, "dlq: reading "+queue+": basic.get from "+queue+": the broker gave no answer within "+dlq.CallTimeout.String())
+	})
+	require.Equal(t, 2, read)
+	require.True(t, errors.Is(err, amqpcall.ErrNoAnswer), "%v", err)
+	require.ErrorContains(t, err, "dlq: reading "+queue+": basic.get from "+queue+": the broker gave no answer within "+dlq.CallTimeout.String())
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, direct, queue) == n }, 2*time.Minute, 50*time.Millisecond,
 		"the broker gave back what the scan held")
 }
@@ -94,19 +82,11 @@ func TestABlackHoledDatabaseHoldsNoOutcomeReadPastCallTimeout(t *testing.T) {
 	require.NoError(t, store.CreateTable(t.Context()))
 
 	proxy.BlackHole()
-	ch := make(chan error, 1)
-	start := time.Now()
 	bound := dlq.CallTimeout + 5*time.Second
-	go func() {
-		_, err := dlq.AwaitOutcomes(context.Background(), store, "run-1", map[string]bool{"e1": true}, time.Minute)
-		ch <- err
-	}()
-	select {
-	case err = <-ch:
-		require.Less(t, time.Since(start), bound, "AwaitOutcomes")
-	case <-time.After(bound + 25*time.Second):
-		t.Fatalf("AwaitOutcomes did not return within %s", bound+25*time.Second)
-	}
+	took := testenv.Within(t, bound+25*time.Second, "AwaitOutcomes", func() {
+		_, err = dlq.AwaitOutcomes(context.Background(), store, "run-1", map[string]bool{"e1": true}, time.Minute)
+	})
+	require.Less(t, took, bound, "AwaitOutcomes")
 	require.ErrorContains(t, err, "reading the outcomes: the outcome records: no answer within "+dlq.CallTimeout.String())
 }
 

@@ -15,8 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/internal/sqldb"
-	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/signing"
 )
@@ -228,16 +226,4 @@ func TestRestoreTakesAnArchiveSignedBeforeQueueBoundSignatures(t *testing.T) {
 	other.Signature = v1([]byte(strings.Repeat("o", 32)), r1)
 	_, err = restore(t, write(other), RestoreConfig{Signer: signer})
 	require.ErrorIs(t, err, ErrRecordSignature)
-}
-
-// The event ids a restore from a table selects reach PostgreSQL as they
-// are — quotes, backslashes, commas, braces, spaces, "NULL" — through the
-// text[] literal (sqldb.TextArray) that replaced lib/pq's pq.Array (dlq
-// links no driver).
-func TestTextArrayCarriesEventIDsAsTheyAre(t *testing.T) {
-	t.Parallel()
-	ids := []string{`e"1`, `e\2`, "e,3", "{e4}", " e 5 ", "", "NULL", "é6"}
-	var got []string
-	require.NoError(t, testenv.Postgres(t).Select(&got, `SELECT unnest(CAST($1 AS TEXT)::TEXT[])`, sqldb.TextArray(ids)))
-	require.Equal(t, ids, got)
 }

@@ -146,15 +146,9 @@ func TestAServiceOnPostgresOpenRecoversFromAHalfOpenHeal(t *testing.T) {
 	}, "every event processed, what it produced relayed")
 	t.Logf("every event processed and relayed %s after the heal", time.Since(healed).Round(time.Millisecond))
 
-	start := time.Now()
-	closeDone := make(chan error, 1)
-	go func() { closeDone <- svc.Close() }()
-	select {
-	case err := <-closeDone:
-		require.NoError(t, err)
-	case <-time.After(2 * time.Minute):
-		t.Fatal("Close did not return within 2 minutes")
-	}
+	var closeErr error
+	took := testenv.Within(t, 2*time.Minute, "Close", func() { closeErr = svc.Close() })
+	require.NoError(t, closeErr)
 	closed = true
-	t.Logf("Close took %s", time.Since(start).Round(time.Millisecond))
+	t.Logf("Close took %s", took.Round(time.Millisecond))
 }

@@ -30,17 +30,10 @@ func TestABlackHoledBrokerHoldsNoQueueRowPastCallTimeout(t *testing.T) {
 	proxy.BlackHole()
 	q := testenv.Name("cli_holed")
 
-	done := make(chan error, 1)
+	testenv.Within(t, dlq.CallTimeout+25*time.Second, "row", func() { _, err = row(conn, q, q, "main") })
+	require.ErrorContains(t, err, "reading queue "+q+": a passive declare of "+q+": the broker gave no answer within "+dlq.CallTimeout.String(),
+		"the error, not a queue shown missing")
 	start := time.Now()
-	go func() { _, err := row(conn, q, q, "main"); done <- err }()
-	select {
-	case err := <-done:
-		require.ErrorContains(t, err, "reading queue "+q+": a passive declare of "+q+": the broker gave no answer within "+dlq.CallTimeout.String(),
-			"the error, not a queue shown missing")
-	case <-time.After(dlq.CallTimeout + 25*time.Second):
-		t.Fatalf("row did not return within %s", dlq.CallTimeout+25*time.Second)
-	}
-	start = time.Now()
 	require.Zero(t, queueDepth(conn, q))
 	require.Less(t, time.Since(start), dlq.CallTimeout/2, "the connection was closed under the first: at once, not after another CallTimeout")
 }
@@ -67,17 +60,10 @@ func TestABlackHoledDatabaseHoldsNoReportPastItsBound(t *testing.T) {
 			return writeRecords(context.Background(), store, []replay.Record{{Run: "run-1", Item: "e1", EventID: "e1", Outcome: ledger.OutcomeDiscarded}}, bound)
 		},
 	} {
-		ch := make(chan error, 1)
-		start := time.Now()
-		go func() { ch <- f() }()
-		select {
-		case err := <-ch:
-			require.Less(t, time.Since(start), bound+10*time.Second, "%s: the bound, and the pool's CancelGrace or connect_timeout", what)
-			require.Error(t, err, what)
-			t.Logf("%s on the silent database: %v", what, err)
-		case <-time.After(bound + 30*time.Second):
-			t.Fatalf("%s did not return within %s", what, bound+30*time.Second)
-		}
+		took := testenv.Within(t, bound+30*time.Second, what, func() { err = f() })
+		require.Less(t, took, bound+10*time.Second, "%s: the bound, and the pool's CancelGrace or connect_timeout", what)
+		require.Error(t, err, what)
+		t.Logf("%s on the silent database: %v", what, err)
 	}
 }
 
@@ -92,28 +78,20 @@ func TestABlackHoledDatabaseHoldsNoOutcomeOpenPastItsBound(t *testing.T) {
 	schema := testenv.Schema(t, testenv.Postgres(t))
 	table := schema + ".outcomes"
 	proxy, dsn := testenv.ProxyPostgresURL(t)
-	_, done, err := dialOutcomes(dsn, table, true)
+	_, done, err := openOutcomes(dsn, table, true)
 	require.NoError(t, err)
 	t.Cleanup(done)
 
 	proxy.BlackHole()
 	const bound = 15 * time.Second
-	ch := make(chan error, 1)
-	start := time.Now()
-	go func() {
-		_, done, err := dialOutcomes(dsn, table, false)
-		if done != nil {
+	took := testenv.Within(t, bound+25*time.Second, "openOutcomes", func() {
+		var done func()
+		if _, done, err = openOutcomes(dsn, table, false); done != nil {
 			done()
 		}
-		ch <- err
-	}()
-	select {
-	case err = <-ch:
-		require.Less(t, time.Since(start), bound, "dialOutcomes")
-	case <-time.After(bound + 25*time.Second):
-		t.Fatalf("dialOutcomes did not return within %s", bound+25*time.Second)
-	}
+	})
+	require.Less(t, took, bound, "openOutcomes")
 	require.Error(t, err)
 	require.ErrorContains(t, err, "--outcomes: connecting to the database (within its connect_timeout, default 5s)")
-	t.Logf("dialOutcomes on the silent database: %v", err)
+	t.Logf("openOutcomes on the silent database: %v", err)
 }

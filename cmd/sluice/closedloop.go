@@ -9,8 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/bounded"
@@ -98,29 +96,6 @@ func closedLoop(ctx context.Context, q *dlq.Queue, cfg dlq.ReplayConfig, l dlq.L
 	}
 	l.Source = "cli"
 	return q.ClosedLoop(ctx, cfg, l)
-}
-
-// checkOutcomesURL is checkOutcomesScheme, a usage error.
-func checkOutcomesURL(url string) error {
-	if err := checkOutcomesScheme(url); err != nil {
-		return usageError{err}
-	}
-	return nil
-}
-
-// openOutcomes is dialOutcomes; a URL of the wrong form is a usage error.
-func openOutcomes(url, table string, create bool) (ledger.Ledger, func(), error) {
-	s, done, err := dialOutcomes(url, table, create)
-	if errors.Is(err, errOutcomesURL) {
-		return nil, nil, usageError{err}
-	}
-	return s, done, err
-}
-
-// newRun returns a new run id: kind, the time, and a random tail
-// ("run-20260105T120000Z-3f2a9c1b").
-func newRun(kind string) string {
-	return kind + "-" + time.Now().UTC().Format("20060102T150405Z") + "-" + watermill.NewShortUUID()[:8]
 }
 
 // operatorRecords records, when --outcomes was given, what an operator's

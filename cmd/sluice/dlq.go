@@ -292,7 +292,6 @@ func writeJSON(out io.Writer, v any) error {
 	return err
 }
 
-// errorsJoin joins the run's error and the audit log's.
 // dlqFlags are the flags that act on an error of package dlq, the first
 // that matches; dlq names none (the console, which shows the same errors,
 // has no flags).
@@ -318,6 +317,7 @@ func flagHints(err error) error {
 	return err
 }
 
+// errorsJoin joins the run's error and the audit log's.
 func errorsJoin(runErr, auditErr error) error {
 	if auditErr != nil {
 		auditErr = fmt.Errorf("writing the audit log: %w", auditErr)

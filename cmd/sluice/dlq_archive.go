@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/localenv"
+	"github.com/sluicemq/sluice/internal/replayledger"
 	"github.com/sluicemq/sluice/replay/ledger"
 )
 
@@ -55,7 +56,7 @@ func newArchive(g *globals, out io.Writer) *cobra.Command {
 					recs.add(ledger.OutcomeArchived, m.Item(), m.EventID, m.Class, "archived to "+sink.Name())
 				}})
 			summary(out, "archive", ff.queue, res, false)
-			run, recErr := recs.flush(context.Background(), newRun("archive"))
+			run, recErr := recs.flush(context.Background(), replayledger.NewRun("archive"))
 			printRun(out, run)
 			opts["run"] = run
 			return errorsJoin(errors.Join(runErr, recErr), audit(g, "dlq archive", ff.queue, f, opts, res, false, errors.Join(runErr, recErr)))

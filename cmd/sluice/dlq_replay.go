@@ -19,6 +19,7 @@ import (
 	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/localenv"
+	"github.com/sluicemq/sluice/internal/replayledger"
 )
 
 func newReplay(g *globals, out io.Writer) *cobra.Command {
@@ -89,7 +90,7 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 					return err
 				}
 				defer closeStore()
-				cfg.Run = newRun("run")
+				cfg.Run = replayledger.NewRun("run")
 				cfg.Progress = nil
 				res, runErr = closedLoop(ctx, dlq.Open(conn, ff.queue), cfg, dlq.Loop{Sizes: sizes, Canary: lf.canary > 0, MaxRepoison: maxRepoison, Store: store, Wait: lf.wait, Where: outcomesPlace(lf.outcomes, lf.table)}, out)
 			} else {

@@ -17,23 +17,14 @@ import (
 	"github.com/sluicemq/sluice/sluicesql/postgres"
 )
 
-// errOutcomesURL is a URL of the outcome records that cannot be opened for
-// its form (a scheme other than PostgreSQL's or Redis's): a usage error,
-// found before anything moves.
-var errOutcomesURL = errors.New("outcome records URL")
-
-// outcomeSchemes are the outcome-record URLs dialOutcomes reads and writes.
+// outcomeSchemes are the outcome-record URLs openOutcomes reads and writes.
 const outcomeSchemes = "postgres:// or postgresql:// (or a key=value DSN: the outcome table), redis:// or rediss:// (replay/redisstore)"
 
-type urlError struct{ msg string }
-
-func (e urlError) Error() string        { return e.msg }
-func (e urlError) Is(target error) bool { return target == errOutcomesURL }
-
-// checkOutcomesScheme refuses a URL of the outcome records of a scheme
-// dialOutcomes cannot open (mysql://…: a MariaDB service's operators read
-// its table there); the error is errOutcomesURL and names no secret.
-func checkOutcomesScheme(url string) error {
+// checkOutcomesURL refuses a URL of the outcome records of a scheme
+// openOutcomes cannot open (mysql://…: a MariaDB service's operators read
+// its table there): a usage error, found before anything moves, that names
+// no secret.
+func checkOutcomesURL(url string) error {
 	if url == "" {
 		return nil
 	}
@@ -42,13 +33,13 @@ func checkOutcomesScheme(url string) error {
 		if strings.Contains(url, "=") { // lib/pq's host=… dbname=…
 			return nil
 		}
-		return urlError{fmt.Sprintf("--outcomes: not a URL (want %s)", outcomeSchemes)}
+		return usageError{fmt.Errorf("--outcomes: not a URL (want %s)", outcomeSchemes)}
 	}
 	switch strings.ToLower(scheme) {
 	case "postgres", "postgresql", "redis", "rediss":
 		return nil
 	}
-	return urlError{fmt.Sprintf("--outcomes: scheme %q is not supported: want %s", diag.Printable(scheme, 32), outcomeSchemes)}
+	return usageError{fmt.Errorf("--outcomes: scheme %q is not supported: want %s", diag.Printable(scheme, 32), outcomeSchemes)}
 }
 
 // isRedis says whether url names Redis.
@@ -57,14 +48,15 @@ func isRedis(url string) bool {
 	return strings.HasPrefix(l, "redis://") || strings.HasPrefix(l, "rediss://")
 }
 
-// dialOutcomes connects to the outcome records: a PostgreSQL table
+// openOutcomes connects to the outcome records: a PostgreSQL table
 // (postgres://…, table its name), or Redis (redis://, rediss://…, table the
 // key prefix without its colon: replay/redisstore). With create the table is
 // created when it is missing (a command that starts a run); without it (the
 // read-only report, resolve, which records into an existing run) a missing
-// table is an error naming it. Errors never carry the URL's password.
-func dialOutcomes(url, table string, create bool) (ledger.Ledger, func(), error) {
-	if err := checkOutcomesScheme(url); err != nil {
+// table is an error naming it. A URL of the wrong form is a usage error.
+// Errors never carry the URL's password.
+func openOutcomes(url, table string, create bool) (ledger.Ledger, func(), error) {
+	if err := checkOutcomesURL(url); err != nil {
 		return nil, nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -72,7 +64,7 @@ func dialOutcomes(url, table string, create bool) (ledger.Ledger, func(), error)
 	if isRedis(url) {
 		opts, err := redis.ParseURL(url)
 		if err != nil {
-			return nil, nil, urlError{"--outcomes: " + diag.RedactError(err).Error()}
+			return nil, nil, usageError{errors.New("--outcomes: " + diag.RedactError(err).Error())}
 		}
 		redis.SetLogger(quietRedis{}) // its pool's retries would print lines of their own; the error says it
 		opts.MaxRetries = 1

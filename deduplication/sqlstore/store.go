@@ -273,7 +273,7 @@ func (t *sqlTx) ClaimBatch(ctx context.Context, consumer string, keys []string, 
 		if lock != "" {
 			q = `SET LOCAL lock_timeout = ` + lock + `; `
 		}
-		q += fmt.Sprintf(t.s.claimBatchLiteral, dollarQuoted(consumer), dollarQuoted(pgTextArray(keys).(string)), dollarQuoted(idleMS))
+		q += fmt.Sprintf(t.s.claimBatchLiteral, dollarQuoted(consumer), dollarQuoted(sqldb.TextArray(keys)), dollarQuoted(idleMS))
 		if lock != "" {
 			q += `; SET LOCAL lock_timeout = DEFAULT`
 		}

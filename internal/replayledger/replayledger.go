@@ -1,12 +1,15 @@
 // Package replayledger holds the helpers Sluice's own packages share around
-// replay/ledger: how an item is named, how a run's records are counted, and
-// how a run is saved and kept. A user of the ledger needs none of them.
+// replay/ledger: how an item and a run are named, how a run's records are
+// counted, and how a run is saved and kept. A user of the ledger needs none of them.
 package replayledger
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
@@ -25,6 +28,13 @@ const RunBatchesMaxBytes = 64 << 10
 // boundary, as the stage cuts the ItemKey it records. The CLI's header and
 // record use it, so a long event id names one item, not two.
 func Item(id string) string { return diag.Bound(id, replay.ItemMaxLength) }
+
+// NewRun returns a new run id: kind, the time, and a random tail
+// ("run-20260105T120000Z-3f2a9c1b"). The CLI and the console name their
+// runs (replays, archives, discards) with it alike.
+func NewRun(kind string) string {
+	return kind + "-" + time.Now().UTC().Format("20060102T150405Z") + "-" + watermill.NewShortUUID()[:8]
+}
 
 // Count returns how many of items (of run) have a final outcome
 // (ledger.Final), and how many of those were poisoned again.

@@ -2,9 +2,10 @@
 // records: the Ledger that `sluice dlq replay` (its closed loop), `report`,
 // `resolve`, `archive` and `discard` read and write, the runs it keeps, the
 // outcomes only the operator's CLI records, and Final, which tells the
-// outcomes that end a dead letter's story. A consumer needs none of it: its stack takes a replay.Store. The stores of
-// replay/sqlstore and replay/redisstore are Ledgers; replay/replaytest is the
-// suite a Ledger passes.
+// outcomes that end a dead letter's story. A consumer needs none of it: its
+// stack takes a replay.Store. The stores of replay/sqlstore and
+// replay/redisstore are Ledgers; replay/replaytest is the suite a Ledger
+// passes.
 package ledger
 
 import (
