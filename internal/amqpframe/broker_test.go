@@ -3,6 +3,7 @@ package amqpframe
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"testing"
@@ -159,6 +160,12 @@ func (s *session) send(stream []byte, cut int) error {
 
 var errConnectionClosed = errors.New("connection closed")
 
+// nextBound bounds a wait for the next delivery: a hang's bound, not a
+// measurement — a table of 10,000 headers read a byte at a time under the
+// race detector takes seconds on an idle machine and took over a minute at
+// load average 40.
+const nextBound = 3 * time.Minute
+
 // next returns the next delivery, or the error the connection closed with.
 func (s *session) next() (amqp.Delivery, error) {
 	select {
@@ -166,15 +173,15 @@ func (s *session) next() (amqp.Delivery, error) {
 		if ok {
 			return d, nil
 		}
-	case <-time.After(time.Minute):
-		return amqp.Delivery{}, errors.New("no delivery in a minute")
+	case <-time.After(nextBound):
+		return amqp.Delivery{}, fmt.Errorf("no delivery in %v", nextBound)
 	}
 	select {
 	case e := <-s.closed:
 		if e != nil {
 			return amqp.Delivery{}, e
 		}
-	case <-time.After(time.Minute):
+	case <-time.After(nextBound):
 	}
 	return amqp.Delivery{}, errConnectionClosed
 }
