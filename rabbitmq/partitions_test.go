@@ -350,7 +350,7 @@ func TestPartitionSingleActiveConsumer(t *testing.T) {
 			}
 		}
 		return false
-	}, time.Minute, 100*time.Millisecond, "only the held delivery is unacked")
+	}, 3*time.Minute, time.Second, "only the held delivery is unacked") // a liveness bound: each rabbitmqctl starts an Erlang VM, which took tens of seconds at load average 50 (a minute was not enough on the 4.0 node)
 	proxy.Reset() // the first instance's connections drop; it reconnects, as a waiting consumer
 	for seq := 6; seq < 9; seq++ {
 		require.NoError(t, second.Publisher().Publish(p0.Topic, keyed("k", seq)))
