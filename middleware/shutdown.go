@@ -12,9 +12,9 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// ShutdownGraceDefault is how long a handler in flight may go on after the
+// shutdownGraceDefault is how long a handler in flight may go on after the
 // router begins to close.
-const ShutdownGraceDefault = 10 * time.Second
+const shutdownGraceDefault = 10 * time.Second
 
 // ErrShutdownGraceExpired is the cause of a handler context cancelled
 // because the shutdown grace ran out.
@@ -23,14 +23,13 @@ var ErrShutdownGraceExpired = errors.New("middleware: shutdown grace period expi
 // ShutdownGraceConfig configures the ShutdownGrace stage.
 type ShutdownGraceConfig struct {
 	// Grace is how long a handler in flight may go on after the router
-	// begins to close. Keep it under the router's CloseTimeout. Default
-	// ShutdownGraceDefault.
+	// begins to close. Keep it under the router's CloseTimeout. Default 10 s.
 	Grace time.Duration
 }
 
 // withDefaults returns a copy of c with its defaults filled.
 func (c ShutdownGraceConfig) withDefaults() ShutdownGraceConfig {
-	c.Grace = cmp.Or(c.Grace, ShutdownGraceDefault)
+	c.Grace = cmp.Or(c.Grace, shutdownGraceDefault)
 	return c
 }
 

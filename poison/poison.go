@@ -23,15 +23,15 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
-// Defaults.
+// Defaults of Config, stated on its fields.
 const (
-	PublishBackoffDefault = time.Second
-	PublishTimeoutDefault = 30 * time.Second
-	ErrorMaxLengthDefault = 1024
+	publishBackoffDefault = time.Second
+	publishTimeoutDefault = 30 * time.Second
+	errorMaxLengthDefault = 1024
 )
 
-// ClassesDefault are the classes isolated when Config.Classes is empty.
-var ClassesDefault = []sluice.Class{sluice.ClassPoison, sluice.ClassInvariant, sluice.ClassExhausted}
+// classesDefault are the classes isolated when Config.Classes is empty.
+var classesDefault = []sluice.Class{sluice.ClassPoison, sluice.ClassInvariant, sluice.ClassExhausted}
 
 // Config configures the poison stage.
 type Config struct {
@@ -48,7 +48,8 @@ type Config struct {
 	Queue string
 	// Consumer is recorded in ConsumerKey. Default: the Watermill handler's name.
 	Consumer string
-	// Classes are the failure classes isolated. Default ClassesDefault.
+	// Classes are the failure classes isolated. Default ClassPoison,
+	// ClassInvariant and ClassExhausted.
 	// ClassTransient and ClassRejected are refused.
 	Classes []sluice.Class
 	// Env is the shared environment (router.Stages and service give theirs;
@@ -71,11 +72,10 @@ type Config struct {
 	// the delivery has none (default sluice.SystemClock(); the test kit,
 	// package sluicetest, gives its virtual clock).
 	sluice.Env
-	// ErrorMaxLength bounds ReasonKey, in bytes. Default ErrorMaxLengthDefault.
+	// ErrorMaxLength bounds ReasonKey, in bytes. Default 1,024.
 	ErrorMaxLength int
 	// PublishBackoff is waited before returning a failed publish, so an
-	// unreachable poison queue is not a hot redelivery loop. Default
-	// PublishBackoffDefault.
+	// unreachable poison queue is not a hot redelivery loop. Default 1 s.
 	PublishBackoff time.Duration
 	// ParkTopic is where a diagnosed copy waits when the poison queue
 	// refuses it (full, deleted, unreachable): a delay queue that returns
@@ -96,7 +96,7 @@ type Config struct {
 	// delivery is always nacked after PublishBackoff.
 	DisablePark bool
 	// PublishTimeout bounds publishing one copy, on a context detached from
-	// the handler's deadline. Default PublishTimeoutDefault.
+	// the handler's deadline. Default 30 s.
 	PublishTimeout time.Duration
 }
 
@@ -106,12 +106,12 @@ const StackMaxLength = 8 << 10
 // withDefaults returns a copy of c with its defaults filled.
 func (c Config) withDefaults() Config {
 	if len(c.Classes) == 0 { // a slice, not comparable: no cmp.Or
-		c.Classes = ClassesDefault
+		c.Classes = classesDefault
 	}
 	c.Classifier = cmp.Or(c.Classifier, sluice.DefaultClassifier())
-	c.ErrorMaxLength = cmp.Or(c.ErrorMaxLength, ErrorMaxLengthDefault)
-	c.PublishBackoff = cmp.Or(c.PublishBackoff, PublishBackoffDefault)
-	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
+	c.ErrorMaxLength = cmp.Or(c.ErrorMaxLength, errorMaxLengthDefault)
+	c.PublishBackoff = cmp.Or(c.PublishBackoff, publishBackoffDefault)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, publishTimeoutDefault)
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	c.ParkPublisher = cmp.Or(c.ParkPublisher, c.Publisher)
 	c.Clock = cmp.Or(c.Clock, sluice.SystemClock())

@@ -26,7 +26,7 @@ const (
 	// cancels their contexts. It is what Watermill users expect of a
 	// subscriber's Close, and what a shutdown needs, no more:
 	//   - a router's ShutdownGrace stage (router.Stages.ShutdownGrace,
-	//     middleware.ShutdownGraceDefault 10 s) lets a handler in flight
+	//     router.Stages.ShutdownGrace's default, 10 s) lets a handler in flight
 	//     commit for 10 s once the router closes; the drain outlasts it by
 	//     2 s, so that the ack of a handler committing at the end of its
 	//     grace still reaches the broker (its delivery is not redelivered);

@@ -96,18 +96,18 @@ type UnitOfWorkRecorder interface {
 // record to the stage, after the stack returns.
 var ErrNoUnitOfWork = errors.New("replay: no unit of work to record in")
 
-// Defaults.
-const (
-	RecordTimeoutDefault = 5 * time.Second
-	ReasonMaxLength      = 1024
-)
+// ReasonMaxLength bounds a record's Reason, in bytes.
+const ReasonMaxLength = 1024
+
+// recordTimeoutDefault is Config.RecordTimeout's default.
+const recordTimeoutDefault = 5 * time.Second
 
 // Config configures New.
 type Config struct {
 	// Store receives the records. Required.
 	Store Store
 	// RecordTimeout bounds one record, on a context detached from the
-	// handler's. Default RecordTimeoutDefault.
+	// handler's. Default 5 s.
 	RecordTimeout time.Duration
 	// Env is the shared environment (router.Stages and service give theirs;
 	// the fields set here win). The stage reads Logger, a line per record
@@ -148,7 +148,7 @@ func isReplayKey(k string) bool { return strings.HasPrefix(k, sluice.ReplayPrefi
 
 // withDefaults returns a copy of c with its defaults filled.
 func (c Config) withDefaults() Config {
-	c.RecordTimeout = cmp.Or(c.RecordTimeout, RecordTimeoutDefault)
+	c.RecordTimeout = cmp.Or(c.RecordTimeout, recordTimeoutDefault)
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	return c
 }

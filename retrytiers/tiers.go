@@ -23,11 +23,11 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
-// Defaults.
+// Defaults of Config, stated on its fields.
 const (
-	PublishBackoffDefault = time.Second
-	PublishTimeoutDefault = 30 * time.Second
-	ErrorMaxLengthDefault = 1024
+	publishBackoffDefault = time.Second
+	publishTimeoutDefault = 30 * time.Second
+	errorMaxLengthDefault = 1024
 )
 
 // Config configures the retry-tier middleware.
@@ -59,16 +59,13 @@ type Config struct {
 	// virtual clock).
 	sluice.Env
 	// PublishBackoff is waited before returning a failed publish, so an
-	// unreachable tier is not a hot redelivery loop. Default
-	// PublishBackoffDefault.
+	// unreachable tier is not a hot redelivery loop. Default 1 s.
 	PublishBackoff time.Duration
 	// PublishTimeout bounds publishing one copy. The copy is published on a
 	// context detached from the handler's, so a handler that timed out (its
-	// message context expired) still reaches its tier. Default
-	// PublishTimeoutDefault.
+	// message context expired) still reaches its tier. Default 30 s.
 	PublishTimeout time.Duration
-	// ErrorMaxLength bounds the LastErrorKey summary, in bytes. Default
-	// ErrorMaxLengthDefault.
+	// ErrorMaxLength bounds the LastErrorKey summary, in bytes. Default 1,024.
 	ErrorMaxLength int
 	// Queue is the consumer's queue: the one the copies come back to, for
 	// which they are signed and their history believed (Signer). Default:
@@ -80,10 +77,10 @@ type Config struct {
 // withDefaults returns a copy of c with its defaults filled.
 func (c Config) withDefaults() Config {
 	c.Classifier = cmp.Or(c.Classifier, sluice.DefaultClassifier())
-	c.PublishBackoff = cmp.Or(c.PublishBackoff, PublishBackoffDefault)
-	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
+	c.PublishBackoff = cmp.Or(c.PublishBackoff, publishBackoffDefault)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, publishTimeoutDefault)
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
-	c.ErrorMaxLength = cmp.Or(c.ErrorMaxLength, ErrorMaxLengthDefault)
+	c.ErrorMaxLength = cmp.Or(c.ErrorMaxLength, errorMaxLengthDefault)
 	c.Clock = cmp.Or(c.Clock, sluice.SystemClock())
 	c.Signer, _ = envsigner.Of(c.Signer)
 	return c

@@ -28,7 +28,7 @@ import (
 type Stages struct {
 	// ShutdownGrace lets a handler in flight finish its commit for this long
 	// after the router begins to close (middleware.ShutdownGrace). Default
-	// middleware.ShutdownGraceDefault; negative leaves the stage out.
+	// 10 s; negative leaves the stage out.
 	ShutdownGrace time.Duration
 	Trace         *middleware.TraceConfig
 	// Replay records what became of a message replayed from a poison
