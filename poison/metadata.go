@@ -29,7 +29,7 @@ const (
 	// PoisonedAtKey is when the message was isolated (RFC 3339, UTC).
 	PoisonedAtKey = "sluice_poisoned_at"
 	// StackKey is, for a panic, the goroutine's stack at the panic, cut to
-	// StackMaxLength bytes (the whole stack is in the log line).
+	// 8 KiB (the whole stack is in the log line).
 	StackKey = "sluice_poison_stack"
 	// TraceIDKey is the trace id of the failed delivery, from its
 	// traceparent, when it had one.

@@ -100,8 +100,8 @@ type Config struct {
 	PublishTimeout time.Duration
 }
 
-// StackMaxLength bounds StackKey, in bytes.
-const StackMaxLength = 8 << 10
+// stackMaxLength bounds StackKey, in bytes.
+const stackMaxLength = 8 << 10
 
 // withDefaults returns a copy of c with its defaults filled.
 func (c Config) withDefaults() Config {
@@ -308,7 +308,7 @@ func (s *stage) diagnose(msg *message.Message, class sluice.Class, err error) *m
 	c.Metadata[ClassKey] = class.String()
 	c.Metadata[ReasonKey] = diag.Summary(err, s.cfg.ErrorMaxLength)
 	if p, ok := errors.AsType[*sluice.PanicError](err); ok {
-		c.Metadata[StackKey] = diag.Bound(string(p.Stack), StackMaxLength)
+		c.Metadata[StackKey] = diag.Bound(string(p.Stack), stackMaxLength)
 	}
 	c.Metadata[ConsumerKey] = cmp.Or(s.cfg.Consumer, telemetry.Handler(msg.Context()))
 	c.Metadata[QueueKey] = queue

@@ -155,7 +155,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 // consumes its queue — or has stopped consuming because its brake is
 // engaged (the brake reports that itself). A subscription reconnecting after
 // a broker restart, a closed channel or a failed dial is not connected.
-// service.Service's readiness report reads it (service.ConnectedSubscriber).
+// service.Service's readiness report reads it.
 func (c *Consumer) Connected() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()

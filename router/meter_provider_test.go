@@ -94,7 +94,7 @@ func TestOneMeterProviderReachesTheBroker(t *testing.T) {
 	require.Equal(t, int64(1), testenv.CounterWhere(t, reader, telemetry.MetricPoisoned, "messaging.destination.name", queue))
 	require.Equal(t, int64(1), testenv.CounterWhere(t, reader, telemetry.MetricPoisoned, "messaging.system", "rabbitmq"))
 	require.Equal(t, int64(1), testenv.CounterWhere(t, reader, telemetry.MetricPoisoned, "error.type", "poison"))
-	require.Equal(t, int64(1), testenv.CounterWhere(t, reader, telemetry.MetricConsumed, "messaging.operation.name", middleware.OperationProcess))
+	require.Equal(t, int64(1), testenv.CounterWhere(t, reader, telemetry.MetricConsumed, "messaging.operation.name", "process"))
 }
 
 // TestBrokersOwnMeterProviderWins: a BrokerConfig.MeterProvider is kept,

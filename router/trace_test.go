@@ -234,13 +234,16 @@ func (f *failingPublisher) Publish(string, ...*message.Message) error {
 
 func (f *failingPublisher) Close() error { return nil }
 
-func TestTracingPublisherDecorator(t *testing.T) {
+func TestTracingPublisherAsADecorator(t *testing.T) {
 	t.Parallel()
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	pubSub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = pubSub.Close() })
-	pub, err := middleware.TracingPublisherDecorator(middleware.TraceConfig{Env: sluice.Env{TracerProvider: tp}})(pubSub)
+	decorate := message.PublisherDecorator(func(pub message.Publisher) (message.Publisher, error) {
+		return middleware.TracingPublisher(pub, middleware.TraceConfig{Env: sluice.Env{TracerProvider: tp}}), nil
+	})
+	pub, err := decorate(pubSub)
 	require.NoError(t, err)
 	require.NoError(t, pub.Publish("t", message.NewMessage(watermill.NewUUID(), nil)))
 	out, err := pubSub.Subscribe(t.Context(), "t")

@@ -23,11 +23,12 @@ const (
 // errorMaxLength bounds a check's Error, in bytes.
 const errorMaxLength = 512
 
-// ConnectedSubscriber is a subscriber that can tell whether its
-// subscriptions hold a live connection to the broker: the readiness report
-// reads it from each handler's broker subscriber that implements it, and
-// says nothing of the connection for one that does not.
-type ConnectedSubscriber interface {
+// connectedSubscriber is a subscriber that can tell whether its
+// subscriptions hold a live connection to the broker (a Connected() bool
+// method, as rabbitmq's Consumer has): the readiness report reads it from
+// each handler's broker subscriber that has one, and says nothing of the
+// connection for one that does not.
+type connectedSubscriber interface {
 	Connected() bool
 }
 
@@ -48,7 +49,7 @@ type Check struct {
 	// relay runs.
 	Running *bool `json:"running,omitempty"`
 	// Connected: the handler's subscriber holds a live connection (only for
-	// a ConnectedSubscriber).
+	// a subscriber with a Connected() bool method).
 	Connected *bool `json:"connected,omitempty"`
 	// Brake is the handler's brake's state: released, engaged, probing.
 	Brake string `json:"brake,omitempty"`
@@ -83,7 +84,7 @@ func (s *Service) Live(context.Context) Report {
 
 // Ready reports whether the service consumes, in the sense of a Kubernetes
 // readiness probe: each handler runs, its subscriber is connected (a
-// ConnectedSubscriber) and its brake released; the database answers its
+// subscriber with a Connected() bool method) and its brake released; the database answers its
 // ping; the relay runs. The outbox's counts and the oldest row's age are
 // reported, not judged (the SluiceOutboxStuck alert does that). Each check
 // that waits on the database is bounded by HealthTimeout.
@@ -99,7 +100,7 @@ func (s *Service) Ready(ctx context.Context) Report {
 		case !running:
 			reasons = append(reasons, "the handler stopped")
 		}
-		if cs, ok := a.subscriber.(ConnectedSubscriber); ok {
+		if cs, ok := a.subscriber.(connectedSubscriber); ok {
 			connected := cs.Connected()
 			c.Connected = &connected
 			if !connected {
