@@ -14,10 +14,10 @@ import (
 	"github.com/sluicemq/sluice/router"
 )
 
-// A check's and a report's Status.
+// A check's and a report's Status: "pass" or "fail".
 const (
-	StatusPass = "pass"
-	StatusFail = "fail"
+	statusPass = "pass"
+	statusFail = "fail"
 )
 
 // errorMaxLength bounds a check's Error, in bytes.
@@ -32,8 +32,8 @@ type connectedSubscriber interface {
 	Connected() bool
 }
 
-// Report is a health report: Status is StatusFail when any check failed.
-// Health serves it as JSON.
+// Report is a health report: Status is "fail" when any check failed, else
+// "pass". Health serves it as JSON.
 type Report struct {
 	Status string           `json:"status"`
 	Checks map[string]Check `json:"checks"`
@@ -42,6 +42,7 @@ type Report struct {
 // Check is one check of a Report; the fields beside Status and Error are
 // those the check reads.
 type Check struct {
+	// Status is "pass" or "fail".
 	Status string `json:"status"`
 	// Error says why the check failed: bounded, with secrets redacted.
 	Error string `json:"error,omitempty"`
@@ -92,7 +93,7 @@ func (s *Service) Ready(ctx context.Context) Report {
 	checks := map[string]Check{}
 	for _, a := range s.snapshot() {
 		running, started := s.running(a)
-		c := Check{Status: StatusPass, Running: &running}
+		c := Check{Status: statusPass, Running: &running}
 		var reasons []string
 		switch {
 		case !started:
@@ -114,7 +115,7 @@ func (s *Service) Ready(ctx context.Context) Report {
 			}
 		}
 		if len(reasons) > 0 {
-			c.Status, c.Error = StatusFail, strings.Join(reasons, "; ")
+			c.Status, c.Error = statusFail, strings.Join(reasons, "; ")
 		}
 		checks["handler:"+a.name] = c
 	}
@@ -182,7 +183,7 @@ func (s *Service) Health() http.Handler {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
-		if r.Status != StatusPass {
+		if r.Status != statusPass {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
 		if req.Method == http.MethodGet {
@@ -191,13 +192,13 @@ func (s *Service) Health() http.Handler {
 	})
 }
 
-func pass() Check              { return Check{Status: StatusPass} }
-func fail(reason string) Check { return Check{Status: StatusFail, Error: reason} }
+func pass() Check              { return Check{Status: statusPass} }
+func fail(reason string) Check { return Check{Status: statusFail, Error: reason} }
 func report(c map[string]Check) Report {
-	r := Report{Status: StatusPass, Checks: c}
+	r := Report{Status: statusPass, Checks: c}
 	for _, c := range c {
-		if c.Status != StatusPass {
-			r.Status = StatusFail
+		if c.Status != statusPass {
+			r.Status = statusFail
 		}
 	}
 	return r

@@ -98,7 +98,7 @@ func TestTheREADMEServiceRuns(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	var ready service.Report
 	require.NoError(t, json.Unmarshal([]byte(body), &ready))
-	require.Equal(t, service.StatusPass, ready.Status)
+	require.Equal(t, "pass", ready.Status)
 	require.Equal(t, "released", ready.Checks["handler:inventory"].Brake)
 	require.True(t, *ready.Checks["outbox"].Running)
 	code, body = get(t, mux, "/livez")
