@@ -15,7 +15,7 @@ import (
 const (
 	// ClassKey is the failure class: "poison", "invariant" or "exhausted".
 	ClassKey = "sluice_poison_class"
-	// ReasonKey is the error summary: at most Config.ErrorMaxLength bytes,
+	// ReasonKey is the error summary: at most 1 KiB,
 	// valid UTF-8, passwords in URLs and DSNs replaced.
 	ReasonKey = "sluice_poison_reason"
 	// ConsumerKey is the consumer (Watermill handler) that failed.

@@ -27,8 +27,11 @@ import (
 const (
 	publishBackoffDefault = time.Second
 	publishTimeoutDefault = 30 * time.Second
-	errorMaxLengthDefault = 1024
 )
+
+// errorMaxLength bounds ReasonKey, in bytes (a copy too large for the
+// broker's frame is cut down to fit besides: DroppedKey).
+const errorMaxLength = 1024
 
 // classesDefault are the classes isolated when Config.Classes is empty.
 var classesDefault = []sluice.Class{sluice.ClassPoison, sluice.ClassInvariant, sluice.ClassExhausted}
@@ -72,8 +75,6 @@ type Config struct {
 	// the delivery has none (default sluice.SystemClock(); the test kit,
 	// package sluicetest, gives its virtual clock).
 	sluice.Env
-	// ErrorMaxLength bounds ReasonKey, in bytes. Default 1,024.
-	ErrorMaxLength int
 	// PublishBackoff is waited before returning a failed publish, so an
 	// unreachable poison queue is not a hot redelivery loop. Default 1 s.
 	PublishBackoff time.Duration
@@ -109,7 +110,6 @@ func (c Config) withDefaults() Config {
 		c.Classes = classesDefault
 	}
 	c.Classifier = cmp.Or(c.Classifier, sluice.DefaultClassifier())
-	c.ErrorMaxLength = cmp.Or(c.ErrorMaxLength, errorMaxLengthDefault)
 	c.PublishBackoff = cmp.Or(c.PublishBackoff, publishBackoffDefault)
 	c.PublishTimeout = cmp.Or(c.PublishTimeout, publishTimeoutDefault)
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
@@ -135,8 +135,6 @@ func (c Config) validate() error {
 	switch {
 	case c.ParkTopic == c.Topic:
 		return fmt.Errorf("poison: Config.ParkTopic must not be the poison queue %q", c.Topic)
-	case c.ErrorMaxLength < 16:
-		return fmt.Errorf("poison: Config.ErrorMaxLength must be at least 16, got %d", c.ErrorMaxLength)
 	case c.PublishBackoff < 0:
 		return fmt.Errorf("poison: Config.PublishBackoff must not be negative, got %s", c.PublishBackoff)
 	case c.PublishTimeout < 0:
@@ -306,7 +304,7 @@ func (s *stage) diagnose(msg *message.Message, class sluice.Class, err error) *m
 		c.Metadata[sluice.FirstFailedAtKey] = now
 	}
 	c.Metadata[ClassKey] = class.String()
-	c.Metadata[ReasonKey] = diag.Summary(err, s.cfg.ErrorMaxLength)
+	c.Metadata[ReasonKey] = diag.Summary(err, errorMaxLength)
 	if p, ok := errors.AsType[*sluice.PanicError](err); ok {
 		c.Metadata[StackKey] = diag.Bound(string(p.Stack), stackMaxLength)
 	}
