@@ -298,9 +298,6 @@ func (h *Harness) DB() *sqlx.DB { return h.db }
 // inbox, outbox and replay tables.
 func (h *Harness) Service() *service.Service { return h.svc }
 
-// Router returns the router the handler runs on.
-func (h *Harness) Router() *message.Router { return h.r }
-
 // Broker returns the broker the handler was added with: its Endpoints are
 // what router.Add gave the stages (the copies' publishers seen by the kit),
 // for a test that wires a stage of its own.
