@@ -75,9 +75,7 @@ func TestOneMeterProviderReachesTheBroker(t *testing.T) {
 		},
 	})
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 
 	// Published with a publisher of its own: its confirm is not the broker's.
 	producer, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})

@@ -22,6 +22,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/telemetry"
+	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -55,9 +56,7 @@ func runTraced(t *testing.T, handler message.NoPublishHandlerFunc, stages func(*
 	}
 	_, err = router.Add(r, router.HandlerConfig{Broker: tr.embedded, Name: "inventory", Handler: handler, Stages: s})
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	t.Cleanup(func() {
 		require.NoError(t, r.Close())
 		require.NoError(t, <-done)

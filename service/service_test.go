@@ -50,9 +50,7 @@ func rabbit(t *testing.T) (q *rabbitmq.Broker, produced string) {
 // run runs r until the test ends, closing svc (and so r) at the end.
 func run(t *testing.T, r *message.Router, svc *service.Service) {
 	t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	t.Cleanup(func() {
 		require.NoError(t, svc.Close())
 		require.NoError(t, <-done)
@@ -102,9 +100,7 @@ func TestARowWrittenJustBeforeCloseIsPublished(t *testing.T) {
 			<-release
 			return produceOne(msg)
 		}}))
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	testenv.PublishEvents(t, q.Publisher(), q.Topology().Queue(), 1)
 	<-entered
 	closed := make(chan error, 1)
@@ -133,9 +129,7 @@ func TestRouterCloseAloneStopsWhatTheServiceStarted(t *testing.T) {
 	require.NoError(t, svc.Add(service.Handler{Broker: e, Name: "orders", PublishTopic: "produced", PublishingHandler: produceOne}))
 	out, err := e.PubSub().Subscribe(t.Context(), "produced")
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	require.True(t, *svc.Live(t.Context()).Checks["outbox"].Running)
 	testenv.PublishEvents(t, e.PubSub(), "orders", 1)
 	m := <-out
@@ -325,9 +319,7 @@ func TestConfigErrors(t *testing.T) {
 	db := testenv.SQLite(t)
 	r := newRouter(t, watermill.NopLogger{})
 	running := newRouter(t, watermill.NopLogger{})
-	done := make(chan error, 1)
-	go func() { done <- running.Run(context.Background()) }()
-	<-running.Running()
+	done := testenv.RunRouter(context.Background(), running)
 	t.Cleanup(func() {
 		require.NoError(t, running.Close())
 		require.NoError(t, <-done)
