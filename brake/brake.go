@@ -20,13 +20,13 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
-// Defaults.
+// Defaults of Config, stated on its fields.
 const (
-	WindowDefault       = 50
-	FailureRatioDefault = 0.5
-	CoolDownDefault     = 5 * time.Second
-	MaxCoolDownDefault  = time.Minute
-	ProbeTimeoutDefault = 5 * time.Second
+	windowDefault       = 50
+	failureRatioDefault = 0.5
+	coolDownDefault     = 5 * time.Second
+	maxCoolDownDefault  = time.Minute
+	probeTimeoutDefault = 5 * time.Second
 )
 
 // State is the brake's state.
@@ -69,17 +69,16 @@ type Config struct {
 	// MatchUnreachable or MatchSQLState("08"). Default: every Transient
 	// failure. Failures of any other class never count.
 	Match func(error) bool
-	// Window is how many of the latest outcomes are weighed. Default
-	// WindowDefault.
+	// Window is how many of the latest outcomes are weighed. Default 50.
 	Window int
 	// FailureRatio is the share of the Window that counted failures must
-	// reach to engage the brake, in (0, 1]. Default FailureRatioDefault:
+	// reach to engage the brake, in (0, 1]. Default 0.5:
 	// 25 of the last 50.
 	FailureRatio float64
 	// CoolDown is how long the brake stays engaged before a probe; it
 	// doubles after each failed probe, up to MaxCoolDown, and starts again
-	// from CoolDown once released. Defaults CoolDownDefault and
-	// MaxCoolDownDefault.
+	// from CoolDown once released. Defaults 5 s and 1 min (at
+	// least CoolDown).
 	CoolDown, MaxCoolDown time.Duration
 	// Probe, when set, tests the dependency without touching a message
 	// (db.PingContext, say): at the end of each cool-down the brake calls it
@@ -96,7 +95,7 @@ type Config struct {
 	// the inbox store's Ping when the store has one. Default: none.
 	Probe func(ctx context.Context) error
 	// ProbeTimeout bounds each call of Probe; a probe that outlasts it
-	// failed. Default ProbeTimeoutDefault.
+	// failed. Default 5 s.
 	ProbeTimeout time.Duration
 	// Pausing says the subscriber stops consuming while the brake is engaged
 	// (it reads Engaged; rabbitmq.Consumer does, and router.Add sets this
@@ -142,11 +141,11 @@ type Brake struct {
 // withDefaults returns a copy of c with its defaults filled: MaxCoolDown
 // defaults to at least CoolDown.
 func (c Config) withDefaults() Config {
-	c.Window = cmp.Or(c.Window, WindowDefault)
-	c.FailureRatio = cmp.Or(c.FailureRatio, FailureRatioDefault)
-	c.CoolDown = cmp.Or(c.CoolDown, CoolDownDefault)
-	c.MaxCoolDown = cmp.Or(c.MaxCoolDown, max(MaxCoolDownDefault, c.CoolDown))
-	c.ProbeTimeout = cmp.Or(c.ProbeTimeout, ProbeTimeoutDefault)
+	c.Window = cmp.Or(c.Window, windowDefault)
+	c.FailureRatio = cmp.Or(c.FailureRatio, failureRatioDefault)
+	c.CoolDown = cmp.Or(c.CoolDown, coolDownDefault)
+	c.MaxCoolDown = cmp.Or(c.MaxCoolDown, max(maxCoolDownDefault, c.CoolDown))
+	c.ProbeTimeout = cmp.Or(c.ProbeTimeout, probeTimeoutDefault)
 	c.Classifier = cmp.Or(c.Classifier, sluice.DefaultClassifier())
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	c.TracerProvider = cmp.Or(c.TracerProvider, otel.GetTracerProvider())

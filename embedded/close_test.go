@@ -36,9 +36,7 @@ func embeddedRouter(t *testing.T, e *embedded.Broker, stages router.Stages, hand
 	require.NoError(t, err)
 	_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "inventory", Handler: handler, Stages: stages})
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	return r, done, logger
 }
 
@@ -262,9 +260,7 @@ func TestEmbeddedCloseReportsAHandlerOutlastingTheDrain(t *testing.T) {
 			return nil
 		}})
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	testenv.PublishEvents(t, e.PubSub(), "orders", 1)
 	<-held
 	require.ErrorContains(t, r.Close(), "router close timeout", "the handler is still running")

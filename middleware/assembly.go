@@ -16,9 +16,9 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
-// UnisolatedLogInterval is the least time between two log lines of one
+// unisolatedLogInterval is the least time between two log lines of one
 // handler about a failure nothing isolates (see Classify).
-const UnisolatedLogInterval = time.Minute
+const unisolatedLogInterval = time.Minute
 
 // watermillAMQPSubscriber is the name Watermill's router gives a handler
 // whose subscriber is watermill-amqp's (message.SubscriberNameFromCtx).
@@ -26,7 +26,7 @@ const watermillAMQPSubscriber = "amqp.Subscriber"
 
 // assembly is what Classify can tell of the stack around it from the
 // deliveries it sees, by handler: it says once what the stack lacks, and
-// explains, at most once per UnisolatedLogInterval, the failures nothing
+// explains, at most once per unisolatedLogInterval, the failures nothing
 // isolates.
 type assembly struct {
 	logger watermill.LoggerAdapter
@@ -90,7 +90,7 @@ func (a *assembly) check(msg *message.Message, handler string, marks stack.Marks
 var isolated = []sluice.Class{sluice.ClassPoison, sluice.ClassInvariant, sluice.ClassExhausted}
 
 // unisolated explains a failure of class that no stage outside Classify
-// isolates, at most once per UnisolatedLogInterval for its handler, with
+// isolates, at most once per unisolatedLogInterval for its handler, with
 // the number of such failures since the last line.
 func (a *assembly) unisolated(msg *message.Message, h *handlerSeen, class sluice.Class, err error) {
 	if h.marks&stack.Poison != 0 || !slices.Contains(isolated, class) ||
@@ -101,7 +101,7 @@ func (a *assembly) unisolated(msg *message.Message, h *handlerSeen, class sluice
 	a.mu.Lock()
 	h.pending++
 	n := h.pending
-	if !h.last.IsZero() && now.Sub(h.last) < UnisolatedLogInterval {
+	if !h.last.IsZero() && now.Sub(h.last) < unisolatedLogInterval {
 		a.mu.Unlock()
 		return
 	}

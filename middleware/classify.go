@@ -57,8 +57,8 @@ func (c ClassifyConfig) withDefaults() ClassifyConfig {
 // rabbitmq.Marshaler did not read (watermill-amqp's DefaultMarshaler nacks
 // a delivery with any non-string header in a loop before the stages run).
 // A Poison, Invariant or Exhausted failure that no poison stage outside
-// isolates is logged with that explanation at most once per
-// UnisolatedLogInterval per handler, counting the failures in between. The
+// isolates is logged with that explanation at most once a
+// minute per handler, counting the failures in between. The
 // middleware is safe for concurrent use.
 func Classify(cfg ClassifyConfig) (message.HandlerMiddleware, error) {
 	cfg = cfg.withDefaults()

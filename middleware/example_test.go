@@ -84,7 +84,7 @@ func ExampleTrace() {
 // ShutdownGrace lets a handler finish its commit after the router's context
 // is cancelled.
 func ExampleShutdownGrace() {
-	grace, err := middleware.ShutdownGrace(middleware.ShutdownGraceConfig{Grace: time.Second})
+	grace, err := middleware.ShutdownGrace(time.Second)
 	if err != nil {
 		panic(err)
 	}

@@ -10,19 +10,19 @@ import (
 	"github.com/sluicemq/sluice"
 )
 
-// RecovererClassDefault is the class given to a recovered panic.
-const RecovererClassDefault = sluice.ClassInvariant
+// recovererClassDefault is the class given to a recovered panic.
+const recovererClassDefault = sluice.ClassInvariant
 
 // RecovererConfig configures the Recoverer middleware.
 type RecovererConfig struct {
 	// sluice.Class is given to the recovered panic. Must be valid and not
-	// sluice.ClassRejected. Default RecovererClassDefault (sluice.Invariant).
+	// sluice.ClassRejected. Default sluice.ClassInvariant.
 	Class sluice.Class
 }
 
 // withDefaults returns a copy of c with its defaults filled.
 func (c RecovererConfig) withDefaults() RecovererConfig {
-	c.Class = cmp.Or(c.Class, RecovererClassDefault)
+	c.Class = cmp.Or(c.Class, recovererClassDefault)
 	return c
 }
 

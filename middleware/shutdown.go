@@ -12,30 +12,18 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// ShutdownGraceDefault is how long a handler in flight may go on after the
+// shutdownGraceDefault is how long a handler in flight may go on after the
 // router begins to close.
-const ShutdownGraceDefault = 10 * time.Second
+const shutdownGraceDefault = 10 * time.Second
 
 // ErrShutdownGraceExpired is the cause of a handler context cancelled
 // because the shutdown grace ran out.
 var ErrShutdownGraceExpired = errors.New("middleware: shutdown grace period expired")
 
-// ShutdownGraceConfig configures the ShutdownGrace stage.
-type ShutdownGraceConfig struct {
-	// Grace is how long a handler in flight may go on after the router
-	// begins to close. Keep it under the router's CloseTimeout. Default
-	// ShutdownGraceDefault.
-	Grace time.Duration
-}
-
-// withDefaults returns a copy of c with its defaults filled.
-func (c ShutdownGraceConfig) withDefaults() ShutdownGraceConfig {
-	c.Grace = cmp.Or(c.Grace, ShutdownGraceDefault)
-	return c
-}
-
 // ShutdownGrace returns a stage that lets a handler in flight finish when
-// the router closes. Watermill cancels every message's context as soon as
+// the router closes, for grace: how long a handler in flight may go on
+// after the router begins to close (keep it under the router's
+// CloseTimeout; zero is the default, 10 s; negative is refused). Watermill cancels every message's context as soon as
 // Close is called, so a handler in the middle of its transaction fails and
 // its work is thrown away (safely: it is rolled back and nacked). Behind this
 // stage the handler's context is cancelled only grace after the message's
@@ -43,11 +31,10 @@ func (c ShutdownGraceConfig) withDefaults() ShutdownGraceConfig {
 // redelivered. Values and deadlines other than the cancellation are kept.
 // Once the handler has returned nothing cancels its context but orig's
 // deadline: the messages it produced carry it to Watermill's publish.
-func ShutdownGrace(cfg ShutdownGraceConfig) (message.HandlerMiddleware, error) {
-	cfg = cfg.withDefaults()
-	grace := cfg.Grace
+func ShutdownGrace(grace time.Duration) (message.HandlerMiddleware, error) {
+	grace = cmp.Or(grace, shutdownGraceDefault)
 	if grace < 0 {
-		return nil, fmt.Errorf("middleware: ShutdownGraceConfig.Grace must be positive, got %s", grace)
+		return nil, fmt.Errorf("middleware: ShutdownGrace's grace must be positive, got %s", grace)
 	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {

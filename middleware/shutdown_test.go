@@ -15,7 +15,7 @@ type ctxKey struct{}
 
 func TestShutdownGrace(t *testing.T) {
 	t.Parallel()
-	_, err := middleware.ShutdownGrace(middleware.ShutdownGraceConfig{Grace: -time.Second})
+	_, err := middleware.ShutdownGrace(-time.Second)
 	require.Error(t, err)
 
 	// run passes one delivery through a stage of grace whose router begins
@@ -23,7 +23,7 @@ func TestShutdownGrace(t *testing.T) {
 	// error right after the close began and its cause once it ended (with a
 	// grace of an hour it is never awaited).
 	run := func(grace time.Duration) (afterCancel, afterGrace, cause error) {
-		mw, err := middleware.ShutdownGrace(middleware.ShutdownGraceConfig{Grace: grace})
+		mw, err := middleware.ShutdownGrace(grace)
 		require.NoError(t, err)
 		orig, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "v"))
 		msg := newMsg()
@@ -54,7 +54,7 @@ func TestShutdownGrace(t *testing.T) {
 // handler's context ends at the deadline, not a grace period later.
 func TestShutdownGraceKeepsTheDeadline(t *testing.T) {
 	t.Parallel()
-	mw, err := middleware.ShutdownGrace(middleware.ShutdownGraceConfig{Grace: time.Hour})
+	mw, err := middleware.ShutdownGrace(time.Hour)
 	require.NoError(t, err)
 	orig, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
@@ -76,7 +76,7 @@ func TestShutdownGraceKeepsTheDeadline(t *testing.T) {
 // gets its grace, and context.Cause sees the grace's cause.
 func TestShutdownGraceLateObserver(t *testing.T) {
 	t.Parallel()
-	mw, err := middleware.ShutdownGrace(middleware.ShutdownGraceConfig{Grace: 30 * time.Millisecond})
+	mw, err := middleware.ShutdownGrace(30 * time.Millisecond)
 	require.NoError(t, err)
 	msg := newMsg()
 	msg.SetContext(context.Background())
@@ -105,7 +105,7 @@ func TestShutdownGraceLateObserver(t *testing.T) {
 // deadline still ends it.
 func TestShutdownGraceContextOutlivesTheHandlerForItsProducedMessages(t *testing.T) {
 	t.Parallel()
-	mw, err := middleware.ShutdownGrace(middleware.ShutdownGraceConfig{Grace: time.Hour})
+	mw, err := middleware.ShutdownGrace(time.Hour)
 	require.NoError(t, err)
 	for _, looked := range []bool{true, false} {
 		msg := newMsg()

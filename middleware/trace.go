@@ -22,9 +22,9 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
-// OperationProcess is messaging.operation.name of the Trace stage's spans
+// operationProcess is messaging.operation.name of the Trace stage's spans
 // and metrics.
-const OperationProcess = "process"
+const operationProcess = "process"
 
 // TraceConfig configures the Trace stage and TracingPublisher.
 type TraceConfig struct {
@@ -104,7 +104,7 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 			if span.IsRecording() { // attributes cost allocations: only for spans kept
 				span.SetAttributes(
 					semconv.MessagingOperationTypeProcess,
-					semconv.MessagingOperationName(OperationProcess),
+					semconv.MessagingOperationName(operationProcess),
 					semconv.MessagingDestinationName(dest),
 					semconv.MessagingMessageID(msg.UUID),
 					semconv.MessagingConsumerGroupName(handler),
@@ -174,7 +174,7 @@ type metricKey struct {
 // attrs is the attribute set of k.
 func (k metricKey) attrs() attribute.Set {
 	attrs := []attribute.KeyValue{telemetry.HandlerKey.String(k.handler), semconv.MessagingDestinationName(k.dest),
-		semconv.MessagingOperationName(OperationProcess), telemetry.AttrOutcome.String(string(k.outcome))}
+		semconv.MessagingOperationName(operationProcess), telemetry.AttrOutcome.String(string(k.outcome))}
 	if k.system != "" {
 		attrs = append(attrs, semconv.MessagingSystemKey.String(k.system))
 	}
@@ -226,13 +226,6 @@ func previousSpan(msg *message.Message) trace.SpanContext {
 func TracingPublisher(pub message.Publisher, cfg TraceConfig) message.Publisher {
 	cfg = cfg.withDefaults()
 	return &tracingPublisher{pub: pub, cfg: cfg, tracer: telemetry.Tracer(cfg.TracerProvider)}
-}
-
-// TracingPublisherDecorator is TracingPublisher as a Watermill
-// message.PublisherDecorator, for message.Router.AddPublisherDecorators: the
-// messages handlers produce then carry the trace context too.
-func TracingPublisherDecorator(cfg TraceConfig) message.PublisherDecorator {
-	return func(pub message.Publisher) (message.Publisher, error) { return TracingPublisher(pub, cfg), nil }
 }
 
 type tracingPublisher struct {

@@ -129,9 +129,7 @@ func (s *service) runWith(h message.HandlerFunc, pub message.Publisher, withOutb
 	_, err = router.Add(r, cfg)
 	require.NoError(t, err)
 	r.AddMiddleware(inner...)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	t.Cleanup(func() {
 		require.NoError(t, r.Close())
 		require.NoError(t, <-done)

@@ -65,8 +65,8 @@ func (s *stage) fit(c *message.Message, excess int) bool {
 		}
 	}
 	if len(others) > 0 {
-		// DroppedKey grows by what it names, bounded by ErrorMaxLength.
-		need += len(DroppedKey) + s.cfg.ErrorMaxLength
+		// DroppedKey grows by what it names, bounded by errorMaxLength.
+		need += len(DroppedKey) + errorMaxLength
 		dropped := md[DroppedKey]
 		for _, k := range largestFirst(md, others) {
 			if need <= 0 {
@@ -116,7 +116,7 @@ func (s *stage) addDropped(dropped, k string) string {
 	if dropped != "" {
 		k = dropped + "," + k
 	}
-	return diag.Bound(k, s.cfg.ErrorMaxLength)
+	return diag.Bound(k, errorMaxLength)
 }
 
 // cuttable is how many bytes cutting keys down to floor bytes would save.

@@ -15,7 +15,7 @@ import (
 const (
 	// ClassKey is the failure class: "poison", "invariant" or "exhausted".
 	ClassKey = "sluice_poison_class"
-	// ReasonKey is the error summary: at most Config.ErrorMaxLength bytes,
+	// ReasonKey is the error summary: at most 1 KiB,
 	// valid UTF-8, passwords in URLs and DSNs replaced.
 	ReasonKey = "sluice_poison_reason"
 	// ConsumerKey is the consumer (Watermill handler) that failed.
@@ -29,7 +29,7 @@ const (
 	// PoisonedAtKey is when the message was isolated (RFC 3339, UTC).
 	PoisonedAtKey = "sluice_poisoned_at"
 	// StackKey is, for a panic, the goroutine's stack at the panic, cut to
-	// StackMaxLength bytes (the whole stack is in the log line).
+	// 8 KiB (the whole stack is in the log line).
 	StackKey = "sluice_poison_stack"
 	// TraceIDKey is the trace id of the failed delivery, from its
 	// traceparent, when it had one.

@@ -23,15 +23,18 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
-// Defaults.
+// Defaults of Config, stated on its fields.
 const (
-	PublishBackoffDefault = time.Second
-	PublishTimeoutDefault = 30 * time.Second
-	ErrorMaxLengthDefault = 1024
+	publishBackoffDefault = time.Second
+	publishTimeoutDefault = 30 * time.Second
 )
 
-// ClassesDefault are the classes isolated when Config.Classes is empty.
-var ClassesDefault = []sluice.Class{sluice.ClassPoison, sluice.ClassInvariant, sluice.ClassExhausted}
+// errorMaxLength bounds ReasonKey, in bytes (a copy too large for the
+// broker's frame is cut down to fit besides: DroppedKey).
+const errorMaxLength = 1024
+
+// classesDefault are the classes isolated when Config.Classes is empty.
+var classesDefault = []sluice.Class{sluice.ClassPoison, sluice.ClassInvariant, sluice.ClassExhausted}
 
 // Config configures the poison stage.
 type Config struct {
@@ -48,7 +51,8 @@ type Config struct {
 	Queue string
 	// Consumer is recorded in ConsumerKey. Default: the Watermill handler's name.
 	Consumer string
-	// Classes are the failure classes isolated. Default ClassesDefault.
+	// Classes are the failure classes isolated. Default ClassPoison,
+	// ClassInvariant and ClassExhausted.
 	// ClassTransient and ClassRejected are refused.
 	Classes []sluice.Class
 	// Env is the shared environment (router.Stages and service give theirs;
@@ -71,11 +75,8 @@ type Config struct {
 	// the delivery has none (default sluice.SystemClock(); the test kit,
 	// package sluicetest, gives its virtual clock).
 	sluice.Env
-	// ErrorMaxLength bounds ReasonKey, in bytes. Default ErrorMaxLengthDefault.
-	ErrorMaxLength int
 	// PublishBackoff is waited before returning a failed publish, so an
-	// unreachable poison queue is not a hot redelivery loop. Default
-	// PublishBackoffDefault.
+	// unreachable poison queue is not a hot redelivery loop. Default 1 s.
 	PublishBackoff time.Duration
 	// ParkTopic is where a diagnosed copy waits when the poison queue
 	// refuses it (full, deleted, unreachable): a delay queue that returns
@@ -96,22 +97,21 @@ type Config struct {
 	// delivery is always nacked after PublishBackoff.
 	DisablePark bool
 	// PublishTimeout bounds publishing one copy, on a context detached from
-	// the handler's deadline. Default PublishTimeoutDefault.
+	// the handler's deadline. Default 30 s.
 	PublishTimeout time.Duration
 }
 
-// StackMaxLength bounds StackKey, in bytes.
-const StackMaxLength = 8 << 10
+// stackMaxLength bounds StackKey, in bytes.
+const stackMaxLength = 8 << 10
 
 // withDefaults returns a copy of c with its defaults filled.
 func (c Config) withDefaults() Config {
 	if len(c.Classes) == 0 { // a slice, not comparable: no cmp.Or
-		c.Classes = ClassesDefault
+		c.Classes = classesDefault
 	}
 	c.Classifier = cmp.Or(c.Classifier, sluice.DefaultClassifier())
-	c.ErrorMaxLength = cmp.Or(c.ErrorMaxLength, ErrorMaxLengthDefault)
-	c.PublishBackoff = cmp.Or(c.PublishBackoff, PublishBackoffDefault)
-	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
+	c.PublishBackoff = cmp.Or(c.PublishBackoff, publishBackoffDefault)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, publishTimeoutDefault)
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	c.ParkPublisher = cmp.Or(c.ParkPublisher, c.Publisher)
 	c.Clock = cmp.Or(c.Clock, sluice.SystemClock())
@@ -135,8 +135,6 @@ func (c Config) validate() error {
 	switch {
 	case c.ParkTopic == c.Topic:
 		return fmt.Errorf("poison: Config.ParkTopic must not be the poison queue %q", c.Topic)
-	case c.ErrorMaxLength < 16:
-		return fmt.Errorf("poison: Config.ErrorMaxLength must be at least 16, got %d", c.ErrorMaxLength)
 	case c.PublishBackoff < 0:
 		return fmt.Errorf("poison: Config.PublishBackoff must not be negative, got %s", c.PublishBackoff)
 	case c.PublishTimeout < 0:
@@ -306,9 +304,9 @@ func (s *stage) diagnose(msg *message.Message, class sluice.Class, err error) *m
 		c.Metadata[sluice.FirstFailedAtKey] = now
 	}
 	c.Metadata[ClassKey] = class.String()
-	c.Metadata[ReasonKey] = diag.Summary(err, s.cfg.ErrorMaxLength)
+	c.Metadata[ReasonKey] = diag.Summary(err, errorMaxLength)
 	if p, ok := errors.AsType[*sluice.PanicError](err); ok {
-		c.Metadata[StackKey] = diag.Bound(string(p.Stack), StackMaxLength)
+		c.Metadata[StackKey] = diag.Bound(string(p.Stack), stackMaxLength)
 	}
 	c.Metadata[ConsumerKey] = cmp.Or(s.cfg.Consumer, telemetry.Handler(msg.Context()))
 	c.Metadata[QueueKey] = queue

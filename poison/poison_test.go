@@ -49,13 +49,13 @@ func TestNewValidates(t *testing.T) {
 func TestDiagnosis(t *testing.T) {
 	t.Parallel()
 	pub := &recorder{}
-	mw, err := poison.New(poison.Config{Publisher: pub, Topic: "orders.poison", Queue: "orders", ErrorMaxLength: 64})
+	mw, err := poison.New(poison.Config{Publisher: pub, Topic: "orders.poison", Queue: "orders"})
 	require.NoError(t, err)
 
 	m := message.NewMessage("u", []byte("{bad json"))
 	m.Metadata.Set(sluice.EventIDKey, "evt-9")
 	m.Metadata.Set(sluice.TraceparentKey, "00-00000000000000000000000000000000-00f067aa0ba902b7-01") // invalid: all zero
-	require.NoError(t, run(mw, m, sluice.Poison(errors.New("token=abc "+strings.Repeat("é", 100)))))
+	require.NoError(t, run(mw, m, sluice.Poison(errors.New("token=abc "+strings.Repeat("é", 1000)))))
 	require.Len(t, pub.got, 1)
 	md := pub.got[0].Metadata
 	require.Equal(t, "{bad json", string(pub.got[0].Payload))
@@ -63,7 +63,7 @@ func TestDiagnosis(t *testing.T) {
 	require.Equal(t, "orders", md.Get(poison.QueueKey))
 	require.Equal(t, "1", md.Get(sluice.AttemptKey))
 	require.Equal(t, "evt-9", md.Get(sluice.EventIDKey))
-	require.LessOrEqual(t, len(md.Get(poison.ReasonKey)), 64)
+	require.LessOrEqual(t, len(md.Get(poison.ReasonKey)), 1024, "the reason is cut to 1 KiB")
 	require.Contains(t, md.Get(poison.ReasonKey), "token=xxxxx")
 	require.Empty(t, md.Get(poison.TraceIDKey), "an invalid traceparent gives no trace id")
 	require.Equal(t, md.Get(sluice.FirstFailedAtKey), md.Get(poison.PoisonedAtKey), "no earlier failure: first failure is now")

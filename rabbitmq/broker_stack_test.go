@@ -66,9 +66,7 @@ func newBrokerStack(t *testing.T, handler func(msg *message.Message) error, opts
 		},
 	})
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	var once sync.Once
 	s.stop = func() {
 		once.Do(func() {

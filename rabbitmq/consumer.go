@@ -26,7 +26,7 @@ const (
 	// cancels their contexts. It is what Watermill users expect of a
 	// subscriber's Close, and what a shutdown needs, no more:
 	//   - a router's ShutdownGrace stage (router.Stages.ShutdownGrace,
-	//     middleware.ShutdownGraceDefault 10 s) lets a handler in flight
+	//     router.Stages.ShutdownGrace's default, 10 s) lets a handler in flight
 	//     commit for 10 s once the router closes; the drain outlasts it by
 	//     2 s, so that the ack of a handler committing at the end of its
 	//     grace still reaches the broker (its delivery is not redelivered);
@@ -155,7 +155,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 // consumes its queue — or has stopped consuming because its brake is
 // engaged (the brake reports that itself). A subscription reconnecting after
 // a broker restart, a closed channel or a failed dial is not connected.
-// service.Service's readiness report reads it (service.ConnectedSubscriber).
+// service.Service's readiness report reads it.
 func (c *Consumer) Connected() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()

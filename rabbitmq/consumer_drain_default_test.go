@@ -6,7 +6,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
@@ -18,6 +17,7 @@ import (
 func TestTheDefaultDrainOutlastsTheDefaultGrace(t *testing.T) {
 	t.Parallel()
 	const watermillCloseWait = 15 * time.Second // pubsub/tests' defaultTimeout
-	require.Greater(t, rabbitmq.DrainTimeoutDefault, middleware.ShutdownGraceDefault)
+	const defaultGrace = 10 * time.Second       // router.Stages.ShutdownGrace's default, as its doc states
+	require.Greater(t, rabbitmq.DrainTimeoutDefault, defaultGrace)
 	require.LessOrEqual(t, rabbitmq.DrainTimeoutDefault, watermillCloseWait-3*time.Second)
 }

@@ -75,9 +75,7 @@ func TestConsumerTakesOneDeliveryWhileProbing(t *testing.T) {
 		mu.Unlock()
 		return nil
 	})
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	t.Cleanup(func() { require.NoError(t, r.Close()); require.NoError(t, <-done) })
 
 	conn := testenv.AMQP(t)

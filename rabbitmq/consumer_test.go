@@ -36,9 +36,7 @@ func runConsumerLogged(t *testing.T, queue string, prefetch int, handler message
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, logger)
 	require.NoError(t, err)
 	r.AddConsumerHandler("h", queue, c, handler)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {

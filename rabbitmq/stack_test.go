@@ -73,9 +73,7 @@ func newStackBehind(t *testing.T, cfg rabbitmq.TopologyConfig, outer []message.H
 		return handler(s, msg)
 	}).AddMiddleware(p, r, c)
 
-	done := make(chan error, 1)
-	go func() { done <- router.Run(context.Background()) }()
-	<-router.Running()
+	done := testenv.RunRouter(context.Background(), router)
 	t.Cleanup(func() {
 		require.NoError(t, router.Close())
 		require.NoError(t, <-done)

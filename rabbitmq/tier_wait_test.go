@@ -115,9 +115,7 @@ func newWaitStack(t *testing.T, cfg rabbitmq.TopologyConfig, handler func(attemp
 		},
 	})
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	t.Cleanup(func() {
 		require.NoError(t, r.Close())
 		require.NoError(t, <-done)

@@ -148,9 +148,7 @@ func TestUnparseableHeadersAreIsolatedNotLooped(t *testing.T) {
 		Stages: router.Stages{Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{}},
 	})
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	select {
 	case <-all:
 	case <-time.After(30 * time.Second):

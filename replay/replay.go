@@ -43,18 +43,18 @@ import (
 // Metadata keys the CLI sets on a replayed message (AMQP headers of the
 // same names).
 const (
-	// RunKey is the replay run's id.
+	// RunKey is the replay run's id, cut to 128 bytes in the records.
 	RunKey = "sluice_replay_run"
 	// ItemKey identifies the message within the run: the event id, else the
 	// poison copy's message id, cut to ItemMaxLength (as the operator's CLI names it).
 	ItemKey = "sluice_replay_item"
 )
 
-// Bounds of the run and item ids in the records.
-const (
-	RunMaxLength  = 128
-	ItemMaxLength = 256
-)
+// ItemMaxLength bounds the item and event ids in the records, in bytes.
+const ItemMaxLength = 256
+
+// runMaxLength bounds the run ids in the records, in bytes.
+const runMaxLength = 128
 
 // Record is what became of one replayed item.
 type Record struct {
@@ -96,18 +96,18 @@ type UnitOfWorkRecorder interface {
 // record to the stage, after the stack returns.
 var ErrNoUnitOfWork = errors.New("replay: no unit of work to record in")
 
-// Defaults.
-const (
-	RecordTimeoutDefault = 5 * time.Second
-	ReasonMaxLength      = 1024
-)
+// ReasonMaxLength bounds a record's Reason, in bytes.
+const ReasonMaxLength = 1024
+
+// recordTimeoutDefault is Config.RecordTimeout's default.
+const recordTimeoutDefault = 5 * time.Second
 
 // Config configures New.
 type Config struct {
 	// Store receives the records. Required.
 	Store Store
 	// RecordTimeout bounds one record, on a context detached from the
-	// handler's. Default RecordTimeoutDefault.
+	// handler's. Default 5 s.
 	RecordTimeout time.Duration
 	// Env is the shared environment (router.Stages and service give theirs;
 	// the fields set here win). The stage reads Logger, a line per record
@@ -148,7 +148,7 @@ func isReplayKey(k string) bool { return strings.HasPrefix(k, sluice.ReplayPrefi
 
 // withDefaults returns a copy of c with its defaults filled.
 func (c Config) withDefaults() Config {
-	c.RecordTimeout = cmp.Or(c.RecordTimeout, RecordTimeoutDefault)
+	c.RecordTimeout = cmp.Or(c.RecordTimeout, recordTimeoutDefault)
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	return c
 }
@@ -280,6 +280,6 @@ func unitOfWork(cfg Config) (UnitOfWorkRecorder, error) {
 
 // recordOf is msg's record of run and item: bounded, named by its handler.
 func recordOf(msg *message.Message, run, item string, o sluice.Outcome) Record {
-	return Record{Run: diag.Bound(run, RunMaxLength), Item: diag.Bound(item, ItemMaxLength), EventID: diag.Bound(msg.Metadata.Get(sluice.EventIDKey), ItemMaxLength),
+	return Record{Run: diag.Bound(run, runMaxLength), Item: diag.Bound(item, ItemMaxLength), EventID: diag.Bound(msg.Metadata.Get(sluice.EventIDKey), ItemMaxLength),
 		Outcome: o, Handler: telemetry.Handler(msg.Context()), At: time.Now().UTC()}
 }

@@ -54,9 +54,7 @@ func serveOrders(t *testing.T, delay time.Duration, stages router.Stages, handle
 	}
 	_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "orders", Handler: handler, Stages: stages})
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	t.Cleanup(func() { require.NoError(t, r.Close()); require.NoError(t, <-done); _ = e.Close() })
 	return e
 }
@@ -188,9 +186,7 @@ func TestProcessedInTheInboxTransaction(t *testing.T) {
 			return err
 		}, Stages: router.Stages{Replay: cfg, Classify: &middleware.ClassifyConfig{}, Inbox: &deduplication.Config{Store: inbox, Consumer: "stock"}}})
 		require.NoError(t, err)
-		done := make(chan error, 1)
-		go func() { done <- r.Run(context.Background()) }()
-		<-r.Running()
+		done := testenv.RunRouter(context.Background(), r)
 		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 		m.Metadata.Set(sluice.EventIDKey, "evt-1")
 		m.Metadata.Set(replay.RunKey, "run-1")

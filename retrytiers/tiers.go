@@ -23,12 +23,14 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
-// Defaults.
+// Defaults of Config, stated on its fields.
 const (
-	PublishBackoffDefault = time.Second
-	PublishTimeoutDefault = 30 * time.Second
-	ErrorMaxLengthDefault = 1024
+	publishBackoffDefault = time.Second
+	publishTimeoutDefault = 30 * time.Second
 )
+
+// errorMaxLength bounds the LastErrorKey summary, in bytes.
+const errorMaxLength = 1024
 
 // Config configures the retry-tier middleware.
 type Config struct {
@@ -59,17 +61,12 @@ type Config struct {
 	// virtual clock).
 	sluice.Env
 	// PublishBackoff is waited before returning a failed publish, so an
-	// unreachable tier is not a hot redelivery loop. Default
-	// PublishBackoffDefault.
+	// unreachable tier is not a hot redelivery loop. Default 1 s.
 	PublishBackoff time.Duration
 	// PublishTimeout bounds publishing one copy. The copy is published on a
 	// context detached from the handler's, so a handler that timed out (its
-	// message context expired) still reaches its tier. Default
-	// PublishTimeoutDefault.
+	// message context expired) still reaches its tier. Default 30 s.
 	PublishTimeout time.Duration
-	// ErrorMaxLength bounds the LastErrorKey summary, in bytes. Default
-	// ErrorMaxLengthDefault.
-	ErrorMaxLength int
 	// Queue is the consumer's queue: the one the copies come back to, for
 	// which they are signed and their history believed (Signer). Default:
 	// the topic the Watermill handler subscribed to (on RabbitMQ, the
@@ -80,10 +77,9 @@ type Config struct {
 // withDefaults returns a copy of c with its defaults filled.
 func (c Config) withDefaults() Config {
 	c.Classifier = cmp.Or(c.Classifier, sluice.DefaultClassifier())
-	c.PublishBackoff = cmp.Or(c.PublishBackoff, PublishBackoffDefault)
-	c.PublishTimeout = cmp.Or(c.PublishTimeout, PublishTimeoutDefault)
+	c.PublishBackoff = cmp.Or(c.PublishBackoff, publishBackoffDefault)
+	c.PublishTimeout = cmp.Or(c.PublishTimeout, publishTimeoutDefault)
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
-	c.ErrorMaxLength = cmp.Or(c.ErrorMaxLength, ErrorMaxLengthDefault)
 	c.Clock = cmp.Or(c.Clock, sluice.SystemClock())
 	c.Signer, _ = envsigner.Of(c.Signer)
 	return c
@@ -107,8 +103,6 @@ func (c Config) validate() error {
 		return fmt.Errorf("retrytiers: Config.PublishBackoff must not be negative, got %s", c.PublishBackoff)
 	case c.PublishTimeout < 0:
 		return fmt.Errorf("retrytiers: Config.PublishTimeout must not be negative, got %s", c.PublishTimeout)
-	case c.ErrorMaxLength < 16:
-		return fmt.Errorf("retrytiers: Config.ErrorMaxLength must be at least 16, got %d", c.ErrorMaxLength)
 	}
 	return nil
 }
@@ -171,7 +165,7 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 			return nil, sluice.Poison(errors.Join(aErr, err))
 		}
 		ctx := msg.Context()
-		reason := diag.Summary(err, s.cfg.ErrorMaxLength)
+		reason := diag.Summary(err, errorMaxLength)
 		if attempt > len(s.cfg.Tiers) {
 			s.exhausted.Add(ctx, 1, telemetry.DeliveryAttr(msg, semconv.ErrorTypeKey.String(sluice.ClassExhausted.String())))
 			s.cfg.Logger.Error("Retry budget spent: the delivery is exhausted", diag.RedactError(err), diag.LogFields(telemetry.LogFields(msg,
@@ -221,7 +215,7 @@ func (s *stage) setAside(msg *message.Message, err error) error {
 	}
 	first := s.cfg.Tiers[0]
 	p := plan{tier: 0, topic: first.Pick().Topic, next: attempt}
-	tier, pErr := s.park(msg, p, diag.Summary(err, s.cfg.ErrorMaxLength))
+	tier, pErr := s.park(msg, p, diag.Summary(err, errorMaxLength))
 	if pErr != nil {
 		return errors.Join(err, fmt.Errorf("retrytiers: setting the held delivery aside in tier %s: %w", tier.Name, pErr))
 	}

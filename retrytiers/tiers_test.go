@@ -3,6 +3,7 @@ package retrytiers_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -92,12 +93,12 @@ func run(mw message.HandlerMiddleware, msg *message.Message, herr error) ([]*mes
 func TestRetryCopyAndBudget(t *testing.T) {
 	t.Parallel()
 	pub := &recorder{}
-	mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: tiers(t), ErrorMaxLength: 32})
+	mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: tiers(t)})
 	require.NoError(t, err)
 
 	orig := message.NewMessage("uuid-1", []byte("payload"))
 	orig.Metadata.Set(sluice.EventIDKey, "evt-1")
-	_, err = run(mw, orig, errors.New("dial tcp: connection refused by postgres://u:secret@db/x, and more text"))
+	_, err = run(mw, orig, errors.New("dial tcp: connection refused by postgres://u:secret@db/x, and more text"+strings.Repeat(" and more", 200)))
 	require.NoError(t, err, "the original is acked once its copy is published")
 	c := back(pub.got["orders.retry.30s"][0], "orders.retry.30s")
 	require.NotEqual(t, orig.UUID, c.UUID)
@@ -105,7 +106,7 @@ func TestRetryCopyAndBudget(t *testing.T) {
 	require.Equal(t, "evt-1", c.Metadata.Get(sluice.EventIDKey))
 	require.Equal(t, "2", c.Metadata.Get(sluice.AttemptKey))
 	require.Equal(t, "30s", c.Metadata.Get(sluice.RetryTierKey))
-	require.LessOrEqual(t, len(c.Metadata.Get(sluice.LastErrorKey)), 32)
+	require.LessOrEqual(t, len(c.Metadata.Get(sluice.LastErrorKey)), 1024, "the last error is cut to 1 KiB")
 	require.NotContains(t, c.Metadata.Get(sluice.LastErrorKey), "secret")
 	first := c.Metadata.Get(sluice.FirstFailedAtKey)
 	require.NotEmpty(t, first)

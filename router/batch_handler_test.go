@@ -93,9 +93,7 @@ func TestABatchHandlerOnRabbitMQ(t *testing.T) {
 		},
 	})
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 
 	const events, copies = 300, 8
 	poisoned := 0
@@ -203,7 +201,7 @@ func batchHandlerShutdown(t *testing.T, releaseInTime bool) {
 		return deduplication.SameOutcome(msgs, err)
 	}
 	// run starts a router whose batch handler is handle.
-	run := func(q *rabbitmq.Broker, grace time.Duration, handle deduplication.BatchHandlerFunc) (*message.Router, chan error) {
+	run := func(q *rabbitmq.Broker, grace time.Duration, handle deduplication.BatchHandlerFunc) (*message.Router, <-chan error) {
 		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: time.Minute}, watermill.NopLogger{})
 		require.NoError(t, err)
 		_, err = router.Add(r, router.HandlerConfig{
@@ -219,9 +217,7 @@ func batchHandlerShutdown(t *testing.T, releaseInTime bool) {
 			},
 		})
 		require.NoError(t, err)
-		done := make(chan error, 1)
-		go func() { done <- r.Run(context.Background()) }()
-		<-r.Running()
+		done := testenv.RunRouter(context.Background(), r)
 		return r, done
 	}
 	count := func(distinct string) int {

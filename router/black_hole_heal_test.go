@@ -95,9 +95,7 @@ func TestAConsumerResumesAfterABlackHoleThatHealsWithoutResets(t *testing.T) {
 		m.Metadata.Set(sluice.EventIDKey, fmt.Sprintf("evt-%05d", i))
 		require.NoError(t, q.Publisher().Publish(queue, m))
 	}
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	t.Cleanup(func() { require.NoError(t, r.Close()); require.NoError(t, <-done) })
 
 	require.Eventually(t, func() bool { return count("effects") >= 50 }, time.Minute, 5*time.Millisecond, "the consumer is consuming")

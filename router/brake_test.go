@@ -104,9 +104,7 @@ func TestBrakeOutageLongerThanTheLadder(t *testing.T) {
 		m.Metadata.Set(sluice.EventIDKey, fmt.Sprintf("evt-%05d", i))
 		require.NoError(t, q.Publisher().Publish(queue, m))
 	}
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	t.Cleanup(func() { require.NoError(t, r.Close()); require.NoError(t, <-done) })
 
 	require.Eventually(t, func() bool { return rows() >= 1000 }, time.Minute, 10*time.Millisecond)
@@ -217,9 +215,7 @@ func TestBrakeIgnoresPoison(t *testing.T) {
 	for range events {
 		require.NoError(t, q.Publisher().Publish(queue, message.NewMessage(watermill.NewUUID(), []byte(`{}`))))
 	}
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	conn := testenv.AMQP(t)
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()) == events },
 		2*time.Minute, 20*time.Millisecond)
@@ -254,9 +250,7 @@ func TestBrakeOnTheEmbeddedDefault(t *testing.T) {
 		return nil
 	}})
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	t.Cleanup(func() { require.NoError(t, e.Close()) })
 
 	down.Store(true)

@@ -27,9 +27,7 @@ func TestTheByHandStackRuns(t *testing.T) {
 	require.NoError(t, err)
 	q, err := addStockByHand(t.Context(), r, testenv.AMQPURL, db)
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	closed := false
 	closeAll := func() {
 		if !closed {

@@ -100,9 +100,7 @@ func TestRetryInsideTheInboxRunsTheHandlerOncePerTransaction(t *testing.T) {
 	require.NoError(t, err)
 	// Added after the stages: Watermill runs it inside them.
 	r.AddMiddleware(wmiddleware.Retry{MaxRetries: 3, InitialInterval: 5 * time.Millisecond}.Middleware)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 
 	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 	m.Metadata.Set(sluice.EventIDKey, "evt-1")
@@ -189,9 +187,7 @@ func timeoutBehindTheRouter(t *testing.T, batch *deduplication.BatchConfig) {
 		},
 	})
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 
 	body := make([]byte, 10<<20)
 	for i := range body {

@@ -33,9 +33,7 @@ func runEmbedded(t *testing.T, cfg embedded.Config, handler message.NoPublishHan
 		Poison: &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: time.Millisecond}, Classify: &middleware.ClassifyConfig{},
 	}})
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	closed := false
 	stop := func() {
 		if !closed {

@@ -121,7 +121,7 @@ func TestCopyOverTheFrameIsIsolatedAndThePublisherStaysUp(t *testing.T) {
 	require.Equal(t, "poison", md.Get(poison.ClassKey))
 	require.Contains(t, md.Get(poison.ReasonKey), "frame_max", "the diagnosis says why")
 	require.Contains(t, md.Get(poison.ReasonKey), "stock service: timeout", "and what the handler said")
-	require.LessOrEqual(t, len(md.Get(poison.ReasonKey)), poison.ErrorMaxLengthDefault)
+	require.LessOrEqual(t, len(md.Get(poison.ReasonKey)), 1024, "the reason is cut to 1 KiB")
 	require.Equal(t, "blob", md.Get(poison.DroppedKey), "the largest header is left out, and named")
 	require.NotContains(t, md, "blob")
 	require.Equal(t, queue, md.Get(poison.QueueKey))

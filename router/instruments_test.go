@@ -153,9 +153,7 @@ func TestTheCountersAlertsReadExistAtZeroBeforeTheFirstDelivery(t *testing.T) {
 	}
 	require.Equal(t, []string{"exhausted", "invariant", "poison"}, classes(before[promName(telemetry.MetricPoisoned)]))
 
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	t.Cleanup(func() {
 		require.NoError(t, r.Close())
 		require.NoError(t, <-done)
@@ -221,9 +219,7 @@ func TestAFailedDeliveryIncrementsItsSeriesExportedAtZero(t *testing.T) {
 	require.Zero(t, n)
 	require.Equal(t, 6, before, "one failed series per class, and one of no class")
 
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	t.Cleanup(func() {
 		require.NoError(t, r.Close())
 		require.NoError(t, <-done)

@@ -131,9 +131,7 @@ func orderedBehindTimeout(t *testing.T, quorum bool) {
 		},
 	})
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	t.Cleanup(func() { require.NoError(t, r.Close()); require.NoError(t, <-done) })
 
 	// A Spring-like producer: its properties, a typed header, and a

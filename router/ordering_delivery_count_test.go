@@ -293,9 +293,7 @@ func TestAnOrderedKeyKeepsItsOrderAcrossRestartsMidLoad(t *testing.T) {
 					},
 				})
 				require.NoError(t, err)
-				done := make(chan error, 1)
-				go func() { done <- r.Run(context.Background()) }()
-				<-r.Running()
+				done := testenv.RunRouter(context.Background(), r)
 				if run == restarts {
 					require.Eventually(t, func() bool { return len(applied()) >= events }, 2*time.Minute, 20*time.Millisecond,
 						"every event applied after %d restarts; %d dead-lettered", restarts, testenv.QueueDepth(t, conn, b.Topology().PoisonQueue()))

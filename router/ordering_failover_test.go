@@ -76,9 +76,7 @@ func TestAPartitionsNextOwnerContinuesAReleaseInOrder(t *testing.T) {
 			},
 		})
 		require.NoError(t, err)
-		done := make(chan error, 1)
-		go func() { done <- r.Run(context.Background()) }()
-		<-r.Running()
+		done := testenv.RunRouter(context.Background(), r)
 		var once sync.Once
 		var closeErr error
 		return b, func() error {

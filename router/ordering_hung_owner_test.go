@@ -89,9 +89,7 @@ func (h hungOwner) run(ctx context.Context, t testing.TB, db *sqlx.DB, hold func
 		},
 	})
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	return func() { _ = r.Close(); <-done; _ = b.Close() }
 }
 

@@ -37,9 +37,7 @@ func fullQueue(t *testing.T, queue string) (clear func()) {
 
 func runRouter(t *testing.T, r *message.Router) {
 	t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	t.Cleanup(func() { require.NoError(t, r.Close()); require.NoError(t, <-done) })
 }
 

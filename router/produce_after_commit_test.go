@@ -107,9 +107,7 @@ func producedAfterANoRoute(t *testing.T, withOutbox bool) {
 		require.False(t, withOutbox, "the outbox is never refused: %v", err)
 		return
 	}
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	t.Cleanup(func() {
 		require.NoError(t, r.Close())
 		require.NoError(t, <-done)

@@ -66,9 +66,7 @@ func TestProducedMessageCarryingTheHandlersContextIsPublished(t *testing.T) {
 		},
 	})
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 
 	const events = 5
 	for i := range events {

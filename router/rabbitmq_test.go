@@ -104,9 +104,7 @@ func stackWithPostgresInbox(t *testing.T, batch *deduplication.BatchConfig, quor
 	})
 	require.NoError(t, err)
 	require.Len(t, handlers, 1, "Sluice's Consumer: one subscription, Prefetch deliveries in flight")
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 
 	const events = 200
 	for i := range events {
@@ -210,9 +208,7 @@ func shutdownMidHandler(t *testing.T, batch *deduplication.BatchConfig) {
 			Stages: router.Stages{Classify: &middleware.ClassifyConfig{}, Inbox: &deduplication.Config{Store: store, Consumer: "inventory", Batch: batch}},
 		})
 		require.NoError(t, err)
-		done := make(chan error, 1)
-		go func() { done <- r.Run(context.Background()) }()
-		<-r.Running()
+		done := testenv.RunRouter(context.Background(), r)
 		return logger.Closing, func() {
 			require.NoError(t, r.Close())
 			require.NoError(t, <-done)
@@ -280,9 +276,7 @@ func TestDrainingCloseUnderLoadNoDuplicates(t *testing.T) {
 			},
 		})
 		require.NoError(t, err)
-		done := make(chan error, 1)
-		go func() { done <- r.Run(context.Background()) }()
-		<-r.Running()
+		done := testenv.RunRouter(context.Background(), r)
 		return logger.Closing, func() {
 			require.NoError(t, r.Close())
 			require.NoError(t, <-done)

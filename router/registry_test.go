@@ -44,9 +44,7 @@ func TestTwoRoutersNameTheirHandlersIndependently(t *testing.T) {
 			Stages:  router.Stages{Trace: &middleware.TraceConfig{}, Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(rn.reader))}},
 		})
 		require.NoError(t, err)
-		done := make(chan error, 1)
-		go func() { done <- r.Run(context.Background()) }()
-		<-r.Running()
+		done := testenv.RunRouter(context.Background(), r)
 		t.Cleanup(func() {
 			require.NoError(t, r.Close())
 			require.NoError(t, <-done)

@@ -138,9 +138,7 @@ func TestAddNamesTheInboxConsumerAfterTheHandler(t *testing.T) {
 			Stages:  router.Stages{Inbox: &deduplication.Config{Store: store}}})
 		require.NoError(t, err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	t.Cleanup(func() {
 		require.NoError(t, r.Close())
 		require.NoError(t, <-done)

@@ -54,9 +54,7 @@ func TestShutdownOutlastingTheGraceSpendsNoAttempt(t *testing.T) {
 		},
 	})
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 
 	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 	m.Metadata.Set(sluice.EventIDKey, "evt-1")

@@ -28,7 +28,7 @@ import (
 type Stages struct {
 	// ShutdownGrace lets a handler in flight finish its commit for this long
 	// after the router begins to close (middleware.ShutdownGrace). Default
-	// middleware.ShutdownGraceDefault; negative leaves the stage out.
+	// 10 s; negative leaves the stage out.
 	ShutdownGrace time.Duration
 	Trace         *middleware.TraceConfig
 	// Replay records what became of a message replayed from a poison
@@ -51,7 +51,7 @@ type Stages struct {
 	// handler, shared by its consumers, and gives it to a subscriber that
 	// can stop consuming (GatedSubscriber), and closes it when that
 	// subscriber closes. Its Probe defaults to the inbox store's Ping when
-	// the store is a Pinger. Middlewares alone builds a brake per call that
+	// the store has one (a Ping(ctx) error method). Middlewares alone builds a brake per call that
 	// waits instead (Pausing false unless set) and that nothing closes; for
 	// a subscriber of your own, build it with brake.New, wire both and
 	// Close it.
@@ -129,7 +129,7 @@ var order = []stage{
 		if s.ShutdownGrace < 0 {
 			return nil, nil
 		}
-		return one(middleware.ShutdownGrace(middleware.ShutdownGraceConfig{Grace: s.ShutdownGrace}))
+		return one(middleware.ShutdownGrace(s.ShutdownGrace))
 	}},
 	{"Trace", "trace", func(s *Stages) ([]message.HandlerMiddleware, error) {
 		if s.Trace == nil {
@@ -322,10 +322,10 @@ func (s *Stages) queue() string {
 	return s.Poison.Queue
 }
 
-// Pinger is a dependency that can say whether it answers without being
+// pinger is a dependency that can say whether it answers without being
 // given a message. An inbox Store that is one (a Ping(ctx) error method)
 // becomes the brake's Probe when Stages.Brake has none.
-type Pinger interface {
+type pinger interface {
 	Ping(ctx context.Context) error
 }
 
@@ -335,7 +335,7 @@ type Pinger interface {
 func (s *Stages) newBrake(name string, pausing bool) (*brake.Brake, error) {
 	cfg := *s.Brake
 	cfg.Name = cmp.Or(cfg.Name, name)
-	if p, ok := s.inboxStore().(Pinger); ok && cfg.Probe == nil {
+	if p, ok := s.inboxStore().(pinger); ok && cfg.Probe == nil {
 		cfg.Probe = p.Ping
 	}
 	cfg.Pausing = cfg.Pausing || pausing

@@ -22,6 +22,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/telemetry"
+	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -55,9 +56,7 @@ func runTraced(t *testing.T, handler message.NoPublishHandlerFunc, stages func(*
 	}
 	_, err = router.Add(r, router.HandlerConfig{Broker: tr.embedded, Name: "inventory", Handler: handler, Stages: s})
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	t.Cleanup(func() {
 		require.NoError(t, r.Close())
 		require.NoError(t, <-done)
@@ -234,13 +233,16 @@ func (f *failingPublisher) Publish(string, ...*message.Message) error {
 
 func (f *failingPublisher) Close() error { return nil }
 
-func TestTracingPublisherDecorator(t *testing.T) {
+func TestTracingPublisherAsADecorator(t *testing.T) {
 	t.Parallel()
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
 	pubSub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = pubSub.Close() })
-	pub, err := middleware.TracingPublisherDecorator(middleware.TraceConfig{Env: sluice.Env{TracerProvider: tp}})(pubSub)
+	decorate := message.PublisherDecorator(func(pub message.Publisher) (message.Publisher, error) {
+		return middleware.TracingPublisher(pub, middleware.TraceConfig{Env: sluice.Env{TracerProvider: tp}}), nil
+	})
+	pub, err := decorate(pubSub)
 	require.NoError(t, err)
 	require.NoError(t, pub.Publish("t", message.NewMessage(watermill.NewUUID(), nil)))
 	out, err := pubSub.Subscribe(t.Context(), "t")

@@ -15,24 +15,24 @@ import (
 	"github.com/sluicemq/sluice/sluicesql"
 )
 
-// Defaults of Config.
+// Defaults of Config, stated on its fields.
 const (
-	// InboxRetentionDefault is how long an inbox record is kept: a
+	// inboxRetentionDefault is how long an inbox record is kept: a
 	// redelivery after it is pruned runs the handler again.
-	InboxRetentionDefault = 14 * 24 * time.Hour
-	// ReplayWindowDefault is how long after processing a message may
+	inboxRetentionDefault = 14 * 24 * time.Hour
+	// replayWindowDefault is how long after processing a message may
 	// still come back (replayed from a poison queue, republished by an
 	// operator) and must be recognised as a duplicate.
-	ReplayWindowDefault = 7 * 24 * time.Hour
-	// OutcomeRetentionDefault is how long a replay outcome is kept for
+	replayWindowDefault = 7 * 24 * time.Hour
+	// outcomeRetentionDefault is how long a replay outcome is kept for
 	// sluice dlq report.
-	OutcomeRetentionDefault = 30 * 24 * time.Hour
-	// PruneIntervalDefault is the time between two pruning runs.
-	PruneIntervalDefault = 10 * time.Minute
-	// DrainTimeoutDefault bounds the relay's drain when the router closes.
-	DrainTimeoutDefault = 10 * time.Second
-	// HealthTimeoutDefault bounds each check of a health report.
-	HealthTimeoutDefault = 2 * time.Second
+	outcomeRetentionDefault = 30 * 24 * time.Hour
+	// pruneIntervalDefault is the time between two pruning runs.
+	pruneIntervalDefault = 10 * time.Minute
+	// drainTimeoutDefault bounds the relay's drain when the router closes.
+	drainTimeoutDefault = 10 * time.Second
+	// healthTimeoutDefault bounds each check of a health report.
+	healthTimeoutDefault = 2 * time.Second
 )
 
 // Config configures New.
@@ -84,36 +84,36 @@ type Config struct {
 
 	// InboxRetention is how long an inbox record is kept before the pruner
 	// deletes it; it must cover each handler's retry ladder plus
-	// ReplayWindow (Add checks). Default InboxRetentionDefault.
+	// ReplayWindow (Add checks). Default 14 days.
 	InboxRetention time.Duration
 	// ReplayWindow is how long after processing a message may still come
-	// back. Default ReplayWindowDefault.
+	// back. Default 7 days.
 	ReplayWindow time.Duration
 	// OutcomeRetention is how long a replay outcome is kept. Default
-	// OutcomeRetentionDefault.
+	// 30 days.
 	OutcomeRetention time.Duration
 	// PruneInterval is the time between two pruning runs (each deletes in
 	// batches of 1,000 rows). Default
-	// PruneIntervalDefault.
+	// 10 min.
 	PruneInterval time.Duration
 	// DrainTimeout bounds the relay's drain when the router closes: the
 	// rows the handlers committed are published until none is due or this
 	// passes; what is left waits for the next start. Default
-	// DrainTimeoutDefault.
+	// 10 s.
 	DrainTimeout time.Duration
 	// HealthTimeout bounds each check of a health report (the database's
-	// ping, the outbox's counts). Default HealthTimeoutDefault.
+	// ping, the outbox's counts). Default 2 s.
 	HealthTimeout time.Duration
 }
 
 // withDefaults returns a copy of c with its defaults filled.
 func (c Config) withDefaults() Config {
-	c.InboxRetention = cmp.Or(c.InboxRetention, InboxRetentionDefault)
-	c.ReplayWindow = cmp.Or(c.ReplayWindow, ReplayWindowDefault)
-	c.OutcomeRetention = cmp.Or(c.OutcomeRetention, OutcomeRetentionDefault)
-	c.PruneInterval = cmp.Or(c.PruneInterval, PruneIntervalDefault)
-	c.DrainTimeout = cmp.Or(c.DrainTimeout, DrainTimeoutDefault)
-	c.HealthTimeout = cmp.Or(c.HealthTimeout, HealthTimeoutDefault)
+	c.InboxRetention = cmp.Or(c.InboxRetention, inboxRetentionDefault)
+	c.ReplayWindow = cmp.Or(c.ReplayWindow, replayWindowDefault)
+	c.OutcomeRetention = cmp.Or(c.OutcomeRetention, outcomeRetentionDefault)
+	c.PruneInterval = cmp.Or(c.PruneInterval, pruneIntervalDefault)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, drainTimeoutDefault)
+	c.HealthTimeout = cmp.Or(c.HealthTimeout, healthTimeoutDefault)
 	if c.Router != nil {
 		c.Logger = cmp.Or(c.Logger, c.Router.Logger())
 	}

@@ -14,25 +14,26 @@ import (
 	"github.com/sluicemq/sluice/router"
 )
 
-// A check's and a report's Status.
+// A check's and a report's Status: "pass" or "fail".
 const (
-	StatusPass = "pass"
-	StatusFail = "fail"
+	statusPass = "pass"
+	statusFail = "fail"
 )
 
 // errorMaxLength bounds a check's Error, in bytes.
 const errorMaxLength = 512
 
-// ConnectedSubscriber is a subscriber that can tell whether its
-// subscriptions hold a live connection to the broker: the readiness report
-// reads it from each handler's broker subscriber that implements it, and
-// says nothing of the connection for one that does not.
-type ConnectedSubscriber interface {
+// connectedSubscriber is a subscriber that can tell whether its
+// subscriptions hold a live connection to the broker (a Connected() bool
+// method, as rabbitmq's Consumer has): the readiness report reads it from
+// each handler's broker subscriber that has one, and says nothing of the
+// connection for one that does not.
+type connectedSubscriber interface {
 	Connected() bool
 }
 
-// Report is a health report: Status is StatusFail when any check failed.
-// Health serves it as JSON.
+// Report is a health report: Status is "fail" when any check failed, else
+// "pass". Health serves it as JSON.
 type Report struct {
 	Status string           `json:"status"`
 	Checks map[string]Check `json:"checks"`
@@ -41,6 +42,7 @@ type Report struct {
 // Check is one check of a Report; the fields beside Status and Error are
 // those the check reads.
 type Check struct {
+	// Status is "pass" or "fail".
 	Status string `json:"status"`
 	// Error says why the check failed: bounded, with secrets redacted.
 	Error string `json:"error,omitempty"`
@@ -48,7 +50,7 @@ type Check struct {
 	// relay runs.
 	Running *bool `json:"running,omitempty"`
 	// Connected: the handler's subscriber holds a live connection (only for
-	// a ConnectedSubscriber).
+	// a subscriber with a Connected() bool method).
 	Connected *bool `json:"connected,omitempty"`
 	// Brake is the handler's brake's state: released, engaged, probing.
 	Brake string `json:"brake,omitempty"`
@@ -83,7 +85,7 @@ func (s *Service) Live(context.Context) Report {
 
 // Ready reports whether the service consumes, in the sense of a Kubernetes
 // readiness probe: each handler runs, its subscriber is connected (a
-// ConnectedSubscriber) and its brake released; the database answers its
+// subscriber with a Connected() bool method) and its brake released; the database answers its
 // ping; the relay runs. The outbox's counts and the oldest row's age are
 // reported, not judged (the SluiceOutboxStuck alert does that). Each check
 // that waits on the database is bounded by HealthTimeout.
@@ -91,7 +93,7 @@ func (s *Service) Ready(ctx context.Context) Report {
 	checks := map[string]Check{}
 	for _, a := range s.snapshot() {
 		running, started := s.running(a)
-		c := Check{Status: StatusPass, Running: &running}
+		c := Check{Status: statusPass, Running: &running}
 		var reasons []string
 		switch {
 		case !started:
@@ -99,7 +101,7 @@ func (s *Service) Ready(ctx context.Context) Report {
 		case !running:
 			reasons = append(reasons, "the handler stopped")
 		}
-		if cs, ok := a.subscriber.(ConnectedSubscriber); ok {
+		if cs, ok := a.subscriber.(connectedSubscriber); ok {
 			connected := cs.Connected()
 			c.Connected = &connected
 			if !connected {
@@ -113,7 +115,7 @@ func (s *Service) Ready(ctx context.Context) Report {
 			}
 		}
 		if len(reasons) > 0 {
-			c.Status, c.Error = StatusFail, strings.Join(reasons, "; ")
+			c.Status, c.Error = statusFail, strings.Join(reasons, "; ")
 		}
 		checks["handler:"+a.name] = c
 	}
@@ -181,7 +183,7 @@ func (s *Service) Health() http.Handler {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
-		if r.Status != StatusPass {
+		if r.Status != statusPass {
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
 		if req.Method == http.MethodGet {
@@ -190,13 +192,13 @@ func (s *Service) Health() http.Handler {
 	})
 }
 
-func pass() Check              { return Check{Status: StatusPass} }
-func fail(reason string) Check { return Check{Status: StatusFail, Error: reason} }
+func pass() Check              { return Check{Status: statusPass} }
+func fail(reason string) Check { return Check{Status: statusFail, Error: reason} }
 func report(c map[string]Check) Report {
-	r := Report{Status: StatusPass, Checks: c}
+	r := Report{Status: statusPass, Checks: c}
 	for _, c := range c {
-		if c.Status != StatusPass {
-			r.Status = StatusFail
+		if c.Status != statusPass {
+			r.Status = statusFail
 		}
 	}
 	return r

@@ -102,9 +102,7 @@ func TestAServiceOnPostgresOpenRecoversFromAHalfOpenHeal(t *testing.T) {
 		_ = resp.Body.Close()
 		return resp.StatusCode
 	}
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	closed := false
 	t.Cleanup(func() {
 		if !closed {

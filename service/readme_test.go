@@ -65,9 +65,7 @@ func TestTheREADMEServiceRuns(t *testing.T) {
 	require.NoError(t, err)
 	code, body := get(t, mux, "/readyz")
 	require.Equal(t, http.StatusServiceUnavailable, code, "not ready before the router runs: %s", body)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	closed := false
 	closeAll := func() {
 		if !closed {
@@ -98,7 +96,7 @@ func TestTheREADMEServiceRuns(t *testing.T) {
 	require.Equal(t, http.StatusOK, code, body)
 	var ready service.Report
 	require.NoError(t, json.Unmarshal([]byte(body), &ready))
-	require.Equal(t, service.StatusPass, ready.Status)
+	require.Equal(t, "pass", ready.Status)
 	require.Equal(t, "released", ready.Checks["handler:inventory"].Brake)
 	require.True(t, *ready.Checks["outbox"].Running)
 	code, body = get(t, mux, "/livez")
@@ -156,9 +154,7 @@ func TestTheREADMEBatchHandlerRuns(t *testing.T) {
 	require.NoError(t, svc.Migrate(t.Context()))
 	q, err := addLedger(t.Context(), svc, testenv.AMQPURL)
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 
 	for i := range 50 {
 		for range 2 {

@@ -50,9 +50,7 @@ func rabbit(t *testing.T) (q *rabbitmq.Broker, produced string) {
 // run runs r until the test ends, closing svc (and so r) at the end.
 func run(t *testing.T, r *message.Router, svc *service.Service) {
 	t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	t.Cleanup(func() {
 		require.NoError(t, svc.Close())
 		require.NoError(t, <-done)
@@ -102,9 +100,7 @@ func TestARowWrittenJustBeforeCloseIsPublished(t *testing.T) {
 			<-release
 			return produceOne(msg)
 		}}))
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	testenv.PublishEvents(t, q.Publisher(), q.Topology().Queue(), 1)
 	<-entered
 	closed := make(chan error, 1)
@@ -133,9 +129,7 @@ func TestRouterCloseAloneStopsWhatTheServiceStarted(t *testing.T) {
 	require.NoError(t, svc.Add(service.Handler{Broker: e, Name: "orders", PublishTopic: "produced", PublishingHandler: produceOne}))
 	out, err := e.PubSub().Subscribe(t.Context(), "produced")
 	require.NoError(t, err)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(context.Background()) }()
-	<-r.Running()
+	done := testenv.RunRouter(context.Background(), r)
 	require.True(t, *svc.Live(t.Context()).Checks["outbox"].Running)
 	testenv.PublishEvents(t, e.PubSub(), "orders", 1)
 	m := <-out
@@ -146,7 +140,7 @@ func TestRouterCloseAloneStopsWhatTheServiceStarted(t *testing.T) {
 	require.NoError(t, <-done)
 	require.Eventually(t, func() bool { return !*svc.Live(t.Context()).Checks["outbox"].Running }, time.Minute, 10*time.Millisecond,
 		"the relay stopped with the router")
-	require.Equal(t, service.StatusPass, svc.Live(t.Context()).Checks["outbox"].Status, "a relay stopped by the router's close is no failure")
+	require.Equal(t, "pass", svc.Live(t.Context()).Checks["outbox"].Status, "a relay stopped by the router's close is no failure")
 	require.NoError(t, e.Close())
 }
 
@@ -231,7 +225,7 @@ func TestHealthReportsTheBrakeAndTheRelaysLag(t *testing.T) {
 		o := ready.Checks["outbox"]
 		return o.Failing != nil && *o.Failing == 1 && *o.OldestAgeSeconds > 0
 	}, time.Minute, 10*time.Millisecond, "the unroutable row counted, its age growing: %+v", ready)
-	require.Equal(t, service.StatusPass, ready.Status, "a destination that refuses is the alert's, not the readiness's: %+v", ready)
+	require.Equal(t, "pass", ready.Status, "a destination that refuses is the alert's, not the readiness's: %+v", ready)
 	require.Equal(t, int64(1), *ready.Checks["outbox"].Pending)
 	require.True(t, *ready.Checks["outbox"].Running)
 	require.NotNil(t, ready.Checks["handler:stock"].Connected, "the RabbitMQ consumer says whether it is connected: %+v", ready)
@@ -246,9 +240,9 @@ func TestHealthReportsTheBrakeAndTheRelaysLag(t *testing.T) {
 	code, body = get(t, h, "/readyz")
 	require.Equal(t, http.StatusServiceUnavailable, code, body)
 	require.NoError(t, json.Unmarshal([]byte(body), &ready))
-	require.Equal(t, service.StatusFail, ready.Checks["handler:stock"].Status)
+	require.Equal(t, "fail", ready.Checks["handler:stock"].Status)
 	require.Contains(t, ready.Checks["handler:stock"].Error, "the brake is engaged")
-	require.Equal(t, service.StatusPass, ready.Checks["database"].Status)
+	require.Equal(t, "pass", ready.Checks["database"].Status)
 	code, body = get(t, h, "/livez")
 	require.Equal(t, http.StatusOK, code, body)
 	code, _ = get(t, h, "/other/livez")
@@ -325,9 +319,7 @@ func TestConfigErrors(t *testing.T) {
 	db := testenv.SQLite(t)
 	r := newRouter(t, watermill.NopLogger{})
 	running := newRouter(t, watermill.NopLogger{})
-	done := make(chan error, 1)
-	go func() { done <- running.Run(context.Background()) }()
-	<-running.Running()
+	done := testenv.RunRouter(context.Background(), running)
 	t.Cleanup(func() {
 		require.NoError(t, running.Close())
 		require.NoError(t, <-done)

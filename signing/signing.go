@@ -23,8 +23,8 @@ import (
 	"github.com/sluicemq/sluice"
 )
 
-// KeyMinLength is the shortest key New takes, in bytes.
-const KeyMinLength = 32
+// keyMinLength is the shortest key New takes, in bytes.
+const keyMinLength = 32
 
 // Signer signs the control headers of the copies Sluice publishes and
 // verifies them on the way in. Give the same Signer (the same key) to the
@@ -38,12 +38,12 @@ type Signer struct {
 // New returns a Signer that signs with key and verifies with key and
 // each of previous (for a rotation: sign with the new key, keep the old one
 // for the copies still waiting in tiers). Each key must be at least
-// KeyMinLength bytes (random bytes; e.g. `openssl rand 32`).
+// 32 bytes (random bytes; e.g. `openssl rand 32`).
 func New(key []byte, previous ...[]byte) (*Signer, error) {
 	keys := append([][]byte{key}, previous...)
 	for i, k := range keys {
-		if len(k) < KeyMinLength {
-			return nil, fmt.Errorf("sluice: signing key %d is %d bytes: want at least %d", i, len(k), KeyMinLength)
+		if len(k) < keyMinLength {
+			return nil, fmt.Errorf("sluice: signing key %d is %d bytes: want at least %d", i, len(k), keyMinLength)
 		}
 		keys[i] = slices.Clone(k)
 	}

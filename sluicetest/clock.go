@@ -11,37 +11,37 @@ import (
 // epoch is where a Harness's virtual clock starts.
 var epoch = time.Date(2030, time.January, 1, 0, 0, 0, 0, time.UTC)
 
-// VirtualClock is a sluice.Clock that moves only when told: the retry
+// virtualClock is a sluice.Clock that moves only when told: the retry
 // tiers' delays and the brake's cool-downs of a Harness wait on it, so
 // Harness.Advance runs a 30-minute tier at once. Safe for concurrent use.
-type VirtualClock struct {
+type virtualClock struct {
 	mu     sync.Mutex
 	now    time.Time
 	seq    int
 	timers []*virtualTimer
 }
 
-var _ sluice.Clock = (*VirtualClock)(nil)
+var _ sluice.Clock = (*virtualClock)(nil)
 
 // newVirtualClock returns a clock stopped at start.
-func newVirtualClock(start time.Time) *VirtualClock { return &VirtualClock{now: start} }
+func newVirtualClock(start time.Time) *virtualClock { return &virtualClock{now: start} }
 
 type virtualTimer struct {
-	c   *VirtualClock
+	c   *virtualClock
 	due time.Time
 	seq int
 	f   func()
 }
 
 // Now returns the virtual time.
-func (c *VirtualClock) Now() time.Time {
+func (c *virtualClock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.now
 }
 
 // AfterFunc schedules f at Now()+d; it runs when the clock is moved past it.
-func (c *VirtualClock) AfterFunc(d time.Duration, f func()) sluice.Timer {
+func (c *virtualClock) AfterFunc(d time.Duration, f func()) sluice.Timer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.seq++
@@ -61,7 +61,7 @@ func (t *virtualTimer) Stop() bool {
 	return true
 }
 
-func (c *VirtualClock) earliest() *virtualTimer {
+func (c *virtualClock) earliest() *virtualTimer {
 	e := c.timers[0]
 	for _, t := range c.timers[1:] {
 		if t.due.Before(e.due) || (t.due.Equal(e.due) && t.seq < e.seq) {
@@ -74,7 +74,7 @@ func (c *VirtualClock) earliest() *virtualTimer {
 // fireDue moves the clock to the earliest call due at or before until, runs
 // every call due then (in the order they were scheduled), and reports
 // whether it ran any.
-func (c *VirtualClock) fireDue(until time.Time) bool {
+func (c *virtualClock) fireDue(until time.Time) bool {
 	c.mu.Lock()
 	if len(c.timers) == 0 || c.earliest().due.After(until) {
 		c.mu.Unlock()
@@ -99,7 +99,7 @@ func (c *VirtualClock) fireDue(until time.Time) bool {
 }
 
 // set moves the clock to t when t is later.
-func (c *VirtualClock) set(t time.Time) {
+func (c *virtualClock) set(t time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if t.After(c.now) {

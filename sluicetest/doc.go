@@ -7,7 +7,7 @@
 // A Harness runs your handler as a service runs it (service.Handler: the
 // stages router.Add assembles, in their one order, with the production
 // defaults) on the embedded broker, whose retry tiers and whose brake
-// cool-downs wait on a VirtualClock: Advance and Settle run the default
+// cool-downs wait on a virtual clock (Harness.Clock): Advance and Settle run the default
 // ladder (30s → 5m → 30m) in milliseconds. The inbox, outbox and replay
 // tables are real — SQLite in the test's temporary directory by default,
 // or your PostgreSQL (Config.DB). The package imports no network client.

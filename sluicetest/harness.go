@@ -99,7 +99,7 @@ type Harness struct {
 	t     testing.TB
 	cfg   Config
 	name  string
-	clock *VirtualClock // nil on a real broker
+	clock *virtualClock // nil on a real broker
 	emb   *embedded.Broker
 	brk   broker.Broker
 	tiers []broker.Tier
@@ -298,20 +298,20 @@ func (h *Harness) DB() *sqlx.DB { return h.db }
 // inbox, outbox and replay tables.
 func (h *Harness) Service() *service.Service { return h.svc }
 
-// Router returns the router the handler runs on.
-func (h *Harness) Router() *message.Router { return h.r }
-
 // Broker returns the broker the handler was added with: its Endpoints are
 // what router.Add gave the stages (the copies' publishers seen by the kit),
 // for a test that wires a stage of its own.
 func (h *Harness) Broker() broker.Broker { return h.brk }
 
-// Tiers returns the retry tiers of the handler's queue.
-func (h *Harness) Tiers() []broker.Tier { return slices.Clone(h.tiers) }
-
-// Clock returns the virtual clock (it starts at 2030-01-01 00:00 UTC), or nil
-// on a real broker.
-func (h *Harness) Clock() *VirtualClock { return h.clock }
+// Clock returns the virtual clock (it starts at 2030-01-01 00:00 UTC; it
+// moves only when Advance or Settle move it: the retry tiers' delays and the
+// brake's cool-downs wait on it), or nil on a real broker.
+func (h *Harness) Clock() sluice.Clock {
+	if h.clock == nil {
+		return nil // not a nil *virtualClock in an interface
+	}
+	return h.clock
+}
 
 // wallNow is the clock's time: the virtual clock's, or the real one.
 func (h *Harness) wallNow() time.Time {

@@ -1,6 +1,8 @@
 package testenv
 
 import (
+	"context"
+
 	"fmt"
 	"testing"
 
@@ -20,4 +22,13 @@ func PublishEvents(t testing.TB, pub message.Publisher, topic string, n int) {
 		m.Metadata.Set(sluice.EventIDKey, fmt.Sprint("evt-", i))
 		require.NoError(t, pub.Publish(topic, m))
 	}
+}
+
+// RunRouter runs r on ctx in a goroutine and returns once it is running;
+// the channel receives what Run returned (after r.Close, or ctx's end).
+func RunRouter(ctx context.Context, r *message.Router) <-chan error {
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	<-r.Running()
+	return done
 }
