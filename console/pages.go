@@ -332,7 +332,7 @@ func (c *Console) scanGroups(ctx context.Context, queue string, now time.Time) (
 		id := m.Group()
 		g, ok := groups[id]
 		if !ok {
-			if len(groups) >= c.cfg.GroupsMax {
+			if len(groups) >= groupsMax {
 				other++
 				return nil
 			}
@@ -383,7 +383,7 @@ func (c *Console) groups(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	release, err := c.reading(r.Context(), q.Poison, c.cfg.ReadWait)
+	release, err := c.reading(r.Context(), q.Poison, c.cfg.CallTimeout)
 	if err != nil {
 		if errors.Is(err, ErrQueueBusy) && haveLast {
 			show(last, true)
@@ -494,7 +494,7 @@ func (c *Console) group(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("group")
 	pageN, _ := strconv.Atoi(r.URL.Query().Get("page"))
 	pageN = max(1, min(pageN, 1<<20))
-	release, err := c.reading(r.Context(), q.Poison, c.cfg.ReadWait)
+	release, err := c.reading(r.Context(), q.Poison, c.cfg.CallTimeout)
 	if err != nil {
 		c.fail(w, r, http.StatusServiceUnavailable, err)
 		return
@@ -506,7 +506,7 @@ func (c *Console) group(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer c.hangUp(conn)
-	skip := (pageN - 1) * c.cfg.PageSize
+	skip := (pageN - 1) * pageSize
 	var ms []messageView
 	seen := 0
 	more := false
@@ -519,7 +519,7 @@ func (c *Console) group(w http.ResponseWriter, r *http.Request) {
 		if seen <= skip {
 			return nil
 		}
-		if len(ms) == c.cfg.PageSize {
+		if len(ms) == pageSize {
 			more = true
 			return errPageFull
 		}
@@ -594,7 +594,7 @@ func (c *Console) preview(w http.ResponseWriter, r *http.Request) {
 func (c *Console) dryRun(ctx context.Context, q Queue, group, action string) (previewData, error) {
 	d := previewData{Queue: q, Group: group, Action: action, Targets: map[string]int{}, Consumers: c.consumerQueues(),
 		Defaults: map[string]string{"canary": "1", "ramp": "5,20,100", "max_repoison": "10%", "wait": "30s"}}
-	release, err := c.reading(ctx, q.Poison, c.cfg.ReadWait)
+	release, err := c.reading(ctx, q.Poison, c.cfg.CallTimeout)
 	if err != nil {
 		return d, err
 	}
@@ -801,13 +801,13 @@ type action struct {
 
 // startAction begins the run of verb on poison, holding the queue for it
 // (reading; a.done gives it back); false when another reader holds it past
-// Config.ReadWait or the broker cannot be reached (the run is then
+// Config.CallTimeout or the broker cannot be reached (the run is then
 // finished with the error, and the answer written).
 func (c *Console) startAction(w http.ResponseWriter, r *http.Request, verb, poison string) (action, bool) {
 	a := action{group: r.PathValue("group"), operator: c.cfg.Operator(r)}
 	a.limit, _ = strconv.Atoi(r.PostFormValue("limit"))
 	a.run = c.newRun(verb, replayledger.NewRun(verb), poison, a.group, a.operator)
-	release, err := c.reading(r.Context(), poison, c.cfg.ReadWait)
+	release, err := c.reading(r.Context(), poison, c.cfg.CallTimeout)
 	if err != nil {
 		a.run.finish(dlq.Result{}, err)
 		c.fail(w, r, http.StatusServiceUnavailable, err)

@@ -56,7 +56,7 @@ func newConsole(g *globals, out io.Writer) *cobra.Command {
 				}
 			}
 			if err := console.CheckAddr(addr, cfg); err != nil {
-				return usageError{err}
+				return usageError{fmt.Errorf("%w (--token-file sets the token)", err)}
 			}
 			if !readOnly {
 				if err := g.checkWrite(); err != nil {
