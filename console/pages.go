@@ -328,7 +328,7 @@ func (c *Console) scanGroups(ctx context.Context, queue string, now time.Time) (
 	defer c.hangUp(conn)
 	groups := map[string]*groupRow{}
 	other := 0
-	n, err := dlq.Open(conn, queue).Each(ctx, dlq.Filter{}, 0, func(m *dlq.Message) error {
+	n, err := dlq.Open(conn, queue, dlq.Config{}).Each(ctx, dlq.Filter{}, 0, func(m *dlq.Message) error {
 		id := m.Group()
 		g, ok := groups[id]
 		if !ok {
@@ -511,7 +511,7 @@ func (c *Console) group(w http.ResponseWriter, r *http.Request) {
 	seen := 0
 	more := false
 	title := "group " + diag.Printable(id, textMax) // until a message of it is read
-	_, err = dlq.Open(conn, q.Poison).Each(r.Context(), dlq.Filter{Group: id}, 0, func(m *dlq.Message) error {
+	_, err = dlq.Open(conn, q.Poison, dlq.Config{}).Each(r.Context(), dlq.Filter{Group: id}, 0, func(m *dlq.Message) error {
 		seen++
 		if seen == 1 {
 			title = groupTitle(m)
@@ -604,7 +604,7 @@ func (c *Console) dryRun(ctx context.Context, q Queue, group, action string) (pr
 		return d, err
 	}
 	defer c.hangUp(conn)
-	plan, pq := c.replayConfig(q, group, ""), dlq.Open(conn, q.Poison)
+	plan, pq := c.replayConfig(q, group, ""), dlq.Open(conn, q.Poison, dlq.Config{Signer: c.signer})
 	d.Title = "group " + diag.Printable(group, textMax)
 	titled := false
 	n, err := pq.Each(ctx, dlq.Filter{Group: group}, 0, func(m *dlq.Message) error {
@@ -662,7 +662,7 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
 // whatever a message names — the dry run and the replay choose them alike
 // (dlq.Queue.Target).
 func (c *Console) replayConfig(q Queue, group, to string) dlq.ReplayConfig {
-	return dlq.ReplayConfig{Filter: dlq.Filter{Group: group}, To: to, Signer: c.signer, Targets: c.consumerQueues()}
+	return dlq.ReplayConfig{Filter: dlq.Filter{Group: group}, To: to, Targets: c.consumerQueues()}
 }
 
 // targetLabel is where a replay to each message's own queue sends m, as the
@@ -746,7 +746,7 @@ func (c *Console) runReplay(ru *run, q Queue, group, operator string, p loopPlan
 	}
 	defer c.hangUp(conn)
 	cfg := c.replayConfig(q, group, p.to)
-	cfg.Limit, cfg.Batch, cfg.Operator, cfg.Publisher, cfg.Run = p.limit, 10, operator, c.cfg.Publisher, ru.ID
+	cfg.Limit, cfg.Batch, cfg.Run = p.limit, 10, ru.ID
 	cfg.Published = func(_ context.Context, ms []*dlq.Message) error {
 		for _, m := range ms {
 			ru.add(m.Item(), m.EventID, string(ledger.OutcomeReplayed), "", "")
@@ -755,7 +755,7 @@ func (c *Console) runReplay(ru *run, q Queue, group, operator string, p loopPlan
 	}
 	l := dlq.Loop{Sizes: p.sizes, Canary: p.canary, MaxRepoison: p.maxRepoison, Store: c.cfg.Outcomes, Wait: p.wait, Where: c.cfg.OutcomesWhere,
 		Batch: ru.batch, Source: "console"} // the loop keeps the run beside its outcomes
-	res, err := dlq.Open(conn, q.Poison).ClosedLoop(c.ctx, cfg, l)
+	res, err := dlq.Open(conn, q.Poison, dlq.Config{Operator: operator, Publisher: c.cfg.Publisher, Signer: c.signer}).ClosedLoop(c.ctx, cfg, l)
 	ru.finish(res, err)
 	c.audit(operator, "console replay", q.Poison, cfg.Filter, map[string]string{"run": ru.ID, "sizes": fmt.Sprint(p.sizes), "canary": strconv.FormatBool(p.canary),
 		"max_repoison": strconv.FormatFloat(100*p.maxRepoison, 'f', -1, 64) + "%", "wait": p.wait.String(), "limit": strconv.Itoa(p.limit),
@@ -780,7 +780,7 @@ func (c *Console) discard(w http.ResponseWriter, r *http.Request) {
 	defer a.done()
 	ru, group, limit, operator, conn := a.run, a.group, a.limit, a.operator, a.conn
 	f := dlq.Filter{Group: group}
-	res, items, err := dlq.Open(conn, q.Poison).Discard(r.Context(), f, max(limit, 0), false)
+	res, items, err := dlq.Open(conn, q.Poison, dlq.Config{}).Discard(r.Context(), f, max(limit, 0), false)
 	err = errors.Join(err, c.record(r.Context(), ru, items, ledger.OutcomeDiscarded, reason, operator))
 	ru.finish(res, err)
 	c.keep(r.Context(), ru)
@@ -853,8 +853,8 @@ func (c *Console) archive(w http.ResponseWriter, r *http.Request) {
 	}
 	f := dlq.Filter{Group: group}
 	var items []string
-	res, err := dlq.Open(conn, q.Poison).Archive(r.Context(), dlq.ArchiveConfig{Filter: f, Limit: max(limit, 0), Sink: sink, Operator: operator,
-		Signer: c.signer, Archived: func(m *dlq.Message) { items = append(items, m.Item()) }})
+	res, err := dlq.Open(conn, q.Poison, dlq.Config{Operator: operator, Signer: c.signer}).Archive(r.Context(), dlq.ArchiveConfig{Filter: f, Limit: max(limit, 0), Sink: sink,
+		Archived: func(m *dlq.Message) { items = append(items, m.Item()) }})
 	err = errors.Join(err, sink.Close(), c.record(r.Context(), ru, items, ledger.OutcomeArchived, "archived to "+sink.Name(), operator))
 	ru.finish(res, err)
 	c.keep(r.Context(), ru)

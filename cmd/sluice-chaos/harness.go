@@ -851,7 +851,7 @@ func (w *world) observe(ctx context.Context) (map[string]int, map[string]int, in
 	w.queueMu.Lock()
 	defer w.queueMu.Unlock()
 	err = w.withConn(func(c *amqp.Connection) error {
-		ms, err := dlq.Open(c, w.topo.PoisonQueue()).Inspect(ctx, dlq.Filter{}, 0)
+		ms, err := dlq.Open(c, w.topo.PoisonQueue(), dlq.Config{}).Inspect(ctx, dlq.Filter{}, 0)
 		if err != nil {
 			return err
 		}
@@ -925,7 +925,7 @@ func (w *world) leftovers(effects map[string]int) string {
 	defer w.queueMu.Unlock()
 	err := w.withConn(func(c *amqp.Connection) error {
 		for _, q := range w.queues(false) {
-			ms, err := dlq.Open(c, q).Inspect(context.Background(), dlq.Filter{}, 20)
+			ms, err := dlq.Open(c, q, dlq.Config{}).Inspect(context.Background(), dlq.Filter{}, 20)
 			if err != nil {
 				return err
 			}

@@ -51,7 +51,7 @@ func newArchive(g *globals, out io.Writer) *cobra.Command {
 				return errorsJoin(err, audit(g, "dlq archive", ff.queue, f, opts, dlq.Result{}, false, err))
 			}
 			defer closeSink()
-			res, runErr := dlq.Open(conn, ff.queue).Archive(ctx, dlq.ArchiveConfig{Filter: f, Limit: ff.limit, Sink: sink, Operator: g.operator, Signer: signer,
+			res, runErr := dlq.Open(conn, ff.queue, dlq.Config{Operator: g.operator, Signer: signer}).Archive(ctx, dlq.ArchiveConfig{Filter: f, Limit: ff.limit, Sink: sink,
 				Archived: func(m *dlq.Message) {
 					recs.add(ledger.OutcomeArchived, m.Item(), m.EventID, m.Class, "archived to "+sink.Name())
 				}})

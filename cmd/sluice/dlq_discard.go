@@ -38,7 +38,7 @@ func newDiscard(g *globals, out io.Writer) *cobra.Command {
 				return err
 			}
 			defer done()
-			res, items, runErr := dlq.Open(conn, ff.queue).Discard(ctx, f, ff.limit, dryRun)
+			res, items, runErr := dlq.Open(conn, ff.queue, dlq.Config{}).Discard(ctx, f, ff.limit, dryRun)
 			summary(out, "discard", ff.queue, res, dryRun)
 			var run string
 			if !dryRun {

@@ -80,8 +80,9 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 			prog := newProgress(out, ff.queue, queueDepth(conn, ff.queue))
 			cfg := dlq.ReplayConfig{
 				Filter: f, Limit: ff.limit, Rate: r, Batch: batch, DryRun: dryRun,
-				To: to, Operator: g.operator, Publisher: pub, Progress: prog.update, Signer: signer, Targets: targets,
+				To: to, Progress: prog.update, Targets: targets,
 			}
+			op := dlq.Config{Operator: g.operator, Publisher: pub, Signer: signer}
 			var res dlq.Result
 			var runErr error
 			if lf.active() {
@@ -92,9 +93,9 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 				defer closeStore()
 				cfg.Run = replayledger.NewRun("run")
 				cfg.Progress = nil
-				res, runErr = closedLoop(ctx, dlq.Open(conn, ff.queue), cfg, dlq.Loop{Sizes: sizes, Canary: lf.canary > 0, MaxRepoison: maxRepoison, Store: store, Wait: lf.wait, Where: outcomesPlace(lf.outcomes, lf.table)}, out)
+				res, runErr = closedLoop(ctx, dlq.Open(conn, ff.queue, op), cfg, dlq.Loop{Sizes: sizes, Canary: lf.canary > 0, MaxRepoison: maxRepoison, Store: store, Wait: lf.wait, Where: outcomesPlace(lf.outcomes, lf.table)}, out)
 			} else {
-				res, runErr = dlq.Open(conn, ff.queue).Replay(ctx, cfg)
+				res, runErr = dlq.Open(conn, ff.queue, op).Replay(ctx, cfg)
 			}
 			runErr = flagHints(runErr)
 			prog.done()

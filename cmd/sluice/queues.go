@@ -348,7 +348,7 @@ func row(conn *amqp.Connection, family, queue, role string) (queueRow, error) {
 // oldestPoisoning reads the poison queue's head message and puts it back.
 func oldestPoisoning(conn *amqp.Connection, queue string) time.Time {
 	var at time.Time
-	_, _ = dlq.Open(conn, queue).Each(context.Background(), dlq.Filter{}, 1, func(m *dlq.Message) error {
+	_, _ = dlq.Open(conn, queue, dlq.Config{}).Each(context.Background(), dlq.Filter{}, 1, func(m *dlq.Message) error {
 		at = m.PoisonedAt
 		return nil
 	})
