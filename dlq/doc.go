@@ -12,7 +12,7 @@
 //	res, err := q.Replay(ctx, dlq.ReplayConfig{Filter: dlq.Filter{Classes: []string{"exhausted"}}})
 //
 // Restore publishes an archive (OpenFileSource, OpenTableSource) back.
-// Every wait on the broker or a store is bounded by CallTimeout.
+// Every wait on the broker or a store is bounded (10 s each).
 //
 // The package links no database driver: an archive table and the outcome
 // records are the caller's pools and stores (the CLI opens its own with

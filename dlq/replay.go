@@ -166,7 +166,7 @@ func replayOn(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Res
 // queueExists reports whether queue exists, on a channel of its own (a
 // passive declare of a missing queue closes its channel).
 func queueExists(conn *amqp.Connection, queue string) error {
-	if _, err := amqpcall.Inspect(context.Background(), conn, CallTimeout, queue); err != nil {
+	if _, err := amqpcall.Inspect(context.Background(), conn, callTimeout, queue); err != nil {
 		return fmt.Errorf("queue %q does not exist or cannot be reached: %w", diag.Printable(queue, 255), err)
 	}
 	return nil

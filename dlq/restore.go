@@ -347,14 +347,14 @@ func (s *tableSource) Next(ctx context.Context) (ArchiveRecord, string, error) {
 	return s.decode(row)
 }
 
-// begin begins a transaction on db whose BEGIN is bounded by CallTimeout
+// begin begins a transaction on db whose BEGIN is bounded by callTimeout
 // and ctx, but whose context does not end with ctx afterwards: database/sql
 // rolls a transaction back when its context ends, and an interrupt after
 // the row's publish must still mark it (Restored) — Close lets go of a row
 // never published. end ends the transaction's context, once it is over.
 func begin(ctx context.Context, db *sqlx.DB) (*sqlx.Tx, context.CancelFunc, error) {
 	tctx, end := context.WithCancel(context.WithoutCancel(ctx))
-	stop := bounded.Watch(ctx, CallTimeout, func(error) { end() })
+	stop := bounded.Watch(ctx, callTimeout, func(error) { end() })
 	tx, err := db.BeginTxx(tctx, nil)
 	if why := stop(); why != nil { // tctx ended: the transaction is gone
 		if tx != nil {

@@ -66,10 +66,3 @@ func (l *runLog) save(ctx context.Context) {
 	defer cancel()
 	_ = replayledger.SaveRun(ctx, l.store, l.run)
 }
-
-// Batches decodes a saved run's batches (ledger.Run.Batches).
-func Batches(r ledger.Run) []Batch {
-	var bs []Batch
-	_ = json.Unmarshal(r.Batches, &bs)
-	return bs
-}

@@ -49,6 +49,10 @@ func (f *filterFlags) register(cmd *cobra.Command, limitHelp string) {
 	fl.BoolVar(&f.unreadable, "unreadable", false, "only messages whose headers the AMQP client could not parse (no diagnosis, no event id: named by position and message id)")
 }
 
+// callTimeout bounds each of the CLI's own waits on the broker (a passive
+// declare, a connection's close), as package dlq bounds its own: 10 s.
+const callTimeout = 10 * time.Second
+
 func (f *filterFlags) filter() (dlq.Filter, error) {
 	var out dlq.Filter
 	if f.queue == "" {
@@ -107,7 +111,7 @@ func (f *filterFlags) open(g *globals, moves bool) (dlq.Filter, *amqp.Connection
 		return filter, nil, nil, nil, err
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
-	return filter, conn, ctx, func() { cancel(); _ = amqpcall.Close(context.Background(), conn, dlq.CallTimeout) }, nil
+	return filter, conn, ctx, func() { cancel(); _ = amqpcall.Close(context.Background(), conn, callTimeout) }, nil
 }
 
 func parseTime(flag, v string) (time.Time, error) {

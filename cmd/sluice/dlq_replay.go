@@ -148,7 +148,7 @@ type progressView struct {
 
 // queueDepth is queue's ready messages now, or 0 when it cannot be read.
 func queueDepth(conn *amqp.Connection, queue string) int {
-	q, err := amqpcall.Inspect(context.Background(), conn, dlq.CallTimeout, queue)
+	q, err := amqpcall.Inspect(context.Background(), conn, callTimeout, queue)
 	if err != nil {
 		return 0
 	}
