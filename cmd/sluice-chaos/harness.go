@@ -17,8 +17,8 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/sluicemq/sluice/cmd/internal/localenv"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/internal/localenv"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )

@@ -20,10 +20,10 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/cmd/internal/localenv"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/internal/localenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
 	"github.com/sluicemq/sluice/signing"

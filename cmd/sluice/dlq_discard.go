@@ -10,7 +10,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluicemq/sluice/dlq"
-	"github.com/sluicemq/sluice/internal/replayledger"
 	"github.com/sluicemq/sluice/replay/ledger"
 )
 
@@ -46,7 +45,7 @@ func newDiscard(g *globals, out io.Writer) *cobra.Command {
 					recs.add(ledger.OutcomeDiscarded, it, it, "", reason)
 				}
 				var recErr error
-				run, recErr = recs.flush(context.Background(), replayledger.NewRun("discard"))
+				run, recErr = recs.flush(context.Background(), newRun("discard"))
 				runErr = errors.Join(runErr, recErr)
 				printRun(out, run)
 			}

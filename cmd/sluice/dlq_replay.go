@@ -15,11 +15,10 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
+	"github.com/sluicemq/sluice/cmd/internal/localenv"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/internal/localenv"
-	"github.com/sluicemq/sluice/internal/replayledger"
 )
 
 func newReplay(g *globals, out io.Writer) *cobra.Command {
@@ -91,7 +90,7 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 					return err
 				}
 				defer closeStore()
-				cfg.Run = replayledger.NewRun("run")
+				cfg.Run = newRun("run")
 				cfg.Progress = nil
 				res, runErr = closedLoop(ctx, dlq.Open(conn, ff.queue, op), cfg, dlq.Loop{Sizes: sizes, Canary: lf.canary > 0, MaxRepoison: maxRepoison, Store: store, Wait: lf.wait, Where: outcomesPlace(lf.outcomes, lf.table)}, out)
 			} else {

@@ -12,8 +12,8 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/spf13/cobra"
 
+	"github.com/sluicemq/sluice/cmd/internal/localenv"
 	"github.com/sluicemq/sluice/dlq"
-	"github.com/sluicemq/sluice/internal/localenv"
 )
 
 func newRestore(g *globals, out io.Writer) *cobra.Command {
