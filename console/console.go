@@ -129,30 +129,16 @@ type Config struct {
 	// Token, when set, is asked of every request: a browser signs in once
 	// (a cookie, HttpOnly, SameSite=Strict), a script sends it as
 	// "Authorization: Bearer <token>". Failed sign-ins are throttled per
-	// client address (LoginFailuresBurst, then one per
-	// LoginFailureInterval; 429 with Retry-After) and logged.
+	// client address (5 at once, then one each 2 s; 429 with Retry-After;
+	// 10,000 addresses remembered, the others sharing one allowance) and
+	// logged.
 	Token string
 	// HostAuthenticates says the host service's own middleware
 	// authenticates every request before the console sees it (CheckAddr).
 	HostAuthenticates bool
-	// GroupsMax bounds the failure groups a scan keeps (default 1000; the
-	// rest are counted as "other"); PageSize the messages of a page (50).
-	GroupsMax, PageSize int
-	// ReadWait bounds how long a page or an action waits while another
-	// page, action or replay run of this console reads the same poison
-	// queue (one reader at a time: two would each see part of it and put
-	// back their parts interleaved); past it the answer is ErrQueueBusy, or
-	// the groups page's last summary. Default ReadWaitDefault (10 s).
-	ReadWait time.Duration
-	// SummaryMaxAge is how long the groups page answers from its last scan
-	// of a poison queue while the queue holds as many messages (a scan
-	// reads and puts back every message: seconds per thousand); "read
-	// again" scans at once, and an action of this console drops it.
-	// Default SummaryMaxAgeDefault (1 min); negative: scan on every view.
-	SummaryMaxAge time.Duration
 	// SampleInterval is how often the console reads the depth of each
 	// family's main and poison queue, from New until Close, for the
-	// overview's chart. Default SampleIntervalDefault (10 s); negative:
+	// overview's chart. Default 10 s; negative:
 	// only when the overview loads.
 	SampleInterval time.Duration
 	// CallTimeout bounds each wait of a page, an action or a chart's
@@ -163,15 +149,26 @@ type Config struct {
 	// coming back) fails the wait with an error naming it, where it held
 	// the page until the AMQP heartbeat, or the kernel, gave the connection
 	// up. The end of the request ends them too, and a sample's the
-	// SampleInterval. A scan's reads of a poison queue are bounded by
-	// dlq.CallTimeout each; Dial by its own (rabbitmq.Dial's DialTimeout).
-	// Default CallTimeoutDefault (10 s).
+	// SampleInterval. It bounds too how long a page or an action waits
+	// while another page, action or replay run of this console reads the
+	// same poison queue (one reader at a time: two would each see part of
+	// it and put back their parts interleaved); past it the answer is
+	// ErrQueueBusy, or the groups page's last summary. A scan's reads of a
+	// poison queue are bounded by the dlq package's own bound (10 s) each;
+	// Dial by its own (rabbitmq.Dial's DialTimeout). Default 10 s.
 	CallTimeout time.Duration
 }
 
-// CallTimeoutDefault is Config.CallTimeout's default: dlq.CallTimeout, the
+// callTimeoutDefault is Config.CallTimeout's default, the dlq package's
 // bound of each of a scan's calls.
-const CallTimeoutDefault = dlq.CallTimeout
+const callTimeoutDefault = 10 * time.Second
+
+// groupsMax bounds the failure groups a scan keeps (the rest are counted
+// as "other"); pageSize the messages of a page.
+const (
+	groupsMax = 1000
+	pageSize  = 50
+)
 
 // Console is the console's handler. Close stops the runs it started and
 // waits for them.
@@ -200,7 +197,7 @@ type Console struct {
 }
 
 // ErrNoAuth refuses to serve off loopback without authentication.
-var ErrNoAuth = errors.New("console: refusing to listen off loopback without authentication: set a token (--token-file), or put the console behind your service's own authentication (Config.HostAuthenticates)")
+var ErrNoAuth = errors.New("console: refusing to listen off loopback without authentication: set Config.Token, or put the console behind your service's own authentication (Config.HostAuthenticates)")
 
 // CheckAddr returns ErrNoAuth when addr is not a loopback address and cfg
 // has no Token and does not say the host authenticates. An empty host
@@ -235,23 +232,11 @@ func New(cfg Config) (*Console, error) {
 	if cfg.Prefix != "" && !strings.HasPrefix(cfg.Prefix, "/") {
 		return nil, fmt.Errorf("console: Prefix %q must start with /", cfg.Prefix)
 	}
-	if cfg.GroupsMax <= 0 {
-		cfg.GroupsMax = 1000
-	}
-	if cfg.PageSize <= 0 {
-		cfg.PageSize = 50
-	}
-	if cfg.ReadWait <= 0 {
-		cfg.ReadWait = ReadWaitDefault
-	}
-	if cfg.SummaryMaxAge == 0 {
-		cfg.SummaryMaxAge = SummaryMaxAgeDefault
-	}
 	if cfg.SampleInterval == 0 {
-		cfg.SampleInterval = SampleIntervalDefault
+		cfg.SampleInterval = sampleIntervalDefault
 	}
 	if cfg.CallTimeout <= 0 {
-		cfg.CallTimeout = CallTimeoutDefault
+		cfg.CallTimeout = callTimeoutDefault
 	}
 	if cfg.Operator == nil {
 		cfg.Operator = func(*http.Request) string { return "console" }

@@ -13,10 +13,10 @@ import (
 	"github.com/sluicemq/sluice/internal/amqpcall"
 )
 
-// SampleIntervalDefault is how often the console reads the depth of each
+// sampleIntervalDefault is how often the console reads the depth of each
 // family's main and poison queue for the overview's chart
 // (Config.SampleInterval).
-const SampleIntervalDefault = 10 * time.Second
+const sampleIntervalDefault = 10 * time.Second
 
 type sample struct {
 	At    time.Time

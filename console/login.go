@@ -18,14 +18,14 @@ import (
 // The throttle of failed sign-ins (a wrong token in the sign-in form or in
 // an Authorization header), per client address.
 const (
-	// LoginFailuresBurst is how many failed sign-ins a client address may
-	// make at once; after them, one more each LoginFailureInterval.
-	LoginFailuresBurst = 5
-	// LoginFailureInterval is how often a throttled address may try again.
-	LoginFailureInterval = 2 * time.Second
-	// LoginClientsMax bounds the addresses the throttle remembers; past it,
+	// loginFailuresBurst is how many failed sign-ins a client address may
+	// make at once; after them, one more each loginFailureInterval.
+	loginFailuresBurst = 5
+	// loginFailureInterval is how often a throttled address may try again.
+	loginFailureInterval = 2 * time.Second
+	// loginClientsMax bounds the addresses the throttle remembers; past it,
 	// addresses it does not know share one allowance.
-	LoginClientsMax = 10_000
+	loginClientsMax = 10_000
 )
 
 // throttle counts failed sign-ins per client address (the connection's,
@@ -36,7 +36,7 @@ type throttle struct {
 	swept   time.Time
 }
 
-// overflow is the allowance the addresses share once LoginClientsMax are
+// overflow is the allowance the addresses share once loginClientsMax are
 // remembered.
 const overflow = "(other addresses)"
 
@@ -54,21 +54,21 @@ func (t *throttle) limiter(addr string, now time.Time) *rate.Limiter {
 	if l, ok := t.clients[addr]; ok {
 		return l
 	}
-	if len(t.clients) >= LoginClientsMax && now.Sub(t.swept) >= LoginFailureInterval {
+	if len(t.clients) >= loginClientsMax && now.Sub(t.swept) >= loginFailureInterval {
 		t.swept = now
 		for a, l := range t.clients { // a full bucket is a fresh one: forget it
-			if l.TokensAt(now) >= LoginFailuresBurst {
+			if l.TokensAt(now) >= loginFailuresBurst {
 				delete(t.clients, a)
 			}
 		}
 	}
-	if len(t.clients) >= LoginClientsMax {
+	if len(t.clients) >= loginClientsMax {
 		addr = overflow
 		if l, ok := t.clients[addr]; ok {
 			return l
 		}
 	}
-	l := rate.NewLimiter(rate.Every(LoginFailureInterval), LoginFailuresBurst)
+	l := rate.NewLimiter(rate.Every(loginFailureInterval), loginFailuresBurst)
 	t.clients[addr] = l
 	return l
 }
@@ -79,14 +79,14 @@ func (t *throttle) wait(addr string, now time.Time) time.Duration {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	l, ok := t.clients[addr]
-	if !ok && len(t.clients) >= LoginClientsMax {
+	if !ok && len(t.clients) >= loginClientsMax {
 		l, ok = t.clients[overflow]
 	}
 	if !ok {
 		return 0
 	}
 	if missing := 1 - l.TokensAt(now); missing > 0 {
-		return time.Duration(math.Ceil(missing * float64(LoginFailureInterval)))
+		return time.Duration(math.Ceil(missing * float64(loginFailureInterval)))
 	}
 	return 0
 }
@@ -129,7 +129,7 @@ func (c *Console) failed(r *http.Request, via string) {
 	left := c.logins.fail(addr, c.cfg.Clock.Now())
 	msg := "Console sign-in failed: wrong token"
 	if left == 0 {
-		msg = "Console sign-in failed: wrong token; this address is now throttled (one sign-in checked per " + LoginFailureInterval.String() + ", the rest refused with 429 unchecked)"
+		msg = "Console sign-in failed: wrong token; this address is now throttled (one sign-in checked per " + loginFailureInterval.String() + ", the rest refused with 429 unchecked)"
 	}
 	c.cfg.Logger.Info(msg, watermill.LogFields{"client": diag.Printable(addr, 64), "via": via, "left_before_throttle": left})
 }

@@ -18,9 +18,9 @@ import (
 )
 
 // Issue 43, item 6: the failed sign-in throttle remembers at most
-// LoginClientsMax addresses (and the allowance the others share past it),
+// loginClientsMax addresses (and the allowance the others share past it),
 // however many fail. On a stopped clock: the test once passed only when its
-// 20,000 sign-ins took longer than LoginFailureInterval (under the race
+// 20,000 sign-ins took longer than loginFailureInterval (under the race
 // detector on a loaded machine), and failed on a fast one with 429 where it
 // wanted 401 — the shared allowance doing what it is for.
 func TestTheSignInThrottleIsBounded(t *testing.T) {
@@ -39,25 +39,25 @@ func TestTheSignInThrottleIsBounded(t *testing.T) {
 		return w.Code
 	}
 	next := 0 // the next address never seen
-	for range LoginClientsMax {
+	for range loginClientsMax {
 		require.Equal(t, http.StatusUnauthorized, signIn(next), "address %d: remembered, its own allowance", next)
 		next++
 	}
-	for range LoginFailuresBurst {
+	for range loginFailuresBurst {
 		require.Equal(t, http.StatusUnauthorized, signIn(next), "address %d: past the bound, the shared allowance", next)
 		next++
 	}
 	require.Equal(t, http.StatusTooManyRequests, signIn(next), "the shared allowance spent")
 	next++
-	require.Equal(t, LoginClientsMax+1, c.logins.len(), "the known addresses and the shared allowance")
+	require.Equal(t, loginClientsMax+1, c.logins.len(), "the known addresses and the shared allowance")
 
-	// Once LoginFailureInterval has passed, the remembered addresses'
+	// Once loginFailureInterval has passed, the remembered addresses'
 	// allowances are whole again and forgotten: new addresses are
 	// remembered again, each with its own.
-	clock.Advance(LoginFailureInterval)
-	for range LoginClientsMax - 1 {
+	clock.Advance(loginFailureInterval)
+	for range loginClientsMax - 1 {
 		require.Equal(t, http.StatusUnauthorized, signIn(next), "address %d, after the interval", next)
 		next++
 	}
-	require.LessOrEqual(t, c.logins.len(), LoginClientsMax+1, "still bounded")
+	require.LessOrEqual(t, c.logins.len(), loginClientsMax+1, "still bounded")
 }

@@ -8,14 +8,14 @@ import (
 
 // ErrQueueBusy is a page's or an action's answer when another page, action
 // or replay run of this console is reading the same poison queue for
-// longer than Config.ReadWait.
+// longer than Config.CallTimeout.
 var ErrQueueBusy = errors.New("console: another page, action or replay run of this console is reading this poison queue; try again once it is done")
 
-// ReadWaitDefault is Config.ReadWait's default.
-const ReadWaitDefault = 10 * time.Second
-
-// SummaryMaxAgeDefault is Config.SummaryMaxAge's default.
-const SummaryMaxAgeDefault = time.Minute
+// summaryMaxAge is how long the groups page answers from its last scan of
+// a poison queue while the queue holds as many messages (a scan reads and
+// puts back every message: seconds per thousand); "read again" scans at
+// once, and an action of this console drops it.
+const summaryMaxAge = time.Minute
 
 // runReadWait bounds how long a replay run waits for the queue before it
 // gives up (ErrQueueBusy): it was started by an operator who watches it.
@@ -49,7 +49,7 @@ func (c *Console) reading(ctx context.Context, queue string, wait time.Duration)
 
 // summary is a groups page's scan of a poison queue, kept to answer the
 // next views while the queue holds as many messages and it is younger than
-// Config.SummaryMaxAge: a scan reads and puts back every message (on
+// summaryMaxAge: a scan reads and puts back every message (on
 // RabbitMQ 3.10, 10,000 messages take about 20 s: docs/console.md).
 type summary struct {
 	at           time.Time
@@ -58,12 +58,12 @@ type summary struct {
 }
 
 // cached returns queue's summary when it is younger than
-// Config.SummaryMaxAge and the queue's depth is still what it read.
+// summaryMaxAge and the queue's depth is still what it read.
 func (c *Console) cached(queue string, depth int) (summary, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s, ok := c.summaries[queue]
-	if !ok || time.Since(s.at) >= c.cfg.SummaryMaxAge || s.total != depth {
+	if !ok || time.Since(s.at) >= summaryMaxAge || s.total != depth {
 		return summary{}, false
 	}
 	return s, true

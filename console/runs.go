@@ -3,6 +3,7 @@ package console
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -170,7 +171,15 @@ func storedView(r ledger.Run) runView {
 	return runView{ID: diag.Printable(r.ID, textMax), Kind: diag.Printable(r.Kind, 32), Queue: diag.Printable(r.Queue, 255),
 		Group: diag.Printable(r.Group, textMax), Operator: diag.Printable(r.Operator, textMax), Source: diag.Printable(r.Source, 32),
 		Started: r.Started, Ended: r.Ended, Done: !r.Ended.IsZero(), Stopped: r.Stopped, Err: diag.Printable(r.Err, reasonMax),
-		Result: dlq.Result{Selected: r.Count, Replayed: r.Moved}, Batches: dlq.Batches(r), Counts: map[string]int{}}
+		Result: dlq.Result{Selected: r.Count, Replayed: r.Moved}, Batches: batchesOf(r), Counts: map[string]int{}}
+}
+
+// batchesOf decodes a saved run's batches (ledger.Run.Batches: the
+// dlq.Batch values a closed loop saved, as JSON).
+func batchesOf(r ledger.Run) []dlq.Batch {
+	var bs []dlq.Batch
+	_ = json.Unmarshal(r.Batches, &bs)
+	return bs
 }
 
 // keep saves a discard's or an archive's run, once it ended, where its

@@ -14,24 +14,19 @@ import (
 
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/sqlname"
-	"github.com/sluicemq/sluice/signing"
 )
 
 // ArchiveConfig configures Queue.Archive.
 type ArchiveConfig struct {
-	Filter   Filter
-	Limit    int
-	Sink     ArchiveSink // where the records go: OpenFileSink or NewTableSink
-	Operator string
-	// Signer, when set, signs each record (ArchiveRecord.Signature) beside
-	// its digest: restore with the same key proves the record was written
-	// by someone holding it.
-	Signer *signing.Signer
+	Filter Filter
+	Limit  int
+	Sink   ArchiveSink // where the records go: OpenFileSink or NewTableSink
 	// Archived, when set, is called with each message once it is written
 	// and acked.
 	Archived func(*Message)
 
 	queue string // the poison queue: the Queue's, set by Archive
+	op    Config // the Queue's, set by Archive
 }
 
 // ArchiveSink stores archive records durably: Archive acks a message only
@@ -155,7 +150,7 @@ func archive(ctx context.Context, conn *amqp.Connection, cfg ArchiveConfig) (Res
 	res := Result{ByTarget: map[string]int{}}
 	err := scanSelected(ctx, conn, cfg.queue, cfg.Filter, cfg.Limit, &res, func(m *Message) error {
 		rec := ArchiveRecord{
-			ArchivedAt: time.Now().UTC(), ArchivedBy: cfg.Operator, Queue: cfg.queue, UUID: m.Msg.UUID,
+			ArchivedAt: time.Now().UTC(), ArchivedBy: cfg.op.Operator, Queue: cfg.queue, UUID: m.Msg.UUID,
 			Class: m.Class, Reason: m.Reason, EventID: m.EventID, EventType: m.EventType, Metadata: m.Msg.Metadata,
 		}
 		if utf8.Valid(m.Msg.Payload) {
@@ -163,7 +158,7 @@ func archive(ctx context.Context, conn *amqp.Connection, cfg ArchiveConfig) (Res
 		} else {
 			rec.PayloadBase64 = base64.StdEncoding.EncodeToString(m.Msg.Payload)
 		}
-		rec.seal(cfg.Signer)
+		rec.seal(cfg.op.Signer)
 		if err := cfg.Sink.Write(ctx, rec); err != nil {
 			return err
 		}

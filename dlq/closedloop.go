@@ -24,10 +24,10 @@ import (
 var ErrStopped = errors.New("replay stopped")
 
 // storeCall runs f, one call to a store (the outcome records, an
-// archive's or a restore's table), with ctx ended after CallTimeout: the
+// archive's or a restore's table), with ctx ended after callTimeout: the
 // context of a command (an interrupt's) does not end by itself.
 func storeCall(ctx context.Context, what string, f func(context.Context) error) error {
-	return bounded.Within(ctx, CallTimeout, what, f)
+	return bounded.Within(ctx, callTimeout, what, f)
 }
 
 // Loop is a closed-loop replay's plan.

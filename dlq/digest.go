@@ -29,7 +29,7 @@ var (
 	// match its contents: damaged or edited after archive wrote it.
 	ErrDigest = errors.New("the record's digest does not match its contents")
 	// ErrRecordSignature is matched by a record not signed with the
-	// signing key restore was given (RestoreConfig.Signer).
+	// signing key restore was given (Config.Signer).
 	ErrRecordSignature = errors.New("the record is not signed with the signing key")
 	// ErrOutsideFamily is matched by a record whose queue is not the
 	// poison queue of its own family: restore publishes a record only back

@@ -7,12 +7,12 @@
 //
 // Open a poison queue on a broker connection and act on it:
 //
-//	q := dlq.Open(conn, "orders.poison")
+//	q := dlq.Open(conn, "orders.poison", dlq.Config{Publisher: pub, Operator: "alice"})
 //	stats, err := q.Stats(ctx, dlq.Filter{}, 0)
-//	res, err := q.Replay(ctx, dlq.ReplayConfig{Filter: dlq.Filter{Classes: []string{"exhausted"}}, Publisher: pub, Operator: "alice"})
+//	res, err := q.Replay(ctx, dlq.ReplayConfig{Filter: dlq.Filter{Classes: []string{"exhausted"}}})
 //
 // Restore publishes an archive (OpenFileSource, OpenTableSource) back.
-// Every wait on the broker or a store is bounded by CallTimeout.
+// Every wait on the broker or a store is bounded (10 s each).
 //
 // The package links no database driver: an archive table and the outcome
 // records are the caller's pools and stores (the CLI opens its own with

@@ -26,12 +26,12 @@ func ExampleOpen() {
 	}
 	defer func() { _ = pub.Close() }()
 
-	q := dlq.Open(conn, "orders.poison")
+	q := dlq.Open(conn, "orders.poison", dlq.Config{Publisher: pub, Operator: "alice"})
 	stats, err := q.Stats(ctx, dlq.Filter{}, 0)
 	if err != nil {
 		return
 	}
 	fmt.Println(stats.Total, "poisoned, by class:", stats.ByClass)
-	res, err := q.Replay(ctx, dlq.ReplayConfig{Filter: dlq.Filter{Classes: []string{"exhausted"}}, Publisher: pub, Operator: "alice"})
+	res, err := q.Replay(ctx, dlq.ReplayConfig{Filter: dlq.Filter{Classes: []string{"exhausted"}}})
 	fmt.Println(res.Replayed, "replayed", err)
 }

@@ -9,4 +9,13 @@ var (
 	InFamily      = inFamily
 	AwaitOutcomes = awaitOutcomes
 	Scan          = scanQueue
+	// NewStatsCounter is Queue.Stats' counter (StatsOf's), to watch what
+	// it holds as it counts.
+	NewStatsCounter = newStatsCounter
 )
+
+// CallTimeout is the bound of each wait on the broker or a store.
+const CallTimeout = callTimeout
+
+// StatsCounter is the counter NewStatsCounter returns.
+type StatsCounter = statsCounter

@@ -4,14 +4,38 @@ import (
 	"context"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluicemq/sluice/signing"
 )
+
+// Config is who acts on a poison queue and with what: the same for each
+// operation of a Queue (and for Restore), given once.
+type Config struct {
+	// Operator names who acts: each replayed copy carries it
+	// (ReplayedByKey), each archive record (ArchivedBy) and a run's page.
+	Operator string
+	// Publisher is what Replay, ClosedLoop and Restore publish with; a
+	// read, Archive and Discard need none.
+	Publisher Publisher
+	// Signer, when set (the consumers' key), signs each replayed copy's
+	// control headers, the run and item among them, for the consumers'
+	// stages that have the same key; a message whose own signature does not
+	// verify (not a diagnosis the poison stage wrote: a producer's message
+	// the broker dead-lettered, say) is replayed only with ReplayConfig.To,
+	// never to the sluice_poison_queue it names. It signs each archive
+	// record (ArchiveRecord.Signature) beside its digest, and Restore then
+	// refuses a record without a signature of one of its keys: restore
+	// with the same key proves the record was written by someone holding
+	// it.
+	Signer *signing.Signer
+}
 
 // Queue is one poison queue on a broker connection: what sluice dlq and the
 // console read and act on. Every method reads the queue with basic.get and
 // never acknowledges a message it leaves: when it ends it returns each one
 // and waits until the queue counts them again, so the next reader finds them
 // back in their order (on a quorum queue too; the broker returns them if
-// the process dies). Each wait on the broker is bounded by CallTimeout.
+// the process dies). Each wait on the broker is bounded (10 s each).
 //
 // A Queue holds no state but its connection and name, and each call opens
 // a channel of its own; but two reads of one queue at once would each see
@@ -20,13 +44,15 @@ import (
 type Queue struct {
 	conn *amqp.Connection
 	name string
+	cfg  Config
 }
 
-// Open returns the poison queue name on conn. Nothing is read yet: the
-// first call returns ErrNoQueue when the queue does not exist. The
-// connection is the caller's to close.
-func Open(conn *amqp.Connection, name string) *Queue {
-	return &Queue{conn: conn, name: name}
+// Open returns the poison queue name on conn, acted on as cfg says (a zero
+// Config reads, archives and discards as "": Replay needs its Publisher).
+// Nothing is read yet: the first call returns ErrNoQueue when the queue
+// does not exist. The connection is the caller's to close.
+func Open(conn *amqp.Connection, name string, cfg Config) *Queue {
+	return &Queue{conn: conn, name: name, cfg: cfg}
 }
 
 // Each calls fn with each message f selects, at most limit (0: all), as it
@@ -58,7 +84,7 @@ func (q *Queue) Stats(ctx context.Context, f Filter, top int) (Stats, error) {
 // ErrTargetRefused says why there is none. Replay and its dry run choose
 // every target here; a console's dry run asks it too. It reads nothing.
 func (q *Queue) Target(cfg ReplayConfig, m *Message) (string, error) {
-	cfg.queue = q.name
+	cfg.queue, cfg.op = q.name, q.cfg
 	return cfg.target(m)
 }
 
@@ -71,7 +97,7 @@ func (q *Queue) Target(cfg ReplayConfig, m *Message) (string, error) {
 // delivered twice; the inbox absorbs that). A dry run (cfg.DryRun) checks
 // each target exists and changes nothing.
 func (q *Queue) Replay(ctx context.Context, cfg ReplayConfig) (Result, error) {
-	cfg.queue = q.name
+	cfg.queue, cfg.op = q.name, q.cfg
 	return replayOn(ctx, q.conn, cfg)
 }
 
@@ -84,7 +110,7 @@ func (q *Queue) Replay(ctx context.Context, cfg ReplayConfig) (Result, error) {
 // and the console make them). The run itself is kept in l.Store beside its
 // outcomes when the store keeps runs (ledger.Runs).
 func (q *Queue) ClosedLoop(ctx context.Context, cfg ReplayConfig, l Loop) (Result, error) {
-	cfg.queue = q.name
+	cfg.queue, cfg.op = q.name, q.cfg
 	return runClosedLoop(ctx, q.conn, cfg, l)
 }
 
@@ -94,7 +120,7 @@ func (q *Queue) ClosedLoop(ctx context.Context, cfg ReplayConfig, l Loop) (Resul
 // again to see it twice in the archive, never lost. Restore publishes the
 // records back.
 func (q *Queue) Archive(ctx context.Context, cfg ArchiveConfig) (Result, error) {
-	cfg.queue = q.name
+	cfg.queue, cfg.op = q.name, q.cfg
 	return archive(ctx, q.conn, cfg)
 }
 

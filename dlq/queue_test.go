@@ -46,7 +46,7 @@ func TestAQueueActsOnWhatItsFilterSelects(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
 
-	q := dlq.Open(conn, poisonQ)
+	q := dlq.Open(conn, poisonQ, dlq.Config{Publisher: pub, Operator: "tester"})
 	s, err := q.Stats(ctx, dlq.Filter{}, 0)
 	require.NoError(t, err)
 	require.Equal(t, 5, s.Total)
@@ -58,7 +58,7 @@ func TestAQueueActsOnWhatItsFilterSelects(t *testing.T) {
 	require.Equal(t, []string{"e2", "e4"}, []string{ms[0].EventID, ms[1].EventID})
 	require.Equal(t, 5, testenv.QueueDepth(t, conn, poisonQ), "reads remove nothing")
 
-	res, err := q.Replay(ctx, dlq.ReplayConfig{Filter: dlq.Filter{Classes: []string{"exhausted"}}, Publisher: pub, Operator: "tester"})
+	res, err := q.Replay(ctx, dlq.ReplayConfig{Filter: dlq.Filter{Classes: []string{"exhausted"}}})
 	require.NoError(t, err)
 	require.Equal(t, 3, res.Replayed)
 	require.Equal(t, map[string]int{base: 3}, res.ByTarget)
@@ -68,7 +68,7 @@ func TestAQueueActsOnWhatItsFilterSelects(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "archive.jsonl")
 	sink, err := dlq.OpenFileSink(file)
 	require.NoError(t, err)
-	res, err = q.Archive(ctx, dlq.ArchiveConfig{Limit: 1, Sink: sink, Operator: "tester"})
+	res, err = q.Archive(ctx, dlq.ArchiveConfig{Limit: 1, Sink: sink})
 	require.NoError(t, err)
 	require.NoError(t, sink.Close())
 	require.Equal(t, 1, res.Replayed)
@@ -88,6 +88,6 @@ func TestAQueueActsOnWhatItsFilterSelects(t *testing.T) {
 	require.Equal(t, []string{"e4"}, items)
 	require.Zero(t, testenv.QueueDepth(t, conn, poisonQ))
 
-	_, err = dlq.Open(conn, testenv.Name("dlq_missing")).Inspect(ctx, dlq.Filter{}, 0)
+	_, err = dlq.Open(conn, testenv.Name("dlq_missing"), dlq.Config{}).Inspect(ctx, dlq.Filter{}, 0)
 	require.ErrorIs(t, err, dlq.ErrNoQueue)
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/replay"
-	"github.com/sluicemq/sluice/signing"
 )
 
 // Replay provenance: the metadata keys a replayed message carries.
@@ -32,14 +31,12 @@ const (
 
 // ReplayConfig configures Queue.Replay and Queue.ClosedLoop.
 type ReplayConfig struct {
-	Filter    Filter
-	Limit     int     // at most this many messages replayed (0: no limit)
-	Rate      float64 // messages per second (0: no limit)
-	Batch     int     // messages published, confirmed and acked together; default 10
-	DryRun    bool    // select and count, change nothing
-	To        string  // replay every message to this queue instead of its sluice_poison_queue
-	Operator  string
-	Publisher Publisher
+	Filter Filter
+	Limit  int     // at most this many messages replayed (0: no limit)
+	Rate   float64 // messages per second (0: no limit)
+	Batch  int     // messages published, confirmed and acked together; default 10
+	DryRun bool    // select and count, change nothing
+	To     string  // replay every message to this queue instead of its sluice_poison_queue
 	// Progress is called after each batch with the counts so far.
 	Progress func(done int)
 	// Run, when set, is the replay run: each copy carries replay.RunKey and
@@ -50,23 +47,17 @@ type ReplayConfig struct {
 	// context is not cancelled by an interrupt (afterConfirm).
 	Run       string
 	Published func(context.Context, []*Message) error
-	// Signer, when set (the consumers' key), signs each copy's control
-	// headers, the run and item among them, for the consumers' stages that
-	// have the same key; and a message whose own signature does not verify
-	// (not a diagnosis the poison stage wrote: a producer's message the
-	// broker dead-lettered, say) is replayed only with To, never to the
-	// sluice_poison_queue it names.
-	Signer *signing.Signer
 	// Targets are the queues the replay may publish to: To, and the queue
 	// each message names (its sluice_poison_queue, a header anyone who can
 	// publish to the poison queue can write), must be one of them, or the
 	// message is refused (ErrTargetRefused) — in a dry run too, with or
-	// without a Signer. Empty: To is taken as given (the operator named it),
+	// without a Config.Signer. Empty: To is taken as given (the operator named it),
 	// and a message's own queue only when it is of the poison queue's
 	// family by name (its name without ".poison", and its partition queues).
 	Targets []string
 
 	queue string // the poison queue: the Queue's, set by its methods
+	op    Config // the Queue's, set by its methods
 }
 
 // ErrUnreadable is returned for a selected message whose headers the AMQP
@@ -137,7 +128,7 @@ func replayOn(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Res
 					}
 				}
 			}
-			if err := cfg.Publisher.Publish(target, copies...); err != nil {
+			if err := cfg.op.Publisher.Publish(target, copies...); err != nil {
 				return fmt.Errorf("dlq: replaying to %s: %w", diag.Printable(target, 255), err)
 			}
 			if cfg.Published != nil {
@@ -175,7 +166,7 @@ func replayOn(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Res
 // queueExists reports whether queue exists, on a channel of its own (a
 // passive declare of a missing queue closes its channel).
 func queueExists(conn *amqp.Connection, queue string) error {
-	if _, err := amqpcall.Inspect(context.Background(), conn, CallTimeout, queue); err != nil {
+	if _, err := amqpcall.Inspect(context.Background(), conn, callTimeout, queue); err != nil {
 		return fmt.Errorf("queue %q does not exist or cannot be reached: %w", diag.Printable(queue, 255), err)
 	}
 	return nil
@@ -198,7 +189,7 @@ func replayCopy(m *Message, cfg ReplayConfig, target string) *message.Message {
 	}
 	count, _ := strconv.Atoi(m.Msg.Metadata.Get(ReplayCountKey))
 	c.Metadata[ReplayCountKey] = strconv.Itoa(count + 1)
-	c.Metadata[ReplayedByKey] = cfg.Operator
+	c.Metadata[ReplayedByKey] = cfg.op.Operator
 	c.Metadata[ReplayedAtKey] = time.Now().UTC().Format(time.RFC3339Nano)
 	c.Metadata[ReplayedFromKey] = cfg.queue
 	c.Metadata[ReplayedClassKey] = m.Class
@@ -209,6 +200,6 @@ func replayCopy(m *Message, cfg ReplayConfig, target string) *message.Message {
 		delete(c.Metadata, replay.RunKey)
 		delete(c.Metadata, replay.ItemKey)
 	}
-	cfg.Signer.Sign(c, target) // without a key: no stale signature
+	cfg.op.Signer.Sign(c, target) // without a key: no stale signature
 	return c
 }

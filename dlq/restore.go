@@ -22,24 +22,20 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
-	"github.com/sluicemq/sluice/signing"
 )
 
 // RestoreConfig configures Restore.
 type RestoreConfig struct {
-	Source    RestoreSource // an archive file (OpenFileSource) or table (OpenTableSource)
-	To        string        // publish every record here instead of the queue it was archived from
-	EventIDs  []string      // only these events (none: every record)
-	Limit     int           // restore at most this many (0: all)
-	Publisher Publisher
-	DryRun    bool
-	// Signer, when set, verifies each record's signature (an archive with
-	// ArchiveConfig.Signer wrote it): a record without one, or not signed
-	// with one of its keys, is refused.
-	Signer *signing.Signer
+	Source   RestoreSource // an archive file (OpenFileSource) or table (OpenTableSource)
+	To       string        // publish every record here instead of the queue it was archived from
+	EventIDs []string      // only these events (none: every record)
+	Limit    int           // restore at most this many (0: all)
+	DryRun   bool
 	// AcceptUndigested restores records without a digest (archives written
 	// before records had one); a record with a digest is always checked.
 	AcceptUndigested bool
+
+	op Config // Restore's, set by it
 }
 
 // A RestoreSource yields the records of an archive one at a time.
@@ -63,7 +59,7 @@ type RestoreSource interface {
 // digest or signature that does not verify, a queue outside its family, a
 // payload that does not decode.
 func (cfg RestoreConfig) check(rec ArchiveRecord, where string) (string, []byte, error) {
-	if err := rec.verify(cfg.Signer, cfg.AcceptUndigested); err != nil {
+	if err := rec.verify(cfg.op.Signer, cfg.AcceptUndigested); err != nil {
 		return "", nil, fmt.Errorf("dlq: %s: %w", where, err)
 	}
 	payload := []byte(rec.Payload)
@@ -104,7 +100,8 @@ func (rec ArchiveRecord) name() string {
 // restored. A crash between the publish and the source's record publishes
 // that record again on the next run (at least once: the consumer's inbox
 // sees a duplicate).
-func Restore(ctx context.Context, cfg RestoreConfig) (Result, error) {
+func Restore(ctx context.Context, op Config, cfg RestoreConfig) (Result, error) {
+	cfg.op = op
 	res := Result{ByTarget: map[string]int{}}
 	want := map[string]bool{}
 	for _, id := range cfg.EventIDs {
@@ -146,7 +143,7 @@ func Restore(ctx context.Context, cfg RestoreConfig) (Result, error) {
 				m.Metadata[k] = v
 			}
 		}
-		if err := cfg.Publisher.Publish(target, m); err != nil {
+		if err := cfg.op.Publisher.Publish(target, m); err != nil {
 			return res, fmt.Errorf("dlq: restoring %s to %s: %w", where, diag.Printable(target, 255), err)
 		}
 		actx, cancel := afterConfirm(ctx)
@@ -350,14 +347,14 @@ func (s *tableSource) Next(ctx context.Context) (ArchiveRecord, string, error) {
 	return s.decode(row)
 }
 
-// begin begins a transaction on db whose BEGIN is bounded by CallTimeout
+// begin begins a transaction on db whose BEGIN is bounded by callTimeout
 // and ctx, but whose context does not end with ctx afterwards: database/sql
 // rolls a transaction back when its context ends, and an interrupt after
 // the row's publish must still mark it (Restored) — Close lets go of a row
 // never published. end ends the transaction's context, once it is over.
 func begin(ctx context.Context, db *sqlx.DB) (*sqlx.Tx, context.CancelFunc, error) {
 	tctx, end := context.WithCancel(context.WithoutCancel(ctx))
-	stop := bounded.Watch(ctx, CallTimeout, func(error) { end() })
+	stop := bounded.Watch(ctx, callTimeout, func(error) { end() })
 	tx, err := db.BeginTxx(tctx, nil)
 	if why := stop(); why != nil { // tctx ended: the transaction is gone
 		if tx != nil {

@@ -49,14 +49,14 @@ func record(id, queue, consumerQueue string) ArchiveRecord {
 	}
 }
 
-func restore(t *testing.T, path string, cfg RestoreConfig) (published, error) {
+func restore(t *testing.T, path string, op Config, cfg RestoreConfig) (published, error) {
 	t.Helper()
 	src, err := OpenFileSource(path)
 	require.NoError(t, err)
 	defer func() { _ = src.Close() }()
 	pub := published{}
-	cfg.Source, cfg.Publisher = src, pub
-	_, err = Restore(context.Background(), cfg)
+	cfg.Source, op.Publisher = src, pub
+	_, err = Restore(context.Background(), op, cfg)
 	return pub, err
 }
 
@@ -77,13 +77,13 @@ func TestRestoreConfinesARecomputedRecordToItsFamily(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			path := archiveOf(t, nil, record("e1", "orders.poison", "orders"), record("e2", tc.queue, tc.consumer))
-			pub, err := restore(t, path, RestoreConfig{})
+			pub, err := restore(t, path, Config{}, RestoreConfig{})
 			require.ErrorContains(t, err, "line 2: ")
 			require.ErrorContains(t, err, tc.want)
 			require.ErrorContains(t, err, "nothing was restored")
 			require.Empty(t, pub, "not even line 1")
 
-			pub, err = restore(t, path, RestoreConfig{To: "orders.poison"})
+			pub, err = restore(t, path, Config{}, RestoreConfig{To: "orders.poison"})
 			require.NoError(t, err, "--to says where")
 			require.Len(t, pub["orders.poison"], 2)
 		})
@@ -91,7 +91,7 @@ func TestRestoreConfinesARecomputedRecordToItsFamily(t *testing.T) {
 	// The consumer's queue is the family; a record without it (a message
 	// the broker dead-lettered) needs only a poison queue.
 	path := archiveOf(t, nil, record("e1", "orders.poison", "orders"), record("e2", "billing.poison", ""))
-	pub, err := restore(t, path, RestoreConfig{})
+	pub, err := restore(t, path, Config{}, RestoreConfig{})
 	require.NoError(t, err)
 	require.Len(t, pub["orders.poison"], 1)
 	require.Len(t, pub["billing.poison"], 1)
@@ -106,12 +106,12 @@ func TestRestoreVerifiesTheSignature(t *testing.T) {
 	signer, err := signing.New(key)
 	require.NoError(t, err)
 	path := archiveOf(t, signer, record("e1", "orders.poison", "orders"), record("e2", "orders.poison", "orders"))
-	_, err = restore(t, path, RestoreConfig{Signer: signer})
+	_, err = restore(t, path, Config{Signer: signer}, RestoreConfig{})
 	require.NoError(t, err)
 
 	rotated, err := signing.New(old, key)
 	require.NoError(t, err)
-	_, err = restore(t, path, RestoreConfig{Signer: rotated})
+	_, err = restore(t, path, Config{Signer: rotated}, RestoreConfig{})
 	require.NoError(t, err, "the previous key verifies")
 
 	// An edit with its digest recomputed, the signature kept.
@@ -133,17 +133,17 @@ func TestRestoreVerifiesTheSignature(t *testing.T) {
 	require.NoError(t, sink.Write(t.Context(), r2))
 	require.NoError(t, sink.Close())
 
-	pub, err := restore(t, tampered, RestoreConfig{})
+	pub, err := restore(t, tampered, Config{}, RestoreConfig{})
 	require.NoError(t, err, "without the key a recomputed digest is all there is to check")
 	require.Len(t, pub["orders.poison"], 2)
-	pub, err = restore(t, tampered, RestoreConfig{Signer: signer})
+	pub, err = restore(t, tampered, Config{Signer: signer}, RestoreConfig{})
 	require.ErrorIs(t, err, ErrRecordSignature)
 	require.ErrorContains(t, err, "tampered.jsonl line 2: the record is not signed with the signing key")
 	require.Empty(t, pub)
 
 	other, err := signing.New(old)
 	require.NoError(t, err)
-	_, err = restore(t, path, RestoreConfig{Signer: other})
+	_, err = restore(t, path, Config{Signer: other}, RestoreConfig{})
 	require.ErrorIs(t, err, ErrRecordSignature)
 	require.ErrorContains(t, err, "line 1: ")
 }
@@ -213,17 +213,17 @@ func TestRestoreTakesAnArchiveSignedBeforeQueueBoundSignatures(t *testing.T) {
 	for _, r := range []*ArchiveRecord{&r1, &r2} {
 		r.Digest, r.Signature = r.digest(), v1(key, *r)
 	}
-	pub, err := restore(t, write(r1, r2), RestoreConfig{Signer: signer})
+	pub, err := restore(t, write(r1, r2), Config{Signer: signer}, RestoreConfig{})
 	require.NoError(t, err)
 	require.Len(t, pub["orders.poison"], 2)
 
 	swapped := r2
 	swapped.Signature = r1.Signature
-	_, err = restore(t, write(r1, swapped), RestoreConfig{Signer: signer})
+	_, err = restore(t, write(r1, swapped), Config{Signer: signer}, RestoreConfig{})
 	require.ErrorIs(t, err, ErrRecordSignature)
 	require.ErrorContains(t, err, "line 2: ")
 	other := r1
 	other.Signature = v1([]byte(strings.Repeat("o", 32)), r1)
-	_, err = restore(t, write(other), RestoreConfig{Signer: signer})
+	_, err = restore(t, write(other), Config{Signer: signer}, RestoreConfig{})
 	require.ErrorIs(t, err, ErrRecordSignature)
 }

@@ -30,7 +30,7 @@ type runLog struct {
 // newRunLog starts the run of kind id over cfg's selection in store.
 func newRunLog(ctx context.Context, store ledger.Ledger, kind, source string, cfg ReplayConfig) *runLog {
 	l := &runLog{store: store, run: ledger.Run{ID: cfg.Run, Kind: kind, Queue: cfg.queue, Group: cfg.Filter.Group,
-		Selected: selection(cfg.Filter), Operator: diag.Bound(cfg.Operator, 256), Source: source, Started: time.Now().UTC()}}
+		Selected: selection(cfg.Filter), Operator: diag.Bound(cfg.op.Operator, 256), Source: source, Started: time.Now().UTC()}}
 	l.save(ctx)
 	return l
 }
@@ -65,11 +65,4 @@ func (l *runLog) save(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, saveTimeout)
 	defer cancel()
 	_ = replayledger.SaveRun(ctx, l.store, l.run)
-}
-
-// Batches decodes a saved run's batches (ledger.Run.Batches).
-func Batches(r ledger.Run) []Batch {
-	var bs []Batch
-	_ = json.Unmarshal(r.Batches, &bs)
-	return bs
 }

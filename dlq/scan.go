@@ -112,27 +112,27 @@ func brokerDiagnosis(m *Message, md message.Metadata) {
 // ErrNoQueue is returned for a queue that does not exist.
 var ErrNoQueue = errors.New("dlq: queue does not exist")
 
-// CallTimeout bounds each wait of a scan — and so of every Queue method —
+// callTimeout (10 s) bounds each wait of a scan — and so of every Queue method —
 // on the broker: a channel's
 // opening and close, a passive declare, a basic.get, the put-back's
 // declares. A broker that does not answer (black-holed: the connection up,
 // nothing coming back) held the scan until the AMQP heartbeat gave the
-// connection up; past CallTimeout the connection is closed — the broker
+// connection up; past callTimeout the connection is closed — the broker
 // returns what the scan held, in no set order on a quorum queue — and the
 // error names the wait (amqpcall.ErrNoAnswer). The scan's context is
 // checked between two calls, never under one: closing the connection under
 // a read would give the messages back out of their order.
-const CallTimeout = 10 * time.Second
+const callTimeout = 10 * time.Second
 
 // call runs f, a call on conn that waits for the broker, for at most
-// CallTimeout (amqpcall.Do); what names the AMQP method.
+// callTimeout (amqpcall.Do); what names the AMQP method.
 func call[T any](conn *amqp.Connection, what string, f func() (T, error)) (T, error) {
-	return amqpcall.Do(context.Background(), conn, CallTimeout, what, f)
+	return amqpcall.Do(context.Background(), conn, callTimeout, what, f)
 }
 
 // run is call for a method that returns only an error.
 func run(conn *amqp.Connection, what string, f func() error) error {
-	return amqpcall.Run(context.Background(), conn, CallTimeout, what, f)
+	return amqpcall.Run(context.Background(), conn, callTimeout, what, f)
 }
 
 // declarePassive is a bounded passive declare of queue on ch.

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"hash/maphash"
+	"iter"
 	"slices"
 	"strings"
 	"time"
@@ -28,7 +29,7 @@ const (
 	valueMaxLength = 1024
 )
 
-// Capacity is how many distinct values of each group a StatsCounter tracks
+// Capacity is how many distinct values of each group Stats tracks
 // to show top of them: 50 × top, at least 1000. While a group has no more
 // distinct values than that, its counts are exact.
 func Capacity(top int) int { return max(1000, 50*top) }
@@ -96,7 +97,7 @@ type OtherCounts struct {
 
 // readStats is Queue.Stats on conn's queue.
 func readStats(ctx context.Context, conn *amqp.Connection, queue string, f Filter, top int) (Stats, error) {
-	c := NewStatsCounter(f, top)
+	c := newStatsCounter(f, top)
 	_, err := scanQueue(ctx, conn, queue, func(m *Message) (bool, error) {
 		c.Add(m)
 		return false, nil
@@ -104,12 +105,23 @@ func readStats(ctx context.Context, conn *amqp.Connection, queue string, f Filte
 	return c.Stats(), err
 }
 
-// StatsCounter groups messages as they are read, in bounded memory: each
+// StatsOf groups the messages of msgs as Queue.Stats groups a queue's, in
+// the same bounded memory: messages read from elsewhere (Queue.Each,
+// another broker's dead letters) or made up, one at a time.
+func StatsOf(f Filter, top int, msgs iter.Seq[*Message]) Stats {
+	c := newStatsCounter(f, top)
+	for m := range msgs {
+		c.Add(m)
+	}
+	return c.Stats()
+}
+
+// statsCounter groups messages as they are read, in bounded memory: each
 // group keeps at most Capacity(top) counters (the Misra–Gries summary: a
 // new value when all are taken lowers every counter by one and drops those
 // at zero), so that a queue of many distinct reasons costs no more than one
 // of few. Not safe for concurrent use.
-type StatsCounter struct {
+type statsCounter struct {
 	f                    Filter
 	s                    Stats
 	class, fp, eventType *counters
@@ -117,20 +129,20 @@ type StatsCounter struct {
 	seed                 maphash.Seed
 }
 
-// NewStatsCounter counts the messages f selects; top as in Queue.Stats.
-func NewStatsCounter(f Filter, top int) *StatsCounter {
+// newStatsCounter counts the messages f selects; top as in Queue.Stats.
+func newStatsCounter(f Filter, top int) *statsCounter {
 	if top <= 0 {
 		top = TopDefault
 	}
 	top = min(top, TopMax)
 	n := Capacity(top)
-	return &StatsCounter{f: f, s: Stats{Top: top}, class: newCounters(n), fp: newCounters(n), eventType: newCounters(n),
+	return &statsCounter{f: f, s: Stats{Top: top}, class: newCounters(n), fp: newCounters(n), eventType: newCounters(n),
 		items: make(map[uint64]struct{}), seed: maphash.MakeSeed()}
 }
 
 // Add counts m: read, and when the filter selects it, under its class,
 // fingerprint and event type.
-func (c *StatsCounter) Add(m *Message) {
+func (c *statsCounter) Add(m *Message) {
 	c.s.Scanned++
 	if !c.f.Match(m) {
 		c.s.Skipped++
@@ -159,7 +171,7 @@ func (c *StatsCounter) Add(m *Message) {
 }
 
 // countItem counts the copy identity id once.
-func (c *StatsCounter) countItem(id string) {
+func (c *statsCounter) countItem(id string) {
 	k := maphash.String(c.seed, id)
 	if _, ok := c.items[k]; ok {
 		return
@@ -174,12 +186,12 @@ func (c *StatsCounter) countItem(id string) {
 
 // Tracked is how many values the counter holds now, all groups together:
 // at most 3 × Capacity(top).
-func (c *StatsCounter) Tracked() int {
+func (c *statsCounter) Tracked() int {
 	return len(c.class.n) + len(c.fp.n) + len(c.eventType.n)
 }
 
 // Stats returns the counts so far.
-func (c *StatsCounter) Stats() Stats {
+func (c *statsCounter) Stats() Stats {
 	s := c.s
 	s.Approximate = nil
 	var shown int

@@ -36,7 +36,7 @@ func (cfg ReplayConfig) target(m *Message) (string, error) {
 		return cfg.To, nil
 	case m.Queue == "":
 		why = "no sluice_poison_queue"
-	case cfg.Signer != nil && !diagnosedFor(cfg.Signer, m):
+	case cfg.op.Signer != nil && !diagnosedFor(cfg.op.Signer, m):
 		why = "its diagnosis is not signed with the replay's signing key for the queue it names: its sluice_poison_queue is not believed"
 	case !cfg.allows(m.Queue):
 		return "", fmt.Errorf("%w: %s: its sluice_poison_queue names \"%s\", which is not one of %s (a header anyone who can publish to %s can write): redirect it to another queue, or archive or discard it",

@@ -115,8 +115,8 @@ func TestAReplayedHeadAfterItsSkipIsSaidToBeOutOfOrder(t *testing.T) {
 	require.NotContains(t, logs.String(), "out of its key's order", "nothing replayed yet")
 
 	broken.Store(false) // the fix landed; the operator replays the skipped head
-	res, err := dlq.Open(testenv.AMQP(t), b.Topology().PoisonQueue()).Replay(t.Context(), dlq.ReplayConfig{Publisher: b.Publisher(),
-		Operator: "tester", Run: "run-43"})
+	res, err := dlq.Open(testenv.AMQP(t), b.Topology().PoisonQueue(), dlq.Config{Publisher: b.Publisher(), Operator: "tester"}).Replay(t.Context(),
+		dlq.ReplayConfig{Run: "run-43"})
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Replayed)
 	wait(func() bool { return len(applied()) == 5 }, "the replayed head applied")

@@ -24,8 +24,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice/cmd/internal/bench"
+	"github.com/sluicemq/sluice/cmd/internal/localenv"
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/internal/localenv"
 )
 
 func main() {

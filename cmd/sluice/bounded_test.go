@@ -7,7 +7,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -18,7 +17,7 @@ import (
 // The read of a queue's counts that `sluice queues` and the console's
 // start-up make (row), and `dlq replay`'s of its depth (queueDepth), on a
 // broker that went silent after the handshake give up after
-// dlq.CallTimeout, row with the error (not the queue shown missing);
+// callTimeout, row with the error (not the queue shown missing);
 // before, they waited for the AMQP heartbeat to give the connection up —
 // on a connection without heartbeats, for ever.
 func TestABlackHoledBrokerHoldsNoQueueRowPastCallTimeout(t *testing.T) {
@@ -30,12 +29,12 @@ func TestABlackHoledBrokerHoldsNoQueueRowPastCallTimeout(t *testing.T) {
 	proxy.BlackHole()
 	q := testenv.Name("cli_holed")
 
-	testenv.Within(t, dlq.CallTimeout+25*time.Second, "row", func() { _, err = row(conn, q, q, "main") })
-	require.ErrorContains(t, err, "reading queue "+q+": a passive declare of "+q+": the broker gave no answer within "+dlq.CallTimeout.String(),
+	testenv.Within(t, callTimeout+25*time.Second, "row", func() { _, err = row(conn, q, q, "main") })
+	require.ErrorContains(t, err, "reading queue "+q+": a passive declare of "+q+": the broker gave no answer within "+callTimeout.String(),
 		"the error, not a queue shown missing")
 	start := time.Now()
 	require.Zero(t, queueDepth(conn, q))
-	require.Less(t, time.Since(start), dlq.CallTimeout/2, "the connection was closed under the first: at once, not after another CallTimeout")
+	require.Less(t, time.Since(start), callTimeout/2, "the connection was closed under the first: at once, not after another CallTimeout")
 }
 
 // `dlq report`'s reads of the outcome records and an operator command's

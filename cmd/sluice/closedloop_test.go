@@ -745,7 +745,7 @@ func TestRestoreInterruptedAfterAConfirm(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	src, err := dlq.OpenTableSource(ctx, db, table, "tester", nil)
 	require.NoError(t, err)
-	res, err := dlq.Restore(ctx, dlq.RestoreConfig{Source: src, Publisher: cancelAfterPublish{b.pub, cancel}})
+	res, err := dlq.Restore(ctx, dlq.Config{Publisher: cancelAfterPublish{b.pub, cancel}}, dlq.RestoreConfig{Source: src})
 	require.ErrorIs(t, err, context.Canceled)
 	require.Equal(t, 1, res.Replayed)
 	require.NoError(t, src.Close())

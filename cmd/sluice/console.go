@@ -16,10 +16,10 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
+	"github.com/sluicemq/sluice/cmd/internal/localenv"
 	"github.com/sluicemq/sluice/console"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/internal/localenv"
 	"github.com/sluicemq/sluice/outbox/sqlstore"
 )
 
@@ -56,7 +56,7 @@ func newConsole(g *globals, out io.Writer) *cobra.Command {
 				}
 			}
 			if err := console.CheckAddr(addr, cfg); err != nil {
-				return usageError{err}
+				return usageError{fmt.Errorf("%w (--token-file sets the token)", err)}
 			}
 			if !readOnly {
 				if err := g.checkWrite(); err != nil {

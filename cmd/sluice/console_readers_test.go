@@ -93,7 +93,7 @@ func TestConsoleReadsAPoisonQueueOneReaderAtATime(t *testing.T) {
 	b := newBed(t)
 	const n = 1500
 	fillPoison(t, b, 0, n)
-	base, _ := consoleOn(t, b, "", func(c *console.Config) { c.ReadWait = 2 * time.Minute })
+	base, _ := consoleOn(t, b, "", func(c *console.Config) { c.CallTimeout = 2 * time.Minute })
 	first := make(chan int, 1)
 	go func() {
 		total, _ := groupsPage(t, base, b.topo.PoisonQueue(), true)
@@ -108,7 +108,7 @@ func TestConsoleReadsAPoisonQueueOneReaderAtATime(t *testing.T) {
 }
 
 // The groups page answers from its last scan while the queue holds as many
-// messages and the scan is younger than SummaryMaxAge; a change of depth or
+// messages and the scan is younger than a minute; a change of depth or
 // "read again" scans again.
 func TestConsoleGroupsPageKeepsItsSummary(t *testing.T) {
 	t.Parallel()

@@ -89,7 +89,7 @@ func shot(t *testing.T, ctx context.Context, name string) {
 func groupOf(t testing.TB, queue, id string) string {
 	t.Helper()
 	var g string
-	_, err := dlq.Open(testenv.AMQP(t), queue).Each(t.Context(), dlq.Filter{}, 0, func(m *dlq.Message) error {
+	_, err := dlq.Open(testenv.AMQP(t), queue, dlq.Config{}).Each(t.Context(), dlq.Filter{}, 0, func(m *dlq.Message) error {
 		if m.EventID == id && g == "" {
 			g = m.Group()
 		}

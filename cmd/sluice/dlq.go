@@ -20,10 +20,10 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/cmd/internal/localenv"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/internal/localenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
 	"github.com/sluicemq/sluice/signing"
@@ -48,6 +48,10 @@ func (f *filterFlags) register(cmd *cobra.Command, limitHelp string) {
 	fl.IntVar(&f.limit, "limit", 0, limitHelp)
 	fl.BoolVar(&f.unreadable, "unreadable", false, "only messages whose headers the AMQP client could not parse (no diagnosis, no event id: named by position and message id)")
 }
+
+// callTimeout bounds each of the CLI's own waits on the broker (a passive
+// declare, a connection's close), as package dlq bounds its own: 10 s.
+const callTimeout = 10 * time.Second
 
 func (f *filterFlags) filter() (dlq.Filter, error) {
 	var out dlq.Filter
@@ -107,7 +111,7 @@ func (f *filterFlags) open(g *globals, moves bool) (dlq.Filter, *amqp.Connection
 		return filter, nil, nil, nil, err
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
-	return filter, conn, ctx, func() { cancel(); _ = amqpcall.Close(context.Background(), conn, dlq.CallTimeout) }, nil
+	return filter, conn, ctx, func() { cancel(); _ = amqpcall.Close(context.Background(), conn, callTimeout) }, nil
 }
 
 func parseTime(flag, v string) (time.Time, error) {

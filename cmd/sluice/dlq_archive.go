@@ -9,9 +9,8 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/spf13/cobra"
 
+	"github.com/sluicemq/sluice/cmd/internal/localenv"
 	"github.com/sluicemq/sluice/dlq"
-	"github.com/sluicemq/sluice/internal/localenv"
-	"github.com/sluicemq/sluice/internal/replayledger"
 	"github.com/sluicemq/sluice/replay/ledger"
 )
 
@@ -51,12 +50,12 @@ func newArchive(g *globals, out io.Writer) *cobra.Command {
 				return errorsJoin(err, audit(g, "dlq archive", ff.queue, f, opts, dlq.Result{}, false, err))
 			}
 			defer closeSink()
-			res, runErr := dlq.Open(conn, ff.queue).Archive(ctx, dlq.ArchiveConfig{Filter: f, Limit: ff.limit, Sink: sink, Operator: g.operator, Signer: signer,
+			res, runErr := dlq.Open(conn, ff.queue, dlq.Config{Operator: g.operator, Signer: signer}).Archive(ctx, dlq.ArchiveConfig{Filter: f, Limit: ff.limit, Sink: sink,
 				Archived: func(m *dlq.Message) {
 					recs.add(ledger.OutcomeArchived, m.Item(), m.EventID, m.Class, "archived to "+sink.Name())
 				}})
 			summary(out, "archive", ff.queue, res, false)
-			run, recErr := recs.flush(context.Background(), replayledger.NewRun("archive"))
+			run, recErr := recs.flush(context.Background(), newRun("archive"))
 			printRun(out, run)
 			opts["run"] = run
 			return errorsJoin(errors.Join(runErr, recErr), audit(g, "dlq archive", ff.queue, f, opts, res, false, errors.Join(runErr, recErr)))

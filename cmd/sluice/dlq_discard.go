@@ -10,7 +10,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluicemq/sluice/dlq"
-	"github.com/sluicemq/sluice/internal/replayledger"
 	"github.com/sluicemq/sluice/replay/ledger"
 )
 
@@ -38,7 +37,7 @@ func newDiscard(g *globals, out io.Writer) *cobra.Command {
 				return err
 			}
 			defer done()
-			res, items, runErr := dlq.Open(conn, ff.queue).Discard(ctx, f, ff.limit, dryRun)
+			res, items, runErr := dlq.Open(conn, ff.queue, dlq.Config{}).Discard(ctx, f, ff.limit, dryRun)
 			summary(out, "discard", ff.queue, res, dryRun)
 			var run string
 			if !dryRun {
@@ -46,7 +45,7 @@ func newDiscard(g *globals, out io.Writer) *cobra.Command {
 					recs.add(ledger.OutcomeDiscarded, it, it, "", reason)
 				}
 				var recErr error
-				run, recErr = recs.flush(context.Background(), replayledger.NewRun("discard"))
+				run, recErr = recs.flush(context.Background(), newRun("discard"))
 				runErr = errors.Join(runErr, recErr)
 				printRun(out, run)
 			}

@@ -38,7 +38,7 @@ func newInspect(g *globals, out io.Writer) *cobra.Command {
 			defer done()
 			// Streamed: one message in memory at a time, whatever the queue holds.
 			shown := 0
-			n, err := dlq.Open(conn, ff.queue).Each(ctx, f, ff.limit, func(m *dlq.Message) error {
+			n, err := dlq.Open(conn, ff.queue, dlq.Config{}).Each(ctx, f, ff.limit, func(m *dlq.Message) error {
 				if asJSON {
 					// reads: the metadata's sluice_amqp_delivery_count is the
 					// broker's count of reads by scans, not of retries.

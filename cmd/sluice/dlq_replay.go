@@ -15,11 +15,10 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
+	"github.com/sluicemq/sluice/cmd/internal/localenv"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/internal/localenv"
-	"github.com/sluicemq/sluice/internal/replayledger"
 )
 
 func newReplay(g *globals, out io.Writer) *cobra.Command {
@@ -80,8 +79,9 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 			prog := newProgress(out, ff.queue, queueDepth(conn, ff.queue))
 			cfg := dlq.ReplayConfig{
 				Filter: f, Limit: ff.limit, Rate: r, Batch: batch, DryRun: dryRun,
-				To: to, Operator: g.operator, Publisher: pub, Progress: prog.update, Signer: signer, Targets: targets,
+				To: to, Progress: prog.update, Targets: targets,
 			}
+			op := dlq.Config{Operator: g.operator, Publisher: pub, Signer: signer}
 			var res dlq.Result
 			var runErr error
 			if lf.active() {
@@ -90,11 +90,11 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 					return err
 				}
 				defer closeStore()
-				cfg.Run = replayledger.NewRun("run")
+				cfg.Run = newRun("run")
 				cfg.Progress = nil
-				res, runErr = closedLoop(ctx, dlq.Open(conn, ff.queue), cfg, dlq.Loop{Sizes: sizes, Canary: lf.canary > 0, MaxRepoison: maxRepoison, Store: store, Wait: lf.wait, Where: outcomesPlace(lf.outcomes, lf.table)}, out)
+				res, runErr = closedLoop(ctx, dlq.Open(conn, ff.queue, op), cfg, dlq.Loop{Sizes: sizes, Canary: lf.canary > 0, MaxRepoison: maxRepoison, Store: store, Wait: lf.wait, Where: outcomesPlace(lf.outcomes, lf.table)}, out)
 			} else {
-				res, runErr = dlq.Open(conn, ff.queue).Replay(ctx, cfg)
+				res, runErr = dlq.Open(conn, ff.queue, op).Replay(ctx, cfg)
 			}
 			runErr = flagHints(runErr)
 			prog.done()
@@ -147,7 +147,7 @@ type progressView struct {
 
 // queueDepth is queue's ready messages now, or 0 when it cannot be read.
 func queueDepth(conn *amqp.Connection, queue string) int {
-	q, err := amqpcall.Inspect(context.Background(), conn, dlq.CallTimeout, queue)
+	q, err := amqpcall.Inspect(context.Background(), conn, callTimeout, queue)
 	if err != nil {
 		return 0
 	}

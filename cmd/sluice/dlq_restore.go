@@ -12,8 +12,8 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/spf13/cobra"
 
+	"github.com/sluicemq/sluice/cmd/internal/localenv"
 	"github.com/sluicemq/sluice/dlq"
-	"github.com/sluicemq/sluice/internal/localenv"
 )
 
 func newRestore(g *globals, out io.Writer) *cobra.Command {
@@ -62,8 +62,8 @@ func newRestore(g *globals, out io.Writer) *cobra.Command {
 				return err
 			}
 			defer func() { _ = pub.Close() }()
-			res, runErr := dlq.Restore(ctx, dlq.RestoreConfig{Source: src, To: to, EventIDs: eventIDs, Limit: limit, Publisher: pub, DryRun: dryRun,
-				Signer: signer, AcceptUndigested: undigested})
+			res, runErr := dlq.Restore(ctx, dlq.Config{Operator: g.operator, Publisher: pub, Signer: signer},
+				dlq.RestoreConfig{Source: src, To: to, EventIDs: eventIDs, Limit: limit, DryRun: dryRun, AcceptUndigested: undigested})
 			runErr = flagHints(runErr)
 			summary(out, "restore", src.Name(), res, dryRun)
 			opts := map[string]string{"from": from, "from_table": fromTable, "to": to, "limit": strconv.Itoa(limit), "event_ids": strings.Join(eventIDs, ",")}

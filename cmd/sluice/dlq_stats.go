@@ -36,7 +36,7 @@ func newStats(g *globals, out io.Writer) *cobra.Command {
 				return err
 			}
 			defer done()
-			s, err := dlq.Open(conn, ff.queue).Stats(ctx, f, top)
+			s, err := dlq.Open(conn, ff.queue, dlq.Config{}).Stats(ctx, f, top)
 			if err != nil {
 				return err
 			}

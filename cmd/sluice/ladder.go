@@ -8,7 +8,6 @@ import (
 
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/console"
-	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -133,7 +132,7 @@ func consoleQueues(g *globals, lf *ladderFlags, queues []string, mgmtURL string,
 		if err != nil {
 			return nil, err
 		}
-		defer func() { _ = amqpcall.Close(context.Background(), conn, dlq.CallTimeout) }()
+		defer func() { _ = amqpcall.Close(context.Background(), conn, callTimeout) }()
 		var rows []queueRow
 		for _, f := range fams {
 			for _, m := range f.queues {

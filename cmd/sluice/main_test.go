@@ -111,7 +111,7 @@ func ids(t *testing.T, queue string) []string {
 // peekIDs reads a queue's event ids without removing anything.
 func peekIDs(t *testing.T, queue string) []string {
 	t.Helper()
-	ms, err := dlq.Open(testenv.AMQP(t), queue).Inspect(t.Context(), dlq.Filter{}, 0)
+	ms, err := dlq.Open(testenv.AMQP(t), queue, dlq.Config{}).Inspect(t.Context(), dlq.Filter{}, 0)
 	require.NoError(t, err)
 	var out []string
 	for _, m := range ms {

@@ -11,9 +11,9 @@ import (
 	"github.com/jedib0t/go-pretty/v6/table"
 	"github.com/spf13/cobra"
 
+	"github.com/sluicemq/sluice/cmd/internal/localenv"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/internal/localenv"
 	"github.com/sluicemq/sluice/ordering"
 	"github.com/sluicemq/sluice/ordering/sqlstore"
 )

@@ -16,9 +16,9 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/spf13/cobra"
 
+	"github.com/sluicemq/sluice/cmd/internal/localenv"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/internal/localenv"
 	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/outbox/sqlstore"
 )

@@ -17,10 +17,10 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/spf13/cobra"
 
+	"github.com/sluicemq/sluice/cmd/internal/localenv"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/internal/localenv"
 )
 
 // queueRow is one queue of a family in `sluice queues`.
@@ -114,7 +114,7 @@ func newQueues(g *globals, out io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			defer func() { _ = amqpcall.Close(context.Background(), conn, dlq.CallTimeout) }()
+			defer func() { _ = amqpcall.Close(context.Background(), conn, callTimeout) }()
 			var rows []queueRow
 			for _, f := range fams {
 				for _, m := range f.queues {
@@ -327,12 +327,12 @@ func tierDelay(head, tier string) time.Duration {
 
 // row reads one queue's counts with a passive declare, on a channel of its
 // own (a missing queue closes it), each wait on the broker within
-// dlq.CallTimeout (amqpcall.Inspect). A queue the broker says is not there
+// callTimeout (amqpcall.Inspect). A queue the broker says is not there
 // is Missing; any other failure — a broker that does not answer — is the
 // error, not a queue shown missing.
 func row(conn *amqp.Connection, family, queue, role string) (queueRow, error) {
 	r := queueRow{Family: family, Queue: queue, Role: role}
-	q, err := amqpcall.Inspect(context.Background(), conn, dlq.CallTimeout, queue)
+	q, err := amqpcall.Inspect(context.Background(), conn, callTimeout, queue)
 	var ae *amqp.Error
 	switch {
 	case errors.As(err, &ae) && ae.Code == amqp.NotFound:
@@ -348,7 +348,7 @@ func row(conn *amqp.Connection, family, queue, role string) (queueRow, error) {
 // oldestPoisoning reads the poison queue's head message and puts it back.
 func oldestPoisoning(conn *amqp.Connection, queue string) time.Time {
 	var at time.Time
-	_, _ = dlq.Open(conn, queue).Each(context.Background(), dlq.Filter{}, 1, func(m *dlq.Message) error {
+	_, _ = dlq.Open(conn, queue, dlq.Config{}).Each(context.Background(), dlq.Filter{}, 1, func(m *dlq.Message) error {
 		at = m.PoisonedAt
 		return nil
 	})

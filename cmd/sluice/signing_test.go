@@ -130,7 +130,7 @@ func TestReplaySignsForTheTargetQueue(t *testing.T) {
 
 	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--signing-key-file", keyFile)
 	require.Equal(t, 0, code, "%s\n%s", out, errOut)
-	ms, err := dlq.Open(testenv.AMQP(t), b.topo.Queue()).Inspect(t.Context(), dlq.Filter{}, 0)
+	ms, err := dlq.Open(testenv.AMQP(t), b.topo.Queue(), dlq.Config{}).Inspect(t.Context(), dlq.Filter{}, 0)
 	require.NoError(t, err)
 	require.Len(t, ms, 2, "both replayed to the queue they name")
 	for _, m := range ms {

@@ -22,7 +22,7 @@ const statsReasons = 200_000
 // DLQStats prints what `sluice dlq stats --json` costs in memory over a
 // poison queue of 200,000 messages whose reasons all differ (1 KiB each):
 // the aggregation before — a map of every fingerprint, all of it encoded —
-// against the bounded one (dlq.StatsCounter, --top 20, at most
+// against the bounded one (dlq.StatsOf, --top 20, at most
 // dlq.Capacity(20) values a group). Both read the same messages, generated
 // one at a time as a scan of the queue hands them over, so only the
 // aggregation differs; the broker is not involved. It reports each one's
@@ -43,11 +43,13 @@ func DLQStats(_ context.Context, o Options) error {
 		run  func(n int, next func(int) *dlq.Message) (dlq.Stats, []byte, error)
 	}{
 		{"bounded (top 20)", func(n int, next func(int) *dlq.Message) (dlq.Stats, []byte, error) {
-			c := dlq.NewStatsCounter(dlq.Filter{}, dlq.TopDefault)
-			for i := range n {
-				c.Add(next(i))
-			}
-			s := c.Stats()
+			s := dlq.StatsOf(dlq.Filter{}, dlq.TopDefault, func(yield func(*dlq.Message) bool) {
+				for i := range n {
+					if !yield(next(i)) {
+						return
+					}
+				}
+			})
 			b, err := json.Marshal(s)
 			return s, b, err
 		}},

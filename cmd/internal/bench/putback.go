@@ -88,7 +88,7 @@ func putBackOnce(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publi
 		}
 	}
 	t0 := time.Now()
-	read, err := dlq.Open(conn, q).Each(ctx, dlq.Filter{}, 0, func(*dlq.Message) error { return nil })
+	read, err := dlq.Open(conn, q, dlq.Config{}).Each(ctx, dlq.Filter{}, 0, func(*dlq.Message) error { return nil })
 	took := time.Since(t0)
 	if err != nil {
 		return 0, false, err

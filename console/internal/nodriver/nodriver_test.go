@@ -20,6 +20,6 @@ import (
 func TestMountingTheConsoleRegistersNoDatabaseDriver(t *testing.T) {
 	t.Parallel()
 	_ = console.New // linked: the console and, through it, dlq
-	_ = dlq.CallTimeout
+	_ = dlq.Open
 	require.Empty(t, sql.Drivers(), "database/sql drivers registered by linking console and dlq")
 }

@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/dlq"
+)
+
+// settleStable is how long settle's condition must hold before the
+// consumers are stopped. The queue depths count ready messages only: a
+// delivery still in a handler (unacked), or its retry copy on its way to a
+// tier, is in no count. Taken as settled at that moment, the consumers'
+// stop sent the delivery back, or the copy came back from its tier to no
+// consumer: a message left at the end though nothing was lost — a
+// duplicate copy of an event done meanwhile that failed (its batch's
+// claim held by the copy that did it). Held 1 s, such work has ended or
+// shows: its copy is in a tier queue.
+const settleStable = time.Second
+
+// settle waits until every valid event has its effect, every bad one is in
+// a poison queue, and the main and tier queues are empty, for settleStable.
+func (w *world) settle(ctx context.Context, p plan) error {
+	var last string
+	var since time.Time // when the condition began to hold
+	for {
+		effects, poisoned, depth, err := w.observe(ctx)
+		if err == nil {
+			last = fmt.Sprintf("%d/%d effects, %d/%d poisoned, %d in the main and tier queues", len(effects), len(p.valid), len(poisoned), len(p.bad), depth)
+			settled, more := w.settledOutbox(ctx, p)
+			last += more
+			switch {
+			case len(effects) < len(p.valid) || len(poisoned) < len(p.bad) || depth > 0 || !settled:
+				since = time.Time{}
+			case since.IsZero():
+				since = time.Now()
+			case time.Since(since) >= settleStable:
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("did not settle: %s (last error: %w)", last, errors.Join(err, ctx.Err()))
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// observe reads the effects (event id → rows), the poisoned event ids
+// (→ copies) and the depth of the main and tier queues.
+func (w *world) observe(ctx context.Context) (map[string]int, map[string]int, int, error) {
+	effects := map[string]int{}
+	rows, err := w.db.QueryContext(ctx, "SELECT event_id, count(*) FROM "+w.name+".effects GROUP BY event_id")
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	for rows.Next() {
+		var id string
+		var n int
+		if err := rows.Scan(&id, &n); err != nil {
+			_ = rows.Close()
+			return nil, nil, 0, err
+		}
+		effects[id] = n
+	}
+	_ = rows.Close()
+	poisoned := map[string]int{}
+	depth := 0
+	w.queueMu.Lock()
+	defer w.queueMu.Unlock()
+	err = w.withConn(func(c *amqp.Connection) error {
+		ms, err := dlq.Open(c, w.topo.PoisonQueue(), dlq.Config{}).Inspect(ctx, dlq.Filter{}, 0)
+		if err != nil {
+			return err
+		}
+		for _, m := range ms {
+			if m.Msg.Metadata.Get(fillerKey) == "" {
+				poisoned[m.Msg.Metadata.Get(chaosIDKey)]++
+			}
+		}
+		ch, err := c.Channel()
+		if err != nil {
+			return err
+		}
+		defer func() { _ = ch.Close() }()
+		for _, q := range w.queues(false) {
+			info, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+			if err != nil {
+				return err
+			}
+			depth += info.Messages
+		}
+		return nil
+	})
+	return effects, poisoned, depth, err
+}
+
+// verify compares the final state with the plan, exactly.
+func (w *world) verify(p plan) (string, error) {
+	effects, poisoned, depth, err := w.observe(context.Background())
+	if err != nil {
+		return "observe", err
+	}
+	twice, problems := exactlyOnce(effects, p.valid, "unexpected effect ", "missing effect ")
+	copies := 0
+	for id, n := range poisoned {
+		copies += n
+		if !p.bad[id] {
+			problems = append(problems, "valid event poisoned "+id)
+		}
+	}
+	for id := range p.bad {
+		if poisoned[id] == 0 {
+			problems = append(problems, "bad event not in the poison queue "+id)
+		}
+	}
+	if twice > 0 {
+		problems = append(problems, fmt.Sprintf("%d events with a double effect", twice))
+	}
+	if depth > 0 {
+		problems = append(problems, fmt.Sprintf("%d messages left in the main and tier queues: %s", depth, w.leftovers(effects)))
+	}
+	res := fmt.Sprintf("effects %d == %d valid, %d twice; poison %d == %d bad (%d copies); queues empty: %v",
+		len(effects), len(p.valid), twice, len(poisoned), len(p.bad), copies, depth == 0)
+	more, outboxProblems := w.verifyOutbox(p)
+	res, problems = res+more, append(problems, outboxProblems...)
+	if len(problems) > 0 {
+		sort.Strings(problems)
+		if len(problems) > 10 {
+			problems = append(problems[:10], fmt.Sprintf("… %d more", len(problems)-10))
+		}
+		return res, errors.New(strings.Join(problems, "; "))
+	}
+	return res, nil
+}
+
+// leftovers names the messages left in the main and tier queues: the queue,
+// the event, its attempt, whether it has its effect — for a scenario that
+// fails with messages left.
+func (w *world) leftovers(effects map[string]int) string {
+	var out []string
+	w.queueMu.Lock()
+	defer w.queueMu.Unlock()
+	err := w.withConn(func(c *amqp.Connection) error {
+		for _, q := range w.queues(false) {
+			ms, err := dlq.Open(c, q, dlq.Config{}).Inspect(context.Background(), dlq.Filter{}, 20)
+			if err != nil {
+				return err
+			}
+			for _, m := range ms {
+				id := m.Msg.Metadata.Get(chaosIDKey)
+				out = append(out, fmt.Sprintf("%s in %s (attempt %q, redelivered %v, effects %d)", id, q,
+					m.Msg.Metadata.Get(sluice.AttemptKey), m.Delivery.Redelivered, effects[id]))
+				if lines := w.traces.of(id); len(lines) > 0 {
+					out = append(out, "its consumers' traces:\n    "+strings.Join(append(lines, w.traces.of(harnessTrace)...), "\n    "))
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		out = append(out, "(reading them: "+err.Error()+")")
+	}
+	return strings.Join(out, ", ")
+}
