@@ -29,7 +29,7 @@ RABBITMQ4_TESTS    := TestRabbitmqctlManagesTheBrokerUnderTest|TestBrakeWithoutA
 FUZZ_TARGETS  := FuzzFrameFilter:./internal/amqpframe FuzzMarshalerUnmarshal:./rabbitmq FuzzClassifier:. FuzzSummary:./internal/diag FuzzRedactSecret:./internal/diag FuzzPrintable:./internal/diag FuzzEscapeJSON:./internal/diag FuzzTerminal:./internal/diag FuzzKeyFromJSON:./deduplication
 
 .DEFAULT_GOAL := help
-.PHONY: help run services test figures test-times test-rabbitmq4 test-race fuzz chaos bench lint fmt tidy cover console-screenshots
+.PHONY: help run services test figures api test-times test-rabbitmq4 test-race fuzz chaos bench lint fmt tidy cover console-screenshots
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -45,6 +45,9 @@ test: services ## every test on the real services (race on), short fuzzing, the 
 
 figures: ## the public surface's figures: exported names and config fields per package, the README's imports, the modules the inbox links (docs/architecture.md)
 	$(GO) run ./internal/apifigures
+
+api: ## check the public API against the last release's (scripts/api.sh; make test runs it)
+	@env GO="$(GO)" bash scripts/api.sh check
 
 test-times: ## the 25 slowest tests and the 10 slowest packages of the last make test's main go test (from test-times.json)
 	$(GO) run ./internal/testtimes -top 25 test-times.json

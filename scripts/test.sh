@@ -101,6 +101,8 @@ foreground "go test" go_test -race -count=1 -timeout "$TEST_TIMEOUT" -p "$TEST_P
 foreground "the tests about RabbitMQ 4.x on the 4.0 node" make --no-print-directory test-rabbitmq4
 
 background fuzz make --no-print-directory fuzz FUZZTIME="$FUZZTIME"
+# The public API against the last release's (README "Compatibility").
+background "the API against the last release" bash scripts/api.sh check
 
 # The short reliability run (docs/reliability.md), in three parts.
 $GO build -o "$logs/sluice-chaos" ./cmd/sluice-chaos || failed+=("building sluice-chaos")
@@ -129,6 +131,7 @@ else
 	await "chaos on private brokers"
 fi
 await fuzz
+await "the API against the last release"
 
 if [ ${#failed[@]} -gt 0 ]; then
 	# CI keeps only the end of the output: repeat each failed step's
