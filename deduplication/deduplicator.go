@@ -18,6 +18,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
 // KeyMaxLengthDefault is the default longest key, in bytes. Longer keys are
@@ -291,6 +292,15 @@ func (d *deduplicator) alone(msg *message.Message, key string, h message.Handler
 	ended = true
 	u.committed()
 	return produced, err
+}
+
+// duplicate counts, logs and reports a delivery whose key was processed
+// before.
+func (d *deduplicator) duplicate(msg *message.Message, key string) {
+	ctx := msg.Context()
+	d.duplicates.Add(ctx, 1, telemetry.DeliveryAttr(msg))
+	d.cfg.Logger.Debug("Duplicate delivery skipped: the key was processed before", telemetry.LogFields(msg, watermill.LogFields{"key": diag.Bound(key, 128)}))
+	sluice.Record(ctx, func(r *sluice.Report) { r.Outcome = sluice.OutcomeDuplicate })
 }
 
 // endContext is the context that ends a unit of work: ctx's values, not its
