@@ -14,14 +14,15 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // batch is one shared unit of work.
 type batch struct {
 	bt    *batcher
 	ready chan struct{} // closed once the unit of work began (or failed to)
-	tx    Tx
-	sp    Savepointer
+	tx    unitofwork.Tx
+	sp    unitofwork.Savepointer
 	err   error // Begin's
 
 	claimer SavepointClaimer // sp, when it is one
@@ -95,7 +96,7 @@ func (b *batch) run() {
 	// own, which the SQL store's transaction is bound to.
 	tx, err := d.begin(context.Background())
 	if err == nil {
-		sp, ok := tx.(Savepointer)
+		sp, ok := tx.(unitofwork.Savepointer)
 		if !ok {
 			b.bt.unsupported.Store(true)
 			_ = d.rollback(context.Background(), tx)
@@ -270,7 +271,7 @@ func (b *batch) savepointAndClaim(ctx context.Context, sp, key string) (claimed,
 			claimed, gaveUp, err = bounded.Run(d.calls, detached, bound, false, f, nil)
 		}
 		switch {
-		case err == nil, errors.Is(err, ErrClaimInProgress), errors.Is(err, ErrAborted):
+		case err == nil, errors.Is(err, ErrClaimInProgress), errors.Is(err, unitofwork.ErrAborted):
 			return claimed, false, err
 		case gaveUp:
 			return false, true, &sluice.DependencyError{Op: fmt.Sprintf("deduplication: claim %q", diag.Bound(key, 128)), Err: err}
@@ -278,7 +279,7 @@ func (b *batch) savepointAndClaim(ctx context.Context, sp, key string) (claimed,
 		return false, false, dependency(ctx, fmt.Sprintf("claim %q", diag.Bound(key, 128)), err)
 	}
 	claimed, gaveUp, err = claim(release)
-	if err != nil && !gaveUp && prev != nil && errors.Is(err, ErrAborted) {
+	if err != nil && !gaveUp && prev != nil && errors.Is(err, unitofwork.ErrAborted) {
 		b.fail(ctx, prev, err) // back at prev's savepoint: before its claim
 		claimed, gaveUp, err = claim("")
 	}

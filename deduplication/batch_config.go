@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // Defaults of BatchConfig (group commit).
@@ -82,23 +84,13 @@ func (c BatchConfig) validate() error {
 	return nil
 }
 
-// Savepointer is implemented by a Tx that can mark a point in itself and
-// undo what followed it: the SQL store's, which group commit needs. name is
-// an SQL identifier the inbox generates. Release fails with an error
-// matching ErrAborted when an earlier statement aborted the transaction.
-type Savepointer interface {
-	Savepoint(ctx context.Context, name string) error
-	RollbackTo(ctx context.Context, name string) error
-	Release(ctx context.Context, name string) error
-}
-
-// SavepointClaimer is a Savepointer that can, in one round trip, release
+// SavepointClaimer is a unitofwork.Savepointer that can, in one round trip, release
 // the savepoint of the delivery before (release, "" for none), set the
 // next delivery's savepoint and claim its key after it: the SQL store on
 // lib/pq. Group commit uses it where the store offers it, and then releases
 // a successful delivery's savepoint together with the next one's claim.
 // When the transaction was aborted before the call (by the handler of the
-// delivery before), its error matches ErrAborted and nothing was done.
+// delivery before), its error matches unitofwork.ErrAborted and nothing was done.
 //
 // wait bounds the claim's wait for a concurrent claim of the same key
 // (ClaimTimeout; 0: none) — where the store can, without cancelling ctx, as
@@ -106,7 +98,7 @@ type Savepointer interface {
 // that waited longer fails with an error matching ErrClaimInProgress. ctx
 // is not cancelled by the inbox while the claim runs.
 type SavepointClaimer interface {
-	Savepointer
+	unitofwork.Savepointer
 	ClaimAfter(ctx context.Context, release, savepoint, consumer, key string, wait time.Duration) (bool, error)
 }
 

@@ -11,6 +11,8 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/telemetry"
+	"github.com/sluicemq/sluice/internal/unitctx"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // handle runs msg's claim and handler in a batch. handled false: msg left
@@ -102,7 +104,7 @@ func (bt *batcher) handle(msg *message.Message, key string, h message.HandlerFun
 		b.mu.Unlock()
 	}
 
-	u := &unit{Context: ctx, tx: b.tx, eventID: msg.Metadata.Get(sluice.EventIDKey)}
+	u := unitctx.New[unitofwork.Tx](ctx, b.tx, msg.Metadata.Get(sluice.EventIDKey))
 	msg.SetContext(u)
 	panicked := true
 	defer func() {
@@ -144,7 +146,7 @@ func (bt *batcher) handle(msg *message.Message, key string, h message.HandlerFun
 		case b.commitErr != nil:
 			return nil, sluice.Transient(errors.Join(err, fmt.Errorf("deduplication: commit: %w", b.commitErr))), true
 		}
-		u.committed()
+		u.Committed()
 		return produced, err, true
 	}
 	if !rejected && b.claimer != nil {
@@ -153,12 +155,12 @@ func (bt *batcher) handle(msg *message.Message, key string, h message.HandlerFun
 	}
 	if rerr := b.exec(ctx, func(ctx context.Context) error { return b.sp.Release(ctx, sp) }); rerr != nil {
 		b.undo(ctx, sp)
-		if !rejected || !errors.Is(rerr, ErrAborted) {
+		if !rejected || !errors.Is(rerr, unitofwork.ErrAborted) {
 			forget()
 			return nil, sluice.Transient(errors.Join(err, fmt.Errorf("deduplication: commit: %w", rerr))), true
 		}
 		// A rejection after a statement that aborted the transaction: its
-		// claim alone, with what it produced (OnRecordAlone), as without
+		// claim alone, with what it produced (unitofwork.OnRecordAlone), as without
 		// batching.
 		if aerr := b.recordAlone(ctx, sp, key, u); aerr != nil {
 			forget()
@@ -173,8 +175,8 @@ func (bt *batcher) handle(msg *message.Message, key string, h message.HandlerFun
 }
 
 // recordAlone claims key again after the unit of work was rolled back to
-// sp, with the writes registered by OnRecordAlone.
-func (b *batch) recordAlone(ctx context.Context, sp, key string, u *unit) error {
+// sp, with the writes registered by unitofwork.OnRecordAlone.
+func (b *batch) recordAlone(ctx context.Context, sp, key string, u *unitctx.Unit[unitofwork.Tx]) error {
 	d := b.bt.d
 	claimed, gaveUp, err := d.claim(ctx, b.tx, key)
 	if err != nil {
@@ -189,7 +191,7 @@ func (b *batch) recordAlone(ctx context.Context, sp, key string, u *unit) error 
 		b.undo(ctx, sp)
 		return errProcessedMeanwhile
 	}
-	for _, write := range u.rewrites() {
+	for _, write := range u.Rewrites() {
 		if err := write(endContext(ctx), b.tx); err != nil {
 			b.undo(ctx, sp)
 			return fmt.Errorf("deduplication: writing again what the rejected handler wrote for its commit: %w", err)

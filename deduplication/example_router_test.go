@@ -13,6 +13,7 @@ import (
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // addInventory is the README's quick start: the inbox added to an existing
@@ -52,7 +53,7 @@ func addInventory(ctx context.Context, router *message.Router, amqpURL string, d
 	if err != nil {
 		return err
 	}
-	handler := deduplication.ReentryNoPublish(func(msg *message.Message) error {
+	handler := unitofwork.ReentryNoPublish(func(msg *message.Message) error {
 		tx := sqlstore.TxFromContext(msg.Context()) // the inbox transaction
 		_, err := tx.ExecContext(msg.Context(), `INSERT INTO reservations (order_id) VALUES ('o-1')`)
 		return err // nil: committed, then acked; an error: rolled back

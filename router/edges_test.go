@@ -23,6 +23,7 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 func newRabbitMQ(t *testing.T, queue string, delays ...time.Duration) *rabbitmq.Broker {
@@ -67,7 +68,7 @@ func TestAddRefusesASecondHandlerOnAQueueAndADuplicateName(t *testing.T) {
 // Watermill's Retry added to the router after Sluice's stages runs inside
 // the inbox transaction. A handler that wrote its row and failed once must
 // still leave one row: the second run inside the same transaction is
-// refused (deduplication.Reentry) and the delivery goes to its tier as if
+// refused (unitofwork.Reentry) and the delivery goes to its tier as if
 // the Retry were not there.
 func TestRetryInsideTheInboxRunsTheHandlerOncePerTransaction(t *testing.T) {
 	t.Parallel()
@@ -131,7 +132,7 @@ func TestReentryKeepsTheFirstRunsClass(t *testing.T) {
 	d, err := deduplication.New(deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "c"})
 	require.NoError(t, err)
 	var runs int
-	inner := deduplication.Reentry(func(*message.Message) ([]*message.Message, error) {
+	inner := unitofwork.Reentry(func(*message.Message) ([]*message.Message, error) {
 		runs++
 		return nil, sluice.Poison(errors.New("unknown version"))
 	})
@@ -140,7 +141,7 @@ func TestReentryKeepsTheFirstRunsClass(t *testing.T) {
 	m.Metadata.Set(sluice.EventIDKey, "evt-1")
 	_, err = d(retry(inner))(m)
 	require.Equal(t, 1, runs)
-	require.ErrorIs(t, err, deduplication.ErrHandlerReentered)
+	require.ErrorIs(t, err, unitofwork.ErrHandlerReentered)
 	require.Equal(t, sluice.ClassPoison, sluice.ClassOf(err))
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // NewStore returns a store that no other call shares records with, cleaned
@@ -53,7 +54,7 @@ func Run(t *testing.T, newStore NewStore) {
 }
 
 // claim begins a unit of work and claims (consumer, key) in it.
-func claim(t *testing.T, s deduplication.Store, consumer, key string) (deduplication.Tx, bool) {
+func claim(t *testing.T, s deduplication.Store, consumer, key string) (unitofwork.Tx, bool) {
 	t.Helper()
 	tx, err := s.Begin(t.Context())
 	require.NoError(t, err)
@@ -125,7 +126,7 @@ func testConcurrentClaim(t *testing.T, s deduplication.Store, commit bool) {
 	require.True(t, ok)
 
 	type result struct {
-		tx  deduplication.Tx
+		tx  unitofwork.Tx
 		ok  bool
 		err error
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // Redis store defaults.
@@ -102,7 +103,7 @@ func New(cfg Config) (*Store, error) {
 }
 
 // Begin starts a unit of work; it does not talk to Redis.
-func (s *Store) Begin(context.Context) (deduplication.Tx, error) { return &redisTx{s: s}, nil }
+func (s *Store) Begin(context.Context) (unitofwork.Tx, error) { return &redisTx{s: s}, nil }
 
 // redisKey length-prefixes the consumer so that ("a:b","c") and ("a","b:c")
 // never share a key.

@@ -23,6 +23,7 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // TableDefault is the default inbox table name.
@@ -167,7 +168,7 @@ func (s *Store) CreateTable(ctx context.Context) error {
 }
 
 // Begin starts the delivery's SQL transaction.
-func (s *Store) Begin(ctx context.Context) (deduplication.Tx, error) {
+func (s *Store) Begin(ctx context.Context) (unitofwork.Tx, error) {
 	tx, err := s.db.BeginTxx(ctx, s.opts)
 	if err != nil {
 		return nil, err
@@ -218,9 +219,9 @@ type sqlTx struct {
 // in which the inbox record was claimed: the handler's business writes go
 // into it so that they commit or roll back with the record. It returns nil
 // outside the inbox stage with a Store of this package. It is
-// deduplication.TxFromContext with the unit of work's type made concrete.
+// unitofwork.FromContext with the unit of work's type made concrete.
 func TxFromContext(ctx context.Context) *sqlx.Tx {
-	if t, ok := deduplication.TxFromContext(ctx).(*sqlTx); ok {
+	if t, ok := unitofwork.FromContext(ctx).(*sqlTx); ok {
 		return t.tx
 	}
 	return nil
@@ -356,7 +357,7 @@ func (t *sqlTx) ClaimIdle(ctx context.Context, consumer, key string, idle time.D
 func (t *sqlTx) Commit(context.Context) error {
 	err := t.tx.Commit()
 	if err != nil && aborted(err) {
-		return fmt.Errorf("%w: %w", deduplication.ErrAborted, err)
+		return fmt.Errorf("%w: %w", unitofwork.ErrAborted, err)
 	}
 	return err
 }
@@ -429,12 +430,12 @@ func (t *sqlTx) ClaimAfter(ctx context.Context, release, savepoint, consumer, ke
 }
 
 // claimAfterError is ClaimAfter's error for err: matching
-// deduplication.ErrAborted when the transaction was aborted before it,
+// unitofwork.ErrAborted when the transaction was aborted before it,
 // deduplication.ErrClaimInProgress when the claim waited past wait.
 func claimAfterError(err error, key string, wait time.Duration) error {
 	switch state, _ := sluice.SQLState(err); state {
 	case "25P02":
-		return fmt.Errorf("%w: %w", deduplication.ErrAborted, err)
+		return fmt.Errorf("%w: %w", unitofwork.ErrAborted, err)
 	case "55P03":
 		return fmt.Errorf("%w: claim %q waited longer than the claim timeout (%s): %w", deduplication.ErrClaimInProgress, key, wait, err)
 	}
@@ -467,7 +468,7 @@ func (t *sqlTx) RollbackTo(ctx context.Context, name string) error {
 func (t *sqlTx) Release(ctx context.Context, name string) error {
 	_, err := t.tx.ExecContext(ctx, `RELEASE SAVEPOINT `+name)
 	if err != nil && aborted(err) {
-		return fmt.Errorf("%w: %w", deduplication.ErrAborted, err)
+		return fmt.Errorf("%w: %w", unitofwork.ErrAborted, err)
 	}
 	return err
 }
@@ -548,8 +549,8 @@ var dialects = map[string]dialect{
 
 // SQLTx returns the SQL transaction of tx, a unit of work this package's
 // Store began, or nil for another store's: for code handed a
-// deduplication.Tx, as deduplication.OnRecordAlone's writes are.
-func SQLTx(tx deduplication.Tx) *sqlx.Tx {
+// unitofwork.Tx, as unitofwork.OnRecordAlone's writes are.
+func SQLTx(tx unitofwork.Tx) *sqlx.Tx {
 	if t, ok := tx.(*sqlTx); ok {
 		return t.tx
 	}

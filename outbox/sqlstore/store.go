@@ -30,6 +30,7 @@ import (
 	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
 	"github.com/sluicemq/sluice/outbox"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // Defaults.
@@ -225,17 +226,17 @@ func (s *Store) Publish(ctx context.Context, topic string, msgs ...*message.Mess
 		// Written, or refused because the handler's own statement aborted
 		// the transaction: either way, a rejection's claim recorded alone
 		// carries these rows too.
-		deduplication.OnRecordAlone(ctx, func(ctx context.Context, u deduplication.Tx) error {
+		unitofwork.OnRecordAlone(ctx, func(ctx context.Context, u unitofwork.Tx) error {
 			t := inbox.SQLTx(u)
 			if t == nil {
 				return fmt.Errorf("outbox/sqlstore: the unit of work is not an SQL transaction")
 			}
 			return s.insert(ctx, t, rows)
 		})
-		deduplication.OnCommit(ctx, s.Wake)
+		unitofwork.OnCommit(ctx, s.Wake)
 	}
 	if err != nil && inbox.Aborted(err) {
-		return fmt.Errorf("%w: outbox/sqlstore: writing %d messages to %s: %w", deduplication.ErrAborted, len(msgs), s.table, err)
+		return fmt.Errorf("%w: outbox/sqlstore: writing %d messages to %s: %w", unitofwork.ErrAborted, len(msgs), s.table, err)
 	}
 	if err != nil {
 		return fmt.Errorf("outbox/sqlstore: writing %d messages to %s: %w", len(msgs), s.table, err)
