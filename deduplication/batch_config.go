@@ -31,7 +31,7 @@ const queueTimeoutDefault = 50 * time.Millisecond
 // savepoint (its claim and writes vanish; its error goes outward as without
 // batching) and returns at once; the others commit. A failed commit fails
 // every delivery that waited for it as Transient. The handler's API does not
-// change: TxFromContext (sqlstore.TxFromContext) gives the shared
+// change: unitofwork.FromContext (sluicesql.TxFromContext) gives the shared
 // transaction, positioned at the delivery's savepoint.
 //
 // A store whose units of work are not Savepointers (Redis, MemoryStore)

@@ -39,7 +39,7 @@ const (
 // the inbox's transaction: every one of msgs was claimed in it, each once
 // (a delivery whose key was processed before, or that another delivery of
 // the batch carries, is not among them). The transaction is
-// TxFromContext(ctx) — sqlstore.TxFromContext for an SQL store — and each
+// unitofwork.FromContext(ctx) — sluicesql.TxFromContext for an SQL store — and each
 // msgs[i].Context() carries it too, as the unit of work of that one event:
 // write what event i produces through it (outbox.Writer.Publish(
 // msgs[i].Context(), ...)) so that it commits, or not, with the event.

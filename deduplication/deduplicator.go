@@ -141,7 +141,7 @@ type deduplicator struct {
 //   - key already processed: rolls back, skips the handler, returns nil (ack);
 //   - claimed: runs the handler with the unit of work in the message context
 //     (unitofwork.FromContext, and a store's own accessor such as
-//     sqlstore.TxFromContext); commits when it succeeds or returns a
+//     sluicesql.TxFromContext); commits when it succeeds or returns a
 //     rejection, rolls back otherwise and returns its error. A failed commit
 //     is a Transient failure, so the message is not acked before its commit.
 //

@@ -10,9 +10,9 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/unitofwork"
 )
 
@@ -20,7 +20,7 @@ import (
 // Watermill router that consumes RabbitMQ with watermill-amqp.
 // TestTheREADMEQuickStartRuns runs it.
 func addInventory(ctx context.Context, router *message.Router, amqpURL string, db *sqlx.DB, logger watermill.LoggerAdapter) error {
-	store, err := sqlstore.New(sqlstore.Config{DB: db}) // PostgreSQL or SQLite
+	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db}) // PostgreSQL or SQLite
 	if err != nil {
 		return err
 	}
@@ -54,7 +54,7 @@ func addInventory(ctx context.Context, router *message.Router, amqpURL string, d
 		return err
 	}
 	handler := unitofwork.ReentryNoPublish(func(msg *message.Message) error {
-		tx := sqlstore.TxFromContext(msg.Context()) // the inbox transaction
+		tx := sluicesql.TxFromContext(msg.Context()) // the inbox transaction
 		_, err := tx.ExecContext(msg.Context(), `INSERT INTO reservations (order_id) VALUES ('o-1')`)
 		return err // nil: committed, then acked; an error: rolled back
 	}) // runs once per inbox transaction, whatever retry middleware the router adds later

@@ -26,10 +26,7 @@ type memRecord struct {
 	ended chan struct{} // made by the first waiter; closed when the holder ends
 }
 
-var (
-	_ Store        = (*MemoryStore)(nil)
-	_ BatchDeleter = (*MemoryStore)(nil)
-)
+var _ Store = (*MemoryStore)(nil)
 
 // NewMemoryStore returns an empty MemoryStore.
 func NewMemoryStore() *MemoryStore {

@@ -29,7 +29,7 @@ type Store interface {
 // claims through it when the delivery has a deadline (Watermill's Timeout
 // on the router), with idle the time left to that deadline plus
 // StoreTimeout, the bound of the commit that follows
-// (deduplication/sqlstore's units of work on PostgreSQL).
+// (sluicesql.Inbox's units of work on PostgreSQL).
 type IdleBounder interface {
 	ClaimIdle(ctx context.Context, consumer, key string, idle time.Duration) (bool, error)
 }
@@ -43,11 +43,4 @@ type IdleBounder interface {
 // request cannot reach a black-holed server).
 type ContextBounded interface {
 	BoundedByContext() bool
-}
-
-// BatchDeleter is implemented by stores whose records the Pruner deletes.
-type BatchDeleter interface {
-	// DeleteBefore deletes at most limit records processed before t and
-	// returns how many it deleted.
-	DeleteBefore(ctx context.Context, t time.Time, limit int) (int64, error)
 }

@@ -16,13 +16,13 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/unitofwork"
 )
 
@@ -83,7 +83,7 @@ func TestRetryInsideTheInboxRunsTheHandlerOncePerTransaction(t *testing.T) {
 		Broker: q,
 		Name:   "inventory", Consumers: 1,
 		Handler: func(msg *message.Message) error {
-			_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+			_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 				fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ($1)`, schema), msg.Metadata.Get(sluice.EventIDKey))
 			if err != nil {
 				return err
@@ -177,7 +177,7 @@ func timeoutBehindTheRouter(t *testing.T, batch *deduplication.BatchConfig) {
 		Broker: q, Name: "inventory", Consumers: 1,
 		Handler: func(msg *message.Message) error {
 			runs.Add(1)
-			if _, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+			if _, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 				fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ($1)`, schema), msg.Metadata.Get(sluice.EventIDKey)); err != nil {
 				return err
 			}

@@ -27,11 +27,11 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/localenv"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // chaosIDKey identifies a publish's event even when its payload is malformed.
@@ -392,7 +392,7 @@ func (w *world) setup(ctx context.Context) error {
 			return err
 		}
 	}
-	store, err := sqlstore.New(sqlstore.Config{DB: db, Table: w.name + ".inbox"})
+	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: w.name + ".inbox"})
 	if err != nil {
 		return err
 	}

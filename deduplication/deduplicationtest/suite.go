@@ -246,9 +246,12 @@ func claimRetrying(s deduplication.Store, key string) (won bool, err error) {
 }
 
 func testDeleteBefore(t *testing.T, s deduplication.Store) {
-	d, ok := s.(deduplication.BatchDeleter)
+	// What sluicesql.Pruner deletes through (sluicesql.BatchDeleter).
+	d, ok := s.(interface {
+		DeleteBefore(ctx context.Context, t time.Time, limit int) (int64, error)
+	})
 	if !ok {
-		t.Skip("store does not implement BatchDeleter")
+		t.Skip("store does not implement DeleteBefore")
 	}
 	for i := range 25 {
 		require.True(t, claimCommit(t, s, "c", fmt.Sprint("k", i)))

@@ -20,7 +20,6 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
-	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/outbox"
 	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
@@ -28,6 +27,7 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/unitofwork"
 )
 
@@ -230,7 +230,7 @@ func stackRun(ctx context.Context, admin *amqpAdmin, pub *rabbitmq.Publisher, ur
 	}
 	r.AddMiddleware(count)
 	insert := func(msg *message.Message) error {
-		_, err := inbox.TxFromContext(msg.Context()).ExecContext(msg.Context(), v.insertBiz, msg.Metadata.Get(sluice.EventIDKey))
+		_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(), v.insertBiz, msg.Metadata.Get(sluice.EventIDKey))
 		return err
 	}
 	cfg := router.HandlerConfig{

@@ -1,4 +1,4 @@
-package deduplication
+package sluicesql
 
 import (
 	"cmp"
@@ -23,9 +23,16 @@ const (
 	prunerPauseDefault     = 50 * time.Millisecond
 )
 
+// BatchDeleter is implemented by stores whose records the Pruner deletes.
+type BatchDeleter interface {
+	// DeleteBefore deletes at most limit records processed before t and
+	// returns how many it deleted.
+	DeleteBefore(ctx context.Context, t time.Time, limit int) (int64, error)
+}
+
 // PrunerConfig configures a Pruner.
 type PrunerConfig struct {
-	// Store is the store to prune, such as a *sqlstore.Store. Required.
+	// Store is the store to prune, such as an *Inbox. Required.
 	Store BatchDeleter
 	// Retention is how long a processed key is kept. A redelivery after its
 	// key is pruned runs the handler again, so it must cover the retry
@@ -81,17 +88,17 @@ func (c PrunerConfig) validate() error {
 	var ladder time.Duration
 	for i, d := range c.RetryDelays {
 		if d <= 0 {
-			return fmt.Errorf("deduplication: PrunerConfig.RetryDelays[%d] must be positive, got %s", i, d)
+			return fmt.Errorf("sluicesql: PrunerConfig.RetryDelays[%d] must be positive, got %s", i, d)
 		}
 		ladder += d
 	}
 	switch {
 	case c.Store == nil:
-		return errors.New("deduplication: PrunerConfig.Store is required")
+		return errors.New("sluicesql: PrunerConfig.Store is required")
 	case c.Retention < 0, c.Interval < 0, c.Pause < 0, c.ReplayWindow < 0, c.BatchSize < 0:
-		return errors.New("deduplication: PrunerConfig durations and BatchSize must not be negative")
+		return errors.New("sluicesql: PrunerConfig durations and BatchSize must not be negative")
 	case c.Retention < ladder+c.ReplayWindow:
-		return fmt.Errorf("deduplication: PrunerConfig.Retention (%s) must cover the retry ladder (RetryDelays, %s) plus PrunerConfig.ReplayWindow (%s): a copy redelivered after its key is pruned would be processed twice",
+		return fmt.Errorf("sluicesql: PrunerConfig.Retention (%s) must cover the retry ladder (RetryDelays, %s) plus PrunerConfig.ReplayWindow (%s): a copy redelivered after its key is pruned would be processed twice",
 			c.Retention, ladder, c.ReplayWindow)
 	}
 	return nil
@@ -106,7 +113,7 @@ func NewPruner(cfg PrunerConfig) (*Pruner, error) {
 	pruned, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(telemetry.MetricInboxPruned,
 		metric.WithDescription("Inbox records deleted after their retention."))
 	if err != nil {
-		return nil, fmt.Errorf("deduplication: creating %s counter: %w", telemetry.MetricInboxPruned, err)
+		return nil, fmt.Errorf("sluicesql: creating %s counter: %w", telemetry.MetricInboxPruned, err)
 	}
 	return &Pruner{cfg: cfg, pruned: pruned}, nil
 }
@@ -137,7 +144,7 @@ func (p *Pruner) Start(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.done != nil {
-		return errors.New("deduplication: Pruner already started")
+		return errors.New("sluicesql: Pruner already started")
 	}
 	ctx, p.cancel = context.WithCancel(ctx)
 	p.done = make(chan struct{})
