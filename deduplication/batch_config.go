@@ -12,12 +12,12 @@ import (
 
 // Defaults of BatchConfig (group commit).
 const (
-	// MaxBatchDefault is BatchConfig.MaxBatch's default: the most
+	// maxBatchDefault is BatchConfig.MaxBatch's default: the most
 	// deliveries one commit takes.
-	MaxBatchDefault = 8
-	// MaxWaitDefault is BatchConfig.MaxWait's default: the longest a batch
+	maxBatchDefault = 8
+	// maxWaitDefault is BatchConfig.MaxWait's default: the longest a batch
 	// waits for more deliveries after its first.
-	MaxWaitDefault = 2 * time.Millisecond
+	maxWaitDefault = 2 * time.Millisecond
 )
 
 // queueTimeoutDefault is BatchConfig.QueueTimeout's default.
@@ -42,14 +42,14 @@ type BatchConfig struct {
 	// a handler run side by side only when more deliveries are in flight
 	// than one batch takes: give the consumer a prefetch of several times
 	// MaxBatch (rabbitmq.BrokerConfig.Prefetch; docs/benchmarks.md, P8).
-	// Default MaxBatchDefault.
+	// Default 8.
 	MaxBatch int
 	// MaxWait is the longest a batch takes in deliveries after its first.
 	// A batch closes sooner when it is full, or — unless Linger — when
 	// every delivery it took in is done and none waits for its turn: a lone
 	// delivery commits once its handler returned, and a batch carries the
 	// deliveries that arrived while the ones before them ran. Default
-	// MaxWaitDefault.
+	// 2 ms.
 	MaxWait time.Duration
 	// Linger keeps a batch taking in deliveries for the whole MaxWait, even
 	// once the ones it took in are done: fewer, larger commits when
@@ -66,8 +66,8 @@ type BatchConfig struct {
 }
 
 func (c BatchConfig) withDefaults() BatchConfig {
-	c.MaxBatch = cmp.Or(c.MaxBatch, MaxBatchDefault)
-	c.MaxWait = cmp.Or(c.MaxWait, MaxWaitDefault)
+	c.MaxBatch = cmp.Or(c.MaxBatch, maxBatchDefault)
+	c.MaxWait = cmp.Or(c.MaxWait, maxWaitDefault)
 	c.QueueTimeout = cmp.Or(c.QueueTimeout, queueTimeoutDefault)
 	return c
 }

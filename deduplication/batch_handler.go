@@ -23,11 +23,8 @@ import (
 	"github.com/sluicemq/sluice/unitofwork"
 )
 
-// BatchHandlerMaxBatchDefault is the most deliveries a batch of a
-// BatchHandler takes when its MaxBatch is unset: give the consumer a
-// prefetch of about twice it, so that a batch gathers while the one before
-// commits.
-const BatchHandlerMaxBatchDefault = 64
+// batchHandlerMaxBatchDefault is BatchHandler.MaxBatch's default.
+const batchHandlerMaxBatchDefault = 64
 
 // Defaults of BatchHandler.
 const (
@@ -70,7 +67,8 @@ type BatchHandler struct {
 	// MaxBatch is the most deliveries one batch takes. Give the consumer
 	// deliveries enough in flight to fill it, twice over (a batch fills
 	// while the one before it commits): rabbitmq.BrokerConfig.Prefetch.
-	// Default BatchHandlerMaxBatchDefault; at most 1000.
+	// Default 64; at most 1000. Give the consumer a prefetch of about
+	// twice it, so that a batch gathers while the one before commits.
 	MaxBatch int
 	// MaxWait is the longest a batch takes in deliveries after its first.
 	// It closes sooner when it is full, or when no delivery joined it for a
@@ -88,7 +86,7 @@ type BatchHandler struct {
 }
 
 func (c BatchHandler) withDefaults() BatchHandler {
-	c.MaxBatch = cmp.Or(c.MaxBatch, BatchHandlerMaxBatchDefault)
+	c.MaxBatch = cmp.Or(c.MaxBatch, batchHandlerMaxBatchDefault)
 	c.MaxWait = cmp.Or(c.MaxWait, batchHandlerMaxWaitDefault)
 	c.Concurrency = cmp.Or(c.Concurrency, batchHandlerConcurrencyDefault)
 	if c.TracerProvider == nil {

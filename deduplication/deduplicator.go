@@ -21,9 +21,8 @@ import (
 	"github.com/sluicemq/sluice/unitofwork"
 )
 
-// KeyMaxLengthDefault is the default longest key, in bytes. Longer keys are
-// poison: an id that long is a bug, and B-tree indexes limit entry size.
-const KeyMaxLengthDefault = 512
+// keyMaxLengthDefault is Config.KeyMaxLength's default.
+const keyMaxLengthDefault = 512
 
 // claimTimeoutDefault is Config.ClaimTimeout's default.
 const claimTimeoutDefault = 5 * time.Second
@@ -51,8 +50,9 @@ type Config struct {
 	// OpenTelemetry provider); Logger, one debug line per duplicate (default
 	// watermill.NopLogger; router.Add gives the router's).
 	sluice.Env
-	// KeyMaxLength is the longest key accepted, in bytes. Default
-	// KeyMaxLengthDefault.
+	// KeyMaxLength is the longest key accepted, in bytes: longer keys are
+	// poison (an id that long is a bug, and B-tree indexes limit entry
+	// size; a store sizes its key column by it). Default 512.
 	KeyMaxLength int
 	// ClaimTimeout bounds the claim: how long a delivery waits for a
 	// concurrent delivery of the same key that holds it (a slow handler).
@@ -99,7 +99,7 @@ func (c Config) withDefaults() Config {
 		c.Key = KeyFromMetadata(sluice.EventIDKey)
 	}
 	c.Classifier = cmp.Or(c.Classifier, sluice.DefaultClassifier())
-	c.KeyMaxLength = cmp.Or(c.KeyMaxLength, KeyMaxLengthDefault)
+	c.KeyMaxLength = cmp.Or(c.KeyMaxLength, keyMaxLengthDefault)
 	c.ClaimTimeout = cmp.Or(c.ClaimTimeout, claimTimeoutDefault)
 	c.StoreTimeout = cmp.Or(c.StoreTimeout, storeTimeoutDefault)
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})

@@ -93,7 +93,7 @@ func New(cfg Config) (*Service, error) {
 	// Its deletions are not the inbox's: sluice.inbox.pruned counts the
 	// inbox's alone.
 	s.pruners[1], err = sluicesql.NewPruner(sluicesql.PrunerConfig{Store: s.stores.Outcomes, Retention: cfg.OutcomeRetention,
-		Records: "replay outcomes", Interval: cfg.PruneInterval, Env: sluice.Env{Logger: cfg.Logger, MeterProvider: noop.NewMeterProvider()}})
+		Interval: cfg.PruneInterval, Env: sluice.Env{Logger: cfg.Logger, MeterProvider: noop.NewMeterProvider()}})
 	if err != nil {
 		return nil, fmt.Errorf("service: Config.OutcomeRetention: %w", err)
 	}

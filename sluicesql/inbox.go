@@ -142,10 +142,6 @@ func NewInbox(cfg InboxConfig) (*Inbox, error) {
 	return s, nil
 }
 
-// DriverName is the name of the store's database driver ("postgres",
-// "pgx", "sqlite", "sqlite3").
-func (s *Inbox) DriverName() string { return s.db.DriverName() }
-
 // SchemaSQL returns the statements that create the inbox table and its
 // index, as CreateTable runs them.
 func (s *Inbox) SchemaSQL() string {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/telemetry"
+	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
 )
 
 // Pruner defaults.
@@ -51,9 +52,6 @@ type PrunerConfig struct {
 	BatchSize int
 	// Pause is the time between two batches of a run. Default 50 ms.
 	Pause time.Duration
-	// Records names what the Store holds, in the log line of a failed run
-	// ("Pruning the <Records> failed"). Default "inbox".
-	Records string
 	// Env is the shared environment (service gives its own). The pruner reads
 	// Logger, which reports failed runs (default watermill.NopLogger), and
 	// MeterProvider, which receives the pruned counter (default the global
@@ -78,7 +76,6 @@ func (c PrunerConfig) withDefaults() PrunerConfig {
 	c.Interval = cmp.Or(c.Interval, prunerIntervalDefault)
 	c.Pause = cmp.Or(c.Pause, prunerPauseDefault)
 	c.BatchSize = cmp.Or(c.BatchSize, prunerBatchSizeDefault)
-	c.Records = cmp.Or(c.Records, "inbox")
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	return c
 }
@@ -158,7 +155,7 @@ func (p *Pruner) run(ctx context.Context, done chan<- struct{}) {
 	defer t.Stop()
 	for {
 		if n, err := p.Prune(ctx); err != nil && ctx.Err() == nil {
-			p.cfg.Logger.Error("Pruning the "+p.cfg.Records+" failed", err, watermill.LogFields{"deleted": n})
+			p.cfg.Logger.Error("Pruning the "+records(p.cfg.Store)+" failed", err, watermill.LogFields{"deleted": n})
 		}
 		select {
 		case <-ctx.Done():
@@ -180,4 +177,12 @@ func (p *Pruner) Close() error {
 	cancel()
 	<-done
 	return nil
+}
+
+// records names what store holds, in the log line of a failed run.
+func records(store BatchDeleter) string {
+	if _, ok := store.(*replaysql.Store); ok {
+		return "replay outcomes"
+	}
+	return "inbox"
 }

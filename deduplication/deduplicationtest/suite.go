@@ -96,7 +96,7 @@ func testKeysAreExact(t *testing.T, s deduplication.Store) {
 		{"a:b", "c"}, {"a", "b:c"}, // no ambiguity from separators
 		{"c", "Key"}, {"c", "key"}, // case matters
 		{"c", "ключ-🔑"}, {"c", "ключ-🔑 "},
-		{"c", strings.Repeat("x", deduplication.KeyMaxLengthDefault)},
+		{"c", strings.Repeat("x", 512)}, // deduplication.Config.KeyMaxLength's default
 		{"c", "'; DROP TABLE x; --"},
 	}
 	for _, p := range pairs {
