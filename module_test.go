@@ -24,14 +24,14 @@ func TestALibraryUserBuildsTheRabbitMQPackage(t *testing.T) {
 import (
 	"fmt"
 
-	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/service"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 func main() {
-	fmt.Println(rabbitmq.PoisonSuffix, router.Order(), "sluice_inbox", service.DrainTimeoutDefault)
+	fmt.Println(rabbitmq.PoisonSuffix, router.Order(), sluicesql.NewInbox != nil, service.DrainTimeoutDefault)
 }
 `)
 	run("build", "-o", os.DevNull, ".")
