@@ -37,7 +37,8 @@ func TestDependencyGraph(t *testing.T) {
 		{module + "/brake", append(append([]string{module + "/deduplication", module + "/retrytiers", module + "/poison", module + "/middleware", module + "/router"}, brokers...), drivers...)},
 		{module + "/replay", append(append([]string{"github.com/jmoiron/sqlx", module + "/deduplication", module + "/retrytiers", module + "/poison", module + "/middleware", module + "/router", module + "/brake"}, brokers...), drivers...)},
 		{module + "/poison", append(append([]string{module + "/deduplication", module + "/retrytiers", module + "/router"}, brokers...), drivers...)},
-		{module + "/deduplication/sqlstore", append([]string{"modernc.org/sqlite", "github.com/redis/go-redis"}, brokers...)},
+		// The unit of work links no stage, no store and no driver.
+		{module + "/unitofwork", append(append([]string{module + "/deduplication", module + "/outbox", module + "/router", "github.com/jmoiron/sqlx"}, brokers...), drivers...)},
 		{module + "/router", append(append([]string{module + "/rabbitmq", module + "/embedded"}, brokers...), drivers...)},
 		{module + "/embedded", append(brokers, drivers...)},
 		{module + "/outbox", append(append([]string{"github.com/jmoiron/sqlx", module + "/router", module + "/retrytiers", module + "/poison", module + "/middleware", module + "/brake", module + "/replay"}, brokers...), drivers...)},
@@ -49,7 +50,7 @@ func TestDependencyGraph(t *testing.T) {
 		// The test kit links SQLite, its default database, and no network client.
 		{module + "/sluicetest", append([]string{module + "/rabbitmq", "github.com/redis/go-redis", "github.com/lib/pq", "github.com/jackc/pgx", "github.com/go-sql-driver/mysql", "github.com/prometheus/client_golang"}, brokers...)},
 		{module + "/promexport", append(append([]string{module + "/router", module + "/service", module + "/deduplication", module + "/outbox"}, brokers...), drivers...)},
-		{module + "/deduplication/redisstore", append([]string{"modernc.org/sqlite", "github.com/lib/pq"}, brokers...)},
+		{module + "/sluiceredis", append([]string{"modernc.org/sqlite", "github.com/lib/pq", "github.com/jackc/pgx", "github.com/jmoiron/sqlx"}, brokers...)},
 		{module + "/replay/redisstore", append([]string{"modernc.org/sqlite", "github.com/lib/pq", module + "/deduplication", module + "/retrytiers", module + "/poison", module + "/router"}, brokers...)},
 	} {
 		for _, d := range deps(t, tt.pkg) {

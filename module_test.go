@@ -24,14 +24,14 @@ func TestALibraryUserBuildsTheRabbitMQPackage(t *testing.T) {
 import (
 	"fmt"
 
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/service"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 func main() {
-	fmt.Println(rabbitmq.PoisonSuffix, router.Order(), sqlstore.TableDefault, service.ErrClosed)
+	fmt.Println(rabbitmq.PoisonSuffix, router.Order(), sluicesql.NewInbox != nil, service.ErrClosed)
 }
 `)
 	run("build", "-o", os.DevNull, ".")

@@ -13,9 +13,9 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // engagesOn runs deliveries through brake(MatchUnreachable) → classify →
@@ -66,7 +66,7 @@ func TestMatchUnreachableTooManyConnections(t *testing.T) {
 	state, ok := sluice.SQLState(err)
 	require.True(t, ok, "%v", err)
 	require.Equal(t, "53300", state, "%v", err)
-	store, err := sqlstore.New(sqlstore.Config{DB: db})
+	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db})
 	require.NoError(t, err)
 	engagesOn(t, store)
 }

@@ -1,197 +1,28 @@
 package deduplication
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/internal/telemetry"
+	"github.com/sluicemq/sluice/unitofwork"
 )
-
-// Defaults of BatchConfig (group commit).
-const (
-	// MaxBatchDefault is BatchConfig.MaxBatch's default: the most
-	// deliveries one commit takes.
-	MaxBatchDefault = 8
-	// MaxWaitDefault is BatchConfig.MaxWait's default: the longest a batch
-	// waits for more deliveries after its first.
-	MaxWaitDefault = 2 * time.Millisecond
-)
-
-// queueTimeoutDefault is BatchConfig.QueueTimeout's default.
-const queueTimeoutDefault = 50 * time.Millisecond
-
-// BatchConfig turns on group commit (Config.Batch): deliveries in flight on
-// one handler share one transaction. Each one's claim and handler run inside
-// a SAVEPOINT of their own, one delivery after another on the shared
-// transaction; the transaction commits once; each delivery returns — is
-// acked — only after that commit. A delivery that fails rolls back to its
-// savepoint (its claim and writes vanish; its error goes outward as without
-// batching) and returns at once; the others commit. A failed commit fails
-// every delivery that waited for it as Transient. The handler's API does not
-// change: TxFromContext (sqlstore.TxFromContext) gives the shared
-// transaction, positioned at the delivery's savepoint.
-//
-// A store whose units of work are not Savepointers (Redis, MemoryStore)
-// runs one unit of work per delivery, as without batching.
-type BatchConfig struct {
-	// MaxBatch is the most deliveries one transaction commits. A batch's
-	// deliveries run one after another on one connection, so the batches of
-	// a handler run side by side only when more deliveries are in flight
-	// than one batch takes: give the consumer a prefetch of several times
-	// MaxBatch (rabbitmq.BrokerConfig.Prefetch; docs/benchmarks.md, P8).
-	// Default MaxBatchDefault.
-	MaxBatch int
-	// MaxWait is the longest a batch takes in deliveries after its first.
-	// A batch closes sooner when it is full, or — unless Linger — when
-	// every delivery it took in is done and none waits for its turn: a lone
-	// delivery commits once its handler returned, and a batch carries the
-	// deliveries that arrived while the ones before them ran. Default
-	// MaxWaitDefault.
-	MaxWait time.Duration
-	// Linger keeps a batch taking in deliveries for the whole MaxWait, even
-	// once the ones it took in are done: fewer, larger commits when
-	// deliveries trickle in, each delivery waiting up to MaxWait for
-	// company before its commit.
-	Linger bool
-	// QueueTimeout bounds how long a delivery waits for its turn in a batch
-	// (the handler before it still running): past it, it leaves the batch
-	// and runs in a unit of work of its own. A slow handler so holds up only
-	// the deliveries that ran before it in its batch (their commit waits for
-	// it: bound it with the handler's own deadline), never those queued
-	// after it. Default 50 ms.
-	QueueTimeout time.Duration
-}
-
-func (c BatchConfig) withDefaults() BatchConfig {
-	c.MaxBatch = cmp.Or(c.MaxBatch, MaxBatchDefault)
-	c.MaxWait = cmp.Or(c.MaxWait, MaxWaitDefault)
-	c.QueueTimeout = cmp.Or(c.QueueTimeout, queueTimeoutDefault)
-	return c
-}
-
-func (c BatchConfig) validate() error {
-	switch {
-	case c.MaxBatch < 1 || c.MaxBatch > 1000:
-		return fmt.Errorf("deduplication: Config.Batch.MaxBatch must be between 1 and 1000, got %d", c.MaxBatch)
-	case c.MaxWait < 0 || c.MaxWait > time.Second:
-		return fmt.Errorf("deduplication: Config.Batch.MaxWait must be between 0 and 1s, got %s", c.MaxWait)
-	case c.QueueTimeout < 0:
-		return fmt.Errorf("deduplication: Config.Batch.QueueTimeout must not be negative, got %s", c.QueueTimeout)
-	}
-	return nil
-}
-
-// Savepointer is implemented by a Tx that can mark a point in itself and
-// undo what followed it: the SQL store's, which group commit needs. name is
-// an SQL identifier the inbox generates. Release fails with an error
-// matching ErrAborted when an earlier statement aborted the transaction.
-type Savepointer interface {
-	Savepoint(ctx context.Context, name string) error
-	RollbackTo(ctx context.Context, name string) error
-	Release(ctx context.Context, name string) error
-}
-
-// SavepointClaimer is a Savepointer that can, in one round trip, release
-// the savepoint of the delivery before (release, "" for none), set the
-// next delivery's savepoint and claim its key after it: the SQL store on
-// lib/pq. Group commit uses it where the store offers it, and then releases
-// a successful delivery's savepoint together with the next one's claim.
-// When the transaction was aborted before the call (by the handler of the
-// delivery before), its error matches ErrAborted and nothing was done.
-//
-// wait bounds the claim's wait for a concurrent claim of the same key
-// (ClaimTimeout; 0: none) — where the store can, without cancelling ctx, as
-// cancelling a statement may end the connection, the whole batch's. A claim
-// that waited longer fails with an error matching ErrClaimInProgress. ctx
-// is not cancelled by the inbox while the claim runs.
-type SavepointClaimer interface {
-	Savepointer
-	ClaimAfter(ctx context.Context, release, savepoint, consumer, key string, wait time.Duration) (bool, error)
-}
-
-// batchClaimWait is how long a batched claim waits for another
-// transaction's claim of the same key before its delivery leaves the batch.
-const batchClaimWait = time.Millisecond
-
-// errNoSavepoints marks a store whose units of work cannot batch.
-var errNoSavepoints = errors.New("deduplication: the store's units of work are no Savepointers")
-
-// batcher gathers one stage's deliveries into batches.
-type batcher struct {
-	d           *deduplicator
-	cfg         BatchConfig
-	timer       func(time.Duration) *time.Timer // time.NewTimer but in a test
-	unsupported atomic.Bool
-
-	mu   sync.Mutex
-	open *batch // taking in deliveries, or nil
-	// suspects are keys whose batch failed to commit: their next delivery
-	// runs alone, so a delivery that makes every commit fail (a deferred
-	// constraint) fails alone, and the copies of its neighbours, retried in
-	// lockstep with it, do not fail with it again and again. Bounded.
-	suspects map[string]struct{}
-	order    []string
-}
-
-// suspectsMax bounds the keys a batcher remembers as suspects.
-const suspectsMax = 4096
-
-// suspect remembers keys whose batch failed to commit.
-func (bt *batcher) suspect(keys []string) {
-	bt.mu.Lock()
-	defer bt.mu.Unlock()
-	if bt.suspects == nil {
-		bt.suspects = map[string]struct{}{}
-	}
-	for _, k := range keys {
-		if _, ok := bt.suspects[k]; ok {
-			continue
-		}
-		if len(bt.order) >= suspectsMax {
-			delete(bt.suspects, bt.order[0])
-			bt.order = bt.order[1:]
-		}
-		bt.suspects[k] = struct{}{}
-		bt.order = append(bt.order, k)
-	}
-}
-
-// cleared reports whether key may join a batch, and forgets it as a
-// suspect: it runs alone once.
-func (bt *batcher) cleared(key string) bool {
-	bt.mu.Lock()
-	defer bt.mu.Unlock()
-	if _, ok := bt.suspects[key]; !ok {
-		return true
-	}
-	delete(bt.suspects, key)
-	if i := slices.Index(bt.order, key); i >= 0 {
-		bt.order = slices.Delete(bt.order, i, i+1)
-	}
-	return false
-}
 
 // batch is one shared unit of work.
 type batch struct {
 	bt    *batcher
 	ready chan struct{} // closed once the unit of work began (or failed to)
-	tx    Tx
-	sp    Savepointer
+	tx    unitofwork.Tx
+	sp    unitofwork.Savepointer
 	err   error // Begin's
 
 	claimer SavepointClaimer // sp, when it is one
@@ -265,7 +96,7 @@ func (b *batch) run() {
 	// own, which the SQL store's transaction is bound to.
 	tx, err := d.begin(context.Background())
 	if err == nil {
-		sp, ok := tx.(Savepointer)
+		sp, ok := tx.(unitofwork.Savepointer)
 		if !ok {
 			b.bt.unsupported.Store(true)
 			_ = d.rollback(context.Background(), tx)
@@ -440,7 +271,7 @@ func (b *batch) savepointAndClaim(ctx context.Context, sp, key string) (claimed,
 			claimed, gaveUp, err = bounded.Run(d.calls, detached, bound, false, f, nil)
 		}
 		switch {
-		case err == nil, errors.Is(err, ErrClaimInProgress), errors.Is(err, ErrAborted):
+		case err == nil, errors.Is(err, ErrClaimInProgress), errors.Is(err, unitofwork.ErrAborted):
 			return claimed, false, err
 		case gaveUp:
 			return false, true, &sluice.DependencyError{Op: fmt.Sprintf("deduplication: claim %q", diag.Bound(key, 128)), Err: err}
@@ -448,7 +279,7 @@ func (b *batch) savepointAndClaim(ctx context.Context, sp, key string) (claimed,
 		return false, false, dependency(ctx, fmt.Sprintf("claim %q", diag.Bound(key, 128)), err)
 	}
 	claimed, gaveUp, err = claim(release)
-	if err != nil && !gaveUp && prev != nil && errors.Is(err, ErrAborted) {
+	if err != nil && !gaveUp && prev != nil && errors.Is(err, unitofwork.ErrAborted) {
 		b.fail(ctx, prev, err) // back at prev's savepoint: before its claim
 		claimed, gaveUp, err = claim("")
 	}
@@ -484,202 +315,4 @@ func lockConflict(err error) bool {
 // duplicate).
 func commitOfTheBatch(err error) bool {
 	return !sluice.Unreachable(err) && !errors.Is(err, sluice.ErrDependency) && !errors.Is(err, ErrStoreTimeout)
-}
-
-// handle runs msg's claim and handler in a batch. handled false: msg left
-// the batch before its claim (its turn did not come within QueueTimeout,
-// its key is claimed in the batch, or the store cannot batch) and must run
-// in a unit of work of its own.
-func (bt *batcher) handle(msg *message.Message, key string, h message.HandlerFunc) (produced []*message.Message, err error, handled bool) {
-	d := bt.d
-	if !bt.cleared(key) {
-		return nil, nil, false
-	}
-	b := bt.join()
-	inBatch := true
-	leave := func() {
-		if inBatch {
-			inBatch = false
-			b.mu.Lock()
-			b.active--
-			if b.active == 0 {
-				select {
-				case b.idle <- struct{}{}:
-				default: // already signalled
-				}
-			}
-			b.mu.Unlock()
-		}
-	}
-	defer leave()
-	<-b.ready // Begin is bounded by StoreTimeout
-	if b.err != nil {
-		if errors.Is(b.err, errNoSavepoints) {
-			return nil, nil, false
-		}
-		return nil, sluice.Transient(b.err), true
-	}
-
-	t := time.NewTimer(bt.cfg.QueueTimeout)
-	select {
-	case <-b.turn:
-		t.Stop()
-	case <-t.C:
-		return nil, nil, false
-	}
-	holding := true
-	release := func() {
-		if holding {
-			holding = false
-			b.turn <- struct{}{}
-		}
-	}
-	defer release()
-
-	ctx := msg.Context()
-	b.mu.Lock()
-	broken := b.broken
-	_, again := b.keys[key]
-	b.mu.Unlock()
-	if broken != nil {
-		return nil, sluice.Transient(broken), true
-	}
-	if again { // the same key claimed earlier in this batch: decided by its commit
-		release()
-		leave()
-		<-b.done
-		return nil, nil, false
-	}
-	sp := "sluice_" + strconv.Itoa(b.next)
-	b.next++
-	claimed, gaveUp, err := b.savepointAndClaim(ctx, sp, key)
-	switch {
-	case gaveUp:
-		b.breakWith(err)
-		return nil, sluice.Transient(err), true
-	case b.claimer != nil && errors.Is(err, ErrClaimInProgress):
-		return nil, nil, false // held elsewhere: wait for it alone (ClaimTimeout)
-	case err != nil:
-		return nil, sluice.Transient(err), true
-	case !claimed:
-		b.undo(ctx, sp)
-		d.duplicate(msg, key)
-		return nil, nil, true
-	}
-	b.mu.Lock()
-	b.keys[key] = struct{}{}
-	b.mu.Unlock()
-	forget := func() {
-		b.mu.Lock()
-		delete(b.keys, key)
-		b.mu.Unlock()
-	}
-
-	u := &unit{Context: ctx, tx: b.tx, eventID: msg.Metadata.Get(sluice.EventIDKey)}
-	msg.SetContext(u)
-	panicked := true
-	defer func() {
-		if panicked { // roll back to the savepoint, then let it unwind
-			msg.SetContext(ctx)
-			b.undo(ctx, sp)
-			forget()
-		}
-	}()
-	produced, err = h(msg)
-	panicked = false
-	msg.SetContext(ctx)
-	rejected := err != nil
-	if rejected && d.cfg.Classifier.Classify(err) != sluice.ClassRejected {
-		b.undo(ctx, sp)
-		forget()
-		if lockConflict(err) { // the batch's locks' doing: not the delivery's attempt
-			return nil, nil, false
-		}
-		return produced, err, true
-	}
-	m := &member{sp: sp, key: key}
-	// Kept: wait for the batch's commit, and return what it decided.
-	kept := func() ([]*message.Message, error, bool) {
-		b.mu.Lock()
-		b.kept++
-		if b.attrs == nil {
-			b.attrs = telemetry.DeliveryAttr(msg)
-		}
-		b.mu.Unlock()
-		release()
-		leave()
-		<-b.done
-		switch {
-		case m.err != nil:
-			return nil, m.err, true
-		case b.commitErr != nil && commitOfTheBatch(b.commitErr):
-			return nil, nil, false // rolled back: run again alone, at once
-		case b.commitErr != nil:
-			return nil, sluice.Transient(errors.Join(err, fmt.Errorf("deduplication: commit: %w", b.commitErr))), true
-		}
-		u.committed()
-		return produced, err, true
-	}
-	if !rejected && b.claimer != nil {
-		b.pending = m // released with the next delivery's claim, or by the commit
-		return kept()
-	}
-	if rerr := b.exec(ctx, func(ctx context.Context) error { return b.sp.Release(ctx, sp) }); rerr != nil {
-		b.undo(ctx, sp)
-		if !rejected || !errors.Is(rerr, ErrAborted) {
-			forget()
-			return nil, sluice.Transient(errors.Join(err, fmt.Errorf("deduplication: commit: %w", rerr))), true
-		}
-		// A rejection after a statement that aborted the transaction: its
-		// claim alone, with what it produced (OnRecordAlone), as without
-		// batching.
-		if aerr := b.recordAlone(ctx, sp, key, u); aerr != nil {
-			forget()
-			if errors.Is(aerr, errProcessedMeanwhile) {
-				d.duplicate(msg, key)
-				return nil, nil, true
-			}
-			return nil, sluice.Transient(errors.Join(err, aerr)), true
-		}
-	}
-	return kept()
-}
-
-// recordAlone claims key again after the unit of work was rolled back to
-// sp, with the writes registered by OnRecordAlone.
-func (b *batch) recordAlone(ctx context.Context, sp, key string, u *unit) error {
-	d := b.bt.d
-	claimed, gaveUp, err := d.claim(ctx, b.tx, key)
-	if err != nil {
-		if gaveUp {
-			b.breakWith(err)
-		} else {
-			b.undo(ctx, sp)
-		}
-		return fmt.Errorf("deduplication: recording the rejection: %w", err)
-	}
-	if !claimed { // a redelivery processed the key meanwhile (see claimAlone)
-		b.undo(ctx, sp)
-		return errProcessedMeanwhile
-	}
-	for _, write := range u.rewrites() {
-		if err := write(endContext(ctx), b.tx); err != nil {
-			b.undo(ctx, sp)
-			return fmt.Errorf("deduplication: writing again what the rejected handler wrote for its commit: %w", err)
-		}
-	}
-	if err := b.exec(ctx, func(ctx context.Context) error { return b.sp.Release(ctx, sp) }); err != nil {
-		b.undo(ctx, sp)
-		return fmt.Errorf("deduplication: recording the rejection: %w", err)
-	}
-	return nil
-}
-
-// duplicate counts, logs and reports a delivery whose key was processed
-// before.
-func (d *deduplicator) duplicate(msg *message.Message, key string) {
-	ctx := msg.Context()
-	d.duplicates.Add(ctx, 1, telemetry.DeliveryAttr(msg))
-	d.cfg.Logger.Debug("Duplicate delivery skipped: the key was processed before", telemetry.LogFields(msg, watermill.LogFields{"key": diag.Bound(key, 128)}))
-	sluice.Record(ctx, func(r *sluice.Report) { r.Outcome = sluice.OutcomeDuplicate })
 }

@@ -19,13 +19,12 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/telemetry"
+	"github.com/sluicemq/sluice/internal/unitctx"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
-// BatchHandlerMaxBatchDefault is the most deliveries a batch of a
-// BatchHandler takes when its MaxBatch is unset: give the consumer a
-// prefetch of about twice it, so that a batch gathers while the one before
-// commits.
-const BatchHandlerMaxBatchDefault = 64
+// batchHandlerMaxBatchDefault is BatchHandler.MaxBatch's default.
+const batchHandlerMaxBatchDefault = 64
 
 // Defaults of BatchHandler.
 const (
@@ -37,7 +36,7 @@ const (
 // the inbox's transaction: every one of msgs was claimed in it, each once
 // (a delivery whose key was processed before, or that another delivery of
 // the batch carries, is not among them). The transaction is
-// TxFromContext(ctx) — sqlstore.TxFromContext for an SQL store — and each
+// unitofwork.FromContext(ctx) — sluicesql.TxFromContext for an SQL store — and each
 // msgs[i].Context() carries it too, as the unit of work of that one event:
 // write what event i produces through it (outbox.Writer.Publish(
 // msgs[i].Context(), ...)) so that it commits, or not, with the event.
@@ -68,7 +67,8 @@ type BatchHandler struct {
 	// MaxBatch is the most deliveries one batch takes. Give the consumer
 	// deliveries enough in flight to fill it, twice over (a batch fills
 	// while the one before it commits): rabbitmq.BrokerConfig.Prefetch.
-	// Default BatchHandlerMaxBatchDefault; at most 1000.
+	// Default 64; at most 1000. Give the consumer a prefetch of about
+	// twice it, so that a batch gathers while the one before commits.
 	MaxBatch int
 	// MaxWait is the longest a batch takes in deliveries after its first.
 	// It closes sooner when it is full, or when no delivery joined it for a
@@ -86,7 +86,7 @@ type BatchHandler struct {
 }
 
 func (c BatchHandler) withDefaults() BatchHandler {
-	c.MaxBatch = cmp.Or(c.MaxBatch, BatchHandlerMaxBatchDefault)
+	c.MaxBatch = cmp.Or(c.MaxBatch, batchHandlerMaxBatchDefault)
 	c.MaxWait = cmp.Or(c.MaxWait, batchHandlerMaxWaitDefault)
 	c.Concurrency = cmp.Or(c.Concurrency, batchHandlerConcurrencyDefault)
 	if c.TracerProvider == nil {
@@ -109,7 +109,7 @@ func (c BatchHandler) validate() error {
 	return nil
 }
 
-// BatchClaimer is a Tx that claims many keys in one statement: the SQL
+// BatchClaimer is a unitofwork.Tx that claims many keys in one statement: the SQL
 // store's. ClaimBatch records (consumer, key) for each of keys (distinct)
 // and returns those it recorded; a key a committed unit of work recorded
 // before is left out. A key another open unit of work holds is waited for
@@ -117,7 +117,7 @@ func (c BatchHandler) validate() error {
 // error matching ErrClaimInProgress, and the unit of work may take no
 // further statement but a rollback (to a savepoint). idle > 0 bounds how
 // long the unit of work may then sit idle, as IdleBounder's ClaimIdle. A
-// batch handler claims through it where the store's Tx is one, and one
+// batch handler claims through it where the store's unitofwork.Tx is one, and one
 // Claim after another elsewhere.
 type BatchClaimer interface {
 	ClaimBatch(ctx context.Context, consumer string, keys []string, wait, idle time.Duration) ([]string, error)
@@ -494,15 +494,15 @@ func (x *execution) once(es []*entry) []*entry {
 		return nil
 	}
 
-	units := make([]*unit, len(run))
+	units := make([]*unitctx.Unit[unitofwork.Tx], len(run))
 	msgs := make([]*message.Message, len(run))
 	for i, e := range run {
-		units[i] = &unit{Context: e.ctx, tx: tx, eventID: e.msg.Metadata.Get(sluice.EventIDKey)}
+		units[i] = unitctx.New[unitofwork.Tx](e.ctx, tx, e.msg.Metadata.Get(sluice.EventIDKey))
 		msgs[i] = e.msg
 		e.msg.SetContext(units[i])
 	}
 	hctx, cancel := x.handlerContext(run)
-	outcomes, panicked := x.call(&unit{Context: hctx, tx: tx}, msgs)
+	outcomes, panicked := x.call(unitctx.New[unitofwork.Tx](hctx, tx, ""), msgs)
 	var gone error // a delivery's context ended under the handler (a shutdown)
 	if hctx.Err() != nil {
 		gone = context.Cause(hctx)
@@ -550,7 +550,7 @@ func (x *execution) once(es []*entry) []*entry {
 		return run[half:]
 	}
 	var survivors []*entry
-	kept := make([]*unit, 0, len(run))
+	kept := make([]*unitctx.Unit[unitofwork.Tx], 0, len(run))
 	var rejected []int
 	for i, e := range run {
 		err := outcomes[i]
@@ -575,7 +575,7 @@ func (x *execution) once(es []*entry) []*entry {
 		x.committed += len(run)
 		d.batchSize.Record(bg, int64(len(run)), telemetry.DeliveryAttr(run[0].msg))
 		for _, u := range kept {
-			u.committed()
+			u.Committed()
 		}
 		return nil
 	case gaveUp || !commitOfTheBatch(cErr):
@@ -589,14 +589,14 @@ func (x *execution) once(es []*entry) []*entry {
 	case len(run) == 1:
 		_ = d.rollback(bg, tx)
 		e := run[0]
-		if len(rejected) == 1 && errors.Is(cErr, ErrAborted) {
+		if len(rejected) == 1 && errors.Is(cErr, unitofwork.ErrAborted) {
 			// A rejection after a statement that aborted the
 			// transaction: its claim alone, as without batching.
-			rErr := d.claimAlone(bg, tx, e.key, units[0].rewrites())
+			rErr := d.claimAlone(bg, tx, e.key, units[0].Rewrites())
 			switch {
 			case rErr == nil:
 				x.committed++
-				units[0].committed()
+				units[0].Committed()
 				return nil
 			case errors.Is(rErr, errProcessedMeanwhile):
 				d.duplicate(e.msg, e.key)
@@ -697,7 +697,7 @@ func (x *execution) call(ctx context.Context, msgs []*message.Message) (outcomes
 // the keys claimed, as a set. The statement waits for a key another open
 // unit of work holds batchClaimWait in a batch (then it fails matching
 // ErrClaimInProgress, the unit of work aborted), ClaimTimeout alone.
-func (x *execution) claimAll(tx Tx, keys []string, idle time.Duration) (map[string]struct{}, bool, error) {
+func (x *execution) claimAll(tx unitofwork.Tx, keys []string, idle time.Duration) (map[string]struct{}, bool, error) {
 	d := x.g.d
 	bc, ok := tx.(BatchClaimer)
 	if !ok {
@@ -732,7 +732,7 @@ func (x *execution) claimAll(tx Tx, keys []string, idle time.Duration) (map[stri
 
 // claimStatement runs one ClaimBatch of keys (sorted) within StoreTimeout
 // more than wait.
-func (x *execution) claimStatement(tx Tx, bc BatchClaimer, keys []string, wait, idle time.Duration) ([]string, bool, error) {
+func (x *execution) claimStatement(tx unitofwork.Tx, bc BatchClaimer, keys []string, wait, idle time.Duration) ([]string, bool, error) {
 	d := x.g.d
 	f := func(ctx context.Context) ([]string, error) {
 		return bc.ClaimBatch(ctx, d.cfg.Consumer, keys, wait, idle)
@@ -760,10 +760,10 @@ func (x *execution) claimStatement(tx Tx, bc BatchClaimer, keys []string, wait, 
 // of work holds; a part that waited longer is rolled back to its savepoint
 // and split, down to the single keys held, returned apart. A store whose
 // units of work take no savepoints has every key of a conflict held.
-func (x *execution) claimByHalves(tx Tx, keys []string, idle time.Duration) (claimed, held map[string]struct{}, gaveUp bool, err error) {
+func (x *execution) claimByHalves(tx unitofwork.Tx, keys []string, idle time.Duration) (claimed, held map[string]struct{}, gaveUp bool, err error) {
 	claimed, held = map[string]struct{}{}, map[string]struct{}{}
 	bc, _ := tx.(BatchClaimer)
-	sp, ok := tx.(Savepointer)
+	sp, ok := tx.(unitofwork.Savepointer)
 	if bc == nil || !ok {
 		for _, k := range keys {
 			held[k] = struct{}{}

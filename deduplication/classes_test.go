@@ -12,7 +12,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 func requirePQ(t *testing.T, err error, state string) {
@@ -34,7 +34,7 @@ func TestHandlerClass42IsPoisonByDefault(t *testing.T) {
 		"42P01": `INSERT INTO %s.no_such_table VALUES (1)`,
 	} {
 		h := b.dedup(t, "inventory-"+state)(func(msg *message.Message) ([]*message.Message, error) {
-			_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(), fmt.Sprintf(stmt, b.schema))
+			_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(), fmt.Sprintf(stmt, b.schema))
 			return nil, fmt.Errorf("reserving: %w", err)
 		})
 		msg := event("evt-" + state)
@@ -52,7 +52,7 @@ func TestHandlerClass42IsPoisonByDefault(t *testing.T) {
 func TestMissingInboxTableIsTheDependencys(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	store, err := sqlstore.New(sqlstore.Config{DB: b.db, Table: b.schema + ".missing_inbox"}) // no CreateTable
+	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: b.db, Table: b.schema + ".missing_inbox"}) // no CreateTable
 	require.NoError(t, err)
 	d, err := deduplication.New(deduplication.Config{Store: store, Consumer: "inventory"})
 	require.NoError(t, err)

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -18,11 +16,13 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/telemetry"
+	"github.com/sluicemq/sluice/internal/unitctx"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
-// KeyMaxLengthDefault is the default longest key, in bytes. Longer keys are
-// poison: an id that long is a bug, and B-tree indexes limit entry size.
-const KeyMaxLengthDefault = 512
+// keyMaxLengthDefault is Config.KeyMaxLength's default.
+const keyMaxLengthDefault = 512
 
 // claimTimeoutDefault is Config.ClaimTimeout's default.
 const claimTimeoutDefault = 5 * time.Second
@@ -50,8 +50,9 @@ type Config struct {
 	// OpenTelemetry provider); Logger, one debug line per duplicate (default
 	// watermill.NopLogger; router.Add gives the router's).
 	sluice.Env
-	// KeyMaxLength is the longest key accepted, in bytes. Default
-	// KeyMaxLengthDefault.
+	// KeyMaxLength is the longest key accepted, in bytes: longer keys are
+	// poison (an id that long is a bug, and B-tree indexes limit entry
+	// size; a store sizes its key column by it). Default 512.
 	KeyMaxLength int
 	// ClaimTimeout bounds the claim: how long a delivery waits for a
 	// concurrent delivery of the same key that holds it (a slow handler).
@@ -98,7 +99,7 @@ func (c Config) withDefaults() Config {
 		c.Key = KeyFromMetadata(sluice.EventIDKey)
 	}
 	c.Classifier = cmp.Or(c.Classifier, sluice.DefaultClassifier())
-	c.KeyMaxLength = cmp.Or(c.KeyMaxLength, KeyMaxLengthDefault)
+	c.KeyMaxLength = cmp.Or(c.KeyMaxLength, keyMaxLengthDefault)
 	c.ClaimTimeout = cmp.Or(c.ClaimTimeout, claimTimeoutDefault)
 	c.StoreTimeout = cmp.Or(c.StoreTimeout, storeTimeoutDefault)
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
@@ -139,8 +140,8 @@ type deduplicator struct {
 // run), opens a unit of work, claims (Consumer, key) and:
 //   - key already processed: rolls back, skips the handler, returns nil (ack);
 //   - claimed: runs the handler with the unit of work in the message context
-//     (TxFromContext, and a store's own accessor such as
-//     sqlstore.TxFromContext); commits when it succeeds or returns a
+//     (unitofwork.FromContext, and a store's own accessor such as
+//     sluicesql.TxFromContext); commits when it succeeds or returns a
 //     rejection, rolls back otherwise and returns its error. A failed commit
 //     is a Transient failure, so the message is not acked before its commit.
 //
@@ -248,7 +249,7 @@ func (d *deduplicator) alone(msg *message.Message, key string, h message.Handler
 		return nil, nil
 	}
 
-	u := &unit{Context: ctx, tx: tx, eventID: msg.Metadata.Get(sluice.EventIDKey)}
+	u := unitctx.New[unitofwork.Tx](ctx, tx, msg.Metadata.Get(sluice.EventIDKey))
 	msg.SetContext(u)
 	produced, err := h(msg)
 	msg.SetContext(ctx)
@@ -263,7 +264,7 @@ func (d *deduplicator) alone(msg *message.Message, key string, h message.Handler
 		return nil, sluice.Transient(errors.Join(err, cErr))
 	}
 	if cErr != nil { // the deferred rollback releases what is left
-		if rejected && errors.Is(cErr, ErrAborted) {
+		if rejected && errors.Is(cErr, unitofwork.ErrAborted) {
 			// A rejection often follows a statement that aborted the
 			// transaction (a unique violation on PostgreSQL), whose
 			// commit then fails. The rejection is still final: record
@@ -273,10 +274,10 @@ func (d *deduplicator) alone(msg *message.Message, key string, h message.Handler
 			// Any other failed commit (a lost connection, 40001) may
 			// succeed next time: the delivery is retried, so the
 			// rejection's writes commit with its claim or not at all.
-			rErr := d.claimAlone(endCtx, tx, key, u.rewrites())
+			rErr := d.claimAlone(endCtx, tx, key, u.Rewrites())
 			if rErr == nil {
 				ended = true
-				u.committed()
+				u.Committed()
 				return produced, err
 			}
 			if errors.Is(rErr, errProcessedMeanwhile) {
@@ -289,8 +290,17 @@ func (d *deduplicator) alone(msg *message.Message, key string, h message.Handler
 		return nil, sluice.Transient(errors.Join(err, fmt.Errorf("deduplication: commit: %w", cErr)))
 	}
 	ended = true
-	u.committed()
+	u.Committed()
 	return produced, err
+}
+
+// duplicate counts, logs and reports a delivery whose key was processed
+// before.
+func (d *deduplicator) duplicate(msg *message.Message, key string) {
+	ctx := msg.Context()
+	d.duplicates.Add(ctx, 1, telemetry.DeliveryAttr(msg))
+	d.cfg.Logger.Debug("Duplicate delivery skipped: the key was processed before", telemetry.LogFields(msg, watermill.LogFields{"key": diag.Bound(key, 128)}))
+	sluice.Record(ctx, func(r *sluice.Report) { r.Outcome = sluice.OutcomeDuplicate })
 }
 
 // endContext is the context that ends a unit of work: ctx's values, not its
@@ -298,8 +308,8 @@ func (d *deduplicator) alone(msg *message.Message, key string, h message.Handler
 func endContext(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
 
 // begin opens a unit of work within StoreTimeout.
-func (d *deduplicator) begin(ctx context.Context) (Tx, error) {
-	open := func(context.Context) (Tx, error) { return d.open(ctx) }
+func (d *deduplicator) begin(ctx context.Context) (unitofwork.Tx, error) {
+	open := func(context.Context) (unitofwork.Tx, error) { return d.open(ctx) }
 	if d.storeBound <= 0 {
 		tx, err := open(ctx)
 		if err != nil {
@@ -307,7 +317,7 @@ func (d *deduplicator) begin(ctx context.Context) (Tx, error) {
 		}
 		return tx, nil
 	}
-	tx, gaveUp, err := bounded.Run(d.calls, ctx, d.storeBound, true, open, func(tx Tx, err error) {
+	tx, gaveUp, err := bounded.Run(d.calls, ctx, d.storeBound, true, open, func(tx unitofwork.Tx, err error) {
 		if err == nil { // opened after all, for nobody
 			d.lateRollback(ctx, tx)
 		}
@@ -330,7 +340,7 @@ func (d *deduplicator) begin(ctx context.Context) (Tx, error) {
 // most StoreTimeout; one that returns after ctx ended opens nothing: its
 // unit of work is rolled back. One that returns after begin gave up is
 // rolled back by begin, its connection kept for the next delivery.
-func (d *deduplicator) open(ctx context.Context) (Tx, error) {
+func (d *deduplicator) open(ctx context.Context) (unitofwork.Tx, error) {
 	uctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
 	tx, err := d.cfg.Store.Begin(uctx)
@@ -349,12 +359,12 @@ func (d *deduplicator) open(ctx context.Context) (Tx, error) {
 }
 
 // lateRollback rolls back tx, which a call given up returned or held.
-func (d *deduplicator) lateRollback(ctx context.Context, tx Tx) {
+func (d *deduplicator) lateRollback(ctx context.Context, tx unitofwork.Tx) {
 	_ = d.rollback(endContext(ctx), tx)
 }
 
 // rollback rolls back tx within StoreTimeout (ctx is the end context).
-func (d *deduplicator) rollback(ctx context.Context, tx Tx) error {
+func (d *deduplicator) rollback(ctx context.Context, tx unitofwork.Tx) error {
 	if d.storeBound <= 0 {
 		return tx.Rollback(ctx)
 	}
@@ -366,7 +376,7 @@ func (d *deduplicator) rollback(ctx context.Context, tx Tx) error {
 
 // commit commits tx within StoreTimeout (ctx is the end context); gaveUp
 // reports a commit given up, whose outcome is unknown.
-func (d *deduplicator) commit(ctx context.Context, tx Tx) (gaveUp bool, err error) {
+func (d *deduplicator) commit(ctx context.Context, tx unitofwork.Tx) (gaveUp bool, err error) {
 	if d.storeBound <= 0 {
 		return false, tx.Commit(ctx)
 	}
@@ -386,7 +396,7 @@ func (d *deduplicator) commit(ctx context.Context, tx Tx) (gaveUp bool, err erro
 // claim claims key within ClaimTimeout, and gives the store StoreTimeout
 // more to answer; gaveUp reports a claim given up, which still holds tx
 // (its late return rolls tx back).
-func (d *deduplicator) claim(ctx context.Context, tx Tx, key string) (claimed, gaveUp bool, err error) {
+func (d *deduplicator) claim(ctx context.Context, tx unitofwork.Tx, key string) (claimed, gaveUp bool, err error) {
 	if ib, ok := tx.(IdleBounder); ok {
 		if dl, ok := ctx.Deadline(); ok {
 			// The unit of work idles at most while the handler runs, up
@@ -403,7 +413,7 @@ func (d *deduplicator) claim(ctx context.Context, tx Tx, key string) (claimed, g
 const idleGrace = time.Second
 
 // claimWith is claim with the store call f (which claims key in tx).
-func (d *deduplicator) claimWith(ctx context.Context, tx Tx, key string, f func(context.Context) (bool, error)) (claimed, gaveUp bool, err error) {
+func (d *deduplicator) claimWith(ctx context.Context, tx unitofwork.Tx, key string, f func(context.Context) (bool, error)) (claimed, gaveUp bool, err error) {
 	claimCtx := ctx
 	var deadline *claimContext
 	if d.cfg.ClaimTimeout > 0 {
@@ -448,12 +458,12 @@ func dependency(ctx context.Context, op string, err error) error {
 var errProcessedMeanwhile = errors.New("deduplication: the key was processed meanwhile")
 
 // claimAlone rolls back the aborted unit of work and claims key in a new one,
-// with the writes registered by OnRecordAlone, on ctx, the detached context
+// with the writes registered by unitofwork.OnRecordAlone, on ctx, the detached context
 // that ends the delivery's unit of work. The aborted unit of work committed
 // nothing, so a claim reporting false means a redelivery of the key,
 // waiting on it, claimed and committed it meanwhile: errProcessedMeanwhile,
 // nothing written.
-func (d *deduplicator) claimAlone(ctx context.Context, aborted Tx, key string, rewrites []func(context.Context, Tx) error) error {
+func (d *deduplicator) claimAlone(ctx context.Context, aborted unitofwork.Tx, key string, rewrites []func(context.Context, unitofwork.Tx) error) error {
 	if err := aborted.Rollback(ctx); err != nil {
 		return fmt.Errorf("deduplication: rolling back the aborted unit of work: %w", err)
 	}
@@ -520,155 +530,4 @@ func (d *deduplicator) keySource(msg *message.Message) string {
 		return "key function"
 	}
 	return strings.Join(src, " + ")
-}
-
-type txKey struct{}
-
-// unit is the delivery's unit of work, and the handler's context that holds
-// it: the message context with one value more, in one allocation.
-type unit struct {
-	context.Context
-	tx       Tx
-	eventID  string // the delivery's sluice.EventIDKey
-	calls    atomic.Int32
-	firstErr error // the first run's error, set by Reentry before a second run can read it
-
-	mu       sync.Mutex // guards the hooks: a handler may write from several goroutines
-	onCommit []func()
-	rewrite  []func(context.Context, Tx) error
-}
-
-// committed runs the OnCommit hooks, once the unit of work committed.
-func (u *unit) committed() {
-	u.mu.Lock()
-	hooks := u.onCommit
-	u.onCommit = nil
-	u.mu.Unlock()
-	for _, f := range hooks {
-		f()
-	}
-}
-
-func (u *unit) rewrites() []func(context.Context, Tx) error {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return u.rewrite
-}
-
-// OnCommit registers f to run after the unit of work that ctx carries has
-// committed — never after a rollback — and reports false, registering
-// nothing, outside the inbox stage. f runs on the delivery's goroutine
-// before the stage returns: keep it short (the outbox wakes its relay with
-// it).
-func OnCommit(ctx context.Context, f func()) bool {
-	return withUnit(ctx, func(u *unit) { u.onCommit = append(u.onCommit, f) })
-}
-
-// unitOf returns the delivery's unit of work that ctx carries.
-func unitOf(ctx context.Context) (*unit, bool) {
-	u, ok := ctx.Value(txKey{}).(*unit)
-	return u, ok
-}
-
-// withUnit runs f on ctx's unit of work under its lock, and reports false
-// outside the inbox stage.
-func withUnit(ctx context.Context, f func(u *unit)) bool {
-	u, ok := unitOf(ctx)
-	if ok {
-		u.mu.Lock()
-		f(u)
-		u.mu.Unlock()
-	}
-	return ok
-}
-
-// OnRecordAlone registers write for the one case where the unit of work
-// that ctx carries is replaced: the handler rejected the message
-// (sluice.Reject) after a statement that aborted the transaction, and the
-// inbox records the claim alone in a new unit of work (see New). write then
-// runs in that new unit of work, before its commit, so what the rejected
-// handler wrote through it — the outbox's rejection event — commits with
-// the claim. It reports false, registering nothing, outside the inbox stage.
-// A write that fails there fails the delivery as Transient: it is retried,
-// nothing is committed.
-func OnRecordAlone(ctx context.Context, write func(ctx context.Context, tx Tx) error) bool {
-	return withUnit(ctx, func(u *unit) { u.rewrite = append(u.rewrite, write) })
-}
-
-// Value returns the unit itself for txKey, and the message context's values.
-func (u *unit) Value(key any) any {
-	if _, ok := key.(txKey); ok {
-		return u
-	}
-	return u.Context.Value(key)
-}
-
-// TxFromContext returns the unit of work of the delivery being handled —
-// the Tx its Store's Begin returned, in which the key was claimed — or nil
-// outside the inbox stage. It is the store-agnostic accessor: a store gives
-// its handlers the concrete unit of work (an SQL transaction, ...) with an
-// accessor of its own that type-asserts this one's result to its Tx type,
-// as sqlstore.TxFromContext does. A third-party store does the same.
-func TxFromContext(ctx context.Context) Tx {
-	if u, ok := unitOf(ctx); ok {
-		return u.tx
-	}
-	return nil
-}
-
-// EventIDFromContext returns the event id (sluice.EventIDKey) of the
-// delivery being handled, as the inbox read it or set it from its key, or
-// "" outside the inbox stage. The outbox compares each produced message's
-// with it: a message that copied the delivery's metadata gets an event id
-// of its own, so the receiving inbox does not take it for a duplicate.
-func EventIDFromContext(ctx context.Context) string {
-	if u, ok := unitOf(ctx); ok {
-		return u.eventID
-	}
-	return ""
-}
-
-// ErrHandlerReentered is matched by the error Reentry returns when the
-// handler is run a second time inside one inbox unit of work.
-var ErrHandlerReentered = errors.New("deduplication: the handler ran again inside one inbox unit of work " +
-	"(an in-process retry, such as Watermill's middleware.Retry, sits inside the inbox: add it before Sluice's stages, or leave it out)")
-
-// Reentry guards h against running twice in one inbox unit of work. An
-// in-process retry middleware placed inside the inbox (Watermill's Retry
-// added to the router after Sluice's stages) would run the handler again in
-// the same transaction, on top of the failed run's writes: a handler that
-// wrote its row and failed once would commit two rows for one event.
-// Reentry runs h once per unit of work; a second run returns, without
-// running h, an error matching ErrHandlerReentered that wraps the first
-// run's error, so the delivery is classified as that error and ends as if
-// the retry middleware were not there. router.Add applies it to every
-// handler; wrap your handler with it (or ReentryNoPublish) when you compose
-// the stages yourself: it must wrap the handler itself, inside every
-// middleware. Outside an inbox it only calls h.
-func Reentry(h message.HandlerFunc) message.HandlerFunc {
-	return func(msg *message.Message) ([]*message.Message, error) {
-		u, ok := unitOf(msg.Context())
-		if !ok {
-			return h(msg)
-		}
-		if u.calls.Add(1) > 1 {
-			if u.firstErr == nil {
-				return nil, ErrHandlerReentered
-			}
-			return nil, fmt.Errorf("%w; its first run failed: %w", ErrHandlerReentered, u.firstErr)
-		}
-		produced, err := h(msg)
-		u.firstErr = err
-		return produced, err
-	}
-}
-
-// ReentryNoPublish is Reentry for a handler that publishes nothing, as
-// message.Router.AddConsumerHandler takes it.
-func ReentryNoPublish(h message.NoPublishHandlerFunc) message.NoPublishHandlerFunc {
-	guarded := Reentry(func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) })
-	return func(msg *message.Message) error {
-		_, err := guarded(msg)
-		return err
-	}
 }

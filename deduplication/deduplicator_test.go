@@ -17,10 +17,10 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // bundle is what each inbox test works with: its own schema holding the inbox
@@ -29,7 +29,7 @@ import (
 type bundle struct {
 	db      *sqlx.DB
 	schema  string
-	store   *sqlstore.Store
+	store   *sluicesql.Inbox
 	reader  *sdkmetric.ManualReader
 	meter   *sdkmetric.MeterProvider
 	handled atomic.Int64
@@ -63,7 +63,7 @@ func (b *bundle) dedup(t *testing.T, consumer string) message.HandlerMiddleware 
 func (b *bundle) reserve(ret error) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		b.handled.Add(1)
-		tx := sqlstore.TxFromContext(msg.Context())
+		tx := sluicesql.TxFromContext(msg.Context())
 		if tx == nil {
 			return nil, errors.New("no inbox transaction in the context")
 		}
@@ -325,7 +325,7 @@ func TestInboxSetsEventID(t *testing.T) {
 	require.NoError(t, err)
 	msg := message.NewMessage(watermill.NewUUID(), []byte(`{"orderId":42}`))
 	_, err = d(func(m *message.Message) ([]*message.Message, error) {
-		require.Nil(t, sqlstore.TxFromContext(m.Context()), "the memory store has no SQL transaction")
+		require.Nil(t, sluicesql.TxFromContext(m.Context()), "the memory store has no SQL transaction")
 		return nil, nil
 	})(msg)
 	require.NoError(t, err)

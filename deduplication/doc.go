@@ -6,7 +6,8 @@
 // KeyFromJSON, KeyPrefix, KeyJoin) — opens a transaction, claims
 // (consumer, key) in its Store (the SQL store: INSERT ... ON CONFLICT DO
 // NOTHING into the inbox table), and runs the handler inside the same unit
-// of work (TxFromContext; sqlstore.TxFromContext for the SQL transaction). The
+// of work (package unitofwork: unitofwork.FromContext; sluicesql.TxFromContext
+// for the SQL transaction). The
 // transaction commits when the handler succeeds or rejects the message, and
 // rolls back otherwise; the router acks only after the commit. A redelivery
 // of a committed key is acked without running the handler. A concurrent
@@ -25,15 +26,17 @@
 //	key already committed nothing written           acked, counted as a duplicate
 //
 // Stores live at the edges, so that importing this package links no
-// database driver: sqlstore on PostgreSQL (lib/pq or pgx) or SQLite
-// (sqlstore/sqlite, pure Go, the embedded default); redisstore, which cannot
-// join the business transaction and so guarantees less (see its
-// documentation); MemoryStore here, for tests. Any Store must pass
+// database driver: sluicesql.Inbox on PostgreSQL (lib/pq or pgx) or SQLite
+// (sluicesql/sqlite, pure Go, the embedded default); sluiceredis.Inbox,
+// which cannot join the business transaction and so guarantees less (see
+// its documentation); MemoryStore here, for tests. Any Store must pass
 // deduplicationtest.Run; a store of your own gives its handlers its unit of
-// work by type-asserting TxFromContext's result (see
-// examples/mariadbstore). A Pruner deletes old records in bounded batches.
+// work by type-asserting unitofwork.FromContext's result (see
+// examples/mariadbstore). sluicesql.Pruner deletes old records in bounded
+// batches.
 //
-// The inbox table (PostgreSQL; SchemaSQL prints it for a given table name):
+// The inbox table (PostgreSQL; sluicesql.Inbox.SchemaSQL prints it for a
+// given table name):
 //
 //	CREATE TABLE IF NOT EXISTS "sluice_inbox" (
 //		consumer     TEXT        NOT NULL,

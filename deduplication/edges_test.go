@@ -16,10 +16,10 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // integrityError makes PostgreSQL raise the integrity-constraint violation
@@ -88,7 +88,7 @@ func TestInboxRejectedAfterAnAbortedTransaction(t *testing.T) {
 
 	handler := classify(d(func(msg *message.Message) ([]*message.Message, error) {
 		b.handled.Add(1)
-		tx := sqlstore.TxFromContext(msg.Context())
+		tx := sluicesql.TxFromContext(msg.Context())
 		// A first write, then the statement that violates the constraint.
 		if _, err := tx.Exec(fmt.Sprintf(`INSERT INTO %s.reservations VALUES ($1, 'audit')`, b.schema), "evt-1"); err != nil {
 			return nil, err
@@ -257,7 +257,7 @@ func TestCaseVariantKeysAreTheHandlersEvent(t *testing.T) {
 		if err := json.Unmarshal(msg.Payload, &evt); err != nil {
 			return nil, sluice.Poison(err)
 		}
-		_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+		_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 			fmt.Sprintf(`INSERT INTO %s.reservations (event_key, note) VALUES ($1, 'applied')`, b.schema), evt.EventID)
 		return nil, err
 	})
@@ -290,7 +290,7 @@ func TestInboxRejectedCommitLostIsRetried(t *testing.T) {
 	terminate := true
 	handler := classify(b.dedup(t, "inventory")(func(msg *message.Message) ([]*message.Message, error) {
 		b.handled.Add(1)
-		tx := sqlstore.TxFromContext(msg.Context())
+		tx := sluicesql.TxFromContext(msg.Context())
 		if _, err := tx.Exec(fmt.Sprintf(`INSERT INTO %s.reservations VALUES ($1, 'rejected: out of stock')`, b.schema), "evt-1"); err != nil {
 			return nil, err
 		}

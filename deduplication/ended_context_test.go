@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // slowBegin is a store whose Begin takes longer than the inbox's grace and
@@ -23,7 +24,7 @@ type slowBegin struct {
 	begun atomic.Int64
 }
 
-func (s *slowBegin) Begin(ctx context.Context) (deduplication.Tx, error) {
+func (s *slowBegin) Begin(ctx context.Context) (unitofwork.Tx, error) {
 	s.begun.Add(1)
 	time.Sleep(300 * time.Millisecond) // the fault injected: a Begin that ignores ctx
 	return s.Store.Begin(ctx)

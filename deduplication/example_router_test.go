@@ -10,16 +10,17 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // addInventory is the README's quick start: the inbox added to an existing
 // Watermill router that consumes RabbitMQ with watermill-amqp.
 // TestTheREADMEQuickStartRuns runs it.
 func addInventory(ctx context.Context, router *message.Router, amqpURL string, db *sqlx.DB, logger watermill.LoggerAdapter) error {
-	store, err := sqlstore.New(sqlstore.Config{DB: db}) // PostgreSQL or SQLite
+	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db}) // PostgreSQL or SQLite
 	if err != nil {
 		return err
 	}
@@ -52,8 +53,8 @@ func addInventory(ctx context.Context, router *message.Router, amqpURL string, d
 	if err != nil {
 		return err
 	}
-	handler := deduplication.ReentryNoPublish(func(msg *message.Message) error {
-		tx := sqlstore.TxFromContext(msg.Context()) // the inbox transaction
+	handler := unitofwork.ReentryNoPublish(func(msg *message.Message) error {
+		tx := sluicesql.TxFromContext(msg.Context()) // the inbox transaction
 		_, err := tx.ExecContext(msg.Context(), `INSERT INTO reservations (order_id) VALUES ('o-1')`)
 		return err // nil: committed, then acked; an error: rolled back
 	}) // runs once per inbox transaction, whatever retry middleware the router adds later

@@ -13,8 +13,8 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
-	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
+	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/sluicesql/sqlite"
 )
 
 // The inbox on the embedded SQLite default: the business write and the inbox
@@ -31,7 +31,7 @@ func ExampleNew() {
 	defer func() { _ = db.Close() }()
 	db.MustExec(`CREATE TABLE reservations (order_id TEXT NOT NULL)`)
 
-	store, err := sqlstore.New(sqlstore.Config{DB: db})
+	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db})
 	if err != nil {
 		panic(err)
 	}
@@ -48,7 +48,7 @@ func ExampleNew() {
 	}
 
 	reserve := inbox(func(msg *message.Message) ([]*message.Message, error) {
-		tx := sqlstore.TxFromContext(msg.Context())
+		tx := sluicesql.TxFromContext(msg.Context())
 		_, err := tx.ExecContext(msg.Context(), `INSERT INTO reservations (order_id) VALUES ('o-1')`)
 		return nil, err
 	})
@@ -85,14 +85,14 @@ func ExampleKeyPrefix() {
 // database).
 func ExampleNewPruner() {
 	var db *sqlx.DB // sqlx.Connect("postgres", dsn)
-	store, err := sqlstore.New(sqlstore.Config{
+	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{
 		DB:    db,                // *sqlx.DB; its driver picks the dialect
 		Table: "inventory.inbox", // default "sluice_inbox"; schema.name on PostgreSQL
 	})
 	if err != nil {
 		panic(err)
 	}
-	p, err := deduplication.NewPruner(deduplication.PrunerConfig{
+	p, err := sluicesql.NewPruner(sluicesql.PrunerConfig{
 		Store:        store,
 		Retention:    7 * 24 * time.Hour,
 		RetryDelays:  []time.Duration{30 * time.Second, 5 * time.Minute, 30 * time.Minute},

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // abortingStore is a MemoryStore whose first commit fails as a PostgreSQL
@@ -20,11 +21,11 @@ type abortingStore struct {
 }
 
 type abortingTx struct {
-	deduplication.Tx
+	unitofwork.Tx
 	s *abortingStore
 }
 
-func (s *abortingStore) Begin(ctx context.Context) (deduplication.Tx, error) {
+func (s *abortingStore) Begin(ctx context.Context) (unitofwork.Tx, error) {
 	tx, err := s.MemoryStore.Begin(ctx)
 	return &abortingTx{tx, s}, err
 }
@@ -33,7 +34,7 @@ func (t *abortingTx) Commit(ctx context.Context) error {
 	if t.s.aborts > 0 {
 		t.s.aborts--
 		_ = t.Rollback(ctx)
-		return deduplication.ErrAborted
+		return unitofwork.ErrAborted
 	}
 	return t.Tx.Commit(ctx)
 }
@@ -54,14 +55,14 @@ func runInbox(t *testing.T, store deduplication.Store, key string, h message.Han
 // alone, and nowhere else. Outside the inbox both report false.
 func TestTheUnitOfWorkHooks(t *testing.T) {
 	t.Parallel()
-	require.False(t, deduplication.OnCommit(context.Background(), func() {}))
-	require.False(t, deduplication.OnRecordAlone(context.Background(), func(context.Context, deduplication.Tx) error { return nil }))
+	require.False(t, unitofwork.OnCommit(context.Background(), func() {}))
+	require.False(t, unitofwork.OnRecordAlone(context.Background(), func(context.Context, unitofwork.Tx) error { return nil }))
 
 	var commits, rewrites int
 	hooks := func(result error) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			require.True(t, deduplication.OnCommit(msg.Context(), func() { commits++ }))
-			require.True(t, deduplication.OnRecordAlone(msg.Context(), func(_ context.Context, tx deduplication.Tx) error {
+			require.True(t, unitofwork.OnCommit(msg.Context(), func() { commits++ }))
+			require.True(t, unitofwork.OnRecordAlone(msg.Context(), func(_ context.Context, tx unitofwork.Tx) error {
 				require.NotNil(t, tx)
 				rewrites++
 				return nil
@@ -90,7 +91,7 @@ func TestTheUnitOfWorkHooks(t *testing.T) {
 
 	store.aborts = 1
 	failing := func(msg *message.Message) ([]*message.Message, error) {
-		deduplication.OnRecordAlone(msg.Context(), func(context.Context, deduplication.Tx) error { return errors.New("disk full") })
+		unitofwork.OnRecordAlone(msg.Context(), func(context.Context, unitofwork.Tx) error { return errors.New("disk full") })
 		return nil, sluice.Reject(errors.New("out of stock"))
 	}
 	err = runInbox(t, store, "rejected-2", failing)

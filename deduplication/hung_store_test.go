@@ -16,9 +16,9 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // TestBlackHoledDatabaseFreezesNoHandler: PostgreSQL behind a proxy that
@@ -47,7 +47,7 @@ func TestBlackHoledDatabaseFreezesNoHandler(t *testing.T) {
 	// warm-up opened a connection of its own, slower than the inbox's
 	// 300 ms, and none ever committed in 2 minutes.
 	db.SetMaxIdleConns(16)
-	store, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".inbox"})
+	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: schema + ".inbox"})
 	require.NoError(t, err)
 
 	b, err := brake.New(brake.Config{Name: "inventory", Match: brake.MatchUnreachable, Window: 10, FailureRatio: 0.5,

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // MemoryStore is an in-process Store for tests and examples: it keeps every
@@ -24,10 +26,7 @@ type memRecord struct {
 	ended chan struct{} // made by the first waiter; closed when the holder ends
 }
 
-var (
-	_ Store        = (*MemoryStore)(nil)
-	_ BatchDeleter = (*MemoryStore)(nil)
-)
+var _ Store = (*MemoryStore)(nil)
 
 // NewMemoryStore returns an empty MemoryStore.
 func NewMemoryStore() *MemoryStore {
@@ -35,7 +34,7 @@ func NewMemoryStore() *MemoryStore {
 }
 
 // Begin starts a unit of work.
-func (s *MemoryStore) Begin(context.Context) (Tx, error) { return &memTx{s: s}, nil }
+func (s *MemoryStore) Begin(context.Context) (unitofwork.Tx, error) { return &memTx{s: s}, nil }
 
 // BoundedByContext reports true: the memory store waits on nothing but a
 // concurrent claim, and that only until its context ends (ContextBounded).

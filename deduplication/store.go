@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
-// ErrClaimInProgress is returned (wrapped) by a Tx.Claim of a store that
+// ErrClaimInProgress is returned (wrapped) by a unitofwork.Tx.Claim of a store that
 // cannot wait for a concurrent claim of the same (consumer, key) to end, such
 // as the Redis store. The delivery is retried later.
 var ErrClaimInProgress = errors.New("deduplication: key is being processed by another delivery")
@@ -15,32 +17,10 @@ var ErrClaimInProgress = errors.New("deduplication: key is being processed by an
 // implementation must pass deduplicationtest.Run.
 type Store interface {
 	// Begin opens the unit of work of one delivery.
-	Begin(ctx context.Context) (Tx, error)
+	Begin(ctx context.Context) (unitofwork.Tx, error)
 }
 
-// Tx is the unit of work of one delivery: at most one Claim, then Commit or
-// Rollback. It is used by one goroutine at a time.
-type Tx interface {
-	// Claim records (consumer, key) and reports true, or reports false when a
-	// committed unit of work recorded it before. While another open unit of
-	// work holds the same pair, Claim either waits until that one ends (and
-	// then reports false after its Commit, true after its Rollback) or
-	// returns an error wrapping ErrClaimInProgress; it never reports true
-	// while the other holds the pair.
-	Claim(ctx context.Context, consumer, key string) (bool, error)
-	// Commit makes the claim permanent, together with whatever else the
-	// unit of work wrote. When it fails because a statement before it
-	// aborted the unit of work (nothing is committed, and no retry of the
-	// commit can change that: a PostgreSQL transaction in the failed state,
-	// a deferred constraint violated), the error matches ErrAborted; any
-	// other failure (a lost connection, a serialization failure) must not.
-	Commit(ctx context.Context) error
-	// Rollback releases the claim. After Commit it does nothing and returns
-	// nil, so it can be deferred.
-	Rollback(ctx context.Context) error
-}
-
-// IdleBounder is a Tx whose claim can also bound, in the same round trip,
+// IdleBounder is a unitofwork.Tx whose claim can also bound, in the same round trip,
 // how long the unit of work may then sit idle — the handler running between
 // two of its statements — before the database ends it and its locks: a
 // process that hangs mid-handler (stopped, its link stalled) holds its
@@ -49,7 +29,7 @@ type Tx interface {
 // claims through it when the delivery has a deadline (Watermill's Timeout
 // on the router), with idle the time left to that deadline plus
 // StoreTimeout, the bound of the commit that follows
-// (deduplication/sqlstore's units of work on PostgreSQL).
+// (sluicesql.Inbox's units of work on PostgreSQL).
 type IdleBounder interface {
 	ClaimIdle(ctx context.Context, consumer, key string, idle time.Duration) (bool, error)
 }
@@ -63,17 +43,4 @@ type IdleBounder interface {
 // request cannot reach a black-holed server).
 type ContextBounded interface {
 	BoundedByContext() bool
-}
-
-// ErrAborted is matched by a Tx's Commit error when an earlier statement
-// aborted the unit of work: nothing was committed, and committing again
-// cannot help. After a rejection the inbox then records the claim alone; any
-// other commit failure retries the delivery.
-var ErrAborted = errors.New("deduplication: the unit of work was aborted by an earlier statement")
-
-// BatchDeleter is implemented by stores whose records the Pruner deletes.
-type BatchDeleter interface {
-	// DeleteBefore deletes at most limit records processed before t and
-	// returns how many it deleted.
-	DeleteBefore(ctx context.Context, t time.Time, limit int) (int64, error)
 }

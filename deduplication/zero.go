@@ -9,7 +9,7 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
-// duplicatesCounter is sluice.inbox.duplicates, as New and ExportAtZero create it.
+// duplicatesCounter is sluice.inbox.duplicates, as New and ExportDuplicatesAtZero create it.
 func duplicatesCounter(mp metric.MeterProvider) (metric.Int64Counter, error) {
 	dup, err := telemetry.Meter(mp).Int64Counter(telemetry.MetricInboxDuplicates,
 		metric.WithDescription("Deliveries skipped because their key was already processed."))
@@ -19,7 +19,7 @@ func duplicatesCounter(mp metric.MeterProvider) (metric.Int64Counter, error) {
 	return dup, nil
 }
 
-// ExportAtZero exports the stage's sluice.inbox.duplicates at zero for the
+// ExportDuplicatesAtZero exports the stage's sluice.inbox.duplicates at zero for the
 // deliveries of one handler, before its first duplicate: a rate over a
 // series that appears at its first increment misses that increment.
 // handler is the name the metrics carry (messaging.consumer.group.name:
@@ -27,7 +27,7 @@ func duplicatesCounter(mp metric.MeterProvider) (metric.Int64Counter, error) {
 // system the messaging system ("rabbitmq"; "" leaves it out). router.Add
 // calls it; call it once per handler when you add the stage by hand. Only
 // cfg.MeterProvider is read.
-func ExportAtZero(cfg Config, handler, queue, system string) error {
+func ExportDuplicatesAtZero(cfg Config, handler, queue, system string) error {
 	dup, err := duplicatesCounter(cfg.MeterProvider)
 	if err != nil {
 		return err

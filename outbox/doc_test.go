@@ -11,7 +11,6 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/outbox"
@@ -20,11 +19,12 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // addInventory is docs/outbox.md's first snippet: a publishing handler
 // whose messages go through the outbox, and its relay.
-func addInventory(ctx context.Context, r *message.Router, q *rabbitmq.Broker, db *sqlx.DB, inboxStore *inbox.Store, reserve message.HandlerFunc) (stop func() error, err error) {
+func addInventory(ctx context.Context, r *message.Router, q *rabbitmq.Broker, db *sqlx.DB, inboxStore *sluicesql.Inbox, reserve message.HandlerFunc) (stop func() error, err error) {
 	outboxStore, err := sqlstore.New(sqlstore.Config{DB: db}) // the inbox's database
 	if err != nil {
 		return nil, err
@@ -62,7 +62,7 @@ func addInventory(ctx context.Context, r *message.Router, q *rabbitmq.Broker, db
 func reserve(outboxStore *sqlstore.Store) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
 		ctx := msg.Context()
-		tx := inbox.TxFromContext(ctx) // the inbox's transaction
+		tx := sluicesql.TxFromContext(ctx) // the inbox's transaction
 		if _, err := tx.ExecContext(ctx, `INSERT INTO reservations (order_id) VALUES ('o-1')`); err != nil {
 			return err
 		}

@@ -12,13 +12,13 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
-	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
 	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/outbox/sqlstore"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/sluicesql/sqlite"
 )
 
 // A handler that reserves stock and produces a reservation event: the event
@@ -36,7 +36,7 @@ func Example() {
 	}
 	defer func() { _ = db.Close() }()
 	db.MustExec(`CREATE TABLE reservations (order_id TEXT NOT NULL)`)
-	inboxStore, err := inbox.New(inbox.Config{DB: db})
+	inboxStore, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db})
 	if err != nil {
 		panic(err)
 	}
@@ -68,7 +68,7 @@ func Example() {
 		Name:   "inventory",
 		PublishingHandler: func(msg *message.Message) ([]*message.Message, error) {
 			ctx := msg.Context()
-			tx := inbox.TxFromContext(ctx) // the inbox's transaction
+			tx := sluicesql.TxFromContext(ctx) // the inbox's transaction
 			if _, err := tx.ExecContext(ctx, `INSERT INTO reservations (order_id) VALUES ('o-1')`); err != nil {
 				return nil, err
 			}

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // ErrNoUnitOfWork is matched by a Writer's Publish error when ctx carries
@@ -31,9 +32,9 @@ type Writer interface {
 	// receiving inbox. It writes none of Sluice's control headers
 	// (sluice.IsControlKey): a produced message starts its own history. It returns an error matching
 	// ErrNoUnitOfWork outside one, having written nothing, and an error
-	// matching deduplication.ErrAborted when an earlier statement aborted
+	// matching unitofwork.ErrAborted when an earlier statement aborted
 	// the transaction: the messages are then written with the claim alone
-	// if the handler rejects the delivery (deduplication.OnRecordAlone).
+	// if the handler rejects the delivery (unitofwork.OnRecordAlone).
 	Publish(ctx context.Context, topic string, msgs ...*message.Message) error
 }
 
@@ -53,7 +54,7 @@ type InboxChecker interface {
 // The messages of a handler that fails are written and rolled back with
 // the rest; those of a rejection (sluice.Reject) commit with its claim.
 // router.Add applies it when HandlerConfig.Outbox is set; wrap your handler
-// with it, inside deduplication.Reentry, when you compose the stages
+// with it, inside unitofwork.Reentry, when you compose the stages
 // yourself.
 func Handler(w Writer, topic string, h message.HandlerFunc) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
@@ -65,7 +66,7 @@ func Handler(w Writer, topic string, h message.HandlerFunc) message.NoPublishHan
 		switch {
 		case werr == nil:
 			return err
-		case err != nil && errors.Is(werr, deduplication.ErrAborted):
+		case err != nil && errors.Is(werr, unitofwork.ErrAborted):
 			// The handler's own statement aborted the transaction: its
 			// error decides (a rejection commits the claim and, through
 			// OnRecordAlone, these messages; anything else rolls back).

@@ -21,7 +21,6 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
@@ -32,6 +31,7 @@ import (
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/signing"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // service is a consumer on RabbitMQ and PostgreSQL whose handler produces
@@ -43,7 +43,7 @@ type service struct {
 	schema   string
 	rabbit   *rabbitmq.Broker
 	produced string // the queue the handler's messages go to
-	inbox    *inbox.Store
+	inbox    *sluicesql.Inbox
 	outbox   *sqlstore.Store
 	meter    *sdkmetric.ManualReader
 	mp       *sdkmetric.MeterProvider
@@ -288,7 +288,7 @@ func TestWhatIsProducedCommitsWithTheDelivery(t *testing.T) {
 			if err := s.outbox.Publish(ctx, s.produced, evt("before-the-abort")); err != nil {
 				return nil, err
 			}
-			_, err := inbox.TxFromContext(ctx).ExecContext(ctx, `INSERT INTO `+s.schema+`.orders (id) VALUES ('taken')`)
+			_, err := sluicesql.TxFromContext(ctx).ExecContext(ctx, `INSERT INTO `+s.schema+`.orders (id) VALUES ('taken')`)
 			require.Error(t, err, "a unique violation aborts the transaction")
 			return []*message.Message{evt("rejection-event")}, sluice.Reject(fmt.Errorf("order taken: %w", err))
 		}

@@ -10,10 +10,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
 	"github.com/sluicemq/sluice/replay/sqlstore"
+	"github.com/sluicemq/sluice/sluicesql/sqlite"
 )
 
 // A message replayed by `sluice dlq replay` carries its run and item; the

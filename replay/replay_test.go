@@ -15,7 +15,6 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/replayledger"
 	"github.com/sluicemq/sluice/internal/telemetry"
@@ -27,6 +26,7 @@ import (
 	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -182,7 +182,7 @@ func TestProcessedInTheInboxTransaction(t *testing.T) {
 		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
 		require.NoError(t, err)
 		_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "stock", Handler: func(msg *message.Message) error {
-			_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(), `INSERT INTO `+schema+`.stock (event_id) VALUES ($1)`, msg.Metadata.Get(sluice.EventIDKey))
+			_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(), `INSERT INTO `+schema+`.stock (event_id) VALUES ($1)`, msg.Metadata.Get(sluice.EventIDKey))
 			return err
 		}, Stages: router.Stages{Replay: cfg, Classify: &middleware.ClassifyConfig{}, Inbox: &deduplication.Config{Store: inbox, Consumer: "stock"}}})
 		require.NoError(t, err)
@@ -270,7 +270,7 @@ func TestAbortedTransactionIsRecordedPoisoned(t *testing.T) {
 		Replay: &replay.Config{Store: outcomes, InUnitOfWork: true},
 		Inbox:  &deduplication.Config{Store: testenv.SQLStore(t, db, schema+".inbox"), Consumer: "orders"},
 	}, func(msg *message.Message) error {
-		tx := sqlstore.TxFromContext(msg.Context())
+		tx := sluicesql.TxFromContext(msg.Context())
 		for range 2 { // the second insert violates the key and aborts the transaction
 			if _, err := tx.ExecContext(msg.Context(), `INSERT INTO `+schema+`.stock (event_id) VALUES ('x')`); err != nil {
 				return err

@@ -17,7 +17,6 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
@@ -27,6 +26,7 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // A batch handler through the whole stack on RabbitMQ and PostgreSQL: 300
@@ -67,7 +67,7 @@ func TestABatchHandlerOnRabbitMQ(t *testing.T) {
 		if len(keys) == 0 {
 			return out
 		}
-		tx := sqlstore.TxFromContext(ctx)
+		tx := sluicesql.TxFromContext(ctx)
 		_, err := tx.ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s.reservations (event_key) SELECT unnest(string_to_array($1, ','))`, schema), strings.Join(keys, ","))
 		if err != nil {
 			for i := range out {
@@ -196,7 +196,7 @@ func batchHandlerShutdown(t *testing.T, releaseInTime bool) {
 		for i, m := range msgs {
 			keys[i] = m.Metadata.Get(sluice.EventIDKey)
 		}
-		_, err := sqlstore.TxFromContext(ctx).ExecContext(ctx,
+		_, err := sluicesql.TxFromContext(ctx).ExecContext(ctx,
 			fmt.Sprintf(`INSERT INTO %s.reservations (event_key) SELECT unnest(string_to_array($1, ','))`, schema), strings.Join(keys, ","))
 		return deduplication.SameOutcome(msgs, err)
 	}

@@ -16,7 +16,6 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
@@ -24,6 +23,7 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/sluicesql/postgres"
 )
 
@@ -47,7 +47,7 @@ func TestAConsumerResumesAfterABlackHoleThatHealsWithoutResets(t *testing.T) {
 	testenv.SQLStore(t, admin, schema+".inbox")
 	proxy, dsn := testenv.ProxyPostgresURL(t)
 	db := openDefault(t, dsn)
-	store, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".inbox"})
+	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: schema + ".inbox"})
 	require.NoError(t, err)
 
 	// A ladder longer than the brake takes to engage on a loaded machine
@@ -75,7 +75,7 @@ func TestAConsumerResumesAfterABlackHoleThatHealsWithoutResets(t *testing.T) {
 	_, err = router.Add(r, router.HandlerConfig{
 		Broker: q, Name: "effects",
 		Handler: func(msg *message.Message) error {
-			_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+			_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 				`INSERT INTO `+schema+`.effects (event_id) VALUES ($1)`, msg.Metadata.Get(sluice.EventIDKey))
 			return err
 		},

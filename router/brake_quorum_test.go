@@ -19,7 +19,6 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
@@ -27,6 +26,7 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // quorumLimit is the x-delivery-limit of the quorum queues below: a
@@ -84,7 +84,7 @@ func (d *deliveries) count() int {
 // pingingStore is an inbox store that can ping its database: router.Add
 // gives its Ping to the brake as the Probe.
 type pingingStore struct {
-	*sqlstore.Store
+	*sluicesql.Inbox
 	db    *sqlx.DB
 	pings atomic.Int64 // failed pings
 }
@@ -148,7 +148,7 @@ func TestBrakeLongOutageOnAQuorumQueueSpendsNoDeliveryLimit(t *testing.T) {
 	t.Parallel()
 	const events, probes = 100, 100
 	pg, db, inbox := newPrivateEffectsDB(t)
-	store := &pingingStore{Store: inbox, db: db}
+	store := &pingingStore{Inbox: inbox, db: db}
 
 	queue := testenv.Name("quorum_outage")
 	q := newQuorumRabbitMQ(t, queue, 500*time.Millisecond, time.Second)
@@ -158,7 +158,7 @@ func TestBrakeLongOutageOnAQuorumQueueSpendsNoDeliveryLimit(t *testing.T) {
 	seen := &deliveries{handled: map[string]int{}}
 	reader := runBraked(t, q, seen, func(msg *message.Message) error {
 		id := msg.Metadata.Get(sluice.EventIDKey)
-		if _, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+		if _, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 			`INSERT INTO effects (event_id) VALUES ($1)`, id); err != nil {
 			return err
 		}

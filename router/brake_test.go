@@ -21,7 +21,6 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
@@ -30,12 +29,13 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // newPrivateEffectsDB starts a private PostgreSQL (one the test may stop)
 // holding an effects table and an inbox table, and returns it, a pool on it
 // closed when t ends, and the inbox store.
-func newPrivateEffectsDB(t *testing.T) (*testenv.PrivatePostgres, *sqlx.DB, *sqlstore.Store) {
+func newPrivateEffectsDB(t *testing.T) (*testenv.PrivatePostgres, *sqlx.DB, *sluicesql.Inbox) {
 	t.Helper()
 	pg := testenv.StartPrivatePostgres(t)
 	db, err := sqlx.Open("postgres", pg.URL)
@@ -44,7 +44,7 @@ func newPrivateEffectsDB(t *testing.T) (*testenv.PrivatePostgres, *sqlx.DB, *sql
 	db.SetMaxOpenConns(rabbitmq.PrefetchDefault + 4)
 	_, err = db.Exec(`CREATE TABLE effects (event_id TEXT PRIMARY KEY)`)
 	require.NoError(t, err)
-	inbox, err := sqlstore.New(sqlstore.Config{DB: db, Table: "inbox"})
+	inbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: "inbox"})
 	require.NoError(t, err)
 	require.NoError(t, inbox.CreateTable(t.Context()))
 	return pg, db, inbox
@@ -83,7 +83,7 @@ func TestBrakeOutageLongerThanTheLadder(t *testing.T) {
 	_, err = router.Add(r, router.HandlerConfig{
 		Broker: q, Name: "effects",
 		Handler: func(msg *message.Message) error {
-			_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+			_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 				`INSERT INTO effects (event_id) VALUES ($1)`, msg.Metadata.Get(sluice.EventIDKey))
 			return err
 		},

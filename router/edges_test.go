@@ -16,13 +16,14 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 func newRabbitMQ(t *testing.T, queue string, delays ...time.Duration) *rabbitmq.Broker {
@@ -67,7 +68,7 @@ func TestAddRefusesASecondHandlerOnAQueueAndADuplicateName(t *testing.T) {
 // Watermill's Retry added to the router after Sluice's stages runs inside
 // the inbox transaction. A handler that wrote its row and failed once must
 // still leave one row: the second run inside the same transaction is
-// refused (deduplication.Reentry) and the delivery goes to its tier as if
+// refused (unitofwork.Reentry) and the delivery goes to its tier as if
 // the Retry were not there.
 func TestRetryInsideTheInboxRunsTheHandlerOncePerTransaction(t *testing.T) {
 	t.Parallel()
@@ -82,7 +83,7 @@ func TestRetryInsideTheInboxRunsTheHandlerOncePerTransaction(t *testing.T) {
 		Broker: q,
 		Name:   "inventory", Consumers: 1,
 		Handler: func(msg *message.Message) error {
-			_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+			_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 				fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ($1)`, schema), msg.Metadata.Get(sluice.EventIDKey))
 			if err != nil {
 				return err
@@ -129,7 +130,7 @@ func TestReentryKeepsTheFirstRunsClass(t *testing.T) {
 	d, err := deduplication.New(deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "c"})
 	require.NoError(t, err)
 	var runs int
-	inner := deduplication.Reentry(func(*message.Message) ([]*message.Message, error) {
+	inner := unitofwork.Reentry(func(*message.Message) ([]*message.Message, error) {
 		runs++
 		return nil, sluice.Poison(errors.New("unknown version"))
 	})
@@ -138,7 +139,7 @@ func TestReentryKeepsTheFirstRunsClass(t *testing.T) {
 	m.Metadata.Set(sluice.EventIDKey, "evt-1")
 	_, err = d(retry(inner))(m)
 	require.Equal(t, 1, runs)
-	require.ErrorIs(t, err, deduplication.ErrHandlerReentered)
+	require.ErrorIs(t, err, unitofwork.ErrHandlerReentered)
 	require.Equal(t, sluice.ClassPoison, sluice.ClassOf(err))
 }
 
@@ -174,7 +175,7 @@ func timeoutBehindTheRouter(t *testing.T, batch *deduplication.BatchConfig) {
 		Broker: q, Name: "inventory", Consumers: 1,
 		Handler: func(msg *message.Message) error {
 			runs.Add(1)
-			if _, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+			if _, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 				fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ($1)`, schema), msg.Metadata.Get(sluice.EventIDKey)); err != nil {
 				return err
 			}

@@ -33,7 +33,7 @@ func exportAtZero(s Stages, handler, topic, system string) error {
 		errs = append(errs, retrytiers.ExportAtZero(retrytiers.Config{Env: sluice.Env{MeterProvider: mp(r.MeterProvider)}, Tiers: r.Tiers}, handler, topic, system))
 	}
 	if in := s.Inbox; in != nil {
-		errs = append(errs, deduplication.ExportAtZero(deduplication.Config{Env: sluice.Env{MeterProvider: mp(in.MeterProvider)}}, handler, topic, system))
+		errs = append(errs, deduplication.ExportDuplicatesAtZero(deduplication.Config{Env: sluice.Env{MeterProvider: mp(in.MeterProvider)}}, handler, topic, system))
 	}
 	return errors.Join(errs...)
 }

@@ -19,7 +19,6 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
@@ -29,6 +28,7 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // The ordered handler as users compose it: behind Watermill's Timeout and
@@ -65,7 +65,7 @@ func orderedBehindTimeout(t *testing.T, quorum bool) {
 	schema := testenv.Schema(t, db)
 	_, err := db.Exec(`CREATE TABLE ` + schema + `.applied (n bigserial PRIMARY KEY, event_id text NOT NULL)`)
 	require.NoError(t, err)
-	inbox, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".inbox"})
+	inbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: schema + ".inbox"})
 	require.NoError(t, err)
 	require.NoError(t, inbox.CreateTable(t.Context()))
 	orders, err := ordersql.New(ordersql.Config{DB: db, TablePrefix: schema + ".sluice_order"})
@@ -116,7 +116,7 @@ func orderedBehindTimeout(t *testing.T, quorum bool) {
 				<-msg.Context().Done() // the ledger service never answers: Watermill's Timeout ends the run
 				return msg.Context().Err()
 			}
-			_, err = sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(), `INSERT INTO `+schema+`.applied (event_id) VALUES ($1)`, id)
+			_, err = sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(), `INSERT INTO `+schema+`.applied (event_id) VALUES ($1)`, id)
 			return err
 		},
 		Stages: router.Stages{

@@ -16,12 +16,12 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/ordering"
 	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // givenBack is a queue of one key's 16 events (the consumer's prefetch, all
@@ -283,7 +283,7 @@ func TestAnOrderedKeyKeepsItsOrderAcrossRestartsMidLoad(t *testing.T) {
 							close(held)
 							<-release
 						}
-						_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+						_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 							fmt.Sprintf(`INSERT INTO %s.applied (seq) VALUES ($1)`, schema), msg.Metadata.Get("seq"))
 						return err
 					},
@@ -336,7 +336,7 @@ func TestAnOrderedKeyKeepsItsOrderAcrossRestartsMidLoad(t *testing.T) {
 // newOrderedStores returns the test database, a schema of t's own holding
 // an applied table (n bigserial, then column), the inbox store and the
 // ordering store in it.
-func newOrderedStores(t *testing.T, column string) (*sqlx.DB, string, *sqlstore.Store, *ordersql.Store) {
+func newOrderedStores(t *testing.T, column string) (*sqlx.DB, string, *sluicesql.Inbox, *ordersql.Store) {
 	t.Helper()
 	db := testenv.Postgres(t)
 	schema := testenv.Schema(t, db)

@@ -14,7 +14,6 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
@@ -23,6 +22,7 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/sluicesql/postgres"
 )
 
@@ -59,7 +59,7 @@ func TestAPartitionsNextOwnerContinuesAReleaseInOrder(t *testing.T) {
 	start := func(amqpURL string, pool *sqlx.DB, hold func(seq int)) (b *rabbitmq.Broker, stop func() error) {
 		b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: amqpURL}, Topology: tc})
 		require.NoError(t, err)
-		inbox, err := sqlstore.New(sqlstore.Config{DB: pool, Table: schema + ".inbox"})
+		inbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: pool, Table: schema + ".inbox"})
 		require.NoError(t, err)
 		store, err := ordersql.New(ordersql.Config{DB: pool, TablePrefix: schema + ".order"})
 		require.NoError(t, err)

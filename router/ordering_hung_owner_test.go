@@ -21,7 +21,6 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
@@ -30,6 +29,7 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // hungOwnerEnv carries a hungOwner to the helper process, in JSON.
@@ -59,7 +59,7 @@ const (
 func (h hungOwner) run(ctx context.Context, t testing.TB, db *sqlx.DB, hold func(), settled func(id string, err error)) (stop func()) {
 	b, err := rabbitmq.NewBroker(ctx, rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Topology: h.Topology})
 	require.NoError(t, err)
-	inbox, err := sqlstore.New(sqlstore.Config{DB: db, Table: h.Schema + ".inbox"})
+	inbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: h.Schema + ".inbox"})
 	require.NoError(t, err)
 	store, err := ordersql.New(ordersql.Config{DB: db, TablePrefix: h.Schema + ".order", LockTimeout: time.Second, IdleTimeout: h.IdleTimeout})
 	require.NoError(t, err)
@@ -262,7 +262,7 @@ func seqEffect(schema string, failsOnce int, before func(seq int)) message.NoPub
 		if before != nil {
 			before(seq)
 		}
-		_, err = sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+		_, err = sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 			fmt.Sprintf(`INSERT INTO %s.applied (seq) VALUES ($1)`, schema), seq)
 		return err
 	}

@@ -14,7 +14,6 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
@@ -22,6 +21,7 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // TestARedeliveryOfAnAppliedMessageBehindAPoisonedHeadIsADuplicate: key a's
@@ -104,7 +104,7 @@ func TestARedeliveryOfAnAppliedMessageBehindAPoisonedHeadIsADuplicate(t *testing
 			case id == "a-1":
 				return sluice.Poison(errors.New("unknown account version"))
 			}
-			_, err = sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+			_, err = sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 				fmt.Sprintf(`INSERT INTO %s.applied (event_id) VALUES ($1)`, schema), id)
 			return err
 		},

@@ -15,7 +15,6 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
@@ -26,6 +25,7 @@ import (
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // Issue 43, item 6: a key's poisoned head, skipped (ordering.Skip: what
@@ -68,7 +68,7 @@ func TestAReplayedHeadAfterItsSkipIsSaidToBeOutOfOrder(t *testing.T) {
 			if seq == 2 && broken.Load() {
 				return sluice.Poison(errors.New("unknown account version"))
 			}
-			_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(), fmt.Sprintf(`INSERT INTO %s.applied (seq) VALUES ($1)`, schema), seq)
+			_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(), fmt.Sprintf(`INSERT INTO %s.applied (seq) VALUES ($1)`, schema), seq)
 			return err
 		},
 		Stages: router.Stages{

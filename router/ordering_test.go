@@ -15,7 +15,6 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
@@ -24,6 +23,7 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // orderScenario is the scenario of TestOrderPerKeyThroughRetries: keys ×
@@ -155,7 +155,7 @@ func runOrderScenarioOn(t *testing.T, sc orderScenario, ordered bool, partitions
 	schema := testenv.Schema(t, db)
 	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.applied (n bigserial PRIMARY KEY, order_key text NOT NULL, seq int NOT NULL)`, schema))
 	require.NoError(t, err)
-	inbox, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".inbox"})
+	inbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: schema + ".inbox"})
 	require.NoError(t, err)
 	require.NoError(t, inbox.CreateTable(t.Context()))
 	store, err = ordersql.New(ordersql.Config{DB: db, TablePrefix: schema + ".order"})
@@ -219,7 +219,7 @@ func runOrderScenarioOn(t *testing.T, sc orderScenario, ordered bool, partitions
 			if err := sc.failures(seq, attempt); err != nil {
 				return err
 			}
-			_, err = sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+			_, err = sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 				fmt.Sprintf(`INSERT INTO %s.applied (order_key, seq) VALUES ($1, $2)`, schema), key, seq)
 			return err
 		},

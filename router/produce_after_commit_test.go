@@ -13,7 +13,6 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
@@ -22,6 +21,7 @@ import (
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // Issue 28, item 3: an assembly router.Add accepts never loses what a
@@ -62,7 +62,7 @@ func producedAfterANoRoute(t *testing.T, withOutbox bool) {
 		PublishingHandler: func(msg *message.Message) ([]*message.Message, error) {
 			ctx := msg.Context()
 			id := msg.Metadata.Get(sluice.EventIDKey)
-			if _, err := sqlstore.TxFromContext(ctx).ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ($1)`, schema), id); err != nil {
+			if _, err := sluicesql.TxFromContext(ctx).ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ($1)`, schema), id); err != nil {
 				return nil, err
 			}
 			evt := message.NewMessage(watermill.NewUUID(), []byte(`{"reserved":true}`))

@@ -13,11 +13,11 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // TestProducedMessageCarryingTheHandlersContextIsPublished: a publishing
@@ -47,7 +47,7 @@ func TestProducedMessageCarryingTheHandlersContextIsPublished(t *testing.T) {
 		PublishingHandler: func(msg *message.Message) ([]*message.Message, error) {
 			calls.Add(1)
 			ctx := msg.Context()
-			_, err := sqlstore.TxFromContext(ctx).ExecContext(ctx, // the driver looks at the context
+			_, err := sluicesql.TxFromContext(ctx).ExecContext(ctx, // the driver looks at the context
 				fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ($1)`, schema), msg.Metadata.Get(sluice.EventIDKey))
 			if err != nil {
 				return nil, err

@@ -17,7 +17,6 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
@@ -25,17 +24,18 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // inbox returns a PostgreSQL inbox and a reservations table in a schema of
 // t's own.
-func inbox(t *testing.T) (*sqlx.DB, string, *sqlstore.Store) {
+func inbox(t *testing.T) (*sqlx.DB, string, *sluicesql.Inbox) {
 	t.Helper()
 	db := testenv.Postgres(t)
 	schema := testenv.Schema(t, db)
 	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.reservations (event_key TEXT NOT NULL)`, schema))
 	require.NoError(t, err)
-	store, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".inbox"})
+	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: schema + ".inbox"})
 	require.NoError(t, err)
 	require.NoError(t, store.CreateTable(t.Context()))
 	return db, schema, store
@@ -89,7 +89,7 @@ func stackWithPostgresInbox(t *testing.T, batch *deduplication.BatchConfig, quor
 				failedOnce.Add(1)
 				return fmt.Errorf("stock service: %w", context.DeadlineExceeded)
 			}
-			_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+			_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 				fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ($1)`, schema), id)
 			return err
 		},
@@ -201,7 +201,7 @@ func shutdownMidHandler(t *testing.T, batch *deduplication.BatchConfig) {
 				calls.Add(1)
 				inHandler <- struct{}{}
 				<-release // the work in flight when Close is called
-				_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+				_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 					fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ('evt-1')`, schema))
 				return err
 			},
@@ -265,7 +265,7 @@ func TestDrainingCloseUnderLoadNoDuplicates(t *testing.T) {
 				if started.Add(1) > before && hold {
 					<-release // in flight when Close is called
 				}
-				_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+				_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 					fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ($1)`, schema), msg.Metadata.Get(sluice.EventIDKey))
 				return err
 			},

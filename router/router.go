@@ -18,6 +18,7 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/ordering"
 	"github.com/sluicemq/sluice/outbox"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // HandlerConfig is one reliable handler.
@@ -153,7 +154,7 @@ var ErrDuplicateHandler = errors.New("router: duplicate handler")
 // counters of its stages that the shipped alerts read at zero for it,
 // before its first delivery (poison.ExportAtZero,
 // middleware.ExportTraceAtZero). It wraps the handler with
-// deduplication.Reentry, so an in-process retry middleware added to the
+// unitofwork.Reentry, so an in-process retry middleware added to the
 // router later — and so run inside the inbox — cannot run the handler twice
 // in one inbox transaction.
 func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
@@ -302,11 +303,11 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 				return err
 			})
 		case cfg.Handler != nil:
-			h = r.AddConsumerHandler(name, cfg.Topic, subscriber, deduplication.ReentryNoPublish(cfg.Handler))
+			h = r.AddConsumerHandler(name, cfg.Topic, subscriber, unitofwork.ReentryNoPublish(cfg.Handler))
 		case cfg.Outbox != nil:
-			h = r.AddConsumerHandler(name, cfg.Topic, subscriber, deduplication.ReentryNoPublish(outbox.Handler(cfg.Outbox, cfg.PublishTopic, cfg.PublishingHandler)))
+			h = r.AddConsumerHandler(name, cfg.Topic, subscriber, unitofwork.ReentryNoPublish(outbox.Handler(cfg.Outbox, cfg.PublishTopic, cfg.PublishingHandler)))
 		default:
-			h = r.AddHandler(name, cfg.Topic, subscriber, cfg.PublishTopic, cfg.Publisher, deduplication.Reentry(cfg.PublishingHandler))
+			h = r.AddHandler(name, cfg.Topic, subscriber, cfg.PublishTopic, cfg.Publisher, unitofwork.Reentry(cfg.PublishingHandler))
 		}
 		h.AddMiddleware(append([]message.HandlerMiddleware{nameHandler(cfg.Name, system)}, mws...)...)
 		out = append(out, h)

@@ -17,7 +17,6 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
@@ -27,6 +26,7 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 func TestAddValidates(t *testing.T) {
@@ -39,7 +39,7 @@ func TestAddValidates(t *testing.T) {
 	ph := func(*message.Message) ([]*message.Message, error) { return nil, nil }
 	ob, err := outboxsql.New(outboxsql.Config{DB: sqlx.NewDb(nil, "postgres")})
 	require.NoError(t, err)
-	liteInbox, err := sqlstore.New(sqlstore.Config{DB: sqlx.NewDb(nil, "sqlite")})
+	liteInbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: sqlx.NewDb(nil, "sqlite")})
 	require.NoError(t, err)
 	for _, tt := range []struct {
 		cfg  router.HandlerConfig

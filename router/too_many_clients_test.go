@@ -15,9 +15,9 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // occupy takes every connection of a server whose max_connections is n
@@ -72,7 +72,7 @@ func TestTooManyClientsAfterTheBrakeSawThemSpendsNoAttempt(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	db.SetMaxIdleConns(0) // every Begin dials: the server's limit decides
-	store, err := sqlstore.New(sqlstore.Config{DB: db, Table: "inbox"})
+	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: "inbox"})
 	require.NoError(t, err)
 	require.NoError(t, store.CreateTable(t.Context()))
 

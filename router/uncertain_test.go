@@ -13,13 +13,13 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // seen is one delivery as it reached the router, and what became of it.
@@ -187,7 +187,7 @@ func retryStages(store deduplication.Store, consumer string) func(pub message.Pu
 
 // reserve is the handler's effect: one row for the event.
 func reserve(schema string, msg *message.Message) error {
-	_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+	_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 		fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ($1)`, schema), msg.Metadata.Get(sluice.EventIDKey))
 	return err
 }

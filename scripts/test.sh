@@ -89,7 +89,7 @@ go_test() { $GO test -json "$@" 2>&1 | "$logs/testtimes" -save "$TEST_TIMES_FILE
 # cmd/internal/bench, 157 s and 155 s in CI) began last, when the others had
 # ended, and ran alone on a machine with cores to spare. make test-times
 # prints each package's time; keep this list its slowest.
-: "${TEST_SLOW_PACKAGES:=./rabbitmq/internal/clustertest ./router ./cmd/sluice ./cmd/internal/bench ./rabbitmq ./deduplication/sqlstore ./outbox}"
+: "${TEST_SLOW_PACKAGES:=./rabbitmq/internal/clustertest ./router ./cmd/sluice ./cmd/internal/bench ./rabbitmq ./sluicesql ./outbox}"
 # shellcheck disable=SC2086 # the lists are lists
 foreground "go test" go_test -race -count=1 -timeout "$TEST_TIMEOUT" -p "$TEST_PACKAGES_AT_ONCE" -parallel "$TEST_PARALLEL" $TEST_SLOW_PACKAGES $PACKAGES
 # Where the time went (make test-times prints it again).

@@ -19,6 +19,7 @@ import (
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // Handler is one reliable handler of the service: its stages are the
@@ -188,7 +189,7 @@ func (s *Service) stages(h Handler) (router.Stages, error) {
 
 // checkRetention checks that the inbox keeps a record for as long as a
 // copy of the delivery may come back: the retry ladder plus the replay
-// window (deduplication.PrunerConfig's rule, the pruner's own check).
+// window (sluicesql.PrunerConfig's rule, the pruner's own check).
 func (s *Service) checkRetention(h Handler, st router.Stages) error {
 	if st.Inbox == nil || st.Inbox.Store != s.stores.Inbox {
 		return nil
@@ -201,7 +202,7 @@ func (s *Service) checkRetention(h Handler, st router.Stages) error {
 	for _, t := range tiers {
 		delays = append(delays, t.Delay)
 	}
-	if _, err := deduplication.NewPruner(deduplication.PrunerConfig{Store: s.stores.Inbox, Retention: s.cfg.InboxRetention,
+	if _, err := sluicesql.NewPruner(sluicesql.PrunerConfig{Store: s.stores.Inbox, Retention: s.cfg.InboxRetention,
 		RetryDelays: delays, ReplayWindow: s.cfg.ReplayWindow}); err != nil {
 		return fmt.Errorf("service: Config.InboxRetention is too short for handler %q: %w", h.Name, err)
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
-	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/router"
@@ -30,9 +29,9 @@ var ErrClosed = errors.New("service: closed")
 type Service struct {
 	cfg     Config
 	stores  *sluicesql.Stores
-	relay   *outbox.Relay            // nil without Config.Publisher
-	pruners [2]*deduplication.Pruner // the inbox's, the replay outcomes'
-	calls   *bounded.Calls           // the health checks' and the drain's store calls
+	relay   *outbox.Relay        // nil without Config.Publisher
+	pruners [2]*sluicesql.Pruner // the inbox's, the replay outcomes'
+	calls   *bounded.Calls       // the health checks' and the drain's store calls
 
 	mu       sync.Mutex
 	handlers []added
@@ -86,15 +85,15 @@ func New(cfg Config) (*Service, error) {
 		s.relay = relay
 	}
 	var err error
-	s.pruners[0], err = deduplication.NewPruner(deduplication.PrunerConfig{Store: s.stores.Inbox, Retention: cfg.InboxRetention,
+	s.pruners[0], err = sluicesql.NewPruner(sluicesql.PrunerConfig{Store: s.stores.Inbox, Retention: cfg.InboxRetention,
 		ReplayWindow: cfg.ReplayWindow, Interval: cfg.PruneInterval, Env: sluice.Env{Logger: cfg.Logger, MeterProvider: cfg.MeterProvider}})
 	if err != nil {
 		return nil, fmt.Errorf("service: Config.InboxRetention: %w", err)
 	}
 	// Its deletions are not the inbox's: sluice.inbox.pruned counts the
 	// inbox's alone.
-	s.pruners[1], err = deduplication.NewPruner(deduplication.PrunerConfig{Store: s.stores.Outcomes, Retention: cfg.OutcomeRetention,
-		Records: "replay outcomes", Interval: cfg.PruneInterval, Env: sluice.Env{Logger: cfg.Logger, MeterProvider: noop.NewMeterProvider()}})
+	s.pruners[1], err = sluicesql.NewPruner(sluicesql.PrunerConfig{Store: s.stores.Outcomes, Retention: cfg.OutcomeRetention,
+		Interval: cfg.PruneInterval, Env: sluice.Env{Logger: cfg.Logger, MeterProvider: noop.NewMeterProvider()}})
 	if err != nil {
 		return nil, fmt.Errorf("service: Config.OutcomeRetention: %w", err)
 	}

@@ -12,7 +12,6 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/sluicemq/sluice/broker"
-	inboxsql "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
 	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
@@ -20,12 +19,11 @@ import (
 	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
 )
 
-// The tables' default names (each store package's TableDefault).
+// The tables' default names (each store's own).
 const (
-	OrderTablePrefixDefault = ordersql.TablePrefixDefault
-	InboxTableDefault       = inboxsql.TableDefault
-	OutboxTableDefault      = outboxsql.TableDefault
-	OutcomeTableDefault     = replaysql.TableDefault
+	orderTablePrefixDefault = ordersql.TablePrefixDefault
+	outboxTableDefault      = outboxsql.TableDefault
+	outcomeTableDefault     = replaysql.TableDefault
 )
 
 // Config configures New.
@@ -36,7 +34,7 @@ type Config struct {
 	DB *sqlx.DB
 	// SQLDB is the database as a plain *sql.DB, instead of DB, with
 	// DriverName when its driver's type does not tell the dialect (see
-	// deduplication/sqlstore.Config.SQLDB).
+	// InboxConfig.SQLDB).
 	SQLDB      *sql.DB
 	DriverName string
 	// Schema is the PostgreSQL schema the tables are in: Migrate creates
@@ -44,11 +42,11 @@ type Config struct {
 	// search_path. SQLite has none.
 	Schema string
 	// InboxTable, OutboxTable and OutcomeTable name the tables, each an SQL
-	// identifier (Schema qualifies them). Defaults InboxTableDefault,
-	// OutboxTableDefault, OutcomeTableDefault.
+	// identifier (Schema qualifies them). Defaults "sluice_inbox",
+	// "sluice_outbox", "sluice_replay".
 	InboxTable, OutboxTable, OutcomeTable string
 	// OrderTablePrefix names the ordering stage's two tables (PostgreSQL
-	// only). Default OrderTablePrefixDefault.
+	// only). Default "sluice_order".
 	OrderTablePrefix string
 	// TxOptions are the inbox's for each delivery's transaction. Default
 	// nil: the driver's (READ COMMITTED on PostgreSQL).
@@ -64,7 +62,7 @@ type Config struct {
 type Stores struct {
 	// Inbox is the inbox (deduplication.Config.Store); its units of work
 	// are the database's transactions.
-	Inbox *inboxsql.Store
+	Inbox *Inbox
 	// Outbox holds what handlers produce until a relay publishes it
 	// (router.HandlerConfig.Outbox, outbox.RelayConfig.Store).
 	Outbox *outboxsql.Store
@@ -105,10 +103,10 @@ func New(cfg Config) (*Stores, error) {
 	}
 	var errs [4]error
 	var names [4]string
-	names[0], errs[0] = table("InboxTable", cfg.InboxTable, InboxTableDefault)
-	names[1], errs[1] = table("OutboxTable", cfg.OutboxTable, OutboxTableDefault)
-	names[2], errs[2] = table("OutcomeTable", cfg.OutcomeTable, OutcomeTableDefault)
-	names[3], errs[3] = table("OrderTablePrefix", cfg.OrderTablePrefix, OrderTablePrefixDefault)
+	names[0], errs[0] = table("InboxTable", cfg.InboxTable, inboxTableDefault)
+	names[1], errs[1] = table("OutboxTable", cfg.OutboxTable, outboxTableDefault)
+	names[2], errs[2] = table("OutcomeTable", cfg.OutcomeTable, outcomeTableDefault)
+	names[3], errs[3] = table("OrderTablePrefix", cfg.OrderTablePrefix, orderTablePrefixDefault)
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, err
 	}
@@ -118,7 +116,7 @@ func New(cfg Config) (*Stores, error) {
 			return nil, fmt.Errorf("sluicesql: Config.Schema: %w", err)
 		}
 	}
-	if s.Inbox, err = inboxsql.New(inboxsql.Config{DB: db, Table: names[0], TxOptions: cfg.TxOptions}); err != nil {
+	if s.Inbox, err = NewInbox(InboxConfig{DB: db, Table: names[0], TxOptions: cfg.TxOptions}); err != nil {
 		return nil, fmt.Errorf("sluicesql: the inbox (Config.InboxTable, Config.Schema): %w", err)
 	}
 	if s.Outbox, err = outboxsql.New(outboxsql.Config{DB: db, Table: names[1], Checker: cfg.OutboxChecker}); err != nil {
@@ -214,11 +212,6 @@ func (s *Stores) createSchema(ctx context.Context, conn *sqlx.Conn) error {
 	}
 	return nil
 }
-
-// TxFromContext returns the inbox's SQL transaction of the delivery being
-// handled — the one a handler writes its own rows in, committed with the
-// claim — or nil outside one (deduplication/sqlstore.TxFromContext).
-func TxFromContext(ctx context.Context) *sqlx.Tx { return inboxsql.TxFromContext(ctx) }
 
 func postgres(db *sqlx.DB) bool { return db.DriverName() == "postgres" || db.DriverName() == "pgx" }
 

@@ -12,7 +12,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
-	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
+	"github.com/sluicemq/sluice/sluicesql/sqlite"
 )
 
 // openSQLite opens the kit's SQLite database at path (sqlite.Open's
@@ -140,7 +140,7 @@ func (c *conn) ResetSession(ctx context.Context) error {
 }
 
 // sqliteNow is how the SQL inbox store writes processed_at on SQLite
-// (deduplication/sqlstore); TestTheInboxRecordsVirtualTime fails when it
+// (sluicesql.Inbox); TestTheInboxRecordsVirtualTime fails when it
 // changes.
 const sqliteNow = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)"
 

@@ -20,12 +20,12 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // event is the payload the producer publishes.
@@ -100,7 +100,7 @@ func consumerMain(args []string) error {
 	if *produceTo != "" { // a receiver's deliveries and a relay's batch too
 		db.SetMaxOpenConns(rabbitmq.PrefetchDefault + 6)
 	}
-	store, err := sqlstore.New(sqlstore.Config{DB: db, Table: *schema + ".inbox"})
+	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: *schema + ".inbox"})
 	if err != nil {
 		return err
 	}
@@ -139,7 +139,7 @@ func consumerMain(args []string) error {
 		if e.Invariant {
 			return sluice.Invariant(fmt.Errorf("event %s: the order must exist", e.EventID))
 		}
-		tx := sqlstore.TxFromContext(msg.Context())
+		tx := sluicesql.TxFromContext(msg.Context())
 		if _, err := tx.ExecContext(msg.Context(), insert, e.EventID); err != nil {
 			return err
 		}
@@ -279,7 +279,7 @@ func batchHandle(schema string, tr func(id, format string, args ...any), crash f
 		}
 		rows, err := json.Marshal(ids)
 		if err == nil {
-			_, err = sqlstore.TxFromContext(ctx).ExecContext(ctx, insert, string(rows))
+			_, err = sluicesql.TxFromContext(ctx).ExecContext(ctx, insert, string(rows))
 		}
 		if err != nil {
 			return deduplication.SameOutcome(msgs, err)

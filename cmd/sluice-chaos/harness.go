@@ -18,7 +18,6 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/sluicemq/sluice/cmd/internal/localenv"
-	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
@@ -88,8 +87,8 @@ func harnessMain(args []string) error {
 	fs.StringVar(&o.tiers, "tiers", "1s,2s,5s,10s,20s", "retry tiers; their sum must outlast the outages")
 	fs.Uint64Var(&o.seed, "seed", uint64(time.Now().UnixNano()), "random seed (printed, for reruns)")
 	fs.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "scenarios to run (any of them with the suffix -batched: with group commit; -batch-handler: with a batch handler)")
-	fs.IntVar(&o.maxBatch, "max-batch", deduplication.MaxBatchDefault, "group commit's MaxBatch in the -batched scenarios")
-	fs.DurationVar(&o.maxWait, "max-wait", deduplication.MaxWaitDefault, "group commit's MaxWait in the -batched scenarios")
+	fs.IntVar(&o.maxBatch, "max-batch", 8, "group commit's MaxBatch in the -batched scenarios (8: deduplication.BatchConfig's default)")
+	fs.DurationVar(&o.maxWait, "max-wait", 2*time.Millisecond, "group commit's MaxWait in the -batched scenarios (2ms: deduplication.BatchConfig's default)")
 	fs.IntVar(&o.batchHandlerSize, "batch-handler-size", 32, "the batch handler's MaxBatch in the -batch-handler scenarios (the prefetch is twice it)")
 	fs.IntVar(&o.batchPrefetch, "batch-prefetch", 32, "deliveries in flight per subscription in the -batched scenarios (0: the broker's default)")
 	rabbitmq4 := fs.Bool("rabbitmq4", false, "run on the RabbitMQ 4.0 node of make services (scripts/rabbitmq4.sh env: its URL, and its rabbitmqctl for the restarts and policies; cluster-node-kill's cluster runs from its directory)")

@@ -18,7 +18,6 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
 	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
@@ -26,6 +25,7 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // orderedHandlerName is the ordered scenario's handler: the consumer of
@@ -71,7 +71,7 @@ func orderedConsumerMain(args []string) error {
 	// The deliveries in flight, each with its inbox transaction and its
 	// key's guard, and the resume loop's.
 	db.SetMaxOpenConns(2*rabbitmq.PrefetchDefault + 4)
-	inbox, err := sqlstore.New(sqlstore.Config{DB: db, Table: *schema + ".inbox"})
+	inbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: *schema + ".inbox"})
 	if err != nil {
 		return err
 	}
@@ -102,7 +102,7 @@ func orderedConsumerMain(args []string) error {
 		if attempt, _ := sluice.Attempt(msg); attempt <= e.FailTimes {
 			return fmt.Errorf("downstream: %w", context.DeadlineExceeded)
 		}
-		tx := sqlstore.TxFromContext(msg.Context())
+		tx := sluicesql.TxFromContext(msg.Context())
 		if _, err := tx.ExecContext(msg.Context(), insert, e.EventID, e.Key, e.Seq); err != nil {
 			return err
 		}

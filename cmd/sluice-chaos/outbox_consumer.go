@@ -16,7 +16,6 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/outbox"
 	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
@@ -24,6 +23,7 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // receiverName is the handler that consumes what the effects handler
@@ -78,7 +78,7 @@ func (p *outboxProcess) start(ctx context.Context, r *message.Router, cfg *route
 	if p.receiver, err = dialBroker(ctx, receiver); err != nil {
 		return err
 	}
-	inbox, err := sqlstore.New(sqlstore.Config{DB: p.db, Table: p.schema + ".receiver_inbox"})
+	inbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: p.db, Table: p.schema + ".receiver_inbox"})
 	if err != nil {
 		return err
 	}
@@ -88,7 +88,7 @@ func (p *outboxProcess) start(ctx context.Context, r *message.Router, cfg *route
 		Broker: p.receiver,
 		Name:   receiverName, Consumers: cfg.Consumers,
 		Handler: func(msg *message.Message) error {
-			tx := sqlstore.TxFromContext(msg.Context())
+			tx := sluicesql.TxFromContext(msg.Context())
 			if _, err := tx.ExecContext(msg.Context(), insert, msg.Metadata.Get(sluice.EventIDKey)); err != nil {
 				return err
 			}

@@ -15,10 +15,10 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // outboxCrashPoints are the consumers' self-crashes in the outbox scenario:
@@ -59,7 +59,7 @@ func (w *world) setupOutbox(ctx context.Context) error {
 	if _, err := w.db.ExecContext(ctx, "CREATE TABLE "+w.name+".received (event_id TEXT NOT NULL)"); err != nil {
 		return err
 	}
-	inbox, err := sqlstore.New(sqlstore.Config{DB: w.db, Table: w.name + ".receiver_inbox"})
+	inbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: w.db, Table: w.name + ".receiver_inbox"})
 	if err != nil {
 		return err
 	}

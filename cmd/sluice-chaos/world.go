@@ -8,8 +8,8 @@ import (
 	"github.com/jmoiron/sqlx"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 func (w *world) setup(ctx context.Context) error {
@@ -27,7 +27,7 @@ func (w *world) setup(ctx context.Context) error {
 			return err
 		}
 	}
-	store, err := sqlstore.New(sqlstore.Config{DB: db, Table: w.name + ".inbox"})
+	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: w.name + ".inbox"})
 	if err != nil {
 		return err
 	}

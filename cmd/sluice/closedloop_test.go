@@ -25,8 +25,6 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
-	dedupredis "github.com/sluicemq/sluice/deduplication/redisstore"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
@@ -37,6 +35,8 @@ import (
 	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluiceredis"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // recovering is a consumer of the bed's queue with the whole stack, the
@@ -68,7 +68,7 @@ func newRecovering(t *testing.T, b *bed, stillBad func(id string) bool) *recover
 		if stillBad(id) {
 			return sluice.Poison(fmt.Errorf("event %s: unknown schema version 3", id))
 		}
-		_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(), `INSERT INTO `+schema+`.stock (event_id) VALUES ($1)`, id)
+		_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(), `INSERT INTO `+schema+`.stock (event_id) VALUES ($1)`, id)
 		return err
 	}, &replay.Config{Store: outcomes, InUnitOfWork: true}, inbox)
 	return rc
@@ -657,7 +657,7 @@ func TestLongEventIDIsOneItem(t *testing.T) {
 }
 
 // The closed loop for a service with no SQL database: its inbox and its
-// outcome records on Redis (deduplication/redisstore, replay/redisstore),
+// outcome records on Redis (sluiceredis, replay/redisstore),
 // its effect a Redis set. `--outcomes redis://…` replays a canary and a
 // ramp, stops when a batch is poisoned again beyond the limit, and reports
 // exactly the still-bad events; `resolve` records one as compensated.
@@ -666,7 +666,7 @@ func TestClosedLoopOnRedis(t *testing.T) {
 	b := newBed(t)
 	b.goodAndBad(t, 40, 6)
 	client, prefix := testenv.Redis(t)
-	inbox, err := dedupredis.New(dedupredis.Config{Client: client, Prefix: prefix + "inbox:"})
+	inbox, err := sluiceredis.NewInbox(sluiceredis.InboxConfig{Client: client, Prefix: prefix + "inbox:"})
 	require.NoError(t, err)
 	outcomesPrefix := strings.TrimSuffix(prefix, ":") + "_replay"
 	outcomes, err := replayredis.New(replayredis.Config{Client: client, Prefix: outcomesPrefix + ":"})

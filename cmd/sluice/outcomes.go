@@ -86,7 +86,7 @@ func openOutcomes(url, table string, create bool) (ledger.Ledger, func(), error)
 	}
 	if err := db.PingContext(ctx); err != nil {
 		_ = db.Close()
-		return nil, nil, fmt.Errorf("--outcomes: connecting to the database (within its connect_timeout, default %s): %w", postgres.ConnectTimeoutDefault, diag.RedactError(err))
+		return nil, nil, fmt.Errorf("--outcomes: connecting to the database (within its connect_timeout, default 5s): %w", diag.RedactError(err))
 	}
 	s, err := replaysql.New(replaysql.Config{DB: db, Table: table})
 	if err == nil {

@@ -8,8 +8,8 @@ import (
 
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/deduplicationtest"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
-	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
+	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/sluicesql/sqlite"
 )
 
 // A store's own test runs the suite as a third party writes it, on the
@@ -22,7 +22,7 @@ func TestSQLiteStoreConformance(t *testing.T) {
 		db, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "inbox.db"))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = db.Close() })
-		store, err := sqlstore.New(sqlstore.Config{DB: db})
+		store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db})
 		require.NoError(t, err)
 		require.NoError(t, store.CreateTable(t.Context()))
 		return store

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // NewStore returns a store that no other call shares records with, cleaned
@@ -53,7 +54,7 @@ func Run(t *testing.T, newStore NewStore) {
 }
 
 // claim begins a unit of work and claims (consumer, key) in it.
-func claim(t *testing.T, s deduplication.Store, consumer, key string) (deduplication.Tx, bool) {
+func claim(t *testing.T, s deduplication.Store, consumer, key string) (unitofwork.Tx, bool) {
 	t.Helper()
 	tx, err := s.Begin(t.Context())
 	require.NoError(t, err)
@@ -95,7 +96,7 @@ func testKeysAreExact(t *testing.T, s deduplication.Store) {
 		{"a:b", "c"}, {"a", "b:c"}, // no ambiguity from separators
 		{"c", "Key"}, {"c", "key"}, // case matters
 		{"c", "ключ-🔑"}, {"c", "ключ-🔑 "},
-		{"c", strings.Repeat("x", deduplication.KeyMaxLengthDefault)},
+		{"c", strings.Repeat("x", 512)}, // deduplication.Config.KeyMaxLength's default
 		{"c", "'; DROP TABLE x; --"},
 	}
 	for _, p := range pairs {
@@ -125,7 +126,7 @@ func testConcurrentClaim(t *testing.T, s deduplication.Store, commit bool) {
 	require.True(t, ok)
 
 	type result struct {
-		tx  deduplication.Tx
+		tx  unitofwork.Tx
 		ok  bool
 		err error
 	}
@@ -245,9 +246,12 @@ func claimRetrying(s deduplication.Store, key string) (won bool, err error) {
 }
 
 func testDeleteBefore(t *testing.T, s deduplication.Store) {
-	d, ok := s.(deduplication.BatchDeleter)
+	// What sluicesql.Pruner deletes through (sluicesql.BatchDeleter).
+	d, ok := s.(interface {
+		DeleteBefore(ctx context.Context, t time.Time, limit int) (int64, error)
+	})
 	if !ok {
-		t.Skip("store does not implement BatchDeleter")
+		t.Skip("store does not implement DeleteBefore")
 	}
 	for i := range 25 {
 		require.True(t, claimCommit(t, s, "c", fmt.Sprint("k", i)))

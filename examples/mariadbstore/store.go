@@ -3,7 +3,7 @@
 // only, in a few dozen lines. It keeps the inbox in a MariaDB/MySQL (InnoDB)
 // table, claims with INSERT IGNORE (a concurrent claim of the same key waits
 // on the row lock until the first transaction ends) and gives the handler
-// its *sql.Tx through TxFromContext, built on deduplication.TxFromContext.
+// its *sql.Tx through TxFromContext, built on unitofwork.FromContext.
 // It passes deduplicationtest.Run.
 package mariadbstore
 
@@ -15,6 +15,7 @@ import (
 	"regexp"
 
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // Config configures a Store.
@@ -61,7 +62,7 @@ func (s *Store) CreateTable(ctx context.Context) error {
 }
 
 // Begin opens the delivery's transaction.
-func (s *Store) Begin(ctx context.Context) (deduplication.Tx, error) {
+func (s *Store) Begin(ctx context.Context) (unitofwork.Tx, error) {
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, err
@@ -95,7 +96,7 @@ func (u *unit) Rollback(context.Context) error {
 // TxFromContext returns the transaction of the delivery being handled, or
 // nil outside the inbox stage with a Store of this package.
 func TxFromContext(ctx context.Context) *sql.Tx {
-	if u, ok := deduplication.TxFromContext(ctx).(*unit); ok {
+	if u, ok := unitofwork.FromContext(ctx).(*unit); ok {
 		return u.tx
 	}
 	return nil

@@ -12,8 +12,8 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/sluicemq/sluice/broker"
-	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
 	"github.com/sluicemq/sluice/embedded"
+	"github.com/sluicemq/sluice/sluicesql/sqlite"
 )
 
 const topic = "order.created"

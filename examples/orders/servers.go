@@ -12,7 +12,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice/broker"
-	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
@@ -77,7 +76,7 @@ func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string, reset
 			Topology:   rabbitmq.TopologyConfig{Queue: name + "." + h, TierDelays: tierDelays, Exchange: exchange(name), BindingKey: topic},
 		}
 		if h == orderLogHandler {
-			cfg.Prefetch = 2 * deduplication.BatchHandlerMaxBatchDefault // a batch gathers while the one before commits
+			cfg.Prefetch = 2 * 64 // twice BatchHandler.MaxBatch's default, 64: a batch gathers while the one before commits
 		}
 		if e.rabbit[h], err = rabbitmq.NewBroker(ctx, cfg); err != nil {
 			return nil, err

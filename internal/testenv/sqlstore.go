@@ -7,16 +7,16 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
-	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
 	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
+	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/sluicesql/sqlite"
 )
 
 // SQLStore returns an SQL inbox store on db with its table created (twice:
 // CreateTable is idempotent).
-func SQLStore(t testing.TB, db *sqlx.DB, table string) *sqlstore.Store {
+func SQLStore(t testing.TB, db *sqlx.DB, table string) *sluicesql.Inbox {
 	t.Helper()
-	s, err := sqlstore.New(sqlstore.Config{DB: db, Table: table})
+	s, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: table})
 	require.NoError(t, err)
 	require.NoError(t, s.CreateTable(t.Context()))
 	require.NoError(t, s.CreateTable(t.Context()), "CreateTable is idempotent")

@@ -6,10 +6,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox/outboxtest"
 	"github.com/sluicemq/sluice/outbox/sqlstore"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // The SQL outbox passes the outbox conformance suite on PostgreSQL and on
@@ -32,7 +32,7 @@ func TestConformance(t *testing.T) {
 		t.Parallel()
 		outboxtest.Run(t, func(t *testing.T) outboxtest.Stores {
 			db := testenv.SQLite(t)
-			in, err := inbox.New(inbox.Config{DB: db})
+			in, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db})
 			require.NoError(t, err)
 			require.NoError(t, in.CreateTable(t.Context()))
 			out, err := sqlstore.New(sqlstore.Config{DB: db, Lease: time.Minute})

@@ -8,8 +8,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // ownHistory makes m a message of its own, not a continuation of the
@@ -31,7 +31,7 @@ func ownHistory(ctx context.Context, m *message.Message) {
 			delete(m.Metadata, k)
 		}
 	}
-	if id := deduplication.EventIDFromContext(ctx); id != "" && m.Metadata.Get(sluice.EventIDKey) == id {
+	if id := unitofwork.EventID(ctx); id != "" && m.Metadata.Get(sluice.EventIDKey) == id {
 		m.Metadata.Set(sluice.EventIDKey, watermill.NewUUID())
 	}
 }

@@ -14,9 +14,9 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox/sqlstore"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // waitForALockWait returns once a statement on schema's tables waits on a
@@ -68,7 +68,7 @@ func TestARejectionAfterAnAbortYieldsToARedeliveryThatProcessedTheKey(t *testing
 					if err := ob.Publish(ctx, "t", message.NewMessage("A-rejected", nil)); err != nil {
 						return nil, err
 					}
-					_, err := inbox.TxFromContext(ctx).ExecContext(ctx, `INSERT INTO `+schema+`.orders VALUES ('taken')`)
+					_, err := sluicesql.TxFromContext(ctx).ExecContext(ctx, `INSERT INTO `+schema+`.orders VALUES ('taken')`)
 					require.Error(t, err)
 					close(aborted)
 					<-releaseA

@@ -24,12 +24,13 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
-	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/metadatacodec"
 	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
+	"github.com/sluicemq/sluice/internal/sqltx"
 	"github.com/sluicemq/sluice/outbox"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // Defaults.
@@ -49,7 +50,7 @@ type Config struct {
 	// "sqlite3" for SQLite. Exactly one of DB and SQLDB is required.
 	DB *sqlx.DB
 	// SQLDB is the database as a plain *sql.DB (see
-	// deduplication/sqlstore.Config.SQLDB), with DriverName when its
+	// sluicesql.InboxConfig.SQLDB), with DriverName when its
 	// driver's type does not tell the dialect.
 	SQLDB      *sql.DB
 	DriverName string
@@ -203,14 +204,14 @@ func (s *Store) Wake() {
 }
 
 // Publish writes msgs, to be published to topic, in the inbox's SQL
-// transaction that ctx carries (deduplication/sqlstore.TxFromContext), as
+// transaction that ctx carries (sluicesql.TxFromContext), as
 // outbox.Writer says: they commit with the claim and the business writes.
 // The outbox table must be in the inbox's database. It wakes the store's
 // relay once the transaction commits.
 func (s *Store) Publish(ctx context.Context, topic string, msgs ...*message.Message) error {
-	tx := inbox.TxFromContext(ctx)
+	tx := sqltx.FromContext(ctx)
 	if tx == nil {
-		return fmt.Errorf("%w: ctx carries no SQL inbox transaction (Publish runs inside the inbox stage with a deduplication/sqlstore Store; elsewhere, Write in a transaction of your own)", outbox.ErrNoUnitOfWork)
+		return fmt.Errorf("%w: ctx carries no SQL inbox transaction (Publish runs inside the inbox stage with a sluicesql.Inbox; elsewhere, Write in a transaction of your own)", outbox.ErrNoUnitOfWork)
 	}
 	if !s.speaks(tx.DriverName()) {
 		return fmt.Errorf("%w: the inbox's transaction is on %s, the outbox on %s", outbox.ErrNoUnitOfWork, tx.DriverName(), s.db.DriverName())
@@ -221,21 +222,21 @@ func (s *Store) Publish(ctx context.Context, topic string, msgs ...*message.Mess
 	}
 	err = s.insert(ctx, tx, rows)
 	switch {
-	case err == nil, inbox.Aborted(err):
+	case err == nil, sqltx.Aborted(err):
 		// Written, or refused because the handler's own statement aborted
 		// the transaction: either way, a rejection's claim recorded alone
 		// carries these rows too.
-		deduplication.OnRecordAlone(ctx, func(ctx context.Context, u deduplication.Tx) error {
-			t := inbox.SQLTx(u)
+		unitofwork.OnRecordAlone(ctx, func(ctx context.Context, u unitofwork.Tx) error {
+			t := sqltx.Of(u)
 			if t == nil {
 				return fmt.Errorf("outbox/sqlstore: the unit of work is not an SQL transaction")
 			}
 			return s.insert(ctx, t, rows)
 		})
-		deduplication.OnCommit(ctx, s.Wake)
+		unitofwork.OnCommit(ctx, s.Wake)
 	}
-	if err != nil && inbox.Aborted(err) {
-		return fmt.Errorf("%w: outbox/sqlstore: writing %d messages to %s: %w", deduplication.ErrAborted, len(msgs), s.table, err)
+	if err != nil && sqltx.Aborted(err) {
+		return fmt.Errorf("%w: outbox/sqlstore: writing %d messages to %s: %w", unitofwork.ErrAborted, len(msgs), s.table, err)
 	}
 	if err != nil {
 		return fmt.Errorf("outbox/sqlstore: writing %d messages to %s: %w", len(msgs), s.table, err)
@@ -248,16 +249,16 @@ func (s *Store) Publish(ctx context.Context, topic string, msgs ...*message.Mess
 func (s *Store) speaks(driverName string) bool { return dialects[driverName].name == s.dialect.name }
 
 // CheckInbox reports whether Publish can write in store's units of work:
-// an SQL inbox (deduplication/sqlstore) of the same dialect
+// an SQL inbox (sluicesql.Inbox) of the same dialect
 // (outbox.InboxChecker). Both tables must also be in one database, which
 // it cannot see: give both stores the same DB.
 func (s *Store) CheckInbox(store deduplication.Store) error {
-	in, ok := store.(*inbox.Store)
+	driver, ok := sqltx.InboxDriver(store)
 	if !ok {
-		return fmt.Errorf("%w: the inbox's store is a %T, whose units of work are no SQL transactions: the outbox on SQL needs deduplication/sqlstore's", outbox.ErrNoUnitOfWork, store)
+		return fmt.Errorf("%w: the inbox's store is a %T, whose units of work are no SQL transactions: the outbox on SQL needs sluicesql.Inbox", outbox.ErrNoUnitOfWork, store)
 	}
-	if !s.speaks(in.DriverName()) {
-		return fmt.Errorf("%w: the inbox is on %s, the outbox on %s", outbox.ErrNoUnitOfWork, in.DriverName(), s.db.DriverName())
+	if !s.speaks(driver) {
+		return fmt.Errorf("%w: the inbox is on %s, the outbox on %s", outbox.ErrNoUnitOfWork, driver, s.db.DriverName())
 	}
 	return nil
 }

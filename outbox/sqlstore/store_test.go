@@ -15,10 +15,10 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/outbox/sqlstore"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 func TestNewValidates(t *testing.T) {
@@ -264,7 +264,7 @@ func TestPublishWritesInTheInboxTransaction(t *testing.T) {
 				msg.Metadata.Set(sluice.EventIDKey, key)
 				msg.SetContext(ctx)
 				_, err := stage(func(msg *message.Message) ([]*message.Message, error) {
-					require.NotNil(t, inbox.TxFromContext(msg.Context()))
+					require.NotNil(t, sluicesql.TxFromContext(msg.Context()))
 					if err := s.Publish(msg.Context(), "produced", message.NewMessage("from-"+key, nil)); err != nil {
 						return nil, err
 					}

@@ -1,5 +1,5 @@
 // Package redisstore keeps the replay stage's outcome records on Redis, for
-// services whose inbox is on Redis (deduplication/redisstore) and that have
+// services whose inbox is on Redis (sluiceredis.Inbox) and that have
 // no SQL database to hold the outcome table. `sluice dlq replay`, `report`,
 // `resolve`, `archive` and `discard` read and write it with
 // --outcomes redis://….

@@ -15,12 +15,11 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
-	"github.com/sluicemq/sluice/deduplication"
-	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/chunks"
 	"github.com/sluicemq/sluice/internal/replayledger"
 	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
+	"github.com/sluicemq/sluice/internal/sqltx"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
 )
@@ -58,10 +57,9 @@ type Store struct {
 }
 
 var (
-	_ ledger.Ledger              = (*Store)(nil)
-	_ ledger.Runs                = (*Store)(nil)
-	_ replay.UnitOfWorkRecorder  = (*Store)(nil)
-	_ deduplication.BatchDeleter = (*Store)(nil)
+	_ ledger.Ledger             = (*Store)(nil)
+	_ ledger.Runs               = (*Store)(nil)
+	_ replay.UnitOfWorkRecorder = (*Store)(nil)
 )
 
 // withDefaults returns a copy of c with its defaults filled.
@@ -149,11 +147,11 @@ func (s *Store) RecordTx(ctx context.Context, tx *sqlx.Tx, r replay.Record) erro
 }
 
 // RecordInUnitOfWork is Record in the inbox's transaction that ctx carries
-// (deduplication/sqlstore.TxFromContext), for replay.InTx: the table must
+// (sluicesql.TxFromContext), for replay.InTx: the table must
 // be in the inbox's database. Outside an SQL inbox's transaction it returns
 // replay.ErrNoUnitOfWork and writes nothing.
 func (s *Store) RecordInUnitOfWork(ctx context.Context, r replay.Record) error {
-	tx := inbox.TxFromContext(ctx)
+	tx := sqltx.FromContext(ctx)
 	if tx == nil {
 		return replay.ErrNoUnitOfWork
 	}
@@ -234,7 +232,7 @@ ON CONFLICT (run, item) DO UPDATE SET outcome = excluded.outcome, reason = exclu
 }
 
 // DeleteBefore deletes at most limit records last updated before t (and
-// at most limit runs last saved before t) and returns how many it deleted: a deduplication.Pruner given this store
+// at most limit runs last saved before t) and returns how many it deleted: a sluicesql.Pruner given this store
 // prunes the outcome table in bounded batches. A run's report (sluice dlq
 // report) lists only the records still there.
 func (s *Store) DeleteBefore(ctx context.Context, t time.Time, limit int) (int64, error) {

@@ -9,13 +9,13 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
 	"github.com/sluicemq/sluice/replay/replaytest"
 	"github.com/sluicemq/sluice/replay/sqlstore"
+	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/sluicesql/sqlite"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -112,7 +112,7 @@ func TestConfigSQLDB(t *testing.T) {
 	require.NoError(t, err)
 }
 
-// A deduplication.Pruner given the outcome store deletes the records last
+// A sluicesql.Pruner given the outcome store deletes the records last
 // updated before its retention, in bounded batches, and keeps the rest, on
 // PostgreSQL and SQLite.
 func TestPrunerDeletesOldOutcomes(t *testing.T) {
@@ -134,7 +134,7 @@ func TestPrunerDeletesOldOutcomes(t *testing.T) {
 			}
 			rs = append(rs, replay.Record{Run: "new", Item: "a", Outcome: "processed", At: time.Now()})
 			require.NoError(t, s.Records(t.Context(), rs))
-			p, err := deduplication.NewPruner(deduplication.PrunerConfig{Store: s, Retention: 24 * time.Hour, BatchSize: 2, Pause: time.Millisecond})
+			p, err := sluicesql.NewPruner(sluicesql.PrunerConfig{Store: s, Retention: 24 * time.Hour, BatchSize: 2, Pause: time.Millisecond})
 			require.NoError(t, err)
 			n, err := p.Prune(t.Context())
 			require.NoError(t, err)

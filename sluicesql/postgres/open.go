@@ -18,19 +18,19 @@ import (
 
 // Defaults of Config.
 const (
-	// ConnectTimeoutDefault bounds a connection's TCP connect and its
+	// connectTimeoutDefault bounds a connection's TCP connect and its
 	// start-up (TLS, authentication) when the DSN sets no connect_timeout.
-	ConnectTimeoutDefault = 5 * time.Second
-	// CancelGraceDefault is how long a statement may go on after its
+	connectTimeoutDefault = 5 * time.Second
+	// cancelGraceDefault is how long a statement may go on after its
 	// context ended — time for the server to answer lib/pq's cancel
 	// request — before its connection is closed.
-	CancelGraceDefault = time.Second
-	// CommitTimeoutDefault bounds a COMMIT or ROLLBACK, which take no
+	cancelGraceDefault = time.Second
+	// commitTimeoutDefault bounds a COMMIT or ROLLBACK, which take no
 	// context of their own.
-	CommitTimeoutDefault = time.Minute
-	// TCPUserTimeoutDefault is how long data sent on a connection may stay
+	commitTimeoutDefault = time.Minute
+	// tcpUserTimeoutDefault is how long data sent on a connection may stay
 	// unacknowledged before the kernel ends it (Linux; TCP_USER_TIMEOUT).
-	TCPUserTimeoutDefault = 30 * time.Second
+	tcpUserTimeoutDefault = 30 * time.Second
 )
 
 // keepAlive probes an idle connection after 15 s and ends it after 3
@@ -44,27 +44,27 @@ type Config struct {
 	// connect_timeout, when set, wins over ConnectTimeout.
 	DSN string
 	// ConnectTimeout bounds each connection's TCP connect and start-up.
-	// Default ConnectTimeoutDefault.
+	// Default 5 s.
 	ConnectTimeout time.Duration
 	// CancelGrace is how long a statement may go on after its context
 	// ended before its connection is closed (the statement then fails, and
-	// the pool opens another connection). Default CancelGraceDefault.
+	// the pool opens another connection). Default 1 s.
 	CancelGrace time.Duration
 	// CommitTimeout bounds a COMMIT or ROLLBACK (the end of the context
 	// their transaction began on bounds them too, plus CancelGrace).
-	// Default CommitTimeoutDefault.
+	// Default 1 min.
 	CommitTimeout time.Duration
 	// TCPUserTimeout is how long sent data may stay unacknowledged before
 	// the kernel ends the connection (Linux only). Default
-	// TCPUserTimeoutDefault.
+	// 30 s.
 	TCPUserTimeout time.Duration
 }
 
 func (c Config) withDefaults() Config {
-	c.ConnectTimeout = cmp.Or(c.ConnectTimeout, ConnectTimeoutDefault)
-	c.CancelGrace = cmp.Or(c.CancelGrace, CancelGraceDefault)
-	c.CommitTimeout = cmp.Or(c.CommitTimeout, CommitTimeoutDefault)
-	c.TCPUserTimeout = cmp.Or(c.TCPUserTimeout, TCPUserTimeoutDefault)
+	c.ConnectTimeout = cmp.Or(c.ConnectTimeout, connectTimeoutDefault)
+	c.CancelGrace = cmp.Or(c.CancelGrace, cancelGraceDefault)
+	c.CommitTimeout = cmp.Or(c.CommitTimeout, commitTimeoutDefault)
+	c.TCPUserTimeout = cmp.Or(c.TCPUserTimeout, tcpUserTimeoutDefault)
 	return c
 }
 

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // bhVariant is one way of running the stack in the batchhandler suite.
@@ -151,7 +151,7 @@ func (v *inboxVariants) claimedBatchOf(run string, size int) Op {
 		if err != nil {
 			return err
 		}
-		if _, err := sqlstore.SQLTx(tx).ExecContext(ctx, v.insertBizBatch, strings.Join(claimed, ",")); err != nil {
+		if _, err := sluicesql.TxOf(tx).ExecContext(ctx, v.insertBizBatch, strings.Join(claimed, ",")); err != nil {
 			return err
 		}
 		return tx.Commit(ctx)

@@ -49,7 +49,7 @@ func ConsumerInbox(ctx context.Context, o Options) error {
 			}
 			inbox := "one transaction per delivery"
 			if batch != nil {
-				inbox = fmt.Sprintf("batch %d, %s (defaults)", deduplication.MaxBatchDefault, deduplication.MaxWaitDefault)
+				inbox = fmt.Sprintf("batch %d, %s (defaults)", groupCommitMaxBatch, groupCommitMaxWait)
 			}
 			rows = append(rows, []string{work.String(), inbox, f0(Median(healthyRuns)), f0(Median(handled)), f0(Median(healthy)),
 				f2(MedianRatio(handled, healthyRuns)), f2(MedianRatio(healthy, healthyRuns))})

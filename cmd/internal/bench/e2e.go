@@ -14,12 +14,12 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // EndToEnd prints P1 and P2: a queue preloaded with messages, consumed on
@@ -158,7 +158,7 @@ func consumeRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publis
 		_, err := router.Add(r, router.HandlerConfig{
 			Name: "bench", Topic: topo.Queue(), Subscriber: sub, Consumers: conc,
 			Handler: func(msg *message.Message) error {
-				_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(), v.insertBiz, key(msg))
+				_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(), v.insertBiz, key(msg))
 				return err
 			},
 			Stages: router.Stages{

@@ -13,6 +13,13 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
+// groupCommitMaxBatch and groupCommitMaxWait are deduplication.BatchConfig's
+// defaults (MaxBatch 8, MaxWait 2 ms), what a zero BatchConfig runs with.
+const (
+	groupCommitMaxBatch = 8
+	groupCommitMaxWait  = 2 * time.Millisecond
+)
+
 // gcVariant is one way of running the stack in the groupcommit suite.
 type gcVariant struct {
 	name  string
@@ -151,7 +158,7 @@ func gcLatency(ctx context.Context, o Options, g *gcRunner) error {
 	n := max(o.Messages*2, 20)
 	rounds := max(o.Rounds/4, 3)
 	variants := []gcVariant{{name: "one transaction per delivery"},
-		{name: fmt.Sprintf("batch %d, %s (defaults)", deduplication.MaxBatchDefault, deduplication.MaxWaitDefault), batch: &deduplication.BatchConfig{}}}
+		{name: fmt.Sprintf("batch %d, %s (defaults)", groupCommitMaxBatch, groupCommitMaxWait), batch: &deduplication.BatchConfig{}}}
 	var rows [][]string
 	for _, subs := range []int{1, 4} {
 		lat := make([][]time.Duration, len(variants))
@@ -185,7 +192,7 @@ func gcLatency(ctx context.Context, o Options, g *gcRunner) error {
 		n, gcLatencyRate, rabbitmq.PrefetchDefault, rounds)
 	Table(o.Out, []string{"subscriptions", "variant", "deliveries", "p50", "p99", "added p99", "mean batch"}, rows)
 	fmt.Fprintf(o.Out, "one commit (BEGIN, one INSERT, COMMIT) on an idle connection: median %s; target: added p99 ≤ MaxWait (%s) + one commit = %s\n",
-		gcMs(commit), deduplication.MaxWaitDefault, gcMs(deduplication.MaxWaitDefault+commit))
+		gcMs(commit), groupCommitMaxWait, gcMs(groupCommitMaxWait+commit))
 	return nil
 }
 

@@ -19,13 +19,13 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // gcPublishedKey carries the publish time (Unix nanoseconds) of a message of
@@ -252,7 +252,7 @@ func gcRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, 
 				}
 				keys = append(keys, m.Metadata.Get(sluice.EventIDKey))
 			}
-			_, err := sqlstore.TxFromContext(ctx).ExecContext(ctx, v.insertBizBatch, strings.Join(keys, ","))
+			_, err := sluicesql.TxFromContext(ctx).ExecContext(ctx, v.insertBizBatch, strings.Join(keys, ","))
 			if err != nil {
 				return deduplication.SameOutcome(msgs, err)
 			}
@@ -279,7 +279,7 @@ func gcRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, 
 				if gc.work > 0 {
 					time.Sleep(gc.work)
 				}
-				_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(), v.insertBiz, msg.Metadata.Get(sluice.EventIDKey))
+				_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(), v.insertBiz, msg.Metadata.Get(sluice.EventIDKey))
 				return err
 			},
 			Stages: stages,

@@ -15,7 +15,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // Inbox compares, on PostgreSQL, a handler doing one business INSERT:
@@ -81,7 +81,7 @@ type inboxVariants struct {
 	insertBiz, claimSQL string
 	// insertBizBatch inserts the comma-separated keys $1, one row each.
 	insertBizBatch string
-	store          *sqlstore.Store // c's
+	store          *sluicesql.Inbox // c's
 	mw, mwNoLock   message.HandlerFunc
 }
 
@@ -100,7 +100,7 @@ func newInboxVariants(ctx context.Context, db *sqlx.DB, schema string) (*inboxVa
 	v.insertBizBatch = "INSERT INTO " + schema + ".reservations (event_key, note) SELECT k, 'reserved' FROM unnest(string_to_array($1, ',')) AS k"
 	v.claimSQL = "INSERT INTO " + schema + ".inbox_by_hand (consumer, event_key, processed_at) VALUES ($1, $2, now()) ON CONFLICT DO NOTHING"
 	handler := func(msg *message.Message) ([]*message.Message, error) {
-		tx := sqlstore.TxFromContext(msg.Context())
+		tx := sluicesql.TxFromContext(msg.Context())
 		_, err := tx.ExecContext(msg.Context(), v.insertBiz, msg.Metadata.Get(sluice.EventIDKey))
 		return nil, err
 	}
@@ -109,7 +109,7 @@ func newInboxVariants(ctx context.Context, db *sqlx.DB, schema string) (*inboxVa
 		claimTimeout time.Duration
 		mw           *message.HandlerFunc
 	}{{"inbox", 0, &v.mw}, {"inbox_no_lock", -1, &v.mwNoLock}} {
-		store, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + "." + c.table})
+		store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: schema + "." + c.table})
 		if err != nil {
 			return nil, err
 		}
@@ -201,7 +201,7 @@ func (v *inboxVariants) batchOf(run string, size int, savepoints bool, timedOut 
 				if claimed, err := tx.Claim(ctx, "inventory", key); err != nil || !claimed {
 					return errors.Join(err, fmt.Errorf("%s: not claimed", key))
 				}
-				if _, err := sqlstore.SQLTx(tx).ExecContext(ctx, v.insertBiz, key); err != nil {
+				if _, err := sluicesql.TxOf(tx).ExecContext(ctx, v.insertBiz, key); err != nil {
 					return err
 				}
 			}
@@ -225,7 +225,7 @@ func (v *inboxVariants) batchOf(run string, size int, savepoints bool, timedOut 
 			if !claimed {
 				return fmt.Errorf("%s: claimed before", key)
 			}
-			if _, err := sqlstore.SQLTx(tx).ExecContext(ctx, v.insertBiz, key); err != nil {
+			if _, err := sluicesql.TxOf(tx).ExecContext(ctx, v.insertBiz, key); err != nil {
 				return err
 			}
 			release = sp

@@ -9,8 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // InboxScale prints P6 on PostgreSQL: the claim rate (begin, claim a new
@@ -23,15 +22,15 @@ func InboxScale(ctx context.Context, o Options) error {
 		return err
 	}
 	defer cleanup()
-	empty, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".empty"})
+	empty, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: schema + ".empty"})
 	if err != nil {
 		return err
 	}
-	big, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".big"})
+	big, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: schema + ".big"})
 	if err != nil {
 		return err
 	}
-	for _, s := range []*sqlstore.Store{empty, big} {
+	for _, s := range []*sluicesql.Inbox{empty, big} {
 		if err := s.CreateTable(ctx); err != nil {
 			return err
 		}
@@ -52,7 +51,7 @@ func InboxScale(ctx context.Context, o Options) error {
 
 	const conc = 8
 	n := o.Messages * 4
-	claim := func(s *sqlstore.Store, run string) Op {
+	claim := func(s *sluicesql.Inbox, run string) Op {
 		return func(ctx context.Context, i int) error {
 			tx, err := s.Begin(ctx)
 			if err != nil {
@@ -66,7 +65,7 @@ func InboxScale(ctx context.Context, o Options) error {
 		}
 	}
 	rates, err := Interleave(ctx, Options{Rounds: max(o.Rounds/2, 3), Messages: n}, conc, 2, func(round, v int) Op {
-		return claim([]*sqlstore.Store{empty, big}[v], fmt.Sprintf("r%d-", round))
+		return claim([]*sluicesql.Inbox{empty, big}[v], fmt.Sprintf("r%d-", round))
 	}, nil)
 	if err != nil {
 		return err
@@ -82,7 +81,7 @@ func InboxScale(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	p, err := deduplication.NewPruner(deduplication.PrunerConfig{Store: big, Retention: 7 * 24 * time.Hour})
+	p, err := sluicesql.NewPruner(sluicesql.PrunerConfig{Store: big, Retention: 7 * 24 * time.Hour})
 	if err != nil {
 		return err
 	}

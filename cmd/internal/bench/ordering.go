@@ -14,7 +14,6 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
 	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
@@ -22,6 +21,7 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // orderKeyHeader carries a bench message's ordering key.
@@ -243,7 +243,7 @@ func orderRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publishe
 	if _, err := router.Add(r, router.HandlerConfig{
 		Name: name, Topic: topo.Queue(), Subscriber: sub,
 		Handler: func(msg *message.Message) error {
-			_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(), v.insertBiz, msg.Metadata.Get(sluice.EventIDKey))
+			_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(), v.insertBiz, msg.Metadata.Get(sluice.EventIDKey))
 			return err
 		},
 		Stages: stages,

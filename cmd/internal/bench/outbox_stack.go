@@ -20,7 +20,6 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
-	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/outbox"
 	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
@@ -28,6 +27,8 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // outboxStack compares, on RabbitMQ and PostgreSQL, a queue preloaded with
@@ -48,7 +49,7 @@ import (
 // A producing run is timed until the last produced message is confirmed
 // (and, apart, until the last delivery's commit). For the producing runs it
 // reports the latency from each delivery's inbox commit
-// (deduplication.OnCommit) to the return of the relay's PublishEach that
+// (unitofwork.OnCommit) to the return of the relay's PublishEach that
 // carried its produced message (every confirm of that batch in), and the
 // mean of the relay's sluice.outbox.lag histogram (from the row's write to
 // its confirm) as a cross-check.
@@ -229,7 +230,7 @@ func stackRun(ctx context.Context, admin *amqpAdmin, pub *rabbitmq.Publisher, ur
 	}
 	r.AddMiddleware(count)
 	insert := func(msg *message.Message) error {
-		_, err := inbox.TxFromContext(msg.Context()).ExecContext(msg.Context(), v.insertBiz, msg.Metadata.Get(sluice.EventIDKey))
+		_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(), v.insertBiz, msg.Metadata.Get(sluice.EventIDKey))
 		return err
 	}
 	cfg := router.HandlerConfig{
@@ -256,7 +257,7 @@ func stackRun(ctx context.Context, admin *amqpAdmin, pub *rabbitmq.Publisher, ur
 			evt := message.NewMessage(watermill.NewUUID(), []byte(`{"reserved":true}`))
 			id := "reserved:" + msg.Metadata.Get(sluice.EventIDKey)
 			evt.Metadata.Set(sluice.EventIDKey, id)
-			deduplication.OnCommit(msg.Context(), func() { lat.commit(id) })
+			unitofwork.OnCommit(msg.Context(), func() { lat.commit(id) })
 			return []*message.Message{evt}, nil
 		}
 		timed := &timedPublisher{pub: rabbit.Publisher(), lat: lat, n: int64(sc.n), all: finished, done: &confirmed}

@@ -20,12 +20,12 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // ScaleOutWorkerEnv is the environment variable that makes a process of
@@ -310,7 +310,7 @@ func ScaleOutWorker(cfg string) error {
 		defer func() { _ = db.Close() }()
 		db.SetMaxOpenConns(w.Conns)
 		db.SetMaxIdleConns(w.Conns)
-		store, err := sqlstore.New(sqlstore.Config{DB: db, Table: w.Schema + ".inbox"})
+		store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: w.Schema + ".inbox"})
 		if err != nil {
 			return err
 		}
@@ -318,7 +318,7 @@ func ScaleOutWorker(cfg string) error {
 		if _, err := router.Add(r, router.HandlerConfig{
 			Name: "bench", Broker: rabbit,
 			Handler: func(msg *message.Message) error {
-				_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(), insert, msg.Metadata.Get(sluice.EventIDKey))
+				_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(), insert, msg.Metadata.Get(sluice.EventIDKey))
 				return err
 			},
 			Stages: router.Stages{

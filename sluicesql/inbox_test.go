@@ -1,4 +1,4 @@
-package sqlstore_test
+package sluicesql_test
 
 import (
 	"context"
@@ -12,8 +12,8 @@ import (
 
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/deduplicationtest"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 func TestNewValidates(t *testing.T) {
@@ -21,19 +21,19 @@ func TestNewValidates(t *testing.T) {
 	pg := sqlx.NewDb(nil, "postgres")
 	lite := sqlx.NewDb(nil, "sqlite")
 	for _, tt := range []struct {
-		cfg  sqlstore.Config
+		cfg  sluicesql.InboxConfig
 		want string
 	}{
-		{sqlstore.Config{}, "Config.DB is required"},
-		{sqlstore.Config{DB: sqlx.NewDb(nil, "mysql")}, `driver "mysql" is not supported`},
-		{sqlstore.Config{DB: pg, Table: "inbox; DROP TABLE users"}, "is not an SQL identifier"},
-		{sqlstore.Config{DB: pg, Table: `in"box`}, "is not an SQL identifier"},
-		{sqlstore.Config{DB: pg, Table: "1inbox"}, "is not an SQL identifier"},
-		{sqlstore.Config{DB: pg, Table: "a.b.c"}, "want name or schema.name"},
-		{sqlstore.Config{DB: pg, Table: strings.Repeat("x", 64)}, "at most 63 bytes"},
-		{sqlstore.Config{DB: lite, Table: "main.inbox"}, "schema.name on PostgreSQL only"},
+		{sluicesql.InboxConfig{}, "Config.DB is required"},
+		{sluicesql.InboxConfig{DB: sqlx.NewDb(nil, "mysql")}, `driver "mysql" is not supported`},
+		{sluicesql.InboxConfig{DB: pg, Table: "inbox; DROP TABLE users"}, "is not an SQL identifier"},
+		{sluicesql.InboxConfig{DB: pg, Table: `in"box`}, "is not an SQL identifier"},
+		{sluicesql.InboxConfig{DB: pg, Table: "1inbox"}, "is not an SQL identifier"},
+		{sluicesql.InboxConfig{DB: pg, Table: "a.b.c"}, "want name or schema.name"},
+		{sluicesql.InboxConfig{DB: pg, Table: strings.Repeat("x", 64)}, "at most 63 bytes"},
+		{sluicesql.InboxConfig{DB: lite, Table: "main.inbox"}, "schema.name on PostgreSQL only"},
 	} {
-		_, err := sqlstore.New(tt.cfg)
+		_, err := sluicesql.NewInbox(tt.cfg)
 		require.ErrorContains(t, err, tt.want)
 		require.ErrorContains(t, err, "Config.")
 	}
@@ -43,7 +43,7 @@ func TestSchema(t *testing.T) {
 	t.Parallel()
 	db := testenv.Postgres(t)
 	schema := testenv.Schema(t, db)
-	s, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".Inbox"})
+	s, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: schema + ".Inbox"})
 	require.NoError(t, err)
 	sql := s.SchemaSQL()
 	require.Contains(t, sql, `CREATE TABLE IF NOT EXISTS "`+schema+`"."Inbox"`)
@@ -81,7 +81,7 @@ func TestLongestTableNameGetsItsIndex(t *testing.T) {
 	db := testenv.Postgres(t)
 	schema := testenv.Schema(t, db)
 	table := "inbox_" + strings.Repeat("x", 63-len("inbox_"))
-	s, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + "." + table})
+	s, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: schema + "." + table})
 	require.NoError(t, err)
 	require.NoError(t, s.CreateTable(t.Context()))
 	require.NoError(t, s.CreateTable(t.Context()), "idempotent")
@@ -112,7 +112,7 @@ func TestStorePing(t *testing.T) {
 	holed, err := sqlx.Open("postgres", u.String())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = holed.Close() })
-	s, err := sqlstore.New(sqlstore.Config{DB: holed})
+	s, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: holed})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
@@ -127,7 +127,7 @@ func TestStorePing(t *testing.T) {
 func TestNewTakesAPlainSQLDB(t *testing.T) {
 	t.Parallel()
 	db := testenv.Postgres(t)
-	s, err := sqlstore.New(sqlstore.Config{SQLDB: db.DB, Table: testenv.Schema(t, db) + ".inbox"})
+	s, err := sluicesql.NewInbox(sluicesql.InboxConfig{SQLDB: db.DB, Table: testenv.Schema(t, db) + ".inbox"})
 	require.NoError(t, err)
 	require.NoError(t, s.CreateTable(t.Context()))
 	tx, err := s.Begin(t.Context())
@@ -136,10 +136,10 @@ func TestNewTakesAPlainSQLDB(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, claimed)
 	require.NoError(t, tx.Commit(t.Context()))
-	_, err = sqlstore.New(sqlstore.Config{SQLDB: db.DB, DriverName: "mysql"})
+	_, err = sluicesql.NewInbox(sluicesql.InboxConfig{SQLDB: db.DB, DriverName: "mysql"})
 	require.ErrorContains(t, err, `driver "mysql" is not supported`)
-	_, err = sqlstore.New(sqlstore.Config{DB: db, SQLDB: db.DB})
+	_, err = sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, SQLDB: db.DB})
 	require.ErrorContains(t, err, "give DB or SQLDB, not both")
-	_, err = sqlstore.New(sqlstore.Config{DB: db, DriverName: "pgx"})
+	_, err = sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, DriverName: "pgx"})
 	require.ErrorContains(t, err, "DriverName: only with SQLDB")
 }

@@ -14,13 +14,13 @@ import (
 	_ "modernc.org/sqlite" // registers the pure-Go "sqlite" driver
 )
 
-// BusyTimeoutDefault is how long Open's connections wait for
-// another transaction's write lock.
-const BusyTimeoutDefault = 30 * time.Second
+// busyTimeout is how long Open's connections wait for another
+// transaction's write lock.
+const busyTimeout = 30 * time.Second
 
 // Open opens (creating if needed) the SQLite database file at path
 // with the pure-Go driver, set up for an inbox shared by concurrent
-// handlers: write-ahead logging, a busy timeout of BusyTimeoutDefault,
+// handlers: write-ahead logging, a busy timeout of 30 s,
 // and transactions that take the write lock when they begin (BEGIN
 // IMMEDIATE), so two deliveries never deadlock upgrading a read lock.
 func Open(ctx context.Context, path string) (*sqlx.DB, error) {
@@ -39,7 +39,7 @@ func Open(ctx context.Context, path string) (*sqlx.DB, error) {
 // driver: the settings Open describes.
 func DSN(path string) string {
 	q := url.Values{}
-	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", BusyTimeoutDefault.Milliseconds()))
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busyTimeout.Milliseconds()))
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous(NORMAL)")
 	q.Add("_pragma", "foreign_keys(ON)")

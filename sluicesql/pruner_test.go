@@ -1,4 +1,4 @@
-package deduplication_test
+package sluicesql_test
 
 import (
 	"context"
@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 func TestNewPrunerValidates(t *testing.T) {
@@ -19,19 +19,19 @@ func TestNewPrunerValidates(t *testing.T) {
 	store := deduplication.NewMemoryStore()
 	ladder := []time.Duration{30 * time.Second, 5 * time.Minute, 30 * time.Minute}
 	for _, tt := range []struct {
-		cfg  deduplication.PrunerConfig
+		cfg  sluicesql.PrunerConfig
 		want string
 	}{
-		{deduplication.PrunerConfig{}, "PrunerConfig.Store is required"},
-		{deduplication.PrunerConfig{Store: store, Retention: time.Hour, RetryDelays: ladder, ReplayWindow: 24 * time.Hour},
+		{sluicesql.PrunerConfig{}, "PrunerConfig.Store is required"},
+		{sluicesql.PrunerConfig{Store: store, Retention: time.Hour, RetryDelays: ladder, ReplayWindow: 24 * time.Hour},
 			"PrunerConfig.Retention (1h0m0s) must cover the retry ladder (RetryDelays, 35m30s) plus PrunerConfig.ReplayWindow (24h0m0s)"},
-		{deduplication.PrunerConfig{Store: store, RetryDelays: []time.Duration{0}}, "PrunerConfig.RetryDelays[0]"},
-		{deduplication.PrunerConfig{Store: store, BatchSize: -1}, "must not be negative"},
+		{sluicesql.PrunerConfig{Store: store, RetryDelays: []time.Duration{0}}, "PrunerConfig.RetryDelays[0]"},
+		{sluicesql.PrunerConfig{Store: store, BatchSize: -1}, "must not be negative"},
 	} {
-		_, err := deduplication.NewPruner(tt.cfg)
+		_, err := sluicesql.NewPruner(tt.cfg)
 		require.ErrorContains(t, err, tt.want)
 	}
-	_, err := deduplication.NewPruner(deduplication.PrunerConfig{Store: store, Retention: 25 * time.Hour, RetryDelays: ladder, ReplayWindow: 24 * time.Hour})
+	_, err := sluicesql.NewPruner(sluicesql.PrunerConfig{Store: store, Retention: 25 * time.Hour, RetryDelays: ladder, ReplayWindow: 24 * time.Hour})
 	require.NoError(t, err)
 }
 
@@ -42,7 +42,7 @@ func TestPrunerDeletesOldRowsInBatches(t *testing.T) {
 		require.True(t, claimCommitted(t, store, fmt.Sprint("new-", i)))
 	}
 
-	p, err := deduplication.NewPruner(deduplication.PrunerConfig{Store: store, Retention: 24 * time.Hour, BatchSize: 100, Pause: time.Millisecond})
+	p, err := sluicesql.NewPruner(sluicesql.PrunerConfig{Store: store, Retention: 24 * time.Hour, BatchSize: 100, Pause: time.Millisecond})
 	require.NoError(t, err)
 	n, err := p.Prune(t.Context())
 	require.NoError(t, err)
@@ -57,7 +57,7 @@ func TestPrunerStartClose(t *testing.T) {
 	t.Parallel()
 	db, schema, store := withOldRows(t, 30)
 
-	p, err := deduplication.NewPruner(deduplication.PrunerConfig{Store: store, Retention: 24 * time.Hour, Interval: 10 * time.Millisecond, BatchSize: 7})
+	p, err := sluicesql.NewPruner(sluicesql.PrunerConfig{Store: store, Retention: 24 * time.Hour, Interval: 10 * time.Millisecond, BatchSize: 7})
 	require.NoError(t, err)
 	require.NoError(t, p.Close(), "Close before Start")
 	require.NoError(t, p.Start(context.Background()))
@@ -72,7 +72,7 @@ func TestPrunerStartClose(t *testing.T) {
 
 // withOldRows returns an inbox in a schema of its own holding n rows
 // processed two days ago.
-func withOldRows(t *testing.T, n int) (*sqlx.DB, string, *sqlstore.Store) {
+func withOldRows(t *testing.T, n int) (*sqlx.DB, string, *sluicesql.Inbox) {
 	t.Helper()
 	db := testenv.Postgres(t)
 	schema := testenv.Schema(t, db)

@@ -1,4 +1,4 @@
-package sqlstore_test
+package sluicesql_test
 
 import (
 	"context"
@@ -17,9 +17,9 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // batchEnv is an inbox with group commit on PostgreSQL or SQLite, and a
@@ -29,7 +29,7 @@ type batchEnv struct {
 	table  string // the business table, qualified
 	inbox  string
 	stage  message.HandlerMiddleware
-	store  *sqlstore.Store
+	store  *sluicesql.Inbox
 	reader *sdkmetric.ManualReader
 }
 
@@ -65,7 +65,7 @@ func (e *batchEnv) deliver(key string, h func(ctx context.Context, tx *sqlx.Tx) 
 	msg.Metadata.Set(sluice.EventIDKey, key)
 	msg.SetContext(context.Background())
 	_, err := e.stage(func(msg *message.Message) ([]*message.Message, error) {
-		return nil, h(msg.Context(), sqlstore.TxFromContext(msg.Context()))
+		return nil, h(msg.Context(), sluicesql.TxFromContext(msg.Context()))
 	})(msg)
 	return err
 }
@@ -565,7 +565,7 @@ func TestGroupCommitOnAHungDatabaseFailsWithinItsBound(t *testing.T) {
 	holed, err := sqlx.Connect("postgres", u.String())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = holed.Close() })
-	store, err := sqlstore.New(sqlstore.Config{DB: holed, Table: schema + ".inbox"})
+	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: holed, Table: schema + ".inbox"})
 	require.NoError(t, err)
 	stage, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c", StoreTimeout: 300 * time.Millisecond,
 		Batch: &deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, Linger: true, QueueTimeout: time.Minute}})

@@ -1,4 +1,4 @@
-package redisstore_test
+package sluiceredis_test
 
 import (
 	"context"
@@ -15,8 +15,8 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/deduplicationtest"
-	"github.com/sluicemq/sluice/deduplication/redisstore"
 	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/sluiceredis"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -25,7 +25,7 @@ func TestRedisStoreConformance(t *testing.T) {
 	t.Parallel()
 	deduplicationtest.Run(t, func(t *testing.T) deduplication.Store {
 		client, prefix := testenv.Redis(t)
-		s, err := redisstore.New(redisstore.Config{Client: client, Prefix: prefix})
+		s, err := sluiceredis.NewInbox(sluiceredis.InboxConfig{Client: client, Prefix: prefix})
 		require.NoError(t, err)
 		return s
 	})
@@ -39,7 +39,7 @@ func TestRedisStoreConformance(t *testing.T) {
 func TestCommitOutlivesTheHandlersDeadline(t *testing.T) {
 	t.Parallel()
 	client, prefix := testenv.Redis(t)
-	store, err := redisstore.New(redisstore.Config{Client: client, Prefix: prefix, Lease: time.Second})
+	store, err := sluiceredis.NewInbox(sluiceredis.InboxConfig{Client: client, Prefix: prefix, Lease: time.Second})
 	require.NoError(t, err)
 	inbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "mailer"})
 	require.NoError(t, err)

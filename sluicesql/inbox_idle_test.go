@@ -1,4 +1,4 @@
-package sqlstore_test
+package sluicesql_test
 
 import (
 	"testing"
@@ -7,8 +7,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // Issue 43, item 3: a unit of work whose claim bounds its idle time
@@ -27,7 +27,7 @@ func TestAnIdleUnitOfWorkIsEndedAndItsKeyFreed(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, claimed)
 	var setting string
-	require.NoError(t, sqlstore.SQLTx(hung).Get(&setting, `SHOW idle_in_transaction_session_timeout`))
+	require.NoError(t, sluicesql.TxOf(hung).Get(&setting, `SHOW idle_in_transaction_session_timeout`))
 	require.Equal(t, "300ms", setting, "for this transaction")
 	// The hung unit of work says nothing more; the next claim of its key
 	// waits for it, and gets the key once PostgreSQL ends it.

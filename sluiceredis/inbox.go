@@ -1,6 +1,4 @@
-// Package redisstore is the inbox's store on Redis. It cannot join the
-// business transaction, so it guarantees less than the SQL store: see Store.
-package redisstore
+package sluiceredis
 
 import (
 	"cmp"
@@ -15,35 +13,38 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
-// Redis store defaults.
+// The Inbox's defaults (InboxConfig).
 const (
-	PrefixDefault    = "sluice:inbox:"
-	LeaseDefault     = time.Minute
-	RetentionDefault = 7 * 24 * time.Hour
+	inboxPrefixDefault    = "sluice:inbox:"
+	inboxLeaseDefault     = time.Minute
+	inboxRetentionDefault = 7 * 24 * time.Hour
 )
 
-// Config configures a Store.
-type Config struct {
+// InboxConfig configures an Inbox (NewInbox).
+type InboxConfig struct {
 	// Client is the Redis client. Required.
 	Client redis.UniversalClient
-	// Prefix starts every key the store writes. Default PrefixDefault.
+	// Prefix starts every key the store writes. Default "sluice:inbox:".
 	Prefix string
 	// Lease is how long a claim holds a key while its handler runs. A
 	// handler that runs longer loses the key to the next delivery, and runs
-	// twice. Default LeaseDefault.
+	// twice. Default 1 min.
 	Lease time.Duration
 	// Retention is how long a processed key is remembered (its TTL); it
-	// must cover the retry ladder and the replay window. Default
-	// RetentionDefault.
+	// must cover the retry ladder and the replay window. Default 7
+	// days.
 	Retention time.Duration
 }
 
-// Store is a deduplication.Store on Redis: a claim is a SET NX of a pending marker
-// with a TTL of Lease, a commit overwrites it with a done marker kept for
-// Retention, a rollback deletes it. A concurrent claim of a pending key fails
-// with deduplication.ErrClaimInProgress instead of waiting, and the delivery is retried.
+// Inbox is the inbox's store (deduplication.Config.Store) on Redis: a
+// claim is a SET NX of a pending marker with a TTL of Lease, a commit
+// overwrites it with a done marker kept for Retention, a rollback deletes
+// it. A concurrent claim of a pending key fails with
+// deduplication.ErrClaimInProgress instead of waiting, and the delivery is
+// retried.
 //
 // It cannot join the business transaction, so its guarantee is weaker than
 // the SQL store's:
@@ -57,43 +58,43 @@ type Config struct {
 // Use it where effects are idempotent themselves or live outside a SQL
 // database, and the SQL store wherever the effects are SQL writes. It is
 // safe for concurrent use.
-type Store struct {
+type Inbox struct {
 	client    redis.UniversalClient
 	prefix    string
 	lease     time.Duration
 	retention time.Duration
 }
 
-var _ deduplication.Store = (*Store)(nil)
+var _ deduplication.Store = (*Inbox)(nil)
 
 // withDefaults returns a copy of c with its defaults filled.
-func (c Config) withDefaults() Config {
-	c.Prefix = cmp.Or(c.Prefix, PrefixDefault)
-	c.Lease = cmp.Or(c.Lease, LeaseDefault)
-	c.Retention = cmp.Or(c.Retention, RetentionDefault)
+func (c InboxConfig) withDefaults() InboxConfig {
+	c.Prefix = cmp.Or(c.Prefix, inboxPrefixDefault)
+	c.Lease = cmp.Or(c.Lease, inboxLeaseDefault)
+	c.Retention = cmp.Or(c.Retention, inboxRetentionDefault)
 	return c
 }
 
-// validate checks a Config with its defaults filled.
-func (c Config) validate() error {
+// validate checks an InboxConfig with its defaults filled.
+func (c InboxConfig) validate() error {
 	switch {
 	case c.Client == nil:
-		return errors.New("redisstore: Config.Client is required")
+		return errors.New("sluiceredis: InboxConfig.Client is required")
 	case c.Lease < time.Millisecond:
-		return fmt.Errorf("redisstore: Config.Lease must be at least 1ms, got %s", c.Lease)
+		return fmt.Errorf("sluiceredis: InboxConfig.Lease must be at least 1ms, got %s", c.Lease)
 	case c.Retention < c.Lease:
-		return fmt.Errorf("redisstore: Config.Retention (%s) must be at least Config.Lease (%s)", c.Retention, c.Lease)
+		return fmt.Errorf("sluiceredis: InboxConfig.Retention (%s) must be at least InboxConfig.Lease (%s)", c.Retention, c.Lease)
 	}
 	return nil
 }
 
-// New validates cfg and returns a Store.
-func New(cfg Config) (*Store, error) {
+// NewInbox validates cfg and returns an Inbox.
+func NewInbox(cfg InboxConfig) (*Inbox, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Store{
+	return &Inbox{
 		client:    cfg.Client,
 		prefix:    cfg.Prefix,
 		lease:     cfg.Lease,
@@ -102,11 +103,11 @@ func New(cfg Config) (*Store, error) {
 }
 
 // Begin starts a unit of work; it does not talk to Redis.
-func (s *Store) Begin(context.Context) (deduplication.Tx, error) { return &redisTx{s: s}, nil }
+func (s *Inbox) Begin(context.Context) (unitofwork.Tx, error) { return &redisTx{s: s}, nil }
 
 // redisKey length-prefixes the consumer so that ("a:b","c") and ("a","b:c")
 // never share a key.
-func (s *Store) redisKey(consumer, key string) string {
+func (s *Inbox) redisKey(consumer, key string) string {
 	return s.prefix + strconv.Itoa(len(consumer)) + ":" + consumer + ":" + key
 }
 
@@ -124,7 +125,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0`)
 
 type redisTx struct {
-	s     *Store
+	s     *Inbox
 	key   string
 	token string
 	ended bool
@@ -132,7 +133,7 @@ type redisTx struct {
 
 func (t *redisTx) Claim(ctx context.Context, consumer, key string) (bool, error) {
 	if t.ended || t.key != "" {
-		return false, errors.New("redisstore: Claim called twice or after the unit of work ended")
+		return false, errors.New("sluiceredis: Claim called twice or after the unit of work ended")
 	}
 	var b [16]byte
 	_, _ = rand.Read(b[:])
@@ -157,7 +158,7 @@ func (t *redisTx) Claim(ctx context.Context, consumer, key string) (bool, error)
 // the handler's effects have happened.
 func (t *redisTx) Commit(ctx context.Context) error {
 	if t.ended {
-		return errors.New("redisstore: redis unit of work already ended")
+		return errors.New("sluiceredis: redis unit of work already ended")
 	}
 	t.ended = true
 	if t.key == "" {

@@ -1,4 +1,4 @@
-package sqlstore_test
+package sluicesql_test
 
 import (
 	"context"
@@ -15,8 +15,8 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // Handlers that each update one of 4 hot rows (an account balance), in
@@ -51,7 +51,7 @@ func TestGroupCommitDeadlocksOnHotRowsSpendNoAttempt(t *testing.T) {
 	const deliveries, workers = 400, 32
 	var deadlocks, failed atomic.Int64
 	h := func(msg *message.Message) ([]*message.Message, error) {
-		_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
+		_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 			fmt.Sprintf(`UPDATE %s.accounts SET balance = balance + 1 WHERE id = $1`, schema), msg.Metadata.Get("row"))
 		if state, ok := sluice.SQLState(err); ok && state == "40P01" {
 			deadlocks.Add(1)

@@ -1,4 +1,4 @@
-package deduplication
+package sluicesql
 
 import (
 	"cmp"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/telemetry"
+	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
 )
 
 // Pruner defaults.
@@ -23,9 +24,16 @@ const (
 	prunerPauseDefault     = 50 * time.Millisecond
 )
 
+// BatchDeleter is implemented by stores whose records the Pruner deletes.
+type BatchDeleter interface {
+	// DeleteBefore deletes at most limit records processed before t and
+	// returns how many it deleted.
+	DeleteBefore(ctx context.Context, t time.Time, limit int) (int64, error)
+}
+
 // PrunerConfig configures a Pruner.
 type PrunerConfig struct {
-	// Store is the store to prune, such as a *sqlstore.Store. Required.
+	// Store is the store to prune, such as an *Inbox. Required.
 	Store BatchDeleter
 	// Retention is how long a processed key is kept. A redelivery after its
 	// key is pruned runs the handler again, so it must cover the retry
@@ -44,9 +52,6 @@ type PrunerConfig struct {
 	BatchSize int
 	// Pause is the time between two batches of a run. Default 50 ms.
 	Pause time.Duration
-	// Records names what the Store holds, in the log line of a failed run
-	// ("Pruning the <Records> failed"). Default "inbox".
-	Records string
 	// Env is the shared environment (service gives its own). The pruner reads
 	// Logger, which reports failed runs (default watermill.NopLogger), and
 	// MeterProvider, which receives the pruned counter (default the global
@@ -71,7 +76,6 @@ func (c PrunerConfig) withDefaults() PrunerConfig {
 	c.Interval = cmp.Or(c.Interval, prunerIntervalDefault)
 	c.Pause = cmp.Or(c.Pause, prunerPauseDefault)
 	c.BatchSize = cmp.Or(c.BatchSize, prunerBatchSizeDefault)
-	c.Records = cmp.Or(c.Records, "inbox")
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	return c
 }
@@ -81,17 +85,17 @@ func (c PrunerConfig) validate() error {
 	var ladder time.Duration
 	for i, d := range c.RetryDelays {
 		if d <= 0 {
-			return fmt.Errorf("deduplication: PrunerConfig.RetryDelays[%d] must be positive, got %s", i, d)
+			return fmt.Errorf("sluicesql: PrunerConfig.RetryDelays[%d] must be positive, got %s", i, d)
 		}
 		ladder += d
 	}
 	switch {
 	case c.Store == nil:
-		return errors.New("deduplication: PrunerConfig.Store is required")
+		return errors.New("sluicesql: PrunerConfig.Store is required")
 	case c.Retention < 0, c.Interval < 0, c.Pause < 0, c.ReplayWindow < 0, c.BatchSize < 0:
-		return errors.New("deduplication: PrunerConfig durations and BatchSize must not be negative")
+		return errors.New("sluicesql: PrunerConfig durations and BatchSize must not be negative")
 	case c.Retention < ladder+c.ReplayWindow:
-		return fmt.Errorf("deduplication: PrunerConfig.Retention (%s) must cover the retry ladder (RetryDelays, %s) plus PrunerConfig.ReplayWindow (%s): a copy redelivered after its key is pruned would be processed twice",
+		return fmt.Errorf("sluicesql: PrunerConfig.Retention (%s) must cover the retry ladder (RetryDelays, %s) plus PrunerConfig.ReplayWindow (%s): a copy redelivered after its key is pruned would be processed twice",
 			c.Retention, ladder, c.ReplayWindow)
 	}
 	return nil
@@ -106,7 +110,7 @@ func NewPruner(cfg PrunerConfig) (*Pruner, error) {
 	pruned, err := telemetry.Meter(cfg.MeterProvider).Int64Counter(telemetry.MetricInboxPruned,
 		metric.WithDescription("Inbox records deleted after their retention."))
 	if err != nil {
-		return nil, fmt.Errorf("deduplication: creating %s counter: %w", telemetry.MetricInboxPruned, err)
+		return nil, fmt.Errorf("sluicesql: creating %s counter: %w", telemetry.MetricInboxPruned, err)
 	}
 	return &Pruner{cfg: cfg, pruned: pruned}, nil
 }
@@ -137,7 +141,7 @@ func (p *Pruner) Start(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.done != nil {
-		return errors.New("deduplication: Pruner already started")
+		return errors.New("sluicesql: Pruner already started")
 	}
 	ctx, p.cancel = context.WithCancel(ctx)
 	p.done = make(chan struct{})
@@ -151,7 +155,7 @@ func (p *Pruner) run(ctx context.Context, done chan<- struct{}) {
 	defer t.Stop()
 	for {
 		if n, err := p.Prune(ctx); err != nil && ctx.Err() == nil {
-			p.cfg.Logger.Error("Pruning the "+p.cfg.Records+" failed", err, watermill.LogFields{"deleted": n})
+			p.cfg.Logger.Error("Pruning the "+records(p.cfg.Store)+" failed", err, watermill.LogFields{"deleted": n})
 		}
 		select {
 		case <-ctx.Done():
@@ -173,4 +177,12 @@ func (p *Pruner) Close() error {
 	cancel()
 	<-done
 	return nil
+}
+
+// records names what store holds, in the log line of a failed run.
+func records(store BatchDeleter) string {
+	if _, ok := store.(*replaysql.Store); ok {
+		return "replay outcomes"
+	}
+	return "inbox"
 }

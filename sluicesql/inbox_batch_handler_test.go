@@ -1,4 +1,4 @@
-package sqlstore_test
+package sluicesql_test
 
 import (
 	"context"
@@ -19,8 +19,8 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // batchHandlerEnv is a batch handler on PostgreSQL or SQLite writing one
@@ -29,7 +29,7 @@ type batchHandlerEnv struct {
 	*batchEnv // its database, tables, reader; no group commit stage
 	spans     *tracetest.InMemoryExporter
 	handle    message.HandlerFunc
-	store     *sqlstore.Store
+	store     *sluicesql.Inbox
 	cfg       deduplication.Config // StoreTimeout and ClaimTimeout, else defaults
 
 	mu    sync.Mutex
@@ -69,7 +69,7 @@ func newBatchHandlerEnvOf(t *testing.T, backend string, bh deduplication.BatchHa
 	if backend == "pgx" {
 		// lib/pq taken for pgx: the store's statements as on pgx (one
 		// statement a round trip, its values as parameters).
-		store, err = sqlstore.New(sqlstore.Config{SQLDB: e.db.DB, DriverName: "pgx", Table: e.inbox})
+		store, err = sluicesql.NewInbox(sluicesql.InboxConfig{SQLDB: e.db.DB, DriverName: "pgx", Table: e.inbox})
 		require.NoError(t, err)
 	}
 	bh.Handle = e.project
@@ -104,7 +104,7 @@ func (e *batchHandlerEnv) project(ctx context.Context, msgs []*message.Message) 
 	if len(write) == 0 {
 		return out
 	}
-	tx := sqlstore.TxFromContext(ctx)
+	tx := sluicesql.TxFromContext(ctx)
 	q := `INSERT INTO ` + e.table + ` (k) VALUES ` + strings.TrimSuffix(strings.Repeat("(?),", len(write)), ",")
 	args := make([]any, len(write))
 	for i, k := range write {
@@ -545,7 +545,7 @@ func TestABatchHandlersIdleTransactionIsEnded(t *testing.T) {
 	var setting string
 	e.decide = func(ctx context.Context, _ string) error {
 		once.Do(func() {
-			_ = sqlstore.TxFromContext(ctx).GetContext(ctx, &setting, `SHOW idle_in_transaction_session_timeout`)
+			_ = sluicesql.TxFromContext(ctx).GetContext(ctx, &setting, `SHOW idle_in_transaction_session_timeout`)
 			close(hung)
 		})
 		<-release // hung, deaf to its context

@@ -1,10 +1,4 @@
-// Package sqlstore is the inbox's store on PostgreSQL (lib/pq or pgx) and
-// SQLite: each delivery's unit of work is an SQL transaction that the
-// handler writes its business rows into (TxFromContext), so the inbox record
-// and the effects commit or roll back together. It imports no database
-// driver: register one yourself (lib/pq, pgx's stdlib, or the pure-Go SQLite
-// of package sqlstore/sqlite).
-package sqlstore
+package sluicesql
 
 import (
 	"cmp"
@@ -23,13 +17,15 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
+	"github.com/sluicemq/sluice/internal/sqltx"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
-// TableDefault is the default inbox table name.
-const TableDefault = "sluice_inbox"
+// inboxTableDefault is InboxConfig.Table's default.
+const inboxTableDefault = "sluice_inbox"
 
-// Config configures a Store.
-type Config struct {
+// InboxConfig configures an Inbox (NewInbox).
+type InboxConfig struct {
 	// DB is the database of the business writes. Its driver picks the
 	// dialect: "postgres" or "pgx" for PostgreSQL, "sqlite" (modernc.org/sqlite)
 	// or "sqlite3" for SQLite. Required.
@@ -45,25 +41,27 @@ type Config struct {
 	DriverName string
 	// Table is the inbox table: a name, or schema.name on PostgreSQL, each
 	// part an SQL identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes). It is
-	// quoted, so case matters. Default TableDefault.
+	// quoted, so case matters. Default "sluice_inbox".
 	Table string
 	// TxOptions are used for each delivery's transaction. Default nil: the
 	// driver's default (READ COMMITTED on PostgreSQL).
 	TxOptions *sql.TxOptions
 }
 
-// Store is the inbox on PostgreSQL or SQLite. Its units of work are SQL
+// Inbox is the inbox's store (deduplication.Config.Store) on PostgreSQL or
+// SQLite. Its units of work are SQL
 // transactions (TxFromContext): a claim is an INSERT ... ON CONFLICT DO
 // NOTHING into the inbox table, so a concurrent claim of the same key waits
 // on the primary key until the first transaction ends. It is safe for
 // concurrent use.
-type Store struct {
-	db      *sqlx.DB
-	dialect dialect
-	table   string // quoted, possibly schema-qualified
-	name    string // unquoted last part, for index names
-	opts    *sql.TxOptions
-	claim   string
+type Inbox struct {
+	inboxMark // tells the outbox and the replay outcomes it is the SQL inbox
+	db        *sqlx.DB
+	dialect   dialect
+	table     string // quoted, possibly schema-qualified
+	name      string // unquoted last part, for index names
+	opts      *sql.TxOptions
+	claim     string
 	// claimBatch claims many keys in one statement, returning those claimed.
 	claimBatch string
 	// claimBatchBounded is claimBatch setting lock_timeout ($3) and
@@ -80,43 +78,49 @@ type Store struct {
 	claimLiteral string
 }
 
+// inboxMark marks an Inbox for internal/sqltx.InboxDriver.
+type inboxMark = sqltx.Mark
+
 var (
-	_ deduplication.Store            = (*Store)(nil)
-	_ deduplication.BatchDeleter     = (*Store)(nil)
+	_ deduplication.Store            = (*Inbox)(nil)
+	_ BatchDeleter                   = (*Inbox)(nil)
+	_ sqltx.Unit                     = (*sqlTx)(nil)
 	_ deduplication.SavepointClaimer = (*sqlTx)(nil)
 	_ deduplication.IdleBounder      = (*sqlTx)(nil)
 	_ deduplication.BatchClaimer     = (*sqlTx)(nil)
 )
 
 // withDefaults returns a copy of c with its defaults filled.
-func (c Config) withDefaults() Config {
-	c.Table = cmp.Or(c.Table, TableDefault)
+func (c InboxConfig) withDefaults() InboxConfig {
+	c.Table = cmp.Or(c.Table, inboxTableDefault)
 	return c
 }
 
-// New validates cfg and returns a Store. It does not touch the database;
-// call CreateTable or apply SchemaSQL first.
-func New(cfg Config) (*Store, error) {
+// NewInbox validates cfg and returns an Inbox. It does not touch the
+// database; call CreateTable or apply SchemaSQL first (New and Migrate do
+// both for the tables of Stores).
+func NewInbox(cfg InboxConfig) (*Inbox, error) {
 	cfg = cfg.withDefaults()
-	db, err := sqldb.Open("sqlstore: Config", cfg.DB, cfg.SQLDB, cfg.DriverName)
+	db, err := sqldb.Open("sluicesql: InboxConfig", cfg.DB, cfg.SQLDB, cfg.DriverName)
 	if err != nil {
 		return nil, err
 	}
 	cfg.DB = db
 	d, ok := dialects[cfg.DB.DriverName()]
 	if !ok {
-		return nil, fmt.Errorf("sqlstore: Config.DB: driver %q is not supported (want postgres, pgx, sqlite or sqlite3)", cfg.DB.DriverName())
+		return nil, fmt.Errorf("sluicesql: InboxConfig.DB: driver %q is not supported (want postgres, pgx, sqlite or sqlite3)", cfg.DB.DriverName())
 	}
 	quoted, name, err := sqlname.Quote(cfg.Table, d.schemas)
 	if err != nil {
-		return nil, fmt.Errorf("sqlstore: Config.Table: %w", err)
+		return nil, fmt.Errorf("sluicesql: InboxConfig.Table: %w", err)
 	}
-	s := &Store{
-		db:      cfg.DB,
-		dialect: d,
-		table:   quoted,
-		name:    name,
-		opts:    cfg.TxOptions,
+	s := &Inbox{
+		inboxMark: sqltx.NewMark(cfg.DB.DriverName()),
+		db:        cfg.DB,
+		dialect:   d,
+		table:     quoted,
+		name:      name,
+		opts:      cfg.TxOptions,
 	}
 	s.claim = fmt.Sprintf(d.claim, s.table)
 	s.claimBatch = fmt.Sprintf(d.claimBatch, s.table)
@@ -138,17 +142,13 @@ func New(cfg Config) (*Store, error) {
 	return s, nil
 }
 
-// DriverName is the name of the store's database driver ("postgres",
-// "pgx", "sqlite", "sqlite3").
-func (s *Store) DriverName() string { return s.db.DriverName() }
-
 // SchemaSQL returns the statements that create the inbox table and its
 // index, as CreateTable runs them.
-func (s *Store) SchemaSQL() string {
+func (s *Inbox) SchemaSQL() string {
 	return strings.Join(s.schema(), ";\n") + ";\n"
 }
 
-func (s *Store) schema() []string {
+func (s *Inbox) schema() []string {
 	index := `"` + sqlname.Index(s.name, "_processed_at", "pat") + `"`
 	return []string{
 		fmt.Sprintf(s.dialect.table, s.table),
@@ -157,17 +157,17 @@ func (s *Store) schema() []string {
 }
 
 // CreateTable creates the inbox table and its index if they do not exist.
-func (s *Store) CreateTable(ctx context.Context) error {
+func (s *Inbox) CreateTable(ctx context.Context) error {
 	for _, stmt := range s.schema() {
 		if _, err := s.db.ExecContext(ctx, stmt); err != nil {
-			return fmt.Errorf("sqlstore: creating inbox table %s: %w", s.table, err)
+			return fmt.Errorf("sluicesql: creating inbox table %s: %w", s.table, err)
 		}
 	}
 	return nil
 }
 
 // Begin starts the delivery's SQL transaction.
-func (s *Store) Begin(ctx context.Context) (deduplication.Tx, error) {
+func (s *Inbox) Begin(ctx context.Context) (unitofwork.Tx, error) {
 	tx, err := s.db.BeginTxx(ctx, s.opts)
 	if err != nil {
 		return nil, err
@@ -180,7 +180,7 @@ func (s *Store) Begin(ctx context.Context) (deduplication.Tx, error) {
 // ctx even where the driver would not — lib/pq connecting to a server that
 // never answers. router.Add gives it to the brake as its Probe, so an outage
 // is probed without touching a message.
-func (s *Store) Ping(ctx context.Context) error {
+func (s *Inbox) Ping(ctx context.Context) error {
 	done := make(chan error, 1)
 	go func() {
 		rows, err := s.db.QueryContext(ctx, `SELECT 1 FROM `+s.table+` LIMIT 0`)
@@ -192,39 +192,37 @@ func (s *Store) Ping(ctx context.Context) error {
 	select {
 	case err := <-done:
 		if err != nil {
-			return fmt.Errorf("sqlstore: ping %s: %w", s.table, err)
+			return fmt.Errorf("sluicesql: ping %s: %w", s.table, err)
 		}
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("sqlstore: ping %s: %w", s.table, ctx.Err())
+		return fmt.Errorf("sluicesql: ping %s: %w", s.table, ctx.Err())
 	}
 }
 
 // DeleteBefore deletes at most limit inbox rows processed before t.
-func (s *Store) DeleteBefore(ctx context.Context, t time.Time, limit int) (int64, error) {
+func (s *Inbox) DeleteBefore(ctx context.Context, t time.Time, limit int) (int64, error) {
 	res, err := s.db.ExecContext(ctx, s.prune, s.dialect.timeArg(t), limit)
 	if err != nil {
-		return 0, fmt.Errorf("sqlstore: pruning %s: %w", s.table, err)
+		return 0, fmt.Errorf("sluicesql: pruning %s: %w", s.table, err)
 	}
 	return res.RowsAffected()
 }
 
 type sqlTx struct {
 	tx *sqlx.Tx
-	s  *Store
+	s  *Inbox
 }
 
 // TxFromContext returns the SQL transaction of the delivery being handled,
 // in which the inbox record was claimed: the handler's business writes go
 // into it so that they commit or roll back with the record. It returns nil
-// outside the inbox stage with a Store of this package. It is
-// deduplication.TxFromContext with the unit of work's type made concrete.
-func TxFromContext(ctx context.Context) *sqlx.Tx {
-	if t, ok := deduplication.TxFromContext(ctx).(*sqlTx); ok {
-		return t.tx
-	}
-	return nil
-}
+// outside the inbox stage with an Inbox of this package. It is
+// unitofwork.FromContext with the unit of work's type made concrete (TxOf).
+func TxFromContext(ctx context.Context) *sqlx.Tx { return sqltx.FromContext(ctx) }
+
+// SQLX is the unit of work's SQL transaction (internal/sqltx.Unit).
+func (t *sqlTx) SQLX() *sqlx.Tx { return t.tx }
 
 func (t *sqlTx) Claim(ctx context.Context, consumer, key string) (bool, error) {
 	res, err := t.tx.ExecContext(ctx, t.s.claim, consumer, key)
@@ -356,23 +354,14 @@ func (t *sqlTx) ClaimIdle(ctx context.Context, consumer, key string, idle time.D
 func (t *sqlTx) Commit(context.Context) error {
 	err := t.tx.Commit()
 	if err != nil && aborted(err) {
-		return fmt.Errorf("%w: %w", deduplication.ErrAborted, err)
+		return fmt.Errorf("%w: %w", unitofwork.ErrAborted, err)
 	}
 	return err
 }
 
 // aborted reports a commit refused because the transaction had failed
-// before it: lib/pq's ErrInFailedTransaction, pgx's ErrTxCommitRollback
-// (matched by their text: this package imports no driver), SQLSTATE 25P02,
-// or a deferred constraint violated at commit (class 23). A lost connection
-// or a serialization failure at commit is not one.
-func aborted(err error) bool {
-	if state, ok := sluice.SQLState(err); ok {
-		return state == "25P02" || strings.HasPrefix(state, "23")
-	}
-	msg := err.Error()
-	return strings.Contains(msg, "in a failed transaction") || strings.Contains(msg, "commit unexpectedly resulted in rollback")
-}
+// before it (internal/sqltx.Aborted).
+func aborted(err error) bool { return sqltx.Aborted(err) }
 
 // ClaimAfter releases savepoint release (when not ""), sets savepoint and
 // claims (consumer, key) after it: on lib/pq in one simple query whose
@@ -429,12 +418,12 @@ func (t *sqlTx) ClaimAfter(ctx context.Context, release, savepoint, consumer, ke
 }
 
 // claimAfterError is ClaimAfter's error for err: matching
-// deduplication.ErrAborted when the transaction was aborted before it,
+// unitofwork.ErrAborted when the transaction was aborted before it,
 // deduplication.ErrClaimInProgress when the claim waited past wait.
 func claimAfterError(err error, key string, wait time.Duration) error {
 	switch state, _ := sluice.SQLState(err); state {
 	case "25P02":
-		return fmt.Errorf("%w: %w", deduplication.ErrAborted, err)
+		return fmt.Errorf("%w: %w", unitofwork.ErrAborted, err)
 	case "55P03":
 		return fmt.Errorf("%w: claim %q waited longer than the claim timeout (%s): %w", deduplication.ErrClaimInProgress, key, wait, err)
 	}
@@ -467,7 +456,7 @@ func (t *sqlTx) RollbackTo(ctx context.Context, name string) error {
 func (t *sqlTx) Release(ctx context.Context, name string) error {
 	_, err := t.tx.ExecContext(ctx, `RELEASE SAVEPOINT `+name)
 	if err != nil && aborted(err) {
-		return fmt.Errorf("%w: %w", deduplication.ErrAborted, err)
+		return fmt.Errorf("%w: %w", unitofwork.ErrAborted, err)
 	}
 	return err
 }
@@ -499,7 +488,7 @@ type dialect struct {
 	timeArg   func(time.Time) any
 }
 
-var postgres = dialect{
+var postgresDialect = dialect{
 	table: `CREATE TABLE IF NOT EXISTS %s (
 	consumer     TEXT        NOT NULL,
 	event_key    TEXT        NOT NULL,
@@ -524,7 +513,7 @@ var postgres = dialect{
 
 // sqlite stores processed_at as Unix microseconds: the driver's text format
 // for time.Time does not compare in time order.
-var sqlite = dialect{
+var sqliteDialect = dialect{
 	table: `CREATE TABLE IF NOT EXISTS %s (
 	consumer     TEXT    NOT NULL,
 	event_key    TEXT    NOT NULL,
@@ -540,24 +529,13 @@ var sqlite = dialect{
 }
 
 var dialects = map[string]dialect{
-	"postgres": postgres,
-	"pgx":      postgres,
-	"sqlite":   sqlite,
-	"sqlite3":  sqlite,
+	"postgres": postgresDialect,
+	"pgx":      postgresDialect,
+	"sqlite":   sqliteDialect,
+	"sqlite3":  sqliteDialect,
 }
 
-// SQLTx returns the SQL transaction of tx, a unit of work this package's
-// Store began, or nil for another store's: for code handed a
-// deduplication.Tx, as deduplication.OnRecordAlone's writes are.
-func SQLTx(tx deduplication.Tx) *sqlx.Tx {
-	if t, ok := tx.(*sqlTx); ok {
-		return t.tx
-	}
-	return nil
-}
-
-// Aborted reports whether err is the error of a statement refused because
-// an earlier one aborted the transaction (PostgreSQL's 25P02), or of a
-// commit refused for that reason (see Tx's Commit): nothing more can be
-// written in it.
-func Aborted(err error) bool { return aborted(err) }
+// TxOf returns the SQL transaction of tx, a unit of work an Inbox began, or
+// nil for another store's: for code handed a unitofwork.Tx, as
+// unitofwork.OnRecordAlone's writes are (in a handler, TxFromContext).
+func TxOf(tx unitofwork.Tx) *sqlx.Tx { return sqltx.Of(tx) }
