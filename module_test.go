@@ -31,7 +31,7 @@ import (
 )
 
 func main() {
-	fmt.Println(rabbitmq.PoisonSuffix, router.Order(), sqlstore.TableDefault, service.DrainTimeoutDefault)
+	fmt.Println(rabbitmq.ExchangeKey, router.Order(), sqlstore.TableDefault, service.DrainTimeoutDefault)
 }
 `)
 	run("build", "-o", os.DevNull, ".")

@@ -16,6 +16,7 @@ import (
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // engagesOn runs deliveries through brake(MatchUnreachable) → classify →
@@ -63,7 +64,7 @@ func TestMatchUnreachableTooManyConnections(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	err = db.Ping()
-	state, ok := sluice.SQLState(err)
+	state, ok := sluicesql.SQLState(err)
 	require.True(t, ok, "%v", err)
 	require.Equal(t, "53300", state, "%v", err)
 	store, err := sqlstore.New(sqlstore.Config{DB: db})

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
+	"github.com/sluicemq/sluice/internal/metakeys"
 )
 
 // Route sends what is published to From on to To after Delay.
@@ -70,7 +71,7 @@ var ErrDelayedPublisherClosed = errors.New("embedded: delayed publisher closed")
 // the embedded default and of tests: a message published to a route's From
 // topic is published to its To topic on Target after the route's Delay.
 //
-// A message delivered to To carries sluice.DeadLetterQueueKey (its From
+// A message delivered to To carries rabbitmq.LastDeathQueueKey (its From
 // topic) and DeadLetterReasonKey ("expired"), as a copy back from a RabbitMQ
 // TTL tier carries them from x-death. It is NOT durable: messages waiting for their delay live in memory and are
 // lost if the process stops — Close drops them and reports how many. Use
@@ -150,8 +151,8 @@ func (p *DelayedPublisher) Publish(topic string, msgs ...*message.Message) error
 		c := msg.Copy() // the caller may reuse msg; the context is not kept
 		// What x-death says of a copy back from a RabbitMQ tier: the
 		// stages' keyless proof that Sluice wrote its retry history.
-		c.Metadata[sluice.DeadLetterQueueKey] = r.From
-		c.Metadata[sluice.DeadLetterReasonKey] = sluice.DeadLetterExpired
+		c.Metadata[metakeys.DeadLetterQueue] = r.From
+		c.Metadata[metakeys.DeadLetterReason] = metakeys.DeadLetterExpired
 		// The callback takes p.mu first, so it sees t and its pending entry
 		// even with a zero delay: Publish holds p.mu until both are set.
 		var t sluice.Timer

@@ -170,8 +170,8 @@ func TestRetryCopyCarriesTheProperties(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	requireSameProperties(t, pub, tierCopy, "tier copy")
-	require.Equal(t, "", tierCopy.Headers[sluice.OriginExchangeKey])
-	require.Equal(t, topo.Queue(), tierCopy.Headers[sluice.OriginRoutingKeyKey])
+	require.Equal(t, "", tierCopy.Headers[rabbitmq.OriginExchangeKey])
+	require.Equal(t, topo.Queue(), tierCopy.Headers[rabbitmq.OriginRoutingKeyKey])
 }
 
 // Names at AMQP's 255-byte limit: what fits is used, what does not is

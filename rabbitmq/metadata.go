@@ -3,7 +3,7 @@ package rabbitmq
 import (
 	"strings"
 
-	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 )
 
 // Metadata keys the Marshaler sets from each delivery. They describe one
@@ -14,11 +14,12 @@ const (
 	// DeliveryPrefix starts every delivery-scoped key.
 	DeliveryPrefix = "sluice_amqp_"
 
-	// ExchangeKey is the exchange the message was published to ("" for the
-	// default exchange).
-	ExchangeKey = sluice.SourceExchangeKey
-	// RoutingKeyKey is the routing key the message was published with.
-	RoutingKeyKey = sluice.SourceRoutingKeyKey
+	// ExchangeKey is the exchange the delivery was published to ("" for
+	// the default exchange): after a retry tier, the dead-letter hop's, not
+	// the producer's (OriginExchangeKey).
+	ExchangeKey = metakeys.SourceExchange
+	// RoutingKeyKey is the routing key the delivery was published with.
+	RoutingKeyKey = metakeys.SourceRoutingKey
 	// RedeliveredKey is "true" when the broker delivered the message before.
 	RedeliveredKey = DeliveryPrefix + "redelivered"
 	// DeliveryCountKey is x-delivery-count (quorum queues): earlier
@@ -33,11 +34,12 @@ const (
 	FirstDeathReasonKey   = DeliveryPrefix + "first_death_reason"
 	FirstDeathExchangeKey = DeliveryPrefix + "first_death_exchange"
 	// LastDeathQueueKey and LastDeathReasonKey are the queue and reason of
-	// the most recent x-death entry.
-	// They are sluice.DeadLetterQueueKey and DeadLetterReasonKey: the
-	// stages' keyless proof that a copy came back from its own tier.
-	LastDeathQueueKey  = sluice.DeadLetterQueueKey
-	LastDeathReasonKey = sluice.DeadLetterReasonKey
+	// the most recent x-death entry ("expired" for a tier's TTL): the
+	// stages' keyless proof that a copy came back from its own tier. The
+	// Marshaler drops a header of these names a producer sends; the
+	// embedded broker's tiers set them as well, on each copy they deliver.
+	LastDeathQueueKey  = metakeys.DeadLetterQueue
+	LastDeathReasonKey = metakeys.DeadLetterReason
 )
 
 func isDeliveryScoped(key string) bool { return strings.HasPrefix(key, DeliveryPrefix) }
@@ -76,4 +78,23 @@ const (
 // delivery without one (a copy Sluice published: RabbitMQ refuses a foreign
 // user_id) keeps the header, a control header the stages believe only on a
 // copy Sluice wrote (sluice.IsControlKey).
-const OriginUserIDKey = sluice.OriginPrefix + "user_id"
+const OriginUserIDKey = metakeys.OriginPrefix + "user_id"
+
+// OriginExchangeKey and OriginRoutingKeyKey are where the message was first
+// published to, recorded once by the retry-tier stage at the first failure
+// (from ExchangeKey and RoutingKeyKey) and kept on every later copy: after a
+// retry tier the delivery's own exchange and routing key name the
+// dead-letter hop, not the producer's. The poison diagnosis reports these
+// when present. Control headers (sluice.IsControlKey), like OriginUserIDKey.
+const (
+	OriginExchangeKey   = metakeys.OriginExchange
+	OriginRoutingKeyKey = metakeys.OriginRoutingKey
+)
+
+// Origin returns where the message of metadata md was first published to:
+// OriginExchangeKey and OriginRoutingKeyKey when a retry copy recorded them,
+// else the delivery's own ExchangeKey and RoutingKeyKey. ok is false when
+// neither is known.
+func Origin(md map[string]string) (exchange, routingKey string, ok bool) {
+	return metakeys.Origin(md)
+}

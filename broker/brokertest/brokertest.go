@@ -23,6 +23,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
+	"github.com/sluicemq/sluice/internal/metakeys"
 )
 
 // Broker is a broker under test, of one queue of its own, with a ladder
@@ -155,7 +156,7 @@ func testNackRedelivers(t *testing.T, b Broker) {
 
 // testTierCopyComesBack: a copy published to the first tier comes back to
 // the topic after the tier's delay, not before, marked as back from that
-// tier (sluice.DeadLetterQueueKey, reason expired: the keyless proof that
+// tier (rabbitmq.LastDeathQueueKey, reason expired: the keyless proof that
 // Sluice wrote its retry history).
 func testTierCopyComesBack(t *testing.T, b Broker) {
 	e := b.Endpoints()
@@ -170,8 +171,8 @@ func testTierCopyComesBack(t *testing.T, b Broker) {
 	require.GreaterOrEqual(t, time.Since(start), tier.Delay, "not before the tier's delay")
 	require.Equal(t, "evt-1", m.Metadata.Get(sluice.EventIDKey))
 	require.Equal(t, "2", m.Metadata.Get(sluice.AttemptKey), "the copy's metadata kept")
-	require.Contains(t, tier.Topics(), m.Metadata.Get(sluice.DeadLetterQueueKey), "back from the tier")
-	require.Equal(t, sluice.DeadLetterExpired, m.Metadata.Get(sluice.DeadLetterReasonKey))
+	require.Contains(t, tier.Topics(), m.Metadata.Get(metakeys.DeadLetterQueue), "back from the tier")
+	require.Equal(t, metakeys.DeadLetterExpired, m.Metadata.Get(metakeys.DeadLetterReason))
 	m.Ack()
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // Handlers that each update one of 4 hot rows (an account balance), in
@@ -53,7 +54,7 @@ func TestGroupCommitDeadlocksOnHotRowsSpendNoAttempt(t *testing.T) {
 	h := func(msg *message.Message) ([]*message.Message, error) {
 		_, err := sqlstore.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 			fmt.Sprintf(`UPDATE %s.accounts SET balance = balance + 1 WHERE id = $1`, schema), msg.Metadata.Get("row"))
-		if state, ok := sluice.SQLState(err); ok && state == "40P01" {
+		if state, ok := sluicesql.SQLState(err); ok && state == "40P01" {
 			deadlocks.Add(1)
 		}
 		return nil, err

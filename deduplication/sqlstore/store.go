@@ -18,11 +18,10 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
-
-	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
+	"github.com/sluicemq/sluice/internal/sqlstate"
 )
 
 // TableDefault is the default inbox table name.
@@ -321,7 +320,7 @@ func (t *sqlTx) claimBatch(ctx context.Context, q string, args ...any) ([]string
 // claimBatchError is ClaimBatch's error for err: matching
 // deduplication.ErrClaimInProgress when the claim waited past wait.
 func claimBatchError(err error, wait time.Duration) error {
-	if state, _ := sluice.SQLState(err); state == "55P03" {
+	if state, _ := sqlstate.Of(err); state == "55P03" {
 		return fmt.Errorf("%w: a key of the batch is held by another transaction longer than %s: %w", deduplication.ErrClaimInProgress, wait, err)
 	}
 	return err
@@ -367,7 +366,7 @@ func (t *sqlTx) Commit(context.Context) error {
 // or a deferred constraint violated at commit (class 23). A lost connection
 // or a serialization failure at commit is not one.
 func aborted(err error) bool {
-	if state, ok := sluice.SQLState(err); ok {
+	if state, ok := sqlstate.Of(err); ok {
 		return state == "25P02" || strings.HasPrefix(state, "23")
 	}
 	msg := err.Error()
@@ -432,7 +431,7 @@ func (t *sqlTx) ClaimAfter(ctx context.Context, release, savepoint, consumer, ke
 // deduplication.ErrAborted when the transaction was aborted before it,
 // deduplication.ErrClaimInProgress when the claim waited past wait.
 func claimAfterError(err error, key string, wait time.Duration) error {
-	switch state, _ := sluice.SQLState(err); state {
+	switch state, _ := sqlstate.Of(err); state {
 	case "25P02":
 		return fmt.Errorf("%w: %w", deduplication.ErrAborted, err)
 	case "55P03":
