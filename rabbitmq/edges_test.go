@@ -273,7 +273,7 @@ func TestURLErrorsHideThePassword(t *testing.T) {
 		require.Error(t, err)
 		require.NotContains(t, err.Error(), "Sec", u)
 	}
-	_, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: "amqp://guest:WrongPassword1@127.0.0.1:5672/"}})
+	_, err := rabbitmq.Dial(rabbitmq.Connection{URL: "amqp://guest:WrongPassword1@127.0.0.1:5672/"}, "")
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), "WrongPassword1")
 	require.ErrorIs(t, err, amqp.ErrCredentials, "the cause survives the redaction")

@@ -11,8 +11,8 @@ import (
 // publishes them, so a republished copy carries no stale values and RabbitMQ's
 // own x- headers are never republished as strings.
 const (
-	// DeliveryPrefix starts every delivery-scoped key.
-	DeliveryPrefix = "sluice_amqp_"
+	// deliveryPrefix starts every delivery-scoped key.
+	deliveryPrefix = "sluice_amqp_"
 
 	// ExchangeKey is the exchange the delivery was published to ("" for
 	// the default exchange): after a retry tier, the dead-letter hop's, not
@@ -21,18 +21,18 @@ const (
 	// RoutingKeyKey is the routing key the delivery was published with.
 	RoutingKeyKey = metakeys.SourceRoutingKey
 	// RedeliveredKey is "true" when the broker delivered the message before.
-	RedeliveredKey = DeliveryPrefix + "redelivered"
+	RedeliveredKey = deliveryPrefix + "redelivered"
 	// DeliveryCountKey is x-delivery-count (quorum queues): earlier
 	// deliveries that were not acked.
-	DeliveryCountKey = DeliveryPrefix + "delivery_count"
+	DeliveryCountKey = deliveryPrefix + "delivery_count"
 	// DeathCountKey sums the counts of the x-death entries: how often the
 	// message was dead-lettered (a TTL tier expiring counts once per pass).
-	DeathCountKey = DeliveryPrefix + "death_count"
+	DeathCountKey = deliveryPrefix + "death_count"
 	// FirstDeathQueueKey, FirstDeathReasonKey and FirstDeathExchangeKey are
 	// x-first-death-queue, -reason and -exchange.
-	FirstDeathQueueKey    = DeliveryPrefix + "first_death_queue"
-	FirstDeathReasonKey   = DeliveryPrefix + "first_death_reason"
-	FirstDeathExchangeKey = DeliveryPrefix + "first_death_exchange"
+	FirstDeathQueueKey    = deliveryPrefix + "first_death_queue"
+	FirstDeathReasonKey   = deliveryPrefix + "first_death_reason"
+	FirstDeathExchangeKey = deliveryPrefix + "first_death_exchange"
 	// LastDeathQueueKey and LastDeathReasonKey are the queue and reason of
 	// the most recent x-death entry ("expired" for a tier's TTL): the
 	// stages' keyless proof that a copy came back from its own tier. The
@@ -42,7 +42,7 @@ const (
 	LastDeathReasonKey = metakeys.DeadLetterReason
 )
 
-func isDeliveryScoped(key string) bool { return strings.HasPrefix(key, DeliveryPrefix) }
+func isDeliveryScoped(key string) bool { return strings.HasPrefix(key, deliveryPrefix) }
 
 // Metadata keys of a message's AMQP properties. Unlike the delivery-scoped
 // keys they belong to the message: the Marshaler sets them from each
@@ -52,25 +52,25 @@ func isDeliveryScoped(key string) bool { return strings.HasPrefix(key, DeliveryP
 // — not headers — on every copy Sluice publishes (retry tiers, poison queue)
 // and on replays. Expiration is never carried: the retry tiers own TTL.
 const (
-	// PropertyPrefix starts every property key.
-	PropertyPrefix = "sluice_property_"
+	// propertyPrefix starts every property key.
+	propertyPrefix = "sluice_property_"
 
-	ContentTypeKey     = PropertyPrefix + "content_type"
-	ContentEncodingKey = PropertyPrefix + "content_encoding"
-	CorrelationIDKey   = PropertyPrefix + "correlation_id"
-	MessageIDKey       = PropertyPrefix + "message_id"
-	TypeKey            = PropertyPrefix + "type"
-	AppIDKey           = PropertyPrefix + "app_id"
-	ReplyToKey         = PropertyPrefix + "reply_to"
+	ContentTypeKey     = propertyPrefix + "content_type"
+	ContentEncodingKey = propertyPrefix + "content_encoding"
+	CorrelationIDKey   = propertyPrefix + "correlation_id"
+	MessageIDKey       = propertyPrefix + "message_id"
+	TypeKey            = propertyPrefix + "type"
+	AppIDKey           = propertyPrefix + "app_id"
+	ReplyToKey         = propertyPrefix + "reply_to"
 	// TimestampKey is the timestamp property in RFC 3339 (UTC, seconds).
-	TimestampKey = PropertyPrefix + "timestamp"
+	TimestampKey = propertyPrefix + "timestamp"
 	// PriorityKey is the priority property, 0-255 in decimal.
-	PriorityKey = PropertyPrefix + "priority"
+	PriorityKey = propertyPrefix + "priority"
 	// UserIDKey is the user_id property the broker validated for the
 	// publisher of this delivery. It is never restored as the property:
 	// RabbitMQ refuses a publish whose user_id is not the publishing
 	// connection's user. A copy carries it as OriginUserIDKey instead.
-	UserIDKey = PropertyPrefix + "user_id"
+	UserIDKey = propertyPrefix + "user_id"
 )
 
 // OriginUserIDKey is the user_id the broker validated for the message's

@@ -292,7 +292,7 @@ func runScenario(parent context.Context, o options, scenario string) (string, er
 		// flight per process; watermill-amqp's one per subscription.
 		copies, n, procs = 8, o.sameIDs, 2
 		if o.subscriber == "watermill" {
-			procs = max(2, 8/cmp.Or(o.consumers, rabbitmq.ConsumersDefault))
+			procs = max(2, 8/cmp.Or(o.consumers, rabbitmqConsumers))
 		}
 	}
 	p := makePlan(rng, n, copies)
@@ -454,7 +454,7 @@ func (w *world) queues(all bool) []string {
 
 // withConn runs fn on a fresh connection: the broker may have restarted.
 func (w *world) withConn(fn func(*amqp.Connection) error) error {
-	c, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: w.conn, Name: "sluice chaos"})
+	c, err := rabbitmq.Dial(w.conn, "sluice chaos")
 	if err != nil {
 		return err
 	}
