@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net"
 	"strings"
+
+	"github.com/sluicemq/sluice/internal/sqlstate"
 )
 
 // unmatchedDefault is ClassifierConfig.Default's default: Transient, so an
@@ -95,13 +97,6 @@ func (c *Classifier) Classify(err error) Class {
 	return c.def
 }
 
-// sqlStater is implemented by lib/pq's *pq.Error and pgx's *pgconn.PgError;
-// SQLState also reads go-sql-driver/mysql's *MySQLError, which has none.
-type sqlStater interface {
-	error
-	SQLState() string
-}
-
 // defaultClass holds the default rules documented on Classifier, in
 // docs/failure-classes.md. A stage's own dependency failure comes first: a
 // DependencyError is the dependency's whatever its SQLSTATE (the inbox table
@@ -133,7 +128,7 @@ func isTransient(err error) bool {
 	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
 		return true
 	}
-	if state, ok := SQLState(err); ok {
+	if state, ok := sqlstate.Of(err); ok {
 		return transientSQLState(state)
 	}
 	return false
@@ -143,7 +138,7 @@ func isTransient(err error) bool {
 // violations (23505 unique, 23503 foreign key, 23502 not null, 23514 check,
 // 23P01 exclusion): the same statement fails the same way on every retry.
 func integrityViolation(err error) bool {
-	state, ok := SQLState(err)
+	state, ok := sqlstate.Of(err)
 	return ok && strings.HasPrefix(state, "23")
 }
 
@@ -152,12 +147,12 @@ func integrityViolation(err error) bool {
 // error; MySQL's 42S22, 42S02, 42000): a bug in the handler's statements,
 // which fail the same way on every retry until the handler is fixed.
 func handlerBug(err error) bool {
-	state, ok := SQLState(err)
+	state, ok := sqlstate.Of(err)
 	return ok && strings.HasPrefix(state, "42")
 }
 
 // transientSQLState reports the SQLSTATEs worth retrying: those of an
-// unreachable database (UnreachableSQLState), serialization failure
+// unreachable database (sqlstate.Unreachable), serialization failure
 // (40001), deadlock (40P01) and lock not available (55P03, a lock_timeout
 // such as the inbox's claim wait).
 func transientSQLState(state string) bool {
@@ -165,5 +160,5 @@ func transientSQLState(state string) bool {
 	case "40001", "40P01", "55P03":
 		return true
 	}
-	return UnreachableSQLState(state)
+	return sqlstate.Unreachable(state)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 type timeoutErr struct{}
@@ -202,7 +203,7 @@ func TestClassifierClass42(t *testing.T) {
 	c, err := sluice.NewClassifier(sluice.ClassifierConfig{Rules: []sluice.Rule{
 		sluice.RuleAs[*sluice.DependencyError](sluice.ClassInvariant),
 		func(err error) (sluice.Class, bool) {
-			state, ok := sluice.SQLState(err)
+			state, ok := sluicesql.SQLState(err)
 			return sluice.ClassRejected, ok && state == "42703"
 		},
 	}})
@@ -275,7 +276,7 @@ func TestClassifierMySQLErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			state, ok := sluice.SQLState(tt.err)
+			state, ok := sluicesql.SQLState(tt.err)
 			require.Equal(t, tt.state != "", ok)
 			require.Equal(t, tt.state, state)
 			require.Equal(t, tt.want, c.Classify(tt.err), "error: %v", tt.err)
@@ -302,9 +303,9 @@ func TestSQLStateBoundedChain(t *testing.T) {
 		}
 		return err
 	}
-	state, ok := sluice.SQLState(wrapped(63))
+	state, ok := sluicesql.SQLState(wrapped(63))
 	require.True(t, ok)
 	require.Equal(t, "42S22", state)
-	_, ok = sluice.SQLState(wrapped(64))
+	_, ok = sluicesql.SQLState(wrapped(64))
 	require.False(t, ok, "beyond the first 64 errors of the chain")
 }

@@ -6,8 +6,9 @@ import (
 	"errors"
 	"io"
 	"net"
-	"strings"
 	"syscall"
+
+	"github.com/sluicemq/sluice/internal/sqlstate"
 )
 
 // ErrDependency is matched (errors.Is) by every *DependencyError: a failure
@@ -34,34 +35,14 @@ func (e *DependencyError) Unwrap() error { return e.Err }
 // Is reports whether target is ErrDependency.
 func (e *DependencyError) Is(target error) bool { return target == ErrDependency }
 
-// SQLState returns the SQLSTATE of err, and whether it has one. It reads,
-// in this order:
-//   - the first error in err's chain with a SQLState() string method
-//     (lib/pq's *pq.Error, pgx's *pgconn.PgError, an adapter of your own);
-//   - else the first of the chain's first 64 errors that is a struct, or a
-//     pointer to one, with the exported fields Number uint16 and SQLState
-//     [5]byte: go-sql-driver/mysql's *MySQLError, read by reflection so
-//     that this package imports no driver. For the error numbers whose
-//     SQLSTATE says too little — 1040 and 1203 (too many connections,
-//     08004), 1205 (lock wait timeout, reported as HY000: 55P03, as
-//     PostgreSQL's lock_timeout), 1213 (deadlock, 40001), 2006 and 2013
-//     (server gone or lost, 08S01) — it returns the SQLSTATE given in parentheses;
-//     for the others the one the server reported, none if it reported none.
-//
-// The Classifier and the brake's matchers read it here.
-func SQLState(err error) (string, bool) {
-	if s, ok := errors.AsType[sqlStater](err); ok {
-		return s.SQLState(), true
-	}
-	return mysqlSQLState(err)
-}
-
 // Unreachable reports whether err is the error of a dependency that cannot
 // be reached, whoever asks: a refused, reset or aborted connection, a host
 // or network unreachable, a connection the peer closed mid-conversation
 // (io.EOF, io.ErrUnexpectedEOF), a dial that failed or a network timeout, a
-// connection the database/sql pool found bad or closed, or a SQLSTATE of
-// UnreachableSQLState. The one list of them: the Classifier's defaults
+// connection the database/sql pool found bad or closed, or the SQLSTATE of a
+// database that cannot serve anyone right now (class 08, connection
+// exception; class 53, insufficient resources; 57P01-57P03, shutting down
+// or starting up). The one list of them: the Classifier's defaults
 // class them Transient and the brake's MatchUnreachable counts them.
 func Unreachable(err error) bool {
 	switch {
@@ -75,18 +56,6 @@ func Unreachable(err error) bool {
 	if op, ok := errors.AsType[*net.OpError](err); ok && (op.Op == "dial" || op.Timeout()) {
 		return true
 	}
-	state, ok := SQLState(err)
-	return ok && UnreachableSQLState(state)
-}
-
-// UnreachableSQLState reports the SQLSTATEs of a database that cannot serve
-// anyone right now: a connection exception (class 08), insufficient
-// resources (class 53: too many connections, disk full, out of memory), a
-// server shutting down or starting up (57P01-57P03).
-func UnreachableSQLState(state string) bool {
-	switch state {
-	case "57P01", "57P02", "57P03":
-		return true
-	}
-	return strings.HasPrefix(state, "08") || strings.HasPrefix(state, "53")
+	state, ok := sqlstate.Of(err)
+	return ok && sqlstate.Unreachable(state)
 }

@@ -36,36 +36,4 @@ const (
 	// context of the delivery that failed: the next delivery's span links to
 	// it, so a trace shows the whole path through the tiers.
 	PreviousTraceparentKey = "sluice_previous_traceparent"
-
-	// SourceExchangeKey and SourceRoutingKeyKey are where the delivery was
-	// published to; set for each delivery by the rabbitmq Marshaler, and
-	// never republished by it.
-	SourceExchangeKey   = "sluice_amqp_exchange"
-	SourceRoutingKeyKey = "sluice_amqp_routing_key"
-
-	// OriginExchangeKey and OriginRoutingKeyKey are where the message was
-	// first published to, recorded once by the retry-tier stage at the first
-	// failure (from SourceExchangeKey and SourceRoutingKeyKey) and kept on
-	// every later copy: after a retry tier the delivery's own exchange and
-	// routing key name the dead-letter hop, not the producer's. The poison
-	// diagnosis reports these when present.
-	OriginExchangeKey   = OriginPrefix + "exchange"
-	OriginRoutingKeyKey = OriginPrefix + "routing_key"
 )
-
-// OriginPrefix starts every key that records where a message came from
-// (OriginExchangeKey, ...): facts about its first publish, kept on every copy.
-const OriginPrefix = "sluice_origin_"
-
-// Origin returns where msg was first published to: OriginExchangeKey and
-// OriginRoutingKeyKey when a retry copy recorded them, else the delivery's own
-// SourceExchangeKey and SourceRoutingKeyKey. ok is false when neither is known.
-func Origin(md map[string]string) (exchange, routingKey string, ok bool) {
-	if rk, found := md[OriginRoutingKeyKey]; found {
-		return md[OriginExchangeKey], rk, true
-	}
-	if rk, found := md[SourceRoutingKeyKey]; found {
-		return md[SourceExchangeKey], rk, true
-	}
-	return "", "", false
-}

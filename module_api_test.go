@@ -82,13 +82,13 @@ func main() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	var dial func(rabbitmq.DialConfig) (*amqp.Connection, error) = rabbitmq.Dial
-	if _, err := dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: wrong}}); errors.Is(err, amqp.ErrCredentials) {
+	var dial func(rabbitmq.Connection, string) (*amqp.Connection, error) = rabbitmq.Dial
+	if _, err := dial(rabbitmq.Connection{URL: wrong}, ""); errors.Is(err, amqp.ErrCredentials) {
 		fmt.Println("bad credentials: errors.Is(err, amqp.ErrCredentials)")
 	} else {
 		panic(fmt.Sprint("want ErrCredentials, got ", err))
 	}
-	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: url}})
+	conn, err := rabbitmq.Dial(rabbitmq.Connection{URL: url}, "")
 	if err != nil {
 		panic(err)
 	}

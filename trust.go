@@ -1,11 +1,15 @@
 package sluice
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/sluicemq/sluice/internal/metakeys"
+)
 
 // Everything a producer sends is hostile, headers that look like Sluice's
 // own included. Sluice's control headers — the attempt and failure history
 // (AttemptKey, FirstFailedAtKey, LastErrorKey, RetryTierKey,
-// PreviousTraceparentKey, the origin keys), the poison diagnosis and its
+// PreviousTraceparentKey, the origin keys sluice_origin_*), the poison diagnosis and its
 // parked mark (sluice_poison_*), the replay run and item (sluice_replay_*) —
 // are believed only when Sluice wrote them. Each stage removes, on the way
 // in, the control headers it acts on unless the delivery proves it:
@@ -24,7 +28,7 @@ import "strings"
 //     queue (v1, ErrUnboundSignature) is believed only on a copy back from
 //     the queue's own tier, as x-death shows it.
 //   - without one: the delivery came back dead-lettered from one of the
-//     consumer's own tier queues (DeadLetterQueueKey, reason expired) —
+//     consumer's own tier queues (rabbitmq.LastDeathQueueKey, reason expired) —
 //     what x-death shows for a copy that waited in a tier. This stops a
 //     producer that writes Sluice's headers into its message; one that can
 //     also write x-death (RabbitMQ 3.x keeps a publisher's) or publish into
@@ -37,28 +41,10 @@ import "strings"
 // their queue).
 const SignatureKey = "sluice_sig"
 
-// DeadLetterQueueKey and DeadLetterReasonKey are the queue a delivery was
-// last dead-lettered from and why ("expired" for a tier's TTL): set for
-// each delivery by the broker package (the rabbitmq Marshaler from x-death,
-// which drops any header of these names a producer sends; the embedded
-// tiers when they deliver a copy), never republished.
-const (
-	DeadLetterQueueKey  = "sluice_amqp_last_death_queue"
-	DeadLetterReasonKey = "sluice_amqp_last_death_reason"
-	// DeadLetterExpired is DeadLetterReasonKey for a tier's TTL.
-	DeadLetterExpired = "expired"
-)
-
-// Prefixes of the poison stage's and the replay stage's control keys.
-const (
-	PoisonPrefix = "sluice_poison" // sluice_poison_*, sluice_poisoned_at
-	ReplayPrefix = "sluice_replay" // sluice_replay_run, _item, _count, sluice_replayed_*
-)
-
 // IsControlKey reports whether k is one of Sluice's control keys: the ones a
 // signing.Signer signs, and a stage believes only when Sluice wrote them.
 func IsControlKey(k string) bool {
-	return IsRetryKey(k) || k == SignatureKey || strings.HasPrefix(k, PoisonPrefix) || strings.HasPrefix(k, ReplayPrefix)
+	return IsRetryKey(k) || k == SignatureKey || strings.HasPrefix(k, metakeys.PoisonPrefix) || strings.HasPrefix(k, metakeys.ReplayPrefix)
 }
 
 // IsRetryKey reports whether k is a control key of the retry history — the
@@ -69,5 +55,5 @@ func IsRetryKey(k string) bool {
 	case AttemptKey, FirstFailedAtKey, LastErrorKey, RetryTierKey, PreviousTraceparentKey:
 		return true
 	}
-	return strings.HasPrefix(k, OriginPrefix)
+	return strings.HasPrefix(k, metakeys.OriginPrefix)
 }

@@ -5,13 +5,14 @@ import (
 	"strings"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/sqlstate"
 )
 
 // MatchSQLState returns a Match that accepts errors whose SQLSTATE starts
 // with one of prefixes ("08" connection exceptions, "57P01" admin shutdown).
 func MatchSQLState(prefixes ...string) func(error) bool {
 	return func(err error) bool {
-		state, ok := sluice.SQLState(err)
+		state, ok := sqlstate.Of(err)
 		if !ok {
 			return false
 		}

@@ -63,7 +63,7 @@ func TestMatchUnreachableTooManyConnections(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	err = db.Ping()
-	state, ok := sluice.SQLState(err)
+	state, ok := sluicesql.SQLState(err)
 	require.True(t, ok, "%v", err)
 	require.Equal(t, "53300", state, "%v", err)
 	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db})

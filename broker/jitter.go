@@ -8,15 +8,15 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 )
 
-// Jitter defaults and bounds.
+// Jitter's defaults and bounds, as Jitter's fields document them.
 const (
-	// JitterQueuesDefault is Jitter.Queues' default.
-	JitterQueuesDefault = 4
-	// JitterQueuesMax bounds Jitter.Queues: each is a queue of its own.
-	JitterQueuesMax = 16
-	// JitterFractionMax bounds Jitter.Fraction: a copy waits at least half
+	// jitterQueuesDefault is Jitter.Queues' default.
+	jitterQueuesDefault = 4
+	// jitterQueuesMax bounds Jitter.Queues: each is a queue of its own.
+	jitterQueuesMax = 16
+	// jitterFractionMax bounds Jitter.Fraction: a copy waits at least half
 	// its tier's delay.
-	JitterFractionMax = 0.5
+	jitterFractionMax = 0.5
 )
 
 // Jitter spreads the copies of each tier over several waits, so that the
@@ -35,16 +35,17 @@ const (
 // unchanged.
 type Jitter struct {
 	// Fraction of each tier's delay by which a copy may come back earlier:
-	// 0 (the default) no jitter; at most JitterFractionMax.
+	// 0 (the default) no jitter; at most 0.5: a copy waits at least half
+	// its tier's delay.
 	Fraction float64
 	// Queues is the number of waits per tier, the tier's own queue among
-	// them. Default JitterQueuesDefault; 2 to JitterQueuesMax.
+	// them, each a queue of its own. Default 4; 2 to 16.
 	Queues int
 }
 
 // Jittered returns tiers (of Ladder(queue, …)) with their Waits: for each
 // tier, Jitter.Queues delays evenly spread from its Delay down to Delay ×
-// (1 − Fraction) (whole milliseconds, at least DelayMin), each with the
+// (1 − Fraction) (whole milliseconds, at least 1ms), each with the
 // topic TierTopic(queue, delay). The tier keeps its Name, Delay and Topic
 // (the longest wait). A zero Fraction returns tiers unchanged. It refuses a
 // Fraction or Queues out of bounds, two waits with one topic across the
@@ -53,14 +54,14 @@ func Jittered(queue string, tiers []Tier, j Jitter) ([]Tier, error) {
 	if j.Fraction == 0 {
 		return tiers, nil
 	}
-	if !(j.Fraction > 0 && j.Fraction <= JitterFractionMax) {
-		return nil, fmt.Errorf("sluice: Jitter.Fraction is %g: want 0 (none) or more, up to %g", j.Fraction, JitterFractionMax)
+	if !(j.Fraction > 0 && j.Fraction <= jitterFractionMax) {
+		return nil, fmt.Errorf("sluice: Jitter.Fraction is %g: want 0 (none) or more, up to %g", j.Fraction, jitterFractionMax)
 	}
 	if j.Queues == 0 {
-		j.Queues = JitterQueuesDefault
+		j.Queues = jitterQueuesDefault
 	}
-	if j.Queues < 2 || j.Queues > JitterQueuesMax {
-		return nil, fmt.Errorf("sluice: Jitter.Queues is %d: want 2 to %d", j.Queues, JitterQueuesMax)
+	if j.Queues < 2 || j.Queues > jitterQueuesMax {
+		return nil, fmt.Errorf("sluice: Jitter.Queues is %d: want 2 to %d", j.Queues, jitterQueuesMax)
 	}
 	out := make([]Tier, len(tiers))
 	seen := map[string]string{}
@@ -68,7 +69,7 @@ func Jittered(queue string, tiers []Tier, j Jitter) ([]Tier, error) {
 		t.Waits = make([]Wait, 0, j.Queues)
 		for k := range j.Queues {
 			cut := time.Duration(float64(t.Delay) * j.Fraction * float64(k) / float64(j.Queues-1))
-			d := max((t.Delay - cut).Truncate(time.Millisecond), DelayMin)
+			d := max((t.Delay - cut).Truncate(time.Millisecond), delayMin)
 			topic := t.Topic
 			if k > 0 {
 				topic = TierTopic(queue, d)

@@ -20,8 +20,8 @@ const NameMaxLength = 255
 // header name a broker would have to send.
 var ErrNameTooLong = errors.New("sluice: name longer than 255 bytes")
 
-// DelayMin is the shortest tier delay Ladder accepts.
-const DelayMin = time.Millisecond
+// delayMin is the shortest tier delay Ladder accepts (1ms).
+const delayMin = time.Millisecond
 
 // DelaysDefault are the tiers' delays when none are given: 30s → 5m → 30m.
 var DelaysDefault = []time.Duration{30 * time.Second, 5 * time.Minute, 30 * time.Minute}
@@ -51,21 +51,22 @@ func (t Tier) Topics() []string {
 	return topics
 }
 
-// TierName is the name of the tier of delay d: "30s", "5m", "1h30m".
-func TierName(d time.Duration) string {
+// tierName is the name of the tier of delay d: "30s", "5m", "1h30m".
+func tierName(d time.Duration) string {
 	return strings.NewReplacer("h0m0s", "h", "m0s", "m").Replace(d.String())
 }
 
 // TierTopic is the topic (on RabbitMQ the queue) of the retry tier of queue
-// for delay d: "<queue>.retry.<TierName(d)>", e.g. "orders.retry.30s".
+// for delay d: "<queue>.retry.<name>", the name of the tier of delay d (Tier.Name:
+// "30s", "5m", "1h30m"), e.g. "orders.retry.30s".
 func TierTopic(queue string, d time.Duration) string { return queue + TierSuffix(d) }
 
 // TierSuffix is what TierTopic appends to the queue's name for delay d.
-func TierSuffix(d time.Duration) string { return ".retry." + TierName(d) }
+func TierSuffix(d time.Duration) string { return ".retry." + tierName(d) }
 
 // Ladder returns the tiers of the consumer queue: one per delay (default
-// DelaysDefault), in order, named TierName(delay), with the topic
-// TierTopic(queue, delay). It refuses a delay under DelayMin, two delays
+// DelaysDefault), in order, named for its delay ("30s", "5m", "1h30m"), with the topic
+// TierTopic(queue, delay). It refuses a delay under 1ms, two delays
 // with one name, and a topic longer than NameMaxLength (ErrNameTooLong).
 // A broker may bound the delays further (RabbitMQ's TTL).
 func Ladder(queue string, delays ...time.Duration) ([]Tier, error) {
@@ -78,10 +79,10 @@ func Ladder(queue string, delays ...time.Duration) ([]Tier, error) {
 	tiers := make([]Tier, 0, len(delays))
 	seen := map[string]bool{}
 	for i, d := range delays {
-		if d < DelayMin {
-			return nil, fmt.Errorf("sluice: tier delay %d is %s: want at least %s", i, d, DelayMin)
+		if d < delayMin {
+			return nil, fmt.Errorf("sluice: tier delay %d is %s: want at least %s", i, d, delayMin)
 		}
-		name := TierName(d)
+		name := tierName(d)
 		if seen[name] {
 			return nil, fmt.Errorf("sluice: tier delay %d is %s: two tiers with one delay", i, d)
 		}

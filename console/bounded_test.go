@@ -36,7 +36,7 @@ func holedAfterHandshake(t *testing.T) (func() (*amqp.Connection, error), *atomi
 		defer mu.Unlock()
 		dials.Add(1)
 		proxy.HealNewConnections() // the connections black-holed so far stay so
-		conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: url}, Name: "console black hole"})
+		conn, err := rabbitmq.Dial(rabbitmq.Connection{URL: url}, "console black hole")
 		proxy.BlackHole()
 		return conn, err
 	}, &dials

@@ -15,7 +15,7 @@ import (
 func mountTheConsole(mux *http.ServeMux, conn rabbitmq.Connection, publisher *rabbitmq.Publisher, tiers []string, outcomes ledger.Ledger) error {
 	c, err := console.New(console.Config{
 		Prefix:            "/sluice",
-		Dial:              func() (*amqp.Connection, error) { return rabbitmq.Dial(rabbitmq.DialConfig{Connection: conn}) },
+		Dial:              func() (*amqp.Connection, error) { return rabbitmq.Dial(conn, "") },
 		Publisher:         publisher, // a *rabbitmq.Publisher: replayed copies are confirmed
 		Queues:            []console.Queue{{Name: "orders", Tiers: tiers, Poison: "orders.poison"}},
 		Outcomes:          outcomes, // the service's replay store (replay/sqlstore on its *sqlx.DB)

@@ -15,6 +15,7 @@ import (
 	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/unitofwork"
+	"github.com/sluicemq/sluice/internal/sqlstate"
 )
 
 // batch is one shared unit of work.
@@ -301,7 +302,7 @@ func (b *batch) savepointAndClaim(ctx context.Context, sp, key string) (claimed,
 // where deliveries one by one would only wait. The delivery runs again
 // alone, at once, instead of spending an attempt on the batch's doing.
 func lockConflict(err error) bool {
-	state, ok := sluice.SQLState(err)
+	state, ok := sqlstate.Of(err)
 	return ok && (state == "40P01" || state == "40001" || state == "55P03")
 }
 

@@ -42,7 +42,7 @@ func TestABlackHoledBrokerHoldsNoScanPastCallTimeout(t *testing.T) {
 
 	proxy, url := testenv.ProxyAMQP(t)
 	url += "?heartbeat=0" // no heartbeat to give the connection up: only CallTimeout bounds the get
-	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: url}, Name: "dlq black hole"})
+	conn, err := rabbitmq.Dial(rabbitmq.Connection{URL: url}, "dlq black hole")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = amqpcall.Close(context.Background(), conn, time.Second) })
 

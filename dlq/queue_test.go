@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/poisonqueue"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -27,7 +28,7 @@ func TestAQueueActsOnWhatItsFilterSelects(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	base := testenv.Name("dlq_facade")
-	poisonQ := base + rabbitmq.PoisonSuffix
+	poisonQ := base + poisonqueue.Suffix
 	testenv.DeleteQueuesAtEnd(t, base, poisonQ)
 	conn := testenv.AMQP(t)
 	ch := testenv.Channel(t, conn)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/poisonqueue"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -22,7 +23,7 @@ import (
 func poisonBed(t *testing.T) (conn *amqp.Connection, base, poisonQ string, pub *rabbitmq.Publisher) {
 	t.Helper()
 	base = testenv.Name("dlq_replay")
-	poisonQ = base + rabbitmq.PoisonSuffix
+	poisonQ = base + poisonqueue.Suffix
 	testenv.DeleteQueuesAtEnd(t, base, poisonQ)
 	conn = testenv.AMQP(t)
 	ch := testenv.Channel(t, conn)

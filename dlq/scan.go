@@ -15,6 +15,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/poisonqueue"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
@@ -202,7 +203,7 @@ func scanQueue(ctx context.Context, conn *amqp.Connection, queue string, fn func
 }
 
 // limited reports whether queue is a quorum queue declared with
-// rabbitmq.PoisonDeliveryLimit, as rabbitmq.Topology declares a quorum
+// poisonqueue.DeliveryLimit, as rabbitmq.Topology declares a quorum
 // poison queue: a declaration with exactly those arguments succeeds only
 // then (it changes nothing). A quorum queue without a delivery limit
 // requeues a message returned by basic.nack at its tail, so that putting
@@ -210,7 +211,7 @@ func scanQueue(ctx context.Context, conn *amqp.Connection, queue string, fn func
 // back in order keeps the order; a policy may give the queue a limit too,
 // which no AMQP method shows, so a failed check only costs a longer read.
 func limited(conn *amqp.Connection, queue string) bool {
-	return declaredWith(conn, queue, amqp.Table{"x-queue-type": amqp.QueueTypeQuorum, "x-delivery-limit": int64(rabbitmq.PoisonDeliveryLimit)})
+	return declaredWith(conn, queue, amqp.Table{"x-queue-type": amqp.QueueTypeQuorum, "x-delivery-limit": int64(poisonqueue.DeliveryLimit)})
 }
 
 // declaredWith reports whether queue is a durable queue declared with

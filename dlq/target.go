@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/poisonqueue"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/signing"
 )
@@ -58,10 +59,10 @@ func (cfg ReplayConfig) allows(queue string) bool {
 // allowed names the queues a replay may publish to, for an error.
 func (cfg ReplayConfig) allowed() string {
 	if len(cfg.Targets) == 0 {
-		base, ok := strings.CutSuffix(cfg.queue, rabbitmq.PoisonSuffix)
+		base, ok := strings.CutSuffix(cfg.queue, poisonqueue.Suffix)
 		if !ok {
 			return fmt.Sprintf("the queues of %s's family (none by name: it does not end in %s)",
-				diag.Printable(cfg.queue, 255), rabbitmq.PoisonSuffix)
+				diag.Printable(cfg.queue, 255), poisonqueue.Suffix)
 		}
 		b := diag.Printable(base, 255)
 		return fmt.Sprintf("the queues of %s's family (%s, or a partition %s.p<N>)", diag.Printable(cfg.queue, 255), b, b)
@@ -82,7 +83,7 @@ func (cfg ReplayConfig) allowed() string {
 // Q.poison and queue is Q, or one of Q's partition queues (Q.p0, Q.p1, …).
 // A poison queue named otherwise has no family by name.
 func inFamily(poisonQueue, queue string) bool {
-	base, ok := strings.CutSuffix(poisonQueue, rabbitmq.PoisonSuffix)
+	base, ok := strings.CutSuffix(poisonQueue, poisonqueue.Suffix)
 	if !ok || base == "" {
 		return false
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
+	"github.com/sluicemq/sluice/internal/metakeys"
 )
 
 // Route sends what is published to From on to To after Delay.
@@ -50,8 +51,8 @@ type DelayedPublisherConfig struct {
 	// virtual clock).
 	sluice.Env
 	// MaxPending bounds the messages waiting for their delay (each holds its
-	// payload and metadata in memory). Publish beyond it fails with
-	// ErrDelayedPublisherFull, so the retry stage nacks the original after
+	// payload and metadata in memory). Publish beyond it fails with an
+	// error matching ErrFull, so the retry stage nacks the original after
 	// its backoff: back-pressure instead of unbounded memory. Default 10,000.
 	MaxPending int
 }
@@ -59,19 +60,20 @@ type DelayedPublisherConfig struct {
 // maxPendingDefault is DelayedPublisherConfig.MaxPending's default.
 const maxPendingDefault = 10_000
 
-// ErrDelayedPublisherFull is returned by Publish when MaxPending messages
-// already wait.
-var ErrDelayedPublisherFull = errors.New("embedded: delayed publisher full")
-
-// ErrDelayedPublisherClosed is returned by Publish after Close.
-var ErrDelayedPublisherClosed = errors.New("embedded: delayed publisher closed")
+// errDelayedPublisherFull and errDelayedPublisherClosed are what Publish
+// returns when MaxPending messages already wait, and after Close: they
+// match ErrFull and ErrClosed.
+var (
+	errDelayedPublisherFull   = fmt.Errorf("embedded: delayed publisher full: %w", ErrFull)
+	errDelayedPublisherClosed = fmt.Errorf("embedded: delayed publisher closed: %w", ErrClosed)
+)
 
 // DelayedPublisher is an in-process message.Publisher for the retry tiers of
 // the embedded default and of tests: a message published to a route's From
 // topic is published to its To topic on Target after the route's Delay.
 //
-// A message delivered to To carries sluice.DeadLetterQueueKey (its From
-// topic) and DeadLetterReasonKey ("expired"), as a copy back from a RabbitMQ
+// A message delivered to To carries rabbitmq.LastDeathQueueKey (its From
+// topic) and rabbitmq.LastDeathReasonKey ("expired"), as a copy back from a RabbitMQ
 // TTL tier carries them from x-death. It is NOT durable: messages waiting for their delay live in memory and are
 // lost if the process stops — Close drops them and reports how many. Use
 // RabbitMQ's TTL queues in production. Publishing to a topic without a route
@@ -141,17 +143,17 @@ func (p *DelayedPublisher) Publish(topic string, msgs ...*message.Message) error
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return ErrDelayedPublisherClosed
+		return errDelayedPublisherClosed
 	}
 	if len(p.pending)+len(msgs) > p.cfg.MaxPending {
-		return fmt.Errorf("%w: %d messages wait (MaxPending %d)", ErrDelayedPublisherFull, len(p.pending), p.cfg.MaxPending)
+		return fmt.Errorf("%w: %d messages wait (MaxPending %d)", errDelayedPublisherFull, len(p.pending), p.cfg.MaxPending)
 	}
 	for _, msg := range msgs {
 		c := msg.Copy() // the caller may reuse msg; the context is not kept
 		// What x-death says of a copy back from a RabbitMQ tier: the
 		// stages' keyless proof that Sluice wrote its retry history.
-		c.Metadata[sluice.DeadLetterQueueKey] = r.From
-		c.Metadata[sluice.DeadLetterReasonKey] = sluice.DeadLetterExpired
+		c.Metadata[metakeys.DeadLetterQueue] = r.From
+		c.Metadata[metakeys.DeadLetterReason] = metakeys.DeadLetterExpired
 		// The callback takes p.mu first, so it sees t and its pending entry
 		// even with a zero delay: Publish holds p.mu until both are set.
 		var t sluice.Timer

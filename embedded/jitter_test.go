@@ -12,6 +12,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/embedded"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -37,7 +38,7 @@ func TestEmbeddedJitteredTier(t *testing.T) {
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			from[msg.Metadata.Get(sluice.DeadLetterQueueKey)]++
+			from[msg.Metadata.Get(metakeys.DeadLetterQueue)]++
 			return nil
 		})
 	testenv.PublishEvents(t, e.PubSub(), "orders", 60)

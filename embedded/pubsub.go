@@ -16,12 +16,13 @@ import (
 	"github.com/sluicemq/sluice/broker"
 )
 
-// ErrFull is matched by PubSub.Publish's error when the
-// topic already holds Config.MaxQueued deliveries.
+// ErrFull is matched by PubSub.Publish's error when the topic already holds
+// Config.MaxQueued deliveries, and by DelayedPublisher.Publish's when
+// MaxPending copies already wait.
 var ErrFull = errors.New("embedded: embedded topic full")
 
-// ErrClosed is matched by PubSub's Publish and Subscribe
-// errors after Close.
+// ErrClosed is matched by PubSub's Publish and Subscribe errors after
+// Close, and by DelayedPublisher.Publish's after its Close.
 var ErrClosed = errors.New("embedded: embedded broker closed")
 
 // PubSub is the embedded default's in-process broker: one bounded

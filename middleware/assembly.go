@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/stack"
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
@@ -76,7 +77,7 @@ func (a *assembly) check(msg *message.Message, handler string, marks stack.Marks
 			"handler": diag.Escape(handler), "missing": strings.Join(missing, "; ")})
 	}
 	if message.SubscriberNameFromCtx(msg.Context()) == watermillAMQPSubscriber {
-		if _, ok := msg.Metadata[sluice.SourceExchangeKey]; !ok {
+		if _, ok := msg.Metadata[metakeys.SourceExchange]; !ok {
 			a.logger.Info("The handler reads watermill-amqp's subscriber without Sluice's rabbitmq.Marshaler: with watermill-amqp's "+
 				"DefaultMarshaler one header that is not a string — a Spring producer's integer, the x-death of every copy back from a "+
 				"retry tier — fails before any stage runs and is nacked with requeue at once, a hot loop with the handler never run. "+

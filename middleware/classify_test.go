@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
@@ -110,7 +111,7 @@ func TestTraceRoutingKeyAndScope(t *testing.T) {
 	})
 	require.NoError(t, err)
 	msg := message.NewMessage("1", nil)
-	msg.Metadata.Set(sluice.SourceRoutingKeyKey, "orders.created.eu")
+	msg.Metadata.Set(metakeys.SourceRoutingKey, "orders.created.eu")
 	msg.SetContext(t.Context())
 	_, err = trace(func(*message.Message) ([]*message.Message, error) { return nil, nil })(msg)
 	require.NoError(t, err)

@@ -19,6 +19,7 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
@@ -110,7 +111,7 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 					semconv.MessagingConsumerGroupName(handler),
 					telemetry.InstanceKey.String(message.HandlerNameFromCtx(orig)),
 				)
-				if rk, ok := msg.Metadata[sluice.SourceRoutingKeyKey]; ok && cfg.System == "rabbitmq" {
+				if rk, ok := msg.Metadata[metakeys.SourceRoutingKey]; ok && cfg.System == "rabbitmq" {
 					span.SetAttributes(semconv.MessagingRabbitMQDestinationRoutingKey(rk))
 				}
 				if n, err := sluice.Attempt(msg); err == nil { // a forged attempt is not reported

@@ -15,7 +15,7 @@ import (
 // returnedMax bounds how many deliveries of a key Serialize gives back
 // while it waits for the key's given-back deliveries to come back, each in
 // its turn: those the broker had sent before the give-back (at most the
-// consumer's prefetch, rabbitmq.PrefetchDefault is 16), and those that come
+// consumer's prefetch, rabbitmq's default Prefetch is 16), and those that come
 // back out of their turn, again (fewer than 16 × 16 / 2 with that
 // prefetch). A delivery that does not come back (dead-lettered by a quorum
 // queue's delivery limit) must not make the key's later ones spend theirs.

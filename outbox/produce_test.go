@@ -166,7 +166,7 @@ func TestWhatCannotBePublishedIsRefusedWhenWritten(t *testing.T) {
 			"CC":               withHeader("CC", "other-queue"),
 			"BCC":              withHeader("BCC", "other-queue"),
 			"header name":      withHeader(strings.Repeat("k", 256), "v"),
-			"too many headers": manyHeaders(rabbitmq.HeadersMaxEntries + 1),
+			"too many headers": manyHeaders(8192 + 1),
 			"body":             message.NewMessage(watermill.NewUUID(), make([]byte, 64<<10+1)),
 		} {
 			err := p.write(topic, message.NewMessage(watermill.NewUUID(), nil), m)

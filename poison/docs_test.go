@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/poison"
 )
 
@@ -63,8 +64,8 @@ func TestThePoisonedCopyCarriesTheDocumentedHeaders(t *testing.T) {
 	m := message.NewMessage("u", []byte(`{}`))
 	m.Metadata.Set(sluice.EventIDKey, "evt-1")
 	m.Metadata.Set(sluice.EventTypeKey, "order.created")
-	m.Metadata.Set(sluice.SourceExchangeKey, "orders-x")
-	m.Metadata.Set(sluice.SourceRoutingKeyKey, "orders")
+	m.Metadata.Set(metakeys.SourceExchange, "orders-x")
+	m.Metadata.Set(metakeys.SourceRoutingKey, "orders")
 	m.Metadata.Set(sluice.TraceparentKey, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	require.NoError(t, run(mw, m, sluice.Poison(errors.New("missing field sku"))))
 	require.Len(t, pub.got, 1)

@@ -18,6 +18,7 @@ import (
 	"github.com/sluicemq/sluice/internal/clock"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/envsigner"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/republish"
 	"github.com/sluicemq/sluice/internal/stack"
 	"github.com/sluicemq/sluice/internal/telemetry"
@@ -65,7 +66,7 @@ type Config struct {
 	// (sluice_poison_*, the parked mark among them): believed only when it
 	// verifies for that queue — give the retry and replay stages the same one
 	// (router.Stages.Env does); without one the diagnosis is believed only on
-	// a copy back from ParkTopic (sluice.DeadLetterQueueKey, reason expired),
+	// a copy back from ParkTopic (rabbitmq.LastDeathQueueKey, reason expired),
 	// and on any other delivery it is removed and the handler runs;
 	// MeterProvider, which receives sluice.poisoned (default the global
 	// provider); Logger, one line per message isolated (error level: the
@@ -184,7 +185,7 @@ type stage struct {
 	poisoned, parkedCt metric.Int64Counter
 }
 
-func isDiagnosisKey(k string) bool { return strings.HasPrefix(k, sluice.PoisonPrefix) }
+func isDiagnosisKey(k string) bool { return strings.HasPrefix(k, metakeys.PoisonPrefix) }
 
 func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
@@ -292,7 +293,7 @@ func (s *stage) diagnose(msg *message.Message, class sluice.Class, err error) *m
 	md := msg.Metadata
 	now := clock.Stamp(s.cfg.Clock.Now())
 	queue := s.queue(msg)
-	exchange, routingKey, _ := sluice.Origin(md)
+	exchange, routingKey, _ := metakeys.Origin(md)
 	// One key per fact: the attempts made and the first failure are the
 	// shared keys, checked (a forged attempt is not copied) and completed.
 	if attempt, aErr := sluice.Attempt(msg); aErr == nil {
@@ -358,7 +359,7 @@ func kept(k string) bool {
 	case sluice.EventIDKey, sluice.EventTypeKey, sluice.AttemptKey, sluice.FirstFailedAtKey, sluice.TraceparentKey:
 		return true
 	}
-	return strings.HasPrefix(k, "sluice_poison") || strings.HasPrefix(k, sluice.OriginPrefix)
+	return strings.HasPrefix(k, "sluice_poison") || strings.HasPrefix(k, metakeys.OriginPrefix)
 }
 
 // signedFor is the queue msg's control headers are signed for and
@@ -371,5 +372,5 @@ func (s *stage) signedFor(msg *message.Message) string {
 // queue is where a replay of msg goes: Config.Queue, else the queue the
 // handler consumes.
 func (s *stage) queue(msg *message.Message) string {
-	return cmp.Or(s.cfg.Queue, message.SubscribeTopicFromCtx(msg.Context()), msg.Metadata.Get(sluice.SourceRoutingKeyKey))
+	return cmp.Or(s.cfg.Queue, message.SubscribeTopicFromCtx(msg.Context()), msg.Metadata.Get(metakeys.SourceRoutingKey))
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/poison"
 )
 
@@ -76,8 +77,8 @@ func TestPoisonCopiesOfOneDeliveryShareAnIdentity(t *testing.T) {
 	require.Equal(t, pub.got[0].UUID, parked.UUID, "parked or not, one identity")
 
 	back := parked.Copy()
-	back.Metadata.Set(sluice.DeadLetterQueueKey, "orders.retry.30s")
-	back.Metadata.Set(sluice.DeadLetterReasonKey, sluice.DeadLetterExpired)
+	back.Metadata.Set(metakeys.DeadLetterQueue, "orders.retry.30s")
+	back.Metadata.Set(metakeys.DeadLetterReason, metakeys.DeadLetterExpired)
 	refusing.fail = nil
 	require.NoError(t, run(mw, back, errors.New("the handler does not run")))
 	require.Len(t, refusing.got, 1)

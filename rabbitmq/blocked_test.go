@@ -23,7 +23,7 @@ import (
 func TestPublisherBlockedConnectionIsBounded(t *testing.T) {
 	t.Parallel()
 	node := exclusiveNode(t)
-	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: node.URL}})
+	conn, err := rabbitmq.Dial(rabbitmq.Connection{URL: node.URL}, "")
 	require.NoError(t, err)
 	defer func() { _ = conn.Close() }()
 	ch, err := conn.Channel()

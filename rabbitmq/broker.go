@@ -12,11 +12,11 @@ import (
 	"github.com/sluicemq/sluice/broker"
 )
 
-// ConsumersDefault is how many competing consumers router.Add starts on a
+// consumersDefault is how many competing consumers router.Add starts on a
 // Broker with WatermillSubscriber: watermill-amqp's subscriber handles one
 // delivery at a time per consumer. Sluice's Consumer, the default, needs one:
 // it keeps Prefetch deliveries in flight.
-const ConsumersDefault = 4
+const consumersDefault = 4
 
 // BrokerConfig configures NewBroker.
 type BrokerConfig struct {
@@ -25,13 +25,13 @@ type BrokerConfig struct {
 	Connection
 	// Topology of the queue: Queue is required.
 	Topology TopologyConfig
-	// Prefetch of each consumer. Default PrefetchDefault.
+	// Prefetch of each consumer. Default 16.
 	Prefetch int
 	// DrainTimeout bounds how long closing waits for the deliveries in
 	// flight (ConsumerConfig.DrainTimeout). Default 12 s.
 	DrainTimeout time.Duration
 	// WatermillSubscriber consumes with watermill-amqp's subscriber (one
-	// delivery at a time per consumer, ConsumersDefault consumers; closing
+	// delivery at a time per consumer, 4 consumers; closing
 	// nacks the deliveries in flight; no brake) instead of Sluice's Consumer
 	// (Prefetch deliveries in flight in one consumer, a draining close, the
 	// brake's pause).
@@ -132,7 +132,7 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 		return c, err
 	}
 	if cfg.WatermillSubscriber {
-		b.consumers = ConsumersDefault
+		b.consumers = consumersDefault
 	}
 	if len(topo.Partitions()) > 0 {
 		err = b.newPartitions(newSub)
@@ -148,7 +148,7 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 
 // Endpoints are the queue's: its subscriber, its tiers and poison queue,
 // the confirmed publisher for both kinds of copies, System "rabbitmq", and
-// one consumer (ConsumersDefault with WatermillSubscriber). With
+// one consumer (4 with WatermillSubscriber). With
 // Partitions: Topic is the exchange producers publish to, the Subscriber
 // refuses to subscribe (ErrPartitioned: consume Partitions), no Tiers.
 func (b *Broker) Endpoints() broker.Endpoints {

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice/broker/brokertest"
+	"github.com/sluicemq/sluice/internal/poisonqueue"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
@@ -23,7 +24,7 @@ func TestConformance(t *testing.T) {
 			Topology:   rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}},
 		})
 		require.NoError(t, err)
-		queues := []string{queue, queue + rabbitmq.PoisonSuffix}
+		queues := []string{queue, queue + poisonqueue.Suffix}
 		for _, tier := range b.Endpoints().Tiers {
 			queues = append(queues, tier.Topics()...)
 		}

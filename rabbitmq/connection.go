@@ -25,8 +25,8 @@ const (
 )
 
 // Connection is how to reach the broker, the options every connection
-// shares. PublisherConfig, ConsumerConfig, SubscriberConfig, BrokerConfig
-// and DialConfig embed it; NewBroker hands its own to the topology's
+// shares. PublisherConfig, ConsumerConfig, SubscriberConfig and
+// BrokerConfig embed it, and Dial takes it; NewBroker hands its own to the topology's
 // connection, the publisher and the subscriber it makes.
 type Connection struct {
 	// URL of the broker, amqp:// or amqps://. Required unless URLs is set;

@@ -55,18 +55,19 @@ type ConsumerConfig struct {
 	Connection
 	// Prefetch is how many deliveries a subscription has in flight at once,
 	// each handled by its own router goroutine and acked by its own
-	// delivery tag, in any order. Default PrefetchDefault.
+	// delivery tag, in any order. Default 16.
 	Prefetch int
 	// DrainTimeout bounds Close's wait for the deliveries in flight to be
 	// acked or nacked. Default 12 s (a router's
 	// default ShutdownGrace of 10 s, and 2 s for the last acks); keep it
 	// above the ShutdownGrace you set.
 	DrainTimeout time.Duration
-	// ReconnectBackoff is the first wait before reconnecting after the
-	// connection or channel closed; it doubles up to 30 s while the
-	// reconnections fail, and starts again from ReconnectBackoff after a
-	// connection that got as far as consuming. Default 1 s.
-	ReconnectBackoff time.Duration
+	// reconnectBackoff is the first wait before reconnecting after the
+	// connection or channel closed (1 s; the tests' own is shorter): it
+	// doubles up to 30 s while the reconnections fail, and starts again
+	// from reconnectBackoff after a connection that got as far as
+	// consuming.
+	reconnectBackoff time.Duration
 	// Marshaler reads deliveries. Default Marshaler{}.
 	Marshaler wamqp.Marshaler
 	// PoisonQueue and PoisonPublisher (a confirmed publisher), set
@@ -91,8 +92,6 @@ func (cfg ConsumerConfig) withDefaults() (ConsumerConfig, error) {
 		return cfg, fmt.Errorf("rabbitmq: ConsumerConfig.Prefetch must be positive, got %d", cfg.Prefetch)
 	case cfg.DrainTimeout < 0:
 		return cfg, fmt.Errorf("rabbitmq: ConsumerConfig.DrainTimeout must be positive, got %s", cfg.DrainTimeout)
-	case cfg.ReconnectBackoff < 0:
-		return cfg, fmt.Errorf("rabbitmq: ConsumerConfig.ReconnectBackoff must be positive, got %s", cfg.ReconnectBackoff)
 	case (cfg.PoisonQueue == "") != (cfg.PoisonPublisher == nil):
 		return cfg, errNoPoisonQueue
 	}
@@ -101,9 +100,9 @@ func (cfg ConsumerConfig) withDefaults() (ConsumerConfig, error) {
 	}
 	return ConsumerConfig{
 		Connection:       conn,
-		Prefetch:         cmp.Or(cfg.Prefetch, PrefetchDefault),
+		Prefetch:         cmp.Or(cfg.Prefetch, prefetchDefault),
 		DrainTimeout:     cmp.Or(cfg.DrainTimeout, drainTimeoutDefault),
-		ReconnectBackoff: cmp.Or(cfg.ReconnectBackoff, reconnectBackoffDefault),
+		reconnectBackoff: cmp.Or(cfg.reconnectBackoff, reconnectBackoffDefault),
 		Marshaler:        cmp.Or[wamqp.Marshaler](cfg.Marshaler, Marshaler{}),
 		PoisonQueue:      cfg.PoisonQueue,
 		PoisonPublisher:  cfg.PoisonPublisher,
@@ -249,7 +248,7 @@ type subscription struct {
 	gate  broker.Gate // nil: never stops consuming
 	node  int         // the index in URLs of the node to try first
 	// consumed is set once a connection got as far as consuming: its
-	// failure starts the backoff again from ReconnectBackoff.
+	// failure starts the backoff again from reconnectBackoff.
 	consumed bool
 	// consuming is true while a connection consumes (Consumer.Connected).
 	consuming atomic.Bool
@@ -292,7 +291,7 @@ func (s *subscription) run(ctx context.Context) {
 		}
 		close(stop)
 	}()
-	backoff := s.c.cfg.ReconnectBackoff
+	backoff := s.c.cfg.reconnectBackoff
 	for {
 		if engaged, _, changed := s.gateState(); engaged {
 			select {
@@ -310,11 +309,11 @@ func (s *subscription) run(ctx context.Context) {
 		}
 		if errors.Is(err, errBraked) {
 			s.c.cfg.Logger.Info("Consuming stopped by the brake", watermill.LogFields{"queue": s.queue})
-			backoff = s.c.cfg.ReconnectBackoff
+			backoff = s.c.cfg.reconnectBackoff
 			continue
 		}
 		if s.consumed { // a connection that worked: not the same failure again
-			backoff, s.consumed = s.c.cfg.ReconnectBackoff, false
+			backoff, s.consumed = s.c.cfg.reconnectBackoff, false
 		}
 		s.c.cfg.Logger.Error("Consuming stopped; reconnecting after a backoff", err,
 			watermill.LogFields{"queue": s.queue, "backoff": backoff.String()})

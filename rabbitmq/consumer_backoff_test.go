@@ -16,10 +16,10 @@ import (
 )
 
 // A subscription whose connection fails after it was consuming reconnects
-// after the first ReconnectBackoff, however many failures came before — a
+// after the first reconnection backoff, however many failures came before — a
 // consumer on a cluster moves to another node each time its node dies.
 // Before, the backoff doubled on every failure for the subscription's whole
-// life: the fourth reset here waited 8 × ReconnectBackoff (2.4 s), the
+// life: the fourth reset here waited 8 × the backoff (2.4 s), the
 // fifth 16 × (4.8 s), and the test failed. The backoff each reconnection
 // waits is read from the consumer's log line, not from a clock: a loaded
 // machine takes longer to reconnect, not a longer backoff.
@@ -29,7 +29,7 @@ func TestConsumerBackoffStartsAgainAfterAConnectionThatConsumed(t *testing.T) {
 	q := declareQueue(t, "consumer_backoff")
 	const backoff = 300 * time.Millisecond
 	logged := &backoffLogger{}
-	c, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{Connection: rabbitmq.Connection{URL: url, DialTimeout: 5 * time.Second, Logger: logged}, ReconnectBackoff: backoff})
+	c, err := rabbitmq.NewConsumer(rabbitmq.WithReconnectBackoff(rabbitmq.ConsumerConfig{Connection: rabbitmq.Connection{URL: url, DialTimeout: 5 * time.Second, Logger: logged}}, backoff))
 	require.NoError(t, err)
 	defer func() { require.NoError(t, c.Close()) }()
 	ctx, cancel := context.WithCancel(t.Context())
@@ -58,7 +58,7 @@ func TestConsumerBackoffStartsAgainAfterAConnectionThatConsumed(t *testing.T) {
 		if i > 0 {
 			waits := logged.since(before)
 			require.NotEmpty(t, waits, "reset %d: the reconnection is logged with its backoff", i)
-			require.Equal(t, backoff.String(), waits[0], "reset %d: the first reconnection after a connection that consumed waits ReconnectBackoff (waited %v)", i, waits)
+			require.Equal(t, backoff.String(), waits[0], "reset %d: the first reconnection after a connection that consumed waits the backoff (waited %v)", i, waits)
 		}
 	}
 }

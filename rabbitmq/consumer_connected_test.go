@@ -19,10 +19,9 @@ func TestConsumerConnectedFollowsTheConnection(t *testing.T) {
 	t.Parallel()
 	queue := declareQueue(t, "connected")
 	proxy, url := testenv.ProxyAMQP(t)
-	c, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{
-		Connection:       rabbitmq.Connection{URL: url, DialTimeout: 2 * time.Second},
-		ReconnectBackoff: 100 * time.Millisecond,
-	})
+	c, err := rabbitmq.NewConsumer(rabbitmq.WithReconnectBackoff(rabbitmq.ConsumerConfig{
+		Connection: rabbitmq.Connection{URL: url, DialTimeout: 2 * time.Second},
+	}, 100*time.Millisecond))
 	require.NoError(t, err)
 	require.False(t, c.Connected(), "no subscription yet")
 

@@ -86,7 +86,7 @@ func TestForgedAttemptDoesNotSkipTheLadder(t *testing.T) {
 	t.Parallel()
 	forged := amqp.Table{
 		sluice.AttemptKey: "999999999999", sluice.FirstFailedAtKey: "1999-01-01T00:00:00Z",
-		sluice.OriginRoutingKeyKey: "payments", rabbitmq.OriginUserIDKey: "admin", sluice.RetryTierKey: "forged",
+		rabbitmq.OriginRoutingKeyKey: "payments", rabbitmq.OriginUserIDKey: "admin", sluice.RetryTierKey: "forged",
 	}
 	for name, tc := range forgeries(forged) {
 		t.Run(name, func(t *testing.T) {
@@ -98,7 +98,7 @@ func TestForgedAttemptDoesNotSkipTheLadder(t *testing.T) {
 			got := s.settled(t, 1)
 			require.Len(t, s.deliveries("evt-forged"), 4, "the whole ladder")
 			first := s.deliveries("evt-forged")[0].Metadata
-			for _, k := range []string{sluice.AttemptKey, sluice.FirstFailedAtKey, sluice.OriginRoutingKeyKey, rabbitmq.OriginUserIDKey, sluice.RetryTierKey} {
+			for _, k := range []string{sluice.AttemptKey, sluice.FirstFailedAtKey, rabbitmq.OriginRoutingKeyKey, rabbitmq.OriginUserIDKey, sluice.RetryTierKey} {
 				require.Empty(t, first.Get(k), "%s: not believed on the first delivery", k)
 			}
 			p := got[0].Headers

@@ -15,28 +15,21 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 )
 
-// DialConfig configures Dial.
-type DialConfig struct {
-	// Connection is the broker's URL and the connection's options; Dial
-	// uses its URL, TLS, DialTimeout and WriteTimeout.
-	Connection
-	// Name is the connection_name the broker shows. Default "sluice".
-	Name string
-}
-
-// Dial connects to cfg.URL (amqp:// or amqps://), or to the first of
-// cfg.URLs that answers, trying them in order, each bounded by
-// DialTimeout. Its errors never hold a URL's password, and unwrap to the
+// Dial connects to conn.URL (amqp:// or amqps://), or to the first of
+// conn.URLs that answers, trying them in order, each bounded by
+// DialTimeout; it uses conn's URL, TLS, DialTimeout and WriteTimeout. name
+// is the connection_name the broker shows ("" is "sluice"). Its errors
+// never hold a URL's password, and unwrap to the
 // AMQP client's, which package rabbitmq/amqp091 names:
 // errors.Is(err, amqp091.ErrCredentials) holds for bad credentials. The
 // connection is that package's *Connection.
-func Dial(cfg DialConfig) (*amqp.Connection, error) {
-	c, err := cfg.withDefaults("DialConfig")
+func Dial(conn Connection, name string) (*amqp.Connection, error) {
+	c, err := conn.withDefaults("Connection")
 	if err != nil {
 		return nil, err
 	}
-	conn, _, err := c.dial(cfg.Name, 0)
-	return conn, err
+	ac, _, err := c.dial(name, 0)
+	return ac, err
 }
 
 // dial connects with c, whose defaults are filled, as connection_name

@@ -170,8 +170,8 @@ func TestRetryCopyCarriesTheProperties(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	requireSameProperties(t, pub, tierCopy, "tier copy")
-	require.Equal(t, "", tierCopy.Headers[sluice.OriginExchangeKey])
-	require.Equal(t, topo.Queue(), tierCopy.Headers[sluice.OriginRoutingKeyKey])
+	require.Equal(t, "", tierCopy.Headers[rabbitmq.OriginExchangeKey])
+	require.Equal(t, topo.Queue(), tierCopy.Headers[rabbitmq.OriginRoutingKeyKey])
 }
 
 // Names at AMQP's 255-byte limit: what fits is used, what does not is
@@ -273,7 +273,7 @@ func TestURLErrorsHideThePassword(t *testing.T) {
 		require.Error(t, err)
 		require.NotContains(t, err.Error(), "Sec", u)
 	}
-	_, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: "amqp://guest:WrongPassword1@127.0.0.1:5672/"}})
+	_, err := rabbitmq.Dial(rabbitmq.Connection{URL: "amqp://guest:WrongPassword1@127.0.0.1:5672/"}, "")
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), "WrongPassword1")
 	require.ErrorIs(t, err, amqp.ErrCredentials, "the cause survives the redaction")

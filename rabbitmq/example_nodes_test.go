@@ -12,9 +12,9 @@ import (
 // down costs one refused connection. When none answers, the error names
 // each node, without its password.
 func ExampleDial_nodes() {
-	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{
+	conn, err := rabbitmq.Dial(rabbitmq.Connection{
 		URLs: []string{"amqp://app:s3cret@127.0.0.1:1/", testenv.AMQPURL},
-	}})
+	}, "")
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -22,10 +22,10 @@ func ExampleDial_nodes() {
 	fmt.Println("connected through the second node:", !conn.IsClosed())
 	_ = conn.Close()
 
-	_, err = rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{
+	_, err = rabbitmq.Dial(rabbitmq.Connection{
 		URLs:        []string{"amqp://app:s3cret@127.0.0.1:1/", "amqp://app:s3cret@127.0.0.1:2/"},
 		DialTimeout: time.Second,
-	}})
+	}, "")
 	fmt.Println(err)
 	// Output:
 	// connected through the second node: true

@@ -8,9 +8,20 @@ const (
 	DialTimeoutDefault   = dialTimeoutDefault
 	DrainTimeoutDefault  = drainTimeoutDefault
 	MappedValueMaxLength = mappedValueMaxLength
+	DeliveryPrefix       = deliveryPrefix
+	PropertyPrefix       = propertyPrefix
+	HeadersMaxEntries    = headersMaxEntries
+	SpringTypeIDHeader   = springTypeIDHeader
 )
 
 // MaxQueueLength is maxQueueLength.
 func MaxQueueLength(delays []time.Duration, defaultPoison bool) int {
 	return maxQueueLength(delays, defaultPoison)
+}
+
+// WithReconnectBackoff returns cfg with the Consumer's first reconnection
+// wait set to d (1 s otherwise), for the tests that watch reconnections.
+func WithReconnectBackoff(cfg ConsumerConfig, d time.Duration) ConsumerConfig {
+	cfg.reconnectBackoff = d
+	return cfg
 }

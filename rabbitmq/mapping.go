@@ -11,10 +11,10 @@ import (
 	"github.com/sluicemq/sluice"
 )
 
-// SpringTypeIDHeader is the header in which Spring AMQP's Jackson message
+// springTypeIDHeader is the header in which Spring AMQP's Jackson message
 // converter names the payload's type (a class name, or the id its type
 // mapper gives it).
-const SpringTypeIDHeader = "__TypeId__"
+const springTypeIDHeader = "__TypeId__"
 
 // mappedValueMaxLength is the longest value, in bytes, Unmarshal maps from a
 // property or header (AMQP's short string: every property fits).
@@ -112,7 +112,7 @@ func mappable(v string) bool {
 type Mapping struct {
 	// EventType are the sources of the event type (sluice.EventTypeKey),
 	// which the stages, metrics and `sluice dlq stats` group by.
-	// Default: Header(SpringTypeIDHeader), then PropertyType.
+	// Default: Header("__TypeId__") (Spring AMQP's type id), then PropertyType.
 	EventType []Source
 	// CorrelationID are the sources of Watermill's correlation id
 	// (middleware.CorrelationIDMetadataKey, "correlation_id"), which
@@ -132,7 +132,7 @@ type Mapping struct {
 }
 
 var (
-	eventTypeSourcesDefault     = []Source{Header(SpringTypeIDHeader), PropertyType}
+	eventTypeSourcesDefault     = []Source{Header(springTypeIDHeader), PropertyType}
 	correlationIDSourcesDefault = []Source{PropertyCorrelationID}
 )
 

@@ -107,7 +107,7 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 				pub.Headers[OriginUserIDKey] = v
 			}
 			continue
-		case strings.HasPrefix(k, PropertyPrefix):
+		case strings.HasPrefix(k, propertyPrefix):
 			if err := setProperty(&pub, k, v); err != nil {
 				return amqp.Publishing{}, &sluice.UnpublishableError{Key: k, Err: err}
 			}
@@ -215,7 +215,7 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	for k, v := range d.Headers {
 		switch {
 		case k == uuidKey, k == publishIDHeader, isDeliveryScoped(k):
-		case strings.HasPrefix(k, PropertyPrefix):
+		case strings.HasPrefix(k, propertyPrefix):
 			// Only Sluice writes its property keys, from the delivery's
 			// own properties (below): a header of that name is a
 			// producer's, and a copy Sluice wrote carries its properties

@@ -23,12 +23,12 @@ import (
 // relay, which sets each aside with its reason.
 const maxMessageSizeDefault = 128 << 20
 
-// HeadersMaxEntries is the most entries a headers table (or an array or
+// headersMaxEntries is the most entries a headers table (or an array or
 // table inside it) may have for Sluice's AMQP client to read it: a
 // delivery with more is isolated without running its handler
 // (HeadersErrorKey), and a basic.return with more cannot be matched to its
 // publish. Publisher.CheckPublish refuses a message with more.
-const HeadersMaxEntries = 8192
+const headersMaxEntries = 8192
 
 // headersMaxDepth is how deeply tables and arrays may nest for Sluice's
 // AMQP client to read them.
@@ -51,7 +51,7 @@ var (
 	ErrRoutingHeader = errors.New("rabbitmq: CC and BCC are routing headers the broker interprets: only an array of routing keys is accepted")
 	// ErrTooManyHeaders is matched by CheckPublish's error for a message
 	// whose headers Sluice's AMQP client could not read back
-	// (HeadersMaxEntries).
+	// (more than 8192 entries in a table or array).
 	ErrTooManyHeaders = errors.New("rabbitmq: more headers than the AMQP client reads")
 )
 
@@ -84,7 +84,7 @@ func checkPublishing(pub amqp.Publishing, frameMax, maxSize int) error {
 // carry, a CC or BCC header that is not an array (ErrRoutingHeader), a body
 // over Connection.MaxMessageSize (ErrMessageTooLarge), headers that do not
 // fit one frame (*FrameSizeError: the negotiated frame_max once connected,
-// else the client's 128 KiB), or more than HeadersMaxEntries in a table or
+// else the client's 128 KiB), or more than 8192 entries in a table or
 // array (ErrTooManyHeaders: a consumer with Sluice's client could not read
 // them). It publishes nothing and does not connect. The outbox applies it
 // when a message is written (outbox/sqlstore.Config.Checker).
@@ -127,8 +127,8 @@ func checkEntries(v any, depth int) error {
 	switch {
 	case depth > headersMaxDepth:
 		return fmt.Errorf("%w: tables or arrays nested deeper than %d", ErrTooManyHeaders, headersMaxDepth)
-	case n > HeadersMaxEntries:
-		return fmt.Errorf("%w: %d entries in one table or array, over %d", ErrTooManyHeaders, n, HeadersMaxEntries)
+	case n > headersMaxEntries:
+		return fmt.Errorf("%w: %d entries in one table or array, over %d", ErrTooManyHeaders, n, headersMaxEntries)
 	}
 	for c := range children {
 		if err := checkEntries(c, depth+1); err != nil {

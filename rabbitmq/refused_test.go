@@ -25,7 +25,7 @@ import (
 func TestAMessageTheBrokerClosesTheChannelOnIsRefused(t *testing.T) {
 	t.Parallel()
 	node, _ := configuredNodeFor(t)
-	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: node.URL}})
+	conn, err := rabbitmq.Dial(rabbitmq.Connection{URL: node.URL}, "")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	ch, err := conn.Channel()

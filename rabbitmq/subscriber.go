@@ -9,11 +9,11 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 )
 
-// PrefetchDefault is the default prefetch of BrokerConfig, ConsumerConfig
+// prefetchDefault is the default prefetch of BrokerConfig, ConsumerConfig
 // and SubscriberConfig: with Sluice's Consumer, how many deliveries one
 // subscription hands to the router's handlers at once — the connections a
 // database pool the handlers share needs, beside its other users.
-const PrefetchDefault = 16
+const prefetchDefault = 16
 
 // SubscriberConfig configures NewSubscriber.
 type SubscriberConfig struct {
@@ -23,7 +23,7 @@ type SubscriberConfig struct {
 	// refused), and the subscriber records no metrics.
 	Connection
 	// Prefetch is how many unacked deliveries the broker sends ahead.
-	// Default PrefetchDefault.
+	// Default 16.
 	Prefetch int
 }
 
@@ -39,7 +39,7 @@ func (cfg SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 	if cfg.Prefetch < 0 {
 		return cfg, fmt.Errorf("rabbitmq: SubscriberConfig.Prefetch must be positive, got %d", cfg.Prefetch)
 	}
-	return SubscriberConfig{Connection: conn, Prefetch: cmp.Or(cfg.Prefetch, PrefetchDefault)}, nil
+	return SubscriberConfig{Connection: conn, Prefetch: cmp.Or(cfg.Prefetch, prefetchDefault)}, nil
 }
 
 // NewSubscriber returns a watermill-amqp subscriber that consumes the queue
@@ -53,7 +53,7 @@ func (cfg SubscriberConfig) withDefaults() (SubscriberConfig, error) {
 // NewSubscriber instead. It reconnects after a broker restart.
 // One subscription handles one delivery at a time: with router.Add, set
 // HandlerConfig.Consumers for concurrency (BrokerConfig.WatermillSubscriber
-// defaults it to ConsumersDefault).
+// defaults it to 4).
 func NewSubscriber(cfg SubscriberConfig) (*wamqp.Subscriber, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {

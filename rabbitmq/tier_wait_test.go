@@ -109,7 +109,7 @@ func newWaitStack(t *testing.T, cfg rabbitmq.TopologyConfig, handler func(attemp
 			attempt := msg.Metadata.Get(sluice.AttemptKey)
 			s.mu.Lock()
 			id := msg.Metadata.Get(rabbitmq.MessageIDKey)
-			s.seen[id] = append(s.seen[id], seenDelivery{time.Now(), attempt, msg.Metadata.Get(sluice.DeadLetterQueueKey), msg.Metadata.Get(sluice.RetryTierKey)})
+			s.seen[id] = append(s.seen[id], seenDelivery{time.Now(), attempt, msg.Metadata.Get(rabbitmq.LastDeathQueueKey), msg.Metadata.Get(sluice.RetryTierKey)})
 			s.mu.Unlock()
 			return handler(attempt)
 		},

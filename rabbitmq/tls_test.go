@@ -24,9 +24,9 @@ func TestTLS(t *testing.T) {
 	node, pool := configuredNodeFor(t)
 	cfg := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 
-	_, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: node.TLSURL, DialTimeout: 5 * time.Second}})
+	_, err := rabbitmq.Dial(rabbitmq.Connection{URL: node.TLSURL, DialTimeout: 5 * time.Second}, "")
 	require.Error(t, err, "the test CA is not a system root")
-	_, err = rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: node.URL, TLS: cfg}})
+	_, err = rabbitmq.Dial(rabbitmq.Connection{URL: node.URL, TLS: cfg}, "")
 	require.ErrorContains(t, err, "needs an amqps:// URL")
 
 	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: node.TLSURL, TLS: cfg}, Topology: rabbitmq.TopologyConfig{Queue: "orders"}})

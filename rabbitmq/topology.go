@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"regexp"
 	"strings"
 	"time"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/poisonqueue"
 )
 
 // TopologyConfig describes the queues of one consumer queue.
@@ -41,7 +41,7 @@ type TopologyConfig struct {
 	// PoisonQueue receives what the poison stage isolates and, for a quorum
 	// Queue, what the broker dead-letters. Default "<Queue>.poison". A
 	// quorum PoisonQueue is declared with x-delivery-limit
-	// PoisonDeliveryLimit, so that reading it (sluice dlq inspect, stats)
+	// 2147483647, so that reading it (sluice dlq inspect, stats)
 	// neither drops nor reorders it.
 	PoisonQueue string
 	// Quorum declares every queue as a quorum queue instead of a classic one.
@@ -105,25 +105,10 @@ type Topology struct {
 	single bool
 }
 
-// PoisonDeliveryLimit is the x-delivery-limit of a quorum poison queue:
-// large enough that no reading of it ever reaches it (each look at a
-// message counts one delivery on RabbitMQ 3.x to 4.2), and a limit all the
-// same, because a quorum queue without one — RabbitMQ 3.x's default, or
-// -1 ("unlimited") on 4.x — puts a message returned by basic.nack at the
-// tail of the queue (rabbit_fifo turns the return into a requeue), so that
-// reading its head and putting it back would move it behind the others,
-// while a queue with a limit keeps returned messages at its head, in order.
-// On 4.x, a quorum queue declared with no limit would get 20, and the
-// poison queue has no dead-letter target: 20 looks would drop a message.
-const PoisonDeliveryLimit = math.MaxInt32
-
 // maxTTL keeps x-message-ttl within what RabbitMQ accepts comfortably.
 const maxTTL = 24 * 24 * time.Hour
 
 var queueName = regexp.MustCompile(`^[A-Za-z0-9_.:-]+$`)
-
-// PoisonSuffix is appended to the queue name for the default poison queue.
-const PoisonSuffix = ".poison"
 
 // maxQueueLength returns the longest consumer queue name, in bytes, whose
 // derived names (the tier queues of delays, default broker.DelaysDefault,
@@ -135,7 +120,7 @@ func maxQueueLength(delays []time.Duration, defaultPoison bool) int {
 	}
 	longest := 0
 	if defaultPoison {
-		longest = len(PoisonSuffix)
+		longest = len(poisonqueue.Suffix)
 	}
 	for _, d := range delays {
 		longest = max(longest, len(broker.TierSuffix(d)))
@@ -170,7 +155,7 @@ func NewTopology(cfg TopologyConfig) (*Topology, error) {
 			broker.ErrNameTooLong, len(cfg.Queue), limit)
 	}
 	if cfg.PoisonQueue == "" {
-		cfg.PoisonQueue = cfg.Queue + PoisonSuffix
+		cfg.PoisonQueue = cfg.Queue + poisonqueue.Suffix
 	}
 	if err := checkQueueName("PoisonQueue", cfg.PoisonQueue); err != nil {
 		return nil, err
@@ -263,7 +248,7 @@ func (t *Topology) specs() []queueSpec {
 	}
 	poisonArgs := amqp.Table{}
 	if t.cfg.Quorum {
-		poisonArgs["x-delivery-limit"] = int64(PoisonDeliveryLimit)
+		poisonArgs["x-delivery-limit"] = int64(poisonqueue.DeliveryLimit)
 	}
 	return append(specs, queueSpec{t.cfg.PoisonQueue, typed(poisonArgs)})
 }
@@ -340,7 +325,7 @@ func (t *Topology) Declare(ctx context.Context, conn *amqp.Connection) error {
 // Apply declares the topology as Declare does and returns what is left
 // for an operator to do, one line each: for a quorum poison queue that
 // exists without x-delivery-limit, the rabbitmqctl set_policy line that
-// gives it PoisonDeliveryLimit (a declared argument cannot change; a
+// gives it poisonqueue.DeliveryLimit (a declared argument cannot change; a
 // policy applies to an existing queue at once).
 func (t *Topology) Apply(ctx context.Context, conn *amqp.Connection) ([]string, error) {
 	ch, err := conn.Channel()
@@ -421,7 +406,7 @@ func (t *Topology) isClassic(conn *amqp.Connection, queue string) bool {
 func (t *Topology) poisonPolicy() string {
 	return fmt.Sprintf("%s exists without x-delivery-limit (declared before Sluice declared one): reading it may reorder it, and on RabbitMQ 4.x "+
 		"its default limit of 20 may drop messages; unless a policy gives it a limit already, give it this one: %s",
-		t.cfg.PoisonQueue, policyLine(t.cfg.PoisonQueue, map[string]any{"delivery-limit": PoisonDeliveryLimit}))
+		t.cfg.PoisonQueue, policyLine(t.cfg.PoisonQueue, map[string]any{"delivery-limit": poisonqueue.DeliveryLimit}))
 }
 
 func conflict(kind, name string, err error) error {

@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice/broker"
+	"github.com/sluicemq/sluice/internal/poisonqueue"
 )
 
 // partitionsMax is the most partition queues TopologyConfig.Partitions
@@ -67,7 +68,7 @@ func newPartitioned(cfg TopologyConfig) (*Topology, error) {
 	}
 	limit := maxQueueLength(cfg.TierDelays, false) - len(partitionSuffix(cfg.Partitions-1))
 	if cfg.PoisonQueue == "" {
-		limit = min(limit, broker.NameMaxLength-len(PoisonSuffix))
+		limit = min(limit, broker.NameMaxLength-len(poisonqueue.Suffix))
 	}
 	if len(cfg.Queue) > limit {
 		return nil, fmt.Errorf("%w: TopologyConfig.Queue is %d bytes; with %d partitions and these tiers it may be at most %d, so that its partition queues (%s), their tier queues and the poison queue fit",
@@ -78,7 +79,7 @@ func newPartitioned(cfg TopologyConfig) (*Topology, error) {
 		return nil, err
 	}
 	cfg.ExchangeType = exchangeConsistentHash
-	cfg.PoisonQueue = cmp.Or(cfg.PoisonQueue, cfg.Queue+PoisonSuffix)
+	cfg.PoisonQueue = cmp.Or(cfg.PoisonQueue, cfg.Queue+poisonqueue.Suffix)
 	if err := checkQueueName("PoisonQueue", cfg.PoisonQueue); err != nil {
 		return nil, err
 	}

@@ -27,7 +27,7 @@ import (
 // process's filter can set it: a producer's header of that name is
 // stripped on the way in, and dropped by Unmarshal. Delivery-scoped: never
 // published.
-const HeadersErrorKey = DeliveryPrefix + "headers_error"
+const HeadersErrorKey = deliveryPrefix + "headers_error"
 
 // headersReason is the diagnosis of a delivery whose headers table the
 // frame filter replaced, and whether it was.

@@ -37,6 +37,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/envsigner"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
@@ -144,7 +145,7 @@ type Config struct {
 	Tiers []string
 }
 
-func isReplayKey(k string) bool { return strings.HasPrefix(k, sluice.ReplayPrefix) }
+func isReplayKey(k string) bool { return strings.HasPrefix(k, metakeys.ReplayPrefix) }
 
 // withDefaults returns a copy of c with its defaults filled.
 func (c Config) withDefaults() Config {

@@ -50,7 +50,7 @@ type Config struct {
 	// signed for another queue (forwarded by a handler there, or replayed onto
 	// this one) is a first attempt here; give the poison and replay stages the
 	// same one (router.Stages.Env does); without one the history is believed
-	// only on a copy back from one of Tiers (sluice.DeadLetterQueueKey, reason
+	// only on a copy back from one of Tiers (rabbitmq.LastDeathQueueKey, reason
 	// expired), and on any other delivery it is removed — a producer's
 	// sluice_attempt never skips the ladder; MeterProvider, which receives the
 	// metrics (default the global provider); Logger, one line per copy parked

@@ -17,6 +17,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/embedded"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/signing"
 )
@@ -134,8 +135,8 @@ func TestRetryCopyAndBudget(t *testing.T) {
 // expired (what x-death says on RabbitMQ).
 func back(c *message.Message, topic string) *message.Message {
 	c = c.Copy()
-	c.Metadata.Set(sluice.DeadLetterQueueKey, topic)
-	c.Metadata.Set(sluice.DeadLetterReasonKey, sluice.DeadLetterExpired)
+	c.Metadata.Set(metakeys.DeadLetterQueue, topic)
+	c.Metadata.Set(metakeys.DeadLetterReason, metakeys.DeadLetterExpired)
 	return c
 }
 
@@ -153,7 +154,7 @@ func TestForgedRetryHistoryIsNotBelieved(t *testing.T) {
 		m.Metadata.Set(sluice.EventIDKey, "evt-1")
 		m.Metadata.Set(sluice.AttemptKey, "999999999999")
 		m.Metadata.Set(sluice.FirstFailedAtKey, "1999-01-01T00:00:00Z")
-		m.Metadata.Set(sluice.OriginRoutingKeyKey, "elsewhere")
+		m.Metadata.Set(metakeys.OriginRoutingKey, "elsewhere")
 		for i := 0; i+1 < len(md); i += 2 {
 			m.Metadata.Set(md[i], md[i+1])
 		}
@@ -165,7 +166,7 @@ func TestForgedRetryHistoryIsNotBelieved(t *testing.T) {
 	}{
 		"keyless, no x-death":           {nil, forged()},
 		"keyless, another queue's tier": {nil, back(forged(), "payments.retry.30s")},
-		"keyless, not expired":          {nil, forged(sluice.DeadLetterQueueKey, "orders.retry.30s", sluice.DeadLetterReasonKey, "rejected")},
+		"keyless, not expired":          {nil, forged(metakeys.DeadLetterQueue, "orders.retry.30s", metakeys.DeadLetterReason, "rejected")},
 		"signed, unsigned copy":         {signer, back(forged(), "orders.retry.30s")},
 		"signed, forged signature":      {signer, back(forged(sluice.SignatureKey, "v2:AAAA"), "orders.retry.30s")},
 		"signed, forged v1 signature":   {signer, back(forged(sluice.SignatureKey, "v1:AAAA"), "orders.retry.30s")},
@@ -180,7 +181,7 @@ func TestForgedRetryHistoryIsNotBelieved(t *testing.T) {
 		c := pub.got["orders.retry.30s"][0]
 		require.Equal(t, "2", c.Metadata.Get(sluice.AttemptKey), name)
 		require.NotEqual(t, "1999-01-01T00:00:00Z", c.Metadata.Get(sluice.FirstFailedAtKey), name)
-		require.Empty(t, c.Metadata.Get(sluice.OriginRoutingKeyKey), name)
+		require.Empty(t, c.Metadata.Get(metakeys.OriginRoutingKey), name)
 		if tc.signer != nil {
 			require.NoError(t, tc.signer.Verify(c, "orders"), "%s: the copy is signed for its queue", name)
 			require.ErrorIs(t, tc.signer.Verify(c, "payments"), signing.ErrBadSignature, "%s: and no other", name)
@@ -290,7 +291,7 @@ func TestDelayedPublisher(t *testing.T) {
 	require.Equal(t, 1, p.Pending())
 	require.ErrorContains(t, p.Close(), "1 still waiting at Close", "Close says what it drops: not durable")
 	require.NoError(t, p.Close())
-	require.ErrorIs(t, p.Publish(ts[0].Topic, message.NewMessage("u4", nil)), embedded.ErrDelayedPublisherClosed)
+	require.ErrorIs(t, p.Publish(ts[0].Topic, message.NewMessage("u4", nil)), embedded.ErrClosed)
 }
 
 // signedFor signs m with s for queue and returns it.

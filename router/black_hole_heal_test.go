@@ -150,6 +150,6 @@ func openDefault(t *testing.T, dsn string) *sqlx.DB {
 	db, err := postgres.Open(postgres.Config{DSN: dsn})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
-	db.SetMaxOpenConns(rabbitmq.PrefetchDefault + 4)
+	db.SetMaxOpenConns(rabbitmqPrefetch + 4)
 	return db
 }

@@ -41,7 +41,7 @@ func newPrivateEffectsDB(t *testing.T) (*testenv.PrivatePostgres, *sqlx.DB, *slu
 	db, err := sqlx.Open("postgres", pg.URL)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
-	db.SetMaxOpenConns(rabbitmq.PrefetchDefault + 4)
+	db.SetMaxOpenConns(rabbitmqPrefetch + 4)
 	_, err = db.Exec(`CREATE TABLE effects (event_id TEXT PRIMARY KEY)`)
 	require.NoError(t, err)
 	inbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: "inbox"})

@@ -35,7 +35,11 @@ type givenBack struct {
 	quorum bool
 }
 
-const givenBackEvents = rabbitmq.PrefetchDefault
+// rabbitmqPrefetch is the rabbitmq package's default Prefetch
+// (BrokerConfig.Prefetch), which the tests that leave it unset size by.
+const rabbitmqPrefetch = 16
+
+const givenBackEvents = rabbitmqPrefetch
 
 // givenBackLimit is the queues' x-delivery-limit: Sluice's recommended
 // DeliveryLimit, and RabbitMQ 4.x's default.
@@ -303,8 +307,8 @@ func TestAnOrderedKeyKeepsItsOrderAcrossRestartsMidLoad(t *testing.T) {
 				}
 				<-held
 				remaining := events - len(applied())
-				require.Greater(t, remaining, rabbitmq.PrefetchDefault)
-				require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == remaining-rabbitmq.PrefetchDefault },
+				require.Greater(t, remaining, rabbitmqPrefetch)
+				require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == remaining-rabbitmqPrefetch },
 					time.Minute, 5*time.Millisecond, "the key's head in its handler, the next 15 sent and waiting")
 				closed := make(chan error, 1)
 				go func() { closed <- r.Close() }() // the deploy: the router closes with the head in its handler

@@ -76,7 +76,7 @@ type HandlerConfig struct {
 	Outbox outbox.Writer
 	// Consumers is how many copies of the handler consume Topic at once
 	// (competing consumers). Default: the Broker's (1 on RabbitMQ, whose
-	// Consumer keeps its prefetch in flight; rabbitmq.ConsumersDefault with
+	// Consumer keeps its prefetch in flight; 4 consumers with
 	// BrokerConfig.WatermillSubscriber, which handles one delivery at a
 	// time per consumer; 1, the most, on the embedded default), else 1.
 	Consumers int

@@ -36,7 +36,7 @@ func occupy(t *testing.T, url string, n int) (release func()) {
 	for len(conns) < n {
 		c, err := db.Connx(t.Context())
 		if err != nil {
-			state, _ := sluice.SQLState(err)
+			state, _ := sluicesql.SQLState(err)
 			require.Equal(t, "53300", state, "%v", err)
 			require.True(t, time.Now().Before(deadline), "%d of the server's %d connections held after a minute", len(conns), n)
 			time.Sleep(10 * time.Millisecond) // a closed connection's backend exiting: poll
@@ -45,7 +45,7 @@ func occupy(t *testing.T, url string, n int) (release func()) {
 		conns = append(conns, c)
 	}
 	_, err = db.Connx(t.Context())
-	state, _ := sluice.SQLState(err)
+	state, _ := sluicesql.SQLState(err)
 	require.Equal(t, "53300", state, "the server full with %d: the next connection is refused (%v)", n, err)
 	return func() {
 		for _, c := range conns {
@@ -114,7 +114,7 @@ func TestTooManyClientsAfterTheBrakeSawThemSpendsNoAttempt(t *testing.T) {
 	for range 20 {
 		err := deliver()
 		require.Error(t, err)
-		state, _ := sluice.SQLState(err)
+		state, _ := sluicesql.SQLState(err)
 		if !errors.Is(err, sluice.ErrHeld) {
 			require.Equal(t, "53300", state, "%v", err)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
@@ -35,7 +36,7 @@ func observe(out chan<- seen) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			s := seen{uuid: msg.UUID, copyID: msg.Metadata.Get(sluice.CopyIDKey), attempt: msg.Metadata.Get(sluice.AttemptKey),
-				redelivered: msg.Metadata.Get(rabbitmq.RedeliveredKey), from: msg.Metadata.Get(sluice.DeadLetterQueueKey)}
+				redelivered: msg.Metadata.Get(rabbitmq.RedeliveredKey), from: msg.Metadata.Get(metakeys.DeadLetterQueue)}
 			ctx, rep := sluice.WithReport(msg.Context())
 			msg.SetContext(ctx)
 			produced, err := h(msg)

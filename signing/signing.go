@@ -21,6 +21,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 )
 
 // keyMinLength is the shortest key New takes, in bytes.
@@ -173,8 +174,8 @@ func (s *Signer) written(msg *message.Message, queue string, tiers ...string) bo
 // backFrom reports whether msg was dead-lettered (expired) from one of
 // tiers, as x-death shows it.
 func backFrom(msg *message.Message, tiers []string) bool {
-	from := msg.Metadata.Get(sluice.DeadLetterQueueKey)
-	return from != "" && msg.Metadata.Get(sluice.DeadLetterReasonKey) == sluice.DeadLetterExpired && slices.Contains(tiers, from)
+	from := msg.Metadata.Get(metakeys.DeadLetterQueue)
+	return from != "" && msg.Metadata.Get(metakeys.DeadLetterReason) == metakeys.DeadLetterExpired && slices.Contains(tiers, from)
 }
 
 // Believe removes from msg the control headers owned says the caller acts

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/signing"
 )
@@ -40,7 +41,7 @@ func TestSignerCoversTheControlHeaders(t *testing.T) {
 	require.NoError(t, a.Verify(m, "orders"))
 
 	m.Metadata.Set("custom", "changed")
-	m.Metadata.Set(sluice.DeadLetterQueueKey, "orders.retry.30s")
+	m.Metadata.Set(metakeys.DeadLetterQueue, "orders.retry.30s")
 	require.NoError(t, a.Verify(m, "orders"), "not a control header")
 
 	for name, tamper := range map[string]func(*message.Message){
@@ -48,7 +49,7 @@ func TestSignerCoversTheControlHeaders(t *testing.T) {
 		"target queue":  func(m *message.Message) { m.Metadata.Set("sluice_poison_queue", "payments") },
 		"run removed":   func(m *message.Message) { delete(m.Metadata, "sluice_replay_run") },
 		"parked added":  func(m *message.Message) { m.Metadata.Set("sluice_poison_parked", "1") },
-		"origin added":  func(m *message.Message) { m.Metadata.Set(sluice.OriginRoutingKeyKey, "x") },
+		"origin added":  func(m *message.Message) { m.Metadata.Set(metakeys.OriginRoutingKey, "x") },
 		"event id":      func(m *message.Message) { m.Metadata.Set(sluice.EventIDKey, "evt-2") },
 		"payload":       func(m *message.Message) { m.Payload = []byte(`{"id":2}`) },
 		"no signature":  func(m *message.Message) { delete(m.Metadata, sluice.SignatureKey) },
@@ -132,21 +133,21 @@ func TestAV1SignatureIsBelievedOnlyBackFromTheQueuesOwnTier(t *testing.T) {
 	owned := func(k string) bool { return k == sluice.AttemptKey }
 	back := func(from, reason string) *message.Message {
 		c := m.Copy()
-		c.Metadata.Set(sluice.DeadLetterQueueKey, from)
-		c.Metadata.Set(sluice.DeadLetterReasonKey, reason)
+		c.Metadata.Set(metakeys.DeadLetterQueue, from)
+		c.Metadata.Set(metakeys.DeadLetterReason, reason)
 		return c
 	}
-	require.Nil(t, a.Believe(back("orders.retry.30s", sluice.DeadLetterExpired), owned, "orders", "orders.retry.30s"), "back from its own tier")
+	require.Nil(t, a.Believe(back("orders.retry.30s", metakeys.DeadLetterExpired), owned, "orders", "orders.retry.30s"), "back from its own tier")
 	for name, c := range map[string]*message.Message{
 		"no x-death":           m.Copy(),
-		"another queue's tier": back("payments.retry.30s", sluice.DeadLetterExpired),
+		"another queue's tier": back("payments.retry.30s", metakeys.DeadLetterExpired),
 		"not expired":          back("orders.retry.30s", "rejected"),
 	} {
 		require.Equal(t, []string{sluice.AttemptKey}, a.Believe(c, owned, "orders", "orders.retry.30s"), name)
 	}
 	b, err := signing.New(keyB)
 	require.NoError(t, err)
-	require.Equal(t, []string{sluice.AttemptKey}, b.Believe(back("orders.retry.30s", sluice.DeadLetterExpired), owned, "orders", "orders.retry.30s"),
+	require.Equal(t, []string{sluice.AttemptKey}, b.Believe(back("orders.retry.30s", metakeys.DeadLetterExpired), owned, "orders", "orders.retry.30s"),
 		"a v1 signature of another key is no proof, x-death or not")
 }
 
@@ -164,8 +165,8 @@ func TestBelieve(t *testing.T) {
 	require.Equal(t, "orders", m.Metadata.Get("sluice_poison_queue"), "not owned: left to its stage")
 
 	m = copyOf()
-	m.Metadata.Set(sluice.DeadLetterQueueKey, "orders.retry.30s")
-	m.Metadata.Set(sluice.DeadLetterReasonKey, sluice.DeadLetterExpired)
+	m.Metadata.Set(metakeys.DeadLetterQueue, "orders.retry.30s")
+	m.Metadata.Set(metakeys.DeadLetterReason, metakeys.DeadLetterExpired)
 	require.Nil(t, keyless.Believe(m, owned, "orders", "orders.retry.30s"))
 	require.Equal(t, "2", m.Metadata.Get(sluice.AttemptKey))
 

@@ -12,11 +12,10 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
-
-	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
+	"github.com/sluicemq/sluice/internal/sqlstate"
 	"github.com/sluicemq/sluice/internal/sqltx"
 	"github.com/sluicemq/sluice/unitofwork"
 )
@@ -319,7 +318,7 @@ func (t *sqlTx) claimBatch(ctx context.Context, q string, args ...any) ([]string
 // claimBatchError is ClaimBatch's error for err: matching
 // deduplication.ErrClaimInProgress when the claim waited past wait.
 func claimBatchError(err error, wait time.Duration) error {
-	if state, _ := sluice.SQLState(err); state == "55P03" {
+	if state, _ := sqlstate.Of(err); state == "55P03" {
 		return fmt.Errorf("%w: a key of the batch is held by another transaction longer than %s: %w", deduplication.ErrClaimInProgress, wait, err)
 	}
 	return err
@@ -421,7 +420,7 @@ func (t *sqlTx) ClaimAfter(ctx context.Context, release, savepoint, consumer, ke
 // unitofwork.ErrAborted when the transaction was aborted before it,
 // deduplication.ErrClaimInProgress when the claim waited past wait.
 func claimAfterError(err error, key string, wait time.Duration) error {
-	switch state, _ := sluice.SQLState(err); state {
+	switch state, _ := sqlstate.Of(err); state {
 	case "25P02":
 		return fmt.Errorf("%w: %w", unitofwork.ErrAborted, err)
 	case "55P03":

@@ -53,7 +53,7 @@ func TestGroupCommitDeadlocksOnHotRowsSpendNoAttempt(t *testing.T) {
 	h := func(msg *message.Message) ([]*message.Message, error) {
 		_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(),
 			fmt.Sprintf(`UPDATE %s.accounts SET balance = balance + 1 WHERE id = $1`, schema), msg.Metadata.Get("row"))
-		if state, ok := sluice.SQLState(err); ok && state == "40P01" {
+		if state, ok := sluicesql.SQLState(err); ok && state == "40P01" {
 			deadlocks.Add(1)
 		}
 		return nil, err

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 )
 
 // delivery is what the kit sees of one delivery while the stack runs.
@@ -163,7 +164,7 @@ func (p copyPublisher) Publish(topic string, msgs ...*message.Message) error {
 func (h *Harness) diagnose(m *message.Message) {
 	diag := map[string]string{}
 	for k, v := range m.Metadata {
-		if strings.HasPrefix(k, sluice.PoisonPrefix) {
+		if strings.HasPrefix(k, metakeys.PoisonPrefix) {
 			diag[k] = v
 		}
 	}

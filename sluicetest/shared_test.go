@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/poisonqueue"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -115,7 +116,7 @@ func TestTheSharedTableRunsTheSameOnTheKitAndOnRabbitMQ(t *testing.T) {
 		Topology:   rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond}},
 	})
 	require.NoError(t, err)
-	queues := []string{queue, queue + rabbitmq.PoisonSuffix}
+	queues := []string{queue, queue + poisonqueue.Suffix}
 	for _, tier := range b.Endpoints().Tiers {
 		queues = append(queues, tier.Topics()...)
 	}

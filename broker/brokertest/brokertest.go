@@ -23,18 +23,19 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
+	"github.com/sluicemq/sluice/internal/metakeys"
 )
 
 // Broker is a broker under test, of one queue of its own, with a ladder
-// whose first tier waits at most TierWaitMax; Input publishes into its
+// whose first tier waits at most 5 s; Input publishes into its
 // queue (Endpoints().Topic), as a producer would.
 type Broker struct {
 	broker.Broker
 	Input message.Publisher
 }
 
-// TierWaitMax is the longest first tier the suite waits for.
-const TierWaitMax = 5 * time.Second
+// tierWaitMax is the longest first tier the suite waits for.
+const tierWaitMax = 5 * time.Second
 
 // waitMax bounds every other wait of the suite.
 const waitMax = 30 * time.Second
@@ -77,7 +78,7 @@ func testEndpoints(t *testing.T, b Broker) {
 	seen := map[string]bool{e.Topic: true, e.PoisonTopic: true}
 	for i, tier := range e.Tiers {
 		require.NotEmpty(t, tier.Name)
-		require.GreaterOrEqual(t, tier.Delay, broker.DelayMin)
+		require.GreaterOrEqual(t, tier.Delay, time.Millisecond)
 		if i > 0 {
 			require.Greater(t, tier.Delay, e.Tiers[i-1].Delay, "tiers in order of their delay")
 		}
@@ -155,12 +156,12 @@ func testNackRedelivers(t *testing.T, b Broker) {
 
 // testTierCopyComesBack: a copy published to the first tier comes back to
 // the topic after the tier's delay, not before, marked as back from that
-// tier (sluice.DeadLetterQueueKey, reason expired: the keyless proof that
+// tier (rabbitmq.LastDeathQueueKey, reason expired: the keyless proof that
 // Sluice wrote its retry history).
 func testTierCopyComesBack(t *testing.T, b Broker) {
 	e := b.Endpoints()
 	tier := e.Tiers[0]
-	require.LessOrEqual(t, tier.Delay, TierWaitMax, "the suite needs a first tier of at most %s", TierWaitMax)
+	require.LessOrEqual(t, tier.Delay, tierWaitMax, "the suite needs a first tier of at most %s", tierWaitMax)
 	ch := subscribe(t, e.Subscriber, e.Topic)
 	c := newMessage("evt-1")
 	c.Metadata.Set(sluice.AttemptKey, "2")
@@ -170,8 +171,8 @@ func testTierCopyComesBack(t *testing.T, b Broker) {
 	require.GreaterOrEqual(t, time.Since(start), tier.Delay, "not before the tier's delay")
 	require.Equal(t, "evt-1", m.Metadata.Get(sluice.EventIDKey))
 	require.Equal(t, "2", m.Metadata.Get(sluice.AttemptKey), "the copy's metadata kept")
-	require.Contains(t, tier.Topics(), m.Metadata.Get(sluice.DeadLetterQueueKey), "back from the tier")
-	require.Equal(t, sluice.DeadLetterExpired, m.Metadata.Get(sluice.DeadLetterReasonKey))
+	require.Contains(t, tier.Topics(), m.Metadata.Get(metakeys.DeadLetterQueue), "back from the tier")
+	require.Equal(t, metakeys.DeadLetterExpired, m.Metadata.Get(metakeys.DeadLetterReason))
 	m.Ack()
 }
 

@@ -75,7 +75,7 @@ func (w *world) startCluster(ctx context.Context, batched bool) error {
 		return err
 	}
 	fmt.Printf("  %s: private cluster of %d nodes started in %s\n", clusterScenario, clusterSize, time.Since(start).Round(100*time.Millisecond))
-	prefetch := rabbitmq.PrefetchDefault
+	prefetch := rabbitmqPrefetch
 	if batched && w.o.batchPrefetch > 0 {
 		prefetch = w.o.batchPrefetch
 	}
@@ -133,7 +133,7 @@ func (w *world) placeMainQueue(ctx context.Context) error {
 	if args == nil {
 		return fmt.Errorf("the topology does not declare %s", w.topo.Queue())
 	}
-	c, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: w.cl.c.URLs[0], DialTimeout: 5 * time.Second}, Name: "sluice chaos"})
+	c, err := rabbitmq.Dial(rabbitmq.Connection{URL: w.cl.c.URLs[0], DialTimeout: 5 * time.Second}, "sluice chaos")
 	if err != nil {
 		return err
 	}

@@ -96,9 +96,9 @@ func consumerMain(args []string) error {
 		return err
 	}
 	defer func() { _ = db.Close() }()
-	db.SetMaxOpenConns(rabbitmq.PrefetchDefault + 2)
+	db.SetMaxOpenConns(rabbitmqPrefetch + 2)
 	if *produceTo != "" { // a receiver's deliveries and a relay's batch too
-		db.SetMaxOpenConns(rabbitmq.PrefetchDefault + 6)
+		db.SetMaxOpenConns(rabbitmqPrefetch + 6)
 	}
 	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: *schema + ".inbox"})
 	if err != nil {

@@ -280,7 +280,7 @@ func runScenario(parent context.Context, o options, scenario string) (string, er
 		// flight per process; watermill-amqp's one per subscription.
 		copies, n, procs = 8, o.sameIDs, 2
 		if o.subscriber == "watermill" {
-			procs = max(2, 8/cmp.Or(o.consumers, rabbitmq.ConsumersDefault))
+			procs = max(2, 8/cmp.Or(o.consumers, rabbitmqConsumers))
 		}
 	}
 	p := makePlan(rng, n, copies)

@@ -70,7 +70,7 @@ func orderedConsumerMain(args []string) error {
 	defer func() { _ = db.Close() }()
 	// The deliveries in flight, each with its inbox transaction and its
 	// key's guard, and the resume loop's.
-	db.SetMaxOpenConns(2*rabbitmq.PrefetchDefault + 4)
+	db.SetMaxOpenConns(2*rabbitmqPrefetch + 4)
 	inbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: *schema + ".inbox"})
 	if err != nil {
 		return err

@@ -89,7 +89,7 @@ func (w *world) queues(all bool) []string {
 
 // withConn runs fn on a fresh connection: the broker may have restarted.
 func (w *world) withConn(fn func(*amqp.Connection) error) error {
-	c, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: w.conn, Name: "sluice chaos"})
+	c, err := rabbitmq.Dial(w.conn, "sluice chaos")
 	if err != nil {
 		return err
 	}

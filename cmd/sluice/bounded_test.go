@@ -23,7 +23,7 @@ import (
 func TestABlackHoledBrokerHoldsNoQueueRowPastCallTimeout(t *testing.T) {
 	t.Parallel()
 	proxy, url := testenv.ProxyAMQP(t)
-	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: url + "?heartbeat=0"}, Name: "cli black hole"})
+	conn, err := rabbitmq.Dial(rabbitmq.Connection{URL: url + "?heartbeat=0"}, "cli black hole")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = amqpcall.Close(context.Background(), conn, time.Second) })
 	proxy.BlackHole()

@@ -457,7 +457,7 @@ func TestQueuesShowWhatATierHoldsInEveryState(t *testing.T) {
 func TestQueuesDiscoversTheFamilies(t *testing.T) {
 	t.Parallel()
 	node, _ := privateNode(t)
-	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: node.URL}, Name: "test"})
+	conn, err := rabbitmq.Dial(rabbitmq.Connection{URL: node.URL}, "test")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	for _, cfg := range []rabbitmq.TopologyConfig{

@@ -138,7 +138,7 @@ func TestConsoleGroupsPageKeepsItsSummary(t *testing.T) {
 func TestConsoleOverviewReadsTheManagementAPI(t *testing.T) {
 	t.Parallel()
 	node, _ := privateNode(t)
-	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: node.URL}, Name: "test"})
+	conn, err := rabbitmq.Dial(rabbitmq.Connection{URL: node.URL}, "test")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: "orders", TierDelays: []time.Duration{time.Minute}})

@@ -34,7 +34,7 @@ func consoleOn(t testing.TB, b *bed, outcomes string, mutate func(*console.Confi
 	cfg := console.Config{
 		Prefix: "/sluice",
 		Dial: func() (*amqp.Connection, error) {
-			return rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Name: "console test"})
+			return rabbitmq.Dial(rabbitmq.Connection{URL: testenv.AMQPURL}, "console test")
 		},
 		Publisher: b.pub,
 		Queues:    []console.Queue{{Name: b.topo.Queue(), Tiers: []string{b.topo.Tiers()[0].Topic}, Poison: b.topo.PoisonQueue()}},

@@ -142,7 +142,7 @@ func connect(g *globals) (*amqp.Connection, error) {
 	if err != nil {
 		return nil, err
 	}
-	return rabbitmq.Dial(rabbitmq.DialConfig{Connection: c, Name: "sluice cli"})
+	return rabbitmq.Dial(c, "sluice cli")
 }
 
 func newDLQ(g *globals, out io.Writer) *cobra.Command {

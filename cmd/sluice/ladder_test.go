@@ -15,7 +15,7 @@ import (
 // declareLadder declares queue's topology with tiers on amqpURL.
 func declareLadder(t *testing.T, amqpURL, queue string, tiers ...time.Duration) {
 	t.Helper()
-	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: amqpURL}, Name: "test"})
+	conn, err := rabbitmq.Dial(rabbitmq.Connection{URL: amqpURL}, "test")
 	require.NoError(t, err)
 	defer func() { _ = conn.Close() }()
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: queue, TierDelays: tiers})

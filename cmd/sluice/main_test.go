@@ -464,7 +464,7 @@ func TestReplayKeepsTheProducersProperties(t *testing.T) {
 func TestCLIOverTLS(t *testing.T) {
 	t.Parallel()
 	node, caPEM := privateNode(t)
-	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: node.URL}})
+	conn, err := rabbitmq.Dial(rabbitmq.Connection{URL: node.URL}, "")
 	require.NoError(t, err)
 	defer func() { _ = conn.Close() }()
 	ch, err := conn.Channel()

@@ -15,6 +15,7 @@ import (
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/examples/mariadbstore"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // mysqlError requires err to be the MariaDB error number with SQLSTATE state.
@@ -70,7 +71,7 @@ func TestMariaDBHandlerErrorsArePoison(t *testing.T) {
 	} {
 		_, err := db.ExecContext(t.Context(), tt.stmt)
 		mysqlError(t, err, tt.number, tt.state)
-		state, ok := sluice.SQLState(err)
+		state, ok := sluicesql.SQLState(err)
 		require.True(t, ok)
 		require.Equal(t, tt.state, state)
 		require.Equal(t, sluice.ClassPoison, c.Classify(err), "%v", err)
@@ -92,7 +93,7 @@ func TestMariaDBLockWaitTimeoutIsTransient(t *testing.T) {
 	mysqlError(t, err, 1205, "HY000")
 	require.NoError(t, holder.Rollback())
 
-	state, _ := sluice.SQLState(err)
+	state, _ := sluicesql.SQLState(err)
 	require.Equal(t, "55P03", state, "as PostgreSQL's lock_timeout")
 	c, cerr := sluice.NewClassifier(sluice.ClassifierConfig{Default: sluice.ClassPoison})
 	require.NoError(t, cerr)

@@ -66,7 +66,7 @@ func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string, reset
 			return nil, err
 		}
 	}
-	e.conn, err = rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: amqpURL}, Name: "sluice example"})
+	e.conn, err = rabbitmq.Dial(rabbitmq.Connection{URL: amqpURL}, "sluice example")
 	if err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
@@ -34,7 +35,7 @@ const (
 //   - the attempt that failed (sluice.AttemptKey, as msg carries it);
 //   - the handler and the topic it consumes (two consumers of one event
 //     make two copies);
-//   - the replay keys (sluice.ReplayPrefix: run, item, count, when), so
+//   - the replay keys (sluice_replay_*: run, item, count, when), so
 //     that a replayed message's new copies are new items.
 //
 // A message with no event id, no UUID header and no message_id gets a new
@@ -60,7 +61,7 @@ func ID(msg *message.Message, kind string) string {
 	field(h, message.SubscribeTopicFromCtx(msg.Context()))
 	var replay []string
 	for k := range md {
-		if strings.HasPrefix(k, sluice.ReplayPrefix) {
+		if strings.HasPrefix(k, metakeys.ReplayPrefix) {
 			replay = append(replay, k)
 		}
 	}

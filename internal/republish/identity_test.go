@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/republish"
 )
 
@@ -42,7 +43,7 @@ func TestIDIsDerivedFromTheDelivery(t *testing.T) {
 		"kind":     republish.ID(delivery("u1", base), republish.KindPoison),
 		"event":    republish.ID(delivery("u1", with(sluice.EventIDKey, "evt-2")), republish.KindRetry),
 		"attempt":  republish.ID(delivery("u1", with(sluice.AttemptKey, "3")), republish.KindRetry),
-		"replayed": republish.ID(delivery("u1", with(sluice.ReplayPrefix+"_run", "run-1")), republish.KindRetry),
+		"replayed": republish.ID(delivery("u1", with(metakeys.ReplayPrefix+"_run", "run-1")), republish.KindRetry),
 	} {
 		require.NotEqual(t, id, other, name)
 	}

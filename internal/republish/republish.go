@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/clock"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
@@ -20,7 +21,7 @@ import (
 // context holds a span (the Trace stage's), the copy carries it as
 // sluice.PreviousTraceparentKey; the producer's traceparent stays as is.
 //
-// It records the origin (sluice.OriginExchangeKey and
+// It records the origin (rabbitmq.OriginExchangeKey and
 // OriginRoutingKeyKey) from the delivery's source keys when the message
 // carries none yet, so every later copy names the producer's exchange and
 // routing key rather than the last dead-letter hop.
@@ -30,10 +31,10 @@ func Copy(msg *message.Message, extra int) *message.Message {
 	for k, v := range msg.Metadata {
 		c.Metadata[k] = v
 	}
-	if _, ok := c.Metadata[sluice.OriginRoutingKeyKey]; !ok {
-		if rk, ok := msg.Metadata[sluice.SourceRoutingKeyKey]; ok {
-			c.Metadata[sluice.OriginExchangeKey] = msg.Metadata[sluice.SourceExchangeKey]
-			c.Metadata[sluice.OriginRoutingKeyKey] = rk
+	if _, ok := c.Metadata[metakeys.OriginRoutingKey]; !ok {
+		if rk, ok := msg.Metadata[metakeys.SourceRoutingKey]; ok {
+			c.Metadata[metakeys.OriginExchange] = msg.Metadata[metakeys.SourceExchange]
+			c.Metadata[metakeys.OriginRoutingKey] = rk
 		}
 	}
 	if tp := telemetry.Traceparent(msg.Context()); tp != "" {

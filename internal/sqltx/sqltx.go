@@ -10,7 +10,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
-	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/sqlstate"
 	"github.com/sluicemq/sluice/unitofwork"
 )
 
@@ -59,7 +59,7 @@ func InboxDriver(store any) (string, bool) {
 // more can be written in it. A lost connection or a serialization failure
 // at commit is not one.
 func Aborted(err error) bool {
-	if state, ok := sluice.SQLState(err); ok {
+	if state, ok := sqlstate.Of(err); ok {
 		return state == "25P02" || strings.HasPrefix(state, "23")
 	}
 	msg := err.Error()

@@ -16,11 +16,10 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
-
-	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/metadatacodec"
 	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
+	"github.com/sluicemq/sluice/internal/sqlstate"
 	"github.com/sluicemq/sluice/ordering"
 )
 
@@ -192,7 +191,7 @@ func (s *Store) lock(ctx context.Context, consumer, key string) (*guard, error) 
 	case errors.Is(err, sql.ErrNoRows):
 	case err != nil:
 		_ = tx.Rollback()
-		if state, ok := sluice.SQLState(err); ok && state == "55P03" { // lock_not_available: lock_timeout passed
+		if state, ok := sqlstate.Of(err); ok && state == "55P03" { // lock_not_available: lock_timeout passed
 			return nil, fmt.Errorf("%w: %w", ordering.ErrLockTimeout, err)
 		}
 		return nil, fmt.Errorf("ordering/sqlstore: locking the key: %w", err)

@@ -10,6 +10,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/unitofwork"
+	"github.com/sluicemq/sluice/internal/metakeys"
 )
 
 // ownHistory makes m a message of its own, not a continuation of the
@@ -27,7 +28,7 @@ import (
 //     the handler set on purpose — any other — is kept.
 func ownHistory(ctx context.Context, m *message.Message) {
 	for k := range m.Metadata {
-		if sluice.IsControlKey(k) || k == sluice.DeadLetterQueueKey || k == sluice.DeadLetterReasonKey {
+		if sluice.IsControlKey(k) || k == metakeys.DeadLetterQueue || k == metakeys.DeadLetterReason {
 			delete(m.Metadata, k)
 		}
 	}

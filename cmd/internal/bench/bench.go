@@ -160,7 +160,7 @@ func Table(w io.Writer, header []string, rows [][]string) {
 // dialBroker opens the suite's connection (declarations, reads) and the
 // confirmed publisher; close closes both.
 func dialBroker(o Options) (conn *amqp.Connection, pub *rabbitmq.Publisher, close func(), err error) {
-	conn, err = rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: o.AMQPURL}, Name: "sluice bench"})
+	conn, err = rabbitmq.Dial(rabbitmq.Connection{URL: o.AMQPURL}, "sluice bench")
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("connecting to RabbitMQ: %w", err)
 	}

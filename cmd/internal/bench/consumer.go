@@ -63,7 +63,7 @@ func Consumer(ctx context.Context, o Options) error {
 		}
 		kind := "watermill-amqp"
 		if cs.sluice {
-			kind = fmt.Sprintf("sluice Consumer (prefetch %d)", cmp.Or(o.Prefetch, rabbitmq.PrefetchDefault))
+			kind = fmt.Sprintf("sluice Consumer (prefetch %d)", cmp.Or(o.Prefetch, rabbitmqPrefetch))
 		}
 		rows = append(rows, []string{kind, cs.work.String(), strconv.Itoa(cs.subs), f0(Median(rates[0])), f0(Median(rates[1])), f2(MedianRatio(rates[1], rates[0]))})
 	}

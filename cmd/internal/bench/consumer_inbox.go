@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/rabbitmq"
 )
 
 // ConsumerInbox prints P4 re-scoped: the full stack on Sluice's Consumer
@@ -56,7 +55,7 @@ func ConsumerInbox(ctx context.Context, o Options) error {
 		}
 	}
 	fmt.Fprintf(o.Out, "P4, re-scoped: the full stack on Sluice's Consumer (1 subscription, prefetch %d), inbox on PostgreSQL, %d messages preloaded, %d rounds interleaved\n\n",
-		cmp.Or(o.Prefetch, rabbitmq.PrefetchDefault), n, rounds)
+		cmp.Or(o.Prefetch, rabbitmqPrefetch), n, rounds)
 	Table(o.Out, []string{"handler work", "inbox", "all healthy msg/s", "10% transient: handled/s (healthy + parked)", "10% transient: healthy/s",
 		"handled ÷ all healthy", "old: healthy ÷ all healthy"}, rows)
 	fmt.Fprintln(o.Out, "target: handled ÷ all healthy ≥ 0.9 at 0, 1 and 3 ms")

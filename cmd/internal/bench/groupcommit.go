@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/rabbitmq"
 )
 
 // groupCommitMaxBatch and groupCommitMaxWait are deduplication.BatchConfig's
@@ -62,7 +61,7 @@ func GroupCommit(ctx context.Context, o Options) error {
 		{name: "batch 4, 2ms", batch: &deduplication.BatchConfig{MaxBatch: 4}},
 	}
 	var rows [][]string
-	for _, prefetch := range []int{rabbitmq.PrefetchDefault, 64} {
+	for _, prefetch := range []int{rabbitmqPrefetch, 64} {
 		for _, subs := range []int{1, 4} {
 			rates := make([][]float64, len(variants))
 			sizes := make([]gcResult, len(variants))
@@ -119,7 +118,7 @@ func gcCeiling(ctx context.Context, o Options, v *inboxVariants, n, rounds int) 
 		savepoints bool
 	}{{1, false}, {4, true}, {8, true}, {16, true}, {8, false}, {16, false}}
 	var rows [][]string
-	for _, window := range []int{rabbitmq.PrefetchDefault, 4 * rabbitmq.PrefetchDefault, 256} {
+	for _, window := range []int{rabbitmqPrefetch, 4 * rabbitmqPrefetch, 256} {
 		timedOut := make([]atomic.Int64, len(variants))
 		rates, err := rotate(ctx, rounds, len(variants), v.truncate, func(round, i int) (float64, error) {
 			size := variants[i].size
@@ -189,7 +188,7 @@ func gcLatency(ctx context.Context, o Options, g *gcRunner) error {
 		return err
 	}
 	fmt.Fprintf(o.Out, "P8: latency from publish to commit, %d messages published at %d/s per run (prefetch %d), %d rounds interleaved, percentiles over all rounds\n\n",
-		n, gcLatencyRate, rabbitmq.PrefetchDefault, rounds)
+		n, gcLatencyRate, rabbitmqPrefetch, rounds)
 	Table(o.Out, []string{"subscriptions", "variant", "deliveries", "p50", "p99", "added p99", "mean batch"}, rows)
 	fmt.Fprintf(o.Out, "one commit (BEGIN, one INSERT, COMMIT) on an idle connection: median %s; target: added p99 ≤ MaxWait (%s) + one commit = %s\n",
 		gcMs(commit), groupCommitMaxWait, gcMs(groupCommitMaxWait+commit))

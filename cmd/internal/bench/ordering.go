@@ -96,7 +96,7 @@ func Ordering(ctx context.Context, o Options) error {
 		return err
 	}
 	fmt.Fprintf(o.Out, "P9: order per key, the full stack on Sluice's Consumer (1 subscription, prefetch %d), inbox on PostgreSQL, %d messages over %d keys preloaded, %d rounds interleaved\n\n",
-		rabbitmq.PrefetchDefault, n, orderKeys, rounds)
+		rabbitmqPrefetch, n, orderKeys, rounds)
 	Table(o.Out, []string{"unordered msg/s", "ordered msg/s", "ordered ÷ unordered"},
 		[][]string{{f0(Median(rates[0])), f0(Median(rates[1])), f2(MedianRatio(rates[1], rates[0]))}})
 	fmt.Fprintln(o.Out)
@@ -135,15 +135,15 @@ func Ordering(ctx context.Context, o Options) error {
 		v.sluice(v.mw),
 	}
 	costs, err := rotate(ctx, rounds, len(ops), nil, func(round, i int) (float64, error) {
-		return Throughput(ctx, rabbitmq.PrefetchDefault, n, ops[i](fmt.Sprintf("c%d-%d-", round, i)))
+		return Throughput(ctx, rabbitmqPrefetch, n, ops[i](fmt.Sprintf("c%d-%d-", round, i)))
 	})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(o.Out, "P9: the ordering stage's store work alone, %d concurrent: a key that does not wait (Waits: one SELECT), a waiting key's lock (BEGIN, SET LOCAL lock_timeout, SELECT … FOR UPDATE, ROLLBACK), beside the inbox's transaction\n\n", rabbitmq.PrefetchDefault)
+	fmt.Fprintf(o.Out, "P9: the ordering stage's store work alone, %d concurrent: a key that does not wait (Waits: one SELECT), a waiting key's lock (BEGIN, SET LOCAL lock_timeout, SELECT … FOR UPDATE, ROLLBACK), beside the inbox's transaction\n\n", rabbitmqPrefetch)
 	row := []string{}
 	for _, c := range costs {
-		row = append(row, f0(Median(c)), f0(1e6*rabbitmq.PrefetchDefault/Median(c)))
+		row = append(row, f0(Median(c)), f0(1e6*rabbitmqPrefetch/Median(c)))
 	}
 	Table(o.Out, []string{"Waits ops/s", "µs each", "key lock ops/s", "µs each", "inbox transaction ops/s", "µs each"}, [][]string{row})
 	return nil

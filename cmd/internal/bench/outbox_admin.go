@@ -23,7 +23,7 @@ func (a *amqpAdmin) do(f func(*amqp.Channel) error) error {
 			time.Sleep(time.Second)
 		}
 		if a.conn == nil || a.conn.IsClosed() {
-			if a.conn, err = rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: a.url}, Name: "sluice bench"}); err != nil {
+			if a.conn, err = rabbitmq.Dial(rabbitmq.Connection{URL: a.url}, "sluice bench"); err != nil {
 				continue
 			}
 		}

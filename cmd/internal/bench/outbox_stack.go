@@ -405,7 +405,7 @@ func (w wakeFrom) Wakeups() <-chan struct{} { return w.w.Wakeups() }
 // producing nothing on this machine.
 func outboxCeiling(ctx context.Context, o Options, v *inboxVariants, store *outboxsql.Store, truncate func(context.Context) error, n, rounds int) error {
 	var rows [][]string
-	for _, conc := range []int{rabbitmq.PrefetchDefault, 4 * rabbitmq.PrefetchDefault} {
+	for _, conc := range []int{rabbitmqPrefetch, 4 * rabbitmqPrefetch} {
 		rates, err := rotate(ctx, rounds, 2, truncate, func(round, i int) (float64, error) {
 			run := fmt.Sprintf("ceiling-c%d-r%d-v%d-", conc, round, i)
 			if i == 0 {

@@ -49,7 +49,7 @@ func Publisher(ctx context.Context, o Options) error {
 }
 
 func publisherSuite(ctx context.Context, o Options, amqpURL, label string, concurrent bool) error {
-	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: amqpURL}, Name: "sluice bench"})
+	conn, err := rabbitmq.Dial(rabbitmq.Connection{URL: amqpURL}, "sluice bench")
 	if err != nil {
 		return fmt.Errorf("connecting to RabbitMQ: %w", err)
 	}

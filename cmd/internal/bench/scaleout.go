@@ -47,7 +47,7 @@ type scaleWorker struct {
 // scaleProcessConns is each consumer process's PostgreSQL pool: one
 // connection per delivery in flight (one subscription, the default
 // prefetch).
-const scaleProcessConns = rabbitmq.PrefetchDefault
+const scaleProcessConns = rabbitmqPrefetch
 
 // ScaleOut prints how the full stack scales out over consumer processes:
 // 1, 2 and 4 processes of one subscription each (the default prefetch, a
@@ -102,12 +102,12 @@ func scaleOut(ctx context.Context, o Options, self string, procs []int, rounds, 
 	rates := func(i, variant int) []float64 { return results[i*3+variant] }
 	var rows [][]string
 	for i, p := range procs {
-		rows = append(rows, []string{strconv.Itoa(p), strconv.Itoa(p * rabbitmq.PrefetchDefault),
+		rows = append(rows, []string{strconv.Itoa(p), strconv.Itoa(p * rabbitmqPrefetch),
 			f0(Median(rates(i, noop))), f0(Median(rates(i, stack))), f0(Median(rates(i, ceiling))),
 			f2(MedianRatio(rates(i, stack), rates(0, stack))), f2(MedianRatio(rates(i, stack), rates(i, ceiling))), f2(MedianRatio(rates(i, stack), rates(i, noop)))})
 	}
 	fmt.Fprintf(o.Out, "scale-out: consumer processes of one subscription each (prefetch %d, %d PostgreSQL connections each) on one queue and one PostgreSQL, the full stack with the inbox, %d messages preloaded per run, %d rounds interleaved\n\n",
-		rabbitmq.PrefetchDefault, conns, n, rounds)
+		rabbitmqPrefetch, conns, n, rounds)
 	Table(o.Out, []string{"processes", "in flight", "no-op msg/s", "full stack msg/s", "PG ceiling msg/s", "full stack ÷ 1 process", "÷ PG ceiling", "÷ no-op"}, rows)
 	fmt.Fprintln(o.Out, "PG ceiling: the inbox transaction by hand in a loop, no broker, as many transactions side by side as the processes keep in flight")
 	return nil

@@ -144,7 +144,7 @@ func stuckRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publishe
 	}
 	subs := 1
 	if !sluiceConsumer {
-		subs = rabbitmq.ConsumersDefault
+		subs = rabbitmqConsumers
 	}
 	sub, err := newSubscriber(url, sluiceConsumer, 0)
 	if err != nil {

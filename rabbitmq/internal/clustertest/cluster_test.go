@@ -85,7 +85,7 @@ func killNode(t *testing.T, c *testenv.PrivateCluster, i int) {
 // dialNode connects to one node, closed when t ends.
 func dialNode(t *testing.T, nodeURL string) *amqp.Connection {
 	t.Helper()
-	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URL: nodeURL, DialTimeout: 5 * time.Second}, Name: "sluice test"})
+	conn, err := rabbitmq.Dial(rabbitmq.Connection{URL: nodeURL, DialTimeout: 5 * time.Second}, "sluice test")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	return conn
@@ -116,7 +116,7 @@ func deleteAtEnd(t *testing.T, queues ...string) {
 // deleteQueues deletes the queues through the first node that answers.
 func deleteQueues(t *testing.T, urls []string, queues []string) {
 	t.Helper()
-	conn, err := rabbitmq.Dial(rabbitmq.DialConfig{Connection: rabbitmq.Connection{URLs: urls, DialTimeout: 5 * time.Second}})
+	conn, err := rabbitmq.Dial(rabbitmq.Connection{URLs: urls, DialTimeout: 5 * time.Second}, "")
 	if err != nil {
 		t.Errorf("deleting the queues the test before left: %v", err)
 		return

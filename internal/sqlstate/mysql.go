@@ -1,11 +1,11 @@
-package sluice
+package sqlstate
 
 import (
 	"reflect"
 	"sync"
 )
 
-// chainLimit bounds the errors SQLState inspects in one chain, so a cyclic
+// chainLimit bounds the errors Of inspects in one chain, so a cyclic
 // or absurdly deep chain costs a bounded walk.
 const chainLimit = 64
 
