@@ -14,8 +14,10 @@ import (
 
 	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
 	"github.com/sluicemq/sluice/embedded"
+	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // heldFirst holds its first Publish until release is closed, and counts
@@ -43,14 +45,12 @@ func (h *heldFirst) Publish(topic string, msgs ...*message.Message) error {
 func (h *heldFirst) Close() error { return nil }
 
 // sqliteOutbox is a SQLite outbox holding rows rows for topic "produced".
-func sqliteOutbox(t *testing.T, rows int) *sqlstore.Store {
+func sqliteOutbox(t *testing.T, rows int) *sluicesql.Outbox {
 	t.Helper()
 	db, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "app.db"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
-	store, err := sqlstore.New(sqlstore.Config{DB: db})
-	require.NoError(t, err)
-	require.NoError(t, store.CreateTable(t.Context()))
+	store := testenv.Migrate(t, sluicesql.Config{DB: db}).Outbox
 	tx, err := db.BeginTxx(t.Context(), nil)
 	require.NoError(t, err)
 	msgs := make([]*message.Message, rows)
@@ -108,7 +108,7 @@ func TestCloseFinishesOnlyTheBatchInFlight(t *testing.T) {
 
 // heldDue holds its first DueWithin until release is closed.
 type heldDue struct {
-	*sqlstore.Store
+	*sluicesql.Outbox
 	entered, release chan struct{}
 	once             sync.Once
 }
@@ -118,7 +118,7 @@ func (h *heldDue) DueWithin(ctx context.Context, limit int, maxBytes int64) (out
 		close(h.entered)
 		<-h.release
 	})
-	return h.Store.DueWithin(ctx, limit, maxBytes)
+	return h.Outbox.DueWithin(ctx, limit, maxBytes)
 }
 
 // Issue 43, item 5: a batch whose taking ends after Close was called is
@@ -128,7 +128,7 @@ func (h *heldDue) DueWithin(ctx context.Context, limit int, maxBytes int64) (out
 func TestABatchTakenAsCloseIsCalledIsGivenBack(t *testing.T) {
 	t.Parallel()
 	const rows, batch = 300, 20
-	store := &heldDue{Store: sqliteOutbox(t, rows), entered: make(chan struct{}), release: make(chan struct{})}
+	store := &heldDue{Outbox: sqliteOutbox(t, rows), entered: make(chan struct{}), release: make(chan struct{})}
 	b, err := embedded.New(embedded.Config{Topic: "orders", MaxQueued: 2 * rows})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
@@ -141,7 +141,7 @@ func TestABatchTakenAsCloseIsCalledIsGivenBack(t *testing.T) {
 	st, err := store.Stats(t.Context())
 	require.NoError(t, err)
 	require.EqualValues(t, rows, st.Pending, "every row stays in the outbox")
-	due, err := store.Store.Due(t.Context(), rows)
+	due, err := store.Outbox.Due(t.Context(), rows)
 	require.NoError(t, err)
 	require.Len(t, due.Rows(), rows, "the batch given back is due again at once")
 	require.NoError(t, due.Release(t.Context()))

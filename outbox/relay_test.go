@@ -26,12 +26,13 @@ import (
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/signing"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // service is a consumer on RabbitMQ and PostgreSQL whose handler produces
@@ -44,7 +45,7 @@ type service struct {
 	rabbit   *rabbitmq.Broker
 	produced string // the queue the handler's messages go to
 	inbox    *inbox.Store
-	outbox   *sqlstore.Store
+	outbox   *sluicesql.Outbox
 	meter    *sdkmetric.ManualReader
 	mp       *sdkmetric.MeterProvider
 	conn     *amqp.Connection
@@ -64,9 +65,7 @@ func newServiceWithTiers(t *testing.T, amqpURL string, tiers ...time.Duration) *
 	s.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(s.meter))
 	s.inbox = testenv.SQLStore(t, db, s.schema+".inbox")
 	var err error
-	s.outbox, err = sqlstore.New(sqlstore.Config{DB: db, Table: s.schema + ".outbox"})
-	require.NoError(t, err)
-	require.NoError(t, s.outbox.CreateTable(t.Context()))
+	s.outbox = testenv.Migrate(t, sluicesql.Config{DB: db, Schema: s.schema, OutboxTable: "outbox"}).Outbox
 	queue := testenv.Name("consumer")
 	s.rabbit, err = rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
 		Connection: rabbitmq.Connection{URL: amqpURL},
@@ -343,7 +342,7 @@ func TestAnUnroutableDestinationKeepsItsRowsAndBlocksNothing(t *testing.T) {
 	// The failures are counted before their batch's Finish, which deletes
 	// the routable rows and records the failed ones in one transaction.
 	require.Eventually(t, func() bool { return s.count("outbox") == n }, time.Minute, 10*time.Millisecond, "only the unroutable rows stay")
-	failing, err := s.outbox.List(t.Context(), sqlstore.Failing, 100)
+	failing, err := s.outbox.List(t.Context(), sluicesql.OutboxFailing, 100)
 	require.NoError(t, err)
 	require.Len(t, failing, n)
 	for _, e := range failing {
@@ -454,7 +453,7 @@ func TestABlackHoledDatabaseHoldsNeitherTheRelayNorItsClose(t *testing.T) {
 	t.Parallel()
 	s := newService(t, testenv.AMQPURL)
 	proxy, viaProxy := testenv.ProxyPostgres(t)
-	store, err := sqlstore.New(sqlstore.Config{DB: viaProxy, Table: s.schema + ".outbox"})
+	store, err := sluicesql.NewOutbox(viaProxy, sluicesql.OutboxConfig{Table: s.schema + ".outbox"})
 	require.NoError(t, err)
 	meter := sdkmetric.NewManualReader()
 	r, err := outbox.NewRelay(store, s.rabbit.Publisher(), outbox.RelayConfig{StoreTimeout: 200 * time.Millisecond,
@@ -585,9 +584,9 @@ func TestAnUnreadableRowIsKeptAsideAndStopsNothing(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return testenv.CounterWhere(t, s.meter, telemetry.MetricOutboxFailures, "error.type", "unreadable") == 1
 	}, 2*time.Minute, 10*time.Millisecond)
-	var left []sqlstore.Entry
+	var left []sluicesql.OutboxEntry
 	require.Eventually(t, func() bool { // the failure is counted before its batch is recorded
-		left, err = s.outbox.List(t.Context(), sqlstore.Failing, 10)
+		left, err = s.outbox.List(t.Context(), sluicesql.OutboxFailing, 10)
 		require.NoError(t, err)
 		return len(left) == 1
 	}, 2*time.Minute, 10*time.Millisecond)
@@ -623,7 +622,7 @@ func TestAnIdleInTransactionTimeoutDoesNotResendTheBatch(t *testing.T) {
 	strict, err := sqlx.Connect("postgres", testenv.PostgresURL+sep+"options=-c%20idle_in_transaction_session_timeout%3D100")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = strict.Close() })
-	store, err := sqlstore.New(sqlstore.Config{DB: strict, Table: s.schema + ".outbox"})
+	store, err := sluicesql.NewOutbox(strict, sluicesql.OutboxConfig{Table: s.schema + ".outbox"})
 	require.NoError(t, err)
 	tx, err := s.db.BeginTxx(t.Context(), nil)
 	require.NoError(t, err)

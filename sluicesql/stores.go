@@ -16,7 +16,6 @@ import (
 	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
 	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
-	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
 	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
 )
 
@@ -24,7 +23,7 @@ import (
 const (
 	OrderTablePrefixDefault = ordersql.TablePrefixDefault
 	InboxTableDefault       = inboxsql.TableDefault
-	OutboxTableDefault      = outboxsql.TableDefault
+	OutboxTableDefault      = outboxTableDefault
 	OutcomeTableDefault     = replaysql.TableDefault
 )
 
@@ -54,7 +53,7 @@ type Config struct {
 	// nil: the driver's (READ COMMITTED on PostgreSQL).
 	TxOptions *sql.TxOptions
 	// OutboxChecker refuses, when the outbox writes a message, what the
-	// relay's publisher could never publish (outbox/sqlstore.Config.Checker):
+	// relay's publisher could never publish (OutboxConfig.Checker):
 	// give it the relay's publisher. service.New does. Default none.
 	OutboxChecker broker.PublishChecker
 }
@@ -67,7 +66,7 @@ type Stores struct {
 	Inbox *inboxsql.Store
 	// Outbox holds what handlers produce until a relay publishes it
 	// (router.HandlerConfig.Outbox, outbox.RelayConfig.Store).
-	Outbox *outboxsql.Store
+	Outbox *Outbox
 	// Outcomes records what became of each message replayed from a poison
 	// queue (replay.Config.Store), for sluice dlq replay and report.
 	Outcomes *replaysql.Store
@@ -121,7 +120,7 @@ func New(cfg Config) (*Stores, error) {
 	if s.Inbox, err = inboxsql.New(inboxsql.Config{DB: db, Table: names[0], TxOptions: cfg.TxOptions}); err != nil {
 		return nil, fmt.Errorf("sluicesql: the inbox (Config.InboxTable, Config.Schema): %w", err)
 	}
-	if s.Outbox, err = outboxsql.New(outboxsql.Config{DB: db, Table: names[1], Checker: cfg.OutboxChecker}); err != nil {
+	if s.Outbox, err = NewOutbox(db, OutboxConfig{Table: names[1], Checker: cfg.OutboxChecker}); err != nil {
 		return nil, fmt.Errorf("sluicesql: the outbox (Config.OutboxTable, Config.Schema): %w", err)
 	}
 	if s.Outcomes, err = replaysql.New(replaysql.Config{DB: db, Table: names[2]}); err != nil {
@@ -180,7 +179,7 @@ func (s *Stores) Migrate(ctx context.Context) (err error) {
 	for _, m := range []struct {
 		what   string
 		create func(context.Context) error
-	}{{"the inbox", s.Inbox.CreateTable}, {"the outbox", s.Outbox.CreateTable}, {"the replay outcomes", s.Outcomes.CreateTable},
+	}{{"the inbox", s.Inbox.CreateTable}, {"the outbox", s.Outbox.createTable}, {"the replay outcomes", s.Outcomes.CreateTable},
 		{"the ordering store", func(ctx context.Context) error {
 			if s.Order == nil {
 				return nil

@@ -20,7 +20,8 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/localenv"
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // Bounds of the outbox commands.
@@ -46,13 +47,13 @@ func (f *outboxFlags) register(cmd *cobra.Command, many bool) {
 	if many {
 		help += "; repeat it, or separate with commas, for several"
 	}
-	fl.StringSliceVar(&f.tables, "table", []string{sqlstore.TableDefault}, help)
+	fl.StringSliceVar(&f.tables, "table", []string{sluicesql.OutboxTableDefault}, help)
 }
 
 // open connects to --db and returns a store for each --table, which must
 // exist, and a context that ends on Ctrl-C or after outboxTimeout; done
 // closes what it opened.
-func (f *outboxFlags) open(many bool) ([]*sqlstore.Store, context.Context, func(), error) {
+func (f *outboxFlags) open(many bool) ([]*sluicesql.Outbox, context.Context, func(), error) {
 	if f.dbURL == "" {
 		return nil, nil, nil, usageError{fmt.Errorf("--db is required: the PostgreSQL URL of the outbox's database (env SLUICE_OUTBOX_DB_URL)")}
 	}
@@ -63,16 +64,16 @@ func (f *outboxFlags) open(many bool) ([]*sqlstore.Store, context.Context, func(
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	stores := make([]*sqlstore.Store, 0, len(f.tables))
+	stores := make([]*sluicesql.Outbox, 0, len(f.tables))
 	for _, name := range f.tables {
-		s, err := sqlstore.New(sqlstore.Config{DB: db, Table: name})
+		s, err := sluicesql.NewOutbox(db, sluicesql.OutboxConfig{Table: name})
 		if err != nil {
 			done()
 			return nil, nil, nil, usageError{fmt.Errorf("--table %s: %w", diag.Printable(name, 128), err)}
 		}
 		found, err := s.Exists(ctx)
 		if err == nil && !found {
-			err = fmt.Errorf("no outbox table %s in that database (check --table and --db: the table of the services' outbox/sqlstore.Config.Table, or --table SCHEMA.sluice_outbox for a service.Config.Schema; nothing was created)", diag.Printable(name, 128))
+			err = fmt.Errorf("no outbox table %s in that database (check --table and --db: the table of the services' outbox/sluicesql.OutboxConfig.Table, or --table SCHEMA.sluice_outbox for a service.Config.Schema; nothing was created)", diag.Printable(name, 128))
 		}
 		if err != nil {
 			done()
@@ -229,12 +230,12 @@ func newOutboxList(out io.Writer) *cobra.Command {
 			if failing && dead {
 				return usageError{fmt.Errorf("--failing and --dead: choose one")}
 			}
-			which, whichName := sqlstore.All, "rows"
+			which, whichName := sluicesql.OutboxAll, "rows"
 			switch {
 			case failing:
-				which, whichName = sqlstore.Failing, "failing rows"
+				which, whichName = sluicesql.OutboxFailing, "failing rows"
 			case dead:
-				which, whichName = sqlstore.Dead, "dead rows"
+				which, whichName = sluicesql.OutboxDead, "dead rows"
 			}
 			stores, ctx, done, err := f.open(false)
 			if err != nil {
@@ -279,7 +280,7 @@ func newOutboxList(out io.Writer) *cobra.Command {
 }
 
 // outboxTable prints rows of an outbox, their text escaped and bounded.
-func outboxTable(out io.Writer, entries []sqlstore.Entry) {
+func outboxTable(out io.Writer, entries []sluicesql.OutboxEntry) {
 	t := table.NewWriter()
 	t.SetOutputMirror(out)
 	t.SetStyle(table.StyleLight)

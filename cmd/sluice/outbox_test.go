@@ -19,24 +19,24 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // outboxBed is an outbox table in a schema of the test's own.
 type outboxBed struct {
 	db    *sqlx.DB
-	store *sqlstore.Store
+	store *sluicesql.Outbox
 	table string
 }
 
 func newOutboxBed(t *testing.T) *outboxBed {
 	t.Helper()
 	db := testenv.Postgres(t)
-	table := testenv.Schema(t, db) + ".sluice_outbox"
-	store, err := sqlstore.New(sqlstore.Config{DB: db, Table: table})
-	require.NoError(t, err)
-	require.NoError(t, store.CreateTable(t.Context()))
+	schema := testenv.Schema(t, db)
+	table := schema + ".sluice_outbox"
+	store := testenv.Migrate(t, sluicesql.Config{DB: db, Schema: schema}).Outbox
 	return &outboxBed{db: db, store: store, table: table}
 }
 
@@ -98,7 +98,7 @@ func TestOutboxCommandsShowAStuckOutboxAndRetryIt(t *testing.T) {
 	stopRelay := runRelay(t, b.store, pub, cfg)
 	b.write(t, missing, "m-1", "m-2", "m-3")
 	require.Eventually(t, func() bool {
-		rows, err := b.store.List(t.Context(), sqlstore.Failing, 10)
+		rows, err := b.store.List(t.Context(), sluicesql.OutboxFailing, 10)
 		refused := 0
 		for _, r := range rows {
 			if strings.Contains(r.LastError, "unroutable") {

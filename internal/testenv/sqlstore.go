@@ -10,6 +10,7 @@ import (
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
 	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // SQLStore returns an SQL inbox store on db with its table created (twice:
@@ -38,5 +39,16 @@ func OutcomeStore(t testing.TB, db *sqlx.DB, table string) *replaysql.Store {
 	s, err := replaysql.New(replaysql.Config{DB: db, Table: table})
 	require.NoError(t, err)
 	require.NoError(t, s.CreateTable(t.Context()))
+	return s
+}
+
+// Migrate returns sluicesql's stores of cfg with their tables created by
+// Stores.Migrate (twice: it is idempotent), in cfg.Schema when set.
+func Migrate(t testing.TB, cfg sluicesql.Config) *sluicesql.Stores {
+	t.Helper()
+	s, err := sluicesql.New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, s.Migrate(t.Context()))
+	require.NoError(t, s.Migrate(t.Context()), "Migrate is idempotent")
 	return s
 }

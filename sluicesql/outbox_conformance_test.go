@@ -1,4 +1,4 @@
-package sqlstore_test
+package sluicesql_test
 
 import (
 	"testing"
@@ -9,7 +9,8 @@ import (
 	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox/outboxtest"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // The SQL outbox passes the outbox conformance suite on PostgreSQL and on
@@ -22,9 +23,9 @@ func TestConformance(t *testing.T) {
 		outboxtest.Run(t, func(t *testing.T) outboxtest.Stores {
 			schema := testenv.Schema(t, pg)
 			in := testenv.SQLStore(t, pg, schema+".inbox")
-			out, err := sqlstore.New(sqlstore.Config{DB: pg, Table: schema + ".outbox"})
+			out, err := sluicesql.NewOutbox(pg, sluicesql.OutboxConfig{Table: schema + ".outbox"})
 			require.NoError(t, err)
-			require.NoError(t, out.CreateTable(t.Context()))
+			require.NoError(t, sluicesql.CreateOutboxTable(t.Context(), out))
 			return outboxtest.Stores{Inbox: in, Outbox: out}
 		})
 	})
@@ -35,9 +36,9 @@ func TestConformance(t *testing.T) {
 			in, err := inbox.New(inbox.Config{DB: db})
 			require.NoError(t, err)
 			require.NoError(t, in.CreateTable(t.Context()))
-			out, err := sqlstore.New(sqlstore.Config{DB: db, Lease: time.Minute})
+			out, err := sluicesql.NewOutbox(db, sluicesql.OutboxConfig{Lease: time.Minute})
 			require.NoError(t, err)
-			require.NoError(t, out.CreateTable(t.Context()))
+			require.NoError(t, sluicesql.CreateOutboxTable(t.Context(), out))
 			return outboxtest.Stores{Inbox: in, Outbox: out}
 		})
 	})

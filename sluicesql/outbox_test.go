@@ -1,4 +1,4 @@
-package sqlstore_test
+package sluicesql_test
 
 import (
 	"context"
@@ -18,44 +18,49 @@ import (
 	inbox "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
-func TestNewValidates(t *testing.T) {
+func TestNewOutboxValidates(t *testing.T) {
 	t.Parallel()
 	pg := sqlx.NewDb(nil, "postgres")
 	for _, tt := range []struct {
-		cfg  sqlstore.Config
+		db   *sqlx.DB
+		cfg  sluicesql.OutboxConfig
 		want string
 	}{
-		{sqlstore.Config{}, "Config.DB is required"},
-		{sqlstore.Config{DB: sqlx.NewDb(nil, "mysql")}, `driver "mysql" is not supported`},
-		{sqlstore.Config{DB: pg, Table: "outbox; DROP TABLE users"}, "is not an SQL identifier"},
-		{sqlstore.Config{DB: sqlx.NewDb(nil, "sqlite"), Table: "main.outbox"}, "schema.name on PostgreSQL only"},
-		{sqlstore.Config{DB: pg, Lease: -time.Second}, "Lease must not be negative"},
+		{nil, sluicesql.OutboxConfig{}, "NewOutbox: the DB is required"},
+		{sqlx.NewDb(nil, "mysql"), sluicesql.OutboxConfig{}, `NewOutbox: driver "mysql" is not supported`},
+		{pg, sluicesql.OutboxConfig{Table: "outbox; DROP TABLE users"}, "is not an SQL identifier"},
+		{sqlx.NewDb(nil, "sqlite"), sluicesql.OutboxConfig{Table: "main.outbox"}, "schema.name on PostgreSQL only"},
+		{pg, sluicesql.OutboxConfig{Lease: -time.Second}, "OutboxConfig.Lease must not be negative"},
 	} {
-		_, err := sqlstore.New(tt.cfg)
+		_, err := sluicesql.NewOutbox(tt.db, tt.cfg)
 		require.ErrorContains(t, err, tt.want)
-		require.ErrorContains(t, err, "outbox/sqlstore: Config.")
+		require.ErrorContains(t, err, "sluicesql: ")
 	}
 }
 
 // backends are the databases the store speaks, each with a table of the
 // test's own.
-func backends(t *testing.T) map[string]*sqlstore.Store {
+func backends(t *testing.T) map[string]*sluicesql.Outbox {
 	t.Helper()
 	pg := testenv.Postgres(t)
 	schema := testenv.Schema(t, pg)
 	prefixes.Store(pg, schema+".")
-	out := map[string]*sqlstore.Store{}
-	for name, cfg := range map[string]sqlstore.Config{
-		"postgres": {DB: pg, Table: schema + ".outbox"},
-		"sqlite":   {DB: testenv.SQLite(t), Lease: time.Minute},
+	out := map[string]*sluicesql.Outbox{}
+	for name, b := range map[string]struct {
+		db  *sqlx.DB
+		cfg sluicesql.OutboxConfig
+	}{
+		"postgres": {pg, sluicesql.OutboxConfig{Table: schema + ".outbox"}},
+		"sqlite":   {testenv.SQLite(t), sluicesql.OutboxConfig{Lease: time.Minute}},
 	} {
-		s, err := sqlstore.New(cfg)
+		s, err := sluicesql.NewOutbox(b.db, b.cfg)
 		require.NoError(t, err)
-		require.NoError(t, s.CreateTable(t.Context()))
-		require.NoError(t, s.CreateTable(t.Context()), "CreateTable is idempotent")
+		require.NoError(t, sluicesql.CreateOutboxTable(t.Context(), s))
+		require.NoError(t, sluicesql.CreateOutboxTable(t.Context(), s), "CreateTable is idempotent")
 		out[name] = s
 	}
 	return out
@@ -65,18 +70,18 @@ func backends(t *testing.T) map[string]*sqlstore.Store {
 // schema on PostgreSQL.
 var prefixes sync.Map
 
-func prefix(s *sqlstore.Store) string {
-	p, _ := prefixes.Load(sqlstore.DB(s))
+func prefix(s *sluicesql.Outbox) string {
+	p, _ := prefixes.Load(sluicesql.OutboxDB(s))
 	v, _ := p.(string)
 	return v
 }
 
-func db(t *testing.T, s *sqlstore.Store) *sqlx.DB {
+func db(t *testing.T, s *sluicesql.Outbox) *sqlx.DB {
 	t.Helper()
-	return sqlstore.DB(s)
+	return sluicesql.OutboxDB(s)
 }
 
-func write(t *testing.T, s *sqlstore.Store, topic string, msgs ...*message.Message) {
+func write(t *testing.T, s *sluicesql.Outbox, topic string, msgs ...*message.Message) {
 	t.Helper()
 	tx, err := db(t, s).BeginTxx(t.Context(), nil)
 	require.NoError(t, err)
@@ -130,7 +135,7 @@ func TestWriteThenDueThenFinish(t *testing.T) {
 			require.Empty(t, b.Rows(), "a failed row waits for its next attempt")
 			require.NoError(t, b.Release(ctx))
 
-			list, err := s.List(ctx, sqlstore.Failing, 10)
+			list, err := s.List(ctx, sluicesql.OutboxFailing, 10)
 			require.NoError(t, err)
 			require.Len(t, list, 1)
 			require.Equal(t, "returned: no route", list[0].LastError)
@@ -256,7 +261,7 @@ func TestPublishWritesInTheInboxTransaction(t *testing.T) {
 			ctx := t.Context()
 			require.ErrorIs(t, s.Publish(ctx, "t", message.NewMessage("x", nil)), outbox.ErrNoUnitOfWork)
 
-			store := testenv.SQLStore(t, sqlstore.DB(s), prefix(s)+"inbox")
+			store := testenv.SQLStore(t, sluicesql.OutboxDB(s), prefix(s)+"inbox")
 			stage, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c"})
 			require.NoError(t, err)
 			run := func(key string, fail bool) error {
@@ -295,7 +300,7 @@ func TestPublishWritesInTheInboxTransaction(t *testing.T) {
 // beside the transaction.
 func TestPublishRefusesAnotherDialect(t *testing.T) {
 	t.Parallel()
-	lite, err := sqlstore.New(sqlstore.Config{DB: testenv.SQLite(t)})
+	lite, err := sluicesql.NewOutbox(testenv.SQLite(t), sluicesql.OutboxConfig{})
 	require.NoError(t, err)
 	pg := testenv.Postgres(t)
 	store := testenv.SQLStore(t, pg, testenv.Schema(t, pg)+".inbox")
@@ -320,7 +325,7 @@ func TestWriteCarriesTheTraceContext(t *testing.T) {
 	ctx := trace.ContextWithSpanContext(t.Context(), sc)
 	own := message.NewMessage("own", nil)
 	own.Metadata.Set("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
-	tx, err := sqlstore.DB(s).BeginTxx(ctx, nil)
+	tx, err := sluicesql.OutboxDB(s).BeginTxx(ctx, nil)
 	require.NoError(t, err)
 	require.NoError(t, s.Write(ctx, tx, "t", message.NewMessage("new", nil), own))
 	require.NoError(t, tx.Commit())
@@ -342,7 +347,7 @@ func TestAHeldBatchIsReleasedWhenItsRelayIsGone(t *testing.T) {
 		own, err := sqlx.Connect("postgres", testenv.PostgresURL) // the doomed relay's pool
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = own.Close() })
-		doomed, err := sqlstore.New(sqlstore.Config{DB: own, Table: s.Name()})
+		doomed, err := sluicesql.NewOutbox(own, sluicesql.OutboxConfig{Table: s.Name()})
 		require.NoError(t, err)
 		write(t, s, "t", message.NewMessage("a", nil), message.NewMessage("b", nil))
 		held, err := doomed.Due(ctx, 10)
@@ -354,7 +359,7 @@ func TestAHeldBatchIsReleasedWhenItsRelayIsGone(t *testing.T) {
 		require.NoError(t, other.Release(ctx))
 
 		var terminated bool
-		require.NoError(t, sqlstore.DB(s).GetContext(ctx, &terminated,
+		require.NoError(t, sluicesql.OutboxDB(s).GetContext(ctx, &terminated,
 			`SELECT pg_terminate_backend(pid) FROM pg_locks WHERE relation = $1::regclass AND mode = 'RowShareLock' AND pid <> pg_backend_pid() LIMIT 1`, s.Name()))
 		require.True(t, terminated)
 		require.Eventually(t, func() bool {
@@ -369,9 +374,9 @@ func TestAHeldBatchIsReleasedWhenItsRelayIsGone(t *testing.T) {
 		ctx := t.Context()
 		db := testenv.SQLite(t)
 		const lease = 3 * time.Second
-		s, err := sqlstore.New(sqlstore.Config{DB: db, Lease: lease})
+		s, err := sluicesql.NewOutbox(db, sluicesql.OutboxConfig{Lease: lease})
 		require.NoError(t, err)
-		require.NoError(t, s.CreateTable(ctx))
+		require.NoError(t, sluicesql.CreateOutboxTable(ctx, s))
 		write(t, s, "t", message.NewMessage("a", nil))
 		taken := time.Now()
 		held, err := s.Due(ctx, 10)
@@ -403,7 +408,7 @@ func TestExists(t *testing.T) {
 			if name == "postgres" {
 				table = prefix(s) + "Outbox" // the store's is "outbox": another name once quoted
 			}
-			other, err := sqlstore.New(sqlstore.Config{DB: sqlstore.DB(s), Table: table})
+			other, err := sluicesql.NewOutbox(sluicesql.OutboxDB(s), sluicesql.OutboxConfig{Table: table})
 			require.NoError(t, err)
 			found, err = other.Exists(t.Context())
 			require.NoError(t, err)
