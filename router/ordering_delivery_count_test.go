@@ -19,9 +19,10 @@ import (
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/ordering"
-	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
+
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // givenBack is a queue of one key's 16 events (the consumer's prefetch, all
@@ -338,15 +339,13 @@ func TestAnOrderedKeyKeepsItsOrderAcrossRestartsMidLoad(t *testing.T) {
 // newOrderedStores returns the test database, a schema of t's own holding
 // an applied table (n bigserial, then column), the inbox store and the
 // ordering store in it.
-func newOrderedStores(t *testing.T, column string) (*sqlx.DB, string, *sqlstore.Store, *ordersql.Store) {
+func newOrderedStores(t *testing.T, column string) (*sqlx.DB, string, *sqlstore.Store, *sluicesql.Orders) {
 	t.Helper()
 	db := testenv.Postgres(t)
 	schema := testenv.Schema(t, db)
 	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.applied (n bigserial PRIMARY KEY, %s)`, schema, column))
 	require.NoError(t, err)
 	inbox := testenv.SQLStore(t, db, schema+".inbox")
-	orders, err := ordersql.New(ordersql.Config{DB: db, TablePrefix: schema + ".order"})
-	require.NoError(t, err)
-	require.NoError(t, orders.CreateTables(t.Context()))
+	orders := testenv.Migrate(t, sluicesql.Config{DB: db, Schema: schema, OrderTablePrefix: "order"}).Order
 	return db, schema, inbox, orders
 }

@@ -15,13 +15,12 @@ import (
 	inboxsql "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
-	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
 	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
 )
 
 // The tables' default names (each store package's TableDefault).
 const (
-	OrderTablePrefixDefault = ordersql.TablePrefixDefault
+	OrderTablePrefixDefault = ordersTablePrefixDefault
 	InboxTableDefault       = inboxsql.TableDefault
 	OutboxTableDefault      = outboxTableDefault
 	OutcomeTableDefault     = replaysql.TableDefault
@@ -74,7 +73,7 @@ type Stores struct {
 	// (ordering.Config.Store; docs/ordering.md) on PostgreSQL, its tables
 	// <OrderTablePrefix>_keys and _held; nil on SQLite, which it does not
 	// support.
-	Order *ordersql.Store
+	Order *Orders
 
 	db     *sqlx.DB
 	schema string // Config.Schema, quoted; "" without one
@@ -127,7 +126,7 @@ func New(cfg Config) (*Stores, error) {
 		return nil, fmt.Errorf("sluicesql: the replay outcomes (Config.OutcomeTable, Config.Schema): %w", err)
 	}
 	if postgres(db) {
-		if s.Order, err = ordersql.New(ordersql.Config{DB: db, TablePrefix: names[3]}); err != nil {
+		if s.Order, err = NewOrders(db, OrdersConfig{TablePrefix: names[3]}); err != nil {
 			return nil, fmt.Errorf("sluicesql: the ordering store (Config.OrderTablePrefix, Config.Schema): %w", err)
 		}
 	}
@@ -184,7 +183,7 @@ func (s *Stores) Migrate(ctx context.Context) (err error) {
 			if s.Order == nil {
 				return nil
 			}
-			return s.Order.CreateTables(ctx)
+			return s.Order.createTables(ctx)
 		}}} {
 		if err := m.create(ctx); err != nil {
 			return fmt.Errorf("sluicesql: migrating %s: %w", m.what, err)
