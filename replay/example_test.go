@@ -13,7 +13,8 @@ import (
 	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
-	"github.com/sluicemq/sluice/replay/sqlstore"
+
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // A message replayed by `sluice dlq replay` carries its run and item; the
@@ -27,7 +28,7 @@ func Example() {
 		panic(err)
 	}
 	defer func() { _ = db.Close() }()
-	store, err := sqlstore.New(sqlstore.Config{DB: db})
+	store, err := sluicesql.NewOutcomes(db, sluicesql.OutcomesConfig{})
 	if err != nil {
 		panic(err)
 	}

@@ -14,7 +14,7 @@ import (
 
 // The PostgreSQL store passes the conformance suite: row locks bounded by
 // the context, holds in order and once, metadata byte for byte.
-func TestStoreConforms(t *testing.T) {
+func TestOrdersConform(t *testing.T) {
 	t.Parallel()
 	db := testenv.Postgres(t)
 	s, err := sluicesql.NewOrders(db, sluicesql.OrdersConfig{TablePrefix: testenv.Schema(t, db) + ".sluice_order"})

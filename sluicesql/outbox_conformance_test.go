@@ -15,7 +15,7 @@ import (
 
 // The SQL outbox passes the outbox conformance suite on PostgreSQL and on
 // SQLite, beside the SQL inbox.
-func TestConformance(t *testing.T) {
+func TestOutboxConformance(t *testing.T) {
 	t.Parallel()
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()

@@ -15,7 +15,6 @@ import (
 	inboxsql "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
-	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
 )
 
 // The tables' default names (each store package's TableDefault).
@@ -23,7 +22,7 @@ const (
 	OrderTablePrefixDefault = ordersTablePrefixDefault
 	InboxTableDefault       = inboxsql.TableDefault
 	OutboxTableDefault      = outboxTableDefault
-	OutcomeTableDefault     = replaysql.TableDefault
+	OutcomeTableDefault     = outcomesTableDefault
 )
 
 // Config configures New.
@@ -68,7 +67,7 @@ type Stores struct {
 	Outbox *Outbox
 	// Outcomes records what became of each message replayed from a poison
 	// queue (replay.Config.Store), for sluice dlq replay and report.
-	Outcomes *replaysql.Store
+	Outcomes *Outcomes
 	// Order keeps the ordering stage's waiting keys and held messages
 	// (ordering.Config.Store; docs/ordering.md) on PostgreSQL, its tables
 	// <OrderTablePrefix>_keys and _held; nil on SQLite, which it does not
@@ -122,7 +121,7 @@ func New(cfg Config) (*Stores, error) {
 	if s.Outbox, err = NewOutbox(db, OutboxConfig{Table: names[1], Checker: cfg.OutboxChecker}); err != nil {
 		return nil, fmt.Errorf("sluicesql: the outbox (Config.OutboxTable, Config.Schema): %w", err)
 	}
-	if s.Outcomes, err = replaysql.New(replaysql.Config{DB: db, Table: names[2]}); err != nil {
+	if s.Outcomes, err = NewOutcomes(db, OutcomesConfig{Table: names[2]}); err != nil {
 		return nil, fmt.Errorf("sluicesql: the replay outcomes (Config.OutcomeTable, Config.Schema): %w", err)
 	}
 	if postgres(db) {

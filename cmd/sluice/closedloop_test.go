@@ -34,9 +34,10 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/replay"
 	replayredis "github.com/sluicemq/sluice/replay/redisstore"
-	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
+
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // recovering is a consumer of the bed's queue with the whole stack, the
@@ -204,7 +205,7 @@ func TestClosedLoopReplayStopsOnRepoisonAndReports(t *testing.T) {
 	require.Equal(t, []string{"bad-00", "bad-01"}, last[len(last)-2].Items)
 
 	// A report of a run with events sent and no outcome yet exits 1.
-	outcomes, err := replaysql.New(replaysql.Config{DB: db, Table: rc.outcomesTable})
+	outcomes, err := sluicesql.NewOutcomes(db, sluicesql.OutcomesConfig{Table: rc.outcomesTable})
 	require.NoError(t, err)
 	require.NoError(t, outcomes.Replayed(t.Context(), []replay.Record{{Run: "run-pending", Item: "evt-x", EventID: "evt-x", At: time.Now()}}))
 	code, report, errOut = b.cli(t, "dlq", "report", "--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--run", "run-pending")

@@ -25,8 +25,9 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/localenv"
 	"github.com/sluicemq/sluice/rabbitmq"
-	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
+
 	"github.com/sluicemq/sluice/signing"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // filterFlags are the selection flags of inspect, replay and archive.
@@ -221,7 +222,7 @@ func (o *operatorRecords) register(cmd *cobra.Command, help string) {
 func outcomeFlags(fl *pflag.FlagSet, url, table *string, what string) {
 	fl.StringVar(url, "outcomes", localenv.Get("SLUICE_OUTCOMES_URL", ""),
 		"the outcome records "+what+": a PostgreSQL URL (the outcome table), or a redis:// URL (replay/redisstore) (env SLUICE_OUTCOMES_URL)")
-	fl.StringVar(table, "outcomes-table", replaysql.TableDefault, "the outcome table (name or schema.name); on Redis the key prefix, without its colon")
+	fl.StringVar(table, "outcomes-table", sluicesql.OutcomeTableDefault, "the outcome table (name or schema.name); on Redis the key prefix, without its colon")
 }
 
 // printRun names the run an operator's records went under.

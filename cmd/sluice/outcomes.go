@@ -13,7 +13,8 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/replay/ledger"
 	"github.com/sluicemq/sluice/replay/redisstore"
-	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
+
+	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/sluicesql/postgres"
 )
 
@@ -88,7 +89,7 @@ func openOutcomes(url, table string, create bool) (ledger.Ledger, func(), error)
 		_ = db.Close()
 		return nil, nil, fmt.Errorf("--outcomes: connecting to the database (within its connect_timeout, default %s): %w", postgres.ConnectTimeoutDefault, diag.RedactError(err))
 	}
-	s, err := replaysql.New(replaysql.Config{DB: db, Table: table})
+	s, err := sluicesql.NewOutcomes(db, sluicesql.OutcomesConfig{Table: table})
 	if err == nil {
 		if create {
 			err = s.CreateTable(ctx)

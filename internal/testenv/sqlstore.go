@@ -9,7 +9,7 @@ import (
 
 	"github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/deduplication/sqlstore/sqlite"
-	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
+
 	"github.com/sluicemq/sluice/sluicesql"
 )
 
@@ -34,9 +34,9 @@ func SQLite(t testing.TB) *sqlx.DB {
 }
 
 // OutcomeStore returns a replay outcome store on db with its table created.
-func OutcomeStore(t testing.TB, db *sqlx.DB, table string) *replaysql.Store {
+func OutcomeStore(t testing.TB, db *sqlx.DB, table string) *sluicesql.Outcomes {
 	t.Helper()
-	s, err := replaysql.New(replaysql.Config{DB: db, Table: table})
+	s, err := sluicesql.NewOutcomes(db, sluicesql.OutcomesConfig{Table: table})
 	require.NoError(t, err)
 	require.NoError(t, s.CreateTable(t.Context()))
 	return s
