@@ -33,10 +33,10 @@ import (
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/replay"
-	replayredis "github.com/sluicemq/sluice/replay/redisstore"
 
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluiceredis"
 	"github.com/sluicemq/sluice/sluicesql"
 )
 
@@ -670,7 +670,7 @@ func TestClosedLoopOnRedis(t *testing.T) {
 	inbox, err := dedupredis.New(dedupredis.Config{Client: client, Prefix: prefix + "inbox:"})
 	require.NoError(t, err)
 	outcomesPrefix := strings.TrimSuffix(prefix, ":") + "_replay"
-	outcomes, err := replayredis.New(replayredis.Config{Client: client, Prefix: outcomesPrefix + ":"})
+	outcomes, err := sluiceredis.NewOutcomes(client, sluiceredis.OutcomesConfig{Prefix: outcomesPrefix + ":"})
 	require.NoError(t, err)
 	stock := prefix + "stock"
 

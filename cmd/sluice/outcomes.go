@@ -12,8 +12,8 @@ import (
 
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/replay/ledger"
-	"github.com/sluicemq/sluice/replay/redisstore"
 
+	"github.com/sluicemq/sluice/sluiceredis"
 	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/sluicesql/postgres"
 )
@@ -74,7 +74,7 @@ func openOutcomes(url, table string, create bool) (ledger.Ledger, func(), error)
 			_ = client.Close()
 			return nil, nil, fmt.Errorf("--outcomes: %w", diag.RedactError(err))
 		}
-		s, err := redisstore.New(redisstore.Config{Client: client, Prefix: table + ":"})
+		s, err := sluiceredis.NewOutcomes(client, sluiceredis.OutcomesConfig{Prefix: table + ":"})
 		if err != nil {
 			_ = client.Close()
 			return nil, nil, fmt.Errorf("--outcomes: %w", err)
