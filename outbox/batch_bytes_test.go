@@ -28,8 +28,8 @@ type measured struct {
 	largest atomic.Int64
 }
 
-func (m *measured) DueWithin(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
-	b, err := m.Outbox.DueWithin(ctx, limit, maxBytes)
+func (m *measured) Due(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
+	b, err := m.Outbox.Due(ctx, limit, maxBytes)
 	if err == nil {
 		var n int64
 		for _, r := range b.Rows() {
@@ -89,13 +89,11 @@ func TestABatchIsBoundedByBytes(t *testing.T) {
 // due rows by polling only.
 type unwoken struct{ s *sluicesql.Outbox }
 
-func (u unwoken) Due(ctx context.Context, limit int) (outbox.Batch, error) {
-	return u.s.Due(ctx, limit)
+func (u unwoken) Due(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
+	return u.s.Due(ctx, limit, maxBytes)
 }
 func (u unwoken) Stats(ctx context.Context) (outbox.Stats, error) { return u.s.Stats(ctx) }
-func (u unwoken) DueWithin(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
-	return u.s.DueWithin(ctx, limit, maxBytes)
-}
+func (u unwoken) Wakeups() <-chan struct{}                        { return nil }
 
 // A batch cut short by BatchBytes while more rows are due is followed by
 // the next one at once, as a full batch is, not after a PollInterval. Before,

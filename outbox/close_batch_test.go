@@ -106,19 +106,19 @@ func TestCloseFinishesOnlyTheBatchInFlight(t *testing.T) {
 	require.EqualValues(t, rows-batch, st.Pending, "the rest stays in the outbox")
 }
 
-// heldDue holds its first DueWithin until release is closed.
+// heldDue holds its first Due until release is closed.
 type heldDue struct {
 	*sluicesql.Outbox
 	entered, release chan struct{}
 	once             sync.Once
 }
 
-func (h *heldDue) DueWithin(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
+func (h *heldDue) Due(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
 	h.once.Do(func() {
 		close(h.entered)
 		<-h.release
 	})
-	return h.Outbox.DueWithin(ctx, limit, maxBytes)
+	return h.Outbox.Due(ctx, limit, maxBytes)
 }
 
 // Issue 43, item 5: a batch whose taking ends after Close was called is
@@ -141,7 +141,7 @@ func TestABatchTakenAsCloseIsCalledIsGivenBack(t *testing.T) {
 	st, err := store.Stats(t.Context())
 	require.NoError(t, err)
 	require.EqualValues(t, rows, st.Pending, "every row stays in the outbox")
-	due, err := store.Outbox.Due(t.Context(), rows)
+	due, err := store.Outbox.Due(t.Context(), rows, 0)
 	require.NoError(t, err)
 	require.Len(t, due.Rows(), rows, "the batch given back is due again at once")
 	require.NoError(t, due.Release(t.Context()))

@@ -23,18 +23,11 @@ type watched struct {
 	closed, late atomic.Bool
 }
 
-func (w *watched) Due(ctx context.Context, limit int) (outbox.Batch, error) {
+func (w *watched) Due(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
 	if w.closed.Load() {
 		w.late.Store(true)
 	}
-	return w.Outbox.Due(ctx, limit)
-}
-
-func (w *watched) DueWithin(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
-	if w.closed.Load() {
-		w.late.Store(true)
-	}
-	return w.Outbox.DueWithin(ctx, limit, maxBytes)
+	return w.Outbox.Due(ctx, limit, maxBytes)
 }
 
 // Issue 28.8: after Close returns, the relay takes nothing more — whether

@@ -112,7 +112,7 @@ func TestTheDocsSnippetsWriteTheirRows(t *testing.T) {
 	_, err = stage(func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) })(msg)
 	require.NoError(t, err)
 	require.NoError(t, createOrder(t.Context(), db, outboxStore, message.NewMessage(watermill.NewUUID(), nil)))
-	b, err := outboxStore.Due(t.Context(), 10)
+	b, err := outboxStore.Due(t.Context(), 10, 0)
 	require.NoError(t, err)
 	require.Len(t, b.Rows(), 2)
 	require.Equal(t, "inventory.reserved", b.Rows()[0].Topic)

@@ -26,12 +26,8 @@ type failingFinish struct {
 	failed atomic.Bool
 }
 
-func (f *failingFinish) Due(ctx context.Context, limit int) (outbox.Batch, error) {
-	return f.DueWithin(ctx, limit, 0)
-}
-
-func (f *failingFinish) DueWithin(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
-	b, err := f.Outbox.DueWithin(ctx, limit, maxBytes)
+func (f *failingFinish) Due(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
+	b, err := f.Outbox.Due(ctx, limit, maxBytes)
 	if err != nil || len(b.Rows()) == 0 || !f.failed.CompareAndSwap(false, true) {
 		return b, err
 	}

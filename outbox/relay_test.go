@@ -549,7 +549,7 @@ func TestRetryNowMakesRowsDueOnTheDatabasesClock(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.outbox.Write(t.Context(), tx, "t", message.NewMessage("m", nil)))
 	require.NoError(t, tx.Commit())
-	b, err := s.outbox.Due(t.Context(), 10)
+	b, err := s.outbox.Due(t.Context(), 10, 0)
 	require.NoError(t, err)
 	require.Len(t, b.Rows(), 1)
 	require.NoError(t, b.Finish(t.Context(), nil, []outbox.Failed{{ID: b.Rows()[0].ID, Err: "refused", NextAttempt: time.Now().Add(time.Hour)}}))
@@ -652,12 +652,13 @@ type emptyBatch struct{}
 func (emptyBatch) Rows() []outbox.Row                                     { return nil }
 func (emptyBatch) Finish(context.Context, []int64, []outbox.Failed) error { return nil }
 func (emptyBatch) Release(context.Context) error                          { return nil }
+func (emptyBatch) CutShort() bool                                         { return false }
 
-func (l *lagging) Due(ctx context.Context, limit int) (outbox.Batch, error) {
+func (l *lagging) Due(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
 	if l.armed.CompareAndSwap(true, false) {
 		return emptyBatch{}, nil
 	}
-	return l.Store.Due(ctx, limit)
+	return l.Store.Due(ctx, limit, maxBytes)
 }
 
 // A failed row the relay wakes for but finds not yet due (the database's

@@ -339,7 +339,7 @@ func TestAnOrderedKeyKeepsItsOrderAcrossRestartsMidLoad(t *testing.T) {
 // newOrderedStores returns the test database, a schema of t's own holding
 // an applied table (n bigserial, then column), the inbox store and the
 // ordering store in it.
-func newOrderedStores(t *testing.T, column string) (*sqlx.DB, string, *sqlstore.Store, *sluicesql.Orders) {
+func newOrderedStores(t *testing.T, column string) (*sqlx.DB, string, *sqlstore.Store, ordering.Store) {
 	t.Helper()
 	db := testenv.Postgres(t)
 	schema := testenv.Schema(t, db)

@@ -144,14 +144,14 @@ func seqs(from, to int) []int {
 // runOrderScenario publishes sc and waits until every message that can be
 // applied is; it returns the applied sequence of a key (in commit order),
 // the ordering store, the consumer and a bounded wait.
-func runOrderScenario(t *testing.T, sc orderScenario, ordered bool) (applied func(key string) []int, store *sluicesql.Orders, consumer string, wait func(func() bool)) {
+func runOrderScenario(t *testing.T, sc orderScenario, ordered bool) (applied func(key string) []int, store ordering.Store, consumer string, wait func(func() bool)) {
 	return runOrderScenarioOn(t, sc, ordered, 0)
 }
 
 // runOrderScenarioOn is runOrderScenario on a topology of partitions
 // partition queues (0: one queue), published through the partitioned
 // broker's exchange, the ordering key the partition key.
-func runOrderScenarioOn(t *testing.T, sc orderScenario, ordered bool, partitions int) (applied func(key string) []int, store *sluicesql.Orders, consumer string, wait func(func() bool)) {
+func runOrderScenarioOn(t *testing.T, sc orderScenario, ordered bool, partitions int) (applied func(key string) []int, store ordering.Store, consumer string, wait func(func() bool)) {
 	db := testenv.Postgres(t)
 	schema := testenv.Schema(t, db)
 	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.applied (n bigserial PRIMARY KEY, order_key text NOT NULL, seq int NOT NULL)`, schema))

@@ -223,8 +223,8 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 	if err := cfg.unsafe(); err != nil {
 		return nil, err
 	}
-	if c, ok := cfg.Outbox.(outbox.InboxChecker); ok {
-		if err := c.CheckInbox(cfg.Stages.Inbox.Store); err != nil {
+	if cfg.Outbox != nil {
+		if err := cfg.Outbox.CheckInbox(cfg.Stages.Inbox.Store); err != nil {
 			return nil, fmt.Errorf("router: HandlerConfig.Outbox: %w", err)
 		}
 	}

@@ -51,14 +51,8 @@ type OrdersConfig struct {
 	IdleTimeout time.Duration
 }
 
-// Orders is the ordering stage's ordering.Store on PostgreSQL (lib/pq or
-// pgx), in the inbox's database: a key's unit of work is a transaction
-// that locks the key's row (SELECT ... FOR UPDATE, waiting at most
-// LockTimeout), so a release and a hold of one key never interleave,
-// whichever process runs them; one left idle longer than IdleTimeout (its
-// process hung) is ended by PostgreSQL, which frees the key. Its tables
-// are <prefix>_keys and <prefix>_held. It is safe for concurrent use.
-type Orders struct {
+// orders is NewOrders' ordering.Store.
+type orders struct {
 	db          *sqlx.DB
 	keys, held  string // quoted table names
 	name        string // the prefix's last part, for index names
@@ -66,17 +60,17 @@ type Orders struct {
 	idleTimeout string
 }
 
-var (
-	_ ordering.Store  = (*Orders)(nil)
-	_ ordering.Peeker = (*Orders)(nil)
-)
-
-// NewOrders validates cfg and returns the ordering store on db, the
-// inbox's PostgreSQL database (driver "postgres" or "pgx"; a plain
-// *sql.DB: sqlx.NewDb(db, driverName)). It does not touch the database:
+// NewOrders validates cfg and returns the ordering stage's ordering.Store
+// on db, the inbox's PostgreSQL database (driver "postgres" or "pgx"; a
+// plain *sql.DB: sqlx.NewDb(db, driverName)): a key's unit of work is a
+// transaction that locks the key's row (SELECT ... FOR UPDATE, waiting at
+// most LockTimeout), so a release and a hold of one key never interleave,
+// whichever process runs them; one left idle longer than IdleTimeout (its
+// process hung) is ended by PostgreSQL, which frees the key. Its tables are
+// <prefix>_keys and <prefix>_held. It does not touch the database:
 // Stores.Migrate creates the tables. New builds one on PostgreSQL
-// (Stores.Order).
-func NewOrders(db *sqlx.DB, cfg OrdersConfig) (*Orders, error) {
+// (Stores.Order). It is safe for concurrent use.
+func NewOrders(db *sqlx.DB, cfg OrdersConfig) (ordering.Store, error) {
 	if db == nil {
 		return nil, errors.New("sluicesql: NewOrders: the DB is required")
 	}
@@ -99,11 +93,11 @@ func NewOrders(db *sqlx.DB, cfg OrdersConfig) (*Orders, error) {
 		return nil, fmt.Errorf("sluicesql: OrdersConfig.TablePrefix: %w", err)
 	}
 	ms := func(d time.Duration) string { return fmt.Sprintf("%dms", max(d.Milliseconds(), 1)) }
-	return &Orders{db: db, keys: keys, held: held, name: strings.TrimSuffix(name, "_keys"),
+	return &orders{db: db, keys: keys, held: held, name: strings.TrimSuffix(name, "_keys"),
 		lockTimeout: ms(cmp.Or(cfg.LockTimeout, ordersLockTimeoutDefault)), idleTimeout: ms(cmp.Or(cfg.IdleTimeout, ordersIdleTimeoutDefault))}, nil
 }
 
-func (s *Orders) schema() []string {
+func (s *orders) schema() []string {
 	return []string{
 		`CREATE TABLE IF NOT EXISTS ` + s.keys + ` (
 	consumer text NOT NULL,
@@ -129,7 +123,7 @@ func (s *Orders) schema() []string {
 
 // createTables creates the two tables and their index if they do not
 // exist: Stores.Migrate runs it.
-func (s *Orders) createTables(ctx context.Context) error {
+func (s *orders) createTables(ctx context.Context) error {
 	for _, stmt := range s.schema() {
 		if _, err := s.db.ExecContext(ctx, stmt); err != nil {
 			return fmt.Errorf("sluicesql: orders: creating the tables: %w", err)
@@ -142,7 +136,7 @@ func (s *Orders) createTables(ctx context.Context) error {
 // returns within ctx, even where the driver would not (lib/pq dialing a
 // black-holed server); the transaction lives until Commit or Rollback, not
 // until ctx ends.
-func (s *Orders) Lock(ctx context.Context, consumer, key string) (ordering.Guard, error) {
+func (s *orders) Lock(ctx context.Context, consumer, key string) (ordering.Guard, error) {
 	type result struct {
 		g   *ordersGuard
 		err error
@@ -168,7 +162,7 @@ func (s *Orders) Lock(ctx context.Context, consumer, key string) (ordering.Guard
 	}
 }
 
-func (s *Orders) lock(ctx context.Context, consumer, key string) (*ordersGuard, error) {
+func (s *orders) lock(ctx context.Context, consumer, key string) (*ordersGuard, error) {
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("sluicesql: orders: begin: %w", err)
@@ -200,7 +194,7 @@ func (s *Orders) lock(ctx context.Context, consumer, key string) (*ordersGuard, 
 }
 
 // Waits reports whether the key has a row: one statement, no transaction.
-func (s *Orders) Waits(ctx context.Context, consumer, key string) (bool, error) {
+func (s *orders) Waits(ctx context.Context, consumer, key string) (bool, error) {
 	var found bool
 	if err := s.db.GetContext(ctx, &found, `SELECT EXISTS (SELECT 1 FROM `+s.keys+` WHERE consumer = $1 AND order_key = $2)`, consumer, key); err != nil {
 		return false, fmt.Errorf("sluicesql: orders: reading the key: %w", err)
@@ -210,7 +204,7 @@ func (s *Orders) Waits(ctx context.Context, consumer, key string) (bool, error) 
 
 // Releasable returns keys whose head is done and that hold messages,
 // skipping locked ones.
-func (s *Orders) Releasable(ctx context.Context, consumer string, limit int) ([]string, error) {
+func (s *orders) Releasable(ctx context.Context, consumer string, limit int) ([]string, error) {
 	var keys []string
 	err := s.db.SelectContext(ctx, &keys, `SELECT k.order_key FROM `+s.keys+` k WHERE k.consumer = $1 AND k.head = ''
 	AND EXISTS (SELECT 1 FROM `+s.held+` h WHERE h.consumer = k.consumer AND h.order_key = k.order_key)
@@ -222,7 +216,7 @@ func (s *Orders) Releasable(ctx context.Context, consumer string, limit int) ([]
 }
 
 // Keys returns the waiting keys, the oldest first.
-func (s *Orders) Keys(ctx context.Context, consumer string, limit int) ([]ordering.Key, error) {
+func (s *orders) Keys(ctx context.Context, consumer string, limit int) ([]ordering.Key, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT k.order_key, k.head, k.poisoned, k.reason, k.since,
 	(SELECT count(*) FROM `+s.held+` h WHERE h.consumer = k.consumer AND h.order_key = k.order_key)
 	FROM `+s.keys+` k WHERE k.consumer = $1 ORDER BY k.since, k.order_key LIMIT $2`, consumer, limit)
@@ -242,7 +236,7 @@ func (s *Orders) Keys(ctx context.Context, consumer string, limit int) ([]orderi
 }
 
 // Stats counts the waiting keys.
-func (s *Orders) Stats(ctx context.Context, consumer string) (ordering.Stats, error) {
+func (s *orders) Stats(ctx context.Context, consumer string) (ordering.Stats, error) {
 	var st ordering.Stats
 	var oldest sql.NullTime
 	err := s.db.QueryRowContext(ctx, `SELECT
@@ -260,7 +254,7 @@ func (s *Orders) Stats(ctx context.Context, consumer string) (ordering.Stats, er
 }
 
 type ordersGuard struct {
-	s             *Orders
+	s             *orders
 	tx            *sqlx.Tx
 	consumer, key string
 	st            *ordering.Key // nil: the key has no row
@@ -362,20 +356,4 @@ func ordersNonNil(b []byte) []byte {
 		return []byte{}
 	}
 	return b
-}
-
-// Exists reports whether the store's tables exist.
-func (s *Orders) Exists(ctx context.Context) (bool, error) {
-	var found bool
-	err := s.db.GetContext(ctx, &found, `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL`,
-		s.keys, s.held)
-	if err != nil {
-		return false, fmt.Errorf("sluicesql: orders: looking for %s: %w", s.keys, err)
-	}
-	return found, nil
-}
-
-// Name is the tables' prefix, as configured.
-func (s *Orders) Name() string {
-	return strings.TrimSuffix(strings.ReplaceAll(s.keys, `"`, ``), "_keys")
 }

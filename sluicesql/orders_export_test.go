@@ -1,6 +1,12 @@
 package sluicesql
 
-import "context"
+import (
+	"context"
+
+	"github.com/sluicemq/sluice/ordering"
+)
 
 // CreateOrdersTables is s's createTables, which Migrate runs.
-func CreateOrdersTables(ctx context.Context, s *Orders) error { return s.createTables(ctx) }
+func CreateOrdersTables(ctx context.Context, s ordering.Store) error {
+	return s.(*orders).createTables(ctx)
+}

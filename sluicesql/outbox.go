@@ -21,7 +21,8 @@ const (
 	// outboxTableDefault is the outbox table's default name
 	// (Config.OutboxTable's and OutboxConfig.Table's).
 	outboxTableDefault = "sluice_outbox"
-	// outboxLeaseDefault is OutboxConfig.Lease's default.
+	// outboxLeaseDefault is how long Due leases a batch on SQLite when its
+	// context has no deadline.
 	outboxLeaseDefault = 2 * time.Minute
 	// outboxTopicMaxLength bounds a row's topic, in bytes.
 	outboxTopicMaxLength = 255
@@ -33,12 +34,6 @@ type OutboxConfig struct {
 	// part an SQL identifier. Quoted, so case matters. Default
 	// "sluice_outbox".
 	Table string
-	// Lease is how long a relay on SQLite holds a batch it took: another
-	// relay takes its rows after that, should it have stopped. Keep it
-	// longer than the relay's PublishTimeout plus twice its StoreTimeout.
-	// On PostgreSQL a batch is held by its transaction's row locks, released
-	// the moment its relay's connection ends. Default 2 min.
-	Lease time.Duration
 	// Checker, when set, is asked about each message as it is written: one
 	// its publisher would refuse, or its broker could not carry, whenever
 	// it is published (a header name over 255 bytes, more headers than a
@@ -68,17 +63,14 @@ type Outbox struct {
 	table   string // quoted
 	name    string // as configured, unquoted
 	last    string // last part, unquoted
-	lease   time.Duration
 	wake    chan struct{}
 	prop    propagation.TextMapPropagator
 	check   broker.PublishChecker
 }
 
 var (
-	_ outbox.Writer       = (*Outbox)(nil)
-	_ outbox.InboxChecker = (*Outbox)(nil)
-	_ outbox.Store        = (*Outbox)(nil)
-	_ outbox.Waker        = (*Outbox)(nil)
+	_ outbox.Writer = (*Outbox)(nil)
+	_ outbox.Store  = (*Outbox)(nil)
 )
 
 // NewOutbox validates cfg and returns the outbox table on db, the database
@@ -89,10 +81,6 @@ var (
 // builds one (Stores.Outbox).
 func NewOutbox(db *sqlx.DB, cfg OutboxConfig) (*Outbox, error) {
 	cfg.Table = cmp.Or(cfg.Table, outboxTableDefault)
-	cfg.Lease = cmp.Or(cfg.Lease, outboxLeaseDefault)
-	if cfg.Lease < 0 {
-		return nil, fmt.Errorf("sluicesql: OutboxConfig.Lease must not be negative, got %s", cfg.Lease)
-	}
 	if db == nil {
 		return nil, errors.New("sluicesql: NewOutbox: the DB is required")
 	}
@@ -105,7 +93,7 @@ func NewOutbox(db *sqlx.DB, cfg OutboxConfig) (*Outbox, error) {
 		return nil, fmt.Errorf("sluicesql: OutboxConfig.Table: %w", err)
 	}
 	prop := propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
-	return &Outbox{db: db, dialect: d, table: quoted, name: cfg.Table, last: last, lease: cfg.Lease, wake: make(chan struct{}, 1), prop: prop, check: cfg.Checker}, nil
+	return &Outbox{db: db, dialect: d, table: quoted, name: cfg.Table, last: last, wake: make(chan struct{}, 1), prop: prop, check: cfg.Checker}, nil
 }
 
 // Name is the table's name as configured: the relay's metrics label.
@@ -160,16 +148,6 @@ func (s *Outbox) migrateDead(ctx context.Context) error {
 	}
 	_, err := s.db.ExecContext(ctx, `ALTER TABLE `+s.table+` ADD COLUMN dead_at INTEGER`)
 	return err
-}
-
-// Exists reports whether the outbox table exists (the operator's commands
-// create nothing).
-func (s *Outbox) Exists(ctx context.Context) (bool, error) {
-	var found bool
-	if err := s.db.GetContext(ctx, &found, s.dialect.exists, s.dialect.existsArg(s)); err != nil {
-		return false, fmt.Errorf("sluicesql: outbox: looking for %s: %w", s.table, err)
-	}
-	return found, nil
 }
 
 // Wakeups signals rows committed through Publish in this process (and

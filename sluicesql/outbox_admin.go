@@ -12,7 +12,8 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 )
 
-// OutboxEntry is a row as an operator sees it (List).
+// OutboxEntry is a row as an operator sees it (List; Requeue and Discard
+// fill its ID, Topic, MessageID and EventID).
 type OutboxEntry struct {
 	ID        int64
 	Topic     string
@@ -101,20 +102,12 @@ func (s *Outbox) RetryNow(ctx context.Context) (int64, error) {
 	return res.RowsAffected()
 }
 
-// OutboxSettled is a dead row an operator requeued or discarded: what the audit
-// records of it.
-type OutboxSettled struct {
-	ID        int64
-	Topic     string
-	MessageID string
-	EventID   string
-}
-
 // Requeue makes dead rows pending again, due now, with their attempts
 // counted from zero (the cause fixed: the queue declared, the producer's
 // bug fixed): the ids given, or every dead row when ids is empty. It
-// touches only dead rows and returns those it requeued.
-func (s *Outbox) Requeue(ctx context.Context, ids []int64) ([]OutboxSettled, error) {
+// touches only dead rows and returns those it requeued (their ID, Topic,
+// MessageID and EventID: what the audit records).
+func (s *Outbox) Requeue(ctx context.Context, ids []int64) ([]OutboxEntry, error) {
 	out, err := s.settle(ctx, `UPDATE `+s.table+` SET dead_at = NULL, attempts = 0, next_attempt_at = `+s.dialect.now, ids)
 	if err != nil {
 		return nil, fmt.Errorf("sluicesql: outbox: requeueing dead rows of %s: %w", s.table, err)
@@ -127,8 +120,9 @@ func (s *Outbox) Requeue(ctx context.Context, ids []int64) ([]OutboxSettled, err
 
 // Discard deletes dead rows for good — their events are never published:
 // the ids given, or every dead row when ids is empty. It touches only dead
-// rows (a pending row is never deleted) and returns those it deleted.
-func (s *Outbox) Discard(ctx context.Context, ids []int64) ([]OutboxSettled, error) {
+// rows (a pending row is never deleted) and returns those it deleted
+// (their ID, Topic, MessageID and EventID: what the audit records).
+func (s *Outbox) Discard(ctx context.Context, ids []int64) ([]OutboxEntry, error) {
 	out, err := s.settle(ctx, `DELETE FROM `+s.table, ids)
 	if err != nil {
 		return nil, fmt.Errorf("sluicesql: outbox: discarding dead rows of %s: %w", s.table, err)
@@ -138,7 +132,7 @@ func (s *Outbox) Discard(ctx context.Context, ids []int64) ([]OutboxSettled, err
 
 // settle runs stmt (an UPDATE's SET or a DELETE) on the dead rows of ids,
 // or on every dead row, and returns them.
-func (s *Outbox) settle(ctx context.Context, stmt string, ids []int64) ([]OutboxSettled, error) {
+func (s *Outbox) settle(ctx context.Context, stmt string, ids []int64) ([]OutboxEntry, error) {
 	q, args := stmt+` WHERE dead_at IS NOT NULL`, []any(nil)
 	if len(ids) > 0 {
 		var err error
@@ -156,10 +150,10 @@ func (s *Outbox) settle(ctx context.Context, stmt string, ids []int64) ([]Outbox
 	if err := s.db.SelectContext(ctx, &rs, s.db.Rebind(q+` RETURNING id, topic, message_id, metadata`), args...); err != nil {
 		return nil, err
 	}
-	out := make([]OutboxSettled, len(rs))
+	out := make([]OutboxEntry, len(rs))
 	for i, r := range rs {
 		md, _ := outboxDecode(r.Metadata)
-		out[i] = OutboxSettled{ID: r.ID, Topic: r.Topic, MessageID: r.MessageID, EventID: md[sluice.EventIDKey]}
+		out[i] = OutboxEntry{ID: r.ID, Topic: r.Topic, MessageID: r.MessageID, EventID: md[sluice.EventIDKey]}
 	}
 	return out, nil
 }

@@ -75,7 +75,7 @@ func TestABatchHandlerProducesEachEventsMessagesWithIt(t *testing.T) {
 	default:
 		t.Fatal("the commit woke the relay")
 	}
-	b, err := ob.Due(t.Context(), 10)
+	b, err := ob.Due(t.Context(), 10, 0)
 	require.NoError(t, err)
 	var ids []string
 	for _, r := range b.Rows() {

@@ -2,7 +2,6 @@ package sluicesql_test
 
 import (
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -36,7 +35,7 @@ func TestOutboxConformance(t *testing.T) {
 			in, err := inbox.New(inbox.Config{DB: db})
 			require.NoError(t, err)
 			require.NoError(t, in.CreateTable(t.Context()))
-			out, err := sluicesql.NewOutbox(db, sluicesql.OutboxConfig{Lease: time.Minute})
+			out, err := sluicesql.NewOutbox(db, sluicesql.OutboxConfig{})
 			require.NoError(t, err)
 			require.NoError(t, sluicesql.CreateOutboxTable(t.Context(), out))
 			return outboxtest.Stores{Inbox: in, Outbox: out}

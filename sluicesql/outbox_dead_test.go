@@ -27,7 +27,7 @@ func TestCreateTableMigratesAndDeadRowsAreSetAside(t *testing.T) {
 			require.NoError(t, sluicesql.CreateOutboxTable(t.Context(), s), "migrates the earlier table")
 			require.NoError(t, sluicesql.CreateOutboxTable(t.Context(), s), "idempotent")
 
-			b, err := s.Due(t.Context(), 10)
+			b, err := s.Due(t.Context(), 10, 0)
 			require.NoError(t, err)
 			rows := b.Rows()
 			require.Len(t, rows, 2, "the rows kept")
@@ -39,7 +39,7 @@ func TestCreateTableMigratesAndDeadRowsAreSetAside(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, outbox.Stats{Pending: 1, Failing: 1, Dead: 1}, outbox.Stats{Pending: st.Pending, Failing: st.Failing, Dead: st.Dead})
 			require.Eventually(t, func() bool {
-				b, err := s.Due(t.Context(), 10)
+				b, err := s.Due(t.Context(), 10, 0)
 				require.NoError(t, err)
 				defer func() { require.NoError(t, b.Release(t.Context())) }()
 				return len(b.Rows()) == 1 && b.Rows()[0].ID == rows[1].ID
@@ -55,7 +55,7 @@ func TestCreateTableMigratesAndDeadRowsAreSetAside(t *testing.T) {
 			require.Empty(t, gone, "a pending row is never discarded")
 			back, err := s.Requeue(t.Context(), nil)
 			require.NoError(t, err)
-			require.Equal(t, []sluicesql.OutboxSettled{{ID: rows[0].ID, Topic: "t", MessageID: "old-1", EventID: "old-1"}}, back)
+			require.Equal(t, []sluicesql.OutboxEntry{{ID: rows[0].ID, Topic: "t", MessageID: "old-1", EventID: "old-1"}}, back)
 			st, err = s.Stats(t.Context())
 			require.NoError(t, err)
 			require.Equal(t, int64(2), st.Pending)

@@ -24,12 +24,9 @@ type outboxDialect struct {
 	addDead string
 	// after is the time a wait (waitArg's argument) from now, on the
 	// clock Due compares with.
-	after   string
-	waitArg func(time.Duration) any
-	// exists reads whether the table exists, with existsArg's argument.
-	exists    string
-	existsArg func(s *Outbox) any
-	readTime  func(any) (time.Time, error)
+	after    string
+	waitArg  func(time.Duration) any
+	readTime func(any) (time.Time, error)
 }
 
 var outboxPostgres = outboxDialect{
@@ -54,9 +51,6 @@ var outboxPostgres = outboxDialect{
 	now:       `clock_timestamp()`,
 	oldestAge: `, EXTRACT(EPOCH FROM clock_timestamp() - min(CASE WHEN dead_at IS NULL THEN created_at END))::float8 AS age`,
 	addDead:   `ALTER TABLE %s ADD COLUMN IF NOT EXISTS dead_at TIMESTAMPTZ`,
-	// The quoted name, as the store's statements name it (case matters).
-	exists:    `SELECT to_regclass($1) IS NOT NULL`,
-	existsArg: func(s *Outbox) any { return s.table },
 	waitArg:   func(d time.Duration) any { return d.Seconds() },
 	readTime: func(v any) (time.Time, error) {
 		t, ok := v.(time.Time)
@@ -86,12 +80,10 @@ var outboxSQLite = outboxDialect{
 	values: func(int) string {
 		return "(?, ?, ?, ?, CAST(unixepoch('subsec') * 1000000 AS INTEGER), CAST(unixepoch('subsec') * 1000000 AS INTEGER))"
 	},
-	unlease:   `, leased_until = 0`,
-	after:     `?`, // Due compares with the relay's clock on SQLite
-	now:       `CAST(unixepoch('subsec') * 1000000 AS INTEGER)`,
-	exists:    `SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = ?`,
-	existsArg: func(s *Outbox) any { return s.last },
-	waitArg:   func(d time.Duration) any { return time.Now().Add(d).UnixMicro() },
+	unlease: `, leased_until = 0`,
+	after:   `?`, // Due compares with the relay's clock on SQLite
+	now:     `CAST(unixepoch('subsec') * 1000000 AS INTEGER)`,
+	waitArg: func(d time.Duration) any { return time.Now().Add(d).UnixMicro() },
 	readTime: func(v any) (time.Time, error) {
 		us, ok := v.(int64)
 		if !ok {

@@ -15,31 +15,29 @@ import (
 	"github.com/sluicemq/sluice/outbox"
 )
 
-// Due takes up to limit due rows, oldest first (outbox.Store). On
+// Due takes up to limit due rows, oldest first, and after the first up to
+// maxBytes of payload and metadata (0: no bound) — the rows' sizes are
+// read first, their contents only for the rows taken (outbox.Store). On
 // PostgreSQL it holds them with FOR UPDATE SKIP LOCKED in a transaction
 // that lives until the batch is finished or released, or ctx ends; on
-// SQLite it leases them for Lease.
-func (s *Outbox) Due(ctx context.Context, limit int) (outbox.Batch, error) {
-	return s.DueWithin(ctx, limit, 0)
-}
-
-// DueWithin is Due with the rows bounded by maxBytes of payload and
-// metadata too, after the first (outbox.BytesBounder); 0: no bound. The
-// rows' sizes are read first, their contents only for the rows taken.
-func (s *Outbox) DueWithin(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
+// SQLite it leases them until ctx ends (the relay's batch: its
+// PublishTimeout plus three StoreTimeouts), 2 min when ctx has no
+// deadline, after which another relay takes them, should this one have
+// stopped.
+func (s *Outbox) Due(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
 	if s.dialect.name == "postgres" {
 		return s.duePostgres(ctx, limit, maxBytes)
 	}
 	return s.dueSQLite(ctx, limit, maxBytes)
 }
 
-// sized is a due row's id and bytes.
+// outboxSized is a due row's id and bytes.
 type outboxSized struct {
 	ID    int64 `db:"id"`
 	Bytes int64 `db:"bytes"`
 }
 
-// within returns the ids of rows up to maxBytes (at least one).
+// outboxWithin returns the ids of rows up to maxBytes (at least one).
 func outboxWithin(rs []outboxSized, maxBytes int64) []int64 {
 	ids := make([]int64, 0, len(rs))
 	var total int64
@@ -53,7 +51,7 @@ func outboxWithin(rs []outboxSized, maxBytes int64) []int64 {
 	return ids
 }
 
-// scanned is a row as selected.
+// outboxScanned is a row as selected.
 type outboxScanned struct {
 	ID        int64    `db:"id"`
 	Topic     string   `db:"topic"`
@@ -91,7 +89,7 @@ func (s *Outbox) decode(rs []outboxScanned) []outbox.Row {
 
 const outboxColumns = `id, topic, message_id, metadata, payload, attempts, created_at`
 
-// age is seconds read on the database's clock, or, on SQLite (whose clock
+// outboxAge is seconds read on the database's clock, or, on SQLite (whose clock
 // is the process's), the time since created.
 func outboxAge(seconds *float64, created time.Time) time.Duration {
 	if seconds != nil {
@@ -215,6 +213,10 @@ func (s *Outbox) finish(ctx context.Context, db sqlx.ExtContext, relayed []int64
 
 func (s *Outbox) dueSQLite(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
 	now := time.Now()
+	lease := outboxLeaseDefault
+	if d, ok := ctx.Deadline(); ok {
+		lease = max(d.Sub(now), outboxHoldMin)
+	}
 	var sizes []outboxSized
 	q := `SELECT id, length(CAST(payload AS BLOB)) + length(CAST(metadata AS BLOB)) AS bytes FROM ` + s.table +
 		` WHERE dead_at IS NULL AND next_attempt_at <= ? AND leased_until <= ? ORDER BY id LIMIT ?`
@@ -227,7 +229,7 @@ func (s *Outbox) dueSQLite(ctx context.Context, limit int, maxBytes int64) (outb
 		// Taken only if still due and free: another relay may have leased
 		// them since.
 		q, args, err := sqlx.In(`UPDATE `+s.table+` SET leased_until = ? WHERE id IN (?) AND dead_at IS NULL AND next_attempt_at <= ? AND leased_until <= ? RETURNING `+outboxColumns,
-			now.Add(s.lease).UnixMicro(), ids, now.UnixMicro(), now.UnixMicro())
+			now.Add(lease).UnixMicro(), ids, now.UnixMicro(), now.UnixMicro())
 		if err == nil {
 			err = s.db.SelectContext(ctx, &rs, q, args...)
 		}

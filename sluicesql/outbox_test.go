@@ -34,7 +34,6 @@ func TestNewOutboxValidates(t *testing.T) {
 		{sqlx.NewDb(nil, "mysql"), sluicesql.OutboxConfig{}, `NewOutbox: driver "mysql" is not supported`},
 		{pg, sluicesql.OutboxConfig{Table: "outbox; DROP TABLE users"}, "is not an SQL identifier"},
 		{sqlx.NewDb(nil, "sqlite"), sluicesql.OutboxConfig{Table: "main.outbox"}, "schema.name on PostgreSQL only"},
-		{pg, sluicesql.OutboxConfig{Lease: -time.Second}, "OutboxConfig.Lease must not be negative"},
 	} {
 		_, err := sluicesql.NewOutbox(tt.db, tt.cfg)
 		require.ErrorContains(t, err, tt.want)
@@ -55,7 +54,7 @@ func backends(t *testing.T) map[string]*sluicesql.Outbox {
 		cfg sluicesql.OutboxConfig
 	}{
 		"postgres": {pg, sluicesql.OutboxConfig{Table: schema + ".outbox"}},
-		"sqlite":   {testenv.SQLite(t), sluicesql.OutboxConfig{Lease: time.Minute}},
+		"sqlite":   {testenv.SQLite(t), sluicesql.OutboxConfig{}},
 	} {
 		s, err := sluicesql.NewOutbox(b.db, b.cfg)
 		require.NoError(t, err)
@@ -109,7 +108,7 @@ func TestWriteThenDueThenFinish(t *testing.T) {
 			require.Zero(t, st.Failing)
 			require.WithinDuration(t, time.Now(), st.Oldest, time.Minute)
 
-			b, err := s.Due(ctx, 10)
+			b, err := s.Due(ctx, 10, 0)
 			require.NoError(t, err)
 			rows := b.Rows()
 			require.Len(t, rows, 2)
@@ -130,7 +129,7 @@ func TestWriteThenDueThenFinish(t *testing.T) {
 			require.Equal(t, int64(1), st.Pending, "the relayed row is deleted, the failed one kept")
 			require.Equal(t, int64(1), st.Failing)
 
-			b, err = s.Due(ctx, 10)
+			b, err = s.Due(ctx, 10, 0)
 			require.NoError(t, err)
 			require.Empty(t, b.Rows(), "a failed row waits for its next attempt")
 			require.NoError(t, b.Release(ctx))
@@ -146,7 +145,7 @@ func TestWriteThenDueThenFinish(t *testing.T) {
 			n, err := s.RetryNow(ctx)
 			require.NoError(t, err)
 			require.Equal(t, int64(1), n)
-			b, err = s.Due(ctx, 10)
+			b, err = s.Due(ctx, 10, 0)
 			require.NoError(t, err)
 			require.Len(t, b.Rows(), 1, "RetryNow makes it due")
 			require.Equal(t, 1, b.Rows()[0].Attempts)
@@ -170,9 +169,9 @@ func TestTwoBatchesNeverShareARow(t *testing.T) {
 				msgs[i] = message.NewMessage(fmt.Sprint("m-", i), nil)
 			}
 			write(t, s, "t", msgs...)
-			a, err := s.Due(ctx, 100)
+			a, err := s.Due(ctx, 100, 0)
 			require.NoError(t, err)
-			b, err := s.Due(ctx, 200)
+			b, err := s.Due(ctx, 200, 0)
 			require.NoError(t, err)
 			require.Len(t, a.Rows(), 100)
 			require.Len(t, b.Rows(), 150)
@@ -182,7 +181,7 @@ func TestTwoBatchesNeverShareARow(t *testing.T) {
 				seen[r.ID] = true
 			}
 			require.NoError(t, a.Release(ctx))
-			c, err := s.Due(ctx, 500)
+			c, err := s.Due(ctx, 500, 0)
 			require.NoError(t, err)
 			require.Len(t, c.Rows(), 100, "the released rows, not those b holds")
 			require.NoError(t, c.Release(ctx))
@@ -212,7 +211,7 @@ func TestConcurrentBatchesTakeEveryRowOnce(t *testing.T) {
 			for range 4 {
 				wg.Go(func() {
 					for {
-						b, err := s.Due(ctx, 37)
+						b, err := s.Due(ctx, 37, 0)
 						if !assertNoError(t, err) {
 							return
 						}
@@ -287,7 +286,7 @@ func TestPublishWritesInTheInboxTransaction(t *testing.T) {
 			default:
 				t.Fatal("the commit woke the relay")
 			}
-			b, err := s.Due(ctx, 10)
+			b, err := s.Due(ctx, 10, 0)
 			require.NoError(t, err)
 			require.Len(t, b.Rows(), 1, "only the committed delivery's message")
 			require.Equal(t, "from-committed", b.Rows()[0].Message.UUID)
@@ -329,7 +328,7 @@ func TestWriteCarriesTheTraceContext(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.Write(ctx, tx, "t", message.NewMessage("new", nil), own))
 	require.NoError(t, tx.Commit())
-	b, err := s.Due(ctx, 10)
+	b, err := s.Due(ctx, 10, 0)
 	require.NoError(t, err)
 	require.Equal(t, "00-01000000000000000000000000000000-0200000000000000-01", b.Rows()[0].Message.Metadata.Get("traceparent"))
 	require.Equal(t, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", b.Rows()[1].Message.Metadata.Get("traceparent"))
@@ -350,10 +349,10 @@ func TestAHeldBatchIsReleasedWhenItsRelayIsGone(t *testing.T) {
 		doomed, err := sluicesql.NewOutbox(own, sluicesql.OutboxConfig{Table: s.Name()})
 		require.NoError(t, err)
 		write(t, s, "t", message.NewMessage("a", nil), message.NewMessage("b", nil))
-		held, err := doomed.Due(ctx, 10)
+		held, err := doomed.Due(ctx, 10, 0)
 		require.NoError(t, err)
 		require.Len(t, held.Rows(), 2)
-		other, err := s.Due(ctx, 10)
+		other, err := s.Due(ctx, 10, 0)
 		require.NoError(t, err)
 		require.Empty(t, other.Rows(), "held")
 		require.NoError(t, other.Release(ctx))
@@ -363,7 +362,7 @@ func TestAHeldBatchIsReleasedWhenItsRelayIsGone(t *testing.T) {
 			`SELECT pg_terminate_backend(pid) FROM pg_locks WHERE relation = $1::regclass AND mode = 'RowShareLock' AND pid <> pg_backend_pid() LIMIT 1`, s.Name()))
 		require.True(t, terminated)
 		require.Eventually(t, func() bool {
-			b, err := s.Due(ctx, 10)
+			b, err := s.Due(ctx, 10, 0)
 			require.NoError(t, err)
 			defer func() { require.NoError(t, b.Release(ctx)) }()
 			return len(b.Rows()) == 2
@@ -373,46 +372,26 @@ func TestAHeldBatchIsReleasedWhenItsRelayIsGone(t *testing.T) {
 	t.Run("sqlite", func(t *testing.T) {
 		ctx := t.Context()
 		db := testenv.SQLite(t)
-		const lease = 3 * time.Second
-		s, err := sluicesql.NewOutbox(db, sluicesql.OutboxConfig{Lease: lease})
+		const lease = 3 * time.Second // the relay's batch: held until its context ends
+		s, err := sluicesql.NewOutbox(db, sluicesql.OutboxConfig{})
 		require.NoError(t, err)
 		require.NoError(t, sluicesql.CreateOutboxTable(ctx, s))
 		write(t, s, "t", message.NewMessage("a", nil))
 		taken := time.Now()
-		held, err := s.Due(ctx, 10)
+		life, cancel := context.WithTimeout(ctx, lease)
+		defer cancel()
+		held, err := s.Due(life, 10, 0)
 		require.NoError(t, err)
 		require.Len(t, held.Rows(), 1)
-		b, err := s.Due(ctx, 10)
+		b, err := s.Due(ctx, 10, 0)
 		require.NoError(t, err)
 		if time.Since(taken) < lease { // a loaded machine may take longer: the lease is then over
 			require.Empty(t, b.Rows(), "leased")
 		}
 		require.Eventually(t, func() bool {
-			b, err := s.Due(ctx, 10)
+			b, err := s.Due(ctx, 10, 0)
 			require.NoError(t, err)
 			return len(b.Rows()) == 1
 		}, 2*time.Minute, 10*time.Millisecond, "taken again once the lease ran out")
 	})
-}
-
-// Exists names the table as the store's statements do (quoted: case
-// matters), on both databases.
-func TestExists(t *testing.T) {
-	t.Parallel()
-	for name, s := range backends(t) {
-		t.Run(name, func(t *testing.T) {
-			found, err := s.Exists(t.Context())
-			require.NoError(t, err)
-			require.True(t, found)
-			table := "Missing"
-			if name == "postgres" {
-				table = prefix(s) + "Outbox" // the store's is "outbox": another name once quoted
-			}
-			other, err := sluicesql.NewOutbox(sluicesql.OutboxDB(s), sluicesql.OutboxConfig{Table: table})
-			require.NoError(t, err)
-			found, err = other.Exists(t.Context())
-			require.NoError(t, err)
-			require.False(t, found)
-		})
-	}
 }

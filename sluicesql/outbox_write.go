@@ -69,7 +69,7 @@ func (s *Outbox) speaks(driverName string) bool {
 
 // CheckInbox reports whether Publish can write in store's units of work:
 // an SQL inbox (deduplication/sqlstore) of the same dialect
-// (outbox.InboxChecker). Both tables must also be in one database, which
+// (outbox.Writer). Both tables must also be in one database, which
 // it cannot see: give both stores the same DB.
 func (s *Outbox) CheckInbox(store deduplication.Store) error {
 	in, ok := store.(*inboxsql.Store)

@@ -15,6 +15,7 @@ import (
 	inboxsql "github.com/sluicemq/sluice/deduplication/sqlstore"
 	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
+	"github.com/sluicemq/sluice/ordering"
 )
 
 // The tables' default names (each store package's TableDefault).
@@ -72,7 +73,7 @@ type Stores struct {
 	// (ordering.Config.Store; docs/ordering.md) on PostgreSQL, its tables
 	// <OrderTablePrefix>_keys and _held; nil on SQLite, which it does not
 	// support.
-	Order *Orders
+	Order ordering.Store
 
 	db     *sqlx.DB
 	schema string // Config.Schema, quoted; "" without one
@@ -182,7 +183,7 @@ func (s *Stores) Migrate(ctx context.Context) (err error) {
 			if s.Order == nil {
 				return nil
 			}
-			return s.Order.createTables(ctx)
+			return s.Order.(*orders).createTables(ctx)
 		}}} {
 		if err := m.create(ctx); err != nil {
 			return fmt.Errorf("sluicesql: migrating %s: %w", m.what, err)

@@ -38,7 +38,7 @@ type orderedOptions struct {
 // orderedWorld is what the ordered scenario saw.
 type orderedWorld struct {
 	plan    orderPlan
-	store   *sluicesql.Orders
+	store   ordering.Store
 	control bool
 	node    *privateCluster // the private RabbitMQ node it restarts
 	// Measured.

@@ -39,7 +39,7 @@ func (f *orderFlags) register(cmd *cobra.Command) {
 
 // open connects to --db and returns the store, which must exist, and a
 // context that ends on Ctrl-C or after orderTimeout; done closes them.
-func (f *orderFlags) open() (*sluicesql.Orders, context.Context, func(), error) {
+func (f *orderFlags) open() (ordering.Store, context.Context, func(), error) {
 	if f.dbURL == "" {
 		return nil, nil, nil, usageError{fmt.Errorf("--db is required: the PostgreSQL URL of the inbox's database (env SLUICE_ORDER_DB_URL)")}
 	}
@@ -55,15 +55,15 @@ func (f *orderFlags) open() (*sluicesql.Orders, context.Context, func(), error) 
 		done()
 		return nil, nil, nil, usageError{fmt.Errorf("--table-prefix %s: %w", diag.Printable(f.prefix, 128), err)}
 	}
-	found, err := s.Exists(ctx)
+	found, err := tablesExist(ctx, db, f.prefix+"_keys", f.prefix+"_held")
 	if err != nil {
 		done()
-		return nil, nil, nil, diag.RedactError(err)
+		return nil, nil, nil, diag.RedactError(fmt.Errorf("looking for %s_keys: %w", diag.Printable(f.prefix, 128), err))
 	}
 	if !found {
 		done()
 		return nil, nil, nil, fmt.Errorf("no ordering tables %s_keys and %s_held in that database (--table-prefix; sluicesql's Migrate makes them)",
-			diag.Printable(s.Name(), 128), diag.Printable(s.Name(), 128))
+			diag.Printable(f.prefix, 128), diag.Printable(f.prefix, 128))
 	}
 	return s, ctx, done, nil
 }

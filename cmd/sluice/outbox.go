@@ -19,7 +19,6 @@ import (
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/localenv"
-	"github.com/sluicemq/sluice/outbox"
 
 	"github.com/sluicemq/sluice/sluicesql"
 )
@@ -39,6 +38,10 @@ type outboxFlags struct {
 	dbURL  string
 	tables []string
 }
+
+// lastErrorMax bounds a row's error as the list prints it: the relay
+// records at most 1,024 bytes.
+const lastErrorMax = 1024
 
 func (f *outboxFlags) register(cmd *cobra.Command, many bool) {
 	fl := cmd.Flags()
@@ -71,7 +74,10 @@ func (f *outboxFlags) open(many bool) ([]*sluicesql.Outbox, context.Context, fun
 			done()
 			return nil, nil, nil, usageError{fmt.Errorf("--table %s: %w", diag.Printable(name, 128), err)}
 		}
-		found, err := s.Exists(ctx)
+		found, err := tablesExist(ctx, db, name)
+		if err != nil {
+			err = fmt.Errorf("looking for %s: %w", diag.Printable(name, 128), err)
+		}
 		if err == nil && !found {
 			err = fmt.Errorf("no outbox table %s in that database (check --table and --db: the table of the services' outbox/sluicesql.OutboxConfig.Table, or --table SCHEMA.sluice_outbox for a service.Config.Schema; nothing was created)", diag.Printable(name, 128))
 		}
@@ -297,7 +303,7 @@ func outboxTable(out io.Writer, entries []sluicesql.OutboxEntry) {
 		// The error whole (the relay bounds it when it records it): a
 		// broker's reason comes after a prefix that would fill a cell.
 		t.AppendRow(table.Row{e.ID, diag.Printable(e.Topic, cellMax), orDash(diag.Printable(e.MessageID, 64)), orDash(diag.Printable(e.EventID, cellMax)),
-			e.Attempts, outboxAge(e.CreatedAt).Round(time.Second), next, orDash(diag.Printable(e.LastError, outbox.ErrorMaxLength))})
+			e.Attempts, outboxAge(e.CreatedAt).Round(time.Second), next, orDash(diag.Printable(e.LastError, lastErrorMax))})
 	}
 	t.Render()
 }

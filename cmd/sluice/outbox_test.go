@@ -193,7 +193,7 @@ func TestOutboxCommandsEscapeHostileRows(t *testing.T) {
 		require.Contains(t, out, `orders\x1b]0;OWNED\x07\x1b[2J`, "%v: the topic escaped, not dropped", args)
 		require.Contains(t, out, `evt-\x1b]0;OWNED`)
 		require.Contains(t, out, `unroutable: \x1b]0;OWNED\x07\x1b[2J`, "the error escaped (wrapped at 72 columns)")
-		require.Less(t, strings.Count(out, "x"), outbox.ErrorMaxLength, "the 10 KB error is bounded")
+		require.Less(t, strings.Count(out, "x"), 1024, "the 10 KB error is bounded (the relay records at most 1,024 bytes)")
 	}
 	out := check("outbox", "list", "--json")
 	require.Contains(t, out, `\u202eevil`)
@@ -253,4 +253,19 @@ func TestOutboxCommandsRefuseWhatTheyCannotRead(t *testing.T) {
 	require.Regexp(t, regexp.QuoteMeta(b.table)+` +│ +0 │ +0 │ +0 │ - +│`, out)
 	require.Regexp(t, regexp.QuoteMeta(other.table)+` +│ +1 │ +0 │ +0 │ \d+s \(`, out)
 	require.Equal(t, 1, strings.Count(out, "PENDING"), fmt.Sprint("one table:\n", out))
+}
+
+// The CLI looks a table up as the stores' statements name it (quoted: case
+// matters), so it creates nothing and names what is missing.
+func TestTablesExistNamesTablesAsTheStoresDo(t *testing.T) {
+	t.Parallel()
+	db := testenv.Postgres(t)
+	schema := testenv.Schema(t, db)
+	testenv.Migrate(t, sluicesql.Config{DB: db, Schema: schema})
+	found, err := tablesExist(t.Context(), db, schema+".sluice_outbox", schema+".sluice_order_keys")
+	require.NoError(t, err)
+	require.True(t, found)
+	found, err = tablesExist(t.Context(), db, schema+".sluice_outbox", schema+".Sluice_outbox") // another name once quoted
+	require.NoError(t, err)
+	require.False(t, found)
 }

@@ -131,6 +131,23 @@ func tableExists(ctx context.Context, db *sqlx.DB, table string) error {
 	return nil
 }
 
+// tablesExist reports whether every table (a name, or schema.name, each
+// part an SQL identifier, as the stores quote them: case matters) is in
+// db, a PostgreSQL database.
+func tablesExist(ctx context.Context, db *sqlx.DB, tables ...string) (bool, error) {
+	for _, table := range tables {
+		parts := strings.Split(table, ".")
+		for i, p := range parts {
+			parts[i] = `"` + strings.ReplaceAll(p, `"`, `""`) + `"`
+		}
+		var found bool
+		if err := db.GetContext(ctx, &found, `SELECT to_regclass($1) IS NOT NULL`, strings.Join(parts, ".")); err != nil || !found {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
 // quietRedis drops go-redis's own log lines.
 type quietRedis struct{}
 

@@ -154,7 +154,7 @@ func Ordering(ctx context.Context, o Options) error {
 // lockOnly is the ordering stage's store work on a waiting key's delivery,
 // less the steps that follow: lock the key (a transaction), read it, roll
 // back.
-func lockOnly(store *sluicesql.Orders, run string) Op {
+func lockOnly(store ordering.Store, run string) Op {
 	return func(ctx context.Context, i int) error {
 		g, err := store.Lock(ctx, "bench", run+strconv.Itoa(i))
 		if err != nil {
@@ -170,7 +170,7 @@ func lockOnly(store *sluicesql.Orders, run string) Op {
 // orderRun preloads oc's messages into a fresh queue and returns the rate
 // at which the stack handles those not of the hot key (every message when
 // there is none).
-func orderRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, url string, v *inboxVariants, store *sluicesql.Orders, oc orderCase, run string) (float64, error) {
+func orderRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, url string, v *inboxVariants, store ordering.Store, oc orderCase, run string) (float64, error) {
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: fmt.Sprintf("sluice_bench_order_%d", time.Now().UnixNano())})
 	if err != nil {
 		return 0, err

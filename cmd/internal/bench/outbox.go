@@ -244,7 +244,7 @@ func (t *batchTimes) add(o batchTimes) {
 // and returns n per second from its start, and its batches' times.
 func relayRun(ctx context.Context, store outbox.Store, pub message.Publisher, batch, concurrency, n int) (float64, batchTimes, error) {
 	counted := newCountingStore(store, n)
-	r, err := outbox.NewRelay(counted, pub, outbox.RelayConfig{BatchSize: batch, Concurrency: concurrency, Name: "bench"})
+	r, err := outbox.NewRelay(counted, pub, outbox.RelayConfig{BatchSize: batch, Concurrency: concurrency})
 	if err != nil {
 		return 0, batchTimes{}, err
 	}
@@ -274,25 +274,15 @@ type countingStore struct {
 	due, finish, publish []time.Duration
 }
 
-var (
-	_ outbox.Store = (*countingStore)(nil)
-	_ outbox.Waker = (*countingStore)(nil)
-)
+var _ outbox.Store = (*countingStore)(nil)
 
 func newCountingStore(s outbox.Store, n int) *countingStore {
 	return &countingStore{Store: s, n: n, all: make(chan struct{})}
 }
 
-func (c *countingStore) Wakeups() <-chan struct{} {
-	if w, ok := c.Store.(outbox.Waker); ok {
-		return w.Wakeups()
-	}
-	return nil
-}
-
-func (c *countingStore) Due(ctx context.Context, limit int) (outbox.Batch, error) {
+func (c *countingStore) Due(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
 	start := time.Now()
-	b, err := c.Store.Due(ctx, limit)
+	b, err := c.Store.Due(ctx, limit, maxBytes)
 	if err != nil {
 		return nil, err
 	}

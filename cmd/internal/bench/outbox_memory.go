@@ -173,8 +173,8 @@ type largestBatch struct {
 	largest int64
 }
 
-func (l *largestBatch) DueWithin(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
-	b, err := l.Outbox.DueWithin(ctx, limit, maxBytes)
+func (l *largestBatch) Due(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
+	b, err := l.Outbox.Due(ctx, limit, maxBytes)
 	if err == nil {
 		var n int64
 		for _, r := range b.Rows() {
@@ -211,7 +211,7 @@ func outboxMemoryWorker(cfg string) error {
 	defer func() { _ = pub.Close() }()
 	store := &largestBatch{Outbox: s}
 	r, err := outbox.NewRelay(store, pub, outbox.RelayConfig{BatchSize: 300, BatchBytes: w.BatchBytes,
-		StatsInterval: -1, Name: "bench"}) // the default PollInterval, as a user's relay
+		StatsInterval: -1}) // the default PollInterval, as a user's relay
 	if err != nil {
 		return err
 	}

@@ -261,8 +261,7 @@ func stackRun(ctx context.Context, admin *amqpAdmin, pub *rabbitmq.Publisher, ur
 			return []*message.Message{evt}, nil
 		}
 		timed := &timedPublisher{pub: rabbit.Publisher(), lat: lat, n: int64(sc.n), all: finished, done: &confirmed}
-		relay, err = outbox.NewRelay(sc.relayStore, timed, outbox.RelayConfig{Name: "bench",
-			Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}})
+		relay, err = outbox.NewRelay(sc.relayStore, timed, outbox.RelayConfig{Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}})
 		if err != nil {
 			return stackResult{}, err
 		}
@@ -390,7 +389,7 @@ func (p *timedPublisher) Close() error { return nil }
 // own, woken by the inbox's writes on the handlers' pool.
 type wakeFrom struct {
 	outbox.Store
-	w outbox.Waker
+	w outbox.Store
 }
 
 func (w wakeFrom) Wakeups() <-chan struct{} { return w.w.Wakeups() }
@@ -438,7 +437,7 @@ func producingByHand(ctx context.Context, v *inboxVariants, store *sluicesql.Out
 	go func() {
 		ctx := dctx
 		for drained.Load() < int64(n) {
-			b, err := store.Due(ctx, 500) // the relay's default batch
+			b, err := store.Due(ctx, 500, 0) // the relay's default batch
 			if err != nil {
 				drainErr <- err
 				return
