@@ -8,7 +8,7 @@ import (
 	"github.com/sluicemq/sluice/sluicesql"
 )
 
-// SQLOutbox is an outbox/sqlstore table as the console reads it.
+// SQLOutbox is an sluicesql.Outbox table as the console reads it.
 func SQLOutbox(s *sluicesql.Outbox) Outbox { return sqlOutbox{s} }
 
 type sqlOutbox struct{ s *sluicesql.Outbox }

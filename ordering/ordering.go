@@ -35,7 +35,7 @@ const (
 // Config configures New.
 type Config struct {
 	// Store keeps the waiting keys and their held messages, in the inbox's
-	// database (ordering/sqlstore). Required.
+	// database (sluicesql.NewOrders). Required.
 	Store Store
 	// Consumer names the handler in the Store: one order per (Consumer,
 	// key). router.Add sets the handler's name. Required.

@@ -1,8 +1,8 @@
 // Package sluicesql is Sluice's one import for an SQL database (PostgreSQL
 // through lib/pq or pgx, SQLite through modernc.org/sqlite or
 // mattn/go-sqlite3): the three tables Sluice keeps beside your own — the
-// inbox (package deduplication/sqlstore), the outbox (outbox/sqlstore) and
-// the replay outcomes (replay/sqlstore) — built by one New, created by one
+// inbox (package deduplication/sqlstore), the outbox (Outbox) and
+// the replay outcomes (Outcomes) — built by one New, created by one
 // Migrate, and the inbox's transaction a handler writes in (TxFromContext).
 //
 //	stores, err := sluicesql.New(sluicesql.Config{DB: db}) // PostgreSQL or SQLite

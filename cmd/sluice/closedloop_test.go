@@ -658,7 +658,7 @@ func TestLongEventIDIsOneItem(t *testing.T) {
 }
 
 // The closed loop for a service with no SQL database: its inbox and its
-// outcome records on Redis (deduplication/redisstore, replay/redisstore),
+// outcome records on Redis (deduplication/redisstore, sluiceredis.Outcomes),
 // its effect a Redis set. `--outcomes redis://…` replays a canary and a
 // ramp, stops when a batch is poisoned again beyond the limit, and reports
 // exactly the still-bad events; `resolve` records one as compensated.

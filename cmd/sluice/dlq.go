@@ -221,7 +221,7 @@ func (o *operatorRecords) register(cmd *cobra.Command, help string) {
 // the records are for.
 func outcomeFlags(fl *pflag.FlagSet, url, table *string, what string) {
 	fl.StringVar(url, "outcomes", localenv.Get("SLUICE_OUTCOMES_URL", ""),
-		"the outcome records "+what+": a PostgreSQL URL (the outcome table), or a redis:// URL (replay/redisstore) (env SLUICE_OUTCOMES_URL)")
+		"the outcome records "+what+": a PostgreSQL URL (the outcome table), or a redis:// URL (sluiceredis.Outcomes) (env SLUICE_OUTCOMES_URL)")
 	fl.StringVar(table, "outcomes-table", sluicesql.OutcomeTableDefault, "the outcome table (name or schema.name); on Redis the key prefix, without its colon")
 }
 

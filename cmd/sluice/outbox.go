@@ -120,7 +120,7 @@ func newOutbox(g *globals, out io.Writer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "outbox",
 		Short: "See what waits in a transactional outbox table, make its failing rows due again, requeue or discard its dead rows",
-		Long: "The outbox (outbox/sqlstore) holds what handlers produced until a relay has published it\n" +
+		Long: "The outbox (sluicesql.Outbox) holds what handlers produced until a relay has published it\n" +
 			"and the broker confirmed it. A row that could not be published stays, with its error and\n" +
 			"its next attempt: never delete one (the event would be lost). A row that failed the relay's\n" +
 			"MaxAttempts is set aside as dead: requeue it once the cause is fixed, or discard it, with a\n" +

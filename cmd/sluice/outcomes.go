@@ -19,7 +19,7 @@ import (
 )
 
 // outcomeSchemes are the outcome-record URLs openOutcomes reads and writes.
-const outcomeSchemes = "postgres:// or postgresql:// (or a key=value DSN: the outcome table), redis:// or rediss:// (replay/redisstore)"
+const outcomeSchemes = "postgres:// or postgresql:// (or a key=value DSN: the outcome table), redis:// or rediss:// (sluiceredis.Outcomes)"
 
 // checkOutcomesURL refuses a URL of the outcome records of a scheme
 // openOutcomes cannot open (mysql://…: a MariaDB service's operators read
@@ -51,7 +51,7 @@ func isRedis(url string) bool {
 
 // openOutcomes connects to the outcome records: a PostgreSQL table
 // (postgres://…, table its name), or Redis (redis://, rediss://…, table the
-// key prefix without its colon: replay/redisstore). With create the table is
+// key prefix without its colon: sluiceredis.Outcomes). With create the table is
 // created when it is missing (a command that starts a run); without it (the
 // read-only report, resolve, which records into an existing run) a missing
 // table is an error naming it. A URL of the wrong form is a usage error.
