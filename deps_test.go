@@ -42,7 +42,6 @@ func TestDependencyGraph(t *testing.T) {
 		{module + "/router", append(append([]string{module + "/rabbitmq", module + "/embedded"}, brokers...), drivers...)},
 		{module + "/embedded", append(brokers, drivers...)},
 		{module + "/outbox", append(append([]string{"github.com/jmoiron/sqlx", module + "/router", module + "/retrytiers", module + "/poison", module + "/middleware", module + "/brake", module + "/replay"}, brokers...), drivers...)},
-		{module + "/outbox/sqlstore", append([]string{"modernc.org/sqlite", "github.com/redis/go-redis", "github.com/lib/pq", "github.com/jackc/pgx", module + "/router"}, brokers...)},
 		{module + "/sluicesql", append([]string{"modernc.org/sqlite", "github.com/redis/go-redis", "github.com/lib/pq", "github.com/jackc/pgx", module + "/router"}, brokers...)},
 		// The one package that imports lib/pq: a bounded PostgreSQL pool.
 		{module + "/sluicesql/postgres", append([]string{"modernc.org/sqlite", "github.com/redis/go-redis", "github.com/jackc/pgx", "github.com/go-sql-driver/mysql", module + "/router", module + "/deduplication", module + "/outbox"}, brokers...)},
@@ -50,8 +49,7 @@ func TestDependencyGraph(t *testing.T) {
 		// The test kit links SQLite, its default database, and no network client.
 		{module + "/sluicetest", append([]string{module + "/rabbitmq", "github.com/redis/go-redis", "github.com/lib/pq", "github.com/jackc/pgx", "github.com/go-sql-driver/mysql", "github.com/prometheus/client_golang"}, brokers...)},
 		{module + "/promexport", append(append([]string{module + "/router", module + "/service", module + "/deduplication", module + "/outbox"}, brokers...), drivers...)},
-		{module + "/sluiceredis", append([]string{"modernc.org/sqlite", "github.com/lib/pq", "github.com/jackc/pgx", "github.com/jmoiron/sqlx"}, brokers...)},
-		{module + "/replay/redisstore", append([]string{"modernc.org/sqlite", "github.com/lib/pq", module + "/deduplication", module + "/retrytiers", module + "/poison", module + "/router"}, brokers...)},
+		{module + "/sluiceredis", append([]string{"modernc.org/sqlite", "github.com/lib/pq", "github.com/jackc/pgx", "github.com/jmoiron/sqlx", module + "/retrytiers", module + "/poison", module + "/router"}, brokers...)},
 	} {
 		for _, d := range deps(t, tt.pkg) {
 			for _, f := range tt.forbidden {

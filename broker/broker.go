@@ -118,7 +118,7 @@ type EachPublisher interface {
 // sluice.ErrUnpublishable for such a message, nil otherwise; publishing the
 // message may still fail for a reason of the moment (an unroutable topic,
 // an outage). The outbox checks each message when it is written
-// (outbox/sqlstore.Config.Checker), so a message that can never be
+// (sluicesql.OutboxConfig.Checker), so a message that can never be
 // published fails the transaction it would have been written in, instead
 // of waiting in the outbox for ever. rabbitmq.Publisher is one.
 type PublishChecker interface {

@@ -15,8 +15,9 @@ import (
 
 	"github.com/sluicemq/sluice/console"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/sluicesql/postgres"
 )
 
@@ -133,9 +134,7 @@ func TestABlackHoledDatabaseHoldsNoOutboxPagePastCallTimeout(t *testing.T) {
 	db, err := postgres.Open(postgres.Config{DSN: dsn})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
-	ob, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".outbox"})
-	require.NoError(t, err)
-	require.NoError(t, ob.CreateTable(t.Context()))
+	ob := testenv.Migrate(t, sluicesql.Config{DB: db, Schema: schema, OutboxTable: "outbox"}).Outbox
 	c, err := console.New(console.Config{Dial: func() (*amqp.Connection, error) { return nil, errors.New("no broker here") },
 		ReadOnly: true, SampleInterval: -1, CallTimeout: time.Second, Outboxes: map[string]console.Outbox{"orders": console.SQLOutbox(ob)}})
 	require.NoError(t, err)

@@ -68,7 +68,7 @@ type Depth struct {
 }
 
 // Outbox is what the console reads and does on an outbox table
-// (outbox/sqlstore.Store implements it).
+// (sluicesql.Outbox implements it).
 type Outbox interface {
 	Stats(ctx context.Context) (outbox.Stats, error)
 	List(ctx context.Context, failing bool, limit int) ([]OutboxEntry, error)
@@ -102,7 +102,7 @@ type Config struct {
 	// (ready and consumers; unacked unknown).
 	Depth func(ctx context.Context, queue string) (Depth, error)
 	// Outcomes are the replay outcome records (the service's replay store,
-	// replay/sqlstore or replay/redisstore on the host's own connection);
+	// sluicesql.Outcomes or sluiceredis.Outcomes on the host's own connection);
 	// without them the closed loop is not offered. OutcomesWhere names their
 	// place in messages ("table T", "key prefix P:").
 	Outcomes      ledger.Ledger

@@ -18,7 +18,7 @@ func mountTheConsole(mux *http.ServeMux, conn rabbitmq.Connection, publisher *ra
 		Dial:              func() (*amqp.Connection, error) { return rabbitmq.Dial(conn, "") },
 		Publisher:         publisher, // a *rabbitmq.Publisher: replayed copies are confirmed
 		Queues:            []console.Queue{{Name: "orders", Tiers: tiers, Poison: "orders.poison"}},
-		Outcomes:          outcomes, // the service's replay store (replay/sqlstore on its *sqlx.DB)
+		Outcomes:          outcomes, // the service's replay store (sluicesql.Outcomes on its *sqlx.DB)
 		AuditFile:         "/var/log/sluice-audit.jsonl",
 		Operator:          func(r *http.Request) string { return userFrom(r) },
 		HostAuthenticates: true, // the service's own middleware authenticates every request

@@ -4,22 +4,23 @@ import (
 	"context"
 
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
-// SQLOutbox is an outbox/sqlstore table as the console reads it.
-func SQLOutbox(s *sqlstore.Store) Outbox { return sqlOutbox{s} }
+// SQLOutbox is an sluicesql.Outbox table as the console reads it.
+func SQLOutbox(s *sluicesql.Outbox) Outbox { return sqlOutbox{s} }
 
-type sqlOutbox struct{ s *sqlstore.Store }
+type sqlOutbox struct{ s *sluicesql.Outbox }
 
 func (o sqlOutbox) Stats(ctx context.Context) (outbox.Stats, error) { return o.s.Stats(ctx) }
 
 func (o sqlOutbox) RetryNow(ctx context.Context) (int64, error) { return o.s.RetryNow(ctx) }
 
 func (o sqlOutbox) List(ctx context.Context, failing bool, limit int) ([]OutboxEntry, error) {
-	which := sqlstore.All
+	which := sluicesql.OutboxAll
 	if failing {
-		which = sqlstore.Failing
+		which = sluicesql.OutboxFailing
 	}
 	es, err := o.s.List(ctx, which, limit)
 	out := make([]OutboxEntry, len(es))

@@ -15,7 +15,8 @@ import (
 	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
-	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
+
+	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/sluicesql/postgres"
 )
 
@@ -77,7 +78,7 @@ func TestABlackHoledDatabaseHoldsNoOutcomeReadPastCallTimeout(t *testing.T) {
 	db, err := postgres.Open(postgres.Config{DSN: dsn})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
-	store, err := replaysql.New(replaysql.Config{DB: db, Table: table})
+	store, err := sluicesql.NewOutcomes(db, sluicesql.OutcomesConfig{Table: table})
 	require.NoError(t, err)
 	require.NoError(t, store.CreateTable(t.Context()))
 

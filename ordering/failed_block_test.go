@@ -16,16 +16,16 @@ import (
 	"github.com/sluicemq/sluice/ordering"
 )
 
-// failingCommits is a MemoryStore whose units of work that blocked a key
+// failingCommits is a memory Store whose units of work that blocked a key
 // fail their Commit, as many times as armed: the key's row lock timed out
 // (55P03), the session ended, the commit was lost.
 type failingCommits struct {
-	*ordering.MemoryStore
+	ordering.Store
 	armed atomic.Int32
 }
 
 func (s *failingCommits) Lock(ctx context.Context, consumer, key string) (ordering.Guard, error) {
-	g, err := s.MemoryStore.Lock(ctx, consumer, key)
+	g, err := s.Store.Lock(ctx, consumer, key)
 	if err != nil {
 		return nil, err
 	}
@@ -125,7 +125,7 @@ func TestAFailedBlockAfterTheCopyKeepsTheKeysOrder(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			store := &failingCommits{MemoryStore: ordering.NewMemoryStore()}
+			store := &failingCommits{Store: ordering.NewMemoryStore()}
 			o, err := ordering.New(ordering.Config{Store: store, Consumer: "ledger", Key: deduplication.KeyFromMetadata("account")})
 			require.NoError(t, err)
 			w := &world{fails: map[string]int{"a-1": tc.fails}, done: map[string]bool{}}

@@ -7,10 +7,8 @@ import (
 	"time"
 )
 
-// MemoryStore is an in-process Store for tests and examples (sluicetest):
-// it forgets everything when the process ends. It is safe for concurrent
-// use.
-type MemoryStore struct {
+// memoryStore is NewMemoryStore's Store.
+type memoryStore struct {
 	mu    sync.Mutex
 	keys  map[memKey]*memState
 	locks map[memKey]chan struct{} // a key's lock: a channel of one
@@ -23,18 +21,15 @@ type memState struct {
 	held []Held
 }
 
-var (
-	_ Store  = (*MemoryStore)(nil)
-	_ Peeker = (*MemoryStore)(nil)
-)
-
-// NewMemoryStore returns an empty MemoryStore.
-func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{keys: map[memKey]*memState{}, locks: map[memKey]chan struct{}{}}
+// NewMemoryStore returns an empty in-process Store for tests and examples
+// (sluicetest): it forgets everything when the process ends. It is safe
+// for concurrent use.
+func NewMemoryStore() Store {
+	return &memoryStore{keys: map[memKey]*memState{}, locks: map[memKey]chan struct{}{}}
 }
 
 // Lock waits until no other guard of the key is open, or ctx ends.
-func (s *MemoryStore) Lock(ctx context.Context, consumer, key string) (Guard, error) {
+func (s *memoryStore) Lock(ctx context.Context, consumer, key string) (Guard, error) {
 	k := memKey{consumer, key}
 	s.mu.Lock()
 	l, ok := s.locks[k]
@@ -60,7 +55,7 @@ func (s *MemoryStore) Lock(ctx context.Context, consumer, key string) (Guard, er
 }
 
 // Waits reports whether the key waits.
-func (s *MemoryStore) Waits(_ context.Context, consumer, key string) (bool, error) {
+func (s *memoryStore) Waits(_ context.Context, consumer, key string) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, ok := s.keys[memKey{consumer, key}]
@@ -69,7 +64,7 @@ func (s *MemoryStore) Waits(_ context.Context, consumer, key string) (bool, erro
 
 // Releasable returns the keys whose head is done and that still hold
 // messages, skipping locked ones.
-func (s *MemoryStore) Releasable(_ context.Context, consumer string, limit int) ([]string, error) {
+func (s *memoryStore) Releasable(_ context.Context, consumer string, limit int) ([]string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []string
@@ -83,7 +78,7 @@ func (s *MemoryStore) Releasable(_ context.Context, consumer string, limit int) 
 }
 
 // Keys returns the waiting keys, the oldest first.
-func (s *MemoryStore) Keys(_ context.Context, consumer string, limit int) ([]Key, error) {
+func (s *memoryStore) Keys(_ context.Context, consumer string, limit int) ([]Key, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []Key
@@ -99,7 +94,7 @@ func (s *MemoryStore) Keys(_ context.Context, consumer string, limit int) ([]Key
 }
 
 // Stats counts the waiting keys.
-func (s *MemoryStore) Stats(_ context.Context, consumer string) (Stats, error) {
+func (s *memoryStore) Stats(_ context.Context, consumer string) (Stats, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var st Stats
@@ -125,7 +120,7 @@ func (s *MemoryStore) Stats(_ context.Context, consumer string) (Stats, error) {
 
 // memGuard works on a copy of the key's state, written back at Commit.
 type memGuard struct {
-	s    *MemoryStore
+	s    *memoryStore
 	k    memKey
 	lock chan struct{}
 	st   *memState // nil: the key does not wait

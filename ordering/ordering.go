@@ -23,20 +23,19 @@ import (
 
 // Defaults.
 const (
-	// ResumeIntervalDefault is how often Run looks for releases a crash,
-	// a shutdown or a failure left unfinished, and refreshes the gauges.
-	ResumeIntervalDefault = 5 * time.Second
-	// StoreTimeoutDefault bounds each call to the Store.
-	StoreTimeoutDefault = 10 * time.Second
-	// ReleaseMaxDefault is how many held messages one delivery releases
-	// before it lets the next delivery (or Run) go on with the rest.
-	ReleaseMaxDefault = 100
+	// resumeIntervalDefault is Config.ResumeInterval's default.
+	resumeIntervalDefault = 5 * time.Second
+	// storeTimeoutDefault is Config.StoreTimeout's default.
+	storeTimeoutDefault = 10 * time.Second
+	// releaseMax is how many held messages one delivery releases before it
+	// lets the next delivery (or Run) go on with the rest.
+	releaseMax = 100
 )
 
 // Config configures New.
 type Config struct {
 	// Store keeps the waiting keys and their held messages, in the inbox's
-	// database (ordering/sqlstore). Required.
+	// database (sluicesql.NewOrders). Required.
 	Store Store
 	// Consumer names the handler in the Store: one order per (Consumer,
 	// key). router.Add sets the handler's name. Required.
@@ -67,14 +66,10 @@ type Config struct {
 	// order skip).
 	SkipPoisoned bool
 	// ResumeInterval is how often Run resumes unfinished releases and
-	// refreshes the gauges. Default ResumeIntervalDefault.
+	// refreshes the gauges. Default 5 s.
 	ResumeInterval time.Duration
-	// StoreTimeout bounds each call to the Store. Default
-	// StoreTimeoutDefault.
+	// StoreTimeout bounds each call to the Store. Default 10 s.
 	StoreTimeout time.Duration
-	// ReleaseMax is how many held messages one delivery releases at most.
-	// Default ReleaseMaxDefault.
-	ReleaseMax int
 	// Released wraps the stages each released message runs through: router.Add
 	// gives it the Trace stage, so that a released message has its span and
 	// its outcome in the Trace stage's metrics, as a delivery has (the
@@ -95,15 +90,14 @@ func (c Config) withDefaults() (Config, error) {
 		return c, errors.New("ordering: Config.Consumer is required")
 	case c.Key == nil:
 		return c, errors.New("ordering: Config.Key is required (the message's ordering key: deduplication.KeyFromMetadata or KeyFromJSON)")
-	case c.ResumeInterval < 0, c.StoreTimeout < 0, c.ReleaseMax < 0:
-		return c, errors.New("ordering: Config.ResumeInterval, StoreTimeout and ReleaseMax must be positive")
+	case c.ResumeInterval < 0, c.StoreTimeout < 0:
+		return c, errors.New("ordering: Config.ResumeInterval and StoreTimeout must be positive")
 	}
 	if c.EventID == nil {
 		c.EventID = deduplication.KeyFromMetadata(sluice.EventIDKey) // the inbox's default Key
 	}
-	c.ResumeInterval = cmp.Or(c.ResumeInterval, ResumeIntervalDefault)
-	c.StoreTimeout = cmp.Or(c.StoreTimeout, StoreTimeoutDefault)
-	c.ReleaseMax = cmp.Or(c.ReleaseMax, ReleaseMaxDefault)
+	c.ResumeInterval = cmp.Or(c.ResumeInterval, resumeIntervalDefault)
+	c.StoreTimeout = cmp.Or(c.StoreTimeout, storeTimeoutDefault)
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}
@@ -369,17 +363,15 @@ func (o *Orderer) rollback(ctx context.Context, g Guard) {
 
 func (o *Orderer) deliver(msg *message.Message, key, id string, h message.HandlerFunc) ([]*message.Message, error) {
 	ctx := msg.Context()
-	if p, ok := o.cfg.Store.(Peeker); ok {
-		var waits bool
-		if err := o.call(ctx, "reading the key", func(c context.Context) (err error) {
-			waits, err = p.Waits(c, o.cfg.Consumer, key)
-			return err
-		}); err != nil {
-			return nil, err
-		}
-		if !waits {
-			return o.run(ctx, msg, key, id, h)
-		}
+	var waits bool
+	if err := o.call(ctx, "reading the key", func(c context.Context) (err error) {
+		waits, err = o.cfg.Store.Waits(c, o.cfg.Consumer, key)
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	if !waits {
+		return o.run(ctx, msg, key, id, h)
 	}
 	g, st, waiting, err := o.lockState(ctx, key)
 	if err != nil {
@@ -541,7 +533,7 @@ func (o *Orderer) hold(ctx context.Context, g Guard, st Key, msg *message.Messag
 
 // release runs the messages g's key holds through the stages, oldest
 // first, until one goes to a tier or the poison queue (it becomes the
-// key's head), one is given back (it stays held, first), or ReleaseMax
+// key's head), one is given back (it stays held, first), or releaseMax (100)
 // ran; g's key was unblocked. A key that holds nothing more is removed.
 func (o *Orderer) release(ctx context.Context, g Guard, key string) error {
 	hp := o.next.Load()
@@ -549,7 +541,7 @@ func (o *Orderer) release(ctx context.Context, g Guard, key string) error {
 		return nil
 	}
 	h := *hp
-	for range o.cfg.ReleaseMax {
+	for range releaseMax {
 		var m Held
 		var ok bool
 		if err := o.call(ctx, "reading the next held message", func(c context.Context) (err error) {

@@ -29,13 +29,12 @@ type Store interface {
 	Keys(ctx context.Context, consumer string, limit int) ([]Key, error)
 	// Stats counts the waiting keys of consumer.
 	Stats(ctx context.Context, consumer string) (Stats, error)
-}
-
-// Peeker is a Store that can tell in one round trip, without a unit of
-// work, whether a key waits: the stage then locks only the keys that do
-// (most deliveries' keys do not). It is enough because a key that does not
-// wait changes only through its own deliveries, which run one at a time.
-type Peeker interface {
+	// Waits tells, in one round trip and without a unit of work, whether
+	// a key waits: the stage then locks only the keys that do (most
+	// deliveries' keys do not). It is enough because a key that does not
+	// wait changes only through its own deliveries, which run one at a
+	// time. A store that cannot tell so cheaply returns true: the stage
+	// then locks every key.
 	Waits(ctx context.Context, consumer, key string) (bool, error)
 }
 

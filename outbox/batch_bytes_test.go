@@ -17,18 +17,19 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // measured is the outbox, recording the largest batch it handed out, in
 // bytes of payload.
 type measured struct {
-	*sqlstore.Store
+	*sluicesql.Outbox
 	largest atomic.Int64
 }
 
-func (m *measured) DueWithin(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
-	b, err := m.Store.DueWithin(ctx, limit, maxBytes)
+func (m *measured) Due(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
+	b, err := m.Outbox.Due(ctx, limit, maxBytes)
 	if err == nil {
 		var n int64
 		for _, r := range b.Rows() {
@@ -64,7 +65,7 @@ func TestABatchIsBoundedByBytes(t *testing.T) {
 	if v, err := strconv.ParseInt(os.Getenv("SLUICE_OUTBOX_BATCH_BYTES"), 10, 64); err == nil {
 		limit = v // a measurement: 1<<40 is no bound, as before
 	}
-	store := &measured{Store: s.outbox}
+	store := &measured{Outbox: s.outbox}
 	r, err := outbox.NewRelay(store, s.rabbit.Publisher(), outbox.RelayConfig{Env: sluice.Env{MeterProvider: s.mp}, BatchBytes: limit, PollInterval: 10 * time.Millisecond, StatsInterval: -1})
 	require.NoError(t, err)
 	done := make(chan error, 1)
@@ -86,15 +87,13 @@ func TestABatchIsBoundedByBytes(t *testing.T) {
 
 // unwoken is the outbox store without its wake-ups: the relay learns of
 // due rows by polling only.
-type unwoken struct{ s *sqlstore.Store }
+type unwoken struct{ s *sluicesql.Outbox }
 
-func (u unwoken) Due(ctx context.Context, limit int) (outbox.Batch, error) {
-	return u.s.Due(ctx, limit)
+func (u unwoken) Due(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
+	return u.s.Due(ctx, limit, maxBytes)
 }
 func (u unwoken) Stats(ctx context.Context) (outbox.Stats, error) { return u.s.Stats(ctx) }
-func (u unwoken) DueWithin(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
-	return u.s.DueWithin(ctx, limit, maxBytes)
-}
+func (u unwoken) Wakeups() <-chan struct{}                        { return nil }
 
 // A batch cut short by BatchBytes while more rows are due is followed by
 // the next one at once, as a full batch is, not after a PollInterval. Before,

@@ -14,7 +14,8 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
+	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/sluicesql/postgres"
 )
 
@@ -68,7 +69,7 @@ func relayThroughAHalfOpenHeal(t *testing.T, open func(t *testing.T, dsn string)
 	const rows = 3000
 	s := newService(t, testenv.AMQPURL)
 	proxy, dsn := testenv.ProxyPostgresURL(t)
-	store, err := sqlstore.New(sqlstore.Config{DB: open(t, dsn), Table: s.schema + ".outbox"})
+	store, err := sluicesql.NewOutbox(open(t, dsn), sluicesql.OutboxConfig{Table: s.schema + ".outbox"})
 	require.NoError(t, err)
 	for range rows / 500 {
 		msgs := make([]*message.Message, 500)

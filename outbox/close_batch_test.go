@@ -13,8 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice/embedded"
+	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/sluicesql/sqlite"
 )
 
@@ -43,14 +44,12 @@ func (h *heldFirst) Publish(topic string, msgs ...*message.Message) error {
 func (h *heldFirst) Close() error { return nil }
 
 // sqliteOutbox is a SQLite outbox holding rows rows for topic "produced".
-func sqliteOutbox(t *testing.T, rows int) *sqlstore.Store {
+func sqliteOutbox(t *testing.T, rows int) *sluicesql.Outbox {
 	t.Helper()
 	db, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "app.db"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
-	store, err := sqlstore.New(sqlstore.Config{DB: db})
-	require.NoError(t, err)
-	require.NoError(t, store.CreateTable(t.Context()))
+	store := testenv.Migrate(t, sluicesql.Config{DB: db}).Outbox
 	tx, err := db.BeginTxx(t.Context(), nil)
 	require.NoError(t, err)
 	msgs := make([]*message.Message, rows)
@@ -106,19 +105,19 @@ func TestCloseFinishesOnlyTheBatchInFlight(t *testing.T) {
 	require.EqualValues(t, rows-batch, st.Pending, "the rest stays in the outbox")
 }
 
-// heldDue holds its first DueWithin until release is closed.
+// heldDue holds its first Due until release is closed.
 type heldDue struct {
-	*sqlstore.Store
+	*sluicesql.Outbox
 	entered, release chan struct{}
 	once             sync.Once
 }
 
-func (h *heldDue) DueWithin(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
+func (h *heldDue) Due(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
 	h.once.Do(func() {
 		close(h.entered)
 		<-h.release
 	})
-	return h.Store.DueWithin(ctx, limit, maxBytes)
+	return h.Outbox.Due(ctx, limit, maxBytes)
 }
 
 // Issue 43, item 5: a batch whose taking ends after Close was called is
@@ -128,7 +127,7 @@ func (h *heldDue) DueWithin(ctx context.Context, limit int, maxBytes int64) (out
 func TestABatchTakenAsCloseIsCalledIsGivenBack(t *testing.T) {
 	t.Parallel()
 	const rows, batch = 300, 20
-	store := &heldDue{Store: sqliteOutbox(t, rows), entered: make(chan struct{}), release: make(chan struct{})}
+	store := &heldDue{Outbox: sqliteOutbox(t, rows), entered: make(chan struct{}), release: make(chan struct{})}
 	b, err := embedded.New(embedded.Config{Topic: "orders", MaxQueued: 2 * rows})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
@@ -141,7 +140,7 @@ func TestABatchTakenAsCloseIsCalledIsGivenBack(t *testing.T) {
 	st, err := store.Stats(t.Context())
 	require.NoError(t, err)
 	require.EqualValues(t, rows, st.Pending, "every row stays in the outbox")
-	due, err := store.Store.Due(t.Context(), rows)
+	due, err := store.Outbox.Due(t.Context(), rows, 0)
 	require.NoError(t, err)
 	require.Len(t, due.Rows(), rows, "the batch given back is due again at once")
 	require.NoError(t, due.Release(t.Context()))

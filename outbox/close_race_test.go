@@ -12,28 +12,22 @@ import (
 
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // watched is the outbox store, counting the batches taken after closed was
 // set.
 type watched struct {
-	*sqlstore.Store
+	*sluicesql.Outbox
 	closed, late atomic.Bool
 }
 
-func (w *watched) Due(ctx context.Context, limit int) (outbox.Batch, error) {
+func (w *watched) Due(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
 	if w.closed.Load() {
 		w.late.Store(true)
 	}
-	return w.Store.Due(ctx, limit)
-}
-
-func (w *watched) DueWithin(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
-	if w.closed.Load() {
-		w.late.Store(true)
-	}
-	return w.Store.DueWithin(ctx, limit, maxBytes)
+	return w.Outbox.Due(ctx, limit, maxBytes)
 }
 
 // Issue 28.8: after Close returns, the relay takes nothing more — whether
@@ -53,7 +47,7 @@ func TestNothingIsTakenAfterCloseReturns(t *testing.T) {
 	for _, order := range []string{"Close, then Run", "go Run, then Close"} {
 		late := 0
 		for range 300 {
-			w := &watched{Store: s.outbox}
+			w := &watched{Outbox: s.outbox}
 			r, err := outbox.NewRelay(w, pub, outbox.RelayConfig{StatsInterval: -1, PollInterval: time.Hour})
 			require.NoError(t, err)
 			done := make(chan error, 1)

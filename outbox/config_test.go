@@ -9,14 +9,15 @@ import (
 
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // A RelayConfig that cannot work is refused by NewRelay, with the field
 // named.
 func TestNewRelayRefusesABadConfig(t *testing.T) {
 	t.Parallel()
-	store, err := sqlstore.New(sqlstore.Config{DB: testenv.SQLite(t), Table: "outbox"})
+	store, err := sluicesql.NewOutbox(testenv.SQLite(t), sluicesql.OutboxConfig{Table: "outbox"})
 	require.NoError(t, err)
 	pub := gochannel.NewGoChannel(gochannel.Config{}, nil)
 	t.Cleanup(func() { _ = pub.Close() })

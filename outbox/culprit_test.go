@@ -15,8 +15,9 @@ import (
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // poisoning forwards to RabbitMQ's publisher, giving the message culprit a
@@ -127,7 +128,7 @@ func TestARowTheBrokerClosesTheChannelOnDoesNotHoldItsBatch(t *testing.T) {
 	require.Equal(t, written, ids, "each good row, on its topic (a copy sent twice, uncertain the first time, is the receiver's duplicate)")
 	mu.Unlock()
 	require.Eventually(t, func() bool { return s.count("outbox") == 1 }, time.Minute, 10*time.Millisecond, "left: %d", s.count("outbox"))
-	left, err := s.outbox.List(t.Context(), sqlstore.Failing, 10)
+	left, err := s.outbox.List(t.Context(), sluicesql.OutboxFailing, 10)
 	require.NoError(t, err)
 	require.Len(t, left, 1)
 	require.Equal(t, culprit, left[0].MessageID, "the culprit is set aside")

@@ -12,7 +12,7 @@
 //     msgs...) on the delivery's context.
 //
 // A service that produces without consuming (an HTTP handler writing an
-// order) writes in its own SQL transaction with outbox/sqlstore's Write.
+// order) writes in its own SQL transaction with sluicesql.Outbox's Write.
 //
 // Each message gets its message id (its UUID) and its event id
 // (sluice.EventIDKey, the UUID when the producer set none) when it is

@@ -14,7 +14,7 @@ import (
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -25,13 +25,14 @@ import (
 // addInventory is docs/outbox.md's first snippet: a publishing handler
 // whose messages go through the outbox, and its relay.
 func addInventory(ctx context.Context, r *message.Router, q *rabbitmq.Broker, db *sqlx.DB, inboxStore *sluicesql.Inbox, reserve message.HandlerFunc) (stop func() error, err error) {
-	outboxStore, err := sqlstore.New(sqlstore.Config{DB: db}) // the inbox's database
+	stores, err := sluicesql.New(sluicesql.Config{DB: db}) // the inbox's database
 	if err != nil {
 		return nil, err
 	}
-	if err := outboxStore.CreateTable(ctx); err != nil {
+	if err := stores.Migrate(ctx); err != nil { // the outbox table, beside the inbox's
 		return nil, err
 	}
+	outboxStore := stores.Outbox
 	_, err = router.Add(r, router.HandlerConfig{
 		Broker:            q,
 		Name:              "inventory",
@@ -59,7 +60,7 @@ func addInventory(ctx context.Context, r *message.Router, q *rabbitmq.Broker, db
 
 // reserve is docs/outbox.md's second snippet: a handler that writes what it
 // produces itself.
-func reserve(outboxStore *sqlstore.Store) message.NoPublishHandlerFunc {
+func reserve(outboxStore *sluicesql.Outbox) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
 		ctx := msg.Context()
 		tx := sluicesql.TxFromContext(ctx) // the inbox's transaction
@@ -73,7 +74,7 @@ func reserve(outboxStore *sqlstore.Store) message.NoPublishHandlerFunc {
 
 // createOrder is docs/outbox.md's third snippet: a service that produces
 // without consuming.
-func createOrder(ctx context.Context, db *sqlx.DB, outboxStore *sqlstore.Store, evt *message.Message) error {
+func createOrder(ctx context.Context, db *sqlx.DB, outboxStore *sluicesql.Outbox, evt *message.Message) error {
 	tx, err := db.BeginTxx(ctx, nil)
 	if err != nil {
 		return err
@@ -100,9 +101,7 @@ func TestTheDocsSnippetsWriteTheirRows(t *testing.T) {
 	db := testenv.SQLite(t)
 	db.MustExec(`CREATE TABLE reservations (order_id TEXT NOT NULL); CREATE TABLE orders (order_id TEXT NOT NULL)`)
 	inboxStore := testenv.SQLStore(t, db, "sluice_inbox")
-	outboxStore, err := sqlstore.New(sqlstore.Config{DB: db})
-	require.NoError(t, err)
-	require.NoError(t, outboxStore.CreateTable(t.Context()))
+	outboxStore := testenv.Migrate(t, sluicesql.Config{DB: db}).Outbox
 	stage, err := deduplication.New(deduplication.Config{Store: inboxStore, Consumer: "inventory"})
 	require.NoError(t, err)
 	msg := message.NewMessage(watermill.NewUUID(), nil)
@@ -112,7 +111,7 @@ func TestTheDocsSnippetsWriteTheirRows(t *testing.T) {
 	_, err = stage(func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) })(msg)
 	require.NoError(t, err)
 	require.NoError(t, createOrder(t.Context(), db, outboxStore, message.NewMessage(watermill.NewUUID(), nil)))
-	b, err := outboxStore.Due(t.Context(), 10)
+	b, err := outboxStore.Due(t.Context(), 10, 0)
 	require.NoError(t, err)
 	require.Len(t, b.Rows(), 2)
 	require.Equal(t, "inventory.reserved", b.Rows()[0].Topic)

@@ -15,7 +15,7 @@ import (
 	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/sluicesql/sqlite"
@@ -36,19 +36,14 @@ func Example() {
 	}
 	defer func() { _ = db.Close() }()
 	db.MustExec(`CREATE TABLE reservations (order_id TEXT NOT NULL)`)
-	inboxStore, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db})
+	stores, err := sluicesql.New(sluicesql.Config{DB: db}) // the inbox and the outbox on one database: one commit
 	if err != nil {
 		panic(err)
 	}
-	outboxStore, err := sqlstore.New(sqlstore.Config{DB: db}) // the same database: one commit
-	if err != nil {
+	if err := stores.Migrate(ctx); err != nil {
 		panic(err)
 	}
-	for _, create := range []func(context.Context) error{inboxStore.CreateTable, outboxStore.CreateTable} {
-		if err := create(ctx); err != nil {
-			panic(err)
-		}
-	}
+	inboxStore, outboxStore := stores.Inbox, stores.Outbox
 	b, err := embedded.New(embedded.Config{Topic: "order.created"})
 	if err != nil {
 		panic(err)

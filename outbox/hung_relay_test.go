@@ -11,7 +11,8 @@ import (
 
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // Issue 28.6: relay A hangs while it holds a batch — its link to
@@ -24,7 +25,7 @@ func TestAHungRelayHoldsItsBatchOnlyForItsTimeouts(t *testing.T) {
 	t.Parallel()
 	s := newService(t, testenv.AMQPURL)
 	proxy, viaProxy := testenv.ProxyPostgres(t)
-	storeA, err := sqlstore.New(sqlstore.Config{DB: viaProxy, Table: s.schema + ".outbox"})
+	storeA, err := sluicesql.NewOutbox(viaProxy, sluicesql.OutboxConfig{Table: s.schema + ".outbox"})
 	require.NoError(t, err)
 
 	const n = 50

@@ -15,22 +15,19 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // failingFinish is the outbox whose first batch's delete fails, as one
 // whose connection was terminated before its COMMIT: the rows come back.
 type failingFinish struct {
-	*sqlstore.Store
+	*sluicesql.Outbox
 	failed atomic.Bool
 }
 
-func (f *failingFinish) Due(ctx context.Context, limit int) (outbox.Batch, error) {
-	return f.DueWithin(ctx, limit, 0)
-}
-
-func (f *failingFinish) DueWithin(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
-	b, err := f.Store.DueWithin(ctx, limit, maxBytes)
+func (f *failingFinish) Due(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
+	b, err := f.Outbox.Due(ctx, limit, maxBytes)
 	if err != nil || len(b.Rows()) == 0 || !f.failed.CompareAndSwap(false, true) {
 		return b, err
 	}
@@ -57,7 +54,7 @@ func TestRelayedCountsRowsOnceTheirDeleteCommitted(t *testing.T) {
 		require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, message.NewMessage(watermill.NewUUID(), nil)))
 	}
 	require.NoError(t, tx.Commit())
-	store := &failingFinish{Store: s.outbox}
+	store := &failingFinish{Outbox: s.outbox}
 	r, err := outbox.NewRelay(store, s.rabbit.Publisher(), outbox.RelayConfig{Env: sluice.Env{MeterProvider: s.mp}, PollInterval: 10 * time.Millisecond, RetryMin: 10 * time.Millisecond, StatsInterval: -1})
 	require.NoError(t, err)
 	done := make(chan error, 1)

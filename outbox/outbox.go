@@ -12,16 +12,20 @@ import (
 	"github.com/sluicemq/sluice/unitofwork"
 )
 
+// errorMaxLength bounds the error recorded with a failed row, in bytes
+// (Failed.Err).
+const errorMaxLength = 1024
+
 // ErrNoUnitOfWork is matched by a Writer's Publish error when ctx carries
 // no unit of work it can write in (no inbox stage, or an inbox on another
 // database): nothing is written. A service that produces outside a consumer
-// writes in its own transaction instead (sqlstore.Store.Write).
+// writes in its own transaction instead (sluicesql.Outbox.Write).
 var ErrNoUnitOfWork = errors.New("outbox: no unit of work to write in")
 
 // Writer writes produced messages into the unit of work of the delivery
 // being handled — the inbox's transaction ctx carries — so they are
 // committed with the claim and the business writes, or not at all. The
-// Relay publishes them after the commit. sqlstore.Store is one.
+// Relay publishes them after the commit. sluicesql.Outbox is one.
 type Writer interface {
 	// Publish writes msgs, to be published to topic, in the unit of work
 	// ctx carries. It gives each message a message id (its UUID, a new one
@@ -36,13 +40,11 @@ type Writer interface {
 	// the transaction: the messages are then written with the claim alone
 	// if the handler rejects the delivery (unitofwork.OnRecordAlone).
 	Publish(ctx context.Context, topic string, msgs ...*message.Message) error
-}
-
-// InboxChecker is a Writer that can tell, when a handler is assembled,
-// whether it can write in the units of work of an inbox store — router.Add
-// asks it, so that an outbox beside an inbox it cannot join is refused at
-// once, not on every delivery. sqlstore.Store is one.
-type InboxChecker interface {
+	// CheckInbox tells, when a handler is assembled, whether Publish can
+	// write in the units of work of the inbox store — router.Add asks it,
+	// so that an outbox beside an inbox it cannot join is refused at once,
+	// not on every delivery. A Writer that can write beside any inbox
+	// returns nil.
 	CheckInbox(store deduplication.Store) error
 }
 
@@ -104,7 +106,7 @@ type Row struct {
 }
 
 // Failed is a row the relay could not publish: it stays in the outbox with
-// its error, and is tried again at NextAttempt — or, when Dead, is set
+// its error (at most 1,024 bytes), and is tried again at NextAttempt — or, when Dead, is set
 // aside (with its error and the time) and tried no more until an operator
 // requeues it.
 type Failed struct {
@@ -114,38 +116,35 @@ type Failed struct {
 	Dead        bool
 }
 
-// Store is where a Relay reads the rows to publish. sqlstore.Store is one
-// (PostgreSQL, SQLite).
+// Store is where a Relay reads the rows to publish. sluicesql.Outbox is
+// one (PostgreSQL, SQLite).
 type Store interface {
 	// Due takes up to limit rows due for publishing, oldest first, leaving
 	// out rows another relay holds: until the batch is finished or
-	// released, no other relay takes them.
-	Due(ctx context.Context, limit int) (Batch, error)
+	// released, no other relay takes them. After the first row it takes
+	// rows up to maxBytes of payload and metadata (0: no bound), so a
+	// relay's memory follows RelayConfig.BatchBytes, not BatchSize times
+	// the largest message; a store that cannot bound by bytes takes up to
+	// limit rows.
+	Due(ctx context.Context, limit int, maxBytes int64) (Batch, error)
 	// Stats counts what waits in the outbox.
 	Stats(ctx context.Context) (Stats, error)
-}
-
-// BytesBounder is a Store that can bound a batch by its bytes as well as
-// its rows (sqlstore.Store is one): DueWithin takes due rows, oldest first,
-// up to limit rows and, after the first, up to maxBytes of payload and
-// metadata — so a relay's memory follows RelayConfig.BatchBytes, not
-// BatchSize times the largest message.
-type BytesBounder interface {
-	DueWithin(ctx context.Context, limit int, maxBytes int64) (Batch, error)
-}
-
-// CutShort is a Batch that can say it holds fewer rows than the limit it
-// was asked for because maxBytes stopped it while more rows were due
-// (BytesBounder). The relay takes the next batch at once instead of waiting
-// RelayConfig.PollInterval, as after a batch that found fewer rows due than
-// its limit. A batch that does not implement it is read as not cut short.
-type CutShort interface {
-	CutShort() bool
+	// Wakeups signals, in-process, that rows were committed (the SQL
+	// store's, from the inbox's OnCommit hook and its Wake method), so the
+	// Relay publishes them without waiting for its poll. nil: the relay
+	// polls (RelayConfig.PollInterval).
+	Wakeups() <-chan struct{}
 }
 
 // Batch is a set of rows one relay holds.
 type Batch interface {
 	Rows() []Row
+	// CutShort says the batch holds fewer rows than the limit Due was
+	// asked for because maxBytes stopped it while more rows were due: the
+	// relay takes the next batch at once instead of waiting
+	// RelayConfig.PollInterval, as after a batch that found fewer rows due
+	// than its limit.
+	CutShort() bool
 	// Finish deletes the relayed rows and records the failed ones, and
 	// releases the batch. After a Finish that failed, the rows come back
 	// (sent again: a duplicate for the receiver, never a loss).
@@ -171,11 +170,4 @@ type Stats struct {
 	// database's clock (see Row.Age); zero: measured from Oldest on the
 	// relay's own clock.
 	OldestAge time.Duration
-}
-
-// Waker is implemented by a Store that signals, in-process, that rows were
-// committed (the SQL store, from the inbox's OnCommit hook and its Wake
-// method), so the Relay publishes them without waiting for its poll.
-type Waker interface {
-	Wakeups() <-chan struct{}
 }

@@ -21,10 +21,11 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/signing"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // producer is an outbox written by a service that does not consume (Write
@@ -33,19 +34,19 @@ type producer struct {
 	t      *testing.T
 	db     *sqlx.DB
 	schema string
-	store  *sqlstore.Store
+	store  *sluicesql.Outbox
 	meter  *sdkmetric.ManualReader
 }
 
-func newProducer(t *testing.T, cfg sqlstore.Config) *producer {
+func newProducer(t *testing.T, cfg sluicesql.OutboxConfig) *producer {
 	t.Helper()
 	db := testenv.Postgres(t)
 	p := &producer{t: t, db: db, schema: testenv.Schema(t, db), meter: sdkmetric.NewManualReader()}
-	cfg.DB, cfg.Table = db, p.schema+".outbox"
+	testenv.Migrate(t, sluicesql.Config{DB: db, Schema: p.schema, OutboxTable: "outbox"})
+	cfg.Table = p.schema + ".outbox"
 	var err error
-	p.store, err = sqlstore.New(cfg)
+	p.store, err = sluicesql.NewOutbox(db, cfg)
 	require.NoError(t, err)
-	require.NoError(t, p.store.CreateTable(t.Context()))
 	return p
 }
 
@@ -113,7 +114,7 @@ func newRabbitPublisher(t *testing.T) *rabbitmq.Publisher {
 // of a 10-header message to the same queue (returned: unroutable).
 func TestAReturnWithUnparseableHeadersIsNoConfirm(t *testing.T) {
 	t.Parallel()
-	p := newProducer(t, sqlstore.Config{})
+	p := newProducer(t, sluicesql.OutboxConfig{})
 	missing := testenv.Name("missing")
 	testenv.DeleteQueuesAtEnd(t, missing)
 	pub := newRabbitPublisher(t)
@@ -160,7 +161,7 @@ func TestWhatCannotBePublishedIsRefusedWhenWritten(t *testing.T) {
 	}
 
 	t.Run("Write", func(t *testing.T) {
-		p := newProducer(t, sqlstore.Config{Checker: pub})
+		p := newProducer(t, sluicesql.OutboxConfig{Checker: pub})
 		topic := testenv.Name("dest")
 		for name, m := range map[string]*message.Message{
 			"CC":               withHeader("CC", "other-queue"),
@@ -181,7 +182,7 @@ func TestWhatCannotBePublishedIsRefusedWhenWritten(t *testing.T) {
 
 	t.Run("behind the stages", func(t *testing.T) {
 		s := newService(t, testenv.AMQPURL)
-		s.outbox, err = sqlstore.New(sqlstore.Config{DB: s.db, Table: s.schema + ".outbox", Checker: pub})
+		s.outbox, err = sluicesql.NewOutbox(s.db, sluicesql.OutboxConfig{Table: s.schema + ".outbox", Checker: pub})
 		require.NoError(t, err)
 		s.run(func(msg *message.Message) ([]*message.Message, error) {
 			evt := message.NewMessage(watermill.NewUUID(), msg.Payload)

@@ -35,9 +35,6 @@ const (
 	maxAttemptsDefault    = 20
 )
 
-// ErrorMaxLength bounds the error recorded with a failed row, in bytes.
-const ErrorMaxLength = 1024
-
 // A failed row's next attempt is decided on the database's clock: the
 // relay looks for it retrySlack after its own clock says it is due, and
 // again every retrySlack for retryGrace.
@@ -57,17 +54,17 @@ const (
 )
 
 // RelayConfig configures NewRelay: the relay's own settings (the store and
-// the publisher are NewRelay's arguments), all optional.
+// the publisher are NewRelay's arguments), all optional. The relay's
+// metrics and logs are labelled (the attribute sluice.outbox) with its
+// store's table name, when the store has one (a Name() method, as
+// sluicesql.Outbox), else "outbox".
 type RelayConfig struct {
-	// Name labels the relay's metrics and logs (the attribute sluice.outbox). Default the
-	// store's table name when it has one (a Name() method), else "outbox".
-	Name string
 	// BatchSize is how many rows one batch takes, publishes at once
 	// (pipelined, per topic, with a broker.EachPublisher) and deletes in
 	// one statement. Default 500.
 	BatchSize int
 	// BatchBytes bounds a batch's payloads and metadata, in bytes, with a
-	// store that can (a BytesBounder: sqlstore.Store): a batch takes rows
+	// store that can (sluicesql.Outbox): a batch takes rows
 	// up to BatchSize and up to BatchBytes — at least one row, however
 	// large. Memory: about Concurrency × BatchBytes. Default 16 MiB.
 	BatchBytes int64
@@ -112,15 +109,15 @@ type RelayConfig struct {
 	// (default the global one), and Logger, a line per batch with failures
 	// and per store error (default watermill.NopLogger).
 	sluice.Env
+
+	name string // the store's table name, or "outbox"
 }
 
 func (c RelayConfig) withDefaults(store Store) RelayConfig {
-	if c.Name == "" {
-		if n, ok := store.(interface{ Name() string }); ok {
-			c.Name = n.Name()
-		}
+	c.name = "outbox"
+	if n, ok := store.(interface{ Name() string }); ok {
+		c.name = cmp.Or(n.Name(), c.name)
 	}
-	c.Name = cmp.Or(c.Name, "outbox")
 	c.BatchSize = cmp.Or(c.BatchSize, batchSizeDefault)
 	c.BatchBytes = cmp.Or(c.BatchBytes, batchBytesDefault)
 	c.Concurrency = cmp.Or(c.Concurrency, 1)
@@ -188,7 +185,7 @@ type Relay struct {
 	calls                           *bounded.Calls // the store calls' bounds
 }
 
-// NewRelay validates cfg and returns a Relay of store's rows (sqlstore.Store)
+// NewRelay validates cfg and returns a Relay of store's rows (sluicesql.Outbox)
 // on publisher, which publishes each row to its topic and returns nil only
 // once the broker holds it: rabbitmq's Broker.Publisher() or Publisher
 // (confirms + mandatory), the embedded default's. Run runs it.
@@ -205,9 +202,7 @@ func NewRelay(store Store, publisher message.Publisher, cfg RelayConfig) (*Relay
 	}
 	r := &Relay{cfg: cfg, store: store, publisher: publisher, wake: make(chan struct{}, 1), closing: make(chan struct{}), done: make(chan struct{}),
 		calls: &bounded.Calls{Max: storeCallsMax, Timeout: context.DeadlineExceeded}}
-	if w, ok := store.(Waker); ok {
-		r.stores = w.Wakeups()
-	}
+	r.stores = store.Wakeups()
 	m := telemetry.Meter(cfg.MeterProvider)
 	var errs [8]error
 	var pending, failing, dead metric.Int64ObservableGauge
@@ -231,10 +226,10 @@ func NewRelay(store Store, publisher message.Publisher, cfg RelayConfig) (*Relay
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, fmt.Errorf("outbox: creating the relay's metrics: %w", err)
 	}
-	set := attribute.NewSet(telemetry.AttrOutbox.String(cfg.Name))
+	set := attribute.NewSet(telemetry.AttrOutbox.String(cfg.name))
 	r.attrs = metric.WithAttributeSet(set)
 	r.deadLettered.Add(context.Background(), 0, r.attrs) // exported at zero, for the alerts' rate()
-	r.failures.Add(context.Background(), 0, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(cfg.Name), semconv.ErrorTypeKey.String("store"))))
+	r.failures.Add(context.Background(), 0, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(cfg.name), semconv.ErrorTypeKey.String("store"))))
 	if cfg.StatsInterval > 0 {
 		reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 			s := r.stats.Load()
@@ -407,7 +402,7 @@ func (r *Relay) Close() error {
 	case <-r.done:
 		return nil
 	case <-t.C:
-		return fmt.Errorf("outbox: the relay %s did not stop within %s: a store or publisher call did not return", r.cfg.Name, r.cfg.PublishTimeout+2*r.cfg.StoreTimeout)
+		return fmt.Errorf("outbox: the relay %s did not stop within %s: a store or publisher call did not return", r.cfg.name, r.cfg.PublishTimeout+2*r.cfg.StoreTimeout)
 	}
 }
 
@@ -446,10 +441,7 @@ func (s *readStats) oldestAge() time.Duration {
 
 // due takes a batch: bounded by bytes too when the store can.
 func (r *Relay) due(ctx context.Context) (Batch, error) {
-	if bb, ok := r.store.(BytesBounder); ok {
-		return bb.DueWithin(ctx, r.cfg.BatchSize, r.cfg.BatchBytes)
-	}
-	return r.store.Due(ctx, r.cfg.BatchSize)
+	return r.store.Due(ctx, r.cfg.BatchSize, r.cfg.BatchBytes)
 }
 
 // result is one row's publish.
@@ -476,8 +468,8 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 		})
 	if err != nil {
 		if ctx.Err() == nil {
-			r.failures.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(r.cfg.Name), semconv.ErrorTypeKey.String("store"))))
-			r.cfg.Logger.Error("The outbox relay could not read its rows", diag.RedactError(err), watermill.LogFields{"outbox": r.cfg.Name})
+			r.failures.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(r.cfg.name), semconv.ErrorTypeKey.String("store"))))
+			r.cfg.Logger.Error("The outbox relay could not read its rows", diag.RedactError(err), watermill.LogFields{"outbox": r.cfg.name})
 		}
 		return 0, false, time.Time{}
 	}
@@ -521,7 +513,7 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 		}
 		first = cmp.Or(first, err)
 		kind := errorType(err)
-		r.failures.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(r.cfg.Name),
+		r.failures.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(r.cfg.name),
 			semconv.MessagingDestinationName(row.Topic), semconv.ErrorTypeKey.String(kind))))
 		next, dead := now, false
 		if kind != errorTypeUnreachable {
@@ -530,12 +522,12 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 		} else {
 			unreachable = true
 		}
-		f := Failed{ID: row.ID, Err: diag.Bound(diag.Redact(err.Error()), ErrorMaxLength), NextAttempt: next, Dead: dead}
+		f := Failed{ID: row.ID, Err: diag.Bound(diag.Redact(err.Error()), errorMaxLength), NextAttempt: next, Dead: dead}
 		failed = append(failed, f)
 		if dead {
 			died++
 			r.cfg.Logger.Error("An outbox row failed its last attempt: set aside as dead (sluice outbox list --dead)", nil,
-				watermill.LogFields{"outbox": r.cfg.Name, "row": row.ID, "topic": diag.Printable(row.Topic, 255), "attempts": row.Attempts + 1, "error": f.Err})
+				watermill.LogFields{"outbox": r.cfg.name, "row": row.ID, "topic": diag.Printable(row.Topic, 255), "attempts": row.Attempts + 1, "error": f.Err})
 			continue
 		}
 		if retry.IsZero() || next.Before(retry) {
@@ -544,9 +536,9 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 	}
 	_, err = storeCall(r, life, true, func(ctx context.Context) (struct{}, error) { return struct{}{}, b.Finish(ctx, relayed, failed) }, nil)
 	if err != nil {
-		r.failures.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(r.cfg.Name), semconv.ErrorTypeKey.String("store"))))
+		r.failures.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(r.cfg.name), semconv.ErrorTypeKey.String("store"))))
 		r.cfg.Logger.Error("The outbox relay could not record its batch: its rows will be sent again", diag.RedactError(err),
-			watermill.LogFields{"outbox": r.cfg.Name, "rows": len(rows)})
+			watermill.LogFields{"outbox": r.cfg.name, "rows": len(rows)})
 		return 0, false, time.Time{}
 	}
 	// Counted once the delete committed: a batch whose delete failed is
@@ -555,7 +547,7 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 		if errs[i] != nil || !seen[i] {
 			continue
 		}
-		r.relayed.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(r.cfg.Name), semconv.MessagingDestinationName(row.Topic))))
+		r.relayed.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(r.cfg.name), semconv.MessagingDestinationName(row.Topic))))
 		lag := time.Since(row.CreatedAt)
 		if row.Age > 0 {
 			lag = row.Age + now.Sub(taken) // one clock: see readStats.oldestAge
@@ -564,18 +556,18 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 	}
 	for _, f := range failed {
 		if f.Dead {
-			r.deadLettered.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(r.cfg.Name),
+			r.deadLettered.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(r.cfg.name),
 				semconv.MessagingDestinationName(rowTopic(rows, f.ID)))))
 		}
 	}
 	if len(failed) > died {
 		r.cfg.Logger.Error("Outbox rows could not be published: kept, tried again later", diag.RedactError(first),
-			watermill.LogFields{"outbox": r.cfg.Name, "failed": len(failed) - died, "rows": len(rows)})
+			watermill.LogFields{"outbox": r.cfg.name, "failed": len(failed) - died, "rows": len(rows)})
 	}
 	// Rows refused one by one have their own next attempt: only a batch no
 	// broker took at all makes the relay back off.
 	n = len(rows)
-	if c, ok := b.(CutShort); ok && c.CutShort() {
+	if b.CutShort() {
 		n = r.cfg.BatchSize // more rows are due: take them at once
 	}
 	return n, len(relayed) > 0 || !unreachable, retry

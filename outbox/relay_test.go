@@ -25,7 +25,7 @@ import (
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -44,7 +44,7 @@ type service struct {
 	rabbit   *rabbitmq.Broker
 	produced string // the queue the handler's messages go to
 	inbox    *sluicesql.Inbox
-	outbox   *sqlstore.Store
+	outbox   *sluicesql.Outbox
 	meter    *sdkmetric.ManualReader
 	mp       *sdkmetric.MeterProvider
 	conn     *amqp.Connection
@@ -64,9 +64,7 @@ func newServiceWithTiers(t *testing.T, amqpURL string, tiers ...time.Duration) *
 	s.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(s.meter))
 	s.inbox = testenv.SQLStore(t, db, s.schema+".inbox")
 	var err error
-	s.outbox, err = sqlstore.New(sqlstore.Config{DB: db, Table: s.schema + ".outbox"})
-	require.NoError(t, err)
-	require.NoError(t, s.outbox.CreateTable(t.Context()))
+	s.outbox = testenv.Migrate(t, sluicesql.Config{DB: db, Schema: s.schema, OutboxTable: "outbox"}).Outbox
 	queue := testenv.Name("consumer")
 	s.rabbit, err = rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
 		Connection: rabbitmq.Connection{URL: amqpURL},
@@ -341,7 +339,7 @@ func TestAnUnroutableDestinationKeepsItsRowsAndBlocksNothing(t *testing.T) {
 	// The failures are counted before their batch's Finish, which deletes
 	// the routable rows and records the failed ones in one transaction.
 	require.Eventually(t, func() bool { return s.count("outbox") == n }, time.Minute, 10*time.Millisecond, "only the unroutable rows stay")
-	failing, err := s.outbox.List(t.Context(), sqlstore.Failing, 100)
+	failing, err := s.outbox.List(t.Context(), sluicesql.OutboxFailing, 100)
 	require.NoError(t, err)
 	require.Len(t, failing, n)
 	for _, e := range failing {
@@ -452,7 +450,7 @@ func TestABlackHoledDatabaseHoldsNeitherTheRelayNorItsClose(t *testing.T) {
 	t.Parallel()
 	s := newService(t, testenv.AMQPURL)
 	proxy, viaProxy := testenv.ProxyPostgres(t)
-	store, err := sqlstore.New(sqlstore.Config{DB: viaProxy, Table: s.schema + ".outbox"})
+	store, err := sluicesql.NewOutbox(viaProxy, sluicesql.OutboxConfig{Table: s.schema + ".outbox"})
 	require.NoError(t, err)
 	meter := sdkmetric.NewManualReader()
 	r, err := outbox.NewRelay(store, s.rabbit.Publisher(), outbox.RelayConfig{StoreTimeout: 200 * time.Millisecond,
@@ -548,7 +546,7 @@ func TestRetryNowMakesRowsDueOnTheDatabasesClock(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.outbox.Write(t.Context(), tx, "t", message.NewMessage("m", nil)))
 	require.NoError(t, tx.Commit())
-	b, err := s.outbox.Due(t.Context(), 10)
+	b, err := s.outbox.Due(t.Context(), 10, 0)
 	require.NoError(t, err)
 	require.Len(t, b.Rows(), 1)
 	require.NoError(t, b.Finish(t.Context(), nil, []outbox.Failed{{ID: b.Rows()[0].ID, Err: "refused", NextAttempt: time.Now().Add(time.Hour)}}))
@@ -583,9 +581,9 @@ func TestAnUnreadableRowIsKeptAsideAndStopsNothing(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return testenv.CounterWhere(t, s.meter, telemetry.MetricOutboxFailures, "error.type", "unreadable") == 1
 	}, 2*time.Minute, 10*time.Millisecond)
-	var left []sqlstore.Entry
+	var left []sluicesql.OutboxEntry
 	require.Eventually(t, func() bool { // the failure is counted before its batch is recorded
-		left, err = s.outbox.List(t.Context(), sqlstore.Failing, 10)
+		left, err = s.outbox.List(t.Context(), sluicesql.OutboxFailing, 10)
 		require.NoError(t, err)
 		return len(left) == 1
 	}, 2*time.Minute, 10*time.Millisecond)
@@ -621,7 +619,7 @@ func TestAnIdleInTransactionTimeoutDoesNotResendTheBatch(t *testing.T) {
 	strict, err := sqlx.Connect("postgres", testenv.PostgresURL+sep+"options=-c%20idle_in_transaction_session_timeout%3D100")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = strict.Close() })
-	store, err := sqlstore.New(sqlstore.Config{DB: strict, Table: s.schema + ".outbox"})
+	store, err := sluicesql.NewOutbox(strict, sluicesql.OutboxConfig{Table: s.schema + ".outbox"})
 	require.NoError(t, err)
 	tx, err := s.db.BeginTxx(t.Context(), nil)
 	require.NoError(t, err)
@@ -651,12 +649,13 @@ type emptyBatch struct{}
 func (emptyBatch) Rows() []outbox.Row                                     { return nil }
 func (emptyBatch) Finish(context.Context, []int64, []outbox.Failed) error { return nil }
 func (emptyBatch) Release(context.Context) error                          { return nil }
+func (emptyBatch) CutShort() bool                                         { return false }
 
-func (l *lagging) Due(ctx context.Context, limit int) (outbox.Batch, error) {
+func (l *lagging) Due(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
 	if l.armed.CompareAndSwap(true, false) {
 		return emptyBatch{}, nil
 	}
-	return l.Store.Due(ctx, limit)
+	return l.Store.Due(ctx, limit, maxBytes)
 }
 
 // A failed row the relay wakes for but finds not yet due (the database's

@@ -33,9 +33,9 @@ var publishErrorTypes = []string{errorTypeRefused, errorTypeUnreachable, errorTy
 // each destination when you run a relay of your own.
 func (r *Relay) ExportAtZero(destination string) {
 	ctx := context.Background()
-	r.relayed.Add(ctx, 0, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(r.cfg.Name), semconv.MessagingDestinationName(destination))))
+	r.relayed.Add(ctx, 0, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(r.cfg.name), semconv.MessagingDestinationName(destination))))
 	for _, kind := range publishErrorTypes {
-		r.failures.Add(ctx, 0, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(r.cfg.Name),
+		r.failures.Add(ctx, 0, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(r.cfg.name),
 			semconv.MessagingDestinationName(destination), semconv.ErrorTypeKey.String(kind))))
 	}
 }

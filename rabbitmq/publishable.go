@@ -87,7 +87,7 @@ func checkPublishing(pub amqp.Publishing, frameMax, maxSize int) error {
 // else the client's 128 KiB), or more than 8192 entries in a table or
 // array (ErrTooManyHeaders: a consumer with Sluice's client could not read
 // them). It publishes nothing and does not connect. The outbox applies it
-// when a message is written (outbox/sqlstore.Config.Checker).
+// when a message is written (sluicesql.OutboxConfig.Checker).
 func (p *Publisher) CheckPublish(topic string, msg *message.Message) error {
 	if err := broker.CheckName("routing key", topic); err != nil {
 		return &sluice.UnpublishableError{Err: err}

@@ -12,7 +12,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
-	"github.com/sluicemq/sluice/replay/sqlstore"
+	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/sluicesql/sqlite"
 )
 
@@ -27,7 +27,7 @@ func Example() {
 		panic(err)
 	}
 	defer func() { _ = db.Close() }()
-	store, err := sqlstore.New(sqlstore.Config{DB: db})
+	store, err := sluicesql.NewOutcomes(db, sluicesql.OutcomesConfig{})
 	if err != nil {
 		panic(err)
 	}

@@ -71,7 +71,7 @@ type Record struct {
 	At      time.Time `json:"at" db:"updated_at"`
 }
 
-// Store keeps the records. replay/sqlstore's and replay/redisstore's are
+// Store keeps the records. sluicesql.Outcomes and sluiceredis.Outcomes are
 // two; the operator's CLI reads them back as a replay/ledger.Ledger.
 type Store interface {
 	// Record upserts r by (Run, Item); "duplicate" does not replace
@@ -81,7 +81,7 @@ type Store interface {
 
 // UnitOfWorkRecorder is a Store that can also write a record in the inbox's
 // unit of work, the one the context of a delivery inside the inbox carries
-// (replay/sqlstore's, in the inbox's SQL transaction, when its table is in
+// (sluicesql.Outcomes', in the inbox's SQL transaction, when its table is in
 // the inbox's database). Config.InUnitOfWork needs one.
 type UnitOfWorkRecorder interface {
 	Store
@@ -127,7 +127,7 @@ type Config struct {
 	// records are only as trustworthy as what may publish into the queue
 	// (docs/architecture.md, "Trust boundary").
 	sluice.Env
-	// InUnitOfWork, when the records live with the inbox (replay/sqlstore on
+	// InUnitOfWork, when the records live with the inbox (sluicesql.Outcomes on
 	// the inbox's database), writes "processed" in the inbox's unit of work,
 	// with the claim and the business writes (InTx, which router.Middlewares
 	// puts inside the inbox): it exists exactly when they do. Store must be
@@ -274,7 +274,7 @@ func unitOfWork(cfg Config) (UnitOfWorkRecorder, error) {
 	}
 	store, ok := cfg.Store.(UnitOfWorkRecorder)
 	if !ok {
-		return nil, fmt.Errorf("replay: Config.InUnitOfWork needs a Config.Store that can record in the inbox's unit of work (a replay.UnitOfWorkRecorder such as replay/sqlstore's), got %T", cfg.Store)
+		return nil, fmt.Errorf("replay: Config.InUnitOfWork needs a Config.Store that can record in the inbox's unit of work (a replay.UnitOfWorkRecorder such as sluicesql.Outcomes'), got %T", cfg.Store)
 	}
 	return store, nil
 }

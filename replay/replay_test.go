@@ -23,7 +23,7 @@ import (
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
-	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
+
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/sluicesql"
@@ -31,7 +31,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func pgStore(t *testing.T) *replaysql.Store {
+func pgStore(t *testing.T) *sluicesql.Outcomes {
 	t.Helper()
 	db := testenv.Postgres(t)
 	return testenv.OutcomeStore(t, db, testenv.Schema(t, db)+".sluice_replay")

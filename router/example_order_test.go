@@ -10,10 +10,11 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
-	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
+
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // An ordered handler (docs/ordering.md): each account's events apply in
@@ -29,8 +30,9 @@ func ExampleStages_order() {
 		applyToAccount func(*message.Message) error
 	)
 	// Not run (no Output): the values above are the service's.
-	orders, err := ordersql.New(ordersql.Config{DB: db}) // ordering/sqlstore, the inbox's database
-	err = orders.CreateTables(ctx)
+	stores, err := sluicesql.New(sluicesql.Config{DB: db}) // the inbox's database
+	err = stores.Migrate(ctx)                              // the ordering store's tables among Sluice's
+	orders := stores.Order                                 // sluicesql.NewOrders(db, …) alone
 
 	_, err = router.Add(r, router.HandlerConfig{
 		Broker:  b, // its queue consumed by one consumer (see "Topology")

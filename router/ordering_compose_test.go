@@ -23,7 +23,7 @@ import (
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
-	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
+
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -68,9 +68,7 @@ func orderedBehindTimeout(t *testing.T, quorum bool) {
 	inbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: schema + ".inbox"})
 	require.NoError(t, err)
 	require.NoError(t, inbox.CreateTable(t.Context()))
-	orders, err := ordersql.New(ordersql.Config{DB: db, TablePrefix: schema + ".sluice_order"})
-	require.NoError(t, err)
-	require.NoError(t, orders.CreateTables(t.Context()))
+	orders := testenv.Migrate(t, sluicesql.Config{DB: db, Schema: schema, OrderTablePrefix: "sluice_order"}).Order
 
 	tc := rabbitmq.TopologyConfig{Queue: testenv.Name("ordered_compose"), TierDelays: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}}
 	if quorum {

@@ -18,7 +18,7 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/ordering"
-	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
+
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/sluicesql"
@@ -340,15 +340,13 @@ func TestAnOrderedKeyKeepsItsOrderAcrossRestartsMidLoad(t *testing.T) {
 // newOrderedStores returns the test database, a schema of t's own holding
 // an applied table (n bigserial, then column), the inbox store and the
 // ordering store in it.
-func newOrderedStores(t *testing.T, column string) (*sqlx.DB, string, *sluicesql.Inbox, *ordersql.Store) {
+func newOrderedStores(t *testing.T, column string) (*sqlx.DB, string, *sluicesql.Inbox, ordering.Store) {
 	t.Helper()
 	db := testenv.Postgres(t)
 	schema := testenv.Schema(t, db)
 	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.applied (n bigserial PRIMARY KEY, %s)`, schema, column))
 	require.NoError(t, err)
 	inbox := testenv.SQLStore(t, db, schema+".inbox")
-	orders, err := ordersql.New(ordersql.Config{DB: db, TablePrefix: schema + ".order"})
-	require.NoError(t, err)
-	require.NoError(t, orders.CreateTables(t.Context()))
+	orders := testenv.Migrate(t, sluicesql.Config{DB: db, Schema: schema, OrderTablePrefix: "order"}).Order
 	return db, schema, inbox, orders
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
-	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
+
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -40,9 +40,7 @@ func TestAPartitionsNextOwnerContinuesAReleaseInOrder(t *testing.T) {
 	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.applied (n bigserial PRIMARY KEY, seq int NOT NULL)`, schema))
 	require.NoError(t, err)
 	testenv.SQLStore(t, db, schema+".inbox")
-	orders, err := ordersql.New(ordersql.Config{DB: db, TablePrefix: schema + ".order"})
-	require.NoError(t, err)
-	require.NoError(t, orders.CreateTables(t.Context()))
+	orders := testenv.Migrate(t, sluicesql.Config{DB: db, Schema: schema, OrderTablePrefix: "order"}).Order
 
 	tc := rabbitmq.TopologyConfig{Queue: testenv.Name("failover"), TierDelays: []time.Duration{100 * time.Millisecond},
 		Partitions: 1, PartitionKey: "account"}
@@ -61,7 +59,7 @@ func TestAPartitionsNextOwnerContinuesAReleaseInOrder(t *testing.T) {
 		require.NoError(t, err)
 		inbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: pool, Table: schema + ".inbox"})
 		require.NoError(t, err)
-		store, err := ordersql.New(ordersql.Config{DB: pool, TablePrefix: schema + ".order"})
+		store, err := sluicesql.NewOrders(pool, sluicesql.OrdersConfig{TablePrefix: schema + ".order"})
 		require.NoError(t, err)
 		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 		require.NoError(t, err)

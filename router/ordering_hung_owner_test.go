@@ -24,7 +24,7 @@ import (
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
-	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
+
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -43,7 +43,7 @@ type hungOwner struct {
 	Schema   string
 	Topology rabbitmq.TopologyConfig
 	Hold     int
-	// IdleTimeout is the ordering store's (ordersql.Config.IdleTimeout).
+	// IdleTimeout is the ordering store's (sluicesql.OrdersConfig.IdleTimeout).
 	IdleTimeout time.Duration
 }
 
@@ -61,7 +61,7 @@ func (h hungOwner) run(ctx context.Context, t testing.TB, db *sqlx.DB, hold func
 	require.NoError(t, err)
 	inbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: h.Schema + ".inbox"})
 	require.NoError(t, err)
-	store, err := ordersql.New(ordersql.Config{DB: db, TablePrefix: h.Schema + ".order", LockTimeout: time.Second, IdleTimeout: h.IdleTimeout})
+	store, err := sluicesql.NewOrders(db, sluicesql.OrdersConfig{TablePrefix: h.Schema + ".order", LockTimeout: time.Second, IdleTimeout: h.IdleTimeout})
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
@@ -120,7 +120,7 @@ func TestHungOwnerHelper(t *testing.T) {
 // (the ordering store's unit of work) and the message's claim (the
 // inbox's) in transactions that sit idle — is taken over by the
 // partition's standby within a bound: PostgreSQL ends both once they idle
-// past their limits (ordersql.Config.IdleTimeout; the delivery's deadline
+// past their limits (sluicesql.OrdersConfig.IdleTimeout; the delivery's deadline
 // plus StoreTimeout for the inbox's, deduplication.IdleBounder), and the
 // standby's Run releases the rest, in order. After SIGCONT the owner's
 // leftovers change nothing: each message applied once, in order. Before,
@@ -134,9 +134,7 @@ func TestAHungOwnerHoldsAnOrderedKeyForABoundedTime(t *testing.T) {
 	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.applied (n bigserial PRIMARY KEY, seq int NOT NULL)`, schema))
 	require.NoError(t, err)
 	testenv.SQLStore(t, db, schema+".inbox")
-	orders, err := ordersql.New(ordersql.Config{DB: db, TablePrefix: schema + ".order"})
-	require.NoError(t, err)
-	require.NoError(t, orders.CreateTables(t.Context()))
+	orders := testenv.Migrate(t, sluicesql.Config{DB: db, Schema: schema, OrderTablePrefix: "order"}).Order
 	h := hungOwner{Schema: schema, Hold: hold, IdleTimeout: 10 * time.Second,
 		Topology: rabbitmq.TopologyConfig{Queue: testenv.Name("hung_owner"), TierDelays: []time.Duration{3 * time.Second},
 			Partitions: 1, PartitionKey: "account"}}

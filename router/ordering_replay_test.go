@@ -19,7 +19,7 @@ import (
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
-	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
+
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/replay"
@@ -42,9 +42,7 @@ func TestAReplayedHeadAfterItsSkipIsSaidToBeOutOfOrder(t *testing.T) {
 	require.NoError(t, err)
 	inbox := testenv.SQLStore(t, db, schema+".inbox")
 	outcomes := testenv.OutcomeStore(t, db, schema+".sluice_replay")
-	store, err := ordersql.New(ordersql.Config{DB: db, TablePrefix: schema + ".order"})
-	require.NoError(t, err)
-	require.NoError(t, store.CreateTables(t.Context()))
+	store := testenv.Migrate(t, sluicesql.Config{DB: db, Schema: schema, OrderTablePrefix: "order"}).Order
 	queue := testenv.Name("ordered_replay")
 	tc := rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{50 * time.Millisecond}}
 	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Topology: tc})

@@ -18,7 +18,7 @@ import (
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
-	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
+
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -143,14 +143,14 @@ func seqs(from, to int) []int {
 // runOrderScenario publishes sc and waits until every message that can be
 // applied is; it returns the applied sequence of a key (in commit order),
 // the ordering store, the consumer and a bounded wait.
-func runOrderScenario(t *testing.T, sc orderScenario, ordered bool) (applied func(key string) []int, store *ordersql.Store, consumer string, wait func(func() bool)) {
+func runOrderScenario(t *testing.T, sc orderScenario, ordered bool) (applied func(key string) []int, store ordering.Store, consumer string, wait func(func() bool)) {
 	return runOrderScenarioOn(t, sc, ordered, 0)
 }
 
 // runOrderScenarioOn is runOrderScenario on a topology of partitions
 // partition queues (0: one queue), published through the partitioned
 // broker's exchange, the ordering key the partition key.
-func runOrderScenarioOn(t *testing.T, sc orderScenario, ordered bool, partitions int) (applied func(key string) []int, store *ordersql.Store, consumer string, wait func(func() bool)) {
+func runOrderScenarioOn(t *testing.T, sc orderScenario, ordered bool, partitions int) (applied func(key string) []int, store ordering.Store, consumer string, wait func(func() bool)) {
 	db := testenv.Postgres(t)
 	schema := testenv.Schema(t, db)
 	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.applied (n bigserial PRIMARY KEY, order_key text NOT NULL, seq int NOT NULL)`, schema))
@@ -158,9 +158,7 @@ func runOrderScenarioOn(t *testing.T, sc orderScenario, ordered bool, partitions
 	inbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: schema + ".inbox"})
 	require.NoError(t, err)
 	require.NoError(t, inbox.CreateTable(t.Context()))
-	store, err = ordersql.New(ordersql.Config{DB: db, TablePrefix: schema + ".order"})
-	require.NoError(t, err)
-	require.NoError(t, store.CreateTables(t.Context()))
+	store = testenv.Migrate(t, sluicesql.Config{DB: db, Schema: schema, OrderTablePrefix: "order"}).Order
 
 	queue := testenv.Name("ordered")
 	tc := rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond}}

@@ -17,7 +17,7 @@ import (
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/outbox"
-	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
+
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
@@ -82,9 +82,7 @@ func producedAfterANoRoute(t *testing.T, withOutbox bool) {
 	// Every first publish was refused: the produced events' fate is decided.
 	refused := func() bool { return testenv.CounterSum(t, reader, telemetry.MetricInboxDuplicates) >= events }
 	if withOutbox {
-		ob, err := outboxsql.New(outboxsql.Config{DB: db, Table: schema + ".outbox"})
-		require.NoError(t, err)
-		require.NoError(t, ob.CreateTable(t.Context()))
+		ob := testenv.Migrate(t, sluicesql.Config{DB: db, Schema: schema, OutboxTable: "outbox"}).Outbox
 		cfg.Outbox = ob
 		relay, err := outbox.NewRelay(ob, q.Publisher(), outbox.RelayConfig{Env: sluice.Env{MeterProvider: mp}, PollInterval: 50 * time.Millisecond, RetryMin: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond})
 		require.NoError(t, err)

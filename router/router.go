@@ -69,7 +69,7 @@ type HandlerConfig struct {
 	// refuses that assembly and names Outbox, which loses nothing.
 	PublishAtMostOnce bool
 	// Outbox writes PublishingHandler's messages in the inbox's unit of
-	// work (outbox/sqlstore.Store; outbox.Handler); an outbox.Relay
+	// work (sluicesql.Outbox; outbox.Handler); an outbox.Relay
 	// publishes them. It needs Stages.Inbox, on the same database, and
 	// replaces Publisher. A Handler writes what it produces with the
 	// Writer's Publish itself.
@@ -110,7 +110,7 @@ func (c HandlerConfig) unsafe() error {
 	if c.PublishingHandler != nil && c.Publisher != nil && c.Stages.Inbox != nil && !c.PublishAtMostOnce {
 		return fmt.Errorf("%w: HandlerConfig.Publisher beside Stages.Inbox publishes PublishingHandler's messages after the inbox's commit: "+
 			"a publish that fails then is nacked, the redelivery is a duplicate the inbox skips, and the messages are lost. "+
-			"Give HandlerConfig.Outbox instead (outbox/sqlstore, relayed by an outbox.Relay), "+
+			"Give HandlerConfig.Outbox instead (sluicesql.Outbox, relayed by an outbox.Relay), "+
 			"or set HandlerConfig.PublishAtMostOnce to accept losing them", ErrUnsafeStages)
 	}
 	return nil
@@ -224,8 +224,8 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 	if err := cfg.unsafe(); err != nil {
 		return nil, err
 	}
-	if c, ok := cfg.Outbox.(outbox.InboxChecker); ok {
-		if err := c.CheckInbox(cfg.Stages.Inbox.Store); err != nil {
+	if cfg.Outbox != nil {
+		if err := cfg.Outbox.CheckInbox(cfg.Stages.Inbox.Store); err != nil {
 			return nil, fmt.Errorf("router: HandlerConfig.Outbox: %w", err)
 		}
 	}

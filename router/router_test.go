@@ -21,7 +21,7 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/middleware"
-	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
+
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -37,7 +37,7 @@ func TestAddValidates(t *testing.T) {
 	t.Cleanup(func() { _ = sub.Close() })
 	h := func(*message.Message) error { return nil }
 	ph := func(*message.Message) ([]*message.Message, error) { return nil, nil }
-	ob, err := outboxsql.New(outboxsql.Config{DB: sqlx.NewDb(nil, "postgres")})
+	ob, err := sluicesql.NewOutbox(sqlx.NewDb(nil, "postgres"), sluicesql.OutboxConfig{})
 	require.NoError(t, err)
 	liteInbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: sqlx.NewDb(nil, "sqlite")})
 	require.NoError(t, err)

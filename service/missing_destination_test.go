@@ -8,10 +8,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
-
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/service"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // A produced event whose destination does not exist waits, and what the
@@ -39,7 +38,7 @@ func TestAMissingDestinationIsNamedWithItsCommand(t *testing.T) {
 	}
 	require.Empty(t, log.Lines("has no stage outside it"), "the short path's Classify has the poison and retry stages outside it")
 	require.Empty(t, log.Lines("without Sluice's rabbitmq.Marshaler"))
-	rows, err := svc.Stores().Outbox.List(t.Context(), outboxsql.Failing, 10)
+	rows, err := svc.Stores().Outbox.List(t.Context(), sluicesql.OutboxFailing, 10)
 	require.NoError(t, err)
 	require.Len(t, rows, 1)
 	for _, w := range want {

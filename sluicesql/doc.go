@@ -1,10 +1,10 @@
 // Package sluicesql is Sluice's one import for an SQL database (PostgreSQL
 // through lib/pq or pgx, SQLite through modernc.org/sqlite or
 // mattn/go-sqlite3): the tables Sluice keeps beside your own — the inbox
-// (Inbox), the outbox (outbox/sqlstore), the replay outcomes
-// (replay/sqlstore) and, on PostgreSQL, the ordering stage's
-// (ordering/sqlstore) — built by one New, created by one Migrate, and the
-// inbox's transaction a handler writes in (TxFromContext).
+// (Inbox), the outbox (Outbox), the replay outcomes (Outcomes) and, on
+// PostgreSQL, the ordering stage's (Orders) — built by one New, created by
+// one Migrate, and the inbox's transaction a handler writes in
+// (TxFromContext).
 //
 //	stores, err := sluicesql.New(sluicesql.Config{DB: db}) // PostgreSQL or SQLite
 //	err = stores.Migrate(ctx)                              // the tables and their indexes, if missing

@@ -13,7 +13,6 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/telemetry"
-	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
 )
 
 // Pruner defaults.
@@ -181,7 +180,7 @@ func (p *Pruner) Close() error {
 
 // records names what store holds, in the log line of a failed run.
 func records(store BatchDeleter) string {
-	if _, ok := store.(*replaysql.Store); ok {
+	if _, ok := store.(*Outcomes); ok {
 		return "replay outcomes"
 	}
 	return "inbox"

@@ -14,16 +14,7 @@ import (
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
-	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
-	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
-	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
-)
-
-// The tables' default names (each store's own).
-const (
-	orderTablePrefixDefault = ordersql.TablePrefixDefault
-	outboxTableDefault      = outboxsql.TableDefault
-	outcomeTableDefault     = replaysql.TableDefault
+	"github.com/sluicemq/sluice/ordering"
 )
 
 // Config configures New.
@@ -52,7 +43,7 @@ type Config struct {
 	// nil: the driver's (READ COMMITTED on PostgreSQL).
 	TxOptions *sql.TxOptions
 	// OutboxChecker refuses, when the outbox writes a message, what the
-	// relay's publisher could never publish (outbox/sqlstore.Config.Checker):
+	// relay's publisher could never publish (OutboxConfig.Checker):
 	// give it the relay's publisher. service.New does. Default none.
 	OutboxChecker broker.PublishChecker
 }
@@ -65,15 +56,15 @@ type Stores struct {
 	Inbox *Inbox
 	// Outbox holds what handlers produce until a relay publishes it
 	// (router.HandlerConfig.Outbox, outbox.RelayConfig.Store).
-	Outbox *outboxsql.Store
+	Outbox *Outbox
 	// Outcomes records what became of each message replayed from a poison
 	// queue (replay.Config.Store), for sluice dlq replay and report.
-	Outcomes *replaysql.Store
+	Outcomes *Outcomes
 	// Order keeps the ordering stage's waiting keys and held messages
 	// (ordering.Config.Store; docs/ordering.md) on PostgreSQL, its tables
 	// <OrderTablePrefix>_keys and _held; nil on SQLite, which it does not
 	// support.
-	Order *ordersql.Store
+	Order ordering.Store
 
 	db     *sqlx.DB
 	schema string // Config.Schema, quoted; "" without one
@@ -105,8 +96,8 @@ func New(cfg Config) (*Stores, error) {
 	var names [4]string
 	names[0], errs[0] = table("InboxTable", cfg.InboxTable, inboxTableDefault)
 	names[1], errs[1] = table("OutboxTable", cfg.OutboxTable, outboxTableDefault)
-	names[2], errs[2] = table("OutcomeTable", cfg.OutcomeTable, outcomeTableDefault)
-	names[3], errs[3] = table("OrderTablePrefix", cfg.OrderTablePrefix, orderTablePrefixDefault)
+	names[2], errs[2] = table("OutcomeTable", cfg.OutcomeTable, outcomesTableDefault)
+	names[3], errs[3] = table("OrderTablePrefix", cfg.OrderTablePrefix, ordersTablePrefixDefault)
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, err
 	}
@@ -119,14 +110,14 @@ func New(cfg Config) (*Stores, error) {
 	if s.Inbox, err = NewInbox(InboxConfig{DB: db, Table: names[0], TxOptions: cfg.TxOptions}); err != nil {
 		return nil, fmt.Errorf("sluicesql: the inbox (Config.InboxTable, Config.Schema): %w", err)
 	}
-	if s.Outbox, err = outboxsql.New(outboxsql.Config{DB: db, Table: names[1], Checker: cfg.OutboxChecker}); err != nil {
+	if s.Outbox, err = NewOutbox(db, OutboxConfig{Table: names[1], Checker: cfg.OutboxChecker}); err != nil {
 		return nil, fmt.Errorf("sluicesql: the outbox (Config.OutboxTable, Config.Schema): %w", err)
 	}
-	if s.Outcomes, err = replaysql.New(replaysql.Config{DB: db, Table: names[2]}); err != nil {
+	if s.Outcomes, err = NewOutcomes(db, OutcomesConfig{Table: names[2]}); err != nil {
 		return nil, fmt.Errorf("sluicesql: the replay outcomes (Config.OutcomeTable, Config.Schema): %w", err)
 	}
 	if postgres(db) {
-		if s.Order, err = ordersql.New(ordersql.Config{DB: db, TablePrefix: names[3]}); err != nil {
+		if s.Order, err = NewOrders(db, OrdersConfig{TablePrefix: names[3]}); err != nil {
 			return nil, fmt.Errorf("sluicesql: the ordering store (Config.OrderTablePrefix, Config.Schema): %w", err)
 		}
 	}
@@ -178,12 +169,12 @@ func (s *Stores) Migrate(ctx context.Context) (err error) {
 	for _, m := range []struct {
 		what   string
 		create func(context.Context) error
-	}{{"the inbox", s.Inbox.CreateTable}, {"the outbox", s.Outbox.CreateTable}, {"the replay outcomes", s.Outcomes.CreateTable},
+	}{{"the inbox", s.Inbox.CreateTable}, {"the outbox", s.Outbox.createTable}, {"the replay outcomes", s.Outcomes.CreateTable},
 		{"the ordering store", func(ctx context.Context) error {
 			if s.Order == nil {
 				return nil
 			}
-			return s.Order.CreateTables(ctx)
+			return s.Order.(*orders).createTables(ctx)
 		}}} {
 		if err := m.create(ctx); err != nil {
 			return fmt.Errorf("sluicesql: migrating %s: %w", m.what, err)

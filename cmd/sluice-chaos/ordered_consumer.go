@@ -20,7 +20,7 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
-	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
+
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -75,7 +75,7 @@ func orderedConsumerMain(args []string) error {
 	if err != nil {
 		return err
 	}
-	store, err := ordersql.New(ordersql.Config{DB: db, TablePrefix: *schema + ".order"})
+	store, err := sluicesql.NewOrders(db, sluicesql.OrdersConfig{TablePrefix: *schema + ".order"})
 	if err != nil {
 		return err
 	}

@@ -15,8 +15,9 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/ordering"
-	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
+
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // The ordered scenario (order per key through retries, ordering.Config)
@@ -37,7 +38,7 @@ type orderedOptions struct {
 // orderedWorld is what the ordered scenario saw.
 type orderedWorld struct {
 	plan    orderPlan
-	store   *ordersql.Store
+	store   ordering.Store
 	control bool
 	node    *privateCluster // the private RabbitMQ node it restarts
 	// Measured.
@@ -89,10 +90,12 @@ func runOrdered(parent context.Context, o options, scenario string) (string, err
 		return "setup", err
 	}
 	var err error
-	if ow.store, err = ordersql.New(ordersql.Config{DB: w.db, TablePrefix: w.name + ".order"}); err != nil {
+	stores, err := sluicesql.New(sluicesql.Config{DB: w.db, Schema: w.name, OrderTablePrefix: "order"})
+	if err != nil {
 		return "setup", err
 	}
-	if err := ow.store.CreateTables(ctx); err != nil {
+	ow.store = stores.Order
+	if err := stores.Migrate(ctx); err != nil {
 		return "setup", err
 	}
 

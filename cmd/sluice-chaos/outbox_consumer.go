@@ -18,7 +18,7 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/outbox"
-	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
+
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -44,7 +44,7 @@ type outboxProcess struct {
 	queue    string // where the effects handler produces
 	crash    func(string)
 	inbox    func(deduplication.Store, string, deduplication.KeyFunc) *deduplication.Config // the receiver's
-	store    *outboxsql.Store
+	store    *sluicesql.Outbox
 	receiver *rabbitmq.Broker
 	relay    *outbox.Relay
 	relayed  chan error
@@ -54,7 +54,7 @@ type outboxProcess struct {
 // outbox, adds the receiver to r, and starts a relay on pub until ctx ends.
 func (p *outboxProcess) start(ctx context.Context, r *message.Router, cfg *router.HandlerConfig, receiver rabbitmq.BrokerConfig, pub *rabbitmq.Publisher) error {
 	var err error
-	p.store, err = outboxsql.New(outboxsql.Config{DB: p.db, Table: p.schema + ".outbox"})
+	p.store, err = sluicesql.NewOutbox(p.db, sluicesql.OutboxConfig{Table: p.schema + ".outbox"})
 	if err != nil {
 		return err
 	}

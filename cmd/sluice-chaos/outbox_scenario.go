@@ -16,7 +16,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
-	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
+
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/sluicesql"
 )
@@ -43,7 +43,7 @@ const directBatch = 50
 // without consuming does.
 type outboxWorld struct {
 	topo  *rabbitmq.Topology // the produced queue, the receiver's
-	store *outboxsql.Store
+	store *sluicesql.Outbox
 	// Measured during the outage.
 	at       int           // effects when the broker was stopped
 	down     time.Duration // from stop_app's return until the broker served again
@@ -66,12 +66,14 @@ func (w *world) setupOutbox(ctx context.Context) error {
 	if err := inbox.CreateTable(ctx); err != nil {
 		return err
 	}
-	if ob.store, err = outboxsql.New(outboxsql.Config{DB: w.db, Table: w.name + ".outbox"}); err != nil {
+	stores, err := sluicesql.New(sluicesql.Config{DB: w.db, Schema: w.name, OutboxTable: "outbox"})
+	if err != nil {
 		return err
 	}
-	if err := ob.store.CreateTable(ctx); err != nil {
+	if err := stores.Migrate(ctx); err != nil {
 		return err
 	}
+	ob.store = stores.Outbox
 	delays, err := parseDelays(w.o.tiers)
 	if err != nil {
 		return err

@@ -31,8 +31,7 @@ import (
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/replay"
-	replayredis "github.com/sluicemq/sluice/replay/redisstore"
-	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
+
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/sluiceredis"
@@ -204,7 +203,7 @@ func TestClosedLoopReplayStopsOnRepoisonAndReports(t *testing.T) {
 	require.Equal(t, []string{"bad-00", "bad-01"}, last[len(last)-2].Items)
 
 	// A report of a run with events sent and no outcome yet exits 1.
-	outcomes, err := replaysql.New(replaysql.Config{DB: db, Table: rc.outcomesTable})
+	outcomes, err := sluicesql.NewOutcomes(db, sluicesql.OutcomesConfig{Table: rc.outcomesTable})
 	require.NoError(t, err)
 	require.NoError(t, outcomes.Replayed(t.Context(), []replay.Record{{Run: "run-pending", Item: "evt-x", EventID: "evt-x", At: time.Now()}}))
 	code, report, errOut = b.cli(t, "dlq", "report", "--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--run", "run-pending")
@@ -657,7 +656,7 @@ func TestLongEventIDIsOneItem(t *testing.T) {
 }
 
 // The closed loop for a service with no SQL database: its inbox and its
-// outcome records on Redis (sluiceredis, replay/redisstore),
+// outcome records on Redis (sluiceredis.Outcomes),
 // its effect a Redis set. `--outcomes redis://…` replays a canary and a
 // ramp, stops when a batch is poisoned again beyond the limit, and reports
 // exactly the still-bad events; `resolve` records one as compensated.
@@ -669,7 +668,7 @@ func TestClosedLoopOnRedis(t *testing.T) {
 	inbox, err := sluiceredis.NewInbox(sluiceredis.InboxConfig{Client: client, Prefix: prefix + "inbox:"})
 	require.NoError(t, err)
 	outcomesPrefix := strings.TrimSuffix(prefix, ":") + "_replay"
-	outcomes, err := replayredis.New(replayredis.Config{Client: client, Prefix: outcomesPrefix + ":"})
+	outcomes, err := sluiceredis.NewOutcomes(client, sluiceredis.OutcomesConfig{Prefix: outcomesPrefix + ":"})
 	require.NoError(t, err)
 	stock := prefix + "stock"
 

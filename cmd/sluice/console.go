@@ -20,7 +20,7 @@ import (
 	"github.com/sluicemq/sluice/console"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 func newConsole(g *globals, out io.Writer) *cobra.Command {
@@ -100,7 +100,7 @@ func newConsole(g *globals, out io.Writer) *cobra.Command {
 				defer func() { _ = db.Close() }()
 				cfg.Outboxes = map[string]console.Outbox{}
 				for _, name := range outboxTables {
-					s, err := sqlstore.New(sqlstore.Config{DB: db, Table: name})
+					s, err := sluicesql.NewOutbox(db, sluicesql.OutboxConfig{Table: name})
 					if err != nil {
 						return usageError{fmt.Errorf("--outbox-table %s: %w", diag.Printable(name, 128), err)}
 					}
@@ -146,7 +146,7 @@ func newConsole(g *globals, out io.Writer) *cobra.Command {
 	fl.StringVar(&mgmtURL, "management-url", localenv.Get("SLUICE_MANAGEMENT_URL", ""), "RabbitMQ's management API, e.g. http://broker:15672: the overview shows unacked messages and arrival rates (env SLUICE_MANAGEMENT_URL)")
 	fl.StringVar(&archiveFile, "archive-file", "", "offer archive, appending to this JSON-lines file (as dlq archive --file)")
 	fl.StringVar(&outboxDB, "outbox-db", localenv.Get("SLUICE_OUTBOX_DB_URL", ""), "PostgreSQL URL of the outbox's database (env SLUICE_OUTBOX_DB_URL)")
-	fl.StringSliceVar(&outboxTables, "outbox-table", []string{sqlstore.TableDefault}, "the outbox tables shown")
+	fl.StringSliceVar(&outboxTables, "outbox-table", []string{"sluice_outbox"}, "the outbox tables shown")
 	outcomeFlags(fl, &lf.outcomes, &lf.table, "the consumers' replay stage writes (replay is offered with it)")
 	return cmd
 }

@@ -25,7 +25,7 @@ import (
 	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/rabbitmq"
-	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
+
 	"github.com/sluicemq/sluice/signing"
 )
 
@@ -224,8 +224,8 @@ func (o *operatorRecords) register(cmd *cobra.Command, help string) {
 // the records are for.
 func outcomeFlags(fl *pflag.FlagSet, url, table *string, what string) {
 	fl.StringVar(url, "outcomes", localenv.Get("SLUICE_OUTCOMES_URL", ""),
-		"the outcome records "+what+": a PostgreSQL URL (the outcome table), or a redis:// URL (replay/redisstore) (env SLUICE_OUTCOMES_URL)")
-	fl.StringVar(table, "outcomes-table", replaysql.TableDefault, "the outcome table (name or schema.name); on Redis the key prefix, without its colon")
+		"the outcome records "+what+": a PostgreSQL URL (the outcome table), or a redis:// URL (sluiceredis.Outcomes) (env SLUICE_OUTCOMES_URL)")
+	fl.StringVar(table, "outcomes-table", "sluice_replay", "the outcome table (name or schema.name); on Redis the key prefix, without its colon")
 }
 
 // printRun names the run an operator's records went under.

@@ -15,7 +15,8 @@ import (
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/ordering"
-	"github.com/sluicemq/sluice/ordering/sqlstore"
+
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // Bounds of the order commands.
@@ -32,13 +33,13 @@ type orderFlags struct {
 func (f *orderFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.dbURL, "db", localenv.Get("SLUICE_ORDER_DB_URL", ""), "PostgreSQL URL of the inbox's database, where the ordering stage keeps its keys (env SLUICE_ORDER_DB_URL)")
-	fl.StringVar(&f.prefix, "table-prefix", sqlstore.TablePrefixDefault, "the ordering tables' prefix (<prefix>_keys, <prefix>_held; name or schema.name)")
+	fl.StringVar(&f.prefix, "table-prefix", "sluice_order", "the ordering tables' prefix (<prefix>_keys, <prefix>_held; name or schema.name)")
 	fl.StringVar(&f.consumer, "consumer", "", "the handler (ordering.Config.Consumer: the handler's name given to router.Add); required")
 }
 
 // open connects to --db and returns the store, which must exist, and a
 // context that ends on Ctrl-C or after orderTimeout; done closes them.
-func (f *orderFlags) open() (*sqlstore.Store, context.Context, func(), error) {
+func (f *orderFlags) open() (ordering.Store, context.Context, func(), error) {
 	if f.dbURL == "" {
 		return nil, nil, nil, usageError{fmt.Errorf("--db is required: the PostgreSQL URL of the inbox's database (env SLUICE_ORDER_DB_URL)")}
 	}
@@ -49,20 +50,20 @@ func (f *orderFlags) open() (*sqlstore.Store, context.Context, func(), error) {
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	s, err := sqlstore.New(sqlstore.Config{DB: db, TablePrefix: f.prefix})
+	s, err := sluicesql.NewOrders(db, sluicesql.OrdersConfig{TablePrefix: f.prefix})
 	if err != nil {
 		done()
 		return nil, nil, nil, usageError{fmt.Errorf("--table-prefix %s: %w", diag.Printable(f.prefix, 128), err)}
 	}
-	found, err := s.Exists(ctx)
+	found, err := tablesExist(ctx, db, f.prefix+"_keys", f.prefix+"_held")
 	if err != nil {
 		done()
-		return nil, nil, nil, diag.RedactError(err)
+		return nil, nil, nil, diag.RedactError(fmt.Errorf("looking for %s_keys: %w", diag.Printable(f.prefix, 128), err))
 	}
 	if !found {
 		done()
-		return nil, nil, nil, fmt.Errorf("no ordering tables %s_keys and %s_held in that database (--table-prefix; the ordering store's CreateTables makes them)",
-			diag.Printable(s.Name(), 128), diag.Printable(s.Name(), 128))
+		return nil, nil, nil, fmt.Errorf("no ordering tables %s_keys and %s_held in that database (--table-prefix; sluicesql's Migrate makes them)",
+			diag.Printable(f.prefix, 128), diag.Printable(f.prefix, 128))
 	}
 	return s, ctx, done, nil
 }

@@ -12,7 +12,8 @@ import (
 
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/ordering"
-	"github.com/sluicemq/sluice/ordering/sqlstore"
+
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // The on-call's path through a key the ordering stage holds behind a
@@ -23,10 +24,9 @@ import (
 func TestOrderListAndSkip(t *testing.T) {
 	t.Parallel()
 	db := testenv.Postgres(t)
-	prefix := testenv.Schema(t, db) + ".sluice_order"
-	store, err := sqlstore.New(sqlstore.Config{DB: db, TablePrefix: prefix})
-	require.NoError(t, err)
-	require.NoError(t, store.CreateTables(t.Context()))
+	schema := testenv.Schema(t, db)
+	prefix := schema + ".sluice_order"
+	store := testenv.Migrate(t, sluicesql.Config{DB: db, Schema: schema}).Order
 	g, err := store.Lock(t.Context(), "ledger", "acct-\x1b[31m7")
 	require.NoError(t, err)
 	require.NoError(t, g.Block(t.Context(), "evt-5", true, "poison: bad version amqp://u:Hidden1@h/"))

@@ -19,8 +19,7 @@ import (
 	"github.com/sluicemq/sluice/cmd/internal/localenv"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // Bounds of the outbox commands.
@@ -39,6 +38,10 @@ type outboxFlags struct {
 	tables []string
 }
 
+// lastErrorMax bounds a row's error as the list prints it: the relay
+// records at most 1,024 bytes.
+const lastErrorMax = 1024
+
 func (f *outboxFlags) register(cmd *cobra.Command, many bool) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.dbURL, "db", localenv.Get("SLUICE_OUTBOX_DB_URL", ""), "PostgreSQL URL of the outbox's database, the inbox's (env SLUICE_OUTBOX_DB_URL)")
@@ -46,13 +49,13 @@ func (f *outboxFlags) register(cmd *cobra.Command, many bool) {
 	if many {
 		help += "; repeat it, or separate with commas, for several"
 	}
-	fl.StringSliceVar(&f.tables, "table", []string{sqlstore.TableDefault}, help)
+	fl.StringSliceVar(&f.tables, "table", []string{"sluice_outbox"}, help)
 }
 
 // open connects to --db and returns a store for each --table, which must
 // exist, and a context that ends on Ctrl-C or after outboxTimeout; done
 // closes what it opened.
-func (f *outboxFlags) open(many bool) ([]*sqlstore.Store, context.Context, func(), error) {
+func (f *outboxFlags) open(many bool) ([]*sluicesql.Outbox, context.Context, func(), error) {
 	if f.dbURL == "" {
 		return nil, nil, nil, usageError{fmt.Errorf("--db is required: the PostgreSQL URL of the outbox's database (env SLUICE_OUTBOX_DB_URL)")}
 	}
@@ -63,16 +66,19 @@ func (f *outboxFlags) open(many bool) ([]*sqlstore.Store, context.Context, func(
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	stores := make([]*sqlstore.Store, 0, len(f.tables))
+	stores := make([]*sluicesql.Outbox, 0, len(f.tables))
 	for _, name := range f.tables {
-		s, err := sqlstore.New(sqlstore.Config{DB: db, Table: name})
+		s, err := sluicesql.NewOutbox(db, sluicesql.OutboxConfig{Table: name})
 		if err != nil {
 			done()
 			return nil, nil, nil, usageError{fmt.Errorf("--table %s: %w", diag.Printable(name, 128), err)}
 		}
-		found, err := s.Exists(ctx)
+		found, err := tablesExist(ctx, db, name)
+		if err != nil {
+			err = fmt.Errorf("looking for %s: %w", diag.Printable(name, 128), err)
+		}
 		if err == nil && !found {
-			err = fmt.Errorf("no outbox table %s in that database (check --table and --db: the table of the services' outbox/sqlstore.Config.Table, or --table SCHEMA.sluice_outbox for a service.Config.Schema; nothing was created)", diag.Printable(name, 128))
+			err = fmt.Errorf("no outbox table %s in that database (check --table and --db: the table of the services' outbox/sluicesql.OutboxConfig.Table, or --table SCHEMA.sluice_outbox for a service.Config.Schema; nothing was created)", diag.Printable(name, 128))
 		}
 		if err != nil {
 			done()
@@ -113,7 +119,7 @@ func newOutbox(g *globals, out io.Writer) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "outbox",
 		Short: "See what waits in a transactional outbox table, make its failing rows due again, requeue or discard its dead rows",
-		Long: "The outbox (outbox/sqlstore) holds what handlers produced until a relay has published it\n" +
+		Long: "The outbox (sluicesql.Outbox) holds what handlers produced until a relay has published it\n" +
 			"and the broker confirmed it. A row that could not be published stays, with its error and\n" +
 			"its next attempt: never delete one (the event would be lost). A row that failed the relay's\n" +
 			"MaxAttempts is set aside as dead: requeue it once the cause is fixed, or discard it, with a\n" +
@@ -229,12 +235,12 @@ func newOutboxList(out io.Writer) *cobra.Command {
 			if failing && dead {
 				return usageError{fmt.Errorf("--failing and --dead: choose one")}
 			}
-			which, whichName := sqlstore.All, "rows"
+			which, whichName := sluicesql.OutboxAll, "rows"
 			switch {
 			case failing:
-				which, whichName = sqlstore.Failing, "failing rows"
+				which, whichName = sluicesql.OutboxFailing, "failing rows"
 			case dead:
-				which, whichName = sqlstore.Dead, "dead rows"
+				which, whichName = sluicesql.OutboxDead, "dead rows"
 			}
 			stores, ctx, done, err := f.open(false)
 			if err != nil {
@@ -279,7 +285,7 @@ func newOutboxList(out io.Writer) *cobra.Command {
 }
 
 // outboxTable prints rows of an outbox, their text escaped and bounded.
-func outboxTable(out io.Writer, entries []sqlstore.Entry) {
+func outboxTable(out io.Writer, entries []sluicesql.OutboxEntry) {
 	t := table.NewWriter()
 	t.SetOutputMirror(out)
 	t.SetStyle(table.StyleLight)
@@ -296,7 +302,7 @@ func outboxTable(out io.Writer, entries []sqlstore.Entry) {
 		// The error whole (the relay bounds it when it records it): a
 		// broker's reason comes after a prefix that would fill a cell.
 		t.AppendRow(table.Row{e.ID, diag.Printable(e.Topic, cellMax), orDash(diag.Printable(e.MessageID, 64)), orDash(diag.Printable(e.EventID, cellMax)),
-			e.Attempts, outboxAge(e.CreatedAt).Round(time.Second), next, orDash(diag.Printable(e.LastError, outbox.ErrorMaxLength))})
+			e.Attempts, outboxAge(e.CreatedAt).Round(time.Second), next, orDash(diag.Printable(e.LastError, lastErrorMax))})
 	}
 	t.Render()
 }

@@ -18,8 +18,9 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // Issue 28.5 and 28.14: a row that can never be published (its queue
@@ -87,7 +88,7 @@ func TestOutboxDeadRowsAreSetAsideListedRequeuedAndDiscarded(t *testing.T) {
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "--id")
 
-	entries, err := b.store.List(t.Context(), sqlstore.Dead, 10)
+	entries, err := b.store.List(t.Context(), sluicesql.OutboxDead, 10)
 	require.NoError(t, err)
 	require.Len(t, entries, 2)
 	audit := filepath.Join(t.TempDir(), "audit.jsonl")

@@ -19,24 +19,24 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // outboxBed is an outbox table in a schema of the test's own.
 type outboxBed struct {
 	db    *sqlx.DB
-	store *sqlstore.Store
+	store *sluicesql.Outbox
 	table string
 }
 
 func newOutboxBed(t *testing.T) *outboxBed {
 	t.Helper()
 	db := testenv.Postgres(t)
-	table := testenv.Schema(t, db) + ".sluice_outbox"
-	store, err := sqlstore.New(sqlstore.Config{DB: db, Table: table})
-	require.NoError(t, err)
-	require.NoError(t, store.CreateTable(t.Context()))
+	schema := testenv.Schema(t, db)
+	table := schema + ".sluice_outbox"
+	store := testenv.Migrate(t, sluicesql.Config{DB: db, Schema: schema}).Outbox
 	return &outboxBed{db: db, store: store, table: table}
 }
 
@@ -98,7 +98,7 @@ func TestOutboxCommandsShowAStuckOutboxAndRetryIt(t *testing.T) {
 	stopRelay := runRelay(t, b.store, pub, cfg)
 	b.write(t, missing, "m-1", "m-2", "m-3")
 	require.Eventually(t, func() bool {
-		rows, err := b.store.List(t.Context(), sqlstore.Failing, 10)
+		rows, err := b.store.List(t.Context(), sluicesql.OutboxFailing, 10)
 		refused := 0
 		for _, r := range rows {
 			if strings.Contains(r.LastError, "unroutable") {
@@ -193,7 +193,7 @@ func TestOutboxCommandsEscapeHostileRows(t *testing.T) {
 		require.Contains(t, out, `orders\x1b]0;OWNED\x07\x1b[2J`, "%v: the topic escaped, not dropped", args)
 		require.Contains(t, out, `evt-\x1b]0;OWNED`)
 		require.Contains(t, out, `unroutable: \x1b]0;OWNED\x07\x1b[2J`, "the error escaped (wrapped at 72 columns)")
-		require.Less(t, strings.Count(out, "x"), outbox.ErrorMaxLength, "the 10 KB error is bounded")
+		require.Less(t, strings.Count(out, "x"), 1024, "the 10 KB error is bounded (the relay records at most 1,024 bytes)")
 	}
 	out := check("outbox", "list", "--json")
 	require.Contains(t, out, `\u202eevil`)
@@ -253,4 +253,19 @@ func TestOutboxCommandsRefuseWhatTheyCannotRead(t *testing.T) {
 	require.Regexp(t, regexp.QuoteMeta(b.table)+` +│ +0 │ +0 │ +0 │ - +│`, out)
 	require.Regexp(t, regexp.QuoteMeta(other.table)+` +│ +1 │ +0 │ +0 │ \d+s \(`, out)
 	require.Equal(t, 1, strings.Count(out, "PENDING"), fmt.Sprint("one table:\n", out))
+}
+
+// The CLI looks a table up as the stores' statements name it (quoted: case
+// matters), so it creates nothing and names what is missing.
+func TestTablesExistNamesTablesAsTheStoresDo(t *testing.T) {
+	t.Parallel()
+	db := testenv.Postgres(t)
+	schema := testenv.Schema(t, db)
+	testenv.Migrate(t, sluicesql.Config{DB: db, Schema: schema})
+	found, err := tablesExist(t.Context(), db, schema+".sluice_outbox", schema+".sluice_order_keys")
+	require.NoError(t, err)
+	require.True(t, found)
+	found, err = tablesExist(t.Context(), db, schema+".sluice_outbox", schema+".Sluice_outbox") // another name once quoted
+	require.NoError(t, err)
+	require.False(t, found)
 }

@@ -12,13 +12,14 @@ import (
 
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/replay/ledger"
-	"github.com/sluicemq/sluice/replay/redisstore"
-	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
+
+	"github.com/sluicemq/sluice/sluiceredis"
+	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/sluicesql/postgres"
 )
 
 // outcomeSchemes are the outcome-record URLs openOutcomes reads and writes.
-const outcomeSchemes = "postgres:// or postgresql:// (or a key=value DSN: the outcome table), redis:// or rediss:// (replay/redisstore)"
+const outcomeSchemes = "postgres:// or postgresql:// (or a key=value DSN: the outcome table), redis:// or rediss:// (sluiceredis.Outcomes)"
 
 // checkOutcomesURL refuses a URL of the outcome records of a scheme
 // openOutcomes cannot open (mysql://…: a MariaDB service's operators read
@@ -50,7 +51,7 @@ func isRedis(url string) bool {
 
 // openOutcomes connects to the outcome records: a PostgreSQL table
 // (postgres://…, table its name), or Redis (redis://, rediss://…, table the
-// key prefix without its colon: replay/redisstore). With create the table is
+// key prefix without its colon: sluiceredis.Outcomes). With create the table is
 // created when it is missing (a command that starts a run); without it (the
 // read-only report, resolve, which records into an existing run) a missing
 // table is an error naming it. A URL of the wrong form is a usage error.
@@ -73,7 +74,7 @@ func openOutcomes(url, table string, create bool) (ledger.Ledger, func(), error)
 			_ = client.Close()
 			return nil, nil, fmt.Errorf("--outcomes: %w", diag.RedactError(err))
 		}
-		s, err := redisstore.New(redisstore.Config{Client: client, Prefix: table + ":"})
+		s, err := sluiceredis.NewOutcomes(client, sluiceredis.OutcomesConfig{Prefix: table + ":"})
 		if err != nil {
 			_ = client.Close()
 			return nil, nil, fmt.Errorf("--outcomes: %w", err)
@@ -88,7 +89,7 @@ func openOutcomes(url, table string, create bool) (ledger.Ledger, func(), error)
 		_ = db.Close()
 		return nil, nil, fmt.Errorf("--outcomes: connecting to the database (within its connect_timeout, default 5s): %w", diag.RedactError(err))
 	}
-	s, err := replaysql.New(replaysql.Config{DB: db, Table: table})
+	s, err := sluicesql.NewOutcomes(db, sluicesql.OutcomesConfig{Table: table})
 	if err == nil {
 		if create {
 			err = s.CreateTable(ctx)
@@ -128,6 +129,23 @@ func tableExists(ctx context.Context, db *sqlx.DB, table string) error {
 		return fmt.Errorf("no outcome table %s in that database (check --outcomes-table and --outcomes: the table the consumers' replay stage records into; nothing was created)", diag.Printable(table, 128))
 	}
 	return nil
+}
+
+// tablesExist reports whether every table (a name, or schema.name, each
+// part an SQL identifier, as the stores quote them: case matters) is in
+// db, a PostgreSQL database.
+func tablesExist(ctx context.Context, db *sqlx.DB, tables ...string) (bool, error) {
+	for _, table := range tables {
+		parts := strings.Split(table, ".")
+		for i, p := range parts {
+			parts[i] = `"` + strings.ReplaceAll(p, `"`, `""`) + `"`
+		}
+		var found bool
+		if err := db.GetContext(ctx, &found, `SELECT to_regclass($1) IS NOT NULL`, strings.Join(parts, ".")); err != nil || !found {
+			return false, err
+		}
+	}
+	return true, nil
 }
 
 // quietRedis drops go-redis's own log lines.

@@ -16,7 +16,7 @@ import (
 // Ledger keeps the replay stage's outcome records in a MariaDB/MySQL table
 // beside the inbox, for `sluice dlq replay`'s closed loop: a ledger.Ledger
 // written, like Store, on Sluice's public API only. It passes
-// replaytest.Run. Unlike replay/sqlstore's it does not write "processed" in
+// replaytest.Run. Unlike sluicesql.Outcomes' it does not write "processed" in
 // the inbox's transaction (it is no replay.UnitOfWorkRecorder): outcomes
 // are recorded after the stack returns, at least once.
 type Ledger struct {

@@ -50,9 +50,10 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
-	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
+
 	"github.com/sluicemq/sluice/promexport"
 	"github.com/sluicemq/sluice/service"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // config is what the flags choose.
@@ -226,7 +227,7 @@ func run(ctx context.Context, cfg config) (_ *summary, err error) {
 // scenario's end: every event committed, poisoned or left out as a
 // duplicate by both handlers, the rejection event delivered and deleted
 // from the outbox, no copy left in a tier.
-func waitSettled(ctx context.Context, e env, ob *outboxsql.Store, counts metricReader) error {
+func waitSettled(ctx context.Context, e env, ob *sluicesql.Outbox, counts metricReader) error {
 	for {
 		s, err := summarize(ctx, e, ob, counts)
 		if err != nil {

@@ -14,8 +14,9 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/sluicemq/sluice"
-	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
+
 	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // summary is what the stores, the queues and Sluice's metrics recorded.
@@ -59,7 +60,7 @@ type metricReader interface {
 	Collect(context.Context, *metricdata.ResourceMetrics) error
 }
 
-func summarize(ctx context.Context, e env, ob *outboxsql.Store, metrics metricReader) (*summary, error) {
+func summarize(ctx context.Context, e env, ob *sluicesql.Outbox, metrics metricReader) (*summary, error) {
 	s := &summary{Published: len(script), OutboxTable: ob.Name()}
 	byHandler := map[string]*handlerCounts{inventoryHandler: &s.Inventory, orderLogHandler: &s.OrderLog}
 	t := e.tables()

@@ -7,7 +7,6 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
-	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
 	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/sluicesql/sqlite"
 )
@@ -33,10 +32,21 @@ func SQLite(t testing.TB) *sqlx.DB {
 }
 
 // OutcomeStore returns a replay outcome store on db with its table created.
-func OutcomeStore(t testing.TB, db *sqlx.DB, table string) *replaysql.Store {
+func OutcomeStore(t testing.TB, db *sqlx.DB, table string) *sluicesql.Outcomes {
 	t.Helper()
-	s, err := replaysql.New(replaysql.Config{DB: db, Table: table})
+	s, err := sluicesql.NewOutcomes(db, sluicesql.OutcomesConfig{Table: table})
 	require.NoError(t, err)
 	require.NoError(t, s.CreateTable(t.Context()))
+	return s
+}
+
+// Migrate returns sluicesql's stores of cfg with their tables created by
+// Stores.Migrate (twice: it is idempotent), in cfg.Schema when set.
+func Migrate(t testing.TB, cfg sluicesql.Config) *sluicesql.Stores {
+	t.Helper()
+	s, err := sluicesql.New(cfg)
+	require.NoError(t, err)
+	require.NoError(t, s.Migrate(t.Context()))
+	require.NoError(t, s.Migrate(t.Context()), "Migrate is idempotent")
 	return s
 }

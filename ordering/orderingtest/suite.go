@@ -1,5 +1,5 @@
 // Package orderingtest is the conformance suite every ordering.Store
-// passes (ordering.MemoryStore, ordering/sqlstore).
+// passes (ordering.NewMemoryStore's, sluicesql.NewOrders').
 package orderingtest
 
 import (
@@ -17,7 +17,7 @@ import (
 // kept in arrival order, once per event id, and only what a unit of work
 // committed stays; Unblock removes a key that holds nothing; Releasable
 // lists the releasing keys that hold messages and are not locked; Stats and
-// Keys count them; a Peeker's Waits agrees with Lock's State. consumer must
+// Keys count them; Waits agrees with Lock's State. consumer must
 // be of this run alone.
 func Run(t *testing.T, s ordering.Store, consumer string) {
 	ctx := t.Context()
@@ -36,11 +36,9 @@ func Run(t *testing.T, s ordering.Store, consumer string) {
 		defer func() { require.NoError(t, g.Rollback(ctx)) }()
 		_, ok, err := g.State(ctx)
 		require.NoError(t, err)
-		if p, isPeeker := s.(ordering.Peeker); isPeeker {
-			w, err := p.Waits(ctx, consumer, key)
-			require.NoError(t, err)
-			require.Equal(t, ok, w, "Waits agrees with State")
-		}
+		w, err := s.Waits(ctx, consumer, key)
+		require.NoError(t, err)
+		require.Equal(t, ok, w, "Waits agrees with State")
 		return ok
 	}
 

@@ -107,7 +107,7 @@ func testWrittenWithTheCommit(t *testing.T, s Stores) {
 	require.Zero(t, st.Failing)
 	require.WithinDuration(t, time.Now(), st.Oldest, time.Minute)
 
-	b, err := s.Outbox.Due(t.Context(), 10)
+	b, err := s.Outbox.Due(t.Context(), 10, 0)
 	require.NoError(t, err)
 	rows := b.Rows()
 	require.Len(t, rows, 2)
@@ -143,7 +143,7 @@ func testRefusedOutsideAUnitOfWork(t *testing.T, s Stores) {
 // failed one with its attempt, not due before its next attempt.
 func testFinishDeletesAndRecords(t *testing.T, s Stores) {
 	require.NoError(t, deliver(t, s, "k1", "t", nil, message.NewMessage("a", nil), message.NewMessage("b", nil)))
-	b, err := s.Outbox.Due(t.Context(), 10)
+	b, err := s.Outbox.Due(t.Context(), 10, 0)
 	require.NoError(t, err)
 	rows := b.Rows()
 	require.Len(t, rows, 2)
@@ -151,7 +151,7 @@ func testFinishDeletesAndRecords(t *testing.T, s Stores) {
 	st := stats(t, s)
 	require.Equal(t, int64(1), st.Pending, "the relayed row is deleted, the failed one kept")
 	require.Equal(t, int64(1), st.Failing)
-	b, err = s.Outbox.Due(t.Context(), 10)
+	b, err = s.Outbox.Due(t.Context(), 10, 0)
 	require.NoError(t, err)
 	require.Empty(t, b.Rows(), "a failed row waits for its next attempt")
 	require.NoError(t, b.Release(t.Context()))
@@ -160,11 +160,11 @@ func testFinishDeletesAndRecords(t *testing.T, s Stores) {
 // testReleaseGivesTheRowsBack: a released batch is due again at once.
 func testReleaseGivesTheRowsBack(t *testing.T, s Stores) {
 	require.NoError(t, deliver(t, s, "k1", "t", nil, message.NewMessage("a", nil)))
-	b, err := s.Outbox.Due(t.Context(), 10)
+	b, err := s.Outbox.Due(t.Context(), 10, 0)
 	require.NoError(t, err)
 	require.Len(t, b.Rows(), 1)
 	require.NoError(t, b.Release(t.Context()))
-	b, err = s.Outbox.Due(t.Context(), 10)
+	b, err = s.Outbox.Due(t.Context(), 10, 0)
 	require.NoError(t, err)
 	require.Len(t, b.Rows(), 1, "released rows are due again")
 	require.Zero(t, b.Rows()[0].Attempts, "a release is not a failed attempt")
@@ -188,7 +188,7 @@ func testConcurrentBatchesShareNoRow(t *testing.T, s Stores) {
 	for range 4 {
 		wg.Go(func() {
 			for {
-				b, err := s.Outbox.Due(t.Context(), 3)
+				b, err := s.Outbox.Due(t.Context(), 3, 0)
 				if !assertNoError(t, err) {
 					return
 				}

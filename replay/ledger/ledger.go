@@ -3,8 +3,8 @@
 // `resolve`, `archive` and `discard` read and write, the runs it keeps, the
 // outcomes only the operator's CLI records, and Final, which tells the
 // outcomes that end a dead letter's story. A consumer needs none of it: its
-// stack takes a replay.Store. The stores of replay/sqlstore and
-// replay/redisstore are Ledgers; replay/replaytest is the suite a Ledger
+// stack takes a replay.Store. The stores of sluicesql.Outcomes and
+// sluiceredis.Outcomes are Ledgers; replay/replaytest is the suite a Ledger
 // passes.
 package ledger
 
@@ -28,8 +28,8 @@ const (
 )
 
 // TableDefault is the outcome records' default name, which the CLI's
-// --outcomes-table reads by default: replay/sqlstore's table, and with a
-// colon replay/redisstore's key prefix.
+// --outcomes-table reads by default: sluicesql.Outcomes' table, and with a
+// colon sluiceredis.Outcomes's key prefix.
 const TableDefault = "sluice_replay"
 
 // Ledger is a replay.Store the operator's CLI can read back and write to:

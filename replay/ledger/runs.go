@@ -33,8 +33,8 @@ type Run struct {
 	Batches json.RawMessage `json:"batches,omitempty"`
 }
 
-// Runs is a Ledger that also keeps the runs: replay/sqlstore's and
-// replay/redisstore's are. The closed loop (dlq.Queue.ClosedLoop) and the
+// Runs is a Ledger that also keeps the runs: sluicesql.Outcomes' and
+// sluiceredis.Outcomes's are. The closed loop (dlq.Queue.ClosedLoop) and the
 // console save their runs in a Ledger that is one; a console reads them
 // back for its run pages and its recent actions.
 type Runs interface {

@@ -16,7 +16,7 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
-	ordersql "github.com/sluicemq/sluice/ordering/sqlstore"
+
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -61,11 +61,12 @@ func Ordering(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	store, err := ordersql.New(ordersql.Config{DB: db, TablePrefix: schema + ".order"})
+	stores, err := sluicesql.New(sluicesql.Config{DB: db, Schema: schema, OrderTablePrefix: "order"})
 	if err != nil {
 		return err
 	}
-	if err := store.CreateTables(ctx); err != nil {
+	store := stores.Order
+	if err := stores.Migrate(ctx); err != nil {
 		return err
 	}
 	reset := func(ctx context.Context) error {
@@ -152,7 +153,7 @@ func Ordering(ctx context.Context, o Options) error {
 // lockOnly is the ordering stage's store work on a waiting key's delivery,
 // less the steps that follow: lock the key (a transaction), read it, roll
 // back.
-func lockOnly(store *ordersql.Store, run string) Op {
+func lockOnly(store ordering.Store, run string) Op {
 	return func(ctx context.Context, i int) error {
 		g, err := store.Lock(ctx, "bench", run+strconv.Itoa(i))
 		if err != nil {
@@ -168,7 +169,7 @@ func lockOnly(store *ordersql.Store, run string) Op {
 // orderRun preloads oc's messages into a fresh queue and returns the rate
 // at which the stack handles those not of the hot key (every message when
 // there is none).
-func orderRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, url string, v *inboxVariants, store *ordersql.Store, oc orderCase, run string) (float64, error) {
+func orderRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, url string, v *inboxVariants, store ordering.Store, oc orderCase, run string) (float64, error) {
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: fmt.Sprintf("sluice_bench_order_%d", time.Now().UnixNano())})
 	if err != nil {
 		return 0, err

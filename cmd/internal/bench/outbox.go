@@ -17,8 +17,9 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/outbox"
-	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
+
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // Outbox prints the transactional outbox's two comparisons: the relay's
@@ -36,7 +37,7 @@ func Outbox(ctx context.Context, o Options) error {
 // outbox table on PostgreSQL beforehand, to a durable RabbitMQ queue, and
 // compares, interleaved round after round:
 //
-//	relay:     Sluice's outbox.Relay (outboxsql.Store, rabbitmq's confirmed
+//	relay:     Sluice's outbox.Relay (sluicesql.Outbox, rabbitmq's confirmed
 //	           Publisher) with BatchSize 100 and 500, timed from its start
 //	           (its first read) to the last row confirmed and deleted; and
 //	           with Concurrency 4 and 2 (batches in flight at once);
@@ -188,7 +189,7 @@ func meanMedian(ds []time.Duration) string {
 }
 
 // writeOutbox writes ms into the outbox, to topic, 500 rows a transaction.
-func writeOutbox(ctx context.Context, db *sqlx.DB, store *outboxsql.Store, topic string, ms []*message.Message) error {
+func writeOutbox(ctx context.Context, db *sqlx.DB, store *sluicesql.Outbox, topic string, ms []*message.Message) error {
 	for chunk := range slices.Chunk(ms, 500) {
 		tx, err := db.BeginTxx(ctx, nil)
 		if err != nil {
@@ -207,14 +208,15 @@ func writeOutbox(ctx context.Context, db *sqlx.DB, store *outboxsql.Store, topic
 
 // outboxEnv creates the outbox table in schema and connects the confirmed
 // publisher and the queue admin; closeEnv closes both.
-func outboxEnv(ctx context.Context, o Options, db *sqlx.DB, schema string) (store *outboxsql.Store, pub *rabbitmq.Publisher, admin *amqpAdmin, closeEnv func(), err error) {
-	store, err = outboxsql.New(outboxsql.Config{DB: db, Table: schema + ".outbox"})
+func outboxEnv(ctx context.Context, o Options, db *sqlx.DB, schema string) (store *sluicesql.Outbox, pub *rabbitmq.Publisher, admin *amqpAdmin, closeEnv func(), err error) {
+	stores, err := sluicesql.New(sluicesql.Config{DB: db, Schema: schema, OutboxTable: "outbox"})
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
-	if err := store.CreateTable(ctx); err != nil {
+	if err := stores.Migrate(ctx); err != nil {
 		return nil, nil, nil, nil, err
 	}
+	store = stores.Outbox
 	pub, err = rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: o.AMQPURL}})
 	if err != nil {
 		return nil, nil, nil, nil, err
@@ -242,7 +244,7 @@ func (t *batchTimes) add(o batchTimes) {
 // and returns n per second from its start, and its batches' times.
 func relayRun(ctx context.Context, store outbox.Store, pub message.Publisher, batch, concurrency, n int) (float64, batchTimes, error) {
 	counted := newCountingStore(store, n)
-	r, err := outbox.NewRelay(counted, pub, outbox.RelayConfig{BatchSize: batch, Concurrency: concurrency, Name: "bench"})
+	r, err := outbox.NewRelay(counted, pub, outbox.RelayConfig{BatchSize: batch, Concurrency: concurrency})
 	if err != nil {
 		return 0, batchTimes{}, err
 	}
@@ -272,25 +274,15 @@ type countingStore struct {
 	due, finish, publish []time.Duration
 }
 
-var (
-	_ outbox.Store = (*countingStore)(nil)
-	_ outbox.Waker = (*countingStore)(nil)
-)
+var _ outbox.Store = (*countingStore)(nil)
 
 func newCountingStore(s outbox.Store, n int) *countingStore {
 	return &countingStore{Store: s, n: n, all: make(chan struct{})}
 }
 
-func (c *countingStore) Wakeups() <-chan struct{} {
-	if w, ok := c.Store.(outbox.Waker); ok {
-		return w.Wakeups()
-	}
-	return nil
-}
-
-func (c *countingStore) Due(ctx context.Context, limit int) (outbox.Batch, error) {
+func (c *countingStore) Due(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
 	start := time.Now()
-	b, err := c.Store.Due(ctx, limit)
+	b, err := c.Store.Due(ctx, limit, maxBytes)
 	if err != nil {
 		return nil, err
 	}

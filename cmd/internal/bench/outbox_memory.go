@@ -19,8 +19,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice/outbox"
-	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
+
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // OutboxMemoryWorkerEnv is the environment variable that makes a process
@@ -168,12 +169,12 @@ func outboxMemoryRun(ctx context.Context, self, cfg string) (outboxMemoryResult,
 // largestBatch is an outbox store that notes its largest batch, in bytes
 // of payload.
 type largestBatch struct {
-	*outboxsql.Store
+	*sluicesql.Outbox
 	largest int64
 }
 
-func (l *largestBatch) DueWithin(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
-	b, err := l.Store.DueWithin(ctx, limit, maxBytes)
+func (l *largestBatch) Due(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {
+	b, err := l.Outbox.Due(ctx, limit, maxBytes)
 	if err == nil {
 		var n int64
 		for _, r := range b.Rows() {
@@ -199,7 +200,7 @@ func outboxMemoryWorker(cfg string) error {
 	}
 	defer func() { _ = db.Close() }()
 	db.SetMaxOpenConns(2)
-	s, err := outboxsql.New(outboxsql.Config{DB: db, Table: w.Table})
+	s, err := sluicesql.NewOutbox(db, sluicesql.OutboxConfig{Table: w.Table})
 	if err != nil {
 		return err
 	}
@@ -208,9 +209,9 @@ func outboxMemoryWorker(cfg string) error {
 		return err
 	}
 	defer func() { _ = pub.Close() }()
-	store := &largestBatch{Store: s}
+	store := &largestBatch{Outbox: s}
 	r, err := outbox.NewRelay(store, pub, outbox.RelayConfig{BatchSize: 300, BatchBytes: w.BatchBytes,
-		StatsInterval: -1, Name: "bench"}) // the default PollInterval, as a user's relay
+		StatsInterval: -1}) // the default PollInterval, as a user's relay
 	if err != nil {
 		return err
 	}

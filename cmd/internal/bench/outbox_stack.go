@@ -22,7 +22,7 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/outbox"
-	outboxsql "github.com/sluicemq/sluice/outbox/sqlstore"
+
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -85,7 +85,7 @@ func outboxStack(ctx context.Context, o Options) error {
 	}
 	defer func() { _ = relayDB.Close() }()
 	relayDB.SetMaxOpenConns(2)
-	ownStore, err := outboxsql.New(outboxsql.Config{DB: relayDB, Table: schema + ".outbox"})
+	ownStore, err := sluicesql.NewOutbox(relayDB, sluicesql.OutboxConfig{Table: schema + ".outbox"})
 	if err != nil {
 		return err
 	}
@@ -179,7 +179,7 @@ type stackResult struct {
 	lagCount    uint64
 }
 
-func stackRun(ctx context.Context, admin *amqpAdmin, pub *rabbitmq.Publisher, url string, v *inboxVariants, store *outboxsql.Store, sc stackCase, lat *commitLatencies) (stackResult, error) {
+func stackRun(ctx context.Context, admin *amqpAdmin, pub *rabbitmq.Publisher, url string, v *inboxVariants, store *sluicesql.Outbox, sc stackCase, lat *commitLatencies) (stackResult, error) {
 	queue := fmt.Sprintf("sluice_bench_outbox_stack_%d", time.Now().UnixNano())
 	rabbit, err := rabbitmq.NewBroker(ctx, rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: url}, Topology: rabbitmq.TopologyConfig{Queue: queue}})
 	if err != nil {
@@ -261,8 +261,7 @@ func stackRun(ctx context.Context, admin *amqpAdmin, pub *rabbitmq.Publisher, ur
 			return []*message.Message{evt}, nil
 		}
 		timed := &timedPublisher{pub: rabbit.Publisher(), lat: lat, n: int64(sc.n), all: finished, done: &confirmed}
-		relay, err = outbox.NewRelay(sc.relayStore, timed, outbox.RelayConfig{Name: "bench",
-			Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}})
+		relay, err = outbox.NewRelay(sc.relayStore, timed, outbox.RelayConfig{Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}})
 		if err != nil {
 			return stackResult{}, err
 		}
@@ -390,7 +389,7 @@ func (p *timedPublisher) Close() error { return nil }
 // own, woken by the inbox's writes on the handlers' pool.
 type wakeFrom struct {
 	outbox.Store
-	w outbox.Waker
+	w outbox.Store
 }
 
 func (w wakeFrom) Wakeups() <-chan struct{} { return w.w.Wakeups() }
@@ -403,7 +402,7 @@ func (w wakeFrom) Wakeups() <-chan struct{} { return w.w.Wakeups() }
 // without publishing them, timed until the last row is gone; at 16 and 64
 // transactions side by side. The ratio bounds the stack's producing ÷
 // producing nothing on this machine.
-func outboxCeiling(ctx context.Context, o Options, v *inboxVariants, store *outboxsql.Store, truncate func(context.Context) error, n, rounds int) error {
+func outboxCeiling(ctx context.Context, o Options, v *inboxVariants, store *sluicesql.Outbox, truncate func(context.Context) error, n, rounds int) error {
 	var rows [][]string
 	for _, conc := range []int{rabbitmqPrefetch, 4 * rabbitmqPrefetch} {
 		rates, err := rotate(ctx, rounds, 2, truncate, func(round, i int) (float64, error) {
@@ -428,7 +427,7 @@ func outboxCeiling(ctx context.Context, o Options, v *inboxVariants, store *outb
 // each writing one produced message through store.Write, while one drainer
 // deletes the rows as a relay does; it returns n ÷ the time until the last
 // row is gone.
-func producingByHand(ctx context.Context, v *inboxVariants, store *outboxsql.Store, conc, n int, run string) (float64, error) {
+func producingByHand(ctx context.Context, v *inboxVariants, store *sluicesql.Outbox, conc, n int, run string) (float64, error) {
 	start := time.Now()
 	var drained atomic.Int64
 	writersDone := make(chan struct{})
@@ -438,7 +437,7 @@ func producingByHand(ctx context.Context, v *inboxVariants, store *outboxsql.Sto
 	go func() {
 		ctx := dctx
 		for drained.Load() < int64(n) {
-			b, err := store.Due(ctx, 500) // the relay's default batch
+			b, err := store.Due(ctx, 500, 0) // the relay's default batch
 			if err != nil {
 				drainErr <- err
 				return

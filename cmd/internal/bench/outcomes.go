@@ -6,7 +6,8 @@ import (
 	"time"
 
 	"github.com/sluicemq/sluice/replay"
-	replaysql "github.com/sluicemq/sluice/replay/sqlstore"
+
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // outcomeRuns is how many records the outcomes suite's run holds: a
@@ -23,7 +24,7 @@ func Outcomes(ctx context.Context, o Options) error {
 		return err
 	}
 	defer cleanup()
-	store, err := replaysql.New(replaysql.Config{DB: db, Table: schema + ".sluice_replay"})
+	store, err := sluicesql.NewOutcomes(db, sluicesql.OutcomesConfig{Table: schema + ".sluice_replay"})
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package sqlstore_test
+package sluicesql_test
 
 import (
 	"context"
@@ -14,7 +14,8 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // A batch handler writes what each event produces through the outbox on
@@ -27,9 +28,9 @@ func TestABatchHandlerProducesEachEventsMessagesWithIt(t *testing.T) {
 	db := testenv.Postgres(t)
 	schema := testenv.Schema(t, db)
 	in := testenv.SQLStore(t, db, schema+".inbox")
-	ob, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".outbox"})
+	ob, err := sluicesql.NewOutbox(db, sluicesql.OutboxConfig{Table: schema + ".outbox"})
 	require.NoError(t, err)
-	require.NoError(t, ob.CreateTable(t.Context()))
+	require.NoError(t, sluicesql.CreateOutboxTable(t.Context(), ob))
 	var runs int
 	handle, err := deduplication.NewBatchHandler(deduplication.Config{Store: in, Consumer: "c"}, deduplication.BatchHandler{
 		MaxBatch: 4, MaxWait: time.Second,
@@ -74,7 +75,7 @@ func TestABatchHandlerProducesEachEventsMessagesWithIt(t *testing.T) {
 	default:
 		t.Fatal("the commit woke the relay")
 	}
-	b, err := ob.Due(t.Context(), 10)
+	b, err := ob.Due(t.Context(), 10, 0)
 	require.NoError(t, err)
 	var ids []string
 	for _, r := range b.Rows() {

@@ -1,4 +1,4 @@
-package sqlstore_test
+package sluicesql_test
 
 import (
 	"fmt"
@@ -6,23 +6,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
 	"github.com/sluicemq/sluice/replay/replaytest"
-	"github.com/sluicemq/sluice/replay/sqlstore"
-	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/sluicesql/sqlite"
-)
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+	"github.com/sluicemq/sluice/sluicesql"
+)
 
 // The SQL store passes the ledger conformance suite on PostgreSQL and
 // SQLite.
-func TestConformance(t *testing.T) {
+func TestOutcomesConformance(t *testing.T) {
 	t.Parallel()
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
@@ -37,7 +35,7 @@ func TestConformance(t *testing.T) {
 			db, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "outcomes.db"))
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = db.Close() })
-			s, err := sqlstore.New(sqlstore.Config{DB: db})
+			s, err := sluicesql.NewOutcomes(db, sluicesql.OutcomesConfig{})
 			require.NoError(t, err)
 			require.NoError(t, s.CreateTable(t.Context()))
 			return s
@@ -45,11 +43,11 @@ func TestConformance(t *testing.T) {
 	})
 }
 
-func TestConfigErrors(t *testing.T) {
+func TestNewOutcomesValidates(t *testing.T) {
 	t.Parallel()
-	_, err := sqlstore.New(sqlstore.Config{})
-	require.ErrorContains(t, err, "Config.DB is required")
-	_, err = sqlstore.New(sqlstore.Config{DB: testenv.SQLite(t), Table: "replay; DROP TABLE x"})
+	_, err := sluicesql.NewOutcomes(nil, sluicesql.OutcomesConfig{})
+	require.ErrorContains(t, err, "NewOutcomes: the DB is required")
+	_, err = sluicesql.NewOutcomes(testenv.SQLite(t), sluicesql.OutcomesConfig{Table: "replay; DROP TABLE x"})
 	require.ErrorContains(t, err, "is not an SQL identifier")
 }
 
@@ -57,7 +55,7 @@ func TestConfigErrors(t *testing.T) {
 // so: replay.InTx then leaves the record to the stage.
 func TestRecordInUnitOfWorkWithoutOne(t *testing.T) {
 	t.Parallel()
-	s, err := sqlstore.New(sqlstore.Config{DB: testenv.SQLite(t)})
+	s, err := sluicesql.NewOutcomes(testenv.SQLite(t), sluicesql.OutcomesConfig{})
 	require.NoError(t, err)
 	require.NoError(t, s.CreateTable(t.Context()))
 	err = s.RecordInUnitOfWork(t.Context(), replay.Record{Run: "r", Item: "a", Outcome: "processed"})
@@ -81,7 +79,7 @@ func TestUpdatedAtIsATimestampWithTimeZone(t *testing.T) {
 	require.NoError(t, err)
 	_, err = db.ExecContext(t.Context(), `INSERT INTO `+table+` (run, item, outcome, updated_at) VALUES ('r', 'a', 'processed', '2026-11-30 10:00:00')`)
 	require.NoError(t, err)
-	s, err := sqlstore.New(sqlstore.Config{DB: db, Table: table})
+	s, err := sluicesql.NewOutcomes(db, sluicesql.OutcomesConfig{Table: table})
 	require.NoError(t, err)
 	require.NoError(t, s.CreateTable(t.Context()))
 	require.NoError(t, s.CreateTable(t.Context()), "idempotent")
@@ -94,22 +92,31 @@ func TestUpdatedAtIsATimestampWithTimeZone(t *testing.T) {
 	require.True(t, rs[0].At.Equal(time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)), "the old value, read as UTC: %s", rs[0].At)
 }
 
-// A plain *sql.DB works as well as an *sqlx.DB, its dialect named by its
-// driver (or by DriverName); giving both, or neither, is refused.
-func TestConfigSQLDB(t *testing.T) {
+// A plain *sql.DB works as well as an *sqlx.DB for the outcome records:
+// through Config.SQLDB, its dialect named by its driver, or wrapped with
+// its driver's name (sqlx.NewDb); giving both DB and SQLDB, or no database,
+// is refused.
+func TestOutcomesOnAPlainSQLDB(t *testing.T) {
 	t.Parallel()
 	db := testenv.Postgres(t)
-	s, err := sqlstore.New(sqlstore.Config{SQLDB: db.DB, Table: testenv.Schema(t, db) + ".outcomes"})
+	schema := testenv.Schema(t, db)
+	stores, err := sluicesql.New(sluicesql.Config{SQLDB: db.DB, Schema: schema, OutcomeTable: "outcomes"})
 	require.NoError(t, err)
+	s := stores.Outcomes
 	require.NoError(t, s.CreateTable(t.Context()))
 	require.NoError(t, s.Record(t.Context(), replay.Record{Run: "r", Item: "a", Outcome: "processed", At: time.Now()}))
 	rs, err := s.Outcomes(t.Context(), "r")
 	require.NoError(t, err)
 	require.Len(t, rs, 1)
-	_, err = sqlstore.New(sqlstore.Config{DB: db, SQLDB: db.DB})
+	_, err = sluicesql.New(sluicesql.Config{DB: db, SQLDB: db.DB})
 	require.ErrorContains(t, err, "give DB or SQLDB, not both")
-	_, err = sqlstore.New(sqlstore.Config{SQLDB: db.DB, DriverName: "postgres"})
+	_, err = sluicesql.NewOutcomes(nil, sluicesql.OutcomesConfig{})
+	require.ErrorContains(t, err, "sluicesql: NewOutcomes: the DB is required")
+	wrapped, err := sluicesql.NewOutcomes(sqlx.NewDb(db.DB, "postgres"), sluicesql.OutcomesConfig{Table: schema + ".outcomes"})
 	require.NoError(t, err)
+	rs, err = wrapped.Outcomes(t.Context(), "r")
+	require.NoError(t, err)
+	require.Len(t, rs, 1)
 }
 
 // A sluicesql.Pruner given the outcome store deletes the records last
@@ -117,12 +124,12 @@ func TestConfigSQLDB(t *testing.T) {
 // PostgreSQL and SQLite.
 func TestPrunerDeletesOldOutcomes(t *testing.T) {
 	t.Parallel()
-	for name, open := range map[string]func(t *testing.T) *sqlstore.Store{
-		"postgres": func(t *testing.T) *sqlstore.Store {
+	for name, open := range map[string]func(t *testing.T) *sluicesql.Outcomes{
+		"postgres": func(t *testing.T) *sluicesql.Outcomes {
 			db := testenv.Postgres(t)
 			return testenv.OutcomeStore(t, db, testenv.Schema(t, db)+".sluice_replay")
 		},
-		"sqlite": func(t *testing.T) *sqlstore.Store { return testenv.OutcomeStore(t, testenv.SQLite(t), "") },
+		"sqlite": func(t *testing.T) *sluicesql.Outcomes { return testenv.OutcomeStore(t, testenv.SQLite(t), "") },
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

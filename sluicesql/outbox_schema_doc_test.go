@@ -1,4 +1,4 @@
-package sqlstore_test
+package sluicesql_test
 
 import (
 	"os"
@@ -8,15 +8,15 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // docs/outbox.md shows the PostgreSQL table as CreateTable makes it.
 func TestTheDocumentedSchemaIsTheStoresOwn(t *testing.T) {
 	t.Parallel()
-	s, err := sqlstore.New(sqlstore.Config{DB: sqlx.NewDb(nil, "postgres")})
+	s, err := sluicesql.NewOutbox(sqlx.NewDb(nil, "postgres"), sluicesql.OutboxConfig{})
 	require.NoError(t, err)
-	doc, err := os.ReadFile("../../docs/outbox.md")
+	doc, err := os.ReadFile("../docs/outbox.md")
 	require.NoError(t, err)
-	require.Contains(t, string(doc), strings.TrimSpace(s.SchemaSQL()))
+	require.Contains(t, string(doc), strings.TrimSpace(sluicesql.OutboxSchemaSQL(s)))
 }

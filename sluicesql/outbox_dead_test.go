@@ -1,4 +1,4 @@
-package sqlstore_test
+package sluicesql_test
 
 import (
 	"testing"
@@ -8,7 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
+
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // A table of the version before dead_at: CreateTable adds the column (its
@@ -23,10 +24,10 @@ func TestCreateTableMigratesAndDeadRowsAreSetAside(t *testing.T) {
 			_, err := d.Exec(`ALTER TABLE ` + quoted(s) + ` DROP COLUMN dead_at`)
 			require.NoError(t, err)
 			write(t, s, "t", message.NewMessage("old-1", nil), message.NewMessage("old-2", nil))
-			require.NoError(t, s.CreateTable(t.Context()), "migrates the earlier table")
-			require.NoError(t, s.CreateTable(t.Context()), "idempotent")
+			require.NoError(t, sluicesql.CreateOutboxTable(t.Context(), s), "migrates the earlier table")
+			require.NoError(t, sluicesql.CreateOutboxTable(t.Context(), s), "idempotent")
 
-			b, err := s.Due(t.Context(), 10)
+			b, err := s.Due(t.Context(), 10, 0)
 			require.NoError(t, err)
 			rows := b.Rows()
 			require.Len(t, rows, 2, "the rows kept")
@@ -38,12 +39,12 @@ func TestCreateTableMigratesAndDeadRowsAreSetAside(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, outbox.Stats{Pending: 1, Failing: 1, Dead: 1}, outbox.Stats{Pending: st.Pending, Failing: st.Failing, Dead: st.Dead})
 			require.Eventually(t, func() bool {
-				b, err := s.Due(t.Context(), 10)
+				b, err := s.Due(t.Context(), 10, 0)
 				require.NoError(t, err)
 				defer func() { require.NoError(t, b.Release(t.Context())) }()
 				return len(b.Rows()) == 1 && b.Rows()[0].ID == rows[1].ID
 			}, time.Minute, 10*time.Millisecond, "the dead row is not taken")
-			dead, err := s.List(t.Context(), sqlstore.Dead, 10)
+			dead, err := s.List(t.Context(), sluicesql.OutboxDead, 10)
 			require.NoError(t, err)
 			require.Len(t, dead, 1)
 			require.Equal(t, "refused: 406 PRECONDITION_FAILED", dead[0].LastError)
@@ -54,7 +55,7 @@ func TestCreateTableMigratesAndDeadRowsAreSetAside(t *testing.T) {
 			require.Empty(t, gone, "a pending row is never discarded")
 			back, err := s.Requeue(t.Context(), nil)
 			require.NoError(t, err)
-			require.Equal(t, []sqlstore.Settled{{ID: rows[0].ID, Topic: "t", MessageID: "old-1", EventID: "old-1"}}, back)
+			require.Equal(t, []sluicesql.OutboxEntry{{ID: rows[0].ID, Topic: "t", MessageID: "old-1", EventID: "old-1"}}, back)
 			st, err = s.Stats(t.Context())
 			require.NoError(t, err)
 			require.Equal(t, int64(2), st.Pending)
@@ -63,9 +64,9 @@ func TestCreateTableMigratesAndDeadRowsAreSetAside(t *testing.T) {
 	}
 }
 
-func quoted(s *sqlstore.Store) string {
+func quoted(s *sluicesql.Outbox) string {
 	if p := prefix(s); p != "" {
 		return p + `"outbox"`
 	}
-	return `"` + sqlstore.TableDefault + `"`
+	return `"sluice_outbox"`
 }

@@ -1,4 +1,4 @@
-package sqlstore_test
+package sluicesql_test
 
 import (
 	"context"
@@ -17,45 +17,47 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
 	"github.com/sluicemq/sluice/sluicesql"
 )
 
-func TestNewValidates(t *testing.T) {
+func TestNewOutboxValidates(t *testing.T) {
 	t.Parallel()
 	pg := sqlx.NewDb(nil, "postgres")
 	for _, tt := range []struct {
-		cfg  sqlstore.Config
+		db   *sqlx.DB
+		cfg  sluicesql.OutboxConfig
 		want string
 	}{
-		{sqlstore.Config{}, "Config.DB is required"},
-		{sqlstore.Config{DB: sqlx.NewDb(nil, "mysql")}, `driver "mysql" is not supported`},
-		{sqlstore.Config{DB: pg, Table: "outbox; DROP TABLE users"}, "is not an SQL identifier"},
-		{sqlstore.Config{DB: sqlx.NewDb(nil, "sqlite"), Table: "main.outbox"}, "schema.name on PostgreSQL only"},
-		{sqlstore.Config{DB: pg, Lease: -time.Second}, "Lease must not be negative"},
+		{nil, sluicesql.OutboxConfig{}, "NewOutbox: the DB is required"},
+		{sqlx.NewDb(nil, "mysql"), sluicesql.OutboxConfig{}, `NewOutbox: driver "mysql" is not supported`},
+		{pg, sluicesql.OutboxConfig{Table: "outbox; DROP TABLE users"}, "is not an SQL identifier"},
+		{sqlx.NewDb(nil, "sqlite"), sluicesql.OutboxConfig{Table: "main.outbox"}, "schema.name on PostgreSQL only"},
 	} {
-		_, err := sqlstore.New(tt.cfg)
+		_, err := sluicesql.NewOutbox(tt.db, tt.cfg)
 		require.ErrorContains(t, err, tt.want)
-		require.ErrorContains(t, err, "outbox/sqlstore: Config.")
+		require.ErrorContains(t, err, "sluicesql: ")
 	}
 }
 
 // backends are the databases the store speaks, each with a table of the
 // test's own.
-func backends(t *testing.T) map[string]*sqlstore.Store {
+func backends(t *testing.T) map[string]*sluicesql.Outbox {
 	t.Helper()
 	pg := testenv.Postgres(t)
 	schema := testenv.Schema(t, pg)
 	prefixes.Store(pg, schema+".")
-	out := map[string]*sqlstore.Store{}
-	for name, cfg := range map[string]sqlstore.Config{
-		"postgres": {DB: pg, Table: schema + ".outbox"},
-		"sqlite":   {DB: testenv.SQLite(t), Lease: time.Minute},
+	out := map[string]*sluicesql.Outbox{}
+	for name, b := range map[string]struct {
+		db  *sqlx.DB
+		cfg sluicesql.OutboxConfig
+	}{
+		"postgres": {pg, sluicesql.OutboxConfig{Table: schema + ".outbox"}},
+		"sqlite":   {testenv.SQLite(t), sluicesql.OutboxConfig{}},
 	} {
-		s, err := sqlstore.New(cfg)
+		s, err := sluicesql.NewOutbox(b.db, b.cfg)
 		require.NoError(t, err)
-		require.NoError(t, s.CreateTable(t.Context()))
-		require.NoError(t, s.CreateTable(t.Context()), "CreateTable is idempotent")
+		require.NoError(t, sluicesql.CreateOutboxTable(t.Context(), s))
+		require.NoError(t, sluicesql.CreateOutboxTable(t.Context(), s), "CreateTable is idempotent")
 		out[name] = s
 	}
 	return out
@@ -65,18 +67,18 @@ func backends(t *testing.T) map[string]*sqlstore.Store {
 // schema on PostgreSQL.
 var prefixes sync.Map
 
-func prefix(s *sqlstore.Store) string {
-	p, _ := prefixes.Load(sqlstore.DB(s))
+func prefix(s *sluicesql.Outbox) string {
+	p, _ := prefixes.Load(sluicesql.OutboxDB(s))
 	v, _ := p.(string)
 	return v
 }
 
-func db(t *testing.T, s *sqlstore.Store) *sqlx.DB {
+func db(t *testing.T, s *sluicesql.Outbox) *sqlx.DB {
 	t.Helper()
-	return sqlstore.DB(s)
+	return sluicesql.OutboxDB(s)
 }
 
-func write(t *testing.T, s *sqlstore.Store, topic string, msgs ...*message.Message) {
+func write(t *testing.T, s *sluicesql.Outbox, topic string, msgs ...*message.Message) {
 	t.Helper()
 	tx, err := db(t, s).BeginTxx(t.Context(), nil)
 	require.NoError(t, err)
@@ -104,7 +106,7 @@ func TestWriteThenDueThenFinish(t *testing.T) {
 			require.Zero(t, st.Failing)
 			require.WithinDuration(t, time.Now(), st.Oldest, time.Minute)
 
-			b, err := s.Due(ctx, 10)
+			b, err := s.Due(ctx, 10, 0)
 			require.NoError(t, err)
 			rows := b.Rows()
 			require.Len(t, rows, 2)
@@ -125,12 +127,12 @@ func TestWriteThenDueThenFinish(t *testing.T) {
 			require.Equal(t, int64(1), st.Pending, "the relayed row is deleted, the failed one kept")
 			require.Equal(t, int64(1), st.Failing)
 
-			b, err = s.Due(ctx, 10)
+			b, err = s.Due(ctx, 10, 0)
 			require.NoError(t, err)
 			require.Empty(t, b.Rows(), "a failed row waits for its next attempt")
 			require.NoError(t, b.Release(ctx))
 
-			list, err := s.List(ctx, sqlstore.Failing, 10)
+			list, err := s.List(ctx, sluicesql.OutboxFailing, 10)
 			require.NoError(t, err)
 			require.Len(t, list, 1)
 			require.Equal(t, "returned: no route", list[0].LastError)
@@ -141,7 +143,7 @@ func TestWriteThenDueThenFinish(t *testing.T) {
 			n, err := s.RetryNow(ctx)
 			require.NoError(t, err)
 			require.Equal(t, int64(1), n)
-			b, err = s.Due(ctx, 10)
+			b, err = s.Due(ctx, 10, 0)
 			require.NoError(t, err)
 			require.Len(t, b.Rows(), 1, "RetryNow makes it due")
 			require.Equal(t, 1, b.Rows()[0].Attempts)
@@ -165,9 +167,9 @@ func TestTwoBatchesNeverShareARow(t *testing.T) {
 				msgs[i] = message.NewMessage(fmt.Sprint("m-", i), nil)
 			}
 			write(t, s, "t", msgs...)
-			a, err := s.Due(ctx, 100)
+			a, err := s.Due(ctx, 100, 0)
 			require.NoError(t, err)
-			b, err := s.Due(ctx, 200)
+			b, err := s.Due(ctx, 200, 0)
 			require.NoError(t, err)
 			require.Len(t, a.Rows(), 100)
 			require.Len(t, b.Rows(), 150)
@@ -177,7 +179,7 @@ func TestTwoBatchesNeverShareARow(t *testing.T) {
 				seen[r.ID] = true
 			}
 			require.NoError(t, a.Release(ctx))
-			c, err := s.Due(ctx, 500)
+			c, err := s.Due(ctx, 500, 0)
 			require.NoError(t, err)
 			require.Len(t, c.Rows(), 100, "the released rows, not those b holds")
 			require.NoError(t, c.Release(ctx))
@@ -207,7 +209,7 @@ func TestConcurrentBatchesTakeEveryRowOnce(t *testing.T) {
 			for range 4 {
 				wg.Go(func() {
 					for {
-						b, err := s.Due(ctx, 37)
+						b, err := s.Due(ctx, 37, 0)
 						if !assertNoError(t, err) {
 							return
 						}
@@ -256,7 +258,7 @@ func TestPublishWritesInTheInboxTransaction(t *testing.T) {
 			ctx := t.Context()
 			require.ErrorIs(t, s.Publish(ctx, "t", message.NewMessage("x", nil)), outbox.ErrNoUnitOfWork)
 
-			store := testenv.SQLStore(t, sqlstore.DB(s), prefix(s)+"inbox")
+			store := testenv.SQLStore(t, sluicesql.OutboxDB(s), prefix(s)+"inbox")
 			stage, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c"})
 			require.NoError(t, err)
 			run := func(key string, fail bool) error {
@@ -282,7 +284,7 @@ func TestPublishWritesInTheInboxTransaction(t *testing.T) {
 			default:
 				t.Fatal("the commit woke the relay")
 			}
-			b, err := s.Due(ctx, 10)
+			b, err := s.Due(ctx, 10, 0)
 			require.NoError(t, err)
 			require.Len(t, b.Rows(), 1, "only the committed delivery's message")
 			require.Equal(t, "from-committed", b.Rows()[0].Message.UUID)
@@ -295,7 +297,7 @@ func TestPublishWritesInTheInboxTransaction(t *testing.T) {
 // beside the transaction.
 func TestPublishRefusesAnotherDialect(t *testing.T) {
 	t.Parallel()
-	lite, err := sqlstore.New(sqlstore.Config{DB: testenv.SQLite(t)})
+	lite, err := sluicesql.NewOutbox(testenv.SQLite(t), sluicesql.OutboxConfig{})
 	require.NoError(t, err)
 	pg := testenv.Postgres(t)
 	store := testenv.SQLStore(t, pg, testenv.Schema(t, pg)+".inbox")
@@ -320,11 +322,11 @@ func TestWriteCarriesTheTraceContext(t *testing.T) {
 	ctx := trace.ContextWithSpanContext(t.Context(), sc)
 	own := message.NewMessage("own", nil)
 	own.Metadata.Set("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
-	tx, err := sqlstore.DB(s).BeginTxx(ctx, nil)
+	tx, err := sluicesql.OutboxDB(s).BeginTxx(ctx, nil)
 	require.NoError(t, err)
 	require.NoError(t, s.Write(ctx, tx, "t", message.NewMessage("new", nil), own))
 	require.NoError(t, tx.Commit())
-	b, err := s.Due(ctx, 10)
+	b, err := s.Due(ctx, 10, 0)
 	require.NoError(t, err)
 	require.Equal(t, "00-01000000000000000000000000000000-0200000000000000-01", b.Rows()[0].Message.Metadata.Get("traceparent"))
 	require.Equal(t, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", b.Rows()[1].Message.Metadata.Get("traceparent"))
@@ -342,23 +344,23 @@ func TestAHeldBatchIsReleasedWhenItsRelayIsGone(t *testing.T) {
 		own, err := sqlx.Connect("postgres", testenv.PostgresURL) // the doomed relay's pool
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = own.Close() })
-		doomed, err := sqlstore.New(sqlstore.Config{DB: own, Table: s.Name()})
+		doomed, err := sluicesql.NewOutbox(own, sluicesql.OutboxConfig{Table: s.Name()})
 		require.NoError(t, err)
 		write(t, s, "t", message.NewMessage("a", nil), message.NewMessage("b", nil))
-		held, err := doomed.Due(ctx, 10)
+		held, err := doomed.Due(ctx, 10, 0)
 		require.NoError(t, err)
 		require.Len(t, held.Rows(), 2)
-		other, err := s.Due(ctx, 10)
+		other, err := s.Due(ctx, 10, 0)
 		require.NoError(t, err)
 		require.Empty(t, other.Rows(), "held")
 		require.NoError(t, other.Release(ctx))
 
 		var terminated bool
-		require.NoError(t, sqlstore.DB(s).GetContext(ctx, &terminated,
+		require.NoError(t, sluicesql.OutboxDB(s).GetContext(ctx, &terminated,
 			`SELECT pg_terminate_backend(pid) FROM pg_locks WHERE relation = $1::regclass AND mode = 'RowShareLock' AND pid <> pg_backend_pid() LIMIT 1`, s.Name()))
 		require.True(t, terminated)
 		require.Eventually(t, func() bool {
-			b, err := s.Due(ctx, 10)
+			b, err := s.Due(ctx, 10, 0)
 			require.NoError(t, err)
 			defer func() { require.NoError(t, b.Release(ctx)) }()
 			return len(b.Rows()) == 2
@@ -368,46 +370,26 @@ func TestAHeldBatchIsReleasedWhenItsRelayIsGone(t *testing.T) {
 	t.Run("sqlite", func(t *testing.T) {
 		ctx := t.Context()
 		db := testenv.SQLite(t)
-		const lease = 3 * time.Second
-		s, err := sqlstore.New(sqlstore.Config{DB: db, Lease: lease})
+		const lease = 3 * time.Second // the relay's batch: held until its context ends
+		s, err := sluicesql.NewOutbox(db, sluicesql.OutboxConfig{})
 		require.NoError(t, err)
-		require.NoError(t, s.CreateTable(ctx))
+		require.NoError(t, sluicesql.CreateOutboxTable(ctx, s))
 		write(t, s, "t", message.NewMessage("a", nil))
 		taken := time.Now()
-		held, err := s.Due(ctx, 10)
+		life, cancel := context.WithTimeout(ctx, lease)
+		defer cancel()
+		held, err := s.Due(life, 10, 0)
 		require.NoError(t, err)
 		require.Len(t, held.Rows(), 1)
-		b, err := s.Due(ctx, 10)
+		b, err := s.Due(ctx, 10, 0)
 		require.NoError(t, err)
 		if time.Since(taken) < lease { // a loaded machine may take longer: the lease is then over
 			require.Empty(t, b.Rows(), "leased")
 		}
 		require.Eventually(t, func() bool {
-			b, err := s.Due(ctx, 10)
+			b, err := s.Due(ctx, 10, 0)
 			require.NoError(t, err)
 			return len(b.Rows()) == 1
 		}, 2*time.Minute, 10*time.Millisecond, "taken again once the lease ran out")
 	})
-}
-
-// Exists names the table as the store's statements do (quoted: case
-// matters), on both databases.
-func TestExists(t *testing.T) {
-	t.Parallel()
-	for name, s := range backends(t) {
-		t.Run(name, func(t *testing.T) {
-			found, err := s.Exists(t.Context())
-			require.NoError(t, err)
-			require.True(t, found)
-			table := "Missing"
-			if name == "postgres" {
-				table = prefix(s) + "Outbox" // the store's is "outbox": another name once quoted
-			}
-			other, err := sqlstore.New(sqlstore.Config{DB: sqlstore.DB(s), Table: table})
-			require.NoError(t, err)
-			found, err = other.Exists(t.Context())
-			require.NoError(t, err)
-			require.False(t, found)
-		})
-	}
 }

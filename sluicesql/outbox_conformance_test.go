@@ -1,20 +1,18 @@
-package sqlstore_test
+package sluicesql_test
 
 import (
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox/outboxtest"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
 	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // The SQL outbox passes the outbox conformance suite on PostgreSQL and on
 // SQLite, beside the SQL inbox.
-func TestConformance(t *testing.T) {
+func TestOutboxConformance(t *testing.T) {
 	t.Parallel()
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
@@ -22,9 +20,9 @@ func TestConformance(t *testing.T) {
 		outboxtest.Run(t, func(t *testing.T) outboxtest.Stores {
 			schema := testenv.Schema(t, pg)
 			in := testenv.SQLStore(t, pg, schema+".inbox")
-			out, err := sqlstore.New(sqlstore.Config{DB: pg, Table: schema + ".outbox"})
+			out, err := sluicesql.NewOutbox(pg, sluicesql.OutboxConfig{Table: schema + ".outbox"})
 			require.NoError(t, err)
-			require.NoError(t, out.CreateTable(t.Context()))
+			require.NoError(t, sluicesql.CreateOutboxTable(t.Context(), out))
 			return outboxtest.Stores{Inbox: in, Outbox: out}
 		})
 	})
@@ -35,9 +33,9 @@ func TestConformance(t *testing.T) {
 			in, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db})
 			require.NoError(t, err)
 			require.NoError(t, in.CreateTable(t.Context()))
-			out, err := sqlstore.New(sqlstore.Config{DB: db, Lease: time.Minute})
+			out, err := sluicesql.NewOutbox(db, sluicesql.OutboxConfig{})
 			require.NoError(t, err)
-			require.NoError(t, out.CreateTable(t.Context()))
+			require.NoError(t, sluicesql.CreateOutboxTable(t.Context(), out))
 			return outboxtest.Stores{Inbox: in, Outbox: out}
 		})
 	})

@@ -1,4 +1,4 @@
-package redisstore_test
+package sluiceredis_test
 
 import (
 	"errors"
@@ -7,22 +7,20 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
-	"github.com/sluicemq/sluice/replay/redisstore"
+
 	"github.com/sluicemq/sluice/replay/replaytest"
+	"github.com/sluicemq/sluice/sluiceredis"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func newStore(t *testing.T, retention time.Duration) (*redisstore.Store, string) {
+func newStore(t *testing.T, retention time.Duration) (*sluiceredis.Outcomes, string) {
 	t.Helper()
 	client, prefix := testenv.Redis(t)
-	s, err := redisstore.New(redisstore.Config{Client: client, Prefix: prefix, Retention: retention})
+	s, err := sluiceredis.NewOutcomes(client, sluiceredis.OutcomesConfig{Prefix: prefix, Retention: retention})
 	require.NoError(t, err)
 	return s, prefix
 }
@@ -40,7 +38,7 @@ func TestConformance(t *testing.T) {
 func TestRetention(t *testing.T) {
 	t.Parallel()
 	client, prefix := testenv.Redis(t)
-	s, err := redisstore.New(redisstore.Config{Client: client, Prefix: prefix, Retention: time.Hour})
+	s, err := sluiceredis.NewOutcomes(client, sluiceredis.OutcomesConfig{Prefix: prefix, Retention: time.Hour})
 	require.NoError(t, err)
 	require.NoError(t, s.Record(t.Context(), replay.Record{Run: "r1", Item: "a", Outcome: sluice.OutcomeProcessed, At: time.Now()}))
 	ttl, err := client.PTTL(t.Context(), prefix+"run:r1").Result()
@@ -54,9 +52,9 @@ func TestRetention(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, runs, "the expired run is forgotten")
 
-	_, err = redisstore.New(redisstore.Config{})
-	require.ErrorContains(t, err, "Client is required")
-	_, err = redisstore.New(redisstore.Config{Client: client, Retention: -time.Second})
+	_, err = sluiceredis.NewOutcomes(nil, sluiceredis.OutcomesConfig{})
+	require.ErrorContains(t, err, "NewOutcomes: the client is required")
+	_, err = sluiceredis.NewOutcomes(client, sluiceredis.OutcomesConfig{Retention: -time.Second})
 	require.ErrorContains(t, err, "Retention")
 }
 

@@ -1,15 +1,9 @@
-// Package sqlstore keeps the replay stage's outcome records in a table of
-// the inbox's database (PostgreSQL or SQLite; it registers no driver), one
-// row per run and item, for `sluice dlq replay`'s closed loop and `sluice dlq
-// report`. On the inbox's database it records "processed" in the inbox's
-// transaction (replay.Config.InUnitOfWork). Its Redis twin is
-// replay/redisstore.
-package sqlstore
+package sluicesql
 
 import (
 	"cmp"
 	"context"
-	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 
@@ -17,82 +11,73 @@ import (
 
 	"github.com/sluicemq/sluice/internal/chunks"
 	"github.com/sluicemq/sluice/internal/replayledger"
-	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
-	"github.com/sluicemq/sluice/internal/sqltx"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
 )
 
-// TableDefault is the outcome table's default name.
-const TableDefault = ledger.TableDefault
+// outcomesTableDefault is the outcome table's default name
+// (Config.OutcomeTable's and OutcomesConfig.Table's).
+const outcomesTableDefault = ledger.TableDefault
 
-// Config configures a Store.
-type Config struct {
-	// DB is the database of the outcome table: the inbox's, for
-	// replay.Config.InUnitOfWork. PostgreSQL or SQLite. Required.
-	DB *sqlx.DB
-	// SQLDB is the database as a plain *sql.DB, instead of DB (exactly one
-	// of them is required): database/sql with lib/pq, pgx's stdlib (a
-	// pgxpool through stdlib.OpenDBFromPool), modernc.org/sqlite or
-	// mattn/go-sqlite3, whose dialect its driver's type tells, or any other
-	// driver with DriverName.
-	SQLDB *sql.DB
-	// DriverName names SQLDB's driver as sqlx knows it ("postgres", "pgx",
-	// "sqlite", "sqlite3") when its type does not. Only with SQLDB.
-	DriverName string
+// OutcomesConfig configures NewOutcomes. Every field is optional.
+type OutcomesConfig struct {
 	// Table is the outcome table: a name, or schema.name on PostgreSQL,
 	// each part an SQL identifier. It is quoted, so case matters. Default
-	// TableDefault.
+	// "sluice_replay" (ledger.TableDefault).
 	Table string
 }
 
-// Store keeps the records in a table, one row per run and item. Safe for
-// concurrent use.
-type Store struct {
+// Outcomes keeps the replay stage's outcome records in a table of the
+// inbox's database (PostgreSQL or SQLite), one row per run and item, for
+// `sluice dlq replay`'s closed loop and `sluice dlq report`, and the runs
+// in <table>_runs (ledger.Runs). On the inbox's database it records
+// "processed" in the inbox's transaction (replay.Config.InUnitOfWork). A
+// Pruner given it deletes its old records (DeleteBefore). Its
+// Redis twin is sluiceredis.Outcomes. Safe for concurrent use.
+type Outcomes struct {
 	db    *sqlx.DB
 	table string // quoted
 	name  string // the last part, unquoted, for the index's name
-	runs  string // the runs' table, quoted: <table>_runs (runs.go)
+	runs  string // the runs' table, quoted: <table>_runs (outcomes_runs.go)
 }
 
 var (
-	_ ledger.Ledger             = (*Store)(nil)
-	_ ledger.Runs               = (*Store)(nil)
-	_ replay.UnitOfWorkRecorder = (*Store)(nil)
+	_ ledger.Ledger             = (*Outcomes)(nil)
+	_ ledger.Runs               = (*Outcomes)(nil)
+	_ replay.UnitOfWorkRecorder = (*Outcomes)(nil)
+	_ BatchDeleter              = (*Outcomes)(nil)
 )
 
-// withDefaults returns a copy of c with its defaults filled.
-func (c Config) withDefaults() Config {
-	c.Table = cmp.Or(c.Table, TableDefault)
-	return c
+// NewOutcomes validates cfg and returns the outcome table on db, the
+// inbox's database for replay.Config.InUnitOfWork: PostgreSQL or SQLite (a
+// plain *sql.DB: sqlx.NewDb(db, driverName)). It does not touch the
+// database: CreateTable or Stores.Migrate creates the tables. New builds one
+// (Stores.Outcomes).
+func NewOutcomes(db *sqlx.DB, cfg OutcomesConfig) (*Outcomes, error) {
+	if db == nil {
+		return nil, errors.New("sluicesql: NewOutcomes: the DB is required")
+	}
+	quoted, name, err := sqlname.Quote(cmp.Or(cfg.Table, outcomesTableDefault), true)
+	if err != nil {
+		return nil, fmt.Errorf("sluicesql: OutcomesConfig.Table: %w", err)
+	}
+	return &Outcomes{db: db, table: quoted, name: name, runs: outcomesRunsTable(quoted, name)}, nil
 }
 
-// New validates cfg and returns a Store. It does not touch the database;
-// create the table with CreateTable.
-func New(cfg Config) (*Store, error) {
-	cfg = cfg.withDefaults()
-	db, err := sqldb.Open("sqlstore: Config", cfg.DB, cfg.SQLDB, cfg.DriverName)
-	if err != nil {
-		return nil, err
-	}
-	cfg.DB = db
-	quoted, name, err := sqlname.Quote(cfg.Table, true)
-	if err != nil {
-		return nil, fmt.Errorf("sqlstore: Config.Table: %w", err)
-	}
-	return &Store{db: cfg.DB, table: quoted, name: name, runs: runsTable(quoted, name)}, nil
+func (s *Outcomes) postgres() bool {
+	return s.db.DriverName() == "postgres" || s.db.DriverName() == "pgx"
 }
-
-func (s *Store) postgres() bool { return s.db.DriverName() == "postgres" || s.db.DriverName() == "pgx" }
 
 // CreateTable creates the table and its index on updated_at (which
 // DeleteBefore reads), and the runs' table (<table>_runs: ledger.Runs), if
-// they do not exist. On PostgreSQL, updated_at is a
+// they do not exist: Stores.Migrate runs it, with the other tables; alone,
+// it creates the outcome records on a database of their own (`sluice dlq
+// --outcomes`). On PostgreSQL, updated_at is a
 // timestamptz, as the inbox's processed_at: a table an earlier version
 // created with a timestamp without time zone (holding UTC, which Sluice
 // always wrote) is altered to it, its values kept.
-func (s *Store) CreateTable(ctx context.Context) error {
+func (s *Outcomes) CreateTable(ctx context.Context) error {
 	postgres := s.postgres()
 	timestamp := "TIMESTAMP" // SQLite: the declared type its drivers read back as a time
 	if postgres {
@@ -123,7 +108,7 @@ func (s *Store) CreateTable(ctx context.Context) error {
 	var typ string
 	if err := s.db.GetContext(ctx, &typ, `SELECT format_type(atttypid, atttypmod) FROM pg_attribute
 	WHERE attrelid = $1::regclass AND attname = 'updated_at' AND NOT attisdropped`, s.table); err != nil {
-		return fmt.Errorf("sqlstore: reading the type of %s.updated_at: %w", s.table, err)
+		return fmt.Errorf("sluicesql: outcomes: reading the type of %s.updated_at: %w", s.table, err)
 	}
 	if typ != "timestamp without time zone" {
 		return nil
@@ -137,28 +122,23 @@ func (s *Store) CreateTable(ctx context.Context) error {
 // "duplicate" (the event was processed before) — so a later delivery of a
 // processed item (its ack lost, then failing before its claim) cannot record
 // it retried, held or poisoned.
-func (s *Store) Record(ctx context.Context, r replay.Record) error {
+func (s *Outcomes) Record(ctx context.Context, r replay.Record) error {
 	return s.record(ctx, s.db, r)
-}
-
-// RecordTx is Record in tx (the inbox's transaction).
-func (s *Store) RecordTx(ctx context.Context, tx *sqlx.Tx, r replay.Record) error {
-	return s.record(ctx, tx, r)
 }
 
 // RecordInUnitOfWork is Record in the inbox's transaction that ctx carries
 // (sluicesql.TxFromContext), for replay.InTx: the table must
 // be in the inbox's database. Outside an SQL inbox's transaction it returns
 // replay.ErrNoUnitOfWork and writes nothing.
-func (s *Store) RecordInUnitOfWork(ctx context.Context, r replay.Record) error {
-	tx := sqltx.FromContext(ctx)
+func (s *Outcomes) RecordInUnitOfWork(ctx context.Context, r replay.Record) error {
+	tx := TxFromContext(ctx)
 	if tx == nil {
 		return replay.ErrNoUnitOfWork
 	}
 	return s.record(ctx, tx, r)
 }
 
-func (s *Store) record(ctx context.Context, db sqlx.ExtContext, r replay.Record) error {
+func (s *Outcomes) record(ctx context.Context, db sqlx.ExtContext, r replay.Record) error {
 	q := db.Rebind(`INSERT INTO ` + s.table + ` AS t (run, item, event_id, outcome, class, reason, handler, updated_at)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (run, item) DO UPDATE SET outcome = excluded.outcome, class = excluded.class, reason = excluded.reason,
@@ -172,7 +152,7 @@ WHERE NOT (t.outcome IN ('processed', 'rejected')
 
 // Replayed records that the CLI sent items of run, unless an outcome for
 // them is already there.
-func (s *Store) Replayed(ctx context.Context, rs []replay.Record) error {
+func (s *Outcomes) Replayed(ctx context.Context, rs []replay.Record) error {
 	q := s.db.Rebind(`INSERT INTO ` + s.table + ` (run, item, event_id, outcome, updated_at) VALUES (?, ?, ?, ?, ?)
 ON CONFLICT (run, item) DO NOTHING`)
 	for _, r := range rs {
@@ -185,7 +165,7 @@ ON CONFLICT (run, item) DO NOTHING`)
 
 // Outcomes returns the records of run, or of every run when run is empty,
 // ordered by run and item.
-func (s *Store) Outcomes(ctx context.Context, run string) ([]replay.Record, error) {
+func (s *Outcomes) Outcomes(ctx context.Context, run string) ([]replay.Record, error) {
 	q := `SELECT run, item, event_id, outcome, class, reason, handler, updated_at FROM ` + s.table
 	var args []any
 	if run != "" {
@@ -198,7 +178,7 @@ func (s *Store) Outcomes(ctx context.Context, run string) ([]replay.Record, erro
 }
 
 // Items returns the records of run's items given, those there are.
-func (s *Store) Items(ctx context.Context, run string, items []string) ([]replay.Record, error) {
+func (s *Outcomes) Items(ctx context.Context, run string, items []string) ([]replay.Record, error) {
 	var out []replay.Record
 	err := chunks.Each(items, replayledger.ItemsChunk, func(chunk []string) error {
 		q, args, err := sqlx.In(`SELECT run, item, event_id, outcome, class, reason, handler, updated_at FROM `+s.table+
@@ -218,7 +198,7 @@ func (s *Store) Items(ctx context.Context, run string, items []string) ([]replay
 
 // Records inserts or replaces rs: the operator's records (archived,
 // discarded, compensated), which replace whatever was there.
-func (s *Store) Records(ctx context.Context, rs []replay.Record) error {
+func (s *Outcomes) Records(ctx context.Context, rs []replay.Record) error {
 	q := s.db.Rebind(`INSERT INTO ` + s.table + ` (run, item, event_id, outcome, class, reason, handler, updated_at)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (run, item) DO UPDATE SET outcome = excluded.outcome, reason = excluded.reason,
@@ -235,7 +215,7 @@ ON CONFLICT (run, item) DO UPDATE SET outcome = excluded.outcome, reason = exclu
 // at most limit runs last saved before t) and returns how many it deleted: a sluicesql.Pruner given this store
 // prunes the outcome table in bounded batches. A run's report (sluice dlq
 // report) lists only the records still there.
-func (s *Store) DeleteBefore(ctx context.Context, t time.Time, limit int) (int64, error) {
+func (s *Outcomes) DeleteBefore(ctx context.Context, t time.Time, limit int) (int64, error) {
 	n, err := s.deleteBefore(ctx, s.table, t, limit)
 	if err != nil {
 		return n, err
@@ -245,14 +225,14 @@ func (s *Store) DeleteBefore(ctx context.Context, t time.Time, limit int) (int64
 }
 
 // deleteBefore deletes at most limit rows of table last updated before t.
-func (s *Store) deleteBefore(ctx context.Context, table string, t time.Time, limit int) (int64, error) {
+func (s *Outcomes) deleteBefore(ctx context.Context, table string, t time.Time, limit int) (int64, error) {
 	q := `DELETE FROM ` + table + ` WHERE rowid IN (SELECT rowid FROM ` + table + ` WHERE updated_at < ? LIMIT ?)`
 	if s.postgres() {
 		q = `DELETE FROM ` + table + ` WHERE ctid = ANY(ARRAY(SELECT ctid FROM ` + table + ` WHERE updated_at < $1 LIMIT $2))`
 	}
 	res, err := s.db.ExecContext(ctx, q, t.UTC(), limit)
 	if err != nil {
-		return 0, fmt.Errorf("sqlstore: pruning %s: %w", table, err)
+		return 0, fmt.Errorf("sluicesql: outcomes: pruning %s: %w", table, err)
 	}
 	return res.RowsAffected()
 }

@@ -1,4 +1,4 @@
-package sqlstore
+package sluicesql
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 
 // runsTable is the runs' table of the outcome table quoted (named name):
 // <name>_runs in the same schema, cut short with a hash past 63 bytes.
-func runsTable(quoted, name string) string {
+func outcomesRunsTable(quoted, name string) string {
 	runs := `"` + sqlname.Index(name, "_runs", "runs") + `"`
 	if i := strings.LastIndex(quoted, `"."`); i >= 0 {
 		return quoted[:i+2] + runs
@@ -23,13 +23,13 @@ func runsTable(quoted, name string) string {
 	return runs
 }
 
-func (s *Store) createRuns(ctx context.Context, timestamp string) error {
+func (s *Outcomes) createRuns(ctx context.Context, timestamp string) error {
 	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS `+s.runs+` (
 	id TEXT PRIMARY KEY,
 	run TEXT NOT NULL,
 	started_at `+timestamp+` NOT NULL,
 	updated_at `+timestamp+` NOT NULL)`); err != nil {
-		return fmt.Errorf("sqlstore: creating %s: %w", s.runs, err)
+		return fmt.Errorf("sluicesql: outcomes: creating %s: %w", s.runs, err)
 	}
 	index := `"` + sqlname.Index(s.name, "_runs_started_at", "rsa") + `"`
 	_, err := s.db.ExecContext(ctx, `CREATE INDEX IF NOT EXISTS `+index+` ON `+s.runs+` (started_at)`)
@@ -37,7 +37,7 @@ func (s *Store) createRuns(ctx context.Context, timestamp string) error {
 }
 
 // SaveRun inserts or replaces the run of r.ID: one row, the run as JSON.
-func (s *Store) SaveRun(ctx context.Context, r ledger.Run) error {
+func (s *Outcomes) SaveRun(ctx context.Context, r ledger.Run) error {
 	b, err := replayledger.MarshalRun(r)
 	if err != nil {
 		return err
@@ -49,7 +49,7 @@ ON CONFLICT (id) DO UPDATE SET run = excluded.run, updated_at = excluded.updated
 }
 
 // Run returns the run of id.
-func (s *Store) Run(ctx context.Context, id string) (ledger.Run, bool, error) {
+func (s *Outcomes) Run(ctx context.Context, id string) (ledger.Run, bool, error) {
 	var b string
 	err := s.db.GetContext(ctx, &b, s.db.Rebind(`SELECT run FROM `+s.runs+` WHERE id = ?`), id)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -63,7 +63,7 @@ func (s *Store) Run(ctx context.Context, id string) (ledger.Run, bool, error) {
 }
 
 // RecentRuns returns the limit runs started last, newest first.
-func (s *Store) RecentRuns(ctx context.Context, limit int) ([]ledger.Run, error) {
+func (s *Outcomes) RecentRuns(ctx context.Context, limit int) ([]ledger.Run, error) {
 	var rows []struct {
 		ID  string `db:"id"`
 		Run string `db:"run"`

@@ -1,4 +1,4 @@
-package sqlstore_test
+package sluicesql_test
 
 import (
 	"testing"
@@ -8,31 +8,32 @@ import (
 
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/ordering/orderingtest"
-	"github.com/sluicemq/sluice/ordering/sqlstore"
+
+	"github.com/sluicemq/sluice/sluicesql"
 )
 
 // The PostgreSQL store passes the conformance suite: row locks bounded by
 // the context, holds in order and once, metadata byte for byte.
-func TestStoreConforms(t *testing.T) {
+func TestOrdersConform(t *testing.T) {
 	t.Parallel()
 	db := testenv.Postgres(t)
-	s, err := sqlstore.New(sqlstore.Config{DB: db, TablePrefix: testenv.Schema(t, db) + ".sluice_order"})
+	s, err := sluicesql.NewOrders(db, sluicesql.OrdersConfig{TablePrefix: testenv.Schema(t, db) + ".sluice_order"})
 	require.NoError(t, err)
-	require.NoError(t, s.CreateTables(t.Context()))
+	require.NoError(t, sluicesql.CreateOrdersTables(t.Context(), s))
 	orderingtest.Run(t, s, "ledger")
 }
 
-func TestNewValidates(t *testing.T) {
+func TestNewOrdersValidates(t *testing.T) {
 	t.Parallel()
-	_, err := sqlstore.New(sqlstore.Config{})
-	require.Error(t, err)
+	_, err := sluicesql.NewOrders(nil, sluicesql.OrdersConfig{})
+	require.ErrorContains(t, err, "sluicesql: NewOrders: the DB is required")
 	db := testenv.Postgres(t)
-	_, err = sqlstore.New(sqlstore.Config{DB: db, TablePrefix: "bad-name"})
+	_, err = sluicesql.NewOrders(db, sluicesql.OrdersConfig{TablePrefix: "bad-name"})
 	require.ErrorContains(t, err, "TablePrefix")
-	_, err = sqlstore.New(sqlstore.Config{DB: db, IdleTimeout: -time.Second})
-	require.ErrorContains(t, err, "Config.IdleTimeout")
+	_, err = sluicesql.NewOrders(db, sluicesql.OrdersConfig{IdleTimeout: -time.Second})
+	require.ErrorContains(t, err, "OrdersConfig.IdleTimeout")
 	sqlite := testenv.SQLite(t)
-	_, err = sqlstore.New(sqlstore.Config{DB: sqlite})
+	_, err = sluicesql.NewOrders(sqlite, sluicesql.OrdersConfig{})
 	require.ErrorContains(t, err, "want postgres or pgx")
 }
 
@@ -42,9 +43,9 @@ func TestNewValidates(t *testing.T) {
 func TestAnIdleUnitOfWorkFreesItsKey(t *testing.T) {
 	t.Parallel()
 	db := testenv.Postgres(t)
-	s, err := sqlstore.New(sqlstore.Config{DB: db, TablePrefix: testenv.Schema(t, db) + ".sluice_order", IdleTimeout: 300 * time.Millisecond})
+	s, err := sluicesql.NewOrders(db, sluicesql.OrdersConfig{TablePrefix: testenv.Schema(t, db) + ".sluice_order", IdleTimeout: 300 * time.Millisecond})
 	require.NoError(t, err)
-	require.NoError(t, s.CreateTables(t.Context()))
+	require.NoError(t, sluicesql.CreateOrdersTables(t.Context(), s))
 	g, err := s.Lock(t.Context(), "ledger", "acct-1")
 	require.NoError(t, err)
 	require.NoError(t, g.Block(t.Context(), "e-1", false, "to a tier"))

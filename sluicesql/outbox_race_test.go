@@ -1,4 +1,4 @@
-package sqlstore_test
+package sluicesql_test
 
 import (
 	"context"
@@ -15,7 +15,6 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/outbox/sqlstore"
 	"github.com/sluicemq/sluice/sluicesql"
 )
 
@@ -44,9 +43,9 @@ func TestARejectionAfterAnAbortYieldsToARedeliveryThatProcessedTheKey(t *testing
 			db := testenv.Postgres(t)
 			schema := testenv.Schema(t, db)
 			in := testenv.SQLStore(t, db, schema+".inbox")
-			ob, err := sqlstore.New(sqlstore.Config{DB: db, Table: schema + ".outbox"})
+			ob, err := sluicesql.NewOutbox(db, sluicesql.OutboxConfig{Table: schema + ".outbox"})
 			require.NoError(t, err)
-			require.NoError(t, ob.CreateTable(t.Context()))
+			require.NoError(t, sluicesql.CreateOutboxTable(t.Context(), ob))
 			_, err = db.Exec(`CREATE TABLE ` + schema + `.orders (k TEXT PRIMARY KEY); INSERT INTO ` + schema + `.orders VALUES ('taken')`)
 			require.NoError(t, err)
 			stage, err := deduplication.New(deduplication.Config{Store: in, Consumer: "c", Batch: batch})
