@@ -14,8 +14,8 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/unitofwork"
 	"github.com/sluicemq/sluice/internal/sqlstate"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // batch is one shared unit of work.
