@@ -31,17 +31,17 @@ func TestDependencyGraph(t *testing.T) {
 		forbidden []string
 	}{
 		{module, append(append([]string{module + "/"}, brokers...), drivers...)},
-		{module + "/middleware", append(append([]string{module + "/deduplication", module + "/retrytiers", module + "/poison", module + "/router"}, brokers...), drivers...)},
-		{module + "/deduplication", append(append([]string{module + "/middleware", module + "/retrytiers", module + "/poison"}, brokers...), drivers...)},
+		{module + "/stage", append(append([]string{module + "/deduplication", module + "/retrytiers", module + "/poison", module + "/router"}, brokers...), drivers...)},
+		{module + "/deduplication", append(append([]string{module + "/stage", module + "/retrytiers", module + "/poison"}, brokers...), drivers...)},
 		{module + "/retrytiers", append(append([]string{module + "/deduplication", module + "/poison", module + "/router"}, brokers...), drivers...)},
-		{module + "/brake", append(append([]string{module + "/deduplication", module + "/retrytiers", module + "/poison", module + "/middleware", module + "/router"}, brokers...), drivers...)},
-		{module + "/replay", append(append([]string{"github.com/jmoiron/sqlx", module + "/deduplication", module + "/retrytiers", module + "/poison", module + "/middleware", module + "/router", module + "/brake"}, brokers...), drivers...)},
+		{module + "/brake", append(append([]string{module + "/deduplication", module + "/retrytiers", module + "/poison", module + "/stage", module + "/router"}, brokers...), drivers...)},
+		{module + "/replay", append(append([]string{"github.com/jmoiron/sqlx", module + "/deduplication", module + "/retrytiers", module + "/poison", module + "/stage", module + "/router", module + "/brake"}, brokers...), drivers...)},
 		{module + "/poison", append(append([]string{module + "/deduplication", module + "/retrytiers", module + "/router"}, brokers...), drivers...)},
 		// The unit of work links no stage, no store and no driver.
 		{module + "/unitofwork", append(append([]string{module + "/deduplication", module + "/outbox", module + "/router", "github.com/jmoiron/sqlx"}, brokers...), drivers...)},
 		{module + "/router", append(append([]string{module + "/rabbitmq", module + "/embedded"}, brokers...), drivers...)},
 		{module + "/embedded", append(brokers, drivers...)},
-		{module + "/outbox", append(append([]string{"github.com/jmoiron/sqlx", module + "/router", module + "/retrytiers", module + "/poison", module + "/middleware", module + "/brake", module + "/replay"}, brokers...), drivers...)},
+		{module + "/outbox", append(append([]string{"github.com/jmoiron/sqlx", module + "/router", module + "/retrytiers", module + "/poison", module + "/stage", module + "/brake", module + "/replay"}, brokers...), drivers...)},
 		{module + "/sluicesql", append([]string{"modernc.org/sqlite", "github.com/redis/go-redis", "github.com/lib/pq", "github.com/jackc/pgx", module + "/router"}, brokers...)},
 		// The one package that imports lib/pq: a bounded PostgreSQL pool.
 		{module + "/sluicesql/postgres", append([]string{"modernc.org/sqlite", "github.com/redis/go-redis", "github.com/jackc/pgx", "github.com/go-sql-driver/mysql", module + "/router", module + "/deduplication", module + "/outbox"}, brokers...)},
@@ -90,7 +90,7 @@ func TestBrokersDependOnTheContractOnly(t *testing.T) {
 				"the broker contract must import only the root and internal plumbing (it imports %s)", d)
 		}
 	}
-	stages := []string{"/router", "/retrytiers", "/poison", "/deduplication", "/middleware", "/brake", "/replay"}
+	stages := []string{"/router", "/retrytiers", "/poison", "/deduplication", "/stage", "/brake", "/replay"}
 	for _, pkg := range []string{module + "/rabbitmq", module + "/embedded"} {
 		imports := deps(t, pkg)
 		require.Contains(t, imports, module+"/broker", "%s implements the contract", pkg)

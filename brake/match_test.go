@@ -14,8 +14,8 @@ import (
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // engagesOn runs deliveries through brake(MatchUnreachable) → classify →
@@ -24,7 +24,7 @@ import (
 func engagesOn(t *testing.T, store deduplication.Store) {
 	t.Helper()
 	b, _ := newBrake(t, brake.Config{Match: brake.MatchUnreachable, Window: 10, FailureRatio: 0.5, Pausing: true})
-	classify, err := middleware.Classify(middleware.ClassifyConfig{})
+	classify, err := stage.Classify(stage.ClassifyConfig{})
 	require.NoError(t, err)
 	inbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "inventory"})
 	require.NoError(t, err)

@@ -19,8 +19,8 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // bundle is what each inbox test works with: its own schema holding the inbox
@@ -196,7 +196,7 @@ func TestInboxRedeliveryAfterCommitSkipsHandler(t *testing.T) {
 func TestInboxRejectedCommits(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	classify, err := middleware.Classify(middleware.ClassifyConfig{})
+	classify, err := stage.Classify(stage.ClassifyConfig{})
 	require.NoError(t, err)
 	h := classify(b.dedup(t, "inventory")(b.reserve(sluice.Reject(errors.New("out of stock")))))
 

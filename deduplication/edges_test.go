@@ -18,8 +18,8 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // integrityError makes PostgreSQL raise the integrity-constraint violation
@@ -83,7 +83,7 @@ func TestInboxRejectedAfterAnAbortedTransaction(t *testing.T) {
 	require.NoError(t, err)
 	d, err := deduplication.New(deduplication.Config{Store: b.store, Consumer: "inventory", Env: sluice.Env{Classifier: classifier, MeterProvider: b.meter}})
 	require.NoError(t, err)
-	classify, err := middleware.Classify(middleware.ClassifyConfig{Env: sluice.Env{Classifier: classifier, MeterProvider: b.meter}})
+	classify, err := stage.Classify(stage.ClassifyConfig{Env: sluice.Env{Classifier: classifier, MeterProvider: b.meter}})
 	require.NoError(t, err)
 
 	handler := classify(d(func(msg *message.Message) ([]*message.Message, error) {
@@ -285,7 +285,7 @@ func TestCaseVariantKeysAreTheHandlersEvent(t *testing.T) {
 func TestInboxRejectedCommitLostIsRetried(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	classify, err := middleware.Classify(middleware.ClassifyConfig{Env: sluice.Env{MeterProvider: b.meter}})
+	classify, err := stage.Classify(stage.ClassifyConfig{Env: sluice.Env{MeterProvider: b.meter}})
 	require.NoError(t, err)
 	terminate := true
 	handler := classify(b.dedup(t, "inventory")(func(msg *message.Message) ([]*message.Message, error) {

@@ -10,9 +10,9 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/stage"
 	"github.com/sluicemq/sluice/unitofwork"
 )
 
@@ -36,7 +36,7 @@ func addInventory(ctx context.Context, router *message.Router, amqpURL string, d
 		return err
 	}
 	classifier := sluice.DefaultClassifier()
-	classify, err := middleware.Classify(middleware.ClassifyConfig{Env: sluice.Env{Classifier: classifier, Logger: logger}})
+	classify, err := stage.Classify(stage.ClassifyConfig{Env: sluice.Env{Classifier: classifier, Logger: logger}})
 	if err != nil {
 		return err
 	}
@@ -49,7 +49,7 @@ func addInventory(ctx context.Context, router *message.Router, amqpURL string, d
 	if err != nil {
 		return err
 	}
-	recoverer, err := middleware.Recoverer(middleware.RecovererConfig{})
+	recoverer, err := stage.Recoverer(stage.RecovererConfig{})
 	if err != nil {
 		return err
 	}

@@ -17,8 +17,8 @@ import (
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // TestBlackHoledDatabaseFreezesNoHandler: PostgreSQL behind a proxy that
@@ -53,7 +53,7 @@ func TestBlackHoledDatabaseFreezesNoHandler(t *testing.T) {
 	b, err := brake.New(brake.Config{Name: "inventory", Match: brake.MatchUnreachable, Window: 10, FailureRatio: 0.5,
 		CoolDown: time.Hour, Pausing: true})
 	require.NoError(t, err)
-	classify, err := middleware.Classify(middleware.ClassifyConfig{})
+	classify, err := stage.Classify(stage.ClassifyConfig{})
 	require.NoError(t, err)
 	inbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "inventory", StoreTimeout: 300 * time.Millisecond})
 	require.NoError(t, err)

@@ -18,7 +18,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // quickStart runs the README's quick start (addInventory) on RabbitMQ and
@@ -204,7 +204,7 @@ func TestWatermillAMQPsDefaultMarshalerIsNamedOnce(t *testing.T) {
 	log := testenv.NewLog()
 	sub, err := amqp.NewSubscriber(amqp.NewDurableQueueConfig(testenv.AMQPURL), watermill.NopLogger{})
 	require.NoError(t, err)
-	classify, err := middleware.Classify(middleware.ClassifyConfig{Env: sluice.Env{Logger: log}})
+	classify, err := stage.Classify(stage.ClassifyConfig{Env: sluice.Env{Logger: log}})
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)

@@ -21,10 +21,10 @@ import (
 	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // embeddedRouter runs cfg's handler on e and returns the router with the
@@ -61,7 +61,7 @@ func TestEmbeddedCloseMidLoadAccountsForEveryDelivery(t *testing.T) {
 		release   = make(chan struct{})
 	)
 	r, done, logger := embeddedRouter(t, e, router.Stages{
-		Poison: &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: time.Millisecond}, Classify: &middleware.ClassifyConfig{},
+		Poison: &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: time.Millisecond}, Classify: &stage.ClassifyConfig{},
 	}, func(m *message.Message) error {
 		running.Add(1)
 		defer running.Add(-1)
@@ -131,7 +131,7 @@ func TestEmbeddedCloseReportsDeliveriesNackedWhileTheRouterCloses(t *testing.T) 
 	var handled atomic.Int64
 	r, done, _ := embeddedRouter(t, e, router.Stages{
 		ShutdownGrace: 50 * time.Millisecond,
-		Poison:        &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: time.Millisecond}, Classify: &middleware.ClassifyConfig{},
+		Poison:        &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: time.Millisecond}, Classify: &stage.ClassifyConfig{},
 		Brake: &brake.Config{Window: 2, FailureRatio: 1, CoolDown: time.Hour, Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}},
 	}, func(*message.Message) error {
 		handled.Add(1)
@@ -185,7 +185,7 @@ func TestEmbeddedKeepsDeliveriesPublishedBeforeTheHandler(t *testing.T) {
 	require.NoError(t, err)
 	testenv.PublishEvents(t, e.PubSub(), "orders", 20)
 	var handled atomic.Int64
-	r, done, _ := embeddedRouter(t, e, router.Stages{Classify: &middleware.ClassifyConfig{}}, func(*message.Message) error {
+	r, done, _ := embeddedRouter(t, e, router.Stages{Classify: &stage.ClassifyConfig{}}, func(*message.Message) error {
 		handled.Add(1)
 		return nil
 	})
@@ -207,7 +207,7 @@ func TestEmbeddedCloseRightAfterPublishing(t *testing.T) {
 	var processed, running, late atomic.Int64
 	var closed atomic.Bool
 	r, done, _ := embeddedRouter(t, e, router.Stages{
-		Poison: &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: time.Millisecond}, Classify: &middleware.ClassifyConfig{},
+		Poison: &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: time.Millisecond}, Classify: &stage.ClassifyConfig{},
 	}, func(*message.Message) error {
 		running.Add(1)
 		defer running.Add(-1)

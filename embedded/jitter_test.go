@@ -14,10 +14,10 @@ import (
 	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // The embedded default's jittered tier: every copy comes back through one
@@ -31,7 +31,7 @@ func TestEmbeddedJitteredTier(t *testing.T) {
 	require.Equal(t, []string{"orders.retry.40ms", "orders.retry.20ms"}, waits)
 	var mu sync.Mutex
 	from := map[string]int{}
-	r, done, _ := embeddedRouter(t, e, router.Stages{Retry: &retrytiers.Config{}, Poison: &poison.Config{}, Classify: &middleware.ClassifyConfig{}},
+	r, done, _ := embeddedRouter(t, e, router.Stages{Retry: &retrytiers.Config{}, Poison: &poison.Config{}, Classify: &stage.ClassifyConfig{}},
 		func(msg *message.Message) error {
 			if msg.Metadata.Get(sluice.AttemptKey) == "" {
 				return sluice.Transient(errors.New("down"))

@@ -13,8 +13,8 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/embedded"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/outbox"
+	"github.com/sluicemq/sluice/stage"
 
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/sluicesql"
@@ -75,9 +75,9 @@ func Example() {
 		PublishTopic: "inventory.reserved",
 		Outbox:       outboxStore,
 		Stages: router.Stages{
-			Classify:  &middleware.ClassifyConfig{},
+			Classify:  &stage.ClassifyConfig{},
 			Inbox:     &deduplication.Config{Store: inboxStore, Key: deduplication.KeyFromJSON("eventId")},
-			Recoverer: &middleware.RecovererConfig{},
+			Recoverer: &stage.RecovererConfig{},
 		},
 	})
 	if err != nil {

@@ -14,11 +14,11 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // brokerTiers are the tiers of newBrokerStack: short, so a ladder is run
@@ -46,9 +46,9 @@ func newBrokerStack(t *testing.T, handler func(msg *message.Message) error, opts
 	stages := router.Stages{
 		Poison:    &poison.Config{PublishBackoff: 50 * time.Millisecond},
 		Retry:     &retrytiers.Config{PublishBackoff: 50 * time.Millisecond},
-		Classify:  &middleware.ClassifyConfig{},
+		Classify:  &stage.ClassifyConfig{},
 		Inbox:     &deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "inventory"},
-		Recoverer: &middleware.RecovererConfig{},
+		Recoverer: &stage.RecovererConfig{},
 	}
 	for _, o := range opts {
 		o(&stages)

@@ -7,10 +7,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // addReliableHandler wires the RabbitMQ stages around a handler: the queue,
@@ -45,7 +45,7 @@ func addReliableHandler(ctx context.Context, router *message.Router, url string,
 	if err != nil {
 		return err
 	}
-	classify, err := middleware.Classify(middleware.ClassifyConfig{})
+	classify, err := stage.Classify(stage.ClassifyConfig{})
 	if err != nil {
 		return err
 	}

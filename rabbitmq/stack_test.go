@@ -15,10 +15,10 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/stage"
 )
 
 var shortTiers = []time.Duration{200 * time.Millisecond, 500 * time.Millisecond, time.Second}
@@ -57,7 +57,7 @@ func newStackBehind(t *testing.T, cfg rabbitmq.TopologyConfig, outer []message.H
 	require.NoError(t, err)
 	r, err := retrytiers.New(retrytiers.Config{Publisher: s.pub, Tiers: s.topo.Tiers(), PublishBackoff: 100 * time.Millisecond})
 	require.NoError(t, err)
-	c, err := middleware.Classify(middleware.ClassifyConfig{})
+	c, err := stage.Classify(stage.ClassifyConfig{})
 	require.NoError(t, err)
 
 	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})

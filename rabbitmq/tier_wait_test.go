@@ -17,11 +17,11 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // RabbitMQ expires messages at the head of a queue only: a message with a
@@ -103,7 +103,7 @@ func newWaitStack(t *testing.T, cfg rabbitmq.TopologyConfig, handler func(attemp
 		Stages: router.Stages{
 			Poison:   &poison.Config{PublishBackoff: 50 * time.Millisecond},
 			Retry:    &retrytiers.Config{PublishBackoff: 50 * time.Millisecond},
-			Classify: &middleware.ClassifyConfig{},
+			Classify: &stage.ClassifyConfig{},
 		},
 		Handler: func(msg *message.Message) error {
 			attempt := msg.Metadata.Get(sluice.AttemptKey)

@@ -15,11 +15,11 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // hostileHeaders are headers RabbitMQ accepts from any producer and
@@ -145,7 +145,7 @@ func TestUnparseableHeadersAreIsolatedNotLooped(t *testing.T) {
 			}
 			return nil
 		},
-		Stages: router.Stages{Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{}},
+		Stages: router.Stages{Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &stage.ClassifyConfig{}},
 	})
 	require.NoError(t, err)
 	done := testenv.RunRouter(context.Background(), r)

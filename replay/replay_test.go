@@ -19,10 +19,10 @@ import (
 	"github.com/sluicemq/sluice/internal/replayledger"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
+	"github.com/sluicemq/sluice/stage"
 
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
@@ -48,7 +48,7 @@ func serveOrders(t *testing.T, delay time.Duration, stages router.Stages, handle
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
 	r.AddMiddleware(outer...)
-	stages.Poison, stages.Retry, stages.Classify = &poison.Config{}, &retrytiers.Config{}, &middleware.ClassifyConfig{}
+	stages.Poison, stages.Retry, stages.Classify = &poison.Config{}, &retrytiers.Config{}, &stage.ClassifyConfig{}
 	if stages.Inbox == nil {
 		stages.Inbox = &deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "orders"}
 	}
@@ -184,7 +184,7 @@ func TestProcessedInTheInboxTransaction(t *testing.T) {
 		_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "stock", Handler: func(msg *message.Message) error {
 			_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(), `INSERT INTO `+schema+`.stock (event_id) VALUES ($1)`, msg.Metadata.Get(sluice.EventIDKey))
 			return err
-		}, Stages: router.Stages{Replay: cfg, Classify: &middleware.ClassifyConfig{}, Inbox: &deduplication.Config{Store: inbox, Consumer: "stock"}}})
+		}, Stages: router.Stages{Replay: cfg, Classify: &stage.ClassifyConfig{}, Inbox: &deduplication.Config{Store: inbox, Consumer: "stock"}}})
 		require.NoError(t, err)
 		done := testenv.RunRouter(context.Background(), r)
 		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))

@@ -20,13 +20,13 @@ import (
 	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // A batch handler through the whole stack on RabbitMQ and PostgreSQL: 300
@@ -87,7 +87,7 @@ func TestABatchHandlerOnRabbitMQ(t *testing.T) {
 		Stages: router.Stages{
 			Poison:   &poison.Config{},
 			Retry:    &retrytiers.Config{},
-			Classify: &middleware.ClassifyConfig{},
+			Classify: &stage.ClassifyConfig{},
 			Inbox:    &deduplication.Config{Store: store},
 			Env:      sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 		},
@@ -212,7 +212,7 @@ func batchHandlerShutdown(t *testing.T, releaseInTime bool) {
 				ShutdownGrace: grace,
 				Poison:        &poison.Config{},
 				Retry:         &retrytiers.Config{},
-				Classify:      &middleware.ClassifyConfig{},
+				Classify:      &stage.ClassifyConfig{},
 				Inbox:         &deduplication.Config{Store: store},
 			},
 		})

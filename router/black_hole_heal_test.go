@@ -18,13 +18,13 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/sluicesql/postgres"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // A black hole between the consumer and PostgreSQL, healed the way a
@@ -83,9 +83,9 @@ func TestAConsumerResumesAfterABlackHoleThatHealsWithoutResets(t *testing.T) {
 			Poison:    &poison.Config{PublishBackoff: 50 * time.Millisecond},
 			Retry:     &retrytiers.Config{PublishBackoff: 50 * time.Millisecond},
 			Brake:     &brake.Config{Window: 20, CoolDown: 250 * time.Millisecond, MaxCoolDown: time.Second, Match: brake.MatchUnreachable},
-			Classify:  &middleware.ClassifyConfig{},
+			Classify:  &stage.ClassifyConfig{},
 			Inbox:     &deduplication.Config{Store: store, Consumer: "effects", StoreTimeout: time.Second},
-			Recoverer: &middleware.RecovererConfig{},
+			Recoverer: &stage.RecovererConfig{},
 			Env:       sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 		},
 	})

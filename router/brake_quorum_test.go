@@ -21,12 +21,12 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // quorumLimit is the x-delivery-limit of the quorum queues below: a
@@ -112,9 +112,9 @@ func runBraked(t *testing.T, q *rabbitmq.Broker, seen *deliveries, handler messa
 			Poison:    &poison.Config{PublishBackoff: 50 * time.Millisecond},
 			Retry:     &retrytiers.Config{PublishBackoff: 50 * time.Millisecond},
 			Brake:     &brake.Config{Window: 20, CoolDown: 10 * time.Millisecond, MaxCoolDown: 20 * time.Millisecond, Match: brake.MatchUnreachable},
-			Classify:  &middleware.ClassifyConfig{},
+			Classify:  &stage.ClassifyConfig{},
 			Inbox:     inbox,
-			Recoverer: &middleware.RecovererConfig{},
+			Recoverer: &stage.RecovererConfig{},
 			Env:       sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 		},
 	})

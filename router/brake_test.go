@@ -24,12 +24,12 @@ import (
 	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // newPrivateEffectsDB starts a private PostgreSQL (one the test may stop)
@@ -91,9 +91,9 @@ func TestBrakeOutageLongerThanTheLadder(t *testing.T) {
 			Poison:    &poison.Config{PublishBackoff: 50 * time.Millisecond},
 			Retry:     &retrytiers.Config{PublishBackoff: 50 * time.Millisecond},
 			Brake:     &brake.Config{Window: window, CoolDown: 250 * time.Millisecond, MaxCoolDown: time.Second, Match: brake.MatchUnreachable},
-			Classify:  &middleware.ClassifyConfig{},
+			Classify:  &stage.ClassifyConfig{},
 			Inbox:     &deduplication.Config{Store: store, Consumer: "effects"},
-			Recoverer: &middleware.RecovererConfig{},
+			Recoverer: &stage.RecovererConfig{},
 			Env:       sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 		},
 	})
@@ -206,7 +206,7 @@ func TestBrakeIgnoresPoison(t *testing.T) {
 		Broker: q, Name: "allbad",
 		Handler: func(*message.Message) error { return sluice.Poison(errors.New("unknown version")) },
 		Stages: router.Stages{
-			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
+			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &stage.ClassifyConfig{},
 			Brake: &brake.Config{Window: 10},
 			Env:   sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 		},
@@ -239,7 +239,7 @@ func TestBrakeOnTheEmbeddedDefault(t *testing.T) {
 	require.NoError(t, err)
 	reader := sdkmetric.NewManualReader()
 	_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "inventory", Stages: router.Stages{
-		Poison: &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: time.Millisecond}, Classify: &middleware.ClassifyConfig{},
+		Poison: &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: time.Millisecond}, Classify: &stage.ClassifyConfig{},
 		Brake: &brake.Config{Window: 10, CoolDown: 50 * time.Millisecond, MaxCoolDown: 200 * time.Millisecond},
 		Env:   sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 	}, Handler: func(*message.Message) error {
@@ -293,7 +293,7 @@ func TestBrakeBehindWatermillRetryAndTimeout(t *testing.T) {
 		mu.Unlock()
 		return nil
 	}, Stages: router.Stages{
-		Poison: &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: 10 * time.Millisecond}, Classify: &middleware.ClassifyConfig{},
+		Poison: &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: 10 * time.Millisecond}, Classify: &stage.ClassifyConfig{},
 		Brake: &brake.Config{Window: 10, CoolDown: 100 * time.Millisecond, MaxCoolDown: 400 * time.Millisecond, Match: brake.MatchUnreachable},
 		Env:   sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 	}})

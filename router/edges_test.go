@@ -17,12 +17,12 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/stage"
 	"github.com/sluicemq/sluice/unitofwork"
 )
 
@@ -94,7 +94,7 @@ func TestRetryInsideTheInboxRunsTheHandlerOncePerTransaction(t *testing.T) {
 			return nil
 		},
 		Stages: router.Stages{
-			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
+			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &stage.ClassifyConfig{},
 			Inbox: &deduplication.Config{Store: store, Consumer: "inventory"},
 		},
 	})
@@ -183,8 +183,8 @@ func timeoutBehindTheRouter(t *testing.T, batch *deduplication.BatchConfig) {
 			return msg.Context().Err()
 		},
 		Stages: router.Stages{
-			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
-			Inbox: &deduplication.Config{Store: store, Consumer: "inventory", Batch: batch}, Recoverer: &middleware.RecovererConfig{},
+			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &stage.ClassifyConfig{},
+			Inbox: &deduplication.Config{Store: store, Consumer: "inventory", Batch: batch}, Recoverer: &stage.RecovererConfig{},
 		},
 	})
 	require.NoError(t, err)

@@ -15,10 +15,10 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // runEmbedded runs a handler on the embedded default and returns it with a
@@ -30,7 +30,7 @@ func runEmbedded(t *testing.T, cfg embedded.Config, handler message.NoPublishHan
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
 	_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "inventory", Handler: handler, Stages: router.Stages{
-		Poison: &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: time.Millisecond}, Classify: &middleware.ClassifyConfig{},
+		Poison: &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: time.Millisecond}, Classify: &stage.ClassifyConfig{},
 	}})
 	require.NoError(t, err)
 	done := testenv.RunRouter(context.Background(), r)

@@ -9,13 +9,13 @@ import (
 
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // addStockByHand is the whole stack wired by hand (docs/architecture.md,
@@ -52,14 +52,14 @@ func addStockByHand(ctx context.Context, r *message.Router, amqpURL string, db *
 			return err // your table: create it first (a missing table is a bug, SQLSTATE 42: Poison)
 		},
 		Stages: router.Stages{
-			Trace:     &middleware.TraceConfig{},
+			Trace:     &stage.TraceConfig{},
 			Replay:    &replay.Config{Store: stores.Outcomes, InUnitOfWork: true}, // "processed" in the inbox's transaction
 			Poison:    &poison.Config{},
 			Retry:     &retrytiers.Config{},
 			Brake:     &brake.Config{Match: brake.MatchUnreachable}, // probes with the inbox's Ping
-			Classify:  &middleware.ClassifyConfig{},
+			Classify:  &stage.ClassifyConfig{},
 			Inbox:     &deduplication.Config{Store: stores.Inbox, Key: deduplication.KeyFromJSON("eventId")},
-			Recoverer: &middleware.RecovererConfig{},
+			Recoverer: &stage.RecovererConfig{},
 		},
 	})
 	return q, err

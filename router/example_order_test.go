@@ -8,8 +8,8 @@ import (
 
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
+	"github.com/sluicemq/sluice/stage"
 
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -40,7 +40,7 @@ func ExampleStages_order() {
 		Handler: applyToAccount,
 		Stages: router.Stages{
 			Order:  &ordering.Config{Store: orders, Key: deduplication.KeyFromMetadata("account")},
-			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
+			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &stage.ClassifyConfig{},
 			Inbox: &deduplication.Config{Store: inbox},
 		},
 	})

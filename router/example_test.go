@@ -16,10 +16,10 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/embedded"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // The order of the stages, seen from the outside: each line is the outcome
@@ -68,12 +68,12 @@ func Example_chain() {
 			return nil
 		},
 		Stages: router.Stages{
-			Trace:     &middleware.TraceConfig{Env: sluice.Env{TracerProvider: tp}},
+			Trace:     &stage.TraceConfig{Env: sluice.Env{TracerProvider: tp}},
 			Poison:    &poison.Config{},
 			Retry:     &retrytiers.Config{},
-			Classify:  &middleware.ClassifyConfig{},
+			Classify:  &stage.ClassifyConfig{},
 			Inbox:     &deduplication.Config{Store: store, Consumer: "inventory"},
-			Recoverer: &middleware.RecovererConfig{},
+			Recoverer: &stage.RecovererConfig{},
 		},
 	})
 	if err != nil {

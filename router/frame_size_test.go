@@ -18,11 +18,11 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // Issue 18 item 3: a message its producer could publish, with headers
@@ -70,7 +70,7 @@ func TestCopyOverTheFrameIsIsolatedAndThePublisherStaysUp(t *testing.T) {
 			return nil
 		},
 		Stages: router.Stages{
-			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
+			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &stage.ClassifyConfig{},
 			Env: sluice.Env{MeterProvider: mp},
 		},
 	})

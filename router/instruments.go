@@ -8,9 +8,9 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // exportAtZero exports, for the handler named handler consuming topic on
@@ -24,7 +24,7 @@ func exportAtZero(s Stages, handler, topic, system string) error {
 	mp := func(own metric.MeterProvider) metric.MeterProvider { return cmp.Or(own, s.MeterProvider) }
 	var errs []error
 	if t := s.Trace; t != nil {
-		errs = append(errs, middleware.ExportTraceAtZero(middleware.TraceConfig{Env: sluice.Env{MeterProvider: mp(t.MeterProvider)}, System: t.System}, handler, topic, system))
+		errs = append(errs, stage.ExportTraceAtZero(stage.TraceConfig{Env: sluice.Env{MeterProvider: mp(t.MeterProvider)}, System: t.System}, handler, topic, system))
 	}
 	if p := s.Poison; p != nil {
 		errs = append(errs, poison.ExportAtZero(poison.Config{Env: sluice.Env{MeterProvider: mp(p.MeterProvider)}, Classes: p.Classes}, handler, topic, system))

@@ -21,11 +21,11 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // alertCounters returns the counters docs/alerts.yml reads (their
@@ -111,10 +111,10 @@ func TestTheCountersAlertsReadExistAtZeroBeforeTheFirstDelivery(t *testing.T) {
 		},
 		Stages: router.Stages{
 			Env:      sluice.Env{MeterProvider: mp},
-			Trace:    &middleware.TraceConfig{},
+			Trace:    &stage.TraceConfig{},
 			Poison:   &poison.Config{},
 			Retry:    &retrytiers.Config{},
-			Classify: &middleware.ClassifyConfig{},
+			Classify: &stage.ClassifyConfig{},
 		},
 	})
 	require.NoError(t, err)
@@ -203,7 +203,7 @@ func TestAFailedDeliveryIncrementsItsSeriesExportedAtZero(t *testing.T) {
 			}
 			return nil
 		},
-		Stages: router.Stages{Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, Trace: &middleware.TraceConfig{}},
+		Stages: router.Stages{Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, Trace: &stage.TraceConfig{}},
 	})
 	require.NoError(t, err)
 	failed := func(points []metricdata.DataPoint[int64]) (n int64, series int) {

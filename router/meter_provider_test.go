@@ -16,11 +16,11 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // confirmDestinations collects reader and returns the
@@ -68,10 +68,10 @@ func TestOneMeterProviderReachesTheBroker(t *testing.T) {
 		Handler: func(*message.Message) error { return sluice.Poison(errors.New("malformed")) },
 		Stages: router.Stages{
 			Env:      sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
-			Trace:    &middleware.TraceConfig{},
+			Trace:    &stage.TraceConfig{},
 			Poison:   &poison.Config{},
 			Retry:    &retrytiers.Config{},
-			Classify: &middleware.ClassifyConfig{},
+			Classify: &stage.ClassifyConfig{},
 		},
 	})
 	require.NoError(t, err)

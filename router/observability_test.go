@@ -23,10 +23,10 @@ import (
 	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // logLine is one line a capturing logger received.
@@ -124,12 +124,12 @@ func TestEveryFateIsLoggedOnce(t *testing.T) {
 		},
 		Stages: router.Stages{
 			Env:       sluice.Env{TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)), MeterProvider: sdkmetric.NewMeterProvider()},
-			Trace:     &middleware.TraceConfig{},
+			Trace:     &stage.TraceConfig{},
 			Poison:    &poison.Config{},
 			Retry:     &retrytiers.Config{},
-			Classify:  &middleware.ClassifyConfig{},
+			Classify:  &stage.ClassifyConfig{},
 			Inbox:     &deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "inventory"},
-			Recoverer: &middleware.RecovererConfig{},
+			Recoverer: &stage.RecovererConfig{},
 		},
 	})
 	require.NoError(t, err)
@@ -233,7 +233,7 @@ func TestCompetingConsumersShareTheHandlerName(t *testing.T) {
 		Handler: func(*message.Message) error { return nil },
 		Stages: router.Stages{
 			Env:   sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))},
-			Trace: &middleware.TraceConfig{},
+			Trace: &stage.TraceConfig{},
 		},
 	})
 	require.NoError(t, err)

@@ -21,8 +21,8 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
+	"github.com/sluicemq/sluice/stage"
 
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -119,13 +119,13 @@ func orderedBehindTimeout(t *testing.T, quorum bool) {
 		},
 		Stages: router.Stages{
 			Env:       sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))},
-			Trace:     &middleware.TraceConfig{},
+			Trace:     &stage.TraceConfig{},
 			Order:     &ordering.Config{Store: orders, Key: deduplication.KeyFromMetadata("account")},
 			Poison:    &poison.Config{},
 			Retry:     &retrytiers.Config{},
-			Classify:  &middleware.ClassifyConfig{},
+			Classify:  &stage.ClassifyConfig{},
 			Inbox:     &deduplication.Config{Store: inbox},
-			Recoverer: &middleware.RecovererConfig{},
+			Recoverer: &stage.RecovererConfig{},
 		},
 	})
 	require.NoError(t, err)

@@ -15,8 +15,8 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
+	"github.com/sluicemq/sluice/stage"
 
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -67,9 +67,9 @@ func TestAPartitionsNextOwnerContinuesAReleaseInOrder(t *testing.T) {
 			Broker: b, Name: "ledger",
 			Handler: seqEffect(schema, 1, hold),
 			Stages: router.Stages{
-				Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
+				Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &stage.ClassifyConfig{},
 				Inbox:     &deduplication.Config{Store: inbox},
-				Recoverer: &middleware.RecovererConfig{},
+				Recoverer: &stage.RecovererConfig{},
 				Order:     &ordering.Config{Store: store, Key: deduplication.KeyFromMetadata("account"), ResumeInterval: 100 * time.Millisecond},
 			},
 		})

@@ -22,8 +22,8 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
+	"github.com/sluicemq/sluice/stage"
 
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -82,9 +82,9 @@ func (h hungOwner) run(ctx context.Context, t testing.TB, db *sqlx.DB, hold func
 			}
 		}),
 		Stages: router.Stages{
-			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
+			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &stage.ClassifyConfig{},
 			Inbox:     &deduplication.Config{Store: inbox, StoreTimeout: hungOwnerStoreTimeout},
-			Recoverer: &middleware.RecovererConfig{},
+			Recoverer: &stage.RecovererConfig{},
 			Order:     &ordering.Config{Store: store, Key: deduplication.KeyFromMetadata("account"), ResumeInterval: 200 * time.Millisecond},
 		},
 	})

@@ -15,13 +15,13 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // TestARedeliveryOfAnAppliedMessageBehindAPoisonedHeadIsADuplicate: key a's
@@ -112,9 +112,9 @@ func TestARedeliveryOfAnAppliedMessageBehindAPoisonedHeadIsADuplicate(t *testing
 			Order:     &ordering.Config{Store: store, Key: deduplication.KeyFromMetadata("account"), ResumeInterval: 100 * time.Millisecond},
 			Poison:    &poison.Config{},
 			Retry:     &retrytiers.Config{},
-			Classify:  &middleware.ClassifyConfig{},
+			Classify:  &stage.ClassifyConfig{},
 			Inbox:     &deduplication.Config{Store: inbox},
-			Recoverer: &middleware.RecovererConfig{},
+			Recoverer: &stage.RecovererConfig{},
 		},
 	})
 	require.NoError(t, err)

@@ -17,8 +17,8 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
+	"github.com/sluicemq/sluice/stage"
 
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -73,7 +73,7 @@ func TestAReplayedHeadAfterItsSkipIsSaidToBeOutOfOrder(t *testing.T) {
 			Replay: &replay.Config{Store: outcomes},
 			Order: &ordering.Config{Store: store, Key: deduplication.KeyFromMetadata("account"), ResumeInterval: 100 * time.Millisecond,
 				Env: sluice.Env{Logger: watermill.NewStdLoggerWithOut(&logs, false, false)}},
-			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
+			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &stage.ClassifyConfig{},
 			Inbox: &deduplication.Config{Store: inbox},
 		},
 	})

@@ -16,8 +16,8 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
+	"github.com/sluicemq/sluice/stage"
 
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -187,9 +187,9 @@ func runOrderScenarioOn(t *testing.T, sc orderScenario, ordered bool, partitions
 	stages := router.Stages{
 		Poison:    &poison.Config{},
 		Retry:     &retrytiers.Config{},
-		Classify:  &middleware.ClassifyConfig{},
+		Classify:  &stage.ClassifyConfig{},
 		Inbox:     &deduplication.Config{Store: inbox},
-		Recoverer: &middleware.RecovererConfig{},
+		Recoverer: &stage.RecovererConfig{},
 	}
 	if ordered {
 		stages.Order = &ordering.Config{Store: store, Key: deduplication.KeyFromMetadata("account"), ResumeInterval: 100 * time.Millisecond}

@@ -11,10 +11,10 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // A poisoned copy read back from RabbitMQ carries, as AMQP headers, every
@@ -34,7 +34,7 @@ func TestARealPoisonCopyCarriesEveryDocumentedHeader(t *testing.T) {
 		Handler: func(*message.Message) error {
 			return sluice.Transient(errors.New("the ledger is down")) // spends the ladder: exhausted
 		},
-		Stages: router.Stages{Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{}},
+		Stages: router.Stages{Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &stage.ClassifyConfig{}},
 	})
 	require.NoError(t, err)
 	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))

@@ -15,8 +15,8 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/outbox"
+	"github.com/sluicemq/sluice/stage"
 
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -74,9 +74,9 @@ func producedAfterANoRoute(t *testing.T, withOutbox bool) {
 			Env:       sluice.Env{MeterProvider: mp},
 			Poison:    &poison.Config{},
 			Retry:     &retrytiers.Config{},
-			Classify:  &middleware.ClassifyConfig{},
+			Classify:  &stage.ClassifyConfig{},
 			Inbox:     &deduplication.Config{Store: store},
-			Recoverer: &middleware.RecovererConfig{},
+			Recoverer: &stage.RecovererConfig{},
 		},
 	}
 	// Every first publish was refused: the produced events' fate is decided.

@@ -14,10 +14,10 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // TestProducedMessageCarryingTheHandlersContextIsPublished: a publishing
@@ -61,7 +61,7 @@ func TestProducedMessageCarryingTheHandlersContextIsPublished(t *testing.T) {
 		// This path, not the outbox: Watermill publishes after the commit.
 		PublishAtMostOnce: true,
 		Stages: router.Stages{
-			Classify: &middleware.ClassifyConfig{},
+			Classify: &stage.ClassifyConfig{},
 			Inbox:    &deduplication.Config{Store: store, Consumer: "inventory"},
 		},
 	})

@@ -19,12 +19,12 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // inbox returns a PostgreSQL inbox and a reservations table in a schema of
@@ -96,9 +96,9 @@ func stackWithPostgresInbox(t *testing.T, batch *deduplication.BatchConfig, quor
 		Stages: router.Stages{
 			Poison:    &poison.Config{},
 			Retry:     &retrytiers.Config{},
-			Classify:  &middleware.ClassifyConfig{},
+			Classify:  &stage.ClassifyConfig{},
 			Inbox:     &deduplication.Config{Store: store, Consumer: "inventory", Batch: batch},
-			Recoverer: &middleware.RecovererConfig{},
+			Recoverer: &stage.RecovererConfig{},
 			Env:       sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 		},
 	})
@@ -205,7 +205,7 @@ func shutdownMidHandler(t *testing.T, batch *deduplication.BatchConfig) {
 					fmt.Sprintf(`INSERT INTO %s.reservations (event_key) VALUES ('evt-1')`, schema))
 				return err
 			},
-			Stages: router.Stages{Classify: &middleware.ClassifyConfig{}, Inbox: &deduplication.Config{Store: store, Consumer: "inventory", Batch: batch}},
+			Stages: router.Stages{Classify: &stage.ClassifyConfig{}, Inbox: &deduplication.Config{Store: store, Consumer: "inventory", Batch: batch}},
 		})
 		require.NoError(t, err)
 		done := testenv.RunRouter(context.Background(), r)
@@ -270,7 +270,7 @@ func TestDrainingCloseUnderLoadNoDuplicates(t *testing.T) {
 				return err
 			},
 			Stages: router.Stages{
-				Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
+				Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &stage.ClassifyConfig{},
 				Inbox: &deduplication.Config{Store: store, Consumer: "inventory"},
 				Env:   sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 			},

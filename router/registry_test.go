@@ -14,8 +14,8 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // Two routers in one process name their handlers independently: one with
@@ -41,7 +41,7 @@ func TestTwoRoutersNameTheirHandlersIndependently(t *testing.T) {
 		_, err = router.Add(r, router.HandlerConfig{
 			Name: rn.name, Topic: "in", Subscriber: rn.pubsub, Consumers: rn.consumers,
 			Handler: func(*message.Message) error { return nil },
-			Stages:  router.Stages{Trace: &middleware.TraceConfig{}, Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(rn.reader))}},
+			Stages:  router.Stages{Trace: &stage.TraceConfig{}, Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(rn.reader))}},
 		})
 		require.NoError(t, err)
 		done := testenv.RunRouter(context.Background(), r)

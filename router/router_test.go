@@ -20,7 +20,7 @@ import (
 	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/stage"
 
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -64,7 +64,7 @@ func TestAddValidates(t *testing.T) {
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Consumers: -1}, "HandlerConfig.Consumers"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Stages: router.Stages{Inbox: &deduplication.Config{}}}, "router: inbox stage: deduplication: Config.Store is required"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Stages: router.Stages{Poison: &poison.Config{}}}, "router: poison stage: poison: Config.Publisher is required"},
-		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Stages: router.Stages{Recoverer: &middleware.RecovererConfig{Class: sluice.ClassRejected}}}, "router: recoverer stage"},
+		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Stages: router.Stages{Recoverer: &stage.RecovererConfig{Class: sluice.ClassRejected}}}, "router: recoverer stage"},
 		{router.HandlerConfig{Name: "n", Topic: "t", Subscriber: sub, Handler: h, Stages: router.Stages{Retry: &retrytiers.Config{}}}, "Stages.Retry needs Stages.Poison"},
 	} {
 		_, err := router.Add(r, tt.cfg)
@@ -97,8 +97,8 @@ func TestStagesShareTheProviders(t *testing.T) {
 	spans := tracetest.NewSpanRecorder()
 	mws, err := router.Middlewares(router.Stages{
 		Env:      sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))},
-		Trace:    &middleware.TraceConfig{},
-		Classify: &middleware.ClassifyConfig{},
+		Trace:    &stage.TraceConfig{},
+		Classify: &stage.ClassifyConfig{},
 		Inbox:    &deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "c"},
 	})
 	require.NoError(t, err)

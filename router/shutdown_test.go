@@ -12,11 +12,11 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // TestShutdownOutlastingTheGraceSpendsNoAttempt: a deploy whose handler is
@@ -50,7 +50,7 @@ func TestShutdownOutlastingTheGraceSpendsNoAttempt(t *testing.T) {
 			ShutdownGrace: 50 * time.Millisecond,
 			Poison:        &poison.Config{},
 			Retry:         &retrytiers.Config{},
-			Classify:      &middleware.ClassifyConfig{},
+			Classify:      &stage.ClassifyConfig{},
 		},
 	})
 	require.NoError(t, err)

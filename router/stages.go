@@ -13,11 +13,11 @@ import (
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/inherit"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/retrytiers"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // Stages selects the stages around a handler; a nil field leaves its stage
@@ -27,10 +27,10 @@ import (
 //	ShutdownGrace → Trace → Replay → Order → Poison → Retry → Brake → Classify → Inbox → Recoverer → handler
 type Stages struct {
 	// ShutdownGrace lets a handler in flight finish its commit for this long
-	// after the router begins to close (middleware.ShutdownGrace). Default
+	// after the router begins to close (stage.ShutdownGrace). Default
 	// 10 s; negative leaves the stage out.
 	ShutdownGrace time.Duration
-	Trace         *middleware.TraceConfig
+	Trace         *stage.TraceConfig
 	// Replay records what became of a message replayed from a poison
 	// queue (package replay), for sluice dlq replay and report.
 	Replay *replay.Config
@@ -56,9 +56,9 @@ type Stages struct {
 	// a subscriber of your own, build it with brake.New, wire both and
 	// Close it.
 	Brake     *brake.Config
-	Classify  *middleware.ClassifyConfig
+	Classify  *stage.ClassifyConfig
 	Inbox     *deduplication.Config
-	Recoverer *middleware.RecovererConfig
+	Recoverer *stage.RecovererConfig
 	// Env is given to every stage, whose own Env fields win, field by
 	// field (internal/inherit): the Classifier to every stage that classifies
 	// (Poison, Retry, Brake, Classify, Inbox), so "commit on Rejected" and
@@ -114,9 +114,9 @@ func Middlewares(s Stages) ([]message.HandlerMiddleware, error) {
 	return mws, nil
 }
 
-// stage is one entry of the one order: its name in Order, its name in
+// orderEntry is one entry of the one order: its name in Order, its name in
 // errors, and how it is built from Stages (nothing when it is left out).
-type stage struct {
+type orderEntry struct {
 	name, doc string
 	build     func(s *Stages) ([]message.HandlerMiddleware, error)
 }
@@ -124,12 +124,12 @@ type stage struct {
 // order is the stages outermost first: the one place the order is written.
 // Order returns their names; the doc comments and docs that draw the flow
 // are checked against it (TestTheStageOrderIsWrittenOnce).
-var order = []stage{
+var order = []orderEntry{
 	{"ShutdownGrace", "shutdown grace", func(s *Stages) ([]message.HandlerMiddleware, error) {
 		if s.ShutdownGrace < 0 {
 			return nil, nil
 		}
-		return one(middleware.ShutdownGrace(s.ShutdownGrace))
+		return one(stage.ShutdownGrace(s.ShutdownGrace))
 	}},
 	{"Trace", "trace", func(s *Stages) ([]message.HandlerMiddleware, error) {
 		if s.Trace == nil {
@@ -203,7 +203,7 @@ var order = []stage{
 		}
 		cfg := *s.Classify
 		cfg.Env = inherit.Env(cfg.Env, s.Env)
-		return one(middleware.Classify(cfg))
+		return one(stage.Classify(cfg))
 	}},
 	{"Inbox", "inbox", func(s *Stages) ([]message.HandlerMiddleware, error) {
 		if s.Inbox == nil {
@@ -230,7 +230,7 @@ var order = []stage{
 		if s.Recoverer == nil {
 			return nil, nil
 		}
-		return one(middleware.Recoverer(*s.Recoverer))
+		return one(stage.Recoverer(*s.Recoverer))
 	}},
 }
 
@@ -259,7 +259,7 @@ func (s *Stages) traceStage() (message.HandlerMiddleware, error) {
 	if s.trace == nil {
 		cfg := *s.Trace
 		cfg.Env = inherit.Env(cfg.Env, s.Env)
-		mw, err := middleware.Trace(cfg)
+		mw, err := stage.Trace(cfg)
 		if err != nil {
 			return nil, err
 		}

@@ -16,8 +16,8 @@ import (
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // occupy takes every connection of a server whose max_connections is n
@@ -80,7 +80,7 @@ func TestTooManyClientsAfterTheBrakeSawThemSpendsNoAttempt(t *testing.T) {
 		CoolDown: 10 * time.Millisecond, MaxCoolDown: 20 * time.Millisecond, Pausing: true})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
-	classify, err := middleware.Classify(middleware.ClassifyConfig{})
+	classify, err := stage.Classify(stage.ClassifyConfig{})
 	require.NoError(t, err)
 	inbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "ledger"})
 	require.NoError(t, err)

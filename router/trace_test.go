@@ -23,10 +23,10 @@ import (
 	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 type traced struct {
@@ -46,11 +46,11 @@ func runTraced(t *testing.T, handler message.NoPublishHandlerFunc, stages func(*
 	var err error
 	tr.embedded, err = embedded.New(embedded.Config{Topic: "orders", TierDelays: []time.Duration{10 * time.Millisecond}})
 	require.NoError(t, err)
-	cfg := middleware.TraceConfig{Env: sluice.Env{TracerProvider: tr.tp, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(tr.metrics))}}
-	tr.producer = middleware.TracingPublisher(tr.embedded.PubSub(), cfg)
+	cfg := stage.TraceConfig{Env: sluice.Env{TracerProvider: tr.tp, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(tr.metrics))}}
+	tr.producer = stage.TracingPublisher(tr.embedded.PubSub(), cfg)
 	r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	require.NoError(t, err)
-	s := router.Stages{Trace: &cfg, Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{}}
+	s := router.Stages{Trace: &cfg, Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &stage.ClassifyConfig{}}
 	if stages != nil {
 		s = stages(tr)
 	}
@@ -169,8 +169,8 @@ func TestTraceErrorStatusOnlyWhenNacked(t *testing.T) {
 		}
 		return sluice.Poison(errors.New("malformed"))
 	}, func(tr *traced) router.Stages {
-		cfg := middleware.TraceConfig{Env: sluice.Env{TracerProvider: tr.tp}}
-		return router.Stages{Trace: &cfg, Poison: &poison.Config{Publisher: failing, Topic: "p", PublishBackoff: time.Millisecond, DisablePark: true}, Classify: &middleware.ClassifyConfig{}, Recoverer: &middleware.RecovererConfig{}}
+		cfg := stage.TraceConfig{Env: sluice.Env{TracerProvider: tr.tp}}
+		return router.Stages{Trace: &cfg, Poison: &poison.Config{Publisher: failing, Topic: "p", PublishBackoff: time.Millisecond, DisablePark: true}, Classify: &stage.ClassifyConfig{}, Recoverer: &stage.RecovererConfig{}}
 	})
 	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 	m.Metadata.Set(sluice.EventIDKey, "malformed")
@@ -240,7 +240,7 @@ func TestTracingPublisherAsADecorator(t *testing.T) {
 	pubSub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
 	t.Cleanup(func() { _ = pubSub.Close() })
 	decorate := message.PublisherDecorator(func(pub message.Publisher) (message.Publisher, error) {
-		return middleware.TracingPublisher(pub, middleware.TraceConfig{Env: sluice.Env{TracerProvider: tp}}), nil
+		return stage.TracingPublisher(pub, stage.TraceConfig{Env: sluice.Env{TracerProvider: tp}}), nil
 	})
 	pub, err := decorate(pubSub)
 	require.NoError(t, err)

@@ -15,12 +15,12 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // seen is one delivery as it reached the router, and what became of it.
@@ -179,9 +179,9 @@ func retryStages(store deduplication.Store, consumer string) func(pub message.Pu
 		return router.Stages{
 			Poison:    &poison.Config{Publisher: pub, ParkPublisher: pub, PublishBackoff: 10 * time.Millisecond},
 			Retry:     &retrytiers.Config{Publisher: pub, PublishBackoff: 10 * time.Millisecond},
-			Classify:  &middleware.ClassifyConfig{},
+			Classify:  &stage.ClassifyConfig{},
 			Inbox:     &deduplication.Config{Store: store, Consumer: consumer},
-			Recoverer: &middleware.RecovererConfig{},
+			Recoverer: &stage.RecovererConfig{},
 		}
 	}
 }
@@ -306,7 +306,7 @@ func TestLostPoisonConfirmIsNotParked(t *testing.T) {
 		return router.Stages{
 			Poison:   &poison.Config{Publisher: pub, ParkPublisher: pub, PublishBackoff: 10 * time.Millisecond},
 			Retry:    &retrytiers.Config{Publisher: pub, PublishBackoff: 10 * time.Millisecond},
-			Classify: &middleware.ClassifyConfig{},
+			Classify: &stage.ClassifyConfig{},
 		}
 	}, func(n int64, _ *message.Message) error {
 		if n == 2 {

@@ -13,13 +13,13 @@ import (
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/inherit"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // Handler is one reliable handler of the service: its stages are the
@@ -94,14 +94,14 @@ type Handler struct {
 // recoverer, with ShutdownGrace's default.
 func (s *Service) Defaults() router.Stages {
 	return router.Stages{
-		Trace:     &middleware.TraceConfig{},
+		Trace:     &stage.TraceConfig{},
 		Replay:    &replay.Config{Store: s.stores.Outcomes, InUnitOfWork: true},
 		Poison:    &poison.Config{},
 		Retry:     &retrytiers.Config{},
 		Brake:     &brake.Config{Match: brake.MatchUnreachable},
-		Classify:  &middleware.ClassifyConfig{},
+		Classify:  &stage.ClassifyConfig{},
 		Inbox:     &deduplication.Config{Store: s.stores.Inbox},
-		Recoverer: &middleware.RecovererConfig{},
+		Recoverer: &stage.RecovererConfig{},
 	}
 }
 

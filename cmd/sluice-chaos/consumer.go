@@ -20,12 +20,12 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // event is the payload the producer publishes.
@@ -177,9 +177,9 @@ func consumerMain(args []string) error {
 		Stages: router.Stages{
 			Poison:    &poison.Config{PublishBackoff: 200 * time.Millisecond},
 			Retry:     &retrytiers.Config{Publisher: crashingPublisher{q.Publisher(), crash, tr}, PublishBackoff: 200 * time.Millisecond},
-			Classify:  &middleware.ClassifyConfig{},
+			Classify:  &stage.ClassifyConfig{},
 			Inbox:     inbox(store, "effects", deduplication.KeyFromJSON("eventId")),
-			Recoverer: &middleware.RecovererConfig{},
+			Recoverer: &stage.RecovererConfig{},
 		},
 	}
 	if *batchHandler > 0 {

@@ -18,8 +18,8 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
+	"github.com/sluicemq/sluice/stage"
 
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -126,9 +126,9 @@ func orderedConsumerMain(args []string) error {
 	stages := router.Stages{
 		Poison:    &poison.Config{PublishBackoff: 200 * time.Millisecond},
 		Retry:     &retrytiers.Config{Publisher: crashingPublisher{Publisher: q.Publisher(), crash: crash}, PublishBackoff: 200 * time.Millisecond},
-		Classify:  &middleware.ClassifyConfig{},
+		Classify:  &stage.ClassifyConfig{},
 		Inbox:     &deduplication.Config{Store: inbox, Key: deduplication.KeyFromJSON("eventId")},
-		Recoverer: &middleware.RecovererConfig{},
+		Recoverer: &stage.RecovererConfig{},
 	}
 	if !*unordered {
 		stages.Order = &ordering.Config{Store: store, Key: deduplication.KeyFromJSON("key"), ResumeInterval: orderedResumeInterval}

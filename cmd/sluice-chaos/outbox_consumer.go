@@ -16,8 +16,8 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/outbox"
+	"github.com/sluicemq/sluice/stage"
 
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -98,9 +98,9 @@ func (p *outboxProcess) start(ctx context.Context, r *message.Router, cfg *route
 		Stages: router.Stages{
 			Poison:    &poison.Config{PublishBackoff: 200 * time.Millisecond},
 			Retry:     &retrytiers.Config{PublishBackoff: 200 * time.Millisecond},
-			Classify:  &middleware.ClassifyConfig{},
+			Classify:  &stage.ClassifyConfig{},
 			Inbox:     p.inbox(inbox, receiverName, nil),
-			Recoverer: &middleware.RecovererConfig{},
+			Recoverer: &stage.RecovererConfig{},
 		},
 	})
 	if err != nil {

@@ -27,10 +27,10 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/replay"
+	"github.com/sluicemq/sluice/stage"
 
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
@@ -115,7 +115,7 @@ func consume(t *testing.T, b *bed, handler message.NoPublishHandlerFunc, rp *rep
 			Replay:   rp,
 			Poison:   &poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue()},
 			Retry:    &retrytiers.Config{Publisher: b.pub, Tiers: b.topo.Tiers()},
-			Classify: &middleware.ClassifyConfig{},
+			Classify: &stage.ClassifyConfig{},
 			Inbox:    &deduplication.Config{Store: inbox, Consumer: "stock"},
 		},
 	})

@@ -20,10 +20,10 @@ import (
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/embedded"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // hostile holds what a terminal acts on: an OSC that sets the window title,
@@ -176,7 +176,7 @@ func TestStackLogsEscapeMessageContents(t *testing.T) {
 			return nil
 		},
 		Stages: router.Stages{
-			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &middleware.ClassifyConfig{},
+			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &stage.ClassifyConfig{},
 		},
 	})
 	require.NoError(t, err)

@@ -18,12 +18,12 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // fixable is a consumer of the bed's queue whose key function and handler
@@ -60,7 +60,7 @@ func newFixable(t *testing.T, b *bed) *fixable {
 			Replay:   &replay.Config{Store: outcomes, InUnitOfWork: true},
 			Poison:   &poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue()},
 			Retry:    &retrytiers.Config{Publisher: b.pub, Tiers: b.topo.Tiers()},
-			Classify: &middleware.ClassifyConfig{},
+			Classify: &stage.ClassifyConfig{},
 			Inbox: &deduplication.Config{Store: testenv.SQLStore(t, db, f.schema+".inbox"), Consumer: "stock",
 				Key: func(msg *message.Message) (string, error) {
 					if f.keyFixed.Load() {

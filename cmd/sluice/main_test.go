@@ -24,10 +24,10 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(closingShared{m}) }
@@ -329,7 +329,7 @@ func TestReplayIntoTheStackInboxDropsProcessed(t *testing.T) {
 			mu.Unlock()
 			return nil
 		},
-		Stages: router.Stages{Classify: &middleware.ClassifyConfig{}, Inbox: &deduplication.Config{Store: store, Consumer: "inventory"}},
+		Stages: router.Stages{Classify: &stage.ClassifyConfig{}, Inbox: &deduplication.Config{Store: store, Consumer: "inventory"}},
 	})
 	require.NoError(t, err)
 	done := make(chan error, 1)

@@ -18,13 +18,13 @@ import (
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/signing"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // A deployment with a key: the consumers' stages and `sluice dlq replay
@@ -64,7 +64,7 @@ func TestSignedReplayRecordsOutcomesAndRefusesAForgedTarget(t *testing.T) {
 			Replay:   &replay.Config{Store: testenv.OutcomeStore(t, db, table), Env: sluice.Env{Signer: signer}},
 			Poison:   &poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue(), Env: sluice.Env{Signer: signer}},
 			Retry:    &retrytiers.Config{Publisher: b.pub, Tiers: b.topo.Tiers(), Env: sluice.Env{Signer: signer}},
-			Classify: &middleware.ClassifyConfig{},
+			Classify: &stage.ClassifyConfig{},
 			Inbox:    &deduplication.Config{Store: testenv.SQLStore(t, db, schema+".inbox"), Consumer: "stock"},
 		},
 	})

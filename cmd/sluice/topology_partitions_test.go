@@ -16,10 +16,10 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // TestTopologyPlanAndApplyPartitions: plan prints the consistent-hash
@@ -88,7 +88,7 @@ func TestPartitionPoisonReplaysToItsPartition(t *testing.T) {
 		topic := part.Endpoints().Topic
 		_, err = router.Add(r, router.HandlerConfig{
 			Broker: part, Name: fmt.Sprintf("ledger-p%d", i), Consumers: 1,
-			Stages: router.Stages{Poison: &poison.Config{PublishBackoff: 50 * time.Millisecond}, Classify: &middleware.ClassifyConfig{}},
+			Stages: router.Stages{Poison: &poison.Config{PublishBackoff: 50 * time.Millisecond}, Classify: &stage.ClassifyConfig{}},
 			Handler: func(msg *message.Message) error {
 				mu.Lock()
 				defer mu.Unlock()

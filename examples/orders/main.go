@@ -49,7 +49,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/stage"
 
 	"github.com/sluicemq/sluice/promexport"
 	"github.com/sluicemq/sluice/service"
@@ -200,7 +200,7 @@ func run(ctx context.Context, cfg config) (_ *summary, err error) {
 		}
 	}()
 
-	producer := middleware.TracingPublisher(publisherFunc(e.publish), middleware.TraceConfig{Env: sluice.Env{TracerProvider: tracer}})
+	producer := stage.TracingPublisher(publisherFunc(e.publish), stage.TraceConfig{Env: sluice.Env{TracerProvider: tracer}})
 	if err := producer.Publish("order.created", scriptMessages()...); err != nil {
 		return nil, err
 	}

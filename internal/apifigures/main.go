@@ -79,11 +79,11 @@ func run(root string, list bool) error {
 		fmt.Fprintf(w, "Sluice packages the README's import block %d names: %d (%s)\n", i+1, len(imports), strings.Join(imports, ", "))
 	}
 
-	mods, err := modules(root, "./deduplication", "./middleware")
+	mods, err := modules(root, "./deduplication", "./stage")
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "modules a program linking deduplication and middleware alone builds with: %d\n", len(mods))
+	fmt.Fprintf(w, "modules a program linking deduplication and stage alone builds with: %d\n", len(mods))
 	for _, m := range mods {
 		fmt.Fprintf(w, "  %s\n", m)
 	}

@@ -15,11 +15,11 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // Consumer measures head-of-line blocking: a consumer on RabbitMQ behind
@@ -132,7 +132,7 @@ func consumerRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publi
 	}
 	mws, err := router.Middlewares(router.Stages{ // poison → retrytiers → classify, as router.Add assembles them
 		ShutdownGrace: -1, Poison: &poison.Config{Publisher: pub, Topic: topo.PoisonQueue()},
-		Retry: &retrytiers.Config{Publisher: pub, Tiers: topo.Tiers()}, Classify: &middleware.ClassifyConfig{},
+		Retry: &retrytiers.Config{Publisher: pub, Tiers: topo.Tiers()}, Classify: &stage.ClassifyConfig{},
 	})
 	if err != nil {
 		return 0, err

@@ -14,12 +14,12 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // EndToEnd prints P1 and P2: a queue preloaded with messages, consumed on
@@ -162,12 +162,12 @@ func consumeRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publis
 				return err
 			},
 			Stages: router.Stages{
-				Trace:     &middleware.TraceConfig{},
+				Trace:     &stage.TraceConfig{},
 				Poison:    &poison.Config{Publisher: pub, Topic: topo.PoisonQueue()},
 				Retry:     &retrytiers.Config{Publisher: pub, Tiers: topo.Tiers()},
-				Classify:  &middleware.ClassifyConfig{},
+				Classify:  &stage.ClassifyConfig{},
 				Inbox:     &deduplication.Config{Store: v.store, Consumer: "inventory"},
-				Recoverer: &middleware.RecovererConfig{},
+				Recoverer: &stage.RecovererConfig{},
 			},
 		})
 		if err != nil {

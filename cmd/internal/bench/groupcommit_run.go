@@ -20,12 +20,12 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // gcPublishedKey carries the publish time (Unix nanoseconds) of a message of
@@ -232,12 +232,12 @@ func gcRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, 
 	}
 	r.AddMiddleware(outer)
 	stages := router.Stages{
-		Trace:     &middleware.TraceConfig{},
+		Trace:     &stage.TraceConfig{},
 		Poison:    &poison.Config{},
 		Retry:     &retrytiers.Config{},
-		Classify:  &middleware.ClassifyConfig{},
+		Classify:  &stage.ClassifyConfig{},
 		Inbox:     &deduplication.Config{Store: v.store, Consumer: "inventory", Batch: gc.batch, Env: sluice.Env{MeterProvider: meter}},
-		Recoverer: &middleware.RecovererConfig{},
+		Recoverer: &stage.RecovererConfig{},
 	}
 	switch {
 	case gc.batchHandler != nil:

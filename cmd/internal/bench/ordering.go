@@ -14,8 +14,8 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/ordering"
+	"github.com/sluicemq/sluice/stage"
 
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -234,9 +234,9 @@ func orderRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publishe
 	stages := router.Stages{
 		Poison:    &poison.Config{Publisher: pub, Topic: topo.PoisonQueue()},
 		Retry:     &retrytiers.Config{Publisher: pub, Tiers: topo.Tiers()},
-		Classify:  &middleware.ClassifyConfig{},
+		Classify:  &stage.ClassifyConfig{},
 		Inbox:     &deduplication.Config{Store: v.store, Consumer: "inventory"},
-		Recoverer: &middleware.RecovererConfig{},
+		Recoverer: &stage.RecovererConfig{},
 	}
 	if oc.ordered {
 		stages.Order = &ordering.Config{Store: store, Key: deduplication.KeyFromMetadata(orderKeyHeader)}

@@ -20,8 +20,8 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/outbox"
+	"github.com/sluicemq/sluice/stage"
 
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -238,9 +238,9 @@ func stackRun(ctx context.Context, admin *amqpAdmin, pub *rabbitmq.Publisher, ur
 		Stages: router.Stages{
 			Poison:    &poison.Config{},
 			Retry:     &retrytiers.Config{},
-			Classify:  &middleware.ClassifyConfig{},
+			Classify:  &stage.ClassifyConfig{},
 			Inbox:     &deduplication.Config{Store: v.store},
-			Recoverer: &middleware.RecovererConfig{},
+			Recoverer: &stage.RecovererConfig{},
 		},
 	}
 	var relay *outbox.Relay

@@ -14,10 +14,10 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // discard is a publisher that stores nothing (no copies are published in
@@ -42,12 +42,12 @@ func StackHandler(bare bool) (message.HandlerFunc, *deduplication.MemoryStore, e
 		return nil, nil, err
 	}
 	mws, err := router.Middlewares(router.Stages{
-		Trace:     &middleware.TraceConfig{Env: sluice.Env{TracerProvider: tracenoop.NewTracerProvider(), MeterProvider: meter}},
+		Trace:     &stage.TraceConfig{Env: sluice.Env{TracerProvider: tracenoop.NewTracerProvider(), MeterProvider: meter}},
 		Poison:    &poison.Config{Publisher: discard{}, Topic: "q.poison", Env: sluice.Env{MeterProvider: meter}},
 		Retry:     &retrytiers.Config{Publisher: discard{}, Tiers: tiers, Env: sluice.Env{MeterProvider: meter}},
-		Classify:  &middleware.ClassifyConfig{Env: sluice.Env{MeterProvider: meter}},
+		Classify:  &stage.ClassifyConfig{Env: sluice.Env{MeterProvider: meter}},
 		Inbox:     &deduplication.Config{Store: store, Consumer: "c", Env: sluice.Env{MeterProvider: meter}},
-		Recoverer: &middleware.RecovererConfig{},
+		Recoverer: &stage.RecovererConfig{},
 	})
 	if err != nil {
 		return nil, nil, err

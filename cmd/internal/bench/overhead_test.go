@@ -9,8 +9,8 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // go test -bench Overhead -benchmem ./internal/bench/
@@ -34,7 +34,7 @@ func BenchmarkOverheadByStage(b *testing.B) {
 	}{
 		{"shutdown-grace", func(*deduplication.MemoryStore) router.Stages { return router.Stages{} }},
 		{"shutdown-grace+trace", func(*deduplication.MemoryStore) router.Stages {
-			return router.Stages{Trace: &middleware.TraceConfig{Env: sluice.Env{TracerProvider: tracenoop.NewTracerProvider(), MeterProvider: meter}}}
+			return router.Stages{Trace: &stage.TraceConfig{Env: sluice.Env{TracerProvider: tracenoop.NewTracerProvider(), MeterProvider: meter}}}
 		}},
 		{"inbox", func(st *deduplication.MemoryStore) router.Stages {
 			return router.Stages{ShutdownGrace: -1, Inbox: &deduplication.Config{Store: st, Consumer: "c", Env: sluice.Env{MeterProvider: meter}}}

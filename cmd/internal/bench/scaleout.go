@@ -20,12 +20,12 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // ScaleOutWorkerEnv is the environment variable that makes a process of
@@ -322,12 +322,12 @@ func ScaleOutWorker(cfg string) error {
 				return err
 			},
 			Stages: router.Stages{
-				Trace:     &middleware.TraceConfig{},
+				Trace:     &stage.TraceConfig{},
 				Poison:    &poison.Config{},
 				Retry:     &retrytiers.Config{},
-				Classify:  &middleware.ClassifyConfig{},
+				Classify:  &stage.ClassifyConfig{},
 				Inbox:     &deduplication.Config{Store: store, Consumer: "inventory"},
-				Recoverer: &middleware.RecovererConfig{},
+				Recoverer: &stage.RecovererConfig{},
 			},
 		}); err != nil {
 			return err

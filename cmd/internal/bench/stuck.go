@@ -13,11 +13,11 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/middleware"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // stuckCount is how many messages cannot be isolated in the stuck suite.
@@ -137,7 +137,7 @@ func stuckRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publishe
 	// As router.Add configures it: a refused copy waits in the first tier.
 	mws, err := router.Middlewares(router.Stages{ // poison → retrytiers → classify, as router.Add assembles them
 		ShutdownGrace: -1, Poison: &poison.Config{Publisher: pub, Topic: topo.PoisonQueue(), ParkTopic: topo.Tiers()[0].Topic},
-		Retry: &retrytiers.Config{Publisher: pub, Tiers: topo.Tiers()}, Classify: &middleware.ClassifyConfig{},
+		Retry: &retrytiers.Config{Publisher: pub, Tiers: topo.Tiers()}, Classify: &stage.ClassifyConfig{},
 	})
 	if err != nil {
 		return 0, err

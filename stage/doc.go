@@ -14,4 +14,4 @@
 // so that Classify sits inside the stages that act on a class, and a panic is
 // an error before the inbox decides whether to commit. Package router
 // assembles this order (router.Order); every stage also works alone.
-package middleware
+package stage

@@ -1,4 +1,4 @@
-package middleware_test
+package stage_test
 
 import (
 	"context"
@@ -12,12 +12,12 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/stage"
 )
 
 // Classify gives every handler error its class; a rejection becomes an ack.
 func ExampleClassify() {
-	classify, err := middleware.Classify(middleware.ClassifyConfig{})
+	classify, err := stage.Classify(stage.ClassifyConfig{})
 	if err != nil {
 		panic(err)
 	}
@@ -38,7 +38,7 @@ func ExampleClassify() {
 
 // Recoverer turns a panic into an Invariant failure that carries the stack.
 func ExampleRecoverer() {
-	recoverer, err := middleware.Recoverer(middleware.RecovererConfig{})
+	recoverer, err := stage.Recoverer(stage.RecovererConfig{})
 	if err != nil {
 		panic(err)
 	}
@@ -55,7 +55,7 @@ func ExampleRecoverer() {
 // Trace starts one consumer span per delivery and records its outcome.
 func ExampleTrace() {
 	spans := tracetest.NewSpanRecorder()
-	trace, err := middleware.Trace(middleware.TraceConfig{
+	trace, err := stage.Trace(stage.TraceConfig{
 		Env:    sluice.Env{TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)), MeterProvider: sdkmetric.NewMeterProvider()},
 		System: "rabbitmq",
 	})
@@ -84,7 +84,7 @@ func ExampleTrace() {
 // ShutdownGrace lets a handler finish its commit after the router's context
 // is cancelled.
 func ExampleShutdownGrace() {
-	grace, err := middleware.ShutdownGrace(time.Second)
+	grace, err := stage.ShutdownGrace(time.Second)
 	if err != nil {
 		panic(err)
 	}

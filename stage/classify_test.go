@@ -1,4 +1,4 @@
-package middleware_test
+package stage_test
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/stage"
 )
 
 func newMsg() *message.Message {
@@ -34,7 +34,7 @@ func jsonSyntaxErr() error {
 func TestClassify(t *testing.T) {
 	t.Parallel()
 	reader := sdkmetric.NewManualReader()
-	mw, err := middleware.Classify(middleware.ClassifyConfig{
+	mw, err := stage.Classify(stage.ClassifyConfig{
 		Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 	})
 	require.NoError(t, err)
@@ -72,7 +72,7 @@ func TestClassify(t *testing.T) {
 
 func TestRecoverer(t *testing.T) {
 	t.Parallel()
-	mw, err := middleware.Recoverer(middleware.RecovererConfig{})
+	mw, err := stage.Recoverer(stage.RecovererConfig{})
 	require.NoError(t, err)
 
 	_, err = mw(func(*message.Message) ([]*message.Message, error) { panic("nil map") })(newMsg())
@@ -90,12 +90,12 @@ func TestRecoverer(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, produced, 1)
 
-	mw, err = middleware.Recoverer(middleware.RecovererConfig{Class: sluice.ClassTransient})
+	mw, err = stage.Recoverer(stage.RecovererConfig{Class: sluice.ClassTransient})
 	require.NoError(t, err)
 	_, err = mw(func(*message.Message) ([]*message.Message, error) { panic("flaky") })(newMsg())
 	require.Equal(t, sluice.ClassTransient, sluice.ClassOf(err))
 
-	_, err = middleware.Recoverer(middleware.RecovererConfig{Class: sluice.ClassRejected})
+	_, err = stage.Recoverer(stage.RecovererConfig{Class: sluice.ClassRejected})
 	require.ErrorContains(t, err, "RecovererConfig.Class")
 }
 
@@ -105,7 +105,7 @@ func TestRecoverer(t *testing.T) {
 func TestTraceRoutingKeyAndScope(t *testing.T) {
 	t.Parallel()
 	spans := tracetest.NewSpanRecorder()
-	trace, err := middleware.Trace(middleware.TraceConfig{
+	trace, err := stage.Trace(stage.TraceConfig{
 		Env:    sluice.Env{TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)), MeterProvider: sdkmetric.NewMeterProvider()},
 		System: "rabbitmq",
 	})

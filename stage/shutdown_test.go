@@ -1,4 +1,4 @@
-package middleware_test
+package stage_test
 
 import (
 	"context"
@@ -8,14 +8,14 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluicemq/sluice/middleware"
+	"github.com/sluicemq/sluice/stage"
 )
 
 type ctxKey struct{}
 
 func TestShutdownGrace(t *testing.T) {
 	t.Parallel()
-	_, err := middleware.ShutdownGrace(-time.Second)
+	_, err := stage.ShutdownGrace(-time.Second)
 	require.Error(t, err)
 
 	// run passes one delivery through a stage of grace whose router begins
@@ -23,7 +23,7 @@ func TestShutdownGrace(t *testing.T) {
 	// error right after the close began and its cause once it ended (with a
 	// grace of an hour it is never awaited).
 	run := func(grace time.Duration) (afterCancel, afterGrace, cause error) {
-		mw, err := middleware.ShutdownGrace(grace)
+		mw, err := stage.ShutdownGrace(grace)
 		require.NoError(t, err)
 		orig, cancel := context.WithCancel(context.WithValue(context.Background(), ctxKey{}, "v"))
 		msg := newMsg()
@@ -47,14 +47,14 @@ func TestShutdownGrace(t *testing.T) {
 	require.NoError(t, afterCancel, "the handler's context outlives the router's for the grace period")
 	_, afterGrace, cause := run(time.Millisecond)
 	require.ErrorIs(t, afterGrace, context.Canceled)
-	require.ErrorIs(t, cause, middleware.ErrShutdownGraceExpired)
+	require.ErrorIs(t, cause, stage.ErrShutdownGraceExpired)
 }
 
 // A deadline on the message context (Watermill's Timeout) is kept: the
 // handler's context ends at the deadline, not a grace period later.
 func TestShutdownGraceKeepsTheDeadline(t *testing.T) {
 	t.Parallel()
-	mw, err := middleware.ShutdownGrace(time.Hour)
+	mw, err := stage.ShutdownGrace(time.Hour)
 	require.NoError(t, err)
 	orig, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
@@ -76,7 +76,7 @@ func TestShutdownGraceKeepsTheDeadline(t *testing.T) {
 // gets its grace, and context.Cause sees the grace's cause.
 func TestShutdownGraceLateObserver(t *testing.T) {
 	t.Parallel()
-	mw, err := middleware.ShutdownGrace(30 * time.Millisecond)
+	mw, err := stage.ShutdownGrace(30 * time.Millisecond)
 	require.NoError(t, err)
 	msg := newMsg()
 	msg.SetContext(context.Background())
@@ -97,7 +97,7 @@ func TestShutdownGraceLateObserver(t *testing.T) {
 	})(msg)
 	require.NoError(t, err)
 	require.NoError(t, early)
-	require.ErrorIs(t, cause, middleware.ErrShutdownGraceExpired)
+	require.ErrorIs(t, cause, stage.ErrShutdownGraceExpired)
 }
 
 // Once the handler has returned, its context is not cancelled: the messages
@@ -105,7 +105,7 @@ func TestShutdownGraceLateObserver(t *testing.T) {
 // deadline still ends it.
 func TestShutdownGraceContextOutlivesTheHandlerForItsProducedMessages(t *testing.T) {
 	t.Parallel()
-	mw, err := middleware.ShutdownGrace(time.Hour)
+	mw, err := stage.ShutdownGrace(time.Hour)
 	require.NoError(t, err)
 	for _, looked := range []bool{true, false} {
 		msg := newMsg()

@@ -1,4 +1,4 @@
-package middleware_test
+package stage_test
 
 import (
 	"testing"
