@@ -16,7 +16,6 @@ import (
 	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
 	"github.com/sluicemq/sluice/internal/sqlstate"
-	"github.com/sluicemq/sluice/internal/sqltx"
 	"github.com/sluicemq/sluice/unitofwork"
 )
 
@@ -54,13 +53,12 @@ type InboxConfig struct {
 // on the primary key until the first transaction ends. It is safe for
 // concurrent use.
 type Inbox struct {
-	inboxMark // tells the outbox and the replay outcomes it is the SQL inbox
-	db        *sqlx.DB
-	dialect   dialect
-	table     string // quoted, possibly schema-qualified
-	name      string // unquoted last part, for index names
-	opts      *sql.TxOptions
-	claim     string
+	db      *sqlx.DB
+	dialect dialect
+	table   string // quoted, possibly schema-qualified
+	name    string // unquoted last part, for index names
+	opts    *sql.TxOptions
+	claim   string
 	// claimBatch claims many keys in one statement, returning those claimed.
 	claimBatch string
 	// claimBatchBounded is claimBatch setting lock_timeout ($3) and
@@ -77,13 +75,9 @@ type Inbox struct {
 	claimLiteral string
 }
 
-// inboxMark marks an Inbox for internal/sqltx.InboxDriver.
-type inboxMark = sqltx.Mark
-
 var (
 	_ deduplication.Store            = (*Inbox)(nil)
 	_ BatchDeleter                   = (*Inbox)(nil)
-	_ sqltx.Unit                     = (*sqlTx)(nil)
 	_ deduplication.SavepointClaimer = (*sqlTx)(nil)
 	_ deduplication.IdleBounder      = (*sqlTx)(nil)
 	_ deduplication.BatchClaimer     = (*sqlTx)(nil)
@@ -114,12 +108,11 @@ func NewInbox(cfg InboxConfig) (*Inbox, error) {
 		return nil, fmt.Errorf("sluicesql: InboxConfig.Table: %w", err)
 	}
 	s := &Inbox{
-		inboxMark: sqltx.NewMark(cfg.DB.DriverName()),
-		db:        cfg.DB,
-		dialect:   d,
-		table:     quoted,
-		name:      name,
-		opts:      cfg.TxOptions,
+		db:      cfg.DB,
+		dialect: d,
+		table:   quoted,
+		name:    name,
+		opts:    cfg.TxOptions,
 	}
 	s.claim = fmt.Sprintf(d.claim, s.table)
 	s.claimBatch = fmt.Sprintf(d.claimBatch, s.table)
@@ -218,10 +211,7 @@ type sqlTx struct {
 // into it so that they commit or roll back with the record. It returns nil
 // outside the inbox stage with an Inbox of this package. It is
 // unitofwork.FromContext with the unit of work's type made concrete (TxOf).
-func TxFromContext(ctx context.Context) *sqlx.Tx { return sqltx.FromContext(ctx) }
-
-// SQLX is the unit of work's SQL transaction (internal/sqltx.Unit).
-func (t *sqlTx) SQLX() *sqlx.Tx { return t.tx }
+func TxFromContext(ctx context.Context) *sqlx.Tx { return TxOf(unitofwork.FromContext(ctx)) }
 
 func (t *sqlTx) Claim(ctx context.Context, consumer, key string) (bool, error) {
 	res, err := t.tx.ExecContext(ctx, t.s.claim, consumer, key)
@@ -358,9 +348,20 @@ func (t *sqlTx) Commit(context.Context) error {
 	return err
 }
 
-// aborted reports a commit refused because the transaction had failed
-// before it (internal/sqltx.Aborted).
-func aborted(err error) bool { return sqltx.Aborted(err) }
+// aborted reports whether err is the error of a statement refused because
+// an earlier one aborted the transaction (PostgreSQL's 25P02), or of a
+// commit refused for that reason — lib/pq's ErrInFailedTransaction, pgx's
+// ErrTxCommitRollback (matched by their text: the module imports no
+// driver), or a deferred constraint violated at commit (class 23): nothing
+// more can be written in it. A lost connection or a serialization failure
+// at commit is not one.
+func aborted(err error) bool {
+	if state, ok := sqlstate.Of(err); ok {
+		return state == "25P02" || strings.HasPrefix(state, "23")
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "in a failed transaction") || strings.Contains(msg, "commit unexpectedly resulted in rollback")
+}
 
 // ClaimAfter releases savepoint release (when not ""), sets savepoint and
 // claims (consumer, key) after it: on lib/pq in one simple query whose
@@ -537,4 +538,9 @@ var dialects = map[string]dialect{
 // TxOf returns the SQL transaction of tx, a unit of work an Inbox began, or
 // nil for another store's: for code handed a unitofwork.Tx, as
 // unitofwork.OnRecordAlone's writes are (in a handler, TxFromContext).
-func TxOf(tx unitofwork.Tx) *sqlx.Tx { return sqltx.Of(tx) }
+func TxOf(tx unitofwork.Tx) *sqlx.Tx {
+	if t, ok := tx.(*sqlTx); ok {
+		return t.tx
+	}
+	return nil
+}

@@ -17,7 +17,6 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/metadatacodec"
 	"github.com/sluicemq/sluice/internal/metakeys"
-	"github.com/sluicemq/sluice/internal/sqltx"
 	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/unitofwork"
 )
@@ -74,12 +73,12 @@ func (s *Outbox) speaks(driverName string) bool {
 // (outbox.Writer). Both tables must also be in one database, which
 // it cannot see: give both stores the same DB.
 func (s *Outbox) CheckInbox(store deduplication.Store) error {
-	driver, ok := sqltx.InboxDriver(store)
+	in, ok := store.(*Inbox)
 	if !ok {
 		return fmt.Errorf("%w: the inbox's store is a %T, whose units of work are no SQL transactions: the outbox on SQL needs sluicesql.Inbox", outbox.ErrNoUnitOfWork, store)
 	}
-	if !s.speaks(driver) {
-		return fmt.Errorf("%w: the inbox is on %s, the outbox on %s", outbox.ErrNoUnitOfWork, driver, s.db.DriverName())
+	if !s.speaks(in.db.DriverName()) {
+		return fmt.Errorf("%w: the inbox is on %s, the outbox on %s", outbox.ErrNoUnitOfWork, in.db.DriverName(), s.db.DriverName())
 	}
 	return nil
 }
