@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -82,7 +84,7 @@ func TestABlackHoledDatabaseHoldsNoOutcomeOpenPastItsBound(t *testing.T) {
 	t.Cleanup(done)
 
 	proxy.BlackHole()
-	const bound = 15 * time.Second
+	const bound = connectTimeout + 10*time.Second
 	took := testenv.Within(t, bound+25*time.Second, "openOutcomes", func() {
 		var done func()
 		if _, done, err = openOutcomes(dsn, table, false); done != nil {
@@ -91,6 +93,49 @@ func TestABlackHoledDatabaseHoldsNoOutcomeOpenPastItsBound(t *testing.T) {
 	})
 	require.Less(t, took, bound, "openOutcomes")
 	require.Error(t, err)
-	require.ErrorContains(t, err, "--outcomes: connecting to the database (within its connect_timeout, default 5s)")
+	require.ErrorContains(t, err, "--outcomes: connecting to the database (within its connect_timeout, default 30s)")
 	t.Logf("openOutcomes on the silent database: %v", err)
+}
+
+// A database that answers a session's start-up late — as one on a starved
+// host does, seconds after the TCP connect — is waited for up to the CLI's
+// connect bound (30 s), by every command that opens one: the outcome
+// records (report), an archive table (restore) and an outbox (stats). The
+// commands below reach the database and fail on what they find there (an
+// empty outcome table, missing tables), not on the connection. Before, the
+// pool gave a start-up 5 s (sluicesql/postgres's default) and the first
+// call's own bound (10 s) cut it shorter still: CI failed with
+// "connecting to the database (within its connect_timeout, default 5s):
+// read tcp …: i/o timeout" at a load average past 20.
+func TestADatabaseSlowToStartASessionIsWaitedFor(t *testing.T) {
+	t.Parallel()
+	db := testenv.Postgres(t)
+	schema := testenv.Schema(t, db)
+	outcomes := schema + ".sluice_replay"
+	testenv.OutcomeStore(t, db, outcomes)
+	proxy, dsn := testenv.ProxyPostgresURL(t)
+	const late = 12 * time.Second // past the old 5 s and 10 s, inside 30 s
+	proxy.SlowStart(late)
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"report", []string{"dlq", "report", "--outcomes", dsn, "--outcomes-table", outcomes}, "no replay runs recorded in " + outcomes},
+		{"restore", []string{"dlq", "restore", "--from-table", schema + ".no_archive", "--db", dsn}, "no_archive"},
+		{"outbox stats", []string{"outbox", "stats", "--db", dsn, "--table", schema + ".no_outbox"}, "no outbox table " + schema + ".no_outbox in that database"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			var out, errOut strings.Builder
+			var code int
+			took := testenv.Within(t, 2*time.Minute, c.name, func() {
+				code = run(append([]string{"--amqp-url", testenv.AMQPURL, "--audit", filepath.Join(t.TempDir(), "audit.jsonl")}, c.args...), &out, &errOut)
+			})
+			require.Equal(t, 1, code, errOut.String())
+			require.Contains(t, errOut.String(), c.want)
+			require.NotContains(t, errOut.String(), "connecting to the database")
+			require.GreaterOrEqual(t, took, late, "the start-up was held")
+		})
+	}
 }

@@ -93,9 +93,9 @@ func newConsole(g *globals, out io.Writer) *cobra.Command {
 				cfg.Outcomes, cfg.OutcomesWhere = store, outcomesPlace(lf.outcomes, lf.table)
 			}
 			if outboxDB != "" {
-				db, err := openPostgres(outboxDB)
+				db, err := openPostgres(command.Context(), outboxDB)
 				if err != nil {
-					return fmt.Errorf("--outbox-db: %w", diag.RedactError(err))
+					return fmt.Errorf("--outbox-db: %w", err)
 				}
 				defer func() { _ = db.Close() }()
 				cfg.Outboxes = map[string]console.Outbox{}

@@ -203,9 +203,9 @@ func openArchive[T io.Closer](file string, openFile func(string) (T, error), dbU
 		}
 		return f, func() { _ = f.Close() }, nil
 	}
-	db, err := openPostgres(dbURL)
+	db, err := openPostgres(context.Background(), dbURL)
 	if err != nil {
-		return none, nil, fmt.Errorf("--db: %w", diag.RedactError(err))
+		return none, nil, fmt.Errorf("--db: %w", err)
 	}
 	t, err := openTable(db)
 	if err != nil {

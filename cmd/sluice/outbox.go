@@ -93,26 +93,14 @@ func (f *outboxFlags) open(many bool) ([]*sluicesql.Outbox, context.Context, fun
 // returns a context that ends on Ctrl-C or after timeout; done closes
 // them. Its errors name --db and carry no password.
 func openDB(url string, timeout time.Duration) (*sqlx.DB, context.Context, func(), error) {
-	db, err := openPostgres(url)
-	if err != nil {
-		return nil, nil, nil, fmt.Errorf("--db: %w", diag.RedactError(err))
-	}
 	sig, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	ctx, cancel := context.WithTimeout(sig, timeout)
-	done := func() { cancel(); stop(); _ = db.Close() }
-	if err := pingWithin(ctx, db); err != nil {
-		done()
-		return nil, nil, nil, fmt.Errorf("--db: %w", diag.RedactError(err))
+	db, err := openPostgres(sig, url)
+	if err != nil {
+		stop()
+		return nil, nil, nil, fmt.Errorf("--db: %w", err)
 	}
-	return db, ctx, done, nil
-}
-
-// pingWithin pings db, giving up after 10 s: a database that does not
-// answer is named at once, not after outboxTimeout.
-func pingWithin(ctx context.Context, db *sqlx.DB) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	return db.PingContext(ctx)
+	ctx, cancel := context.WithTimeout(sig, timeout)
+	return db, ctx, func() { cancel(); stop(); _ = db.Close() }, nil
 }
 
 func newOutbox(g *globals, out io.Writer) *cobra.Command {

@@ -60,9 +60,9 @@ func openOutcomes(url, table string, create bool) (ledger.Ledger, func(), error)
 	if err := checkOutcomesURL(url); err != nil {
 		return nil, nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	if isRedis(url) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
 		opts, err := redis.ParseURL(url)
 		if err != nil {
 			return nil, nil, usageError{errors.New("--outcomes: " + diag.RedactError(err).Error())}
@@ -81,14 +81,12 @@ func openOutcomes(url, table string, create bool) (ledger.Ledger, func(), error)
 		}
 		return s, func() { _ = client.Close() }, nil
 	}
-	db, err := openPostgres(url)
+	db, err := openPostgres(context.Background(), url)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--outcomes: %w", diag.RedactError(err))
+		return nil, nil, fmt.Errorf("--outcomes: %w", err)
 	}
-	if err := db.PingContext(ctx); err != nil {
-		_ = db.Close()
-		return nil, nil, fmt.Errorf("--outcomes: connecting to the database (within its connect_timeout, default 5s): %w", diag.RedactError(err))
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // connected: a statement's bound
+	defer cancel()
 	s, err := sluicesql.NewOutcomes(db, sluicesql.OutcomesConfig{Table: table})
 	if err == nil {
 		if create {
@@ -104,17 +102,37 @@ func openOutcomes(url, table string, create bool) (ledger.Ledger, func(), error)
 	return s, func() { _ = db.Close() }, nil
 }
 
+// connectTimeout bounds the start-up of each connection the CLI opens to
+// PostgreSQL (the URL's connect_timeout wins): an operator's command waits
+// for a database on a busy host longer than a consumer's pool does
+// (sluicesql/postgres's 5 s, which keeps a stalled start-up from holding
+// deliveries), and still never for ever.
+const connectTimeout = 30 * time.Second
+
 // openPostgres opens a pool on the PostgreSQL database at url (a
 // postgres:// URL or a key=value DSN) whose every wait is bounded
-// (sluicesql/postgres.Open): connecting within its ConnectTimeout, a call
+// (sluicesql/postgres.Open): connecting within connectTimeout, a call
 // given up CancelGrace after its context ended. A pool of lib/pq's alone
 // waits on a silent database — black-holed: the connection up, nothing
 // coming back — for ever, its start-up and its cancel request included.
-// The outcome records, the archive and restore tables, the outbox and the
+// It connects before it returns (within ctx and connectTimeout), so a
+// command's first call, bounded for a statement, does not bear a slow
+// start-up, and a database that does not answer is named at once. The
+// outcome records, the archive and restore tables, the outbox and the
 // console's outbox are opened with it: the CLI links the driver, package
-// dlq does not.
-func openPostgres(url string) (*sqlx.DB, error) {
-	return postgres.Open(postgres.Config{DSN: url})
+// dlq does not. Its errors carry no password.
+func openPostgres(ctx context.Context, url string) (*sqlx.DB, error) {
+	db, err := postgres.Open(postgres.Config{DSN: url, ConnectTimeout: connectTimeout})
+	if err != nil {
+		return nil, diag.RedactError(err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout+5*time.Second)
+	defer cancel()
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("connecting to the database (within its connect_timeout, default %s): %w", connectTimeout, diag.RedactError(err))
+	}
+	return db, nil
 }
 
 // tableExists returns an error naming table when the database has no such

@@ -26,15 +26,20 @@ type Proxy struct {
 
 	mu      sync.Mutex
 	holed   bool
-	muted   bool // the upstream's replies are swallowed
+	muted   bool          // the upstream's replies are swallowed
+	slow    time.Duration // each new connection's first reply is held this long
 	conns   []net.Conn
 	links   []*link // the connections forwarded so far
 	closing bool
+	closed  chan struct{} // closed when the proxy closes: ends a held reply
 }
 
 // link is one forwarded connection; stalled once a black hole caught it
 // and healed without resetting it: nothing is forwarded on it again.
-type link struct{ stalled atomic.Bool }
+type link struct {
+	stalled atomic.Bool
+	slow    time.Duration // its first reply is held this long (SlowStart)
+}
 
 // StartProxy listens on a free loopback port and forwards to upstream
 // (host:port).
@@ -49,7 +54,7 @@ func StartProxyDialer(t testing.TB, upstream string, dial func(ctx context.Conte
 	t.Helper()
 	ln, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	p := &Proxy{ln: ln, upstream: upstream, dial: dial}
+	p := &Proxy{ln: ln, upstream: upstream, dial: dial, closed: make(chan struct{})}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -108,6 +113,17 @@ func (p *Proxy) DropReplies() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.muted = true
+}
+
+// SlowStart holds the first reply of every connection opened from now on
+// for d before forwarding it, and everything after it in order: a server
+// slow to start a session, as a database on a starved host is (its
+// start-up answered seconds late). The connections opened before are not
+// slowed.
+func (p *Proxy) SlowStart(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.slow = d
 }
 
 // Heal ends the black hole and DropReplies: every connection opened so far
@@ -229,6 +245,9 @@ func (p *Proxy) serve(down net.Conn) {
 		return
 	}
 	l := p.forwarded()
+	p.mu.Lock()
+	l.slow = p.slow
+	p.mu.Unlock()
 	p.wg.Add(2)
 	go p.pipe(l, up, down, false)
 	p.pipe(l, down, up, true)
@@ -249,8 +268,17 @@ func (p *Proxy) pipe(l *link, src, dst net.Conn, toUpstream bool) {
 		_ = dst.Close()
 	}()
 	buf := make([]byte, 32<<10)
+	held := !toUpstream && l.slow > 0
 	for {
 		n, err := src.Read(buf)
+		if n > 0 && held {
+			held = false
+			select {
+			case <-time.After(l.slow):
+			case <-p.closed:
+				return
+			}
+		}
 		if n > 0 {
 			if !p.swallow(l, toUpstream) {
 				if _, werr := dst.Write(buf[:n]); werr != nil {
@@ -268,6 +296,7 @@ func (p *Proxy) close() {
 	p.mu.Lock()
 	p.closing = true
 	p.mu.Unlock()
+	close(p.closed)
 	_ = p.ln.Close()
 	p.Heal()
 	p.wg.Wait()
