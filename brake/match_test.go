@@ -66,7 +66,7 @@ func TestMatchUnreachableTooManyConnections(t *testing.T) {
 	state, ok := sluicesql.SQLState(err)
 	require.True(t, ok, "%v", err)
 	require.Equal(t, "53300", state, "%v", err)
-	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db})
+	store, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{})
 	require.NoError(t, err)
 	engagesOn(t, store)
 }

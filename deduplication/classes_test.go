@@ -52,7 +52,7 @@ func TestHandlerClass42IsPoisonByDefault(t *testing.T) {
 func TestMissingInboxTableIsTheDependencys(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: b.db, Table: b.schema + ".missing_inbox"}) // no CreateTable
+	store, err := sluicesql.NewInbox(b.db, sluicesql.InboxConfig{Table: b.schema + ".missing_inbox"}) // no CreateTable
 	require.NoError(t, err)
 	d, err := deduplication.New(deduplication.Config{Store: store, Consumer: "inventory"})
 	require.NoError(t, err)

@@ -20,7 +20,7 @@ import (
 // Watermill router that consumes RabbitMQ with watermill-amqp.
 // TestTheREADMEQuickStartRuns runs it.
 func addInventory(ctx context.Context, router *message.Router, amqpURL string, db *sqlx.DB, logger watermill.LoggerAdapter) error {
-	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db}) // PostgreSQL or SQLite
+	store, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{}) // PostgreSQL or SQLite
 	if err != nil {
 		return err
 	}

@@ -31,7 +31,7 @@ func ExampleNew() {
 	defer func() { _ = db.Close() }()
 	db.MustExec(`CREATE TABLE reservations (order_id TEXT NOT NULL)`)
 
-	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db})
+	store, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{})
 	if err != nil {
 		panic(err)
 	}
@@ -84,9 +84,8 @@ func ExampleKeyPrefix() {
 // Configuring the SQL store and its pruner (compiled, not run: it needs a
 // database).
 func ExampleNewPruner() {
-	var db *sqlx.DB // sqlx.Connect("postgres", dsn)
-	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{
-		DB:    db,                // *sqlx.DB; its driver picks the dialect
+	var db *sqlx.DB                                             // sqlx.Connect("postgres", dsn)
+	store, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{ // db: *sqlx.DB; its driver picks the dialect
 		Table: "inventory.inbox", // default "sluice_inbox"; schema.name on PostgreSQL
 	})
 	if err != nil {

@@ -47,7 +47,7 @@ func TestBlackHoledDatabaseFreezesNoHandler(t *testing.T) {
 	// warm-up opened a connection of its own, slower than the inbox's
 	// 300 ms, and none ever committed in 2 minutes.
 	db.SetMaxIdleConns(16)
-	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: schema + ".inbox"})
+	store, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: schema + ".inbox"})
 	require.NoError(t, err)
 
 	b, err := brake.New(brake.Config{Name: "inventory", Match: brake.MatchUnreachable, Window: 10, FailureRatio: 0.5,

@@ -49,7 +49,7 @@ func sqliteOutbox(t *testing.T, rows int) *sluicesql.Outbox {
 	db, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "app.db"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
-	store := testenv.Migrate(t, sluicesql.Config{DB: db}).Outbox
+	store := testenv.Migrate(t, db, sluicesql.Config{}).Outbox
 	tx, err := db.BeginTxx(t.Context(), nil)
 	require.NoError(t, err)
 	msgs := make([]*message.Message, rows)

@@ -25,7 +25,7 @@ import (
 // addInventory is docs/outbox.md's first snippet: a publishing handler
 // whose messages go through the outbox, and its relay.
 func addInventory(ctx context.Context, r *message.Router, q *rabbitmq.Broker, db *sqlx.DB, inboxStore *sluicesql.Inbox, reserve message.HandlerFunc) (stop func() error, err error) {
-	stores, err := sluicesql.New(sluicesql.Config{DB: db}) // the inbox's database
+	stores, err := sluicesql.New(db, sluicesql.Config{}) // the inbox's database
 	if err != nil {
 		return nil, err
 	}
@@ -101,7 +101,7 @@ func TestTheDocsSnippetsWriteTheirRows(t *testing.T) {
 	db := testenv.SQLite(t)
 	db.MustExec(`CREATE TABLE reservations (order_id TEXT NOT NULL); CREATE TABLE orders (order_id TEXT NOT NULL)`)
 	inboxStore := testenv.SQLStore(t, db, "sluice_inbox")
-	outboxStore := testenv.Migrate(t, sluicesql.Config{DB: db}).Outbox
+	outboxStore := testenv.Migrate(t, db, sluicesql.Config{}).Outbox
 	stage, err := deduplication.New(deduplication.Config{Store: inboxStore, Consumer: "inventory"})
 	require.NoError(t, err)
 	msg := message.NewMessage(watermill.NewUUID(), nil)

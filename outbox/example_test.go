@@ -36,7 +36,7 @@ func Example() {
 	}
 	defer func() { _ = db.Close() }()
 	db.MustExec(`CREATE TABLE reservations (order_id TEXT NOT NULL)`)
-	stores, err := sluicesql.New(sluicesql.Config{DB: db}) // the inbox and the outbox on one database: one commit
+	stores, err := sluicesql.New(db, sluicesql.Config{}) // the inbox and the outbox on one database: one commit
 	if err != nil {
 		panic(err)
 	}

@@ -64,7 +64,7 @@ func newServiceWithTiers(t *testing.T, amqpURL string, tiers ...time.Duration) *
 	s.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(s.meter))
 	s.inbox = testenv.SQLStore(t, db, s.schema+".inbox")
 	var err error
-	s.outbox = testenv.Migrate(t, sluicesql.Config{DB: db, Schema: s.schema, OutboxTable: "outbox"}).Outbox
+	s.outbox = testenv.Migrate(t, db, sluicesql.Config{Schema: s.schema, OutboxTable: "outbox"}).Outbox
 	queue := testenv.Name("consumer")
 	s.rabbit, err = rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
 		Connection: rabbitmq.Connection{URL: amqpURL},

@@ -47,7 +47,7 @@ func TestAConsumerResumesAfterABlackHoleThatHealsWithoutResets(t *testing.T) {
 	testenv.SQLStore(t, admin, schema+".inbox")
 	proxy, dsn := testenv.ProxyPostgresURL(t)
 	db := openDefault(t, dsn)
-	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: schema + ".inbox"})
+	store, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: schema + ".inbox"})
 	require.NoError(t, err)
 
 	// A ladder longer than the brake takes to engage on a loaded machine

@@ -44,7 +44,7 @@ func newPrivateEffectsDB(t *testing.T) (*testenv.PrivatePostgres, *sqlx.DB, *slu
 	db.SetMaxOpenConns(rabbitmqPrefetch + 4)
 	_, err = db.Exec(`CREATE TABLE effects (event_id TEXT PRIMARY KEY)`)
 	require.NoError(t, err)
-	inbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: "inbox"})
+	inbox, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: "inbox"})
 	require.NoError(t, err)
 	require.NoError(t, inbox.CreateTable(t.Context()))
 	return pg, db, inbox

@@ -23,7 +23,7 @@ import (
 // PostgreSQL, in one router.Add. Close the broker it returns after the
 // router. TestTheByHandStackRuns runs it.
 func addStockByHand(ctx context.Context, r *message.Router, amqpURL string, db *sqlx.DB) (*rabbitmq.Broker, error) {
-	stores, err := sluicesql.New(sluicesql.Config{DB: db}) // the inbox, the outbox, the replay outcomes
+	stores, err := sluicesql.New(db, sluicesql.Config{}) // the inbox, the outbox, the replay outcomes
 	if err != nil {
 		return nil, err
 	}

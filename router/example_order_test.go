@@ -30,9 +30,9 @@ func ExampleStages_order() {
 		applyToAccount func(*message.Message) error
 	)
 	// Not run (no Output): the values above are the service's.
-	stores, err := sluicesql.New(sluicesql.Config{DB: db}) // the inbox's database
-	err = stores.Migrate(ctx)                              // the ordering store's tables among Sluice's
-	orders := stores.Order                                 // sluicesql.NewOrders(db, …) alone
+	stores, err := sluicesql.New(db, sluicesql.Config{}) // the inbox's database
+	err = stores.Migrate(ctx)                            // the ordering store's tables among Sluice's
+	orders := stores.Order                               // sluicesql.NewOrders(db, …) alone
 
 	_, err = router.Add(r, router.HandlerConfig{
 		Broker:  b, // its queue consumed by one consumer (see "Topology")

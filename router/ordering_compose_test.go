@@ -65,10 +65,10 @@ func orderedBehindTimeout(t *testing.T, quorum bool) {
 	schema := testenv.Schema(t, db)
 	_, err := db.Exec(`CREATE TABLE ` + schema + `.applied (n bigserial PRIMARY KEY, event_id text NOT NULL)`)
 	require.NoError(t, err)
-	inbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: schema + ".inbox"})
+	inbox, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: schema + ".inbox"})
 	require.NoError(t, err)
 	require.NoError(t, inbox.CreateTable(t.Context()))
-	orders := testenv.Migrate(t, sluicesql.Config{DB: db, Schema: schema, OrderTablePrefix: "sluice_order"}).Order
+	orders := testenv.Migrate(t, db, sluicesql.Config{Schema: schema, OrderTablePrefix: "sluice_order"}).Order
 
 	tc := rabbitmq.TopologyConfig{Queue: testenv.Name("ordered_compose"), TierDelays: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}}
 	if quorum {

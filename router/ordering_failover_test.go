@@ -40,7 +40,7 @@ func TestAPartitionsNextOwnerContinuesAReleaseInOrder(t *testing.T) {
 	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.applied (n bigserial PRIMARY KEY, seq int NOT NULL)`, schema))
 	require.NoError(t, err)
 	testenv.SQLStore(t, db, schema+".inbox")
-	orders := testenv.Migrate(t, sluicesql.Config{DB: db, Schema: schema, OrderTablePrefix: "order"}).Order
+	orders := testenv.Migrate(t, db, sluicesql.Config{Schema: schema, OrderTablePrefix: "order"}).Order
 
 	tc := rabbitmq.TopologyConfig{Queue: testenv.Name("failover"), TierDelays: []time.Duration{100 * time.Millisecond},
 		Partitions: 1, PartitionKey: "account"}
@@ -57,7 +57,7 @@ func TestAPartitionsNextOwnerContinuesAReleaseInOrder(t *testing.T) {
 	start := func(amqpURL string, pool *sqlx.DB, hold func(seq int)) (b *rabbitmq.Broker, stop func() error) {
 		b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: amqpURL}, Topology: tc})
 		require.NoError(t, err)
-		inbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: pool, Table: schema + ".inbox"})
+		inbox, err := sluicesql.NewInbox(pool, sluicesql.InboxConfig{Table: schema + ".inbox"})
 		require.NoError(t, err)
 		store, err := sluicesql.NewOrders(pool, sluicesql.OrdersConfig{TablePrefix: schema + ".order"})
 		require.NoError(t, err)

@@ -59,7 +59,7 @@ const (
 func (h hungOwner) run(ctx context.Context, t testing.TB, db *sqlx.DB, hold func(), settled func(id string, err error)) (stop func()) {
 	b, err := rabbitmq.NewBroker(ctx, rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Topology: h.Topology})
 	require.NoError(t, err)
-	inbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: h.Schema + ".inbox"})
+	inbox, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: h.Schema + ".inbox"})
 	require.NoError(t, err)
 	store, err := sluicesql.NewOrders(db, sluicesql.OrdersConfig{TablePrefix: h.Schema + ".order", LockTimeout: time.Second, IdleTimeout: h.IdleTimeout})
 	require.NoError(t, err)
@@ -134,7 +134,7 @@ func TestAHungOwnerHoldsAnOrderedKeyForABoundedTime(t *testing.T) {
 	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.applied (n bigserial PRIMARY KEY, seq int NOT NULL)`, schema))
 	require.NoError(t, err)
 	testenv.SQLStore(t, db, schema+".inbox")
-	orders := testenv.Migrate(t, sluicesql.Config{DB: db, Schema: schema, OrderTablePrefix: "order"}).Order
+	orders := testenv.Migrate(t, db, sluicesql.Config{Schema: schema, OrderTablePrefix: "order"}).Order
 	h := hungOwner{Schema: schema, Hold: hold, IdleTimeout: 10 * time.Second,
 		Topology: rabbitmq.TopologyConfig{Queue: testenv.Name("hung_owner"), TierDelays: []time.Duration{3 * time.Second},
 			Partitions: 1, PartitionKey: "account"}}

@@ -35,7 +35,7 @@ func inbox(t *testing.T) (*sqlx.DB, string, *sluicesql.Inbox) {
 	schema := testenv.Schema(t, db)
 	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.reservations (event_key TEXT NOT NULL)`, schema))
 	require.NoError(t, err)
-	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: schema + ".inbox"})
+	store, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: schema + ".inbox"})
 	require.NoError(t, err)
 	require.NoError(t, store.CreateTable(t.Context()))
 	return db, schema, store

@@ -39,7 +39,7 @@ func TestAddValidates(t *testing.T) {
 	ph := func(*message.Message) ([]*message.Message, error) { return nil, nil }
 	ob, err := sluicesql.NewOutbox(sqlx.NewDb(nil, "postgres"), sluicesql.OutboxConfig{})
 	require.NoError(t, err)
-	liteInbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: sqlx.NewDb(nil, "sqlite")})
+	liteInbox, err := sluicesql.NewInbox(sqlx.NewDb(nil, "sqlite"), sluicesql.InboxConfig{})
 	require.NoError(t, err)
 	for _, tt := range []struct {
 		cfg  router.HandlerConfig

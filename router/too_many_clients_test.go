@@ -72,7 +72,7 @@ func TestTooManyClientsAfterTheBrakeSawThemSpendsNoAttempt(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	db.SetMaxIdleConns(0) // every Begin dials: the server's limit decides
-	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: "inbox"})
+	store, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: "inbox"})
 	require.NoError(t, err)
 	require.NoError(t, store.CreateTable(t.Context()))
 

@@ -38,8 +38,6 @@ func TestAServiceWarnsOfAPoolThatMayNotRecover(t *testing.T) {
 	bounded, err := postgres.Open(postgres.Config{DSN: testenv.PostgresURL})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = bounded.Close() })
-	_, err = sluicesql.New(sluicesql.Config{SQLDB: bounded.DB})
-	require.NoError(t, err, "its *sql.DB is still known as lib/pq's")
 	schema := testenv.Schema(t, testenv.Postgres(t))
 	for _, c := range []struct {
 		name string

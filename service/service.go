@@ -70,7 +70,7 @@ func New(cfg Config) (*Service, error) {
 		// a handler writes it: its delivery is poison, not a row failing
 		// for ever.
 		checker, _ := cfg.Publisher.(broker.PublishChecker)
-		if s.stores, err = sluicesql.New(sluicesql.Config{DB: cfg.DB, Schema: cfg.Schema, OutboxChecker: checker}); err != nil {
+		if s.stores, err = sluicesql.New(cfg.DB, sluicesql.Config{Schema: cfg.Schema, OutboxChecker: checker}); err != nil {
 			return nil, fmt.Errorf("service: %w", err)
 		}
 	}

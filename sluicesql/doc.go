@@ -6,7 +6,7 @@
 // one Migrate, and the inbox's transaction a handler writes in
 // (TxFromContext).
 //
-//	stores, err := sluicesql.New(sluicesql.Config{DB: db}) // PostgreSQL or SQLite
+//	stores, err := sluicesql.New(db, sluicesql.Config{}) // PostgreSQL or SQLite
 //	err = stores.Migrate(ctx)                              // the tables and their indexes, if missing
 //	tx := sluicesql.TxFromContext(msg.Context())           // in a handler: the inbox's transaction
 //

@@ -24,19 +24,6 @@ const inboxTableDefault = "sluice_inbox"
 
 // InboxConfig configures an Inbox (NewInbox).
 type InboxConfig struct {
-	// DB is the database of the business writes. Its driver picks the
-	// dialect: "postgres" or "pgx" for PostgreSQL, "sqlite" (modernc.org/sqlite)
-	// or "sqlite3" for SQLite. Required.
-	DB *sqlx.DB
-	// SQLDB is the database as a plain *sql.DB, instead of DB (exactly one
-	// of them is required): database/sql with lib/pq, pgx's stdlib (a
-	// pgxpool through stdlib.OpenDBFromPool), modernc.org/sqlite or
-	// mattn/go-sqlite3, whose dialect its driver's type tells, or any other
-	// driver with DriverName.
-	SQLDB *sql.DB
-	// DriverName names SQLDB's driver as sqlx knows it ("postgres", "pgx",
-	// "sqlite", "sqlite3") when its type does not. Only with SQLDB.
-	DriverName string
 	// Table is the inbox table: a name, or schema.name on PostgreSQL, each
 	// part an SQL identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 bytes). It is
 	// quoted, so case matters. Default "sluice_inbox".
@@ -83,32 +70,39 @@ var (
 	_ deduplication.BatchClaimer     = (*sqlTx)(nil)
 )
 
+// errNoDB is the error of a constructor (what) given no database.
+func errNoDB(what string) error {
+	return fmt.Errorf("sluicesql: %s: the DB is required (a plain *sql.DB: sqlx.NewDb(db, driverName))", what)
+}
+
 // withDefaults returns a copy of c with its defaults filled.
 func (c InboxConfig) withDefaults() InboxConfig {
 	c.Table = cmp.Or(c.Table, inboxTableDefault)
 	return c
 }
 
-// NewInbox validates cfg and returns an Inbox. It does not touch the
-// database; call CreateTable or apply SchemaSQL first (New and Migrate do
+// NewInbox validates cfg and returns an Inbox on db, the database of the
+// business writes. Its driver picks the dialect: "postgres" or "pgx" for
+// PostgreSQL (lib/pq, pgx's stdlib — a pgxpool through
+// stdlib.OpenDBFromPool), "sqlite" (modernc.org/sqlite) or "sqlite3"
+// (mattn/go-sqlite3) for SQLite; a plain *sql.DB is sqlx.NewDb(db,
+// driverName). It does not touch the database; call CreateTable or apply SchemaSQL first (New and Migrate do
 // both for the tables of Stores).
-func NewInbox(cfg InboxConfig) (*Inbox, error) {
+func NewInbox(db *sqlx.DB, cfg InboxConfig) (*Inbox, error) {
 	cfg = cfg.withDefaults()
-	db, err := sqldb.Open("sluicesql: InboxConfig", cfg.DB, cfg.SQLDB, cfg.DriverName)
-	if err != nil {
-		return nil, err
+	if db == nil {
+		return nil, errNoDB("NewInbox")
 	}
-	cfg.DB = db
-	d, ok := dialects[cfg.DB.DriverName()]
+	d, ok := dialects[db.DriverName()]
 	if !ok {
-		return nil, fmt.Errorf("sluicesql: InboxConfig.DB: driver %q is not supported (want postgres, pgx, sqlite or sqlite3)", cfg.DB.DriverName())
+		return nil, fmt.Errorf("sluicesql: NewInbox: driver %q is not supported (want postgres, pgx, sqlite or sqlite3)", db.DriverName())
 	}
 	quoted, name, err := sqlname.Quote(cfg.Table, d.schemas)
 	if err != nil {
 		return nil, fmt.Errorf("sluicesql: InboxConfig.Table: %w", err)
 	}
 	s := &Inbox{
-		db:      cfg.DB,
+		db:      db,
 		dialect: d,
 		table:   quoted,
 		name:    name,
@@ -118,7 +112,7 @@ func NewInbox(cfg InboxConfig) (*Inbox, error) {
 	s.claimBatch = fmt.Sprintf(d.claimBatch, s.table)
 	if d.claimBatchBounded != "" {
 		s.claimBatchBounded = fmt.Sprintf(d.claimBatchBounded, s.table, "$1", "$2", "$3", "$4")
-		if cfg.DB.DriverName() == "postgres" {
+		if db.DriverName() == "postgres" {
 			// The lock_timeout is SET before it in the same query:
 			// none here; %[1]s–%[3]s the consumer, keys and idle literals.
 			s.claimBatchLiteral = fmt.Sprintf(d.claimBatchBounded, s.table, "%[1]s", "%[2]s", "''", "%[3]s")
@@ -128,7 +122,7 @@ func NewInbox(cfg InboxConfig) (*Inbox, error) {
 		s.claimIdle = fmt.Sprintf(d.claimIdle, s.table)
 	}
 	s.prune = fmt.Sprintf(d.prune, s.table)
-	if cfg.DB.DriverName() == "postgres" { // lib/pq: a simple query may hold several statements
+	if db.DriverName() == "postgres" { // lib/pq: a simple query may hold several statements
 		s.claimLiteral = `INSERT INTO ` + s.table + ` (consumer, event_key, processed_at) VALUES (%s, %s, now()) ON CONFLICT DO NOTHING`
 	}
 	return s, nil

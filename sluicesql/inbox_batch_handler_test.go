@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -69,7 +70,7 @@ func newBatchHandlerEnvOf(t *testing.T, backend string, bh deduplication.BatchHa
 	if backend == "pgx" {
 		// lib/pq taken for pgx: the store's statements as on pgx (one
 		// statement a round trip, its values as parameters).
-		store, err = sluicesql.NewInbox(sluicesql.InboxConfig{SQLDB: e.db.DB, DriverName: "pgx", Table: e.inbox})
+		store, err = sluicesql.NewInbox(sqlx.NewDb(e.db.DB, "pgx"), sluicesql.InboxConfig{Table: e.inbox})
 		require.NoError(t, err)
 	}
 	bh.Handle = e.project

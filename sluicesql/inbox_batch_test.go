@@ -565,7 +565,7 @@ func TestGroupCommitOnAHungDatabaseFailsWithinItsBound(t *testing.T) {
 	holed, err := sqlx.Connect("postgres", u.String())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = holed.Close() })
-	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: holed, Table: schema + ".inbox"})
+	store, err := sluicesql.NewInbox(holed, sluicesql.InboxConfig{Table: schema + ".inbox"})
 	require.NoError(t, err)
 	stage, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c", StoreTimeout: 300 * time.Millisecond,
 		Batch: &deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, Linger: true, QueueTimeout: time.Minute}})

@@ -21,21 +21,21 @@ func TestNewValidates(t *testing.T) {
 	pg := sqlx.NewDb(nil, "postgres")
 	lite := sqlx.NewDb(nil, "sqlite")
 	for _, tt := range []struct {
+		db   *sqlx.DB
 		cfg  sluicesql.InboxConfig
 		want string
 	}{
-		{sluicesql.InboxConfig{}, "Config.DB is required"},
-		{sluicesql.InboxConfig{DB: sqlx.NewDb(nil, "mysql")}, `driver "mysql" is not supported`},
-		{sluicesql.InboxConfig{DB: pg, Table: "inbox; DROP TABLE users"}, "is not an SQL identifier"},
-		{sluicesql.InboxConfig{DB: pg, Table: `in"box`}, "is not an SQL identifier"},
-		{sluicesql.InboxConfig{DB: pg, Table: "1inbox"}, "is not an SQL identifier"},
-		{sluicesql.InboxConfig{DB: pg, Table: "a.b.c"}, "want name or schema.name"},
-		{sluicesql.InboxConfig{DB: pg, Table: strings.Repeat("x", 64)}, "at most 63 bytes"},
-		{sluicesql.InboxConfig{DB: lite, Table: "main.inbox"}, "schema.name on PostgreSQL only"},
+		{nil, sluicesql.InboxConfig{}, "sluicesql: NewInbox: the DB is required (a plain *sql.DB: sqlx.NewDb(db, driverName))"},
+		{sqlx.NewDb(nil, "mysql"), sluicesql.InboxConfig{}, `driver "mysql" is not supported`},
+		{pg, sluicesql.InboxConfig{Table: "inbox; DROP TABLE users"}, "InboxConfig.Table: table \"inbox; DROP TABLE users\": \"inbox; DROP TABLE users\" is not an SQL identifier"},
+		{pg, sluicesql.InboxConfig{Table: `in"box`}, "is not an SQL identifier"},
+		{pg, sluicesql.InboxConfig{Table: "1inbox"}, "is not an SQL identifier"},
+		{pg, sluicesql.InboxConfig{Table: "a.b.c"}, "want name or schema.name"},
+		{pg, sluicesql.InboxConfig{Table: strings.Repeat("x", 64)}, "at most 63 bytes"},
+		{lite, sluicesql.InboxConfig{Table: "main.inbox"}, "schema.name on PostgreSQL only"},
 	} {
-		_, err := sluicesql.NewInbox(tt.cfg)
+		_, err := sluicesql.NewInbox(tt.db, tt.cfg)
 		require.ErrorContains(t, err, tt.want)
-		require.ErrorContains(t, err, "Config.")
 	}
 }
 
@@ -43,7 +43,7 @@ func TestSchema(t *testing.T) {
 	t.Parallel()
 	db := testenv.Postgres(t)
 	schema := testenv.Schema(t, db)
-	s, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: schema + ".Inbox"})
+	s, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: schema + ".Inbox"})
 	require.NoError(t, err)
 	sql := s.SchemaSQL()
 	require.Contains(t, sql, `CREATE TABLE IF NOT EXISTS "`+schema+`"."Inbox"`)
@@ -81,7 +81,7 @@ func TestLongestTableNameGetsItsIndex(t *testing.T) {
 	db := testenv.Postgres(t)
 	schema := testenv.Schema(t, db)
 	table := "inbox_" + strings.Repeat("x", 63-len("inbox_"))
-	s, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: schema + "." + table})
+	s, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: schema + "." + table})
 	require.NoError(t, err)
 	require.NoError(t, s.CreateTable(t.Context()))
 	require.NoError(t, s.CreateTable(t.Context()), "idempotent")
@@ -112,7 +112,7 @@ func TestStorePing(t *testing.T) {
 	holed, err := sqlx.Open("postgres", u.String())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = holed.Close() })
-	s, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: holed})
+	s, err := sluicesql.NewInbox(holed, sluicesql.InboxConfig{})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()
@@ -121,13 +121,12 @@ func TestStorePing(t *testing.T) {
 }
 
 // The inbox runs on a plain *sql.DB (database/sql with lib/pq; a pgxpool
-// through pgx's stdlib.OpenDBFromPool) as on an *sqlx.DB: its dialect named
-// by its driver's type, or by DriverName. Before, Config took only an
-// *sqlx.DB.
+// through pgx's stdlib.OpenDBFromPool) wrapped with its driver's name, as
+// on any *sqlx.DB; a driver the stores have no dialect for is named.
 func TestNewTakesAPlainSQLDB(t *testing.T) {
 	t.Parallel()
 	db := testenv.Postgres(t)
-	s, err := sluicesql.NewInbox(sluicesql.InboxConfig{SQLDB: db.DB, Table: testenv.Schema(t, db) + ".inbox"})
+	s, err := sluicesql.NewInbox(sqlx.NewDb(db.DB, "postgres"), sluicesql.InboxConfig{Table: testenv.Schema(t, db) + ".inbox"})
 	require.NoError(t, err)
 	require.NoError(t, s.CreateTable(t.Context()))
 	tx, err := s.Begin(t.Context())
@@ -136,10 +135,6 @@ func TestNewTakesAPlainSQLDB(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, claimed)
 	require.NoError(t, tx.Commit(t.Context()))
-	_, err = sluicesql.NewInbox(sluicesql.InboxConfig{SQLDB: db.DB, DriverName: "mysql"})
+	_, err = sluicesql.NewInbox(sqlx.NewDb(db.DB, "mysql"), sluicesql.InboxConfig{})
 	require.ErrorContains(t, err, `driver "mysql" is not supported`)
-	_, err = sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, SQLDB: db.DB})
-	require.ErrorContains(t, err, "give DB or SQLDB, not both")
-	_, err = sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, DriverName: "pgx"})
-	require.ErrorContains(t, err, "DriverName: only with SQLDB")
 }

@@ -71,7 +71,7 @@ type orders struct {
 // (Stores.Order). It is safe for concurrent use.
 func NewOrders(db *sqlx.DB, cfg OrdersConfig) (ordering.Store, error) {
 	if db == nil {
-		return nil, errors.New("sluicesql: NewOrders: the DB is required")
+		return nil, errNoDB("NewOrders")
 	}
 	if d := db.DriverName(); d != "postgres" && d != "pgx" {
 		return nil, fmt.Errorf("sluicesql: NewOrders: driver %q is not supported (want postgres or pgx)", d)

@@ -3,7 +3,6 @@ package sluicesql
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -76,13 +75,13 @@ var (
 // NewOutbox validates cfg and returns the outbox table on db, the database
 // of the business writes, the inbox's; its driver picks the dialect:
 // "postgres" or "pgx" for PostgreSQL, "sqlite" or "sqlite3" for SQLite (a
-// plain *sql.DB: sqlx.NewDb(db, driverName), or Config.SQLDB of New). It
+// plain *sql.DB: sqlx.NewDb(db, driverName)). It
 // does not touch the database: Stores.Migrate creates the table. New
 // builds one (Stores.Outbox).
 func NewOutbox(db *sqlx.DB, cfg OutboxConfig) (*Outbox, error) {
 	cfg.Table = cmp.Or(cfg.Table, outboxTableDefault)
 	if db == nil {
-		return nil, errors.New("sluicesql: NewOutbox: the DB is required")
+		return nil, errNoDB("NewOutbox")
 	}
 	d, ok := outboxDialects[db.DriverName()]
 	if !ok {

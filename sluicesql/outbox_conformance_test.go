@@ -30,7 +30,7 @@ func TestOutboxConformance(t *testing.T) {
 		t.Parallel()
 		outboxtest.Run(t, func(t *testing.T) outboxtest.Stores {
 			db := testenv.SQLite(t)
-			in, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db})
+			in, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{})
 			require.NoError(t, err)
 			require.NoError(t, in.CreateTable(t.Context()))
 			out, err := sluicesql.NewOutbox(db, sluicesql.OutboxConfig{})

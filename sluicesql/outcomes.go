@@ -3,7 +3,6 @@ package sluicesql
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -56,7 +55,7 @@ var (
 // (Stores.Outcomes).
 func NewOutcomes(db *sqlx.DB, cfg OutcomesConfig) (*Outcomes, error) {
 	if db == nil {
-		return nil, errors.New("sluicesql: NewOutcomes: the DB is required")
+		return nil, errNoDB("NewOutcomes")
 	}
 	quoted, name, err := sqlname.Quote(cmp.Or(cfg.Table, outcomesTableDefault), true)
 	if err != nil {

@@ -12,22 +12,12 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/sluicemq/sluice/broker"
-	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
 	"github.com/sluicemq/sluice/ordering"
 )
 
 // Config configures New.
 type Config struct {
-	// DB is the database of the three tables and of the handlers' own
-	// writes: PostgreSQL (driver "postgres" or "pgx") or SQLite ("sqlite",
-	// "sqlite3"). Exactly one of DB and SQLDB is required.
-	DB *sqlx.DB
-	// SQLDB is the database as a plain *sql.DB, instead of DB, with
-	// DriverName when its driver's type does not tell the dialect (see
-	// InboxConfig.SQLDB).
-	SQLDB      *sql.DB
-	DriverName string
 	// Schema is the PostgreSQL schema the tables are in: Migrate creates
 	// it when it does not exist. Default none: the connection's
 	// search_path. SQLite has none.
@@ -70,13 +60,16 @@ type Stores struct {
 	schema string // Config.Schema, quoted; "" without one
 }
 
-// New validates cfg and returns the stores. It does not touch the
-// database: Migrate creates the tables.
-func New(cfg Config) (*Stores, error) {
-	db, err := sqldb.Open("sluicesql: Config", cfg.DB, cfg.SQLDB, cfg.DriverName)
-	if err != nil {
-		return nil, err
+// New validates cfg and returns the stores on db, the database of the
+// tables and of the handlers' own writes: PostgreSQL (driver "postgres" or
+// "pgx") or SQLite ("sqlite", "sqlite3"); a plain *sql.DB is
+// sqlx.NewDb(db, driverName). It does not touch the database: Migrate
+// creates the tables.
+func New(db *sqlx.DB, cfg Config) (*Stores, error) {
+	if db == nil {
+		return nil, errNoDB("New")
 	}
+	var err error
 	if cfg.Schema != "" && !postgres(db) {
 		return nil, fmt.Errorf("sluicesql: Config.Schema is PostgreSQL's; the database's driver is %q", db.DriverName())
 	}
@@ -107,7 +100,7 @@ func New(cfg Config) (*Stores, error) {
 			return nil, fmt.Errorf("sluicesql: Config.Schema: %w", err)
 		}
 	}
-	if s.Inbox, err = NewInbox(InboxConfig{DB: db, Table: names[0], TxOptions: cfg.TxOptions}); err != nil {
+	if s.Inbox, err = NewInbox(db, InboxConfig{Table: names[0], TxOptions: cfg.TxOptions}); err != nil {
 		return nil, fmt.Errorf("sluicesql: the inbox (Config.InboxTable, Config.Schema): %w", err)
 	}
 	if s.Outbox, err = NewOutbox(db, OutboxConfig{Table: names[1], Checker: cfg.OutboxChecker}); err != nil {

@@ -23,7 +23,7 @@ func TestMigrateCreatesTheTablesOnce(t *testing.T) {
 	errs := make(chan error, 4)
 	for range 4 { // instances starting together
 		wg.Go(func() {
-			s, err := sluicesql.New(sluicesql.Config{DB: db, Schema: schema})
+			s, err := sluicesql.New(db, sluicesql.Config{Schema: schema})
 			if err == nil {
 				err = s.Migrate(t.Context())
 			}
@@ -43,7 +43,7 @@ func TestMigrateCreatesTheTablesOnce(t *testing.T) {
 	require.NoError(t, db.Get(&indexes, `SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND indexname LIKE '%_at'`, schema))
 	require.Equal(t, 3, indexes, "the inbox's processed_at and the outcomes' updated_at, which the pruners read, and the runs' started_at, which the console reads")
 
-	s, err := sluicesql.New(sluicesql.Config{DB: db, Schema: schema})
+	s, err := sluicesql.New(db, sluicesql.Config{Schema: schema})
 	require.NoError(t, err)
 	require.NoError(t, s.Migrate(t.Context()), "idempotent")
 	require.Equal(t, schema+".sluice_outbox", s.Outbox.Name())
@@ -53,7 +53,7 @@ func TestMigrateCreatesTheTablesOnce(t *testing.T) {
 func TestMigrateOnSQLite(t *testing.T) {
 	t.Parallel()
 	db := testenv.SQLite(t)
-	s, err := sluicesql.New(sluicesql.Config{DB: db, InboxTable: "inbox", OutboxTable: "outbox", OutcomeTable: "outcomes"})
+	s, err := sluicesql.New(db, sluicesql.Config{InboxTable: "inbox", OutboxTable: "outbox", OutcomeTable: "outcomes"})
 	require.NoError(t, err)
 	require.NoError(t, s.Migrate(t.Context()))
 	require.NoError(t, s.Migrate(t.Context()))
@@ -64,12 +64,12 @@ func TestMigrateOnSQLite(t *testing.T) {
 
 func TestConfigErrors(t *testing.T) {
 	t.Parallel()
-	_, err := sluicesql.New(sluicesql.Config{})
-	require.ErrorContains(t, err, "sluicesql: Config.DB is required")
-	_, err = sluicesql.New(sluicesql.Config{DB: testenv.SQLite(t), Schema: "s"})
+	_, err := sluicesql.New(nil, sluicesql.Config{})
+	require.ErrorContains(t, err, "sluicesql: New: the DB is required")
+	_, err = sluicesql.New(testenv.SQLite(t), sluicesql.Config{Schema: "s"})
 	require.ErrorContains(t, err, "Config.Schema is PostgreSQL's")
-	_, err = sluicesql.New(sluicesql.Config{DB: testenv.SQLite(t), OutboxTable: "a.b"})
+	_, err = sluicesql.New(testenv.SQLite(t), sluicesql.Config{OutboxTable: "a.b"})
 	require.ErrorContains(t, err, "Config.OutboxTable")
-	_, err = sluicesql.New(sluicesql.Config{DB: testenv.SQLite(t), InboxTable: "in box"})
+	_, err = sluicesql.New(testenv.SQLite(t), sluicesql.Config{InboxTable: "in box"})
 	require.ErrorContains(t, err, "the inbox (Config.InboxTable, Config.Schema)")
 }

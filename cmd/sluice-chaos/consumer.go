@@ -100,7 +100,7 @@ func consumerMain(args []string) error {
 	if *produceTo != "" { // a receiver's deliveries and a relay's batch too
 		db.SetMaxOpenConns(rabbitmqPrefetch + 6)
 	}
-	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: *schema + ".inbox"})
+	store, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: *schema + ".inbox"})
 	if err != nil {
 		return err
 	}

@@ -71,7 +71,7 @@ func orderedConsumerMain(args []string) error {
 	// The deliveries in flight, each with its inbox transaction and its
 	// key's guard, and the resume loop's.
 	db.SetMaxOpenConns(2*rabbitmqPrefetch + 4)
-	inbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: *schema + ".inbox"})
+	inbox, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: *schema + ".inbox"})
 	if err != nil {
 		return err
 	}

@@ -90,7 +90,7 @@ func runOrdered(parent context.Context, o options, scenario string) (string, err
 		return "setup", err
 	}
 	var err error
-	stores, err := sluicesql.New(sluicesql.Config{DB: w.db, Schema: w.name, OrderTablePrefix: "order"})
+	stores, err := sluicesql.New(w.db, sluicesql.Config{Schema: w.name, OrderTablePrefix: "order"})
 	if err != nil {
 		return "setup", err
 	}

@@ -78,7 +78,7 @@ func (p *outboxProcess) start(ctx context.Context, r *message.Router, cfg *route
 	if p.receiver, err = dialBroker(ctx, receiver); err != nil {
 		return err
 	}
-	inbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: p.db, Table: p.schema + ".receiver_inbox"})
+	inbox, err := sluicesql.NewInbox(p.db, sluicesql.InboxConfig{Table: p.schema + ".receiver_inbox"})
 	if err != nil {
 		return err
 	}

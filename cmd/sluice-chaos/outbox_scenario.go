@@ -59,14 +59,14 @@ func (w *world) setupOutbox(ctx context.Context) error {
 	if _, err := w.db.ExecContext(ctx, "CREATE TABLE "+w.name+".received (event_id TEXT NOT NULL)"); err != nil {
 		return err
 	}
-	inbox, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: w.db, Table: w.name + ".receiver_inbox"})
+	inbox, err := sluicesql.NewInbox(w.db, sluicesql.InboxConfig{Table: w.name + ".receiver_inbox"})
 	if err != nil {
 		return err
 	}
 	if err := inbox.CreateTable(ctx); err != nil {
 		return err
 	}
-	stores, err := sluicesql.New(sluicesql.Config{DB: w.db, Schema: w.name, OutboxTable: "outbox"})
+	stores, err := sluicesql.New(w.db, sluicesql.Config{Schema: w.name, OutboxTable: "outbox"})
 	if err != nil {
 		return err
 	}

@@ -27,7 +27,7 @@ func (w *world) setup(ctx context.Context) error {
 			return err
 		}
 	}
-	store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: w.name + ".inbox"})
+	store, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: w.name + ".inbox"})
 	if err != nil {
 		return err
 	}

@@ -26,7 +26,7 @@ func TestOrderListAndSkip(t *testing.T) {
 	db := testenv.Postgres(t)
 	schema := testenv.Schema(t, db)
 	prefix := schema + ".sluice_order"
-	store := testenv.Migrate(t, sluicesql.Config{DB: db, Schema: schema}).Order
+	store := testenv.Migrate(t, db, sluicesql.Config{Schema: schema}).Order
 	g, err := store.Lock(t.Context(), "ledger", "acct-\x1b[31m7")
 	require.NoError(t, err)
 	require.NoError(t, g.Block(t.Context(), "evt-5", true, "poison: bad version amqp://u:Hidden1@h/"))

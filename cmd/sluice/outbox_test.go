@@ -36,7 +36,7 @@ func newOutboxBed(t *testing.T) *outboxBed {
 	db := testenv.Postgres(t)
 	schema := testenv.Schema(t, db)
 	table := schema + ".sluice_outbox"
-	store := testenv.Migrate(t, sluicesql.Config{DB: db, Schema: schema}).Outbox
+	store := testenv.Migrate(t, db, sluicesql.Config{Schema: schema}).Outbox
 	return &outboxBed{db: db, store: store, table: table}
 }
 
@@ -261,7 +261,7 @@ func TestTablesExistNamesTablesAsTheStoresDo(t *testing.T) {
 	t.Parallel()
 	db := testenv.Postgres(t)
 	schema := testenv.Schema(t, db)
-	testenv.Migrate(t, sluicesql.Config{DB: db, Schema: schema})
+	testenv.Migrate(t, db, sluicesql.Config{Schema: schema})
 	found, err := tablesExist(t.Context(), db, schema+".sluice_outbox", schema+".sluice_order_keys")
 	require.NoError(t, err)
 	require.True(t, found)

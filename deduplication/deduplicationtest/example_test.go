@@ -22,7 +22,7 @@ func TestSQLiteStoreConformance(t *testing.T) {
 		db, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "inbox.db"))
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = db.Close() })
-		store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db})
+		store, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{})
 		require.NoError(t, err)
 		require.NoError(t, store.CreateTable(t.Context()))
 		return store

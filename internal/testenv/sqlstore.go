@@ -15,7 +15,7 @@ import (
 // CreateTable is idempotent).
 func SQLStore(t testing.TB, db *sqlx.DB, table string) *sluicesql.Inbox {
 	t.Helper()
-	s, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: table})
+	s, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: table})
 	require.NoError(t, err)
 	require.NoError(t, s.CreateTable(t.Context()))
 	require.NoError(t, s.CreateTable(t.Context()), "CreateTable is idempotent")
@@ -42,9 +42,9 @@ func OutcomeStore(t testing.TB, db *sqlx.DB, table string) *sluicesql.Outcomes {
 
 // Migrate returns sluicesql's stores of cfg with their tables created by
 // Stores.Migrate (twice: it is idempotent), in cfg.Schema when set.
-func Migrate(t testing.TB, cfg sluicesql.Config) *sluicesql.Stores {
+func Migrate(t testing.TB, db *sqlx.DB, cfg sluicesql.Config) *sluicesql.Stores {
 	t.Helper()
-	s, err := sluicesql.New(cfg)
+	s, err := sluicesql.New(db, cfg)
 	require.NoError(t, err)
 	require.NoError(t, s.Migrate(t.Context()))
 	require.NoError(t, s.Migrate(t.Context()), "Migrate is idempotent")

@@ -3,7 +3,7 @@
 //
 //	db, err := postgres.Open(postgres.Config{DSN: os.Getenv("DATABASE_URL")})
 //	db.SetMaxOpenConns(20) // your consumer's in-flight window and a margin
-//	stores, err := sluicesql.New(sluicesql.Config{DB: db})
+//	stores, err := sluicesql.New(db, sluicesql.Config{})
 //
 // A pool opened with sqlx.Open("postgres", dsn) does not recover from a
 // network fault that swallows packets rather than refusing them: lib/pq
@@ -22,6 +22,6 @@
 // socket whose peer is gone. docs/deduplication.md, "A store that hangs",
 // says what recovers and in how long.
 //
-// The stores take any pool (sluicesql.Config.DB); this package is the one
+// The stores take any pool (sluicesql.New's db); this package is the one
 // of the libraries' that links lib/pq for it.
 package postgres

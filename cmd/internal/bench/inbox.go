@@ -109,7 +109,7 @@ func newInboxVariants(ctx context.Context, db *sqlx.DB, schema string) (*inboxVa
 		claimTimeout time.Duration
 		mw           *message.HandlerFunc
 	}{{"inbox", 0, &v.mw}, {"inbox_no_lock", -1, &v.mwNoLock}} {
-		store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: schema + "." + c.table})
+		store, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: schema + "." + c.table})
 		if err != nil {
 			return nil, err
 		}

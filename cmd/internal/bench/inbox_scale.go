@@ -22,11 +22,11 @@ func InboxScale(ctx context.Context, o Options) error {
 		return err
 	}
 	defer cleanup()
-	empty, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: schema + ".empty"})
+	empty, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: schema + ".empty"})
 	if err != nil {
 		return err
 	}
-	big, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: schema + ".big"})
+	big, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: schema + ".big"})
 	if err != nil {
 		return err
 	}

@@ -310,7 +310,7 @@ func ScaleOutWorker(cfg string) error {
 		defer func() { _ = db.Close() }()
 		db.SetMaxOpenConns(w.Conns)
 		db.SetMaxIdleConns(w.Conns)
-		store, err := sluicesql.NewInbox(sluicesql.InboxConfig{DB: db, Table: w.Schema + ".inbox"})
+		store, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: w.Schema + ".inbox"})
 		if err != nil {
 			return err
 		}
