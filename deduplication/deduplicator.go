@@ -166,7 +166,7 @@ func newDeduplicator(cfg Config, batchTimer func(time.Duration) *time.Timer) (*d
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	dup, err := duplicatesCounter(cfg.MeterProvider)
+	dup, err := telemetry.DuplicatesCounter(cfg.MeterProvider)
 	if err != nil {
 		return nil, err
 	}

@@ -24,14 +24,14 @@ const (
 // publishErrorTypes are errorType's values, each exported at zero.
 var publishErrorTypes = []string{errorTypeRefused, errorTypeUnreachable, errorTypeUncertain, errorTypeUnpublishable, errorTypeUnreadable}
 
-// ExportAtZero exports the relay's sluice.outbox.relayed and sluice.outbox.failures (each
+// ExportCountersAtZero exports the relay's sluice.outbox.relayed and sluice.outbox.failures (each
 // error.type a row's publish may fail with) at zero for destination, a
 // topic its rows go to, before the first row to it: a rate over a series
 // that appears at its first increment misses that increment, so
 // SluiceOutboxFailing (docs/alerts.yml) would not see the first failure.
 // service.Service.Add calls it for each handler's PublishTopic; call it for
 // each destination when you run a relay of your own.
-func (r *Relay) ExportAtZero(destination string) {
+func (r *Relay) ExportCountersAtZero(destination string) {
 	ctx := context.Background()
 	r.relayed.Add(ctx, 0, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(r.cfg.name), semconv.MessagingDestinationName(destination))))
 	for _, kind := range publishErrorTypes {

@@ -19,6 +19,7 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/envsigner"
 	"github.com/sluicemq/sluice/internal/metakeys"
+	"github.com/sluicemq/sluice/internal/poisonqueue"
 	"github.com/sluicemq/sluice/internal/republish"
 	"github.com/sluicemq/sluice/internal/stack"
 	"github.com/sluicemq/sluice/internal/telemetry"
@@ -35,7 +36,7 @@ const (
 const errorMaxLength = 1024
 
 // classesDefault are the classes isolated when Config.Classes is empty.
-var classesDefault = []sluice.Class{sluice.ClassPoison, sluice.ClassInvariant, sluice.ClassExhausted}
+var classesDefault = poisonqueue.ClassesDefault
 
 // Config configures the poison stage.
 type Config struct {
@@ -163,7 +164,7 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	poisoned, err := poisonedCounter(cfg.MeterProvider)
+	poisoned, err := telemetry.PoisonedCounter(cfg.MeterProvider)
 	if err != nil {
 		return nil, err
 	}

@@ -129,7 +129,7 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	retries, exhausted, err := counters(cfg.MeterProvider)
+	retries, exhausted, err := telemetry.RetryCounters(cfg.MeterProvider)
 	if err != nil {
 		return nil, err
 	}

@@ -6,34 +6,45 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/poison"
-	"github.com/sluicemq/sluice/retrytiers"
-	"github.com/sluicemq/sluice/stage"
+	"github.com/sluicemq/sluice/internal/poisonqueue"
+	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
-// exportAtZero exports, for the handler named handler consuming topic on
-// system, every counter of its stages that a shipped alert or the runbook
-// reads (docs/alerts.yml, docs/operations.md: poisonings, failed
-// deliveries, retries, exhaustions, duplicates) at zero, before its first
-// delivery: a rate over a series that appears at its first increment
-// misses that increment, so the first poisoning's alert would not fire.
-// Add calls it once per handler.
-func exportAtZero(s Stages, handler, topic, system string) error {
+// ExportCountersAtZero exports, for the handler named handler consuming
+// queue on system (the messaging system, "rabbitmq"; "" leaves it out),
+// every counter of s's stages that a shipped alert or the runbook reads
+// (docs/alerts.yml, docs/operations.md) at zero, before its first
+// delivery: sluice.poisoned for each class the Poison stage isolates,
+// messaging.client.consumed.messages of failed deliveries for each class
+// and none (Trace), sluice.retries for each tier and sluice.exhausted
+// (Retry), sluice.inbox.duplicates (Inbox). A rate over a series that
+// appears at its first increment misses that increment, so the first
+// poisoning's alert would not fire. Only the stages' MeterProvider (theirs,
+// else s.MeterProvider), Poison's Classes, Retry's Tiers and Trace's System
+// are read. Add calls it once per handler; call it once per handler when
+// you add the stages by hand, with the configs you built them from.
+func ExportCountersAtZero(handler, queue, system string, s Stages) error {
 	mp := func(own metric.MeterProvider) metric.MeterProvider { return cmp.Or(own, s.MeterProvider) }
 	var errs []error
 	if t := s.Trace; t != nil {
-		errs = append(errs, stage.ExportTraceAtZero(stage.TraceConfig{Env: sluice.Env{MeterProvider: mp(t.MeterProvider)}, System: t.System}, handler, topic, system))
+		errs = append(errs, telemetry.ZeroConsumed(mp(t.MeterProvider), handler, queue, cmp.Or(t.System, system)))
 	}
 	if p := s.Poison; p != nil {
-		errs = append(errs, poison.ExportAtZero(poison.Config{Env: sluice.Env{MeterProvider: mp(p.MeterProvider)}, Classes: p.Classes}, handler, topic, system))
+		classes := p.Classes
+		if len(classes) == 0 {
+			classes = poisonqueue.ClassesDefault
+		}
+		errs = append(errs, telemetry.ZeroPoisoned(mp(p.MeterProvider), classes, handler, queue, system))
 	}
 	if r := s.Retry; r != nil {
-		errs = append(errs, retrytiers.ExportAtZero(retrytiers.Config{Env: sluice.Env{MeterProvider: mp(r.MeterProvider)}, Tiers: r.Tiers}, handler, topic, system))
+		tiers := make([]string, len(r.Tiers))
+		for i, t := range r.Tiers {
+			tiers[i] = t.Name
+		}
+		errs = append(errs, telemetry.ZeroRetries(mp(r.MeterProvider), tiers, handler, queue, system))
 	}
 	if in := s.Inbox; in != nil {
-		errs = append(errs, deduplication.ExportDuplicatesAtZero(deduplication.Config{Env: sluice.Env{MeterProvider: mp(in.MeterProvider)}}, handler, topic, system))
+		errs = append(errs, telemetry.ZeroDuplicates(mp(in.MeterProvider), handler, queue, system))
 	}
 	return errors.Join(errs...)
 }

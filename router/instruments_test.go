@@ -19,6 +19,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/broker"
+	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
@@ -232,4 +234,46 @@ func TestAFailedDeliveryIncrementsItsSeriesExportedAtZero(t *testing.T) {
 	n, after := failed(handlerPoints(t, reader, "billing")[consumed])
 	require.Equal(t, int64(1), n)
 	require.Equal(t, before, after, "the failure incremented a series exported at zero")
+}
+
+// Stages added by hand (the README's quick start) get the same series at
+// zero from one call with the configs they were built from: each counter
+// an alert reads, with the handler's join attributes and nothing counted.
+// Before, it took four functions of four packages (poison.ExportAtZero,
+// stage.ExportTraceAtZero, retrytiers.ExportAtZero,
+// deduplication.ExportDuplicatesAtZero).
+func TestExportCountersAtZeroForStagesAddedByHand(t *testing.T) {
+	t.Parallel()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	tiers, err := broker.Ladder("orders", time.Second, time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, router.ExportCountersAtZero("by-hand", "orders", "rabbitmq", router.Stages{
+		Env:    sluice.Env{MeterProvider: mp},
+		Trace:  &stage.TraceConfig{},
+		Poison: &poison.Config{Classes: []sluice.Class{sluice.ClassPoison}},
+		Retry:  &retrytiers.Config{Tiers: tiers},
+		Inbox:  &deduplication.Config{},
+	}))
+	points := handlerPoints(t, reader, "by-hand")
+	for name, matchers := range alertCounters(t) {
+		if slices.Contains(relayCounters, name) {
+			continue
+		}
+		require.NotEmpty(t, points[name], "%s (an alert reads it%s) has no series", name, matchers)
+	}
+	count := map[string]int{}
+	for name, dps := range points {
+		for _, dp := range dps {
+			require.Zero(t, dp.Value, name)
+			dest, _ := dp.Attributes.Value("messaging.destination.name")
+			require.Equal(t, "orders", dest.AsString(), name)
+		}
+		count[name] = len(dps)
+	}
+	require.Equal(t, 1, count[promName(telemetry.MetricPoisoned)], "the classes the stage isolates: poison only")
+	require.Equal(t, len(tiers), count[promName(telemetry.MetricRetries)], "a series for each tier")
+	require.Equal(t, 1, count[promName(telemetry.MetricExhausted)])
+	require.Equal(t, 1, count[promName(telemetry.MetricInboxDuplicates)])
+	require.Equal(t, 6, count["messaging_client_consumed_messages_total"], "failed deliveries of each of the 5 classes and of none")
 }

@@ -152,8 +152,7 @@ var ErrDuplicateHandler = errors.New("router: duplicate handler")
 // Inbox without PublishAtMostOnce). It names the consumer of the Inbox and Poison
 // stages after the handler where they leave it unset, and exports the
 // counters of its stages that the shipped alerts read at zero for it,
-// before its first delivery (poison.ExportAtZero,
-// middleware.ExportTraceAtZero). It wraps the handler with
+// before its first delivery (ExportCountersAtZero). It wraps the handler with
 // unitofwork.Reentry, so an in-process retry middleware added to the
 // router later — and so run inside the inbox — cannot run the handler twice
 // in one inbox transaction.
@@ -278,7 +277,7 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		p.Consumer = cfg.Name
 		cfg.Stages.Poison = &p
 	}
-	if err := exportAtZero(cfg.Stages, cfg.Name, cfg.Topic, system); err != nil {
+	if err := ExportCountersAtZero(cfg.Name, cfg.Topic, system, cfg.Stages); err != nil {
 		return nil, fmt.Errorf("router: exporting the handler's counters at zero: %w", err)
 	}
 	var batched message.HandlerFunc

@@ -143,7 +143,7 @@ func (s *Service) Add(h Handler) error {
 		return fmt.Errorf("service: handler %q: %w", h.Name, err)
 	}
 	if s.relay != nil && h.PublishingHandler != nil {
-		s.relay.ExportAtZero(h.PublishTopic) // its counters, for the alerts' rate(), before the first row
+		s.relay.ExportCountersAtZero(h.PublishTopic) // its counters, for the alerts' rate(), before the first row
 	}
 	s.handlers = append(s.handlers, added{name: h.Name, handlers: hs, subscriber: h.Broker.Endpoints().Subscriber})
 	return nil

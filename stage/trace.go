@@ -23,10 +23,6 @@ import (
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
-// operationProcess is messaging.operation.name of the Trace stage's spans
-// and metrics.
-const operationProcess = "process"
-
 // TraceConfig configures the Trace stage and TracingPublisher.
 type TraceConfig struct {
 	// Env is the shared environment (router.Stages and service give theirs;
@@ -105,7 +101,7 @@ func Trace(cfg TraceConfig) (message.HandlerMiddleware, error) {
 			if span.IsRecording() { // attributes cost allocations: only for spans kept
 				span.SetAttributes(
 					semconv.MessagingOperationTypeProcess,
-					semconv.MessagingOperationName(operationProcess),
+					semconv.MessagingOperationName(telemetry.OperationProcess),
 					semconv.MessagingDestinationName(dest),
 					semconv.MessagingMessageID(msg.UUID),
 					semconv.MessagingConsumerGroupName(handler),
@@ -174,18 +170,7 @@ type metricKey struct {
 
 // attrs is the attribute set of k.
 func (k metricKey) attrs() attribute.Set {
-	attrs := []attribute.KeyValue{telemetry.HandlerKey.String(k.handler), semconv.MessagingDestinationName(k.dest),
-		semconv.MessagingOperationName(operationProcess), telemetry.AttrOutcome.String(string(k.outcome))}
-	if k.system != "" {
-		attrs = append(attrs, semconv.MessagingSystemKey.String(k.system))
-	}
-	if k.class != "" {
-		attrs = append(attrs, telemetry.AttrClass.String(k.class))
-	}
-	if k.errorType != "" {
-		attrs = append(attrs, semconv.ErrorTypeKey.String(k.errorType))
-	}
-	return attribute.NewSet(attrs...)
+	return telemetry.ConsumedAttrs(k.handler, k.dest, k.system, k.outcome, k.class, k.errorType)
 }
 
 func annotate(span trace.Span, r *sluice.Report) {

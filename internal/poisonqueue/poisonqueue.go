@@ -3,7 +3,11 @@
 // x-delivery-limit a quorum one is declared with.
 package poisonqueue
 
-import "math"
+import (
+	"math"
+
+	"github.com/sluicemq/sluice"
+)
 
 // Suffix makes a queue's default poison queue, "<Queue>.poison".
 const Suffix = ".poison"
@@ -19,3 +23,8 @@ const Suffix = ".poison"
 // On 4.x, a quorum queue declared with no limit would get 20, and the
 // poison queue has no dead-letter target: 20 looks would drop a message.
 const DeliveryLimit = math.MaxInt32
+
+// ClassesDefault are the failure classes the poison stage isolates when
+// its Config.Classes is empty, and so the classes router.Add exports
+// sluice.poisoned at zero for.
+var ClassesDefault = []sluice.Class{sluice.ClassPoison, sluice.ClassInvariant, sluice.ClassExhausted}
