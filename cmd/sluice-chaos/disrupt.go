@@ -44,7 +44,9 @@ func (w *world) disrupt(ctx context.Context, rng *rand.Rand, scenario string) er
 			}
 		}
 	case "rabbitmq-restart":
+		w.traces.add(harnessTrace, time.Now().Format("15:04:05.000")+" rabbitmqctl stop_app")
 		r, err := testenv.RestartApp(ctx, testenv.TryRabbitmqctl, testenv.RabbitMQRoot, w.o.mqDown)
+		w.traces.add(harnessTrace, time.Now().Format("15:04:05.000")+" the broker serves again (start_app returned)")
 		w.restart = &r
 		if err != nil {
 			return fmt.Errorf("restarting RabbitMQ: %w", err)

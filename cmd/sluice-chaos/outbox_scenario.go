@@ -78,7 +78,7 @@ func (w *world) setupOutbox(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if ob.topo, err = rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: w.name + "_produced", TierDelays: delays}); err != nil {
+	if ob.topo, err = rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: w.name + "_produced", TierDelays: delays, Quorum: w.quorum}); err != nil {
 		return err
 	}
 	w.ob = ob // teardown deletes its queues

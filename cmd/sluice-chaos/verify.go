@@ -109,6 +109,13 @@ func (w *world) verify(p plan) (string, error) {
 		return "observe", err
 	}
 	twice, problems := exactlyOnce(effects, p.valid, "unexpected effect ", "missing effect ")
+	for i, pr := range problems {
+		if id, ok := strings.CutPrefix(pr, "missing effect "); ok {
+			if lines := w.traces.of(id); len(lines) > 0 {
+				problems[i] += ", its consumers' traces:\n    " + strings.Join(append(lines, w.traces.of(harnessTrace)...), "\n    ")
+			}
+		}
+	}
 	copies := 0
 	for id, n := range poisoned {
 		copies += n
