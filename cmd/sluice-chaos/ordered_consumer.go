@@ -51,6 +51,7 @@ func orderedConsumerMain(args []string) error {
 	tiers := fs.String("tiers", "", "")
 	crashProb := fs.Float64("crash-prob", 0, "")
 	unordered := fs.Bool("unordered", false, "without Stages.Order (the control run: the check must fail)")
+	quorum := fs.Bool("quorum", false, "declare the topology with quorum queues (rabbitmq.TopologyConfig.Quorum)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -84,7 +85,7 @@ func orderedConsumerMain(args []string) error {
 		return err
 	}
 	q, err := dialBroker(ctx, rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: *amqpURL},
-		Topology: rabbitmq.TopologyConfig{Queue: *queue, TierDelays: delays}})
+		Topology: rabbitmq.TopologyConfig{Queue: *queue, TierDelays: delays, Quorum: *quorum}})
 	if err != nil {
 		return err
 	}

@@ -81,6 +81,7 @@ func runOrdered(parent context.Context, o options, scenario string) (string, err
 		}
 		fmt.Printf("  %s: private RabbitMQ node started in %s\n", scenario, took.Round(100*time.Millisecond))
 		ow.node, w.conn = node, rabbitmq.Connection{URL: node.URLs[0]}
+		w.quorum = true // it stops the broker: quorum queues, as rabbitmq-restart (harness.go)
 	}
 	if err := w.setup(ctx); err != nil {
 		return "setup", err
@@ -104,7 +105,8 @@ func runOrdered(parent context.Context, o options, scenario string) (string, err
 		return "produce", err
 	}
 	args := []string{"ordered-consumer", "--amqp-url", w.conn.URL, "--postgres-url", w.consumerURL(), "--queue", w.topo.Queue(),
-		"--schema", w.name, "--tiers", o.tiers, "--crash-prob", fmt.Sprint(oo.crashProb), fmt.Sprintf("--unordered=%t", ow.control)}
+		"--schema", w.name, "--tiers", o.tiers, "--crash-prob", fmt.Sprint(oo.crashProb), fmt.Sprintf("--unordered=%t", ow.control),
+		fmt.Sprintf("--quorum=%t", w.quorum)}
 	// One consumer process at a time: the queue has one consumer, as a
 	// partition with single active consumer has; each SIGKILL starts the
 	// next.
