@@ -246,8 +246,8 @@ func runScenario(parent context.Context, o options, scenario string) (string, er
 		// rabbitmq-restart on classic queues lost events in 2 of 43 runs (3
 		// in all); those traced were copies confirmed into the 1 s tier as
 		// stop_app began (rabbitmq.TestQuorumTiersKeepEveryConfirmedCopyAcrossABrokerStop).
-		// ordered does too when it restarts its node; kill, poison-full and
-		// same-id-8 keep classic queues.
+		// ordered does too when it restarts its node; the other scenarios keep
+		// classic queues.
 		w.quorum = true
 	}
 	if base == clusterScenario {

@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"io"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice/internal/amqpcall"
@@ -47,7 +49,7 @@ func TestABlackHoledDatabaseHoldsNoReportPastItsBound(t *testing.T) {
 	t.Parallel()
 	schema := testenv.Schema(t, testenv.Postgres(t))
 	proxy, dsn := testenv.ProxyPostgresURL(t)
-	store, done, err := openOutcomes(dsn, schema+".outcomes", true)
+	store, done, err := openOutcomes(t.Context(), dsn, schema+".outcomes", true)
 	require.NoError(t, err)
 	t.Cleanup(done)
 	_, _, err = readOutcomes(store, "run-1", time.Second)
@@ -79,7 +81,7 @@ func TestABlackHoledDatabaseHoldsNoOutcomeOpenPastItsBound(t *testing.T) {
 	schema := testenv.Schema(t, testenv.Postgres(t))
 	table := schema + ".outcomes"
 	proxy, dsn := testenv.ProxyPostgresURL(t)
-	_, done, err := openOutcomes(dsn, table, true)
+	_, done, err := openOutcomes(t.Context(), dsn, table, true)
 	require.NoError(t, err)
 	t.Cleanup(done)
 
@@ -87,7 +89,7 @@ func TestABlackHoledDatabaseHoldsNoOutcomeOpenPastItsBound(t *testing.T) {
 	const bound = connectTimeout + 10*time.Second
 	took := testenv.Within(t, bound+25*time.Second, "openOutcomes", func() {
 		var done func()
-		if _, done, err = openOutcomes(dsn, table, false); done != nil {
+		if _, done, err = openOutcomes(t.Context(), dsn, table, false); done != nil {
 			done()
 		}
 	})
@@ -137,5 +139,40 @@ func TestADatabaseSlowToStartASessionIsWaitedFor(t *testing.T) {
 			require.NotContains(t, errOut.String(), "connecting to the database")
 			require.GreaterOrEqual(t, took, late, "the start-up was held")
 		})
+	}
+}
+
+// The wait for a database slow to start a session ends with the command's
+// context — Ctrl-C, which dlq archive, restore and replay catch — and says
+// so, not that the database stayed silent. Before, the archive table and
+// the outcome records were opened on context.Background(): a caught Ctrl-C
+// ended nothing for up to 35 s (a deadline stands in for it here).
+func TestAnInterruptEndsTheWaitForASlowDatabase(t *testing.T) {
+	t.Parallel()
+	proxy, dsn := testenv.ProxyPostgresURL(t)
+	proxy.SlowStart(time.Minute)
+	for what, open := range map[string]func(ctx context.Context) error{
+		"the outcome records": func(ctx context.Context) error {
+			_, done, err := openOutcomes(ctx, dsn, "sluice_replay", false)
+			if done != nil {
+				done()
+			}
+			return err
+		},
+		"an archive table": func(ctx context.Context) error {
+			_, done, err := openArchive(ctx, "", nil, dsn, func(*sqlx.DB) (io.Closer, error) { return io.NopCloser(nil), nil })
+			if done != nil {
+				done()
+			}
+			return err
+		},
+	} {
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		var err error
+		took := testenv.Within(t, 40*time.Second, what, func() { err = open(ctx) })
+		cancel()
+		require.ErrorIs(t, err, context.DeadlineExceeded, what)
+		require.ErrorContains(t, err, "connecting to the database: context deadline exceeded", what)
+		require.Less(t, took, 15*time.Second, "%s: ended with its context, not after the 30 s bound", what)
 	}
 }

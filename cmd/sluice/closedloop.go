@@ -124,7 +124,7 @@ func (o *operatorRecords) flush(ctx context.Context, run string) (string, error)
 	if o.url == "" || len(o.rs) == 0 {
 		return "", nil
 	}
-	store, closeStore, err := openOutcomes(o.url, o.table, o.create)
+	store, closeStore, err := openOutcomes(ctx, o.url, o.table, o.create) // ctx: flush's, not cut by Ctrl-C (what was done is recorded)
 	if err != nil {
 		return "", err
 	}

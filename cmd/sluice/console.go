@@ -85,7 +85,7 @@ func newConsole(g *globals, out io.Writer) *cobra.Command {
 				cfg.Publisher = pub
 			}
 			if lf.outcomes != "" {
-				store, closeStore, err := openOutcomes(lf.outcomes, lf.table, !readOnly)
+				store, closeStore, err := openOutcomes(command.Context(), lf.outcomes, lf.table, !readOnly)
 				if err != nil {
 					return err
 				}

@@ -42,7 +42,7 @@ func consoleOn(t testing.TB, b *bed, outcomes string, mutate func(*console.Confi
 		Operator:  func(*http.Request) string { return "tester" },
 	}
 	if outcomes != "" {
-		store, done, err := openOutcomes(testenv.PostgresURL, outcomes, false)
+		store, done, err := openOutcomes(t.Context(), testenv.PostgresURL, outcomes, false)
 		require.NoError(t, err)
 		t.Cleanup(done)
 		cfg.Outcomes, cfg.OutcomesWhere = store, outcomesPlace(testenv.PostgresURL, outcomes)
@@ -228,7 +228,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	require.Equal(t, []string{"processed", "processed", "processed", "processed", "processed", "processed"}, outcomes)
 	shot(t, ctx, "replay-done")
 	run := runID(t, ctx)
-	store, done, err := openOutcomes(testenv.PostgresURL, rc.outcomesTable, false)
+	store, done, err := openOutcomes(t.Context(), testenv.PostgresURL, rc.outcomesTable, false)
 	require.NoError(t, err)
 	defer done()
 	rs, err := store.Outcomes(t.Context(), run)

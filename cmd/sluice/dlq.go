@@ -194,7 +194,7 @@ func fileOrTable(fileFlag, file, tableFlag, table, dbURL string) error {
 
 // openArchive opens an archive's file with openFile, or its table on the
 // PostgreSQL database at dbURL with openTable; done closes what it opened.
-func openArchive[T io.Closer](file string, openFile func(string) (T, error), dbURL string, openTable func(*sqlx.DB) (T, error)) (_ T, done func(), _ error) {
+func openArchive[T io.Closer](ctx context.Context, file string, openFile func(string) (T, error), dbURL string, openTable func(*sqlx.DB) (T, error)) (_ T, done func(), _ error) {
 	var none T
 	if file != "" {
 		f, err := openFile(file)
@@ -203,7 +203,7 @@ func openArchive[T io.Closer](file string, openFile func(string) (T, error), dbU
 		}
 		return f, func() { _ = f.Close() }, nil
 	}
-	db, err := openPostgres(context.Background(), dbURL)
+	db, err := openPostgres(ctx, dbURL)
 	if err != nil {
 		return none, nil, fmt.Errorf("--db: %w", err)
 	}

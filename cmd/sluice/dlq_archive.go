@@ -44,7 +44,7 @@ func newArchive(g *globals, out io.Writer) *cobra.Command {
 			}
 			defer done()
 			opts := map[string]string{"to": file, "to_table": tableName, "limit": strconv.Itoa(ff.limit)}
-			sink, closeSink, err := openArchive(file, func(path string) (dlq.ArchiveSink, error) { return dlq.OpenFileSink(path) },
+			sink, closeSink, err := openArchive(ctx, file, func(path string) (dlq.ArchiveSink, error) { return dlq.OpenFileSink(path) },
 				dbURL, func(db *sqlx.DB) (dlq.ArchiveSink, error) { return dlq.NewTableSink(ctx, db, tableName) })
 			if err != nil { // nothing moved; the attempt is audited
 				return errorsJoin(err, audit(g, "dlq archive", ff.queue, f, opts, dlq.Result{}, false, err))

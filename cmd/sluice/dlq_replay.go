@@ -85,7 +85,7 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 			var res dlq.Result
 			var runErr error
 			if lf.active() {
-				store, closeStore, err := openOutcomes(lf.outcomes, lf.table, true)
+				store, closeStore, err := openOutcomes(ctx, lf.outcomes, lf.table, true)
 				if err != nil {
 					return err
 				}

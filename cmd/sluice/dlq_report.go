@@ -34,7 +34,7 @@ func newReport(out io.Writer) *cobra.Command {
 			if url == "" {
 				return usageError{errors.New("--outcomes is required (or env SLUICE_OUTCOMES_URL)")}
 			}
-			store, closeStore, err := openOutcomes(url, table, false)
+			store, closeStore, err := openOutcomes(context.Background(), url, table, false)
 			if err != nil {
 				return err
 			}

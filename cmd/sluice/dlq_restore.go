@@ -49,7 +49,7 @@ func newRestore(g *globals, out io.Writer) *cobra.Command {
 			}
 			ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt)
 			defer cancel()
-			src, closeSrc, err := openArchive(from, func(path string) (dlq.RestoreSource, error) { return dlq.OpenFileSource(path) },
+			src, closeSrc, err := openArchive(ctx, from, func(path string) (dlq.RestoreSource, error) { return dlq.OpenFileSource(path) },
 				dbURL, func(db *sqlx.DB) (dlq.RestoreSource, error) {
 					return dlq.OpenTableSource(ctx, db, fromTable, g.operator, eventIDs)
 				})

@@ -56,7 +56,7 @@ func isRedis(url string) bool {
 // read-only report, resolve, which records into an existing run) a missing
 // table is an error naming it. A URL of the wrong form is a usage error.
 // Errors never carry the URL's password.
-func openOutcomes(url, table string, create bool) (ledger.Ledger, func(), error) {
+func openOutcomes(ctx context.Context, url, table string, create bool) (ledger.Ledger, func(), error) {
 	if err := checkOutcomesURL(url); err != nil {
 		return nil, nil, err
 	}
@@ -81,7 +81,7 @@ func openOutcomes(url, table string, create bool) (ledger.Ledger, func(), error)
 		}
 		return s, func() { _ = client.Close() }, nil
 	}
-	db, err := openPostgres(context.Background(), url)
+	db, err := openPostgres(ctx, url)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--outcomes: %w", err)
 	}
@@ -103,7 +103,8 @@ func openOutcomes(url, table string, create bool) (ledger.Ledger, func(), error)
 }
 
 // connectTimeout bounds the start-up of each connection the CLI opens to
-// PostgreSQL (the URL's connect_timeout wins): an operator's command waits
+// PostgreSQL (the URL's connect_timeout wins, up to connectTimeout + 5 s for
+// the first connection, openPostgres's bound): an operator's command waits
 // for a database on a busy host longer than a consumer's pool does
 // (sluicesql/postgres's 5 s, which keeps a stalled start-up from holding
 // deliveries), and still never for ever.
@@ -115,7 +116,8 @@ const connectTimeout = 30 * time.Second
 // given up CancelGrace after its context ended. A pool of lib/pq's alone
 // waits on a silent database — black-holed: the connection up, nothing
 // coming back — for ever, its start-up and its cancel request included.
-// It connects before it returns (within ctx and connectTimeout), so a
+// It connects before it returns (within ctx — Ctrl-C, where the command
+// catches it — and connectTimeout + 5 s), so a
 // command's first call, bounded for a statement, does not bear a slow
 // start-up, and a database that does not answer is named at once. The
 // outcome records, the archive and restore tables, the outbox and the
@@ -126,10 +128,13 @@ func openPostgres(ctx context.Context, url string) (*sqlx.DB, error) {
 	if err != nil {
 		return nil, diag.RedactError(err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, connectTimeout+5*time.Second)
+	pingCtx, cancel := context.WithTimeout(ctx, connectTimeout+5*time.Second)
 	defer cancel()
-	if err := db.PingContext(ctx); err != nil {
+	if err := db.PingContext(pingCtx); err != nil {
 		_ = db.Close()
+		if ctx.Err() != nil { // interrupted: said as such, not as the database's silence
+			return nil, fmt.Errorf("connecting to the database: %w", ctx.Err())
+		}
 		return nil, fmt.Errorf("connecting to the database (within its connect_timeout, default %s): %w", connectTimeout, diag.RedactError(err))
 	}
 	return db, nil
