@@ -35,9 +35,6 @@ const (
 // broker's frame is cut down to fit besides: DroppedKey).
 const errorMaxLength = 1024
 
-// classesDefault are the classes isolated when Config.Classes is empty.
-var classesDefault = poisonqueue.ClassesDefault
-
 // Config configures the poison stage.
 type Config struct {
 	// Publisher publishes to the poison queue; it must return only once the
@@ -109,7 +106,7 @@ const stackMaxLength = 8 << 10
 // withDefaults returns a copy of c with its defaults filled.
 func (c Config) withDefaults() Config {
 	if len(c.Classes) == 0 { // a slice, not comparable: no cmp.Or
-		c.Classes = classesDefault
+		c.Classes = poisonqueue.ClassesDefault
 	}
 	c.Classifier = cmp.Or(c.Classifier, sluice.DefaultClassifier())
 	c.PublishBackoff = cmp.Or(c.PublishBackoff, publishBackoffDefault)

@@ -110,16 +110,14 @@ func stopMidStream(t *testing.T, node *testenv.PrivateRabbitMQ, quorum bool) {
 	// as ready) for a while after the restart, so up to 2 minutes; a
 	// classic tier's lost copies never come, so 10 s once the tier is
 	// empty.
-	lost := missing()
-	if quorum {
-		for deadline := time.Now().Add(2 * time.Minute); lost > 0 && time.Now().Before(deadline); lost = missing() {
-			time.Sleep(100 * time.Millisecond)
-		}
-	} else {
+	wait := 2 * time.Minute
+	if !quorum {
 		require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, tier) == 0 }, 2*time.Minute, 100*time.Millisecond, "every copy expired")
-		for deadline := time.Now().Add(10 * time.Second); lost > 0 && time.Now().Before(deadline); lost = missing() {
-			time.Sleep(100 * time.Millisecond)
-		}
+		wait = 10 * time.Second
+	}
+	lost := missing()
+	for deadline := time.Now().Add(wait); lost > 0 && time.Now().Before(deadline); lost = missing() {
+		time.Sleep(100 * time.Millisecond)
 	}
 	t.Logf("%d copies confirmed into the tier, %d lost across the stop", len(confirmed), lost)
 	if quorum {

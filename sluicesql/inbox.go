@@ -75,6 +75,21 @@ func errNoDB(what string) error {
 	return fmt.Errorf("sluicesql: %s: the DB is required (a plain *sql.DB: sqlx.NewDb(db, driverName))", what)
 }
 
+// dialectOf is the dialect in dialects of db's driver (PostgreSQL's or
+// SQLite's), the errors naming the constructor (what): no database, or a
+// driver the stores speak no SQL of.
+func dialectOf[D any](what string, db *sqlx.DB, dialects map[string]D) (D, error) {
+	var none D
+	if db == nil {
+		return none, errNoDB(what)
+	}
+	d, ok := dialects[db.DriverName()]
+	if !ok {
+		return none, fmt.Errorf("sluicesql: %s: driver %q is not supported (want postgres, pgx, sqlite or sqlite3)", what, db.DriverName())
+	}
+	return d, nil
+}
+
 // withDefaults returns a copy of c with its defaults filled.
 func (c InboxConfig) withDefaults() InboxConfig {
 	c.Table = cmp.Or(c.Table, inboxTableDefault)
@@ -90,12 +105,9 @@ func (c InboxConfig) withDefaults() InboxConfig {
 // both for the tables of Stores).
 func NewInbox(db *sqlx.DB, cfg InboxConfig) (*Inbox, error) {
 	cfg = cfg.withDefaults()
-	if db == nil {
-		return nil, errNoDB("NewInbox")
-	}
-	d, ok := dialects[db.DriverName()]
-	if !ok {
-		return nil, fmt.Errorf("sluicesql: NewInbox: driver %q is not supported (want postgres, pgx, sqlite or sqlite3)", db.DriverName())
+	d, err := dialectOf("NewInbox", db, dialects)
+	if err != nil {
+		return nil, err
 	}
 	quoted, name, err := sqlname.Quote(cfg.Table, d.schemas)
 	if err != nil {

@@ -80,12 +80,9 @@ var (
 // builds one (Stores.Outbox).
 func NewOutbox(db *sqlx.DB, cfg OutboxConfig) (*Outbox, error) {
 	cfg.Table = cmp.Or(cfg.Table, outboxTableDefault)
-	if db == nil {
-		return nil, errNoDB("NewOutbox")
-	}
-	d, ok := outboxDialects[db.DriverName()]
-	if !ok {
-		return nil, fmt.Errorf("sluicesql: NewOutbox: driver %q is not supported (want postgres, pgx, sqlite or sqlite3)", db.DriverName())
+	d, err := dialectOf("NewOutbox", db, outboxDialects)
+	if err != nil {
+		return nil, err
 	}
 	quoted, last, err := sqlname.Quote(cfg.Table, d.schemas)
 	if err != nil {

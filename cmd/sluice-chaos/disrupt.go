@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"time"
@@ -85,7 +84,7 @@ func ctl(args ...string) error {
 // scripts/rabbitmq4.sh: its URL, its installation and node name (for
 // rabbitmqctl and the private cluster).
 func useRabbitMQ4(o *options) error {
-	script, err := findAbove("scripts/rabbitmq4.sh")
+	script, err := testenv.FindAbove("scripts/rabbitmq4.sh")
 	if err != nil {
 		return err
 	}
@@ -108,25 +107,6 @@ func useRabbitMQ4(o *options) error {
 		return fmt.Errorf("the RabbitMQ 4.0 node is not running (make services starts it): %w", err)
 	}
 	return nil
-}
-
-// findAbove finds rel above the working directory.
-func findAbove(rel string) (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		p := filepath.Join(dir, rel)
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("%s not found above the working directory", rel)
-		}
-		dir = parent
-	}
 }
 
 func run(name string, args ...string) error {

@@ -1,6 +1,7 @@
-// Package poisonqueue holds what rabbitmq's Topology and the dlq package
-// agree on about a poison queue: its default name's suffix and the
-// x-delivery-limit a quorum one is declared with.
+// Package poisonqueue holds what Sluice's packages agree on about a poison
+// queue: its default name's suffix and the x-delivery-limit a quorum one is
+// declared with (rabbitmq's Topology, dlq), the classes isolated in it by
+// default (the poison stage, router's counters at zero).
 package poisonqueue
 
 import (

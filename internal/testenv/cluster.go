@@ -90,7 +90,7 @@ func StartClusterWith(n int, o ClusterOptions) (*PrivateCluster, error) {
 	script := o.Script
 	if script == "" {
 		var err error
-		if script, err = findScript(); err != nil {
+		if script, err = FindAbove(clusterScript); err != nil {
 			return nil, err
 		}
 	}
@@ -356,21 +356,23 @@ func (c *PrivateCluster) logs() string {
 	return b.String()
 }
 
-// findScript finds clusterScript above the working directory (a test runs
-// in its package's directory, in the repository or a module under it).
-func findScript() (string, error) {
+// FindAbove finds rel (a path from the repository's root, such as
+// scripts/rabbitmq4.sh) above the working directory: a test runs in its
+// package's directory, in the repository or a module under it, and so do
+// the harnesses go run starts there.
+func FindAbove(rel string) (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err
 	}
 	for {
-		p := filepath.Join(dir, clusterScript)
+		p := filepath.Join(dir, rel)
 		if _, err := os.Stat(p); err == nil {
 			return p, nil
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", fmt.Errorf("testenv: %s not found above the working directory", clusterScript)
+			return "", fmt.Errorf("testenv: %s not found above the working directory", rel)
 		}
 		dir = parent
 	}
