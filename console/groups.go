@@ -191,6 +191,10 @@ type messageView struct {
 	HeadersCut int
 }
 
+// readsLabel says what dlq.Message.Reads is, beside the count and the
+// broker's header it comes from.
+const readsLabel = "reads of this copy in the poison queue (the broker's x-delivery-count: each console page and sluice dlq command that read it counts one; not retries — attempts are)"
+
 // readNote says what a metadata key of a message read from a poison queue
 // holds when it is about this read rather than the message's history — the
 // broker's delivery count and redelivered flag, which each scan moves —
@@ -198,7 +202,7 @@ type messageView struct {
 func readNote(key string) string {
 	switch key {
 	case rabbitmq.DeliveryCountKey:
-		return dlq.ReadsLabel
+		return readsLabel
 	case rabbitmq.RedeliveredKey:
 		return "read before from the poison queue, by a console page or a sluice dlq command: not a retry"
 	}

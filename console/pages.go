@@ -14,7 +14,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
@@ -49,7 +48,7 @@ func (c *Console) parse() error {
 		},
 		"csrf":       func() string { return c.csrf },
 		"name":       breakable,
-		"readsLabel": func() string { return dlq.ReadsLabel },
+		"readsLabel": func() string { return readsLabel },
 		"pct":        func(f float64) string { return strconv.FormatFloat(100*f, 'f', 0, 64) + "%" },
 	}
 	pages, err := fs.Glob(assets, "templates/*.html")

@@ -19,3 +19,8 @@ const CallTimeout = callTimeout
 
 // StatsCounter is the counter NewStatsCounter returns.
 type StatsCounter = statsCounter
+
+// Stats' default top and its capacity for a top (Stats.Capacity).
+const TopDefault = topDefault
+
+var Capacity = capacity

@@ -70,9 +70,9 @@ func (q *Queue) Inspect(ctx context.Context, f Filter, limit int) ([]*Message, e
 }
 
 // Stats reads the whole queue (returning every message) and groups what f
-// selects, showing the top most frequent values of each group (TopDefault
-// when 0, at most TopMax). Its memory is bounded by Capacity(top) values a
-// group, whatever the queue holds.
+// selects, showing the top most frequent values of each group (20 when 0,
+// at most 1000: Stats.Top says which). Its memory is bounded by
+// Stats.Capacity values a group, whatever the queue holds.
 func (q *Queue) Stats(ctx context.Context, f Filter, top int) (Stats, error) {
 	return readStats(ctx, q.conn, q.name, f, top)
 }

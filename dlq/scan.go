@@ -38,8 +38,9 @@ type Message struct {
 	// (its latest death: "delivery_limit", the queue it died in, how often
 	// it died): a quorum queue's delivery limit moves a message that kills
 	// its consumer to the poison queue with no Sluice diagnosis. When the
-	// message has none, Class is BrokerClassPrefix+DeadLetterReason and
-	// Reason says what the broker did.
+	// message has none, Class is "broker:" followed by DeadLetterReason
+	// ("broker:delivery_limit", as Filter.Classes selects it), and Reason
+	// says what the broker did.
 	DeadLetterReason, DeadLetterQueue, DeadLetterCount string
 
 	scan *scanner // the scan that read it, told of its ack
@@ -59,10 +60,6 @@ type Message struct {
 	// failed. 0 on a classic queue, which keeps no count.
 	Reads int
 }
-
-// ReadsLabel says what Reads is, for a page or a table that shows the
-// broker's count beside it.
-const ReadsLabel = "reads of this copy in the poison queue (the broker's x-delivery-count: each console page and sluice dlq command that read it counts one; not retries — attempts are)"
 
 func newMessage(d amqp.Delivery) (*Message, error) {
 	m, err := rabbitmq.Marshaler{}.Unmarshal(d)
@@ -86,11 +83,11 @@ func newMessage(d amqp.Delivery) (*Message, error) {
 	return msg, nil
 }
 
-// BrokerClassPrefix starts the class of a message RabbitMQ dead-lettered
+// brokerClassPrefix starts the class of a message RabbitMQ dead-lettered
 // that has no Sluice diagnosis: "broker:delivery_limit" (a quorum queue's
 // delivery limit: a consumer that crashed on it, or returned it, each
 // time), "broker:rejected", "broker:expired", "broker:maxlen".
-const BrokerClassPrefix = "broker:"
+const brokerClassPrefix = "broker:"
 
 // brokerDiagnosis fills m's broker fields from x-death (its latest entry,
 // which RabbitMQ itself puts first when it dead-letters a message; the
@@ -103,7 +100,7 @@ func brokerDiagnosis(m *Message, md message.Metadata) {
 	if m.DeadLetterReason == "" || m.Class != "" {
 		return
 	}
-	m.Class = BrokerClassPrefix + m.DeadLetterReason
+	m.Class = brokerClassPrefix + m.DeadLetterReason
 	if m.Reason == "" {
 		m.Reason = fmt.Sprintf("%s: dead-lettered by RabbitMQ from queue %s (x-death count %s), no Sluice diagnosis",
 			m.DeadLetterReason, cmp.Or(m.DeadLetterQueue, "?"), cmp.Or(m.DeadLetterCount, "?"))

@@ -18,21 +18,21 @@ import (
 // Stats' bounds: whatever a poison queue holds — 200,000 messages with as
 // many different reasons — stats keeps a bounded number of values.
 const (
-	// TopDefault is how many values of each group (class, error
-	// fingerprint, event type) Stats shows by default; the messages of the
-	// others are counted in Other.
-	TopDefault = 20
-	// TopMax is the most values of a group Stats shows.
-	TopMax = 1000
+	// topDefault is how many values of each group (class, error
+	// fingerprint, event type) Stats shows when asked for 0; the messages
+	// of the others are counted in Other.
+	topDefault = 20
+	// topMax is the most values of a group Stats shows: more is taken as
+	// topMax.
+	topMax = 1000
 	// valueMaxLength bounds, in bytes, a fingerprint, class or event type
 	// as it is counted (the reason is cut before it is fingerprinted).
 	valueMaxLength = 1024
 )
 
-// Capacity is how many distinct values of each group Stats tracks
-// to show top of them: 50 × top, at least 1000. While a group has no more
-// distinct values than that, its counts are exact.
-func Capacity(top int) int { return max(1000, 50*top) }
+// capacity is how many distinct values of each group Stats tracks
+// to show top of them: 50 × top, at least 1000 (Stats.Capacity).
+func capacity(top int) int { return max(1000, 50*top) }
 
 // Stats is what stats reports about a poison queue.
 type Stats struct {
@@ -54,21 +54,37 @@ type Stats struct {
 	ByEventType   map[string]int `json:"by_event_type"`
 	// Other is, per group, how many of the Total messages are not counted
 	// under a value shown.
-	Other OtherCounts `json:"other"`
-	// Top is how many values of each group are shown at most.
+	Other struct {
+		Class       int `json:"class"`
+		Fingerprint int `json:"fingerprint"`
+		EventType   int `json:"event_type"`
+	} `json:"other"`
+	// Top is how many values of each group are shown at most: the top
+	// Stats was given, 20 for 0, at most 1000.
 	Top int `json:"top"`
+	// Capacity is how many distinct values of each group were tracked to
+	// find the Top: 50 × Top, at least 1000. While a group has no more
+	// distinct values than that, its counts are exact.
+	Capacity int `json:"capacity"`
 	// Approximate names the groups that had more distinct values than
-	// Capacity(Top): their counts are then lower bounds (each short by at
-	// most Total ÷ (Capacity+1), counted in Other instead), and a value more
+	// Capacity: their counts are then lower bounds (each short by at most
+	// Total ÷ (Capacity+1), counted in Other instead), and a value more
 	// frequent than that is never missed.
 	Approximate []string  `json:"approximate,omitempty"`
 	Oldest      time.Time `json:"oldest_poisoned_at"`
 	Newest      time.Time `json:"newest_poisoned_at"`
 	// Unreadable counts the selected messages whose headers the AMQP client
-	// could not parse, and UnreadableFirst names the first
-	// 20 of them: they have no readable diagnosis or event id.
-	Unreadable      int              `json:"unreadable"`
-	UnreadableFirst []UnreadableItem `json:"unreadable_first,omitempty"`
+	// could not parse, and UnreadableFirst names the first 20 of them —
+	// they have no readable diagnosis or event id — by their place in the
+	// queue, their message id (a property, readable), their size, and why
+	// (bounded).
+	Unreadable      int `json:"unreadable"`
+	UnreadableFirst []struct {
+		Position  int    `json:"position"`
+		MessageID string `json:"message_id,omitempty"`
+		BodyBytes int    `json:"body_bytes"`
+		Reason    string `json:"reason"`
+	} `json:"unreadable_first,omitempty"`
 }
 
 // itemsTrackedMax bounds the copy identities Stats keeps to count Items:
@@ -77,23 +93,6 @@ const itemsTrackedMax = 1 << 20
 
 // unreadableMax is how many unreadable messages Stats names.
 const unreadableMax = 20
-
-// UnreadableItem names a message whose headers could not be read: its
-// place in the queue, its message id (a property, readable), its size, and
-// why (bounded).
-type UnreadableItem struct {
-	Position  int    `json:"position"`
-	MessageID string `json:"message_id,omitempty"`
-	BodyBytes int    `json:"body_bytes"`
-	Reason    string `json:"reason"`
-}
-
-// OtherCounts are the messages of each group under no value shown.
-type OtherCounts struct {
-	Class       int `json:"class"`
-	Fingerprint int `json:"fingerprint"`
-	EventType   int `json:"event_type"`
-}
 
 // readStats is Queue.Stats on conn's queue.
 func readStats(ctx context.Context, conn *amqp.Connection, queue string, f Filter, top int) (Stats, error) {
@@ -117,7 +116,7 @@ func StatsOf(f Filter, top int, msgs iter.Seq[*Message]) Stats {
 }
 
 // statsCounter groups messages as they are read, in bounded memory: each
-// group keeps at most Capacity(top) counters (the Misra–Gries summary: a
+// group keeps at most capacity(top) counters (the Misra–Gries summary: a
 // new value when all are taken lowers every counter by one and drops those
 // at zero), so that a queue of many distinct reasons costs no more than one
 // of few. Not safe for concurrent use.
@@ -132,11 +131,11 @@ type statsCounter struct {
 // newStatsCounter counts the messages f selects; top as in Queue.Stats.
 func newStatsCounter(f Filter, top int) *statsCounter {
 	if top <= 0 {
-		top = TopDefault
+		top = topDefault
 	}
-	top = min(top, TopMax)
-	n := Capacity(top)
-	return &statsCounter{f: f, s: Stats{Top: top}, class: newCounters(n), fp: newCounters(n), eventType: newCounters(n),
+	top = min(top, topMax)
+	n := capacity(top)
+	return &statsCounter{f: f, s: Stats{Top: top, Capacity: n}, class: newCounters(n), fp: newCounters(n), eventType: newCounters(n),
 		items: make(map[uint64]struct{}), seed: maphash.MakeSeed()}
 }
 
@@ -155,9 +154,11 @@ func (c *statsCounter) Add(m *Message) {
 	c.eventType.add(orNone(diag.Bound(m.EventType, valueMaxLength)))
 	if m.HeadersError != "" {
 		c.s.Unreadable++
-		if len(c.s.UnreadableFirst) < unreadableMax {
-			c.s.UnreadableFirst = append(c.s.UnreadableFirst, UnreadableItem{Position: m.Position,
-				MessageID: diag.Bound(m.Delivery.MessageId, 255), BodyBytes: len(m.Msg.Payload), Reason: diag.Bound(m.HeadersError, valueMaxLength)})
+		if n := len(c.s.UnreadableFirst); n < unreadableMax {
+			c.s.UnreadableFirst = slices.Grow(c.s.UnreadableFirst, 1)[:n+1]
+			u := &c.s.UnreadableFirst[n]
+			u.Position, u.MessageID, u.BodyBytes = m.Position, diag.Bound(m.Delivery.MessageId, 255), len(m.Msg.Payload)
+			u.Reason = diag.Bound(m.HeadersError, valueMaxLength)
 		}
 	}
 	if !m.PoisonedAt.IsZero() {
@@ -185,7 +186,7 @@ func (c *statsCounter) countItem(id string) {
 }
 
 // Tracked is how many values the counter holds now, all groups together:
-// at most 3 × Capacity(top).
+// at most 3 × capacity(top).
 func (c *statsCounter) Tracked() int {
 	return len(c.class.n) + len(c.fp.n) + len(c.eventType.n)
 }

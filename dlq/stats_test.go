@@ -86,3 +86,19 @@ func TestStatsExactWithFewValues(t *testing.T) {
 	require.Equal(t, 2, s.Top)
 	require.Equal(t, dlq.TopDefault, dlq.NewStatsCounter(dlq.Filter{}, 0).Stats().Top)
 }
+
+// Stats says the top it used and the values it tracked a group for it
+// (Stats.Capacity, which the CLI prints beside approximate counts): 0 is
+// the default, more than the most is taken as the most.
+func TestStatsSaysItsTopAndCapacity(t *testing.T) {
+	t.Parallel()
+	none := func(func(*dlq.Message) bool) {}
+	for _, c := range []struct{ top, wantTop, wantCapacity int }{
+		{0, 20, 1000}, {5, 5, 1000}, {100, 100, 5000}, {1000, 1000, 50000}, {5000, 1000, 50000},
+	} {
+		s := dlq.StatsOf(dlq.Filter{}, c.top, none)
+		require.Equal(t, c.wantTop, s.Top, "top %d", c.top)
+		require.Equal(t, c.wantCapacity, s.Capacity, "top %d", c.top)
+		require.Equal(t, dlq.Capacity(s.Top), s.Capacity)
+	}
+}

@@ -49,6 +49,11 @@ func (f *filterFlags) register(cmd *cobra.Command, limitHelp string) {
 	fl.BoolVar(&f.unreadable, "unreadable", false, "only messages whose headers the AMQP client could not parse (no diagnosis, no event id: named by position and message id)")
 }
 
+// brokerClassPrefix starts the class dlq gives a message RabbitMQ
+// dead-lettered with no Sluice diagnosis (dlq.Message.Class:
+// "broker:delivery_limit").
+const brokerClassPrefix = "broker:"
+
 // callTimeout bounds each of the CLI's own waits on the broker (a passive
 // declare, a connection's close), as package dlq bounds its own: 10 s.
 const callTimeout = 10 * time.Second
@@ -62,7 +67,7 @@ func (f *filterFlags) filter() (dlq.Filter, error) {
 		return out, usageError{fmt.Errorf("--limit must not be negative")}
 	}
 	for _, c := range f.classes {
-		if reason, ok := strings.CutPrefix(c, dlq.BrokerClassPrefix); ok && reason != "" {
+		if reason, ok := strings.CutPrefix(c, brokerClassPrefix); ok && reason != "" {
 			out.Classes = append(out.Classes, c) // the broker's diagnosis, as stats shows it
 			continue
 		}

@@ -100,13 +100,17 @@ func inspectTable(out io.Writer, i int, m *dlq.Message, preview int) {
 	t.Render()
 }
 
+// readsLabel says what dlq.Message.Reads is, beside the count: the same
+// words as the console's.
+const readsLabel = "reads of this copy in the poison queue (the broker's x-delivery-count: each console page and sluice dlq command that read it counts one; not retries — attempts are)"
+
 // reads is the poison-queue reads row: the broker's count of this copy's
 // reads, labelled, or "" (shown "-") before any.
 func reads(m *dlq.Message) string {
 	if m.Reads == 0 {
 		return ""
 	}
-	return fmt.Sprintf("%d: %s", m.Reads, dlq.ReadsLabel)
+	return fmt.Sprintf("%d: %s", m.Reads, readsLabel)
 }
 
 // inspectName names a message in inspect's title as every page names it

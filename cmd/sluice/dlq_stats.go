@@ -14,6 +14,14 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 )
 
+// --top's default and most: dlq.Queue.Stats' own (20 when given 0, at most
+// 1000: more is taken as 1000); the flag refuses what the queue's Stats
+// would not show.
+const (
+	topDefault = 20
+	topMax     = 1000
+)
+
 func newStats(g *globals, out io.Writer) *cobra.Command {
 	var ff filterFlags
 	var asJSON bool
@@ -28,8 +36,8 @@ func newStats(g *globals, out io.Writer) *cobra.Command {
 			"bounded whatever the queue holds.",
 		Args: noArgs,
 		RunE: func(*cobra.Command, []string) error {
-			if top < 1 || top > dlq.TopMax {
-				return usageError{fmt.Errorf("--top %d: want 1 to %d", top, dlq.TopMax)}
+			if top < 1 || top > topMax {
+				return usageError{fmt.Errorf("--top %d: want 1 to %d", top, topMax)}
 			}
 			f, conn, ctx, done, err := ff.open(g, false)
 			if err != nil {
@@ -70,7 +78,7 @@ func newStats(g *globals, out io.Writer) *cobra.Command {
 			}
 			if len(s.Approximate) > 0 {
 				fmt.Fprintf(out, "\nmore than %d different values of %s: their counts are lower bounds, the rest is in (other)\n",
-					dlq.Capacity(s.Top), strings.Join(s.Approximate, ", "))
+					s.Capacity, strings.Join(s.Approximate, ", "))
 			}
 			return nil
 		},
@@ -78,7 +86,7 @@ func newStats(g *globals, out io.Writer) *cobra.Command {
 	ff.register(cmd, "unused")
 	_ = cmd.Flags().MarkHidden("limit")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	cmd.Flags().IntVar(&top, "top", dlq.TopDefault, fmt.Sprintf("show the N most frequent values of each group, the rest as one (other) row (at most %d)", dlq.TopMax))
+	cmd.Flags().IntVar(&top, "top", topDefault, fmt.Sprintf("show the N most frequent values of each group, the rest as one (other) row (at most %d)", topMax))
 	return cmd
 }
 

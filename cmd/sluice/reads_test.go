@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/dlq"
 )
 
 // Reading a quorum poison queue is no retry: each read counts one delivery
@@ -50,7 +49,7 @@ func TestPoisonQueueReadsAreNotRetries(t *testing.T) {
 	do(t, ctx, chromedp.Navigate(base+"/q/"+poisonQ+"/g/"+groupOf(t, poisonQ, "e1")), chromedp.WaitVisible("#messages"))
 	do(t, ctx, chromedp.Click("details.message summary"), chromedp.WaitVisible("td.reads"))
 	require.Contains(t, textOf(t, ctx, "td.attempts"), "4 (deliveries the handler failed")
-	require.Contains(t, textOf(t, ctx, "td.reads"), dlq.ReadsLabel)
+	require.Contains(t, textOf(t, ctx, "td.reads"), readsLabel)
 	headers := textOf(t, ctx, "table.headers")
 	require.Contains(t, headers, "sluice_amqp_delivery_count")
 	require.Contains(t, headers, "not retries")

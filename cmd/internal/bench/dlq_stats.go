@@ -22,10 +22,10 @@ const statsReasons = 200_000
 // DLQStats prints what `sluice dlq stats --json` costs in memory over a
 // poison queue of 200,000 messages whose reasons all differ (1 KiB each):
 // the aggregation before — a map of every fingerprint, all of it encoded —
-// against the bounded one (dlq.StatsOf, --top 20, at most
-// dlq.Capacity(20) values a group). Both read the same messages, generated
-// one at a time as a scan of the queue hands them over, so only the
-// aggregation differs; the broker is not involved. It reports each one's
+// against the bounded one (dlq.StatsOf, --top 20, at most Stats.Capacity,
+// 1,000, values a group). Both read the same messages, generated one at a
+// time as a scan of the queue hands them over, so only the aggregation
+// differs; the broker is not involved. It reports each one's
 // peak RSS (the process's high-water mark, reset before each variant where
 // Linux allows it: /proc/self/clear_refs), the heap it retains at the end,
 // what it allocated, its rows and time, and the ratios before ÷ after.
@@ -43,7 +43,7 @@ func DLQStats(_ context.Context, o Options) error {
 		run  func(n int, next func(int) *dlq.Message) (dlq.Stats, []byte, error)
 	}{
 		{"bounded (top 20)", func(n int, next func(int) *dlq.Message) (dlq.Stats, []byte, error) {
-			s := dlq.StatsOf(dlq.Filter{}, dlq.TopDefault, func(yield func(*dlq.Message) bool) {
+			s := dlq.StatsOf(dlq.Filter{}, 0, func(yield func(*dlq.Message) bool) { // 0: the default top, 20
 				for i := range n {
 					if !yield(next(i)) {
 						return
