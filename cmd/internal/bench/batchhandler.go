@@ -52,11 +52,13 @@ func BatchHandlers(ctx context.Context, o Options) error {
 		{name: "group commit (defaults), 10% poison", batch: &deduplication.BatchConfig{}, poisonEvery: 10},
 	}
 	var rows [][]string
-	noop := map[int]float64{} // the no-op handler's median rate, by prefetch
+	noop := map[int]float64{}    // the no-op handler's median rate, by prefetch
+	noopCPU := map[int]cpuCost{} // and its CPU per delivery
 	for _, prefetch := range []int{16, 64} {
 		rates := make([][]float64, len(variants))
 		healthy := make([][]float64, len(variants))
 		sizes := make([]gcResult, len(variants))
+		cpus := make([][]cpuCost, len(variants))
 		for round := range rounds {
 			for k := range variants {
 				i := (k + round) % len(variants)
@@ -72,19 +74,21 @@ func BatchHandlers(ctx context.Context, o Options) error {
 					return fmt.Errorf("%s, prefetch %d: %w", vr.name, prefetch, err)
 				}
 				rates[i] = append(rates[i], res.handled)
+				cpus[i] = append(cpus[i], res.cpu)
 				healthy[i] = append(healthy[i], res.healthy)
 				sizes[i].batches += res.batches
 				sizes[i].batched += res.batched
 				sizes[i].maxBatch = max(sizes[i].maxBatch, res.maxBatch)
 			}
 		}
-		noop[prefetch] = Median(rates[0])
+		noop[prefetch], noopCPU[prefetch] = Median(rates[0]), medianCost(cpus[0])
 		for i, vr := range variants {
 			name := vr.name
 			if vr.handler != nil {
 				name += " (" + strconv.Itoa(vr.size(prefetch)) + ")"
 			}
 			row := []string{strconv.Itoa(prefetch), name, f0(Median(rates[i])), f0(Median(healthy[i])), "", f2(MedianRatio(rates[i], rates[0])), "", ""}
+			row = append(row, medianCost(cpus[i]).columns()...)
 			if !vr.noop {
 				row[4] = f2(MedianRatio(healthy[i], healthy[1]))
 			}
@@ -95,11 +99,12 @@ func BatchHandlers(ctx context.Context, o Options) error {
 		}
 	}
 	fmt.Fprintf(o.Out, "B1: batch handlers, a projection (one row per event) on the full stack on Sluice's Consumer (RabbitMQ + PostgreSQL), %d messages preloaded per run, %d rounds interleaved\n\n", n, rounds)
-	Table(o.Out, []string{"prefetch", "variant", "msg/s", "healthy/s", "healthy ÷ group commit", "÷ no-op", "mean commit", "max commit"}, rows)
+	Table(o.Out, []string{"prefetch", "variant", "msg/s", "healthy/s", "healthy ÷ group commit", "÷ no-op", "mean commit", "max commit", "CPU µs/msg", "of it here", "cores busy"}, rows)
 	fmt.Fprintln(o.Out, "goals: batch handler ÷ group commit ≥ 2 at prefetch 16, ≥ 3 at 64; ÷ no-op (the broker's consume rate) ≥ 0.5")
 	fmt.Fprintln(o.Out, "healthy/s: the deliveries that did not fail, until the last of them; mean/max commit: events (deliveries) per COMMIT")
+	fmt.Fprintln(o.Out, "CPU µs/msg: the machine's CPU time (broker, PostgreSQL, this process) per delivery; of it here: this process's (the client and the stack); cores busy: the mean over the run")
 	fmt.Fprintln(o.Out)
-	return bhCeiling(ctx, o, g.v, n, rounds, noop)
+	return bhCeiling(ctx, o, g.v, n, rounds, noop, noopCPU)
 }
 
 // bhCeiling prints what PostgreSQL gives a batch handler with no broker and
@@ -108,17 +113,22 @@ func BatchHandlers(ctx context.Context, o Options) error {
 // against one transaction per delivery (a claim, one INSERT); and each
 // against noop, the no-op handler's rate on the broker at as many in flight
 // (the same run): what the ÷ no-op goal could reach were the stack free.
-func bhCeiling(ctx context.Context, o Options, v *inboxVariants, n, rounds int, noop map[int]float64) error {
-	var rows [][]string
+func bhCeiling(ctx context.Context, o Options, v *inboxVariants, n, rounds int, noop map[int]float64, noopCPU map[int]cpuCost) error {
+	var rows, bounds [][]string
 	for _, window := range []int{16, 64} {
 		sizes := []int{1, window / 2, window}
+		cpus := make([][]cpuCost, len(sizes))
 		rates, err := rotate(ctx, rounds, len(sizes), v.truncate, func(round, i int) (float64, error) {
 			size := sizes[i]
 			run := fmt.Sprintf("bh-ceiling-w%d-r%d-v%d-", window, round, i)
+			cpu0 := sampleCPU()
 			if size == 1 {
-				return Throughput(ctx, window, n, v.byHand(run))
+				r, err := Throughput(ctx, window, n, v.byHand(run))
+				cpus[i] = append(cpus[i], costSince(cpu0, n))
+				return r, err
 			}
 			r, err := Throughput(ctx, window/size, n/size, v.claimedBatchOf(run, size))
+			cpus[i] = append(cpus[i], costSince(cpu0, n/size*size))
 			return r * float64(size), err
 		})
 		if err != nil {
@@ -133,14 +143,46 @@ func bhCeiling(ctx context.Context, o Options, v *inboxVariants, n, rounds int, 
 			if noop[window] > 0 {
 				vsNoop = f2(Median(rates[i]) / noop[window])
 			}
-			rows = append(rows, []string{strconv.Itoa(window), name, strconv.Itoa(window / size), f0(Median(rates[i])), f2(MedianRatio(rates[i], rates[0])), vsNoop})
+			rows = append(rows, append([]string{strconv.Itoa(window), name, strconv.Itoa(window / size), f0(Median(rates[i])), f2(MedianRatio(rates[i], rates[0])), vsNoop}, medianCost(cpus[i]).columns()...))
+		}
+		if c, d := noopCPU[window], medianCost(cpus[len(sizes)-1]); c.ok && d.ok {
+			bounds = append(bounds, []string{strconv.Itoa(window), f1(c.machine), f1(d.machine), f2(c.machine / (c.machine + d.machine))})
 		}
 	}
 	fmt.Fprintf(o.Out, "B1's ceiling: PostgreSQL alone (no broker, no stack), a batch handler's statements, the same deliveries in flight, %d deliveries per run, %d rounds interleaved\n\n", n, rounds)
-	Table(o.Out, []string{"in flight", "variant", "transactions side by side", "deliveries/s", "÷ one tx per delivery", "÷ no-op consume"}, rows)
+	Table(o.Out, []string{"in flight", "variant", "transactions side by side", "deliveries/s", "÷ one tx per delivery", "÷ no-op consume", "CPU µs/msg", "of it here", "cores busy"}, rows)
 	fmt.Fprintln(o.Out, "the stack's batch handler ÷ this ceiling is what the broker, the stages and the gathering cost;")
 	fmt.Fprintln(o.Out, "÷ no-op consume: this ceiling ÷ the no-op handler's rate above at as many in flight — below 0.5, the database alone cannot give the ÷ no-op goal there")
+	if len(bounds) > 0 {
+		fmt.Fprintln(o.Out)
+		fmt.Fprintln(o.Out, "B1's CPU bound: a batch handler on the stack does what the no-op consume does and what the ceiling's batches do, on the same cores")
+		fmt.Fprintln(o.Out)
+		Table(o.Out, []string{"in flight", "no-op consume CPU µs/msg", "ceiling's batches CPU µs/msg", "÷ no-op at most, all cores busy"}, bounds)
+		fmt.Fprintln(o.Out, "÷ no-op at most: no-op ÷ (no-op + batches), the rate the two costs together leave where the no-op consume already keeps the cores busy (its cores busy above)")
+	}
 	return nil
+}
+
+// medianCost is the median of each figure of costs, of those measured.
+func medianCost(costs []cpuCost) cpuCost {
+	var m, s, c []float64
+	for _, x := range costs {
+		if x.ok {
+			m, s, c = append(m, x.machine), append(s, x.self), append(c, x.cores)
+		}
+	}
+	if len(m) == 0 {
+		return cpuCost{}
+	}
+	return cpuCost{machine: Median(m), self: Median(s), cores: Median(c), ok: true}
+}
+
+// columns is the cost as three table cells, "—" where it was not measured.
+func (c cpuCost) columns() []string {
+	if !c.ok {
+		return []string{"—", "—", "—"}
+	}
+	return []string{f1(c.machine), f1(c.self), f2(c.cores)}
 }
 
 // claimedBatchOf is a batch handler's transaction for keys run+i*size …

@@ -70,6 +70,9 @@ type gcResult struct {
 	// batches and batched count the group commits and the deliveries they
 	// committed (sluice.inbox.batch.size); maxBatch is the largest.
 	batches, batched, maxBatch int64
+	// cpu is what the run cost per delivery, from the router's start until
+	// the last delivery returned.
+	cpu cpuCost
 }
 
 // gcRunner runs the cases of a suite on one PostgreSQL schema; a run that a
@@ -289,6 +292,7 @@ func gcRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, 
 		}
 	}
 
+	cpu0 := sampleCPU()
 	start = time.Now()
 	go func() { runDone <- r.Run(context.WithoutCancel(ctx)) }()
 	if gc.rate > 0 {
@@ -304,6 +308,7 @@ func gcRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, 
 		err = fmt.Errorf("run did not finish in 5 minutes: %d of %d handled", handled.Load(), gc.n)
 	}
 	elapsed := time.Since(start)
+	res.cpu = costSince(cpu0, gc.n)
 	if err != nil {
 		_ = r.Close()
 		return gcResult{}, err

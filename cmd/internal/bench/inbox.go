@@ -250,4 +250,5 @@ func (v *inboxVariants) sluice(mw message.HandlerFunc) func(run string) Op {
 }
 
 func f0(x float64) string { return strconv.FormatFloat(x, 'f', 0, 64) }
+func f1(x float64) string { return strconv.FormatFloat(x, 'f', 1, 64) }
 func f2(x float64) string { return strconv.FormatFloat(x, 'f', 2, 64) }
