@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -51,10 +52,25 @@ func run() int {
 	flag.IntVar(&o.Rounds, "rounds", 12, "rounds; medians are reported")
 	flag.IntVar(&o.Prefetch, "prefetch", 0, "prefetch of Sluice's Consumer in the consumer suite (0: its default, 16)")
 	compare := flag.String("compare-amqp-url", "", "a second RabbitMQ (e.g. the 4.0 node of make services, amqp://guest:guest@127.0.0.1:5682/): each suite runs on both, printed side by side")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	flag.Parse()
 	if o.Messages < 1 || o.Rounds < 1 {
 		fmt.Fprintln(os.Stderr, "sluice-bench: -messages and -rounds must be at least 1")
 		return 2
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "sluice-bench: -cpuprofile:", err)
+			return 2
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			_ = f.Close()
+		}()
 	}
 
 	all := map[string]func(context.Context, bench.Options) error{
