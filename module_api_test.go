@@ -44,7 +44,7 @@ replace github.com/sluicemq/sluice => `+root+"\n"), 0o600))
 // method whose signature holds the AMQP client's types, naming them through
 // rabbitmq/amqp091 — and runs it on the broker: a failed Dial matches
 // amqp.ErrCredentials, as Dial's doc says; NotifyClose takes a chan
-// *amqp.Error; Topology.Declare and Apply take the *amqp.Connection; the
+// *amqp.Error; Topology.Declare takes the *amqp.Connection; the
 // Marshaler reads an amqp.Delivery. Before, these types were those of
 // internal/amqp091, which no program outside the module can import: the
 // program did not compile.
@@ -98,16 +98,15 @@ func main() {
 	if err != nil {
 		panic(err)
 	}
-	var declare func(context.Context, *amqp.Connection) error = topo.Declare
-	var apply func(context.Context, *amqp.Connection) ([]string, error) = topo.Apply
-	if err := declare(ctx, conn); err != nil {
+	var declare func(context.Context, *amqp.Connection) ([]string, error) = topo.Declare
+	if _, err := declare(ctx, conn); err != nil {
 		panic(err)
 	}
-	todo, err := apply(ctx, conn)
+	todo, err := declare(ctx, conn)
 	if err != nil {
 		panic(err)
 	}
-	fmt.Printf("declared %d queues, %d left to do\n", len(topo.Declarations()), len(todo))
+	fmt.Printf("declared %d queues, %d left to do\n", len(topo.Plan().Queues), len(todo))
 
 	ch, err := conn.Channel()
 	if err != nil {

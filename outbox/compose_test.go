@@ -50,7 +50,7 @@ func TestTheOutboxBehindWatermillsTimeoutAndRetry(t *testing.T) {
 	require.Equal(t, "reserved:evt-1", got[0].Headers[sluice.EventIDKey])
 	require.Eventually(t, func() bool { return s.count("outbox") == 0 && s.count("inbox") == 1 }, 2*time.Minute, 10*time.Millisecond)
 	require.Equal(t, int64(2), runs.Load(), "the timed-out run and the tier's copy: Retry's re-run was refused")
-	require.Zero(t, testenv.QueueDepth(t, s.conn, s.rabbit.Topology().PoisonQueue()))
+	require.Zero(t, testenv.QueueDepth(t, s.conn, s.rabbit.Topology().Config().PoisonQueue))
 }
 
 // A foreign producer (Spring-like: AMQP properties, a typed header, a
@@ -79,7 +79,7 @@ func TestTheOutboxRelaysAForeignProducersPropertiesAndKeepsAnOversizedMessageAsi
 	ch, err := s.conn.Channel()
 	require.NoError(t, err)
 	defer func() { _ = ch.Close() }()
-	require.NoError(t, ch.PublishWithContext(t.Context(), "", s.rabbit.Topology().Queue(), false, false, amqp.Publishing{
+	require.NoError(t, ch.PublishWithContext(t.Context(), "", s.rabbit.Topology().Config().Queue, false, false, amqp.Publishing{
 		ContentType: "application/json", CorrelationId: "corr-1", Type: "OrderPlaced", AppId: "spring-orders",
 		DeliveryMode: amqp.Persistent, Body: []byte(`{"orderId":"o-1"}`),
 		Headers: amqp.Table{"schemaVersion": int32(3), "__TypeId__": "com.example.OrderPlaced",

@@ -195,7 +195,7 @@ func TestWhatCannotBePublishedIsRefusedWhenWritten(t *testing.T) {
 		s.send("evt-bad", "bad")
 		s.send("evt-good", "good")
 		require.Len(t, s.producedMessages(1), 1)
-		poisoned := s.rabbit.Topology().Queue() + ".poison"
+		poisoned := s.rabbit.Topology().Config().Queue + ".poison"
 		require.Eventually(t, func() bool { return testenv.QueueDepth(t, s.conn, poisoned) == 1 }, 2*time.Minute, 10*time.Millisecond,
 			"the delivery that produced it is poison")
 		d := testenv.Drain(t, s.conn, poisoned)
@@ -247,7 +247,7 @@ func TestAFanOutThatCopiesTheDeliverysMetadataIsAppliedWhole(t *testing.T) {
 	t.Parallel()
 	recv := newReceiver(t, nil, 0, 50*time.Millisecond)
 	send := newService(t, testenv.AMQPURL)
-	send.produced = recv.rabbit.Topology().Queue()
+	send.produced = recv.rabbit.Topology().Config().Queue
 	send.run(func(msg *message.Message) ([]*message.Message, error) {
 		out := make([]*message.Message, 5)
 		for i := range out {
@@ -261,7 +261,7 @@ func TestAFanOutThatCopiesTheDeliverysMetadataIsAppliedWhole(t *testing.T) {
 	send.send("order-1", "order")
 
 	require.Eventually(t, func() bool { return len(recv.applied()) == 5 }, 2*time.Minute, 10*time.Millisecond,
-		"the receiver applies each of the 5 produced events (it applied %v, poisoned %d, inbox %d, dup %d)", recv.applied(), testenv.QueueDepth(t, recv.conn, recv.rabbit.Topology().Queue()+".poison"), recv.count("inbox"), testenv.CounterSum(t, recv.meter, telemetry.MetricInboxDuplicates))
+		"the receiver applies each of the 5 produced events (it applied %v, poisoned %d, inbox %d, dup %d)", recv.applied(), testenv.QueueDepth(t, recv.conn, recv.rabbit.Topology().Config().Queue+".poison"), recv.count("inbox"), testenv.CounterSum(t, recv.meter, telemetry.MetricInboxDuplicates))
 	ids := recv.applied()
 	require.Contains(t, ids, "summary:order-1", "an event id set on purpose is kept")
 	require.NotContains(t, ids, "order-1", "a copied event id is replaced")
@@ -283,7 +283,7 @@ func TestAForwardedCopyCarriesNoRetryHistory(t *testing.T) {
 	recv := newReceiver(t, signer, 4, tiers...)
 	send := newServiceWithTiers(t, testenv.AMQPURL, tiers...)
 	send.signer = signer
-	send.produced = recv.rabbit.Topology().Queue()
+	send.produced = recv.rabbit.Topology().Config().Queue
 	var forwarded atomic.Int64
 	send.run(func(msg *message.Message) ([]*message.Message, error) {
 		if n, _ := sluice.Attempt(msg); n < 4 {
@@ -298,8 +298,8 @@ func TestAForwardedCopyCarriesNoRetryHistory(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return len(recv.applied()) == 3 }, 60*time.Second, 10*time.Millisecond,
 		"the receiver processes the 3 forwarded events (poisoned: %d)",
-		testenv.QueueDepth(t, recv.conn, recv.rabbit.Topology().Queue()+".poison"))
+		testenv.QueueDepth(t, recv.conn, recv.rabbit.Topology().Config().Queue+".poison"))
 	require.Equal(t, int64(3), forwarded.Load(), "the sender forwarded each at its 4th attempt")
-	require.Equal(t, int64(12), recv.attempts.Load(), "the receiver ran each 4 times: 3 parked, then processed (poisoned %d)", testenv.QueueDepth(t, recv.conn, recv.rabbit.Topology().Queue()+".poison"))
-	require.Zero(t, testenv.QueueDepth(t, recv.conn, recv.rabbit.Topology().Queue()+".poison"))
+	require.Equal(t, int64(12), recv.attempts.Load(), "the receiver ran each 4 times: 3 parked, then processed (poisoned %d)", testenv.QueueDepth(t, recv.conn, recv.rabbit.Topology().Config().Queue+".poison"))
+	require.Zero(t, testenv.QueueDepth(t, recv.conn, recv.rabbit.Topology().Config().Queue+".poison"))
 }

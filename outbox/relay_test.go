@@ -155,7 +155,7 @@ func (s *service) send(eventID, payload string) {
 	s.t.Helper()
 	m := message.NewMessage(watermill.NewUUID(), []byte(payload))
 	m.Metadata.Set(sluice.EventIDKey, eventID)
-	require.NoError(s.t, s.rabbit.Publisher().Publish(s.rabbit.Topology().Queue(), m))
+	require.NoError(s.t, s.rabbit.Publisher().Publish(s.rabbit.Topology().Config().Queue, m))
 }
 
 // producedMessages waits until the produced queue holds n messages and

@@ -74,7 +74,7 @@ type Broker struct {
 	// With TopologyConfig.Partitions: one Broker per partition, and the
 	// producers' publisher to the exchange.
 	parts    []*Broker
-	producer *PartitionPublisher
+	producer *Publisher
 	// partition is a partition's Broker: Close closes only its subscriber.
 	partition bool
 }
@@ -90,8 +90,8 @@ var _ broker.MeteredBroker = (*Broker)(nil)
 // ErrConsistentHashPlugin) and the Broker is a broker.Partitioned:
 // Partitions gives one Broker per partition queue, each with a subscriber
 // of its own; the Broker's own Endpoints have the exchange as Topic and a
-// Subscriber that refuses (ErrPartitioned); PartitionPublisher publishes to
-// the exchange. Without Partitions, Partitions returns nil.
+// Subscriber that refuses; PartitionPublisher publishes to the exchange.
+// Without Partitions, Partitions returns nil.
 func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -106,7 +106,7 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 		return nil, err
 	}
 	defer func() { _ = closeConn(conn, cfg.WriteTimeout) }()
-	if err := topo.Declare(ctx, conn); err != nil {
+	if _, err := topo.Declare(ctx, conn); err != nil {
 		return nil, err
 	}
 	pub, err := NewPublisher(PublisherConfig{Connection: cfg.Connection})
@@ -125,7 +125,7 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 			return NewSubscriber(SubscriberConfig{Connection: cfg.Connection, Prefetch: cfg.Prefetch})
 		}
 		c, err := NewConsumer(ConsumerConfig{Connection: cfg.Connection, Prefetch: cfg.Prefetch, DrainTimeout: cfg.DrainTimeout,
-			PoisonQueue: topo.PoisonQueue(), PoisonPublisher: pub})
+			PoisonQueue: topo.cfg.PoisonQueue, PoisonPublisher: pub})
 		if err == nil && b.depth != nil {
 			c.consuming = b.depth.wake
 		}
@@ -150,16 +150,16 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 // the confirmed publisher for both kinds of copies, System "rabbitmq", and
 // one consumer (4 with WatermillSubscriber). With
 // Partitions: Topic is the exchange producers publish to, the Subscriber
-// refuses to subscribe (ErrPartitioned: consume Partitions), no Tiers.
+// refuses to subscribe (consume Partitions), no Tiers.
 func (b *Broker) Endpoints() broker.Endpoints {
-	topic := b.topo.Queue()
+	topic := b.topo.cfg.Queue
 	if len(b.parts) > 0 {
-		topic = b.topo.Exchange()
+		topic = b.topo.cfg.Exchange
 	}
 	return broker.Endpoints{
 		System: "rabbitmq", Topic: topic, Subscriber: b.sub,
 		Tiers: b.topo.Tiers(), RetryPublisher: b.pub,
-		PoisonTopic: b.topo.PoisonQueue(), PoisonPublisher: b.pub,
+		PoisonTopic: b.topo.cfg.PoisonQueue, PoisonPublisher: b.pub,
 		Consumers: b.consumers,
 	}
 }

@@ -24,7 +24,7 @@ func newConnectionBroker(t *testing.T, conn rabbitmq.Connection) *rabbitmq.Broke
 	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: conn,
 		Topology: rabbitmq.TopologyConfig{Queue: testenv.Name("connection"), TierDelays: brokerTiers}})
 	require.NoError(t, err)
-	names := []string{b.Topology().Queue(), b.Topology().PoisonQueue()}
+	names := []string{b.Topology().Config().Queue, b.Topology().Config().PoisonQueue}
 	for _, tier := range b.Topology().Tiers() {
 		names = append(names, tier.Topic)
 	}
@@ -53,14 +53,14 @@ func TestBrokerConnectionReachesEveryConnection(t *testing.T) {
 		proxy.BlackHole()
 
 		start := time.Now()
-		err := b.Publisher().Publish(b.Topology().Queue(), message.NewMessage(watermill.NewUUID(), []byte("black hole")))
+		err := b.Publisher().Publish(b.Topology().Config().Queue, message.NewMessage(watermill.NewUUID(), []byte("black hole")))
 		require.Error(t, err)
 		require.Less(t, time.Since(start), rabbitmq.DialTimeoutDefault/2, "the publisher dialed with BrokerConfig's DialTimeout")
 
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
 		start = time.Now()
-		_, err = b.Endpoints().Subscriber.Subscribe(ctx, b.Topology().Queue())
+		_, err = b.Endpoints().Subscriber.Subscribe(ctx, b.Topology().Config().Queue)
 		require.NoError(t, err)
 		select {
 		case <-logger.seen:
@@ -75,7 +75,7 @@ func TestBrokerConnectionReachesEveryConnection(t *testing.T) {
 		reader := sdkmetric.NewManualReader()
 		b := newConnectionBroker(t, rabbitmq.Connection{URL: testenv.AMQPURL, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))})
 		defer func() { _ = b.Close() }()
-		require.NoError(t, b.Publisher().Publish(b.Topology().Queue(), message.NewMessage(watermill.NewUUID(), []byte("measured"))))
+		require.NoError(t, b.Publisher().Publish(b.Topology().Config().Queue, message.NewMessage(watermill.NewUUID(), []byte("measured"))))
 
 		var rm metricdata.ResourceMetrics
 		require.NoError(t, reader.Collect(t.Context(), &rm))
@@ -121,13 +121,13 @@ func TestClosingIsBoundedWhenTheBrokerStopsAnswering(t *testing.T) {
 	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: url, WriteTimeout: writeTimeout},
 		Topology: rabbitmq.TopologyConfig{Queue: testenv.Name("close_bounded")}, DrainTimeout: drainTimeout})
 	require.NoError(t, err)
-	testenv.DeleteQueuesAtEnd(t, b.Topology().Queue(), b.Topology().PoisonQueue())
+	testenv.DeleteQueuesAtEnd(t, b.Topology().Config().Queue, b.Topology().Config().PoisonQueue)
 	for _, tier := range b.Topology().Tiers() {
 		testenv.DeleteQueuesAtEnd(t, tier.Topic)
 	}
 	// Both connections up: one message published and consumed.
-	require.NoError(t, b.Publisher().Publish(b.Topology().Queue(), message.NewMessage(watermill.NewUUID(), []byte("up"))))
-	deliveries, err := b.Endpoints().Subscriber.Subscribe(t.Context(), b.Topology().Queue())
+	require.NoError(t, b.Publisher().Publish(b.Topology().Config().Queue, message.NewMessage(watermill.NewUUID(), []byte("up"))))
+	deliveries, err := b.Endpoints().Subscriber.Subscribe(t.Context(), b.Topology().Config().Queue)
 	require.NoError(t, err)
 	(<-deliveries).Ack()
 

@@ -14,10 +14,10 @@ import (
 
 var _ broker.Partitioned = (*Broker)(nil)
 
-// ErrPartitioned is returned by the Subscribe of a partitioned Broker's
+// errPartitioned is returned by the Subscribe of a partitioned Broker's
 // own Endpoints: its messages are in the partition queues, consumed one
 // handler per partition (Broker.Partitions).
-var ErrPartitioned = errors.New("rabbitmq: a partitioned Broker has no queue of its own: consume each of its Partitions (router.Add does)")
+var errPartitioned = errors.New("rabbitmq: a partitioned Broker has no queue of its own: consume each of its Partitions (router.Add does)")
 
 // ErrNoPartitionKey is matched by PartitionPublisher's error for a message
 // without its partition key header: the exchange could not hash it to a
@@ -44,10 +44,15 @@ func (b *Broker) Partitions() []broker.Broker {
 }
 
 // PartitionPublisher returns the publisher producers use with
-// TopologyConfig.Partitions: it publishes to the consistent-hash exchange,
-// which puts each message in the partition its PartitionKey header hashes
-// to; nil without Partitions. Closed by Close.
-func (b *Broker) PartitionPublisher() *PartitionPublisher { return b.producer }
+// TopologyConfig.Partitions: it publishes to the consistent-hash exchange
+// (Topology().Config().Exchange, the one topic it takes), which puts each
+// message in the partition its PartitionKey header hashes to; nil without
+// Partitions. It is the confirmed, mandatory Publisher, except that it
+// refuses a topic other than the exchange, and a message without the
+// partition key header (ErrNoPartitionKey): Publish fails the call before
+// anything is published, PublishEach refuses that message alone, and
+// CheckPublish refuses it too. Closed by Close.
+func (b *Broker) PartitionPublisher() *Publisher { return b.producer }
 
 // newPartitions builds the partition Brokers of a partitioned b: each with
 // a subscriber from newSub and the shared publisher.
@@ -59,11 +64,12 @@ func (b *Broker) newPartitions(newSub func(*Topology) (message.Subscriber, error
 		}
 		b.parts = append(b.parts, &Broker{topo: part, pub: b.pub, sub: sub, consumers: b.consumers, partition: true})
 	}
-	pub, err := NewPublisher(PublisherConfig{Connection: b.conn, Exchange: b.topo.Exchange()})
+	pub, err := NewPublisher(PublisherConfig{Connection: b.conn, Exchange: b.topo.cfg.Exchange})
 	if err != nil {
 		return err
 	}
-	b.producer = &PartitionPublisher{pub: pub, exchange: b.topo.Exchange(), key: b.topo.PartitionKey()}
+	pub.partitionKey = b.topo.cfg.PartitionKey
+	b.producer = pub
 	b.sub = refusingSubscriber{}
 	return nil
 }
@@ -73,84 +79,42 @@ func (b *Broker) newPartitions(newSub func(*Topology) (message.Subscriber, error
 type refusingSubscriber struct{}
 
 func (refusingSubscriber) Subscribe(context.Context, string) (<-chan *message.Message, error) {
-	return nil, ErrPartitioned
+	return nil, errPartitioned
 }
 
 func (refusingSubscriber) Close() error { return nil }
 
-// PartitionPublisher publishes to a partitioned topology's consistent-hash
-// exchange: a confirmed, mandatory Publisher (PublisherConfig.Exchange)
-// that refuses a message without its partition key header. It is safe for
-// concurrent use.
-type PartitionPublisher struct {
-	pub           *Publisher
-	exchange, key string
-}
-
-var (
-	_ message.Publisher     = (*PartitionPublisher)(nil)
-	_ broker.EachPublisher  = (*PartitionPublisher)(nil)
-	_ broker.PublishChecker = (*PartitionPublisher)(nil)
-)
-
-// Exchange returns the exchange it publishes to: the topic to publish to.
-func (p *PartitionPublisher) Exchange() string { return p.exchange }
-
-// PartitionKey returns the header every message must carry.
-func (p *PartitionPublisher) PartitionKey() string { return p.key }
-
-// check refuses a topic other than the exchange and a message without its
+// checkPartition refuses, for a Broker's PartitionPublisher (partitionKey
+// set), a topic other than the exchange and a message without its
 // partition key.
-func (p *PartitionPublisher) check(topic string, msg *message.Message) error {
-	if topic != p.exchange {
-		return fmt.Errorf("rabbitmq: PartitionPublisher publishes to the exchange %q, not to %q", p.exchange, diag.Bound(topic, 64))
+func (p *Publisher) checkPartition(topic string, msg *message.Message) error {
+	if p.partitionKey == "" {
+		return nil
 	}
-	if msg.Metadata.Get(p.key) == "" {
-		return &sluice.UnpublishableError{Key: p.key, Err: fmt.Errorf("%w %q: set it to the key whose messages must stay in order", ErrNoPartitionKey, diag.Bound(p.key, 64))}
+	if topic != p.cfg.Exchange {
+		return fmt.Errorf("rabbitmq: PartitionPublisher publishes to the exchange %q, not to %q", p.cfg.Exchange, diag.Bound(topic, 64))
+	}
+	if msg.Metadata.Get(p.partitionKey) == "" {
+		return &sluice.UnpublishableError{Key: p.partitionKey, Err: fmt.Errorf("%w %q: set it to the key whose messages must stay in order", ErrNoPartitionKey, diag.Bound(p.partitionKey, 64))}
 	}
 	return nil
 }
 
-// Publish publishes msgs to the exchange, topic, and waits for each one's
-// confirm (Publisher.Publish). A message without the partition key, or a
-// topic other than Exchange, fails the call before anything is published.
-func (p *PartitionPublisher) Publish(topic string, msgs ...*message.Message) error {
-	for _, m := range msgs {
-		if err := p.check(topic, m); err != nil {
-			return fmt.Errorf("message %s: %w", diag.Bound(m.UUID, 64), err)
-		}
-	}
-	return p.pub.Publish(topic, msgs...)
-}
-
-// PublishEach is Publish with one error per message (broker.EachPublisher):
-// a message refused by the check is not published, the others are.
-func (p *PartitionPublisher) PublishEach(topic string, msgs ...*message.Message) []error {
+// publishPartitioned is a PartitionPublisher's PublishEach: a message
+// refused by checkPartition is not published, the others are.
+func (p *Publisher) publishPartitioned(topic string, msgs []*message.Message) []error {
 	errs := make([]error, len(msgs))
 	var ok []*message.Message
 	var at []int
 	for i, m := range msgs {
-		if errs[i] = p.check(topic, m); errs[i] == nil {
+		if errs[i] = p.checkPartition(topic, m); errs[i] == nil {
 			ok, at = append(ok, m), append(at, i)
 		}
 	}
 	if len(ok) > 0 {
-		for j, err := range p.pub.PublishEach(topic, ok...) {
+		for j, err := range p.publishEach(topic, ok) {
 			errs[at[j]] = err
 		}
 	}
 	return errs
 }
-
-// CheckPublish refuses, without publishing, what Publish would refuse for
-// good: a message without the partition key, or one the broker could not
-// carry (Publisher.CheckPublish).
-func (p *PartitionPublisher) CheckPublish(topic string, msg *message.Message) error {
-	if err := p.check(topic, msg); err != nil {
-		return err
-	}
-	return p.pub.CheckPublish(topic, msg)
-}
-
-// Close closes the publisher.
-func (p *PartitionPublisher) Close() error { return p.pub.Close() }

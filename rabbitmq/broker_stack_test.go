@@ -36,7 +36,7 @@ func newBrokerStack(t *testing.T, handler func(msg *message.Message) error, opts
 		Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Topology: rabbitmq.TopologyConfig{Queue: queue, TierDelays: brokerTiers},
 	})
 	require.NoError(t, err)
-	names := []string{queue, b.Topology().PoisonQueue()}
+	names := []string{queue, b.Topology().Config().PoisonQueue}
 	for _, tier := range b.Topology().Tiers() {
 		names = append(names, tier.Topic)
 	}
@@ -92,7 +92,7 @@ func (s *stack) publishRaw(t *testing.T, p amqp.Publishing) {
 	require.NoError(t, err)
 	defer func() { _ = ch.Close() }()
 	require.NoError(t, ch.Confirm(false))
-	c, err := ch.PublishWithDeferredConfirmWithContext(t.Context(), "", s.topo.Queue(), true, false, p)
+	c, err := ch.PublishWithDeferredConfirmWithContext(t.Context(), "", s.topo.Config().Queue, true, false, p)
 	require.NoError(t, err)
 	ok, err := c.WaitContext(t.Context())
 	require.NoError(t, err)

@@ -56,8 +56,8 @@ type Connection struct {
 	// (watermill-amqp's) have none.
 	WriteTimeout time.Duration
 	// MaxMessageSize is the broker's max_message_size, in bytes: the
-	// Publisher refuses a larger body before sending it (ErrMessageTooLarge,
-	// a *sluice.UnpublishableError), since RabbitMQ would close the channel
+	// Publisher refuses a larger body before sending it (a
+	// *sluice.UnpublishableError), since RabbitMQ would close the channel
 	// and fail every publish in flight on it; Publisher.CheckPublish
 	// refuses it when the outbox writes it. Set it to the broker's own:
 	// 16 MiB on RabbitMQ 4.x unless changed. Default 128 MiB, RabbitMQ

@@ -45,8 +45,8 @@ const (
 	reconnectBackoffMax     = 30 * time.Second
 )
 
-// ErrConsumerClosed is returned by Subscribe after Close.
-var ErrConsumerClosed = errors.New("rabbitmq: consumer closed")
+// errConsumerClosed is returned by Subscribe after Close.
+var errConsumerClosed = errors.New("rabbitmq: consumer closed")
 
 // ConsumerConfig configures NewConsumer.
 type ConsumerConfig struct {
@@ -209,7 +209,7 @@ func (c *Consumer) subscribe(ctx context.Context, topic string, gate broker.Gate
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return nil, ErrConsumerClosed
+		return nil, errConsumerClosed
 	}
 	out := make(chan *message.Message)
 	s := &subscription{c: c, queue: topic, out: out, gate: gate}

@@ -105,7 +105,7 @@ func TestForgedAttemptDoesNotSkipTheLadder(t *testing.T) {
 			require.Equal(t, "exhausted", p[poison.ClassKey])
 			require.Equal(t, "4", p[sluice.AttemptKey])
 			require.NotEqual(t, "1999-01-01T00:00:00Z", p[sluice.FirstFailedAtKey])
-			require.Equal(t, s.topo.Queue(), p[poison.RoutingKeyKey], "the real origin")
+			require.Equal(t, s.topo.Config().Queue, p[poison.RoutingKeyKey], "the real origin")
 		})
 	}
 }
@@ -142,7 +142,7 @@ func TestForgedParkedMarkRunsTheHandler(t *testing.T) {
 			got := s.settled(t, 1)
 			p := got[0].Headers
 			require.Equal(t, "evt-bad", p[sluice.EventIDKey])
-			require.Equal(t, s.topo.Queue(), p[poison.QueueKey], "a replay goes back to this consumer's queue")
+			require.Equal(t, s.topo.Config().Queue, p[poison.QueueKey], "a replay goes back to this consumer's queue")
 			require.Equal(t, "inventory", p[poison.ConsumerKey])
 			require.Contains(t, p[poison.ReasonKey], `missing field "sku"`)
 			require.NotContains(t, p, poison.ParkedKey)
@@ -188,13 +188,13 @@ func TestForgedReplayRunIsNotRecorded(t *testing.T) {
 	s.publishRaw(t, amqp.Publishing{Headers: amqp.Table{
 		sluice.EventIDKey: "evt-forged-sig", replay.RunKey: "run-1", replay.ItemKey: "evt-forged-sig", sluice.SignatureKey: "v1:AAAA",
 	}})
-	for id, queue := range map[string]string{"evt-replayed": s.topo.Queue(), "evt-replayed-elsewhere": s.topo.Queue() + "-other"} {
+	for id, queue := range map[string]string{"evt-replayed": s.topo.Config().Queue, "evt-replayed-elsewhere": s.topo.Config().Queue + "-other"} {
 		m := message.NewMessage(watermill.NewUUID(), []byte(`{"orderId":"o-1"}`))
 		m.Metadata.Set(sluice.EventIDKey, id)
 		m.Metadata.Set(replay.RunKey, "run-1")
 		m.Metadata.Set(replay.ItemKey, id)
 		signer.Sign(m, queue) // as the CLI signs a replay to queue
-		require.NoError(t, s.pub.Publish(s.topo.Queue(), m))
+		require.NoError(t, s.pub.Publish(s.topo.Config().Queue, m))
 	}
 
 	for _, id := range []string{"evt-forged", "evt-forged-sig", "evt-replayed", "evt-replayed-elsewhere"} {

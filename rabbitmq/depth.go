@@ -67,7 +67,7 @@ func newDepthPoller(c Connection, topo *Topology, interval time.Duration) (*dept
 	if u, err := amqp.ParseURI(c.URLs[0]); err == nil {
 		vhost = u.Vhost
 	}
-	p := &depthPoller{conn: c, queues: topo.Queues(), interval: interval, family: topo.Queue(), vhost: vhost,
+	p := &depthPoller{conn: c, queues: topo.Queues(), interval: interval, family: topo.cfg.Queue, vhost: vhost,
 		again: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), own: c.MeterProvider != nil}
 	p.depths = make([]QueueDepth, len(p.queues))
 	for i, q := range p.queues {

@@ -136,7 +136,7 @@ func TestStackForeignProducerPropertiesAndOrigin(t *testing.T) {
 	require.Equal(t, "poison", p.Headers[poison.ClassKey])
 	require.Equal(t, exchange, p.Headers[poison.ExchangeKey], "the producer's exchange, not the dead-letter hop")
 	require.Equal(t, "orders.created.eu", p.Headers[poison.RoutingKeyKey])
-	require.Equal(t, s.topo.Queue(), p.Headers[poison.QueueKey], "replays go to the consumer's queue")
+	require.Equal(t, s.topo.Config().Queue, p.Headers[poison.QueueKey], "replays go to the consumer's queue")
 	require.Equal(t, "guest", p.Headers[rabbitmq.OriginUserIDKey], "the producer's user id travels as a header")
 	for k := range p.Headers {
 		require.False(t, strings.HasPrefix(k, rabbitmq.PropertyPrefix), "property %s is restored as a property, not a header", k)
@@ -152,8 +152,8 @@ func TestRetryCopyCarriesTheProperties(t *testing.T) {
 	ch := testenv.Channel(t, conn)
 	pub := foreignPublishing()
 	pub.UserId = ""
-	require.NoError(t, ch.PublishWithContext(context.Background(), "", topo.Queue(), false, false, pub))
-	d, ok, err := ch.Get(topo.Queue(), false)
+	require.NoError(t, ch.PublishWithContext(context.Background(), "", topo.Config().Queue, false, false, pub))
+	d, ok, err := ch.Get(topo.Config().Queue, false)
 	require.NoError(t, err)
 	require.True(t, ok)
 	msg, err := rabbitmq.Marshaler{}.Unmarshal(d)
@@ -171,7 +171,7 @@ func TestRetryCopyCarriesTheProperties(t *testing.T) {
 	require.True(t, ok)
 	requireSameProperties(t, pub, tierCopy, "tier copy")
 	require.Equal(t, "", tierCopy.Headers[rabbitmq.OriginExchangeKey])
-	require.Equal(t, topo.Queue(), tierCopy.Headers[rabbitmq.OriginRoutingKeyKey])
+	require.Equal(t, topo.Config().Queue, tierCopy.Headers[rabbitmq.OriginRoutingKeyKey])
 }
 
 // Names at AMQP's 255-byte limit: what fits is used, what does not is
@@ -219,10 +219,10 @@ func TestNamesAtTheLimit(t *testing.T) {
 	// A header name AMQP cannot carry.
 	m := message.NewMessage(watermill.NewUUID(), nil)
 	m.Metadata.Set(strings.Repeat("h", 256), "v")
-	require.ErrorIs(t, pub.Publish(topo.Queue(), m), broker.ErrNameTooLong)
+	require.ErrorIs(t, pub.Publish(topo.Config().Queue, m), broker.ErrNameTooLong)
 	m = message.NewMessage(watermill.NewUUID(), nil)
 	m.Metadata.Set(rabbitmq.CorrelationIDKey, strings.Repeat("c", 256))
-	require.ErrorIs(t, pub.Publish(topo.Queue(), m), broker.ErrNameTooLong)
+	require.ErrorIs(t, pub.Publish(topo.Config().Queue, m), broker.ErrNameTooLong)
 }
 
 // A publish to an exchange that does not exist keeps the broker's reason.
@@ -248,7 +248,7 @@ func TestQueueDeletedMakesNoPhantomMessages(t *testing.T) {
 	s.publish(t, "evt-1")
 	s.handled(t, "evt-1", 1)
 	ch := testenv.Channel(t, s.conn)
-	_, err := ch.QueueDelete(s.topo.Queue(), false, false, false)
+	_, err := ch.QueueDelete(s.topo.Config().Queue, false, false, false)
 	require.NoError(t, err)
 	time.Sleep(time.Second) // the window in which phantom messages used to appear
 	s.mu.Lock()
@@ -258,7 +258,7 @@ func TestQueueDeletedMakesNoPhantomMessages(t *testing.T) {
 	}
 	s.mu.Unlock()
 	require.Equal(t, 1, calls, "only the real delivery reached the handler")
-	require.Equal(t, 0, testenv.QueueDepth(t, s.conn, s.topo.PoisonQueue()))
+	require.Equal(t, 0, testenv.QueueDepth(t, s.conn, s.topo.Config().PoisonQueue))
 }
 
 // Errors about a malformed URL never hold its password, nor a fragment of it.

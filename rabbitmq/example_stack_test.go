@@ -26,7 +26,7 @@ func addReliableHandler(ctx context.Context, router *message.Router, url string,
 	if err != nil {
 		return err
 	}
-	if err := topo.Declare(ctx, conn); err != nil {
+	if _, err := topo.Declare(ctx, conn); err != nil {
 		return err // a *rabbitmq.ConflictError names the argument that differs
 	}
 	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: url}}) // confirms + mandatory
@@ -37,7 +37,7 @@ func addReliableHandler(ctx context.Context, router *message.Router, url string,
 	if err != nil {
 		return err
 	}
-	isolate, err := poison.New(poison.Config{Publisher: pub, Topic: topo.PoisonQueue(), Queue: topo.Queue()})
+	isolate, err := poison.New(poison.Config{Publisher: pub, Topic: topo.Config().PoisonQueue, Queue: topo.Config().Queue})
 	if err != nil {
 		return err
 	}
@@ -49,7 +49,7 @@ func addReliableHandler(ctx context.Context, router *message.Router, url string,
 	if err != nil {
 		return err
 	}
-	router.AddConsumerHandler("inventory", topo.Queue(), sub, handler).AddMiddleware(isolate, retry, classify)
+	router.AddConsumerHandler("inventory", topo.Config().Queue, sub, handler).AddMiddleware(isolate, retry, classify)
 	return nil
 }
 

@@ -11,7 +11,7 @@ import (
 
 // The queues of one consumer queue, printed as rabbitmqctl policies for
 // operators who manage queue arguments by policy.
-func ExampleTopology_Policies() {
+func ExampleTopology_Plan() {
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{
 		Queue:      "inventory",
 		TierDelays: []time.Duration{30 * time.Second, 5 * time.Minute},
@@ -22,8 +22,8 @@ func ExampleTopology_Policies() {
 	for _, tier := range topo.Tiers() {
 		fmt.Println(tier.Name, tier.Topic)
 	}
-	fmt.Println(topo.PoisonQueue())
-	for _, line := range topo.Policies() {
+	fmt.Println(topo.Config().PoisonQueue)
+	for _, line := range topo.Plan().Policies {
 		fmt.Println(line)
 	}
 	// Output:

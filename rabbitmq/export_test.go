@@ -25,3 +25,13 @@ func WithReconnectBackoff(cfg ConsumerConfig, d time.Duration) ConsumerConfig {
 	cfg.reconnectBackoff = d
 	return cfg
 }
+
+// The sentinels under sluice.ErrUnpublishable, and the closed and
+// partitioned states, that the external tests match.
+var (
+	ErrMessageTooLarge = errMessageTooLarge
+	ErrRoutingHeader   = errRoutingHeader
+	ErrTooManyHeaders  = errTooManyHeaders
+	ErrPublisherClosed = errPublisherClosed
+	ErrPartitioned     = errPartitioned
+)

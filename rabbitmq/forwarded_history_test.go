@@ -45,7 +45,7 @@ func TestAForwardedCopyIsAFirstDeliveryOnAnotherQueue(t *testing.T) {
 		if n, _ := sluice.Attempt(msg); n < 4 {
 			return sluice.Transient(errStockTimeout)
 		}
-		return a.pub.Publish(b.topo.Queue(), msg.Copy()) // forwarded as it is
+		return a.pub.Publish(b.topo.Config().Queue, msg.Copy()) // forwarded as it is
 	}, withKey)
 
 	ids := []string{"evt-0", "evt-1", "evt-2"}
@@ -54,8 +54,8 @@ func TestAForwardedCopyIsAFirstDeliveryOnAnotherQueue(t *testing.T) {
 		m.Metadata.Set(sluice.EventIDKey, id)
 		m.Metadata.Set(replay.RunKey, "run-a")
 		m.Metadata.Set(replay.ItemKey, id)
-		signer.Sign(m, a.topo.Queue()) // a replay to A, as `sluice dlq replay --signing-key-file` signs it
-		require.NoError(t, a.pub.Publish(a.topo.Queue(), m))
+		signer.Sign(m, a.topo.Config().Queue) // a replay to A, as `sluice dlq replay --signing-key-file` signs it
+		require.NoError(t, a.pub.Publish(a.topo.Config().Queue, m))
 	}
 	for _, id := range ids {
 		a.handled(t, id, 4)
@@ -79,7 +79,7 @@ func TestAForwardedCopyIsAFirstDeliveryOnAnotherQueue(t *testing.T) {
 		require.Equal(t, "2", got[1].Metadata.Get(sluice.AttemptKey), "%s: B's own attempts", id)
 		require.Equal(t, "3", got[2].Metadata.Get(sluice.AttemptKey))
 		require.Contains(t, got[1].Metadata.Get(sluice.LastErrorKey), "payments: not yet", "B's own last error")
-		require.Equal(t, b.topo.Queue(), got[1].Metadata.Get(rabbitmq.OriginRoutingKeyKey), "B's own origin")
+		require.Equal(t, b.topo.Config().Queue, got[1].Metadata.Get(rabbitmq.OriginRoutingKeyKey), "B's own origin")
 	}
 	b.stop() // every delivery's stages have returned
 	require.Empty(t, store.records(), "no outcome written into A's run from B's queue")
@@ -107,8 +107,8 @@ func TestARetryCopyIsNotBelievedOnAnotherQueue(t *testing.T) {
 		m.Metadata.Set(sluice.EventIDKey, "evt-copy")
 		m.Metadata.Set(sluice.AttemptKey, "3")
 		m.Metadata.Set(sluice.LastErrorKey, "stock service: timeout")
-		signer.Sign(m, a.topo.Queue()) // A's retry stage's copy
-		require.NoError(t, s.pub.Publish(s.topo.Queue(), m))
+		signer.Sign(m, a.topo.Config().Queue) // A's retry stage's copy
+		require.NoError(t, s.pub.Publish(s.topo.Config().Queue, m))
 	}
 	a.handled(t, "evt-copy", 1)
 	b.handled(t, "evt-copy", 1)

@@ -35,7 +35,7 @@ func newPartitionedBroker(t *testing.T, url string, cfg rabbitmq.TopologyConfig)
 	}
 	topo, err := rabbitmq.NewTopology(cfg)
 	require.NoError(t, err)
-	names := []string{"exchange:" + topo.Exchange()}
+	names := []string{"exchange:" + topo.Config().Exchange}
 	for _, q := range topo.Queues() {
 		names = append(names, q.Name)
 	}
@@ -88,7 +88,8 @@ func TestPartitionedTopologyDeclares(t *testing.T) {
 			cfg.DeliveryLimit = 5
 		}
 		b := newPartitionedBroker(t, testenv.AMQPURL, cfg)
-		require.NoError(t, b.Topology().Declare(t.Context(), testenv.AMQP(t)), "Declare is idempotent")
+		_, err := b.Topology().Declare(t.Context(), testenv.AMQP(t))
+		require.NoError(t, err, "Declare is idempotent")
 		brokers[quorum] = b
 	}
 	type exchange struct {
@@ -113,7 +114,7 @@ func TestPartitionedTopologyDeclares(t *testing.T) {
 		t.Run(map[bool]string{false: "classic", true: "quorum"}[quorum], func(t *testing.T) {
 			b := brokers[quorum]
 			topo := b.Topology()
-			q := topo.Queue()
+			q := topo.Config().Queue
 
 			i := slices.IndexFunc(exchanges, func(e exchange) bool { return e.Name == q })
 			require.GreaterOrEqual(t, i, 0, "the exchange is named after the queue")
@@ -217,7 +218,7 @@ func TestPartitionedSpreadsKeys(t *testing.T) {
 func TestPartitionedExchangeWithoutTheHeader(t *testing.T) {
 	t.Parallel()
 	b := newPartitionedBroker(t, testenv.AMQPURL, rabbitmq.TopologyConfig{Partitions: 3})
-	require.NoError(t, newPublisher(t, b.Topology().Exchange()).Publish("any", msgs(6)...), "routed and confirmed")
+	require.NoError(t, newPublisher(t, b.Topology().Config().Exchange).Publish("any", msgs(6)...), "routed and confirmed")
 	conn := testenv.AMQP(t)
 	var depths []int
 	for _, part := range b.Partitions() {
@@ -231,13 +232,13 @@ func TestPartitionPublisherRefuses(t *testing.T) {
 	t.Parallel()
 	b := newPartitionedBroker(t, testenv.AMQPURL, rabbitmq.TopologyConfig{Partitions: 2})
 	pub := b.PartitionPublisher()
-	err := pub.Publish(pub.Exchange(), message.NewMessage(watermill.NewUUID(), []byte("{}")))
+	err := pub.Publish(b.Topology().Config().Exchange, message.NewMessage(watermill.NewUUID(), []byte("{}")))
 	require.ErrorIs(t, err, rabbitmq.ErrNoPartitionKey)
 	require.ErrorIs(t, err, sluice.ErrUnpublishable)
 	require.ErrorContains(t, err, partitionKey)
-	require.ErrorIs(t, pub.CheckPublish(pub.Exchange(), message.NewMessage(watermill.NewUUID(), nil)), rabbitmq.ErrNoPartitionKey)
+	require.ErrorIs(t, pub.CheckPublish(b.Topology().Config().Exchange, message.NewMessage(watermill.NewUUID(), nil)), rabbitmq.ErrNoPartitionKey)
 	require.ErrorContains(t, pub.Publish("elsewhere", keyed("k", 0)), "publishes to the exchange")
-	errs := pub.PublishEach(pub.Exchange(), keyed("k", 0), message.NewMessage(watermill.NewUUID(), nil), keyed("k", 1))
+	errs := pub.PublishEach(b.Topology().Config().Exchange, keyed("k", 0), message.NewMessage(watermill.NewUUID(), nil), keyed("k", 1))
 	require.NoError(t, errs[0])
 	require.ErrorIs(t, errs[1], rabbitmq.ErrNoPartitionKey)
 	require.NoError(t, errs[2])
@@ -442,14 +443,15 @@ func TestNewTopologyValidatesPartitions(t *testing.T) {
 func TestPartitionsLoweredStayBound(t *testing.T) {
 	t.Parallel()
 	b := newPartitionedBroker(t, testenv.AMQPURL, rabbitmq.TopologyConfig{Partitions: 3})
-	fewer, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: b.Topology().Queue(), Partitions: 2, PartitionKey: partitionKey})
+	fewer, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: b.Topology().Config().Queue, Partitions: 2, PartitionKey: partitionKey})
 	require.NoError(t, err)
 	conn := testenv.AMQP(t)
-	require.NoError(t, fewer.Declare(t.Context(), conn))
+	_, err = fewer.Declare(t.Context(), conn)
+	require.NoError(t, err)
 	var batch []*message.Message
 	for k := range 60 {
 		batch = append(batch, keyed(fmt.Sprintf("acct-%d", k), 0))
 	}
-	require.NoError(t, b.PartitionPublisher().Publish(b.Topology().Exchange(), batch...))
+	require.NoError(t, b.PartitionPublisher().Publish(b.Topology().Config().Exchange, batch...))
 	require.Positive(t, testenv.QueueDepth(t, conn, b.Partitions()[2].Endpoints().Topic), "the third partition is still bound")
 }

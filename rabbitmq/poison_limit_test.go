@@ -20,7 +20,7 @@ func TestPoisonQueueDeliveryLimitIsDeclared(t *testing.T) {
 	for _, quorum := range []bool{false, true} {
 		topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: "orders", Quorum: quorum, TierDelays: []time.Duration{time.Second}})
 		require.NoError(t, err)
-		decl := topo.Declarations()
+		decl := topo.Plan().Queues
 		poison := decl[len(decl)-1]
 		require.Equal(t, "orders.poison", poison.Name)
 		if quorum {
@@ -44,18 +44,19 @@ func TestApplyNamesThePolicyForAnOldQuorumPoisonQueue(t *testing.T) {
 
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: q, Quorum: true, DeliveryLimit: 5, TierDelays: []time.Duration{time.Second}})
 	require.NoError(t, err)
-	todo, err := topo.Apply(t.Context(), conn)
+	todo, err := topo.Declare(t.Context(), conn)
 	require.NoError(t, err)
 	require.Len(t, todo, 1)
 	require.Contains(t, todo[0], q+".poison exists without x-delivery-limit")
 	require.Contains(t, todo[0], `rabbitmqctl set_policy --apply-to queues --priority 10 sluice-`+strings.ReplaceAll(q, ".", "-")+`-poison`)
 	require.Contains(t, todo[0], `'{"delivery-limit":2147483647}'`)
-	require.NoError(t, topo.Declare(t.Context(), conn), "an old poison queue does not stop a consumer from starting")
+	_, err = topo.Declare(t.Context(), conn)
+	require.NoError(t, err, "an old poison queue does not stop a consumer from starting")
 
 	fresh, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: testenv.Name("newpoison"), Quorum: true, TierDelays: []time.Duration{time.Second}})
 	require.NoError(t, err)
-	testenv.DeleteQueuesAtEnd(t, fresh.Queue(), fresh.PoisonQueue(), fresh.Tiers()[0].Topic)
-	todo, err = fresh.Apply(t.Context(), conn)
+	testenv.DeleteQueuesAtEnd(t, fresh.Config().Queue, fresh.Config().PoisonQueue, fresh.Tiers()[0].Topic)
+	todo, err = fresh.Declare(t.Context(), conn)
 	require.NoError(t, err)
 	require.Empty(t, todo, "a queue Sluice declares has the limit")
 }

@@ -39,20 +39,20 @@ const headersMaxDepth = 32
 const maxPublishID = "18446744073709551615"
 
 var (
-	// ErrMessageTooLarge is matched by a publish (or CheckPublish) of a
+	// errMessageTooLarge is matched by a publish (or CheckPublish) of a
 	// body larger than Connection.MaxMessageSize: RabbitMQ would refuse it
 	// by closing the channel (406), failing every publish in flight on it.
-	ErrMessageTooLarge = errors.New("rabbitmq: the body is larger than the broker's max_message_size")
-	// ErrRoutingHeader is matched by a publish (or CheckPublish) of a
+	errMessageTooLarge = errors.New("rabbitmq: the body is larger than the broker's max_message_size")
+	// errRoutingHeader is matched by a publish (or CheckPublish) of a
 	// message whose CC or BCC header is not an array: RabbitMQ reads these
 	// headers as extra routing keys (sender-selected distribution) and
 	// closes the channel (406) for one of another type — a metadata value
 	// is a string.
-	ErrRoutingHeader = errors.New("rabbitmq: CC and BCC are routing headers the broker interprets: only an array of routing keys is accepted")
-	// ErrTooManyHeaders is matched by CheckPublish's error for a message
+	errRoutingHeader = errors.New("rabbitmq: CC and BCC are routing headers the broker interprets: only an array of routing keys is accepted")
+	// errTooManyHeaders is matched by CheckPublish's error for a message
 	// whose headers Sluice's AMQP client could not read back
 	// (more than 8192 entries in a table or array).
-	ErrTooManyHeaders = errors.New("rabbitmq: more headers than the AMQP client reads")
+	errTooManyHeaders = errors.New("rabbitmq: more headers than the AMQP client reads")
 )
 
 // checkPublishing returns a *sluice.UnpublishableError for a publishing the
@@ -62,12 +62,12 @@ var (
 // cannot encode.
 func checkPublishing(pub amqp.Publishing, frameMax, maxSize int) error {
 	if maxSize > 0 && len(pub.Body) > maxSize {
-		return &sluice.UnpublishableError{Err: fmt.Errorf("%w: %d bytes, over %d (Connection.MaxMessageSize)", ErrMessageTooLarge, len(pub.Body), maxSize)}
+		return &sluice.UnpublishableError{Err: fmt.Errorf("%w: %d bytes, over %d (Connection.MaxMessageSize)", errMessageTooLarge, len(pub.Body), maxSize)}
 	}
 	for _, k := range [...]string{"CC", "BCC"} {
 		if v, ok := pub.Headers[k]; ok {
 			if _, array := v.([]any); !array {
-				return &sluice.UnpublishableError{Key: k, Err: ErrRoutingHeader}
+				return &sluice.UnpublishableError{Key: k, Err: errRoutingHeader}
 			}
 		}
 	}
@@ -81,14 +81,20 @@ func checkPublishing(pub amqp.Publishing, frameMax, maxSize int) error {
 // Publish would refuse msg to topic, or the broker could not carry it, for
 // a reason that holds whenever it is published (broker.PublishChecker): a
 // routing key or header name over 255 bytes, a property value AMQP cannot
-// carry, a CC or BCC header that is not an array (ErrRoutingHeader), a body
-// over Connection.MaxMessageSize (ErrMessageTooLarge), headers that do not
-// fit one frame (*FrameSizeError: the negotiated frame_max once connected,
-// else the client's 128 KiB), or more than 8192 entries in a table or
-// array (ErrTooManyHeaders: a consumer with Sluice's client could not read
-// them). It publishes nothing and does not connect. The outbox applies it
-// when a message is written (sluicesql.OutboxConfig.Checker).
+// carry, a CC or BCC header that is not an array (the broker reads them
+// as routing keys), a body over Connection.MaxMessageSize, headers that do
+// not fit one frame (*FrameSizeError: the negotiated frame_max once
+// connected, else the client's 128 KiB), or more than 8192 entries in a
+// table or array (a consumer with Sluice's client could not read them);
+// for a Broker's PartitionPublisher, a message without the partition key
+// (ErrNoPartitionKey). The error's text names which. A PartitionPublisher
+// also refuses a topic other than its exchange, with an error of its own.
+// It publishes nothing and does not connect. The outbox applies it when a
+// message is written (sluicesql.OutboxConfig.Checker).
 func (p *Publisher) CheckPublish(topic string, msg *message.Message) error {
+	if err := p.checkPartition(topic, msg); err != nil {
+		return err
+	}
 	if err := broker.CheckName("routing key", topic); err != nil {
 		return &sluice.UnpublishableError{Err: err}
 	}
@@ -111,7 +117,7 @@ func (p *Publisher) CheckPublish(topic string, msg *message.Message) error {
 	return checkPublishing(pub, int(p.frameMax.Load()), p.cfg.MaxMessageSize)
 }
 
-// checkEntries returns an error matching ErrTooManyHeaders when v, at
+// checkEntries returns an error matching errTooManyHeaders when v, at
 // nesting depth, is a table or array Sluice's AMQP client cannot read.
 func checkEntries(v any, depth int) error {
 	var n int
@@ -126,9 +132,9 @@ func checkEntries(v any, depth int) error {
 	}
 	switch {
 	case depth > headersMaxDepth:
-		return fmt.Errorf("%w: tables or arrays nested deeper than %d", ErrTooManyHeaders, headersMaxDepth)
+		return fmt.Errorf("%w: tables or arrays nested deeper than %d", errTooManyHeaders, headersMaxDepth)
 	case n > headersMaxEntries:
-		return fmt.Errorf("%w: %d entries in one table or array, over %d", ErrTooManyHeaders, n, headersMaxEntries)
+		return fmt.Errorf("%w: %d entries in one table or array, over %d", errTooManyHeaders, n, headersMaxEntries)
 	}
 	for c := range children {
 		if err := checkEntries(c, depth+1); err != nil {

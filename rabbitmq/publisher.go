@@ -28,8 +28,8 @@ const confirmTimeoutDefault = 30 * time.Second
 const publishIDHeader = "sluice_publish_id"
 
 var (
-	// ErrPublisherClosed is returned by Publish after Close.
-	ErrPublisherClosed = errors.New("rabbitmq: publisher closed")
+	// errPublisherClosed is returned by Publish after Close.
+	errPublisherClosed = errors.New("rabbitmq: publisher closed")
 	// ErrNacked is matched by a publish the broker refused (basic.nack).
 	ErrNacked = errors.New("rabbitmq: broker nacked the message")
 	// ErrChannelClosed is matched by a publish whose channel closed before the
@@ -138,6 +138,10 @@ type Publisher struct {
 	dials sync.WaitGroup // the dial in progress
 
 	frameMax atomic.Int64 // the last channel's negotiated frame_max: CheckPublish's
+
+	// partitionKey, set on a Broker's PartitionPublisher, is the header
+	// every message must carry (checkPartition).
+	partitionKey string
 }
 
 var (
@@ -186,6 +190,11 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 // cannot parse: more than 8,192 entries), which may be its own. A nack, a return, or a message never sent
 // (blocked, unpublishable, a closed channel at send) is certain: not stored.
 func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		if err := p.checkPartition(topic, m); err != nil {
+			return fmt.Errorf("message %s: %w", diag.Bound(m.UUID, 64), err)
+		}
+	}
 	errs, whole := p.publish(topic, msgs)
 	if whole != nil {
 		return whole
@@ -198,6 +207,13 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 // relay reads it, broker.EachPublisher). The messages are sent in order on
 // one channel, their confirms awaited together.
 func (p *Publisher) PublishEach(topic string, msgs ...*message.Message) []error {
+	if p.partitionKey != "" {
+		return p.publishPartitioned(topic, msgs)
+	}
+	return p.publishEach(topic, msgs)
+}
+
+func (p *Publisher) publishEach(topic string, msgs []*message.Message) []error {
 	errs, whole := p.publish(topic, msgs)
 	if whole != nil {
 		for i := range errs {
@@ -309,7 +325,7 @@ type dialing struct {
 // held.
 func (p *Publisher) channelLocked() (*confirmChannel, *dialing, error) {
 	if p.closed {
-		return nil, nil, ErrPublisherClosed
+		return nil, nil, errPublisherClosed
 	}
 	if p.ch != nil && !p.ch.isClosed() && !p.ch.nacked.Load() {
 		return p.ch, nil, nil
@@ -369,7 +385,7 @@ func (p *Publisher) connect(d *dialing, node int) {
 	p.dial = nil
 	if err == nil && p.closed {
 		defer func() { _ = closeConn(conn, p.cfg.WriteTimeout) }()
-		err = ErrPublisherClosed
+		err = errPublisherClosed
 	}
 	if err == nil {
 		p.conn, p.node = conn, node
@@ -420,7 +436,7 @@ func callContext(msgs []*message.Message) (context.Context, context.CancelFunc) 
 // Close closes the connection, and with it the channel, waiting at most
 // WriteTimeout for the broker's answer (the connection is closed either
 // way; the error then says the broker did not answer). It is idempotent;
-// Publish fails with ErrPublisherClosed afterwards.
+// Publish fails afterwards.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
 	if p.closed {

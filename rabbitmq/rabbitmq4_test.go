@@ -63,7 +63,7 @@ func TestTopologyDeclaresNothingRabbitMQ43Refuses(t *testing.T) {
 	declared := map[string]bool{}
 	for name, cfg := range shapes {
 		topo := newTopology(t, cfg)
-		for _, d := range topo.Declarations() {
+		for _, d := range topo.Plan().Queues {
 			var args map[string]any
 			require.NoError(t, json.Unmarshal([]byte(d.Arguments), &args))
 			require.Empty(t, rabbitmq43Refuses(args), "%s: %s is declared with an argument RabbitMQ 4.3 refuses: %s", name, d.Name, d.Arguments)
@@ -151,12 +151,12 @@ func TestQuorumQueueWithoutDeliveryLimitHasTheBrokersDefault(t *testing.T) {
 	const returns = 21
 	topo := newTopology(t, rabbitmq.TopologyConfig{Quorum: true, TierDelays: []time.Duration{time.Minute}})
 	conn := testenv.AMQP(t)
-	require.NoError(t, newPublisher(t, "").Publish(topo.Queue(), msgs(1)...))
+	require.NoError(t, newPublisher(t, "").Publish(topo.Config().Queue, msgs(1)...))
 	ch := testenv.Channel(t, conn)
 	for i := range returns {
 		var d amqp.Delivery
 		require.Eventually(t, func() bool {
-			got, ok, err := ch.Get(topo.Queue(), false)
+			got, ok, err := ch.Get(topo.Config().Queue, false)
 			require.NoError(t, err)
 			d = got
 			return ok
@@ -166,11 +166,11 @@ func TestQuorumQueueWithoutDeliveryLimitHasTheBrokersDefault(t *testing.T) {
 	major := testenv.RabbitMQMajor(t)
 	conn2 := testenv.AMQP(t)
 	if major >= 4 {
-		require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn2, topo.PoisonQueue()) == 1 }, time.Minute, 20*time.Millisecond,
+		require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn2, topo.Config().PoisonQueue) == 1 }, time.Minute, 20*time.Millisecond,
 			"RabbitMQ %s dead-letters the message after %d returns (default delivery limit 20)", testenv.RabbitMQVersion(t), returns)
-		require.Zero(t, testenv.QueueDepth(t, conn2, topo.Queue()))
+		require.Zero(t, testenv.QueueDepth(t, conn2, topo.Config().Queue))
 		return
 	}
-	require.Equal(t, 1, testenv.QueueDepth(t, conn2, topo.Queue()), "RabbitMQ 3.x has no default delivery limit")
-	require.Zero(t, testenv.QueueDepth(t, conn2, topo.PoisonQueue()))
+	require.Equal(t, 1, testenv.QueueDepth(t, conn2, topo.Config().Queue), "RabbitMQ 3.x has no default delivery limit")
+	require.Zero(t, testenv.QueueDepth(t, conn2, topo.Config().PoisonQueue))
 }

@@ -53,7 +53,7 @@ func newStackBehind(t *testing.T, cfg rabbitmq.TopologyConfig, outer []message.H
 	}
 	s := &stack{topo: newTopology(t, cfg), conn: testenv.AMQP(t), pub: newPublisher(t, ""), calls: map[string][]*message.Message{}}
 
-	p, err := poison.New(poison.Config{Publisher: s.pub, Topic: s.topo.PoisonQueue(), Queue: s.topo.Queue(), PublishBackoff: 100 * time.Millisecond})
+	p, err := poison.New(poison.Config{Publisher: s.pub, Topic: s.topo.Config().PoisonQueue, Queue: s.topo.Config().Queue, PublishBackoff: 100 * time.Millisecond})
 	require.NoError(t, err)
 	r, err := retrytiers.New(retrytiers.Config{Publisher: s.pub, Tiers: s.topo.Tiers(), PublishBackoff: 100 * time.Millisecond})
 	require.NoError(t, err)
@@ -65,7 +65,7 @@ func newStackBehind(t *testing.T, cfg rabbitmq.TopologyConfig, outer []message.H
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
 	router.AddMiddleware(outer...)
-	router.AddConsumerHandler("inventory", s.topo.Queue(), sub, func(msg *message.Message) error {
+	router.AddConsumerHandler("inventory", s.topo.Config().Queue, sub, func(msg *message.Message) error {
 		s.mu.Lock()
 		id := msg.Metadata.Get(sluice.EventIDKey)
 		s.calls[id] = append(s.calls[id], msg.Copy())
@@ -95,7 +95,7 @@ func (s *stack) publish(t *testing.T, id string, md ...string) {
 	for i := 0; i+1 < len(md); i += 2 {
 		m.Metadata.Set(md[i], md[i+1])
 	}
-	require.NoError(t, s.pub.Publish(s.topo.Queue(), m))
+	require.NoError(t, s.pub.Publish(s.topo.Config().Queue, m))
 }
 
 // handled waits until the handler has seen event id n times.
@@ -112,9 +112,9 @@ func (s *stack) handled(t *testing.T, id string, n int) {
 func (s *stack) settled(t *testing.T, wantPoison int) []amqp.Delivery {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		return testenv.QueueDepth(t, s.conn, s.topo.PoisonQueue()) >= wantPoison
+		return testenv.QueueDepth(t, s.conn, s.topo.Config().PoisonQueue) >= wantPoison
 	}, time.Minute, 20*time.Millisecond, "poison queue")
-	queues := []string{s.topo.Queue()}
+	queues := []string{s.topo.Config().Queue}
 	for _, tier := range s.topo.Tiers() {
 		queues = append(queues, tier.Topic)
 	}
@@ -128,7 +128,7 @@ func (s *stack) settled(t *testing.T, wantPoison int) []amqp.Delivery {
 		}
 		return true
 	}, time.Minute, 20*time.Millisecond, "main and tier queues empty")
-	got := testenv.Drain(t, s.conn, s.topo.PoisonQueue())
+	got := testenv.Drain(t, s.conn, s.topo.Config().PoisonQueue)
 	require.Len(t, got, wantPoison)
 	return got
 }
@@ -192,9 +192,9 @@ func TestStackAlwaysTransientEndsInPoison(t *testing.T) {
 		for k, want := range map[string]string{
 			poison.ClassKey:      "exhausted",
 			poison.ConsumerKey:   "inventory",
-			poison.QueueKey:      s.topo.Queue(),
+			poison.QueueKey:      s.topo.Config().Queue,
 			poison.ExchangeKey:   "",
-			poison.RoutingKeyKey: s.topo.Queue(),
+			poison.RoutingKeyKey: s.topo.Config().Queue,
 			poison.TraceIDKey:    traceID,
 			sluice.EventIDKey:    "evt-2",
 			sluice.EventTypeKey:  "order.created",
@@ -264,7 +264,7 @@ func TestStackPoisonQueueUnroutableLosesNothing(t *testing.T) {
 		return sluice.Poison(errors.New("malformed"))
 	})
 	ch := testenv.Channel(t, s.conn)
-	_, err := ch.QueueDelete(s.topo.PoisonQueue(), false, false, false)
+	_, err := ch.QueueDelete(s.topo.Config().PoisonQueue, false, false, false)
 	require.NoError(t, err)
 
 	s.publish(t, "evt-3")
@@ -272,7 +272,8 @@ func TestStackPoisonQueueUnroutableLosesNothing(t *testing.T) {
 		"the original is nacked and delivered again while the poison queue is unroutable")
 	require.True(t, s.deliveries("evt-3")[2].Metadata.Get(rabbitmq.RedeliveredKey) == "true")
 
-	require.NoError(t, s.topo.Declare(t.Context(), s.conn), "the operator restores the poison queue")
+	_, err = s.topo.Declare(t.Context(), s.conn)
+	require.NoError(t, err, "the operator restores the poison queue")
 	got := s.settled(t, 1)
 	md, err := rabbitmq.Marshaler{}.Unmarshal(got[0])
 	require.NoError(t, err)

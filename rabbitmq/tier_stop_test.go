@@ -43,7 +43,8 @@ func stopMidStream(t *testing.T, node *testenv.PrivateRabbitMQ, quorum bool) {
 	require.NoError(t, err)
 	conn, err := amqp.Dial(node.URL)
 	require.NoError(t, err)
-	require.NoError(t, topo.Declare(t.Context(), conn))
+	_, err = topo.Declare(t.Context(), conn)
+	require.NoError(t, err)
 	_ = conn.Close()
 	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: node.URL}})
 	require.NoError(t, err)
@@ -93,7 +94,7 @@ func stopMidStream(t *testing.T, node *testenv.PrivateRabbitMQ, quorum bool) {
 	defer func() { _ = conn.Close() }()
 	back := map[string]bool{}
 	missing := func() int {
-		for _, d := range testenv.Drain(t, conn, topo.Queue()) {
+		for _, d := range testenv.Drain(t, conn, topo.Config().Queue) {
 			id, _ := d.Headers[wamqp.DefaultMessageUUIDHeaderKey].(string)
 			back[id] = true
 		}

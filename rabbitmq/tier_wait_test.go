@@ -90,8 +90,8 @@ func newWaitStack(t *testing.T, cfg rabbitmq.TopologyConfig, handler func(attemp
 	t.Helper()
 	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Topology: cfg})
 	require.NoError(t, err)
-	names := []string{b.Topology().Queue(), b.Topology().PoisonQueue()}
-	for _, d := range b.Topology().Declarations() {
+	names := []string{b.Topology().Config().Queue, b.Topology().Config().PoisonQueue}
+	for _, d := range b.Topology().Plan().Queues {
 		names = append(names, d.Name)
 	}
 	testenv.DeleteQueuesAtEnd(t, names...)
@@ -129,7 +129,7 @@ func (s *waitStack) publish(t *testing.T, n int) {
 	t.Helper()
 	ch := testenv.Channel(t, testenv.AMQP(t))
 	for i := range n {
-		require.NoError(t, ch.PublishWithContext(t.Context(), "", s.topo.Queue(), true, false,
+		require.NoError(t, ch.PublishWithContext(t.Context(), "", s.topo.Config().Queue, true, false,
 			amqp.Publishing{MessageId: fmt.Sprint(i), Body: []byte("{}"), DeliveryMode: amqp.Persistent}))
 	}
 }
@@ -245,8 +245,8 @@ func TestRetryAfterOnTheBroker(t *testing.T) {
 	require.Equal(t, "4", ds[1].attempt, "the two tiers skipped are spent")
 	require.GreaterOrEqual(t, ds[1].at.Sub(ds[0].at), 700*time.Millisecond)
 	conn := testenv.AMQP(t)
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, s.topo.PoisonQueue()) == 1 }, time.Minute, 20*time.Millisecond)
-	got := testenv.Drain(t, conn, s.topo.PoisonQueue())
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, s.topo.Config().PoisonQueue) == 1 }, time.Minute, 20*time.Millisecond)
+	got := testenv.Drain(t, conn, s.topo.Config().PoisonQueue)
 	require.Equal(t, "exhausted", got[0].Headers[poison.ClassKey])
 	require.Equal(t, "4", got[0].Headers[sluice.AttemptKey])
 	s.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -187,15 +188,35 @@ func NewTopology(cfg TopologyConfig) (*Topology, error) {
 	if tiers, err = broker.Jittered(cfg.Queue, tiers, cfg.TierJitter); err != nil {
 		return nil, fmt.Errorf("rabbitmq: TopologyConfig.TierJitter: %w", err)
 	}
-	return &Topology{cfg: cfg, tiers: tiers}, nil
+	return &Topology{cfg: withTierDefaults(cfg, tiers), tiers: tiers}, nil
 }
 
-// Queue returns the consumer's queue; with Partitions, the name the
-// partition queues are named after (no queue has it: see Partitions).
-func (t *Topology) Queue() string { return t.cfg.Queue }
+// withTierDefaults returns cfg with the tier defaults tiers were built
+// with: TierDelays broker.DelaysDefault when empty, and TierJitter.Queues
+// the waits per tier when jittered.
+func withTierDefaults(cfg TopologyConfig, tiers []broker.Tier) TopologyConfig {
+	if len(cfg.TierDelays) == 0 {
+		cfg.TierDelays = slices.Clone(broker.DelaysDefault)
+	}
+	if cfg.TierJitter.Fraction > 0 && cfg.TierJitter.Queues == 0 && len(tiers) > 0 {
+		cfg.TierJitter.Queues = len(tiers[0].Waits)
+	}
+	return cfg
+}
 
-// PoisonQueue returns the poison queue.
-func (t *Topology) PoisonQueue() string { return t.cfg.PoisonQueue }
+// Config returns the topology's configuration with its defaults filled:
+// PoisonQueue, TierDelays, TierJitter.Queues (when jittered),
+// ExchangeType and BindingKey; with Partitions, Exchange too. Queue is the
+// consumer's queue — with Partitions, the name the partition queues are
+// named after (no queue has it: see Partitions) — and Exchange the
+// exchange Declare declares ("" when none; with Partitions, the
+// consistent-hash exchange producers publish to, hashing the header
+// PartitionKey).
+func (t *Topology) Config() TopologyConfig {
+	cfg := t.cfg
+	cfg.TierDelays = slices.Clone(cfg.TierDelays)
+	return cfg
+}
 
 // Tiers returns the retry tiers in order; each Topic is its queue. Give
 // them to retrytiers.Config. Nil with Partitions: each partition has its
@@ -253,28 +274,58 @@ func (t *Topology) specs() []queueSpec {
 	return append(specs, queueSpec{t.cfg.PoisonQueue, typed(poisonArgs)})
 }
 
-// Declaration is one queue of the topology and its arguments.
+// Plan is what Declare declares, for a reader (`sluice topology plan`
+// prints it) or an operator's own tooling. The exchange's name and type
+// are Config's Exchange and ExchangeType.
+type Plan struct {
+	// ExchangeArguments are the arguments the exchange is declared with,
+	// as JSON, keys sorted: "{}" when none; with Partitions
+	// {"hash-header": PartitionKey}.
+	ExchangeArguments string
+	// Queues are the queues in the order Declare declares them (all
+	// durable), with their arguments and bindings.
+	Queues []Declaration
+	// Policies are the topology as rabbitmqctl lines, for operators who
+	// set queue arguments by policy instead of declaring them: a policy
+	// can be changed later, a declared argument cannot. The queue type
+	// cannot be set by a policy, so for a quorum topology the queues must
+	// still be declared with x-queue-type=quorum (a comment line says so;
+	// with Partitions, others say what else a policy does not declare).
+	Policies []string
+}
+
+// Declaration is one queue of a Plan.
 type Declaration struct {
 	Name      string
 	Arguments string // JSON, keys sorted
+	// BindingKey is the key the queue is bound to the exchange with:
+	// BindingKey for Queue, or with Partitions each partition queue's
+	// weight on the hash ring, "1". "" for a queue not bound: the tier
+	// and poison queues, and every queue of a topology without an
+	// Exchange.
+	BindingKey string
 }
 
-// Declarations returns the queues Declare declares, in order, with their
-// arguments.
-func (t *Topology) Declarations() []Declaration {
-	var out []Declaration
-	for _, q := range t.specs() {
-		out = append(out, declaration(q.name, q.args))
+// Plan returns what Declare declares.
+func (t *Topology) Plan() Plan {
+	bound := map[string]string{}
+	for _, b := range t.bindings() {
+		bound[b.queue] = b.key
 	}
-	return out
+	plan := Plan{ExchangeArguments: arguments(t.exchangeArgs()), Policies: t.policies()}
+	for _, q := range t.specs() {
+		plan.Queues = append(plan.Queues, Declaration{Name: q.name, Arguments: arguments(q.args), BindingKey: bound[q.name]})
+	}
+	return plan
 }
 
-func declaration(name string, args amqp.Table) Declaration {
+// arguments are args as JSON, keys sorted; "{}" when none.
+func arguments(args amqp.Table) string {
 	if args == nil {
 		args = amqp.Table{}
 	}
 	b, _ := json.Marshal(args) // map keys are sorted
-	return Declaration{Name: name, Arguments: string(b)}
+	return string(b)
 }
 
 // ConflictError is a queue or exchange that exists with other arguments
@@ -295,7 +346,7 @@ func (e *ConflictError) Error() string {
 		"(sluice topology migrate; docs/rabbitmq.md, \"Moving an existing queue onto Sluice's topology\"), or, if the queue is empty and unused, delete it and let it be declared again"
 	if policyArguments[e.Argument] {
 		return head + fmt.Sprintf(": %s is one a policy can set and change on an existing queue (as message-ttl, expires, max-length, overflow, dead-letter-exchange, "+
-			"dead-letter-routing-key, dead-letter-strategy, delivery-limit: Topology.Policies), but only where the queue did not declare it; ", e.Argument) + move
+			"dead-letter-routing-key, dead-letter-strategy, delivery-limit: Topology.Plan().Policies), but only where the queue did not declare it; ", e.Argument) + move
 	}
 	return head + fmt.Sprintf(": %s cannot be set by a policy (neither can x-queue-type, durable, exclusive, auto-delete, x-max-priority): ", e.Argument) + move
 }
@@ -312,22 +363,16 @@ var policyArguments = map[string]bool{
 var inequivalentArg = regexp.MustCompile(`inequivalent arg '([^']+)'`)
 
 // Declare declares the exchange and binding (when configured), Queue, the
-// tier queues and the poison queue, all durable. It is idempotent; a queue
-// that exists with other arguments gives a *ConflictError naming the
-// argument — except a quorum poison queue declared without
-// x-delivery-limit (by Sluice before it declared one), which is kept as it
-// is: Apply says what to do about it. It uses a channel of its own on conn.
-func (t *Topology) Declare(ctx context.Context, conn *amqp.Connection) error {
-	_, err := t.Apply(ctx, conn)
-	return err
-}
-
-// Apply declares the topology as Declare does and returns what is left
-// for an operator to do, one line each: for a quorum poison queue that
-// exists without x-delivery-limit, the rabbitmqctl set_policy line that
-// gives it poisonqueue.DeliveryLimit (a declared argument cannot change; a
-// policy applies to an existing queue at once).
-func (t *Topology) Apply(ctx context.Context, conn *amqp.Connection) ([]string, error) {
+// tier queues and the poison queue, all durable (Plan lists them). It is
+// idempotent; a queue that exists with other arguments gives a
+// *ConflictError naming the argument — except a quorum poison queue
+// declared without x-delivery-limit (by Sluice before it declared one),
+// which is kept as it is. It returns what is left for an operator to do,
+// one line each: for such a poison queue, the rabbitmqctl set_policy line
+// that gives it poisonqueue.DeliveryLimit (a declared argument cannot
+// change; a policy applies to an existing queue at once). It uses a
+// channel of its own on conn.
+func (t *Topology) Declare(ctx context.Context, conn *amqp.Connection) (todo []string, err error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: opening a channel: %w", err)
@@ -338,7 +383,6 @@ func (t *Topology) Apply(ctx context.Context, conn *amqp.Connection) ([]string, 
 			return nil, t.exchangeError(err)
 		}
 	}
-	var todo []string
 	for _, q := range t.specs() {
 		if err := ctx.Err(); err != nil {
 			return todo, err
@@ -366,9 +410,9 @@ func (t *Topology) Apply(ctx context.Context, conn *amqp.Connection) ([]string, 
 			return todo, err
 		}
 	}
-	for _, b := range t.Bindings() {
-		if err := ch.QueueBind(b.Queue, b.Key, t.cfg.Exchange, false, nil); err != nil {
-			return todo, fmt.Errorf("rabbitmq: binding %q to %q: %w", b.Queue, t.cfg.Exchange, err)
+	for _, b := range t.bindings() {
+		if err := ch.QueueBind(b.queue, b.key, t.cfg.Exchange, false, nil); err != nil {
+			return todo, fmt.Errorf("rabbitmq: binding %q to %q: %w", b.queue, t.cfg.Exchange, err)
 		}
 	}
 	return todo, nil
@@ -421,17 +465,13 @@ func conflict(kind, name string, err error) error {
 	return fmt.Errorf("rabbitmq: declaring %s %q: %w", kind, name, err)
 }
 
-// Policies returns the topology as rabbitmqctl lines, for operators who set
-// queue arguments by policy instead of declaring them: a policy can be
-// changed later, a declared argument cannot. The queue type cannot be set by
-// a policy, so for a quorum topology the queues must still be declared with
-// x-queue-type=quorum (a comment line says so).
-func (t *Topology) Policies() []string {
+// policies are Plan's Policies.
+func (t *Topology) policies() []string {
 	var lines []string
 	queues := t.cfg.Queue + ", its tiers"
 	if n := len(t.parts); n > 0 {
 		lines = append(lines, fmt.Sprintf("# declare the exchange %s of type %s with %s, and bind %s to it with weight %s: a policy declares neither",
-			t.cfg.Exchange, exchangeConsistentHash, t.ExchangeArguments(), partitionRange(t.cfg.Queue, n), partitionWeight),
+			t.cfg.Exchange, exchangeConsistentHash, arguments(t.exchangeArgs()), partitionRange(t.cfg.Queue, n), partitionWeight),
 			fmt.Sprintf("# declare %s with x-single-active-consumer=true: a policy cannot set it", partitionRange(t.cfg.Queue, n)))
 		queues = partitionRange(t.cfg.Queue, n) + ", their tiers"
 	}

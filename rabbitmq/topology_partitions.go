@@ -105,26 +105,16 @@ func newPartitioned(cfg TopologyConfig) (*Topology, error) {
 		}
 		t.parts = append(t.parts, part)
 	}
+	t.cfg = withTierDefaults(t.cfg, t.parts[0].tiers)
 	return t, nil
 }
 
 // Partitions returns the topology of each partition queue, in order
-// (nil without TopologyConfig.Partitions): its Queue is PartitionQueue(
-// Queue, i), its Tiers return to it only, and its PoisonQueue is the
-// topology's, shared by every partition. A consumer of partition i
-// consumes its Queue; a producer publishes to Exchange.
+// (nil without TopologyConfig.Partitions): its Config().Queue is
+// PartitionQueue(Queue, i), its Tiers return to it only, and its
+// PoisonQueue is the topology's, shared by every partition. A consumer of
+// partition i consumes its Queue; a producer publishes to Exchange.
 func (t *Topology) Partitions() []*Topology { return append([]*Topology(nil), t.parts...) }
-
-// Exchange returns the exchange Declare declares ("" when none): with
-// Partitions, the consistent-hash exchange producers publish to.
-func (t *Topology) Exchange() string { return t.cfg.Exchange }
-
-// ExchangeType returns the type of Exchange.
-func (t *Topology) ExchangeType() string { return t.cfg.ExchangeType }
-
-// PartitionKey returns the header the partitioned topology's exchange
-// hashes ("" without Partitions).
-func (t *Topology) PartitionKey() string { return t.cfg.PartitionKey }
 
 // exchangeArgs are the arguments of the exchange's declaration.
 func (t *Topology) exchangeArgs() amqp.Table {
@@ -134,30 +124,24 @@ func (t *Topology) exchangeArgs() amqp.Table {
 	return amqp.Table{"hash-header": t.cfg.PartitionKey}
 }
 
-// ExchangeArguments returns the arguments Declare declares the exchange
-// with, as JSON ("{}" when none); with Partitions {"hash-header": PartitionKey}.
-func (t *Topology) ExchangeArguments() string {
-	return declaration("", t.exchangeArgs()).Arguments
+// binding is a queue bound to the topology's exchange.
+type binding struct {
+	queue, key string // with Partitions, key is the queue's weight
 }
 
-// Binding is a queue bound to the topology's exchange.
-type Binding struct {
-	Queue, Key string // with Partitions, Key is the queue's weight
-}
-
-// Bindings returns the bindings Declare declares: Queue with BindingKey,
-// or with Partitions each partition queue with its weight, "1". None
-// without an Exchange.
-func (t *Topology) Bindings() []Binding {
+// bindings are the bindings Declare declares: Queue with BindingKey, or
+// with Partitions each partition queue with its weight, "1". None without
+// an Exchange.
+func (t *Topology) bindings() []binding {
 	switch {
 	case t.cfg.Exchange == "":
 		return nil
 	case len(t.parts) == 0:
-		return []Binding{{Queue: t.cfg.Queue, Key: t.cfg.BindingKey}}
+		return []binding{{queue: t.cfg.Queue, key: t.cfg.BindingKey}}
 	}
-	bs := make([]Binding, 0, len(t.parts))
+	bs := make([]binding, 0, len(t.parts))
 	for _, p := range t.parts {
-		bs = append(bs, Binding{Queue: p.cfg.Queue, Key: partitionWeight})
+		bs = append(bs, binding{queue: p.cfg.Queue, key: partitionWeight})
 	}
 	return bs
 }

@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
@@ -22,7 +23,7 @@ func newTopology(t *testing.T, cfg rabbitmq.TopologyConfig) *rabbitmq.Topology {
 	}
 	topo, err := rabbitmq.NewTopology(cfg)
 	require.NoError(t, err)
-	names := []string{topo.Queue(), topo.PoisonQueue()}
+	names := []string{topo.Config().Queue, topo.Config().PoisonQueue}
 	for _, tier := range topo.Tiers() {
 		names = append(names, tier.Topic)
 	}
@@ -31,8 +32,10 @@ func newTopology(t *testing.T, cfg rabbitmq.TopologyConfig) *rabbitmq.Topology {
 	}
 	testenv.DeleteQueuesAtEnd(t, names...)
 	conn := testenv.AMQP(t)
-	require.NoError(t, topo.Declare(t.Context(), conn))
-	require.NoError(t, topo.Declare(t.Context(), conn), "Declare is idempotent")
+	_, err = topo.Declare(t.Context(), conn)
+	require.NoError(t, err)
+	_, err = topo.Declare(t.Context(), conn)
+	require.NoError(t, err, "Declare is idempotent")
 	return topo
 }
 
@@ -47,12 +50,12 @@ func TestTopologyTiersReturnToTheQueue(t *testing.T) {
 			for _, tier := range topo.Tiers() {
 				require.NoError(t, p.Publish(tier.Topic, msgs(1)...))
 			}
-			require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, topo.Queue()) == 2 }, time.Minute, 20*time.Millisecond,
+			require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, topo.Config().Queue) == 2 }, time.Minute, 20*time.Millisecond,
 				"each tier's copy expires back into the queue")
 			for _, tier := range topo.Tiers() {
 				require.Zero(t, testenv.QueueDepth(t, conn, tier.Topic))
 			}
-			got := testenv.Drain(t, conn, topo.Queue())
+			got := testenv.Drain(t, conn, topo.Config().Queue)
 			msg, err := rabbitmq.Marshaler{}.Unmarshal(got[0])
 			require.NoError(t, err)
 			require.Equal(t, "1", msg.Metadata.Get(rabbitmq.DeathCountKey))
@@ -65,14 +68,14 @@ func TestTopologyQuorumDeliveryLimitDeadLettersToPoison(t *testing.T) {
 	t.Parallel()
 	topo := newTopology(t, rabbitmq.TopologyConfig{Quorum: true, DeliveryLimit: 2, TierDelays: []time.Duration{time.Second}})
 	conn := testenv.AMQP(t)
-	require.NoError(t, newPublisher(t, "").Publish(topo.Queue(), msgs(1)...))
+	require.NoError(t, newPublisher(t, "").Publish(topo.Config().Queue, msgs(1)...))
 
 	// A consumer that crashes on the message: nack with requeue, again and again.
 	ch := testenv.Channel(t, conn)
-	deliveries, err := ch.Consume(topo.Queue(), "", false, false, false, false, nil)
+	deliveries, err := ch.Consume(topo.Config().Queue, "", false, false, false, false, nil)
 	require.NoError(t, err)
 	deadline := time.After(time.Minute)
-	for n := 0; testenv.QueueDepth(t, conn, topo.PoisonQueue()) == 0; n++ {
+	for n := 0; testenv.QueueDepth(t, conn, topo.Config().PoisonQueue) == 0; n++ {
 		select {
 		case d := <-deliveries:
 			require.NoError(t, d.Nack(false, true))
@@ -81,7 +84,7 @@ func TestTopologyQuorumDeliveryLimitDeadLettersToPoison(t *testing.T) {
 			t.Fatal("the delivery limit did not dead-letter the message to the poison queue")
 		}
 	}
-	require.Equal(t, 1, testenv.QueueDepth(t, conn, topo.PoisonQueue()))
+	require.Equal(t, 1, testenv.QueueDepth(t, conn, topo.Config().PoisonQueue))
 }
 
 func TestTopologyOnlyQueueReceivesRetryCopies(t *testing.T) {
@@ -94,7 +97,7 @@ func TestTopologyOnlyQueueReceivesRetryCopies(t *testing.T) {
 
 	require.NoError(t, newPublisher(t, ex).Publish("orders.created", msgs(1)...))
 	require.NoError(t, newPublisher(t, "").Publish(topo.Tiers()[0].Topic, msgs(1)...))
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, topo.Queue()) == 2 }, time.Minute, 20*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, topo.Config().Queue) == 2 }, time.Minute, 20*time.Millisecond)
 	require.Equal(t, 1, testenv.QueueDepth(t, conn, other), "the expired copy went to the queue only, not through the exchange")
 }
 
@@ -110,7 +113,7 @@ func TestTopologyConflictNamesTheArgument(t *testing.T) {
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: q, TierDelays: []time.Duration{30 * time.Second}})
 	require.NoError(t, err)
 	testenv.DeleteQueuesAtEnd(t, q, q+".poison")
-	err = topo.Declare(t.Context(), conn)
+	_, err = topo.Declare(t.Context(), conn)
 	var ce *rabbitmq.ConflictError
 	require.True(t, errors.As(err, &ce), "got %v", err)
 	require.Equal(t, q+".retry.30s", ce.Name)
@@ -132,7 +135,7 @@ func TestTopologyConflictOnTheQueueType(t *testing.T) {
 
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: q, TierDelays: []time.Duration{30 * time.Second}, Quorum: true})
 	require.NoError(t, err)
-	err = topo.Declare(t.Context(), conn)
+	_, err = topo.Declare(t.Context(), conn)
 	ce, ok := errors.AsType[*rabbitmq.ConflictError](err)
 	require.True(t, ok, "got %v", err)
 	require.Equal(t, "x-queue-type", ce.Argument, ce.Detail)
@@ -145,7 +148,7 @@ func TestTopologyPolicies(t *testing.T) {
 	t.Parallel()
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: "orders", Quorum: true, DeliveryLimit: 20})
 	require.NoError(t, err)
-	got := strings.Join(topo.Policies(), "\n")
+	got := strings.Join(topo.Plan().Policies, "\n")
 	require.Equal(t, `# declare orders, its tiers and orders.poison with x-queue-type=quorum: a policy cannot set the queue type
 rabbitmqctl set_policy --apply-to queues --priority 10 sluice-orders '^orders$' '{"dead-letter-exchange":"","dead-letter-routing-key":"orders.poison","dead-letter-strategy":"at-least-once","delivery-limit":20,"overflow":"reject-publish"}'
 rabbitmqctl set_policy --apply-to queues --priority 10 sluice-orders-retry-30s '^orders\.retry\.30s$' '{"dead-letter-exchange":"","dead-letter-routing-key":"orders","dead-letter-strategy":"at-least-once","message-ttl":30000,"overflow":"reject-publish"}'
@@ -172,4 +175,50 @@ func TestNewTopologyValidates(t *testing.T) {
 		_, err := rabbitmq.NewTopology(tt.cfg)
 		require.ErrorContains(t, err, tt.want)
 	}
+}
+
+// Config is the configuration with its defaults filled, and a copy.
+func TestTopologyConfigFillsItsDefaults(t *testing.T) {
+	t.Parallel()
+	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: "orders", Exchange: "events", TierJitter: broker.Jitter{Fraction: 0.2}})
+	require.NoError(t, err)
+	cfg := topo.Config()
+	require.Equal(t, rabbitmq.TopologyConfig{Queue: "orders", PoisonQueue: "orders.poison", TierDelays: broker.DelaysDefault,
+		TierJitter: broker.Jitter{Fraction: 0.2, Queues: 4}, Exchange: "events", ExchangeType: "topic", BindingKey: "orders"}, cfg)
+	cfg.TierDelays[0] = time.Hour
+	require.Equal(t, broker.DelaysDefault[0], topo.Config().TierDelays[0], "a copy")
+
+	parted, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: "ledger", Partitions: 2, PartitionKey: "account", TierDelays: []time.Duration{time.Minute}})
+	require.NoError(t, err)
+	require.Equal(t, rabbitmq.TopologyConfig{Queue: "ledger", PoisonQueue: "ledger.poison", TierDelays: []time.Duration{time.Minute},
+		Exchange: "ledger", ExchangeType: "x-consistent-hash", Partitions: 2, PartitionKey: "account"}, parted.Config())
+	require.Equal(t, "ledger.p1", parted.Partitions()[1].Config().Queue)
+	require.Equal(t, "ledger.poison", parted.Partitions()[1].Config().PoisonQueue)
+}
+
+// Plan lists each queue with its arguments and its binding to the
+// exchange, the exchange's arguments and the policy lines.
+func TestTopologyPlan(t *testing.T) {
+	t.Parallel()
+	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: "orders", Exchange: "events", BindingKey: "orders.#", TierDelays: []time.Duration{time.Minute}})
+	require.NoError(t, err)
+	require.Equal(t, rabbitmq.Plan{ExchangeArguments: "{}", Queues: []rabbitmq.Declaration{
+		{Name: "orders", Arguments: "{}", BindingKey: "orders.#"},
+		{Name: "orders.retry.1m", Arguments: `{"x-dead-letter-exchange":"","x-dead-letter-routing-key":"orders","x-message-ttl":60000}`},
+		{Name: "orders.poison", Arguments: "{}"},
+	}, Policies: []string{
+		`rabbitmqctl set_policy --apply-to queues --priority 10 sluice-orders-retry-1m '^orders\.retry\.1m$' '{"dead-letter-exchange":"","dead-letter-routing-key":"orders","message-ttl":60000}'`,
+	}}, topo.Plan())
+
+	parted, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: "ledger", Partitions: 2, PartitionKey: "account", TierDelays: []time.Duration{time.Minute}})
+	require.NoError(t, err)
+	plan := parted.Plan()
+	require.Equal(t, `{"hash-header":"account"}`, plan.ExchangeArguments)
+	var bound []string
+	for _, q := range plan.Queues {
+		if q.BindingKey != "" {
+			bound = append(bound, q.Name+" "+q.BindingKey)
+		}
+	}
+	require.Equal(t, []string{"ledger.p0 1", "ledger.p1 1"}, bound)
 }

@@ -61,7 +61,7 @@ func TestAConsumerResumesAfterABlackHoleThatHealsWithoutResets(t *testing.T) {
 	})
 	require.NoError(t, err)
 	tiers := q.Topology().Tiers()
-	testenv.DeleteQueuesAtEnd(t, queue, q.Topology().PoisonQueue(), tiers[0].Topic, tiers[1].Topic)
+	testenv.DeleteQueuesAtEnd(t, queue, q.Topology().Config().PoisonQueue, tiers[0].Topic, tiers[1].Topic)
 	t.Cleanup(func() { _ = q.Close() })
 
 	reader := sdkmetric.NewManualReader()
@@ -123,7 +123,7 @@ func TestAConsumerResumesAfterABlackHoleThatHealsWithoutResets(t *testing.T) {
 	conn := testenv.AMQP(t)
 	var exhausted, poisoned int64
 	require.Eventually(t, func() bool {
-		isolated := testenv.QueueDepth(t, conn, q.Topology().PoisonQueue())
+		isolated := testenv.QueueDepth(t, conn, q.Topology().Config().PoisonQueue)
 		exhausted, poisoned = testenv.CounterSum(t, reader, telemetry.MetricExhausted), testenv.CounterSum(t, reader, telemetry.MetricPoisoned)
 		return count("effects")+isolated == events && exhausted >= int64(isolated) && poisoned >= int64(isolated)
 	}, 5*time.Minute, 50*time.Millisecond, "every event processed or isolated after the heal, and counted")
@@ -135,7 +135,7 @@ func TestAConsumerResumesAfterABlackHoleThatHealsWithoutResets(t *testing.T) {
 	// stalled connection, or a claim that waited on a transaction the hole
 	// caught — its server end holds the claim's row lock until the server
 	// ends it (idle_in_transaction_session_timeout, not set here).
-	for _, d := range testenv.Drain(t, conn, q.Topology().PoisonQueue()) {
+	for _, d := range testenv.Drain(t, conn, q.Topology().Config().PoisonQueue) {
 		reason := fmt.Sprint(d.Headers[poison.ReasonKey])
 		require.True(t, strings.Contains(reason, "did not answer in time") || strings.Contains(reason, "waited longer than the claim timeout"),
 			"only a stalled connection, or a claim held by one: %s", reason)

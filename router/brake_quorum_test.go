@@ -42,7 +42,7 @@ func newQuorumRabbitMQ(t *testing.T, queue string, delays ...time.Duration) *rab
 		Topology:   rabbitmq.TopologyConfig{Queue: queue, TierDelays: delays, Quorum: true, DeliveryLimit: quorumLimit},
 	})
 	require.NoError(t, err)
-	names := []string{queue, q.Topology().PoisonQueue()}
+	names := []string{queue, q.Topology().Config().PoisonQueue}
 	for _, tier := range q.Topology().Tiers() {
 		names = append(names, tier.Topic)
 	}
@@ -167,7 +167,7 @@ func TestBrakeLongOutageOnAQuorumQueueSpendsNoDeliveryLimit(t *testing.T) {
 	}, &deduplication.Config{Store: store, Consumer: "effects"})
 
 	conn := testenv.AMQP(t)
-	deadLettered := func() int { return testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()) }
+	deadLettered := func() int { return testenv.QueueDepth(t, conn, q.Topology().Config().PoisonQueue) }
 	// A failed probe is a failed ping, or a probe delivery that failed (the
 	// brake engaged again after its first engagement). Without the ping,
 	// the broker dead-letters every message before the 100th probe, and
@@ -241,7 +241,7 @@ func TestBrakeWithoutAProbeAnOutageDeadLettersNothing(t *testing.T) {
 	}, nil)
 
 	conn := testenv.AMQP(t)
-	deadLettered := func() int { return testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()) }
+	deadLettered := func() int { return testenv.QueueDepth(t, conn, q.Topology().Config().PoisonQueue) }
 	engaged := func() int64 {
 		return testenv.CounterWhere(t, reader, telemetry.MetricBrakeTransitions, string(telemetry.AttrBrakeState), "engaged")
 	}

@@ -67,7 +67,7 @@ func TestBrakeOutageLongerThanTheLadder(t *testing.T) {
 	})
 	require.NoError(t, err)
 	tiers := q.Topology().Tiers()
-	testenv.DeleteQueuesAtEnd(t, queue, q.Topology().PoisonQueue(), tiers[0].Topic, tiers[1].Topic)
+	testenv.DeleteQueuesAtEnd(t, queue, q.Topology().Config().PoisonQueue, tiers[0].Topic, tiers[1].Topic)
 	t.Cleanup(func() { _ = q.Close() })
 
 	reader := sdkmetric.NewManualReader()
@@ -171,7 +171,7 @@ func TestBrakeOutageLongerThanTheLadder(t *testing.T) {
 	require.LessOrEqual(t, testenv.CounterSum(t, reader, telemetry.MetricRetries), bound)
 	require.Zero(t, testenv.CounterSum(t, reader, telemetry.MetricExhausted))
 	require.Zero(t, testenv.CounterSum(t, reader, telemetry.MetricPoisoned))
-	require.Zero(t, testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()))
+	require.Zero(t, testenv.QueueDepth(t, conn, q.Topology().Config().PoisonQueue))
 	require.GreaterOrEqual(t, testenv.CounterWhere(t, reader, telemetry.MetricBrakeTransitions, string(telemetry.AttrBrakeState), "engaged"), int64(1))
 	require.Equal(t, testenv.CounterWhere(t, reader, telemetry.MetricBrakeTransitions, string(telemetry.AttrBrakeState), "released"), int64(1))
 	var claims int
@@ -217,7 +217,7 @@ func TestBrakeIgnoresPoison(t *testing.T) {
 	}
 	done := testenv.RunRouter(context.Background(), r)
 	conn := testenv.AMQP(t)
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()) == events },
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q.Topology().Config().PoisonQueue) == events },
 		2*time.Minute, 20*time.Millisecond)
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
@@ -314,6 +314,6 @@ func TestBrakeBehindWatermillRetryAndTimeout(t *testing.T) {
 	mu.Unlock()
 	require.Zero(t, testenv.CounterSum(t, reader, telemetry.MetricExhausted))
 	require.Zero(t, testenv.CounterSum(t, reader, telemetry.MetricPoisoned))
-	require.Zero(t, testenv.QueueDepth(t, testenv.AMQP(t), q.Topology().PoisonQueue()))
+	require.Zero(t, testenv.QueueDepth(t, testenv.AMQP(t), q.Topology().Config().PoisonQueue))
 	require.Positive(t, testenv.CounterSum(t, reader, telemetry.MetricBrakeHeld))
 }

@@ -33,7 +33,7 @@ func newRabbitMQ(t *testing.T, queue string, delays ...time.Duration) *rabbitmq.
 		Topology:   rabbitmq.TopologyConfig{Queue: queue, TierDelays: delays},
 	})
 	require.NoError(t, err)
-	names := []string{queue, q.Topology().PoisonQueue()}
+	names := []string{queue, q.Topology().Config().PoisonQueue}
 	for _, tier := range q.Topology().Tiers() {
 		names = append(names, tier.Topic)
 	}

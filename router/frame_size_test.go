@@ -45,7 +45,7 @@ func TestCopyOverTheFrameIsIsolatedAndThePublisherStaysUp(t *testing.T) {
 		Topology:   rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{200 * time.Millisecond}},
 	})
 	require.NoError(t, err)
-	testenv.DeleteQueuesAtEnd(t, queue, q.Topology().PoisonQueue(), q.Topology().Tiers()[0].Topic)
+	testenv.DeleteQueuesAtEnd(t, queue, q.Topology().Config().PoisonQueue, q.Topology().Tiers()[0].Topic)
 	t.Cleanup(func() { _ = q.Close() })
 
 	var bigCalls atomic.Int64
@@ -106,13 +106,13 @@ func TestCopyOverTheFrameIsIsolatedAndThePublisherStaysUp(t *testing.T) {
 		defer mu.Unlock()
 		return len(processed) == good
 	}, 2*time.Minute, 10*time.Millisecond, "every good message went through its tier and was processed")
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()) == 1 },
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q.Topology().Config().PoisonQueue) == 1 },
 		2*time.Minute, 10*time.Millisecond, "the big message is isolated")
 	require.Eventually(t, func() bool {
 		return testenv.QueueDepth(t, conn, queue) == 0 && testenv.QueueDepth(t, conn, q.Topology().Tiers()[0].Topic) == 0
 	}, time.Minute, 10*time.Millisecond)
 
-	copies := testenv.Drain(t, conn, q.Topology().PoisonQueue())
+	copies := testenv.Drain(t, conn, q.Topology().Config().PoisonQueue)
 	require.Len(t, copies, 1)
 	c, err := rabbitmq.Marshaler{}.Unmarshal(copies[0])
 	require.NoError(t, err)

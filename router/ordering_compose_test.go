@@ -185,7 +185,7 @@ func orderedBehindTimeout(t *testing.T, quorum bool) {
 		return len(keys) == 0
 	}, time.Minute, 20*time.Millisecond, "no key waits")
 	conn := testenv.AMQP(t)
-	require.Zero(t, testenv.QueueDepth(t, conn, topo.PoisonQueue()), "nothing dead-lettered by a delivery limit or poisoned")
+	require.Zero(t, testenv.QueueDepth(t, conn, topo.Config().PoisonQueue), "nothing dead-lettered by a delivery limit or poisoned")
 
 	// Every delivery and every released message has its span and its
 	// outcome, under the handler's name: a-1 retried then processed, a-2..a-4

@@ -57,7 +57,7 @@ func newGivenBack(t *testing.T, quorum bool) *givenBack {
 		Topology:   rabbitmq.TopologyConfig{Queue: queue, Quorum: quorum, DeliveryLimit: limit},
 	})
 	require.NoError(t, err)
-	testenv.DeleteQueuesAtEnd(t, queue, q.Topology().PoisonQueue())
+	testenv.DeleteQueuesAtEnd(t, queue, q.Topology().Config().PoisonQueue)
 	t.Cleanup(func() { _ = q.Close() })
 	for i := range givenBackEvents {
 		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
@@ -94,7 +94,7 @@ func (g *givenBack) take(out <-chan *message.Message) (*message.Message, string,
 		n, _ := strconv.Atoi(m.Metadata.Get(rabbitmq.DeliveryCountKey))
 		return m, m.Metadata.Get(sluice.EventIDKey), n
 	case <-time.After(time.Minute):
-		g.t.Fatalf("nothing handed out in a minute; %d dead-lettered by the broker", testenv.QueueDepth(g.t, testenv.AMQP(g.t), g.q.Topology().PoisonQueue()))
+		g.t.Fatalf("nothing handed out in a minute; %d dead-lettered by the broker", testenv.QueueDepth(g.t, testenv.AMQP(g.t), g.q.Topology().Config().PoisonQueue))
 		return nil, "", 0
 	}
 }
@@ -213,7 +213,7 @@ func (g *givenBack) inOrder(out <-chan *message.Message, head *message.Message, 
 	for i := range got {
 		require.Equal(g.t, want[i], strings.Split(got[i], ":")[0], "the key's order: %v", got)
 	}
-	require.Zero(g.t, testenv.QueueDepth(g.t, testenv.AMQP(g.t), g.q.Topology().PoisonQueue()), "dead-lettered by the broker")
+	require.Zero(g.t, testenv.QueueDepth(g.t, testenv.AMQP(g.t), g.q.Topology().Config().PoisonQueue), "dead-lettered by the broker")
 	if g.quorum {
 		require.LessOrEqual(g.t, highest, most, "a delivery returned more often than its key's head was given back: %v", got)
 	}
@@ -259,7 +259,7 @@ func TestAnOrderedKeyKeepsItsOrderAcrossRestartsMidLoad(t *testing.T) {
 				return b
 			}
 			b := newBroker(nil)
-			testenv.DeleteQueuesAtEnd(t, queue, b.Topology().PoisonQueue())
+			testenv.DeleteQueuesAtEnd(t, queue, b.Topology().Config().PoisonQueue)
 			for seq := range events {
 				m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 				m.Metadata.Set(sluice.EventIDKey, fmt.Sprintf("a-%02d", seq))
@@ -300,7 +300,7 @@ func TestAnOrderedKeyKeepsItsOrderAcrossRestartsMidLoad(t *testing.T) {
 				done := testenv.RunRouter(context.Background(), r)
 				if run == restarts {
 					require.Eventually(t, func() bool { return len(applied()) >= events }, 2*time.Minute, 20*time.Millisecond,
-						"every event applied after %d restarts; %d dead-lettered", restarts, testenv.QueueDepth(t, conn, b.Topology().PoisonQueue()))
+						"every event applied after %d restarts; %d dead-lettered", restarts, testenv.QueueDepth(t, conn, b.Topology().Config().PoisonQueue))
 					require.NoError(t, r.Close())
 					require.NoError(t, <-done)
 					break
@@ -329,7 +329,7 @@ func TestAnOrderedKeyKeepsItsOrderAcrossRestartsMidLoad(t *testing.T) {
 				want[i] = i
 			}
 			require.Equal(t, want, got, "the key's order, each once")
-			require.Zero(t, testenv.QueueDepth(t, conn, b.Topology().PoisonQueue()), "dead-lettered by the broker")
+			require.Zero(t, testenv.QueueDepth(t, conn, b.Topology().Config().PoisonQueue), "dead-lettered by the broker")
 			if quorum {
 				require.LessOrEqual(t, most.Load(), int64(restarts), "a delivery returned once per restart at most")
 			}

@@ -46,7 +46,7 @@ func TestAPartitionsNextOwnerContinuesAReleaseInOrder(t *testing.T) {
 		Partitions: 1, PartitionKey: "account"}
 	topo, err := rabbitmq.NewTopology(tc)
 	require.NoError(t, err)
-	names := []string{"exchange:" + topo.Exchange()}
+	names := []string{"exchange:" + topo.Config().Exchange}
 	for _, q := range topo.Queues() {
 		names = append(names, q.Name)
 	}
@@ -103,7 +103,7 @@ func TestAPartitionsNextOwnerContinuesAReleaseInOrder(t *testing.T) {
 		m.Metadata.Set(sluice.EventIDKey, fmt.Sprintf("acct-1-%d", seq))
 		m.Metadata.Set("account", "acct-1")
 		m.Metadata.Set("seq", fmt.Sprint(seq))
-		require.NoError(t, brokerA.PartitionPublisher().Publish(topo.Exchange(), m))
+		require.NoError(t, brokerA.PartitionPublisher().Publish(topo.Config().Exchange, m))
 	}
 	applied := func() []int {
 		var s []int

@@ -140,7 +140,7 @@ func TestAHungOwnerHoldsAnOrderedKeyForABoundedTime(t *testing.T) {
 			Partitions: 1, PartitionKey: "account"}}
 	topo, err := rabbitmq.NewTopology(h.Topology)
 	require.NoError(t, err)
-	names := []string{"exchange:" + topo.Exchange()}
+	names := []string{"exchange:" + topo.Config().Exchange}
 	for _, q := range topo.Queues() {
 		names = append(names, q.Name)
 	}
@@ -153,7 +153,7 @@ func TestAHungOwnerHoldsAnOrderedKeyForABoundedTime(t *testing.T) {
 		m.Metadata.Set(sluice.EventIDKey, fmt.Sprintf("acct-1-%d", seq))
 		m.Metadata.Set("account", "acct-1")
 		m.Metadata.Set("seq", fmt.Sprint(seq))
-		require.NoError(t, pub.PartitionPublisher().Publish(topo.Exchange(), m))
+		require.NoError(t, pub.PartitionPublisher().Publish(topo.Config().Exchange, m))
 	}
 
 	// The owner, A: a process of its own, consuming first.
@@ -234,7 +234,7 @@ func TestAHungOwnerHoldsAnOrderedKeyForABoundedTime(t *testing.T) {
 	require.Eventually(t, func() bool {
 		keys, err := orders.Keys(t.Context(), "ledger-p0", 10)
 		require.NoError(t, err)
-		return len(keys) == 0 && testenv.QueueDepth(t, testenv.AMQP(t), topo.Partitions()[0].Queue()) == 0 &&
+		return len(keys) == 0 && testenv.QueueDepth(t, testenv.AMQP(t), topo.Partitions()[0].Config().Queue) == 0 &&
 			testenv.QueueDepth(t, testenv.AMQP(t), topo.Partitions()[0].Tiers()[0].Topic) == 0
 	}, 2*time.Minute, 50*time.Millisecond, "nothing held, nothing left to deliver")
 	require.Equal(t, seqs(0, n), applied(), "after SIGCONT: still in order, each once")

@@ -48,7 +48,7 @@ func TestAReplayedHeadAfterItsSkipIsSaidToBeOutOfOrder(t *testing.T) {
 	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Topology: tc})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
-	testenv.DeleteQueuesAtEnd(t, queue, b.Topology().PoisonQueue(), b.Topology().Tiers()[0].Topic)
+	testenv.DeleteQueuesAtEnd(t, queue, b.Topology().Config().PoisonQueue, b.Topology().Tiers()[0].Topic)
 
 	var logs testenv.SyncBuffer
 	var broken atomic.Bool
@@ -113,7 +113,7 @@ func TestAReplayedHeadAfterItsSkipIsSaidToBeOutOfOrder(t *testing.T) {
 	require.NotContains(t, logs.String(), "out of its key's order", "nothing replayed yet")
 
 	broken.Store(false) // the fix landed; the operator replays the skipped head
-	res, err := dlq.Open(testenv.AMQP(t), b.Topology().PoisonQueue(), dlq.Config{Publisher: b.Publisher(), Operator: "tester"}).Replay(t.Context(),
+	res, err := dlq.Open(testenv.AMQP(t), b.Topology().Config().PoisonQueue, dlq.Config{Publisher: b.Publisher(), Operator: "tester"}).Replay(t.Context(),
 		dlq.ReplayConfig{Run: "run-43"})
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Replayed)
@@ -124,7 +124,7 @@ func TestAReplayedHeadAfterItsSkipIsSaidToBeOutOfOrder(t *testing.T) {
 	wait(func() bool { return strings.Contains(logs.String(), "A replayed message runs out of its key's order") }, "the warning logged")
 	log := logs.String()
 	require.Contains(t, log, "event_id=a-2")
-	require.Contains(t, log, "replayed_from="+b.Topology().PoisonQueue())
+	require.Contains(t, log, "replayed_from="+b.Topology().Config().PoisonQueue)
 	var recs []replay.Record
 	wait(func() bool {
 		recs, err = outcomes.Outcomes(t.Context(), "run-43")

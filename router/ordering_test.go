@@ -169,7 +169,7 @@ func runOrderScenarioOn(t *testing.T, sc orderScenario, ordered bool, partitions
 	require.NoError(t, err)
 	names := []string{}
 	if partitions > 0 {
-		names = append(names, "exchange:"+topo.Exchange())
+		names = append(names, "exchange:"+topo.Config().Exchange)
 	}
 	for _, q := range topo.Queues() {
 		names = append(names, q.Name)
@@ -180,7 +180,7 @@ func runOrderScenarioOn(t *testing.T, sc orderScenario, ordered bool, partitions
 	t.Cleanup(func() { _ = b.Close() })
 	publish := func(m *message.Message) error { return b.Publisher().Publish(queue, m) }
 	if partitions > 0 {
-		publish = func(m *message.Message) error { return b.PartitionPublisher().Publish(topo.Exchange(), m) }
+		publish = func(m *message.Message) error { return b.PartitionPublisher().Publish(topo.Config().Exchange, m) }
 	}
 
 	consumer = "ledger"

@@ -51,7 +51,7 @@ func TestRefusedPoisonCopyIsParked(t *testing.T) {
 	const good = 300
 	queue := testenv.Name("parked")
 	q := newRabbitMQ(t, queue, 300*time.Millisecond)
-	clearPolicy := fullQueue(t, q.Topology().PoisonQueue())
+	clearPolicy := fullQueue(t, q.Topology().Config().PoisonQueue)
 	reader := sdkmetric.NewManualReader()
 	var handledGood, handledBad atomic.Int64
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
@@ -93,11 +93,11 @@ func TestRefusedPoisonCopyIsParked(t *testing.T) {
 	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, telemetry.MetricPoisonParked) >= 2 }, time.Minute, 10*time.Millisecond,
 		"refused, parked, back after the tier's delay, refused again, parked again")
 	conn := testenv.AMQP(t)
-	require.Zero(t, testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()))
+	require.Zero(t, testenv.QueueDepth(t, conn, q.Topology().Config().PoisonQueue))
 
 	clearPolicy()
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()) == 1 }, time.Minute, 10*time.Millisecond)
-	copies := testenv.Drain(t, conn, q.Topology().PoisonQueue())
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q.Topology().Config().PoisonQueue) == 1 }, time.Minute, 10*time.Millisecond)
+	copies := testenv.Drain(t, conn, q.Topology().Config().PoisonQueue)
 	require.Len(t, copies, 1)
 	c, err := rabbitmq.Marshaler{}.Unmarshal(copies[0])
 	require.NoError(t, err)
@@ -159,5 +159,5 @@ func TestRefusedTierCopyWaitsInAnotherTier(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return slices.Equal([]string{"200ms"}, testenv.AttributeValues(t, reader, telemetry.MetricRetries, "sluice.tier"))
 	}, 2*time.Minute, 5*time.Millisecond, "the retry counted in the 200ms tier: %v", testenv.AttributeValues(t, reader, telemetry.MetricRetries, "sluice.tier"))
-	require.Zero(t, testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()))
+	require.Zero(t, testenv.QueueDepth(t, conn, q.Topology().Config().PoisonQueue))
 }

@@ -45,8 +45,8 @@ func TestARealPoisonCopyCarriesEveryDocumentedHeader(t *testing.T) {
 	runRouter(t, r)
 
 	conn := testenv.AMQP(t)
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()) == 1 }, 2*time.Minute, 10*time.Millisecond)
-	copies := testenv.Drain(t, conn, q.Topology().PoisonQueue())
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q.Topology().Config().PoisonQueue) == 1 }, 2*time.Minute, 10*time.Millisecond)
+	copies := testenv.Drain(t, conn, q.Topology().Config().PoisonQueue)
 	require.Len(t, copies, 1)
 	h := copies[0].Headers
 	for _, k := range poison.Diagnosis() {

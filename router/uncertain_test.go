@@ -90,7 +90,7 @@ func startLostConfirm(t *testing.T, name string, stages func(pub message.Publish
 
 	b.event = message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 	b.event.Metadata.Set(sluice.EventIDKey, "evt-"+name)
-	require.NoError(t, b.q.Publisher().Publish(b.q.Topology().Queue(), b.event))
+	require.NoError(t, b.q.Publisher().Publish(b.q.Topology().Config().Queue, b.event))
 	await(t, first, "the delivery never reached the handler")
 	b.proxy.DropReplies()
 	close(release)
@@ -234,7 +234,7 @@ func TestLostConfirmMakesOneRetryChain(t *testing.T) {
 	conn := testenv.AMQP(t)
 	require.Zero(t, testenv.QueueDepth(t, conn, tier2), "no copy in a second tier: one retry chain")
 	require.Zero(t, testenv.QueueDepth(t, conn, tier1))
-	require.Zero(t, testenv.QueueDepth(t, conn, b.q.Topology().PoisonQueue()))
+	require.Zero(t, testenv.QueueDepth(t, conn, b.q.Topology().Config().PoisonQueue))
 	var effects int
 	require.NoError(t, db.Get(&effects, fmt.Sprintf(`SELECT count(*) FROM %s.reservations`, schema)))
 	require.Equal(t, 1, effects, "one effect")
@@ -330,7 +330,7 @@ func TestLostPoisonConfirmIsNotParked(t *testing.T) {
 	require.Equal(t, sluice.OutcomePoisoned, d.outcome)
 
 	require.Zero(t, testenv.QueueDepth(t, conn, park), "nothing parked")
-	entries := testenv.Drain(t, conn, b.q.Topology().PoisonQueue())
+	entries := testenv.Drain(t, conn, b.q.Topology().Config().PoisonQueue)
 	require.Len(t, entries, 2, "the copy whose confirm was lost, and the redelivery's")
 	ids := map[any]bool{}
 	for _, e := range entries {

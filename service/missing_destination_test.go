@@ -27,7 +27,7 @@ func TestAMissingDestinationIsNamedWithItsCommand(t *testing.T) {
 	svc := newService(t, service.Config{DB: db, Schema: testenv.Schema(t, db), Router: r, Publisher: q.Publisher()})
 	require.NoError(t, svc.Add(service.Handler{Broker: q, Name: "orders", PublishTopic: produced, PublishingHandler: produceOne}))
 	run(t, r, svc)
-	testenv.PublishEvents(t, q.Publisher(), q.Topology().Queue(), 1)
+	testenv.PublishEvents(t, q.Publisher(), q.Topology().Config().Queue, 1)
 
 	const logged = "Outbox rows could not be published"
 	require.Eventually(t, func() bool { return len(log.Lines(logged)) > 0 }, 2*time.Minute, 10*time.Millisecond)

@@ -51,7 +51,7 @@ func TestAnOrderedHandlerOnTheShortPath(t *testing.T) {
 			id := fmt.Sprintf("%s-%d", acct, i)
 			m.Metadata.Set(sluice.EventIDKey, id)
 			m.Metadata.Set("account", acct)
-			require.NoError(t, q.Publisher().Publish(q.Topology().Queue(), m))
+			require.NoError(t, q.Publisher().Publish(q.Topology().Config().Queue, m))
 			want = append(want, id)
 		}
 	}

@@ -83,7 +83,7 @@ func TestAServiceOnPostgresOpenRecoversFromAHalfOpenHeal(t *testing.T) {
 		Topology: rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{2 * time.Second, 5 * time.Second}}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = q.Close() })
-	testenv.DeleteQueuesAtEnd(t, queue, q.Topology().PoisonQueue(), q.Topology().Tiers()[0].Topic, q.Topology().Tiers()[1].Topic, produced)
+	testenv.DeleteQueuesAtEnd(t, queue, q.Topology().Config().PoisonQueue, q.Topology().Tiers()[0].Topic, q.Topology().Tiers()[1].Topic, produced)
 	conn := testenv.AMQP(t)
 	_, err = testenv.Channel(t, conn).QueueDeclare(produced, true, false, false, false, nil)
 	require.NoError(t, err)
@@ -112,7 +112,7 @@ func TestAServiceOnPostgresOpenRecoversFromAHalfOpenHeal(t *testing.T) {
 		for i := from; i < from+n; i++ {
 			m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 			m.Metadata.Set(sluice.EventIDKey, fmt.Sprintf("evt-%05d", i))
-			require.NoError(t, q.Publisher().Publish(q.Topology().Queue(), m))
+			require.NoError(t, q.Publisher().Publish(q.Topology().Config().Queue, m))
 		}
 	}
 	wait := func(cond func() bool, what string) {

@@ -38,7 +38,7 @@ func rabbit(t *testing.T) (q *rabbitmq.Broker, produced string) {
 		Topology:   rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{50 * time.Millisecond}},
 	})
 	require.NoError(t, err)
-	names := []string{queue, q.Topology().PoisonQueue(), produced}
+	names := []string{queue, q.Topology().Config().PoisonQueue, produced}
 	for _, tier := range q.Topology().Tiers() {
 		names = append(names, tier.Topic)
 	}
@@ -101,7 +101,7 @@ func TestARowWrittenJustBeforeCloseIsPublished(t *testing.T) {
 			return produceOne(msg)
 		}}))
 	done := testenv.RunRouter(context.Background(), r)
-	testenv.PublishEvents(t, q.Publisher(), q.Topology().Queue(), 1)
+	testenv.PublishEvents(t, q.Publisher(), q.Topology().Config().Queue, 1)
 	<-entered
 	closed := make(chan error, 1)
 	go func() { closed <- svc.Close() }()
@@ -218,7 +218,7 @@ func TestHealthReportsTheBrakeAndTheRelaysLag(t *testing.T) {
 	require.Contains(t, body, "the router does not run the handler yet")
 	run(t, r, svc)
 
-	testenv.PublishEvents(t, q.Publisher(), q.Topology().Queue(), 1) // produces a row the broker cannot route
+	testenv.PublishEvents(t, q.Publisher(), q.Topology().Config().Queue, 1) // produces a row the broker cannot route
 	var ready service.Report
 	require.Eventually(t, func() bool {
 		ready = svc.Ready(t.Context())
@@ -234,7 +234,7 @@ func TestHealthReportsTheBrakeAndTheRelaysLag(t *testing.T) {
 	for i := range 4 {
 		m := message.NewMessage(watermill.NewUUID(), []byte("down"))
 		m.Metadata.Set(sluice.EventIDKey, fmt.Sprint("down-", i))
-		require.NoError(t, q.Publisher().Publish(q.Topology().Queue(), m))
+		require.NoError(t, q.Publisher().Publish(q.Topology().Config().Queue, m))
 	}
 	require.Eventually(t, func() bool { return svc.Ready(t.Context()).Checks["handler:stock"].Brake == "engaged" }, time.Minute, 10*time.Millisecond)
 	code, body = get(t, h, "/readyz")
@@ -354,10 +354,10 @@ func TestTheSignerSignsTheCopies(t *testing.T) {
 	require.NoError(t, svc.Add(service.Handler{Broker: q, Name: "signed", Key: deduplication.KeyFromJSON("eventId"),
 		Handler: func(*message.Message) error { return nil }}))
 	run(t, r, svc)
-	require.NoError(t, q.Publisher().Publish(q.Topology().Queue(), message.NewMessage(watermill.NewUUID(), []byte(`{"eventId":`))))
+	require.NoError(t, q.Publisher().Publish(q.Topology().Config().Queue, message.NewMessage(watermill.NewUUID(), []byte(`{"eventId":`))))
 	conn := testenv.AMQP(t)
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q.Topology().PoisonQueue()) == 1 }, time.Minute, 10*time.Millisecond)
-	got := testenv.Drain(t, conn, q.Topology().PoisonQueue())
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q.Topology().Config().PoisonQueue) == 1 }, time.Minute, 10*time.Millisecond)
+	got := testenv.Drain(t, conn, q.Topology().Config().PoisonQueue)
 	require.Len(t, got, 1)
 	require.NotEmpty(t, got[0].Headers[sluice.SignatureKey])
 }

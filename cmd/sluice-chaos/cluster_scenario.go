@@ -103,14 +103,14 @@ func (w *world) stopCluster() {
 // leads the main queue and the second the tiers and the poison queue
 // (RabbitMQ's leader locator is client-local), so the two kills hit
 // different queues' leaders. The queue is declared with the arguments the
-// topology declares it with (Topology.Declarations), so the topology's
+// topology declares it with (Topology.Plan), so the topology's
 // own declaration finds it as it would declare it. (Deleting the queue and
 // declaring it again through another node instead left its member on a
 // killed node offline after the node's restart, on RabbitMQ 3.10.)
 func (w *world) placeMainQueue(ctx context.Context) error {
 	var args amqp.Table
-	for _, d := range w.topo.Declarations() {
-		if d.Name != w.topo.Queue() {
+	for _, d := range w.topo.Plan().Queues {
+		if d.Name != w.topo.Config().Queue {
 			continue
 		}
 		dec := json.NewDecoder(strings.NewReader(d.Arguments))
@@ -131,7 +131,7 @@ func (w *world) placeMainQueue(ctx context.Context) error {
 		}
 	}
 	if args == nil {
-		return fmt.Errorf("the topology does not declare %s", w.topo.Queue())
+		return fmt.Errorf("the topology does not declare %s", w.topo.Config().Queue)
 	}
 	c, err := rabbitmq.Dial(rabbitmq.Connection{URL: w.cl.c.URLs[0], DialTimeout: 5 * time.Second}, "sluice chaos")
 	if err != nil {
@@ -143,7 +143,7 @@ func (w *world) placeMainQueue(ctx context.Context) error {
 		return err
 	}
 	defer func() { _ = ch.Close() }()
-	_, err = ch.QueueDeclare(w.topo.Queue(), true, false, false, false, args)
+	_, err = ch.QueueDeclare(w.topo.Config().Queue, true, false, false, false, args)
 	return err
 }
 
@@ -179,7 +179,7 @@ func (w *world) readLeaders(ctx context.Context) error {
 // then publishes the rest of the plan, waits for the first tier's copies,
 // and does the same to that tier's leader.
 func (w *world) disruptCluster(ctx context.Context) error {
-	main, tier := w.topo.Queue(), w.topo.Tiers()[0].Topic
+	main, tier := w.topo.Config().Queue, w.topo.Tiers()[0].Topic
 	if err := w.killLeader(ctx, main); err != nil {
 		return w.withQueueStates(err)
 	}
@@ -377,9 +377,9 @@ func (w *world) depth(ctx context.Context, queue string) (int, error) {
 // queueLabel names one of the scenario's queues for the summary line.
 func (w *world) queueLabel(q string) string {
 	switch q {
-	case w.topo.Queue():
+	case w.topo.Config().Queue:
 		return "the main queue"
-	case w.topo.PoisonQueue():
+	case w.topo.Config().PoisonQueue:
 		return "the poison queue"
 	}
 	for _, t := range w.topo.Tiers() {

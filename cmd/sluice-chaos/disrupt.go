@@ -139,7 +139,7 @@ const fillerKey = "chaos_filler"
 // enqueues the message, so a copy published in that instant is acked and
 // dropped. An operator must never delete a poison queue in use.
 func (w *world) fillPoisonQueue(ctx context.Context, d time.Duration) error {
-	q := w.topo.PoisonQueue()
+	q := w.topo.Config().PoisonQueue
 	policy := "chaos-full-" + w.name
 	return w.withConn(func(c *amqp.Connection) error {
 		ch, err := c.Channel()

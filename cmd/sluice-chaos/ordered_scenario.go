@@ -104,7 +104,7 @@ func runOrdered(parent context.Context, o options, scenario string) (string, err
 	if err := w.produceOrdered(ctx, ow.plan.publishes); err != nil {
 		return "produce", err
 	}
-	args := []string{"ordered-consumer", "--amqp-url", w.conn.URL, "--postgres-url", w.consumerURL(), "--queue", w.topo.Queue(),
+	args := []string{"ordered-consumer", "--amqp-url", w.conn.URL, "--postgres-url", w.consumerURL(), "--queue", w.topo.Config().Queue,
 		"--schema", w.name, "--tiers", o.tiers, "--crash-prob", fmt.Sprint(oo.crashProb), fmt.Sprintf("--unordered=%t", ow.control),
 		fmt.Sprintf("--quorum=%t", w.quorum)}
 	// One consumer process at a time: the queue has one consumer, as a
@@ -242,7 +242,7 @@ func (w *world) produceOrdered(ctx context.Context, events []orderedEvent) error
 			m.SetContext(ctx)
 			batch = append(batch, m)
 		}
-		if err := w.pub.Publish(w.topo.Queue(), batch...); err != nil {
+		if err := w.pub.Publish(w.topo.Config().Queue, batch...); err != nil {
 			return err
 		}
 	}

@@ -82,10 +82,13 @@ func (w *world) setupOutbox(ctx context.Context) error {
 		return err
 	}
 	w.ob = ob // teardown deletes its queues
-	if err := w.withConn(func(c *amqp.Connection) error { return ob.topo.Declare(ctx, c) }); err != nil {
+	if err := w.withConn(func(c *amqp.Connection) error {
+		_, err := ob.topo.Declare(ctx, c)
+		return err
+	}); err != nil {
 		return err
 	}
-	w.slotArgs = []string{"--produce-to", ob.topo.Queue(), "--crash-points", strings.Join(outboxCrashPoints, ","),
+	w.slotArgs = []string{"--produce-to", ob.topo.Config().Queue, "--crash-points", strings.Join(outboxCrashPoints, ","),
 		"--relay-crash-prob", fmt.Sprint(min(relayCrashFactor*w.o.crashProb, 0.5))}
 	return nil
 }
@@ -96,12 +99,12 @@ func (ob *outboxWorld) queues(all bool) []string {
 	if ob == nil {
 		return nil
 	}
-	qs := []string{ob.topo.Queue()}
+	qs := []string{ob.topo.Config().Queue}
 	for _, t := range ob.topo.Tiers() {
 		qs = append(qs, t.Topic)
 	}
 	if all {
-		qs = append(qs, ob.topo.PoisonQueue())
+		qs = append(qs, ob.topo.Config().PoisonQueue)
 	}
 	return qs
 }
@@ -184,7 +187,7 @@ func (ob *outboxWorld) write(ctx context.Context, db *sqlx.DB, n int, start time
 		if err != nil {
 			return err
 		}
-		if err := ob.store.Write(ctx, tx, ob.topo.Queue(), msgs...); err != nil {
+		if err := ob.store.Write(ctx, tx, ob.topo.Config().Queue, msgs...); err != nil {
 			_ = tx.Rollback()
 			return err
 		}
@@ -243,7 +246,7 @@ func (w *world) observeOutbox(ctx context.Context) (received map[string]int, lef
 			return err
 		}
 		defer func() { _ = ch.Close() }()
-		info, err := ch.QueueDeclarePassive(w.ob.topo.PoisonQueue(), true, false, false, false, nil)
+		info, err := ch.QueueDeclarePassive(w.ob.topo.Config().PoisonQueue, true, false, false, false, nil)
 		poisoned = info.Messages
 		return err
 	})

@@ -32,7 +32,7 @@ func (w *world) startSlot(crashProb float64) *slot {
 	}
 	first := len(w.procs) % len(urls)
 	urls = append(urls[first:len(urls):len(urls)], urls[:first]...)
-	args := []string{"consumer", "--amqp-url", strings.Join(urls, ","), fmt.Sprintf("--quorum=%t", w.quorum), "--postgres-url", w.consumerURL(), "--queue", w.topo.Queue(),
+	args := []string{"consumer", "--amqp-url", strings.Join(urls, ","), fmt.Sprintf("--quorum=%t", w.quorum), "--postgres-url", w.consumerURL(), "--queue", w.topo.Config().Queue,
 		"--schema", w.name, "--tiers", w.o.tiers, "--consumers", fmt.Sprint(w.o.consumers), "--subscriber", w.o.subscriber,
 		"--crash-prob", fmt.Sprint(crashProb), "--crash-points", strings.Join(killCrashPoints, ",")}
 	if w.traces != nil {

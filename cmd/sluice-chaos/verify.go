@@ -76,7 +76,7 @@ func (w *world) observe(ctx context.Context) (map[string]int, map[string]int, in
 	w.queueMu.Lock()
 	defer w.queueMu.Unlock()
 	err = w.withConn(func(c *amqp.Connection) error {
-		ms, err := dlq.Open(c, w.topo.PoisonQueue(), dlq.Config{}).Inspect(ctx, dlq.Filter{}, 0)
+		ms, err := dlq.Open(c, w.topo.Config().PoisonQueue, dlq.Config{}).Inspect(ctx, dlq.Filter{}, 0)
 		if err != nil {
 			return err
 		}

@@ -47,7 +47,10 @@ func (w *world) setup(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := w.withConn(func(c *amqp.Connection) error { return w.topo.Declare(ctx, c) }); err != nil {
+	if err := w.withConn(func(c *amqp.Connection) error {
+		_, err := w.topo.Declare(ctx, c)
+		return err
+	}); err != nil {
 		return err
 	}
 	w.pub, err = rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: w.conn})
@@ -77,12 +80,12 @@ func (w *world) teardown() {
 
 // queues returns the main and tier queues, and with all the poison queue.
 func (w *world) queues(all bool) []string {
-	qs := []string{w.topo.Queue()}
+	qs := []string{w.topo.Config().Queue}
 	for _, t := range w.topo.Tiers() {
 		qs = append(qs, t.Topic)
 	}
 	if all {
-		qs = append(qs, w.topo.PoisonQueue())
+		qs = append(qs, w.topo.Config().PoisonQueue)
 	}
 	return append(qs, w.ob.queues(all)...)
 }
@@ -106,7 +109,7 @@ func (w *world) produce(ctx context.Context, publishes []publish) error {
 			m.SetContext(ctx)
 			batch = append(batch, m)
 		}
-		if err := w.pub.Publish(w.topo.Queue(), batch...); err != nil {
+		if err := w.pub.Publish(w.topo.Config().Queue, batch...); err != nil {
 			return err
 		}
 	}

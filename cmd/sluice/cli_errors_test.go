@@ -41,9 +41,9 @@ func TestOutcomesOfAnUnsupportedScheme(t *testing.T) {
 	for _, args := range [][]string{
 		{"dlq", "report"},
 		{"dlq", "resolve", "--run", "r", "--event", "e1", "--reason", "fixed"},
-		{"dlq", "replay", "--queue", b.topo.PoisonQueue(), "--canary", "1"},
-		{"dlq", "discard", "--queue", b.topo.PoisonQueue(), "--reason", "test data"},
-		{"dlq", "archive", "--queue", b.topo.PoisonQueue(), "--to", filepath.Join(t.TempDir(), "a.jsonl")},
+		{"dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--canary", "1"},
+		{"dlq", "discard", "--queue", b.topo.Config().PoisonQueue, "--reason", "test data"},
+		{"dlq", "archive", "--queue", b.topo.Config().PoisonQueue, "--to", filepath.Join(t.TempDir(), "a.jsonl")},
 	} {
 		code, _, errOut := b.cli(t, append(args, "--outcomes", "mysql://app:s3cret@db:3306/app")...)
 		require.Equal(t, 2, code, "%v: %s", args, errOut)
@@ -51,7 +51,7 @@ func TestOutcomesOfAnUnsupportedScheme(t *testing.T) {
 		require.Contains(t, errOut, "redis://", args)
 		require.NotContains(t, errOut, "s3cret")
 	}
-	require.Len(t, peekIDs(t, b.topo.PoisonQueue()), 6, "nothing moved")
+	require.Len(t, peekIDs(t, b.topo.Config().PoisonQueue), 6, "nothing moved")
 }
 
 // A usage error points to the subcommand's help, not the root's.
@@ -76,7 +76,7 @@ func TestDiscardAuditCountsDiscarded(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
 	b.fill(t)
-	code, _, errOut := b.cli(t, "dlq", "discard", "--queue", b.topo.PoisonQueue(), "--class", "poison", "--reason", "test data")
+	code, _, errOut := b.cli(t, "dlq", "discard", "--queue", b.topo.Config().PoisonQueue, "--class", "poison", "--reason", "test data")
 	require.Equal(t, 0, code, errOut)
 	raw, err := os.ReadFile(b.audit)
 	require.NoError(t, err)
@@ -98,18 +98,18 @@ func TestOperatorIsTheOSUserAndRequired(t *testing.T) {
 	b := newBed(t)
 	b.poisoned(t, "e1", "order.created", sluice.Poison(os.ErrInvalid))
 	var out, errOut bytes.Buffer
-	code := run([]string{"--amqp-url", testenv.AMQPURL, "--audit", b.audit, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--dry-run"}, &out, &errOut)
+	code := run([]string{"--amqp-url", testenv.AMQPURL, "--audit", b.audit, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--dry-run"}, &out, &errOut)
 	require.Equal(t, 0, code, errOut.String())
 	recs := b.auditLines(t)
 	require.Equal(t, me.Username, recs[0].Operator)
 	require.NotEqual(t, "unknown", recs[0].Operator)
 
 	noAudit := filepath.Join(t.TempDir(), "audit.jsonl")
-	code = run([]string{"--amqp-url", testenv.AMQPURL, "--audit", noAudit, "--operator", " ", "dlq", "discard", "--queue", b.topo.PoisonQueue(), "--reason", "x"}, &out, &errOut)
+	code = run([]string{"--amqp-url", testenv.AMQPURL, "--audit", noAudit, "--operator", " ", "dlq", "discard", "--queue", b.topo.Config().PoisonQueue, "--reason", "x"}, &out, &errOut)
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut.String(), "--operator is required")
 	require.NoFileExists(t, noAudit)
-	require.Equal(t, []string{"e1"}, peekIDs(t, b.topo.PoisonQueue()))
+	require.Equal(t, []string{"e1"}, peekIDs(t, b.topo.Config().PoisonQueue))
 }
 
 // dlq's errors name no flag (the console shows them too); the CLI adds

@@ -27,7 +27,7 @@ func TestClosedLoopWithoutTheReplayStageSaysWhatIsMissing(t *testing.T) {
 	schema := testenv.Schema(t, db)
 	consume(t, b, func(*message.Message) error { return nil }, nil, testenv.SQLStore(t, db, schema+".inbox"))
 	table := schema + ".sluice_replay"
-	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--canary", "2",
+	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--canary", "2",
 		"--outcomes", testenv.PostgresURL, "--outcomes-table", table, "--wait", "2s")
 	require.Equal(t, 1, code, out+errOut)
 	want := "no outcome recorded within --wait 2s for any of the 2 events: does the consumer run the replay stage (router.Stages.Replay) recording into table " + table + " of --outcomes?"
@@ -76,7 +76,7 @@ func TestClosedLoopSummaryScansEachMessageOnce(t *testing.T) {
 	b := newBed(t)
 	b.exhausted(t, "s", 5)
 	rc := newRecovering(t, b, func(string) bool { return false })
-	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--canary", "1", "--ramp", "1",
+	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--canary", "1", "--ramp", "1",
 		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "30s")
 	require.Equal(t, 0, code, out+errOut)
 	require.Regexp(t, regexp.MustCompile(`scanned\s+│ 5 │`), out)

@@ -110,10 +110,10 @@ func consume(t *testing.T, b *bed, handler message.NoPublishHandlerFunc, rp *rep
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
 	_, err = router.Add(r, router.HandlerConfig{
-		Name: "stock", Topic: b.topo.Queue(), Subscriber: sub, Handler: handler,
+		Name: "stock", Topic: b.topo.Config().Queue, Subscriber: sub, Handler: handler,
 		Stages: router.Stages{
 			Replay:   rp,
-			Poison:   &poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue()},
+			Poison:   &poison.Config{Publisher: b.pub, Topic: b.topo.Config().PoisonQueue, Queue: b.topo.Config().Queue},
 			Retry:    &retrytiers.Config{Publisher: b.pub, Tiers: b.topo.Tiers()},
 			Classify: &stage.ClassifyConfig{},
 			Inbox:    &deduplication.Config{Store: inbox, Consumer: "stock"},
@@ -137,7 +137,7 @@ func TestClosedLoopReplayStopsOnRepoisonAndReports(t *testing.T) {
 	b.goodAndBad(t, 200, 30)
 	rc := newRecovering(t, b, func(id string) bool { return strings.HasPrefix(id, "bad-") })
 
-	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--canary", "5", "--ramp", "20,105",
+	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--canary", "5", "--ramp", "20,105",
 		"--max-repoison", "10%", "--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "30s")
 	require.Equal(t, 1, code, "a stop exits 1: %s\n%s", out, errOut)
 	t.Logf("sluice dlq replay --canary 5 --ramp 20,105 --max-repoison 10%%:\n%s%s", out, errOut)
@@ -180,7 +180,7 @@ func TestClosedLoopReplayStopsOnRepoisonAndReports(t *testing.T) {
 		require.Equal(t, 1, n, "%s handled once", id)
 	}
 	rc.mu.Unlock()
-	require.Len(t, peekIDs(t, b.topo.PoisonQueue()), 30, "the 30 are back in the poison queue with their new diagnosis")
+	require.Len(t, peekIDs(t, b.topo.Config().PoisonQueue), 30, "the 30 are back in the poison queue with their new diagnosis")
 
 	// Confirm: two of the 30 were repaired by hand; the other 28 are
 	// archived. The report then accounts for every dead letter.
@@ -189,7 +189,7 @@ func TestClosedLoopReplayStopsOnRepoisonAndReports(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "2 events of run "+run[1]+" recorded compensated")
 	archive := filepath.Join(t.TempDir(), "bad.jsonl")
-	code, out, errOut = b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--error-match", "version 3", "--to", archive,
+	code, out, errOut = b.cli(t, "dlq", "archive", "--queue", b.topo.Config().PoisonQueue, "--error-match", "version 3", "--to", archive,
 		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "outcomes recorded as run archive-")
@@ -223,7 +223,7 @@ func TestDuplicateCopiesAreOneItem(t *testing.T) {
 	}
 	b.poisoned(t, "once-1", "stock.reserved", sluice.NewFailure(sluice.ClassExhausted, errors.New("timeout")))
 	rc := newRecovering(t, b, func(string) bool { return false })
-	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--canary", "3",
+	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--canary", "3",
 		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "20s")
 	require.Equal(t, 0, code, "%s\n%s", out, errOut)
 	require.Contains(t, out, "batch 1 (canary, 3): 3 replayed (2 events), 2 with a final outcome, 0 poisoned again")
@@ -240,20 +240,20 @@ func TestCanaryStopsTheRun(t *testing.T) {
 		b.poisoned(t, fmt.Sprintf("good-%d", i), "stock.reserved", sluice.NewFailure(sluice.ClassExhausted, errors.New("timeout")))
 	}
 	rc := newRecovering(t, b, func(id string) bool { return strings.HasPrefix(id, "bad-") })
-	code, out, _ := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--canary", "2", "--ramp", "5",
+	code, out, _ := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--canary", "2", "--ramp", "5",
 		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "30s")
 	require.Equal(t, 1, code, out)
 	require.Contains(t, out, "stopped: 1 of the 2 canary events were not processed")
 	require.Contains(t, out, "bad-1\tpoisoned\tpoison")
-	require.Len(t, peekIDs(t, b.topo.PoisonQueue()), 10, "9 good left unreplayed, bad-1 back")
+	require.Len(t, peekIDs(t, b.topo.Config().PoisonQueue), 10, "9 good left unreplayed, bad-1 back")
 
-	code, _, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--canary", "2", "--dry-run", "--outcomes", testenv.PostgresURL)
+	code, _, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--canary", "2", "--dry-run", "--outcomes", testenv.PostgresURL)
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "--dry-run lists what a replay would move")
-	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--ramp", "5,x", "--outcomes", testenv.PostgresURL)
+	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--ramp", "5,x", "--outcomes", testenv.PostgresURL)
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, `--ramp "5,x": want batch sizes such as 5,20,100`)
-	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--canary", "2")
+	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--canary", "2")
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "--canary and --ramp need --outcomes")
 }
@@ -270,13 +270,13 @@ func foreignPoisoned(t *testing.T, b *bed, id string) amqp.Publishing {
 		Headers:   amqp.Table{sluice.EventIDKey: id, "__TypeId__": "com.example.OrderCreated"},
 		Body:      []byte("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xffgzip-bytes-" + id),
 	}
-	require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Queue(), false, false, pub))
-	d, ok, err := ch.Get(b.topo.Queue(), false)
+	require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Config().Queue, false, false, pub))
+	d, ok, err := ch.Get(b.topo.Config().Queue, false)
 	require.NoError(t, err)
 	require.True(t, ok)
 	msg, err := rabbitmq.Marshaler{}.Unmarshal(d)
 	require.NoError(t, err)
-	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue()})
+	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.Config().PoisonQueue, Queue: b.topo.Config().Queue})
 	require.NoError(t, err)
 	_, err = mw(func(*message.Message) ([]*message.Message, error) { return nil, sluice.Poison(errors.New("bad")) })(msg)
 	require.NoError(t, err)
@@ -296,12 +296,12 @@ func TestArchiveRestoreDiscard(t *testing.T) {
 	for _, id := range []string{"f-1", "f-2"} {
 		sent[id] = foreignPoisoned(t, b, id)
 	}
-	before := testenv.Drain(t, conn, b.topo.PoisonQueue())
+	before := testenv.Drain(t, conn, b.topo.Config().PoisonQueue)
 	require.Len(t, before, 2)
 	ch := testenv.Channel(t, conn)
 	putBack := func(ds []amqp.Delivery) { // as they were
 		for _, d := range ds {
-			require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.PoisonQueue(), false, false, amqp.Publishing{
+			require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, false, false, amqp.Publishing{
 				Headers: d.Headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, DeliveryMode: d.DeliveryMode,
 				Priority: d.Priority, CorrelationId: d.CorrelationId, ReplyTo: d.ReplyTo, MessageId: d.MessageId,
 				Timestamp: d.Timestamp, Type: d.Type, AppId: d.AppId, Body: d.Body,
@@ -328,36 +328,36 @@ func TestArchiveRestoreDiscard(t *testing.T) {
 	putBack(before)
 
 	file := filepath.Join(t.TempDir(), "poison.jsonl")
-	code, _, errOut := b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--to", file)
+	code, _, errOut := b.cli(t, "dlq", "archive", "--queue", b.topo.Config().PoisonQueue, "--to", file)
 	require.Equal(t, 0, code, errOut)
-	require.Zero(t, testenv.QueueDepth(t, conn, b.topo.PoisonQueue()))
+	require.Zero(t, testenv.QueueDepth(t, conn, b.topo.Config().PoisonQueue))
 	code, out, errOut := b.cli(t, "dlq", "restore", "--from", file)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "restore from "+file)
-	after := testenv.Drain(t, conn, b.topo.PoisonQueue())
+	after := testenv.Drain(t, conn, b.topo.Config().PoisonQueue)
 	same(after)
 
 	// The same round trip through a table.
 	db := testenv.Postgres(t)
 	putBack(after)
 	table := testenv.Schema(t, db) + ".sluice_archive"
-	code, _, errOut = b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--to-table", table, "--db", testenv.PostgresURL)
+	code, _, errOut = b.cli(t, "dlq", "archive", "--queue", b.topo.Config().PoisonQueue, "--to-table", table, "--db", testenv.PostgresURL)
 	require.Equal(t, 0, code, errOut)
-	require.Zero(t, testenv.QueueDepth(t, conn, b.topo.PoisonQueue()))
+	require.Zero(t, testenv.QueueDepth(t, conn, b.topo.Config().PoisonQueue))
 	code, _, errOut = b.cli(t, "dlq", "restore", "--from-table", table, "--db", testenv.PostgresURL)
 	require.Equal(t, 0, code, errOut)
-	after = testenv.Drain(t, conn, b.topo.PoisonQueue())
+	after = testenv.Drain(t, conn, b.topo.Config().PoisonQueue)
 	same(after)
 
 	for _, d := range after { // back into the poison queue for the discard
-		require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.PoisonQueue(), false, false, amqp.Publishing{Headers: d.Headers, Body: d.Body}))
+		require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, false, false, amqp.Publishing{Headers: d.Headers, Body: d.Body}))
 	}
-	code, _, errOut = b.cli(t, "dlq", "discard", "--queue", b.topo.PoisonQueue())
+	code, _, errOut = b.cli(t, "dlq", "discard", "--queue", b.topo.Config().PoisonQueue)
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "--reason is required")
-	require.Equal(t, 2, testenv.QueueDepth(t, conn, b.topo.PoisonQueue()))
+	require.Equal(t, 2, testenv.QueueDepth(t, conn, b.topo.Config().PoisonQueue))
 	outcomes := testenv.Schema(t, db) + ".sluice_replay"
-	code, out, errOut = b.cli(t, "dlq", "discard", "--queue", b.topo.PoisonQueue(), "--reason", "test orders from the load test, INC-42",
+	code, out, errOut = b.cli(t, "dlq", "discard", "--queue", b.topo.Config().PoisonQueue, "--reason", "test orders from the load test, INC-42",
 		"--outcomes", testenv.PostgresURL, "--outcomes-table", outcomes)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "outcomes recorded as run discard-")
@@ -367,7 +367,7 @@ func TestArchiveRestoreDiscard(t *testing.T) {
 		"f-1 discarded test orders from the load test, INC-42 operator tester",
 		"f-2 discarded test orders from the load test, INC-42 operator tester",
 	}, discarded)
-	require.Zero(t, testenv.QueueDepth(t, conn, b.topo.PoisonQueue()))
+	require.Zero(t, testenv.QueueDepth(t, conn, b.topo.Config().PoisonQueue))
 	recs := b.auditLines(t)
 	last := recs[len(recs)-1]
 	require.Equal(t, "dlq discard", last.Command)
@@ -383,15 +383,15 @@ func TestQueues(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
 	b.fill(t)
-	code, out, errOut := b.cli(t, "queues", "--queue", b.topo.Queue(), "--tiers", "1m", "--queue", "no_such_queue_"+b.topo.Queue())
+	code, out, errOut := b.cli(t, "queues", "--queue", b.topo.Config().Queue, "--tiers", "1m", "--queue", "no_such_queue_"+b.topo.Config().Queue)
 	require.Equal(t, 0, code, errOut)
-	require.Regexp(t, regexp.QuoteMeta(b.topo.Queue())+`\s+│ main\s+│ 0\s+│ -\s+│ -\s+│ 0\s+│ -`, out)
-	require.Regexp(t, regexp.QuoteMeta(b.topo.Queue()+".retry.1m")+`\s+│ tier 1m\s+│ 0`, out)
-	require.Regexp(t, regexp.QuoteMeta(b.topo.PoisonQueue())+`\s+│ poison\s+│ 6\s+│ -\s+│ -\s+│ 0\s+│ \d+s \(poisoned\)`, out)
+	require.Regexp(t, regexp.QuoteMeta(b.topo.Config().Queue)+`\s+│ main\s+│ 0\s+│ -\s+│ -\s+│ 0\s+│ -`, out)
+	require.Regexp(t, regexp.QuoteMeta(b.topo.Config().Queue+".retry.1m")+`\s+│ tier 1m\s+│ 0`, out)
+	require.Regexp(t, regexp.QuoteMeta(b.topo.Config().PoisonQueue)+`\s+│ poison\s+│ 6\s+│ -\s+│ -\s+│ 0\s+│ \d+s \(poisoned\)`, out)
 	require.Regexp(t, `no_such_queue_\S+\s+│ main\s+│ missing`, out)
-	require.Equal(t, 6, testenv.QueueDepth(t, testenv.AMQP(t), b.topo.PoisonQueue()), "reading the head removed nothing")
+	require.Equal(t, 6, testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Config().PoisonQueue), "reading the head removed nothing")
 
-	code, out, _ = b.cli(t, "queues", "--queue", b.topo.Queue(), "--tiers", "1m", "--json")
+	code, out, _ = b.cli(t, "queues", "--queue", b.topo.Config().Queue, "--tiers", "1m", "--json")
 	require.Equal(t, 0, code)
 	require.Equal(t, 3, strings.Count(out, "\n"))
 	require.Contains(t, out, `"role":"poison","ready":6`)
@@ -413,7 +413,8 @@ func TestQueuesShowWhatATierHoldsInEveryState(t *testing.T) {
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: q, TierDelays: []time.Duration{time.Minute},
 		TierJitter: broker.Jitter{Fraction: 0.2, Queues: 2}})
 	require.NoError(t, err)
-	require.NoError(t, topo.Declare(t.Context(), testenv.AMQP(t)))
+	_, err = topo.Declare(t.Context(), testenv.AMQP(t))
+	require.NoError(t, err)
 	var names []string
 	for _, tq := range topo.Queues() {
 		names = append(names, tq.Name)
@@ -465,7 +466,8 @@ func TestQueuesDiscoversTheFamilies(t *testing.T) {
 	} {
 		topo, err := rabbitmq.NewTopology(cfg)
 		require.NoError(t, err)
-		require.NoError(t, topo.Declare(t.Context(), conn))
+		_, err = topo.Declare(t.Context(), conn)
+		require.NoError(t, err)
 	}
 	ch, err := conn.Channel()
 	require.NoError(t, err)
@@ -548,12 +550,12 @@ func TestArchiveToATableAndRestore(t *testing.T) {
 	b.fill(t)
 	db := testenv.Postgres(t)
 	table := testenv.Schema(t, db) + ".sluice_archive"
-	code, _, errOut := b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--to-table", table)
+	code, _, errOut := b.cli(t, "dlq", "archive", "--queue", b.topo.Config().PoisonQueue, "--to-table", table)
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "--to-table needs --db")
-	code, _, errOut = b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--class", "exhausted", "--to-table", table, "--db", testenv.PostgresURL)
+	code, _, errOut = b.cli(t, "dlq", "archive", "--queue", b.topo.Config().PoisonQueue, "--class", "exhausted", "--to-table", table, "--db", testenv.PostgresURL)
 	require.Equal(t, 0, code, errOut)
-	require.Equal(t, []string{"e1", "e3", "e5"}, peekIDs(t, b.topo.PoisonQueue()))
+	require.Equal(t, []string{"e1", "e3", "e5"}, peekIDs(t, b.topo.Config().PoisonQueue))
 	var records []string
 	require.NoError(t, db.Select(&records, `SELECT record FROM `+table+` WHERE class = 'exhausted' AND archived_by = 'tester' ORDER BY event_id`))
 	require.Len(t, records, 3)
@@ -564,15 +566,15 @@ func TestArchiveToATableAndRestore(t *testing.T) {
 	for _, e := range []string{"event e2", "event e4", "event e6"} {
 		require.Contains(t, out, e)
 	}
-	require.Equal(t, []string{"e1", "e3", "e5"}, peekIDs(t, b.topo.PoisonQueue()), "a dry run publishes nothing")
+	require.Equal(t, []string{"e1", "e3", "e5"}, peekIDs(t, b.topo.Config().PoisonQueue), "a dry run publishes nothing")
 
 	code, _, errOut = b.cli(t, "dlq", "restore", "--from-table", table, "--db", testenv.PostgresURL, "--event-id", "e4")
 	require.Equal(t, 0, code, errOut)
-	require.ElementsMatch(t, []string{"e1", "e3", "e5", "e4"}, peekIDs(t, b.topo.PoisonQueue()))
+	require.ElementsMatch(t, []string{"e1", "e3", "e5", "e4"}, peekIDs(t, b.topo.Config().PoisonQueue))
 	code, out, errOut = b.cli(t, "dlq", "restore", "--from-table", table, "--db", testenv.PostgresURL)
 	require.Equal(t, 0, code, errOut)
 	require.Regexp(t, `done\s+│\s+2`, out)
-	require.ElementsMatch(t, []string{"e1", "e2", "e3", "e4", "e5", "e6"}, peekIDs(t, b.topo.PoisonQueue()))
+	require.ElementsMatch(t, []string{"e1", "e2", "e3", "e4", "e5", "e6"}, peekIDs(t, b.topo.Config().PoisonQueue))
 	var restored []struct {
 		EventID    string `db:"event_id"`
 		RestoredBy string `db:"restored_by"`
@@ -584,12 +586,12 @@ func TestArchiveToATableAndRestore(t *testing.T) {
 	code, out, errOut = b.cli(t, "dlq", "restore", "--from-table", table, "--db", testenv.PostgresURL)
 	require.Equal(t, 0, code, errOut)
 	require.Regexp(t, `done\s+│\s+0`, out, "a rerun restores nothing twice")
-	require.Len(t, peekIDs(t, b.topo.PoisonQueue()), 6)
+	require.Len(t, peekIDs(t, b.topo.Config().PoisonQueue), 6)
 	last := b.auditLines(t)
 	require.Equal(t, "dlq restore", last[len(last)-1].Command)
 	require.Equal(t, table, last[len(last)-1].Options["from_table"])
 
-	code, _, errOut = b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--to", filepath.Join(t.TempDir(), "a.jsonl"), "--to-table", table)
+	code, _, errOut = b.cli(t, "dlq", "archive", "--queue", b.topo.Config().PoisonQueue, "--to", filepath.Join(t.TempDir(), "a.jsonl"), "--to-table", table)
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "exactly one of --to FILE and --to-table TABLE")
 	code, _, errOut = b.cli(t, "dlq", "restore", "--from-table", testenv.Schema(t, db)+".missing", "--db", testenv.PostgresURL)
@@ -611,9 +613,9 @@ func TestConcurrentRestoresFromATable(t *testing.T) {
 	}
 	db := testenv.Postgres(t)
 	table := testenv.Schema(t, db) + ".sluice_archive"
-	code, _, errOut := b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--to-table", table, "--db", testenv.PostgresURL)
+	code, _, errOut := b.cli(t, "dlq", "archive", "--queue", b.topo.Config().PoisonQueue, "--to-table", table, "--db", testenv.PostgresURL)
 	require.Equal(t, 0, code, errOut)
-	require.Empty(t, peekIDs(t, b.topo.PoisonQueue()))
+	require.Empty(t, peekIDs(t, b.topo.Config().PoisonQueue))
 
 	var wg sync.WaitGroup
 	codes := make([]int, 2)
@@ -625,7 +627,7 @@ func TestConcurrentRestoresFromATable(t *testing.T) {
 	}
 	wg.Wait()
 	require.Equal(t, []int{0, 0}, codes, "%s\n%s", outs[0], outs[1])
-	got := ids(t, b.topo.PoisonQueue())
+	got := ids(t, b.topo.Config().PoisonQueue)
 	require.Len(t, got, n, "each row published once")
 	seen := map[string]bool{}
 	for _, id := range got {
@@ -646,7 +648,7 @@ func TestLongEventIDIsOneItem(t *testing.T) {
 	long := "evt-" + strings.Repeat("é", 198) // 400 bytes, cut on a character boundary
 	b.poisoned(t, long, "stock.reserved", sluice.NewFailure(sluice.ClassExhausted, errors.New("timeout")))
 	rc := newRecovering(t, b, func(string) bool { return false })
-	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--canary", "1",
+	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--canary", "1",
 		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "10s")
 	require.Equal(t, 0, code, "%s\n%s", out, errOut)
 	require.Contains(t, out, "batch 1 (canary, 1): 1 replayed, 1 with a final outcome, 0 poisoned again")
@@ -681,7 +683,7 @@ func TestClosedLoopOnRedis(t *testing.T) {
 	}, &replay.Config{Store: outcomes}, inbox)
 
 	redisURL := "redis://" + testenv.RedisAddr + "/0"
-	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--canary", "5", "--ramp", "20,100",
+	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--canary", "5", "--ramp", "20,100",
 		"--max-repoison", "10%", "--outcomes", redisURL, "--outcomes-table", outcomesPrefix, "--wait", "30s")
 	require.Equal(t, 1, code, "a stop exits 1: %s\n%s", out, errOut)
 	t.Logf("sluice dlq replay --outcomes redis://…:\n%s", out)
@@ -737,9 +739,9 @@ func TestRestoreInterruptedAfterAConfirm(t *testing.T) {
 	b.fill(t)
 	db := testenv.Postgres(t)
 	table := testenv.Schema(t, db) + ".sluice_archive"
-	code, _, errOut := b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--class", "exhausted", "--to-table", table, "--db", testenv.PostgresURL)
+	code, _, errOut := b.cli(t, "dlq", "archive", "--queue", b.topo.Config().PoisonQueue, "--class", "exhausted", "--to-table", table, "--db", testenv.PostgresURL)
 	require.Equal(t, 0, code, errOut)
-	require.Len(t, ids(t, b.topo.PoisonQueue()), 3, "the others, drained")
+	require.Len(t, ids(t, b.topo.Config().PoisonQueue), 3, "the others, drained")
 
 	ctx, cancel := context.WithCancel(t.Context())
 	src, err := dlq.OpenTableSource(ctx, db, table, "tester", nil)
@@ -754,7 +756,7 @@ func TestRestoreInterruptedAfterAConfirm(t *testing.T) {
 
 	code, _, errOut = b.cli(t, "dlq", "restore", "--from-table", table, "--db", testenv.PostgresURL)
 	require.Equal(t, 0, code, errOut)
-	require.ElementsMatch(t, []string{"e2", "e4", "e6"}, ids(t, b.topo.PoisonQueue()), "each once")
+	require.ElementsMatch(t, []string{"e2", "e4", "e6"}, ids(t, b.topo.Config().PoisonQueue), "each once")
 }
 
 // A payload at its limit through an archive table: 4 MiB of binary (not
@@ -768,7 +770,7 @@ func TestArchiveTableKeepsALargeBinaryPayload(t *testing.T) {
 		body[i] = byte(i*7 + i>>9) // every byte value, no UTF-8
 	}
 	id := "evt-" + strings.Repeat("é", 198)
-	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue()})
+	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.Config().PoisonQueue, Queue: b.topo.Config().Queue})
 	require.NoError(t, err)
 	m := message.NewMessage(watermill.NewUUID(), body)
 	m.Metadata.Set(sluice.EventIDKey, id)
@@ -777,14 +779,14 @@ func TestArchiveTableKeepsALargeBinaryPayload(t *testing.T) {
 
 	db := testenv.Postgres(t)
 	table := testenv.Schema(t, db) + ".sluice_archive"
-	code, _, errOut := b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--to-table", table, "--db", testenv.PostgresURL)
+	code, _, errOut := b.cli(t, "dlq", "archive", "--queue", b.topo.Config().PoisonQueue, "--to-table", table, "--db", testenv.PostgresURL)
 	require.Equal(t, 0, code, errOut)
 	var eventID string
 	require.NoError(t, db.Get(&eventID, `SELECT event_id FROM `+table))
 	require.Equal(t, id, eventID)
 	code, _, errOut = b.cli(t, "dlq", "restore", "--from-table", table, "--db", testenv.PostgresURL)
 	require.Equal(t, 0, code, errOut)
-	got := testenv.Drain(t, testenv.AMQP(t), b.topo.PoisonQueue())
+	got := testenv.Drain(t, testenv.AMQP(t), b.topo.Config().PoisonQueue)
 	require.Len(t, got, 1)
 	require.True(t, bytes.Equal(body, got[0].Body), "the body byte for byte")
 	require.Equal(t, id, got[0].Headers[sluice.EventIDKey])

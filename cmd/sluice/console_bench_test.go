@@ -63,11 +63,11 @@ func BenchmarkConsoleLargePoisonQueue(bm *testing.B) {
 		m.Metadata.Set(poison.ClassKey, "poison")
 		m.Metadata.Set(poison.ReasonKey, fmt.Sprintf("order o-%d failed: rule %s", i, letters(i%groups)))
 		m.Metadata.Set(poison.ConsumerKey, "orders")
-		m.Metadata.Set(poison.QueueKey, b.topo.Queue())
+		m.Metadata.Set(poison.QueueKey, b.topo.Config().Queue)
 		m.Metadata.Set(poison.PoisonedAtKey, time.Now().UTC().Format(time.RFC3339Nano))
 		batch = append(batch, m)
 		if len(batch) == cap(batch) {
-			require.NoError(bm, b.pub.Publish(b.topo.PoisonQueue(), batch...))
+			require.NoError(bm, b.pub.Publish(b.topo.Config().PoisonQueue, batch...))
 			batch = batch[:0]
 		}
 	}
@@ -82,18 +82,18 @@ func BenchmarkConsoleLargePoisonQueue(bm *testing.B) {
 		require.Equal(bm, http.StatusOK, resp.StatusCode, string(body[:min(len(body), 500)]))
 		return time.Since(start), len(body)
 	}
-	group := groupOf(bm, b.topo.PoisonQueue(), "e-0")
+	group := groupOf(bm, b.topo.Config().PoisonQueue, "e-0")
 	before := rssMB(bm)
 	bm.ResetTimer()
 	for range bm.N {
 		d, _ := get("/")
 		bm.ReportMetric(d.Seconds(), "overview-s")
-		d, size := get("/q/" + b.topo.PoisonQueue() + "/groups")
+		d, size := get("/q/" + b.topo.Config().PoisonQueue + "/groups")
 		bm.ReportMetric(d.Seconds(), "groups-s")
 		bm.ReportMetric(float64(size)/1024, "groups-KiB")
-		d, _ = get("/q/" + b.topo.PoisonQueue() + "/groups")
+		d, _ = get("/q/" + b.topo.Config().PoisonQueue + "/groups")
 		bm.ReportMetric(d.Seconds(), "groups-again-s") // from the summary (a minute)
-		d, _ = get("/q/" + b.topo.PoisonQueue() + "/g/" + group + "?page=2")
+		d, _ = get("/q/" + b.topo.Config().PoisonQueue + "/g/" + group + "?page=2")
 		bm.ReportMetric(d.Seconds(), "group-page-s")
 	}
 	bm.ReportMetric(before, "rss-before-MiB")

@@ -33,7 +33,7 @@ func TestConsolePagesReadWell(t *testing.T) {
 	b.poisoned(t, "junk-1", "order.created", sluice.Poison(errors.New("payload is not JSON")))
 	base, _ := consoleOn(t, b, "", func(cfg *console.Config) { cfg.SampleInterval = 20 * time.Millisecond })
 	ctx := browser(t)
-	pq := b.topo.PoisonQueue()
+	pq := b.topo.Config().PoisonQueue
 
 	do(t, ctx, chromedp.Navigate(base+"/"), chromedp.WaitVisible("section table"))
 	require.True(t, eval[bool](t, ctx, `[...document.querySelectorAll('section table tbody td:first-child')].every(td => {
@@ -42,9 +42,9 @@ func TestConsolePagesReadWell(t *testing.T) {
 
 	// The chart: the console's reads, and the main queue's depth moving.
 	for i := range 3 {
-		require.NoError(t, b.pub.Publish(b.topo.Queue(), message.NewMessage(watermill.NewUUID(), []byte(`{}`))))
+		require.NoError(t, b.pub.Publish(b.topo.Config().Queue, message.NewMessage(watermill.NewUUID(), []byte(`{}`))))
 		want := i + 1
-		require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()) == want }, 2*time.Minute, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Config().Queue) == want }, 2*time.Minute, 10*time.Millisecond)
 		seen := 0 // wait for a read of the console's at this depth: reloads until one shows
 		require.Eventually(t, func() bool {
 			do(t, ctx, chromedp.Navigate(base+"/"), chromedp.WaitVisible("svg.chart"))

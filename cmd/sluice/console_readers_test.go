@@ -35,7 +35,7 @@ func fillPoison(t *testing.T, b *bed, from, n int) {
 	for i := from; i < from+n; i++ {
 		ms = append(ms, poisonedCopy(b, i, time.Time{}))
 	}
-	require.NoError(t, b.pub.Publish(b.topo.PoisonQueue(), ms...))
+	require.NoError(t, b.pub.Publish(b.topo.Config().PoisonQueue, ms...))
 }
 
 // poisonedCopy is poisoned message i (e-<i>) of b's one group, poisoned at
@@ -46,7 +46,7 @@ func poisonedCopy(b *bed, i int, at time.Time) *message.Message {
 	m.Metadata.Set(poison.ClassKey, "poison")
 	m.Metadata.Set(poison.ReasonKey, fmt.Sprintf("order o-%d failed: no such customer", i))
 	m.Metadata.Set(poison.ConsumerKey, "orders")
-	m.Metadata.Set(poison.QueueKey, b.topo.Queue())
+	m.Metadata.Set(poison.QueueKey, b.topo.Config().Queue)
 	if !at.IsZero() {
 		m.Metadata.Set(poison.PoisonedAtKey, at.UTC().Format(time.RFC3339Nano))
 	}
@@ -96,13 +96,13 @@ func TestConsoleReadsAPoisonQueueOneReaderAtATime(t *testing.T) {
 	base, _ := consoleOn(t, b, "", func(c *console.Config) { c.CallTimeout = 2 * time.Minute })
 	first := make(chan int, 1)
 	go func() {
-		total, _ := groupsPage(t, base, b.topo.PoisonQueue(), true)
+		total, _ := groupsPage(t, base, b.topo.Config().PoisonQueue, true)
 		first <- total
 	}()
 	conn := testenv.AMQP(t)
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, b.topo.PoisonQueue()) < n }, time.Minute, time.Millisecond,
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, b.topo.Config().PoisonQueue) < n }, time.Minute, time.Millisecond,
 		"the first view is reading the queue")
-	second, _ := groupsPage(t, base, b.topo.PoisonQueue(), true)
+	second, _ := groupsPage(t, base, b.topo.Config().PoisonQueue, true)
 	require.Equal(t, n, <-first)
 	require.Equal(t, n, second, "the second view waited for the first's put-back")
 }
@@ -115,7 +115,7 @@ func TestConsoleGroupsPageKeepsItsSummary(t *testing.T) {
 	b := newBed(t)
 	fillPoison(t, b, 0, 30)
 	base, _ := consoleOn(t, b, "", nil)
-	q := b.topo.PoisonQueue()
+	q := b.topo.Config().PoisonQueue
 	total, at1 := groupsPage(t, base, q, false)
 	require.Equal(t, 30, total)
 	require.NotEmpty(t, at1, "the page says when its summary was read")
@@ -143,10 +143,11 @@ func TestConsoleOverviewReadsTheManagementAPI(t *testing.T) {
 	t.Cleanup(func() { _ = conn.Close() })
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: "orders", TierDelays: []time.Duration{time.Minute}})
 	require.NoError(t, err)
-	require.NoError(t, topo.Declare(t.Context(), conn))
+	_, err = topo.Declare(t.Context(), conn)
+	require.NoError(t, err)
 	c, err := console.New(console.Config{
 		Dial:     func() (*amqp.Connection, error) { return amqp.Dial(node.URL) },
-		Queues:   []console.Queue{{Name: "orders", Tiers: []string{topo.Tiers()[0].Topic}, Poison: topo.PoisonQueue()}},
+		Queues:   []console.Queue{{Name: "orders", Tiers: []string{topo.Tiers()[0].Topic}, Poison: topo.Config().PoisonQueue}},
 		Depth:    managementDepth(node.ManagementURL, node.URL),
 		ReadOnly: true,
 	})
@@ -180,7 +181,7 @@ func TestConsoleOverviewReadsTheManagementAPI(t *testing.T) {
 				produced <- nil
 				return
 			case <-tick.C:
-				if err := pch.Publish("", topo.PoisonQueue(), false, false, amqp.Publishing{Body: []byte(`{}`)}); err != nil {
+				if err := pch.Publish("", topo.Config().PoisonQueue, false, false, amqp.Publishing{Body: []byte(`{}`)}); err != nil {
 					produced <- err
 					return
 				}
@@ -219,13 +220,13 @@ func TestConsoleRedirectsAReplayToAnotherConsumerQueue(t *testing.T) {
 		from.poisoned(t, fmt.Sprintf("moved-%d", i), "stock.reserved", sluice.NewFailure(sluice.ClassExhausted, errors.New("stock service: timeout")))
 	}
 	rc := newRecovering(t, to, func(string) bool { return false })
-	pq := from.topo.PoisonQueue()
+	pq := from.topo.Config().PoisonQueue
 	base, _ := consoleOn(t, from, rc.outcomesTable, func(c *console.Config) {
-		c.Queues = append(c.Queues, console.Queue{Name: to.topo.Queue(), Tiers: []string{to.topo.Tiers()[0].Topic}, Poison: to.topo.PoisonQueue()})
+		c.Queues = append(c.Queues, console.Queue{Name: to.topo.Config().Queue, Tiers: []string{to.topo.Tiers()[0].Topic}, Poison: to.topo.Config().PoisonQueue})
 	})
 	g := groupOf(t, pq, "moved-0")
 	preview := getPage(t, base+"/q/"+pq+"/g/"+g+"/replay")
-	require.Contains(t, preview, `<option value="`+to.topo.Queue()+`">`)
+	require.Contains(t, preview, `<option value="`+to.topo.Config().Queue+`">`)
 	csrf := regexp.MustCompile(`name="csrf" value="([^"]+)"`).FindStringSubmatch(preview)
 	require.NotNil(t, csrf)
 	post := func(target string) (int, string) {
@@ -237,12 +238,12 @@ func TestConsoleRedirectsAReplayToAnotherConsumerQueue(t *testing.T) {
 		_ = resp.Body.Close()
 		return resp.StatusCode, resp.Header.Get("Location") + string(body)
 	}
-	code, body := post("not-" + to.topo.Queue())
+	code, body := post("not-" + to.topo.Config().Queue)
 	require.Equal(t, http.StatusBadRequest, code)
 	require.Contains(t, body, "not a consumer queue of this console")
 	require.Len(t, peekIDs(t, pq), 4, "nothing moved")
 
-	code, run := post(to.topo.Queue())
+	code, run := post(to.topo.Config().Queue)
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Eventually(t, func() bool { return rc.rows(t) == 4 }, time.Minute, 20*time.Millisecond, "processed by the other consumer")
 	require.Eventually(t, func() bool {
@@ -252,7 +253,7 @@ func TestConsoleRedirectsAReplayToAnotherConsumerQueue(t *testing.T) {
 	require.Empty(t, peekIDs(t, pq))
 	audit, err := os.ReadFile(from.audit)
 	require.NoError(t, err)
-	require.Contains(t, string(audit), `"to":"`+to.topo.Queue()+`"`)
+	require.Contains(t, string(audit), `"to":"`+to.topo.Config().Queue+`"`)
 }
 
 // The groups page charts each group's arrivals by hour over the last 24
@@ -266,9 +267,9 @@ func TestConsoleGroupsChartArrivalsByHour(t *testing.T) {
 	for i, ago := range []time.Duration{0, 0, 0, 2 * time.Hour, 2 * time.Hour, 30 * time.Hour} {
 		ms = append(ms, poisonedCopy(b, i, now.Add(-ago)))
 	}
-	require.NoError(t, b.pub.Publish(b.topo.PoisonQueue(), ms...))
+	require.NoError(t, b.pub.Publish(b.topo.Config().PoisonQueue, ms...))
 	base, _ := consoleOn(t, b, "", nil)
-	body := getPage(t, base+"/q/"+b.topo.PoisonQueue()+"/groups")
+	body := getPage(t, base+"/q/"+b.topo.Config().PoisonQueue+"/groups")
 	bars := regexp.MustCompile(`<rect class="bar" [^>]*data-n="(\d+)" data-hour="(\d\d:\d\d)"`).FindAllStringSubmatch(body, -1)
 	require.Len(t, bars, 24, "one group, 24 hours")
 	counts := map[string]string{}

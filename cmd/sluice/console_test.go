@@ -37,7 +37,7 @@ func consoleOn(t testing.TB, b *bed, outcomes string, mutate func(*console.Confi
 			return rabbitmq.Dial(rabbitmq.Connection{URL: testenv.AMQPURL}, "console test")
 		},
 		Publisher: b.pub,
-		Queues:    []console.Queue{{Name: b.topo.Queue(), Tiers: []string{b.topo.Tiers()[0].Topic}, Poison: b.topo.PoisonQueue()}},
+		Queues:    []console.Queue{{Name: b.topo.Config().Queue, Tiers: []string{b.topo.Tiers()[0].Topic}, Poison: b.topo.Config().PoisonQueue}},
 		AuditFile: b.audit,
 		Operator:  func(*http.Request) string { return "tester" },
 	}
@@ -196,7 +196,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	b.poisoned(t, "junk-1", "stock.reserved", sluice.Poison(errors.New("payload is not JSON")))
 	rc := newRecovering(t, b, func(id string) bool { return strings.HasPrefix(id, "bad-") })
 	base, _ := consoleOn(t, b, rc.outcomesTable, nil)
-	pq := b.topo.PoisonQueue()
+	pq := b.topo.Config().PoisonQueue
 	good, bad, junk := groupOf(t, pq, "good-000"), groupOf(t, pq, "bad-00"), groupOf(t, pq, "junk-1")
 	ctx := browser(t)
 
@@ -289,7 +289,7 @@ func TestConsoleInABrowser(t *testing.T) {
 func TestConsoleRendersHostileContentsInert(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
-	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue()})
+	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.Config().PoisonQueue, Queue: b.topo.Config().Queue})
 	require.NoError(t, err)
 	payload := append([]byte("<script>window.__pwned=1</script>\x1b[2J\xff\xfe"), strings.Repeat("A", 1<<20)...)
 	m := message.NewMessage(watermill.NewUUID(), payload)
@@ -302,7 +302,7 @@ func TestConsoleRendersHostileContentsInert(t *testing.T) {
 	})(m)
 	require.NoError(t, err)
 	base, _ := consoleOn(t, b, "", nil)
-	pq := b.topo.PoisonQueue()
+	pq := b.topo.Config().PoisonQueue
 	ctx := browser(t)
 
 	for _, path := range []string{"/", "/q/" + pq + "/groups", "/q/" + pq + "/g/" + groupOf(t, pq, `evt-<img src=x onerror="window.__pwned=2">`)} {
@@ -338,12 +338,12 @@ func TestConsoleRefusesWhatIsNotSafe(t *testing.T) {
 		require.NoError(t, console.CheckAddr(addr, console.Config{}), addr)
 	}
 	b := newBed(t)
-	code, _, errOut := b.cli(t, "console", "--addr", "0.0.0.0:0", "--queue", b.topo.Queue())
+	code, _, errOut := b.cli(t, "console", "--addr", "0.0.0.0:0", "--queue", b.topo.Config().Queue)
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "refusing to listen off loopback without authentication")
 
 	b.poisoned(t, "e1", "order.created", sluice.Poison(errors.New("bad")))
-	pq := b.topo.PoisonQueue()
+	pq := b.topo.Config().PoisonQueue
 	g := groupOf(t, pq, "e1")
 	base, _ := consoleOn(t, b, "", nil)
 	discard := base + "/q/" + pq + "/g/" + g + "/discard"

@@ -22,10 +22,10 @@ func TestStatsCountsCopiesOfOneDeliveryOnce(t *testing.T) {
 	b.poisoned(t, "e1", "order.created", bad) // the redelivery's copy
 	b.poisoned(t, "e2", "order.created", bad)
 
-	code, out, errOut := b.cli(t, "dlq", "stats", "--queue", b.topo.PoisonQueue())
+	code, out, errOut := b.cli(t, "dlq", "stats", "--queue", b.topo.Config().PoisonQueue)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "3 messages (2 items: copies with one identity count once)")
-	code, out, errOut = b.cli(t, "dlq", "stats", "--queue", b.topo.PoisonQueue(), "--json")
+	code, out, errOut = b.cli(t, "dlq", "stats", "--queue", b.topo.Config().PoisonQueue, "--json")
 	require.Equal(t, 0, code, errOut)
 	var s dlq.Stats
 	require.NoError(t, json.Unmarshal([]byte(out), &s))

@@ -20,7 +20,7 @@ import (
 func TestForeignProducersTypeAndMessageID(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
-	q := b.topo.PoisonQueue()
+	q := b.topo.Config().PoisonQueue
 	ch := testenv.Channel(t, testenv.AMQP(t))
 	for _, p := range []amqp.Publishing{
 		{Type: "order.created", MessageId: "spring-msg-1", CorrelationId: "corr-42",

@@ -28,7 +28,7 @@ func forgedInto(t *testing.T, b *bed, id string) string {
 	_, err := ch.QueueDeclare(billing, true, false, false, false, nil)
 	require.NoError(t, err)
 	testenv.DeleteQueuesAtEnd(t, billing)
-	require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.PoisonQueue(), true, false, amqp.Publishing{Headers: amqp.Table{
+	require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, true, false, amqp.Publishing{Headers: amqp.Table{
 		poison.ClassKey: "poison", poison.ReasonKey: "x", poison.QueueKey: billing, sluice.EventIDKey: id,
 	}, Body: []byte(`{}`)}))
 	return billing
@@ -46,7 +46,7 @@ func TestConsoleRefusesAMessagesOwnTargetOutsideItsQueues(t *testing.T) {
 	b := newBed(t)
 	billing := forgedInto(t, b, "e1")
 	rc := newRecovering(t, b, func(string) bool { return false })
-	pq := b.topo.PoisonQueue()
+	pq := b.topo.Config().PoisonQueue
 	g := groupOf(t, pq, "e1")
 	ctx := browser(t)
 
@@ -69,13 +69,13 @@ func TestConsoleRefusesAMessagesOwnTargetOutsideItsQueues(t *testing.T) {
 	require.Equal(t, "Failed.", awaitRun(t, ctx))
 	why := textOf(t, ctx, "#why")
 	require.Contains(t, why, "event e1: its sluice_poison_queue names")
-	require.Contains(t, why, "which is not one of the queues it may publish to ("+b.topo.Queue()+")")
+	require.Contains(t, why, "which is not one of the queues it may publish to ("+b.topo.Config().Queue+")")
 	require.Zero(t, testenv.QueueDepth(t, testenv.AMQP(t), billing), "nothing reached billing")
 	require.Equal(t, []string{"e1"}, peekIDs(t, pq), "it stays in the poison queue")
 
 	// Redirected to the console's own queue, it goes.
 	do(t, ctx, chromedp.Navigate(base+"/q/"+pq+"/g/"+g+"/replay"), chromedp.WaitVisible(chromedp.CSS(`#count`)))
-	do(t, ctx, chromedp.SetValue(chromedp.CSS(`#to`), b.topo.Queue()))
+	do(t, ctx, chromedp.SetValue(chromedp.CSS(`#to`), b.topo.Config().Queue))
 	confirm(t, ctx, map[string]string{"canary": "1", "ramp": "5", "wait": "30s"})
 	require.Equal(t, "Done.", awaitRun(t, ctx))
 	require.Empty(t, peekIDs(t, pq))
@@ -90,26 +90,26 @@ func TestReplayRefusesAForgedTargetOutsideTheFamily(t *testing.T) {
 	b := newBed(t)
 	b.poisoned(t, "good", "order.created", sluice.Poison(errors.New("bad")))
 	billing := forgedInto(t, b, "forged")
-	pq := b.topo.PoisonQueue()
+	pq := b.topo.Config().PoisonQueue
 
 	for _, args := range [][]string{{"--batch", "1"}, {"--dry-run"}} {
 		code, _, errOut := b.cli(t, append([]string{"dlq", "replay", "--queue", pq}, args...)...)
 		require.Equal(t, 1, code, "%v", args)
-		require.Contains(t, errOut, `event forged: its sluice_poison_queue names "`+billing+`", which is not one of the queues of `+pq+`'s family (`+b.topo.Queue()+", or a partition", "%v", args)
+		require.Contains(t, errOut, `event forged: its sluice_poison_queue names "`+billing+`", which is not one of the queues of `+pq+`'s family (`+b.topo.Config().Queue+", or a partition", "%v", args)
 		require.Zero(t, testenv.QueueDepth(t, testenv.AMQP(t), billing), "%v: nothing reached billing", args)
 	}
 	require.Equal(t, []string{"forged"}, peekIDs(t, pq), "the good one went to its own queue; the forged one stays")
-	require.Equal(t, []string{"good"}, ids(t, b.topo.Queue()))
+	require.Equal(t, []string{"good"}, ids(t, b.topo.Config().Queue))
 
 	// --target names the queues allowed: the forged target only if listed.
-	code, _, errOut := b.cli(t, "dlq", "replay", "--queue", pq, "--target", b.topo.Queue(), "--dry-run")
+	code, _, errOut := b.cli(t, "dlq", "replay", "--queue", pq, "--target", b.topo.Config().Queue, "--dry-run")
 	require.Equal(t, 1, code)
-	require.Contains(t, errOut, "which is not one of the queues it may publish to ("+b.topo.Queue()+")")
-	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", pq, "--target", b.topo.Queue(), "--to", billing)
+	require.Contains(t, errOut, "which is not one of the queues it may publish to ("+b.topo.Config().Queue+")")
+	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", pq, "--target", b.topo.Config().Queue, "--to", billing)
 	require.Equal(t, 1, code, "--to is held to --target too")
 	require.Contains(t, errOut, "the queue to replay to")
-	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", pq, "--to", b.topo.Queue())
+	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", pq, "--to", b.topo.Config().Queue)
 	require.Equal(t, 0, code, errOut)
 	require.True(t, strings.Contains(out, "replayed 1"), out)
-	require.Equal(t, []string{"forged"}, ids(t, b.topo.Queue()), "an operator's --to redirects it")
+	require.Equal(t, []string{"forged"}, ids(t, b.topo.Config().Queue), "an operator's --to redirects it")
 }

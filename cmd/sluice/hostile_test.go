@@ -53,7 +53,7 @@ func TestHostileTextNeverReachesTheOperator(t *testing.T) {
 	b := newBed(t)
 	target := "orders" + hostile
 	ch := testenv.Channel(t, testenv.AMQP(t))
-	require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.PoisonQueue(), false, false, amqp.Publishing{
+	require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, false, false, amqp.Publishing{
 		Headers: amqp.Table{
 			sluice.EventIDKey: "evt-" + hostile, sluice.EventTypeKey: "type-" + hostile,
 			poison.ClassKey: "poison", poison.ReasonKey: "bad order " + hostile, poison.QueueKey: target,
@@ -61,7 +61,7 @@ func TestHostileTextNeverReachesTheOperator(t *testing.T) {
 		},
 		Body: []byte(`{"note":"` + hostile + `"}`),
 	}))
-	q := b.topo.PoisonQueue()
+	q := b.topo.Config().PoisonQueue
 	check := func(args ...string) (int, string, string) {
 		t.Helper()
 		code, out, errOut := b.cli(t, args...)

@@ -49,7 +49,7 @@ func newFixable(t *testing.T, b *bed) *fixable {
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
 	_, err = router.Add(r, router.HandlerConfig{
-		Name: "stock", Topic: b.topo.Queue(), Subscriber: sub,
+		Name: "stock", Topic: b.topo.Config().Queue, Subscriber: sub,
 		Handler: func(msg *message.Message) error {
 			if !f.handlerFixed.Load() && strings.Contains(string(msg.Payload), `"bad":true`) {
 				return sluice.Poison(errors.New("unknown schema version 3"))
@@ -58,7 +58,7 @@ func newFixable(t *testing.T, b *bed) *fixable {
 		},
 		Stages: router.Stages{
 			Replay:   &replay.Config{Store: outcomes, InUnitOfWork: true},
-			Poison:   &poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue()},
+			Poison:   &poison.Config{Publisher: b.pub, Topic: b.topo.Config().PoisonQueue, Queue: b.topo.Config().Queue},
 			Retry:    &retrytiers.Config{Publisher: b.pub, Tiers: b.topo.Tiers()},
 			Classify: &stage.ClassifyConfig{},
 			Inbox: &deduplication.Config{Store: testenv.SQLStore(t, db, f.schema+".inbox"), Consumer: "stock",
@@ -94,8 +94,8 @@ func TestADeadLetterHasOneNameEverywhere(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
 	f := newFixable(t, b)
-	pq := b.topo.PoisonQueue()
-	require.NoError(t, b.pub.Publish(b.topo.Queue(), message.NewMessage(watermill.NewUUID(), []byte(`{"event_id":"evt-9"}`))))
+	pq := b.topo.Config().PoisonQueue
+	require.NoError(t, b.pub.Publish(b.topo.Config().Queue, message.NewMessage(watermill.NewUUID(), []byte(`{"event_id":"evt-9"}`))))
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), pq) == 1 }, 2*time.Minute, 10*time.Millisecond)
 
 	code, out, errOut := b.cli(t, "dlq", "inspect", "--queue", pq, "--json")
@@ -138,7 +138,7 @@ func TestADeadLetterHasOneNameEverywhere(t *testing.T) {
 	// A later run's outcome, seen from the earlier run's row: evt-5 is
 	// poisoned by the handler, poisoned again by run B, processed by run C
 	// once the handler is fixed.
-	require.NoError(t, b.pub.Publish(b.topo.Queue(), message.NewMessage(watermill.NewUUID(), []byte(`{"event_id":"evt-5","bad":true}`))))
+	require.NoError(t, b.pub.Publish(b.topo.Config().Queue, message.NewMessage(watermill.NewUUID(), []byte(`{"event_id":"evt-5","bad":true}`))))
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), pq) == 1 }, 2*time.Minute, 10*time.Millisecond)
 	replayed := func(want int) string {
 		t.Helper()

@@ -30,14 +30,14 @@ func TestKillMidReplayLosesNothing(t *testing.T) {
 		b.poisoned(t, fmt.Sprint("k", i), "order.created", sluice.Poison(errors.New("bad")))
 	}
 	cmd := exec.Command(bin, "--amqp-url", testenv.AMQPURL, "--audit", b.audit,
-		"dlq", "replay", "--queue", b.topo.PoisonQueue(), "--rate", "40/s", "--batch", "2")
+		"dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--rate", "40/s", "--batch", "2")
 	require.NoError(t, cmd.Start())
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()) >= 6 }, time.Minute, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Config().Queue) >= 6 }, time.Minute, 5*time.Millisecond)
 	require.NoError(t, cmd.Process.Kill())
 	_ = cmd.Wait()
 
 	seen := map[string]int{}
-	for _, id := range append(ids(t, b.topo.Queue()), ids(t, b.topo.PoisonQueue())...) {
+	for _, id := range append(ids(t, b.topo.Config().Queue), ids(t, b.topo.Config().PoisonQueue)...) {
 		seen[id]++
 	}
 	for i := range n {
@@ -63,7 +63,7 @@ func TestKillMidRampThenRerun(t *testing.T) {
 	const n = 120
 	b.exhausted(t, "r", n)
 	rc := newRecovering(t, b, func(string) bool { return false })
-	args := []string{"--amqp-url", testenv.AMQPURL, "--audit", b.audit, "dlq", "replay", "--queue", b.topo.PoisonQueue(),
+	args := []string{"--amqp-url", testenv.AMQPURL, "--audit", b.audit, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue,
 		"--canary", "5", "--ramp", "20,50", "--rate", "60/s", "--batch", "2",
 		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "30s"}
 	db, rows := rc.pg, func() int { return rc.rows(t) }
@@ -82,8 +82,8 @@ func TestKillMidRampThenRerun(t *testing.T) {
 	require.NoError(t, db.Get(&claims, `SELECT count(*) FROM `+rc.db+`.inbox`))
 	require.Equal(t, n, distinct)
 	require.Equal(t, n, claims)
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()) == 0 }, time.Minute, 10*time.Millisecond)
-	require.Empty(t, peekIDs(t, b.topo.PoisonQueue()), "nothing left in the poison queue")
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Config().Queue) == 0 }, time.Minute, 10*time.Millisecond)
+	require.Empty(t, peekIDs(t, b.topo.Config().PoisonQueue), "nothing left in the poison queue")
 
 	code, report, errOut := b.cli(t, "dlq", "report", "--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable)
 	require.Equal(t, 0, code, "both runs' reports are complete: %s %s", report, errOut)
@@ -131,7 +131,7 @@ func TestKillAtAnyPointOfTheClosedLoop(t *testing.T) {
 				return bad(id)
 			})
 			db, rows := rc.pg, func() int { return rc.rows(t) }
-			args := []string{"--amqp-url", testenv.AMQPURL, "--audit", b.audit, "dlq", "replay", "--queue", b.topo.PoisonQueue(),
+			args := []string{"--amqp-url", testenv.AMQPURL, "--audit", b.audit, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue,
 				"--canary", "5", "--ramp", "20,100", "--max-repoison", "25%", "--rate", "100/s", "--batch", "2",
 				"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "30s"}
 			cmd := exec.Command(bin, args...)
@@ -145,7 +145,7 @@ func TestKillAtAnyPointOfTheClosedLoop(t *testing.T) {
 				require.Eventually(t, slowStarted.Load, 30*time.Second, time.Millisecond)
 			case "awaiting-outcomes": // the first 25 acked, k009 and k019 poisoned again, k024 still in its handler
 				require.Eventually(t, func() bool {
-					return slowStarted.Load() && testenv.QueueDepth(t, testenv.AMQP(t), b.topo.PoisonQueue()) == n-25+2
+					return slowStarted.Load() && testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Config().PoisonQueue) == n-25+2
 				}, 30*time.Second, time.Millisecond)
 			}
 			require.NoError(t, cmd.Process.Kill())
@@ -158,13 +158,13 @@ func TestKillAtAnyPointOfTheClosedLoop(t *testing.T) {
 			rerun := slices.DeleteFunc(slices.Clone(args), func(a string) bool { return a == "--canary" || a == "5" })
 			out, _ := exec.Command(bin, rerun...).CombinedOutput()
 			require.Eventually(t, func() bool { return rows() == n-len(want) }, 2*time.Minute, 10*time.Millisecond, "%s", out)
-			require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()) == 0 }, time.Minute, 10*time.Millisecond)
+			require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Config().Queue) == 0 }, time.Minute, 10*time.Millisecond)
 			var distinct, claims int
 			require.NoError(t, db.Get(&distinct, `SELECT count(DISTINCT event_id) FROM `+rc.db+`.stock`))
 			require.NoError(t, db.Get(&claims, `SELECT count(*) FROM `+rc.db+`.inbox`))
 			require.Equal(t, n-len(want), distinct, "every good event processed")
 			require.Equal(t, n-len(want), claims, "and claimed once")
-			left := peekIDs(t, b.topo.PoisonQueue())
+			left := peekIDs(t, b.topo.Config().PoisonQueue)
 			slices.Sort(left)
 			left = slices.Compact(left)
 			require.Equal(t, want, left, "exactly the bad events are back in the poison queue:\n%s", out)
@@ -190,7 +190,7 @@ func TestInterruptMidRamp(t *testing.T) {
 	b.exhausted(t, "s", n)
 	rc := newRecovering(t, b, func(string) bool { return false })
 	rows := func() int { return rc.rows(t) }
-	cmd := exec.Command(bin, "--amqp-url", testenv.AMQPURL, "--audit", b.audit, "dlq", "replay", "--queue", b.topo.PoisonQueue(),
+	cmd := exec.Command(bin, "--amqp-url", testenv.AMQPURL, "--audit", b.audit, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue,
 		"--canary", "5", "--ramp", "20", "--rate", "40/s", "--batch", "2",
 		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "30s")
 	var stdout, stderr strings.Builder
@@ -210,14 +210,14 @@ func TestInterruptMidRamp(t *testing.T) {
 	require.Contains(t, recs[0].Options["run"], "run-")
 	require.Positive(t, recs[0].Result.Replayed)
 
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()) == 0 }, time.Minute, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Config().Queue) == 0 }, time.Minute, 10*time.Millisecond)
 	// A replayed event may still be in the recovering consumer's handler
 	// (not ready in its queue, not yet a row), and the CLI's unacked ones
 	// go back to the poison queue once the broker has closed its channel:
 	// wait for every event to be in one place or the other.
 	left := 0
 	require.Eventually(t, func() bool {
-		left = len(peekIDs(t, b.topo.PoisonQueue()))
+		left = len(peekIDs(t, b.topo.Config().PoisonQueue))
 		return rows()+left == n
 	}, 2*time.Minute, 50*time.Millisecond, "every event processed or still in the poison queue")
 	t.Logf("interrupted with %d of %d processed, %d left in the poison queue; stderr: %s", rows(), n, left, stderr.String())

@@ -20,7 +20,8 @@ func declareLadder(t *testing.T, amqpURL, queue string, tiers ...time.Duration) 
 	defer func() { _ = conn.Close() }()
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: queue, TierDelays: tiers})
 	require.NoError(t, err)
-	require.NoError(t, topo.Declare(t.Context(), conn))
+	_, err = topo.Declare(t.Context(), conn)
+	require.NoError(t, err)
 }
 
 // With the management API, a family's ladder is the broker's: `sluice

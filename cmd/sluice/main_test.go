@@ -51,7 +51,8 @@ func newBedOn(t testing.TB, cfg rabbitmq.TopologyConfig) *bed {
 	q := cfg.Queue
 	topo, err := rabbitmq.NewTopology(cfg)
 	require.NoError(t, err)
-	require.NoError(t, topo.Declare(t.Context(), testenv.AMQP(t)))
+	_, err = topo.Declare(t.Context(), testenv.AMQP(t))
+	require.NoError(t, err)
 	testenv.DeleteQueuesAtEnd(t, q, q+".poison", q+".retry.1m")
 	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})
 	require.NoError(t, err)
@@ -62,7 +63,7 @@ func newBedOn(t testing.TB, cfg rabbitmq.TopologyConfig) *bed {
 // poisoned isolates one event through the poison stage.
 func (b *bed) poisoned(t *testing.T, id, eventType string, err error) {
 	t.Helper()
-	mw, e := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue()})
+	mw, e := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.Config().PoisonQueue, Queue: b.topo.Config().Queue})
 	require.NoError(t, e)
 	m := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"eventId":%q}`, id))
 	m.Metadata.Set(sluice.EventIDKey, id)
@@ -140,31 +141,31 @@ func TestReplayByFilterMovesExactlyTheSelected(t *testing.T) {
 	b := newBed(t)
 	b.fill(t)
 
-	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--class", "exhausted", "--batch", "2")
+	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--class", "exhausted", "--batch", "2")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "selected")
 	require.Contains(t, out, "replayed 2 (the queue held 6 at the start)", "the progress knows its total")
-	require.Equal(t, []string{"e1", "e3", "e5"}, peekIDs(t, b.topo.PoisonQueue()), "the rest stays, in order")
+	require.Equal(t, []string{"e1", "e3", "e5"}, peekIDs(t, b.topo.Config().PoisonQueue), "the rest stays, in order")
 
-	replayed := testenv.Drain(t, testenv.AMQP(t), b.topo.Queue())
+	replayed := testenv.Drain(t, testenv.AMQP(t), b.topo.Config().Queue)
 	require.Len(t, replayed, 3)
 	for i, d := range replayed {
 		require.Equal(t, []string{"e2", "e4", "e6"}[i], d.Headers[sluice.EventIDKey])
 		require.Nil(t, d.Headers[sluice.AttemptKey], "the attempt count is reset")
 		require.Nil(t, d.Headers[poison.ClassKey], "the failure history is not replayed")
 		require.Equal(t, "tester", d.Headers[dlq.ReplayedByKey])
-		require.Equal(t, b.topo.PoisonQueue(), d.Headers[dlq.ReplayedFromKey])
+		require.Equal(t, b.topo.Config().PoisonQueue, d.Headers[dlq.ReplayedFromKey])
 		require.Equal(t, "exhausted", d.Headers[dlq.ReplayedClassKey])
 		require.Equal(t, "1", d.Headers[dlq.ReplayCountKey])
 		require.NotEmpty(t, d.Headers[dlq.ReplayedAtKey])
 	}
 
-	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--error-match", `"sku"`)
+	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--error-match", `"sku"`)
 	require.Equal(t, 0, code, errOut)
-	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--event-type", "order.cancelled")
+	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--event-type", "order.cancelled")
 	require.Equal(t, 0, code, errOut)
-	require.Equal(t, []string{"e1", "e5"}, ids(t, b.topo.Queue()))
-	require.Equal(t, []string{"e3"}, peekIDs(t, b.topo.PoisonQueue()))
+	require.Equal(t, []string{"e1", "e5"}, ids(t, b.topo.Config().Queue))
+	require.Equal(t, []string{"e3"}, peekIDs(t, b.topo.Config().PoisonQueue))
 
 	recs := b.auditLines(t)
 	require.Len(t, recs, 3)
@@ -179,32 +180,32 @@ func TestReplayDryRunChangesNothing(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
 	b.fill(t)
-	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--dry-run")
+	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--dry-run")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "dry run: nothing changed")
-	require.Equal(t, []string{"e1", "e2", "e3", "e4", "e5", "e6"}, peekIDs(t, b.topo.PoisonQueue()))
-	require.Zero(t, testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()))
+	require.Equal(t, []string{"e1", "e2", "e3", "e4", "e5", "e6"}, peekIDs(t, b.topo.Config().PoisonQueue))
+	require.Zero(t, testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Config().Queue))
 	recs := b.auditLines(t)
 	require.Equal(t, "dry-run", recs[0].Outcome)
 	require.Equal(t, 6, recs[0].Result.Selected)
 	require.Zero(t, recs[0].Result.Replayed)
 	require.Len(t, recs[0].Result.Plan, 6, "each selected message with its target")
-	require.Equal(t, dlq.Planned{Message: "event e1", Target: b.topo.Queue()}, recs[0].Result.Plan[0])
+	require.Equal(t, dlq.Planned{Message: "event e1", Target: b.topo.Config().Queue}, recs[0].Result.Plan[0])
 	require.Contains(t, out, "event e6")
 
 	// The dry run checks each target and names the message that has none,
 	// or whose target does not exist: the real run would fail on it.
 	m := message.NewMessage("no-headers-uuid", []byte("{}"))
-	require.NoError(t, b.pub.Publish(b.topo.PoisonQueue(), m))
-	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--dry-run")
+	require.NoError(t, b.pub.Publish(b.topo.Config().PoisonQueue, m))
+	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--dry-run")
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "dead letter no-headers-uuid")
 	require.Contains(t, errOut, "no sluice_poison_queue")
-	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--dry-run", "--to", testenv.Name("missing"))
+	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--dry-run", "--to", testenv.Name("missing"))
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "event e1: target queue")
 	require.Contains(t, errOut, "does not exist")
-	require.Equal(t, 7, testenv.QueueDepth(t, testenv.AMQP(t), b.topo.PoisonQueue()), "nothing moved")
+	require.Equal(t, 7, testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Config().PoisonQueue), "nothing moved")
 }
 
 func TestReplayRate(t *testing.T) {
@@ -214,21 +215,21 @@ func TestReplayRate(t *testing.T) {
 		b.poisoned(t, fmt.Sprint("r", i), "order.created", sluice.Poison(errors.New("bad")))
 	}
 	start := time.Now()
-	code, _, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--rate", "20/s", "--batch", "1")
+	code, _, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--rate", "20/s", "--batch", "1")
 	require.Equal(t, 0, code, errOut)
 	// 12 messages at 20/s with a burst of 1: at least 11/20 s.
 	require.GreaterOrEqual(t, time.Since(start), 550*time.Millisecond, "--rate is honoured")
-	require.Equal(t, 12, testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()))
+	require.Equal(t, 12, testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Config().Queue))
 }
 
 func TestReplayPublishFailureStopsWithTheMessageKept(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
 	b.fill(t)
-	code, _, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--to", testenv.Name("no_such_queue"), "--batch", "1")
+	code, _, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--to", testenv.Name("no_such_queue"), "--batch", "1")
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "unroutable")
-	require.Equal(t, []string{"e1", "e2", "e3", "e4", "e5", "e6"}, peekIDs(t, b.topo.PoisonQueue()), "nothing removed")
+	require.Equal(t, []string{"e1", "e2", "e3", "e4", "e5", "e6"}, peekIDs(t, b.topo.Config().PoisonQueue), "nothing removed")
 	require.Equal(t, "error", b.auditLines(t)[0].Outcome)
 
 	// Mid-run: the target disappears after two messages.
@@ -237,13 +238,13 @@ func TestReplayPublishFailureStopsWithTheMessageKept(t *testing.T) {
 	_, err := ch.QueueDeclare(other, true, false, false, false, nil)
 	require.NoError(t, err)
 	testenv.DeleteQueuesAtEnd(t, other)
-	code, _, _ = b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--to", other, "--limit", "2", "--batch", "1")
+	code, _, _ = b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--to", other, "--limit", "2", "--batch", "1")
 	require.Equal(t, 0, code)
 	_, err = ch.QueueDelete(other, false, false, false)
 	require.NoError(t, err)
-	code, _, _ = b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--to", other, "--batch", "1")
+	code, _, _ = b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--to", other, "--batch", "1")
 	require.Equal(t, 1, code)
-	require.Equal(t, []string{"e3", "e4", "e5", "e6"}, peekIDs(t, b.topo.PoisonQueue()), "the failed message and the rest stay")
+	require.Equal(t, []string{"e3", "e4", "e5", "e6"}, peekIDs(t, b.topo.Config().PoisonQueue), "the failed message and the rest stay")
 }
 
 func TestArchive(t *testing.T) {
@@ -253,14 +254,14 @@ func TestArchive(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "archive.jsonl")
 
 	// An archive that cannot be written removes nothing.
-	code, _, errOut := b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--to", filepath.Join(t.TempDir(), "missing", "a.jsonl"))
+	code, _, errOut := b.cli(t, "dlq", "archive", "--queue", b.topo.Config().PoisonQueue, "--to", filepath.Join(t.TempDir(), "missing", "a.jsonl"))
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "opening the archive")
-	require.Len(t, peekIDs(t, b.topo.PoisonQueue()), 6)
+	require.Len(t, peekIDs(t, b.topo.Config().PoisonQueue), 6)
 
-	code, _, errOut = b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--class", "poison", "--to", file)
+	code, _, errOut = b.cli(t, "dlq", "archive", "--queue", b.topo.Config().PoisonQueue, "--class", "poison", "--to", file)
 	require.Equal(t, 0, code, errOut)
-	require.Equal(t, []string{"e2", "e3", "e4", "e6"}, peekIDs(t, b.topo.PoisonQueue()))
+	require.Equal(t, []string{"e2", "e3", "e4", "e6"}, peekIDs(t, b.topo.Config().PoisonQueue))
 	data, err := os.ReadFile(file)
 	require.NoError(t, err)
 	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
@@ -278,20 +279,20 @@ func TestStatsAndInspectRemoveNothing(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
 	b.fill(t)
-	code, out, errOut := b.cli(t, "dlq", "stats", "--queue", b.topo.PoisonQueue())
+	code, out, errOut := b.cli(t, "dlq", "stats", "--queue", b.topo.Config().PoisonQueue)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "6 messages")
 	require.Contains(t, out, "timeout after # attempts")
 	require.Contains(t, out, "order o-# must exist")
 
-	code, out, errOut = b.cli(t, "dlq", "stats", "--queue", b.topo.PoisonQueue(), "--class", "exhausted")
+	code, out, errOut = b.cli(t, "dlq", "stats", "--queue", b.topo.Config().PoisonQueue, "--class", "exhausted")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "3 of 6 messages match the filter (3 skipped)", "a filter says what it left out")
-	code, out, errOut = b.cli(t, "dlq", "stats", "--queue", b.topo.PoisonQueue(), "--since", "1s", "--until", "1s")
+	code, out, errOut = b.cli(t, "dlq", "stats", "--queue", b.topo.Config().PoisonQueue, "--since", "1s", "--until", "1s")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "0 of 6 messages match the filter (6 skipped)", "not \"0 messages\" for a full queue")
 
-	code, out, errOut = b.cli(t, "dlq", "stats", "--queue", b.topo.PoisonQueue(), "--json")
+	code, out, errOut = b.cli(t, "dlq", "stats", "--queue", b.topo.Config().PoisonQueue, "--json")
 	require.Equal(t, 0, code, errOut)
 	var s dlq.Stats
 	require.NoError(t, json.Unmarshal([]byte(out), &s))
@@ -300,12 +301,12 @@ func TestStatsAndInspectRemoveNothing(t *testing.T) {
 	require.Equal(t, map[string]int{"order.created": 5, "order.cancelled": 1}, s.ByEventType)
 	require.False(t, s.Oldest.IsZero())
 
-	code, out, errOut = b.cli(t, "dlq", "inspect", "--queue", b.topo.PoisonQueue(), "--class", "invariant")
+	code, out, errOut = b.cli(t, "dlq", "inspect", "--queue", b.topo.Config().PoisonQueue, "--class", "invariant")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "order o-17 must exist")
 	require.Contains(t, out, `{"eventId":"e3"}`)
 	require.Contains(t, out, "1 messages shown")
-	require.Equal(t, []string{"e1", "e2", "e3", "e4", "e5", "e6"}, peekIDs(t, b.topo.PoisonQueue()), "nothing removed, the order kept")
+	require.Equal(t, []string{"e1", "e2", "e3", "e4", "e5", "e6"}, peekIDs(t, b.topo.Config().PoisonQueue), "nothing removed, the order kept")
 }
 
 // Replayed messages reach a consumer running the Sluice stack, whose inbox
@@ -316,7 +317,7 @@ func TestReplayIntoTheStackInboxDropsProcessed(t *testing.T) {
 	store := deduplication.NewMemoryStore()
 	var mu sync.Mutex
 	handled := map[string]int{}
-	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Topology: rabbitmq.TopologyConfig{Queue: b.topo.Queue(), TierDelays: []time.Duration{time.Minute}}})
+	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Topology: rabbitmq.TopologyConfig{Queue: b.topo.Config().Queue, TierDelays: []time.Duration{time.Minute}}})
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 	require.NoError(t, err)
@@ -341,15 +342,15 @@ func TestReplayIntoTheStackInboxDropsProcessed(t *testing.T) {
 	// crash between a tier's confirm and the ack). e2 was not.
 	m := message.NewMessage(watermill.NewUUID(), nil)
 	m.Metadata.Set(sluice.EventIDKey, "e1")
-	require.NoError(t, b.pub.Publish(b.topo.Queue(), m))
+	require.NoError(t, b.pub.Publish(b.topo.Config().Queue, m))
 	require.Eventually(t, func() bool { return store.Len() == 1 }, time.Minute, 10*time.Millisecond)
 	b.poisoned(t, "e1", "order.created", sluice.NewFailure(sluice.ClassExhausted, errors.New("timeout")))
 	b.poisoned(t, "e2", "order.created", sluice.NewFailure(sluice.ClassExhausted, errors.New("timeout")))
 
-	code, _, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue())
+	code, _, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue)
 	require.Equal(t, 0, code, errOut)
 	require.Eventually(t, func() bool { return store.Len() == 2 }, time.Minute, 10*time.Millisecond)
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Queue()) == 0 }, time.Minute, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Config().Queue) == 0 }, time.Minute, 10*time.Millisecond)
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, map[string]int{"e1": 1, "e2": 1}, handled, "the replayed e1 was dropped by the inbox")
@@ -441,9 +442,9 @@ func TestReplayKeepsTheProducersProperties(t *testing.T) {
 	conn := testenv.AMQP(t)
 	pub := foreignPoisoned(t, b, "g-1")
 
-	code, _, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue())
+	code, _, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue)
 	require.Equal(t, 0, code, errOut)
-	replayed := testenv.Drain(t, conn, b.topo.Queue())
+	replayed := testenv.Drain(t, conn, b.topo.Config().Queue)
 	require.Len(t, replayed, 1)
 	r := replayed[0]
 	require.Equal(t, pub.Body, r.Body)
@@ -500,7 +501,7 @@ func TestCLIOverTLS(t *testing.T) {
 func TestHostileContentsAreEscapedAndBounded(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
-	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue()})
+	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.Config().PoisonQueue, Queue: b.topo.Config().Queue})
 	require.NoError(t, err)
 	body := []byte("\x1b[2J\xff\xfe binary \x00")
 	m := message.NewMessage(watermill.NewUUID(), body)
@@ -511,7 +512,7 @@ func TestHostileContentsAreEscapedAndBounded(t *testing.T) {
 	})(m)
 	require.NoError(t, err)
 
-	for _, args := range [][]string{{"dlq", "stats", "--queue", b.topo.PoisonQueue()}, {"dlq", "inspect", "--queue", b.topo.PoisonQueue()}} {
+	for _, args := range [][]string{{"dlq", "stats", "--queue", b.topo.Config().PoisonQueue}, {"dlq", "inspect", "--queue", b.topo.Config().PoisonQueue}} {
 		code, out, errOut := b.cli(t, args...)
 		require.Equal(t, 0, code, errOut)
 		for _, r := range out {
@@ -521,7 +522,7 @@ func TestHostileContentsAreEscapedAndBounded(t *testing.T) {
 		require.Contains(t, out, `\x1b`, "escaped, not dropped")
 		require.Less(t, len(out), 8_000, "%v: bounded, not 100 KB", args)
 	}
-	code, out, errOut := b.cli(t, "dlq", "inspect", "--queue", b.topo.PoisonQueue(), "--json")
+	code, out, errOut := b.cli(t, "dlq", "inspect", "--queue", b.topo.Config().PoisonQueue, "--json")
 	require.Equal(t, 0, code, errOut)
 	var recs []map[string]any // JSON lines, streamed
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
@@ -543,12 +544,12 @@ func TestUnwritableAuditLogMovesNothing(t *testing.T) {
 	b.fill(t)
 	b.audit = filepath.Join(t.TempDir(), "missing-dir", "audit.jsonl")
 	for _, args := range [][]string{
-		{"dlq", "archive", "--queue", b.topo.PoisonQueue(), "--to", filepath.Join(t.TempDir(), "archive.jsonl")},
-		{"dlq", "replay", "--queue", b.topo.PoisonQueue()},
+		{"dlq", "archive", "--queue", b.topo.Config().PoisonQueue, "--to", filepath.Join(t.TempDir(), "archive.jsonl")},
+		{"dlq", "replay", "--queue", b.topo.Config().PoisonQueue},
 	} {
 		code, _, errOut := b.cli(t, args...)
 		require.Equal(t, 1, code, "%v", args)
 		require.Contains(t, errOut, "the audit log cannot be written, nothing was moved")
-		require.Equal(t, 6, testenv.QueueDepth(t, testenv.AMQP(t), b.topo.PoisonQueue()), "%v moved nothing", args)
+		require.Equal(t, 6, testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Config().PoisonQueue), "%v moved nothing", args)
 	}
 }

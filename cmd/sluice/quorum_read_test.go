@@ -43,7 +43,7 @@ func TestInspectingAQuorumPoisonQueueKeepsItsOrder(t *testing.T) {
 		want = append(want, id)
 		b.poisoned(t, id, "order.created", sluice.Poison(errors.New("bad")))
 	}
-	poisonQ := b.topo.PoisonQueue()
+	poisonQ := b.topo.Config().PoisonQueue
 	looks := []struct {
 		args  []string
 		shown []string

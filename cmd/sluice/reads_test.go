@@ -22,7 +22,7 @@ func TestPoisonQueueReadsAreNotRetries(t *testing.T) {
 	t.Parallel()
 	b := newQuorumBed(t, 0)
 	b.poisoned(t, "e1", "order.created", sluice.Poison(errors.New("bad"))) // its attempt: 4
-	poisonQ := b.topo.PoisonQueue()
+	poisonQ := b.topo.Config().PoisonQueue
 	for range 3 {
 		code, _, errOut := b.cli(t, "dlq", "inspect", "--queue", poisonQ)
 		require.Equal(t, 0, code, errOut)

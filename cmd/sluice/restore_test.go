@@ -18,9 +18,9 @@ func archived(t *testing.T, b *bed, args ...string) (string, []string) {
 	t.Helper()
 	b.fill(t)
 	file := filepath.Join(t.TempDir(), "archive.jsonl")
-	code, _, errOut := b.cli(t, append([]string{"dlq", "archive", "--queue", b.topo.PoisonQueue(), "--to", file}, args...)...)
+	code, _, errOut := b.cli(t, append([]string{"dlq", "archive", "--queue", b.topo.Config().PoisonQueue, "--to", file}, args...)...)
 	require.Equal(t, 0, code, errOut)
-	require.Zero(t, testenv.QueueDepth(t, testenv.AMQP(t), b.topo.PoisonQueue()))
+	require.Zero(t, testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Config().PoisonQueue))
 	raw, err := os.ReadFile(file)
 	require.NoError(t, err)
 	lines := strings.SplitAfter(string(raw), "\n")
@@ -66,19 +66,19 @@ func TestRestoreRefusesATamperedQueue(t *testing.T) {
 	}
 	conn := testenv.AMQP(t)
 	require.Zero(t, testenv.QueueDepth(t, conn, other), "nothing reached the queue the line names")
-	require.Zero(t, testenv.QueueDepth(t, conn, b.topo.PoisonQueue()), "nothing before it was published")
+	require.Zero(t, testenv.QueueDepth(t, conn, b.topo.Config().PoisonQueue), "nothing before it was published")
 
 	// --to says where: every record goes there, the tampered one refused
 	// still (its digest), so nothing again.
-	code, _, errOut := b.cli(t, "dlq", "restore", "--from", file, "--to", b.topo.PoisonQueue())
+	code, _, errOut := b.cli(t, "dlq", "restore", "--from", file, "--to", b.topo.Config().PoisonQueue)
 	require.Equal(t, 1, code, errOut)
-	require.Zero(t, testenv.QueueDepth(t, conn, b.topo.PoisonQueue()))
+	require.Zero(t, testenv.QueueDepth(t, conn, b.topo.Config().PoisonQueue))
 
 	// The line as it was: every record back to its poison queue.
 	require.NoError(t, os.WriteFile(file, []byte(strings.Join(lines, "")), 0o600))
 	code, _, errOut = b.cli(t, "dlq", "restore", "--from", file)
 	require.Equal(t, 0, code, errOut)
-	require.Equal(t, []string{"e1", "e2", "e3", "e4", "e5", "e6"}, peekIDs(t, b.topo.PoisonQueue()))
+	require.Equal(t, []string{"e1", "e2", "e3", "e4", "e5", "e6"}, peekIDs(t, b.topo.Config().PoisonQueue))
 	require.Zero(t, testenv.QueueDepth(t, conn, other))
 }
 
@@ -115,7 +115,7 @@ func TestRestoreValidatesTheWholeFileFirst(t *testing.T) {
 		require.Equal(t, 1, code, "%s: %s", name, errOut)
 		require.Contains(t, errOut, file+" "+tc.want, name)
 		require.Contains(t, errOut, "nothing was restored", name)
-		require.Zero(t, testenv.QueueDepth(t, conn, b.topo.PoisonQueue()), "%s: nothing published", name)
+		require.Zero(t, testenv.QueueDepth(t, conn, b.topo.Config().PoisonQueue), "%s: nothing published", name)
 	}
 }
 
@@ -141,13 +141,13 @@ func TestRestoreRefusesADigestMismatchNamingTheLine(t *testing.T) {
 		code, _, errOut := b.cli(t, "dlq", "restore", "--from", file)
 		require.Equal(t, 1, code, errOut)
 		require.Contains(t, errOut, file+" line "+string(rune('0'+i))+": the record's digest does not match its contents")
-		require.Zero(t, testenv.QueueDepth(t, conn, b.topo.PoisonQueue()))
+		require.Zero(t, testenv.QueueDepth(t, conn, b.topo.Config().PoisonQueue))
 	}
 	// Line 6 has no digest (the last edit): an old archive's record,
 	// restored only when the operator says so.
 	code, _, errOut := b.cli(t, "dlq", "restore", "--from", file, "--accept-undigested")
 	require.Equal(t, 0, code, errOut)
-	require.Equal(t, []string{"e1", "e2", "e3", "e4", "e5", "e6"}, peekIDs(t, b.topo.PoisonQueue()))
+	require.Equal(t, []string{"e1", "e2", "e3", "e4", "e5", "e6"}, peekIDs(t, b.topo.Config().PoisonQueue))
 }
 
 // With a signing key, archive signs each record and restore refuses one
@@ -168,17 +168,17 @@ func TestRestoreWithASigningKey(t *testing.T) {
 	code, _, errOut := b.cli(t, "dlq", "restore", "--from", file, "--signing-key-file", otherKey)
 	require.Equal(t, 1, code, errOut)
 	require.Contains(t, errOut, file+" line 1: the record is not signed with the signing key")
-	require.Zero(t, testenv.QueueDepth(t, conn, b.topo.PoisonQueue()))
+	require.Zero(t, testenv.QueueDepth(t, conn, b.topo.Config().PoisonQueue))
 
 	code, _, errOut = b.cli(t, "dlq", "restore", "--from", file, "--signing-key-file", key)
 	require.Equal(t, 0, code, errOut)
-	require.Equal(t, []string{"e1", "e2", "e3", "e4", "e5", "e6"}, ids(t, b.topo.PoisonQueue()))
+	require.Equal(t, []string{"e1", "e2", "e3", "e4", "e5", "e6"}, ids(t, b.topo.Config().PoisonQueue))
 
 	unsigned, _ := archived(t, b)
 	code, _, errOut = b.cli(t, "dlq", "restore", "--from", unsigned, "--signing-key-file", key)
 	require.Equal(t, 1, code, errOut)
 	require.Contains(t, errOut, unsigned+" line 1: the record is not signed with the signing key: it has no signature")
-	require.Zero(t, testenv.QueueDepth(t, conn, b.topo.PoisonQueue()))
+	require.Zero(t, testenv.QueueDepth(t, conn, b.topo.Config().PoisonQueue))
 }
 
 // From a table the same: a row edited to name another queue (its column
@@ -191,7 +191,7 @@ func TestRestoreFromATableRefusesATamperedRow(t *testing.T) {
 	other := declareOther(t)
 	db := testenv.Postgres(t)
 	table := testenv.Schema(t, db) + ".sluice_archive"
-	code, _, errOut := b.cli(t, "dlq", "archive", "--queue", b.topo.PoisonQueue(), "--to-table", table, "--db", testenv.PostgresURL)
+	code, _, errOut := b.cli(t, "dlq", "archive", "--queue", b.topo.Config().PoisonQueue, "--to-table", table, "--db", testenv.PostgresURL)
 	require.Equal(t, 0, code, errOut)
 	var id int64
 	require.NoError(t, db.Get(&id, `SELECT id FROM `+table+` WHERE event_id = 'e4'`))
@@ -204,22 +204,22 @@ func TestRestoreFromATableRefusesATamperedRow(t *testing.T) {
 	require.Contains(t, errOut, "nothing was restored")
 	conn := testenv.AMQP(t)
 	require.Zero(t, testenv.QueueDepth(t, conn, other))
-	require.Zero(t, testenv.QueueDepth(t, conn, b.topo.PoisonQueue()))
+	require.Zero(t, testenv.QueueDepth(t, conn, b.topo.Config().PoisonQueue))
 	var marked int
 	require.NoError(t, db.Get(&marked, `SELECT count(*) FROM `+table+` WHERE restored_at IS NOT NULL`))
 	require.Zero(t, marked)
 
 	// The column alone edited: refused too.
-	_, err = db.Exec(`UPDATE `+table+` SET record = jsonb_set(record::jsonb, '{queue}', to_jsonb($1::text))::text WHERE id = $2`, b.topo.PoisonQueue(), id)
+	_, err = db.Exec(`UPDATE `+table+` SET record = jsonb_set(record::jsonb, '{queue}', to_jsonb($1::text))::text WHERE id = $2`, b.topo.Config().PoisonQueue, id)
 	require.NoError(t, err)
 	code, _, errOut = b.cli(t, "dlq", "restore", "--from-table", table, "--db", testenv.PostgresURL)
 	require.Equal(t, 1, code, errOut)
 	require.Contains(t, errOut, "its queue column")
-	require.Zero(t, testenv.QueueDepth(t, conn, b.topo.PoisonQueue()))
+	require.Zero(t, testenv.QueueDepth(t, conn, b.topo.Config().PoisonQueue))
 
-	_, err = db.Exec(`UPDATE `+table+` SET queue = $1 WHERE id = $2`, b.topo.PoisonQueue(), id)
+	_, err = db.Exec(`UPDATE `+table+` SET queue = $1 WHERE id = $2`, b.topo.Config().PoisonQueue, id)
 	require.NoError(t, err)
 	code, _, errOut = b.cli(t, "dlq", "restore", "--from-table", table, "--db", testenv.PostgresURL)
 	require.Equal(t, 0, code, errOut)
-	require.ElementsMatch(t, []string{"e1", "e2", "e3", "e4", "e5", "e6"}, peekIDs(t, b.topo.PoisonQueue()))
+	require.ElementsMatch(t, []string{"e1", "e2", "e3", "e4", "e5", "e6"}, peekIDs(t, b.topo.Config().PoisonQueue))
 }

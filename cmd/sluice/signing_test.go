@@ -40,7 +40,7 @@ func TestSignedReplayRecordsOutcomesAndRefusesAForgedTarget(t *testing.T) {
 	signer, err := signing.NewFromFile(keyFile)
 	require.NoError(t, err)
 
-	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue(), Env: sluice.Env{Signer: signer}})
+	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.Config().PoisonQueue, Queue: b.topo.Config().Queue, Env: sluice.Env{Signer: signer}})
 	require.NoError(t, err)
 	for i := range 3 {
 		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
@@ -59,10 +59,10 @@ func TestSignedReplayRecordsOutcomesAndRefusesAForgedTarget(t *testing.T) {
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
 	_, err = router.Add(r, router.HandlerConfig{
-		Name: "stock", Topic: b.topo.Queue(), Subscriber: sub, Handler: func(*message.Message) error { return nil },
+		Name: "stock", Topic: b.topo.Config().Queue, Subscriber: sub, Handler: func(*message.Message) error { return nil },
 		Stages: router.Stages{
 			Replay:   &replay.Config{Store: testenv.OutcomeStore(t, db, table), Env: sluice.Env{Signer: signer}},
-			Poison:   &poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue(), Env: sluice.Env{Signer: signer}},
+			Poison:   &poison.Config{Publisher: b.pub, Topic: b.topo.Config().PoisonQueue, Queue: b.topo.Config().Queue, Env: sluice.Env{Signer: signer}},
 			Retry:    &retrytiers.Config{Publisher: b.pub, Tiers: b.topo.Tiers(), Env: sluice.Env{Signer: signer}},
 			Classify: &stage.ClassifyConfig{},
 			Inbox:    &deduplication.Config{Store: testenv.SQLStore(t, db, schema+".inbox"), Consumer: "stock"},
@@ -74,7 +74,7 @@ func TestSignedReplayRecordsOutcomesAndRefusesAForgedTarget(t *testing.T) {
 	<-r.Running()
 	t.Cleanup(func() { require.NoError(t, r.Close()); require.NoError(t, <-done) })
 
-	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--canary", "1", "--ramp", "2",
+	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--canary", "1", "--ramp", "2",
 		"--outcomes", testenv.PostgresURL, "--outcomes-table", table, "--wait", "30s", "--signing-key-file", keyFile)
 	require.Equal(t, 0, code, "every signed replay has its outcome: %s\n%s", out, errOut)
 	require.Contains(t, out, "batch 1 (canary, 1): 1 replayed, 1 with a final outcome, 0 poisoned again")
@@ -89,14 +89,14 @@ func TestSignedReplayRecordsOutcomesAndRefusesAForgedTarget(t *testing.T) {
 	_, err = ch.QueueDeclare(other, true, false, false, false, nil)
 	require.NoError(t, err)
 	testenv.DeleteQueuesAtEnd(t, other)
-	require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.PoisonQueue(), true, false, amqp.Publishing{Headers: amqp.Table{
+	require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, true, false, amqp.Publishing{Headers: amqp.Table{
 		sluice.EventIDKey: "forged", poison.ClassKey: "poison", poison.ReasonKey: "forged", poison.QueueKey: other,
 	}, Body: []byte(`{}`)}))
-	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--signing-key-file", keyFile)
+	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--signing-key-file", keyFile)
 	require.Equal(t, 1, code)
 	require.Contains(t, errOut, "its diagnosis is not signed")
 	require.Zero(t, testenv.QueueDepth(t, testenv.AMQP(t), other), "nothing reached the other service's queue")
-	require.Equal(t, []string{"forged"}, peekIDs(t, b.topo.PoisonQueue()), "it stays in the poison queue")
+	require.Equal(t, []string{"forged"}, peekIDs(t, b.topo.Config().PoisonQueue), "it stays in the poison queue")
 }
 
 // Issue 28, item 12: `sluice dlq replay --signing-key-file` signs each copy
@@ -112,7 +112,7 @@ func TestReplaySignsForTheTargetQueue(t *testing.T) {
 	signer, err := signing.NewFromFile(keyFile)
 	require.NoError(t, err)
 
-	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.PoisonQueue(), Queue: b.topo.Queue(), Env: sluice.Env{Signer: signer}})
+	mw, err := poison.New(poison.Config{Publisher: b.pub, Topic: b.topo.Config().PoisonQueue, Queue: b.topo.Config().Queue, Env: sluice.Env{Signer: signer}})
 	require.NoError(t, err)
 	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 	m.Metadata.Set(sluice.EventIDKey, "poisoned-now")
@@ -124,17 +124,17 @@ func TestReplaySignsForTheTargetQueue(t *testing.T) {
 	old.Metadata.Set(sluice.EventIDKey, "poisoned-before")
 	old.Metadata.Set(poison.ClassKey, "exhausted")
 	old.Metadata.Set(poison.ReasonKey, "stock service: timeout")
-	old.Metadata.Set(poison.QueueKey, b.topo.Queue())
+	old.Metadata.Set(poison.QueueKey, b.topo.Config().Queue)
 	testenv.SignV1(key, old)
-	require.NoError(t, b.pub.Publish(b.topo.PoisonQueue(), old))
+	require.NoError(t, b.pub.Publish(b.topo.Config().PoisonQueue, old))
 
-	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.PoisonQueue(), "--signing-key-file", keyFile)
+	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--signing-key-file", keyFile)
 	require.Equal(t, 0, code, "%s\n%s", out, errOut)
-	ms, err := dlq.Open(testenv.AMQP(t), b.topo.Queue(), dlq.Config{}).Inspect(t.Context(), dlq.Filter{}, 0)
+	ms, err := dlq.Open(testenv.AMQP(t), b.topo.Config().Queue, dlq.Config{}).Inspect(t.Context(), dlq.Filter{}, 0)
 	require.NoError(t, err)
 	require.Len(t, ms, 2, "both replayed to the queue they name")
 	for _, m := range ms {
-		require.NoError(t, signer.Verify(m.Msg, b.topo.Queue()), "%s: signed for the queue it was replayed to", m.EventID)
-		require.ErrorIs(t, signer.Verify(m.Msg, b.topo.Queue()+"-other"), signing.ErrBadSignature, "%s: and no other", m.EventID)
+		require.NoError(t, signer.Verify(m.Msg, b.topo.Config().Queue), "%s: signed for the queue it was replayed to", m.EventID)
+		require.ErrorIs(t, signer.Verify(m.Msg, b.topo.Config().Queue+"-other"), signing.ErrBadSignature, "%s: and no other", m.EventID)
 	}
 }

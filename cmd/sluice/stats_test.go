@@ -22,7 +22,7 @@ func TestStatsShowsTheTopFingerprintsAndOther(t *testing.T) {
 	b := newBed(t)
 	ch := testenv.Channel(t, testenv.AMQP(t))
 	publish := func(reason string) {
-		require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.PoisonQueue(), false, false, amqp.Publishing{
+		require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, false, false, amqp.Publishing{
 			Headers: amqp.Table{poison.ClassKey: "exhausted", poison.ReasonKey: reason}}))
 	}
 	for i := range 40 {
@@ -32,7 +32,7 @@ func TestStatsShowsTheTopFingerprintsAndOther(t *testing.T) {
 			publish("order " + strings.Repeat("k", i) + " cannot be priced")
 		}
 	}
-	code, out, errOut := b.cli(t, "dlq", "stats", "--queue", b.topo.PoisonQueue(), "--top", "3", "--json")
+	code, out, errOut := b.cli(t, "dlq", "stats", "--queue", b.topo.Config().PoisonQueue, "--top", "3", "--json")
 	require.Equal(t, 0, code, errOut)
 	var s dlq.Stats
 	require.NoError(t, json.Unmarshal([]byte(out), &s))
@@ -42,13 +42,13 @@ func TestStatsShowsTheTopFingerprintsAndOther(t *testing.T) {
 	require.Equal(t, 28, s.Other.Fingerprint, "the 28 others in one count")
 	require.Empty(t, s.Approximate, "few enough values: exact")
 
-	code, out, errOut = b.cli(t, "dlq", "stats", "--queue", b.topo.PoisonQueue(), "--top", "3")
+	code, out, errOut = b.cli(t, "dlq", "stats", "--queue", b.topo.Config().PoisonQueue, "--top", "3")
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "(other)")
 	require.Less(t, strings.Count(out, "cannot be priced"), 3, "not a row per reason:\n%s", out)
-	require.Equal(t, 40, testenv.QueueDepth(t, testenv.AMQP(t), b.topo.PoisonQueue()), "nothing removed")
+	require.Equal(t, 40, testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Config().PoisonQueue), "nothing removed")
 
-	code, _, errOut = b.cli(t, "dlq", "stats", "--queue", b.topo.PoisonQueue(), "--top", "0")
+	code, _, errOut = b.cli(t, "dlq", "stats", "--queue", b.topo.Config().PoisonQueue, "--top", "0")
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "--top 0: want 1 to 1000")
 }

@@ -53,21 +53,24 @@ func newTopology(g *globals, out io.Writer) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			cfg, plan := topo.Config(), topo.Plan()
 			if parts := topo.Partitions(); len(parts) > 0 {
-				fmt.Fprintf(out, "# exchange (producers publish to it with the header %s; one value always reaches one partition)\n", topo.PartitionKey())
-				fmt.Fprintf(out, "%s %s %s\n", topo.Exchange(), topo.ExchangeType(), topo.ExchangeArguments())
+				fmt.Fprintf(out, "# exchange (producers publish to it with the header %s; one value always reaches one partition)\n", cfg.PartitionKey)
+				fmt.Fprintf(out, "%s %s %s\n", cfg.Exchange, cfg.ExchangeType, plan.ExchangeArguments)
 				fmt.Fprintf(out, "\n# %d partitions: queue, weight on the hash ring (each declared with x-single-active-consumer: one consumer at a time receives it)\n", len(parts))
-				for _, b := range topo.Bindings() {
-					fmt.Fprintf(out, "%s %s\n", b.Queue, b.Key)
+				for _, q := range plan.Queues {
+					if q.BindingKey != "" {
+						fmt.Fprintf(out, "%s %s\n", q.Name, q.BindingKey)
+					}
 				}
 				fmt.Fprintln(out)
 			}
 			fmt.Fprintf(out, "# queues (declared durable by `sluice topology apply`)\n")
-			for _, q := range topo.Declarations() {
+			for _, q := range plan.Queues {
 				fmt.Fprintf(out, "%s %s\n", q.Name, q.Arguments)
 			}
 			fmt.Fprintf(out, "\n# or, arguments by policy:\n")
-			for _, l := range topo.Policies() {
+			for _, l := range plan.Policies {
 				fmt.Fprintln(out, l)
 			}
 			return nil
@@ -87,14 +90,14 @@ func newTopology(g *globals, out io.Writer) *cobra.Command {
 				return err
 			}
 			defer func() { _ = conn.Close() }()
-			todo, err := topo.Apply(context.Background(), conn)
+			todo, err := topo.Declare(context.Background(), conn)
 			if err != nil {
 				return err
 			}
-			if topo.Exchange() != "" {
-				fmt.Fprintf(out, "declared exchange %s (%s)\n", topo.Exchange(), topo.ExchangeType())
+			if cfg := topo.Config(); cfg.Exchange != "" {
+				fmt.Fprintf(out, "declared exchange %s (%s)\n", cfg.Exchange, cfg.ExchangeType)
 			}
-			for _, q := range topo.Declarations() {
+			for _, q := range topo.Plan().Queues {
 				fmt.Fprintf(out, "declared %s\n", q.Name)
 			}
 			for _, l := range todo { // an existing queue a declaration cannot change

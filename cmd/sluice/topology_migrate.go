@@ -40,7 +40,7 @@ func (b binding) String() string {
 }
 
 // migration moves the consumer of an existing queue (from) onto a queue
-// declared with Sluice's topology (topo.Queue()).
+// declared with Sluice's topology (topo.Config().Queue).
 type migration struct {
 	from     string
 	topo     *rabbitmq.Topology
@@ -67,7 +67,7 @@ func (f *migrateFlags) resolve(g *globals, build func() (*rabbitmq.Topology, err
 	if f.from == "" {
 		return nil, usageError{errors.New("--from is required: the queue the consumer reads now")}
 	}
-	names := []string{topo.Queue(), topo.PoisonQueue()}
+	names := []string{topo.Config().Queue, topo.Config().PoisonQueue}
 	for _, t := range topo.Tiers() {
 		names = append(names, t.Topic)
 	}
@@ -99,7 +99,7 @@ func (f *migrateFlags) resolve(g *globals, build func() (*rabbitmq.Topology, err
 	if len(m.bindings) == 0 {
 		return nil, usageError{fmt.Errorf("no binding of %s to copy: AMQP cannot list a queue's bindings, give each with --binding EXCHANGE=KEY, "+
 			"or --management-url to read them; a queue the producers reach by its name on the default exchange has none: point them at %s instead",
-			diag.Bound(f.from, 64), topo.Queue())}
+			diag.Bound(f.from, 64), topo.Config().Queue)}
 	}
 	return m, nil
 }
@@ -160,7 +160,7 @@ func newMigrate(g *globals, out io.Writer, build func() (*rabbitmq.Topology, err
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(out, "step 1 of 2, bind: %s (%d ready, %d consumers) → %s\n", diag.Printable(m.from, 255), old.Messages, old.Consumers, m.topo.Queue())
+			fmt.Fprintf(out, "step 1 of 2, bind: %s (%d ready, %d consumers) → %s\n", diag.Printable(m.from, 255), old.Messages, old.Consumers, m.topo.Config().Queue)
 			m.planDeclare(out)
 			if !f.yes {
 				fmt.Fprintln(out, "dry run: nothing changed; run again with --yes")
@@ -169,7 +169,7 @@ func newMigrate(g *globals, out io.Writer, build func() (*rabbitmq.Topology, err
 			if err := m.declareAndBind(conn, out); err != nil {
 				return err
 			}
-			fmt.Fprintf(out, "next: switch the consumers from %s to %s, then run `sluice topology migrate drain` with the same flags\n", diag.Printable(m.from, 255), m.topo.Queue())
+			fmt.Fprintf(out, "next: switch the consumers from %s to %s, then run `sluice topology migrate drain` with the same flags\n", diag.Printable(m.from, 255), m.topo.Config().Queue)
 			return nil
 		},
 	}
@@ -199,9 +199,9 @@ func newMigrate(g *globals, out io.Writer, build func() (*rabbitmq.Topology, err
 			}
 			if old.Consumers > 0 {
 				return fmt.Errorf("%s still has %d consumers: switch them to %s first (what they take is not moved, and the moved copies would compete with them)",
-					diag.Printable(m.from, 255), old.Consumers, m.topo.Queue())
+					diag.Printable(m.from, 255), old.Consumers, m.topo.Config().Queue)
 			}
-			fmt.Fprintf(out, "step 2 of 2, drain: %s (%d ready, no consumer) → %s\n", diag.Printable(m.from, 255), old.Messages, m.topo.Queue())
+			fmt.Fprintf(out, "step 2 of 2, drain: %s (%d ready, no consumer) → %s\n", diag.Printable(m.from, 255), old.Messages, m.topo.Config().Queue)
 			m.planDeclare(out)
 			for _, b := range m.bindings {
 				fmt.Fprintf(out, "  unbind %s from %s\n", diag.Printable(m.from, 255), b)
@@ -210,7 +210,7 @@ func newMigrate(g *globals, out io.Writer, build func() (*rabbitmq.Topology, err
 			if limit > 0 {
 				bound = fmt.Sprintf("at most %d messages", limit)
 			}
-			fmt.Fprintf(out, "  move %s from %s to %s: basic.get, publish confirmed, then ack (a rerun moves what is left)\n", bound, diag.Printable(m.from, 255), m.topo.Queue())
+			fmt.Fprintf(out, "  move %s from %s to %s: basic.get, publish confirmed, then ack (a rerun moves what is left)\n", bound, diag.Printable(m.from, 255), m.topo.Config().Queue)
 			if deleteOld {
 				fmt.Fprintf(out, "  delete %s once it is empty\n", diag.Printable(m.from, 255))
 			} else {
@@ -222,7 +222,7 @@ func newMigrate(g *globals, out io.Writer, build func() (*rabbitmq.Topology, err
 			}
 			moved, err := m.drain(conn, out, limit, deleteOld)
 			rec := dlq.AuditRecord{Time: time.Now().UTC(), Operator: g.operator, Command: "topology migrate", Queue: m.from,
-				Options: map[string]string{"to": m.topo.Queue(), "limit": fmt.Sprint(limit), "delete_old": fmt.Sprint(deleteOld)},
+				Options: map[string]string{"to": m.topo.Config().Queue, "limit": fmt.Sprint(limit), "delete_old": fmt.Sprint(deleteOld)},
 				Result:  dlq.Result{Scanned: moved, Selected: moved, Replayed: moved}, Outcome: "ok"}
 			if err != nil {
 				rec.Outcome, rec.Error = "error", diag.Redact(err.Error())
@@ -267,18 +267,18 @@ func inspect(conn *amqp.Connection, queue string) (amqp.Queue, error) {
 }
 
 func (m *migration) planDeclare(out io.Writer) {
-	for _, q := range m.topo.Declarations() {
+	for _, q := range m.topo.Plan().Queues {
 		fmt.Fprintf(out, "  declare %s %s\n", q.Name, q.Arguments)
 	}
 	for _, b := range m.bindings {
-		fmt.Fprintf(out, "  bind %s to %s (from %s)\n", m.topo.Queue(), b, m.source)
+		fmt.Fprintf(out, "  bind %s to %s (from %s)\n", m.topo.Config().Queue, b, m.source)
 	}
 }
 
 // declareAndBind declares the topology and binds the new queue to the old
 // queue's bindings; both are idempotent.
 func (m *migration) declareAndBind(conn *amqp.Connection, out io.Writer) error {
-	todo, err := m.topo.Apply(context.Background(), conn)
+	todo, err := m.topo.Declare(context.Background(), conn)
 	if err != nil {
 		return err
 	}
@@ -291,10 +291,10 @@ func (m *migration) declareAndBind(conn *amqp.Connection, out io.Writer) error {
 	}
 	defer func() { _ = ch.Close() }()
 	for _, b := range m.bindings {
-		if err := ch.QueueBind(m.topo.Queue(), b.Key, b.Exchange, false, b.Args); err != nil {
-			return fmt.Errorf("binding %s to %s: %w", m.topo.Queue(), b, err)
+		if err := ch.QueueBind(m.topo.Config().Queue, b.Key, b.Exchange, false, b.Args); err != nil {
+			return fmt.Errorf("binding %s to %s: %w", m.topo.Config().Queue, b, err)
 		}
-		fmt.Fprintf(out, "bound %s to %s\n", m.topo.Queue(), b)
+		fmt.Fprintf(out, "bound %s to %s\n", m.topo.Config().Queue, b)
 	}
 	return nil
 }
@@ -317,8 +317,8 @@ func (m *migration) drain(conn *amqp.Connection, out io.Writer, limit int, delet
 		}
 		fmt.Fprintf(out, "unbound %s from %s\n", diag.Printable(m.from, 255), b)
 	}
-	moved, err := shovel(conn, m.from, m.topo.Queue(), limit)
-	fmt.Fprintf(out, "moved %d messages from %s to %s\n", moved, diag.Printable(m.from, 255), m.topo.Queue())
+	moved, err := shovel(conn, m.from, m.topo.Config().Queue, limit)
+	fmt.Fprintf(out, "moved %d messages from %s to %s\n", moved, diag.Printable(m.from, 255), m.topo.Config().Queue)
 	if err != nil {
 		return moved, err
 	}

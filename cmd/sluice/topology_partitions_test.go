@@ -113,9 +113,9 @@ func TestPartitionPoisonReplaysToItsPartition(t *testing.T) {
 		m := message.NewMessage(watermill.NewUUID(), []byte("{}"))
 		m.Metadata.Set("account_id", fmt.Sprintf("acct-%d", k))
 		m.Metadata.Set(sluice.EventIDKey, fmt.Sprintf("e%d", k))
-		require.NoError(t, pub.Publish(pub.Exchange(), m))
+		require.NoError(t, pub.Publish(b.Topology().Config().Exchange, m))
 	}
-	poisonQueue := b.Topology().PoisonQueue()
+	poisonQueue := b.Topology().Config().PoisonQueue
 	conn := testenv.AMQP(t)
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, poisonQueue) == events }, time.Minute, 20*time.Millisecond,
 		"every partition's poisoned copies in the one poison queue")

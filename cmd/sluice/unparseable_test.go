@@ -23,7 +23,7 @@ import (
 func TestUnparseableHeadersInThePoisonQueue(t *testing.T) {
 	t.Parallel()
 	b := newBed(t)
-	q := b.topo.PoisonQueue()
+	q := b.topo.Config().PoisonQueue
 	b.poisoned(t, "e1", "order.created", sluice.Poison(fmt.Errorf(`missing field "sku"`)))
 	b.poisoned(t, "e2", "order.created", sluice.Poison(fmt.Errorf(`missing field "qty"`)))
 	deep := amqp.Table{"leaf": "x"}

@@ -153,7 +153,7 @@ func (e *serversEnv) publish(msgs ...*message.Message) error {
 }
 
 func (e *serversEnv) poisoned(ctx context.Context, handler string) ([]*message.Message, error) {
-	return e.peek(ctx, e.rabbit[handler].Topology().PoisonQueue())
+	return e.peek(ctx, e.rabbit[handler].Topology().Config().PoisonQueue)
 }
 
 func (e *serversEnv) rejectionEvents(ctx context.Context) (int, error) {

@@ -98,7 +98,7 @@ func consumerRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publi
 	if err != nil {
 		return 0, err
 	}
-	if err := topo.Declare(ctx, conn); err != nil {
+	if _, err := topo.Declare(ctx, conn); err != nil {
 		return 0, err
 	}
 	defer deleteTopology(conn, topo)
@@ -113,7 +113,7 @@ func consumerRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publi
 			healthy--
 		}
 	}
-	if err := pub.Publish(topo.Queue(), batch...); err != nil {
+	if err := pub.Publish(topo.Config().Queue, batch...); err != nil {
 		return 0, err
 	}
 
@@ -131,7 +131,7 @@ func consumerRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publi
 		return nil
 	}
 	mws, err := router.Middlewares(router.Stages{ // poison → retrytiers → classify, as router.Add assembles them
-		ShutdownGrace: -1, Poison: &poison.Config{Publisher: pub, Topic: topo.PoisonQueue()},
+		ShutdownGrace: -1, Poison: &poison.Config{Publisher: pub, Topic: topo.Config().PoisonQueue},
 		Retry: &retrytiers.Config{Publisher: pub, Tiers: topo.Tiers()}, Classify: &stage.ClassifyConfig{},
 	})
 	if err != nil {
@@ -147,7 +147,7 @@ func consumerRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publi
 		return 0, err
 	}
 	for i := range subs {
-		rt.AddConsumerHandler("bench-"+strconv.Itoa(i), topo.Queue(), sub, handler).AddMiddleware(mws...)
+		rt.AddConsumerHandler("bench-"+strconv.Itoa(i), topo.Config().Queue, sub, handler).AddMiddleware(mws...)
 	}
 
 	start := time.Now()
@@ -175,7 +175,7 @@ func deleteTopology(conn *amqp.Connection, topo *rabbitmq.Topology) {
 		return
 	}
 	defer func() { _ = ch.Close() }()
-	for _, q := range topo.Declarations() {
+	for _, q := range topo.Plan().Queues {
 		_, _ = ch.QueueDelete(q.Name, false, false, false)
 	}
 }
@@ -187,14 +187,14 @@ func confirmLatency(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Pu
 	if err != nil {
 		return 0, err
 	}
-	if err := topo.Declare(ctx, conn); err != nil {
+	if _, err := topo.Declare(ctx, conn); err != nil {
 		return 0, err
 	}
 	defer deleteTopology(conn, topo)
 	ds := make([]float64, 200)
 	for i := range ds {
 		start := time.Now()
-		if err := pub.Publish(topo.Queue(), message.NewMessage(watermill.NewUUID(), make([]byte, 256))); err != nil {
+		if err := pub.Publish(topo.Config().Queue, message.NewMessage(watermill.NewUUID(), make([]byte, 256))); err != nil {
 			return 0, err
 		}
 		ds[i] = float64(time.Since(start))

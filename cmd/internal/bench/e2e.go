@@ -104,7 +104,7 @@ func consumeRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publis
 	if err != nil {
 		return 0, err
 	}
-	if err := topo.Declare(ctx, conn); err != nil {
+	if _, err := topo.Declare(ctx, conn); err != nil {
 		return 0, err
 	}
 	defer deleteTopology(conn, topo)
@@ -115,7 +115,7 @@ func consumeRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publis
 			m.Metadata.Set(sluice.EventIDKey, run+strconv.Itoa(j))
 			batch = append(batch, m)
 		}
-		if err := pub.Publish(topo.Queue(), batch...); err != nil {
+		if err := pub.Publish(topo.Config().Queue, batch...); err != nil {
 			return 0, err
 		}
 	}
@@ -146,24 +146,24 @@ func consumeRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publis
 	case 0, 1:
 		handle := map[int]func(context.Context, string) error{0: v.plainKey, 1: v.byHandKey}[variant]
 		for i := range conc {
-			r.AddConsumerHandler("bench-"+strconv.Itoa(i), topo.Queue(), sub, func(msg *message.Message) error {
+			r.AddConsumerHandler("bench-"+strconv.Itoa(i), topo.Config().Queue, sub, func(msg *message.Message) error {
 				return handle(msg.Context(), key(msg))
 			})
 		}
 	case 4:
 		for i := range conc {
-			r.AddConsumerHandler("bench-"+strconv.Itoa(i), topo.Queue(), sub, func(*message.Message) error { return nil })
+			r.AddConsumerHandler("bench-"+strconv.Itoa(i), topo.Config().Queue, sub, func(*message.Message) error { return nil })
 		}
 	case 2, 3:
 		_, err := router.Add(r, router.HandlerConfig{
-			Name: "bench", Topic: topo.Queue(), Subscriber: sub, Consumers: conc,
+			Name: "bench", Topic: topo.Config().Queue, Subscriber: sub, Consumers: conc,
 			Handler: func(msg *message.Message) error {
 				_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(), v.insertBiz, key(msg))
 				return err
 			},
 			Stages: router.Stages{
 				Trace:     &stage.TraceConfig{},
-				Poison:    &poison.Config{Publisher: pub, Topic: topo.PoisonQueue()},
+				Poison:    &poison.Config{Publisher: pub, Topic: topo.Config().PoisonQueue},
 				Retry:     &retrytiers.Config{Publisher: pub, Tiers: topo.Tiers()},
 				Classify:  &stage.ClassifyConfig{},
 				Inbox:     &deduplication.Config{Store: v.store, Consumer: "inventory"},

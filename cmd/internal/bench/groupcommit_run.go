@@ -166,7 +166,7 @@ func gcRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, 
 	}
 	defer deleteTopology(conn, rabbit.Topology())
 	defer func() { _ = rabbit.Close() }()
-	queue := rabbit.Topology().Queue()
+	queue := rabbit.Topology().Config().Queue
 
 	msgs := make([]*message.Message, gc.n)
 	healthy := gc.n

@@ -174,7 +174,7 @@ func orderRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publishe
 	if err != nil {
 		return 0, err
 	}
-	if err := topo.Declare(ctx, conn); err != nil {
+	if _, err := topo.Declare(ctx, conn); err != nil {
 		return 0, err
 	}
 	defer deleteTopology(conn, topo)
@@ -199,7 +199,7 @@ func orderRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publishe
 			m.Metadata.Set(orderKeyHeader, keyOf(j))
 			batch = append(batch, m)
 		}
-		if err := pub.Publish(topo.Queue(), batch...); err != nil {
+		if err := pub.Publish(topo.Config().Queue, batch...); err != nil {
 			return 0, err
 		}
 	}
@@ -232,7 +232,7 @@ func orderRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publishe
 	}
 	r.AddMiddleware(count)
 	stages := router.Stages{
-		Poison:    &poison.Config{Publisher: pub, Topic: topo.PoisonQueue()},
+		Poison:    &poison.Config{Publisher: pub, Topic: topo.Config().PoisonQueue},
 		Retry:     &retrytiers.Config{Publisher: pub, Tiers: topo.Tiers()},
 		Classify:  &stage.ClassifyConfig{},
 		Inbox:     &deduplication.Config{Store: v.store, Consumer: "inventory"},
@@ -242,7 +242,7 @@ func orderRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publishe
 		stages.Order = &ordering.Config{Store: store, Key: deduplication.KeyFromMetadata(orderKeyHeader)}
 	}
 	if _, err := router.Add(r, router.HandlerConfig{
-		Name: name, Topic: topo.Queue(), Subscriber: sub,
+		Name: name, Topic: topo.Config().Queue, Subscriber: sub,
 		Handler: func(msg *message.Message) error {
 			_, err := sluicesql.TxFromContext(msg.Context()).ExecContext(msg.Context(), v.insertBiz, msg.Metadata.Get(sluice.EventIDKey))
 			return err

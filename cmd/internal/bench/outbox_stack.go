@@ -188,7 +188,7 @@ func stackRun(ctx context.Context, admin *amqpAdmin, pub *rabbitmq.Publisher, ur
 	produced := queue + ".produced"
 	defer func() {
 		queues := []string{produced}
-		for _, q := range rabbit.Topology().Declarations() {
+		for _, q := range rabbit.Topology().Plan().Queues {
 			queues = append(queues, q.Name)
 		}
 		admin.delete(queues...)

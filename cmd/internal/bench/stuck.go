@@ -78,7 +78,7 @@ func stuckRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publishe
 	if err != nil {
 		return 0, err
 	}
-	if err := topo.Declare(ctx, conn); err != nil {
+	if _, err := topo.Declare(ctx, conn); err != nil {
 		return 0, err
 	}
 	defer deleteTopology(conn, topo)
@@ -89,10 +89,10 @@ func stuckRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publishe
 	defer func() { _ = ch.Close() }()
 	if target == "poison queue full" {
 		// Declared again as full: delete, then declare with a zero length limit.
-		if _, err := ch.QueueDelete(topo.PoisonQueue(), false, false, false); err != nil {
+		if _, err := ch.QueueDelete(topo.Config().PoisonQueue, false, false, false); err != nil {
 			return 0, err
 		}
-		if _, err := ch.QueueDeclare(topo.PoisonQueue(), true, false, false, false,
+		if _, err := ch.QueueDeclare(topo.Config().PoisonQueue, true, false, false, false,
 			amqp.Table{"x-max-length": int32(0), "x-overflow": "reject-publish"}); err != nil {
 			return 0, err
 		}
@@ -114,7 +114,7 @@ func stuckRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publishe
 		m.Metadata.Set(sluice.EventIDKey, strconv.Itoa(i))
 		batch = append(batch, m)
 	}
-	if err := pub.Publish(topo.Queue(), batch...); err != nil {
+	if err := pub.Publish(topo.Config().Queue, batch...); err != nil {
 		return 0, err
 	}
 
@@ -136,7 +136,7 @@ func stuckRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publishe
 	}
 	// As router.Add configures it: a refused copy waits in the first tier.
 	mws, err := router.Middlewares(router.Stages{ // poison → retrytiers → classify, as router.Add assembles them
-		ShutdownGrace: -1, Poison: &poison.Config{Publisher: pub, Topic: topo.PoisonQueue(), ParkTopic: topo.Tiers()[0].Topic},
+		ShutdownGrace: -1, Poison: &poison.Config{Publisher: pub, Topic: topo.Config().PoisonQueue, ParkTopic: topo.Tiers()[0].Topic},
 		Retry: &retrytiers.Config{Publisher: pub, Tiers: topo.Tiers()}, Classify: &stage.ClassifyConfig{},
 	})
 	if err != nil {
@@ -156,7 +156,7 @@ func stuckRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publishe
 		return 0, err
 	}
 	for i := range subs {
-		rt.AddConsumerHandler("bench-"+strconv.Itoa(i), topo.Queue(), sub, handler).AddMiddleware(mws...)
+		rt.AddConsumerHandler("bench-"+strconv.Itoa(i), topo.Config().Queue, sub, handler).AddMiddleware(mws...)
 	}
 	start := time.Now()
 	go func() { _ = rt.Run(ctx) }()

@@ -158,7 +158,7 @@ func TestClusterPartitionedNode(t *testing.T) {
 	require.NoError(t, err)
 	var brokerClosed sync.Once
 	closeBroker := func() { brokerClosed.Do(func() { _ = b.Close() }) } // an error: the broker did not answer within the bound
-	q := b.Topology().Queue()
+	q := b.Topology().Config().Queue
 	require.Equal(t, cut, c.QuorumLeader(t, 0, q), "the Broker declared its topology through node 2")
 	// The publisher has a confirm timeout shorter than the default (30 s):
 	// the first batch it publishes through a live node after the cut is

@@ -35,7 +35,7 @@ func TestClusterPublisherNodeKilledMidStream(t *testing.T) {
 	t.Parallel()
 	c := privateCluster(t)
 	topo := declareOnNode(t, c, 0, "cluster_pub")
-	q := topo.Queue()
+	q := topo.Config().Queue
 
 	// Node 0 is reached through a proxy that can drop its replies: a batch
 	// is then surely in flight, its confirms lost, when the node dies.

@@ -98,9 +98,10 @@ func declareOnNode(t *testing.T, c *testenv.PrivateCluster, i int, prefix string
 	t.Helper()
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: testenv.Name(prefix), Quorum: true})
 	require.NoError(t, err)
-	require.NoError(t, topo.Declare(t.Context(), dialNode(t, c.URLs[i])))
-	deleteAtEnd(t, topo.Queue(), topo.PoisonQueue())
-	require.Equal(t, i, c.QuorumLeader(t, (i+1)%len(c.URLs), topo.Queue()), "declared through node %d, led by it", i)
+	_, err = topo.Declare(t.Context(), dialNode(t, c.URLs[i]))
+	require.NoError(t, err)
+	deleteAtEnd(t, topo.Config().Queue, topo.Config().PoisonQueue)
+	require.Equal(t, i, c.QuorumLeader(t, (i+1)%len(c.URLs), topo.Config().Queue), "declared through node %d, led by it", i)
 	return topo
 }
 
@@ -148,8 +149,8 @@ func TestClusterConsumerNodeKilledMidDrain(t *testing.T) {
 		Prefetch:   prefetch,
 	})
 	require.NoError(t, err)
-	q := b.Topology().Queue()
-	deleteAtEnd(t, q, b.Topology().PoisonQueue())
+	q := b.Topology().Config().Queue
+	deleteAtEnd(t, q, b.Topology().Config().PoisonQueue)
 	require.Equal(t, 0, c.QuorumLeader(t, 1, q), "the Broker declared its topology through node 0")
 
 	publish := func(from, n int) {

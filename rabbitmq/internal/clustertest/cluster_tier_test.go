@@ -22,11 +22,12 @@ func TestClusterQuorumTierDeadLettersAfterALeaderChange(t *testing.T) {
 	const delay = 8 * time.Second
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: testenv.Name("cluster_tier"), Quorum: true, TierDelays: []time.Duration{delay}})
 	require.NoError(t, err)
-	require.NoError(t, topo.Declare(t.Context(), dialNode(t, c.URLs[0])))
+	_, err = topo.Declare(t.Context(), dialNode(t, c.URLs[0]))
+	require.NoError(t, err)
 	tier := topo.Tiers()[0].Topic
-	deleteAtEnd(t, topo.Queue(), tier, topo.PoisonQueue())
+	deleteAtEnd(t, topo.Config().Queue, tier, topo.Config().PoisonQueue)
 	require.Equal(t, 0, c.QuorumLeader(t, 1, tier), "declared through node 0, led by it")
-	require.Equal(t, 0, c.QuorumLeader(t, 1, topo.Queue()))
+	require.Equal(t, 0, c.QuorumLeader(t, 1, topo.Config().Queue))
 
 	p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: c.URLs[1], DialTimeout: 5 * time.Second}})
 	require.NoError(t, err)
@@ -44,11 +45,11 @@ func TestClusterQuorumTierDeadLettersAfterALeaderChange(t *testing.T) {
 	node2 := dialNode(t, c.URLs[2])
 	ch := testenv.Channel(t, node2)
 	require.Eventually(t, func() bool {
-		q, err := ch.QueueDeclarePassive(topo.Queue(), true, false, false, false, nil)
+		q, err := ch.QueueDeclarePassive(topo.Config().Queue, true, false, false, false, nil)
 		return err == nil && q.Messages >= n
 	}, delay+2*time.Minute, 50*time.Millisecond, "the tier's copies back in the main queue")
 	back := time.Since(published)
-	copies := drainBodies(t, node2, topo.Queue())
+	copies := drainBodies(t, node2, topo.Config().Queue)
 	for i := range n {
 		require.GreaterOrEqual(t, copies[strconv.Itoa(i)], 1, "copy %d dead-lettered back", i)
 	}
