@@ -28,11 +28,11 @@ import (
 //     queue (v1, ErrUnboundSignature) is believed only on a copy back from
 //     the queue's own tier, as x-death shows it.
 //   - without one: the delivery came back dead-lettered from one of the
-//     consumer's own tier queues (rabbitmq.LastDeathQueueKey, reason expired) —
-//     what x-death shows for a copy that waited in a tier. This stops a
-//     producer that writes Sluice's headers into its message; one that can
-//     also write x-death (RabbitMQ 3.x keeps a publisher's) or publish into
-//     a tier queue is stopped only by a key.
+//     consumer's own tier queues (sluice_amqp_last_death_queue, reason
+//     expired) — what x-death shows for a copy that waited in a tier. This
+//     stops a producer that writes Sluice's headers into its message; one
+//     that can also write x-death (RabbitMQ 3.x keeps a publisher's) or
+//     publish into a tier queue is stopped only by a key.
 //
 // See docs/architecture.md, "Trust boundary".
 

@@ -15,8 +15,7 @@ import (
 
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/poison"
-	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/internal/metakeys"
 )
 
 type groupRow struct {
@@ -201,9 +200,9 @@ const readsLabel = "reads of this copy in the poison queue (the broker's x-deliv
 // and "" for any other key.
 func readNote(key string) string {
 	switch key {
-	case rabbitmq.DeliveryCountKey:
+	case metakeys.DeliveryCount:
 		return readsLabel
-	case rabbitmq.RedeliveredKey:
+	case metakeys.Redelivered:
 		return "read before from the poison queue, by a console page or a sluice dlq command: not a retry"
 	}
 	return ""
@@ -214,7 +213,7 @@ func view(m *dlq.Message) messageView {
 	v := messageView{Position: m.Position, EventID: diag.Printable(m.EventID, textMax), EventType: diag.Printable(m.EventType, textMax),
 		Class: diag.Printable(m.Class, 64), Reason: diag.Printable(m.Reason, reasonMax), Consumer: diag.Printable(m.Consumer, textMax),
 		Queue: diag.Printable(m.Queue, 255), Attempts: diag.Printable(m.Attempts, 32), PoisonedAt: m.PoisonedAt,
-		TraceID: diag.Printable(m.TraceID, 64), Stack: diag.Printable(md.Get(poison.StackKey), stackMax),
+		TraceID: diag.Printable(m.TraceID, 64), Stack: diag.Printable(md.Get(metakeys.PoisonStack), stackMax),
 		Payload: diag.Printable(string(m.Msg.Payload[:min(len(m.Msg.Payload), 4*payloadMax)]), payloadMax), PayloadSize: len(m.Msg.Payload),
 		HeadersError: diag.Printable(m.HeadersError, textMax), Reads: m.Reads}
 	id := m.Identity()

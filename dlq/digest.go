@@ -15,8 +15,8 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/poisonqueue"
-	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/signing"
 )
 
@@ -122,7 +122,7 @@ func (rec ArchiveRecord) family() (string, error) {
 	if !strings.HasSuffix(q, poisonqueue.Suffix) || q == poisonqueue.Suffix {
 		return "", fmt.Errorf("%w: %q is not a poison queue", ErrOutsideFamily, diag.Bound(q, 255))
 	}
-	if c := rec.Metadata[poison.QueueKey]; c != "" && q != c+poisonqueue.Suffix {
+	if c := rec.Metadata[metakeys.PoisonQueue]; c != "" && q != c+poisonqueue.Suffix {
 		return "", fmt.Errorf("%w: %q is not the poison queue of %q, the consumer's queue it names", ErrOutsideFamily, diag.Bound(q, 255), diag.Bound(c, 255))
 	}
 	return q, nil

@@ -12,7 +12,7 @@ import (
 // operation of a Queue (and for Restore), given once.
 type Config struct {
 	// Operator names who acts: each replayed copy carries it
-	// (ReplayedByKey), each archive record (ArchivedBy) and a run's page.
+	// (sluice_replayed_by), each archive record (ArchivedBy) and a run's page.
 	Operator string
 	// Publisher is what Replay, ClosedLoop and Restore publish with; a
 	// read, Archive and Discard need none.
@@ -90,7 +90,9 @@ func (q *Queue) Target(cfg ReplayConfig, m *Message) (string, error) {
 
 // Replay republishes the selected messages to the queue they were consumed
 // from (Target), with the attempt count reset and replay provenance
-// (ReplayedByKey, ...), and acks each in the poison queue only after its
+// (sluice_replayed_by, sluice_replayed_at, sluice_replayed_from,
+// sluice_replayed_class, sluice_replay_count: docs/cli.md, "What a replayed
+// message carries"), and acks each in the poison queue only after its
 // publish was confirmed. Messages not selected stay where they are, in
 // order. A publish that fails stops the run: the messages of the failed
 // batch stay in the poison queue (those of it already published are then

@@ -12,9 +12,9 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/poisonqueue"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
@@ -39,8 +39,8 @@ func TestAQueueActsOnWhatItsFilterSelects(t *testing.T) {
 	classes := []string{"exhausted", "poison", "exhausted", "poison", "exhausted"}
 	for i, class := range classes {
 		require.NoError(t, ch.PublishWithContext(ctx, "", poisonQ, false, false, amqp.Publishing{
-			Headers: amqp.Table{poison.ClassKey: class, poison.ReasonKey: "order o-" + fmt.Sprint(i) + " cannot be priced",
-				poison.QueueKey: base, sluice.EventIDKey: fmt.Sprintf("e%d", i+1)},
+			Headers: amqp.Table{metakeys.PoisonClass: class, metakeys.PoisonReason: "order o-" + fmt.Sprint(i) + " cannot be priced",
+				metakeys.PoisonQueue: base, sluice.EventIDKey: fmt.Sprintf("e%d", i+1)},
 			Body: []byte(fmt.Sprintf(`{"n":%d}`, i+1))}))
 	}
 	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})

@@ -16,17 +16,8 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/diag"
-	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/replay"
-)
-
-// Replay provenance: the metadata keys a replayed message carries.
-const (
-	ReplayedByKey    = "sluice_replayed_by"
-	ReplayedAtKey    = "sluice_replayed_at"
-	ReplayedFromKey  = "sluice_replayed_from"
-	ReplayCountKey   = "sluice_replay_count"
-	ReplayedClassKey = "sluice_replayed_class"
 )
 
 // ReplayConfig configures Queue.Replay and Queue.ClosedLoop.
@@ -180,19 +171,19 @@ func replayCopy(m *Message, cfg ReplayConfig, target string) *message.Message {
 	c := message.NewMessage(watermill.NewUUID(), m.Msg.Payload)
 	for k, v := range m.Msg.Metadata {
 		switch {
-		case strings.HasPrefix(k, "sluice_poison"), k == poison.PoisonedAtKey,
+		case strings.HasPrefix(k, metakeys.PoisonPrefix), // sluice_poisoned_at too
 			k == sluice.AttemptKey, k == sluice.FirstFailedAtKey, k == sluice.LastErrorKey,
 			k == sluice.RetryTierKey, k == sluice.PreviousTraceparentKey:
 			continue
 		}
 		c.Metadata[k] = v
 	}
-	count, _ := strconv.Atoi(m.Msg.Metadata.Get(ReplayCountKey))
-	c.Metadata[ReplayCountKey] = strconv.Itoa(count + 1)
-	c.Metadata[ReplayedByKey] = cfg.op.Operator
-	c.Metadata[ReplayedAtKey] = time.Now().UTC().Format(time.RFC3339Nano)
-	c.Metadata[ReplayedFromKey] = cfg.queue
-	c.Metadata[ReplayedClassKey] = m.Class
+	count, _ := strconv.Atoi(m.Msg.Metadata.Get(metakeys.ReplayCount))
+	c.Metadata[metakeys.ReplayCount] = strconv.Itoa(count + 1)
+	c.Metadata[metakeys.ReplayedBy] = cfg.op.Operator
+	c.Metadata[metakeys.ReplayedAt] = time.Now().UTC().Format(time.RFC3339Nano)
+	c.Metadata[metakeys.ReplayedFrom] = cfg.queue
+	c.Metadata[metakeys.ReplayedClass] = m.Class
 	if cfg.Run != "" {
 		c.Metadata[replay.RunKey] = cfg.Run
 		c.Metadata[replay.ItemKey] = m.Item()

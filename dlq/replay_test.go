@@ -10,9 +10,9 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/poisonqueue"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
@@ -37,7 +37,7 @@ func poisonBed(t *testing.T) (conn *amqp.Connection, base, poisonQ string, pub *
 			class, eventType, reason = "poison", "order.cancelled", `missing "sku"`
 		}
 		require.NoError(t, ch.PublishWithContext(t.Context(), "", poisonQ, false, false, amqp.Publishing{
-			Headers: amqp.Table{poison.ClassKey: class, poison.ReasonKey: reason, poison.QueueKey: base,
+			Headers: amqp.Table{metakeys.PoisonClass: class, metakeys.PoisonReason: reason, metakeys.PoisonQueue: base,
 				sluice.EventIDKey: fmt.Sprintf("e%d", i), sluice.EventTypeKey: eventType, sluice.AttemptKey: "3"},
 			Body: []byte(fmt.Sprintf(`{"n":%d}`, i))}))
 	}
@@ -78,13 +78,13 @@ func TestReplayedCopiesCarryProvenanceNotTheFailureHistory(t *testing.T) {
 	require.Equal(t, []string{"e2", "e4", "e6"}, eventIDs(replayed))
 	for _, d := range replayed {
 		require.Nil(t, d.Headers[sluice.AttemptKey], "the attempt count is reset")
-		require.Nil(t, d.Headers[poison.ClassKey], "the failure history is not replayed")
-		require.Nil(t, d.Headers[poison.ReasonKey])
-		require.Equal(t, "tester", d.Headers[dlq.ReplayedByKey])
-		require.Equal(t, poisonQ, d.Headers[dlq.ReplayedFromKey])
-		require.Equal(t, "exhausted", d.Headers[dlq.ReplayedClassKey])
-		require.Equal(t, "1", d.Headers[dlq.ReplayCountKey])
-		require.NotEmpty(t, d.Headers[dlq.ReplayedAtKey])
+		require.Nil(t, d.Headers[metakeys.PoisonClass], "the failure history is not replayed")
+		require.Nil(t, d.Headers[metakeys.PoisonReason])
+		require.Equal(t, "tester", d.Headers[metakeys.ReplayedBy])
+		require.Equal(t, poisonQ, d.Headers[metakeys.ReplayedFrom])
+		require.Equal(t, "exhausted", d.Headers[metakeys.ReplayedClass])
+		require.Equal(t, "1", d.Headers[metakeys.ReplayCount])
+		require.NotEmpty(t, d.Headers[metakeys.ReplayedAt])
 	}
 	ms, err := q.Inspect(ctx, dlq.Filter{}, 0)
 	require.NoError(t, err)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/sqldb"
 	"github.com/sluicemq/sluice/internal/sqlname"
 )
@@ -139,7 +140,7 @@ func Restore(ctx context.Context, op Config, cfg RestoreConfig) (Result, error) 
 		}
 		m := message.NewMessage(cmp.Or(rec.UUID, watermill.NewUUID()), payload)
 		for k, v := range rec.Metadata {
-			if !strings.HasPrefix(k, "sluice_amqp_") { // the archived delivery's, not the message's
+			if !strings.HasPrefix(k, metakeys.DeliveryPrefix) { // the archived delivery's, not the message's
 				m.Metadata[k] = v
 			}
 		}

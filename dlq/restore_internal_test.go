@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/signing"
 )
 
@@ -45,7 +45,7 @@ func record(id, queue, consumerQueue string) ArchiveRecord {
 	return ArchiveRecord{
 		ArchivedAt: time.Date(2026, 12, 1, 10, 0, 0, 123456789, time.UTC), ArchivedBy: "alice", Queue: queue,
 		UUID: "u-" + id, Class: "poison", Reason: "bad", EventID: id, EventType: "order.created",
-		Metadata: map[string]string{poison.QueueKey: consumerQueue, sluice.EventIDKey: id}, Payload: `{"id":"` + id + `"}`,
+		Metadata: map[string]string{metakeys.PoisonQueue: consumerQueue, sluice.EventIDKey: id}, Payload: `{"id":"` + id + `"}`,
 	}
 }
 
@@ -163,19 +163,19 @@ func TestDigestCoversEveryField(t *testing.T) {
 		"event_id":    func(r *ArchiveRecord) { r.EventID = "e2" },
 		"event_type":  func(r *ArchiveRecord) { r.EventType = "order.cancelled" },
 		"a header": func(r *ArchiveRecord) {
-			r.Metadata = map[string]string{poison.QueueKey: "orders", sluice.EventIDKey: "e2"}
+			r.Metadata = map[string]string{metakeys.PoisonQueue: "orders", sluice.EventIDKey: "e2"}
 		},
 		"a header added": func(r *ArchiveRecord) {
-			r.Metadata = map[string]string{poison.QueueKey: "orders", sluice.EventIDKey: "e1", "x": ""}
+			r.Metadata = map[string]string{metakeys.PoisonQueue: "orders", sluice.EventIDKey: "e1", "x": ""}
 		},
 		"key and value moved": func(r *ArchiveRecord) {
-			r.Metadata = map[string]string{poison.QueueKey + "orders": "", sluice.EventIDKey: "e1"}
+			r.Metadata = map[string]string{metakeys.PoisonQueue + "orders": "", sluice.EventIDKey: "e1"}
 		},
 		"payload":        func(r *ArchiveRecord) { r.Payload = "{}" },
 		"payload_base64": func(r *ArchiveRecord) { r.Payload, r.PayloadBase64 = "", base.Payload },
 	} {
 		r := base
-		r.Metadata = map[string]string{poison.QueueKey: "orders", sluice.EventIDKey: "e1"}
+		r.Metadata = map[string]string{metakeys.PoisonQueue: "orders", sluice.EventIDKey: "e1"}
 		edit(&r)
 		require.NotEqual(t, d, r.digest(), name)
 	}

@@ -15,8 +15,8 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/poisonqueue"
-	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
@@ -49,11 +49,11 @@ type Message struct {
 	// that has no readable event id.
 	Position int
 	// HeadersError is why its headers could not be read, when the AMQP
-	// client refused to parse them (rabbitmq.HeadersErrorKey): every field
+	// client refused to parse them (sluice_amqp_headers_error): every field
 	// read from a header is then empty, and Reason is this.
 	HeadersError string
 	// Reads is how often this copy was read from the poison queue before
-	// this read: a quorum queue's x-delivery-count (rabbitmq.DeliveryCountKey)
+	// this read: a quorum queue's x-delivery-count (sluice_amqp_delivery_count)
 	// counts each delivery returned to it, and the poison queue's only
 	// readers are scans — each console page and sluice dlq command that
 	// read it. Reads, not retries: Attempts is the deliveries the handler
@@ -67,16 +67,16 @@ func newMessage(d amqp.Delivery) (*Message, error) {
 		return nil, err
 	}
 	md := m.Metadata
-	at, _ := time.Parse(time.RFC3339Nano, md.Get(poison.PoisonedAtKey))
-	he := md.Get(rabbitmq.HeadersErrorKey)
+	at, _ := time.Parse(time.RFC3339Nano, md.Get(metakeys.PoisonedAt))
+	he := md.Get(metakeys.HeadersError)
 	msg := &Message{
 		Delivery: d, Msg: m, HeadersError: he,
-		Class: md.Get(poison.ClassKey), Reason: cmp.Or(md.Get(poison.ReasonKey), he),
+		Class: md.Get(metakeys.PoisonClass), Reason: cmp.Or(md.Get(metakeys.PoisonReason), he),
 		EventID: md.Get(sluice.EventIDKey), EventType: md.Get(sluice.EventTypeKey),
-		Queue: md.Get(poison.QueueKey), Consumer: md.Get(poison.ConsumerKey),
-		Attempts: md.Get(sluice.AttemptKey), PoisonedAt: at, TraceID: md.Get(poison.TraceIDKey),
+		Queue: md.Get(metakeys.PoisonQueue), Consumer: md.Get(metakeys.PoisonConsumer),
+		Attempts: md.Get(sluice.AttemptKey), PoisonedAt: at, TraceID: md.Get(metakeys.PoisonTraceID),
 	}
-	if n, err := strconv.Atoi(md.Get(rabbitmq.DeliveryCountKey)); err == nil && n > 0 {
+	if n, err := strconv.Atoi(md.Get(metakeys.DeliveryCount)); err == nil && n > 0 {
 		msg.Reads = n
 	}
 	brokerDiagnosis(msg, md)
@@ -95,8 +95,8 @@ const brokerClassPrefix = "broker:"
 // of them would stand) and, when Sluice's diagnosis is missing, its class
 // and reason from them.
 func brokerDiagnosis(m *Message, md message.Metadata) {
-	m.DeadLetterReason, m.DeadLetterQueue = md.Get(rabbitmq.LastDeathReasonKey), md.Get(rabbitmq.LastDeathQueueKey)
-	m.DeadLetterCount = md.Get(rabbitmq.DeathCountKey)
+	m.DeadLetterReason, m.DeadLetterQueue = md.Get(metakeys.DeadLetterReason), md.Get(metakeys.DeadLetterQueue)
+	m.DeadLetterCount = md.Get(metakeys.DeathCount)
 	if m.DeadLetterReason == "" || m.Class != "" {
 		return
 	}

@@ -72,12 +72,13 @@ var (
 // the embedded default and of tests: a message published to a route's From
 // topic is published to its To topic on Target after the route's Delay.
 //
-// A message delivered to To carries rabbitmq.LastDeathQueueKey (its From
-// topic) and rabbitmq.LastDeathReasonKey ("expired"), as a copy back from a RabbitMQ
-// TTL tier carries them from x-death. It is NOT durable: messages waiting for their delay live in memory and are
-// lost if the process stops — Close drops them and reports how many. Use
-// RabbitMQ's TTL queues in production. Publishing to a topic without a route
-// is an error. It is safe for concurrent use.
+// A message delivered to To carries sluice_amqp_last_death_queue (its From
+// topic) and sluice_amqp_last_death_reason ("expired"), as a copy back from a
+// RabbitMQ TTL tier carries them from x-death. It is NOT durable: messages
+// waiting for their delay live in memory and are lost if the process stops —
+// Close drops them and reports how many. Use RabbitMQ's TTL queues in
+// production. Publishing to a topic without a route is an error. It is safe
+// for concurrent use.
 type DelayedPublisher struct {
 	cfg    DelayedPublisherConfig
 	routes map[string]Route

@@ -18,6 +18,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
 
@@ -459,23 +460,20 @@ func (o *Orderer) run(ctx context.Context, msg *message.Message, key, id string,
 	return out, err
 }
 
-// replayedFromKey is dlq.ReplayedFromKey, the header every replayed copy
-// carries (the poison queue it came from).
-const replayedFromKey = "sluice_replayed_from"
-
 // outOfOrder warns when msg is a replay from a poison queue that its key does
 // not wait for as its head: a key waits for each head it poisoned until an
 // operator replays or skips it, so a replay the key does not wait for comes
 // after the key went on without it — skipped, or SkipPoisoned — and applies
 // after the key's later messages. It is logged and noted in the delivery's
 // report (Reason: the span, and the replay stage's outcome record, which the
-// console and sluice dlq report show). The header is a producer's to forge:
-// a forgery buys a log line.
+// console and sluice dlq report show). The header (sluice_replayed_from,
+// which every replayed copy carries) is a producer's to forge: a forgery
+// buys a log line.
 // It returns nil for any other delivery, else the log call, given the
 // delivery's outcome once known (a duplicate the inbox skipped applies
 // nothing: the caller does not log it).
 func (o *Orderer) outOfOrder(ctx context.Context, msg *message.Message, key, id, why string) func(sluice.Outcome) {
-	from := msg.Metadata.Get(replayedFromKey)
+	from := msg.Metadata.Get(metakeys.ReplayedFrom)
 	if from == "" {
 		return nil
 	}

@@ -22,7 +22,7 @@ import (
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
 
-	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/signing"
 	"github.com/sluicemq/sluice/sluicesql"
@@ -200,7 +200,7 @@ func TestWhatCannotBePublishedIsRefusedWhenWritten(t *testing.T) {
 			"the delivery that produced it is poison")
 		d := testenv.Drain(t, s.conn, poisoned)
 		require.Equal(t, "bad", string(d[0].Body))
-		require.Contains(t, d[0].Headers[poison.ReasonKey], "CC")
+		require.Contains(t, d[0].Headers[metakeys.PoisonReason], "CC")
 		// The good row's delete commits after the broker has its copy.
 		require.Eventually(t, func() bool { return s.count("outbox") == 0 }, time.Minute, 10*time.Millisecond, "the good row relayed, the bad one never written")
 	})

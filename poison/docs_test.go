@@ -13,37 +13,54 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/metakeys"
+	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
 )
 
 // documentedKeys returns the header names the diagnosis table of
-// docs/poison.md lists, and those docs/operations.md names.
-func documentedKeys(t *testing.T) (table, runbook []string) {
+// docs/poison.md lists, those of its table of the keys set in some cases,
+// and those docs/operations.md names.
+func documentedKeys(t *testing.T) (table, occasional, runbook []string) {
 	t.Helper()
 	key := regexp.MustCompile("`(sluice_[a-z_]+)`")
-	doc, err := os.ReadFile("../docs/poison.md")
-	require.NoError(t, err)
-	text := string(doc)
-	start := strings.Index(text, "| key (AMQP header) | value |")
-	require.GreaterOrEqual(t, start, 0, "docs/poison.md has the diagnosis table")
-	for _, line := range strings.Split(text[start:], "\n")[2:] {
-		if !strings.HasPrefix(line, "|") {
-			break
-		}
-		for _, m := range key.FindAllStringSubmatch(strings.Split(line, "|")[1], -1) {
-			table = append(table, m[1])
-		}
-	}
+	table = testenv.TableKeys(t, "../docs/poison.md", "| key (AMQP header) | value |", key)
+	occasional = testenv.TableKeys(t, "../docs/poison.md", "| key (AMQP header), in some cases | value |", key)
 	ops, err := os.ReadFile("../docs/operations.md")
 	require.NoError(t, err)
-	text = string(ops)
-	start = strings.Index(text, "carries its diagnosis as headers")
+	text := string(ops)
+	start := strings.Index(text, "carries its diagnosis as headers")
 	require.GreaterOrEqual(t, start, 0, "docs/operations.md lists the diagnosis headers")
 	end := strings.Index(text[start:], "\n\n")
 	for _, m := range key.FindAllStringSubmatch(text[start:start+end], -1) {
 		runbook = append(runbook, m[1])
 	}
-	return table, runbook
+	return table, occasional, runbook
+}
+
+// The diagnosis keys are not exported: users read them in docs/poison.md's
+// two tables, which must list every key of the diagnosis internal/metakeys
+// defines (sluice_poison_*, sluice_poisoned_at), each once, and no other.
+func TestTheDocsTablesListEveryDiagnosisKey(t *testing.T) {
+	t.Parallel()
+	table, occasional, _ := documentedKeys(t)
+	var defined []string
+	for _, v := range testenv.StringConstants(t, "../internal/metakeys") {
+		if strings.HasPrefix(v, metakeys.PoisonPrefix) && v != metakeys.PoisonPrefix {
+			defined = append(defined, v)
+		}
+	}
+	var documented []string
+	for _, k := range append(table, occasional...) {
+		if strings.HasPrefix(k, metakeys.PoisonPrefix) {
+			documented = append(documented, k)
+		}
+	}
+	slices.Sort(defined)
+	slices.Sort(documented)
+	require.Equal(t, defined, documented, "docs/poison.md's tables list the diagnosis keys internal/metakeys defines, each once")
+	for _, k := range occasional {
+		require.NotContains(t, poison.Diagnosis(), k, "docs/poison.md lists %s as set in some cases; every copy carries it", k)
+	}
 }
 
 // Every header the docs say a poisoned copy carries, it carries. Before,
@@ -52,7 +69,7 @@ func documentedKeys(t *testing.T) (table, runbook []string) {
 // keep the retry stage's own sluice_attempt and sluice_first_failed_at.
 func TestThePoisonedCopyCarriesTheDocumentedHeaders(t *testing.T) {
 	t.Parallel()
-	table, runbook := documentedKeys(t)
+	table, _, runbook := documentedKeys(t)
 	require.Equal(t, poison.Diagnosis(), table, "docs/poison.md's diagnosis table lists poison.Diagnosis, in its order")
 	for _, k := range runbook {
 		require.True(t, slices.Contains(poison.Diagnosis(), k) || k == sluice.EventIDKey || k == sluice.EventTypeKey,

@@ -35,7 +35,8 @@ func Example() {
 	p := <-out
 	p.Ack()
 	fmt.Println(string(p.Payload))
-	for _, k := range []string{sluice.EventIDKey, poison.ClassKey, poison.ReasonKey, poison.QueueKey, sluice.AttemptKey} {
+	// The diagnosis keys are the strings of docs/poison.md's table.
+	for _, k := range []string{sluice.EventIDKey, "sluice_poison_class", "sluice_poison_reason", "sluice_poison_queue", sluice.AttemptKey} {
 		fmt.Printf("%s: %s\n", k, p.Metadata.Get(k))
 	}
 	// Output:

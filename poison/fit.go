@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/metakeys"
 )
 
 // oversize is a publisher's error for a copy too large for the broker to
@@ -31,21 +32,23 @@ const (
 )
 
 // texts are Sluice's own free-text keys on a copy: the first to be cut.
-var texts = []string{ReasonKey, StackKey, sluice.LastErrorKey}
+var texts = []string{metakeys.PoisonReason, metakeys.PoisonStack, sluice.LastErrorKey}
 
 // core are the keys a copy cut down to its bare diagnosis keeps.
-var core = []string{ClassKey, ReasonKey, ConsumerKey, QueueKey, PoisonedAtKey, DroppedKey, sluice.EventIDKey}
+var core = []string{metakeys.PoisonClass, metakeys.PoisonReason, metakeys.PoisonConsumer, metakeys.PoisonQueue, metakeys.PoisonedAt, metakeys.PoisonDropped, sluice.EventIDKey}
 
 // fit cuts c's metadata by at least excess bytes, so that a publisher that
 // refused the copy as too large (oversize) can carry it:
-//  1. Sluice's own texts (ReasonKey, StackKey, sluice.LastErrorKey), the
-//     largest first, each down to textFloor bytes ending in "…" — when that
-//     alone is enough: the producer's headers stay whole;
+//  1. Sluice's own texts (sluice_poison_reason, sluice_poison_stack,
+//     sluice.LastErrorKey), the largest first, each down to textFloor bytes
+//     ending in "…" — when that alone is enough: the producer's headers stay
+//     whole;
 //  2. else the keys a copy cut down to its diagnosis leaves out (kept), the
-//     largest first, named in DroppedKey — the diagnosis stays whole;
+//     largest first, named in sluice_poison_dropped — the diagnosis stays
+//     whole;
 //  3. then Sluice's texts as in 1; then every value but the class down to
 //     keptFloor bytes, the largest first; then the bare diagnosis: the core
-//     keys only, each at most keptFloor bytes, DroppedKey "*".
+//     keys only, each at most keptFloor bytes, sluice_poison_dropped "*".
 //
 // A name and its value count for their bytes, which is what any encoding
 // carries at least. ok is false when nothing is left to cut.
@@ -65,9 +68,10 @@ func (s *stage) fit(c *message.Message, excess int) bool {
 		}
 	}
 	if len(others) > 0 {
-		// DroppedKey grows by what it names, bounded by errorMaxLength.
-		need += len(DroppedKey) + errorMaxLength
-		dropped := md[DroppedKey]
+		// sluice_poison_dropped grows by what it names, bounded by
+		// errorMaxLength.
+		need += len(metakeys.PoisonDropped) + errorMaxLength
+		dropped := md[metakeys.PoisonDropped]
 		for _, k := range largestFirst(md, others) {
 			if need <= 0 {
 				break
@@ -76,7 +80,7 @@ func (s *stage) fit(c *message.Message, excess int) bool {
 			delete(md, k)
 			dropped = s.addDropped(dropped, k)
 		}
-		md[DroppedKey] = dropped
+		md[metakeys.PoisonDropped] = dropped
 	}
 	if need <= 0 {
 		return true
@@ -86,7 +90,7 @@ func (s *stage) fit(c *message.Message, excess int) bool {
 	}
 	var rest []string
 	for k := range md {
-		if k != ClassKey && k != DroppedKey && k != sluice.SignatureKey {
+		if k != metakeys.PoisonClass && k != metakeys.PoisonDropped && k != sluice.SignatureKey {
 			rest = append(rest, k)
 		}
 	}
@@ -97,8 +101,8 @@ func (s *stage) fit(c *message.Message, excess int) bool {
 	bare := false
 	for k, v := range md {
 		switch {
-		case k == ClassKey, k == sluice.SignatureKey:
-		case !slices.Contains(core, k), k == DroppedKey:
+		case k == metakeys.PoisonClass, k == sluice.SignatureKey:
+		case !slices.Contains(core, k), k == metakeys.PoisonDropped:
 			delete(md, k)
 			bare = true
 		case len(v) > keptFloor:
@@ -106,11 +110,11 @@ func (s *stage) fit(c *message.Message, excess int) bool {
 			bare = true
 		}
 	}
-	md[DroppedKey] = "*"
+	md[metakeys.PoisonDropped] = "*"
 	return bare
 }
 
-// addDropped returns the DroppedKey list with k added, bounded.
+// addDropped returns the sluice_poison_dropped list with k added, bounded.
 func (s *stage) addDropped(dropped, k string) string {
 	k = diag.Printable(k, 64)
 	if dropped != "" {

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/poison"
 )
 
@@ -70,13 +71,13 @@ func TestTooLargeCopyCutsItsOwnReasonFirst(t *testing.T) {
 	require.NotNil(t, pub.got, "the copy reached the poison queue")
 	md := pub.got.Metadata
 	require.Equal(t, strings.Repeat("b", 5000), md.Get("blob"), "the producer's header is whole")
-	require.Empty(t, md.Get(poison.DroppedKey))
-	reason := md.Get(poison.ReasonKey)
+	require.Empty(t, md.Get(metakeys.PoisonDropped))
+	reason := md.Get(metakeys.PoisonReason)
 	require.True(t, strings.HasSuffix(reason, "…"), "the reason is marked as cut")
 	require.Less(t, len(reason), 1024-300)
 	require.Greater(t, len(reason), 128)
 	require.LessOrEqual(t, size(md), pub.limit)
-	require.Equal(t, "poison", md.Get(poison.ClassKey))
+	require.Equal(t, "poison", md.Get(metakeys.PoisonClass))
 	require.Equal(t, 2, pub.calls)
 }
 
@@ -94,9 +95,9 @@ func TestTooLargeCopyLeavesOutTheLargestHeader(t *testing.T) {
 	require.NotNil(t, pub.got)
 	md := pub.got.Metadata
 	require.NotContains(t, md, "blob")
-	require.Equal(t, "blob", md.Get(poison.DroppedKey))
+	require.Equal(t, "blob", md.Get(metakeys.PoisonDropped))
 	require.Equal(t, "kept", md.Get("small"))
-	require.Equal(t, "poison: "+herr.Error(), md.Get(poison.ReasonKey), "the reason is whole")
+	require.Equal(t, "poison: "+herr.Error(), md.Get(metakeys.PoisonReason), "the reason is whole")
 	require.Equal(t, "evt-1", md.Get(sluice.EventIDKey))
 	require.LessOrEqual(t, size(md), pub.limit)
 }
@@ -128,9 +129,9 @@ func TestTooLargeCopyConvergesToABareDiagnosis(t *testing.T) {
 			require.NotNil(t, pub.got, "isolated, not nacked")
 			md := pub.got.Metadata
 			require.LessOrEqual(t, size(md), pub.limit)
-			require.Equal(t, "poison", md.Get(poison.ClassKey))
-			require.NotEmpty(t, md.Get(poison.ReasonKey))
-			require.NotEmpty(t, md.Get(poison.DroppedKey))
+			require.Equal(t, "poison", md.Get(metakeys.PoisonClass))
+			require.NotEmpty(t, md.Get(metakeys.PoisonReason))
+			require.NotEmpty(t, md.Get(metakeys.PoisonDropped))
 			small := 0
 			for k := range md {
 				if strings.HasPrefix(k, "h0") {

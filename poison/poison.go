@@ -31,8 +31,8 @@ const (
 	publishTimeoutDefault = 30 * time.Second
 )
 
-// errorMaxLength bounds ReasonKey, in bytes (a copy too large for the
-// broker's frame is cut down to fit besides: DroppedKey).
+// errorMaxLength bounds sluice_poison_reason, in bytes (a copy too large for
+// the broker's frame is cut down to fit besides: sluice_poison_dropped).
 const errorMaxLength = 1024
 
 // Config configures the poison stage.
@@ -43,12 +43,13 @@ type Config struct {
 	Publisher message.Publisher
 	// Topic is the poison queue. Required.
 	Topic string
-	// Queue is the consumer's queue, recorded in QueueKey for replays.
-	// Default: the topic the Watermill handler subscribed to (on RabbitMQ,
-	// the queue), even when the message came through an exchange with
-	// another routing key.
+	// Queue is the consumer's queue, recorded in sluice_poison_queue for
+	// replays. Default: the topic the Watermill handler subscribed to (on
+	// RabbitMQ, the queue), even when the message came through an exchange
+	// with another routing key.
 	Queue string
-	// Consumer is recorded in ConsumerKey. Default: the Watermill handler's name.
+	// Consumer is recorded in sluice_poison_consumer. Default: the
+	// Watermill handler's name.
 	Consumer string
 	// Classes are the failure classes isolated. Default ClassPoison,
 	// ClassInvariant and ClassExhausted.
@@ -59,20 +60,21 @@ type Config struct {
 	// carry no class (default sluice.DefaultClassifier()); Signer, which signs
 	// every copy (poison queue, park topic) for the consumer's queue (Queue,
 	// or the topic the handler subscribed to — never the delivery's routing
-	// key: what QueueKey records, and where `sluice dlq replay` sends it) and
-	// verifies, on the way in, the diagnosis a delivery carries
+	// key: what sluice_poison_queue records, and where `sluice dlq replay`
+	// sends it) and verifies, on the way in, the diagnosis a delivery carries
 	// (sluice_poison_*, the parked mark among them): believed only when it
 	// verifies for that queue — give the retry and replay stages the same one
 	// (router.Stages.Env does); without one the diagnosis is believed only on
-	// a copy back from ParkTopic (rabbitmq.LastDeathQueueKey, reason expired),
-	// and on any other delivery it is removed and the handler runs;
+	// a copy back from ParkTopic (sluice_amqp_last_death_queue, reason
+	// expired), and on any other delivery it is removed and the handler runs;
 	// MeterProvider, which receives sluice.poisoned (default the global
 	// provider); Logger, one line per message isolated (error level: the
 	// class, the reason, a panic's whole stack) and per failed publish
 	// (default watermill.NopLogger; router.Add gives the router's); Clock,
-	// which stamps the copies: PoisonedAtKey, and sluice.FirstFailedAtKey when
-	// the delivery has none (default sluice.SystemClock(); the test kit,
-	// package sluicetest, gives its virtual clock).
+	// which stamps the copies: sluice_poisoned_at, and
+	// sluice.FirstFailedAtKey when the delivery has none (default
+	// sluice.SystemClock(); the test kit, package sluicetest, gives its
+	// virtual clock).
 	sluice.Env
 	// PublishBackoff is waited before returning a failed publish, so an
 	// unreachable poison queue is not a hot redelivery loop. Default 1 s.
@@ -84,7 +86,8 @@ type Config struct {
 	// delivery is then acked at once, instead of keeping its place for
 	// PublishBackoff and coming back at the head of the queue, ahead of
 	// every other message, to be refused again; the copy comes back marked
-	// ParkedKey and goes to the poison queue without running the handler.
+	// sluice_poison_parked and goes to the poison queue without running the
+	// handler.
 	// Without ParkTopic, or when parking fails too, the delivery is nacked
 	// after PublishBackoff. A publish whose outcome is uncertain
 	// (sluice.ErrPublishUncertain: no confirm, the channel closed first)
@@ -100,7 +103,7 @@ type Config struct {
 	PublishTimeout time.Duration
 }
 
-// stackMaxLength bounds StackKey, in bytes.
+// stackMaxLength bounds sluice_poison_stack, in bytes.
 const stackMaxLength = 8 << 10
 
 // withDefaults returns a copy of c with its defaults filled.
@@ -144,17 +147,17 @@ func (c Config) validate() error {
 
 // New returns the poison stage. When the handler fails with one of Classes
 // it publishes a copy — the original payload and metadata plus the diagnosis
-// keys (ClassKey, ReasonKey, ...), its identity as message UUID and
-// sluice.CopyIDKey (the same for every delivery of the message, parked or
-// not: a copy made twice is one item) — to Topic, and returns nil only once
-// Publish returned nil, so the original is acked only after the copy is
-// stored. When the publish fails it waits PublishBackoff and returns the
-// handler's error joined with the publish error: the original is nacked and
-// nothing is lost. A copy the publisher cannot build
-// (sluice.ErrUnpublishable) is never nacked: the stage leaves out the key
-// the error names, or keeps only the diagnosis, and says so in DroppedKey;
-// a copy too large for the broker (a header near the AMQP frame size) is
-// cut down to fit, its own reason first (see fit).
+// keys (sluice_poison_class, sluice_poison_reason, ...: poison.Diagnosis and
+// docs/poison.md), its identity as message UUID and sluice.CopyIDKey (the
+// same for every delivery of the message, parked or not: a copy made twice is
+// one item) — to Topic, and returns nil only once Publish returned nil, so
+// the original is acked only after the copy is stored. When the publish fails
+// it waits PublishBackoff and returns the handler's error joined with the
+// publish error: the original is nacked and nothing is lost. A copy the
+// publisher cannot build (sluice.ErrUnpublishable) is never nacked: the stage
+// leaves out the key the error names, or keeps only the diagnosis, and says
+// so in sluice_poison_dropped; a copy too large for the broker (a header near
+// the AMQP frame size) is cut down to fit, its own reason first (see fit).
 // Other errors pass through untouched.
 func New(cfg Config) (message.HandlerMiddleware, error) {
 	cfg = cfg.withDefaults()
@@ -194,15 +197,15 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 		}
 		if class, ok := parked(msg); ok { // diagnosed before, the poison queue refused it
 			c := republish.Copy(msg, 0)
-			delete(c.Metadata, ParkedKey)
+			delete(c.Metadata, metakeys.PoisonParked)
 			// The same diagnosed copy, moved on: it keeps its identity.
 			c.UUID = msg.UUID
 			c.Metadata[sluice.CopyIDKey] = msg.UUID
 			// Where a replay sends it back is this consumer's queue,
 			// whatever the copy says.
-			c.Metadata[QueueKey] = s.queue(msg)
-			c.Metadata[ConsumerKey] = cmp.Or(s.cfg.Consumer, telemetry.Handler(msg.Context()))
-			return s.isolate(msg, c, class, errors.New(msg.Metadata.Get(ReasonKey)))
+			c.Metadata[metakeys.PoisonQueue] = s.queue(msg)
+			c.Metadata[metakeys.PoisonConsumer] = cmp.Or(s.cfg.Consumer, telemetry.Handler(msg.Context()))
+			return s.isolate(msg, c, class, errors.New(msg.Metadata.Get(metakeys.PoisonReason)))
 		}
 		produced, err := h(msg)
 		if err == nil {
@@ -219,10 +222,10 @@ func (s *stage) middleware(h message.HandlerFunc) message.HandlerFunc {
 // parked reports whether msg is a diagnosed copy back from the park topic,
 // and its class.
 func parked(msg *message.Message) (sluice.Class, bool) {
-	if msg.Metadata.Get(ParkedKey) == "" {
+	if msg.Metadata.Get(metakeys.PoisonParked) == "" {
 		return sluice.Unclassified, false
 	}
-	class, err := sluice.ParseClass(msg.Metadata.Get(ClassKey))
+	class, err := sluice.ParseClass(msg.Metadata.Get(metakeys.PoisonClass))
 	return class, err == nil && class != sluice.ClassTransient && class != sluice.ClassRejected
 }
 
@@ -241,13 +244,13 @@ func (s *stage) isolate(msg, diagnosed *message.Message, class sluice.Class, err
 			break
 		}
 		s.cfg.Logger.Error("The poison copy cannot be published as it is; it leaves out metadata", diag.RedactError(pErr),
-			diag.LogFields(telemetry.LogFields(msg, watermill.LogFields{"class": class.String(), "dropped": diagnosed.Metadata.Get(DroppedKey)})))
+			diag.LogFields(telemetry.LogFields(msg, watermill.LogFields{"class": class.String(), "dropped": diagnosed.Metadata.Get(metakeys.PoisonDropped)})))
 		pErr = s.try(s.cfg.Publisher, s.cfg.Topic, diagnosed, queue)
 	}
 	// After an uncertain publish the copy may be in the poison queue: a
 	// parked one would be a second entry. Only a certain refusal parks.
 	if pErr != nil && s.cfg.ParkTopic != "" && !s.cfg.DisablePark && !errors.Is(pErr, sluice.ErrPublishUncertain) {
-		diagnosed.Metadata[ParkedKey] = diag.Summary(pErr, 256)
+		diagnosed.Metadata[metakeys.PoisonParked] = diag.Summary(pErr, 256)
 		parkErr := s.try(s.cfg.ParkPublisher, s.cfg.ParkTopic, diagnosed, queue)
 		if parkErr == nil {
 			s.cfg.Logger.Error("The poison queue refused the copy; it waits in the park topic and is isolated when it comes back", diag.RedactError(pErr),
@@ -264,7 +267,7 @@ func (s *stage) isolate(msg, diagnosed *message.Message, class sluice.Class, err
 			diag.LogFields(telemetry.LogFields(msg, watermill.LogFields{"class": class.String(), "poison_queue": s.cfg.Topic, "backoff": s.cfg.PublishBackoff.String()})))
 		return nil, errors.Join(err, fmt.Errorf("poison: cannot publish to the poison queue %s: %w", s.cfg.Topic, pErr))
 	}
-	fields := watermill.LogFields{"class": class.String(), "reason": diagnosed.Metadata.Get(ReasonKey),
+	fields := watermill.LogFields{"class": class.String(), "reason": diagnosed.Metadata.Get(metakeys.PoisonReason),
 		"attempt": diagnosed.Metadata.Get(sluice.AttemptKey), "poison_queue": s.cfg.Topic}
 	if p, ok := errors.AsType[*sluice.PanicError](err); ok {
 		fields["stack"] = string(p.Stack)
@@ -272,7 +275,7 @@ func (s *stage) isolate(msg, diagnosed *message.Message, class sluice.Class, err
 	s.cfg.Logger.Error("Delivery isolated in the poison queue", diag.RedactError(err), diag.LogFields(telemetry.LogFields(msg, fields)))
 	s.poisoned.Add(ctx, 1, metric.WithAttributes(telemetry.DeliveryAttrs(ctx, semconv.ErrorTypeKey.String(class.String()))...))
 	sluice.Record(ctx, func(r *sluice.Report) {
-		r.Outcome, r.Class, r.Reason = sluice.OutcomePoisoned, class, diagnosed.Metadata.Get(ReasonKey)
+		r.Outcome, r.Class, r.Reason = sluice.OutcomePoisoned, class, diagnosed.Metadata.Get(metakeys.PoisonReason)
 	})
 	return nil, nil
 }
@@ -302,18 +305,18 @@ func (s *stage) diagnose(msg *message.Message, class sluice.Class, err error) *m
 	if c.Metadata[sluice.FirstFailedAtKey] == "" {
 		c.Metadata[sluice.FirstFailedAtKey] = now
 	}
-	c.Metadata[ClassKey] = class.String()
-	c.Metadata[ReasonKey] = diag.Summary(err, errorMaxLength)
+	c.Metadata[metakeys.PoisonClass] = class.String()
+	c.Metadata[metakeys.PoisonReason] = diag.Summary(err, errorMaxLength)
 	if p, ok := errors.AsType[*sluice.PanicError](err); ok {
-		c.Metadata[StackKey] = diag.Bound(string(p.Stack), stackMaxLength)
+		c.Metadata[metakeys.PoisonStack] = diag.Bound(string(p.Stack), stackMaxLength)
 	}
-	c.Metadata[ConsumerKey] = cmp.Or(s.cfg.Consumer, telemetry.Handler(msg.Context()))
-	c.Metadata[QueueKey] = queue
-	c.Metadata[ExchangeKey] = exchange
-	c.Metadata[RoutingKeyKey] = routingKey
-	c.Metadata[PoisonedAtKey] = now
+	c.Metadata[metakeys.PoisonConsumer] = cmp.Or(s.cfg.Consumer, telemetry.Handler(msg.Context()))
+	c.Metadata[metakeys.PoisonQueue] = queue
+	c.Metadata[metakeys.PoisonExchange] = exchange
+	c.Metadata[metakeys.PoisonRoutingKey] = routingKey
+	c.Metadata[metakeys.PoisonedAt] = now
 	if sc := telemetry.ParseTraceparent(md.Get(sluice.TraceparentKey)); sc.IsValid() {
-		c.Metadata[TraceIDKey] = sc.TraceID().String()
+		c.Metadata[metakeys.PoisonTraceID] = sc.TraceID().String()
 	}
 	return c
 }
@@ -325,20 +328,21 @@ const leaveOutMax = 8
 // leaveOut returns c without what pErr says the publisher cannot carry: cut
 // down to fit when it is too large (fit), else the key it names, else (or
 // when that is not in c) every key but the diagnosis, the event's and the
-// failure history. DroppedKey lists what was left out ("*" for the rest).
+// failure history. sluice_poison_dropped lists what was left out ("*" for
+// the rest).
 // ok is false when there is nothing left to leave out.
 func (s *stage) leaveOut(c *message.Message, pErr error) (*message.Message, bool) {
 	if o, ok := errors.AsType[oversize](pErr); ok { // too large: cut it down to fit
 		return c, s.fit(c, o.Excess())
 	}
-	dropped := c.Metadata.Get(DroppedKey)
+	dropped := c.Metadata.Get(metakeys.PoisonDropped)
 	if dropped == "*" {
 		return c, false
 	}
-	if ue, ok := errors.AsType[*sluice.UnpublishableError](pErr); ok && ue.Key != "" && ue.Key != DroppedKey {
+	if ue, ok := errors.AsType[*sluice.UnpublishableError](pErr); ok && ue.Key != "" && ue.Key != metakeys.PoisonDropped {
 		if _, present := c.Metadata[ue.Key]; present {
 			delete(c.Metadata, ue.Key)
-			c.Metadata[DroppedKey] = s.addDropped(dropped, ue.Key)
+			c.Metadata[metakeys.PoisonDropped] = s.addDropped(dropped, ue.Key)
 			return c, true
 		}
 	}
@@ -347,7 +351,7 @@ func (s *stage) leaveOut(c *message.Message, pErr error) (*message.Message, bool
 			delete(c.Metadata, k)
 		}
 	}
-	c.Metadata[DroppedKey] = "*"
+	c.Metadata[metakeys.PoisonDropped] = "*"
 	return c, true
 }
 
@@ -357,7 +361,7 @@ func kept(k string) bool {
 	case sluice.EventIDKey, sluice.EventTypeKey, sluice.AttemptKey, sluice.FirstFailedAtKey, sluice.TraceparentKey:
 		return true
 	}
-	return strings.HasPrefix(k, "sluice_poison") || strings.HasPrefix(k, metakeys.OriginPrefix)
+	return strings.HasPrefix(k, metakeys.PoisonPrefix) || strings.HasPrefix(k, metakeys.OriginPrefix)
 }
 
 // signedFor is the queue msg's control headers are signed for and

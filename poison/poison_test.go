@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/poison"
 )
 
@@ -59,18 +60,18 @@ func TestDiagnosis(t *testing.T) {
 	require.Len(t, pub.got, 1)
 	md := pub.got[0].Metadata
 	require.Equal(t, "{bad json", string(pub.got[0].Payload))
-	require.Equal(t, "poison", md.Get(poison.ClassKey))
-	require.Equal(t, "orders", md.Get(poison.QueueKey))
+	require.Equal(t, "poison", md.Get(metakeys.PoisonClass))
+	require.Equal(t, "orders", md.Get(metakeys.PoisonQueue))
 	require.Equal(t, "1", md.Get(sluice.AttemptKey))
 	require.Equal(t, "evt-9", md.Get(sluice.EventIDKey))
-	require.LessOrEqual(t, len(md.Get(poison.ReasonKey)), 1024, "the reason is cut to 1 KiB")
-	require.Contains(t, md.Get(poison.ReasonKey), "token=xxxxx")
-	require.Empty(t, md.Get(poison.TraceIDKey), "an invalid traceparent gives no trace id")
-	require.Equal(t, md.Get(sluice.FirstFailedAtKey), md.Get(poison.PoisonedAtKey), "no earlier failure: first failure is now")
+	require.LessOrEqual(t, len(md.Get(metakeys.PoisonReason)), 1024, "the reason is cut to 1 KiB")
+	require.Contains(t, md.Get(metakeys.PoisonReason), "token=xxxxx")
+	require.Empty(t, md.Get(metakeys.PoisonTraceID), "an invalid traceparent gives no trace id")
+	require.Equal(t, md.Get(sluice.FirstFailedAtKey), md.Get(metakeys.PoisonedAt), "no earlier failure: first failure is now")
 
 	// Unclassified errors are classified; classes not configured pass through.
 	require.NoError(t, run(mw, message.NewMessage("u", nil), &sluice.PanicError{Value: "boom"}))
-	require.Equal(t, "invariant", pub.got[1].Metadata.Get(poison.ClassKey))
+	require.Equal(t, "invariant", pub.got[1].Metadata.Get(metakeys.PoisonClass))
 	herr := context.DeadlineExceeded
 	require.Equal(t, herr, run(mw, message.NewMessage("u", nil), herr))
 	require.Len(t, pub.got, 2)

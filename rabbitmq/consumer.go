@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/settle"
 )
 
@@ -72,11 +73,12 @@ type ConsumerConfig struct {
 	Marshaler wamqp.Marshaler
 	// PoisonQueue and PoisonPublisher (a confirmed publisher), set
 	// together, isolate a delivery whose headers the AMQP client refuses to
-	// parse (HeadersErrorKey): a copy of its body and properties with the
-	// poison diagnosis — class poison, the reason naming the header and
-	// the limit — is published to PoisonQueue and the delivery acked; no
+	// parse (sluice_amqp_headers_error): a copy of its body and properties
+	// with the poison diagnosis — class poison, the reason naming the header
+	// and the limit — is published to PoisonQueue and the delivery acked; no
 	// handler runs. NewBroker sets both. Without them such a delivery is
-	// handed to the handler, its headers dropped and HeadersErrorKey set.
+	// handed to the handler, its headers dropped and
+	// sluice_amqp_headers_error set.
 	PoisonQueue     string
 	PoisonPublisher message.Publisher
 }
@@ -461,7 +463,7 @@ func (s *subscription) handOut(ctx context.Context, over <-chan struct{}, d amqp
 		_ = d.Nack(false, true)
 		return true
 	}
-	if msg.Metadata.Get(HeadersErrorKey) != "" && s.c.cfg.PoisonQueue != "" {
+	if msg.Metadata.Get(metakeys.HeadersError) != "" && s.c.cfg.PoisonQueue != "" {
 		inflight.Add(1)
 		go func() { defer inflight.Done(); s.isolate(ctx, d, msg) }()
 		return true

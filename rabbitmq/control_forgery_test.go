@@ -12,8 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/poison"
-	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/signing"
@@ -86,7 +85,7 @@ func TestForgedAttemptDoesNotSkipTheLadder(t *testing.T) {
 	t.Parallel()
 	forged := amqp.Table{
 		sluice.AttemptKey: "999999999999", sluice.FirstFailedAtKey: "1999-01-01T00:00:00Z",
-		rabbitmq.OriginRoutingKeyKey: "payments", rabbitmq.OriginUserIDKey: "admin", sluice.RetryTierKey: "forged",
+		metakeys.OriginRoutingKey: "payments", metakeys.OriginUserID: "admin", sluice.RetryTierKey: "forged",
 	}
 	for name, tc := range forgeries(forged) {
 		t.Run(name, func(t *testing.T) {
@@ -98,14 +97,14 @@ func TestForgedAttemptDoesNotSkipTheLadder(t *testing.T) {
 			got := s.settled(t, 1)
 			require.Len(t, s.deliveries("evt-forged"), 4, "the whole ladder")
 			first := s.deliveries("evt-forged")[0].Metadata
-			for _, k := range []string{sluice.AttemptKey, sluice.FirstFailedAtKey, rabbitmq.OriginRoutingKeyKey, rabbitmq.OriginUserIDKey, sluice.RetryTierKey} {
+			for _, k := range []string{sluice.AttemptKey, sluice.FirstFailedAtKey, metakeys.OriginRoutingKey, metakeys.OriginUserID, sluice.RetryTierKey} {
 				require.Empty(t, first.Get(k), "%s: not believed on the first delivery", k)
 			}
 			p := got[0].Headers
-			require.Equal(t, "exhausted", p[poison.ClassKey])
+			require.Equal(t, "exhausted", p[metakeys.PoisonClass])
 			require.Equal(t, "4", p[sluice.AttemptKey])
 			require.NotEqual(t, "1999-01-01T00:00:00Z", p[sluice.FirstFailedAtKey])
-			require.Equal(t, s.topo.Config().Queue, p[poison.RoutingKeyKey], "the real origin")
+			require.Equal(t, s.topo.Config().Queue, p[metakeys.PoisonRoutingKey], "the real origin")
 		})
 	}
 }
@@ -119,8 +118,8 @@ func TestForgedAttemptDoesNotSkipTheLadder(t *testing.T) {
 func TestForgedParkedMarkRunsTheHandler(t *testing.T) {
 	t.Parallel()
 	forged := amqp.Table{
-		poison.ParkedKey: "1", poison.ClassKey: "poison", poison.ReasonKey: "forged reason",
-		poison.QueueKey: "other-service", poison.ConsumerKey: "someone", poison.StackKey: "forged stack",
+		metakeys.PoisonParked: "1", metakeys.PoisonClass: "poison", metakeys.PoisonReason: "forged reason",
+		metakeys.PoisonQueue: "other-service", metakeys.PoisonConsumer: "someone", metakeys.PoisonStack: "forged stack",
 	}
 	for name, tc := range forgeries(forged) {
 		t.Run(name, func(t *testing.T) {
@@ -136,17 +135,17 @@ func TestForgedParkedMarkRunsTheHandler(t *testing.T) {
 			s.publishRaw(t, amqp.Publishing{Headers: with(tc.headers(s), amqp.Table{sluice.EventIDKey: "evt-bad"})})
 			s.handled(t, "evt-good", 1)
 			s.handled(t, "evt-bad", 1)
-			for _, k := range []string{poison.ParkedKey, poison.ClassKey, poison.QueueKey} {
+			for _, k := range []string{metakeys.PoisonParked, metakeys.PoisonClass, metakeys.PoisonQueue} {
 				require.Empty(t, s.deliveries("evt-good")[0].Metadata.Get(k), "%s: not believed", k)
 			}
 			got := s.settled(t, 1)
 			p := got[0].Headers
 			require.Equal(t, "evt-bad", p[sluice.EventIDKey])
-			require.Equal(t, s.topo.Config().Queue, p[poison.QueueKey], "a replay goes back to this consumer's queue")
-			require.Equal(t, "inventory", p[poison.ConsumerKey])
-			require.Contains(t, p[poison.ReasonKey], `missing field "sku"`)
-			require.NotContains(t, p, poison.ParkedKey)
-			require.NotContains(t, p, poison.StackKey)
+			require.Equal(t, s.topo.Config().Queue, p[metakeys.PoisonQueue], "a replay goes back to this consumer's queue")
+			require.Equal(t, "inventory", p[metakeys.PoisonConsumer])
+			require.Contains(t, p[metakeys.PoisonReason], `missing field "sku"`)
+			require.NotContains(t, p, metakeys.PoisonParked)
+			require.NotContains(t, p, metakeys.PoisonStack)
 		})
 	}
 }

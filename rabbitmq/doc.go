@@ -12,7 +12,8 @@
 //   - Marshaler: reads deliveries whose headers are not strings (x-death,
 //     x-delivery-count, other producers' integers, booleans, timestamps),
 //     which watermill-amqp's DefaultMarshaler rejects, and exposes what
-//     operators need as string metadata (ExchangeKey, DeathCountKey, ...).
+//     operators need as string metadata (sluice_amqp_exchange,
+//     sluice_amqp_death_count, ...: the tables of docs/rabbitmq.md).
 //   - Topology: one consumer queue Q, its retry tier queues (per-queue
 //     x-message-ttl, dead-lettered back to Q only) and its poison queue,
 //     classic or quorum, declared idempotently or printed as

@@ -15,8 +15,8 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 )
@@ -36,8 +36,8 @@ func TestStackTimeoutReachesTheTiers(t *testing.T) {
 	s.publish(t, "evt-slow")
 	s.handled(t, "evt-slow", 4)
 	got := s.settled(t, 1)
-	require.Equal(t, "exhausted", got[0].Headers[poison.ClassKey])
-	require.Contains(t, got[0].Headers[poison.ReasonKey], "deadline exceeded")
+	require.Equal(t, "exhausted", got[0].Headers[metakeys.PoisonClass])
+	require.Contains(t, got[0].Headers[metakeys.PoisonReason], "deadline exceeded")
 	attempts := []string{}
 	for _, d := range s.deliveries("evt-slow") {
 		attempts = append(attempts, d.Metadata.Get(sluice.AttemptKey))
@@ -109,37 +109,37 @@ func TestStackForeignProducerPropertiesAndOrigin(t *testing.T) {
 	got := s.settled(t, 1)
 	for i, d := range s.deliveries("evt-foreign") {
 		md := d.Metadata
-		require.Equal(t, "application/json", md.Get(rabbitmq.ContentTypeKey), "delivery %d", i)
-		require.Equal(t, "gzip", md.Get(rabbitmq.ContentEncodingKey))
-		require.Equal(t, "corr-42", md.Get(rabbitmq.CorrelationIDKey))
-		require.Equal(t, "spring-msg-1", md.Get(rabbitmq.MessageIDKey))
-		require.Equal(t, "com.example.OrderCreated", md.Get(rabbitmq.TypeKey))
-		require.Equal(t, "orders-service", md.Get(rabbitmq.AppIDKey))
+		require.Equal(t, "application/json", md.Get(metakeys.PropertyContentType), "delivery %d", i)
+		require.Equal(t, "gzip", md.Get(metakeys.PropertyContentEncoding))
+		require.Equal(t, "corr-42", md.Get(metakeys.PropertyCorrelationID))
+		require.Equal(t, "spring-msg-1", md.Get(metakeys.PropertyMessageID))
+		require.Equal(t, "com.example.OrderCreated", md.Get(metakeys.PropertyType))
+		require.Equal(t, "orders-service", md.Get(metakeys.PropertyAppID))
 		if i == 0 {
-			require.Equal(t, "guest", md.Get(rabbitmq.UserIDKey), "the broker validated the producer's user_id")
+			require.Equal(t, "guest", md.Get(metakeys.PropertyUserID), "the broker validated the producer's user_id")
 		} else {
-			require.Empty(t, md.Get(rabbitmq.UserIDKey), "the tier's copy was published by Sluice, without user_id")
-			require.Equal(t, "guest", md.Get(rabbitmq.OriginUserIDKey), "the producer's user id, recorded on the copy")
+			require.Empty(t, md.Get(metakeys.PropertyUserID), "the tier's copy was published by Sluice, without user_id")
+			require.Equal(t, "guest", md.Get(metakeys.OriginUserID), "the producer's user id, recorded on the copy")
 		}
-		require.Equal(t, "orders.replies", md.Get(rabbitmq.ReplyToKey))
-		require.Equal(t, "2026-11-30T12:00:00Z", md.Get(rabbitmq.TimestampKey))
-		require.Equal(t, "7", md.Get(rabbitmq.PriorityKey))
+		require.Equal(t, "orders.replies", md.Get(metakeys.PropertyReplyTo))
+		require.Equal(t, "2026-11-30T12:00:00Z", md.Get(metakeys.PropertyTimestamp))
+		require.Equal(t, "7", md.Get(metakeys.PropertyPriority))
 		require.Equal(t, "com.example.OrderCreated", md.Get("__TypeId__"))
 		require.Equal(t, "0", md.Get("retries"))
 	}
 	second := s.deliveries("evt-foreign")[1]
 	require.Equal(t, "2", second.Metadata.Get(sluice.AttemptKey), "the second delivery is the tier's copy")
-	require.Equal(t, "", second.Metadata.Get(rabbitmq.ExchangeKey), "the copy came back through the dead-letter hop")
+	require.Equal(t, "", second.Metadata.Get(metakeys.SourceExchange), "the copy came back through the dead-letter hop")
 
 	p := got[0]
 	requireSameProperties(t, pub, p, "poison copy")
-	require.Equal(t, "poison", p.Headers[poison.ClassKey])
-	require.Equal(t, exchange, p.Headers[poison.ExchangeKey], "the producer's exchange, not the dead-letter hop")
-	require.Equal(t, "orders.created.eu", p.Headers[poison.RoutingKeyKey])
-	require.Equal(t, s.topo.Config().Queue, p.Headers[poison.QueueKey], "replays go to the consumer's queue")
-	require.Equal(t, "guest", p.Headers[rabbitmq.OriginUserIDKey], "the producer's user id travels as a header")
+	require.Equal(t, "poison", p.Headers[metakeys.PoisonClass])
+	require.Equal(t, exchange, p.Headers[metakeys.PoisonExchange], "the producer's exchange, not the dead-letter hop")
+	require.Equal(t, "orders.created.eu", p.Headers[metakeys.PoisonRoutingKey])
+	require.Equal(t, s.topo.Config().Queue, p.Headers[metakeys.PoisonQueue], "replays go to the consumer's queue")
+	require.Equal(t, "guest", p.Headers[metakeys.OriginUserID], "the producer's user id travels as a header")
 	for k := range p.Headers {
-		require.False(t, strings.HasPrefix(k, rabbitmq.PropertyPrefix), "property %s is restored as a property, not a header", k)
+		require.False(t, strings.HasPrefix(k, metakeys.PropertyPrefix), "property %s is restored as a property, not a header", k)
 	}
 }
 
@@ -170,8 +170,8 @@ func TestRetryCopyCarriesTheProperties(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok)
 	requireSameProperties(t, pub, tierCopy, "tier copy")
-	require.Equal(t, "", tierCopy.Headers[rabbitmq.OriginExchangeKey])
-	require.Equal(t, topo.Config().Queue, tierCopy.Headers[rabbitmq.OriginRoutingKeyKey])
+	require.Equal(t, "", tierCopy.Headers[metakeys.OriginExchange])
+	require.Equal(t, topo.Config().Queue, tierCopy.Headers[metakeys.OriginRoutingKey])
 }
 
 // Names at AMQP's 255-byte limit: what fits is used, what does not is
@@ -221,7 +221,7 @@ func TestNamesAtTheLimit(t *testing.T) {
 	m.Metadata.Set(strings.Repeat("h", 256), "v")
 	require.ErrorIs(t, pub.Publish(topo.Config().Queue, m), broker.ErrNameTooLong)
 	m = message.NewMessage(watermill.NewUUID(), nil)
-	m.Metadata.Set(rabbitmq.CorrelationIDKey, strings.Repeat("c", 256))
+	m.Metadata.Set(metakeys.PropertyCorrelationID, strings.Repeat("c", 256))
 	require.ErrorIs(t, pub.Publish(topo.Config().Queue, m), broker.ErrNameTooLong)
 }
 

@@ -8,8 +8,6 @@ const (
 	DialTimeoutDefault   = dialTimeoutDefault
 	DrainTimeoutDefault  = drainTimeoutDefault
 	MappedValueMaxLength = mappedValueMaxLength
-	DeliveryPrefix       = deliveryPrefix
-	PropertyPrefix       = propertyPrefix
 	HeadersMaxEntries    = headersMaxEntries
 	SpringTypeIDHeader   = springTypeIDHeader
 )

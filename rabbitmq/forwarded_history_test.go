@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/router"
 )
@@ -72,14 +72,14 @@ func TestAForwardedCopyIsAFirstDeliveryOnAnotherQueue(t *testing.T) {
 		require.Len(t, got, 3, "%s: B's whole ladder up to its success", id)
 		md := got[0].Metadata
 		for _, k := range []string{sluice.AttemptKey, sluice.LastErrorKey, sluice.FirstFailedAtKey, sluice.RetryTierKey,
-			rabbitmq.OriginRoutingKeyKey, replay.RunKey, replay.ItemKey} {
+			metakeys.OriginRoutingKey, replay.RunKey, replay.ItemKey} {
 			require.Empty(t, md.Get(k), "%s: A's %s is not believed on B's queue", id, k)
 		}
 		require.Equal(t, id, md.Get(sluice.EventIDKey), "the event itself goes through")
 		require.Equal(t, "2", got[1].Metadata.Get(sluice.AttemptKey), "%s: B's own attempts", id)
 		require.Equal(t, "3", got[2].Metadata.Get(sluice.AttemptKey))
 		require.Contains(t, got[1].Metadata.Get(sluice.LastErrorKey), "payments: not yet", "B's own last error")
-		require.Equal(t, b.topo.Config().Queue, got[1].Metadata.Get(rabbitmq.OriginRoutingKeyKey), "B's own origin")
+		require.Equal(t, b.topo.Config().Queue, got[1].Metadata.Get(metakeys.OriginRoutingKey), "B's own origin")
 	}
 	b.stop() // every delivery's stages have returned
 	require.Empty(t, store.records(), "no outcome written into A's run from B's queue")

@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
@@ -20,7 +21,7 @@ import (
 // read through Sluice's frame filter: behind one message whose headers
 // upstream amqp091-go refuses (each hostile shape), the 20 good messages
 // are delivered once each, the hostile one reaches the subscriber's
-// consumer with no header of its producer's and HeadersErrorKey set to
+// consumer with no header of its producer's and metakeys.HeadersError set to
 // the reason, and the subscriber connects once (no FRAME_ERROR, no
 // reconnect). Before, watermill-amqp's connection went through upstream's
 // client unfiltered: 0 of the 20 in 30 s, thousands of reconnects.
@@ -69,12 +70,12 @@ func TestWatermillSubscribersReadHostileHeadersThroughTheFilter(t *testing.T) {
 					case m := <-msgs:
 						seen[m.UUID]++
 						if m.UUID == "hostile" {
-							require.Contains(t, m.Metadata.Get(rabbitmq.HeadersErrorKey), h.reason)
+							require.Contains(t, m.Metadata.Get(metakeys.HeadersError), h.reason)
 							for k := range h.headers {
 								require.NotContains(t, m.Metadata, k, "no header of the unreadable table")
 							}
 						} else {
-							require.Empty(t, m.Metadata.Get(rabbitmq.HeadersErrorKey))
+							require.Empty(t, m.Metadata.Get(metakeys.HeadersError))
 							require.NotEmpty(t, m.Metadata.Get("n"), "a good message's headers kept")
 						}
 						m.Ack()

@@ -14,6 +14,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -50,11 +51,11 @@ func TestPublisherRefusesAContentHeaderOverTheFrameToTheByte(t *testing.T) {
 	publish := func(n int) error {
 		m := message.NewMessage("u-1", []byte("body"))
 		m.Metadata.Set(sluice.EventIDKey, "evt-1")
-		m.Metadata.Set(rabbitmq.ContentTypeKey, "application/json")
-		m.Metadata.Set(rabbitmq.CorrelationIDKey, "corr-1")
-		m.Metadata.Set(rabbitmq.MessageIDKey, "m-1")
-		m.Metadata.Set(rabbitmq.TimestampKey, ts.Format(time.RFC3339))
-		m.Metadata.Set(rabbitmq.PriorityKey, "3")
+		m.Metadata.Set(metakeys.PropertyContentType, "application/json")
+		m.Metadata.Set(metakeys.PropertyCorrelationID, "corr-1")
+		m.Metadata.Set(metakeys.PropertyMessageID, "m-1")
+		m.Metadata.Set(metakeys.PropertyTimestamp, ts.Format(time.RFC3339))
+		m.Metadata.Set(metakeys.PropertyPriority, "3")
 		m.Metadata.Set("blob", strings.Repeat("x", n))
 		return pub.Publish(queue, m)
 	}

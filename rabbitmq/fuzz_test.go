@@ -7,6 +7,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
@@ -88,19 +89,19 @@ func FuzzMarshalerUnmarshal(f *testing.F) {
 			if strings.HasPrefix(k, "x-") {
 				t.Fatalf("broker header %q in the metadata", k)
 			}
-			if s, ok := h[k].(string); ok && !strings.HasPrefix(k, rabbitmq.DeliveryPrefix) && k != "_watermill_message_uuid" && s != v {
+			if s, ok := h[k].(string); ok && !strings.HasPrefix(k, metakeys.DeliveryPrefix) && k != "_watermill_message_uuid" && s != v {
 				t.Fatalf("string header %q changed: %q → %q", k, s, v)
 			}
 		}
-		if msg.Metadata.Get(rabbitmq.ExchangeKey) != exchange {
-			t.Fatalf("exchange %q, want %q", msg.Metadata.Get(rabbitmq.ExchangeKey), exchange)
+		if msg.Metadata.Get(metakeys.SourceExchange) != exchange {
+			t.Fatalf("exchange %q, want %q", msg.Metadata.Get(metakeys.SourceExchange), exchange)
 		}
 		pub, err := rabbitmq.Marshaler{}.Marshal(msg)
 		if err != nil {
 			t.Fatalf("Marshal failed: %v", err)
 		}
 		for k, v := range pub.Headers {
-			if strings.HasPrefix(k, rabbitmq.DeliveryPrefix) {
+			if strings.HasPrefix(k, metakeys.DeliveryPrefix) {
 				t.Fatalf("delivery-scoped key %q republished", k)
 			}
 			if _, ok := v.(string); !ok { // metadata is text: every republished header is a string

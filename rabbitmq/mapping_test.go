@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
@@ -40,8 +41,8 @@ func TestMappingDefaults(t *testing.T) {
 	require.Equal(t, "corr-42", md.Get(middleware.CorrelationIDMetadataKey))
 	require.Equal(t, "corr-42", middleware.MessageCorrelationID(&message.Message{Metadata: md}))
 	require.Empty(t, md.Get(sluice.EventIDKey), "a message id is not an event id unless asked")
-	require.Equal(t, "order.created", md.Get(rabbitmq.TypeKey), "the property keys are kept")
-	require.Equal(t, "corr-42", md.Get(rabbitmq.CorrelationIDKey))
+	require.Equal(t, "order.created", md.Get(metakeys.PropertyType), "the property keys are kept")
+	require.Equal(t, "corr-42", md.Get(metakeys.PropertyCorrelationID))
 
 	d := springDelivery()
 	delete(d.Headers, rabbitmq.SpringTypeIDHeader)
@@ -130,7 +131,7 @@ func TestMappingRoundTrip(t *testing.T) {
 	off := []rabbitmq.Source{}
 	for _, reader := range []rabbitmq.Marshaler{m, {}, {Map: rabbitmq.Mapping{EventType: off, CorrelationID: off}}} {
 		md := unmarshal(t, reader, again)
-		for _, k := range []string{sluice.EventTypeKey, middleware.CorrelationIDMetadataKey, sluice.EventIDKey, rabbitmq.TypeKey, rabbitmq.CorrelationIDKey} {
+		for _, k := range []string{sluice.EventTypeKey, middleware.CorrelationIDMetadataKey, sluice.EventIDKey, metakeys.PropertyType, metakeys.PropertyCorrelationID} {
 			require.Equal(t, msg.Metadata.Get(k), md.Get(k), k)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
+	"github.com/sluicemq/sluice/internal/metakeys"
 )
 
 // Marshaler is a watermill-amqp Marshaler that reads any delivery.
@@ -28,34 +29,36 @@ import (
 // instead:
 //   - keeps string headers as metadata, as DefaultMarshaler does;
 //   - leaves RabbitMQ's own x- headers out of the metadata, and sets the
-//     delivery-scoped keys (ExchangeKey, DeathCountKey, FirstDeathQueueKey,
-//     ...) from them and from the delivery;
+//     delivery-scoped keys (sluice_amqp_exchange, sluice_amqp_death_count,
+//     sluice_amqp_first_death_queue, ...) from them and from the delivery;
 //   - turns other producers' non-string headers into text: integers and
 //     floats in decimal, booleans as true/false, timestamps in RFC 3339,
 //     byte arrays as text when they are UTF-8, tables and arrays as JSON. A
 //     copy republished from such a message carries them as strings;
 //   - exposes the AMQP properties (content type and encoding, correlation
 //     and message id, type, app id, timestamp, priority, reply-to, user id)
-//     as the property keys (ContentTypeKey, ...), which Marshal restores as
-//     properties. Only the properties set them: a header named like a
-//     property key (sluice_property_*) is a producer's forgery and is
-//     dropped, so it can neither pose as a property nor make every copy
-//     unpublishable;
-//   - sets HeadersErrorKey, with no header, on a delivery whose headers
-//     table Sluice's frame filter replaced because the AMQP client would
-//     refuse to read it (the Consumer isolates it);
+//     as the property keys (sluice_property_content_type, ...), which
+//     Marshal restores as properties. Only the properties set them: a
+//     header named like a property key (sluice_property_*) is a producer's
+//     forgery and is dropped, so it can neither pose as a property nor make
+//     every copy unpublishable;
+//   - sets sluice_amqp_headers_error, with no header, on a delivery whose
+//     headers table Sluice's frame filter replaced because the AMQP client
+//     would refuse to read it (the Consumer isolates it);
 //   - refuses a delivery without an acknowledger (ErrNoDelivery): amqp091
 //     hands out zero deliveries once the server cancels a consumer, and
 //     those are never messages.
 //
 // Marshal publishes persistently, the metadata as headers and the UUID in
 // _watermill_message_uuid (as DefaultMarshaler), without the
-// delivery-scoped keys, with the property keys as properties (UserIDKey as
-// the header OriginUserIDKey: RabbitMQ refuses a foreign user_id). What AMQP
-// cannot carry — a header name or a short-string property over 255 bytes, a
-// priority or timestamp that does not parse, a property key it has no
-// property for — is a *sluice.UnpublishableError naming the key (matching
-// sluice.ErrUnpublishable), never cut short.
+// delivery-scoped keys, with the property keys as properties
+// (sluice_property_user_id as the header sluice_origin_user_id: RabbitMQ
+// refuses a foreign user_id). What AMQP cannot carry — a header name or a
+// short-string property over 255 bytes, a priority or timestamp that does
+// not parse, a property key it has no property for — is a
+// *sluice.UnpublishableError naming the key (matching
+// sluice.ErrUnpublishable), never cut short. The keys are the strings of
+// docs/rabbitmq.md's tables ("The marshaler", "AMQP properties").
 //
 // Unmarshal also maps a foreign producer's properties and headers to the
 // metadata Sluice and Watermill read, when the message has none of its own
@@ -98,16 +101,16 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 		switch {
 		case isDeliveryScoped(k), k == publishIDHeader:
 			continue
-		case k == UserIDKey:
+		case k == metakeys.PropertyUserID:
 			// RabbitMQ refuses a publish whose user_id is not the publishing
-			// connection's user: the producer's travels in OriginUserIDKey
-			// (which Unmarshal sets beside UserIDKey; recorded here for a
-			// message built by hand).
-			if _, ok := msg.Metadata[OriginUserIDKey]; !ok && v != "" {
-				pub.Headers[OriginUserIDKey] = v
+			// connection's user: the producer's travels in OriginUserID
+			// (which Unmarshal sets beside PropertyUserID; recorded here
+			// for a message built by hand).
+			if _, ok := msg.Metadata[metakeys.OriginUserID]; !ok && v != "" {
+				pub.Headers[metakeys.OriginUserID] = v
 			}
 			continue
-		case strings.HasPrefix(k, propertyPrefix):
+		case strings.HasPrefix(k, metakeys.PropertyPrefix):
 			if err := setProperty(&pub, k, v); err != nil {
 				return amqp.Publishing{}, &sluice.UnpublishableError{Key: k, Err: err}
 			}
@@ -127,10 +130,11 @@ func (m Marshaler) Marshal(msg *message.Message) (amqp.Publishing, error) {
 }
 
 // StampTimestamp sets a publishing's AMQP timestamp to the time of the
-// publish when it has none (its message carried no TimestampKey). Set it as
-// the Marshaler's PostprocessPublishing, and RabbitMQ reports how long a
-// classic queue's head message has waited (head_message_timestamp, shown by
-// `sluice queues --management-url`):
+// publish when it has none (its message carried no
+// sluice_property_timestamp). Set it as the Marshaler's
+// PostprocessPublishing, and RabbitMQ reports how long a classic queue's
+// head message has waited (head_message_timestamp, shown by `sluice queues
+// --management-url`):
 //
 //	rabbitmq.Marshaler{DefaultMarshaler: wamqp.DefaultMarshaler{PostprocessPublishing: rabbitmq.StampTimestamp}}
 //
@@ -155,27 +159,27 @@ func setProperty(pub *amqp.Publishing, k, v string) error {
 		return nil
 	}
 	switch k {
-	case ContentTypeKey:
+	case metakeys.PropertyContentType:
 		return short(&pub.ContentType)
-	case ContentEncodingKey:
+	case metakeys.PropertyContentEncoding:
 		return short(&pub.ContentEncoding)
-	case CorrelationIDKey:
+	case metakeys.PropertyCorrelationID:
 		return short(&pub.CorrelationId)
-	case MessageIDKey:
+	case metakeys.PropertyMessageID:
 		return short(&pub.MessageId)
-	case TypeKey:
+	case metakeys.PropertyType:
 		return short(&pub.Type)
-	case AppIDKey:
+	case metakeys.PropertyAppID:
 		return short(&pub.AppId)
-	case ReplyToKey:
+	case metakeys.PropertyReplyTo:
 		return short(&pub.ReplyTo)
-	case TimestampKey:
+	case metakeys.PropertyTimestamp:
 		t, err := time.Parse(time.RFC3339Nano, v)
 		if err != nil {
 			return errors.New("want an RFC 3339 time")
 		}
 		pub.Timestamp = t
-	case PriorityKey:
+	case metakeys.PropertyPriority:
 		p, err := strconv.ParseUint(v, 10, 8)
 		if err != nil {
 			return errors.New("want 0-255 in decimal")
@@ -198,9 +202,11 @@ func (m Marshaler) uuidKey() string {
 // read from a channel of Dial's connection. A delivery without an
 // acknowledger gives ErrNoDelivery. The UUID is the _watermill_message_uuid
 // header, else the message_id property, else a new one. The Map's keys the
-// message does not carry are set from their sources. HeadersErrorKey is set
-// when Sluice's frame filter replaced d's headers table (the connections of
-// Dial, NewBroker, NewSubscriber and WithMarshaler read through it).
+// message does not carry are set from their sources.
+// sluice_amqp_headers_error is set when Sluice's frame filter replaced d's
+// headers table (the connections of Dial, NewBroker, NewSubscriber and
+// WithMarshaler read through it). docs/rabbitmq.md's tables list every key
+// it sets.
 func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	if d.Acknowledger == nil {
 		return nil, ErrNoDelivery
@@ -215,7 +221,7 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	for k, v := range d.Headers {
 		switch {
 		case k == uuidKey, k == publishIDHeader, isDeliveryScoped(k):
-		case strings.HasPrefix(k, propertyPrefix):
+		case strings.HasPrefix(k, metakeys.PropertyPrefix):
 			// Only Sluice writes its property keys, from the delivery's
 			// own properties (below): a header of that name is a
 			// producer's, and a copy Sluice wrote carries its properties
@@ -230,13 +236,13 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	properties(msg.Metadata, d)
 	m.Map.apply(msg.Metadata, d)
 	if d.UserId != "" { // the producer's own publish: its validated user, whatever a header says
-		msg.Metadata[OriginUserIDKey] = d.UserId
+		msg.Metadata[metakeys.OriginUserID] = d.UserId
 	}
-	msg.Metadata[ExchangeKey] = d.Exchange
-	msg.Metadata[RoutingKeyKey] = d.RoutingKey
-	msg.Metadata[RedeliveredKey] = strconv.FormatBool(d.Redelivered)
+	msg.Metadata[metakeys.SourceExchange] = d.Exchange
+	msg.Metadata[metakeys.SourceRoutingKey] = d.RoutingKey
+	msg.Metadata[metakeys.Redelivered] = strconv.FormatBool(d.Redelivered)
 	if reason, ok := headersReason(d.Headers); ok {
-		msg.Metadata[HeadersErrorKey] = reason
+		msg.Metadata[metakeys.HeadersError] = reason
 	}
 	return msg, nil
 }
@@ -244,19 +250,19 @@ func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 // properties sets the property keys of d's properties that are set.
 func properties(md message.Metadata, d amqp.Delivery) {
 	for _, p := range [...]struct{ k, v string }{
-		{ContentTypeKey, d.ContentType}, {ContentEncodingKey, d.ContentEncoding},
-		{CorrelationIDKey, d.CorrelationId}, {MessageIDKey, d.MessageId}, {TypeKey, d.Type},
-		{AppIDKey, d.AppId}, {ReplyToKey, d.ReplyTo}, {UserIDKey, d.UserId},
+		{metakeys.PropertyContentType, d.ContentType}, {metakeys.PropertyContentEncoding, d.ContentEncoding},
+		{metakeys.PropertyCorrelationID, d.CorrelationId}, {metakeys.PropertyMessageID, d.MessageId}, {metakeys.PropertyType, d.Type},
+		{metakeys.PropertyAppID, d.AppId}, {metakeys.PropertyReplyTo, d.ReplyTo}, {metakeys.PropertyUserID, d.UserId},
 	} {
 		if p.v != "" {
 			md[p.k] = p.v
 		}
 	}
 	if !d.Timestamp.IsZero() {
-		md[TimestampKey] = d.Timestamp.UTC().Format(time.RFC3339)
+		md[metakeys.PropertyTimestamp] = d.Timestamp.UTC().Format(time.RFC3339)
 	}
 	if d.Priority != 0 {
-		md[PriorityKey] = strconv.Itoa(int(d.Priority))
+		md[metakeys.PropertyPriority] = strconv.Itoa(int(d.Priority))
 	}
 }
 
@@ -264,13 +270,13 @@ func properties(md message.Metadata, d amqp.Delivery) {
 func brokerHeader(md message.Metadata, k string, v any) {
 	switch k {
 	case "x-delivery-count":
-		md[DeliveryCountKey] = headerText(v)
+		md[metakeys.DeliveryCount] = headerText(v)
 	case "x-first-death-queue":
-		md[FirstDeathQueueKey] = headerText(v)
+		md[metakeys.FirstDeathQueue] = headerText(v)
 	case "x-first-death-reason":
-		md[FirstDeathReasonKey] = headerText(v)
+		md[metakeys.FirstDeathReason] = headerText(v)
 	case "x-first-death-exchange":
-		md[FirstDeathExchangeKey] = headerText(v)
+		md[metakeys.FirstDeathExchange] = headerText(v)
 	case "x-death":
 		deaths, _ := v.([]any)
 		var total int64
@@ -283,11 +289,11 @@ func brokerHeader(md message.Metadata, k string, v any) {
 				total += n
 			}
 			if i == 0 { // RabbitMQ puts the most recent death first
-				md[LastDeathQueueKey] = headerText(t["queue"])
-				md[LastDeathReasonKey] = headerText(t["reason"])
+				md[metakeys.DeadLetterQueue] = headerText(t["queue"])
+				md[metakeys.DeadLetterReason] = headerText(t["reason"])
 			}
 		}
-		md[DeathCountKey] = strconv.FormatInt(total, 10)
+		md[metakeys.DeathCount] = strconv.FormatInt(total, 10)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
@@ -46,26 +47,26 @@ func TestMarshalerUnmarshalsBrokerHeaders(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "uuid-1", msg.UUID)
 	want := map[string]string{
-		"sluice_event_id":              "evt-1",
-		rabbitmq.DeathCountKey:         "3",
-		rabbitmq.LastDeathQueueKey:     "orders.retry.5m",
-		rabbitmq.LastDeathReasonKey:    "expired",
-		rabbitmq.FirstDeathQueueKey:    "orders.retry.30s",
-		rabbitmq.FirstDeathReasonKey:   "expired",
-		rabbitmq.FirstDeathExchangeKey: "",
-		rabbitmq.DeliveryCountKey:      "3",
-		rabbitmq.ExchangeKey:           "orders",
-		rabbitmq.RoutingKeyKey:         "orders.created",
-		rabbitmq.RedeliveredKey:        "true",
-		"retries":                      "7",
-		"big":                          "1099511627776",
-		"urgent":                       "true",
-		"ratio":                        "0.25",
-		"sent_at":                      "2026-11-30T09:00:00Z",
-		"price":                        "19.99",
-		"raw":                          "bytes",
-		"nested":                       `{"a":1,"b":["x",false]}`,
-		"nothing":                      "",
+		"sluice_event_id":           "evt-1",
+		metakeys.DeathCount:         "3",
+		metakeys.DeadLetterQueue:    "orders.retry.5m",
+		metakeys.DeadLetterReason:   "expired",
+		metakeys.FirstDeathQueue:    "orders.retry.30s",
+		metakeys.FirstDeathReason:   "expired",
+		metakeys.FirstDeathExchange: "",
+		metakeys.DeliveryCount:      "3",
+		metakeys.SourceExchange:     "orders",
+		metakeys.SourceRoutingKey:   "orders.created",
+		metakeys.Redelivered:        "true",
+		"retries":                   "7",
+		"big":                       "1099511627776",
+		"urgent":                    "true",
+		"ratio":                     "0.25",
+		"sent_at":                   "2026-11-30T09:00:00Z",
+		"price":                     "19.99",
+		"raw":                       "bytes",
+		"nested":                    `{"a":1,"b":["x",false]}`,
+		"nothing":                   "",
 	}
 	for k, v := range want {
 		require.Equal(t, v, msg.Metadata.Get(k), k)
@@ -81,7 +82,7 @@ func TestMarshalerUnmarshalsBrokerHeaders(t *testing.T) {
 	require.Equal(t, "uuid-1", pub.Headers["_watermill_message_uuid"])
 	require.Equal(t, amqp.Persistent, pub.DeliveryMode)
 	for k := range pub.Headers {
-		require.NotContains(t, k, rabbitmq.DeliveryPrefix, "delivery-scoped keys are not republished")
+		require.NotContains(t, k, metakeys.DeliveryPrefix, "delivery-scoped keys are not republished")
 	}
 }
 
@@ -110,9 +111,9 @@ func TestSubscriberHandlesTypedHeaders(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("no delivery")
 	}
-	require.Equal(t, "3", got.Metadata.Get(rabbitmq.DeathCountKey))
+	require.Equal(t, "3", got.Metadata.Get(metakeys.DeathCount))
 	require.Equal(t, "true", got.Metadata.Get("urgent"))
-	require.Equal(t, "false", got.Metadata.Get(rabbitmq.RedeliveredKey), "delivered once, not nacked and redelivered")
+	require.Equal(t, "false", got.Metadata.Get(metakeys.Redelivered), "delivered once, not nacked and redelivered")
 	got.Ack()
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q) == 0 }, time.Minute, 20*time.Millisecond)
 }
@@ -133,7 +134,7 @@ func TestMarshalerRefusesAZeroDelivery(t *testing.T) {
 }
 
 // StampTimestamp as the Marshaler's PostprocessPublishing: a message without
-// a timestamp gets the time of its publish, one with TimestampKey keeps its
+// a timestamp gets the time of its publish, one with metakeys.PropertyTimestamp keeps its
 // own, and a copy republished from a consumed delivery keeps the first.
 func TestStampTimestamp(t *testing.T) {
 	t.Parallel()
@@ -150,7 +151,7 @@ func TestStampTimestamp(t *testing.T) {
 	before := time.Now().Truncate(time.Second)
 	fresh := message.NewMessage("fresh", []byte(`{}`))
 	own := message.NewMessage("own", []byte(`{}`))
-	own.Metadata.Set(rabbitmq.TimestampKey, "2026-01-02T03:04:05Z")
+	own.Metadata.Set(metakeys.PropertyTimestamp, "2026-01-02T03:04:05Z")
 	require.NoError(t, pub.Publish(q, fresh, own))
 	got := testenv.Drain(t, conn, q)
 	require.Len(t, got, 2)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
@@ -278,7 +279,7 @@ func TestPartitionedTierReturnsToItsPartition(t *testing.T) {
 			}
 			msg, err := rabbitmq.Marshaler{}.Unmarshal(got)
 			require.NoError(t, err)
-			require.Equal(t, e.Tiers[0].Topic, msg.Metadata.Get(rabbitmq.LastDeathQueueKey))
+			require.Equal(t, e.Tiers[0].Topic, msg.Metadata.Get(metakeys.DeadLetterQueue))
 		})
 	}
 }

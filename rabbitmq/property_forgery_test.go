@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
@@ -21,19 +22,19 @@ func TestMarshalerDropsPropertyHeaders(t *testing.T) {
 	msg, err := rabbitmq.Marshaler{}.Unmarshal(amqp.Delivery{
 		Acknowledger: nopAcker{},
 		Headers: amqp.Table{
-			rabbitmq.PriorityKey:                "high",
-			rabbitmq.ContentTypeKey:             "text/forged",
-			rabbitmq.UserIDKey:                  "admin",
-			rabbitmq.TimestampKey:               "yesterday",
-			rabbitmq.PropertyPrefix + "unknown": "x",
+			metakeys.PropertyPriority:           "high",
+			metakeys.PropertyContentType:        "text/forged",
+			metakeys.PropertyUserID:             "admin",
+			metakeys.PropertyTimestamp:          "yesterday",
+			metakeys.PropertyPrefix + "unknown": "x",
 			"sluice_event_id":                   "evt-1",
 		},
 		ContentType: "application/json", Priority: 3,
 	})
 	require.NoError(t, err)
-	require.Equal(t, "application/json", msg.Metadata.Get(rabbitmq.ContentTypeKey), "the real property")
-	require.Equal(t, "3", msg.Metadata.Get(rabbitmq.PriorityKey), "the real property")
-	for _, k := range []string{rabbitmq.UserIDKey, rabbitmq.TimestampKey, rabbitmq.PropertyPrefix + "unknown"} {
+	require.Equal(t, "application/json", msg.Metadata.Get(metakeys.PropertyContentType), "the real property")
+	require.Equal(t, "3", msg.Metadata.Get(metakeys.PropertyPriority), "the real property")
+	for _, k := range []string{metakeys.PropertyUserID, metakeys.PropertyTimestamp, metakeys.PropertyPrefix + "unknown"} {
 		_, ok := msg.Metadata[k]
 		require.False(t, ok, "%s: no such property on the delivery, and the header is dropped", k)
 	}
@@ -42,24 +43,24 @@ func TestMarshalerDropsPropertyHeaders(t *testing.T) {
 }
 
 // A copy Sluice publishes carries the producer's validated user id as
-// OriginUserIDKey (RabbitMQ refuses a foreign user_id property); what AMQP
+// metakeys.OriginUserID (RabbitMQ refuses a foreign user_id property); what AMQP
 // cannot carry is an UnpublishableError naming the key, never the value.
 func TestMarshalerUnpublishableNamesTheKey(t *testing.T) {
 	t.Parallel()
 	m := message.NewMessage("u", nil)
-	m.Metadata.Set(rabbitmq.UserIDKey, "orders-svc")
+	m.Metadata.Set(metakeys.PropertyUserID, "orders-svc")
 	pub, err := rabbitmq.Marshaler{}.Marshal(m)
 	require.NoError(t, err)
-	require.Equal(t, "orders-svc", pub.Headers[rabbitmq.OriginUserIDKey])
+	require.Equal(t, "orders-svc", pub.Headers[metakeys.OriginUserID])
 	require.Empty(t, pub.UserId)
-	require.NotContains(t, pub.Headers, rabbitmq.UserIDKey)
+	require.NotContains(t, pub.Headers, metakeys.PropertyUserID)
 
 	long := strings.Repeat("k", 300)
 	for key, value := range map[string]string{
-		rabbitmq.PriorityKey:                "high-and-secret",
-		rabbitmq.TimestampKey:               "secret-time",
-		rabbitmq.ContentTypeKey:             strings.Repeat("secret", 50),
-		rabbitmq.PropertyPrefix + "unknown": "secret",
+		metakeys.PropertyPriority:           "high-and-secret",
+		metakeys.PropertyTimestamp:          "secret-time",
+		metakeys.PropertyContentType:        strings.Repeat("secret", 50),
+		metakeys.PropertyPrefix + "unknown": "secret",
 		long:                                "v",
 	} {
 		m := message.NewMessage("u", nil)
@@ -89,7 +90,7 @@ func TestForgedPropertyHeaderDoesNotStarveTheQueue(t *testing.T) {
 	})
 	for i := range 20 {
 		s.publishRaw(t, amqp.Publishing{Headers: amqp.Table{
-			sluice.EventIDKey: "forged-" + string(rune('a'+i)), rabbitmq.PriorityKey: "high", rabbitmq.TimestampKey: "never",
+			sluice.EventIDKey: "forged-" + string(rune('a'+i)), metakeys.PropertyPriority: "high", metakeys.PropertyTimestamp: "never",
 		}})
 	}
 	for i := range 20 {
@@ -101,8 +102,8 @@ func TestForgedPropertyHeaderDoesNotStarveTheQueue(t *testing.T) {
 	}
 	s.settled(t, 0)
 	for _, d := range s.deliveries("forged-a") {
-		require.Empty(t, d.Metadata.Get(rabbitmq.PriorityKey), "the forged header is no property")
-		require.Empty(t, d.Metadata.Get(rabbitmq.TimestampKey))
+		require.Empty(t, d.Metadata.Get(metakeys.PropertyPriority), "the forged header is no property")
+		require.Empty(t, d.Metadata.Get(metakeys.PropertyTimestamp))
 	}
 	require.Equal(t, "2", s.deliveries("forged-a")[1].Metadata.Get(sluice.AttemptKey), "the tier's copy")
 }
@@ -116,7 +117,7 @@ func TestUnbuildableCopyIsPoisoned(t *testing.T) {
 	s := newBrokerStack(t, func(msg *message.Message) error {
 		switch msg.Metadata.Get(sluice.EventIDKey) {
 		case "bad-priority":
-			msg.Metadata.Set(rabbitmq.PriorityKey, "urgent-secret")
+			msg.Metadata.Set(metakeys.PropertyPriority, "urgent-secret")
 		case "long-name":
 			msg.Metadata.Set(long, "v")
 		}
@@ -131,7 +132,7 @@ func TestUnbuildableCopyIsPoisoned(t *testing.T) {
 	for _, d := range got {
 		byID[d.Headers[sluice.EventIDKey].(string)] = d
 	}
-	for id, key := range map[string]string{"bad-priority": rabbitmq.PriorityKey, "long-name": long} {
+	for id, key := range map[string]string{"bad-priority": metakeys.PropertyPriority, "long-name": long} {
 		d := byID[id]
 		require.Equal(t, "poison", d.Headers["sluice_poison_class"], id)
 		reason := d.Headers["sluice_poison_reason"].(string)
@@ -143,6 +144,6 @@ func TestUnbuildableCopyIsPoisoned(t *testing.T) {
 		require.Len(t, s.deliveries(id), 1, "%s: handled once, not nacked in a loop", id)
 	}
 	require.Contains(t, byID["long-name"].Headers["sluice_poison_dropped"], long[:40])
-	require.Contains(t, byID["bad-priority"].Headers["sluice_poison_dropped"], rabbitmq.PriorityKey)
+	require.Contains(t, byID["bad-priority"].Headers["sluice_poison_dropped"], metakeys.PropertyPriority)
 
 }

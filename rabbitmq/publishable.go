@@ -26,8 +26,8 @@ const maxMessageSizeDefault = 128 << 20
 // headersMaxEntries is the most entries a headers table (or an array or
 // table inside it) may have for Sluice's AMQP client to read it: a
 // delivery with more is isolated without running its handler
-// (HeadersErrorKey), and a basic.return with more cannot be matched to its
-// publish. Publisher.CheckPublish refuses a message with more.
+// (sluice_amqp_headers_error), and a basic.return with more cannot be
+// matched to its publish. Publisher.CheckPublish refuses a message with more.
 const headersMaxEntries = 8192
 
 // headersMaxDepth is how deeply tables and arrays may nest for Sluice's

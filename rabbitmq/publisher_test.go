@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -192,7 +193,7 @@ func TestPublisherPublishEachReportsEveryMessage(t *testing.T) {
 	q := declareQueue(t, "pub_each")
 	p := newPublisher(t, "")
 	batch := msgs(5)
-	batch[2].Metadata.Set(rabbitmq.PriorityKey, "high") // not a number: unpublishable
+	batch[2].Metadata.Set(metakeys.PropertyPriority, "high") // not a number: unpublishable
 	errs := p.PublishEach(q, batch...)
 	require.Len(t, errs, 5)
 	for i, err := range errs {

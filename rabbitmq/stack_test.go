@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -167,9 +168,9 @@ func TestStackTransientTwiceThenSuccess(t *testing.T) {
 		require.NotEmpty(t, last.Get(sluice.FirstFailedAtKey))
 		// Each copy is a new publish without the broker's x-death: the attempt
 		// count lives in Sluice's header, the death count is this copy's own.
-		require.Equal(t, "1", last.Get(rabbitmq.DeathCountKey))
-		require.Equal(t, s.topo.Tiers()[1].Topic, last.Get(rabbitmq.FirstDeathQueueKey))
-		require.Equal(t, "expired", last.Get(rabbitmq.FirstDeathReasonKey))
+		require.Equal(t, "1", last.Get(metakeys.DeathCount))
+		require.Equal(t, s.topo.Tiers()[1].Topic, last.Get(metakeys.FirstDeathQueue))
+		require.Equal(t, "expired", last.Get(metakeys.FirstDeathReason))
 	})
 }
 
@@ -190,30 +191,30 @@ func TestStackAlwaysTransientEndsInPoison(t *testing.T) {
 		require.NoError(t, err)
 		require.JSONEq(t, `{"orderId":"o-1"}`, string(md.Payload), "the original payload")
 		for k, want := range map[string]string{
-			poison.ClassKey:      "exhausted",
-			poison.ConsumerKey:   "inventory",
-			poison.QueueKey:      s.topo.Config().Queue,
-			poison.ExchangeKey:   "",
-			poison.RoutingKeyKey: s.topo.Config().Queue,
-			poison.TraceIDKey:    traceID,
-			sluice.EventIDKey:    "evt-2",
-			sluice.EventTypeKey:  "order.created",
-			sluice.RetryTierKey:  "1s",
-			sluice.AttemptKey:    "4",
+			metakeys.PoisonClass:      "exhausted",
+			metakeys.PoisonConsumer:   "inventory",
+			metakeys.PoisonQueue:      s.topo.Config().Queue,
+			metakeys.PoisonExchange:   "",
+			metakeys.PoisonRoutingKey: s.topo.Config().Queue,
+			metakeys.PoisonTraceID:    traceID,
+			sluice.EventIDKey:         "evt-2",
+			sluice.EventTypeKey:       "order.created",
+			sluice.RetryTierKey:       "1s",
+			sluice.AttemptKey:         "4",
 		} {
 			require.Equal(t, want, md.Metadata.Get(k), k)
 		}
-		reason := md.Metadata.Get(poison.ReasonKey)
+		reason := md.Metadata.Get(metakeys.PoisonReason)
 		require.Contains(t, reason, "retry budget spent after 4 attempts")
 		require.Contains(t, reason, "postgres://app:xxxxx@db/orders", "the password is redacted")
 		require.NotContains(t, reason, "hunter2")
 		first, err := time.Parse(time.RFC3339Nano, md.Metadata.Get(sluice.FirstFailedAtKey))
 		require.NoError(t, err)
-		poisoned, err := time.Parse(time.RFC3339Nano, md.Metadata.Get(poison.PoisonedAtKey))
+		poisoned, err := time.Parse(time.RFC3339Nano, md.Metadata.Get(metakeys.PoisonedAt))
 		require.NoError(t, err)
 		require.GreaterOrEqual(t, poisoned.Sub(first), 1700*time.Millisecond, "the whole ladder was waited")
 		for k := range d.Headers {
-			require.NotContains(t, k, rabbitmq.DeliveryPrefix)
+			require.NotContains(t, k, metakeys.DeliveryPrefix)
 		}
 	})
 }
@@ -248,7 +249,7 @@ func TestStackPoisonAndRejected(t *testing.T) {
 	for _, d := range got {
 		md, err := rabbitmq.Marshaler{}.Unmarshal(d)
 		require.NoError(t, err)
-		classes[md.Metadata.Get(sluice.EventIDKey)] = md.Metadata.Get(poison.ClassKey) + ": " + md.Metadata.Get(poison.ReasonKey)
+		classes[md.Metadata.Get(sluice.EventIDKey)] = md.Metadata.Get(metakeys.PoisonClass) + ": " + md.Metadata.Get(metakeys.PoisonReason)
 	}
 	require.Equal(t, map[string]string{
 		"bad":       `poison: poison: payload: missing field "sku"`,
@@ -270,7 +271,7 @@ func TestStackPoisonQueueUnroutableLosesNothing(t *testing.T) {
 	s.publish(t, "evt-3")
 	require.Eventually(t, func() bool { return len(s.deliveries("evt-3")) >= 3 }, time.Minute, 10*time.Millisecond,
 		"the original is nacked and delivered again while the poison queue is unroutable")
-	require.True(t, s.deliveries("evt-3")[2].Metadata.Get(rabbitmq.RedeliveredKey) == "true")
+	require.True(t, s.deliveries("evt-3")[2].Metadata.Get(metakeys.Redelivered) == "true")
 
 	_, err = s.topo.Declare(t.Context(), s.conn)
 	require.NoError(t, err, "the operator restores the poison queue")
@@ -299,5 +300,5 @@ func TestStackRetryCopiesSkipOtherQueuesOfTheExchange(t *testing.T) {
 	s.settled(t, 0)
 	require.Len(t, s.deliveries("evt-4"), 3)
 	require.Equal(t, 1, testenv.QueueDepth(t, s.conn, other), "the other consumer's queue got the original only")
-	require.Equal(t, ex, s.deliveries("evt-4")[0].Metadata.Get(rabbitmq.ExchangeKey))
+	require.Equal(t, ex, s.deliveries("evt-4")[0].Metadata.Get(metakeys.SourceExchange))
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -108,8 +109,8 @@ func newWaitStack(t *testing.T, cfg rabbitmq.TopologyConfig, handler func(attemp
 		Handler: func(msg *message.Message) error {
 			attempt := msg.Metadata.Get(sluice.AttemptKey)
 			s.mu.Lock()
-			id := msg.Metadata.Get(rabbitmq.MessageIDKey)
-			s.seen[id] = append(s.seen[id], seenDelivery{time.Now(), attempt, msg.Metadata.Get(rabbitmq.LastDeathQueueKey), msg.Metadata.Get(sluice.RetryTierKey)})
+			id := msg.Metadata.Get(metakeys.PropertyMessageID)
+			s.seen[id] = append(s.seen[id], seenDelivery{time.Now(), attempt, msg.Metadata.Get(metakeys.DeadLetterQueue), msg.Metadata.Get(sluice.RetryTierKey)})
 			s.mu.Unlock()
 			return handler(attempt)
 		},
@@ -247,7 +248,7 @@ func TestRetryAfterOnTheBroker(t *testing.T) {
 	conn := testenv.AMQP(t)
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, s.topo.Config().PoisonQueue) == 1 }, time.Minute, 20*time.Millisecond)
 	got := testenv.Drain(t, conn, s.topo.Config().PoisonQueue)
-	require.Equal(t, "exhausted", got[0].Headers[poison.ClassKey])
+	require.Equal(t, "exhausted", got[0].Headers[metakeys.PoisonClass])
 	require.Equal(t, "4", got[0].Headers[sluice.AttemptKey])
 	s.mu.Lock()
 	defer s.mu.Unlock()

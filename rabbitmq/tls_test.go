@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
@@ -73,7 +74,7 @@ func TestTLS(t *testing.T) {
 		case got := <-msgs:
 			require.Equal(t, want, got.UUID)
 			if want == "hostile" {
-				require.Contains(t, got.Metadata.Get(rabbitmq.HeadersErrorKey), `header "arr": an array of more than 8192 items`)
+				require.Contains(t, got.Metadata.Get(metakeys.HeadersError), `header "arr": an array of more than 8192 items`)
 			} else {
 				require.Equal(t, "v", got.Metadata.Get("k"))
 			}

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice/broker"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
@@ -58,8 +59,8 @@ func TestTopologyTiersReturnToTheQueue(t *testing.T) {
 			got := testenv.Drain(t, conn, topo.Config().Queue)
 			msg, err := rabbitmq.Marshaler{}.Unmarshal(got[0])
 			require.NoError(t, err)
-			require.Equal(t, "1", msg.Metadata.Get(rabbitmq.DeathCountKey))
-			require.Equal(t, "expired", msg.Metadata.Get(rabbitmq.FirstDeathReasonKey))
+			require.Equal(t, "1", msg.Metadata.Get(metakeys.DeathCount))
+			require.Equal(t, "expired", msg.Metadata.Get(metakeys.FirstDeathReason))
 		})
 	}
 }

@@ -12,22 +12,9 @@ import (
 
 	"github.com/sluicemq/sluice/internal/amqpframe"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/republish"
 )
-
-// HeadersErrorKey is set on a delivery whose headers table amqp091-go
-// would refuse to read (deeper than 32 levels, a table or array of more
-// than 8,192 entries, an unknown field type): Sluice's frame filter, on
-// the connections of Dial, NewBroker, NewSubscriber and a watermill-amqp
-// Config given to WithMarshaler, replaced the table by this one header,
-// so the connection stays open. The delivery's headers are then dropped —
-// none of them reaches the metadata — and its value is the reason, naming
-// the top-level header and the limit: `headers unparseable: header "tags":
-// an array of more than 8192 items (the client's limit)`. Only this
-// process's filter can set it: a producer's header of that name is
-// stripped on the way in, and dropped by Unmarshal. Delivery-scoped: never
-// published.
-const HeadersErrorKey = deliveryPrefix + "headers_error"
 
 // headersReason is the diagnosis of a delivery whose headers table the
 // frame filter replaced, and whether it was.
@@ -38,19 +25,6 @@ func headersReason(headers amqp.Table) (string, bool) {
 	}
 	return diag.Bound("headers unparseable: "+r, 1024), true
 }
-
-// The poison stage's diagnosis keys (poison.ClassKey, ...), which the
-// Consumer writes on the copy of a delivery it isolates itself: this
-// package imports no stage (a test checks they are the same).
-const (
-	poisonClassKey      = "sluice_poison_class"
-	poisonReasonKey     = "sluice_poison_reason"
-	poisonQueueKey      = "sluice_poison_queue"
-	poisonExchangeKey   = "sluice_poison_exchange"
-	poisonRoutingKeyKey = "sluice_poison_routing_key"
-	poisonDroppedKey    = "sluice_poison_dropped"
-	poisonedAtKey       = "sluice_poisoned_at"
-)
 
 // Bounds of isolating a delivery with unparseable headers.
 const (
@@ -66,16 +40,16 @@ var errNoPoisonQueue = errors.New("rabbitmq: ConsumerConfig.PoisonQueue and Pois
 // back alike. A publish that fails is nacked after isolateBackoff (nothing
 // lost).
 func (s *subscription) isolate(ctx context.Context, d amqp.Delivery, msg *message.Message) {
-	reason := msg.Metadata.Get(HeadersErrorKey)
+	reason := msg.Metadata.Get(metakeys.HeadersError)
 	c := republish.Copy(msg, 7)
 	c.SetContext(ctx)
-	c.Metadata[poisonClassKey] = "poison"
-	c.Metadata[poisonReasonKey] = reason
-	c.Metadata[poisonQueueKey] = s.queue
-	c.Metadata[poisonExchangeKey] = d.Exchange
-	c.Metadata[poisonRoutingKeyKey] = d.RoutingKey
-	c.Metadata[poisonDroppedKey] = "*" // every header of the producer's
-	c.Metadata[poisonedAtKey] = time.Now().UTC().Format(time.RFC3339Nano)
+	c.Metadata[metakeys.PoisonClass] = "poison"
+	c.Metadata[metakeys.PoisonReason] = reason
+	c.Metadata[metakeys.PoisonQueue] = s.queue
+	c.Metadata[metakeys.PoisonExchange] = d.Exchange
+	c.Metadata[metakeys.PoisonRoutingKey] = d.RoutingKey
+	c.Metadata[metakeys.PoisonDropped] = "*" // every header of the producer's
+	c.Metadata[metakeys.PoisonedAt] = time.Now().UTC().Format(time.RFC3339Nano)
 	fields := diag.LogFields(watermill.LogFields{"queue": s.queue, "poison_queue": s.c.cfg.PoisonQueue, "reason": reason,
 		"message_id": d.MessageId, "body_bytes": len(d.Body)})
 	if err := republish.Publish(s.c.cfg.PoisonPublisher, s.c.cfg.PoisonQueue, c, isolateTimeout, isolateBackoff); err != nil {
@@ -87,9 +61,9 @@ func (s *subscription) isolate(ctx context.Context, d amqp.Delivery, msg *messag
 	_ = d.Ack(false)
 }
 
-// readDelivery returns the message of d read by m, with HeadersErrorKey set
-// when the frame filter replaced d's headers table (m may be another
-// marshaler than Sluice's).
+// readDelivery returns the message of d read by m, with
+// sluice_amqp_headers_error set when the frame filter replaced d's headers
+// table (m may be another marshaler than Sluice's).
 func readDelivery(m wamqp.Marshaler, d amqp.Delivery) (*message.Message, error) {
 	msg, err := m.Unmarshal(d)
 	if err != nil {
@@ -97,7 +71,7 @@ func readDelivery(m wamqp.Marshaler, d amqp.Delivery) (*message.Message, error) 
 	}
 	if reason, ok := headersReason(d.Headers); ok {
 		delete(msg.Metadata, amqpframe.Key)
-		msg.Metadata[HeadersErrorKey] = reason
+		msg.Metadata[metakeys.HeadersError] = reason
 	}
 	return msg, nil
 }

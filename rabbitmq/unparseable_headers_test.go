@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -181,11 +182,11 @@ func TestUnparseableHeadersAreIsolatedNotLooped(t *testing.T) {
 	for i, h := range hostile {
 		d, ok := byID["hostile-"+h.name]
 		require.True(t, ok, h.name)
-		require.NotContains(t, d.Headers, rabbitmq.HeadersErrorKey, "the copy's headers are Sluice's diagnosis only")
-		require.Equal(t, "poison", d.Headers[poison.ClassKey], h.name)
-		require.Contains(t, d.Headers[poison.ReasonKey], h.reason, h.name)
-		require.Equal(t, queue, d.Headers[poison.QueueKey])
-		require.Equal(t, "*", d.Headers[poison.DroppedKey], "every producer header was left out")
+		require.NotContains(t, d.Headers, metakeys.HeadersError, "the copy's headers are Sluice's diagnosis only")
+		require.Equal(t, "poison", d.Headers[metakeys.PoisonClass], h.name)
+		require.Contains(t, d.Headers[metakeys.PoisonReason], h.reason, h.name)
+		require.Equal(t, queue, d.Headers[metakeys.PoisonQueue])
+		require.Equal(t, "*", d.Headers[metakeys.PoisonDropped], "every producer header was left out")
 		require.Equal(t, "application/json", d.ContentType, "the properties are kept")
 		require.Equal(t, fmt.Sprintf(`{"hostile":%d}`, i), string(d.Body))
 		require.NotContains(t, d.Headers, sluice.EventIDKey, "no header of the unreadable table is believed")

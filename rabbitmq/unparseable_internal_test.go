@@ -7,29 +7,17 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice/internal/amqpframe"
-	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/internal/metakeys"
 )
-
-// The Consumer writes the poison stage's diagnosis keys without importing
-// the stage: they must be the same.
-func TestIsolatedCopyUsesThePoisonStagesKeys(t *testing.T) {
-	t.Parallel()
-	require.Equal(t, poison.ClassKey, poisonClassKey)
-	require.Equal(t, poison.ReasonKey, poisonReasonKey)
-	require.Equal(t, poison.QueueKey, poisonQueueKey)
-	require.Equal(t, poison.ExchangeKey, poisonExchangeKey)
-	require.Equal(t, poison.RoutingKeyKey, poisonRoutingKeyKey)
-	require.Equal(t, poison.DroppedKey, poisonDroppedKey)
-	require.Equal(t, poison.PoisonedAtKey, poisonedAtKey)
-}
 
 type nopAck struct{ amqp.Acknowledger }
 
-// HeadersErrorKey is the header the frame filter writes: the Marshaler
-// reads it as the filter's reason, and drops it as a delivery-scoped key.
-func TestHeadersErrorKeyIsTheFiltersKey(t *testing.T) {
+// sluice_amqp_headers_error is the header the frame filter writes: the
+// Marshaler reads it as the filter's reason, and drops it as a
+// delivery-scoped key.
+func TestTheFiltersKeyIsDeliveryScoped(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, amqpframe.Key, HeadersErrorKey)
+	require.Equal(t, metakeys.HeadersError, amqpframe.Key)
 	require.True(t, isDeliveryScoped(amqpframe.Key))
 }
 
@@ -37,9 +25,9 @@ func TestHeadersErrorKeyIsTheFiltersKey(t *testing.T) {
 // without it, a producer's) is not believed, and not kept.
 func TestUnmarshalUnparseableHeadersForged(t *testing.T) {
 	t.Parallel()
-	m, err := Marshaler{}.Unmarshal(amqp.Delivery{Acknowledger: nopAck{}, Headers: amqp.Table{HeadersErrorKey: "forged", "a": "b"}})
+	m, err := Marshaler{}.Unmarshal(amqp.Delivery{Acknowledger: nopAck{}, Headers: amqp.Table{metakeys.HeadersError: "forged", "a": "b"}})
 	require.NoError(t, err)
-	require.Empty(t, m.Metadata.Get(HeadersErrorKey))
+	require.Empty(t, m.Metadata.Get(metakeys.HeadersError))
 	require.Equal(t, "b", m.Metadata.Get("a"))
 }
 

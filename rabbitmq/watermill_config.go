@@ -32,8 +32,9 @@ var ErrQueueNotFound = errors.New("rabbitmq: queue not found")
 // Its connection reads through Sluice's frame filter: a delivery whose
 // headers table amqp091-go cannot read (an array of more than 8,192
 // items, say), which would close the connection with FRAME_ERROR again and
-// again, reaches your stages with its headers dropped and HeadersErrorKey
-// set to the reason (docs/rabbitmq.md, "Headers the client cannot read").
+// again, reaches your stages with its headers dropped and
+// sluice_amqp_headers_error set to the reason (docs/rabbitmq.md, "Headers the
+// client cannot parse").
 //
 // The settings of a DefaultMarshaler in cfg (PostprocessPublishing,
 // NotPersistentDeliveryMode, MessageUUIDHeaderKey) are carried into the
@@ -70,11 +71,11 @@ func WithMarshaler(cfg wamqp.Config) (wamqp.Config, error) {
 // filter (internal/amqpframe): a delivery whose headers table amqp091-go
 // would refuse — which closes the whole connection with FRAME_ERROR, and
 // the broker hands the same message back, forever — arrives with that
-// table replaced, and the Marshaler sets HeadersErrorKey. The connection
-// is the one cfg describes: its AmqpConfig (Dial included, wrapped), its
-// TLSConfig (moved into AmqpConfig: for amqps the filter does the TLS
-// handshake itself and reads above it, the URI then amqp:// to the same
-// host and port).
+// table replaced, and the Marshaler sets sluice_amqp_headers_error. The
+// connection is the one cfg describes: its AmqpConfig (Dial included,
+// wrapped), its TLSConfig (moved into AmqpConfig: for amqps the filter does
+// the TLS handshake itself and reads above it, the URI then amqp:// to the
+// same host and port).
 func filtered(cfg wamqp.Config) (wamqp.Config, error) {
 	var ac upstream.Config
 	if cfg.Connection.AmqpConfig != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
@@ -54,7 +55,7 @@ func TestWithMarshalerKeepsTheServicesConfigAndReadsIntegerHeaders(t *testing.T)
 	require.Equal(t, "uuid-7", got.UUID)
 	require.Equal(t, "2", got.Metadata.Get("schemaVersion"))
 	require.Equal(t, "com.example.OrderCreated", got.Metadata.Get(sluice.EventTypeKey))
-	require.Equal(t, "false", got.Metadata.Get(rabbitmq.RedeliveredKey), "read at its first delivery, not nacked and redelivered")
+	require.Equal(t, "false", got.Metadata.Get(metakeys.Redelivered), "read at its first delivery, not nacked and redelivered")
 	got.Ack()
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q) == 0 }, time.Minute, 20*time.Millisecond)
 }

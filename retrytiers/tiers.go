@@ -50,15 +50,15 @@ type Config struct {
 	// signed for another queue (forwarded by a handler there, or replayed onto
 	// this one) is a first attempt here; give the poison and replay stages the
 	// same one (router.Stages.Env does); without one the history is believed
-	// only on a copy back from one of Tiers (rabbitmq.LastDeathQueueKey, reason
-	// expired), and on any other delivery it is removed — a producer's
-	// sluice_attempt never skips the ladder; MeterProvider, which receives the
-	// metrics (default the global provider); Logger, one line per copy parked
-	// (info), per budget spent and per failed publish (error) (default
-	// watermill.NopLogger; router.Add gives the router's); Clock, which stamps
-	// a copy's sluice.FirstFailedAtKey when the delivery has none (default
-	// sluice.SystemClock(); the test kit, package sluicetest, gives its
-	// virtual clock).
+	// only on a copy back from one of Tiers (sluice_amqp_last_death_queue,
+	// reason expired), and on any other delivery it is removed — a producer's
+	// sluice_attempt never skips the ladder; MeterProvider, which receives
+	// the metrics (default the global provider); Logger, one line per copy
+	// parked (info), per budget spent and per failed publish (error) (default
+	// watermill.NopLogger; router.Add gives the router's); Clock, which
+	// stamps a copy's sluice.FirstFailedAtKey when the delivery has none
+	// (default sluice.SystemClock(); the test kit, package sluicetest, gives
+	// its virtual clock).
 	sluice.Env
 	// PublishBackoff is waited before returning a failed publish, so an
 	// unreachable tier is not a hot redelivery loop. Default 1 s.

@@ -16,6 +16,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
@@ -136,7 +137,7 @@ func TestAConsumerResumesAfterABlackHoleThatHealsWithoutResets(t *testing.T) {
 	// caught — its server end holds the claim's row lock until the server
 	// ends it (idle_in_transaction_session_timeout, not set here).
 	for _, d := range testenv.Drain(t, conn, q.Topology().Config().PoisonQueue) {
-		reason := fmt.Sprint(d.Headers[poison.ReasonKey])
+		reason := fmt.Sprint(d.Headers[metakeys.PoisonReason])
 		require.True(t, strings.Contains(reason, "did not answer in time") || strings.Contains(reason, "waited longer than the claim timeout"),
 			"only a stalled connection, or a claim held by one: %s", reason)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
@@ -61,7 +62,7 @@ type deliveries struct {
 
 func (d *deliveries) observe(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		n, _ := strconv.Atoi(msg.Metadata.Get(rabbitmq.DeliveryCountKey))
+		n, _ := strconv.Atoi(msg.Metadata.Get(metakeys.DeliveryCount))
 		d.mu.Lock()
 		d.maxReturns = max(d.maxReturns, n)
 		d.mu.Unlock()

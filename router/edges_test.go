@@ -16,6 +16,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -220,7 +221,7 @@ func timeoutBehindTheRouter(t *testing.T, batch *deduplication.BatchConfig) {
 	got := testenv.Drain(t, conn, queue+".poison")
 	require.Len(t, got, 1)
 	p := got[0]
-	require.Equal(t, "exhausted", p.Headers[poison.ClassKey])
+	require.Equal(t, "exhausted", p.Headers[metakeys.PoisonClass])
 	require.Equal(t, body, p.Body)
 	require.Equal(t, "application/octet-stream", p.ContentType)
 	require.Equal(t, "identity", p.ContentEncoding)

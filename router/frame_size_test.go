@@ -16,6 +16,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
@@ -118,13 +119,13 @@ func TestCopyOverTheFrameIsIsolatedAndThePublisherStaysUp(t *testing.T) {
 	require.NoError(t, err)
 	md := c.Metadata
 	require.Equal(t, "big", md.Get(sluice.EventIDKey))
-	require.Equal(t, "poison", md.Get(poison.ClassKey))
-	require.Contains(t, md.Get(poison.ReasonKey), "frame_max", "the diagnosis says why")
-	require.Contains(t, md.Get(poison.ReasonKey), "stock service: timeout", "and what the handler said")
-	require.LessOrEqual(t, len(md.Get(poison.ReasonKey)), 1024, "the reason is cut to 1 KiB")
-	require.Equal(t, "blob", md.Get(poison.DroppedKey), "the largest header is left out, and named")
+	require.Equal(t, "poison", md.Get(metakeys.PoisonClass))
+	require.Contains(t, md.Get(metakeys.PoisonReason), "frame_max", "the diagnosis says why")
+	require.Contains(t, md.Get(metakeys.PoisonReason), "stock service: timeout", "and what the handler said")
+	require.LessOrEqual(t, len(md.Get(metakeys.PoisonReason)), 1024, "the reason is cut to 1 KiB")
+	require.Equal(t, "blob", md.Get(metakeys.PoisonDropped), "the largest header is left out, and named")
 	require.NotContains(t, md, "blob")
-	require.Equal(t, queue, md.Get(poison.QueueKey))
+	require.Equal(t, queue, md.Get(metakeys.PoisonQueue))
 	require.Equal(t, int64(1), bigCalls.Load(), "isolated at its first failure: never a nack loop")
 
 	mu.Lock()

@@ -21,6 +21,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/embedded"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
@@ -198,8 +199,8 @@ func TestEveryFateIsLoggedOnce(t *testing.T) {
 		}
 	}
 	require.NotNil(t, panicCopy)
-	require.Contains(t, panicCopy.Metadata.Get(poison.StackKey), "runtime/debug.Stack", "the stack in the poison copy")
-	require.LessOrEqual(t, len(panicCopy.Metadata.Get(poison.StackKey)), 8<<10, "StackKey is cut to 8 KiB")
+	require.Contains(t, panicCopy.Metadata.Get(metakeys.PoisonStack), "runtime/debug.Stack", "the stack in the poison copy")
+	require.LessOrEqual(t, len(panicCopy.Metadata.Get(metakeys.PoisonStack)), 8<<10, "sluice_poison_stack is cut to 8 KiB")
 
 	var stackOnSpan, poisonedError bool
 	for _, s := range spans.Ended() {

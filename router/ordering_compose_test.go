@@ -24,6 +24,7 @@ import (
 	"github.com/sluicemq/sluice/ordering"
 	"github.com/sluicemq/sluice/stage"
 
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -106,7 +107,7 @@ func orderedBehindTimeout(t *testing.T, quorum bool) {
 			id := msg.Metadata.Get(sluice.EventIDKey)
 			mu.Lock()
 			deadline, _ := msg.Context().Deadline()
-			runs = append(runs, orderedRun{id: id, correlation: msg.Metadata.Get(rabbitmq.CorrelationIDKey), typ: msg.Metadata.Get("__TypeId__"), attempt: attempt, deadline: deadline})
+			runs = append(runs, orderedRun{id: id, correlation: msg.Metadata.Get(metakeys.PropertyCorrelationID), typ: msg.Metadata.Get("__TypeId__"), attempt: attempt, deadline: deadline})
 			first := id == "a-1" && !timedOut
 			timedOut = timedOut || first
 			mu.Unlock()

@@ -19,6 +19,7 @@ import (
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/ordering"
 
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/sluicesql"
@@ -91,7 +92,7 @@ func (g *givenBack) take(out <-chan *message.Message) (*message.Message, string,
 	g.t.Helper()
 	select {
 	case m := <-out:
-		n, _ := strconv.Atoi(m.Metadata.Get(rabbitmq.DeliveryCountKey))
+		n, _ := strconv.Atoi(m.Metadata.Get(metakeys.DeliveryCount))
 		return m, m.Metadata.Get(sluice.EventIDKey), n
 	case <-time.After(time.Minute):
 		g.t.Fatalf("nothing handed out in a minute; %d dead-lettered by the broker", testenv.QueueDepth(g.t, testenv.AMQP(g.t), g.q.Topology().Config().PoisonQueue))
@@ -203,7 +204,7 @@ func (g *givenBack) inOrder(out <-chan *message.Message, head *message.Message, 
 		if i > from {
 			m, _, _ = g.take(out)
 		}
-		n, _ := strconv.Atoi(m.Metadata.Get(rabbitmq.DeliveryCountKey))
+		n, _ := strconv.Atoi(m.Metadata.Get(metakeys.DeliveryCount))
 		got = append(got, fmt.Sprintf("%s:%d", m.Metadata.Get(sluice.EventIDKey), n))
 		want = append(want, fmt.Sprintf("a-%02d", i))
 		highest = max(highest, n)
@@ -280,7 +281,7 @@ func TestAnOrderedKeyKeepsItsOrderAcrossRestartsMidLoad(t *testing.T) {
 				_, err = router.Add(r, router.HandlerConfig{
 					Broker: b, Name: "ledger",
 					Handler: func(msg *message.Message) error {
-						n, _ := strconv.Atoi(msg.Metadata.Get(rabbitmq.DeliveryCountKey))
+						n, _ := strconv.Atoi(msg.Metadata.Get(metakeys.DeliveryCount))
 						for m := most.Load(); int64(n) > m && !most.CompareAndSwap(m, int64(n)); m = most.Load() {
 						}
 						if run < restarts && first.CompareAndSwap(false, true) {

@@ -18,6 +18,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
@@ -107,9 +108,9 @@ func TestRefusedPoisonCopyIsParked(t *testing.T) {
 	require.Equal(t, []string{"application/json", "gzip", "corr-7", "m-7", "OrderCreated", "spring-orders", "com.example.OrderCreated"},
 		[]string{d.ContentType, d.ContentEncoding, d.CorrelationId, d.MessageId, d.Type, d.AppId, fmt.Sprint(d.Headers["__TypeId__"])},
 		"the producer's properties survived the parking")
-	require.Equal(t, "poison", c.Metadata.Get(poison.ClassKey))
-	require.Contains(t, c.Metadata.Get(poison.ReasonKey), "unknown version 7")
-	require.Empty(t, c.Metadata.Get(poison.ParkedKey), "the copy in the poison queue is not marked parked")
+	require.Equal(t, "poison", c.Metadata.Get(metakeys.PoisonClass))
+	require.Contains(t, c.Metadata.Get(metakeys.PoisonReason), "unknown version 7")
+	require.Empty(t, c.Metadata.Get(metakeys.PoisonParked), "the copy in the poison queue is not marked parked")
 	require.Equal(t, int64(1), handledBad.Load(), "the parked copy came back and was isolated without running the handler")
 	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, telemetry.MetricPoisoned) == 1 }, time.Minute, 5*time.Millisecond,
 		"counted once isolated (after the confirm the test may see first)")

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -52,11 +53,11 @@ func TestARealPoisonCopyCarriesEveryDocumentedHeader(t *testing.T) {
 	for _, k := range poison.Diagnosis() {
 		v, ok := h[k]
 		require.True(t, ok, "the documented header %s is not on the copy (its headers: %v)", k, h)
-		if k != poison.ExchangeKey { // "": the default exchange the broker publishes to
+		if k != metakeys.PoisonExchange { // "": the default exchange the broker publishes to
 			require.NotEmpty(t, v, "the documented header %s is empty", k)
 		}
 	}
-	require.Equal(t, "exhausted", h[poison.ClassKey])
+	require.Equal(t, "exhausted", h[metakeys.PoisonClass])
 	require.Equal(t, "evt-diagnosis", h[sluice.EventIDKey])
 	require.Equal(t, "order.created", h[sluice.EventTypeKey])
 }

@@ -36,7 +36,7 @@ func observe(out chan<- seen) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			s := seen{uuid: msg.UUID, copyID: msg.Metadata.Get(sluice.CopyIDKey), attempt: msg.Metadata.Get(sluice.AttemptKey),
-				redelivered: msg.Metadata.Get(rabbitmq.RedeliveredKey), from: msg.Metadata.Get(metakeys.DeadLetterQueue)}
+				redelivered: msg.Metadata.Get(metakeys.Redelivered), from: msg.Metadata.Get(metakeys.DeadLetterQueue)}
 			ctx, rep := sluice.WithReport(msg.Context())
 			msg.SetContext(ctx)
 			produced, err := h(msg)

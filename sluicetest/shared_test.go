@@ -11,9 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/poisonqueue"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/sluicetest"
 )
@@ -74,7 +74,7 @@ func runTable(t *testing.T, h *sluicetest.Harness) map[string][]string {
 	for subject, tr := range h.Traces() {
 		got[subject] = tr.Outcomes()
 		if last := tr.Last(); last.Outcome == sluice.OutcomePoisoned {
-			got[subject] = append(got[subject], "diagnosis: "+last.Diagnosis[poison.ClassKey]+": "+last.Diagnosis[poison.ReasonKey])
+			got[subject] = append(got[subject], "diagnosis: "+last.Diagnosis[metakeys.PoisonClass]+": "+last.Diagnosis[metakeys.PoisonReason])
 		}
 	}
 	return got

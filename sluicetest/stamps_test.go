@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/service"
 )
 
@@ -47,6 +47,6 @@ func TestTheStagesStampTheirCopiesOnTheVirtualClock(t *testing.T) {
 	require.Equal(t, anHourIn, <-firstFailedAt, "the retry copy's %s", sluice.FirstFailedAtKey)
 	copies := h.emb.Poisoned()
 	require.Len(t, copies, 1)
-	require.Equal(t, anHourIn, copies[0].Metadata.Get(poison.PoisonedAtKey), "the poison copy's %s", poison.PoisonedAtKey)
+	require.Equal(t, anHourIn, copies[0].Metadata.Get(metakeys.PoisonedAt), "the poison copy's %s", metakeys.PoisonedAt)
 	require.Equal(t, anHourIn, copies[0].Metadata.Get(sluice.FirstFailedAtKey), "the poison copy's %s", sluice.FirstFailedAtKey)
 }

@@ -156,7 +156,7 @@ func testNackRedelivers(t *testing.T, b Broker) {
 
 // testTierCopyComesBack: a copy published to the first tier comes back to
 // the topic after the tier's delay, not before, marked as back from that
-// tier (rabbitmq.LastDeathQueueKey, reason expired: the keyless proof that
+// tier (sluice_amqp_last_death_queue, reason expired: the keyless proof that
 // Sluice wrote its retry history).
 func testTierCopyComesBack(t *testing.T, b Broker) {
 	e := b.Endpoints()

@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
@@ -60,11 +60,11 @@ func BenchmarkConsoleLargePoisonQueue(bm *testing.B) {
 	for i := range n {
 		m := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"eventId":"e-%d","pad":"%s"}`, i, strings.Repeat("x", 200)))
 		m.Metadata.Set(sluice.EventIDKey, fmt.Sprint("e-", i))
-		m.Metadata.Set(poison.ClassKey, "poison")
-		m.Metadata.Set(poison.ReasonKey, fmt.Sprintf("order o-%d failed: rule %s", i, letters(i%groups)))
-		m.Metadata.Set(poison.ConsumerKey, "orders")
-		m.Metadata.Set(poison.QueueKey, b.topo.Config().Queue)
-		m.Metadata.Set(poison.PoisonedAtKey, time.Now().UTC().Format(time.RFC3339Nano))
+		m.Metadata.Set(metakeys.PoisonClass, "poison")
+		m.Metadata.Set(metakeys.PoisonReason, fmt.Sprintf("order o-%d failed: rule %s", i, letters(i%groups)))
+		m.Metadata.Set(metakeys.PoisonConsumer, "orders")
+		m.Metadata.Set(metakeys.PoisonQueue, b.topo.Config().Queue)
+		m.Metadata.Set(metakeys.PoisonedAt, time.Now().UTC().Format(time.RFC3339Nano))
 		batch = append(batch, m)
 		if len(batch) == cap(batch) {
 			require.NoError(bm, b.pub.Publish(b.topo.Config().PoisonQueue, batch...))

@@ -22,8 +22,8 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/console"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
@@ -43,12 +43,12 @@ func fillPoison(t *testing.T, b *bed, from, n int) {
 func poisonedCopy(b *bed, i int, at time.Time) *message.Message {
 	m := message.NewMessage(watermill.NewUUID(), fmt.Appendf(nil, `{"eventId":"e-%d"}`, i))
 	m.Metadata.Set(sluice.EventIDKey, fmt.Sprint("e-", i))
-	m.Metadata.Set(poison.ClassKey, "poison")
-	m.Metadata.Set(poison.ReasonKey, fmt.Sprintf("order o-%d failed: no such customer", i))
-	m.Metadata.Set(poison.ConsumerKey, "orders")
-	m.Metadata.Set(poison.QueueKey, b.topo.Config().Queue)
+	m.Metadata.Set(metakeys.PoisonClass, "poison")
+	m.Metadata.Set(metakeys.PoisonReason, fmt.Sprintf("order o-%d failed: no such customer", i))
+	m.Metadata.Set(metakeys.PoisonConsumer, "orders")
+	m.Metadata.Set(metakeys.PoisonQueue, b.topo.Config().Queue)
 	if !at.IsZero() {
-		m.Metadata.Set(poison.PoisonedAtKey, at.UTC().Format(time.RFC3339Nano))
+		m.Metadata.Set(metakeys.PoisonedAt, at.UTC().Format(time.RFC3339Nano))
 	}
 	return m
 }

@@ -13,8 +13,8 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/console"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/signing"
 )
 
@@ -29,7 +29,7 @@ func forgedInto(t *testing.T, b *bed, id string) string {
 	require.NoError(t, err)
 	testenv.DeleteQueuesAtEnd(t, billing)
 	require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, true, false, amqp.Publishing{Headers: amqp.Table{
-		poison.ClassKey: "poison", poison.ReasonKey: "x", poison.QueueKey: billing, sluice.EventIDKey: id,
+		metakeys.PoisonClass: "poison", metakeys.PoisonReason: "x", metakeys.PoisonQueue: billing, sluice.EventIDKey: id,
 	}, Body: []byte(`{}`)}))
 	return billing
 }

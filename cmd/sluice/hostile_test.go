@@ -19,6 +19,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/embedded"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -56,8 +57,8 @@ func TestHostileTextNeverReachesTheOperator(t *testing.T) {
 	require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, false, false, amqp.Publishing{
 		Headers: amqp.Table{
 			sluice.EventIDKey: "evt-" + hostile, sluice.EventTypeKey: "type-" + hostile,
-			poison.ClassKey: "poison", poison.ReasonKey: "bad order " + hostile, poison.QueueKey: target,
-			poison.ConsumerKey: "inventory" + hostile, "note": "v" + hostile,
+			metakeys.PoisonClass: "poison", metakeys.PoisonReason: "bad order " + hostile, metakeys.PoisonQueue: target,
+			metakeys.PoisonConsumer: "inventory" + hostile, "note": "v" + hostile,
 		},
 		Body: []byte(`{"note":"` + hostile + `"}`),
 	}))

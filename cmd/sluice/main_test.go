@@ -23,6 +23,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -152,12 +153,12 @@ func TestReplayByFilterMovesExactlyTheSelected(t *testing.T) {
 	for i, d := range replayed {
 		require.Equal(t, []string{"e2", "e4", "e6"}[i], d.Headers[sluice.EventIDKey])
 		require.Nil(t, d.Headers[sluice.AttemptKey], "the attempt count is reset")
-		require.Nil(t, d.Headers[poison.ClassKey], "the failure history is not replayed")
-		require.Equal(t, "tester", d.Headers[dlq.ReplayedByKey])
-		require.Equal(t, b.topo.Config().PoisonQueue, d.Headers[dlq.ReplayedFromKey])
-		require.Equal(t, "exhausted", d.Headers[dlq.ReplayedClassKey])
-		require.Equal(t, "1", d.Headers[dlq.ReplayCountKey])
-		require.NotEmpty(t, d.Headers[dlq.ReplayedAtKey])
+		require.Nil(t, d.Headers[metakeys.PoisonClass], "the failure history is not replayed")
+		require.Equal(t, "tester", d.Headers[metakeys.ReplayedBy])
+		require.Equal(t, b.topo.Config().PoisonQueue, d.Headers[metakeys.ReplayedFrom])
+		require.Equal(t, "exhausted", d.Headers[metakeys.ReplayedClass])
+		require.Equal(t, "1", d.Headers[metakeys.ReplayCount])
+		require.NotEmpty(t, d.Headers[metakeys.ReplayedAt])
 	}
 
 	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--error-match", `"sku"`)

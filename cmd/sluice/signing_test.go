@@ -17,6 +17,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
@@ -90,7 +91,7 @@ func TestSignedReplayRecordsOutcomesAndRefusesAForgedTarget(t *testing.T) {
 	require.NoError(t, err)
 	testenv.DeleteQueuesAtEnd(t, other)
 	require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, true, false, amqp.Publishing{Headers: amqp.Table{
-		sluice.EventIDKey: "forged", poison.ClassKey: "poison", poison.ReasonKey: "forged", poison.QueueKey: other,
+		sluice.EventIDKey: "forged", metakeys.PoisonClass: "poison", metakeys.PoisonReason: "forged", metakeys.PoisonQueue: other,
 	}, Body: []byte(`{}`)}))
 	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--signing-key-file", keyFile)
 	require.Equal(t, 1, code)
@@ -122,9 +123,9 @@ func TestReplaySignsForTheTargetQueue(t *testing.T) {
 	require.NoError(t, err)
 	old := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 	old.Metadata.Set(sluice.EventIDKey, "poisoned-before")
-	old.Metadata.Set(poison.ClassKey, "exhausted")
-	old.Metadata.Set(poison.ReasonKey, "stock service: timeout")
-	old.Metadata.Set(poison.QueueKey, b.topo.Config().Queue)
+	old.Metadata.Set(metakeys.PoisonClass, "exhausted")
+	old.Metadata.Set(metakeys.PoisonReason, "stock service: timeout")
+	old.Metadata.Set(metakeys.PoisonQueue, b.topo.Config().Queue)
 	testenv.SignV1(key, old)
 	require.NoError(t, b.pub.Publish(b.topo.Config().PoisonQueue, old))
 

@@ -9,8 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/testenv"
-	"github.com/sluicemq/sluice/poison"
 )
 
 // A poison queue of many distinct reasons: stats shows --top of them and
@@ -23,7 +23,7 @@ func TestStatsShowsTheTopFingerprintsAndOther(t *testing.T) {
 	ch := testenv.Channel(t, testenv.AMQP(t))
 	publish := func(reason string) {
 		require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, false, false, amqp.Publishing{
-			Headers: amqp.Table{poison.ClassKey: "exhausted", poison.ReasonKey: reason}}))
+			Headers: amqp.Table{metakeys.PoisonClass: "exhausted", metakeys.PoisonReason: reason}}))
 	}
 	for i := range 40 {
 		if i%4 == 0 {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
-	"github.com/sluicemq/sluice/poison"
+	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/service"
 	"github.com/sluicemq/sluice/sluicetest"
 )
@@ -79,7 +79,7 @@ func TestInventoryOnTheKit(t *testing.T) {
 	h.RequireDuplicate("duplicate of the rejected")
 	h.RequirePoisoned("malformed", sluice.ClassPoison, nil)
 	h.RequirePoisoned("no such order", sluice.ClassInvariant, map[string]string{
-		poison.ReasonKey: "invariant: order o-404 must exist before its reservation",
+		metakeys.PoisonReason: "invariant: order o-404 must exist before its reservation",
 	})
 	require.Equal(t, 9, available(t, h, "book"), "o-1 reserved one book, once")
 	require.Equal(t, 3, available(t, h, "lamp"))

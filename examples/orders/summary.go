@@ -15,7 +15,6 @@ import (
 
 	"github.com/sluicemq/sluice"
 
-	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/sluicesql"
 )
 
@@ -104,7 +103,7 @@ func summarize(ctx context.Context, e env, ob *sluicesql.Outbox, metrics metricR
 			return nil, err
 		}
 		for _, m := range poisoned {
-			h.Poisoned = append(h.Poisoned, poisonedRow{m.Metadata.Get(poison.ClassKey), m.Metadata.Get(sluice.EventIDKey), m.Metadata.Get(poison.ReasonKey)})
+			h.Poisoned = append(h.Poisoned, poisonedRow{m.Metadata.Get("sluice_poison_class"), m.Metadata.Get(sluice.EventIDKey), m.Metadata.Get("sluice_poison_reason")})
 		}
 		sort.Slice(h.Poisoned, func(i, j int) bool { return h.Poisoned[i].Class < h.Poisoned[j].Class })
 		h.Retried = map[string]int64{}

@@ -7,13 +7,15 @@ import (
 	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/sluicemq/sluice/internal/metakeys"
 )
 
 // Key is the only header of a table the filter replaced: its value is
 // token, a space, and the reason the client could not read the table,
 // e.g. `header "tags": an array of more than 8192 items (the client's
 // limit)`. The filter strips it from every other incoming headers table.
-const Key = "sluice_amqp_headers_error"
+const Key = metakeys.HeadersError
 
 // reasonMax bounds the reason the filter writes, in bytes: a rewritten
 // frame is never more than 268 bytes longer than the original, and only

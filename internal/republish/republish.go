@@ -21,8 +21,8 @@ import (
 // context holds a span (the Trace stage's), the copy carries it as
 // sluice.PreviousTraceparentKey; the producer's traceparent stays as is.
 //
-// It records the origin (rabbitmq.OriginExchangeKey and
-// OriginRoutingKeyKey) from the delivery's source keys when the message
+// It records the origin (metakeys.OriginExchange and
+// OriginRoutingKey) from the delivery's source keys when the message
 // carries none yet, so every later copy names the producer's exchange and
 // routing key rather than the last dead-letter hop.
 func Copy(msg *message.Message, extra int) *message.Message {
