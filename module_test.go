@@ -31,7 +31,7 @@ import (
 )
 
 func main() {
-	fmt.Println(rabbitmq.ErrQueueNotFound, router.Order(), sluicesql.NewInbox != nil, service.ErrClosed)
+	fmt.Println(rabbitmq.ErrQueueNotFound, router.Order(), sluicesql.NewInbox != nil, service.New != nil)
 }
 `)
 	run("build", "-o", os.DevNull, ".")

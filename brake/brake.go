@@ -66,8 +66,9 @@ type Config struct {
 	// its virtual clock).
 	sluice.Env
 	// Match narrows the Transient failures that count, e.g.
-	// MatchUnreachable or MatchSQLState("08"). Default: every Transient
-	// failure. Failures of any other class never count.
+	// MatchUnreachable, or a rule of your own on the error's SQLSTATE
+	// (sluicesql.SQLState). Default: every Transient failure. Failures of
+	// any other class never count.
 	Match func(error) bool
 	// Window is how many of the latest outcomes are weighed. Default 50.
 	Window int

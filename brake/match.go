@@ -2,28 +2,9 @@ package brake
 
 import (
 	"errors"
-	"strings"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/internal/sqlstate"
 )
-
-// MatchSQLState returns a Match that accepts errors whose SQLSTATE starts
-// with one of prefixes ("08" connection exceptions, "57P01" admin shutdown).
-func MatchSQLState(prefixes ...string) func(error) bool {
-	return func(err error) bool {
-		state, ok := sqlstate.Of(err)
-		if !ok {
-			return false
-		}
-		for _, p := range prefixes {
-			if strings.HasPrefix(state, p) {
-				return true
-			}
-		}
-		return false
-	}
-}
 
 // MatchUnreachable accepts the errors of a dependency that cannot be
 // reached (sluice.Unreachable: refused, reset or closed connections, failed

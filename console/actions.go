@@ -335,7 +335,7 @@ func (c *Console) record(ctx context.Context, ru *run, items []string, outcome s
 	for _, it := range items {
 		ru.add(it, it, string(outcome), "", reason)
 		rs = append(rs, replay.Record{Run: ru.ID, Item: it, EventID: it, Outcome: outcome,
-			Reason: diag.Bound(reason, replay.ReasonMaxLength), Handler: "operator " + operator, At: time.Now().UTC()})
+			Reason: diag.Bound(reason, replayledger.ReasonMaxLength), Handler: "operator " + operator, At: time.Now().UTC()})
 	}
 	if c.cfg.Outcomes == nil || len(rs) == 0 {
 		return nil

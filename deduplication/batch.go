@@ -26,7 +26,7 @@ type batch struct {
 	sp    unitofwork.Savepointer
 	err   error // Begin's
 
-	claimer SavepointClaimer // sp, when it is one
+	claimer savepointClaimer // sp, when it is one
 
 	turn    chan struct{} // a token: one delivery at a time uses tx
 	next    int           // the next savepoint's number (under turn)
@@ -104,7 +104,7 @@ func (b *batch) run() {
 			err = errNoSavepoints
 		}
 		b.tx, b.sp = tx, sp
-		b.claimer, _ = tx.(SavepointClaimer)
+		b.claimer, _ = tx.(savepointClaimer)
 	}
 	b.err = err
 	close(b.ready)
@@ -228,7 +228,7 @@ func (b *batch) fail(ctx context.Context, m *member, err error) {
 }
 
 // savepointAndClaim sets savepoint sp and claims key after it; with a
-// SavepointClaimer, in one round trip that also releases the savepoint of
+// savepointClaimer, in one round trip that also releases the savepoint of
 // the delivery kept before (b.pending), failing that one if its handler
 // left the transaction aborted.
 func (b *batch) savepointAndClaim(ctx context.Context, sp, key string) (claimed, gaveUp bool, err error) {

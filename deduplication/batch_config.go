@@ -84,7 +84,7 @@ func (c BatchConfig) validate() error {
 	return nil
 }
 
-// SavepointClaimer is a unitofwork.Savepointer that can, in one round trip, release
+// savepointClaimer is a unitofwork.Savepointer that can, in one round trip, release
 // the savepoint of the delivery before (release, "" for none), set the
 // next delivery's savepoint and claim its key after it: the SQL store on
 // lib/pq. Group commit uses it where the store offers it, and then releases
@@ -97,7 +97,7 @@ func (c BatchConfig) validate() error {
 // cancelling a statement may end the connection, the whole batch's. A claim
 // that waited longer fails with an error matching ErrClaimInProgress. ctx
 // is not cancelled by the inbox while the claim runs.
-type SavepointClaimer interface {
+type savepointClaimer interface {
 	unitofwork.Savepointer
 	ClaimAfter(ctx context.Context, release, savepoint, consumer, key string, wait time.Duration) (bool, error)
 }

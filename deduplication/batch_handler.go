@@ -32,38 +32,37 @@ const (
 	batchHandlerConcurrencyDefault = 2
 )
 
-// BatchHandlerFunc handles the deliveries of one batch in one call, inside
-// the inbox's transaction: every one of msgs was claimed in it, each once
-// (a delivery whose key was processed before, or that another delivery of
-// the batch carries, is not among them). The transaction is
-// unitofwork.FromContext(ctx) — sluicesql.TxFromContext for an SQL store — and each
-// msgs[i].Context() carries it too, as the unit of work of that one event:
-// write what event i produces through it (outbox.Writer.Publish(
-// msgs[i].Context(), ...)) so that it commits, or not, with the event.
-//
-// It returns each event's outcome, outcomes[i] for msgs[i]: nil (done) or
-// an error classed as ever (sluice.Reject, Transient, Poison, Invariant; an
-// unclassed error by the Classifier). A nil or empty slice means every
-// event is done. A rejected event commits with the batch. An event that
-// failed otherwise leaves the batch: the transaction is rolled back and
-// the batch runs again without it — so write nothing outside the
-// transaction — and it takes its usual path alone (a retry tier, the
-// poison queue) with its error. A panic is narrowed down by halving the
-// batch until the one event that panics is found: it fails as Invariant
-// with the *sluice.PanicError, the others commit. So is one error value
-// returned for every event of the call (SameOutcome) when it is Poison or
-// Invariant: a statement of the batch failed, perhaps for one event. A
-// slice of the wrong length fails every event of the call as Invariant.
-//
-// ctx ends when the first of the batch's deliveries' contexts ends (its
-// deadline, the shutdown grace running out).
-type BatchHandlerFunc func(ctx context.Context, msgs []*message.Message) []error
-
 // BatchHandler is a batch handler and how its batches are gathered
 // (NewBatchHandler).
 type BatchHandler struct {
-	// Handle handles one batch. Required.
-	Handle BatchHandlerFunc
+	// Handle handles the deliveries of one batch in one call, inside the
+	// inbox's transaction: every one of msgs was claimed in it, each once
+	// (a delivery whose key was processed before, or that another delivery
+	// of the batch carries, is not among them). The transaction is
+	// unitofwork.FromContext(ctx) — sluicesql.TxFromContext for an SQL
+	// store — and each msgs[i].Context() carries it too, as the unit of
+	// work of that one event: write what event i produces through it
+	// (outbox.Writer.Publish(msgs[i].Context(), ...)) so that it commits,
+	// or not, with the event.
+	//
+	// It returns each event's outcome, outcomes[i] for msgs[i]: nil (done)
+	// or an error classed as ever (sluice.Reject, Transient, Poison,
+	// Invariant; an unclassed error by the Classifier). A nil or empty
+	// slice means every event is done. A rejected event commits with the
+	// batch. An event that failed otherwise leaves the batch: the
+	// transaction is rolled back and the batch runs again without it — so
+	// write nothing outside the transaction — and it takes its usual path
+	// alone (a retry tier, the poison queue) with its error. A panic is
+	// narrowed down by halving the batch until the one event that panics
+	// is found: it fails as Invariant with the *sluice.PanicError, the
+	// others commit. So is one error value returned for every event of the
+	// call (SameOutcome) when it is Poison or Invariant: a statement of the
+	// batch failed, perhaps for one event. A slice of the wrong length
+	// fails every event of the call as Invariant.
+	//
+	// ctx ends when the first of the batch's deliveries' contexts ends (its
+	// deadline, the shutdown grace running out). Required.
+	Handle func(ctx context.Context, msgs []*message.Message) []error
 	// MaxBatch is the most deliveries one batch takes. Give the consumer
 	// deliveries enough in flight to fill it, twice over (a batch fills
 	// while the one before it commits): rabbitmq.BrokerConfig.Prefetch.
@@ -130,7 +129,7 @@ type BatchClaimer interface {
 // claimed, and one COMMIT commits the claims and the effects of every
 // event that did not fail. Each delivery returns — is acked — only after
 // that commit, with its own outcome: nil when done or a duplicate, its
-// error otherwise (see BatchHandlerFunc). The returned function takes the
+// error otherwise (see BatchHandler.Handle). The returned function takes the
 // place of the inbox stage, the recoverer and the handler: put the outer
 // stages (Classify, the brake, the retry tiers, poison, tracing) around it
 // as around the inbox (router.HandlerConfig.BatchHandler does).

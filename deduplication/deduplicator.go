@@ -127,8 +127,8 @@ type deduplicator struct {
 	batchSize  metric.Int64Histogram
 	batches    *batcher       // with Config.Batch
 	calls      *bounded.Calls // the store calls' bounds; given-up calls outstanding
-	// storeBound is StoreTimeout, or -1 for a store bounded by its
-	// contexts (ContextBounded), whose calls run directly.
+	// storeBound is StoreTimeout, or -1 for the MemoryStore, bounded by
+	// its contexts, whose calls run directly.
 	storeBound time.Duration
 }
 
@@ -177,7 +177,13 @@ func newDeduplicator(cfg Config, batchTimer func(time.Duration) *time.Timer) (*d
 			return nil, err
 		}
 	}
-	if cb, ok := cfg.Store.(ContextBounded); ok && cb.BoundedByContext() {
+	// The memory store waits on nothing but a concurrent claim, and that only
+	// until its context ends: its calls run directly. Any other store's run
+	// on a goroutine of their own, to give up on one that outlives
+	// StoreTimeout: database drivers do not all honour their contexts
+	// (lib/pq while it connects without connect_timeout, or while its
+	// cancel request cannot reach a black-holed server).
+	if _, ok := cfg.Store.(*MemoryStore); ok {
 		d.storeBound = -1
 	}
 	return d, nil

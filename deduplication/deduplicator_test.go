@@ -308,7 +308,7 @@ func TestInboxBadKeyIsPoison(t *testing.T) {
 		require.NoError(t, err)
 		_, err = d(handler)(tt.msg)
 		require.Equal(t, sluice.ClassPoison, sluice.ClassOf(err), tt.name)
-		require.ErrorIs(t, err, deduplication.ErrInvalidKey, tt.name)
+		require.ErrorAs(t, err, new(*deduplication.KeyError), tt.name)
 		require.ErrorContains(t, err, tt.wantErr, tt.name)
 	}
 	require.Zero(t, handled, "the handler never runs without a key")

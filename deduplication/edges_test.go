@@ -222,7 +222,7 @@ func TestCollidingIDsAreNeverOneKey(t *testing.T) {
 			case err == nil:
 				processed++
 			case sluice.ClassOf(err) == sluice.ClassPoison:
-				require.ErrorIs(t, err, deduplication.ErrInvalidKey, "%s", payload)
+				require.ErrorAs(t, err, new(*deduplication.KeyError), "%s", payload)
 				poisoned++
 			default:
 				t.Fatalf("%q: %v", payload, err)
@@ -266,7 +266,7 @@ func TestCaseVariantKeysAreTheHandlersEvent(t *testing.T) {
 		_, err := h(message.NewMessage(watermill.NewUUID(), []byte(payload)))
 		if err != nil {
 			require.Equal(t, sluice.ClassPoison, sluice.ClassOf(err), "%s: %v", payload, err)
-			require.ErrorIs(t, err, deduplication.ErrInvalidKey)
+			require.ErrorAs(t, err, new(*deduplication.KeyError))
 			require.ErrorContains(t, err, `counting the names encoding/json matches to it regardless of case ("eventId", "EVENTID")`)
 			poisoned++
 		}

@@ -39,7 +39,7 @@ func FuzzKeyFromJSON(f *testing.F) {
 		for _, k := range keys {
 			key, err := k(msg)
 			if err != nil {
-				if !errors.Is(err, deduplication.ErrInvalidKey) {
+				if !errors.As(err, new(*deduplication.KeyError)) {
 					t.Fatalf("error %v is not a KeyError", err)
 				}
 				continue

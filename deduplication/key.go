@@ -3,7 +3,6 @@ package deduplication
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -15,11 +14,8 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 )
 
-// ErrInvalidKey is matched (errors.Is) by every *KeyError.
-var ErrInvalidKey = errors.New("deduplication: invalid key")
-
 // KeyError reports why no deduplication key could be taken from a message:
-// the message is poison.
+// the message is poison. Match it with errors.As.
 type KeyError struct {
 	// Source names where the key was looked for, e.g. `metadata "sluice_event_id"`
 	// or `JSON field "eventId"`.
@@ -40,9 +36,6 @@ func (e *KeyError) Error() string {
 
 // Unwrap returns the underlying error.
 func (e *KeyError) Unwrap() error { return e.Err }
-
-// Is reports whether target is ErrInvalidKey.
-func (e *KeyError) Is(target error) bool { return target == ErrInvalidKey }
 
 // KeyFunc returns the deduplication key of a message: a business event id,
 // stable across redeliveries and republishing. It must not return the

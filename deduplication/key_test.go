@@ -82,7 +82,7 @@ func TestKeyFuncs(t *testing.T) {
 			t.Parallel()
 			got, err := tt.key(tt.msg)
 			if tt.wantErr != "" {
-				require.ErrorIs(t, err, deduplication.ErrInvalidKey)
+				require.ErrorAs(t, err, new(*deduplication.KeyError))
 				require.ErrorContains(t, err, tt.wantErr)
 				return
 			}

@@ -36,10 +36,6 @@ func NewMemoryStore() *MemoryStore {
 // Begin starts a unit of work.
 func (s *MemoryStore) Begin(context.Context) (unitofwork.Tx, error) { return &memTx{s: s}, nil }
 
-// BoundedByContext reports true: the memory store waits on nothing but a
-// concurrent claim, and that only until its context ends (ContextBounded).
-func (s *MemoryStore) BoundedByContext() bool { return true }
-
 // Len returns how many pairs are recorded as processed.
 func (s *MemoryStore) Len() int {
 	s.mu.Lock()

@@ -33,14 +33,3 @@ type Store interface {
 type IdleBounder interface {
 	ClaimIdle(ctx context.Context, consumer, key string, idle time.Duration) (bool, error)
 }
-
-// ContextBounded is implemented by a Store whose every call returns once its
-// context ends, with nothing to wait on beyond it (MemoryStore). The inbox
-// stage then calls it directly; any other store's calls it runs on a
-// goroutine of their own, to give up on one that outlives
-// Config.StoreTimeout: database drivers do not all honour their contexts
-// (lib/pq while it connects without connect_timeout, or while its cancel
-// request cannot reach a black-holed server).
-type ContextBounded interface {
-	BoundedByContext() bool
-}

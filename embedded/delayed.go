@@ -62,10 +62,10 @@ const maxPendingDefault = 10_000
 
 // errDelayedPublisherFull and errDelayedPublisherClosed are what Publish
 // returns when MaxPending messages already wait, and after Close: they
-// match ErrFull and ErrClosed.
+// match ErrFull and errClosed.
 var (
 	errDelayedPublisherFull   = fmt.Errorf("embedded: delayed publisher full: %w", ErrFull)
-	errDelayedPublisherClosed = fmt.Errorf("embedded: delayed publisher closed: %w", ErrClosed)
+	errDelayedPublisherClosed = fmt.Errorf("embedded: delayed publisher closed: %w", errClosed)
 )
 
 // DelayedPublisher is an in-process message.Publisher for the retry tiers of

@@ -136,9 +136,6 @@ func New(cfg Config) (*Broker, error) {
 	return e, nil
 }
 
-// Tiers returns the in-process retry tiers.
-func (e *Broker) Tiers() []broker.Tier { return append([]broker.Tier(nil), e.tiers...) }
-
 // PubSub returns the in-process broker: publish the handler's input to it
 // (Publisher), or subscribe to a topic no handler of Add consumes.
 func (e *Broker) PubSub() *PubSub { return e.pubsub }
@@ -174,7 +171,7 @@ var _ broker.Broker = (*Broker)(nil)
 func (e *Broker) Endpoints() broker.Endpoints {
 	return broker.Endpoints{
 		System: "gochannel", Topic: e.cfg.Topic, Subscriber: e.pubsub.subscriber(),
-		Tiers: e.Tiers(), RetryPublisher: e.delayed,
+		Tiers: append([]broker.Tier(nil), e.tiers...), RetryPublisher: e.delayed,
 		PoisonTopic: e.cfg.PoisonTopic, PoisonPublisher: e.pubsub,
 		Consumers: 1, MaxConsumers: 1,
 	}

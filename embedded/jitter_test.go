@@ -27,7 +27,7 @@ func TestEmbeddedJitteredTier(t *testing.T) {
 	e, err := embedded.New(embedded.Config{Topic: "orders", TierDelays: []time.Duration{40 * time.Millisecond},
 		TierJitter: broker.Jitter{Fraction: 0.5, Queues: 2}})
 	require.NoError(t, err)
-	waits := e.Tiers()[0].Topics()
+	waits := e.Endpoints().Tiers[0].Topics()
 	require.Equal(t, []string{"orders.retry.40ms", "orders.retry.20ms"}, waits)
 	var mu sync.Mutex
 	from := map[string]int{}

@@ -21,9 +21,9 @@ import (
 // MaxPending copies already wait.
 var ErrFull = errors.New("embedded: embedded topic full")
 
-// ErrClosed is matched by PubSub's Publish and Subscribe errors after
+// errClosed is matched by PubSub's Publish and Subscribe errors after
 // Close, and by DelayedPublisher.Publish's after its Close.
-var ErrClosed = errors.New("embedded: embedded broker closed")
+var errClosed = errors.New("embedded: embedded broker closed")
 
 // PubSub is the embedded default's in-process broker: one bounded
 // queue per topic, read by competing subscriptions, at least once. A
@@ -113,7 +113,7 @@ func (p *PubSub) topic(name string) *embeddedTopic {
 
 // Publish stores a copy of each message in topic and returns; it fails,
 // storing none, when the topic would hold more than MaxQueued deliveries
-// (ErrFull) or after Close (ErrClosed).
+// (ErrFull) or after Close.
 func (p *PubSub) Publish(topic string, msgs ...*message.Message) error {
 	return p.publish(topic, false, msgs...)
 }
@@ -124,7 +124,7 @@ func (p *PubSub) publish(topic string, unbounded bool, msgs ...*message.Message)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return fmt.Errorf("%w: publishing %d messages to %q", ErrClosed, len(msgs), topic)
+		return fmt.Errorf("%w: publishing %d messages to %q", errClosed, len(msgs), topic)
 	}
 	if sink, ok := p.sinks[topic]; ok {
 		sink(msgs...)
@@ -156,7 +156,7 @@ func (p *PubSub) subscribe(ctx context.Context, topic string, gate broker.Gate) 
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return nil, fmt.Errorf("%w: subscribing to %q", ErrClosed, topic)
+		return nil, fmt.Errorf("%w: subscribing to %q", errClosed, topic)
 	}
 	if _, ok := p.sinks[topic]; ok {
 		return nil, fmt.Errorf("embedded: the embedded topic %q is not consumed by subscribing (read it with Broker.Poisoned)", topic)

@@ -2,7 +2,6 @@ package embedded
 
 import (
 	"cmp"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -12,14 +11,12 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 )
 
-// ErrUnfinished is matched by the error of Broker.Close (and
-// PubSub.Close) when deliveries were not acked: an *UnfinishedError.
-var ErrUnfinished = errors.New("embedded: embedded deliveries not finished at Close")
-
 // UnfinishedError counts and names the deliveries the embedded broker did
-// not see acked by the time it closed. It holds the stored copies (payload
-// and metadata), so a caller can keep them — publish them again on the
-// next run — instead of losing them with the process.
+// not see acked by the time it closed: the error of Broker.Close (and
+// PubSub.Close) when deliveries were not acked, matched with errors.As. It
+// holds the stored copies (payload and metadata), so a caller can keep them
+// — publish them again on the next run — instead of losing them with the
+// process: Queued, InFlight and Tiers, in that order.
 type UnfinishedError struct {
 	// Queued were never handed out, or were nacked back (a shutdown, a
 	// delivery held by the brake, a retry tier full): unprocessed.
@@ -53,8 +50,8 @@ func (e *UnfinishedError) Error() string {
 		tiers = fmt.Sprintf("; the delayed publisher dropped %d retry copies (handed back in Tiers): %d still waiting at Close, %d refused by the target",
 			len(e.Tiers), e.tiersWaiting, len(e.Tiers)-e.tiersWaiting)
 	}
-	return fmt.Sprintf("%s: %d deliveries not acked (not durable: lost unless kept from this error): %d queued or nacked back, %d still in a handler: %s%s%s",
-		ErrUnfinished, len(all), len(e.Queued), len(e.InFlight), strings.Join(names, ", "), more, tiers)
+	return fmt.Sprintf("embedded: embedded deliveries not finished at Close: %d deliveries not acked (not durable: lost unless kept from this error): %d queued or nacked back, %d still in a handler: %s%s%s",
+		len(all), len(e.Queued), len(e.InFlight), strings.Join(names, ", "), more, tiers)
 }
 
 // merge returns one error holding the messages of both (either may be nil).
@@ -67,12 +64,4 @@ func merge(a, b *UnfinishedError) *UnfinishedError {
 	}
 	return &UnfinishedError{Queued: append(a.Queued, b.Queued...), InFlight: append(a.InFlight, b.InFlight...),
 		Tiers: append(a.Tiers, b.Tiers...), tiersWaiting: a.tiersWaiting + b.tiersWaiting}
-}
-
-func (e *UnfinishedError) Unwrap() error { return ErrUnfinished }
-
-// Messages returns every delivery not acked and every retry copy not
-// delivered: the queued first, then those in flight, then the tiers'.
-func (e *UnfinishedError) Messages() []*message.Message {
-	return append(append(append([]*message.Message(nil), e.Queued...), e.InFlight...), e.Tiers...)
 }

@@ -96,10 +96,6 @@ type Stats struct {
 	Oldest    time.Time // when the oldest waiting key began to wait; zero when none
 }
 
-// ErrLockTimeout is matched by a Lock error when the key stayed locked by
-// another unit of work for longer than the store waits.
-var ErrLockTimeout = errors.New("ordering: the key is locked by another delivery")
-
 var (
 	errNotWaiting = errors.New("ordering: Hold on a key that does not wait")
 	errGuardDone  = errors.New("ordering: the key's unit of work has ended")

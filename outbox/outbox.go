@@ -16,12 +16,6 @@ import (
 // (Failed.Err).
 const errorMaxLength = 1024
 
-// ErrNoUnitOfWork is matched by a Writer's Publish error when ctx carries
-// no unit of work it can write in (no inbox stage, or an inbox on another
-// database): nothing is written. A service that produces outside a consumer
-// writes in its own transaction instead (sluicesql.Outbox.Write).
-var ErrNoUnitOfWork = errors.New("outbox: no unit of work to write in")
-
 // Writer writes produced messages into the unit of work of the delivery
 // being handled — the inbox's transaction ctx carries — so they are
 // committed with the claim and the business writes, or not at all. The
@@ -34,8 +28,11 @@ type Writer interface {
 	// copied with its metadata) as it writes it, so a message the relay
 	// sends twice, and only such a message, is a duplicate for the
 	// receiving inbox. It writes none of Sluice's control headers
-	// (sluice.IsControlKey): a produced message starts its own history. It returns an error matching
-	// ErrNoUnitOfWork outside one, having written nothing, and an error
+	// (sluice.IsControlKey): a produced message starts its own history.
+	// It returns an error matching unitofwork.ErrMissing outside one (no
+	// inbox stage, or an inbox on another database), having written
+	// nothing — a service that produces outside a consumer writes in its
+	// own transaction instead (sluicesql.Outbox.Write) — and an error
 	// matching unitofwork.ErrAborted when an earlier statement aborted
 	// the transaction: the messages are then written with the claim alone
 	// if the handler rejects the delivery (unitofwork.OnRecordAlone).

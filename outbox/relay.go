@@ -76,8 +76,8 @@ type RelayConfig struct {
 	Concurrency int
 	// PollInterval is the longest a committed row waits for the relay when
 	// nothing wakes it (a commit on another process, a producer that does
-	// not call Wake). Rows committed through the inbox of this process wake
-	// it at once. Default 500 ms.
+	// not call its store's Wake, as sluicesql.Outbox.Wake). Rows committed
+	// through the inbox of this process wake it at once. Default 500 ms.
 	PollInterval time.Duration
 	// PublishTimeout bounds one batch's publishes (and each message's
 	// context). A publish that has not returned by then counts as failed
@@ -167,7 +167,6 @@ type Relay struct {
 	cfg       RelayConfig
 	store     Store
 	publisher message.Publisher
-	wake      chan struct{}
 	stores    <-chan struct{} // the store's wake-ups, or nil
 	closing   chan struct{}
 	done      chan struct{} // closed when Run returns
@@ -200,7 +199,7 @@ func NewRelay(store Store, publisher message.Publisher, cfg RelayConfig) (*Relay
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	r := &Relay{cfg: cfg, store: store, publisher: publisher, wake: make(chan struct{}, 1), closing: make(chan struct{}), done: make(chan struct{}),
+	r := &Relay{cfg: cfg, store: store, publisher: publisher, closing: make(chan struct{}), done: make(chan struct{}),
 		calls: &bounded.Calls{Max: storeCallsMax, Timeout: context.DeadlineExceeded}}
 	r.stores = store.Wakeups()
 	m := telemetry.Meter(cfg.MeterProvider)
@@ -252,16 +251,6 @@ func NewRelay(store Store, publisher message.Publisher, cfg RelayConfig) (*Relay
 		r.reg = reg
 	}
 	return r, nil
-}
-
-// Wake makes the relay look for rows now: call it after committing rows
-// written with a Store's Write in a transaction of your own. Rows written in
-// the inbox's unit of work wake it by themselves.
-func (r *Relay) Wake() {
-	select {
-	case r.wake <- struct{}{}:
-	default:
-	}
 }
 
 // Run relays until ctx ends or Close is called, then returns once the
@@ -364,14 +353,13 @@ func (r *Relay) closingNow() bool {
 func (r *Relay) sleep(ctx context.Context, d time.Duration, wakeable bool) {
 	t := time.NewTimer(d)
 	defer t.Stop()
-	wake, stores := r.wake, r.stores
+	stores := r.stores
 	if !wakeable {
-		wake, stores = nil, nil
+		stores = nil
 	}
 	select {
 	case <-ctx.Done():
 	case <-t.C:
-	case <-wake:
 	case <-stores:
 	}
 }

@@ -367,8 +367,8 @@ func TestTwoRelaysPublishEveryRowOnce(t *testing.T) {
 	t.Parallel()
 	s := newService(t, testenv.AMQPURL)
 	const n = 2000
-	a := s.relay(s.rabbit.Publisher(), outbox.RelayConfig{BatchSize: 50})
-	b := s.relay(s.rabbit.Publisher(), outbox.RelayConfig{BatchSize: 50})
+	s.relay(s.rabbit.Publisher(), outbox.RelayConfig{BatchSize: 50})
+	s.relay(s.rabbit.Publisher(), outbox.RelayConfig{BatchSize: 50})
 	for i := range n / 100 {
 		tx, err := s.db.BeginTxx(t.Context(), nil)
 		require.NoError(t, err)
@@ -378,8 +378,7 @@ func TestTwoRelaysPublishEveryRowOnce(t *testing.T) {
 		}
 		require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, msgs...))
 		require.NoError(t, tx.Commit())
-		a.Wake()
-		b.Wake()
+		s.outbox.Wake() // one relay; the other finds the rows within its PollInterval
 	}
 	got := s.producedMessages(n)
 	seen := map[string]bool{}
@@ -432,7 +431,7 @@ func TestCloseFinishesTheBatchInFlight(t *testing.T) {
 	}
 	require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, msgs...))
 	require.NoError(t, tx.Commit())
-	r.Wake()
+	s.outbox.Wake()
 	<-pub.started
 	closed := make(chan error, 1)
 	go func() { closed <- r.Close() }()
@@ -523,13 +522,13 @@ func TestARefusedBatchDoesNotHoldTheRelay(t *testing.T) {
 	s := newService(t, testenv.AMQPURL)
 	missing := testenv.Name("missing")
 	testenv.DeleteQueuesAtEnd(t, missing)
-	r := s.relay(s.rabbit.Publisher(), outbox.RelayConfig{PollInterval: time.Hour, RetryMin: time.Hour, RetryMax: time.Hour})
+	s.relay(s.rabbit.Publisher(), outbox.RelayConfig{PollInterval: time.Hour, RetryMin: time.Hour, RetryMax: time.Hour})
 	write := func(topic string) {
 		tx, err := s.db.BeginTxx(t.Context(), nil)
 		require.NoError(t, err)
 		require.NoError(t, s.outbox.Write(t.Context(), tx, topic, message.NewMessage("m-"+topic, nil)))
 		require.NoError(t, tx.Commit())
-		r.Wake()
+		s.outbox.Wake()
 	}
 	write(missing)
 	require.Eventually(t, func() bool { st, err := s.outbox.Stats(t.Context()); return err == nil && st.Failing == 1 }, 2*time.Minute, 10*time.Millisecond)
@@ -677,7 +676,7 @@ func TestARetryNotYetDueOnTheDatabasesClockIsLookedForAgain(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, message.NewMessage("m", nil)))
 	require.NoError(t, tx.Commit())
-	r.Wake()
+	s.outbox.Wake()
 	require.Len(t, s.producedMessages(1), 1)
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
@@ -712,12 +711,12 @@ func TestAConcurrentRelayPublishesABatchWhileAnotherIsHeld(t *testing.T) {
 		}
 	}
 	pub := &holding{pub: s.rabbit.Publisher(), held: held, started: make(chan struct{}), release: make(chan struct{})}
-	r := s.relay(pub, outbox.RelayConfig{BatchSize: 5, Concurrency: 2})
+	s.relay(pub, outbox.RelayConfig{BatchSize: 5, Concurrency: 2})
 	tx, err := s.db.BeginTxx(t.Context(), nil)
 	require.NoError(t, err)
 	require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, msgs...))
 	require.NoError(t, tx.Commit())
-	r.Wake()
+	s.outbox.Wake()
 	<-pub.started
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, s.conn, s.produced) == 5 }, 2*time.Minute, 10*time.Millisecond,
 		"the other batch is published while the first is held")

@@ -39,6 +39,7 @@ import (
 	"github.com/sluicemq/sluice/internal/envsigner"
 	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/telemetry"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // Metadata keys the CLI sets on a replayed message (AMQP headers of the
@@ -86,19 +87,16 @@ type Store interface {
 type UnitOfWorkRecorder interface {
 	Store
 	// RecordInUnitOfWork writes r, as Record does, in the unit of work ctx
-	// carries, so that it commits or rolls back with it. It returns
-	// ErrNoUnitOfWork, having written nothing, when ctx carries none it can
-	// join (no inbox, or an inbox on another store).
+	// carries, so that it commits or rolls back with it. It returns an
+	// error matching unitofwork.ErrMissing, having written nothing, when
+	// ctx carries none it can join (no inbox, or an inbox on another
+	// store): InTx then leaves the record to the stage, after the stack
+	// returns.
 	RecordInUnitOfWork(ctx context.Context, r Record) error
 }
 
-// ErrNoUnitOfWork is what RecordInUnitOfWork returns when the context
-// carries no unit of work the store can write in: InTx then leaves the
-// record to the stage, after the stack returns.
-var ErrNoUnitOfWork = errors.New("replay: no unit of work to record in")
-
-// ReasonMaxLength bounds a record's Reason, in bytes.
-const ReasonMaxLength = 1024
+// reasonMaxLength bounds a record's Reason, in bytes.
+const reasonMaxLength = 1024
 
 // recordTimeoutDefault is Config.RecordTimeout's default.
 const recordTimeoutDefault = 5 * time.Second
@@ -213,11 +211,11 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 			}
 			switch r.Outcome {
 			case sluice.OutcomeFailed:
-				r.Reason = diag.Summary(err, ReasonMaxLength)
+				r.Reason = diag.Summary(err, reasonMaxLength)
 			case sluice.OutcomePoisoned, sluice.OutcomeProcessed:
 				// Processed: a stage's note, if any (the ordering stage's:
 				// applied out of its key's order).
-				r.Reason = diag.Bound(report.Reason, ReasonMaxLength)
+				r.Reason = diag.Bound(report.Reason, reasonMaxLength)
 			}
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.RecordTimeout)
 			defer cancel()
@@ -238,7 +236,7 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 // replayed delivery whose handler succeeded, in the inbox's unit of work, so
 // the outcome commits with the claim and the business writes or not at all.
 // A write that fails fails the delivery as Transient (the transaction rolls
-// back); where the store finds no unit of work (ErrNoUnitOfWork) the stage
+// back); where the store finds no unit of work (unitofwork.ErrMissing) the stage
 // records after the stack returns, as without it. Without
 // Config.InUnitOfWork it returns nil, nil.
 func InTx(cfg Config) (message.HandlerMiddleware, error) {
@@ -255,10 +253,10 @@ func InTx(cfg Config) (message.HandlerMiddleware, error) {
 			}
 			rec := recordOf(msg, run, item, sluice.OutcomeProcessed)
 			if report := sluice.ReportFromContext(msg.Context()); report != nil {
-				rec.Reason = diag.Bound(report.Reason, ReasonMaxLength) // a stage's note, if any
+				rec.Reason = diag.Bound(report.Reason, reasonMaxLength) // a stage's note, if any
 			}
 			rErr := store.RecordInUnitOfWork(msg.Context(), rec)
-			if rErr != nil && !errors.Is(rErr, ErrNoUnitOfWork) {
+			if rErr != nil && !errors.Is(rErr, unitofwork.ErrMissing) {
 				return nil, sluice.Transient(fmt.Errorf("replay: recording the outcome in the inbox's unit of work: %w", rErr))
 			}
 			return produced, nil

@@ -291,7 +291,7 @@ func TestDelayedPublisher(t *testing.T) {
 	require.Equal(t, 1, p.Pending())
 	require.ErrorContains(t, p.Close(), "1 still waiting at Close", "Close says what it drops: not durable")
 	require.NoError(t, p.Close())
-	require.ErrorIs(t, p.Publish(ts[0].Topic, message.NewMessage("u4", nil)), embedded.ErrClosed)
+	require.ErrorContains(t, p.Publish(ts[0].Topic, message.NewMessage("u4", nil)), "embedded: delayed publisher closed")
 }
 
 // signedFor signs m with s for queue and returns it.

@@ -201,7 +201,7 @@ func batchHandlerShutdown(t *testing.T, releaseInTime bool) {
 		return deduplication.SameOutcome(msgs, err)
 	}
 	// run starts a router whose batch handler is handle.
-	run := func(q *rabbitmq.Broker, grace time.Duration, handle deduplication.BatchHandlerFunc) (*message.Router, <-chan error) {
+	run := func(q *rabbitmq.Broker, grace time.Duration, handle func(context.Context, []*message.Message) []error) (*message.Router, <-chan error) {
 		r, err := message.NewRouter(message.RouterConfig{CloseTimeout: time.Minute}, watermill.NopLogger{})
 		require.NoError(t, err)
 		_, err = router.Add(r, router.HandlerConfig{

@@ -4,7 +4,7 @@
 // owned for it.
 //
 //	svc, err := service.New(service.Config{DB: db, Schema: "inventory", Router: r, Publisher: q.Publisher(), Env: sluice.Env{MeterProvider: metrics}})
-//	err = svc.Migrate(ctx)                      // the inbox, the outbox, the replay outcomes
+//	err = svc.Stores().Migrate(ctx)             // the inbox, the outbox, the replay outcomes
 //	err = svc.Add(service.Handler{Broker: q, Name: "inventory", Key: deduplication.KeyFromJSON("eventId"), PublishingHandler: reserve, PublishTopic: "inventory.reserved"})
 //	mux.Handle("/livez", svc.Health())          // liveness and readiness, as Kubernetes probes expect
 //	mux.Handle("/readyz", svc.Health())
@@ -26,10 +26,11 @@
 // when it closes — after its handlers stopped, at most Config.DrainTimeout —
 // then stopped); the pruners of the inbox (retention checked against each
 // handler's retry ladder plus the replay window) and of the replay outcomes,
-// in bounded batches; one Migrate for every table; the health reports (Live,
-// Ready, served by Health). Metrics go to Config.Env.MeterProvider: package
-// promexport serves them to Prometheus in one option. Everything it starts
-// stops when the router closes; Close waits for it.
+// in bounded batches; its stores, whose one Migrate creates every table;
+// the health reports (Live, Ready, served by Health). Metrics go to
+// Config.Env.MeterProvider: package promexport serves them to Prometheus in
+// one option. Everything it starts stops when the router closes; Close
+// waits for it.
 //
 // router.Add and router.Stages stay for those who wire the stages by hand.
 package service

@@ -41,7 +41,7 @@ func newInventory(ctx context.Context, r *message.Router, amqpURL string, db *sq
 		Env:       sluice.Env{MeterProvider: metrics},
 	})
 	if err == nil {
-		err = svc.Migrate(ctx) // schema inventory, its inbox, outbox and replay outcomes: created if missing
+		err = svc.Stores().Migrate(ctx) // schema inventory, its inbox, outbox and replay outcomes: created if missing
 	}
 	if err == nil {
 		err = svc.Add(service.Handler{

@@ -20,7 +20,6 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/router"
 	"github.com/sluicemq/sluice/service"
-	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/sluicesql/postgres"
 )
 
@@ -50,12 +49,12 @@ func TestAServiceWarnsOfAPoolThatMayNotRecover(t *testing.T) {
 		require.NoError(t, err, c.name)
 		if !c.warn {
 			require.NotContains(t, logs.String(), "may not recover", c.name)
-			require.Empty(t, sluicesql.StallRisk(c.db), c.name)
+			require.Empty(t, service.StallRisk(c.db), c.name)
 			continue
 		}
 		require.Contains(t, logs.String(), "a database pool that may not recover from a network fault", c.name)
 		require.Contains(t, logs.String(), "open it with postgres.Open", c.name)
-		require.NotEmpty(t, sluicesql.StallRisk(c.db), c.name)
+		require.NotEmpty(t, service.StallRisk(c.db), c.name)
 	}
 }
 

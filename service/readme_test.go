@@ -151,7 +151,7 @@ func TestTheREADMEBatchHandlerRuns(t *testing.T) {
 	require.NoError(t, err)
 	svc, err := service.New(service.Config{DB: db, Schema: schema, Router: r})
 	require.NoError(t, err)
-	require.NoError(t, svc.Migrate(t.Context()))
+	require.NoError(t, svc.Stores().Migrate(t.Context()))
 	q, err := addLedger(t.Context(), svc, testenv.AMQPURL)
 	require.NoError(t, err)
 	done := testenv.RunRouter(context.Background(), r)

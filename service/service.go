@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
 	"go.opentelemetry.io/otel/metric/noop"
 
 	"github.com/sluicemq/sluice"
@@ -19,9 +20,9 @@ import (
 	"github.com/sluicemq/sluice/sluicesql"
 )
 
-// ErrClosed is matched by the error of Add after Close, and of the
-// router's Run when the service closed before it ran.
-var ErrClosed = errors.New("service: closed")
+// errClosed is the error of Add after Close, and of the router's Run when
+// the service closed before it ran.
+var errClosed = errors.New("service: closed")
 
 // Service is a production service on one router, one database and any
 // number of brokers: its handlers, the outbox relay, the pruners and the
@@ -56,7 +57,7 @@ type added struct {
 
 // New validates cfg, builds Sluice's stores on its database, and makes the
 // router start the relay and the pruners when it runs. It does not touch
-// the database: Migrate creates the tables.
+// the database: Stores().Migrate creates the tables.
 func New(cfg Config) (*Service, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -74,7 +75,7 @@ func New(cfg Config) (*Service, error) {
 			return nil, fmt.Errorf("service: %w", err)
 		}
 	}
-	if risk := sluicesql.StallRisk(s.stores.DB()); risk != "" {
+	if risk := stallRisk(s.stores.DB()); risk != "" {
 		cfg.Logger.Error("service: a database pool that may not recover from a network fault", nil, watermill.LogFields{"why": risk})
 	}
 	if cfg.Publisher != nil {
@@ -103,13 +104,9 @@ func New(cfg Config) (*Service, error) {
 
 // Stores are the service's tables: the inbox, the outbox (whose Write a
 // service uses to produce in a transaction of its own) and the replay
-// outcomes.
+// outcomes. Their Migrate creates every table Sluice needs where it does not
+// exist (idempotent, safe from several instances at once).
 func (s *Service) Stores() *sluicesql.Stores { return s.stores }
-
-// Migrate creates every table Sluice needs where it does not exist — the
-// inbox, the outbox and the replay outcomes (sluicesql.Stores.Migrate):
-// idempotent, safe from several instances at once, bounded by ctx.
-func (s *Service) Migrate(ctx context.Context) error { return s.stores.Migrate(ctx) }
 
 // Add adds h to the router with its stages (Handler, Defaults), before the
 // router runs. It refuses what router.Add refuses — an assembly that
@@ -134,7 +131,7 @@ func (s *Service) Add(h Handler) error {
 	defer s.mu.Unlock()
 	switch {
 	case s.closed:
-		return ErrClosed
+		return errClosed
 	case s.started:
 		return fmt.Errorf("service: Add handler %q before the router runs", h.Name)
 	}
@@ -155,7 +152,7 @@ func (s *Service) start() error {
 	defer s.mu.Unlock()
 	switch {
 	case s.closed:
-		return ErrClosed
+		return errClosed
 	case s.started:
 		return nil
 	}
@@ -252,7 +249,7 @@ func (s *Service) drain() {
 	}
 	deadline := time.Now().Add(s.cfg.DrainTimeout)
 	for {
-		s.relay.Wake()
+		s.stores.Outbox.Wake() // the relay's store: it wakes the relay
 		st, err := s.outboxStats(context.Background(), time.Until(deadline))
 		if err == nil && st.Pending <= st.Failing {
 			return
@@ -297,4 +294,27 @@ func (s *Service) Close() error {
 		s.mu.Unlock()
 	})
 	return err
+}
+
+// stallRisk says why db's calls may hang for good after a network fault
+// that swallows packets rather than refusing them — a black hole that heals
+// without resetting the connections it caught: db is a lib/pq pool (driver
+// "postgres") not opened by sluicesql/postgres.Open. lib/pq does not end a
+// read whose context has ended, nor bound a connection's start-up without
+// connect_timeout, so each call such a fault catches never returns; what
+// Sluice bounds around its calls then gives up on them, and once the calls
+// given up fill their bound (or the pool's cap), the inbox, the brake's
+// probe, the health check's ping and the relay wait for good: /readyz fails
+// until the process restarts. "" when no such risk is known (Open's pool,
+// pgx, SQLite). New logs it.
+func stallRisk(db *sqlx.DB) string {
+	if db == nil || db.DriverName() != "postgres" {
+		return ""
+	}
+	if _, ok := db.Driver().(interface{ BoundsEveryWait() }); ok {
+		return ""
+	}
+	return "the database pool is lib/pq's (driver \"postgres\") but not opened by sluicesql/postgres.Open: its calls are not bounded, " +
+		"and after a network fault that swallows packets (a black hole that heals without resetting the connections it caught) " +
+		"the service can stop consuming for good while /livez passes — open it with postgres.Open (docs/production.md)"
 }

@@ -68,7 +68,7 @@ func newService(t *testing.T, cfg service.Config) *service.Service {
 	t.Helper()
 	svc, err := service.New(cfg)
 	require.NoError(t, err)
-	require.NoError(t, svc.Migrate(t.Context()))
+	require.NoError(t, svc.Stores().Migrate(t.Context()))
 	return svc
 }
 

@@ -63,11 +63,15 @@ type Inbox struct {
 }
 
 var (
-	_ deduplication.Store            = (*Inbox)(nil)
-	_ BatchDeleter                   = (*Inbox)(nil)
-	_ deduplication.SavepointClaimer = (*sqlTx)(nil)
-	_ deduplication.IdleBounder      = (*sqlTx)(nil)
-	_ deduplication.BatchClaimer     = (*sqlTx)(nil)
+	_ deduplication.Store        = (*Inbox)(nil)
+	_                            = PrunerConfig{Store: (*Inbox)(nil)}
+	_ deduplication.IdleBounder  = (*sqlTx)(nil)
+	_ deduplication.BatchClaimer = (*sqlTx)(nil)
+	// Group commit claims through ClaimAfter where a unit of work has it.
+	_ interface {
+		unitofwork.Savepointer
+		ClaimAfter(ctx context.Context, release, savepoint, consumer, key string, wait time.Duration) (bool, error)
+	} = (*sqlTx)(nil)
 )
 
 // errNoDB is the error of a constructor (what) given no database.
@@ -373,8 +377,8 @@ func aborted(err error) bool {
 // claims (consumer, key) after it: on lib/pq in one simple query whose
 // values are dollar-quoted literals, its wait for a concurrent claim
 // bounded by the server's lock_timeout (reset for the handler in the same
-// round trip); elsewhere in three statements (deduplication.SavepointClaimer,
-// for group commit).
+// round trip); elsewhere in three statements. Group commit claims through
+// it.
 func (t *sqlTx) ClaimAfter(ctx context.Context, release, savepoint, consumer, key string, wait time.Duration) (bool, error) {
 	if t.s.claimLiteral == "" {
 		if release != "" {

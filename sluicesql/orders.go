@@ -182,7 +182,7 @@ func (s *orders) lock(ctx context.Context, consumer, key string) (*ordersGuard, 
 	case err != nil:
 		_ = tx.Rollback()
 		if state, ok := sqlstate.Of(err); ok && state == "55P03" { // lock_not_available: lock_timeout passed
-			return nil, fmt.Errorf("%w: %w", ordering.ErrLockTimeout, err)
+			return nil, fmt.Errorf("%w: %w", errLockTimeout, err)
 		}
 		return nil, fmt.Errorf("sluicesql: orders: locking the key: %w", err)
 	default:
@@ -191,6 +191,10 @@ func (s *orders) lock(ctx context.Context, consumer, key string) (*ordersGuard, 
 	}
 	return g, nil
 }
+
+// errLockTimeout is Lock's error when the key stayed locked by another unit
+// of work for longer than LockTimeout.
+var errLockTimeout = errors.New("ordering: the key is locked by another delivery")
 
 // Waits reports whether the key has a row: one statement, no transaction.
 func (s *orders) Waits(ctx context.Context, consumer, key string) (bool, error) {

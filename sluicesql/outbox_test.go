@@ -18,6 +18,7 @@ import (
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 func TestNewOutboxValidates(t *testing.T) {
@@ -256,7 +257,7 @@ func TestPublishWritesInTheInboxTransaction(t *testing.T) {
 	for name, s := range backends(t) {
 		t.Run(name, func(t *testing.T) {
 			ctx := t.Context()
-			require.ErrorIs(t, s.Publish(ctx, "t", message.NewMessage("x", nil)), outbox.ErrNoUnitOfWork)
+			require.ErrorIs(t, s.Publish(ctx, "t", message.NewMessage("x", nil)), unitofwork.ErrMissing)
 
 			store := testenv.SQLStore(t, sluicesql.OutboxDB(s), prefix(s)+"inbox")
 			stage, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c"})
@@ -309,7 +310,7 @@ func TestPublishRefusesAnotherDialect(t *testing.T) {
 	_, err = stage(func(msg *message.Message) ([]*message.Message, error) {
 		return nil, lite.Publish(msg.Context(), "t", message.NewMessage("x", nil))
 	})(msg)
-	require.ErrorIs(t, err, outbox.ErrNoUnitOfWork)
+	require.ErrorIs(t, err, unitofwork.ErrMissing)
 	require.ErrorContains(t, err, "the inbox's transaction is on postgres, the outbox on sqlite")
 }
 

@@ -17,7 +17,6 @@ import (
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/metadatacodec"
 	"github.com/sluicemq/sluice/internal/metakeys"
-	"github.com/sluicemq/sluice/outbox"
 	"github.com/sluicemq/sluice/unitofwork"
 )
 
@@ -29,10 +28,10 @@ import (
 func (s *Outbox) Publish(ctx context.Context, topic string, msgs ...*message.Message) error {
 	tx := TxFromContext(ctx)
 	if tx == nil {
-		return fmt.Errorf("%w: ctx carries no SQL inbox transaction (Publish runs inside the inbox stage with a sluicesql.Inbox; elsewhere, Write in a transaction of your own)", outbox.ErrNoUnitOfWork)
+		return fmt.Errorf("%w: ctx carries no SQL inbox transaction (Publish runs inside the inbox stage with a sluicesql.Inbox; elsewhere, Write in a transaction of your own)", unitofwork.ErrMissing)
 	}
 	if !s.speaks(tx.DriverName()) {
-		return fmt.Errorf("%w: the inbox's transaction is on %s, the outbox on %s", outbox.ErrNoUnitOfWork, tx.DriverName(), s.db.DriverName())
+		return fmt.Errorf("%w: the inbox's transaction is on %s, the outbox on %s", unitofwork.ErrMissing, tx.DriverName(), s.db.DriverName())
 	}
 	rows, err := s.rows(ctx, topic, msgs)
 	if err != nil {
@@ -75,10 +74,10 @@ func (s *Outbox) speaks(driverName string) bool {
 func (s *Outbox) CheckInbox(store deduplication.Store) error {
 	in, ok := store.(*Inbox)
 	if !ok {
-		return fmt.Errorf("%w: the inbox's store is a %T, whose units of work are no SQL transactions: the outbox on SQL needs sluicesql.Inbox", outbox.ErrNoUnitOfWork, store)
+		return fmt.Errorf("%w: the inbox's store is a %T, whose units of work are no SQL transactions: the outbox on SQL needs sluicesql.Inbox", unitofwork.ErrMissing, store)
 	}
 	if !s.speaks(in.db.DriverName()) {
-		return fmt.Errorf("%w: the inbox is on %s, the outbox on %s", outbox.ErrNoUnitOfWork, in.db.DriverName(), s.db.DriverName())
+		return fmt.Errorf("%w: the inbox is on %s, the outbox on %s", unitofwork.ErrMissing, in.db.DriverName(), s.db.DriverName())
 	}
 	return nil
 }

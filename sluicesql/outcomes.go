@@ -13,6 +13,7 @@ import (
 	"github.com/sluicemq/sluice/internal/sqlname"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // outcomesTableDefault is the outcome table's default name
@@ -45,7 +46,7 @@ var (
 	_ ledger.Ledger             = (*Outcomes)(nil)
 	_ ledger.Runs               = (*Outcomes)(nil)
 	_ replay.UnitOfWorkRecorder = (*Outcomes)(nil)
-	_ BatchDeleter              = (*Outcomes)(nil)
+	_                           = PrunerConfig{Store: (*Outcomes)(nil)}
 )
 
 // NewOutcomes validates cfg and returns the outcome table on db, the
@@ -128,11 +129,11 @@ func (s *Outcomes) Record(ctx context.Context, r replay.Record) error {
 // RecordInUnitOfWork is Record in the inbox's transaction that ctx carries
 // (sluicesql.TxFromContext), for replay.InTx: the table must
 // be in the inbox's database. Outside an SQL inbox's transaction it returns
-// replay.ErrNoUnitOfWork and writes nothing.
+// unitofwork.ErrMissing and writes nothing.
 func (s *Outcomes) RecordInUnitOfWork(ctx context.Context, r replay.Record) error {
 	tx := TxFromContext(ctx)
 	if tx == nil {
-		return replay.ErrNoUnitOfWork
+		return unitofwork.ErrMissing
 	}
 	return s.record(ctx, tx, r)
 }

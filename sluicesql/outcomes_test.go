@@ -16,6 +16,7 @@ import (
 	"github.com/sluicemq/sluice/sluicesql/sqlite"
 
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // The SQL store passes the ledger conformance suite on PostgreSQL and
@@ -59,7 +60,7 @@ func TestRecordInUnitOfWorkWithoutOne(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.CreateTable(t.Context()))
 	err = s.RecordInUnitOfWork(t.Context(), replay.Record{Run: "r", Item: "a", Outcome: "processed"})
-	require.ErrorIs(t, err, replay.ErrNoUnitOfWork)
+	require.ErrorIs(t, err, unitofwork.ErrMissing)
 	rs, err := s.Outcomes(t.Context(), "")
 	require.NoError(t, err)
 	require.Empty(t, rs)

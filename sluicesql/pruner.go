@@ -23,17 +23,15 @@ const (
 	prunerPauseDefault     = 50 * time.Millisecond
 )
 
-// BatchDeleter is implemented by stores whose records the Pruner deletes.
-type BatchDeleter interface {
-	// DeleteBefore deletes at most limit records processed before t and
-	// returns how many it deleted.
-	DeleteBefore(ctx context.Context, t time.Time, limit int) (int64, error)
-}
-
 // PrunerConfig configures a Pruner.
 type PrunerConfig struct {
-	// Store is the store to prune, such as an *Inbox. Required.
-	Store BatchDeleter
+	// Store is the store to prune — an *Inbox, an *Outcomes, a
+	// deduplication.MemoryStore, or any store with the method: DeleteBefore
+	// deletes at most limit records processed before t and returns how many
+	// it deleted. Required.
+	Store interface {
+		DeleteBefore(ctx context.Context, t time.Time, limit int) (int64, error)
+	}
 	// Retention is how long a processed key is kept. A redelivery after its
 	// key is pruned runs the handler again, so it must cover the retry
 	// ladder plus the replay window. Default 7 days.
@@ -179,7 +177,7 @@ func (p *Pruner) Close() error {
 }
 
 // records names what store holds, in the log line of a failed run.
-func records(store BatchDeleter) string {
+func records(store any) string {
 	if _, ok := store.(*Outcomes); ok {
 		return "replay outcomes"
 	}

@@ -3,9 +3,10 @@ package sluicesql
 import "github.com/sluicemq/sluice/internal/sqlstate"
 
 // SQLState returns the SQLSTATE of err, and whether it has one, for a
-// classifier rule or a brake matcher of your own: what sluice's default
-// Classifier, sluice.Unreachable and the brake's MatchSQLState read. It
-// reads, in this order:
+// classifier rule or a brake matcher of your own (brake.Config.Match:
+// strings.HasPrefix(state, "08") for the connection exceptions): what
+// sluice's default Classifier and sluice.Unreachable read. It reads, in
+// this order:
 //   - the first error in err's chain with a SQLState() string method
 //     (lib/pq's *pq.Error, pgx's *pgconn.PgError, an adapter of your own);
 //   - else the first of the chain's first 64 errors that is a struct, or a

@@ -198,26 +198,3 @@ func (s *Stores) createSchema(ctx context.Context, conn *sqlx.Conn) error {
 }
 
 func postgres(db *sqlx.DB) bool { return db.DriverName() == "postgres" || db.DriverName() == "pgx" }
-
-// StallRisk says why db's calls may hang for good after a network fault
-// that swallows packets rather than refusing them — a black hole that heals
-// without resetting the connections it caught: db is a lib/pq pool (driver
-// "postgres") not opened by sluicesql/postgres.Open. lib/pq does not end a
-// read whose context has ended, nor bound a connection's start-up without
-// connect_timeout, so each call such a fault catches never returns; what
-// Sluice bounds around its calls then gives up on them, and once the calls
-// given up fill their bound (or the pool's cap), the inbox, the brake's
-// probe, the health check's ping and the relay wait for good: /readyz fails
-// until the process restarts. "" when no such risk is known (Open's pool,
-// pgx, SQLite). service.New logs it.
-func StallRisk(db *sqlx.DB) string {
-	if db == nil || db.DriverName() != "postgres" {
-		return ""
-	}
-	if _, ok := db.Driver().(interface{ BoundsEveryWait() }); ok {
-		return ""
-	}
-	return "the database pool is lib/pq's (driver \"postgres\") but not opened by sluicesql/postgres.Open: its calls are not bounded, " +
-		"and after a network fault that swallows packets (a black hole that heals without resetting the connections it caught) " +
-		"the service can stop consuming for good while /livez passes — open it with postgres.Open (docs/production.md)"
-}

@@ -62,7 +62,8 @@ type Config struct {
 	// the first of its search_path that exists).
 	Schema string
 	// Setup creates the handler's own tables (and rows) before the
-	// handler runs; Sluice's tables are created by the service's Migrate.
+	// handler runs; Sluice's tables are created by the service's stores'
+	// Migrate.
 	Setup func(ctx context.Context, db *sqlx.DB) error
 	// Topic the handler consumes on the kit's broker. Default "sluicetest.input".
 	Topic string
@@ -206,7 +207,7 @@ func newHarness(t testing.TB, cfg Config) (_ *Harness, err error) {
 		return nil, err
 	}
 	closers = append(closers, h.svc.Close)
-	if err := h.svc.Migrate(ctx); err != nil {
+	if err := h.svc.Stores().Migrate(ctx); err != nil {
 		return nil, err
 	}
 	if err := h.svc.Add(h.handler()); err != nil {
@@ -424,7 +425,7 @@ func (h *Harness) closeBroker() error {
 	var u *embedded.UnfinishedError
 	if errors.As(err, &u) {
 		h.mu.Lock()
-		h.faults.unfinished = u.Messages()
+		h.faults.unfinished = slices.Concat(u.Queued, u.InFlight, u.Tiers)
 		h.mu.Unlock()
 		return nil
 	}

@@ -53,6 +53,13 @@ type Tx interface {
 // other commit failure retries the delivery.
 var ErrAborted = errors.New("unitofwork: the unit of work was aborted by an earlier statement")
 
+// ErrMissing is matched by the error of a write into the unit of work ctx
+// carries — outbox.Writer.Publish, replay.UnitOfWorkRecorder's
+// RecordInUnitOfWork — when ctx carries none the store can write in: no
+// inbox stage, or an inbox on another store or database. Nothing was
+// written.
+var ErrMissing = errors.New("unitofwork: no unit of work to write in")
+
 // Savepointer is implemented by a Tx that can mark a point in itself and
 // undo what followed it: the SQL store's, which group commit needs. name is
 // an SQL identifier the inbox generates. Release fails with an error

@@ -252,7 +252,7 @@ func parseDelays(s string) ([]time.Duration, error) {
 // written in one INSERT; then the process may crash, the batch written and
 // not committed (before-commit, and mid-batch when the batch holds more
 // than one event).
-func batchHandle(schema string, tr func(id, format string, args ...any), crash func(string), crashes func(string) bool, crashNow func(string)) deduplication.BatchHandlerFunc {
+func batchHandle(schema string, tr func(id, format string, args ...any), crash func(string), crashes func(string) bool, crashNow func(string)) func(context.Context, []*message.Message) []error {
 	insert := `INSERT INTO ` + schema + `.effects (event_id) SELECT jsonb_array_elements_text($1::jsonb)`
 	return func(ctx context.Context, msgs []*message.Message) []error {
 		out := make([]error, len(msgs))

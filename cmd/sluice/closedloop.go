@@ -20,6 +20,10 @@ import (
 // listMax bounds the events a stop lists; the report lists them all.
 const listMax = 50
 
+// reasonMaxLength bounds the Reason of an operator's record, in bytes, as
+// the replay stage and the console bound theirs (1 KiB).
+const reasonMaxLength = 1024
+
 // loopFlags are the closed-loop flags of replay.
 type loopFlags struct {
 	outcomes    string
@@ -115,7 +119,7 @@ func (o *operatorRecords) add(outcome sluice.Outcome, item, eventID, class, reas
 		return
 	}
 	o.rs = append(o.rs, replay.Record{Item: item, EventID: eventID, Outcome: outcome, Class: class,
-		Reason: diag.Bound(reason, replay.ReasonMaxLength), Handler: "operator " + o.g.operator, At: time.Now().UTC()})
+		Reason: diag.Bound(reason, reasonMaxLength), Handler: "operator " + o.g.operator, At: time.Now().UTC()})
 }
 
 // flush writes the records under run and returns it, or "" when there was

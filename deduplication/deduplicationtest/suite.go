@@ -246,7 +246,7 @@ func claimRetrying(s deduplication.Store, key string) (won bool, err error) {
 }
 
 func testDeleteBefore(t *testing.T, s deduplication.Store) {
-	// What sluicesql.Pruner deletes through (sluicesql.BatchDeleter).
+	// What sluicesql.Pruner deletes through (sluicesql.PrunerConfig.Store).
 	d, ok := s.(interface {
 		DeleteBefore(ctx context.Context, t time.Time, limit int) (int64, error)
 	})

@@ -163,7 +163,7 @@ func run(ctx context.Context, cfg config) (_ *summary, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := svc.Migrate(ctx); err != nil {
+	if err := svc.Stores().Migrate(ctx); err != nil {
 		return nil, err
 	}
 	err = svc.Add(service.Handler{

@@ -24,6 +24,10 @@ const ItemsChunk = 500
 // batches only up to it.
 const RunBatchesMaxBytes = 64 << 10
 
+// ReasonMaxLength bounds the Reason of an operator's record (archived,
+// discarded, compensated) in bytes, as the replay stage bounds its own.
+const ReasonMaxLength = 1024
+
 // Item is id as an item: cut to replay.ItemMaxLength bytes on a character
 // boundary, as the stage cuts the ItemKey it records. The CLI's header and
 // record use it, so a long event id names one item, not two.

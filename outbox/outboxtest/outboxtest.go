@@ -25,6 +25,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/outbox"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // Outbox is what a store under test is: the Writer handlers write through
@@ -135,7 +136,7 @@ func testRolledBackWithTheDelivery(t *testing.T, s Stores) {
 // writes nothing and says so.
 func testRefusedOutsideAUnitOfWork(t *testing.T, s Stores) {
 	err := s.Outbox.Publish(context.Background(), "orders.created", message.NewMessage("uuid-1", nil))
-	require.ErrorIs(t, err, outbox.ErrNoUnitOfWork)
+	require.ErrorIs(t, err, unitofwork.ErrMissing)
 	require.Zero(t, stats(t, s).Pending)
 }
 

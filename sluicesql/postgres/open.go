@@ -151,7 +151,7 @@ func (c *connector) Driver() driver.Driver { return Driver{c.inner.Driver()} }
 
 // Driver is the driver of Open's pools (db.Driver()): lib/pq's, marked so
 // that a pool Open returned can be told from one sql.Open("postgres", dsn)
-// returned (sluicesql.StallRisk), whose waits are not bounded.
+// returned, whose waits are not bounded (service.New warns of such a pool).
 type Driver struct{ driver.Driver }
 
 // BoundsEveryWait marks the driver of a pool whose every wait is bounded.

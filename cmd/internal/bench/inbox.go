@@ -16,6 +16,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/sluicesql"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // Inbox compares, on PostgreSQL, a handler doing one business INSERT:
@@ -175,6 +176,14 @@ func (v *inboxVariants) byHandKey(ctx context.Context, key string) error {
 	return tx.Commit()
 }
 
+// savepointClaimer is a unit of work whose claim can follow a savepoint in
+// one round trip (the SQL inbox's, on lib/pq): what group commit claims
+// through.
+type savepointClaimer interface {
+	unitofwork.Savepointer
+	ClaimAfter(ctx context.Context, release, savepoint, consumer, key string, wait time.Duration) (bool, error)
+}
+
 // batchOf is op i: a batch of size deliveries (keys i*size ...) in one
 // transaction, with the statements group commit sends: per delivery the
 // store's ClaimAfter (the savepoint before released, the next one set, the
@@ -191,9 +200,9 @@ func (v *inboxVariants) batchOf(run string, size int, savepoints bool, timedOut 
 			return err
 		}
 		defer tx.Rollback(ctx) //nolint:errcheck // after Commit it is a no-op
-		sc, ok := tx.(deduplication.SavepointClaimer)
+		sc, ok := tx.(savepointClaimer)
 		if !ok {
-			return fmt.Errorf("the store's units of work are no SavepointClaimers")
+			return fmt.Errorf("the store's units of work cannot claim after a savepoint (ClaimAfter)")
 		}
 		if !savepoints {
 			for j := range size {
