@@ -8,12 +8,12 @@ import (
 	"time"
 )
 
-// RetryAfterError is a Transient failure that says when to come back: a
+// retryAfterError is a Transient failure that says when to come back: a
 // dependency's "not before" — an HTTP 429's or 503's Retry-After, a rate
 // limiter's reset. The retry-tier stage sends the copy to the nearest tier
 // that waits at least After (see retrytiers.New), instead of the next tier
-// of the ladder. RetryAfter builds one.
-type RetryAfterError struct {
+// of the ladder. RetryAfter builds one, RetryAfterOf reads it back.
+type retryAfterError struct {
 	// After is the least time the dependency asked for before the next
 	// attempt.
 	After time.Duration
@@ -22,7 +22,7 @@ type RetryAfterError struct {
 }
 
 // Error returns "<err> (retry after <After>)".
-func (e *RetryAfterError) Error() string {
+func (e *retryAfterError) Error() string {
 	if e.Err == nil {
 		return fmt.Sprintf("retry after %s", e.After)
 	}
@@ -30,7 +30,7 @@ func (e *RetryAfterError) Error() string {
 }
 
 // Unwrap returns Err.
-func (e *RetryAfterError) Unwrap() error { return e.Err }
+func (e *retryAfterError) Unwrap() error { return e.Err }
 
 // RetryAfter marks err as Transient and asks its retry to wait at least
 // after: the retry-tier stage parks the copy in the nearest tier that waits
@@ -47,27 +47,28 @@ func RetryAfter(err error, after time.Duration) error {
 	if err == nil {
 		return nil
 	}
-	return Transient(&RetryAfterError{After: max(after, 0), Err: err})
+	return Transient(&retryAfterError{After: max(after, 0), Err: err})
 }
 
-// RetryAfterOf returns the wait the first RetryAfterError in err's chain
-// asks for, and whether there is one.
+// RetryAfterOf returns the wait the first failure RetryAfter built in err's
+// chain asks for, and whether there is one.
 func RetryAfterOf(err error) (time.Duration, bool) {
-	if e, ok := errors.AsType[*RetryAfterError](err); ok {
+	if e, ok := errors.AsType[*retryAfterError](err); ok {
 		return e.After, true
 	}
 	return 0, false
 }
 
-// RetryAfterMax bounds what ParseRetryAfter returns: a day, more than any
+// retryAfterMax bounds what ParseRetryAfter returns: a day, more than any
 // retry ladder waits (a longer value is a server's mistake or a hostile
 // one, and the stage sends such a copy to its longest tier anyway).
-const RetryAfterMax = 24 * time.Hour
+const retryAfterMax = 24 * time.Hour
 
 // ParseRetryAfter reads an HTTP Retry-After header's value (RFC 9110,
 // section 10.2.3): a number of seconds, or an HTTP date, taken relative to
-// now. It returns the wait, at most RetryAfterMax (a date in the past is
-// 0), and false for a value that is neither.
+// now. It returns the wait, at most 24 hours (a longer one is a server's
+// mistake or a hostile one; a date in the past is 0), and false for a value
+// that is neither.
 func ParseRetryAfter(value string, now time.Time) (time.Duration, bool) {
 	value = strings.TrimSpace(value)
 	if value == "" {
@@ -75,8 +76,8 @@ func ParseRetryAfter(value string, now time.Time) (time.Duration, bool) {
 	}
 	if strings.Trim(value, "0123456789") == "" { // delay-seconds: 1*DIGIT
 		secs, err := strconv.ParseUint(value, 10, 64)
-		if err != nil || secs >= uint64(RetryAfterMax/time.Second) { // only too many digits fail
-			return RetryAfterMax, true
+		if err != nil || secs >= uint64(retryAfterMax/time.Second) { // only too many digits fail
+			return retryAfterMax, true
 		}
 		return time.Duration(secs) * time.Second, true
 	}
@@ -86,7 +87,7 @@ func ParseRetryAfter(value string, now time.Time) (time.Duration, bool) {
 		if err != nil {
 			continue
 		}
-		return min(max(t.Sub(now), 0), RetryAfterMax), true
+		return min(max(t.Sub(now), 0), retryAfterMax), true
 	}
 	return 0, false
 }

@@ -40,8 +40,8 @@ func TestParseRetryAfter(t *testing.T) {
 		"Saturday, 01-Mar-25 12:00:30 GMT": 30 * time.Second,
 		"Sat Mar  1 12:01:00 2025":         time.Minute,
 		"Sat, 01 Mar 2025 11:00:00 GMT":    0, // in the past
-		"99999999999999999999":             sluice.RetryAfterMax,
-		"Sun, 01 Mar 2026 12:00:00 GMT":    sluice.RetryAfterMax,
+		"99999999999999999999":             24 * time.Hour,
+		"Sun, 01 Mar 2026 12:00:00 GMT":    24 * time.Hour,
 	} {
 		got, ok := sluice.ParseRetryAfter(value, now)
 		require.True(t, ok, value)

@@ -23,8 +23,8 @@ var ErrNameTooLong = errors.New("sluice: name longer than 255 bytes")
 // delayMin is the shortest tier delay Ladder accepts (1ms).
 const delayMin = time.Millisecond
 
-// DelaysDefault are the tiers' delays when none are given: 30s → 5m → 30m.
-var DelaysDefault = []time.Duration{30 * time.Second, 5 * time.Minute, 30 * time.Minute}
+// delaysDefault are the tiers' delays when none are given: 30s → 5m → 30m.
+var delaysDefault = []time.Duration{30 * time.Second, 5 * time.Minute, 30 * time.Minute}
 
 // Tier is one retry tier: a copy published to Topic comes back to the
 // consumer's queue after Delay.
@@ -59,14 +59,14 @@ func tierName(d time.Duration) string {
 // TierTopic is the topic (on RabbitMQ the queue) of the retry tier of queue
 // for delay d: "<queue>.retry.<name>", the name of the tier of delay d (Tier.Name:
 // "30s", "5m", "1h30m"), e.g. "orders.retry.30s".
-func TierTopic(queue string, d time.Duration) string { return queue + TierSuffix(d) }
+func TierTopic(queue string, d time.Duration) string { return queue + tierSuffix(d) }
 
-// TierSuffix is what TierTopic appends to the queue's name for delay d.
-func TierSuffix(d time.Duration) string { return ".retry." + tierName(d) }
+// tierSuffix is what TierTopic appends to the queue's name for delay d.
+func tierSuffix(d time.Duration) string { return ".retry." + tierName(d) }
 
 // Ladder returns the tiers of the consumer queue: one per delay (default
-// DelaysDefault), in order, named for its delay ("30s", "5m", "1h30m"), with the topic
-// TierTopic(queue, delay). It refuses a delay under 1ms, two delays
+// 30s, 5m, 30m), in order, named for its delay ("30s", "5m", "1h30m"),
+// with the topic TierTopic(queue, delay). It refuses a delay under 1ms, two delays
 // with one name, and a topic longer than NameMaxLength (ErrNameTooLong).
 // A broker may bound the delays further (RabbitMQ's TTL).
 func Ladder(queue string, delays ...time.Duration) ([]Tier, error) {
@@ -74,7 +74,7 @@ func Ladder(queue string, delays ...time.Duration) ([]Tier, error) {
 		return nil, errors.New("sluice: a retry ladder needs the consumer's queue")
 	}
 	if len(delays) == 0 {
-		delays = DelaysDefault
+		delays = delaysDefault
 	}
 	tiers := make([]Tier, 0, len(delays))
 	seen := map[string]bool{}
@@ -90,7 +90,7 @@ func Ladder(queue string, delays ...time.Duration) ([]Tier, error) {
 		topic := TierTopic(queue, d)
 		if len(topic) > NameMaxLength {
 			return nil, fmt.Errorf("%w: tier topic %q is %d bytes, more than %d (the queue name may be at most %d bytes with this tier)",
-				ErrNameTooLong, diag.Bound(topic, 64), len(topic), NameMaxLength, NameMaxLength-len(TierSuffix(d)))
+				ErrNameTooLong, diag.Bound(topic, 64), len(topic), NameMaxLength, NameMaxLength-len(tierSuffix(d)))
 		}
 		tiers = append(tiers, Tier{Name: name, Delay: d, Topic: topic})
 	}

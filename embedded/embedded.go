@@ -28,7 +28,7 @@ const (
 type Config struct {
 	// Topic the handler consumes. Required.
 	Topic string
-	// TierDelays of the in-process retry tiers. Default broker.DelaysDefault.
+	// TierDelays of the in-process retry tiers. Default 30s, 5m, 30m.
 	TierDelays []time.Duration
 	// TierJitter spreads each tier's copies over several waits
 	// (broker.Jittered), as rabbitmq.TopologyConfig.TierJitter does. Default

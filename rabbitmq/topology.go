@@ -28,7 +28,7 @@ type TopologyConfig struct {
 	Queue string
 	// TierDelays are the retry tiers' TTLs, in order, each at least 1ms and
 	// at most 24 days, no two with one name. Default
-	// broker.DelaysDefault (30s, 5m, 30m). Each tier is the queue
+	// 30s, 5m, 30m. Each tier is the queue
 	// broker.TierTopic(Queue, delay): "<Queue>.retry.<delay>". A tier's copy
 	// survives a broker crash on its way back to Queue only with Quorum.
 	TierDelays []time.Duration
@@ -112,19 +112,19 @@ const maxTTL = 24 * 24 * time.Hour
 var queueName = regexp.MustCompile(`^[A-Za-z0-9_.:-]+$`)
 
 // maxQueueLength returns the longest consumer queue name, in bytes, whose
-// derived names (the tier queues of delays, default broker.DelaysDefault,
-// and with defaultPoison the poison queue) all fit in broker.NameMaxLength,
-// AMQP's short string.
+// derived names (the tier queues of delays, default the ladder's 30s, 5m,
+// 30m, and with defaultPoison the poison queue) all fit in
+// broker.NameMaxLength, AMQP's short string.
 func maxQueueLength(delays []time.Duration, defaultPoison bool) int {
 	if len(delays) == 0 {
-		delays = broker.DelaysDefault
+		delays = ladderDelays(nil)
 	}
 	longest := 0
 	if defaultPoison {
 		longest = len(poisonqueue.Suffix)
 	}
 	for _, d := range delays {
-		longest = max(longest, len(broker.TierSuffix(d)))
+		longest = max(longest, len(broker.TierTopic("", d)))
 	}
 	return broker.NameMaxLength - longest
 }
@@ -192,11 +192,11 @@ func NewTopology(cfg TopologyConfig) (*Topology, error) {
 }
 
 // withTierDefaults returns cfg with the tier defaults tiers were built
-// with: TierDelays broker.DelaysDefault when empty, and TierJitter.Queues
+// with: TierDelays the ladder's delays when empty, and TierJitter.Queues
 // the waits per tier when jittered.
 func withTierDefaults(cfg TopologyConfig, tiers []broker.Tier) TopologyConfig {
 	if len(cfg.TierDelays) == 0 {
-		cfg.TierDelays = slices.Clone(broker.DelaysDefault)
+		cfg.TierDelays = ladderDelays(tiers)
 	}
 	if cfg.TierJitter.Fraction > 0 && cfg.TierJitter.Queues == 0 && len(tiers) > 0 {
 		cfg.TierJitter.Queues = len(tiers[0].Waits)
@@ -498,4 +498,17 @@ func policyLine(queue string, def map[string]any) string {
 	b, _ := json.Marshal(def) // map keys are sorted
 	return fmt.Sprintf("rabbitmqctl set_policy --apply-to queues --priority 10 %s '^%s$' '%s'",
 		"sluice-"+strings.NewReplacer(".", "-", ":", "-").Replace(queue), regexp.QuoteMeta(queue), b)
+}
+
+// ladderDelays are the delays of tiers; of the default ladder when tiers is
+// empty.
+func ladderDelays(tiers []broker.Tier) []time.Duration {
+	if len(tiers) == 0 {
+		tiers, _ = broker.Ladder("q") // the default ladder: valid
+	}
+	delays := make([]time.Duration, len(tiers))
+	for i, t := range tiers {
+		delays[i] = t.Delay
+	}
+	return delays
 }

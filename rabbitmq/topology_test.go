@@ -184,10 +184,10 @@ func TestTopologyConfigFillsItsDefaults(t *testing.T) {
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: "orders", Exchange: "events", TierJitter: broker.Jitter{Fraction: 0.2}})
 	require.NoError(t, err)
 	cfg := topo.Config()
-	require.Equal(t, rabbitmq.TopologyConfig{Queue: "orders", PoisonQueue: "orders.poison", TierDelays: broker.DelaysDefault,
+	require.Equal(t, rabbitmq.TopologyConfig{Queue: "orders", PoisonQueue: "orders.poison", TierDelays: []time.Duration{30 * time.Second, 5 * time.Minute, 30 * time.Minute},
 		TierJitter: broker.Jitter{Fraction: 0.2, Queues: 4}, Exchange: "events", ExchangeType: "topic", BindingKey: "orders"}, cfg)
 	cfg.TierDelays[0] = time.Hour
-	require.Equal(t, broker.DelaysDefault[0], topo.Config().TierDelays[0], "a copy")
+	require.Equal(t, 30*time.Second, topo.Config().TierDelays[0], "a copy")
 
 	parted, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: "ledger", Partitions: 2, PartitionKey: "account", TierDelays: []time.Duration{time.Minute}})
 	require.NoError(t, err)

@@ -57,7 +57,7 @@ type HandlerConfig struct {
 	// PublishingHandler, with Stages.Inbox (its store, key and consumer).
 	// What an event produces it writes through the outbox's Writer on that
 	// event's context (msgs[i].Context()). Add refuses it with Stages.Order
-	// (ErrUnsupported). Built once, shared by the handler's Consumers.
+	// (errUnsupported). Built once, shared by the handler's Consumers.
 	BatchHandler *deduplication.BatchHandler
 	PublishTopic string
 	Publisher    message.Publisher
@@ -116,9 +116,9 @@ func (c HandlerConfig) unsafe() error {
 	return nil
 }
 
-// ErrUnsupported is matched by Add's error for stages a handler of its
+// errUnsupported is matched by Add's error for stages a handler of its
 // kind cannot keep: a BatchHandler with Stages.Order.
-var ErrUnsupported = errors.New("router: unsupported assembly")
+var errUnsupported = errors.New("router: unsupported assembly")
 
 // newBatchHandler builds the batch handler with the inbox of s, given the
 // stages' shared settings, and leaves the Inbox and Recoverer stages out of
@@ -138,9 +138,9 @@ func newBatchHandler(s *Stages, bh deduplication.BatchHandler) (message.HandlerF
 	return h, nil
 }
 
-// ErrDuplicateHandler is matched by Add's error for a handler name already on
+// errDuplicateHandler is matched by Add's error for a handler name already on
 // the router, or a topic another handler of the router consumes.
-var ErrDuplicateHandler = errors.New("router: duplicate handler")
+var errDuplicateHandler = errors.New("router: duplicate handler")
 
 // Add adds the handler with its stages to r: one call for a reliable
 // handler on an existing router. The handlers it added are returned.
@@ -194,7 +194,7 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		return nil, errors.New("router: HandlerConfig.BatchHandler needs Stages.Inbox: a batch's claims and effects commit in the inbox's transaction")
 	case cfg.BatchHandler != nil && cfg.Stages.Order != nil:
 		return nil, fmt.Errorf("%w: HandlerConfig.BatchHandler with Stages.Order: a batch handler does not keep a key's events in order "+
-			"(an event that fails leaves its batch while the key's later events commit); use a Handler for an ordered queue", ErrUnsupported)
+			"(an event that fails leaves its batch while the key's later events commit); use a Handler for an ordered queue", errUnsupported)
 	case cfg.BatchHandler != nil && (cfg.Outbox != nil || cfg.Publisher != nil):
 		return nil, errors.New("router: HandlerConfig.BatchHandler writes what each event produces with the outbox's Publish on that event's context (msgs[i].Context()); leave Outbox and Publisher unset")
 	case cfg.BatchHandler == nil && (cfg.Handler == nil) == (cfg.PublishingHandler == nil):
@@ -236,7 +236,7 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 			names[i] += "-" + strconv.Itoa(i)
 		}
 		if _, taken := r.Handlers()[names[i]]; taken {
-			return nil, fmt.Errorf("router: a handler named %q is already on this router: %w", names[i], ErrDuplicateHandler)
+			return nil, fmt.Errorf("router: a handler named %q is already on this router: %w", names[i], errDuplicateHandler)
 		}
 	}
 	if err := claimTopic(r, cfg.Topic, cfg.Name); err != nil {

@@ -40,7 +40,7 @@ func claimTopic(r *message.Router, topic, name string) error {
 	defer t.mu.Unlock()
 	if owner, ok := t.owners[topic]; ok && owner != name {
 		return fmt.Errorf("router: topic %q is already consumed by handler %q on this router; a second handler %q would split its messages with it: %w",
-			topic, owner, name, ErrDuplicateHandler)
+			topic, owner, name, errDuplicateHandler)
 	}
 	t.owners[topic] = name
 	return nil

@@ -67,7 +67,7 @@ type Config struct {
 	Setup func(ctx context.Context, db *sqlx.DB) error
 	// Topic the handler consumes on the kit's broker. Default "sluicetest.input".
 	Topic string
-	// TierDelays of the kit's retry tiers. Default broker.DelaysDefault
+	// TierDelays of the kit's retry tiers. Default 30s, 5m, 30m
 	// (30s → 5m → 30m), run on the virtual clock.
 	TierDelays []time.Duration
 	// Broker replaces the kit's in-memory broker by a real one (the

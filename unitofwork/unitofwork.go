@@ -129,9 +129,10 @@ func OnRecordAlone(ctx context.Context, write func(ctx context.Context, tx Tx) e
 	return ok
 }
 
-// ErrHandlerReentered is matched by the error Reentry returns when the
-// handler is run a second time inside one inbox unit of work.
-var ErrHandlerReentered = errors.New("unitofwork: the handler ran again inside one inbox unit of work " +
+// errHandlerReentered is the error Reentry returns when the handler is run
+// a second time inside one inbox unit of work: a composition bug its text
+// names, not a condition a program branches on.
+var errHandlerReentered = errors.New("unitofwork: the handler ran again inside one inbox unit of work " +
 	"(an in-process retry, such as Watermill's middleware.Retry, sits inside the inbox: add it before Sluice's stages, or leave it out)")
 
 // Reentry guards h against running twice in one inbox unit of work. An
@@ -140,9 +141,10 @@ var ErrHandlerReentered = errors.New("unitofwork: the handler ran again inside o
 // the same transaction, on top of the failed run's writes: a handler that
 // wrote its row and failed once would commit two rows for one event.
 // Reentry runs h once per unit of work; a second run returns, without
-// running h, an error matching ErrHandlerReentered that wraps the first
-// run's error, so the delivery is classified as that error and ends as if
-// the retry middleware were not there. router.Add applies it to every
+// running h, an error that says so ("the handler ran again inside one
+// inbox unit of work") and wraps the first run's error, so the delivery is
+// classified as that error and ends as if the retry middleware were not
+// there. router.Add applies it to every
 // handler; wrap your handler with it (or ReentryNoPublish) when you compose
 // the stages yourself: it must wrap the handler itself, inside every
 // middleware. Outside an inbox it only calls h.
@@ -154,9 +156,9 @@ func Reentry(h message.HandlerFunc) message.HandlerFunc {
 		}
 		if u.Calls.Add(1) > 1 {
 			if u.FirstErr == nil {
-				return nil, ErrHandlerReentered
+				return nil, errHandlerReentered
 			}
-			return nil, fmt.Errorf("%w; its first run failed: %w", ErrHandlerReentered, u.FirstErr)
+			return nil, fmt.Errorf("%w; its first run failed: %w", errHandlerReentered, u.FirstErr)
 		}
 		produced, err := h(msg)
 		u.FirstErr = err

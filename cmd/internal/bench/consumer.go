@@ -14,7 +14,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/poison"
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
@@ -93,7 +92,7 @@ type consumerCase struct {
 func consumerRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, url string, cc consumerCase) (float64, error) {
 	n, subs, failing := cc.n, cc.subs, cc.failing
 	topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{
-		Queue: fmt.Sprintf("sluice_bench_consume_%d", time.Now().UnixNano()), TierDelays: broker.DelaysDefault,
+		Queue: fmt.Sprintf("sluice_bench_consume_%d", time.Now().UnixNano()),
 	})
 	if err != nil {
 		return 0, err
