@@ -134,7 +134,7 @@ func TestABlackHoledDatabaseHoldsNoOutboxPagePastCallTimeout(t *testing.T) {
 	db, err := postgres.Open(postgres.Config{DSN: dsn})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
-	ob := testenv.Migrate(t, db, sluicesql.Config{Schema: schema, OutboxTable: "outbox"}).Outbox
+	ob := testenv.Migrate(t, db, sluicesql.Config{Schema: schema, Outbox: sluicesql.OutboxConfig{Table: "outbox"}}).Outbox
 	c, err := console.New(console.Config{Dial: func() (*amqp.Connection, error) { return nil, errors.New("no broker here") },
 		ReadOnly: true, SampleInterval: -1, CallTimeout: time.Second, Outboxes: map[string]console.Outbox{"orders": console.SQLOutbox(ob)}})
 	require.NoError(t, err)

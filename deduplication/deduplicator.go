@@ -48,7 +48,25 @@ type Config struct {
 	// sluice.DefaultClassifier()); MeterProvider, which receives the
 	// duplicates counter and, with Batch, the batch sizes (default the global
 	// OpenTelemetry provider); Logger, one debug line per duplicate (default
-	// watermill.NopLogger; router.Add gives the router's).
+	// watermill.NopLogger; router.Add gives the router's); StoreTimeout,
+	// which bounds every call of the stage to its store: Begin, the Commit
+	// and the Rollback that end the unit of work, and the Claim (for
+	// ClaimTimeout plus StoreTimeout). A call that outlives it is given up —
+	// it goes on in the background and its unit of work is rolled back when
+	// it returns — and the delivery fails at once as Transient with
+	// ErrStoreTimeout in a *sluice.DependencyError, which
+	// brake.MatchUnreachable counts: a black-holed database, whose driver
+	// honours no context (lib/pq while it connects without connect_timeout,
+	// or while its cancel request cannot get through), no longer freezes
+	// every handler. The unit of work is begun on a context detached from
+	// the message's once Begin returned (database/sql rolls a transaction
+	// back when the context it was begun on ends), and the commit and the
+	// rollback run on one detached too: a handler that succeeded as its
+	// deadline ended (Watermill's Timeout, the shutdown grace running out)
+	// is committed, not failed after its effects — on a store whose handler
+	// effects live outside the unit of work (Redis) a failed commit would
+	// run them again. Default 10 s; negative: no bound but the message
+	// context's (and commits and rollbacks unbounded).
 	sluice.Env
 	// KeyMaxLength is the longest key accepted, in bytes: longer keys are
 	// poison (an id that long is a bug, and B-tree indexes limit entry
@@ -66,25 +84,6 @@ type Config struct {
 	// connection closed (the pool opens another). Default
 	// 5 s; negative: no bound but the message context's.
 	ClaimTimeout time.Duration
-	// StoreTimeout bounds every call of the stage to its store: Begin, the
-	// Commit and the Rollback that end the unit of work, and the Claim (for
-	// ClaimTimeout plus StoreTimeout). A call that outlives it is given up —
-	// it goes on in the background and its unit of work is rolled back when
-	// it returns — and the delivery fails at once as Transient with
-	// ErrStoreTimeout in a *sluice.DependencyError, which
-	// brake.MatchUnreachable counts: a black-holed database, whose driver
-	// honours no context (lib/pq while it connects without connect_timeout,
-	// or while its cancel request cannot get through), no longer freezes
-	// every handler. The unit of work is begun on a context detached from
-	// the message's once Begin returned (database/sql rolls a transaction
-	// back when the context it was begun on ends), and the commit and the
-	// rollback run on one detached too: a handler that succeeded as its deadline ended
-	// (Watermill's Timeout, the shutdown grace running out) is committed, not
-	// failed after its effects — on a store whose handler effects live
-	// outside the unit of work (Redis) a failed commit would run them again.
-	// Default 10 s; negative: no bound but the message
-	// context's (and commits and rollbacks unbounded).
-	StoreTimeout time.Duration
 	// Batch, when set, turns on group commit: the deliveries in flight on
 	// the handler share one transaction, each in a savepoint of its own,
 	// committed once (BatchConfig). Default nil: one transaction per

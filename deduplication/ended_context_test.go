@@ -41,7 +41,7 @@ func (s *slowBegin) Begin(ctx context.Context) (unitofwork.Tx, error) {
 func TestADeliveryWhoseContextEndedIsNotAStoreThatDidNotAnswer(t *testing.T) {
 	t.Parallel()
 	store := &slowBegin{Store: deduplication.NewMemoryStore()}
-	inbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c", StoreTimeout: 10 * time.Second})
+	inbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c", Env: sluice.Env{StoreTimeout: 10 * time.Second}})
 	require.NoError(t, err)
 	handled := 0
 	h := inbox(func(*message.Message) ([]*message.Message, error) { handled++; return nil, nil })

@@ -55,7 +55,7 @@ func TestBlackHoledDatabaseFreezesNoHandler(t *testing.T) {
 	require.NoError(t, err)
 	classify, err := stage.Classify(stage.ClassifyConfig{})
 	require.NoError(t, err)
-	inbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "inventory", StoreTimeout: 300 * time.Millisecond})
+	inbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "inventory", Env: sluice.Env{StoreTimeout: 300 * time.Millisecond}})
 	require.NoError(t, err)
 	var mu sync.Mutex
 	handled := 0
@@ -77,7 +77,7 @@ func TestBlackHoledDatabaseFreezesNoHandler(t *testing.T) {
 	// timeout: on a loaded machine (load average 40 on 2 cores in a CI run)
 	// a new connection takes longer than the tested inbox's 300 ms, and not
 	// one warm delivery through it committed in 2 minutes.
-	warmInbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "inventory", StoreTimeout: time.Minute})
+	warmInbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "inventory", Env: sluice.Env{StoreTimeout: time.Minute}})
 	require.NoError(t, err)
 	warm := classify(warmInbox(func(*message.Message) ([]*message.Message, error) { return nil, nil }))
 	var wg sync.WaitGroup

@@ -15,7 +15,7 @@ import (
 // message's report: the caller acks the message without running it.
 //
 // The ordering stage asks it before it holds a delivery behind its key's
-// head (ordering.Config.Seen; router.Add sets it from Stages.Inbox): a
+// head (ordering.Config.Inbox; router.Add gives it Stages.Inbox): a
 // redelivery of a message its key applied already — its process died
 // after the commit and before the ack — is a duplicate, not a message to
 // run after the head.

@@ -62,7 +62,7 @@ func TestEmbeddedCloseMidLoadAccountsForEveryDelivery(t *testing.T) {
 		release   = make(chan struct{})
 	)
 	r, done, logger := embeddedRouter(t, e, router.Stages{
-		Poison: &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: time.Millisecond}, Classify: &stage.ClassifyConfig{},
+		Poison: &poison.Config{}, Retry: &retrytiers.Config{Env: sluice.Env{PublishBackoff: time.Millisecond}}, Classify: &stage.ClassifyConfig{},
 	}, func(m *message.Message) error {
 		running.Add(1)
 		defer running.Add(-1)
@@ -132,7 +132,7 @@ func TestEmbeddedCloseReportsDeliveriesNackedWhileTheRouterCloses(t *testing.T) 
 	var handled atomic.Int64
 	r, done, _ := embeddedRouter(t, e, router.Stages{
 		ShutdownGrace: 50 * time.Millisecond,
-		Poison:        &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: time.Millisecond}, Classify: &stage.ClassifyConfig{},
+		Poison:        &poison.Config{}, Retry: &retrytiers.Config{Env: sluice.Env{PublishBackoff: time.Millisecond}}, Classify: &stage.ClassifyConfig{},
 		Brake: &brake.Config{Window: 2, FailureRatio: 1, CoolDown: time.Hour, Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}},
 	}, func(*message.Message) error {
 		handled.Add(1)
@@ -208,7 +208,7 @@ func TestEmbeddedCloseRightAfterPublishing(t *testing.T) {
 	var processed, running, late atomic.Int64
 	var closed atomic.Bool
 	r, done, _ := embeddedRouter(t, e, router.Stages{
-		Poison: &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: time.Millisecond}, Classify: &stage.ClassifyConfig{},
+		Poison: &poison.Config{}, Retry: &retrytiers.Config{Env: sluice.Env{PublishBackoff: time.Millisecond}}, Classify: &stage.ClassifyConfig{},
 	}, func(*message.Message) error {
 		running.Add(1)
 		defer running.Add(-1)

@@ -34,8 +34,6 @@ type Config struct {
 	// (broker.Jittered), as rabbitmq.TopologyConfig.TierJitter does. Default
 	// none.
 	TierJitter broker.Jitter
-	// PoisonTopic. Default "<Topic>.poison".
-	PoisonTopic string
 	// Env is the broker's environment (a sluice.Env: give the stages' own).
 	// It reads Logger (default watermill.NopLogger) and Clock, which times
 	// the retry tiers' delays (default sluice.SystemClock(); the test kit,
@@ -64,7 +62,6 @@ type Config struct {
 // MaxPendingRetries and TierDelays are defaulted by NewDelayedPublisher and
 // broker.Ladder.
 func (c Config) withDefaults() Config {
-	c.PoisonTopic = cmp.Or(c.PoisonTopic, c.Topic+".poison")
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	c.MaxQueued = cmp.Or(c.MaxQueued, maxQueuedDefault)
 	c.MaxInFlight = cmp.Or(c.MaxInFlight, maxInFlightDefault)
@@ -83,8 +80,6 @@ func (c Config) validate() error {
 		return fmt.Errorf("embedded: Config.MaxInFlight must be positive, got %d", c.MaxInFlight)
 	case c.DrainTimeout < 0:
 		return fmt.Errorf("embedded: Config.DrainTimeout must be positive, got %s", c.DrainTimeout)
-	case c.PoisonTopic == c.Topic:
-		return errors.New("embedded: Config.PoisonTopic must differ from Topic")
 	}
 	return nil
 }
@@ -114,7 +109,7 @@ type Broker struct {
 // New starts the in-process broker and tiers.
 func New(cfg Config) (*Broker, error) {
 	cfg = cfg.withDefaults()
-	if err := cfg.validate(); err != nil { // the default poison topic too, against Topic
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	tiers, err := broker.Ladder(cfg.Topic, cfg.TierDelays...)
@@ -125,7 +120,7 @@ func New(cfg Config) (*Broker, error) {
 		return nil, fmt.Errorf("embedded: Config.TierJitter: %w", err)
 	}
 	e := &Broker{cfg: cfg, pubsub: newPubSub(cfg), tiers: tiers}
-	e.pubsub.sinks[cfg.PoisonTopic] = e.storePoisoned
+	e.pubsub.sinks[e.poisonTopic()] = e.storePoisoned
 	e.delayed, err = NewDelayedPublisher(DelayedPublisherConfig{
 		Target: embeddedPublisher{e.pubsub, true}, Routes: Routes(cfg.Topic, tiers), Env: sluice.Env{Logger: cfg.Logger, Clock: cfg.Clock},
 		MaxPending: cfg.MaxPendingRetries,
@@ -162,17 +157,20 @@ func (e *Broker) storePoisoned(msgs ...*message.Message) {
 
 var _ broker.Broker = (*Broker)(nil)
 
+// poisonTopic is the in-memory poison topic: "<Topic>.poison".
+func (e *Broker) poisonTopic() string { return e.cfg.Topic + ".poison" }
+
 // Endpoints are the embedded topic's: a subscriber of PubSub whose Close
-// drains the handler's subscriptions, PubSub as poison publisher (stored
-// before Publish returns), the in-process tiers as retry publisher, System
-// "gochannel" (the label it had on Watermill's GoChannel, kept so that
-// dashboards and alerts on messaging.system keep matching) and one
-// consumer at most.
+// drains the handler's subscriptions, PubSub as poison publisher to the
+// poison topic "<Topic>.poison" (stored before Publish returns), the
+// in-process tiers as retry publisher, System "gochannel" (the label it had
+// on Watermill's GoChannel, kept so that dashboards and alerts on
+// messaging.system keep matching) and one consumer at most.
 func (e *Broker) Endpoints() broker.Endpoints {
 	return broker.Endpoints{
 		System: "gochannel", Topic: e.cfg.Topic, Subscriber: e.pubsub.subscriber(),
 		Tiers: append([]broker.Tier(nil), e.tiers...), RetryPublisher: e.delayed,
-		PoisonTopic: e.cfg.PoisonTopic, PoisonPublisher: e.pubsub,
+		PoisonTopic: e.poisonTopic(), PoisonPublisher: e.pubsub,
 		Consumers: 1, MaxConsumers: 1,
 	}
 }

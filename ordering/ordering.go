@@ -47,19 +47,19 @@ type Config struct {
 	// (deduplication.KeyFromJSON). A message without one is poison.
 	// Required.
 	Key func(*message.Message) (string, error)
-	// EventID returns a message's event id, the inbox's key. router.Add
-	// gives the Inbox stage's Key. Default the metadata sluice.EventIDKey.
-	EventID func(*message.Message) (string, error)
-	// Seen reports whether the inbox processed a message's event id already
-	// (deduplication.Seen; router.Add sets it from Stages.Inbox), and then
-	// records it as a duplicate. A delivery of a waiting key that is not
-	// its head is asked first: one its key applied already — a redelivery
+	// Inbox is the handler's inbox (router.Add gives Stages.Inbox, named
+	// after the handler, with the stages' Env). A message's event id is
+	// its Key (default the metadata sluice.EventIDKey). A delivery of a
+	// waiting key that is not its head asks it first whether it processed
+	// the message already, and records it as a duplicate
+	// (deduplication.Seen): one its key applied already — a redelivery
 	// after its process died between its commit and its ack — is acked as
-	// a duplicate instead of held behind the head. Default none: every
-	// such delivery is held (the inbox skips a duplicate when it is
-	// released, but the key counts it as held meanwhile), as it is when
-	// Seen fails.
-	Seen func(msg *message.Message) (bool, error)
+	// a duplicate instead of held behind the head. Default none (or an
+	// Inbox without a Consumer): event ids are the metadata
+	// sluice.EventIDKey, and every such delivery is held (the inbox skips a
+	// duplicate when it is released, but the key counts it as held
+	// meanwhile), as it is when the inbox cannot answer.
+	Inbox *deduplication.Config
 	// SkipPoisoned lets a key whose head went to the poison queue go on
 	// without it. Default false: the key waits until an operator replays
 	// the head (sluice dlq replay: it is the head again and, once it
@@ -69,8 +69,6 @@ type Config struct {
 	// ResumeInterval is how often Run resumes unfinished releases and
 	// refreshes the gauges. Default 5 s.
 	ResumeInterval time.Duration
-	// StoreTimeout bounds each call to the Store. Default 10 s.
-	StoreTimeout time.Duration
 	// Released wraps the stages each released message runs through: router.Add
 	// gives it the Trace stage, so that a released message has its span and
 	// its outcome in the Trace stage's metrics, as a delivery has (the
@@ -78,9 +76,14 @@ type Config struct {
 	Released message.HandlerMiddleware
 	// Env is the shared environment (router.Stages and service give theirs;
 	// the fields set here win). The stage reads MeterProvider (default the
-	// global provider) and Logger (default watermill.NopLogger; router.Add
-	// gives the router's).
+	// global provider), Logger (default watermill.NopLogger; router.Add
+	// gives the router's) and StoreTimeout, which bounds each call to the
+	// Store (default 10 s).
 	sluice.Env
+
+	// eventID and seen are the inbox's Key and deduplication.Seen (Inbox).
+	eventID func(*message.Message) (string, error)
+	seen    func(*message.Message) (bool, error)
 }
 
 func (c Config) withDefaults() (Config, error) {
@@ -94,8 +97,18 @@ func (c Config) withDefaults() (Config, error) {
 	case c.ResumeInterval < 0, c.StoreTimeout < 0:
 		return c, errors.New("ordering: Config.ResumeInterval and StoreTimeout must be positive")
 	}
-	if c.EventID == nil {
-		c.EventID = deduplication.KeyFromMetadata(sluice.EventIDKey) // the inbox's default Key
+	c.eventID = deduplication.KeyFromMetadata(sluice.EventIDKey) // the inbox's default Key
+	if in := c.Inbox; in != nil {
+		if in.Key != nil {
+			c.eventID = in.Key
+		}
+		if in.Consumer != "" {
+			seen, err := deduplication.Seen(*in)
+			if err != nil {
+				return c, fmt.Errorf("ordering: Config.Inbox: %w", err)
+			}
+			c.seen = seen
+		}
 	}
 	c.ResumeInterval = cmp.Or(c.ResumeInterval, resumeIntervalDefault)
 	c.StoreTimeout = cmp.Or(c.StoreTimeout, storeTimeoutDefault)
@@ -264,7 +277,7 @@ func (o *Orderer) keys(msg *message.Message) (key, id string, kErr, idErr error)
 		return k.key, k.id, k.kErr, k.idErr
 	}
 	key, kErr = o.cfg.Key(msg)
-	id, idErr = o.cfg.EventID(msg)
+	id, idErr = o.cfg.eventID(msg)
 	return key, id, kErr, idErr
 }
 
@@ -416,12 +429,12 @@ func (o *Orderer) deliver(msg *message.Message, key, id string, h message.Handle
 	return out, nil
 }
 
-// seen asks the inbox (Config.Seen) whether msg was applied already, on a
+// seen asks the inbox (Config.Inbox) whether msg was applied already, on a
 // context bounded by StoreTimeout and not by the delivery's deadline, as
 // the hold's own calls are. A failure to ask is logged and msg is held, as
-// without Seen: a duplicate held is skipped by the inbox when released.
+// without an inbox: a duplicate held is skipped by the inbox when released.
 func (o *Orderer) seen(msg *message.Message, key string) bool {
-	if o.cfg.Seen == nil {
+	if o.cfg.seen == nil {
 		return false
 	}
 	ctx := msg.Context()
@@ -429,7 +442,7 @@ func (o *Orderer) seen(msg *message.Message, key string) bool {
 	defer cancel()
 	msg.SetContext(c)
 	defer msg.SetContext(ctx)
-	seen, err := o.cfg.Seen(msg)
+	seen, err := o.cfg.seen(msg)
 	if err != nil {
 		o.cfg.Logger.Info("Could not ask the inbox whether a delivery of a waiting key was applied; it is held", watermill.LogFields{
 			"handler": o.cfg.Consumer, "key": diag.Printable(key, 200), "error": diag.Summary(err, 200)})

@@ -228,7 +228,7 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 			}
 			k := &keyed{}
 			k.key, k.kErr = s.o.cfg.Key(m)
-			k.id, k.idErr = s.o.cfg.EventID(m)
+			k.id, k.idErr = s.o.cfg.eventID(m)
 			m.SetContext(context.WithValue(m.Context(), keyedKey{}, k)) // read once: Middleware finds them
 			key, id := k.key, k.id
 			if k.kErr != nil { // the stages poison it: nothing to order

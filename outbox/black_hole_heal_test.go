@@ -82,8 +82,8 @@ func relayThroughAHalfOpenHeal(t *testing.T, open func(t *testing.T, dsn string)
 		require.NoError(t, tx.Commit())
 	}
 	r, err := outbox.NewRelay(store, s.rabbit.Publisher(), outbox.RelayConfig{BatchSize: 10,
-		StoreTimeout: time.Second, PublishTimeout: 5 * time.Second, PollInterval: 10 * time.Millisecond,
-		RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond, Env: sluice.Env{MeterProvider: s.mp}})
+		PollInterval: 10 * time.Millisecond, RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
+		Env: sluice.Env{MeterProvider: s.mp, StoreTimeout: time.Second, PublishTimeout: 5 * time.Second}})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()

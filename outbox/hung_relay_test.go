@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/outbox"
 
@@ -40,7 +41,7 @@ func TestAHungRelayHoldsItsBatchOnlyForItsTimeouts(t *testing.T) {
 
 	pubA := &holding{pub: s.rabbit.Publisher(), started: make(chan struct{}), release: make(chan struct{})}
 	relayA, err := outbox.NewRelay(storeA, pubA, outbox.RelayConfig{StatsInterval: -1,
-		PublishTimeout: time.Second, StoreTimeout: time.Second, PollInterval: time.Hour})
+		Env: sluice.Env{PublishTimeout: time.Second, StoreTimeout: time.Second}, PollInterval: time.Hour})
 	require.NoError(t, err)
 	doneA := make(chan error, 1)
 	go func() { doneA <- relayA.Run(context.Background()) }()

@@ -42,7 +42,7 @@ func newProducer(t *testing.T, cfg sluicesql.OutboxConfig) *producer {
 	t.Helper()
 	db := testenv.Postgres(t)
 	p := &producer{t: t, db: db, schema: testenv.Schema(t, db), meter: sdkmetric.NewManualReader()}
-	testenv.Migrate(t, db, sluicesql.Config{Schema: p.schema, OutboxTable: "outbox"})
+	testenv.Migrate(t, db, sluicesql.Config{Schema: p.schema, Outbox: sluicesql.OutboxConfig{Table: "outbox"}})
 	cfg.Table = p.schema + ".outbox"
 	var err error
 	p.store, err = sluicesql.NewOutbox(db, cfg)

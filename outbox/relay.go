@@ -79,12 +79,6 @@ type RelayConfig struct {
 	// not call its store's Wake, as sluicesql.Outbox.Wake). Rows committed
 	// through the inbox of this process wake it at once. Default 500 ms.
 	PollInterval time.Duration
-	// PublishTimeout bounds one batch's publishes (and each message's
-	// context). A publish that has not returned by then counts as failed
-	// (uncertain: the row is sent again later). Default 30 s.
-	PublishTimeout time.Duration
-	// StoreTimeout bounds each call to the store. Default 10 s.
-	StoreTimeout time.Duration
 	// RetryMin and RetryMax bound the wait before a failed row is tried
 	// again: RetryMin doubled per failed attempt, at most RetryMax. A row
 	// whose broker could not be reached at all is not pushed back: the relay
@@ -106,8 +100,12 @@ type RelayConfig struct {
 	StatsInterval time.Duration
 	// Env is the shared environment (service gives its own; the fields set
 	// here win). The relay reads MeterProvider, which receives its metrics
-	// (default the global one), and Logger, a line per batch with failures
-	// and per store error (default watermill.NopLogger).
+	// (default the global one); Logger, a line per batch with failures and
+	// per store error (default watermill.NopLogger); PublishTimeout, which
+	// bounds one batch's publishes (and each message's context): a publish
+	// that has not returned by then counts as failed (uncertain: the row is
+	// sent again later) (default 30 s); StoreTimeout, which bounds each call
+	// to the store (default 10 s).
 	sluice.Env
 
 	name string // the store's table name, or "outbox"

@@ -64,7 +64,7 @@ func newServiceWithTiers(t *testing.T, amqpURL string, tiers ...time.Duration) *
 	s.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(s.meter))
 	s.inbox = testenv.SQLStore(t, db, s.schema+".inbox")
 	var err error
-	s.outbox = testenv.Migrate(t, db, sluicesql.Config{Schema: s.schema, OutboxTable: "outbox"}).Outbox
+	s.outbox = testenv.Migrate(t, db, sluicesql.Config{Schema: s.schema, Outbox: sluicesql.OutboxConfig{Table: "outbox"}}).Outbox
 	queue := testenv.Name("consumer")
 	s.rabbit, err = rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
 		Connection: rabbitmq.Connection{URL: amqpURL},
@@ -452,9 +452,8 @@ func TestABlackHoledDatabaseHoldsNeitherTheRelayNorItsClose(t *testing.T) {
 	store, err := sluicesql.NewOutbox(viaProxy, sluicesql.OutboxConfig{Table: s.schema + ".outbox"})
 	require.NoError(t, err)
 	meter := sdkmetric.NewManualReader()
-	r, err := outbox.NewRelay(store, s.rabbit.Publisher(), outbox.RelayConfig{StoreTimeout: 200 * time.Millisecond,
-		PublishTimeout: time.Second, PollInterval: 10 * time.Millisecond, RetryMin: 20 * time.Millisecond,
-		Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(meter))}})
+	r, err := outbox.NewRelay(store, s.rabbit.Publisher(), outbox.RelayConfig{PollInterval: 10 * time.Millisecond, RetryMin: 20 * time.Millisecond,
+		Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(meter)), StoreTimeout: 200 * time.Millisecond, PublishTimeout: time.Second}})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()

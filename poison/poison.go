@@ -74,11 +74,11 @@ type Config struct {
 	// which stamps the copies: sluice_poisoned_at, and
 	// sluice.FirstFailedAtKey when the delivery has none (default
 	// sluice.SystemClock(); the test kit, package sluicetest, gives its
-	// virtual clock).
+	// virtual clock); PublishTimeout, which bounds publishing one copy, on a
+	// context detached from the handler's deadline (default 30 s);
+	// PublishBackoff, waited before returning a failed publish, so that an
+	// unreachable poison queue is not a hot redelivery loop (default 1 s).
 	sluice.Env
-	// PublishBackoff is waited before returning a failed publish, so an
-	// unreachable poison queue is not a hot redelivery loop. Default 1 s.
-	PublishBackoff time.Duration
 	// ParkTopic is where a diagnosed copy waits when the poison queue
 	// refuses it (full, deleted, unreachable): a delay queue that returns
 	// its messages to the consumer's queue. router.Add gives the first
@@ -98,9 +98,6 @@ type Config struct {
 	// DisablePark keeps router.Add from giving a ParkTopic: a refused copy's
 	// delivery is always nacked after PublishBackoff.
 	DisablePark bool
-	// PublishTimeout bounds publishing one copy, on a context detached from
-	// the handler's deadline. Default 30 s.
-	PublishTimeout time.Duration
 }
 
 // stackMaxLength bounds sluice_poison_stack, in bytes.

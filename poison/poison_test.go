@@ -80,7 +80,7 @@ func TestDiagnosis(t *testing.T) {
 func TestPublishFailureNacks(t *testing.T) {
 	t.Parallel()
 	errDown := errors.New("poison queue unroutable")
-	mw, err := poison.New(poison.Config{Publisher: &recorder{fail: errDown}, Topic: "p", PublishBackoff: 30 * time.Millisecond})
+	mw, err := poison.New(poison.Config{Publisher: &recorder{fail: errDown}, Topic: "p", Env: sluice.Env{PublishBackoff: 30 * time.Millisecond}})
 	require.NoError(t, err)
 	start := time.Now()
 	err = run(mw, message.NewMessage("u", nil), sluice.Poison(errors.New("bad")))

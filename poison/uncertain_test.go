@@ -33,7 +33,7 @@ func TestUncertainPublishIsNotParked(t *testing.T) {
 			t.Parallel()
 			park := &recorder{}
 			mw, err := poison.New(poison.Config{Publisher: &recorder{fail: tc.err}, Topic: "orders.poison",
-				ParkTopic: "orders.retry.30s", ParkPublisher: park, PublishBackoff: 30 * time.Millisecond})
+				ParkTopic: "orders.retry.30s", ParkPublisher: park, Env: sluice.Env{PublishBackoff: 30 * time.Millisecond}})
 			require.NoError(t, err)
 			start := time.Now()
 			err = run(mw, message.NewMessage("u", nil), sluice.Poison(errors.New("unknown version 7")))
@@ -55,7 +55,7 @@ func TestUncertainPublishIsNotParked(t *testing.T) {
 func TestPoisonCopiesOfOneDeliveryShareAnIdentity(t *testing.T) {
 	t.Parallel()
 	pub := &recorder{}
-	mw, err := poison.New(poison.Config{Publisher: pub, Topic: "orders.poison", PublishBackoff: time.Millisecond})
+	mw, err := poison.New(poison.Config{Publisher: pub, Topic: "orders.poison", Env: sluice.Env{PublishBackoff: time.Millisecond}})
 	require.NoError(t, err)
 	for range 2 {
 		m := message.NewMessage("u1", []byte("payload"))
@@ -69,7 +69,7 @@ func TestPoisonCopiesOfOneDeliveryShareAnIdentity(t *testing.T) {
 	park := &recorder{}
 	refusing := &recorder{fail: errors.New("rabbitmq: broker nacked the message")}
 	mw, err = poison.New(poison.Config{Publisher: refusing, Topic: "orders.poison",
-		ParkTopic: "orders.retry.30s", ParkPublisher: park, PublishBackoff: time.Millisecond})
+		ParkTopic: "orders.retry.30s", ParkPublisher: park, Env: sluice.Env{PublishBackoff: time.Millisecond}})
 	require.NoError(t, err)
 	require.NoError(t, run(mw, message.NewMessage("u1", []byte("payload")), sluice.Poison(errors.New("unknown version 7"))))
 	require.Len(t, park.got, 1)

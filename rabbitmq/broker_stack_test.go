@@ -44,8 +44,8 @@ func newBrokerStack(t *testing.T, handler func(msg *message.Message) error, opts
 	s := &stack{topo: b.Topology(), conn: testenv.AMQP(t), pub: b.Publisher(), calls: map[string][]*message.Message{}}
 
 	stages := router.Stages{
-		Poison:    &poison.Config{PublishBackoff: 50 * time.Millisecond},
-		Retry:     &retrytiers.Config{PublishBackoff: 50 * time.Millisecond},
+		Poison:    &poison.Config{Env: sluice.Env{PublishBackoff: 50 * time.Millisecond}},
+		Retry:     &retrytiers.Config{Env: sluice.Env{PublishBackoff: 50 * time.Millisecond}},
 		Classify:  &stage.ClassifyConfig{},
 		Inbox:     &deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "inventory"},
 		Recoverer: &stage.RecovererConfig{},

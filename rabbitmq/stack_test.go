@@ -54,9 +54,9 @@ func newStackBehind(t *testing.T, cfg rabbitmq.TopologyConfig, outer []message.H
 	}
 	s := &stack{topo: newTopology(t, cfg), conn: testenv.AMQP(t), pub: newPublisher(t, ""), calls: map[string][]*message.Message{}}
 
-	p, err := poison.New(poison.Config{Publisher: s.pub, Topic: s.topo.Config().PoisonQueue, Queue: s.topo.Config().Queue, PublishBackoff: 100 * time.Millisecond})
+	p, err := poison.New(poison.Config{Publisher: s.pub, Topic: s.topo.Config().PoisonQueue, Queue: s.topo.Config().Queue, Env: sluice.Env{PublishBackoff: 100 * time.Millisecond}})
 	require.NoError(t, err)
-	r, err := retrytiers.New(retrytiers.Config{Publisher: s.pub, Tiers: s.topo.Tiers(), PublishBackoff: 100 * time.Millisecond})
+	r, err := retrytiers.New(retrytiers.Config{Publisher: s.pub, Tiers: s.topo.Tiers(), Env: sluice.Env{PublishBackoff: 100 * time.Millisecond}})
 	require.NoError(t, err)
 	c, err := stage.Classify(stage.ClassifyConfig{})
 	require.NoError(t, err)

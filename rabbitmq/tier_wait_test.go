@@ -102,8 +102,8 @@ func newWaitStack(t *testing.T, cfg rabbitmq.TopologyConfig, handler func(attemp
 	_, err = router.Add(r, router.HandlerConfig{
 		Broker: b, Name: "waits", Consumers: 1,
 		Stages: router.Stages{
-			Poison:   &poison.Config{PublishBackoff: 50 * time.Millisecond},
-			Retry:    &retrytiers.Config{PublishBackoff: 50 * time.Millisecond},
+			Poison:   &poison.Config{Env: sluice.Env{PublishBackoff: 50 * time.Millisecond}},
+			Retry:    &retrytiers.Config{Env: sluice.Env{PublishBackoff: 50 * time.Millisecond}},
 			Classify: &stage.ClassifyConfig{},
 		},
 		Handler: func(msg *message.Message) error {

@@ -98,16 +98,13 @@ type UnitOfWorkRecorder interface {
 // reasonMaxLength bounds a record's Reason, in bytes.
 const reasonMaxLength = 1024
 
-// recordTimeoutDefault is Config.RecordTimeout's default.
+// recordTimeoutDefault is Config.StoreTimeout's default: a record's bound.
 const recordTimeoutDefault = 5 * time.Second
 
 // Config configures New.
 type Config struct {
 	// Store receives the records. Required.
 	Store Store
-	// RecordTimeout bounds one record, on a context detached from the
-	// handler's. Default 5 s.
-	RecordTimeout time.Duration
 	// Env is the shared environment (router.Stages and service give theirs;
 	// the fields set here win). The stage reads Logger, a line per record
 	// that failed (default watermill.NopLogger; router.Add gives the
@@ -123,7 +120,8 @@ type Config struct {
 	// retry stages the same one (router.Stages.Env does). Without one, a
 	// deployment believes the run and item of any delivery, so its outcome
 	// records are only as trustworthy as what may publish into the queue
-	// (docs/architecture.md, "Trust boundary").
+	// (docs/architecture.md, "Trust boundary"); StoreTimeout, which bounds
+	// one record, on a context detached from the handler's (default 5 s).
 	sluice.Env
 	// InUnitOfWork, when the records live with the inbox (sluicesql.Outcomes on
 	// the inbox's database), writes "processed" in the inbox's unit of work,
@@ -147,7 +145,7 @@ func isReplayKey(k string) bool { return strings.HasPrefix(k, metakeys.ReplayPre
 
 // withDefaults returns a copy of c with its defaults filled.
 func (c Config) withDefaults() Config {
-	c.RecordTimeout = cmp.Or(c.RecordTimeout, recordTimeoutDefault)
+	c.StoreTimeout = cmp.Or(c.StoreTimeout, recordTimeoutDefault)
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	return c
 }
@@ -160,8 +158,8 @@ func (c Config) validate() error {
 	if _, err := unitOfWork(c); err != nil {
 		return err
 	}
-	if c.RecordTimeout < 0 {
-		return fmt.Errorf("replay: Config.RecordTimeout must be positive, got %s", c.RecordTimeout)
+	if c.StoreTimeout < 0 {
+		return fmt.Errorf("replay: Config.StoreTimeout must be positive, got %s", c.StoreTimeout)
 	}
 	return nil
 }
@@ -217,7 +215,7 @@ func New(cfg Config) (message.HandlerMiddleware, error) {
 				// applied out of its key's order).
 				r.Reason = diag.Bound(report.Reason, reasonMaxLength)
 			}
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.RecordTimeout)
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.StoreTimeout)
 			defer cancel()
 			if rErr := cfg.Store.Record(rctx, r); rErr != nil {
 				failures.Add(rctx, 1, telemetry.DeliveryAttr(msg))

@@ -173,7 +173,7 @@ func TestProcessedInTheInboxTransaction(t *testing.T) {
 		inbox := testenv.SQLStore(t, db, schema+".inbox")
 		outcomes := testenv.OutcomeStore(t, db, schema+".sluice_replay")
 		reader := sdkmetric.NewManualReader()
-		cfg := &replay.Config{Store: outcomes, RecordTimeout: time.Nanosecond, Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}}
+		cfg := &replay.Config{Store: outcomes, Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), StoreTimeout: time.Nanosecond}}
 		if inTx {
 			cfg.InUnitOfWork = true
 		}

@@ -58,15 +58,12 @@ type Config struct {
 	// watermill.NopLogger; router.Add gives the router's); Clock, which
 	// stamps a copy's sluice.FirstFailedAtKey when the delivery has none
 	// (default sluice.SystemClock(); the test kit, package sluicetest, gives
-	// its virtual clock).
+	// its virtual clock); PublishTimeout, which bounds publishing one copy, on
+	// a context detached from the handler's, so that a handler that timed out
+	// (its message context expired) still reaches its tier (default 30 s);
+	// PublishBackoff, waited before returning a failed publish, so that an
+	// unreachable tier is not a hot redelivery loop (default 1 s).
 	sluice.Env
-	// PublishBackoff is waited before returning a failed publish, so an
-	// unreachable tier is not a hot redelivery loop. Default 1 s.
-	PublishBackoff time.Duration
-	// PublishTimeout bounds publishing one copy. The copy is published on a
-	// context detached from the handler's, so a handler that timed out (its
-	// message context expired) still reaches its tier. Default 30 s.
-	PublishTimeout time.Duration
 	// Queue is the consumer's queue: the one the copies come back to, for
 	// which they are signed and their history believed (Signer). Default:
 	// the topic the Watermill handler subscribed to (on RabbitMQ, the

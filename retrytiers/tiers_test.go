@@ -221,7 +221,7 @@ func TestPublishFailureNacksAfterBackoff(t *testing.T) {
 	t.Parallel()
 	errDown := errors.New("tier queue unreachable")
 	pub := &recorder{fail: errDown}
-	mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: tiers(t), PublishBackoff: 50 * time.Millisecond})
+	mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: tiers(t), Env: sluice.Env{PublishBackoff: 50 * time.Millisecond}})
 	require.NoError(t, err)
 
 	start := time.Now()

@@ -48,7 +48,7 @@ func TestUncertainPublishTriesNoOtherTier(t *testing.T) {
 	t.Run("certain refusal: the next tier", func(t *testing.T) {
 		t.Parallel()
 		pub := &byTopic{fail: map[string]error{ts[0].Topic: errMissing}}
-		mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: ts, PublishBackoff: time.Millisecond})
+		mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: ts, Env: sluice.Env{PublishBackoff: time.Millisecond}})
 		require.NoError(t, err)
 		_, err = run(mw, message.NewMessage("u", nil), sluice.Transient(errors.New("timeout")))
 		require.NoError(t, err, "the copy waits in the next tier; the original is acked")
@@ -58,7 +58,7 @@ func TestUncertainPublishTriesNoOtherTier(t *testing.T) {
 	t.Run("uncertain: no other tier, nack", func(t *testing.T) {
 		t.Parallel()
 		pub := &byTopic{fail: map[string]error{ts[0].Topic: errNoConfirm}}
-		mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: ts, PublishBackoff: 30 * time.Millisecond})
+		mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: ts, Env: sluice.Env{PublishBackoff: 30 * time.Millisecond}})
 		require.NoError(t, err)
 		start := time.Now()
 		_, err = run(mw, message.NewMessage("u", nil), sluice.Transient(errors.New("timeout")))
@@ -72,7 +72,7 @@ func TestUncertainPublishTriesNoOtherTier(t *testing.T) {
 	t.Run("certain, then uncertain: stops there", func(t *testing.T) {
 		t.Parallel()
 		pub := &byTopic{fail: map[string]error{ts[0].Topic: errMissing, ts[1].Topic: errNoConfirm}}
-		mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: ts, PublishBackoff: time.Millisecond})
+		mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: ts, Env: sluice.Env{PublishBackoff: time.Millisecond}})
 		require.NoError(t, err)
 		_, err = run(mw, message.NewMessage("u", nil), sluice.Transient(errors.New("timeout")))
 		require.ErrorIs(t, err, sluice.ErrPublishUncertain)
@@ -92,7 +92,7 @@ func TestCopiesOfOneDeliveryShareAnIdentity(t *testing.T) {
 	signer, err := signing.New([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
 	pub := &byTopic{fail: map[string]error{ts[0].Topic: errors.New("returned as unroutable: NO_ROUTE")}}
-	mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: ts, PublishBackoff: time.Millisecond, Env: sluice.Env{Signer: signer}})
+	mw, err := retrytiers.New(retrytiers.Config{Publisher: pub, Tiers: ts, Env: sluice.Env{Signer: signer, PublishBackoff: time.Millisecond}})
 	require.NoError(t, err)
 	delivery := func(uuid string) *message.Message {
 		m := message.NewMessage(uuid, []byte("payload"))

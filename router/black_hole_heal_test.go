@@ -81,11 +81,11 @@ func TestAConsumerResumesAfterABlackHoleThatHealsWithoutResets(t *testing.T) {
 			return err
 		},
 		Stages: router.Stages{
-			Poison:    &poison.Config{PublishBackoff: 50 * time.Millisecond},
-			Retry:     &retrytiers.Config{PublishBackoff: 50 * time.Millisecond},
+			Poison:    &poison.Config{Env: sluice.Env{PublishBackoff: 50 * time.Millisecond}},
+			Retry:     &retrytiers.Config{Env: sluice.Env{PublishBackoff: 50 * time.Millisecond}},
 			Brake:     &brake.Config{Window: 20, CoolDown: 250 * time.Millisecond, MaxCoolDown: time.Second, Match: brake.MatchUnreachable},
 			Classify:  &stage.ClassifyConfig{},
-			Inbox:     &deduplication.Config{Store: store, Consumer: "effects", StoreTimeout: time.Second},
+			Inbox:     &deduplication.Config{Store: store, Consumer: "effects", Env: sluice.Env{StoreTimeout: time.Second}},
 			Recoverer: &stage.RecovererConfig{},
 			Env:       sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 		},

@@ -110,8 +110,8 @@ func runBraked(t *testing.T, q *rabbitmq.Broker, seen *deliveries, handler messa
 	_, err = router.Add(r, router.HandlerConfig{
 		Broker: q, Name: "braked", Handler: handler,
 		Stages: router.Stages{
-			Poison:    &poison.Config{PublishBackoff: 50 * time.Millisecond},
-			Retry:     &retrytiers.Config{PublishBackoff: 50 * time.Millisecond},
+			Poison:    &poison.Config{Env: sluice.Env{PublishBackoff: 50 * time.Millisecond}},
+			Retry:     &retrytiers.Config{Env: sluice.Env{PublishBackoff: 50 * time.Millisecond}},
 			Brake:     &brake.Config{Window: 20, CoolDown: 10 * time.Millisecond, MaxCoolDown: 20 * time.Millisecond, Match: brake.MatchUnreachable},
 			Classify:  &stage.ClassifyConfig{},
 			Inbox:     inbox,

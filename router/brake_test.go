@@ -88,8 +88,8 @@ func TestBrakeOutageLongerThanTheLadder(t *testing.T) {
 			return err
 		},
 		Stages: router.Stages{
-			Poison:    &poison.Config{PublishBackoff: 50 * time.Millisecond},
-			Retry:     &retrytiers.Config{PublishBackoff: 50 * time.Millisecond},
+			Poison:    &poison.Config{Env: sluice.Env{PublishBackoff: 50 * time.Millisecond}},
+			Retry:     &retrytiers.Config{Env: sluice.Env{PublishBackoff: 50 * time.Millisecond}},
 			Brake:     &brake.Config{Window: window, CoolDown: 250 * time.Millisecond, MaxCoolDown: time.Second, Match: brake.MatchUnreachable},
 			Classify:  &stage.ClassifyConfig{},
 			Inbox:     &deduplication.Config{Store: store, Consumer: "effects"},
@@ -239,7 +239,7 @@ func TestBrakeOnTheEmbeddedDefault(t *testing.T) {
 	require.NoError(t, err)
 	reader := sdkmetric.NewManualReader()
 	_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "inventory", Stages: router.Stages{
-		Poison: &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: time.Millisecond}, Classify: &stage.ClassifyConfig{},
+		Poison: &poison.Config{}, Retry: &retrytiers.Config{Env: sluice.Env{PublishBackoff: time.Millisecond}}, Classify: &stage.ClassifyConfig{},
 		Brake: &brake.Config{Window: 10, CoolDown: 50 * time.Millisecond, MaxCoolDown: 200 * time.Millisecond},
 		Env:   sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 	}, Handler: func(*message.Message) error {
@@ -293,7 +293,7 @@ func TestBrakeBehindWatermillRetryAndTimeout(t *testing.T) {
 		mu.Unlock()
 		return nil
 	}, Stages: router.Stages{
-		Poison: &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: 10 * time.Millisecond}, Classify: &stage.ClassifyConfig{},
+		Poison: &poison.Config{}, Retry: &retrytiers.Config{Env: sluice.Env{PublishBackoff: 10 * time.Millisecond}}, Classify: &stage.ClassifyConfig{},
 		Brake: &brake.Config{Window: 10, CoolDown: 100 * time.Millisecond, MaxCoolDown: 400 * time.Millisecond, Match: brake.MatchUnreachable},
 		Env:   sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))},
 	}})

@@ -30,7 +30,7 @@ func runEmbedded(t *testing.T, cfg embedded.Config, handler message.NoPublishHan
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
 	_, err = router.Add(r, router.HandlerConfig{Broker: e, Name: "inventory", Handler: handler, Stages: router.Stages{
-		Poison: &poison.Config{}, Retry: &retrytiers.Config{PublishBackoff: time.Millisecond}, Classify: &stage.ClassifyConfig{},
+		Poison: &poison.Config{}, Retry: &retrytiers.Config{Env: sluice.Env{PublishBackoff: time.Millisecond}}, Classify: &stage.ClassifyConfig{},
 	}})
 	require.NoError(t, err)
 	done := testenv.RunRouter(context.Background(), r)

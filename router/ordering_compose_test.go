@@ -69,7 +69,7 @@ func orderedBehindTimeout(t *testing.T, quorum bool) {
 	inbox, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: schema + ".inbox"})
 	require.NoError(t, err)
 	require.NoError(t, inbox.CreateTable(t.Context()))
-	orders := testenv.Migrate(t, db, sluicesql.Config{Schema: schema, OrderTablePrefix: "sluice_order"}).Order
+	orders := testenv.Migrate(t, db, sluicesql.Config{Schema: schema, Order: sluicesql.OrdersConfig{TablePrefix: "sluice_order"}}).Order
 
 	tc := rabbitmq.TopologyConfig{Queue: testenv.Name("ordered_compose"), TierDelays: []time.Duration{100 * time.Millisecond, 200 * time.Millisecond}}
 	if quorum {

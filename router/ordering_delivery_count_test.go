@@ -348,6 +348,6 @@ func newOrderedStores(t *testing.T, column string) (*sqlx.DB, string, *sluicesql
 	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.applied (n bigserial PRIMARY KEY, %s)`, schema, column))
 	require.NoError(t, err)
 	inbox := testenv.SQLStore(t, db, schema+".inbox")
-	orders := testenv.Migrate(t, db, sluicesql.Config{Schema: schema, OrderTablePrefix: "order"}).Order
+	orders := testenv.Migrate(t, db, sluicesql.Config{Schema: schema, Order: sluicesql.OrdersConfig{TablePrefix: "order"}}).Order
 	return db, schema, inbox, orders
 }

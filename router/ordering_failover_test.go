@@ -40,7 +40,7 @@ func TestAPartitionsNextOwnerContinuesAReleaseInOrder(t *testing.T) {
 	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.applied (n bigserial PRIMARY KEY, seq int NOT NULL)`, schema))
 	require.NoError(t, err)
 	testenv.SQLStore(t, db, schema+".inbox")
-	orders := testenv.Migrate(t, db, sluicesql.Config{Schema: schema, OrderTablePrefix: "order"}).Order
+	orders := testenv.Migrate(t, db, sluicesql.Config{Schema: schema, Order: sluicesql.OrdersConfig{TablePrefix: "order"}}).Order
 
 	tc := rabbitmq.TopologyConfig{Queue: testenv.Name("failover"), TierDelays: []time.Duration{100 * time.Millisecond},
 		Partitions: 1, PartitionKey: "account"}

@@ -83,7 +83,7 @@ func (h hungOwner) run(ctx context.Context, t testing.TB, db *sqlx.DB, hold func
 		}),
 		Stages: router.Stages{
 			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &stage.ClassifyConfig{},
-			Inbox:     &deduplication.Config{Store: inbox, StoreTimeout: hungOwnerStoreTimeout},
+			Inbox:     &deduplication.Config{Store: inbox, Env: sluice.Env{StoreTimeout: hungOwnerStoreTimeout}},
 			Recoverer: &stage.RecovererConfig{},
 			Order:     &ordering.Config{Store: store, Key: deduplication.KeyFromMetadata("account"), ResumeInterval: 200 * time.Millisecond},
 		},
@@ -134,7 +134,7 @@ func TestAHungOwnerHoldsAnOrderedKeyForABoundedTime(t *testing.T) {
 	_, err := db.Exec(fmt.Sprintf(`CREATE TABLE %s.applied (n bigserial PRIMARY KEY, seq int NOT NULL)`, schema))
 	require.NoError(t, err)
 	testenv.SQLStore(t, db, schema+".inbox")
-	orders := testenv.Migrate(t, db, sluicesql.Config{Schema: schema, OrderTablePrefix: "order"}).Order
+	orders := testenv.Migrate(t, db, sluicesql.Config{Schema: schema, Order: sluicesql.OrdersConfig{TablePrefix: "order"}}).Order
 	h := hungOwner{Schema: schema, Hold: hold, IdleTimeout: 10 * time.Second,
 		Topology: rabbitmq.TopologyConfig{Queue: testenv.Name("hung_owner"), TierDelays: []time.Duration{3 * time.Second},
 			Partitions: 1, PartitionKey: "account"}}

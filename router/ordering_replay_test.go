@@ -42,7 +42,7 @@ func TestAReplayedHeadAfterItsSkipIsSaidToBeOutOfOrder(t *testing.T) {
 	require.NoError(t, err)
 	inbox := testenv.SQLStore(t, db, schema+".inbox")
 	outcomes := testenv.OutcomeStore(t, db, schema+".sluice_replay")
-	store := testenv.Migrate(t, db, sluicesql.Config{Schema: schema, OrderTablePrefix: "order"}).Order
+	store := testenv.Migrate(t, db, sluicesql.Config{Schema: schema, Order: sluicesql.OrdersConfig{TablePrefix: "order"}}).Order
 	queue := testenv.Name("ordered_replay")
 	tc := rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{50 * time.Millisecond}}
 	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Topology: tc})

@@ -158,7 +158,7 @@ func runOrderScenarioOn(t *testing.T, sc orderScenario, ordered bool, partitions
 	inbox, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: schema + ".inbox"})
 	require.NoError(t, err)
 	require.NoError(t, inbox.CreateTable(t.Context()))
-	store = testenv.Migrate(t, db, sluicesql.Config{Schema: schema, OrderTablePrefix: "order"}).Order
+	store = testenv.Migrate(t, db, sluicesql.Config{Schema: schema, Order: sluicesql.OrdersConfig{TablePrefix: "order"}}).Order
 
 	queue := testenv.Name("ordered")
 	tc := rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond}}

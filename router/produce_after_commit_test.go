@@ -82,7 +82,7 @@ func producedAfterANoRoute(t *testing.T, withOutbox bool) {
 	// Every first publish was refused: the produced events' fate is decided.
 	refused := func() bool { return testenv.CounterSum(t, reader, telemetry.MetricInboxDuplicates) >= events }
 	if withOutbox {
-		ob := testenv.Migrate(t, db, sluicesql.Config{Schema: schema, OutboxTable: "outbox"}).Outbox
+		ob := testenv.Migrate(t, db, sluicesql.Config{Schema: schema, Outbox: sluicesql.OutboxConfig{Table: "outbox"}}).Outbox
 		cfg.Outbox = ob
 		relay, err := outbox.NewRelay(ob, q.Publisher(), outbox.RelayConfig{Env: sluice.Env{MeterProvider: mp}, PollInterval: 50 * time.Millisecond, RetryMin: 50 * time.Millisecond, RetryMax: 200 * time.Millisecond})
 		require.NoError(t, err)

@@ -75,7 +75,9 @@ type Stages struct {
 	// delivery (docs/architecture.md, "Trust boundary"). The MeterProvider
 	// and TracerProvider default to the global OpenTelemetry providers, the
 	// Clock to sluice.SystemClock(); the Logger, to every stage that logs:
-	// Add gives the router's, Middlewares alone none.
+	// Add gives the router's, Middlewares alone none. PublishTimeout and
+	// PublishBackoff reach the Poison and Retry stages, StoreTimeout the
+	// Inbox, Order and Replay stages (default each stage's own bound).
 	sluice.Env
 
 	// brake is the handler's brake, built once by Add.
@@ -269,24 +271,19 @@ func (s *Stages) traceStage() (message.HandlerMiddleware, error) {
 }
 
 // newOrderer builds the ordering stage of Stages.Order for the handler
-// named name: its Consumer defaults to name, its EventID to the inbox's Key.
+// named name: its Consumer defaults to name, its Inbox to Stages.Inbox
+// (its event ids the inbox's Key; a redelivery of an applied message a
+// duplicate, not held).
 func (s *Stages) newOrderer(name string) (*ordering.Orderer, error) {
 	cfg := *s.Order
 	cfg.Consumer = cmp.Or(cfg.Consumer, name)
 	if s.Inbox != nil {
 		cfg.Consumer = cmp.Or(cfg.Consumer, s.Inbox.Consumer)
-		if cfg.EventID == nil && s.Inbox.Key != nil {
-			cfg.EventID = s.Inbox.Key
+		if cfg.Inbox == nil {
+			inbox := *s.Inbox
+			inbox.Env = inherit.Env(inbox.Env, s.Env)
+			cfg.Inbox = &inbox
 		}
-	}
-	if s.Inbox != nil && s.Inbox.Consumer != "" && cfg.Seen == nil { // a redelivery of an applied message is a duplicate, not held
-		inbox := *s.Inbox
-		inbox.Env = inherit.Env(inbox.Env, s.Env)
-		seen, err := deduplication.Seen(inbox)
-		if err != nil {
-			return nil, fmt.Errorf("router: order stage: the inbox: %w", err)
-		}
-		cfg.Seen = seen
 	}
 	cfg.Env = inherit.Env(cfg.Env, s.Env)
 	if s.Trace != nil && cfg.Released == nil { // a released message's span and outcome, as a delivery's

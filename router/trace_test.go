@@ -170,7 +170,7 @@ func TestTraceErrorStatusOnlyWhenNacked(t *testing.T) {
 		return sluice.Poison(errors.New("malformed"))
 	}, func(tr *traced) router.Stages {
 		cfg := stage.TraceConfig{Env: sluice.Env{TracerProvider: tr.tp}}
-		return router.Stages{Trace: &cfg, Poison: &poison.Config{Publisher: failing, Topic: "p", PublishBackoff: time.Millisecond, DisablePark: true}, Classify: &stage.ClassifyConfig{}, Recoverer: &stage.RecovererConfig{}}
+		return router.Stages{Trace: &cfg, Poison: &poison.Config{Publisher: failing, Topic: "p", Env: sluice.Env{PublishBackoff: time.Millisecond}, DisablePark: true}, Classify: &stage.ClassifyConfig{}, Recoverer: &stage.RecovererConfig{}}
 	})
 	m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 	m.Metadata.Set(sluice.EventIDKey, "malformed")

@@ -177,8 +177,8 @@ func await(t *testing.T, ch <-chan struct{}, what string) {
 func retryStages(store deduplication.Store, consumer string) func(pub message.Publisher) router.Stages {
 	return func(pub message.Publisher) router.Stages {
 		return router.Stages{
-			Poison:    &poison.Config{Publisher: pub, ParkPublisher: pub, PublishBackoff: 10 * time.Millisecond},
-			Retry:     &retrytiers.Config{Publisher: pub, PublishBackoff: 10 * time.Millisecond},
+			Poison:    &poison.Config{Publisher: pub, ParkPublisher: pub, Env: sluice.Env{PublishBackoff: 10 * time.Millisecond}},
+			Retry:     &retrytiers.Config{Publisher: pub, Env: sluice.Env{PublishBackoff: 10 * time.Millisecond}},
 			Classify:  &stage.ClassifyConfig{},
 			Inbox:     &deduplication.Config{Store: store, Consumer: consumer},
 			Recoverer: &stage.RecovererConfig{},
@@ -304,8 +304,8 @@ func TestLostPoisonConfirmIsNotParked(t *testing.T) {
 	healed := make(chan struct{})
 	b := startLostConfirm(t, "lost_poison_confirm", func(pub message.Publisher) router.Stages {
 		return router.Stages{
-			Poison:   &poison.Config{Publisher: pub, ParkPublisher: pub, PublishBackoff: 10 * time.Millisecond},
-			Retry:    &retrytiers.Config{Publisher: pub, PublishBackoff: 10 * time.Millisecond},
+			Poison:   &poison.Config{Publisher: pub, ParkPublisher: pub, Env: sluice.Env{PublishBackoff: 10 * time.Millisecond}},
+			Retry:    &retrytiers.Config{Publisher: pub, Env: sluice.Env{PublishBackoff: 10 * time.Millisecond}},
 			Classify: &stage.ClassifyConfig{},
 		}
 	}, func(n int64, _ *message.Message) error {

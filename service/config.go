@@ -79,7 +79,9 @@ type Config struct {
 	// Logger, each fate decided, the relay's and the pruners' errors (default
 	// the router's logger); its Signer proves that Sluice wrote a delivery's
 	// control headers (docs/architecture.md, "Trust boundary"; default none);
-	// its Classifier is every stage's (default sluice.DefaultClassifier()).
+	// its Classifier is every stage's (default sluice.DefaultClassifier());
+	// its PublishTimeout, PublishBackoff and StoreTimeout bound the stages'
+	// and the relay's publishes and store calls (default each one's own).
 	sluice.Env
 
 	// InboxRetention is how long an inbox record is kept before the pruner

@@ -88,7 +88,7 @@ func TestAServiceOnPostgresOpenRecoversFromAHalfOpenHeal(t *testing.T) {
 	require.NoError(t, err)
 	r := newRouter(t, watermill.NopLogger{})
 	svc := newService(t, service.Config{DB: db, Schema: schema, Router: r, Publisher: q.Publisher(), HealthTimeout: time.Second,
-		Relay: outbox.RelayConfig{StoreTimeout: time.Second, PublishTimeout: 5 * time.Second, PollInterval: 20 * time.Millisecond}})
+		Relay: outbox.RelayConfig{Env: sluice.Env{StoreTimeout: time.Second, PublishTimeout: 5 * time.Second}, PollInterval: 20 * time.Millisecond}})
 	require.NoError(t, svc.Add(service.Handler{Broker: q, Name: "heal", PublishTopic: produced, PublishingHandler: produceOne,
 		Stages: router.Stages{Brake: &brake.Config{Window: 20, CoolDown: 250 * time.Millisecond, MaxCoolDown: time.Second, Match: brake.MatchUnreachable}}}))
 	health := httptest.NewServer(svc.Health())

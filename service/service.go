@@ -71,7 +71,7 @@ func New(cfg Config) (*Service, error) {
 		// a handler writes it: its delivery is poison, not a row failing
 		// for ever.
 		checker, _ := cfg.Publisher.(broker.PublishChecker)
-		if s.stores, err = sluicesql.New(cfg.DB, sluicesql.Config{Schema: cfg.Schema, OutboxChecker: checker}); err != nil {
+		if s.stores, err = sluicesql.New(cfg.DB, sluicesql.Config{Schema: cfg.Schema, Outbox: sluicesql.OutboxConfig{Checker: checker}}); err != nil {
 			return nil, fmt.Errorf("service: %w", err)
 		}
 	}

@@ -76,7 +76,7 @@ func newBatchHandlerEnvOf(t *testing.T, backend string, bh deduplication.BatchHa
 	bh.Handle = e.project
 	bh.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSyncer(e.spans))
 	e.handle, err = deduplication.NewBatchHandler(deduplication.Config{Store: store, Consumer: "c",
-		Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader))}, StoreTimeout: e.cfg.StoreTimeout, ClaimTimeout: e.cfg.ClaimTimeout}, bh)
+		Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader)), StoreTimeout: e.cfg.StoreTimeout}, ClaimTimeout: e.cfg.ClaimTimeout}, bh)
 	require.NoError(t, err)
 	return e
 }
@@ -540,7 +540,7 @@ func TestABatchHandlersHeldKeyWaitsClaimTimeoutAlone(t *testing.T) {
 func TestABatchHandlersIdleTransactionIsEnded(t *testing.T) {
 	t.Parallel()
 	e := newBatchHandlerEnvWith(t, "postgres", deduplication.BatchHandler{MaxBatch: 2, MaxWait: time.Second},
-		deduplication.Config{StoreTimeout: 200 * time.Millisecond})
+		deduplication.Config{Env: sluice.Env{StoreTimeout: 200 * time.Millisecond}})
 	hung, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	var setting string

@@ -567,7 +567,7 @@ func TestGroupCommitOnAHungDatabaseFailsWithinItsBound(t *testing.T) {
 	t.Cleanup(func() { _ = holed.Close() })
 	store, err := sluicesql.NewInbox(holed, sluicesql.InboxConfig{Table: schema + ".inbox"})
 	require.NoError(t, err)
-	stage, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c", StoreTimeout: 300 * time.Millisecond,
+	stage, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c", Env: sluice.Env{StoreTimeout: 300 * time.Millisecond},
 		Batch: &deduplication.BatchConfig{MaxBatch: 3, MaxWait: time.Second, Linger: true, QueueTimeout: time.Minute}})
 	require.NoError(t, err)
 	e := &batchEnv{db: base, table: schema + ".effects", inbox: schema + ".inbox", stage: stage}

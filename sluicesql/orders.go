@@ -19,8 +19,7 @@ import (
 // The ordering store's defaults.
 const (
 	// ordersTablePrefixDefault names the tables: <prefix>_keys and
-	// <prefix>_held (Config.OrderTablePrefix's and OrdersConfig.TablePrefix's
-	// default).
+	// <prefix>_held (OrdersConfig.TablePrefix's default).
 	ordersTablePrefixDefault = "sluice_order"
 	// ordersLockTimeoutDefault is OrdersConfig.LockTimeout's default.
 	ordersLockTimeoutDefault = 5 * time.Second

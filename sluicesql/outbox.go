@@ -18,7 +18,7 @@ import (
 // Defaults.
 const (
 	// outboxTableDefault is the outbox table's default name
-	// (Config.OutboxTable's and OutboxConfig.Table's).
+	// (OutboxConfig.Table's).
 	outboxTableDefault = "sluice_outbox"
 	// outboxLeaseDefault is how long Due leases a batch on SQLite when its
 	// context has no deadline.

@@ -99,7 +99,7 @@ func TestOutcomesOnAPlainSQLDB(t *testing.T) {
 	t.Parallel()
 	db := testenv.Postgres(t)
 	schema := testenv.Schema(t, db)
-	stores, err := sluicesql.New(sqlx.NewDb(db.DB, "postgres"), sluicesql.Config{Schema: schema, OutcomeTable: "outcomes"})
+	stores, err := sluicesql.New(sqlx.NewDb(db.DB, "postgres"), sluicesql.Config{Schema: schema, Outcomes: sluicesql.OutcomesConfig{Table: "outcomes"}})
 	require.NoError(t, err)
 	s := stores.Outcomes
 	require.NoError(t, s.CreateTable(t.Context()))
@@ -138,7 +138,7 @@ func TestPrunerDeletesOldOutcomes(t *testing.T) {
 			}
 			rs = append(rs, replay.Record{Run: "new", Item: "a", Outcome: "processed", At: time.Now()})
 			require.NoError(t, s.Records(t.Context(), rs))
-			p, err := sluicesql.NewPruner(sluicesql.PrunerConfig{Store: s, Retention: 24 * time.Hour, BatchSize: 2, Pause: time.Millisecond})
+			p, err := sluicesql.NewPruner(sluicesql.PrunerBatches(sluicesql.PrunerConfig{Store: s, Retention: 24 * time.Hour}, 2, time.Millisecond))
 			require.NoError(t, err)
 			n, err := p.Prune(t.Context())
 			require.NoError(t, err)
@@ -149,4 +149,19 @@ func TestPrunerDeletesOldOutcomes(t *testing.T) {
 			require.Equal(t, "new", left[0].Run)
 		})
 	}
+}
+
+// The store names its place for the messages that mention it (the
+// console's and the CLI's closed loop): "table T", as given.
+func TestOutcomesNameTheirTable(t *testing.T) {
+	t.Parallel()
+	db, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "outcomes.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	s, err := sluicesql.NewOutcomes(db, sluicesql.OutcomesConfig{})
+	require.NoError(t, err)
+	require.Equal(t, "table sluice_replay", fmt.Sprint(s))
+	s, err = sluicesql.NewOutcomes(db, sluicesql.OutcomesConfig{Table: "replays"})
+	require.NoError(t, err)
+	require.Equal(t, "table replays", fmt.Sprint(s))
 }

@@ -44,20 +44,22 @@ type PrunerConfig struct {
 	ReplayWindow time.Duration
 	// Interval is the time between two pruning runs. Default 10 min.
 	Interval time.Duration
-	// BatchSize bounds the records one DELETE removes, so a run never holds
-	// long locks. Default 1,000.
-	BatchSize int
-	// Pause is the time between two batches of a run. Default 50 ms.
-	Pause time.Duration
 	// Env is the shared environment (service gives its own). The pruner reads
 	// Logger, which reports failed runs (default watermill.NopLogger), and
 	// MeterProvider, which receives the pruned counter (default the global
 	// provider).
 	sluice.Env
+
+	// batchSize bounds the records one DELETE removes (1,000), so that a
+	// run never holds long locks, and pause is the time between two
+	// batches (50 ms); the tests set them (pruner_export_test.go).
+	batchSize int
+	pause     time.Duration
 }
 
-// Pruner deletes inbox records older than a retention, in bounded batches,
-// on an interval, from Start until Close.
+// Pruner deletes inbox records older than a retention, in batches of at
+// most 1,000 records 50 ms apart (so that a run never holds long locks), on
+// an interval, from Start until Close.
 type Pruner struct {
 	cfg    PrunerConfig
 	pruned metric.Int64Counter
@@ -71,8 +73,8 @@ type Pruner struct {
 func (c PrunerConfig) withDefaults() PrunerConfig {
 	c.Retention = cmp.Or(c.Retention, prunerRetentionDefault)
 	c.Interval = cmp.Or(c.Interval, prunerIntervalDefault)
-	c.Pause = cmp.Or(c.Pause, prunerPauseDefault)
-	c.BatchSize = cmp.Or(c.BatchSize, prunerBatchSizeDefault)
+	c.pause = cmp.Or(c.pause, prunerPauseDefault)
+	c.batchSize = cmp.Or(c.batchSize, prunerBatchSizeDefault)
 	c.Logger = cmp.Or[watermill.LoggerAdapter](c.Logger, watermill.NopLogger{})
 	return c
 }
@@ -89,8 +91,8 @@ func (c PrunerConfig) validate() error {
 	switch {
 	case c.Store == nil:
 		return errors.New("sluicesql: PrunerConfig.Store is required")
-	case c.Retention < 0, c.Interval < 0, c.Pause < 0, c.ReplayWindow < 0, c.BatchSize < 0:
-		return errors.New("sluicesql: PrunerConfig durations and BatchSize must not be negative")
+	case c.Retention < 0, c.Interval < 0, c.pause < 0, c.ReplayWindow < 0, c.batchSize < 0:
+		return errors.New("sluicesql: PrunerConfig durations and the batch size must not be negative")
 	case c.Retention < ladder+c.ReplayWindow:
 		return fmt.Errorf("sluicesql: PrunerConfig.Retention (%s) must cover the retry ladder (RetryDelays, %s) plus PrunerConfig.ReplayWindow (%s): a copy redelivered after its key is pruned would be processed twice",
 			c.Retention, ladder, c.ReplayWindow)
@@ -118,16 +120,16 @@ func (p *Pruner) Prune(ctx context.Context) (int64, error) {
 	cutoff := time.Now().Add(-p.cfg.Retention)
 	var total int64
 	for {
-		n, err := p.cfg.Store.DeleteBefore(ctx, cutoff, p.cfg.BatchSize)
+		n, err := p.cfg.Store.DeleteBefore(ctx, cutoff, p.cfg.batchSize)
 		total += n
 		p.pruned.Add(ctx, n)
-		if err != nil || n < int64(p.cfg.BatchSize) {
+		if err != nil || n < int64(p.cfg.batchSize) {
 			return total, err
 		}
 		select {
 		case <-ctx.Done():
 			return total, ctx.Err()
-		case <-time.After(p.cfg.Pause):
+		case <-time.After(p.cfg.pause):
 		}
 	}
 }

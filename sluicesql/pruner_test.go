@@ -26,7 +26,7 @@ func TestNewPrunerValidates(t *testing.T) {
 		{sluicesql.PrunerConfig{Store: store, Retention: time.Hour, RetryDelays: ladder, ReplayWindow: 24 * time.Hour},
 			"PrunerConfig.Retention (1h0m0s) must cover the retry ladder (RetryDelays, 35m30s) plus PrunerConfig.ReplayWindow (24h0m0s)"},
 		{sluicesql.PrunerConfig{Store: store, RetryDelays: []time.Duration{0}}, "PrunerConfig.RetryDelays[0]"},
-		{sluicesql.PrunerConfig{Store: store, BatchSize: -1}, "must not be negative"},
+		{sluicesql.PrunerBatches(sluicesql.PrunerConfig{Store: store}, -1, 0), "must not be negative"},
 	} {
 		_, err := sluicesql.NewPruner(tt.cfg)
 		require.ErrorContains(t, err, tt.want)
@@ -42,7 +42,7 @@ func TestPrunerDeletesOldRowsInBatches(t *testing.T) {
 		require.True(t, claimCommitted(t, store, fmt.Sprint("new-", i)))
 	}
 
-	p, err := sluicesql.NewPruner(sluicesql.PrunerConfig{Store: store, Retention: 24 * time.Hour, BatchSize: 100, Pause: time.Millisecond})
+	p, err := sluicesql.NewPruner(sluicesql.PrunerBatches(sluicesql.PrunerConfig{Store: store, Retention: 24 * time.Hour}, 100, time.Millisecond))
 	require.NoError(t, err)
 	n, err := p.Prune(t.Context())
 	require.NoError(t, err)
@@ -57,7 +57,7 @@ func TestPrunerStartClose(t *testing.T) {
 	t.Parallel()
 	db, schema, store := withOldRows(t, 30)
 
-	p, err := sluicesql.NewPruner(sluicesql.PrunerConfig{Store: store, Retention: 24 * time.Hour, Interval: 10 * time.Millisecond, BatchSize: 7})
+	p, err := sluicesql.NewPruner(sluicesql.PrunerBatches(sluicesql.PrunerConfig{Store: store, Retention: 24 * time.Hour, Interval: 10 * time.Millisecond}, 7, 0))
 	require.NoError(t, err)
 	require.NoError(t, p.Close(), "Close before Start")
 	require.NoError(t, p.Start(context.Background()))

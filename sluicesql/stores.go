@@ -2,7 +2,6 @@ package sluicesql
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
-	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/internal/sqlname"
 	"github.com/sluicemq/sluice/ordering"
 )
@@ -22,20 +20,16 @@ type Config struct {
 	// it when it does not exist. Default none: the connection's
 	// search_path. SQLite has none.
 	Schema string
-	// InboxTable, OutboxTable and OutcomeTable name the tables, each an SQL
-	// identifier (Schema qualifies them). Defaults "sluice_inbox",
-	// "sluice_outbox", "sluice_replay".
-	InboxTable, OutboxTable, OutcomeTable string
-	// OrderTablePrefix names the ordering stage's two tables (PostgreSQL
-	// only). Default "sluice_order".
-	OrderTablePrefix string
-	// TxOptions are the inbox's for each delivery's transaction. Default
-	// nil: the driver's (READ COMMITTED on PostgreSQL).
-	TxOptions *sql.TxOptions
-	// OutboxChecker refuses, when the outbox writes a message, what the
-	// relay's publisher could never publish (OutboxConfig.Checker):
-	// give it the relay's publisher. service.New does. Default none.
-	OutboxChecker broker.PublishChecker
+	// Inbox, Outbox, Outcomes and Order configure the four stores, as
+	// NewInbox, NewOutbox, NewOutcomes and NewOrders take them, but for
+	// their tables' names: each an SQL identifier alone, which Schema
+	// qualifies (defaults "sluice_inbox", "sluice_outbox", "sluice_replay",
+	// and the prefix "sluice_order"). Give Outbox.Checker the relay's
+	// publisher (service.New does). Order is PostgreSQL's only.
+	Inbox    InboxConfig
+	Outbox   OutboxConfig
+	Outcomes OutcomesConfig
+	Order    OrdersConfig
 }
 
 // Stores are Sluice's three tables on one database. Safe for concurrent
@@ -52,8 +46,8 @@ type Stores struct {
 	Outcomes *Outcomes
 	// Order keeps the ordering stage's waiting keys and held messages
 	// (ordering.Config.Store; docs/ordering.md) on PostgreSQL, its tables
-	// <OrderTablePrefix>_keys and _held; nil on SQLite, which it does not
-	// support.
+	// <Config.Order.TablePrefix>_keys and _held; nil on SQLite, which it
+	// does not support.
 	Order ordering.Store
 
 	db     *sqlx.DB
@@ -87,10 +81,10 @@ func New(db *sqlx.DB, cfg Config) (*Stores, error) {
 	}
 	var errs [4]error
 	var names [4]string
-	names[0], errs[0] = table("InboxTable", cfg.InboxTable, inboxTableDefault)
-	names[1], errs[1] = table("OutboxTable", cfg.OutboxTable, outboxTableDefault)
-	names[2], errs[2] = table("OutcomeTable", cfg.OutcomeTable, outcomesTableDefault)
-	names[3], errs[3] = table("OrderTablePrefix", cfg.OrderTablePrefix, ordersTablePrefixDefault)
+	names[0], errs[0] = table("Inbox.Table", cfg.Inbox.Table, inboxTableDefault)
+	names[1], errs[1] = table("Outbox.Table", cfg.Outbox.Table, outboxTableDefault)
+	names[2], errs[2] = table("Outcomes.Table", cfg.Outcomes.Table, outcomesTableDefault)
+	names[3], errs[3] = table("Order.TablePrefix", cfg.Order.TablePrefix, ordersTablePrefixDefault)
 	if err := errors.Join(errs[:]...); err != nil {
 		return nil, err
 	}
@@ -100,18 +94,19 @@ func New(db *sqlx.DB, cfg Config) (*Stores, error) {
 			return nil, fmt.Errorf("sluicesql: Config.Schema: %w", err)
 		}
 	}
-	if s.Inbox, err = NewInbox(db, InboxConfig{Table: names[0], TxOptions: cfg.TxOptions}); err != nil {
-		return nil, fmt.Errorf("sluicesql: the inbox (Config.InboxTable, Config.Schema): %w", err)
+	cfg.Inbox.Table, cfg.Outbox.Table, cfg.Outcomes.Table, cfg.Order.TablePrefix = names[0], names[1], names[2], names[3]
+	if s.Inbox, err = NewInbox(db, cfg.Inbox); err != nil {
+		return nil, fmt.Errorf("sluicesql: the inbox (Config.Inbox, Config.Schema): %w", err)
 	}
-	if s.Outbox, err = NewOutbox(db, OutboxConfig{Table: names[1], Checker: cfg.OutboxChecker}); err != nil {
-		return nil, fmt.Errorf("sluicesql: the outbox (Config.OutboxTable, Config.Schema): %w", err)
+	if s.Outbox, err = NewOutbox(db, cfg.Outbox); err != nil {
+		return nil, fmt.Errorf("sluicesql: the outbox (Config.Outbox, Config.Schema): %w", err)
 	}
-	if s.Outcomes, err = NewOutcomes(db, OutcomesConfig{Table: names[2]}); err != nil {
-		return nil, fmt.Errorf("sluicesql: the replay outcomes (Config.OutcomeTable, Config.Schema): %w", err)
+	if s.Outcomes, err = NewOutcomes(db, cfg.Outcomes); err != nil {
+		return nil, fmt.Errorf("sluicesql: the replay outcomes (Config.Outcomes, Config.Schema): %w", err)
 	}
 	if postgres(db) {
-		if s.Order, err = NewOrders(db, OrdersConfig{TablePrefix: names[3]}); err != nil {
-			return nil, fmt.Errorf("sluicesql: the ordering store (Config.OrderTablePrefix, Config.Schema): %w", err)
+		if s.Order, err = NewOrders(db, cfg.Order); err != nil {
+			return nil, fmt.Errorf("sluicesql: the ordering store (Config.Order, Config.Schema): %w", err)
 		}
 	}
 	return s, nil

@@ -53,7 +53,7 @@ func TestMigrateCreatesTheTablesOnce(t *testing.T) {
 func TestMigrateOnSQLite(t *testing.T) {
 	t.Parallel()
 	db := testenv.SQLite(t)
-	s, err := sluicesql.New(db, sluicesql.Config{InboxTable: "inbox", OutboxTable: "outbox", OutcomeTable: "outcomes"})
+	s, err := sluicesql.New(db, sluicesql.Config{Inbox: sluicesql.InboxConfig{Table: "inbox"}, Outbox: sluicesql.OutboxConfig{Table: "outbox"}, Outcomes: sluicesql.OutcomesConfig{Table: "outcomes"}})
 	require.NoError(t, err)
 	require.NoError(t, s.Migrate(t.Context()))
 	require.NoError(t, s.Migrate(t.Context()))
@@ -68,8 +68,8 @@ func TestConfigErrors(t *testing.T) {
 	require.ErrorContains(t, err, "sluicesql: New: the DB is required")
 	_, err = sluicesql.New(testenv.SQLite(t), sluicesql.Config{Schema: "s"})
 	require.ErrorContains(t, err, "Config.Schema is PostgreSQL's")
-	_, err = sluicesql.New(testenv.SQLite(t), sluicesql.Config{OutboxTable: "a.b"})
-	require.ErrorContains(t, err, "Config.OutboxTable")
-	_, err = sluicesql.New(testenv.SQLite(t), sluicesql.Config{InboxTable: "in box"})
-	require.ErrorContains(t, err, "the inbox (Config.InboxTable, Config.Schema)")
+	_, err = sluicesql.New(testenv.SQLite(t), sluicesql.Config{Outbox: sluicesql.OutboxConfig{Table: "a.b"}})
+	require.ErrorContains(t, err, "Config.Outbox.Table")
+	_, err = sluicesql.New(testenv.SQLite(t), sluicesql.Config{Inbox: sluicesql.InboxConfig{Table: "in box"}})
+	require.ErrorContains(t, err, "the inbox (Config.Inbox, Config.Schema)")
 }

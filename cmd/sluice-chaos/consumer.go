@@ -175,8 +175,8 @@ func consumerMain(args []string) error {
 		Broker: q,
 		Name:   "effects", Consumers: *consumers, Handler: handler,
 		Stages: router.Stages{
-			Poison:    &poison.Config{PublishBackoff: 200 * time.Millisecond},
-			Retry:     &retrytiers.Config{Publisher: crashingPublisher{q.Publisher(), crash, tr}, PublishBackoff: 200 * time.Millisecond},
+			Poison:    &poison.Config{Env: sluice.Env{PublishBackoff: 200 * time.Millisecond}},
+			Retry:     &retrytiers.Config{Publisher: crashingPublisher{q.Publisher(), crash, tr}, Env: sluice.Env{PublishBackoff: 200 * time.Millisecond}},
 			Classify:  &stage.ClassifyConfig{},
 			Inbox:     inbox(store, "effects", deduplication.KeyFromJSON("eventId")),
 			Recoverer: &stage.RecovererConfig{},

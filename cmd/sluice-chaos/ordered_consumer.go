@@ -125,8 +125,8 @@ func orderedConsumerMain(args []string) error {
 	}
 	r.AddMiddleware(afterCommit)
 	stages := router.Stages{
-		Poison:    &poison.Config{PublishBackoff: 200 * time.Millisecond},
-		Retry:     &retrytiers.Config{Publisher: crashingPublisher{Publisher: q.Publisher(), crash: crash}, PublishBackoff: 200 * time.Millisecond},
+		Poison:    &poison.Config{Env: sluice.Env{PublishBackoff: 200 * time.Millisecond}},
+		Retry:     &retrytiers.Config{Publisher: crashingPublisher{Publisher: q.Publisher(), crash: crash}, Env: sluice.Env{PublishBackoff: 200 * time.Millisecond}},
 		Classify:  &stage.ClassifyConfig{},
 		Inbox:     &deduplication.Config{Store: inbox, Key: deduplication.KeyFromJSON("eventId")},
 		Recoverer: &stage.RecovererConfig{},

@@ -91,7 +91,7 @@ func runOrdered(parent context.Context, o options, scenario string) (string, err
 		return "setup", err
 	}
 	var err error
-	stores, err := sluicesql.New(w.db, sluicesql.Config{Schema: w.name, OrderTablePrefix: "order"})
+	stores, err := sluicesql.New(w.db, sluicesql.Config{Schema: w.name, Order: sluicesql.OrdersConfig{TablePrefix: "order"}})
 	if err != nil {
 		return "setup", err
 	}

@@ -96,8 +96,8 @@ func (p *outboxProcess) start(ctx context.Context, r *message.Router, cfg *route
 			return nil
 		},
 		Stages: router.Stages{
-			Poison:    &poison.Config{PublishBackoff: 200 * time.Millisecond},
-			Retry:     &retrytiers.Config{PublishBackoff: 200 * time.Millisecond},
+			Poison:    &poison.Config{Env: sluice.Env{PublishBackoff: 200 * time.Millisecond}},
+			Retry:     &retrytiers.Config{Env: sluice.Env{PublishBackoff: 200 * time.Millisecond}},
 			Classify:  &stage.ClassifyConfig{},
 			Inbox:     p.inbox(inbox, receiverName, nil),
 			Recoverer: &stage.RecovererConfig{},

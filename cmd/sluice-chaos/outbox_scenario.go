@@ -66,7 +66,7 @@ func (w *world) setupOutbox(ctx context.Context) error {
 	if err := inbox.CreateTable(ctx); err != nil {
 		return err
 	}
-	stores, err := sluicesql.New(w.db, sluicesql.Config{Schema: w.name, OutboxTable: "outbox"})
+	stores, err := sluicesql.New(w.db, sluicesql.Config{Schema: w.name, Outbox: sluicesql.OutboxConfig{Table: "outbox"}})
 	if err != nil {
 		return err
 	}

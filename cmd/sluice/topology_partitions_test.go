@@ -88,7 +88,7 @@ func TestPartitionPoisonReplaysToItsPartition(t *testing.T) {
 		topic := part.Endpoints().Topic
 		_, err = router.Add(r, router.HandlerConfig{
 			Broker: part, Name: fmt.Sprintf("ledger-p%d", i), Consumers: 1,
-			Stages: router.Stages{Poison: &poison.Config{PublishBackoff: 50 * time.Millisecond}, Classify: &stage.ClassifyConfig{}},
+			Stages: router.Stages{Poison: &poison.Config{Env: sluice.Env{PublishBackoff: 50 * time.Millisecond}}, Classify: &stage.ClassifyConfig{}},
 			Handler: func(msg *message.Message) error {
 				mu.Lock()
 				defer mu.Unlock()

@@ -28,5 +28,14 @@ func Env(own, parent sluice.Env) sluice.Env {
 	if _, keyed := envsigner.Of(own.Signer); !keyed {
 		own.Signer = parent.Signer
 	}
+	if own.PublishTimeout == 0 {
+		own.PublishTimeout = parent.PublishTimeout
+	}
+	if own.PublishBackoff == 0 {
+		own.PublishBackoff = parent.PublishBackoff
+	}
+	if own.StoreTimeout == 0 {
+		own.StoreTimeout = parent.StoreTimeout
+	}
 	return own
 }

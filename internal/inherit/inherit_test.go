@@ -2,6 +2,7 @@ package inherit_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/stretchr/testify/require"
@@ -39,4 +40,10 @@ func TestEnvKeepsOwnFieldsAndFillsTheZeroOnes(t *testing.T) {
 	require.Equal(t, parent.MeterProvider, got.MeterProvider)
 
 	require.Equal(t, sluice.Env{}, inherit.Env(sluice.Env{}, sluice.Env{}), "nothing given: each stage's defaults")
+
+	bounds := sluice.Env{PublishTimeout: time.Minute, PublishBackoff: time.Second, StoreTimeout: 3 * time.Second}
+	require.Equal(t, bounds, inherit.Env(sluice.Env{}, bounds), "the bounds are inherited too")
+	got = inherit.Env(sluice.Env{StoreTimeout: -1, PublishBackoff: time.Millisecond}, bounds)
+	require.Equal(t, sluice.Env{PublishTimeout: time.Minute, PublishBackoff: time.Millisecond, StoreTimeout: -1}, got,
+		"a stage's own bound wins, a negative one (no bound) too")
 }

@@ -79,8 +79,9 @@ const (
 	// closed loop's stop signal, seen from the consumers.
 	MetricReplayOutcomes = "sluice.replay.outcomes"
 	// MetricReplayRecordFailures counts the records the Store refused or
-	// did not take within RecordTimeout: their items stay without an
-	// outcome (and `sluice dlq replay` waits out --wait) until redelivered.
+	// did not take within replay.Config.StoreTimeout: their items stay
+	// without an outcome (and `sluice dlq replay` waits out --wait) until
+	// redelivered.
 	MetricReplayRecordFailures = "sluice.replay.record_failures"
 )
 

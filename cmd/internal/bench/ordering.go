@@ -61,7 +61,7 @@ func Ordering(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	stores, err := sluicesql.New(db, sluicesql.Config{Schema: schema, OrderTablePrefix: "order"})
+	stores, err := sluicesql.New(db, sluicesql.Config{Schema: schema, Order: sluicesql.OrdersConfig{TablePrefix: "order"}})
 	if err != nil {
 		return err
 	}

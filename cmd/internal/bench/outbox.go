@@ -209,7 +209,7 @@ func writeOutbox(ctx context.Context, db *sqlx.DB, store *sluicesql.Outbox, topi
 // outboxEnv creates the outbox table in schema and connects the confirmed
 // publisher and the queue admin; closeEnv closes both.
 func outboxEnv(ctx context.Context, o Options, db *sqlx.DB, schema string) (store *sluicesql.Outbox, pub *rabbitmq.Publisher, admin *amqpAdmin, closeEnv func(), err error) {
-	stores, err := sluicesql.New(db, sluicesql.Config{Schema: schema, OutboxTable: "outbox"})
+	stores, err := sluicesql.New(db, sluicesql.Config{Schema: schema, Outbox: sluicesql.OutboxConfig{Table: "outbox"}})
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
