@@ -219,7 +219,7 @@ func (c *Console) runReplay(ru *run, q Queue, group, operator string, p loopPlan
 		}
 		return nil
 	}
-	l := dlq.Loop{Sizes: p.sizes, Canary: p.canary, MaxRepoison: p.maxRepoison, Store: c.cfg.Outcomes, Wait: p.wait, Where: where(c.cfg.Outcomes),
+	l := dlq.Loop{Sizes: p.sizes, Canary: p.canary, MaxRepoison: p.maxRepoison, Store: c.cfg.Outcomes, Wait: p.wait, Where: c.cfg.OutcomesWhere,
 		Batch: ru.batch, Source: "console"} // the loop keeps the run beside its outcomes
 	res, err := dlq.Open(conn, q.Poison, dlq.Config{Operator: operator, Publisher: c.cfg.Publisher, Signer: c.signer}).ClosedLoop(c.ctx, cfg, l)
 	ru.finish(res, err)
@@ -355,13 +355,4 @@ func (c *Console) audit(operator, command, queue string, f dlq.Filter, opts map[
 	if c.cfg.AuditFile != "" {
 		_ = dlq.AppendAudit(c.cfg.AuditFile, rec) // the run page shows the error of the action itself
 	}
-}
-
-// where names the place of the outcome records in messages, as the store
-// names itself ("table T", "key prefix P:").
-func where(outcomes ledger.Ledger) string {
-	if s, ok := outcomes.(fmt.Stringer); ok {
-		return s.String()
-	}
-	return "the console's outcome records"
 }

@@ -103,9 +103,10 @@ type Config struct {
 	Depth func(ctx context.Context, queue string) (Depth, error)
 	// Outcomes are the replay outcome records (the service's replay store,
 	// sluicesql.Outcomes or sluiceredis.Outcomes on the host's own connection);
-	// without them the closed loop is not offered. Messages name their place
-	// as the store names itself (a fmt.Stringer: "table T", "key prefix P:").
-	Outcomes ledger.Ledger
+	// without them the closed loop is not offered. OutcomesWhere names their
+	// place in messages ("table T", "key prefix P:").
+	Outcomes      ledger.Ledger
+	OutcomesWhere string
 	// Outboxes are shown on the outbox page by name.
 	Outboxes map[string]Outbox
 	// AuditFile is the audit log every action appends to, and the audit

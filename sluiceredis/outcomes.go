@@ -16,7 +16,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicemq/sluice/internal/chunks"
-	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/replayledger"
 	"github.com/sluicemq/sluice/replay"
 	"github.com/sluicemq/sluice/replay/ledger"
@@ -71,9 +70,6 @@ func NewOutcomes(client redis.UniversalClient, cfg OutcomesConfig) (*Outcomes, e
 	}
 	return &Outcomes{client: client, prefix: cmp.Or(cfg.Prefix, outcomesPrefixDefault), retention: cfg.Retention}, nil
 }
-
-// String names where the records are, for a message: "key prefix P:".
-func (s *Outcomes) String() string { return "key prefix " + diag.Printable(s.prefix, 128) }
 
 func (s *Outcomes) runsKey() string          { return s.prefix + "runs" }
 func (s *Outcomes) runKey(run string) string { return s.prefix + "run:" + run }

@@ -2,12 +2,10 @@ package sluiceredis_test
 
 import (
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
@@ -88,15 +86,4 @@ func TestStageOnRedis(t *testing.T) {
 	require.Equal(t, sluice.OutcomeFailed, got[0].Outcome)
 	require.Contains(t, got[0].Reason, "unknown schema version 3")
 	require.Equal(t, sluice.OutcomeProcessed, got[1].Outcome)
-}
-
-// The store names its place for the messages that mention it (the
-// console's and the CLI's closed loop): "key prefix P".
-func TestOutcomesNameTheirPrefix(t *testing.T) {
-	t.Parallel()
-	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
-	t.Cleanup(func() { _ = client.Close() })
-	s, err := sluiceredis.NewOutcomes(client, sluiceredis.OutcomesConfig{})
-	require.NoError(t, err)
-	require.Equal(t, "key prefix sluice_replay:", fmt.Sprint(s))
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/sluicemq/sluice/internal/chunks"
-	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/replayledger"
 	"github.com/sluicemq/sluice/internal/sqlname"
 	"github.com/sluicemq/sluice/replay"
@@ -38,7 +37,6 @@ type OutcomesConfig struct {
 // Redis twin is sluiceredis.Outcomes. Safe for concurrent use.
 type Outcomes struct {
 	db    *sqlx.DB
-	given string // the table's name as given, or the default: String's
 	table string // quoted
 	name  string // the last part, unquoted, for the index's name
 	runs  string // the runs' table, quoted: <table>_runs (outcomes_runs.go)
@@ -64,11 +62,8 @@ func NewOutcomes(db *sqlx.DB, cfg OutcomesConfig) (*Outcomes, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sluicesql: OutcomesConfig.Table: %w", err)
 	}
-	return &Outcomes{db: db, given: cmp.Or(cfg.Table, outcomesTableDefault), table: quoted, name: name, runs: outcomesRunsTable(quoted, name)}, nil
+	return &Outcomes{db: db, table: quoted, name: name, runs: outcomesRunsTable(quoted, name)}, nil
 }
-
-// String names where the records are, for a message: "table T".
-func (s *Outcomes) String() string { return "table " + diag.Printable(s.given, 128) }
 
 func (s *Outcomes) postgres() bool {
 	return s.db.DriverName() == "postgres" || s.db.DriverName() == "pgx"

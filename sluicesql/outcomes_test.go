@@ -150,18 +150,3 @@ func TestPrunerDeletesOldOutcomes(t *testing.T) {
 		})
 	}
 }
-
-// The store names its place for the messages that mention it (the
-// console's and the CLI's closed loop): "table T", as given.
-func TestOutcomesNameTheirTable(t *testing.T) {
-	t.Parallel()
-	db, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "outcomes.db"))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = db.Close() })
-	s, err := sluicesql.NewOutcomes(db, sluicesql.OutcomesConfig{})
-	require.NoError(t, err)
-	require.Equal(t, "table sluice_replay", fmt.Sprint(s))
-	s, err = sluicesql.NewOutcomes(db, sluicesql.OutcomesConfig{Table: "replays"})
-	require.NoError(t, err)
-	require.Equal(t, "table replays", fmt.Sprint(s))
-}

@@ -90,7 +90,7 @@ func newConsole(g *globals, out io.Writer) *cobra.Command {
 					return err
 				}
 				defer closeStore()
-				cfg.Outcomes = store
+				cfg.Outcomes, cfg.OutcomesWhere = store, outcomesPlace(lf.outcomes, lf.table)
 			}
 			if outboxDB != "" {
 				db, err := openPostgres(command.Context(), outboxDB)

@@ -45,7 +45,7 @@ func consoleOn(t testing.TB, b *bed, outcomes string, mutate func(*console.Confi
 		store, done, err := openOutcomes(t.Context(), testenv.PostgresURL, outcomes, false)
 		require.NoError(t, err)
 		t.Cleanup(done)
-		cfg.Outcomes = store
+		cfg.Outcomes, cfg.OutcomesWhere = store, outcomesPlace(testenv.PostgresURL, outcomes)
 	}
 	if mutate != nil {
 		mutate(&cfg)

@@ -92,7 +92,7 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 				defer closeStore()
 				cfg.Run = newRun("run")
 				cfg.Progress = nil
-				res, runErr = closedLoop(ctx, dlq.Open(conn, ff.queue, op), cfg, dlq.Loop{Sizes: sizes, Canary: lf.canary > 0, MaxRepoison: maxRepoison, Store: store, Wait: lf.wait, Where: fmt.Sprint(store)}, out)
+				res, runErr = closedLoop(ctx, dlq.Open(conn, ff.queue, op), cfg, dlq.Loop{Sizes: sizes, Canary: lf.canary > 0, MaxRepoison: maxRepoison, Store: store, Wait: lf.wait, Where: outcomesPlace(lf.outcomes, lf.table)}, out)
 			} else {
 				res, runErr = dlq.Open(conn, ff.queue, op).Replay(ctx, cfg)
 			}

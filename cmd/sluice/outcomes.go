@@ -175,3 +175,12 @@ func tablesExist(ctx context.Context, db *sqlx.DB, tables ...string) (bool, erro
 type quietRedis struct{}
 
 func (quietRedis) Printf(context.Context, string, ...any) {}
+
+// outcomesPlace names where the records are, for a message: "table T",
+// "key prefix P:".
+func outcomesPlace(url, table string) string {
+	if isRedis(url) {
+		return "key prefix " + diag.Printable(table, 128) + ":"
+	}
+	return "table " + diag.Printable(table, 128)
+}
