@@ -27,7 +27,10 @@
 // The metadata keys (EventIDKey, AttemptKey, ...) are the facts every stage
 // shares, one key per fact; Attempt is their one parser of the attempt
 // number. Report is what the stages record about a delivery for the Trace
-// stage. This package imports nothing else of the module: the stages
+// stage. KeyFunc is a message's key — the inbox's business event id, the
+// ordering stage's entity — taken by KeyFromMetadata, KeyFromJSON,
+// KeyFromJSONInteger, KeyPrefix and KeyJoin; a message without one gives a
+// *KeyError (Poison). This package imports nothing else of the module: the stages
 // (package middleware, deduplication, retrytiers, poison), the assembly
 // (router) and the brokers (rabbitmq) build on it.
 package sluice

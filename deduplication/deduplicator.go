@@ -16,6 +16,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/keysource"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/unitctx"
 	"github.com/sluicemq/sluice/unitofwork"
@@ -39,8 +40,8 @@ type Config struct {
 	// every retained key new again. Required.
 	Consumer string
 	// Key takes the key from a message. Default
-	// KeyFromMetadata(sluice.EventIDKey).
-	Key KeyFunc
+	// sluice.KeyFromMetadata(sluice.EventIDKey).
+	Key sluice.KeyFunc
 	// Env is the shared environment (router.Stages and service give theirs;
 	// the fields set here win). The inbox reads Classifier, which decides
 	// whether a handler error is a rejection, whose writes are committed —
@@ -95,7 +96,7 @@ type Config struct {
 // ClaimTimeout or StoreTimeout (no bound) is kept.
 func (c Config) withDefaults() Config {
 	if c.Key == nil { // a func, not comparable: no cmp.Or
-		c.Key = KeyFromMetadata(sluice.EventIDKey)
+		c.Key = sluice.KeyFromMetadata(sluice.EventIDKey)
 	}
 	c.Classifier = cmp.Or(c.Classifier, sluice.DefaultClassifier())
 	c.KeyMaxLength = cmp.Or(c.KeyMaxLength, keyMaxLengthDefault)
@@ -518,21 +519,21 @@ func (d *deduplicator) key(msg *message.Message) (string, error) {
 	default:
 		return key, nil
 	}
-	return "", &KeyError{Source: d.keySource(msg), Reason: reason}
+	return "", &sluice.KeyError{Source: d.keySource(msg), Reason: reason}
 }
 
-// keySource names where the key function took msg's key from, as the key
-// functions of this package describe themselves (`JSON field "eventId"`),
+// keySource names where the key function took msg's key from, as the
+// root's key functions describe themselves (`JSON field "eventId"`),
 // or "key function" for others. It runs the key function again, on the
 // error path only.
 func (d *deduplicator) keySource(msg *message.Message) string {
 	orig := msg.Context()
-	var src sources
-	msg.SetContext(context.WithValue(orig, sourcesKey{}, &src))
+	ctx, src := keysource.Collect(orig)
+	msg.SetContext(ctx)
 	_, _ = d.cfg.Key(msg)
 	msg.SetContext(orig)
-	if len(src) == 0 {
+	if len(*src) == 0 {
 		return "key function"
 	}
-	return strings.Join(src, " + ")
+	return strings.Join(*src, " + ")
 }

@@ -289,17 +289,17 @@ func TestInboxBadKeyIsPoison(t *testing.T) {
 
 	tests := []struct {
 		name    string
-		key     deduplication.KeyFunc
+		key     sluice.KeyFunc
 		msg     *message.Message
 		wantErr string
 	}{
 		{"no metadata", nil, message.NewMessage(watermill.NewUUID(), nil), `metadata "sluice_event_id": missing`},
-		{"malformed JSON", deduplication.KeyFromJSON("eventId"), message.NewMessage("1", []byte(`{"eventId":`)), `JSON field "eventId": payload is not a JSON object`},
-		{"field missing", deduplication.KeyFromJSON("eventId"), message.NewMessage("1", []byte(`{"id":"x"}`)), `JSON field "eventId": missing`},
-		{"too long", deduplication.KeyFromJSON("eventId"), message.NewMessage("1", fmt.Appendf(nil, `{"eventId":"%0600d"}`, 1)), `JSON field "eventId": 600 bytes long, more than 512`},
-		{"NUL", deduplication.KeyFromJSON("eventId"), message.NewMessage("1", []byte(`{"eventId":"a\u0000b"}`)), `JSON field "eventId": contains a NUL byte`},
-		{"prefixed NUL", deduplication.KeyPrefix("p:", deduplication.KeyFromMetadata("id")), withMetadata("id", "a\x00b"), `metadata "id": contains a NUL byte`},
-		{"joined too long", deduplication.KeyJoin(":", deduplication.KeyFromMetadata("type"), deduplication.KeyFromJSON("orderId")),
+		{"malformed JSON", sluice.KeyFromJSON("eventId"), message.NewMessage("1", []byte(`{"eventId":`)), `JSON field "eventId": payload is not a JSON object`},
+		{"field missing", sluice.KeyFromJSON("eventId"), message.NewMessage("1", []byte(`{"id":"x"}`)), `JSON field "eventId": missing`},
+		{"too long", sluice.KeyFromJSON("eventId"), message.NewMessage("1", fmt.Appendf(nil, `{"eventId":"%0600d"}`, 1)), `JSON field "eventId": 600 bytes long, more than 512`},
+		{"NUL", sluice.KeyFromJSON("eventId"), message.NewMessage("1", []byte(`{"eventId":"a\u0000b"}`)), `JSON field "eventId": contains a NUL byte`},
+		{"prefixed NUL", sluice.KeyPrefix("p:", sluice.KeyFromMetadata("id")), withMetadata("id", "a\x00b"), `metadata "id": contains a NUL byte`},
+		{"joined too long", sluice.KeyJoin(":", sluice.KeyFromMetadata("type"), sluice.KeyFromJSON("orderId")),
 			withPayload(fmt.Appendf(nil, `{"orderId":"%0600d"}`, 1), "type", "t"), `metadata "type" + JSON field "orderId": 602 bytes long`},
 		{"custom func", func(*message.Message) (string, error) { return "\xff\xfe", nil }, message.NewMessage("1", nil), "key function: not valid UTF-8"},
 	}
@@ -308,7 +308,7 @@ func TestInboxBadKeyIsPoison(t *testing.T) {
 		require.NoError(t, err)
 		_, err = d(handler)(tt.msg)
 		require.Equal(t, sluice.ClassPoison, sluice.ClassOf(err), tt.name)
-		require.ErrorAs(t, err, new(*deduplication.KeyError), tt.name)
+		require.ErrorAs(t, err, new(*sluice.KeyError), tt.name)
 		require.ErrorContains(t, err, tt.wantErr, tt.name)
 	}
 	require.Zero(t, handled, "the handler never runs without a key")
@@ -320,7 +320,7 @@ func TestInboxSetsEventID(t *testing.T) {
 	d, err := deduplication.New(deduplication.Config{
 		Store:    deduplication.NewMemoryStore(),
 		Consumer: "c",
-		Key:      deduplication.KeyPrefix("OrderPlaced:", deduplication.KeyFromJSONInteger("orderId")),
+		Key:      sluice.KeyPrefix("OrderPlaced:", sluice.KeyFromJSONInteger("orderId")),
 	})
 	require.NoError(t, err)
 	msg := message.NewMessage(watermill.NewUUID(), []byte(`{"orderId":42}`))

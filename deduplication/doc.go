@@ -2,10 +2,10 @@
 // happen once per business event although the broker delivers at least once.
 //
 // For each delivery the inbox stage (New) takes a key from the message — a
-// business event id, never the broker's message id (KeyFromMetadata,
-// KeyFromJSON, KeyPrefix, KeyJoin) — opens a transaction, claims
-// (consumer, key) in its Store (the SQL store: INSERT ... ON CONFLICT DO
-// NOTHING into the inbox table), and runs the handler inside the same unit
+// business event id, never the broker's message id (Config.Key: the root's
+// sluice.KeyFromMetadata, KeyFromJSON, KeyPrefix, KeyJoin) — opens a
+// transaction, claims (consumer, key) in its Store (the SQL store: INSERT
+// ... ON CONFLICT DO NOTHING into the inbox table), and runs the handler inside the same unit
 // of work (package unitofwork: unitofwork.FromContext; sluicesql.TxFromContext
 // for the SQL transaction). The
 // transaction commits when the handler succeeds or rejects the message, and

@@ -205,7 +205,7 @@ func TestInboxSlowMessageDoesNotStallTheConsumers(t *testing.T) {
 func TestCollidingIDsAreNeverOneKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	d, err := deduplication.New(deduplication.Config{Store: b.store, Consumer: "inventory", Key: deduplication.KeyFromJSON("eventId"), Env: sluice.Env{MeterProvider: b.meter}})
+	d, err := deduplication.New(deduplication.Config{Store: b.store, Consumer: "inventory", Key: sluice.KeyFromJSON("eventId"), Env: sluice.Env{MeterProvider: b.meter}})
 	require.NoError(t, err)
 	h := d(b.reserve(nil))
 	pairs := [][2]string{
@@ -222,7 +222,7 @@ func TestCollidingIDsAreNeverOneKey(t *testing.T) {
 			case err == nil:
 				processed++
 			case sluice.ClassOf(err) == sluice.ClassPoison:
-				require.ErrorAs(t, err, new(*deduplication.KeyError), "%s", payload)
+				require.ErrorAs(t, err, new(*sluice.KeyError), "%s", payload)
 				poisoned++
 			default:
 				t.Fatalf("%q: %v", payload, err)
@@ -248,7 +248,7 @@ func TestCollidingIDsAreNeverOneKey(t *testing.T) {
 func TestCaseVariantKeysAreTheHandlersEvent(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	d, err := deduplication.New(deduplication.Config{Store: b.store, Consumer: "ledger", Key: deduplication.KeyFromJSON("eventId"), Env: sluice.Env{MeterProvider: b.meter}})
+	d, err := deduplication.New(deduplication.Config{Store: b.store, Consumer: "ledger", Key: sluice.KeyFromJSON("eventId"), Env: sluice.Env{MeterProvider: b.meter}})
 	require.NoError(t, err)
 	h := d(func(msg *message.Message) ([]*message.Message, error) {
 		var evt struct {
@@ -266,7 +266,7 @@ func TestCaseVariantKeysAreTheHandlersEvent(t *testing.T) {
 		_, err := h(message.NewMessage(watermill.NewUUID(), []byte(payload)))
 		if err != nil {
 			require.Equal(t, sluice.ClassPoison, sluice.ClassOf(err), "%s: %v", payload, err)
-			require.ErrorAs(t, err, new(*deduplication.KeyError))
+			require.ErrorAs(t, err, new(*sluice.KeyError))
 			require.ErrorContains(t, err, `counting the names encoding/json matches to it regardless of case ("eventId", "EVENTID")`)
 			poisoned++
 		}

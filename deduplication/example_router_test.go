@@ -42,8 +42,8 @@ func addInventory(ctx context.Context, router *message.Router, amqpURL string, d
 	}
 	inbox, err := deduplication.New(deduplication.Config{
 		Store:    store,
-		Consumer: "inventory",                          // unique among the consumers sharing this table
-		Key:      deduplication.KeyFromJSON("eventId"), // the business event id
+		Consumer: "inventory",                   // unique among the consumers sharing this table
+		Key:      sluice.KeyFromJSON("eventId"), // the business event id
 		Env:      sluice.Env{Classifier: classifier, Logger: logger},
 	})
 	if err != nil {

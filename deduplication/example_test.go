@@ -41,7 +41,7 @@ func ExampleNew() {
 	inbox, err := deduplication.New(deduplication.Config{
 		Store:    store,
 		Consumer: "inventory",
-		Key:      deduplication.KeyFromJSON("eventId"),
+		Key:      sluice.KeyFromJSON("eventId"),
 	})
 	if err != nil {
 		panic(err)
@@ -70,15 +70,6 @@ func ExampleNew() {
 	// reservations: 1
 	// class: poison
 	// poison: deduplication key: JSON field "eventId": missing
-}
-
-// A key composed of a constant and a payload field: one reservation per
-// order, whatever event carried it.
-func ExampleKeyPrefix() {
-	key := deduplication.KeyPrefix("OrderPlaced:", deduplication.KeyFromJSON("order", "id"))
-	k, err := key(message.NewMessage(watermill.NewUUID(), []byte(`{"order":{"id":"o-42"}}`)))
-	fmt.Println(k, err)
-	// Output: OrderPlaced:o-42 <nil>
 }
 
 // Configuring the SQL store and its pruner (compiled, not run: it needs a

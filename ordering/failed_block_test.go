@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/ordering"
 )
 
@@ -126,7 +125,7 @@ func TestAFailedBlockAfterTheCopyKeepsTheKeysOrder(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			store := &failingCommits{Store: ordering.NewMemoryStore()}
-			o, err := ordering.New(ordering.Config{Store: store, Consumer: "ledger", Key: deduplication.KeyFromMetadata("account")})
+			o, err := ordering.New(ordering.Config{Store: store, Consumer: "ledger", Key: sluice.KeyFromMetadata("account")})
 			require.NoError(t, err)
 			w := &world{fails: map[string]int{"a-1": tc.fails}, done: map[string]bool{}}
 			mw := o.Middleware(w.stages)

@@ -43,9 +43,8 @@ type Config struct {
 	Consumer string
 	// Key returns a message's ordering key: the entity whose events must
 	// apply in order (an account id, an order id) — a header
-	// (deduplication.KeyFromMetadata) or a JSON field
-	// (deduplication.KeyFromJSON). A message without one is poison.
-	// Required.
+	// (sluice.KeyFromMetadata) or a JSON field (sluice.KeyFromJSON). A
+	// message without one is poison. Required.
 	Key func(*message.Message) (string, error)
 	// Inbox is the handler's inbox (router.Add gives Stages.Inbox, named
 	// after the handler, with the stages' Env). A message's event id is
@@ -93,11 +92,11 @@ func (c Config) withDefaults() (Config, error) {
 	case c.Consumer == "":
 		return c, errors.New("ordering: Config.Consumer is required")
 	case c.Key == nil:
-		return c, errors.New("ordering: Config.Key is required (the message's ordering key: deduplication.KeyFromMetadata or KeyFromJSON)")
+		return c, errors.New("ordering: Config.Key is required (the message's ordering key: sluice.KeyFromMetadata or KeyFromJSON)")
 	case c.ResumeInterval < 0, c.StoreTimeout < 0:
 		return c, errors.New("ordering: Config.ResumeInterval and StoreTimeout must be positive")
 	}
-	c.eventID = deduplication.KeyFromMetadata(sluice.EventIDKey) // the inbox's default Key
+	c.eventID = sluice.KeyFromMetadata(sluice.EventIDKey) // the inbox's default Key
 	if in := c.Inbox; in != nil {
 		if in.Key != nil {
 			c.eventID = in.Key

@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/ordering"
 )
 
@@ -24,7 +23,7 @@ var errShutdown = errors.New("the router is closing")
 // context.
 func TestAReleasedMessageHasItsOwnDeadlineAndSeesAShutdown(t *testing.T) {
 	t.Parallel()
-	o, err := ordering.New(ordering.Config{Store: ordering.NewMemoryStore(), Consumer: "ledger", Key: deduplication.KeyFromMetadata("account")})
+	o, err := ordering.New(ordering.Config{Store: ordering.NewMemoryStore(), Consumer: "ledger", Key: sluice.KeyFromMetadata("account")})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = o.Close() })
 	headDone := make(chan struct{})

@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/ordering"
 )
 
@@ -60,7 +59,7 @@ func settled(t *testing.T, m *message.Message) bool {
 // back what waits.
 func TestSerializeOneKeyAtATime(t *testing.T) {
 	t.Parallel()
-	o, err := ordering.New(ordering.Config{Store: ordering.NewMemoryStore(), Consumer: "ledger", Key: deduplication.KeyFromMetadata("account")})
+	o, err := ordering.New(ordering.Config{Store: ordering.NewMemoryStore(), Consumer: "ledger", Key: sluice.KeyFromMetadata("account")})
 	require.NoError(t, err)
 	in := feed{ch: make(chan *message.Message, 16)}
 	sub := o.Serialize(in)
@@ -121,7 +120,7 @@ func TestSerializeOneKeyAtATime(t *testing.T) {
 func TestTheKeyIsReadOnce(t *testing.T) {
 	t.Parallel()
 	reads := 0
-	key := func(m *message.Message) (string, error) { reads++; return deduplication.KeyFromMetadata("account")(m) }
+	key := func(m *message.Message) (string, error) { reads++; return sluice.KeyFromMetadata("account")(m) }
 	o, err := ordering.New(ordering.Config{Store: ordering.NewMemoryStore(), Consumer: "ledger", Key: key})
 	require.NoError(t, err)
 	in := feed{ch: make(chan *message.Message, 1)}
@@ -152,7 +151,7 @@ func TestTheKeyIsReadOnce(t *testing.T) {
 // 0…15 17 18 16 19 of router.TestOrderPerKeyThroughRetries.)
 func TestSerializeHandsOutWhatItGaveBackInItsOrder(t *testing.T) {
 	t.Parallel()
-	o, err := ordering.New(ordering.Config{Store: ordering.NewMemoryStore(), Consumer: "ledger", Key: deduplication.KeyFromMetadata("account")})
+	o, err := ordering.New(ordering.Config{Store: ordering.NewMemoryStore(), Consumer: "ledger", Key: sluice.KeyFromMetadata("account")})
 	require.NoError(t, err)
 	in := feed{ch: make(chan *message.Message, 16)}
 	sub := o.Serialize(in)

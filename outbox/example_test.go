@@ -76,7 +76,7 @@ func Example() {
 		Outbox:       outboxStore,
 		Stages: router.Stages{
 			Classify:  &stage.ClassifyConfig{},
-			Inbox:     &deduplication.Config{Store: inboxStore, Key: deduplication.KeyFromJSON("eventId")},
+			Inbox:     &deduplication.Config{Store: inboxStore, Key: sluice.KeyFromJSON("eventId")},
 			Recoverer: &stage.RecovererConfig{},
 		},
 	})

@@ -7,6 +7,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/poison"
@@ -58,7 +59,7 @@ func addStockByHand(ctx context.Context, r *message.Router, amqpURL string, db *
 			Retry:     &retrytiers.Config{},
 			Brake:     &brake.Config{Match: brake.MatchUnreachable}, // probes with the inbox's Ping
 			Classify:  &stage.ClassifyConfig{},
-			Inbox:     &deduplication.Config{Store: stores.Inbox, Key: deduplication.KeyFromJSON("eventId")},
+			Inbox:     &deduplication.Config{Store: stores.Inbox, Key: sluice.KeyFromJSON("eventId")},
 			Recoverer: &stage.RecovererConfig{},
 		},
 	})

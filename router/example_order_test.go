@@ -6,6 +6,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/ordering"
@@ -39,7 +40,7 @@ func ExampleStages_order() {
 		Name:    "ledger",
 		Handler: applyToAccount,
 		Stages: router.Stages{
-			Order:  &ordering.Config{Store: orders, Key: deduplication.KeyFromMetadata("account")},
+			Order:  &ordering.Config{Store: orders, Key: sluice.KeyFromMetadata("account")},
 			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &stage.ClassifyConfig{},
 			Inbox: &deduplication.Config{Store: inbox},
 		},

@@ -121,7 +121,7 @@ func orderedBehindTimeout(t *testing.T, quorum bool) {
 		Stages: router.Stages{
 			Env:       sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))},
 			Trace:     &stage.TraceConfig{},
-			Order:     &ordering.Config{Store: orders, Key: deduplication.KeyFromMetadata("account")},
+			Order:     &ordering.Config{Store: orders, Key: sluice.KeyFromMetadata("account")},
 			Poison:    &poison.Config{},
 			Retry:     &retrytiers.Config{},
 			Classify:  &stage.ClassifyConfig{},

@@ -76,7 +76,7 @@ func (g *givenBack) serialize() (message.Subscriber, <-chan *message.Message) {
 	g.t.Helper()
 	c, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})
 	require.NoError(g.t, err)
-	o, err := ordering.New(ordering.Config{Store: ordering.NewMemoryStore(), Consumer: "ledger", Key: deduplication.KeyFromMetadata("account")})
+	o, err := ordering.New(ordering.Config{Store: ordering.NewMemoryStore(), Consumer: "ledger", Key: sluice.KeyFromMetadata("account")})
 	require.NoError(g.t, err)
 	sub := o.Serialize(c)
 	out, err := sub.Subscribe(g.t.Context(), g.queue)
@@ -293,7 +293,7 @@ func TestAnOrderedKeyKeepsItsOrderAcrossRestartsMidLoad(t *testing.T) {
 						return err
 					},
 					Stages: router.Stages{
-						Order: &ordering.Config{Store: orders, Key: deduplication.KeyFromMetadata("account")},
+						Order: &ordering.Config{Store: orders, Key: sluice.KeyFromMetadata("account")},
 						Inbox: &deduplication.Config{Store: inbox},
 					},
 				})

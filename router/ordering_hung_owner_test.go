@@ -85,7 +85,7 @@ func (h hungOwner) run(ctx context.Context, t testing.TB, db *sqlx.DB, hold func
 			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &stage.ClassifyConfig{},
 			Inbox:     &deduplication.Config{Store: inbox, Env: sluice.Env{StoreTimeout: hungOwnerStoreTimeout}},
 			Recoverer: &stage.RecovererConfig{},
-			Order:     &ordering.Config{Store: store, Key: deduplication.KeyFromMetadata("account"), ResumeInterval: 200 * time.Millisecond},
+			Order:     &ordering.Config{Store: store, Key: sluice.KeyFromMetadata("account"), ResumeInterval: 200 * time.Millisecond},
 		},
 	})
 	require.NoError(t, err)

@@ -109,7 +109,7 @@ func TestARedeliveryOfAnAppliedMessageBehindAPoisonedHeadIsADuplicate(t *testing
 			return err
 		},
 		Stages: router.Stages{
-			Order:     &ordering.Config{Store: store, Key: deduplication.KeyFromMetadata("account"), ResumeInterval: 100 * time.Millisecond},
+			Order:     &ordering.Config{Store: store, Key: sluice.KeyFromMetadata("account"), ResumeInterval: 100 * time.Millisecond},
 			Poison:    &poison.Config{},
 			Retry:     &retrytiers.Config{},
 			Classify:  &stage.ClassifyConfig{},

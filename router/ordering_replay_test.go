@@ -71,7 +71,7 @@ func TestAReplayedHeadAfterItsSkipIsSaidToBeOutOfOrder(t *testing.T) {
 		},
 		Stages: router.Stages{
 			Replay: &replay.Config{Store: outcomes},
-			Order: &ordering.Config{Store: store, Key: deduplication.KeyFromMetadata("account"), ResumeInterval: 100 * time.Millisecond,
+			Order: &ordering.Config{Store: store, Key: sluice.KeyFromMetadata("account"), ResumeInterval: 100 * time.Millisecond,
 				Env: sluice.Env{Logger: watermill.NewStdLoggerWithOut(&logs, false, false)}},
 			Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &stage.ClassifyConfig{},
 			Inbox: &deduplication.Config{Store: inbox},

@@ -192,7 +192,7 @@ func runOrderScenarioOn(t *testing.T, sc orderScenario, ordered bool, partitions
 		Recoverer: &stage.RecovererConfig{},
 	}
 	if ordered {
-		stages.Order = &ordering.Config{Store: store, Key: deduplication.KeyFromMetadata("account"), ResumeInterval: 100 * time.Millisecond}
+		stages.Order = &ordering.Config{Store: store, Key: sluice.KeyFromMetadata("account"), ResumeInterval: 100 * time.Millisecond}
 	}
 	var poisoned atomic.Int64
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 15 * time.Second}, watermill.NopLogger{})

@@ -5,7 +5,7 @@
 //
 //	svc, err := service.New(service.Config{DB: db, Schema: "inventory", Router: r, Publisher: q.Publisher(), Env: sluice.Env{MeterProvider: metrics}})
 //	err = svc.Stores().Migrate(ctx)             // the inbox, the outbox, the replay outcomes
-//	err = svc.Add(service.Handler{Broker: q, Name: "inventory", Key: deduplication.KeyFromJSON("eventId"), PublishingHandler: reserve, PublishTopic: "inventory.reserved"})
+//	err = svc.Add(service.Handler{Broker: q, Name: "inventory", Key: sluice.KeyFromJSON("eventId"), PublishingHandler: reserve, PublishTopic: "inventory.reserved"})
 //	mux.Handle("/livez", svc.Health())          // liveness and readiness, as Kubernetes probes expect
 //	mux.Handle("/readyz", svc.Health())
 //	go r.Run(ctx)                               // the handlers, the outbox relay and the pruners

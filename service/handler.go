@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/brake"
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/deduplication"
@@ -33,9 +34,9 @@ type Handler struct {
 	// poison queue (rabbitmq.NewBroker, embedded.New). Required.
 	Broker broker.Broker
 	// Key takes the business event id from a message
-	// (deduplication.KeyFromJSON("eventId"), say). Default the
+	// (sluice.KeyFromJSON("eventId"), say). Default the
 	// sluice_event_id metadata (deduplication.Config.Key's default).
-	Key deduplication.KeyFunc
+	Key sluice.KeyFunc
 	// Handler handles a delivery inside the inbox's transaction
 	// (sluicesql.TxFromContext). Exactly one of Handler and
 	// PublishingHandler is required.
@@ -58,11 +59,11 @@ type Handler struct {
 	BatchHandler *deduplication.BatchHandler
 	// OrderBy keeps each key's messages in publish order through retries
 	// (the ordering stage, docs/ordering.md): the key is the entity whose
-	// events must apply in order (deduplication.KeyFromMetadata("account")).
+	// events must apply in order (sluice.KeyFromMetadata("account")).
 	// A key whose delivery went to a retry tier waits for it, its later
 	// messages held in the service's database; the other keys flow. Needs
 	// PostgreSQL and one consumer per queue. Default none: unordered.
-	OrderBy deduplication.KeyFunc
+	OrderBy sluice.KeyFunc
 	// Consumers is how many copies of the handler consume the queue at
 	// once. Default the broker's (router.HandlerConfig.Consumers).
 	Consumers int

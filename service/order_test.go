@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/service"
 )
@@ -31,7 +30,7 @@ func TestAnOrderedHandlerOnTheShortPath(t *testing.T) {
 	var mu sync.Mutex
 	var applied []string
 	failed := false
-	require.NoError(t, svc.Add(service.Handler{Broker: q, Name: "ledger", OrderBy: deduplication.KeyFromMetadata("account"),
+	require.NoError(t, svc.Add(service.Handler{Broker: q, Name: "ledger", OrderBy: sluice.KeyFromMetadata("account"),
 		Handler: func(msg *message.Message) error {
 			mu.Lock()
 			defer mu.Unlock()
@@ -72,7 +71,7 @@ func TestAnOrderedHandlerOnTheShortPath(t *testing.T) {
 	require.True(t, failed)
 
 	lite := newService(t, service.Config{DB: testenv.SQLite(t), Router: newRouter(t, watermill.NopLogger{})})
-	err := lite.Add(service.Handler{Broker: q, Name: "ledger-lite", OrderBy: deduplication.KeyFromMetadata("account"),
+	err := lite.Add(service.Handler{Broker: q, Name: "ledger-lite", OrderBy: sluice.KeyFromMetadata("account"),
 		Handler: func(*message.Message) error { return nil }})
 	require.ErrorContains(t, err, "the ordering store needs PostgreSQL")
 }

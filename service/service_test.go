@@ -351,7 +351,7 @@ func TestTheSignerSignsTheCopies(t *testing.T) {
 	require.NoError(t, err)
 	r := newRouter(t, watermill.NopLogger{})
 	svc := newService(t, service.Config{DB: testenv.SQLite(t), Router: r, Env: sluice.Env{Signer: signer}})
-	require.NoError(t, svc.Add(service.Handler{Broker: q, Name: "signed", Key: deduplication.KeyFromJSON("eventId"),
+	require.NoError(t, svc.Add(service.Handler{Broker: q, Name: "signed", Key: sluice.KeyFromJSON("eventId"),
 		Handler: func(*message.Message) error { return nil }}))
 	run(t, r, svc)
 	require.NoError(t, q.Publisher().Publish(q.Topology().Config().Queue, message.NewMessage(watermill.NewUUID(), []byte(`{"eventId":`))))

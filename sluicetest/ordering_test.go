@@ -6,7 +6,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
-	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/service"
 	"github.com/sluicemq/sluice/sluicetest"
@@ -31,7 +31,7 @@ func TestAnOrderedHandlerOnTheKit(t *testing.T) {
 }
 
 func orderedOnTheKit(t *testing.T, db *sqlx.DB) {
-	h := newHarness(t, sluicetest.Config{DB: db, Handler: service.Handler{OrderBy: deduplication.KeyFromMetadata("account")}})
+	h := newHarness(t, sluicetest.Config{DB: db, Handler: service.Handler{OrderBy: sluice.KeyFromMetadata("account")}})
 	for _, p := range []struct {
 		subject, id, account string
 		fail                 payment

@@ -110,11 +110,11 @@ func consumerMain(args []string) error {
 	}
 	brokerCfg := rabbitmq.BrokerConfig{Connection: amqpConnection(*amqpURL), Topology: rabbitmq.TopologyConfig{Queue: *queue, TierDelays: delays, Quorum: *quorum},
 		WatermillSubscriber: *subscriber == "watermill", Prefetch: *prefetch}
-	inbox := func(store deduplication.Store, consumer string, key deduplication.KeyFunc) *deduplication.Config {
+	inbox := func(store deduplication.Store, consumer string, key sluice.KeyFunc) *deduplication.Config {
 		return &deduplication.Config{Store: store, Consumer: consumer, Key: key}
 	}
 	if *maxBatch > 0 {
-		inbox = func(store deduplication.Store, consumer string, key deduplication.KeyFunc) *deduplication.Config {
+		inbox = func(store deduplication.Store, consumer string, key sluice.KeyFunc) *deduplication.Config {
 			return &deduplication.Config{Store: store, Consumer: consumer, Key: key, Env: sluice.Env{MeterProvider: batchSizes{}}, Batch: &deduplication.BatchConfig{MaxBatch: *maxBatch, MaxWait: *maxWait}}
 		}
 	}
@@ -178,7 +178,7 @@ func consumerMain(args []string) error {
 			Poison:    &poison.Config{Env: sluice.Env{PublishBackoff: 200 * time.Millisecond}},
 			Retry:     &retrytiers.Config{Publisher: crashingPublisher{q.Publisher(), crash, tr}, Env: sluice.Env{PublishBackoff: 200 * time.Millisecond}},
 			Classify:  &stage.ClassifyConfig{},
-			Inbox:     inbox(store, "effects", deduplication.KeyFromJSON("eventId")),
+			Inbox:     inbox(store, "effects", sluice.KeyFromJSON("eventId")),
 			Recoverer: &stage.RecovererConfig{},
 		},
 	}

@@ -128,11 +128,11 @@ func orderedConsumerMain(args []string) error {
 		Poison:    &poison.Config{Env: sluice.Env{PublishBackoff: 200 * time.Millisecond}},
 		Retry:     &retrytiers.Config{Publisher: crashingPublisher{Publisher: q.Publisher(), crash: crash}, Env: sluice.Env{PublishBackoff: 200 * time.Millisecond}},
 		Classify:  &stage.ClassifyConfig{},
-		Inbox:     &deduplication.Config{Store: inbox, Key: deduplication.KeyFromJSON("eventId")},
+		Inbox:     &deduplication.Config{Store: inbox, Key: sluice.KeyFromJSON("eventId")},
 		Recoverer: &stage.RecovererConfig{},
 	}
 	if !*unordered {
-		stages.Order = &ordering.Config{Store: store, Key: deduplication.KeyFromJSON("key"), ResumeInterval: orderedResumeInterval}
+		stages.Order = &ordering.Config{Store: store, Key: sluice.KeyFromJSON("key"), ResumeInterval: orderedResumeInterval}
 	}
 	if _, err := router.Add(r, router.HandlerConfig{Broker: q, Name: orderedHandlerName, Consumers: 1, Handler: handler, Stages: stages}); err != nil {
 		return err

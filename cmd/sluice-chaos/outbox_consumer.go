@@ -43,7 +43,7 @@ type outboxProcess struct {
 	schema   string
 	queue    string // where the effects handler produces
 	crash    func(string)
-	inbox    func(deduplication.Store, string, deduplication.KeyFunc) *deduplication.Config // the receiver's
+	inbox    func(deduplication.Store, string, sluice.KeyFunc) *deduplication.Config // the receiver's
 	store    *sluicesql.Outbox
 	receiver *rabbitmq.Broker
 	relay    *outbox.Relay

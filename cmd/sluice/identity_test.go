@@ -43,7 +43,7 @@ func newFixable(t *testing.T, b *bed) *fixable {
 	f := &fixable{schema: testenv.Schema(t, db)}
 	f.outcome = f.schema + ".sluice_replay"
 	outcomes := testenv.OutcomeStore(t, db, f.outcome)
-	before, after := deduplication.KeyFromJSON("eventId"), deduplication.KeyFromJSON("event_id")
+	before, after := sluice.KeyFromJSON("eventId"), sluice.KeyFromJSON("event_id")
 	sub, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})
 	require.NoError(t, err)
 	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})

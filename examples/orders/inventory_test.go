@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
-	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/service"
 	"github.com/sluicemq/sluice/sluicetest"
@@ -25,7 +24,7 @@ func newInventory(t testing.TB) *sluicetest.Harness {
 	return sluicetest.New(t, sluicetest.Config{
 		Handler: service.Handler{
 			Name:              "inventory",
-			Key:               deduplication.KeyFromJSON("eventId"),
+			Key:               sluice.KeyFromJSON("eventId"),
 			PublishingHandler: (&inventory{}).reserve,
 			PublishTopic:      rejectedTopic,
 		},

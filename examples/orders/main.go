@@ -169,7 +169,7 @@ func run(ctx context.Context, cfg config) (_ *summary, err error) {
 	err = svc.Add(service.Handler{
 		Name:              inventoryHandler,
 		Broker:            e.broker(inventoryHandler),
-		Key:               deduplication.KeyFromJSON("eventId"),
+		Key:               sluice.KeyFromJSON("eventId"),
 		PublishingHandler: (&inventory{tables: e.tables()}).reserve,
 		PublishTopic:      e.rejectionTopic(),
 	})
@@ -181,7 +181,7 @@ func run(ctx context.Context, cfg config) (_ *summary, err error) {
 	err = svc.Add(service.Handler{
 		Name:         orderLogHandler,
 		Broker:       e.broker(orderLogHandler),
-		Key:          deduplication.KeyFromJSON("eventId"),
+		Key:          sluice.KeyFromJSON("eventId"),
 		BatchHandler: &deduplication.BatchHandler{Handle: (&orderLog{tables: e.tables()}).record},
 	})
 	if err != nil {

@@ -21,7 +21,7 @@ func TestOrderLogOnTheKit(t *testing.T) {
 	h := sluicetest.New(t, sluicetest.Config{
 		Handler: service.Handler{
 			Name:         orderLogHandler,
-			Key:          deduplication.KeyFromJSON("eventId"),
+			Key:          sluice.KeyFromJSON("eventId"),
 			BatchHandler: &deduplication.BatchHandler{Handle: (&orderLog{}).record},
 		},
 		Setup: createTables,

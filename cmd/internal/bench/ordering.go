@@ -239,7 +239,7 @@ func orderRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publishe
 		Recoverer: &stage.RecovererConfig{},
 	}
 	if oc.ordered {
-		stages.Order = &ordering.Config{Store: store, Key: deduplication.KeyFromMetadata(orderKeyHeader)}
+		stages.Order = &ordering.Config{Store: store, Key: sluice.KeyFromMetadata(orderKeyHeader)}
 	}
 	if _, err := router.Add(r, router.HandlerConfig{
 		Name: name, Topic: topo.Config().Queue, Subscriber: sub,

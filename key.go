@@ -1,4 +1,4 @@
-package deduplication
+package sluice
 
 import (
 	"bytes"
@@ -12,10 +12,12 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/keysource"
 )
 
-// KeyError reports why no deduplication key could be taken from a message:
-// the message is poison. Match it with errors.As.
+// KeyError reports why no key could be taken from a message — the inbox's
+// deduplication key (package deduplication), the ordering stage's entity
+// (package ordering): the message is poison. Match it with errors.As.
 type KeyError struct {
 	// Source names where the key was looked for, e.g. `metadata "sluice_event_id"`
 	// or `JSON field "eventId"`.
@@ -37,31 +39,19 @@ func (e *KeyError) Error() string {
 // Unwrap returns the underlying error.
 func (e *KeyError) Unwrap() error { return e.Err }
 
-// KeyFunc returns the deduplication key of a message: a business event id,
-// stable across redeliveries and republishing. It must not return the
-// broker's or Watermill's message id. A message without a usable key gives a
-// *KeyError.
+// KeyFunc returns a key of a message. The inbox's (deduplication.Config.Key,
+// service.Handler.Key) is its deduplication key: a business event id, stable
+// across redeliveries and republishing, never the broker's or Watermill's
+// message id. The ordering stage's (ordering.Config.Key,
+// service.Handler.OrderBy) is the entity whose events apply in order. A
+// message without a usable key gives a *KeyError.
 type KeyFunc func(msg *message.Message) (string, error)
-
-// sources collects, on the inbox stage's error path, the descriptions of the
-// key functions of this package that ran (see deduplicator.keySource).
-type (
-	sources    []string
-	sourcesKey struct{}
-)
-
-// noteSource records source when the inbox stage asks which key functions ran.
-func noteSource(msg *message.Message, source string) {
-	if s, ok := msg.Context().Value(sourcesKey{}).(*sources); ok {
-		*s = append(*s, source)
-	}
-}
 
 // KeyFromMetadata takes the key from the metadata field name.
 func KeyFromMetadata(name string) KeyFunc {
 	source := fmt.Sprintf("metadata %q", name)
 	return func(msg *message.Message) (string, error) {
-		noteSource(msg, source)
+		keysource.Note(msg.Context(), source) // for the inbox's error path (internal/keysource)
 		v, ok := msg.Metadata[name]
 		if !ok {
 			return "", &KeyError{Source: source, Reason: "missing"}
@@ -112,7 +102,7 @@ func KeyFromJSONInteger(path ...string) KeyFunc {
 func keyFromJSON(path []string, wrongType string, scalar func(raw json.RawMessage) (string, string)) KeyFunc {
 	source := fmt.Sprintf("JSON field %q", strings.Join(path, "."))
 	return func(msg *message.Message) (string, error) {
-		noteSource(msg, source)
+		keysource.Note(msg.Context(), source) // for the inbox's error path (internal/keysource)
 		if len(path) == 0 {
 			return "", &KeyError{Source: source, Reason: "no field named"}
 		}

@@ -1,4 +1,4 @@
-package deduplication_test
+package sluice_test
 
 import (
 	"encoding/json"
@@ -8,7 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice"
 )
 
 // FuzzKeyFromJSON: any payload gives a non-empty key or a *KeyError, never a
@@ -29,17 +29,17 @@ func FuzzKeyFromJSON(f *testing.F) {
 	f.Add([]byte(`{"EventId":"X"}`))
 	f.Add([]byte(`{"Order":{"ID":"X"},"order":{"id":"Y"}}`))
 	f.Add([]byte("{\"\u212aey\":\"k\",\"eventId\":\"e\"}"))
-	keys := []deduplication.KeyFunc{
-		deduplication.KeyFromJSON("eventId"),
-		deduplication.KeyFromJSON("order", "id"),
-		deduplication.KeyPrefix("P:", deduplication.KeyFromJSON("eventId")),
+	keys := []sluice.KeyFunc{
+		sluice.KeyFromJSON("eventId"),
+		sluice.KeyFromJSON("order", "id"),
+		sluice.KeyPrefix("P:", sluice.KeyFromJSON("eventId")),
 	}
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		msg := message.NewMessage("uuid", payload)
 		for _, k := range keys {
 			key, err := k(msg)
 			if err != nil {
-				if !errors.As(err, new(*deduplication.KeyError)) {
+				if !errors.As(err, new(*sluice.KeyError)) {
 					t.Fatalf("error %v is not a KeyError", err)
 				}
 				continue
