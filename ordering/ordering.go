@@ -93,8 +93,10 @@ func (c Config) withDefaults() (Config, error) {
 		return c, errors.New("ordering: Config.Consumer is required")
 	case c.Key == nil:
 		return c, errors.New("ordering: Config.Key is required (the message's ordering key: sluice.KeyFromMetadata or KeyFromJSON)")
-	case c.ResumeInterval < 0, c.StoreTimeout < 0:
-		return c, errors.New("ordering: Config.ResumeInterval and StoreTimeout must be positive")
+	case c.ResumeInterval < 0:
+		return c, errors.New("ordering: Config.ResumeInterval must not be negative")
+	case c.StoreTimeout < 0:
+		return c, errors.New("ordering: Env.StoreTimeout (the stage's own or router.Stages' and service.Config's shared Env) must not be negative: a negative StoreTimeout is the inbox's alone")
 	}
 	c.eventID = sluice.KeyFromMetadata(sluice.EventIDKey) // the inbox's default Key
 	if in := c.Inbox; in != nil {

@@ -135,9 +135,9 @@ func (c Config) validate() error {
 	case c.ParkTopic == c.Topic:
 		return fmt.Errorf("poison: Config.ParkTopic must not be the poison queue %q", c.Topic)
 	case c.PublishBackoff < 0:
-		return fmt.Errorf("poison: Config.PublishBackoff must not be negative, got %s", c.PublishBackoff)
+		return fmt.Errorf("poison: Env.PublishBackoff (the stage's own or router.Stages' and service.Config's shared Env) must not be negative, got %s", c.PublishBackoff)
 	case c.PublishTimeout < 0:
-		return fmt.Errorf("poison: Config.PublishTimeout must not be negative, got %s", c.PublishTimeout)
+		return fmt.Errorf("poison: Env.PublishTimeout (the stage's own or router.Stages' and service.Config's shared Env) must not be negative, got %s", c.PublishTimeout)
 	}
 	return nil
 }

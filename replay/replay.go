@@ -159,7 +159,7 @@ func (c Config) validate() error {
 		return err
 	}
 	if c.StoreTimeout < 0 {
-		return fmt.Errorf("replay: Config.StoreTimeout must be positive, got %s", c.StoreTimeout)
+		return fmt.Errorf("replay: Env.StoreTimeout (the stage's own or router.Stages' and service.Config's shared Env) must not be negative, got %s: a negative StoreTimeout is the inbox's alone", c.StoreTimeout)
 	}
 	return nil
 }

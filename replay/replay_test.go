@@ -157,6 +157,12 @@ func TestConfigAndTableErrors(t *testing.T) {
 	t.Parallel()
 	_, err := replay.New(replay.Config{})
 	require.ErrorContains(t, err, "Config.Store is required")
+	// A negative StoreTimeout given once to every stage (router.Stages.Env)
+	// is refused by the stage where it is not the inbox's, naming the field
+	// where it was set.
+	_, err = replay.New(replay.Config{Store: failing{}, Env: sluice.Env{StoreTimeout: -1}})
+	require.ErrorContains(t, err, "Env.StoreTimeout (the stage's own or router.Stages' and service.Config's shared Env) must not be negative")
+	require.ErrorContains(t, err, "the inbox's alone")
 }
 
 // With Config.InUnitOfWork the "processed" outcome is written in the inbox's

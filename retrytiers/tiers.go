@@ -97,9 +97,9 @@ func (c Config) validate() error {
 	}
 	switch {
 	case c.PublishBackoff < 0:
-		return fmt.Errorf("retrytiers: Config.PublishBackoff must not be negative, got %s", c.PublishBackoff)
+		return fmt.Errorf("retrytiers: Env.PublishBackoff (the stage's own or router.Stages' and service.Config's shared Env) must not be negative, got %s", c.PublishBackoff)
 	case c.PublishTimeout < 0:
-		return fmt.Errorf("retrytiers: Config.PublishTimeout must not be negative, got %s", c.PublishTimeout)
+		return fmt.Errorf("retrytiers: Env.PublishTimeout (the stage's own or router.Stages' and service.Config's shared Env) must not be negative, got %s", c.PublishTimeout)
 	}
 	return nil
 }
