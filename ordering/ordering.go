@@ -18,6 +18,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/internal/diag"
+	"github.com/sluicemq/sluice/internal/inherit"
 	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/telemetry"
 )
@@ -96,7 +97,7 @@ func (c Config) withDefaults() (Config, error) {
 	case c.ResumeInterval < 0:
 		return c, errors.New("ordering: Config.ResumeInterval must not be negative")
 	case c.StoreTimeout < 0:
-		return c, errors.New("ordering: Env.StoreTimeout (the stage's own or router.Stages' and service.Config's shared Env) must not be negative: a negative StoreTimeout is the inbox's alone")
+		return c, errors.New("ordering: " + inherit.Field("StoreTimeout") + " must not be negative: a negative StoreTimeout is the inbox's alone")
 	}
 	c.eventID = sluice.KeyFromMetadata(sluice.EventIDKey) // the inbox's default Key
 	if in := c.Inbox; in != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/sluicemq/sluice/internal/clock"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/envsigner"
+	"github.com/sluicemq/sluice/internal/inherit"
 	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/poisonqueue"
 	"github.com/sluicemq/sluice/internal/republish"
@@ -135,9 +136,9 @@ func (c Config) validate() error {
 	case c.ParkTopic == c.Topic:
 		return fmt.Errorf("poison: Config.ParkTopic must not be the poison queue %q", c.Topic)
 	case c.PublishBackoff < 0:
-		return fmt.Errorf("poison: Env.PublishBackoff (the stage's own or router.Stages' and service.Config's shared Env) must not be negative, got %s", c.PublishBackoff)
+		return fmt.Errorf("poison: %s must not be negative, got %s", inherit.Field("PublishBackoff"), c.PublishBackoff)
 	case c.PublishTimeout < 0:
-		return fmt.Errorf("poison: Env.PublishTimeout (the stage's own or router.Stages' and service.Config's shared Env) must not be negative, got %s", c.PublishTimeout)
+		return fmt.Errorf("poison: %s must not be negative, got %s", inherit.Field("PublishTimeout"), c.PublishTimeout)
 	}
 	return nil
 }

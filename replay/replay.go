@@ -37,6 +37,7 @@ import (
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/envsigner"
+	"github.com/sluicemq/sluice/internal/inherit"
 	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/unitofwork"
@@ -159,7 +160,7 @@ func (c Config) validate() error {
 		return err
 	}
 	if c.StoreTimeout < 0 {
-		return fmt.Errorf("replay: Env.StoreTimeout (the stage's own or router.Stages' and service.Config's shared Env) must not be negative, got %s: a negative StoreTimeout is the inbox's alone", c.StoreTimeout)
+		return fmt.Errorf("replay: %s must not be negative, got %s: a negative StoreTimeout is the inbox's alone", inherit.Field("StoreTimeout"), c.StoreTimeout)
 	}
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/sluicemq/sluice/internal/clock"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/envsigner"
+	"github.com/sluicemq/sluice/internal/inherit"
 	"github.com/sluicemq/sluice/internal/republish"
 	"github.com/sluicemq/sluice/internal/stack"
 	"github.com/sluicemq/sluice/internal/telemetry"
@@ -97,9 +98,9 @@ func (c Config) validate() error {
 	}
 	switch {
 	case c.PublishBackoff < 0:
-		return fmt.Errorf("retrytiers: Env.PublishBackoff (the stage's own or router.Stages' and service.Config's shared Env) must not be negative, got %s", c.PublishBackoff)
+		return fmt.Errorf("retrytiers: %s must not be negative, got %s", inherit.Field("PublishBackoff"), c.PublishBackoff)
 	case c.PublishTimeout < 0:
-		return fmt.Errorf("retrytiers: Env.PublishTimeout (the stage's own or router.Stages' and service.Config's shared Env) must not be negative, got %s", c.PublishTimeout)
+		return fmt.Errorf("retrytiers: %s must not be negative, got %s", inherit.Field("PublishTimeout"), c.PublishTimeout)
 	}
 	return nil
 }

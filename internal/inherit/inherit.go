@@ -39,3 +39,10 @@ func Env(own, parent sluice.Env) sluice.Env {
 	}
 	return own
 }
+
+// Field names field of a stage's Env in an error message, saying where it
+// may have come from: the stage's own Env or the one router.Stages and
+// service.Config give every stage.
+func Field(field string) string {
+	return "Env." + field + " (the stage's own or router.Stages' and service.Config's shared Env)"
+}
