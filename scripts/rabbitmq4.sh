@@ -28,6 +28,10 @@
 #   SLUICE_RABBITMQ4_MIRROR     Debian mirror for debootstrap (default http://deb.debian.org/debian);
 #                               checked first: one that does not answer within 20 s fails the build at once
 #   SLUICE_RABBITMQ4_TIMEOUT    seconds to wait for the node to start (default 120)
+#   SLUICE_RABBITMQ_DLX_CONFIRM_TIMEOUT  the node's dead_letter_worker_publisher_confirm_timeout
+#                               in milliseconds (default 10000; RabbitMQ's is 180000), through
+#                               advanced.config: how soon a quorum queue's dead-letter worker
+#                               sends again a copy a restarting broker refused (scripts/services.sh)
 # Needs root (debootstrap, mount, chroot). Idempotent.
 set -euo pipefail
 
@@ -37,6 +41,7 @@ port=${SLUICE_RABBITMQ4_PORT:-5682}
 dist_port=${SLUICE_RABBITMQ4_DIST_PORT:-25682}
 mirror=${SLUICE_RABBITMQ4_MIRROR:-http://deb.debian.org/debian}
 timeout=${SLUICE_RABBITMQ4_TIMEOUT:-120}
+dlx_confirm_timeout=${SLUICE_RABBITMQ_DLX_CONFIRM_TIMEOUT:-10000}
 # The node's files, inside the directory (paths as the chroot sees them).
 state=${SLUICE_RABBITMQ4_STATE:-/var/lib/sluice-rmq4}
 # home holds the Erlang cookie every node of the directory and its
@@ -52,6 +57,7 @@ port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 # shellcheck source=scripts/apt.sh
 . "$(dirname "$0")/apt.sh"
 
+[[ $dlx_confirm_timeout =~ ^[0-9]+$ ]] || die "SLUICE_RABBITMQ_DLX_CONFIRM_TIMEOUT must be milliseconds, got $dlx_confirm_timeout"
 case $port in 5672 | 4369 | 25672) die "port $port belongs to the 3.10 node or epmd" ;; esac
 
 # inroot runs a command in the directory, with HOME where the node's Erlang
@@ -131,6 +137,8 @@ configure() {
   printf 'listeners.tcp.default = 127.0.0.1:%s\nloopback_users.guest = true\n%s\n%s\n' "$port" \
     'deprecated_features.permit.transient_nonexcl_queues = false' 'deprecated_features.permit.global_qos = false' |
     as_root tee "$root$state/rabbitmq.conf" >/dev/null
+  printf '[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, %s}]}].\n' "$dlx_confirm_timeout" |
+    as_root tee "$root$state/advanced.config" >/dev/null
   # The consistent-hash exchange, for partitioned topologies
   # (TopologyConfig.Partitions); a node already running gets it in start.
   printf '[%s].\n' "$plugins" | as_root tee "$root$state/enabled_plugins" >/dev/null
@@ -152,7 +160,7 @@ launch() {
   # file in its state directory.
   as_root setsid chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME="$home" LANG=C.UTF-8 \
     RABBITMQ_NODENAME="$node" RABBITMQ_NODE_PORT="$port" RABBITMQ_DIST_PORT="$dist_port" \
-    RABBITMQ_CONFIG_FILE="$state/rabbitmq.conf" RABBITMQ_MNESIA_BASE="$state/mnesia" \
+    RABBITMQ_CONFIG_FILE="$state/rabbitmq.conf" RABBITMQ_ADVANCED_CONFIG_FILE="$state/advanced.config" RABBITMQ_MNESIA_BASE="$state/mnesia" \
     RABBITMQ_LOG_BASE="$state/log" RABBITMQ_ENABLED_PLUGINS_FILE="$state/enabled_plugins" \
     RABBITMQ_PID_FILE="$state/pid" \
     /usr/lib/rabbitmq/bin/rabbitmq-server >"$root$state/stdout.log" 2>&1 </dev/null &
@@ -201,6 +209,15 @@ await() {
 
 start() {
   build
+  if running && port_open "$port" && [ "$(dlx_timeout_now)" != "{ok,$dlx_confirm_timeout}" ]; then
+    log "restarting $node: its dead_letter_worker_publisher_confirm_timeout is not $dlx_confirm_timeout ms"
+    ctl stop >/dev/null
+    local deadline=$((SECONDS + 60))
+    while port_open "$port"; do
+      [ "$SECONDS" -lt "$deadline" ] || die "node $node still serves 127.0.0.1:$port 60 s after rabbitmqctl stop"
+      sleep 1
+    done
+  fi
   if running && port_open "$port"; then
     enable_plugins
     return
@@ -221,6 +238,8 @@ enable_plugins() {
   log "enabling $plugins on $node"
   plugins_ctl enable "$plugins" >/dev/null
 }
+
+dlx_timeout_now() { ctl -q eval 'application:get_env(rabbit, dead_letter_worker_publisher_confirm_timeout).' 2>/dev/null; }
 
 version() { ctl -q eval 'rabbit_misc:version().' 2>/dev/null | tr -d '"' || echo 4.0; }
 

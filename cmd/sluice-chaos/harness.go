@@ -228,10 +228,11 @@ type world struct {
 // quorumRestartGrace is what a scenario that restarts the broker on quorum
 // queues gets beyond -timeout: a quorum tier's dead-letter worker whose
 // copy the restarted broker refused sends it again only after
-// dead_letter_worker_publisher_confirm_timeout, 180 s by default
-// (docs/retry-tiers.md, "copies late, not lost"): seen once in ten loaded
-// runs, rabbitmq-restart settling in 3m9.6s on RabbitMQ 3.10.
-// (cluster-node-kill's private nodes are given a shorter confirm timeout.)
+// dead_letter_worker_publisher_confirm_timeout (docs/retry-tiers.md,
+// "copies late, not lost"). The suite's brokers have 10 s (make services;
+// cluster-node-kill's private nodes -dlx-confirm-timeout); the grace is
+// for a broker with RabbitMQ's default, 180 s, where rabbitmq-restart once
+// settled in 3m9.6s on RabbitMQ 3.10.
 const quorumRestartGrace = 3 * time.Minute
 
 func runScenario(parent context.Context, o options, scenario string) (string, error) {

@@ -149,6 +149,12 @@ type PrivateRabbitMQOptions struct {
 // TLSFiles are PEM files of a TLS listener.
 type TLSFiles struct{ CA, Cert, Key []byte }
 
+// DeadLetterConfirmTimeout is the dead_letter_worker_publisher_confirm_timeout
+// of the suite's brokers: the private nodes started here, the shared 3.10
+// broker and the 4.0 node (scripts/services.sh and scripts/rabbitmq4.sh
+// write the same value). RabbitMQ's default is 180 s.
+const DeadLetterConfirmTimeout = 10 * time.Second
+
 // StartPrivateRabbitMQ starts a RabbitMQ node of t's own on a free port
 // (name, ports, data and config of its own; no plugins: not even
 // rabbitmq_consistent_hash_exchange, which the shared brokers have) and stops it, with
@@ -236,6 +242,13 @@ func (r *PrivateRabbitMQ) start(o PrivateRabbitMQOptions, port, distPort int) er
 	if err := os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte(conf), 0o644); err != nil {
 		return err
 	}
+	// The suite's brokers resend a quorum queue's dead-lettered copy a
+	// restarting broker refused after 10 s, not RabbitMQ's 180 s
+	// (scripts/services.sh says why; docs/retry-tiers.md).
+	advanced := fmt.Sprintf("[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, %d}]}].\n", DeadLetterConfirmTimeout.Milliseconds())
+	if err := os.WriteFile(filepath.Join(dir, "advanced.config"), []byte(advanced), 0o644); err != nil {
+		return err
+	}
 	plugins := "[" + strings.Join(enabled, ",") + "].\n"
 	if err := os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte(plugins), 0o644); err != nil {
 		return err
@@ -254,7 +267,8 @@ func (r *PrivateRabbitMQ) start(o PrivateRabbitMQOptions, port, distPort int) er
 	}
 	cmd := rabbitmqCommand(context.Background(), []string{
 		"RABBITMQ_NODENAME=" + name, "RABBITMQ_NODE_PORT=" + strconv.Itoa(port), "RABBITMQ_DIST_PORT=" + strconv.Itoa(distPort),
-		"RABBITMQ_CONFIG_FILE=" + path.Join(nodeDir, "rabbitmq.conf"), "RABBITMQ_MNESIA_BASE=" + path.Join(nodeDir, "mnesia"),
+		"RABBITMQ_CONFIG_FILE=" + path.Join(nodeDir, "rabbitmq.conf"), "RABBITMQ_ADVANCED_CONFIG_FILE=" + path.Join(nodeDir, "advanced.config"),
+		"RABBITMQ_MNESIA_BASE=" + path.Join(nodeDir, "mnesia"),
 		"RABBITMQ_LOG_BASE=" + path.Join(nodeDir, "log"), "RABBITMQ_ENABLED_PLUGINS_FILE=" + path.Join(nodeDir, "enabled_plugins"),
 	}, "rabbitmq-server", "-detached")
 	if out, err := cmd.CombinedOutput(); err != nil {

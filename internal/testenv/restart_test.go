@@ -77,6 +77,9 @@ func TestRestartAppOnAPrivateNode(t *testing.T) {
 	out, err := node.NodeCtl()(t.Context(), "-q", "eval", "rabbit:is_running().")
 	require.NoError(t, err)
 	require.Equal(t, "true", strings.TrimSpace(out))
+	out, err = node.NodeCtl()(t.Context(), "-q", "eval", dlxConfirmTimeout)
+	require.NoError(t, err)
+	require.Equal(t, wantDLXConfirmTimeout(), strings.TrimSpace(out), "a private node keeps the suite's dead-letter confirm timeout through a restart")
 	log := testenv.NodeLog(t.Context(), node.NodeCtl(), testenv.RabbitMQRoot)
 	require.False(t, strings.HasPrefix(log, "("), "the node's log is read: %s", log)
 }
