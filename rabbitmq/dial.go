@@ -65,6 +65,7 @@ func (c Connection) dialContext(ctx context.Context, name string, start int) (*a
 // dialNode connects to the node at url.
 func (c Connection) dialNode(ctx context.Context, url, name string) (*amqp.Connection, error) {
 	var stop func() bool
+	var deadline time.Time // the handshakes', once the socket is open
 	defer func() {
 		if stop != nil {
 			stop()
@@ -78,7 +79,8 @@ func (c Connection) dialNode(ctx context.Context, url, name string) (*amqp.Conne
 			if err != nil {
 				return nil, err
 			}
-			if err := nc.SetDeadline(time.Now().Add(c.DialTimeout)); err != nil { // the TLS and AMQP handshakes
+			deadline = time.Now().Add(c.DialTimeout)
+			if err := nc.SetDeadline(deadline); err != nil { // the TLS and AMQP handshakes
 				_ = nc.Close()
 				return nil, err
 			}
@@ -97,6 +99,12 @@ func (c Connection) dialNode(ctx context.Context, url, name string) (*amqp.Conne
 	// table the client would refuse does not close the connection.
 	conn, err := amqp.DialConfig(u, cfg)
 	if err != nil {
+		// The bound that ended it, so a log line says which setting to look
+		// at: the TCP connect's timeout, or the handshakes' deadline (the
+		// client reports that one as a frame error, 501).
+		if ne := net.Error(nil); ctx.Err() == nil && (errors.As(err, &ne) && ne.Timeout() || !deadline.IsZero() && !time.Now().Before(deadline)) {
+			return nil, fmt.Errorf("rabbitmq: connecting to %s: no answer within DialTimeout (%s): %w", diag.RedactURL(url), c.DialTimeout, diag.RedactError(err))
+		}
 		return nil, fmt.Errorf("rabbitmq: connecting to %s: %w", diag.RedactURL(url), diag.RedactError(err))
 	}
 	return conn, nil

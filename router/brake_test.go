@@ -107,7 +107,7 @@ func TestBrakeOutageLongerThanTheLadder(t *testing.T) {
 	done := testenv.RunRouter(context.Background(), r)
 	t.Cleanup(func() { require.NoError(t, r.Close()); require.NoError(t, <-done) })
 
-	require.Eventually(t, func() bool { return rows() >= 1000 }, time.Minute, 10*time.Millisecond)
+	require.NoError(t, testenv.AwaitCount(1000, time.Minute, 10*time.Minute, func() int { return min(rows(), 1000) }), "rows before the outage")
 	conn := testenv.AMQP(t)
 	var mu sync.Mutex
 	minConsumers, maxTierDepth := 1<<30, 0
@@ -148,8 +148,19 @@ func TestBrakeOutageLongerThanTheLadder(t *testing.T) {
 	})
 	outage := time.Since(stopped)
 	pg.Start(t)
-	require.Eventually(t, func() bool { return rows() == events }, 2*time.Minute, 50*time.Millisecond,
-		"every event processed after the outage")
+	if err := testenv.AwaitCount(events, time.Minute, 10*time.Minute, rows); err != nil {
+		// What stands still: the rows, the queues, the brake.
+		depths := map[string]int{queue: testenv.QueueDepth(t, conn, queue), q.Topology().Config().PoisonQueue: testenv.QueueDepth(t, conn, q.Topology().Config().PoisonQueue)}
+		for _, tier := range tiers {
+			depths[tier.Topic] = testenv.QueueDepth(t, conn, tier.Topic)
+		}
+		t.Fatalf("every event processed after the outage: %v (%s); queue depths %v, consumers %d; brake engaged %d, released %d, probes failed %d, held %d; retries %d",
+			err, outage.Round(time.Millisecond), depths, testenv.QueueConsumers(t, conn, queue),
+			testenv.CounterWhere(t, reader, telemetry.MetricBrakeTransitions, string(telemetry.AttrBrakeState), "engaged"),
+			testenv.CounterWhere(t, reader, telemetry.MetricBrakeTransitions, string(telemetry.AttrBrakeState), "released"),
+			testenv.CounterWhere(t, reader, telemetry.MetricBrakeProbes, string(telemetry.AttrBrakeProbeResult), "failed"),
+			testenv.CounterSum(t, reader, telemetry.MetricBrakeHeld), testenv.CounterSum(t, reader, telemetry.MetricRetries))
+	}
 	stopWatch()
 	<-watched
 
