@@ -28,15 +28,18 @@ type ReplayConfig struct {
 	Batch  int     // messages published, confirmed and acked together; default 10
 	DryRun bool    // select and count, change nothing
 	To     string  // replay every message to this queue instead of its sluice_poison_queue
-	// Progress is called after each batch with the counts so far.
-	Progress func(done int)
 	// Run, when set, is the replay run: each copy carries replay.RunKey and
-	// replay.ItemKey (Message.Item). Published is called with each group
-	// once its publish is confirmed, before the originals are acked: an
-	// item is recorded only if it was sent (and if the process dies before
-	// the record, the consumer's own record of its outcome creates it). Its
-	// context is not cancelled by an interrupt (afterConfirm).
-	Run       string
+	// replay.ItemKey (Message.Item).
+	Run string
+	// Published, when set, is called with each group of a batch (the
+	// messages to one target) once its publish is confirmed, before the
+	// originals are acked: the replay's one report of what it moved as it
+	// goes — a run's record of what was sent (an item is recorded only if
+	// it was sent; if the process dies before the record, the consumer's own
+	// record of its outcome creates it), or a progress count (the sum of
+	// len(ms) so far). Its context is not cancelled by an interrupt
+	// (afterConfirm); an error stops the replay, the group published and
+	// still in the poison queue. A dry run calls it for none.
 	Published func(context.Context, []*Message) error
 	// Targets are the queues the replay may publish to: To, and the queue
 	// each message names (its sluice_poison_queue, a header anyone who can
@@ -139,9 +142,6 @@ func replayOn(ctx context.Context, conn *amqp.Connection, cfg ReplayConfig) (Res
 			res.ByTarget[target] += len(ms)
 		}
 		batch = batch[:0]
-		if cfg.Progress != nil {
-			cfg.Progress(res.Replayed)
-		}
 		return nil
 	}
 	err := scanSelected(ctx, conn, cfg.queue, cfg.Filter, cfg.Limit, &res, func(m *Message) error {

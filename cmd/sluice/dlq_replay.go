@@ -79,7 +79,7 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 			prog := newProgress(out, ff.queue, queueDepth(conn, ff.queue))
 			cfg := dlq.ReplayConfig{
 				Filter: f, Limit: ff.limit, Rate: r, Batch: batch, DryRun: dryRun,
-				To: to, Progress: prog.update, Targets: targets,
+				To: to, Targets: targets,
 			}
 			op := dlq.Config{Operator: g.operator, Publisher: pub, Signer: signer}
 			var res dlq.Result
@@ -91,9 +91,9 @@ func newReplay(g *globals, out io.Writer) *cobra.Command {
 				}
 				defer closeStore()
 				cfg.Run = newRun("run")
-				cfg.Progress = nil
 				res, runErr = closedLoop(ctx, dlq.Open(conn, ff.queue, op), cfg, dlq.Loop{Sizes: sizes, Canary: lf.canary > 0, MaxRepoison: maxRepoison, Store: store, Wait: lf.wait, Where: outcomesPlace(lf.outcomes, lf.table)}, out)
 			} else {
+				cfg.Published = prog.published
 				res, runErr = dlq.Open(conn, ff.queue, op).Replay(ctx, cfg)
 			}
 			runErr = flagHints(runErr)
@@ -143,6 +143,7 @@ type progressView struct {
 	tracker *progress.Tracker
 	last    int
 	total   int
+	moved   int // the messages confirmed so far
 }
 
 // queueDepth is queue's ready messages now, or 0 when it cannot be read.
@@ -171,6 +172,14 @@ func newProgress(out io.Writer, queue string, total int) *progressView {
 		go v.pw.Render()
 	}
 	return v
+}
+
+// published is the replay's Published: it counts the messages confirmed
+// so far and shows the count.
+func (v *progressView) published(_ context.Context, ms []*dlq.Message) error {
+	v.moved += len(ms)
+	v.update(v.moved)
+	return nil
 }
 
 func (v *progressView) update(done int) {
