@@ -352,6 +352,8 @@ func TestArchiveRestoreDiscard(t *testing.T) {
 	for _, d := range after { // back into the poison queue for the discard
 		require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, false, false, amqp.Publishing{Headers: d.Headers, Body: d.Body}))
 	}
+	// Published without a confirm: another channel's count may not have them yet.
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, b.topo.Config().PoisonQueue) == 2 }, time.Minute, 10*time.Millisecond)
 	code, _, errOut = b.cli(t, "dlq", "discard", "--queue", b.topo.Config().PoisonQueue)
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "--reason is required")
