@@ -9,8 +9,8 @@
 // Content-Security-Policy allows no script at all; every message field is
 // escaped and bounded; no URL or DSN is ever rendered. Off loopback, a
 // listener must authenticate: CheckAddr refuses an address that is not a
-// loopback one unless a Token is set or the host's own middleware
-// authenticates (Config.HostAuthenticates).
+// loopback one unless every request is authenticated — by Config.Token, or
+// by the host's own middleware.
 package console
 
 import (
@@ -133,9 +133,6 @@ type Config struct {
 	// 10,000 addresses remembered, the others sharing one allowance) and
 	// logged.
 	Token string
-	// HostAuthenticates says the host service's own middleware
-	// authenticates every request before the console sees it (CheckAddr).
-	HostAuthenticates bool
 	// SampleInterval is how often the console reads the depth of each
 	// family's main and poison queue, from New until Close, for the
 	// overview's chart. Default 10 s; negative:
@@ -197,17 +194,20 @@ type Console struct {
 }
 
 // ErrNoAuth refuses to serve off loopback without authentication.
-var ErrNoAuth = errors.New("console: refusing to listen off loopback without authentication: set Config.Token, or put the console behind your service's own authentication (Config.HostAuthenticates)")
+var ErrNoAuth = errors.New("console: refusing to listen off loopback without authentication: set Config.Token, or put the console behind your service's own authentication")
 
-// CheckAddr returns ErrNoAuth when addr is not a loopback address and cfg
-// has no Token and does not say the host authenticates. An empty host
-// (":8080") listens on every interface: not loopback.
-func CheckAddr(addr string, cfg Config) error {
+// CheckAddr is what whoever opens the console's listener asks first: it
+// returns ErrNoAuth when addr is not a loopback address and the requests
+// are not authenticated — authenticated is true when Config.Token is set
+// (cfg.Token != "") or the host's own middleware authenticates every
+// request before the console sees it. An empty host (":8080") listens on
+// every interface: not loopback.
+func CheckAddr(addr string, authenticated bool) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("console: address %q: %w", addr, err)
 	}
-	if cfg.Token != "" || cfg.HostAuthenticates {
+	if authenticated {
 		return nil
 	}
 	if host == "localhost" {

@@ -14,14 +14,13 @@ import (
 // (internal/readme checks the snippet is here).
 func mountTheConsole(mux *http.ServeMux, conn rabbitmq.Connection, publisher *rabbitmq.Publisher, tiers []string, outcomes ledger.Ledger) error {
 	c, err := console.New(console.Config{
-		Prefix:            "/sluice",
-		Dial:              func() (*amqp.Connection, error) { return rabbitmq.Dial(conn, "") },
-		Publisher:         publisher, // a *rabbitmq.Publisher: replayed copies are confirmed
-		Queues:            []console.Queue{{Name: "orders", Tiers: tiers, Poison: "orders.poison"}},
-		Outcomes:          outcomes, // the service's replay store (sluicesql.Outcomes on its *sqlx.DB)
-		AuditFile:         "/var/log/sluice-audit.jsonl",
-		Operator:          func(r *http.Request) string { return userFrom(r) },
-		HostAuthenticates: true, // the service's own middleware authenticates every request
+		Prefix:    "/sluice",
+		Dial:      func() (*amqp.Connection, error) { return rabbitmq.Dial(conn, "") },
+		Publisher: publisher, // a *rabbitmq.Publisher: replayed copies are confirmed
+		Queues:    []console.Queue{{Name: "orders", Tiers: tiers, Poison: "orders.poison"}},
+		Outcomes:  outcomes, // the service's replay store (sluicesql.Outcomes on its *sqlx.DB)
+		AuditFile: "/var/log/sluice-audit.jsonl",
+		Operator:  func(r *http.Request) string { return userFrom(r) },
 	})
 	if err != nil {
 		return err

@@ -55,7 +55,7 @@ func newConsole(g *globals, out io.Writer) *cobra.Command {
 					return usageError{errors.New("--token-file: the token must be at least 16 characters")}
 				}
 			}
-			if err := console.CheckAddr(addr, cfg); err != nil {
+			if err := console.CheckAddr(addr, cfg.Token != ""); err != nil {
 				return usageError{fmt.Errorf("%w (--token-file sets the token)", err)}
 			}
 			if !readOnly {

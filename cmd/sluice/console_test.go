@@ -330,17 +330,25 @@ func TestConsoleRendersHostileContentsInert(t *testing.T) {
 func TestConsoleRefusesWhatIsNotSafe(t *testing.T) {
 	t.Parallel()
 	for _, addr := range []string{"0.0.0.0:0", ":8080", "192.0.2.1:80"} {
-		require.ErrorIs(t, console.CheckAddr(addr, console.Config{}), console.ErrNoAuth, addr)
-		require.NoError(t, console.CheckAddr(addr, console.Config{Token: "0123456789abcdef"}), addr)
-		require.NoError(t, console.CheckAddr(addr, console.Config{HostAuthenticates: true}), addr)
+		require.ErrorIs(t, console.CheckAddr(addr, false), console.ErrNoAuth, addr)
+		require.NoError(t, console.CheckAddr(addr, true), addr) // a Token, or the host's own middleware
 	}
 	for _, addr := range []string{"127.0.0.1:0", "[::1]:0", "localhost:0"} {
-		require.NoError(t, console.CheckAddr(addr, console.Config{}), addr)
+		require.NoError(t, console.CheckAddr(addr, false), addr)
 	}
 	b := newBed(t)
 	code, _, errOut := b.cli(t, "console", "--addr", "0.0.0.0:0", "--queue", b.topo.Config().Queue)
 	require.Equal(t, 2, code)
 	require.Contains(t, errOut, "refusing to listen off loopback without authentication")
+	// With --token-file the address passes (the command stops at the next
+	// check, an audit log it cannot write, before it listens).
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(tokenFile, []byte("0123456789abcdef\n"), 0o600))
+	code, _, errOut = b.cli(t, "console", "--addr", "0.0.0.0:0", "--token-file", tokenFile, "--queue", b.topo.Config().Queue,
+		"--audit", filepath.Join(t.TempDir(), "missing", "audit.jsonl"))
+	require.Equal(t, 1, code, errOut)
+	require.NotContains(t, errOut, "refusing to listen")
+	require.Contains(t, errOut, "the audit log cannot be written")
 
 	b.poisoned(t, "e1", "order.created", sluice.Poison(errors.New("bad")))
 	pq := b.topo.Config().PoisonQueue
