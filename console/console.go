@@ -104,7 +104,8 @@ type Config struct {
 	// Outcomes are the replay outcome records (the service's replay store,
 	// sluicesql.Outcomes or sluiceredis.Outcomes on the host's own connection);
 	// without them the closed loop is not offered. OutcomesWhere names their
-	// place in messages ("table T", "key prefix P:").
+	// place in a stopped replay's reason ("table T", "key prefix P:"); ""
+	// names none.
 	Outcomes      ledger.Ledger
 	OutcomesWhere string
 	// Outboxes are shown on the outbox page by name.

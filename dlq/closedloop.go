@@ -37,7 +37,7 @@ type Loop struct {
 	MaxRepoison float64
 	Store       ledger.Ledger
 	Wait        time.Duration // for each batch's outcomes
-	Where       string        // the records' place, for a message ("table T", "key prefix P:")
+	Where       string        // the records' place, for a message ("table T", "key prefix P:"); "": not named
 	// Batch, when set, is told of each batch once its outcomes are in (or
 	// its wait passed), before the next starts.
 	Batch func(Batch)
@@ -165,6 +165,9 @@ func judge(l Loop, stage string, step, size, replayed int, items map[string]bool
 	silent := n - len(heard) // items still only "replayed": no consumer's record
 	rate := float64(poisoned) / float64(n)
 	noStage := fmt.Sprintf("does the consumer run the replay stage (router.Stages.Replay) recording into %s of --outcomes? (a service.New with Config.Schema S records into --outcomes-table S.sluice_replay)", l.Where)
+	if l.Where == "" { // no place to name, nor the CLI's flag (a console mounted without OutcomesWhere)
+		noStage = "does the consumer run the replay stage (router.Stages.Replay) recording into the outcome records this replay reads? (a service.New with Config.Schema S records into S.sluice_replay)"
+	}
 	switch {
 	case silent == n:
 		b.Stopped = fmt.Sprintf("no outcome recorded within --wait %s for any of the %d events: %s", l.Wait, n, noStage)
