@@ -2,7 +2,7 @@
 // (Inbox, NewInbox), which cannot join the business transaction and so
 // guarantees less than the SQL one (sluicesql.Inbox): see Inbox.
 //
-//	inbox, err := sluiceredis.NewInbox(sluiceredis.InboxConfig{Client: rdb})
+//	inbox, err := sluiceredis.NewInbox(rdb, sluiceredis.InboxConfig{})
 //	stage, err := deduplication.New(deduplication.Config{Store: inbox, Consumer: "billing"})
 //
 // It links go-redis and no SQL driver; importing deduplication alone links

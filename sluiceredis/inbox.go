@@ -25,8 +25,6 @@ const (
 
 // InboxConfig configures an Inbox (NewInbox).
 type InboxConfig struct {
-	// Client is the Redis client. Required.
-	Client redis.UniversalClient
 	// Prefix starts every key the store writes. Default "sluice:inbox:".
 	Prefix string
 	// Lease is how long a claim holds a key while its handler runs. A
@@ -78,8 +76,6 @@ func (c InboxConfig) withDefaults() InboxConfig {
 // validate checks an InboxConfig with its defaults filled.
 func (c InboxConfig) validate() error {
 	switch {
-	case c.Client == nil:
-		return errors.New("sluiceredis: InboxConfig.Client is required")
 	case c.Lease < time.Millisecond:
 		return fmt.Errorf("sluiceredis: InboxConfig.Lease must be at least 1ms, got %s", c.Lease)
 	case c.Retention < c.Lease:
@@ -88,14 +84,17 @@ func (c InboxConfig) validate() error {
 	return nil
 }
 
-// NewInbox validates cfg and returns an Inbox.
-func NewInbox(cfg InboxConfig) (*Inbox, error) {
+// NewInbox validates cfg and returns the inbox on client.
+func NewInbox(client redis.UniversalClient, cfg InboxConfig) (*Inbox, error) {
+	if client == nil {
+		return nil, errors.New("sluiceredis: NewInbox: the client is required")
+	}
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	return &Inbox{
-		client:    cfg.Client,
+		client:    client,
 		prefix:    cfg.Prefix,
 		lease:     cfg.Lease,
 		retention: cfg.Retention,

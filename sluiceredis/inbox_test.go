@@ -25,7 +25,7 @@ func TestRedisStoreConformance(t *testing.T) {
 	t.Parallel()
 	deduplicationtest.Run(t, func(t *testing.T) deduplication.Store {
 		client, prefix := testenv.Redis(t)
-		s, err := sluiceredis.NewInbox(sluiceredis.InboxConfig{Client: client, Prefix: prefix})
+		s, err := sluiceredis.NewInbox(client, sluiceredis.InboxConfig{Prefix: prefix})
 		require.NoError(t, err)
 		return s
 	})
@@ -39,7 +39,7 @@ func TestRedisStoreConformance(t *testing.T) {
 func TestCommitOutlivesTheHandlersDeadline(t *testing.T) {
 	t.Parallel()
 	client, prefix := testenv.Redis(t)
-	store, err := sluiceredis.NewInbox(sluiceredis.InboxConfig{Client: client, Prefix: prefix, Lease: time.Second})
+	store, err := sluiceredis.NewInbox(client, sluiceredis.InboxConfig{Prefix: prefix, Lease: time.Second})
 	require.NoError(t, err)
 	inbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "mailer"})
 	require.NoError(t, err)

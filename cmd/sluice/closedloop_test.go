@@ -669,7 +669,7 @@ func TestClosedLoopOnRedis(t *testing.T) {
 	b := newBed(t)
 	b.goodAndBad(t, 40, 6)
 	client, prefix := testenv.Redis(t)
-	inbox, err := sluiceredis.NewInbox(sluiceredis.InboxConfig{Client: client, Prefix: prefix + "inbox:"})
+	inbox, err := sluiceredis.NewInbox(client, sluiceredis.InboxConfig{Prefix: prefix + "inbox:"})
 	require.NoError(t, err)
 	outcomesPrefix := strings.TrimSuffix(prefix, ":") + "_replay"
 	outcomes, err := sluiceredis.NewOutcomes(client, sluiceredis.OutcomesConfig{Prefix: outcomesPrefix + ":"})
