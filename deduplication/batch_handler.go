@@ -79,18 +79,12 @@ type BatchHandler struct {
 	// Concurrency is how many batches of the handler run at once, each on
 	// a connection of its own. Default 2.
 	Concurrency int
-	// TracerProvider gives the span of each batch ("sluice.batch"), linked
-	// to each delivery's span. Default the global OpenTelemetry provider.
-	TracerProvider trace.TracerProvider
 }
 
 func (c BatchHandler) withDefaults() BatchHandler {
 	c.MaxBatch = cmp.Or(c.MaxBatch, batchHandlerMaxBatchDefault)
 	c.MaxWait = cmp.Or(c.MaxWait, batchHandlerMaxWaitDefault)
 	c.Concurrency = cmp.Or(c.Concurrency, batchHandlerConcurrencyDefault)
-	if c.TracerProvider == nil {
-		c.TracerProvider = otel.GetTracerProvider()
-	}
 	return c
 }
 
@@ -134,6 +128,8 @@ type BatchClaimer interface {
 // stages (Classify, the brake, the retry tiers, poison, tracing) around it
 // as around the inbox (router.HandlerConfig.BatchHandler does).
 //
+// Each batch has a span ("sluice.batch"), linked to each delivery's span,
+// on cfg.Env.TracerProvider (default the global OpenTelemetry provider).
 // cfg.Batch (group commit) does not apply. On a store whose units of work
 // claim one key at a time only, the keys are claimed one statement each, in
 // the one transaction.
@@ -150,8 +146,12 @@ func NewBatchHandler(cfg Config, bh BatchHandler) (message.HandlerFunc, error) {
 	if d.batchSize, err = batchSizeHistogram(cfg); err != nil {
 		return nil, err
 	}
+	tp := cfg.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
 	g := &gatherer{d: d, cfg: bh, slots: make(chan struct{}, bh.Concurrency),
-		tracer: bh.TracerProvider.Tracer("github.com/sluicemq/sluice/deduplication")}
+		tracer: tp.Tracer("github.com/sluicemq/sluice/deduplication")}
 	return g.handle, nil
 }
 

@@ -48,7 +48,9 @@ type Config struct {
 	// give the Classify stage the same value (default
 	// sluice.DefaultClassifier()); MeterProvider, which receives the
 	// duplicates counter and, with Batch, the batch sizes (default the global
-	// OpenTelemetry provider); Logger, one debug line per duplicate (default
+	// OpenTelemetry provider); TracerProvider, which receives a batch
+	// handler's spans (NewBatchHandler; default the global provider);
+	// Logger, one debug line per duplicate (default
 	// watermill.NopLogger; router.Add gives the router's); StoreTimeout,
 	// which bounds every call of the stage to its store: Begin, the Commit
 	// and the Rollback that end the unit of work, and the Claim (for

@@ -129,7 +129,6 @@ func newBatchHandler(s *Stages, bh deduplication.BatchHandler) (message.HandlerF
 		s.Classifier = sluice.DefaultClassifier()
 	}
 	in.Env = inherit.Env(in.Env, s.Env)
-	bh.TracerProvider = cmp.Or(bh.TracerProvider, s.TracerProvider)
 	h, err := deduplication.NewBatchHandler(in, bh)
 	if err != nil {
 		return nil, fmt.Errorf("router: batch handler: %w", err)

@@ -74,9 +74,9 @@ func newBatchHandlerEnvOf(t *testing.T, backend string, bh deduplication.BatchHa
 		require.NoError(t, err)
 	}
 	bh.Handle = e.project
-	bh.TracerProvider = sdktrace.NewTracerProvider(sdktrace.WithSyncer(e.spans))
 	e.handle, err = deduplication.NewBatchHandler(deduplication.Config{Store: store, Consumer: "c",
-		Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader)), StoreTimeout: e.cfg.StoreTimeout}, ClaimTimeout: e.cfg.ClaimTimeout}, bh)
+		Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader)), StoreTimeout: e.cfg.StoreTimeout,
+			TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSyncer(e.spans))}, ClaimTimeout: e.cfg.ClaimTimeout}, bh)
 	require.NoError(t, err)
 	return e
 }
