@@ -32,9 +32,11 @@ type BrokerConfig struct {
 	DrainTimeout time.Duration
 	// WatermillSubscriber consumes with watermill-amqp's subscriber (one
 	// delivery at a time per consumer, 4 consumers; closing
-	// nacks the deliveries in flight; no brake) instead of Sluice's Consumer
-	// (Prefetch deliveries in flight in one consumer, a draining close, the
-	// brake's pause).
+	// nacks the deliveries in flight; no brake; one node: URLs of more than
+	// one are refused; watermill-amqp's dial timeouts) instead of Sluice's
+	// Consumer (Prefetch deliveries in flight in one consumer, a draining
+	// close, the brake's pause). It reads with the Marshaler, through the
+	// frame filter, and declares nothing of its own.
 	WatermillSubscriber bool
 	// DepthInterval is how often the Broker reads the depth and consumers
 	// of its queues (a passive declare of each, on a connection of its
@@ -46,12 +48,19 @@ type BrokerConfig struct {
 }
 
 // withDefaults validates cfg's Connection and returns a copy with its
-// defaults filled; Prefetch and DrainTimeout are the consumer's, validated
-// and defaulted by NewConsumer (NewSubscriber).
+// defaults filled; Prefetch and DrainTimeout are the consumer's, defaulted
+// by NewConsumer (with WatermillSubscriber, Prefetch by newSubscriber),
+// and what watermill-amqp's subscriber cannot do is refused here, before
+// NewBroker declares anything.
 func (cfg BrokerConfig) withDefaults() (BrokerConfig, error) {
 	conn, err := cfg.Connection.withDefaults("BrokerConfig")
 	if err != nil {
 		return cfg, err
+	}
+	if cfg.WatermillSubscriber {
+		if err := checkWatermillSubscriber(conn, cfg.Prefetch, "BrokerConfig"); err != nil {
+			return cfg, err
+		}
 	}
 	cfg.Connection = conn
 	if cfg.DepthInterval == 0 {
@@ -122,7 +131,7 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 	}
 	newSub := func(*Topology) (message.Subscriber, error) {
 		if cfg.WatermillSubscriber {
-			return NewSubscriber(SubscriberConfig{Connection: cfg.Connection, Prefetch: cfg.Prefetch})
+			return newSubscriber(cfg.Connection, cfg.Prefetch, "BrokerConfig")
 		}
 		c, err := NewConsumer(ConsumerConfig{Connection: cfg.Connection, Prefetch: cfg.Prefetch, DrainTimeout: cfg.DrainTimeout,
 			PoisonQueue: topo.cfg.PoisonQueue, PoisonPublisher: pub})

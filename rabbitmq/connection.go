@@ -25,9 +25,9 @@ const (
 )
 
 // Connection is how to reach the broker, the options every connection
-// shares. PublisherConfig, ConsumerConfig, SubscriberConfig and
-// BrokerConfig embed it, and Dial takes it; NewBroker hands its own to the topology's
-// connection, the publisher and the subscriber it makes.
+// shares. PublisherConfig, ConsumerConfig and BrokerConfig embed it, and
+// Dial takes it; NewBroker hands its own to the topology's connection, the
+// publisher and the subscriber it makes.
 type Connection struct {
 	// URL of the broker, amqp:// or amqps://. Required unless URLs is set;
 	// its password never appears in errors or logs.
@@ -40,20 +40,21 @@ type Connection struct {
 	// subscription reconnect to the node after the one it had, so the
 	// nodes are tried in this order and a dead node is tried last: list
 	// them in a different order in each process to spread the
-	// connections. NewSubscriber (watermill-amqp's) refuses more than one.
+	// connections. BrokerConfig.WatermillSubscriber (watermill-amqp's
+	// subscriber) refuses more than one.
 	URLs []string
 	// TLS configures the TLS of an amqps:// URL (root CAs, client
 	// certificate, server name). Default: the system's roots. Refused with
 	// an amqp:// URL, which would not use it.
 	TLS *tls.Config
 	// DialTimeout bounds connecting and the AMQP handshake. Default 10 s.
-	// NewSubscriber's connections (watermill-amqp's) keep watermill-amqp's.
+	// BrokerConfig.WatermillSubscriber's connections keep watermill-amqp's.
 	DialTimeout time.Duration
 	// WriteTimeout bounds each write to the socket, so a broker that stops
 	// reading cannot hold a publish past it, and the wait for the broker's
 	// answer when a connection closes (a Consumer's drain: after
-	// DrainTimeout). Default 10 s. NewSubscriber's connections
-	// (watermill-amqp's) have none.
+	// DrainTimeout). Default 10 s. BrokerConfig.WatermillSubscriber's
+	// connections (watermill-amqp's) have none.
 	WriteTimeout time.Duration
 	// MaxMessageSize is the broker's max_message_size, in bytes: the
 	// Publisher refuses a larger body before sending it (a

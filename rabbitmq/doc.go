@@ -22,6 +22,7 @@
 //     flight in one consumer, acked by tag in any order; a draining close;
 //     the brake's pause (broker.GatedSubscriber); a delivery whose headers
 //     the AMQP client cannot parse isolated in the poison queue.
-//   - NewSubscriber: watermill-amqp's subscriber with the Marshaler, consuming
-//     queues the Topology declared (BrokerConfig.WatermillSubscriber).
+//   - WithMarshaler: a watermill-amqp Config of your own, reading with the
+//     Marshaler through the frame filter (BrokerConfig.WatermillSubscriber
+//     gives NewBroker watermill-amqp's subscriber instead of the Consumer).
 package rabbitmq

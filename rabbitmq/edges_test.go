@@ -269,7 +269,7 @@ func TestURLErrorsHideThePassword(t *testing.T) {
 		require.Error(t, err)
 		require.NotContains(t, err.Error(), "Sec", u)
 		require.NotContains(t, err.Error(), "Ret", u)
-		_, err = rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{Connection: rabbitmq.Connection{URL: u}})
+		_, err = rabbitmq.NewWatermillSubscriber(rabbitmq.Connection{URL: u})
 		require.Error(t, err)
 		require.NotContains(t, err.Error(), "Sec", u)
 	}

@@ -33,7 +33,8 @@ func addReliableHandler(ctx context.Context, router *message.Router, url string,
 	if err != nil {
 		return err
 	}
-	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{Connection: rabbitmq.Connection{URL: url}})
+	// Sluice's Consumer: the deliveries of its prefetch in flight, a draining close.
+	sub, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{Connection: rabbitmq.Connection{URL: url}})
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,10 @@
 package rabbitmq
 
-import "time"
+import (
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
 
 // Unexported defaults and limits the external tests (package rabbitmq_test)
 // check by name.
@@ -33,3 +37,10 @@ var (
 	ErrPublisherClosed = errPublisherClosed
 	ErrPartitioned     = errPartitioned
 )
+
+// NewWatermillSubscriber is the subscriber of a Broker with
+// BrokerConfig.WatermillSubscriber (watermill-amqp's, with the Marshaler,
+// declaring nothing), for the tests that run the stages on it.
+func NewWatermillSubscriber(conn Connection) (message.Subscriber, error) {
+	return newSubscriber(conn, 0, "BrokerConfig")
+}

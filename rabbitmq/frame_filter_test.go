@@ -16,7 +16,7 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
-// Issue 42. The two watermill-amqp paths — rabbitmq.NewSubscriber, and a
+// Issue 42. The two watermill-amqp paths — BrokerConfig.WatermillSubscriber's, and a
 // watermill-amqp Config of the user's given to rabbitmq.WithMarshaler —
 // read through Sluice's frame filter: behind one message whose headers
 // upstream amqp091-go refuses (each hostile shape), the 20 good messages
@@ -31,8 +31,8 @@ func TestWatermillSubscribersReadHostileHeadersThroughTheFilter(t *testing.T) {
 		name string
 		sub  func(t *testing.T, log watermill.LoggerAdapter) message.Subscriber
 	}{
-		{"NewSubscriber", func(t *testing.T, log watermill.LoggerAdapter) message.Subscriber {
-			sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL, Logger: log}})
+		{"WatermillSubscriber", func(t *testing.T, log watermill.LoggerAdapter) message.Subscriber {
+			sub, err := rabbitmq.NewWatermillSubscriber(rabbitmq.Connection{URL: testenv.AMQPURL, Logger: log})
 			require.NoError(t, err)
 			return sub
 		}},

@@ -204,8 +204,8 @@ func (m Marshaler) uuidKey() string {
 // header, else the message_id property, else a new one. The Map's keys the
 // message does not carry are set from their sources.
 // sluice_amqp_headers_error is set when Sluice's frame filter replaced d's
-// headers table (the connections of Dial, NewBroker, NewSubscriber and
-// WithMarshaler read through it). docs/rabbitmq.md's tables list every key
+// headers table (the connections of Dial, NewBroker — BrokerConfig.WatermillSubscriber's
+// too — and WithMarshaler read through it). docs/rabbitmq.md's tables list every key
 // it sets.
 func (m Marshaler) Unmarshal(d amqp.Delivery) (*message.Message, error) {
 	if d.Acknowledger == nil {

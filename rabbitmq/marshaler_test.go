@@ -97,7 +97,7 @@ func TestSubscriberHandlesTypedHeaders(t *testing.T) {
 		Headers: brokerHeaders, Body: []byte(`{"ok":true}`), DeliveryMode: amqp.Persistent,
 	}))
 
-	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})
+	sub, err := rabbitmq.NewWatermillSubscriber(rabbitmq.Connection{URL: testenv.AMQPURL})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Close() })
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)

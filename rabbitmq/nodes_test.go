@@ -3,9 +3,11 @@ package rabbitmq_test
 import (
 	"crypto/tls"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice/internal/testenv"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
 
@@ -31,6 +33,27 @@ func TestConnectionURLsAreValidated(t *testing.T) {
 			require.NotContains(t, err.Error(), "s3cret")
 		})
 	}
-	_, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{Connection: rabbitmq.Connection{URLs: []string{ok, "amqp://guest:s3cret@127.0.0.1:5673/"}}})
-	require.ErrorContains(t, err, "SubscriberConfig.URLs has 2 nodes: watermill-amqp's subscriber connects to one")
+	_, err := rabbitmq.NewWatermillSubscriber(rabbitmq.Connection{URLs: []string{ok, "amqp://guest:s3cret@127.0.0.1:5673/"}})
+	require.ErrorContains(t, err, "BrokerConfig.URLs has 2 nodes: watermill-amqp's subscriber (WatermillSubscriber) connects to one")
+}
+
+// Issue 45: a Broker on watermill-amqp's subscriber (WatermillSubscriber),
+// which connects to one node, is refused with several URLs before anything
+// is declared, and the refusal names the BrokerConfig the caller wrote.
+// Before, NewBroker declared the queue, its tiers and its poison queue, then
+// failed naming SubscriberConfig.URLs, a config the caller never saw — and
+// panicked closing the nil subscriber it had kept (a typed nil).
+func TestAWatermillSubscriberBrokerOnSeveralNodesIsRefusedBeforeDeclaring(t *testing.T) {
+	t.Parallel()
+	queue := testenv.Name("wm_nodes")
+	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison")
+	_, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
+		Connection:          rabbitmq.Connection{URLs: []string{testenv.AMQPURL, "amqp://guest:s3cret@127.0.0.1:5673/"}},
+		Topology:            rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{time.Second}},
+		WatermillSubscriber: true, DepthInterval: -1,
+	})
+	require.ErrorContains(t, err, "BrokerConfig.URLs has 2 nodes: watermill-amqp's subscriber (WatermillSubscriber) connects to one")
+	require.NotContains(t, err.Error(), "s3cret")
+	_, err = testenv.Channel(t, testenv.AMQP(t)).QueueDeclarePassive(queue, true, false, false, false, nil)
+	require.Error(t, err, "nothing declared")
 }

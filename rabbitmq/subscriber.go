@@ -5,71 +5,61 @@ import (
 	"fmt"
 
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/sluicemq/sluice/internal/diag"
 )
 
-// prefetchDefault is the default prefetch of BrokerConfig, ConsumerConfig
-// and SubscriberConfig: with Sluice's Consumer, how many deliveries one
+// prefetchDefault is the default prefetch of BrokerConfig and
+// ConsumerConfig: with Sluice's Consumer, how many deliveries one
 // subscription hands to the router's handlers at once — the connections a
 // database pool the handlers share needs, beside its other users.
 const prefetchDefault = 16
 
-// SubscriberConfig configures NewSubscriber.
-type SubscriberConfig struct {
-	// Connection is the broker's URL and the connection's options.
-	// watermill-amqp dials with its own timeouts (not DialTimeout nor
-	// WriteTimeout), connects to one node (URLs of more than one are
-	// refused), and the subscriber records no metrics.
-	Connection
-	// Prefetch is how many unacked deliveries the broker sends ahead.
-	// Default 16.
-	Prefetch int
-}
-
-// withDefaults validates cfg and returns a copy with its defaults filled.
-func (cfg SubscriberConfig) withDefaults() (SubscriberConfig, error) {
-	conn, err := cfg.Connection.withDefaults("SubscriberConfig")
-	if err != nil {
-		return cfg, err
-	}
+// checkWatermillSubscriber refuses what watermill-amqp's subscriber cannot
+// do with conn (validated) and prefetch, naming the fields of config.
+func checkWatermillSubscriber(conn Connection, prefetch int, config string) error {
 	if len(conn.URLs) > 1 {
-		return cfg, fmt.Errorf("rabbitmq: SubscriberConfig.URLs has %d nodes: watermill-amqp's subscriber connects to one; NewConsumer moves between several", len(conn.URLs))
+		return fmt.Errorf("rabbitmq: %s.URLs has %d nodes: watermill-amqp's subscriber (WatermillSubscriber) connects to one; "+
+			"Sluice's Consumer, NewBroker's default, moves between several", config, len(conn.URLs))
 	}
-	if cfg.Prefetch < 0 {
-		return cfg, fmt.Errorf("rabbitmq: SubscriberConfig.Prefetch must be positive, got %d", cfg.Prefetch)
+	if prefetch < 0 {
+		return fmt.Errorf("rabbitmq: %s.Prefetch must be positive, got %d", config, prefetch)
 	}
-	return SubscriberConfig{Connection: conn, Prefetch: cmp.Or(cfg.Prefetch, prefetchDefault)}, nil
+	return nil
 }
 
-// NewSubscriber returns a watermill-amqp subscriber that consumes the queue
-// named by the topic given to Subscribe, unmarshals with Marshaler (so
-// deliveries carrying x-death or other non-string headers are handled, not
-// nacked in a loop), requeues on nack, and declares nothing: declare the
-// queues with Topology.Declare first. Subscribe on a queue that does not
-// exist fails, matching ErrQueueNotFound and naming the queue. To keep a
-// watermill-amqp Config of your own (its declarations, its settings) and
-// read with the Marshaler, use WithMarshaler and watermill-amqp's
-// NewSubscriber instead. It reconnects after a broker restart.
-// One subscription handles one delivery at a time: with router.Add, set
-// HandlerConfig.Consumers for concurrency (BrokerConfig.WatermillSubscriber
-// defaults it to 4).
-func NewSubscriber(cfg SubscriberConfig) (*wamqp.Subscriber, error) {
-	cfg, err := cfg.withDefaults()
+// newSubscriber is BrokerConfig.WatermillSubscriber's subscriber:
+// watermill-amqp's, consuming the queue named by the topic given to
+// Subscribe, unmarshalling with Marshaler (so deliveries carrying x-death
+// or other non-string headers are handled, not nacked in a loop),
+// requeueing on nack, reading through the frame filter, and declaring
+// nothing (NewBroker did): Subscribe on a queue that does not exist fails,
+// matching ErrQueueNotFound and naming the queue. It reconnects after a
+// broker restart. One subscription handles one delivery at a time (hence
+// the Broker's 4 consumers). It dials with watermill-amqp's timeouts (not
+// DialTimeout nor WriteTimeout) and records no metrics. Its errors name the
+// fields of config. A watermill-amqp Config of your own reads with the
+// Marshaler through WithMarshaler.
+func newSubscriber(conn Connection, prefetch int, config string) (message.Subscriber, error) {
+	conn, err := conn.withDefaults(config)
 	if err != nil {
 		return nil, err
 	}
-	url := cfg.URLs[0]
+	if err := checkWatermillSubscriber(conn, prefetch, config); err != nil {
+		return nil, err
+	}
+	url := conn.URLs[0]
 	c := wamqp.NewDurableQueueConfig(url)
-	c.Connection.TLSConfig = cfg.TLS
+	c.Connection.TLSConfig = conn.TLS
 	c.Marshaler = Marshaler{}
-	c.Consume.Qos.PrefetchCount = cfg.Prefetch
+	c.Consume.Qos.PrefetchCount = cmp.Or(prefetch, prefetchDefault)
 	c.TopologyBuilder = declaredElsewhere{}
 	if c, err = filtered(c); err != nil {
 		return nil, err
 	}
-	sub, err := wamqp.NewSubscriber(c, cfg.Logger)
-	if err != nil {
+	sub, err := wamqp.NewSubscriber(c, conn.Logger)
+	if err != nil { // a nil *wamqp.Subscriber is not returned as a non-nil message.Subscriber
 		return nil, fmt.Errorf("rabbitmq: connecting the subscriber to %s: %w", diag.RedactURL(url), diag.RedactError(err))
 	}
 	return sub, nil

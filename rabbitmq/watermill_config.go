@@ -13,7 +13,7 @@ import (
 )
 
 // ErrQueueNotFound is matched (errors.Is) by the error of a Subscribe whose
-// queue does not exist: NewSubscriber's and the Consumer's subscriptions
+// queue does not exist: the Consumer's subscriptions (and BrokerConfig.WatermillSubscriber's)
 // consume only what was declared beforehand, and say so at Subscribe
 // instead of retrying NOT_FOUND. The error names the queue.
 var ErrQueueNotFound = errors.New("rabbitmq: queue not found")
@@ -95,7 +95,7 @@ func filtered(cfg wamqp.Config) (wamqp.Config, error) {
 	return cfg, nil
 }
 
-// declaredElsewhere is NewSubscriber's TopologyBuilder: it declares
+// declaredElsewhere is newSubscriber's TopologyBuilder: it declares
 // nothing — Topology did — and checks that the queue exists (a passive
 // declare), so that Subscribe on a missing queue fails naming it instead of
 // retrying NOT_FOUND every 100 ms.

@@ -99,13 +99,13 @@ func TestWithMarshalerCarriesOrRefuses(t *testing.T) {
 func TestSubscribeOnAMissingQueueFailsNamingIt(t *testing.T) {
 	t.Parallel()
 	missing := testenv.Name("never_declared")
-	sub, err := rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})
+	sub, err := rabbitmq.NewWatermillSubscriber(rabbitmq.Connection{URL: testenv.AMQPURL})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, sub.Close()) })
 	c, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, c.Close()) })
-	for name, s := range map[string]message.Subscriber{"NewSubscriber": sub, "Consumer": c} {
+	for name, s := range map[string]message.Subscriber{"WatermillSubscriber": sub, "Consumer": c} {
 		_, err := s.Subscribe(t.Context(), missing)
 		require.ErrorIs(t, err, rabbitmq.ErrQueueNotFound, name)
 		require.ErrorContains(t, err, `"`+missing+`"`, name)

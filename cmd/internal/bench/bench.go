@@ -14,6 +14,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -173,10 +175,34 @@ func dialBroker(o Options) (conn *amqp.Connection, pub *rabbitmq.Publisher, clos
 }
 
 // newSubscriber is Sluice's Consumer (prefetch 0: its default) or
-// watermill-amqp's subscriber, as the variant says.
+// watermill-amqp's subscriber, as the variant says: the latter reads with
+// Sluice's Marshaler (rabbitmq.WithMarshaler), the prefetch of
+// rabbitmq.BrokerConfig's default (16), and declares nothing — the suite
+// declared the queues.
 func newSubscriber(url string, sluiceConsumer bool, prefetch int) (message.Subscriber, error) {
 	if sluiceConsumer {
 		return rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{Connection: rabbitmq.Connection{URL: url}, Prefetch: prefetch})
 	}
-	return rabbitmq.NewSubscriber(rabbitmq.SubscriberConfig{Connection: rabbitmq.Connection{URL: url}})
+	c := wamqp.NewDurableQueueConfig(url)
+	c.Consume.Qos.PrefetchCount = rabbitmqPrefetch
+	c.TopologyBuilder = declared{}
+	c, err := rabbitmq.WithMarshaler(c)
+	if err != nil {
+		return nil, err
+	}
+	sub, err := wamqp.NewSubscriber(c, watermill.NopLogger{})
+	if err != nil {
+		return nil, err
+	}
+	return sub, nil
 }
+
+// declared is the TopologyBuilder of a subscriber on queues the suite
+// declared: it declares nothing.
+type declared struct{}
+
+func (declared) BuildTopology(*amqp.Channel, wamqp.BuildTopologyParams, wamqp.Config, watermill.LoggerAdapter) error {
+	return nil
+}
+
+func (declared) ExchangeDeclare(*amqp.Channel, string, wamqp.Config) error { return nil }
