@@ -58,7 +58,7 @@ func (cfg BrokerConfig) withDefaults() (BrokerConfig, error) {
 		return cfg, err
 	}
 	if cfg.WatermillSubscriber {
-		if err := checkWatermillSubscriber(conn, cfg.Prefetch, "BrokerConfig"); err != nil {
+		if err := checkWatermillSubscriber(conn, cfg.Prefetch); err != nil {
 			return cfg, err
 		}
 	}
@@ -131,7 +131,7 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 	}
 	newSub := func(*Topology) (message.Subscriber, error) {
 		if cfg.WatermillSubscriber {
-			return newSubscriber(cfg.Connection, cfg.Prefetch, "BrokerConfig")
+			return newSubscriber(cfg.Connection, cfg.Prefetch)
 		}
 		c, err := NewConsumer(ConsumerConfig{Connection: cfg.Connection, Prefetch: cfg.Prefetch, DrainTimeout: cfg.DrainTimeout,
 			PoisonQueue: topo.cfg.PoisonQueue, PoisonPublisher: pub})

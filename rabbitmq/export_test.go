@@ -40,7 +40,12 @@ var (
 
 // NewWatermillSubscriber is the subscriber of a Broker with
 // BrokerConfig.WatermillSubscriber (watermill-amqp's, with the Marshaler,
-// declaring nothing), for the tests that run the stages on it.
+// declaring nothing), for the tests that run the stages on it: conn is
+// checked as NewBroker checks it.
 func NewWatermillSubscriber(conn Connection) (message.Subscriber, error) {
-	return newSubscriber(conn, 0, "BrokerConfig")
+	cfg, err := BrokerConfig{Connection: conn, WatermillSubscriber: true}.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return newSubscriber(cfg.Connection, cfg.Prefetch)
 }

@@ -17,14 +17,14 @@ import (
 const prefetchDefault = 16
 
 // checkWatermillSubscriber refuses what watermill-amqp's subscriber cannot
-// do with conn (validated) and prefetch, naming the fields of config.
-func checkWatermillSubscriber(conn Connection, prefetch int, config string) error {
+// do with conn (validated) and prefetch, the BrokerConfig's.
+func checkWatermillSubscriber(conn Connection, prefetch int) error {
 	if len(conn.URLs) > 1 {
-		return fmt.Errorf("rabbitmq: %s.URLs has %d nodes: watermill-amqp's subscriber (WatermillSubscriber) connects to one; "+
-			"Sluice's Consumer, NewBroker's default, moves between several", config, len(conn.URLs))
+		return fmt.Errorf("rabbitmq: BrokerConfig.URLs has %d nodes: watermill-amqp's subscriber (WatermillSubscriber) connects to one; "+
+			"Sluice's Consumer, NewBroker's default, moves between several", len(conn.URLs))
 	}
 	if prefetch < 0 {
-		return fmt.Errorf("rabbitmq: %s.Prefetch must be positive, got %d", config, prefetch)
+		return fmt.Errorf("rabbitmq: BrokerConfig.Prefetch must be positive, got %d", prefetch)
 	}
 	return nil
 }
@@ -38,24 +38,19 @@ func checkWatermillSubscriber(conn Connection, prefetch int, config string) erro
 // matching ErrQueueNotFound and naming the queue. It reconnects after a
 // broker restart. One subscription handles one delivery at a time (hence
 // the Broker's 4 consumers). It dials with watermill-amqp's timeouts (not
-// DialTimeout nor WriteTimeout) and records no metrics. Its errors name the
-// fields of config. A watermill-amqp Config of your own reads with the
-// Marshaler through WithMarshaler.
-func newSubscriber(conn Connection, prefetch int, config string) (message.Subscriber, error) {
-	conn, err := conn.withDefaults(config)
-	if err != nil {
-		return nil, err
-	}
-	if err := checkWatermillSubscriber(conn, prefetch, config); err != nil {
-		return nil, err
-	}
+// DialTimeout nor WriteTimeout) and records no metrics. conn and prefetch
+// are a BrokerConfig's, validated (BrokerConfig.withDefaults). A
+// watermill-amqp Config of your own reads with the Marshaler through
+// WithMarshaler.
+func newSubscriber(conn Connection, prefetch int) (message.Subscriber, error) {
 	url := conn.URLs[0]
 	c := wamqp.NewDurableQueueConfig(url)
 	c.Connection.TLSConfig = conn.TLS
 	c.Marshaler = Marshaler{}
 	c.Consume.Qos.PrefetchCount = cmp.Or(prefetch, prefetchDefault)
 	c.TopologyBuilder = declaredElsewhere{}
-	if c, err = filtered(c); err != nil {
+	c, err := filtered(c)
+	if err != nil {
 		return nil, err
 	}
 	sub, err := wamqp.NewSubscriber(c, conn.Logger)
