@@ -146,12 +146,8 @@ func NewBatchHandler(cfg Config, bh BatchHandler) (message.HandlerFunc, error) {
 	if d.batchSize, err = batchSizeHistogram(cfg); err != nil {
 		return nil, err
 	}
-	tp := cfg.TracerProvider
-	if tp == nil {
-		tp = otel.GetTracerProvider()
-	}
 	g := &gatherer{d: d, cfg: bh, slots: make(chan struct{}, bh.Concurrency),
-		tracer: tp.Tracer("github.com/sluicemq/sluice/deduplication")}
+		tracer: cmp.Or(cfg.TracerProvider, otel.GetTracerProvider()).Tracer("github.com/sluicemq/sluice/deduplication")}
 	return g.handle, nil
 }
 

@@ -164,10 +164,13 @@ func judge(l Loop, stage string, step, size, replayed int, items map[string]bool
 	}
 	silent := n - len(heard) // items still only "replayed": no consumer's record
 	rate := float64(poisoned) / float64(n)
-	noStage := fmt.Sprintf("does the consumer run the replay stage (router.Stages.Replay) recording into %s of --outcomes? (a service.New with Config.Schema S records into --outcomes-table S.sluice_replay)", l.Where)
-	if l.Where == "" { // no place to name, nor the CLI's flag (a console mounted without OutcomesWhere)
-		noStage = "does the consumer run the replay stage (router.Stages.Replay) recording into the outcome records this replay reads? (a service.New with Config.Schema S records into S.sluice_replay)"
+	// The records' place and the CLI's flags, or, with no place to name (a
+	// console mounted without OutcomesWhere), neither.
+	place, table := "the outcome records this replay reads", "S.sluice_replay"
+	if l.Where != "" {
+		place, table = l.Where+" of --outcomes", "--outcomes-table S.sluice_replay"
 	}
+	noStage := fmt.Sprintf("does the consumer run the replay stage (router.Stages.Replay) recording into %s? (a service.New with Config.Schema S records into %s)", place, table)
 	switch {
 	case silent == n:
 		b.Stopped = fmt.Sprintf("no outcome recorded within --wait %s for any of the %d events: %s", l.Wait, n, noStage)
