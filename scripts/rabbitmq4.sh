@@ -31,7 +31,7 @@
 #   SLUICE_RABBITMQ_DLX_CONFIRM_TIMEOUT  the node's dead_letter_worker_publisher_confirm_timeout
 #                               in milliseconds (default 10000; RabbitMQ's is 180000), through
 #                               advanced.config: how soon a quorum queue's dead-letter worker
-#                               sends again a copy a restarting broker refused (scripts/services.sh)
+#                               sends again a copy a restarting broker refused (scripts/rabbitmq-dlx.sh)
 # Needs root (debootstrap, mount, chroot). Idempotent.
 set -euo pipefail
 
@@ -41,7 +41,6 @@ port=${SLUICE_RABBITMQ4_PORT:-5682}
 dist_port=${SLUICE_RABBITMQ4_DIST_PORT:-25682}
 mirror=${SLUICE_RABBITMQ4_MIRROR:-http://deb.debian.org/debian}
 timeout=${SLUICE_RABBITMQ4_TIMEOUT:-120}
-dlx_confirm_timeout=${SLUICE_RABBITMQ_DLX_CONFIRM_TIMEOUT:-10000}
 # The node's files, inside the directory (paths as the chroot sees them).
 state=${SLUICE_RABBITMQ4_STATE:-/var/lib/sluice-rmq4}
 # home holds the Erlang cookie every node of the directory and its
@@ -57,7 +56,8 @@ port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 # shellcheck source=scripts/apt.sh
 . "$(dirname "$0")/apt.sh"
 
-[[ $dlx_confirm_timeout =~ ^[0-9]+$ ]] || die "SLUICE_RABBITMQ_DLX_CONFIRM_TIMEOUT must be milliseconds, got $dlx_confirm_timeout"
+# shellcheck source=scripts/rabbitmq-dlx.sh
+. "$(dirname "$0")/rabbitmq-dlx.sh"
 case $port in 5672 | 4369 | 25672) die "port $port belongs to the 3.10 node or epmd" ;; esac
 
 # inroot runs a command in the directory, with HOME where the node's Erlang
@@ -137,8 +137,7 @@ configure() {
   printf 'listeners.tcp.default = 127.0.0.1:%s\nloopback_users.guest = true\n%s\n%s\n' "$port" \
     'deprecated_features.permit.transient_nonexcl_queues = false' 'deprecated_features.permit.global_qos = false' |
     as_root tee "$root$state/rabbitmq.conf" >/dev/null
-  printf '[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, %s}]}].\n' "$dlx_confirm_timeout" |
-    as_root tee "$root$state/advanced.config" >/dev/null
+  echo "$dlx_advanced_config" | as_root tee "$root$state/advanced.config" >/dev/null
   # The consistent-hash exchange, for partitioned topologies
   # (TopologyConfig.Partitions); a node already running gets it in start.
   printf '[%s].\n' "$plugins" | as_root tee "$root$state/enabled_plugins" >/dev/null
@@ -239,7 +238,7 @@ enable_plugins() {
   plugins_ctl enable "$plugins" >/dev/null
 }
 
-dlx_timeout_now() { ctl -q eval 'application:get_env(rabbit, dead_letter_worker_publisher_confirm_timeout).' 2>/dev/null; }
+dlx_timeout_now() { ctl -q eval "$dlx_eval" 2>/dev/null; }
 
 version() { ctl -q eval 'rabbit_misc:version().' 2>/dev/null | tr -d '"' || echo 4.0; }
 

@@ -73,18 +73,9 @@ rabbitmq_nofile_now() { local pid; pid=$(rabbitmq_pid) && [ -n "$pid" ] && awk '
 # amqp_answers: the broker answers a protocol header with connection.start
 # within 10 s (a wedged broker accepts the TCP connection and says nothing).
 amqp_answers() { timeout 10 bash -c 'exec 3<>/dev/tcp/127.0.0.1/5672 && printf "AMQP\x00\x00\x09\x01" >&3 && head -c 1 <&3 >/dev/null' 2>/dev/null; }
-# The suite's brokers resend a quorum tier's dead-lettered copy that a
-# restarting broker refused after 10 s, where RabbitMQ waits 180 s by
-# default (dead_letter_worker_publisher_confirm_timeout, read when a
-# queue's dead-letter worker starts; RabbitMQ 3.10's rabbitmq.conf has no
-# key for it, hence advanced.config). With the default, a scenario that
-# restarts the broker on quorum queues took 3 minutes instead of 10–25 s
-# whenever the wait fell (docs/reliability.md); docs/retry-tiers.md gives
-# operators the same setting.
-dlx_confirm_timeout=${SLUICE_RABBITMQ_DLX_CONFIRM_TIMEOUT:-10000}
-[[ $dlx_confirm_timeout =~ ^[0-9]+$ ]] || die "SLUICE_RABBITMQ_DLX_CONFIRM_TIMEOUT must be milliseconds, got $dlx_confirm_timeout"
-rabbitmq_advanced="[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, $dlx_confirm_timeout}]}]."
-rabbitmq_dlx_timeout_now() { as_root timeout 30 rabbitmqctl -q eval 'application:get_env(rabbit, dead_letter_worker_publisher_confirm_timeout).' 2>/dev/null; }
+# shellcheck source=scripts/rabbitmq-dlx.sh
+. "$(dirname "$0")/rabbitmq-dlx.sh"
+rabbitmq_dlx_timeout_now() { as_root timeout 30 rabbitmqctl -q eval "$dlx_eval" 2>/dev/null; }
 
 rabbitmq() {
   command -v rabbitmq-server >/dev/null || install rabbitmq-server
@@ -110,11 +101,11 @@ rabbitmq() {
     as_root sed -i '/^ulimit -n /d' /etc/rabbitmq/rabbitmq-env.conf 2>/dev/null || true
     echo "ulimit -n $rabbitmq_nofile" | as_root tee -a /etc/rabbitmq/rabbitmq-env.conf >/dev/null
   fi
-  if [ "$(cat /etc/rabbitmq/advanced.config 2>/dev/null)" != "$rabbitmq_advanced" ]; then
+  if [ "$(cat /etc/rabbitmq/advanced.config 2>/dev/null)" != "$dlx_advanced_config" ]; then
     [ ! -s /etc/rabbitmq/advanced.config ] || grep -q dead_letter_worker_publisher_confirm_timeout /etc/rabbitmq/advanced.config ||
       die "/etc/rabbitmq/advanced.config holds settings of its own: add {dead_letter_worker_publisher_confirm_timeout, $dlx_confirm_timeout} to its rabbit section, or move it away"
     log "RabbitMQ: dead_letter_worker_publisher_confirm_timeout $dlx_confirm_timeout ms (/etc/rabbitmq/advanced.config)"
-    echo "$rabbitmq_advanced" | as_root tee /etc/rabbitmq/advanced.config >/dev/null
+    echo "$dlx_advanced_config" | as_root tee /etc/rabbitmq/advanced.config >/dev/null
   fi
   if ! port_open 5672; then
     log "starting RabbitMQ (open files: $rabbitmq_nofile)"

@@ -151,8 +151,8 @@ type TLSFiles struct{ CA, Cert, Key []byte }
 
 // DeadLetterConfirmTimeout is the dead_letter_worker_publisher_confirm_timeout
 // of the suite's brokers: the private nodes started here, the shared 3.10
-// broker and the 4.0 node (scripts/services.sh and scripts/rabbitmq4.sh
-// write the same value). RabbitMQ's default is 180 s.
+// broker and the 4.0 node (scripts/rabbitmq-dlx.sh, for make services,
+// has the same value). RabbitMQ's default is 180 s.
 const DeadLetterConfirmTimeout = 10 * time.Second
 
 // StartPrivateRabbitMQ starts a RabbitMQ node of t's own on a free port
@@ -244,7 +244,7 @@ func (r *PrivateRabbitMQ) start(o PrivateRabbitMQOptions, port, distPort int) er
 	}
 	// The suite's brokers resend a quorum queue's dead-lettered copy a
 	// restarting broker refused after 10 s, not RabbitMQ's 180 s
-	// (scripts/services.sh says why; docs/retry-tiers.md).
+	// (scripts/rabbitmq-dlx.sh says why; docs/retry-tiers.md).
 	advanced := fmt.Sprintf("[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, %d}]}].\n", DeadLetterConfirmTimeout.Milliseconds())
 	if err := os.WriteFile(filepath.Join(dir, "advanced.config"), []byte(advanced), 0o644); err != nil {
 		return err
