@@ -8,6 +8,11 @@
 # time, the load average at its end and its log. It needs stress-ng
 # (apt-get install stress-ng) and runs make test, which restarts the shared
 # RabbitMQ and PostgreSQL: nothing else should use them meanwhile.
+# Every run clones into the same directory, SLUICE_LOADED_CLONE
+# (/tmp/sluice-loaded-clone): Go's build cache keys a test binary on its
+# sources' paths, so only the first run on a machine compiles every package
+# with -race again (about 15 minutes of a 2-core machine); a later series
+# reuses what the last one built.
 set -u
 runs=${1:-10}
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,7 +21,7 @@ command -v stress-ng >/dev/null || { echo "loaded-runs: stress-ng is not install
 logs=$(mktemp -d /tmp/sluice-loaded-runs-XXXXXX)
 failed=0
 for i in $(seq 1 "$runs"); do
-	wt="$logs/clone"
+	wt=${SLUICE_LOADED_CLONE:-/tmp/sluice-loaded-clone}
 	rm -rf "$wt" && git clone -q "$repo" "$wt" && git -C "$wt" checkout -q "$commit" || exit 2
 	stress-ng --cpu 2 --cpu-load 50 --timeout 0 >/dev/null 2>&1 &
 	load=$!
@@ -28,6 +33,6 @@ for i in $(seq 1 "$runs"); do
 	[ $rc = 0 ] || failed=$((failed + 1))
 	echo "run $i ${commit:0:7} rc=$rc $(($(date +%s) - start))s load=$(cut -d' ' -f1-3 /proc/loadavg) $logs/run-$i.log"
 done
-rm -rf "$logs/clone"
+rm -rf "${SLUICE_LOADED_CLONE:-/tmp/sluice-loaded-clone}"
 echo "$((runs - failed)) of $runs green; logs in $logs"
 [ $failed = 0 ]
