@@ -12,12 +12,14 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
 )
 
 // Proxy forwards TCP connections from 127.0.0.1 to an upstream service, and
 // can black-hole them: a dependency that accepts connections and never
-// answers, as a dead route or a frozen host does. It is closed when the
-// test ends.
+// answers, as a dead route or a frozen host does; slow its replies
+// (Throttle); or, in front of a broker, forward only its heartbeats
+// (HeartbeatsOnly). It is closed when the test ends.
 type Proxy struct {
 	ln       net.Listener
 	upstream string
@@ -32,6 +34,13 @@ type Proxy struct {
 	links   []*link // the connections forwarded so far
 	closing bool
 	closed  chan struct{} // closed when the proxy closes: ends a held reply
+
+	frames         bool          // the replies are AMQP frames, tracked (ProxyAMQP)
+	heartbeatsOnly bool          // of the replies, only AMQP heartbeat frames are forwarded
+	heartbeats     atomic.Int64  // heartbeat frames forwarded since HeartbeatsOnly
+	limiter        *rate.Limiter // the replies' rate (Throttle), nil when not throttled
+	ctx            context.Context
+	cancel         context.CancelFunc // ends a throttled write when the proxy closes
 }
 
 // link is one forwarded connection; stalled once a black hole caught it
@@ -39,6 +48,7 @@ type Proxy struct {
 type link struct {
 	stalled atomic.Bool
 	slow    time.Duration // its first reply is held this long (SlowStart)
+	frames  bool          // its replies are AMQP frames, tracked
 }
 
 // StartProxy listens on a free loopback port and forwards to upstream
@@ -55,6 +65,7 @@ func StartProxyDialer(t testing.TB, upstream string, dial func(ctx context.Conte
 	ln, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	p := &Proxy{ln: ln, upstream: upstream, dial: dial, closed: make(chan struct{})}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -68,6 +79,9 @@ func ProxyAMQP(t testing.TB) (*Proxy, string) {
 	u, err := url.Parse(AMQPURL)
 	require.NoError(t, err)
 	p := StartProxy(t, u.Host)
+	p.mu.Lock()
+	p.frames = true
+	p.mu.Unlock()
 	u.Host = p.Addr()
 	return p, u.String()
 }
@@ -134,6 +148,7 @@ func (p *Proxy) Heal() {
 	defer p.mu.Unlock()
 	p.holed = false
 	p.muted = false
+	p.heartbeatsOnly = false
 	for _, c := range p.conns {
 		_ = c.Close()
 	}
@@ -246,7 +261,7 @@ func (p *Proxy) serve(down net.Conn) {
 	}
 	l := p.forwarded()
 	p.mu.Lock()
-	l.slow = p.slow
+	l.slow, l.frames = p.slow, p.frames
 	p.mu.Unlock()
 	p.wg.Add(2)
 	go p.pipe(l, up, down, false)
@@ -269,6 +284,10 @@ func (p *Proxy) pipe(l *link, src, dst net.Conn, toUpstream bool) {
 	}()
 	buf := make([]byte, 32<<10)
 	held := !toUpstream && l.slow > 0
+	var frames *amqpFrames
+	if !toUpstream && l.frames {
+		frames = &amqpFrames{}
+	}
 	for {
 		n, err := src.Read(buf)
 		if n > 0 && held {
@@ -280,8 +299,12 @@ func (p *Proxy) pipe(l *link, src, dst net.Conn, toUpstream bool) {
 			}
 		}
 		if n > 0 {
+			out := buf[:n]
+			if frames != nil {
+				out = frames.forward(out, p)
+			}
 			if !p.swallow(l, toUpstream) {
-				if _, werr := dst.Write(buf[:n]); werr != nil {
+				if werr := p.write(dst, out, toUpstream); werr != nil {
 					return
 				}
 			}
@@ -297,6 +320,7 @@ func (p *Proxy) close() {
 	p.closing = true
 	p.mu.Unlock()
 	close(p.closed)
+	p.cancel()
 	_ = p.ln.Close()
 	p.Heal()
 	p.wg.Wait()

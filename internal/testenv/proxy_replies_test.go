@@ -1,0 +1,42 @@
+package testenv
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The frames a HeartbeatsOnly proxy forwards: every frame before it, only
+// heartbeats after, a frame begun before it whole — whatever the pieces
+// the replies arrive in.
+func TestHeartbeatsOnlyForwardsWholeFrames(t *testing.T) {
+	t.Parallel()
+	frame := func(typ byte, payload string) []byte {
+		return append(append([]byte{typ, 0, 1, 0, 0, 0, byte(len(payload))}, payload...), 0xCE)
+	}
+	heartbeat := frame(8, "")
+	before := append(frame(1, "method"), heartbeat...)
+	begun := frame(3, "body begun before")
+	after := append(append(append(frame(1, "dropped"), heartbeat...), frame(3, "dropped too")...), heartbeat...)
+	for cut := 1; cut <= len(before)+len(begun)+len(after); cut++ {
+		p := &Proxy{}
+		var s amqpFrames
+		var out []byte
+		pass := func(b []byte) {
+			for len(b) > 0 {
+				k := min(cut, len(b))
+				out = append(out, s.forward(bytes.Clone(b[:k]), p)...)
+				b = b[k:]
+			}
+		}
+		pass(before)
+		pass(begun[:5])
+		p.HeartbeatsOnly()
+		pass(begun[5:])
+		pass(after)
+		want := string(before) + string(begun) + string(heartbeat) + string(heartbeat)
+		require.Equal(t, want, string(out), "cut %d", cut)
+		require.Equal(t, 2, p.Heartbeats(), "cut %d", cut)
+	}
+}
