@@ -90,8 +90,9 @@ type Config struct {
 	// Prefix is the path the console is mounted under ("/sluice"); "" is
 	// the root. The handler strips it itself: mount it at Prefix+"/".
 	Prefix string
-	// Dial opens a connection to the broker, one per page or action.
-	// Required.
+	// Dial opens a connection to the broker, one per page or action. One
+	// rabbitmq.Dial opens (as sluice console's does) has its waits bounded
+	// by their progress (CallTimeout). Required.
 	Dial func() (*amqp.Connection, error)
 	// Publisher publishes replayed copies (confirmed, mandatory:
 	// rabbitmq.Publisher). Without it replay is not offered.
@@ -153,7 +154,11 @@ type Config struct {
 	// it and put back their parts interleaved); past it the answer is
 	// ErrQueueBusy, or the groups page's last summary. A scan's reads of a
 	// poison queue are bounded by the dlq package's own bound (10 s) each;
-	// Dial by its own (rabbitmq.Dial's DialTimeout). Default 10 s.
+	// Dial by its own (rabbitmq.Dial's DialTimeout). On a connection
+	// rabbitmq.Dial opened, a wait on the broker is bounded by the time
+	// without progress (no frame but heartbeats), up to 30 times the bound
+	// in all — a large message's transfer is not cut; on one Dial opened
+	// otherwise (amqp.Dial), by the whole call. Default 10 s.
 	CallTimeout time.Duration
 }
 

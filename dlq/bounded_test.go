@@ -64,6 +64,47 @@ func TestABlackHoledBrokerHoldsNoScanPastCallTimeout(t *testing.T) {
 		"the broker gave back what the scan held")
 }
 
+// A scan over a slow link reads a message whose transfer outlasts
+// CallTimeout — 3 MiB at 256 KiB/s, 12 s — as long as its frames keep
+// coming, and puts it back. Before, each basic.get was bounded by a fixed
+// CallTimeout, the transfer included: the scan failed with "basic.get from
+// … the broker gave no answer within 10s (connection closed)", as a 4 MiB
+// message did at a load average of 19-37.
+func TestASlowLinkHoldsNoLargeMessageFromAScan(t *testing.T) {
+	t.Parallel()
+	queue := testenv.Name("dlq_slow")
+	testenv.DeleteQueuesAtEnd(t, queue)
+	direct := testenv.AMQP(t)
+	_, err := testenv.Channel(t, direct).QueueDeclare(queue, true, false, false, false, nil)
+	require.NoError(t, err)
+	body := make([]byte, 3<<20)
+	for i := range body {
+		body[i] = byte(i * 13)
+	}
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	require.NoError(t, pub.Publish(queue, message.NewMessage(watermill.NewUUID(), body)))
+
+	proxy, url := testenv.ProxyAMQP(t)
+	conn, err := rabbitmq.Dial(rabbitmq.Connection{URL: url}, "dlq slow link")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = amqpcall.Close(context.Background(), conn, time.Second) })
+	proxy.Throttle(256 << 10)
+
+	var got []byte
+	took := testenv.Within(t, amqpcall.LimitFactor*dlq.CallTimeout, "the scan", func() {
+		_, err = dlq.Scan(t.Context(), conn, queue, func(m *dlq.Message) (bool, error) {
+			got = m.Delivery.Body
+			return false, nil
+		}, nil)
+	})
+	require.NoError(t, err)
+	require.Equal(t, body, got)
+	require.Greater(t, took, dlq.CallTimeout, "the transfer outlasted CallTimeout (the throttle's doing), or the test shows nothing")
+	require.Equal(t, 1, testenv.QueueDepth(t, direct, queue), "the scan put the message back")
+}
+
 // The outcome records on a database that went silent — the connection up,
 // nothing coming back — hold no closed loop's wait for the outcomes past
 // CallTimeout, and the error names the call; before, AwaitOutcomes's reads

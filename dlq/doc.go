@@ -12,7 +12,11 @@
 //	res, err := q.Replay(ctx, dlq.ReplayConfig{Filter: dlq.Filter{Classes: []string{"exhausted"}}})
 //
 // Restore publishes an archive (OpenFileSource, OpenTableSource) back.
-// Every wait on the broker or a store is bounded (10 s each).
+// Every wait on the broker or a store is bounded (10 s each). On a
+// connection rabbitmq.Dial opened, a wait on the broker is bounded by its
+// progress: 10 s without a frame but heartbeats, 5 minutes in all, so a
+// large message's transfer over a slow link is not cut; on any other
+// (amqp.Dial's), by 10 s in all.
 //
 // The package links no database driver: an archive table and the outcome
 // records are the caller's pools and stores (the CLI opens its own with

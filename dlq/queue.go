@@ -35,7 +35,8 @@ type Config struct {
 // never acknowledges a message it leaves: when it ends it returns each one
 // and waits until the queue counts them again, so the next reader finds them
 // back in their order (on a quorum queue too; the broker returns them if
-// the process dies). Each wait on the broker is bounded (10 s each).
+// the process dies). Each wait on the broker is bounded (10 s each,
+// without progress on a connection rabbitmq.Dial opened: package doc).
 //
 // A Queue holds no state but its connection and name, and each call opens
 // a channel of its own; but two reads of one queue at once would each see

@@ -117,12 +117,17 @@ var ErrNoQueue = errors.New("dlq: queue does not exist")
 // nothing coming back) held the scan until the AMQP heartbeat gave the
 // connection up; past callTimeout the connection is closed — the broker
 // returns what the scan held, in no set order on a quorum queue — and the
-// error names the wait (amqpcall.ErrNoAnswer). The scan's context is
-// checked between two calls, never under one: closing the connection under
-// a read would give the messages back out of their order.
+// error names the wait (amqpcall.ErrNoAnswer). On a connection
+// rabbitmq.Dial opened the bound is on the answer's progress: callTimeout
+// without a frame but heartbeats, and amqpcall.LimitFactor × callTimeout
+// (5 minutes) in all, so that a large message arrives over a slow link; on
+// any other it is on the whole call, the transfer included (amqpcall). The
+// scan's context is checked between two calls, never under one: closing
+// the connection under a read would give the messages back out of their
+// order.
 const callTimeout = 10 * time.Second
 
-// call runs f, a call on conn that waits for the broker, for at most
+// call runs f, a call on conn that waits for the broker, within
 // callTimeout (amqpcall.Do); what names the AMQP method.
 func call[T any](conn *amqp.Connection, what string, f func() (T, error)) (T, error) {
 	return amqpcall.Do(context.Background(), conn, callTimeout, what, f)

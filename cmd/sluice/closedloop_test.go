@@ -765,11 +765,7 @@ func TestRestoreInterruptedAfterAConfirm(t *testing.T) {
 // UTF-8, so kept as base64 in the record) with an event id of 400 bytes
 // comes back from restore --from-table byte for byte.
 func TestArchiveTableKeepsALargeBinaryPayload(t *testing.T) {
-	// Not parallel: dlq bounds each basic.get by a fixed 10 s, the answer's
-	// transfer included, and this 4 MiB get (4.3 s for the whole test alone)
-	// overran it twice on 6 December beside the package's parallel tests
-	// at a load average of 19-37 — a bound that should count the answer's
-	// progress, not its size (the fix is open; CHANGELOG).
+	t.Parallel()
 	b := newBed(t)
 	body := make([]byte, 4<<20)
 	for i := range body {

@@ -55,7 +55,8 @@ func (f *filterFlags) register(cmd *cobra.Command, limitHelp string) {
 const brokerClassPrefix = "broker:"
 
 // callTimeout bounds each of the CLI's own waits on the broker (a passive
-// declare, a connection's close), as package dlq bounds its own: 10 s.
+// declare, a connection's close), as package dlq bounds its own: 10 s
+// without progress (amqpcall.Do; the connection is rabbitmq.Dial's).
 const callTimeout = 10 * time.Second
 
 func (f *filterFlags) filter() (dlq.Filter, error) {

@@ -6,6 +6,17 @@
 // heartbeats, 30 s with amqp091-go's default of 10 s — or, on a connection
 // without heartbeats (heartbeat=0 in the URL), for ever. Do closes the connection under a call that
 // overruns its bound or its context: every call waiting on it returns.
+//
+// The bound is on the answer's progress, not its size: on a connection
+// whose socket Sluice's frame filter reads (internal/amqpframe: every one
+// rabbitmq.Dial opens), a call is given up when bound passes with no
+// frame read but heartbeats — the broker's connection process sends those
+// while a channel's answer is stuck — and at LimitFactor × bound in all,
+// however its answer moves. A basic.get of a message near RabbitMQ's
+// 128 MiB limit thus arrives over a slow link, and a broker that went
+// silent is given up after bound as before. On any other connection
+// (amqp.Dial's, a console's Config.Dial that does not use rabbitmq.Dial)
+// bound is fixed: it counts the transfer of the answer too.
 package amqpcall
 
 import (
@@ -16,6 +27,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/sluicemq/sluice/internal/amqpframe"
 	"github.com/sluicemq/sluice/internal/bounded"
 	"github.com/sluicemq/sluice/internal/diag"
 )
@@ -24,9 +36,20 @@ import (
 // within its bound (bounded.ErrNoAnswer).
 var ErrNoAnswer = bounded.ErrNoAnswer
 
+// LimitFactor is how many bounds a call whose answer keeps coming may take
+// in all: 5 minutes at dlq's 10 s, in which a message of 128 MiB (RabbitMQ
+// 3.x's largest; max_message_size) arrives at 450 KB/s. The limit is there
+// for an answer that trickles for ever — frames of other channels on the
+// same connection count as progress too — not for a slow link: a read is
+// then given up, the connection closed, and the message stays in its queue.
+const LimitFactor = 30
+
 // Do runs f, a call on conn that waits for the broker, and closes conn at
 // once when ctx ends or bound passes (bound ≤ 0: ctx only) before f
-// returns: f, and every other call waiting on conn, then returns. The
+// returns — bound without a frame read from the broker but heartbeats, and
+// LimitFactor × bound in all, on a connection Sluice dialed (the package's
+// doc); bound in all on any other: f, and every other call waiting on
+// conn, then returns. The
 // error of a call so given up says what waited ("a passive declare of
 // queue orders") and for how long, and wraps ErrNoAnswer, or ctx's cause,
 // and f's own error. A ctx that has ended already runs nothing.
@@ -40,7 +63,11 @@ func Do[T any](ctx context.Context, conn *amqp.Connection, bound time.Duration, 
 	if ctx.Err() != nil {
 		return zero, fmt.Errorf("%s: %w", what, context.Cause(ctx))
 	}
-	stop := bounded.Watch(ctx, bound, func(error) { _ = conn.CloseDeadline(time.Now()) })
+	var moved func() time.Time
+	if bound > 0 {
+		moved = amqpframe.Progress(conn)
+	}
+	stop := bounded.WatchProgress(ctx, bound, LimitFactor*bound, moved, func(error) { _ = conn.CloseDeadline(time.Now()) })
 	v, err := f()
 	if cause := stop(); cause != nil && err != nil {
 		if errors.Is(cause, ErrNoAnswer) {

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"math"
 	"net"
+	"sync/atomic"
+	"time"
 )
 
 // HeaderFrameMax is the largest content-header frame the filter holds to
@@ -17,6 +19,7 @@ const HeaderFrameMax = 1 << 20
 const (
 	frameHeaderSize = 7
 	frameHeader     = 2 // a content-header frame
+	frameHeartbeat  = 8
 	frameEnd        = 0xCE
 
 	flagContentType     = 0x8000
@@ -25,24 +28,51 @@ const (
 )
 
 // Conn is a connection whose reads pass through the filter; writes and
-// everything else are the wrapped connection's.
+// everything else are the wrapped connection's. It records when it last
+// read a byte of a frame other than a heartbeat (Progress).
 type Conn struct {
 	net.Conn
 	f filter
+
+	key   string       // its key in the registry, "" when not in it
+	moved atomic.Int64 // when it last read a byte of a frame other than a heartbeat, since epoch
+	gone  atomic.Bool  // closed, or its reads failed: out of the registry
 }
 
 // NewConn returns c reading through the filter; c itself when it is a
-// *Conn already (a filter above another would strip the Key it wrote).
+// *Conn already (a filter above another would strip the Key it wrote). It
+// is in the registry Progress reads until it is closed or a read fails.
 func NewConn(c net.Conn) net.Conn {
 	if _, ok := c.(*Conn); ok {
 		return c
 	}
-	return &Conn{Conn: c}
+	fc := &Conn{Conn: c}
+	fc.moved.Store(int64(time.Since(epoch)))
+	register(fc)
+	return fc
 }
 
 // Read reads the broker's frames, each content-header frame whose headers
-// table the client would refuse rewritten.
-func (c *Conn) Read(p []byte) (int, error) { return c.f.read(c.Conn, p) }
+// table the client would refuse rewritten, and records the time when what
+// it read holds a byte of a frame other than a heartbeat. A read that
+// fails takes c out of the registry: nothing more comes on it.
+func (c *Conn) Read(p []byte) (int, error) {
+	n, err := c.f.read(c.Conn, p)
+	if c.f.moved {
+		c.f.moved = false
+		c.moved.Store(int64(time.Since(epoch)))
+	}
+	if err != nil {
+		c.leave()
+	}
+	return n, err
+}
+
+// Close closes the wrapped connection and takes c out of the registry.
+func (c *Conn) Close() error {
+	c.leave()
+	return c.Conn.Close()
+}
 
 // reader is what the filter reads from.
 type reader interface{ Read(p []byte) (int, error) }
@@ -61,6 +91,9 @@ type filter struct {
 	pend []byte // bytes read and not yet filtered
 	buf  []byte // pend's storage
 	err  error  // the wrapped reader's error, once pend and out are drained
+
+	typ   byte // the type of the frame being read
+	moved bool // a byte of a frame other than a heartbeat was read since the reader cleared it
 }
 
 func (f *filter) read(r reader, p []byte) (int, error) {
@@ -107,10 +140,12 @@ func (f *filter) filter(b []byte) (w, r int) {
 	for r < len(b) {
 		switch {
 		case f.pass > 0:
+			f.moved = f.moved || f.typ != frameHeartbeat
 			k := int(min(f.pass, int64(len(b)-r)))
 			copy(b[w:], b[r:r+k])
 			w, r, f.pass = w+k, r+k, f.pass-int64(k)
 		case f.collecting:
+			f.moved = true
 			if f.want == 0 {
 				k := min(frameHeaderSize-len(f.frame), len(b)-r)
 				f.frame = append(f.frame, b[r:r+k]...)
@@ -135,12 +170,16 @@ func (f *filter) filter(b []byte) (w, r int) {
 				return w, r
 			}
 		case f.hn == 0 && b[r] == frameHeader:
-			f.collecting = true
+			f.collecting, f.typ = true, frameHeader
 			if cap(f.frame) == 0 {
 				f.frame = make([]byte, 0, 512)
 			}
 			f.frame = f.frame[:0]
 		default: // another frame's header: passed through as it is read
+			if f.hn == 0 {
+				f.typ = b[r]
+			}
+			f.moved = f.moved || f.typ != frameHeartbeat
 			k := min(frameHeaderSize-f.hn, len(b)-r)
 			copy(f.hdr[f.hn:], b[r:r+k])
 			copy(b[w:], b[r:r+k])

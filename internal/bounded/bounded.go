@@ -4,7 +4,8 @@
 // The inbox stage and the outbox's relay run their store calls through it.
 // Within bounds a call whose driver honours its context (the console's and
 // dlq's store calls); Watch ends a call whose client takes no context
-// (internal/amqpcall closes its AMQP connection).
+// (internal/amqpcall closes its AMQP connection), and WatchProgress one
+// whose answer, however long, is given up only when it stops coming.
 package bounded
 
 import (
@@ -120,6 +121,18 @@ var ErrNoAnswer = errors.New("no answer")
 // stop waits for a fire in progress and returns the reason it fired with,
 // nil when it did not.
 func Watch(ctx context.Context, d time.Duration, fire func(why error)) (stop func() error) {
+	return WatchProgress(ctx, d, 0, nil, fire)
+}
+
+// WatchProgress is Watch for a call whose answer may take long to arrive
+// and shows that it is coming: moved tells when the answer last moved (a
+// frame of it read). d then bounds the time without progress — d after
+// the later of the call's start and the last move — and limit (> 0) the
+// whole call, however it moves; the error names which one passed. A nil
+// moved is Watch: d bounds the whole call, and limit is not used. It starts
+// no goroutine of its own but the timer's, rearmed each time d passes with
+// progress since.
+func WatchProgress(ctx context.Context, d, limit time.Duration, moved func() time.Time, fire func(why error)) (stop func() error) {
 	var (
 		once sync.Once
 		why  error
@@ -131,16 +144,68 @@ func Watch(ctx context.Context, d time.Duration, fire func(why error)) (stop fun
 		})
 	}
 	stopCtx := context.AfterFunc(ctx, func() { do(context.Cause(ctx)) })
-	var t *time.Timer
+	var (
+		mu      sync.Mutex // t, stopped: a check does not rearm t once stop stopped it
+		t       *time.Timer
+		stopped bool
+	)
 	if d > 0 {
-		t = time.AfterFunc(d, func() { do(fmt.Errorf("%w within %s", ErrNoAnswer, d)) })
+		start := time.Now()
+		check := func() {
+			mu.Lock()
+			if stopped {
+				mu.Unlock()
+				return
+			}
+			next, err := expiry(start, time.Now(), d, limit, moved)
+			if err == nil {
+				t.Reset(next)
+				mu.Unlock()
+				return
+			}
+			mu.Unlock()
+			do(err)
+		}
+		mu.Lock()
+		t = time.AfterFunc(d, check)
+		mu.Unlock()
 	}
 	return func() error {
 		stopCtx()
+		mu.Lock()
+		stopped = true
 		if t != nil {
 			t.Stop()
 		}
+		mu.Unlock()
 		once.Do(func() {}) // waits for a fire in progress; none starts after
 		return why
 	}
+}
+
+// expiry says, at now, for a call started at start and bounded as in
+// WatchProgress, how long until the next check, or why it is given up.
+func expiry(start, now time.Time, d, limit time.Duration, moved func() time.Time) (time.Duration, error) {
+	if moved == nil {
+		return 0, fmt.Errorf("%w within %s", ErrNoAnswer, d)
+	}
+	if limit > 0 && !now.Before(start.Add(limit)) {
+		return 0, fmt.Errorf("%w within %s, the limit of a call whose answer keeps coming", ErrNoAnswer, limit)
+	}
+	from, last := start, moved()
+	came := last.After(start) // some of the answer came
+	if came {
+		from = last
+	}
+	if now.Sub(from) >= d {
+		if !came {
+			return 0, fmt.Errorf("%w within %s", ErrNoAnswer, d)
+		}
+		return 0, fmt.Errorf("%w within %s: it stopped coming %s into the call", ErrNoAnswer, d, from.Sub(start).Round(time.Millisecond))
+	}
+	next := from.Add(d)
+	if end := start.Add(limit); limit > 0 && end.Before(next) {
+		next = end
+	}
+	return next.Sub(now), nil
 }
