@@ -37,21 +37,37 @@ func Within(t testing.TB, d time.Duration, what string, f func()) time.Duration 
 // a lost or stuck delivery looks like. A count past want is returned as an
 // error at once.
 func AwaitCount(want int, stall, limit time.Duration, count func() int) error {
+	return await(want, stall, limit, count, func(n int) bool { return n > want },
+		func(n int) string { return fmt.Sprintf("%d of %d", n, want) })
+}
+
+// AwaitDrained waits, as AwaitCount waits for a count, until left() (a
+// queue's depth, the rows still to go) returns 0: it returns an error when
+// left has not moved, up or down, for stall, or when limit has passed in
+// all. A negative left is returned as an error at once.
+func AwaitDrained(stall, limit time.Duration, left func() int) error {
+	return await(0, stall, limit, left, func(n int) bool { return n < 0 },
+		func(n int) string { return fmt.Sprintf("%d left", n) })
+}
+
+// await polls value until it returns want; any change is progress, and a
+// value past want (past says which) ends the wait at once.
+func await(want int, stall, limit time.Duration, value func() int, past func(int) bool, show func(int) string) error {
 	start := time.Now()
-	last, moved := count(), time.Now()
+	last, moved := value(), time.Now()
 	for last != want {
-		if last > want {
-			return fmt.Errorf("%d, more than the %d wanted", last, want)
+		if past(last) {
+			return fmt.Errorf("%s, past the %d wanted", show(last), want)
 		}
 		now := time.Now()
 		if now.Sub(moved) >= stall {
-			return fmt.Errorf("%d of %d, unchanged for %s (%s in all)", last, want, stall, now.Sub(start).Round(time.Second))
+			return fmt.Errorf("%s, unchanged for %s (%s in all)", show(last), stall, now.Sub(start).Round(time.Second))
 		}
 		if now.Sub(start) >= limit {
-			return fmt.Errorf("%d of %d after %s, still moving", last, want, limit)
+			return fmt.Errorf("%s after %s, still moving", show(last), limit)
 		}
 		time.Sleep(50 * time.Millisecond)
-		if n := count(); n != last {
+		if n := value(); n != last {
 			last, moved = n, time.Now()
 		}
 	}
