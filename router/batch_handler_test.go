@@ -112,13 +112,23 @@ func TestABatchHandlerOnRabbitMQ(t *testing.T) {
 		require.NoError(t, db.Get(&n, fmt.Sprintf(`SELECT count(%s event_key) FROM %s.reservations`, distinct, schema)))
 		return n
 	}
+	// 2,400 deliveries: waited for while they move, not for a fixed time a
+	// loaded machine measures. The rows first, then the queue and its tier
+	// empty (the copies left are duplicates and retries).
 	conn := testenv.AMQP(t)
-	require.Eventually(t, func() bool {
-		return count("") == events-poisoned && testenv.QueueDepth(t, conn, queue) == 0 &&
-			testenv.QueueDepth(t, conn, queue+".retry.100ms") == 0
-	}, time.Minute, 20*time.Millisecond)
+	queues := []string{queue, queue + ".retry.100ms", queue + ".poison"}
+	if err := testenv.AwaitCount(events-poisoned, time.Minute, 10*time.Minute, func() int { return count("") }); err != nil {
+		t.Fatalf("every good event's row: %v; %s", err, testenv.QueueDepths(t, conn, queues...))
+	}
+	if err := testenv.AwaitDrained(time.Minute, 10*time.Minute, func() int {
+		return testenv.QueueDepth(t, conn, queue) + testenv.QueueDepth(t, conn, queue+".retry.100ms")
+	}); err != nil {
+		t.Fatalf("the queue and its tier empty: %v; %s", err, testenv.QueueDepths(t, conn, queues...))
+	}
 	// Every copy of a poisoned event is poisoned (none is ever claimed).
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue+".poison") == poisoned*copies }, time.Minute, 20*time.Millisecond)
+	if err := testenv.AwaitCount(poisoned*copies, time.Minute, 10*time.Minute, func() int { return testenv.QueueDepth(t, conn, queue+".poison") }); err != nil {
+		t.Fatalf("every copy of a poisoned event in the poison queue: %v; %s", err, testenv.QueueDepths(t, conn, queues...))
+	}
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 	require.NoError(t, q.Close())

@@ -191,8 +191,9 @@ func TestBrakeLongOutageOnAQuorumQueueSpendsNoDeliveryLimit(t *testing.T) {
 		}
 		return n
 	}
-	require.Eventually(t, func() bool { return committed()+deadLettered() == events }, 2*time.Minute, 20*time.Millisecond,
-		"every event committed or dead-lettered after the outage")
+	if err := testenv.AwaitCount(events, 2*time.Minute, 10*time.Minute, func() int { return committed() + deadLettered() }); err != nil {
+		t.Fatalf("every event committed or dead-lettered after the outage: %v; %s", err, testenv.QueueDepths(t, conn, queue, q.Topology().Tiers()[0].Topic, q.Topology().Tiers()[1].Topic))
+	}
 	seen.mu.Lock()
 	defer seen.mu.Unlock()
 	t.Logf("%d failed probes (%d pings); %d of %d dead-lettered by the broker (%d during the outage); %d processed; the most returns of a delivery %d (x-delivery-limit %d); %d copies in a tier, %d engagements",
@@ -265,8 +266,9 @@ func TestBrakeWithoutAProbeAnOutageDeadLettersNothing(t *testing.T) {
 		}
 	}()
 
-	require.Eventually(t, func() bool { return seen.count()+deadLettered() == events }, 2*time.Minute, 20*time.Millisecond,
-		"every event processed or dead-lettered after the outage")
+	if err := testenv.AwaitCount(events, 2*time.Minute, 10*time.Minute, func() int { return seen.count() + deadLettered() }); err != nil {
+		t.Fatalf("every event processed or dead-lettered after the outage: %v; %s", err, testenv.QueueDepths(t, conn, queue, q.Topology().Tiers()[0].Topic, q.Topology().Tiers()[1].Topic))
+	}
 	failed := engaged() - 1
 	seen.mu.Lock()
 	defer seen.mu.Unlock()

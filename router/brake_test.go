@@ -228,8 +228,9 @@ func TestBrakeIgnoresPoison(t *testing.T) {
 	}
 	done := testenv.RunRouter(context.Background(), r)
 	conn := testenv.AMQP(t)
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q.Topology().Config().PoisonQueue) == events },
-		2*time.Minute, 20*time.Millisecond)
+	if err := testenv.AwaitCount(events, 2*time.Minute, 10*time.Minute, func() int { return testenv.QueueDepth(t, conn, q.Topology().Config().PoisonQueue) }); err != nil {
+		t.Fatalf("every message in the poison queue: %v; %s", err, testenv.QueueDepths(t, conn, queue, q.Topology().Tiers()[0].Topic))
+	}
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 	require.Zero(t, testenv.CounterSum(t, reader, telemetry.MetricBrakeTransitions))
@@ -269,7 +270,8 @@ func TestBrakeOnTheEmbeddedDefault(t *testing.T) {
 	outlastTheLadder(t, reader, 10*150*time.Millisecond, func() bool { return true }) // ten times the ladder
 	require.LessOrEqual(t, e.PendingRetries(), 5, "at most the failures before the brake engaged wait in a tier")
 	down.Store(false)
-	require.Eventually(t, func() bool { return handled.Load() == events }, time.Minute, 5*time.Millisecond)
+	require.NoError(t, testenv.AwaitCount(events, time.Minute, 10*time.Minute, func() int { return int(handled.Load()) }),
+		"every event handled after the outage; %d waiting in a tier, %d poisoned", e.PendingRetries(), len(e.Poisoned()))
 	require.Empty(t, e.Poisoned())
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
@@ -317,7 +319,13 @@ func TestBrakeBehindWatermillRetryAndTimeout(t *testing.T) {
 	runRouter(t, r)
 	outlastTheLadder(t, reader, 3*600*time.Millisecond, func() bool { return true }) // three times the ladder
 	down.Store(false)
-	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(handled) == events }, 2*time.Minute, 10*time.Millisecond)
+	if err := testenv.AwaitCount(events, 2*time.Minute, 10*time.Minute, func() int { mu.Lock(); defer mu.Unlock(); return len(handled) }); err != nil {
+		conn := testenv.AMQP(t)
+		t.Fatalf("every event handled after the outage: %v; %s; brake engaged %d, released %d", err,
+			testenv.QueueDepths(t, conn, queue, q.Topology().Tiers()[0].Topic, q.Topology().Tiers()[1].Topic, q.Topology().Config().PoisonQueue),
+			testenv.CounterWhere(t, reader, telemetry.MetricBrakeTransitions, string(telemetry.AttrBrakeState), "engaged"),
+			testenv.CounterWhere(t, reader, telemetry.MetricBrakeTransitions, string(telemetry.AttrBrakeState), "released"))
+	}
 	mu.Lock()
 	for id, n := range handled {
 		require.Equal(t, 1, n, id)

@@ -102,11 +102,14 @@ func TestCopyOverTheFrameIsIsolatedAndThePublisherStaysUp(t *testing.T) {
 	}
 	runRouter(t, r)
 
-	require.Eventually(t, func() bool {
+	if err := testenv.AwaitCount(good, 2*time.Minute, 10*time.Minute, func() int {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(processed) == good
-	}, 2*time.Minute, 10*time.Millisecond, "every good message went through its tier and was processed")
+		return len(processed)
+	}); err != nil {
+		t.Fatalf("every good message went through its tier and was processed: %v; %s", err,
+			testenv.QueueDepths(t, conn, queue, q.Topology().Tiers()[0].Topic, q.Topology().Config().PoisonQueue))
+	}
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, q.Topology().Config().PoisonQueue) == 1 },
 		2*time.Minute, 10*time.Millisecond, "the big message is isolated")
 	require.Eventually(t, func() bool {

@@ -167,14 +167,14 @@ func runOrderScenarioOn(t *testing.T, sc orderScenario, ordered bool, partitions
 	}
 	topo, err := rabbitmq.NewTopology(tc)
 	require.NoError(t, err)
-	names := []string{}
-	if partitions > 0 {
-		names = append(names, "exchange:"+topo.Config().Exchange)
-	}
+	var queues []string
 	for _, q := range topo.Queues() {
-		names = append(names, q.Name)
+		queues = append(queues, q.Name)
 	}
-	testenv.DeleteQueuesAtEnd(t, names...)
+	if partitions > 0 {
+		testenv.DeleteQueuesAtEnd(t, "exchange:"+topo.Config().Exchange)
+	}
+	testenv.DeleteQueuesAtEnd(t, queues...)
 	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Topology: tc})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = b.Close() })
@@ -262,16 +262,21 @@ func runOrderScenarioOn(t *testing.T, sc orderScenario, ordered bool, partitions
 	}
 	wait = func(cond func() bool) {
 		t.Helper()
-		require.Eventually(t, cond, 5*time.Minute, 50*time.Millisecond) // a liveness bound: 400 messages through the tiers took over 90 s at load average 25
+		require.Eventually(t, cond, 5*time.Minute, 50*time.Millisecond) // a liveness bound
 	}
 	want := sc.keys*sc.perKey - 1 // the poisoned head
 	if ordered {
 		want = sc.keys*sc.perKey - (sc.perKey - sc.poisonSeq) // the head and what its key holds
 	}
-	wait(func() bool {
+	// 400 messages through the tiers took over 90 s at load average 25:
+	// waited for while they move.
+	if err := testenv.AwaitCount(want, 5*time.Minute, 10*time.Minute, func() int {
 		var n int
 		require.NoError(t, db.Get(&n, fmt.Sprintf(`SELECT count(*) FROM %s.applied`, schema)))
-		return n == want && poisoned.Load() >= 1
-	})
+		return n
+	}); err != nil {
+		t.Fatalf("every message that can be applied applied: %v; %s", err, testenv.QueueDepths(t, testenv.AMQP(t), queues...))
+	}
+	wait(func() bool { return poisoned.Load() >= 1 })
 	return applied, store, consumer, wait
 }

@@ -90,7 +90,8 @@ func TestRefusedPoisonCopyIsParked(t *testing.T) {
 	}
 	runRouter(t, r)
 
-	require.Eventually(t, func() bool { return handledGood.Load() == good }, time.Minute, 5*time.Millisecond)
+	require.NoError(t, testenv.AwaitCount(good, time.Minute, 10*time.Minute, func() int { return int(handledGood.Load()) }),
+		"every good event handled beside the parked one")
 	require.Eventually(t, func() bool { return testenv.CounterSum(t, reader, telemetry.MetricPoisonParked) >= 2 }, time.Minute, 10*time.Millisecond,
 		"refused, parked, back after the tier's delay, refused again, parked again")
 	conn := testenv.AMQP(t)

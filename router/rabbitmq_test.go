@@ -122,11 +122,17 @@ func stackWithPostgresInbox(t *testing.T, batch *deduplication.BatchConfig, quor
 		require.NoError(t, db.Get(&n, fmt.Sprintf(`SELECT count(*) FROM %s.reservations`, schema)))
 		return n
 	}
-	require.Eventually(t, func() bool { return count() == events }, 2*time.Minute, 20*time.Millisecond)
+	// 400 deliveries and the retries: waited for while they move, not for
+	// a fixed time a loaded machine measures (the three runs share it).
 	conn := testenv.AMQP(t)
-	require.Eventually(t, func() bool {
-		return testenv.QueueDepth(t, conn, queue) == 0 && testenv.QueueDepth(t, conn, queue+".retry.100ms") == 0
-	}, time.Minute, 20*time.Millisecond)
+	if err := testenv.AwaitCount(events, 2*time.Minute, 10*time.Minute, count); err != nil {
+		t.Fatalf("every event's row: %v; %s", err, testenv.QueueDepths(t, conn, queue, queue+".retry.100ms", queue+".poison"))
+	}
+	if err := testenv.AwaitDrained(time.Minute, 10*time.Minute, func() int {
+		return testenv.QueueDepth(t, conn, queue) + testenv.QueueDepth(t, conn, queue+".retry.100ms")
+	}); err != nil {
+		t.Fatalf("the duplicates and retries consumed, the queue and its tier empty: %v; %s", err, testenv.QueueDepths(t, conn, queue, queue+".retry.100ms"))
+	}
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 	require.NoError(t, q.Close())
@@ -298,14 +304,16 @@ func TestDrainingCloseUnderLoadNoDuplicates(t *testing.T) {
 		require.NoError(t, pub.Publish(queue, m))
 	}
 	const prefetch = 16 // the Consumer's deliveries in flight
-	require.Eventually(t, func() bool { return started.Load() == before+prefetch }, time.Minute, time.Millisecond,
-		"%d handlers held", started.Load()-before)
+	require.NoError(t, testenv.AwaitCount(before+prefetch, time.Minute, 10*time.Minute, func() int { return int(started.Load()) }),
+		"%d handled, then %d handlers held", before, prefetch)
 	testenv.CloseMidHandler(t, closing, queue, release, stop) // the 16 in flight finish and are acked before the channel closes
 	first, _ := rows()
 	require.Equal(t, before+prefetch, first, "closed mid-load: what was in flight committed, nothing after")
 
 	_, stop = consume(false)
-	require.Eventually(t, func() bool { _, d := rows(); return d == n }, 2*time.Minute, 10*time.Millisecond)
+	if err := testenv.AwaitCount(n, 2*time.Minute, 10*time.Minute, func() int { _, d := rows(); return d }); err != nil {
+		t.Fatalf("every event's row, the rest by the second router: %v; %s", err, testenv.QueueDepths(t, testenv.AMQP(t), queue))
+	}
 	stop() // drains: a redelivery in flight has run by now
 	all, distinct := rows()
 	require.Equal(t, n, all)

@@ -83,6 +83,17 @@ func QueueDepth(t testing.TB, conn *amqp.Connection, queue string) int {
 	return inspectQueue(t, conn, queue).Messages
 }
 
+// QueueDepths says how many ready messages each of queues holds ("orders
+// 3, orders.poison 0"): what a failed wait for them prints.
+func QueueDepths(t testing.TB, conn *amqp.Connection, queues ...string) string {
+	t.Helper()
+	depths := make([]string, len(queues))
+	for i, q := range queues {
+		depths[i] = fmt.Sprintf("%s %d", q, QueueDepth(t, conn, q))
+	}
+	return strings.Join(depths, ", ")
+}
+
 // QueueConsumers returns the number of consumers of queue: 0 once a
 // draining consumer has cancelled, so the broker sends it nothing more.
 func QueueConsumers(t testing.TB, conn *amqp.Connection, queue string) int {
