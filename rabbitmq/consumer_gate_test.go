@@ -91,7 +91,8 @@ func TestConsumerTakesOneDeliveryWhileProbing(t *testing.T) {
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == n-1-prefetch }, time.Minute, 10*time.Millisecond,
 		"the full prefetch taken beside the probe")
 	close(release)
-	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(handled) == n }, 2*time.Minute, 10*time.Millisecond)
+	require.NoError(t, testenv.AwaitCount(n, 2*time.Minute, 10*time.Minute, func() int { mu.Lock(); defer mu.Unlock(); return len(handled) }),
+		"every message handled once released")
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == 0 }, time.Minute, 10*time.Millisecond)
 	mu.Lock()
 	defer mu.Unlock()

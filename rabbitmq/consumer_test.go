@@ -86,8 +86,10 @@ func TestConsumerOutOfOrderAcks(t *testing.T) {
 		return nil
 	})
 	publishIDs(t, queue, n)
-	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == n }, 2*time.Minute, 10*time.Millisecond)
 	conn := testenv.AMQP(t)
+	if err := testenv.AwaitCount(n, 2*time.Minute, 10*time.Minute, func() int { mu.Lock(); defer mu.Unlock(); return len(seen) }); err != nil {
+		t.Fatalf("every message handled: %v; %s", err, testenv.QueueDepths(t, conn, queue))
+	}
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, queue) == 0 }, time.Minute, 10*time.Millisecond)
 	stop() // drains: a redelivery in flight has been handled by now, and none comes after
 	mu.Lock()
@@ -126,7 +128,8 @@ func TestConsumerDrainingClose(t *testing.T) {
 	}
 	closing, stop := runConsumerLogged(t, queue, prefetch, handler(true))
 	publishIDs(t, queue, n)
-	require.Eventually(t, func() bool { return started.Load() == before+prefetch }, time.Minute, time.Millisecond)
+	require.NoError(t, testenv.AwaitCount(before+prefetch, time.Minute, 10*time.Minute, func() int { return int(started.Load()) }),
+		"%d handled, then %d handlers held", before, prefetch)
 	testenv.CloseMidHandler(t, closing, queue, release, stop) // the 16 in flight finish and are acked before the channel closes
 	mu.Lock()
 	handledFirst := len(seen)
@@ -134,7 +137,9 @@ func TestConsumerDrainingClose(t *testing.T) {
 	require.Equal(t, before+prefetch, handledFirst, "closed mid-load: what was in flight was handled, nothing after")
 
 	stop = runConsumer(t, queue, prefetch, handler(false))
-	require.Eventually(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == n }, 2*time.Minute, 10*time.Millisecond)
+	if err := testenv.AwaitCount(n, 2*time.Minute, 10*time.Minute, func() int { mu.Lock(); defer mu.Unlock(); return len(seen) }); err != nil {
+		t.Fatalf("every message handled, the rest by the second consumer: %v; %s", err, testenv.QueueDepths(t, testenv.AMQP(t), queue))
+	}
 	stop() // drains: a redelivery in flight has been handled by now
 	mu.Lock()
 	defer mu.Unlock()

@@ -49,15 +49,16 @@ func TestBrokerRestartNeverSilentSuccess(t *testing.T) {
 		}
 	}()
 
-	require.Eventually(t, func() bool { return ok.Load() >= 50 }, time.Minute, 10*time.Millisecond)
+	confirmedAtLeast := func(n int64) func() int { return func() int { return int(min(ok.Load(), n)) } }
+	require.NoError(t, testenv.AwaitCount(50, time.Minute, 10*time.Minute, confirmedAtLeast(50)), "50 publishes confirmed before the restart")
 	// Down a second, while the publisher keeps publishing; a start that
 	// RabbitMQ 4.0 refuses is retried (testenv.StartApp).
 	r, err := testenv.RestartApp(context.Background(), testenv.TryRabbitmqctl, testenv.RabbitMQRoot, time.Second)
 	require.NoError(t, err, "restarting the broker")
 	t.Logf("broker restarted: %s", r.Boot)
 	afterRestart := ok.Load()
-	require.Eventually(t, func() bool { return ok.Load() >= afterRestart+50 }, 60*time.Second, 50*time.Millisecond,
-		"the publisher recovers by itself after the restart")
+	require.NoError(t, testenv.AwaitCount(int(afterRestart+50), time.Minute, 10*time.Minute, confirmedAtLeast(afterRestart+50)),
+		"the publisher recovers by itself after the restart: 50 more publishes confirmed")
 	stop.Store(true)
 	<-done
 

@@ -136,19 +136,21 @@ func (s *waitStack) publish(t *testing.T, n int) {
 }
 
 // deliveries returns, once every one of n messages was seen k times, what
-// was seen of each.
+// was seen of each. The messages seen k times are counted while they come:
+// a loaded machine takes its time over a burst.
 func (s *waitStack) deliveries(t *testing.T, n, k int) map[string][]seenDelivery {
 	t.Helper()
-	require.Eventually(t, func() bool {
+	require.NoError(t, testenv.AwaitCount(n, time.Minute, 10*time.Minute, func() int {
 		s.mu.Lock()
 		defer s.mu.Unlock()
+		done := 0
 		for i := range n {
-			if len(s.seen[fmt.Sprint(i)]) < k {
-				return false
+			if len(s.seen[fmt.Sprint(i)]) >= k {
+				done++
 			}
 		}
-		return true
-	}, 60*time.Second, 20*time.Millisecond)
+		return done
+	}), "each of %d messages seen %d times", n, k)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return maps(s.seen)
