@@ -247,11 +247,10 @@ func TestClusterPartitionedNode(t *testing.T) {
 
 	t0 := time.Now()
 	phase := func(what string) { t.Logf("%s: %s", time.Since(t0).Round(time.Millisecond), what) }
-	require.Eventually(t, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return confirmed.Load() >= 300 && len(handled) >= 100
-	}, 2*time.Minute, 5*time.Millisecond, "publishing and consuming through node 2")
+	require.NoError(t, testenv.AwaitCount(300, 2*time.Minute, 10*time.Minute, func() int { return int(min(confirmed.Load(), 300)) }),
+		"publishing through node 2: 300 confirmed")
+	require.NoError(t, testenv.AwaitCount(100, 2*time.Minute, 10*time.Minute, func() int { mu.Lock(); defer mu.Unlock(); return min(len(handled), 100) }),
+		"consuming through node 2: 100 handled")
 	phase("300 confirmed, 100 handled through node 2")
 
 	mu.Lock()

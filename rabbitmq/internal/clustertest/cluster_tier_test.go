@@ -44,10 +44,13 @@ func TestClusterQuorumTierDeadLettersAfterALeaderChange(t *testing.T) {
 
 	node2 := dialNode(t, c.URLs[2])
 	ch := testenv.Channel(t, node2)
-	require.Eventually(t, func() bool {
+	require.NoError(t, testenv.AwaitCount(n, delay+2*time.Minute, 10*time.Minute, func() int {
 		q, err := ch.QueueDeclarePassive(topo.Config().Queue, true, false, false, false, nil)
-		return err == nil && q.Messages >= n
-	}, delay+2*time.Minute, 50*time.Millisecond, "the tier's copies back in the main queue")
+		if err != nil {
+			return -1
+		}
+		return min(q.Messages, n)
+	}), "the tier's copies back in the main queue")
 	back := time.Since(published)
 	copies := drainBodies(t, node2, topo.Config().Queue)
 	for i := range n {
