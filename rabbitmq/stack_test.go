@@ -34,6 +34,8 @@ type stack struct {
 	mu    sync.Mutex
 	calls map[string][]*message.Message // by event id: every delivery seen
 
+	log *testenv.Log // the subscriber's
+
 	// stop closes the router, once every handler in flight returned
 	// (newBrokerStack's).
 	stop func()
@@ -52,7 +54,7 @@ func newStackBehind(t *testing.T, cfg rabbitmq.TopologyConfig, outer []message.H
 	if cfg.TierDelays == nil {
 		cfg.TierDelays = shortTiers
 	}
-	s := &stack{topo: newTopology(t, cfg), conn: testenv.AMQP(t), pub: newPublisher(t, ""), calls: map[string][]*message.Message{}}
+	s := &stack{topo: newTopology(t, cfg), conn: testenv.AMQP(t), pub: newPublisher(t, ""), calls: map[string][]*message.Message{}, log: testenv.NewLog()}
 
 	p, err := poison.New(poison.Config{Publisher: s.pub, Topic: s.topo.Config().PoisonQueue, Queue: s.topo.Config().Queue, Env: sluice.Env{PublishBackoff: 100 * time.Millisecond}})
 	require.NoError(t, err)
@@ -61,7 +63,7 @@ func newStackBehind(t *testing.T, cfg rabbitmq.TopologyConfig, outer []message.H
 	c, err := stage.Classify(stage.ClassifyConfig{})
 	require.NoError(t, err)
 
-	sub, err := rabbitmq.NewWatermillSubscriber(rabbitmq.Connection{URL: testenv.AMQPURL})
+	sub, err := rabbitmq.NewWatermillSubscriber(rabbitmq.Connection{URL: testenv.AMQPURL, Logger: s.log})
 	require.NoError(t, err)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
