@@ -11,7 +11,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/lib/pq"
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
@@ -170,13 +169,13 @@ func TestInboxSlowMessageDoesNotStallTheConsumers(t *testing.T) {
 			}
 		})
 	}
-	moved := func() bool {
-		return b.count(t, `SELECT count(*) FROM %s.reservations WHERE event_key <> 'evt-slow'`) == 200
+	moved := func() int {
+		return b.count(t, `SELECT count(*) FROM %s.reservations WHERE event_key <> 'evt-slow'`)
 	}
-	if !assert.Eventually(t, moved, time.Minute, 20*time.Millisecond, "the other events move while the slow one holds its claim") {
+	if err := testenv.AwaitCount(200, time.Minute, 10*time.Minute, moved); err != nil {
 		releaseSlow()
 		wg.Wait()
-		t.Fatalf("the consumers' errors: %v", failed)
+		t.Fatalf("the other events move while the slow one holds its claim: %v; the consumers' errors: %v", err, failed)
 	}
 	releaseSlow()
 	wg.Wait()

@@ -42,11 +42,11 @@ func TestEmbeddedJitteredTier(t *testing.T) {
 			return nil
 		})
 	testenv.PublishEvents(t, e.PubSub(), "orders", 60)
-	require.Eventually(t, func() bool {
+	require.NoError(t, testenv.AwaitCount(60, time.Minute, 10*time.Minute, func() int {
 		mu.Lock()
 		defer mu.Unlock()
-		return from[waits[0]]+from[waits[1]] == 60
-	}, time.Minute, time.Millisecond)
+		return from[waits[0]] + from[waits[1]]
+	}), "every event back from one of the tier's waits")
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 	require.NoError(t, e.Close())

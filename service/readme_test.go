@@ -169,9 +169,13 @@ func TestTheREADMEBatchHandlerRuns(t *testing.T) {
 		require.NoError(t, db.GetContext(t.Context(), &n, `SELECT count(*) FROM ledger`))
 		return n
 	}
-	require.Eventually(t, func() bool {
-		return count() == 50 && testenv.QueueDepth(t, conn, "ledger.poison") == 1 && testenv.QueueDepth(t, conn, "ledger") == 0
-	}, time.Minute, 20*time.Millisecond)
+	// 101 deliveries: the rows waited for while they come, then the
+	// duplicates consumed and the bad one isolated.
+	if err := testenv.AwaitCount(50, time.Minute, 10*time.Minute, count); err != nil {
+		t.Fatalf("each event's row: %v; %s", err, testenv.QueueDepths(t, conn, "ledger", "ledger.poison"))
+	}
+	require.NoError(t, testenv.AwaitDrained(time.Minute, 10*time.Minute, func() int { return testenv.QueueDepth(t, conn, "ledger") }), "the duplicates consumed")
+	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, "ledger.poison") == 1 }, time.Minute, 20*time.Millisecond, "the bad one isolated")
 	require.NoError(t, svc.Close())
 	require.NoError(t, <-done)
 	require.NoError(t, q.Close())
