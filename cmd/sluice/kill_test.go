@@ -76,7 +76,9 @@ func TestKillMidRampThenRerun(t *testing.T) {
 
 	out, err := exec.Command(bin, args...).CombinedOutput()
 	require.NoError(t, err, "the rerun replays the rest: %s", out)
-	require.Eventually(t, func() bool { return rows() == n }, 2*time.Minute, 10*time.Millisecond)
+	if err := testenv.AwaitCount(n, 2*time.Minute, 10*time.Minute, rows); err != nil {
+		t.Fatalf("every event processed after the rerun: %v; %s", err, testenv.QueueDepths(t, testenv.AMQP(t), b.topo.Config().Queue, b.topo.Config().PoisonQueue))
+	}
 	var distinct, claims int
 	require.NoError(t, db.Get(&distinct, `SELECT count(DISTINCT event_id) FROM `+rc.db+`.stock`))
 	require.NoError(t, db.Get(&claims, `SELECT count(*) FROM `+rc.db+`.inbox`))
@@ -123,9 +125,9 @@ func TestKillAtAnyPointOfTheClosedLoop(t *testing.T) {
 			release := make(chan struct{}) // closed once the CLI is killed
 			rc := newRecovering(t, b, func(id string) bool {
 				if id == slow && (point == "awaiting-outcomes" || point == "between-confirm-and-ack") && !slowStarted.Swap(true) {
-					select { // the batch's last outcome is late: the CLI waits for it until killed
+					select { // the batch's last outcome is late: the CLI waits for it until killed (the wait for the point below is 2 minutes at most)
 					case <-release:
-					case <-time.After(time.Minute):
+					case <-time.After(3 * time.Minute):
 					}
 				}
 				return bad(id)
@@ -138,15 +140,15 @@ func TestKillAtAnyPointOfTheClosedLoop(t *testing.T) {
 			require.NoError(t, cmd.Start())
 			switch point {
 			case "canary":
-				require.Eventually(t, func() bool { return rows() >= 1 }, 30*time.Second, time.Millisecond)
+				require.Eventually(t, func() bool { return rows() >= 1 }, 2*time.Minute, time.Millisecond)
 			case "mid-batch":
-				require.Eventually(t, func() bool { return rows() >= 12 }, 30*time.Second, time.Millisecond)
+				require.Eventually(t, func() bool { return rows() >= 12 }, 2*time.Minute, time.Millisecond)
 			case "between-confirm-and-ack": // k024 is consumed as soon as its publish is confirmed, before the CLI records and acks it
-				require.Eventually(t, slowStarted.Load, 30*time.Second, time.Millisecond)
+				require.Eventually(t, slowStarted.Load, 2*time.Minute, time.Millisecond)
 			case "awaiting-outcomes": // the first 25 acked, k009 and k019 poisoned again, k024 still in its handler
 				require.Eventually(t, func() bool {
 					return slowStarted.Load() && testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Config().PoisonQueue) == n-25+2
-				}, 30*time.Second, time.Millisecond)
+				}, 2*time.Minute, time.Millisecond)
 			}
 			require.NoError(t, cmd.Process.Kill())
 			_ = cmd.Wait()
@@ -157,7 +159,10 @@ func TestKillAtAnyPointOfTheClosedLoop(t *testing.T) {
 			// and the queue's head may now be a bad event the first run put back.
 			rerun := slices.DeleteFunc(slices.Clone(args), func(a string) bool { return a == "--canary" || a == "5" })
 			out, _ := exec.Command(bin, rerun...).CombinedOutput()
-			require.Eventually(t, func() bool { return rows() == n-len(want) }, 2*time.Minute, 10*time.Millisecond, "%s", out)
+			if err := testenv.AwaitCount(n-len(want), 2*time.Minute, 10*time.Minute, rows); err != nil {
+				t.Fatalf("every good event processed after the rerun: %v; %s; the rerun:\n%s", err,
+					testenv.QueueDepths(t, testenv.AMQP(t), b.topo.Config().Queue, b.topo.Config().PoisonQueue), out)
+			}
 			require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), b.topo.Config().Queue) == 0 }, time.Minute, 10*time.Millisecond)
 			var distinct, claims int
 			require.NoError(t, db.Get(&distinct, `SELECT count(DISTINCT event_id) FROM `+rc.db+`.stock`))
@@ -196,7 +201,7 @@ func TestInterruptMidRamp(t *testing.T) {
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	require.NoError(t, cmd.Start())
-	require.Eventually(t, func() bool { return rows() >= 10 }, 30*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return rows() >= 10 }, 2*time.Minute, time.Millisecond)
 	require.NoError(t, cmd.Process.Signal(os.Interrupt))
 	err := cmd.Wait()
 	var exit *exec.ExitError
@@ -216,9 +221,9 @@ func TestInterruptMidRamp(t *testing.T) {
 	// go back to the poison queue once the broker has closed its channel:
 	// wait for every event to be in one place or the other.
 	left := 0
-	require.Eventually(t, func() bool {
+	require.NoError(t, testenv.AwaitCount(n, 2*time.Minute, 10*time.Minute, func() int {
 		left = len(peekIDs(t, b.topo.Config().PoisonQueue))
-		return rows()+left == n
-	}, 2*time.Minute, 50*time.Millisecond, "every event processed or still in the poison queue")
+		return rows() + left
+	}), "every event processed or still in the poison queue")
 	t.Logf("interrupted with %d of %d processed, %d left in the poison queue; stderr: %s", rows(), n, left, stderr.String())
 }
