@@ -482,7 +482,11 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 			break
 		}
 	}
-	r.isolate(pctx, rows, errs, seen)
+	untried := r.isolate(pctx, rows, errs, seen)
+	givenBack := make([]bool, len(rows))
+	for _, i := range untried {
+		givenBack[i] = true
+	}
 	now := time.Now()
 	relayed := make([]int64, 0, len(rows))
 	var failed []Failed
@@ -502,11 +506,18 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 		r.failures.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(r.cfg.name),
 			semconv.MessagingDestinationName(row.Topic), semconv.ErrorTypeKey.String(kind))))
 		next, dead := now, false
-		if kind != errorTypeUnreachable {
+		switch {
+		case kind == errorTypeUnreachable:
+			unreachable = true
+		case givenBack[i]:
+			// Failed beside the culprit, and not tried alone: due again at
+			// once, not on its retry schedule, where the culprit's own is
+			// (the rows tried alone, the culprit among them once reached,
+			// have their own outcome).
+			err = fmt.Errorf("%w (not tried alone within PublishTimeout: given back)", err)
+		default:
 			next = now.Add(r.retryAfter(row.Attempts))
 			dead = row.Attempts+1 >= r.cfg.MaxAttempts
-		} else {
-			unreachable = true
 		}
 		f := Failed{ID: row.ID, Err: diag.Bound(diag.Redact(err.Error()), errorMaxLength), NextAttempt: next, Dead: dead}
 		failed = append(failed, f)
@@ -630,8 +641,11 @@ func rowTopic(rows []Row, id int64) string {
 // after it on that channel, other topics included. Alone, each good row
 // goes through and the culprit fails with its own reason. The rows are
 // tried one after another, in order: two at once would share a channel,
-// and the culprit's close would fail the other.
-func (r *Relay) isolate(ctx context.Context, rows []Row, errs []error, seen []bool) {
+// and the culprit's close would fail the other. It returns the rows the
+// publish time did not leave it to try, once it tried at least one: their
+// failure may be the culprit's, not theirs (a slow broker answers a
+// confirm at a time too slowly for 500 rows).
+func (r *Relay) isolate(ctx context.Context, rows []Row, errs []error, seen []bool) (untried []int) {
 	var suspects []int
 	for i, err := range errs {
 		if !seen[i] || err == nil || rows[i].Err != nil {
@@ -642,17 +656,31 @@ func (r *Relay) isolate(ctx context.Context, rows []Row, errs []error, seen []bo
 		}
 	}
 	if len(suspects) < 2 {
-		return
+		return nil
 	}
-	for _, i := range suspects {
+	for n, i := range suspects {
+		if ctx.Err() != nil {
+			return untriedFrom(suspects, n)
+		}
 		one := make(chan error, 1) // a publish that outlives ctx still returns
 		go func() { one <- r.publishOne(ctx, rows[i]) }()
 		select {
 		case errs[i] = <-one:
 		case <-ctx.Done():
-			return // the rows not tried alone keep their first error
+			return untriedFrom(suspects, n) // the rows not tried alone keep their first error
 		}
 	}
+	return nil
+}
+
+// untriedFrom returns the suspects from the n-th on, the ones not tried
+// alone, when the first n hold at least one: a batch whose isolation tried
+// none gives none back, so that each batch settles a row at least.
+func untriedFrom(suspects []int, n int) []int {
+	if n == 0 {
+		return nil
+	}
+	return suspects[n:]
 }
 
 // publishOne publishes row alone on ctx.
