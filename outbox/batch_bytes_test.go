@@ -70,7 +70,7 @@ func TestABatchIsBoundedByBytes(t *testing.T) {
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
-	require.Eventually(t, func() bool { return s.count("outbox") == 0 }, 120*time.Second, 50*time.Millisecond)
+	require.NoError(t, testenv.AwaitCount(n/10*10, time.Minute, 10*time.Minute, func() int { return n/10*10 - s.count("outbox") }), "rows relayed")
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)
 	require.LessOrEqual(t, store.largest.Load(), max(limit, 1500*1000), "no batch over BatchBytes")
@@ -116,7 +116,7 @@ func TestABatchCutShortByBytesIsFollowedAtOnce(t *testing.T) {
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
-	require.Eventually(t, func() bool { return s.count("outbox") == 0 }, time.Minute, 20*time.Millisecond,
+	require.NoError(t, testenv.AwaitCount(rows, time.Minute, 10*time.Minute, func() int { return rows - s.count("outbox") }),
 		"6 batches of 2 rows, each taken at once after the one before")
 	require.NoError(t, r.Close())
 	require.NoError(t, <-done)

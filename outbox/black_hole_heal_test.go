@@ -81,9 +81,15 @@ func relayThroughAHalfOpenHeal(t *testing.T, open func(t *testing.T, dsn string)
 		require.NoError(t, s.outbox.Write(t.Context(), tx, s.produced, msgs...))
 		require.NoError(t, tx.Commit())
 	}
+	// StoreTimeout bounds each store call, and the relay must get through
+	// before the hole: a call given up loses its connection (the pool
+	// discards one whose call's context ended), so the next one dials
+	// again through the proxy, and a dial with Due's five statements
+	// must fit. At 1 s a loaded run (about 14) had not relayed 100 rows
+	// in a minute.
 	r, err := outbox.NewRelay(store, s.rabbit.Publisher(), outbox.RelayConfig{BatchSize: 10,
 		PollInterval: 10 * time.Millisecond, RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
-		Env: sluice.Env{MeterProvider: s.mp, StoreTimeout: time.Second, PublishTimeout: 5 * time.Second}})
+		Env: sluice.Env{MeterProvider: s.mp, StoreTimeout: 3 * time.Second, PublishTimeout: 5 * time.Second}})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()
@@ -92,23 +98,25 @@ func relayThroughAHalfOpenHeal(t *testing.T, open func(t *testing.T, dsn string)
 		require.NoError(t, <-done)
 	})
 
-	require.Eventually(t, func() bool { return testenv.QueueDepth(t, s.conn, s.produced) >= 100 }, time.Minute, 5*time.Millisecond,
-		"the relay is relaying")
+	// Awaited by their progress, as a loaded machine's speed is no bound.
+	require.NoError(t, testenv.AwaitCount(100, time.Minute, 10*time.Minute, func() int {
+		return min(testenv.QueueDepth(t, s.conn, s.produced), 100)
+	}), "the relay is relaying")
 	proxy.BlackHole()
 	holed := time.Now()
-	require.Eventually(t, func() bool {
-		return testenv.CounterWhere(t, s.meter, telemetry.MetricOutboxFailures, "error.type", "store") >= 8
-	}, time.Minute, 10*time.Millisecond, "the black hole fails the relay's store calls")
+	require.NoError(t, testenv.AwaitCount(8, time.Minute, 10*time.Minute, func() int {
+		return min(int(testenv.CounterWhere(t, s.meter, telemetry.MetricOutboxFailures, "error.type", "store")), 8)
+	}), "the black hole fails the relay's store calls")
 	require.Positive(t, s.count("outbox"), "rows are left to relay after the black hole")
 	left := s.count("outbox")
 	proxy.HealNewConnections()
 	healed := time.Now()
-	require.Eventually(t, func() bool { return s.count("outbox") < left }, time.Minute, 20*time.Millisecond,
+	require.Eventually(t, func() bool { return s.count("outbox") < left }, 5*time.Minute, 20*time.Millisecond,
 		"the relay resumes after the heal")
 	resumed := time.Since(healed)
 	// A liveness check, not a speed one: at a load of 20 in make test the
 	// rows left took more than a minute (8 s on a quiet machine).
-	require.Eventually(t, func() bool { return s.count("outbox") == 0 }, 3*time.Minute, 50*time.Millisecond,
+	require.NoError(t, testenv.AwaitCount(left, time.Minute, 10*time.Minute, func() int { return left - s.count("outbox") }),
 		"every row relayed after the heal")
 	t.Logf("black hole %s; relaying again %s after the heal, the %d rows left relayed %s after it",
 		healed.Sub(holed).Round(time.Millisecond), resumed.Round(time.Millisecond), left, time.Since(healed).Round(time.Millisecond))

@@ -40,8 +40,11 @@ func TestAHungRelayHoldsItsBatchOnlyForItsTimeouts(t *testing.T) {
 	require.NoError(t, tx.Commit())
 
 	pubA := &holding{pub: s.rabbit.Publisher(), started: make(chan struct{}), release: make(chan struct{})}
+	// A's StoreTimeout is long enough for its Due (a dial through the
+	// proxy and five statements) on a loaded machine: a call given up
+	// loses its connection, and the next one dials again.
 	relayA, err := outbox.NewRelay(storeA, pubA, outbox.RelayConfig{StatsInterval: -1,
-		Env: sluice.Env{PublishTimeout: time.Second, StoreTimeout: time.Second}, PollInterval: time.Hour})
+		Env: sluice.Env{PublishTimeout: time.Second, StoreTimeout: 3 * time.Second}, PollInterval: time.Hour})
 	require.NoError(t, err)
 	doneA := make(chan error, 1)
 	go func() { doneA <- relayA.Run(context.Background()) }()
@@ -56,8 +59,9 @@ func TestAHungRelayHoldsItsBatchOnlyForItsTimeouts(t *testing.T) {
 
 	start := time.Now()
 	s.relay(s.rabbit.Publisher(), outbox.RelayConfig{PollInterval: 20 * time.Millisecond, StatsInterval: -1})
-	require.Eventually(t, func() bool { return s.count("outbox") == 0 }, time.Minute, 20*time.Millisecond,
+	// Nothing moves for A's hold (10 s), less than AwaitCount's minute.
+	require.NoError(t, testenv.AwaitCount(n, time.Minute, 10*time.Minute, func() int { return n - s.count("outbox") }),
 		"B takes and publishes the rows A held")
-	t.Logf("B had the rows after %s (A's hold: PublishTimeout 1 s + 3 × StoreTimeout 1 s)", time.Since(start))
+	t.Logf("B had the rows after %s (A's hold: PublishTimeout 1 s + 3 × StoreTimeout 3 s)", time.Since(start))
 	require.GreaterOrEqual(t, testenv.QueueDepth(t, s.conn, s.produced), n)
 }

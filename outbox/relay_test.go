@@ -158,11 +158,12 @@ func (s *service) send(eventID, payload string) {
 	require.NoError(s.t, s.rabbit.Publisher().Publish(s.rabbit.Topology().Config().Queue, m))
 }
 
-// producedMessages waits until the produced queue holds n messages and
-// returns them (taken off the queue).
+// producedMessages waits until the produced queue holds n messages — by
+// their progress (testenv.AwaitCount): 2,000 rows on a loaded machine are
+// slow, not stuck — and returns them (taken off the queue).
 func (s *service) producedMessages(n int) []amqp.Delivery {
 	s.t.Helper()
-	require.Eventually(s.t, func() bool { return testenv.QueueDepth(s.t, s.conn, s.produced) >= n }, 60*time.Second, 10*time.Millisecond,
+	require.NoError(s.t, testenv.AwaitCount(n, time.Minute, 10*time.Minute, func() int { return min(testenv.QueueDepth(s.t, s.conn, s.produced), n) }),
 		"%d produced messages reach their queue", n)
 	return testenv.Drain(s.t, s.conn, s.produced)
 }
@@ -452,8 +453,12 @@ func TestABlackHoledDatabaseHoldsNeitherTheRelayNorItsClose(t *testing.T) {
 	store, err := sluicesql.NewOutbox(viaProxy, sluicesql.OutboxConfig{Table: s.schema + ".outbox"})
 	require.NoError(t, err)
 	meter := sdkmetric.NewManualReader()
+	// StoreTimeout bounds each store call, and the relay must get through
+	// once the database answers: after the heal's reset, a dial through
+	// the proxy and Due's statements, which a loaded machine can take
+	// longer than 200 ms for.
 	r, err := outbox.NewRelay(store, s.rabbit.Publisher(), outbox.RelayConfig{PollInterval: 10 * time.Millisecond, RetryMin: 20 * time.Millisecond,
-		Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(meter)), StoreTimeout: 200 * time.Millisecond, PublishTimeout: time.Second}})
+		Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(meter)), StoreTimeout: 3 * time.Second, PublishTimeout: time.Second}})
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	go func() { done <- r.Run(context.Background()) }()

@@ -88,7 +88,11 @@ func TestAServiceOnPostgresOpenRecoversFromAHalfOpenHeal(t *testing.T) {
 	require.NoError(t, err)
 	r := newRouter(t, watermill.NopLogger{})
 	svc := newService(t, service.Config{DB: db, Schema: schema, Router: r, Publisher: q.Publisher(), HealthTimeout: time.Second,
-		Relay: outbox.RelayConfig{Env: sluice.Env{StoreTimeout: time.Second, PublishTimeout: 5 * time.Second}, PollInterval: 20 * time.Millisecond}})
+		// The relay's StoreTimeout fits a dial through the proxy and Due's
+		// statements on a loaded machine: a call given up loses its
+		// connection, and the next one dials again (1 s stalled the
+		// outbox's black-hole test's relay in a loaded run).
+		Relay: outbox.RelayConfig{Env: sluice.Env{StoreTimeout: 3 * time.Second, PublishTimeout: 5 * time.Second}, PollInterval: 20 * time.Millisecond}})
 	require.NoError(t, svc.Add(service.Handler{Broker: q, Name: "heal", PublishTopic: produced, PublishingHandler: produceOne,
 		Stages: router.Stages{Brake: &brake.Config{Window: 20, CoolDown: 250 * time.Millisecond, MaxCoolDown: time.Second, Match: brake.MatchUnreachable}}}))
 	health := httptest.NewServer(svc.Health())
@@ -120,7 +124,10 @@ func TestAServiceOnPostgresOpenRecoversFromAHalfOpenHeal(t *testing.T) {
 	}
 	publish(0, events/3)
 	wait(func() bool { return status("/readyz") == http.StatusOK }, "ready")
-	wait(func() bool { return testenv.QueueDepth(t, conn, produced) >= events/3 }, "consuming and relaying")
+	// Batches of effects are awaited by their progress (testenv.AwaitCount).
+	require.NoError(t, testenv.AwaitCount(events/3, time.Minute, 10*time.Minute, func() int {
+		return min(testenv.QueueDepth(t, conn, produced), events/3)
+	}), "consuming and relaying")
 
 	proxy.BlackHole()
 	publish(events/3, events/3)
@@ -133,12 +140,12 @@ func TestAServiceOnPostgresOpenRecoversFromAHalfOpenHeal(t *testing.T) {
 	t.Logf("ready again %s after the heal", time.Since(healed).Round(time.Millisecond))
 	require.Equal(t, http.StatusOK, status("/livez"))
 	ids := map[any]bool{}
-	wait(func() bool {
+	require.NoError(t, testenv.AwaitCount(events, time.Minute, 10*time.Minute, func() int {
 		for _, d := range testenv.Drain(t, conn, produced) {
 			ids[d.Headers[sluice.EventIDKey]] = true
 		}
-		return len(ids) == events
-	}, "every event processed, what it produced relayed")
+		return len(ids)
+	}), "every event processed, what it produced relayed")
 	t.Logf("every event processed and relayed %s after the heal", time.Since(healed).Round(time.Millisecond))
 
 	var closeErr error
