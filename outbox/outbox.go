@@ -87,7 +87,8 @@ type Row struct {
 	Topic string
 	// Message carries the UUID, metadata and payload as written.
 	Message *message.Message
-	// Attempts counts the relay's failed publishes of it so far.
+	// Attempts counts the relay's failed publishes of it so far, the
+	// uncounted ones (Failed.Uncounted: no broker answered) left out.
 	Attempts int
 	// CreatedAt is when it was written.
 	CreatedAt time.Time
@@ -111,6 +112,14 @@ type Failed struct {
 	Err         string
 	NextAttempt time.Time
 	Dead        bool
+	// Uncounted: the failure spends none of the row's attempts
+	// (RelayConfig.MaxAttempts) — no broker answered the publish
+	// (unreachable: an outage kills no row), or the row failed beside
+	// another that closed the channel and was given back untried. The
+	// store records its error and NextAttempt and leaves Row.Attempts as
+	// it was. A store written for v1.0.0, which counts every failure,
+	// passes outboxtest.Run only once it reads this field.
+	Uncounted bool
 }
 
 // Store is where a Relay reads the rows to publish. sluicesql.Outbox is

@@ -91,7 +91,9 @@ type RelayConfig struct {
 	// tried no more, counted (sluice.outbox.dead_lettered, sluice.outbox.dead), listed by
 	// `sluice outbox list --dead`, and kept until an operator requeues or
 	// discards it (`sluice outbox requeue|discard`). Attempts no broker
-	// answered (unreachable) do not count. Default 20
+	// answered (unreachable) do not count, nor do those of rows given back
+	// untried after another row closed their channel (Failed.Uncounted).
+	// Default 20
 	// (about 17 minutes of tries with the default RetryMin and RetryMax).
 	MaxAttempts int
 	// StatsInterval is how often the relay reads Store.Stats for its gauges
@@ -519,7 +521,8 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 			next = now.Add(r.retryAfter(row.Attempts))
 			dead = row.Attempts+1 >= r.cfg.MaxAttempts
 		}
-		f := Failed{ID: row.ID, Err: diag.Bound(diag.Redact(err.Error()), errorMaxLength), NextAttempt: next, Dead: dead}
+		f := Failed{ID: row.ID, Err: diag.Bound(diag.Redact(err.Error()), errorMaxLength), NextAttempt: next, Dead: dead,
+			Uncounted: kind == errorTypeUnreachable || givenBack[i]}
 		failed = append(failed, f)
 		if dead {
 			died++

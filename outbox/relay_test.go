@@ -516,6 +516,32 @@ func TestAnUnreachableBrokerDoesNotPushRowsBack(t *testing.T) {
 	require.Equal(t, int64(20), testenv.CounterWhere(t, s.meter, telemetry.MetricOutboxFailures, "error.type", "unreachable"))
 }
 
+// An outage spends none of a row's attempts (RelayConfig.MaxAttempts
+// counts the broker's refusals): a row to a queue that does not exist,
+// relayed through an outage of 20 publishes no broker answered, then
+// refused, is set aside as dead at its third refusal, not at its first.
+// Before, the store counted the outage's failures too, and the first
+// refusal after it found 20 attempts spent: dead after 1 refusal of 3.
+func TestAnOutageSpendsNoAttemptOfARow(t *testing.T) {
+	t.Parallel()
+	s := newService(t, testenv.AMQPURL)
+	missing := testenv.Name("missing")
+	testenv.DeleteQueuesAtEnd(t, missing)
+	pub := &unreachableFirst{pub: s.rabbit.Publisher()}
+	pub.n.Store(20)
+	r := s.relay(pub, outbox.RelayConfig{RetryMin: 20 * time.Millisecond, RetryMax: 40 * time.Millisecond, PollInterval: 10 * time.Millisecond, MaxAttempts: 3})
+	tx, err := s.db.BeginTxx(t.Context(), nil)
+	require.NoError(t, err)
+	require.NoError(t, s.outbox.Write(t.Context(), tx, missing, message.NewMessage(watermill.NewUUID(), nil)))
+	require.NoError(t, tx.Commit())
+	s.outbox.Wake()
+	require.Eventually(t, func() bool { st, err := s.outbox.Stats(t.Context()); return err == nil && st.Dead == 1 }, 2*time.Minute, 10*time.Millisecond)
+	require.NoError(t, r.Close()) // the counters below are added once Run has returned
+	require.Equal(t, int64(20), testenv.CounterWhere(t, s.meter, telemetry.MetricOutboxFailures, "error.type", "unreachable"))
+	require.Equal(t, int64(3), testenv.CounterWhere(t, s.meter, telemetry.MetricOutboxFailures, "error.type", "refused"),
+		"dead at its third refusal: the outage's 20 failures spent no attempt")
+}
+
 // A batch whose rows were all refused (the broker answered: unroutable)
 // does not make the relay back off: the refused rows wait for their own next
 // attempt, and a row committed after them is relayed on its wake-up. Before,

@@ -60,7 +60,7 @@ func (s *Outbox) List(ctx context.Context, which OutboxWhich, limit int) ([]Outb
 	where := ""
 	switch which {
 	case OutboxFailing:
-		where = ` WHERE attempts > 0 AND dead_at IS NULL`
+		where = ` WHERE last_error IS NOT NULL AND dead_at IS NULL`
 	case OutboxDead:
 		where = ` WHERE dead_at IS NOT NULL`
 	}
@@ -94,7 +94,7 @@ func (s *Outbox) List(ctx context.Context, which OutboxWhich, limit int) ([]Outb
 // RetryNow makes every failing row due at once (after the cause is fixed:
 // a queue declared, a binding added) and returns how many it touched.
 func (s *Outbox) RetryNow(ctx context.Context) (int64, error) {
-	res, err := s.db.ExecContext(ctx, s.db.Rebind(`UPDATE `+s.table+` SET next_attempt_at = `+s.dialect.after+` WHERE attempts > 0 AND dead_at IS NULL`), s.dialect.waitArg(0))
+	res, err := s.db.ExecContext(ctx, s.db.Rebind(`UPDATE `+s.table+` SET next_attempt_at = `+s.dialect.after+` WHERE last_error IS NOT NULL AND dead_at IS NULL`), s.dialect.waitArg(0))
 	if err != nil {
 		return 0, fmt.Errorf("sluicesql: outbox: %w", err)
 	}

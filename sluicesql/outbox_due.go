@@ -195,14 +195,20 @@ func (s *Outbox) finish(ctx context.Context, db sqlx.ExtContext, relayed []int64
 		}
 	}
 	// The wait, not the relay's clock: Due compares with the database's.
-	q := db.Rebind(`UPDATE ` + s.table + ` SET attempts = attempts + 1, last_error = ?, next_attempt_at = ` + s.dialect.after + s.dialect.unlease + ` WHERE id = ?`)
+	// An uncounted failure (no broker answered; given back untried) adds
+	// no attempt: MaxAttempts counts the broker's refusals only.
+	q := db.Rebind(`UPDATE ` + s.table + ` SET attempts = attempts + ?, last_error = ?, next_attempt_at = ` + s.dialect.after + s.dialect.unlease + ` WHERE id = ?`)
 	dead := db.Rebind(`UPDATE ` + s.table + ` SET attempts = attempts + 1, last_error = ?, dead_at = ` + s.dialect.now + s.dialect.unlease + ` WHERE id = ?`)
 	for _, f := range failed {
 		var err error
 		if f.Dead {
 			_, err = db.ExecContext(ctx, dead, f.Err, f.ID)
 		} else {
-			_, err = db.ExecContext(ctx, q, f.Err, s.dialect.waitArg(max(time.Until(f.NextAttempt), 0)), f.ID)
+			counted := 1
+			if f.Uncounted {
+				counted = 0
+			}
+			_, err = db.ExecContext(ctx, q, counted, f.Err, s.dialect.waitArg(max(time.Until(f.NextAttempt), 0)), f.ID)
 		}
 		if err != nil {
 			return fmt.Errorf("sluicesql: outbox: recording the failure of row %d of %s: %w", f.ID, s.table, err)
@@ -288,7 +294,7 @@ func (s *Outbox) Stats(ctx context.Context) (outbox.Stats, error) {
 		Age     *float64 `db:"age"`
 	}
 	q := `SELECT coalesce(sum(CASE WHEN dead_at IS NULL THEN 1 ELSE 0 END), 0) AS pending,
-	coalesce(sum(CASE WHEN dead_at IS NULL AND attempts > 0 THEN 1 ELSE 0 END), 0) AS failing,
+	coalesce(sum(CASE WHEN dead_at IS NULL AND last_error IS NOT NULL THEN 1 ELSE 0 END), 0) AS failing,
 	coalesce(sum(CASE WHEN dead_at IS NULL THEN 0 ELSE 1 END), 0) AS dead,
 	min(CASE WHEN dead_at IS NULL THEN created_at END) AS oldest` + s.dialect.oldestAge + ` FROM ` + s.table
 	if err := s.db.GetContext(ctx, &r, q); err != nil {

@@ -50,12 +50,13 @@ type NewStores func(t *testing.T) Stores
 func Run(t *testing.T, newStores NewStores) {
 	t.Helper()
 	for name, fn := range map[string]func(*testing.T, Stores){
-		"WrittenWithTheCommit":        testWrittenWithTheCommit,
-		"RolledBackWithTheDelivery":   testRolledBackWithTheDelivery,
-		"RefusedOutsideAUnitOfWork":   testRefusedOutsideAUnitOfWork,
-		"FinishDeletesAndRecords":     testFinishDeletesAndRecords,
-		"ReleaseGivesTheRowsBack":     testReleaseGivesTheRowsBack,
-		"ConcurrentBatchesShareNoRow": testConcurrentBatchesShareNoRow,
+		"WrittenWithTheCommit":              testWrittenWithTheCommit,
+		"RolledBackWithTheDelivery":         testRolledBackWithTheDelivery,
+		"RefusedOutsideAUnitOfWork":         testRefusedOutsideAUnitOfWork,
+		"FinishDeletesAndRecords":           testFinishDeletesAndRecords,
+		"AnUncountedFailureSpendsNoAttempt": testAnUncountedFailureSpendsNoAttempt,
+		"ReleaseGivesTheRowsBack":           testReleaseGivesTheRowsBack,
+		"ConcurrentBatchesShareNoRow":       testConcurrentBatchesShareNoRow,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -156,6 +157,32 @@ func testFinishDeletesAndRecords(t *testing.T, s Stores) {
 	require.NoError(t, err)
 	require.Empty(t, b.Rows(), "a failed row waits for its next attempt")
 	require.NoError(t, b.Release(t.Context()))
+}
+
+// testAnUncountedFailureSpendsNoAttempt: Finish records a failure the relay
+// does not count (Failed.Uncounted: no broker answered) with its error and
+// its next attempt, and leaves the row's attempts as they were; a counted
+// one adds one.
+func testAnUncountedFailureSpendsNoAttempt(t *testing.T, s Stores) {
+	require.NoError(t, deliver(t, s, "k1", "t", nil, message.NewMessage("a", nil)))
+	// fail takes the row, checks its attempts and records a failure due at once.
+	fail := func(attempts int, uncounted bool) {
+		t.Helper()
+		b, err := s.Outbox.Due(t.Context(), 10, 0)
+		require.NoError(t, err)
+		require.Len(t, b.Rows(), 1, "the failed row is due again at its next attempt")
+		require.Equal(t, attempts, b.Rows()[0].Attempts)
+		require.NoError(t, b.Finish(t.Context(), nil, []outbox.Failed{{ID: b.Rows()[0].ID, Err: "dial tcp: connection refused", NextAttempt: time.Now(), Uncounted: uncounted}}))
+		require.Equal(t, int64(1), stats(t, s).Failing, "recorded as failing")
+	}
+	fail(0, true)
+	fail(0, true)  // two failures no broker answered: no attempt spent
+	fail(0, false) // a counted one adds one
+	b, err := s.Outbox.Due(t.Context(), 10, 0)
+	require.NoError(t, err)
+	require.Len(t, b.Rows(), 1)
+	require.Equal(t, 1, b.Rows()[0].Attempts)
+	require.NoError(t, b.Finish(t.Context(), []int64{b.Rows()[0].ID}, nil))
 }
 
 // testReleaseGivesTheRowsBack: a released batch is due again at once.
