@@ -138,6 +138,48 @@ func TestClosingIsBoundedWhenTheBrokerStopsAnswering(t *testing.T) {
 	case err := <-closed: // an error or not: the broker did not answer
 		t.Logf("closed: %v", err)
 	case <-time.After(10 * time.Second):
-		t.Fatal("closing waited for a broker that answers nothing past WriteTimeout and DrainTimeout")
+		t.Fatalf("closing waited for a broker that answers nothing past WriteTimeout and DrainTimeout; the goroutines:\n%s", testenv.Goroutines())
+	}
+}
+
+// A Broker's Close is bounded while its consumer and its depth reader are
+// dialling a broker that accepts connections and never answers: the dials
+// are given up at once, not after DialTimeout (a minute here). Before,
+// Close waited for them — the depth reader's redial after a passive declare
+// overran WriteTimeout held TestClosingIsBoundedWhenTheBrokerStopsAnswering
+// past its 10 s in a loaded run (10.48 s, the default DialTimeout's 10 s).
+func TestClosingIsBoundedWhileReconnectingToABlackHole(t *testing.T) {
+	t.Parallel()
+	proxy, url := testenv.ProxyAMQP(t)
+	const writeTimeout, drainTimeout, dialTimeout = 300 * time.Millisecond, 300 * time.Millisecond, time.Minute
+	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
+		Connection: rabbitmq.Connection{URL: url, WriteTimeout: writeTimeout, DialTimeout: dialTimeout},
+		Topology:   rabbitmq.TopologyConfig{Queue: testenv.Name("close_redial")}, DrainTimeout: drainTimeout,
+		DepthInterval: 50 * time.Millisecond})
+	require.NoError(t, err)
+	testenv.DeleteQueuesAtEnd(t, b.Topology().Config().Queue, b.Topology().Config().PoisonQueue)
+	for _, tier := range b.Topology().Tiers() {
+		testenv.DeleteQueuesAtEnd(t, tier.Topic)
+	}
+	deliveries, err := b.Endpoints().Subscriber.Subscribe(t.Context(), b.Topology().Config().Queue)
+	require.NoError(t, err)
+	require.NoError(t, b.Publisher().Publish(b.Topology().Config().Queue, message.NewMessage(watermill.NewUUID(), []byte("up"))))
+	(<-deliveries).Ack()
+
+	// Every connection cut, and none reaches the broker again: the consumer
+	// (after its backoff, 1 s) and the depth reader (at its next read) dial
+	// into the black hole.
+	proxy.BlackHole()
+	before := proxy.Accepted()
+	proxy.Reset()
+	require.Eventually(t, func() bool { return proxy.Accepted() >= before+2 }, 2*time.Minute, 10*time.Millisecond,
+		"the consumer and the depth reader dial again")
+	closed := make(chan error, 1)
+	go func() { closed <- b.Close() }()
+	select {
+	case err := <-closed:
+		t.Logf("closed: %v", err)
+	case <-time.After(dialTimeout / 3):
+		t.Fatalf("closing waited for dials a broker never answers (DialTimeout %s); the goroutines:\n%s", dialTimeout, testenv.Goroutines())
 	}
 }

@@ -286,12 +286,18 @@ func (s *subscription) prefetch(probing bool) int {
 func (s *subscription) run(ctx context.Context) {
 	defer close(s.out)
 	stop := make(chan struct{})
+	// life ends with stop: a dial in progress — a broker that accepts the
+	// connection and never answers holds it for DialTimeout — is given up
+	// at once, so Close does not wait for it.
+	life, end := context.WithCancel(context.Background())
+	defer end()
 	go func() { // ctx or Close: either ends the subscription
 		select {
 		case <-ctx.Done():
 		case <-s.c.closing:
 		}
 		close(stop)
+		end()
 	}()
 	backoff := s.c.cfg.reconnectBackoff
 	for {
@@ -303,7 +309,7 @@ func (s *subscription) run(ctx context.Context) {
 				continue
 			}
 		}
-		err := s.consume(ctx, stop)
+		err := s.consume(ctx, life, stop)
 		select {
 		case <-stop:
 			return
@@ -330,9 +336,9 @@ func (s *subscription) run(ctx context.Context) {
 }
 
 // consume runs one connection until it fails (the error) or stop closes (nil,
-// after draining).
-func (s *subscription) consume(ctx context.Context, stop <-chan struct{}) error {
-	conn, node, err := s.c.cfg.dial("sluice consumer "+s.queue, s.node)
+// after draining); its dial is given up when life ends.
+func (s *subscription) consume(ctx, life context.Context, stop <-chan struct{}) error {
+	conn, node, err := s.c.cfg.dialContext(life, "sluice consumer "+s.queue, s.node)
 	if err != nil {
 		return err
 	}

@@ -48,7 +48,9 @@ type depthPoller struct {
 	depths []QueueDepth
 
 	current atomic.Pointer[amqp.Connection] // the poll's, closed by close
-	again   chan struct{}                   // wake: read the queues now
+	life    context.Context                 // ended by close: a dial in progress is given up
+	end     context.CancelFunc
+	again   chan struct{} // wake: read the queues now
 	stop    chan struct{}
 	done    chan struct{}
 	once    sync.Once
@@ -69,6 +71,7 @@ func newDepthPoller(c Connection, topo *Topology, interval time.Duration) (*dept
 	}
 	p := &depthPoller{conn: c, queues: topo.Queues(), interval: interval, family: topo.cfg.Queue, vhost: vhost,
 		again: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), own: c.MeterProvider != nil}
+	p.life, p.end = context.WithCancel(context.Background())
 	p.depths = make([]QueueDepth, len(p.queues))
 	for i, q := range p.queues {
 		p.depths[i].TopologyQueue = q
@@ -166,8 +169,10 @@ func (p *depthPoller) run() {
 func (p *depthPoller) poll(conn *amqp.Connection) *amqp.Connection {
 	if conn == nil || conn.IsClosed() {
 		var err error
-		if conn, _, err = p.conn.dial("sluice depth "+p.family, 0); err != nil {
-			p.failed(0, err)
+		if conn, _, err = p.conn.dialContext(p.life, "sluice depth "+p.family, 0); err != nil {
+			if p.life.Err() == nil { // not given up by close
+				p.failed(0, err)
+			}
 			return nil
 		}
 		p.current.Store(conn)
@@ -247,6 +252,7 @@ func (p *depthPoller) wake() {
 func (p *depthPoller) close() error {
 	p.once.Do(func() {
 		close(p.stop)
+		p.end() // a dial in progress: given up, not waited for until DialTimeout
 		if c := p.current.Load(); c != nil {
 			_ = c.CloseDeadline(time.Now())
 		}

@@ -38,6 +38,7 @@ type Proxy struct {
 	frames         bool          // the replies are AMQP frames, tracked (ProxyAMQP)
 	heartbeatsOnly bool          // of the replies, only AMQP heartbeat frames are forwarded
 	heartbeats     atomic.Int64  // heartbeat frames forwarded since HeartbeatsOnly
+	accepted       atomic.Int64  // client connections accepted so far (Accepted)
 	limiter        *rate.Limiter // the replies' rate (Throttle), nil when not throttled
 	ctx            context.Context
 	cancel         context.CancelFunc // ends a throttled write when the proxy closes
@@ -110,6 +111,10 @@ func ProxyPostgresURL(t testing.TB) (*Proxy, string) {
 
 // Addr is the proxy's host:port.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Accepted is how many client connections the proxy accepted so far, black
+// holed or not: a test waits for a client to be dialling through it.
+func (p *Proxy) Accepted() int64 { return p.accepted.Load() }
 
 // BlackHole stops forwarding: the bytes already sent on open connections
 // are swallowed, nothing comes back, and new connections are accepted but
@@ -194,6 +199,7 @@ func (p *Proxy) forwarded() *link {
 }
 
 func (p *Proxy) track(c net.Conn) bool {
+	p.accepted.Add(1)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closing {
