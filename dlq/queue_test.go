@@ -38,7 +38,7 @@ func TestAQueueActsOnWhatItsFilterSelects(t *testing.T) {
 	}
 	classes := []string{"exhausted", "poison", "exhausted", "poison", "exhausted"}
 	for i, class := range classes {
-		require.NoError(t, ch.PublishWithContext(ctx, "", poisonQ, false, false, amqp.Publishing{
+		require.NoError(t, testenv.Confirm(t, ch).PublishWithContext(ctx, "", poisonQ, false, false, amqp.Publishing{
 			Headers: amqp.Table{metakeys.PoisonClass: class, metakeys.PoisonReason: "order o-" + fmt.Sprint(i) + " cannot be priced",
 				metakeys.PoisonQueue: base, sluice.EventIDKey: fmt.Sprintf("e%d", i+1)},
 			Body: []byte(fmt.Sprintf(`{"n":%d}`, i+1))}))

@@ -36,7 +36,7 @@ func poisonBed(t *testing.T) (conn *amqp.Connection, base, poisonQ string, pub *
 		if i%2 == 1 {
 			class, eventType, reason = "poison", "order.cancelled", `missing "sku"`
 		}
-		require.NoError(t, ch.PublishWithContext(t.Context(), "", poisonQ, false, false, amqp.Publishing{
+		require.NoError(t, testenv.Confirm(t, ch).PublishWithContext(t.Context(), "", poisonQ, false, false, amqp.Publishing{
 			Headers: amqp.Table{metakeys.PoisonClass: class, metakeys.PoisonReason: reason, metakeys.PoisonQueue: base,
 				sluice.EventIDKey: fmt.Sprintf("e%d", i), sluice.EventTypeKey: eventType, sluice.AttemptKey: "3"},
 			Body: []byte(fmt.Sprintf(`{"n":%d}`, i))}))
@@ -117,7 +117,7 @@ func TestReplayDryRunPlansEachMessageAndChangesNothing(t *testing.T) {
 	require.Zero(t, testenv.QueueDepth(t, conn, base))
 
 	ch := testenv.Channel(t, conn)
-	require.NoError(t, ch.PublishWithContext(ctx, "", poisonQ, false, false, amqp.Publishing{Body: []byte("{}")}))
+	require.NoError(t, testenv.Confirm(t, ch).PublishWithContext(ctx, "", poisonQ, false, false, amqp.Publishing{Body: []byte("{}")}))
 	_, err = q.Replay(ctx, dlq.ReplayConfig{DryRun: true})
 	require.ErrorIs(t, err, dlq.ErrNoTarget, "the real run would stop on it")
 	require.Equal(t, 7, testenv.QueueDepth(t, conn, poisonQ))

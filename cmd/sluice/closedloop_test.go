@@ -270,7 +270,7 @@ func foreignPoisoned(t *testing.T, b *bed, id string) amqp.Publishing {
 		Headers:   amqp.Table{sluice.EventIDKey: id, "__TypeId__": "com.example.OrderCreated"},
 		Body:      []byte("\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xffgzip-bytes-" + id),
 	}
-	require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Config().Queue, false, false, pub))
+	require.NoError(t, testenv.Confirm(t, ch).PublishWithContext(t.Context(), "", b.topo.Config().Queue, false, false, pub))
 	d, ok, err := ch.Get(b.topo.Config().Queue, false)
 	require.NoError(t, err)
 	require.True(t, ok)
@@ -301,7 +301,7 @@ func TestArchiveRestoreDiscard(t *testing.T) {
 	ch := testenv.Channel(t, conn)
 	putBack := func(ds []amqp.Delivery) { // as they were
 		for _, d := range ds {
-			require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, false, false, amqp.Publishing{
+			require.NoError(t, testenv.Confirm(t, ch).PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, false, false, amqp.Publishing{
 				Headers: d.Headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding, DeliveryMode: d.DeliveryMode,
 				Priority: d.Priority, CorrelationId: d.CorrelationId, ReplyTo: d.ReplyTo, MessageId: d.MessageId,
 				Timestamp: d.Timestamp, Type: d.Type, AppId: d.AppId, Body: d.Body,
@@ -350,7 +350,7 @@ func TestArchiveRestoreDiscard(t *testing.T) {
 	same(after)
 
 	for _, d := range after { // back into the poison queue for the discard
-		require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, false, false, amqp.Publishing{Headers: d.Headers, Body: d.Body}))
+		require.NoError(t, testenv.Confirm(t, ch).PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, false, false, amqp.Publishing{Headers: d.Headers, Body: d.Body}))
 	}
 	// Published without a confirm: another channel's count may not have them yet.
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, conn, b.topo.Config().PoisonQueue) == 2 }, time.Minute, 10*time.Millisecond)
@@ -492,8 +492,8 @@ func TestQueuesDiscoversTheFamilies(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ch.Close() })
 	stamped := time.Now().Add(-90 * time.Second).Truncate(time.Second)
-	require.NoError(t, ch.PublishWithContext(t.Context(), "", "orders", false, false, amqp.Publishing{Timestamp: stamped, Body: []byte(`{}`)}))
-	require.NoError(t, ch.PublishWithContext(t.Context(), "", "billing", false, false, amqp.Publishing{Body: []byte(`{}`)}))
+	require.NoError(t, testenv.Confirm(t, ch).PublishWithContext(t.Context(), "", "orders", false, false, amqp.Publishing{Timestamp: stamped, Body: []byte(`{}`)}))
+	require.NoError(t, testenv.Confirm(t, ch).PublishWithContext(t.Context(), "", "billing", false, false, amqp.Publishing{Body: []byte(`{}`)}))
 	held, err := ch.Consume("billing", "", false, false, false, false, nil)
 	require.NoError(t, err)
 	<-held

@@ -160,7 +160,7 @@ func TestConsoleOverviewReadsTheManagementAPI(t *testing.T) {
 	ch, err := conn.Channel()
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ch.Close() })
-	require.NoError(t, ch.PublishWithContext(t.Context(), "", "orders", false, false, amqp.Publishing{Body: []byte(`{}`)}))
+	require.NoError(t, testenv.Confirm(t, ch).PublishWithContext(t.Context(), "", "orders", false, false, amqp.Publishing{Body: []byte(`{}`)}))
 	held, err := ch.Consume("orders", "", false, false, false, false, nil)
 	require.NoError(t, err)
 	<-held

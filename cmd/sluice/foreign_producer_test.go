@@ -28,7 +28,7 @@ func TestForeignProducersTypeAndMessageID(t *testing.T) {
 		{Type: "order.cancelled", Body: []byte(`{"id":2}`)},
 		{MessageId: "evil\x1b]0;pwned\x07", Body: []byte(`{"id":3}`)},
 	} {
-		require.NoError(t, ch.PublishWithContext(t.Context(), "", q, false, false, p))
+		require.NoError(t, testenv.Confirm(t, ch).PublishWithContext(t.Context(), "", q, false, false, p))
 	}
 
 	code, out, errOut := b.cli(t, "dlq", "stats", "--queue", q, "--json")

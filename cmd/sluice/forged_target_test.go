@@ -28,7 +28,7 @@ func forgedInto(t *testing.T, b *bed, id string) string {
 	_, err := ch.QueueDeclare(billing, true, false, false, false, nil)
 	require.NoError(t, err)
 	testenv.DeleteQueuesAtEnd(t, billing)
-	require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, true, false, amqp.Publishing{Headers: amqp.Table{
+	require.NoError(t, testenv.Confirm(t, ch).PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, true, false, amqp.Publishing{Headers: amqp.Table{
 		metakeys.PoisonClass: "poison", metakeys.PoisonReason: "x", metakeys.PoisonQueue: billing, sluice.EventIDKey: id,
 	}, Body: []byte(`{}`)}))
 	return billing

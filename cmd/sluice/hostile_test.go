@@ -54,7 +54,7 @@ func TestHostileTextNeverReachesTheOperator(t *testing.T) {
 	b := newBed(t)
 	target := "orders" + hostile
 	ch := testenv.Channel(t, testenv.AMQP(t))
-	require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, false, false, amqp.Publishing{
+	require.NoError(t, testenv.Confirm(t, ch).PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, false, false, amqp.Publishing{
 		Headers: amqp.Table{
 			sluice.EventIDKey: "evt-" + hostile, sluice.EventTypeKey: "type-" + hostile,
 			metakeys.PoisonClass: "poison", metakeys.PoisonReason: "bad order " + hostile, metakeys.PoisonQueue: target,

@@ -90,7 +90,7 @@ func TestSignedReplayRecordsOutcomesAndRefusesAForgedTarget(t *testing.T) {
 	_, err = ch.QueueDeclare(other, true, false, false, false, nil)
 	require.NoError(t, err)
 	testenv.DeleteQueuesAtEnd(t, other)
-	require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, true, false, amqp.Publishing{Headers: amqp.Table{
+	require.NoError(t, testenv.Confirm(t, ch).PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, true, false, amqp.Publishing{Headers: amqp.Table{
 		sluice.EventIDKey: "forged", metakeys.PoisonClass: "poison", metakeys.PoisonReason: "forged", metakeys.PoisonQueue: other,
 	}, Body: []byte(`{}`)}))
 	code, _, errOut = b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--signing-key-file", keyFile)

@@ -22,7 +22,7 @@ func TestStatsShowsTheTopFingerprintsAndOther(t *testing.T) {
 	b := newBed(t)
 	ch := testenv.Channel(t, testenv.AMQP(t))
 	publish := func(reason string) {
-		require.NoError(t, ch.PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, false, false, amqp.Publishing{
+		require.NoError(t, testenv.Confirm(t, ch).PublishWithContext(t.Context(), "", b.topo.Config().PoisonQueue, false, false, amqp.Publishing{
 			Headers: amqp.Table{metakeys.PoisonClass: "exhausted", metakeys.PoisonReason: reason}}))
 	}
 	for i := range 40 {

@@ -41,7 +41,7 @@ func queued(t *testing.T, prefix string, body []byte) string {
 	direct := testenv.Channel(t, testenv.AMQP(t))
 	_, err := direct.QueueDeclare(queue, true, false, false, false, nil)
 	require.NoError(t, err)
-	require.NoError(t, direct.PublishWithContext(t.Context(), "", queue, false, false, amqp.Publishing{Body: body}))
+	require.NoError(t, testenv.Confirm(t, direct).PublishWithContext(t.Context(), "", queue, false, false, amqp.Publishing{Body: body}))
 	return queue
 }
 

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -388,4 +389,38 @@ func pickPort() (int, error) {
 	}
 	defer func() { _ = l.Close() }()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Confirmed is a channel in confirm mode whose PublishWithContext returns
+// once the broker confirmed the message (Confirm).
+type Confirmed struct{ ch *amqp.Channel }
+
+// Confirm puts ch in confirm mode: a test that publishes on it and then
+// reads the queue on another channel (a dlq scan, the CLI, basic.get) finds
+// the message there. A plain publish returns once written, and a read on
+// another channel can overtake it on a loaded broker
+// (dlq.TestReplayDryRunPlansEachMessageAndChangesNothing read 6 of 7).
+func Confirm(t testing.TB, ch *amqp.Channel) Confirmed {
+	t.Helper()
+	require.NoError(t, ch.Confirm(false))
+	return Confirmed{ch: ch}
+}
+
+// PublishWithContext publishes msg as amqp.Channel's does and waits, at
+// most 2 minutes, for the broker's confirm; a nack is an error.
+func (c Confirmed) PublishWithContext(ctx context.Context, exchange, key string, mandatory, immediate bool, msg amqp.Publishing) error {
+	dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, mandatory, immediate, msg)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	ok, err := dc.WaitContext(ctx)
+	if err != nil {
+		return fmt.Errorf("waiting for the confirm of a publish to %q: %w", cmp.Or(key, exchange), err)
+	}
+	if !ok {
+		return fmt.Errorf("the broker nacked a publish to %q", cmp.Or(key, exchange))
+	}
+	return nil
 }
