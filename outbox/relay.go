@@ -507,7 +507,7 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 		kind := errorType(err)
 		r.failures.Add(work, 1, metric.WithAttributeSet(attribute.NewSet(telemetry.AttrOutbox.String(r.cfg.name),
 			semconv.MessagingDestinationName(row.Topic), semconv.ErrorTypeKey.String(kind))))
-		next, dead := now, false
+		next, dead, uncounted := now, false, true
 		switch {
 		case kind == errorTypeUnreachable:
 			unreachable = true
@@ -518,11 +518,10 @@ func (r *Relay) batch(ctx context.Context) (n int, ok bool, retry time.Time) {
 			// have their own outcome).
 			err = fmt.Errorf("%w (not tried alone within PublishTimeout: given back)", err)
 		default:
-			next = now.Add(r.retryAfter(row.Attempts))
+			next, uncounted = now.Add(r.retryAfter(row.Attempts)), false
 			dead = row.Attempts+1 >= r.cfg.MaxAttempts
 		}
-		f := Failed{ID: row.ID, Err: diag.Bound(diag.Redact(err.Error()), errorMaxLength), NextAttempt: next, Dead: dead,
-			Uncounted: kind == errorTypeUnreachable || givenBack[i]}
+		f := Failed{ID: row.ID, Err: diag.Bound(diag.Redact(err.Error()), errorMaxLength), NextAttempt: next, Dead: dead, Uncounted: uncounted}
 		failed = append(failed, f)
 		if dead {
 			died++
