@@ -66,6 +66,10 @@ type serial struct {
 	once    sync.Once
 	closing chan struct{}
 	wg      sync.WaitGroup
+	// stopped, when set (a test), is called once a subscription's loop has
+	// begun stopping: what waits and has no delivery of its key in flight
+	// is being given back; what waits behind one in flight is held.
+	stopped func()
 }
 
 func (s *serial) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
@@ -150,6 +154,10 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 			after = given[key]
 		}
 		given[key] = its[len(its)-1].sent
+		if after == nil { // nothing to wait for: given back now
+			its[0].msg.Nack()
+			after, its = its[0].sent, its[1:]
+		}
 		chaining[key]++
 		chains.Add(1)
 		go func() {
@@ -185,6 +193,16 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 		}
 		ready = nil
 	}
+	stop := func() {
+		if stopping {
+			return
+		}
+		stopping = true
+		nackAll()
+		if s.stopped != nil {
+			s.stopped()
+		}
+	}
 	inflight := 0
 	closing := s.closing
 	for {
@@ -209,21 +227,14 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 				delete(chaining, key)
 			}
 		case <-closing:
-			if !stopping {
-				stopping = true
-				nackAll()
-			}
+			stop()
 			closing = nil
 		case <-ctx.Done():
-			if !stopping {
-				stopping = true
-				nackAll()
-			}
+			stop()
 		case m, ok := <-in:
 			if !ok {
 				in = nil
-				stopping = true
-				nackAll()
+				stop()
 				continue
 			}
 			k := &keyed{}

@@ -99,12 +99,19 @@ func TestSerializeOneKeyAtATime(t *testing.T) {
 	in.ch <- c1
 	in.ch <- c2
 	require.Equal(t, "c1", next(t, out).UUID)
+	stopped := make(chan struct{})
+	ordering.OnStopped(sub, func() { close(stopped) })
 	closed := make(chan error, 1)
 	go func() { closed <- sub.Close() }()
 	select {
+	case <-stopped: // the view gave back what it gives back before c1 is settled
+	case <-time.After(time.Minute):
+		t.Fatal("the view did not begin stopping")
+	}
+	select {
 	case <-c2.Nacked():
 		t.Fatal("c2 given back before c1 is settled")
-	case <-time.After(50 * time.Millisecond): // a bound on what did not happen
+	default:
 	}
 	c1.Ack()
 	require.True(t, settled(t, c2), "c2 given back at Close, once c1 is settled")

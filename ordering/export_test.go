@@ -1,0 +1,8 @@
+package ordering
+
+import "github.com/ThreeDotsLabs/watermill/message"
+
+// OnStopped sets the function Serialize's view sub calls once a
+// subscription's loop has begun stopping (Close, its context, its
+// subscriber's channel closing). Set it before that.
+func OnStopped(sub message.Subscriber, f func()) { sub.(*serial).stopped = f }
