@@ -196,25 +196,67 @@ func (s *Outbox) finish(ctx context.Context, db sqlx.ExtContext, relayed []int64
 	}
 	// The wait, not the relay's clock: Due compares with the database's.
 	// An uncounted failure (no broker answered; given back untried) adds
-	// no attempt: MaxAttempts counts the broker's refusals only.
-	q := db.Rebind(`UPDATE ` + s.table + ` SET attempts = attempts + ?, last_error = ?, next_attempt_at = ` + s.dialect.after + s.dialect.unlease + ` WHERE id = ?`)
-	dead := db.Rebind(`UPDATE ` + s.table + ` SET attempts = attempts + 1, last_error = ?, dead_at = ` + s.dialect.now + s.dialect.unlease + ` WHERE id = ?`)
-	for _, f := range failed {
-		var err error
-		if f.Dead {
-			_, err = db.ExecContext(ctx, dead, f.Err, f.ID)
-		} else {
-			counted := 1
-			if f.Uncounted {
-				counted = 0
+	// no attempt: MaxAttempts counts the broker's refusals only. Rows that
+	// failed alike (an outage fails a whole batch with one error, due again
+	// at once) are recorded by one statement, not one each.
+	q := `UPDATE ` + s.table + ` SET attempts = attempts + ?, last_error = ?, next_attempt_at = ` + s.dialect.after + s.dialect.unlease + ` WHERE id IN (?)`
+	dead := `UPDATE ` + s.table + ` SET attempts = attempts + 1, last_error = ?, dead_at = ` + s.dialect.now + s.dialect.unlease + ` WHERE id IN (?)`
+	for _, g := range alike(failed) {
+		for chunk := range slices.Chunk(g.ids, 1000) {
+			var stmt string
+			var args []any
+			var err error
+			if g.Dead {
+				stmt, args, err = sqlx.In(dead, g.Err, chunk)
+			} else {
+				counted := 1
+				if g.Uncounted {
+					counted = 0
+				}
+				stmt, args, err = sqlx.In(q, counted, g.Err, s.dialect.waitArg(max(time.Until(g.NextAttempt), 0)), chunk)
 			}
-			_, err = db.ExecContext(ctx, q, counted, f.Err, s.dialect.waitArg(max(time.Until(f.NextAttempt), 0)), f.ID)
-		}
-		if err != nil {
-			return fmt.Errorf("sluicesql: outbox: recording the failure of row %d of %s: %w", f.ID, s.table, err)
+			if err == nil {
+				_, err = db.ExecContext(ctx, db.Rebind(stmt), args...)
+			}
+			if err != nil {
+				return fmt.Errorf("sluicesql: outbox: recording the failure of %d rows of %s (row %d first): %w", len(chunk), s.table, chunk[0], err)
+			}
 		}
 	}
 	return nil
+}
+
+// failedAlike is failures recorded alike: the same error, next attempt and
+// fate.
+type failedAlike struct {
+	outbox.Failed // ID unused
+	ids           []int64
+}
+
+// alike groups failed by what the store records of them, in the order
+// each group first appears.
+func alike(failed []outbox.Failed) []*failedAlike {
+	type key struct {
+		err             string
+		next            time.Time
+		dead, uncounted bool
+	}
+	var out []*failedAlike
+	groups := map[key]*failedAlike{}
+	for _, f := range failed {
+		k := key{err: f.Err, next: f.NextAttempt, dead: f.Dead, uncounted: f.Uncounted}
+		if f.Dead { // recorded without a next attempt
+			k.next = time.Time{}
+		}
+		g, ok := groups[k]
+		if !ok {
+			g = &failedAlike{Failed: f}
+			groups[k] = g
+			out = append(out, g)
+		}
+		g.ids = append(g.ids, f.ID)
+	}
+	return out
 }
 
 func (s *Outbox) dueSQLite(ctx context.Context, limit int, maxBytes int64) (outbox.Batch, error) {

@@ -55,6 +55,7 @@ func Run(t *testing.T, newStores NewStores) {
 		"RefusedOutsideAUnitOfWork":         testRefusedOutsideAUnitOfWork,
 		"FinishDeletesAndRecords":           testFinishDeletesAndRecords,
 		"AnUncountedFailureSpendsNoAttempt": testAnUncountedFailureSpendsNoAttempt,
+		"EachFailureIsRecordedAsItsOwn":     testEachFailureIsRecordedAsItsOwn,
 		"ReleaseGivesTheRowsBack":           testReleaseGivesTheRowsBack,
 		"ConcurrentBatchesShareNoRow":       testConcurrentBatchesShareNoRow,
 	} {
@@ -183,6 +184,48 @@ func testAnUncountedFailureSpendsNoAttempt(t *testing.T, s Stores) {
 	require.Len(t, b.Rows(), 1)
 	require.Equal(t, 1, b.Rows()[0].Attempts)
 	require.NoError(t, b.Finish(t.Context(), []int64{b.Rows()[0].ID}, nil))
+}
+
+// testEachFailureIsRecordedAsItsOwn: one Finish of failures alike and
+// not — the same error and next attempt counted and not, another error, a
+// later next attempt, a dead row — records each row's own: a store may
+// record rows that failed alike together, never one row as another.
+func testEachFailureIsRecordedAsItsOwn(t *testing.T, s Stores) {
+	msgs := make([]*message.Message, 7)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(fmt.Sprintf("m%d", i), nil)
+	}
+	require.NoError(t, deliver(t, s, "k1", "t", nil, msgs...))
+	b, err := s.Outbox.Due(t.Context(), 10, 0)
+	require.NoError(t, err)
+	rows := b.Rows()
+	require.Len(t, rows, 7)
+	now, later := time.Now(), time.Now().Add(time.Hour)
+	const refused = "dial tcp: connection refused"
+	require.NoError(t, b.Finish(t.Context(), []int64{rows[6].ID}, []outbox.Failed{
+		{ID: rows[0].ID, Err: refused, NextAttempt: now, Uncounted: true},
+		{ID: rows[1].ID, Err: refused, NextAttempt: now, Uncounted: true},
+		{ID: rows[2].ID, Err: refused, NextAttempt: now},
+		{ID: rows[3].ID, Err: "returned: no route", NextAttempt: now},
+		{ID: rows[4].ID, Err: refused, NextAttempt: later},
+		{ID: rows[5].ID, Err: refused, NextAttempt: now, Dead: true},
+	}))
+	require.Equal(t, outbox.Stats{Pending: 5, Failing: 5, Dead: 1}, withoutOldest(stats(t, s)))
+	b, err = s.Outbox.Due(t.Context(), 10, 0)
+	require.NoError(t, err)
+	attempts := map[string]int{}
+	for _, r := range b.Rows() {
+		attempts[r.Message.UUID] = r.Attempts
+	}
+	require.Equal(t, map[string]int{"m0": 0, "m1": 0, "m2": 1, "m3": 1}, attempts,
+		"due again: the four due now, each with its own attempts; not the row due in an hour, nor the dead one")
+	require.NoError(t, b.Release(t.Context()))
+}
+
+// withoutOldest is st without the oldest row's time and age.
+func withoutOldest(st outbox.Stats) outbox.Stats {
+	st.Oldest, st.OldestAge = time.Time{}, 0
+	return st
 }
 
 // testReleaseGivesTheRowsBack: a released batch is due again at once.
