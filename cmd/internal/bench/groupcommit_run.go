@@ -206,9 +206,15 @@ func gcRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, 
 	defer func() { _ = meter.Shutdown(context.WithoutCancel(ctx)) }()
 	// Outside every stage: a delivery counts once the stack returned nil,
 	// after its commit (or, parked, after its copy's confirm).
+	var ph *phases
+	if gc.batchHandler != nil {
+		ph = newPhases()
+	}
 	outer := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
+			ph.arrive(msg.UUID)
 			out, err := h(msg)
+			ph.returned(msg.UUID)
 			if err != nil {
 				return out, err
 			}
@@ -246,6 +252,13 @@ func gcRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, 
 	case gc.batchHandler != nil:
 		bh := *gc.batchHandler
 		bh.Handle = func(ctx context.Context, msgs []*message.Message) []error {
+			if ph != nil {
+				begin, ids := ph.since(), make([]string, len(msgs))
+				for i, m := range msgs {
+					ids[i] = m.UUID
+				}
+				defer ph.call(begin, ids)
+			}
 			out := make([]error, len(msgs))
 			keys := make([]string, 0, len(msgs))
 			for i, m := range msgs {
@@ -319,6 +332,7 @@ func gcRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, 
 	if err := errors.Join(<-runDone, <-publishing); err != nil {
 		return gcResult{}, err
 	}
+	ph.print(os.Stderr, fmt.Sprintf("prefetch %d, MaxBatch %d", gc.prefetch, gcMaxBatch(gc)))
 	res.handled = float64(gc.n) / elapsed.Seconds()
 	res.healthy = res.handled
 	if at := time.Duration(healthyAt.Load()); at > 0 {
@@ -369,4 +383,12 @@ func gcMeanBatch(batches, batched int64) string {
 		return "—"
 	}
 	return strconv.FormatFloat(float64(batched)/float64(batches), 'f', 1, 64)
+}
+
+// gcMaxBatch is gc's batch handler's MaxBatch, 0 without one.
+func gcMaxBatch(gc gcCase) int {
+	if gc.batchHandler == nil {
+		return 0
+	}
+	return gc.batchHandler.MaxBatch
 }

@@ -1,0 +1,130 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"sync"
+	"time"
+)
+
+// phases records, for a diagnosis of a batch handler's window
+// (SLUICE_BENCH_PHASES=1 prints it to stderr), when each delivery reached
+// the router and when the stack returned it, and when each call of the
+// batch handler began and ended with which deliveries. Not a figure of the
+// tables: its own clock reads cost a little.
+type phases struct {
+	mu      sync.Mutex
+	start   time.Time
+	arrived map[string]time.Duration
+	done    map[string]time.Duration
+	calls   []phaseCall
+}
+
+type phaseCall struct {
+	begin, end time.Duration
+	ids        []string
+}
+
+// newPhases returns a recorder, or nil unless SLUICE_BENCH_PHASES is set.
+func newPhases() *phases {
+	if os.Getenv("SLUICE_BENCH_PHASES") == "" {
+		return nil
+	}
+	return &phases{start: time.Now(), arrived: map[string]time.Duration{}, done: map[string]time.Duration{}}
+}
+
+func (p *phases) arrive(id string) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.arrived[id] = time.Since(p.start)
+	p.mu.Unlock()
+}
+
+func (p *phases) returned(id string) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.done[id] = time.Since(p.start)
+	p.mu.Unlock()
+}
+
+func (p *phases) call(begin time.Duration, ids []string) {
+	if p == nil {
+		return
+	}
+	end := time.Since(p.start)
+	p.mu.Lock()
+	p.calls = append(p.calls, phaseCall{begin: begin, end: end, ids: ids})
+	p.mu.Unlock()
+}
+
+func (p *phases) since() time.Duration {
+	if p == nil {
+		return 0
+	}
+	return time.Since(p.start)
+}
+
+// print writes the medians over the calls: the spread of a call's
+// deliveries' arrivals, from its last arrival to the call (the batch
+// closing, a slot, BEGIN, the claim), the call, from the call's end to its
+// first delivery returned (COMMIT, the wake-up), the spread of the returns,
+// and from a call's first return to the next call's first arrival.
+func (p *phases) print(w io.Writer, name string) {
+	if p == nil || len(p.calls) == 0 {
+		return
+	}
+	var spread, pre, call, commit, returns, size []float64
+	type span struct{ firstArrival, firstReturn time.Duration }
+	var spans []span
+	for _, c := range p.calls {
+		var first, last, r0, r1 time.Duration
+		for i, id := range c.ids {
+			a, d := p.arrived[id], p.done[id]
+			if i == 0 || a < first {
+				first = a
+			}
+			if i == 0 || a > last {
+				last = a
+			}
+			if i == 0 || d < r0 {
+				r0 = d
+			}
+			if i == 0 || d > r1 {
+				r1 = d
+			}
+		}
+		spread = append(spread, us(last-first))
+		pre = append(pre, us(c.begin-last))
+		call = append(call, us(c.end-c.begin))
+		commit = append(commit, us(r0-c.end))
+		returns = append(returns, us(r1-r0))
+		size = append(size, float64(len(c.ids)))
+		spans = append(spans, span{first, r0})
+	}
+	slices.SortFunc(spans, func(a, b span) int { return int(a.firstArrival - b.firstArrival) })
+	var refill []float64
+	for i := 1; i < len(spans); i++ {
+		refill = append(refill, us(spans[i].firstArrival-spans[i-1].firstReturn))
+	}
+	fmt.Fprintf(w, "phases %s: %d calls, mean %.1f events; medians in µs: arrivals spread %.0f, last arrival → call %.0f, call %.0f, call end → first return %.0f, returns spread %.0f, a call's first return → the next call's first arrival %.0f\n",
+		name, len(p.calls), mean(size), Median(spread), Median(pre), Median(call), Median(commit), Median(returns), Median(refill))
+}
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+func mean(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := 0.0
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(len(xs))
+}
