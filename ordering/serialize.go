@@ -70,6 +70,19 @@ type serial struct {
 	// begun stopping: what waits and has no delivery of its key in flight
 	// is being given back; what waits behind one in flight is held.
 	stopped func()
+	// reporting, when set (a test), is called by the goroutine that watches
+	// a delivery handed out once the delivery is settled, before it tells
+	// the subscription's loop.
+	reporting func()
+}
+
+// item is a delivery Serialize holds.
+type item struct {
+	msg *message.Message
+	// sent is closed once the subscriber has sent msg's ack or nack:
+	// settle.Sent, or else the end of msg's context (nil: never).
+	sent    <-chan struct{}
+	key, id string
 }
 
 func (s *serial) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
@@ -108,6 +121,21 @@ type settled struct {
 	id     string
 	sent   <-chan struct{}
 	nacked bool
+	msg    *message.Message
+}
+
+// settledNow reports whether it, handed out, is acked or nacked already.
+func settledNow(it item) (settled, bool) {
+	st := settled{key: it.key, id: it.id, sent: it.sent, msg: it.msg}
+	select {
+	case <-it.msg.Acked():
+		return st, true
+	case <-it.msg.Nacked():
+		st.nacked = true
+		return st, true
+	default:
+		return st, false
+	}
 }
 
 func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<- *message.Message) {
@@ -115,13 +143,6 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 	quit := make(chan struct{})
 	var watchers, chains sync.WaitGroup
 	defer func() { close(quit); watchers.Wait(); chains.Wait() }()
-	type item struct {
-		msg *message.Message
-		// sent is closed once the subscriber has sent msg's ack or nack:
-		// settle.Sent, or else the end of msg's context (nil: never).
-		sent    <-chan struct{}
-		key, id string
-	}
 	queues := map[string][]item{} // per key: the one in flight first, then those waiting
 	// returned: per key, the event ids given back, in their order — the
 	// nacked delivery's, then those that waited behind it — each awaited
@@ -204,6 +225,49 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 		}
 	}
 	inflight := 0
+	// handed: per key, the delivery handed out and not yet settled here.
+	handed := map[string]item{}
+	// early: deliveries settled here before their watcher told the loop
+	// (their key's next delivery came first): its report is dropped.
+	early := map[*message.Message]bool{}
+	// moveOn moves the key of st, a delivery handed out, on: its waiting
+	// deliveries given back after it when it was nacked, the next one ready
+	// when it was acked.
+	moveOn := func(st settled) {
+		inflight--
+		delete(handed, st.key)
+		q := queues[st.key][1:]
+		if st.nacked {
+			var ids []string
+			if st.id != "" {
+				ids = append(ids, st.id)
+			}
+			for _, it := range q {
+				if it.id != "" {
+					ids = append(ids, it.id)
+				}
+			}
+			giveBack(st.key, st.sent, q) // after the head's nack is sent
+			q = nil
+			if want, ok := returned[st.key]; ok { // given back before, not all come back yet: after these
+				ids = append(ids, want.ids...)
+			}
+			if !stopping && len(ids) > 0 {
+				returned[st.key] = &awaited{ids: ids}
+			}
+		} else if stopping { // acked: the key's waiting ones go back
+			giveBack(st.key, nil, q)
+			q = nil
+		}
+		if len(q) == 0 {
+			delete(queues, st.key)
+			return
+		}
+		queues[st.key] = q
+		if !stopping {
+			ready = append(ready, q[0])
+		}
+	}
 	closing := s.closing
 	for {
 		if stopping && in == nil && inflight == 0 {
@@ -249,6 +313,17 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 			if it.sent == nil {
 				it.sent = m.Context().Done()
 			}
+			if h, ok := handed[key]; ok {
+				// The key's delivery handed out may be settled already, its
+				// watcher not yet heard: a given-back head the broker sent
+				// again at once comes here before its own nack is seen. It
+				// is settled first, or the head would wait behind itself
+				// and be given back again with every delivery of its key.
+				if st, ok := settledNow(h); ok {
+					early[h.msg] = true
+					moveOn(st)
+				}
+			}
 			if stopping {
 				if _, ok := queues[key]; ok { // given back with the key's waiting ones
 					queues[key] = append(queues[key], it)
@@ -282,10 +357,11 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 			it := ready[first]
 			ready = append(ready[:first], ready[first+1:]...)
 			inflight++
+			handed[it.key] = it
 			watchers.Add(1)
 			go func() {
 				defer watchers.Done()
-				st := settled{key: it.key, id: it.id, sent: it.sent}
+				st := settled{key: it.key, id: it.id, sent: it.sent, msg: it.msg}
 				select {
 				case <-it.msg.Acked():
 				case <-it.msg.Nacked():
@@ -293,44 +369,20 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 				case <-quit:
 					return
 				}
+				if s.reporting != nil {
+					s.reporting()
+				}
 				select {
 				case done <- st:
 				case <-quit:
 				}
 			}()
 		case st := <-done:
-			inflight--
-			q := queues[st.key][1:]
-			if st.nacked {
-				var ids []string
-				if st.id != "" {
-					ids = append(ids, st.id)
-				}
-				for _, it := range q {
-					if it.id != "" {
-						ids = append(ids, it.id)
-					}
-				}
-				giveBack(st.key, st.sent, q) // after the head's nack is sent
-				q = nil
-				if want, ok := returned[st.key]; ok { // given back before, not all come back yet: after these
-					ids = append(ids, want.ids...)
-				}
-				if !stopping && len(ids) > 0 {
-					returned[st.key] = &awaited{ids: ids}
-				}
-			} else if stopping { // acked: the key's waiting ones go back
-				giveBack(st.key, nil, q)
-				q = nil
-			}
-			if len(q) == 0 {
-				delete(queues, st.key)
+			if early[st.msg] { // settled when its key's next delivery came
+				delete(early, st.msg)
 				continue
 			}
-			queues[st.key] = q
-			if !stopping {
-				ready = append(ready, q[0])
-			}
+			moveOn(st)
 		}
 	}
 }
