@@ -71,6 +71,11 @@ type Endpoints struct {
 	// Consumers is how many competing consumers router.Add starts by
 	// default, and MaxConsumers the most the broker allows (0: no limit).
 	Consumers, MaxConsumers int
+	// Prefetch is the most deliveries each consumer of Subscriber has in
+	// flight at once (0: not known). router.Add tells a batch handler how
+	// many it can be handed at once, so that a batch closes as soon as
+	// every delivery in flight is in it.
+	Prefetch int
 }
 
 // Gate tells a subscriber when to stop consuming: Engaged reports whether to

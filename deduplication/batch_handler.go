@@ -79,6 +79,15 @@ type BatchHandler struct {
 	// Concurrency is how many batches of the handler run at once, each on
 	// a connection of its own. Default 2.
 	Concurrency int
+	// InFlight is the most deliveries the handler can be handed at once:
+	// the subscriber's prefetch times its consumers. Once that many are in
+	// the handler — gathering, running or waiting for their commit — no
+	// other can come until one is acked, and the batch gathering closes at
+	// once instead of waiting MaxWait or a tenth of it. router.Add sets it
+	// from the broker (broker.Endpoints.Prefetch × HandlerConfig.Consumers)
+	// where it is 0. 0: not known; a smaller number than the truth closes
+	// batches sooner and smaller, never loses a delivery.
+	InFlight int
 }
 
 func (c BatchHandler) withDefaults() BatchHandler {
@@ -98,6 +107,8 @@ func (c BatchHandler) validate() error {
 		return fmt.Errorf("deduplication: BatchHandler.MaxWait must be between 0 and 1s, got %s", c.MaxWait)
 	case c.Concurrency < 1:
 		return fmt.Errorf("deduplication: BatchHandler.Concurrency must be positive, got %d", c.Concurrency)
+	case c.InFlight < 0:
+		return fmt.Errorf("deduplication: BatchHandler.InFlight must not be negative, got %d", c.InFlight)
 	}
 	return nil
 }
@@ -158,13 +169,14 @@ type gatherer struct {
 	slots  chan struct{} // one per running batch
 	tracer trace.Tracer
 
-	mu   sync.Mutex
-	open *gathering // taking in deliveries, or nil
+	mu     sync.Mutex
+	open   *gathering // taking in deliveries, or nil
+	inside int        // deliveries in handle, from its start to its return (under mu)
 }
 
 // gathering is one batch of deliveries.
 type gathering struct {
-	full    chan struct{} // closed when admission closes because the batch is full
+	full    chan struct{} // closed when admission closes: the batch is full, or every delivery in flight is in the handler
 	members []*entry      // under the gatherer's mu while admitting
 	last    time.Time     // when the last delivery joined (under the gatherer's mu)
 	closed  bool          // admission closed (under the gatherer's mu)
@@ -197,6 +209,14 @@ func (g *gatherer) handle(msg *message.Message) ([]*message.Message, error) {
 		msg.Metadata.Set(sluice.EventIDKey, key)
 	}
 	ctx := msg.Context()
+	g.mu.Lock()
+	g.inside++
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		g.inside--
+		g.mu.Unlock()
+	}()
 	for {
 		e := &entry{msg: msg, key: key, ctx: ctx, done: make(chan struct{})}
 		g.join(e)
@@ -242,7 +262,7 @@ func (g *gatherer) join(e *entry) {
 		e.batch = b
 		b.last = time.Now()
 		b.members = append(b.members, e)
-		if len(b.members) >= g.cfg.MaxBatch {
+		if len(b.members) >= g.cfg.MaxBatch || g.allIn() {
 			b.closed = true
 			g.open = nil
 			close(b.full)
@@ -251,13 +271,19 @@ func (g *gatherer) join(e *entry) {
 	}
 	b := &gathering{full: make(chan struct{}), members: []*entry{e}, last: time.Now()}
 	e.batch = b
-	if g.cfg.MaxBatch == 1 {
+	if g.cfg.MaxBatch == 1 || g.allIn() {
 		b.closed = true
 		close(b.full)
 	} else {
 		g.open = b
 	}
 	go g.run(b)
+}
+
+// allIn reports whether every delivery the handler can be handed at once
+// (InFlight) is in it: none can join a batch before one is acked. Under mu.
+func (g *gatherer) allIn() bool {
+	return g.cfg.InFlight > 0 && g.inside >= g.cfg.InFlight
 }
 
 // leave takes e out of its batch if the batch has not closed: true when it

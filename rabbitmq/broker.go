@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -77,6 +78,7 @@ type Broker struct {
 	pub       *Publisher
 	sub       message.Subscriber
 	consumers int
+	prefetch  int          // each consumer's
 	depth     *depthPoller // nil with a negative DepthInterval
 	conn      Connection
 
@@ -122,7 +124,7 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Broker{topo: topo, pub: pub, consumers: 1, conn: cfg.Connection}
+	b := &Broker{topo: topo, pub: pub, consumers: 1, prefetch: cmp.Or(cfg.Prefetch, prefetchDefault), conn: cfg.Connection}
 	if cfg.DepthInterval > 0 {
 		if b.depth, err = newDepthPoller(cfg.Connection, topo, cfg.DepthInterval); err != nil {
 			_ = pub.Close()
@@ -142,6 +144,7 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 	}
 	if cfg.WatermillSubscriber {
 		b.consumers = consumersDefault
+		b.prefetch = 1 // its handler gets one delivery at a time
 	}
 	if len(topo.Partitions()) > 0 {
 		err = b.newPartitions(newSub)
@@ -169,7 +172,7 @@ func (b *Broker) Endpoints() broker.Endpoints {
 		System: "rabbitmq", Topic: topic, Subscriber: b.sub,
 		Tiers: b.topo.Tiers(), RetryPublisher: b.pub,
 		PoisonTopic: b.topo.cfg.PoisonQueue, PoisonPublisher: b.pub,
-		Consumers: b.consumers,
+		Consumers: b.consumers, Prefetch: b.prefetch,
 	}
 }
 

@@ -183,3 +183,36 @@ func TestClosingIsBoundedWhileReconnectingToABlackHole(t *testing.T) {
 		t.Fatalf("closing waited for dials a broker never answers (DialTimeout %s); the goroutines:\n%s", dialTimeout, testenv.Goroutines())
 	}
 }
+
+// A Broker's Endpoints say how many deliveries each consumer hands the
+// router at once — BrokerConfig.Prefetch (16 by default), one with
+// WatermillSubscriber — which router.Add gives a batch handler
+// (BatchHandler.InFlight), so that a batch closes once they are all in it.
+func TestBrokerEndpointsSayThePrefetch(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		cfg  rabbitmq.BrokerConfig
+		want int
+	}{
+		{"default", rabbitmq.BrokerConfig{}, 16},
+		{"set", rabbitmq.BrokerConfig{Prefetch: 40}, 40},
+		{"watermill subscriber", rabbitmq.BrokerConfig{Prefetch: 40, WatermillSubscriber: true}, 1},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := tt.cfg
+			cfg.Connection = rabbitmq.Connection{URL: testenv.AMQPURL}
+			cfg.Topology = rabbitmq.TopologyConfig{Queue: testenv.Name("prefetch")}
+			b, err := rabbitmq.NewBroker(t.Context(), cfg)
+			require.NoError(t, err)
+			names := []string{b.Topology().Config().Queue, b.Topology().Config().PoisonQueue}
+			for _, tier := range b.Topology().Tiers() {
+				names = append(names, tier.Topic)
+			}
+			testenv.DeleteQueuesAtEnd(t, names...)
+			t.Cleanup(func() { _ = b.Close() })
+			require.Equal(t, tt.want, b.Endpoints().Prefetch)
+		})
+	}
+}

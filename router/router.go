@@ -160,6 +160,7 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 		return addPartitions(r, cfg, p)
 	}
 	var system string // messaging.system of the handler's metrics
+	prefetch := 0     // each consumer's deliveries in flight, where the broker says
 	if cfg.Stages.Trace != nil {
 		system = cfg.Stages.Trace.System
 	}
@@ -177,6 +178,7 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 			return nil, err
 		}
 		system = cmp.Or(system, e.System)
+		prefetch = e.Prefetch
 	}
 	switch {
 	case r == nil:
@@ -282,8 +284,12 @@ func Add(r *message.Router, cfg HandlerConfig) ([]*message.Handler, error) {
 	var batched message.HandlerFunc
 	stages := cfg.Stages
 	if cfg.BatchHandler != nil {
+		bh := *cfg.BatchHandler
+		if bh.InFlight == 0 {
+			bh.InFlight = prefetch * n // 0 where the broker does not say
+		}
 		var err error
-		if batched, err = newBatchHandler(&stages, *cfg.BatchHandler); err != nil {
+		if batched, err = newBatchHandler(&stages, bh); err != nil {
 			return nil, err
 		}
 	}

@@ -196,6 +196,36 @@ func TestABatchHandlerCommitsABatchInOneCall(t *testing.T) {
 	}
 }
 
+// Once every delivery the handler can be handed at once (InFlight) is in
+// it, no other can come before one is acked: the batch gathering closes at
+// once, without waiting a tenth of its MaxWait for a quiet moment. Thirteen
+// deliveries at once with InFlight 12 and MaxBatch 64: never one call of
+// all thirteen (a batch closes as the twelfth is in), each event written
+// once. Before, the thirteen waited together for 100 ms of quiet (MaxWait
+// 1 s) and made one call — with a consumer's whole prefetch in the handler,
+// a batch waited for deliveries that could not come.
+func TestABatchClosesOnceEveryDeliveryInFlightIsIn(t *testing.T) {
+	t.Parallel()
+	e := newBatchHandlerEnv(t, "postgres", deduplication.BatchHandler{MaxBatch: 64, MaxWait: time.Second, InFlight: 12}, "")
+	keys := keysN("k", 13)
+	for _, err := range e.deliverAll(keys...) {
+		require.NoError(t, err)
+	}
+	calls := e.callKeys()
+	require.Greater(t, len(calls), 1, "a batch closed as the twelfth delivery came in: %v", calls)
+	for _, c := range calls {
+		require.LessOrEqual(t, len(c), 12, "no batch holds more than the deliveries in flight: %v", calls)
+	}
+	assert.ElementsMatch(t, keys, e.rows(t))
+}
+
+func TestBatchHandlerInFlightMustNotBeNegative(t *testing.T) {
+	t.Parallel()
+	_, err := deduplication.NewBatchHandler(deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "c"},
+		deduplication.BatchHandler{Handle: func(context.Context, []*message.Message) []error { return nil }, InFlight: -1})
+	require.ErrorContains(t, err, "BatchHandler.InFlight must not be negative, got -1")
+}
+
 // Eight copies of one event in a batch, beside other events: the handler
 // sees it once, every copy is acked, one row.
 func TestABatchHandlerSeesEightCopiesOfAnEventOnce(t *testing.T) {
