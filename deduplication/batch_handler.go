@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -169,9 +170,10 @@ type gatherer struct {
 	slots  chan struct{} // one per running batch
 	tracer trace.Tracer
 
-	mu     sync.Mutex
-	open   *gathering // taking in deliveries, or nil
-	inside int        // deliveries in handle, from its start to its return (under mu)
+	inside atomic.Int64 // deliveries in handle, from its start to its return
+
+	mu   sync.Mutex
+	open *gathering // taking in deliveries, or nil
 }
 
 // gathering is one batch of deliveries.
@@ -209,14 +211,8 @@ func (g *gatherer) handle(msg *message.Message) ([]*message.Message, error) {
 		msg.Metadata.Set(sluice.EventIDKey, key)
 	}
 	ctx := msg.Context()
-	g.mu.Lock()
-	g.inside++
-	g.mu.Unlock()
-	defer func() {
-		g.mu.Lock()
-		g.inside--
-		g.mu.Unlock()
-	}()
+	g.inside.Add(1)
+	defer g.inside.Add(-1)
 	for {
 		e := &entry{msg: msg, key: key, ctx: ctx, done: make(chan struct{})}
 		g.join(e)
@@ -281,9 +277,9 @@ func (g *gatherer) join(e *entry) {
 }
 
 // allIn reports whether every delivery the handler can be handed at once
-// (InFlight) is in it: none can join a batch before one is acked. Under mu.
+// (InFlight) is in it: none can join a batch before one is acked.
 func (g *gatherer) allIn() bool {
-	return g.cfg.InFlight > 0 && g.inside >= g.cfg.InFlight
+	return g.cfg.InFlight > 0 && g.inside.Load() >= int64(g.cfg.InFlight)
 }
 
 // leave takes e out of its batch if the batch has not closed: true when it

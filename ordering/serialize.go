@@ -225,11 +225,10 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 		}
 	}
 	inflight := 0
-	// handed: per key, the delivery handed out and not yet settled here.
+	// handed: per key, the delivery handed out and not yet settled here. A
+	// watcher's report of one no longer there was settled when its key's
+	// next delivery came, and is dropped.
 	handed := map[string]item{}
-	// early: deliveries settled here before their watcher told the loop
-	// (their key's next delivery came first): its report is dropped.
-	early := map[*message.Message]bool{}
 	// moveOn moves the key of st, a delivery handed out, on: its waiting
 	// deliveries given back after it when it was nacked, the next one ready
 	// when it was acked.
@@ -320,7 +319,6 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 				// is settled first, or the head would wait behind itself
 				// and be given back again with every delivery of its key.
 				if st, ok := settledNow(h); ok {
-					early[h.msg] = true
 					moveOn(st)
 				}
 			}
@@ -361,14 +359,13 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 			watchers.Add(1)
 			go func() {
 				defer watchers.Done()
-				st := settled{key: it.key, id: it.id, sent: it.sent, msg: it.msg}
 				select {
 				case <-it.msg.Acked():
 				case <-it.msg.Nacked():
-					st.nacked = true
 				case <-quit:
 					return
 				}
+				st, _ := settledNow(it)
 				if s.reporting != nil {
 					s.reporting()
 				}
@@ -378,8 +375,7 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 				}
 			}()
 		case st := <-done:
-			if early[st.msg] { // settled when its key's next delivery came
-				delete(early, st.msg)
+			if h, ok := handed[st.key]; !ok || h.msg != st.msg { // settled when its key's next delivery came
 				continue
 			}
 			moveOn(st)

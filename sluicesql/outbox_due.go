@@ -236,17 +236,13 @@ type failedAlike struct {
 // alike groups failed by what the store records of them, in the order
 // each group first appears.
 func alike(failed []outbox.Failed) []*failedAlike {
-	type key struct {
-		err             string
-		next            time.Time
-		dead, uncounted bool
-	}
 	var out []*failedAlike
-	groups := map[key]*failedAlike{}
+	groups := map[outbox.Failed]*failedAlike{}
 	for _, f := range failed {
-		k := key{err: f.Err, next: f.NextAttempt, dead: f.Dead, uncounted: f.Uncounted}
+		k := f // all but the row
+		k.ID = 0
 		if f.Dead { // recorded without a next attempt
-			k.next = time.Time{}
+			k.NextAttempt = time.Time{}
 		}
 		g, ok := groups[k]
 		if !ok {

@@ -35,21 +35,17 @@ func newPhases() *phases {
 	return &phases{start: time.Now(), arrived: map[string]time.Duration{}, done: map[string]time.Duration{}}
 }
 
-func (p *phases) arrive(id string) {
-	if p == nil {
-		return
-	}
-	p.mu.Lock()
-	p.arrived[id] = time.Since(p.start)
-	p.mu.Unlock()
-}
+func (p *phases) arrive(id string) { p.stamp(func() map[string]time.Duration { return p.arrived }, id) }
 
-func (p *phases) returned(id string) {
+func (p *phases) returned(id string) { p.stamp(func() map[string]time.Duration { return p.done }, id) }
+
+// stamp records now as id's time in the map of (arrived or done).
+func (p *phases) stamp(of func() map[string]time.Duration, id string) {
 	if p == nil {
 		return
 	}
 	p.mu.Lock()
-	p.done[id] = time.Since(p.start)
+	of()[id] = time.Since(p.start)
 	p.mu.Unlock()
 }
 
@@ -83,22 +79,11 @@ func (p *phases) print(w io.Writer, name string) {
 	type span struct{ firstArrival, firstReturn time.Duration }
 	var spans []span
 	for _, c := range p.calls {
-		var first, last, r0, r1 time.Duration
+		arrived, done := make([]time.Duration, len(c.ids)), make([]time.Duration, len(c.ids))
 		for i, id := range c.ids {
-			a, d := p.arrived[id], p.done[id]
-			if i == 0 || a < first {
-				first = a
-			}
-			if i == 0 || a > last {
-				last = a
-			}
-			if i == 0 || d < r0 {
-				r0 = d
-			}
-			if i == 0 || d > r1 {
-				r1 = d
-			}
+			arrived[i], done[i] = p.arrived[id], p.done[id]
 		}
+		first, last, r0, r1 := slices.Min(arrived), slices.Max(arrived), slices.Min(done), slices.Max(done)
 		spread = append(spread, us(last-first))
 		pre = append(pre, us(c.begin-last))
 		call = append(call, us(c.end-c.begin))
