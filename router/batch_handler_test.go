@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
@@ -322,4 +323,53 @@ func batchHandlerShutdown(t *testing.T, releaseInTime bool) {
 	require.Equal(t, events, count(""), "each event's row exists once")
 	require.Zero(t, testenv.QueueDepth(t, conn, queue+".retry.100ms"))
 	require.Zero(t, testenv.QueueDepth(t, conn, queue+".poison"))
+}
+
+// A batch handler behind Watermill's own Timeout and Retry, on a broker
+// with a small prefetch (router.Add sets BatchHandler.InFlight to it, so a
+// batch closes once the 8 deliveries in flight are in it): 50 events, each
+// published twice, every event's row once, nothing left in the queue.
+func TestABatchHandlerBehindWatermillsTimeoutAndRetry(t *testing.T) {
+	t.Parallel()
+	db, schema, store := inbox(t)
+	queue := testenv.Name("projection_wm")
+	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
+		Connection: rabbitmq.Connection{URL: testenv.AMQPURL},
+		Topology:   rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{100 * time.Millisecond}},
+		Prefetch:   8,
+	})
+	require.NoError(t, err)
+	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", queue+".retry.100ms")
+	project := func(ctx context.Context, msgs []*message.Message) []error {
+		keys := make([]string, len(msgs))
+		for i, m := range msgs {
+			keys[i] = m.Metadata.Get(sluice.EventIDKey)
+		}
+		_, err := sluicesql.TxFromContext(ctx).ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s.reservations (event_key) SELECT unnest(string_to_array($1, ','))`, schema), strings.Join(keys, ","))
+		return deduplication.SameOutcome(msgs, err)
+	}
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	r.AddMiddleware(middleware.Timeout(time.Minute), middleware.Retry{MaxRetries: 2, InitialInterval: time.Millisecond}.Middleware)
+	_, err = router.Add(r, router.HandlerConfig{
+		Broker: q, Name: "projection",
+		BatchHandler: &deduplication.BatchHandler{Handle: project, MaxWait: time.Second},
+		Stages:       router.Stages{Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &stage.ClassifyConfig{}, Inbox: &deduplication.Config{Store: store}},
+	})
+	require.NoError(t, err)
+	done := testenv.RunRouter(context.Background(), r)
+	const events = 50
+	for i := range events * 2 {
+		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+		m.Metadata.Set(sluice.EventIDKey, fmt.Sprint("evt-", i%events))
+		require.NoError(t, q.Publisher().Publish(queue, m))
+	}
+	count := func() int { return reservations(t, db, schema) }
+	conn := testenv.AMQP(t)
+	require.NoError(t, testenv.AwaitCount(events, time.Minute, 10*time.Minute, count))
+	require.NoError(t, testenv.AwaitDrained(time.Minute, 10*time.Minute, func() int { return testenv.QueueDepth(t, conn, queue) }))
+	require.NoError(t, r.Close())
+	require.NoError(t, <-done)
+	require.NoError(t, q.Close())
+	require.Equal(t, events, count(), "each event's row once")
 }

@@ -117,11 +117,7 @@ func stackWithPostgresInbox(t *testing.T, batch *deduplication.BatchConfig, quor
 			require.NoError(t, q.Publisher().Publish(queue, m))
 		}
 	}
-	count := func() int {
-		var n int
-		require.NoError(t, db.Get(&n, fmt.Sprintf(`SELECT count(*) FROM %s.reservations`, schema)))
-		return n
-	}
+	count := func() int { return reservations(t, db, schema) }
 	// 400 deliveries and the retries: waited for while they move, not for
 	// a fixed time a loaded machine measures (the three runs share it).
 	conn := testenv.AMQP(t)
@@ -185,11 +181,7 @@ func shutdownMidHandler(t *testing.T, batch *deduplication.BatchConfig) {
 	db, schema, store := inbox(t)
 	queue := testenv.Name("shutdown")
 	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", queue+".retry.30s", queue+".retry.5m", queue+".retry.30m")
-	count := func() int {
-		var n int
-		require.NoError(t, db.Get(&n, fmt.Sprintf(`SELECT count(*) FROM %s.reservations`, schema)))
-		return n
-	}
+	count := func() int { return reservations(t, db, schema) }
 
 	var calls atomic.Int64
 	inHandler := make(chan struct{}, 1)
@@ -321,4 +313,12 @@ func TestDrainingCloseUnderLoadNoDuplicates(t *testing.T) {
 	require.Zero(t, testenv.CounterSum(t, reader, telemetry.MetricInboxDuplicates), "no redelivery reached the inbox")
 	require.Equal(t, int64(n), started.Load(), "each handler ran once")
 	t.Logf("closed with %d of %d committed", first, n)
+}
+
+// reservations counts the rows of schema's reservations table.
+func reservations(t *testing.T, db *sqlx.DB, schema string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.Get(&n, fmt.Sprintf(`SELECT count(*) FROM %s.reservations`, schema)))
+	return n
 }
