@@ -312,12 +312,13 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 			if it.sent == nil {
 				it.sent = m.Context().Done()
 			}
-			if h, ok := handed[key]; ok {
-				// The key's delivery handed out may be settled already, its
-				// watcher not yet heard: a given-back head the broker sent
-				// again at once comes here before its own nack is seen. It
-				// is settled first, or the head would wait behind itself
-				// and be given back again with every delivery of its key.
+			if h, ok := handed[key]; ok && id != "" && h.id == id {
+				// The key's delivery handed out, back: given back, the
+				// broker sent it again before its watcher told the loop of
+				// the nack. It is settled first, or the head would wait
+				// behind itself and be given back again with every delivery
+				// of its key. (A later delivery of the key that comes first
+				// waits behind it as ever, and goes back with it once.)
 				if st, ok := settledNow(h); ok {
 					moveOn(st)
 				}
