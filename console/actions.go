@@ -198,21 +198,31 @@ type loopPlan struct {
 }
 
 func (c *Console) runReplay(ru *run, q Queue, group, operator string, p loopPlan) {
+	cfg := c.replayConfig(q, group, p.to)
+	cfg.Limit, cfg.Batch, cfg.Run = p.limit, 10, ru.ID
+	res, err := c.closedLoop(ru, q, operator, cfg, p)
+	// Audited, a start that failed included, before the run says it ended:
+	// a run page that says so has its line in the audit log.
+	c.audit(operator, "console replay", q.Poison, cfg.Filter, map[string]string{"run": ru.ID, "sizes": fmt.Sprint(p.sizes), "canary": strconv.FormatBool(p.canary),
+		"max_repoison": strconv.FormatFloat(100*p.maxRepoison, 'f', -1, 64) + "%", "wait": p.wait.String(), "limit": strconv.Itoa(p.limit),
+		"to": p.to}, res, err, "", nil)
+	ru.finish(res, err)
+}
+
+// closedLoop runs a replay form's closed loop on q's poison queue, its
+// copies and outcomes in ru.
+func (c *Console) closedLoop(ru *run, q Queue, operator string, cfg dlq.ReplayConfig, p loopPlan) (dlq.Result, error) {
 	release, err := c.reading(c.ctx, q.Poison, runReadWait)
 	if err != nil {
-		ru.finish(dlq.Result{}, err)
-		return
+		return dlq.Result{}, err
 	}
 	defer release()
 	defer c.forget(q.Poison)
 	conn, err := c.conn()
 	if err != nil {
-		ru.finish(dlq.Result{}, err)
-		return
+		return dlq.Result{}, err
 	}
 	defer c.hangUp(conn)
-	cfg := c.replayConfig(q, group, p.to)
-	cfg.Limit, cfg.Batch, cfg.Run = p.limit, 10, ru.ID
 	cfg.Published = func(_ context.Context, ms []*dlq.Message) error {
 		for _, m := range ms {
 			ru.add(m.Item(), m.EventID, string(ledger.OutcomeReplayed), "", "")
@@ -221,11 +231,7 @@ func (c *Console) runReplay(ru *run, q Queue, group, operator string, p loopPlan
 	}
 	l := dlq.Loop{Sizes: p.sizes, Canary: p.canary, MaxRepoison: p.maxRepoison, Store: c.cfg.Outcomes, Wait: p.wait, Where: c.cfg.OutcomesWhere,
 		Batch: ru.batch, Source: "console"} // the loop keeps the run beside its outcomes
-	res, err := dlq.Open(conn, q.Poison, dlq.Config{Operator: operator, Publisher: c.cfg.Publisher, Signer: c.signer}).ClosedLoop(c.ctx, cfg, l)
-	ru.finish(res, err)
-	c.audit(operator, "console replay", q.Poison, cfg.Filter, map[string]string{"run": ru.ID, "sizes": fmt.Sprint(p.sizes), "canary": strconv.FormatBool(p.canary),
-		"max_repoison": strconv.FormatFloat(100*p.maxRepoison, 'f', -1, 64) + "%", "wait": p.wait.String(), "limit": strconv.Itoa(p.limit),
-		"to": p.to}, res, err, "", nil)
+	return dlq.Open(conn, q.Poison, dlq.Config{Operator: operator, Publisher: c.cfg.Publisher, Signer: c.signer}).ClosedLoop(c.ctx, cfg, l)
 }
 
 func (c *Console) discard(w http.ResponseWriter, r *http.Request) {
@@ -248,9 +254,9 @@ func (c *Console) discard(w http.ResponseWriter, r *http.Request) {
 	f := dlq.Filter{Group: group}
 	res, items, err := dlq.Open(conn, q.Poison, dlq.Config{}).Discard(r.Context(), f, max(limit, 0), false)
 	err = errors.Join(err, c.record(r.Context(), ru, items, ledger.OutcomeDiscarded, reason, operator))
+	c.audit(operator, "console discard", q.Poison, f, map[string]string{"run": ru.ID, "limit": strconv.Itoa(limit)}, res, err, reason, items)
 	ru.finish(res, err)
 	c.keep(r.Context(), ru)
-	c.audit(operator, "console discard", q.Poison, f, map[string]string{"run": ru.ID, "limit": strconv.Itoa(limit)}, res, err, reason, items)
 	http.Redirect(w, r, c.cfg.Prefix+"/runs/"+ru.ID, http.StatusSeeOther)
 }
 
@@ -311,20 +317,21 @@ func (c *Console) archive(w http.ResponseWriter, r *http.Request) {
 	}
 	defer a.done()
 	ru, group, limit, operator, conn := a.run, a.group, a.limit, a.operator, a.conn
+	f := dlq.Filter{Group: group}
 	sink, err := c.cfg.Archive()
 	if err != nil {
+		c.audit(operator, "console archive", q.Poison, f, map[string]string{"run": ru.ID}, dlq.Result{}, err, "", nil)
 		ru.finish(dlq.Result{}, err)
 		c.fail(w, r, http.StatusBadGateway, diag.RedactError(err))
 		return
 	}
-	f := dlq.Filter{Group: group}
 	var items []string
 	res, err := dlq.Open(conn, q.Poison, dlq.Config{Operator: operator, Signer: c.signer}).Archive(r.Context(), dlq.ArchiveConfig{Filter: f, Limit: max(limit, 0), Sink: sink,
 		Archived: func(m *dlq.Message) { items = append(items, m.Item()) }})
 	err = errors.Join(err, sink.Close(), c.record(r.Context(), ru, items, ledger.OutcomeArchived, "archived to "+sink.Name(), operator))
+	c.audit(operator, "console archive", q.Poison, f, map[string]string{"run": ru.ID, "sink": sink.Name()}, res, err, "", nil)
 	ru.finish(res, err)
 	c.keep(r.Context(), ru)
-	c.audit(operator, "console archive", q.Poison, f, map[string]string{"run": ru.ID, "sink": sink.Name()}, res, err, "", nil)
 	http.Redirect(w, r, c.cfg.Prefix+"/runs/"+ru.ID, http.StatusSeeOther)
 }
 
