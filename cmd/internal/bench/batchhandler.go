@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"time"
@@ -114,7 +115,7 @@ func BatchHandlers(ctx context.Context, o Options) error {
 // against noop, the no-op handler's rate on the broker at as many in flight
 // (the same run): what the ÷ no-op goal could reach were the stack free.
 func bhCeiling(ctx context.Context, o Options, v *inboxVariants, n, rounds int, noop map[int]float64, noopCPU map[int]cpuCost) error {
-	var rows, bounds [][]string
+	var rows, bounds, turns [][]string
 	for _, window := range []int{16, 64} {
 		sizes := []int{1, window / 2, window}
 		cpus := make([][]cpuCost, len(sizes))
@@ -148,19 +149,32 @@ func bhCeiling(ctx context.Context, o Options, v *inboxVariants, n, rounds int, 
 		if c, d := noopCPU[window], medianCost(cpus[len(sizes)-1]); c.ok && d.ok {
 			bounds = append(bounds, []string{strconv.Itoa(window), f1(c.machine), f1(d.machine), f2(c.machine / (c.machine + d.machine))})
 		}
+		if b := Median(rates[len(sizes)-1]); noop[window] > 0 && b > 0 {
+			turns = append(turns, []string{strconv.Itoa(window), f0(1e6 * float64(window) / noop[window]), f0(1e6 * float64(window) / b), f2(b / (noop[window] + b))})
+		}
 	}
 	fmt.Fprintf(o.Out, "B1's ceiling: PostgreSQL alone (no broker, no stack), a batch handler's statements, the same deliveries in flight, %d deliveries per run, %d rounds interleaved\n\n", n, rounds)
 	Table(o.Out, []string{"in flight", "variant", "transactions side by side", "deliveries/s", "÷ one tx per delivery", "÷ no-op consume", "CPU µs/msg", "of it here", "cores busy"}, rows)
 	fmt.Fprintln(o.Out, "the stack's batch handler ÷ this ceiling is what the broker, the stages and the gathering cost;")
 	fmt.Fprintln(o.Out, "÷ no-op consume: this ceiling ÷ the no-op handler's rate above at as many in flight — below 0.5, the database alone cannot give the ÷ no-op goal there")
-	if len(bounds) > 0 {
-		fmt.Fprintln(o.Out)
-		fmt.Fprintln(o.Out, "B1's CPU bound: a batch handler on the stack does what the no-op consume does and what the ceiling's batches do, on the same cores")
-		fmt.Fprintln(o.Out)
-		Table(o.Out, []string{"in flight", "no-op consume CPU µs/msg", "ceiling's batches CPU µs/msg", "÷ no-op at most, all cores busy"}, bounds)
-		fmt.Fprintln(o.Out, "÷ no-op at most: no-op ÷ (no-op + batches), the rate the two costs together leave where the no-op consume already keeps the cores busy (its cores busy above)")
-	}
+	bound(o.Out, "B1's CPU bound: a batch handler on the stack does what the no-op consume does and what the ceiling's batches do, on the same cores",
+		[]string{"in flight", "no-op consume CPU µs/msg", "ceiling's batches CPU µs/msg", "÷ no-op at most, all cores busy"}, bounds,
+		"÷ no-op at most: no-op ÷ (no-op + batches), the rate the two costs together leave where the no-op consume already keeps the cores busy (its cores busy above)")
+	bound(o.Out, "B1's bound in turns: one batch holds the whole window (MaxBatch = in flight), so the broker sends the next window only once the batch is committed and acked — the broker's turn and the database's add up",
+		[]string{"in flight", "the broker's turn µs (a window at the no-op rate)", "the database's turn µs (a batch of the window, PostgreSQL alone)", "÷ no-op at most, in turns"}, turns,
+		"÷ no-op at most, in turns: broker ÷ (broker + database) = ceiling ÷ (no-op + ceiling), with the stack costing nothing; a batch of half the window lets two batches overlap the turns")
 	return nil
+}
+
+// bound prints one of B1's bounds, a table under its title and above its
+// note; nothing when it has no rows.
+func bound(w io.Writer, title string, head []string, rows [][]string, note string) {
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n%s\n\n", title)
+	Table(w, head, rows)
+	fmt.Fprintln(w, note)
 }
 
 // medianCost is the median of each figure of costs, of those measured.

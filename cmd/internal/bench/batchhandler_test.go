@@ -18,7 +18,7 @@ func TestBatchHandlerSuiteRuns(t *testing.T) {
 	var out bytes.Buffer
 	o.Out = &out
 	require.NoError(t, BatchHandlers(t.Context(), o))
-	for _, want := range []string{"B1: batch handlers", "batch handler, MaxBatch prefetch/2 (32)", "10% poison", "B1's ceiling", "batches of 64", "÷ no-op consume", "CPU µs/msg", "B1's CPU bound"} {
+	for _, want := range []string{"B1: batch handlers", "batch handler, MaxBatch prefetch/2 (32)", "10% poison", "B1's ceiling", "batches of 64", "÷ no-op consume", "CPU µs/msg", "B1's CPU bound", "B1's bound in turns"} {
 		require.Contains(t, out.String(), want)
 	}
 }
