@@ -318,7 +318,14 @@ func endContext(ctx context.Context) context.Context { return context.WithoutCan
 // begin opens a unit of work within StoreTimeout.
 func (d *deduplicator) begin(ctx context.Context) (unitofwork.Tx, error) {
 	open := func(context.Context) (unitofwork.Tx, error) { return d.open(ctx) }
-	if d.storeBound <= 0 {
+	if d.storeBound < 0 { // the MemoryStore: its unit of work outlives the context it began on
+		tx, err := d.cfg.Store.Begin(ctx)
+		if err != nil {
+			return nil, dependency(ctx, "begin", err)
+		}
+		return tx, nil
+	}
+	if d.storeBound == 0 {
 		tx, err := open(ctx)
 		if err != nil {
 			return nil, dependency(ctx, "begin", err)
