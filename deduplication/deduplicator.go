@@ -317,21 +317,14 @@ func endContext(ctx context.Context) context.Context { return context.WithoutCan
 
 // begin opens a unit of work within StoreTimeout.
 func (d *deduplicator) begin(ctx context.Context) (unitofwork.Tx, error) {
+	if d.storeBound <= 0 {
+		tx, err := d.open(ctx)
+		if err != nil {
+			return nil, dependency(ctx, "begin", err)
+		}
+		return tx, nil
+	}
 	open := func(context.Context) (unitofwork.Tx, error) { return d.open(ctx) }
-	if d.storeBound < 0 { // the MemoryStore: its unit of work outlives the context it began on
-		tx, err := d.cfg.Store.Begin(ctx)
-		if err != nil {
-			return nil, dependency(ctx, "begin", err)
-		}
-		return tx, nil
-	}
-	if d.storeBound == 0 {
-		tx, err := open(ctx)
-		if err != nil {
-			return nil, dependency(ctx, "begin", err)
-		}
-		return tx, nil
-	}
 	tx, gaveUp, err := bounded.Run(d.calls, ctx, d.storeBound, true, open, func(tx unitofwork.Tx, err error) {
 		if err == nil { // opened after all, for nobody
 			d.lateRollback(ctx, tx)
@@ -356,6 +349,9 @@ func (d *deduplicator) begin(ctx context.Context) (unitofwork.Tx, error) {
 // unit of work is rolled back. One that returns after begin gave up is
 // rolled back by begin, its connection kept for the next delivery.
 func (d *deduplicator) open(ctx context.Context) (unitofwork.Tx, error) {
+	if d.storeBound < 0 { // the MemoryStore: its unit of work outlives any context
+		return d.cfg.Store.Begin(ctx)
+	}
 	uctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
 	tx, err := d.cfg.Store.Begin(uctx)

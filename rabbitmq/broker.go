@@ -1,7 +1,6 @@
 package rabbitmq
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -78,7 +77,6 @@ type Broker struct {
 	pub       *Publisher
 	sub       message.Subscriber
 	consumers int
-	prefetch  int          // each consumer's
 	depth     *depthPoller // nil with a negative DepthInterval
 	conn      Connection
 
@@ -124,7 +122,7 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &Broker{topo: topo, pub: pub, consumers: 1, prefetch: cmp.Or(cfg.Prefetch, prefetchDefault), conn: cfg.Connection}
+	b := &Broker{topo: topo, pub: pub, consumers: 1, conn: cfg.Connection}
 	if cfg.DepthInterval > 0 {
 		if b.depth, err = newDepthPoller(cfg.Connection, topo, cfg.DepthInterval); err != nil {
 			_ = pub.Close()
@@ -144,7 +142,6 @@ func NewBroker(ctx context.Context, cfg BrokerConfig) (*Broker, error) {
 	}
 	if cfg.WatermillSubscriber {
 		b.consumers = consumersDefault
-		b.prefetch = 1 // its handler gets one delivery at a time
 	}
 	if len(topo.Partitions()) > 0 {
 		err = b.newPartitions(newSub)
@@ -172,7 +169,22 @@ func (b *Broker) Endpoints() broker.Endpoints {
 		System: "rabbitmq", Topic: topic, Subscriber: b.sub,
 		Tiers: b.topo.Tiers(), RetryPublisher: b.pub,
 		PoisonTopic: b.topo.cfg.PoisonQueue, PoisonPublisher: b.pub,
-		Consumers: b.consumers, Prefetch: b.prefetch,
+		Consumers: b.consumers, Prefetch: b.prefetch(),
+	}
+}
+
+// prefetch is how many deliveries each consumer has in flight at once:
+// the Consumer's prefetch; one with watermill-amqp's subscriber, whose
+// handler gets one delivery at a time; 0 for a partitioned Broker's own
+// subscriber, which consumes nothing.
+func (b *Broker) prefetch() int {
+	switch sub := b.sub.(type) {
+	case *Consumer:
+		return sub.cfg.Prefetch
+	case refusingSubscriber:
+		return 0
+	default:
+		return 1
 	}
 }
 

@@ -62,7 +62,7 @@ func (b *Broker) newPartitions(newSub func(*Topology) (message.Subscriber, error
 		if err != nil {
 			return err
 		}
-		b.parts = append(b.parts, &Broker{topo: part, pub: b.pub, sub: sub, consumers: b.consumers, prefetch: b.prefetch, partition: true})
+		b.parts = append(b.parts, &Broker{topo: part, pub: b.pub, sub: sub, consumers: b.consumers, partition: true})
 	}
 	pub, err := NewPublisher(PublisherConfig{Connection: b.conn, Exchange: b.topo.cfg.Exchange})
 	if err != nil {

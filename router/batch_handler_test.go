@@ -39,14 +39,8 @@ func TestABatchHandlerOnRabbitMQ(t *testing.T) {
 	t.Parallel()
 	db, schema, store := inbox(t)
 	reader := sdkmetric.NewManualReader()
-	queue := testenv.Name("projection")
-	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
-		Connection: rabbitmq.Connection{URL: testenv.AMQPURL},
-		Topology:   rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{100 * time.Millisecond}},
-		Prefetch:   128,
-	})
-	require.NoError(t, err)
-	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", queue+".retry.100ms")
+	queue := projectionQueue(t, "projection")
+	q := projectionBroker(t, queue, 128)
 
 	var failedOnce, calls atomic.Int64
 	project := func(ctx context.Context, msgs []*message.Message) []error {
@@ -190,18 +184,9 @@ func TestABatchHandlerAtRouterShutdown(t *testing.T) {
 
 func batchHandlerShutdown(t *testing.T, releaseInTime bool) {
 	db, schema, store := inbox(t)
-	queue := testenv.Name("shutdown-batch")
-	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", queue+".retry.100ms")
+	queue := projectionQueue(t, "shutdown-batch")
 	conn := testenv.AMQP(t)
-	newBroker := func() *rabbitmq.Broker {
-		q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
-			Connection: rabbitmq.Connection{URL: testenv.AMQPURL},
-			Topology:   rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{100 * time.Millisecond}},
-			Prefetch:   16,
-		})
-		require.NoError(t, err)
-		return q
-	}
+	newBroker := func() *rabbitmq.Broker { return projectionBroker(t, queue, 16) }
 	write := func(ctx context.Context, msgs []*message.Message) []error {
 		keys := make([]string, len(msgs))
 		for i, m := range msgs {
@@ -332,14 +317,8 @@ func batchHandlerShutdown(t *testing.T, releaseInTime bool) {
 func TestABatchHandlerBehindWatermillsTimeoutAndRetry(t *testing.T) {
 	t.Parallel()
 	db, schema, store := inbox(t)
-	queue := testenv.Name("projection_wm")
-	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
-		Connection: rabbitmq.Connection{URL: testenv.AMQPURL},
-		Topology:   rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{100 * time.Millisecond}},
-		Prefetch:   8,
-	})
-	require.NoError(t, err)
-	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", queue+".retry.100ms")
+	queue := projectionQueue(t, "projection_wm")
+	q := projectionBroker(t, queue, 8)
 	project := func(ctx context.Context, msgs []*message.Message) []error {
 		keys := make([]string, len(msgs))
 		for i, m := range msgs {
@@ -372,4 +351,26 @@ func TestABatchHandlerBehindWatermillsTimeoutAndRetry(t *testing.T) {
 	require.NoError(t, <-done)
 	require.NoError(t, q.Close())
 	require.Equal(t, events, count(), "each event's row once")
+}
+
+// projectionQueue is a fresh queue name, its queue, poison queue and
+// 100 ms tier deleted once the test ends.
+func projectionQueue(t *testing.T, name string) string {
+	t.Helper()
+	queue := testenv.Name(name)
+	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison", queue+".retry.100ms")
+	return queue
+}
+
+// projectionBroker is a broker on queue, with one 100 ms retry tier and
+// the given prefetch.
+func projectionBroker(t *testing.T, queue string, prefetch int) *rabbitmq.Broker {
+	t.Helper()
+	q, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
+		Connection: rabbitmq.Connection{URL: testenv.AMQPURL},
+		Topology:   rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{100 * time.Millisecond}},
+		Prefetch:   prefetch,
+	})
+	require.NoError(t, err)
+	return q
 }

@@ -15,12 +15,17 @@ import (
 // batch handler began and ended with which deliveries. Not a figure of the
 // tables: its own clock reads cost a little.
 type phases struct {
-	mu      sync.Mutex
-	start   time.Time
-	arrived map[string]time.Duration
-	done    map[string]time.Duration
-	calls   []phaseCall
+	mu    sync.Mutex
+	start time.Time
+	at    [2]map[string]time.Duration // by stamp: each delivery's arrival, return
+	calls []phaseCall
 }
+
+// The stamps phases records of each delivery.
+const (
+	arrival = iota // reached the router
+	back           // returned by the stack
+)
 
 type phaseCall struct {
 	begin, end time.Duration
@@ -32,20 +37,20 @@ func newPhases() *phases {
 	if os.Getenv("SLUICE_BENCH_PHASES") == "" {
 		return nil
 	}
-	return &phases{start: time.Now(), arrived: map[string]time.Duration{}, done: map[string]time.Duration{}}
+	return &phases{start: time.Now(), at: [2]map[string]time.Duration{{}, {}}}
 }
 
-func (p *phases) arrive(id string) { p.stamp(func() map[string]time.Duration { return p.arrived }, id) }
+func (p *phases) arrive(id string) { p.stamp(arrival, id) }
 
-func (p *phases) returned(id string) { p.stamp(func() map[string]time.Duration { return p.done }, id) }
+func (p *phases) returned(id string) { p.stamp(back, id) }
 
-// stamp records now as id's time in the map of (arrived or done).
-func (p *phases) stamp(of func() map[string]time.Duration, id string) {
+// stamp records now as id's time of stamp (arrival or back).
+func (p *phases) stamp(stamp int, id string) {
 	if p == nil {
 		return
 	}
 	p.mu.Lock()
-	of()[id] = time.Since(p.start)
+	p.at[stamp][id] = time.Since(p.start)
 	p.mu.Unlock()
 }
 
@@ -81,7 +86,7 @@ func (p *phases) print(w io.Writer, name string) {
 	for _, c := range p.calls {
 		arrived, done := make([]time.Duration, len(c.ids)), make([]time.Duration, len(c.ids))
 		for i, id := range c.ids {
-			arrived[i], done[i] = p.arrived[id], p.done[id]
+			arrived[i], done[i] = p.at[arrival][id], p.at[back][id]
 		}
 		first, last, r0, r1 := slices.Min(arrived), slices.Max(arrived), slices.Min(done), slices.Max(done)
 		spread = append(spread, us(last-first))
