@@ -201,11 +201,20 @@ func (c *Console) runReplay(ru *run, q Queue, group, operator string, p loopPlan
 	cfg := c.replayConfig(q, group, p.to)
 	cfg.Limit, cfg.Batch, cfg.Run = p.limit, 10, ru.ID
 	res, err := c.closedLoop(ru, q, operator, cfg, p)
-	// Audited, a start that failed included, before the run says it ended:
-	// a run page that says so has its line in the audit log.
-	c.audit(operator, "console replay", q.Poison, cfg.Filter, map[string]string{"run": ru.ID, "sizes": fmt.Sprint(p.sizes), "canary": strconv.FormatBool(p.canary),
+	c.end(ru, operator, map[string]string{"sizes": fmt.Sprint(p.sizes), "canary": strconv.FormatBool(p.canary),
 		"max_repoison": strconv.FormatFloat(100*p.maxRepoison, 'f', -1, 64) + "%", "wait": p.wait.String(), "limit": strconv.Itoa(p.limit),
 		"to": p.to}, res, err, "", nil)
+}
+
+// end audits what ru did, then ends ru: a run that says it ended —
+// a start that failed included — has its line in the audit log. The
+// line names the run, its queue and its group.
+func (c *Console) end(ru *run, operator string, opts map[string]string, res dlq.Result, err error, reason string, items []string) {
+	if opts == nil {
+		opts = map[string]string{}
+	}
+	opts["run"] = ru.ID
+	c.audit(operator, "console "+ru.Kind, ru.Queue, dlq.Filter{Group: ru.Group}, opts, res, err, reason, items)
 	ru.finish(res, err)
 }
 
@@ -254,8 +263,7 @@ func (c *Console) discard(w http.ResponseWriter, r *http.Request) {
 	f := dlq.Filter{Group: group}
 	res, items, err := dlq.Open(conn, q.Poison, dlq.Config{}).Discard(r.Context(), f, max(limit, 0), false)
 	err = errors.Join(err, c.record(r.Context(), ru, items, ledger.OutcomeDiscarded, reason, operator))
-	c.audit(operator, "console discard", q.Poison, f, map[string]string{"run": ru.ID, "limit": strconv.Itoa(limit)}, res, err, reason, items)
-	ru.finish(res, err)
+	c.end(ru, operator, map[string]string{"limit": strconv.Itoa(limit)}, res, err, reason, items)
 	c.keep(r.Context(), ru)
 	http.Redirect(w, r, c.cfg.Prefix+"/runs/"+ru.ID, http.StatusSeeOther)
 }
@@ -274,21 +282,21 @@ type action struct {
 // startAction begins the run of verb on poison, holding the queue for it
 // (reading; a.done gives it back); false when another reader holds it past
 // Config.CallTimeout or the broker cannot be reached (the run is then
-// finished with the error, and the answer written).
+// ended with the error, audited, and the answer written).
 func (c *Console) startAction(w http.ResponseWriter, r *http.Request, verb, poison string) (action, bool) {
 	a := action{group: r.PathValue("group"), operator: c.cfg.Operator(r)}
 	a.limit, _ = strconv.Atoi(r.PostFormValue("limit"))
 	a.run = c.newRun(verb, replayledger.NewRun(verb), poison, a.group, a.operator)
 	release, err := c.reading(r.Context(), poison, c.cfg.CallTimeout)
 	if err != nil {
-		a.run.finish(dlq.Result{}, err)
+		c.end(a.run, a.operator, nil, dlq.Result{}, err, "", nil)
 		c.fail(w, r, http.StatusServiceUnavailable, err)
 		return a, false
 	}
 	conn, err := c.conn()
 	if err != nil {
 		release()
-		a.run.finish(dlq.Result{}, err)
+		c.end(a.run, a.operator, nil, dlq.Result{}, err, "", nil)
 		c.fail(w, r, http.StatusBadGateway, err)
 		return a, false
 	}
@@ -317,20 +325,18 @@ func (c *Console) archive(w http.ResponseWriter, r *http.Request) {
 	}
 	defer a.done()
 	ru, group, limit, operator, conn := a.run, a.group, a.limit, a.operator, a.conn
-	f := dlq.Filter{Group: group}
 	sink, err := c.cfg.Archive()
 	if err != nil {
-		c.audit(operator, "console archive", q.Poison, f, map[string]string{"run": ru.ID}, dlq.Result{}, err, "", nil)
-		ru.finish(dlq.Result{}, err)
+		c.end(ru, operator, nil, dlq.Result{}, err, "", nil)
 		c.fail(w, r, http.StatusBadGateway, diag.RedactError(err))
 		return
 	}
+	f := dlq.Filter{Group: group}
 	var items []string
 	res, err := dlq.Open(conn, q.Poison, dlq.Config{Operator: operator, Signer: c.signer}).Archive(r.Context(), dlq.ArchiveConfig{Filter: f, Limit: max(limit, 0), Sink: sink,
 		Archived: func(m *dlq.Message) { items = append(items, m.Item()) }})
 	err = errors.Join(err, sink.Close(), c.record(r.Context(), ru, items, ledger.OutcomeArchived, "archived to "+sink.Name(), operator))
-	c.audit(operator, "console archive", q.Poison, f, map[string]string{"run": ru.ID, "sink": sink.Name()}, res, err, "", nil)
-	ru.finish(res, err)
+	c.end(ru, operator, map[string]string{"sink": sink.Name()}, res, err, "", nil)
 	c.keep(r.Context(), ru)
 	http.Redirect(w, r, c.cfg.Prefix+"/runs/"+ru.ID, http.StatusSeeOther)
 }
