@@ -64,7 +64,8 @@ func BatchHandlers(ctx context.Context, o Options) error {
 			for k := range variants {
 				i := (k + round) % len(variants)
 				vr := variants[i]
-				c := gcCase{n: n, subs: 1, prefetch: prefetch, noop: vr.noop, batch: vr.batch, poisonEvery: vr.poisonEvery}
+				c := gcCase{n: n, subs: 1, prefetch: prefetch, noop: vr.noop, batch: vr.batch, poisonEvery: vr.poisonEvery,
+					label: fmt.Sprintf("%s@%d", strings.ReplaceAll(vr.name, ",", ";"), prefetch)} // pprof's -tagfocus splits at commas
 				if vr.handler != nil {
 					bh := *vr.handler
 					bh.MaxBatch = vr.size(prefetch)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -56,6 +57,10 @@ type gcCase struct {
 	// batchHandler: the same effect (one business row per event) written
 	// by a batch handler, one INSERT per batch; batch does not apply.
 	batchHandler *deduplication.BatchHandler
+	// label, when set, labels the run's CPU in a -cpuprofile (pprof label
+	// "run"; the preload's publishes are labelled "preload"):
+	// go tool pprof -tagfocus 'run=LABEL' sluice-bench PROFILE.
+	label string
 	// poisonEvery > 0: every poisonEvery-th delivery fails as Poison (its
 	// batch runs again without it; the poison stage parks it).
 	poisonEvery int
@@ -159,6 +164,11 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 }
 
 func gcRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, url string, v *inboxVariants, gc gcCase, runID string) (gcResult, error) {
+	if gc.label != "" { // the goroutines the run starts (the broker's, the router's) inherit it
+		defer pprof.SetGoroutineLabels(ctx)
+		ctx = pprof.WithLabels(ctx, pprof.Labels("run", gc.label))
+		pprof.SetGoroutineLabels(ctx)
+	}
 	rabbit, err := rabbitmq.NewBroker(ctx, rabbitmq.BrokerConfig{Connection: rabbitmq.Connection{URL: url}, Prefetch: gc.prefetch,
 		Topology: rabbitmq.TopologyConfig{Queue: fmt.Sprintf("sluice_bench_gc_%d", time.Now().UnixNano())}})
 	if err != nil {
@@ -183,10 +193,14 @@ func gcRun(ctx context.Context, conn *amqp.Connection, pub *rabbitmq.Publisher, 
 		}
 	}
 	if gc.rate == 0 {
-		for i := 0; i < len(msgs); i += 500 {
-			if err := pub.Publish(queue, msgs[i:min(i+500, len(msgs))]...); err != nil {
-				return gcResult{}, err
+		var err error
+		pprof.Do(ctx, pprof.Labels("run", "preload"), func(context.Context) {
+			for i := 0; i < len(msgs) && err == nil; i += 500 {
+				err = pub.Publish(queue, msgs[i:min(i+500, len(msgs))]...)
 			}
+		})
+		if err != nil {
+			return gcResult{}, err
 		}
 	}
 
