@@ -315,9 +315,14 @@ func (d *deduplicator) duplicate(msg *message.Message, key string) {
 // deadline or cancellation (StoreTimeout bounds each call on it).
 func endContext(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
 
-// begin opens a unit of work within StoreTimeout.
+// begin opens a unit of work within StoreTimeout. On an ended ctx it asks
+// the store nothing, bounded or not: the delivery fails with ctx's cause,
+// not as a store that did not answer.
 func (d *deduplicator) begin(ctx context.Context) (unitofwork.Tx, error) {
 	if d.storeBound <= 0 {
+		if ctx.Err() != nil { // as bounded.Run does for the bounded calls
+			return nil, dependency(ctx, "begin", context.Cause(ctx))
+		}
 		tx, err := d.open(ctx)
 		if err != nil {
 			return nil, dependency(ctx, "begin", err)

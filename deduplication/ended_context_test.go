@@ -40,28 +40,45 @@ func (s *slowBegin) Begin(ctx context.Context) (unitofwork.Tx, error) {
 // outage).
 func TestADeliveryWhoseContextEndedIsNotAStoreThatDidNotAnswer(t *testing.T) {
 	t.Parallel()
-	store := &slowBegin{Store: deduplication.NewMemoryStore()}
-	inbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c", Env: sluice.Env{StoreTimeout: 10 * time.Second}})
-	require.NoError(t, err)
-	handled := 0
-	h := inbox(func(*message.Message) ([]*message.Message, error) { handled++; return nil, nil })
+	slow := &slowBegin{Store: deduplication.NewMemoryStore()}
+	for _, tc := range []struct {
+		name  string
+		store deduplication.Store
+		begun func() int64 // how many units of work the store began, where it can tell
+	}{
+		// Its calls bounded by StoreTimeout (bounded.Run).
+		{"a store whose Begin ignores its context", slow, slow.begun.Load},
+		// Its calls run directly (its units of work outlive any context):
+		// before, the inbox began one on the ended context, claimed the key
+		// and ran the handler.
+		{"the memory store", deduplication.NewMemoryStore(), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			inbox, err := deduplication.New(deduplication.Config{Store: tc.store, Consumer: "c", Env: sluice.Env{StoreTimeout: 10 * time.Second}})
+			require.NoError(t, err)
+			handled := 0
+			h := inbox(func(*message.Message) ([]*message.Message, error) { handled++; return nil, nil })
 
-	msg := message.NewMessage(watermill.NewUUID(), nil)
-	msg.Metadata.Set(sluice.EventIDKey, "evt-1")
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	msg.SetContext(ctx)
-	_, err = h(msg)
-	require.Error(t, err)
-	require.ErrorIs(t, err, context.Canceled)
-	require.False(t, errors.Is(err, deduplication.ErrStoreTimeout), "not the store's timeout: %v", err)
-	require.False(t, errors.Is(err, sluice.ErrDependency), "no outage for the brake to count: %v", err)
-	require.Zero(t, store.begun.Load(), "the store was not asked")
-	require.Zero(t, handled)
+			msg := message.NewMessage(watermill.NewUUID(), nil)
+			msg.Metadata.Set(sluice.EventIDKey, "evt-1")
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			msg.SetContext(ctx)
+			_, err = h(msg)
+			require.Error(t, err)
+			require.ErrorIs(t, err, context.Canceled)
+			require.False(t, errors.Is(err, deduplication.ErrStoreTimeout), "not the store's timeout: %v", err)
+			require.False(t, errors.Is(err, sluice.ErrDependency), "no outage for the brake to count: %v", err)
+			if tc.begun != nil {
+				require.Zero(t, tc.begun(), "the store was not asked")
+			}
+			require.Zero(t, handled)
 
-	msg = message.NewMessage(watermill.NewUUID(), nil)
-	msg.Metadata.Set(sluice.EventIDKey, "evt-1")
-	_, err = h(msg)
-	require.NoError(t, err, "the next delivery, its context live, is processed")
-	require.Equal(t, 1, handled)
+			msg = message.NewMessage(watermill.NewUUID(), nil)
+			msg.Metadata.Set(sluice.EventIDKey, "evt-1")
+			_, err = h(msg)
+			require.NoError(t, err, "the next delivery, its context live, is processed")
+			require.Equal(t, 1, handled)
+		})
+	}
 }
