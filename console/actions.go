@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice"
@@ -112,6 +113,10 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadRequest, errors.New("replay to: not a consumer queue of this console (redirect only to a queue it shows)"))
 		return
 	}
+	if err := c.auditable(); err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
 	group := r.PathValue("group")
 	operator := c.cfg.Operator(r)
 	ru := c.newRun("replay", replayledger.NewRun("run"), q.Poison, group, operator)
@@ -207,15 +212,17 @@ func (c *Console) runReplay(ru *run, q Queue, group, operator string, p loopPlan
 }
 
 // end audits what ru did, then ends ru: a run that says it ended —
-// a start that failed included — has its line in the audit log. The
-// line names the run, its queue and its group.
+// a start that failed included — has its line in the audit log, or says
+// why it has none (the log could not be written: a full disk, a file
+// rotated away since the action checked it). The line names the run, its
+// queue and its group.
 func (c *Console) end(ru *run, operator string, opts map[string]string, res dlq.Result, err error, reason string, items []string) {
 	if opts == nil {
 		opts = map[string]string{}
 	}
 	opts["run"] = ru.ID
-	c.audit(operator, "console "+ru.Kind, ru.Queue, dlq.Filter{Group: ru.Group}, opts, res, err, reason, items)
-	ru.finish(res, err)
+	auditErr := c.audit(operator, "console "+ru.Kind, ru.Queue, dlq.Filter{Group: ru.Group}, opts, res, err, reason, items)
+	ru.finish(res, errors.Join(err, auditErr))
 }
 
 // closedLoop runs a replay form's closed loop on q's poison queue, its
@@ -284,6 +291,10 @@ type action struct {
 // Config.CallTimeout or the broker cannot be reached (the run is then
 // ended with the error, audited, and the answer written).
 func (c *Console) startAction(w http.ResponseWriter, r *http.Request, verb, poison string) (action, bool) {
+	if err := c.auditable(); err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err)
+		return action{}, false
+	}
 	a := action{group: r.PathValue("group"), operator: c.cfg.Operator(r)}
 	a.limit, _ = strconv.Atoi(r.PostFormValue("limit"))
 	a.run = c.newRun(verb, replayledger.NewRun(verb), poison, a.group, a.operator)
@@ -359,13 +370,30 @@ func (c *Console) record(ctx context.Context, ru *run, items []string, outcome s
 	return nil
 }
 
-func (c *Console) audit(operator, command, queue string, f dlq.Filter, opts map[string]string, res dlq.Result, runErr error, reason string, items []string) {
+// auditable checks, before an action moves anything, that the audit log
+// can be written: an action it could not record is not begun.
+func (c *Console) auditable() error {
+	if c.cfg.AuditFile == "" {
+		return nil
+	}
+	return dlq.CheckAudit(c.cfg.AuditFile)
+}
+
+// audit appends what an operator did to the audit log; an error when the
+// line could not be written, which the caller shows and logs.
+func (c *Console) audit(operator, command, queue string, f dlq.Filter, opts map[string]string, res dlq.Result, runErr error, reason string, items []string) error {
 	rec := dlq.AuditRecord{Time: time.Now().UTC(), Operator: operator, Command: command, Queue: queue, Filters: f.Describe(),
 		Options: opts, Result: res, Outcome: "ok", Reason: reason, Items: items}
 	if runErr != nil {
 		rec.Outcome, rec.Error = "error", diag.Redact(runErr.Error())
 	}
-	if c.cfg.AuditFile != "" {
-		_ = dlq.AppendAudit(c.cfg.AuditFile, rec) // the run page shows the error of the action itself
+	if c.cfg.AuditFile == "" {
+		return nil
 	}
+	if err := dlq.AppendAudit(c.cfg.AuditFile, rec); err != nil {
+		err = fmt.Errorf("console: what was done is not in the audit log: %w", err)
+		c.cfg.Logger.Error("Console action not audited", err, watermill.LogFields{"command": command, "queue": diag.Printable(queue, 255), "operator": diag.Printable(operator, 255)})
+		return err
+	}
+	return nil
 }

@@ -1,15 +1,22 @@
 package console
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/replay/ledger"
 )
 
 // Every run of the console is audited, one whose start failed (no broker
@@ -49,4 +56,65 @@ func TestEveryRunIsAudited(t *testing.T) {
 		require.Contains(t, rows[i].Error, "no broker here")
 		require.Equal(t, "orders.poison", rows[i].Queue)
 	}
+}
+
+// outboxSpy counts the retries the console asked of it.
+type outboxSpy struct {
+	Outbox
+	retries atomic.Int64
+}
+
+func (o *outboxSpy) RetryNow(context.Context) (int64, error) { o.retries.Add(1); return 0, nil }
+
+// An action the audit log cannot record is not begun: a replay, a discard
+// and an outbox retry are refused before the console dials the broker or
+// asks the outbox anything, and no run is made. A run whose line could not
+// be written at its end (the disk filled, the file rotated away after the
+// check) says so. Before, the console acted and dropped the audit log's
+// error: the run page said Done. and no line was written.
+func TestAnActionTheAuditLogCannotRecordIsNotBegun(t *testing.T) {
+	t.Parallel()
+	audit := filepath.Join(t.TempDir(), "gone", "audit.jsonl") // its directory does not exist
+	var dials atomic.Int64
+	spy := &outboxSpy{}
+	c, err := New(Config{Dial: func() (*amqp.Connection, error) { dials.Add(1); return nil, fmt.Errorf("no broker here") }, AuditFile: audit,
+		Queues: []Queue{{Name: "orders", Poison: "orders.poison"}}, Outboxes: map[string]Outbox{"orders": spy},
+		// Replay is offered with a publisher and outcome records; either, touched, would panic.
+		Publisher: struct{ dlq.Publisher }{}, Outcomes: struct{ ledger.Ledger }{},
+		CallTimeout: time.Second, SampleInterval: -1})
+	require.NoError(t, err)
+	defer func() { _ = c.Close() }()
+
+	form := url.Values{"confirm": {"yes"}, "reason": {"a test"}, "canary": {"1"}}
+	for _, tc := range []struct {
+		path    string
+		handler http.HandlerFunc
+		values  map[string]string
+	}{
+		{"/q/orders.poison/g/g1/replay", c.replay, map[string]string{"queue": "orders.poison", "group": "g1"}},
+		{"/q/orders.poison/g/g1/discard", c.discard, map[string]string{"queue": "orders.poison", "group": "g1"}},
+		{"/outbox/orders/retry", c.outboxRetry, map[string]string{"name": "orders"}},
+	} {
+		r := httptest.NewRequest(http.MethodPost, tc.path, strings.NewReader(form.Encode()))
+		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		for k, v := range tc.values {
+			r.SetPathValue(k, v)
+		}
+		w := httptest.NewRecorder()
+		tc.handler(w, r)
+		require.Equal(t, http.StatusInternalServerError, w.Code, "%s: refused", tc.path)
+		require.Contains(t, w.Body.String(), "the audit log cannot be written, nothing was moved", tc.path)
+	}
+	require.Zero(t, dials.Load(), "no broker dialled")
+	require.Zero(t, spy.retries.Load(), "no outbox retried")
+	c.mu.Lock()
+	runs := len(c.runs)
+	c.mu.Unlock()
+	require.Zero(t, runs, "no run made")
+
+	ru := c.newRun("discard", "run-1", "orders.poison", "g1", "ops@example.com")
+	c.end(ru, "ops@example.com", nil, dlq.Result{Replayed: 3}, nil, "a test", []string{"a", "b", "c"})
+	v := ru.view()
+	require.True(t, v.Done)
+	require.Contains(t, v.Err, "not in the audit log", "the run says its line is missing")
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"net/http"
 	"slices"
@@ -73,11 +74,19 @@ func (c *Console) outboxRetry(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusNotFound, errors.New("no such outbox"))
 		return
 	}
+	if err := c.auditable(); err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err)
+		return
+	}
 	var n int64
 	err := c.storeCall(r.Context(), "making the outbox's failing rows due", func(ctx context.Context) (err error) { n, err = o.RetryNow(ctx); return err })
-	c.audit(c.cfg.Operator(r), "console outbox retry", name, dlq.Filter{}, nil, dlq.Result{Replayed: int(n)}, err, "", nil)
+	auditErr := c.audit(c.cfg.Operator(r), "console outbox retry", name, dlq.Filter{}, nil, dlq.Result{Replayed: int(n)}, err, "", nil)
 	if err != nil {
-		c.fail(w, r, http.StatusBadGateway, diag.RedactError(err))
+		c.fail(w, r, http.StatusBadGateway, diag.RedactError(errors.Join(err, auditErr)))
+		return
+	}
+	if auditErr != nil {
+		c.fail(w, r, http.StatusInternalServerError, fmt.Errorf("%d rows made due: %w", n, auditErr))
 		return
 	}
 	http.Redirect(w, r, c.cfg.Prefix+"/outbox", http.StatusSeeOther)

@@ -89,6 +89,20 @@ func (r *AuditRecord) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
+// CheckAudit opens the audit log at path for appending (creating it) and
+// closes it: what moves messages checks it can record them before anything
+// moves. "-" (stdout) always passes.
+func CheckAudit(path string) error {
+	if path == "-" {
+		return nil
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("dlq: the audit log cannot be written, nothing was moved: %w", err)
+	}
+	return f.Close()
+}
+
 // AppendAudit appends rec as a JSON line to path (synced to disk), or
 // writes it to stdout when path is "-".
 func AppendAudit(path string, rec AuditRecord) error {

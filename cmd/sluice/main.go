@@ -29,6 +29,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluicemq/sluice/cmd/internal/localenv"
+	"github.com/sluicemq/sluice/dlq"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
@@ -158,20 +159,7 @@ func (g *globals) checkWrite() error {
 	if strings.TrimSpace(g.operator) == "" {
 		return usageError{errors.New("--operator is required: no $SLUICE_OPERATOR, and the OS user has no name (the audit log and the replay headers record who moved the messages)")}
 	}
-	return checkAudit(g.audit)
-}
-
-// checkAudit opens the audit log for appending (creating it) and closes it:
-// a run that would move messages checks it can record them first.
-func checkAudit(path string) error {
-	if path == "-" {
-		return nil
-	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
-	if err != nil {
-		return fmt.Errorf("dlq: the audit log cannot be written, nothing was moved: %w", err)
-	}
-	return f.Close()
+	return dlq.CheckAudit(g.audit)
 }
 
 // urls returns the broker's node URLs: the flag's, the environment's (a
