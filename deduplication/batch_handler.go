@@ -114,16 +114,16 @@ func (c BatchHandler) validate() error {
 	return nil
 }
 
-// BatchClaimer is a unitofwork.Tx that claims many keys in one statement: the SQL
-// store's. ClaimBatch records (consumer, key) for each of keys (distinct)
+// BatchClaimer is a unitofwork.Tx that claims many keys in one call: the SQL
+// store's (one statement) and the MemoryStore's. ClaimBatch records (consumer, key) for each of keys (distinct)
 // and returns those it recorded; a key a committed unit of work recorded
 // before is left out. A key another open unit of work holds is waited for
 // at most wait (0: as long as Claim waits): past it the call fails with an
 // error matching ErrClaimInProgress, and the unit of work may take no
 // further statement but a rollback (to a savepoint). idle > 0 bounds how
 // long the unit of work may then sit idle, as IdleBounder's ClaimIdle. A
-// batch handler claims through it where the store's unitofwork.Tx is one, and one
-// Claim after another elsewhere.
+// batch handler claims through it where the store's unitofwork.Tx is one;
+// elsewhere each event of a batch runs in a unit of work of its own.
 type BatchClaimer interface {
 	ClaimBatch(ctx context.Context, consumer string, keys []string, wait, idle time.Duration) ([]string, error)
 }
@@ -143,8 +143,9 @@ type BatchClaimer interface {
 // Each batch has a span ("sluice.batch"), linked to each delivery's span,
 // on cfg.Env.TracerProvider (default the global OpenTelemetry provider).
 // cfg.Batch (group commit) does not apply. On a store whose units of work
-// claim one key at a time only, the keys are claimed one statement each, in
-// the one transaction.
+// claim one key only (their unitofwork.Tx is not a BatchClaimer: the Redis
+// inbox, a store of your own), each event runs in a unit of work of its own,
+// a batch of one: correct, not faster than a Handler.
 func NewBatchHandler(cfg Config, bh BatchHandler) (message.HandlerFunc, error) {
 	bh = bh.withDefaults()
 	if err := bh.validate(); err != nil {
@@ -220,7 +221,7 @@ func (g *gatherer) handle(msg *message.Message) ([]*message.Message, error) {
 		case <-e.done:
 		case <-ctx.Done():
 			if g.leave(e) { // not started: back unprocessed
-				return nil, sluice.Transient(fmt.Errorf("deduplication: the delivery's context ended while its batch gathered: %w", context.Cause(ctx)))
+				return nil, endedBefore(ctx)
 			}
 			<-e.done // started: it commits or not, bounded by StoreTimeout
 		}
@@ -344,12 +345,36 @@ gather:
 	if g.open == b {
 		g.open = nil
 	}
-	members := b.members
+	members := withoutEnded(b.members)
 	g.mu.Unlock()
 	if len(members) == 0 {
 		return
 	}
 	g.execute(members)
+}
+
+// withoutEnded settles the members whose context ended before their batch
+// started — closed, full or with every delivery in flight in it, while
+// Concurrency batches ran — as leave would have: back unprocessed. The
+// batch's handler context ends with its first delivery's: run with them,
+// every delivery of the batch would fail with them.
+func withoutEnded(members []*entry) []*entry {
+	live := members[:0:0]
+	for _, e := range members {
+		if e.ctx.Err() != nil {
+			e.err = endedBefore(e.ctx)
+			close(e.done)
+			continue
+		}
+		live = append(live, e)
+	}
+	return live
+}
+
+// endedBefore is the error of a delivery whose context ended before its
+// batch started: Transient, back unprocessed.
+func endedBefore(ctx context.Context) error {
+	return sluice.Transient(fmt.Errorf("deduplication: the delivery's context ended while its batch gathered: %w", context.Cause(ctx)))
 }
 
 // execute runs one closed batch: copies of a key wait for its first
@@ -459,6 +484,14 @@ func (x *execution) once(es []*entry) []*entry {
 			_ = d.rollback(bg, tx)
 		}
 	}()
+	if _, ok := tx.(BatchClaimer); !ok && len(es) > 1 {
+		// A unit of work that claims one key (unitofwork.Tx: at most one
+		// Claim): each event runs in one of its own, a batch of one.
+		for _, e := range es {
+			e.alone = true
+		}
+		return nil
+	}
 
 	keys := make([]string, len(es))
 	for i, e := range es {
@@ -717,18 +750,12 @@ func (x *execution) call(ctx context.Context, msgs []*message.Message) (outcomes
 func (x *execution) claimAll(tx unitofwork.Tx, keys []string, idle time.Duration) (map[string]struct{}, bool, error) {
 	d := x.g.d
 	bc, ok := tx.(BatchClaimer)
-	if !ok {
-		claimed := make(map[string]struct{}, len(keys))
-		for _, k := range keys {
-			ok, gaveUp, err := d.claim(context.Background(), tx, k)
-			if err != nil {
-				return nil, gaveUp, err
-			}
-			if ok {
-				claimed[k] = struct{}{}
-			}
+	if !ok { // one key: once runs a batch of more each event alone
+		ok, gaveUp, err := d.claim(context.Background(), tx, keys[0])
+		if err != nil || !ok {
+			return nil, gaveUp, err
 		}
-		return claimed, false, nil
+		return map[string]struct{}{keys[0]: {}}, false, nil
 	}
 	sorted := slices.Clone(keys)
 	slices.Sort(sorted) // one order of row locks for every batch: no deadlock between two claims

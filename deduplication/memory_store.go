@@ -3,6 +3,7 @@ package deduplication
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -24,6 +25,7 @@ type memRecord struct {
 	done  bool
 	at    time.Time
 	ended chan struct{} // made by the first waiter; closed when the holder ends
+	owner *memTx        // the unit of work that claimed it
 }
 
 var _ Store = (*MemoryStore)(nil)
@@ -68,30 +70,83 @@ func (s *MemoryStore) DeleteBefore(_ context.Context, t time.Time, limit int) (i
 
 var errMemTxDone = errors.New("deduplication: memory unit of work already ended")
 
+// memTx is a MemoryStore's unit of work: one Claim, or one or more
+// ClaimBatch calls (a batch handler's).
 type memTx struct {
 	s     *MemoryStore
-	rec   memRecord  // the record a claim holds: one allocation with the unit of work
+	rec   memRecord  // the first record it claims: one allocation with the unit of work
 	held  *memRecord // &rec once claimed
 	key   memKey
+	more  []memClaim // the claims after the first (ClaimBatch)
 	ended bool
 }
+
+type memClaim struct {
+	key memKey
+	rec *memRecord
+}
+
+var _ BatchClaimer = (*memTx)(nil)
 
 func (t *memTx) Claim(ctx context.Context, consumer, key string) (bool, error) {
 	if t.ended || t.held != nil {
 		return false, errors.New("deduplication: Claim called twice or after the unit of work ended")
 	}
-	k := memKey{consumer, key}
+	return t.claim(ctx, memKey{consumer, key})
+}
+
+// ClaimBatch claims each of keys in turn, as Claim does, in this unit of
+// work; a key another open unit of work holds is waited for at most wait
+// (0: until ctx ends), then the call fails with ErrClaimInProgress, and
+// the unit of work keeps what it claimed until its Rollback. idle does not
+// apply: nothing here is held open on a server.
+func (t *memTx) ClaimBatch(ctx context.Context, consumer string, keys []string, wait, _ time.Duration) ([]string, error) {
+	if t.ended {
+		return nil, errMemTxDone
+	}
+	if wait > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, wait, errHeldPastWait)
+		defer cancel()
+	}
+	got := make([]string, 0, len(keys))
+	for _, key := range keys {
+		ok, err := t.claim(ctx, memKey{consumer, key})
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			got = append(got, key)
+		}
+	}
+	return got, nil
+}
+
+// errHeldPastWait ends ClaimBatch's wait for a key another unit of work holds.
+var errHeldPastWait = errors.New("deduplication: held past the claim's wait")
+
+// claim records k for t unless it is done; while another unit of work holds
+// it, it waits for that one to end, until ctx ends — an error matching
+// ErrClaimInProgress when ClaimBatch's wait ran out, ctx's error otherwise. A
+// key t holds already reports false.
+func (t *memTx) claim(ctx context.Context, k memKey) (bool, error) {
 	for {
 		t.s.mu.Lock()
 		r, ok := t.s.recs[k]
 		switch {
 		case !ok:
-			t.held = &t.rec
-			t.key = k
-			t.s.recs[k] = t.held
+			r = &t.rec
+			if t.held != nil {
+				r = &memRecord{}
+				t.more = append(t.more, memClaim{k, r})
+			} else {
+				t.held, t.key = r, k
+			}
+			r.owner = t
+			t.s.recs[k] = r
 			t.s.mu.Unlock()
 			return true, nil
-		case r.done:
+		case r.done, r.owner == t:
 			t.s.mu.Unlock()
 			return false, nil
 		}
@@ -103,6 +158,9 @@ func (t *memTx) Claim(ctx context.Context, consumer, key string) (bool, error) {
 		select {
 		case <-ended:
 		case <-ctx.Done():
+			if context.Cause(ctx) == errHeldPastWait {
+				return false, fmt.Errorf("%w: (%s, %s) held by another unit of work", ErrClaimInProgress, k.consumer, k.key)
+			}
 			return false, ctx.Err()
 		}
 	}
@@ -114,9 +172,14 @@ func (t *memTx) Commit(context.Context) error {
 	}
 	t.ended = true
 	if t.held != nil {
+		now := time.Now()
 		t.s.mu.Lock()
-		t.held.done, t.held.at = true, time.Now()
+		t.held.done, t.held.at, t.held.owner = true, now, nil
 		t.held.wake()
+		for _, c := range t.more {
+			c.rec.done, c.rec.at, c.rec.owner = true, now, nil
+			c.rec.wake()
+		}
 		t.s.mu.Unlock()
 	}
 	return nil
@@ -139,6 +202,10 @@ func (t *memTx) Rollback(context.Context) error {
 		t.s.mu.Lock()
 		delete(t.s.recs, t.key)
 		t.held.wake()
+		for _, c := range t.more {
+			delete(t.s.recs, c.key)
+			c.rec.wake()
+		}
 		t.s.mu.Unlock()
 	}
 	return nil

@@ -17,8 +17,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/unitofwork"
 )
@@ -44,6 +46,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"ConcurrentClaimThenRollback", func(t *testing.T, s deduplication.Store) { testConcurrentClaim(t, s, false) }},
 		{"ManyClaimersOneWinner", testManyClaimersOneWinner},
 		{"DeleteBefore", testDeleteBefore},
+		{"BatchHandlerRunsEachEventOnce", testBatchHandler},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -270,4 +273,53 @@ func testDeleteBefore(t *testing.T, s deduplication.Store) {
 	}
 	require.Equal(t, int64(25), total)
 	require.True(t, claimCommit(t, s, "c", "k3"), "a pruned key is new again")
+}
+
+// testBatchHandler: a batch handler on the store runs each event once and
+// every delivery ends well, whether the store's units of work claim many
+// keys (deduplication.BatchClaimer) or one (each event then runs in one of
+// its own): 8 events delivered twice each, side by side, in batches of up
+// to 8. A delivery whose copy another unit of work holds may fail with
+// ErrClaimInProgress (a store whose Claim does not wait): it is delivered
+// again, as the broker would.
+func testBatchHandler(t *testing.T, s deduplication.Store) {
+	var (
+		mu   sync.Mutex
+		seen = map[string]int{}
+	)
+	h, err := deduplication.NewBatchHandler(deduplication.Config{Store: s, Consumer: "batch"},
+		deduplication.BatchHandler{MaxBatch: 8, InFlight: 16, Handle: func(_ context.Context, msgs []*message.Message) []error {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, m := range msgs {
+				seen[m.Metadata.Get(sluice.EventIDKey)]++
+			}
+			return nil
+		}})
+	require.NoError(t, err)
+	errs := make(chan error, 16)
+	for i := range 16 {
+		msg := message.NewMessage(fmt.Sprint("delivery-", i), nil)
+		msg.Metadata.Set(sluice.EventIDKey, fmt.Sprint("evt-", i%8))
+		msg.SetContext(t.Context())
+		go func() {
+			for deadline := time.Now().Add(time.Minute); ; {
+				_, err := h(msg)
+				if !errors.Is(err, deduplication.ErrClaimInProgress) || time.Now().After(deadline) {
+					errs <- err
+					return
+				}
+				time.Sleep(10 * time.Millisecond) // the broker's redelivery
+			}
+		}()
+	}
+	for range 16 {
+		require.NoError(t, <-errs)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, seen, 8, "every event handled")
+	for k, n := range seen {
+		require.Equal(t, 1, n, "%s handled once", k)
+	}
 }

@@ -1,0 +1,155 @@
+package deduplication_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/unitofwork"
+)
+
+// A delivery whose context ends while its batch waits to start — closed
+// (full), the one slot taken by the batch before it — leaves the batch as
+// it starts: the rest run without it, on a live context, and commit. Before,
+// the batch ran with it, and the handler's context, which ends with its
+// first delivery's, had ended: every delivery of the batch failed
+// (Transient) and spent a retry. (A batch closes early more often since
+// BatchHandler.InFlight: once every delivery in flight is in it.)
+func TestADeliveryWhoseContextEndedWhileItsBatchWaitedLeavesIt(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		type call struct {
+			ids    []string
+			ctxErr error
+		}
+		calls := make(chan call, 4)
+		hold := make(chan struct{})
+		h, err := deduplication.NewBatchHandler(deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "c"},
+			deduplication.BatchHandler{MaxBatch: 2, MaxWait: time.Second, Concurrency: 1,
+				Handle: func(ctx context.Context, msgs []*message.Message) []error {
+					c := call{ctxErr: ctx.Err()}
+					for _, m := range msgs {
+						c.ids = append(c.ids, m.UUID)
+					}
+					calls <- c
+					if c.ids[0] == "a1" {
+						<-hold // batch A holds the one slot
+					}
+					return nil
+				}})
+		require.NoError(t, err)
+		deliver := func(ctx context.Context, id string) <-chan error {
+			msg := message.NewMessage(id, nil)
+			msg.Metadata.Set(sluice.EventIDKey, "evt-"+id)
+			msg.SetContext(ctx)
+			out := make(chan error, 1)
+			go func() { _, err := h(msg); out <- err }()
+			return out
+		}
+		a1 := deliver(context.Background(), "a1")
+		synctest.Wait()
+		a2 := deliver(context.Background(), "a2")
+		synctest.Wait() // A is full and runs, its handler held
+		select {
+		case e := <-a1:
+			t.Fatalf("a1 returned %v", e)
+		case c := <-calls:
+			require.Equal(t, []string{"a1", "a2"}, c.ids)
+		}
+
+		b1ctx, cancel := context.WithCancel(context.Background())
+		b1 := deliver(b1ctx, "b1")
+		synctest.Wait()
+		b2 := deliver(context.Background(), "b2")
+		synctest.Wait() // B is full, closed, waiting for the slot
+		cancel()        // b1's deadline, say (Watermill's Timeout)
+		synctest.Wait()
+		close(hold)
+
+		require.NoError(t, <-a1)
+		require.NoError(t, <-a2)
+		got := <-calls
+		require.Equal(t, []string{"b2"}, got.ids, "b1 left the batch as it started")
+		require.NoError(t, got.ctxErr, "the batch's handler context is live")
+		require.NoError(t, <-b2, "b2 committed")
+		err = <-b1
+		require.Error(t, err)
+		require.True(t, errors.Is(err, context.Canceled), "b1 back unprocessed with its context's cause: %v", err)
+		var f *sluice.Failure
+		require.True(t, errors.As(err, &f) && f.Class == sluice.ClassTransient, "Transient: %v", err)
+	})
+}
+
+// oneClaimStore is a store whose unit of work takes one Claim, as
+// unitofwork.Tx allows (the Redis inbox, a store of a user's own): the
+// MemoryStore's units of work, without ClaimBatch.
+type oneClaimStore struct{ *deduplication.MemoryStore }
+
+type oneClaimTx struct{ unitofwork.Tx }
+
+func (s oneClaimStore) Begin(ctx context.Context) (unitofwork.Tx, error) {
+	tx, err := s.MemoryStore.Begin(ctx)
+	return oneClaimTx{tx}, err
+}
+
+// A batch handler runs a batch of many deliveries on the MemoryStore (its
+// units of work claim many keys) in one call, and on a store whose units of
+// work take one Claim each event in a unit of work of its own — every
+// delivery done, once. Before, a batch of two or more claimed every key in
+// one unit of work with one Claim after another, which the MemoryStore, the
+// Redis inbox and unitofwork.Tx's contract refuse: every delivery of the
+// batch failed ("Claim called twice", Transient), batch after batch.
+func TestABatchHandlerRunsABatchOfManyOnEveryStore(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		store deduplication.Store
+		calls []int // the events of each call of Handle
+	}{
+		{"the memory store", deduplication.NewMemoryStore(), []int{4}},
+		{"a store whose unit of work takes one claim", oneClaimStore{deduplication.NewMemoryStore()}, []int{1, 1, 1, 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var (
+					mu    sync.Mutex
+					sizes []int
+				)
+				h, err := deduplication.NewBatchHandler(deduplication.Config{Store: tc.store, Consumer: "c"},
+					deduplication.BatchHandler{MaxBatch: 4, InFlight: 4, MaxWait: time.Second,
+						Handle: func(_ context.Context, msgs []*message.Message) []error {
+							mu.Lock()
+							sizes = append(sizes, len(msgs)) // events alone run side by side
+							mu.Unlock()
+							return nil
+						}})
+				require.NoError(t, err)
+				// deliverAll delivers evt-0…evt-3 side by side; each ends well.
+				deliverAll := func(round string) {
+					results := make(chan error, 4)
+					for i := range 4 {
+						msg := message.NewMessage(fmt.Sprint(round, i), nil)
+						msg.Metadata.Set(sluice.EventIDKey, fmt.Sprint("evt-", i))
+						go func() { _, err := h(msg); results <- err }()
+					}
+					for range 4 {
+						require.NoError(t, <-results)
+					}
+				}
+				deliverAll("m")
+				require.Equal(t, tc.calls, sizes)
+				deliverAll("again") // every one a duplicate, the handler not called
+				require.Equal(t, tc.calls, sizes, "duplicates: no call")
+			})
+		})
+	}
+}
