@@ -51,10 +51,10 @@ func ShutdownGrace(grace time.Duration) (message.HandlerMiddleware, error) {
 // graceCtx is the handler's context behind ShutdownGrace: orig's values and
 // deadline, cancelled only grace after orig is. It arms itself — a cancel
 // context of its own and a watch on orig — the first time the handler (or
-// its database driver) looks at Done or Err: a handler that never does pays
-// one small allocation and no registration with orig. The grace period
-// begins when orig is cancelled, or, for a handler that first looks after
-// that, when it first looks.
+// its database driver) looks at Done, or at Err once orig ended: a handler
+// that never does pays one small allocation and no registration with orig.
+// The grace period begins when orig is cancelled, or, for a handler that
+// first looks after that, when it first looks.
 type graceCtx struct {
 	orig  context.Context
 	grace time.Duration
@@ -70,7 +70,19 @@ type graceCtx struct {
 
 func (g *graceCtx) Deadline() (time.Time, bool) { return g.orig.Deadline() }
 func (g *graceCtx) Done() <-chan struct{}       { return g.arm().Done() }
-func (g *graceCtx) Err() error                  { return g.arm().Err() }
+
+// Err is nil while orig is live, without arming: nothing waits on a
+// channel then (the inbox asks it of every delivery before its store).
+// Once orig ended it arms, as Done does: the grace begins at that look.
+func (g *graceCtx) Err() error {
+	if inner := g.armed.Load(); inner != nil {
+		return (*inner).Err()
+	}
+	if g.orig.Err() == nil {
+		return nil
+	}
+	return g.armLocked().Err()
+}
 
 // arm returns the armed inner context, arming it on the first call.
 func (g *graceCtx) arm() context.Context {
