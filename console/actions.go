@@ -113,8 +113,7 @@ func (c *Console) replay(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadRequest, errors.New("replay to: not a consumer queue of this console (redirect only to a queue it shows)"))
 		return
 	}
-	if err := c.auditable(); err != nil {
-		c.fail(w, r, http.StatusInternalServerError, err)
+	if c.unaudited(w, r) {
 		return
 	}
 	group := r.PathValue("group")
@@ -291,8 +290,7 @@ type action struct {
 // Config.CallTimeout or the broker cannot be reached (the run is then
 // ended with the error, audited, and the answer written).
 func (c *Console) startAction(w http.ResponseWriter, r *http.Request, verb, poison string) (action, bool) {
-	if err := c.auditable(); err != nil {
-		c.fail(w, r, http.StatusInternalServerError, err)
+	if c.unaudited(w, r) {
 		return action{}, false
 	}
 	a := action{group: r.PathValue("group"), operator: c.cfg.Operator(r)}
@@ -370,13 +368,15 @@ func (c *Console) record(ctx context.Context, ru *run, items []string, outcome s
 	return nil
 }
 
-// auditable checks, before an action moves anything, that the audit log
-// can be written: an action it could not record is not begun.
-func (c *Console) auditable() error {
-	if c.cfg.AuditFile == "" {
-		return nil
+// unaudited answers an action whose audit log cannot be written, before
+// it moves anything: true when it did (the action is not begun). New
+// requires the log of a console that acts.
+func (c *Console) unaudited(w http.ResponseWriter, r *http.Request) bool {
+	if err := dlq.CheckAudit(c.cfg.AuditFile); err != nil {
+		c.fail(w, r, http.StatusInternalServerError, err)
+		return true
 	}
-	return dlq.CheckAudit(c.cfg.AuditFile)
+	return false
 }
 
 // audit appends what an operator did to the audit log; an error when the

@@ -486,11 +486,12 @@ func (x *execution) once(es []*entry) []*entry {
 	}()
 	if _, ok := tx.(BatchClaimer); !ok && len(es) > 1 {
 		// A unit of work that claims one key (unitofwork.Tx: at most one
-		// Claim): each event runs in one of its own, a batch of one.
-		for _, e := range es {
+		// Claim): the first event runs in this one, each other in one of
+		// its own, a batch of one.
+		for _, e := range es[1:] {
 			e.alone = true
 		}
-		return nil
+		es = es[:1]
 	}
 
 	keys := make([]string, len(es))
@@ -750,7 +751,7 @@ func (x *execution) call(ctx context.Context, msgs []*message.Message) (outcomes
 func (x *execution) claimAll(tx unitofwork.Tx, keys []string, idle time.Duration) (map[string]struct{}, bool, error) {
 	d := x.g.d
 	bc, ok := tx.(BatchClaimer)
-	if !ok { // one key: once runs a batch of more each event alone
+	if !ok { // one key: once runs the other events of a batch alone
 		ok, gaveUp, err := d.claim(context.Background(), tx, keys[0])
 		if err != nil || !ok {
 			return nil, gaveUp, err

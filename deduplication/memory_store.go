@@ -135,12 +135,11 @@ func (t *memTx) claim(ctx context.Context, k memKey) (bool, error) {
 		r, ok := t.s.recs[k]
 		switch {
 		case !ok:
-			r = &t.rec
-			if t.held != nil {
+			if t.held == nil {
+				r, t.held, t.key = &t.rec, &t.rec, k
+			} else {
 				r = &memRecord{}
 				t.more = append(t.more, memClaim{k, r})
-			} else {
-				t.held, t.key = r, k
 			}
 			r.owner = t
 			t.s.recs[k] = r
