@@ -26,6 +26,7 @@ import (
 	"github.com/sluicemq/sluice/rabbitmq"
 	"github.com/sluicemq/sluice/retrytiers"
 	"github.com/sluicemq/sluice/router"
+	"github.com/sluicemq/sluice/sluiceredis"
 	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/stage"
 )
@@ -313,44 +314,87 @@ func batchHandlerShutdown(t *testing.T, releaseInTime bool) {
 // A batch handler behind Watermill's own Timeout and Retry, on a broker
 // with a small prefetch (router.Add sets BatchHandler.InFlight to it, so a
 // batch closes once the 8 deliveries in flight are in it): 50 events, each
-// published twice, every event's row once, nothing left in the queue.
+// published twice, every event's effect once, nothing left in the queue —
+// on PostgreSQL (one claim statement, the effects in its transaction), the
+// MemoryStore (its units of work claim many keys) and Redis (one claim a
+// unit of work: each event alone; a copy whose key is held fails
+// ErrClaimInProgress and comes back from the tier). Before, a batch of two
+// or more failed on the MemoryStore and Redis ("Claim called twice"), batch
+// after batch, into the poison queue.
 func TestABatchHandlerBehindWatermillsTimeoutAndRetry(t *testing.T) {
 	t.Parallel()
-	db, schema, store := inbox(t)
-	queue := projectionQueue(t, "projection_wm")
-	q := projectionBroker(t, queue, 8)
-	project := func(ctx context.Context, msgs []*message.Message) []error {
-		keys := make([]string, len(msgs))
-		for i, m := range msgs {
-			keys[i] = m.Metadata.Get(sluice.EventIDKey)
-		}
-		_, err := sluicesql.TxFromContext(ctx).ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s.reservations (event_key) SELECT unnest(string_to_array($1, ','))`, schema), strings.Join(keys, ","))
-		return deduplication.SameOutcome(msgs, err)
-	}
-	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
-	require.NoError(t, err)
-	r.AddMiddleware(middleware.Timeout(time.Minute), middleware.Retry{MaxRetries: 2, InitialInterval: time.Millisecond}.Middleware)
-	_, err = router.Add(r, router.HandlerConfig{
-		Broker: q, Name: "projection",
-		BatchHandler: &deduplication.BatchHandler{Handle: project, MaxWait: time.Second},
-		Stages:       router.Stages{Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &stage.ClassifyConfig{}, Inbox: &deduplication.Config{Store: store}},
-	})
-	require.NoError(t, err)
-	done := testenv.RunRouter(context.Background(), r)
 	const events = 50
-	for i := range events * 2 {
-		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
-		m.Metadata.Set(sluice.EventIDKey, fmt.Sprint("evt-", i%events))
-		require.NoError(t, q.Publisher().Publish(queue, m))
+	for _, tc := range []struct {
+		name string
+		// setup returns the store, the projection and how many effects it wrote.
+		setup func(t *testing.T) (deduplication.Store, func(context.Context, []*message.Message) []error, func() int)
+	}{
+		{"postgres", func(t *testing.T) (deduplication.Store, func(context.Context, []*message.Message) []error, func() int) {
+			db, schema, store := inbox(t)
+			return store, func(ctx context.Context, msgs []*message.Message) []error {
+				keys := make([]string, len(msgs))
+				for i, m := range msgs {
+					keys[i] = m.Metadata.Get(sluice.EventIDKey)
+				}
+				_, err := sluicesql.TxFromContext(ctx).ExecContext(ctx, fmt.Sprintf(`INSERT INTO %s.reservations (event_key) SELECT unnest(string_to_array($1, ','))`, schema), strings.Join(keys, ","))
+				return deduplication.SameOutcome(msgs, err)
+			}, func() int { return reservations(t, db, schema) }
+		}},
+		{"memory", func(*testing.T) (deduplication.Store, func(context.Context, []*message.Message) []error, func() int) {
+			project, count := countedProjection()
+			return deduplication.NewMemoryStore(), project, count
+		}},
+		{"redis", func(t *testing.T) (deduplication.Store, func(context.Context, []*message.Message) []error, func() int) {
+			client, prefix := testenv.Redis(t)
+			store, err := sluiceredis.NewInbox(client, sluiceredis.InboxConfig{Prefix: prefix})
+			require.NoError(t, err)
+			project, count := countedProjection()
+			return store, project, count
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			store, project, count := tc.setup(t)
+			queue := projectionQueue(t, "projection_wm")
+			q := projectionBroker(t, queue, 8)
+			r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+			require.NoError(t, err)
+			r.AddMiddleware(middleware.Timeout(time.Minute), middleware.Retry{MaxRetries: 2, InitialInterval: time.Millisecond}.Middleware)
+			_, err = router.Add(r, router.HandlerConfig{
+				Broker: q, Name: "projection",
+				BatchHandler: &deduplication.BatchHandler{Handle: project, MaxWait: time.Second},
+				Stages:       router.Stages{Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &stage.ClassifyConfig{}, Inbox: &deduplication.Config{Store: store}},
+			})
+			require.NoError(t, err)
+			done := testenv.RunRouter(context.Background(), r)
+			for i := range events * 2 {
+				m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+				m.Metadata.Set(sluice.EventIDKey, fmt.Sprint("evt-", i%events))
+				require.NoError(t, q.Publisher().Publish(queue, m))
+			}
+			conn := testenv.AMQP(t)
+			require.NoError(t, testenv.AwaitCount(events, time.Minute, 10*time.Minute, count))
+			require.NoError(t, testenv.AwaitDrained(time.Minute, 10*time.Minute, func() int {
+				return testenv.QueueDepth(t, conn, queue) + testenv.QueueDepth(t, conn, queue+".retry.100ms")
+			}))
+			require.NoError(t, r.Close())
+			require.NoError(t, <-done)
+			require.NoError(t, q.Close())
+			require.Equal(t, events, count(), "each event's effect once")
+			require.Zero(t, testenv.QueueDepth(t, conn, queue+".poison"), "nothing poisoned")
+		})
 	}
-	count := func() int { return reservations(t, db, schema) }
-	conn := testenv.AMQP(t)
-	require.NoError(t, testenv.AwaitCount(events, time.Minute, 10*time.Minute, count))
-	require.NoError(t, testenv.AwaitDrained(time.Minute, 10*time.Minute, func() int { return testenv.QueueDepth(t, conn, queue) }))
-	require.NoError(t, r.Close())
-	require.NoError(t, <-done)
-	require.NoError(t, q.Close())
-	require.Equal(t, events, count(), "each event's row once")
+}
+
+// countedProjection is a batch handler's projection outside any
+// transaction (a store that joins none): it counts the events it was
+// handed, each once.
+func countedProjection() (func(context.Context, []*message.Message) []error, func() int) {
+	var n atomic.Int64
+	return func(_ context.Context, msgs []*message.Message) []error {
+		n.Add(int64(len(msgs)))
+		return nil
+	}, func() int { return int(n.Load()) }
 }
 
 // projectionQueue is a fresh queue name, its queue, poison queue and
