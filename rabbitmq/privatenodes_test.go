@@ -71,7 +71,9 @@ func (s *sharedNode) get(t *testing.T, exclusive bool, options func(*testing.T) 
 	s.once.Do(func() {
 		start := time.Now()
 		s.n, s.err = testenv.StartRabbitMQ(options(t))
-		t.Logf("private node started in %s", time.Since(start).Round(time.Millisecond))
+		if s.err == nil {
+			t.Logf("private node started in %s (started %d time(s): %v refused)", time.Since(start).Round(time.Millisecond), s.n.Boot.Attempts, s.n.Boot.Refused)
+		}
 	})
 	require.NoError(t, s.err, "starting a private node")
 	if exclusive {

@@ -138,8 +138,11 @@ type PrivateRabbitMQ struct {
 	TLSURL string // amqps://, with PrivateRabbitMQOptions.TLS
 	// ManagementURL is the HTTP API, with PrivateRabbitMQOptions.Management.
 	ManagementURL string
-	node          string
-	dir           string // its files
+	// Boot is how its start went: started again after RabbitMQ 4.0
+	// refused to boot (awaitBoot), or at once.
+	Boot Boot
+	node string
+	dir  string // its files
 }
 
 // PrivateRabbitMQOptions configure StartPrivateRabbitMQ.
@@ -277,25 +280,69 @@ func (r *PrivateRabbitMQ) start(o PrivateRabbitMQOptions, port, distPort int) er
 	if mgmtPort != 0 {
 		r.ManagementURL = fmt.Sprintf("http://127.0.0.1:%d", mgmtPort)
 	}
-	cmd := rabbitmqCommand(context.Background(), []string{
-		"RABBITMQ_NODENAME=" + name, "RABBITMQ_NODE_PORT=" + strconv.Itoa(port), "RABBITMQ_DIST_PORT=" + strconv.Itoa(distPort),
-		"RABBITMQ_CONFIG_FILE=" + path.Join(nodeDir, "rabbitmq.conf"), "RABBITMQ_ADVANCED_CONFIG_FILE=" + path.Join(nodeDir, "advanced.config"),
-		"RABBITMQ_MNESIA_BASE=" + path.Join(nodeDir, "mnesia"),
-		"RABBITMQ_LOG_BASE=" + path.Join(nodeDir, "log"), "RABBITMQ_ENABLED_PLUGINS_FILE=" + path.Join(nodeDir, "enabled_plugins"),
-	}, "rabbitmq-server", "-detached")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("starting a private RabbitMQ node: %w: %s", err, out)
+	launch := func() error {
+		cmd := rabbitmqCommand(context.Background(), []string{
+			"RABBITMQ_NODENAME=" + name, "RABBITMQ_NODE_PORT=" + strconv.Itoa(port), "RABBITMQ_DIST_PORT=" + strconv.Itoa(distPort),
+			"RABBITMQ_CONFIG_FILE=" + path.Join(nodeDir, "rabbitmq.conf"), "RABBITMQ_ADVANCED_CONFIG_FILE=" + path.Join(nodeDir, "advanced.config"),
+			"RABBITMQ_MNESIA_BASE=" + path.Join(nodeDir, "mnesia"),
+			"RABBITMQ_LOG_BASE=" + path.Join(nodeDir, "log"), "RABBITMQ_ENABLED_PLUGINS_FILE=" + path.Join(nodeDir, "enabled_plugins"),
+		}, "rabbitmq-server", "-detached")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("starting a private RabbitMQ node: %w: %s", err, out)
+		}
+		return nil
 	}
-	// await_startup fails at once until the node has registered with epmd.
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	if err := launch(); err != nil {
+		return err
+	}
+	return awaitBoot(name, filepath.Join(dir, "log", name+".log"), func() (string, error) {
 		out, err := r.ctl(context.Background(), "await_startup", "--timeout", "60")
+		return string(out), err
+	}, launch, &r.Boot)
+}
+
+// privateBootTimeout bounds a private node's boot, its starts again
+// included.
+const privateBootTimeout = 3 * time.Minute
+
+// awaitBoot waits until the node name serves (await: rabbitmqctl
+// await_startup, which fails at once until the node has registered with
+// epmd). A node whose VM exits while booting — its log (file) says BOOT
+// FAILED — is reported at once with its log's warning and error lines,
+// not after the wait; one that RabbitMQ 4.0 refused to boot with
+// denyRace (StartApp has the race; a whole node's start runs the same
+// check) is launched again once its VM is gone, at most startAppAttempts
+// times in all, each refusal in b. The refused start's log is kept beside
+// the log as .refused-N.
+func awaitBoot(name, file string, await func() (string, error), launch func() error, b *Boot) error {
+	deadline := time.Now().Add(privateBootTimeout)
+	b.Attempts = 1
+	for {
+		out, err := await()
 		if err == nil {
 			return nil
 		}
-		if time.Now().After(deadline) {
-			logs, _ := exec.CommandContext(context.Background(), "sh", "-c", "tail -n 20 "+filepath.Join(dir, "log")+"/*.log").CombinedOutput()
-			return fmt.Errorf("private RabbitMQ node %s did not start: %s\n%s", name, out, logs)
+		lines, failed, race := bootFailure(file)
+		gone := strings.Contains(out, "not running at all")
+		switch {
+		case failed && gone && race && b.Attempts < startAppAttempts:
+			b.Refused = append(b.Refused, denyRace+" (the node's boot check raced Mnesia's table load)")
+			if err := os.Rename(file, fmt.Sprintf("%s.refused-%d", file, b.Attempts)); err != nil {
+				return fmt.Errorf("private RabbitMQ node %s refused to boot (%s) and its log could not be put aside: %w", name, denyRace, err)
+			}
+			time.Sleep(time.Duration(b.Attempts) * startAppPause)
+			b.Attempts++
+			if err := launch(); err != nil {
+				return err
+			}
+			continue
+		case failed && gone:
+			return fmt.Errorf("private RabbitMQ node %s exited while booting (start %d, %d refused before with %s); why, from its log:\n%s",
+				name, b.Attempts, len(b.Refused), denyRace, strings.Join(lines, "\n"))
+		case time.Now().After(deadline):
+			lines, _ = bootLines(file)
+			return fmt.Errorf("private RabbitMQ node %s did not start within %s (start %d, %d refused before with %s): %s\nthe warning and error lines of its log:\n%s",
+				name, privateBootTimeout, b.Attempts, len(b.Refused), denyRace, cmp.Or(strings.TrimSpace(out), err.Error()), strings.Join(lines, "\n"))
 		}
 		time.Sleep(500 * time.Millisecond)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -151,8 +152,19 @@ func NodeLog(ctx context.Context, ctl Ctl, root string) string {
 	return strings.Join(lines, "\n")
 }
 
-// bootLines reads file's warning and error lines since the last start.
+// bootLines reads file's warning and error lines since the last start,
+// at most nodeLogLines of them (the last).
 func bootLines(file string) ([]string, error) {
+	lines, err := bootLog(file)
+	if len(lines) > nodeLogLines {
+		lines = append([]string{fmt.Sprintf("… %d lines before", len(lines)-nodeLogLines)}, lines[len(lines)-nodeLogLines:]...)
+	}
+	return lines, err
+}
+
+// bootLog reads file's warning and error lines since the last start, all
+// of them, each bounded.
+func bootLog(file string) ([]string, error) {
 	f, err := os.Open(file) // #nosec G304 -- the node's own log, named by the node
 	if err != nil {
 		return nil, err
@@ -170,8 +182,22 @@ func bootLines(file string) ([]string, error) {
 			lines = append(lines, diag.Printable(l, 240))
 		}
 	}
-	if len(lines) > nodeLogLines {
-		lines = append([]string{fmt.Sprintf("… %d lines before", len(lines)-nodeLogLines)}, lines[len(lines)-nodeLogLines:]...)
-	}
 	return lines, sc.Err()
+}
+
+// bootFailure reads file, the log of a node that is booting: whether the
+// boot failed (BOOT FAILED), whether with denyRace, and the lines that say
+// why — from BOOT FAILED on, at most nodeLogLines of them.
+func bootFailure(file string) (why []string, failed, race bool) {
+	lines, _ := bootLog(file) // no log yet: still booting
+	i := slices.IndexFunc(lines, func(l string) bool { return strings.Contains(l, "BOOT FAILED") })
+	if i < 0 {
+		return nil, false, false
+	}
+	why = lines[i:]
+	race = slices.ContainsFunc(why, func(l string) bool { return strings.Contains(l, denyRace) })
+	if len(why) > nodeLogLines {
+		why = append(why[:nodeLogLines:nodeLogLines], fmt.Sprintf("… %d lines after", len(why)-nodeLogLines))
+	}
+	return why, true, race
 }
