@@ -260,27 +260,28 @@ func (c *Console) discard(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadRequest, errors.New("a discard needs a reason and the confirmation box ticked"))
 		return
 	}
-	a, ok := c.startAction(w, r, "discard", q.Poison)
+	a, ok := c.startAction(w, r, "discard", q.Poison, reason)
 	if !ok {
 		return
 	}
 	defer a.done()
-	ru, group, limit, operator, conn := a.run, a.group, a.limit, a.operator, a.conn
-	f := dlq.Filter{Group: group}
-	res, items, err := dlq.Open(conn, q.Poison, dlq.Config{}).Discard(r.Context(), f, max(limit, 0), false)
-	err = errors.Join(err, c.record(r.Context(), ru, items, ledger.OutcomeDiscarded, reason, operator))
-	c.end(ru, operator, map[string]string{"limit": strconv.Itoa(limit)}, res, err, reason, items)
-	c.keep(r.Context(), ru)
-	http.Redirect(w, r, c.cfg.Prefix+"/runs/"+ru.ID, http.StatusSeeOther)
+	f := dlq.Filter{Group: a.group}
+	res, items, err := dlq.Open(a.conn, q.Poison, dlq.Config{}).Discard(r.Context(), f, max(a.limit, 0), false)
+	err = errors.Join(err, c.record(r.Context(), a.run, items, ledger.OutcomeDiscarded, reason, a.operator))
+	c.endAction(a, nil, res, err, items)
+	c.keep(r.Context(), a.run)
+	http.Redirect(w, r, c.cfg.Prefix+"/runs/"+a.run.ID, http.StatusSeeOther)
 }
 
 // action is a discard's or an archive's run, begun: its group, limit and
-// operator from the request, and a connection to the broker.
+// operator from the request, the operator's reason, and a connection to
+// the broker.
 type action struct {
 	run      *run
 	group    string
 	limit    int
 	operator string
+	reason   string
 	conn     *amqp.Connection
 	done     func() // closes conn and gives the queue back
 }
@@ -289,23 +290,23 @@ type action struct {
 // (reading; a.done gives it back); false when another reader holds it past
 // Config.CallTimeout or the broker cannot be reached (the run is then
 // ended with the error, audited, and the answer written).
-func (c *Console) startAction(w http.ResponseWriter, r *http.Request, verb, poison string) (action, bool) {
+func (c *Console) startAction(w http.ResponseWriter, r *http.Request, verb, poison, reason string) (action, bool) {
 	if c.unaudited(w, r) {
 		return action{}, false
 	}
-	a := action{group: r.PathValue("group"), operator: c.cfg.Operator(r)}
+	a := action{group: r.PathValue("group"), operator: c.cfg.Operator(r), reason: reason}
 	a.limit, _ = strconv.Atoi(r.PostFormValue("limit"))
 	a.run = c.newRun(verb, replayledger.NewRun(verb), poison, a.group, a.operator)
 	release, err := c.reading(r.Context(), poison, c.cfg.CallTimeout)
 	if err != nil {
-		c.end(a.run, a.operator, nil, dlq.Result{}, err, "", nil)
+		c.endAction(a, nil, dlq.Result{}, err, nil)
 		c.fail(w, r, http.StatusServiceUnavailable, err)
 		return a, false
 	}
 	conn, err := c.conn()
 	if err != nil {
 		release()
-		c.end(a.run, a.operator, nil, dlq.Result{}, err, "", nil)
+		c.endAction(a, nil, dlq.Result{}, err, nil)
 		c.fail(w, r, http.StatusBadGateway, err)
 		return a, false
 	}
@@ -318,6 +319,17 @@ func (c *Console) startAction(w http.ResponseWriter, r *http.Request, verb, pois
 	return a, true
 }
 
+// endAction ends a's run as end does; its audit line names what the
+// operator asked — the limit, the reason — however the run ended, a start
+// that failed included, with opts beside them.
+func (c *Console) endAction(a action, opts map[string]string, res dlq.Result, err error, items []string) {
+	if opts == nil {
+		opts = map[string]string{}
+	}
+	opts["limit"] = strconv.Itoa(a.limit)
+	c.end(a.run, a.operator, opts, res, err, a.reason, items)
+}
+
 func (c *Console) archive(w http.ResponseWriter, r *http.Request) {
 	q, ok := c.poisonQueue(r.PathValue("queue"))
 	if !ok || c.cfg.Archive == nil {
@@ -328,26 +340,25 @@ func (c *Console) archive(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadRequest, errors.New("confirm the archive: tick the box on the preview"))
 		return
 	}
-	a, ok := c.startAction(w, r, "archive", q.Poison)
+	a, ok := c.startAction(w, r, "archive", q.Poison, "")
 	if !ok {
 		return
 	}
 	defer a.done()
-	ru, group, limit, operator, conn := a.run, a.group, a.limit, a.operator, a.conn
 	sink, err := c.cfg.Archive()
 	if err != nil {
-		c.end(ru, operator, nil, dlq.Result{}, err, "", nil)
+		c.endAction(a, nil, dlq.Result{}, err, nil)
 		c.fail(w, r, http.StatusBadGateway, diag.RedactError(err))
 		return
 	}
-	f := dlq.Filter{Group: group}
+	f := dlq.Filter{Group: a.group}
 	var items []string
-	res, err := dlq.Open(conn, q.Poison, dlq.Config{Operator: operator, Signer: c.signer}).Archive(r.Context(), dlq.ArchiveConfig{Filter: f, Limit: max(limit, 0), Sink: sink,
+	res, err := dlq.Open(a.conn, q.Poison, dlq.Config{Operator: a.operator, Signer: c.signer}).Archive(r.Context(), dlq.ArchiveConfig{Filter: f, Limit: max(a.limit, 0), Sink: sink,
 		Archived: func(m *dlq.Message) { items = append(items, m.Item()) }})
-	err = errors.Join(err, sink.Close(), c.record(r.Context(), ru, items, ledger.OutcomeArchived, "archived to "+sink.Name(), operator))
-	c.end(ru, operator, map[string]string{"sink": sink.Name()}, res, err, "", nil)
-	c.keep(r.Context(), ru)
-	http.Redirect(w, r, c.cfg.Prefix+"/runs/"+ru.ID, http.StatusSeeOther)
+	err = errors.Join(err, sink.Close(), c.record(r.Context(), a.run, items, ledger.OutcomeArchived, "archived to "+sink.Name(), a.operator))
+	c.endAction(a, map[string]string{"sink": sink.Name()}, res, err, nil)
+	c.keep(r.Context(), a.run)
+	http.Redirect(w, r, c.cfg.Prefix+"/runs/"+a.run.ID, http.StatusSeeOther)
 }
 
 // record writes what an operator did to each item into the outcome

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -26,35 +27,62 @@ import (
 // says it ended — before, a replay that ran ended its run first:
 // cmd/sluice's TestConsoleRedirectsAReplayToAnotherConsumerQueue read an
 // empty audit log after the run page said Done., in 1 of 2 loaded runs at
-// dcb3958.)
+// dcb3958.) The line of a discard or an archive whose start failed names
+// what the operator asked — the reason, the limit — as a run's that began
+// does; before, it had neither (an operator's "discard 5, duplicates of
+// INC-7" audited as a discard of all, for no reason).
 func TestEveryRunIsAudited(t *testing.T) {
 	t.Parallel()
 	audit := filepath.Join(t.TempDir(), "audit.jsonl")
 	c, err := New(Config{Dial: func() (*amqp.Connection, error) { return nil, fmt.Errorf("no broker here") }, AuditFile: audit,
-		Queues: []Queue{{Name: "orders", Poison: "orders.poison"}}, CallTimeout: time.Second, SampleInterval: -1})
+		Queues: []Queue{{Name: "orders", Poison: "orders.poison"}}, CallTimeout: time.Second, SampleInterval: -1,
+		Archive: func() (dlq.ArchiveSink, error) { return nil, fmt.Errorf("no sink: the broker is dialled first") }})
 	require.NoError(t, err)
 	defer func() { _ = c.Close() }()
 
 	replay := c.newRun("replay", "run-1", "orders.poison", "g1", "ops@example.com")
 	c.runReplay(replay, c.cfg.Queues[0], "g1", "ops@example.com", loopPlan{sizes: []int{1}, canary: true, wait: time.Second})
-	w := httptest.NewRecorder()
-	a, ok := c.startAction(w, httptest.NewRequest(http.MethodPost, "/q/orders.poison/g/g2/discard", nil), "discard", "orders.poison")
-	require.False(t, ok, "no broker: the discard does not start")
-	require.Equal(t, http.StatusBadGateway, w.Code)
+	for _, tc := range []struct{ verb, group string }{{"discard", "g2"}, {"archive", "g3"}} {
+		form := url.Values{"confirm": {"yes"}, "reason": {"duplicates of INC-7"}, "limit": {"5"}}
+		r := httptest.NewRequest(http.MethodPost, "/q/orders.poison/g/"+tc.group+"/"+tc.verb, strings.NewReader(form.Encode()))
+		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		r.SetPathValue("queue", "orders.poison")
+		r.SetPathValue("group", tc.group)
+		w := httptest.NewRecorder()
+		map[string]http.HandlerFunc{"discard": c.discard, "archive": c.archive}[tc.verb](w, r)
+		require.Equal(t, http.StatusBadGateway, w.Code, "no broker: the %s does not start", tc.verb)
+	}
 
-	for _, ru := range []*run{replay, a.run} {
+	c.mu.Lock()
+	runs := make([]*run, 0, len(c.runs))
+	for _, ru := range c.runs {
+		runs = append(runs, ru)
+	}
+	c.mu.Unlock()
+	require.Len(t, runs, 3)
+	for _, ru := range runs {
 		v := ru.view()
 		require.True(t, v.Done, "the %s run ended", ru.Kind)
 		require.Contains(t, v.Err, "no broker here")
 	}
 	rows, err := readAudit(audit)
 	require.NoError(t, err)
-	require.Len(t, rows, 2, "each run's line in the audit log")
-	for i, command := range []string{"console discard", "console replay"} { // newest first
+	require.Len(t, rows, 3, "each run's line in the audit log")
+	for i, command := range []string{"console archive", "console discard", "console replay"} { // newest first
 		require.Equal(t, command, rows[i].Command)
 		require.Equal(t, "error", rows[i].Outcome)
 		require.Contains(t, rows[i].Error, "no broker here")
 		require.Equal(t, "orders.poison", rows[i].Queue)
+	}
+	require.Equal(t, "duplicates of INC-7", rows[1].Reason, "the discard's reason")
+	raw, err := os.ReadFile(audit)
+	require.NoError(t, err)
+	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
+	require.Len(t, lines, 3)
+	for _, line := range lines[1:] { // oldest first: the discard's, the archive's
+		var rec dlq.AuditRecord
+		require.NoError(t, rec.UnmarshalJSON([]byte(line)))
+		require.Equal(t, "5", rec.Options["limit"], "%s: the limit asked", rec.Command)
 	}
 }
 
