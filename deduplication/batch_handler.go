@@ -196,9 +196,14 @@ type entry struct {
 	// commit it: this one joins the next batch.
 	again bool
 	// alone: another open unit of work held the key when the batch claimed
-	// it: the delivery left the batch, to run alone (runAlone).
+	// it: the delivery left the batch, to run alone (runAlone), outside the
+	// batches' slots while its claim waits for the holder.
 	alone bool
-	batch *gathering // the batch it joined (under the gatherer's mu)
+	// single: the store's unit of work takes one claim and another event
+	// of the batch took it: the delivery runs alone (runAlone), in one of
+	// the batches' slots as any batch.
+	single bool
+	batch  *gathering // the batch it joined (under the gatherer's mu)
 }
 
 // handle is one delivery's way through its batch.
@@ -225,9 +230,15 @@ func (g *gatherer) handle(msg *message.Message) ([]*message.Message, error) {
 			}
 			<-e.done // started: it commits or not, bounded by StoreTimeout
 		}
-		if e.alone {
-			// A key another open unit of work held: out of the batch, its
-			// claim waits for it (ClaimTimeout) in a unit of work of its own.
+		if e.alone || e.single {
+			// Out of the batch, nothing claimed: a key another open unit of
+			// work held (its claim waits for it, ClaimTimeout, in a unit of
+			// work of its own), or a store whose unit of work takes one
+			// claim. A delivery whose context ended meanwhile goes back
+			// unprocessed: the store is asked nothing for it.
+			if ctx.Err() != nil {
+				return nil, endedBefore(ctx)
+			}
 			return nil, g.runAlone(e)
 		}
 		if !e.again {
@@ -236,12 +247,23 @@ func (g *gatherer) handle(msg *message.Message) ([]*message.Message, error) {
 	}
 }
 
-// runAlone runs e in a batch of its own, outside the batches' slots, its
-// claim waiting up to ClaimTimeout for the unit of work that holds its key:
-// a duplicate when that one commits it, ErrClaimInProgress (Transient) when
-// it waits longer.
+// runAlone runs e in a batch of its own. One whose key was held (alone)
+// runs outside the batches' slots, its claim waiting up to ClaimTimeout for
+// the unit of work that holds it: a duplicate when that one commits it,
+// ErrClaimInProgress (Transient) when it waits longer. One of a store whose
+// unit of work takes one claim (single) waits for a slot, as a batch does:
+// Concurrency bounds the units of work of such a store too. A delivery
+// whose context ends while it waits goes back unprocessed.
 func (g *gatherer) runAlone(e *entry) error {
-	e.alone, e.err = false, nil
+	if e.single {
+		select {
+		case g.slots <- struct{}{}:
+		case <-e.ctx.Done():
+			return endedBefore(e.ctx)
+		}
+		defer func() { <-g.slots }()
+	}
+	e.alone, e.single, e.err = false, false, nil
 	ctx, span := g.startSpan([]*entry{e})
 	x := &execution{g: g, ctx: ctx, span: span, alone: true}
 	x.attempt([]*entry{e})
@@ -402,7 +424,7 @@ func (g *gatherer) execute(members []*entry) {
 		// duplicate is a duplicate; otherwise it runs in a batch of its
 		// own turn.
 		for _, c := range copies[e.key] {
-			if e.err == nil && !e.alone {
+			if e.err == nil && !e.alone && !e.single {
 				g.d.duplicate(c.msg, c.key)
 			} else {
 				c.again = true
@@ -448,9 +470,17 @@ func (x *execution) cancel() {
 }
 
 // handlerContext is the handler's context: x.ctx, ended when the first of
-// the deliveries' contexts ends.
+// the deliveries' contexts ends — already ended, before the handler runs,
+// when one has (context.AfterFunc would end it only from a goroutine of
+// its own, after the handler began).
 func (x *execution) handlerContext(es []*entry) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(x.ctx)
+	for _, e := range es {
+		if e.ctx.Err() != nil {
+			cancel(context.Cause(e.ctx))
+			break
+		}
+	}
 	for _, e := range es {
 		stop := context.AfterFunc(e.ctx, func() { cancel(context.Cause(e.ctx)) })
 		x.stops = append(x.stops, stop)
@@ -489,7 +519,7 @@ func (x *execution) once(es []*entry) []*entry {
 		// Claim): the first event runs in this one, each other in one of
 		// its own, a batch of one.
 		for _, e := range es[1:] {
-			e.alone = true
+			e.single = true
 		}
 		es = es[:1]
 	}

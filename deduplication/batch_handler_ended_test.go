@@ -47,14 +47,7 @@ func TestADeliveryWhoseContextEndedWhileItsBatchWaitedLeavesIt(t *testing.T) {
 					return nil
 				}})
 		require.NoError(t, err)
-		deliver := func(ctx context.Context, id string) <-chan error {
-			msg := message.NewMessage(id, nil)
-			msg.Metadata.Set(sluice.EventIDKey, "evt-"+id)
-			msg.SetContext(ctx)
-			out := make(chan error, 1)
-			go func() { _, err := h(msg); out <- err }()
-			return out
-		}
+		deliver := func(ctx context.Context, id string) <-chan error { return deliverTo(ctx, h, id) }
 		a1 := deliver(context.Background(), "a1")
 		synctest.Wait()
 		a2 := deliver(context.Background(), "a2")
@@ -152,4 +145,100 @@ func TestABatchHandlerRunsABatchOfManyOnEveryStore(t *testing.T) {
 			})
 		})
 	}
+}
+
+// On a store whose unit of work takes one claim, a batch's first event runs
+// in the unit of work the batch began and each other alone after it: one
+// whose context ended while it waited for that goes back unprocessed, the
+// store asked nothing for it, its event not handled. Before, it ran alone
+// on a context that had ended (its handler called, its claim taken and
+// committed after its deadline or its shutdown grace).
+func TestAnEventOfAOneClaimStoreWhoseContextEndedBeforeItRanAloneIsNotRun(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		calls := make(chan string, 4)
+		hold := make(chan struct{})
+		h, err := deduplication.NewBatchHandler(deduplication.Config{Store: oneClaimStore{deduplication.NewMemoryStore()}, Consumer: "c"},
+			deduplication.BatchHandler{MaxBatch: 2, InFlight: 2, MaxWait: time.Second,
+				Handle: func(_ context.Context, msgs []*message.Message) []error {
+					require.Len(t, msgs, 1, "one event a unit of work")
+					calls <- msgs[0].UUID
+					if msgs[0].UUID == "a1" {
+						<-hold
+					}
+					return nil
+				}})
+		require.NoError(t, err)
+		deliver := func(ctx context.Context, id string) <-chan error { return deliverTo(ctx, h, id) }
+		a1 := deliver(context.Background(), "a1")
+		synctest.Wait()
+		a2ctx, cancel := context.WithCancel(context.Background())
+		a2 := deliver(a2ctx, "a2")
+		synctest.Wait() // the batch [a1 a2] runs a1, held; a2 waits to run alone
+		require.Equal(t, "a1", <-calls)
+		cancel() // a2's deadline, say (Watermill's Timeout)
+		synctest.Wait()
+		close(hold)
+		require.NoError(t, <-a1)
+		err = <-a2
+		require.ErrorIs(t, err, context.Canceled, "a2 back unprocessed with its context's cause")
+		var f *sluice.Failure
+		require.True(t, errors.As(err, &f) && f.Class == sluice.ClassTransient, "Transient: %v", err)
+		synctest.Wait()
+		select {
+		case id := <-calls:
+			t.Fatalf("%s handled after its context ended", id)
+		default:
+		}
+	})
+}
+
+// Concurrency bounds the units of work of a store whose unit of work takes
+// one claim as it bounds batches: the events a batch runs alone wait for a
+// slot. Before, each ran at once beside the others: with Concurrency 1, 8
+// handlers at once — a pool sized to Concurrency, as the docs advise,
+// could not give them a connection.
+func TestConcurrencyBoundsTheEventsOfAOneClaimStore(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		var (
+			mu            sync.Mutex
+			running, peak int
+		)
+		h, err := deduplication.NewBatchHandler(deduplication.Config{Store: oneClaimStore{deduplication.NewMemoryStore()}, Consumer: "c"},
+			deduplication.BatchHandler{MaxBatch: 8, InFlight: 8, MaxWait: time.Second, Concurrency: 1,
+				Handle: func(_ context.Context, msgs []*message.Message) []error {
+					mu.Lock()
+					running++
+					peak = max(peak, running)
+					mu.Unlock()
+					time.Sleep(time.Millisecond) // the virtual clock: the others go on meanwhile
+					mu.Lock()
+					running--
+					mu.Unlock()
+					return nil
+				}})
+		require.NoError(t, err)
+		results := make(chan error, 8)
+		for i := range 8 {
+			msg := message.NewMessage(fmt.Sprint("m", i), nil)
+			msg.Metadata.Set(sluice.EventIDKey, fmt.Sprint("evt-", i))
+			go func() { _, err := h(msg); results <- err }()
+		}
+		for range 8 {
+			require.NoError(t, <-results)
+		}
+		require.Equal(t, 1, peak, "one unit of work at a time")
+	})
+}
+
+// deliverTo hands h, on a goroutine, the delivery id (event evt-id) on ctx;
+// what h returned comes on the channel.
+func deliverTo(ctx context.Context, h message.HandlerFunc, id string) <-chan error {
+	msg := message.NewMessage(id, nil)
+	msg.Metadata.Set(sluice.EventIDKey, "evt-"+id)
+	msg.SetContext(ctx)
+	out := make(chan error, 1)
+	go func() { _, err := h(msg); out <- err }()
+	return out
 }
