@@ -19,14 +19,21 @@ import (
 // and not run again. The SQL store's transaction used to be begun on the
 // message's context, which database/sql rolls it back on: the commit failed
 // ("transaction has already been committed or rolled back"), Retry ran the
-// handler a second time, and nothing was committed.
+// handler a second time, and nothing was committed. The same with
+// StoreTimeout negative (no bound): before, the store's Begin was then
+// given the message's own context, as the MemoryStore's is ("commit:
+// context canceled", the handler run again).
 func TestAHandlerThatSucceedsAsItsDeadlinePassesIsCommittedOnce(t *testing.T) {
 	t.Parallel()
-	for _, batched := range []bool{false, true} {
-		t.Run(fmt.Sprintf("batch=%v", batched), func(t *testing.T) {
+	for _, tc := range []struct {
+		batched      bool
+		storeTimeout time.Duration
+	}{{false, 0}, {true, 0}, {false, -1}, {true, -1}} {
+		batched := tc.batched
+		t.Run(fmt.Sprintf("batch=%v,StoreTimeout=%v", batched, tc.storeTimeout), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			cfg := deduplication.Config{Store: b.store, Consumer: "deadline", Env: sluice.Env{MeterProvider: b.meter}}
+			cfg := deduplication.Config{Store: b.store, Consumer: "deadline", Env: sluice.Env{MeterProvider: b.meter, StoreTimeout: tc.storeTimeout}}
 			if batched {
 				cfg.Batch = &deduplication.BatchConfig{MaxBatch: 4}
 			}

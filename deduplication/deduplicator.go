@@ -132,6 +132,9 @@ type deduplicator struct {
 	// storeBound is StoreTimeout, or -1 for the MemoryStore, bounded by
 	// its contexts, whose calls run directly.
 	storeBound time.Duration
+	// memory: the store is the MemoryStore, whose unit of work outlives
+	// any context (a StoreTimeout negative is not that).
+	memory bool
 }
 
 // New validates cfg and returns the inbox stage: it runs a handler at most
@@ -186,7 +189,7 @@ func newDeduplicator(cfg Config, batchTimer func(time.Duration) *time.Timer) (*d
 	// (lib/pq while it connects without connect_timeout, or while its
 	// cancel request cannot reach a black-holed server).
 	if _, ok := cfg.Store.(*MemoryStore); ok {
-		d.storeBound = -1
+		d.storeBound, d.memory = -1, true
 	}
 	return d, nil
 }
@@ -354,7 +357,7 @@ func (d *deduplicator) begin(ctx context.Context) (unitofwork.Tx, error) {
 // unit of work is rolled back. One that returns after begin gave up is
 // rolled back by begin, its connection kept for the next delivery.
 func (d *deduplicator) open(ctx context.Context) (unitofwork.Tx, error) {
-	if d.storeBound < 0 { // the MemoryStore: its unit of work outlives any context
+	if d.memory { // its unit of work outlives any context
 		return d.cfg.Store.Begin(ctx)
 	}
 	uctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
