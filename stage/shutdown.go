@@ -51,19 +51,22 @@ func ShutdownGrace(grace time.Duration) (message.HandlerMiddleware, error) {
 // graceCtx is the handler's context behind ShutdownGrace: orig's values and
 // deadline, cancelled only grace after orig is. It arms itself — a cancel
 // context of its own and a watch on orig — the first time the handler (or
-// its database driver) looks at Done, or at Err once orig ended: a handler
-// that never does pays one small allocation and no registration with orig.
-// The grace period begins when orig is cancelled, or, for a handler that
-// first looks after that, when it first looks.
+// its database driver) looks at Done, or at Err once orig ended; a second
+// Err while orig is live sets only the watch, which notes when orig ends:
+// a handler that never looks pays one small allocation and no registration
+// with orig. The grace period begins when orig is cancelled, or, for a
+// handler that first looks after that, when it first looks.
 type graceCtx struct {
 	orig  context.Context
 	grace time.Duration
 
 	armed atomic.Pointer[context.Context] // the inner context, once armed; set under mu
+	looks atomic.Int32                    // Err's looks while orig was live
 
 	mu       sync.Mutex
 	cancel   context.CancelCauseFunc
-	stopOrig func() bool
+	stopOrig func() bool // the watch on orig, once set
+	origEnd  time.Time   // when orig ended, if the watch saw it before the context was armed
 	timer    *time.Timer
 	returned bool
 }
@@ -72,16 +75,31 @@ func (g *graceCtx) Deadline() (time.Time, bool) { return g.orig.Deadline() }
 func (g *graceCtx) Done() <-chan struct{}       { return g.arm().Done() }
 
 // Err is nil while orig is live, without arming: nothing waits on a
-// channel then (the inbox asks it of every delivery before its store).
-// Once orig ended it arms, as Done does: the grace begins at that look.
+// channel then. The first such look is free (the inbox asks it of every
+// delivery before its store); a second sets the watch on orig (6
+// allocations), so that a handler that looked while orig was live, and
+// next looks after orig ended, gets the grace from orig's end, not from
+// that look. Once orig ended it arms, as Done does.
 func (g *graceCtx) Err() error {
 	if inner := g.armed.Load(); inner != nil {
 		return (*inner).Err()
 	}
 	if g.orig.Err() == nil {
+		if g.looks.Add(1) > 1 {
+			g.watch()
+		}
 		return nil
 	}
 	return g.armLocked().Err()
+}
+
+// watch sets the watch on orig, once, while the handler runs.
+func (g *graceCtx) watch() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stopOrig == nil && !g.returned {
+		g.stopOrig = context.AfterFunc(g.orig, g.start)
+	}
 }
 
 // arm returns the armed inner context, arming it on the first call.
@@ -123,16 +141,36 @@ func (g *graceCtx) armLocked() context.Context {
 	if g.returned { // first looked at after the handler returned: nothing ends it now
 		return ctx
 	}
-	g.stopOrig = context.AfterFunc(g.orig, g.start)
+	switch {
+	case g.stopOrig == nil:
+		g.stopOrig = context.AfterFunc(g.orig, g.start)
+	case !g.origEnd.IsZero(): // the watch saw orig end: the grace began then
+		g.startLocked(g.grace - time.Since(g.origEnd))
+	}
 	return ctx
 }
 
-// start runs when orig ends: the grace period begins.
+// start runs when orig ends: the grace period begins (armed), or its
+// beginning is noted (not yet: armLocked starts what is left of it).
 func (g *graceCtx) start() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !g.returned && g.timer == nil {
-		g.timer = time.AfterFunc(g.grace, func() { g.cancel(ErrShutdownGraceExpired) })
+	if g.cancel == nil {
+		g.origEnd = time.Now()
+		return
+	}
+	g.startLocked(g.grace)
+}
+
+// startLocked ends the armed context after d, once; at once when d is
+// spent (the grace ran out before the handler looked again).
+func (g *graceCtx) startLocked(d time.Duration) {
+	switch {
+	case g.returned || g.timer != nil:
+	case d <= 0:
+		g.cancel(ErrShutdownGraceExpired)
+	default:
+		g.timer = time.AfterFunc(d, func() { g.cancel(ErrShutdownGraceExpired) })
 	}
 }
 
@@ -147,10 +185,9 @@ func (g *graceCtx) end() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.returned = true
-	if g.armed.Load() == nil {
-		return
+	if g.stopOrig != nil {
+		g.stopOrig()
 	}
-	g.stopOrig()
 	if g.timer != nil {
 		g.timer.Stop()
 	}

@@ -3,11 +3,14 @@ package stage_test
 import (
 	"context"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/deduplication"
 	"github.com/sluicemq/sluice/stage"
 )
 
@@ -133,4 +136,40 @@ func TestShutdownGraceContextOutlivesTheHandlerForItsProducedMessages(t *testing
 	require.NoError(t, err)
 	<-produced[0].Context().Done()
 	require.ErrorIs(t, produced[0].Context().Err(), context.DeadlineExceeded)
+}
+
+// A handler that looked at its context's Err while the router was open —
+// as a loop that checks ctx.Err() between rows does — behind the inbox (as
+// router.Add and service.New stack them) gets the grace from the router's
+// close, not from its next look: its context has ended when it looks again
+// a grace later. Before, the grace began at that next look (Err while the
+// message's context was live set nothing), so a handler that looked seldom
+// ran on past grace after Close — past the router's CloseTimeout. (The
+// first look while live is free, the inbox's: a handler alone behind the
+// stage that looks once before the close gets its grace from its next
+// look, as one that never looked.)
+func TestShutdownGraceBeginsAtTheCloseForAHandlerThatLookedBefore(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		mw, err := stage.ShutdownGrace(10 * time.Second)
+		require.NoError(t, err)
+		inbox, err := deduplication.New(deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "c"})
+		require.NoError(t, err)
+		orig, cancel := context.WithCancel(context.Background())
+		msg := newMsg()
+		msg.Metadata.Set(sluice.EventIDKey, "evt-1")
+		msg.SetContext(orig)
+		var before, graceLater error
+		_, err = mw(inbox(func(m *message.Message) ([]*message.Message, error) {
+			before = m.Context().Err() // the router is open
+			cancel()                   // the router begins to close
+			synctest.Wait()
+			time.Sleep(11 * time.Second) // work that looks at nothing: the grace passes
+			graceLater = m.Context().Err()
+			return nil, nil
+		}))(msg)
+		require.NoError(t, err, "a handler that returned nil is committed")
+		require.NoError(t, before)
+		require.ErrorIs(t, graceLater, context.Canceled, "the grace ran from the close")
+	})
 }
