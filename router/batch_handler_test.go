@@ -386,6 +386,58 @@ func TestABatchHandlerBehindWatermillsTimeoutAndRetry(t *testing.T) {
 	}
 }
 
+// A batch handler on the Redis inbox (one claim a unit of work: each event
+// of a batch runs alone) with Concurrency 1 on a broker whose prefetch hands
+// it 8 deliveries at once: every event done once, and never two units of
+// work at a time — a pool sized to Concurrency suffices. Before, the events
+// a batch ran alone ran all at once, beside its first.
+func TestABatchHandlerOnRedisKeepsToItsConcurrency(t *testing.T) {
+	t.Parallel()
+	const events = 40
+	client, prefix := testenv.Redis(t)
+	store, err := sluiceredis.NewInbox(client, sluiceredis.InboxConfig{Prefix: prefix})
+	require.NoError(t, err)
+	var running, peak, done atomic.Int64
+	queue := projectionQueue(t, "projection_redis_c1")
+	q := projectionBroker(t, queue, 8)
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	_, err = router.Add(r, router.HandlerConfig{
+		Broker: q, Name: "projection",
+		BatchHandler: &deduplication.BatchHandler{Concurrency: 1, MaxWait: time.Second, Handle: func(ctx context.Context, msgs []*message.Message) []error {
+			n := running.Add(1)
+			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+			}
+			defer running.Add(-1)
+			ids := make([]any, len(msgs))
+			for i, m := range msgs {
+				ids[i] = m.Metadata.Get(sluice.EventIDKey)
+			}
+			// The projection's effect: a round trip to Redis, as a real one's.
+			if err := client.SAdd(ctx, prefix+"projection", ids...).Err(); err != nil {
+				return deduplication.SameOutcome(msgs, err)
+			}
+			done.Add(int64(len(msgs)))
+			return nil
+		}},
+		Stages: router.Stages{Poison: &poison.Config{}, Retry: &retrytiers.Config{}, Classify: &stage.ClassifyConfig{}, Inbox: &deduplication.Config{Store: store}},
+	})
+	require.NoError(t, err)
+	for i := range events {
+		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+		m.Metadata.Set(sluice.EventIDKey, fmt.Sprint("evt-", i))
+		require.NoError(t, q.Publisher().Publish(queue, m))
+	}
+	runDone := testenv.RunRouter(context.Background(), r)
+	require.NoError(t, testenv.AwaitCount(events, time.Minute, 10*time.Minute, func() int { return int(done.Load()) }))
+	require.NoError(t, r.Close())
+	require.NoError(t, <-runDone)
+	require.NoError(t, q.Close())
+	require.EqualValues(t, events, done.Load(), "each event once")
+	require.EqualValues(t, events, client.SCard(context.Background(), prefix+"projection").Val(), "every event's effect")
+	require.EqualValues(t, 1, peak.Load(), "one unit of work at a time")
+}
+
 // countedProjection is a batch handler's projection outside any
 // transaction (a store that joins none): it counts the events it was
 // handed, each once.
