@@ -174,13 +174,16 @@ func (b *batch) idleUnlessLinger() <-chan struct{} {
 	return b.idle
 }
 
-// exec runs one statement of the shared unit of work within StoreTimeout; a
-// statement given up, or one that failed where nothing else can go on (a
-// failed rollback to a savepoint), breaks the batch.
+// exec runs one statement of the shared unit of work within StoreTimeout,
+// on a context detached from the delivery's (ctx): a delivery's deadline or
+// shutdown must not fail the batch's statements — a rollback to its
+// savepoint above all. A statement given up, or one that failed where
+// nothing else can go on (a failed rollback to a savepoint), breaks the
+// batch.
 func (b *batch) exec(ctx context.Context, f func(context.Context) error) error {
 	d := b.bt.d
 	if d.storeBound <= 0 {
-		return f(ctx)
+		return f(endContext(ctx))
 	}
 	_, gaveUp, err := bounded.Run(d.calls, endContext(ctx), d.storeBound, false, func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, f(ctx)

@@ -262,6 +262,9 @@ func (g *gatherer) runAlone(e *entry) error {
 			return endedBefore(e.ctx)
 		}
 		defer func() { <-g.slots }()
+		if e.ctx.Err() != nil { // ended as the slot came
+			return endedBefore(e.ctx)
+		}
 	}
 	e.alone, e.single, e.err = false, false, nil
 	ctx, span := g.startSpan([]*entry{e})

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,6 +36,13 @@ type batchEnv struct {
 
 func newBatchEnv(t *testing.T, backend string, batch deduplication.BatchConfig, unique bool) *batchEnv {
 	t.Helper()
+	return newBatchEnvWith(t, backend, batch, unique, sluice.Env{})
+}
+
+// newBatchEnvWith is newBatchEnv with the inbox's env (its MeterProvider
+// the test's).
+func newBatchEnvWith(t *testing.T, backend string, batch deduplication.BatchConfig, unique bool, env sluice.Env) *batchEnv {
+	t.Helper()
 	e := &batchEnv{reader: sdkmetric.NewManualReader()}
 	prefix := ""
 	switch backend {
@@ -53,17 +61,22 @@ func newBatchEnv(t *testing.T, backend string, batch deduplication.BatchConfig, 
 	require.NoError(t, err)
 	store := testenv.SQLStore(t, e.db, e.inbox)
 	e.store = store
-	e.stage, err = deduplication.New(deduplication.Config{Store: store, Consumer: "c", Batch: &batch,
-		Env: sluice.Env{MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader))}})
+	env.MeterProvider = sdkmetric.NewMeterProvider(sdkmetric.WithReader(e.reader))
+	e.stage, err = deduplication.New(deduplication.Config{Store: store, Consumer: "c", Batch: &batch, Env: env})
 	require.NoError(t, err)
 	return e
 }
 
 // deliver runs one delivery of key through the stage.
 func (e *batchEnv) deliver(key string, h func(ctx context.Context, tx *sqlx.Tx) error) error {
+	return e.deliverOn(context.Background(), key, h)
+}
+
+// deliverOn runs one delivery of key, on ctx, through the stage.
+func (e *batchEnv) deliverOn(ctx context.Context, key string, h func(ctx context.Context, tx *sqlx.Tx) error) error {
 	msg := message.NewMessage(key, nil)
 	msg.Metadata.Set(sluice.EventIDKey, key)
-	msg.SetContext(context.Background())
+	msg.SetContext(ctx)
 	_, err := e.stage(func(msg *message.Message) ([]*message.Message, error) {
 		return nil, h(msg.Context(), sluicesql.TxFromContext(msg.Context()))
 	})(msg)
@@ -219,6 +232,49 @@ func TestGroupCommitAFailureInTheMiddleRollsBackAlone(t *testing.T) {
 			require.NoError(t, ok("fails")())
 			require.Equal(t, []string{"a", "b", "fails"}, e.rows(t))
 		})
+	}
+}
+
+// A delivery whose deadline passed in its handler (Watermill's Timeout)
+// fails alone: its savepoint is rolled back on a context of the batch's,
+// not its own, and its batch mate commits, its handler run once — with
+// StoreTimeout's bound and without one. Before, with StoreTimeout negative
+// the rollback to its savepoint ran on its ended context, failed before it
+// reached the database, and broke the batch: its mate ran again alone.
+func TestGroupCommitADeliveryWhoseDeadlinePassedSpoilsNoBatch(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{"postgres", "sqlite"} {
+		for _, storeTimeout := range []time.Duration{0, -1} {
+			t.Run(fmt.Sprintf("%s/StoreTimeout=%v", backend, storeTimeout), func(t *testing.T) {
+				t.Parallel()
+				// The batch closes when full: both in it.
+				e := newBatchEnvWith(t, backend, deduplication.BatchConfig{MaxBatch: 2, MaxWait: time.Second, Linger: true, QueueTimeout: time.Minute}, false,
+					sluice.Env{StoreTimeout: storeTimeout})
+				var runs atomic.Int64
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				errs := together(
+					func() error {
+						return e.deliver("a", func(ctx context.Context, tx *sqlx.Tx) error {
+							runs.Add(1)
+							return e.insert(ctx, tx, "a")
+						})
+					},
+					func() error {
+						return e.deliverOn(ctx, "late", func(hctx context.Context, tx *sqlx.Tx) error {
+							if err := e.insert(hctx, tx, "late"); err != nil {
+								return err
+							}
+							cancel() // its deadline passes
+							return sluice.Transient(context.Cause(ctx))
+						})
+					})
+				require.NoError(t, errs[0])
+				require.ErrorIs(t, errs[1], context.Canceled)
+				require.Equal(t, []string{"a"}, e.rows(t))
+				require.EqualValues(t, 1, runs.Load(), "a's handler ran once")
+			})
+		}
 	}
 }
 

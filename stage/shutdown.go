@@ -60,8 +60,9 @@ type graceCtx struct {
 	orig  context.Context
 	grace time.Duration
 
-	armed atomic.Pointer[context.Context] // the inner context, once armed; set under mu
-	looks atomic.Int32                    // Err's looks while orig was live
+	armed   atomic.Pointer[context.Context] // the inner context, once armed; set under mu
+	looks   atomic.Int32                    // Err's looks while orig was live
+	watched atomic.Bool                     // watch ran
 
 	mu       sync.Mutex
 	cancel   context.CancelCauseFunc
@@ -93,13 +94,18 @@ func (g *graceCtx) Err() error {
 	return g.armLocked().Err()
 }
 
-// watch sets the watch on orig, once, while the handler runs.
+// watch sets the watch on orig, once, while the handler runs; a handler
+// that looks at Err on every row takes the lock once.
 func (g *graceCtx) watch() {
+	if g.watched.Load() {
+		return
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.stopOrig == nil && !g.returned {
 		g.stopOrig = context.AfterFunc(g.orig, g.start)
 	}
+	g.watched.Store(true)
 }
 
 // arm returns the armed inner context, arming it on the first call.
