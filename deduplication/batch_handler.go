@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,7 +47,9 @@ type BatchHandler struct {
 	// (outbox.Writer.Publish(msgs[i].Context(), ...)) so that it commits,
 	// or not, with the event.
 	//
-	// It returns each event's outcome, outcomes[i] for msgs[i]: nil (done)
+	// It returns each event's outcome, outcomes[i] for msgs[i] as Handle
+	// leaves msgs — it may reorder them (sort them, for one order of row
+	// locks), not replace them: nil (done)
 	// or an error classed as ever (sluice.Reject, Transient, Poison,
 	// Invariant; an unclassed error by the Classifier). A nil or empty
 	// slice means every event is done. A rejected event commits with the
@@ -173,6 +176,13 @@ type gatherer struct {
 
 	inside atomic.Int64 // deliveries in handle, from its start to its return
 
+	// storeFailures counts the store's failures to answer that a batch or
+	// an event run alone met (a *sluice.DependencyError of the inbox's),
+	// lastFailure the last of them: a batch, or an event run alone, that
+	// waited for a slot across one fails with it at once (waitedAcross).
+	storeFailures atomic.Int64
+	lastFailure   atomic.Pointer[error]
+
 	mu   sync.Mutex
 	open *gathering // taking in deliveries, or nil
 }
@@ -203,7 +213,10 @@ type entry struct {
 	// of the batch took it: the delivery runs alone (runAlone), in one of
 	// the batches' slots as any batch.
 	single bool
-	batch  *gathering // the batch it joined (under the gatherer's mu)
+	// seen is the store failures the gatherer had met when the event was
+	// made single (storeFailures).
+	seen  int64
+	batch *gathering // the batch it joined (under the gatherer's mu)
 }
 
 // handle is one delivery's way through its batch.
@@ -247,6 +260,29 @@ func (g *gatherer) handle(msg *message.Message) ([]*message.Message, error) {
 	}
 }
 
+// meet notes err when it is the store's not answering (storeFailures).
+func (g *gatherer) meet(err error) {
+	var dep *sluice.DependencyError
+	if !errors.As(err, &dep) || !strings.HasPrefix(dep.Op, "deduplication: ") {
+		return
+	}
+	g.lastFailure.Store(&err)
+	g.storeFailures.Add(1)
+}
+
+// waitedAcross returns the error of deliveries that waited for a slot
+// while the store failed to answer another batch (storeFailures moved
+// past seen): they fail with it at once, as a Handler's deliveries in
+// flight would each fail in that outage, instead of each batch waiting out
+// its own bound in turn — InFlight ÷ Concurrency bounds, one after
+// another, for the last. nil when none failed meanwhile.
+func (g *gatherer) waitedAcross(seen int64) error {
+	if g.storeFailures.Load() == seen {
+		return nil
+	}
+	return fmt.Errorf("deduplication: not run: the store did not answer a batch while this one waited: %w", *g.lastFailure.Load())
+}
+
 // runAlone runs e in a batch of its own. One whose key was held (alone)
 // runs outside the batches' slots, its claim waiting up to ClaimTimeout for
 // the unit of work that holds it: a duplicate when that one commits it,
@@ -265,6 +301,9 @@ func (g *gatherer) runAlone(e *entry) error {
 		if e.ctx.Err() != nil { // ended as the slot came
 			return endedBefore(e.ctx)
 		}
+		if err := g.waitedAcross(e.seen); err != nil {
+			return err
+		}
 	}
 	e.alone, e.single, e.err = false, false, nil
 	ctx, span := g.startSpan([]*entry{e})
@@ -273,6 +312,7 @@ func (g *gatherer) runAlone(e *entry) error {
 	span.SetAttributes(telemetry.AttrBatchCommitted.Int(x.committed), telemetry.AttrBatchAttempts.Int(x.attempts))
 	span.End()
 	x.cancel()
+	g.meet(e.err)
 	return e.err
 }
 
@@ -353,6 +393,7 @@ gather:
 		}
 	}
 	t.Stop()
+	seen := g.storeFailures.Load()
 	select {
 	case g.slots <- struct{}{}:
 	case <-b.full:
@@ -373,6 +414,13 @@ gather:
 	members := withoutEnded(b.members)
 	g.mu.Unlock()
 	if len(members) == 0 {
+		return
+	}
+	if err := g.waitedAcross(seen); err != nil {
+		for _, e := range members {
+			e.err = err
+			close(e.done)
+		}
 		return
 	}
 	g.execute(members)
@@ -422,6 +470,11 @@ func (g *gatherer) execute(members []*entry) {
 	span.SetAttributes(telemetry.AttrBatchCommitted.Int(x.committed), telemetry.AttrBatchAttempts.Int(x.attempts))
 	span.End()
 	x.cancel()
+	for _, e := range firsts {
+		if !e.single {
+			g.meet(e.err) // before any event of its runs alone
+		}
+	}
 	for _, e := range firsts {
 		// A copy of a key whose first delivery committed or was a
 		// duplicate is a duplicate; otherwise it runs in a batch of its
@@ -521,8 +574,9 @@ func (x *execution) once(es []*entry) []*entry {
 		// A unit of work that claims one key (unitofwork.Tx: at most one
 		// Claim): the first event runs in this one, each other in one of
 		// its own, a batch of one.
+		seen := x.g.storeFailures.Load()
 		for _, e := range es[1:] {
-			e.single = true
+			e.single, e.seen = true, seen
 		}
 		es = es[:1]
 	}
@@ -719,11 +773,24 @@ func (x *execution) batchsFailure(outcomes []error) bool {
 		return false
 	}
 	for _, o := range outcomes[1:] {
-		if o != first { //nolint:errorlint // the same error value, not one that wraps it
+		if !sameError(o, first) {
 			return false
 		}
 	}
 	return true
+}
+
+// sameError reports whether a and b are the same error value. One of an
+// uncomparable type (a slice, as validator.ValidationErrors; a struct
+// holding one) would make == panic in the batch's goroutine, the process
+// with it: such an error is never the same as another, each event's own.
+func sameError(a, b error) (same bool) {
+	defer func() {
+		if recover() != nil {
+			same = false
+		}
+	}()
+	return a == b //nolint:errorlint // the same error value, not one that wraps it
 }
 
 // SameOutcome returns err as the outcome of each of msgs, for a batch
@@ -772,9 +839,39 @@ func (x *execution) call(ctx context.Context, msgs []*message.Message) (outcomes
 			x.span.SetStatus(codes.Error, "panic")
 		}
 	}()
-	outcomes = x.g.cfg.Handle(ctx, slices.Clip(msgs))
+	view := slices.Clone(msgs) // the handler's: it may reorder it
+	outcomes = x.g.cfg.Handle(ctx, view)
 	returned = true
-	return outcomes, nil
+	return inBatchOrder(msgs, view, outcomes), nil
+}
+
+// inBatchOrder returns outcomes, which the handler gave for view (msgs as
+// it left them: sorted, say), in msgs' order. A view that is not msgs
+// reordered (an element replaced or repeated) fails every event as
+// Invariant. Outcomes of the wrong length are returned as they are (the
+// caller fails them).
+func inBatchOrder(msgs, view []*message.Message, outcomes []error) []error {
+	if len(outcomes) != len(msgs) || slices.Equal(msgs, view) {
+		return outcomes
+	}
+	at := make(map[*message.Message]int, len(msgs))
+	for i, m := range msgs {
+		at[m] = i
+	}
+	ordered := make([]error, len(msgs))
+	filled := make([]bool, len(msgs))
+	for i, m := range view {
+		j, ok := at[m]
+		if !ok || filled[j] {
+			err := sluice.Invariant(errors.New("deduplication: the batch handler replaced or repeated messages of its batch (it may reorder them, not change them)"))
+			for k := range ordered {
+				ordered[k] = err
+			}
+			return ordered
+		}
+		ordered[j], filled[j] = outcomes[i], true
+	}
+	return ordered
 }
 
 // claimAll claims keys in tx, in one statement where the store can:

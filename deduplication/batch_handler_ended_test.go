@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -241,4 +242,62 @@ func deliverTo(ctx context.Context, h message.HandlerFunc, id string) <-chan err
 	out := make(chan error, 1)
 	go func() { _, err := h(msg); out <- err }()
 	return out
+}
+
+// hungStore is a store whose unit of work takes one claim and whose claims
+// do not answer until release is closed: a store black-holed mid-batch.
+type hungStore struct {
+	*deduplication.MemoryStore
+	begins  atomic.Int64
+	release chan struct{}
+}
+
+type hungTx struct {
+	unitofwork.Tx
+	release <-chan struct{}
+}
+
+func (s *hungStore) Begin(ctx context.Context) (unitofwork.Tx, error) {
+	s.begins.Add(1)
+	tx, err := s.MemoryStore.Begin(ctx)
+	return hungTx{tx, s.release}, err
+}
+
+func (t hungTx) Claim(context.Context, string, string) (bool, error) {
+	<-t.release
+	return false, errors.New("the store answered at last")
+}
+
+// A batch handler on a store that stops answering mid-batch (its unit of
+// work takes one claim, as the Redis inbox's), Concurrency 1, 8 deliveries
+// in flight: the batch that met the outage fails after its bound, and every
+// batch and event that waited for the slot meanwhile fails with that error
+// at once (a dependency's, for the brake), the store asked nothing more —
+// as a Handler's deliveries in flight would each fail in that outage.
+// Before, each ran in turn, a slot at a time, and waited out its own bound:
+// the last after 8 bounds (on a black-holed Redis, 30 s where the bound is
+// 15).
+func TestAOneClaimStoreThatDoesNotAnswerFailsTheBatchAtOnce(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		store := &hungStore{MemoryStore: deduplication.NewMemoryStore(), release: make(chan struct{})}
+		defer close(store.release)
+		h, err := deduplication.NewBatchHandler(
+			deduplication.Config{Store: store, Consumer: "c", Env: sluice.Env{StoreTimeout: time.Second}, ClaimTimeout: time.Second},
+			deduplication.BatchHandler{MaxBatch: 8, InFlight: 8, MaxWait: time.Second, Concurrency: 1,
+				Handle: func(context.Context, []*message.Message) []error { return nil }})
+		require.NoError(t, err)
+		start := time.Now()
+		results := make([]<-chan error, 8)
+		for i := range results {
+			results[i] = deliverTo(context.Background(), h, fmt.Sprint("m", i))
+		}
+		for i, r := range results {
+			err := <-r
+			var dep *sluice.DependencyError
+			require.ErrorAs(t, err, &dep, "delivery %d: the store's failure, for the brake", i)
+		}
+		require.EqualValues(t, 1, store.begins.Load(), "the store asked once, for the batch")
+		require.Less(t, time.Since(start), 3*time.Second, "one bound (the virtual clock), not one each")
+	})
 }

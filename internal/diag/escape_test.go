@@ -85,6 +85,26 @@ func TestLogFieldsAndRedactErrorEscape(t *testing.T) {
 	require.Equal(t, plain, diag.LogFields(plain))
 }
 
+// fieldErrors is an error of an uncomparable type, as
+// validator.ValidationErrors: a slice.
+type fieldErrors []string
+
+func (f fieldErrors) Error() string { return "invalid: " + strings.Join(f, ", ") }
+
+// An error field of an uncomparable type passes through LogFields: kept as
+// it is when its text is plain, escaped when it is not. Before, LogFields
+// compared it with ==, which panics on such a value: the line's caller, a
+// stage handling a delivery, panicked.
+func TestLogFieldsTakesAnErrorOfAnUncomparableType(t *testing.T) {
+	t.Parallel()
+	plain := fieldErrors{"quantity"}
+	out := diag.LogFields(watermill.LogFields{"err": plain})
+	require.Equal(t, plain, out["err"])
+	out = diag.LogFields(watermill.LogFields{"err": fieldErrors{hostile}})
+	require.Equal(t, -1, int(rawControl(out["err"].(error).Error(), true)), "escaped")
+	require.ErrorAs(t, out["err"].(error), new(fieldErrors), "it unwraps to the original")
+}
+
 type stringer string
 
 func (s stringer) String() string { return string(s) }

@@ -26,8 +26,8 @@ func LogFields(fields watermill.LogFields) watermill.LogFields {
 				ev, changed = e, true
 			}
 		case error:
-			if e := escapedError(x); e != x { //nolint:errorlint // identity: was it wrapped
-				ev, changed = e, true
+			if x != nil && needsEscape(x.Error(), false) { // not e != x: == panics on an error of an uncomparable type
+				ev, changed = escapedError(x), true
 			}
 		case fmt.Stringer:
 			if t := x.String(); needsEscape(t, false) {
