@@ -1,9 +1,14 @@
 package testenv
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
-// SetStartAppPause sets StartApp's pause between refused runs for a test.
-func SetStartAppPause(d time.Duration) { startAppPause = d }
+// StartAppPausing is StartApp with the pause after the first refused run.
+func StartAppPausing(ctx context.Context, ctl Ctl, root string, pause time.Duration) (Boot, error) {
+	return startApp(ctx, ctl, root, pause)
+}
 
 // AwaitBoot is awaitBoot, for a test that injects a node's refusal.
 var AwaitBoot = awaitBoot

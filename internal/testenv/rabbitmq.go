@@ -298,7 +298,7 @@ func (r *PrivateRabbitMQ) start(o PrivateRabbitMQOptions, port, distPort int) er
 	return awaitBoot(name, filepath.Join(dir, "log", name+".log"), func() (string, error) {
 		out, err := r.ctl(context.Background(), "await_startup", "--timeout", "60")
 		return string(out), err
-	}, launch, &r.Boot)
+	}, launch, &r.Boot, startAppPause)
 }
 
 // privateBootTimeout bounds a private node's boot, its starts again
@@ -314,7 +314,7 @@ const privateBootTimeout = 3 * time.Minute
 // check) is launched again once its VM is gone, at most startAppAttempts
 // times in all, each refusal in b. The refused start's log is kept beside
 // the log as .refused-N.
-func awaitBoot(name, file string, await func() (string, error), launch func() error, b *Boot) error {
+func awaitBoot(name, file string, await func() (string, error), launch func() error, b *Boot, pause time.Duration) error {
 	deadline := time.Now().Add(privateBootTimeout)
 	b.Attempts = 1
 	for {
@@ -330,7 +330,7 @@ func awaitBoot(name, file string, await func() (string, error), launch func() er
 			if err := os.Rename(file, fmt.Sprintf("%s.refused-%d", file, b.Attempts)); err != nil {
 				return fmt.Errorf("private RabbitMQ node %s refused to boot (%s) and its log could not be put aside: %w", name, denyRace, err)
 			}
-			time.Sleep(time.Duration(b.Attempts) * startAppPause)
+			time.Sleep(time.Duration(b.Attempts) * pause)
 			b.Attempts++
 			if err := launch(); err != nil {
 				return err

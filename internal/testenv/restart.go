@@ -47,8 +47,10 @@ const denyRace = "failed_to_deny_deprecated_features"
 const startAppAttempts = 6
 
 // startAppPause is the pause after the first refused run, longer by as
-// much after each next one (1 s, 2 s, …).
-var startAppPause = time.Second
+// much after each next one (1 s, 2 s, …). A constant: the tests that
+// inject refusals give theirs as an argument (startApp, awaitBoot), so
+// that no test's pause is another's data race.
+const startAppPause = time.Second
 
 // Boot is how a node's start_app went.
 type Boot struct {
@@ -72,6 +74,11 @@ func (b Boot) String() string {
 // the last refusal, is returned at once with the node's log lines of that
 // start (root: the directory the node runs from, RabbitMQRoot or "").
 func StartApp(ctx context.Context, ctl Ctl, root string) (Boot, error) {
+	return startApp(ctx, ctl, root, startAppPause)
+}
+
+// startApp is StartApp with the pause after the first refused run.
+func startApp(ctx context.Context, ctl Ctl, root string, pause time.Duration) (Boot, error) {
 	var b Boot
 	for {
 		b.Attempts++
@@ -90,7 +97,7 @@ func StartApp(ctx context.Context, ctl Ctl, root string) (Boot, error) {
 		b.Refused = append(b.Refused, diag.Summary(err, 300))
 		select {
 		case <-ctx.Done():
-		case <-time.After(time.Duration(b.Attempts) * startAppPause):
+		case <-time.After(time.Duration(b.Attempts) * pause):
 		}
 	}
 }

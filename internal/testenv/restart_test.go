@@ -46,9 +46,8 @@ const refusal = `Error: {:rabbit, {{:failed_to_deny_deprecated_features, [:trans
 // it at once, with the node's log (here: why there is none).
 func TestStartAppRetriesOnlyRabbitMQ40sRefusal(t *testing.T) {
 	t.Parallel()
-	testenv.SetStartAppPause(time.Millisecond) // this test's alone
 	f := &fakeCtl{refusals: []string{refusal, refusal}}
-	boot, err := testenv.StartApp(t.Context(), f.ctl, "")
+	boot, err := testenv.StartAppPausing(t.Context(), f.ctl, "", time.Millisecond)
 	require.NoError(t, err)
 	require.Equal(t, 3, boot.Attempts)
 	require.Len(t, boot.Refused, 2)
@@ -56,14 +55,14 @@ func TestStartAppRetriesOnlyRabbitMQ40sRefusal(t *testing.T) {
 	require.Contains(t, boot.String(), "booted on attempt 3")
 
 	f = &fakeCtl{refusals: []string{"Error: {:rabbit, {:bad_config, ...}}"}}
-	boot, err = testenv.StartApp(t.Context(), f.ctl, "")
+	boot, err = testenv.StartAppPausing(t.Context(), f.ctl, "", time.Millisecond)
 	require.Error(t, err)
 	require.Equal(t, 1, boot.Attempts, "another failure is not retried")
 	require.Contains(t, err.Error(), "bad_config")
 	require.Contains(t, err.Error(), "the node did not name its log")
 
 	f = &fakeCtl{refusals: []string{refusal, refusal, refusal, refusal, refusal, refusal, refusal}}
-	boot, err = testenv.StartApp(t.Context(), f.ctl, "")
+	boot, err = testenv.StartAppPausing(t.Context(), f.ctl, "", time.Millisecond)
 	require.Error(t, err, "a node that keeps refusing is reported, not retried for ever")
 	require.Equal(t, 6, boot.Attempts)
 }
@@ -99,7 +98,6 @@ func TestRestartAppOnAPrivateNode(t *testing.T) {
 // other failure is real: TestAPrivateNodeThatCannotBootIsReportedAtOnce.
 func TestAPrivateNodeRefusedByTheRaceIsStartedAgain(t *testing.T) {
 	t.Parallel()
-	testenv.SetStartAppPause(time.Millisecond)
 	file := filepath.Join(t.TempDir(), "node.log")
 	const asked = "2026-12-06 18:48:12.000000+00:00 [info] <0.254.0> RabbitMQ is asked to start...\n"
 	refusedLog := asked + "2026-12-06 18:48:25.076514+00:00 [error] <0.580.0> BOOT FAILED\n" +
@@ -119,7 +117,7 @@ func TestAPrivateNodeRefusedByTheRaceIsStartedAgain(t *testing.T) {
 		return out, errors.New("exit status 69")
 	}
 	var b testenv.Boot
-	require.NoError(t, testenv.AwaitBoot("n@localhost", file, await, func() error { launches++; return nil }, &b))
+	require.NoError(t, testenv.AwaitBoot("n@localhost", file, await, func() error { launches++; return nil }, &b, time.Millisecond))
 	require.Equal(t, 1, launches, "launched again once")
 	require.Equal(t, 2, b.Attempts)
 	require.Len(t, b.Refused, 1)
@@ -132,7 +130,7 @@ func TestAPrivateNodeRefusedByTheRaceIsStartedAgain(t *testing.T) {
 		"2026-12-06 18:48:25.1+00:00 [error] <0.580.0> Error during startup: {error,{eaddrinuse}}\n"), 0o600))
 	awaits = []string{"epmd reports: node 'n' not running at all"}
 	b = testenv.Boot{}
-	err = testenv.AwaitBoot("n@localhost", file, await, func() error { launches++; return nil }, &b)
+	err = testenv.AwaitBoot("n@localhost", file, await, func() error { launches++; return nil }, &b, time.Millisecond)
 	require.ErrorContains(t, err, "exited while booting")
 	require.ErrorContains(t, err, "eaddrinuse", "the reason, from its log")
 	require.Equal(t, 1, launches, "not launched again")
