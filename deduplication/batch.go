@@ -182,10 +182,11 @@ func (b *batch) idleUnlessLinger() <-chan struct{} {
 // batch.
 func (b *batch) exec(ctx context.Context, f func(context.Context) error) error {
 	d := b.bt.d
+	ctx = endContext(ctx)
 	if d.storeBound <= 0 {
-		return f(endContext(ctx))
+		return f(ctx)
 	}
-	_, gaveUp, err := bounded.Run(d.calls, endContext(ctx), d.storeBound, false, func(ctx context.Context) (struct{}, error) {
+	_, gaveUp, err := bounded.Run(d.calls, ctx, d.storeBound, false, func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, f(ctx)
 	}, nil)
 	if gaveUp {

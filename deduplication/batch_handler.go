@@ -859,17 +859,17 @@ func inBatchOrder(msgs, view []*message.Message, outcomes []error) []error {
 		at[m] = i
 	}
 	ordered := make([]error, len(msgs))
-	filled := make([]bool, len(msgs))
 	for i, m := range view {
 		j, ok := at[m]
-		if !ok || filled[j] {
+		delete(at, m) // a message repeated is not found twice
+		if !ok {
 			err := sluice.Invariant(errors.New("deduplication: the batch handler replaced or repeated messages of its batch (it may reorder them, not change them)"))
 			for k := range ordered {
 				ordered[k] = err
 			}
 			return ordered
 		}
-		ordered[j], filled[j] = outcomes[i], true
+		ordered[j] = outcomes[i]
 	}
 	return ordered
 }

@@ -60,9 +60,8 @@ type graceCtx struct {
 	orig  context.Context
 	grace time.Duration
 
-	armed   atomic.Pointer[context.Context] // the inner context, once armed; set under mu
-	looks   atomic.Int32                    // Err's looks while orig was live
-	watched atomic.Bool                     // watch ran
+	armed atomic.Pointer[context.Context] // the inner context, once armed; set under mu
+	looks atomic.Int32                    // Err's looks while orig was live
 
 	mu       sync.Mutex
 	cancel   context.CancelCauseFunc
@@ -86,7 +85,7 @@ func (g *graceCtx) Err() error {
 		return (*inner).Err()
 	}
 	if g.orig.Err() == nil {
-		if g.looks.Add(1) > 1 {
+		if g.looks.Add(1) == 2 { // the second look, once
 			g.watch()
 		}
 		return nil
@@ -94,18 +93,13 @@ func (g *graceCtx) Err() error {
 	return g.armLocked().Err()
 }
 
-// watch sets the watch on orig, once, while the handler runs; a handler
-// that looks at Err on every row takes the lock once.
+// watch sets the watch on orig, once, while the handler runs.
 func (g *graceCtx) watch() {
-	if g.watched.Load() {
-		return
-	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.stopOrig == nil && !g.returned {
 		g.stopOrig = context.AfterFunc(g.orig, g.start)
 	}
-	g.watched.Store(true)
 }
 
 // arm returns the armed inner context, arming it on the first call.

@@ -26,8 +26,8 @@ func LogFields(fields watermill.LogFields) watermill.LogFields {
 				ev, changed = e, true
 			}
 		case error:
-			if x != nil && needsEscape(x.Error(), false) { // not e != x: == panics on an error of an uncomparable type
-				ev, changed = escapedError(x), true
+			if e, ok := escapedError(x); ok { // not e != x: == panics on an error of an uncomparable type
+				ev, changed = e, true
 			}
 		case fmt.Stringer:
 			if t := x.String(); needsEscape(t, false) {
@@ -52,14 +52,14 @@ func LogFields(fields watermill.LogFields) watermill.LogFields {
 }
 
 // escapedError is err when its text needs no escape, else an error with the
-// escaped text that unwraps to err.
-func escapedError(err error) error {
+// escaped text that unwraps to err, and true.
+func escapedError(err error) (error, bool) {
 	if err == nil {
-		return nil
+		return nil, false
 	}
 	t := err.Error()
 	if !needsEscape(t, false) {
-		return err
+		return err, false
 	}
-	return &Error{text: Escape(t), err: err}
+	return &Error{text: Escape(t), err: err}, true
 }
