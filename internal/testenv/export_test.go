@@ -2,6 +2,8 @@ package testenv
 
 import (
 	"context"
+	"path/filepath"
+	"strconv"
 	"time"
 )
 
@@ -12,3 +14,8 @@ func StartAppPausing(ctx context.Context, ctl Ctl, root string, pause time.Durat
 
 // AwaitBoot is awaitBoot, for a test that injects a node's refusal.
 var AwaitBoot = awaitBoot
+
+// PickPort is pickPort; PortLock is the file a port's reservation locks.
+var PickPort = pickPort
+
+func PortLock(port int) string { return filepath.Join(portLocks, strconv.Itoa(port)) }

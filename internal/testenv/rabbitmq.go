@@ -6,12 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -295,11 +295,49 @@ func (r *PrivateRabbitMQ) start(o PrivateRabbitMQOptions, port, distPort int) er
 	if err := launch(); err != nil {
 		return err
 	}
-	return awaitBoot(name, filepath.Join(dir, "log", name+".log"), func() (string, error) {
+	log := filepath.Join(dir, "log", name+".log")
+	if err := awaitBoot(name, log, func() (string, error) {
 		out, err := r.ctl(context.Background(), "await_startup", "--timeout", "60")
 		return string(out), err
-	}, launch, &r.Boot, startAppPause)
+	}, launch, &r.Boot, startAppPause); err != nil {
+		return err
+	}
+	return r.checkListeners(conf, log)
 }
+
+// checkListeners returns an error naming each listener of conf the booted
+// node does not hold, with what its log says: RabbitMQ boots without a TLS
+// listener whose port was taken (only a plain AMQP listener's stops it).
+func (r *PrivateRabbitMQ) checkListeners(conf, log string) error {
+	out, err := r.ctl(context.Background(), "status")
+	if err != nil {
+		return fmt.Errorf("private RabbitMQ node %s: its listeners: rabbitmqctl status: %w: %s", r.node, err, out)
+	}
+	held := map[string]bool{}
+	for _, m := range heldPort.FindAllStringSubmatch(string(out), -1) {
+		held[m[1]] = true
+	}
+	var missing []string
+	for _, m := range confPort.FindAllStringSubmatch(conf, -1) {
+		if !held[m[2]] {
+			missing = append(missing, m[1]+" "+m[2])
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	lines, _ := bootLines(log)
+	return fmt.Errorf("private RabbitMQ node %s booted without its listeners %s; the warning and error lines of its log:\n%s",
+		r.node, strings.Join(missing, ", "), strings.Join(lines, "\n"))
+}
+
+var (
+	// confPort finds the ports of rabbitmq.conf's listeners and the
+	// management plugin's.
+	confPort = regexp.MustCompile(`(?m)^(listeners\.\w+\.\w+|management\.tcp\.port)\s*=\s*(?:\S*:)?(\d+)\s*$`)
+	// heldPort finds a port in rabbitmqctl status's listeners.
+	heldPort = regexp.MustCompile(`(?m)^Interface: \S+, port: (\d+), protocol:`)
+)
 
 // privateBootTimeout bounds a private node's boot, its starts again
 // included.
@@ -426,16 +464,6 @@ func freePort(t testing.TB) int {
 	port, err := pickPort()
 	require.NoError(t, err)
 	return port
-}
-
-// pickPort returns a port free on 127.0.0.1 now.
-func pickPort() (int, error) {
-	l, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // Confirmed is a channel in confirm mode whose PublishWithContext returns
