@@ -21,13 +21,20 @@ import (
 // queue's delivery limit) must not make the key's later ones spend theirs.
 const returnedMax = 1024
 
-// sentWait bounds how long Serialize waits for the subscriber to have sent
-// a delivery's nack before it nacks the key's next one: Sluice's Consumer
-// says so itself (internal/settle), at once; another subscriber is taken
-// to have sent it when the delivery's context ends (watermill-amqp's and
-// the embedded broker's end it then); one that never ends it costs its key
-// this much per delivery given back.
+// sentWait bounds how long Serialize waits for a subscriber that does not
+// say when it has sent a delivery's nack (internal/settle) before it nacks
+// the key's next one: it is taken to have sent it when the delivery's
+// context ends (watermill-amqp's and the embedded broker's end it then);
+// one that never ends it costs its key this much per delivery given back.
 const sentWait = 2 * time.Second
+
+// ownSentWait bounds the wait for a subscriber that says so itself
+// (Sluice's Consumer, once its nack is written; also when its channel is
+// gone). Its nack is sent at once, but on a loaded machine "at once" took
+// more than sentWait: the key's next nack overtook it, and the broker
+// redelivered the key's waiting deliveries before its head, each counted
+// one return more (TestAGivenBackHeadsNackSentLateIsNotOvertaken).
+const ownSentWait = time.Minute
 
 // Serialize returns a view of sub whose subscriptions hand the router one
 // delivery of a key at a time, in the order sub delivered them; deliveries
@@ -46,8 +53,9 @@ const sentWait = 2 * time.Second
 // reach it, and on RabbitMQ 3.x and 4.0–4.2 each return counts toward its
 // x-delivery-limit. So Serialize nacks a key's deliveries one after
 // another, each once the subscriber has sent the nack before it — Sluice's
-// Consumer says when it has; of another subscriber, the delivery's context
-// ending is taken for it; at most sentWait — and they come back in their
+// Consumer says when it has (waited for at most ownSentWait); of another
+// subscriber, the delivery's context ending is taken for it (at most
+// sentWait) — and they come back in their
 // order: each is returned once per give-back, as often as the key's head
 // and no more. The key's next delivery is handed out once they are all
 // sent. (A classic queue puts a returned delivery back in its place: its
@@ -78,11 +86,26 @@ type serial struct {
 
 // item is a delivery Serialize holds.
 type item struct {
-	msg *message.Message
-	// sent is closed once the subscriber has sent msg's ack or nack:
-	// settle.Sent, or else the end of msg's context (nil: never).
-	sent    <-chan struct{}
+	msg     *message.Message
+	sent    sent
 	key, id string
+}
+
+// sent says when the subscriber has sent a delivery's ack or nack: c is
+// closed then (nil: never), waited for at most wait.
+type sent struct {
+	c    <-chan struct{}
+	wait time.Duration
+}
+
+// sentOf returns m's: the subscriber's own signal (settle.Sent), waited
+// for as long as ownSentWait; else the end of m's context, at most
+// sentWait.
+func sentOf(m *message.Message) sent {
+	if c := settle.Sent(m.Context()); c != nil {
+		return sent{c: c, wait: ownSentWait}
+	}
+	return sent{c: m.Context().Done(), wait: sentWait}
 }
 
 func (s *serial) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
@@ -119,7 +142,7 @@ func (s *serial) Connected() bool {
 type settled struct {
 	key    string
 	id     string
-	sent   <-chan struct{}
+	sent   sent
 	nacked bool
 	msg    *message.Message
 }
@@ -161,21 +184,21 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 	// given: per key, the context of the last delivery Serialize gave back
 	// (or of the given-back head): the key's next give-back waits for the
 	// subscriber to have sent its nack.
-	given := map[string]<-chan struct{}{}
+	given := map[string]sent{}
 	// chaining: per key, the give-backs whose nacks are still being sent.
 	// The key's next delivery is handed out once they are all sent: were it
 	// given back meanwhile, its nack would reach the broker among them.
 	chaining := map[string]int{}
 	chained := make(chan string)
-	giveBack := func(key string, after <-chan struct{}, its []item) {
+	giveBack := func(key string, after sent, its []item) {
 		if len(its) == 0 {
 			return
 		}
-		if after == nil {
+		if after.c == nil {
 			after = given[key]
 		}
 		given[key] = its[len(its)-1].sent
-		if after == nil { // nothing to wait for: given back now
+		if after.c == nil { // nothing to wait for: given back now
 			its[0].msg.Nack()
 			after, its = its[0].sent, its[1:]
 		}
@@ -190,10 +213,10 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 				}
 			}()
 			for _, it := range its {
-				if after != nil {
-					t := time.NewTimer(sentWait)
+				if after.c != nil {
+					t := time.NewTimer(after.wait)
 					select {
-					case <-after:
+					case <-after.c:
 					case <-quit:
 					case <-t.C:
 					}
@@ -209,7 +232,7 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 	// settled, after it when it is nacked (below).
 	nackAll := func() {
 		for _, it := range ready {
-			giveBack(it.key, nil, queues[it.key])
+			giveBack(it.key, sent{}, queues[it.key])
 			delete(queues, it.key)
 		}
 		ready = nil
@@ -255,7 +278,7 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 				returned[st.key] = &awaited{ids: ids}
 			}
 		} else if stopping { // acked: the key's waiting ones go back
-			giveBack(st.key, nil, q)
+			giveBack(st.key, sent{}, q)
 			q = nil
 		}
 		if len(q) == 0 {
@@ -268,6 +291,7 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 		}
 	}
 	closing := s.closing
+	ended := ctx.Done() // heard once: the loop then waits for what is in flight
 	for {
 		if stopping && in == nil && inflight == 0 {
 			return
@@ -292,7 +316,8 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 		case <-closing:
 			stop()
 			closing = nil
-		case <-ctx.Done():
+		case <-ended:
+			ended = nil
 			stop()
 		case m, ok := <-in:
 			if !ok {
@@ -308,10 +333,7 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 			if k.kErr != nil { // the stages poison it: nothing to order
 				key = "\x00" + watermill.NewShortUUID()
 			}
-			it := item{msg: m, sent: settle.Sent(m.Context()), key: key, id: id}
-			if it.sent == nil {
-				it.sent = m.Context().Done()
-			}
+			it := item{msg: m, sent: sentOf(m), key: key, id: id}
 			if h, ok := handed[key]; ok && id != "" && h.id == id {
 				// The key's delivery handed out, back: given back, the
 				// broker sent it again before its watcher told the loop of
@@ -327,14 +349,14 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 				if _, ok := queues[key]; ok { // given back with the key's waiting ones
 					queues[key] = append(queues[key], it)
 				} else {
-					giveBack(key, nil, []item{it})
+					giveBack(key, sent{}, []item{it})
 				}
 				continue
 			}
 			if want, ok := returned[key]; ok {
 				if id != want.ids[0] && want.later < returnedMax {
 					want.later++
-					giveBack(key, nil, []item{it})
+					giveBack(key, sent{}, []item{it})
 					continue
 				}
 				if id != want.ids[0] {

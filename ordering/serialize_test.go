@@ -55,18 +55,26 @@ func settled(t *testing.T, m *message.Message) bool {
 	}
 }
 
+// serialized returns an Orderer on a MemoryStore keyed by "account", a
+// feed and its Serialize view subscribed with ctx.
+func serialized(t *testing.T, ctx context.Context) (*ordering.Orderer, feed, message.Subscriber, <-chan *message.Message) {
+	t.Helper()
+	o, err := ordering.New(ordering.Config{Store: ordering.NewMemoryStore(), Consumer: "ledger", Key: sluice.KeyFromMetadata("account")})
+	require.NoError(t, err)
+	in := feed{ch: make(chan *message.Message, 16)}
+	sub := o.Serialize(in)
+	out, err := sub.Subscribe(ctx, "q")
+	require.NoError(t, err)
+	return o, in, sub, out
+}
+
 // Serialize hands out one delivery of a key at a time, in the order they
 // came, the keys side by side; a nacked delivery gives back the key's
 // waiting ones and every later one until it comes back first; Close gives
 // back what waits.
 func TestSerializeOneKeyAtATime(t *testing.T) {
 	t.Parallel()
-	o, err := ordering.New(ordering.Config{Store: ordering.NewMemoryStore(), Consumer: "ledger", Key: sluice.KeyFromMetadata("account")})
-	require.NoError(t, err)
-	in := feed{ch: make(chan *message.Message, 16)}
-	sub := o.Serialize(in)
-	out, err := sub.Subscribe(t.Context(), "q")
-	require.NoError(t, err)
+	o, in, sub, out := serialized(t, t.Context())
 
 	a1, b1, a2, b2 := msg("a", "a1"), msg("b", "b1"), msg("a", "a2"), msg("b", "b2")
 	for _, m := range []*message.Message{a1, b1, a2, b2} {
@@ -266,12 +274,7 @@ func TestTheKeyIsReadOnce(t *testing.T) {
 // 0…15 17 18 16 19 of router.TestOrderPerKeyThroughRetries.)
 func TestSerializeHandsOutWhatItGaveBackInItsOrder(t *testing.T) {
 	t.Parallel()
-	o, err := ordering.New(ordering.Config{Store: ordering.NewMemoryStore(), Consumer: "ledger", Key: sluice.KeyFromMetadata("account")})
-	require.NoError(t, err)
-	in := feed{ch: make(chan *message.Message, 16)}
-	sub := o.Serialize(in)
-	out, err := sub.Subscribe(t.Context(), "q")
-	require.NoError(t, err)
+	o, in, sub, out := serialized(t, t.Context())
 
 	a1, a2, a3 := msg("a", "a-1"), msg("a", "a-2"), msg("a", "a-3")
 	for _, m := range []*message.Message{a1, a2, a3} {

@@ -1,0 +1,100 @@
+package ordering_test
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice/internal/settle"
+)
+
+// A key's waiting deliveries are given back only once the subscriber says
+// it has sent the nack before each, however long it takes: Sluice's
+// Consumer says so itself (internal/settle), and on a machine at load 12
+// its nack of a given-back head took more than sentWait (2 s) to be sent.
+// The next nacks overtook it, the quorum queue redelivered a-01…a-15 before
+// the head, and Serialize gave each back once more: a-01…a-15 came back at
+// x-delivery-count 13 after the head was given back 12 times
+// (router.TestAKeysGivenBackDeliveriesSpendNoMoreReturnsThanItsHead, once
+// in ten loaded runs on RabbitMQ 4.0). The stall is made here on the
+// virtual clock: the subscriber holds its signal for 50 s.
+func TestAGivenBackHeadsNackSentLateIsNotOvertaken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o, in, sub, out := serialized(t, t.Context())
+
+		// The Consumer's part: each delivery's signal, closed when the
+		// test says its nack is sent.
+		sent := map[string]chan struct{}{}
+		var ms []*message.Message
+		for _, id := range []string{"a-00", "a-01", "a-02"} {
+			m := msg("a", id)
+			sent[id] = make(chan struct{})
+			m.SetContext(settle.WithSent(context.Background(), sent[id]))
+			ms = append(ms, m)
+			in.ch <- m
+		}
+		nacked := func(m *message.Message) bool {
+			select {
+			case <-m.Nacked():
+				return true
+			default:
+				return false
+			}
+		}
+		head := <-out
+		require.Equal(t, "a-00", head.UUID)
+		head.Nack()
+		synctest.Wait()
+		require.False(t, nacked(ms[1]), "a-01 waits for the head's nack to be sent")
+		time.Sleep(50 * time.Second) // the head's nack still not sent
+		synctest.Wait()
+		require.False(t, nacked(ms[1]), "a-01 waits for the head's nack to be sent, 50 s on")
+		close(sent["a-00"])
+		synctest.Wait()
+		require.True(t, nacked(ms[1]), "a-01 is given back once the head's nack is sent")
+		require.False(t, nacked(ms[2]), "a-02 waits for a-01's")
+		close(sent["a-01"])
+		synctest.Wait()
+		require.True(t, nacked(ms[2]))
+		close(sent["a-02"])
+
+		close(in.ch)
+		require.NoError(t, sub.Close())
+		require.NoError(t, o.Close())
+	})
+}
+
+// A subscription whose context ends waits for its delivery in flight to be
+// settled without spinning: the loop heard the ended context again on
+// every turn, a core busy for as long as the Consumer drained (up to its
+// DrainTimeout) at every shutdown. Before, synctest.Wait below never
+// returned (the loop always runnable): the test timed out.
+func TestAnEndedSubscriptionWaitsForItsDeliveryInFlightWithoutSpinning(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		o, in, sub, out := serialized(t, ctx)
+		a1, a2 := msg("a", "a-1"), msg("a", "a-2")
+		in.ch <- a1
+		in.ch <- a2
+		require.Equal(t, "a-1", (<-out).UUID)
+
+		cancel() // the router closes: a-1 still in its handler
+		synctest.Wait()
+		select {
+		case <-a2.Nacked():
+			t.Fatal("a-2 is given back after a-1, which is in flight")
+		default:
+		}
+		a1.Ack()
+		require.True(t, settled(t, a2), "a-2, waiting, is given back once a-1 is settled")
+		close(in.ch) // the subscriber's drain ends
+		for range out {
+		}
+		require.NoError(t, sub.Close())
+		require.NoError(t, o.Close())
+	})
+}
