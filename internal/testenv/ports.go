@@ -47,6 +47,11 @@ func pickPort() (int, error) {
 	if err := os.MkdirAll(portLocks, 0o777); err != nil {
 		return 0, fmt.Errorf("picking a port: %w", err)
 	}
+	// Every user's runs share the reservations: the directory is theirs to
+	// add to (sticky, as /tmp), the files theirs to lock (read only).
+	if info, err := os.Stat(portLocks); err == nil && info.Mode().Perm() != 0o777 {
+		_ = os.Chmod(portLocks, 0o777|os.ModeSticky)
+	}
 	n := last - portsFirst + 1
 	start := rand.IntN(n)
 	for i := range n {
@@ -65,7 +70,10 @@ func pickPort() (int, error) {
 // reserve locks port's file and checks that nothing listens on it; it
 // keeps the lock if so.
 func reserve(port int) (bool, error) {
-	f, err := os.OpenFile(filepath.Join(portLocks, strconv.Itoa(port)), os.O_CREATE|os.O_RDWR, 0o666)
+	f, err := lockFile(filepath.Join(portLocks, strconv.Itoa(port)))
+	if errors.Is(err, os.ErrPermission) {
+		return false, nil // another user's file we cannot read: taken, as far as we know
+	}
 	if err != nil {
 		return false, fmt.Errorf("picking a port: %w", err)
 	}
@@ -86,6 +94,23 @@ func reserve(port int) (bool, error) {
 	ports.held = append(ports.held, f)
 	ports.Unlock()
 	return true, nil
+}
+
+// lockFile opens name to lock it: read only (flock needs no more), made
+// readable by every user when this process creates it.
+func lockFile(name string) (*os.File, error) {
+	f, err := os.Open(name)
+	if !errors.Is(err, os.ErrNotExist) {
+		return f, err
+	}
+	f, err = os.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+	if errors.Is(err, os.ErrExist) { // another pick made it meanwhile
+		return os.Open(name)
+	}
+	if err == nil {
+		_ = f.Chmod(0o444)
+	}
+	return f, err
 }
 
 // ephemeralFirst returns the first port of the kernel's ephemeral range.

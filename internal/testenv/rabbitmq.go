@@ -334,7 +334,7 @@ func (r *PrivateRabbitMQ) checkListeners(conf, log string) error {
 var (
 	// confPort finds the ports of rabbitmq.conf's listeners and the
 	// management plugin's.
-	confPort = regexp.MustCompile(`(?m)^(listeners\.\w+\.\w+|management\.tcp\.port)\s*=\s*(?:\S*:)?(\d+)\s*$`)
+	confPort = regexp.MustCompile(`(?m)^(listeners\.\w+\.\w+|management\.tcp\.port)\s*=\s*(?:\S*:)?(\d+)\s*(?:#.*)?$`)
 	// heldPort finds a port in rabbitmqctl status's listeners.
 	heldPort = regexp.MustCompile(`(?m)^Interface: \S+, port: (\d+), protocol:`)
 )
