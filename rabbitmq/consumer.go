@@ -490,28 +490,46 @@ func (s *subscription) handOut(ctx context.Context, over <-chan struct{}, d amqp
 		defer close(sent)
 		select {
 		case <-msg.Acked():
-			// A probe consumer's ack waits (the gate is read for no other),
-			// and any ack once the Consumer closes.
-			wait := closingNow(stop, s.c.closing)
-			if !wait && c.prefetch < s.c.cfg.Prefetch {
-				if engaged, probing, _ := s.gateState(); !engaged && !probing {
-					wait = true
-				}
-			}
-			if wait {
+			// A probe consumer's ack waits for the gate's release to cancel
+			// it (the gate is read for no other), and any ack once the
+			// Consumer closes.
+			switch {
+			case closingNow(stop, s.c.closing):
 				<-c.done
+			case c.prefetch < s.c.cfg.Prefetch:
+				s.awaitCancel(c, func(engaged, probing bool) bool { return !engaged && !probing }, func(_, probing bool) bool { return !probing })
 			}
 			_ = d.Ack(false)
 		case <-msg.Nacked():
-			wait, _, _ := s.gateState() // engaged
-			if wait || closingNow(stop, s.c.closing) {
+			if closingNow(stop, s.c.closing) {
 				<-c.done
+			} else {
+				s.awaitCancel(c, func(engaged, _ bool) bool { return engaged }, func(engaged, _ bool) bool { return engaged })
 			}
 			_ = d.Nack(false, true)
 		case <-over: // the channel is gone or drained past its timeout: the broker redelivers it
 		}
 	}()
 	return true
+}
+
+// awaitCancel waits for c to be cancelled when the gate, as first read,
+// has the consume loop cancel it (hold: engaged, the loop drains c; a
+// probe's consumer once released, the loop widens) and while it still
+// will (still: re-read at each change). A gate that moved on before the
+// loop heard it — engaged, then probing or released; released, then
+// probing again — leaves c consuming: the wait ends and the ack or nack
+// is sent now, where it would have waited for a cancel that never came.
+func (s *subscription) awaitCancel(c *consumer, hold, still func(engaged, probing bool) bool) {
+	engaged, probing, changed := s.gateState()
+	for cond := hold; cond(engaged, probing); cond = still {
+		select {
+		case <-c.done:
+			return
+		case <-changed:
+		}
+		engaged, probing, changed = s.gateState()
+	}
 }
 
 // closingNow reports whether the subscription is stopping: stop closed, or

@@ -2,6 +2,8 @@ package rabbitmq_test
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -21,6 +23,7 @@ type gate struct {
 	mu               sync.Mutex
 	engaged, probing bool
 	changed          chan struct{}
+	read             chan struct{} // when set, told of each read
 }
 
 var _ broker.ProbingGate = (*gate)(nil)
@@ -32,7 +35,21 @@ func newGate(engaged, probing bool) *gate {
 func (g *gate) Engaged() (bool, <-chan struct{}) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.read != nil {
+		select {
+		case g.read <- struct{}{}:
+		default:
+		}
+	}
 	return g.engaged, g.changed
+}
+
+// setUnheard sets the gate without telling: the consume loop has not heard
+// of it yet when a delivery's settling reads it.
+func (g *gate) setUnheard(engaged, probing bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.engaged, g.probing = engaged, probing
 }
 
 func (g *gate) Probing() bool {
@@ -99,4 +116,82 @@ func TestConsumerTakesOneDeliveryWhileProbing(t *testing.T) {
 	for id, k := range handled {
 		require.Equal(t, 1, k, id)
 	}
+}
+
+// A nack sent while the gate is engaged waits for the consume loop to
+// cancel the consumer (sent before, the broker would hand the delivery
+// straight back to it); a gate that moves on to probing or released
+// before the loop heard it engaged leaves the consumer consuming, and the
+// nack goes at once. Before, it waited for a cancel that never came: the
+// delivery stayed unacked, its key stalled, until the next engage or the
+// shutdown. The same for a probe's ack when the gate, released, probes
+// again before the loop heard the release. Found by a review.
+func TestASettlingThatReadTheGateBeforeTheLoopDidIsNotHeldForever(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name             string
+		probing          bool // the gate at the start
+		unheard, settled [2]bool
+		nack             bool
+	}{
+		{name: "nack, engaged then probing", unheard: [2]bool{true, false}, settled: [2]bool{false, true}, nack: true},
+		{name: "nack, engaged then released", unheard: [2]bool{true, false}, settled: [2]bool{false, false}, nack: true},
+		{name: "probe's ack, released then probing", probing: true, unheard: [2]bool{false, false}, settled: [2]bool{false, true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			queue := declareQueue(t, "unheard")
+			publishIDs(t, queue, 1)
+			g := newGate(false, tc.probing)
+			c, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}, Prefetch: 16, DrainTimeout: 10 * time.Second})
+			require.NoError(t, err)
+			sub := c.WithGate(g)
+			t.Cleanup(func() { require.NoError(t, sub.Close()) })
+			out, err := sub.Subscribe(t.Context(), queue)
+			require.NoError(t, err)
+			m := <-out
+
+			g.mu.Lock()
+			g.read = make(chan struct{}, 1)
+			g.mu.Unlock()
+			g.setUnheard(tc.unheard[0], tc.unheard[1])
+			if tc.nack {
+				m.Nack()
+			} else {
+				m.Ack()
+			}
+			<-g.read                            // the settling read it (the loop reads it only when told)
+			g.set(tc.settled[0], tc.settled[1]) // the loop hears this one
+			conn := testenv.AMQP(t)
+			if tc.nack {
+				select {
+				case again := <-out:
+					require.Equal(t, m.Metadata.Get(sluice.EventIDKey), again.Metadata.Get(sluice.EventIDKey), "the nacked delivery, back")
+					again.Ack()
+				case <-time.After(time.Minute):
+					t.Fatal("the nack was never sent: the delivery is held unacked")
+				}
+			}
+			require.Eventually(t, func() bool {
+				return testenv.QueueDepth(t, conn, queue) == 0 && unacked(t, queue) == 0
+			}, time.Minute, 10*time.Millisecond, "acked")
+		})
+	}
+}
+
+// unacked returns how many of queue's messages are delivered and not yet
+// acked, as the broker counts them.
+func unacked(t *testing.T, queue string) int {
+	t.Helper()
+	out, err := testenv.TryRabbitmqctl(t.Context(), "list_queues", "-q", "--no-table-headers", "name", "messages_unacknowledged")
+	require.NoError(t, err)
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == queue {
+			n, err := strconv.Atoi(f[1])
+			require.NoError(t, err)
+			return n
+		}
+	}
+	t.Fatalf("queue %s not listed: %s", queue, out)
+	return 0
 }
