@@ -309,13 +309,9 @@ func (r *PrivateRabbitMQ) start(o PrivateRabbitMQOptions, port, distPort int) er
 // node does not hold, with what its log says: RabbitMQ boots without a TLS
 // listener whose port was taken (only a plain AMQP listener's stops it).
 func (r *PrivateRabbitMQ) checkListeners(conf, log string) error {
-	out, err := r.ctl(context.Background(), "status")
+	held, err := r.listening()
 	if err != nil {
-		return fmt.Errorf("private RabbitMQ node %s: its listeners: rabbitmqctl status: %w: %s", r.node, err, out)
-	}
-	held := map[string]bool{}
-	for _, m := range heldPort.FindAllStringSubmatch(string(out), -1) {
-		held[m[1]] = true
+		return fmt.Errorf("private RabbitMQ node %s: its listeners: %w", r.node, err)
 	}
 	var missing []string
 	for _, m := range confPort.FindAllStringSubmatch(conf, -1) {
@@ -331,13 +327,60 @@ func (r *PrivateRabbitMQ) checkListeners(conf, log string) error {
 		r.node, strings.Join(missing, ", "), strings.Join(lines, "\n"))
 }
 
-var (
-	// confPort finds the ports of rabbitmq.conf's listeners and the
-	// management plugin's.
-	confPort = regexp.MustCompile(`(?m)^(listeners\.\w+\.\w+|management\.tcp\.port)\s*=\s*(?:\S*:)?(\d+)\s*(?:#.*)?$`)
-	// heldPort finds a port in rabbitmqctl status's listeners.
-	heldPort = regexp.MustCompile(`(?m)^Interface: \S+, port: (\d+), protocol:`)
-)
+// confPort finds the ports of rabbitmq.conf's listeners and the
+// management plugin's.
+var confPort = regexp.MustCompile(`(?m)^(listeners\.\w+\.\w+|management\.tcp\.port)\s*=\s*(?:\S*:)?(\d+)\s*(?:#.*)?$`)
+
+// listening returns the TCP ports the node's VM listens on, read from
+// /proc (its pid file, its sockets): no rabbitmqctl, an Erlang VM of its
+// own that took 5-100 s under the suite's load (status, 107 s once). Where
+// /proc does not tell (the VM's sockets are another user's), it asks
+// rabbitmq-diagnostics listeners.
+func (r *PrivateRabbitMQ) listening() (map[string]bool, error) {
+	held := map[string]bool{}
+	b, err := os.ReadFile(filepath.Join(r.dir, "mnesia", r.node+".pid"))
+	if err != nil {
+		return nil, err
+	}
+	fdDir := "/proc/" + strings.TrimSpace(string(b)) + "/fd"
+	fds, err := os.ReadDir(fdDir)
+	if err != nil {
+		out, err := rabbitmqCommand(context.Background(), nil, "rabbitmq-diagnostics", ctlArgs(r.node, []string{"-q", "listeners"})...).CombinedOutput()
+		if err != nil {
+			return nil, fmt.Errorf("rabbitmq-diagnostics listeners: %w: %s", err, out)
+		}
+		for _, m := range diagPort.FindAllStringSubmatch(string(out), -1) {
+			held[m[1]] = true
+		}
+		return held, nil
+	}
+	sockets := map[string]bool{}
+	for _, fd := range fds {
+		if l, err := os.Readlink(filepath.Join(fdDir, fd.Name())); err == nil && strings.HasPrefix(l, "socket:[") {
+			sockets[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
+		}
+	}
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(table)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			// sl local_address rem_address st ... inode: st 0A is LISTEN
+			f := strings.Fields(line)
+			if len(f) < 10 || f[3] != "0A" || !sockets[f[9]] {
+				continue
+			}
+			if port, err := strconv.ParseUint(f[1][strings.LastIndex(f[1], ":")+1:], 16, 16); err == nil {
+				held[strconv.FormatUint(port, 10)] = true
+			}
+		}
+	}
+	return held, nil
+}
+
+// diagPort finds a port in rabbitmq-diagnostics listeners' lines.
+var diagPort = regexp.MustCompile(`(?m)^Interface: \S+, port: (\d+), protocol:`)
 
 // privateBootTimeout bounds a private node's boot, its starts again
 // included.
