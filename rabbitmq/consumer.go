@@ -497,14 +497,16 @@ func (s *subscription) handOut(ctx context.Context, over <-chan struct{}, d amqp
 			case closingNow(stop, s.c.closing):
 				<-c.done
 			case c.prefetch < s.c.cfg.Prefetch:
-				s.awaitCancel(c, func(engaged, probing bool) bool { return !engaged && !probing }, func(_, probing bool) bool { return !probing })
+				if engaged, probing, _ := s.gateState(); !engaged && !probing { // released: the loop widens
+					s.awaitCancel(c, func(_, probing bool) bool { return !probing })
+				}
 			}
 			_ = d.Ack(false)
 		case <-msg.Nacked():
 			if closingNow(stop, s.c.closing) {
 				<-c.done
 			} else {
-				s.awaitCancel(c, func(engaged, _ bool) bool { return engaged }, func(engaged, _ bool) bool { return engaged })
+				s.awaitCancel(c, func(engaged, _ bool) bool { return engaged }) // the loop drains
 			}
 			_ = d.Nack(false, true)
 		case <-over: // the channel is gone or drained past its timeout: the broker redelivers it
@@ -513,22 +515,24 @@ func (s *subscription) handOut(ctx context.Context, over <-chan struct{}, d amqp
 	return true
 }
 
-// awaitCancel waits for c to be cancelled when the gate, as first read,
-// has the consume loop cancel it (hold: engaged, the loop drains c; a
-// probe's consumer once released, the loop widens) and while it still
-// will (still: re-read at each change). A gate that moved on before the
-// loop heard it — engaged, then probing or released; released, then
-// probing again — leaves c consuming: the wait ends and the ack or nack
-// is sent now, where it would have waited for a cancel that never came.
-func (s *subscription) awaitCancel(c *consumer, hold, still func(engaged, probing bool) bool) {
-	engaged, probing, changed := s.gateState()
-	for cond := hold; cond(engaged, probing); cond = still {
+// awaitCancel waits for c to be cancelled while the gate, read again at
+// each change, has the consume loop cancel it (cancels: engaged, the loop
+// drains c; not probing, a released probe's consumer is widened). A gate
+// that moved on before the loop heard it — engaged, then probing or
+// released; released, then probing again — leaves c consuming: the wait
+// ends and the ack or nack is sent now, where it would have waited for a
+// cancel that never came.
+func (s *subscription) awaitCancel(c *consumer, cancels func(engaged, probing bool) bool) {
+	for {
+		engaged, probing, changed := s.gateState()
+		if !cancels(engaged, probing) {
+			return
+		}
 		select {
 		case <-c.done:
 			return
 		case <-changed:
 		}
-		engaged, probing, changed = s.gateState()
 	}
 }
 

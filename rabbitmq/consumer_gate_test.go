@@ -44,11 +44,14 @@ func (g *gate) Engaged() (bool, <-chan struct{}) {
 }
 
 // setUnheard sets the gate without telling: the consume loop has not heard
-// of it yet when a delivery's settling reads it.
-func (g *gate) setUnheard(engaged, probing bool) {
+// of it yet when a delivery's settling reads it. The channel it returns is
+// told of each read from then on.
+func (g *gate) setUnheard(engaged, probing bool) <-chan struct{} {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.engaged, g.probing = engaged, probing
+	g.read = make(chan struct{}, 1)
+	return g.read
 }
 
 func (g *gate) Probing() bool {
@@ -150,16 +153,13 @@ func TestASettlingThatReadTheGateBeforeTheLoopDidIsNotHeldForever(t *testing.T) 
 			require.NoError(t, err)
 			m := <-out
 
-			g.mu.Lock()
-			g.read = make(chan struct{}, 1)
-			g.mu.Unlock()
-			g.setUnheard(tc.unheard[0], tc.unheard[1])
+			read := g.setUnheard(tc.unheard[0], tc.unheard[1])
 			if tc.nack {
 				m.Nack()
 			} else {
 				m.Ack()
 			}
-			<-g.read                            // the settling read it (the loop reads it only when told)
+			<-read                              // the settling read it (the loop reads it only when told)
 			g.set(tc.settled[0], tc.settled[1]) // the loop hears this one
 			select {
 			case <-settle.Sent(m.Context()): // the Consumer wrote the ack or nack to the broker

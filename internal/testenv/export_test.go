@@ -2,8 +2,6 @@ package testenv
 
 import (
 	"context"
-	"path/filepath"
-	"strconv"
 	"time"
 )
 
@@ -15,7 +13,12 @@ func StartAppPausing(ctx context.Context, ctl Ctl, root string, pause time.Durat
 // AwaitBoot is awaitBoot, for a test that injects a node's refusal.
 var AwaitBoot = awaitBoot
 
-// PickPort is pickPort; PortLock is the file a port's reservation locks.
-var PickPort = pickPort
+// PickPort is pickPort, PortLock portLock, EphemeralFirst ephemeralFirst
+// and PortsFirst portsFirst.
+var (
+	PickPort       = pickPort
+	PortLock       = portLock
+	EphemeralFirst = ephemeralFirst
+)
 
-func PortLock(port int) string { return filepath.Join(portLocks, strconv.Itoa(port)) }
+const PortsFirst = portsFirst

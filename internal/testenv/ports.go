@@ -36,6 +36,22 @@ const portsFirst = 26000
 // portLocks is where the reservations' lock files are.
 var portLocks = filepath.Join(os.TempDir(), "sluice-ports")
 
+// portLock is the file port's reservation locks.
+func portLock(port int) string { return filepath.Join(portLocks, strconv.Itoa(port)) }
+
+// portLocksReady makes portLocks, once: every user's runs share the
+// reservations, the directory theirs to add to (sticky, as /tmp), the
+// files theirs to lock (read only).
+var portLocksReady = sync.OnceValue(func() error {
+	if err := os.MkdirAll(portLocks, 0o777); err != nil {
+		return fmt.Errorf("picking a port: %w", err)
+	}
+	if info, err := os.Stat(portLocks); err == nil && info.Mode().Perm() != 0o777 {
+		_ = os.Chmod(portLocks, 0o777|os.ModeSticky)
+	}
+	return nil
+})
+
 // pickPort returns a port free on 127.0.0.1 now, reserved for this
 // process: no other pickPort, in this process or another, returns it
 // while this one runs.
@@ -44,13 +60,8 @@ func pickPort() (int, error) {
 	if last-portsFirst < 1000 {
 		return kernelPort() // no room below the ephemeral range: take the kernel's
 	}
-	if err := os.MkdirAll(portLocks, 0o777); err != nil {
-		return 0, fmt.Errorf("picking a port: %w", err)
-	}
-	// Every user's runs share the reservations: the directory is theirs to
-	// add to (sticky, as /tmp), the files theirs to lock (read only).
-	if info, err := os.Stat(portLocks); err == nil && info.Mode().Perm() != 0o777 {
-		_ = os.Chmod(portLocks, 0o777|os.ModeSticky)
+	if err := portLocksReady(); err != nil {
+		return 0, err
 	}
 	n := last - portsFirst + 1
 	start := rand.IntN(n)
@@ -70,7 +81,7 @@ func pickPort() (int, error) {
 // reserve locks port's file and checks that nothing listens on it; it
 // keeps the lock if so.
 func reserve(port int) (bool, error) {
-	f, err := lockFile(filepath.Join(portLocks, strconv.Itoa(port)))
+	f, err := lockFile(portLock(port))
 	if errors.Is(err, os.ErrPermission) {
 		return false, nil // another user's file we cannot read: taken, as far as we know
 	}
@@ -96,7 +107,7 @@ func reserve(port int) (bool, error) {
 	return true, nil
 }
 
-// lockFile opens name to lock it: read only (flock needs no more), made
+// lockFile opens name to lock it: read only (flock needs no more),
 // readable by every user when this process creates it.
 func lockFile(name string) (*os.File, error) {
 	f, err := os.Open(name)
@@ -107,9 +118,6 @@ func lockFile(name string) (*os.File, error) {
 	if errors.Is(err, os.ErrExist) { // another pick made it meanwhile
 		return os.Open(name)
 	}
-	if err == nil {
-		_ = f.Chmod(0o444)
-	}
 	return f, err
 }
 
@@ -119,7 +127,11 @@ func ephemeralFirst() int {
 	if err != nil {
 		return 32768
 	}
-	first, err := strconv.Atoi(strings.Fields(string(b) + " x")[0])
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	first, err := strconv.Atoi(f[0])
 	if err != nil {
 		return 32768
 	}

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -21,11 +19,8 @@ import (
 // another process's would be) finds it taken.
 func TestAPickedPortIsReservedAcrossTheSuitesProcesses(t *testing.T) {
 	t.Parallel()
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	require.NoError(t, err)
-	ephemeral, err := strconv.Atoi(strings.Fields(string(b))[0])
-	require.NoError(t, err)
-	if ephemeral-26000 < 1000 {
+	ephemeral := testenv.EphemeralFirst()
+	if ephemeral-testenv.PortsFirst < 1000 {
 		t.Skipf("the ephemeral range begins at %d: no room below it, ports are the kernel's", ephemeral)
 	}
 

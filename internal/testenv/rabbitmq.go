@@ -332,12 +332,10 @@ func (r *PrivateRabbitMQ) checkListeners(conf, log string) error {
 var confPort = regexp.MustCompile(`(?m)^(listeners\.\w+\.\w+|management\.tcp\.port)\s*=\s*(?:\S*:)?(\d+)\s*(?:#.*)?$`)
 
 // listening returns the TCP ports the node's VM listens on, read from
-// /proc (its pid file, its sockets): no rabbitmqctl, an Erlang VM of its
-// own that took 5-100 s under the suite's load (status, 107 s once). Where
-// /proc does not tell (the VM's sockets are another user's), it asks
-// rabbitmq-diagnostics listeners.
+// /proc (its pid file, its sockets; a private node's start runs as root):
+// no rabbitmqctl, an Erlang VM of its own that took 5-100 s under the
+// suite's load (status, 107 s once).
 func (r *PrivateRabbitMQ) listening() (map[string]bool, error) {
-	held := map[string]bool{}
 	b, err := os.ReadFile(filepath.Join(r.dir, "mnesia", r.node+".pid"))
 	if err != nil {
 		return nil, err
@@ -345,14 +343,7 @@ func (r *PrivateRabbitMQ) listening() (map[string]bool, error) {
 	fdDir := "/proc/" + strings.TrimSpace(string(b)) + "/fd"
 	fds, err := os.ReadDir(fdDir)
 	if err != nil {
-		out, err := rabbitmqCommand(context.Background(), nil, "rabbitmq-diagnostics", ctlArgs(r.node, []string{"-q", "listeners"})...).CombinedOutput()
-		if err != nil {
-			return nil, fmt.Errorf("rabbitmq-diagnostics listeners: %w: %s", err, out)
-		}
-		for _, m := range diagPort.FindAllStringSubmatch(string(out), -1) {
-			held[m[1]] = true
-		}
-		return held, nil
+		return nil, err
 	}
 	sockets := map[string]bool{}
 	for _, fd := range fds {
@@ -360,6 +351,7 @@ func (r *PrivateRabbitMQ) listening() (map[string]bool, error) {
 			sockets[strings.TrimSuffix(strings.TrimPrefix(l, "socket:["), "]")] = true
 		}
 	}
+	held := map[string]bool{}
 	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
 		b, err := os.ReadFile(table)
 		if err != nil {
@@ -378,9 +370,6 @@ func (r *PrivateRabbitMQ) listening() (map[string]bool, error) {
 	}
 	return held, nil
 }
-
-// diagPort finds a port in rabbitmq-diagnostics listeners' lines.
-var diagPort = regexp.MustCompile(`(?m)^Interface: \S+, port: (\d+), protocol:`)
 
 // privateBootTimeout bounds a private node's boot, its starts again
 // included.
