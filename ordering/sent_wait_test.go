@@ -46,35 +46,28 @@ func givenBackHeadSentLate(t *testing.T, never bool) {
 			ms = append(ms, m)
 			in.ch <- m
 		}
-		nacked := func(m *message.Message) bool {
-			select {
-			case <-m.Nacked():
-				return true
-			default:
-				return false
-			}
-		}
+		synctest.Wait() // the view holds all three: a-01 and a-02 wait behind a-00
 		head := <-out
 		require.Equal(t, "a-00", head.UUID)
 		head.Nack()
 		synctest.Wait()
-		require.False(t, nacked(ms[1]), "a-01 waits for the head's nack to be sent")
+		require.False(t, nackedNow(ms[1]), "a-01 waits for the head's nack to be sent")
 		time.Sleep(50 * time.Second) // the head's nack still not sent
 		synctest.Wait()
-		require.False(t, nacked(ms[1]), "a-01 waits for the head's nack to be sent, 50 s on")
+		require.False(t, nackedNow(ms[1]), "a-01 waits for the head's nack to be sent, 50 s on")
 		if never {
 			time.Sleep(10 * time.Second)
 			synctest.Wait()
-			require.True(t, nacked(ms[1]), "a-01 is given back a minute on: the wait is bounded")
+			require.True(t, nackedNow(ms[1]), "a-01 is given back a minute on: the wait is bounded")
 		} else {
 			close(sent["a-00"])
 			synctest.Wait()
-			require.True(t, nacked(ms[1]), "a-01 is given back once the head's nack is sent")
+			require.True(t, nackedNow(ms[1]), "a-01 is given back once the head's nack is sent")
 		}
-		require.False(t, nacked(ms[2]), "a-02 waits for a-01's")
+		require.False(t, nackedNow(ms[2]), "a-02 waits for a-01's")
 		close(sent["a-01"])
 		synctest.Wait()
-		require.True(t, nacked(ms[2]))
+		require.True(t, nackedNow(ms[2]))
 		close(sent["a-02"])
 		if never {
 			close(sent["a-00"])
@@ -98,20 +91,53 @@ func TestAnEndedSubscriptionWaitsForItsDeliveryInFlightWithoutSpinning(t *testin
 		a1, a2 := msg("a", "a-1"), msg("a", "a-2")
 		in.ch <- a1
 		in.ch <- a2
+		synctest.Wait() // the view holds both: a-2 waits behind a-1
 		require.Equal(t, "a-1", (<-out).UUID)
 
 		cancel() // the router closes: a-1 still in its handler
 		synctest.Wait()
-		select {
-		case <-a2.Nacked():
-			t.Fatal("a-2 is given back after a-1, which is in flight")
-		default:
-		}
+		require.False(t, nackedNow(a2), "a-2 is given back after a-1, which is in flight")
 		a1.Ack()
 		require.True(t, settled(t, a2), "a-2, waiting, is given back once a-1 is settled")
 		close(in.ch) // the subscriber's drain ends
 		for range out {
 		}
+		require.NoError(t, sub.Close())
+		require.NoError(t, o.Close())
+	})
+}
+
+// A delivery of a key that reaches the view only after the key's head was
+// handed out and given back is given back once the head's nack is sent,
+// as the ones that waited behind the head are: given back at once, its
+// nack could reach the broker before the head's, come back first and be
+// given back again, one return more. (TestAGivenBackHeadsNackSentLateIsNotOvertaken
+// failed so, 1 run in about 240 of the package under load, when a-01
+// reached the view after a-00 was nacked.)
+func TestADeliveryArrivingAfterItsHeadWasGivenBackWaitsForTheHeadsNack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o, in, sub, out := serialized(t, t.Context())
+		signal := func(id string) (*message.Message, chan struct{}) {
+			m, sent := msg("a", id), make(chan struct{})
+			m.SetContext(settle.WithSent(context.Background(), sent))
+			return m, sent
+		}
+		a0, sent0 := signal("a-00")
+		in.ch <- a0
+		head := <-out
+		head.Nack()
+		synctest.Wait() // the view moved the key on: nothing waited behind a-00
+
+		a1, sent1 := signal("a-01")
+		in.ch <- a1 // sent before the head's nack was (its turn: after a-00's return)
+		synctest.Wait()
+		require.False(t, nackedNow(a1), "a-01 waits for the head's nack to be sent")
+		close(sent0)
+		synctest.Wait()
+		require.True(t, nackedNow(a1), "a-01 is given back once the head's nack is sent")
+		close(sent1)
+
+		close(in.ch)
 		require.NoError(t, sub.Close())
 		require.NoError(t, o.Close())
 	})

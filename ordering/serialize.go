@@ -181,9 +181,9 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 	var ready []item // first of their key, not yet handed out
 	done := make(chan settled)
 	stopping := false
-	// given: per key, the context of the last delivery Serialize gave back
-	// (or of the given-back head): the key's next give-back waits for the
-	// subscriber to have sent its nack.
+	// given: per key, the sent signal of the last delivery Serialize gave
+	// back (or of the given-back head): the key's next give-back waits for
+	// the subscriber to have sent its nack.
 	given := map[string]sent{}
 	// chaining: per key, the give-backs whose nacks are still being sent.
 	// The key's next delivery is handed out once they are all sent: were it
@@ -192,6 +192,9 @@ func (s *serial) loop(ctx context.Context, in <-chan *message.Message, out chan<
 	chained := make(chan string)
 	giveBack := func(key string, after sent, its []item) {
 		if len(its) == 0 {
+			if after.c != nil { // a head given back alone: the key's next give-back waits for its nack
+				given[key] = after
+			}
 			return
 		}
 		if after.c == nil {
