@@ -77,7 +77,7 @@ func TestClosedLoopSummaryScansEachMessageOnce(t *testing.T) {
 	b.exhausted(t, "s", 5)
 	rc := newRecovering(t, b, func(string) bool { return false })
 	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--canary", "1", "--ramp", "1",
-		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "30s")
+		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", outcomeWait)
 	require.Equal(t, 0, code, out+errOut)
 	require.Regexp(t, regexp.MustCompile(`scanned\s+│ 5 │`), out)
 	require.Regexp(t, regexp.MustCompile(`done\s+│ 5 │`), out)

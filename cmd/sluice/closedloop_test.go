@@ -138,7 +138,7 @@ func TestClosedLoopReplayStopsOnRepoisonAndReports(t *testing.T) {
 	rc := newRecovering(t, b, func(id string) bool { return strings.HasPrefix(id, "bad-") })
 
 	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--canary", "5", "--ramp", "20,105",
-		"--max-repoison", "10%", "--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "30s")
+		"--max-repoison", "10%", "--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", outcomeWait)
 	require.Equal(t, 1, code, "a stop exits 1: %s\n%s", out, errOut)
 	t.Logf("sluice dlq replay --canary 5 --ramp 20,105 --max-repoison 10%%:\n%s%s", out, errOut)
 	require.Contains(t, out, "batch 1 (canary, 5): 5 replayed, 5 with a final outcome, 0 poisoned again")
@@ -224,7 +224,7 @@ func TestDuplicateCopiesAreOneItem(t *testing.T) {
 	b.poisoned(t, "once-1", "stock.reserved", sluice.NewFailure(sluice.ClassExhausted, errors.New("timeout")))
 	rc := newRecovering(t, b, func(string) bool { return false })
 	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--canary", "3",
-		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "20s")
+		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", outcomeWait)
 	require.Equal(t, 0, code, "%s\n%s", out, errOut)
 	require.Contains(t, out, "batch 1 (canary, 3): 3 replayed (2 events), 2 with a final outcome, 0 poisoned again")
 	require.NotContains(t, out, "stopped")
@@ -241,7 +241,7 @@ func TestCanaryStopsTheRun(t *testing.T) {
 	}
 	rc := newRecovering(t, b, func(id string) bool { return strings.HasPrefix(id, "bad-") })
 	code, out, _ := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--canary", "2", "--ramp", "5",
-		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "30s")
+		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", outcomeWait)
 	require.Equal(t, 1, code, out)
 	require.Contains(t, out, "stopped: 1 of the 2 canary events were not processed")
 	require.Contains(t, out, "bad-1\tpoisoned\tpoison")
@@ -651,7 +651,7 @@ func TestLongEventIDIsOneItem(t *testing.T) {
 	b.poisoned(t, long, "stock.reserved", sluice.NewFailure(sluice.ClassExhausted, errors.New("timeout")))
 	rc := newRecovering(t, b, func(string) bool { return false })
 	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--canary", "1",
-		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "10s")
+		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", outcomeWait)
 	require.Equal(t, 0, code, "%s\n%s", out, errOut)
 	require.Contains(t, out, "batch 1 (canary, 1): 1 replayed, 1 with a final outcome, 0 poisoned again")
 	code, report, errOut := b.cli(t, "dlq", "report", "--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable)
@@ -686,7 +686,7 @@ func TestClosedLoopOnRedis(t *testing.T) {
 
 	redisURL := "redis://" + testenv.RedisAddr + "/0"
 	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--canary", "5", "--ramp", "20,100",
-		"--max-repoison", "10%", "--outcomes", redisURL, "--outcomes-table", outcomesPrefix, "--wait", "30s")
+		"--max-repoison", "10%", "--outcomes", redisURL, "--outcomes-table", outcomesPrefix, "--wait", outcomeWait)
 	require.Equal(t, 1, code, "a stop exits 1: %s\n%s", out, errOut)
 	t.Logf("sluice dlq replay --outcomes redis://…:\n%s", out)
 	require.Contains(t, out, "batch 1 (canary, 5): 5 replayed, 5 with a final outcome, 0 poisoned again")

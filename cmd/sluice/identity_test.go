@@ -122,7 +122,7 @@ func TestADeadLetterHasOneNameEverywhere(t *testing.T) {
 	// The fix lands; the CLI replays it; a console started afterwards shows the run.
 	f.keyFixed.Store(true)
 	code, out, errOut = b.cli(t, "dlq", "replay", "--queue", pq, "--canary", "1", "--outcomes", testenv.PostgresURL,
-		"--outcomes-table", f.outcome, "--wait", "30s")
+		"--outcomes-table", f.outcome, "--wait", outcomeWait)
 	require.Equal(t, 0, code, out+errOut)
 	runA := runOf.FindStringSubmatch(out)
 	require.Len(t, runA, 2, out)
@@ -142,7 +142,7 @@ func TestADeadLetterHasOneNameEverywhere(t *testing.T) {
 	require.Eventually(t, func() bool { return testenv.QueueDepth(t, testenv.AMQP(t), pq) == 1 }, 2*time.Minute, 10*time.Millisecond)
 	replayed := func(want int) string {
 		t.Helper()
-		code, out, errOut := b.cli(t, "dlq", "replay", "--queue", pq, "--canary", "1", "--outcomes", testenv.PostgresURL, "--outcomes-table", f.outcome, "--wait", "30s")
+		code, out, errOut := b.cli(t, "dlq", "replay", "--queue", pq, "--canary", "1", "--outcomes", testenv.PostgresURL, "--outcomes-table", f.outcome, "--wait", outcomeWait)
 		require.Equal(t, want, code, out+errOut)
 		run := runOf.FindStringSubmatch(out)
 		require.Len(t, run, 2, out)

@@ -65,7 +65,7 @@ func TestKillMidRampThenRerun(t *testing.T) {
 	rc := newRecovering(t, b, func(string) bool { return false })
 	args := []string{"--amqp-url", testenv.AMQPURL, "--audit", b.audit, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue,
 		"--canary", "5", "--ramp", "20,50", "--rate", "60/s", "--batch", "2",
-		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "30s"}
+		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", outcomeWait}
 	db, rows := rc.pg, func() int { return rc.rows(t) }
 	cmd := exec.Command(bin, args...)
 	require.NoError(t, cmd.Start())
@@ -135,7 +135,7 @@ func TestKillAtAnyPointOfTheClosedLoop(t *testing.T) {
 			db, rows := rc.pg, func() int { return rc.rows(t) }
 			args := []string{"--amqp-url", testenv.AMQPURL, "--audit", b.audit, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue,
 				"--canary", "5", "--ramp", "20,100", "--max-repoison", "25%", "--rate", "100/s", "--batch", "2",
-				"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "30s"}
+				"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", outcomeWait}
 			cmd := exec.Command(bin, args...)
 			require.NoError(t, cmd.Start())
 			switch point {
@@ -197,7 +197,7 @@ func TestInterruptMidRamp(t *testing.T) {
 	rows := func() int { return rc.rows(t) }
 	cmd := exec.Command(bin, "--amqp-url", testenv.AMQPURL, "--audit", b.audit, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue,
 		"--canary", "5", "--ramp", "20", "--rate", "40/s", "--batch", "2",
-		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", "30s")
+		"--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable, "--wait", outcomeWait)
 	var stdout, stderr strings.Builder
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	require.NoError(t, cmd.Start())

@@ -93,6 +93,12 @@ func (b *bed) fill(t *testing.T) {
 	}
 }
 
+// outcomeWait is --wait for a replay whose outcomes all come: the wait ends
+// as soon as they are in, so it can be long. 30 s was once too short for a
+// batch of 105 events through the whole stack (one PostgreSQL commit each)
+// while CI ran every package at once.
+const outcomeWait = "3m"
+
 func (b *bed) cli(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	var out, errOut bytes.Buffer

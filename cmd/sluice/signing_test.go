@@ -76,7 +76,7 @@ func TestSignedReplayRecordsOutcomesAndRefusesAForgedTarget(t *testing.T) {
 	t.Cleanup(func() { require.NoError(t, r.Close()); require.NoError(t, <-done) })
 
 	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", b.topo.Config().PoisonQueue, "--canary", "1", "--ramp", "2",
-		"--outcomes", testenv.PostgresURL, "--outcomes-table", table, "--wait", "30s", "--signing-key-file", keyFile)
+		"--outcomes", testenv.PostgresURL, "--outcomes-table", table, "--wait", outcomeWait, "--signing-key-file", keyFile)
 	require.Equal(t, 0, code, "every signed replay has its outcome: %s\n%s", out, errOut)
 	require.Contains(t, out, "batch 1 (canary, 1): 1 replayed, 1 with a final outcome, 0 poisoned again")
 	code, report, errOut := b.cli(t, "dlq", "report", "--outcomes", testenv.PostgresURL, "--outcomes-table", table)
