@@ -12,6 +12,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/internal/amqpcall"
 )
 
 // confirmBuffer is how many confirms amqp091 may hand over before listen
@@ -63,14 +64,17 @@ type inflight struct {
 	unmatched error
 }
 
-func newConfirmChannel(conn *amqp.Connection, maxSize int) (*confirmChannel, error) {
-	ch, err := conn.Channel()
+// newConfirmChannel opens a channel in confirm mode on conn, each wait for
+// the broker given up when ctx ends or bound passes without its answer
+// (amqpcall: conn is closed).
+func newConfirmChannel(ctx context.Context, conn *amqp.Connection, bound time.Duration, maxSize int) (*confirmChannel, error) {
+	ch, err := amqpcall.Do(ctx, conn, bound, "rabbitmq: opening a channel", conn.Channel)
 	if err != nil {
-		return nil, fmt.Errorf("rabbitmq: opening a channel: %w", err)
+		return nil, err
 	}
-	if err := ch.Confirm(false); err != nil {
+	if err := amqpcall.Run(ctx, conn, bound, "rabbitmq: enabling publisher confirms", func() error { return ch.Confirm(false) }); err != nil {
 		_ = ch.Close()
-		return nil, fmt.Errorf("rabbitmq: enabling publisher confirms: %w", err)
+		return nil, err
 	}
 	c := &confirmChannel{
 		ch:       ch,

@@ -15,6 +15,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice/broker"
+	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/metakeys"
 	"github.com/sluicemq/sluice/internal/settle"
@@ -344,15 +345,19 @@ func (s *subscription) consume(ctx, life context.Context, stop <-chan struct{}) 
 	}
 	s.node = node
 	defer func() { _ = closeConn(conn, s.c.cfg.WriteTimeout) }()
-	ch, err := conn.Channel()
+	// The channel's opening, its prefetch and consume wait for the broker
+	// at most WriteTimeout each, and Close ends them at once: a broker whose
+	// heartbeats keep the connection alive while its channels answer
+	// nothing (a stuck channel process) held them for ever, and Close too.
+	ch, err := amqpcall.Do(life, conn, s.c.cfg.WriteTimeout, "rabbitmq: opening a channel", conn.Channel)
 	if err != nil {
-		return fmt.Errorf("rabbitmq: opening a channel: %w", err)
+		return err
 	}
 	engaged, probing, changed := s.gateState()
 	if engaged { // engaged while this connection was being set up: take nothing
-		return errors.Join(errBraked, ch.Close())
+		return errors.Join(errBraked, closeWithin(conn, s.c.cfg.WriteTimeout, ch.Close))
 	}
-	cur, err := s.startConsuming(ch, s.prefetch(probing))
+	cur, err := s.startConsuming(life, conn, ch, s.prefetch(probing))
 	if err != nil {
 		return err
 	}
@@ -391,9 +396,12 @@ func (s *subscription) consume(ctx, life context.Context, stop <-chan struct{}) 
 				// change: cancel it (the deliveries it still holds arrive
 				// below and are handled) and consume anew, on this channel,
 				// once its deliveries end.
-				err := ch.Cancel(cur.tag, false)
+				// Not given up at Close (Background): a cancel answered goes
+				// on to Close's drain of the deliveries in flight.
+				err := amqpcall.Run(context.Background(), conn, s.c.cfg.WriteTimeout, "rabbitmq: cancelling the probe's consumer",
+					func() error { return ch.Cancel(cur.tag, false) })
 				if err != nil {
-					return failed(fmt.Errorf("rabbitmq: cancelling the probe's consumer: %w", err))
+					return failed(err)
 				}
 				cur.stopped()
 				widening = true
@@ -402,7 +410,7 @@ func (s *subscription) consume(ctx, life context.Context, stop <-chan struct{}) 
 			switch {
 			case !ok && widening:
 				widening = false
-				next, err := s.startConsuming(ch, s.prefetch(probing))
+				next, err := s.startConsuming(context.Background(), conn, ch, s.prefetch(probing))
 				if err != nil {
 					return failed(err)
 				}
@@ -428,15 +436,19 @@ type consumer struct {
 // stopped records that the consumer takes no more deliveries.
 func (c *consumer) stopped() { c.once.Do(func() { close(c.done) }) }
 
-// startConsuming sets the prefetch and consumes the queue under a new tag.
-func (s *subscription) startConsuming(ch *amqp.Channel, prefetch int) (*consumer, error) {
-	if err := ch.Qos(prefetch, 0, false); err != nil {
-		return nil, fmt.Errorf("rabbitmq: setting the prefetch: %w", err)
+// startConsuming sets the prefetch and consumes the queue under a new tag,
+// each call on conn given up when ctx ends or the broker does not answer
+// within WriteTimeout (amqpcall: conn is closed).
+func (s *subscription) startConsuming(ctx context.Context, conn *amqp.Connection, ch *amqp.Channel, prefetch int) (*consumer, error) {
+	if err := amqpcall.Run(ctx, conn, s.c.cfg.WriteTimeout, "rabbitmq: setting the prefetch", func() error { return ch.Qos(prefetch, 0, false) }); err != nil {
+		return nil, err
 	}
 	c := &consumer{tag: "sluice-" + watermill.NewShortUUID(), prefetch: prefetch, done: make(chan struct{})}
-	deliveries, err := ch.Consume(s.queue, c.tag, false, false, false, false, nil)
+	deliveries, err := amqpcall.Do(ctx, conn, s.c.cfg.WriteTimeout, "rabbitmq: consuming "+diag.Printable(s.queue, 255), func() (<-chan amqp.Delivery, error) {
+		return ch.Consume(s.queue, c.tag, false, false, false, false, nil)
+	})
 	if err != nil {
-		return nil, fmt.Errorf("rabbitmq: consuming %q: %w", s.queue, err)
+		return nil, err
 	}
 	c.deliveries = deliveries
 	if s.c.consuming != nil {

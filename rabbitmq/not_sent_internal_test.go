@@ -25,7 +25,7 @@ func TestAMessageNotSentAfterTheCulpritIsRefusedWithIt(t *testing.T) {
 	conn, err := amqp.Dial(testenv.AMQPURL)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
-	c, err := newConfirmChannel(conn, 0)
+	c, err := newConfirmChannel(t.Context(), conn, 10*time.Second, 0)
 	require.NoError(t, err)
 	pub := func() amqp.Publishing { return amqp.Publishing{Headers: amqp.Table{}, Body: []byte("x")} }
 

@@ -364,7 +364,9 @@ func (p *Publisher) channelLocked() (*confirmChannel, *dialing, error) {
 		}
 		return nil, p.dial, nil
 	}
-	ch, err := newConfirmChannel(p.conn, p.cfg.MaxMessageSize)
+	// Opened under p.mu, so bounded: a broker whose channels answer nothing
+	// held every Publish and Close for as long as its heartbeats came.
+	ch, err := newConfirmChannel(p.life, p.conn, p.cfg.WriteTimeout, p.cfg.MaxMessageSize)
 	if err != nil {
 		_ = closeConn(p.conn, p.cfg.WriteTimeout)
 		p.conn = nil

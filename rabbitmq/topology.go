@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/sluicemq/sluice/broker"
+	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/poisonqueue"
 )
@@ -372,7 +373,23 @@ var inequivalentArg = regexp.MustCompile(`inequivalent arg '([^']+)'`)
 // that gives it poisonqueue.DeliveryLimit (a declared argument cannot
 // change; a policy applies to an existing queue at once). It uses a
 // channel of its own on conn.
+//
+// Its waits for the broker end when ctx does, or when 30 s pass with no
+// answer from the broker but heartbeats (a broker whose channels answer
+// nothing while its connection lives): conn is then closed — every call
+// waiting on it returns — and the error says what waited.
 func (t *Topology) Declare(ctx context.Context, conn *amqp.Connection) (todo []string, err error) {
+	return amqpcall.Do(ctx, conn, declareTimeout, "rabbitmq: declaring the topology of "+diag.Printable(t.cfg.Queue, 255), func() ([]string, error) {
+		return t.declare(ctx, conn)
+	})
+}
+
+// declareTimeout bounds Topology.Declare's wait for each of the broker's
+// answers: a quorum queue's declaration waits for its members to start,
+// seconds on a loaded cluster.
+const declareTimeout = 30 * time.Second
+
+func (t *Topology) declare(ctx context.Context, conn *amqp.Connection) (todo []string, err error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("rabbitmq: opening a channel: %w", err)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"sync"
@@ -208,4 +209,34 @@ func TestMigrateClassicQueueOntoQuorumTopology(t *testing.T) {
 		Topology: rabbitmq.TopologyConfig{Queue: q, TierDelays: []time.Duration{time.Minute}, Quorum: true, DeliveryLimit: 20}})
 	require.NoError(t, err)
 	require.NoError(t, broker.Close())
+}
+
+// `sluice topology migrate` on a broker whose channels never answer (its
+// connection alive, its heartbeats coming) exits with an error saying what
+// waited, callTimeout after its last answer; before, it waited as long as
+// the heartbeats came.
+func TestMigrateGivesUpABrokerWhoseChannelsNeverAnswer(t *testing.T) {
+	t.Parallel()
+	old, q := testenv.Name("legacy_silent"), testenv.Name("migrated_silent")
+	testenv.DeleteQueuesAtEnd(t, old)
+	_, err := testenv.Channel(t, testenv.AMQP(t)).QueueDeclare(old, true, false, false, false, nil)
+	require.NoError(t, err)
+	proxy, url := testenv.ProxyAMQP(t)
+	proxy.ChannelsSilent()
+	b := &bed{audit: t.TempDir() + "/audit.jsonl"}
+	done := make(chan struct{})
+	var code int
+	var out, errOut bytes.Buffer
+	go func() {
+		defer close(done)
+		code = run([]string{"--amqp-url", url, "--audit", b.audit, "--operator", "tester", "topology", "migrate", "drain", "--yes",
+			"--queue", q, "--tiers", "1m", "--quorum", "--from", old, "--binding", "amq.fanout="}, &out, &errOut)
+	}()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("migrate drain still waits on a broker whose channels never answer")
+	}
+	require.Equal(t, 1, code, out.String())
+	require.Contains(t, errOut.String(), "gave no answer within 10s")
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicemq/sluice/cmd/internal/localenv"
 	"github.com/sluicemq/sluice/dlq"
+	"github.com/sluicemq/sluice/internal/amqpcall"
 	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/rabbitmq"
 )
@@ -254,16 +255,22 @@ func (f *migrateFlags) open(g *globals, build func() (*rabbitmq.Topology, error)
 
 // inspect is a passive declare of queue on a channel of its own.
 func inspect(conn *amqp.Connection, queue string) (amqp.Queue, error) {
-	ch, err := conn.Channel()
-	if err != nil {
-		return amqp.Queue{}, err
-	}
-	defer func() { _ = ch.Close() }()
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	q, err := amqpcall.Inspect(context.Background(), conn, callTimeout, queue)
 	if err != nil {
 		return q, fmt.Errorf("queue %s: %w", diag.Printable(queue, 255), err)
 	}
 	return q, nil
+}
+
+// call runs f, a call on conn that waits for the broker, given up after
+// callTimeout without an answer (amqpcall.Run: conn is closed).
+func call(conn *amqp.Connection, what string, f func() error) error {
+	return amqpcall.Run(context.Background(), conn, callTimeout, what, f)
+}
+
+// channel opens a channel on conn (call).
+func channel(conn *amqp.Connection) (*amqp.Channel, error) {
+	return amqpcall.Do(context.Background(), conn, callTimeout, "opening a channel", conn.Channel)
 }
 
 func (m *migration) planDeclare(out io.Writer) {
@@ -285,13 +292,13 @@ func (m *migration) declareAndBind(conn *amqp.Connection, out io.Writer) error {
 	for _, l := range todo {
 		fmt.Fprintf(out, "to do: %s\n", l)
 	}
-	ch, err := conn.Channel()
+	ch, err := channel(conn)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = ch.Close() }()
 	for _, b := range m.bindings {
-		if err := ch.QueueBind(m.topo.Config().Queue, b.Key, b.Exchange, false, b.Args); err != nil {
+		if err := call(conn, "queue.bind", func() error { return ch.QueueBind(m.topo.Config().Queue, b.Key, b.Exchange, false, b.Args) }); err != nil {
 			return fmt.Errorf("binding %s to %s: %w", m.topo.Config().Queue, b, err)
 		}
 		fmt.Fprintf(out, "bound %s to %s\n", m.topo.Config().Queue, b)
@@ -306,13 +313,13 @@ func (m *migration) drain(conn *amqp.Connection, out io.Writer, limit int, delet
 	if err := m.declareAndBind(conn, out); err != nil {
 		return 0, err
 	}
-	ch, err := conn.Channel()
+	ch, err := channel(conn)
 	if err != nil {
 		return 0, err
 	}
 	defer func() { _ = ch.Close() }()
 	for _, b := range m.bindings {
-		if err := ch.QueueUnbind(m.from, b.Key, b.Exchange, b.Args); err != nil {
+		if err := call(conn, "queue.unbind", func() error { return ch.QueueUnbind(m.from, b.Key, b.Exchange, b.Args) }); err != nil {
 			return 0, fmt.Errorf("unbinding %s from %s: %w", diag.Printable(m.from, 255), b, err)
 		}
 		fmt.Fprintf(out, "unbound %s from %s\n", diag.Printable(m.from, 255), b)
@@ -333,7 +340,7 @@ func (m *migration) drain(conn *amqp.Connection, out io.Writer, limit int, delet
 	if left.Messages > 0 || left.Consumers > 0 {
 		return moved, fmt.Errorf("%s not deleted: %d messages left, %d consumers; run drain again", diag.Printable(m.from, 255), left.Messages, left.Consumers)
 	}
-	if _, err := ch.QueueDelete(m.from, true, true, false); err != nil {
+	if err := call(conn, "queue.delete", func() error { _, err := ch.QueueDelete(m.from, true, true, false); return err }); err != nil {
 		return moved, fmt.Errorf("deleting %s: %w", diag.Printable(m.from, 255), err)
 	}
 	fmt.Fprintf(out, "deleted %s\n", diag.Printable(m.from, 255))
@@ -348,18 +355,20 @@ func (m *migration) drain(conn *amqp.Connection, out io.Writer, limit int, delet
 // skips. The copy keeps the properties, headers and body, but user_id,
 // which RabbitMQ refuses from any user but the publisher's.
 func shovel(conn *amqp.Connection, from, to string, limit int) (int, error) {
-	ch, err := conn.Channel()
+	ch, err := channel(conn)
 	if err != nil {
 		return 0, err
 	}
 	defer func() { _ = ch.Close() }()
-	if err := ch.Confirm(false); err != nil {
+	if err := call(conn, "confirm.select", func() error { return ch.Confirm(false) }); err != nil {
 		return 0, fmt.Errorf("confirm mode: %w", err)
 	}
 	returns := ch.NotifyReturn(make(chan amqp.Return, 1))
 	moved := 0
 	for limit == 0 || moved < limit {
-		d, ok, err := ch.Get(from, false)
+		var d amqp.Delivery
+		var ok bool
+		err := call(conn, "basic.get", func() (err error) { d, ok, err = ch.Get(from, false); return err })
 		if err != nil {
 			return moved, fmt.Errorf("reading %s: %w", diag.Printable(from, 255), err)
 		}

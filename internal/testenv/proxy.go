@@ -19,7 +19,7 @@ import (
 // can black-hole them: a dependency that accepts connections and never
 // answers, as a dead route or a frozen host does; slow its replies
 // (Throttle); or, in front of a broker, forward only its heartbeats
-// (HeartbeatsOnly). It is closed when the test ends.
+// (HeartbeatsOnly), or only what its connection says (ChannelsSilent). It is closed when the test ends.
 type Proxy struct {
 	ln       net.Listener
 	upstream string
@@ -37,7 +37,9 @@ type Proxy struct {
 
 	frames         bool          // the replies are AMQP frames, tracked (ProxyAMQP)
 	heartbeatsOnly bool          // of the replies, only AMQP heartbeat frames are forwarded
+	channelsSilent bool          // of the replies, only channel 0's AMQP frames are forwarded
 	heartbeats     atomic.Int64  // heartbeat frames forwarded since HeartbeatsOnly
+	silenced       atomic.Int64  // channel frames swallowed since ChannelsSilent
 	accepted       atomic.Int64  // client connections accepted so far (Accepted)
 	limiter        *rate.Limiter // the replies' rate (Throttle), nil when not throttled
 	ctx            context.Context
@@ -48,6 +50,7 @@ type Proxy struct {
 // and healed without resetting it: nothing is forwarded on it again.
 type link struct {
 	stalled atomic.Bool
+	silent  atomic.Bool   // its broker's channels answer nothing (ChannelsAnswerOnNewConnections)
 	slow    time.Duration // its first reply is held this long (SlowStart)
 	frames  bool          // its replies are AMQP frames, tracked
 }
@@ -154,6 +157,7 @@ func (p *Proxy) Heal() {
 	p.holed = false
 	p.muted = false
 	p.heartbeatsOnly = false
+	p.channelsSilent = false
 	for _, c := range p.conns {
 		_ = c.Close()
 	}
@@ -292,7 +296,7 @@ func (p *Proxy) pipe(l *link, src, dst net.Conn, toUpstream bool) {
 	held := !toUpstream && l.slow > 0
 	var frames *amqpFrames
 	if !toUpstream && l.frames {
-		frames = &amqpFrames{}
+		frames = &amqpFrames{link: l}
 	}
 	for {
 		n, err := src.Read(buf)

@@ -34,6 +34,36 @@ func (p *Proxy) HeartbeatsOnly() {
 	p.heartbeatsOnly = true
 }
 
+// ChannelsSilent keeps forwarding what the client sends and, of what the
+// broker replies, only channel 0's frames — the connection's: its
+// handshake, heartbeats, blocked and close — and nothing of its channels:
+// a broker whose connections open and live and whose channels never
+// answer, not even a channel.open. Only a ProxyAMQP's; a frame begun
+// before the call is forwarded whole. Heal ends it.
+func (p *Proxy) ChannelsSilent() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.channelsSilent = true
+}
+
+// ChannelsAnswerOnNewConnections ends ChannelsSilent for the connections
+// opened from now on: those open now stay silent, their heartbeats still
+// forwarded — only the client's own bound on a channel's answer ends them.
+func (p *Proxy) ChannelsAnswerOnNewConnections() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.channelsSilent {
+		for _, l := range p.links {
+			l.silent.Store(true)
+		}
+	}
+	p.channelsSilent = false
+}
+
+// Silenced is how many frames of the broker's channels the proxy swallowed
+// while ChannelsSilent: a test waits for a client to be waiting on one.
+func (p *Proxy) Silenced() int { return int(p.silenced.Load()) }
+
 // Heartbeats is how many heartbeat frames the proxy forwarded to its
 // clients while HeartbeatsOnly.
 func (p *Proxy) Heartbeats() int { return int(p.heartbeats.Load()) }
@@ -63,42 +93,55 @@ func (p *Proxy) write(dst net.Conn, b []byte, toUpstream bool) error {
 // amqpFrames follows the frames of a broker's replies (AMQP 0-9-1: type,
 // channel, size, payload, frame-end), to forward only some of them.
 type amqpFrames struct {
-	hdr  [7]byte
-	hn   int  // how much of hdr is read
-	left int  // bytes of the current frame after its header
-	keep bool // the current frame is forwarded
+	hdr          [7]byte
+	hn           int  // how much of hdr is read
+	left         int  // bytes of the current frame after its header
+	keep         bool // the current frame is forwarded
+	only, silent bool // the proxy's modes when the current frame began
+	link         *link
 }
 
-// forward returns the bytes of b to forward, in b's storage: all of them,
-// or while p is HeartbeatsOnly those of the heartbeat frames begun since
-// (whole frames: the choice is made at a frame's first byte).
+// forward returns the bytes of b to forward: all of them, or those of the
+// frames the proxy's modes keep (HeartbeatsOnly: heartbeats;
+// ChannelsSilent: channel 0's), as they were when each frame began: a
+// frame begun before a mode's call is forwarded whole.
 func (s *amqpFrames) forward(b []byte, p *Proxy) []byte {
 	const heartbeat = 8
-	out := b[:0]
+	out := make([]byte, 0, len(b)+len(s.hdr))
 	for len(b) > 0 {
-		k := min(s.left, len(b))
-		if s.left == 0 { // a frame's header
-			if s.hn == 0 {
-				p.mu.Lock()
-				only := p.heartbeatsOnly
-				p.mu.Unlock()
-				s.keep = !only || b[0] == heartbeat
-				if only && s.keep {
-					p.heartbeats.Add(1)
-				}
+		if s.left > 0 { // the frame's payload and frame-end
+			k := min(s.left, len(b))
+			if s.keep {
+				out = append(out, b[:k]...)
 			}
-			k = min(len(s.hdr)-s.hn, len(b))
-			copy(s.hdr[s.hn:], b[:k])
-			if s.hn += k; s.hn == len(s.hdr) {
-				s.left, s.hn = int(binary.BigEndian.Uint32(s.hdr[3:]))+1, 0
-			}
-		} else {
 			s.left -= k
+			b = b[k:]
+			continue
 		}
-		if s.keep {
-			out = append(out, b[:k]...)
+		if s.hn == 0 { // a frame's first byte
+			p.mu.Lock()
+			s.only, s.silent = p.heartbeatsOnly, p.channelsSilent || (s.link != nil && s.link.silent.Load())
+			p.mu.Unlock()
 		}
+		k := min(len(s.hdr)-s.hn, len(b))
+		copy(s.hdr[s.hn:], b[:k])
+		s.hn += k
 		b = b[k:]
+		if s.hn < len(s.hdr) {
+			continue
+		}
+		s.hn, s.left = 0, int(binary.BigEndian.Uint32(s.hdr[3:]))+1
+		typ, channel := s.hdr[0], binary.BigEndian.Uint16(s.hdr[1:3])
+		s.keep = (!s.only || typ == heartbeat) && (!s.silent || channel == 0)
+		switch {
+		case s.keep:
+			if s.only {
+				p.heartbeats.Add(1)
+			}
+			out = append(out, s.hdr[:]...)
+		case s.silent && channel != 0:
+			p.silenced.Add(1)
+		}
 	}
 	return out
 }

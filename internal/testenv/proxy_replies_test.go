@@ -23,13 +23,7 @@ func TestHeartbeatsOnlyForwardsWholeFrames(t *testing.T) {
 		p := &Proxy{}
 		var s amqpFrames
 		var out []byte
-		pass := func(b []byte) {
-			for len(b) > 0 {
-				k := min(cut, len(b))
-				out = append(out, s.forward(bytes.Clone(b[:k]), p)...)
-				b = b[k:]
-			}
-		}
+		pass := func(b []byte) { out = append(out, forwardInPieces(&s, p, b, cut)...) }
 		pass(before)
 		pass(begun[:5])
 		p.HeartbeatsOnly()
@@ -39,4 +33,48 @@ func TestHeartbeatsOnlyForwardsWholeFrames(t *testing.T) {
 		require.Equal(t, want, string(out), "cut %d", cut)
 		require.Equal(t, 2, p.Heartbeats(), "cut %d", cut)
 	}
+}
+
+// The frames a ChannelsSilent proxy forwards: channel 0's (the
+// connection's), none of the channels', a frame begun before it whole —
+// whatever the pieces; and a connection open when ChannelsAnswerOnNewConnections
+// is called stays silent.
+func TestChannelsSilentForwardsOnlyTheConnectionsFrames(t *testing.T) {
+	t.Parallel()
+	frame := func(typ byte, channel byte, payload string) []byte {
+		return append(append([]byte{typ, 0, channel, 0, 0, 0, byte(len(payload))}, payload...), 0xCE)
+	}
+	heartbeat := frame(8, 0, "")
+	before := append(frame(1, 1, "channel.open-ok"), frame(1, 0, "connection")...)
+	begun := frame(3, 1, "body begun before")
+	after := append(append(append(frame(1, 1, "basic.consume-ok"), heartbeat...), frame(1, 2, "channel.open-ok")...), frame(1, 0, "connection.blocked")...)
+	for cut := 1; cut <= len(before)+len(begun)+len(after); cut++ {
+		p := &Proxy{}
+		var s amqpFrames
+		s.link = &link{}
+		var out []byte
+		pass := func(b []byte) { out = append(out, forwardInPieces(&s, p, b, cut)...) }
+		pass(before)
+		pass(begun[:5])
+		p.ChannelsSilent()
+		pass(begun[5:])
+		pass(after[:len(after)/2])
+		p.links = []*link{s.link}
+		p.ChannelsAnswerOnNewConnections()
+		pass(after[len(after)/2:])
+		want := string(before) + string(begun) + string(heartbeat) + string(frame(1, 0, "connection.blocked"))
+		require.Equal(t, want, string(out), "cut %d", cut)
+		require.Equal(t, 2, p.Silenced(), "cut %d", cut)
+	}
+}
+
+// forwardInPieces is what s forwards of b arriving in pieces of cut bytes.
+func forwardInPieces(s *amqpFrames, p *Proxy, b []byte, cut int) []byte {
+	var out []byte
+	for len(b) > 0 {
+		k := min(cut, len(b))
+		out = append(out, s.forward(bytes.Clone(b[:k]), p)...)
+		b = b[k:]
+	}
+	return out
 }
