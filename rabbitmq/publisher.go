@@ -440,13 +440,15 @@ func callContext(msgs []*message.Message) (context.Context, context.CancelFunc) 
 // way; the error then says the broker did not answer). It is idempotent;
 // Publish fails afterwards.
 func (p *Publisher) Close() error {
+	// Before the lock: a dial in progress ends at once, and so does a
+	// channel's opening that holds the lock (newConfirmChannel).
+	p.stop()
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		return nil
 	}
 	p.closed = true
-	p.stop() // a dial in progress ends at once
 	var err error
 	if p.conn != nil && !p.conn.IsClosed() {
 		err = closeConn(p.conn, p.cfg.WriteTimeout)

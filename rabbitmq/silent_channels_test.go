@@ -157,4 +157,20 @@ func TestNoWaitOutlastsABrokerWhoseChannelsNeverAnswer(t *testing.T) {
 		}
 		require.True(t, conn.IsClosed(), "the connection it waited on is closed")
 	})
+
+	t.Run("a publisher's Close while its channel's opening waits", func(t *testing.T) {
+		t.Parallel()
+		q := declareQueue(t, "silent_publisher_close")
+		proxy, url := testenv.ProxyAMQP(t)
+		proxy.ChannelsSilent()
+		// WriteTimeout far above the wait for Close below: Close gives
+		// the opening up, it does not wait it out.
+		p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: url, WriteTimeout: 10 * time.Minute}})
+		require.NoError(t, err)
+		published := make(chan error, 1)
+		go func() { published <- p.Publish(q, message.NewMessage("m-1", []byte("x"))) }()
+		require.Eventually(t, func() bool { return proxy.Silenced() > 0 }, time.Minute, time.Millisecond, "the channel.open-ok swallowed")
+		closeWithin(t, p)
+		require.Error(t, <-published)
+	})
 }
