@@ -56,7 +56,7 @@ func TestRowsOfOneTopicArriveInOrderWithAnyPublisher(t *testing.T) {
 		write(s, "produced")
 		s.relay(b.PubSub().Publisher(), outbox.RelayConfig{StatsInterval: -1})
 		var got []string
-		timeout := time.After(30 * time.Second)
+		timeout := time.After(2 * time.Minute) // a liveness bound: seconds idle, more while every package runs
 		for len(got) < n {
 			select {
 			case m := <-msgs:

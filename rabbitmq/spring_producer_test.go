@@ -59,7 +59,7 @@ func TestSpringProducerTypeAndCorrelationID(t *testing.T) {
 	select {
 	case s := <-got:
 		require.Equal(t, seen{"com.example.OrderCreated", "corr-42", "3"}, s)
-	case <-time.After(20 * time.Second):
+	case <-time.After(2 * time.Minute): // a liveness bound: the consumer connects and hands it out in well under a second idle
 		t.Fatal("the handler never ran")
 	}
 	var produced amqp.Delivery
