@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Stops what a killed test run left: the private RabbitMQ nodes, clusters,
-# PostgreSQL servers and headless Chromium of a test binary that ended
+# PostgreSQL servers, headless Chromium and cluster network namespaces of
+# a test binary that ended
 # without its cleanup (a go test timeout, a SIGKILL, Ctrl-C twice). Each
 # such directory holds owner.pid, the test binary that made it
 # (internal/testenv.ClaimDir); the directory's processes are stopped and the
@@ -34,5 +35,15 @@ for root in "${roots[@]}"; do
 		swept=$((swept + 1))
 	done
 done
-[ $swept = 0 ] || echo "swept $swept directories a killed run left"
+# A partitionable cluster's network namespace (testenv.PrivateCluster:
+# sluicec-…-ns) outlives a killed run: one with no process in it, made more
+# than 10 minutes ago (a cluster starting now has none yet), is deleted.
+if command -v ip >/dev/null; then
+	for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^sluicec-/ {print $1}'); do
+		[ -n "$(find "/run/netns/$ns" -mmin -10 -print -quit 2>/dev/null)" ] && continue
+		[ -n "$(ip netns pids "$ns" 2>/dev/null)" ] && continue
+		ip netns delete "$ns" 2>/dev/null && echo "swept network namespace $ns (no process in it)" && swept=$((swept + 1))
+	done
+fi
+[ $swept = 0 ] || echo "swept $swept directories and namespaces a killed run left"
 exit 0
