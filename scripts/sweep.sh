@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Stops what a killed test run left: the private RabbitMQ nodes, clusters,
 # PostgreSQL servers, headless Chromium and cluster network namespaces of
-# a test binary that ended
-# without its cleanup (a go test timeout, a SIGKILL, Ctrl-C twice). Each
+# a test binary that ended without its cleanup (a go test timeout, a
+# SIGKILL, Ctrl-C twice). Each
 # such directory holds owner.pid, the test binary that made it
 # (internal/testenv.ClaimDir); the directory's processes are stopped and the
 # directory removed once that process is gone. A run in progress — another
