@@ -53,12 +53,12 @@ type Connection struct {
 	// WriteTimeout bounds each write to the socket, so a broker that stops
 	// reading cannot hold a publish past it; the wait for the broker's
 	// answer when a connection closes (a Consumer's drain: after
-	// DrainTimeout); and the wait for its answer to each call that sets a
-	// channel up — its opening, the Publisher's confirm mode, the
-	// Consumer's prefetch, consume and a probe consumer's cancel — so a
-	// broker whose heartbeats keep the connection alive while its channels
-	// answer nothing has the connection closed after it, and a new one
-	// opened. Default 10 s. BrokerConfig.WatermillSubscriber's
+	// DrainTimeout); and the wait for its answer to a channel's opening,
+	// the Publisher's confirm mode and the Consumer's prefetch (its
+	// consume and cancel wait up to 70 s: a quorum queue's Raft command),
+	// so a broker whose heartbeats keep the connection alive while its
+	// channels answer nothing has the connection closed after it, and a new
+	// one opened. Default 10 s. BrokerConfig.WatermillSubscriber's
 	// connections (watermill-amqp's) have none.
 	WriteTimeout time.Duration
 	// MaxMessageSize is the broker's max_message_size, in bytes: the

@@ -42,7 +42,14 @@ const (
 	//     the rest after the drain.
 	//
 	// Raise ConsumerConfig.DrainTimeout together with a longer ShutdownGrace.
-	drainTimeoutDefault     = 12 * time.Second
+	drainTimeoutDefault = 12 * time.Second
+	// queueCallTimeoutDefault bounds the wait for the broker's answer to a
+	// basic.consume or basic.cancel, which on a quorum queue waits for a
+	// Raft command of the queue's: RabbitMQ gives those 30 s, or
+	// net_ticktime + 5 s (65 s by default) while a leader is elected
+	// (rabbit_fifo_client); a shorter bound would close a connection that
+	// is slow, not silent.
+	queueCallTimeoutDefault = 70 * time.Second
 	reconnectBackoffDefault = time.Second
 	reconnectBackoffMax     = 30 * time.Second
 )
@@ -70,6 +77,9 @@ type ConsumerConfig struct {
 	// from reconnectBackoff after a connection that got as far as
 	// consuming.
 	reconnectBackoff time.Duration
+	// queueCallTimeout bounds the wait for a basic.consume's or a
+	// basic.cancel's answer (70 s; the tests' own is shorter).
+	queueCallTimeout time.Duration
 	// Marshaler reads deliveries. Default Marshaler{}.
 	Marshaler wamqp.Marshaler
 	// PoisonQueue and PoisonPublisher (a confirmed publisher), set
@@ -106,6 +116,7 @@ func (cfg ConsumerConfig) withDefaults() (ConsumerConfig, error) {
 		Prefetch:         cmp.Or(cfg.Prefetch, prefetchDefault),
 		DrainTimeout:     cmp.Or(cfg.DrainTimeout, drainTimeoutDefault),
 		reconnectBackoff: cmp.Or(cfg.reconnectBackoff, reconnectBackoffDefault),
+		queueCallTimeout: cmp.Or(cfg.queueCallTimeout, queueCallTimeoutDefault),
 		Marshaler:        cmp.Or[wamqp.Marshaler](cfg.Marshaler, Marshaler{}),
 		PoisonQueue:      cfg.PoisonQueue,
 		PoisonPublisher:  cfg.PoisonPublisher,
@@ -345,10 +356,11 @@ func (s *subscription) consume(ctx, life context.Context, stop <-chan struct{}) 
 	}
 	s.node = node
 	defer func() { _ = closeConn(conn, s.c.cfg.WriteTimeout) }()
-	// The channel's opening, its prefetch and consume wait for the broker
-	// at most WriteTimeout each, and Close ends them at once: a broker whose
-	// heartbeats keep the connection alive while its channels answer
-	// nothing (a stuck channel process) held them for ever, and Close too.
+	// The channel's opening and its prefetch wait for the broker at most
+	// WriteTimeout each, and Close ends them at once; the consume waits
+	// up to queueCallTimeout (startConsuming). A broker whose heartbeats
+	// keep the connection alive while its channels answer nothing (a stuck
+	// channel process) held them for ever, and Close too.
 	ch, err := amqpcall.Do(life, conn, s.c.cfg.WriteTimeout, "rabbitmq: opening a channel", conn.Channel)
 	if err != nil {
 		return err
@@ -398,7 +410,7 @@ func (s *subscription) consume(ctx, life context.Context, stop <-chan struct{}) 
 				// once its deliveries end.
 				// Not given up at Close (Background): a cancel answered goes
 				// on to Close's drain of the deliveries in flight.
-				err := amqpcall.Run(context.Background(), conn, s.c.cfg.WriteTimeout, "rabbitmq: cancelling the probe's consumer",
+				err := amqpcall.Run(context.Background(), conn, s.c.cfg.queueCallTimeout, "rabbitmq: cancelling the probe's consumer",
 					func() error { return ch.Cancel(cur.tag, false) })
 				if err != nil {
 					return failed(err)
@@ -408,6 +420,8 @@ func (s *subscription) consume(ctx, life context.Context, stop <-chan struct{}) 
 			}
 		case d, ok := <-cur.deliveries:
 			switch {
+			case !ok && widening && closingNow(stop, s.c.closing):
+				return s.drain(conn, ch, cur, &inflight) // no full prefetch for a Consumer closing
 			case !ok && widening:
 				widening = false
 				next, err := s.startConsuming(context.Background(), conn, ch, s.prefetch(probing))
@@ -436,15 +450,18 @@ type consumer struct {
 // stopped records that the consumer takes no more deliveries.
 func (c *consumer) stopped() { c.once.Do(func() { close(c.done) }) }
 
-// startConsuming sets the prefetch and consumes the queue under a new tag,
-// each call on conn given up when ctx ends or the broker does not answer
-// within WriteTimeout (amqpcall: conn is closed).
+// startConsuming sets the prefetch and consumes the queue under a new tag;
+// conn is closed under a call the broker does not answer (amqpcall): the
+// prefetch within WriteTimeout, or when ctx ends; the consume within
+// queueCallTimeout, and not when ctx ends — a consume given up after the
+// broker took it would have its first deliveries returned by the
+// connection's close, each a delivery on a quorum queue's count.
 func (s *subscription) startConsuming(ctx context.Context, conn *amqp.Connection, ch *amqp.Channel, prefetch int) (*consumer, error) {
 	if err := amqpcall.Run(ctx, conn, s.c.cfg.WriteTimeout, "rabbitmq: setting the prefetch", func() error { return ch.Qos(prefetch, 0, false) }); err != nil {
 		return nil, err
 	}
 	c := &consumer{tag: "sluice-" + watermill.NewShortUUID(), prefetch: prefetch, done: make(chan struct{})}
-	deliveries, err := amqpcall.Do(ctx, conn, s.c.cfg.WriteTimeout, "rabbitmq: consuming "+diag.Printable(s.queue, 255), func() (<-chan amqp.Delivery, error) {
+	deliveries, err := amqpcall.Do(context.Background(), conn, s.c.cfg.queueCallTimeout, "rabbitmq: consuming "+diag.Printable(s.queue, 255), func() (<-chan amqp.Delivery, error) {
 		return ch.Consume(s.queue, c.tag, false, false, false, false, nil)
 	})
 	if err != nil {

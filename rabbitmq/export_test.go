@@ -28,6 +28,13 @@ func WithReconnectBackoff(cfg ConsumerConfig, d time.Duration) ConsumerConfig {
 	return cfg
 }
 
+// WithQueueCallTimeout returns cfg with the Consumer's bound on a
+// basic.consume's or basic.cancel's answer set to d (70 s otherwise).
+func WithQueueCallTimeout(cfg ConsumerConfig, d time.Duration) ConsumerConfig {
+	cfg.queueCallTimeout = d
+	return cfg
+}
+
 // The sentinels under sluice.ErrUnpublishable, and the closed and
 // partitioned states, that the external tests match.
 var (

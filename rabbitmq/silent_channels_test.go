@@ -14,21 +14,21 @@ import (
 )
 
 // A broker whose connection lives — its heartbeats keep coming — and whose
-// channels never answer (ChannelsSilent: a channel process stuck, a queue
-// whose leader is cut off) holds no wait of Sluice's on it past its bound:
-// the Consumer's channel opening, prefetch and consume on a new
-// connection, and its cancel of a probe's consumer once the brake
-// releases (WriteTimeout each; the Consumer then consumes on a new
-// connection, and Close returns at once); the Publisher's channel opening
-// (WriteTimeout, under its lock: Publish and Close waited with it);
-// Topology.Declare (its ctx, or 30 s). Before, each waited as long as the
-// heartbeats came: for ever.
+// channels stop answering (a channel process stuck, a queue whose leader
+// is cut off; the proxy forwards the connection's frames only, from a
+// given point on) holds no wait of Sluice's on it past its bound: the
+// Consumer's channel opening and prefetch (WriteTimeout, and Close ends
+// them at once), its consume and its cancel of a probe's consumer once the
+// brake releases (70 s: a quorum queue's Raft command; shorter here), after
+// which it consumes on a new connection; the Publisher's channel opening
+// and confirm mode (WriteTimeout, under its lock: Publish and Close waited
+// with it); Topology.Declare (its ctx, or 70 s). Before, each waited as
+// long as the heartbeats came: for ever.
 func TestNoWaitOutlastsABrokerWhoseChannelsNeverAnswer(t *testing.T) {
 	t.Parallel()
-	config := func(url string) rabbitmq.ConsumerConfig {
-		return rabbitmq.WithReconnectBackoff(rabbitmq.ConsumerConfig{
-			Connection: rabbitmq.Connection{URL: url, WriteTimeout: time.Second}, Prefetch: 4, DrainTimeout: 5 * time.Second,
-		}, 50*time.Millisecond)
+	config := func(url string, writeTimeout time.Duration) rabbitmq.ConsumerConfig {
+		cfg := rabbitmq.ConsumerConfig{Connection: rabbitmq.Connection{URL: url, WriteTimeout: writeTimeout}, Prefetch: 4, DrainTimeout: 5 * time.Second}
+		return rabbitmq.WithQueueCallTimeout(rabbitmq.WithReconnectBackoff(cfg, 50*time.Millisecond), time.Second)
 	}
 	// next is the next delivery of msgs, within a bound far above
 	// WriteTimeout and the reconnection's backoff.
@@ -55,35 +55,42 @@ func TestNoWaitOutlastsABrokerWhoseChannelsNeverAnswer(t *testing.T) {
 	}
 
 	// silentSubscription subscribes to a queue of its own through a proxy
-	// whose channels never answer, and returns once the subscription's
-	// channel.open-ok is swallowed: it waits on its channel's opening.
-	silentSubscription := func(t *testing.T, prefix string) (*testenv.Proxy, *rabbitmq.Consumer, string, <-chan *message.Message) {
+	// whose second connection (the subscription's: Subscribe checks the
+	// queue on the first) answers its channels' first after frames and
+	// none after, and returns once one is swallowed.
+	silentSubscription := func(t *testing.T, prefix string, after int, writeTimeout time.Duration) (*testenv.Proxy, *rabbitmq.Consumer, string, <-chan *message.Message) {
 		q := declareQueue(t, prefix)
 		proxy, url := testenv.ProxyAMQP(t)
-		proxy.ChannelsSilent()
-		c, err := rabbitmq.NewConsumer(config(url))
+		proxy.SilenceChannelsFrom(2, after)
+		c, err := rabbitmq.NewConsumer(config(url, writeTimeout))
 		require.NoError(t, err)
 		msgs, err := c.Subscribe(context.Background(), q)
 		require.NoError(t, err)
-		checked := proxy.Silenced() // Subscribe's check of the queue, on a connection of its own, given up after WriteTimeout
-		require.Eventually(t, func() bool { return proxy.Silenced() > checked }, time.Minute, time.Millisecond, "the subscription's channel.open-ok swallowed")
+		require.Eventually(t, func() bool { return proxy.Silenced() > 0 }, time.Minute, time.Millisecond, "an answer of the subscription's channel swallowed")
 		return proxy, c, q, msgs
 	}
 
-	t.Run("a new connection's channel", func(t *testing.T) {
-		t.Parallel()
-		proxy, c, q, msgs := silentSubscription(t, "silent_open")
-		proxy.ChannelsAnswerOnNewConnections()
-		publishIDs(t, q, 1)
-		m := next(t, msgs, "nothing consumed: the Consumer still waits for its channel's opening on the silent connection")
-		require.Equal(t, "evt-0", m.Metadata.Get(sluice.EventIDKey))
-		m.Ack()
-		closeWithin(t, c)
-	})
+	for _, tc := range []struct {
+		name  string
+		after int // the subscription's channel frames answered: channel.open-ok, basic.qos-ok, basic.consume-ok
+	}{{"a new connection's channel opening", 0}, {"a new connection's prefetch", 1}, {"a new connection's consume", 2}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			proxy, c, q, msgs := silentSubscription(t, "silent_open", tc.after, time.Second)
+			proxy.ChannelsAnswerOnNewConnections()
+			publishIDs(t, q, 1)
+			m := next(t, msgs, "nothing consumed: the Consumer still waits on the silent connection")
+			require.Equal(t, "evt-0", m.Metadata.Get(sluice.EventIDKey))
+			m.Ack()
+			closeWithin(t, c)
+		})
+	}
 
 	t.Run("Close while a channel's opening waits", func(t *testing.T) {
 		t.Parallel()
-		_, c, _, _ := silentSubscription(t, "silent_close")
+		// WriteTimeout far above Close's bound: Close gives the opening
+		// up, it does not wait it out.
+		_, c, _, _ := silentSubscription(t, "silent_close", 0, 10*time.Minute)
 		closeWithin(t, c)
 	})
 
@@ -91,7 +98,7 @@ func TestNoWaitOutlastsABrokerWhoseChannelsNeverAnswer(t *testing.T) {
 		t.Parallel()
 		q := declareQueue(t, "silent_cancel")
 		proxy, url := testenv.ProxyAMQP(t)
-		c, err := rabbitmq.NewConsumer(config(url))
+		c, err := rabbitmq.NewConsumer(config(url, time.Second))
 		require.NoError(t, err)
 		g := newGate(false, true)
 		msgs, err := c.WithGate(g).Subscribe(t.Context(), q)
@@ -112,51 +119,65 @@ func TestNoWaitOutlastsABrokerWhoseChannelsNeverAnswer(t *testing.T) {
 		closeWithin(t, c)
 	})
 
-	t.Run("a publisher's channel", func(t *testing.T) {
-		t.Parallel()
-		q := declareQueue(t, "silent_publish")
-		proxy, url := testenv.ProxyAMQP(t)
-		proxy.ChannelsSilent()
-		p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: url, WriteTimeout: time.Second}})
-		require.NoError(t, err)
-		published := make(chan error, 1)
-		go func() { published <- p.Publish(q, message.NewMessage("m-1", []byte("x"))) }()
-		select {
-		case err := <-published:
-			require.ErrorContains(t, err, "opening a channel: the broker gave no answer within 1s")
-		case <-time.After(time.Minute):
-			t.Fatal("Publish did not return: it waits for its channel's opening, under the publisher's lock")
-		}
-		proxy.ChannelsAnswerOnNewConnections()
-		// A new connection, whose channels answer (within WriteTimeout: on a
-		// loaded machine, perhaps not the first time; nothing is sent then).
-		require.Eventually(t, func() bool { return p.Publish(q, message.NewMessage("m-2", []byte("x"))) == nil }, time.Minute, 10*time.Millisecond)
-		closeWithin(t, p)
-		require.Equal(t, 1, testenv.QueueDepth(t, testenv.AMQP(t), q))
-	})
+	for _, tc := range []struct {
+		name, what string
+		after      int // the publisher's channel frames answered: channel.open-ok, confirm.select-ok
+	}{{"a publisher's channel opening", "opening a channel", 0}, {"a publisher's confirm mode", "enabling publisher confirms", 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			q := declareQueue(t, "silent_publish")
+			proxy, url := testenv.ProxyAMQP(t)
+			proxy.SilenceChannelsFrom(1, tc.after)
+			p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: url, WriteTimeout: time.Second}})
+			require.NoError(t, err)
+			published := make(chan error, 1)
+			go func() { published <- p.Publish(q, message.NewMessage("m-1", []byte("x"))) }()
+			select {
+			case err := <-published:
+				require.ErrorContains(t, err, tc.what+": the broker gave no answer within 1s")
+			case <-time.After(time.Minute):
+				t.Fatal("Publish did not return: it waits for its channel, under the publisher's lock")
+			}
+			proxy.ChannelsAnswerOnNewConnections()
+			// A new connection, whose channels answer (within WriteTimeout:
+			// on a loaded machine, perhaps not the first time; nothing is
+			// sent then).
+			require.Eventually(t, func() bool { return p.Publish(q, message.NewMessage("m-2", []byte("x"))) == nil }, time.Minute, 10*time.Millisecond)
+			closeWithin(t, p)
+			require.Equal(t, 1, testenv.QueueDepth(t, testenv.AMQP(t), q))
+		})
+	}
 
-	t.Run("a topology's declaration", func(t *testing.T) {
-		t.Parallel()
-		proxy, url := testenv.ProxyAMQP(t)
-		conn, err := rabbitmq.Dial(rabbitmq.Connection{URL: url}, "silent declare")
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = conn.Close() })
-		topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: testenv.Name("silent_declare")})
-		require.NoError(t, err)
-		proxy.ChannelsSilent()
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		declared := make(chan error, 1)
-		go func() { _, err := topo.Declare(ctx, conn); declared <- err }()
-		select {
-		case err := <-declared:
-			require.ErrorIs(t, err, context.DeadlineExceeded)
-			require.ErrorContains(t, err, "declaring the topology of silent_declare_")
-		case <-time.After(time.Minute):
-			t.Fatal("Declare did not return when its context ended")
-		}
-		require.True(t, conn.IsClosed(), "the connection it waited on is closed")
-	})
+	for _, tc := range []struct {
+		name, what string
+		after      int // the declaration's channel frames answered: channel.open-ok, queue.declare-ok…
+	}{{"a topology's channel opening", "opening a channel", 0}, {"a topology's queue declaration", "declaring queue silent_declare_", 1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			proxy, url := testenv.ProxyAMQP(t)
+			conn, err := rabbitmq.Dial(rabbitmq.Connection{URL: url}, "silent declare")
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = conn.Close() })
+			topo, err := rabbitmq.NewTopology(rabbitmq.TopologyConfig{Queue: testenv.Name("silent_declare"), TierDelays: []time.Duration{time.Second}})
+			require.NoError(t, err)
+			for _, d := range topo.Plan().Queues {
+				testenv.DeleteQueuesAtEnd(t, d.Name) // those declared before the silence
+			}
+			proxy.SilenceChannelsFrom(1, tc.after)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			declared := make(chan error, 1)
+			go func() { _, err := topo.Declare(ctx, conn); declared <- err }()
+			select {
+			case err := <-declared:
+				require.ErrorIs(t, err, context.DeadlineExceeded)
+				require.ErrorContains(t, err, tc.what)
+			case <-time.After(time.Minute):
+				t.Fatal("Declare did not return when its context ended")
+			}
+			require.True(t, conn.IsClosed(), "the connection it waited on is closed")
+		})
+	}
 
 	t.Run("a publisher's Close while its channel's opening waits", func(t *testing.T) {
 		t.Parallel()

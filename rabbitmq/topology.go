@@ -374,29 +374,26 @@ var inequivalentArg = regexp.MustCompile(`inequivalent arg '([^']+)'`)
 // change; a policy applies to an existing queue at once). It uses a
 // channel of its own on conn.
 //
-// Its waits for the broker end when ctx does, or when 30 s pass with no
-// answer from the broker but heartbeats (a broker whose channels answer
-// nothing while its connection lives): conn is then closed — every call
-// waiting on it returns — and the error says what waited.
+// Each of its waits for the broker ends when ctx does, or when 70 s pass
+// with no answer but heartbeats (a broker whose channels answer nothing
+// while its connection lives; a quorum queue's declaration waits for its
+// members, up to RabbitMQ's own 65 s while a leader is elected): conn is
+// then closed — every call waiting on it returns, there is no other way
+// to end one — and the error says what waited.
 func (t *Topology) Declare(ctx context.Context, conn *amqp.Connection) (todo []string, err error) {
-	return amqpcall.Do(ctx, conn, declareTimeout, "rabbitmq: declaring the topology of "+diag.Printable(t.cfg.Queue, 255), func() ([]string, error) {
-		return t.declare(ctx, conn)
-	})
-}
-
-// declareTimeout bounds Topology.Declare's wait for each of the broker's
-// answers: a quorum queue's declaration waits for its members to start,
-// seconds on a loaded cluster.
-const declareTimeout = 30 * time.Second
-
-func (t *Topology) declare(ctx context.Context, conn *amqp.Connection) (todo []string, err error) {
-	ch, err := conn.Channel()
+	call := func(what string, f func() error) error { return amqpcall.Run(ctx, conn, declareTimeout, what, f) }
+	ch, err := amqpcall.Do(ctx, conn, declareTimeout, "rabbitmq: opening a channel", conn.Channel)
 	if err != nil {
-		return nil, fmt.Errorf("rabbitmq: opening a channel: %w", err)
+		return nil, err
 	}
-	defer func() { _ = ch.Close() }()
+	// Closed when Declare ends, whether ctx has or not.
+	defer func() {
+		_ = amqpcall.Run(context.Background(), conn, declareTimeout, "rabbitmq: closing the declaration's channel", func() error { return ch.Close() })
+	}()
 	if t.cfg.Exchange != "" {
-		if err := ch.ExchangeDeclare(t.cfg.Exchange, t.cfg.ExchangeType, true, false, false, false, t.exchangeArgs()); err != nil {
+		if err := call("rabbitmq: declaring exchange "+diag.Printable(t.cfg.Exchange, 255), func() error {
+			return ch.ExchangeDeclare(t.cfg.Exchange, t.cfg.ExchangeType, true, false, false, false, t.exchangeArgs())
+		}); err != nil {
 			return nil, t.exchangeError(err)
 		}
 	}
@@ -404,23 +401,29 @@ func (t *Topology) declare(ctx context.Context, conn *amqp.Connection) (todo []s
 		if err := ctx.Err(); err != nil {
 			return todo, err
 		}
-		_, err := ch.QueueDeclare(q.name, true, false, false, false, q.args)
+		err := call("rabbitmq: declaring queue "+diag.Printable(q.name, 255), func() error {
+			_, err := ch.QueueDeclare(q.name, true, false, false, false, q.args)
+			return err
+		})
 		if err == nil {
 			continue
 		}
 		var ce *ConflictError
 		if err = conflict("queue", q.name, err); errors.As(err, &ce) && q.name == t.cfg.PoisonQueue && t.cfg.Quorum && ce.Argument == "x-delivery-limit" {
 			// The conflict closed the channel: go on with a new one.
-			if ch, err = conn.Channel(); err != nil {
-				return todo, fmt.Errorf("rabbitmq: opening a channel: %w", err)
+			if ch, err = amqpcall.Do(ctx, conn, declareTimeout, "rabbitmq: opening a channel", conn.Channel); err != nil {
+				return todo, err
 			}
-			if _, err = ch.QueueDeclarePassive(q.name, true, false, false, false, nil); err != nil {
-				return todo, fmt.Errorf("rabbitmq: declaring queue %q: %w", q.name, err)
+			if err = call("rabbitmq: declaring queue "+diag.Printable(q.name, 255), func() error {
+				_, err := ch.QueueDeclarePassive(q.name, true, false, false, false, nil)
+				return err
+			}); err != nil {
+				return todo, err
 			}
 			todo = append(todo, t.poisonPolicy())
 		}
 		if err != nil {
-			if ce != nil && t.cfg.Quorum && ce.Argument != "x-queue-type" && t.isClassic(conn, q.name) {
+			if ce != nil && t.cfg.Quorum && ce.Argument != "x-queue-type" && t.isClassic(ctx, conn, q.name) {
 				ce.Detail = fmt.Sprintf("%s is a classic queue: it passes a classic declaration; RabbitMQ named %s: %s", q.name, ce.Argument, ce.Detail)
 				ce.Argument = "x-queue-type"
 			}
@@ -428,19 +431,26 @@ func (t *Topology) declare(ctx context.Context, conn *amqp.Connection) (todo []s
 		}
 	}
 	for _, b := range t.bindings() {
-		if err := ch.QueueBind(b.queue, b.key, t.cfg.Exchange, false, nil); err != nil {
+		if err := call(fmt.Sprintf("rabbitmq: binding %q to %q", b.queue, t.cfg.Exchange), func() error {
+			return ch.QueueBind(b.queue, b.key, t.cfg.Exchange, false, nil)
+		}); err != nil {
 			return todo, fmt.Errorf("rabbitmq: binding %q to %q: %w", b.queue, t.cfg.Exchange, err)
 		}
 	}
 	return todo, nil
 }
 
+// declareTimeout bounds each of Topology.Declare's waits for the broker's
+// answer: above RabbitMQ's own longest wait on a quorum queue's Raft
+// command (net_ticktime + 5 s, 65 s by default, while a leader is elected).
+const declareTimeout = 70 * time.Second
+
 // isClassic reports whether queue, which conflicts with this quorum
 // topology, passes the declaration of the same topology with classic
 // queues: then its type is what differs, although RabbitMQ names the first
 // argument it compares (x-dead-letter-exchange). Redeclaring a queue with
 // its own arguments changes nothing.
-func (t *Topology) isClassic(conn *amqp.Connection, queue string) bool {
+func (t *Topology) isClassic(ctx context.Context, conn *amqp.Connection, queue string) bool {
 	cfg := t.cfg
 	cfg.Quorum, cfg.DeliveryLimit = false, 0
 	classic, err := NewTopology(cfg)
@@ -448,14 +458,19 @@ func (t *Topology) isClassic(conn *amqp.Connection, queue string) bool {
 		return false
 	}
 	classic.single = t.single
-	ch, err := conn.Channel()
-	if err != nil {
-		return false
-	}
-	defer func() { _ = ch.Close() }()
 	for _, q := range classic.specs() {
 		if q.name == queue {
-			_, err := ch.QueueDeclare(q.name, true, false, false, false, q.args)
+			// A channel of its own, which a refusal closes; conn closed
+			// under it if the broker does not answer (Declare's bound).
+			err := amqpcall.Run(ctx, conn, declareTimeout, "rabbitmq: declaring queue "+diag.Printable(queue, 255)+" as a classic queue", func() error {
+				ch, err := conn.Channel()
+				if err != nil {
+					return err
+				}
+				defer func() { _ = ch.Close() }()
+				_, err = ch.QueueDeclare(q.name, true, false, false, false, q.args)
+				return err
+			})
 			return err == nil
 		}
 	}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -211,32 +213,66 @@ func TestMigrateClassicQueueOntoQuorumTopology(t *testing.T) {
 	require.NoError(t, broker.Close())
 }
 
-// `sluice topology migrate` on a broker whose channels never answer (its
-// connection alive, its heartbeats coming) exits with an error saying what
-// waited, callTimeout after its last answer; before, it waited as long as
+// `sluice topology migrate drain` on a broker whose channels stop
+// answering at any point of it (the connection alive, its heartbeats
+// coming) exits with an error: each of its calls is bounded (callTimeout;
+// the topology's declaration, 70 s; a moved message's confirm, 30 s).
+// The run through a proxy that answers everything counts its channels'
+// frames; then, for each k of them, a run whose proxy answers the first k
+// and none after ends, with an error or (the last frames, a channel's
+// close-ok) its work done. Before, the first silent call waited as long as
 // the heartbeats came.
 func TestMigrateGivesUpABrokerWhoseChannelsNeverAnswer(t *testing.T) {
 	t.Parallel()
-	old, q := testenv.Name("legacy_silent"), testenv.Name("migrated_silent")
-	testenv.DeleteQueuesAtEnd(t, old)
-	_, err := testenv.Channel(t, testenv.AMQP(t)).QueueDeclare(old, true, false, false, false, nil)
-	require.NoError(t, err)
-	proxy, url := testenv.ProxyAMQP(t)
-	proxy.ChannelsSilent()
-	b := &bed{audit: t.TempDir() + "/audit.jsonl"}
-	done := make(chan struct{})
-	var code int
-	var out, errOut bytes.Buffer
-	go func() {
-		defer close(done)
-		code = run([]string{"--amqp-url", url, "--audit", b.audit, "--operator", "tester", "topology", "migrate", "drain", "--yes",
-			"--queue", q, "--tiers", "1m", "--quorum", "--from", old, "--binding", "amq.fanout="}, &out, &errOut)
-	}()
-	select {
-	case <-done:
-	case <-time.After(2 * time.Minute):
-		t.Fatal("migrate drain still waits on a broker whose channels never answer")
+	// prepare makes a queue to drain, with one message, and a proxy that
+	// answers the first silentAfter frames of the broker's channels (every
+	// one when negative); it returns the proxy and the command's arguments.
+	prepare := func(silentAfter int) (*testenv.Proxy, []string) {
+		old, q := testenv.Name("legacy_silent"), testenv.Name("migrated_silent")
+		testenv.DeleteQueuesAtEnd(t, old, q, q+".retry.1m", q+".poison")
+		ch := testenv.Channel(t, testenv.AMQP(t))
+		_, err := ch.QueueDeclare(old, true, false, false, false, nil)
+		require.NoError(t, err)
+		require.NoError(t, ch.PublishWithContext(t.Context(), "", old, false, false, amqp.Publishing{MessageId: "m-1", Body: []byte("x")}))
+		proxy, url := testenv.ProxyAMQP(t)
+		if silentAfter >= 0 {
+			proxy.SilenceChannelsFrom(1, silentAfter)
+		}
+		return proxy, []string{"--amqp-url", url, "--audit", filepath.Join(t.TempDir(), "audit.jsonl"), "--operator", "tester",
+			"topology", "migrate", "drain", "--yes", "--delete-old", "--queue", q, "--tiers", "1m", "--from", old, "--binding", "amq.fanout="}
 	}
-	require.Equal(t, 1, code, out.String())
-	require.Contains(t, errOut.String(), "gave no answer within 10s")
+	type result struct {
+		code int
+		out  string
+	}
+	drain := func(args []string) result {
+		var out, errOut bytes.Buffer
+		code := run(args, &out, &errOut)
+		return result{code, out.String() + errOut.String()}
+	}
+	proxy, args := prepare(-1)
+	r := drain(args)
+	require.Equal(t, 0, r.code, r.out)
+	require.Contains(t, r.out, "deleted ")
+	frames := proxy.ChannelFrames()
+
+	// Every k at once: the runs wait on the broker, side by side.
+	results := make([]result, frames)
+	var wg sync.WaitGroup
+	for k := range frames {
+		_, args := prepare(k)
+		wg.Go(func() { results[k] = drain(args) })
+	}
+	ended := make(chan struct{})
+	go func() { wg.Wait(); close(ended) }()
+	select {
+	case <-ended:
+	case <-time.After(5 * time.Minute):
+		t.Fatalf("a migrate drain still waits on a broker whose channels stopped answering; the goroutines:\n%s", testenv.Goroutines())
+	}
+	for k, r := range results {
+		// An error, or the work done: the last frames answer a channel's
+		// close, whose error nothing reads.
+		require.True(t, r.code == 1 || r.code == 0 && strings.Contains(r.out, "deleted "), "silent after %d of %d frames: exit %d: %s", k, frames, r.code, r.out)
+	}
 }

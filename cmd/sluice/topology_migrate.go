@@ -296,7 +296,7 @@ func (m *migration) declareAndBind(conn *amqp.Connection, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer func() { _ = ch.Close() }()
+	defer func() { _ = call(conn, "channel.close", ch.Close) }()
 	for _, b := range m.bindings {
 		if err := call(conn, "queue.bind", func() error { return ch.QueueBind(m.topo.Config().Queue, b.Key, b.Exchange, false, b.Args) }); err != nil {
 			return fmt.Errorf("binding %s to %s: %w", m.topo.Config().Queue, b, err)
@@ -317,7 +317,7 @@ func (m *migration) drain(conn *amqp.Connection, out io.Writer, limit int, delet
 	if err != nil {
 		return 0, err
 	}
-	defer func() { _ = ch.Close() }()
+	defer func() { _ = call(conn, "channel.close", ch.Close) }()
 	for _, b := range m.bindings {
 		if err := call(conn, "queue.unbind", func() error { return ch.QueueUnbind(m.from, b.Key, b.Exchange, b.Args) }); err != nil {
 			return 0, fmt.Errorf("unbinding %s from %s: %w", diag.Printable(m.from, 255), b, err)
@@ -359,7 +359,7 @@ func shovel(conn *amqp.Connection, from, to string, limit int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer func() { _ = ch.Close() }()
+	defer func() { _ = call(conn, "channel.close", ch.Close) }()
 	if err := call(conn, "confirm.select", func() error { return ch.Confirm(false) }); err != nil {
 		return 0, fmt.Errorf("confirm mode: %w", err)
 	}

@@ -38,8 +38,12 @@ type Proxy struct {
 	frames         bool          // the replies are AMQP frames, tracked (ProxyAMQP)
 	heartbeatsOnly bool          // of the replies, only AMQP heartbeat frames are forwarded
 	channelsSilent bool          // of the replies, only channel 0's AMQP frames are forwarded
+	silentFrom     int           // SilenceChannelsFrom's first connection (0: none)
+	silentAfter    int           // and the channels' frames each forwards before
+	seq            int           // connections forwarded since the start
 	heartbeats     atomic.Int64  // heartbeat frames forwarded since HeartbeatsOnly
 	silenced       atomic.Int64  // channel frames swallowed since ChannelsSilent
+	channelFrames  atomic.Int64  // channel frames read from the upstream (ChannelFrames)
 	accepted       atomic.Int64  // client connections accepted so far (Accepted)
 	limiter        *rate.Limiter // the replies' rate (Throttle), nil when not throttled
 	ctx            context.Context
@@ -51,6 +55,7 @@ type Proxy struct {
 type link struct {
 	stalled atomic.Bool
 	silent  atomic.Bool   // its broker's channels answer nothing (ChannelsAnswerOnNewConnections)
+	seq     int           // its place among the connections forwarded (from 1)
 	slow    time.Duration // its first reply is held this long (SlowStart)
 	frames  bool          // its replies are AMQP frames, tracked
 }
@@ -157,7 +162,7 @@ func (p *Proxy) Heal() {
 	p.holed = false
 	p.muted = false
 	p.heartbeatsOnly = false
-	p.channelsSilent = false
+	p.channelsSilent, p.silentFrom = false, 0
 	for _, c := range p.conns {
 		_ = c.Close()
 	}
@@ -197,7 +202,8 @@ func (p *Proxy) Reset() {
 func (p *Proxy) forwarded() *link {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	l := &link{}
+	p.seq++
+	l := &link{seq: p.seq}
 	p.links = append(p.links, l)
 	return l
 }

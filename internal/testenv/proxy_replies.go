@@ -52,13 +52,31 @@ func (p *Proxy) ChannelsSilent() {
 func (p *Proxy) ChannelsAnswerOnNewConnections() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.channelsSilent {
-		for _, l := range p.links {
+	for _, l := range p.links {
+		if p.channelsSilent || p.silentFrom > 0 && l.seq >= p.silentFrom {
 			l.silent.Store(true)
 		}
 	}
-	p.channelsSilent = false
+	p.channelsSilent, p.silentFrom = false, 0
 }
+
+// SilenceChannelsFrom makes the conn-th connection the proxy forwards
+// (counted from 1, since its start) and every later one forward their
+// first after frames of the broker's channels, then none, as
+// ChannelsSilent does: a call past the first ones — a channel's basic.qos
+// or basic.consume after its opening — is never answered, and the
+// connections before (a check on a connection of its own) answer. Only a
+// ProxyAMQP's; ChannelsAnswerOnNewConnections and Heal end it.
+func (p *Proxy) SilenceChannelsFrom(conn, after int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.silentFrom, p.silentAfter = conn, after
+}
+
+// ChannelFrames is how many frames of the broker's channels the proxy
+// read, forwarded or swallowed: a test learns from a run how many frames
+// its calls take.
+func (p *Proxy) ChannelFrames() int { return int(p.channelFrames.Load()) }
 
 // Silenced is how many frames of the broker's channels the proxy swallowed
 // while ChannelsSilent: a test waits for a client to be waiting on one.
@@ -98,7 +116,10 @@ type amqpFrames struct {
 	left         int  // bytes of the current frame after its header
 	keep         bool // the current frame is forwarded
 	only, silent bool // the proxy's modes when the current frame began
+	silentAfter  int  // the current frame is swallowed if it is a channel's and channelFrames reached it (-1: not)
 	link         *link
+	// channelFrames counts the frames of the broker's channels seen so far.
+	channelFrames int
 }
 
 // forward returns the bytes of b to forward: all of them, or those of the
@@ -121,6 +142,10 @@ func (s *amqpFrames) forward(b []byte, p *Proxy) []byte {
 		if s.hn == 0 { // a frame's first byte
 			p.mu.Lock()
 			s.only, s.silent = p.heartbeatsOnly, p.channelsSilent || (s.link != nil && s.link.silent.Load())
+			s.silentAfter = -1
+			if p.silentFrom > 0 && s.link != nil && s.link.seq >= p.silentFrom {
+				s.silentAfter = p.silentAfter
+			}
 			p.mu.Unlock()
 		}
 		k := min(len(s.hdr)-s.hn, len(b))
@@ -132,14 +157,20 @@ func (s *amqpFrames) forward(b []byte, p *Proxy) []byte {
 		}
 		s.hn, s.left = 0, int(binary.BigEndian.Uint32(s.hdr[3:]))+1
 		typ, channel := s.hdr[0], binary.BigEndian.Uint16(s.hdr[1:3])
-		s.keep = (!s.only || typ == heartbeat) && (!s.silent || channel == 0)
+		silent := s.silent
+		if channel != 0 {
+			silent = silent || s.silentAfter >= 0 && s.channelFrames >= s.silentAfter
+			s.channelFrames++
+			p.channelFrames.Add(1)
+		}
+		s.keep = (!s.only || typ == heartbeat) && (!silent || channel == 0)
 		switch {
 		case s.keep:
 			if s.only {
 				p.heartbeats.Add(1)
 			}
 			out = append(out, s.hdr[:]...)
-		case s.silent && channel != 0:
+		case silent && channel != 0:
 			p.silenced.Add(1)
 		}
 	}

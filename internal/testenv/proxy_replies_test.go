@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -77,4 +78,24 @@ func forwardInPieces(s *amqpFrames, p *Proxy, b []byte, cut int) []byte {
 		b = b[k:]
 	}
 	return out
+}
+
+// SilenceChannelsFrom(2, 1): the first connection answers; the second
+// forwards its channels' first frame and none after, the connection's
+// frames all.
+func TestSilenceChannelsFromSwallowsALaterConnectionsLaterFrames(t *testing.T) {
+	t.Parallel()
+	frame := func(channel byte, payload string) []byte {
+		return append(append([]byte{1, 0, channel, 0, 0, 0, byte(len(payload))}, payload...), 0xCE)
+	}
+	replies := slices.Concat(frame(1, "channel.open-ok"), frame(0, "connection"), frame(1, "basic.qos-ok"), frame(2, "channel.open-ok"))
+	p := &Proxy{}
+	p.SilenceChannelsFrom(2, 1)
+	for cut := 1; cut <= len(replies); cut++ {
+		first, second := amqpFrames{link: &link{seq: 1}}, amqpFrames{link: &link{seq: 2}}
+		require.Equal(t, string(replies), string(forwardInPieces(&first, p, replies, cut)), "cut %d", cut)
+		want := string(slices.Concat(frame(1, "channel.open-ok"), frame(0, "connection")))
+		require.Equal(t, want, string(forwardInPieces(&second, p, replies, cut)), "cut %d", cut)
+	}
+	require.Equal(t, 2*len(replies), p.Silenced())
 }
