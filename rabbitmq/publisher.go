@@ -284,10 +284,11 @@ func (p *Publisher) publish(topic string, msgs []*message.Message) (errs []error
 }
 
 // channel returns the live confirm channel and its connection's blocked
-// state, connecting when needed. The dial runs outside p.mu, one at a time
-// (every caller waits for the same), so a broker that does not answer holds
-// no caller past its ctx: a caller whose ctx ends gets an error matching
-// sluice.Unreachable, and the dial goes on for the next.
+// state, connecting when needed. The dial, and the channel's opening, run
+// outside p.mu, one at a time (every caller waits for the same), so a
+// broker that does not answer holds no caller past its ctx: a caller whose
+// ctx ends gets an error matching sluice.Unreachable, and the dial or the
+// opening goes on for the next.
 func (p *Publisher) channel(ctx context.Context) (*confirmChannel, *atomic.Pointer[amqp.Blocking], error) {
 	for {
 		p.mu.Lock()
@@ -302,7 +303,7 @@ func (p *Publisher) channel(ctx context.Context) (*confirmChannel, *atomic.Point
 				return nil, nil, d.err
 			}
 		case <-ctx.Done():
-			return nil, nil, fmt.Errorf("rabbitmq: not connected to the broker before the message's context ended (a dial in progress): %w",
+			return nil, nil, fmt.Errorf("rabbitmq: not connected to the broker before the message's context ended (a dial or a channel's opening in progress): %w",
 				&net.OpError{Op: "dial", Net: "tcp", Err: ctx.Err()})
 		}
 	}
@@ -314,15 +315,15 @@ func (p *Publisher) blockedState() *atomic.Pointer[amqp.Blocking] {
 	return p.blocked
 }
 
-// dialing is a dial in progress: done closes when it ended, err its error.
+// dialing is a dial, or a channel's opening, in progress: done closes when
+// it ended, err its error.
 type dialing struct {
 	done chan struct{}
 	err  error
 }
 
-// channelLocked returns the live confirm channel, opening one on a live
-// connection, or the dial in progress to wait for (starting one). p.mu is
-// held.
+// channelLocked returns the live confirm channel, or the dial or channel
+// opening in progress to wait for (starting one). p.mu is held.
 func (p *Publisher) channelLocked() (*confirmChannel, *dialing, error) {
 	if p.closed {
 		return nil, nil, errPublisherClosed
@@ -364,18 +365,39 @@ func (p *Publisher) channelLocked() (*confirmChannel, *dialing, error) {
 		}
 		return nil, p.dial, nil
 	}
-	// Opened under p.mu, so bounded: a broker whose channels answer nothing
-	// held every Publish and Close for as long as its heartbeats came.
-	ch, err := newConfirmChannel(p.life, p.conn, p.cfg.WriteTimeout, p.cfg.MaxMessageSize)
-	if err != nil {
-		_ = closeConn(p.conn, p.cfg.WriteTimeout)
-		p.conn = nil
-		p.node = (p.node + 1) % len(p.cfg.URLs)
-		return nil, nil, err
+	if p.dial == nil { // the channel is opened outside p.mu, as the dial is
+		p.dial = &dialing{done: make(chan struct{})}
+		p.dials.Add(1)
+		go p.open(p.dial, p.conn)
 	}
-	p.ch = ch
-	p.frameMax.Store(int64(ch.frameMax))
-	return ch, nil, nil
+	return nil, p.dial, nil
+}
+
+// open opens a confirm channel on conn for d, outside p.mu, and makes it
+// p's: a broker whose channels answer nothing holds it up to WriteTimeout
+// (then conn is closed), and no caller past its ctx; Close ends it early.
+func (p *Publisher) open(d *dialing, conn *amqp.Connection) {
+	defer p.dials.Done()
+	ch, err := newConfirmChannel(p.life, conn, p.cfg.WriteTimeout, p.cfg.MaxMessageSize)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.dial = nil
+	switch {
+	case err != nil:
+		if p.conn == conn {
+			_ = closeConn(conn, p.cfg.WriteTimeout)
+			p.conn = nil
+			p.node = (p.node + 1) % len(p.cfg.URLs)
+		}
+	case p.closed || p.conn != conn:
+		ch.close()
+		err = errPublisherClosed
+	default:
+		p.ch = ch
+		p.frameMax.Store(int64(ch.frameMax))
+	}
+	d.err = err
+	close(d.done)
 }
 
 // connect dials the broker from node for d, outside p.mu, and makes the

@@ -194,4 +194,30 @@ func TestNoWaitOutlastsABrokerWhoseChannelsNeverAnswer(t *testing.T) {
 		closeWithin(t, p)
 		require.Error(t, <-published)
 	})
+
+	t.Run("a publish's context while its channel's opening waits", func(t *testing.T) {
+		t.Parallel()
+		q := declareQueue(t, "silent_publish_ctx")
+		proxy, url := testenv.ProxyAMQP(t)
+		proxy.ChannelsSilent()
+		// WriteTimeout far above the message's context: the opening runs
+		// outside the publisher's lock, and the publish waits for it no
+		// longer than its context.
+		p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: url, WriteTimeout: 10 * time.Minute}})
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		m := message.NewMessage("m-1", []byte("x"))
+		m.SetContext(ctx)
+		published := make(chan error, 1)
+		go func() { published <- p.Publish(q, m) }()
+		select {
+		case err := <-published:
+			require.True(t, sluice.Unreachable(err), "not sent, and known not sent: %v", err)
+			require.ErrorContains(t, err, "a channel's opening in progress")
+		case <-time.After(time.Minute):
+			t.Fatal("Publish waited past its message's context for a channel's opening")
+		}
+		closeWithin(t, p)
+	})
 }
