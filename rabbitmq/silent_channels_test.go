@@ -179,38 +179,36 @@ func TestNoWaitOutlastsABrokerWhoseChannelsNeverAnswer(t *testing.T) {
 		})
 	}
 
-	t.Run("a publisher's Close while its channel's opening waits", func(t *testing.T) {
-		t.Parallel()
-		q := declareQueue(t, "silent_publisher_close")
+	// publishOnSilent publishes m, in the background, with a Publisher
+	// whose broker's channels never answer and whose WriteTimeout is far
+	// above the test's waits: only Close, or m's context, ends the
+	// publish's wait for its channel's opening.
+	publishOnSilent := func(t *testing.T, prefix string, m *message.Message) (*rabbitmq.Publisher, <-chan error) {
+		q := declareQueue(t, prefix)
 		proxy, url := testenv.ProxyAMQP(t)
 		proxy.ChannelsSilent()
-		// WriteTimeout far above the wait for Close below: Close gives
-		// the opening up, it does not wait it out.
 		p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: url, WriteTimeout: 10 * time.Minute}})
 		require.NoError(t, err)
 		published := make(chan error, 1)
-		go func() { published <- p.Publish(q, message.NewMessage("m-1", []byte("x"))) }()
+		go func() { published <- p.Publish(q, m) }()
 		require.Eventually(t, func() bool { return proxy.Silenced() > 0 }, time.Minute, time.Millisecond, "the channel.open-ok swallowed")
+		return p, published
+	}
+
+	t.Run("a publisher's Close while its channel's opening waits", func(t *testing.T) {
+		t.Parallel()
+		p, published := publishOnSilent(t, "silent_publisher_close", message.NewMessage("m-1", []byte("x")))
 		closeWithin(t, p)
 		require.Error(t, <-published)
 	})
 
 	t.Run("a publish's context while its channel's opening waits", func(t *testing.T) {
 		t.Parallel()
-		q := declareQueue(t, "silent_publish_ctx")
-		proxy, url := testenv.ProxyAMQP(t)
-		proxy.ChannelsSilent()
-		// WriteTimeout far above the message's context: the opening runs
-		// outside the publisher's lock, and the publish waits for it no
-		// longer than its context.
-		p, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: url, WriteTimeout: 10 * time.Minute}})
-		require.NoError(t, err)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		m := message.NewMessage("m-1", []byte("x"))
 		m.SetContext(ctx)
-		published := make(chan error, 1)
-		go func() { published <- p.Publish(q, m) }()
+		p, published := publishOnSilent(t, "silent_publish_ctx", m)
 		select {
 		case err := <-published:
 			require.True(t, sluice.Unreachable(err), "not sent, and known not sent: %v", err)
