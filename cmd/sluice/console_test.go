@@ -133,9 +133,16 @@ func runID(t *testing.T, ctx context.Context) string {
 
 // reloaded reports whether err is a read that met the page's own reload:
 // its context ("Cannot find context with specified id") or the node it
-// had found ("No node with given id found", run F) is gone.
+// had found ("No node with given id found", run F) is gone, or the page
+// was navigating ("Inspected target navigated or closed": a confirm's
+// read as its form's answer loaded, in make test).
 func reloaded(err error) bool {
-	return strings.Contains(err.Error(), "Cannot find context") || strings.Contains(err.Error(), "No node with given id")
+	for _, s := range []string{"Cannot find context", "No node with given id", "Inspected target navigated or closed"} {
+		if strings.Contains(err.Error(), s) {
+			return true
+		}
+	}
+	return false
 }
 
 // readAcrossReloads runs read in the page, again while it meets the page's
