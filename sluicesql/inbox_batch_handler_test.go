@@ -295,10 +295,26 @@ func TestABatchHandlersFailedEventsLeaveTheBatch(t *testing.T) {
 	want := []string{"k00", "k01", "k02", "k04", "k06", "k07", "k08", "k09"}
 	assert.Equal(t, want, e.rows(t))
 	assert.Equal(t, want, e.claimed(t))
+	// The handler ran the batch, then again without the two that left:
+	// two calls of 10 and 8 — or, when 100 ms between two deliveries sent
+	// together closed the gathering early (a loaded machine), as many more
+	// as the batches they came in. Either way the leavers are in one call
+	// each, and every other event's last call holds neither.
 	calls := e.callKeys()
-	require.Len(t, calls, 2)
-	assert.Len(t, calls[0], 10)
-	assert.ElementsMatch(t, want, calls[1])
+	require.GreaterOrEqual(t, len(calls), 2, "%v", calls)
+	seen, last := map[string]int{}, map[string]int{}
+	for i, c := range calls {
+		for _, k := range c {
+			seen[k]++
+			last[k] = i
+		}
+	}
+	assert.Equal(t, 1, seen["k03"], "%v", calls)
+	assert.Equal(t, 1, seen["k05"], "%v", calls)
+	for _, k := range want {
+		assert.NotContains(t, calls[last[k]], "k03", "%s committed in a call without the leavers: %v", k, calls)
+		assert.NotContains(t, calls[last[k]], "k05", "%s committed in a call without the leavers: %v", k, calls)
+	}
 }
 
 // A panic is narrowed down by halving: the one event that panics fails as
