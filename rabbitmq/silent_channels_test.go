@@ -204,11 +204,16 @@ func TestNoWaitOutlastsABrokerWhoseChannelsNeverAnswer(t *testing.T) {
 
 	t.Run("a publish's context while its channel's opening waits", func(t *testing.T) {
 		t.Parallel()
+		// A first publish, with no deadline, starts the opening (once its
+		// dial is through); the second, whose context ends in a second,
+		// finds it in progress.
+		p, _ := publishOnSilent(t, "silent_publish_ctx", message.NewMessage("m-0", []byte("x")))
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		m := message.NewMessage("m-1", []byte("x"))
 		m.SetContext(ctx)
-		p, published := publishOnSilent(t, "silent_publish_ctx", m)
+		published := make(chan error, 1)
+		go func() { published <- p.Publish(testenv.Name("silent_publish_ctx_unrouted"), m) }()
 		select {
 		case err := <-published:
 			require.True(t, sluice.Unreachable(err), "not sent, and known not sent: %v", err)
