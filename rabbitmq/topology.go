@@ -382,7 +382,10 @@ var inequivalentArg = regexp.MustCompile(`inequivalent arg '([^']+)'`)
 // to end one — and the error says what waited.
 func (t *Topology) Declare(ctx context.Context, conn *amqp.Connection) (todo []string, err error) {
 	call := func(what string, f func() error) error { return amqpcall.Run(ctx, conn, declareTimeout, what, f) }
-	ch, err := amqpcall.Do(ctx, conn, declareTimeout, "rabbitmq: opening a channel", conn.Channel)
+	open := func() (*amqp.Channel, error) {
+		return amqpcall.Do(ctx, conn, declareTimeout, "rabbitmq: opening a channel", conn.Channel)
+	}
+	ch, err := open()
 	if err != nil {
 		return nil, err
 	}
@@ -411,7 +414,7 @@ func (t *Topology) Declare(ctx context.Context, conn *amqp.Connection) (todo []s
 		var ce *ConflictError
 		if err = conflict("queue", q.name, err); errors.As(err, &ce) && q.name == t.cfg.PoisonQueue && t.cfg.Quorum && ce.Argument == "x-delivery-limit" {
 			// The conflict closed the channel: go on with a new one.
-			if ch, err = amqpcall.Do(ctx, conn, declareTimeout, "rabbitmq: opening a channel", conn.Channel); err != nil {
+			if ch, err = open(); err != nil {
 				return todo, err
 			}
 			if err = call("rabbitmq: declaring queue "+diag.Printable(q.name, 255), func() error {

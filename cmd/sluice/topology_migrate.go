@@ -268,9 +268,14 @@ func call(conn *amqp.Connection, what string, f func() error) error {
 	return amqpcall.Run(context.Background(), conn, callTimeout, what, f)
 }
 
-// channel opens a channel on conn (call).
-func channel(conn *amqp.Connection) (*amqp.Channel, error) {
-	return amqpcall.Do(context.Background(), conn, callTimeout, "opening a channel", conn.Channel)
+// channel opens a channel on conn, and returns with it its close; each
+// waits for the broker at most callTimeout (call).
+func channel(conn *amqp.Connection) (*amqp.Channel, func(), error) {
+	ch, err := amqpcall.Do(context.Background(), conn, callTimeout, "opening a channel", conn.Channel)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ch, func() { _ = call(conn, "channel.close", ch.Close) }, nil
 }
 
 func (m *migration) planDeclare(out io.Writer) {
@@ -292,11 +297,11 @@ func (m *migration) declareAndBind(conn *amqp.Connection, out io.Writer) error {
 	for _, l := range todo {
 		fmt.Fprintf(out, "to do: %s\n", l)
 	}
-	ch, err := channel(conn)
+	ch, closeChannel, err := channel(conn)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = call(conn, "channel.close", ch.Close) }()
+	defer closeChannel()
 	for _, b := range m.bindings {
 		if err := call(conn, "queue.bind", func() error { return ch.QueueBind(m.topo.Config().Queue, b.Key, b.Exchange, false, b.Args) }); err != nil {
 			return fmt.Errorf("binding %s to %s: %w", m.topo.Config().Queue, b, err)
@@ -313,11 +318,11 @@ func (m *migration) drain(conn *amqp.Connection, out io.Writer, limit int, delet
 	if err := m.declareAndBind(conn, out); err != nil {
 		return 0, err
 	}
-	ch, err := channel(conn)
+	ch, closeChannel, err := channel(conn)
 	if err != nil {
 		return 0, err
 	}
-	defer func() { _ = call(conn, "channel.close", ch.Close) }()
+	defer closeChannel()
 	for _, b := range m.bindings {
 		if err := call(conn, "queue.unbind", func() error { return ch.QueueUnbind(m.from, b.Key, b.Exchange, b.Args) }); err != nil {
 			return 0, fmt.Errorf("unbinding %s from %s: %w", diag.Printable(m.from, 255), b, err)
@@ -355,11 +360,11 @@ func (m *migration) drain(conn *amqp.Connection, out io.Writer, limit int, delet
 // skips. The copy keeps the properties, headers and body, but user_id,
 // which RabbitMQ refuses from any user but the publisher's.
 func shovel(conn *amqp.Connection, from, to string, limit int) (int, error) {
-	ch, err := channel(conn)
+	ch, closeChannel, err := channel(conn)
 	if err != nil {
 		return 0, err
 	}
-	defer func() { _ = call(conn, "channel.close", ch.Close) }()
+	defer closeChannel()
 	if err := call(conn, "confirm.select", func() error { return ch.Confirm(false) }); err != nil {
 		return 0, fmt.Errorf("confirm mode: %w", err)
 	}
