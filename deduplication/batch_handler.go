@@ -118,7 +118,8 @@ func (c BatchHandler) validate() error {
 }
 
 // BatchClaimer is a unitofwork.Tx that claims many keys in one call: the SQL
-// store's (one statement) and the MemoryStore's. ClaimBatch records (consumer, key) for each of keys (distinct)
+// store's (one statement), the Redis inbox's (one round trip) and the
+// MemoryStore's. ClaimBatch records (consumer, key) for each of keys (distinct)
 // and returns those it recorded; a key a committed unit of work recorded
 // before is left out. A key another open unit of work holds is waited for
 // at most wait (0: as long as Claim waits): past it the call fails with an
@@ -146,9 +147,9 @@ type BatchClaimer interface {
 // Each batch has a span ("sluice.batch"), linked to each delivery's span,
 // on cfg.Env.TracerProvider (default the global OpenTelemetry provider).
 // cfg.Batch (group commit) does not apply. On a store whose units of work
-// claim one key only (their unitofwork.Tx is not a BatchClaimer: the Redis
-// inbox, a store of your own), each event runs in a unit of work of its own,
-// a batch of one: correct, not faster than a Handler.
+// claim one key only (their unitofwork.Tx is not a BatchClaimer: a store of
+// your own without ClaimBatch), each event runs in a unit of work of its
+// own, a batch of one: correct, not faster than a Handler.
 func NewBatchHandler(cfg Config, bh BatchHandler) (message.HandlerFunc, error) {
 	bh = bh.withDefaults()
 	if err := bh.validate(); err != nil {

@@ -29,6 +29,7 @@ import (
 	"github.com/sluicemq/sluice/sluiceredis"
 	"github.com/sluicemq/sluice/sluicesql"
 	"github.com/sluicemq/sluice/stage"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // A batch handler through the whole stack on RabbitMQ and PostgreSQL: 300
@@ -316,11 +317,12 @@ func batchHandlerShutdown(t *testing.T, releaseInTime bool) {
 // batch closes once the 8 deliveries in flight are in it): 50 events, each
 // published twice, every event's effect once, nothing left in the queue —
 // on PostgreSQL (one claim statement, the effects in its transaction), the
-// MemoryStore (its units of work claim many keys) and Redis (one claim a
-// unit of work: each event alone; a copy whose key is held fails
-// ErrClaimInProgress and comes back from the tier). Before, a batch of two
-// or more failed on the MemoryStore and Redis ("Claim called twice"), batch
-// after batch, into the poison queue.
+// MemoryStore and Redis (their units of work claim many keys; on Redis a
+// batch with a copy whose key is held fails ErrClaimInProgress, its events
+// run alone, and that copy comes back from the tier), and Redis behind a
+// store of one's own whose units of work take one claim (each event alone).
+// Before, a batch of two or more failed on the MemoryStore and Redis ("Claim
+// called twice"), batch after batch, into the poison queue.
 func TestABatchHandlerBehindWatermillsTimeoutAndRetry(t *testing.T) {
 	t.Parallel()
 	const events = 50
@@ -345,11 +347,12 @@ func TestABatchHandlerBehindWatermillsTimeoutAndRetry(t *testing.T) {
 			return deduplication.NewMemoryStore(), project, count
 		}},
 		{"redis", func(t *testing.T) (deduplication.Store, func(context.Context, []*message.Message) []error, func() int) {
-			client, prefix := testenv.Redis(t)
-			store, err := sluiceredis.NewInbox(client, sluiceredis.InboxConfig{Prefix: prefix})
-			require.NoError(t, err)
 			project, count := countedProjection()
-			return store, project, count
+			return redisInbox(t), project, count
+		}},
+		{"redis_one_claim", func(t *testing.T) (deduplication.Store, func(context.Context, []*message.Message) []error, func() int) {
+			project, count := countedProjection()
+			return oneClaimStore{redisInbox(t)}, project, count
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -386,17 +389,53 @@ func TestABatchHandlerBehindWatermillsTimeoutAndRetry(t *testing.T) {
 	}
 }
 
-// A batch handler on the Redis inbox (one claim a unit of work: each event
-// of a batch runs alone) with Concurrency 1 on a broker whose prefetch hands
-// it 8 deliveries at once: every event done once, and never two units of
-// work at a time — a pool sized to Concurrency suffices. Before, the events
-// a batch ran alone ran all at once, beside its first.
+// A batch handler on the Redis inbox, and on Redis behind a store of one's
+// own whose units of work take one claim (each event of a batch runs
+// alone), with Concurrency 1 on a broker whose prefetch hands it 8
+// deliveries at once: every event done once, and never two units of work at
+// a time — a pool sized to Concurrency suffices. Before, the events a batch
+// ran alone ran all at once, beside its first.
 func TestABatchHandlerOnRedisKeepsToItsConcurrency(t *testing.T) {
 	t.Parallel()
-	const events = 40
+	for _, oneClaim := range []bool{false, true} {
+		t.Run(fmt.Sprintf("one_claim=%v", oneClaim), func(t *testing.T) {
+			t.Parallel()
+			var store deduplication.Store = redisInbox(t)
+			if oneClaim {
+				store = oneClaimStore{store}
+			}
+			batchHandlerKeepsToItsConcurrency(t, store)
+		})
+	}
+}
+
+// redisInbox is a Redis inbox on keys of the test's own.
+func redisInbox(t *testing.T) *sluiceredis.Inbox {
+	t.Helper()
 	client, prefix := testenv.Redis(t)
 	store, err := sluiceredis.NewInbox(client, sluiceredis.InboxConfig{Prefix: prefix})
 	require.NoError(t, err)
+	return store
+}
+
+// oneClaimStore is a store of one's own whose units of work take one claim
+// (unitofwork.Tx, not a deduplication.BatchClaimer): each event of a batch
+// runs in a unit of work of its own.
+type oneClaimStore struct{ deduplication.Store }
+
+type oneClaimTx struct{ unitofwork.Tx }
+
+func (s oneClaimStore) Begin(ctx context.Context) (unitofwork.Tx, error) {
+	tx, err := s.Store.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return oneClaimTx{tx}, nil
+}
+
+func batchHandlerKeepsToItsConcurrency(t *testing.T, store deduplication.Store) {
+	const events = 40
+	client, prefix := testenv.Redis(t)
 	var running, peak, done atomic.Int64
 	queue := projectionQueue(t, "projection_redis_c1")
 	q := projectionBroker(t, queue, 8)

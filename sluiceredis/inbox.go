@@ -42,7 +42,8 @@ type InboxConfig struct {
 // overwrites it with a done marker kept for Retention, a rollback deletes
 // it. A concurrent claim of a pending key fails with
 // deduplication.ErrClaimInProgress instead of waiting, and the delivery is
-// retried.
+// retried. A batch handler's unit of work claims its batch's keys in one
+// round trip and commits them in another (deduplication.BatchClaimer).
 //
 // It cannot join the business transaction, so its guarantee is weaker than
 // the SQL store's:
@@ -125,26 +126,38 @@ return 0`)
 
 type redisTx struct {
 	s     *Inbox
-	key   string
-	token string
+	keys  []string // the Redis keys this unit of work claimed
+	token string   // its pending marker
+	used  bool     // Claim or ClaimBatch was called
 	ended bool
 }
 
-func (t *redisTx) Claim(ctx context.Context, consumer, key string) (bool, error) {
-	if t.ended || t.key != "" {
-		return false, errors.New("sluiceredis: Claim called twice or after the unit of work ended")
+var _ deduplication.BatchClaimer = (*redisTx)(nil)
+
+// begin checks that the unit of work may claim, and gives it its marker.
+func (t *redisTx) begin() error {
+	if t.ended || t.used {
+		return errors.New("sluiceredis: Claim or ClaimBatch called twice or after the unit of work ended")
 	}
+	t.used = true
 	var b [16]byte
 	_, _ = rand.Read(b[:])
-	token := "pending:" + hex.EncodeToString(b[:])
+	t.token = "pending:" + hex.EncodeToString(b[:])
+	return nil
+}
+
+func (t *redisTx) Claim(ctx context.Context, consumer, key string) (bool, error) {
+	if err := t.begin(); err != nil {
+		return false, err
+	}
 	k := t.s.redisKey(consumer, key)
-	res, err := claimScript.Run(ctx, t.s.client, []string{k}, token, t.s.lease.Milliseconds()).Int()
+	res, err := claimScript.Run(ctx, t.s.client, []string{k}, t.token, t.s.lease.Milliseconds()).Int()
 	if err != nil {
 		return false, err
 	}
 	switch res {
 	case 1:
-		t.key, t.token = k, token
+		t.keys = []string{k}
 		return true, nil
 	case 0:
 		return false, nil
@@ -153,26 +166,126 @@ func (t *redisTx) Claim(ctx context.Context, consumer, key string) (bool, error)
 	}
 }
 
-// Commit records the key as done for Retention, even if the lease ran out:
-// the handler's effects have happened.
+// ClaimBatch claims keys (distinct) in one round trip to Redis — a pipeline
+// of the claim script, one per key, each key's claim atomic — and returns
+// those it claimed (deduplication.BatchClaimer: a batch handler's claim); a
+// key recorded as done is left out. The store does not wait: a key another
+// unit of work holds fails the call at once with an error matching
+// deduplication.ErrClaimInProgress (wait does not apply; nor does idle, a
+// claim holding its key for Lease), and Rollback releases the keys the call
+// claimed. A failed round trip may have claimed some keys: Rollback
+// releases whichever this unit of work holds.
+func (t *redisTx) ClaimBatch(ctx context.Context, consumer string, keys []string, _, _ time.Duration) ([]string, error) {
+	if err := t.begin(); err != nil {
+		return nil, err
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	rkeys := make([]string, len(keys))
+	for i, k := range keys {
+		rkeys[i] = t.s.redisKey(consumer, k)
+	}
+	res, err := t.s.evalEach(ctx, claimScript, rkeys, t.token, t.s.lease.Milliseconds())
+	if err != nil {
+		t.keys = rkeys
+		return nil, err
+	}
+	claimed := make([]string, 0, len(keys))
+	held := 0
+	for i, r := range res {
+		switch r {
+		case 1:
+			t.keys = append(t.keys, rkeys[i])
+			claimed = append(claimed, keys[i])
+		case 2:
+			held++
+		}
+	}
+	if held > 0 {
+		return nil, fmt.Errorf("%w: %d of the batch's %d keys are held by other units of work", deduplication.ErrClaimInProgress, held, len(keys))
+	}
+	return claimed, nil
+}
+
+// evalEach runs script once for each of keys, with args, in one pipeline,
+// and returns each run's integer reply. The script is sent by its hash; a
+// Redis that does not have it (NOSCRIPT: restarted, flushed, another node
+// of a cluster) is sent its source for the runs that failed so.
+func (s *Inbox) evalEach(ctx context.Context, script *redis.Script, keys []string, args ...any) ([]int64, error) {
+	cmds := make([]*redis.Cmd, len(keys))
+	_, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range keys {
+			cmds[i] = script.EvalSha(ctx, p, []string{k}, args...)
+		}
+		return nil
+	})
+	if err != nil && !redis.HasErrorPrefix(err, "NOSCRIPT") {
+		return nil, err
+	}
+	var again []int
+	for i, c := range cmds {
+		if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			again = append(again, i)
+		}
+	}
+	if len(again) > 0 {
+		if _, err := s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, i := range again {
+				cmds[i] = script.Eval(ctx, p, []string{keys[i]}, args...)
+			}
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+	}
+	res := make([]int64, len(cmds))
+	for i, c := range cmds {
+		n, err := c.Int64()
+		if err != nil {
+			return nil, err
+		}
+		res[i] = n
+	}
+	return res, nil
+}
+
+// Commit records the keys as done for Retention, even if the lease ran
+// out: the handler's effects have happened. A batch's keys are written in
+// one MULTI/EXEC (on a cluster, one per hash slot).
 func (t *redisTx) Commit(ctx context.Context) error {
 	if t.ended {
 		return errors.New("sluiceredis: redis unit of work already ended")
 	}
 	t.ended = true
-	if t.key == "" {
+	switch len(t.keys) {
+	case 0:
 		return nil
+	case 1:
+		return t.s.client.Set(ctx, t.keys[0], redisDone, t.s.retention).Err()
 	}
-	return t.s.client.Set(ctx, t.key, redisDone, t.s.retention).Err()
+	_, err := t.s.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		for _, k := range t.keys {
+			p.Set(ctx, k, redisDone, t.s.retention)
+		}
+		return nil
+	})
+	return err
 }
 
+// Rollback releases the keys this unit of work still holds (marked with its
+// token): a key whose lease ran out and that another claimed is left alone.
 func (t *redisTx) Rollback(ctx context.Context) error {
 	if t.ended {
 		return nil
 	}
 	t.ended = true
-	if t.key == "" {
+	switch len(t.keys) {
+	case 0:
 		return nil
+	case 1:
+		return releaseScript.Run(ctx, t.s.client, t.keys, t.token).Err()
 	}
-	return releaseScript.Run(ctx, t.s.client, []string{t.key}, t.token).Err()
+	_, err := t.s.evalEach(ctx, releaseScript, t.keys, t.token)
+	return err
 }

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -47,6 +48,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"ManyClaimersOneWinner", testManyClaimersOneWinner},
 		{"DeleteBefore", testDeleteBefore},
 		{"BatchHandlerRunsEachEventOnce", testBatchHandler},
+		{"ClaimBatch", testClaimBatch},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -322,4 +324,93 @@ func testBatchHandler(t *testing.T, s deduplication.Store) {
 	for k, n := range seen {
 		require.Equal(t, 1, n, "%s handled once", k)
 	}
+}
+
+// testClaimBatch, for a store whose units of work claim many keys at once
+// (deduplication.BatchClaimer): a key committed before is left out, a
+// rollback releases every key the batch claimed, a commit records them all,
+// and a key another open unit of work holds is waited for or fails the
+// batch with ErrClaimInProgress — never claimed twice.
+func testClaimBatch(t *testing.T, s deduplication.Store) {
+	ctx := t.Context()
+	begin := func() (unitofwork.Tx, deduplication.BatchClaimer) {
+		t.Helper()
+		tx, err := s.Begin(ctx)
+		require.NoError(t, err)
+		bc, ok := tx.(deduplication.BatchClaimer)
+		if !ok {
+			require.NoError(t, tx.Rollback(ctx))
+			t.Skip("the store's units of work claim one key (not a deduplication.BatchClaimer)")
+		}
+		return tx, bc
+	}
+	claimBatch := func(keys ...string) (unitofwork.Tx, []string) {
+		t.Helper()
+		tx, bc := begin()
+		got, err := bc.ClaimBatch(ctx, "c", keys, 0, 0)
+		require.NoError(t, err)
+		return tx, got
+	}
+	require.True(t, claimCommit(t, s, "c", "done-1"))
+
+	tx, got := claimBatch("done-1", "a", "b")
+	require.ElementsMatch(t, []string{"a", "b"}, got, "a key committed before is left out")
+	require.NoError(t, tx.Rollback(ctx))
+
+	tx, got = claimBatch("a", "b", "c")
+	require.ElementsMatch(t, []string{"a", "b", "c"}, got, "the rollback released every key of the batch")
+	require.NoError(t, tx.Commit(ctx))
+	tx, got = claimBatch("a", "d", "c")
+	require.ElementsMatch(t, []string{"d"}, got, "the commit recorded every key of the batch")
+	require.NoError(t, tx.Commit(ctx))
+	require.False(t, claimCommit(t, s, "c", "b"), "a key a batch committed is a duplicate of a single claim")
+	tx, got = claimBatch()
+	require.Empty(t, got, "no keys, none claimed")
+	require.NoError(t, tx.Commit(ctx))
+
+	holder, got := claimBatch("h")
+	require.Equal(t, []string{"h"}, got)
+	type result struct {
+		tx        unitofwork.Tx
+		got       []string
+		err       error
+		afterEnds bool // the holder had begun to end when the claim returned
+	}
+	var ending atomic.Bool
+	res := make(chan result, 1)
+	go func() {
+		tx, err := s.Begin(context.Background())
+		if err != nil {
+			res <- result{err: err}
+			return
+		}
+		got, err := tx.(deduplication.BatchClaimer).ClaimBatch(context.Background(), "c", []string{"x", "h"}, 50*time.Millisecond, 0)
+		res <- result{tx, got, err, ending.Load()}
+	}()
+	var r result
+	returned := false
+	select {
+	case r = <-res:
+		returned = true
+	case <-time.After(300 * time.Millisecond): // or it waits for the holder
+	}
+	ending.Store(true)
+	require.NoError(t, holder.Rollback(ctx))
+	if !returned {
+		select {
+		case r = <-res:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the waiting batch did not return within 10s after the holder ended")
+		}
+	}
+	if r.err != nil {
+		require.ErrorIs(t, r.err, deduplication.ErrClaimInProgress, "a batch with a held key waits or fails with ErrClaimInProgress")
+		require.NotNil(t, r.tx)
+		require.NoError(t, r.tx.Rollback(ctx))
+		r.tx, r.got = claimBatch("x", "h")
+	} else {
+		require.True(t, r.afterEnds, "a batch claimed %q while another unit of work held h", r.got)
+	}
+	require.ElementsMatch(t, []string{"x", "h"}, r.got, "the holder's rollback, and a failed batch's, released their keys")
+	require.NoError(t, r.tx.Commit(ctx))
 }
