@@ -132,6 +132,22 @@ type BatchClaimer interface {
 	ClaimBatch(ctx context.Context, consumer string, keys []string, wait, idle time.Duration) ([]string, error)
 }
 
+// ClaimReleaser is a BatchClaimer whose unit of work holds the claims only,
+// not what the handler writes: the Redis inbox's and the MemoryStore's. A
+// batch handler never runs a batch on it again — what its events did cannot
+// be rolled back — so an event that fails leaves the batch by ReleaseClaims,
+// which gives back the claims of keys (distinct, claimed in this unit of
+// work) so that a redelivery claims them anew, and the commit records the
+// others'. A panic in such a batch fails each of its events (Invariant: it
+// cannot tell which ran), and a failed commit or release each (Transient).
+// A BatchClaimer whose unit of work is not a transaction with the handler's
+// writes must be one: a batch re-run without its failed events would do the
+// others' effects again.
+type ClaimReleaser interface {
+	BatchClaimer
+	ReleaseClaims(ctx context.Context, consumer string, keys []string) error
+}
+
 // NewBatchHandler returns the handler that runs bh with the inbox of cfg:
 // the deliveries in flight are gathered into batches (up to bh.MaxBatch,
 // for up to bh.MaxWait); for each batch one transaction claims their keys
@@ -284,15 +300,16 @@ func (g *gatherer) waitedAcross(seen int64) error {
 	return fmt.Errorf("deduplication: not run: the store did not answer a batch while this one waited: %w", *g.lastFailure.Load())
 }
 
-// runAlone runs e in a batch of its own. One whose key was held (alone)
-// runs outside the batches' slots, its claim waiting up to ClaimTimeout for
-// the unit of work that holds it: a duplicate when that one commits it,
+// runAlone runs e in a batch of its own, in one of the batches' slots:
+// Concurrency bounds every unit of work, so a pool sized to it suffices. One
+// whose key was held (alone) has its claim wait up to ClaimTimeout for the
+// unit of work that holds it: a duplicate when that one commits it,
 // ErrClaimInProgress (Transient) when it waits longer. One of a store whose
-// unit of work takes one claim (single) waits for a slot, as a batch does:
-// Concurrency bounds the units of work of such a store too. A delivery
-// whose context ends while it waits goes back unprocessed.
+// unit of work takes one claim (single) runs alone from the start. A
+// delivery whose context ends while it waits for its slot goes back
+// unprocessed.
 func (g *gatherer) runAlone(e *entry) error {
-	if e.single {
+	if e.single || e.alone {
 		select {
 		case g.slots <- struct{}{}:
 		case <-e.ctx.Done():
@@ -605,9 +622,10 @@ func (x *execution) once(es []*entry) []*entry {
 		claimed, held, gaveUp, err = x.claimByHalves(tx, keys, idle)
 		if err == nil && len(held) > 0 {
 			kept := es[:0:0]
+			seen := x.g.storeFailures.Load()
 			for _, e := range es {
 				if _, ok := held[e.key]; ok {
-					e.alone = true
+					e.alone, e.seen = true, seen
 					continue
 				}
 				kept = append(kept, e)
@@ -658,6 +676,16 @@ func (x *execution) once(es []*entry) []*entry {
 	for _, e := range run {
 		e.msg.SetContext(e.ctx)
 	}
+	if _, ok := tx.(ClaimReleaser); ok && panicked != nil && len(run) > 1 {
+		// What ran before the panic cannot be rolled back: running the
+		// batch again by halves would do it again. Each event fails with
+		// the panic.
+		for _, e := range run {
+			sluice.Record(e.ctx, func(r *sluice.Report) { r.Panic, r.Stack = true, string(panicked.Stack) })
+			e.err = &sluice.Failure{Class: sluice.ClassInvariant, Err: panicked}
+		}
+		return nil
+	}
 	if panicked != nil {
 		if len(run) == 1 {
 			sluice.Record(run[0].ctx, func(r *sluice.Report) { r.Panic, r.Stack = true, string(panicked.Stack) })
@@ -675,6 +703,10 @@ func (x *execution) once(es []*entry) []*entry {
 	}
 	if len(outcomes) != len(run) {
 		settle(run, sluice.Invariant(fmt.Errorf("deduplication: the batch handler returned %d outcomes for %d events", len(outcomes), len(run))))
+		return nil
+	}
+	if rel, ok := tx.(ClaimReleaser); ok && len(run) > 1 {
+		ended = x.settleOutside(tx, rel, run, units, outcomes)
 		return nil
 	}
 	if len(run) > 1 && x.batchsFailure(outcomes) {
@@ -757,6 +789,60 @@ func (x *execution) once(es []*entry) []*entry {
 	half := len(run) / 2
 	x.attempt(run[:half])
 	return run[half:]
+}
+
+// settleOutside ends a batch of run on a unit of work that holds the
+// claims only (ClaimReleaser), after its handler ran once, without running
+// it again: the claims of the events that failed (not rejected) are
+// released, the others' committed. A release or commit that fails fails
+// each event (Transient: a redelivery finds its claim committed or not).
+// It reports whether tx ended.
+func (x *execution) settleOutside(tx unitofwork.Tx, rel ClaimReleaser, run []*entry, units []*unitctx.Unit[unitofwork.Tx], outcomes []error) bool {
+	d := x.g.d
+	bg := context.Background()
+	var failed []string
+	kept := make([]*unitctx.Unit[unitofwork.Tx], 0, len(run))
+	for i, e := range run {
+		e.err = outcomes[i]
+		if e.err != nil && d.cfg.Classifier.Classify(e.err) != sluice.ClassRejected {
+			failed = append(failed, e.key)
+			continue
+		}
+		kept = append(kept, units[i])
+	}
+	if len(kept) == 0 {
+		return false // the deferred rollback releases every claim
+	}
+	fail := func(op string, err error) {
+		settle(run, sluice.Transient(errors.Join(append(errs(run), fmt.Errorf("deduplication: %s: %w", op, err))...)))
+	}
+	if len(failed) > 0 {
+		release := func(ctx context.Context) (struct{}, error) {
+			return struct{}{}, rel.ReleaseClaims(ctx, d.cfg.Consumer, failed)
+		}
+		var err error
+		gaveUp := false
+		if d.storeBound <= 0 {
+			_, err = release(bg)
+		} else {
+			_, gaveUp, err = bounded.Run(d.calls, bg, d.storeBound, false, release, func(struct{}, error) { d.lateRollback(bg, tx) })
+		}
+		if err != nil {
+			fail("releasing the failed events' claims", err)
+			return gaveUp
+		}
+	}
+	gaveUp, err := d.commit(bg, tx)
+	if err != nil {
+		fail("commit", err)
+		return gaveUp
+	}
+	x.committed += len(kept)
+	d.batchSize.Record(bg, int64(len(kept)), telemetry.DeliveryAttr(run[0].msg))
+	for _, u := range kept {
+		u.Committed()
+	}
+	return true
 }
 
 // batchsFailure reports whether outcomes fail every event with the same

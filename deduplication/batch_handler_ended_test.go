@@ -202,23 +202,10 @@ func TestAnEventOfAOneClaimStoreWhoseContextEndedBeforeItRanAloneIsNotRun(t *tes
 func TestConcurrencyBoundsTheEventsOfAOneClaimStore(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		var (
-			mu            sync.Mutex
-			running, peak int
-		)
+		handle, peak := peakOfHandlers()
 		h, err := deduplication.NewBatchHandler(deduplication.Config{Store: oneClaimStore{deduplication.NewMemoryStore()}, Consumer: "c"},
 			deduplication.BatchHandler{MaxBatch: 8, InFlight: 8, MaxWait: time.Second, Concurrency: 1,
-				Handle: func(_ context.Context, msgs []*message.Message) []error {
-					mu.Lock()
-					running++
-					peak = max(peak, running)
-					mu.Unlock()
-					time.Sleep(time.Millisecond) // the virtual clock: the others go on meanwhile
-					mu.Lock()
-					running--
-					mu.Unlock()
-					return nil
-				}})
+				Handle: handle})
 		require.NoError(t, err)
 		results := make(chan error, 8)
 		for i := range 8 {
@@ -229,7 +216,7 @@ func TestConcurrencyBoundsTheEventsOfAOneClaimStore(t *testing.T) {
 		for range 8 {
 			require.NoError(t, <-results)
 		}
-		require.Equal(t, 1, peak, "one unit of work at a time")
+		require.Equal(t, 1, peak(), "one unit of work at a time")
 	})
 }
 
@@ -300,4 +287,29 @@ func TestAOneClaimStoreThatDoesNotAnswerFailsTheBatchAtOnce(t *testing.T) {
 		require.EqualValues(t, 1, store.begins.Load(), "the store asked once, for the batch")
 		require.Less(t, time.Since(start), 3*time.Second, "one bound (the virtual clock), not one each")
 	})
+}
+
+// peakOfHandlers is a batch handler that sleeps a millisecond (on synctest's
+// virtual clock: the others go on meanwhile) and the most of its calls that
+// ran at once.
+func peakOfHandlers() (func(context.Context, []*message.Message) []error, func() int) {
+	var (
+		mu            sync.Mutex
+		running, peak int
+	)
+	return func(context.Context, []*message.Message) []error {
+			mu.Lock()
+			running++
+			peak = max(peak, running)
+			mu.Unlock()
+			time.Sleep(time.Millisecond)
+			mu.Lock()
+			running--
+			mu.Unlock()
+			return nil
+		}, func() int {
+			mu.Lock()
+			defer mu.Unlock()
+			return peak
+		}
 }

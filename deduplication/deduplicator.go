@@ -456,6 +456,11 @@ func (d *deduplicator) claimWith(ctx context.Context, tx unitofwork.Tx, key stri
 		return false, true, &sluice.DependencyError{Op: fmt.Sprintf("deduplication: claim %q", diag.Bound(key, 128)), Err: err}
 	case deadline != nil && deadline.Err() != nil && ctx.Err() == nil:
 		return false, false, fmt.Errorf("%w: claim %q waited longer than the claim timeout (%s): %w", ErrClaimInProgress, key, d.cfg.ClaimTimeout, err)
+	case errors.Is(err, ErrClaimInProgress):
+		// A store that does not wait (Redis) answered: another unit of
+		// work holds the key — an answer, not the store's failure, so not
+		// a DependencyError the brake would count.
+		return false, false, fmt.Errorf("deduplication: claim %q: %w", diag.Bound(key, 128), err)
 	}
 	return false, false, dependency(ctx, fmt.Sprintf("claim %q", diag.Bound(key, 128)), err)
 }

@@ -86,7 +86,7 @@ type memClaim struct {
 	rec *memRecord
 }
 
-var _ BatchClaimer = (*memTx)(nil)
+var _ ClaimReleaser = (*memTx)(nil)
 
 func (t *memTx) Claim(ctx context.Context, consumer, key string) (bool, error) {
 	if t.ended || t.held != nil {
@@ -120,6 +120,26 @@ func (t *memTx) ClaimBatch(ctx context.Context, consumer string, keys []string, 
 		}
 	}
 	return got, nil
+}
+
+// ReleaseClaims gives back the claims of keys this unit of work holds
+// (ClaimReleaser): a batch handler's failed events; the commit records the
+// others.
+func (t *memTx) ReleaseClaims(_ context.Context, consumer string, keys []string) error {
+	if t.ended {
+		return errMemTxDone
+	}
+	t.s.mu.Lock()
+	defer t.s.mu.Unlock()
+	for _, key := range keys {
+		k := memKey{consumer, key}
+		if r, ok := t.s.recs[k]; ok && r.owner == t {
+			delete(t.s.recs, k)
+			r.owner = nil
+			r.wake()
+		}
+	}
+	return nil
 }
 
 // errHeldPastWait ends ClaimBatch's wait for a key another unit of work holds.
@@ -199,13 +219,21 @@ func (t *memTx) Rollback(context.Context) error {
 	t.ended = true
 	if t.held != nil {
 		t.s.mu.Lock()
-		delete(t.s.recs, t.key)
-		t.held.wake()
+		t.release(t.key, t.held)
 		for _, c := range t.more {
-			delete(t.s.recs, c.key)
-			c.rec.wake()
+			t.release(c.key, c.rec)
 		}
 		t.s.mu.Unlock()
 	}
 	return nil
+}
+
+// release deletes k's record r, unless ReleaseClaims gave it back before
+// (another unit of work's may be there now), and wakes its waiters; called
+// with the store's lock held.
+func (t *memTx) release(k memKey, r *memRecord) {
+	if t.s.recs[k] == r {
+		delete(t.s.recs, k)
+	}
+	r.wake()
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -113,10 +114,14 @@ func (s *Inbox) redisKey(consumer, key string) string {
 
 const redisDone = "done"
 
-// claimScript: 1 claimed, 0 already done, 2 pending elsewhere.
+// claimScript: 1 claimed (or claimed already by this unit of work's token:
+// a pipeline go-redis sent again after a read error or timeout), 0 already
+// done, 2 pending elsewhere.
 var claimScript = redis.NewScript(`
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
-if redis.call('GET', KEYS[1]) == 'done' then return 0 end
+local v = redis.call('GET', KEYS[1])
+if v == 'done' then return 0 end
+if v == ARGV[1] then return 1 end
 return 2`)
 
 // releaseScript deletes the key only while this unit of work's marker holds it.
@@ -132,7 +137,7 @@ type redisTx struct {
 	ended bool
 }
 
-var _ deduplication.BatchClaimer = (*redisTx)(nil)
+var _ deduplication.ClaimReleaser = (*redisTx)(nil)
 
 // begin checks that the unit of work may claim, and gives it its marker.
 func (t *redisTx) begin() error {
@@ -186,9 +191,11 @@ func (t *redisTx) ClaimBatch(ctx context.Context, consumer string, keys []string
 	for i, k := range keys {
 		rkeys[i] = t.s.redisKey(consumer, k)
 	}
+	// Rollback releases whichever of them this unit of work holds (by its
+	// token), whatever the round trip's outcome.
+	t.keys = rkeys
 	res, err := t.s.evalEach(ctx, claimScript, rkeys, t.token, t.s.lease.Milliseconds())
 	if err != nil {
-		t.keys = rkeys
 		return nil, err
 	}
 	claimed := make([]string, 0, len(keys))
@@ -196,7 +203,6 @@ func (t *redisTx) ClaimBatch(ctx context.Context, consumer string, keys []string
 	for i, r := range res {
 		switch r {
 		case 1:
-			t.keys = append(t.keys, rkeys[i])
 			claimed = append(claimed, keys[i])
 		case 2:
 			held++
@@ -205,7 +211,34 @@ func (t *redisTx) ClaimBatch(ctx context.Context, consumer string, keys []string
 	if held > 0 {
 		return nil, fmt.Errorf("%w: %d of the batch's %d keys are held by other units of work", deduplication.ErrClaimInProgress, held, len(keys))
 	}
+	t.keys = t.keys[:0]
+	for _, k := range claimed {
+		t.keys = append(t.keys, t.s.redisKey(consumer, k))
+	}
 	return claimed, nil
+}
+
+// ReleaseClaims gives back the claims of keys this unit of work holds
+// (deduplication.ClaimReleaser: a batch handler's failed events), in one
+// round trip; the commit records the others.
+func (t *redisTx) ReleaseClaims(ctx context.Context, consumer string, keys []string) error {
+	if t.ended {
+		return errors.New("sluiceredis: redis unit of work already ended")
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	gone := make(map[string]bool, len(keys))
+	rkeys := make([]string, len(keys))
+	for i, k := range keys {
+		rkeys[i] = t.s.redisKey(consumer, k)
+		gone[rkeys[i]] = true
+	}
+	if _, err := t.s.evalEach(ctx, releaseScript, rkeys, t.token); err != nil {
+		return err
+	}
+	t.keys = slices.DeleteFunc(t.keys, func(k string) bool { return gone[k] })
+	return nil
 }
 
 // evalEach runs script once for each of keys, with args, in one pipeline,
@@ -252,7 +285,10 @@ func (s *Inbox) evalEach(ctx context.Context, script *redis.Script, keys []strin
 
 // Commit records the keys as done for Retention, even if the lease ran
 // out: the handler's effects have happened. A batch's keys are written in
-// one MULTI/EXEC (on a cluster, one per hash slot).
+// one pipeline: not a MULTI/EXEC, which a Redis Cluster refuses for keys of
+// several hash slots (CROSSSLOT). A commit cut short records some of them:
+// the others stay pending until their Lease ends, and their events run
+// again, as after any failed commit.
 func (t *redisTx) Commit(ctx context.Context) error {
 	if t.ended {
 		return errors.New("sluiceredis: redis unit of work already ended")
@@ -264,7 +300,7 @@ func (t *redisTx) Commit(ctx context.Context) error {
 	case 1:
 		return t.s.client.Set(ctx, t.keys[0], redisDone, t.s.retention).Err()
 	}
-	_, err := t.s.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := t.s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, k := range t.keys {
 			p.Set(ctx, k, redisDone, t.s.retention)
 		}

@@ -27,3 +27,21 @@ func TestEvalEachSendsTheSourceOfAScriptRedisDoesNotHave(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []int64{7, 7, 7}, got, "and then by hash")
 }
+
+// The claim script answers "claimed" to the token that holds the key: go-redis
+// sends a pipeline again after a read error or timeout, after Redis ran it.
+// Before, the second run answered "held by another unit of work", and the
+// key, held by no live unit of work, stayed pending for the whole Lease.
+func TestTheClaimScriptAnswersItsOwnTokenClaimed(t *testing.T) {
+	t.Parallel()
+	client, prefix := testenv.Redis(t)
+	key := prefix + "k"
+	for range 2 {
+		n, err := claimScript.Run(t.Context(), client, []string{key}, "pending:mine", 60000).Int()
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+	}
+	n, err := claimScript.Run(t.Context(), client, []string{key}, "pending:other", 60000).Int()
+	require.NoError(t, err)
+	require.Equal(t, 2, n, "another token: held")
+}

@@ -49,6 +49,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"DeleteBefore", testDeleteBefore},
 		{"BatchHandlerRunsEachEventOnce", testBatchHandler},
 		{"ClaimBatch", testClaimBatch},
+		{"BatchOutsideTheEffectsIsNeverRunAgain", testBatchNeverRunAgain},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -413,4 +414,67 @@ func testClaimBatch(t *testing.T, s deduplication.Store) {
 	}
 	require.ElementsMatch(t, []string{"x", "h"}, r.got, "the holder's rollback, and a failed batch's, released their keys")
 	require.NoError(t, r.tx.Commit(ctx))
+}
+
+// testBatchNeverRunAgain, for a store whose units of work hold the claims
+// only (deduplication.ClaimReleaser): a batch handler's batch is never run
+// again, so an event that fails fails alone and every other event's
+// effect, outside the unit of work, is done once; after a panic, none is
+// done twice. 8 events side by side, one of them failing.
+func testBatchNeverRunAgain(t *testing.T, s deduplication.Store) {
+	tx, err := s.Begin(t.Context())
+	require.NoError(t, err)
+	_, ok := tx.(deduplication.ClaimReleaser)
+	require.NoError(t, tx.Rollback(t.Context()))
+	if !ok {
+		t.Skip("the store's units of work are not deduplication.ClaimReleasers")
+	}
+	for _, panics := range []bool{false, true} {
+		t.Run(fmt.Sprintf("panic=%v", panics), func(t *testing.T) {
+			var mu sync.Mutex
+			effects := map[string]int{}
+			h, err := deduplication.NewBatchHandler(deduplication.Config{Store: s, Consumer: fmt.Sprint("outside-", panics)},
+				deduplication.BatchHandler{MaxBatch: 8, InFlight: 8, MaxWait: time.Second, Concurrency: 1,
+					Handle: func(_ context.Context, msgs []*message.Message) []error {
+						mu.Lock()
+						defer mu.Unlock()
+						out := make([]error, len(msgs))
+						for i, m := range msgs {
+							id := m.Metadata.Get(sluice.EventIDKey)
+							if id == "evt-7" {
+								if panics {
+									panic("evt-7")
+								}
+								out[i] = errors.New("evt-7 fails")
+								continue
+							}
+							effects[id]++ // outside the store: a call, a file
+						}
+						return out
+					}})
+			require.NoError(t, err)
+			errs := make(chan error, 8)
+			for i := range 8 {
+				msg := message.NewMessage(fmt.Sprint("delivery-", i), nil)
+				msg.Metadata.Set(sluice.EventIDKey, fmt.Sprint("evt-", i))
+				msg.SetContext(t.Context())
+				go func() { _, err := h(msg); errs <- err }()
+			}
+			failed := 0
+			for range 8 {
+				if <-errs != nil {
+					failed++
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for id, n := range effects {
+				require.Equal(t, 1, n, "%s's effect done once (effects %v)", id, effects)
+			}
+			if !panics {
+				require.Equal(t, 1, failed, "evt-7 alone failed")
+				require.Len(t, effects, 7, "every other event done")
+			}
+		})
+	}
 }

@@ -1,0 +1,131 @@
+package deduplication_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicemq/sluice"
+	"github.com/sluicemq/sluice/deduplication"
+)
+
+// A batch on the MemoryStore, whose unit of work holds the claims and not
+// the handler's effects (deduplication.ClaimReleaser), is never run again:
+// an event that fails leaves it by its claim's release — a redelivery runs
+// it — while the others' effects, done once, are committed; a panic fails
+// each event (it cannot tell which ran). Before, the batch was rolled back
+// and run again without the failed event (by halves after a panic): each
+// other event's effect, outside the unit of work, was done twice or more.
+func TestABatchOnAStoreOutsideTheEffectsIsNeverRunAgain(t *testing.T) {
+	t.Parallel()
+	for _, panics := range []bool{false, true} {
+		t.Run(fmt.Sprintf("panic=%v", panics), func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				store := deduplication.NewMemoryStore()
+				var mu sync.Mutex
+				effects := map[string]int{}
+				h, err := deduplication.NewBatchHandler(deduplication.Config{Store: store, Consumer: "c"},
+					deduplication.BatchHandler{MaxBatch: 8, InFlight: 8, MaxWait: time.Second, Concurrency: 1,
+						Handle: func(_ context.Context, msgs []*message.Message) []error {
+							mu.Lock()
+							defer mu.Unlock()
+							out := make([]error, len(msgs))
+							for i, m := range msgs {
+								id := m.Metadata.Get(sluice.EventIDKey)
+								if id == "evt-7" {
+									if panics {
+										panic("evt-7")
+									}
+									out[i] = errors.New("evt-7 fails")
+									continue
+								}
+								effects[id]++ // an effect outside the store: a file, a call
+							}
+							return out
+						}})
+				require.NoError(t, err)
+				results := map[string]<-chan error{}
+				for i := range 8 {
+					results[fmt.Sprint("evt-", i)] = deliverTo(t.Context(), h, fmt.Sprint(i))
+				}
+				for id, res := range results {
+					err := <-res
+					switch {
+					case panics:
+						var pe *sluice.PanicError
+						require.ErrorAs(t, err, &pe, "%s fails with the batch's panic", id)
+						require.Equal(t, sluice.ClassInvariant, sluice.DefaultClassifier().Classify(err))
+					case id == "evt-7":
+						require.ErrorContains(t, err, "evt-7 fails")
+					default:
+						require.NoError(t, err, "%s done", id)
+					}
+				}
+				for id, n := range effects {
+					require.Equal(t, 1, n, "%s's effect done once", id)
+				}
+				if panics {
+					return
+				}
+				require.Len(t, effects, 7)
+				// The failed event's claim was released: its redelivery runs
+				// (and fails again); the others' were committed: theirs are
+				// duplicates.
+				for i := range 8 {
+					msg := message.NewMessage(fmt.Sprint("again-", i), nil)
+					msg.Metadata.Set(sluice.EventIDKey, fmt.Sprint("evt-", i))
+					msg.SetContext(t.Context())
+					_, err := h(msg)
+					if i == 7 {
+						require.ErrorContains(t, err, "evt-7 fails", "evt-7 runs again")
+						continue
+					}
+					require.NoError(t, err, "evt-%d again: a duplicate", i)
+				}
+				require.Len(t, effects, 7, "no other event ran again")
+				for id, n := range effects {
+					require.Equal(t, 1, n, "%s's effect done once", id)
+				}
+			})
+		})
+	}
+}
+
+// A batch one of whose keys another unit of work holds runs its events
+// alone in the handler's Concurrency slots: with Concurrency 1, one at a
+// time. Before, they ran outside the slots, all at once (7 handlers at
+// once on Redis; a pool sized to Concurrency could not serve them).
+func TestTheEventsOfABatchWithAHeldKeyKeepToConcurrency(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		store := deduplication.NewMemoryStore()
+		holder, err := store.Begin(t.Context())
+		require.NoError(t, err)
+		ok, err := holder.Claim(t.Context(), "c", "evt-0")
+		require.NoError(t, err)
+		require.True(t, ok)
+		handle, peak := peakOfHandlers()
+		h, err := deduplication.NewBatchHandler(deduplication.Config{Store: store, Consumer: "c", ClaimTimeout: time.Second},
+			deduplication.BatchHandler{MaxBatch: 8, InFlight: 8, MaxWait: time.Second, Concurrency: 1,
+				Handle: handle})
+		require.NoError(t, err)
+		var results []<-chan error
+		for i := range 8 {
+			results = append(results, deliverTo(t.Context(), h, fmt.Sprint(i)))
+		}
+		require.ErrorIs(t, <-results[0], deduplication.ErrClaimInProgress, "the held event waits its ClaimTimeout")
+		for _, res := range results[1:] {
+			require.NoError(t, <-res)
+		}
+		require.Equal(t, 1, peak(), "one unit of work at a time")
+		require.NoError(t, holder.Rollback(t.Context()))
+	})
+}
