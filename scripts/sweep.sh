@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stops what a killed test run left: the private RabbitMQ nodes, clusters,
-# PostgreSQL servers, headless Chromium and cluster network namespaces of
+# PostgreSQL servers, Redis clusters, headless Chromium and cluster network namespaces of
 # a test binary that ended without its cleanup (a go test timeout, a
 # SIGKILL, Ctrl-C twice). Each
 # such directory holds owner.pid, the test binary that made it
@@ -13,8 +13,15 @@ set -uo pipefail
 roots=(/tmp)
 [ -d /var/cache/sluice/rabbitmq-4.0/tmp ] && roots+=(/var/cache/sluice/rabbitmq-4.0/tmp)
 swept=0
+# in_dir DIR: the processes whose working directory is DIR.
+in_dir() {
+	local p
+	for p in /proc/[0-9]*; do
+		[ "$(readlink "$p/cwd" 2>/dev/null)" = "$1" ] && echo "${p#/proc/}"
+	done
+}
 for root in "${roots[@]}"; do
-	for d in "$root"/sluice-rabbitmq-* "$root"/sluice-cluster-* "$root"/sluice-postgres-* "$root"/sluice-chromium-* "$root"/sluice-cli-*; do
+	for d in "$root"/sluice-rabbitmq-* "$root"/sluice-cluster-* "$root"/sluice-postgres-* "$root"/sluice-chromium-* "$root"/sluice-cli-* "$root"/sluice-redis-*; do
 		[ -d "$d" ] || continue
 		owner=$(cat "$d/owner.pid" 2>/dev/null || true)
 		if [[ "$owner" =~ ^[0-9]+$ ]]; then
@@ -24,10 +31,12 @@ for root in "${roots[@]}"; do
 		fi
 		# The processes that name the directory, in their command line
 		# (postgres -D, chromium --user-data-dir, the CLI's binary) or their
-		# environment (a RabbitMQ node's beam.smp: RABBITMQ_MNESIA_BASE),
+		# environment (a RabbitMQ node's beam.smp: RABBITMQ_MNESIA_BASE) or,
+		# for a redis-server, which writes its title over both, its working
+		# directory,
 		# as the 4.0 node's chroot sees it too.
 		name=${d#/var/cache/sluice/rabbitmq-4.0}
-		pids=$( (pgrep -f -- "$name"; grep -lsF -- "$name" /proc/[0-9]*/environ | cut -d/ -f3) | sort -u | grep -vx "$$")
+		pids=$( (pgrep -f -- "$name"; grep -lsF -- "$name" /proc/[0-9]*/environ | cut -d/ -f3; in_dir "$d") | sort -u | grep -vx "$$")
 		# shellcheck disable=SC2086
 		[ -n "$pids" ] && kill -9 $pids 2>/dev/null
 		rm -rf "$d"

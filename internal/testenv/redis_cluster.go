@@ -3,11 +3,11 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,11 +17,16 @@ import (
 
 // RedisCluster starts a private Redis Cluster — three masters, no replicas,
 // nothing persisted, on ports of its own — and returns a client of it; the
-// servers are stopped when t ends (and killed with the test binary). Every
-// wait on it is bounded.
+// servers are stopped when t ends. Their directory, /tmp/sluice-redis-*,
+// names its owner (ClaimDir) and is their working directory (Redis writes
+// its title over its command line and environment), so scripts/sweep.sh
+// stops what a killed run left. Every wait on it is bounded.
 func RedisCluster(t testing.TB) *redis.ClusterClient {
 	t.Helper()
-	dir := t.TempDir()
+	dir, err := os.MkdirTemp("", "sluice-redis-")
+	require.NoError(t, err)
+	require.NoError(t, ClaimDir(dir))
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	addrs := make([]string, 3)
 	for i := range addrs {
 		port, err := pickPort()
@@ -32,7 +37,7 @@ func RedisCluster(t testing.TB) *redis.ClusterClient {
 		cmd := exec.Command("redis-server", "--bind", "127.0.0.1", "--port", strconv.Itoa(port), "--cluster-port", strconv.Itoa(bus),
 			"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, fmt.Sprintf("nodes-%d.conf", port)),
 			"--dir", dir, "--save", "", "--appendonly", "no", "--logfile", filepath.Join(dir, fmt.Sprintf("%d.log", port)))
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		cmd.Dir = dir
 		require.NoError(t, cmd.Start(), "redis-server (run `make services`)")
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	}
