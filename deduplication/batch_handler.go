@@ -62,7 +62,11 @@ type BatchHandler struct {
 	// others commit. So is one error value returned for every event of the
 	// call (SameOutcome) when it is Poison or Invariant: a statement of the
 	// batch failed, perhaps for one event. A slice of the wrong length
-	// fails every event of the call as Invariant.
+	// fails every event of the call as Invariant. On a store whose unit of
+	// work holds the claims only (ClaimReleaser: the Redis inbox, the
+	// MemoryStore) a batch is never run again: a failed event's claim is
+	// released and the others commit, a panic fails every event of the
+	// call, and one error for all is each event's.
 	//
 	// ctx ends when the first of the batch's deliveries' contexts ends (its
 	// deadline, the shutdown grace running out). Required.
@@ -222,13 +226,19 @@ type entry struct {
 	// again: another delivery of the batch carried the key and did not
 	// commit it: this one joins the next batch.
 	again bool
+	// unsure: the event failed in a batch whose effects are outside its
+	// unit of work (ClaimReleaser) with no way to tell whether it ran (a
+	// panic): a copy of it in the batch fails with its error rather than
+	// run it again.
+	unsure bool
 	// alone: another open unit of work held the key when the batch claimed
 	// it: the delivery left the batch, to run alone (runAlone), outside the
 	// batches' slots while its claim waits for the holder.
 	alone bool
 	// single: the store's unit of work takes one claim and another event
-	// of the batch took it: the delivery runs alone (runAlone), in one of
-	// the batches' slots as any batch.
+	// of the batch took it, or takes no savepoints and a key of the batch
+	// was held: the delivery runs alone (runAlone), in one of the batches'
+	// slots as any batch.
 	single bool
 	// seen is the store failures the gatherer had met when the event was
 	// made single (storeFailures).
@@ -300,16 +310,16 @@ func (g *gatherer) waitedAcross(seen int64) error {
 	return fmt.Errorf("deduplication: not run: the store did not answer a batch while this one waited: %w", *g.lastFailure.Load())
 }
 
-// runAlone runs e in a batch of its own, in one of the batches' slots:
-// Concurrency bounds every unit of work, so a pool sized to it suffices. One
-// whose key was held (alone) has its claim wait up to ClaimTimeout for the
-// unit of work that holds it: a duplicate when that one commits it,
+// runAlone runs e in a batch of its own. One whose key was held (alone)
+// runs outside the batches' slots, its claim waiting up to ClaimTimeout for
+// the unit of work that holds it: a duplicate when that one commits it,
 // ErrClaimInProgress (Transient) when it waits longer. One of a store whose
-// unit of work takes one claim (single) runs alone from the start. A
-// delivery whose context ends while it waits for its slot goes back
-// unprocessed.
+// unit of work takes one claim, or takes no savepoints to find the held key
+// of a batch (single), waits for a slot, as a batch does: Concurrency
+// bounds the units of work of such a store too. A delivery whose context
+// ends while it waits goes back unprocessed.
 func (g *gatherer) runAlone(e *entry) error {
-	if e.single || e.alone {
+	if e.single {
 		select {
 		case g.slots <- struct{}{}:
 		case <-e.ctx.Done():
@@ -498,9 +508,12 @@ func (g *gatherer) execute(members []*entry) {
 		// duplicate is a duplicate; otherwise it runs in a batch of its
 		// own turn.
 		for _, c := range copies[e.key] {
-			if e.err == nil && !e.alone && !e.single {
+			switch {
+			case e.err == nil && !e.alone && !e.single:
 				g.d.duplicate(c.msg, c.key)
-			} else {
+			case e.unsure:
+				c.err = e.err
+			default:
 				c.again = true
 			}
 			close(c.done)
@@ -623,9 +636,14 @@ func (x *execution) once(es []*entry) []*entry {
 		if err == nil && len(held) > 0 {
 			kept := es[:0:0]
 			seen := x.g.storeFailures.Load()
+			_, savepoints := tx.(unitofwork.Savepointer)
 			for _, e := range es {
 				if _, ok := held[e.key]; ok {
-					e.alone, e.seen = true, seen
+					// Without savepoints every key of the batch is
+					// "held": each runs alone in a slot (single), or
+					// a batch of 64 would run 64 units of work at
+					// once beside the slots.
+					e.alone, e.single, e.seen = savepoints, !savepoints, seen
 					continue
 				}
 				kept = append(kept, e)
@@ -683,6 +701,7 @@ func (x *execution) once(es []*entry) []*entry {
 		for _, e := range run {
 			sluice.Record(e.ctx, func(r *sluice.Report) { r.Panic, r.Stack = true, string(panicked.Stack) })
 			e.err = &sluice.Failure{Class: sluice.ClassInvariant, Err: panicked}
+			e.unsure = true
 		}
 		return nil
 	}
@@ -813,8 +832,19 @@ func (x *execution) settleOutside(tx unitofwork.Tx, rel ClaimReleaser, run []*en
 	if len(kept) == 0 {
 		return false // the deferred rollback releases every claim
 	}
+	// A failed release or commit: the events that failed keep their own
+	// error (their claims are rolled back), every other fails Transient.
+	failedKey := make(map[string]bool, len(failed))
+	for _, k := range failed {
+		failedKey[k] = true
+	}
 	fail := func(op string, err error) {
-		settle(run, sluice.Transient(errors.Join(append(errs(run), fmt.Errorf("deduplication: %s: %w", op, err))...)))
+		opErr := fmt.Errorf("deduplication: %s: %w", op, err)
+		for _, e := range run {
+			if !failedKey[e.key] {
+				e.err = sluice.Transient(errors.Join(e.err, opErr))
+			}
+		}
 	}
 	if len(failed) > 0 {
 		release := func(ctx context.Context) (struct{}, error) {
@@ -884,7 +914,9 @@ func sameError(a, b error) (same bool) {
 // handler whose one statement wrote every event: nil (all done) when err is
 // nil. When that error fails a batch of more than one event as Poison or
 // Invariant (a constraint one event's row violates), the batch is halved
-// until the events it belongs to are found: the others commit.
+// until the events it belongs to are found: the others commit — except on
+// a store whose unit of work holds the claims only (ClaimReleaser), where
+// it is each event's outcome.
 func SameOutcome(msgs []*message.Message, err error) []error {
 	if err == nil {
 		return nil

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/deduplication"
+	"github.com/sluicemq/sluice/unitofwork"
 )
 
 // A batch on the MemoryStore, whose unit of work holds the claims and not
@@ -33,7 +34,7 @@ func TestABatchOnAStoreOutsideTheEffectsIsNeverRunAgain(t *testing.T) {
 				var mu sync.Mutex
 				effects := map[string]int{}
 				h, err := deduplication.NewBatchHandler(deduplication.Config{Store: store, Consumer: "c"},
-					deduplication.BatchHandler{MaxBatch: 8, InFlight: 8, MaxWait: time.Second, Concurrency: 1,
+					deduplication.BatchHandler{MaxBatch: 8, MaxWait: time.Second, Concurrency: 1,
 						Handle: func(_ context.Context, msgs []*message.Message) []error {
 							mu.Lock()
 							defer mu.Unlock()
@@ -127,5 +128,113 @@ func TestTheEventsOfABatchWithAHeldKeyKeepToConcurrency(t *testing.T) {
 		}
 		require.Equal(t, 1, peak(), "one unit of work at a time")
 		require.NoError(t, holder.Rollback(t.Context()))
+	})
+}
+
+// A panic in a batch on the MemoryStore fails a copy of one of its events
+// in the same batch too: which of them ran cannot be told. Before, the
+// copy found the key released and ran at once: an event both poisoned and
+// done, its effect twice.
+func TestACopyInABatchThatPanickedOnAStoreOutsideTheEffectsIsNotRun(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		effects := map[string]int{}
+		h, err := deduplication.NewBatchHandler(deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "c"},
+			deduplication.BatchHandler{MaxBatch: 5, MaxWait: time.Second, Concurrency: 1,
+				Handle: func(_ context.Context, msgs []*message.Message) []error {
+					mu.Lock()
+					defer mu.Unlock()
+					for _, m := range msgs {
+						id := m.Metadata.Get(sluice.EventIDKey)
+						if id == "evt-3" {
+							panic("evt-3")
+						}
+						effects[id]++
+					}
+					return nil
+				}})
+		require.NoError(t, err)
+		var results []<-chan error
+		for i := range 4 {
+			results = append(results, deliverTo(t.Context(), h, fmt.Sprint(i)))
+		}
+		copyOf0 := message.NewMessage("copy-of-0", nil)
+		copyOf0.Metadata.Set(sluice.EventIDKey, "evt-0")
+		results = append(results, func() <-chan error {
+			out := make(chan error, 1)
+			go func() { _, err := h(copyOf0); out <- err }()
+			return out
+		}())
+		for i, res := range results {
+			var pe *sluice.PanicError
+			require.ErrorAs(t, <-res, &pe, "delivery %d fails with the panic", i)
+		}
+		for id, n := range effects {
+			require.Equal(t, 1, n, "%s's effect done once", id)
+		}
+	})
+}
+
+// releaseFails is a MemoryStore whose ReleaseClaims fails: a Redis that
+// stops answering after the handler ran.
+type releaseFails struct{ *deduplication.MemoryStore }
+
+type releaseFailsTx struct {
+	unitofwork.Tx
+	bc deduplication.BatchClaimer
+}
+
+func (s releaseFails) Begin(ctx context.Context) (unitofwork.Tx, error) {
+	tx, err := s.MemoryStore.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return releaseFailsTx{tx, tx.(deduplication.BatchClaimer)}, nil
+}
+
+func (t releaseFailsTx) ClaimBatch(ctx context.Context, consumer string, keys []string, wait, idle time.Duration) ([]string, error) {
+	return t.bc.ClaimBatch(ctx, consumer, keys, wait, idle)
+}
+
+func (releaseFailsTx) ReleaseClaims(context.Context, string, []string) error {
+	return errors.New("the store stopped answering")
+}
+
+// A batch whose failed event's claim cannot be released fails every other
+// event Transient, and the failed one keeps its own error and class (its
+// claim is rolled back). Before, every event got every event's error
+// joined: a done event reported another's Poison error, and the Poison
+// event, Transient, went to a retry tier instead of the poison queue.
+func TestAFailedReleaseKeepsTheFailedEventsClass(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		h, err := deduplication.NewBatchHandler(deduplication.Config{Store: releaseFails{deduplication.NewMemoryStore()}, Consumer: "c"},
+			deduplication.BatchHandler{MaxBatch: 4, MaxWait: time.Second, Concurrency: 1,
+				Handle: func(_ context.Context, msgs []*message.Message) []error {
+					out := make([]error, len(msgs))
+					for i, m := range msgs {
+						if m.Metadata.Get(sluice.EventIDKey) == "evt-1" {
+							out[i] = sluice.Poison(errors.New("evt-1 is malformed"))
+						}
+					}
+					return out
+				}})
+		require.NoError(t, err)
+		results := map[int]<-chan error{}
+		for i := range 4 {
+			results[i] = deliverTo(t.Context(), h, fmt.Sprint(i))
+		}
+		classifier := sluice.DefaultClassifier()
+		for i, res := range results {
+			err := <-res
+			if i == 1 {
+				require.Equal(t, sluice.ClassPoison, classifier.Classify(err), "evt-1 keeps its class: %v", err)
+				continue
+			}
+			require.Equal(t, sluice.ClassTransient, classifier.Classify(err), "evt-%d: %v", i, err)
+			require.ErrorContains(t, err, "the store stopped answering")
+			require.NotContains(t, err.Error(), "malformed", "evt-%d does not carry evt-1's error", i)
+		}
 	})
 }

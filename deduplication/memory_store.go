@@ -13,7 +13,10 @@ import (
 // MemoryStore is an in-process Store for tests and examples: it keeps every
 // record in a map and forgets them when the process ends. A concurrent claim
 // of a held pair waits until the holder ends, like the SQL store. It joins no
-// business transaction. It is safe for concurrent use.
+// business transaction: a batch handler on it never runs a batch again
+// (ClaimReleaser), so a panic or one error for all fails each event of
+// the batch where the SQL store would narrow it down — test those paths
+// on the SQL store (SQLite). It is safe for concurrent use.
 type MemoryStore struct {
 	mu   sync.Mutex
 	recs map[memKey]*memRecord
