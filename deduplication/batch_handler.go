@@ -196,6 +196,7 @@ type gatherer struct {
 	tracer trace.Tracer
 
 	inside atomic.Int64 // deliveries in handle, from its start to its return
+	joined int          // deliveries in a batch, open or running, without its outcome yet (under mu)
 
 	// storeFailures counts the store's failures to answer that a batch or
 	// an event run alone met (a *sluice.DependencyError of the inbox's),
@@ -266,10 +267,12 @@ func (g *gatherer) handle(msg *message.Message) ([]*message.Message, error) {
 		case <-e.done:
 		case <-ctx.Done():
 			if g.leave(e) { // not started: back unprocessed
+				g.unjoin()
 				return nil, endedBefore(ctx)
 			}
 			<-e.done // started: it commits or not, bounded by StoreTimeout
 		}
+		g.unjoin()
 		if e.alone || e.single {
 			// Out of the batch, nothing claimed: a key another open unit of
 			// work held (its claim waits for it, ClaimTimeout, in a unit of
@@ -348,6 +351,7 @@ func (g *gatherer) runAlone(e *entry) error {
 func (g *gatherer) join(e *entry) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.joined++
 	if b := g.open; b != nil {
 		e.batch = b
 		b.last = time.Now()
@@ -371,9 +375,22 @@ func (g *gatherer) join(e *entry) {
 }
 
 // allIn reports whether every delivery the handler can be handed at once
-// (InFlight) is in it: none can join a batch before one is acked.
+// (InFlight) is in a batch, the open one or one running: none can join
+// before one is acked. Called with g.mu held. A delivery inside the
+// handler that has not joined yet (the goroutines of a burst, one back
+// from a batch to join the next) keeps the open batch open: counting the
+// deliveries inside alone closed a batch at each join of a burst, a batch
+// of one each.
 func (g *gatherer) allIn() bool {
-	return g.cfg.InFlight > 0 && g.inside.Load() >= int64(g.cfg.InFlight)
+	inside := g.inside.Load()
+	return g.cfg.InFlight > 0 && inside >= int64(g.cfg.InFlight) && int64(g.joined) >= inside
+}
+
+// unjoin notes that a delivery has its batch's outcome, or left it.
+func (g *gatherer) unjoin() {
+	g.mu.Lock()
+	g.joined--
+	g.mu.Unlock()
 }
 
 // leave takes e out of its batch if the batch has not closed: true when it

@@ -238,3 +238,32 @@ func TestAFailedReleaseKeepsTheFailedEventsClass(t *testing.T) {
 		}
 	})
 }
+
+// A burst of deliveries — every one the handler can be handed at once
+// (InFlight), inside it before the first joins a batch — makes one batch.
+// Before, a batch closed as soon as InFlight deliveries were inside the
+// handler, joined or not: in a burst, at each join, batches of one.
+func TestABurstOfInFlightDeliveriesMakesOneBatch(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var sizes []int
+		h, err := deduplication.NewBatchHandler(deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "c"},
+			deduplication.BatchHandler{MaxBatch: 16, InFlight: 16, MaxWait: time.Second, Concurrency: 1,
+				Handle: func(_ context.Context, msgs []*message.Message) []error {
+					mu.Lock()
+					defer mu.Unlock()
+					sizes = append(sizes, len(msgs))
+					return nil
+				}})
+		require.NoError(t, err)
+		var results []<-chan error
+		for i := range 16 {
+			results = append(results, deliverTo(t.Context(), h, fmt.Sprint(i)))
+		}
+		for _, res := range results {
+			require.NoError(t, <-res)
+		}
+		require.Equal(t, []int{16}, sizes, "one batch of the 16")
+	})
+}
