@@ -272,18 +272,21 @@ func (g *gatherer) handle(msg *message.Message) ([]*message.Message, error) {
 			}
 			<-e.done // started: it commits or not, bounded by StoreTimeout
 		}
-		g.unjoin()
 		if e.alone || e.single {
 			// Out of the batch, nothing claimed: a key another open unit of
 			// work held (its claim waits for it, ClaimTimeout, in a unit of
 			// work of its own), or a store whose unit of work takes one
 			// claim. A delivery whose context ended meanwhile goes back
-			// unprocessed: the store is asked nothing for it.
+			// unprocessed: the store is asked nothing for it. While it runs
+			// alone it counts as joined (a batch of its own): allIn closes
+			// the open batch at once as ever.
+			defer g.unjoin()
 			if ctx.Err() != nil {
 				return nil, endedBefore(ctx)
 			}
 			return nil, g.runAlone(e)
 		}
+		g.unjoin()
 		if !e.again {
 			return nil, e.err
 		}
@@ -530,6 +533,9 @@ func (g *gatherer) execute(members []*entry) {
 				g.d.duplicate(c.msg, c.key)
 			case e.unsure:
 				c.err = e.err
+				if pe, ok := errors.AsType[*sluice.PanicError](e.err); ok {
+					sluice.Record(c.ctx, func(r *sluice.Report) { r.Panic, r.Stack = true, string(pe.Stack) })
+				}
 			default:
 				c.again = true
 			}
@@ -726,6 +732,7 @@ func (x *execution) once(es []*entry) []*entry {
 		if len(run) == 1 {
 			sluice.Record(run[0].ctx, func(r *sluice.Report) { r.Panic, r.Stack = true, string(panicked.Stack) })
 			run[0].err = &sluice.Failure{Class: sluice.ClassInvariant, Err: panicked}
+			_, run[0].unsure = tx.(ClaimReleaser)
 			return nil
 		}
 		_ = d.rollback(bg, tx)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -265,5 +266,63 @@ func TestABurstOfInFlightDeliveriesMakesOneBatch(t *testing.T) {
 			require.NoError(t, <-res)
 		}
 		require.Equal(t, []int{16}, sizes, "one batch of the 16")
+	})
+}
+
+// A panic of a batch of one event on the MemoryStore fails its copy in the
+// batch too. Before, only a panic of two or more events did: the copy of a
+// lone event found its key released and ran again — poisoned and done, its
+// effect twice.
+func TestACopyOfALoneEventThatPanickedOnAStoreOutsideTheEffectsIsNotRun(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		var calls, effects atomic.Int32
+		h, err := deduplication.NewBatchHandler(deduplication.Config{Store: deduplication.NewMemoryStore(), Consumer: "c"},
+			deduplication.BatchHandler{MaxBatch: 2, MaxWait: time.Second, Concurrency: 1,
+				Handle: func(context.Context, []*message.Message) []error {
+					calls.Add(1)
+					effects.Add(1)
+					panic("after the effect")
+				}})
+		require.NoError(t, err)
+		first := deliverTo(t.Context(), h, "0")
+		second := deliverTo(t.Context(), h, "0")
+		for _, res := range []<-chan error{first, second} {
+			var pe *sluice.PanicError
+			require.ErrorAs(t, <-res, &pe)
+		}
+		require.EqualValues(t, 1, calls.Load(), "the handler called once")
+		require.EqualValues(t, 1, effects.Load())
+	})
+}
+
+// While a delivery runs alone (its key held by another unit of work), a
+// batch that every other delivery in flight joined closes at once. Before,
+// the one running alone no longer counted as joined: the batch waited for
+// its quiet tenth of MaxWait.
+func TestABatchClosesAtOnceWhileADeliveryRunsAlone(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		store := deduplication.NewMemoryStore()
+		holder, err := store.Begin(t.Context())
+		require.NoError(t, err)
+		ok, err := holder.Claim(t.Context(), "c", "evt-0")
+		require.NoError(t, err)
+		require.True(t, ok)
+		h, err := deduplication.NewBatchHandler(deduplication.Config{Store: store, Consumer: "c", ClaimTimeout: 2 * time.Second},
+			deduplication.BatchHandler{MaxBatch: 8, InFlight: 3, MaxWait: time.Second, Concurrency: 2,
+				Handle: func(context.Context, []*message.Message) []error { return nil }})
+		require.NoError(t, err)
+		held := deliverTo(t.Context(), h, "0")
+		time.Sleep(500 * time.Millisecond) // its batch closed (a quiet 100 ms), met the held key: evt-0 waits alone
+		synctest.Wait()
+		start := time.Now()
+		others := []<-chan error{deliverTo(t.Context(), h, "1"), deliverTo(t.Context(), h, "2")}
+		for _, res := range others {
+			require.NoError(t, <-res)
+		}
+		require.Zero(t, time.Since(start), "the batch of every other delivery in flight closed at once")
+		require.NoError(t, holder.Rollback(t.Context()))
+		require.NoError(t, <-held)
 	})
 }
