@@ -109,11 +109,7 @@ func TestTheEventsOfABatchWithAHeldKeyKeepToConcurrency(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		store := deduplication.NewMemoryStore()
-		holder, err := store.Begin(t.Context())
-		require.NoError(t, err)
-		ok, err := holder.Claim(t.Context(), "c", "evt-0")
-		require.NoError(t, err)
-		require.True(t, ok)
+		holder := holdKey(t, store, "evt-0")
 		handle, peak := peakOfHandlers()
 		h, err := deduplication.NewBatchHandler(deduplication.Config{Store: store, Consumer: "c", ClaimTimeout: time.Second},
 			deduplication.BatchHandler{MaxBatch: 8, InFlight: 8, MaxWait: time.Second, Concurrency: 1,
@@ -304,11 +300,7 @@ func TestABatchClosesAtOnceWhileADeliveryRunsAlone(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		store := deduplication.NewMemoryStore()
-		holder, err := store.Begin(t.Context())
-		require.NoError(t, err)
-		ok, err := holder.Claim(t.Context(), "c", "evt-0")
-		require.NoError(t, err)
-		require.True(t, ok)
+		holder := holdKey(t, store, "evt-0")
 		h, err := deduplication.NewBatchHandler(deduplication.Config{Store: store, Consumer: "c", ClaimTimeout: 2 * time.Second},
 			deduplication.BatchHandler{MaxBatch: 8, InFlight: 3, MaxWait: time.Second, Concurrency: 2,
 				Handle: func(context.Context, []*message.Message) []error { return nil }})
@@ -325,4 +317,16 @@ func TestABatchClosesAtOnceWhileADeliveryRunsAlone(t *testing.T) {
 		require.NoError(t, holder.Rollback(t.Context()))
 		require.NoError(t, <-held)
 	})
+}
+
+// holdKey claims key for consumer "c" in a unit of work of store it
+// returns, open: another delivery of the key finds it held.
+func holdKey(t *testing.T, store deduplication.Store, key string) unitofwork.Tx {
+	t.Helper()
+	tx, err := store.Begin(t.Context())
+	require.NoError(t, err)
+	ok, err := tx.Claim(t.Context(), "c", key)
+	require.NoError(t, err)
+	require.True(t, ok)
+	return tx
 }
