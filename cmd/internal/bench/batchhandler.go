@@ -168,12 +168,14 @@ func bhCeiling(ctx context.Context, o Options, v *inboxVariants, n, rounds int, 
 }
 
 // bound prints one of B1's bounds, a table under its title and above its
-// note; nothing when it has no rows.
+// note; with no rows — runs too short for a CPU sample (/proc/stat counts
+// in ticks of 10 ms) or for a batch of the window — the title and why.
 func bound(w io.Writer, title string, head []string, rows [][]string, note string) {
+	fmt.Fprintf(w, "\n%s\n\n", title)
 	if len(rows) == 0 {
+		fmt.Fprintln(w, "not measured: the runs were too short (give more -messages)")
 		return
 	}
-	fmt.Fprintf(w, "\n%s\n\n", title)
 	Table(w, head, rows)
 	fmt.Fprintln(w, note)
 }
