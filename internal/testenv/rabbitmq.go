@@ -322,7 +322,17 @@ func (r *PrivateRabbitMQ) checkListeners(conf, log string) error {
 	if len(missing) == 0 {
 		return nil
 	}
-	lines, _ := bootLines(log)
+	// The node logs the listener it could not start a moment after it
+	// reports booted (its logger writes the file on its own): wait for a
+	// warning or error line, up to 10 s. Read at once, the log was empty of
+	// them in a fresh-clone run at f17dc61, and the error said nothing of
+	// eaddrinuse.
+	var lines []string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if lines, _ = bootLines(log); len(lines) > 0 || time.Now().After(deadline) {
+			break
+		}
+	}
 	return fmt.Errorf("private RabbitMQ node %s booted without its listeners %s; the warning and error lines of its log:\n%s",
 		r.node, strings.Join(missing, ", "), strings.Join(lines, "\n"))
 }
