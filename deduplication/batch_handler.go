@@ -834,6 +834,19 @@ func (x *execution) once(es []*entry) []*entry {
 	return run[half:]
 }
 
+// statement runs f, one statement of tx, within StoreTimeout; one given up
+// (gaveUp) still holds tx, which its late return rolls back.
+func (d *deduplicator) statement(tx unitofwork.Tx, f func(context.Context) error) (gaveUp bool, err error) {
+	bg := context.Background()
+	if d.storeBound <= 0 {
+		return false, f(bg)
+	}
+	_, gaveUp, err = bounded.Run(d.calls, bg, d.storeBound, false, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, f(ctx)
+	}, func(struct{}, error) { d.lateRollback(bg, tx) })
+	return gaveUp, err
+}
+
 // settleOutside ends a batch of run on a unit of work that holds the
 // claims only (ClaimReleaser), after its handler ran once, without running
 // it again: the claims of the events that failed (not rejected) are
@@ -871,16 +884,7 @@ func (x *execution) settleOutside(tx unitofwork.Tx, rel ClaimReleaser, run []*en
 		}
 	}
 	if len(failed) > 0 {
-		release := func(ctx context.Context) (struct{}, error) {
-			return struct{}{}, rel.ReleaseClaims(ctx, d.cfg.Consumer, failed)
-		}
-		var err error
-		gaveUp := false
-		if d.storeBound <= 0 {
-			_, err = release(bg)
-		} else {
-			_, gaveUp, err = bounded.Run(d.calls, bg, d.storeBound, false, release, func(struct{}, error) { d.lateRollback(bg, tx) })
-		}
+		gaveUp, err := d.statement(tx, func(ctx context.Context) error { return rel.ReleaseClaims(ctx, d.cfg.Consumer, failed) })
 		if err != nil {
 			fail("releasing the failed events' claims", err)
 			return gaveUp
@@ -1091,20 +1095,10 @@ func (x *execution) claimByHalves(tx unitofwork.Tx, keys []string, idle time.Dur
 	sorted := slices.Clone(keys)
 	slices.Sort(sorted)
 	d := x.g.d
-	bg := context.Background()
 	const name = "sluice_claim"
 	var part func(keys []string) error
-	// exec runs one statement within StoreTimeout; one given up still
-	// holds tx, which its late return rolls back.
 	exec := func(op string, f func(context.Context) error) error {
-		if d.storeBound <= 0 {
-			err = f(bg)
-		} else {
-			_, gaveUp, err = bounded.Run(d.calls, bg, d.storeBound, false, func(ctx context.Context) (struct{}, error) {
-				return struct{}{}, f(ctx)
-			}, func(struct{}, error) { d.lateRollback(bg, tx) })
-		}
-		if err != nil {
+		if gaveUp, err = d.statement(tx, f); err != nil {
 			return &sluice.DependencyError{Op: "deduplication: " + op, Err: err}
 		}
 		return nil

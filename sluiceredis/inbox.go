@@ -199,11 +199,13 @@ func (t *redisTx) ClaimBatch(ctx context.Context, consumer string, keys []string
 		return nil, err
 	}
 	claimed := make([]string, 0, len(keys))
+	mine := rkeys[:0:0]
 	held := 0
 	for i, r := range res {
 		switch r {
 		case 1:
 			claimed = append(claimed, keys[i])
+			mine = append(mine, rkeys[i])
 		case 2:
 			held++
 		}
@@ -211,10 +213,7 @@ func (t *redisTx) ClaimBatch(ctx context.Context, consumer string, keys []string
 	if held > 0 {
 		return nil, fmt.Errorf("%w: %d of the batch's %d keys are held by other units of work", deduplication.ErrClaimInProgress, held, len(keys))
 	}
-	t.keys = t.keys[:0]
-	for _, k := range claimed {
-		t.keys = append(t.keys, t.s.redisKey(consumer, k))
-	}
+	t.keys = mine
 	return claimed, nil
 }
 
@@ -294,11 +293,8 @@ func (t *redisTx) Commit(ctx context.Context) error {
 		return errors.New("sluiceredis: redis unit of work already ended")
 	}
 	t.ended = true
-	switch len(t.keys) {
-	case 0:
+	if len(t.keys) == 0 {
 		return nil
-	case 1:
-		return t.s.client.Set(ctx, t.keys[0], redisDone, t.s.retention).Err()
 	}
 	_, err := t.s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, k := range t.keys {
@@ -316,11 +312,8 @@ func (t *redisTx) Rollback(ctx context.Context) error {
 		return nil
 	}
 	t.ended = true
-	switch len(t.keys) {
-	case 0:
+	if len(t.keys) == 0 {
 		return nil
-	case 1:
-		return releaseScript.Run(ctx, t.s.client, t.keys, t.token).Err()
 	}
 	_, err := t.s.evalEach(ctx, releaseScript, t.keys, t.token)
 	return err

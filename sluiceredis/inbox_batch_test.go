@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
@@ -66,9 +67,7 @@ func eventIDs(n int) []string {
 func TestARedisBatchWithAHeldKeyKeepsToConcurrency(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	client, prefix := testenv.Redis(t)
-	store, err := sluiceredis.NewInbox(client, sluiceredis.InboxConfig{Prefix: prefix})
-	require.NoError(t, err)
+	store, _, _ := newInbox(t)
 	holder := hold(t, store, "evt-0")
 	var running, peak atomic.Int64
 	h, err := deduplication.NewBatchHandler(deduplication.Config{Store: store, Consumer: "c"},
@@ -96,9 +95,7 @@ func TestARedisBatchWithAHeldKeyKeepsToConcurrency(t *testing.T) {
 func TestAKeyHeldOnRedisIsNotAnOutage(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	client, prefix := testenv.Redis(t)
-	store, err := sluiceredis.NewInbox(client, sluiceredis.InboxConfig{Prefix: prefix})
-	require.NoError(t, err)
+	store, _, _ := newInbox(t)
 	holder := hold(t, store, "evt-1")
 	inbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c"})
 	require.NoError(t, err)
@@ -152,4 +149,14 @@ func TestARedisClusterCommitsABatch(t *testing.T) {
 		require.NoError(t, err, "%s again: a duplicate", id)
 	}
 	require.EqualValues(t, 8, done.Load(), "each event once")
+}
+
+// newInbox is a Redis inbox on keys of the test's own, and its client and
+// prefix.
+func newInbox(t testing.TB) (*sluiceredis.Inbox, *redis.Client, string) {
+	t.Helper()
+	client, prefix := testenv.Redis(t)
+	store, err := sluiceredis.NewInbox(client, sluiceredis.InboxConfig{Prefix: prefix})
+	require.NoError(t, err)
+	return store, client, prefix
 }

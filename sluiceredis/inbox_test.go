@@ -119,9 +119,7 @@ func connectionSetup(cmd redis.Cmder) bool {
 func TestTheRedisInboxClaimsABatchInOneRoundTrip(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	client, prefix := testenv.Redis(t)
-	store, err := sluiceredis.NewInbox(client, sluiceredis.InboxConfig{Prefix: prefix})
-	require.NoError(t, err)
+	store, client, prefix := newInbox(t)
 	keys := make([]string, 64)
 	for i := range keys {
 		keys[i] = fmt.Sprint("evt-", i)
