@@ -20,6 +20,7 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/bounded"
+	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/unitctx"
 	"github.com/sluicemq/sluice/unitofwork"
@@ -640,7 +641,7 @@ func (x *execution) once(es []*entry) []*entry {
 		keys[i] = e.key
 	}
 	idle := x.idleBound(es)
-	claimed, gaveUp, err := x.claimAll(tx, keys, idle)
+	claimed, gaveUp, err := x.claimAll(es[0].ctx, tx, keys, idle)
 	if _, ok := tx.(BatchClaimer); ok && err != nil && !gaveUp && !x.alone && errors.Is(err, ErrClaimInProgress) {
 		// Another open unit of work holds a key of the batch (a copy of an
 		// event in another batch, not yet committed): rather than wait for
@@ -1024,12 +1025,14 @@ func inBatchOrder(msgs, view []*message.Message, outcomes []error) []error {
 // claimAll claims keys in tx, in one statement where the store can:
 // the keys claimed, as a set. The statement waits for a key another open
 // unit of work holds batchClaimWait in a batch (then it fails matching
-// ErrClaimInProgress, the unit of work aborted), ClaimTimeout alone.
-func (x *execution) claimAll(tx unitofwork.Tx, keys []string, idle time.Duration) (map[string]struct{}, bool, error) {
+// ErrClaimInProgress, the unit of work aborted), ClaimTimeout alone — with
+// a negative ClaimTimeout, as long as first's delivery lasts: first is the
+// context of keys[0]'s delivery.
+func (x *execution) claimAll(first context.Context, tx unitofwork.Tx, keys []string, idle time.Duration) (map[string]struct{}, bool, error) {
 	d := x.g.d
 	bc, ok := tx.(BatchClaimer)
 	if !ok { // one key: once runs the other events of a batch alone
-		ok, gaveUp, err := d.claim(context.Background(), tx, keys[0])
+		ok, gaveUp, err := d.claim(first, tx, keys[0])
 		if err != nil || !ok {
 			return nil, gaveUp, err
 		}
@@ -1037,19 +1040,35 @@ func (x *execution) claimAll(tx unitofwork.Tx, keys []string, idle time.Duration
 	}
 	sorted := slices.Clone(keys)
 	slices.Sort(sorted) // one order of row locks for every batch: no deadlock between two claims
+	if x.alone && d.cfg.ClaimTimeout < 0 {
+		// No bound but the delivery's, as its claim without a batch:
+		// neither StoreTimeout nor a store failure once it ended.
+		got, err := bc.ClaimBatch(first, d.cfg.Consumer, keys, 0, idle)
+		switch {
+		case err == nil:
+			return setOf(got), false, nil
+		case errors.Is(err, ErrClaimInProgress): // a store that does not wait (Redis) answered
+			return nil, false, err
+		}
+		return nil, false, dependency(first, fmt.Sprintf("claim %q", diag.Bound(keys[0], 128)), err)
+	}
 	wait := batchClaimWait
 	if x.alone {
-		wait = max(d.cfg.ClaimTimeout, 0)
+		wait = d.cfg.ClaimTimeout
 	}
 	got, gaveUp, err := x.claimStatement(tx, bc, sorted, wait, idle)
 	if err != nil {
 		return nil, gaveUp, err
 	}
-	claimed := make(map[string]struct{}, len(got))
-	for _, k := range got {
-		claimed[k] = struct{}{}
+	return setOf(got), false, nil
+}
+
+func setOf(keys []string) map[string]struct{} {
+	set := make(map[string]struct{}, len(keys))
+	for _, k := range keys {
+		set[k] = struct{}{}
 	}
-	return claimed, false, nil
+	return set
 }
 
 // claimStatement runs one ClaimBatch of keys (sorted) within StoreTimeout

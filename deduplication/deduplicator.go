@@ -379,7 +379,10 @@ func (d *deduplicator) open(ctx context.Context) (unitofwork.Tx, error) {
 
 // lateRollback rolls back tx, which a call given up returned or held.
 func (d *deduplicator) lateRollback(ctx context.Context, tx unitofwork.Tx) {
-	_ = d.rollback(endContext(ctx), tx)
+	// Already in the background (bounded.Run's late), counted among the
+	// calls outstanding while it runs: not bounded again, which past
+	// abandonedMax would refuse the rollback and leave tx open.
+	_ = tx.Rollback(endContext(ctx))
 }
 
 // rollback rolls back tx within StoreTimeout (ctx is the end context).
@@ -389,7 +392,11 @@ func (d *deduplicator) rollback(ctx context.Context, tx unitofwork.Tx) error {
 	}
 	_, _, err := bounded.Run(d.calls, ctx, d.storeBound, false, func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, tx.Rollback(ctx)
-	}, nil)
+	}, func(_ struct{}, err error) {
+		if err != nil { // refused past abandonedMax, or failed late: once more, in the background
+			_ = tx.Rollback(ctx)
+		}
+	})
 	return err
 }
 

@@ -1,16 +1,21 @@
 package deduplication_test
 
 import (
+	"database/sql"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicemq/sluice"
@@ -31,12 +36,7 @@ import (
 // cleared.)
 func TestBlackHoledDatabaseFreezesNoHandler(t *testing.T) {
 	t.Parallel()
-	admin := testenv.Postgres(t)
-	schema := testenv.Schema(t, admin)
-	testenv.SQLStore(t, admin, schema+".inbox")
-
-	u, err := url.Parse(testenv.PostgresURL)
-	require.NoError(t, err)
+	_, schema, u := inboxSchema(t)
 	proxy := testenv.StartProxy(t, u.Host)
 	u.Host = proxy.Addr()
 	db, err := sqlx.Open("postgres", u.String()) // no connect_timeout, no keepalive settings
@@ -65,12 +65,6 @@ func TestBlackHoledDatabaseFreezesNoHandler(t *testing.T) {
 		mu.Unlock()
 		return nil, nil
 	}))
-	deliver := func(stack message.HandlerFunc, id string) error {
-		msg := message.NewMessage(watermill.NewUUID(), nil)
-		msg.Metadata.Set(sluice.EventIDKey, id)
-		_, err := stack(msg)
-		return err
-	}
 	const inFlight = 16
 	// Warm the pool: connections that the black hole will catch mid-life.
 	// Through an inbox of its own on the same store with a generous
@@ -121,4 +115,109 @@ func TestBlackHoledDatabaseFreezesNoHandler(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Positive(t, handled, "the handler ran once the network healed")
+}
+
+// inboxSchema is a PostgreSQL schema of the test's own with an inbox table
+// in it, and the server's URL.
+func inboxSchema(t *testing.T) (admin *sqlx.DB, schema string, u *url.URL) {
+	t.Helper()
+	admin = testenv.Postgres(t)
+	schema = testenv.Schema(t, admin)
+	testenv.SQLStore(t, admin, schema+".inbox")
+	u, err := url.Parse(testenv.PostgresURL)
+	require.NoError(t, err)
+	return admin, schema, u
+}
+
+// deliver hands the handler stack a message of the event id.
+func deliver(stack message.HandlerFunc, id string) error {
+	msg := message.NewMessage(watermill.NewUUID(), nil)
+	msg.Metadata.Set(sluice.EventIDKey, id)
+	_, err := stack(msg)
+	return err
+}
+
+// viaDialer dials a for the database's connections until viaB, then b: a
+// pool whose connections opened so far stay reachable, and whose new ones
+// meet a database that stopped answering (b black-holed).
+type viaDialer struct {
+	a, b string
+	viaB atomic.Bool
+}
+
+func (d *viaDialer) addr() string {
+	if d.viaB.Load() {
+		return d.b
+	}
+	return d.a
+}
+
+func (d *viaDialer) Dial(network, _ string) (net.Conn, error) { return net.Dial(network, d.addr()) }
+
+func (d *viaDialer) DialTimeout(network, _ string, timeout time.Duration) (net.Conn, error) {
+	return net.DialTimeout(network, d.addr(), timeout)
+}
+
+// A delivery whose commit the stage refuses — 64 store calls given up
+// already and still outstanding (new connections to a database that
+// stopped answering) — has its transaction rolled back, not left open on
+// its connection: the refused call is released as a given-up call is. The
+// next delivery of its event, through another stage, claims the key and
+// runs. Before, the refused commit reported itself given up, and the stage
+// left the transaction to a late return that never came: it stayed open
+// with the event's claim held, and every delivery of the event waited
+// ClaimTimeout for its lock and failed as ErrClaimInProgress, for as long
+// as the process lived.
+func TestAUnitOfWorkWhoseCommitIsRefusedIsRolledBack(t *testing.T) {
+	t.Parallel()
+	admin, schema, u := inboxSchema(t)
+	a, b := testenv.StartProxy(t, u.Host), testenv.StartProxy(t, u.Host)
+	b.BlackHole()
+	dialer := &viaDialer{a: a.Addr(), b: b.Addr()}
+	connector, err := pq.NewConnector(testenv.PostgresURL)
+	require.NoError(t, err)
+	connector.Dialer(dialer)
+	db := sqlx.NewDb(sql.OpenDB(connector), "postgres")
+	t.Cleanup(func() { _ = db.Close() })
+	store, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: schema + ".inbox"})
+	require.NoError(t, err)
+	inbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c", Env: sluice.Env{StoreTimeout: 300 * time.Millisecond}})
+	require.NoError(t, err)
+	entered, release := make(chan struct{}), make(chan struct{})
+	h := inbox(func(msg *message.Message) ([]*message.Message, error) {
+		if msg.Metadata.Get(sluice.EventIDKey) == "held" {
+			close(entered)
+			<-release
+		}
+		return nil, nil
+	})
+	held := make(chan error, 1)
+	go func() { held <- deliver(h, "held") }()
+	<-entered // its transaction open, its claim taken, on a connection through a
+
+	dialer.viaB.Store(true)
+	const outstanding = 64 // the stage's abandonedMax
+	var wg sync.WaitGroup
+	for i := range outstanding {
+		wg.Go(func() {
+			// Given up after StoreTimeout, or refused once 64 are.
+			assert.ErrorIs(t, deliver(h, fmt.Sprint("other-", i)), deduplication.ErrStoreTimeout)
+		})
+	}
+	wg.Wait()
+	close(release)
+	err = <-held
+	require.ErrorIs(t, err, deduplication.ErrStoreTimeout, "its commit refused: 64 calls outstanding")
+
+	directStore, err := sluicesql.NewInbox(admin, sluicesql.InboxConfig{Table: schema + ".inbox"})
+	require.NoError(t, err)
+	direct, err := deduplication.New(deduplication.Config{Store: directStore, Consumer: "c",
+		ClaimTimeout: 30 * time.Second}) // a liveness bound: before, the claim waited all of it for the lock
+	require.NoError(t, err)
+	ran := false
+	require.NoError(t, deliver(direct(func(*message.Message) ([]*message.Message, error) {
+		ran = true
+		return nil, nil
+	}), "held"), "the refused unit of work still holds the event's claim")
+	require.True(t, ran, "its commit refused, the event was not recorded: it runs again")
 }

@@ -594,6 +594,37 @@ func TestABatchHandlersHeldKeyWaitsClaimTimeoutAlone(t *testing.T) {
 	assert.Equal(t, []string{"k00", "k01", "k03"}, e.rows(t))
 }
 
+// With a negative ClaimTimeout ("no bound but the message context's"), a
+// delivery whose key another open unit of work holds waits for it alone as
+// long as its own context lasts, as it does without a batch: StoreTimeout
+// does not bound that wait, and the end of the delivery's context is not
+// the store's failure. Before, its claim ran on a context of its own,
+// given up after StoreTimeout as a *sluice.DependencyError the brake
+// counts as an outage (or, with a negative StoreTimeout too, waiting past
+// the delivery's deadline for as long as the key was held).
+func TestABatchHandlersHeldKeyWithoutAClaimTimeoutWaitsAsLongAsItsDelivery(t *testing.T) {
+	t.Parallel()
+	for _, backend := range []string{"postgres", "pgx"} {
+		t.Run(backend, func(t *testing.T) {
+			t.Parallel()
+			e := newBatchHandlerEnvWith(t, backend, deduplication.BatchHandler{MaxBatch: 2, MaxWait: time.Second},
+				deduplication.Config{ClaimTimeout: -1, Env: sluice.Env{StoreTimeout: 200 * time.Millisecond}})
+			e.holdClaim(t, "k01") // held until the test ends
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			errs := together(
+				func() error { return e.deliverCtx(context.Background(), "k00") },
+				func() error { return e.deliverCtx(ctx, "k01") })
+			require.NoError(t, errs[0])
+			require.Error(t, errs[1])
+			require.Error(t, ctx.Err(), "k01 returned before its deadline, while its key was held: %v", errs[1])
+			var dep *sluice.DependencyError
+			assert.False(t, errors.As(errs[1], &dep), "the delivery's deadline, not the store's failure: %v", errs[1])
+			assert.Equal(t, []string{"k00"}, e.rows(t))
+		})
+	}
+}
+
 // Issue 46 (item 3): the batch's transaction bounds its idle time as the
 // inbox's does (IdleBounder) when a delivery has a deadline: a handler that
 // hangs past the first deadline, StoreTimeout and a second no longer holds

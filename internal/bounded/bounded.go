@@ -40,7 +40,9 @@ type Calls struct {
 // result; when f has not returned Grace after that, it gives f up, returns
 // an error wrapping c.Timeout, and leaves f to finish in the background,
 // where late (if not nil) receives what f returned — to release what nobody
-// will use. gaveUp reports that. A bound ≤ 0 runs f directly, with no bound
+// will use. gaveUp reports that. Past Max calls outstanding, Run starts
+// nothing: it gives the call up at once, and late (if not nil) receives
+// the zero value and that error, in the background. A bound ≤ 0 runs f directly, with no bound
 // but ctx's. A ctx that has ended already runs nothing: Run returns its
 // cause at once — a caller's deadline or shutdown is not a dependency that
 // did not answer (Watermill's Retry outside its Timeout hands each retry a
@@ -54,7 +56,21 @@ func Run[T any](c *Calls, ctx context.Context, bound time.Duration, keep bool, f
 		return v, false, err
 	}
 	if c.outstanding.Load() >= c.Max {
-		return v, true, fmt.Errorf("%w: %d earlier calls still outstanding", c.Timeout, c.Max)
+		err := fmt.Errorf("%w: %d earlier calls still outstanding", c.Timeout, c.Max)
+		if late != nil {
+			// Refused, not started, yet given up as far as the caller
+			// knows, who leaves late to release what the call held
+			// (a transaction): late gets the refusal, in the
+			// background — it may wait on the dependency that holds
+			// the calls outstanding. One per call refused: as many as
+			// the caller's units of work, and counted as the calls.
+			c.outstanding.Add(1)
+			go func() {
+				defer c.outstanding.Add(-1)
+				late(v, err)
+			}()
+		}
+		return v, true, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, bound)
 	type result struct {

@@ -1,8 +1,10 @@
 package bounded
 
 import (
+	"context"
 	"errors"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -41,4 +43,38 @@ func TestExpiry(t *testing.T) {
 		require.EqualError(t, err, c.err, c.name)
 		require.True(t, errors.Is(err, ErrNoAnswer), c.name)
 	}
+}
+
+// A call refused past Max outstanding, which the caller counts as given up,
+// still has late release what it held: late gets the refusal, in the
+// background, and counts as outstanding until it returns. Before, a refused
+// call never ran late, and a caller that left its transaction to late (the
+// inbox, past 64 calls given up to a database that stopped answering) left
+// it open for good.
+func TestACallRefusedPastMaxStillRunsItsLate(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		errTimeout := errors.New("timeout")
+		c := &Calls{Max: 1, Grace: time.Millisecond, Timeout: errTimeout}
+		hung := make(chan struct{})
+		_, gaveUp, err := Run(c, t.Context(), time.Second, false, func(context.Context) (int, error) { <-hung; return 1, nil }, nil)
+		require.True(t, gaveUp)
+		require.ErrorIs(t, err, errTimeout)
+
+		released := make(chan error, 1)
+		ran := false
+		_, gaveUp, err = Run(c, t.Context(), time.Second, false, func(context.Context) (int, error) { ran = true; return 2, nil },
+			func(v int, err error) {
+				require.Zero(t, v)
+				released <- err
+			})
+		require.True(t, gaveUp, "refused: given up at once")
+		require.ErrorIs(t, err, errTimeout)
+		require.ErrorContains(t, err, "1 earlier calls still outstanding")
+		require.ErrorIs(t, <-released, errTimeout, "late ran, with the refusal")
+		require.False(t, ran, "the refused call was not started")
+		close(hung)
+		synctest.Wait()
+		require.Zero(t, c.outstanding.Load(), "nothing outstanding once both ended")
+	})
 }
