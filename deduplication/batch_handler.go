@@ -20,7 +20,6 @@ import (
 
 	"github.com/sluicemq/sluice"
 	"github.com/sluicemq/sluice/internal/bounded"
-	"github.com/sluicemq/sluice/internal/diag"
 	"github.com/sluicemq/sluice/internal/telemetry"
 	"github.com/sluicemq/sluice/internal/unitctx"
 	"github.com/sluicemq/sluice/unitofwork"
@@ -196,8 +195,7 @@ type gatherer struct {
 	slots  chan struct{} // one per running batch
 	tracer trace.Tracer
 
-	inside atomic.Int64 // deliveries in handle, from its start to its return
-	joined int          // deliveries in a batch, open or running, without its outcome yet (under mu)
+	joined int // deliveries in a batch, open or running, without its outcome yet (under mu)
 
 	// storeFailures counts the store's failures to answer that a batch or
 	// an event run alone met (a *sluice.DependencyError of the inbox's),
@@ -259,8 +257,6 @@ func (g *gatherer) handle(msg *message.Message) ([]*message.Message, error) {
 		msg.Metadata.Set(sluice.EventIDKey, key)
 	}
 	ctx := msg.Context()
-	g.inside.Add(1)
-	defer g.inside.Add(-1)
 	for {
 		e := &entry{msg: msg, key: key, ctx: ctx, done: make(chan struct{})}
 		g.join(e)
@@ -380,14 +376,15 @@ func (g *gatherer) join(e *entry) {
 
 // allIn reports whether every delivery the handler can be handed at once
 // (InFlight) is in a batch, the open one or one running: none can join
-// before one is acked. Called with g.mu held. A delivery inside the
-// handler that has not joined yet (the goroutines of a burst, one back
-// from a batch to join the next) keeps the open batch open: counting the
-// deliveries inside alone closed a batch at each join of a burst, a batch
-// of one each.
+// before one is acked. Called with g.mu held. It counts the deliveries
+// that joined, not those inside the handler: one inside that has not
+// joined yet (the goroutines of a burst, one back from a batch to join
+// the next) keeps the open batch open — counting the deliveries inside
+// closed a batch at each join of a burst, a batch of one each — and more
+// deliveries inside than InFlight (a handler shared beyond it) close a
+// batch at InFlight, not once every one of them joined.
 func (g *gatherer) allIn() bool {
-	inside := g.inside.Load()
-	return g.cfg.InFlight > 0 && inside >= int64(g.cfg.InFlight) && int64(g.joined) >= inside
+	return g.cfg.InFlight > 0 && g.joined >= g.cfg.InFlight
 }
 
 // unjoin notes that a delivery has its batch's outcome, or left it.
@@ -802,11 +799,11 @@ func (x *execution) once(es []*entry) []*entry {
 		}
 		return nil
 	case len(run) == 1:
-		_ = d.rollback(bg, tx)
 		e := run[0]
 		if len(rejected) == 1 && errors.Is(cErr, unitofwork.ErrAborted) {
 			// A rejection after a statement that aborted the
-			// transaction: its claim alone, as without batching.
+			// transaction: its claim alone, as without batching
+			// (claimAlone rolls tx back first).
 			rErr := d.claimAlone(bg, tx, e.key, units[0].Rewrites())
 			switch {
 			case rErr == nil:
@@ -819,6 +816,8 @@ func (x *execution) once(es []*entry) []*entry {
 				return nil
 			}
 			cErr = errors.Join(cErr, rErr)
+		} else {
+			_ = d.rollback(bg, tx)
 		}
 		e.err = sluice.Transient(errors.Join(e.err, fmt.Errorf("deduplication: commit: %w", cErr)))
 		return nil
@@ -1040,23 +1039,14 @@ func (x *execution) claimAll(first context.Context, tx unitofwork.Tx, keys []str
 	}
 	sorted := slices.Clone(keys)
 	slices.Sort(sorted) // one order of row locks for every batch: no deadlock between two claims
-	if x.alone && d.cfg.ClaimTimeout < 0 {
-		// No bound but the delivery's, as its claim without a batch:
-		// neither StoreTimeout nor a store failure once it ended.
-		got, err := bc.ClaimBatch(first, d.cfg.Consumer, keys, 0, idle)
-		switch {
-		case err == nil:
-			return setOf(got), false, nil
-		case errors.Is(err, ErrClaimInProgress): // a store that does not wait (Redis) answered
-			return nil, false, err
-		}
-		return nil, false, dependency(first, fmt.Sprintf("claim %q", diag.Bound(keys[0], 128)), err)
-	}
-	wait := batchClaimWait
+	// A batch's claim, on no delivery's context; a lone delivery's on
+	// its own, as without a batch: with a negative ClaimTimeout it waits
+	// as long as the delivery lasts.
+	ctx, wait, bound := context.Background(), batchClaimWait, d.within(batchClaimWait)
 	if x.alone {
-		wait = d.cfg.ClaimTimeout
+		ctx, wait, bound = first, max(d.cfg.ClaimTimeout, 0), d.claimBound()
 	}
-	got, gaveUp, err := x.claimStatement(tx, bc, sorted, wait, idle)
+	got, gaveUp, err := x.claimStatement(ctx, tx, bc, sorted, wait, idle, bound)
 	if err != nil {
 		return nil, gaveUp, err
 	}
@@ -1071,9 +1061,10 @@ func setOf(keys []string) map[string]struct{} {
 	return set
 }
 
-// claimStatement runs one ClaimBatch of keys (sorted) within StoreTimeout
-// more than wait.
-func (x *execution) claimStatement(tx unitofwork.Tx, bc BatchClaimer, keys []string, wait, idle time.Duration) ([]string, bool, error) {
+// claimStatement runs one ClaimBatch of keys (sorted), waiting wait for a
+// key held elsewhere (0: no bound but ctx), on ctx within bound (≤ 0: no
+// bound but ctx).
+func (x *execution) claimStatement(ctx context.Context, tx unitofwork.Tx, bc BatchClaimer, keys []string, wait, idle, bound time.Duration) ([]string, bool, error) {
 	d := x.g.d
 	f := func(ctx context.Context) ([]string, error) {
 		return bc.ClaimBatch(ctx, d.cfg.Consumer, keys, wait, idle)
@@ -1081,11 +1072,10 @@ func (x *execution) claimStatement(tx unitofwork.Tx, bc BatchClaimer, keys []str
 	var got []string
 	var gaveUp bool
 	var err error
-	bg := context.Background()
-	if d.storeBound <= 0 {
-		got, err = f(bg)
+	if bound <= 0 {
+		got, err = f(ctx)
 	} else {
-		got, gaveUp, err = bounded.Run(d.calls, bg, d.storeBound+wait, false, f, func([]string, error) { d.lateRollback(bg, tx) })
+		got, gaveUp, err = bounded.Run(d.calls, ctx, bound, false, f, func([]string, error) { d.lateRollback(ctx, tx) })
 	}
 	switch {
 	case err == nil:
@@ -1093,7 +1083,7 @@ func (x *execution) claimStatement(tx unitofwork.Tx, bc BatchClaimer, keys []str
 	case errors.Is(err, ErrClaimInProgress):
 		return nil, false, err
 	}
-	return nil, gaveUp, &sluice.DependencyError{Op: fmt.Sprintf("deduplication: claiming a batch of %d keys", len(keys)), Err: err}
+	return nil, gaveUp, dependency(ctx, fmt.Sprintf("claiming a batch of %d keys", len(keys)), err)
 }
 
 // claimByHalves claims keys in tx, a unit of work begun for it, by halves:
@@ -1126,7 +1116,7 @@ func (x *execution) claimByHalves(tx unitofwork.Tx, keys []string, idle time.Dur
 		if err := exec("savepoint", func(ctx context.Context) error { return sp.Savepoint(ctx, name) }); err != nil {
 			return err
 		}
-		got, g, err := x.claimStatement(tx, bc, keys, batchClaimWait, idle)
+		got, g, err := x.claimStatement(context.Background(), tx, bc, keys, batchClaimWait, idle, d.within(batchClaimWait))
 		switch {
 		case err == nil:
 			for _, k := range got {

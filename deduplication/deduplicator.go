@@ -393,7 +393,7 @@ func (d *deduplicator) rollback(ctx context.Context, tx unitofwork.Tx) error {
 	_, _, err := bounded.Run(d.calls, ctx, d.storeBound, false, func(ctx context.Context) (struct{}, error) {
 		return struct{}{}, tx.Rollback(ctx)
 	}, func(_ struct{}, err error) {
-		if err != nil { // refused past abandonedMax, or failed late: once more, in the background
+		if err != nil { // refused past abandonedMax, not run: now, in the background
 			_ = tx.Rollback(ctx)
 		}
 	})
@@ -434,6 +434,30 @@ func (d *deduplicator) claim(ctx context.Context, tx unitofwork.Tx, key string) 
 	return d.claimWith(ctx, tx, key, func(ctx context.Context) (bool, error) { return tx.Claim(ctx, d.cfg.Consumer, key) })
 }
 
+// claimBound is the bound of a claim's store call (bounded.Run):
+// ClaimTimeout plus StoreTimeout; with a negative ClaimTimeout the
+// delivery's context alone, given up Grace after it ends — a driver that
+// does not honour it (lib/pq toward a black-holed server) holds the call
+// past it; none with a negative StoreTimeout.
+func (d *deduplicator) claimBound() time.Duration {
+	if d.cfg.ClaimTimeout < 0 {
+		return d.within(untilEnded)
+	}
+	return d.within(d.cfg.ClaimTimeout)
+}
+
+// within is the bound of a store call that waits up to wait: StoreTimeout
+// more; none (-1) with a negative StoreTimeout.
+func (d *deduplicator) within(wait time.Duration) time.Duration {
+	if d.storeBound <= 0 {
+		return -1
+	}
+	return d.storeBound + wait
+}
+
+// untilEnded is a bound that its context's end comes before.
+const untilEnded = 100 * 365 * 24 * time.Hour
+
 // idleGrace is added to a unit of work's idle bound (IdleBounder): the
 // handler's return, the stages after it, the commit's start.
 const idleGrace = time.Second
@@ -447,10 +471,7 @@ func (d *deduplicator) claimWith(ctx context.Context, tx unitofwork.Tx, key stri
 		defer deadline.release()
 		claimCtx = deadline
 	}
-	bound := time.Duration(-1)
-	if d.cfg.ClaimTimeout > 0 && d.storeBound > 0 {
-		bound = d.cfg.ClaimTimeout + d.storeBound
-	}
+	bound := d.claimBound()
 	if bound <= 0 {
 		claimed, err = f(claimCtx)
 	} else {
@@ -459,8 +480,8 @@ func (d *deduplicator) claimWith(ctx context.Context, tx unitofwork.Tx, key stri
 	switch {
 	case err == nil:
 		return claimed, false, nil
-	case gaveUp:
-		return false, true, &sluice.DependencyError{Op: fmt.Sprintf("deduplication: claim %q", diag.Bound(key, 128)), Err: err}
+	case gaveUp: // the store's failure, unless the delivery's context ended first
+		return false, true, dependency(ctx, fmt.Sprintf("claim %q", diag.Bound(key, 128)), err)
 	case deadline != nil && deadline.Err() != nil && ctx.Err() == nil:
 		return false, false, fmt.Errorf("%w: claim %q waited longer than the claim timeout (%s): %w", ErrClaimInProgress, key, d.cfg.ClaimTimeout, err)
 	case errors.Is(err, ErrClaimInProgress):

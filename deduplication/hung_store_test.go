@@ -1,6 +1,7 @@
 package deduplication_test
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -131,8 +132,14 @@ func inboxSchema(t *testing.T) (admin *sqlx.DB, schema string, u *url.URL) {
 
 // deliver hands the handler stack a message of the event id.
 func deliver(stack message.HandlerFunc, id string) error {
+	return deliverCtx(context.Background(), stack, id)
+}
+
+// deliverCtx is deliver with the message's context.
+func deliverCtx(ctx context.Context, stack message.HandlerFunc, id string) error {
 	msg := message.NewMessage(watermill.NewUUID(), nil)
 	msg.Metadata.Set(sluice.EventIDKey, id)
+	msg.SetContext(ctx)
 	_, err := stack(msg)
 	return err
 }
@@ -220,4 +227,99 @@ func TestAUnitOfWorkWhoseCommitIsRefusedIsRolledBack(t *testing.T) {
 		return nil, nil
 	}), "held"), "the refused unit of work still holds the event's claim")
 	require.True(t, ran, "its commit refused, the event was not recorded: it runs again")
+}
+
+// blackHoledClaim is the scene of a claim that waits for a key another
+// open transaction holds, through a proxy that then black-holes the
+// database: the store through the proxy, and k01 held through a direct
+// connection. hold black-holes the proxy once a claim waits for k01's
+// lock; reset lets a claim still stuck in lib/pq fail, for the cleanup.
+func blackHoledClaim(t *testing.T) (store *sluicesql.Inbox, hold func(), reset func()) {
+	t.Helper()
+	admin, schema, u := inboxSchema(t)
+	proxy := testenv.StartProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	db, err := sqlx.Open("postgres", u.String()) // no connect_timeout: lib/pq's cancel request waits
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	store, err = sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: schema + ".inbox"})
+	require.NoError(t, err)
+	direct, err := sluicesql.NewInbox(admin, sluicesql.InboxConfig{Table: schema + ".inbox"})
+	require.NoError(t, err)
+	holder, err := direct.Begin(context.Background())
+	require.NoError(t, err)
+	claimed, err := holder.Claim(context.Background(), "c", "k01")
+	require.NoError(t, err)
+	require.True(t, claimed)
+	t.Cleanup(func() { _ = holder.Rollback(context.Background()) })
+	hold = func() {
+		require.Eventually(t, func() bool {
+			var n int
+			require.NoError(t, admin.Get(&n, `SELECT count(*) FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND position($1 IN query) > 0`, schema))
+			return n > 0
+		}, 2*time.Minute, 20*time.Millisecond, "no claim waits for k01")
+		proxy.BlackHole()
+	}
+	return store, hold, proxy.Reset
+}
+
+// returnsOnceEnded waits for the delivery's outcome after its context was
+// cancelled: within a liveness bound, and not the store's failure.
+func returnsOnceEnded(t *testing.T, outcome <-chan error, reset func()) {
+	t.Helper()
+	select {
+	case err := <-outcome:
+		require.Error(t, err)
+		var dep *sluice.DependencyError
+		require.False(t, errors.As(err, &dep), "the delivery's context ended: not the store's failure: %v", err)
+	case <-time.After(time.Minute): // a liveness bound: the claim is given up 100 ms after the cancel
+		reset()
+		t.Fatalf("still in its claim a minute after its context ended, on the black-holed database: %v", <-outcome)
+	}
+}
+
+// With a negative ClaimTimeout ("no bound but the message context's") a
+// claim that waits for a held key is given up once the delivery's context
+// ends, though lib/pq does not honour it toward a black-holed database —
+// as a StoreTimeout's bound does, and not as the store's failure. Before,
+// the claim ran unbounded, and the delivery stayed in its claim until the
+// connection broke (the test's liveness bound).
+func TestAClaimWithoutAClaimTimeoutEndsWithItsDeliveryOnABlackHoledDatabase(t *testing.T) {
+	t.Parallel()
+	store, hold, reset := blackHoledClaim(t)
+	inbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c", ClaimTimeout: -1,
+		Env: sluice.Env{StoreTimeout: 200 * time.Millisecond}})
+	require.NoError(t, err)
+	h := inbox(func(*message.Message) ([]*message.Message, error) { return nil, nil })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	outcome := make(chan error, 1)
+	go func() { outcome <- deliverCtx(ctx, h, "k01") }()
+	hold()
+	cancel()
+	returnsOnceEnded(t, outcome, reset)
+}
+
+// The same for a batch handler's delivery that left its batch to wait for
+// its held key alone. Before, its claim ran unbounded (since 3a711de, which
+// ran it on the delivery's context), or within StoreTimeout as the store's
+// failure (before that).
+func TestABatchHandlersClaimWithoutAClaimTimeoutEndsWithItsDeliveryOnABlackHoledDatabase(t *testing.T) {
+	t.Parallel()
+	store, hold, reset := blackHoledClaim(t)
+	h, err := deduplication.NewBatchHandler(deduplication.Config{Store: store, Consumer: "c", ClaimTimeout: -1,
+		Env: sluice.Env{StoreTimeout: 200 * time.Millisecond}},
+		deduplication.BatchHandler{MaxBatch: 2, MaxWait: time.Second,
+			Handle: func(context.Context, []*message.Message) []error { return nil }})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	k00, k01 := make(chan error, 1), make(chan error, 1)
+	go func() { k00 <- deliverCtx(context.Background(), h, "k00") }()
+	go func() { k01 <- deliverCtx(ctx, h, "k01") }()
+	require.NoError(t, <-k00)
+	hold()
+	cancel()
+	returnsOnceEnded(t, k01, reset)
 }
