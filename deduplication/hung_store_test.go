@@ -188,7 +188,9 @@ func TestAUnitOfWorkWhoseCommitIsRefusedIsRolledBack(t *testing.T) {
 	t.Cleanup(func() { _ = db.Close() })
 	store, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: schema + ".inbox"})
 	require.NoError(t, err)
-	inbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c", Env: sluice.Env{StoreTimeout: 300 * time.Millisecond}})
+	// StoreTimeout: 64 calls given up after it at once; the held
+	// delivery's begin and claim within it on a loaded machine.
+	inbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c", Env: sluice.Env{StoreTimeout: 5 * time.Second}})
 	require.NoError(t, err)
 	entered, release := make(chan struct{}), make(chan struct{})
 	h := inbox(func(msg *message.Message) ([]*message.Message, error) {
@@ -200,7 +202,11 @@ func TestAUnitOfWorkWhoseCommitIsRefusedIsRolledBack(t *testing.T) {
 	})
 	held := make(chan error, 1)
 	go func() { held <- deliver(h, "held") }()
-	<-entered // its transaction open, its claim taken, on a connection through a
+	select {
+	case <-entered: // its transaction open, its claim taken, on a connection through a
+	case err := <-held:
+		t.Fatalf("the held delivery returned before its handler ran: %v", err)
+	}
 
 	dialer.viaB.Store(true)
 	const outstanding = 64 // the stage's abandonedMax
@@ -233,8 +239,9 @@ func TestAUnitOfWorkWhoseCommitIsRefusedIsRolledBack(t *testing.T) {
 // open transaction holds, through a proxy that then black-holes the
 // database: the store through the proxy, and k01 held through a direct
 // connection. hold black-holes the proxy once a claim waits for k01's
-// lock; reset lets a claim still stuck in lib/pq fail, for the cleanup.
-func blackHoledClaim(t *testing.T) (store *sluicesql.Inbox, hold func(), reset func()) {
+// lock (the delivery whose outcome it is given must not have returned);
+// reset lets a claim still stuck in lib/pq fail, for the cleanup.
+func blackHoledClaim(t *testing.T) (store *sluicesql.Inbox, hold func(outcome <-chan error), reset func()) {
 	t.Helper()
 	admin, schema, u := inboxSchema(t)
 	proxy := testenv.StartProxy(t, u.Host)
@@ -252,13 +259,22 @@ func blackHoledClaim(t *testing.T) (store *sluicesql.Inbox, hold func(), reset f
 	require.NoError(t, err)
 	require.True(t, claimed)
 	t.Cleanup(func() { _ = holder.Rollback(context.Background()) })
-	hold = func() {
+	hold = func(outcome <-chan error) {
+		var early error
+		returned := false
 		require.Eventually(t, func() bool {
+			select {
+			case early = <-outcome:
+				returned = true
+				return true
+			default:
+			}
 			var n int
 			require.NoError(t, admin.Get(&n, `SELECT count(*) FROM pg_stat_activity
 				WHERE wait_event_type = 'Lock' AND position($1 IN query) > 0`, schema))
 			return n > 0
 		}, 2*time.Minute, 20*time.Millisecond, "no claim waits for k01")
+		require.False(t, returned, "k01 returned before its claim waited for the held key: %v", early)
 		proxy.BlackHole()
 	}
 	return store, hold, proxy.Reset
@@ -288,15 +304,14 @@ func returnsOnceEnded(t *testing.T, outcome <-chan error, reset func()) {
 func TestAClaimWithoutAClaimTimeoutEndsWithItsDeliveryOnABlackHoledDatabase(t *testing.T) {
 	t.Parallel()
 	store, hold, reset := blackHoledClaim(t)
-	inbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c", ClaimTimeout: -1,
-		Env: sluice.Env{StoreTimeout: 200 * time.Millisecond}})
+	inbox, err := deduplication.New(deduplication.Config{Store: store, Consumer: "c", ClaimTimeout: -1})
 	require.NoError(t, err)
 	h := inbox(func(*message.Message) ([]*message.Message, error) { return nil, nil })
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	outcome := make(chan error, 1)
 	go func() { outcome <- deliverCtx(ctx, h, "k01") }()
-	hold()
+	hold(outcome)
 	cancel()
 	returnsOnceEnded(t, outcome, reset)
 }
@@ -308,8 +323,7 @@ func TestAClaimWithoutAClaimTimeoutEndsWithItsDeliveryOnABlackHoledDatabase(t *t
 func TestABatchHandlersClaimWithoutAClaimTimeoutEndsWithItsDeliveryOnABlackHoledDatabase(t *testing.T) {
 	t.Parallel()
 	store, hold, reset := blackHoledClaim(t)
-	h, err := deduplication.NewBatchHandler(deduplication.Config{Store: store, Consumer: "c", ClaimTimeout: -1,
-		Env: sluice.Env{StoreTimeout: 200 * time.Millisecond}},
+	h, err := deduplication.NewBatchHandler(deduplication.Config{Store: store, Consumer: "c", ClaimTimeout: -1},
 		deduplication.BatchHandler{MaxBatch: 2, MaxWait: time.Second,
 			Handle: func(context.Context, []*message.Message) []error { return nil }})
 	require.NoError(t, err)
@@ -318,8 +332,8 @@ func TestABatchHandlersClaimWithoutAClaimTimeoutEndsWithItsDeliveryOnABlackHoled
 	k00, k01 := make(chan error, 1), make(chan error, 1)
 	go func() { k00 <- deliverCtx(context.Background(), h, "k00") }()
 	go func() { k01 <- deliverCtx(ctx, h, "k01") }()
-	require.NoError(t, <-k00)
-	hold()
+	<-k00 // its batch ended: k01 in it left for its held key, or came alone
+	hold(k01)
 	cancel()
 	returnsOnceEnded(t, k01, reset)
 }
