@@ -89,9 +89,9 @@ type BatchHandler struct {
 	Concurrency int
 	// InFlight is the most deliveries the handler can be handed at once:
 	// the subscriber's prefetch times its consumers. Once that many are in
-	// the handler — gathering, running or waiting for their commit — no
-	// other can come until one is acked, and the batch gathering closes at
-	// once instead of waiting MaxWait or a tenth of it. router.Add sets it
+	// the handler's batches — gathering, running or waiting for their
+	// commit — no other can come until one is acked, and the batch
+	// gathering closes at once instead of waiting MaxWait or a tenth of it. router.Add sets it
 	// from the broker (broker.Endpoints.Prefetch × HandlerConfig.Consumers)
 	// where it is 0. 0: not known; a smaller number than the truth closes
 	// batches sooner and smaller, never loses a delivery.
