@@ -601,25 +601,50 @@ func TestABatchHandlersHeldKeyWaitsClaimTimeoutAlone(t *testing.T) {
 // the store's failure. Before, its claim ran on a context of its own,
 // given up after StoreTimeout as a *sluice.DependencyError the brake
 // counts as an outage (or, with a negative StoreTimeout too, waiting past
-// the delivery's deadline for as long as the key was held).
+// the delivery's deadline for as long as the key was held). The claim is
+// seen waiting for the lock past StoreTimeout (pg_stat_activity), then the
+// delivery's context is cancelled.
 func TestABatchHandlersHeldKeyWithoutAClaimTimeoutWaitsAsLongAsItsDelivery(t *testing.T) {
 	t.Parallel()
+	const storeTimeout = 2 * time.Second
 	for _, backend := range []string{"postgres", "pgx"} {
 		t.Run(backend, func(t *testing.T) {
 			t.Parallel()
 			e := newBatchHandlerEnvWith(t, backend, deduplication.BatchHandler{MaxBatch: 2, MaxWait: time.Second},
-				deduplication.Config{ClaimTimeout: -1, Env: sluice.Env{StoreTimeout: 200 * time.Millisecond}})
+				deduplication.Config{ClaimTimeout: -1, Env: sluice.Env{StoreTimeout: storeTimeout}})
 			e.holdClaim(t, "k01") // held until the test ends
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			errs := together(
-				func() error { return e.deliverCtx(context.Background(), "k00") },
-				func() error { return e.deliverCtx(ctx, "k01") })
-			require.NoError(t, errs[0])
-			require.Error(t, errs[1])
-			require.Error(t, ctx.Err(), "k01 returned before its deadline, while its key was held: %v", errs[1])
-			var dep *sluice.DependencyError
-			assert.False(t, errors.As(errs[1], &dep), "the delivery's deadline, not the store's failure: %v", errs[1])
+			k00, k01 := make(chan error, 1), make(chan error, 1)
+			go func() { k00 <- e.deliverCtx(context.Background(), "k00") }()
+			go func() { k01 <- e.deliverCtx(ctx, "k01") }()
+			require.NoError(t, <-k00)
+
+			var early error
+			returned := false
+			require.Eventually(t, func() bool {
+				select {
+				case early = <-k01:
+					returned = true
+					return true
+				default:
+				}
+				var n int
+				require.NoError(t, e.db.Get(&n, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+					AND position($1 IN query) > 0 AND clock_timestamp() - query_start > $2::interval`,
+					strings.TrimSuffix(e.inbox, ".inbox"), fmt.Sprintf("%d milliseconds", (storeTimeout+time.Second).Milliseconds())))
+				return n > 0
+			}, 2*time.Minute, 20*time.Millisecond, "k01's claim never waited past StoreTimeout")
+			require.False(t, returned, "k01 returned while its key was held, its context alive: %v", early)
+			cancel()
+			select {
+			case err := <-k01:
+				require.Error(t, err)
+				var dep *sluice.DependencyError
+				assert.False(t, errors.As(err, &dep), "the delivery's context ended, not the store: %v", err)
+			case <-time.After(time.Minute): // a liveness bound: the claim ends with the context
+				t.Fatal("k01 still in its claim a minute after its context ended")
+			}
 			assert.Equal(t, []string{"k00"}, e.rows(t))
 		})
 	}
