@@ -91,10 +91,11 @@ type BatchHandler struct {
 	// the subscriber's prefetch times its consumers. Once that many are in
 	// the handler's batches — gathering, running or waiting for their
 	// commit — no other can come until one is acked, and the batch
-	// gathering closes at once instead of waiting MaxWait or a tenth of it. router.Add sets it
-	// from the broker (broker.Endpoints.Prefetch × HandlerConfig.Consumers)
-	// where it is 0. 0: not known; a smaller number than the truth closes
-	// batches sooner and smaller, never loses a delivery.
+	// gathering closes at once instead of waiting MaxWait or a tenth of
+	// it. router.Add sets it from the broker (broker.Endpoints.Prefetch ×
+	// HandlerConfig.Consumers) where it is 0. 0: not known; a smaller
+	// number than the truth closes batches sooner and smaller, never loses
+	// a delivery.
 	InFlight int
 }
 
@@ -1050,15 +1051,11 @@ func (x *execution) claimAll(first context.Context, tx unitofwork.Tx, keys []str
 	if err != nil {
 		return nil, gaveUp, err
 	}
-	return setOf(got), false, nil
-}
-
-func setOf(keys []string) map[string]struct{} {
-	set := make(map[string]struct{}, len(keys))
-	for _, k := range keys {
-		set[k] = struct{}{}
+	claimed := make(map[string]struct{}, len(got))
+	for _, k := range got {
+		claimed[k] = struct{}{}
 	}
-	return set
+	return claimed, false, nil
 }
 
 // claimStatement runs one ClaimBatch of keys (sorted), waiting wait for a

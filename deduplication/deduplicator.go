@@ -394,7 +394,7 @@ func (d *deduplicator) rollback(ctx context.Context, tx unitofwork.Tx) error {
 		return struct{}{}, tx.Rollback(ctx)
 	}, func(_ struct{}, err error) {
 		if err != nil { // refused past abandonedMax, not run: now, in the background
-			_ = tx.Rollback(ctx)
+			d.lateRollback(ctx, tx)
 		}
 	})
 	return err

@@ -260,21 +260,7 @@ func blackHoledClaim(t *testing.T) (store *sluicesql.Inbox, hold func(outcome <-
 	require.True(t, claimed)
 	t.Cleanup(func() { _ = holder.Rollback(context.Background()) })
 	hold = func(outcome <-chan error) {
-		var early error
-		returned := false
-		require.Eventually(t, func() bool {
-			select {
-			case early = <-outcome:
-				returned = true
-				return true
-			default:
-			}
-			var n int
-			require.NoError(t, admin.Get(&n, `SELECT count(*) FROM pg_stat_activity
-				WHERE wait_event_type = 'Lock' AND position($1 IN query) > 0`, schema))
-			return n > 0
-		}, 2*time.Minute, 20*time.Millisecond, "no claim waits for k01")
-		require.False(t, returned, "k01 returned before its claim waited for the held key: %v", early)
+		testenv.AwaitLockWait(t, admin, schema, 0, outcome)
 		proxy.BlackHole()
 	}
 	return store, hold, proxy.Reset

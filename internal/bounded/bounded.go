@@ -42,8 +42,8 @@ type Calls struct {
 // where late (if not nil) receives what f returned — to release what nobody
 // will use. gaveUp reports that. Past Max calls outstanding, Run starts
 // nothing: it gives the call up at once, and late (if not nil) receives
-// the zero value and that error, in the background. A bound ≤ 0 runs f directly, with no bound
-// but ctx's. A ctx that has ended already runs nothing: Run returns its
+// the zero value and that error, in the background. A bound ≤ 0 runs f
+// directly, with no bound but ctx's. A ctx that has ended already runs nothing: Run returns its
 // cause at once — a caller's deadline or shutdown is not a dependency that
 // did not answer (Watermill's Retry outside its Timeout hands each retry a
 // context the first try's Timeout ended).

@@ -8,7 +8,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 )
 
@@ -94,4 +96,29 @@ func postgresBin(t testing.TB) string {
 		t.Fatal("no PostgreSQL server binaries in /usr/lib/postgresql/*/bin (apt-get install postgresql)")
 	}
 	return filepath.Dir(matches[len(matches)-1])
+}
+
+// AwaitLockWait waits up to 2 minutes for a statement whose text holds text
+// to have waited for a lock longer than older (pg_stat_activity, read
+// through db): a claim blocked by a key another open transaction holds.
+// It fails t if the call that should be waiting returned first (returned
+// yields its outcome).
+func AwaitLockWait(t testing.TB, db *sqlx.DB, text string, older time.Duration, returned <-chan error) {
+	t.Helper()
+	var early error
+	back := false
+	require.Eventually(t, func() bool {
+		select {
+		case early = <-returned:
+			back = true
+			return true
+		default:
+		}
+		var n int
+		require.NoError(t, db.Get(&n, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+			AND position($1 IN query) > 0 AND clock_timestamp() - query_start > $2::interval`,
+			text, fmt.Sprintf("%d milliseconds", older.Milliseconds())))
+		return n > 0
+	}, 2*time.Minute, 20*time.Millisecond, "no statement on %s waited for a lock longer than %s", text, older)
+	require.False(t, back, "returned before its statement waited for the lock: %v", early)
 }
