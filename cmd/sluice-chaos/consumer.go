@@ -100,6 +100,7 @@ func consumerMain(args []string) error {
 	if *produceTo != "" { // a receiver's deliveries and a relay's batch too
 		db.SetMaxOpenConns(rabbitmqPrefetch + 6)
 	}
+	db.SetMaxIdleConns(rabbitmqPrefetch + 6) // keep them (database/sql keeps 2): each new one is a server process
 	store, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: *schema + ".inbox"})
 	if err != nil {
 		return err

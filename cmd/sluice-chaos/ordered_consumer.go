@@ -72,6 +72,7 @@ func orderedConsumerMain(args []string) error {
 	// The deliveries in flight, each with its inbox transaction and its
 	// key's guard, and the resume loop's.
 	db.SetMaxOpenConns(2*rabbitmqPrefetch + 4)
+	db.SetMaxIdleConns(2*rabbitmqPrefetch + 4) // keep them (database/sql keeps 2): each new one is a server process
 	inbox, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: *schema + ".inbox"})
 	if err != nil {
 		return err

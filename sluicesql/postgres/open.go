@@ -85,15 +85,30 @@ func (c Config) validate() error {
 
 // Open validates cfg and returns a pool on the database (driver name
 // "postgres"), without connecting: the first use does (db.PingContext to
-// check at start). Set its limits yourself (SetMaxOpenConns,
-// SetConnMaxLifetime). Errors never carry the DSN's password.
+// check at start). The pool keeps up to 64 idle connections, each closed
+// once it has been idle 5 minutes: database/sql keeps 2, so with more
+// deliveries in flight each transaction past the second would open a
+// connection and close it — a PostgreSQL server process started for each.
+// Set its other limits yourself (SetMaxOpenConns, which lowers the idle
+// cap with it, SetConnMaxLifetime); SetMaxIdleConns and SetConnMaxIdleTime
+// change these. Errors never carry the DSN's password.
 func Open(cfg Config) (*sqlx.DB, error) {
 	c, err := NewConnector(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return sqlx.NewDb(sql.OpenDB(c), "postgres"), nil
+	db := sql.OpenDB(c)
+	db.SetMaxIdleConns(idleConns)
+	db.SetConnMaxIdleTime(idleTime)
+	return sqlx.NewDb(db, "postgres"), nil
 }
+
+// Open's idle connections: at most idleConns, each closed after idleTime
+// unused.
+const (
+	idleConns = 64
+	idleTime  = 5 * time.Minute
+)
 
 // NewConnector is Open's connector, for sql.OpenDB.
 func NewConnector(cfg Config) (driver.Connector, error) {
