@@ -107,8 +107,18 @@ func consume(t *testing.T, b *bed, handler message.NoPublishHandlerFunc, rp *rep
 	t.Helper()
 	sub, err := rabbitmq.NewConsumer(rabbitmq.ConsumerConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})
 	require.NoError(t, err)
-	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, watermill.NopLogger{})
+	log := testenv.NewLog()
+	r, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, log)
 	require.NoError(t, err)
+	t.Cleanup(func() { // what went wrong in the consumer, for a test that failed
+		if t.Failed() {
+			for _, l := range log.Lines("") {
+				if l.Level == "error" || strings.Contains(l.Msg, "eplay") {
+					t.Logf("consumer: %s: %s", l.Level, l.Text())
+				}
+			}
+		}
+	})
 	_, err = router.Add(r, router.HandlerConfig{
 		Name: "stock", Topic: b.topo.Config().Queue, Subscriber: sub, Handler: handler,
 		Stages: router.Stages{

@@ -175,7 +175,7 @@ func TestKillAtAnyPointOfTheClosedLoop(t *testing.T) {
 			require.Equal(t, want, left, "exactly the bad events are back in the poison queue:\n%s", out)
 
 			code, report, errOut := b.cli(t, "dlq", "report", "--outcomes", testenv.PostgresURL, "--outcomes-table", rc.outcomesTable)
-			require.Equal(t, 0, code, "both runs' reports are complete: %s %s", report, errOut)
+			require.Equal(t, 0, code, "both runs' reports are complete: %s %s\nthe rerun:\n%s", report, errOut, out)
 			var dups []string
 			require.NoError(t, db.Select(&dups, `SELECT item FROM `+rc.outcomesTable+` WHERE outcome = 'duplicate' ORDER BY item`))
 			t.Logf("killed %s with %d of %d processed (duplicates on the rerun: %v); rerun:\n%s\nreport:\n%s", point, killedAt, n-len(want), dups, out, report)
