@@ -42,6 +42,7 @@ func newPrivateEffectsDB(t *testing.T) (*testenv.PrivatePostgres, *sqlx.DB, *slu
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	db.SetMaxOpenConns(rabbitmqPrefetch + 4)
+	testenv.KeepIdle(db.DB)
 	_, err = db.Exec(`CREATE TABLE effects (event_id TEXT PRIMARY KEY)`)
 	require.NoError(t, err)
 	inbox, err := sluicesql.NewInbox(db, sluicesql.InboxConfig{Table: "inbox"})

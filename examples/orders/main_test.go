@@ -151,6 +151,23 @@ func TestExampleServers(t *testing.T) {
 	require.False(t, strings.Contains(name, "-"))
 }
 
+// The servers mode opens its pool as the README tells users to, with
+// sluicesql/postgres.Open: a pool whose every wait is bounded, which
+// service.New does not warn of (it did: the example's sqlx.Connect pool
+// "may not recover from a network fault", a line its NopLogger hid), and
+// which keeps the connections the deliveries in flight opened.
+func TestExampleServersOpensItsPoolAsTheREADMESays(t *testing.T) {
+	t.Parallel()
+	name := testenv.Name("example")
+	t.Cleanup(func() { _, _ = testenv.Postgres(t).Exec("DROP SCHEMA IF EXISTS " + name + " CASCADE") })
+	testenv.DeleteQueuesAtEnd(t, exampleQueues(name)...)
+	e, err := newServersEnv(t.Context(), testenv.AMQPURL, testenv.PostgresURL, name, false)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.close() })
+	_, bounded := e.db().Driver().(interface{ BoundsEveryWait() }) // what service.New asks of a lib/pq pool
+	require.True(t, bounded, "the example's pool is postgres.Open's, not %T", e.db().Driver())
+}
+
 // A server that cannot be reached is an error, printed — never a panic, and
 // never the password.
 func TestExampleConnectionErrors(t *testing.T) {

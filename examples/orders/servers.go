@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluicemq/sluice/broker"
 	"github.com/sluicemq/sluice/rabbitmq"
+	"github.com/sluicemq/sluice/sluicesql/postgres"
 )
 
 // serversEnv: RabbitMQ and PostgreSQL. The example's tables live in a schema
@@ -46,11 +47,15 @@ func newServersEnv(ctx context.Context, amqpURL, postgresURL, name string, reset
 			_ = e.close()
 		}
 	}()
-	db, err := sqlx.ConnectContext(ctx, "postgres", postgresURL)
+	// As the README says: postgres.Open's pool bounds every dial and wait
+	// (a pool of sqlx.Open's may not recover from a network fault, and
+	// service.New says so) and keeps the connections its deliveries opened.
+	db, err := postgres.Open(postgres.Config{DSN: postgresURL})
 	if err != nil {
-		if db != nil { // sqlx returns the pool open when the ping fails
-			_ = db.Close()
-		}
+		return nil, fmt.Errorf("connecting to %s: %w", redactURL(postgresURL), err)
+	}
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
 		return nil, fmt.Errorf("connecting to %s: %w", redactURL(postgresURL), err)
 	}
 	e.pg = db
