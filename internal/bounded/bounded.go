@@ -43,10 +43,10 @@ type Calls struct {
 // will use. gaveUp reports that. Past Max calls outstanding, Run starts
 // nothing: it gives the call up at once, and late (if not nil) receives
 // the zero value and that error, in the background. A bound ≤ 0 runs f
-// directly, with no bound but ctx's. A ctx that has ended already runs nothing: Run returns its
-// cause at once — a caller's deadline or shutdown is not a dependency that
-// did not answer (Watermill's Retry outside its Timeout hands each retry a
-// context the first try's Timeout ended).
+// directly, with no bound but ctx's. A ctx that has ended already runs
+// nothing: Run returns its cause at once — a caller's deadline or shutdown
+// is not a dependency that did not answer (Watermill's Retry outside its
+// Timeout hands each retry a context the first try's Timeout ended).
 func Run[T any](c *Calls, ctx context.Context, bound time.Duration, keep bool, f func(context.Context) (T, error), late func(T, error)) (v T, gaveUp bool, err error) {
 	if ctx.Err() != nil {
 		return v, false, context.Cause(ctx)

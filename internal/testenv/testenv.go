@@ -56,8 +56,8 @@ func Postgres(t testing.TB) *sqlx.DB {
 // KeepIdle has db keep the connections a test's deliveries in flight
 // opened, for a while, as postgres.Open's pool does: database/sql keeps 2,
 // so each transaction past the second opened a connection and closed it —
-// a fork of a server process, 30 ms of CPU on the test machine; the main
-// go test opened about 9,500.
+// a fork of a server process, 30 ms of CPU on the test machine
+// (docs/reliability.md).
 func KeepIdle(db *sql.DB) {
 	db.SetMaxIdleConns(idleConns)
 	db.SetConnMaxIdleTime(idleTime)
