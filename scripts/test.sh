@@ -134,13 +134,22 @@ await fuzz
 await "the API against the last release"
 
 if [ ${#failed[@]} -gt 0 ]; then
-	# CI keeps only the end of the output: repeat each failed step's
-	# failure lines and the end of its log here, so that the cause is in what it keeps.
+	# CI keeps only the end of the output, as little as its last 20
+	# lines: repeat each failed step's end, then its failure lines, and
+	# last a short digest of each (at most 12 lines of 240 characters:
+	# the failures, and what a chaos scenario's diagnosis says of the
+	# events missing and of the broker), so that the cause is in what it keeps.
 	for name in "${failed[@]}"; do
 		[ -f "$logs/$name.log" ] || continue
-		step "$name's failures and the end of its output, again:"
-		grep -E -e '--- FAIL|^FAIL|panic:|_test\.go:[0-9]+:|LOST|lost' "$logs/$name.log" | tail -n 80 | sed "s/^/[$name] /"
+		step "$name: the end of its output, again:"
 		tail -n 40 "$logs/$name.log" | sed "s/^/[$name] /"
+		step "$name: its failure lines, again:"
+		grep -E -e '--- FAIL|^FAIL|panic:|_test\.go:[0-9]+:|LOST|lost' "$logs/$name.log" | tail -n 80 | sed "s/^/[$name] /"
+	done
+	step "digest of the failures:"
+	for name in "${failed[@]}"; do
+		[ -f "$logs/$name.log" ] || continue
+		grep -E -e '--- FAIL|^FAIL|panic:|_test\.go:[0-9]+:|^ *digest: ' "$logs/$name.log" | tail -n 12 | cut -c1-240 | sed "s/^ */[$name] /"
 	done
 	step "FAILED: ${failed[*]}"
 	exit 1

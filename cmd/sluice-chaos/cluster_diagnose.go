@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -61,7 +62,8 @@ func (w *world) diagnose(p plan) string {
 		fmt.Fprintf(&b, "    kill %d: node %d (leading %s) SIGKILLed at %s, started again at %s\n",
 			i+1, k.node+1, strings.Join(k.led, ", "), wallClock(k.when), wallClock(k.restarted))
 	}
-	b.WriteString(indent(w.brokerReport(), "    "))
+	report := w.brokerReport()
+	b.WriteString(indent(report, "    "))
 	effects, _, _, err := w.observe(context.Background())
 	if err != nil {
 		fmt.Fprintf(&b, "    reading the effects: %v\n", err)
@@ -94,6 +96,7 @@ func (w *world) diagnose(p plan) string {
 			fmt.Fprintf(&b, "        %s\n", l)
 		}
 	}
+	b.WriteString(digest(w.cl.kills, report, missing, w.traces))
 	return b.String()
 }
 
@@ -178,6 +181,55 @@ lists:foreach(fun(Nd) ->
 end, [node() | nodes()]),
 ok.
 `
+
+// digest is the diagnosis in at most 8 short lines, each starting with
+// "digest: ", for scripts/test.sh to repeat at the very end of make
+// test's output (CI keeps only its last lines): the kills, what the report
+// says of dead-lettered copies the broker holds (the queues' and workers'
+// lines with a count other than 0), and the first missing events' last
+// trace lines.
+func digest(kills []*nodeKill, report string, missing []string, traces *traceLog) string {
+	var b strings.Builder
+	line := func(format string, args ...any) {
+		s := fmt.Sprintf(format, args...)
+		if len(s) > digestWidth {
+			s = s[:digestWidth] + "…"
+		}
+		b.WriteString("  digest: " + s + "\n")
+	}
+	var ks []string
+	for _, k := range kills {
+		ks = append(ks, fmt.Sprintf("node %d %s–%s", k.node+1, wallClock(k.when), wallClock(k.restarted)))
+	}
+	line("%d valid events without an effect; kills: %s", len(missing), strings.Join(ks, ", "))
+	held := 0
+	for _, l := range strings.Split(report, "\n") {
+		if held < 3 && heldCopies.MatchString(l) {
+			held++
+			line("%s", strings.TrimSpace(l))
+		}
+	}
+	if held == 0 {
+		line("the broker reports no dead-lettered copy held (num_discarded, num_discard_checked_out, a worker's copies awaiting a confirm)")
+	}
+	for _, id := range missing[:min(len(missing), 3)] {
+		lines := traces.of(id)
+		if len(lines) == 0 {
+			line("%s: never delivered", id)
+			continue
+		}
+		line("%s: %d trace lines, the last: %s", id, len(lines), strings.TrimSpace(lines[len(lines)-1]))
+	}
+	return b.String()
+}
+
+// digestWidth bounds a digest line (scripts/test.sh cuts at 240).
+const digestWidth = 200
+
+// heldCopies matches brokerReport's lines that show dead-lettered copies
+// the broker holds: a queue's num_discarded or num_discard_checked_out
+// above 0, a dead-letter worker with copies awaiting a confirm.
+var heldCopies = regexp.MustCompile(`num_discard(ed|_checked_out) => [1-9]|[1-9][0-9]* copies awaiting a confirm`)
 
 func indent(s, prefix string) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
