@@ -157,14 +157,7 @@ func TestClosingIsBoundedWhileReconnectingToABlackHole(t *testing.T) {
 		Topology:   rabbitmq.TopologyConfig{Queue: testenv.Name("close_redial")}, DrainTimeout: drainTimeout,
 		DepthInterval: 50 * time.Millisecond})
 	require.NoError(t, err)
-	testenv.DeleteQueuesAtEnd(t, b.Topology().Config().Queue, b.Topology().Config().PoisonQueue)
-	for _, tier := range b.Topology().Tiers() {
-		testenv.DeleteQueuesAtEnd(t, tier.Topic)
-	}
-	deliveries, err := b.Endpoints().Subscriber.Subscribe(t.Context(), b.Topology().Config().Queue)
-	require.NoError(t, err)
-	require.NoError(t, b.Publisher().Publish(b.Topology().Config().Queue, message.NewMessage(watermill.NewUUID(), []byte("up"))))
-	(<-deliveries).Ack()
+	bothUp(t, b)
 
 	// Every connection cut, and none reaches the broker again: the consumer
 	// (after its backoff, 1 s) and the depth reader (at its next read) dial
@@ -174,14 +167,83 @@ func TestClosingIsBoundedWhileReconnectingToABlackHole(t *testing.T) {
 	proxy.Reset()
 	require.Eventually(t, func() bool { return proxy.Accepted() >= before+2 }, 2*time.Minute, 10*time.Millisecond,
 		"the consumer and the depth reader dial again")
+	closeWithin(t, b, dialTimeout/3, "closing waited for dials a broker never answers")
+}
+
+// closeWithin closes b, failing t with what and the goroutines if Close
+// takes longer than d: a third of the DialTimeout whose wait it must not
+// take.
+func closeWithin(t *testing.T, b *rabbitmq.Broker, d time.Duration, what string) {
+	t.Helper()
 	closed := make(chan error, 1)
 	go func() { closed <- b.Close() }()
 	select {
 	case err := <-closed:
 		t.Logf("closed: %v", err)
-	case <-time.After(dialTimeout / 3):
-		t.Fatalf("closing waited for dials a broker never answers (DialTimeout %s); the goroutines:\n%s", dialTimeout, testenv.Goroutines())
+	case <-time.After(d):
+		t.Fatalf("%s (%s, a third of DialTimeout); the goroutines:\n%s", what, d, testenv.Goroutines())
 	}
+}
+
+// bothUp deletes b's queues when t ends, and has its consumer and its
+// publisher connected: one message published and consumed.
+func bothUp(t *testing.T, b *rabbitmq.Broker) {
+	t.Helper()
+	for _, q := range b.Topology().Queues() {
+		testenv.DeleteQueuesAtEnd(t, q.Name)
+	}
+	deliveries, err := b.Endpoints().Subscriber.Subscribe(t.Context(), b.Topology().Config().Queue)
+	require.NoError(t, err)
+	require.NoError(t, b.Publisher().Publish(b.Topology().Config().Queue, message.NewMessage(watermill.NewUUID(), []byte("up"))))
+	(<-deliveries).Ack()
+}
+
+// A Broker closed while its connections are being opened again leaves
+// none open: its consumer, its publisher and its depth reader each lost
+// their connection and dialed again, the broker's first reply to each dial
+// is held until Close has returned, and then every connection dialed must
+// still close, and Close gives those dials up at once, not after
+// DialTimeout. A connection that outlives Close keeps its reader and
+// heartbeater goroutines and a connection on the broker for the life of the
+// program. (watermill-amqp's subscriber leaves one:
+// TestUpstreamWatermillSubscriberLeavesAConnectionWhenClosedWhileReconnecting.)
+func TestABrokerClosedWhileReconnectingLeavesNoConnection(t *testing.T) {
+	t.Parallel()
+	proxy, url := testenv.ProxyAMQP(t)
+	const dialTimeout = time.Minute
+	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
+		Connection: rabbitmq.Connection{URL: url, DialTimeout: dialTimeout},
+		Topology:   rabbitmq.TopologyConfig{Queue: testenv.Name("close_held")}, DepthInterval: 50 * time.Millisecond})
+	require.NoError(t, err)
+	bothUp(t, b)
+
+	release := proxy.HoldFirstReplies()
+	defer release()
+	proxy.Reset()
+	// The consumer (after its backoff) and the depth reader (at its next
+	// read) dial again, and so does the publisher for a publish: the first
+	// may fail at once on the lost connection (uncertain), the next waits
+	// for the dial until Close ends it.
+	stop, publishing := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(publishing)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_ = b.Publisher().Publish(b.Topology().Config().Queue, message.NewMessage(watermill.NewUUID(), []byte("held")))
+		}
+	}()
+	require.Eventually(t, func() bool { return proxy.Held() >= 3 }, 2*time.Minute, 10*time.Millisecond,
+		"the consumer, the publisher and the depth reader dial again (%d wait in their handshake)", proxy.Held())
+	close(stop)
+	closeWithin(t, b, dialTimeout/3, "Close waited for dials whose handshake the broker holds")
+	<-publishing // Close ended the publish waiting for the dial
+	release()
+	require.Eventually(t, func() bool { return proxy.Forwarding() == 0 }, time.Minute, 10*time.Millisecond,
+		"%d connections of the closed broker left open", proxy.Forwarding())
 }
 
 // A Broker's Endpoints say how many deliveries each consumer hands the

@@ -30,6 +30,7 @@ type Proxy struct {
 	holed   bool
 	muted   bool          // the upstream's replies are swallowed
 	slow    time.Duration // each new connection's first reply is held this long
+	hold    chan struct{} // each new connection's first reply is held until it closes (HoldFirstReplies)
 	conns   []net.Conn
 	links   []*link // the connections forwarded so far
 	closing bool
@@ -45,6 +46,8 @@ type Proxy struct {
 	silenced       atomic.Int64  // channel frames swallowed since ChannelsSilent
 	channelFrames  atomic.Int64  // channel frames read from the upstream (ChannelFrames)
 	accepted       atomic.Int64  // client connections accepted so far (Accepted)
+	held           atomic.Int64  // first replies held now (HoldFirstReplies)
+	forwarding     atomic.Int64  // connections forwarded whose client has not closed its end (Forwarding)
 	limiter        *rate.Limiter // the replies' rate (Throttle), nil when not throttled
 	ctx            context.Context
 	cancel         context.CancelFunc // ends a throttled write when the proxy closes
@@ -57,6 +60,7 @@ type link struct {
 	silent  atomic.Bool   // its broker's channels answer nothing (ChannelsAnswerOnNewConnections)
 	seq     int           // its place among the connections forwarded (from 1)
 	slow    time.Duration // its first reply is held this long (SlowStart)
+	hold    chan struct{} // and until this closes (HoldFirstReplies), when not nil
 	frames  bool          // its replies are AMQP frames, tracked
 }
 
@@ -152,6 +156,37 @@ func (p *Proxy) SlowStart(d time.Duration) {
 	defer p.mu.Unlock()
 	p.slow = d
 }
+
+// HoldFirstReplies holds the first reply of every connection opened from
+// now on, and everything after it, until release is called: a client
+// waits in its handshake (a broker's connection.start) for as long as the
+// test needs, e.g. to close what dialed meanwhile. Held says how many
+// wait. Release is idempotent; the proxy's end releases them too.
+func (p *Proxy) HoldFirstReplies() (release func()) {
+	hold := make(chan struct{})
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.hold = hold
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if p.hold == hold {
+				p.hold = nil
+			}
+			close(hold)
+		})
+	}
+}
+
+// Held is how many connections' first replies HoldFirstReplies holds now:
+// how many clients wait in their handshake.
+func (p *Proxy) Held() int64 { return p.held.Load() }
+
+// Forwarding is how many connections the proxy forwards whose client has
+// not closed its end: a client's connections still open.
+func (p *Proxy) Forwarding() int64 { return p.forwarding.Load() }
 
 // Heal ends the black hole and DropReplies: every connection opened so far
 // is reset (the conversations it swallowed cannot resume), and new ones are
@@ -277,11 +312,35 @@ func (p *Proxy) serve(down net.Conn) {
 	}
 	l := p.forwarded()
 	p.mu.Lock()
-	l.slow, l.frames = p.slow, p.frames
+	l.slow, l.hold, l.frames = p.slow, p.hold, p.frames
 	p.mu.Unlock()
+	p.forwarding.Add(1)
+	defer p.forwarding.Add(-1)
 	p.wg.Add(2)
 	go p.pipe(l, up, down, false)
 	p.pipe(l, down, up, true)
+}
+
+// holdReply holds l's first reply for SlowStart's time and until
+// HoldFirstReplies releases it; false if the proxy closed meanwhile.
+func (p *Proxy) holdReply(l *link) bool {
+	if l.slow > 0 {
+		select {
+		case <-time.After(l.slow):
+		case <-p.closed:
+			return false
+		}
+	}
+	if l.hold != nil {
+		p.held.Add(1)
+		defer p.held.Add(-1)
+		select {
+		case <-l.hold:
+		case <-p.closed:
+			return false
+		}
+	}
+	return true
 }
 
 // pipe copies src to dst, swallowing what arrives while black-holed (or,
@@ -299,7 +358,7 @@ func (p *Proxy) pipe(l *link, src, dst net.Conn, toUpstream bool) {
 		_ = dst.Close()
 	}()
 	buf := make([]byte, 32<<10)
-	held := !toUpstream && l.slow > 0
+	held := !toUpstream && (l.slow > 0 || l.hold != nil)
 	var frames *amqpFrames
 	if !toUpstream && l.frames {
 		frames = &amqpFrames{link: l}
@@ -308,9 +367,7 @@ func (p *Proxy) pipe(l *link, src, dst net.Conn, toUpstream bool) {
 		n, err := src.Read(buf)
 		if n > 0 && held {
 			held = false
-			select {
-			case <-time.After(l.slow):
-			case <-p.closed:
+			if !p.holdReply(l) {
 				return
 			}
 		}
