@@ -24,9 +24,9 @@ func newTopology(t *testing.T, cfg rabbitmq.TopologyConfig) *rabbitmq.Topology {
 	}
 	topo, err := rabbitmq.NewTopology(cfg)
 	require.NoError(t, err)
-	names := []string{topo.Config().Queue, topo.Config().PoisonQueue}
-	for _, tier := range topo.Tiers() {
-		names = append(names, tier.Topic)
+	var names []string
+	for _, q := range topo.Queues() { // every queue of a jittered tier too
+		names = append(names, q.Name)
 	}
 	if cfg.Exchange != "" {
 		names = append(names, "exchange:"+cfg.Exchange)

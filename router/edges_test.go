@@ -34,13 +34,19 @@ func newRabbitMQ(t *testing.T, queue string, delays ...time.Duration) *rabbitmq.
 		Topology:   rabbitmq.TopologyConfig{Queue: queue, TierDelays: delays},
 	})
 	require.NoError(t, err)
-	names := []string{queue, q.Topology().Config().PoisonQueue}
-	for _, tier := range q.Topology().Tiers() {
-		names = append(names, tier.Topic)
-	}
-	testenv.DeleteQueuesAtEnd(t, names...)
+	testenv.DeleteQueuesAtEnd(t, queueNames(q.Topology())...)
 	t.Cleanup(func() { _ = q.Close() })
 	return q
+}
+
+// queueNames is every queue of topo: the main queue, each tier's (all of a
+// jittered tier's) and the poison queue, for DeleteQueuesAtEnd.
+func queueNames(topo *rabbitmq.Topology) []string {
+	var names []string
+	for _, q := range topo.Queues() {
+		names = append(names, q.Name)
+	}
+	return names
 }
 
 // Two handlers on one queue would silently split its messages; one name

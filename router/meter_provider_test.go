@@ -107,7 +107,7 @@ func TestBrokersOwnMeterProviderWins(t *testing.T) {
 	})
 	require.NoError(t, err)
 	defer func() { _ = q.Close() }()
-	testenv.DeleteQueuesAtEnd(t, queue, queue+".poison")
+	testenv.DeleteQueuesAtEnd(t, queueNames(q.Topology())...)
 	stages := sdkmetric.NewManualReader()
 	require.NoError(t, q.UseMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(stages))))
 	require.NoError(t, q.Publisher().Publish(queue, message.NewMessage(watermill.NewUUID(), []byte(`{}`))))

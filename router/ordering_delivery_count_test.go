@@ -58,7 +58,7 @@ func newGivenBack(t *testing.T, quorum bool) *givenBack {
 		Topology:   rabbitmq.TopologyConfig{Queue: queue, Quorum: quorum, DeliveryLimit: limit},
 	})
 	require.NoError(t, err)
-	testenv.DeleteQueuesAtEnd(t, queue, q.Topology().Config().PoisonQueue)
+	testenv.DeleteQueuesAtEnd(t, queueNames(q.Topology())...)
 	t.Cleanup(func() { _ = q.Close() })
 	for i := range givenBackEvents {
 		m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
@@ -260,7 +260,7 @@ func TestAnOrderedKeyKeepsItsOrderAcrossRestartsMidLoad(t *testing.T) {
 				return b
 			}
 			b := newBroker(nil)
-			testenv.DeleteQueuesAtEnd(t, queue, b.Topology().Config().PoisonQueue)
+			testenv.DeleteQueuesAtEnd(t, queueNames(b.Topology())...)
 			for seq := range events {
 				m := message.NewMessage(watermill.NewUUID(), []byte(`{}`))
 				m.Metadata.Set(sluice.EventIDKey, fmt.Sprintf("a-%02d", seq))
