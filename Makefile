@@ -12,6 +12,7 @@ TEST_PARALLEL ?= 6
 # (golang/go#75804, unfixed in 1.26) and fails a busy run with "context
 # deadline exceeded" and no crasher.
 FUZZTIME      ?= 20000x
+FUZZ_JOBS     ?= 1
 # Three modules in one workspace (go.work): the library at the root, the
 # operator tools in cmd/, the examples in examples/. In workspace mode ./...
 # stops at a nested module, so every target names all three.
@@ -55,11 +56,8 @@ test-times: ## the 25 slowest tests and the 10 slowest packages of the last make
 test-rabbitmq4: services ## the tests about what changes with RabbitMQ 4.x, on the 4.0 node (scripts/rabbitmq4.sh; make test runs them)
 	env $$(bash scripts/rabbitmq4.sh env) $(GO) test -race -count=1 -timeout 8m -parallel $(TEST_PARALLEL) -run '^($(RABBITMQ4_TESTS))$$' $(RABBITMQ4_PACKAGES)
 
-fuzz: ## run every fuzz target for FUZZTIME each (default 20000x executions; e.g. make fuzz FUZZTIME=2000000x)
-	@for t in $(FUZZ_TARGETS); do \
-		echo "fuzz $${t%%:*} ($(FUZZTIME))"; \
-		$(GO) test -run '^$$' -fuzz "^$${t%%:*}$$" -fuzztime $(FUZZTIME) $${t##*:} || exit 1; \
-	done
+fuzz: ## run every fuzz target for FUZZTIME each (default 20000x executions; e.g. make fuzz FUZZTIME=2000000x), FUZZ_JOBS at once (default 1)
+	@env GO="$(GO)" FUZZTIME="$(FUZZTIME)" FUZZ_JOBS="$(FUZZ_JOBS)" bash scripts/fuzz.sh $(FUZZ_TARGETS)
 
 test-race: test ## the same as test: the race detector is always on
 
