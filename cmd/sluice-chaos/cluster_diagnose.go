@@ -64,7 +64,13 @@ func (w *world) diagnose(p plan) string {
 	}
 	report := w.brokerReport()
 	b.WriteString(indent(report, "    "))
-	effects, _, _, err := w.observe(context.Background())
+	// What the nodes logged of the queues the second kill's node led (the
+	// poison queue, the tiers): elections, members started anew.
+	if logs := w.cl.c.LogLines([]string{w.topo.Config().PoisonQueue + "'", w.topo.Tiers()[0].Topic + "'", w.topo.Config().Queue + "'"}, 15); logs != "" {
+		b.WriteString("    the nodes' log lines about the main queue, the first tier and the poison queue:\n")
+		b.WriteString(indent(logs, "      "))
+	}
+	effects, poisoned, _, err := w.observe(context.Background())
 	if err != nil {
 		fmt.Fprintf(&b, "    reading the effects: %v\n", err)
 		return b.String()
@@ -76,29 +82,65 @@ func (w *world) diagnose(p plan) string {
 		}
 	}
 	sort.Strings(missing)
+	var unpoisoned []string
+	for id := range p.bad {
+		if poisoned[id] == 0 {
+			unpoisoned = append(unpoisoned, id)
+		}
+	}
+	sort.Strings(unpoisoned)
 	payloads := map[string]string{}
 	for _, pub := range p.publishes {
 		payloads[pub.id] = pub.payload
 	}
-	fmt.Fprintf(&b, "    %d valid events without an effect", len(missing))
-	const shown = 12
-	if len(missing) > shown {
-		fmt.Fprintf(&b, " (the first %d shown)", shown)
-	}
-	b.WriteString(":\n")
-	for _, id := range missing[:min(len(missing), shown)] {
-		fmt.Fprintf(&b, "      %s %s\n", id, payloads[id])
-		lines := w.traces.of(id)
-		if len(lines) == 0 {
-			b.WriteString("        no consumer traced it: never delivered\n")
+	for _, list := range []struct {
+		what string
+		ids  []string
+	}{{"valid events without an effect", missing}, {"bad events not in the poison queue", unpoisoned}} {
+		fmt.Fprintf(&b, "    %d %s", len(list.ids), list.what)
+		const shown = 12
+		if len(list.ids) > shown {
+			fmt.Fprintf(&b, " (the first %d shown)", shown)
 		}
-		for _, l := range lines {
-			fmt.Fprintf(&b, "        %s\n", l)
+		b.WriteString(":\n")
+		for _, id := range list.ids[:min(len(list.ids), shown)] {
+			fmt.Fprintf(&b, "      %s %s\n", id, payloads[id])
+			lines := w.traces.of(id)
+			if len(lines) == 0 {
+				b.WriteString("        no consumer traced it: never delivered\n")
+			}
+			for _, l := range lines {
+				fmt.Fprintf(&b, "        %s\n", l)
+			}
 		}
 	}
-	b.WriteString(digest(w.cl.kills, report, missing, w.traces))
+	b.WriteString(digest(w.cl.kills, report, missing, unpoisoned, w.traces))
 	return b.String()
 }
+
+// recheck observes again, every second for recheckFor, and says when the
+// effects, the poisoned events and the queues' depth change: whether what
+// verify found missing comes back (late) or not (lost).
+func (w *world) recheck(p plan) string {
+	var b strings.Builder
+	start, last := time.Now(), ""
+	for time.Since(start) < recheckFor {
+		effects, poisoned, depth, err := w.observe(context.Background())
+		now := fmt.Sprintf("%d/%d effects, %d/%d poisoned, %d in the main and tier queues", len(effects), len(p.valid), len(poisoned), len(p.bad), depth)
+		if err != nil {
+			now = "observing: " + err.Error()
+		}
+		if now != last {
+			fmt.Fprintf(&b, "  digest: recheck +%s: %s\n", time.Since(start).Round(100*time.Millisecond), now)
+			last = now
+		}
+		time.Sleep(time.Second)
+	}
+	return b.String()
+}
+
+// recheckFor bounds recheck.
+const recheckFor = 30 * time.Second
 
 // brokerReport asks the first node that answers, with rabbitmqctl eval,
 // for each of the scenario's quorum queues' Raft state (rabbit_fifo's
@@ -186,9 +228,10 @@ ok.
 // "digest: ", for scripts/test.sh to repeat at the very end of make
 // test's output (CI keeps only its last lines): the kills, what the report
 // says of dead-lettered copies the broker holds (the queues' and workers'
-// lines with a count other than 0), and the first missing events' last
-// trace lines.
-func digest(kills []*nodeKill, report string, missing []string, traces *traceLog) string {
+// lines with a count other than 0), and the last trace line of the first
+// valid events without an effect and of the first bad events not in the
+// poison queue.
+func digest(kills []*nodeKill, report string, missing, unpoisoned []string, traces *traceLog) string {
 	var b strings.Builder
 	line := func(format string, args ...any) {
 		s := fmt.Sprintf(format, args...)
@@ -201,7 +244,7 @@ func digest(kills []*nodeKill, report string, missing []string, traces *traceLog
 	for _, k := range kills {
 		ks = append(ks, fmt.Sprintf("node %d %s–%s", k.node+1, wallClock(k.when), wallClock(k.restarted)))
 	}
-	line("%d valid events without an effect; kills: %s", len(missing), strings.Join(ks, ", "))
+	line("%d valid events without an effect, %d bad events not in the poison queue; kills: %s", len(missing), len(unpoisoned), strings.Join(ks, ", "))
 	held := 0
 	for _, l := range strings.Split(report, "\n") {
 		if held < 3 && heldCopies.MatchString(l) {
@@ -212,7 +255,7 @@ func digest(kills []*nodeKill, report string, missing []string, traces *traceLog
 	if held == 0 {
 		line("the broker reports no dead-lettered copy held (num_discarded, num_discard_checked_out, a worker's copies awaiting a confirm)")
 	}
-	for _, id := range missing[:min(len(missing), 3)] {
+	for _, id := range append(missing[:min(len(missing), 3):min(len(missing), 3)], unpoisoned[:min(len(unpoisoned), 3)]...) {
 		lines := traces.of(id)
 		if len(lines) == 0 {
 			line("%s: never delivered", id)

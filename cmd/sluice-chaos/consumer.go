@@ -176,7 +176,7 @@ func consumerMain(args []string) error {
 		Broker: q,
 		Name:   "effects", Consumers: *consumers, Handler: handler,
 		Stages: router.Stages{
-			Poison:    &poison.Config{Env: sluice.Env{PublishBackoff: 200 * time.Millisecond}},
+			Poison:    &poison.Config{Publisher: tracingPublisher{q.Publisher(), tr, "poison copy"}, Env: sluice.Env{PublishBackoff: 200 * time.Millisecond}},
 			Retry:     &retrytiers.Config{Publisher: crashingPublisher{q.Publisher(), crash, tr}, Env: sluice.Env{PublishBackoff: 200 * time.Millisecond}},
 			Classify:  &stage.ClassifyConfig{},
 			Inbox:     inbox(store, "effects", sluice.KeyFromJSON("eventId")),
@@ -212,14 +212,27 @@ type crashingPublisher struct {
 }
 
 func (p crashingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	err := tracingPublisher{p.Publisher, p.trace, "retry copy"}.Publish(topic, msgs...)
+	if err == nil {
+		p.crash("after-tier-publish")
+	}
+	return err
+}
+
+// tracingPublisher traces each publish of what (consumer --trace): the
+// event, the topic and the publisher's answer.
+type tracingPublisher struct {
+	message.Publisher
+	trace func(id, format string, args ...any)
+	what  string
+}
+
+func (p tracingPublisher) Publish(topic string, msgs ...*message.Message) error {
 	err := p.Publisher.Publish(topic, msgs...)
 	if p.trace != nil {
 		for _, m := range msgs {
-			p.trace(m.Metadata.Get(chaosIDKey), "retry copy published to %s: %v", topic, err)
+			p.trace(m.Metadata.Get(chaosIDKey), "%s published to %s: %v", p.what, topic, err)
 		}
-	}
-	if err == nil {
-		p.crash("after-tier-publish")
 	}
 	return err
 }

@@ -332,7 +332,7 @@ func runScenario(parent context.Context, o options, scenario string) (string, er
 		defer close(done)
 		disrupt = w.disrupt(ctx, rng, base)
 	}()
-	settleErr := w.settle(ctx, p)
+	settleErr := w.settle(ctx, p, done)
 	if settleErr != nil && w.cl != nil {
 		fmt.Print(w.diagnose(p))
 	}
@@ -343,6 +343,12 @@ func runScenario(parent context.Context, o options, scenario string) (string, er
 		s.stop()
 	}
 	res, verifyErr := w.verify(p)
+	if verifyErr != nil && settleErr == nil && w.cl != nil {
+		// It settled, then did not verify: what the broker says now, and
+		// whether what is missing comes back.
+		fmt.Print(strings.Replace(w.diagnose(p), "did not settle", "settled, then did not verify", 1))
+		fmt.Print(w.recheck(p))
+	}
 	restarts, crashes, counts := 0, map[string]int{}, map[string]int{}
 	for _, s := range w.procs {
 		restarts += s.restarts

@@ -26,8 +26,13 @@ import (
 const settleStable = time.Second
 
 // settle waits until every valid event has its effect, every bad one is in
-// a poison queue, and the main and tier queues are empty, for settleStable.
-func (w *world) settle(ctx context.Context, p plan) error {
+// a poison queue, and the main and tier queues are empty, for settleStable,
+// once disrupted is closed: the disruption over (in cluster-node-kill, the
+// last node killed back in every queue). Settled before, a run was
+// verified after the node it had killed rejoined its queues, and the
+// poison queue that node had led, which had held all 9 bad events while
+// settle looked, held none.
+func (w *world) settle(ctx context.Context, p plan, disrupted <-chan struct{}) error {
 	var last string
 	var since time.Time // when the condition began to hold
 	for {
@@ -36,8 +41,15 @@ func (w *world) settle(ctx context.Context, p plan) error {
 			last = fmt.Sprintf("%d/%d effects, %d/%d poisoned, %d in the main and tier queues", len(effects), len(p.valid), len(poisoned), len(p.bad), depth)
 			settled, more := w.settledOutbox(ctx, p)
 			last += more
+			over := false
+			select {
+			case <-disrupted:
+				over = true
+			default:
+				last += " (the disruption under way)"
+			}
 			switch {
-			case len(effects) < len(p.valid) || len(poisoned) < len(p.bad) || depth > 0 || !settled:
+			case len(effects) < len(p.valid) || len(poisoned) < len(p.bad) || depth > 0 || !settled || !over:
 				since = time.Time{}
 			case since.IsZero():
 				since = time.Now()
@@ -125,7 +137,11 @@ func (w *world) verify(p plan) (string, error) {
 	}
 	for id := range p.bad {
 		if poisoned[id] == 0 {
-			problems = append(problems, "bad event not in the poison queue "+id)
+			pr := "bad event not in the poison queue " + id
+			if lines := w.traces.of(id); len(lines) > 0 {
+				pr += ", its consumers' traces:\n    " + strings.Join(lines, "\n    ")
+			}
+			problems = append(problems, pr)
 		}
 	}
 	if twice > 0 {

@@ -356,6 +356,33 @@ func (c *PrivateCluster) logs() string {
 	return b.String()
 }
 
+// LogLines returns, for each node's log, its last limit lines that
+// contain one of substrs (a queue's name: its elections, its members
+// started anew), each line cut to 300 bytes; "" when none does.
+func (c *PrivateCluster) LogLines(substrs []string, limit int) string {
+	files, _ := filepath.Glob(filepath.Join(c.dir, "state", "node*", "log", "*.log"))
+	var b strings.Builder
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var lines []string
+		for _, l := range strings.Split(string(data), "\n") {
+			for _, s := range substrs {
+				if strings.Contains(l, s) {
+					lines = append(lines, l[:min(len(l), 300)])
+					break
+				}
+			}
+		}
+		if len(lines) > 0 {
+			fmt.Fprintf(&b, "%s:\n%s\n", filepath.Base(f), strings.Join(lines[max(len(lines)-limit, 0):], "\n"))
+		}
+	}
+	return b.String()
+}
+
 // FindAbove finds rel (a path from the repository's root, such as
 // scripts/rabbitmq4.sh) above the working directory: a test runs in its
 // package's directory, in the repository or a module under it, and so do
