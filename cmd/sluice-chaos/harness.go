@@ -249,7 +249,7 @@ func runScenario(parent context.Context, o options, scenario string) (string, er
 	base, batchHandler := strings.CutSuffix(base, batchHandlerSuffix)
 	// Every scenario keeps its consumers' trace lines: an event missing its
 	// effect, or left in a queue, is shown with its deliveries' fates.
-	w := &world{o: o, name: fmt.Sprintf("chaos_%s_%d", strings.ReplaceAll(scenario, "-", "_"), rng.Uint32()), conn: rabbitmq.Connection{URL: o.amqpURL},
+	w := &world{o: o, name: worldName(scenario, rng), conn: rabbitmq.Connection{URL: o.amqpURL},
 		traces: &traceLog{}}
 	if base == "rabbitmq-restart" || base == "outbox" {
 		// The scenarios that stop the broker run on quorum queues, the

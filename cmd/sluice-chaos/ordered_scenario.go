@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -68,7 +67,7 @@ func runOrdered(parent context.Context, o options, scenario string) (string, err
 	}
 	ow := &orderedWorld{control: scenario == orderedControl, restart: -1,
 		plan: makeOrderPlan(rng, oo.keys, oo.perKey, oo.poisoned, oo.failProb)}
-	w := &world{o: o, name: fmt.Sprintf("chaos_%s_%d", strings.ReplaceAll(scenario, "-", "_"), rng.Uint32()), conn: rabbitmq.Connection{URL: o.amqpURL}}
+	w := &world{o: o, name: worldName(scenario, rng), conn: rabbitmq.Connection{URL: o.amqpURL}}
 	if oo.restart {
 		ns := o.orderedNode
 		if ns == nil {
