@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -75,20 +75,7 @@ func (w *world) diagnose(p plan) string {
 		fmt.Fprintf(&b, "    reading the effects: %v\n", err)
 		return b.String()
 	}
-	var missing []string
-	for id := range p.valid {
-		if effects[id] == 0 {
-			missing = append(missing, id)
-		}
-	}
-	sort.Strings(missing)
-	var unpoisoned []string
-	for id := range p.bad {
-		if poisoned[id] == 0 {
-			unpoisoned = append(unpoisoned, id)
-		}
-	}
-	sort.Strings(unpoisoned)
+	missing, unpoisoned := absent(p.valid, effects), absent(p.bad, poisoned)
 	payloads := map[string]string{}
 	for _, pub := range p.publishes {
 		payloads[pub.id] = pub.payload
@@ -255,7 +242,7 @@ func digest(kills []*nodeKill, report string, missing, unpoisoned []string, trac
 	if held == 0 {
 		line("the broker reports no dead-lettered copy held (num_discarded, num_discard_checked_out, a worker's copies awaiting a confirm)")
 	}
-	for _, id := range append(missing[:min(len(missing), 3):min(len(missing), 3)], unpoisoned[:min(len(unpoisoned), 3)]...) {
+	for _, id := range slices.Concat(missing[:min(len(missing), 3)], unpoisoned[:min(len(unpoisoned), 3)]) {
 		lines := traces.of(id)
 		if len(lines) == 0 {
 			line("%s: never delivered", id)

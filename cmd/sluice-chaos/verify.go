@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -114,6 +115,31 @@ func (w *world) observe(ctx context.Context) (map[string]int, map[string]int, in
 	return effects, poisoned, depth, err
 }
 
+// traced is what a problem about event id adds: its consumers' trace lines
+// (and the harness's, with harness), or "" when none traced it.
+func (w *world) traced(id string, harness bool) string {
+	lines := w.traces.of(id)
+	if len(lines) == 0 {
+		return ""
+	}
+	if harness {
+		lines = append(lines, w.traces.of(harnessTrace)...)
+	}
+	return ", its consumers' traces:\n    " + strings.Join(lines, "\n    ")
+}
+
+// absent returns the ids of want that have has[id] == 0, sorted.
+func absent(want map[string]bool, has map[string]int) []string {
+	var ids []string
+	for id := range want {
+		if has[id] == 0 {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
 // verify compares the final state with the plan, exactly.
 func (w *world) verify(p plan) (string, error) {
 	effects, poisoned, depth, err := w.observe(context.Background())
@@ -123,9 +149,7 @@ func (w *world) verify(p plan) (string, error) {
 	twice, problems := exactlyOnce(effects, p.valid, "unexpected effect ", "missing effect ")
 	for i, pr := range problems {
 		if id, ok := strings.CutPrefix(pr, "missing effect "); ok {
-			if lines := w.traces.of(id); len(lines) > 0 {
-				problems[i] += ", its consumers' traces:\n    " + strings.Join(append(lines, w.traces.of(harnessTrace)...), "\n    ")
-			}
+			problems[i] += w.traced(id, true)
 		}
 	}
 	copies := 0
@@ -135,14 +159,8 @@ func (w *world) verify(p plan) (string, error) {
 			problems = append(problems, "valid event poisoned "+id)
 		}
 	}
-	for id := range p.bad {
-		if poisoned[id] == 0 {
-			pr := "bad event not in the poison queue " + id
-			if lines := w.traces.of(id); len(lines) > 0 {
-				pr += ", its consumers' traces:\n    " + strings.Join(lines, "\n    ")
-			}
-			problems = append(problems, pr)
-		}
+	for _, id := range absent(p.bad, poisoned) {
+		problems = append(problems, "bad event not in the poison queue "+id+w.traced(id, false))
 	}
 	if twice > 0 {
 		problems = append(problems, fmt.Sprintf("%d events with a double effect", twice))

@@ -344,7 +344,7 @@ func (c *PrivateCluster) runContext(ctx context.Context, args []string, env ...s
 // last start (the script's own output says little when it is killed at
 // clusterCommandTimeout), or "" when there are none.
 func (c *PrivateCluster) logs() string {
-	files, _ := filepath.Glob(filepath.Join(c.dir, "state", "node*", "log", "*.log"))
+	files := c.logFiles()
 	var b strings.Builder
 	for _, f := range files {
 		lines, err := bootLines(f)
@@ -360,9 +360,8 @@ func (c *PrivateCluster) logs() string {
 // contain one of substrs (a queue's name: its elections, its members
 // started anew), each line cut to 300 bytes; "" when none does.
 func (c *PrivateCluster) LogLines(substrs []string, limit int) string {
-	files, _ := filepath.Glob(filepath.Join(c.dir, "state", "node*", "log", "*.log"))
 	var b strings.Builder
-	for _, f := range files {
+	for _, f := range c.logFiles() {
 		data, err := os.ReadFile(f)
 		if err != nil {
 			continue
@@ -381,6 +380,12 @@ func (c *PrivateCluster) LogLines(substrs []string, limit int) string {
 		}
 	}
 	return b.String()
+}
+
+// logFiles are the nodes' log files.
+func (c *PrivateCluster) logFiles() []string {
+	files, _ := filepath.Glob(filepath.Join(c.dir, "state", "node*", "log", "*.log"))
+	return files
 }
 
 // FindAbove finds rel (a path from the repository's root, such as
