@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -193,7 +195,58 @@ func (w *world) disruptCluster(ctx context.Context) error {
 	if err := w.awaitTierCopies(ctx, tier); err != nil {
 		return w.withQueueStates(err)
 	}
-	return w.withQueueStates(w.killLeader(ctx, tier))
+	if err := w.killLeader(ctx, tier); err != nil {
+		return w.withQueueStates(err)
+	}
+	if w.o.injectDrop {
+		return w.dropAPoisonCopy(ctx)
+	}
+	return nil
+}
+
+// dropAPoisonCopy takes out of the poison queue the copy of a bad event
+// that has only one there, once there is one (bounded), as a broker that
+// lost it would (-inject-broker-drop).
+func (w *world) dropAPoisonCopy(ctx context.Context) error {
+	var id string
+	err := poll(ctx, clusterWaitTimeout, 200*time.Millisecond, func() (bool, error) {
+		_, poisoned, _, err := w.observe(ctx)
+		if err != nil {
+			return false, nil // a node restarting: look again
+		}
+		ids := slices.Sorted(maps.Keys(poisoned))
+		i := slices.IndexFunc(ids, func(id string) bool { return poisoned[id] == 1 })
+		if i >= 0 {
+			id = ids[i]
+		}
+		return i >= 0, nil
+	}, func() string { return "a bad event with one copy in the poison queue, to drop" })
+	if err != nil {
+		return err
+	}
+	w.queueMu.Lock() // observe must not count the queue while its messages are out
+	defer w.queueMu.Unlock()
+	return w.withConn(func(c *amqp.Connection) error {
+		ch, err := c.Channel()
+		if err != nil {
+			return err
+		}
+		defer func() { _ = ch.Close() }() // returns what was read and not acked
+		for {
+			d, ok, err := ch.Get(w.topo.Config().PoisonQueue, false)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("-inject-broker-drop: %s's poison copy not found", id)
+			}
+			if d.Headers[chaosIDKey] == id {
+				w.traces.add(harnessTrace, time.Now().Format("15:04:05.000")+" injected: dropped the poison copy of "+id)
+				fmt.Printf("  -inject-broker-drop: dropped the poison copy of %s\n", id)
+				return d.Ack(false)
+			}
+		}
+	})
 }
 
 // withQueueStates adds to err what the cluster's live nodes report of the

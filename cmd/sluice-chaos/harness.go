@@ -50,7 +50,11 @@ type options struct {
 	batchHandlerSize  int
 	clusterScript     string
 	dlxConfirmTimeout time.Duration
-	ordered           orderedOptions
+	// injectDrop: cluster-node-kill takes one bad event's only poison copy
+	// out of the poison queue after its kills, as a broker that lost it
+	// would (dropped.go's check of itself).
+	injectDrop bool
+	ordered    orderedOptions
 	// orderedNode is the ordered scenario's private node, started when the
 	// harness starts (nil: the scenario starts its own).
 	orderedNode *nodeStart
@@ -93,6 +97,7 @@ func harnessMain(args []string) error {
 	fs.IntVar(&o.batchPrefetch, "batch-prefetch", 32, "deliveries in flight per subscription in the -batched scenarios (0: the broker's default)")
 	rabbitmq4 := fs.Bool("rabbitmq4", false, "run on the RabbitMQ 4.0 node of make services (scripts/rabbitmq4.sh env: its URL, and its rabbitmqctl for the restarts and policies; cluster-node-kill's cluster runs from its directory)")
 	fs.StringVar(&o.clusterScript, "cluster-script", "", "scripts/rabbitmq-cluster.sh, for "+clusterScenario+" (default: found above the working directory)")
+	fs.BoolVar(&o.injectDrop, "inject-broker-drop", false, clusterScenario+": after the kills, take one bad event's only poison copy out of the poison queue, as a broker that lost it would: the run must pass and report it as the broker's loss (BROKER LOSS), not Sluice's")
 	fs.DurationVar(&o.dlxConfirmTimeout, "dlx-confirm-timeout", 5*time.Second, clusterScenario+"'s nodes' dead_letter_worker_publisher_confirm_timeout (0: RabbitMQ's, 180 s): how soon a tier's dead-letter worker sends again the copies the main queue rejected after its leader died (docs/retry-tiers.md)")
 	fs.IntVar(&o.ordered.keys, "order-keys", 40, "keys in the ordered scenario")
 	fs.IntVar(&o.ordered.perKey, "order-per-key", 10, "messages per key in the ordered scenario")

@@ -49,12 +49,19 @@ func (w *world) settle(ctx context.Context, p plan, disrupted <-chan struct{}) e
 			default:
 				last += " (the disruption under way)"
 			}
+			// Events the broker dropped (dropped.go) count as accounted
+			// for, once no copy of them has come back for droppedStable.
+			stable, droppedValid, droppedBad := settleStable, w.dropped(absent(p.valid, effects)), w.dropped(absent(p.bad, poisoned))
+			if n := len(droppedValid) + len(droppedBad); n > 0 {
+				stable = droppedStable
+				last += fmt.Sprintf(", %d dropped by the broker", n)
+			}
 			switch {
-			case len(effects) < len(p.valid) || len(poisoned) < len(p.bad) || depth > 0 || !settled || !over:
+			case len(effects)+len(droppedValid) < len(p.valid) || len(poisoned)+len(droppedBad) < len(p.bad) || depth > 0 || !settled || !over:
 				since = time.Time{}
 			case since.IsZero():
 				since = time.Now()
-			case time.Since(since) >= settleStable:
+			case time.Since(since) >= stable:
 				return nil
 			}
 		}
@@ -146,10 +153,19 @@ func (w *world) verify(p plan) (string, error) {
 	if err != nil {
 		return "observe", err
 	}
-	twice, problems := exactlyOnce(effects, p.valid, "unexpected effect ", "missing effect ")
-	for i, pr := range problems {
-		if id, ok := strings.CutPrefix(pr, "missing effect "); ok {
-			problems[i] += w.traced(id, true)
+	// What the broker dropped after confirming it is the broker's loss,
+	// reported apart (dropped.go); Sluice is held to the rest.
+	dropped := slices.Concat(w.dropped(absent(p.valid, effects)), w.dropped(absent(p.bad, poisoned)))
+	twice, all := exactlyOnce(effects, p.valid, "unexpected effect ", "missing effect ")
+	var problems []string
+	for _, pr := range all {
+		id, missing := strings.CutPrefix(pr, "missing effect ")
+		switch {
+		case missing && slices.Contains(dropped, id):
+		case missing:
+			problems = append(problems, pr+w.traced(id, true))
+		default:
+			problems = append(problems, pr)
 		}
 	}
 	copies := 0
@@ -160,7 +176,9 @@ func (w *world) verify(p plan) (string, error) {
 		}
 	}
 	for _, id := range absent(p.bad, poisoned) {
-		problems = append(problems, "bad event not in the poison queue "+id+w.traced(id, false))
+		if !slices.Contains(dropped, id) {
+			problems = append(problems, "bad event not in the poison queue "+id+w.traced(id, false))
+		}
 	}
 	if twice > 0 {
 		problems = append(problems, fmt.Sprintf("%d events with a double effect", twice))
@@ -170,6 +188,14 @@ func (w *world) verify(p plan) (string, error) {
 	}
 	res := fmt.Sprintf("effects %d == %d valid, %d twice; poison %d == %d bad (%d copies); queues empty: %v",
 		len(effects), len(p.valid), twice, len(poisoned), len(p.bad), copies, depth == 0)
+	if len(dropped) > 0 {
+		slices.Sort(dropped)
+		res += fmt.Sprintf("; BROKER LOSS: %d events' copies confirmed by the broker into the poison queue or a tier and not given back (%s), not counted against Sluice (docs/reliability.md, \"The broker's losses\")",
+			len(dropped), strings.Join(dropped, ", "))
+		for _, id := range dropped {
+			fmt.Printf("  digest: dropped by the broker: %s%s\n", id, w.traced(id, false))
+		}
+	}
 	more, outboxProblems := w.verifyOutbox(p)
 	res, problems = res+more, append(problems, outboxProblems...)
 	if len(problems) > 0 {
