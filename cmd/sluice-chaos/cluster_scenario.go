@@ -48,12 +48,16 @@ type clusterWorld struct {
 	// and again before the second kill: rabbitmqctl takes a second or more
 	// to answer, long enough for a short run to be over.
 	leaders map[string]queueState
+	// drained are the queues whose copies are the broker's to keep, read
+	// once (brokerDrained).
+	drained map[string]bool
 }
 
 // nodeKill is what the harness saw of one SIGKILL of a node.
 type nodeKill struct {
 	node       int      // 0-based
-	led        []string // the scenario's queues it led
+	led        []string // the scenario's queues it led, as queueLabel names them
+	queues     []string // the same queues, by name
 	at         int      // effects at the kill
 	tierCopies int      // copies in the first tier at the kill
 	first      time.Duration
@@ -61,8 +65,9 @@ type nodeKill struct {
 	back       time.Duration // the restart, until the node booted
 	rejoined   time.Duration // the restart's end → every member online
 	// when and restarted are the kill's and the restart's wall-clock
-	// moments, for the diagnostics (the consumers' trace lines have them).
-	when, restarted time.Time
+	// moments, for the diagnostics (the consumers' trace lines have them);
+	// online, when the node was back in every queue (zero until then).
+	when, restarted, online time.Time
 }
 
 // startCluster starts the private cluster and points the world at it:
@@ -205,8 +210,9 @@ func (w *world) disruptCluster(ctx context.Context) error {
 }
 
 // dropAPoisonCopy takes out of the poison queue the copy of a bad event
-// that has only one there, once there is one (bounded), as a broker that
-// lost it would (-inject-broker-drop).
+// that has only one there, confirmed while the queue's leader was down or
+// catching up (one the broker could have lost: lossRule), once there is
+// one (bounded), as a broker that lost it would (-inject-broker-drop).
 func (w *world) dropAPoisonCopy(ctx context.Context) error {
 	var id string
 	err := poll(ctx, clusterWaitTimeout, 200*time.Millisecond, func() (bool, error) {
@@ -215,12 +221,14 @@ func (w *world) dropAPoisonCopy(ctx context.Context) error {
 			return false, nil // a node restarting: look again
 		}
 		ids := slices.Sorted(maps.Keys(poisoned))
-		i := slices.IndexFunc(ids, func(id string) bool { return poisoned[id] == 1 })
+		i := slices.IndexFunc(ids, func(id string) bool { return poisoned[id] == 1 && len(w.droppedBad([]string{id})) == 1 })
 		if i >= 0 {
 			id = ids[i]
 		}
 		return i >= 0, nil
-	}, func() string { return "a bad event with one copy in the poison queue, to drop" })
+	}, func() string {
+		return "a bad event with one copy in the poison queue, confirmed before the node leading it was back in every queue, to drop"
+	})
 	if err != nil {
 		return err
 	}
@@ -276,6 +284,7 @@ func (w *world) killLeader(ctx context.Context, queue string) error {
 	for _, q := range w.queues(true) {
 		if states[q].leader == k.node {
 			k.led = append(k.led, w.queueLabel(q))
+			k.queues = append(k.queues, q)
 		}
 	}
 	k.tierCopies, _ = w.depth(ctx, w.topo.Tiers()[0].Topic)
@@ -308,7 +317,8 @@ func (w *world) killLeader(ctx context.Context, queue string) error {
 	if err := w.awaitOnline(ctx, k.node); err != nil {
 		return err
 	}
-	k.rejoined = time.Since(booted)
+	k.online = time.Now()
+	k.rejoined = k.online.Sub(booted)
 	return nil
 }
 

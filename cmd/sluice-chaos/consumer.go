@@ -85,7 +85,7 @@ func consumerMain(args []string) error {
 		if *trace {
 			// One short line, one write: lines of concurrent handlers do
 			// not interleave on the pipe.
-			fmt.Fprintf(os.Stderr, "trace %s %s %s\n", id, time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+			fmt.Fprintf(os.Stderr, "trace %s %s %s\n", id, time.Now().Format(traceClock), fmt.Sprintf(format, args...))
 		}
 	}
 
@@ -228,10 +228,11 @@ type tracingPublisher struct {
 }
 
 func (p tracingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	sent := time.Now() // no delivery of a copy comes before its publish began
 	err := p.Publisher.Publish(topic, msgs...)
 	if p.trace != nil {
 		for _, m := range msgs {
-			p.trace(m.Metadata.Get(chaosIDKey), "%s published to %s: %v", p.what, topic, err)
+			p.trace(m.Metadata.Get(chaosIDKey), "%s published to %s (sent %s): %v", p.what, topic, sent.Format(traceClock), err)
 		}
 	}
 	return err

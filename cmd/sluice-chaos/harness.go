@@ -203,6 +203,8 @@ func makePlan(rng *rand.Rand, n, copies int) plan {
 type world struct {
 	o    options
 	name string
+	// start is when the run began publishing (the traces' day: lossRule).
+	start time.Time
 	// conn reaches the broker: the shared one, or the private cluster's
 	// nodes in cluster-node-kill, where quorum declares quorum queues.
 	conn   rabbitmq.Connection
@@ -319,6 +321,7 @@ func runScenario(parent context.Context, o options, scenario string) (string, er
 	}
 	p := makePlan(rng, n, copies)
 	start := time.Now()
+	w.start = start
 	first := p.publishes
 	if w.cl != nil {
 		first = w.clusterPlan(p)
