@@ -35,14 +35,7 @@ type lossRule struct {
 	// or the next day's when it comes before it (a run that passes
 	// midnight).
 	start time.Time
-	// valid and bad are the queues a valid or a bad event's copy may be
-	// lost from: the retry tiers that give their copies back by
-	// at-least-once dead-lettering for both, and for a bad event the
-	// poison queue too, which nothing drains here but the harness's reads
-	// (each puts back what it took). A valid event's copy in the poison
-	// queue is Sluice's mistake, never excused.
-	valid, bad []string
-	kills      []*nodeKill
+	kills []*nodeKill
 }
 
 // dropped returns, of the events ids (missing at the end: valid ones
@@ -137,22 +130,17 @@ func (w *world) droppedOf(ids []string, bad bool) []string {
 	if w.cl == nil || len(ids) == 0 {
 		return nil
 	}
-	r := lossRule{start: w.start, kills: w.cl.kills}
 	held := w.brokerDrained()
+	var queues []string // the tiers, and for a bad event the poison queue
 	for _, t := range w.topo.Tiers() {
 		if held[t.Topic] {
-			r.valid = append(r.valid, t.Topic)
+			queues = append(queues, t.Topic)
 		}
 	}
-	r.bad = r.valid
-	if q := w.topo.Config().PoisonQueue; held[q] {
-		r.bad = append(slices.Clip(r.bad), q)
+	if q := w.topo.Config().PoisonQueue; bad && held[q] {
+		queues = append(queues, q)
 	}
-	queues := r.valid
-	if bad {
-		queues = r.bad
-	}
-	return r.dropped(ids, queues, w.traces.of)
+	return lossRule{start: w.start, kills: w.cl.kills}.dropped(ids, queues, w.traces.of)
 }
 
 // brokerDrained returns the scenario's queues that the broker declares as
@@ -166,15 +154,14 @@ func (w *world) brokerDrained() map[string]bool {
 	if w.cl.drained != nil {
 		return w.cl.drained
 	}
-	held := map[string]bool{}
+	held, tiers := map[string]bool{}, map[string]bool{}
+	for _, t := range w.topo.Tiers() {
+		tiers[t.Topic] = true
+	}
 	for i := range w.cl.c.Nodes {
 		out, err := w.cl.c.TryCtl(i, "list_queues", "--no-table-headers", "name", "arguments")
 		if err != nil {
 			continue
-		}
-		tiers := map[string]bool{}
-		for _, t := range w.topo.Tiers() {
-			tiers[t.Topic] = true
 		}
 		for line := range strings.SplitSeq(out, "\n") {
 			name, args, _ := strings.Cut(strings.TrimSpace(line), "\t")
