@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -192,11 +193,15 @@ func scanQueue(ctx context.Context, conn *amqp.Connection, queue string, fn func
 		}
 		return 0, fmt.Errorf("dlq: %s: %w", diag.Printable(queue, 255), err)
 	}
-	n, err := scan(ctx, sc, queue, q.Messages, fn)
+	depth, err := sc.depth(queue, q.Messages)
+	if err != nil {
+		return 0, fmt.Errorf("dlq: reading %s: %w", diag.Printable(queue, 255), err)
+	}
+	n, err := scan(ctx, sc, queue, depth, fn)
 	if err == nil && done != nil {
 		err = done()
 	}
-	left := q.Messages - n
+	left := depth - n
 	if left > 0 && sc.quorum && rabbitMQ3(conn) && !limited(conn, queue) {
 		sc.toEnd = true // a 3.x quorum queue with no limit of Sluice's: read to the end
 	}
@@ -229,6 +234,31 @@ func declaredWith(conn *amqp.Connection, queue string, args amqp.Table) bool {
 		_, err = ch.QueueDeclare(queue, true, false, false, false, args)
 		return err
 	}) == nil
+}
+
+// depth is how many messages a scan of queue reads, given the count its
+// passive declare gave. A count of 0 may be false: RabbitMQ answers a
+// passive declare of a quorum queue with 0 messages when the queue's leader
+// does not answer within 250 ms, or is not the one the queue's record names
+// — right after its node died (rabbit_quorum_queue:stat/2, RabbitMQ 3.10 to
+// 4.x) — and a scan that believed it found an empty poison queue where it
+// held messages. So a scan that counts 0 reads once: a message there (held
+// for the scan's first read) makes it count again, and read as many as that
+// count and the one it holds, or, when the count still reads 0, to the
+// queue's end — each message read is held, not returned, so the end comes.
+func (s *scanner) depth(queue string, counted int) (int, error) {
+	if counted > 0 {
+		return counted, nil
+	}
+	d, ok, err := s.get(queue)
+	if err != nil || !ok {
+		return 0, err
+	}
+	s.unread = &d
+	if q, err := declarePassive(s.conn, s.ch, queue); err == nil && q.Messages > 0 {
+		return 1 + q.Messages, nil
+	}
+	return math.MaxInt, nil
 }
 
 func scan(ctx context.Context, sc *scanner, queue string, depth int, fn func(*Message) (bool, error)) (int, error) {
@@ -286,6 +316,9 @@ type scanner struct {
 	// toEnd: read through to the end (a quorum queue that may have no
 	// delivery limit).
 	toEnd bool
+	// unread: a message read to learn whether a queue that counted 0 was
+	// empty (depth), which the scan's first read returns.
+	unread *amqp.Delivery
 }
 
 // rabbitMQ3 reports whether conn's broker is RabbitMQ 3.x.
@@ -295,6 +328,10 @@ func rabbitMQ3(conn *amqp.Connection) bool {
 }
 
 func (s *scanner) get(queue string) (amqp.Delivery, bool, error) {
+	if d := s.unread; d != nil {
+		s.unread = nil
+		return *d, true, nil
+	}
 	type got struct {
 		d  amqp.Delivery
 		ok bool

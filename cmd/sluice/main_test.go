@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -36,6 +38,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(closingShared{m}) }
 // bed is a consumer queue with its topology, and a poison queue filled by the
 // real poison stage.
 type bed struct {
+	url   string // the broker's
 	topo  *rabbitmq.Topology
 	audit string
 	pub   *rabbitmq.Publisher
@@ -50,15 +53,25 @@ func newBed(t testing.TB) *bed {
 func newBedOn(t testing.TB, cfg rabbitmq.TopologyConfig) *bed {
 	t.Helper()
 	q := cfg.Queue
+	testenv.DeleteQueuesAtEnd(t, q, q+".poison", q+".retry.1m")
+	return newBedAt(t, testenv.AMQPURL, cfg)
+}
+
+// newBedAt is newBedOn on the broker at url, whose queues are left to it
+// (a private node's vhost goes with them).
+func newBedAt(t testing.TB, url string, cfg rabbitmq.TopologyConfig) *bed {
+	t.Helper()
 	topo, err := rabbitmq.NewTopology(cfg)
 	require.NoError(t, err)
-	_, err = topo.Declare(t.Context(), testenv.AMQP(t))
+	conn, err := amqp.Dial(url)
 	require.NoError(t, err)
-	testenv.DeleteQueuesAtEnd(t, q, q+".poison", q+".retry.1m")
-	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: testenv.AMQPURL}})
+	defer func() { _ = conn.Close() }()
+	_, err = topo.Declare(t.Context(), conn)
+	require.NoError(t, err)
+	pub, err := rabbitmq.NewPublisher(rabbitmq.PublisherConfig{Connection: rabbitmq.Connection{URL: url}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pub.Close() })
-	return &bed{topo: topo, audit: filepath.Join(t.TempDir(), "audit.jsonl"), pub: pub}
+	return &bed{url: url, topo: topo, audit: filepath.Join(t.TempDir(), "audit.jsonl"), pub: pub}
 }
 
 // poisoned isolates one event through the poison stage.
@@ -102,7 +115,7 @@ const outcomeWait = "3m"
 func (b *bed) cli(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	code := run(append([]string{"--amqp-url", testenv.AMQPURL, "--audit", b.audit, "--operator", "tester"}, args...), &out, &errOut)
+	code := run(append([]string{"--amqp-url", cmp.Or(b.url, testenv.AMQPURL), "--audit", b.audit, "--operator", "tester"}, args...), &out, &errOut)
 	return code, out.String(), errOut.String()
 }
 
