@@ -84,6 +84,20 @@ func QueueDepth(t testing.TB, conn *amqp.Connection, queue string) int {
 	return inspectQueue(t, conn, queue).Messages
 }
 
+// Empty reports whether queue has no ready message, by a basic.get (a
+// message it gets goes back). Where the queue's leader may have just
+// changed, QueueDepth cannot say a quorum queue is empty: RabbitMQ counts 0
+// when the leader its record names does not answer within 250 ms.
+func Empty(t testing.TB, conn *amqp.Connection, queue string) bool {
+	t.Helper()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	defer func() { _ = ch.Close() }() // returns the message got, if any
+	_, ok, err := ch.Get(queue, false)
+	require.NoError(t, err, "queue %s", queue)
+	return !ok
+}
+
 // QueueDepths says how many ready messages each of queues holds ("orders
 // 3, orders.poison 0"): what a failed wait for them prints.
 func QueueDepths(t testing.TB, conn *amqp.Connection, queues ...string) string {
