@@ -43,6 +43,7 @@ type depthPoller struct {
 	interval time.Duration
 	family   string
 	vhost    string
+	quorum   bool // the topology's queues are quorum queues
 
 	mu     sync.Mutex
 	depths []QueueDepth
@@ -69,7 +70,7 @@ func newDepthPoller(c Connection, topo *Topology, interval time.Duration) (*dept
 	if u, err := amqp.ParseURI(c.URLs[0]); err == nil {
 		vhost = u.Vhost
 	}
-	p := &depthPoller{conn: c, queues: topo.Queues(), interval: interval, family: topo.cfg.Queue, vhost: vhost,
+	p := &depthPoller{conn: c, queues: topo.Queues(), interval: interval, family: topo.cfg.Queue, vhost: vhost, quorum: topo.cfg.Quorum,
 		again: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), own: c.MeterProvider != nil}
 	p.life, p.end = context.WithCancel(context.Background())
 	p.depths = make([]QueueDepth, len(p.queues))
@@ -185,16 +186,31 @@ func (p *depthPoller) poll(conn *amqp.Connection) *amqp.Connection {
 	var ch *amqp.Channel
 	for i, q := range p.queues {
 		var info amqp.Queue
-		err := closeWithin(conn, p.conn.WriteTimeout, func() error {
-			var err error
-			if ch == nil {
-				if ch, err = conn.Channel(); err != nil {
-					return fmt.Errorf("rabbitmq: opening a channel: %w", err)
+		read := func() error {
+			return closeWithin(conn, p.conn.WriteTimeout, func() error {
+				var err error
+				if ch == nil {
+					if ch, err = conn.Channel(); err != nil {
+						return fmt.Errorf("rabbitmq: opening a channel: %w", err)
+					}
 				}
+				info, err = ch.QueueDeclarePassive(q.Name, true, false, false, false, nil)
+				return err
+			})
+		}
+		err := read()
+		// A quorum queue counts 0 messages and 0 consumers when its leader
+		// does not answer within 250 ms (RabbitMQ's rabbit_quorum_queue:stat/2):
+		// after a read that counted some, such a read is tried again, up to
+		// twice, quorumReread apart, before the gauges show it.
+		for try := 0; err == nil && p.quorum && info.Messages == 0 && info.Consumers == 0 && p.counted(i) && try < 2; try++ {
+			select {
+			case <-p.stop:
+				return conn
+			case <-time.After(quorumReread):
 			}
-			info, err = ch.QueueDeclarePassive(q.Name, true, false, false, false, nil)
-			return err
-		})
+			err = read()
+		}
 		if err != nil {
 			if conn.IsClosed() {
 				p.failed(i, err)
@@ -212,6 +228,18 @@ func (p *depthPoller) poll(conn *amqp.Connection) *amqp.Connection {
 		_ = closeWithin(conn, p.conn.WriteTimeout, ch.Close)
 	}
 	return conn
+}
+
+// quorumReread is how long the poller waits before it reads again a quorum
+// queue that counted 0 messages and 0 consumers after counting some.
+const quorumReread = 250 * time.Millisecond
+
+// counted reports whether the last read of queue i that worked counted
+// messages or consumers.
+func (p *depthPoller) counted(i int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.depths[i].Ready > 0 || p.depths[i].Consumers > 0
 }
 
 // failed records err for the queues from i on: the connection failed.

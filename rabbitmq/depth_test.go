@@ -172,3 +172,46 @@ func TestTheDepthGaugesUseTheProviderHanded(t *testing.T) {
 	require.Nil(t, off.Depths())
 	require.NoError(t, off.Close())
 }
+
+// A quorum queue's leader that does not answer within 250 ms makes RabbitMQ
+// count its queue 0 messages and 0 consumers (rabbit_quorum_queue:stat/2):
+// here the poison queue's Ra server is suspended, on a private node, until
+// a second count's query is in its mailbox. The read the test asks for then
+// still shows the poison queue's 3 messages: a 0 after a count of some is
+// read again before the gauges show it. Before: that read showed 0.
+func TestAQuorumQueuesFalseZeroIsReadAgain(t *testing.T) {
+	t.Parallel()
+	node := plainNodeFor(t)
+	queue := testenv.Name("depthz")
+	cfg := rabbitmq.TopologyConfig{Queue: queue, TierDelays: []time.Duration{time.Hour}, Quorum: true}
+	topo, err := rabbitmq.NewTopology(cfg)
+	require.NoError(t, err)
+	conn, err := amqp.Dial(node.URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	_, err = topo.Declare(t.Context(), conn)
+	require.NoError(t, err)
+	ch := testenv.Confirm(t, testenv.Channel(t, conn))
+	poisonQ := topo.Config().PoisonQueue
+	for range 3 {
+		require.NoError(t, ch.PublishWithContext(t.Context(), "", poisonQ, true, false, amqp.Publishing{Body: []byte("x")}))
+	}
+
+	b, err := rabbitmq.NewBroker(t.Context(), rabbitmq.BrokerConfig{
+		Connection: rabbitmq.Connection{URL: node.URL}, Topology: cfg,
+		DepthInterval: time.Hour, // reads at its start and when the test asks
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, b.Close()) })
+	poison := func() rabbitmq.QueueDepth { return b.Depths()[2] }
+	require.Equal(t, poisonQ, poison().Name)
+	require.Eventually(t, func() bool { return !poison().At.IsZero() }, time.Minute, 10*time.Millisecond, "the first read")
+	require.Equal(t, 3, poison().Ready)
+
+	resumed := node.StallQuorumLeader(t, poisonQ, "query_stat", 2)
+	before := poison().At
+	rabbitmq.ReadDepthsNow(b)
+	require.Eventually(t, func() bool { return poison().At.After(before) }, 2*time.Minute, 10*time.Millisecond, "the read asked for")
+	require.Equal(t, 3, poison().Ready, "the read asked for, while the leader was stalled")
+	resumed()
+}

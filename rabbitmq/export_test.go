@@ -56,3 +56,7 @@ func NewWatermillSubscriber(conn Connection) (message.Subscriber, error) {
 	}
 	return newSubscriber(cfg.Connection, cfg.Prefetch)
 }
+
+// ReadDepthsNow makes b's depth poller read its queues now (as a consumer's
+// start does), without waiting.
+func ReadDepthsNow(b *Broker) { b.depth.wake() }

@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -39,7 +38,7 @@ func TestAPoisonQueueWhoseCountReadsZeroIsStillRead(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = conn.Close() }()
 
-	stalled := stallUntilRead(t, node, poisonQ)
+	resumed := node.StallQuorumLeader(t, poisonQ, "dequeue", 1)
 	ch, err := conn.Channel()
 	require.NoError(t, err)
 	q, err := ch.QueueDeclarePassive(poisonQ, true, false, false, false, nil)
@@ -53,42 +52,11 @@ func TestAPoisonQueueWhoseCountReadsZeroIsStillRead(t *testing.T) {
 		shown = append(shown, m[1])
 	}
 	require.Equal(t, want, shown, "inspect reads the queue that counted 0:\n%s", out)
-	stalled()
+	resumed()
 
-	stalled = stallUntilRead(t, node, poisonQ)
+	resumed = node.StallQuorumLeader(t, poisonQ, "dequeue", 1)
 	code, out, errOut = b.cli(t, "dlq", "stats", "--queue", poisonQ)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "5 messages", out)
-	stalled()
-}
-
-// stallUntilRead suspends the Ra server that leads the quorum queue on node
-// (in node's vhost) until a basic.get's dequeue command is in its mailbox
-// (or a minute passed), as a leader too slow to answer within 250 ms. The
-// function it returns waits until the server runs again.
-func stallUntilRead(t *testing.T, node *testenv.PrivateRabbitMQ, queue string) func() {
-	t.Helper()
-	vhost := node.URL[strings.LastIndex(node.URL, "/")+1:]
-	server := fmt.Sprintf(`{ok, Q} = rabbit_amqqueue:lookup(rabbit_misc:r(<<%q>>, queue, <<%q>>)), {Name, _} = amqqueue:get_pid(Q), P = whereis(Name)`, vhost, queue)
-	node.Ctl(t, "eval", server+`,
-		ok = sys:suspend(P),
-		spawn(fun() ->
-			Read = fun R(0) -> ok;
-			           R(N) -> {messages, Ms} = erlang:process_info(P, messages),
-			                   case string:find(lists:flatten(io_lib:format("~p", [Ms])), "dequeue") of
-			                       nomatch -> timer:sleep(10), R(N - 1);
-			                       _ -> ok
-			                   end
-			       end,
-			Read(6000),
-			sys:resume(P)
-		end),
-		ok.`)
-	return func() {
-		t.Helper()
-		require.Eventually(t, func() bool {
-			out, err := node.NodeCtl()(t.Context(), "eval", server+`, {status, _, _, [_, S | _]} = sys:get_status(P, 5000), S.`)
-			return err == nil && strings.TrimSpace(out) == "running"
-		}, 2*time.Minute, 100*time.Millisecond, "the queue's Ra server runs again")
-	}
+	resumed()
 }

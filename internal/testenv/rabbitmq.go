@@ -509,6 +509,43 @@ func (r *PrivateRabbitMQ) NodeCtl() Ctl {
 	}
 }
 
+// StallQuorumLeader suspends (sys:suspend) the Ra server that leads the
+// quorum queue on the node, in r.URL's vhost, until its mailbox holds n
+// messages whose text contains call — "dequeue" for a basic.get,
+// "query_stat" for a passive declare's count — or a minute passed: a leader
+// too slow to answer within 250 ms, whose queue a passive declare then
+// counts 0 (rabbit_quorum_queue:stat/2). The function it returns waits until
+// the server runs again.
+func (r *PrivateRabbitMQ) StallQuorumLeader(t testing.TB, queue, call string, n int) (resumed func()) {
+	t.Helper()
+	vhost := cmp.Or(r.URL[strings.LastIndex(r.URL, "/")+1:], "/")
+	server := fmt.Sprintf(`{ok, Q} = rabbit_amqqueue:lookup(rabbit_misc:r(<<%q>>, queue, <<%q>>)), {Name, _} = amqqueue:get_pid(Q), P = whereis(Name)`, vhost, queue)
+	r.Ctl(t, "eval", server+fmt.Sprintf(`,
+		ok = sys:suspend(P),
+		Calls = fun() ->
+			{messages, Ms} = erlang:process_info(P, messages),
+			length([M || M <- Ms, string:find(lists:flatten(io_lib:format("~p", [M])), %q) =/= nomatch])
+		end,
+		spawn(fun() ->
+			Wait = fun W(0) -> ok;
+			           W(K) -> case Calls() >= %d of
+			                       true -> ok;
+			                       false -> timer:sleep(10), W(K - 1)
+			                   end
+			       end,
+			Wait(6000),
+			sys:resume(P)
+		end),
+		ok.`, call, n))
+	return func() {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			out, err := r.ctl(context.Background(), "eval", server+`, {status, _, _, [_, S | _]} = sys:get_status(P, 5000), S.`)
+			return err == nil && strings.TrimSpace(string(out)) == "running"
+		}, 2*time.Minute, 100*time.Millisecond, "%s's Ra server runs again", queue)
+	}
+}
+
 func (r *PrivateRabbitMQ) ctl(ctx context.Context, args ...string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
