@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -193,7 +192,7 @@ func scanQueue(ctx context.Context, conn *amqp.Connection, queue string, fn func
 		}
 		return 0, fmt.Errorf("dlq: %s: %w", diag.Printable(queue, 255), err)
 	}
-	depth, err := sc.depth(queue, q.Messages)
+	depth, err := sc.depth(ctx, queue, q.Messages)
 	if err != nil {
 		return 0, fmt.Errorf("dlq: reading %s: %w", diag.Printable(queue, 255), err)
 	}
@@ -242,24 +241,48 @@ func declaredWith(conn *amqp.Connection, queue string, args amqp.Table) bool {
 // does not answer within 250 ms, or is not the one the queue's record names
 // — right after its node died (rabbit_quorum_queue:stat/2, RabbitMQ 3.10 to
 // 4.x) — and a scan that believed it found an empty poison queue where it
-// held messages. So a scan that counts 0 reads once: a message there (held
-// for the scan's first read) makes it count again, and read as many as that
-// count and the one it holds, or, when the count still reads 0, to the
-// queue's end — each message read is held, not returned, so the end comes.
-func (s *scanner) depth(queue string, counted int) (int, error) {
+// held messages. So a scan that counts 0 reads, and counts again after each
+// message it reads (held for the scan's first reads): the queue's end, or a
+// count of more, says how many it held. One that still counts 0 after
+// countWait, or after preReadMax messages, is an error: reading on to the
+// end would have no bound (a replayed copy poisoned again comes back to its
+// tail).
+func (s *scanner) depth(ctx context.Context, queue string, counted int) (int, error) {
 	if counted > 0 {
 		return counted, nil
 	}
-	d, ok, err := s.get(queue)
-	if err != nil || !ok {
-		return 0, err
+	deadline := time.Now().Add(countWait)
+	for {
+		d, ok, err := s.fetch(queue)
+		if err != nil || !ok {
+			return len(s.unread), err // the queue's end: it held those read
+		}
+		s.unread = append(s.unread, d)
+		q, err := declarePassive(s.conn, s.ch, queue)
+		if err != nil {
+			return 0, err
+		}
+		if q.Messages > 0 {
+			return len(s.unread) + q.Messages, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		if len(s.unread) >= preReadMax || time.Now().After(deadline) {
+			return 0, fmt.Errorf("%w: it counted 0 messages while %d were read from it in %s — RabbitMQ counts a quorum queue 0 while its leader does not answer (rabbit_quorum_queue:stat/2); try again", errNoCount, len(s.unread), countWait)
+		}
 	}
-	s.unread = &d
-	if q, err := declarePassive(s.conn, s.ch, queue); err == nil && q.Messages > 0 {
-		return 1 + q.Messages, nil
-	}
-	return math.MaxInt, nil
 }
+
+// countWait and preReadMax bound how long, and how far, a scan reads a
+// queue that counted 0 while it has no count of it (depth).
+const (
+	countWait  = 2 * time.Second
+	preReadMax = 1000
+)
+
+// errNoCount: the broker gave no count of a queue that holds messages.
+var errNoCount = errors.New("the broker gives no count of the queue")
 
 func scan(ctx context.Context, sc *scanner, queue string, depth int, fn func(*Message) (bool, error)) (int, error) {
 	n := 0
@@ -316,9 +339,9 @@ type scanner struct {
 	// toEnd: read through to the end (a quorum queue that may have no
 	// delivery limit).
 	toEnd bool
-	// unread: a message read to learn whether a queue that counted 0 was
-	// empty (depth), which the scan's first read returns.
-	unread *amqp.Delivery
+	// unread: the messages read to learn how many a queue that counted 0
+	// held (depth), which the scan's first reads return.
+	unread []amqp.Delivery
 }
 
 // rabbitMQ3 reports whether conn's broker is RabbitMQ 3.x.
@@ -327,11 +350,19 @@ func rabbitMQ3(conn *amqp.Connection) bool {
 	return strings.HasPrefix(v, "3.")
 }
 
+// get returns the next message of the scan: one depth read first, else
+// one read now (fetch).
 func (s *scanner) get(queue string) (amqp.Delivery, bool, error) {
-	if d := s.unread; d != nil {
-		s.unread = nil
-		return *d, true, nil
+	if len(s.unread) > 0 {
+		d := s.unread[0]
+		s.unread = s.unread[1:]
+		return d, true, nil
 	}
+	return s.fetch(queue)
+}
+
+// fetch reads the queue's next message (basic.get), held to be put back.
+func (s *scanner) fetch(queue string) (amqp.Delivery, bool, error) {
 	type got struct {
 		d  amqp.Delivery
 		ok bool

@@ -30,8 +30,10 @@ type QueueDepth struct {
 	// At is when they were read; zero before the first read that worked.
 	At time.Time
 	// Err is the last read's error (the queue missing, the broker
-	// unreachable), nil when it worked: Ready, Consumers and At are then
-	// the last read's that worked.
+	// unreachable, or a quorum queue's sudden 0 not shown until the next
+	// read counts 0 too: RabbitMQ's count while the queue's leader does not
+	// answer), nil when it worked: Ready, Consumers and At are then the
+	// last read's that worked.
 	Err error
 }
 
@@ -47,6 +49,9 @@ type depthPoller struct {
 
 	mu     sync.Mutex
 	depths []QueueDepth
+	// doubted[i]: queue i's last read counted a quorum queue's 0 and 0 that
+	// was not shown (poll); only the poll reads and writes it.
+	doubted []bool
 
 	current atomic.Pointer[amqp.Connection] // the poll's, closed by close
 	life    context.Context                 // ended by close: a dial in progress is given up
@@ -74,6 +79,7 @@ func newDepthPoller(c Connection, topo *Topology, interval time.Duration) (*dept
 		again: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}), own: c.MeterProvider != nil}
 	p.life, p.end = context.WithCancel(context.Background())
 	p.depths = make([]QueueDepth, len(p.queues))
+	p.doubted = make([]bool, len(p.queues))
 	for i, q := range p.queues {
 		p.depths[i].TopologyQueue = q
 	}
@@ -202,8 +208,9 @@ func (p *depthPoller) poll(conn *amqp.Connection) *amqp.Connection {
 		// A quorum queue counts 0 messages and 0 consumers when its leader
 		// does not answer within 250 ms (RabbitMQ's rabbit_quorum_queue:stat/2):
 		// after a read that counted some, such a read is tried again, up to
-		// twice, quorumReread apart, before the gauges show it.
-		for try := 0; err == nil && p.quorum && info.Messages == 0 && info.Consumers == 0 && p.counted(i) && try < 2; try++ {
+		// twice, quorumReread apart; one still 0 is shown only if the next
+		// poll reads it too (a queue drained for real shows 0 a poll late).
+		for try := 0; err == nil && p.doubtful(i, info) && try < 2; try++ {
 			select {
 			case <-p.stop:
 				return conn
@@ -211,6 +218,11 @@ func (p *depthPoller) poll(conn *amqp.Connection) *amqp.Connection {
 			}
 			err = read()
 		}
+		if err == nil && p.doubtful(i, info) {
+			p.doubt(i)
+			continue
+		}
+		p.doubted[i] = false
 		if err != nil {
 			if conn.IsClosed() {
 				p.failed(i, err)
@@ -234,13 +246,31 @@ func (p *depthPoller) poll(conn *amqp.Connection) *amqp.Connection {
 // queue that counted 0 messages and 0 consumers after counting some.
 const quorumReread = 250 * time.Millisecond
 
-// counted reports whether the last read of queue i that worked counted
-// messages or consumers.
-func (p *depthPoller) counted(i int) bool {
+// doubtful reports whether info, read of queue i, may be a quorum queue's
+// false 0: 0 messages and 0 consumers, after a read that counted some, and
+// not after a read that was doubted already.
+func (p *depthPoller) doubtful(i int, info amqp.Queue) bool {
+	if !p.quorum || info.Messages != 0 || info.Consumers != 0 || p.doubted[i] {
+		return false
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.depths[i].Ready > 0 || p.depths[i].Consumers > 0
 }
+
+// doubt records that queue i's read was a 0 not shown: its last values are
+// kept, with errCountDoubted.
+func (p *depthPoller) doubt(i int) {
+	p.doubted[i] = true
+	err := fmt.Errorf("%w: %s", errCountDoubted, p.queues[i].Name)
+	p.mu.Lock()
+	p.depths[i].Err = err
+	p.mu.Unlock()
+	p.conn.Logger.Info("A quorum queue counted 0 three times after counting some; its depth keeps its last values until the next read", watermill.LogFields{"queue": p.queues[i].Name})
+}
+
+// errCountDoubted is Depths' error for a quorum queue's 0 not shown yet.
+var errCountDoubted = errors.New("rabbitmq: the quorum queue counted 0 messages and 0 consumers three times after counting some — RabbitMQ's answer while the queue's leader does not answer within 250 ms; shown if the next read counts 0 too")
 
 // failed records err for the queues from i on: the connection failed.
 func (p *depthPoller) failed(from int, err error) {

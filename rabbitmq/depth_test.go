@@ -178,7 +178,8 @@ func TestTheDepthGaugesUseTheProviderHanded(t *testing.T) {
 // here the poison queue's Ra server is suspended, on a private node, until
 // a second count's query is in its mailbox. The read the test asks for then
 // still shows the poison queue's 3 messages: a 0 after a count of some is
-// read again before the gauges show it. Before: that read showed 0.
+// read again before the gauges show it; one that lasts is shown only when
+// the next read counts 0 too. Before: that read showed 0.
 func TestAQuorumQueuesFalseZeroIsReadAgain(t *testing.T) {
 	t.Parallel()
 	node := plainNodeFor(t)
@@ -213,5 +214,30 @@ func TestAQuorumQueuesFalseZeroIsReadAgain(t *testing.T) {
 	rabbitmq.ReadDepthsNow(b)
 	require.Eventually(t, func() bool { return poison().At.After(before) }, 2*time.Minute, 10*time.Millisecond, "the read asked for")
 	require.Equal(t, 3, poison().Ready, "the read asked for, while the leader was stalled")
+	require.NoError(t, poison().Err)
 	resumed()
+
+	// A leader out for longer: the read's three counts time out, and the
+	// depth keeps its 3 with the error saying why, until the next read.
+	resumed = node.StallQuorumLeader(t, poisonQ, "query_stat", 4)
+	rabbitmq.ReadDepthsNow(b)
+	require.Eventually(t, func() bool { return poison().Err != nil }, 2*time.Minute, 10*time.Millisecond, "the read asked for")
+	require.ErrorContains(t, poison().Err, "counted 0 messages and 0 consumers three times")
+	require.Equal(t, 3, poison().Ready, "kept")
+	before = poison().At
+	rabbitmq.ReadDepthsNow(b) // its count's query is the fourth: the leader answers it
+	require.Eventually(t, func() bool { return poison().At.After(before) }, 2*time.Minute, 10*time.Millisecond, "the next read")
+	require.Equal(t, 3, poison().Ready)
+	require.NoError(t, poison().Err)
+	resumed()
+
+	// Drained for real: the 0 is shown a read late.
+	testenv.Drain(t, conn, poisonQ)
+	rabbitmq.ReadDepthsNow(b)
+	require.Eventually(t, func() bool { return poison().Err != nil }, 2*time.Minute, 10*time.Millisecond, "the read after the drain")
+	before = poison().At
+	rabbitmq.ReadDepthsNow(b)
+	require.Eventually(t, func() bool { return poison().At.After(before) }, 2*time.Minute, 10*time.Millisecond, "the read after that")
+	require.Zero(t, poison().Ready)
+	require.NoError(t, poison().Err)
 }

@@ -21,8 +21,9 @@ import (
 // Here the poison queue's Ra server is suspended (sys:suspend, on the
 // package's private node) until a basic.get reaches it: its count reads 0
 // (checked first), and `sluice dlq inspect` and `stats` still find its five
-// messages. Before: inspect listed none and stats counted 0 — the scan read
-// as many messages as the count said.
+// messages, and inspect the one of a queue that holds one (whose count,
+// once it is read, is a true 0). Before: inspect listed none and stats
+// counted 0 — the scan read as many messages as the count said.
 func TestAPoisonQueueWhoseCountReadsZeroIsStillRead(t *testing.T) {
 	t.Parallel()
 	node, _ := privateNode(t)
@@ -58,5 +59,14 @@ func TestAPoisonQueueWhoseCountReadsZeroIsStillRead(t *testing.T) {
 	code, out, errOut = b.cli(t, "dlq", "stats", "--queue", poisonQ)
 	require.Equal(t, 0, code, errOut)
 	require.Contains(t, out, "5 messages", out)
+	resumed()
+
+	// One message: the count after reading it is 0, and true.
+	one := newBedAt(t, node.URL, rabbitmq.TopologyConfig{Queue: testenv.Name("cliz1"), TierDelays: []time.Duration{time.Minute}, Quorum: true, DeliveryLimit: 5})
+	one.poisoned(t, "e1", "order.created", sluice.Poison(errors.New("bad")))
+	resumed = node.StallQuorumLeader(t, one.topo.Config().PoisonQueue, "dequeue", 1)
+	code, out, errOut = one.cli(t, "dlq", "inspect", "--queue", one.topo.Config().PoisonQueue)
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, [][]string{{"(event e1)", "e1"}}, shownEvent.FindAllStringSubmatch(out, -1), out)
 	resumed()
 }

@@ -188,7 +188,8 @@ func drainBodies(t *testing.T, conn *amqp.Connection, queue string) map[string]i
 	copies := map[string]int{}
 	for n := 0; n < q.Messages; n++ {
 		select {
-		case d := <-deliveries:
+		case d, ok := <-deliveries:
+			require.True(t, ok, "%d of the %d messages of %s read, then the consumer was cancelled", n, q.Messages, queue)
 			copies[string(d.Body)]++
 		case <-time.After(time.Minute): // no message for a minute: stuck, not slow
 			t.Fatalf("%d of the %d messages of %s read, then none for a minute", n, q.Messages, queue)
