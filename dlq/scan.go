@@ -269,7 +269,7 @@ func (s *scanner) depth(ctx context.Context, queue string, counted int) (int, er
 			return 0, err
 		}
 		if len(s.unread) >= preReadMax || time.Now().After(deadline) {
-			return 0, fmt.Errorf("%w: it counted 0 messages while %d were read from it in %s — RabbitMQ counts a quorum queue 0 while its leader does not answer (rabbit_quorum_queue:stat/2); try again", errNoCount, len(s.unread), countWait)
+			return 0, fmt.Errorf("the broker gives no count of the queue: it counted 0 messages while %d were read from it in %s — RabbitMQ counts a quorum queue 0 while its leader does not answer (rabbit_quorum_queue:stat/2); try again", len(s.unread), countWait)
 		}
 	}
 }
@@ -280,9 +280,6 @@ const (
 	countWait  = 2 * time.Second
 	preReadMax = 1000
 )
-
-// errNoCount: the broker gave no count of a queue that holds messages.
-var errNoCount = errors.New("the broker gives no count of the queue")
 
 func scan(ctx context.Context, sc *scanner, queue string, depth int, fn func(*Message) (bool, error)) (int, error) {
 	n := 0
