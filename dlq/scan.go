@@ -182,7 +182,7 @@ func scanQueue(ctx context.Context, conn *amqp.Connection, queue string, fn func
 	if err != nil {
 		return 0, fmt.Errorf("dlq: opening a channel: %w", err)
 	}
-	sc := &scanner{conn: conn, ch: ch, acked: map[uint64]bool{}}
+	sc := &scanner{conn: conn, ch: ch, queue: queue, acked: map[uint64]bool{}}
 	defer sc.putBack(queue) // returns the unacked messages to the queue, in order
 	q, err := declarePassive(conn, ch, queue)
 	if err != nil {
@@ -192,7 +192,7 @@ func scanQueue(ctx context.Context, conn *amqp.Connection, queue string, fn func
 		}
 		return 0, fmt.Errorf("dlq: %s: %w", diag.Printable(queue, 255), err)
 	}
-	depth, err := sc.depth(ctx, queue, q.Messages)
+	depth, err := sc.depth(queue, q.Messages)
 	if err != nil {
 		return 0, fmt.Errorf("dlq: reading %s: %w", diag.Printable(queue, 255), err)
 	}
@@ -241,45 +241,21 @@ func declaredWith(conn *amqp.Connection, queue string, args amqp.Table) bool {
 // does not answer within 250 ms, or is not the one the queue's record names
 // — right after its node died (rabbit_quorum_queue:stat/2, RabbitMQ 3.10 to
 // 4.x) — and a scan that believed it found an empty poison queue where it
-// held messages. So a scan that counts 0 reads, and counts again after each
-// message it reads (held for the scan's first reads): the queue's end, or a
-// count of more, says how many it held. One that still counts 0 after
-// countWait, or after preReadMax messages, is an error: reading on to the
-// end would have no bound (a replayed copy poisoned again comes back to its
-// tail).
-func (s *scanner) depth(ctx context.Context, queue string, counted int) (int, error) {
+// held messages. A basic.get's answer counts the messages left from the
+// leader's own state (rabbit_fifo_client:dequeue: the get waits for the
+// leader, up to the broker's timeout), so a scan that counts 0 reads one
+// message, held for its first read, and takes the count from it.
+func (s *scanner) depth(queue string, counted int) (int, error) {
 	if counted > 0 {
 		return counted, nil
 	}
-	deadline := time.Now().Add(countWait)
-	for {
-		d, ok, err := s.fetch(queue)
-		if err != nil || !ok {
-			return len(s.unread), err // the queue's end: it held those read
-		}
-		s.unread = append(s.unread, d)
-		q, err := declarePassive(s.conn, s.ch, queue)
-		if err != nil {
-			return 0, err
-		}
-		if q.Messages > 0 {
-			return len(s.unread) + q.Messages, nil
-		}
-		if err := ctx.Err(); err != nil {
-			return 0, err
-		}
-		if len(s.unread) >= preReadMax || time.Now().After(deadline) {
-			return 0, fmt.Errorf("the broker gives no count of the queue: it counted 0 messages while %d were read from it in %s — RabbitMQ counts a quorum queue 0 while its leader does not answer (rabbit_quorum_queue:stat/2); try again", len(s.unread), countWait)
-		}
+	d, ok, err := s.fetch(queue)
+	if err != nil || !ok {
+		return 0, err // the queue's end: it was empty
 	}
+	s.unread = append(s.unread, d)
+	return 1 + int(d.MessageCount), nil
 }
-
-// countWait and preReadMax bound how long, and how far, a scan reads a
-// queue that counted 0 while it has no count of it (depth).
-const (
-	countWait  = 2 * time.Second
-	preReadMax = 1000
-)
 
 func scan(ctx context.Context, sc *scanner, queue string, depth int, fn func(*Message) (bool, error)) (int, error) {
 	n := 0
@@ -316,15 +292,42 @@ func (m *Message) ack() error {
 	}
 	if m.scan != nil {
 		m.scan.acked[m.Delivery.DeliveryTag] = true
+		return m.scan.settled()
 	}
 	return nil
 }
+
+// settled counts an ack, and after settleWindow of them since the scan's
+// last basic.get reads the next message ahead (held for the scan's next
+// read, or put back with the rest): a basic.get of a quorum queue is a
+// command the queue applies after the acks before it, and its answer comes
+// once they are applied. Without it a replay's batch of acks can leave the
+// broker's quorum queue client with more commands unapplied than it sends
+// (returnChunk), and the scan's basic.nacks that follow come back out of
+// order: a replay in batches of 100 reversed the first returns of what it
+// left (cmd/sluice.TestAReplayInLargeBatchesLeavesTheRestInOrder).
+func (s *scanner) settled() error {
+	if s.settling++; s.settling < settleWindow {
+		return nil
+	}
+	d, ok, err := s.fetch(s.queue)
+	if err == nil && ok {
+		s.unread = append(s.unread, d)
+	}
+	return err
+}
+
+// settleWindow is how many acks a scan sends before a basic.get: with
+// returnChunk, at most 16 of its commands wait unapplied, half of what
+// RabbitMQ's quorum queue client keeps before it gathers them (32).
+const settleWindow = 8
 
 // scanner holds what a scan read: the delivery tags in the order read
 // (a few bytes each, not the messages) and those acked.
 type scanner struct {
 	conn  *amqp.Connection
 	ch    *amqp.Channel
+	queue string
 	held  []uint64
 	acked map[uint64]bool
 	// returned: the last message read was one a quorum queue had returned
@@ -336,9 +339,12 @@ type scanner struct {
 	// toEnd: read through to the end (a quorum queue that may have no
 	// delivery limit).
 	toEnd bool
-	// unread: the messages read to learn how many a queue that counted 0
-	// held (depth), which the scan's first reads return.
+	// unread: messages read ahead — to learn how many a queue that counted
+	// 0 held (depth), or after acks (settled) — which the scan's next reads
+	// return first.
 	unread []amqp.Delivery
+	// settling: acks sent since the last basic.get (settled).
+	settling int
 }
 
 // rabbitMQ3 reports whether conn's broker is RabbitMQ 3.x.
@@ -369,6 +375,9 @@ func (s *scanner) fetch(queue string) (amqp.Delivery, bool, error) {
 		return got{d, ok}, err
 	})
 	d, ok := g.d, g.ok
+	if err == nil {
+		s.settling = 0 // applied before the get's answer (settled)
+	}
 	if err == nil && ok {
 		s.held = append(s.held, d.DeliveryTag)
 		s.returned = quorumReturned(d)
@@ -446,6 +455,11 @@ func (s *scanner) putBack(queue string) {
 		waitReady(s.conn, ch, queue, want, wait)
 		return
 	}
+	// A basic.nack each, returnChunk at a time, each chunk's wait ended by
+	// the queue counting it back or by its share of what is left of the
+	// bound: see returnChunk.
+	deadline := time.Now().Add(wait)
+	base, sent, chunk := q.Messages, 0, 0
 	for _, tag := range s.held {
 		if s.acked[tag] {
 			continue
@@ -453,9 +467,28 @@ func (s *scanner) putBack(queue string) {
 		if err := s.ch.Nack(tag, false, true); err != nil {
 			return // the channel is gone: the broker returns the rest
 		}
+		sent++
+		if chunk++; chunk == returnChunk && sent < held {
+			chunk = 0
+			waits := (held-sent+returnChunk-1)/returnChunk + 1 // the chunks left and the last wait
+			waitReady(s.conn, s.ch, queue, base+sent, time.Until(deadline)/time.Duration(waits))
+		}
 	}
-	waitReady(s.conn, s.ch, queue, want, wait)
+	waitReady(s.conn, s.ch, queue, want, time.Until(deadline))
 }
+
+// returnChunk is how many basic.nacks a scan sends a quorum queue before it
+// waits for the queue to count them back. The queue's client in the
+// broker's channel (rabbit_fifo_client, RabbitMQ 3.10 to 4.x) keeps up to
+// quorum_commands_soft_limit commands (32 by default) unapplied; past that
+// it gathers returns in a map keyed by consumer — a basic.get is a consumer
+// of its own — and sends them in the map's order: a scan of 500 messages
+// put back that way left 366 of them out of order
+// (cmd/sluice.TestAScanPutsALargeQuorumPoisonQueueBackInOrder). Eight at a
+// time, waited for, stay under it; a queue that gives no count (a false 0)
+// is waited for its share of the bound each time, which gives its leader
+// the time to apply them.
+const returnChunk = 8
 
 // plainClassic reports whether queue is a classic queue declared with no
 // arguments, as rabbitmq.Topology declares a classic poison queue: a

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"testing"
 	"time"
 
@@ -69,4 +70,138 @@ func TestAPoisonQueueWhoseCountReadsZeroIsStillRead(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	require.Equal(t, [][]string{{"(event e1)", "e1"}}, shownEvent.FindAllStringSubmatch(out, -1), out)
 	resumed()
+}
+
+// A poison queue whose count stays 0 while it serves basic.get — the node
+// made to count it 0 (testenv.PrivateRabbitMQ.CountZero), 1,001 messages:
+// `sluice dlq inspect` shows every one, counted by the basic.get's answer,
+// and they are all back after, in order. Before: it read on, counting
+// after each message, and after 1,000 with no count it failed ("the broker
+// gives no count of the queue").
+var shownPayload = regexp.MustCompile(`payload +│ (m\d{4}) `)
+
+func TestAPoisonQueueWhoseCountStaysZeroIsReadWhole(t *testing.T) {
+	t.Parallel()
+	node, b, conn, want := quorumPoisonQueueOf(t, "clinc", 1001, nil)
+	poisonQ := b.topo.Config().PoisonQueue
+
+	restore := node.CountZero(t, poisonQ)
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	q, err := ch.QueueDeclarePassive(poisonQ, true, false, false, false, nil)
+	require.NoError(t, err)
+	require.Zero(t, q.Messages, "the node counts the queue 0 (the fault this test needs)")
+	code, out, errOut := b.cli(t, "dlq", "inspect", "--queue", poisonQ)
+	require.Equal(t, 0, code, errOut)
+	var shown []string
+	for _, m := range shownPayload.FindAllStringSubmatch(out, -1) {
+		shown = append(shown, m[1])
+	}
+	require.Equal(t, want, shown, "every message shown, in order")
+	restore()
+	require.Equal(t, want, bodiesOf(t, conn, poisonQ), "every message read went back, in order")
+}
+
+// A quorum poison queue of 500 messages, read whole by `sluice dlq stats`,
+// holds them after in the order it held them before. Before: 366 of them
+// came back out of order (459 on RabbitMQ 4.0.5) — the scan's basic.nacks
+// outran what the broker's quorum queue client keeps unapplied (32
+// commands), and past that it sends the returns in a map's order (dlq's
+// returnChunk).
+func TestAScanPutsALargeQuorumPoisonQueueBackInOrder(t *testing.T) {
+	t.Parallel()
+	_, b, conn, want := quorumPoisonQueueOf(t, "clilo", 500, nil)
+	code, _, errOut := b.cli(t, "dlq", "stats", "--queue", b.topo.Config().PoisonQueue)
+	require.Equal(t, 0, code, errOut)
+	require.Equal(t, want, bodiesOf(t, conn, b.topo.Config().PoisonQueue), "every message read went back, in order")
+}
+
+// A replay of every other message of a quorum poison queue of 400, in
+// batches of 100: the 200 it leaves hold their order. The replay acks each
+// batch after its confirms — 100 commands the broker's quorum queue client
+// may hold unapplied when the scan then puts the rest back. Before (with
+// returnChunk, without dlq's settleWindow): the first eight returned came
+// back out of order (m0008 m0006 m0004 m0002 m0014 m0012 m0010 m0000).
+func TestAReplayInLargeBatchesLeavesTheRestInOrder(t *testing.T) {
+	t.Parallel()
+	_, b, conn, all := quorumPoisonQueueOf(t, "clirb", 400, func(i int) amqp.Table {
+		return amqp.Table{sluice.EventTypeKey: []string{"order.kept", "order.moved"}[i%2]}
+	})
+	var kept, moved []string
+	for i, body := range all {
+		if i%2 == 1 {
+			moved = append(moved, body)
+		} else {
+			kept = append(kept, body)
+		}
+	}
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	target := testenv.Name("clirb-to")
+	_, err = ch.QueueDeclare(target, true, false, false, false, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = ch.QueueDelete(target, false, false, false) })
+	poisonQ := b.topo.Config().PoisonQueue
+	code, out, errOut := b.cli(t, "dlq", "replay", "--queue", poisonQ, "--event-type", "order.moved", "--to", target, "--batch", "100")
+	require.Equal(t, 0, code, errOut)
+	require.Contains(t, out, "200", out)
+	require.Equal(t, kept, bodiesOf(t, conn, poisonQ), "what the replay left is in its order")
+	require.Equal(t, moved, bodiesOf(t, conn, target), "what it replayed went in order")
+}
+
+// quorumPoisonQueueOf is a bed on the package's private node whose quorum
+// poison queue holds n messages, m0000 onwards, with headers(i) when not
+// nil, and a connection to the node; it returns their bodies in order.
+func quorumPoisonQueueOf(t *testing.T, prefix string, n int, headers func(int) amqp.Table) (*testenv.PrivateRabbitMQ, *bed, *amqp.Connection, []string) {
+	t.Helper()
+	node, _ := privateNode(t)
+	b := newBedAt(t, node.URL, rabbitmq.TopologyConfig{Queue: testenv.Name(prefix), TierDelays: []time.Duration{time.Minute}, Quorum: true, DeliveryLimit: 5})
+	conn, err := amqp.Dial(node.URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	defer func() { _ = ch.Close() }()
+	var bodies []string
+	var msgs []amqp.Publishing
+	for i := range n {
+		m := amqp.Publishing{Body: fmt.Appendf(nil, "m%04d", i)}
+		if headers != nil {
+			m.Headers = headers(i)
+		}
+		bodies = append(bodies, string(m.Body))
+		msgs = append(msgs, m)
+	}
+	publishAll(t, ch, b.topo.Config().PoisonQueue, msgs)
+	return node, b, conn, bodies
+}
+
+// bodiesOf drains queue and returns its messages' bodies in order.
+func bodiesOf(t *testing.T, conn *amqp.Connection, queue string) []string {
+	t.Helper()
+	var out []string
+	for _, d := range testenv.Drain(t, conn, queue) {
+		out = append(out, string(d.Body))
+	}
+	return out
+}
+
+// publishAll publishes msgs to queue on ch and waits for the broker's
+// confirm of each (all in flight at once: a quorum queue confirms a
+// thousand one at a time in many seconds).
+func publishAll(t *testing.T, ch *amqp.Channel, queue string, msgs []amqp.Publishing) {
+	t.Helper()
+	require.NoError(t, ch.Confirm(false))
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, len(msgs)))
+	for _, m := range msgs {
+		require.NoError(t, ch.PublishWithContext(t.Context(), "", queue, false, false, m))
+	}
+	for range msgs {
+		select {
+		case c := <-confirms:
+			require.True(t, c.Ack, "the broker stored message %d", c.DeliveryTag)
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("no confirm from the broker in 2 minutes")
+		}
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -544,6 +545,50 @@ func (r *PrivateRabbitMQ) StallQuorumLeader(t testing.TB, queue, call string, n 
 			return err == nil && strings.TrimSpace(string(out)) == "running"
 		}, 2*time.Minute, 100*time.Millisecond, "%s's Ra server runs again", queue)
 	}
+}
+
+// CountZero makes the node count queue — a quorum queue in r.URL's vhost —
+// 0 messages and 0 consumers, as RabbitMQ answers while the queue's leader
+// does not answer within 250 ms (rabbit_quorum_queue:stat/2), for as long
+// as the test runs or until the function it returns is called: a false 0
+// that lasts while the queue serves basic.get, which no stalled leader
+// gives. It loads, once per node, a rabbit_quorum_queue whose stat/2
+// answers {ok, 0, 0} for the queues listed in a persistent term and
+// otherwise calls the one the node shipped with.
+func (r *PrivateRabbitMQ) CountZero(t testing.TB, queue string) (restore func()) {
+	t.Helper()
+	vhost := cmp.Or(r.URL[strings.LastIndex(r.URL, "/")+1:], "/")
+	res := fmt.Sprintf(`rabbit_misc:r(<<%q>>, queue, <<%q>>)`, vhost, queue)
+	r.Ctl(t, "eval", fmt.Sprintf(`global:trans({sluice_zero_stat, self()}, fun() ->
+		M = rabbit_quorum_queue,
+		case erlang:function_exported(M, sluice_zero_stat, 0) of
+			true -> ok;
+			false ->
+				{ok, {_, [{abstract_code, {_, Fs}}]}} = beam_lib:chunks(code:which(M), [abstract_code]),
+				Parse = fun(S) -> {ok, Ts, _} = erl_scan:string(S), {ok, F} = erl_parse:parse_form(Ts), F end,
+				New = [Parse("stat(Q, T) -> case lists:member(amqqueue:get_name(Q), persistent_term:get(sluice_zero_stat, [])) of true -> {ok, 0, 0}; false -> sluice_orig_stat(Q, T) end."),
+				       Parse("sluice_zero_stat() -> ok.")],
+				Fs2 = lists:flatmap(fun({attribute, _, module, _} = A) -> [A, {attribute, 1, export, [{sluice_zero_stat, 0}]}];
+				                       ({function, L, stat, 2, Cs}) -> [{function, L, sluice_orig_stat, 2, Cs}];
+				                       ({eof, _} = E) -> New ++ [E];
+				                       (F) -> [F]
+				                    end, Fs),
+				{ok, M, Bin} = compile:forms(Fs2, [binary, return_errors]),
+				{module, M} = code:load_binary(M, code:which(M), Bin)
+		end,
+		persistent_term:put(sluice_zero_stat, [%s | persistent_term:get(sluice_zero_stat, [])])
+	end).`, res))
+	var once sync.Once
+	restore = func() {
+		once.Do(func() {
+			t.Helper()
+			r.Ctl(t, "eval", fmt.Sprintf(`global:trans({sluice_zero_stat, self()}, fun() ->
+				persistent_term:put(sluice_zero_stat, persistent_term:get(sluice_zero_stat, []) -- [%s])
+			end).`, res))
+		})
+	}
+	t.Cleanup(restore)
+	return restore
 }
 
 func (r *PrivateRabbitMQ) ctl(ctx context.Context, args ...string) ([]byte, error) {
