@@ -519,8 +519,7 @@ func (r *PrivateRabbitMQ) NodeCtl() Ctl {
 // the server runs again.
 func (r *PrivateRabbitMQ) StallQuorumLeader(t testing.TB, queue, call string, n int) (resumed func()) {
 	t.Helper()
-	vhost := cmp.Or(r.URL[strings.LastIndex(r.URL, "/")+1:], "/")
-	server := fmt.Sprintf(`{ok, Q} = rabbit_amqqueue:lookup(rabbit_misc:r(<<%q>>, queue, <<%q>>)), {Name, _} = amqqueue:get_pid(Q), P = whereis(Name)`, vhost, queue)
+	server := fmt.Sprintf(`{ok, Q} = rabbit_amqqueue:lookup(%s), {Name, _} = amqqueue:get_pid(Q), P = whereis(Name)`, r.queueName(queue))
 	r.Ctl(t, "eval", server+fmt.Sprintf(`,
 		ok = sys:suspend(P),
 		Calls = fun() ->
@@ -557,8 +556,7 @@ func (r *PrivateRabbitMQ) StallQuorumLeader(t testing.TB, queue, call string, n 
 // otherwise calls the one the node shipped with.
 func (r *PrivateRabbitMQ) CountZero(t testing.TB, queue string) (restore func()) {
 	t.Helper()
-	vhost := cmp.Or(r.URL[strings.LastIndex(r.URL, "/")+1:], "/")
-	res := fmt.Sprintf(`rabbit_misc:r(<<%q>>, queue, <<%q>>)`, vhost, queue)
+	res := r.queueName(queue)
 	r.Ctl(t, "eval", fmt.Sprintf(`global:trans({sluice_zero_stat, self()}, fun() ->
 		M = rabbit_quorum_queue,
 		case erlang:function_exported(M, sluice_zero_stat, 0) of
@@ -589,6 +587,13 @@ func (r *PrivateRabbitMQ) CountZero(t testing.TB, queue string) (restore func())
 	}
 	t.Cleanup(restore)
 	return restore
+}
+
+// queueName is the Erlang term that names queue in r.URL's vhost on the
+// node, for rabbitmqctl eval.
+func (r *PrivateRabbitMQ) queueName(queue string) string {
+	vhost := cmp.Or(r.URL[strings.LastIndex(r.URL, "/")+1:], "/")
+	return fmt.Sprintf(`rabbit_misc:r(<<%q>>, queue, <<%q>>)`, vhost, queue)
 }
 
 func (r *PrivateRabbitMQ) ctl(ctx context.Context, args ...string) ([]byte, error) {
@@ -626,14 +631,40 @@ func (c Confirmed) PublishWithContext(ctx context.Context, exchange, key string,
 	if err != nil {
 		return err
 	}
+	return waitConfirm(ctx, dc, cmp.Or(key, exchange))
+}
+
+// PublishAll publishes msgs to queue through the default exchange, all in
+// flight at once, and waits, at most 2 minutes each, for every confirm: a
+// quorum queue confirming a thousand one at a time takes many seconds.
+func (c Confirmed) PublishAll(ctx context.Context, queue string, msgs []amqp.Publishing) error {
+	dcs := make([]*amqp.DeferredConfirmation, len(msgs))
+	for i, m := range msgs {
+		dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, false, false, m)
+		if err != nil {
+			return err
+		}
+		dcs[i] = dc
+	}
+	for _, dc := range dcs {
+		if err := waitConfirm(ctx, dc, queue); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// waitConfirm waits, at most 2 minutes, for dc's confirm; a nack is an
+// error.
+func waitConfirm(ctx context.Context, dc *amqp.DeferredConfirmation, to string) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	ok, err := dc.WaitContext(ctx)
 	if err != nil {
-		return fmt.Errorf("waiting for the confirm of a publish to %q: %w", cmp.Or(key, exchange), err)
+		return fmt.Errorf("waiting for the confirm of a publish to %q: %w", to, err)
 	}
 	if !ok {
-		return fmt.Errorf("the broker nacked a publish to %q", cmp.Or(key, exchange))
+		return fmt.Errorf("the broker nacked a publish to %q", to)
 	}
 	return nil
 }
