@@ -592,7 +592,10 @@ func (r *PrivateRabbitMQ) CountZero(t testing.TB, queue string) (restore func())
 // queueName is the Erlang term that names queue in r.URL's vhost on the
 // node, for rabbitmqctl eval.
 func (r *PrivateRabbitMQ) queueName(queue string) string {
-	vhost := cmp.Or(r.URL[strings.LastIndex(r.URL, "/")+1:], "/")
+	vhost := "/"
+	if u, err := amqp.ParseURI(r.URL); err == nil {
+		vhost = u.Vhost
+	}
 	return fmt.Sprintf(`rabbit_misc:r(<<%q>>, queue, <<%q>>)`, vhost, queue)
 }
 

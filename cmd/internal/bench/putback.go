@@ -18,20 +18,20 @@ import (
 const putBackChunk = 1000
 
 // PutBack measures what a dlq.Queue.Each of a whole poison queue costs when the
-// scan puts every message back, on the three ways Scan has: a plain classic
-// queue (no arguments, as rabbitmq.Topology declares a classic poison
-// queue) gets its messages back all at once by the close of the scan's
-// channel; a classic queue with an argument (x-max-length, far above the
-// queue's size) gets a basic.nack each, what every scan did before; a
-// quorum queue gets a basic.nack each, 8 at a time, the scan waiting after
-// each 8 until the queue counts them back (and reading one message ahead
-// after 8 acks), which keeps the order past the 32 commands RabbitMQ's
-// quorum-queue client holds unapplied. Each queue holds o.Messages × 20
-// messages (10,000 at the default), the same for all; the suite prints the
-// scan's time (its basic.gets, its put-back and its wait for the queue to
-// count them again), whether a read afterwards finds them all in their
-// order, and the ratios to the close's time. One round: the nack variants
-// take tens of seconds at 10,000.
+// scan puts every message back, on three queues and the two ways Scan has:
+// a plain classic queue (no arguments, as rabbitmq.Topology declares a
+// classic poison queue) gets its messages back all at once by the close of
+// the scan's channel; any other queue gets a basic.nack each, 8 at a time,
+// the scan waiting after each 8 until the queue counts them back, which
+// keeps a quorum queue's order past the 32 commands RabbitMQ's quorum-queue
+// client holds unapplied — a classic queue with an argument (x-max-length,
+// far above the queue's size), which keeps its order either way, and a
+// quorum queue. Each queue holds o.Messages × 20 messages (10,000 at the
+// default), the same for all; the suite prints the scan's time (its
+// basic.gets, its put-back and its wait for the queue to count them
+// again), whether a read afterwards finds them all in their order, and the
+// ratios to the close's time. One round: the nack variants take tens of
+// seconds at 10,000.
 func PutBack(ctx context.Context, o Options) error {
 	n := o.Messages * 20
 	conn, pub, closeAll, err := dialBroker(o)
@@ -47,7 +47,7 @@ func PutBack(ctx context.Context, o Options) error {
 	}{
 		{"plain classic (channel close)", nil},
 		{"classic with x-max-length (a nack each)", amqp.Table{"x-max-length": int64(n * 10)}},
-		{"quorum (a nack each, 8 at a time)", amqp.Table{"x-queue-type": "quorum"}},
+		{"quorum (a nack each, 8 at a time)", amqp.Table{"x-queue-type": amqp.QueueTypeQuorum}},
 	}
 	var rows [][]string
 	took := make([]time.Duration, len(variants))
