@@ -1,7 +1,9 @@
 package dlq_test
 
 import (
+	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -80,4 +82,60 @@ func scansKeepOrder(t *testing.T, args amqp.Table) {
 		}
 	}
 	require.Equal(t, want, read, "every message left, once, in the order published")
+}
+
+// A quorum queue with a delivery limit and a name of AMQP's 255 bytes,
+// holding a foreign producer's messages (Spring's __TypeId__, a .NET
+// client's properties, headers named like Sluice's own, a long header
+// value), read whole by a scan that leaves every message: they come back
+// in their order — returned 8 at a time past the 32 commands RabbitMQ's
+// quorum queue client holds — with their headers and properties as
+// published. On 3.10 and on 4.0 (SLUICE_TEST_AMQP_URL, make
+// test-rabbitmq4).
+func TestAScanPutsAForeignQuorumQueueAtTheNameLimitBackAsItWas(t *testing.T) {
+	t.Parallel()
+	const n = 100
+	conn := testenv.AMQP(t)
+	name := testenv.Name("putbackq")
+	queue := name + strings.Repeat("q", 255-len(name))
+	testenv.DeleteQueuesAtEnd(t, queue)
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ch.Close() })
+	_, err = ch.QueueDeclare(queue, true, false, false, false, amqp.Table{"x-queue-type": amqp.QueueTypeQuorum, "x-delivery-limit": int64(5)})
+	require.NoError(t, err)
+	pub := testenv.Confirm(t, ch)
+	msgs := make([]amqp.Publishing, n)
+	for i := range msgs {
+		msgs[i] = amqp.Publishing{
+			Headers: amqp.Table{
+				"__TypeId__":           "com.example.orders.OrderCreated",
+				"sluice_poison_reason": "forged by the producer",
+				"sluice_event_id":      fmt.Sprint("forged-", i),
+				"long":                 strings.Repeat("v", 4096),
+			},
+			ContentType:   "application/json",
+			CorrelationId: fmt.Sprint("corr-", i),
+			MessageId:     fmt.Sprint("m", i),
+			Type:          "OrderCreated",
+			AppId:         "dotnet-orders",
+			DeliveryMode:  amqp.Persistent,
+			Body:          []byte(strconv.Itoa(i)),
+		}
+	}
+	require.NoError(t, pub.PublishAll(t.Context(), queue, msgs))
+
+	read, err := dlq.Scan(t.Context(), conn, queue, func(*dlq.Message) (bool, error) { return false, nil }, nil)
+	require.NoError(t, err)
+	require.Equal(t, n, read, "the scan read every message")
+	for i, m := range msgs {
+		d, ok, err := ch.Get(queue, true)
+		require.NoError(t, err)
+		require.True(t, ok, "message %d is back", i)
+		require.Equal(t, string(m.Body), string(d.Body), "message %d in its place", i)
+		for k, v := range m.Headers {
+			require.Equal(t, v, d.Headers[k], "message %d's header %s as published", i, k)
+		}
+		require.Equal(t, []string{m.ContentType, m.CorrelationId, m.MessageId, m.Type, m.AppId}, []string{d.ContentType, d.CorrelationId, d.MessageId, d.Type, d.AppId}, "message %d's properties as published", i)
+	}
 }
